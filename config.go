@@ -1,0 +1,209 @@
+package roche
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"path"
+	"strconv"
+	"strings"
+)
+
+// Secure defaults, one per row of the defaults table in the README.
+const (
+	DefaultImage       = "python:3.12-slim"
+	DefaultTimeoutSecs = 300
+	DefaultMemory      = "512m"
+	DefaultCPUs        = 1.0
+	DefaultPidsLimit   = 64
+	DefaultUser        = "65534:65534"
+	DefaultTmpSize     = 64 << 20
+	DefaultOutputLimit = 10 << 20
+)
+
+// Config describes the sandbox to create. Start from DefaultConfig and override fields:
+// a zero Config is not valid, so forgetting a field fails loudly instead of silently
+// weakening the sandbox.
+type Config struct {
+	// Image is the container image (Docker, microVM rootfs) or runtime (wasm) to run.
+	Image string `json:"image"`
+	// Network gives the sandbox a network interface besides lo. Off by default.
+	Network bool `json:"network"`
+	// Writable mounts the root filesystem read-write. Read-only by default.
+	Writable bool `json:"writable"`
+	// TimeoutSecs is the sandbox's lifetime: after it the sandbox is destroyed.
+	TimeoutSecs int `json:"timeout_secs"`
+	// Memory is the memory limit, e.g. "512m", "1g" or a byte count; swap is never added.
+	Memory string `json:"memory"`
+	// CPUs is the number of CPUs the sandbox may use, e.g. 0.5 or 2.
+	CPUs float64 `json:"cpus"`
+	// PidsLimit caps the number of processes and threads.
+	PidsLimit int `json:"pids_limit"`
+	// Env is set for every command run in the sandbox.
+	Env map[string]string `json:"env,omitempty"`
+	// Mounts bind host paths into the sandbox, read-only unless ReadWrite.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// Workdir is the working directory of commands; empty means the image's.
+	Workdir string `json:"workdir,omitempty"`
+	// User is "uid[:gid]" (or a name the image knows) commands run as. Non-root by default.
+	User string `json:"user"`
+}
+
+// Mount binds a host path into the sandbox.
+type Mount struct {
+	Source    string `json:"source"`
+	Target    string `json:"target"`
+	ReadWrite bool   `json:"read_write,omitempty"`
+}
+
+// String renders the mount in the --mount flag's syntax.
+func (m Mount) String() string {
+	mode := "ro"
+	if m.ReadWrite {
+		mode = "rw"
+	}
+	return m.Source + ":" + m.Target + ":" + mode
+}
+
+// DefaultConfig returns the secure defaults.
+func DefaultConfig() Config {
+	return Config{
+		Image:       DefaultImage,
+		TimeoutSecs: DefaultTimeoutSecs,
+		Memory:      DefaultMemory,
+		CPUs:        DefaultCPUs,
+		PidsLimit:   DefaultPidsLimit,
+		User:        DefaultUser,
+	}
+}
+
+// Validate reports every problem with the config at once, each naming the field and what
+// to do, joined into one error that wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	if strings.TrimSpace(c.Image) == "" {
+		add("image is empty: name an image, e.g. roche/python:local")
+	}
+	if c.TimeoutSecs <= 0 {
+		add("timeout_secs is %d: give a positive number of seconds", c.TimeoutSecs)
+	}
+	if _, err := ParseMemory(c.Memory); err != nil {
+		add("memory: %v", err)
+	}
+	if c.CPUs <= 0 || math.IsNaN(c.CPUs) || math.IsInf(c.CPUs, 0) {
+		add("cpus is %v: give a positive number such as 0.5 or 2", c.CPUs)
+	}
+	if c.PidsLimit <= 0 {
+		add("pids_limit is %d: give a positive number of processes", c.PidsLimit)
+	}
+	if strings.TrimSpace(c.User) == "" {
+		add("user is empty: give uid[:gid], e.g. %s", DefaultUser)
+	}
+	for k := range c.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			add("env name %q is invalid: names are non-empty and contain no '=' or NUL", k)
+		}
+	}
+	if c.Workdir != "" && !path.IsAbs(c.Workdir) {
+		add("workdir %q is not absolute: give a path starting with /", c.Workdir)
+	}
+	for _, m := range c.Mounts {
+		if m.Source == "" || !path.IsAbs(m.Source) {
+			add("mount source %q is not an absolute host path", m.Source)
+		}
+		if m.Target == "" || !path.IsAbs(m.Target) {
+			add("mount target %q is not an absolute path inside the sandbox", m.Target)
+		} else if path.Clean(m.Target) == "/" {
+			add("mount target / would hide the image: mount somewhere below it")
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
+}
+
+// MemoryBytes returns the memory limit in bytes. Call Validate first.
+func (c Config) MemoryBytes() int64 {
+	n, _ := ParseMemory(c.Memory)
+	return n
+}
+
+// minMemory is Docker's floor for a memory limit; below it no runtime can start a process.
+const minMemory = 6 << 20
+
+// ParseMemory parses "512m", "1g", "1.5g", "65536k" or a plain byte count. Units are
+// binary (k = 1024) and case-insensitive; a trailing "b" or "ib" is accepted ("512MiB").
+func ParseMemory(s string) (int64, error) {
+	orig := s
+	s = strings.ToLower(strings.TrimSpace(s))
+	s = strings.TrimSuffix(s, "ib")
+	s = strings.TrimSuffix(s, "b")
+	mult := 1.0
+	if n := len(s); n > 0 {
+		switch s[n-1] {
+		case 'k':
+			mult = 1 << 10
+		case 'm':
+			mult = 1 << 20
+		case 'g':
+			mult = 1 << 30
+		case 't':
+			mult = 1 << 40
+		}
+		if mult != 1 {
+			s = s[:n-1]
+		}
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, fmt.Errorf("%q is not a size: use a number with an optional unit k, m or g, e.g. 512m", orig)
+	}
+	bytes := v * mult
+	if bytes < minMemory {
+		return 0, fmt.Errorf("%q is below the 6m minimum a sandbox needs", orig)
+	}
+	if bytes > math.MaxInt64/2 {
+		return 0, fmt.Errorf("%q is too large", orig)
+	}
+	return int64(bytes), nil
+}
+
+// ParseMount parses the --mount syntax "host:sandbox[:ro|rw]" (read-only unless rw).
+func ParseMount(s string) (Mount, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
+		return Mount{}, fmt.Errorf("%w: mount %q: use HOST_PATH:SANDBOX_PATH[:ro|rw]", ErrInvalidConfig, s)
+	}
+	m := Mount{Source: parts[0], Target: parts[1]}
+	if len(parts) == 3 {
+		switch parts[2] {
+		case "ro":
+		case "rw":
+			m.ReadWrite = true
+		default:
+			return Mount{}, fmt.Errorf("%w: mount %q: mode %q is neither ro nor rw", ErrInvalidConfig, s, parts[2])
+		}
+	}
+	return m, nil
+}
+
+// ParseEnv parses "KEY=VALUE" pairs into a map.
+func ParseEnv(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	env := make(map[string]string, len(pairs))
+	var errs []error
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			errs = append(errs, fmt.Errorf("%w: env %q: use KEY=VALUE", ErrInvalidConfig, p))
+			continue
+		}
+		env[k] = v
+	}
+	return env, errors.Join(errs...)
+}

@@ -1,0 +1,22 @@
+package roche
+
+import "errors"
+
+// Sentinel errors. Providers wrap them with %w and context; callers test them with
+// errors.Is; the daemon turns them into RPC codes only at its API edge.
+var (
+	// ErrNotFound: no sandbox with that id (or it is not one Roche manages).
+	ErrNotFound = errors.New("not found")
+	// ErrInvalidConfig: the caller asked for something malformed or impossible.
+	ErrInvalidConfig = errors.New("invalid config")
+	// ErrUnavailable: the backend (Docker engine, python.wasm, a hypervisor) cannot be reached or used.
+	ErrUnavailable = errors.New("provider unavailable")
+	// ErrTimeout: an operation ran out of time.
+	ErrTimeout = errors.New("timed out")
+	// ErrUnsupported: the provider cannot honour the request without weakening it.
+	ErrUnsupported = errors.New("unsupported")
+	// ErrImageNotFound: the image is not present locally and could not be pulled.
+	ErrImageNotFound = errors.New("image not found")
+	// ErrExhausted: a limit on sandboxes or resources has been reached.
+	ErrExhausted = errors.New("resource exhausted")
+)

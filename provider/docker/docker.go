@@ -1,0 +1,491 @@
+// Package docker runs Roche sandboxes as Docker containers through the Engine API
+// (never the docker CLI), mapping roche.Config's secure defaults onto HostConfig.
+package docker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/client"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Labels put on every container Roche creates, so that list, gc and reconciliation
+// find them by label and never touch anything else.
+const (
+	LabelManaged  = "roche.managed"
+	LabelProvider = "roche.provider"
+	LabelExpires  = "roche.expires"
+	LabelConfig   = "roche.config"
+)
+
+// BuildImageHint names the script that builds a usable image without a registry.
+const BuildImageHint = "scripts/build-test-image.sh builds roche/python:local from Debian packages"
+
+var (
+	_ roche.Provider         = (*Provider)(nil)
+	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.Pauser           = (*Provider)(nil)
+	_ roche.GarbageCollector = (*Provider)(nil)
+)
+
+// Provider is the Docker backend.
+type Provider struct {
+	cli         *client.Client
+	log         *slog.Logger
+	pullTimeout time.Duration
+
+	// verified caches ids known to name Roche containers, so that each exec does not
+	// pay an inspect round trip to check the label again.
+	mu       sync.Mutex
+	verified map[string]sandbox
+}
+
+// sandbox is what the provider remembers about a container it has checked.
+type sandbox struct {
+	id      string
+	expires time.Time
+	cfg     roche.Config
+}
+
+// Option configures a Provider.
+type Option func(*Provider)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(p *Provider) { p.log = l } }
+
+// WithClient uses an existing Engine API client instead of one configured from the
+// environment (DOCKER_HOST and friends).
+func WithClient(c *client.Client) Option { return func(p *Provider) { p.cli = c } }
+
+// WithPullTimeout bounds how long Create waits for a missing image to be pulled.
+func WithPullTimeout(d time.Duration) Option { return func(p *Provider) { p.pullTimeout = d } }
+
+// New returns a Docker provider. It does not contact the engine: the first call that
+// needs it reports ErrUnavailable, with how to start it, when it does not answer.
+func New(opts ...Option) (*Provider, error) {
+	p := &Provider{
+		log:         slog.New(slog.DiscardHandler),
+		pullTimeout: 2 * time.Minute,
+		verified:    map[string]sandbox{},
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	if p.cli == nil {
+		c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+		if err != nil {
+			return nil, fmt.Errorf("%w: configuring the Docker client: %v", roche.ErrUnavailable, err)
+		}
+		p.cli = c
+	}
+	return p, nil
+}
+
+// Close releases the Engine API client.
+func (p *Provider) Close() error { return p.cli.Close() }
+
+// Name implements roche.Provider.
+func (p *Provider) Name() string { return "docker" }
+
+// Capabilities implements roche.Provider: Docker honours every field of Config.
+func (p *Provider) Capabilities() roche.Capabilities {
+	return roche.Capabilities{
+		Network: true, Writable: true, Mounts: true, Files: true, Pause: true,
+		Stdin: true, Processes: true,
+	}
+}
+
+// Ping checks that the engine answers.
+func (p *Provider) Ping(ctx context.Context) error {
+	_, err := p.cli.Ping(ctx)
+	return p.engineErr("reaching the Docker engine", err)
+}
+
+// engineErr wraps an Engine API error with context and the matching sentinel.
+func (p *Provider) engineErr(what string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case client.IsErrConnectionFailed(err) || isConnRefused(err):
+		return fmt.Errorf("%w: the Docker engine is not reachable at %s: start it (sudo dockerd &, or sudo systemctl start docker) or use --provider wasm",
+			roche.ErrUnavailable, p.cli.DaemonHost())
+	case cerrdefs.IsNotFound(err):
+		return fmt.Errorf("%s: %w: %v", what, roche.ErrNotFound, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w", what, roche.ErrTimeout)
+	case cerrdefs.IsInvalidArgument(err):
+		return fmt.Errorf("%s: %w: %v", what, roche.ErrInvalidConfig, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func isConnRefused(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "connect: connection refused") || strings.Contains(s, "connect: no such file or directory") ||
+		strings.Contains(s, "Cannot connect to the Docker daemon")
+}
+
+// Create implements roche.Provider.
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	if err := cfg.Validate(); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	for _, m := range cfg.Mounts {
+		if _, err := os.Stat(m.Source); err != nil {
+			return roche.SandboxInfo{}, fmt.Errorf("%w: mount source %s does not exist on the host: create it or fix the path", roche.ErrInvalidConfig, m.Source)
+		}
+	}
+	if err := p.ensureImage(ctx, cfg.Image); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+
+	now := time.Now()
+	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
+	ccfg, hcfg, err := containerConfig(cfg, expires)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	name := "roche-" + randomHex(6)
+	resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
+	if err != nil {
+		return roche.SandboxInfo{}, p.engineErr("creating container", err)
+	}
+	for _, w := range resp.Warnings {
+		p.log.Warn("docker create warning", "container", resp.ID, "warning", w)
+	}
+	if err := p.cli.ContainerStart(ctx, resp.ID, container.StartOptions{}); err != nil {
+		// Undo the half-made sandbox even when the caller's context is what failed.
+		p.removeDetached(resp.ID)
+		return roche.SandboxInfo{}, p.engineErr("starting container "+resp.ID, err)
+	}
+	p.remember(sandbox{id: resp.ID, expires: expires, cfg: cfg})
+	p.log.Debug("sandbox created", "id", resp.ID, "image", cfg.Image)
+	return roche.SandboxInfo{
+		ID: resp.ID, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
+		CreatedAt: now, ExpiresAt: expires,
+	}, nil
+}
+
+// containerConfig maps a validated roche.Config onto Docker's container and host config.
+func containerConfig(cfg roche.Config, expires time.Time) (*container.Config, *container.HostConfig, error) {
+	cfgJSON, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	env := make([]string, 0, len(cfg.Env))
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	mem := cfg.MemoryBytes()
+	pids := int64(cfg.PidsLimit)
+	initOn := true
+	ccfg := &container.Config{
+		Image:      cfg.Image,
+		User:       cfg.User,
+		Env:        env,
+		WorkingDir: cfg.Workdir,
+		// The container's main process lives exactly as long as the sandbox may: when the
+		// lifetime ends it exits, the engine stops the container and removes it (AutoRemove),
+		// so a sandbox is destroyed on time even when the caller crashed and no daemon runs.
+		Entrypoint:      []string{"sleep"},
+		Cmd:             []string{strconv.Itoa(cfg.TimeoutSecs)},
+		Labels: map[string]string{
+			LabelManaged:  "true",
+			LabelProvider: "docker",
+			LabelExpires:  strconv.FormatInt(expires.Unix(), 10),
+			LabelConfig:   string(cfgJSON),
+		},
+	}
+	networkMode := "none"
+	if cfg.Network {
+		networkMode = "bridge"
+	}
+	hcfg := &container.HostConfig{
+		NetworkMode:    container.NetworkMode(networkMode),
+		ReadonlyRootfs: !cfg.Writable,
+		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", roche.DefaultTmpSize)},
+		AutoRemove:     true,
+		// An init as PID 1 reaps zombies orphaned by the sandbox's programs.
+		Init:    &initOn,
+		CapDrop: []string{"ALL"},
+		// no-new-privileges, and no seccomp option at all: the engine's default profile
+		// applies (never unconfined).
+		SecurityOpt: []string{"no-new-privileges:true"},
+		LogConfig:   container.LogConfig{Type: "none"},
+		Resources: container.Resources{
+			Memory:     mem,
+			MemorySwap: mem, // equal to Memory: no swap
+			NanoCPUs:   int64(cfg.CPUs * 1e9),
+			PidsLimit:  &pids,
+		},
+	}
+	for _, m := range cfg.Mounts {
+		hcfg.Mounts = append(hcfg.Mounts, mount.Mount{
+			Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: !m.ReadWrite,
+		})
+	}
+	return ccfg, hcfg, nil
+}
+
+// ensureImage makes sure the image is present, pulling it when it is not, and says how
+// to build a local one when the pull fails (machines without a registry).
+func (p *Provider) ensureImage(ctx context.Context, ref string) error {
+	_, err := p.cli.ImageInspect(ctx, ref)
+	if err == nil {
+		return nil
+	}
+	if !cerrdefs.IsNotFound(err) {
+		return p.engineErr("inspecting image "+ref, err)
+	}
+	p.log.Info("pulling image", "image", ref)
+	pctx, cancel := context.WithTimeout(ctx, p.pullTimeout)
+	defer cancel()
+	rc, err := p.cli.ImagePull(pctx, ref, image.PullOptions{})
+	if err == nil {
+		err = pullResult(rc)
+	}
+	if err != nil {
+		if e := p.engineErr("", err); errors.Is(e, roche.ErrUnavailable) {
+			return e
+		}
+		return fmt.Errorf("%w: image %s is not available locally and could not be pulled (%s): %s, then pass --image roche/python:local",
+			roche.ErrImageNotFound, ref, firstLine(err.Error()), BuildImageHint)
+	}
+	return nil
+}
+
+// pullResult drains a pull's progress stream and returns the error it reports, if any.
+func pullResult(rc io.ReadCloser) error {
+	defer rc.Close()
+	dec := json.NewDecoder(rc)
+	for {
+		var msg struct {
+			Error string `json:"error"`
+		}
+		if err := dec.Decode(&msg); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		if msg.Error != "" {
+			return errors.New(msg.Error)
+		}
+	}
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (p *Provider) remember(s sandbox) {
+	p.mu.Lock()
+	p.verified[s.id] = s
+	p.mu.Unlock()
+}
+
+func (p *Provider) forget(id string) {
+	p.mu.Lock()
+	delete(p.verified, id)
+	p.mu.Unlock()
+}
+
+// lookup returns the Roche container named by id (a full id, a unique prefix or a name),
+// refusing containers Roche did not create.
+func (p *Provider) lookup(ctx context.Context, id string) (sandbox, error) {
+	p.mu.Lock()
+	s, ok := p.verified[id]
+	p.mu.Unlock()
+	if ok {
+		return s, nil
+	}
+	_, s, err := p.inspect(ctx, id)
+	return s, err
+}
+
+func (p *Provider) inspect(ctx context.Context, id string) (container.InspectResponse, sandbox, error) {
+	if id == "" {
+		return container.InspectResponse{}, sandbox{}, fmt.Errorf("%w: empty sandbox id", roche.ErrNotFound)
+	}
+	c, err := p.cli.ContainerInspect(ctx, id)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return c, sandbox{}, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+		}
+		return c, sandbox{}, p.engineErr("inspecting sandbox "+id, err)
+	}
+	if c.Config == nil || c.Config.Labels[LabelManaged] != "true" || c.Config.Labels[LabelProvider] != "docker" {
+		return c, sandbox{}, fmt.Errorf("%w: %s is not a Roche sandbox", roche.ErrNotFound, id)
+	}
+	s := sandbox{id: c.ID, expires: expiresFromLabels(c.Config.Labels)}
+	_ = json.Unmarshal([]byte(c.Config.Labels[LabelConfig]), &s.cfg)
+	if c.State != nil && c.State.Running {
+		p.remember(s)
+	}
+	return c, s, nil
+}
+
+func expiresFromLabels(labels map[string]string) time.Time {
+	sec, err := strconv.ParseInt(labels[LabelExpires], 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.Unix(sec, 0)
+}
+
+// Inspect implements roche.Provider.
+func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, error) {
+	c, s, err := p.inspect(ctx, id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	created, _ := time.Parse(time.RFC3339Nano, c.Created)
+	state := roche.StateExited
+	if c.State != nil {
+		state = stateOf(c.State.Status)
+	}
+	return roche.SandboxInfo{
+		ID: c.ID, Provider: p.Name(), Image: s.cfg.Image, State: state, CreatedAt: created, ExpiresAt: s.expires,
+	}, nil
+}
+
+func stateOf(status string) roche.SandboxState {
+	switch status {
+	case "running":
+		return roche.StateRunning
+	case "paused":
+		return roche.StatePaused
+	case "created":
+		return roche.StateCreated
+	}
+	return roche.StateExited
+}
+
+// Destroy implements roche.Provider. It removes the container and its anonymous volumes;
+// a container that is already gone is not an error.
+func (p *Provider) Destroy(ctx context.Context, id string) error {
+	_, s, err := p.inspect(ctx, id)
+	if errors.Is(err, roche.ErrNotFound) {
+		p.forget(id)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	p.forget(s.id)
+	err = p.cli.ContainerRemove(ctx, s.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
+		return p.engineErr("removing sandbox "+s.id, err)
+	}
+	return nil
+}
+
+// isRemovalInProgress: AutoRemove (or a concurrent destroy) is already removing it.
+func isRemovalInProgress(err error) bool {
+	return strings.Contains(err.Error(), "is already in progress")
+}
+
+// removeDetached removes a container on a context of its own, for undoing partial work
+// when the caller's context may already be cancelled.
+func (p *Provider) removeDetached(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		p.log.Warn("removing half-created sandbox", "id", id, "err", err)
+	}
+}
+
+// List implements roche.Provider.
+func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
+	cs, err := p.cli.ContainerList(ctx, container.ListOptions{
+		All: true,
+		Filters: filters.NewArgs(
+			filters.Arg("label", LabelManaged+"=true"),
+			filters.Arg("label", LabelProvider+"=docker"),
+		),
+	})
+	if err != nil {
+		return nil, p.engineErr("listing sandboxes", err)
+	}
+	out := make([]roche.SandboxInfo, 0, len(cs))
+	for _, c := range cs {
+		var cfg roche.Config
+		_ = json.Unmarshal([]byte(c.Labels[LabelConfig]), &cfg)
+		img := cfg.Image
+		if img == "" {
+			img = c.Image
+		}
+		out = append(out, roche.SandboxInfo{
+			ID: c.ID, Provider: p.Name(), Image: img, State: stateOf(c.State),
+			CreatedAt: time.Unix(c.Created, 0), ExpiresAt: expiresFromLabels(c.Labels),
+		})
+	}
+	return out, nil
+}
+
+// GC implements roche.GarbageCollector: it removes expired and stopped Roche containers
+// (every one with opts.All).
+func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.SandboxInfo, error) {
+	list, err := p.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var removed []roche.SandboxInfo
+	var errs []error
+	for _, sb := range list {
+		if !opts.All && !sb.Expired(now) && sb.State != roche.StateExited {
+			continue
+		}
+		if !opts.DryRun {
+			if err := p.Destroy(ctx, sb.ID); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		removed = append(removed, sb)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// Pause implements roche.Pauser.
+func (p *Provider) Pause(ctx context.Context, id string) error {
+	s, err := p.lookup(ctx, id)
+	if err != nil {
+		return err
+	}
+	return p.engineErr("pausing sandbox "+id, p.cli.ContainerPause(ctx, s.id))
+}
+
+// Unpause implements roche.Pauser.
+func (p *Provider) Unpause(ctx context.Context, id string) error {
+	s, err := p.lookup(ctx, id)
+	if err != nil {
+		return err
+	}
+	return p.engineErr("unpausing sandbox "+id, p.cli.ContainerUnpause(ctx, s.id))
+}

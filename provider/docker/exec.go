@@ -1,0 +1,200 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// sigkillExit is the exit status of a process killed by SIGKILL (128+9).
+const sigkillExit = 137
+
+// Exec implements roche.Provider through the Engine API's exec endpoints. The command's
+// lifetime is tied to the call: when ctx ends or the timeout fires, the command and every
+// process it started are killed.
+func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
+	if len(req.Cmd) == 0 {
+		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	}
+	s, err := p.lookup(ctx, id)
+	if err != nil {
+		return roche.ExecResult{}, err
+	}
+	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
+	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
+	res, err := p.run(ctx, s, req, stdout, stderr)
+	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	res.Truncated = stdout.Truncated() || stderr.Truncated()
+	return res, err
+}
+
+// run runs req.Cmd in the sandbox, writing its output to stdout and stderr unbuffered,
+// and reports everything but the output.
+func (p *Provider) run(ctx context.Context, s sandbox, req roche.ExecRequest, stdout, stderr io.Writer) (roche.ExecResult, error) {
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = max(time.Until(s.expires), time.Second)
+	}
+	env := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	start := time.Now()
+	created, err := p.cli.ContainerExecCreate(ctx, s.id, container.ExecOptions{
+		Cmd:          req.Cmd,
+		Env:          env,
+		WorkingDir:   req.Workdir,
+		AttachStdin:  req.Stdin != nil,
+		AttachStdout: true,
+		AttachStderr: true,
+	})
+	if err != nil {
+		p.forget(s.id)
+		return roche.ExecResult{}, p.engineErr("starting command in sandbox "+s.id, err)
+	}
+	hij, err := p.cli.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	if err != nil {
+		return roche.ExecResult{}, p.engineErr("attaching to command in sandbox "+s.id, err)
+	}
+	defer hij.Close()
+
+	if req.Stdin != nil {
+		go func() {
+			_, _ = io.Copy(hij.Conn, req.Stdin)
+			_ = hij.CloseWrite()
+		}()
+	}
+	copied := make(chan error, 1)
+	go func() {
+		_, err := stdcopy.StdCopy(stdout, stderr, hij.Reader)
+		copied <- err
+	}()
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var timedOut bool
+	var ctxErr error
+	select {
+	case <-copied:
+	case <-timer.C:
+		timedOut = true
+		p.killExec(created.ID)
+	case <-ctx.Done():
+		ctxErr = ctx.Err()
+		p.killExec(created.ID)
+	}
+	if timedOut || ctxErr != nil {
+		// Killed processes close their pipes; a descendant that escaped the kill may hold
+		// them open, so stop reading after a grace period rather than hang.
+		select {
+		case <-copied:
+		case <-time.After(3 * time.Second):
+			hij.Close()
+			<-copied
+		}
+	}
+	if ctxErr != nil {
+		return roche.ExecResult{}, fmt.Errorf("running command in sandbox %s: %w", s.id, ctxErr)
+	}
+
+	res := roche.ExecResult{TimedOut: timedOut, Duration: time.Since(start)}
+	res.ExitCode, err = p.exitCode(ctx, created.ID)
+	if err != nil {
+		return res, err
+	}
+	if res.ExitCode == sigkillExit && !timedOut {
+		res.OOMKilled = p.oomSince(ctx, s.id, start)
+	}
+	return res, nil
+}
+
+// exitCode waits (briefly) for the engine to record the exec's exit and returns it.
+func (p *Provider) exitCode(ctx context.Context, execID string) (int, error) {
+	for i := 0; ; i++ {
+		ins, err := p.cli.ContainerExecInspect(ctx, execID)
+		if err != nil {
+			return -1, p.engineErr("reading the command's exit status", err)
+		}
+		if !ins.Running {
+			return ins.ExitCode, nil
+		}
+		if i == 100 {
+			return -1, fmt.Errorf("the engine still reports the command running after its output closed: %w", roche.ErrTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// killExec kills an exec's whole process tree.
+func (p *Provider) killExec(execID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ins, err := p.cli.ContainerExecInspect(ctx, execID)
+	if err != nil || ins.Pid == 0 {
+		p.log.Warn("cannot find the timed-out command's process", "exec", execID, "err", err)
+		return
+	}
+	if err := killTree(ins.Pid); err != nil {
+		p.log.Warn("killing the timed-out command's process tree", "exec", execID, "pid", ins.Pid, "err", err)
+	}
+}
+
+// oomSince reports whether the engine saw an OOM kill in the container since start.
+// The OOM event can trail the killed process's exit by a moment, so it looks a few times.
+func (p *Provider) oomSince(ctx context.Context, containerID string, start time.Time) bool {
+	for try := 0; try < 10; try++ {
+		if try > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		found, err := p.hasEvent(ctx, containerID, "oom", start.Add(-time.Second), time.Now())
+		if err != nil {
+			p.log.Warn("reading oom events", "container", containerID, "err", err)
+			return false
+		}
+		if found {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Provider) hasEvent(ctx context.Context, containerID, action string, since, until time.Time) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	msgs, errs := p.cli.Events(ctx, events.ListOptions{
+		Since: unixNano(since),
+		Until: unixNano(until),
+		Filters: filters.NewArgs(
+			filters.Arg("type", string(events.ContainerEventType)),
+			filters.Arg("container", containerID),
+			filters.Arg("event", action),
+		),
+	})
+	for {
+		select {
+		case m := <-msgs:
+			if string(m.Action) == action {
+				return true, nil
+			}
+		case err := <-errs:
+			if err == nil || errors.Is(err, io.EOF) {
+				return false, nil
+			}
+			return false, err
+		}
+	}
+}
+
+func unixNano(t time.Time) string {
+	return strconv.FormatInt(t.Unix(), 10) + "." + fmt.Sprintf("%09d", t.Nanosecond())
+}

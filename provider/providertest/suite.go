@@ -1,0 +1,787 @@
+// Package providertest is the conformance suite every Roche provider runs against its
+// real backend. Each check runs a small Python program inside the sandbox and asserts
+// what that program observed from the inside: security claims are verified where the
+// untrusted code lives, not inferred from the configuration that was sent.
+//
+// Checks that cannot apply to a backend are chosen by its Capabilities (a WASM module
+// has no /proc, no fork and no capabilities), never skipped for convenience.
+package providertest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Options configures the suite for one provider.
+type Options struct {
+	// Config is the base sandbox config (image and all); each check starts from a copy.
+	// It must pass Validate.
+	Config roche.Config
+	// Python is the argv that runs the Python interpreter inside the sandbox;
+	// nil means ["python3"].
+	Python []string
+}
+
+// Run runs the conformance suite against p.
+func Run(t *testing.T, p roche.Provider, opts Options) {
+	if err := opts.Config.Validate(); err != nil {
+		t.Fatalf("suite config: %v", err)
+	}
+	if opts.Python == nil {
+		opts.Python = []string{"python3"}
+	}
+	s := &suite{p: p, opts: opts, caps: p.Capabilities()}
+	t.Cleanup(func() { s.checkNothingLeaked(t) })
+
+	shared := s.create(t, opts.Config)
+	t.Run("Hello", func(t *testing.T) { s.testHello(t, shared) })
+	t.Run("ExitCodeAndStderr", func(t *testing.T) { s.testExitCode(t, shared) })
+	t.Run("Env", s.testEnv)
+	t.Run("Stdin", func(t *testing.T) { s.testStdin(t, shared) })
+	t.Run("StreamsOutputAsProduced", func(t *testing.T) { s.testStreaming(t, shared) })
+	t.Run("ReadOnlyRoot", func(t *testing.T) { s.testReadOnlyRoot(t, shared) })
+	t.Run("Writable", s.testWritable)
+	t.Run("Workdir", s.testWorkdir)
+	t.Run("TimeoutStopsBusyLoop", func(t *testing.T) { s.testTimeout(t, shared) })
+	t.Run("OutputTruncated", func(t *testing.T) { s.testTruncated(t, shared) })
+	t.Run("MemoryLimit", s.testMemoryLimit)
+	t.Run("NoDockerSocket", func(t *testing.T) { s.testNoDockerSocket(t, shared) })
+	t.Run("EmptyCommand", func(t *testing.T) { s.testEmptyCommand(t, shared) })
+	t.Run("InvalidConfigLeavesNothing", s.testInvalidConfig)
+	t.Run("UnsupportedConfigRefused", s.testUnsupported)
+	t.Run("UnknownSandbox", s.testUnknownSandbox)
+	t.Run("ListAndDestroy", s.testListAndDestroy)
+	if s.caps.Files {
+		t.Run("CopyFiles", s.testCopyFiles)
+	}
+	if s.caps.Pause {
+		t.Run("PauseUnpause", s.testPause)
+	}
+	if s.caps.Mounts {
+		t.Run("Mounts", s.testMounts)
+	}
+	if s.caps.Processes {
+		t.Run("LinuxPrivileges", func(t *testing.T) { s.testPrivileges(t, shared) })
+		t.Run("User", s.testUser)
+		t.Run("NetworkOffOnlyLoopback", func(t *testing.T) { s.testNetworkOff(t, shared) })
+		t.Run("TmpCapped", func(t *testing.T) { s.testTmpCapped(t, shared) })
+		t.Run("TimeoutKillsTreeIgnoringSIGTERM", s.testTimeoutKillsTree)
+		t.Run("ZombiesReaped", func(t *testing.T) { s.testZombiesReaped(t, shared) })
+		t.Run("PidsLimit", s.testPidsLimit)
+		t.Run("ForkBomb", s.testForkBomb)
+		t.Run("YesTruncatedAndTimedOut", func(t *testing.T) { s.testYes(t, shared) })
+	}
+	if s.caps.Network {
+		t.Run("NetworkOn", s.testNetworkOn)
+	}
+}
+
+type suite struct {
+	p    roche.Provider
+	opts Options
+	caps roche.Capabilities
+
+	mu      sync.Mutex
+	created []string
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// create makes a sandbox that is destroyed when the test ends.
+func (s *suite) create(t *testing.T, cfg roche.Config) string {
+	t.Helper()
+	info, err := s.p.Create(ctxFor(t, 2*time.Minute), cfg)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if info.ID == "" {
+		t.Fatal("Create returned an empty id")
+	}
+	s.mu.Lock()
+	s.created = append(s.created, info.ID)
+	s.mu.Unlock()
+	t.Cleanup(func() {
+		if err := s.p.Destroy(context.Background(), info.ID); err != nil {
+			t.Errorf("Destroy %s: %v", info.ID, err)
+		}
+	})
+	return info.ID
+}
+
+// py runs a Python program in the sandbox.
+func (s *suite) py(t *testing.T, id, code string, mod ...func(*roche.ExecRequest)) roche.ExecResult {
+	t.Helper()
+	req := roche.ExecRequest{Cmd: append(append([]string{}, s.opts.Python...), "-c", code), Timeout: time.Minute}
+	for _, m := range mod {
+		m(&req)
+	}
+	res, err := s.p.Exec(ctxFor(t, 3*time.Minute), id, req)
+	if err != nil {
+		t.Fatalf("Exec %q: %v", code, err)
+	}
+	return res
+}
+
+// pyOK runs a Python program that must exit 0 and returns its stdout without the final newline.
+func (s *suite) pyOK(t *testing.T, id, code string, mod ...func(*roche.ExecRequest)) string {
+	t.Helper()
+	res := s.py(t, id, code, mod...)
+	if res.ExitCode != 0 || res.TimedOut {
+		t.Fatalf("program exited %d (timed out %v)\nprogram: %s\nstdout: %s\nstderr: %s", res.ExitCode, res.TimedOut, code, res.Stdout, res.Stderr)
+	}
+	return strings.TrimRight(res.Stdout, "\n")
+}
+
+func withTimeout(d time.Duration) func(*roche.ExecRequest) {
+	return func(r *roche.ExecRequest) { r.Timeout = d }
+}
+
+func (s *suite) testHello(t *testing.T, id string) {
+	res := s.py(t, id, "print('hello')")
+	if res.ExitCode != 0 || res.Stdout != "hello\n" || res.Stderr != "" {
+		t.Fatalf("got exit %d stdout %q stderr %q, want 0 \"hello\\n\" \"\"", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res.TimedOut || res.Truncated || res.OOMKilled {
+		t.Fatalf("flags set on a plain hello: %+v", res)
+	}
+	if res.Duration <= 0 {
+		t.Fatalf("Duration %v, want > 0", res.Duration)
+	}
+}
+
+func (s *suite) testExitCode(t *testing.T, id string) {
+	res := s.py(t, id, "import sys; print('out'); print('oops', file=sys.stderr); sys.exit(3)")
+	if res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "oops\n" {
+		t.Fatalf("got exit %d stdout %q stderr %q, want 3 \"out\\n\" \"oops\\n\"", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}
+
+func (s *suite) testEnv(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.Env = map[string]string{"ROCHE_FROM_CONFIG": "config value", "ROCHE_OVERRIDDEN": "config"}
+	id := s.create(t, cfg)
+	got := s.pyOK(t, id, "import os; print(os.environ.get('ROCHE_FROM_CONFIG'), os.environ.get('ROCHE_FROM_EXEC'), os.environ.get('ROCHE_OVERRIDDEN'), sep='|')",
+		func(r *roche.ExecRequest) {
+			r.Env = map[string]string{"ROCHE_FROM_EXEC": "exec value", "ROCHE_OVERRIDDEN": "exec"}
+		})
+	if want := "config value|exec value|exec"; got != want {
+		t.Fatalf("env seen inside: %q, want %q", got, want)
+	}
+}
+
+func (s *suite) testStdin(t *testing.T, id string) {
+	if !s.caps.Stdin {
+		t.Skip("provider does not pass stdin (Capabilities.Stdin is false)")
+	}
+	input := "line one\nline two\n\x00binary\xff\n"
+	got := s.pyOK(t, id, "import sys, hashlib; d = sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest())",
+		func(r *roche.ExecRequest) { r.Stdin = strings.NewReader(input) })
+	want := fmt.Sprintf("%d %s", len(input), sha256Hex([]byte(input)))
+	if got != want {
+		t.Fatalf("stdin seen inside: %q, want %q", got, want)
+	}
+}
+
+// timedWriter records when the first byte arrived.
+type timedWriter struct {
+	mu    sync.Mutex
+	first time.Time
+	buf   bytes.Buffer
+}
+
+func (w *timedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.first.IsZero() && len(p) > 0 {
+		w.first = time.Now()
+	}
+	return w.buf.Write(p)
+}
+
+func (s *suite) testStreaming(t *testing.T, id string) {
+	var w timedWriter
+	start := time.Now()
+	res := s.py(t, id, "import time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(0.3)",
+		func(r *roche.ExecRequest) { r.Stdout = &w })
+	end := time.Now()
+	if res.ExitCode != 0 || res.Stdout != "0\n1\n2\n3\n4\n" {
+		t.Fatalf("exit %d stdout %q", res.ExitCode, res.Stdout)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.buf.String() != res.Stdout {
+		t.Fatalf("streamed %q, captured %q", w.buf.String(), res.Stdout)
+	}
+	// The program runs for 1.5 s; its first line must reach us at least a second before it ends.
+	if w.first.IsZero() || end.Sub(w.first) < time.Second {
+		t.Fatalf("first output at %v, program ended at %v: output was not streamed", w.first.Sub(start), end.Sub(start))
+	}
+}
+
+const writeProbe = `
+import errno, sys
+try:
+    open(sys.argv[1], 'w').write('x')
+    print('written')
+except OSError as e:
+    print(errno.errorcode.get(e.errno, e.errno))
+`
+
+func (s *suite) probeWrite(t *testing.T, id, path string) string {
+	return s.pyOK(t, id, writeProbe, func(r *roche.ExecRequest) { r.Cmd = append(r.Cmd, path) })
+}
+
+func (s *suite) testReadOnlyRoot(t *testing.T, id string) {
+	got := s.probeWrite(t, id, "/roche-probe")
+	if got == "written" {
+		t.Fatal("writing /roche-probe succeeded on a read-only root")
+	}
+	if s.caps.Processes && got != "EROFS" {
+		t.Fatalf("writing /roche-probe failed with %s, want EROFS", got)
+	}
+	if got := s.probeWrite(t, id, "/tmp/roche-probe"); got != "written" {
+		t.Fatalf("writing /tmp/roche-probe: %s, want it written", got)
+	}
+}
+
+func (s *suite) testWritable(t *testing.T) {
+	if !s.caps.Writable {
+		t.Skip("provider cannot make the root writable (Capabilities.Writable is false)")
+	}
+	cfg := s.opts.Config
+	cfg.Writable = true
+	id := s.create(t, cfg)
+	if s.caps.Processes {
+		// As the sandbox user, / itself may not be writable by permissions; the mount must be rw.
+		got := s.pyOK(t, id, "print([l.split()[3].split(',')[0] for l in open('/proc/self/mounts') if l.split()[1] == '/'][0])")
+		if got != "rw" {
+			t.Fatalf("root mounted %q with writable=true, want rw", got)
+		}
+		return
+	}
+	if got := s.probeWrite(t, id, "/tmp/roche-probe"); got != "written" {
+		t.Fatalf("writing /tmp/roche-probe with writable=true: %s", got)
+	}
+}
+
+func (s *suite) testWorkdir(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.Workdir = "/tmp"
+	id := s.create(t, cfg)
+	if got := s.pyOK(t, id, "import os; print(os.getcwd())"); got != "/tmp" {
+		t.Fatalf("cwd %q, want /tmp", got)
+	}
+}
+
+func (s *suite) testTimeout(t *testing.T, id string) {
+	start := time.Now()
+	res := s.py(t, id, "while True: pass", withTimeout(2*time.Second))
+	if !res.TimedOut {
+		t.Fatalf("busy loop not reported TimedOut: %+v", res)
+	}
+	if el := time.Since(start); el > 20*time.Second {
+		t.Fatalf("busy loop with a 2 s timeout took %v to stop", el)
+	}
+	// The sandbox stays usable after a timeout.
+	if got := s.pyOK(t, id, "print('alive')"); got != "alive" {
+		t.Fatalf("after timeout: %q", got)
+	}
+}
+
+func (s *suite) testTruncated(t *testing.T, id string) {
+	const limit = 1 << 20
+	res := s.py(t, id, "import sys; sys.stdout.write('x' * (3 << 20)); sys.stderr.write('e' * 100)",
+		func(r *roche.ExecRequest) { r.OutputLimit = limit })
+	if !res.Truncated || len(res.Stdout) != limit {
+		t.Fatalf("3 MiB of output with a 1 MiB limit: truncated %v, kept %d bytes", res.Truncated, len(res.Stdout))
+	}
+	if res.Stderr != strings.Repeat("e", 100) {
+		t.Fatalf("stderr under the limit was altered: %d bytes", len(res.Stderr))
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d: a truncated program should still finish", res.ExitCode)
+	}
+	// The default limit is 10 MiB.
+	res = s.py(t, id, "import sys; sys.stdout.write('y' * (11 << 20))")
+	if !res.Truncated || len(res.Stdout) != roche.DefaultOutputLimit {
+		t.Fatalf("11 MiB of output, default limit: truncated %v, kept %d bytes", res.Truncated, len(res.Stdout))
+	}
+}
+
+func (s *suite) testMemoryLimit(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.Memory = "256m"
+	id := s.create(t, cfg)
+	res := s.py(t, id, "b = b'x' * (1 << 30); print(len(b))", withTimeout(2*time.Minute))
+	if res.ExitCode == 0 {
+		t.Fatalf("allocating 1 GiB under a 256m limit succeeded: %+v", res)
+	}
+	if s.caps.Processes && !res.OOMKilled {
+		t.Fatalf("allocating 1 GiB: exit %d, OOMKilled false; stderr %q", res.ExitCode, res.Stderr)
+	}
+	if !res.OOMKilled && !strings.Contains(res.Stderr, "MemoryError") {
+		t.Fatalf("allocating 1 GiB was stopped but not reported: exit %d stderr %q", res.ExitCode, res.Stderr)
+	}
+	// The sandbox survives its program's OOM.
+	if got := s.pyOK(t, id, "print('alive')"); got != "alive" {
+		t.Fatalf("after OOM: %q", got)
+	}
+}
+
+func (s *suite) testNoDockerSocket(t *testing.T, id string) {
+	got := s.pyOK(t, id, `
+import os
+print([p for p in ('/var/run/docker.sock', '/run/docker.sock', '/run/containerd/containerd.sock') if os.path.exists(p)])`)
+	if got != "[]" {
+		t.Fatalf("engine sockets visible inside the sandbox: %s", got)
+	}
+}
+
+func (s *suite) testEmptyCommand(t *testing.T, id string) {
+	_, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{})
+	if !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Fatalf("empty command: err %v, want ErrInvalidConfig", err)
+	}
+}
+
+func (s *suite) ids(t *testing.T) map[string]bool {
+	t.Helper()
+	list, err := s.p.List(ctxFor(t, time.Minute))
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	ids := make(map[string]bool, len(list))
+	for _, sb := range list {
+		ids[sb.ID] = true
+	}
+	return ids
+}
+
+func (s *suite) testInvalidConfig(t *testing.T) {
+	before := s.ids(t)
+	cfg := s.opts.Config
+	cfg.Memory = "512x"
+	cfg.CPUs = 0
+	cfg.TimeoutSecs = -1
+	_, err := s.p.Create(ctxFor(t, time.Minute), cfg)
+	if !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Fatalf("Create with bad memory, cpus, timeout: err %v, want ErrInvalidConfig", err)
+	}
+	for _, field := range []string{"memory", "cpus", "timeout_secs"} {
+		if !strings.Contains(err.Error(), field) {
+			t.Errorf("error does not name %s: %v", field, err)
+		}
+	}
+	if after := s.ids(t); len(after) != len(before) {
+		t.Fatalf("a failed Create left sandboxes behind: before %d, after %d", len(before), len(after))
+	}
+}
+
+func (s *suite) testUnsupported(t *testing.T) {
+	if s.caps.Network {
+		t.Skip("provider supports every config this check could ask for")
+	}
+	cfg := s.opts.Config
+	cfg.Network = true
+	_, err := s.p.Create(ctxFor(t, time.Minute), cfg)
+	if !errors.Is(err, roche.ErrUnsupported) {
+		t.Fatalf("network=true on a provider without network: err %v, want ErrUnsupported", err)
+	}
+}
+
+func (s *suite) testUnknownSandbox(t *testing.T) {
+	const id = "roche-no-such-sandbox"
+	if _, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, roche.ErrNotFound) {
+		t.Errorf("Exec in unknown sandbox: %v, want ErrNotFound", err)
+	}
+	if _, err := s.p.Inspect(ctxFor(t, time.Minute), id); !errors.Is(err, roche.ErrNotFound) {
+		t.Errorf("Inspect of unknown sandbox: %v, want ErrNotFound", err)
+	}
+	if err := s.p.Destroy(ctxFor(t, time.Minute), id); err != nil {
+		t.Errorf("Destroy of unknown sandbox: %v, want nil (idempotent)", err)
+	}
+}
+
+func (s *suite) testListAndDestroy(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.TimeoutSecs = 120
+	before := time.Now()
+	info, err := s.p.Create(ctxFor(t, 2*time.Minute), cfg)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	s.mu.Lock()
+	s.created = append(s.created, info.ID)
+	s.mu.Unlock()
+	list, err := s.p.List(ctxFor(t, time.Minute))
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	var found *roche.SandboxInfo
+	for i := range list {
+		if list[i].ID == info.ID {
+			found = &list[i]
+		}
+	}
+	if found == nil {
+		t.Fatalf("List does not show the new sandbox %s", info.ID)
+	}
+	if found.State != roche.StateRunning || found.Provider != s.p.Name() {
+		t.Errorf("listed %+v, want state running, provider %s", *found, s.p.Name())
+	}
+	if d := found.ExpiresAt.Sub(before); d < 115*time.Second || d > 125*time.Second+time.Minute {
+		t.Errorf("expires %v after create, want about 120 s", d)
+	}
+	if err := s.p.Destroy(ctxFor(t, time.Minute), info.ID); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if err := s.p.Destroy(ctxFor(t, time.Minute), info.ID); err != nil {
+		t.Fatalf("second Destroy of the same sandbox: %v, want nil (idempotent)", err)
+	}
+	if s.ids(t)[info.ID] {
+		t.Fatalf("sandbox %s still listed after Destroy", info.ID)
+	}
+	if _, err := s.p.Inspect(ctxFor(t, time.Minute), info.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("Inspect after Destroy: %v, want ErrNotFound", err)
+	}
+	if _, err := s.p.Exec(ctxFor(t, time.Minute), info.ID, roche.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("Exec after Destroy: %v, want ErrNotFound", err)
+	}
+}
+
+func (s *suite) testCopyFiles(t *testing.T) {
+	fc := s.p.(roche.FileCopier)
+	cfg := s.opts.Config
+	id := s.create(t, cfg)
+	dir := t.TempDir()
+	payload := make([]byte, 3<<20+17)
+	for i := range payload {
+		payload[i] = byte(i*7 + i>>9)
+	}
+	src := filepath.Join(dir, "payload.bin")
+	if err := os.WriteFile(src, payload, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, 2*time.Minute)
+	if err := fc.CopyTo(ctx, id, src, "/tmp/in.bin"); err != nil {
+		t.Fatalf("CopyTo: %v", err)
+	}
+	got := s.pyOK(t, id, "import hashlib; print(hashlib.sha256(open('/tmp/in.bin','rb').read()).hexdigest())")
+	if got != sha256Hex(payload) {
+		t.Fatalf("sha256 inside %s, want %s", got, sha256Hex(payload))
+	}
+	s.pyOK(t, id, "open('/tmp/out.txt','w').write('made inside\\n')")
+	dst := filepath.Join(dir, "out.txt")
+	if err := fc.CopyFrom(ctx, id, "/tmp/out.txt", dst); err != nil {
+		t.Fatalf("CopyFrom: %v", err)
+	}
+	if b, err := os.ReadFile(dst); err != nil || string(b) != "made inside\n" {
+		t.Fatalf("copied out %q, %v", b, err)
+	}
+	if err := fc.CopyFrom(ctx, id, "/tmp/no-such-file", filepath.Join(dir, "x")); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("CopyFrom of a missing file: %v, want ErrNotFound", err)
+	}
+}
+
+func (s *suite) testPause(t *testing.T) {
+	pz := s.p.(roche.Pauser)
+	id := s.create(t, s.opts.Config)
+	ctx := ctxFor(t, time.Minute)
+	if err := pz.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	list, err := s.p.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if sb.ID == id && sb.State != roche.StatePaused {
+			t.Fatalf("paused sandbox listed as %s", sb.State)
+		}
+	}
+	if err := pz.Unpause(ctx, id); err != nil {
+		t.Fatalf("Unpause: %v", err)
+	}
+	if got := s.pyOK(t, id, "print('thawed')"); got != "thawed" {
+		t.Fatalf("after unpause: %q", got)
+	}
+}
+
+func (s *suite) testMounts(t *testing.T) {
+	ro, rw := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(ro, "in.txt"), []byte("from host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox user is not the host user: let it write into the rw mount.
+	if err := os.Chmod(rw, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.opts.Config
+	cfg.Mounts = []roche.Mount{{Source: ro, Target: "/mnt/ro"}, {Source: rw, Target: "/mnt/rw", ReadWrite: true}}
+	id := s.create(t, cfg)
+	if got := s.pyOK(t, id, "print(open('/mnt/ro/in.txt').read())"); got != "from host" {
+		t.Fatalf("read from ro mount: %q", got)
+	}
+	if got := s.probeWrite(t, id, "/mnt/ro/new.txt"); got == "written" {
+		t.Fatal("wrote into a read-only mount")
+	}
+	if got := s.probeWrite(t, id, "/mnt/rw/new.txt"); got != "written" {
+		t.Fatalf("writing into the rw mount: %s", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(rw, "new.txt")); err != nil || string(b) != "x" {
+		t.Fatalf("file written in the rw mount, seen on host: %q %v", b, err)
+	}
+}
+
+func (s *suite) testPrivileges(t *testing.T, id string) {
+	got := s.pyOK(t, id, `
+import os
+f = dict(l.split(':', 1) for l in open('/proc/self/status'))
+print(' '.join(k + '=' + f[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp')), 'uid=%d' % os.getuid(), 'gid=%d' % os.getgid())`)
+	fields := map[string]string{}
+	for _, kv := range strings.Fields(got) {
+		k, v, _ := strings.Cut(kv, "=")
+		fields[k] = v
+	}
+	for _, k := range []string{"CapEff", "CapPrm", "CapBnd", "CapAmb"} {
+		if fields[k] != "0000000000000000" {
+			t.Errorf("%s = %q, want every capability dropped", k, fields[k])
+		}
+	}
+	if fields["NoNewPrivs"] != "1" {
+		t.Errorf("NoNewPrivs = %q, want 1", fields["NoNewPrivs"])
+	}
+	if fields["Seccomp"] != "2" {
+		t.Errorf("Seccomp = %q, want 2 (filter mode)", fields["Seccomp"])
+	}
+	if fields["uid"] == "0" || fields["uid"] == "" {
+		t.Errorf("running as uid %q, want non-root", fields["uid"])
+	}
+	if fields["uid"] != "65534" || fields["gid"] != "65534" {
+		t.Errorf("default user uid=%s gid=%s, want 65534:65534", fields["uid"], fields["gid"])
+	}
+	// And the forbidden thing fails: root-only operations are refused.
+	res := s.py(t, id, "import os; os.setuid(0)")
+	if res.ExitCode == 0 || !strings.Contains(res.Stderr, "PermissionError") {
+		t.Errorf("setuid(0) inside: exit %d stderr %q, want PermissionError", res.ExitCode, res.Stderr)
+	}
+}
+
+func (s *suite) testUser(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.User = "1234:4321"
+	id := s.create(t, cfg)
+	if got := s.pyOK(t, id, "import os; print(os.getuid(), os.getgid())"); got != "1234 4321" {
+		t.Fatalf("uid gid %q, want 1234 4321", got)
+	}
+}
+
+const interfacesProbe = "import os; print(' '.join(sorted(os.listdir('/sys/class/net'))))"
+
+func (s *suite) testNetworkOff(t *testing.T, id string) {
+	if got := s.pyOK(t, id, interfacesProbe); got != "lo" {
+		t.Fatalf("interfaces with network off: %q, want only lo", got)
+	}
+	res := s.py(t, id, `
+import socket
+s = socket.socket(); s.settimeout(3)
+try:
+    s.connect(('1.1.1.1', 53)); print('connected')
+except OSError as e:
+    print('refused', e.errno)`)
+	if strings.Contains(res.Stdout, "connected") {
+		t.Fatal("connected out with network off")
+	}
+}
+
+func (s *suite) testNetworkOn(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.Network = true
+	id := s.create(t, cfg)
+	got := s.pyOK(t, id, interfacesProbe)
+	if got == "lo" || !strings.Contains(got, "lo") {
+		t.Fatalf("interfaces with network on: %q, want lo and another", got)
+	}
+}
+
+func (s *suite) testTmpCapped(t *testing.T, id string) {
+	got := s.pyOK(t, id, `
+import errno, os
+n = 0
+try:
+    with open('/tmp/fill', 'wb') as f:
+        while n < (200 << 20):
+            f.write(b'\0' * (1 << 20)); f.flush(); n += 1 << 20
+    print('unbounded', n)
+except OSError as e:
+    print(errno.errorcode.get(e.errno), n >> 20)
+finally:
+    os.remove('/tmp/fill')`)
+	fields := strings.Fields(got)
+	if len(fields) != 2 || fields[0] != "ENOSPC" {
+		t.Fatalf("filling /tmp: %q, want ENOSPC", got)
+	}
+	if mib, _ := strconv.Atoi(fields[1]); mib < 60 || mib > 64 {
+		t.Fatalf("/tmp took %s MiB before ENOSPC, want about 64", fields[1])
+	}
+}
+
+// markersAlive prints which of the given marker strings still appear in another process's argv.
+const markersAlive = `
+import os, sys
+alive = []
+for p in os.listdir('/proc'):
+    if p.isdigit() and int(p) != os.getpid():
+        try: cmd = open('/proc/%s/cmdline' % p, 'rb').read().decode(errors='replace')
+        except OSError: continue
+        alive += [m for m in sys.argv[1:] if m in cmd]
+print(sorted(set(alive)))`
+
+func (s *suite) testTimeoutKillsTree(t *testing.T) {
+	id := s.create(t, s.opts.Config)
+	res := s.py(t, id, `
+import signal, subprocess, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen(['sh', '-c', 'trap "" TERM; sleep 1000; echo roche-marker-child'])
+subprocess.Popen(['python3', '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)  # roche-marker-grandchild'])
+print('started', flush=True)
+time.sleep(1000)  # roche-marker-parent`, withTimeout(2*time.Second))
+	if !res.TimedOut || res.Stdout != "started\n" {
+		t.Fatalf("result %+v, want timed out after printing started", res)
+	}
+	// Give the kernel a moment to finish the kills, then look from inside.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := s.pyOK(t, id, markersAlive, func(r *roche.ExecRequest) {
+			r.Cmd = append(r.Cmd, "roche-marker-child", "roche-marker-grandchild", "roche-marker-parent")
+		})
+		if got == "[]" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes survived the exec timeout: %s", got)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (s *suite) testZombiesReaped(t *testing.T, id string) {
+	// The child forks a grandchild and exits at once: the grandchild is orphaned to PID 1
+	// and, when it exits, only an init that reaps leaves no zombie behind.
+	s.pyOK(t, id, `
+import os, time
+pid = os.fork()
+if pid == 0:
+    if os.fork() == 0:
+        time.sleep(0.3)
+        os._exit(0)
+    os._exit(0)
+os.waitpid(pid, 0)`)
+	time.Sleep(time.Second)
+	got := s.pyOK(t, id, `
+import os
+z = []
+for p in os.listdir('/proc'):
+    if p.isdigit():
+        try: st = open('/proc/%s/stat' % p).read()
+        except OSError: continue
+        if st.rsplit(')', 1)[1].split()[0] == 'Z': z.append(p)
+print(z)`)
+	if got != "[]" {
+		t.Fatalf("zombie processes remain: %s", got)
+	}
+}
+
+func (s *suite) testPidsLimit(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.PidsLimit = 20
+	id := s.create(t, cfg)
+	got := s.pyOK(t, id, `
+import os, time
+kids = []
+try:
+    for _ in range(200):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30); os._exit(0)
+        kids.append(pid)
+    print('unlimited', len(kids))
+except OSError as e:
+    print('refused', len(kids))
+finally:
+    for k in kids: os.kill(k, 9)
+    for k in kids: os.waitpid(k, 0)`)
+	fields := strings.Fields(got)
+	if len(fields) != 2 || fields[0] != "refused" {
+		t.Fatalf("forking 200 children with pids_limit 20: %q, want refused", got)
+	}
+	if n, _ := strconv.Atoi(fields[1]); n < 5 || n >= 20 {
+		t.Fatalf("forked %d children under pids_limit 20", n)
+	}
+}
+
+func (s *suite) testForkBomb(t *testing.T) {
+	id := s.create(t, s.opts.Config)
+	res := s.py(t, id, `
+import os
+while True:
+    try: os.fork()
+    except OSError: pass`, withTimeout(3*time.Second))
+	if !res.TimedOut {
+		t.Fatalf("fork bomb result %+v, want killed at its timeout", res)
+	}
+	// The host stays responsive while the bomb's sandbox still exists.
+	start := time.Now()
+	if out, err := exec.Command("sh", "-c", "echo responsive").Output(); err != nil || string(out) != "responsive\n" {
+		t.Fatalf("host command after the fork bomb: %q %v", out, err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("host took %v to run echo after the fork bomb", el)
+	}
+}
+
+func (s *suite) testYes(t *testing.T, id string) {
+	res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: []string{"yes"}, Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("Exec yes: %v", err)
+	}
+	if !res.Truncated || !res.TimedOut || len(res.Stdout) != roche.DefaultOutputLimit {
+		t.Fatalf("yes: truncated %v timed out %v kept %d bytes, want truncated, timed out, %d bytes", res.Truncated, res.TimedOut, len(res.Stdout), roche.DefaultOutputLimit)
+	}
+}
+
+// checkNothingLeaked runs after every check: no sandbox the suite created may remain.
+func (s *suite) checkNothingLeaked(t *testing.T) {
+	list, err := s.p.List(context.Background())
+	if err != nil {
+		t.Errorf("List after the suite: %v", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mine := map[string]bool{}
+	for _, id := range s.created {
+		mine[id] = true
+	}
+	for _, sb := range list {
+		if mine[sb.ID] {
+			t.Errorf("sandbox %s survived the suite", sb.ID)
+		}
+	}
+}

@@ -1,0 +1,142 @@
+// Package roche is the core of Roche, a sandbox orchestrator for AI agents that run
+// untrusted code. It defines the sandbox Config with its secure defaults, the Provider
+// interface that every isolation backend implements (provider/docker, provider/wasm, ...),
+// and the types they exchange. It knows nothing of any particular backend.
+package roche
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// Provider is an isolation backend. The required surface is small; extras (files,
+// pause, garbage collection) are optional interfaces found by type assertion, and
+// Capabilities says which config fields the backend can honour.
+type Provider interface {
+	// Name is the provider's name as given to --provider, e.g. "docker".
+	Name() string
+	// Capabilities reports what this backend supports.
+	Capabilities() Capabilities
+	// Create makes and starts a sandbox. On error nothing is left behind.
+	Create(ctx context.Context, cfg Config) (SandboxInfo, error)
+	// Exec runs a command in the sandbox and waits for it. A non-zero exit, a timeout or
+	// an OOM kill are results, not errors; errors mean the command could not be run.
+	Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error)
+	// Destroy removes the sandbox and everything created for it. It is idempotent:
+	// destroying a sandbox that is already gone (or never existed) succeeds, so callers
+	// can always defer it. Use Inspect to tell whether an id names a sandbox.
+	Destroy(ctx context.Context, id string) error
+	// Inspect describes one sandbox; an id that names no Roche sandbox is ErrNotFound.
+	Inspect(ctx context.Context, id string) (SandboxInfo, error)
+	// List returns the sandboxes this provider manages, running or not.
+	List(ctx context.Context) ([]SandboxInfo, error)
+}
+
+// FileCopier copies files and directories between the host and a sandbox.
+type FileCopier interface {
+	// CopyTo copies the host path src into the sandbox at dst.
+	CopyTo(ctx context.Context, id, src, dst string) error
+	// CopyFrom copies the sandbox path src to the host path dst.
+	CopyFrom(ctx context.Context, id, src, dst string) error
+}
+
+// Pauser freezes and thaws every process in a sandbox.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Unpause(ctx context.Context, id string) error
+}
+
+// GarbageCollector removes expired sandboxes (or, with All, every one) that were
+// left behind, for example by a crashed caller.
+type GarbageCollector interface {
+	GC(ctx context.Context, opts GCOptions) ([]SandboxInfo, error)
+}
+
+// GCOptions selects what GC removes.
+type GCOptions struct {
+	// All removes every Roche sandbox, not only the expired ones.
+	All bool
+	// DryRun reports what would be removed without removing it.
+	DryRun bool
+}
+
+// Capabilities states what a provider can honour. A provider refuses, with
+// ErrUnsupported, a Config that asks for something it cannot do; fields listed in
+// NotApplicable have no meaning for the backend (a WASM module has no PIDs) and are
+// accepted and ignored.
+type Capabilities struct {
+	Network   bool // network=true can be given
+	Writable  bool // writable=true can be given
+	Mounts    bool // host mounts can be given
+	Files     bool // implements FileCopier
+	Pause     bool // implements Pauser
+	Stdin     bool // ExecRequest.Stdin is passed to the command
+	Processes bool // sandboxes are Linux process trees with /proc (fork, signals, users)
+	// NotApplicable names Config fields (by their JSON names) the backend ignores
+	// because they cannot matter there.
+	NotApplicable []string `json:"not_applicable,omitempty"`
+}
+
+// SandboxState is a sandbox's lifecycle state.
+type SandboxState string
+
+const (
+	StateRunning SandboxState = "running"
+	StatePaused  SandboxState = "paused"
+	StateExited  SandboxState = "exited"
+	StateCreated SandboxState = "created"
+)
+
+// SandboxInfo describes a sandbox.
+type SandboxInfo struct {
+	ID        string       `json:"id"`
+	Provider  string       `json:"provider"`
+	Image     string       `json:"image"`
+	State     SandboxState `json:"state"`
+	CreatedAt time.Time    `json:"created_at"`
+	ExpiresAt time.Time    `json:"expires_at"`
+}
+
+// Expired reports whether the sandbox has outlived its lifetime at now.
+func (s SandboxInfo) Expired(now time.Time) bool {
+	return !s.ExpiresAt.IsZero() && !now.Before(s.ExpiresAt)
+}
+
+// ExecRequest is a command to run in a sandbox.
+type ExecRequest struct {
+	// Cmd is the argv; it must not be empty.
+	Cmd []string
+	// Env is added to the sandbox's environment for this command.
+	Env map[string]string
+	// Workdir overrides the sandbox's working directory for this command.
+	Workdir string
+	// Timeout kills the command (and every process it started) after this long and
+	// reports TimedOut. Zero means the sandbox's remaining lifetime.
+	Timeout time.Duration
+	// Stdin, when set, is copied to the command's standard input (see Capabilities.Stdin).
+	Stdin io.Reader
+	// Stdout and Stderr, when set, receive output as it is produced, in addition to
+	// the capped copy kept in ExecResult.
+	Stdout io.Writer
+	Stderr io.Writer
+	// OutputLimit caps each stream's captured bytes; zero means DefaultOutputLimit.
+	OutputLimit int64
+}
+
+// ExecResult is the outcome of a command.
+type ExecResult struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	// TimedOut: the command was killed at its timeout.
+	TimedOut bool `json:"timed_out"`
+	// Truncated: a stream exceeded the output limit and was cut.
+	Truncated bool `json:"truncated"`
+	// OOMKilled: the command was killed for exceeding the memory limit.
+	OOMKilled bool          `json:"oom_killed"`
+	Duration  time.Duration `json:"duration_ns"`
+}
+
+// ExitCodeTimeout is the exit code the CLI uses for a timed-out command, as timeout(1) does.
+const ExitCodeTimeout = 124
