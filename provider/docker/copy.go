@@ -123,4 +123,3 @@ func copyFailure(stderr *bytes.Buffer, code int) error {
 	}
 	return errors.New(firstLine(msg))
 }
-

@@ -205,8 +205,8 @@ func containerConfig(cfg roche.Config, expires time.Time) (*container.Config, *c
 		// The container's main process lives exactly as long as the sandbox may: when the
 		// lifetime ends it exits, the engine stops the container and removes it (AutoRemove),
 		// so a sandbox is destroyed on time even when the caller crashed and no daemon runs.
-		Entrypoint:      []string{"sleep"},
-		Cmd:             []string{strconv.Itoa(cfg.TimeoutSecs)},
+		Entrypoint: []string{"sleep"},
+		Cmd:        []string{strconv.Itoa(cfg.TimeoutSecs)},
 		Labels: map[string]string{
 			LabelManaged:  "true",
 			LabelProvider: "docker",
