@@ -1,0 +1,123 @@
+// Package cli wires the roche command line: flags and subcommands on top of the core
+// library and the providers, with one rule for failures: one line on stderr that says
+// what to do, and a non-zero exit.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Exit codes besides the command's own.
+const (
+	exitError       = 1   // roche itself failed
+	exitRocheFailed = 125 // exec/run: roche failed, the command may not have run (as docker run)
+	exitInterrupted = 130 // Ctrl-C
+)
+
+// exitCode carries a process exit status through cobra's error return.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// env holds the process's streams and environment, so tests can run the CLI in-process.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	log            *slog.Logger
+	providers      *registry
+}
+
+// Main runs the roche command with args (without the program name) and returns the
+// process exit status.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	level := slog.LevelWarn
+	if os.Getenv("ROCHE_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	e.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	e.providers = newRegistry(e.log)
+	defer e.providers.close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	root := e.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var code exitCode
+	if errors.As(err, &code) {
+		return int(code)
+	}
+	fmt.Fprintf(stderr, "roche: %s\n", oneLine(err))
+	if ctx.Err() != nil {
+		return exitInterrupted
+	}
+	return exitError
+}
+
+// oneLine keeps an error to a single line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+func (e *env) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "roche",
+		Short: "Run untrusted code in sandboxes with secure defaults",
+		Long: `roche runs untrusted, LLM-written code in isolated sandboxes with secure defaults:
+no network, read-only root, a 64 MiB /tmp, 512 MiB memory without swap, 1 CPU,
+64 processes, a 300 s lifetime, no-new-privileges, every capability dropped, the
+engine's seccomp profile and a non-root user. Every default can be overridden.
+
+Providers: docker (default; ROCHE_PROVIDER overrides) and wasm (no dependencies).`,
+		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
+  id=$(roche create --image roche/python:local) && roche exec --sandbox "$id" -- ls / && roche destroy "$id"`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%v (see %s --help)", err, c.CommandPath())
+	})
+	root.AddCommand(
+		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
+		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
+	)
+	root.CompletionOptions.DisableDefaultCmd = true
+	return root
+}
+
+// printJSON writes v as indented JSON.
+func (e *env) printJSON(v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// friendly rewrites core errors whose text alone would not say what to do.
+func friendly(err error) error {
+	if errors.Is(err, roche.ErrInvalidConfig) {
+		return fmt.Errorf("%w (see --help)", err)
+	}
+	return err
+}

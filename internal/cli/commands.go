@@ -1,0 +1,495 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// createFlags are the flags shared by create and run.
+type createFlags struct {
+	provider  string
+	image     string
+	memory    string
+	cpus      float64
+	timeout   int
+	network   bool
+	writable  bool
+	env       []string
+	mounts    []string
+	pidsLimit int
+	workdir   string
+	user      string
+}
+
+func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
+	def := roche.DefaultConfig()
+	defProvider := "docker"
+	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
+		defProvider = v
+	}
+	defImage := def.Image
+	if v := e.getenv("ROCHE_IMAGE"); v != "" {
+		defImage = v
+	}
+	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providerNames()+" (env ROCHE_PROVIDER)")
+	fs.StringVar(&f.image, "image", defImage, "image to run (env ROCHE_IMAGE)")
+	fs.StringVar(&f.memory, "memory", def.Memory, "memory limit, no swap: e.g. 256m, 1g")
+	fs.Float64Var(&f.cpus, "cpus", def.CPUs, "CPUs the sandbox may use, e.g. 0.5, 2")
+	fs.IntVar(&f.timeout, "timeout", def.TimeoutSecs, "sandbox lifetime in seconds; it is destroyed after")
+	fs.BoolVar(&f.network, "network", false, "give the sandbox a network (off by default)")
+	fs.BoolVar(&f.writable, "writable", false, "make the root filesystem writable (read-only by default)")
+	fs.StringArrayVar(&f.env, "env", nil, "set an environment variable, KEY=VALUE (repeatable)")
+	fs.StringArrayVar(&f.mounts, "mount", nil, "bind a host path, HOST:SANDBOX[:ro|rw], read-only by default (repeatable)")
+	fs.IntVar(&f.pidsLimit, "pids-limit", def.PidsLimit, "maximum number of processes")
+	fs.StringVar(&f.workdir, "workdir", "", "working directory for commands (default: the image's)")
+	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as")
+}
+
+// config builds and validates the sandbox config from the flags, reporting every
+// problem at once.
+func (f *createFlags) config() (roche.Config, error) {
+	cfg := roche.DefaultConfig()
+	cfg.Image = f.image
+	cfg.Memory = f.memory
+	cfg.CPUs = f.cpus
+	cfg.TimeoutSecs = f.timeout
+	cfg.Network = f.network
+	cfg.Writable = f.writable
+	cfg.PidsLimit = f.pidsLimit
+	cfg.Workdir = f.workdir
+	cfg.User = f.user
+	var errs []error
+	env, err := roche.ParseEnv(f.env)
+	errs = append(errs, err)
+	cfg.Env = env
+	for _, m := range f.mounts {
+		mt, err := roche.ParseMount(m)
+		errs = append(errs, err)
+		cfg.Mounts = append(cfg.Mounts, mt)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// create makes a sandbox. It is not cancelled by Ctrl-C midway, so that it never leaves a
+// half-made sandbox; the caller checks ctx afterwards and destroys what was made.
+func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche.SandboxInfo, error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, roche.SandboxInfo{}, friendly(err)
+	}
+	p, err := e.providers.get(f.provider)
+	if err != nil {
+		return nil, roche.SandboxInfo{}, err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	info, err := p.Create(cctx, cfg)
+	return p, info, friendly(err)
+}
+
+func (e *env) createCommand() *cobra.Command {
+	var f createFlags
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its id",
+		Long:  "Create a sandbox with secure defaults (override them with flags) and print its id.\nIt lives until destroyed or until --timeout seconds have passed.",
+		Example: `  roche create --image roche/python:local
+  roche create --image roche/python:local --memory 1g --cpus 2 --timeout 600 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, info, err := e.create(cmd.Context(), &f)
+			if err != nil {
+				return err
+			}
+			if cmd.Context().Err() != nil {
+				e.destroyQuietly(p, info.ID)
+				return cmd.Context().Err()
+			}
+			if asJSON {
+				return e.printJSON(info)
+			}
+			fmt.Fprintln(e.stdout, info.ID)
+			return nil
+		},
+	}
+	e.addCreateFlags(c.Flags(), &f)
+	c.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as a JSON object")
+	return c
+}
+
+// execFlags are the flags of one command run.
+type execFlags struct {
+	timeout     float64
+	interactive bool
+	env         []string
+	workdir     string
+	asJSON      bool
+}
+
+// add registers the flags; prefix keeps run's per-command flags ("exec-timeout") apart
+// from its create flags ("timeout", the sandbox's lifetime).
+func (x *execFlags) add(fs *pflag.FlagSet, prefix, timeoutHelp string) {
+	fs.Float64Var(&x.timeout, prefix+"timeout", 0, timeoutHelp)
+	fs.BoolVarP(&x.interactive, "interactive", "i", false, "pass standard input to the command")
+	fs.StringArrayVar(&x.env, prefix+"env", nil, "set an environment variable for this command only, KEY=VALUE (repeatable)")
+	fs.StringVar(&x.workdir, prefix+"workdir", "", "working directory for this command")
+	fs.BoolVar(&x.asJSON, "json", false, "print the result as JSON (exit_code, stdout, stderr, timed_out, truncated, ...) instead of streaming")
+}
+
+// execute runs cmd in sandbox id, streaming output unless --json, and returns the exit
+// status roche should exit with.
+func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []string, x *execFlags) error {
+	if len(cmd) == 0 {
+		return errors.New("no command given: put it after --, e.g. -- python3 -c \"print('hi')\"")
+	}
+	if x.timeout < 0 {
+		return fmt.Errorf("timeout %v is negative: give seconds > 0, or 0 for the sandbox's lifetime", x.timeout)
+	}
+	env, err := roche.ParseEnv(x.env)
+	if err != nil {
+		return err
+	}
+	req := roche.ExecRequest{
+		Cmd: cmd, Env: env, Workdir: x.workdir,
+		Timeout: time.Duration(x.timeout * float64(time.Second)),
+	}
+	if x.interactive {
+		req.Stdin = e.stdin
+	}
+	if !x.asJSON {
+		req.Stdout, req.Stderr = e.stdout, e.stderr
+	}
+	res, err := p.Exec(ctx, id, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return exitCode(exitInterrupted)
+		}
+		return fmt.Errorf("%s", oneLine(friendly(err)))
+	}
+	if x.asJSON {
+		if err := e.printJSON(res); err != nil {
+			return err
+		}
+	} else {
+		if res.Truncated {
+			fmt.Fprintf(e.stderr, "roche: output truncated: a stream passed %d bytes\n", roche.DefaultOutputLimit)
+		}
+		if res.OOMKilled {
+			fmt.Fprintln(e.stderr, "roche: the command was killed for exceeding the sandbox's memory limit (raise it with --memory)")
+		}
+		if res.TimedOut {
+			fmt.Fprintf(e.stderr, "roche: the command timed out after %s and was killed\n", res.Duration.Round(time.Millisecond))
+		}
+	}
+	switch {
+	case res.TimedOut:
+		return exitCode(roche.ExitCodeTimeout)
+	case res.ExitCode != 0:
+		return exitCode(res.ExitCode)
+	}
+	return nil
+}
+
+// rocheFailed marks errors of roche itself in exec and run, so they exit 125 and are not
+// mistaken for the command's own exit status.
+func (e *env) rocheFailed(err error) error {
+	var code exitCode
+	if err == nil || errors.As(err, &code) {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "roche: %s\n", oneLine(err))
+	return exitCode(exitRocheFailed)
+}
+
+func (e *env) execCommand() *cobra.Command {
+	var id string
+	var x execFlags
+	c := &cobra.Command{
+		Use:   "exec --sandbox ID [flags] -- CMD [ARGS...]",
+		Short: "Run a command in a sandbox",
+		Long: `Run a command in an existing sandbox. Output streams to the terminal as it is
+produced; roche exits with the command's exit status, 124 when it timed out, and 125
+when roche itself failed. Ctrl-C kills the command (and everything it started).`,
+		Example: `  roche exec --sandbox "$id" -- python3 -c "print('hello')"
+  echo 'print(input())' | roche exec -i --sandbox "$id" --timeout 10 -- python3 -c "exec(input())"`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if id == "" {
+				return e.rocheFailed(errors.New("no sandbox given: pass --sandbox ID (roche list shows them)"))
+			}
+			p, err := e.providers.forID(id)
+			if err != nil {
+				return e.rocheFailed(err)
+			}
+			return e.rocheFailed(e.execute(cmd.Context(), p, id, args, &x))
+		},
+	}
+	c.Flags().StringVar(&id, "sandbox", "", "id of the sandbox to run in (required)")
+	x.add(c.Flags(), "", "kill the command after this many seconds (default: the sandbox's remaining lifetime)")
+	return c
+}
+
+func (e *env) runCommand() *cobra.Command {
+	var f createFlags
+	var x execFlags
+	c := &cobra.Command{
+		Use:   "run [create flags] -- CMD [ARGS...]",
+		Short: "Create a sandbox, run one command in it, destroy it",
+		Long: `Create a sandbox, run one command in it and destroy it: also on error and on
+Ctrl-C. Exits with the command's exit status, 124 when it timed out (--timeout, the
+sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
+		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
+  roche run --provider wasm -- python3 -c "print(2 + 2)"
+  roche run --image roche/python:local --memory 1g --timeout 60 --mount "$PWD:/src" -- python3 /src/main.py`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if len(args) == 0 {
+				return e.rocheFailed(errors.New("no command given: put it after --, e.g. roche run -- python3 -c \"print('hi')\""))
+			}
+			p, info, err := e.create(ctx, &f)
+			if err != nil {
+				return e.rocheFailed(err)
+			}
+			defer e.destroyQuietly(p, info.ID)
+			if ctx.Err() != nil {
+				return exitCode(exitInterrupted)
+			}
+			return e.rocheFailed(e.execute(ctx, p, info.ID, args, &x))
+		},
+	}
+	e.addCreateFlags(c.Flags(), &f)
+	x.add(c.Flags(), "exec-", "kill the command after this many seconds (default: the sandbox's lifetime)")
+	return c
+}
+
+// destroyQuietly destroys a sandbox on a context of its own (the caller's may be
+// cancelled by Ctrl-C) and reports only failures.
+func (e *env) destroyQuietly(p roche.Provider, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.Destroy(ctx, id); err != nil {
+		fmt.Fprintf(e.stderr, "roche: destroying sandbox %s: %s (roche gc --all removes leftovers)\n", id, oneLine(err))
+	}
+}
+
+func (e *env) destroyCommand() *cobra.Command {
+	var all bool
+	var provider string
+	c := &cobra.Command{
+		Use:   "destroy ID... | --all",
+		Short: "Destroy sandboxes",
+		Example: `  roche destroy 3f2a9c...
+  roche destroy --all`,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			ctx := cmd.Context()
+			if all == (len(ids) > 0) {
+				return errors.New("give sandbox ids or --all, not both or neither")
+			}
+			if all {
+				return e.providers.each(ctx, provider, func(p roche.Provider) error {
+					list, err := p.List(ctx)
+					if err != nil {
+						return err
+					}
+					for _, sb := range list {
+						if err := p.Destroy(ctx, sb.ID); err != nil {
+							return err
+						}
+						fmt.Fprintln(e.stdout, sb.ID)
+					}
+					return nil
+				})
+			}
+			var errs []error
+			for _, id := range ids {
+				p, err := e.providers.forID(id)
+				if err == nil {
+					// Destroy is idempotent; Inspect says whether the id meant anything.
+					if _, err = p.Inspect(ctx, id); err == nil {
+						err = p.Destroy(ctx, id)
+					}
+				}
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintln(e.stdout, id)
+			}
+			return errors.Join(errs...)
+		},
+	}
+	c.Flags().BoolVar(&all, "all", false, "destroy every Roche sandbox")
+	c.Flags().StringVar(&provider, "provider", "", "with --all, only this provider's sandboxes")
+	return c
+}
+
+func (e *env) listCommand() *cobra.Command {
+	var asJSON bool
+	var provider string
+	c := &cobra.Command{
+		Use:     "list [--json]",
+		Short:   "List sandboxes",
+		Example: "  roche list\n  roche list --json --provider docker",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			all := []roche.SandboxInfo{}
+			err := e.providers.each(ctx, provider, func(p roche.Provider) error {
+				list, err := p.List(ctx)
+				all = append(all, list...)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return e.printJSON(all)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tPROVIDER\tIMAGE\tSTATE\tEXPIRES IN")
+			for _, sb := range all {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Provider, sb.Image, sb.State, expiresIn(sb))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
+	return c
+}
+
+func expiresIn(sb roche.SandboxInfo) string {
+	if sb.ExpiresAt.IsZero() {
+		return "-"
+	}
+	d := time.Until(sb.ExpiresAt).Round(time.Second)
+	if d <= 0 {
+		return "expired"
+	}
+	return d.String()
+}
+
+func (e *env) gcCommand() *cobra.Command {
+	var dryRun, all bool
+	var provider string
+	c := &cobra.Command{
+		Use:   "gc [--dry-run] [--all]",
+		Short: "Remove expired sandboxes left behind",
+		Long:  "Remove sandboxes past their lifetime (or stopped), e.g. left by a crashed caller; with --all, every Roche sandbox.",
+		Example: `  roche gc --dry-run
+  roche gc --all`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			return e.providers.each(ctx, provider, func(p roche.Provider) error {
+				gc, ok := p.(roche.GarbageCollector)
+				if !ok {
+					return nil
+				}
+				removed, err := gc.GC(ctx, roche.GCOptions{All: all, DryRun: dryRun})
+				verb := "removed"
+				if dryRun {
+					verb = "would remove"
+				}
+				for _, sb := range removed {
+					fmt.Fprintf(e.stdout, "%s %s\n", verb, sb.ID)
+				}
+				return err
+			})
+		},
+	}
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "only print what would be removed")
+	c.Flags().BoolVar(&all, "all", false, "remove every Roche sandbox, expired or not")
+	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
+	return c
+}
+
+func (e *env) cpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy files between the host and a sandbox",
+		Long:  "Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path).\nParent directories are created; ID:/path must be absolute.",
+		Example: `  roche cp ./data.csv "$id":/tmp/data.csv
+  roche cp "$id":/tmp/results ./results`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			srcID, srcPath, srcIn := splitSandboxPath(args[0])
+			dstID, dstPath, dstIn := splitSandboxPath(args[1])
+			if srcIn == dstIn {
+				return errors.New("exactly one of SRC and DST must be ID:/path in a sandbox")
+			}
+			id := srcID
+			if dstIn {
+				id = dstID
+			}
+			p, err := e.providers.forID(id)
+			if err != nil {
+				return err
+			}
+			fc, ok := p.(roche.FileCopier)
+			if !ok {
+				return fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, p.Name())
+			}
+			if dstIn {
+				if _, err := os.Stat(srcPath); err != nil {
+					return fmt.Errorf("host path %s does not exist", srcPath)
+				}
+				return fc.CopyTo(ctx, id, srcPath, dstPath)
+			}
+			return fc.CopyFrom(ctx, id, srcPath, dstPath)
+		},
+	}
+}
+
+// splitSandboxPath splits "ID:/path"; host paths (even with a colon) do not start an id
+// followed by ":/".
+func splitSandboxPath(s string) (id, path string, inSandbox bool) {
+	i := strings.Index(s, ":/")
+	if i <= 0 || strings.ContainsAny(s[:i], "/\\") {
+		return "", s, false
+	}
+	return s[:i], s[i+1:], true
+}
+
+func (e *env) pauseCommand(pause bool) *cobra.Command {
+	verb := "unpause"
+	short := "Resume a paused sandbox's processes"
+	if pause {
+		verb = "pause"
+		short = "Freeze every process in a sandbox"
+	}
+	return &cobra.Command{
+		Use:     verb + " ID",
+		Short:   short,
+		Example: fmt.Sprintf("  roche %s \"$id\"", verb),
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := e.providers.forID(args[0])
+			if err != nil {
+				return err
+			}
+			pz, ok := p.(roche.Pauser)
+			if !ok {
+				return fmt.Errorf("%w: the %s provider cannot pause sandboxes", roche.ErrUnsupported, p.Name())
+			}
+			if pause {
+				return pz.Pause(cmd.Context(), args[0])
+			}
+			return pz.Unpause(cmd.Context(), args[0])
+		},
+	}
+}

@@ -1,0 +1,115 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+// factories build the providers the CLI knows, by name. Adding a backend is one line here.
+var factories = map[string]func(*slog.Logger) (roche.Provider, error){
+	"docker": func(l *slog.Logger) (roche.Provider, error) { return docker.New(docker.WithLogger(l)) },
+}
+
+// providerNames lists the known providers, sorted.
+func providerNames() string {
+	names := make([]string, 0, len(factories))
+	for n := range factories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+// registry opens providers on first use and closes them at exit.
+type registry struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	open map[string]roche.Provider
+}
+
+func newRegistry(l *slog.Logger) *registry {
+	return &registry{log: l, open: map[string]roche.Provider{}}
+}
+
+func (r *registry) get(name string) (roche.Provider, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.open[name]; ok {
+		return p, nil
+	}
+	f, ok := factories[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown provider %q: choose one of %s", roche.ErrInvalidConfig, name, providerNames())
+	}
+	p, err := f(r.log)
+	if err != nil {
+		return nil, err
+	}
+	r.open[name] = p
+	return p, nil
+}
+
+func (r *registry) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.open {
+		if c, ok := p.(io.Closer); ok {
+			_ = c.Close()
+		}
+	}
+}
+
+// forID picks the provider that owns a sandbox id: every provider but Docker prefixes its
+// ids with its name ("wasm-..."), so an id alone says where it lives.
+func (r *registry) forID(id string) (roche.Provider, error) {
+	if name, _, ok := strings.Cut(id, "-"); ok {
+		if _, known := factories[name]; known && name != "docker" {
+			return r.get(name)
+		}
+	}
+	return r.get("docker")
+}
+
+// each calls fn for the named provider, or for every known one when name is empty. With
+// no name, unavailable providers are skipped (a machine without Docker still lists its
+// wasm sandboxes) unless every one is unavailable.
+func (r *registry) each(ctx context.Context, name string, fn func(roche.Provider) error) error {
+	names := []string{name}
+	if name == "" {
+		names = names[:0]
+		for n := range factories {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+	}
+	var errs, unavailable []error
+	for _, n := range names {
+		p, err := r.get(n)
+		if err == nil {
+			err = fn(p)
+		}
+		switch {
+		case err == nil:
+		case name == "" && isUnavailable(err):
+			r.log.Debug("provider unavailable", "provider", n, "err", err)
+			unavailable = append(unavailable, err)
+		default:
+			errs = append(errs, err)
+		}
+	}
+	if len(unavailable) == len(names) {
+		return unavailable[0]
+	}
+	return errors.Join(errs...)
+}
+
+func isUnavailable(err error) bool { return errors.Is(err, roche.ErrUnavailable) }
