@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian machine with Go: installs what the tests need
+# (docker.io, debootstrap), starts dockerd when nothing answers on its socket, builds the
+# local test image and fetches python.wasm when absent, then runs every test and checks
+# that no sandbox was leaked. Needs root for apt-get and dockerd (as CI has).
+#
+#   make test        (or: bash scripts/test.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '== %s\n' "$*"; }
+
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+  log "installing docker.io and debootstrap"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+fi
+
+if ! timeout 10 docker info >/dev/null 2>&1; then
+  log "starting dockerd (log: /var/log/roche-dockerd.log)"
+  nohup dockerd >/var/log/roche-dockerd.log 2>&1 &
+  for i in $(seq 1 60); do
+    timeout 5 docker info >/dev/null 2>&1 && break
+    [ "$i" = 60 ] && { echo "dockerd did not answer within 60 s; see /var/log/roche-dockerd.log" >&2; tail -n 20 /var/log/roche-dockerd.log >&2; exit 1; }
+    sleep 1
+  done
+fi
+
+log "test image"
+bash scripts/build-test-image.sh roche/python:local
+
+if [ -f scripts/fetch-python-wasm.sh ]; then
+  log "python.wasm"
+  bash scripts/fetch-python-wasm.sh
+fi
+
+log "go vet"
+go vet ./...
+
+log "go test"
+go test -count=1 -timeout 45m ./...
+
+left=$(docker ps -aq --filter label=roche.managed=true | wc -l)
+if [ "$left" != 0 ]; then
+  echo "$left container(s) labelled roche.managed=true survived the suite:" >&2
+  docker ps -a --filter label=roche.managed=true >&2
+  exit 1
+fi
+log "all tests passed; no sandbox left behind"
