@@ -1,5 +1,5 @@
 # The README's two set-up commands are `make hello` and `make test`.
-.PHONY: hello test build vet
+.PHONY: hello test build vet generate bench
 
 build:
 	go build -o bin/ ./cmd/...
@@ -13,3 +13,11 @@ test:
 vet:
 	gofmt -l $$(git ls-files '*.go') | (! grep .)
 	go vet ./...
+
+# Regenerates api/roche/v1 from sandbox.proto. The tools come from the Go module proxy at
+# pinned versions (protoc-gen-go matches google.golang.org/protobuf in go.mod).
+generate:
+	go install github.com/bufbuild/buf/cmd/buf@v1.70.0
+	go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+	cd api && PATH="$$(go env GOPATH)/bin:$$PATH" buf lint && PATH="$$(go env GOPATH)/bin:$$PATH" buf generate
