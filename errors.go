@@ -19,4 +19,7 @@ var (
 	ErrImageNotFound = errors.New("image not found")
 	// ErrExhausted: a limit on sandboxes or resources has been reached.
 	ErrExhausted = errors.New("resource exhausted")
+	// ErrPermission: the sandbox does not allow it (a read-only path, another user's file,
+	// a symlink the files API will not follow).
+	ErrPermission = errors.New("permission denied")
 )

@@ -7,6 +7,7 @@ package roche
 import (
 	"context"
 	"io"
+	"io/fs"
 	"time"
 )
 
@@ -45,6 +46,36 @@ type FileCopier interface {
 type Pauser interface {
 	Pause(ctx context.Context, id string) error
 	Unpause(ctx context.Context, id string) error
+}
+
+// FileSystem reads and writes files inside a sandbox, with the sandbox user's
+// permissions. Paths are absolute sandbox paths; content is streamed, binary-safe.
+type FileSystem interface {
+	// WriteFile writes r to path, replacing it, creating missing parents.
+	WriteFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) error
+	// ReadFile streams path to w.
+	ReadFile(ctx context.Context, id, path string, w io.Writer) error
+	// ListDir lists a directory.
+	ListDir(ctx context.Context, id, path string) ([]FileInfo, error)
+	// Stat describes path without following a final symlink.
+	Stat(ctx context.Context, id, path string) (FileInfo, error)
+	// Mkdir makes a directory and any missing parents.
+	Mkdir(ctx context.Context, id, path string) error
+	// Remove removes path and, for a directory, everything below it.
+	Remove(ctx context.Context, id, path string) error
+	// Rename moves from to to.
+	Rename(ctx context.Context, id, from, to string) error
+}
+
+// FileInfo describes a file in a sandbox.
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Path    string      `json:"path"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	IsDir   bool        `json:"is_dir"`
+	Symlink string      `json:"symlink,omitempty"`
+	ModTime time.Time   `json:"mod_time"`
 }
 
 // GarbageCollector removes expired sandboxes (or, with All, every one) that were
@@ -96,6 +127,9 @@ type SandboxInfo struct {
 	State     SandboxState `json:"state"`
 	CreatedAt time.Time    `json:"created_at"`
 	ExpiresAt time.Time    `json:"expires_at"`
+	// Transport says how commands reach the sandbox: "agent" (roche-agent inside it) or a
+	// provider's fallback such as "docker-exec", which is slower and has no files API.
+	Transport string `json:"transport,omitempty"`
 }
 
 // Expired reports whether the sandbox has outlived its lifetime at now.

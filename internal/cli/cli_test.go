@@ -17,23 +17,10 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
-// TestMain lets the test binary double as the roche binary for tests that need a real
-// process to signal (ROCHE_TEST_AS_CLI=1).
-func TestMain(m *testing.M) {
-	if os.Getenv("ROCHE_TEST_AS_CLI") == "1" {
-		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
-
-func testImage() string {
-	if img := os.Getenv("ROCHE_TEST_IMAGE"); img != "" {
-		return img
-	}
-	return "roche/python:local"
-}
+func testImage() string { return testenv.Image() }
 
 type result struct {
 	code           int

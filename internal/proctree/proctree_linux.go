@@ -1,4 +1,6 @@
-package docker
+// Package proctree kills whole process trees on Linux, for the Docker provider (from the
+// host) and for roche-agent (inside the sandbox).
+package proctree
 
 import (
 	"errors"
@@ -8,16 +10,17 @@ import (
 	"syscall"
 )
 
-// killTree kills a process and all its descendants, seen through the host's /proc (the
-// engine runs on this machine). Killing a parent first would orphan its children to the
-// container's init, out of reach of a walk by parent pid, so the tree is first frozen
-// with SIGSTOP, re-walked until no new process appears, and only then killed.
-func killTree(root int) error {
+// KillTree kills a process, all its descendants and every process in its process group
+// (a command started as a group leader keeps orphaned members in that group).
+//
+// Killing a parent first would orphan its children to init, out of reach of a walk by
+// parent pid, so the tree is first frozen with SIGSTOP, re-walked until no new process
+// appears, and only then killed.
+func KillTree(root int) error {
 	stopped := map[int]bool{}
 	for round := 0; round < 50; round++ {
-		tree := descendants(root)
 		added := false
-		for _, pid := range tree {
+		for _, pid := range members(root) {
 			if !stopped[pid] {
 				_ = syscall.Kill(pid, syscall.SIGSTOP)
 				stopped[pid] = true
@@ -28,9 +31,6 @@ func killTree(root int) error {
 			break
 		}
 	}
-	if len(stopped) == 0 {
-		return nil // already gone
-	}
 	var errs []error
 	for pid := range stopped {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
@@ -40,47 +40,68 @@ func killTree(root int) error {
 	return errors.Join(errs...)
 }
 
-// descendants returns root and every process below it.
-func descendants(root int) []int {
+// members returns root, every process below it and every process in the group root leads.
+func members(root int) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
 	children := map[int][]int{}
+	var out []int
+	rootAlive := false
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		if ppid, ok := parentOf(pid); ok {
-			children[ppid] = append(children[ppid], pid)
+		ppid, pgrp, ok := stat(pid)
+		if !ok {
+			continue
+		}
+		if pid == root {
+			rootAlive = true
+			continue
+		}
+		children[ppid] = append(children[ppid], pid)
+		if pgrp == root {
+			out = append(out, pid)
 		}
 	}
-	if _, err := os.Stat("/proc/" + strconv.Itoa(root)); err != nil {
-		return nil
+	if rootAlive {
+		out = append(out, root)
 	}
-	out := []int{root}
+	seen := map[int]bool{}
+	for _, p := range out {
+		seen[p] = true
+	}
 	for i := 0; i < len(out); i++ {
-		out = append(out, children[out[i]]...)
+		for _, c := range children[out[i]] {
+			if !seen[c] {
+				seen[c] = true
+				out = append(out, c)
+			}
+		}
 	}
 	return out
 }
 
-func parentOf(pid int) (int, bool) {
+// stat reads a process's parent and process group from /proc/PID/stat.
+func stat(pid int) (ppid, pgrp int, ok bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	// The command name may contain spaces and parentheses: fields start after the last ')'.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0, false
+	if len(f) < 3 {
+		return 0, 0, false
 	}
-	ppid, err := strconv.Atoi(f[1])
-	return ppid, err == nil
+	ppid, err1 := strconv.Atoi(f[1])
+	pgrp, err2 := strconv.Atoi(f[2])
+	return ppid, pgrp, err1 == nil && err2 == nil
 }

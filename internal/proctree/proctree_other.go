@@ -1,11 +1,11 @@
 //go:build !linux
 
-package docker
+package proctree
 
 import "errors"
 
-// killTree needs the engine's processes visible in /proc; off Linux the engine runs in a
-// VM and the command is left to the sandbox's lifetime.
-func killTree(pid int) error {
+// KillTree needs /proc; off Linux (where an engine runs in a VM) it cannot reach the
+// processes, and a command is left to its sandbox's lifetime.
+func KillTree(pid int) error {
 	return errors.New("killing a command's process tree needs a Linux host")
 }

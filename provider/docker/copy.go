@@ -13,13 +13,15 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/tarfs"
 )
 
 // CopyTo implements roche.FileCopier: the host file or directory src becomes dst in the
-// sandbox, parent directories created.
+// sandbox, parent directories created. With roche-agent the archive streams over its
+// socket and is unpacked as the sandbox user.
 //
-// The Engine's archive API writes through the container's root filesystem on the host, so
+// Without the agent: the Engine's archive API writes through the container's root filesystem on the host, so
 // it refuses a read-only root and cannot see the /tmp tmpfs, which lives only in the
 // container's mount namespace. With the secure defaults both apply, so those copies run
 // tar inside the sandbox instead, as the sandbox user: a copy can then write nowhere the
@@ -40,6 +42,12 @@ func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
 	go func() { pw.CloseWithError(tarfs.Write(pw, src, path.Base(dst))) }()
 	defer pr.Close()
 
+	if s.agent != nil {
+		if err := s.agent.Untar(ctx, dst, pr); err != nil {
+			return fmt.Errorf("copying %s into sandbox %s: %w", src, id, p.agentErr(s, err))
+		}
+		return nil
+	}
 	if useArchiveAPI(s.cfg, dst) {
 		err := p.cli.CopyToContainer(ctx, s.id, path.Dir(dst), pr, container.CopyToContainerOptions{})
 		return p.engineErr("copying "+src+" into sandbox "+id, err)
@@ -68,6 +76,20 @@ func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
 		return fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src)
 	}
 	src = path.Clean(src)
+	if s.agent != nil {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(s.agent.Tar(ctx, src, pw)) }()
+		err := tarfs.Extract(pr, dst)
+		pr.CloseWithError(err)
+		if err != nil {
+			var ae *agent.Error
+			if errors.As(err, &ae) {
+				err = p.agentErr(s, err)
+			}
+			return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, err)
+		}
+		return nil
+	}
 	if useArchiveAPI(s.cfg, src) {
 		rc, _, err := p.cli.CopyFromContainer(ctx, s.id, src)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,15 +26,32 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
 )
 
 // Labels put on every container Roche creates, so that list, gc and reconciliation
 // find them by label and never touch anything else.
 const (
-	LabelManaged  = "roche.managed"
-	LabelProvider = "roche.provider"
-	LabelExpires  = "roche.expires"
-	LabelConfig   = "roche.config"
+	LabelManaged   = "roche.managed"
+	LabelProvider  = "roche.provider"
+	LabelExpires   = "roche.expires"
+	LabelConfig    = "roche.config"
+	LabelTransport = "roche.transport"
+	LabelAgentDir  = "roche.agent_dir"
+)
+
+// Transports: how commands reach a sandbox.
+const (
+	TransportAgent      = "agent"
+	TransportDockerExec = "docker-exec"
+)
+
+// Where roche-agent and its socket directory appear inside the container.
+const (
+	agentBinary  = "/.roche/roche-agent"
+	agentRunDir  = "/.roche/run"
+	agentSocket  = "agent.sock"
+	agentEnvPath = "ROCHE_AGENT"
 )
 
 // BuildImageHint names the script that builds a usable image without a registry.
@@ -44,6 +62,7 @@ var (
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
+	_ roche.FileSystem       = (*Provider)(nil)
 )
 
 // Provider is the Docker backend.
@@ -51,6 +70,11 @@ type Provider struct {
 	cli         *client.Client
 	log         *slog.Logger
 	pullTimeout time.Duration
+	// agentPath is the host path of the static roche-agent binary; empty means commands go
+	// through Docker's exec API (the slower fallback).
+	agentPath string
+	// stateDir holds one directory per sandbox for its agent socket.
+	stateDir string
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
@@ -63,6 +87,17 @@ type sandbox struct {
 	id      string
 	expires time.Time
 	cfg     roche.Config
+	// agent is set when roche-agent serves the sandbox; agentDir is its socket directory
+	// on the host.
+	agent    *agent.Client
+	agentDir string
+}
+
+func (s sandbox) transport() string {
+	if s.agent != nil {
+		return TransportAgent
+	}
+	return TransportDockerExec
 }
 
 // Option configures a Provider.
@@ -78,6 +113,14 @@ func WithClient(c *client.Client) Option { return func(p *Provider) { p.cli = c 
 // WithPullTimeout bounds how long Create waits for a missing image to be pulled.
 func WithPullTimeout(d time.Duration) Option { return func(p *Provider) { p.pullTimeout = d } }
 
+// WithAgentPath sets the host path of the static roche-agent binary (by default
+// $ROCHE_AGENT, else roche-agent beside the running executable). An empty path turns the
+// agent off, leaving Docker's exec API.
+func WithAgentPath(path string) Option { return func(p *Provider) { p.agentPath = path } }
+
+// WithStateDir sets where per-sandbox agent socket directories live on the host.
+func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
+
 // New returns a Docker provider. It does not contact the engine: the first call that
 // needs it reports ErrUnavailable, with how to start it, when it does not answer.
 func New(opts ...Option) (*Provider, error) {
@@ -85,9 +128,14 @@ func New(opts ...Option) (*Provider, error) {
 		log:         slog.New(slog.DiscardHandler),
 		pullTimeout: 2 * time.Minute,
 		verified:    map[string]sandbox{},
+		agentPath:   defaultAgentPath(),
+		stateDir:    defaultStateDir(),
 	}
 	for _, o := range opts {
 		o(p)
+	}
+	if p.agentPath == "" {
+		p.log.Warn("roche-agent not found: commands will run through Docker's exec API, which is slower and has no files API; build it with `make build` or set " + agentEnvPath)
 	}
 	if p.cli == nil {
 		c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
@@ -157,35 +205,88 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 		return roche.SandboxInfo{}, err
 	}
 
+	if p.agentPath != "" {
+		info, err := p.create(ctx, cfg, true)
+		if err == nil || !errors.Is(err, errAgentFailed) {
+			return info, err
+		}
+		p.log.Warn("roche-agent did not start; falling back to Docker's exec API for this sandbox", "err", err)
+	}
+	return p.create(ctx, cfg, false)
+}
+
+// errAgentFailed marks a sandbox whose agent did not come up (the sandbox is removed).
+var errAgentFailed = errors.New("roche-agent did not start")
+
+func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool) (roche.SandboxInfo, error) {
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
-	ccfg, hcfg, err := containerConfig(cfg, expires)
+	name := "roche-" + randomHex(6)
+	sb := sandbox{expires: expires, cfg: cfg}
+	if withAgent {
+		sb.agentDir = filepath.Join(p.stateDir, name)
+		// 0700: only the host user reaches the socket; inside, the directory belongs to a
+		// uid the sandbox user is not, so sandboxed code cannot reach the agent.
+		if err := os.MkdirAll(sb.agentDir, 0o700); err != nil {
+			return roche.SandboxInfo{}, fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
+		}
+		sb.agent = agent.NewClient(filepath.Join(sb.agentDir, agentSocket))
+	}
+	ccfg, hcfg, err := p.containerConfig(cfg, expires, sb.agentDir)
 	if err != nil {
+		p.removeAgentDir(sb.agentDir)
 		return roche.SandboxInfo{}, err
 	}
-	name := "roche-" + randomHex(6)
 	resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
 	if err != nil {
+		p.removeAgentDir(sb.agentDir)
 		return roche.SandboxInfo{}, p.engineErr("creating container", err)
 	}
+	sb.id = resp.ID
 	for _, w := range resp.Warnings {
 		p.log.Warn("docker create warning", "container", resp.ID, "warning", w)
 	}
 	if err := p.cli.ContainerStart(ctx, resp.ID, container.StartOptions{}); err != nil {
 		// Undo the half-made sandbox even when the caller's context is what failed.
-		p.removeDetached(resp.ID)
+		p.removeDetached(sb)
 		return roche.SandboxInfo{}, p.engineErr("starting container "+resp.ID, err)
 	}
-	p.remember(sandbox{id: resp.ID, expires: expires, cfg: cfg})
-	p.log.Debug("sandbox created", "id", resp.ID, "image", cfg.Image)
+	if sb.agent != nil {
+		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := sb.agent.WaitReady(wctx)
+		cancel()
+		if err != nil {
+			reason := p.exitReason(resp.ID)
+			p.removeDetached(sb)
+			if ctx.Err() != nil {
+				return roche.SandboxInfo{}, ctx.Err()
+			}
+			return roche.SandboxInfo{}, fmt.Errorf("%w: %v%s", errAgentFailed, err, reason)
+		}
+	}
+	p.remember(sb)
+	p.log.Debug("sandbox created", "id", resp.ID, "image", cfg.Image, "transport", sb.transport())
 	return roche.SandboxInfo{
 		ID: resp.ID, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
-		CreatedAt: now, ExpiresAt: expires,
+		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(),
 	}, nil
 }
 
+// exitReason describes why a container stopped, for error messages.
+func (p *Provider) exitReason(id string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := p.cli.ContainerInspect(ctx, id)
+	if err != nil || c.State == nil || c.State.Running {
+		return ""
+	}
+	return fmt.Sprintf(" (container exited %d %s)", c.State.ExitCode, c.State.Error)
+}
+
 // containerConfig maps a validated roche.Config onto Docker's container and host config.
-func containerConfig(cfg roche.Config, expires time.Time) (*container.Config, *container.HostConfig, error) {
+// With an agent directory, roche-agent is PID 1; otherwise an init and sleep keep the
+// container alive for Docker's exec API.
+func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir string) (*container.Config, *container.HostConfig, error) {
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -241,6 +342,31 @@ func containerConfig(cfg roche.Config, expires time.Time) (*container.Config, *c
 		hcfg.Mounts = append(hcfg.Mounts, mount.Mount{
 			Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: !m.ReadWrite,
 		})
+	}
+	ccfg.Labels[LabelTransport] = TransportDockerExec
+	if agentDir != "" {
+		// roche-agent is PID 1 and reaps zombies itself. It runs as root with the few
+		// capabilities it needs (to run commands as the sandbox user, kill them, and hand
+		// its socket to the host user), drops every capability from the bounding set at
+		// start, and runs each command as cfg.User with none: CapEff, CapPrm and CapBnd
+		// are all zero in everything the sandbox runs.
+		ccfg.Labels[LabelTransport] = TransportAgent
+		ccfg.Labels[LabelAgentDir] = agentDir
+		ccfg.User = "0:0"
+		ccfg.Entrypoint = []string{agentBinary,
+			"--socket", agentRunDir + "/" + agentSocket,
+			"--user", cfg.User,
+			"--lifetime", strconv.Itoa(cfg.TimeoutSecs) + "s",
+			"--owner", strconv.Itoa(os.Geteuid()),
+		}
+		ccfg.Cmd = nil
+		noInit := false
+		hcfg.Init = &noInit
+		hcfg.CapAdd = []string{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
+		hcfg.Mounts = append(hcfg.Mounts,
+			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentBinary, ReadOnly: true},
+			mount.Mount{Type: mount.TypeBind, Source: agentDir, Target: agentRunDir},
+		)
 	}
 	return ccfg, hcfg, nil
 }
@@ -343,6 +469,10 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	}
 	s := sandbox{id: c.ID, expires: expiresFromLabels(c.Config.Labels)}
 	_ = json.Unmarshal([]byte(c.Config.Labels[LabelConfig]), &s.cfg)
+	if c.Config.Labels[LabelTransport] == TransportAgent {
+		s.agentDir = c.Config.Labels[LabelAgentDir]
+		s.agent = agent.NewClient(filepath.Join(s.agentDir, agentSocket))
+	}
 	if c.State != nil && c.State.Running {
 		p.remember(s)
 	}
@@ -370,6 +500,7 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	}
 	return roche.SandboxInfo{
 		ID: c.ID, Provider: p.Name(), Image: s.cfg.Image, State: state, CreatedAt: created, ExpiresAt: s.expires,
+		Transport: s.transport(),
 	}, nil
 }
 
@@ -401,7 +532,18 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
 		return p.engineErr("removing sandbox "+s.id, err)
 	}
+	p.removeAgentDir(s.agentDir)
 	return nil
+}
+
+// removeAgentDir removes a sandbox's socket directory, if it is one of ours.
+func (p *Provider) removeAgentDir(dir string) {
+	if dir == "" || filepath.Dir(dir) != filepath.Clean(p.stateDir) {
+		return
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		p.log.Warn("removing the agent's socket directory", "dir", dir, "err", err)
+	}
 }
 
 // isRemovalInProgress: AutoRemove (or a concurrent destroy) is already removing it.
@@ -409,14 +551,15 @@ func isRemovalInProgress(err error) bool {
 	return strings.Contains(err.Error(), "is already in progress")
 }
 
-// removeDetached removes a container on a context of its own, for undoing partial work
-// when the caller's context may already be cancelled.
-func (p *Provider) removeDetached(id string) {
+// removeDetached removes a half-made sandbox on a context of its own, for undoing partial
+// work when the caller's context may already be cancelled.
+func (p *Provider) removeDetached(sb sandbox) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
-		p.log.Warn("removing half-created sandbox", "id", id, "err", err)
+	if err := p.cli.ContainerRemove(ctx, sb.id, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		p.log.Warn("removing half-created sandbox", "id", sb.id, "err", err)
 	}
+	p.removeAgentDir(sb.agentDir)
 }
 
 // List implements roche.Provider.
@@ -442,6 +585,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		out = append(out, roche.SandboxInfo{
 			ID: c.ID, Provider: p.Name(), Image: img, State: stateOf(c.State),
 			CreatedAt: time.Unix(c.Created, 0), ExpiresAt: expiresFromLabels(c.Labels),
+			Transport: c.Labels[LabelTransport],
 		})
 	}
 	return out, nil
@@ -469,7 +613,34 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 		}
 		removed = append(removed, sb)
 	}
+	if !opts.DryRun {
+		errs = append(errs, p.sweepAgentDirs(ctx))
+	}
 	return removed, errors.Join(errs...)
+}
+
+// sweepAgentDirs removes socket directories whose container is gone: a sandbox that
+// reached the end of its lifetime is removed by the engine, which knows nothing of them.
+func (p *Provider) sweepAgentDirs(ctx context.Context) error {
+	entries, err := os.ReadDir(p.stateDir)
+	if err != nil {
+		return nil
+	}
+	cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
+	if err != nil {
+		return p.engineErr("listing sandboxes", err)
+	}
+	live := map[string]bool{}
+	for _, c := range cs {
+		live[c.Labels[LabelAgentDir]] = true
+	}
+	for _, e := range entries {
+		dir := filepath.Join(p.stateDir, e.Name())
+		if e.IsDir() && strings.HasPrefix(e.Name(), "roche-") && !live[dir] {
+			p.removeAgentDir(dir)
+		}
+	}
+	return nil
 }
 
 // Pause implements roche.Pauser.
@@ -488,4 +659,31 @@ func (p *Provider) Unpause(ctx context.Context, id string) error {
 		return err
 	}
 	return p.engineErr("unpausing sandbox "+id, p.cli.ContainerUnpause(ctx, s.id))
+}
+
+// defaultAgentPath finds roche-agent: $ROCHE_AGENT, else beside the running executable.
+func defaultAgentPath() string {
+	if v, ok := os.LookupEnv(agentEnvPath); ok {
+		return v
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(exe), "roche-agent")
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+		return p
+	}
+	return ""
+}
+
+// defaultStateDir is short on purpose: a unix socket path must fit in 108 bytes.
+func defaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/run/roche/docker"
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "roche", "docker")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("roche-%d", os.Geteuid()), "docker")
 }

@@ -2,26 +2,31 @@ package docker_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
-// testImage is built by scripts/build-test-image.sh (the README's test command runs it).
-func testImage() string {
-	if img := os.Getenv("ROCHE_TEST_IMAGE"); img != "" {
-		return img
+func TestMain(m *testing.M) {
+	cleanup, err := testenv.SetupAgent()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	return "roche/python:local"
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
 
-func newProvider(t *testing.T) *docker.Provider {
+func newProvider(t *testing.T, opts ...docker.Option) *docker.Provider {
 	t.Helper()
-	p, err := docker.New()
+	p, err := docker.New(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,9 +39,29 @@ func newProvider(t *testing.T) *docker.Provider {
 	return p
 }
 
+func testConfig() roche.Config {
+	cfg := roche.DefaultConfig()
+	cfg.Image = testenv.Image()
+	return cfg
+}
+
+// TestConformance runs the suite over roche-agent, the normal path.
 func TestConformance(t *testing.T) {
 	p := newProvider(t)
-	cfg := roche.DefaultConfig()
-	cfg.Image = testImage()
-	providertest.Run(t, p, providertest.Options{Config: cfg})
+	info, err := p.Create(context.Background(), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Destroy(context.Background(), info.ID)
+	if info.Transport != docker.TransportAgent {
+		t.Fatalf("transport %q, want %q: the suite would not test the agent", info.Transport, docker.TransportAgent)
+	}
+	providertest.Run(t, p, providertest.Options{Config: testConfig()})
+}
+
+// TestConformanceExecFallback runs the suite over Docker's exec API, the fallback used
+// where the agent cannot start.
+func TestConformanceExecFallback(t *testing.T) {
+	p := newProvider(t, docker.WithAgentPath(""))
+	providertest.Run(t, p, providertest.Options{Config: testConfig()})
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/internal/proctree"
 )
 
 // sigkillExit is the exit status of a process killed by SIGKILL (128+9).
@@ -32,19 +34,74 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	}
 	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
 	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
-	res, err := p.run(ctx, s, req, stdout, stderr)
+	var res roche.ExecResult
+	if s.agent != nil {
+		res, err = p.runAgent(ctx, s, req, stdout, stderr)
+	} else {
+		res, err = p.run(ctx, s, req, stdout, stderr)
+	}
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
-	res.Truncated = stdout.Truncated() || stderr.Truncated()
+	res.Truncated = res.Truncated || stdout.Truncated() || stderr.Truncated()
 	return res, err
+}
+
+// timeoutFor is the command's timeout: the request's, else the sandbox's remaining life.
+func timeoutFor(s sandbox, req roche.ExecRequest) time.Duration {
+	if req.Timeout > 0 {
+		return req.Timeout
+	}
+	return max(time.Until(s.expires), time.Second)
+}
+
+// runAgent runs req.Cmd through roche-agent. The agent enforces the timeout and the
+// output limit inside the sandbox and kills the command's whole tree when ctx ends.
+func (p *Provider) runAgent(ctx context.Context, s sandbox, req roche.ExecRequest, stdout, stderr io.Writer) (roche.ExecResult, error) {
+	res, err := s.agent.Exec(ctx, agent.Request{
+		Cmd: req.Cmd, Env: req.Env, Cwd: req.Workdir,
+		TimeoutMS:   timeoutFor(s, req).Milliseconds(),
+		OutputLimit: req.OutputLimit,
+	}, agent.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		if ctx.Err() != nil {
+			return roche.ExecResult{}, fmt.Errorf("running command in sandbox %s: %w", s.id, ctx.Err())
+		}
+		return roche.ExecResult{}, p.agentErr(s, err)
+	}
+	return roche.ExecResult{
+		ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated,
+		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
+	}, nil
+}
+
+// agentErr maps an agent failure onto the core's sentinels; a refused connection means
+// the sandbox has stopped (expired, destroyed, or its agent died).
+func (p *Provider) agentErr(s sandbox, err error) error {
+	var ae *agent.Error
+	if errors.As(err, &ae) {
+		sentinel := roche.ErrInvalidConfig
+		switch ae.Code {
+		case agent.CodeNotFound:
+			sentinel = roche.ErrNotFound
+		case agent.CodePermission:
+			sentinel = roche.ErrPermission
+		case agent.CodeUnsupported:
+			sentinel = roche.ErrUnsupported
+		case agent.CodeInternal:
+			return fmt.Errorf("sandbox %s: %s", s.id, ae.Message)
+		}
+		return fmt.Errorf("%w: %s", sentinel, ae.Message)
+	}
+	p.forget(s.id)
+	if _, _, ierr := p.inspect(context.Background(), s.id); errors.Is(ierr, roche.ErrNotFound) {
+		return fmt.Errorf("%w: sandbox %s is gone (destroyed, or its lifetime ended)", roche.ErrNotFound, s.id)
+	}
+	return fmt.Errorf("sandbox %s: %w", s.id, err)
 }
 
 // run runs req.Cmd in the sandbox, writing its output to stdout and stderr unbuffered,
 // and reports everything but the output.
 func (p *Provider) run(ctx context.Context, s sandbox, req roche.ExecRequest, stdout, stderr io.Writer) (roche.ExecResult, error) {
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = max(time.Until(s.expires), time.Second)
-	}
+	timeout := timeoutFor(s, req)
 	env := make([]string, 0, len(req.Env))
 	for k, v := range req.Env {
 		env = append(env, k+"="+v)
@@ -144,7 +201,7 @@ func (p *Provider) killExec(execID string) {
 		p.log.Warn("cannot find the timed-out command's process", "exec", execID, "err", err)
 		return
 	}
-	if err := killTree(ins.Pid); err != nil {
+	if err := proctree.KillTree(ins.Pid); err != nil {
 		p.log.Warn("killing the timed-out command's process tree", "exec", execID, "pid", ins.Pid, "err", err)
 	}
 }

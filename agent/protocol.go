@@ -1,0 +1,203 @@
+// Package agent speaks to roche-agent, the small program that runs as PID 1 in every
+// sandbox and serves exec, signals, background processes and files over a unix socket.
+//
+// The wire protocol is deliberately tiny, so the agent stays small and an exec costs one
+// connection and a handful of frames: every frame is a one-byte kind, a four-byte
+// big-endian length and that many bytes of payload. A client opens one connection per
+// operation, sends a request frame (JSON) and, depending on the operation, stdin or file
+// data frames; the agent answers with output or data frames and ends with a result or an
+// error frame.
+package agent
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Frame kinds.
+const (
+	FrameRequest    = 'R' // client → agent: JSON Request, always first
+	FrameStdin      = 'I' // client → agent: stdin bytes
+	FrameStdinEOF   = 'i' // client → agent: stdin closed
+	FrameSignal     = 'S' // client → agent: JSON SignalRequest for the running command
+	FrameStdout     = 'O' // agent → client: stdout bytes
+	FrameStderr     = 'E' // agent → client: stderr bytes
+	FrameResult     = 'X' // agent → client: JSON Result, the last frame of a command
+	FrameData       = 'D' // either way: file or archive bytes
+	FrameDataEOF    = 'd' // either way: end of data
+	FrameReply      = 'K' // agent → client: JSON reply of a non-streaming operation
+	FrameError      = 'Z' // agent → client: JSON Error, the last frame
+	FrameStarted    = 'P' // agent → client: JSON Started, the command is running
+	maxFramePayload = 1 << 20
+)
+
+// Operations.
+const (
+	OpExec   = "exec"
+	OpAttach = "attach" // reconnect to a background process
+	OpPs     = "ps"     // list background processes
+	OpSignal = "signal" // signal a background process
+	OpHealth = "health"
+	OpWrite  = "write" // write a file from data frames
+	OpRead   = "read"  // read a file as data frames
+	OpList   = "list"  // list a directory
+	OpStat   = "stat"
+	OpMkdir  = "mkdir"
+	OpRemove = "remove"
+	OpRename = "rename"
+	OpUntar  = "untar" // extract a tar stream (data frames) at Path
+	OpTar    = "tar"   // send Path as a tar stream (data frames)
+)
+
+// Request is the first frame of every connection.
+type Request struct {
+	Op string `json:"op"`
+
+	// exec
+	Cmd         []string          `json:"cmd,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Cwd         string            `json:"cwd,omitempty"`
+	TimeoutMS   int64             `json:"timeout_ms,omitempty"`
+	OutputLimit int64             `json:"output_limit,omitempty"`
+	Stdin       bool              `json:"stdin,omitempty"`
+	// Background keeps the command running after this connection closes; its output is
+	// kept (up to OutputLimit) for OpAttach.
+	Background bool `json:"background,omitempty"`
+
+	// attach, signal
+	PID    int `json:"pid,omitempty"`
+	Signal int `json:"signal,omitempty"`
+
+	// files
+	Path      string `json:"path,omitempty"`
+	NewPath   string `json:"new_path,omitempty"`
+	Mode      uint32 `json:"mode,omitempty"`
+	Parents   bool   `json:"parents,omitempty"`
+	Recursive bool   `json:"recursive,omitempty"`
+}
+
+// Result ends a command.
+type Result struct {
+	PID        int   `json:"pid"`
+	ExitCode   int   `json:"exit_code"`
+	TimedOut   bool  `json:"timed_out,omitempty"`
+	Truncated  bool  `json:"truncated,omitempty"`
+	OOMKilled  bool  `json:"oom_killed,omitempty"`
+	DurationNS int64 `json:"duration_ns"`
+}
+
+// Started tells the client a command is running.
+type Started struct {
+	PID int `json:"pid"`
+}
+
+// SignalRequest asks the agent to signal the running command's process group.
+type SignalRequest struct {
+	Signal int `json:"signal"`
+}
+
+// Process describes a background process.
+type Process struct {
+	PID      int      `json:"pid"`
+	Cmd      []string `json:"cmd"`
+	Running  bool     `json:"running"`
+	ExitCode int      `json:"exit_code"`
+}
+
+// FileInfo describes a file in the sandbox.
+type FileInfo struct {
+	Name    string `json:"name"`
+	Path    string `json:"path"`
+	Size    int64  `json:"size"`
+	Mode    uint32 `json:"mode"`
+	IsDir   bool   `json:"is_dir"`
+	Symlink string `json:"symlink,omitempty"`
+	ModTime int64  `json:"mod_time_unix"`
+}
+
+// Health reports the agent's state.
+type Health struct {
+	PID      int    `json:"pid"`
+	RSSBytes int64  `json:"rss_bytes"`
+	Version  string `json:"version"`
+	Procs    int    `json:"procs"`
+}
+
+// Error codes, mapped to roche's sentinel errors by the client.
+const (
+	CodeNotFound    = "not_found"
+	CodeInvalid     = "invalid"
+	CodeUnsupported = "unsupported"
+	CodePermission  = "permission"
+	CodeInternal    = "internal"
+)
+
+// Error is the last frame of a failed operation.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// WriteFrame writes one frame.
+func WriteFrame(w io.Writer, kind byte, payload []byte) error {
+	var hdr [5]byte
+	hdr[0] = kind
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	if len(payload) == 0 {
+		_, err := w.Write(hdr[:])
+		return err
+	}
+	// One write per frame keeps frames whole when several goroutines share a connection
+	// behind a mutex, and halves the syscalls for small frames.
+	if len(payload) <= 4096 {
+		buf := make([]byte, 0, 5+len(payload))
+		buf = append(append(buf, hdr[:]...), payload...)
+		_, err := w.Write(buf)
+		return err
+	}
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(payload)
+	return err
+}
+
+// WriteJSON writes v as one frame.
+func WriteJSON(w io.Writer, kind byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return WriteFrame(w, kind, b)
+}
+
+// ReadFrame reads one frame into buf (grown as needed) and returns its kind and payload.
+func ReadFrame(r io.Reader, buf []byte) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > maxFramePayload {
+		return 0, nil, fmt.Errorf("agent frame of %d bytes is over the %d limit", n, maxFramePayload)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return hdr[0], buf, nil
+}
+
+// MaxChunk is the largest data payload either side sends in one frame.
+const MaxChunk = 256 << 10

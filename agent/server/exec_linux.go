@@ -1,0 +1,489 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/internal/proctree"
+)
+
+const (
+	defaultOutputLimit = 10 << 20
+	// drainGrace is how long output is still read after a command exits: a descendant it
+	// left running may hold the pipes open, and the exec must not wait for that.
+	drainGrace = 250 * time.Millisecond
+	// keepFinished bounds how many finished background processes are kept for attach.
+	keepFinished = 64
+)
+
+// reaper is PID 1's wait loop: it reaps every child, delivering the status of the
+// commands the agent started to their waiters and discarding orphans that were
+// reparented to it. Commands are started under the same lock, so a command cannot be
+// reaped before its waiter is registered.
+type reaper struct {
+	mu      sync.Mutex
+	waiters map[int]chan syscall.WaitStatus
+}
+
+func newReaper() *reaper { return &reaper{waiters: map[int]chan syscall.WaitStatus{}} }
+
+func (r *reaper) run() {
+	ch := make(chan os.Signal, 128)
+	signal.Notify(ch, syscall.SIGCHLD)
+	r.reap()
+	for range ch {
+		r.reap()
+	}
+}
+
+func (r *reaper) reap() {
+	for {
+		var ws syscall.WaitStatus
+		r.mu.Lock()
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if pid > 0 {
+			if c, ok := r.waiters[pid]; ok {
+				c <- ws
+				delete(r.waiters, pid)
+			}
+		}
+		r.mu.Unlock()
+		if pid <= 0 || err != nil {
+			return
+		}
+	}
+}
+
+// start runs fork under the reaper's lock and registers the new pid's waiter.
+func (r *reaper) start(fork func() (int, error)) (int, <-chan syscall.WaitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid, err := fork()
+	if err != nil {
+		return 0, nil, err
+	}
+	c := make(chan syscall.WaitStatus, 1)
+	r.waiters[pid] = c
+	return pid, c, nil
+}
+
+// proc is a command the agent started.
+type proc struct {
+	pid        int
+	cmd        []string
+	background bool
+	limit      int64
+	done       chan struct{}
+
+	mu        sync.Mutex
+	sink      *conn // where output goes now; nil when no client is attached
+	history   []frame
+	written   map[byte]int64
+	truncated bool
+	timedOut  bool
+	finished  bool
+	result    agent.Result
+}
+
+type frame struct {
+	kind byte
+	data []byte
+}
+
+// emit passes output to the attached client (and keeps it for a background process),
+// cutting each stream at the output limit.
+func (p *proc) emit(kind byte, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if room := p.limit - p.written[kind]; int64(len(data)) > room {
+		data = data[:max(room, 0)]
+		p.truncated = true
+	}
+	if len(data) == 0 {
+		return
+	}
+	p.written[kind] += int64(len(data))
+	if p.background {
+		p.history = append(p.history, frame{kind, append([]byte(nil), data...)})
+	}
+	if p.sink != nil {
+		if err := p.sink.send(kind, data); err != nil {
+			p.sink = nil
+		}
+	}
+}
+
+// kill kills the command, its descendants and its process group.
+func (p *proc) kill() {
+	_ = proctree.KillTree(p.pid)
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+}
+
+func (p *proc) finish(res agent.Result) {
+	p.mu.Lock()
+	res.Truncated = p.truncated
+	res.TimedOut = p.timedOut
+	p.result = res
+	p.finished = true
+	if p.sink != nil {
+		_ = p.sink.sendJSON(agent.FrameResult, res)
+	}
+	p.mu.Unlock()
+	close(p.done)
+}
+
+func (s *Server) exec(c *conn, req agent.Request) error {
+	if len(req.Cmd) == 0 {
+		return invalid("empty command: give the program and its arguments")
+	}
+	env := mergeEnv(s.baseEnv, req.Env)
+	limit := req.OutputLimit
+	if limit <= 0 {
+		limit = defaultOutputLimit
+	}
+	p := &proc{
+		cmd: req.Cmd, background: req.Background, limit: limit,
+		done: make(chan struct{}), written: map[byte]int64{}, sink: c,
+	}
+
+	path, err := lookPath(req.Cmd[0], env)
+	if err != nil {
+		return s.startFailed(c, p, err)
+	}
+	stdoutR, stdoutW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	stderrR, stderrW, err := os.Pipe()
+	if err != nil {
+		stdoutR.Close()
+		stdoutW.Close()
+		return err
+	}
+	var stdinR, stdinW *os.File
+	if req.Stdin {
+		stdinR, stdinW, err = os.Pipe()
+	} else {
+		stdinR, err = os.Open(os.DevNull)
+	}
+	if err != nil {
+		stdoutR.Close()
+		stdoutW.Close()
+		stderrR.Close()
+		stderrW.Close()
+		return err
+	}
+	start := time.Now()
+	before := oomKills()
+	pid, wait, err := s.reaper.start(func() (int, error) {
+		return syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
+			Dir:   req.Cwd,
+			Env:   env,
+			Files: []uintptr{stdinR.Fd(), stdoutW.Fd(), stderrW.Fd()},
+			Sys: &syscall.SysProcAttr{
+				// Its own process group, so signals and kills reach everything it starts.
+				Setpgid:    true,
+				Credential: &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
+			},
+		})
+	})
+	stdinR.Close()
+	stdoutW.Close()
+	stderrW.Close()
+	if err != nil {
+		stdoutR.Close()
+		stderrR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		return s.startFailed(c, p, err)
+	}
+	p.pid = pid
+	s.mu.Lock()
+	s.procs[pid] = p
+	s.mu.Unlock()
+	if err := c.sendJSON(agent.FrameStarted, agent.Started{PID: pid}); err != nil && !p.background {
+		p.kill()
+	}
+
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go p.pump(stdoutR, agent.FrameStdout, &pumps)
+	go p.pump(stderrR, agent.FrameStderr, &pumps)
+	go s.readClient(c, p, stdinW)
+
+	var timeout <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var ws syscall.WaitStatus
+	select {
+	case ws = <-wait:
+	case <-timeout:
+		p.mu.Lock()
+		p.timedOut = true
+		p.mu.Unlock()
+		p.kill()
+		ws = <-wait
+	}
+	duration := time.Since(start)
+	pumpsDone := make(chan struct{})
+	go func() { pumps.Wait(); close(pumpsDone) }()
+	select {
+	case <-pumpsDone:
+	case <-time.After(drainGrace):
+		stdoutR.Close()
+		stderrR.Close()
+		<-pumpsDone
+	}
+
+	res := agent.Result{PID: pid, ExitCode: ws.ExitStatus(), DurationNS: duration.Nanoseconds()}
+	if ws.Signaled() {
+		res.ExitCode = 128 + int(ws.Signal())
+		if ws.Signal() == syscall.SIGKILL && !p.timedOut && oomKills() > before {
+			res.OOMKilled = true
+		}
+	}
+	p.finish(res)
+	s.retire(p)
+	return nil
+}
+
+// startFailed reports a command that could not start the way a shell does: a message on
+// stderr and exit status 127 (not found) or 126 (not executable).
+func (s *Server) startFailed(c *conn, p *proc, err error) error {
+	code := 126
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, errNotInPath) {
+		code = 127
+	}
+	msg := fmt.Sprintf("roche-agent: %s: %v\n", p.cmd[0], err)
+	if errors.Is(err, errNotInPath) {
+		msg = fmt.Sprintf("roche-agent: %s: command not found\n", p.cmd[0])
+	}
+	if err := c.send(agent.FrameStderr, []byte(msg)); err != nil {
+		return err
+	}
+	return c.sendJSON(agent.FrameResult, agent.Result{ExitCode: code})
+}
+
+// retire forgets a finished foreground command; finished background commands are kept
+// (a bounded number) so a client can still attach and read their result.
+func (s *Server) retire(p *proc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !p.background {
+		delete(s.procs, p.pid)
+		return
+	}
+	var finished []*proc
+	for _, q := range s.procs {
+		if q.background && isFinished(q) {
+			finished = append(finished, q)
+		}
+	}
+	if len(finished) > keepFinished {
+		sort.Slice(finished, func(i, j int) bool { return finished[i].pid < finished[j].pid })
+		for _, q := range finished[:len(finished)-keepFinished] {
+			delete(s.procs, q.pid)
+		}
+	}
+}
+
+func isFinished(p *proc) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) pump(r *os.File, kind byte, wg *sync.WaitGroup) {
+	defer wg.Done()
+	defer r.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			p.emit(kind, buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// readClient handles what the client sends while the command runs: stdin, signals, and
+// its going away, which kills a foreground command and detaches from a background one.
+func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
+	defer func() {
+		if stdin != nil {
+			stdin.Close()
+		}
+	}()
+	for {
+		kind, payload, err := c.read()
+		if err != nil {
+			p.mu.Lock()
+			if p.sink == c {
+				p.sink = nil
+			}
+			p.mu.Unlock()
+			if !p.background && !isFinished(p) {
+				p.kill()
+			}
+			return
+		}
+		switch kind {
+		case agent.FrameStdin:
+			if stdin != nil {
+				if _, err := stdin.Write(payload); err != nil {
+					stdin.Close()
+					stdin = nil
+				}
+			}
+		case agent.FrameStdinEOF:
+			if stdin != nil {
+				stdin.Close()
+				stdin = nil
+			}
+		case agent.FrameSignal:
+			var sr agent.SignalRequest
+			if err := jsonUnmarshal(payload, &sr); err == nil && sr.Signal > 0 {
+				_ = syscall.Kill(-p.pid, syscall.Signal(sr.Signal))
+			}
+		}
+	}
+}
+
+// attach reconnects a client to a background command: it replays the kept output, then
+// streams what follows and the result.
+func (s *Server) attach(c *conn, pid int) error {
+	s.mu.Lock()
+	p, ok := s.procs[pid]
+	s.mu.Unlock()
+	if !ok {
+		return notFound("no process %d in this sandbox", pid)
+	}
+	p.mu.Lock()
+	for _, f := range p.history {
+		if err := c.send(f.kind, f.data); err != nil {
+			p.mu.Unlock()
+			return nil
+		}
+	}
+	if p.finished {
+		err := c.sendJSON(agent.FrameResult, p.result)
+		p.mu.Unlock()
+		return err
+	}
+	p.sink = c
+	p.mu.Unlock()
+	go s.readClient(c, p, nil)
+	<-p.done
+	return nil
+}
+
+func (s *Server) ps() []agent.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []agent.Process{}
+	for _, p := range s.procs {
+		if !p.background {
+			continue
+		}
+		p.mu.Lock()
+		out = append(out, agent.Process{PID: p.pid, Cmd: p.cmd, Running: !p.finished, ExitCode: p.result.ExitCode})
+		p.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
+	return out
+}
+
+func (s *Server) signal(pid, sig int) error {
+	s.mu.Lock()
+	p, ok := s.procs[pid]
+	s.mu.Unlock()
+	if !ok || isFinished(p) {
+		return notFound("no running process %d in this sandbox", pid)
+	}
+	if sig <= 0 || sig > 64 {
+		return invalid("signal %d is not a signal number", sig)
+	}
+	if err := syscall.Kill(-pid, syscall.Signal(sig)); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	return nil
+}
+
+// oomKills reads the sandbox cgroup's OOM-kill counter (cgroup v1 or v2); -1 if unknown.
+func oomKills() int64 {
+	for _, f := range []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// mergeEnv returns base with the overrides applied.
+func mergeEnv(base []string, over map[string]string) []string {
+	if len(over) == 0 {
+		return base
+	}
+	out := make([]string, 0, len(base)+len(over))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := over[k]; !ok {
+			out = append(out, kv)
+		}
+	}
+	for k, v := range over {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+var errNotInPath = errors.New("not found in PATH")
+
+// lookPath finds name in the command's PATH.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errNotInPath
+}

@@ -1,0 +1,309 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/roche-sandbox/roche/agent"
+)
+
+// Version is reported by health.
+const Version = "1"
+
+// Config is what the agent is started with.
+type Config struct {
+	// Socket is the unix socket path to listen on.
+	Socket string
+	// SocketOwner is the host uid that may connect (the socket is chowned to it, mode 0600).
+	SocketOwner int
+	// User is "uid[:gid]" or a name from the image's /etc/passwd: commands and file
+	// operations run as this user.
+	User string
+	// Lifetime ends the agent, and so the sandbox, after this long (0: never).
+	Lifetime time.Duration
+	Log      *slog.Logger
+}
+
+// Server is the in-sandbox agent.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	uid, gid int
+	baseEnv  []string
+	reaper   *reaper
+
+	mu    sync.Mutex
+	procs map[int]*proc // background and running commands by pid
+}
+
+// New prepares a server: it resolves the sandbox user and drops every capability from
+// the bounding set, so nothing the agent starts can ever hold a capability, while the
+// agent keeps the few it needs (setuid, kill) in its own effective set.
+func New(cfg Config) (*Server, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	uid, gid, err := lookupUser(cfg.User)
+	if err != nil {
+		return nil, err
+	}
+	if err := dropBoundingSet(); err != nil {
+		return nil, fmt.Errorf("dropping the capability bounding set: %w", err)
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Log, uid: uid, gid: gid,
+		baseEnv: os.Environ(),
+		reaper:  newReaper(),
+		procs:   map[int]*proc{},
+	}
+	return s, nil
+}
+
+// Run serves until ctx ends, the lifetime passes, or SIGTERM/SIGINT arrives; then it
+// signals every command's process group and returns.
+func (s *Server) Run(ctx context.Context) error {
+	go s.reaper.run()
+	_ = os.Remove(s.cfg.Socket)
+	// Only the socket's owner may connect: created with a restrictive umask so there is no
+	// moment at which it is open to others.
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", s.cfg.Socket)
+	syscall.Umask(old)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", s.cfg.Socket, err)
+	}
+	defer ln.Close()
+	if err := os.Chown(s.cfg.Socket, s.cfg.SocketOwner, -1); err != nil && s.cfg.SocketOwner != 0 {
+		return fmt.Errorf("handing the socket to uid %d: %w", s.cfg.SocketOwner, err)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	var lifetime <-chan time.Time
+	if s.cfg.Lifetime > 0 {
+		t := time.NewTimer(s.cfg.Lifetime)
+		defer t.Stop()
+		lifetime = t.C
+	}
+	go func() {
+		select {
+		case sig := <-sigs:
+			s.log.Info("signal received, stopping", "signal", sig)
+		case <-lifetime:
+			s.log.Info("sandbox lifetime over, stopping")
+		case <-ctx.Done():
+		}
+		cancel()
+		ln.Close()
+	}()
+
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				s.stopAll()
+				return nil
+			}
+			s.log.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go s.serve(c)
+	}
+}
+
+// stopAll asks every command to stop, then kills what is left.
+func (s *Server) stopAll() {
+	s.mu.Lock()
+	procs := make([]*proc, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		_ = syscall.Kill(-p.pid, syscall.SIGTERM)
+	}
+	deadline := time.After(2 * time.Second)
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-deadline:
+			p.kill()
+		}
+	}
+}
+
+// conn is one client connection: frames in, frames out (writes serialised).
+type conn struct {
+	c   net.Conn
+	r   *bufio.Reader
+	wmu sync.Mutex
+	buf []byte
+}
+
+func (c *conn) send(kind byte, payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return agent.WriteFrame(c.c, kind, payload)
+}
+
+func (c *conn) sendJSON(kind byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.send(kind, b)
+}
+
+func (c *conn) read() (byte, []byte, error) {
+	kind, payload, err := agent.ReadFrame(c.r, c.buf)
+	if err == nil && cap(payload) > cap(c.buf) {
+		c.buf = payload[:0]
+	}
+	return kind, payload, err
+}
+
+// fail sends an error frame built from err.
+func (c *conn) fail(err error) {
+	var ae *agent.Error
+	if !errors.As(err, &ae) {
+		ae = &agent.Error{Code: agent.CodeInternal, Message: err.Error()}
+	}
+	_ = c.sendJSON(agent.FrameError, ae)
+}
+
+func (s *Server) serve(nc net.Conn) {
+	defer nc.Close()
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 64<<10)}
+	kind, payload, err := c.read()
+	if err != nil {
+		return
+	}
+	if kind != agent.FrameRequest {
+		c.fail(invalid("the first frame must be a request"))
+		return
+	}
+	var req agent.Request
+	if err := json.Unmarshal(payload, &req); err != nil {
+		c.fail(invalid("malformed request: %v", err))
+		return
+	}
+	switch req.Op {
+	case agent.OpExec:
+		err = s.exec(c, req)
+	case agent.OpAttach:
+		err = s.attach(c, req.PID)
+	case agent.OpPs:
+		err = c.sendJSON(agent.FrameReply, s.ps())
+	case agent.OpSignal:
+		err = s.signal(req.PID, req.Signal)
+		if err == nil {
+			err = c.sendJSON(agent.FrameReply, struct{}{})
+		}
+	case agent.OpHealth:
+		err = c.sendJSON(agent.FrameReply, s.health())
+	case agent.OpWrite, agent.OpRead, agent.OpList, agent.OpStat, agent.OpMkdir, agent.OpRemove,
+		agent.OpRename, agent.OpUntar, agent.OpTar:
+		err = s.files(c, req)
+	default:
+		err = invalid("unknown operation %q", req.Op)
+	}
+	if err != nil {
+		c.fail(err)
+	}
+}
+
+func (s *Server) health() agent.Health {
+	h := agent.Health{PID: os.Getpid(), Version: Version}
+	if b, err := os.ReadFile("/proc/self/statm"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 1 {
+			pages, _ := strconv.ParseInt(f[1], 10, 64)
+			h.RSSBytes = pages * int64(os.Getpagesize())
+		}
+	}
+	s.mu.Lock()
+	h.Procs = len(s.procs)
+	s.mu.Unlock()
+	return h
+}
+
+func invalid(format string, args ...any) error {
+	return &agent.Error{Code: agent.CodeInvalid, Message: fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) error {
+	return &agent.Error{Code: agent.CodeNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// lookupUser resolves "uid[:gid]" or a user name from /etc/passwd.
+func lookupUser(spec string) (uid, gid int, err error) {
+	if spec == "" {
+		return 0, 0, errors.New("no sandbox user given")
+	}
+	name, group, hasGroup := strings.Cut(spec, ":")
+	uid, err = strconv.Atoi(name)
+	gid = uid
+	if err != nil {
+		u, g, ok := passwdLookup(name)
+		if !ok {
+			return 0, 0, fmt.Errorf("user %q is neither a number nor in the image's /etc/passwd", name)
+		}
+		uid, gid = u, g
+	}
+	if hasGroup {
+		if gid, err = strconv.Atoi(group); err != nil {
+			return 0, 0, fmt.Errorf("group %q is not a number", group)
+		}
+	}
+	return uid, gid, nil
+}
+
+func passwdLookup(name string) (uid, gid int, ok bool) {
+	b, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) >= 4 && f[0] == name {
+			u, err1 := strconv.Atoi(f[2])
+			g, err2 := strconv.Atoi(f[3])
+			return u, g, err1 == nil && err2 == nil
+		}
+	}
+	return 0, 0, false
+}
+
+// dropBoundingSet removes every capability from the bounding set (needs CAP_SETPCAP).
+// The agent keeps its own permitted and effective sets; its children can gain nothing.
+// Capability sets belong to threads, and a command may be forked from any of the
+// runtime's threads, so the drop is applied to all of them.
+func dropBoundingSet() error {
+	last := 63
+	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			last = n
+		}
+	}
+	for c := 0; c <= last; c++ {
+		if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, syscall.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 && e != syscall.EINVAL {
+			return fmt.Errorf("capability %d: %w", c, e)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+// Command roche-agent runs as PID 1 inside every sandbox and serves exec, signals,
+// background processes and files over a unix socket (see package agent). It is built
+// static (CGO_ENABLED=0) and bind-mounted read-only into the sandbox by the provider.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/roche-sandbox/roche/agent/server"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "roche-agent: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	socket := flag.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")
+	owner := flag.Int("owner", 0, "host uid allowed to connect to the socket")
+	user := flag.String("user", "65534:65534", "uid[:gid] or name commands run as")
+	lifetime := flag.Duration("lifetime", 0, "stop after this long (0: never)")
+	version := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *version {
+		fmt.Println(server.Version)
+		return nil
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := server.New(server.Config{
+		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	return s.Run(context.Background())
+}

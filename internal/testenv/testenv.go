@@ -1,0 +1,50 @@
+// Package testenv prepares what integration tests need: a freshly built roche-agent and
+// the local test image's name.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+)
+
+// Image is the sandbox image tests use (built by scripts/build-test-image.sh);
+// ROCHE_TEST_IMAGE overrides it.
+func Image() string {
+	if img := os.Getenv("ROCHE_TEST_IMAGE"); img != "" {
+		return img
+	}
+	return "roche/python:local"
+}
+
+// BuildAgent builds a static roche-agent from this checkout into dir and returns its path.
+func BuildAgent(dir string) (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	out := filepath.Join(dir, "roche-agent")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./cmd/roche-agent")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building roche-agent: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// SetupAgent builds roche-agent into a fresh temporary directory and points ROCHE_AGENT
+// at it, for TestMain; the returned func removes it.
+func SetupAgent() (cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "roche-agent-test-")
+	if err != nil {
+		return nil, err
+	}
+	path, err := BuildAgent(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	os.Setenv("ROCHE_AGENT", path)
+	return func() { os.RemoveAll(dir) }, nil
+}
