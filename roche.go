@@ -67,6 +67,29 @@ type FileSystem interface {
 	Rename(ctx context.Context, id, from, to string) error
 }
 
+// BackgroundRunner runs commands that outlive the call that started them: their output
+// is kept (up to the output limit) so a client can reconnect and read it.
+type BackgroundRunner interface {
+	// Start runs req.Cmd in the background and returns its pid. req.Stdin, Stdout and
+	// Stderr are ignored; use Attach to read the output.
+	Start(ctx context.Context, id string, req ExecRequest) (int, error)
+	// Processes lists the background commands, running or finished.
+	Processes(ctx context.Context, id string) ([]Process, error)
+	// Attach replays a background command's kept output to stdout and stderr, streams the
+	// rest, and returns its result. Cancelling ctx detaches; the command goes on.
+	Attach(ctx context.Context, id string, pid int, stdout, stderr io.Writer) (ExecResult, error)
+	// Signal sends a signal (e.g. 15 for SIGTERM) to the command's process group.
+	Signal(ctx context.Context, id string, pid, signal int) error
+}
+
+// Process is a background command.
+type Process struct {
+	PID      int      `json:"pid"`
+	Cmd      []string `json:"cmd"`
+	Running  bool     `json:"running"`
+	ExitCode int      `json:"exit_code"`
+}
+
 // FileInfo describes a file in a sandbox.
 type FileInfo struct {
 	Name    string      `json:"name"`

@@ -252,7 +252,17 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 		return roche.SandboxInfo{}, p.engineErr("starting container "+resp.ID, err)
 	}
 	if sb.agent != nil {
+		// Wait for the agent, but give up at once if the container exits instead.
 		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		exited, waitErr := p.cli.ContainerWait(wctx, resp.ID, container.WaitConditionNotRunning)
+		go func() {
+			select {
+			case <-exited:
+			case <-waitErr:
+			case <-wctx.Done():
+			}
+			cancel()
+		}()
 		err := sb.agent.WaitReady(wctx)
 		cancel()
 		if err != nil {

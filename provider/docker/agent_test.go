@@ -1,0 +1,328 @@
+package docker_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+// sandbox creates a sandbox destroyed at the end of the test.
+func sandbox(t *testing.T, p *docker.Provider, cfg roche.Config) string {
+	t.Helper()
+	info, err := p.Create(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Destroy(context.Background(), info.ID) })
+	return info.ID
+}
+
+func execOK(t *testing.T, p *docker.Provider, id string, cmd ...string) string {
+	t.Helper()
+	res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: cmd, Timeout: time.Minute})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%v: %+v %v", cmd, res, err)
+	}
+	return res.Stdout
+}
+
+func TestFilesLargeBinaryRoundTrip(t *testing.T) {
+	p := newProvider(t)
+	cfg := testConfig()
+	cfg.Writable = true // 100 MiB does not fit the 64 MiB /tmp
+	id := sandbox(t, p, cfg)
+	ctx := context.Background()
+
+	data := make([]byte, 100<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256(data)
+	if err := p.WriteFile(ctx, id, "/var/tmp/big.bin", bytes.NewReader(data), 0o600); err != nil {
+		t.Fatalf("WriteFile 100 MiB: %v", err)
+	}
+	inside := execOK(t, p, id, "python3", "-c", "import hashlib; print(hashlib.sha256(open('/var/tmp/big.bin','rb').read()).hexdigest())")
+	if strings.TrimSpace(inside) != hexSum(want) {
+		t.Fatalf("sha256 inside %s, want %s", inside, hexSum(want))
+	}
+	h := sha256.New()
+	if err := p.ReadFile(ctx, id, "/var/tmp/big.bin", h); err != nil {
+		t.Fatalf("ReadFile 100 MiB: %v", err)
+	}
+	if got := h.Sum(nil); !bytes.Equal(got, want[:]) {
+		t.Fatal("100 MiB read back differs")
+	}
+
+	// And through cp's archive path, both ways.
+	dir := t.TempDir()
+	src := filepath.Join(dir, "big.bin")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CopyTo(ctx, id, src, "/var/tmp/copied.bin"); err != nil {
+		t.Fatalf("CopyTo: %v", err)
+	}
+	out := filepath.Join(dir, "back.bin")
+	if err := p.CopyFrom(ctx, id, "/var/tmp/copied.bin", out); err != nil {
+		t.Fatalf("CopyFrom: %v", err)
+	}
+	back, err := os.ReadFile(out)
+	if err != nil || sha256.Sum256(back) != want {
+		t.Fatalf("copied 100 MiB back differs (%v)", err)
+	}
+}
+
+func hexSum(b [32]byte) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 64)
+	for i, c := range b {
+		out[2*i], out[2*i+1] = digits[c>>4], digits[c&15]
+	}
+	return string(out)
+}
+
+func TestFilesAPI(t *testing.T) {
+	p := newProvider(t)
+	id := sandbox(t, p, testConfig())
+	ctx := context.Background()
+
+	t.Run("EmptyFile", func(t *testing.T) {
+		if err := p.WriteFile(ctx, id, "/tmp/empty", strings.NewReader(""), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := p.ReadFile(ctx, id, "/tmp/empty", &buf); err != nil || buf.Len() != 0 {
+			t.Fatalf("read %d bytes, %v", buf.Len(), err)
+		}
+		if fi, err := p.Stat(ctx, id, "/tmp/empty"); err != nil || fi.Size != 0 || fi.IsDir {
+			t.Fatalf("stat %+v %v", fi, err)
+		}
+	})
+	t.Run("NestedPathWithParents", func(t *testing.T) {
+		if err := p.WriteFile(ctx, id, "/tmp/a/b/c/deep.txt", strings.NewReader("deep"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := execOK(t, p, id, "cat", "/tmp/a/b/c/deep.txt"); got != "deep" {
+			t.Fatalf("read inside: %q", got)
+		}
+		// Files made through the API belong to the sandbox user, like its own.
+		if got := execOK(t, p, id, "stat", "-c", "%u:%g", "/tmp/a/b/c/deep.txt"); strings.TrimSpace(got) != "65534:65534" {
+			t.Fatalf("owner %q, want the sandbox user", got)
+		}
+		if err := p.Mkdir(ctx, id, "/tmp/x/y"); err != nil {
+			t.Fatal(err)
+		}
+		list, err := p.ListDir(ctx, id, "/tmp/a/b")
+		if err != nil || len(list) != 1 || list[0].Name != "c" || !list[0].IsDir {
+			t.Fatalf("list /tmp/a/b: %+v %v", list, err)
+		}
+		if err := p.Rename(ctx, id, "/tmp/a/b/c/deep.txt", "/tmp/x/y/moved.txt"); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Remove(ctx, id, "/tmp/a"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Stat(ctx, id, "/tmp/a"); !errors.Is(err, roche.ErrNotFound) {
+			t.Fatalf("stat after remove: %v, want ErrNotFound", err)
+		}
+		var buf bytes.Buffer
+		if err := p.ReadFile(ctx, id, "/tmp/x/y/moved.txt", &buf); err != nil || buf.String() != "deep" {
+			t.Fatalf("renamed file: %q %v", buf.String(), err)
+		}
+	})
+	t.Run("DotDotRefused", func(t *testing.T) {
+		for _, path := range []string{"/tmp/../../etc/passwd", "/tmp/../etc/shadow", "tmp/relative"} {
+			err := p.WriteFile(ctx, id, path, strings.NewReader("x"), 0o644)
+			if !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), path) {
+				t.Errorf("write %s: %v, want a clear refusal", path, err)
+			}
+			if err := p.ReadFile(ctx, id, path, io.Discard); err == nil {
+				t.Errorf("read %s succeeded", path)
+			}
+		}
+	})
+	t.Run("SymlinkEscapesRefused", func(t *testing.T) {
+		execOK(t, p, id, "ln", "-s", "/etc", "/tmp/etc-link")
+		execOK(t, p, id, "ln", "-s", "/etc/passwd", "/tmp/passwd-link")
+		err := p.WriteFile(ctx, id, "/tmp/etc-link/roche", strings.NewReader("x"), 0o644)
+		if !errors.Is(err, roche.ErrPermission) || !strings.Contains(err.Error(), "symlink") {
+			t.Errorf("write through a directory symlink: %v, want a refusal naming the symlink", err)
+		}
+		for _, path := range []string{"/tmp/passwd-link", "/tmp/etc-link/passwd"} {
+			if err := p.ReadFile(ctx, id, path, io.Discard); !errors.Is(err, roche.ErrPermission) || !strings.Contains(err.Error(), "symlink") {
+				t.Errorf("read %s: %v, want a refusal naming the symlink", path, err)
+			}
+		}
+		// A symlink inside an archive cannot carry later entries out of the target either.
+		dir := t.TempDir()
+		os.Symlink("/etc", filepath.Join(dir, "link"))
+		if err := p.CopyTo(ctx, id, dir, "/tmp/unpacked"); err != nil {
+			t.Fatalf("copying a directory holding a symlink: %v", err)
+		}
+		if got := execOK(t, p, id, "readlink", "/tmp/unpacked/link"); strings.TrimSpace(got) != "/etc" {
+			t.Fatalf("symlink copied as %q", got)
+		}
+	})
+	t.Run("ReadOnlyRootRefused", func(t *testing.T) {
+		err := p.WriteFile(ctx, id, "/etc/roche-was-here", strings.NewReader("x"), 0o644)
+		if !errors.Is(err, roche.ErrPermission) || !strings.Contains(err.Error(), "read-only") {
+			t.Fatalf("write onto the read-only root: %v, want a refusal saying read-only", err)
+		}
+	})
+	t.Run("OtherUsersFilesRefused", func(t *testing.T) {
+		// /etc/shadow is root's: the files API has the sandbox user's rights, no more.
+		if err := p.ReadFile(ctx, id, "/etc/shadow", io.Discard); !errors.Is(err, roche.ErrPermission) {
+			t.Fatalf("read /etc/shadow: %v, want ErrPermission", err)
+		}
+	})
+}
+
+// TestSandboxUserCannotReachAgent tries, from inside, every way to the control channel.
+func TestSandboxUserCannotReachAgent(t *testing.T) {
+	p := newProvider(t)
+	id := sandbox(t, p, testConfig())
+	got := execOK(t, p, id, "python3", "-c", `
+import os, socket
+def attempt(name, fn):
+    try:
+        fn(); print(name, 'OPEN')
+    except OSError as e:
+        print(name, 'refused', type(e).__name__)
+attempt('connect', lambda: socket.socket(socket.AF_UNIX).connect('/.roche/run/agent.sock'))
+attempt('listdir', lambda: os.listdir('/.roche/run'))
+attempt('fds', lambda: os.listdir('/proc/1/fd'))
+attempt('environ', lambda: open('/proc/1/environ').read())
+attempt('root', lambda: os.listdir('/proc/1/root/.roche/run'))
+attempt('kill', lambda: os.kill(1, 15))
+`)
+	if strings.Contains(got, "OPEN") {
+		t.Fatalf("the sandbox user reached the agent:\n%s", got)
+	}
+	if n := strings.Count(got, "refused"); n != 6 {
+		t.Fatalf("expected 6 refusals:\n%s", got)
+	}
+	// The agent still answers the host after all that.
+	if out := execOK(t, p, id, "echo", "ok"); out != "ok\n" {
+		t.Fatalf("after the attempts: %q", out)
+	}
+}
+
+func TestBackgroundProcesses(t *testing.T) {
+	p := newProvider(t)
+	id := sandbox(t, p, testConfig())
+	ctx := context.Background()
+	pid, err := p.Start(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo first; sleep 1; echo second; exit 4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := p.Processes(ctx, id)
+	if err != nil || len(list) != 1 || list[0].PID != pid || !list[0].Running {
+		t.Fatalf("processes: %+v %v", list, err)
+	}
+	// Reconnect, then detach early: the command goes on.
+	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	var early bytes.Buffer
+	_, err = p.Attach(actx, id, pid, &early, io.Discard)
+	cancel()
+	if err == nil || early.String() != "first\n" {
+		t.Fatalf("early attach: %q %v, want first line then a detach", early.String(), err)
+	}
+	var out bytes.Buffer
+	res, err := p.Attach(ctx, id, pid, &out, io.Discard)
+	if err != nil || res.ExitCode != 4 || out.String() != "first\nsecond\n" {
+		t.Fatalf("attach: %+v %q %v", res, out.String(), err)
+	}
+
+	// Signal a long-running one.
+	pid, err = p.Start(ctx, id, roche.ExecRequest{Cmd: []string{"sleep", "300"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Signal(ctx, id, pid, 15); err != nil {
+		t.Fatal(err)
+	}
+	res, err = p.Attach(ctx, id, pid, io.Discard, io.Discard)
+	if err != nil || res.ExitCode != 128+15 {
+		t.Fatalf("after SIGTERM: %+v %v, want exit 143", res, err)
+	}
+	if err := p.Signal(ctx, id, 99999, 15); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("signal to no process: %v", err)
+	}
+}
+
+// TestForegroundCommandDiesWithClient: when the caller goes away mid-command, the command
+// and its children are killed (a background one is not; see above).
+func TestForegroundCommandDiesWithClient(t *testing.T) {
+	p := newProvider(t)
+	id := sandbox(t, p, testConfig())
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	go func() {
+		w := &signalWriter{c: started}
+		p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo go; sleep 300 # roche-orphan-marker"}, Stdout: w})
+	}()
+	<-started
+	cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := execOK(t, p, id, "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+		if !strings.Contains(strings.ReplaceAll(out, "cat /proc", ""), "sleep 300") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("command survived its client:\n%s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type signalWriter struct {
+	c    chan struct{}
+	done bool
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	if !w.done {
+		w.done = true
+		close(w.c)
+	}
+	return len(p), nil
+}
+
+// TestAgentFallback: where the agent cannot start, the sandbox still works through
+// Docker's exec API, and says so.
+func TestAgentFallback(t *testing.T) {
+	p := newProvider(t, docker.WithAgentPath("/bin/false"))
+	start := time.Now()
+	info, err := p.Create(context.Background(), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Destroy(context.Background(), info.ID) })
+	if info.Transport != docker.TransportDockerExec {
+		t.Fatalf("transport %q, want %q", info.Transport, docker.TransportDockerExec)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("falling back took %v", el)
+	}
+	if got := execOK(t, p, info.ID, "echo", "fallback"); got != "fallback\n" {
+		t.Fatalf("exec on the fallback: %q", got)
+	}
+	if listed, err := p.Inspect(context.Background(), info.ID); err != nil || listed.Transport != docker.TransportDockerExec {
+		t.Fatalf("inspect: %+v %v", listed, err)
+	}
+	if err := p.WriteFile(context.Background(), info.ID, "/tmp/x", strings.NewReader("x"), 0o644); !errors.Is(err, roche.ErrUnsupported) {
+		t.Fatalf("files API on the fallback: %v, want ErrUnsupported", err)
+	}
+}
