@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-go build -o bin/roche ./cmd/roche
+make -s build
 
 if timeout 5 docker image inspect roche/python:local >/dev/null 2>&1; then
   echo "provider: docker (image roche/python:local)" >&2

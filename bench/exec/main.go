@@ -1,0 +1,232 @@
+// Command exec benchmarks commands and files through roche-agent in a Docker sandbox,
+// against baselines measured in the same run on the same machine (shared machines are
+// noisy, so only same-run ratios mean anything):
+//
+//   - exec of `true` through the Go API, against `docker exec CONTAINER true`;
+//   - exec of python3 -c 'print(1)' in the sandbox, against the same on the host;
+//   - a 100 MiB file copied in and out, in MiB/s;
+//   - the agent's resident memory in an idle sandbox.
+//
+// Run it with `make bench` (or go run ./bench/exec); it needs a Docker engine and the
+// image roche/python:local, and builds roche-agent itself.
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench/exec: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	n := flag.Int("n", 200, "iterations of the fast measurements")
+	flag.Parse()
+	ctx := context.Background()
+
+	dir, err := os.MkdirTemp("", "roche-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	agentPath, err := testenv.BuildAgent(dir)
+	if err != nil {
+		return err
+	}
+	p, err := docker.New(docker.WithAgentPath(agentPath))
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	cfg := roche.DefaultConfig()
+	cfg.Image = testenv.Image()
+	cfg.Writable = true // room for the 100 MiB file outside the 64 MiB /tmp
+	sb, err := p.Create(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer p.Destroy(context.WithoutCancel(ctx), sb.ID)
+	if sb.Transport != docker.TransportAgent {
+		return fmt.Errorf("sandbox transport is %s, not the agent", sb.Transport)
+	}
+
+	fmt.Printf("exec through roche-agent vs. baselines, same run (n=%d; docker CLI n=%d)\n\n", *n, *n/5)
+
+	// Idle memory first, before any command has run in the sandbox.
+	rss, err := agentRSS(ctx, sb.ID)
+	if err != nil {
+		return err
+	}
+
+	agentTrue, err := measure(*n, func() error { return execOK(ctx, p, sb.ID, "true") })
+	if err != nil {
+		return err
+	}
+	dockerTrue, err := measure(*n/5, func() error { return exec.Command("docker", "exec", sb.ID, "true").Run() })
+	if err != nil {
+		return fmt.Errorf("docker exec baseline: %w", err)
+	}
+	report("exec true, Go API via agent", agentTrue)
+	report("docker exec CTR true (baseline)", dockerTrue)
+	fmt.Printf("  -> agent exec overhead p50 %s (target <= 3ms); %.1fx faster than docker exec\n\n",
+		ms(median(agentTrue)), float64(median(dockerTrue))/float64(median(agentTrue)))
+
+	py := []string{"python3", "-c", "print(1)"}
+	inSandbox, err := measure(*n/2, func() error { return execOK(ctx, p, sb.ID, py...) })
+	if err != nil {
+		return err
+	}
+	// The system interpreter, not a version manager's shim script in front of one.
+	hostPython := "/usr/bin/python3"
+	if _, err := os.Stat(hostPython); err != nil {
+		if hostPython, err = exec.LookPath("python3"); err != nil {
+			return err
+		}
+	}
+	onHost, err := measure(*n/2, func() error { return exec.Command(hostPython, "-c", "print(1)").Run() })
+	if err != nil {
+		return err
+	}
+	report("python3 -c 'print(1)' in sandbox", inSandbox)
+	report("python3 -c 'print(1)' on host ("+hostPython+")", onHost)
+	fmt.Printf("  -> ratio sandbox/host p50 %.2f (target <= 1.5)\n\n", float64(median(inSandbox))/float64(median(onHost)))
+
+	if err := copyBench(ctx, p, sb.ID, dir); err != nil {
+		return err
+	}
+	fmt.Printf("\nagent RSS in an idle sandbox: %.1f MiB (target <= 10 MiB)\n", float64(rss)/(1<<20))
+	return nil
+}
+
+func execOK(ctx context.Context, p *docker.Provider, id string, cmd ...string) error {
+	res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: cmd})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("%v exited %d: %s", cmd, res.ExitCode, res.Stderr)
+	}
+	return err
+}
+
+func copyBench(ctx context.Context, p *docker.Provider, id, dir string) error {
+	const size = 100 << 20
+	data := make([]byte, size)
+	if _, err := rand.Read(data); err != nil {
+		return err
+	}
+	src := filepath.Join(dir, "in.bin")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		return err
+	}
+	var in, out, wr, rd []time.Duration
+	for i := 0; i < 5; i++ {
+		d, err := timed(func() error { return p.CopyTo(ctx, id, src, "/var/tmp/in.bin") })
+		if err != nil {
+			return err
+		}
+		in = append(in, d)
+		d, err = timed(func() error { return p.CopyFrom(ctx, id, "/var/tmp/in.bin", filepath.Join(dir, "out.bin")) })
+		if err != nil {
+			return err
+		}
+		out = append(out, d)
+		d, err = timed(func() error { return p.WriteFile(ctx, id, "/var/tmp/w.bin", bytes.NewReader(data), 0o644) })
+		if err != nil {
+			return err
+		}
+		wr = append(wr, d)
+		d, err = timed(func() error { return p.ReadFile(ctx, id, "/var/tmp/w.bin", io.Discard) })
+		if err != nil {
+			return err
+		}
+		rd = append(rd, d)
+	}
+	rate := func(ds []time.Duration) float64 { return float64(size) / (1 << 20) / median(ds).Seconds() }
+	fmt.Printf("100 MiB (median of 5; target >= 200 MiB/s each way)\n")
+	fmt.Printf("  cp in  (tar, host file -> sandbox)  %7.0f MiB/s\n", rate(in))
+	fmt.Printf("  cp out (tar, sandbox -> host file)  %7.0f MiB/s\n", rate(out))
+	fmt.Printf("  WriteFile (files API)               %7.0f MiB/s\n", rate(wr))
+	fmt.Printf("  ReadFile  (files API)               %7.0f MiB/s\n", rate(rd))
+	return nil
+}
+
+// agentRSS reads the resident memory of the sandbox's PID 1 (the agent) from the host.
+func agentRSS(ctx context.Context, id string) (int64, error) {
+	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	ins, err := c.ContainerInspect(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", ins.State.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", ins.State.Pid)
+}
+
+func timed(fn func() error) (time.Duration, error) {
+	start := time.Now()
+	err := fn()
+	return time.Since(start), err
+}
+
+func measure(n int, fn func() error) ([]time.Duration, error) {
+	if n < 3 {
+		n = 3
+	}
+	if err := fn(); err != nil { // warm-up
+		return nil, err
+	}
+	out := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		d, err := timed(fn)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func median(ds []time.Duration) time.Duration { return percentile(ds, 50) }
+
+func percentile(ds []time.Duration, p int) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[(len(s)-1)*p/100]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
+
+func report(name string, ds []time.Duration) {
+	fmt.Printf("  %-42s p50 %9s  p90 %9s\n", name, ms(median(ds)), ms(percentile(ds, 90)))
+}
