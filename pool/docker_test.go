@@ -1,0 +1,99 @@
+package pool_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+func testImage() string {
+	if img := os.Getenv("ROCHE_TEST_IMAGE"); img != "" {
+		return img
+	}
+	return "roche/python:local"
+}
+
+// TestDockerPool runs a pool against the real engine: it fills, hands out distinct
+// running sandboxes, refills within its total, and Close leaves only what was handed out.
+func TestDockerPool(t *testing.T) {
+	p, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := p.Ping(ctx); err != nil {
+		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
+	}
+
+	var mu sync.Mutex
+	var created []string
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=2&max=2&total=3&idle_timeout=60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := pool.NewManager(map[string]roche.Provider{"docker": p}, []pool.Spec{spec},
+		pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
+			mu.Lock()
+			created = append(created, sb.ID)
+			mu.Unlock()
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handedOut []string
+	defer func() {
+		if _, err := m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		for _, id := range handedOut {
+			_ = p.Destroy(context.Background(), id)
+		}
+		// Every sandbox the pool ever made is gone.
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range created {
+			if _, err := p.Inspect(context.Background(), id); err == nil {
+				t.Errorf("pooled sandbox %s survived Close", id)
+				_ = p.Destroy(context.Background(), id)
+			}
+		}
+	}()
+	m.Start()
+	pl := m.Pools()[0]
+	if err := pl.Warmup(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	a, okA := pl.Acquire()
+	b, okB := pl.Acquire()
+	if !okA || !okB || a.ID == b.ID {
+		t.Fatalf("acquire: %v %v %s %s", okA, okB, a.ID, b.ID)
+	}
+	handedOut = append(handedOut, a.ID, b.ID)
+	res, err := p.Exec(ctx, a.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('pooled')"}})
+	if err != nil || res.Stdout != "pooled\n" {
+		t.Fatalf("exec in a pooled sandbox: %+v %v", res, err)
+	}
+	// Two handed out of a total of 3: the refill makes exactly one more.
+	deadline := time.Now().Add(30 * time.Second)
+	for pl.Status().Idle != 1 || pl.Status().Creating != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("refill: %+v", pl.Status())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	n := len(created)
+	mu.Unlock()
+	if st := pl.Status(); st.Idle != 1 || n != 3 {
+		t.Fatalf("after refill within total 3: %+v, %d created", st, n)
+	}
+}

@@ -1,0 +1,468 @@
+// Package pool keeps warm sandboxes ready so that a create is served in milliseconds
+// instead of the seconds (or hundreds of milliseconds) a backend needs to make one.
+//
+// A Pool holds idle sandboxes for one (provider, image) Key and refills itself in the
+// background. Refill counts creations in flight, so however often it is triggered it
+// never makes more than the pool's bounds allow, and all pools of a Manager share a
+// bounded number of concurrent creations. A sandbox handed out by Acquire leaves the
+// pool for good: it is never handed out again.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Hooks let the owner of the pools persist what they do, so that the idle pool
+// sandboxes of a crashed daemon can be recognised (and destroyed) after a restart.
+// They are called without any pool lock held.
+type Hooks struct {
+	// Created is called for a new sandbox before it can be acquired.
+	Created func(key Key, sb roche.SandboxInfo)
+	// Destroyed is called after the pool destroyed one of its idle sandboxes.
+	Destroyed func(key Key, id string)
+}
+
+// Option configures a Manager.
+type Option func(*Manager)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(m *Manager) { m.log = l } }
+
+// WithConcurrency bounds how many sandboxes all pools together create at once (default 2).
+func WithConcurrency(n int) Option {
+	return func(m *Manager) { m.sem = make(chan struct{}, max(n, 1)) }
+}
+
+// WithHooks sets the hooks.
+func WithHooks(h Hooks) Option { return func(m *Manager) { m.hooks = h } }
+
+// WithJanitorInterval sets how often idle timeouts are checked and pools topped up
+// (default 1 s).
+func WithJanitorInterval(d time.Duration) Option { return func(m *Manager) { m.janitorEvery = d } }
+
+// WithCreateTimeout bounds one sandbox creation (default 2 minutes).
+func WithCreateTimeout(d time.Duration) Option { return func(m *Manager) { m.createTimeout = d } }
+
+// Manager owns the pools of a daemon.
+type Manager struct {
+	log           *slog.Logger
+	sem           chan struct{}
+	hooks         Hooks
+	janitorEvery  time.Duration
+	createTimeout time.Duration
+
+	pools []*Pool // in the order given
+	byKey map[Key]*Pool
+
+	stop    chan struct{}
+	stopped sync.WaitGroup
+	once    sync.Once
+}
+
+// NewManager makes a pool for each spec; providers maps provider names to backends.
+// Nothing is created until Start.
+func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Option) (*Manager, error) {
+	m := &Manager{
+		log:           slog.New(slog.DiscardHandler),
+		sem:           make(chan struct{}, 2),
+		janitorEvery:  time.Second,
+		createTimeout: 2 * time.Minute,
+		byKey:         map[Key]*Pool{},
+		stop:          make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(m)
+	}
+	var errs []error
+	for _, s := range specs {
+		if err := s.Validate(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p, ok := providers[s.Provider]
+		if !ok {
+			names := make([]string, 0, len(providers))
+			for n := range providers {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			errs = append(errs, fmt.Errorf("%w: pool %s: unknown provider %q: choose one of %v", roche.ErrInvalidConfig, s.Key, s.Provider, names))
+			continue
+		}
+		if _, dup := m.byKey[s.Key]; dup {
+			errs = append(errs, fmt.Errorf("%w: pool %s is given twice: give each provider/image once", roche.ErrInvalidConfig, s.Key))
+			continue
+		}
+		pl := &Pool{spec: s, cfg: s.Config(), provider: p, m: m, inUse: map[string]struct{}{}, changed: make(chan struct{})}
+		m.pools = append(m.pools, pl)
+		m.byKey[s.Key] = pl
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Start fills every pool to its minimum in the background and starts the janitor,
+// which destroys sandboxes idle past their timeout and tops pools up.
+func (m *Manager) Start() {
+	for _, p := range m.pools {
+		p.refill()
+	}
+	m.stopped.Add(1)
+	go func() {
+		defer m.stopped.Done()
+		t := time.NewTicker(m.janitorEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.stop:
+				return
+			case <-t.C:
+				for _, p := range m.pools {
+					p.expireIdle()
+					p.refill()
+				}
+			}
+		}
+	}()
+}
+
+// Pools returns the pools in the order they were given.
+func (m *Manager) Pools() []*Pool { return append([]*Pool(nil), m.pools...) }
+
+// Get returns the pool for key, or ErrNotFound.
+func (m *Manager) Get(key Key) (*Pool, error) {
+	if p, ok := m.byKey[key]; ok {
+		return p, nil
+	}
+	return nil, fmt.Errorf("%w: no pool %s (roche pool status lists them)", roche.ErrNotFound, key)
+}
+
+// Match returns the pool that can serve a create for cfg on provider, or nil.
+func (m *Manager) Match(provider string, cfg roche.Config) *Pool {
+	p := m.byKey[Key{Provider: provider, Image: cfg.Image}]
+	if p == nil || !p.spec.Matches(provider, cfg) {
+		return nil
+	}
+	return p
+}
+
+// Close stops refilling, destroys every idle sandbox and waits for creations in flight
+// (whose sandboxes are destroyed as they arrive). Sandboxes already handed out are the
+// caller's and are left alone. It returns how many sandboxes it destroyed.
+func (m *Manager) Close(ctx context.Context) (int, error) {
+	m.once.Do(func() { close(m.stop) })
+	m.stopped.Wait()
+	n := 0
+	var errs []error
+	for _, p := range m.pools {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		d, err := p.Drain(ctx)
+		n += d
+		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
+}
+
+// Pool keeps idle sandboxes of one Key.
+type Pool struct {
+	spec     Spec
+	cfg      roche.Config
+	provider roche.Provider
+	m        *Manager
+
+	mu       sync.Mutex
+	idle     []member // oldest first
+	creating int
+	inUse    map[string]struct{}
+	target   int // idle sandboxes wanted now: MinIdle, or more after a warmup
+	drained  bool
+	closed   bool
+	hits     uint64
+	misses   uint64
+	failures int
+	lastErr  error
+	backoff  time.Time // no refill before this, after failures
+	wg       sync.WaitGroup
+	// changed is closed and replaced whenever idle or creating changes, so that
+	// waiters (Warmup, Drain) can select on it together with their context.
+	changed chan struct{}
+}
+
+type member struct {
+	info      roche.SandboxInfo
+	idleSince time.Time
+}
+
+// Status is a snapshot of a pool.
+type Status struct {
+	Spec     Spec
+	Idle     int
+	Creating int
+	InUse    int
+	Hits     uint64
+	Misses   uint64
+	Drained  bool
+	LastErr  error
+}
+
+// Spec returns the pool's settings.
+func (p *Pool) Spec() Spec { return p.spec }
+
+// Status reports the pool's counts.
+func (p *Pool) Status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return Status{
+		Spec: p.spec, Idle: len(p.idle), Creating: p.creating, InUse: len(p.inUse),
+		Hits: p.hits, Misses: p.misses, Drained: p.drained, LastErr: p.lastErr,
+	}
+}
+
+// notifyLocked wakes waiters; p.mu must be held.
+func (p *Pool) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// Acquire hands out an idle sandbox, which leaves the pool for good, and triggers a
+// refill. ok is false (a miss) when none is ready.
+func (p *Pool) Acquire() (sb roche.SandboxInfo, ok bool) {
+	p.mu.Lock()
+	var stale []member
+	now := time.Now()
+	for len(p.idle) > 0 {
+		m := p.idle[0]
+		p.idle = p.idle[1:]
+		// The janitor may not have run yet: never hand out a sandbox idle past its
+		// timeout, whose remaining lifetime could be shorter than promised.
+		if now.Sub(m.idleSince) >= p.spec.IdleTimeout {
+			stale = append(stale, m)
+			continue
+		}
+		sb, ok = m.info, true
+		break
+	}
+	if ok {
+		p.hits++
+		p.inUse[sb.ID] = struct{}{}
+	} else {
+		p.misses++
+	}
+	p.notifyLocked()
+	p.destroyLocked(stale, "idle timeout")
+	p.mu.Unlock()
+	p.refill()
+	return sb, ok
+}
+
+// Forget tells the pool that a sandbox it handed out is gone, so it no longer counts
+// towards MaxTotal.
+func (p *Pool) Forget(id string) {
+	p.mu.Lock()
+	_, was := p.inUse[id]
+	delete(p.inUse, id)
+	p.mu.Unlock()
+	if was {
+		p.refill()
+	}
+}
+
+// TrackInUse counts a sandbox handed out before a restart towards MaxTotal.
+func (p *Pool) TrackInUse(id string) {
+	p.mu.Lock()
+	p.inUse[id] = struct{}{}
+	p.mu.Unlock()
+}
+
+// refill starts creations until idle plus creating reaches the target, within MaxIdle
+// and MaxTotal. Creations are counted before they start, so concurrent refills cannot
+// over-create.
+func (p *Pool) refill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.drained || time.Now().Before(p.backoff) {
+		return
+	}
+	have := len(p.idle) + p.creating
+	want := max(p.target, p.spec.MinIdle) - have
+	want = min(want, p.spec.MaxIdle-have)
+	if p.spec.MaxTotal > 0 {
+		want = min(want, p.spec.MaxTotal-have-len(p.inUse))
+	}
+	for range max(want, 0) {
+		p.creating++
+		p.wg.Add(1)
+		go p.create()
+	}
+}
+
+// create makes one sandbox, waiting for a slot of the manager's bounded concurrency.
+func (p *Pool) create() {
+	defer p.wg.Done()
+	select {
+	case p.m.sem <- struct{}{}:
+	case <-p.m.stop:
+		p.mu.Lock()
+		p.creating--
+		p.notifyLocked()
+		p.mu.Unlock()
+		return
+	}
+	// A creation is never cancelled midway, even by Close: an engine call cut short can
+	// leave a container nobody knows of. Close waits for it and destroys the result.
+	ctx, cancel := context.WithTimeout(context.Background(), p.m.createTimeout)
+	start := time.Now()
+	info, err := p.provider.Create(ctx, p.cfg)
+	cancel()
+	<-p.m.sem
+	if err == nil && p.m.hooks.Created != nil {
+		p.m.hooks.Created(p.spec.Key, info)
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.notifyLocked()
+	p.creating--
+	if err != nil {
+		p.failures++
+		p.lastErr = err
+		// Back off so that a broken image or a stopped engine is not hammered.
+		wait := min(time.Duration(1<<min(p.failures, 6))*250*time.Millisecond, 15*time.Second)
+		p.backoff = time.Now().Add(wait)
+		p.m.log.Warn("pool: creating a sandbox failed", "pool", p.spec.Key.String(), "err", err, "retry_in", wait)
+		return
+	}
+	p.failures, p.lastErr = 0, nil
+	if p.closed || p.drained {
+		p.destroyLocked([]member{{info: info}}, "pool drained")
+		return
+	}
+	p.idle = append(p.idle, member{info: info, idleSince: time.Now()})
+	p.m.log.Debug("pool: sandbox ready", "pool", p.spec.Key.String(), "id", info.ID, "took", time.Since(start))
+}
+
+// destroyLocked destroys idle sandboxes in the background; p.mu must be held. The
+// goroutines are counted in p.wg so that Drain and Close wait for them.
+func (p *Pool) destroyLocked(ms []member, why string) {
+	for _, m := range ms {
+		p.wg.Add(1)
+		go func(id string) {
+			defer p.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := p.provider.Destroy(ctx, id); err != nil {
+				// The record stays with the owner (Destroyed is not called), so a restart
+				// of the daemon destroys it; the sandbox's own lifetime bounds it anyway.
+				p.m.log.Warn("pool: destroying an idle sandbox", "pool", p.spec.Key.String(), "id", id, "err", err)
+				return
+			}
+			p.m.log.Debug("pool: idle sandbox destroyed", "pool", p.spec.Key.String(), "id", id, "why", why)
+			if p.m.hooks.Destroyed != nil {
+				p.m.hooks.Destroyed(p.spec.Key, id)
+			}
+		}(m.info.ID)
+	}
+}
+
+// expireIdle destroys sandboxes idle for longer than the idle timeout.
+func (p *Pool) expireIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	keep := p.idle[:0:0]
+	var stale []member
+	for _, m := range p.idle {
+		if now.Sub(m.idleSince) >= p.spec.IdleTimeout {
+			stale = append(stale, m)
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	if len(stale) > 0 {
+		p.idle = keep
+		p.notifyLocked()
+		p.destroyLocked(stale, "idle timeout")
+	}
+}
+
+// Warmup resumes a drained pool and fills it to count idle sandboxes (MinIdle when
+// count is 0; never more than MaxIdle), waiting until they are ready. Later refills
+// keep it at that level until the next Drain.
+func (p *Pool) Warmup(ctx context.Context, count int) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: pool %s is shutting down", roche.ErrUnavailable, p.spec.Key)
+	}
+	if count <= 0 {
+		count = p.spec.MinIdle
+	}
+	if count > p.spec.MaxIdle {
+		p.mu.Unlock()
+		return fmt.Errorf("%w: pool %s: warmup to %d is above its max of %d idle sandboxes: ask for fewer or raise max",
+			roche.ErrInvalidConfig, p.spec.Key, count, p.spec.MaxIdle)
+	}
+	p.drained = false
+	p.target = count
+	p.backoff = time.Time{} // an operator asking now deserves a try now
+	p.mu.Unlock()
+	p.refill()
+	for {
+		p.mu.Lock()
+		idle, creating, lastErr, changed := len(p.idle), p.creating, p.lastErr, p.changed
+		limited := p.spec.MaxTotal > 0 && len(p.idle)+p.creating+len(p.inUse) >= p.spec.MaxTotal
+		p.mu.Unlock()
+		switch {
+		case idle >= count:
+			return nil
+		case creating == 0 && lastErr != nil:
+			return fmt.Errorf("warming pool %s: %w", p.spec.Key, lastErr)
+		case creating == 0 && limited:
+			return fmt.Errorf("%w: pool %s reached its total of %d sandboxes with %d idle: raise total or destroy sandboxes",
+				roche.ErrExhausted, p.spec.Key, p.spec.MaxTotal, idle)
+		case creating == 0:
+			p.refill()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("warming pool %s: %d of %d ready: %w", p.spec.Key, idle, count, ctx.Err())
+		case <-changed:
+		case <-time.After(250 * time.Millisecond): // a refill may be waiting out a backoff
+		}
+	}
+}
+
+// Drain destroys every idle sandbox and stops refilling until the next Warmup. It
+// waits for creations in flight, whose sandboxes are destroyed too, and returns how
+// many sandboxes it destroyed.
+func (p *Pool) Drain(ctx context.Context) (int, error) {
+	p.mu.Lock()
+	p.drained = true
+	p.target = 0
+	n := len(p.idle)
+	p.destroyLocked(p.idle, "drain")
+	p.idle = nil
+	p.notifyLocked()
+	p.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return n, fmt.Errorf("draining pool %s: %w (the rest is destroyed in the background)", p.spec.Key, ctx.Err())
+	}
+	return n, nil
+}

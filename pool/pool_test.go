@@ -1,0 +1,409 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/roche-sandbox/roche"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeProvider creates sandboxes that are only map entries, slowly, and records how
+// many creations ran at once and how many sandboxes were alive at most.
+type fakeProvider struct {
+	delay time.Duration
+	fail  atomic.Int32 // fail this many creates
+
+	mu         sync.Mutex
+	live       map[string]bool
+	next       int
+	creating   int
+	maxCreate  int
+	maxLive    int
+	created    int
+	destroyed  int
+	lastConfig roche.Config
+}
+
+func newFake(delay time.Duration) *fakeProvider {
+	return &fakeProvider{delay: delay, live: map[string]bool{}}
+}
+
+func (f *fakeProvider) Name() string                     { return "fake" }
+func (f *fakeProvider) Capabilities() roche.Capabilities { return roche.Capabilities{} }
+
+func (f *fakeProvider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	f.mu.Lock()
+	f.creating++
+	f.maxCreate = max(f.maxCreate, f.creating)
+	f.lastConfig = cfg
+	f.mu.Unlock()
+	time.Sleep(f.delay)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.creating--
+	if f.fail.Load() > 0 {
+		f.fail.Add(-1)
+		return roche.SandboxInfo{}, fmt.Errorf("%w: engine down", roche.ErrUnavailable)
+	}
+	f.next++
+	f.created++
+	id := fmt.Sprintf("fake-%d", f.next)
+	f.live[id] = true
+	f.maxLive = max(f.maxLive, len(f.live))
+	return roche.SandboxInfo{ID: id, Provider: "fake", Image: cfg.Image, State: roche.StateRunning}, nil
+}
+
+func (f *fakeProvider) Exec(context.Context, string, roche.ExecRequest) (roche.ExecResult, error) {
+	return roche.ExecResult{}, nil
+}
+
+func (f *fakeProvider) Destroy(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.live[id] {
+		f.destroyed++
+	}
+	delete(f.live, id)
+	return nil
+}
+
+func (f *fakeProvider) Inspect(context.Context, string) (roche.SandboxInfo, error) {
+	return roche.SandboxInfo{}, roche.ErrNotFound
+}
+
+func (f *fakeProvider) List(context.Context) ([]roche.SandboxInfo, error) { return nil, nil }
+
+func (f *fakeProvider) stats() (live, maxLive, maxCreate, created int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.live), f.maxLive, f.maxCreate, f.created
+}
+
+func newManager(t *testing.T, f *fakeProvider, spec string, opts ...Option) (*Manager, *Pool) {
+	t.Helper()
+	s, err := ParseSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewManager(map[string]roche.Provider{"fake": f}, []Spec{s}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return m, m.Pools()[0]
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRefillNeverOverCreates hammers refill from many goroutines while acquiring:
+// creations in flight are counted, so the pool never exceeds its bounds and never
+// runs more creations at once than the manager allows.
+func TestRefillNeverOverCreates(t *testing.T) {
+	f := newFake(20 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=3&max=4&total=6", WithConcurrency(2), WithJanitorInterval(time.Millisecond))
+	m.Start()
+
+	var wg sync.WaitGroup
+	var acquired sync.Map
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				p.refill()
+				if i%10 == 0 {
+					if sb, ok := p.Acquire(); ok {
+						if _, dup := acquired.LoadOrStore(sb.ID, true); dup {
+							t.Errorf("sandbox %s handed out twice", sb.ID)
+						}
+					}
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "the pool to settle", func() bool {
+		st := p.Status()
+		return st.Creating == 0 && (st.Idle == 3 || st.Idle+st.InUse == 6)
+	})
+	st := p.Status()
+	live, maxLive, maxCreate, _ := f.stats()
+	if maxCreate > 2 {
+		t.Errorf("%d creations ran at once, want at most 2", maxCreate)
+	}
+	if maxLive > 6 {
+		t.Errorf("%d sandboxes alive at once, want at most total=6", maxLive)
+	}
+	if live != st.Idle+st.InUse {
+		t.Errorf("%d alive, pool accounts for %d idle + %d in use", live, st.Idle, st.InUse)
+	}
+	if st.Idle > 4 {
+		t.Errorf("%d idle, want at most max=4", st.Idle)
+	}
+}
+
+func TestAcquireHitMissAndRefill(t *testing.T) {
+	f := newFake(5 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=2&max=2&idle_timeout=60", WithJanitorInterval(10*time.Millisecond))
+	if sb, ok := p.Acquire(); ok {
+		t.Fatalf("acquired %s from a pool never started", sb.ID)
+	}
+	m.Start()
+	waitFor(t, "two idle", func() bool { return p.Status().Idle == 2 })
+	a, okA := p.Acquire()
+	b, okB := p.Acquire()
+	if !okA || !okB || a.ID == b.ID {
+		t.Fatalf("acquire: %v %v %q %q", okA, okB, a.ID, b.ID)
+	}
+	waitFor(t, "refill to two idle", func() bool { return p.Status().Idle == 2 })
+	st := p.Status()
+	if st.Hits != 2 || st.Misses != 1 || st.InUse != 2 {
+		t.Fatalf("status %+v, want 2 hits, 1 miss, 2 in use", st)
+	}
+	// The pooled config carries the pool's image and a lifetime covering idle + max timeout.
+	if cfg := f.lastConfig; cfg.Image != "img" || cfg.TimeoutSecs < 60+300 || cfg.Network || cfg.Writable {
+		t.Fatalf("pooled config %+v", cfg)
+	}
+	p.Forget(a.ID)
+	p.Forget(b.ID)
+	if st := p.Status(); st.InUse != 0 {
+		t.Fatalf("in use after Forget: %d", st.InUse)
+	}
+}
+
+func TestIdleTimeoutReplaces(t *testing.T) {
+	f := newFake(time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=1&idle_timeout=0.2", WithJanitorInterval(20*time.Millisecond))
+	m.Start()
+	waitFor(t, "one idle", func() bool { return p.Status().Idle == 1 })
+	_, _, _, created := f.stats()
+	waitFor(t, "the idle sandbox to be replaced", func() bool {
+		_, _, _, c := f.stats()
+		return c >= created+2 && p.Status().Idle == 1
+	})
+	f.mu.Lock()
+	destroyed := f.destroyed
+	f.mu.Unlock()
+	if destroyed < 1 {
+		t.Fatal("no idle sandbox was destroyed at its idle timeout")
+	}
+	if live, _, _, _ := f.stats(); live > 2 {
+		t.Fatalf("%d alive for a pool of 1", live)
+	}
+}
+
+func TestDrainAndWarmup(t *testing.T) {
+	f := newFake(10 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=1&max=3&total=4")
+	m.Start()
+	ctx := context.Background()
+	if err := p.Warmup(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Status(); st.Idle != 3 {
+		t.Fatalf("after warmup to 3: %+v", st)
+	}
+	if err := p.Warmup(ctx, 5); err == nil || !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Fatalf("warmup above max: %v", err)
+	}
+	n, err := p.Drain(ctx)
+	if err != nil || n != 3 {
+		t.Fatalf("drain: %d, %v", n, err)
+	}
+	time.Sleep(50 * time.Millisecond) // a drained pool must not refill
+	if live, _, _, _ := f.stats(); live != 0 || p.Status().Idle != 0 || !p.Status().Drained {
+		t.Fatalf("after drain: %d alive, %+v", live, p.Status())
+	}
+	if _, ok := p.Acquire(); ok {
+		t.Fatal("acquired from a drained pool")
+	}
+	if err := p.Warmup(ctx, 0); err != nil || p.Status().Idle != 1 {
+		t.Fatalf("warmup to min: %v %+v", err, p.Status())
+	}
+}
+
+func TestWarmupStopsAtTotal(t *testing.T) {
+	f := newFake(time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=0&max=3&total=3")
+	m.Start()
+	ctx := context.Background()
+	if err := p.Warmup(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := p.Acquire()
+	b, _ := p.Acquire()
+	err := p.Warmup(ctx, 2)
+	if !errors.Is(err, roche.ErrExhausted) {
+		t.Fatalf("warmup with 2 in use of total 3: %v, want ErrExhausted", err)
+	}
+	p.Forget(a.ID)
+	p.Forget(b.ID)
+}
+
+func TestCreateFailuresBackOff(t *testing.T) {
+	f := newFake(0)
+	f.fail.Store(1000)
+	m, p := newManager(t, f, "fake/img?min=2", WithJanitorInterval(time.Millisecond))
+	m.Start()
+	time.Sleep(300 * time.Millisecond)
+	st := p.Status()
+	if st.LastErr == nil || !errors.Is(st.LastErr, roche.ErrUnavailable) {
+		t.Fatalf("last error %v", st.LastErr)
+	}
+	// With a 1 ms janitor and no backoff this would be hundreds of attempts.
+	if tried := 1000 - int(f.fail.Load()); tried > 12 {
+		t.Fatalf("%d create attempts in 300 ms against a failing engine: no backoff", tried)
+	}
+	f.fail.Store(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.Warmup(ctx, 0); err != nil {
+		t.Fatalf("warmup after the engine came back: %v", err)
+	}
+}
+
+func TestCloseDestroysIdleAndInFlight(t *testing.T) {
+	f := newFake(50 * time.Millisecond)
+	s, _ := ParseSpec("fake/img?min=3&max=3")
+	var hooked sync.Map
+	m, err := NewManager(map[string]roche.Provider{"fake": f}, []Spec{s}, WithConcurrency(3), WithHooks(Hooks{
+		Created:   func(_ Key, sb roche.SandboxInfo) { hooked.Store(sb.ID, true) },
+		Destroyed: func(_ Key, id string) { hooked.Delete(id) },
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	time.Sleep(10 * time.Millisecond) // creations are in flight
+	if _, err := m.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if live, _, _, _ := f.stats(); live != 0 {
+		t.Fatalf("%d sandboxes alive after Close", live)
+	}
+	hooked.Range(func(k, _ any) bool {
+		t.Errorf("hook still records %v after Close", k)
+		return true
+	})
+}
+
+func TestMatch(t *testing.T) {
+	s, err := ParseSpec("docker/roche/python:local?min=1&timeout=600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewManager(map[string]roche.Provider{"docker": newFake(0)}, []Spec{s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	base := roche.DefaultConfig()
+	base.Image = "roche/python:local"
+	cases := []struct {
+		name     string
+		provider string
+		mod      func(*roche.Config)
+		hit      bool
+	}{
+		{"defaults", "docker", func(*roche.Config) {}, true},
+		{"env and workdir apply at exec", "docker", func(c *roche.Config) { c.Env = map[string]string{"A": "1"}; c.Workdir = "/tmp" }, true},
+		{"memory spelled differently", "docker", func(c *roche.Config) { c.Memory = "0.5g" }, true},
+		{"shorter lifetime", "docker", func(c *roche.Config) { c.TimeoutSecs = 10 }, true},
+		{"lifetime up to the pool's max", "docker", func(c *roche.Config) { c.TimeoutSecs = 600 }, true},
+		{"lifetime beyond", "docker", func(c *roche.Config) { c.TimeoutSecs = 601 }, false},
+		{"network", "docker", func(c *roche.Config) { c.Network = true }, false},
+		{"writable", "docker", func(c *roche.Config) { c.Writable = true }, false},
+		{"mounts", "docker", func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/a", Target: "/b"}} }, false},
+		{"memory", "docker", func(c *roche.Config) { c.Memory = "1g" }, false},
+		{"cpus", "docker", func(c *roche.Config) { c.CPUs = 2 }, false},
+		{"pids", "docker", func(c *roche.Config) { c.PidsLimit = 65 }, false},
+		{"user", "docker", func(c *roche.Config) { c.User = "1000" }, false},
+		{"other image", "docker", func(c *roche.Config) { c.Image = "python:3.12-slim" }, false},
+		{"other provider", "wasm", func(*roche.Config) {}, false},
+	}
+	for _, c := range cases {
+		cfg := base
+		c.mod(&cfg)
+		if got := m.Match(c.provider, cfg) != nil; got != c.hit {
+			t.Errorf("%s: match %v, want %v", c.name, got, c.hit)
+		}
+	}
+}
+
+func TestParseSpec(t *testing.T) {
+	s, err := ParseSpec("docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Spec{Key: Key{"docker", "roche/python:local"}, MinIdle: 2, MaxIdle: 5, MaxTotal: 20,
+		IdleTimeout: 600 * time.Second, MaxTimeoutSecs: 300, Memory: "512m", CPUs: 1, PidsLimit: 64}
+	if s != want {
+		t.Fatalf("got %+v\nwant %+v", s, want)
+	}
+	// String round-trips.
+	if again, err := ParseSpec(s.String()); err != nil || again != s {
+		t.Fatalf("round trip of %s: %+v, %v", s, again, err)
+	}
+	if s, err := ParseSpec("docker/img"); err != nil || s.MinIdle != 1 || s.MaxIdle != 1 || s.MaxTotal != 0 || s.IdleTimeout != DefaultIdleTimeout {
+		t.Fatalf("defaults: %+v, %v", s, err)
+	}
+	if s, err := ParseSpec("docker/img?idle_timeout=10m&min=0"); err != nil || s.IdleTimeout != 10*time.Minute || s.MaxIdle != 0 {
+		t.Fatalf("duration idle_timeout: %+v, %v", s, err)
+	}
+
+	bad := []struct{ spec, want string }{
+		{"", "PROVIDER/IMAGE"},
+		{"docker", "PROVIDER/IMAGE"},
+		{"docker/", "PROVIDER/IMAGE"},
+		{"docker/img?min=x", `min="x": want a whole number`},
+		{"docker/img?min=3&max=2", "max (2) is below min (3)"},
+		{"docker/img?max=5&total=2", "total (2) is below max (5)"},
+		{"docker/img?idle_timeout=0", "idle_timeout must be positive"},
+		{"docker/img?idle_timeout=soon", "idle_timeout"},
+		{"docker/img?size=3", `unknown parameter "size"`},
+		{"docker/img?memory=lots", `"lots" is not a size`},
+		{"docker/img?min=-1&timeout=0", "min is -1"},
+	}
+	for _, b := range bad {
+		_, err := ParseSpec(b.spec)
+		if err == nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("ParseSpec(%q) = %v, want an invalid-config error containing %q", b.spec, err, b.want)
+		}
+	}
+}
+
+func TestNewManagerRejects(t *testing.T) {
+	s, _ := ParseSpec("docker/img")
+	_, err := NewManager(map[string]roche.Provider{"fake": newFake(0)}, []Spec{s, s})
+	if err == nil || !strings.Contains(err.Error(), `unknown provider "docker"`) {
+		t.Fatalf("unknown provider: %v", err)
+	}
+	_, err = NewManager(map[string]roche.Provider{"docker": newFake(0)}, []Spec{s, s})
+	if err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Fatalf("duplicate: %v", err)
+	}
+}
