@@ -38,7 +38,10 @@ log "go vet"
 go vet ./...
 
 log "go test"
-go test -count=1 -timeout 45m ./...
+# One package at a time: packages share the one Docker engine, and a test of
+# `roche gc --all` or of the daemon's reconciliation must not reap another package's
+# sandboxes mid-test.
+go test -p 1 -count=1 -timeout 60m ./...
 
 left=$(docker ps -aq --filter label=roche.managed=true | wc -l)
 if [ "$left" != 0 ]; then
