@@ -1,0 +1,82 @@
+package wasm
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// mountPoint is one directory of the sandbox's file system: a guest path backed by a
+// host directory.
+type mountPoint struct {
+	guest    string // clean absolute guest path
+	host     string // absolute host directory without symlinks
+	readOnly bool
+	own      bool // one of the sandbox's own directories (not a host mount): quota applies
+}
+
+// sandboxMounts lays out the file system of the sandbox in dir: its own root, /tmp and
+// /workspace, then the host mounts of cfg.
+func sandboxMounts(dir string, cfg roche.Config) ([]mountPoint, error) {
+	root := filepath.Join(dir, rootDir)
+	mounts := []mountPoint{
+		{guest: "/", host: root, readOnly: !cfg.Writable, own: true},
+		{guest: GuestTmp, host: filepath.Join(root, "tmp"), own: true},
+		{guest: GuestWorkspace, host: filepath.Join(root, "workspace"), own: true},
+	}
+	for _, m := range cfg.Mounts {
+		// Resolved now, so that the directory the guest gets is the one named, even if
+		// a symlink on the way is changed while it runs.
+		host, err := filepath.EvalSymlinks(m.Source)
+		if err != nil {
+			return nil, fmt.Errorf("%w: mount source %s: %v", roche.ErrInvalidConfig, m.Source, err)
+		}
+		if fi, err := os.Stat(host); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("%w: mount source %s is not a directory", roche.ErrInvalidConfig, m.Source)
+		}
+		mounts = append(mounts, mountPoint{guest: path.Clean(m.Target), host: host, readOnly: !m.ReadWrite})
+	}
+	return mounts, nil
+}
+
+// resolve finds the mount holding the guest path p (clean and absolute) and p's path
+// relative to it ("" for the mount point itself), as WASI libc does: the longest
+// mount path that p is at or below wins.
+func resolve(mounts []mountPoint, p string) (mountPoint, string) {
+	best := -1
+	for i, m := range mounts {
+		if within(p, m.guest) && (best < 0 || len(m.guest) > len(mounts[best].guest)) {
+			best = i
+		}
+	}
+	m := mounts[best] // "/" is always there
+	rel := strings.TrimPrefix(strings.TrimPrefix(p, m.guest), "/")
+	return m, rel
+}
+
+// statIn stats rel inside the host directory dir without following any symlink out of
+// it, as the guest would see it.
+func statIn(dir, rel string) (fs.FileInfo, error) {
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	if rel == "" {
+		rel = "."
+	}
+	return r.Stat(rel)
+}
+
+// guestPath makes p absolute against workdir and cleans it.
+func guestPath(p, workdir string) string {
+	if !path.IsAbs(p) {
+		p = path.Join(workdir, p)
+	}
+	return path.Clean(p)
+}

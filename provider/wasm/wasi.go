@@ -1,0 +1,129 @@
+package wasm
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+)
+
+// WASI preview1 layout of poll_oneoff's subscription records.
+const (
+	subscriptionSize  = 48
+	subTagOffset      = 8  // u8: 0 clock, 1 fd_read, 2 fd_write
+	subClockIDOffset  = 16 // u32
+	subTimeoutOffset  = 24 // u64 nanoseconds
+	subFlagsOffset    = 40 // u16
+	eventTypeClock    = 0
+	clockRealtime     = 0
+	clockMonotonic    = 1
+	subClockAbstime   = 1
+	pollOneoffName    = "poll_oneoff"
+	pollOneoffResults = 1
+)
+
+// monotonicBase is the zero of the monotonic clock guests see. The provider supplies the
+// clock (see guestNanotime) so that poll_oneoff can convert a guest's absolute
+// monotonic deadline into a duration.
+var monotonicBase = time.Now()
+
+func guestNanotime() int64 { return int64(time.Since(monotonicBase)) }
+
+// instantiateWASI instantiates wasi_snapshot_preview1 as wazero implements it, except
+// that poll_oneoff also accepts clock subscriptions with an absolute deadline. wazero
+// answers those with ENOTSUP, and CPython's time.sleep uses exactly that
+// (clock_nanosleep with TIMER_ABSTIME), so without this every sleep fails. The wrapper
+// rewrites such a deadline into the relative timeout it amounts to, lets wazero's
+// implementation do the waiting, then restores the guest's record.
+func instantiateWASI(ctx context.Context, r wazero.Runtime) error {
+	stockBuilder := r.NewHostModuleBuilder(wasiModule)
+	wasi_snapshot_preview1.NewFunctionExporter().ExportFunctions(stockBuilder)
+	stockCompiled, err := stockBuilder.Compile(ctx)
+	if err != nil {
+		return err
+	}
+	def, ok := stockCompiled.ExportedFunctions()[pollOneoffName]
+	if !ok {
+		return fmt.Errorf("wazero's WASI has no %s", pollOneoffName)
+	}
+	stock, ok := def.GoFunction().(api.GoModuleFunction)
+	if !ok {
+		return fmt.Errorf("wazero's WASI %s is a %T, not a Go module function", pollOneoffName, def.GoFunction())
+	}
+	params, results := def.ParamTypes(), def.ResultTypes()
+	if len(params) != 4 || len(results) != pollOneoffResults {
+		return fmt.Errorf("wazero's WASI %s has an unexpected signature", pollOneoffName)
+	}
+
+	b := r.NewHostModuleBuilder(wasiModule)
+	wasi_snapshot_preview1.NewFunctionExporter().ExportFunctions(b)
+	b.NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, stack []uint64) {
+			restore := absoluteToRelative(mod.Memory(), uint32(stack[0]), uint32(stack[2]))
+			stock.Call(ctx, mod, stack)
+			restore()
+		}), params, results).
+		WithParameterNames(def.ParamNames()...).
+		WithResultNames(def.ResultNames()...).
+		Export(pollOneoffName)
+	_, err = b.Instantiate(ctx)
+	return err
+}
+
+// absoluteToRelative rewrites, in guest memory, every absolute clock subscription of the
+// n records at in into a relative one, and returns what puts the records back. Records
+// it cannot read are left for wazero to reject.
+func absoluteToRelative(mem api.Memory, in, n uint32) (restore func()) {
+	noop := func() {}
+	if mem == nil || n == 0 || n > 1<<16 {
+		return noop
+	}
+	buf, ok := mem.Read(in, n*subscriptionSize)
+	if !ok {
+		return noop
+	}
+	type saved struct {
+		off     uint32
+		timeout uint64
+		flags   uint16
+	}
+	var changed []saved
+	le := binary.LittleEndian
+	for i := uint32(0); i < n; i++ {
+		rec := buf[i*subscriptionSize : (i+1)*subscriptionSize]
+		if rec[subTagOffset] != eventTypeClock || le.Uint16(rec[subFlagsOffset:]) != subClockAbstime {
+			continue
+		}
+		deadline := int64(le.Uint64(rec[subTimeoutOffset:]))
+		var now int64
+		switch le.Uint32(rec[subClockIDOffset:]) {
+		case clockRealtime:
+			now = time.Now().UnixNano()
+		case clockMonotonic:
+			now = guestNanotime()
+		default:
+			continue // CPU-time clocks: wazero rejects them either way
+		}
+		changed = append(changed, saved{off: i * subscriptionSize, timeout: uint64(deadline), flags: subClockAbstime})
+		le.PutUint64(rec[subTimeoutOffset:], uint64(max(deadline-now, 0)))
+		le.PutUint16(rec[subFlagsOffset:], 0)
+	}
+	if len(changed) == 0 {
+		return noop
+	}
+	return func() {
+		// The guest may have grown (and so moved) its memory meanwhile: read it again.
+		buf, ok := mem.Read(in, n*subscriptionSize)
+		if !ok {
+			return
+		}
+		for _, s := range changed {
+			le.PutUint64(buf[s.off+subTimeoutOffset:], s.timeout)
+			le.PutUint16(buf[s.off+subFlagsOffset:], s.flags)
+		}
+	}
+}

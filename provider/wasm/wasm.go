@@ -1,0 +1,249 @@
+// Package wasm runs Roche sandboxes as WebAssembly: WASI preview1 command modules on
+// wazero (pure Go, no cgo, no kernel features needed). The interpreter is CPython 3.12
+// built for WASI (python.wasm, fetched by scripts/fetch-python-wasm.sh), so
+// exec(["python3", "-c", code]) works as it does in the Docker provider, and a .wasm
+// module inside the sandbox can be run directly. Nothing else can be run: there is no
+// shell and there are no other programs.
+//
+// What a sandbox is here. A module may import nothing but wasi_snapshot_preview1, and
+// is given no sockets, so it has no network, no processes and no other host functions.
+// It sees only the directories it is given, each confined so that neither "../" nor a
+// symbolic link leads out (guests cannot create symbolic links at all):
+//
+//	/              an empty per-sandbox directory, read-only unless Config.Writable
+//	/tmp           per-sandbox scratch space, writable
+//	/workspace     per-sandbox working space, writable; Python starts here by default
+//	Config.Mounts  host directories, read-only unless ReadWrite
+//
+// Each of the sandbox's own writable directories holds at most roche.DefaultTmpSize
+// bytes, as the Docker provider's /tmp tmpfs does; a write past that fails with EIO
+// (wazero has no ENOSPC). Python's standard library is packed inside python.wasm (by
+// wasi-vfs) and appears under /usr, served from the module's own memory.
+//
+// Results. Linear memory is capped at Config.Memory: a program that asks for more is
+// refused it (Python raises MemoryError), and if it then fails the result says
+// OOMKilled. A timeout stops guest code, running or sleeping, and reports TimedOut with
+// exit code 137, as a killed process would. A module that traps (unreachable, an
+// out-of-bounds access; also how WASI libc's abort() ends) exits 134 with the trap and
+// a short wasm stack trace appended to stderr.
+//
+// A sandbox is a directory under the state directory holding a small JSON record, so
+// one process (a CLI invocation) can create a sandbox and a later one exec in it.
+// Nothing runs between execs: each exec instantiates the module afresh (about 0.1 s for
+// python.wasm) and nothing of one exec's memory reaches the next; files do. Compiling
+// python.wasm takes seconds, so the compiled code is cached on disk under the cache
+// directory (loading it takes about 0.2 s) and kept in memory by the Provider.
+package wasm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/tetratelabs/wazero"
+
+	"github.com/roche-sandbox/roche"
+)
+
+var (
+	_ roche.Provider         = (*Provider)(nil)
+	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.GarbageCollector = (*Provider)(nil)
+	_ io.Closer              = (*Provider)(nil)
+)
+
+// Provider is the WebAssembly backend. It is safe for concurrent use; Close releases
+// the compiled code it holds.
+type Provider struct {
+	log        *slog.Logger
+	cacheDir   string // python.wasm's default home and the compilation cache's parent
+	stateDir   string // one directory per sandbox
+	pythonPath string // set by WithPythonPath; empty means look it up
+
+	runtime wazero.Runtime
+	cache   wazero.CompilationCache // nil when the disk cache could not be opened
+
+	// pythonMu serialises compiling python.wasm, so concurrent first execs compile it once.
+	pythonMu sync.Mutex
+	python   wazero.CompiledModule
+
+	// running holds the cancel functions of this process's execs by sandbox id, so that
+	// Destroy can stop them instead of leaving them writing into a removed directory.
+	runMu   sync.Mutex
+	running map[string]map[*execHandle]struct{}
+}
+
+// Option configures a Provider.
+type Option func(*Provider)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(p *Provider) {
+		if l != nil {
+			p.log = l
+		}
+	}
+}
+
+// WithPythonPath uses the python.wasm at path instead of looking for it (see
+// PythonPath). A module named this way is trusted as given: its hash is not checked.
+func WithPythonPath(path string) Option { return func(p *Provider) { p.pythonPath = path } }
+
+// WithCacheDir sets the cache directory, by default ${XDG_CACHE_HOME:-$HOME/.cache}/roche:
+// python.wasm is looked for there and compiled code is cached below its wazero
+// subdirectory.
+func WithCacheDir(dir string) Option { return func(p *Provider) { p.cacheDir = dir } }
+
+// WithStateDir sets the directory holding the sandboxes, by default
+// $XDG_RUNTIME_DIR/roche/wasm, or roche-wasm-<uid> in the system temporary directory.
+// Processes that share sandboxes must use the same one.
+func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
+
+// New returns a wasm Provider. It does not load python.wasm: that happens on the first
+// Create or Exec (or Prepare), so listing and destroying sandboxes work without it.
+func New(opts ...Option) (*Provider, error) {
+	p := &Provider{
+		log:     slog.New(slog.DiscardHandler),
+		running: map[string]map[*execHandle]struct{}{},
+	}
+	p.cacheDir = defaultCacheDir()
+	p.stateDir = defaultStateDir()
+	for _, o := range opts {
+		o(p)
+	}
+	if p.stateDir == "" {
+		return nil, fmt.Errorf("%w: wasm provider: no state directory: set XDG_RUNTIME_DIR or use WithStateDir", roche.ErrUnavailable)
+	}
+	dir, err := prepareStateDir(p.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	p.stateDir = dir
+
+	ctx := context.Background()
+	rcfg := wazero.NewRuntimeConfig().
+		// A timeout must stop guest code that never calls the host, like `while True: pass`.
+		WithCloseOnContextDone(true).
+		// With DWARF, wazero looks up source lines for every frame of a module it stops
+		// or that traps: seconds for python.wasm, which would overrun every timeout.
+		// Function names (from the name section) still appear in trap traces.
+		WithDebugInfoEnabled(false)
+	if p.cacheDir != "" {
+		// wazero keys cached code by module hash, CPU and its own version, but not by the
+		// runtime settings that change the code: code compiled without close-on-done has
+		// no termination checks, and would ignore every timeout if loaded here. The
+		// directory name stands for the settings above; change it when they change.
+		cacheDir := filepath.Join(p.cacheDir, "wazero", "close-on-done-no-dwarf")
+		cache, err := wazero.NewCompilationCacheWithDir(cacheDir)
+		if err != nil {
+			// Only speed is lost: every process compiles python.wasm from scratch.
+			p.log.Warn("wasm: compilation cache unavailable; python.wasm will be compiled in every process",
+				"dir", cacheDir, "err", err)
+		} else {
+			p.cache = cache
+			rcfg = rcfg.WithCompilationCache(cache)
+		}
+	}
+	p.runtime = wazero.NewRuntimeWithConfig(ctx, rcfg)
+	// WASI preview1 is the only host module: guests get files, clocks and randomness,
+	// nothing else. Its socket functions have no sockets to act on.
+	if err := instantiateWASI(ctx, p.runtime); err != nil {
+		_ = p.Close()
+		return nil, fmt.Errorf("%w: wasm provider: instantiating WASI: %v", roche.ErrUnavailable, err)
+	}
+	return p, nil
+}
+
+// Name implements roche.Provider.
+func (p *Provider) Name() string { return "wasm" }
+
+// Capabilities implements roche.Provider.
+//
+// Writable means writable=true is honoured by making the sandbox's own / writable (it
+// starts empty; the standard library under /usr stays read-only); /tmp and /workspace
+// are writable either way. Mounts are host directories, read-only unless rw. Processes
+// is false: a module is one thread with no fork, signals, users or /proc, which is why
+// pids_limit and user do not apply. cpus does apply: a module never uses more than one
+// CPU, so cpus >= 1 is honoured and cpus < 1 is refused.
+func (p *Provider) Capabilities() roche.Capabilities {
+	return roche.Capabilities{
+		Network:       false,
+		Writable:      true,
+		Mounts:        true,
+		Files:         true,
+		Pause:         false,
+		Stdin:         true,
+		Processes:     false,
+		NotApplicable: []string{"pids_limit", "user"},
+	}
+}
+
+// Prepare loads and compiles python.wasm now, so that the first Exec does not pay for it
+// (seconds when compiling from scratch, about one from the disk cache).
+func (p *Provider) Prepare(ctx context.Context) error {
+	_, err := p.pythonModule(ctx)
+	return err
+}
+
+// Close releases the compiled code and the runtime. Execs still running are stopped.
+func (p *Provider) Close() error {
+	ctx := context.Background()
+	var errs []error
+	if p.runtime != nil {
+		errs = append(errs, p.runtime.Close(ctx))
+	}
+	if p.cache != nil {
+		errs = append(errs, p.cache.Close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// defaultCacheDir is ${XDG_CACHE_HOME:-$HOME/.cache}/roche, spelled out rather than
+// taken from os.UserCacheDir so that it matches scripts/fetch-python-wasm.sh on every OS.
+func defaultCacheDir() string {
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "roche")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		return ""
+	}
+	return filepath.Join(home, ".cache", "roche")
+}
+
+// defaultStateDir prefers the per-user runtime directory, which only its user can enter
+// and which is emptied at logout; otherwise a per-uid directory in the temporary
+// directory, checked for ownership by prepareStateDir.
+func defaultStateDir() string {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "roche", "wasm")
+	}
+	return filepath.Join(os.TempDir(), "roche-wasm-"+strconv.Itoa(os.Getuid()))
+}
+
+// prepareStateDir creates dir (mode 0700) and returns its absolute, symlink-free path.
+func prepareStateDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("%w: wasm state directory %s: %v", roche.ErrUnavailable, dir, err)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return "", fmt.Errorf("%w: creating wasm state directory %s: %v", roche.ErrUnavailable, abs, err)
+	}
+	// In a shared temporary directory another user could have made it first, or made it
+	// a symlink; sandboxes must not live anywhere someone else controls.
+	if err := checkPrivateDir(abs); err != nil {
+		return "", fmt.Errorf("%w: wasm state directory %s: %v; remove it or choose another with WithStateDir", roche.ErrUnavailable, abs, err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("%w: wasm state directory %s: %v", roche.ErrUnavailable, abs, err)
+	}
+	return real, nil
+}
