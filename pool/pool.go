@@ -279,6 +279,21 @@ func (p *Pool) Forget(id string) {
 	}
 }
 
+// Discard drops an idle sandbox that vanished behind the pool's back (removed on the
+// engine directly), so it is not handed out dead.
+func (p *Pool) Discard(id string) {
+	p.mu.Lock()
+	for i, m := range p.idle {
+		if m.info.ID == id {
+			p.idle = append(p.idle[:i:i], p.idle[i+1:]...)
+			p.notifyLocked()
+			break
+		}
+	}
+	p.mu.Unlock()
+	p.refill()
+}
+
 // TrackInUse counts a sandbox handed out before a restart towards MaxTotal.
 func (p *Pool) TrackInUse(id string) {
 	p.mu.Lock()

@@ -1,0 +1,311 @@
+// Package client talks to roched, Roche's daemon, over its unix socket (or TCP with a
+// token). Client.Provider returns a roche.Provider (also a FileCopier, Pauser and
+// GarbageCollector) backed by the daemon, so a program can switch between a daemon and
+// an in-process provider without other changes:
+//
+//	c, err := client.New() // the default socket; client.WithSocket(path) for another
+//	if err != nil { ... }
+//	defer c.Close()
+//	var p roche.Provider = c.Provider("docker")
+//	sb, err := p.Create(ctx, cfg) // served from the daemon's warm pool when it matches one
+//
+// Errors carry the daemon's message and wrap the same roche sentinels a provider would
+// return in-process (roche.ErrNotFound, roche.ErrInvalidConfig, ...).
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/roche-sandbox/roche"
+	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
+)
+
+// Client is a connection to a daemon. It is safe for concurrent use.
+type Client struct {
+	rpc       rochev1connect.SandboxServiceClient
+	http      *http.Client
+	transport *http.Transport
+	base      string
+	where     string // for messages: the socket path or the address
+
+	mu   sync.Mutex
+	caps map[string]roche.Capabilities
+}
+
+type options struct {
+	socket  string
+	address string
+	token   string
+	grpc    bool
+}
+
+// Option configures a Client.
+type Option func(*options)
+
+// WithSocket dials the daemon's unix socket at path (default DefaultSocket()).
+func WithSocket(path string) Option { return func(o *options) { o.socket = path } }
+
+// WithAddress reaches the daemon over TCP at a URL such as http://127.0.0.1:7878 instead
+// of the unix socket; such a daemon requires WithToken.
+func WithAddress(url string) Option { return func(o *options) { o.address = url } }
+
+// WithToken sends "Authorization: Bearer token" with every request.
+func WithToken(token string) Option { return func(o *options) { o.token = token } }
+
+// WithGRPC speaks gRPC (over cleartext HTTP/2) instead of the Connect protocol. Both
+// reach the same handler; Connect works over HTTP/1.1 and is the default.
+func WithGRPC() Option { return func(o *options) { o.grpc = true } }
+
+// New returns a client. It does not connect: the first call does, and reports
+// roche.ErrUnavailable when no daemon answers.
+func New(opts ...Option) (*Client, error) {
+	o := options{}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	tr := &http.Transport{
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		// Compression costs more than it saves on a local socket.
+		DisableCompression: true,
+	}
+	c := &Client{transport: tr}
+	if o.address != "" {
+		if !strings.HasPrefix(o.address, "http://") && !strings.HasPrefix(o.address, "https://") {
+			return nil, fmt.Errorf("%w: daemon address %q: use http://HOST:PORT", roche.ErrInvalidConfig, o.address)
+		}
+		c.base, c.where = strings.TrimSuffix(o.address, "/"), o.address
+	} else {
+		socket := o.socket
+		if socket == "" {
+			socket = DefaultSocket()
+		}
+		c.base, c.where = "http://roched", socket
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}
+	}
+	var copts []connect.ClientOption
+	if o.grpc {
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		copts = append(copts, connect.WithGRPC())
+	}
+	var rt http.RoundTripper = tr
+	if o.token != "" {
+		rt = bearer{token: o.token, next: tr}
+	}
+	c.http = &http.Client{Transport: rt}
+	c.rpc = rochev1connect.NewSandboxServiceClient(c.http, c.base, copts...)
+	return c, nil
+}
+
+// bearer adds the token to every request.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
+}
+
+// Close releases idle connections.
+func (c *Client) Close() error {
+	c.transport.CloseIdleConnections()
+	return nil
+}
+
+// Where is the socket path or address the client talks to.
+func (c *Client) Where() string { return c.where }
+
+// Health is what GET /healthz reports.
+type Health struct {
+	Status    string    `json:"status"`
+	Version   string    `json:"version"`
+	PID       int       `json:"pid"`
+	StartedAt time.Time `json:"started_at"`
+	Providers []string  `json:"providers"`
+	// Sandboxes is how many sandboxes are handed to clients.
+	Sandboxes int `json:"sandboxes"`
+}
+
+// Health asks the daemon whether it is up; roche.ErrUnavailable when nothing answers.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/healthz", nil)
+	if err != nil {
+		return h, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return h, c.unreachable(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return h, fmt.Errorf("%w: roched at %s answered /healthz with %s", roche.ErrUnavailable, c.where, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, fmt.Errorf("%w: roched at %s sent a malformed /healthz: %v", roche.ErrUnavailable, c.where, err)
+	}
+	return h, nil
+}
+
+func (c *Client) unreachable(err error) error {
+	return &Error{
+		Code:     connect.CodeUnavailable,
+		Message:  fmt.Sprintf("roched is not answering on %s: start it (roche daemon start) or use --direct: %v", c.where, err),
+		sentinel: roche.ErrUnavailable,
+	}
+}
+
+// Error is an error the daemon returned (or the failure to reach it). Its text is the
+// daemon's message; errors.Is matches the roche sentinel behind it.
+type Error struct {
+	Code     connect.Code
+	Message  string
+	sentinel error
+}
+
+func (e *Error) Error() string { return e.Message }
+func (e *Error) Unwrap() error { return e.sentinel }
+
+var reasons = map[rochev1.ErrorReason]error{
+	rochev1.ErrorReason_ERROR_REASON_NOT_FOUND:       roche.ErrNotFound,
+	rochev1.ErrorReason_ERROR_REASON_INVALID_CONFIG:  roche.ErrInvalidConfig,
+	rochev1.ErrorReason_ERROR_REASON_UNAVAILABLE:     roche.ErrUnavailable,
+	rochev1.ErrorReason_ERROR_REASON_TIMEOUT:         roche.ErrTimeout,
+	rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED:     roche.ErrUnsupported,
+	rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND: roche.ErrImageNotFound,
+	rochev1.ErrorReason_ERROR_REASON_EXHAUSTED:       roche.ErrExhausted,
+}
+
+// byCode is the fallback when a daemon (or a proxy) sent no ErrorDetail.
+var byCode = map[connect.Code]error{
+	connect.CodeNotFound:          roche.ErrNotFound,
+	connect.CodeInvalidArgument:   roche.ErrInvalidConfig,
+	connect.CodeUnavailable:       roche.ErrUnavailable,
+	connect.CodeDeadlineExceeded:  roche.ErrTimeout,
+	connect.CodeUnimplemented:     roche.ErrUnsupported,
+	connect.CodeResourceExhausted: roche.ErrExhausted,
+}
+
+// fromRPC turns an RPC error back into one that wraps the core's sentinel.
+func (c *Client) fromRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	e := &Error{Code: ce.Code(), Message: ce.Message()}
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if ed, ok := v.(*rochev1.ErrorDetail); derr == nil && ok {
+			e.sentinel = reasons[ed.Reason]
+		}
+	}
+	if e.sentinel == nil {
+		// Without a detail, UNAVAILABLE comes from the transport: no daemon answered.
+		if ce.Code() == connect.CodeUnavailable && len(ce.Details()) == 0 {
+			return c.unreachable(errors.New(ce.Message()))
+		}
+		e.sentinel = byCode[ce.Code()]
+		if e.Message == "" {
+			e.Message = err.Error()
+		}
+	}
+	return e
+}
+
+// ProviderInfo names a provider the daemon serves and what it supports.
+type ProviderInfo struct {
+	Name         string
+	Capabilities roche.Capabilities
+}
+
+// Providers lists the providers the daemon serves.
+func (c *Client) Providers(ctx context.Context) ([]ProviderInfo, error) {
+	resp, err := c.rpc.ListProviders(ctx, connect.NewRequest(&rochev1.ListProvidersRequest{}))
+	if err != nil {
+		return nil, c.fromRPC(err)
+	}
+	out := make([]ProviderInfo, 0, len(resp.Msg.Providers))
+	caps := map[string]roche.Capabilities{}
+	for _, p := range resp.Msg.Providers {
+		cp := capsFromProto(p.Capabilities)
+		caps[p.Name] = cp
+		out = append(out, ProviderInfo{Name: p.Name, Capabilities: cp})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	c.mu.Lock()
+	c.caps = caps
+	c.mu.Unlock()
+	return out, nil
+}
+
+func capsFromProto(pb *rochev1.Capabilities) roche.Capabilities {
+	if pb == nil {
+		return roche.Capabilities{}
+	}
+	return roche.Capabilities{
+		Network: pb.Network, Writable: pb.Writable, Mounts: pb.Mounts, Files: pb.Files, Pause: pb.Pause,
+		Stdin: pb.Stdin, Processes: pb.Processes, NotApplicable: pb.NotApplicable,
+	}
+}
+
+// PoolStatus reports the daemon's warm pools.
+func (c *Client) PoolStatus(ctx context.Context) ([]*rochev1.Pool, error) {
+	resp, err := c.rpc.PoolStatus(ctx, connect.NewRequest(&rochev1.PoolStatusRequest{}))
+	if err != nil {
+		return nil, c.fromRPC(err)
+	}
+	return resp.Msg.Pools, nil
+}
+
+// PoolWarmup fills the pool named by key ("provider/image"; every pool when empty) to
+// count idle sandboxes (its minimum when 0), resuming a drained pool, and waits.
+func (c *Client) PoolWarmup(ctx context.Context, key string, count int) ([]*rochev1.Pool, error) {
+	resp, err := c.rpc.PoolWarmup(ctx, connect.NewRequest(&rochev1.PoolWarmupRequest{Key: key, Count: int32(count)}))
+	if err != nil {
+		return nil, c.fromRPC(err)
+	}
+	return resp.Msg.Pools, nil
+}
+
+// PoolDrain destroys the idle sandboxes of the pool named by key (every pool when
+// empty) and stops refilling it until the next warmup. It returns how many it destroyed.
+func (c *Client) PoolDrain(ctx context.Context, key string) (int, []*rochev1.Pool, error) {
+	resp, err := c.rpc.PoolDrain(ctx, connect.NewRequest(&rochev1.PoolDrainRequest{Key: key}))
+	if err != nil {
+		return 0, nil, c.fromRPC(err)
+	}
+	return int(resp.Msg.Destroyed), resp.Msg.Pools, nil
+}
+
+// Create makes a sandbox on the named provider ("" for the daemon's default) and says
+// whether it came from a warm pool.
+func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: configToProto(cfg)}))
+	if err != nil {
+		return roche.SandboxInfo{}, false, c.fromRPC(err)
+	}
+	return infoFromProto(resp.Msg.Sandbox), resp.Msg.Pooled, nil
+}

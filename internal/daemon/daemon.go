@@ -1,0 +1,404 @@
+// Package daemon is roched: the Roche API (roche.v1.SandboxService over gRPC, gRPC-Web
+// and Connect's HTTP/JSON) in front of the providers, with warm pools, a reaper that
+// destroys sandboxes at their expiry, admission control, and state kept on disk so that
+// a restarted daemon finds what the last one left: it keeps serving the sandboxes
+// clients hold and destroys the rest.
+package daemon
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
+	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/pool"
+)
+
+// Version is reported by /healthz.
+const Version = "0.1.0"
+
+// Config is what the daemon serves and how.
+type Config struct {
+	// Socket is the unix socket to listen on (mode 0600); empty means client.DefaultSocket().
+	Socket string
+	// Listen, when set ("tcp://127.0.0.1:7878"), also serves on TCP. It needs Token.
+	Listen string
+	// Token, when set, is required as "Authorization: Bearer TOKEN" on every request but
+	// /healthz. TCP is refused without one.
+	Token string
+	// StateFile keeps the daemon's sandboxes across restarts; empty means beside the socket.
+	StateFile string
+	// MaxSandboxes bounds the sandboxes handed to clients at once (0: no bound). Idle
+	// pooled sandboxes are bounded by their pools instead.
+	MaxSandboxes int
+	// Pools are the warm pools.
+	Pools []pool.Spec
+	// PoolConcurrency bounds concurrent pool creations across all pools (default 2).
+	PoolConcurrency int
+	// ReapInterval is how often expired sandboxes are looked for (default 1 s).
+	ReapInterval time.Duration
+	// ReconcileInterval is how often the daemon compares its state with the providers'
+	// (default 30 s), forgetting sandboxes removed behind its back.
+	ReconcileInterval time.Duration
+	// HeartbeatInterval is how long ExecStream stays quiet before a heartbeat (default 5 s).
+	HeartbeatInterval time.Duration
+}
+
+// Option configures a Daemon.
+type Option func(*Daemon)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(d *Daemon) { d.log = l } }
+
+// WithPoolOptions passes options to the pool manager (tests shorten its janitor).
+func WithPoolOptions(opts ...pool.Option) Option {
+	return func(d *Daemon) { d.poolOpts = append(d.poolOpts, opts...) }
+}
+
+// Daemon is a running roched.
+type Daemon struct {
+	cfg       Config
+	providers map[string]roche.Provider
+	names     []string // provider names, sorted
+	log       *slog.Logger
+	poolOpts  []pool.Option
+	pools     *pool.Manager
+	store     *store
+	metrics   *metrics
+	started   time.Time
+
+	mu        sync.Mutex
+	sandboxes map[string]*record
+	reserved  int // cold creates admitted and in flight
+	seq       uint64
+
+	removals sync.WaitGroup
+	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
+	removeSlots chan struct{}
+
+	stop     chan struct{}
+	bg       sync.WaitGroup
+	servers  []*http.Server
+	tcpAddr  net.Addr
+	shutdown sync.Once
+}
+
+// New validates cfg and prepares a daemon; Start makes it serve.
+func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daemon, error) {
+	if len(providers) == 0 {
+		return nil, fmt.Errorf("%w: no providers to serve", roche.ErrInvalidConfig)
+	}
+	if cfg.Socket == "" {
+		cfg.Socket = client.DefaultSocket()
+	}
+	if cfg.StateFile == "" {
+		cfg.StateFile = client.StateFile(cfg.Socket)
+	}
+	if cfg.PoolConcurrency <= 0 {
+		cfg.PoolConcurrency = 2
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = time.Second
+	}
+	if cfg.ReconcileInterval <= 0 {
+		cfg.ReconcileInterval = 30 * time.Second
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = 5 * time.Second
+	}
+	names := make([]string, 0, len(providers))
+	for n := range providers {
+		names = append(names, n)
+	}
+	if err := cfg.Validate(names); err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		cfg:         cfg,
+		providers:   providers,
+		log:         slog.New(slog.DiscardHandler),
+		store:       &store{path: cfg.StateFile},
+		sandboxes:   map[string]*record{},
+		removeSlots: make(chan struct{}, 4),
+		stop:        make(chan struct{}),
+	}
+	for n := range providers {
+		d.names = append(d.names, n)
+	}
+	sort.Strings(d.names)
+	for _, o := range opts {
+		o(d)
+	}
+	popts := append([]pool.Option{
+		pool.WithLogger(d.log),
+		pool.WithConcurrency(cfg.PoolConcurrency),
+		pool.WithHooks(pool.Hooks{Created: d.pooledCreated, Destroyed: d.pooledDestroyed}),
+	}, d.poolOpts...)
+	m, err := pool.NewManager(providers, cfg.Pools, popts...)
+	if err != nil {
+		return nil, err
+	}
+	d.pools = m
+	d.metrics = newMetrics(d)
+	return d, nil
+}
+
+// Validate reports every problem with the settings at once, for a daemon serving the
+// named providers.
+func (c Config) Validate(providers []string) error {
+	var errs []error
+	if c.MaxSandboxes < 0 {
+		errs = append(errs, fmt.Errorf("%w: max sandboxes %d is negative: give 0 (no limit) or more", roche.ErrInvalidConfig, c.MaxSandboxes))
+	}
+	if c.Listen != "" {
+		if _, err := parseListen(c.Listen); err != nil {
+			errs = append(errs, err)
+		} else if c.Token == "" {
+			errs = append(errs, fmt.Errorf("%w: refusing to listen on %s without a token: anyone who can reach it could run code; pass --token or set ROCHE_TOKEN",
+				roche.ErrInvalidConfig, c.Listen))
+		}
+	}
+	sort.Strings(providers)
+	for _, s := range c.Pools {
+		if !slices.Contains(providers, s.Provider) {
+			errs = append(errs, fmt.Errorf("%w: pool %s: unknown provider %q: this daemon serves %s",
+				roche.ErrInvalidConfig, s.Key, s.Provider, strings.Join(providers, ", ")))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parseListen parses "tcp://HOST:PORT".
+func parseListen(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" || u.Path != "" {
+		return "", fmt.Errorf("%w: listen address %q: use tcp://HOST:PORT, e.g. tcp://127.0.0.1:7878", roche.ErrInvalidConfig, s)
+	}
+	return u.Host, nil
+}
+
+// Start reconciles with the providers, starts the pools and the reaper, and serves.
+// It returns once the listeners are open.
+func (d *Daemon) Start(ctx context.Context) error {
+	d.started = time.Now()
+	if err := d.recover(ctx); err != nil {
+		return err
+	}
+	unixL, err := listenUnix(d.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	listeners := []net.Listener{unixL}
+	if d.cfg.Listen != "" {
+		addr, _ := parseListen(d.cfg.Listen)
+		tcpL, err := net.Listen("tcp", addr)
+		if err != nil {
+			unixL.Close()
+			return fmt.Errorf("%w: listening on %s: %v", roche.ErrUnavailable, d.cfg.Listen, err)
+		}
+		d.tcpAddr = tcpL.Addr()
+		listeners = append(listeners, tcpL)
+	}
+
+	d.pools.Start()
+	d.bg.Add(1)
+	go d.reapLoop()
+
+	handler := d.Handler()
+	for _, l := range listeners {
+		srv := &http.Server{
+			Handler:           handler,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		}
+		// HTTP/1.1 for Connect and curl, cleartext HTTP/2 for gRPC clients.
+		srv.Protocols = new(http.Protocols)
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+		d.servers = append(d.servers, srv)
+		d.bg.Add(1)
+		go func(l net.Listener) {
+			defer d.bg.Done()
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				d.log.Error("serving stopped", "addr", l.Addr().String(), "err", err)
+			}
+		}(l)
+	}
+	attrs := []any{"socket", d.cfg.Socket, "state", d.cfg.StateFile, "providers", d.names, "max_sandboxes", d.cfg.MaxSandboxes}
+	if d.tcpAddr != nil {
+		attrs = append(attrs, "tcp", d.tcpAddr.String())
+	}
+	for _, p := range d.pools.Pools() {
+		attrs = append(attrs, "pool", p.Spec().String())
+	}
+	d.log.Info("roched listening", attrs...)
+	return nil
+}
+
+// Socket is the unix socket the daemon listens on.
+func (d *Daemon) Socket() string { return d.cfg.Socket }
+
+// TCPAddr is the TCP address served, or nil.
+func (d *Daemon) TCPAddr() net.Addr { return d.tcpAddr }
+
+// listenUnix opens the socket, mode 0600 in a 0700 directory, refusing to take over a
+// socket another daemon still answers on and replacing a stale one.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("creating the socket's directory: %w", err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("%w: another roched already listens on %s: stop it (roche daemon stop) or pass --socket",
+			roche.ErrUnavailable, path)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%w: %s exists and is not a socket: remove it or pass another --socket", roche.ErrInvalidConfig, path)
+		}
+		os.Remove(path) // a dead daemon's socket
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: listening on %s: %v", roche.ErrUnavailable, path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("restricting %s to its owner: %w", path, err)
+	}
+	return l, nil
+}
+
+// Handler is the daemon's HTTP handler: the API, /healthz and /metrics, behind the
+// token check when a token is set.
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d},
+		// Local clients gain nothing from compressing small messages.
+		connect.WithCompressMinBytes(32<<10),
+		connect.WithReadMaxBytes(maxMessageBytes),
+	)
+	mux.Handle(path, h)
+	mux.HandleFunc("/healthz", d.healthz)
+	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
+	if d.cfg.Token == "" {
+		return mux
+	}
+	return d.authenticate(mux)
+}
+
+// maxMessageBytes bounds a request (an Exec's stdin is carried whole).
+const maxMessageBytes = 64 << 20
+
+// authenticate requires the bearer token on everything but /healthz, answering API
+// calls with UNAUTHENTICATED in whichever protocol they speak.
+func (d *Daemon) authenticate(next http.Handler) http.Handler {
+	want := []byte("Bearer " + d.cfg.Token)
+	ew := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if r.URL.Path == "/healthz" || subtle.ConstantTimeCompare(got, want) == 1 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		d.log.Warn("unauthenticated request refused", "path", r.URL.Path, "remote", r.RemoteAddr)
+		err := connect.NewError(connect.CodeUnauthenticated,
+			errors.New("missing or wrong bearer token: send Authorization: Bearer TOKEN (roched's --token or ROCHE_TOKEN)"))
+		if ew.IsSupported(r) {
+			_ = ew.Write(w, r, err)
+			return
+		}
+		http.Error(w, err.Message(), http.StatusUnauthorized)
+	})
+}
+
+func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
+	d.mu.Lock()
+	n := 0
+	for _, r := range d.sandboxes {
+		if r.Kind == kindClient {
+			n++
+		}
+	}
+	d.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(client.Health{
+		Status: "ok", Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
+	})
+}
+
+// Shutdown stops serving (waiting for calls in progress until ctx ends, then cutting
+// them off), drains the pools, finishes pending removals and saves the state. The
+// sandboxes clients hold are left running for the next daemon to adopt.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	var errs []error
+	d.shutdown.Do(func() {
+		d.log.Info("roched shutting down")
+		for _, srv := range d.servers {
+			if err := srv.Shutdown(ctx); err != nil {
+				srv.Close()
+				errs = append(errs, fmt.Errorf("stopping calls in progress: %w", err))
+			}
+		}
+		close(d.stop)
+		d.bg.Wait()
+		// The pools get a fresh deadline: leaving idle sandboxes behind is the thing to avoid.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		n, err := d.pools.Close(pctx)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		d.removals.Wait()
+		if err := d.save(); err != nil {
+			errs = append(errs, err)
+		}
+		d.log.Info("roched stopped", "pool_sandboxes_destroyed", n)
+	})
+	return errors.Join(errs...)
+}
+
+// provider returns the named provider ("" is docker, or the only one served).
+func (d *Daemon) provider(name string) (roche.Provider, error) {
+	if name == "" {
+		if p, ok := d.providers["docker"]; ok {
+			return p, nil
+		}
+		if len(d.names) == 1 {
+			return d.providers[d.names[0]], nil
+		}
+	}
+	if p, ok := d.providers[name]; ok {
+		return p, nil
+	}
+	return nil, fmt.Errorf("%w: unknown provider %q: this daemon serves %s", roche.ErrInvalidConfig, name, strings.Join(d.names, ", "))
+}
+
+// providerForID picks the provider of a sandbox the daemon does not track, as the CLI
+// does: every provider but Docker prefixes its ids with its name ("wasm-...").
+func (d *Daemon) providerForID(id string) (roche.Provider, error) {
+	if name, _, ok := strings.Cut(id, "-"); ok && name != "docker" {
+		if p, ok := d.providers[name]; ok {
+			return p, nil
+		}
+	}
+	return d.provider("")
+}

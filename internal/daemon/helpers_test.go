@@ -1,0 +1,209 @@
+package daemon
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+// TestMain lets the test binary double as roched for the kill -9 test, which needs a
+// real process to kill (ROCHED_TEST_AS_DAEMON=1).
+func TestMain(m *testing.M) {
+	if os.Getenv("ROCHED_TEST_AS_DAEMON") == "1" {
+		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func testImage() string {
+	if img := os.Getenv("ROCHE_TEST_IMAGE"); img != "" {
+		return img
+	}
+	return "roche/python:local"
+}
+
+// recorder is the real Docker provider, remembering every sandbox made through it so a
+// test can check that each one is gone at the end, whatever else runs on the engine.
+type recorder struct {
+	*docker.Provider
+	mu      sync.Mutex
+	created []string
+}
+
+func (r *recorder) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	sb, err := r.Provider.Create(ctx, cfg)
+	if err == nil {
+		r.mu.Lock()
+		r.created = append(r.created, sb.ID)
+		r.mu.Unlock()
+	}
+	return sb, err
+}
+
+func (r *recorder) ids() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.created...)
+}
+
+// newRecorder connects to the engine, failing (not skipping) when it is absent: the
+// README's test command starts it.
+func newRecorder(t *testing.T) *recorder {
+	t.Helper()
+	p, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Ping(ctx); err != nil {
+		p.Close()
+		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
+	}
+	return &recorder{Provider: p}
+}
+
+// shortDir is a temporary directory with a short path: a unix socket path must fit in
+// 108 bytes, which t.TempDir under a long test name may not.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+type testDaemon struct {
+	d      *Daemon
+	rec    *recorder
+	c      *client.Client
+	p      *client.Provider
+	socket string
+}
+
+// startDaemon runs a daemon in-process on a fresh socket with the real Docker provider.
+// At the end it destroys what the test left, shuts the daemon down and fails the test if
+// any sandbox made through it survived.
+func startDaemon(t *testing.T, cfg Config, opts ...Option) *testDaemon {
+	t.Helper()
+	dir := shortDir(t)
+	if cfg.Socket == "" {
+		cfg.Socket = filepath.Join(dir, "roched.sock")
+	}
+	rec := newRecorder(t)
+	opts = append([]Option{WithPoolOptions(pool.WithJanitorInterval(100 * time.Millisecond))}, opts...)
+	d, err := New(cfg, map[string]roche.Provider{"docker": rec}, opts...)
+	if err != nil {
+		rec.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := d.Start(ctx); err != nil {
+		rec.Close()
+		t.Fatal(err)
+	}
+	c, err := client.New(client.WithSocket(cfg.Socket), client.WithToken(cfg.Token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := &testDaemon{d: d, rec: rec, c: c, p: c.Provider("docker"), socket: cfg.Socket}
+	t.Cleanup(func() { td.stop(t) })
+	return td
+}
+
+// stop destroys the sandboxes the test left to the daemon, shuts it down and checks
+// that nothing made through it survived. It may be called twice.
+func (td *testDaemon) stop(t *testing.T) {
+	t.Helper()
+	if td.d == nil {
+		return
+	}
+	td.d.mu.Lock()
+	var left []string
+	for id, r := range td.d.sandboxes {
+		if r.Kind == kindClient && !r.foreign {
+			left = append(left, id)
+		}
+	}
+	td.d.mu.Unlock()
+	for _, id := range left {
+		_ = td.d.destroy(context.Background(), id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := td.d.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	td.c.Close()
+	td.assertGone(t)
+	td.rec.Close()
+	td.d = nil
+}
+
+// assertGone fails the test for every sandbox made through the recorder that still
+// exists, and removes it.
+func (td *testDaemon) assertGone(t *testing.T) {
+	t.Helper()
+	for _, id := range td.rec.ids() {
+		if _, err := td.rec.Provider.Inspect(context.Background(), id); err == nil {
+			t.Errorf("sandbox %s survived", id)
+			_ = td.rec.Provider.Destroy(context.Background(), id)
+		}
+	}
+}
+
+// unixHTTP is a plain HTTP client over the daemon's socket, for calls made the way
+// curl would.
+func unixHTTP(socket string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+}
+
+func pyConfig() roche.Config {
+	cfg := roche.DefaultConfig()
+	cfg.Image = testImage()
+	return cfg
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// gone reports whether the engine no longer has the sandbox.
+func (td *testDaemon) gone(id string) bool {
+	_, err := td.rec.Provider.Inspect(context.Background(), id)
+	return err != nil
+}

@@ -1,0 +1,250 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+// DefaultMaxSandboxes is --max-sandboxes when neither a flag nor the config file sets it.
+const DefaultMaxSandboxes = 100
+
+// FileConfig is the --config file, JSON. Flags given on the command line win over it;
+// its pools and the --pool flags are merged, a flag replacing a file pool of the same
+// provider/image.
+//
+//	{
+//	  "socket": "/run/roche/roched.sock",
+//	  "listen": "tcp://127.0.0.1:7878",
+//	  "state": "/var/lib/roche/roched.state.json",
+//	  "max_sandboxes": 100,
+//	  "pool_concurrency": 2,
+//	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"]
+//	}
+//
+// The token is not read from the file, so that it is not left lying in configuration:
+// use --token or ROCHE_TOKEN.
+type FileConfig struct {
+	Socket          string   `json:"socket"`
+	Listen          string   `json:"listen"`
+	State           string   `json:"state"`
+	MaxSandboxes    *int     `json:"max_sandboxes"`
+	PoolConcurrency int      `json:"pool_concurrency"`
+	Pools           []string `json:"pools"`
+}
+
+// LoadFileConfig reads a --config file, refusing unknown fields so that a typo is an
+// error rather than a silently ignored setting.
+func LoadFileConfig(path string) (FileConfig, error) {
+	var fc FileConfig
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fc, fmt.Errorf("%w: reading config: %v", roche.ErrInvalidConfig, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&fc); err != nil {
+		return fc, fmt.Errorf("%w: config %s: %v (see roched --help for the format)", roche.ErrInvalidConfig, path, err)
+	}
+	return fc, nil
+}
+
+// flags are roched's command-line settings.
+type flags struct {
+	socket, listen, token, state, config string
+	logFormat, logLevel                  string
+	pools                                []string
+	maxSandboxes, poolConcurrency        int
+	shutdownTimeout                      time.Duration
+}
+
+// Main runs roched with args (without the program name) and returns its exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	var f flags
+	cmd := command(&f, stderr)
+	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintf(stderr, "roched: %s\n", strings.Join(strings.Fields(err.Error()), " "))
+		return 1
+	}
+	return 0
+}
+
+// command is roched's command line, its flags bound to f.
+func command(f *flags, stderr io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "roched [flags]",
+		Short: "Roche's daemon: the sandbox API with warm pools, a reaper and crash recovery",
+		Long: `roched serves roche.v1.SandboxService (gRPC, gRPC-Web and Connect's HTTP/JSON) on a
+unix socket (mode 0600), and on TCP only when asked with --listen, then only with a
+bearer token. It keeps warm pools (--pool), destroys sandboxes at their expiry,
+refuses creates beyond --max-sandboxes, and keeps its state in a file so that after a
+crash the next roched keeps serving the sandboxes clients hold and destroys the rest.
+
+Pools: PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (also timeout=SECS, the
+longest lifetime served from the pool, and memory, cpus, pids_limit). A create whose
+config differs only in env and workdir, with a lifetime up to the pool's timeout, is
+served from the pool; anything else (network, mounts, writable, user, other limits)
+gets a sandbox made for it.
+
+--config FILE is JSON: {"socket": "...", "listen": "tcp://...", "state": "...",
+"max_sandboxes": 100, "pool_concurrency": 2, "pools": ["docker/IMAGE?min=2"]}.
+Flags win over the file; the token comes only from --token or ROCHE_TOKEN.
+
+GET /healthz answers without a token; /metrics is Prometheus text.`,
+		Example: `  roched --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
+  roched --config /etc/roche/roched.json
+  ROCHE_TOKEN=$(openssl rand -hex 16) roched --listen tcp://127.0.0.1:7878`,
+		Args:          cobra.NoArgs,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd, f, stderr)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.socket, "socket", client.DefaultSocket(), "unix socket to listen on (env ROCHE_SOCKET)")
+	fs.StringVar(&f.listen, "listen", "", "also listen on TCP, tcp://HOST:PORT; needs a token")
+	fs.StringVar(&f.token, "token", "", "bearer token required of clients (env ROCHE_TOKEN); required with --listen")
+	fs.StringVar(&f.state, "state", "", "state file (default: beside the socket, e.g. roched.state.json)")
+	fs.StringVar(&f.config, "config", "", "JSON config file (see above)")
+	fs.StringArrayVar(&f.pools, "pool", nil, "warm pool, PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (repeatable)")
+	fs.IntVar(&f.maxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "most sandboxes handed to clients at once; 0 means no limit")
+	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 2, "most sandboxes the pools create at once")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%v (see roched --help)", err)
+	})
+	return cmd
+}
+
+// buildConfig merges the config file and the flags into a Config.
+func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
+	cfg := Config{
+		Socket: f.socket, Listen: f.listen, Token: f.token, StateFile: f.state,
+		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency,
+	}
+	if cfg.Token == "" {
+		cfg.Token = os.Getenv("ROCHE_TOKEN")
+	}
+	var specs []string
+	if f.config != "" {
+		fc, err := LoadFileConfig(f.config)
+		if err != nil {
+			return cfg, err
+		}
+		changed := cmd.Flags().Changed
+		if fc.Socket != "" && !changed("socket") {
+			cfg.Socket = fc.Socket
+		}
+		if fc.Listen != "" && !changed("listen") {
+			cfg.Listen = fc.Listen
+		}
+		if fc.State != "" && !changed("state") {
+			cfg.StateFile = fc.State
+		}
+		if fc.MaxSandboxes != nil && !changed("max-sandboxes") {
+			cfg.MaxSandboxes = *fc.MaxSandboxes
+		}
+		if fc.PoolConcurrency != 0 && !changed("pool-concurrency") {
+			cfg.PoolConcurrency = fc.PoolConcurrency
+		}
+		specs = fc.Pools
+	}
+	specs = append(specs, f.pools...)
+	var errs []error
+	index := map[pool.Key]int{}
+	for _, s := range specs {
+		spec, err := pool.ParseSpec(s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if i, dup := index[spec.Key]; dup {
+			cfg.Pools[i] = spec // a later one (a flag) replaces an earlier one (the file)
+			continue
+		}
+		index[spec.Key] = len(cfg.Pools)
+		cfg.Pools = append(cfg.Pools, spec)
+	}
+	if f.poolConcurrency <= 0 {
+		errs = append(errs, fmt.Errorf("%w: --pool-concurrency %d: give 1 or more", roche.ErrInvalidConfig, f.poolConcurrency))
+	}
+	return cfg, errors.Join(errs...)
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}
+
+func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
+	log, err := newLogger(stderr, f.logFormat, f.logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := buildConfig(cmd, f)
+	if err != nil {
+		return err
+	}
+	// Settings are checked before the providers are set up, whose warnings would only
+	// bury the reason roched refuses to start.
+	if err := cfg.Validate([]string{"docker"}); err != nil {
+		return err
+	}
+	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")))
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	providers := map[string]roche.Provider{"docker": dp}
+
+	d, err := New(cfg, providers, WithLogger(log))
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = d.Start(sctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	stop() // a second signal now kills the process outright
+	log.Info("signal received: draining", "timeout", f.shutdownTimeout)
+	shctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer cancel()
+	return d.Shutdown(shctx)
+}

@@ -1,0 +1,134 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	"github.com/roche-sandbox/roche"
+	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+)
+
+// TestMainBadInput: every bad input is one line on stderr, exit 1, no panic, and no
+// daemon started.
+func TestMainBadInput(t *testing.T) {
+	dir := shortDir(t)
+	badJSON := filepath.Join(dir, "bad.json")
+	os.WriteFile(badJSON, []byte(`{"pools": ["docker/img"], "max_sandbox": 3}`), 0o600)
+	sock := filepath.Join(dir, "s.sock")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "unknown flag: --bogus (see roched --help)"},
+		{[]string{"--socket", sock, "--pool", "docker"}, "use PROVIDER/IMAGE"},
+		{[]string{"--socket", sock, "--pool", "docker/img?min=3&max=1&size=2"}, `max (1) is below min (3)`},
+		{[]string{"--socket", sock, "--pool", "vm/img"}, `unknown provider "vm"`},
+		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0"}, "without a token"},
+		{[]string{"--socket", sock, "--listen", "127.0.0.1:80", "--token", "x"}, "use tcp://HOST:PORT"},
+		{[]string{"--socket", sock, "--config", filepath.Join(dir, "none.json")}, "reading config"},
+		{[]string{"--socket", sock, "--config", badJSON}, `unknown field "max_sandbox"`},
+		{[]string{"--socket", sock, "--log-format", "xml"}, "use text or json"},
+		{[]string{"--socket", sock, "--max-sandboxes", "-1"}, "negative"},
+		{[]string{"--socket", sock, "--pool-concurrency", "0"}, "--pool-concurrency 0"},
+		{[]string{"extra"}, "unknown command"},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		code := Main(c.args, &out, &errb)
+		msg := errb.String()
+		if code != 1 || strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "roched: ") || !strings.Contains(msg, c.want) {
+			t.Errorf("roched %v: exit %d, stderr %q; want one line saying %q", c.args, code, msg, c.want)
+		}
+	}
+	if _, err := os.Stat(sock); err == nil {
+		t.Error("a refused start left a socket")
+	}
+}
+
+func TestMainHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main([]string{"--help"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "Example") ||
+		!strings.Contains(out.String(), "docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600") {
+		t.Fatalf("--help: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+}
+
+// TestConfigFileAndFlags: the file gives settings, flags win, a --pool replaces the
+// file's pool for the same provider/image.
+func TestConfigFileAndFlags(t *testing.T) {
+	dir := shortDir(t)
+	file := filepath.Join(dir, "roched.json")
+	os.WriteFile(file, []byte(`{
+  "socket": "/from/file.sock",
+  "max_sandboxes": 7,
+  "pool_concurrency": 3,
+  "pools": ["docker/a?min=1", "docker/b?min=2&max=4"]
+}`), 0o600)
+	var f flags
+	cmd := command(&f, io.Discard)
+	if err := cmd.ParseFlags([]string{"--config", file, "--max-sandboxes", "9", "--pool", "docker/b?min=3&max=3"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := buildConfig(cmd, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Socket != "/from/file.sock" || cfg.MaxSandboxes != 9 || cfg.PoolConcurrency != 3 {
+		t.Fatalf("merged config %+v", cfg)
+	}
+	if len(cfg.Pools) != 2 || cfg.Pools[0].Image != "a" || cfg.Pools[1].Image != "b" || cfg.Pools[1].MinIdle != 3 {
+		t.Fatalf("pools %+v", cfg.Pools)
+	}
+}
+
+// TestRPCErrorMapping: each core sentinel maps to its RPC code with the message kept.
+func TestRPCErrorMapping(t *testing.T) {
+	cases := []struct {
+		err  error
+		code connect.Code
+	}{
+		{roche.ErrNotFound, connect.CodeNotFound},
+		{roche.ErrInvalidConfig, connect.CodeInvalidArgument},
+		{roche.ErrUnavailable, connect.CodeUnavailable},
+		{roche.ErrTimeout, connect.CodeDeadlineExceeded},
+		{roche.ErrUnsupported, connect.CodeUnimplemented},
+		{roche.ErrImageNotFound, connect.CodeFailedPrecondition},
+		{roche.ErrExhausted, connect.CodeResourceExhausted},
+		{errors.New("engine exploded"), connect.CodeInternal},
+	}
+	for _, c := range cases {
+		wrapped := &wrap{msg: "starting sandbox x: " + c.err.Error(), err: c.err}
+		got := rpcError(wrapped)
+		var ce *connect.Error
+		if !errors.As(got, &ce) || ce.Code() != c.code || ce.Message() != wrapped.Error() {
+			t.Errorf("%v -> %v, want code %v with the message kept", wrapped, got, c.code)
+			continue
+		}
+		if c.code == connect.CodeInternal {
+			continue
+		}
+		if len(ce.Details()) != 1 {
+			t.Errorf("%v: no ErrorDetail", c.err)
+			continue
+		}
+		v, _ := ce.Details()[0].Value()
+		if _, ok := v.(*rochev1.ErrorDetail); !ok {
+			t.Errorf("%v: detail %T", c.err, v)
+		}
+	}
+}
+
+type wrap struct {
+	msg string
+	err error
+}
+
+func (w *wrap) Error() string { return w.msg }
+func (w *wrap) Unwrap() error { return w.err }

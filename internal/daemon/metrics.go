@@ -1,0 +1,76 @@
+package daemon
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the daemon's Prometheus metrics, on a registry of its own so that several
+// daemons (in tests) do not collide.
+type metrics struct {
+	reg      *prometheus.Registry
+	create   *prometheus.HistogramVec
+	exec     prometheus.Histogram
+	rejected prometheus.Counter
+}
+
+// latencyBuckets span a pool hit (sub-millisecond) to a slow cold start (seconds).
+var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
+func newMetrics(d *Daemon) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		create: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "roche_create_duration_seconds",
+			Help:    "Time to serve a Create, by source: pool (a warm sandbox) or cold (made for the request).",
+			Buckets: latencyBuckets,
+		}, []string{"source"}),
+		exec: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "roche_exec_duration_seconds",
+			Help:    "Time to run a command (Exec and ExecStream), from request to result.",
+			Buckets: latencyBuckets,
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "roche_admission_rejected_total",
+			Help: "Creates refused because --max-sandboxes was reached.",
+		}),
+	}
+	m.reg.MustRegister(m.create, m.exec, m.rejected, stateCollector{d},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+var (
+	sandboxesDesc = prometheus.NewDesc("roche_sandboxes",
+		"Sandboxes the daemon tracks, by state: idle (in a pool), creating, running, paused, destroying, "+
+			"and adopted (found on the engine, made by someone else; reaped at expiry).",
+		[]string{"state"}, nil)
+	poolHitsDesc   = prometheus.NewDesc("roche_pool_hits_total", "Creates served from a warm pool.", []string{"pool"}, nil)
+	poolMissesDesc = prometheus.NewDesc("roche_pool_misses_total", "Creates that matched a pool but found it empty.", []string{"pool"}, nil)
+	poolIdleDesc   = prometheus.NewDesc("roche_pool_idle", "Idle sandboxes in a pool.", []string{"pool"}, nil)
+)
+
+// stateCollector reads counts from the daemon's state when scraped, so they can never
+// drift from it.
+type stateCollector struct{ d *Daemon }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- sandboxesDesc
+	ch <- poolHitsDesc
+	ch <- poolMissesDesc
+	ch <- poolIdleDesc
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := c.d.countByState()
+	for _, state := range []string{"idle", "creating", "running", "paused", "destroying", "adopted"} {
+		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[state]), state)
+	}
+	for _, p := range c.d.pools.Pools() {
+		st := p.Status()
+		key := st.Spec.Key.String()
+		ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(st.Hits), key)
+		ch <- prometheus.MustNewConstMetric(poolMissesDesc, prometheus.CounterValue, float64(st.Misses), key)
+		ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(st.Idle), key)
+	}
+}

@@ -1,0 +1,515 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/pool"
+)
+
+// save writes the current state. Callers must not hold d.mu.
+func (d *Daemon) save() error {
+	d.mu.Lock()
+	d.seq++
+	seq := d.seq
+	recs := make([]*record, 0, len(d.sandboxes))
+	for _, r := range d.sandboxes {
+		if !r.foreign {
+			c := *r
+			recs = append(recs, &c)
+		}
+	}
+	d.mu.Unlock()
+	return d.store.save(seq, recs)
+}
+
+// saveOrWarn saves, logging a failure: the daemon keeps serving without its state
+// file, only losing crash recovery for what changed.
+func (d *Daemon) saveOrWarn() {
+	if err := d.save(); err != nil {
+		d.log.Error("saving state (crash recovery is degraded until it succeeds)", "err", err)
+	}
+}
+
+// pooledCreated is the pool hook: record a new idle sandbox before it can be claimed, so
+// that a restart after a crash recognises it as a leftover.
+func (d *Daemon) pooledCreated(key pool.Key, sb roche.SandboxInfo) {
+	d.mu.Lock()
+	d.sandboxes[sb.ID] = &record{
+		ID: sb.ID, Provider: key.Provider, Image: sb.Image, Kind: kindPooled, Pool: key.String(),
+		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(),
+	}
+	d.mu.Unlock()
+	d.saveOrWarn()
+}
+
+// pooledDestroyed is the pool hook for an idle sandbox it destroyed.
+func (d *Daemon) pooledDestroyed(_ pool.Key, id string) {
+	d.mu.Lock()
+	delete(d.sandboxes, id)
+	d.mu.Unlock()
+	d.saveOrWarn()
+}
+
+// lookupLocked finds a tracked sandbox by id or unique id prefix, as Docker accepts.
+func (d *Daemon) lookupLocked(id string) *record {
+	if r, ok := d.sandboxes[id]; ok {
+		return r
+	}
+	if len(id) < 4 {
+		return nil
+	}
+	var found *record
+	for full, r := range d.sandboxes {
+		if strings.HasPrefix(full, id) {
+			if found != nil {
+				return nil // ambiguous: let the provider say so
+			}
+			found = r
+		}
+	}
+	return found
+}
+
+// target is a sandbox resolved for a call: its provider and, when tracked, a copy of
+// what the daemon knows of it.
+type target struct {
+	id  string
+	p   roche.Provider
+	rec *record // nil when the daemon does not track it
+}
+
+// resolve finds the sandbox a call names. Idle pooled sandboxes are nobody's, and
+// destroyed ones are gone, so both are "not found".
+func (d *Daemon) resolve(id string) (target, error) {
+	if id == "" {
+		return target{}, fmt.Errorf("%w: empty sandbox id", roche.ErrNotFound)
+	}
+	d.mu.Lock()
+	r := d.lookupLocked(id)
+	var rec *record
+	if r != nil {
+		c := *r
+		rec = &c
+	}
+	d.mu.Unlock()
+	if rec == nil {
+		p, err := d.providerForID(id)
+		return target{id: id, p: p}, err
+	}
+	if rec.Kind != kindClient {
+		return target{}, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+	}
+	p, err := d.provider(rec.Provider)
+	return target{id: rec.ID, p: p, rec: rec}, err
+}
+
+// admit reserves room for one more client sandbox, or refuses at once.
+func (d *Daemon) admit() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if max := d.cfg.MaxSandboxes; max > 0 {
+		n := d.reserved
+		for _, r := range d.sandboxes {
+			if r.Kind == kindClient && !r.foreign {
+				n++
+			}
+		}
+		if n >= max {
+			d.metrics.rejected.Inc()
+			return fmt.Errorf("%w: roched is at its limit of %d sandboxes (--max-sandboxes): destroy some (roche list shows them) or raise the limit",
+				roche.ErrExhausted, max)
+		}
+	}
+	d.reserved++
+	return nil
+}
+
+// create serves a Create: from a matching pool when one has a sandbox ready, else cold.
+func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+	start := time.Now()
+	p, err := d.provider(providerName)
+	if err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
+	providerName = p.Name()
+	if err := cfg.Validate(); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
+	if err := d.admit(); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
+	admitted := true
+	defer func() {
+		if admitted {
+			d.mu.Lock()
+			d.reserved--
+			d.mu.Unlock()
+		}
+	}()
+
+	if pl := d.pools.Match(providerName, cfg); pl != nil {
+		if sb, ok := pl.Acquire(); ok {
+			now := time.Now()
+			expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
+			d.mu.Lock()
+			d.reserved--
+			admitted = false
+			d.sandboxes[sb.ID] = &record{
+				ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(),
+				CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
+			}
+			d.mu.Unlock()
+			// Saved before the client hears of it: a crash now must not destroy it as a leftover.
+			d.saveOrWarn()
+			d.metrics.create.WithLabelValues("pool").Observe(time.Since(start).Seconds())
+			sb.ExpiresAt = expires
+			sb.State = roche.StateRunning
+			return sb, true, nil
+		}
+	}
+
+	// Not cancelled midway, so a client that goes away cannot leave a half-made sandbox;
+	// one made for a client that is gone is destroyed below.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	sb, err := p.Create(cctx, cfg)
+	if err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
+	d.mu.Lock()
+	d.reserved--
+	admitted = false
+	d.sandboxes[sb.ID] = &record{
+		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient,
+		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(),
+	}
+	d.mu.Unlock()
+	if ctx.Err() != nil {
+		d.markDestroying(sb.ID)
+		return roche.SandboxInfo{}, false, fmt.Errorf("creating a sandbox: %w (the client went away; it was destroyed)", ctx.Err())
+	}
+	d.saveOrWarn()
+	d.metrics.create.WithLabelValues("cold").Observe(time.Since(start).Seconds())
+	return sb, false, nil
+}
+
+// exec runs a command, applying what the daemon remembers of the sandbox: the env and
+// workdir a pooled sandbox's create asked for, and its real expiry as the default timeout.
+func (d *Daemon) exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
+	start := time.Now()
+	t, err := d.resolve(id)
+	if err != nil {
+		return roche.ExecResult{}, err
+	}
+	if r := t.rec; r != nil {
+		if len(r.Env) > 0 {
+			env := maps.Clone(r.Env)
+			maps.Copy(env, req.Env)
+			req.Env = env
+		}
+		if req.Workdir == "" {
+			req.Workdir = r.Workdir
+		}
+		if req.Timeout <= 0 && !r.ExpiresAt.IsZero() {
+			req.Timeout = max(time.Until(r.ExpiresAt), time.Second)
+		}
+	}
+	res, err := t.p.Exec(ctx, t.id, req)
+	if errors.Is(err, roche.ErrNotFound) && t.rec != nil {
+		d.forget(t.id) // removed behind our back
+	}
+	d.metrics.exec.Observe(time.Since(start).Seconds())
+	return res, err
+}
+
+// forget drops a record whose sandbox no longer exists.
+func (d *Daemon) forget(id string) {
+	d.mu.Lock()
+	r, ok := d.sandboxes[id]
+	delete(d.sandboxes, id)
+	d.mu.Unlock()
+	if ok {
+		d.forgetInPool(r)
+		d.saveOrWarn()
+	}
+}
+
+func (d *Daemon) forgetInPool(r *record) {
+	if r.Pool == "" {
+		return
+	}
+	if key, err := pool.ParseKey(r.Pool); err == nil {
+		if pl, err := d.pools.Get(key); err == nil {
+			if r.Kind == kindPooled {
+				pl.Discard(r.ID)
+			} else {
+				pl.Forget(r.ID)
+			}
+		}
+	}
+}
+
+// destroy removes a sandbox. A tracked one is marked destroyed at once (every later
+// call sees "not found") and removed in the background, which keeps a client's
+// create-exec-destroy cycle short; the mark is saved, so a crash cannot leak it.
+// Untracked ids are destroyed directly. Like the providers' Destroy, an id that names
+// nothing is not an error.
+func (d *Daemon) destroy(ctx context.Context, id string) error {
+	d.mu.Lock()
+	r := d.lookupLocked(id)
+	var full string
+	var k kind
+	if r != nil {
+		full, k = r.ID, r.Kind
+	}
+	d.mu.Unlock()
+	switch {
+	case r == nil:
+		p, err := d.providerForID(id)
+		if err != nil {
+			return err
+		}
+		return p.Destroy(ctx, id)
+	case k == kindPooled:
+		return fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+	case k == kindDestroying:
+		return nil
+	}
+	d.markDestroying(full)
+	d.saveOrWarn()
+	return nil
+}
+
+// markDestroying marks a tracked sandbox destroyed and starts its removal.
+func (d *Daemon) markDestroying(id string) {
+	d.mu.Lock()
+	r, ok := d.sandboxes[id]
+	if ok {
+		r.Kind = kindDestroying
+	}
+	d.mu.Unlock()
+	if ok {
+		d.startRemoval(id)
+	}
+}
+
+// startRemoval removes a sandbox marked destroying, in the background, unless a
+// removal is already in flight. A failure leaves the mark for the reaper to retry.
+func (d *Daemon) startRemoval(id string) {
+	d.mu.Lock()
+	r, ok := d.sandboxes[id]
+	if !ok || r.removing || r.Kind != kindDestroying {
+		d.mu.Unlock()
+		return
+	}
+	r.removing = true
+	provider := r.Provider
+	d.removals.Add(1)
+	d.mu.Unlock()
+	go func() {
+		defer d.removals.Done()
+		d.removeSlots <- struct{}{}
+		defer func() { <-d.removeSlots }()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p, err := d.provider(provider)
+		if err == nil {
+			err = p.Destroy(ctx, id)
+		}
+		d.mu.Lock()
+		r := d.sandboxes[id]
+		if err != nil {
+			if r != nil {
+				r.removing = false
+			}
+			d.mu.Unlock()
+			d.log.Warn("removing a destroyed sandbox (will retry)", "id", id, "err", err)
+			return
+		}
+		delete(d.sandboxes, id)
+		d.mu.Unlock()
+		if r != nil {
+			d.forgetInPool(r)
+		}
+		d.log.Debug("sandbox removed", "id", id)
+		d.saveOrWarn()
+	}()
+}
+
+// countByState counts tracked sandboxes for /metrics.
+func (d *Daemon) countByState() map[string]int {
+	c := map[string]int{}
+	d.mu.Lock()
+	for _, r := range d.sandboxes {
+		switch {
+		case r.foreign && r.Kind == kindClient:
+			c["adopted"]++
+		case r.Kind == kindPooled:
+			c["idle"]++
+		case r.Kind == kindDestroying:
+			c["destroying"]++
+		case r.Paused:
+			c["paused"]++
+		default:
+			c["running"]++
+		}
+	}
+	c["creating"] = d.reserved
+	d.mu.Unlock()
+	for _, p := range d.pools.Pools() {
+		c["creating"] += p.Status().Creating
+	}
+	return c
+}
+
+// reapLoop destroys expired sandboxes every ReapInterval and reconciles with the
+// providers every ReconcileInterval.
+func (d *Daemon) reapLoop() {
+	defer d.bg.Done()
+	reap := time.NewTicker(d.cfg.ReapInterval)
+	defer reap.Stop()
+	reconcile := time.NewTicker(d.cfg.ReconcileInterval)
+	defer reconcile.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-reap.C:
+			d.reap(time.Now())
+		case <-reconcile.C:
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			d.reconcile(ctx, false)
+			cancel()
+		}
+	}
+}
+
+// reap destroys client sandboxes past their expiry and retries failed removals.
+func (d *Daemon) reap(now time.Time) {
+	var expired, retry []string
+	d.mu.Lock()
+	for id, r := range d.sandboxes {
+		switch {
+		case r.Kind == kindClient && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
+			expired = append(expired, id)
+		case r.Kind == kindDestroying && !r.removing:
+			retry = append(retry, id)
+		}
+	}
+	d.mu.Unlock()
+	for _, id := range expired {
+		d.log.Info("sandbox expired: destroying it", "id", id)
+		d.markDestroying(id)
+	}
+	for _, id := range retry {
+		d.startRemoval(id)
+	}
+	if len(expired) > 0 {
+		d.saveOrWarn()
+	}
+}
+
+// recover loads the state a previous daemon left and reconciles it with the providers.
+func (d *Daemon) recover(ctx context.Context) error {
+	recs, err := d.store.load()
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, r := range recs {
+		r.since = now
+		d.sandboxes[r.ID] = r
+	}
+	d.reconcile(ctx, true)
+	d.reap(now)
+	// Sandboxes handed out from a pool before the restart still count towards its total.
+	d.mu.Lock()
+	for _, r := range d.sandboxes {
+		if r.Kind == kindClient && r.Pool != "" {
+			if key, err := pool.ParseKey(r.Pool); err == nil {
+				if pl, err := d.pools.Get(key); err == nil {
+					pl.TrackInUse(r.ID)
+				}
+			}
+		}
+	}
+	d.mu.Unlock()
+	return d.save()
+}
+
+// reconcile compares the records with what each provider lists. Records of vanished
+// sandboxes are dropped; live Roche sandboxes the daemon does not know are adopted (and
+// reaped at their expiry); at start-up, idle pooled sandboxes of the previous daemon are
+// destroyed, as are expired and stopped ones.
+func (d *Daemon) reconcile(ctx context.Context, startup bool) {
+	for _, name := range d.names {
+		p := d.providers[name]
+		listed := time.Now()
+		list, err := p.List(ctx)
+		if err != nil {
+			d.log.Warn("reconcile: listing sandboxes", "provider", name, "err", err)
+			continue
+		}
+		live := make(map[string]roche.SandboxInfo, len(list))
+		for _, sb := range list {
+			live[sb.ID] = sb
+		}
+		var leftovers, stale []string
+		adopted := 0
+		d.mu.Lock()
+		for id, r := range d.sandboxes {
+			if r.Provider != name || r.since.After(listed) {
+				continue
+			}
+			sb, ok := live[id]
+			switch {
+			case !ok:
+				delete(d.sandboxes, id)
+				if !startup {
+					d.forgetInPoolLocked(r)
+				}
+			case startup && r.Kind == kindPooled:
+				r.Kind = kindDestroying
+				leftovers = append(leftovers, id)
+			case r.Kind == kindClient && sb.State == roche.StateExited:
+				r.Kind = kindDestroying
+				stale = append(stale, id)
+			}
+		}
+		for id, sb := range live {
+			if _, known := d.sandboxes[id]; known {
+				continue
+			}
+			now := time.Now()
+			r := &record{
+				ID: id, Provider: name, Image: sb.Image, Kind: kindClient, CreatedAt: sb.CreatedAt,
+				ExpiresAt: sb.ExpiresAt, Paused: sb.State == roche.StatePaused, foreign: true, since: now,
+			}
+			if sb.State == roche.StateExited || sb.Expired(now) {
+				r.Kind = kindDestroying
+				stale = append(stale, id)
+			} else {
+				adopted++
+			}
+			d.sandboxes[id] = r
+		}
+		d.mu.Unlock()
+		if len(leftovers)+len(stale)+adopted > 0 {
+			d.log.Info("reconciled with provider", "provider", name, "pool_leftovers_destroyed", len(leftovers),
+				"stale_destroyed", len(stale), "adopted", adopted)
+		}
+		for _, id := range append(leftovers, stale...) {
+			d.startRemoval(id)
+		}
+	}
+}
+
+// forgetInPoolLocked tells the pool a sandbox vanished; the pools take their own lock
+// only, so this is safe under d.mu.
+func (d *Daemon) forgetInPoolLocked(r *record) { d.forgetInPool(r) }

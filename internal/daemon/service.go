@@ -1,0 +1,491 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/roche-sandbox/roche"
+	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
+	"github.com/roche-sandbox/roche/internal/tarfs"
+	"github.com/roche-sandbox/roche/pool"
+)
+
+// service implements the API on top of the daemon; every error leaves through rpcError.
+type service struct {
+	rochev1connect.UnimplementedSandboxServiceHandler
+	d *Daemon
+}
+
+var _ rochev1connect.SandboxServiceHandler = (*service)(nil)
+
+func (s *service) Create(ctx context.Context, req *connect.Request[rochev1.CreateRequest]) (*connect.Response[rochev1.CreateResponse], error) {
+	cfg := configFromProto(req.Msg.Config)
+	sb, pooled, err := s.d.create(ctx, req.Msg.Provider, cfg)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	s.d.log.Debug("sandbox created", "id", sb.ID, "image", sb.Image, "pooled", pooled)
+	return connect.NewResponse(&rochev1.CreateResponse{Sandbox: infoToProto(sb), Pooled: pooled}), nil
+}
+
+func (s *service) Exec(ctx context.Context, req *connect.Request[rochev1.ExecRequest]) (*connect.Response[rochev1.ExecResponse], error) {
+	r, err := execFromProto(req.Msg, req.Msg.Stdin != nil)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	res, err := s.d.exec(ctx, req.Msg.SandboxId, r)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.ExecResponse{Result: resultToProto(res, true)}), nil
+}
+
+// streamSender serialises sends on one stream: the provider writes stdout and stderr
+// from its own goroutines and the heartbeat ticks from another.
+type streamSender struct {
+	mu     sync.Mutex
+	stream *connect.ServerStream[rochev1.ExecStreamResponse]
+	last   time.Time
+	closed bool
+}
+
+func (s *streamSender) send(msg *rochev1.ExecStreamResponse) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("stream closed")
+	}
+	s.last = time.Now()
+	return s.stream.Send(msg)
+}
+
+// close stops further sends; the handler must not send after it returns.
+func (s *streamSender) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+}
+
+// chunkWriter sends what a command writes as output chunks.
+type chunkWriter struct {
+	s      *streamSender
+	stream rochev1.OutputStream
+}
+
+// maxChunk keeps each message small enough to flow smoothly through proxies.
+const maxChunk = 32 << 10
+
+func (w chunkWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		c := p[:min(len(p), maxChunk)]
+		p = p[len(c):]
+		err := w.s.send(&rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Output{
+			Output: &rochev1.OutputChunk{Stream: w.stream, Data: c},
+		}})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.ExecStreamRequest], stream *connect.ServerStream[rochev1.ExecStreamResponse]) error {
+	r, err := execFromProto(req.Msg, req.Msg.Stdin != nil)
+	if err != nil {
+		return rpcError(err)
+	}
+	sender := &streamSender{stream: stream, last: time.Now()}
+	r.Stdout = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDOUT}
+	r.Stderr = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDERR}
+
+	// Heartbeats while the command is quiet.
+	every := s.d.cfg.HeartbeatInterval
+	done := make(chan struct{})
+	var beats sync.WaitGroup
+	beats.Add(1)
+	go func() {
+		defer beats.Done()
+		t := time.NewTicker(every / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				sender.mu.Lock()
+				quiet := now.Sub(sender.last) >= every
+				sender.mu.Unlock()
+				if quiet {
+					_ = sender.send(&rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Heartbeat{
+						Heartbeat: &rochev1.Heartbeat{Time: timestamppb.New(now)},
+					}})
+				}
+			}
+		}
+	}()
+	res, err := s.d.exec(ctx, req.Msg.SandboxId, r)
+	close(done)
+	beats.Wait()
+	if err != nil {
+		sender.close()
+		return rpcError(err)
+	}
+	err = sender.send(&rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Result{Result: resultToProto(res, false)}})
+	sender.close()
+	return err
+}
+
+func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.DestroyRequest]) (*connect.Response[rochev1.DestroyResponse], error) {
+	ids := req.Msg.Ids
+	if req.Msg.All == (len(ids) > 0) {
+		return nil, rpcError(fmt.Errorf("%w: give sandbox ids or all, not both or neither", roche.ErrInvalidConfig))
+	}
+	if req.Msg.All {
+		list, err := s.d.list(ctx, req.Msg.Provider)
+		if err != nil {
+			return nil, rpcError(err)
+		}
+		ids = ids[:0]
+		for _, sb := range list {
+			ids = append(ids, sb.ID)
+		}
+	}
+	resp := &rochev1.DestroyResponse{}
+	var errs []error
+	for _, id := range ids {
+		if err := s.d.destroy(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		resp.Destroyed = append(resp.Destroyed, id)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// list lists client sandboxes (every provider's, or one's), with the expiry the daemon
+// enforces; idle pooled and destroyed sandboxes are left out.
+func (d *Daemon) list(ctx context.Context, provider string) ([]roche.SandboxInfo, error) {
+	names := d.names
+	if provider != "" {
+		p, err := d.provider(provider)
+		if err != nil {
+			return nil, err
+		}
+		names = []string{p.Name()}
+	}
+	out := []roche.SandboxInfo{}
+	var errs []error
+	for _, n := range names {
+		list, err := d.providers[n].List(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d.mu.Lock()
+		for _, sb := range list {
+			if r, ok := d.sandboxes[sb.ID]; ok {
+				if r.Kind != kindClient {
+					continue
+				}
+				sb.ExpiresAt = r.ExpiresAt
+			}
+			out = append(out, sb)
+		}
+		d.mu.Unlock()
+	}
+	return out, errors.Join(errs...)
+}
+
+func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListRequest]) (*connect.Response[rochev1.ListResponse], error) {
+	list, err := s.d.list(ctx, req.Msg.Provider)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	resp := &rochev1.ListResponse{}
+	for _, sb := range list {
+		resp.Sandboxes = append(resp.Sandboxes, infoToProto(sb))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *service) Inspect(ctx context.Context, req *connect.Request[rochev1.InspectRequest]) (*connect.Response[rochev1.InspectResponse], error) {
+	t, err := s.d.resolve(req.Msg.SandboxId)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	sb, err := t.p.Inspect(ctx, t.id)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	if t.rec != nil {
+		sb.ExpiresAt = t.rec.ExpiresAt
+	}
+	return connect.NewResponse(&rochev1.InspectResponse{Sandbox: infoToProto(sb)}), nil
+}
+
+// pause pauses or unpauses a sandbox, remembering it for /metrics.
+func (s *service) pause(ctx context.Context, id string, pause bool) error {
+	t, err := s.d.resolve(id)
+	if err != nil {
+		return err
+	}
+	pz, ok := t.p.(roche.Pauser)
+	if !ok {
+		return fmt.Errorf("%w: the %s provider cannot pause sandboxes", roche.ErrUnsupported, t.p.Name())
+	}
+	if pause {
+		err = pz.Pause(ctx, t.id)
+	} else {
+		err = pz.Unpause(ctx, t.id)
+	}
+	if err == nil {
+		s.d.mu.Lock()
+		if r, ok := s.d.sandboxes[t.id]; ok {
+			r.Paused = pause
+		}
+		s.d.mu.Unlock()
+	}
+	return err
+}
+
+func (s *service) Pause(ctx context.Context, req *connect.Request[rochev1.PauseRequest]) (*connect.Response[rochev1.PauseResponse], error) {
+	if err := s.pause(ctx, req.Msg.SandboxId, true); err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.PauseResponse{}), nil
+}
+
+func (s *service) Unpause(ctx context.Context, req *connect.Request[rochev1.UnpauseRequest]) (*connect.Response[rochev1.UnpauseResponse], error) {
+	if err := s.pause(ctx, req.Msg.SandboxId, false); err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.UnpauseResponse{}), nil
+}
+
+// Gc removes client sandboxes past the expiry the daemon enforces (or the provider's,
+// for those it does not track) and stopped ones; every one with all. Idle pooled
+// sandboxes are the pools' to manage and are left alone.
+func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest]) (*connect.Response[rochev1.GcResponse], error) {
+	list, err := s.d.list(ctx, req.Msg.Provider)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	now := time.Now()
+	resp := &rochev1.GcResponse{}
+	var errs []error
+	for _, sb := range list {
+		if !req.Msg.All && !sb.Expired(now) && sb.State != roche.StateExited {
+			continue
+		}
+		if !req.Msg.DryRun {
+			if err := s.d.destroy(ctx, sb.ID); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		resp.Removed = append(resp.Removed, infoToProto(sb))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// fileCopier resolves a sandbox whose provider can copy files.
+func (d *Daemon) fileCopier(id string) (target, roche.FileCopier, error) {
+	t, err := d.resolve(id)
+	if err != nil {
+		return t, nil, err
+	}
+	fc, ok := t.p.(roche.FileCopier)
+	if !ok {
+		return t, nil, fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, t.p.Name())
+	}
+	return t, fc, nil
+}
+
+// CopyTo unpacks the uploaded tar stream into a private temporary directory on the
+// daemon's host and copies it in with the provider, which may be on a host the client
+// cannot see.
+func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[rochev1.CopyToRequest]) (*connect.Response[rochev1.CopyToResponse], error) {
+	if !stream.Receive() {
+		err := stream.Err()
+		if err == nil {
+			err = fmt.Errorf("%w: empty upload: the first message names sandbox_id and dst", roche.ErrInvalidConfig)
+		}
+		return nil, rpcError(err)
+	}
+	first := stream.Msg()
+	id, dst := first.SandboxId, first.Dst
+	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
+		return nil, rpcError(fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst))
+	}
+	t, fc, err := s.d.fileCopier(id)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	tmp, err := os.MkdirTemp("", "roched-copy-")
+	if err != nil {
+		return nil, rpcError(fmt.Errorf("making a temporary directory for the upload: %w", err))
+	}
+	defer os.RemoveAll(tmp)
+	src := filepath.Join(tmp, "payload")
+
+	pr, pw := io.Pipe()
+	go func() {
+		var err error
+		if _, err = pw.Write(first.TarChunk); err == nil {
+			for stream.Receive() {
+				if _, err = pw.Write(stream.Msg().TarChunk); err != nil {
+					break
+				}
+			}
+			if err == nil {
+				err = stream.Err()
+			}
+		}
+		pw.CloseWithError(err)
+	}()
+	err = tarfs.Extract(pr, src)
+	// Drain the rest so the receiving goroutine finishes.
+	_, _ = io.Copy(io.Discard, pr)
+	pr.Close()
+	if err != nil {
+		return nil, rpcError(fmt.Errorf("%w: unpacking the upload: %v", roche.ErrInvalidConfig, err))
+	}
+	if err := fc.CopyTo(ctx, t.id, src, dst); err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.CopyToResponse{}), nil
+}
+
+// CopyFrom copies out with the provider into a private temporary directory and streams
+// it to the client as a tar.
+func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.CopyFromRequest], stream *connect.ServerStream[rochev1.CopyFromResponse]) error {
+	src := req.Msg.Src
+	if !path.IsAbs(src) || path.Clean(src) == "/" {
+		return rpcError(fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src))
+	}
+	t, fc, err := s.d.fileCopier(req.Msg.SandboxId)
+	if err != nil {
+		return rpcError(err)
+	}
+	tmp, err := os.MkdirTemp("", "roched-copy-")
+	if err != nil {
+		return rpcError(fmt.Errorf("making a temporary directory for the download: %w", err))
+	}
+	defer os.RemoveAll(tmp)
+	local := filepath.Join(tmp, "payload")
+	if err := fc.CopyFrom(ctx, t.id, src, local); err != nil {
+		return rpcError(err)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(tarfs.Write(pw, local, path.Base(path.Clean(src)))) }()
+	defer pr.Close()
+	buf := make([]byte, maxChunk)
+	for {
+		n, err := io.ReadFull(pr, buf)
+		if n > 0 {
+			if serr := stream.Send(&rochev1.CopyFromResponse{TarChunk: buf[:n]}); serr != nil {
+				return serr
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil
+		}
+		if err != nil {
+			return rpcError(fmt.Errorf("packing %s: %w", src, err))
+		}
+	}
+}
+
+// selectPools returns the pool named by key, or every pool when key is empty.
+func (d *Daemon) selectPools(key string) ([]*pool.Pool, error) {
+	if key == "" {
+		return d.pools.Pools(), nil
+	}
+	k, err := pool.ParseKey(key)
+	if err != nil {
+		return nil, err
+	}
+	p, err := d.pools.Get(k)
+	if err != nil {
+		return nil, err
+	}
+	return []*pool.Pool{p}, nil
+}
+
+func poolsToProto(ps []*pool.Pool) []*rochev1.Pool {
+	out := make([]*rochev1.Pool, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, poolToProto(p.Status()))
+	}
+	return out
+}
+
+func (s *service) PoolStatus(_ context.Context, _ *connect.Request[rochev1.PoolStatusRequest]) (*connect.Response[rochev1.PoolStatusResponse], error) {
+	return connect.NewResponse(&rochev1.PoolStatusResponse{Pools: poolsToProto(s.d.pools.Pools())}), nil
+}
+
+func (s *service) PoolWarmup(ctx context.Context, req *connect.Request[rochev1.PoolWarmupRequest]) (*connect.Response[rochev1.PoolWarmupResponse], error) {
+	ps, err := s.d.selectPools(req.Msg.Key)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(ps))
+	for i, p := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.Warmup(ctx, int(req.Msg.Count))
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.PoolWarmupResponse{Pools: poolsToProto(ps)}), nil
+}
+
+func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.PoolDrainRequest]) (*connect.Response[rochev1.PoolDrainResponse], error) {
+	ps, err := s.d.selectPools(req.Msg.Key)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	resp := &rochev1.PoolDrainResponse{}
+	var errs []error
+	for _, p := range ps {
+		n, err := p.Drain(ctx)
+		resp.Destroyed += int32(n)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, rpcError(err)
+	}
+	resp.Pools = poolsToProto(ps)
+	return connect.NewResponse(resp), nil
+}
+
+func (s *service) ListProviders(_ context.Context, _ *connect.Request[rochev1.ListProvidersRequest]) (*connect.Response[rochev1.ListProvidersResponse], error) {
+	resp := &rochev1.ListProvidersResponse{}
+	for _, n := range s.d.names {
+		resp.Providers = append(resp.Providers, &rochev1.ProviderInfo{Name: n, Capabilities: capsToProto(s.d.providers[n].Capabilities())})
+	}
+	return connect.NewResponse(resp), nil
+}

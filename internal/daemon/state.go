@@ -1,0 +1,127 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// kind is what a tracked sandbox is to the daemon.
+type kind string
+
+const (
+	// kindPooled: idle in a warm pool, nobody's yet. After a crash it is a leftover and
+	// is destroyed.
+	kindPooled kind = "pooled"
+	// kindClient: handed to a client, kept until destroyed or expired.
+	kindClient kind = "client"
+	// kindDestroying: destroy was requested and the removal is pending or failed; the
+	// reaper retries it, and a restart finishes it.
+	kindDestroying kind = "destroying"
+)
+
+// record is what the daemon knows of one sandbox. The persisted fields are exactly what
+// a restarted daemon needs to keep serving the sandbox as before.
+type record struct {
+	ID        string    `json:"id"`
+	Provider  string    `json:"provider"`
+	Image     string    `json:"image"`
+	Kind      kind      `json:"kind"`
+	Pool      string    `json:"pool,omitempty"` // the pool it came from, for pooled and claimed ones
+	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is the expiry the daemon enforces. For a sandbox from the pool it is
+	// earlier than the one the provider knows (the pool made it to last longer).
+	ExpiresAt time.Time `json:"expires_at"`
+	// Env and Workdir are applied to each command: a pooled sandbox was made before the
+	// client's create named them.
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	Paused  bool              `json:"paused,omitempty"`
+
+	// Foreign: found on the engine, not made by this daemon (the direct-mode CLI, another
+	// daemon). It is reaped at its expiry but not counted against --max-sandboxes and
+	// not persisted: the next start-up finds it again.
+	foreign bool
+	// since is when the daemon started tracking it, so that a reconcile does not drop a
+	// record made after its listing was taken.
+	since time.Time
+	// removing: a destroy is in flight.
+	removing bool
+}
+
+// stateFile is the on-disk form.
+type stateFile struct {
+	Version   int       `json:"version"`
+	Sandboxes []*record `json:"sandboxes"`
+}
+
+const stateVersion = 1
+
+// store persists records atomically (write a temporary file, rename it over the old).
+// It does not fsync: the failure it guards against is the daemon dying (kill -9, a
+// crash), after which the kernel still writes the file out; a host crash takes every
+// sandbox down with it, leaving nothing to recover.
+type store struct {
+	path string
+
+	mu      sync.Mutex
+	written uint64 // sequence number of the snapshot on disk
+}
+
+func (s *store) load() ([]*record, error) {
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading state %s: %w", s.path, err)
+	}
+	var f stateFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("reading state %s: %w (move it aside to start afresh; roche gc removes what it described)", s.path, err)
+	}
+	if f.Version != stateVersion {
+		return nil, fmt.Errorf("state %s has version %d, this roched reads %d", s.path, f.Version, stateVersion)
+	}
+	return f.Sandboxes, nil
+}
+
+// save writes snapshot seq unless a newer one is already on disk, so that concurrent
+// savers cannot put an older state back.
+func (s *store) save(seq uint64, recs []*record) error {
+	b, err := json.Marshal(stateFile{Version: stateVersion, Sandboxes: recs})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq <= s.written {
+		return nil
+	}
+	dir := filepath.Dir(s.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".roched-state-*")
+	if err != nil {
+		return fmt.Errorf("writing state: %w", err)
+	}
+	_, err = tmp.Write(b)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), s.path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("writing state %s: %w", s.path, err)
+	}
+	s.written = seq
+	return nil
+}
