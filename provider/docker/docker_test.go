@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -21,6 +23,13 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	cleanup()
+	if code == 0 {
+		// Every exec, copy and attach must have let go of its goroutines.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
