@@ -267,7 +267,7 @@ func (c *Client) WaitReady(ctx context.Context) error {
 			return fmt.Errorf("the sandbox agent did not answer: %w", err)
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 50*time.Millisecond)
+		delay = min(delay*2, 5*time.Millisecond)
 	}
 }
 
