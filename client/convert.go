@@ -7,13 +7,13 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 )
 
-// configToProto sends every field explicitly, so the daemon's zero-means-default rule
-// never changes what the caller asked for.
+// configToProto sends every field explicitly, so the daemon's defaults for fields left
+// out never replace what the caller asked for (a zero cpus is refused, not defaulted).
 func configToProto(cfg roche.Config) *rochev1.SandboxConfig {
 	pb := &rochev1.SandboxConfig{
-		Image: cfg.Image, Network: cfg.Network, Writable: cfg.Writable, TimeoutSecs: clampInt32(cfg.TimeoutSecs),
-		Memory: cfg.Memory, Cpus: cfg.CPUs, PidsLimit: clampInt32(cfg.PidsLimit), Env: cfg.Env,
-		Workdir: cfg.Workdir, User: cfg.User,
+		Image: &cfg.Image, Network: cfg.Network, Writable: cfg.Writable, TimeoutSecs: ptr(clampInt32(cfg.TimeoutSecs)),
+		Memory: &cfg.Memory, Cpus: &cfg.CPUs, PidsLimit: ptr(clampInt32(cfg.PidsLimit)), Env: cfg.Env,
+		Workdir: cfg.Workdir, User: &cfg.User,
 	}
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
@@ -67,3 +67,5 @@ func resultFromProto(pb *rochev1.ExecResult) roche.ExecResult {
 		TimedOut: pb.TimedOut, Truncated: pb.Truncated, OOMKilled: pb.OomKilled, Duration: d,
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -57,31 +57,31 @@ func rpcError(err error) error {
 	return e
 }
 
-// configFromProto fills a roche.Config, zero fields taking the secure defaults.
+// configFromProto fills a roche.Config, fields left out taking the secure defaults.
 func configFromProto(pb *rochev1.SandboxConfig) roche.Config {
 	cfg := roche.DefaultConfig()
 	if pb == nil {
 		return cfg
 	}
-	if pb.Image != "" {
-		cfg.Image = pb.Image
+	if pb.Image != nil {
+		cfg.Image = *pb.Image
 	}
 	cfg.Network = pb.Network
 	cfg.Writable = pb.Writable
-	if pb.TimeoutSecs != 0 {
-		cfg.TimeoutSecs = int(pb.TimeoutSecs)
+	if pb.TimeoutSecs != nil {
+		cfg.TimeoutSecs = int(*pb.TimeoutSecs)
 	}
-	if pb.Memory != "" {
-		cfg.Memory = pb.Memory
+	if pb.Memory != nil {
+		cfg.Memory = *pb.Memory
 	}
-	if pb.Cpus != 0 {
-		cfg.CPUs = pb.Cpus
+	if pb.Cpus != nil {
+		cfg.CPUs = *pb.Cpus
 	}
-	if pb.PidsLimit != 0 {
-		cfg.PidsLimit = int(pb.PidsLimit)
+	if pb.PidsLimit != nil {
+		cfg.PidsLimit = int(*pb.PidsLimit)
 	}
-	if pb.User != "" {
-		cfg.User = pb.User
+	if pb.User != nil {
+		cfg.User = *pb.User
 	}
 	if len(pb.Env) > 0 {
 		cfg.Env = pb.Env

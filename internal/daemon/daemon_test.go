@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
@@ -57,6 +58,12 @@ func TestConnectJSON(t *testing.T) {
 	res, _ := out["result"].(map[string]any)
 	if code != 200 || res["stdout"] != "aGVsbG8gY3VybAo=" { // base64 of "hello curl\n": output is bytes
 		t.Fatalf("Exec: HTTP %d %v", code, out)
+	}
+
+	// Fields given are used as given: a zero cpus is refused, not defaulted.
+	code, out = postJSON(t, hc, "http://roched", "Create", `{"config": {"image": "`+testImage()+`", "cpus": 0}}`)
+	if code != 400 || out["code"] != "invalid_argument" || !strings.Contains(out["message"].(string), "cpus is 0") {
+		t.Fatalf("zero cpus: HTTP %d %v", code, out)
 	}
 
 	// Errors come back as Connect's JSON error with the core's message.
@@ -105,7 +112,7 @@ func TestGRPCExecStream(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	ctx := ctxFor(t, 2*time.Minute)
 
-	cresp, err := rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Config: &rochev1.SandboxConfig{Image: testImage()}}))
+	cresp, err := rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Config: &rochev1.SandboxConfig{Image: proto.String(testImage())}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +177,7 @@ func TestErrorCodes(t *testing.T) {
 		cfg := pyConfig()
 		mod(&cfg)
 		return &rochev1.CreateRequest{Config: &rochev1.SandboxConfig{
-			Image: cfg.Image, Memory: cfg.Memory, TimeoutSecs: int32(cfg.TimeoutSecs), Workdir: cfg.Workdir,
+			Image: &cfg.Image, Memory: &cfg.Memory, TimeoutSecs: proto.Int32(int32(cfg.TimeoutSecs)), Workdir: cfg.Workdir,
 		}}
 	}
 	cases := []struct {
@@ -200,7 +207,7 @@ func TestErrorCodes(t *testing.T) {
 			return err
 		}, connect.CodeInvalidArgument, `unknown provider "vmware": this daemon serves docker`},
 		{"image missing", func() error {
-			_, err := rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Config: &rochev1.SandboxConfig{Image: "roche/no-such-image:none"}}))
+			_, err := rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Config: &rochev1.SandboxConfig{Image: proto.String("roche/no-such-image:none")}}))
 			return err
 		}, connect.CodeFailedPrecondition, "scripts/build-test-image.sh"},
 		{"empty command", func() error {

@@ -208,21 +208,23 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
-// SandboxConfig mirrors roche.Config. Zero fields take the secure defaults (timeout
-// 300 s, memory 512m, 1 CPU, 64 processes, user 65534:65534, no network, read-only).
+// SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
+// python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user 65534:65534,
+// no network, read-only root); fields given, even as zero or empty, are used as given,
+// so a zero cpus is refused rather than silently replaced.
 type SandboxConfig struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Image         *string                `protobuf:"bytes,1,opt,name=image,proto3,oneof" json:"image,omitempty"`
 	Network       bool                   `protobuf:"varint,2,opt,name=network,proto3" json:"network,omitempty"`
 	Writable      bool                   `protobuf:"varint,3,opt,name=writable,proto3" json:"writable,omitempty"`
-	TimeoutSecs   int32                  `protobuf:"varint,4,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
-	Memory        string                 `protobuf:"bytes,5,opt,name=memory,proto3" json:"memory,omitempty"`
-	Cpus          float64                `protobuf:"fixed64,6,opt,name=cpus,proto3" json:"cpus,omitempty"`
-	PidsLimit     int32                  `protobuf:"varint,7,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	TimeoutSecs   *int32                 `protobuf:"varint,4,opt,name=timeout_secs,json=timeoutSecs,proto3,oneof" json:"timeout_secs,omitempty"`
+	Memory        *string                `protobuf:"bytes,5,opt,name=memory,proto3,oneof" json:"memory,omitempty"`
+	Cpus          *float64               `protobuf:"fixed64,6,opt,name=cpus,proto3,oneof" json:"cpus,omitempty"`
+	PidsLimit     *int32                 `protobuf:"varint,7,opt,name=pids_limit,json=pidsLimit,proto3,oneof" json:"pids_limit,omitempty"`
 	Env           map[string]string      `protobuf:"bytes,8,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Mounts        []*Mount               `protobuf:"bytes,9,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	Workdir       string                 `protobuf:"bytes,10,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	User          string                 `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
+	User          *string                `protobuf:"bytes,11,opt,name=user,proto3,oneof" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,8 +260,8 @@ func (*SandboxConfig) Descriptor() ([]byte, []int) {
 }
 
 func (x *SandboxConfig) GetImage() string {
-	if x != nil {
-		return x.Image
+	if x != nil && x.Image != nil {
+		return *x.Image
 	}
 	return ""
 }
@@ -279,29 +281,29 @@ func (x *SandboxConfig) GetWritable() bool {
 }
 
 func (x *SandboxConfig) GetTimeoutSecs() int32 {
-	if x != nil {
-		return x.TimeoutSecs
+	if x != nil && x.TimeoutSecs != nil {
+		return *x.TimeoutSecs
 	}
 	return 0
 }
 
 func (x *SandboxConfig) GetMemory() string {
-	if x != nil {
-		return x.Memory
+	if x != nil && x.Memory != nil {
+		return *x.Memory
 	}
 	return ""
 }
 
 func (x *SandboxConfig) GetCpus() float64 {
-	if x != nil {
-		return x.Cpus
+	if x != nil && x.Cpus != nil {
+		return *x.Cpus
 	}
 	return 0
 }
 
 func (x *SandboxConfig) GetPidsLimit() int32 {
-	if x != nil {
-		return x.PidsLimit
+	if x != nil && x.PidsLimit != nil {
+		return *x.PidsLimit
 	}
 	return 0
 }
@@ -328,8 +330,8 @@ func (x *SandboxConfig) GetWorkdir() string {
 }
 
 func (x *SandboxConfig) GetUser() string {
-	if x != nil {
-		return x.User
+	if x != nil && x.User != nil {
+		return *x.User
 	}
 	return ""
 }
@@ -2578,24 +2580,30 @@ var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n" +
-	"\rSandboxConfig\x12\x14\n" +
-	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x03\n" +
+	"\rSandboxConfig\x12\x19\n" +
+	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
-	"\bwritable\x18\x03 \x01(\bR\bwritable\x12!\n" +
-	"\ftimeout_secs\x18\x04 \x01(\x05R\vtimeoutSecs\x12\x16\n" +
-	"\x06memory\x18\x05 \x01(\tR\x06memory\x12\x12\n" +
-	"\x04cpus\x18\x06 \x01(\x01R\x04cpus\x12\x1d\n" +
+	"\bwritable\x18\x03 \x01(\bR\bwritable\x12&\n" +
+	"\ftimeout_secs\x18\x04 \x01(\x05H\x01R\vtimeoutSecs\x88\x01\x01\x12\x1b\n" +
+	"\x06memory\x18\x05 \x01(\tH\x02R\x06memory\x88\x01\x01\x12\x17\n" +
+	"\x04cpus\x18\x06 \x01(\x01H\x03R\x04cpus\x88\x01\x01\x12\"\n" +
 	"\n" +
-	"pids_limit\x18\a \x01(\x05R\tpidsLimit\x122\n" +
+	"pids_limit\x18\a \x01(\x05H\x04R\tpidsLimit\x88\x01\x01\x122\n" +
 	"\x03env\x18\b \x03(\v2 .roche.v1.SandboxConfig.EnvEntryR\x03env\x12'\n" +
 	"\x06mounts\x18\t \x03(\v2\x0f.roche.v1.MountR\x06mounts\x12\x18\n" +
 	"\aworkdir\x18\n" +
-	" \x01(\tR\aworkdir\x12\x12\n" +
-	"\x04user\x18\v \x01(\tR\x04user\x1a6\n" +
+	" \x01(\tR\aworkdir\x12\x17\n" +
+	"\x04user\x18\v \x01(\tH\x05R\x04user\x88\x01\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"V\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
+	"\x06_imageB\x0f\n" +
+	"\r_timeout_secsB\t\n" +
+	"\a_memoryB\a\n" +
+	"\x05_cpusB\r\n" +
+	"\v_pids_limitB\a\n" +
+	"\x05_user\"V\n" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
@@ -2927,6 +2935,7 @@ func file_roche_v1_sandbox_proto_init() {
 	if File_roche_v1_sandbox_proto != nil {
 		return
 	}
+	file_roche_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
 	file_roche_v1_sandbox_proto_msgTypes[5].OneofWrappers = []any{}
 	file_roche_v1_sandbox_proto_msgTypes[7].OneofWrappers = []any{}
 	file_roche_v1_sandbox_proto_msgTypes[11].OneofWrappers = []any{

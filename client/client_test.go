@@ -1,0 +1,136 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/providertest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func testImage() string {
+	if img := os.Getenv("ROCHE_TEST_IMAGE"); img != "" {
+		return img
+	}
+	return "roche/python:local"
+}
+
+// serve runs a daemon in-process with the real Docker provider and a pool for the test
+// image, and returns a client of it.
+func serve(t *testing.T) (*client.Client, *docker.Provider) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	dp, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := dp.Ping(ctx); err != nil {
+		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
+	}
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=2&max=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(dir, "roched.sock")
+	d, err := daemon.New(daemon.Config{Socket: socket, Pools: []pool.Spec{spec}}, map[string]roche.Provider{"docker": dp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.WithSocket(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		if err := d.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+		dp.Close()
+	})
+	return c, dp
+}
+
+// TestConformance runs the provider conformance suite through the daemon: the client is
+// a roche.Provider like any other, and every security claim holds in sandboxes served
+// from the warm pool (env and workdir applied at exec time) as in cold ones.
+func TestConformance(t *testing.T) {
+	c, _ := serve(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.PoolWarmup(ctx, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	cfg := roche.DefaultConfig()
+	cfg.Image = testImage()
+	providertest.Run(t, c.Provider("docker"), providertest.Options{Config: cfg})
+	st, err := c.PoolStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0].Hits == 0 {
+		t.Errorf("no create of the suite was served from the pool: %v", st[0])
+	}
+	t.Logf("pool: %d hits, %d misses", st[0].Hits, st[0].Misses)
+}
+
+func TestUnreachable(t *testing.T) {
+	c, err := client.New(client.WithSocket(filepath.Join(t.TempDir(), "none.sock")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	_, err = c.Health(ctx)
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "roche daemon start") {
+		t.Fatalf("health: %v", err)
+	}
+	_, err = c.Provider("docker").Create(ctx, roche.DefaultConfig())
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "roched is not answering") {
+		t.Fatalf("create: %v", err)
+	}
+	if _, err := client.New(client.WithAddress("127.0.0.1:80")); !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Fatalf("address without a scheme: %v", err)
+	}
+}
+
+func TestDefaultSocket(t *testing.T) {
+	t.Setenv("ROCHE_SOCKET", "")
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+	if got := client.DefaultSocket(); got != "/run/user/1000/roche/roched.sock" {
+		t.Fatalf("with XDG_RUNTIME_DIR: %s", got)
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	t.Setenv("HOME", "/home/ada")
+	if got := client.DefaultSocket(); got != "/home/ada/.roche/roched.sock" {
+		t.Fatalf("with HOME: %s", got)
+	}
+	t.Setenv("ROCHE_SOCKET", "/tmp/r.sock")
+	if got := client.DefaultSocket(); got != "/tmp/r.sock" {
+		t.Fatalf("with ROCHE_SOCKET: %s", got)
+	}
+	if got := client.StateFile("/tmp/r.sock"); got != "/tmp/r.state.json" {
+		t.Fatalf("state file: %s", got)
+	}
+}
