@@ -39,6 +39,7 @@ type env struct {
 	getenv         func(string) string
 	log            *slog.Logger
 	providers      *registry
+	daemon         *daemonLink // roched, used when it answers (daemon.go)
 }
 
 // Main runs the roche command with args (without the program name) and returns the
@@ -57,6 +58,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	defer stop()
 
 	root := e.rootCommand()
+	defer e.daemon.close()
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -102,7 +104,9 @@ Providers: docker (default; ROCHE_PROVIDER overrides) and wasm (no dependencies)
 	root.AddCommand(
 		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
+		e.daemonCommand(), e.poolCommand(),
 	)
+	e.addDaemonFlags(root)
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

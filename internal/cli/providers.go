@@ -36,6 +36,9 @@ type registry struct {
 	log  *slog.Logger
 	mu   sync.Mutex
 	open map[string]roche.Provider
+	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
+	// which is then used instead of opening the provider in-process.
+	remote func(name string) roche.Provider
 }
 
 func newRegistry(l *slog.Logger) *registry {
@@ -47,6 +50,12 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	defer r.mu.Unlock()
 	if p, ok := r.open[name]; ok {
 		return p, nil
+	}
+	if r.remote != nil {
+		if p := r.remote(name); p != nil {
+			r.open[name] = p
+			return p, nil
+		}
 	}
 	f, ok := factories[name]
 	if !ok {
