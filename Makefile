@@ -13,9 +13,12 @@ test:
 	bash scripts/test.sh
 
 # Medians and ratios against baselines measured in the same run (needs Docker and the
-# test image; make test sets both up).
+# test image; make test sets both up): exec and files through roche-agent, then roched
+# (bench/daemon: pool hit, pooled cycle, cold create, load; shorter with
+# BENCH_FLAGS='-n 10 -duration 10s').
 bench:
 	go run ./bench/exec
+	go run ./bench/daemon $(BENCH_FLAGS)
 
 vet:
 	gofmt -l $$(git ls-files '*.go') | (! grep .)

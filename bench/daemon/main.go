@@ -1,0 +1,471 @@
+// Command bench measures roched against baselines taken in the same run, on this
+// machine: the seeds' raw `docker run` wrapper, and a bare Engine API create+start of
+// the same container. It prints percentiles and ratios; it asserts nothing about speed.
+// It fails (exit 1) only if an operation errs or a container is left behind.
+//
+//	make bench                    (or: go run ./bench/daemon)
+//	go run ./bench/daemon -n 50 -duration 10s
+//
+// Every container it makes uses an image tag of its own (roche/python:bench-XXXX) so
+// that the leak check at the end is exact whatever else runs on the engine.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	dockerclient "github.com/docker/docker/client"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+var (
+	baseImage   = flag.String("image", "roche/python:local", "image to run (built by scripts/build-test-image.sh)")
+	n           = flag.Int("n", 30, "samples per measurement")
+	clients     = flag.Int("clients", 50, "concurrent clients in the load test (0 skips it)")
+	duration    = flag.Duration("duration", 60*time.Second, "length of the load test")
+	poolMin     = flag.Int("pool-min", 4, "idle sandboxes the pool keeps")
+	poolMax     = flag.Int("pool-max", 8, "most idle sandboxes the pool keeps")
+	concurrency = flag.Int("pool-concurrency", 2, "the pool's concurrent creations")
+	verbose     = flag.Bool("v", false, "log the daemon at debug level to stderr")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+var hello = []string{"python3", "-c", "print('hello')"}
+
+func run() error {
+	ctx := context.Background()
+	if *n < 1 {
+		return errors.New("-n must be at least 1")
+	}
+	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	defer dc.Close()
+	if _, err := dc.Ping(ctx); err != nil {
+		return fmt.Errorf("the Docker engine does not answer (%v): start it (make test does)", err)
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	img := "roche/python:bench-" + hex.EncodeToString(b)
+	if err := dc.ImageTag(ctx, *baseImage, img); err != nil {
+		return fmt.Errorf("tagging %s: %v (scripts/build-test-image.sh builds it)", *baseImage, err)
+	}
+	defer dc.ImageRemove(context.Background(), img, image.RemoveOptions{})
+
+	agentNote, cleanupAgent, err := setupAgent()
+	if err != nil {
+		return err
+	}
+	defer cleanupAgent()
+
+	logLevel := slog.LevelWarn
+	if *verbose {
+		logLevel = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
+	dp, err := docker.New(docker.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+
+	dir, err := os.MkdirTemp("", "rbench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	socket := filepath.Join(dir, "roched.sock")
+	spec, err := pool.ParseSpec(fmt.Sprintf("docker/%s?min=%d&max=%d", img, *poolMin, *poolMax))
+	if err != nil {
+		return err
+	}
+	d, err := daemon.New(daemon.Config{
+		Socket: socket, Pools: []pool.Spec{spec}, PoolConcurrency: *concurrency, MaxSandboxes: 4 * max(*clients, 25),
+	}, map[string]roche.Provider{"docker": dp}, daemon.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		return d.Shutdown(sctx)
+	}
+	defer stop()
+	c, err := client.New(client.WithSocket(socket))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	p := c.Provider("docker")
+
+	cfg := roche.DefaultConfig()
+	cfg.Image = img
+	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d concurrency=%d\n",
+		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *concurrency)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	if _, err := c.PoolWarmup(wctx, "", 0); err != nil {
+		cancel()
+		return fmt.Errorf("warming the pool: %w", err)
+	}
+	cancel()
+	// Warm every path once (connections, page cache) before measuring.
+	if _, err := rawDockerRun(ctx, img); err != nil {
+		return err
+	}
+	if _, _, err := pooledCycle(ctx, c, p, cfg); err != nil {
+		return err
+	}
+
+	var raw, cycle, hit, execOnly, cold, direct, bare []time.Duration
+	var misses int
+	for i := 0; i < *n; i++ {
+		// Interleaved so that baseline and daemon share the machine's conditions.
+		dur, err := rawDockerRun(ctx, img)
+		if err != nil {
+			return err
+		}
+		raw = append(raw, dur)
+
+		if err := waitIdle(ctx, c); err != nil {
+			return err
+		}
+		dur, pooled, err := pooledCycle(ctx, c, p, cfg)
+		if err != nil {
+			return err
+		}
+		if !pooled {
+			misses++
+		}
+		cycle = append(cycle, dur)
+
+		if err := waitIdle(ctx, c); err != nil {
+			return err
+		}
+		start := time.Now()
+		sb, pooled, err := c.Create(ctx, "docker", cfg)
+		if err != nil {
+			return err
+		}
+		hitDur := time.Since(start)
+		if !pooled {
+			misses++
+		}
+		hit = append(hit, hitDur)
+		start = time.Now()
+		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
+		if err != nil || res.Stdout != "hello\n" {
+			return fmt.Errorf("exec: %+v %v", res, err)
+		}
+		execOnly = append(execOnly, time.Since(start))
+		if err := p.Destroy(ctx, sb.ID); err != nil {
+			return err
+		}
+
+		// Cold creates are measured on a quiet engine: the pool settled, removals done.
+		if err := waitSettled(ctx, c, dc, img, sb.ID); err != nil {
+			return err
+		}
+		coldCfg := cfg
+		coldCfg.Memory = "511m" // the pool serves 512m only: this one is made for the request
+		start = time.Now()
+		sb, pooled, err = c.Create(ctx, "docker", coldCfg)
+		if err != nil {
+			return err
+		}
+		if pooled {
+			return errors.New("a create with other memory was served from the pool")
+		}
+		cold = append(cold, time.Since(start))
+		if err := p.Destroy(ctx, sb.ID); err != nil {
+			return err
+		}
+
+		if err := waitSettled(ctx, c, dc, img, sb.ID); err != nil {
+			return err
+		}
+		// The same cold create with the provider in this process: the daemon's own share
+		// of a cold create is the difference.
+		start = time.Now()
+		dsb, err := dp.Create(ctx, coldCfg)
+		if err != nil {
+			return err
+		}
+		direct = append(direct, time.Since(start))
+		if err := dp.Destroy(ctx, dsb.ID); err != nil {
+			return err
+		}
+
+		dur, err = bareCreateStart(ctx, dc, img)
+		if err != nil {
+			return err
+		}
+		bare = append(bare, dur)
+	}
+
+	fmt.Printf("\n%-76s %10s %10s %10s\n", "measurement", "p50", "p90", "max")
+	row := func(name string, ds []time.Duration) {
+		fmt.Printf("%-76s %10s %10s %10s\n", name, ms(pct(ds, 50)), ms(pct(ds, 90)), ms(pct(ds, 100)))
+	}
+	row("raw `docker run --rm --network=none --read-only ...` wrapper (baseline)", raw)
+	row("pooled create + exec print('hello') + destroy, Go client over the socket", cycle)
+	row("pool hit: Create alone", hit)
+	row("exec print('hello') in a warm sandbox, through roched", execOnly)
+	row("cold create through roched", cold)
+	row("cold create, Docker provider in-process (no daemon)", direct)
+	row("bare Engine API create+start of the same container (baseline)", bare)
+	fmt.Printf("\nratios of p50s (the issue's targets in brackets):\n")
+	fmt.Printf("  raw docker run / pooled cycle    %6.1fx  [>= 8x, cycle <= 20 ms]\n", ratio(raw, cycle))
+	fmt.Printf("  pool hit                         %7s  [<= 2 ms]\n", ms(pct(hit, 50)))
+	fmt.Printf("  cold create / bare create+start  %6.2fx  [<= 1.2x]\n", ratio(cold, bare))
+	fmt.Printf("  cold create / in-process create  %6.2fx  (the daemon's share of a cold create)\n", ratio(cold, direct))
+	if misses > 0 {
+		fmt.Printf("  note: %d of the pooled creates missed the pool and went cold\n", misses)
+	}
+
+	var loadErr error
+	if *clients > 0 {
+		loadErr = loadTest(ctx, c, p, cfg)
+	}
+	if err := stop(); err != nil {
+		return err
+	}
+	left, err := containersOf(ctx, dc, img)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nleft behind after roched's shutdown: %d containers\n", len(left))
+	if len(left) > 0 {
+		for _, id := range left {
+			dc.ContainerRemove(context.Background(), id, container.RemoveOptions{Force: true})
+		}
+		return fmt.Errorf("%d containers were left behind", len(left))
+	}
+	return loadErr
+}
+
+// setupAgent builds roche-agent (unless ROCHE_AGENT names one), so the Docker provider
+// runs commands through the agent as it does in production.
+func setupAgent() (string, func(), error) {
+	if p := os.Getenv("ROCHE_AGENT"); p != "" {
+		return "transport agent (" + p + ")", func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "rbench-agent")
+	if err != nil {
+		return "", nil, err
+	}
+	out, err := testenv.BuildAgent(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		// Measure anyway, and say so: the daemon's figures still mean something.
+		first, _, _ := strings.Cut(strings.TrimSpace(err.Error()), "\n")
+		return "transport docker-exec (" + first + ")", func() {}, nil
+	}
+	os.Setenv("ROCHE_AGENT", out)
+	return "transport agent (built from ./cmd/roche-agent)", func() { os.RemoveAll(dir) }, nil
+}
+
+// rawDockerRun is the seeds' wrapper: one docker run per command.
+func rawDockerRun(ctx context.Context, img string) (time.Duration, error) {
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network=none", "--read-only", "--memory=512m",
+		"--cpus=1", "--security-opt=no-new-privileges", "--pids-limit=64", "--label", "roche.managed=true",
+		img, "python3", "-c", "print('hello')").Output()
+	d := time.Since(start)
+	if err != nil || string(out) != "hello\n" {
+		return 0, fmt.Errorf("docker run: %q %v", out, err)
+	}
+	return d, nil
+}
+
+func pooledCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.Config) (time.Duration, bool, error) {
+	start := time.Now()
+	sb, pooled, err := c.Create(ctx, "docker", cfg)
+	if err != nil {
+		return 0, false, err
+	}
+	res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
+	if err != nil || res.Stdout != "hello\n" {
+		return 0, false, fmt.Errorf("exec: %+v %v", res, err)
+	}
+	if err := p.Destroy(ctx, sb.ID); err != nil {
+		return 0, false, err
+	}
+	return time.Since(start), pooled, nil
+}
+
+// waitIdle waits, untimed, until the pool has a sandbox ready.
+func waitIdle(ctx context.Context, c *client.Client) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		st, err := c.PoolStatus(ctx)
+		if err != nil {
+			return err
+		}
+		if st[0].Idle > 0 {
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return errors.New("the pool did not refill within a minute")
+}
+
+// waitSettled waits, untimed, until the pool is full with nothing in flight and the
+// sandbox destroyed last is gone from the engine, so that a measurement does not share
+// the engine with background work.
+func waitSettled(ctx context.Context, c *client.Client, dc *dockerclient.Client, img, destroyed string) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		st, err := c.PoolStatus(ctx)
+		if err != nil {
+			return err
+		}
+		_, ierr := dc.ContainerInspect(ctx, destroyed)
+		if int(st[0].Idle) >= *poolMin && st[0].Creating == 0 && ierr != nil {
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return errors.New("the pool did not settle within a minute")
+}
+
+// bareCreateStart times a create+start straight on the Engine API with the settings
+// the Docker provider uses (without its agent), then removes the container untimed.
+func bareCreateStart(ctx context.Context, dc *dockerclient.Client, img string) (time.Duration, error) {
+	initOn := true
+	pids := int64(64)
+	start := time.Now()
+	resp, err := dc.ContainerCreate(ctx, &container.Config{
+		Image: img, User: "65534:65534", Entrypoint: []string{"sleep"}, Cmd: []string{"300"},
+		Labels: map[string]string{"roche.managed": "true", "roche.provider": "bench"},
+	}, &container.HostConfig{
+		NetworkMode: "none", ReadonlyRootfs: true, AutoRemove: true, Init: &initOn,
+		Tmpfs:   map[string]string{"/tmp": "rw,nosuid,nodev,size=67108864,mode=1777"},
+		CapDrop: []string{"ALL"}, SecurityOpt: []string{"no-new-privileges:true"},
+		LogConfig: container.LogConfig{Type: "none"},
+		Resources: container.Resources{Memory: 512 << 20, MemorySwap: 512 << 20, NanoCPUs: 1e9, PidsLimit: &pids},
+	}, nil, nil, "")
+	if err != nil {
+		return 0, err
+	}
+	err = dc.ContainerStart(ctx, resp.ID, container.StartOptions{})
+	d := time.Since(start)
+	rmErr := dc.ContainerRemove(context.Background(), resp.ID, container.RemoveOptions{Force: true})
+	if err != nil {
+		return 0, err
+	}
+	if rmErr != nil && !strings.Contains(rmErr.Error(), "already in progress") {
+		return 0, rmErr
+	}
+	return d, nil
+}
+
+// loadTest runs create/exec/destroy from many clients at once for a while and reports
+// throughput, latency and errors.
+func loadTest(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.Config) error {
+	fmt.Printf("\nload: %d concurrent clients doing create + exec print('hello') + destroy for %v ...\n", *clients, *duration)
+	var mu sync.Mutex
+	var lat []time.Duration
+	var errs []error
+	var pooled atomic.Int64
+	end := time.Now().Add(*duration)
+	var wg sync.WaitGroup
+	for i := 0; i < *clients; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				d, hit, err := pooledCycle(ctx, c, p, cfg)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					lat = append(lat, d)
+				}
+				mu.Unlock()
+				if hit {
+					pooled.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	total := len(lat) + len(errs)
+	fmt.Printf("  %d cycles (%d from the pool), %.1f cycles/s, p50 %s, p99 %s, errors %d\n",
+		total, pooled.Load(), float64(len(lat))/duration.Seconds(), ms(pct(lat, 50)), ms(pct(lat, 99)), len(errs))
+	if len(errs) > 0 {
+		return fmt.Errorf("%d cycles failed under load, the first: %v", len(errs), errs[0])
+	}
+	return nil
+}
+
+func containersOf(ctx context.Context, dc *dockerclient.Client, img string) ([]string, error) {
+	list, err := dc.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", "roche.managed=true"))})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, c := range list {
+		if c.Image == img {
+			ids = append(ids, c.ID)
+		}
+	}
+	return ids, nil
+}
+
+// pct is the nearest-rank percentile.
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (p*len(s)+99)/100 - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func ratio(a, b []time.Duration) float64 {
+	return float64(pct(a, 50)) / float64(max(pct(b, 50), 1))
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)
+}
