@@ -309,3 +309,13 @@ func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) 
 	}
 	return infoFromProto(resp.Msg.Sandbox), resp.Msg.Pooled, nil
 }
+
+// DestroyAll destroys every sandbox handed to clients (of provider, when given) and
+// returns their ids; the pools' idle sandboxes are left alone.
+func (c *Client) DestroyAll(ctx context.Context, provider string) ([]string, error) {
+	resp, err := c.rpc.Destroy(ctx, connect.NewRequest(&rochev1.DestroyRequest{All: true, Provider: provider}))
+	if err != nil {
+		return nil, c.fromRPC(err)
+	}
+	return resp.Msg.Destroyed, nil
+}

@@ -279,6 +279,20 @@ func (p *Pool) Forget(id string) {
 	}
 }
 
+// IdleIDs lists the idle sandboxes, oldest first.
+func (p *Pool) IdleIDs() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := make([]string, len(p.idle))
+	for i, m := range p.idle {
+		ids[i] = m.info.ID
+	}
+	return ids
+}
+
+// Provider is the backend the pool creates its sandboxes with.
+func (p *Pool) Provider() roche.Provider { return p.provider }
+
 // Discard drops an idle sandbox that vanished behind the pool's back (removed on the
 // engine directly), so it is not handed out dead.
 func (p *Pool) Discard(id string) {

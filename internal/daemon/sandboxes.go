@@ -513,3 +513,33 @@ func (d *Daemon) reconcile(ctx context.Context, startup bool) {
 // forgetInPoolLocked tells the pool a sandbox vanished; the pools take their own lock
 // only, so this is safe under d.mu.
 func (d *Daemon) forgetInPoolLocked(r *record) { d.forgetInPool(r) }
+
+// verifyIdleSoon checks, once the pools' creations in flight have finished, that every
+// idle pooled sandbox still exists, discarding those that do not. A destroy of every
+// sandbox (or a gc) can remove a pool sandbox still being created, which nothing would
+// otherwise notice before handing it out; this keeps the check off the pool-hit path.
+func (d *Daemon) verifyIdleSoon() {
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		deadline := time.Now().Add(2 * time.Minute)
+		for _, pl := range d.pools.Pools() {
+			for pl.Status().Creating > 0 && time.Now().Before(deadline) {
+				select {
+				case <-d.stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			for _, id := range pl.IdleIDs() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := pl.Provider().Inspect(ctx, id)
+				cancel()
+				if errors.Is(err, roche.ErrNotFound) {
+					d.log.Warn("an idle pool sandbox was removed behind the pool's back: discarding it", "id", id)
+					d.forget(id)
+				}
+			}
+		}
+	}()
+}

@@ -157,6 +157,7 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 		if err != nil {
 			return nil, rpcError(err)
 		}
+		defer s.d.verifyIdleSoon()
 		ids = ids[:0]
 		for _, sb := range list {
 			ids = append(ids, sb.ID)
@@ -284,6 +285,9 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 	list, err := s.d.list(ctx, req.Msg.Provider)
 	if err != nil {
 		return nil, rpcError(err)
+	}
+	if !req.Msg.DryRun {
+		defer s.d.verifyIdleSoon()
 	}
 	now := time.Now()
 	resp := &rochev1.GcResponse{}
