@@ -89,6 +89,9 @@ type Daemon struct {
 	sandboxes map[string]*record
 	reserved  int // cold creates admitted and in flight
 	seq       uint64
+	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
+	// that workdir (see prepareWorkdir).
+	workdirs map[string]bool
 
 	removals sync.WaitGroup
 	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
@@ -137,6 +140,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		log:         slog.New(slog.DiscardHandler),
 		store:       &store{path: cfg.StateFile},
 		sandboxes:   map[string]*record{},
+		workdirs:    map[string]bool{},
 		removeSlots: make(chan struct{}, 4),
 		stop:        make(chan struct{}),
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,14 @@ func TestConnectJSON(t *testing.T) {
 		t.Fatalf("Destroy: HTTP %d %v", code, out)
 	}
 	eventually(t, 30*time.Second, "the destroyed sandbox to be removed", func() bool { return td.gone(id) })
+
+	// The same handler speaks gRPC-Web.
+	web := rochev1connect.NewSandboxServiceClient(hc, "http://roched", connect.WithGRPCWeb())
+	pr, err := web.ListProviders(context.Background(), connect.NewRequest(&rochev1.ListProvidersRequest{}))
+	if err != nil || len(pr.Msg.Providers) != 1 || !pr.Msg.Providers[0].Capabilities.Processes ||
+		!strings.HasPrefix(pr.Header().Get("Content-Type"), "application/grpc-web") {
+		t.Fatalf("gRPC-Web ListProviders: %v %v", pr, err)
+	}
 
 	// /healthz and /metrics answer plain GETs.
 	resp, err := hc.Get("http://roched/healthz")
@@ -523,4 +532,54 @@ func connectCode(err error) connect.Code {
 		return ce.Code
 	}
 	return connect.CodeOf(err)
+}
+
+// TestPoolWorkdir: a pooled sandbox was made before the workdir was known. One that
+// exists in the image, or one under /tmp (made on claim), is served from the pool; one
+// that would need the read-only root changed goes cold, where the engine makes it,
+// and later creates asking for it go cold without spending a pooled sandbox.
+func TestPoolWorkdir(t *testing.T) {
+	spec, _ := pool.ParseSpec("docker/" + testImage() + "?min=1")
+	td := startDaemon(t, Config{Pools: []pool.Spec{spec}})
+	ctx := ctxFor(t, 2*time.Minute)
+	st := func() *rochev1.Pool {
+		t.Helper()
+		eventually(t, 30*time.Second, "the pool to refill", func() bool {
+			s, err := td.c.PoolStatus(ctx)
+			return err == nil && s[0].Idle == 1 && s[0].Creating == 0
+		})
+		s, _ := td.c.PoolStatus(ctx)
+		return s[0]
+	}
+	cases := []struct {
+		workdir string
+		pooled  bool
+	}{
+		{"/usr/lib", true}, // in the image
+		{"/tmp/a/b", true}, // made on the sandbox's tmpfs
+		{"/work", false},   // missing from the image: cold
+		{"/work/", false},  // remembered: cold at once
+		{"/tmp/a/b", true}, // under /tmp every sandbox gets its own
+		{"/usr/lib/../lib", true},
+	}
+	for _, c := range cases {
+		before := st()
+		cfg := pyConfig()
+		cfg.Workdir = c.workdir
+		sb, pooled, err := td.c.Create(ctx, "docker", cfg)
+		if err != nil || pooled != c.pooled {
+			t.Fatalf("workdir %s: pooled %v (want %v), %v", c.workdir, pooled, c.pooled, err)
+		}
+		res, err := td.p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"pwd"}})
+		if want := path.Clean(c.workdir) + "\n"; err != nil || res.Stdout != want {
+			t.Fatalf("workdir %s: pwd %+v %v", c.workdir, res, err)
+		}
+		if err := td.p.Destroy(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		after := st()
+		if c.workdir == "/work/" && after.Hits+after.Misses != before.Hits+before.Misses {
+			t.Fatalf("a workdir known not to suit the pool still took from it: %v -> %v", before, after)
+		}
+	}
 }

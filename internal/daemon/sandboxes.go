@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"strings"
 	"time"
 
@@ -153,25 +154,13 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 		}
 	}()
 
-	if pl := d.pools.Match(providerName, cfg); pl != nil {
-		if sb, ok := pl.Acquire(); ok {
-			now := time.Now()
-			expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
-			d.mu.Lock()
-			d.reserved--
-			admitted = false
-			d.sandboxes[sb.ID] = &record{
-				ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(),
-				CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
-			}
-			d.mu.Unlock()
-			// Saved before the client hears of it: a crash now must not destroy it as a leftover.
-			d.saveOrWarn()
-			d.metrics.create.WithLabelValues("pool").Observe(time.Since(start).Seconds())
-			sb.ExpiresAt = expires
-			sb.State = roche.StateRunning
-			return sb, true, nil
-		}
+	if sb, ok := d.fromPool(ctx, providerName, cfg); ok {
+		d.mu.Lock()
+		d.reserved-- // the record just made counts instead
+		admitted = false
+		d.mu.Unlock()
+		d.metrics.create.WithLabelValues("pool").Observe(time.Since(start).Seconds())
+		return sb, true, nil
 	}
 
 	// Not cancelled midway, so a client that goes away cannot leave a half-made sandbox;
@@ -197,6 +186,91 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 	d.saveOrWarn()
 	d.metrics.create.WithLabelValues("cold").Observe(time.Since(start).Seconds())
 	return sb, false, nil
+}
+
+// fromPool hands out a sandbox from the pool matching cfg, if one is ready and can
+// have cfg's workdir, recording it as the client's with its real expiry, env and workdir.
+func (d *Daemon) fromPool(ctx context.Context, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
+	pl := d.pools.Match(providerName, cfg)
+	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) {
+		return roche.SandboxInfo{}, false
+	}
+	sb, ok := pl.Acquire()
+	if !ok {
+		return sb, false
+	}
+	if err := d.prepareWorkdir(ctx, pl, sb.ID, cfg.Workdir); err != nil {
+		// Nothing of the client's ran in it, but it is not what was asked for.
+		d.log.Info("pooled sandbox cannot have the workdir: creating one for it", "workdir", cfg.Workdir, "err", err)
+		d.markDestroying(sb.ID)
+		return roche.SandboxInfo{}, false
+	}
+	now := time.Now()
+	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
+	d.mu.Lock()
+	d.sandboxes[sb.ID] = &record{
+		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(),
+		CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
+	}
+	d.mu.Unlock()
+	// Saved before the client hears of it: a crash now must not destroy it as a leftover.
+	d.saveOrWarn()
+	sb.ExpiresAt = expires
+	sb.State = roche.StateRunning
+	return sb, true
+}
+
+// underTmp: the sandbox's own tmpfs, where a workdir can be made at any time.
+func underTmp(dir string) bool {
+	dir = path.Clean(dir)
+	return dir == "/tmp" || strings.HasPrefix(dir, "/tmp/")
+}
+
+func workdirKey(pl *pool.Pool, dir string) string {
+	return pl.Spec().Key.String() + "\x00" + path.Clean(dir)
+}
+
+// workdirPoolable: a create asking for a workdir that a pooled sandbox was found unable
+// to have (missing from the image, on the read-only root) goes cold without trying.
+func (d *Daemon) workdirPoolable(pl *pool.Pool, dir string) bool {
+	if dir == "" {
+		return true
+	}
+	d.mu.Lock()
+	ok, known := d.workdirs[workdirKey(pl, dir)]
+	d.mu.Unlock()
+	return ok || !known
+}
+
+// prepareWorkdir makes sure a pooled sandbox has the workdir its create asked for. A
+// cold sandbox gets it from the engine, which creates it before the root turns
+// read-only; a pooled one was made before anyone asked, so the directory must exist in
+// the image, or be made now under /tmp. What was learnt about the image is remembered,
+// so each pool and directory pays for the check once (under /tmp: once per sandbox).
+func (d *Daemon) prepareWorkdir(ctx context.Context, pl *pool.Pool, id, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	key := workdirKey(pl, dir)
+	d.mu.Lock()
+	ok := d.workdirs[key]
+	d.mu.Unlock()
+	if ok {
+		return nil
+	}
+	res, err := pl.Provider().Exec(ctx, id, roche.ExecRequest{Cmd: []string{"mkdir", "-p", "--", dir}, Timeout: 10 * time.Second})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("mkdir -p %s exited %d: %s", dir, res.ExitCode, strings.TrimSpace(res.Stderr))
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if !underTmp(dir) {
+		d.mu.Lock()
+		d.workdirs[key] = err == nil
+		d.mu.Unlock()
+	}
+	return err
 }
 
 // exec runs a command, applying what the daemon remembers of the sandbox: the env and
