@@ -583,3 +583,31 @@ func TestPoolWorkdir(t *testing.T) {
 		}
 	}
 }
+
+// TestExecCancelKills: a command lives as long as the call that started it; when the
+// client goes away, the daemon's call is cancelled and the command killed.
+func TestExecCancelKills(t *testing.T) {
+	td := startDaemon(t, Config{})
+	ctx := ctxFor(t, time.Minute)
+	sb, err := td.p.Create(ctx, pyConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	start := time.Now()
+	_, err = td.p.Exec(cctx, sb.ID, roche.ExecRequest{
+		Cmd:    []string{"python3", "-c", "import time; print('started', flush=True); time.sleep(60)", "marker-cancel"},
+		Stdout: &out,
+	})
+	if err == nil || time.Since(start) > 10*time.Second || out.String() != "started\n" {
+		t.Fatalf("cancelled exec: %v after %v, output %q", err, time.Since(start), out.String())
+	}
+	probe := "import os\nfor p in os.listdir('/proc'):\n    try:\n        c = open('/proc/%s/cmdline' % p, 'rb').read()\n    except Exception:\n        continue\n    if b'marker-cancel' in c and b'probe' not in c:\n        print(p)\n"
+	eventually(t, 10*time.Second, "the command to be killed", func() bool {
+		res, err := td.p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", probe, "probe"}})
+		return err == nil && res.ExitCode == 0 && res.Stdout == ""
+	})
+	_ = td.p.Destroy(ctx, sb.ID)
+}
