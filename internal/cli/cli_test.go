@@ -39,7 +39,8 @@ func run(t *testing.T, args ...string) result {
 	return rocheIn(t, "", args...)
 }
 
-// managed counts the containers labelled roche.managed=true, straight from the engine.
+// managed counts the containers labelled roche.managed=true made from this test
+// process's private image tag (see TestMain), straight from the engine.
 func managed(t *testing.T) int {
 	t.Helper()
 	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
@@ -53,7 +54,13 @@ func managed(t *testing.T) int {
 	if err != nil {
 		t.Fatalf("listing containers: %v (the README's test command starts dockerd)", err)
 	}
-	return len(list)
+	n := 0
+	for _, c := range list {
+		if c.Image == testImage() {
+			n++
+		}
+	}
+	return n
 }
 
 func TestRunHello(t *testing.T) {

@@ -1,9 +1,15 @@
 package cli
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/docker/docker/api/types/image"
+	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -24,7 +30,39 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	untag, err := privateImage()
+	if err != nil {
+		cleanup()
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	untag()
 	cleanup()
 	os.Exit(code)
+}
+
+// privateImage points ROCHE_TEST_IMAGE at a tag of the test image that only this test
+// process uses, so that managed() counts exactly the containers these tests made, not
+// those of other packages' tests running on the same engine at the same time.
+func privateImage() (untag func(), err error) {
+	c, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	b := make([]byte, 4)
+	rand.Read(b)
+	tag := "roche/python:cli-test-" + hex.EncodeToString(b)
+	if err := c.ImageTag(context.Background(), testenv.Image(), tag); err != nil {
+		return nil, fmt.Errorf("tagging %s: %v (the README's test command builds it)", testenv.Image(), err)
+	}
+	os.Setenv("ROCHE_TEST_IMAGE", tag)
+	return func() {
+		c, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+		if err == nil {
+			c.ImageRemove(context.Background(), tag, image.RemoveOptions{})
+			c.Close()
+		}
+	}, nil
 }
