@@ -41,8 +41,8 @@ type Config struct {
 	Socket string
 	// Listen, when set ("tcp://127.0.0.1:7878"), also serves on TCP. It needs Token.
 	Listen string
-	// Token, when set, is required as "Authorization: Bearer TOKEN" on every request but
-	// /healthz. TCP is refused without one.
+	// Token is required on TCP as "Authorization: Bearer TOKEN" on every request but
+	// /healthz; TCP is refused without one. The unix socket is guarded by its mode.
 	Token string
 	// StateFile keeps the daemon's sandboxes across restarts; empty means beside the socket.
 	StateFile string
@@ -96,6 +96,10 @@ type Daemon struct {
 	removals sync.WaitGroup
 	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
 	removeSlots chan struct{}
+
+	// recovered: the state file has been read and reconciled, so this daemon owns it
+	// and may write it. A daemon that failed to start must not.
+	recovered bool
 
 	stop     chan struct{}
 	bg       sync.WaitGroup
@@ -199,37 +203,46 @@ func parseListen(s string) (string, error) {
 	return u.Host, nil
 }
 
-// Start reconciles with the providers, starts the pools and the reaper, and serves.
-// It returns once the listeners are open.
+// Start claims the socket, reconciles with the providers, starts the pools and the
+// reaper, and serves. It returns once the listeners are open.
 func (d *Daemon) Start(ctx context.Context) error {
 	d.started = time.Now()
-	if err := d.recover(ctx); err != nil {
-		return err
-	}
+	// The socket is claimed first: a second daemon on it must fail before it reads the
+	// state file, or it would destroy the running daemon's idle pool as leftovers.
 	unixL, err := listenUnix(d.cfg.Socket)
 	if err != nil {
 		return err
 	}
 	listeners := []net.Listener{unixL}
+	closeAll := func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}
 	if d.cfg.Listen != "" {
 		addr, _ := parseListen(d.cfg.Listen)
 		tcpL, err := net.Listen("tcp", addr)
 		if err != nil {
-			unixL.Close()
+			closeAll()
 			return fmt.Errorf("%w: listening on %s: %v", roche.ErrUnavailable, d.cfg.Listen, err)
 		}
 		d.tcpAddr = tcpL.Addr()
 		listeners = append(listeners, tcpL)
+	}
+	// Connections wait in the listeners' backlog until recovery is done.
+	if err := d.recover(ctx); err != nil {
+		closeAll()
+		return err
 	}
 
 	d.pools.Start()
 	d.bg.Add(1)
 	go d.reapLoop()
 
-	handler := d.Handler()
-	for _, l := range listeners {
+	for i, l := range listeners {
 		srv := &http.Server{
-			Handler:           handler,
+			// The unix socket is guarded by its mode (0600, owner only); TCP by the token.
+			Handler:           d.handler(i > 0),
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 		}
@@ -291,9 +304,9 @@ func listenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// Handler is the daemon's HTTP handler: the API, /healthz and /metrics, behind the
-// token check when a token is set.
-func (d *Daemon) Handler() http.Handler {
+// handler is the daemon's HTTP handler: the API, /healthz and /metrics, behind the
+// token check when asked.
+func (d *Daemon) handler(requireToken bool) http.Handler {
 	mux := http.NewServeMux()
 	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d},
 		// Local clients gain nothing from compressing small messages.
@@ -303,7 +316,7 @@ func (d *Daemon) Handler() http.Handler {
 	mux.Handle(path, h)
 	mux.HandleFunc("/healthz", d.healthz)
 	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
-	if d.cfg.Token == "" {
+	if !requireToken {
 		return mux
 	}
 	return d.authenticate(mux)
@@ -372,8 +385,10 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		d.removals.Wait()
-		if err := d.save(); err != nil {
-			errs = append(errs, err)
+		if d.recovered {
+			if err := d.save(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		d.log.Info("roched stopped", "pool_sandboxes_destroyed", n)
 	})

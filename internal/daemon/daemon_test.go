@@ -519,6 +519,13 @@ func TestTCPNeedsToken(t *testing.T) {
 	}
 	http.DefaultClient.CloseIdleConnections()
 
+	// The unix socket, owner-only, needs no token: the CLI there just works.
+	local, _ := client.New(client.WithSocket(td.socket))
+	defer local.Close()
+	if _, err := local.Provider("docker").List(ctx); err != nil {
+		t.Fatalf("unix socket without a token: %v", err)
+	}
+
 	good, _ := client.New(client.WithAddress(addr), client.WithToken("s3cret"))
 	defer good.Close()
 	if _, err := good.Provider("docker").List(ctx); err != nil {

@@ -3,8 +3,10 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -137,5 +139,50 @@ func TestDestroyAllSparesThePool(t *testing.T) {
 	sb, pooled, err := c.Create(ctx, "mem", roche.Config{Image: "img", TimeoutSecs: 10, Memory: "512m", CPUs: 1, PidsLimit: 64, User: "65534:65534"})
 	if err != nil || !pooled || sb.ID == idle[0] {
 		t.Fatalf("create after the removal: %v %v %s", pooled, err, sb.ID)
+	}
+}
+
+// TestSecondDaemonLeavesTheFirstAlone: a second roched on the same socket (and so the
+// same state file) refuses to start before it reads the state, so it cannot mistake
+// the running daemon's idle pool for a crashed daemon's leftovers.
+func TestSecondDaemonLeavesTheFirstAlone(t *testing.T) {
+	mp := &memProvider{live: map[string]roche.SandboxInfo{}}
+	spec, _ := pool.ParseSpec("mem/img?min=1")
+	socket := filepath.Join(shortDir(t), "roched.sock")
+	cfg := Config{Socket: socket, Pools: []pool.Spec{spec}}
+	providers := map[string]roche.Provider{"mem": mp}
+	first, err := New(cfg, providers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t, time.Minute)
+	if err := first.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Shutdown(context.Background())
+	if err := first.pools.Pools()[0].Warmup(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	idle := mp.ids()
+	state, err := os.ReadFile(first.cfg.StateFile)
+	if err != nil || !strings.Contains(string(state), idle[0]) {
+		t.Fatalf("state %s: %v", state, err)
+	}
+
+	second, err := New(cfg, providers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = second.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), "another roched already listens on "+socket) {
+		t.Fatalf("second start: %v", err)
+	}
+	second.Shutdown(context.Background())
+	time.Sleep(50 * time.Millisecond)
+	if got := mp.ids(); !slices.Equal(got, idle) {
+		t.Fatalf("the first daemon's idle sandboxes %v became %v", idle, got)
+	}
+	if now, _ := os.ReadFile(first.cfg.StateFile); string(now) != string(state) {
+		t.Fatalf("the second daemon rewrote the state file:\n%s\nwas\n%s", now, state)
 	}
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -14,17 +15,25 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // TestMain lets the test binary double as roched for the kill -9 test, which needs a
-// real process to kill (ROCHED_TEST_AS_DAEMON=1).
+// real process to kill (ROCHED_TEST_AS_DAEMON=1), and builds roche-agent so sandboxes run
+// as they do in production (the subprocess inherits ROCHE_AGENT).
 func TestMain(m *testing.M) {
 	if os.Getenv("ROCHED_TEST_AS_DAEMON") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	goleak.VerifyTestMain(m)
+	cleanup, err := testenv.SetupAgent()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// goleak exits the process itself; the agent's directory goes first.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { cleanup(); os.Exit(code) }))
 }
 
 func testImage() string {

@@ -514,6 +514,7 @@ func (d *Daemon) recover(ctx context.Context) error {
 		}
 	}
 	d.mu.Unlock()
+	d.recovered = true
 	return d.save()
 }
 
