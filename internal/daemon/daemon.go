@@ -21,6 +21,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -89,6 +90,8 @@ type Daemon struct {
 	sandboxes map[string]*record
 	reserved  int // cold creates admitted and in flight
 	seq       uint64
+	// verifying: a check of the pools' idle sandboxes is pending (verifyIdleSoon).
+	verifying atomic.Bool
 	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
 	// that workdir (see prepareWorkdir).
 	workdirs map[string]bool

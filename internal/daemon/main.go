@@ -123,7 +123,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs := cmd.Flags()
 	fs.StringVar(&f.socket, "socket", client.DefaultSocket(), "unix socket to listen on (env ROCHE_SOCKET)")
 	fs.StringVar(&f.listen, "listen", "", "also listen on TCP, tcp://HOST:PORT; needs a token")
-	fs.StringVar(&f.token, "token", "", "bearer token required of clients (env ROCHE_TOKEN); required with --listen")
+	fs.StringVar(&f.token, "token", "", "bearer token TCP clients must send (env ROCHE_TOKEN); required with --listen")
 	fs.StringVar(&f.state, "state", "", "state file (default: beside the socket, e.g. roched.state.json)")
 	fs.StringVar(&f.config, "config", "", "JSON config file (see above)")
 	fs.StringArrayVar(&f.pools, "pool", nil, "warm pool, PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (repeatable)")

@@ -349,6 +349,8 @@ func (d *Daemon) destroy(ctx context.Context, id string) error {
 		if err != nil {
 			return err
 		}
+		// It may be a pool sandbox still being created (not yet known to the daemon).
+		defer d.verifyIdleSoon()
 		return p.Destroy(ctx, id)
 	case k == kindPooled:
 		return fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
@@ -594,6 +596,9 @@ func (d *Daemon) forgetInPoolLocked(r *record) { d.forgetInPool(r) }
 // sandbox (or a gc) can remove a pool sandbox still being created, which nothing would
 // otherwise notice before handing it out; this keeps the check off the pool-hit path.
 func (d *Daemon) verifyIdleSoon() {
+	if !d.verifying.CompareAndSwap(false, true) {
+		return // one pending check covers every destroy before it starts
+	}
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
@@ -602,10 +607,15 @@ func (d *Daemon) verifyIdleSoon() {
 			for pl.Status().Creating > 0 && time.Now().Before(deadline) {
 				select {
 				case <-d.stop:
+					d.verifying.Store(false)
 					return
 				case <-time.After(50 * time.Millisecond):
 				}
 			}
+		}
+		// From here on a new destroy needs a check of its own.
+		d.verifying.Store(false)
+		for _, pl := range d.pools.Pools() {
 			for _, id := range pl.IdleIDs() {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				_, err := pl.Provider().Inspect(ctx, id)
