@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,12 +15,22 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain builds roche-agent, so sandboxes run as they do in production.
+func TestMain(m *testing.M) {
+	cleanup, err := testenv.SetupAgent()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// goleak exits the process itself; the agent's directory goes first.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { cleanup(); os.Exit(code) }))
+}
 
 func testImage() string {
 	if img := os.Getenv("ROCHE_TEST_IMAGE"); img != "" {
