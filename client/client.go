@@ -194,6 +194,7 @@ var reasons = map[rochev1.ErrorReason]error{
 	rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED:     roche.ErrUnsupported,
 	rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND: roche.ErrImageNotFound,
 	rochev1.ErrorReason_ERROR_REASON_EXHAUSTED:       roche.ErrExhausted,
+	rochev1.ErrorReason_ERROR_REASON_PERMISSION:      roche.ErrPermission,
 }
 
 // byCode is the fallback when a daemon (or a proxy) sent no ErrorDetail.
@@ -204,6 +205,7 @@ var byCode = map[connect.Code]error{
 	connect.CodeDeadlineExceeded:  roche.ErrTimeout,
 	connect.CodeUnimplemented:     roche.ErrUnsupported,
 	connect.CodeResourceExhausted: roche.ErrExhausted,
+	connect.CodePermissionDenied:  roche.ErrPermission,
 }
 
 // fromRPC turns an RPC error back into one that wraps the core's sentinel.

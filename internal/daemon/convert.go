@@ -39,6 +39,8 @@ func rpcError(err error) error {
 		code, reason = connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND
 	case errors.Is(err, roche.ErrNotFound):
 		code, reason = connect.CodeNotFound, rochev1.ErrorReason_ERROR_REASON_NOT_FOUND
+	case errors.Is(err, roche.ErrPermission):
+		code, reason = connect.CodePermissionDenied, rochev1.ErrorReason_ERROR_REASON_PERMISSION
 	case errors.Is(err, roche.ErrUnsupported):
 		code, reason = connect.CodeUnimplemented, rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED
 	case errors.Is(err, roche.ErrUnavailable):

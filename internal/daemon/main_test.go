@@ -101,6 +101,7 @@ func TestRPCErrorMapping(t *testing.T) {
 		{roche.ErrUnsupported, connect.CodeUnimplemented},
 		{roche.ErrImageNotFound, connect.CodeFailedPrecondition},
 		{roche.ErrExhausted, connect.CodeResourceExhausted},
+		{roche.ErrPermission, connect.CodePermissionDenied},
 		{errors.New("engine exploded"), connect.CodeInternal},
 	}
 	for _, c := range cases {
