@@ -1,0 +1,49 @@
+"""Roche's Python SDK: run untrusted, LLM-written code in sandboxes with secure defaults.
+
+    from roche_sandbox import Roche
+    with Roche().create(image="python:3.12-slim") as sandbox:
+        result = sandbox.exec(["python3", "-c", "print('hello')"])
+        print(result.stdout)
+
+Calls go to roched (the daemon, with warm pools) when it answers, else to the roche CLI.
+"""
+
+from ._async import AsyncExecStream, AsyncRoche, AsyncSandbox
+from ._sync import ExecStream, Roche, Sandbox
+from .errors import (
+    ImageNotFound,
+    InvalidConfig,
+    PermissionDenied,
+    ProviderUnavailable,
+    ResourceExhausted,
+    RocheError,
+    SandboxNotFound,
+    SandboxTimeout,
+    Unsupported,
+)
+from .types import DEFAULT_IMAGE, ExecResult, Mount, OutputEvent, SandboxInfo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncExecStream",
+    "AsyncRoche",
+    "AsyncSandbox",
+    "DEFAULT_IMAGE",
+    "ExecResult",
+    "ExecStream",
+    "ImageNotFound",
+    "InvalidConfig",
+    "Mount",
+    "OutputEvent",
+    "PermissionDenied",
+    "ProviderUnavailable",
+    "ResourceExhausted",
+    "Roche",
+    "RocheError",
+    "Sandbox",
+    "SandboxInfo",
+    "SandboxNotFound",
+    "SandboxTimeout",
+    "Unsupported",
+]

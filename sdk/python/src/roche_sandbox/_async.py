@@ -1,0 +1,226 @@
+"""The asyncio API: AsyncRoche, AsyncSandbox and AsyncExecStream, the same surface as the
+synchronous one. Calls run on the event loop (no threads), so many sandboxes can be
+driven at once with asyncio.gather, and cancelling a call cancels it in Roche too."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import AsyncIterator, Mapping, Optional, Sequence, Type, Union
+
+from . import _discovery
+from ._ahttp import AsyncHTTPClient
+from ._atransport import AsyncCLITransport, AsyncDaemonTransport, AsyncTransport
+from ._http import Deadline
+from ._sync import PROBE_TIMEOUT, Choice, remaining_life
+from ._transport import StreamItem
+from .errors import ProviderUnavailable, RocheError
+from .types import ExecRequest, ExecResult, MountLike, OutputEvent, SandboxInfo, make_config, make_exec_request
+
+
+class AsyncRoche:
+    """Creates sandboxes with secure defaults on one provider; see Roche for the rules.
+
+        roche = AsyncRoche()
+        async with (await roche.create()) as sandbox:
+            result = await sandbox.exec(["python3", "-c", code])
+    """
+
+    def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
+                 address: Optional[str] = None, token: Optional[str] = None, cli: Optional[str] = None,
+                 request_timeout: float = 60.0) -> None:
+        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout)
+        self._transport: Optional[AsyncTransport] = None
+        self._choosing: Optional[asyncio.Future[AsyncTransport]] = None
+
+    @property
+    def provider(self) -> str:
+        return self._choice.provider
+
+    async def transport(self) -> str:
+        """"daemon" or "cli": how this AsyncRoche reaches Roche."""
+        return (await self._resolve()).name
+
+    async def _resolve(self) -> AsyncTransport:
+        if self._transport is not None:
+            return self._transport
+        # Concurrent first calls (asyncio.gather) share one probe.
+        if self._choosing is None or self._choosing.get_loop() is not asyncio.get_running_loop():
+            self._choosing = asyncio.ensure_future(self._choose())
+        try:
+            self._transport = await asyncio.shield(self._choosing)
+        except BaseException:
+            if self._choosing.done():
+                self._choosing = None
+            raise
+        return self._transport
+
+    async def _choose(self) -> AsyncTransport:
+        c = self._choice
+        why: Optional[RocheError] = None
+        if c.transport in ("auto", "daemon"):
+            try:
+                health = await AsyncHTTPClient(c.endpoint).health(PROBE_TIMEOUT)
+            except RocheError as e:
+                why = e
+            else:
+                if c.serves(health):
+                    return AsyncDaemonTransport(c.endpoint)
+                why = ProviderUnavailable(
+                    f"roched on {c.endpoint.where} does not serve the {c.provider} provider "
+                    f"(it serves {', '.join(map(str, health.get('providers') or [])) or 'none'})")
+            if c.transport == "daemon":
+                raise c.no_daemon(why)
+        path = _discovery.find_cli(c.cli)
+        if path is None:
+            raise c.no_cli(why.message if why else "transport='cli' was asked for")
+        return AsyncCLITransport(path)
+
+    def _deadline(self) -> Deadline:
+        return Deadline(self._choice.request_timeout)
+
+    async def create(self, image: Optional[str] = None, *, network: bool = False, writable: bool = False,
+                     timeout_secs: int = 300, memory: Union[str, int] = "512m", cpus: float = 1.0,
+                     pids_limit: int = 64, env: Optional[Mapping[str, str]] = None,
+                     mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
+                     user: Optional[str] = None) -> "AsyncSandbox":
+        """Creates a sandbox; see Roche.create."""
+        cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
+                          workdir, user)
+        t = await self._resolve()
+        info = await t.create(self.provider, cfg, self._deadline())
+        return AsyncSandbox(self, t, info)
+
+    async def get(self, sandbox_id: str) -> "AsyncSandbox":
+        """A handle on an existing sandbox; SandboxNotFound when there is none."""
+        t = await self._resolve()
+        return AsyncSandbox(self, t, await t.inspect(sandbox_id, self._deadline()))
+
+    async def list(self) -> list[SandboxInfo]:
+        """This provider's sandboxes (a daemon's idle pooled ones are not listed)."""
+        return await (await self._resolve()).list(self.provider, self._deadline())
+
+    def close(self) -> None:
+        """Releases kept connections. Sandboxes are not destroyed."""
+        if self._transport is not None:
+            self._transport.close()
+
+
+class AsyncSandbox:
+    """A sandbox. As an async context manager it is destroyed on exit, even when the body raises."""
+
+    def __init__(self, roche: AsyncRoche, transport: AsyncTransport, info: SandboxInfo) -> None:
+        self._roche = roche
+        self._t = transport
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def provider(self) -> str:
+        return self.info.provider
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox(id={self.id[:12]!r}, provider={self.provider!r}, image={self.info.image!r})"
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        tb: Optional[TracebackType]) -> None:
+        # Shielded: a cancelled task still destroys its sandbox on the way out.
+        await asyncio.shield(self.destroy())
+
+    def _exec_deadline(self, req: ExecRequest) -> Deadline:
+        run = req.timeout if req.timeout else remaining_life(self.info)
+        if run is None:
+            return Deadline(None)
+        return Deadline(run + self._roche._choice.request_timeout)
+
+    async def exec(self, cmd: Sequence[str], timeout: Optional[float] = None,
+                   stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
+                   workdir: Optional[str] = None) -> ExecResult:
+        """Runs a command and waits for it; see Sandbox.exec."""
+        req = make_exec_request(cmd, timeout, stdin, env, workdir)
+        return await self._t.exec(self.id, req, self._exec_deadline(req))
+
+    def exec_stream(self, cmd: Sequence[str], timeout: Optional[float] = None,
+                    stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
+                    workdir: Optional[str] = None) -> "AsyncExecStream":
+        """Runs a command; ``async for event in stream`` yields its output as produced,
+        then ``stream.result`` is the ExecResult. Leaving early kills the command."""
+        req = make_exec_request(cmd, timeout, stdin, env, workdir)
+        return AsyncExecStream(self._t.exec_stream(self.id, req, self._exec_deadline(req)))
+
+    async def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> None:
+        """Writes data to the absolute sandbox path, replacing it, creating parents."""
+        if isinstance(data, str):
+            data = data.encode()
+        await self._t.write_file(self.id, path, bytes(data), mode, self._roche._deadline())
+
+    async def read_file(self, path: str) -> bytes:
+        """The content of a file in the sandbox."""
+        return await self._t.read_file(self.id, path, self._roche._deadline())
+
+    async def copy_to(self, src: str, dst: str) -> None:
+        """Copies the host file or directory src to the absolute sandbox path dst."""
+        await self._t.copy_to(self.id, src, dst, self._roche._deadline())
+
+    async def copy_from(self, src: str, dst: str) -> None:
+        """Copies the sandbox file or directory src to the host path dst."""
+        await self._t.copy_from(self.id, src, dst, self._roche._deadline())
+
+    async def pause(self) -> None:
+        """Freezes every process in the sandbox."""
+        await self._t.pause(self.id, True, self._roche._deadline())
+
+    async def unpause(self) -> None:
+        """Thaws a paused sandbox."""
+        await self._t.pause(self.id, False, self._roche._deadline())
+
+    async def destroy(self) -> None:
+        """Destroys the sandbox. Destroying one already gone is not an error."""
+        await self._t.destroy(self.id, self._roche._deadline())
+
+
+class AsyncExecStream:
+    """A running command's output events, for ``async for``; ``result`` is set when they end."""
+
+    def __init__(self, items: AsyncIterator[StreamItem]) -> None:
+        self._items = items
+        self.result: Optional[ExecResult] = None
+
+    def __aiter__(self) -> AsyncIterator[OutputEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[OutputEvent]:
+        try:
+            async for item in self._items:
+                if isinstance(item, ExecResult):
+                    self.result = item
+                else:
+                    yield item
+        finally:
+            await self.aclose()
+
+    async def wait(self) -> ExecResult:
+        """Reads the rest of the output and returns the result."""
+        async for _ in self:
+            pass
+        if self.result is None:
+            raise RocheError("the stream was closed before the command ended")
+        return self.result
+
+    async def aclose(self) -> None:
+        """Stops reading; a command still running is killed."""
+        aclose = getattr(self._items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def __aenter__(self) -> "AsyncExecStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,284 @@
+"""The async API's two ways to Roche: roched over asyncio streams, or the roche CLI as an
+asyncio subprocess. Cancelling a call ends it there too (the connection is closed, or
+the CLI is stopped), so a cancelled exec kills its command."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+import time
+from typing import IO, AsyncIterator, Optional, Protocol
+
+from . import _cli, _tarutil, _wire
+from ._ahttp import AsyncHTTPClient, within
+from ._discovery import Endpoint
+from ._http import Deadline
+from ._transport import StreamItem, _provider_of
+from .errors import ProviderUnavailable, RocheError, SandboxNotFound
+from .types import ExecRequest, ExecResult, SandboxConfig, SandboxInfo
+
+
+class AsyncTransport(Protocol):
+    """What an AsyncSandbox needs from its way to Roche."""
+
+    name: str
+
+    async def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo: ...
+    async def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult: ...
+    def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]: ...
+    async def destroy(self, sid: str, d: Deadline) -> None: ...
+    async def inspect(self, sid: str, d: Deadline) -> SandboxInfo: ...
+    async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]: ...
+    async def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
+    async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
+    async def read_file(self, sid: str, path: str, d: Deadline) -> bytes: ...
+    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    def close(self) -> None: ...
+
+
+class AsyncDaemonTransport:
+    """roched's API, the Connect protocol in JSON, over asyncio streams."""
+
+    name = "daemon"
+
+    def __init__(self, ep: Endpoint) -> None:
+        self.http = AsyncHTTPClient(ep)
+
+    def close(self) -> None:
+        self.http.close()
+
+    async def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
+        m = await self.http.unary("Create", _wire.config_request(provider, cfg), d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    async def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
+        m = await self.http.unary("Exec", _wire.exec_request(sid, req), d)
+        return _wire.parse_result(m.get("result", {}))
+
+    async def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]:
+        out = _wire.OutputAssembler()
+        messages = self.http.stream("ExecStream", _wire.envelope(_wire.exec_request(sid, req)), d)
+        try:
+            async for m in messages:
+                event, result = _wire.stream_event(m, out)
+                if event is not None:
+                    yield event
+                if result is not None:
+                    yield result
+                    return
+        finally:
+            await messages.aclose()
+        raise RocheError("roched ended the output stream without a result")
+
+    async def destroy(self, sid: str, d: Deadline) -> None:
+        await self.http.unary("Destroy", {"ids": [sid]}, d)
+
+    async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
+        m = await self.http.unary("Inspect", {"sandboxId": sid}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
+        m = await self.http.unary("List", {"provider": provider}, d)
+        return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
+
+    async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
+        await self.http.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+
+    async def _upload(self, body: object, d: Deadline) -> None:
+        messages = self.http.stream("CopyTo", body, d)
+        async for _ in messages:
+            pass
+
+    async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
+        tar = _tarutil.file_tar(_tarutil.base_name(path, "path"), data, mode)
+        pieces = (tar[i:i + _wire.COPY_CHUNK] for i in range(0, len(tar), _wire.COPY_CHUNK))
+        await self._upload(b"".join(_wire.copy_to_messages(sid, path, pieces)), d)
+
+    async def _download(self, sid: str, src: str, d: Deadline) -> IO[bytes]:
+        spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=_tarutil.SPOOL)
+        try:
+            async for m in self.http.stream("CopyFrom", _wire.envelope({"sandboxId": sid, "src": src}), d):
+                spool.write(_wire.tar_chunk(m))
+        except BaseException:
+            spool.close()
+            raise
+        spool.seek(0)
+        return spool
+
+    async def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+        _tarutil.base_name(path, "path")
+        with await self._download(sid, path, d) as tar:
+            return _tarutil.file_from_tar(tar, path)
+
+    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        name = _tarutil.base_name(dst, "destination")
+        tar = await asyncio.to_thread(_tarutil.path_tar, src, name)
+        with tar:
+            await self._upload(_wire.copy_to_messages(sid, dst, _tarutil.chunks(tar, _wire.COPY_CHUNK)), d)
+
+    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        _tarutil.base_name(src, "source")
+        with await self._download(sid, src, d) as tar:
+            await asyncio.to_thread(_tarutil.extract, tar, dst)
+
+
+class AsyncCLITransport:
+    """The roche CLI (`roche --direct ... --json`) as an asyncio subprocess per call."""
+
+    name = "cli"
+
+    def __init__(self, cli: str) -> None:
+        self.cli = cli
+
+    def close(self) -> None:
+        pass
+
+    async def _spawn(self, args: list[str], stdin: bool) -> asyncio.subprocess.Process:
+        try:
+            return await asyncio.create_subprocess_exec(
+                self.cli, "--direct", *args,
+                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        except OSError as e:
+            raise ProviderUnavailable(
+                f"cannot run the roche CLI {self.cli!r}: {e}: put roche on PATH or set ROCHE_CLI"
+            ) from None
+
+    async def _run(self, args: list[str], d: Deadline, stdin: Optional[bytes] = None) -> tuple[bytes, bytes, int]:
+        p = await self._spawn(args, stdin is not None)
+        try:
+            out, err = await within(d, p.communicate(stdin), f"roche {args[0]}")
+        except BaseException:
+            await stop(p)
+            raise
+        return out, err, p.returncode if p.returncode is not None else -1
+
+    async def _call(self, args: list[str], d: Deadline) -> bytes:
+        out, err, rc = await self._run(args, d)
+        if rc != 0:
+            raise _cli.error_from_stderr(err, rc, args[0])
+        return out
+
+    async def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
+        out = await self._call(_cli.create_args(provider, cfg), d)
+        return _cli.parse_info(_cli.parse_json(out, "create"))
+
+    async def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
+        out, err, rc = await self._run(_cli.exec_args(sid, req, as_json=True), d, req.stdin)
+        return _cli.result_or_error(out, err, rc)
+
+    async def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]:
+        started = time.monotonic()
+        p = await self._spawn(_cli.exec_args(sid, req, as_json=False), req.stdin is not None)
+        parser = _cli.StreamParser()
+        readers: dict[asyncio.Future[bytes], str] = {}
+        feeder: Optional[asyncio.Task[None]] = None
+        done = False
+        try:
+            if p.stdin is not None:
+                feeder = asyncio.ensure_future(_feed(p.stdin, req.stdin or b""))
+            assert p.stdout is not None and p.stderr is not None
+            pipes = {"stdout": p.stdout, "stderr": p.stderr}
+            for name, pipe in pipes.items():
+                readers[asyncio.ensure_future(pipe.read(65536))] = name
+            while readers:
+                ready, _ = await within(d, asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED), "roche exec")
+                for fut in ready:
+                    name = readers.pop(fut)
+                    data = fut.result()
+                    if data:
+                        readers[asyncio.ensure_future(pipes[name].read(65536))] = name
+                        for event in parser.feed(name, data):  # type: ignore[arg-type]
+                            yield event
+            rc = await within(d, p.wait(), "roche exec")
+            events, result = parser.finish(rc, time.monotonic() - started)
+            done = True
+            for event in events:
+                yield event
+            yield result
+        finally:
+            for fut in readers:
+                fut.cancel()
+            if feeder is not None:
+                feeder.cancel()
+            if not done:
+                await stop(p)
+
+    async def destroy(self, sid: str, d: Deadline) -> None:
+        try:
+            await self._call(["destroy", sid], d)
+        except SandboxNotFound:
+            pass  # destroy is idempotent, as over the daemon
+
+    async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
+        for sb in await self.list(_provider_of(sid), d):
+            if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
+                return sb
+        raise SandboxNotFound(f"not found: no sandbox {sid} (roche list shows the live ones)")
+
+    async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
+        obj = _cli.parse_json(await self._call(["list", "--json", "--provider", provider], d), "list")
+        return [_cli.parse_info(o) for o in obj or []]
+
+    async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
+        await self._call(["pause" if pause else "unpause", sid], d)
+
+    async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
+        name = _tarutil.base_name(path, "path")
+        with tempfile.TemporaryDirectory(prefix="roche-") as tmp:
+            src = os.path.join(tmp, name)
+            with open(src, "wb") as f:
+                f.write(data)
+            os.chmod(src, mode & 0o7777)
+            await self._call(["cp", src, f"{sid}:{path}"], d)
+
+    async def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+        _tarutil.base_name(path, "path")
+        with tempfile.TemporaryDirectory(prefix="roche-") as tmp:
+            dst = os.path.join(tmp, "file")
+            await self._call(["cp", f"{sid}:{path}", dst], d)
+            if os.path.isdir(dst):
+                raise RocheError(f"{path} is a directory: read_file reads files; use copy_from for directories")
+            with open(dst, "rb") as f:
+                return f.read()
+
+    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        _tarutil.base_name(dst, "destination")
+        if not os.path.lexists(src):
+            raise SandboxNotFound(f"not found: host path {src} does not exist")
+        await self._call(["cp", src, f"{sid}:{dst}"], d)
+
+    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        _tarutil.base_name(src, "source")
+        await self._call(["cp", f"{sid}:{src}", dst], d)
+
+
+async def _feed(w: asyncio.StreamWriter, data: bytes) -> None:
+    try:
+        w.write(data)
+        await w.drain()
+        w.close()
+    except (OSError, RuntimeError):
+        pass
+
+
+async def stop(p: asyncio.subprocess.Process) -> None:
+    """Ends a CLI process: SIGTERM first, so that it cleans up (kills the command it
+    runs, destroys a half-made sandbox), then SIGKILL."""
+    if p.returncode is not None:
+        return
+    try:
+        p.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(p.wait()), 10)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        try:
+            p.kill()
+        except ProcessLookupError:
+            pass
+        await p.wait()

@@ -1,0 +1,192 @@
+"""The roche CLI as a transport: the arguments for each call and how to read what it
+prints (--json objects, its one-line errors, its closing lines after streamed output).
+No I/O here; the sync and async transports share it."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Optional
+
+from ._wire import OutputAssembler, decode_output, parse_time
+from .errors import RocheError, error_for, reason_from_text
+from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, Stream
+
+#: The CLI's exit statuses besides the command's own (internal/cli).
+EXIT_TIMEOUT, EXIT_ROCHE_FAILED = 124, 125
+#: The exit code of a command killed at its timeout, as every provider reports it.
+EXIT_KILLED = 137
+
+
+def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
+    a = ["create", "--json", "--provider", provider, "--image", cfg.image, "--memory", cfg.memory,
+         "--cpus", repr(cfg.cpus), "--timeout", str(cfg.timeout_secs), "--pids-limit", str(cfg.pids_limit)]
+    if cfg.network:
+        a.append("--network")
+    if cfg.writable:
+        a.append("--writable")
+    for k, v in cfg.env.items():
+        a += ["--env", f"{k}={v}"]
+    for m in cfg.mounts:
+        a += ["--mount", str(m)]
+    if cfg.workdir:
+        a += ["--workdir", cfg.workdir]
+    if cfg.user:
+        a += ["--user", cfg.user]
+    return a
+
+
+def exec_args(sandbox_id: str, req: ExecRequest, as_json: bool) -> list[str]:
+    a = ["exec", "--sandbox", sandbox_id]
+    if as_json:
+        a.append("--json")
+    if req.timeout:
+        a += ["--timeout", repr(req.timeout)]
+    if req.stdin is not None:
+        a.append("--interactive")
+    for k, v in req.env.items():
+        a += ["--env", f"{k}={v}"]
+    if req.workdir:
+        a += ["--workdir", req.workdir]
+    return a + ["--", *req.cmd]
+
+
+def parse_info(obj: Any) -> SandboxInfo:
+    """A sandbox as `roche create --json` and `roche list --json` print it."""
+    if not isinstance(obj, dict):
+        raise RocheError(f"the roche CLI printed {obj!r} where a sandbox was expected")
+    return SandboxInfo(
+        id=str(obj.get("id", "")),
+        provider=str(obj.get("provider", "")),
+        image=str(obj.get("image", "")),
+        state=str(obj.get("state", "")),
+        created_at=parse_time(obj.get("created_at")),
+        expires_at=parse_time(obj.get("expires_at")),
+    )
+
+
+def parse_json(out: bytes, what: str) -> Any:
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise RocheError(f"the roche CLI printed no JSON for {what}: {decode_output(out[:200])!r}") from None
+
+
+def parse_exec(obj: Any) -> ExecResult:
+    """A result as `roche exec --json` prints it."""
+    if not isinstance(obj, dict):
+        raise RocheError(f"the roche CLI printed {obj!r} where an exec result was expected")
+    return ExecResult(
+        stdout=str(obj.get("stdout", "")),
+        stderr=str(obj.get("stderr", "")),
+        exit_code=int(obj.get("exit_code", 0)),
+        timed_out=bool(obj.get("timed_out", False)),
+        truncated=bool(obj.get("truncated", False)),
+        oom_killed=bool(obj.get("oom_killed", False)),
+        duration=int(obj.get("duration_ns", 0)) / 1e9,
+    )
+
+
+_PREFIX = b"roche: "
+
+
+def error_from_stderr(stderr: bytes, rc: int, verb: str) -> RocheError:
+    """The typed exception for the CLI's one-line error ("roche: MESSAGE")."""
+    lines = decode_output(stderr).splitlines()
+    for line in reversed(lines):
+        if line.startswith("roche: "):
+            # "(see --help)" is for people at a terminal, not for SDK users.
+            message = line[len("roche: "):].removesuffix(" (see --help)")
+            return error_for(reason_from_text(message), message)
+    tail = " | ".join(lines[-3:]) or "no message"
+    return RocheError(f"roche {verb} exited with status {rc}: {tail}")
+
+
+_TRUNCATED = re.compile(rb"^roche: output truncated: a stream passed \d+ bytes$")
+_OOM = re.compile(rb"^roche: the command was killed for exceeding the sandbox's memory limit \(raise it with --memory\)$")
+_TIMED_OUT = re.compile(rb"^roche: the command timed out after \S+ and was killed$")
+
+
+class StreamParser:
+    """Reads a streaming `roche exec`: stdout and stderr pieces become events as they
+    come, except stderr lines that start with "roche: ", which are held back until it is
+    clear whether they are the command's or roche's closing lines (truncated, OOM killed,
+    timed out, or an error), which the CLI prints last."""
+
+    def __init__(self) -> None:
+        self.out = OutputAssembler()
+        self._held = bytearray()
+        self._at_line_start = True  # whether held[0] (or the next stderr byte) starts a line
+
+    def feed(self, stream: Stream, data: bytes) -> list[OutputEvent]:
+        if not data:
+            return []
+        if stream == "stdout":
+            return [self.out.output("stdout", data)]
+        buf = self._held + data
+        cut = _held_suffix(buf, self._at_line_start)
+        emit = bytes(buf[:cut])
+        self._held = bytearray(buf[cut:])
+        if emit:
+            self._at_line_start = emit.endswith(b"\n")
+            return [self.out.output("stderr", emit)]
+        return []
+
+    def finish(self, rc: int, duration: float) -> tuple[list[OutputEvent], ExecResult]:
+        """The remaining events and the result, once the CLI exited with rc; raises the
+        CLI's error when roche itself failed."""
+        lines = bytes(self._held).splitlines(keepends=True)
+        if rc == EXIT_ROCHE_FAILED and lines:
+            last = lines[-1].rstrip(b"\n")
+            if not (_TRUNCATED.match(last) or _OOM.match(last) or _TIMED_OUT.match(last)):
+                raise error_from_stderr(last, rc, "exec")
+        truncated = oom = timed_out = False
+        rest = bytearray()
+        for line in lines:
+            bare = line.rstrip(b"\n")
+            if _TRUNCATED.match(bare):
+                truncated = True
+            elif _OOM.match(bare):
+                oom = True
+            elif rc == EXIT_TIMEOUT and _TIMED_OUT.match(bare):
+                timed_out = True
+            else:
+                rest += line
+        events = [self.out.output("stderr", bytes(rest))] if rest else []
+        result = ExecResult("", "", EXIT_KILLED if timed_out else rc, timed_out, truncated, oom, duration)
+        return events, self.out.result(result)
+
+
+def _qualifies(line: bytes, complete: bool) -> bool:
+    if line.startswith(_PREFIX):
+        return True
+    return not complete and _PREFIX.startswith(line)
+
+
+def _held_suffix(buf: bytearray, at_line_start: bool) -> int:
+    """Where the suffix of buf made only of lines that may be roche's own begins."""
+    cut = len(buf)
+    while cut > 0:
+        start = buf.rfind(b"\n", 0, cut - 1) + 1
+        if start == 0 and not at_line_start:
+            break
+        line = bytes(buf[start:cut])
+        if not _qualifies(line, line.endswith(b"\n")):
+            break
+        cut = start
+    return cut
+
+
+def result_or_error(out: bytes, err: bytes, rc: int) -> ExecResult:
+    """`roche exec --json`: the result it printed, or its error."""
+    if out.strip():
+        try:
+            return parse_exec(json.loads(out))
+        except ValueError:
+            pass
+    raise error_from_stderr(err, rc, "exec")
+
+
+def first_line(b: bytes) -> Optional[str]:
+    s = decode_output(b).strip()
+    return s.splitlines()[0] if s else None

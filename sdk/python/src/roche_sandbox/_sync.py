@@ -1,0 +1,267 @@
+"""The synchronous API: Roche, Sandbox and ExecStream."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Iterator, Mapping, Optional, Sequence, Type, Union
+
+from . import _discovery
+from ._http import Deadline, HTTPClient
+from ._transport import CLITransport, DaemonTransport, StreamItem, Transport
+from .errors import InvalidConfig, ProviderUnavailable, RocheError
+from .types import ExecRequest, ExecResult, MountLike, OutputEvent, SandboxInfo, make_config, make_exec_request
+
+#: How long the SDK waits for roched's /healthz before working through the CLI, as the CLI does.
+PROBE_TIMEOUT = 2.0
+TRANSPORTS = ("auto", "daemon", "cli")
+
+
+def remaining_life(info: SandboxInfo) -> Optional[float]:
+    """Seconds until the sandbox's lifetime ends, when known."""
+    if info.expires_at is None:
+        return None
+    return max(0.0, (info.expires_at - datetime.now(timezone.utc)).total_seconds())
+
+
+class Choice:
+    """The transport settings shared by Roche and AsyncRoche, and how they resolve."""
+
+    def __init__(self, provider: str, transport: str, socket: Optional[str], address: Optional[str],
+                 token: Optional[str], cli: Optional[str], request_timeout: float) -> None:
+        if transport not in TRANSPORTS:
+            raise InvalidConfig(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
+        if request_timeout <= 0:
+            raise InvalidConfig(f"request_timeout {request_timeout!r}: give seconds > 0")
+        self.provider = provider
+        self.transport = transport
+        self.endpoint = _discovery.endpoint(socket, address, token)
+        self.cli = cli
+        self.request_timeout = float(request_timeout)
+
+    def serves(self, health: Mapping[str, object]) -> bool:
+        providers = health.get("providers")
+        return isinstance(providers, list) and self.provider in providers
+
+    def no_daemon(self, why: Optional[RocheError]) -> RocheError:
+        if why is None or isinstance(why, ProviderUnavailable):
+            return why or ProviderUnavailable(f"roched is not answering on {self.endpoint.where}")
+        return ProviderUnavailable(why.message)
+
+    def no_cli(self, why: str) -> ProviderUnavailable:
+        return ProviderUnavailable(
+            f"provider unavailable: {why}, and no roche CLI was found: start roched (roche daemon start), "
+            "put roche on PATH, or set ROCHE_CLI to its path"
+        )
+
+
+class Roche:
+    """Creates sandboxes with secure defaults on one provider ("docker", "wasm", ...).
+
+    Calls go to roched when it answers on its socket (ROCHE_SOCKET, else the default
+    path) and serves the provider; otherwise to the roche CLI (ROCHE_CLI, else roche on
+    PATH). ``transport="daemon"`` or ``"cli"`` forces one. ``request_timeout`` bounds
+    how long any call waits for Roche beyond the time a command may run.
+    """
+
+    def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
+                 address: Optional[str] = None, token: Optional[str] = None, cli: Optional[str] = None,
+                 request_timeout: float = 60.0) -> None:
+        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout)
+        self._lock = threading.Lock()
+        self._transport: Optional[Transport] = None
+
+    @property
+    def provider(self) -> str:
+        return self._choice.provider
+
+    @property
+    def transport(self) -> str:
+        """"daemon" or "cli": how this Roche reaches Roche (decided on first use)."""
+        return self._resolve().name
+
+    def _resolve(self) -> Transport:
+        with self._lock:
+            if self._transport is None:
+                self._transport = self._choose()
+            return self._transport
+
+    def _choose(self) -> Transport:
+        c = self._choice
+        why: Optional[RocheError] = None
+        if c.transport in ("auto", "daemon"):
+            http = HTTPClient(c.endpoint)
+            try:
+                health = http.health(PROBE_TIMEOUT)
+            except RocheError as e:
+                why = e
+            else:
+                if c.serves(health):
+                    return DaemonTransport(c.endpoint)
+                why = ProviderUnavailable(
+                    f"roched on {c.endpoint.where} does not serve the {c.provider} provider "
+                    f"(it serves {', '.join(map(str, health.get('providers') or [])) or 'none'})")
+            if c.transport == "daemon":
+                raise c.no_daemon(why)
+        path = _discovery.find_cli(c.cli)
+        if path is None:
+            raise c.no_cli(why.message if why else "transport='cli' was asked for")
+        return CLITransport(path)
+
+    def _deadline(self) -> Deadline:
+        return Deadline(self._choice.request_timeout)
+
+    def create(self, image: Optional[str] = None, *, network: bool = False, writable: bool = False,
+               timeout_secs: int = 300, memory: Union[str, int] = "512m", cpus: float = 1.0,
+               pids_limit: int = 64, env: Optional[Mapping[str, str]] = None,
+               mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
+               user: Optional[str] = None) -> "Sandbox":
+        """Creates a sandbox. Every default is the safe one; override what you need.
+
+        ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
+        sandbox's lifetime: it is destroyed after. Use it as a context manager to destroy
+        it as soon as you are done, even when the body raises.
+        """
+        cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
+                          workdir, user)
+        t = self._resolve()
+        info = t.create(self.provider, cfg, self._deadline())
+        return Sandbox(self, t, info)
+
+    def get(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox; SandboxNotFound when there is none."""
+        t = self._resolve()
+        return Sandbox(self, t, t.inspect(sandbox_id, self._deadline()))
+
+    def list(self) -> list[SandboxInfo]:
+        """This provider's sandboxes (a daemon's idle pooled ones are not listed)."""
+        return self._resolve().list(self.provider, self._deadline())
+
+    def close(self) -> None:
+        """Releases kept connections. Sandboxes are not destroyed."""
+        with self._lock:
+            if self._transport is not None:
+                self._transport.close()
+
+
+class Sandbox:
+    """A sandbox. As a context manager it is destroyed on exit, even when the body raises."""
+
+    def __init__(self, roche: Roche, transport: Transport, info: SandboxInfo) -> None:
+        self._roche = roche
+        self._t = transport
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def provider(self) -> str:
+        return self.info.provider
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id[:12]!r}, provider={self.provider!r}, image={self.info.image!r})"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.destroy()
+
+    def _exec_deadline(self, req: ExecRequest) -> Deadline:
+        run = req.timeout if req.timeout else remaining_life(self.info)
+        if run is None:
+            return Deadline(None)
+        return Deadline(run + self._roche._choice.request_timeout)
+
+    def exec(self, cmd: Sequence[str], timeout: Optional[float] = None,
+             stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
+             workdir: Optional[str] = None) -> ExecResult:
+        """Runs a command and waits for it.
+
+        ``timeout`` kills the command (and all it started) after that many seconds and
+        sets ``timed_out``; None means the sandbox's remaining lifetime. ``stdin`` is the
+        command's whole standard input. A non-zero exit is a result, not an exception.
+        """
+        req = make_exec_request(cmd, timeout, stdin, env, workdir)
+        return self._t.exec(self.id, req, self._exec_deadline(req))
+
+    def exec_stream(self, cmd: Sequence[str], timeout: Optional[float] = None,
+                    stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
+                    workdir: Optional[str] = None) -> "ExecStream":
+        """Runs a command and yields its output as it is produced (OutputEvent); the
+        ExecResult is ``.result`` once the iteration ends. Closing the stream early
+        (or leaving its ``with`` block) kills the command."""
+        req = make_exec_request(cmd, timeout, stdin, env, workdir)
+        return ExecStream(self._t.exec_stream(self.id, req, self._exec_deadline(req)))
+
+    def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> None:
+        """Writes data to the absolute sandbox path, replacing it, creating parents."""
+        if isinstance(data, str):
+            data = data.encode()
+        self._t.write_file(self.id, path, bytes(data), mode, self._roche._deadline())
+
+    def read_file(self, path: str) -> bytes:
+        """The content of a file in the sandbox."""
+        return self._t.read_file(self.id, path, self._roche._deadline())
+
+    def copy_to(self, src: str, dst: str) -> None:
+        """Copies the host file or directory src to the absolute sandbox path dst."""
+        self._t.copy_to(self.id, src, dst, self._roche._deadline())
+
+    def copy_from(self, src: str, dst: str) -> None:
+        """Copies the sandbox file or directory src to the host path dst."""
+        self._t.copy_from(self.id, src, dst, self._roche._deadline())
+
+    def pause(self) -> None:
+        """Freezes every process in the sandbox."""
+        self._t.pause(self.id, True, self._roche._deadline())
+
+    def unpause(self) -> None:
+        """Thaws a paused sandbox."""
+        self._t.pause(self.id, False, self._roche._deadline())
+
+    def destroy(self) -> None:
+        """Destroys the sandbox. Destroying one already gone is not an error."""
+        self._t.destroy(self.id, self._roche._deadline())
+
+
+class ExecStream:
+    """A running command's output events; ``result`` is set when they end."""
+
+    def __init__(self, items: Iterator[StreamItem]) -> None:
+        self._items = items
+        self.result: Optional[ExecResult] = None
+
+    def __iter__(self) -> Iterator[OutputEvent]:
+        try:
+            for item in self._items:
+                if isinstance(item, ExecResult):
+                    self.result = item
+                else:
+                    yield item
+        finally:
+            self.close()
+
+    def wait(self) -> ExecResult:
+        """Reads the rest of the output and returns the result."""
+        for _ in self:
+            pass
+        if self.result is None:
+            raise RocheError("the stream was closed before the command ended")
+        return self.result
+
+    def close(self) -> None:
+        """Stops reading; a command still running is killed."""
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,292 @@
+"""The two ways the synchronous API reaches Roche: roched over HTTP, or the roche CLI as
+a subprocess. Both offer the same calls and raise the same typed exceptions."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from typing import IO, Iterator, Optional, Protocol, Union
+
+from . import _cli, _tarutil, _wire
+from ._discovery import Endpoint
+from ._http import Deadline, HTTPClient
+from .errors import ProviderUnavailable, RocheError, SandboxNotFound
+from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo
+
+StreamItem = Union[OutputEvent, ExecResult]
+
+
+class Transport(Protocol):
+    """What a Sandbox needs from its way to Roche."""
+
+    name: str
+
+    def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo: ...
+    def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult: ...
+    def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]: ...
+    def destroy(self, sid: str, d: Deadline) -> None: ...
+    def inspect(self, sid: str, d: Deadline) -> SandboxInfo: ...
+    def list(self, provider: str, d: Deadline) -> list[SandboxInfo]: ...
+    def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
+    def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
+    def read_file(self, sid: str, path: str, d: Deadline) -> bytes: ...
+    def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    def close(self) -> None: ...
+
+
+class DaemonTransport:
+    """roched's API, the Connect protocol in JSON."""
+
+    name = "daemon"
+
+    def __init__(self, ep: Endpoint) -> None:
+        self.http = HTTPClient(ep)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
+        m = self.http.unary("Create", _wire.config_request(provider, cfg), d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
+        m = self.http.unary("Exec", _wire.exec_request(sid, req), d)
+        return _wire.parse_result(m.get("result", {}))
+
+    def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]:
+        out = _wire.OutputAssembler()
+        body = _wire.envelope(_wire.exec_request(sid, req))
+        for m in self.http.stream("ExecStream", body, d):
+            event, result = _wire.stream_event(m, out)
+            if event is not None:
+                yield event
+            if result is not None:
+                yield result
+                return
+        raise RocheError("roched ended the output stream without a result")
+
+    def destroy(self, sid: str, d: Deadline) -> None:
+        self.http.unary("Destroy", {"ids": [sid]}, d)
+
+    def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
+        m = self.http.unary("Inspect", {"sandboxId": sid}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
+        m = self.http.unary("List", {"provider": provider}, d)
+        return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
+
+    def pause(self, sid: str, pause: bool, d: Deadline) -> None:
+        self.http.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+
+    def _upload(self, sid: str, dst: str, pieces: Iterator[bytes], d: Deadline, body_bytes: bool) -> None:
+        messages = _wire.copy_to_messages(sid, dst, pieces)
+        body: object = b"".join(messages) if body_bytes else messages
+        for _ in self.http.stream("CopyTo", body, d):
+            pass
+
+    def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
+        tar = _tarutil.file_tar(_tarutil.base_name(path, "path"), data, mode)
+        pieces = (tar[i:i + _wire.COPY_CHUNK] for i in range(0, len(tar), _wire.COPY_CHUNK))
+        self._upload(sid, path, pieces, d, body_bytes=True)
+
+    def _download(self, sid: str, src: str, d: Deadline) -> IO[bytes]:
+        spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=_tarutil.SPOOL)
+        try:
+            for m in self.http.stream("CopyFrom", _wire.envelope({"sandboxId": sid, "src": src}), d):
+                spool.write(_wire.tar_chunk(m))
+        except BaseException:
+            spool.close()
+            raise
+        spool.seek(0)
+        return spool
+
+    def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+        _tarutil.base_name(path, "path")
+        with self._download(sid, path, d) as tar:
+            return _tarutil.file_from_tar(tar, path)
+
+    def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        with _tarutil.path_tar(src, _tarutil.base_name(dst, "destination")) as tar:
+            self._upload(sid, dst, _tarutil.chunks(tar, _wire.COPY_CHUNK), d, body_bytes=False)
+
+    def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        _tarutil.base_name(src, "source")
+        with self._download(sid, src, d) as tar:
+            _tarutil.extract(tar, dst)
+
+
+class CLITransport:
+    """The roche CLI (`roche --direct ... --json`) as a subprocess per call."""
+
+    name = "cli"
+
+    def __init__(self, cli: str) -> None:
+        self.cli = cli
+
+    def close(self) -> None:
+        pass
+
+    def _popen(self, args: list[str], stdin: bool) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen([self.cli, "--direct", *args],
+                                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as e:
+            raise ProviderUnavailable(
+                f"cannot run the roche CLI {self.cli!r}: {e}: put roche on PATH or set ROCHE_CLI"
+            ) from None
+
+    def _run(self, args: list[str], d: Deadline, stdin: Optional[bytes] = None) -> tuple[bytes, bytes, int]:
+        p = self._popen(args, stdin is not None)
+        try:
+            out, err = p.communicate(stdin, timeout=d.remaining())
+        except subprocess.TimeoutExpired:
+            stop(p)
+            raise d.expired(f"roche {args[0]}") from None
+        except BaseException:
+            stop(p)
+            raise
+        return out, err, p.returncode
+
+    def _call(self, args: list[str], d: Deadline) -> bytes:
+        out, err, rc = self._run(args, d)
+        if rc != 0:
+            raise _cli.error_from_stderr(err, rc, args[0])
+        return out
+
+    def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
+        return _cli.parse_info(_cli.parse_json(self._call(_cli.create_args(provider, cfg), d), "create"))
+
+    def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
+        out, err, rc = self._run(_cli.exec_args(sid, req, as_json=True), d, req.stdin)
+        return _cli.result_or_error(out, err, rc)
+
+    def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]:
+        started = time.monotonic()
+        p = self._popen(_cli.exec_args(sid, req, as_json=False), req.stdin is not None)
+        parser = _cli.StreamParser()
+        done = False
+        try:
+            if p.stdin is not None:
+                # Written from a thread: a pipe holds 64 KiB, and the output must be read meanwhile.
+                _feed_stdin(p, req.stdin or b"")
+            sel = selectors.DefaultSelector()
+            assert p.stdout is not None and p.stderr is not None
+            sel.register(p.stdout, selectors.EVENT_READ, "stdout")
+            sel.register(p.stderr, selectors.EVENT_READ, "stderr")
+            open_streams = 2
+            while open_streams:
+                left = d.remaining()
+                if left is not None and left <= 0:
+                    raise d.expired("roche exec")
+                for key, _ in sel.select(left):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                        continue
+                    yield from parser.feed(key.data, data)
+            sel.close()
+            try:
+                rc = p.wait(timeout=d.remaining())
+            except subprocess.TimeoutExpired:
+                raise d.expired("roche exec") from None
+            events, result = parser.finish(rc, time.monotonic() - started)
+            done = True
+            yield from events
+            yield result
+        finally:
+            if not done:
+                stop(p)
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
+
+    def destroy(self, sid: str, d: Deadline) -> None:
+        try:
+            self._call(["destroy", sid], d)
+        except SandboxNotFound:
+            pass  # destroy is idempotent, as over the daemon
+
+    def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
+        provider = _provider_of(sid)
+        for sb in self.list(provider, d):
+            if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
+                return sb
+        raise SandboxNotFound(f"not found: no sandbox {sid} (roche list shows the live ones)")
+
+    def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
+        obj = _cli.parse_json(self._call(["list", "--json", "--provider", provider], d), "list")
+        return [_cli.parse_info(o) for o in obj or []]
+
+    def pause(self, sid: str, pause: bool, d: Deadline) -> None:
+        self._call(["pause" if pause else "unpause", sid], d)
+
+    def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
+        name = _tarutil.base_name(path, "path")
+        with tempfile.TemporaryDirectory(prefix="roche-") as tmp:
+            src = os.path.join(tmp, name)
+            with open(src, "wb") as f:
+                f.write(data)
+            os.chmod(src, mode & 0o7777)
+            self._call(["cp", src, f"{sid}:{path}"], d)
+
+    def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+        _tarutil.base_name(path, "path")
+        with tempfile.TemporaryDirectory(prefix="roche-") as tmp:
+            dst = os.path.join(tmp, "file")
+            self._call(["cp", f"{sid}:{path}", dst], d)
+            if os.path.isdir(dst):
+                raise RocheError(f"{path} is a directory: read_file reads files; use copy_from for directories")
+            with open(dst, "rb") as f:
+                return f.read()
+
+    def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        _tarutil.base_name(dst, "destination")
+        if not os.path.lexists(src):
+            raise SandboxNotFound(f"not found: host path {src} does not exist")
+        self._call(["cp", src, f"{sid}:{dst}"], d)
+
+    def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+        _tarutil.base_name(src, "source")
+        self._call(["cp", f"{sid}:{src}", dst], d)
+
+
+def _provider_of(sid: str) -> str:
+    """The provider an id belongs to: every provider but Docker prefixes its ids."""
+    head, sep, _ = sid.partition("-")
+    return head if sep and head.isalpha() and head != "docker" else "docker"
+
+
+def _feed_stdin(p: subprocess.Popen[bytes], data: bytes) -> None:
+    def write() -> None:
+        try:
+            assert p.stdin is not None
+            p.stdin.write(data)
+            p.stdin.close()
+        except OSError:
+            pass
+
+    threading.Thread(target=write, daemon=True).start()
+
+
+def stop(p: subprocess.Popen[bytes]) -> None:
+    """Ends a CLI process: SIGTERM first, so that it cleans up (kills the command it
+    runs, destroys a half-made sandbox), then SIGKILL."""
+    if p.poll() is not None:
+        return
+    try:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    except OSError:
+        pass

@@ -1,0 +1,272 @@
+"""roched's API as the Connect protocol speaks it in JSON: requests, responses, envelopes
+and errors. No I/O here; the sync and async transports share it."""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import json
+import re
+import struct
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Iterator, Optional
+
+from .errors import RocheError, error_for, reason_from_text
+from .types import DEFAULT_OUTPUT_LIMIT, ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, Stream
+
+SERVICE = "/roche.v1.SandboxService/"
+UNARY_HEADERS = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
+STREAM_HEADERS = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
+
+#: An envelope's flags: 0x02 marks the end-of-stream message (which may carry an error).
+END_STREAM = 0x02
+#: Upload pieces of a tar stream this big (before base64), as the Go client does.
+COPY_CHUNK = 32 << 10
+
+
+def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
+    """A CreateRequest. Every field is sent, so the daemon's defaults never replace the caller's."""
+    c: dict[str, Any] = {
+        "image": cfg.image,
+        "network": cfg.network,
+        "writable": cfg.writable,
+        "timeoutSecs": cfg.timeout_secs,
+        "memory": cfg.memory,
+        "cpus": cfg.cpus,
+        "pidsLimit": cfg.pids_limit,
+    }
+    if cfg.env:
+        c["env"] = dict(cfg.env)
+    if cfg.mounts:
+        c["mounts"] = [{"source": m.source, "target": m.target, "readWrite": m.read_write} for m in cfg.mounts]
+    if cfg.workdir:
+        c["workdir"] = cfg.workdir
+    if cfg.user:
+        c["user"] = cfg.user
+    return {"provider": provider, "config": c}
+
+
+def exec_request(sandbox_id: str, req: ExecRequest) -> dict[str, Any]:
+    """An ExecRequest (also ExecStream's)."""
+    m: dict[str, Any] = {"sandboxId": sandbox_id, "cmd": list(req.cmd)}
+    if req.env:
+        m["env"] = dict(req.env)
+    if req.workdir:
+        m["workdir"] = req.workdir
+    if req.timeout:
+        m["timeoutSecs"] = req.timeout
+    if req.stdin is not None:
+        m["stdin"] = base64.b64encode(req.stdin).decode("ascii")
+    return m
+
+
+_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def parse_time(s: Optional[str]) -> Optional[datetime]:
+    """RFC 3339 with up to nanoseconds (Go's and protobuf's), as an aware datetime."""
+    if not s:
+        return None
+    m = _TIME.match(s)
+    if not m:
+        return None
+    base, frac, zone = m.groups()
+    t = datetime.strptime(base, "%Y-%m-%dT%H:%M:%S")
+    if frac:
+        t = t.replace(microsecond=int(frac[:6].ljust(6, "0")))
+    if zone == "Z":
+        return t.replace(tzinfo=timezone.utc)
+    sign = 1 if zone[0] == "+" else -1
+    return t.replace(tzinfo=timezone(sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))))
+
+
+def parse_duration(s: Any) -> float:
+    """A protobuf Duration in JSON ("1.5s") as seconds."""
+    if isinstance(s, str) and s.endswith("s"):
+        try:
+            return float(s[:-1])
+        except ValueError:
+            return 0.0
+    return 0.0
+
+
+_STATES = {
+    "SANDBOX_STATE_RUNNING": "running",
+    "SANDBOX_STATE_PAUSED": "paused",
+    "SANDBOX_STATE_EXITED": "exited",
+    "SANDBOX_STATE_CREATED": "created",
+}
+
+
+def parse_sandbox(m: dict[str, Any]) -> SandboxInfo:
+    """A Sandbox message."""
+    return SandboxInfo(
+        id=m.get("id", ""),
+        provider=m.get("provider", ""),
+        image=m.get("image", ""),
+        state=_STATES.get(m.get("state", ""), "exited"),
+        created_at=parse_time(m.get("createdAt")),
+        expires_at=parse_time(m.get("expiresAt")),
+    )
+
+
+def _b64(s: Optional[str]) -> bytes:
+    return base64.b64decode(s) if s else b""
+
+
+def decode_output(b: bytes) -> str:
+    """Programs print anything: undecodable bytes become U+FFFD rather than an error."""
+    return b.decode("utf-8", errors="replace")
+
+
+def parse_result(m: dict[str, Any]) -> ExecResult:
+    """An ExecResult message."""
+    return ExecResult(
+        stdout=decode_output(_b64(m.get("stdout"))),
+        stderr=decode_output(_b64(m.get("stderr"))),
+        exit_code=int(m.get("exitCode", 0)),
+        timed_out=bool(m.get("timedOut", False)),
+        truncated=bool(m.get("truncated", False)),
+        oom_killed=bool(m.get("oomKilled", False)),
+        duration=parse_duration(m.get("duration")),
+    )
+
+
+def envelope(msg: dict[str, Any], flags: int = 0) -> bytes:
+    """One message of a Connect stream: flags, big-endian length, JSON."""
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    return struct.pack(">BI", flags, len(body)) + body
+
+
+def envelope_header(b: bytes) -> tuple[int, int]:
+    """The flags and length of the envelope whose 5-byte prefix is b."""
+    flags, length = struct.unpack(">BI", b)
+    return flags, length
+
+
+def copy_to_messages(sandbox_id: str, dst: str, pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """CopyTo's request stream: the first message names the sandbox and destination."""
+    first = True
+    for piece in pieces:
+        m: dict[str, Any] = {"tarChunk": base64.b64encode(piece).decode("ascii")}
+        if first:
+            m["sandboxId"], m["dst"], first = sandbox_id, dst, False
+        yield envelope(m)
+    if first:
+        yield envelope({"sandboxId": sandbox_id, "dst": dst})
+
+
+def tar_chunk(m: dict[str, Any]) -> bytes:
+    """The piece of tar stream a CopyFromResponse carries."""
+    return _b64(m.get("tarChunk"))
+
+
+_CODE_REASONS = {
+    "not_found": "not_found",
+    "invalid_argument": "invalid_config",
+    "unavailable": "unavailable",
+    "deadline_exceeded": "timeout",
+    "unimplemented": "unsupported",
+    "resource_exhausted": "exhausted",
+    "permission_denied": "permission_denied",
+}
+
+_DETAIL_REASONS = {
+    "ERROR_REASON_NOT_FOUND": "not_found",
+    "ERROR_REASON_INVALID_CONFIG": "invalid_config",
+    "ERROR_REASON_UNAVAILABLE": "unavailable",
+    "ERROR_REASON_TIMEOUT": "timeout",
+    "ERROR_REASON_UNSUPPORTED": "unsupported",
+    "ERROR_REASON_IMAGE_NOT_FOUND": "image_not_found",
+    "ERROR_REASON_EXHAUSTED": "exhausted",
+}
+_DETAIL_NUMBERS = dict(enumerate(["", "not_found", "invalid_config", "unavailable", "timeout",
+                                  "unsupported", "image_not_found", "exhausted"]))
+
+
+def _detail_reason(d: dict[str, Any]) -> str:
+    if d.get("type") != "roche.v1.ErrorDetail":
+        return ""
+    debug = d.get("debug")
+    if isinstance(debug, dict) and debug.get("reason") in _DETAIL_REASONS:
+        return _DETAIL_REASONS[debug["reason"]]
+    # The binary detail is field 1, a small enum: 0x08 then one varint byte.
+    try:
+        raw = base64.b64decode(d.get("value", "") + "==")
+    except ValueError:
+        return ""
+    if len(raw) == 2 and raw[0] == 0x08:
+        return _DETAIL_NUMBERS.get(raw[1], "")
+    return ""
+
+
+def error_from_connect(obj: Any, status: int, where: str) -> RocheError:
+    """The typed exception for a Connect error object ({"code", "message", "details"})."""
+    if not isinstance(obj, dict):
+        return RocheError(f"roched at {where} answered HTTP {status} without a Connect error")
+    code = str(obj.get("code", ""))
+    message = str(obj.get("message") or code or f"HTTP {status}")
+    reason = ""
+    for d in obj.get("details") or []:
+        if isinstance(d, dict):
+            reason = reason or _detail_reason(d)
+    if not reason:
+        reason = _CODE_REASONS.get(code, "") or reason_from_text(message)
+    if code == "unauthenticated":
+        return RocheError(f"{message} (pass token= or set ROCHE_TOKEN)", "unauthenticated")
+    return error_for(reason, message)
+
+
+class OutputAssembler:
+    """Turns output pieces into events, keeping a capped copy of each stream for the
+    result and decoding characters split across pieces whole."""
+
+    def __init__(self, limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
+        self._limit = limit
+        self._kept: dict[Stream, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in self._kept}
+        self.truncated = False
+
+    def output(self, stream: Stream, data: bytes) -> OutputEvent:
+        kept = self._kept[stream]
+        room = self._limit - len(kept)
+        if len(data) > room:
+            self.truncated = True
+        if room > 0:
+            kept += data[:room]
+        return OutputEvent(stream, data, self._decoders[stream].decode(data))
+
+    def result(self, r: ExecResult) -> ExecResult:
+        """The final result with the output kept from the events."""
+        return ExecResult(
+            stdout=decode_output(bytes(self._kept["stdout"])),
+            stderr=decode_output(bytes(self._kept["stderr"])),
+            exit_code=r.exit_code,
+            timed_out=r.timed_out,
+            truncated=r.truncated or self.truncated,
+            oom_killed=r.oom_killed,
+            duration=r.duration,
+        )
+
+
+def stream_event(m: dict[str, Any], out: OutputAssembler) -> tuple[Optional[OutputEvent], Optional[ExecResult]]:
+    """One ExecStreamResponse: an output event, the result, or neither (a heartbeat)."""
+    if "output" in m:
+        o = m["output"]
+        stream: Stream = "stderr" if o.get("stream") == "OUTPUT_STREAM_STDERR" else "stdout"
+        return out.output(stream, _b64(o.get("data"))), None
+    if "result" in m:
+        return None, out.result(parse_result(m["result"]))
+    return None, None
+
+
+def end_stream_error(body: bytes, where: str) -> Optional[RocheError]:
+    """The error an end-of-stream message carries, if any."""
+    try:
+        obj = json.loads(body or b"{}")
+    except ValueError:
+        return RocheError(f"roched at {where} sent a malformed end of stream")
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if err:
+        return error_from_connect(err, 200, where)
+    return None

@@ -1,0 +1,119 @@
+"""Typed exceptions. Each carries Roche's own message, which says what to do."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class RocheError(Exception):
+    """Base of every error the SDK raises.
+
+    ``reason`` names the core error behind it ("not_found", "invalid_config", ...) or is
+    empty when Roche did not say.
+    """
+
+    reason: str = ""
+
+    def __init__(self, message: str, reason: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+
+class SandboxNotFound(RocheError):
+    """No sandbox has that id: it was destroyed, its lifetime ended, or it never existed."""
+
+    reason = "not_found"
+
+
+class SandboxTimeout(RocheError, TimeoutError):
+    """Roche did not answer in time (the daemon, the engine or the sandbox is stuck).
+
+    A command that runs past its own ``timeout`` is not an error: its ExecResult says
+    ``timed_out``.
+    """
+
+    reason = "timeout"
+
+
+class ProviderUnavailable(RocheError):
+    """The backend cannot be reached: no daemon and no CLI, Docker down, python.wasm missing."""
+
+    reason = "unavailable"
+
+
+class InvalidConfig(RocheError, ValueError):
+    """The request is malformed or impossible (a bad memory size, an empty command, ...)."""
+
+    reason = "invalid_config"
+
+
+class Unsupported(InvalidConfig):
+    """The provider cannot honour the request without weakening the sandbox."""
+
+    reason = "unsupported"
+
+
+class ImageNotFound(InvalidConfig):
+    """The image is not present locally and could not be pulled."""
+
+    reason = "image_not_found"
+
+
+class ResourceExhausted(RocheError):
+    """A limit was reached, e.g. the daemon's --max-sandboxes."""
+
+    reason = "exhausted"
+
+
+class PermissionDenied(RocheError, PermissionError):
+    """The sandbox does not allow it (a read-only path, another user's file)."""
+
+    reason = "permission_denied"
+
+
+_BY_REASON: dict[str, type[RocheError]] = {
+    cls.reason: cls
+    for cls in (
+        SandboxNotFound,
+        SandboxTimeout,
+        ProviderUnavailable,
+        InvalidConfig,
+        Unsupported,
+        ImageNotFound,
+        ResourceExhausted,
+        PermissionDenied,
+    )
+}
+
+# The core's sentinel texts (errors.go), which every message wrapping them contains.
+# Longer phrases first: "image not found" also contains "not found".
+_BY_TEXT: tuple[tuple[str, str], ...] = (
+    ("image not found", "image_not_found"),
+    ("invalid config", "invalid_config"),
+    ("unsupported", "unsupported"),
+    ("provider unavailable", "unavailable"),
+    ("resource exhausted", "exhausted"),
+    ("permission denied", "permission_denied"),
+    ("not found", "not_found"),
+    ("timed out", "timeout"),
+)
+
+
+def reason_from_text(message: str) -> str:
+    """The core error a message names: its leading sentinel, else any sentinel in it."""
+    lower = message.lower()
+    for text, reason in _BY_TEXT:
+        if lower.startswith(text + ":"):
+            return reason
+    for text, reason in _BY_TEXT:
+        if text + ":" in lower or lower.endswith(text):
+            return reason
+    return ""
+
+
+def error_for(reason: str, message: str) -> RocheError:
+    """The typed exception for a core error reason."""
+    cls = _BY_REASON.get(reason, RocheError)
+    return cls(message, reason or None)

@@ -1,0 +1,177 @@
+"""The values the SDK hands back: results, output events, sandbox descriptions, mounts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Mapping, Optional, Sequence, Union
+
+from .errors import InvalidConfig
+
+#: The image used when create() is given none and ROCHE_IMAGE is unset (as the CLI's).
+DEFAULT_IMAGE = "python:3.12-slim"
+#: Each stream's output is kept up to this many bytes, then truncated and flagged.
+DEFAULT_OUTPUT_LIMIT = 10 << 20
+
+Stream = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of a command. A non-zero exit, a timeout or an OOM kill are results."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    truncated: bool = False
+    oom_killed: bool = False
+    #: Seconds the command ran.
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """The command exited 0 without timing out."""
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """A piece of output, as the command produced it."""
+
+    stream: Stream
+    data: bytes
+    #: ``data`` decoded as UTF-8; characters split across events are decoded whole.
+    text: str
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """Describes a sandbox."""
+
+    id: str
+    provider: str
+    image: str
+    state: str
+    created_at: Optional[datetime] = None
+    expires_at: Optional[datetime] = None
+
+
+@dataclass(frozen=True)
+class Mount:
+    """Binds a host path into the sandbox, read-only unless ``read_write``."""
+
+    source: str
+    target: str
+    read_write: bool = False
+
+    @classmethod
+    def parse(cls, spec: str) -> "Mount":
+        """Parses the CLI's ``HOST:SANDBOX[:ro|rw]``."""
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+            raise InvalidConfig(f"mount {spec!r}: use HOST_PATH:SANDBOX_PATH[:ro|rw]")
+        if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+            raise InvalidConfig(f"mount {spec!r}: mode {parts[2]!r} is neither ro nor rw")
+        return cls(parts[0], parts[1], len(parts) == 3 and parts[2] == "rw")
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.target}:{'rw' if self.read_write else 'ro'}"
+
+
+MountLike = Union[Mount, str]
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """What to create, with the secure defaults; workdir and user None mean the image's and Roche's."""
+
+    image: str
+    network: bool = False
+    writable: bool = False
+    timeout_secs: int = 300
+    memory: str = "512m"
+    cpus: float = 1.0
+    pids_limit: int = 64
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: Sequence[Mount] = ()
+    workdir: Optional[str] = None
+    user: Optional[str] = None
+
+
+def make_config(
+    image: Optional[str],
+    network: bool,
+    writable: bool,
+    timeout_secs: int,
+    memory: Union[str, int],
+    cpus: float,
+    pids_limit: int,
+    env: Optional[Mapping[str, str]],
+    mounts: Optional[Sequence[MountLike]],
+    workdir: Optional[str],
+    user: Optional[str],
+) -> SandboxConfig:
+    """Builds a config from create()'s arguments. Roche itself validates the values."""
+    if image is None:
+        image = os.environ.get("ROCHE_IMAGE") or DEFAULT_IMAGE
+    ms: list[Mount] = []
+    for m in mounts or ():
+        if isinstance(m, Mount):
+            ms.append(m)
+        elif isinstance(m, str):
+            ms.append(Mount.parse(m))
+        else:
+            raise InvalidConfig(f"mount {m!r}: give a Mount or a 'HOST:SANDBOX[:ro|rw]' string")
+    for k, v in (env or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidConfig(f"env {k!r}={v!r}: names and values must be strings")
+    return SandboxConfig(
+        image=image,
+        network=bool(network),
+        writable=bool(writable),
+        timeout_secs=int(timeout_secs),
+        memory=str(memory),
+        cpus=float(cpus),
+        pids_limit=int(pids_limit),
+        env=dict(env or {}),
+        mounts=tuple(ms),
+        workdir=workdir,
+        user=user,
+    )
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """A command to run; built by Sandbox.exec."""
+
+    cmd: Sequence[str]
+    timeout: Optional[float] = None
+    stdin: Optional[bytes] = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: Optional[str] = None
+
+
+def make_exec_request(
+    cmd: Sequence[str],
+    timeout: Optional[float],
+    stdin: Union[bytes, str, None],
+    env: Optional[Mapping[str, str]],
+    workdir: Optional[str],
+) -> ExecRequest:
+    """Checks exec()'s arguments, so that a mistake fails here with a hint."""
+    if isinstance(cmd, (str, bytes)):
+        raise InvalidConfig(
+            f"cmd {cmd!r} is a string: give the program and its arguments as a list, "
+            f"e.g. ['python3', '-c', 'print(1)'] or ['sh', '-c', {cmd!r}]"
+        )
+    argv = list(cmd)
+    if not argv:
+        raise InvalidConfig("empty command: give the program and its arguments, e.g. ['python3', '-c', 'print(1)']")
+    if not all(isinstance(a, str) for a in argv):
+        raise InvalidConfig(f"cmd {argv!r}: every argument must be a string")
+    if timeout is not None and timeout <= 0:
+        raise InvalidConfig(f"timeout {timeout!r}: give seconds > 0, or None for the sandbox's lifetime")
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return ExecRequest(argv, None if timeout is None else float(timeout), data, dict(env or {}), workdir)
