@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"slices"
@@ -45,6 +46,7 @@ var bootFiles embed.FS
 var (
 	errExecTimeout = errors.New("exec timeout")
 	errDestroyed   = errors.New("sandbox destroyed")
+	errClosed      = errors.New("provider closed")
 )
 
 // execHandle lets Destroy stop an exec running in this process.
@@ -82,6 +84,11 @@ type program struct {
 	argv       []string
 	env        map[string]string
 	python     bool // gets the start-up hook mounted at /.roche
+
+	// For Python, what the start-up hook turns env into (the exec's own environment)
+	// and the working directory it moves to.
+	userEnv map[string]string
+	workdir string
 }
 
 // Exec implements roche.Provider. Each exec instantiates its module afresh, so nothing
@@ -120,7 +127,20 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	}
 	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
 	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
-	res, err := p.run(ctx, id, rec, mounts, prog, req.Stdin, stdout, stderr, timeout)
+	var res roche.ExecResult
+	served := false
+	if p.warmStart {
+		// The interpreter this exec may take is replaced once it is over.
+		defer p.startWarm(rec, warmRearmDelay)
+		if warmServes(prog, mounts) {
+			if w := p.takeWarm(id); w != nil {
+				res, served, err = p.execWarm(ctx, w, rec, mounts, prog, req, stdout, stderr, timeout)
+			}
+		}
+	}
+	if !served {
+		res, err = p.run(ctx, id, rec, mounts, prog, req.Stdin, stdout, stderr, timeout)
+	}
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
@@ -164,6 +184,7 @@ func (p *Provider) program(ctx context.Context, id string, rec record, mounts []
 		if err != nil {
 			return program{}, err
 		}
+		userEnv := maps.Clone(env)
 		// The start-up hook (boot/sitecustomize.py) reads these and removes them.
 		env["ROCHE_WASM_WORKDIR"] = workdir
 		if pp, ok := env["PYTHONPATH"]; ok {
@@ -173,7 +194,8 @@ func (p *Provider) program(ctx context.Context, id string, rec record, mounts []
 			delete(env, "ROCHE_WASM_PYTHONPATH")
 			env["PYTHONPATH"] = guestBoot
 		}
-		return program{module: mod, argv: pythonArgv(req.Cmd, workdir), env: env, python: true}, nil
+		return program{module: mod, argv: pythonArgv(req.Cmd, workdir), env: env, python: true,
+			userEnv: userEnv, workdir: workdir}, nil
 
 	case strings.HasSuffix(cmd, ".wasm"):
 		// WASI libc starts every module in / and has no way to be told otherwise; only
@@ -352,55 +374,8 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 
 	memory := newMemoryCap(rec.Config.MemoryBytes())
 	runCtx := experimental.WithMemoryAllocator(tctx, memory)
-
-	fsc := wazero.NewFSConfig()
-	for _, m := range mounts {
-		var q *quota
-		if m.own && !m.readOnly {
-			var skip []string
-			if m.guest == "/" {
-				// /tmp and /workspace live inside the root's directory but count on their own.
-				for _, o := range mounts {
-					if o.own && o.guest != "/" {
-						skip = append(skip, o.host)
-					}
-				}
-			}
-			q = &quota{used: dirSize(m.host, skip...), limit: roche.DefaultTmpSize}
-		}
-		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(newConfinedFS(m.host, m.readOnly, q), m.guest)
-	}
-	if prog.python {
-		boot, _ := fs.Sub(bootFiles, "boot")
-		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(&sysfs.AdaptFS{FS: boot}, guestBoot)
-	}
-
-	mcfg := wazero.NewModuleConfig().
-		// Anonymous, so that any number of execs can run in the runtime at once.
-		WithName("").
-		WithArgs(prog.argv...).
-		WithStdout(stdout).
-		WithStderr(stderr).
-		WithFSConfig(fsc).
-		// wazero's defaults are deterministic fakes: a clock stuck in 2022 and a fixed
-		// random seed, which would make every sandbox's os.urandom the same.
-		WithSysWalltime().
-		WithNanotime(guestNanotime, 1).
-		WithRandSource(rand.Reader).
-		// time.sleep must end at the timeout: a sleeping guest runs no code that could
-		// notice the context, so the sleep itself has to.
-		WithNanosleep(func(ns int64) { sleepCtx(tctx, time.Duration(ns)) }).
-		// _start is called below, so that a trap in it is told apart from a module
-		// that could not be instantiated at all.
-		WithStartFunctions()
-	keys := make([]string, 0, len(prog.env))
-	for k := range prog.env {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		mcfg = mcfg.WithEnv(k, prog.env[k])
-	}
+	fsc, _ := sandboxFS(mounts, prog.python)
+	mcfg := moduleConfig(tctx, prog.argv, prog.env, fsc, stdout, stderr)
 	if stdin != nil {
 		r := cancellableReader(tctx, stdin)
 		defer r.Close()
@@ -415,12 +390,99 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 	}
 	defer mod.Close(context.Background())
 	if memory.OverAtStart() {
-		return roche.ExecResult{}, fmt.Errorf("%w: %s needs more memory at start than the sandbox's limit of %s: create the sandbox with more memory",
-			roche.ErrInvalidConfig, prog.argv[0], rec.Config.Memory)
+		return roche.ExecResult{}, overAtStart(prog, rec)
 	}
 	_, callErr := mod.ExportedFunction("_start").Call(runCtx)
-	res := roche.ExecResult{Duration: time.Since(start)}
+	return outcome(ctx, tctx, id, rec, memory, callErr, stderr, start)
+}
 
+func overAtStart(prog program, rec record) error {
+	return fmt.Errorf("%w: %s needs more memory at start than the sandbox's limit of %s: create the sandbox with more memory",
+		roche.ErrInvalidConfig, prog.argv[0], rec.Config.Memory)
+}
+
+// dirQuota is the quota of one of the sandbox's own writable directories, with what
+// recount needs to bring it up to date.
+type dirQuota struct {
+	*quota
+	host string
+	skip []string
+}
+
+// recount sets the bytes used to what the directory holds now.
+func (q dirQuota) recount() {
+	used := dirSize(q.host, q.skip...)
+	q.mu.Lock()
+	q.used = used
+	q.mu.Unlock()
+}
+
+// sandboxFS is the file system an instance sees: the sandbox's directories, each
+// confined, its own writable ones under quota, and for Python the start-up hook.
+func sandboxFS(mounts []mountPoint, python bool) (wazero.FSConfig, []dirQuota) {
+	fsc := wazero.NewFSConfig()
+	var quotas []dirQuota
+	for _, m := range mounts {
+		var q *quota
+		if m.own && !m.readOnly {
+			var skip []string
+			if m.guest == "/" {
+				// /tmp and /workspace live inside the root's directory but count on their own.
+				for _, o := range mounts {
+					if o.own && o.guest != "/" {
+						skip = append(skip, o.host)
+					}
+				}
+			}
+			q = &quota{used: dirSize(m.host, skip...), limit: roche.DefaultTmpSize}
+			quotas = append(quotas, dirQuota{quota: q, host: m.host, skip: skip})
+		}
+		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(newConfinedFS(m.host, m.readOnly, q), m.guest)
+	}
+	if python {
+		boot, _ := fs.Sub(bootFiles, "boot")
+		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(&sysfs.AdaptFS{FS: boot}, guestBoot)
+	}
+	return fsc, quotas
+}
+
+// moduleConfig is how every instance starts; a sleep in the guest ends when ctx does.
+// Stdin is the caller's to add.
+func moduleConfig(ctx context.Context, argv []string, env map[string]string, fsc wazero.FSConfig, stdout, stderr io.Writer) wazero.ModuleConfig {
+	mcfg := wazero.NewModuleConfig().
+		// Anonymous, so that any number of execs can run in the runtime at once.
+		WithName("").
+		WithArgs(argv...).
+		WithStdout(stdout).
+		WithStderr(stderr).
+		WithFSConfig(fsc).
+		// wazero's defaults are deterministic fakes: a clock stuck in 2022 and a fixed
+		// random seed, which would make every sandbox's os.urandom the same.
+		WithSysWalltime().
+		WithNanotime(guestNanotime, 1).
+		WithRandSource(rand.Reader).
+		// time.sleep must end at the timeout: a sleeping guest runs no code that could
+		// notice the context, so the sleep itself has to.
+		WithNanosleep(func(ns int64) { sleepCtx(ctx, time.Duration(ns)) }).
+		// _start is called by the provider, so that a trap in it is told apart from a
+		// module that could not be instantiated at all.
+		WithStartFunctions()
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		mcfg = mcfg.WithEnv(k, env[k])
+	}
+	return mcfg
+}
+
+// outcome reports how a call of _start that began at start ended: ctx is the caller's,
+// tctx the guest's, whose cause says whether it was stopped and why.
+func outcome(ctx, tctx context.Context, id string, rec record, memory *memoryCap, callErr error,
+	stderr io.Writer, start time.Time) (roche.ExecResult, error) {
+	res := roche.ExecResult{Duration: time.Since(start)}
 	if err := ctx.Err(); err != nil {
 		return roche.ExecResult{}, fmt.Errorf("exec in wasm sandbox %s: %w", id, err)
 	}
@@ -432,6 +494,8 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 		res.TimedOut = true
 		res.ExitCode = ExitCodeKilled
 		return res, nil
+	case errors.Is(cause, errClosed):
+		return roche.ExecResult{}, fmt.Errorf("%w: exec in wasm sandbox %s: the provider was closed while the command ran", roche.ErrUnavailable, id)
 	}
 
 	var exit *sys.ExitError

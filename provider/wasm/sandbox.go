@@ -160,6 +160,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	}
 	done = true
 	p.log.Debug("wasm: sandbox created", "id", id, "dir", dir)
+	p.startWarm(rec, 0)
 	return rec.info(), nil
 }
 
@@ -380,7 +381,10 @@ func (p *Provider) Destroy(_ context.Context, id string) error {
 		return fmt.Errorf("destroying wasm sandbox %s: %w", id, err)
 	}
 	trash := filepath.Join(p.stateDir, trashName+id+"-"+strings.TrimPrefix(suffix, idPrefix))
-	if err := os.Rename(dir, trash); err != nil {
+	err = os.Rename(dir, trash)
+	// After the rename, so that no interpreter can be started for it again (startWarm).
+	p.stopWarm(id, errDestroyed)
+	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}

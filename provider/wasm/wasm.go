@@ -28,11 +28,13 @@
 // a short wasm stack trace appended to stderr.
 //
 // A sandbox is a directory under the state directory holding a small JSON record, so
-// one process (a CLI invocation) can create a sandbox and a later one exec in it.
-// Nothing runs between execs: each exec instantiates the module afresh (about 0.1 s for
-// python.wasm) and nothing of one exec's memory reaches the next; files do. Compiling
-// python.wasm takes seconds, so the compiled code is cached on disk under the cache
-// directory (loading it takes about 0.2 s) and kept in memory by the Provider.
+// one process (a CLI invocation) can create a sandbox and a later one exec in it. Each
+// exec runs on an instance of its own (about 0.1 s to instantiate python.wasm and
+// initialise CPython), so nothing of one exec's memory reaches the next; files do. A
+// long-lived process (roched) can have that instance started ahead of the exec, in the
+// background (WithWarmStart, warm.go). Compiling python.wasm takes seconds, so the
+// compiled code is cached on disk under the cache directory (loading it takes about
+// 0.2 s) and kept in memory by the Provider.
 package wasm
 
 import (
@@ -43,8 +45,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 
@@ -77,6 +81,18 @@ type Provider struct {
 	// Destroy can stop them instead of leaving them writing into a removed directory.
 	runMu   sync.Mutex
 	running map[string]map[*execHandle]struct{}
+	// warm holds each sandbox's interpreter started ahead of its next exec (see
+	// warm.go), when WithWarmStart asked for them; also under runMu.
+	warm       map[string]*warmInstance
+	warmServed uint64
+	closed     bool
+
+	warmStart bool
+	warmSlots chan struct{} // bounds the interpreters starting at once
+	// life ends at Close, stopping what runs in the background, which bg counts.
+	life     context.Context
+	stopLife context.CancelCauseFunc
+	bg       sync.WaitGroup
 }
 
 // Option configures a Provider.
@@ -100,6 +116,14 @@ func WithPythonPath(path string) Option { return func(p *Provider) { p.pythonPat
 // subdirectory.
 func WithCacheDir(dir string) Option { return func(p *Provider) { p.cacheDir = dir } }
 
+// WithWarmStart makes the provider keep, for every sandbox, one CPython interpreter
+// started ahead of the sandbox's next exec, and compile python.wasm in the background at
+// once, so that an exec of python3 -c or python3 script.py does not wait about 0.1 s for
+// the interpreter to initialise (see warm.go for what it serves and how). It is for
+// long-lived processes such as roched: a process that exits after one command would only
+// waste the work. Each idle sandbox then holds an initialised interpreter in memory.
+func WithWarmStart() Option { return func(p *Provider) { p.warmStart = true } }
+
 // WithStateDir sets the directory holding the sandboxes, by default
 // $XDG_RUNTIME_DIR/roche/wasm, or roche-wasm-<uid> in the system temporary directory.
 // Processes that share sandboxes must use the same one.
@@ -109,9 +133,12 @@ func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = d
 // Create or Exec (or Prepare), so listing and destroying sandboxes work without it.
 func New(opts ...Option) (*Provider, error) {
 	p := &Provider{
-		log:     slog.New(slog.DiscardHandler),
-		running: map[string]map[*execHandle]struct{}{},
+		log:       slog.New(slog.DiscardHandler),
+		running:   map[string]map[*execHandle]struct{}{},
+		warm:      map[string]*warmInstance{},
+		warmSlots: make(chan struct{}, max(runtime.GOMAXPROCS(0), 1)),
 	}
+	p.life, p.stopLife = context.WithCancelCause(context.Background())
 	p.cacheDir = defaultCacheDir()
 	p.stateDir = defaultStateDir()
 	for _, o := range opts {
@@ -157,8 +184,27 @@ func New(opts ...Option) (*Provider, error) {
 		_ = p.Close()
 		return nil, fmt.Errorf("%w: wasm provider: instantiating WASI: %v", roche.ErrUnavailable, err)
 	}
+	if p.warmStart && p.checkPython() == nil {
+		p.bg.Add(1)
+		go func() {
+			defer p.bg.Done()
+			start := time.Now()
+			if err := p.Prepare(p.life); err != nil {
+				if !errors.Is(err, context.Canceled) {
+					p.log.Warn("wasm: preparing python.wasm in the background failed; execs will try again", "err", err)
+				}
+				return
+			}
+			p.log.Info("wasm: python.wasm compiled and kept in memory", "took", time.Since(start).Round(time.Millisecond))
+		}()
+	}
 	return p, nil
 }
+
+// Available reports, cheaply, whether python.wasm is where the provider looks for it:
+// when it is not, the error says how to fetch it, and every Create fails with it
+// (wrapping roche.ErrUnavailable).
+func (p *Provider) Available() error { return p.checkPython() }
 
 // Name implements roche.Provider.
 func (p *Provider) Name() string { return "wasm" }
@@ -191,9 +237,15 @@ func (p *Provider) Prepare(ctx context.Context) error {
 	return err
 }
 
-// Close releases the compiled code and the runtime. Execs still running are stopped.
+// Close releases the compiled code and the runtime. Execs still running are stopped,
+// and so is everything the provider runs in the background (the warm interpreters).
 func (p *Provider) Close() error {
 	ctx := context.Background()
+	p.runMu.Lock()
+	p.closed = true
+	p.runMu.Unlock()
+	p.stopLife(errClosed)
+	p.bg.Wait()
 	var errs []error
 	if p.runtime != nil {
 		errs = append(errs, p.runtime.Close(ctx))

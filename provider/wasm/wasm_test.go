@@ -21,6 +21,10 @@ import (
 // tp is shared by every test, so that python.wasm is compiled once per test binary.
 var tp *Provider
 
+// twp has warm start on and shares tp's state directory, so that the same sandbox can be
+// exec'd in on a warm interpreter (twp) and on a fresh one (tp).
+var twp *Provider
+
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
 }
@@ -44,10 +48,17 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "python.wasm ready in %v\n", time.Since(start).Round(time.Millisecond))
+	twp, err = New(WithStateDir(stateDir), WithWarmStart())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	code := m.Run()
-	if err := tp.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, "closing the provider:", err)
-		code = 1
+	for _, p := range []*Provider{tp, twp} {
+		if err := p.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "closing the provider:", err)
+			code = 1
+		}
 	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {

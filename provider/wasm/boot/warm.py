@@ -1,0 +1,132 @@
+# Roche's wasm provider starts CPython ahead of an exec with this program (see warm.go), so
+# that the exec does not wait for the interpreter to initialise. It is passed as sys.argv[1]
+# of `python3 -c "exec(compile(sys.argv[1], ...), {...})"` and runs in a namespace of its
+# own, so __main__ stays as a fresh interpreter has it. It reads one request from stdin,
+# sets the process up as `python3 -c CODE ARGS...` or `python3 SCRIPT ARGS...` would have
+# it once Roche's start-up hook (sitecustomize.py) had run, and runs that program. The
+# interpreter exits with the program: an instance never serves a second request.
+#
+# The request: ten ASCII digits giving the length of the rest, then NUL-separated UTF-8
+# fields: "c" or "f" (command or file), the working directory, the number of argv
+# entries, the argv entries, then the environment as KEY=VALUE entries in order.
+import os as _os
+import sys as _sys
+
+
+def _read_exact(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = _os.read(0, n - len(buf))
+        if not chunk:
+            # The host discarded this instance before handing it a program.
+            _os._exit(0)
+        buf += chunk
+    return buf
+
+
+_fields = [_os.fsdecode(f) for f in _read_exact(int(_read_exact(10))).split(b"\0")]
+_kind, _workdir, _argc = _fields[0], _fields[1], int(_fields[2])
+_argv = _fields[3 : 3 + _argc]
+
+# The environment a fresh interpreter would have after sitecustomize.py: only what the
+# exec gives (os.environ is posix.environ here, so both change, and so does the C one).
+_os.environ.clear()
+for _kv in _fields[3 + _argc :]:
+    _k, _, _v = _kv.partition("=")
+    _os.environ[_k] = _v
+
+try:
+    _os.chdir(_workdir)
+except Exception as _err:
+    # What site.py prints when sitecustomize.py fails this way in a fresh interpreter.
+    _sys.stderr.write(
+        "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s: %s\n"
+        % (_err.__class__.__name__, _err)
+    )
+
+_main = _sys.modules["__main__"]
+_globals = _main.__dict__
+_sys.orig_argv = list(_argv)
+if _kind == "c":
+    _filename = "<string>"
+    _source = _argv[2]
+    _sys.argv = ["-c"] + _argv[3:]
+else:
+    _filename = _argv[1]
+    _sys.argv = _argv[1:]
+    _sys.path[0] = _os.path.dirname(_filename)
+    try:
+        with open(_filename, "rb") as _f:
+            _source = _f.read()
+        del _f
+    except OSError as _err:
+        _sys.stderr.write(
+            "%s: can't open file %r: [Errno %d] %s\n"
+            % (_argv[0], _filename, _err.errno, _err.strerror)
+        )
+        raise SystemExit(2)
+    _globals["__file__"] = _filename
+    _globals["__cached__"] = None
+    _globals["__loader__"] = _sys.modules[
+        "_frozen_importlib_external"
+    ].SourceFileLoader("__main__", _filename)
+
+
+def _forget_file():
+    if _kind == "f":
+        _globals.pop("__file__", None)
+        _globals.pop("__cached__", None)
+
+
+def _own_frames_off(tb):
+    # The traceback of an exception caught here starts at this frame; a fresh
+    # interpreter's has nothing below the program's own frame.
+    if tb is not None and tb.tb_frame is _sys._getframe(1):
+        tb = tb.tb_next
+    return tb
+
+
+_exc = None
+try:
+    _code = compile(_source, _filename, "exec", dont_inherit=True)
+    del _source
+    exec(_code, _globals)
+except SystemExit:
+    _forget_file()
+    raise
+except BaseException as _e:
+    _exc = _e
+
+if _exc is None:
+    _forget_file()
+else:
+    # What PyErr_Print does for an uncaught exception, outside any except block as it
+    # is there, so that an exception raised by the hook has no context.
+    _tb = _own_frames_off(_exc.__traceback__)
+    _exc.__traceback__ = _tb
+    _sys.last_exc = _sys.last_value = _exc
+    _sys.last_type = type(_exc)
+    _sys.last_traceback = _tb
+    _hook = getattr(_sys, "excepthook", None)
+    _sys.audit("sys.excepthook", _hook, type(_exc), _exc, _tb)
+    _hook_exc = None
+    if _hook is None:
+        _sys.stderr.write("sys.excepthook is missing\n")
+        _sys.__excepthook__(type(_exc), _exc, _tb)
+    else:
+        try:
+            _hook(type(_exc), _exc, _tb)
+        except SystemExit:
+            raise
+        except BaseException as _e:
+            _hook_exc = _e
+    if _hook_exc is not None:
+        _hook_exc.__traceback__ = _own_frames_off(_hook_exc.__traceback__)
+        _sys.stderr.write("Error in sys.excepthook:\n")
+        _sys.__excepthook__(type(_hook_exc), _hook_exc, _hook_exc.__traceback__)
+        _sys.stderr.write("\nOriginal exception was:\n")
+        _sys.__excepthook__(type(_exc), _exc, _tb)
+    _forget_file()
+    # An uncaught KeyboardInterrupt (exactly that class) makes CPython exit as if
+    # interrupted, 130; any other exception exits 1.
+    raise SystemExit(130 if type(_exc) is KeyboardInterrupt else 1)
