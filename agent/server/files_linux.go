@@ -121,11 +121,11 @@ func (s *Server) files(c *conn, req agent.Request) error {
 				return fileErr(path.Dir(p), err)
 			}
 			r := &dataReader{c: c}
-			if err := tarfs.Extract(r, p); err != nil {
-				_, _ = io.Copy(io.Discard, r)
-				return fileErr(p, err)
-			}
-			return nil
+			err := tarfs.Extract(r, p)
+			// Read to the end of the data (the archive's trailer may still be on its way):
+			// replying and closing first would make the client's last writes fail.
+			_, _ = io.Copy(io.Discard, r)
+			return fileErr(p, err)
 		})
 		if err != nil {
 			return err
