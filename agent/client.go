@@ -17,10 +17,19 @@ import (
 type Client struct {
 	socket string
 	dialer net.Dialer
+	// dial, when set, replaces dialing socket (transports other than a unix socket path).
+	dial func(ctx context.Context) (net.Conn, error)
 }
 
 // NewClient returns a client for the agent listening on socket.
 func NewClient(socket string) *Client { return &Client{socket: socket} }
+
+// NewClientWithDialer returns a client that reaches the agent through dial, for
+// transports other than a unix socket path (a microVM's vsock). name is reported by
+// Socket, for messages.
+func NewClientWithDialer(name string, dial func(ctx context.Context) (net.Conn, error)) *Client {
+	return &Client{socket: name, dial: dial}
+}
 
 // Socket is the socket path the client dials.
 func (c *Client) Socket() string { return c.socket }
@@ -34,7 +43,13 @@ type session struct {
 }
 
 func (c *Client) open(ctx context.Context, req Request) (*session, error) {
-	nc, err := c.dialer.DialContext(ctx, "unix", c.socket)
+	var nc net.Conn
+	var err error
+	if c.dial != nil {
+		nc, err = c.dial(ctx)
+	} else {
+		nc, err = c.dialer.DialContext(ctx, "unix", c.socket)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the sandbox agent: %w", err)
 	}

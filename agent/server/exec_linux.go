@@ -194,6 +194,9 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 				// Its own process group, so signals and kills reach everything it starts.
 				Setpgid:    true,
 				Credential: &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
+				// Born inside the sandbox's cgroup (clone3), so no fork can escape its limits.
+				UseCgroupFD: s.cgroupFD > 0,
+				CgroupFD:    s.cgroupFD,
 			},
 		})
 	})
@@ -430,7 +433,7 @@ func (s *Server) signal(pid, sig int) error {
 
 // oomKills reads the sandbox cgroup's OOM-kill counter (cgroup v1 or v2); -1 if unknown.
 func oomKills() int64 {
-	for _, f := range []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"} {
+	for _, f := range []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue

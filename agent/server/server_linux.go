@@ -34,6 +34,9 @@ type Config struct {
 	// Lifetime ends the agent, and so the sandbox, after this long (0: never).
 	Lifetime time.Duration
 	Log      *slog.Logger
+	// Listener, when set, is served instead of a socket at Socket (a microVM's vsock or
+	// serial multiplexer; see RunVM).
+	Listener net.Listener
 }
 
 // Server is the in-sandbox agent.
@@ -43,6 +46,9 @@ type Server struct {
 	uid, gid int
 	baseEnv  []string
 	reaper   *reaper
+	// cgroupFD, when positive, is the cgroup every command starts in (set in a microVM,
+	// where the agent itself enforces the PID and memory limits; see RunVM).
+	cgroupFD int
 
 	mu    sync.Mutex
 	procs map[int]*proc // background and running commands by pid
@@ -75,19 +81,24 @@ func New(cfg Config) (*Server, error) {
 // signals every command's process group and returns.
 func (s *Server) Run(ctx context.Context) error {
 	go s.reaper.run()
-	_ = os.Remove(s.cfg.Socket)
-	// Only the socket's owner may connect: created with a restrictive umask so there is no
-	// moment at which it is open to others.
-	old := syscall.Umask(0o177)
-	ln, err := net.Listen("unix", s.cfg.Socket)
-	syscall.Umask(old)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", s.cfg.Socket, err)
+	ln := s.cfg.Listener
+	if ln == nil {
+		_ = os.Remove(s.cfg.Socket)
+		// Only the socket's owner may connect: created with a restrictive umask so there is no
+		// moment at which it is open to others.
+		old := syscall.Umask(0o177)
+		var err error
+		ln, err = net.Listen("unix", s.cfg.Socket)
+		syscall.Umask(old)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", s.cfg.Socket, err)
+		}
+		if err := os.Chown(s.cfg.Socket, s.cfg.SocketOwner, -1); err != nil && s.cfg.SocketOwner != 0 {
+			ln.Close()
+			return fmt.Errorf("handing the socket to uid %d: %w", s.cfg.SocketOwner, err)
+		}
 	}
 	defer ln.Close()
-	if err := os.Chown(s.cfg.Socket, s.cfg.SocketOwner, -1); err != nil && s.cfg.SocketOwner != 0 {
-		return fmt.Errorf("handing the socket to uid %d: %w", s.cfg.SocketOwner, err)
-	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

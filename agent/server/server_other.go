@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"time"
 )
 
@@ -19,6 +20,7 @@ type Config struct {
 	User        string
 	Lifetime    time.Duration
 	Log         *slog.Logger
+	Listener    net.Listener
 }
 
 // Server is the in-sandbox agent; it exists only on Linux.

@@ -21,6 +21,9 @@ func main() {
 }
 
 func run() error {
+	if mode := vmMode(); mode != nil {
+		return mode()
+	}
 	socket := flag.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")
 	owner := flag.Int("owner", 0, "host uid allowed to connect to the socket")
 	user := flag.String("user", "65534:65534", "uid[:gid] or name commands run as")

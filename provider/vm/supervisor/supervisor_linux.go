@@ -1,0 +1,272 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche/agent/vmlink"
+)
+
+// stopGrace is how long the hypervisor has to exit after SIGTERM before SIGKILL.
+const stopGrace = 3 * time.Second
+
+// Main runs a supervisor: args is the path of its Spec file.
+func Main(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("usage: roche-agent %s SPEC.json (started by the qemu and firecracker providers, not by hand)", Subcommand)
+	}
+	b, err := os.ReadFile(args[0])
+	if err != nil {
+		return err
+	}
+	var spec Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return fmt.Errorf("reading %s: %w", args[0], err)
+	}
+	if spec.Dir == "" || len(spec.Argv) == 0 {
+		return fmt.Errorf("%s: no directory or hypervisor command", args[0])
+	}
+	return run(spec)
+}
+
+func run(spec Spec) error {
+	// The hypervisor is killed if the supervisor dies (Pdeathsig), and Linux ties that to
+	// the thread that forked it: pin this goroutine to its thread for good.
+	runtime.LockOSThread()
+	report := reportPipe()
+	defer cleanup(spec)
+
+	console, err := os.OpenFile(spec.Console, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer console.Close()
+	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)
+	cmd.Stdout, cmd.Stderr = console, console
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	var host, guest *os.File
+	if spec.Serial {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("socket pair for the serial link: %w", err)
+		}
+		host = os.NewFile(uintptr(fds[0]), "vmlink-host")
+		guest = os.NewFile(uintptr(fds[1]), "vmlink-guest")
+		cmd.ExtraFiles = []*os.File{guest} // fd 3 in the hypervisor
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	err = cmd.Start()
+	if guest != nil {
+		guest.Close() // the hypervisor holds it now; its exit then shows as EOF here
+	}
+	if err != nil {
+		writeReport(report, Report{Exit: fmt.Sprintf("starting %s: %v", spec.Argv[0], err)})
+		return err
+	}
+	_ = os.WriteFile(filepath.Join(spec.Dir, HypervisorFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	var link *serialLink
+	if host != nil {
+		link = &serialLink{host: host, socket: spec.AgentSocket}
+		go link.serve()
+	}
+	deadline := time.NewTimer(max(time.Until(time.UnixMilli(spec.DeadlineUnixMS)), 0))
+	defer deadline.Stop()
+
+	var waitErr error
+	stopped := ""
+	select {
+	case waitErr = <-exited:
+	case sig := <-sigs:
+		stopped = "stopped by " + sig.String()
+		waitErr = stop(cmd, exited)
+	case <-deadline.C:
+		stopped = "stopped at the end of its lifetime"
+		waitErr = stop(cmd, exited)
+	}
+	if link != nil {
+		link.close()
+	}
+	exit := describe(waitErr)
+	if stopped != "" {
+		exit = stopped
+	}
+	writeReport(report, Report{Exit: exit, Console: consoleTail(spec.Console)})
+	return nil
+}
+
+// stop asks the hypervisor's process group to end, then kills it.
+func stop(cmd *exec.Cmd, exited <-chan error) error {
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		return err
+	case <-time.After(stopGrace):
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	return <-exited
+}
+
+func describe(err error) string {
+	if err == nil {
+		return "the hypervisor exited (status 0)"
+	}
+	return "the hypervisor exited: " + err.Error()
+}
+
+// cleanup removes everything the VM had on the host.
+func cleanup(spec Spec) {
+	for _, d := range spec.RemoveDirs {
+		_ = os.RemoveAll(d)
+	}
+	_ = os.RemoveAll(spec.Dir)
+}
+
+// reportPipe is fd 3 when the creator passed one: the creating process reads it while it
+// waits for the agent, to tell a VM that died at boot from one that is slow.
+func reportPipe() *os.File {
+	if _, err := unix.FcntlInt(3, unix.F_GETFD, 0); err != nil {
+		return nil
+	}
+	// Not for the hypervisor: exec would otherwise hand it on.
+	unix.CloseOnExec(3)
+	return os.NewFile(3, "report")
+}
+
+// writeReport never blocks for long: the report is far smaller than a pipe's buffer, and
+// once the creator has gone the write fails with EPIPE (fd 3, so no SIGPIPE).
+func writeReport(f *os.File, r Report) {
+	if f == nil {
+		return
+	}
+	b, _ := json.Marshal(r)
+	_, _ = f.Write(append(b, '\n'))
+	_ = f.Close()
+}
+
+// consoleTail is the end of the console output, where a panic or an init error is.
+func consoleTail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const tail = 8 << 10
+	if fi, err := f.Stat(); err == nil && fi.Size() > tail {
+		_, _ = f.Seek(fi.Size()-tail, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.ToValidUTF8(string(b), "?")
+}
+
+// serialLink serves the agent socket over the VM's serial port: each connection to the
+// socket becomes one multiplexed stream to the guest agent.
+type serialLink struct {
+	host   *os.File
+	socket string
+
+	mu     sync.Mutex
+	ln     net.Listener
+	sess   *yamux.Session
+	closed bool
+}
+
+func (l *serialLink) serve() {
+	// The socket appears only once the guest agent has said hello, so "the socket
+	// exists" already means "the agent is up".
+	if err := vmlink.ReadHello(l.host); err != nil {
+		fmt.Fprintf(os.Stderr, "roche-agent %s: %v\n", Subcommand, err)
+		return
+	}
+	sess, err := yamux.Client(l.host, vmlink.MuxConfig())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "roche-agent %s: %v\n", Subcommand, err)
+		return
+	}
+	_ = os.Remove(l.socket)
+	old := syscall.Umask(0o177) // only the owner may connect, from the first moment
+	ln, err := net.Listen("unix", l.socket)
+	syscall.Umask(old)
+	if err != nil {
+		sess.Close()
+		fmt.Fprintf(os.Stderr, "roche-agent %s: listening on %s: %v\n", Subcommand, l.socket, err)
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		ln.Close()
+		sess.Close()
+		return
+	}
+	l.ln, l.sess = ln, sess
+	l.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go proxy(c, sess)
+	}
+}
+
+func (l *serialLink) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if l.ln != nil {
+		l.ln.Close()
+	}
+	if l.sess != nil {
+		l.sess.Close()
+	}
+	l.host.Close()
+}
+
+// proxy joins a client connection to a new stream. The client closing its connection
+// closes the stream, which the agent sees as the client going away (and so kills a
+// foreground command); what the agent still sends after that is drained, so it never
+// blocks writing to a reader that has left.
+func proxy(c net.Conn, sess *yamux.Session) {
+	st, err := sess.OpenStream()
+	if err != nil {
+		c.Close()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := io.Copy(c, st); err != nil {
+			_, _ = io.Copy(io.Discard, st)
+		}
+		c.Close()
+	}()
+	_, _ = io.Copy(st, c)
+	st.Close()
+	<-done
+	c.Close()
+}
