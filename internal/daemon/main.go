@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
 // DefaultMaxSandboxes is --max-sandboxes when neither a flag nor the config file sets it.
@@ -109,8 +110,12 @@ gets a sandbox made for it.
 "max_sandboxes": 100, "pool_concurrency": 2, "pools": ["docker/IMAGE?min=2"]}.
 Flags win over the file; the token comes only from --token or ROCHE_TOKEN.
 
+Providers: docker, and wasm (CPython 3.12 on wazero) when python.wasm is installed
+(scripts/fetch-python-wasm.sh); roched starts without it and says so in its log.
+
 GET /healthz answers without a token; /metrics is Prometheus text.`,
 		Example: `  roched --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
+  roched --pool 'wasm/python:3.12?min=2&max=5'
   roched --config /etc/roche/roched.json
   ROCHE_TOKEN=$(openssl rand -hex 16) roched --listen tcp://127.0.0.1:7878`,
 		Args:          cobra.NoArgs,
@@ -219,7 +224,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	// Settings are checked before the providers are set up, whose warnings would only
 	// bury the reason roched refuses to start.
-	if err := cfg.Validate([]string{"docker"}); err != nil {
+	if err := cfg.Validate([]string{"docker", "wasm"}); err != nil {
 		return err
 	}
 	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")))
@@ -228,6 +233,10 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	defer dp.Close()
 	providers := map[string]roche.Provider{"docker": dp}
+	if wp := wasmProvider(log); wp != nil {
+		defer wp.Close()
+		providers["wasm"] = wp
+	}
 
 	d, err := New(cfg, providers, WithLogger(log))
 	if err != nil {
@@ -247,4 +256,22 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	shctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
 	return d.Shutdown(shctx)
+}
+
+// wasmProvider is the WebAssembly provider as roched runs it: python.wasm compiled in the
+// background and kept in memory, and each sandbox's interpreter started ahead of its next
+// exec. A missing python.wasm does not stop roched: it serves the provider, whose creates
+// fail with ErrUnavailable and the command that fetches it, and logs that here. Only a
+// provider that cannot be made at all (no state directory) is left out.
+func wasmProvider(log *slog.Logger) *wasm.Provider {
+	wlog := log.With("provider", "wasm")
+	wp, err := wasm.New(wasm.WithLogger(wlog), wasm.WithWarmStart())
+	if err != nil {
+		wlog.Warn("wasm provider unavailable: serving without it", "err", err)
+		return nil
+	}
+	if err := wp.Available(); err != nil {
+		wlog.Warn("wasm provider unavailable: creates with provider wasm fail until python.wasm is installed", "err", err)
+	}
+	return wp
 }
