@@ -1,0 +1,161 @@
+// Package egress is the host side of Roche's egress allowlist: an HTTP proxy that lets a
+// sandbox reach only the hosts it was given, by name. The sandbox itself has no network
+// interface but lo; roche-agent forwards its HTTP_PROXY port over the control channel to
+// this proxy, which resolves names itself, refuses private and metadata addresses, caps
+// bytes and connections, and logs every decision. Nothing is enforced inside the
+// sandbox, where untrusted code lives.
+package egress
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Rule is one allowlist entry: an exact host, a "*." suffix, or an IP literal, with an
+// optional port (without one, 80 for HTTP and 443 for CONNECT).
+type Rule struct {
+	Host   string // lower case, without the "*." of a wildcard
+	Suffix bool   // "*.example.com": any name below example.com (not example.com itself)
+	Port   int    // 0: the scheme's default port
+	// IP is set when Host is an IP literal; only such a rule can allow a private address.
+	IP netip.Addr
+}
+
+func (r Rule) String() string {
+	h := r.Host
+	if r.Suffix {
+		h = "*." + h
+	}
+	if r.IP.Is6() {
+		h = "[" + h + "]"
+	}
+	if r.Port != 0 {
+		h += ":" + strconv.Itoa(r.Port)
+	}
+	return h
+}
+
+// ParseRule parses "pypi.org", "*.npmjs.org", "example.com:8443", "127.0.0.2:8080" or
+// "[::1]:8443".
+func ParseRule(s string) (Rule, error) {
+	orig := s
+	s = strings.ToLower(strings.TrimSpace(s))
+	if s == "" {
+		return Rule{}, fmt.Errorf("%w: empty allowlist entry", roche.ErrInvalidConfig)
+	}
+	if strings.Contains(s, "/") {
+		return Rule{}, fmt.Errorf("%w: allowlist entry %q: give a host name (and port), not a URL", roche.ErrInvalidConfig, orig)
+	}
+	var r Rule
+	host := s
+	if h, p, err := net.SplitHostPort(s); err == nil {
+		port, err := strconv.Atoi(p)
+		if err != nil || port < 1 || port > 65535 {
+			return Rule{}, fmt.Errorf("%w: allowlist entry %q: port %q is not 1-65535", roche.ErrInvalidConfig, orig, p)
+		}
+		host, r.Port = h, port
+	} else if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		host = s[1 : len(s)-1]
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		r.Host, r.IP = ip.String(), ip.Unmap()
+		return r, nil
+	}
+	if rest, ok := strings.CutPrefix(host, "*."); ok {
+		r.Suffix = true
+		host = rest
+	}
+	host = strings.TrimSuffix(host, ".")
+	if host == "" || strings.ContainsAny(host, "*:[] ") || strings.Count(host, ".") == 0 && !r.Suffix && host != "localhost" {
+		return Rule{}, fmt.Errorf("%w: allowlist entry %q: use a host such as pypi.org, *.npmjs.org or example.com:8443", roche.ErrInvalidConfig, orig)
+	}
+	r.Host = host
+	return r, nil
+}
+
+// Policy is a sandbox's allowlist.
+type Policy struct {
+	Rules []Rule
+}
+
+// ParsePolicy parses allowlist entries, reporting every bad one.
+func ParsePolicy(entries []string) (Policy, error) {
+	var p Policy
+	var bad []string
+	for _, e := range entries {
+		r, err := ParseRule(e)
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		p.Rules = append(p.Rules, r)
+	}
+	if len(bad) > 0 {
+		return Policy{}, fmt.Errorf("%s", strings.Join(bad, "; "))
+	}
+	return p, nil
+}
+
+// match returns the rule that allows host:port, if any. defaultPort is the scheme's.
+func (p Policy) match(host string, port, defaultPort int) (Rule, bool) {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	ip, ipErr := netip.ParseAddr(strings.Trim(host, "[]"))
+	for _, r := range p.Rules {
+		want := r.Port
+		if want == 0 {
+			want = defaultPort
+		}
+		if port != want {
+			continue
+		}
+		switch {
+		case r.IP.IsValid():
+			if ipErr == nil && ip.Unmap() == r.IP {
+				return r, true
+			}
+		case r.Suffix:
+			if strings.HasSuffix(host, "."+r.Host) {
+				return r, true
+			}
+		case host == r.Host:
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
+
+// metadataAddrs are cloud metadata endpoints, refused even though some are not private.
+var metadataAddrs = []netip.Addr{
+	netip.MustParseAddr("169.254.169.254"),
+	netip.MustParseAddr("169.254.170.2"),
+	netip.MustParseAddr("100.100.100.200"),
+	netip.MustParseAddr("fd00:ec2::254"),
+}
+
+// forbidden reports why an address may not be dialled unless a rule names it literally.
+func forbidden(a netip.Addr) string {
+	a = a.Unmap()
+	for _, m := range metadataAddrs {
+		if a == m {
+			return "a cloud metadata address"
+		}
+	}
+	switch {
+	case a.IsLoopback():
+		return "a loopback address"
+	case a.IsPrivate():
+		return "a private address"
+	case a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast():
+		return "a link-local address"
+	case a.IsUnspecified() || a.IsMulticast() || a.IsInterfaceLocalMulticast():
+		return "not a unicast address"
+	case netip.MustParsePrefix("100.64.0.0/10").Contains(a):
+		return "a carrier-grade NAT address"
+	}
+	return ""
+}

@@ -1,0 +1,383 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for the per-sandbox caps.
+const (
+	DefaultMaxBytes = 1 << 30 // bytes in and out, over the sandbox's life
+	DefaultMaxConns = 32      // connections at once
+)
+
+// Resolver looks up a host's addresses; *net.Resolver is one.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Options configures a Proxy.
+type Options struct {
+	Policy Policy
+	// MaxBytes caps the bytes relayed in both directions over the proxy's life.
+	MaxBytes int64
+	// MaxConns caps the connections open at once.
+	MaxConns int
+	// Resolver resolves names (default net.DefaultResolver); the proxy never lets the
+	// sandbox resolve anything itself.
+	Resolver Resolver
+	// Dial opens upstream connections (default a net.Dialer with a 10 s timeout).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Sandbox names the sandbox in logs.
+	Sandbox string
+	Log     *slog.Logger
+}
+
+// Proxy relays one sandbox's HTTP and CONNECT requests to the hosts its policy allows.
+type Proxy struct {
+	opts  Options
+	log   *slog.Logger
+	bytes atomic.Int64
+	conns chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	open   map[net.Conn]struct{}
+}
+
+// New returns a proxy for one sandbox.
+func New(opts Options) *Proxy {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
+	if opts.Resolver == nil {
+		opts.Resolver = net.DefaultResolver
+	}
+	if opts.Dial == nil {
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		opts.Dial = d.DialContext
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Proxy{
+		opts: opts, log: opts.Log.With("sandbox", opts.Sandbox),
+		conns: make(chan struct{}, opts.MaxConns),
+		open:  map[net.Conn]struct{}{},
+	}
+}
+
+// Serve accepts connections on ln until it is closed.
+func (p *Proxy) Serve(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		go p.ServeConn(c)
+	}
+}
+
+// Close ends every relayed connection.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for c := range p.open {
+		c.Close()
+	}
+}
+
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.open[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.open, c)
+	p.mu.Unlock()
+}
+
+// ServeConn handles one client connection: one CONNECT tunnel, or one plain HTTP request
+// (the connection then closes, so that a kept-alive connection cannot carry a second
+// request past the checks made for the first).
+func (p *Proxy) ServeConn(c net.Conn) {
+	defer c.Close()
+	if !p.track(c) {
+		return
+	}
+	defer p.untrack(c)
+	select {
+	case p.conns <- struct{}{}:
+		defer func() { <-p.conns }()
+	default:
+		p.log.Warn("egress refused", "reason", "too many connections", "max", p.opts.MaxConns)
+		refuse(c, http.StatusTooManyRequests, fmt.Sprintf("this sandbox already has %d connections open", p.opts.MaxConns))
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReaderSize(c, 64<<10)
+	hostHeader, err := peekHost(br)
+	if err != nil {
+		refuse(c, http.StatusBadRequest, err.Error())
+		return
+	}
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		refuse(c, http.StatusBadRequest, "malformed proxy request")
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+
+	defaultPort := 80
+	authority := req.URL.Host
+	if req.Method == http.MethodConnect {
+		defaultPort = 443
+		authority = req.RequestURI
+	} else if req.URL.Scheme != "http" || req.URL.Host == "" {
+		refuse(c, http.StatusBadRequest, "only absolute http:// URLs and CONNECT are proxied")
+		return
+	}
+	host, port, err := splitAuthority(authority, defaultPort)
+	if err != nil {
+		refuse(c, http.StatusBadRequest, err.Error())
+		return
+	}
+	if hostHeader != "" {
+		hh, hp, err := splitAuthority(hostHeader, defaultPort)
+		if err != nil || !strings.EqualFold(hh, host) || hp != port {
+			p.decide(authority, false, "the Host header names "+hostHeader)
+			refuse(c, http.StatusForbidden, fmt.Sprintf("the Host header %q differs from the target %q", hostHeader, authority))
+			return
+		}
+	}
+	rule, ok := p.opts.Policy.match(host, port, defaultPort)
+	if !ok {
+		p.decide(authority, false, "not in the allowlist")
+		refuse(c, http.StatusForbidden, fmt.Sprintf("%s is not in this sandbox's allowlist", net.JoinHostPort(host, strconv.Itoa(port))))
+		return
+	}
+	addr, reason, err := p.resolve(req.Context(), host, rule)
+	if err != nil {
+		p.decide(authority, false, err.Error())
+		refuse(c, http.StatusBadGateway, fmt.Sprintf("cannot resolve %s: %v", host, err))
+		return
+	}
+	if reason != "" {
+		p.decide(authority, false, host+" resolves to "+reason+" "+addr.String())
+		refuse(c, http.StatusForbidden, fmt.Sprintf("%s resolves to %s (%s), which an allowlist entry must name literally", host, addr, reason))
+		return
+	}
+	if p.bytes.Load() >= p.opts.MaxBytes {
+		p.decide(authority, false, "byte cap reached")
+		refuse(c, http.StatusForbidden, fmt.Sprintf("this sandbox has used its %d bytes of egress", p.opts.MaxBytes))
+		return
+	}
+	up, err := p.opts.Dial(req.Context(), "tcp", net.JoinHostPort(addr.String(), strconv.Itoa(port)))
+	if err != nil {
+		p.decide(authority, false, "dial: "+err.Error())
+		refuse(c, http.StatusBadGateway, fmt.Sprintf("connecting to %s: %v", authority, err))
+		return
+	}
+	if !p.track(up) {
+		up.Close()
+		return
+	}
+	defer p.untrack(up)
+	defer up.Close()
+	p.decide(authority, true, "allowed by "+rule.String()+" at "+addr.String())
+	counted := &countingConn{Conn: up, p: p}
+
+	if req.Method == http.MethodConnect {
+		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+			return
+		}
+		p.pipe(c, br, counted)
+		return
+	}
+	p.forward(c, req, counted)
+}
+
+// forward relays one plain HTTP request and its response.
+func (p *Proxy) forward(c net.Conn, req *http.Request, up net.Conn) {
+	for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Connection", "Keep-Alive", "Upgrade", "Te", "Trailer"} {
+		req.Header.Del(h)
+	}
+	req.RequestURI = ""
+	req.Close = true
+	if err := req.Write(up); err != nil {
+		refuse(c, http.StatusBadGateway, "sending the request upstream: "+err.Error())
+		return
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(up), req)
+	if err != nil {
+		refuse(c, http.StatusBadGateway, "reading the upstream response: "+err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	resp.Close = true
+	_ = resp.Write(c)
+}
+
+// pipe copies both ways until either side closes.
+func (p *Proxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn) {
+	done := make(chan struct{}, 2)
+	go func() {
+		_, _ = io.Copy(up, br) // br first: bytes the client sent right after CONNECT
+		closeWrite(up)
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(c, up)
+		closeWrite(c)
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	if cc, ok := c.(*countingConn); ok {
+		closeWrite(cc.Conn)
+		return
+	}
+	c.Close()
+}
+
+// resolve picks the address to dial. A rule naming an IP allows exactly that IP; for a
+// name, every address it resolves to must be public (no loopback, private, link-local or
+// metadata address), so a name cannot be pointed at the host's neighbours.
+func (p *Proxy) resolve(ctx context.Context, host string, rule Rule) (netip.Addr, string, error) {
+	if rule.IP.IsValid() {
+		return rule.IP, "", nil
+	}
+	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return ip, forbidden(ip), nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	addrs, err := p.opts.Resolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.Addr{}, "", err
+	}
+	if len(addrs) == 0 {
+		return netip.Addr{}, "", errors.New("no addresses")
+	}
+	for _, a := range addrs {
+		if why := forbidden(a); why != "" {
+			return a, why, nil
+		}
+	}
+	return addrs[0].Unmap(), "", nil
+}
+
+func (p *Proxy) decide(target string, allowed bool, why string) {
+	if allowed {
+		p.log.Info("egress allowed", "target", target, "why", why)
+	} else {
+		p.log.Warn("egress refused", "target", target, "why", why)
+	}
+}
+
+// Bytes reports the bytes relayed so far.
+func (p *Proxy) Bytes() int64 { return p.bytes.Load() }
+
+// countingConn counts relayed bytes against the cap and cuts the connection past it.
+type countingConn struct {
+	net.Conn
+	p *Proxy
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.p.bytes.Add(int64(n)) > c.p.opts.MaxBytes {
+		c.Conn.Close()
+		return n, errors.New("egress byte cap reached")
+	}
+	return n, err
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	if c.p.bytes.Add(int64(len(b))) > c.p.opts.MaxBytes {
+		c.Conn.Close()
+		return 0, errors.New("egress byte cap reached")
+	}
+	return c.Conn.Write(b)
+}
+
+// refuse answers a proxy request with an error status and a one-line reason.
+func refuse(c net.Conn, status int, msg string) {
+	body := "roche egress: " + msg + "\n"
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+}
+
+// peekHost returns the raw Host header of the next request without consuming it (Go's
+// request parser replaces it by the URL's host, which would hide a mismatch).
+func peekHost(br *bufio.Reader) (string, error) {
+	for {
+		n := br.Buffered()
+		b, _ := br.Peek(n)
+		if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
+			for _, line := range bytes.Split(b[:i], []byte("\r\n"))[1:] {
+				k, v, ok := bytes.Cut(line, []byte(":"))
+				if ok && strings.EqualFold(string(bytes.TrimSpace(k)), "host") {
+					return string(bytes.TrimSpace(v)), nil
+				}
+			}
+			return "", nil
+		}
+		if n >= br.Size() {
+			return "", errors.New("request headers too large")
+		}
+		// Wait for at least one more byte than is buffered.
+		if _, err := br.Peek(n + 1); err != nil {
+			return "", errors.New("connection closed before the request was complete")
+		}
+	}
+}
+
+// splitAuthority splits host[:port], giving defaultPort when there is none.
+func splitAuthority(a string, defaultPort int) (string, int, error) {
+	host, ps, err := net.SplitHostPort(a)
+	if err != nil {
+		if strings.Contains(err.Error(), "missing port") {
+			return strings.Trim(strings.ToLower(a), "[]"), defaultPort, nil
+		}
+		return "", 0, fmt.Errorf("bad target %q", a)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", a)
+	}
+	return strings.ToLower(host), port, nil
+}
