@@ -18,7 +18,9 @@ import tempfile
 import time
 import unittest
 import uuid
-from typing import Optional
+from typing import ContextManager, Optional, TypeVar
+
+T = TypeVar("T")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -42,12 +44,13 @@ def _run(*argv: str, check: bool = True) -> str:
 class Daemon:
     """A roched on a temporary socket, stopped at exit."""
 
-    def __init__(self, env: Optional[dict[str, str]] = None, name: str = "roched") -> None:
+    def __init__(self, env: Optional[dict[str, str]] = None, name: str = "roched",
+                 args: Optional[list[str]] = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="roche-sdk-test-")
         self.socket = os.path.join(self.dir, f"{name}.sock")
         self.log = os.path.join(self.dir, f"{name}.log")
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([ROCHED, "--socket", self.socket, "--log-level", "warn"],
+            self.proc = subprocess.Popen([ROCHED, "--socket", self.socket, "--log-level", "warn", *(args or [])],
                                          stdout=log, stderr=log, env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 60
         while not self._answers():
@@ -135,9 +138,10 @@ def dead_socket() -> str:
 
 
 def containers() -> list[str]:
-    """The containers, running or not, made from this process's private image."""
-    out = _run("docker", "ps", "-aq", "--filter", f"ancestor={image()}")
-    return out.split()
+    """The Roche containers, running or not, made from this process's private image tag
+    (an ancestor= filter would match every tag of the same image)."""
+    out = _run("docker", "ps", "-a", "--filter", "label=roche.managed=true", "--format", "{{.ID}} {{.Image}}")
+    return [cid for cid, _, img in (line.partition(" ") for line in out.splitlines()) if img == image()]
 
 
 def running_in(sandbox_id: str) -> list[str]:
@@ -164,10 +168,13 @@ class SandboxTestCase(unittest.TestCase):
             time.sleep(0.25)
             left = containers()
         if left:
-            details = _run("docker", "ps", "-a", "--filter", f"ancestor={image()}", check=False)
+            details = _run("docker", "ps", "-a", *(a for c in left for a in ("--filter", f"id={c}")), check=False)
             _run("docker", "rm", "-f", *left, check=False)
             raise AssertionError(f"{cls.__name__} left {len(left)} sandbox(es) behind:\n{details}")
 
-    def roche_kwargs(self) -> dict[str, str]:
-        return {"transport": self.transport}
+    def enter(self, cm: ContextManager[T]) -> T:
+        """Enters a context manager until the test ends (TestCase.enterContext is 3.11+)."""
+        value = cm.__enter__()
+        self.addCleanup(cm.__exit__, None, None, None)
+        return value
 

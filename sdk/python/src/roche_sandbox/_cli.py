@@ -136,7 +136,7 @@ class StreamParser:
         """The remaining events and the result, once the CLI exited with rc; raises the
         CLI's error when roche itself failed."""
         lines = bytes(self._held).splitlines(keepends=True)
-        if rc == EXIT_ROCHE_FAILED and lines:
+        if rc == EXIT_ROCHE_FAILED and lines and lines[-1].startswith(_PREFIX) and lines[-1].endswith(b"\n"):
             last = lines[-1].rstrip(b"\n")
             if not (_TRUNCATED.match(last) or _OOM.match(last) or _TIMED_OUT.match(last)):
                 raise error_from_stderr(last, rc, "exec")

@@ -172,12 +172,12 @@ class CLITransport:
         started = time.monotonic()
         p = self._popen(_cli.exec_args(sid, req, as_json=False), req.stdin is not None)
         parser = _cli.StreamParser()
+        sel = selectors.DefaultSelector()
         done = False
         try:
             if p.stdin is not None:
                 # Written from a thread: a pipe holds 64 KiB, and the output must be read meanwhile.
                 _feed_stdin(p, req.stdin or b"")
-            sel = selectors.DefaultSelector()
             assert p.stdout is not None and p.stderr is not None
             sel.register(p.stdout, selectors.EVENT_READ, "stdout")
             sel.register(p.stderr, selectors.EVENT_READ, "stderr")
@@ -193,7 +193,6 @@ class CLITransport:
                         open_streams -= 1
                         continue
                     yield from parser.feed(key.data, data)
-            sel.close()
             try:
                 rc = p.wait(timeout=d.remaining())
             except subprocess.TimeoutExpired:
@@ -203,6 +202,7 @@ class CLITransport:
             yield from events
             yield result
         finally:
+            sel.close()
             if not done:
                 stop(p)
             for f in (p.stdout, p.stderr):
@@ -280,13 +280,15 @@ def _feed_stdin(p: subprocess.Popen[bytes], data: bytes) -> None:
 def stop(p: subprocess.Popen[bytes]) -> None:
     """Ends a CLI process: SIGTERM first, so that it cleans up (kills the command it
     runs, destroys a half-made sandbox), then SIGKILL."""
-    if p.poll() is not None:
-        return
     try:
-        p.send_signal(signal.SIGTERM)
-        p.wait(timeout=10)
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=10)
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
     except OSError:
         pass
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            f.close()

@@ -179,9 +179,10 @@ _DETAIL_REASONS = {
     "ERROR_REASON_UNSUPPORTED": "unsupported",
     "ERROR_REASON_IMAGE_NOT_FOUND": "image_not_found",
     "ERROR_REASON_EXHAUSTED": "exhausted",
+    "ERROR_REASON_PERMISSION": "permission_denied",
 }
 _DETAIL_NUMBERS = dict(enumerate(["", "not_found", "invalid_config", "unavailable", "timeout",
-                                  "unsupported", "image_not_found", "exhausted"]))
+                                  "unsupported", "image_not_found", "exhausted", "permission_denied"]))
 
 
 def _detail_reason(d: dict[str, Any]) -> str:

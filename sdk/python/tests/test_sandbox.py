@@ -1,0 +1,202 @@
+"""The synchronous API against real sandboxes, through the daemon and through the CLI:
+each test runs once per transport and both must behave the same."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import harness
+
+from roche_sandbox import ExecResult, Mount, Roche, SandboxNotFound
+
+
+class SandboxThroughDaemon(harness.SandboxTestCase):
+    transport = "daemon"
+    roche: Roche
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.roche = Roche(transport=cls.transport)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.roche.close()
+        super().tearDownClass()
+
+    def test_transport_is_the_one_asked_for(self) -> None:
+        self.assertEqual(self.roche.transport, self.transport)
+
+    def test_exec_result(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            r = sb.exec(["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"])
+            self.assertIsInstance(r, ExecResult)
+            self.assertEqual((r.stdout, r.stderr, r.exit_code), ("out\n", "err\n", 3))
+            self.assertFalse(r.timed_out or r.truncated or r.oom_killed)
+            self.assertFalse(r.ok)
+            self.assertGreater(r.duration, 0)
+            self.assertTrue(sb.exec(["true"]).ok)
+
+    def test_exec_stdin_env_workdir(self) -> None:
+        with self.roche.create(image=harness.image(), env={"GREETING": "hi"}) as sb:
+            self.assertEqual(sb.exec(["cat"], stdin=b"\x00binary in\n").stdout, "\x00binary in\n")
+            self.assertEqual(sb.exec(["cat"], stdin="").stdout, "")
+            r = sb.exec(["sh", "-c", 'echo "$GREETING $EXTRA $(pwd)"'], env={"EXTRA": "there"}, workdir="/tmp")
+            self.assertEqual(r.stdout, "hi there /tmp\n")
+
+    def test_secure_defaults(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            r = sb.exec(["sh", "-c", "id -u; cat /sys/class/net/*/operstate 2>/dev/null | wc -l; "
+                         "touch /x 2>/dev/null && echo writable || echo read-only"])
+            uid, _, root = r.stdout.split()
+            self.assertNotEqual(uid, "0")
+            self.assertEqual(root, "read-only")
+
+    def test_exec_timeout_is_a_result(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            started = time.monotonic()
+            r = sb.exec(["sh", "-c", "echo before; sleep 30"], timeout=1)
+            self.assertLess(time.monotonic() - started, 10)
+            self.assertTrue(r.timed_out, r)
+            self.assertEqual(r.exit_code, 137)
+            self.assertEqual(r.stdout, "before\n")
+
+    def test_output_is_capped_and_flagged(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            r = sb.exec(["sh", "-c", "head -c 11000000 /dev/zero | tr '\\0' a"])
+            self.assertTrue(r.truncated)
+            self.assertEqual(len(r.stdout), 10 << 20)
+
+    def test_streaming_yields_the_first_line_before_the_command_ends(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            started = time.monotonic()
+            seen: list[tuple[float, str, str]] = []
+            with sb.exec_stream(["sh", "-c", "echo first; sleep 2; echo second >&2; exit 4"]) as stream:
+                for event in stream:
+                    seen.append((time.monotonic() - started, event.stream, event.text))
+            self.assertEqual([(s, t) for _, s, t in seen], [("stdout", "first\n"), ("stderr", "second\n")])
+            self.assertLess(seen[0][0], 1.5, "the first line came only at the end")
+            self.assertGreaterEqual(seen[1][0], 1.9)
+            r = stream.result
+            assert r is not None
+            self.assertEqual((r.exit_code, r.stdout, r.stderr), (4, "first\n", "second\n"))
+
+    def test_streaming_keeps_roche_like_lines_of_the_command(self) -> None:
+        # The CLI transport tells roche's closing lines from the command's own.
+        with self.roche.create(image=harness.image()) as sb:
+            s = sb.exec_stream(["sh", "-c", "echo 'roche: mine' >&2; printf 'roc' >&2; exit 125"])
+            text = "".join(e.text for e in s)
+            r = s.result
+            assert r is not None
+            self.assertEqual(text, "roche: mine\nroc")
+            self.assertEqual((r.exit_code, r.stderr), (125, "roche: mine\nroc"))
+
+    def test_streaming_timeout(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            s = sb.exec_stream(["sh", "-c", "echo tick; sleep 30"], timeout=1)
+            self.assertEqual([e.text for e in s], ["tick\n"])
+            r = s.result
+            assert r is not None
+            self.assertTrue(r.timed_out)
+            self.assertEqual(r.exit_code, 137)
+
+    def test_closing_a_stream_kills_the_command(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            with sb.exec_stream(["sh", "-c", "echo started; exec sleep 1234"]) as stream:
+                for event in stream:
+                    self.assertEqual(event.text, "started\n")
+                    break
+            deadline = time.monotonic() + 10
+            while any("sleep 1234" in p for p in harness.running_in(sb.id)):
+                self.assertLess(time.monotonic(), deadline, "the command outlived its stream")
+                time.sleep(0.1)
+
+    def test_files(self) -> None:
+        blob = bytes(range(256)) * 1000
+        with self.roche.create(image=harness.image()) as sb:
+            sb.write_file("/tmp/deep/er/blob.bin", blob)
+            self.assertEqual(sb.read_file("/tmp/deep/er/blob.bin"), blob)
+            sb.write_file("/tmp/run.sh", "echo ran\n", mode=0o750)
+            self.assertEqual(sb.exec(["sh", "-c", "stat -c %a /tmp/run.sh; sh /tmp/run.sh"]).stdout, "750\nran\n")
+            sb.write_file("/tmp/empty", b"")
+            self.assertEqual(sb.read_file("/tmp/empty"), b"")
+            with self.assertRaises(SandboxNotFound):
+                sb.read_file("/tmp/no-such-file")
+
+    def test_copy_directories_both_ways(self) -> None:
+        with self.roche.create(image=harness.image()) as sb, tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "project")
+            os.makedirs(os.path.join(src, "pkg"))
+            with open(os.path.join(src, "main.py"), "w") as f:
+                f.write("from pkg import answer\nprint(answer)\n")
+            with open(os.path.join(src, "pkg", "__init__.py"), "w") as f:
+                f.write("answer = 42\n")
+            sb.copy_to(src, "/tmp/app")
+            self.assertEqual(sb.exec(["python3", "/tmp/app/main.py"], workdir="/tmp/app").stdout, "42\n")
+            sb.exec(["sh", "-c", "mkdir -p /tmp/out/sub && echo result > /tmp/out/sub/r.txt"])
+            dst = os.path.join(tmp, "back")
+            sb.copy_from("/tmp/out", dst)
+            with open(os.path.join(dst, "sub", "r.txt")) as f:
+                self.assertEqual(f.read(), "result\n")
+
+    def test_mounts(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            os.chmod(tmp, 0o755)
+            with open(os.path.join(tmp, "in.txt"), "w") as f:
+                f.write("from the host\n")
+            os.chmod(os.path.join(tmp, "in.txt"), 0o644)
+            with self.roche.create(image=harness.image(), mounts=[Mount(tmp, "/data"), f"{tmp}:/data2:ro"]) as sb:
+                self.assertEqual(sb.exec(["cat", "/data/in.txt", "/data2/in.txt"]).stdout, "from the host\n" * 2)
+                self.assertNotEqual(sb.exec(["sh", "-c", "echo x > /data/new"]).exit_code, 0)
+
+    def test_pause_and_unpause(self) -> None:
+        with self.roche.create(image=harness.image()) as sb:
+            sb.pause()
+            self.assertEqual(self.roche.get(sb.id).info.state, "paused")
+            sb.unpause()
+            self.assertEqual(sb.exec(["echo", "awake"]).stdout, "awake\n")
+
+    def test_get_list_destroy(self) -> None:
+        sb = self.roche.create(image=harness.image())
+        try:
+            self.assertIn(sb.id, [s.id for s in self.roche.list()])
+            again = self.roche.get(sb.id)
+            self.assertEqual((again.id, again.info.image, again.info.provider), (sb.id, harness.image(), "docker"))
+            self.assertIsNotNone(again.info.expires_at)
+        finally:
+            sb.destroy()
+        sb.destroy()  # idempotent
+        self.assertNotIn(sb.id, [s.id for s in self.roche.list()])
+        with self.assertRaises(SandboxNotFound):
+            self.roche.get(sb.id)
+
+    def test_exception_in_with_body_still_destroys(self) -> None:
+        class Boom(Exception):
+            pass
+
+        with self.assertRaises(Boom):
+            with self.roche.create(image=harness.image()) as sb:
+                self.assertTrue(sb.exec(["true"]).ok)
+                raise Boom()
+        with self.assertRaises(SandboxNotFound):
+            sb.exec(["true"])
+        with self.assertRaises(SandboxNotFound):
+            self.roche.get(sb.id)
+
+    def test_lifetime_ends_the_sandbox(self) -> None:
+        with self.roche.create(image=harness.image(), timeout_secs=2) as sb:
+            self.assertTrue(sb.exec(["true"]).ok)
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    self.roche.get(sb.id)
+                except SandboxNotFound:
+                    break
+                self.assertLess(time.monotonic(), deadline, "the sandbox outlived its timeout_secs")
+                time.sleep(0.25)
+
+
+class SandboxThroughCLI(SandboxThroughDaemon):
+    transport = "cli"

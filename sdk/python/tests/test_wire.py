@@ -1,0 +1,154 @@
+"""The SDK's pieces that need no sandbox: the Connect codec, error mapping, the CLI's
+output parser and safe tar extraction."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import tempfile
+import unittest
+from datetime import datetime, timedelta, timezone
+
+import harness
+
+from roche_sandbox import (
+    ImageNotFound,
+    InvalidConfig,
+    PermissionDenied,
+    RocheError,
+    SandboxNotFound,
+    SandboxTimeout,
+    Unsupported,
+)
+from roche_sandbox import _cli, _tarutil, _wire
+from roche_sandbox.types import Mount, make_config, make_exec_request
+
+
+class WireTest(unittest.TestCase):
+    def test_the_sdk_under_test_is_this_checkouts(self) -> None:
+        import roche_sandbox
+
+        self.assertTrue(roche_sandbox.__file__.startswith(harness.REPO))
+
+    def test_times(self) -> None:
+        self.assertEqual(_wire.parse_time("2026-11-20T23:00:57.648510800Z"),
+                         datetime(2026, 11, 20, 23, 0, 57, 648510, tzinfo=timezone.utc))
+        t = _wire.parse_time("2026-11-20T23:00:57+05:30")
+        assert t is not None
+        self.assertEqual(t.utcoffset(), timedelta(hours=5, minutes=30))
+        self.assertIsNone(_wire.parse_time(""))
+        self.assertEqual(_wire.parse_duration("1.5s"), 1.5)
+
+    def test_connect_errors(self) -> None:
+        detail = {"type": "roche.v1.ErrorDetail", "value": "CAE", "debug": {"reason": "ERROR_REASON_NOT_FOUND"}}
+        e = _wire.error_from_connect({"code": "not_found", "message": "not found: no sandbox x", "details": [detail]},
+                                     404, "sock")
+        self.assertIsInstance(e, SandboxNotFound)
+        self.assertEqual(e.message, "not found: no sandbox x")
+        # Without the debug form, the binary detail: reason 6 is image not found.
+        e = _wire.error_from_connect({"code": "failed_precondition", "message": "m",
+                                      "details": [{"type": "roche.v1.ErrorDetail", "value": "CAY"}]}, 412, "s")
+        self.assertIsInstance(e, ImageNotFound)
+        self.assertIsInstance(_wire.error_from_connect({"code": "deadline_exceeded", "message": "m"}, 504, "s"),
+                              SandboxTimeout)
+        self.assertIsInstance(_wire.error_from_connect({"code": "permission_denied", "message": "m"}, 403, "s"),
+                              PermissionDenied)
+        e = _wire.error_from_connect({"code": "internal", "message": "unsupported: no"}, 500, "s")
+        self.assertIsInstance(e, Unsupported)
+        e = _wire.error_from_connect({"code": "unauthenticated", "message": "missing token"}, 401, "s")
+        self.assertIn("ROCHE_TOKEN", e.message)
+        self.assertEqual(type(_wire.error_from_connect("junk", 502, "s")), RocheError)
+
+    def test_output_decodes_characters_split_across_chunks(self) -> None:
+        out = _wire.OutputAssembler(limit=8)
+        snowman = "☃".encode()
+        a = out.output("stdout", b"x" + snowman[:1])
+        b = out.output("stdout", snowman[1:] + b"yyyyyyy")
+        self.assertEqual(a.text + b.text, "x☃yyyyyyy")
+        r = out.result(_wire.parse_result({"exitCode": 1}))
+        self.assertTrue(r.truncated)
+        self.assertEqual(r.stdout, "x☃yyyy")
+
+    def test_requests(self) -> None:
+        cfg = make_config("img", False, False, 300, "512m", 1.0, 64, {"A": "b"},
+                          ["/h:/s:rw", Mount("/a", "/b")], None, None)
+        req = _wire.config_request("docker", cfg)
+        self.assertEqual(req["config"]["mounts"], [{"source": "/h", "target": "/s", "readWrite": True},
+                                                   {"source": "/a", "target": "/b", "readWrite": False}])
+        self.assertNotIn("user", req["config"])
+        e = _wire.exec_request("id", make_exec_request(["cat"], 2, "in", None, None))
+        self.assertEqual((e["timeoutSecs"], e["stdin"]), (2.0, "aW4="))
+        with self.assertRaises(InvalidConfig):
+            make_exec_request(["x"], -1, None, None, None)
+        with self.assertRaises(InvalidConfig):
+            Mount.parse("/a:/b:rx")
+
+
+class CLIParserTest(unittest.TestCase):
+    def feed_all(self, chunks: list[bytes], rc: int) -> tuple[str, object]:
+        p = _cli.StreamParser()
+        text = "".join(e.text for c in chunks for e in p.feed("stderr", c))
+        events, result = p.finish(rc, 0.5)
+        return text + "".join(e.text for e in events), result
+
+    def test_closing_lines_become_flags(self) -> None:
+        text, r = self.feed_all([b"warn\n", b"roche: output truncated: a stream passed 10485760 bytes\n",
+                                 b"roche: the command timed out after 1s and was killed\n"], 124)
+        self.assertEqual(text, "warn\n")
+        self.assertEqual((r.truncated, r.timed_out, r.exit_code), (True, True, 137))  # type: ignore[attr-defined]
+
+    def test_commands_own_roche_lines_are_kept(self) -> None:
+        text, r = self.feed_all([b"roche: said by the command\nafter\n"], 0)
+        self.assertEqual(text, "roche: said by the command\nafter\n")
+        self.assertEqual(r.exit_code, 0)  # type: ignore[attr-defined]
+
+    def test_error_line(self) -> None:
+        p = _cli.StreamParser()
+        p.feed("stderr", b"roche: not found: no sandbox abc (roche list shows the live ones)\n")
+        with self.assertRaises(SandboxNotFound):
+            p.finish(125, 0)
+
+    def test_one_line_errors(self) -> None:
+        e = _cli.error_from_stderr(b"roche: invalid config: memory: bad (see --help)\n", 1, "create")
+        self.assertIsInstance(e, InvalidConfig)
+        self.assertEqual(e.message, "invalid config: memory: bad")
+        e = _cli.error_from_stderr(b"panic: boom\n", 2, "create")
+        self.assertEqual(type(e), RocheError)
+        self.assertIn("panic: boom", e.message)
+
+
+class TarTest(unittest.TestCase):
+    def tar(self, *members: tuple[str, bytes, bytes]) -> io.BytesIO:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tw:
+            for name, kind, data in members:
+                info = tarfile.TarInfo(name)
+                if kind == b"sym":
+                    info.type, info.linkname = tarfile.SYMTYPE, data.decode()
+                    tw.addfile(info)
+                else:
+                    info.size = len(data)
+                    tw.addfile(info, io.BytesIO(data))
+        buf.seek(0)
+        return buf
+
+    def test_extract_refuses_escapes(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            for bad in [self.tar(("root/../../evil", b"f", b"x")),
+                        self.tar(("/etc/evil", b"f", b"x")),
+                        self.tar(("root/link", b"sym", tmp.encode()), ("root/link/evil", b"f", b"x"))]:
+                with self.assertRaises(RocheError):
+                    _tarutil.extract(bad, os.path.join(tmp, "dst"))
+            self.assertFalse(os.path.exists(os.path.join(tmp, "evil")))
+
+    def test_round_trip(self) -> None:
+        data = os.urandom(100_000)
+        tar = io.BytesIO(_tarutil.file_tar("f.bin", data, 0o600))
+        self.assertEqual(_tarutil.file_from_tar(tar, "/tmp/f.bin"), data)
+        with self.assertRaises(InvalidConfig):
+            _tarutil.base_name("/", "path")
+
+
+if __name__ == "__main__":
+    unittest.main()
