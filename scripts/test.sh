@@ -43,6 +43,16 @@ log "go test"
 # sandboxes mid-test.
 go test -p 1 -count=1 -timeout 60m ./...
 
+log "python sdk (sdk/python/tests: the real roched and CLI from bin/, both transports)"
+# Python 3.10+ and, for the offline install test, pip, setuptools and wheel.
+if ! python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null \
+   || ! /usr/bin/python3 -c 'import setuptools, wheel, pip' >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-pip python3-setuptools python3-wheel >/dev/null
+fi
+make build
+python3 -m unittest discover -s sdk/python/tests -t sdk/python/tests -v
+
 left=$(docker ps -aq --filter label=roche.managed=true | wc -l)
 if [ "$left" != 0 ]; then
   echo "$left container(s) labelled roche.managed=true survived the suite:" >&2
