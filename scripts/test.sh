@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine with Go: installs what the tests need
-# (docker.io, debootstrap), starts dockerd when nothing answers on its socket, builds the
+# (docker.io, debootstrap; for the microVMs qemu-system-x86, linux-image-amd64, e2fsprogs,
+# xz-utils, cpio), starts dockerd when nothing answers on its socket, builds the
 # local test image and fetches python.wasm when absent, then runs every test and checks
 # that no sandbox was leaked. Needs root for apt-get and dockerd (as CI has).
 #
@@ -14,6 +15,20 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2
   log "installing docker.io and debootstrap"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+fi
+
+# The microVM providers (provider/vm): QEMU, a Debian guest kernel with its modules,
+# mkfs.ext4 for root filesystems, xz to uncompress the kernel, cpio to check initramfs.
+vm_need=()
+command -v qemu-system-x86_64 >/dev/null 2>&1 || vm_need+=(qemu-system-x86)
+compgen -G '/boot/vmlinuz-*' >/dev/null || vm_need+=(linux-image-amd64)
+command -v mkfs.ext4 >/dev/null 2>&1 || vm_need+=(e2fsprogs)
+command -v xz >/dev/null 2>&1 || vm_need+=(xz-utils)
+command -v cpio >/dev/null 2>&1 || vm_need+=(cpio)
+if [ ${#vm_need[@]} -gt 0 ]; then
+  log "installing ${vm_need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm_need[@]}" >/dev/null
 fi
 
 if ! timeout 10 docker info >/dev/null 2>&1; then
@@ -57,6 +72,11 @@ left=$(docker ps -aq --filter label=roche.managed=true | wc -l)
 if [ "$left" != 0 ]; then
   echo "$left container(s) labelled roche.managed=true survived the suite:" >&2
   docker ps -a --filter label=roche.managed=true >&2
+  exit 1
+fi
+if [ -d /run/roche/vm ] && [ -n "$(ls -A /run/roche/vm)" ]; then
+  echo "microVM(s) survived the suite:" >&2
+  ls -l /run/roche/vm >&2
   exit 1
 fi
 log "all tests passed; no sandbox left behind"

@@ -244,7 +244,37 @@ func mountRoot(cfg vmlink.GuestConfig) error {
 			return fmt.Errorf("mounting %s: %w", strings.TrimPrefix(m.dst, "/newroot"), err)
 		}
 	}
+	if err := bindEtc(cfg.Hostname); err != nil {
+		return err
+	}
 	return populateDev("/newroot/dev")
+}
+
+// bindEtc covers the image's /etc/hosts and /etc/hostname with the VM's own, read-only,
+// as a container engine does: the root filesystem is shared by every VM of the image,
+// and a program that looks up its own host name must find it.
+func bindEtc(hostname string) error {
+	files := map[string]string{
+		"hosts":    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n",
+		"hostname": hostname + "\n",
+	}
+	for name, content := range files {
+		target := "/newroot/etc/" + name
+		if fi, err := os.Lstat(target); err != nil || !fi.Mode().IsRegular() {
+			continue // nothing to cover, and a read-only root cannot gain a file
+		}
+		src := "/roche/" + name
+		if err := os.WriteFile(src, []byte(content), 0o644); err != nil {
+			return err
+		}
+		if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("mounting /etc/%s: %w", name, err)
+		}
+		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("making /etc/%s read-only: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // populateDev makes the /dev a container gets: the harmless character devices, a private

@@ -12,13 +12,16 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
 // factories build the providers the CLI knows, by name. Adding a backend is one line here.
 var factories = map[string]func(*slog.Logger) (roche.Provider, error){
-	"docker": func(l *slog.Logger) (roche.Provider, error) { return docker.New(docker.WithLogger(l)) },
-	"wasm":   func(l *slog.Logger) (roche.Provider, error) { return wasm.New(wasm.WithLogger(l)) },
+	"docker":      func(l *slog.Logger) (roche.Provider, error) { return docker.New(docker.WithLogger(l)) },
+	"wasm":        func(l *slog.Logger) (roche.Provider, error) { return wasm.New(wasm.WithLogger(l)) },
+	"qemu":        func(l *slog.Logger) (roche.Provider, error) { return vm.NewQEMU(vm.WithLogger(l)) },
+	"firecracker": func(l *slog.Logger) (roche.Provider, error) { return vm.NewFirecracker(vm.WithLogger(l)) },
 }
 
 // providerNames lists the known providers, sorted.

@@ -1,0 +1,300 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/internal/tarfs"
+)
+
+// running returns the sandbox, refusing one that is paused (its agent cannot answer).
+func (p *Provider) running(id string) (*sandbox, error) {
+	s, err := p.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir, "paused")); err == nil {
+		return nil, fmt.Errorf("sandbox %s is paused: unpause it first", id)
+	}
+	return s, nil
+}
+
+// timeoutFor is the command's timeout: the request's, else the sandbox's remaining life.
+func timeoutFor(s *sandbox, req roche.ExecRequest) time.Duration {
+	if req.Timeout > 0 {
+		return req.Timeout
+	}
+	return max(time.Until(s.ExpiresAt), time.Second)
+}
+
+func (s *sandbox) request(req roche.ExecRequest) agent.Request {
+	cwd := req.Workdir
+	if cwd == "" {
+		cwd = s.Workdir
+	}
+	return agent.Request{
+		Cmd: req.Cmd, Env: req.Env, Cwd: cwd,
+		TimeoutMS: timeoutFor(s, req).Milliseconds(), OutputLimit: req.OutputLimit,
+	}
+}
+
+// Exec implements roche.Provider: the agent inside the VM runs the command, enforces its
+// timeout and output limit, and kills its whole tree when ctx ends.
+func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
+	if len(req.Cmd) == 0 {
+		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	}
+	s, err := p.running(id)
+	if err != nil {
+		return roche.ExecResult{}, err
+	}
+	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
+	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
+	res, err := s.agent.Exec(ctx, s.request(req), agent.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		if ctx.Err() != nil {
+			return roche.ExecResult{}, fmt.Errorf("running command in sandbox %s: %w", id, ctx.Err())
+		}
+		return roche.ExecResult{}, p.agentErr(s, err)
+	}
+	return roche.ExecResult{
+		ExitCode: res.ExitCode, Stdout: stdout.String(), Stderr: stderr.String(),
+		TimedOut: res.TimedOut, Truncated: res.Truncated || stdout.Truncated() || stderr.Truncated(),
+		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
+	}, nil
+}
+
+// agentErr maps an agent failure onto the core's sentinels; an agent that cannot be
+// reached means the VM has stopped.
+func (p *Provider) agentErr(s *sandbox, err error) error {
+	var ae *agent.Error
+	if errors.As(err, &ae) {
+		sentinel := roche.ErrInvalidConfig
+		switch ae.Code {
+		case agent.CodeNotFound:
+			sentinel = roche.ErrNotFound
+		case agent.CodePermission:
+			sentinel = roche.ErrPermission
+		case agent.CodeUnsupported:
+			sentinel = roche.ErrUnsupported
+		case agent.CodeInternal:
+			return fmt.Errorf("sandbox %s: %s", s.ID, ae.Message)
+		}
+		return fmt.Errorf("%w: %s", sentinel, ae.Message)
+	}
+	if _, alive, rerr := p.readVM(s.Dir); rerr != nil || !alive {
+		p.forget(s.ID)
+		return fmt.Errorf("%w: sandbox %s is gone (destroyed, or its lifetime ended)", roche.ErrNotFound, s.ID)
+	}
+	return fmt.Errorf("sandbox %s: %w", s.ID, err)
+}
+
+func (p *Provider) agentErrOrNil(s *sandbox, err error) error {
+	if err == nil {
+		return nil
+	}
+	return p.agentErr(s, err)
+}
+
+// Start implements roche.BackgroundRunner.
+func (p *Provider) Start(ctx context.Context, id string, req roche.ExecRequest) (int, error) {
+	if len(req.Cmd) == 0 {
+		return 0, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	}
+	s, err := p.running(id)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := s.agent.Start(ctx, s.request(req))
+	if err != nil {
+		return 0, p.agentErr(s, err)
+	}
+	return pid, nil
+}
+
+// Processes implements roche.BackgroundRunner.
+func (p *Provider) Processes(ctx context.Context, id string) ([]roche.Process, error) {
+	s, err := p.running(id)
+	if err != nil {
+		return nil, err
+	}
+	list, err := s.agent.Processes(ctx)
+	if err != nil {
+		return nil, p.agentErr(s, err)
+	}
+	out := make([]roche.Process, len(list))
+	for i, pr := range list {
+		out[i] = roche.Process{PID: pr.PID, Cmd: pr.Cmd, Running: pr.Running, ExitCode: pr.ExitCode}
+	}
+	return out, nil
+}
+
+// Attach implements roche.BackgroundRunner.
+func (p *Provider) Attach(ctx context.Context, id string, pid int, stdout, stderr io.Writer) (roche.ExecResult, error) {
+	s, err := p.running(id)
+	if err != nil {
+		return roche.ExecResult{}, err
+	}
+	res, err := s.agent.Attach(ctx, pid, agent.ExecOptions{Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return roche.ExecResult{}, p.agentErr(s, err)
+	}
+	return roche.ExecResult{
+		ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated,
+		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
+	}, nil
+}
+
+// Signal implements roche.BackgroundRunner.
+func (p *Provider) Signal(ctx context.Context, id string, pid, signal int) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	return p.agentErrOrNil(s, s.agent.Signal(ctx, pid, signal))
+}
+
+// WriteFile implements roche.FileSystem.
+func (p *Provider) WriteFile(ctx context.Context, id, name string, r io.Reader, mode fs.FileMode) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	return p.agentErrOrNil(s, s.agent.WriteFile(ctx, name, r, uint32(mode.Perm()), true))
+}
+
+// ReadFile implements roche.FileSystem.
+func (p *Provider) ReadFile(ctx context.Context, id, name string, w io.Writer) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	return p.agentErrOrNil(s, s.agent.ReadFile(ctx, name, w))
+}
+
+// ListDir implements roche.FileSystem.
+func (p *Provider) ListDir(ctx context.Context, id, name string) ([]roche.FileInfo, error) {
+	s, err := p.running(id)
+	if err != nil {
+		return nil, err
+	}
+	list, err := s.agent.List(ctx, name)
+	if err != nil {
+		return nil, p.agentErr(s, err)
+	}
+	out := make([]roche.FileInfo, len(list))
+	for i, fi := range list {
+		out[i] = fileInfo(fi)
+	}
+	return out, nil
+}
+
+// Stat implements roche.FileSystem.
+func (p *Provider) Stat(ctx context.Context, id, name string) (roche.FileInfo, error) {
+	s, err := p.running(id)
+	if err != nil {
+		return roche.FileInfo{}, err
+	}
+	fi, err := s.agent.Stat(ctx, name)
+	if err != nil {
+		return roche.FileInfo{}, p.agentErr(s, err)
+	}
+	return fileInfo(fi), nil
+}
+
+// Mkdir implements roche.FileSystem.
+func (p *Provider) Mkdir(ctx context.Context, id, name string) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	return p.agentErrOrNil(s, s.agent.Mkdir(ctx, name, true))
+}
+
+// Remove implements roche.FileSystem.
+func (p *Provider) Remove(ctx context.Context, id, name string) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	return p.agentErrOrNil(s, s.agent.Remove(ctx, name, true))
+}
+
+// Rename implements roche.FileSystem.
+func (p *Provider) Rename(ctx context.Context, id, from, to string) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	return p.agentErrOrNil(s, s.agent.Rename(ctx, from, to))
+}
+
+func fileInfo(fi agent.FileInfo) roche.FileInfo {
+	mode := fs.FileMode(fi.Mode)
+	if fi.IsDir {
+		mode |= fs.ModeDir
+	}
+	if fi.Symlink != "" {
+		mode |= fs.ModeSymlink
+	}
+	return roche.FileInfo{
+		Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: mode, IsDir: fi.IsDir,
+		Symlink: fi.Symlink, ModTime: time.Unix(fi.ModTime, 0),
+	}
+}
+
+// CopyTo implements roche.FileCopier: the host path src becomes dst in the sandbox, as a
+// tar stream the agent unpacks as the sandbox user.
+func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
+		return fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst)
+	}
+	dst = path.Clean(dst)
+	if _, err := os.Lstat(src); err != nil {
+		return fmt.Errorf("%w: host path %s: %v", roche.ErrNotFound, src, err)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(tarfs.Write(pw, src, path.Base(dst))) }()
+	defer pr.Close()
+	if err := s.agent.Untar(ctx, dst, pr); err != nil {
+		return fmt.Errorf("copying %s into sandbox %s: %w", src, id, p.agentErr(s, err))
+	}
+	return nil
+}
+
+// CopyFrom implements roche.FileCopier: the sandbox path src becomes the host path dst.
+func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
+	s, err := p.running(id)
+	if err != nil {
+		return err
+	}
+	if !path.IsAbs(src) || path.Clean(src) == "/" {
+		return fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src)
+	}
+	src = path.Clean(src)
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(s.agent.Tar(ctx, src, pw)) }()
+	err = tarfs.Extract(pr, dst)
+	pr.CloseWithError(err)
+	if err != nil {
+		var ae *agent.Error
+		if errors.As(err, &ae) {
+			err = p.agentErr(s, err)
+		}
+		return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, err)
+	}
+	return nil
+}

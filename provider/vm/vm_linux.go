@@ -1,0 +1,735 @@
+package vm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
+)
+
+var (
+	_ roche.Provider         = (*Provider)(nil)
+	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.FileSystem       = (*Provider)(nil)
+	_ roche.BackgroundRunner = (*Provider)(nil)
+	_ roche.Pauser           = (*Provider)(nil)
+	_ roche.GarbageCollector = (*Provider)(nil)
+)
+
+// minMemory is the smallest VM that boots the guest kernel and still leaves the sandbox
+// room to run a program.
+const minMemory = 128 << 20
+
+// Provider runs sandboxes as microVMs under one hypervisor.
+type Provider struct {
+	options
+	hv hypervisor
+
+	dockerMu  sync.Mutex
+	ownDocker bool
+
+	assetsMu sync.Mutex
+	assets   *bootAssets
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+}
+
+// hypervisor is what differs between QEMU and Firecracker.
+type hypervisor interface {
+	name() string
+	// check reports, wrapping roche.ErrUnavailable, why VMs cannot run here.
+	check(p *Provider) error
+	// prepare runs once the boot assets exist, before anything is built for the VM
+	// (QEMU decides between KVM and emulation there).
+	prepare(ctx context.Context, p *Provider, a *bootAssets) error
+	// start boots the VM and returns the pid of its supervisor, which it reaps.
+	start(ctx context.Context, p *Provider, vm *plan) (int, error)
+	// client reaches the agent of a running VM.
+	client(m meta) *agent.Client
+	// pause freezes (or thaws) a VM's vCPUs.
+	pause(ctx context.Context, m meta, freeze bool) error
+}
+
+// NewQEMU returns the "qemu" provider. It checks nothing: the first Create reports,
+// with what to install, whatever is missing.
+func NewQEMU(opts ...Option) (*Provider, error) { return newProvider(&qemu{}, opts) }
+
+// NewFirecracker returns the "firecracker" provider (see NewQEMU).
+func NewFirecracker(opts ...Option) (*Provider, error) {
+	return newProvider(&firecrackerVMM{}, opts)
+}
+
+func newProvider(hv hypervisor, opts []Option) (*Provider, error) {
+	p := &Provider{options: defaultOptions(), hv: hv, sandboxes: map[string]*sandbox{}}
+	for _, o := range opts {
+		o(&p.options)
+	}
+	switch p.accel {
+	case AccelAuto, AccelKVM, AccelTCG:
+	default:
+		return nil, fmt.Errorf("%w: acceleration %q: use auto, kvm or tcg", roche.ErrInvalidConfig, p.accel)
+	}
+	return p, nil
+}
+
+// Close releases the Engine API client the provider opened.
+func (p *Provider) Close() error {
+	p.dockerMu.Lock()
+	defer p.dockerMu.Unlock()
+	if p.ownDocker && p.docker != nil {
+		return p.docker.Close()
+	}
+	return nil
+}
+
+// Name implements roche.Provider.
+func (p *Provider) Name() string { return p.hv.name() }
+
+// Available reports, wrapping roche.ErrUnavailable, why this provider cannot run VMs
+// here (no hypervisor binary; for Firecracker, no usable /dev/kvm), or nil. It boots
+// nothing: whether KVM actually runs a guest is learnt at the first Create.
+func (p *Provider) Available() error { return p.hv.check(p) }
+
+// Capabilities implements roche.Provider. A VM has no network interface at all (the
+// network option is refused) and no host mounts (a shared filesystem would be a channel
+// out of the VM; refused until there is one worth its risk).
+func (p *Provider) Capabilities() roche.Capabilities {
+	return roche.Capabilities{
+		Writable: true, Files: true, Pause: true, Stdin: true, Processes: true,
+	}
+}
+
+func (p *Provider) dockerClient() (*client.Client, error) {
+	p.dockerMu.Lock()
+	defer p.dockerMu.Unlock()
+	if p.docker == nil {
+		c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+		if err != nil {
+			return nil, fmt.Errorf("%w: configuring the Docker client: %v", roche.ErrUnavailable, err)
+		}
+		p.docker, p.ownDocker = c, true
+	}
+	return p.docker, nil
+}
+
+// refuse rejects what a VM cannot honour without weakening the config.
+func (p *Provider) refuse(cfg roche.Config) error {
+	var problems []string
+	if cfg.Network {
+		problems = append(problems, "network=true: a "+p.Name()+" sandbox has no network interface at all; use the docker provider for network access")
+	}
+	if len(cfg.Mounts) > 0 {
+		problems = append(problems, "mounts: a "+p.Name()+" sandbox cannot see host paths; copy files in with cp instead")
+	}
+	if cfg.CPUs != math.Trunc(cfg.CPUs) {
+		problems = append(problems, fmt.Sprintf("cpus=%v: a VM has whole vCPUs; give a whole number", cfg.CPUs))
+	}
+	if cfg.MemoryBytes() < minMemory {
+		problems = append(problems, fmt.Sprintf("memory=%s: a VM needs at least 128m for its kernel and the sandbox", cfg.Memory))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", roche.ErrUnsupported, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// bootAssets are the kernel and initramfs every VM boots, built once per provider (and
+// cached on disk across processes).
+type bootAssets struct {
+	version   string
+	vmlinux   string
+	initramfs string
+	key       string // changes with the kernel or the agent
+}
+
+func (p *Provider) bootAssets(ctx context.Context) (*bootAssets, error) {
+	p.assetsMu.Lock()
+	defer p.assetsMu.Unlock()
+	if p.assets != nil {
+		return p.assets, nil
+	}
+	if p.agentPath == "" {
+		return nil, fmt.Errorf("%w: roche-agent not found: it is every VM's init; build it with `make build` or set ROCHE_AGENT", roche.ErrUnavailable)
+	}
+	if err := checkStatic(p.agentPath); err != nil {
+		return nil, err
+	}
+	kpath, err := findKernel(p.kernel)
+	if err != nil {
+		return nil, err
+	}
+	img, err := os.ReadFile(kpath)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the guest kernel: %v", roche.ErrUnavailable, err)
+	}
+	version, err := kernelVersion(img)
+	if err != nil && p.modulesDir == "" {
+		return nil, fmt.Errorf("%w: guest kernel %s: %v; give its modules directory with WithModulesDir", roche.ErrUnavailable, kpath, err)
+	}
+	agentBin, err := os.ReadFile(p.agentPath)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading roche-agent: %v", roche.ErrUnavailable, err)
+	}
+	ksum := sha256.Sum256(img)
+	h := sha256.New()
+	h.Write(ksum[:])
+	h.Write(agentBin)
+	fmt.Fprintf(h, "%s|%s|%v", p.modulesDir, version, guestModules)
+	a := &bootAssets{version: version, key: hex.EncodeToString(h.Sum(nil))[:16]}
+	dir := filepath.Join(p.cacheDir, "boot")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("%w: making the cache directory: %v", roche.ErrUnavailable, err)
+	}
+	a.vmlinux = filepath.Join(dir, "vmlinux-"+hex.EncodeToString(ksum[:])[:16])
+	if _, err := os.Stat(a.vmlinux); err != nil {
+		vmlinux, err := extractVmlinux(ctx, img)
+		if err != nil {
+			return nil, fmt.Errorf("%w: uncompressing the guest kernel %s: %v", roche.ErrUnavailable, kpath, err)
+		}
+		if err := writeAtomic(a.vmlinux, 0o644, func(w io.Writer) error { _, err := w.Write(vmlinux); return err }); err != nil {
+			return nil, err
+		}
+	}
+	a.initramfs = filepath.Join(dir, "initramfs-"+a.key+".cpio")
+	if _, err := os.Stat(a.initramfs); err != nil {
+		mdir := p.modulesDir
+		if mdir == "" {
+			mdir = filepath.Join("/lib/modules", version)
+		}
+		mods, err := resolveModules(mdir, guestModules)
+		if err != nil {
+			return nil, err
+		}
+		if err := writeAtomic(a.initramfs, 0o644, func(w io.Writer) error {
+			return writeBaseInitramfs(ctx, w, p.agentPath, mods)
+		}); err != nil {
+			return nil, fmt.Errorf("%w: building the initramfs: %v", roche.ErrUnavailable, err)
+		}
+	}
+	p.assets = a
+	return a, nil
+}
+
+// writeAtomic writes a file through a temporary beside it, so a reader never sees half
+// of it and a failure leaves nothing.
+func writeAtomic(path string, mode os.FileMode, fill func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-")
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	err = fill(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// meta is what a VM's directory records about it, for any process to find.
+type meta struct {
+	ID         string       `json:"id"`
+	Hypervisor string       `json:"hypervisor"`
+	Image      string       `json:"image"`
+	Config     roche.Config `json:"config"`
+	CreatedAt  time.Time    `json:"created_at"`
+	ExpiresAt  time.Time    `json:"expires_at"`
+	Accel      string       `json:"accel,omitempty"`
+	Workdir    string       `json:"workdir,omitempty"`
+	// Dir is the VM's state directory; Vsock the host side of its vsock (Firecracker),
+	// API its API socket.
+	Dir   string `json:"dir"`
+	Vsock string `json:"vsock,omitempty"`
+	API   string `json:"api,omitempty"`
+}
+
+// plan is one VM being created.
+type plan struct {
+	meta
+	assets  *bootAssets
+	rootfs  string
+	initrd  string
+	console string
+	vcpus   int
+	memMiB  int64
+	// report is the write end of the pipe the supervisor reports on (its fd 3).
+	report *os.File
+}
+
+// sandbox is what this process knows about a VM.
+type sandbox struct {
+	meta
+	agent *agent.Client
+}
+
+var idPattern = regexp.MustCompile(`^(qemu|firecracker)-[0-9a-f]{12}$`)
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Create implements roche.Provider: it returns once the VM's agent answers. On any error
+// nothing is left: no process, socket or file.
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	if err := cfg.Validate(); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.refuse(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.hv.check(p); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	assets, err := p.bootAssets(ctx)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.hv.prepare(ctx, p, assets); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	root, err := p.rootfs(ctx, cfg.Image)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+
+	now := time.Now()
+	id := p.Name() + "-" + randomHex(6)
+	dir := filepath.Join(p.stateDir, id)
+	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: making the state directory: %v", roche.ErrUnavailable, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: making the VM's directory: %v", roche.ErrUnavailable, err)
+	}
+	vm := &plan{
+		meta: meta{
+			ID: id, Hypervisor: p.Name(), Image: cfg.Image, Config: cfg, CreatedAt: now,
+			ExpiresAt: now.Add(time.Duration(cfg.TimeoutSecs) * time.Second), Dir: dir,
+			Workdir: cfg.Workdir,
+		},
+		assets: assets, rootfs: root.path,
+		initrd: filepath.Join(dir, "initrd"), console: filepath.Join(dir, "console.log"),
+		vcpus: int(cfg.CPUs), memMiB: (cfg.MemoryBytes() + 1<<20 - 1) >> 20,
+	}
+	if vm.Workdir == "" {
+		vm.Workdir = root.workdir
+	}
+	sb, err := p.boot(ctx, vm, root)
+	if err != nil {
+		p.removeDir(dir)
+		return roche.SandboxInfo{}, err
+	}
+	p.remember(sb)
+	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "accel", vm.Accel, "took", time.Since(now).Round(time.Millisecond))
+	return sb.info(roche.StateRunning), nil
+}
+
+// boot writes the VM's initrd, starts its supervisor and waits for the agent. On error
+// the VM is stopped; the caller removes the directory.
+func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox, error) {
+	env := append([]string(nil), root.env...)
+	for k, v := range vm.Config.Env {
+		env = append(env, k+"="+v)
+	}
+	guest := vmlink.GuestConfig{
+		Hostname: vm.ID, User: vm.Config.User, Env: env, Workdir: vm.Workdir,
+		LifetimeMS: time.Until(vm.ExpiresAt).Milliseconds(), PidsLimit: vm.Config.PidsLimit,
+		Writable: vm.Config.Writable, TmpSize: roche.DefaultTmpSize, Transport: vmlink.TransportSerial,
+	}
+	if p.Name() == Firecracker {
+		guest.Transport = vmlink.TransportVsock
+	}
+	base, err := os.Open(vm.assets.initramfs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", roche.ErrUnavailable, err)
+	}
+	err = writeAtomic(vm.initrd, 0o600, func(w io.Writer) error {
+		if _, err := io.Copy(w, base); err != nil {
+			return err
+		}
+		return writeConfigArchive(w, guest)
+	})
+	base.Close()
+	if err != nil {
+		return nil, fmt.Errorf("writing the VM's initrd: %w", err)
+	}
+
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer reportR.Close()
+	vm.report = reportW
+	pid, err := p.hv.start(ctx, p, vm)
+	reportW.Close() // the supervisor holds its copy; EOF here means it has gone
+	if err != nil {
+		return nil, err
+	}
+	if err := writeFileSync(filepath.Join(vm.Dir, supervisor.PIDFile), strconv.Itoa(pid)); err == nil {
+		err = writeJSON(filepath.Join(vm.Dir, "meta.json"), vm.meta)
+	}
+	if err != nil {
+		p.stopSupervisor(pid, vm.Dir)
+		return nil, err
+	}
+
+	sb := &sandbox{meta: vm.meta, agent: p.hv.client(vm.meta)}
+	reports := make(chan supervisor.Report, 1)
+	go func() {
+		var r supervisor.Report
+		if err := json.NewDecoder(reportR).Decode(&r); err != nil {
+			r.Exit = "the VM's supervisor exited without a report"
+		}
+		reports <- r
+	}()
+	bctx, cancel := context.WithTimeout(ctx, p.bootTimeout)
+	defer cancel()
+	ready := make(chan error, 1)
+	go func() { ready <- sb.agent.WaitReady(bctx) }()
+	select {
+	case err = <-ready:
+		if err != nil {
+			console := tail(vm.console, 20)
+			p.stopSupervisor(pid, vm.Dir)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: the VM's agent did not answer within %v (%s); last console lines:\n%s",
+				roche.ErrTimeout, p.bootTimeout, vm.Accel, console)
+		}
+	case r := <-reports:
+		cancel()
+		<-ready
+		p.stopSupervisor(pid, vm.Dir)
+		return nil, bootFailure(r)
+	}
+	return sb, nil
+}
+
+var panicLine = regexp.MustCompile(`Kernel panic - not syncing:[^\r\n]*`)
+
+// bootFailure explains a VM that stopped before its agent answered.
+func bootFailure(r supervisor.Report) error {
+	if m := panicLine.FindString(r.Console); m != "" {
+		return fmt.Errorf("%w: the guest kernel panicked at boot: %s (console:\n%s)", roche.ErrUnavailable, m, lastLines(r.Console, 12))
+	}
+	if i := strings.LastIndex(r.Console, "roche-agent: vm init:"); i >= 0 {
+		line, _, _ := strings.Cut(r.Console[i:], "\n")
+		return fmt.Errorf("%w: the VM's init failed: %s", roche.ErrUnavailable, strings.TrimSpace(line))
+	}
+	return fmt.Errorf("%w: the VM stopped during boot (%s); last console lines:\n%s", roche.ErrUnavailable, r.Exit, lastLines(r.Console, 12))
+}
+
+// supervisorCmd prepares (without starting) the supervisor of vm running argv.
+func (p *Provider) supervisorCmd(vm *plan, spec supervisor.Spec) (*exec.Cmd, error) {
+	spec.Dir = vm.Dir
+	spec.Console = vm.console
+	spec.DeadlineUnixMS = vm.ExpiresAt.Add(10 * time.Second).UnixMilli()
+	specPath := filepath.Join(vm.Dir, supervisor.SpecFile)
+	if err := writeJSON(specPath, spec); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(filepath.Join(vm.Dir, "supervisor.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(p.agentPath, supervisor.Subcommand, specPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{vm.report}
+	// Its own session: the VM must not die with the caller's terminal or process group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd, nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return writeFileSync(path, string(b))
+}
+
+func writeFileSync(path, s string) error {
+	return writeAtomic(path, 0o600, func(w io.Writer) error { _, err := io.WriteString(w, s); return err })
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return lastLines(strings.ToValidUTF8(string(b), "?"), n)
+}
+
+func (s *sandbox) info(state roche.SandboxState) roche.SandboxInfo {
+	return roche.SandboxInfo{
+		ID: s.ID, Provider: s.Hypervisor, Image: s.Image, State: state,
+		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, Transport: "agent",
+	}
+}
+
+func (p *Provider) remember(s *sandbox) {
+	p.mu.Lock()
+	p.sandboxes[s.ID] = s
+	p.mu.Unlock()
+}
+
+func (p *Provider) forget(id string) {
+	p.mu.Lock()
+	delete(p.sandboxes, id)
+	p.mu.Unlock()
+}
+
+// lookup finds a running sandbox of this provider by id.
+func (p *Provider) lookup(id string) (*sandbox, error) {
+	p.mu.Lock()
+	s, ok := p.sandboxes[id]
+	p.mu.Unlock()
+	if ok {
+		return s, nil
+	}
+	if !idPattern.MatchString(id) || !strings.HasPrefix(id, p.Name()+"-") {
+		return nil, fmt.Errorf("%w: no %s sandbox %s (roche list shows the live ones)", roche.ErrNotFound, p.Name(), id)
+	}
+	m, alive, err := p.readVM(filepath.Join(p.stateDir, id))
+	if err != nil || !alive {
+		return nil, fmt.Errorf("%w: no %s sandbox %s (roche list shows the live ones)", roche.ErrNotFound, p.Name(), id)
+	}
+	s = &sandbox{meta: m, agent: p.hv.client(m)}
+	p.remember(s)
+	return s, nil
+}
+
+// readVM reads a VM directory's meta and whether its supervisor is alive.
+func (p *Provider) readVM(dir string) (meta, bool, error) {
+	var m meta
+	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return m, false, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, false, err
+	}
+	pid := readPID(filepath.Join(dir, supervisor.PIDFile))
+	return m, pid > 0 && isOurProcess(pid, dir, supervisor.Subcommand), nil
+}
+
+func readPID(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// isOurProcess reports whether pid is alive (not a zombie) and its command line names
+// dir (and marker, if given): a recycled pid must never be signalled.
+func isOurProcess(pid int, dir, marker string) bool {
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !bytes.Contains(cmdline, []byte(dir)) {
+		return false
+	}
+	if marker != "" && !bytes.Contains(cmdline, []byte(marker)) {
+		return false
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+// stopSupervisor stops a VM: its supervisor stops the hypervisor and removes the
+// directory; if it does not, both are killed and the directory removed here.
+func (p *Provider) stopSupervisor(pid int, dir string) {
+	if pid > 0 && isOurProcess(pid, dir, supervisor.Subcommand) {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		deadline := time.Now().Add(10 * time.Second)
+		for isOurProcess(pid, dir, supervisor.Subcommand) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if isOurProcess(pid, dir, supervisor.Subcommand) {
+			p.log.Warn("the VM's supervisor did not stop; killing it", "pid", pid, "dir", dir)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if hv := readPID(filepath.Join(dir, supervisor.HypervisorFile)); hv > 0 && isOurProcess(hv, dir, "") {
+		_ = syscall.Kill(-hv, syscall.SIGKILL)
+		_ = syscall.Kill(hv, syscall.SIGKILL)
+	}
+	p.removeDir(dir)
+}
+
+// removeDir removes a VM directory of ours (and a jailer's chroot it names).
+func (p *Provider) removeDir(dir string) {
+	if filepath.Dir(dir) != filepath.Clean(p.stateDir) || !idPattern.MatchString(filepath.Base(dir)) {
+		return
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, supervisor.SpecFile)); err == nil {
+		var spec supervisor.Spec
+		if json.Unmarshal(b, &spec) == nil {
+			for _, d := range spec.RemoveDirs {
+				_ = os.RemoveAll(d)
+			}
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		p.log.Warn("removing a VM directory", "dir", dir, "err", err)
+	}
+}
+
+// Destroy implements roche.Provider; it is idempotent.
+func (p *Provider) Destroy(ctx context.Context, id string) error {
+	p.forget(id)
+	if !idPattern.MatchString(id) || !strings.HasPrefix(id, p.Name()+"-") {
+		return nil
+	}
+	dir := filepath.Join(p.stateDir, id)
+	if _, err := os.Stat(dir); err != nil {
+		return nil
+	}
+	p.stopSupervisor(readPID(filepath.Join(dir, supervisor.PIDFile)), dir)
+	return nil
+}
+
+// Inspect implements roche.Provider.
+func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, error) {
+	s, err := p.lookup(id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if _, alive, err := p.readVM(s.Dir); err != nil || !alive {
+		p.forget(id)
+		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s is gone (destroyed, or its lifetime ended)", roche.ErrNotFound, id)
+	}
+	return s.info(p.state(s.Dir)), nil
+}
+
+func (p *Provider) state(dir string) roche.SandboxState {
+	if _, err := os.Stat(filepath.Join(dir, "paused")); err == nil {
+		return roche.StatePaused
+	}
+	return roche.StateRunning
+}
+
+// List implements roche.Provider. A VM whose supervisor is gone is removed on the way,
+// as a container engine removes an auto-remove container that has stopped.
+func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
+	entries, err := os.ReadDir(p.stateDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return []roche.SandboxInfo{}, nil
+		}
+		return nil, fmt.Errorf("listing %s: %w", p.stateDir, err)
+	}
+	out := []roche.SandboxInfo{}
+	for _, e := range entries {
+		if !e.IsDir() || !idPattern.MatchString(e.Name()) || !strings.HasPrefix(e.Name(), p.Name()+"-") {
+			continue
+		}
+		dir := filepath.Join(p.stateDir, e.Name())
+		m, alive, err := p.readVM(dir)
+		if err != nil || !alive {
+			// A directory still being created has no supervisor yet: leave it a while.
+			if fi, serr := e.Info(); serr == nil && time.Since(fi.ModTime()) > 2*time.Minute {
+				p.stopSupervisor(readPID(filepath.Join(dir, supervisor.PIDFile)), dir)
+			}
+			continue
+		}
+		s := sandbox{meta: m}
+		out = append(out, s.info(p.state(dir)))
+	}
+	return out, nil
+}
+
+// GC implements roche.GarbageCollector: it removes expired VMs (every one with All).
+func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.SandboxInfo, error) {
+	list, err := p.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var removed []roche.SandboxInfo
+	var errs []error
+	for _, sb := range list {
+		if !opts.All && !sb.Expired(now) {
+			continue
+		}
+		if !opts.DryRun {
+			if err := p.Destroy(ctx, sb.ID); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		removed = append(removed, sb)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// Pause implements roche.Pauser.
+func (p *Provider) Pause(ctx context.Context, id string) error { return p.setPaused(ctx, id, true) }
+
+// Unpause implements roche.Pauser.
+func (p *Provider) Unpause(ctx context.Context, id string) error {
+	return p.setPaused(ctx, id, false)
+}
+
+func (p *Provider) setPaused(ctx context.Context, id string, freeze bool) error {
+	s, err := p.lookup(id)
+	if err != nil {
+		return err
+	}
+	if err := p.hv.pause(ctx, s.meta, freeze); err != nil {
+		return fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	marker := filepath.Join(s.Dir, "paused")
+	if freeze {
+		return os.WriteFile(marker, nil, 0o600)
+	}
+	if err := os.Remove(marker); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}

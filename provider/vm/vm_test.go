@@ -1,0 +1,313 @@
+//go:build linux
+
+package vm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/providertest"
+	"github.com/roche-sandbox/roche/provider/vm"
+)
+
+// The VM tests boot real guests. Under emulation (no usable KVM, as on the development
+// machine) a boot takes seconds, so they live in this one package and each boots as few
+// VMs as it can: the conformance suite shares one VM between the checks that allow it.
+
+func TestMain(m *testing.M) {
+	cleanup, err := testenv.SetupAgent()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	cleanup()
+	if code == 0 {
+		// Every create, exec and destroy must have let go of its goroutines.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func testConfig() roche.Config {
+	cfg := roche.DefaultConfig()
+	cfg.Image = testenv.Image()
+	return cfg
+}
+
+func newQEMU(t *testing.T, opts ...vm.Option) *vm.Provider {
+	t.Helper()
+	p, err := vm.NewQEMU(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Available(); err != nil {
+		t.Fatalf("%v (the README's test command installs qemu-system-x86)", err)
+	}
+	return p
+}
+
+// TestConformanceQEMU runs the conformance suite against the qemu provider: KVM where it
+// works, emulation (with a warning) where it does not.
+func TestConformanceQEMU(t *testing.T) {
+	p := newQEMU(t)
+	providertest.Run(t, p, providertest.Options{Config: testConfig()})
+}
+
+// TestConformanceFirecracker runs the suite against Firecracker where there is one. No
+// package source here has a firecracker binary, so on this machine it skips, saying why.
+func TestConformanceFirecracker(t *testing.T) {
+	p, err := vm.NewFirecracker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Available(); err != nil {
+		if !errors.Is(err, roche.ErrUnavailable) {
+			t.Fatalf("Available: %v, want nil or ErrUnavailable", err)
+		}
+		t.Skip(err)
+	}
+	providertest.Run(t, p, providertest.Options{Config: testConfig()})
+}
+
+// leftovers lists what a failed create must not leave: entries in the state directory,
+// and processes (a supervisor or a hypervisor) naming it.
+func leftovers(t *testing.T, stateDir string) []string {
+	t.Helper()
+	var out []string
+	entries, _ := os.ReadDir(stateDir)
+	for _, e := range entries {
+		out = append(out, "state: "+e.Name())
+	}
+	return append(out, processesNaming(stateDir)...)
+}
+
+// processesNaming lists the processes whose command line contains s.
+func processesNaming(s string) []string {
+	var out []string
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(s)) {
+			out = append(out, "process: "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
+}
+
+// checkNothingLeft waits briefly (a killed process takes a moment to go) and then fails
+// the test if anything is left.
+func checkNothingLeft(t *testing.T, stateDir string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := leftovers(t, stateDir)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a failed create left behind:\n%s", strings.Join(left, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestKernelPanicReported boots a guest whose kernel panics (it is told to run an init
+// that does not exist, then finds no root): Create must say so and leave nothing.
+func TestKernelPanicReported(t *testing.T) {
+	state := t.TempDir()
+	p := newQEMU(t, vm.WithStateDir(state), vm.WithKernelArgs("rdinit=/no-such-init"))
+	start := time.Now()
+	_, err := p.Create(context.Background(), testConfig())
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("Create with a panicking guest kernel: %v, want ErrUnavailable saying it panicked", err)
+	}
+	if el := time.Since(start); el > time.Minute {
+		t.Errorf("the panic took %v to be reported: it should end the VM at once", el)
+	}
+	t.Logf("error: %.300s", err)
+	checkNothingLeft(t, state)
+}
+
+// TestMissingKernel: a kernel path that does not exist is a clear error naming what to
+// install, before anything is started.
+func TestMissingKernel(t *testing.T) {
+	state := t.TempDir()
+	p := newQEMU(t, vm.WithStateDir(state), vm.WithKernel("/no/such/vmlinuz"), vm.WithCacheDir(t.TempDir()))
+	_, err := p.Create(context.Background(), testConfig())
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "linux-image-amd64") || !strings.Contains(err.Error(), "/no/such/vmlinuz") {
+		t.Fatalf("Create with a missing kernel: %v, want ErrUnavailable naming the path and linux-image-amd64", err)
+	}
+	checkNothingLeft(t, state)
+}
+
+// TestMissingImage: an image the engine does not have is ErrImageNotFound, saying how to
+// build one.
+func TestMissingImage(t *testing.T) {
+	state := t.TempDir()
+	p := newQEMU(t, vm.WithStateDir(state))
+	cfg := testConfig()
+	cfg.Image = "roche/no-such-image:missing"
+	_, err := p.Create(context.Background(), cfg)
+	if !errors.Is(err, roche.ErrImageNotFound) || !strings.Contains(err.Error(), "build-test-image.sh") {
+		t.Fatalf("Create from a missing image: %v, want ErrImageNotFound with how to build one", err)
+	}
+	checkNothingLeft(t, state)
+}
+
+// TestUnsupportedConfigs: what a VM cannot honour is refused, each reason named.
+func TestUnsupportedConfigs(t *testing.T) {
+	p := newQEMU(t, vm.WithStateDir(t.TempDir()))
+	for name, mod := range map[string]func(*roche.Config){
+		"network":     func(c *roche.Config) { c.Network = true },
+		"mounts":      func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/tmp", Target: "/mnt"}} },
+		"cpus=0.5":    func(c *roche.Config) { c.CPUs = 0.5 },
+		"memory=100m": func(c *roche.Config) { c.Memory = "100m" },
+	} {
+		cfg := testConfig()
+		mod(&cfg)
+		_, err := p.Create(context.Background(), cfg)
+		if !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), strings.Split(name, "=")[0]) {
+			t.Errorf("%s: %v, want ErrUnsupported naming it", name, err)
+		}
+	}
+}
+
+// TestForcedKVMWhereUnusable: asking for KVM where a guest does not boot under it is a
+// clear error after a bounded probe, not a hang. A stand-in QEMU that never boots makes
+// this certain on any machine; the probe must give up in its time and kill it.
+func TestForcedKVMWhereUnusable(t *testing.T) {
+	state, bin := t.TempDir(), t.TempDir()
+	fake := filepath.Join(bin, "qemu-hangs")
+	// Never exits and never prints: what a guest that hangs at its first instruction
+	// looks like from outside.
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nwhile :; do sleep 1; done\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := newQEMU(t, vm.WithStateDir(state), vm.WithCacheDir(t.TempDir()), vm.WithBinary(fake),
+		vm.WithAccel(vm.AccelKVM), vm.WithKVMProbeTimeout(2*time.Second))
+	start := time.Now()
+	_, err := p.Create(context.Background(), testConfig())
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "KVM is not usable") {
+		t.Fatalf("Create with KVM forced and unusable: %v, want ErrUnavailable saying KVM is not usable", err)
+	}
+	if el := time.Since(start); el > time.Minute {
+		t.Errorf("the probe took %v, not bounded by its 2 s limit", el)
+	}
+	t.Logf("error: %v", err)
+	checkNothingLeft(t, state)
+	for _, l := range processesNaming(bin) {
+		t.Errorf("the probe left %s", l)
+	}
+}
+
+// TestInsideTheVM checks what is particular to a VM sandbox, from inside one: its own
+// host name resolves, the sandbox's commands sit in the guest cgroup that carries the
+// limits, the seccomp filter refuses what it should, and the agent's other APIs
+// (files, background processes) work over the VM's transport.
+func TestInsideTheVM(t *testing.T) {
+	p := newQEMU(t)
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(context.WithoutCancel(ctx), info.ID)
+	run := func(code string) string {
+		t.Helper()
+		res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", code}, Timeout: time.Minute})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("%s: %+v %v", code, res, err)
+		}
+		return strings.TrimSpace(res.Stdout)
+	}
+	if got := run("import socket; print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))"); got != info.ID+" 127.0.1.1" {
+		t.Errorf("host name and address %q, want %q", got, info.ID+" 127.0.1.1")
+	}
+	if got := run("print(open('/proc/self/cgroup').read().strip())"); got != "0::/sandbox" {
+		t.Errorf("cgroup %q, want 0::/sandbox", got)
+	}
+	if got := run(`
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+out = ['unshare=' + ('allowed' if libc.unshare(0x10000000) == 0 else errno.errorcode[ctypes.get_errno()])]
+try:
+    open('/etc/hosts', 'a'); out.append('hosts=allowed')
+except OSError as e:
+    out.append('hosts=' + errno.errorcode[e.errno])
+print(' '.join(out))`); got != "unshare=EPERM hosts=EACCES" {
+		t.Errorf("refusals %q, want unshare=EPERM hosts=EACCES", got)
+	}
+
+	if err := p.WriteFile(ctx, info.ID, "/tmp/in/data.bin", strings.NewReader("binary\x00data"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	var back bytes.Buffer
+	if err := p.ReadFile(ctx, info.ID, "/tmp/in/data.bin", &back); err != nil || back.String() != "binary\x00data" {
+		t.Fatalf("read back %q %v", back.String(), err)
+	}
+	if fi, err := p.Stat(ctx, info.ID, "/tmp/in/data.bin"); err != nil || fi.Size != 11 || fi.Mode.Perm() != 0o640 {
+		t.Fatalf("stat %+v %v", fi, err)
+	}
+	if err := p.WriteFile(ctx, info.ID, "/etc/x", strings.NewReader("x"), 0o644); !errors.Is(err, roche.ErrPermission) {
+		t.Fatalf("write on the read-only root: %v, want ErrPermission", err)
+	}
+
+	pid, err := p.Start(ctx, info.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo started; sleep 1; echo done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	res, err := p.Attach(ctx, info.ID, pid, &out, io.Discard)
+	if err != nil || res.ExitCode != 0 || out.String() != "started\ndone\n" {
+		t.Fatalf("attach: %+v %q %v", res, out.String(), err)
+	}
+}
+
+// TestLifetimeEndsTheVM: with nobody left to destroy it, a VM stops at the end of its
+// lifetime and leaves nothing on the host, as a container removes itself.
+func TestLifetimeEndsTheVM(t *testing.T) {
+	state := t.TempDir()
+	p := newQEMU(t, vm.WithStateDir(state))
+	cfg := testConfig()
+	cfg.TimeoutSecs = 10
+	info, err := p.Create(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := info.ExpiresAt.Add(30 * time.Second)
+	for len(leftovers(t, state)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s past its lifetime the VM is still there:\n%s", strings.Join(leftovers(t, state), "\n"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if el := time.Since(info.ExpiresAt); el < -time.Second {
+		t.Fatalf("the VM stopped %v before its lifetime ended", -el)
+	}
+	if _, err := p.Inspect(context.Background(), info.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("Inspect after the lifetime: %v, want ErrNotFound", err)
+	}
+}
