@@ -131,7 +131,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	served := false
 	if p.warmStart {
 		// The interpreter this exec may take is replaced once it is over.
-		defer p.startWarm(rec, warmRearmDelay)
+		defer p.startWarm(rec, warmDelay)
 		if warmServes(prog, mounts) {
 			if w := p.takeWarm(id); w != nil {
 				res, served, err = p.execWarm(ctx, w, rec, mounts, prog, req, stdout, stderr, timeout)

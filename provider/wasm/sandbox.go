@@ -160,7 +160,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	}
 	done = true
 	p.log.Debug("wasm: sandbox created", "id", id, "dir", dir)
-	p.startWarm(rec, 0)
+	p.startWarm(rec, warmDelay)
 	return rec.info(), nil
 }
 

@@ -56,9 +56,12 @@ const warmCommand = `exec(compile(__import__('sys').argv[1], '<roche-warm>', 'ex
 var warmSource string
 
 const (
-	// warmRearmDelay is how long after an exec the next interpreter starts: a destroy
-	// that follows the exec at once (create, exec, destroy) costs none.
-	warmRearmDelay = 50 * time.Millisecond
+	// warmDelay is how long after a create or an exec an interpreter starts, unless an
+	// exec asks for it sooner. Starting one takes a CPU for about 0.1 s: the delay lets
+	// the exec that typically follows a create (or a destroy that follows an exec) run
+	// without it, and costs an exec that comes sooner nothing, since it starts the
+	// interpreter at once.
+	warmDelay = 50 * time.Millisecond
 	// earlyOutputLimit bounds what an interpreter may print before it is handed an exec.
 	earlyOutputLimit = 64 << 10
 	// maxWarmScript bounds the script read to check it can be served warm.

@@ -298,7 +298,7 @@ except OSError as e:
 		if !errors.Is(err, roche.ErrNotFound) || !strings.Contains(err.Error(), "destroyed") {
 			t.Fatalf("warm exec whose sandbox was destroyed: %v", err)
 		}
-		time.Sleep(2 * warmRearmDelay)
+		time.Sleep(2 * warmDelay)
 		if has, _ := twp.warmOf(info.ID); has {
 			t.Fatal("a destroyed sandbox got a new warm interpreter")
 		}

@@ -133,10 +133,11 @@ func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = d
 // Create or Exec (or Prepare), so listing and destroying sandboxes work without it.
 func New(opts ...Option) (*Provider, error) {
 	p := &Provider{
-		log:       slog.New(slog.DiscardHandler),
-		running:   map[string]map[*execHandle]struct{}{},
-		warm:      map[string]*warmInstance{},
-		warmSlots: make(chan struct{}, max(runtime.GOMAXPROCS(0), 1)),
+		log:     slog.New(slog.DiscardHandler),
+		running: map[string]map[*execHandle]struct{}{},
+		warm:    map[string]*warmInstance{},
+		// One CPU is left to the execs themselves.
+		warmSlots: make(chan struct{}, max(runtime.GOMAXPROCS(0)-1, 1)),
 	}
 	p.life, p.stopLife = context.WithCancelCause(context.Background())
 	p.cacheDir = defaultCacheDir()
