@@ -15,10 +15,13 @@ test:
 # Medians and ratios against baselines measured in the same run (needs Docker and the
 # test image; make test sets both up): exec and files through roche-agent, then roched
 # (bench/daemon: pool hit, pooled cycle, cold create, load; shorter with
-# BENCH_FLAGS='-n 10 -duration 10s').
+# BENCH_FLAGS='-n 10 -duration 10s'), then the wasm provider through roched against
+# docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
+# needs python.wasm; flags in WASM_BENCH_FLAGS, e.g. '-n 10').
 bench:
 	go run ./bench/exec
 	go run ./bench/daemon $(BENCH_FLAGS)
+	go run ./bench/wasm $(WASM_BENCH_FLAGS)
 
 vet:
 	gofmt -l $$(git ls-files '*.go') | (! grep .)
