@@ -258,6 +258,18 @@ func (d *Daemon) prepareWorkdir(ctx context.Context, pl *pool.Pool, id, dir stri
 	if ok {
 		return nil
 	}
+	if fsys, ok := pl.Provider().(roche.FileSystem); ok && !pl.Provider().Capabilities().Processes {
+		// No mkdir to run there (a wasm sandbox runs only Python): the files API makes it,
+		// in each sandbox, as under /tmp. One it cannot make (on the read-only root) it
+		// never will, and that is remembered.
+		err := fsys.Mkdir(ctx, id, dir)
+		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			d.mu.Lock()
+			d.workdirs[key] = false
+			d.mu.Unlock()
+		}
+		return err
+	}
 	res, err := pl.Provider().Exec(ctx, id, roche.ExecRequest{Cmd: []string{"mkdir", "-p", "--", dir}, Timeout: 10 * time.Second})
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("mkdir -p %s exited %d: %s", dir, res.ExitCode, strings.TrimSpace(res.Stderr))

@@ -248,4 +248,31 @@ func TestWasmPoolServedWarm(t *testing.T) {
 			return st.Ready == 2 && st.Starting == 0
 		})
 	}
+
+	// A workdir the files API can make is served from the pool, in each sandbox anew;
+	// one on the read-only root goes cold, where the provider makes it.
+	for _, w := range []struct {
+		dir    string
+		pooled bool
+	}{{"/workspace/proj", true}, {"/workspace/proj", true}, {"/tmp/w", true}, {"/srv/app", false}, {"/srv/app", false}} {
+		wcfg := cfg
+		wcfg.Workdir = w.dir
+		sb, pooled, err := c.Create(ctx, "wasm", wcfg)
+		if err != nil || pooled != w.pooled {
+			t.Fatalf("create with workdir %s: pooled=%v (want %v) %v", w.dir, pooled, w.pooled, err)
+		}
+		before := wp.WarmStats().Served
+		res, err := c.Provider("wasm").Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "import os; print(os.getcwd())"}})
+		if err != nil || res.Stdout != w.dir+"\n" {
+			t.Fatalf("cwd with workdir %s: %+v %v", w.dir, res, err)
+		}
+		// A cold sandbox's interpreter was started at its create: it serves the exec too.
+		if wp.WarmStats().Served != before+1 {
+			t.Fatalf("exec with workdir %s did not run on a warm interpreter", w.dir)
+		}
+		if err := c.Provider("wasm").Destroy(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, time.Minute, "the pool to refill", func() bool { return wp.WarmStats().Ready == 2 })
+	}
 }
