@@ -104,7 +104,7 @@ Providers: docker (default; ROCHE_PROVIDER overrides) and wasm (no dependencies)
 	root.AddCommand(
 		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
-		e.daemonCommand(), e.poolCommand(),
+		e.daemonCommand(), e.poolCommand(), e.mcpCommand(),
 	)
 	e.addDaemonFlags(root)
 	root.CompletionOptions.DisableDefaultCmd = true

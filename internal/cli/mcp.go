@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/mcp"
+)
+
+func (e *env) mcpCommand() *cobra.Command {
+	var httpAddr, token, provider, image string
+	var allowNetwork bool
+	c := &cobra.Command{
+		Use:   "mcp [--http ADDR]",
+		Short: "Serve Roche to MCP clients (Claude, Cursor, VS Code, ...) over stdio or HTTP",
+		Long: `Serve Roche as a Model Context Protocol server, with tools to create a sandbox, run
+commands in it (stdout, stderr, exit code), write and read its files, list sandboxes and
+destroy them. It speaks MCP on stdin/stdout (the MCP client starts it), or streamable
+HTTP with --http. Sandboxes go through roched when it answers, as every roche command.
+
+Sandboxes keep the secure defaults; clients cannot mount host paths, and cannot turn the
+network on unless --allow-network is given. Sandboxes the server created are destroyed
+when it stops. Over HTTP, any address but a loopback one needs --token, which clients
+send as "Authorization: Bearer TOKEN".`,
+		Example: `  roche mcp                                  # stdio: what an MCP client's config starts
+  roche mcp --http 127.0.0.1:8765            # streamable HTTP at http://127.0.0.1:8765/
+  ROCHE_MCP_TOKEN=$(openssl rand -hex 16) roche mcp --http 0.0.0.0:8765`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if token == "" {
+				token = e.getenv("ROCHE_MCP_TOKEN")
+			}
+			if httpAddr != "" {
+				if err := mcp.CheckListen(httpAddr, token); err != nil {
+					return err
+				}
+			}
+			srv := mcp.New(registryProviders{e}, mcp.Config{
+				DefaultProvider: provider, DefaultImage: image, AllowNetwork: allowNetwork,
+			}, mcp.WithLogger(e.log))
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if err := srv.Close(ctx); err != nil {
+					fmt.Fprintf(e.stderr, "roche: %s (roche gc --all removes leftovers)\n", oneLine(err))
+				}
+			}()
+			ctx := cmd.Context()
+			if httpAddr == "" {
+				return srv.ServeStdio(ctx, e.stdin, e.stdout)
+			}
+			l, err := net.Listen("tcp", httpAddr)
+			if err != nil {
+				return fmt.Errorf("listening on %s: %w", httpAddr, err)
+			}
+			fmt.Fprintf(e.stderr, "roche mcp: serving streamable HTTP on http://%s/\n", l.Addr())
+			return srv.ServeHTTP(ctx, l, token, 10*time.Second)
+		},
+	}
+	defProvider, defImage := "docker", roche.DefaultImage
+	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
+		defProvider = v
+	}
+	if v := e.getenv("ROCHE_IMAGE"); v != "" {
+		defImage = v
+	}
+	c.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on HOST:PORT instead of stdio")
+	c.Flags().StringVar(&token, "token", "", "bearer token HTTP clients must send (env ROCHE_MCP_TOKEN); required off loopback")
+	c.Flags().StringVar(&provider, "provider", defProvider, "provider of sandboxes whose create names none (env ROCHE_PROVIDER)")
+	c.Flags().StringVar(&image, "image", defImage, "image of sandboxes whose create names none (env ROCHE_IMAGE)")
+	c.Flags().BoolVar(&allowNetwork, "allow-network", false, "let clients create sandboxes with a network")
+	return c
+}
+
+// registryProviders gives the MCP server the CLI's providers: roched's when it answers,
+// else in-process.
+type registryProviders struct{ e *env }
+
+func (r registryProviders) Get(name string) (roche.Provider, error) { return r.e.providers.get(name) }
+
+func (r registryProviders) ForID(id string) (roche.Provider, error) { return r.e.providers.forID(id) }
+
+func (r registryProviders) List(ctx context.Context, name string) ([]roche.SandboxInfo, error) {
+	all := []roche.SandboxInfo{}
+	err := r.e.providers.each(ctx, name, func(p roche.Provider) error {
+		list, err := p.List(ctx)
+		all = append(all, list...)
+		return err
+	})
+	return all, err
+}

@@ -1,0 +1,486 @@
+// Package mcp serves Roche to any Model Context Protocol client (Claude Desktop, Claude
+// Code, Cursor, VS Code, ...): tools to create a sandbox, run commands in it, write and
+// read its files, list sandboxes and destroy them. It sits on the same provider access as
+// the CLI (roched when it answers, else the provider in-process) and keeps Roche's secure
+// defaults: a client cannot mount host paths, and cannot turn the network on unless the
+// server was started with AllowNetwork.
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Providers is how the server reaches sandboxes.
+type Providers interface {
+	// Get opens the named provider.
+	Get(name string) (roche.Provider, error)
+	// ForID returns the provider that owns a sandbox id.
+	ForID(id string) (roche.Provider, error)
+	// List lists the sandboxes of the named provider, or of every available one when
+	// name is empty.
+	List(ctx context.Context, name string) ([]roche.SandboxInfo, error)
+}
+
+// Config is what the server offers.
+type Config struct {
+	// DefaultProvider is used when a create names none ("docker" when empty).
+	DefaultProvider string
+	// DefaultImage is used when a create names none (roche.DefaultImage when empty).
+	DefaultImage string
+	// AllowNetwork lets clients create sandboxes with a network. Off, a create asking
+	// for one is refused: the code an LLM writes must not reach the network unless the
+	// person running the server chose so.
+	AllowNetwork bool
+	// Version is reported to clients.
+	Version string
+}
+
+// DefaultReadLimit and MaxReadLimit bound what read_file returns: a model's context is
+// small and a file may not be.
+const (
+	DefaultReadLimit = 1 << 20
+	MaxReadLimit     = 8 << 20
+)
+
+// Server is Roche's MCP server. It remembers the sandboxes it created so that Close can
+// destroy those still alive: a client that goes away leaves nothing running.
+type Server struct {
+	cfg       Config
+	providers Providers
+	log       *slog.Logger
+	server    *mcp.Server
+
+	mu      sync.Mutex
+	created map[string]roche.Provider
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// New returns a server with Roche's tools.
+func New(p Providers, cfg Config, opts ...Option) *Server {
+	if cfg.DefaultProvider == "" {
+		cfg.DefaultProvider = "docker"
+	}
+	if cfg.DefaultImage == "" {
+		cfg.DefaultImage = roche.DefaultImage
+	}
+	if cfg.Version == "" {
+		cfg.Version = "0.1.0"
+	}
+	s := &Server{cfg: cfg, providers: p, log: slog.New(slog.DiscardHandler), created: map[string]roche.Provider{}}
+	for _, o := range opts {
+		o(s)
+	}
+	s.server = mcp.NewServer(&mcp.Implementation{Name: "roche", Title: "Roche sandboxes", Version: cfg.Version},
+		&mcp.ServerOptions{Instructions: instructions, Logger: s.log})
+	s.addTools()
+	return s
+}
+
+const instructions = `Roche runs untrusted code in isolated sandboxes: no network, a read-only root with a
+writable /tmp, 512 MiB, 1 CPU, 64 processes, a non-root user, and a lifetime (300 s by
+default) after which the sandbox is destroyed. Create a sandbox, run commands in it
+(e.g. ["python3", "-c", "print(1)"]), move files in and out with write_file and
+read_file, and destroy it when done.`
+
+// MCP is the underlying go-sdk server, for transports of the caller's choosing.
+func (s *Server) MCP() *mcp.Server { return s.server }
+
+// Close destroys the sandboxes this server created that are still alive.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	created := s.created
+	s.created = map[string]roche.Provider{}
+	s.mu.Unlock()
+	var errs []error
+	for id, p := range created {
+		if err := p.Destroy(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("destroying sandbox %s: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func boolPtr(b bool) *bool { return &b }
+
+func (s *Server) addTools() {
+	closed := &mcp.ToolAnnotations{OpenWorldHint: boolPtr(false)}
+	mcp.AddTool(s.server, &mcp.Tool{
+		Name:  "create_sandbox",
+		Title: "Create a sandbox",
+		Description: "Create an isolated sandbox with secure defaults (no network, read-only root, writable /tmp, " +
+			"512 MiB, 1 CPU, 300 s lifetime) and return its id. Destroy it when done.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)},
+	}, s.create)
+	mcp.AddTool(s.server, &mcp.Tool{
+		Name:  "exec",
+		Title: "Run a command in a sandbox",
+		Description: "Run a command in a sandbox and return its stdout, stderr and exit code. The command is an " +
+			`argv list, e.g. ["python3", "-c", "print(2 + 2)"] or ["sh", "-c", "ls /tmp"]. A timeout kills it ` +
+			"and everything it started.",
+		Annotations: closed,
+	}, s.exec)
+	mcp.AddTool(s.server, &mcp.Tool{
+		Name:        "write_file",
+		Title:       "Write a file into a sandbox",
+		Description: "Write a file at an absolute path in a sandbox (under /tmp unless it is writable), replacing it and creating parent directories.",
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, s.writeFile)
+	mcp.AddTool(s.server, &mcp.Tool{
+		Name:        "read_file",
+		Title:       "Read a file from a sandbox",
+		Description: "Read a file from a sandbox: UTF-8 text as is, anything else as base64.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: boolPtr(false)},
+	}, s.readFile)
+	mcp.AddTool(s.server, &mcp.Tool{
+		Name:        "list_sandboxes",
+		Title:       "List sandboxes",
+		Description: "List the live sandboxes with their ids, images and expiry times.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: boolPtr(false)},
+	}, s.list)
+	mcp.AddTool(s.server, &mcp.Tool{
+		Name:        "destroy_sandbox",
+		Title:       "Destroy a sandbox",
+		Description: "Destroy a sandbox and everything in it.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, s.destroy)
+}
+
+// CreateInput is create_sandbox's arguments; what is left out takes the secure default.
+type CreateInput struct {
+	Provider    string            `json:"provider,omitempty" jsonschema:"isolation backend: docker (the default) or wasm"`
+	Image       string            `json:"image,omitempty" jsonschema:"image to run (the server's default when left out)"`
+	Network     bool              `json:"network,omitempty" jsonschema:"give the sandbox a network; refused unless the server allows it"`
+	Writable    bool              `json:"writable,omitempty" jsonschema:"make the root filesystem writable"`
+	TimeoutSecs int               `json:"timeout_secs,omitempty" jsonschema:"lifetime in seconds, after which the sandbox is destroyed (default 300)"`
+	Memory      string            `json:"memory,omitempty" jsonschema:"memory limit, e.g. 512m (the default) or 1g"`
+	CPUs        float64           `json:"cpus,omitempty" jsonschema:"CPUs the sandbox may use, e.g. 1 (the default) or 0.5"`
+	Env         map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command"`
+	Workdir     string            `json:"workdir,omitempty" jsonschema:"working directory of commands, an absolute path"`
+}
+
+// Sandbox describes a sandbox.
+type Sandbox struct {
+	ID        string `json:"id"`
+	Provider  string `json:"provider"`
+	Image     string `json:"image"`
+	State     string `json:"state"`
+	ExpiresAt string `json:"expires_at,omitempty" jsonschema:"when the sandbox will be destroyed, RFC 3339"`
+}
+
+func sandboxOf(sb roche.SandboxInfo) Sandbox {
+	out := Sandbox{ID: sb.ID, Provider: sb.Provider, Image: sb.Image, State: string(sb.State)}
+	if !sb.ExpiresAt.IsZero() {
+		out.ExpiresAt = sb.ExpiresAt.UTC().Format(time.RFC3339)
+	}
+	return out
+}
+
+func (s *Server) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, Sandbox, error) {
+	if in.Network && !s.cfg.AllowNetwork {
+		return nil, Sandbox{}, errors.New("network access is off for this server: sandboxes run without a network " +
+			"(whoever runs `roche mcp` can allow it with --allow-network)")
+	}
+	cfg := roche.DefaultConfig()
+	cfg.Image = s.cfg.DefaultImage
+	if in.Image != "" {
+		cfg.Image = in.Image
+	}
+	cfg.Network, cfg.Writable, cfg.Env, cfg.Workdir = in.Network, in.Writable, in.Env, in.Workdir
+	if in.TimeoutSecs != 0 {
+		cfg.TimeoutSecs = in.TimeoutSecs
+	}
+	if in.Memory != "" {
+		cfg.Memory = in.Memory
+	}
+	if in.CPUs != 0 {
+		cfg.CPUs = in.CPUs
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, Sandbox{}, err
+	}
+	name := in.Provider
+	if name == "" {
+		name = s.cfg.DefaultProvider
+	}
+	p, err := s.providers.Get(name)
+	if err != nil {
+		return nil, Sandbox{}, err
+	}
+	// A create is finished even if the client gives up midway, so that nothing
+	// half-made is left; what the client never hears of is destroyed by Close.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	sb, err := p.Create(cctx, cfg)
+	if err != nil {
+		return nil, Sandbox{}, err
+	}
+	s.mu.Lock()
+	s.created[sb.ID] = p
+	s.mu.Unlock()
+	s.log.Info("sandbox created", "id", sb.ID, "provider", name, "image", sb.Image)
+	return nil, sandboxOf(sb), nil
+}
+
+// ExecInput is exec's arguments.
+type ExecInput struct {
+	SandboxID   string            `json:"sandbox_id" jsonschema:"the sandbox's id, from create_sandbox"`
+	Command     []string          `json:"command" jsonschema:"the program and its arguments, e.g. [\"python3\", \"-c\", \"print(1)\"]"`
+	TimeoutSecs float64           `json:"timeout_secs,omitempty" jsonschema:"kill the command after this many seconds (default: the sandbox's remaining lifetime)"`
+	Stdin       string            `json:"stdin,omitempty" jsonschema:"standard input for the command"`
+	Env         map[string]string `json:"env,omitempty" jsonschema:"environment variables for this command"`
+	Workdir     string            `json:"workdir,omitempty" jsonschema:"working directory for this command"`
+}
+
+// ExecOutput is a command's outcome.
+type ExecOutput struct {
+	Stdout     string  `json:"stdout"`
+	Stderr     string  `json:"stderr"`
+	ExitCode   int     `json:"exit_code"`
+	TimedOut   bool    `json:"timed_out"`
+	Truncated  bool    `json:"truncated"`
+	OOMKilled  bool    `json:"oom_killed"`
+	DurationMS float64 `json:"duration_ms"`
+}
+
+func (s *Server) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecInput) (*mcp.CallToolResult, ExecOutput, error) {
+	if len(in.Command) == 0 {
+		return nil, ExecOutput{}, errors.New(`command is empty: give the program and its arguments, e.g. ["python3", "-c", "print(1)"]`)
+	}
+	if in.TimeoutSecs < 0 {
+		return nil, ExecOutput{}, fmt.Errorf("timeout_secs %v is negative: give seconds, or leave it out", in.TimeoutSecs)
+	}
+	p, err := s.providers.ForID(in.SandboxID)
+	if err != nil {
+		return nil, ExecOutput{}, err
+	}
+	req := roche.ExecRequest{
+		Cmd: in.Command, Env: in.Env, Workdir: in.Workdir,
+		Timeout: time.Duration(in.TimeoutSecs * float64(time.Second)),
+	}
+	if in.Stdin != "" {
+		req.Stdin = strings.NewReader(in.Stdin)
+	}
+	// Cancelling the call (the client gave up) kills the command and all it started.
+	res, err := p.Exec(ctx, in.SandboxID, req)
+	if err != nil {
+		return nil, ExecOutput{}, err
+	}
+	out := ExecOutput{
+		Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: res.ExitCode, TimedOut: res.TimedOut,
+		Truncated: res.Truncated, OOMKilled: res.OOMKilled, DurationMS: float64(res.Duration.Microseconds()) / 1000,
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: execText(out)}}}, out, nil
+}
+
+// execText is the result as a model reads it best: the output, then what else happened.
+func execText(o ExecOutput) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "exit code %d", o.ExitCode)
+	if o.TimedOut {
+		b.WriteString(" (timed out: the command was killed)")
+	}
+	if o.OOMKilled {
+		b.WriteString(" (killed for exceeding the memory limit)")
+	}
+	if o.Truncated {
+		b.WriteString(" (output truncated at 10 MiB per stream)")
+	}
+	fmt.Fprintf(&b, "\n--- stdout ---\n%s", o.Stdout)
+	if o.Stderr != "" {
+		fmt.Fprintf(&b, "\n--- stderr ---\n%s", o.Stderr)
+	}
+	return b.String()
+}
+
+// WriteInput is write_file's arguments.
+type WriteInput struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	Path      string `json:"path" jsonschema:"absolute path in the sandbox, e.g. /tmp/main.py"`
+	Content   string `json:"content" jsonschema:"the file's content"`
+	Encoding  string `json:"encoding,omitempty" jsonschema:"utf-8 (the default) or base64 for binary content"`
+	Mode      string `json:"mode,omitempty" jsonschema:"permission bits in octal, e.g. 0755 (default 0644)"`
+}
+
+// WriteOutput says what was written.
+type WriteOutput struct {
+	Path  string `json:"path"`
+	Bytes int    `json:"bytes"`
+}
+
+// fileIO is what every provider (and the daemon's client) offers for single files.
+type fileIO interface {
+	WriteFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) error
+	ReadFile(ctx context.Context, id, path string, w io.Writer) error
+}
+
+func (s *Server) files(id string) (fileIO, error) {
+	p, err := s.providers.ForID(id)
+	if err != nil {
+		return nil, err
+	}
+	f, ok := p.(fileIO)
+	if !ok {
+		return nil, fmt.Errorf("%w: the %s provider cannot read or write files", roche.ErrUnsupported, p.Name())
+	}
+	return f, nil
+}
+
+func (s *Server) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteInput) (*mcp.CallToolResult, WriteOutput, error) {
+	data := []byte(in.Content)
+	switch strings.ToLower(in.Encoding) {
+	case "", "utf-8", "utf8", "text":
+	case "base64":
+		b, err := base64.StdEncoding.DecodeString(in.Content)
+		if err != nil {
+			return nil, WriteOutput{}, fmt.Errorf("content is not valid base64: %v", err)
+		}
+		data = b
+	default:
+		return nil, WriteOutput{}, fmt.Errorf("encoding %q: use utf-8 or base64", in.Encoding)
+	}
+	mode := fs.FileMode(0o644)
+	if in.Mode != "" {
+		m, err := strconv.ParseUint(in.Mode, 8, 32)
+		if err != nil || m > 0o777 {
+			return nil, WriteOutput{}, fmt.Errorf("mode %q: give octal permission bits such as 0644 or 0755", in.Mode)
+		}
+		mode = fs.FileMode(m)
+	}
+	f, err := s.files(in.SandboxID)
+	if err != nil {
+		return nil, WriteOutput{}, err
+	}
+	if err := f.WriteFile(ctx, in.SandboxID, in.Path, bytes.NewReader(data), mode); err != nil {
+		return nil, WriteOutput{}, err
+	}
+	return nil, WriteOutput{Path: in.Path, Bytes: len(data)}, nil
+}
+
+// ReadInput is read_file's arguments.
+type ReadInput struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	Path      string `json:"path" jsonschema:"absolute path in the sandbox"`
+	MaxBytes  int    `json:"max_bytes,omitempty" jsonschema:"return at most this many bytes (default 1 MiB, at most 8 MiB)"`
+}
+
+// ReadOutput is a file's content.
+type ReadOutput struct {
+	Path      string `json:"path"`
+	Content   string `json:"content"`
+	Encoding  string `json:"encoding" jsonschema:"utf-8, or base64 when the content is not UTF-8 text"`
+	Bytes     int    `json:"bytes" jsonschema:"how many bytes of the file content holds"`
+	Truncated bool   `json:"truncated" jsonschema:"the file is longer than max_bytes"`
+}
+
+// capped keeps the first n bytes written to it and notes whether there were more.
+type capped struct {
+	buf  bytes.Buffer
+	n    int
+	over bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	room := c.n - c.buf.Len()
+	if len(p) > room {
+		c.over = true
+		c.buf.Write(p[:max(room, 0)])
+		return len(p), nil
+	}
+	return c.buf.Write(p)
+}
+
+func (s *Server) readFile(ctx context.Context, _ *mcp.CallToolRequest, in ReadInput) (*mcp.CallToolResult, ReadOutput, error) {
+	limit := in.MaxBytes
+	if limit <= 0 {
+		limit = DefaultReadLimit
+	}
+	limit = min(limit, MaxReadLimit)
+	f, err := s.files(in.SandboxID)
+	if err != nil {
+		return nil, ReadOutput{}, err
+	}
+	w := &capped{n: limit}
+	if err := f.ReadFile(ctx, in.SandboxID, in.Path, w); err != nil {
+		return nil, ReadOutput{}, err
+	}
+	data := w.buf.Bytes()
+	out := ReadOutput{Path: in.Path, Bytes: len(data), Truncated: w.over, Encoding: "utf-8", Content: string(data)}
+	if !utf8.Valid(data) {
+		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(data)
+	}
+	return nil, out, nil
+}
+
+// ListInput is list_sandboxes' arguments.
+type ListInput struct {
+	Provider string `json:"provider,omitempty" jsonschema:"only this provider's sandboxes"`
+}
+
+// ListOutput is the live sandboxes.
+type ListOutput struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+func (s *Server) list(ctx context.Context, _ *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
+	list, err := s.providers.List(ctx, in.Provider)
+	if err != nil {
+		return nil, ListOutput{}, err
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].CreatedAt.Before(list[j].CreatedAt) })
+	out := ListOutput{Sandboxes: make([]Sandbox, 0, len(list))}
+	for _, sb := range list {
+		out.Sandboxes = append(out.Sandboxes, sandboxOf(sb))
+	}
+	return nil, out, nil
+}
+
+// DestroyInput is destroy_sandbox's arguments.
+type DestroyInput struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+}
+
+// DestroyOutput names the destroyed sandbox.
+type DestroyOutput struct {
+	Destroyed string `json:"destroyed"`
+}
+
+func (s *Server) destroy(ctx context.Context, _ *mcp.CallToolRequest, in DestroyInput) (*mcp.CallToolResult, DestroyOutput, error) {
+	p, err := s.providers.ForID(in.SandboxID)
+	if err != nil {
+		return nil, DestroyOutput{}, err
+	}
+	// Destroy is idempotent; Inspect says whether the id meant anything, so that a
+	// mistyped id is reported rather than "destroyed".
+	if _, err := p.Inspect(ctx, in.SandboxID); err != nil {
+		return nil, DestroyOutput{}, err
+	}
+	if err := p.Destroy(ctx, in.SandboxID); err != nil {
+		return nil, DestroyOutput{}, err
+	}
+	s.mu.Lock()
+	delete(s.created, in.SandboxID)
+	s.mu.Unlock()
+	return nil, DestroyOutput{Destroyed: in.SandboxID}, nil
+}

@@ -1,0 +1,300 @@
+package mcp_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.uber.org/goleak"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/mcp"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+// TestMain builds roche-agent, so sandboxes run as they do in production.
+func TestMain(m *testing.M) {
+	cleanup, err := testenv.SetupAgent()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { cleanup(); os.Exit(code) }))
+}
+
+// providers serves the real Docker provider.
+type providers struct{ p roche.Provider }
+
+func (p providers) Get(name string) (roche.Provider, error) {
+	if name != "docker" {
+		return nil, fmt.Errorf("%w: unknown provider %q", roche.ErrInvalidConfig, name)
+	}
+	return p.p, nil
+}
+func (p providers) ForID(string) (roche.Provider, error) { return p.p, nil }
+func (p providers) List(ctx context.Context, _ string) ([]roche.SandboxInfo, error) {
+	return p.p.List(ctx)
+}
+
+func newServer(t *testing.T, cfg mcp.Config) (*mcp.Server, *docker.Provider) {
+	t.Helper()
+	dp, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := dp.Ping(ctx); err != nil {
+		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
+	}
+	cfg.DefaultImage = testenv.Image()
+	s := mcp.New(providers{dp}, cfg)
+	t.Cleanup(func() {
+		if err := s.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		dp.Close()
+	})
+	return s, dp
+}
+
+// connect joins a go-sdk client to the server over in-memory transports.
+func connect(t *testing.T, s *mcp.Server) *sdk.ClientSession {
+	t.Helper()
+	ctx := context.Background()
+	st, ct := sdk.NewInMemoryTransports()
+	ss, err := s.MCP().Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cs.Close()
+		ss.Wait()
+	})
+	return cs
+}
+
+// call calls a tool and decodes its structured result into out; it fails the test on a
+// tool error unless wantErr, and returns the text of the result.
+func call(t *testing.T, cs *sdk.ClientSession, name string, args map[string]any, out any) (string, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var text strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*sdk.TextContent); ok {
+			text.WriteString(tc.Text)
+		}
+	}
+	if !res.IsError && out != nil {
+		b, err := json.Marshal(res.StructuredContent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s: structured content %s: %v", name, b, err)
+		}
+	}
+	return text.String(), res.IsError
+}
+
+func TestTools(t *testing.T) {
+	s, dp := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	ctx := context.Background()
+
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range tools.Tools {
+		names = append(names, tool.Name)
+	}
+	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec list_sandboxes read_file write_file" {
+		t.Fatalf("tools: %s", got)
+	}
+
+	var sb mcp.Sandbox
+	if text, isErr := call(t, cs, "create_sandbox", map[string]any{"env": map[string]string{"WHO": "mcp"}}, &sb); isErr {
+		t.Fatalf("create_sandbox: %s", text)
+	}
+	if sb.ID == "" || sb.Image != testenv.Image() || sb.ExpiresAt == "" {
+		t.Fatalf("sandbox: %+v", sb)
+	}
+
+	var out mcp.ExecOutput
+	text, _ := call(t, cs, "exec", map[string]any{
+		"sandbox_id": sb.ID, "command": []string{"python3", "-c", "import os, sys; print('hi', os.environ['WHO']); print('oops', file=sys.stderr); sys.exit(3)"},
+	}, &out)
+	if out.Stdout != "hi mcp\n" || out.Stderr != "oops\n" || out.ExitCode != 3 {
+		t.Fatalf("exec: %+v", out)
+	}
+	if !strings.Contains(text, "exit code 3") || !strings.Contains(text, "hi mcp") || !strings.Contains(text, "oops") {
+		t.Fatalf("exec text: %q", text)
+	}
+	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"cat"}, "stdin": "piped"}, &out)
+	if out.Stdout != "piped" {
+		t.Fatalf("exec with stdin: %+v", out)
+	}
+	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"sleep", "30"}, "timeout_secs": 1}, &out)
+	if !out.TimedOut {
+		t.Fatalf("exec past its timeout: %+v", out)
+	}
+
+	var wrote mcp.WriteOutput
+	call(t, cs, "write_file", map[string]any{"sandbox_id": sb.ID, "path": "/tmp/app/main.py", "content": "print(6 * 7)\n"}, &wrote)
+	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"python3", "/tmp/app/main.py"}}, &out)
+	if out.Stdout != "42\n" {
+		t.Fatalf("running the written file: %+v", out)
+	}
+	blob := []byte{0, 1, 2, 0xff, 0xfe}
+	call(t, cs, "write_file", map[string]any{
+		"sandbox_id": sb.ID, "path": "/tmp/blob", "content": base64.StdEncoding.EncodeToString(blob), "encoding": "base64", "mode": "0600",
+	}, &wrote)
+	var read mcp.ReadOutput
+	call(t, cs, "read_file", map[string]any{"sandbox_id": sb.ID, "path": "/tmp/blob"}, &read)
+	if read.Encoding != "base64" || read.Content != base64.StdEncoding.EncodeToString(blob) {
+		t.Fatalf("read_file of binary: %+v", read)
+	}
+	call(t, cs, "read_file", map[string]any{"sandbox_id": sb.ID, "path": "/tmp/app/main.py", "max_bytes": 5}, &read)
+	if read.Encoding != "utf-8" || read.Content != "print" || !read.Truncated {
+		t.Fatalf("read_file with max_bytes: %+v", read)
+	}
+
+	var list mcp.ListOutput
+	call(t, cs, "list_sandboxes", nil, &list)
+	found := false
+	for _, l := range list.Sandboxes {
+		found = found || l.ID == sb.ID
+	}
+	if !found {
+		t.Fatalf("list_sandboxes does not have %s: %+v", sb.ID, list)
+	}
+
+	var destroyed mcp.DestroyOutput
+	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, &destroyed)
+	if destroyed.Destroyed != sb.ID {
+		t.Fatalf("destroy_sandbox: %+v", destroyed)
+	}
+	if _, err := dp.Inspect(ctx, sb.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("after destroy_sandbox: %v", err)
+	}
+	text, isErr := call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"true"}}, nil)
+	if !isErr || !strings.Contains(text, "not found") {
+		t.Fatalf("exec in a destroyed sandbox: %v %q", isErr, text)
+	}
+	text, isErr = call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, nil)
+	if !isErr || !strings.Contains(text, "not found") {
+		t.Fatalf("destroying it again: %v %q", isErr, text)
+	}
+}
+
+// TestRefusals: the secure defaults hold against what a client asks.
+func TestRefusals(t *testing.T) {
+	s, _ := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+		want string
+	}{
+		{"create_sandbox", map[string]any{"network": true}, "--allow-network"},
+		{"create_sandbox", map[string]any{"mounts": []string{"/:/host"}}, "mounts"},
+		{"create_sandbox", map[string]any{"memory": "lots"}, "not a size"},
+		{"exec", map[string]any{"sandbox_id": "x", "command": []string{}}, "command is empty"},
+		{"exec", map[string]any{"sandbox_id": "x"}, "command"},
+		{"write_file", map[string]any{"sandbox_id": "x", "path": "/tmp/x", "content": "!", "encoding": "base64"}, "base64"},
+		{"write_file", map[string]any{"sandbox_id": "x", "path": "/tmp/x", "content": "", "mode": "999"}, "octal"},
+	} {
+		text, isErr := call(t, cs, c.tool, c.args, nil)
+		if !isErr || !strings.Contains(text, c.want) {
+			t.Errorf("%s %v: error %v %q, want one mentioning %q", c.tool, c.args, isErr, text, c.want)
+		}
+	}
+}
+
+// TestCloseDestroysWhatItCreated: a client that goes away leaves nothing running.
+func TestCloseDestroysWhatItCreated(t *testing.T) {
+	s, dp := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	var sb mcp.Sandbox
+	call(t, cs, "create_sandbox", nil, &sb)
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dp.Inspect(context.Background(), sb.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// bearer adds a token to every request.
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestStreamableHTTP: the same tools over streamable HTTP, behind a bearer token.
+func TestStreamableHTTP(t *testing.T) {
+	s, _ := newServer(t, mcp.Config{})
+	hs := httptest.NewServer(s.Handler("s3cret"))
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	client := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "1"}, nil)
+
+	_, err := client.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: hs.URL, MaxRetries: -1}, nil)
+	if err == nil || !strings.Contains(err.Error(), "Unauthorized") {
+		t.Fatalf("connecting without the token: %v, want it unauthorized", err)
+	}
+	cs, err := client.Connect(ctx, &sdk.StreamableClientTransport{
+		Endpoint: hs.URL, HTTPClient: &http.Client{Transport: bearer{"s3cret"}}, DisableStandaloneSSE: true,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	var sb mcp.Sandbox
+	call(t, cs, "create_sandbox", nil, &sb)
+	var out mcp.ExecOutput
+	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"python3", "-c", "print('over http')"}}, &out)
+	if out.Stdout != "over http\n" || out.ExitCode != 0 {
+		t.Fatalf("exec over HTTP: %+v", out)
+	}
+	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, nil)
+}
+
+func TestCheckListen(t *testing.T) {
+	for addr, ok := range map[string]bool{
+		"127.0.0.1:8765": true, "localhost:0": true, "[::1]:80": true,
+		"0.0.0.0:8765": false, ":8765": false, "10.0.0.1:1": false, "nonsense": false,
+	} {
+		if err := mcp.CheckListen(addr, ""); (err == nil) != ok {
+			t.Errorf("CheckListen(%q) without a token: %v", addr, err)
+		}
+	}
+	if err := mcp.CheckListen("0.0.0.0:8765", "t"); err != nil {
+		t.Errorf("with a token: %v", err)
+	}
+}
