@@ -17,11 +17,13 @@ test:
 # (bench/daemon: pool hit, pooled cycle, cold create, load; shorter with
 # BENCH_FLAGS='-n 10 -duration 10s'), then the wasm provider through roched against
 # docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
-# needs python.wasm; flags in WASM_BENCH_FLAGS, e.g. '-n 10').
+# needs python.wasm; flags in WASM_BENCH_FLAGS, e.g. '-n 10'), then the Python SDK's
+# exec against the Go client's on the same sandbox (bench/sdk; SDK_BENCH_FLAGS).
 bench:
 	go run ./bench/exec
 	go run ./bench/daemon $(BENCH_FLAGS)
 	go run ./bench/wasm $(WASM_BENCH_FLAGS)
+	go run ./bench/sdk $(SDK_BENCH_FLAGS)
 
 vet:
 	gofmt -l $$(git ls-files '*.go') | (! grep .)
