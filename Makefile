@@ -19,10 +19,13 @@ test:
 # docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
 # needs python.wasm; flags in WASM_BENCH_FLAGS, e.g. '-n 10'), then the Python SDK's
 # exec against the Go client's on the same sandbox (bench/sdk; SDK_BENCH_FLAGS).
+# bench/vm boots qemu microVMs (boot-to-agent-ready, create+exec+destroy, exec latency;
+# needs QEMU and a Debian kernel, which make test installs; VM_BENCH_FLAGS, e.g. '-n 3').
 bench:
 	go run ./bench/exec
 	go run ./bench/daemon $(BENCH_FLAGS)
 	go run ./bench/wasm $(WASM_BENCH_FLAGS)
+	go run ./bench/vm $(VM_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)
 
 vet:

@@ -109,6 +109,37 @@ func (p *Provider) Close() error {
 // Name implements roche.Provider.
 func (p *Provider) Name() string { return p.hv.name() }
 
+// Acceleration reports how this provider's VMs run, "kvm" or "tcg" (QEMU's emulation),
+// and why KVM is not used when it is not. For QEMU the first call may boot the KVM
+// probe (up to its timeout, once per host boot).
+func (p *Provider) Acceleration(ctx context.Context) (accel, whyNotKVM string, err error) {
+	if err := p.hv.check(p); err != nil {
+		return "", "", err
+	}
+	q, ok := p.hv.(*qemu)
+	if !ok {
+		return AccelKVM, "", nil
+	}
+	a, err := p.bootAssets(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	bin, err := q.binary(p)
+	if err != nil {
+		return "", "", err
+	}
+	accel, err = q.accel(ctx, p, a, bin)
+	if err != nil || accel == AccelKVM {
+		return accel, "", err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.probe == nil {
+		return accel, "emulation was asked for", nil
+	}
+	return accel, q.probe.Reason, nil
+}
+
 // Available reports, wrapping roche.ErrUnavailable, why this provider cannot run VMs
 // here (no hypervisor binary; for Firecracker, no usable /dev/kvm), or nil. It boots
 // nothing: whether KVM actually runs a guest is learnt at the first Create.

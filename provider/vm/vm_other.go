@@ -28,6 +28,11 @@ func (p *Provider) unavailable() error {
 // Available reports that microVMs need Linux.
 func (p *Provider) Available() error { return p.unavailable() }
 
+// Acceleration reports that microVMs need Linux.
+func (p *Provider) Acceleration(context.Context) (string, string, error) {
+	return "", "", p.unavailable()
+}
+
 // Close does nothing.
 func (p *Provider) Close() error { return nil }
 

@@ -51,9 +51,11 @@ func testConfig() roche.Config {
 	return cfg
 }
 
+// newQEMU returns a qemu provider whose VMs live in a directory of the test's own, so
+// that nothing else on the machine (a `roche gc --all` from another test run) reaps them.
 func newQEMU(t *testing.T, opts ...vm.Option) *vm.Provider {
 	t.Helper()
-	p, err := vm.NewQEMU(opts...)
+	p, err := vm.NewQEMU(append([]vm.Option{vm.WithStateDir(t.TempDir())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
