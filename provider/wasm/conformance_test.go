@@ -11,3 +11,15 @@ import (
 func TestConformance(t *testing.T) {
 	providertest.Run(t, tp, providertest.Options{Config: roche.DefaultConfig()})
 }
+
+// TestConformanceWarm runs the suite with warm start on, as roched runs the provider:
+// execs that follow a create by more than a moment run on the interpreter started for
+// them, and must pass the same checks.
+func TestConformanceWarm(t *testing.T) {
+	before := twp.WarmStats().Served
+	providertest.Run(t, twp, providertest.Options{Config: roche.DefaultConfig()})
+	t.Logf("%d of the suite's execs ran on a warm interpreter", twp.WarmStats().Served-before)
+	if twp.WarmStats().Served == before {
+		t.Fatal("no exec of the suite ran on a warm interpreter")
+	}
+}
