@@ -164,12 +164,15 @@ class ErrorsThroughDaemon(harness.SandboxTestCase):
             self.assertTrue(sb.exec(["true"]).ok)
 
     def test_unsupported(self) -> None:
-        # roched serves docker only, so the wasm provider goes through the CLI.
-        roche = Roche(provider="wasm")
+        roche = Roche(provider="wasm", transport=self.transport)
         self.raises(Unsupported, "no network", lambda: roche.create(image="python:3.12-slim", network=True))
-        self.assertEqual(roche.transport, "cli")
-        with self.assertRaises(ProviderUnavailable):
-            Roche(provider="wasm", transport="daemon").create()
+
+    def test_unknown_provider(self) -> None:
+        roche = Roche(provider="nosuch", transport=self.transport)
+        if self.transport == "daemon":
+            self.raises(ProviderUnavailable, "does not serve the nosuch provider", lambda: roche.create())
+        else:
+            self.raises(InvalidConfig, 'unknown provider "nosuch"', lambda: roche.create())
 
     def test_async_errors(self) -> None:
         async def main() -> None:
