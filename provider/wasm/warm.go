@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -414,6 +415,11 @@ func readAtStart(k string) bool {
 // as such: a regular file reached without symlinks, not compiled code (which holds NUL
 // bytes) and not a zip archive (run through its __main__.py).
 func plainScript(mounts []mountPoint, guest string) bool {
+	// CPython takes sys.path[0] from the script's real path; warm.py from the path as
+	// given, which is the same only when it is clean.
+	if !path.IsAbs(guest) || path.Clean(guest) != guest {
+		return false
+	}
 	m, rel := resolve(mounts, guest)
 	if rel == "" {
 		return false

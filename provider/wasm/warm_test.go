@@ -309,13 +309,13 @@ except OSError as e:
 // and leave it waiting.
 func TestWarmNotUsed(t *testing.T) {
 	id := newWarmSandbox(t, nil)
-	for _, name := range []string{"s.pyc", "z.py"} {
+	for name, content := range map[string]string{
+		"s.pyc":    "print('compiled')\x00",
+		"z.py":     "print('zip?')\nPK\x05\x06",
+		"plain.py": "import sys; print(sys.path[0])",
+	} {
 		src := filepath.Join(t.TempDir(), name)
-		content := []byte("print('compiled')\x00")
-		if name == "z.py" {
-			content = []byte("print('zip?')\nPK\x05\x06")
-		}
-		if err := os.WriteFile(src, content, 0o644); err != nil {
+		if err := os.WriteFile(src, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if err := tp.CopyTo(ctxFor(t, time.Minute), id, src, "/workspace/"+name); err != nil {
@@ -332,6 +332,7 @@ func TestWarmNotUsed(t *testing.T) {
 		{Cmd: []string{"python3", "s.pyc"}},
 		{Cmd: []string{"python3", "z.py"}},
 		{Cmd: []string{"python3", "missing.py"}},
+		{Cmd: []string{"python3", "/workspace//plain.py"}},
 		{Cmd: []string{"python3", "-c"}},
 	} {
 		before := twp.WarmStats().Served
