@@ -113,6 +113,7 @@ func TestWarmMatchesFresh(t *testing.T) {
 		{name: "chained", cmd: []string{"python3", "-c", "try:\n    {}['k']\nexcept KeyError:\n    raise ValueError('bad')"}},
 		{name: "syntax error", cmd: []string{"python3", "-c", "print("}},
 		{name: "keyboard interrupt", cmd: []string{"python3", "-c", "raise KeyboardInterrupt"}},
+		{name: "keyboard interrupt subclass", cmd: []string{"python3", "-c", "class K(KeyboardInterrupt): pass\nraise K"}},
 		{name: "excepthook", cmd: []string{"python3", "-c", "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, v, tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_next)\n1/0"}},
 		{name: "excepthook fails", cmd: []string{"python3", "-c", "import sys\ndef h(*a):\n    raise TypeError('in hook')\nsys.excepthook = h\n1/0"}},
 		{name: "last exc in atexit", cmd: []string{"python3", "-c", "import atexit, sys\natexit.register(lambda: print('last', repr(sys.last_value), sys.last_traceback.tb_frame.f_code.co_filename))\nraise OSError(2, 'gone')"}},
