@@ -702,11 +702,15 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		}
 		dir := filepath.Join(p.stateDir, e.Name())
 		m, alive, err := p.readVM(dir)
-		if err != nil || !alive {
-			// A directory still being created has no supervisor yet: leave it a while.
+		if err != nil {
+			// No meta yet: a VM still being created. Left a while, then it is stale.
 			if fi, serr := e.Info(); serr == nil && time.Since(fi.ModTime()) > 2*time.Minute {
 				p.stopSupervisor(readPID(filepath.Join(dir, supervisor.PIDFile)), dir)
 			}
+			continue
+		}
+		if !alive {
+			p.stopSupervisor(0, dir) // its supervisor was killed: clean up after it
 			continue
 		}
 		s := sandbox{meta: m}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -311,5 +312,40 @@ func TestLifetimeEndsTheVM(t *testing.T) {
 	}
 	if _, err := p.Inspect(context.Background(), info.ID); !errors.Is(err, roche.ErrNotFound) {
 		t.Fatalf("Inspect after the lifetime: %v, want ErrNotFound", err)
+	}
+}
+
+// TestSupervisorKilled: if a VM's supervisor is killed outright, the hypervisor dies with
+// it, and the next List clears what was left on the host.
+func TestSupervisorKilled(t *testing.T) {
+	state := t.TempDir()
+	p := newQEMU(t, vm.WithStateDir(state))
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(state, info.ID, "supervisor.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(processesNaming(state)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if left := processesNaming(state); len(left) > 0 {
+		t.Fatalf("the hypervisor outlived its supervisor:\n%s", strings.Join(left, "\n"))
+	}
+	list, err := p.List(ctx)
+	if err != nil || len(list) != 0 {
+		t.Fatalf("List after the supervisor died: %v %v, want nothing", list, err)
+	}
+	checkNothingLeft(t, state)
+	if _, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("Exec in the dead VM: %v, want ErrNotFound", err)
 	}
 }
