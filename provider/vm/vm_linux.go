@@ -395,7 +395,14 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 // boot writes the VM's initrd, starts its supervisor and waits for the agent. On error
 // the VM is stopped; the caller removes the directory.
 func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox, error) {
-	env := append([]string(nil), root.env...)
+	// The image's environment, then the sandbox's, which wins for a name both set.
+	var env []string
+	for _, kv := range root.env {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, set := vm.Config.Env[k]; !set {
+			env = append(env, kv)
+		}
+	}
 	for k, v := range vm.Config.Env {
 		env = append(env, k+"="+v)
 	}

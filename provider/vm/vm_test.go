@@ -233,7 +233,9 @@ func TestForcedKVMWhereUnusable(t *testing.T) {
 func TestInsideTheVM(t *testing.T) {
 	p := newQEMU(t)
 	ctx := context.Background()
-	info, err := p.Create(ctx, testConfig())
+	cfg := testConfig()
+	cfg.Env = map[string]string{"PATH": "/usr/bin:/bin:/roche-test"} // the image sets PATH too
+	info, err := p.Create(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +250,9 @@ func TestInsideTheVM(t *testing.T) {
 	}
 	if got := run("import socket; print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))"); got != info.ID+" 127.0.1.1" {
 		t.Errorf("host name and address %q, want %q", got, info.ID+" 127.0.1.1")
+	}
+	if got := run("import os; print(os.environ['PATH'], os.environ['HOME'])"); got != "/usr/bin:/bin:/roche-test /nonexistent" {
+		t.Errorf("PATH and HOME %q: the sandbox's PATH must win over the image's, HOME come from /etc/passwd", got)
 	}
 	if got := run("print(open('/proc/self/cgroup').read().strip())"); got != "0::/sandbox" {
 		t.Errorf("cgroup %q, want 0::/sandbox", got)
