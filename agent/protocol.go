@@ -199,5 +199,12 @@ func ReadFrame(r io.Reader, buf []byte) (byte, []byte, error) {
 	return hdr[0], buf, nil
 }
 
+// ThreadReserve is how many threads roche-agent holds from its start. A sandbox's PID
+// limit counts threads, and a fork bomb uses up every free one; a Go program that then
+// needs a new thread dies. So the agent creates its threads up front, and a provider
+// adds ThreadReserve to the container's limit: the sandbox's programs get exactly the
+// limit the caller asked for, and the agent never needs a thread they could take.
+const ThreadReserve = 24
+
 // MaxChunk is the largest data payload either side sends in one frame.
 const MaxChunk = 256 << 10

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/tarfs"
@@ -177,9 +178,10 @@ func (s *Server) writeFile(c *conn, p string, req agent.Request) error {
 }
 
 // asUser runs fn on an OS thread whose filesystem uid and gid are the sandbox user's and
-// that has no supplementary groups. Filesystem identity is per thread in Linux; the
-// goroutine never unlocks its thread, so the thread is destroyed with the goroutine
-// instead of returning, still changed, to the scheduler.
+// that has no supplementary groups. Filesystem identity is per thread in Linux. The
+// thread's identity is restored afterwards and the thread returned to the runtime
+// (threads are reserved up front; see agent.ThreadReserve); if restoring fails, the
+// goroutine exits still locked and the runtime destroys the thread instead.
 func (s *Server) asUser(fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
@@ -195,9 +197,30 @@ func (s *Server) asUser(fn func() error) error {
 			done <- fmt.Errorf("switching file access to uid %d failed", s.uid)
 			return
 		}
-		done <- fn()
+		err := fn()
+		if s.restoreIdentity() {
+			runtime.UnlockOSThread()
+		}
+		done <- err
 	}()
 	return <-done
+}
+
+// restoreIdentity gives the current thread back the agent's own filesystem identity and
+// groups, and reports whether that worked.
+func (s *Server) restoreIdentity() bool {
+	syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(os.Geteuid()), 0, 0)
+	syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(os.Getegid()), 0, 0)
+	var groups *uint32
+	if len(s.groups) > 0 {
+		groups = &s.groups[0]
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(s.groups)), uintptr(unsafe.Pointer(groups)), 0); e != 0 {
+		return false
+	}
+	uid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSUID, ^uintptr(0), 0, 0)
+	gid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSGID, ^uintptr(0), 0, 0)
+	return int(uid) == os.Geteuid() && int(gid) == os.Getegid()
 }
 
 // checkPath accepts absolute paths without ".." components.

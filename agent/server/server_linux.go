@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,8 @@ type Server struct {
 	uid, gid int
 	baseEnv  []string
 	reaper   *reaper
+	// groups are the agent's supplementary groups, restored after file operations.
+	groups []uint32
 	// cgroupFD, when positive, is the cgroup every command starts in (set in a microVM,
 	// where the agent itself enforces the PID and memory limits; see RunVM).
 	cgroupFD int
@@ -68,8 +71,16 @@ func New(cfg Config) (*Server, error) {
 	if err := dropBoundingSet(); err != nil {
 		return nil, fmt.Errorf("dropping the capability bounding set: %w", err)
 	}
+	gids, err := syscall.Getgroups()
+	if err != nil {
+		return nil, fmt.Errorf("reading the agent's groups: %w", err)
+	}
+	groups := make([]uint32, len(gids))
+	for i, g := range gids {
+		groups[i] = uint32(g)
+	}
 	s := &Server{
-		cfg: cfg, log: cfg.Log, uid: uid, gid: gid,
+		cfg: cfg, log: cfg.Log, uid: uid, gid: gid, groups: groups,
 		baseEnv: os.Environ(),
 		reaper:  newReaper(),
 		procs:   map[int]*proc{},
@@ -80,6 +91,7 @@ func New(cfg Config) (*Server, error) {
 // Run serves until ctx ends, the lifetime passes, or SIGTERM/SIGINT arrives; then it
 // signals every command's process group and returns.
 func (s *Server) Run(ctx context.Context) error {
+	reserveThreads(agent.ThreadReserve)
 	go s.reaper.run()
 	ln := s.cfg.Listener
 	if ln == nil {
@@ -317,4 +329,42 @@ func dropBoundingSet() error {
 		}
 	}
 	return nil
+}
+
+// reserveThreads makes the runtime create threads until the process has n, so that it
+// does not need a new one while a fork bomb holds every free PID (see
+// agent.ThreadReserve). Each goroutine holds a thread of its own while all are parked;
+// released, the threads stay with the runtime, idle.
+func reserveThreads(n int) {
+	missing := n - countThreads()
+	if missing <= 0 {
+		return
+	}
+	var ready sync.WaitGroup
+	release := make(chan struct{})
+	for i := 0; i < missing; i++ {
+		ready.Add(1)
+		go func() {
+			runtime.LockOSThread()
+			ready.Done()
+			<-release
+			runtime.UnlockOSThread()
+		}()
+	}
+	ready.Wait()
+	close(release)
+}
+
+func countThreads() int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }

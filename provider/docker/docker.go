@@ -373,6 +373,9 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 		noInit := false
 		hcfg.Init = &noInit
 		hcfg.CapAdd = []string{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
+		// The agent's own threads come on top of the sandbox's limit (agent.ThreadReserve).
+		pids := int64(cfg.PidsLimit + agent.ThreadReserve)
+		hcfg.Resources.PidsLimit = &pids
 		hcfg.Mounts = append(hcfg.Mounts,
 			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentBinary, ReadOnly: true},
 			mount.Mount{Type: mount.TypeBind, Source: agentDir, Target: agentRunDir},
