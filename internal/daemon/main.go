@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
@@ -224,7 +225,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	// Settings are checked before the providers are set up, whose warnings would only
 	// bury the reason roched refuses to start.
-	if err := cfg.Validate([]string{"docker", "wasm"}); err != nil {
+	if err := cfg.Validate([]string{"docker", "wasm", vm.QEMU, vm.Firecracker}); err != nil {
 		return err
 	}
 	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")))
@@ -236,6 +237,16 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if wp := wasmProvider(log); wp != nil {
 		defer wp.Close()
 		providers["wasm"] = wp
+	}
+	// MicroVMs: a missing hypervisor shows as Unavailable on use, not at start-up.
+	for name, newVM := range map[string]func(...vm.Option) (*vm.Provider, error){vm.QEMU: vm.NewQEMU, vm.Firecracker: vm.NewFirecracker} {
+		vp, err := newVM(vm.WithLogger(log.With("provider", name)))
+		if err != nil {
+			log.Warn("microVM provider unavailable: serving without it", "provider", name, "err", err)
+			continue
+		}
+		defer vp.Close()
+		providers[name] = vp
 	}
 
 	d, err := New(cfg, providers, WithLogger(log))

@@ -97,7 +97,7 @@ func TestRochedServesWasm(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 
 	h, err := c.Health(ctx)
-	if err != nil || strings.Join(h.Providers, ",") != "docker,wasm" {
+	if err != nil || strings.Join(h.Providers, ",") != "docker,firecracker,qemu,wasm" {
 		t.Fatalf("providers: %+v %v", h, err)
 	}
 	eventually(t, time.Minute, "the wasm pool to fill", func() bool {
