@@ -99,11 +99,19 @@ class _Env:
 
 def setup() -> None:
     """Tags the private image, starts roched and points the SDK's environment at both."""
+    global CLI, ROCHED
     if _Env.daemon is not None:
         return
-    for path in (CLI, ROCHED, os.path.join(BIN, "roche-agent")):
+    # A copy of bin/, so that a `make build` meanwhile cannot swap binaries mid-run;
+    # roche and roched find roche-agent beside themselves.
+    snapshot = tempfile.mkdtemp(prefix="roche-sdk-test-bin-")
+    atexit.register(shutil.rmtree, snapshot, True)
+    for name in ("roche", "roched", "roche-agent"):
+        path = os.path.join(BIN, name)
         if not os.access(path, os.X_OK):
             raise RuntimeError(f"{path} is missing: run `make build` first")
+        shutil.copy2(path, snapshot)
+    CLI, ROCHED = os.path.join(snapshot, "roche"), os.path.join(snapshot, "roched")
     tag = f"{BASE_IMAGE.rsplit(':', 1)[0]}:sdk-test-{uuid.uuid4().hex[:8]}"
     _run("docker", "tag", BASE_IMAGE, tag)
     _Env.image = tag
