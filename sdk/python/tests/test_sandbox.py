@@ -3,13 +3,16 @@ each test runs once per transport and both must behave the same."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import tempfile
 import time
+from unittest import mock
 
 import harness
 
-from roche_sandbox import ExecResult, Mount, Roche, SandboxNotFound
+from roche_sandbox import AsyncRoche, ExecResult, Mount, Roche, RocheError, SandboxNotFound
 
 
 class SandboxThroughDaemon(harness.SandboxTestCase):
@@ -200,3 +203,30 @@ class SandboxThroughDaemon(harness.SandboxTestCase):
 
 class SandboxThroughCLI(SandboxThroughDaemon):
     transport = "cli"
+
+
+class DaemonOverTCP(harness.SandboxTestCase):
+    """roched on TCP, which it serves only with a bearer token."""
+
+    def test_token(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        d = harness.Daemon(name="tcp", args=["--listen", f"tcp://127.0.0.1:{port}"], env={"ROCHE_TOKEN": "s3cret"})
+        self.addCleanup(d.stop)
+        address = f"http://127.0.0.1:{port}"
+        roche = Roche(transport="daemon", address=address, token="s3cret")
+        with roche.create(image=harness.image()) as sb:
+            self.assertEqual(sb.exec(["echo", "over tcp"]).stdout, "over tcp\n")
+
+        async def main() -> str:
+            aroche = AsyncRoche(transport="daemon", address=address, token="s3cret")
+            async with (await aroche.create(image=harness.image())) as asb:
+                return (await asb.exec(["echo", "async over tcp"])).stdout
+
+        self.assertEqual(asyncio.run(main()), "async over tcp\n")
+        with mock.patch.dict(os.environ, {"ROCHE_TOKEN": ""}):
+            with self.assertRaises(RocheError) as cm:
+                Roche(transport="daemon", address=address, token="wrong").create(image=harness.image())
+        self.assertEqual(cm.exception.reason, "unauthenticated")
+        self.assertIn("ROCHE_TOKEN", cm.exception.message)
