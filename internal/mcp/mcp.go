@@ -52,11 +52,12 @@ type Config struct {
 	Version string
 }
 
-// DefaultReadLimit and MaxReadLimit bound what read_file returns: a model's context is
-// small and a file may not be.
+// The limits on what a tool returns: a model's context is small, and a file or a
+// command's output may not be. A client may raise them up to the maximums.
 const (
-	DefaultReadLimit = 1 << 20
-	MaxReadLimit     = 8 << 20
+	DefaultReadLimit   = 1 << 20
+	MaxReadLimit       = 8 << 20
+	DefaultOutputLimit = 100 << 10
 )
 
 // Server is Roche's MCP server. It remembers the sandboxes it created so that Close can
@@ -251,6 +252,7 @@ type ExecInput struct {
 	Stdin       string            `json:"stdin,omitempty" jsonschema:"standard input for the command"`
 	Env         map[string]string `json:"env,omitempty" jsonschema:"environment variables for this command"`
 	Workdir     string            `json:"workdir,omitempty" jsonschema:"working directory for this command"`
+	MaxOutput   int               `json:"max_output_bytes,omitempty" jsonschema:"keep at most this many bytes of each of stdout and stderr (default 100 KiB, at most 10 MiB); more is cut and flagged truncated"`
 }
 
 // ExecOutput is a command's outcome.
@@ -275,9 +277,14 @@ func (s *Server) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecInput)
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}
+	limit := in.MaxOutput
+	if limit <= 0 {
+		limit = DefaultOutputLimit
+	}
 	req := roche.ExecRequest{
 		Cmd: in.Command, Env: in.Env, Workdir: in.Workdir,
-		Timeout: time.Duration(in.TimeoutSecs * float64(time.Second)),
+		Timeout:     time.Duration(in.TimeoutSecs * float64(time.Second)),
+		OutputLimit: int64(min(limit, roche.DefaultOutputLimit)),
 	}
 	if in.Stdin != "" {
 		req.Stdin = strings.NewReader(in.Stdin)
@@ -305,7 +312,7 @@ func execText(o ExecOutput) string {
 		b.WriteString(" (killed for exceeding the memory limit)")
 	}
 	if o.Truncated {
-		b.WriteString(" (output truncated at 10 MiB per stream)")
+		b.WriteString(" (output truncated: raise max_output_bytes to see more)")
 	}
 	fmt.Fprintf(&b, "\n--- stdout ---\n%s", o.Stdout)
 	if o.Stderr != "" {

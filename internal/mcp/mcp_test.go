@@ -155,6 +155,14 @@ func TestTools(t *testing.T) {
 	if out.Stdout != "piped" {
 		t.Fatalf("exec with stdin: %+v", out)
 	}
+	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"head", "-c", "300000", "/dev/zero"}}, &out)
+	if !out.Truncated || len(out.Stdout) != mcp.DefaultOutputLimit {
+		t.Fatalf("exec of 300 kB of output: truncated %v, %d bytes kept, want %d", out.Truncated, len(out.Stdout), mcp.DefaultOutputLimit)
+	}
+	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"head", "-c", "300000", "/dev/zero"}, "max_output_bytes": 1 << 20}, &out)
+	if out.Truncated || len(out.Stdout) != 300000 {
+		t.Fatalf("exec with max_output_bytes: truncated %v, %d bytes", out.Truncated, len(out.Stdout))
+	}
 	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"sleep", "30"}, "timeout_secs": 1}, &out)
 	if !out.TimedOut {
 		t.Fatalf("exec past its timeout: %+v", out)
