@@ -7,6 +7,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
+
+	"github.com/roche-sandbox/roche/egress"
 )
 
 // Secure defaults, one per row of the defaults table in the README.
@@ -29,6 +31,11 @@ type Config struct {
 	Image string `json:"image"`
 	// Network gives the sandbox a network interface besides lo. Off by default.
 	Network bool `json:"network"`
+	// NetworkAllowlist lets the sandbox reach these hosts, and only these, over HTTP(S)
+	// through a proxy outside it, while it still has no interface but lo: "pypi.org",
+	// "*.npmjs.org", "example.com:8443", or an IP literal (the only way to allow a private
+	// address). Inside, HTTP_PROXY and HTTPS_PROXY point at it.
+	NetworkAllowlist []string `json:"network_allowlist,omitempty"`
 	// Writable mounts the root filesystem read-write. Read-only by default.
 	Writable bool `json:"writable"`
 	// TimeoutSecs is the sandbox's lifetime: after it the sandbox is destroyed.
@@ -105,6 +112,14 @@ func (c Config) Validate() error {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			add("env name %q is invalid: names are non-empty and contain no '=' or NUL", k)
 		}
+	}
+	for _, h := range c.NetworkAllowlist {
+		if _, err := egress.ParseRule(h); err != nil {
+			add("network_allowlist: %v", err)
+		}
+	}
+	if c.Network && len(c.NetworkAllowlist) > 0 {
+		add("network and network_allowlist are both set: the allowlist works without a network interface, so drop network")
 	}
 	if c.Workdir != "" && !path.IsAbs(c.Workdir) {
 		add("workdir %q is not absolute: give a path starting with /", c.Workdir)

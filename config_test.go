@@ -27,11 +27,12 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.Workdir = "relative"
 	c.Env = map[string]string{"A=B": "x"}
 	c.Mounts = []Mount{{Source: "rel", Target: "/"}}
+	c.NetworkAllowlist = []string{"https://pypi.org"}
 	err := c.Validate()
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("err %v, want ErrInvalidConfig", err)
 	}
-	for _, want := range []string{"image", "memory", "cpus", "timeout_secs", "pids_limit", "workdir", "env name", "mount source", "mount target /"} {
+	for _, want := range []string{"image", "memory", "cpus", "timeout_secs", "pids_limit", "workdir", "env name", "mount source", "mount target /", "network_allowlist"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}

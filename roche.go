@@ -121,6 +121,7 @@ type GCOptions struct {
 // accepted and ignored.
 type Capabilities struct {
 	Network   bool // network=true can be given
+	Egress    bool // network_allowlist can be given
 	Writable  bool // writable=true can be given
 	Mounts    bool // host mounts can be given
 	Files     bool // implements FileCopier

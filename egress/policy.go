@@ -7,13 +7,12 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
-
-	"github.com/roche-sandbox/roche"
 )
 
 // Rule is one allowlist entry: an exact host, a "*." suffix, or an IP literal, with an
@@ -46,17 +45,17 @@ func ParseRule(s string) (Rule, error) {
 	orig := s
 	s = strings.ToLower(strings.TrimSpace(s))
 	if s == "" {
-		return Rule{}, fmt.Errorf("%w: empty allowlist entry", roche.ErrInvalidConfig)
+		return Rule{}, errors.New("empty allowlist entry")
 	}
 	if strings.Contains(s, "/") {
-		return Rule{}, fmt.Errorf("%w: allowlist entry %q: give a host name (and port), not a URL", roche.ErrInvalidConfig, orig)
+		return Rule{}, fmt.Errorf("allowlist entry %q: give a host name (and port), not a URL", orig)
 	}
 	var r Rule
 	host := s
 	if h, p, err := net.SplitHostPort(s); err == nil {
 		port, err := strconv.Atoi(p)
 		if err != nil || port < 1 || port > 65535 {
-			return Rule{}, fmt.Errorf("%w: allowlist entry %q: port %q is not 1-65535", roche.ErrInvalidConfig, orig, p)
+			return Rule{}, fmt.Errorf("allowlist entry %q: port %q is not 1-65535", orig, p)
 		}
 		host, r.Port = h, port
 	} else if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
@@ -72,7 +71,7 @@ func ParseRule(s string) (Rule, error) {
 	}
 	host = strings.TrimSuffix(host, ".")
 	if host == "" || strings.ContainsAny(host, "*:[] ") || strings.Count(host, ".") == 0 && !r.Suffix && host != "localhost" {
-		return Rule{}, fmt.Errorf("%w: allowlist entry %q: use a host such as pypi.org, *.npmjs.org or example.com:8443", roche.ErrInvalidConfig, orig)
+		return Rule{}, fmt.Errorf("allowlist entry %q: use a host such as pypi.org, *.npmjs.org or example.com:8443", orig)
 	}
 	r.Host = host
 	return r, nil

@@ -38,6 +38,10 @@ type Config struct {
 	// Listener, when set, is served instead of a socket at Socket (a microVM's vsock or
 	// serial multiplexer; see RunVM).
 	Listener net.Listener
+	// EgressListen, when set, is the loopback address programs use as their HTTP proxy;
+	// connections to it are relayed through EgressDial to the host's egress proxy.
+	EgressListen string
+	EgressDial   func() (net.Conn, error)
 }
 
 // Server is the in-sandbox agent.
@@ -111,6 +115,14 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	defer ln.Close()
+	if s.cfg.EgressListen != "" && s.cfg.EgressDial != nil {
+		eln, err := net.Listen("tcp", s.cfg.EgressListen)
+		if err != nil {
+			return fmt.Errorf("listening for egress on %s: %w", s.cfg.EgressListen, err)
+		}
+		defer eln.Close()
+		go s.serveEgress(eln)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -21,6 +21,9 @@ type Config struct {
 	Lifetime    time.Duration
 	Log         *slog.Logger
 	Listener    net.Listener
+	// EgressListen and EgressDial relay the sandbox's HTTP proxy port to the host.
+	EgressListen string
+	EgressDial   func() (net.Conn, error)
 }
 
 // Server is the in-sandbox agent; it exists only on Linux.

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 
 	"github.com/roche-sandbox/roche/agent/server"
@@ -28,6 +29,8 @@ func run() error {
 	owner := flag.Int("owner", 0, "host uid allowed to connect to the socket")
 	user := flag.String("user", "65534:65534", "uid[:gid] or name commands run as")
 	lifetime := flag.Duration("lifetime", 0, "stop after this long (0: never)")
+	egressListen := flag.String("egress-listen", "", "loopback address to accept HTTP proxy connections on (e.g. 127.0.0.1:3128)")
+	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -35,9 +38,15 @@ func run() error {
 		return nil
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := server.New(server.Config{
+	cfg := server.Config{
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
-	})
+	}
+	if *egressListen != "" {
+		sock := *egressSocket
+		cfg.EgressListen = *egressListen
+		cfg.EgressDial = func() (net.Conn, error) { return net.Dial("unix", sock) }
+	}
+	s, err := server.New(cfg)
 	if err != nil {
 		return err
 	}

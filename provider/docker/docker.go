@@ -75,6 +75,11 @@ type Provider struct {
 	agentPath string
 	// stateDir holds one directory per sandbox for its agent socket.
 	stateDir string
+	// egress: this process serves the egress proxies of sandboxes with an allowlist,
+	// one per socket directory (WithEgressProxy).
+	egress   bool
+	egressMu sync.Mutex
+	proxies  map[string]*runningProxy
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
@@ -130,6 +135,7 @@ func New(opts ...Option) (*Provider, error) {
 		verified:    map[string]sandbox{},
 		agentPath:   defaultAgentPath(),
 		stateDir:    defaultStateDir(),
+		proxies:     map[string]*runningProxy{},
 	}
 	for _, o := range opts {
 		o(p)
@@ -148,7 +154,11 @@ func New(opts ...Option) (*Provider, error) {
 }
 
 // Close releases the Engine API client.
-func (p *Provider) Close() error { return p.cli.Close() }
+// It stops the egress proxies this process serves.
+func (p *Provider) Close() error {
+	p.stopAllEgress()
+	return p.cli.Close()
+}
 
 // Name implements roche.Provider.
 func (p *Provider) Name() string { return "docker" }
@@ -156,8 +166,8 @@ func (p *Provider) Name() string { return "docker" }
 // Capabilities implements roche.Provider: Docker honours every field of Config.
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
-		Network: true, Writable: true, Mounts: true, Files: true, Pause: true,
-		Stdin: true, Processes: true,
+		Network: true, Egress: p.egress && p.agentPath != "", Writable: true, Mounts: true,
+		Files: true, Pause: true, Stdin: true, Processes: true,
 	}
 }
 
@@ -201,13 +211,17 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 			return roche.SandboxInfo{}, fmt.Errorf("%w: mount source %s does not exist on the host: create it or fix the path", roche.ErrInvalidConfig, m.Source)
 		}
 	}
+	if err := p.checkEgress(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
 	if err := p.ensureImage(ctx, cfg.Image); err != nil {
 		return roche.SandboxInfo{}, err
 	}
 
 	if p.agentPath != "" {
 		info, err := p.create(ctx, cfg, true)
-		if err == nil || !errors.Is(err, errAgentFailed) {
+		// The exec-API fallback has no relay, so an allowlist cannot fall back.
+		if err == nil || !errors.Is(err, errAgentFailed) || len(cfg.NetworkAllowlist) > 0 {
 			return info, err
 		}
 		p.log.Warn("roche-agent did not start; falling back to Docker's exec API for this sandbox", "err", err)
@@ -231,6 +245,12 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 			return roche.SandboxInfo{}, fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
 		}
 		sb.agent = agent.NewClient(filepath.Join(sb.agentDir, agentSocket))
+		if len(cfg.NetworkAllowlist) > 0 {
+			if err := p.startEgress(sb.agentDir, name, cfg.NetworkAllowlist); err != nil {
+				p.removeAgentDir(sb.agentDir)
+				return roche.SandboxInfo{}, err
+			}
+		}
 	}
 	ccfg, hcfg, err := p.containerConfig(cfg, expires, sb.agentDir)
 	if err != nil {
@@ -369,6 +389,11 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 			"--lifetime", strconv.Itoa(cfg.TimeoutSecs) + "s",
 			"--owner", strconv.Itoa(os.Geteuid()),
 		}
+		if len(cfg.NetworkAllowlist) > 0 {
+			ccfg.Entrypoint = append(ccfg.Entrypoint,
+				"--egress-listen", egressListen, "--egress-socket", agentRunDir+"/"+egressSocket)
+			ccfg.Env = egressEnv(ccfg.Env)
+		}
 		ccfg.Cmd = nil
 		noInit := false
 		hcfg.Init = &noInit
@@ -485,6 +510,9 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
 		s.agent = agent.NewClient(filepath.Join(s.agentDir, agentSocket))
+		if c.State != nil && c.State.Running {
+			p.ensureEgress(s)
+		}
 	}
 	if c.State != nil && c.State.Running {
 		p.remember(s)
@@ -554,6 +582,7 @@ func (p *Provider) removeAgentDir(dir string) {
 	if dir == "" || filepath.Dir(dir) != filepath.Clean(p.stateDir) {
 		return
 	}
+	p.stopEgress(dir)
 	if err := os.RemoveAll(dir); err != nil {
 		p.log.Warn("removing the agent's socket directory", "dir", dir, "err", err)
 	}

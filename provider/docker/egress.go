@@ -1,0 +1,121 @@
+package docker
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/egress"
+)
+
+// Inside a sandbox with an allowlist, programs use this loopback port as their HTTP
+// proxy; roche-agent relays it to the host's proxy through egressSocket in the sandbox's
+// socket directory.
+const (
+	egressListen = "127.0.0.1:3128"
+	egressSocket = "egress.sock"
+	egressURL    = "http://" + egressListen
+)
+
+// WithEgressProxy lets sandboxes have a network_allowlist. This process then runs the
+// egress proxy of each such sandbox, so it must outlive them: roched does, and so does
+// `roche run`; a short-lived `roche create` does not, and must leave this off.
+func WithEgressProxy() Option { return func(p *Provider) { p.egress = true } }
+
+// runningProxy is one sandbox's egress proxy and the socket it serves.
+type runningProxy struct {
+	proxy *egress.Proxy
+	ln    net.Listener
+}
+
+// checkEgress refuses an allowlist this provider cannot serve.
+func (p *Provider) checkEgress(cfg roche.Config) error {
+	if len(cfg.NetworkAllowlist) == 0 {
+		return nil
+	}
+	if p.agentPath == "" {
+		return fmt.Errorf("%w: network_allowlist needs roche-agent in the sandbox (build it with make build, or set %s)", roche.ErrUnsupported, agentEnvPath)
+	}
+	if !p.egress {
+		return fmt.Errorf("%w: network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run", roche.ErrUnsupported)
+	}
+	return nil
+}
+
+// egressEnv points a sandbox's programs at the relay.
+func egressEnv(env []string) []string {
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		env = append(env, k+"="+egressURL)
+	}
+	return append(env, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
+}
+
+// startEgress serves the proxy for the sandbox whose socket directory is dir.
+func (p *Provider) startEgress(dir, name string, allow []string) error {
+	pol, err := egress.ParsePolicy(allow)
+	if err != nil {
+		return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
+	}
+	p.egressMu.Lock()
+	defer p.egressMu.Unlock()
+	if _, ok := p.proxies[dir]; ok {
+		return nil
+	}
+	sock := filepath.Join(dir, egressSocket)
+	_ = os.Remove(sock) // left by a process that ran this proxy before
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("serving the egress proxy at %s: %w", sock, err)
+	}
+	px := egress.New(egress.Options{Policy: pol, Sandbox: name, Log: p.log.With("egress", name)})
+	go px.Serve(ln)
+	p.proxies[dir] = &runningProxy{proxy: px, ln: ln}
+	return nil
+}
+
+// ensureEgress restarts the proxy of a sandbox found running without one, e.g. after
+// roched restarted.
+func (p *Provider) ensureEgress(s sandbox) {
+	if !p.egress || s.agentDir == "" || len(s.cfg.NetworkAllowlist) == 0 {
+		return
+	}
+	p.egressMu.Lock()
+	_, mine := p.proxies[s.agentDir]
+	p.egressMu.Unlock()
+	if mine {
+		return
+	}
+	// Another live process may be serving it; only an unanswered socket is taken over.
+	if c, err := net.Dial("unix", filepath.Join(s.agentDir, egressSocket)); err == nil {
+		c.Close()
+		return
+	}
+	if err := p.startEgress(s.agentDir, filepath.Base(s.agentDir), s.cfg.NetworkAllowlist); err != nil {
+		p.log.Warn("restarting a sandbox's egress proxy", "sandbox", s.id, "err", err)
+	}
+}
+
+func (p *Provider) stopEgress(dir string) {
+	p.egressMu.Lock()
+	rp, ok := p.proxies[dir]
+	delete(p.proxies, dir)
+	p.egressMu.Unlock()
+	if ok {
+		rp.ln.Close()
+		rp.proxy.Close()
+	}
+}
+
+func (p *Provider) stopAllEgress() {
+	p.egressMu.Lock()
+	dirs := make([]string, 0, len(p.proxies))
+	for d := range p.proxies {
+		dirs = append(dirs, d)
+	}
+	p.egressMu.Unlock()
+	for _, d := range dirs {
+		p.stopEgress(d)
+	}
+}
