@@ -336,6 +336,7 @@ func TestMatch(t *testing.T) {
 		{"lifetime up to the pool's max", "docker", func(c *roche.Config) { c.TimeoutSecs = 600 }, true},
 		{"lifetime beyond", "docker", func(c *roche.Config) { c.TimeoutSecs = 601 }, false},
 		{"network", "docker", func(c *roche.Config) { c.Network = true }, false},
+		{"allowlist", "docker", func(c *roche.Config) { c.NetworkAllowlist = []string{"pypi.org"} }, false},
 		{"writable", "docker", func(c *roche.Config) { c.Writable = true }, false},
 		{"mounts", "docker", func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/a", Target: "/b"}} }, false},
 		{"memory", "docker", func(c *roche.Config) { c.Memory = "1g" }, false},

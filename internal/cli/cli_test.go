@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -301,5 +304,28 @@ func TestHelpHasExamples(t *testing.T) {
 		if r.code != 0 || !strings.Contains(r.stdout, "Examples:") || !strings.Contains(r.stdout, "roche "+c) {
 			t.Errorf("roche %s --help: exit %d, no example:\n%s", c, r.code, r.stdout)
 		}
+	}
+}
+
+func TestRunAllowHost(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.10:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "allowed") })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	code := "import urllib.request, sys\nprint(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+	r := run(t, "run", "--direct", "--image", testImage(), "--allow-host", ln.Addr().String(), "--", "python3", "-c", code, "http://"+ln.Addr().String()+"/")
+	if r.code != 0 || r.stdout != "allowed\n" {
+		t.Fatalf("run --allow-host, allowed host: %+v", r)
+	}
+	r = run(t, "run", "--direct", "--image", testImage(), "--allow-host", ln.Addr().String(), "--", "python3", "-c", code, "http://127.0.0.11:1/")
+	if r.code == 0 || !strings.Contains(r.stderr, "403") {
+		t.Fatalf("run --allow-host, unlisted host: %+v", r)
+	}
+	r = run(t, "create", "--direct", "--image", testImage(), "--allow-host", "pypi.org")
+	if r.code == 0 || !strings.Contains(r.stderr, "roched") || strings.Count(r.stderr, "\n") != 1 {
+		t.Fatalf("create --direct --allow-host: %+v, want one line naming roched", r)
 	}
 }

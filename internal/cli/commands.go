@@ -29,6 +29,7 @@ type createFlags struct {
 	pidsLimit int
 	workdir   string
 	user      string
+	allowHost []string
 }
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
@@ -53,6 +54,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.IntVar(&f.pidsLimit, "pids-limit", def.PidsLimit, "maximum number of processes")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory for commands (default: the image's)")
 	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as")
+	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run)")
 }
 
 // config builds and validates the sandbox config from the flags, reporting every
@@ -68,6 +70,7 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg.PidsLimit = f.pidsLimit
 	cfg.Workdir = f.workdir
 	cfg.User = f.user
+	cfg.NetworkAllowlist = f.allowHost
 	var errs []error
 	env, err := roche.ParseEnv(f.env)
 	errs = append(errs, err)
@@ -253,12 +256,15 @@ Ctrl-C. Exits with the command's exit status, 124 when it timed out (--timeout, 
 sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
 		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
   roche run --provider wasm -- python3 -c "print(2 + 2)"
-  roche run --image roche/python:local --memory 1g --timeout 60 --mount "$PWD:/src" -- python3 /src/main.py`,
+  roche run --image roche/python:local --memory 1g --timeout 60 --mount "$PWD:/src" -- python3 /src/main.py
+  roche run --image roche/python:local --allow-host pypi.org --allow-host files.pythonhosted.org -- pip download requests`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if len(args) == 0 {
 				return e.rocheFailed(errors.New("no command given: put it after --, e.g. roche run -- python3 -c \"print('hi')\""))
 			}
+			// run outlives its sandbox, so in direct mode it can serve the egress proxy.
+			e.providers.outlives = true
 			p, info, err := e.create(ctx, &f)
 			if err != nil {
 				return e.rocheFailed(err)

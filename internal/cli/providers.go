@@ -16,12 +16,26 @@ import (
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
+// factoryOptions is what a provider is opened with.
+type factoryOptions struct {
+	log *slog.Logger
+	// outlives says this process outlives the sandboxes it makes (roche run), so it can
+	// serve their egress proxies.
+	outlives bool
+}
+
 // factories build the providers the CLI knows, by name. Adding a backend is one line here.
-var factories = map[string]func(*slog.Logger) (roche.Provider, error){
-	"docker":      func(l *slog.Logger) (roche.Provider, error) { return docker.New(docker.WithLogger(l)) },
-	"wasm":        func(l *slog.Logger) (roche.Provider, error) { return wasm.New(wasm.WithLogger(l)) },
-	"qemu":        func(l *slog.Logger) (roche.Provider, error) { return vm.NewQEMU(vm.WithLogger(l)) },
-	"firecracker": func(l *slog.Logger) (roche.Provider, error) { return vm.NewFirecracker(vm.WithLogger(l)) },
+var factories = map[string]func(factoryOptions) (roche.Provider, error){
+	"docker": func(o factoryOptions) (roche.Provider, error) {
+		opts := []docker.Option{docker.WithLogger(o.log)}
+		if o.outlives {
+			opts = append(opts, docker.WithEgressProxy())
+		}
+		return docker.New(opts...)
+	},
+	"wasm":        func(o factoryOptions) (roche.Provider, error) { return wasm.New(wasm.WithLogger(o.log)) },
+	"qemu":        func(o factoryOptions) (roche.Provider, error) { return vm.NewQEMU(vm.WithLogger(o.log)) },
+	"firecracker": func(o factoryOptions) (roche.Provider, error) { return vm.NewFirecracker(vm.WithLogger(o.log)) },
 }
 
 // providerNames lists the known providers, sorted.
@@ -36,8 +50,10 @@ func providerNames() string {
 
 // registry opens providers on first use and closes them at exit.
 type registry struct {
-	log  *slog.Logger
-	mu   sync.Mutex
+	log *slog.Logger
+	// outlives: see factoryOptions; set by roche run before it opens a provider.
+	outlives bool
+	mu       sync.Mutex
 	open map[string]roche.Provider
 	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
 	// which is then used instead of opening the provider in-process.
@@ -64,7 +80,7 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: unknown provider %q: choose one of %s", roche.ErrInvalidConfig, name, providerNames())
 	}
-	p, err := f(r.log)
+	p, err := f(factoryOptions{log: r.log, outlives: r.outlives})
 	if err != nil {
 		return nil, err
 	}

@@ -92,6 +92,7 @@ func configFromProto(pb *rochev1.SandboxConfig) roche.Config {
 		cfg.Mounts = append(cfg.Mounts, roche.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
 	}
 	cfg.Workdir = pb.Workdir
+	cfg.NetworkAllowlist = pb.NetworkAllowlist
 	return cfg
 }
 

@@ -71,7 +71,7 @@ func (r *recorder) ids() []string {
 // README's test command starts it.
 func newRecorder(t *testing.T) *recorder {
 	t.Helper()
-	p, err := docker.New()
+	p, err := docker.New(docker.WithEgressProxy())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -228,7 +228,8 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err := cfg.Validate([]string{"docker", "wasm", vm.QEMU, vm.Firecracker}); err != nil {
 		return err
 	}
-	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")))
+	// roched outlives its sandboxes, so it can run their egress proxies.
+	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy())
 	if err != nil {
 		return err
 	}

@@ -217,20 +217,23 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 // no network, read-only root); fields given, even as zero or empty, are used as given,
 // so a zero cpus is refused rather than silently replaced.
 type SandboxConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Image         *string                `protobuf:"bytes,1,opt,name=image,proto3,oneof" json:"image,omitempty"`
-	Network       bool                   `protobuf:"varint,2,opt,name=network,proto3" json:"network,omitempty"`
-	Writable      bool                   `protobuf:"varint,3,opt,name=writable,proto3" json:"writable,omitempty"`
-	TimeoutSecs   *int32                 `protobuf:"varint,4,opt,name=timeout_secs,json=timeoutSecs,proto3,oneof" json:"timeout_secs,omitempty"`
-	Memory        *string                `protobuf:"bytes,5,opt,name=memory,proto3,oneof" json:"memory,omitempty"`
-	Cpus          *float64               `protobuf:"fixed64,6,opt,name=cpus,proto3,oneof" json:"cpus,omitempty"`
-	PidsLimit     *int32                 `protobuf:"varint,7,opt,name=pids_limit,json=pidsLimit,proto3,oneof" json:"pids_limit,omitempty"`
-	Env           map[string]string      `protobuf:"bytes,8,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Mounts        []*Mount               `protobuf:"bytes,9,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	Workdir       string                 `protobuf:"bytes,10,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	User          *string                `protobuf:"bytes,11,opt,name=user,proto3,oneof" json:"user,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Image       *string                `protobuf:"bytes,1,opt,name=image,proto3,oneof" json:"image,omitempty"`
+	Network     bool                   `protobuf:"varint,2,opt,name=network,proto3" json:"network,omitempty"`
+	Writable    bool                   `protobuf:"varint,3,opt,name=writable,proto3" json:"writable,omitempty"`
+	TimeoutSecs *int32                 `protobuf:"varint,4,opt,name=timeout_secs,json=timeoutSecs,proto3,oneof" json:"timeout_secs,omitempty"`
+	Memory      *string                `protobuf:"bytes,5,opt,name=memory,proto3,oneof" json:"memory,omitempty"`
+	Cpus        *float64               `protobuf:"fixed64,6,opt,name=cpus,proto3,oneof" json:"cpus,omitempty"`
+	PidsLimit   *int32                 `protobuf:"varint,7,opt,name=pids_limit,json=pidsLimit,proto3,oneof" json:"pids_limit,omitempty"`
+	Env         map[string]string      `protobuf:"bytes,8,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Mounts      []*Mount               `protobuf:"bytes,9,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Workdir     string                 `protobuf:"bytes,10,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	User        *string                `protobuf:"bytes,11,opt,name=user,proto3,oneof" json:"user,omitempty"`
+	// Hosts the sandbox may reach over HTTP(S) through the daemon's egress proxy, while it
+	// has no network interface but lo: "pypi.org", "*.npmjs.org", "example.com:8443".
+	NetworkAllowlist []string `protobuf:"bytes,12,rep,name=network_allowlist,json=networkAllowlist,proto3" json:"network_allowlist,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SandboxConfig) Reset() {
@@ -338,6 +341,13 @@ func (x *SandboxConfig) GetUser() string {
 		return *x.User
 	}
 	return ""
+}
+
+func (x *SandboxConfig) GetNetworkAllowlist() []string {
+	if x != nil {
+		return x.NetworkAllowlist
+	}
+	return nil
 }
 
 // Mount binds a host path (on the daemon's host) into the sandbox.
@@ -2584,7 +2594,7 @@ var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x03\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x04\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -2598,7 +2608,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x06mounts\x18\t \x03(\v2\x0f.roche.v1.MountR\x06mounts\x12\x18\n" +
 	"\aworkdir\x18\n" +
 	" \x01(\tR\aworkdir\x12\x17\n" +
-	"\x04user\x18\v \x01(\tH\x05R\x04user\x88\x01\x01\x1a6\n" +
+	"\x04user\x18\v \x01(\tH\x05R\x04user\x88\x01\x01\x12+\n" +
+	"\x11network_allowlist\x18\f \x03(\tR\x10networkAllowlist\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
