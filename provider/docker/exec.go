@@ -56,14 +56,22 @@ func timeoutFor(s sandbox, req roche.ExecRequest) time.Duration {
 // runAgent runs req.Cmd through roche-agent. The agent enforces the timeout and the
 // output limit inside the sandbox and kills the command's whole tree when ctx ends.
 func (p *Provider) runAgent(ctx context.Context, s sandbox, req roche.ExecRequest, stdout, stderr io.Writer) (roche.ExecResult, error) {
-	res, err := s.agent.Exec(ctx, agent.Request{
+	// The agent enforces the timeout; this deadline only catches an agent that cannot
+	// answer at all, such as one frozen in a paused sandbox.
+	timeout := timeoutFor(s, req)
+	actx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
+	defer cancel()
+	res, err := s.agent.Exec(actx, agent.Request{
 		Cmd: req.Cmd, Env: req.Env, Cwd: req.Workdir,
-		TimeoutMS:   timeoutFor(s, req).Milliseconds(),
+		TimeoutMS:   timeout.Milliseconds(),
 		OutputLimit: req.OutputLimit,
 	}, agent.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		if ctx.Err() != nil {
 			return roche.ExecResult{}, fmt.Errorf("running command in sandbox %s: %w", s.id, ctx.Err())
+		}
+		if actx.Err() != nil {
+			return roche.ExecResult{}, fmt.Errorf("%w: sandbox %s did not answer within the command's timeout: is it paused? (roche unpause %s)", roche.ErrTimeout, s.id, s.id)
 		}
 		return roche.ExecResult{}, p.agentErr(s, err)
 	}

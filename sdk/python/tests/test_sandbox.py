@@ -201,8 +201,43 @@ class SandboxThroughDaemon(harness.SandboxTestCase):
                 time.sleep(0.25)
 
 
+    def test_network_allowlist(self) -> None:
+        import http.server
+        import threading
+
+        class Hello(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = b"allowed"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        srv = http.server.HTTPServer(("127.0.0.12", 0), Hello)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        addr = "127.0.0.12:%d" % srv.server_address[1]
+        code = "import sys, urllib.request\nprint(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+        with self.roche.create(image=harness.image(), network_allowlist=[addr]) as sb:
+            self.assertEqual(sb.exec(["python3", "-c", code, "http://%s/" % addr]).stdout, "allowed\n")
+            r = sb.exec(["python3", "-c", code, "http://127.0.0.13:1/"])
+            self.assertNotEqual(r.exit_code, 0)
+            self.assertIn("403", r.stderr)
+
+
 class SandboxThroughCLI(SandboxThroughDaemon):
     transport = "cli"
+
+    def test_network_allowlist(self) -> None:
+        # The CLI transport creates directly, in a process that does not outlive the
+        # sandbox, so it cannot run the proxy: a clear refusal rather than a silent no.
+        with self.assertRaises(RocheError) as cm:
+            self.roche.create(image=harness.image(), network_allowlist=["pypi.org"])
+        self.assertIn("roched", str(cm.exception))
 
 
 class DaemonOverTCP(harness.SandboxTestCase):

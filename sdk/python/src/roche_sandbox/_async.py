@@ -83,10 +83,11 @@ class AsyncRoche:
                      timeout_secs: int = 300, memory: Union[str, int] = "512m", cpus: float = 1.0,
                      pids_limit: int = 64, env: Optional[Mapping[str, str]] = None,
                      mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
-                     user: Optional[str] = None) -> "AsyncSandbox":
+                     user: Optional[str] = None,
+                     network_allowlist: Optional[Sequence[str]] = None) -> "AsyncSandbox":
         """Creates a sandbox; see Roche.create."""
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user)
+                          workdir, user, network_allowlist)
         t = await self._resolve()
         info = await t.create(self.provider, cfg, self._deadline())
         return AsyncSandbox(self, t, info)

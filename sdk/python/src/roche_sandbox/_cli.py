@@ -33,6 +33,8 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
         a += ["--workdir", cfg.workdir]
     if cfg.user:
         a += ["--user", cfg.user]
+    for h in cfg.network_allowlist:
+        a += ["--allow-host", h]
     return a
 
 

@@ -116,15 +116,18 @@ class Roche:
                timeout_secs: int = 300, memory: Union[str, int] = "512m", cpus: float = 1.0,
                pids_limit: int = 64, env: Optional[Mapping[str, str]] = None,
                mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
-               user: Optional[str] = None) -> "Sandbox":
+               user: Optional[str] = None,
+               network_allowlist: Optional[Sequence[str]] = None) -> "Sandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
         sandbox's lifetime: it is destroyed after. Use it as a context manager to destroy
-        it as soon as you are done, even when the body raises.
+        it as soon as you are done, even when the body raises. ``network_allowlist``
+        (e.g. ``["pypi.org", "*.npmjs.org"]``) lets it reach only those hosts over
+        HTTP(S), through a proxy roched runs; it still has no network otherwise.
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user)
+                          workdir, user, network_allowlist)
         t = self._resolve()
         info = t.create(self.provider, cfg, self._deadline())
         return Sandbox(self, t, info)

@@ -43,6 +43,8 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         c["workdir"] = cfg.workdir
     if cfg.user:
         c["user"] = cfg.user
+    if cfg.network_allowlist:
+        c["networkAllowlist"] = list(cfg.network_allowlist)
     return {"provider": provider, "config": c}
 
 

@@ -98,6 +98,7 @@ class SandboxConfig:
     mounts: Sequence[Mount] = ()
     workdir: Optional[str] = None
     user: Optional[str] = None
+    network_allowlist: Sequence[str] = ()
 
 
 def make_config(
@@ -112,6 +113,7 @@ def make_config(
     mounts: Optional[Sequence[MountLike]],
     workdir: Optional[str],
     user: Optional[str],
+    network_allowlist: Optional[Sequence[str]] = None,
 ) -> SandboxConfig:
     """Builds a config from create()'s arguments. Roche itself validates the values."""
     if image is None:
@@ -139,6 +141,7 @@ def make_config(
         mounts=tuple(ms),
         workdir=workdir,
         user=user,
+        network_allowlist=tuple(network_allowlist or ()),
     )
 
 
