@@ -54,6 +54,28 @@ type Config struct {
 	Workdir string `json:"workdir,omitempty"`
 	// User is "uid[:gid]" (or a name the image knows) commands run as. Non-root by default.
 	User string `json:"user"`
+	// Workspace names a persistent workspace mounted read-write at /workspace, even on a
+	// read-only root. It outlives the sandbox: a later sandbox with the same name sees
+	// its files. Empty means none.
+	Workspace string `json:"workspace,omitempty"`
+}
+
+// WorkspacePath is where a workspace appears inside a sandbox.
+const WorkspacePath = "/workspace"
+
+// ValidWorkspaceName reports whether name can name a workspace: letters, digits, '_', '.'
+// and '-', starting with a letter or digit, at most 64 characters.
+func ValidWorkspaceName(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for i, r := range name {
+		alnum := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+		if !alnum && (i == 0 || r != '_' && r != '.' && r != '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // Mount binds a host path into the sandbox.
@@ -120,6 +142,16 @@ func (c Config) Validate() error {
 	}
 	if c.Network && len(c.NetworkAllowlist) > 0 {
 		add("network and network_allowlist are both set: the allowlist works without a network interface, so drop network")
+	}
+	if c.Workspace != "" && !ValidWorkspaceName(c.Workspace) {
+		add("workspace %q: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most 64 characters", c.Workspace)
+	}
+	if c.Workspace != "" {
+		for _, m := range c.Mounts {
+			if path.Clean(m.Target) == WorkspacePath {
+				add("mount target %s is where the workspace goes: mount elsewhere, or drop the workspace", WorkspacePath)
+			}
+		}
 	}
 	if c.Workdir != "" && !path.IsAbs(c.Workdir) {
 		add("workdir %q is not absolute: give a path starting with /", c.Workdir)

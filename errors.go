@@ -22,4 +22,6 @@ var (
 	// ErrPermission: the sandbox does not allow it (a read-only path, another user's file,
 	// a symlink the files API will not follow).
 	ErrPermission = errors.New("permission denied")
+	// ErrInUse: the thing is in use (a workspace mounted by a live sandbox).
+	ErrInUse = errors.New("in use")
 )

@@ -82,6 +82,30 @@ type BackgroundRunner interface {
 	Signal(ctx context.Context, id string, pid, signal int) error
 }
 
+// WorkspaceManager lists and removes persistent workspaces (Config.Workspace).
+type WorkspaceManager interface {
+	Workspaces(ctx context.Context) ([]Workspace, error)
+	// RemoveWorkspace deletes a workspace and its files; ErrInUse while a sandbox has it.
+	RemoveWorkspace(ctx context.Context, name string) error
+}
+
+// Workspace is a persistent workspace.
+type Workspace struct {
+	Name      string    `json:"name"`
+	Provider  string    `json:"provider"`
+	CreatedAt time.Time `json:"created_at"`
+	// InUseBy lists the sandboxes that have it mounted.
+	InUseBy []string `json:"in_use_by,omitempty"`
+}
+
+// Resetter puts a sandbox back to a clean state.
+type Resetter interface {
+	// Reset recreates the sandbox from its image and config, discarding every change to
+	// its filesystem and every process, and returns the new sandbox (with a new id). Its
+	// workspace is kept, or emptied when keepWorkspace is false.
+	Reset(ctx context.Context, id string, keepWorkspace bool) (SandboxInfo, error)
+}
+
 // Process is a background command.
 type Process struct {
 	PID      int      `json:"pid"`

@@ -42,6 +42,9 @@ type Config struct {
 	// connections to it are relayed through EgressDial to the host's egress proxy.
 	EgressListen string
 	EgressDial   func() (net.Conn, error)
+	// Own lists directories handed to the sandbox user at start when root owns them: a
+	// fresh workspace volume is created root-owned, and the sandbox must be able to write it.
+	Own []string
 }
 
 // Server is the in-sandbox agent.
@@ -97,6 +100,15 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Run(ctx context.Context) error {
 	reserveThreads(agent.ThreadReserve)
 	go s.reaper.run()
+	for _, dir := range s.cfg.Own {
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == 0 {
+				if err := os.Chown(dir, s.uid, s.gid); err != nil {
+					s.log.Warn("handing a directory to the sandbox user", "dir", dir, "err", err)
+				}
+			}
+		}
+	}
 	ln := s.cfg.Listener
 	if ln == nil {
 		_ = os.Remove(s.cfg.Socket)

@@ -24,6 +24,7 @@ type Config struct {
 	// EgressListen and EgressDial relay the sandbox's HTTP proxy port to the host.
 	EgressListen string
 	EgressDial   func() (net.Conn, error)
+	Own          []string
 }
 
 // Server is the in-sandbox agent; it exists only on Linux.

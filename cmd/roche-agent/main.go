@@ -31,6 +31,7 @@ func run() error {
 	lifetime := flag.Duration("lifetime", 0, "stop after this long (0: never)")
 	egressListen := flag.String("egress-listen", "", "loopback address to accept HTTP proxy connections on (e.g. 127.0.0.1:3128)")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
+	own := flag.String("own", "", "directory to hand to the sandbox user at start if root owns it (a workspace)")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -40,6 +41,9 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg := server.Config{
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
+	}
+	if *own != "" {
+		cfg.Own = []string{*own}
 	}
 	if *egressListen != "" {
 		sock := *egressSocket

@@ -214,6 +214,11 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	if err := p.checkEgress(cfg); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	if cfg.Workspace != "" {
+		if err := p.ensureWorkspace(ctx, cfg.Workspace); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
 	if err := p.ensureImage(ctx, cfg.Image); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -374,6 +379,10 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 		})
 	}
 	ccfg.Labels[LabelTransport] = TransportDockerExec
+	if cfg.Workspace != "" {
+		ccfg.Labels[LabelWorkspace] = cfg.Workspace
+		hcfg.Mounts = append(hcfg.Mounts, workspaceMount(cfg.Workspace))
+	}
 	if agentDir != "" {
 		// roche-agent is PID 1 and reaps zombies itself. It runs as root with the few
 		// capabilities it needs (to run commands as the sandbox user, kill them, and hand
@@ -388,6 +397,9 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 			"--user", cfg.User,
 			"--lifetime", strconv.Itoa(cfg.TimeoutSecs) + "s",
 			"--owner", strconv.Itoa(os.Geteuid()),
+		}
+		if cfg.Workspace != "" {
+			ccfg.Entrypoint = append(ccfg.Entrypoint, "--own", roche.WorkspacePath)
 		}
 		if len(cfg.NetworkAllowlist) > 0 {
 			ccfg.Entrypoint = append(ccfg.Entrypoint,

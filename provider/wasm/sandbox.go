@@ -171,6 +171,9 @@ func refuseUnsupported(cfg roche.Config) error {
 	if cfg.Network {
 		problems = append(problems, "network=true: a WASI module has no sockets, so wasm sandboxes have no network; use the docker provider")
 	}
+	if cfg.Workspace != "" {
+		problems = append(problems, "workspace: wasm sandboxes have no persistent workspaces yet; use the docker provider")
+	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		problems = append(problems, "network_allowlist: a WASI module has no sockets to reach even allowed hosts; use the docker provider")
 	}
