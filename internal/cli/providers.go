@@ -54,7 +54,7 @@ type registry struct {
 	// outlives: see factoryOptions; set by roche run before it opens a provider.
 	outlives bool
 	mu       sync.Mutex
-	open map[string]roche.Provider
+	open     map[string]roche.Provider
 	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
 	// which is then used instead of opening the provider in-process.
 	remote func(name string) roche.Provider

@@ -145,5 +145,3 @@ func (p *Provider) waitGone(ctx context.Context, id string) error {
 	}
 	return fmt.Errorf("%w: sandbox %s is still being removed", roche.ErrTimeout, id)
 }
-
-
