@@ -337,6 +337,7 @@ func TestMatch(t *testing.T) {
 		{"lifetime beyond", "docker", func(c *roche.Config) { c.TimeoutSecs = 601 }, false},
 		{"network", "docker", func(c *roche.Config) { c.Network = true }, false},
 		{"allowlist", "docker", func(c *roche.Config) { c.NetworkAllowlist = []string{"pypi.org"} }, false},
+		{"workspace", "docker", func(c *roche.Config) { c.Workspace = "ws" }, false},
 		{"writable", "docker", func(c *roche.Config) { c.Writable = true }, false},
 		{"mounts", "docker", func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/a", Target: "/b"}} }, false},
 		{"memory", "docker", func(c *roche.Config) { c.Memory = "1g" }, false},

@@ -237,7 +237,8 @@ func (s Spec) Matches(provider string, cfg roche.Config) bool {
 	base := s.Config()
 	return provider == s.Provider &&
 		cfg.Image == base.Image &&
-		!cfg.Network && len(cfg.NetworkAllowlist) == 0 && !cfg.Writable && len(cfg.Mounts) == 0 &&
+		!cfg.Network && len(cfg.NetworkAllowlist) == 0 && cfg.Workspace == "" &&
+		!cfg.Writable && len(cfg.Mounts) == 0 &&
 		cfg.User == base.User &&
 		cfg.MemoryBytes() == base.MemoryBytes() &&
 		cfg.CPUs == base.CPUs &&

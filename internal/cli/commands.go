@@ -30,6 +30,7 @@ type createFlags struct {
 	workdir   string
 	user      string
 	allowHost []string
+	workspace string
 }
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
@@ -54,6 +55,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.IntVar(&f.pidsLimit, "pids-limit", def.PidsLimit, "maximum number of processes")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory for commands (default: the image's)")
 	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as")
+	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
 	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run)")
 }
 
@@ -71,6 +73,7 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg.Workdir = f.workdir
 	cfg.User = f.user
 	cfg.NetworkAllowlist = f.allowHost
+	cfg.Workspace = f.workspace
 	var errs []error
 	env, err := roche.ParseEnv(f.env)
 	errs = append(errs, err)

@@ -88,6 +88,38 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	return p, nil
 }
 
+// direct opens the named provider in this process, even when roched serves it: for
+// state that lives in the engine, not in the daemon (workspaces), and for what the
+// daemon's API does not offer yet (reset).
+func (r *registry) direct(name string) (roche.Provider, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := "direct:" + name
+	if p, ok := r.open[key]; ok {
+		return p, nil
+	}
+	f, ok := factories[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown provider %q: choose one of %s", roche.ErrInvalidConfig, name, providerNames())
+	}
+	p, err := f(factoryOptions{log: r.log})
+	if err != nil {
+		return nil, err
+	}
+	r.open[key] = p
+	return p, nil
+}
+
+// forIDDirect is forID, in this process.
+func (r *registry) forIDDirect(id string) (roche.Provider, error) {
+	if name, _, ok := strings.Cut(id, "-"); ok {
+		if _, known := factories[name]; known && name != "docker" {
+			return r.direct(name)
+		}
+	}
+	return r.direct("docker")
+}
+
 func (r *registry) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -93,6 +93,7 @@ func configFromProto(pb *rochev1.SandboxConfig) roche.Config {
 	}
 	cfg.Workdir = pb.Workdir
 	cfg.NetworkAllowlist = pb.NetworkAllowlist
+	cfg.Workspace = pb.Workspace
 	return cfg
 }
 

@@ -232,8 +232,10 @@ type SandboxConfig struct {
 	// Hosts the sandbox may reach over HTTP(S) through the daemon's egress proxy, while it
 	// has no network interface but lo: "pypi.org", "*.npmjs.org", "example.com:8443".
 	NetworkAllowlist []string `protobuf:"bytes,12,rep,name=network_allowlist,json=networkAllowlist,proto3" json:"network_allowlist,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// A persistent workspace mounted at /workspace that outlives the sandbox.
+	Workspace     string `protobuf:"bytes,13,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxConfig) Reset() {
@@ -348,6 +350,13 @@ func (x *SandboxConfig) GetNetworkAllowlist() []string {
 		return x.NetworkAllowlist
 	}
 	return nil
+}
+
+func (x *SandboxConfig) GetWorkspace() string {
+	if x != nil {
+		return x.Workspace
+	}
+	return ""
 }
 
 // Mount binds a host path (on the daemon's host) into the sandbox.
@@ -2594,7 +2603,7 @@ var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x04\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x04\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -2609,7 +2618,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\aworkdir\x18\n" +
 	" \x01(\tR\aworkdir\x12\x17\n" +
 	"\x04user\x18\v \x01(\tH\x05R\x04user\x88\x01\x01\x12+\n" +
-	"\x11network_allowlist\x18\f \x03(\tR\x10networkAllowlist\x1a6\n" +
+	"\x11network_allowlist\x18\f \x03(\tR\x10networkAllowlist\x12\x1c\n" +
+	"\tworkspace\x18\r \x01(\tR\tworkspace\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +

@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// workspaceManager opens the provider that keeps workspaces. They live in the engine, not
+// in roched, so this goes to the provider in-process even when the daemon runs.
+func (e *env) workspaceManager(name string) (roche.WorkspaceManager, error) {
+	p, err := e.providers.direct(name)
+	if err != nil {
+		return nil, err
+	}
+	wm, ok := p.(roche.WorkspaceManager)
+	if !ok {
+		return nil, fmt.Errorf("%w: the %s provider has no persistent workspaces", roche.ErrUnsupported, name)
+	}
+	return wm, nil
+}
+
+func (e *env) workspaceCommand() *cobra.Command {
+	var provider string
+	c := &cobra.Command{
+		Use:   "workspace list | rm NAME...",
+		Short: "List or remove persistent workspaces",
+		Long: `A workspace (create --workspace NAME) is mounted read-write at /workspace, even on a
+read-only root, and outlives its sandbox: a later sandbox with the same name sees its
+files. A workspace in use by a sandbox cannot be removed.`,
+		Example: `  roche run --image roche/python:local --workspace proj -- sh -c 'echo hi > /workspace/a'
+  roche workspace list
+  roche workspace rm proj`,
+	}
+	c.PersistentFlags().StringVar(&provider, "provider", "docker", "provider whose workspaces to manage")
+	list := &cobra.Command{
+		Use:     "list [--json]",
+		Short:   "List workspaces and the sandboxes using them",
+		Example: "  roche workspace list --json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			wm, err := e.workspaceManager(provider)
+			if err != nil {
+				return err
+			}
+			ws, err := wm.Workspaces(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON, _ := cmd.Flags().GetBool("json"); asJSON {
+				return e.printJSON(ws)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tPROVIDER\tCREATED\tIN USE BY")
+			for _, w := range ws {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", w.Name, w.Provider, w.CreatedAt.Format("2006-01-02 15:04"), strings.Join(w.InUseBy, ","))
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().Bool("json", false, "print a JSON array")
+	rm := &cobra.Command{
+		Use:     "rm NAME...",
+		Short:   "Remove workspaces and their files",
+		Example: "  roche workspace rm proj scratch",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, names []string) error {
+			wm, err := e.workspaceManager(provider)
+			if err != nil {
+				return err
+			}
+			for _, n := range names {
+				if err := wm.RemoveWorkspace(cmd.Context(), n); err != nil {
+					return err
+				}
+				fmt.Fprintln(e.stdout, n)
+			}
+			return nil
+		},
+	}
+	c.AddCommand(list, rm)
+	return c
+}
+
+func (e *env) resetCommand() *cobra.Command {
+	var wipe, asJSON bool
+	c := &cobra.Command{
+		Use:   "reset ID [--wipe-workspace]",
+		Short: "Recreate a sandbox from its image, discarding every change",
+		Long: `Destroy a sandbox and make it again from the same image and settings, with the
+lifetime it had left: changes to its filesystem and its processes are gone. Its
+workspace is kept unless --wipe-workspace. Prints the new sandbox's id.`,
+		Example: `  id=$(roche reset "$id")
+  roche reset --wipe-workspace "$id"`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := e.providers.forIDDirect(args[0])
+			if err != nil {
+				return err
+			}
+			r, ok := p.(roche.Resetter)
+			if !ok {
+				return fmt.Errorf("%w: the %s provider cannot reset sandboxes", roche.ErrUnsupported, p.Name())
+			}
+			info, err := r.Reset(cmd.Context(), args[0], !wipe)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return e.printJSON(info)
+			}
+			fmt.Fprintln(e.stdout, info.ID)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&wipe, "wipe-workspace", false, "empty the sandbox's workspace too")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as a JSON object")
+	return c
+}
