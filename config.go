@@ -58,13 +58,16 @@ type Config struct {
 	// read-only root. It outlives the sandbox: a later sandbox with the same name sees
 	// its files. Empty means none.
 	Workspace string `json:"workspace,omitempty"`
+	// FromSnapshot creates the sandbox from a snapshot (see Snapshotter) instead of
+	// Image: its files as they were, without its processes.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // WorkspacePath is where a workspace appears inside a sandbox.
 const WorkspacePath = "/workspace"
 
-// ValidWorkspaceName reports whether name can name a workspace: letters, digits, '_', '.'
-// and '-', starting with a letter or digit, at most 64 characters.
+// ValidWorkspaceName reports whether name can name a workspace or a snapshot: letters,
+// digits, '_', '.' and '-', starting with a letter or digit, at most 64 characters.
 func ValidWorkspaceName(name string) bool {
 	if name == "" || len(name) > 64 {
 		return false
@@ -142,6 +145,9 @@ func (c Config) Validate() error {
 	}
 	if c.Network && len(c.NetworkAllowlist) > 0 {
 		add("network and network_allowlist are both set: the allowlist works without a network interface, so drop network")
+	}
+	if c.FromSnapshot != "" && !ValidWorkspaceName(c.FromSnapshot) {
+		add("from_snapshot %q is not a snapshot name: use letters, digits, '_', '.' and '-'", c.FromSnapshot)
 	}
 	if c.Workspace != "" && !ValidWorkspaceName(c.Workspace) {
 		add("workspace %q: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most 64 characters", c.Workspace)

@@ -106,6 +106,25 @@ type Resetter interface {
 	Reset(ctx context.Context, id string, keepWorkspace bool) (SandboxInfo, error)
 }
 
+// Snapshotter saves a sandbox's files under a name, to create new sandboxes from
+// (Config.FromSnapshot). Process memory is not kept: a sandbox made from a snapshot
+// starts with no processes running. A workspace is not part of a snapshot; it
+// persists on its own.
+type Snapshotter interface {
+	Snapshot(ctx context.Context, id, name string) (Snapshot, error)
+	Snapshots(ctx context.Context) ([]Snapshot, error)
+	// RemoveSnapshot deletes a snapshot; ErrInUse while a sandbox was made from it and lives.
+	RemoveSnapshot(ctx context.Context, name string) error
+}
+
+// Snapshot is a saved sandbox filesystem.
+type Snapshot struct {
+	Name      string    `json:"name"`
+	Provider  string    `json:"provider"`
+	Image     string    `json:"image"` // the image the sandbox was made from
+	CreatedAt time.Time `json:"created_at"`
+}
+
 // Process is a background command.
 type Process struct {
 	PID      int      `json:"pid"`

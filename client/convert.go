@@ -14,7 +14,7 @@ func configToProto(cfg roche.Config) *rochev1.SandboxConfig {
 		Image: &cfg.Image, Network: cfg.Network, Writable: cfg.Writable, TimeoutSecs: ptr(clampInt32(cfg.TimeoutSecs)),
 		Memory: &cfg.Memory, Cpus: &cfg.CPUs, PidsLimit: ptr(clampInt32(cfg.PidsLimit)), Env: cfg.Env,
 		Workdir: cfg.Workdir, User: &cfg.User, NetworkAllowlist: cfg.NetworkAllowlist,
-		Workspace: cfg.Workspace,
+		Workspace: cfg.Workspace, FromSnapshot: cfg.FromSnapshot,
 	}
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})

@@ -338,6 +338,7 @@ func TestMatch(t *testing.T) {
 		{"network", "docker", func(c *roche.Config) { c.Network = true }, false},
 		{"allowlist", "docker", func(c *roche.Config) { c.NetworkAllowlist = []string{"pypi.org"} }, false},
 		{"workspace", "docker", func(c *roche.Config) { c.Workspace = "ws" }, false},
+		{"snapshot", "docker", func(c *roche.Config) { c.FromSnapshot = "s" }, false},
 		{"writable", "docker", func(c *roche.Config) { c.Writable = true }, false},
 		{"mounts", "docker", func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/a", Target: "/b"}} }, false},
 		{"memory", "docker", func(c *roche.Config) { c.Memory = "1g" }, false},

@@ -237,7 +237,7 @@ func (s Spec) Matches(provider string, cfg roche.Config) bool {
 	base := s.Config()
 	return provider == s.Provider &&
 		cfg.Image == base.Image &&
-		!cfg.Network && len(cfg.NetworkAllowlist) == 0 && cfg.Workspace == "" &&
+		!cfg.Network && len(cfg.NetworkAllowlist) == 0 && cfg.Workspace == "" && cfg.FromSnapshot == "" &&
 		!cfg.Writable && len(cfg.Mounts) == 0 &&
 		cfg.User == base.User &&
 		cfg.MemoryBytes() == base.MemoryBytes() &&

@@ -105,6 +105,7 @@ Providers: docker (default; ROCHE_PROVIDER overrides) and wasm (no dependencies)
 		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
+		e.snapshotCommand(),
 	)
 	e.addDaemonFlags(root)
 	root.CompletionOptions.DisableDefaultCmd = true

@@ -299,7 +299,7 @@ func TestRunInterrupted(t *testing.T) {
 }
 
 func TestHelpHasExamples(t *testing.T) {
-	for _, c := range []string{"create", "exec", "run", "destroy", "list", "gc", "cp", "pause", "unpause", "workspace", "reset"} {
+	for _, c := range []string{"create", "exec", "run", "destroy", "list", "gc", "cp", "pause", "unpause", "workspace", "reset", "snapshot"} {
 		r := run(t, c, "--help")
 		if r.code != 0 || !strings.Contains(r.stdout, "Examples:") || !strings.Contains(r.stdout, "roche "+c) {
 			t.Errorf("roche %s --help: exit %d, no example:\n%s", c, r.code, r.stdout)

@@ -31,6 +31,7 @@ type createFlags struct {
 	user      string
 	allowHost []string
 	workspace string
+	snapshot  string
 }
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
@@ -55,6 +56,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.IntVar(&f.pidsLimit, "pids-limit", def.PidsLimit, "maximum number of processes")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory for commands (default: the image's)")
 	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as")
+	fs.StringVar(&f.snapshot, "from-snapshot", "", "create from the snapshot NAME's files instead of --image (roche snapshot create)")
 	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
 	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run)")
 }
@@ -74,6 +76,7 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg.User = f.user
 	cfg.NetworkAllowlist = f.allowHost
 	cfg.Workspace = f.workspace
+	cfg.FromSnapshot = f.snapshot
 	var errs []error
 	env, err := roche.ParseEnv(f.env)
 	errs = append(errs, err)

@@ -59,3 +59,31 @@ func TestWorkspaceAndReset(t *testing.T) {
 		t.Fatalf("workspace still listed after rm: %+v", r)
 	}
 }
+
+func TestSnapshotCommands(t *testing.T) {
+	name := fmt.Sprintf("cli-snap-%d", time.Now().UnixNano()%1e9)
+	t.Cleanup(func() { run(t, "snapshot", "rm", name) })
+	r := run(t, "create", "--image", testImage())
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { run(t, "destroy", id) })
+	run(t, "exec", "--sandbox", id, "--", "sh", "-c", "echo saved > /tmp/state.txt")
+	if r := run(t, "snapshot", "create", id, name); r.code != 0 || strings.TrimSpace(r.stdout) != name {
+		t.Fatalf("snapshot create: %+v", r)
+	}
+	if r := run(t, "snapshot", "list"); !strings.Contains(r.stdout, name) || !strings.Contains(r.stdout, testImage()) {
+		t.Fatalf("snapshot list: %+v", r)
+	}
+	if r := run(t, "run", "--from-snapshot", name, "--", "cat", "/tmp/state.txt"); r.code != 0 || r.stdout != "saved\n" {
+		t.Fatalf("run --from-snapshot: %+v", r)
+	}
+	r = run(t, "run", "--from-snapshot", "no-such-snapshot", "--", "true")
+	if r.code == 0 || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "roche snapshot list") {
+		t.Fatalf("run from a missing snapshot: %+v", r)
+	}
+	if r := run(t, "snapshot", "rm", name); r.code != 0 {
+		t.Fatalf("snapshot rm: %+v", r)
+	}
+}

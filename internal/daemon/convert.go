@@ -94,6 +94,7 @@ func configFromProto(pb *rochev1.SandboxConfig) roche.Config {
 	cfg.Workdir = pb.Workdir
 	cfg.NetworkAllowlist = pb.NetworkAllowlist
 	cfg.Workspace = pb.Workspace
+	cfg.FromSnapshot = pb.FromSnapshot
 	return cfg
 }
 

@@ -75,6 +75,8 @@ type Provider struct {
 	agentPath string
 	// stateDir holds one directory per sandbox for its agent socket.
 	stateDir string
+	// dataDir holds what outlives reboots: snapshots' /tmp archives.
+	dataDir string
 	// egress: this process serves the egress proxies of sandboxes with an allowlist,
 	// one per socket directory (WithEgressProxy).
 	egress   bool
@@ -123,6 +125,9 @@ func WithPullTimeout(d time.Duration) Option { return func(p *Provider) { p.pull
 // agent off, leaving Docker's exec API.
 func WithAgentPath(path string) Option { return func(p *Provider) { p.agentPath = path } }
 
+// WithDataDir sets where snapshots' /tmp archives are kept.
+func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir } }
+
 // WithStateDir sets where per-sandbox agent socket directories live on the host.
 func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
 
@@ -135,6 +140,7 @@ func New(opts ...Option) (*Provider, error) {
 		verified:    map[string]sandbox{},
 		agentPath:   defaultAgentPath(),
 		stateDir:    defaultStateDir(),
+		dataDir:     defaultDataDir(),
 		proxies:     map[string]*runningProxy{},
 	}
 	for _, o := range opts {
@@ -219,10 +225,34 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 			return roche.SandboxInfo{}, err
 		}
 	}
-	if err := p.ensureImage(ctx, cfg.Image); err != nil {
+	fromSnapshot := cfg.FromSnapshot != ""
+	if fromSnapshot {
+		if _, err := p.cli.ImageInspect(ctx, snapshotRef(cfg.FromSnapshot)); err != nil {
+			if cerrdefs.IsNotFound(err) {
+				return roche.SandboxInfo{}, fmt.Errorf("%w: no snapshot %s (roche snapshot list shows them)", roche.ErrNotFound, cfg.FromSnapshot)
+			}
+			return roche.SandboxInfo{}, p.engineErr("inspecting snapshot "+cfg.FromSnapshot, err)
+		}
+	} else if err := p.ensureImage(ctx, cfg.Image); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	if fromSnapshot {
+		info, err := p.createAndFallBack(ctx, cfg)
+		if err != nil {
+			return info, err
+		}
+		if err := p.restoreTmp(ctx, info.ID, cfg.FromSnapshot); err != nil {
+			p.Destroy(context.WithoutCancel(ctx), info.ID)
+			return roche.SandboxInfo{}, fmt.Errorf("restoring /tmp from snapshot %s: %w", cfg.FromSnapshot, err)
+		}
+		return info, nil
+	}
+	return p.createAndFallBack(ctx, cfg)
+}
 
+// createAndFallBack makes the sandbox with roche-agent, or through the exec-API fallback
+// when the agent cannot start.
+func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
 	if p.agentPath != "" {
 		info, err := p.create(ctx, cfg, true)
 		// The exec-API fallback has no relay, so an allowlist cannot fall back.
@@ -333,8 +363,17 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 	mem := cfg.MemoryBytes()
 	pids := int64(cfg.PidsLimit)
 	initOn := true
+	img := cfg.Image
+	if cfg.FromSnapshot != "" {
+		img = snapshotRef(cfg.FromSnapshot)
+		// A snapshot's image keeps the environment its sandbox had, proxy settings included;
+		// blank them unless this sandbox has its own allowlist.
+		if len(cfg.NetworkAllowlist) == 0 {
+			env = append(env, "HTTP_PROXY=", "HTTPS_PROXY=", "http_proxy=", "https_proxy=")
+		}
+	}
 	ccfg := &container.Config{
-		Image:      cfg.Image,
+		Image:      img,
 		User:       cfg.User,
 		Env:        env,
 		WorkingDir: cfg.Workdir,

@@ -62,20 +62,23 @@ func (p *Provider) Workspaces(ctx context.Context) ([]roche.Workspace, error) {
 	return out, nil
 }
 
-// workspaceUsers maps workspace names to the sandboxes that mount them (one name, or all).
+// workspaceUsers maps workspace names to the sandboxes that mount them (one name, or
+// all). It reads mounts, not labels: a sandbox made from a snapshot inherits the labels
+// of the sandbox the snapshot was taken of.
 func (p *Provider) workspaceUsers(ctx context.Context, name string) (map[string][]string, error) {
-	label := LabelWorkspace
-	if name != "" {
-		label += "=" + name
-	}
 	cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
-		filters.Arg("label", LabelManaged+"=true"), filters.Arg("label", label))})
+		filters.Arg("label", LabelManaged+"=true"))})
 	if err != nil {
 		return nil, p.engineErr("listing sandboxes", err)
 	}
 	users := map[string][]string{}
 	for _, c := range cs {
-		users[c.Labels[LabelWorkspace]] = append(users[c.Labels[LabelWorkspace]], c.ID)
+		for _, m := range c.Mounts {
+			ws, ok := strings.CutPrefix(m.Name, volumeName(""))
+			if ok && m.Type == mount.TypeVolume && (name == "" || ws == name) {
+				users[ws] = append(users[ws], c.ID)
+			}
+		}
 	}
 	return users, nil
 }

@@ -173,6 +173,9 @@ func (p *Provider) refuse(cfg roche.Config) error {
 	if cfg.Network {
 		problems = append(problems, "network=true: a "+p.Name()+" sandbox has no network interface at all; use the docker provider for network access")
 	}
+	if cfg.FromSnapshot != "" {
+		problems = append(problems, "from_snapshot: "+p.Name()+" sandboxes have no snapshots yet; use the docker provider")
+	}
 	if cfg.Workspace != "" {
 		problems = append(problems, "workspace: "+p.Name()+" sandboxes have no persistent workspaces yet; use the docker provider")
 	}

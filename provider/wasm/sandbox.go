@@ -171,6 +171,9 @@ func refuseUnsupported(cfg roche.Config) error {
 	if cfg.Network {
 		problems = append(problems, "network=true: a WASI module has no sockets, so wasm sandboxes have no network; use the docker provider")
 	}
+	if cfg.FromSnapshot != "" {
+		problems = append(problems, "from_snapshot: wasm sandboxes have no snapshots yet; use the docker provider")
+	}
 	if cfg.Workspace != "" {
 		problems = append(problems, "workspace: wasm sandboxes have no persistent workspaces yet; use the docker provider")
 	}

@@ -233,7 +233,9 @@ type SandboxConfig struct {
 	// has no network interface but lo: "pypi.org", "*.npmjs.org", "example.com:8443".
 	NetworkAllowlist []string `protobuf:"bytes,12,rep,name=network_allowlist,json=networkAllowlist,proto3" json:"network_allowlist,omitempty"`
 	// A persistent workspace mounted at /workspace that outlives the sandbox.
-	Workspace     string `protobuf:"bytes,13,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	Workspace string `protobuf:"bytes,13,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	// Create from this snapshot's files instead of image.
+	FromSnapshot  string `protobuf:"bytes,14,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,6 +357,13 @@ func (x *SandboxConfig) GetNetworkAllowlist() []string {
 func (x *SandboxConfig) GetWorkspace() string {
 	if x != nil {
 		return x.Workspace
+	}
+	return ""
+}
+
+func (x *SandboxConfig) GetFromSnapshot() string {
+	if x != nil {
+		return x.FromSnapshot
 	}
 	return ""
 }
@@ -2603,7 +2612,7 @@ var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x04\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x04\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -2619,7 +2628,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	" \x01(\tR\aworkdir\x12\x17\n" +
 	"\x04user\x18\v \x01(\tH\x05R\x04user\x88\x01\x01\x12+\n" +
 	"\x11network_allowlist\x18\f \x03(\tR\x10networkAllowlist\x12\x1c\n" +
-	"\tworkspace\x18\r \x01(\tR\tworkspace\x1a6\n" +
+	"\tworkspace\x18\r \x01(\tR\tworkspace\x12#\n" +
+	"\rfrom_snapshot\x18\x0e \x01(\tR\ffromSnapshot\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
