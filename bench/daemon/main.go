@@ -19,21 +19,19 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -148,7 +146,7 @@ func run() error {
 	}
 	cancel()
 	// Warm every path once (connections, page cache) before measuring.
-	if _, err := rawDockerRun(ctx, img); err != nil {
+	if _, err := samples.RawDockerRun(ctx, img, "print('hello')", "hello\n"); err != nil {
 		return err
 	}
 	if _, _, err := pooledCycle(ctx, c, p, cfg); err != nil {
@@ -159,7 +157,7 @@ func run() error {
 	var misses int
 	for i := 0; i < *n; i++ {
 		// Interleaved so that baseline and daemon share the machine's conditions.
-		dur, err := rawDockerRun(ctx, img)
+		dur, err := samples.RawDockerRun(ctx, img, "print('hello')", "hello\n")
 		if err != nil {
 			return err
 		}
@@ -243,7 +241,7 @@ func run() error {
 
 	fmt.Printf("\n%-76s %10s %10s %10s\n", "measurement", "p50", "p90", "max")
 	row := func(name string, ds []time.Duration) {
-		fmt.Printf("%-76s %10s %10s %10s\n", name, ms(pct(ds, 50)), ms(pct(ds, 90)), ms(pct(ds, 100)))
+		fmt.Printf("%-76s %10s %10s %10s\n", name, samples.Ms(samples.Percentile(ds, 50)), samples.Ms(samples.Percentile(ds, 90)), samples.Ms(samples.Percentile(ds, 100)))
 	}
 	row("raw `docker run --rm --network=none --read-only ...` wrapper (baseline)", raw)
 	row("pooled create + exec print('hello') + destroy, Go client over the socket", cycle)
@@ -253,10 +251,10 @@ func run() error {
 	row("cold create, Docker provider in-process (no daemon)", direct)
 	row("bare Engine API create+start of the same container (baseline)", bare)
 	fmt.Printf("\nratios of p50s (the issue's targets in brackets):\n")
-	fmt.Printf("  raw docker run / pooled cycle    %6.1fx  [>= 8x, cycle <= 20 ms]\n", ratio(raw, cycle))
-	fmt.Printf("  pool hit                         %7s  [<= 2 ms]\n", ms(pct(hit, 50)))
-	fmt.Printf("  cold create / bare create+start  %6.2fx  [<= 1.2x]\n", ratio(cold, bare))
-	fmt.Printf("  cold create / in-process create  %6.2fx  (the daemon's share of a cold create)\n", ratio(cold, direct))
+	fmt.Printf("  raw docker run / pooled cycle    %6.1fx  [>= 8x, cycle <= 20 ms]\n", samples.Ratio(raw, cycle))
+	fmt.Printf("  pool hit                         %7s  [<= 2 ms]\n", samples.Ms(samples.Percentile(hit, 50)))
+	fmt.Printf("  cold create / bare create+start  %6.2fx  [<= 1.2x]\n", samples.Ratio(cold, bare))
+	fmt.Printf("  cold create / in-process create  %6.2fx  (the daemon's share of a cold create)\n", samples.Ratio(cold, direct))
 	if misses > 0 {
 		fmt.Printf("  note: %d of the pooled creates missed the pool and went cold\n", misses)
 	}
@@ -268,7 +266,7 @@ func run() error {
 	if err := stop(); err != nil {
 		return err
 	}
-	left, err := containersOf(ctx, dc, img)
+	left, err := samples.ContainersOf(ctx, dc, img)
 	if err != nil {
 		return err
 	}
@@ -301,19 +299,6 @@ func setupAgent() (string, func(), error) {
 	}
 	os.Setenv("ROCHE_AGENT", out)
 	return "transport agent (built from ./cmd/roche-agent)", func() { os.RemoveAll(dir) }, nil
-}
-
-// rawDockerRun is the seeds' wrapper: one docker run per command.
-func rawDockerRun(ctx context.Context, img string) (time.Duration, error) {
-	start := time.Now()
-	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network=none", "--read-only", "--memory=512m",
-		"--cpus=1", "--security-opt=no-new-privileges", "--pids-limit=64", "--label", "roche.managed=true",
-		img, "python3", "-c", "print('hello')").Output()
-	d := time.Since(start)
-	if err != nil || string(out) != "hello\n" {
-		return 0, fmt.Errorf("docker run: %q %v", out, err)
-	}
-	return d, nil
 }
 
 func pooledCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.Config) (time.Duration, bool, error) {
@@ -430,42 +415,9 @@ func loadTest(ctx context.Context, c *client.Client, p *client.Provider, cfg roc
 	wg.Wait()
 	total := len(lat) + len(errs)
 	fmt.Printf("  %d cycles (%d from the pool), %.1f cycles/s, p50 %s, p99 %s, errors %d\n",
-		total, pooled.Load(), float64(len(lat))/duration.Seconds(), ms(pct(lat, 50)), ms(pct(lat, 99)), len(errs))
+		total, pooled.Load(), float64(len(lat))/duration.Seconds(), samples.Ms(samples.Percentile(lat, 50)), samples.Ms(samples.Percentile(lat, 99)), len(errs))
 	if len(errs) > 0 {
 		return fmt.Errorf("%d cycles failed under load, the first: %v", len(errs), errs[0])
 	}
 	return nil
-}
-
-func containersOf(ctx context.Context, dc *dockerclient.Client, img string) ([]string, error) {
-	list, err := dc.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", "roche.managed=true"))})
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, c := range list {
-		if c.Image == img {
-			ids = append(ids, c.ID)
-		}
-	}
-	return ids, nil
-}
-
-// pct is the nearest-rank percentile.
-func pct(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (p*len(s)+99)/100 - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
-func ratio(a, b []time.Duration) float64 {
-	return float64(pct(a, 50)) / float64(max(pct(b, 50), 1))
-}
-
-func ms(d time.Duration) string {
-	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)
 }

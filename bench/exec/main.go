@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -90,7 +90,7 @@ func run() error {
 	report("exec true, Go API via agent", agentTrue)
 	report("docker exec CTR true (baseline)", dockerTrue)
 	fmt.Printf("  -> agent exec overhead p50 %s (target <= 3ms); %.1fx faster than docker exec\n\n",
-		ms(median(agentTrue)), float64(median(dockerTrue))/float64(median(agentTrue)))
+		samples.Ms(samples.Median(agentTrue)), samples.Ratio(dockerTrue, agentTrue))
 
 	py := []string{"python3", "-c", "print(1)"}
 	inSandbox, err := measure(*n/2, func() error { return execOK(ctx, p, sb.ID, py...) })
@@ -110,7 +110,7 @@ func run() error {
 	}
 	report("python3 -c 'print(1)' in sandbox", inSandbox)
 	report("python3 -c 'print(1)' on host ("+hostPython+")", onHost)
-	fmt.Printf("  -> ratio sandbox/host p50 %.2f (target <= 1.5)\n\n", float64(median(inSandbox))/float64(median(onHost)))
+	fmt.Printf("  -> ratio sandbox/host p50 %.2f (target <= 1.5)\n\n", samples.Ratio(inSandbox, onHost))
 
 	if err := copyBench(ctx, p, sb.ID, dir); err != nil {
 		return err
@@ -160,7 +160,7 @@ func copyBench(ctx context.Context, p *docker.Provider, id, dir string) error {
 		}
 		rd = append(rd, d)
 	}
-	rate := func(ds []time.Duration) float64 { return float64(size) / (1 << 20) / median(ds).Seconds() }
+	rate := func(ds []time.Duration) float64 { return float64(size) / (1 << 20) / samples.Median(ds).Seconds() }
 	fmt.Printf("100 MiB (median of 5; target >= 200 MiB/s each way)\n")
 	fmt.Printf("  cp in  (tar, host file -> sandbox)  %7.0f MiB/s\n", rate(in))
 	fmt.Printf("  cp out (tar, sandbox -> host file)  %7.0f MiB/s\n", rate(out))
@@ -217,16 +217,6 @@ func measure(n int, fn func() error) ([]time.Duration, error) {
 	return out, nil
 }
 
-func median(ds []time.Duration) time.Duration { return percentile(ds, 50) }
-
-func percentile(ds []time.Duration, p int) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[(len(s)-1)*p/100]
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
-
 func report(name string, ds []time.Duration) {
-	fmt.Printf("  %-42s p50 %9s  p90 %9s\n", name, ms(median(ds)), ms(percentile(ds, 90)))
+	fmt.Printf("  %-42s p50 %9s  p90 %9s\n", name, samples.Ms(samples.Median(ds)), samples.Ms(samples.Percentile(ds, 90)))
 }

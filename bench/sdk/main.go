@@ -23,16 +23,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -192,7 +191,7 @@ func run() error {
 	fmt.Printf("exec `true` in one warm sandbox through roched (in-process, unix socket), %d per side in turns of %d\n\n", *n, *batch)
 	fmt.Printf("%-52s %9s %9s %9s\n", "", "p50", "p90", "p99")
 	row := func(name string, ds []time.Duration) {
-		fmt.Printf("%-52s %9s %9s %9s\n", name, ms(pct(ds, 50)), ms(pct(ds, 90)), ms(pct(ds, 99)))
+		fmt.Printf("%-52s %9s %9s %9s\n", name, samples.Ms(samples.Percentile(ds, 50)), samples.Ms(samples.Percentile(ds, 90)), samples.Ms(samples.Percentile(ds, 99)))
 	}
 	row("Go client (client.Provider.Exec)", goT)
 	row("Python SDK, Roche (sync), daemon transport", syncT)
@@ -207,10 +206,10 @@ func run() error {
 		}
 		return "OVER"
 	}
-	dSync, dAsync := pct(syncT, 50)-pct(goT, 50), pct(asyncT, 50)-pct(goT, 50)
+	dSync, dAsync := samples.Percentile(syncT, 50)-samples.Percentile(goT, 50), samples.Percentile(asyncT, 50)-samples.Percentile(goT, 50)
 	fmt.Printf("\nSDK overhead per exec over the Go client, difference of p50s [target <= 2 ms]:\n")
-	fmt.Printf("  Roche (sync)   %8s  %s\n", ms(dSync), verdict(dSync))
-	fmt.Printf("  AsyncRoche     %8s  %s\n", ms(dAsync), verdict(dAsync))
+	fmt.Printf("  Roche (sync)   %8s  %s\n", samples.Ms(dSync), verdict(dSync))
+	fmt.Printf("  AsyncRoche     %8s  %s\n", samples.Ms(dAsync), verdict(dAsync))
 
 	if err := p.Destroy(ctx, sb.ID); err != nil {
 		return err
@@ -218,7 +217,7 @@ func run() error {
 	if err := stop(); err != nil {
 		return err
 	}
-	left, err := containersOf(ctx, dc, img)
+	left, err := samples.ContainersOf(ctx, dc, img)
 	if err != nil {
 		return err
 	}
@@ -294,33 +293,4 @@ func (s *pythonSide) close() {
 		s.cmd.Process.Kill()
 		<-done
 	}
-}
-
-func containersOf(ctx context.Context, dc *dockerclient.Client, img string) ([]string, error) {
-	list, err := dc.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", "roche.managed=true"))})
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, c := range list {
-		if c.Image == img {
-			ids = append(ids, c.ID)
-		}
-	}
-	return ids, nil
-}
-
-// pct is the nearest-rank percentile.
-func pct(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (p*len(s)+99)/100 - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
-func ms(d time.Duration) string {
-	return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000)
 }

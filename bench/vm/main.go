@@ -14,12 +14,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/vm"
 )
@@ -149,7 +149,7 @@ func run() error {
 	}
 
 	row := func(what string, d []time.Duration, note string) {
-		fmt.Printf("%-46s p50 %9s  max %9s  %s\n", what, round(pct(d, 50)), round(pct(d, 100)), note)
+		fmt.Printf("%-46s p50 %9s  max %9s  %s\n", what, round(samples.Percentile(d, 50)), round(samples.Percentile(d, 100)), note)
 	}
 	fmt.Printf("%-46s %s\n", "first create (caches cold or warm)", round(cold))
 	row("boot-to-agent-ready (Create)", boot, fmt.Sprintf("n=%d", len(boot)))
@@ -161,16 +161,6 @@ func run() error {
 	row("exec `true` in a running VM", trueLat, fmt.Sprintf("n=%d", len(trueLat)))
 	row("exec python3 -c 'print(1)' in a running VM", pyLat, fmt.Sprintf("n=%d", len(pyLat)))
 	return nil
-}
-
-func pct(d []time.Duration, p int) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := (len(s) - 1) * p / 100
-	return s[i]
 }
 
 func round(d time.Duration) string {

@@ -26,16 +26,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/pool"
@@ -68,7 +67,7 @@ func run() error {
 		return errors.New("-n, -pool-min and -rss-count must be at least 1")
 	}
 	if *withDock {
-		if _, err := rawDockerRun(ctx); err != nil {
+		if _, err := samples.RawDockerRun(ctx, *image, "print('hi')", "hi\n"); err != nil {
 			return fmt.Errorf("the docker run baseline failed (%v): start Docker and build %s (make test does both), or pass -docker=false", err, *image)
 		}
 	}
@@ -158,7 +157,7 @@ func run() error {
 	served0 := wp.WarmStats().Served
 	for i := 0; i < *n; i++ {
 		if *withDock {
-			dur, err := rawDockerRun(ctx)
+			dur, err := samples.RawDockerRun(ctx, *image, "print('hi')", "hi\n")
 			if err != nil {
 				return err
 			}
@@ -233,7 +232,7 @@ func run() error {
 	fmt.Printf("\n%-82s %9s %9s %9s\n", "measurement", "p50", "p90", "max")
 	row := func(name string, ds []time.Duration) {
 		if len(ds) > 0 {
-			fmt.Printf("%-82s %9s %9s %9s\n", name, ms(pct(ds, 50)), ms(pct(ds, 90)), ms(pct(ds, 100)))
+			fmt.Printf("%-82s %9s %9s %9s\n", name, samples.Ms(samples.Percentile(ds, 50)), samples.Ms(samples.Percentile(ds, 90)), samples.Ms(samples.Percentile(ds, 100)))
 		}
 	}
 	row("raw `docker run --rm --network=none --read-only ...` wrapper (baseline)", raw)
@@ -243,11 +242,11 @@ func run() error {
 	row("exec print('hi') on a fresh instance, provider in-process, no warm start (baseline)", fresh)
 	fmt.Printf("\nratios of p50s (the issue's targets in brackets):\n")
 	if len(raw) > 0 {
-		fmt.Printf("  raw docker run / pooled wasm cycle   %6.1fx  [>= 4x, cycle <= 40 ms: %s]\n", ratio(raw, pooled), ms(pct(pooled, 50)))
+		fmt.Printf("  raw docker run / pooled wasm cycle   %6.1fx  [>= 4x, cycle <= 40 ms: %s]\n", samples.Ratio(raw, pooled), samples.Ms(samples.Percentile(pooled, 50)))
 	} else {
-		fmt.Printf("  raw docker run / pooled wasm cycle   not measured (-docker=false)  [cycle <= 40 ms: %s]\n", ms(pct(pooled, 50)))
+		fmt.Printf("  raw docker run / pooled wasm cycle   not measured (-docker=false)  [cycle <= 40 ms: %s]\n", samples.Ms(samples.Percentile(pooled, 50)))
 	}
-	fmt.Printf("  fresh instance / pooled exec          %6.1fx  (what warm start saves an exec)\n", ratio(fresh, execOnly))
+	fmt.Printf("  fresh instance / pooled exec          %6.1fx  (what warm start saves an exec)\n", samples.Ratio(fresh, execOnly))
 	fmt.Printf("  execs served by a warm interpreter: %d of %d through roched\n", served, 3**n)
 	if misses > 0 {
 		fmt.Printf("  note: %d of the pooled creates missed the pool\n", misses)
@@ -407,36 +406,4 @@ func rss() (cur, hwm float64, err error) {
 		}
 	}
 	return cur, hwm, nil
-}
-
-// rawDockerRun is the seeds' wrapper: one docker run per command.
-func rawDockerRun(ctx context.Context) (time.Duration, error) {
-	start := time.Now()
-	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network=none", "--read-only", "--memory=512m",
-		"--cpus=1", "--security-opt=no-new-privileges", "--pids-limit=64", "--label", "roche.managed=true",
-		*image, "python3", "-c", "print('hi')").Output()
-	d := time.Since(start)
-	if err != nil || string(out) != "hi\n" {
-		return 0, fmt.Errorf("docker run: %q %v", out, err)
-	}
-	return d, nil
-}
-
-// pct is the nearest-rank percentile.
-func pct(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (p*len(s)+99)/100 - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
-func ratio(a, b []time.Duration) float64 {
-	return float64(pct(a, 50)) / float64(max(pct(b, 50), 1))
-}
-
-func ms(d time.Duration) string {
-	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)
 }

@@ -1,0 +1,69 @@
+// Package samples holds what every benchmark program under bench/ shares: percentiles
+// of timings, same-run ratios, and the seeds' raw `docker run` wrapper as the baseline.
+package samples
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"slices"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	dockerclient "github.com/docker/docker/client"
+)
+
+// Percentile is the nearest-rank percentile p (0-100) of ds; 0 for no samples.
+func Percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (p*len(s)+99)/100 - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// Median is Percentile(ds, 50).
+func Median(ds []time.Duration) time.Duration { return Percentile(ds, 50) }
+
+// Ratio is how many times a's median is b's: a same-run comparison.
+func Ratio(a, b []time.Duration) float64 {
+	return float64(Median(a)) / float64(max(Median(b), 1))
+}
+
+// Ms formats a duration in milliseconds with two decimals.
+func Ms(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000)
+}
+
+// RawDockerRun times the seeds' hand-written wrapper, `docker run --rm --network=none
+// --read-only ... IMAGE python3 -c CODE`, and checks it printed want. Its container is
+// labelled like Roche's, so the suite's leak checks see it if it is ever left behind.
+func RawDockerRun(ctx context.Context, image, code, want string) (time.Duration, error) {
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "docker", "run", "--rm", "--network=none", "--read-only", "--memory=512m",
+		"--cpus=1", "--security-opt=no-new-privileges", "--pids-limit=64", "--label", "roche.managed=true",
+		image, "python3", "-c", code).Output()
+	d := time.Since(start)
+	if err != nil || string(out) != want {
+		return 0, fmt.Errorf("docker run: %q %v", out, err)
+	}
+	return d, nil
+}
+
+// ContainersOf lists the Roche containers made from img.
+func ContainersOf(ctx context.Context, dc *dockerclient.Client, img string) ([]string, error) {
+	list, err := dc.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", "roche.managed=true"))})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, c := range list {
+		if c.Image == img {
+			ids = append(ids, c.ID)
+		}
+	}
+	return ids, nil
+}
