@@ -108,30 +108,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	d, err := daemon.New(daemon.Config{
+	c, stop, err := samples.StartDaemon(ctx, daemon.Config{
 		Socket: socket, Pools: []pool.Spec{spec}, PoolConcurrency: *concurrency, MaxSandboxes: 4 * max(*clients, 25),
-	}, map[string]roche.Provider{"docker": dp}, daemon.WithLogger(log))
+	}, map[string]roche.Provider{"docker": dp}, log)
 	if err != nil {
 		return err
-	}
-	if err := d.Start(ctx); err != nil {
-		return err
-	}
-	stopped := false
-	stop := func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		return d.Shutdown(sctx)
 	}
 	defer stop()
-	c, err := client.New(client.WithSocket(socket))
-	if err != nil {
-		return err
-	}
 	defer c.Close()
 	p := c.Provider("docker")
 

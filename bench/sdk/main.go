@@ -32,7 +32,6 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/bench/internal/samples"
-	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -104,28 +103,11 @@ func run() error {
 	}
 	defer dp.Close()
 	socket := filepath.Join(dir, "roched.sock")
-	d, err := daemon.New(daemon.Config{Socket: socket}, map[string]roche.Provider{"docker": dp}, daemon.WithLogger(log))
+	c, stop, err := samples.StartDaemon(ctx, daemon.Config{Socket: socket}, map[string]roche.Provider{"docker": dp}, log)
 	if err != nil {
 		return err
-	}
-	if err := d.Start(ctx); err != nil {
-		return err
-	}
-	stopped := false
-	stop := func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		return d.Shutdown(sctx)
 	}
 	defer stop()
-	c, err := client.New(client.WithSocket(socket))
-	if err != nil {
-		return err
-	}
 	defer c.Close()
 	p := c.Provider("docker")
 	cfg := roche.DefaultConfig()

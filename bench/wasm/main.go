@@ -113,29 +113,11 @@ func run() error {
 		return err
 	}
 	socket := filepath.Join(dir, "roched.sock")
-	d, err := daemon.New(daemon.Config{Socket: socket, Pools: []pool.Spec{spec}},
-		map[string]roche.Provider{"wasm": wp}, daemon.WithLogger(log))
+	c, stop, err := samples.StartDaemon(ctx, daemon.Config{Socket: socket, Pools: []pool.Spec{spec}}, map[string]roche.Provider{"wasm": wp}, log)
 	if err != nil {
 		return err
-	}
-	if err := d.Start(ctx); err != nil {
-		return err
-	}
-	stopped := false
-	stop := func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		return d.Shutdown(sctx)
 	}
 	defer stop()
-	c, err := client.New(client.WithSocket(socket))
-	if err != nil {
-		return err
-	}
 	defer c.Close()
 	p := c.Provider("wasm")
 	cfg := roche.DefaultConfig()
