@@ -76,33 +76,16 @@ func (r *registry) get(name string) (roche.Provider, error) {
 			return p, nil
 		}
 	}
-	f, ok := factories[name]
-	if !ok {
-		return nil, fmt.Errorf("%w: unknown provider %q: choose one of %s", roche.ErrInvalidConfig, name, providerNames())
-	}
-	p, err := f(factoryOptions{log: r.log, outlives: r.outlives})
-	if err != nil {
-		return nil, err
-	}
-	r.open[name] = p
-	return p, nil
+	return r.openLocked(name, name, factoryOptions{log: r.log, outlives: r.outlives})
 }
 
-// direct opens the named provider in this process, even when roched serves it: for
-// state that lives in the engine, not in the daemon (workspaces), and for what the
-// daemon's API does not offer yet (reset).
-func (r *registry) direct(name string) (roche.Provider, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	key := "direct:" + name
-	if p, ok := r.open[key]; ok {
-		return p, nil
-	}
+// openLocked opens the named provider in this process and keeps it under key.
+func (r *registry) openLocked(key, name string, o factoryOptions) (roche.Provider, error) {
 	f, ok := factories[name]
 	if !ok {
 		return nil, fmt.Errorf("%w: unknown provider %q: choose one of %s", roche.ErrInvalidConfig, name, providerNames())
 	}
-	p, err := f(factoryOptions{log: r.log})
+	p, err := f(o)
 	if err != nil {
 		return nil, err
 	}
@@ -110,15 +93,21 @@ func (r *registry) direct(name string) (roche.Provider, error) {
 	return p, nil
 }
 
-// forIDDirect is forID, in this process.
-func (r *registry) forIDDirect(id string) (roche.Provider, error) {
-	if name, _, ok := strings.Cut(id, "-"); ok {
-		if _, known := factories[name]; known && name != "docker" {
-			return r.direct(name)
-		}
+// direct opens the named provider in this process, even when roched serves it: for
+// state that lives in the engine, not in the daemon (workspaces, snapshots), and for what
+// the daemon's API does not offer yet (reset).
+func (r *registry) direct(name string) (roche.Provider, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := "direct:" + name
+	if p, ok := r.open[key]; ok {
+		return p, nil
 	}
-	return r.direct("docker")
+	return r.openLocked(key, name, factoryOptions{log: r.log})
 }
+
+// forIDDirect is forID, in this process.
+func (r *registry) forIDDirect(id string) (roche.Provider, error) { return r.direct(providerOfID(id)) }
 
 func (r *registry) close() {
 	r.mu.Lock()
@@ -130,15 +119,18 @@ func (r *registry) close() {
 	}
 }
 
-// forID picks the provider that owns a sandbox id: every provider but Docker prefixes its
+// forID picks the provider that owns a sandbox id.
+func (r *registry) forID(id string) (roche.Provider, error) { return r.get(providerOfID(id)) }
+
+// providerOfID names the provider of a sandbox id: every provider but Docker prefixes its
 // ids with its name ("wasm-..."), so an id alone says where it lives.
-func (r *registry) forID(id string) (roche.Provider, error) {
+func providerOfID(id string) string {
 	if name, _, ok := strings.Cut(id, "-"); ok {
 		if _, known := factories[name]; known && name != "docker" {
-			return r.get(name)
+			return name
 		}
 	}
-	return r.get("docker")
+	return "docker"
 }
 
 // each calls fn for the named provider, or for every known one when name is empty. With
