@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -324,5 +325,32 @@ func TestAgentFallback(t *testing.T) {
 	}
 	if err := p.WriteFile(context.Background(), info.ID, "/tmp/x", strings.NewReader("x"), 0o644); !errors.Is(err, roche.ErrUnsupported) {
 		t.Fatalf("files API on the fallback: %v, want ErrUnsupported", err)
+	}
+}
+
+// TestAgentSurvivesConcurrentForkBombs: fork bombs take every free PID, and the PID limit
+// counts threads; the agent (PID 1) must not need one then, or it dies with the sandbox.
+// Before agent.ThreadReserve, four bombs at once killed it.
+func TestAgentSurvivesConcurrentForkBombs(t *testing.T) {
+	p := newProvider(t)
+	id := sandbox(t, p, testConfig())
+	bomb := "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"
+	errs := make(chan error, 4)
+	for i := 0; i < 4; i++ {
+		go func() {
+			res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"python3", "-c", bomb}, Timeout: 3 * time.Second})
+			if err == nil && !res.TimedOut && res.ExitCode == 0 {
+				err = fmt.Errorf("a fork bomb ended on its own: %+v", res)
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < 4; i++ {
+		if err := <-errs; err != nil {
+			t.Errorf("fork bomb exec: %v", err)
+		}
+	}
+	if got := execOK(t, p, id, "echo", "agent alive"); got != "agent alive\n" {
+		t.Fatalf("after the bombs: %q", got)
 	}
 }
