@@ -12,6 +12,7 @@ from ._async import AsyncExecStream, AsyncRoche, AsyncSandbox
 from ._sync import ExecStream, Roche, Sandbox
 from .errors import (
     ImageNotFound,
+    InUse,
     InvalidConfig,
     PermissionDenied,
     ProviderUnavailable,
@@ -21,7 +22,7 @@ from .errors import (
     SandboxTimeout,
     Unsupported,
 )
-from .types import DEFAULT_IMAGE, ExecResult, Mount, OutputEvent, SandboxInfo
+from .types import DEFAULT_IMAGE, ExecResult, Mount, OutputEvent, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ __all__ = [
     "ExecResult",
     "ExecStream",
     "ImageNotFound",
+    "InUse",
     "InvalidConfig",
     "Mount",
     "OutputEvent",
@@ -45,5 +47,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxNotFound",
     "SandboxTimeout",
+    "SnapshotInfo",
     "Unsupported",
+    "WorkspaceInfo",
 ]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import AsyncIterator, Mapping, Optional, Sequence, Type, Union
+# typing.List: inside these classes "list" names their list() method.
+from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _discovery
 from ._ahttp import AsyncHTTPClient
@@ -15,7 +16,17 @@ from ._http import Deadline
 from ._sync import PROBE_TIMEOUT, Choice, remaining_life
 from ._transport import StreamItem
 from .errors import ProviderUnavailable, RocheError
-from .types import ExecRequest, ExecResult, MountLike, OutputEvent, SandboxInfo, make_config, make_exec_request
+from .types import (
+    ExecRequest,
+    ExecResult,
+    MountLike,
+    OutputEvent,
+    SandboxInfo,
+    SnapshotInfo,
+    WorkspaceInfo,
+    make_config,
+    make_exec_request,
+)
 
 
 class AsyncRoche:
@@ -84,10 +95,11 @@ class AsyncRoche:
                      pids_limit: int = 64, env: Optional[Mapping[str, str]] = None,
                      mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
                      user: Optional[str] = None,
-                     network_allowlist: Optional[Sequence[str]] = None) -> "AsyncSandbox":
+                     network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
+                     from_snapshot: Optional[str] = None) -> "AsyncSandbox":
         """Creates a sandbox; see Roche.create."""
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user, network_allowlist)
+                          workdir, user, network_allowlist, workspace, from_snapshot)
         t = await self._resolve()
         info = await t.create(self.provider, cfg, self._deadline())
         return AsyncSandbox(self, t, info)
@@ -100,6 +112,22 @@ class AsyncRoche:
     async def list(self) -> list[SandboxInfo]:
         """This provider's sandboxes (a daemon's idle pooled ones are not listed)."""
         return await (await self._resolve()).list(self.provider, self._deadline())
+
+    async def snapshots(self) -> List[SnapshotInfo]:
+        """This provider's snapshots."""
+        return await (await self._resolve()).snapshots(self.provider, self._deadline())
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Deletes a snapshot; InUse while a sandbox made from it lives."""
+        await (await self._resolve()).delete_snapshot(self.provider, name, self._deadline())
+
+    async def workspaces(self) -> List[WorkspaceInfo]:
+        """This provider's persistent workspaces, with the sandboxes using each."""
+        return await (await self._resolve()).workspaces(self.provider, self._deadline())
+
+    async def delete_workspace(self, name: str) -> None:
+        """Deletes a workspace and its files; InUse while a sandbox has it mounted."""
+        await (await self._resolve()).delete_workspace(self.provider, name, self._deadline())
 
     def close(self) -> None:
         """Releases kept connections. Sandboxes are not destroyed."""
@@ -180,6 +208,15 @@ class AsyncSandbox:
     async def unpause(self) -> None:
         """Thaws a paused sandbox."""
         await self._t.pause(self.id, False, self._roche._deadline())
+
+    async def reset(self, keep_workspace: bool = True) -> "AsyncSandbox":
+        """Recreates the sandbox from its image, taking on the new sandbox's id; see Sandbox.reset."""
+        self.info = await self._t.reset(self.id, keep_workspace, self._roche._deadline())
+        return self
+
+    async def snapshot(self, name: str) -> SnapshotInfo:
+        """Saves the sandbox's files as a snapshot; see Sandbox.snapshot."""
+        return await self._t.snapshot(self._roche.provider, self.id, name, self._roche._deadline())
 
     async def destroy(self) -> None:
         """Destroys the sandbox. Destroying one already gone is not an error."""

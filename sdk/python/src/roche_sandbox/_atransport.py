@@ -9,7 +9,8 @@ import os
 import signal
 import tempfile
 import time
-from typing import IO, AsyncIterator, Optional, Protocol
+# typing.List: inside these classes "list" names their list() method.
+from typing import IO, AsyncIterator, List, Optional, Protocol
 
 from . import _cli, _tarutil, _wire
 from ._ahttp import AsyncHTTPClient, within
@@ -17,7 +18,7 @@ from ._discovery import Endpoint
 from ._http import Deadline
 from ._transport import StreamItem, _provider_of
 from .errors import ProviderUnavailable, RocheError, SandboxNotFound
-from .types import ExecRequest, ExecResult, SandboxConfig, SandboxInfo
+from .types import ExecRequest, ExecResult, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 
 class AsyncTransport(Protocol):
@@ -36,6 +37,12 @@ class AsyncTransport(Protocol):
     async def read_file(self, sid: str, path: str, d: Deadline) -> bytes: ...
     async def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
     async def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo: ...
+    async def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo: ...
+    async def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]: ...
+    async def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None: ...
+    async def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]: ...
+    async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None: ...
     def close(self) -> None: ...
 
 
@@ -86,6 +93,28 @@ class AsyncDaemonTransport:
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         await self.http.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+
+    async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
+        m = await self.http.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    async def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
+        m = await self.http.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
+        return _wire.parse_snapshot(m.get("snapshot", {}))
+
+    async def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
+        m = await self.http.unary("ListSnapshots", {"provider": provider}, d)
+        return [_wire.parse_snapshot(s) for s in m.get("snapshots", [])]
+
+    async def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
+        await self.http.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
+
+    async def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
+        m = await self.http.unary("ListWorkspaces", {"provider": provider}, d)
+        return [_wire.parse_workspace(w) for w in m.get("workspaces", [])]
+
+    async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
+        await self.http.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
 
     async def _upload(self, body: object, d: Deadline) -> None:
         messages = self.http.stream("CopyTo", body, d)
@@ -225,6 +254,28 @@ class AsyncCLITransport:
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         await self._call(["pause" if pause else "unpause", sid], d)
+
+    async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
+        out = await self._call(_cli.reset_args(sid, keep_workspace), d)
+        return _cli.parse_info(_cli.parse_json(out, "reset"))
+
+    async def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
+        out = await self._call(_cli.snapshot_args(provider, sid, name), d)
+        return _cli.parse_snapshot(_cli.parse_json(out, "snapshot create"))
+
+    async def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
+        out = await self._call(["snapshot", "list", "--json", "--provider", provider], d)
+        return [_cli.parse_snapshot(o) for o in _cli.parse_json(out, "snapshot list") or []]
+
+    async def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
+        await self._call(["snapshot", "rm", "--provider", provider, name], d)
+
+    async def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
+        out = await self._call(["workspace", "list", "--json", "--provider", provider], d)
+        return [_cli.parse_workspace(o) for o in _cli.parse_json(out, "workspace list") or []]
+
+    async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
+        await self._call(["workspace", "rm", "--provider", provider, name], d)
 
     async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
         name = _tarutil.base_name(path, "path")

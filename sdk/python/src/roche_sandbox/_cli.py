@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from ._wire import OutputAssembler, decode_output, parse_time
 from .errors import RocheError, error_for, reason_from_text
-from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, Stream
+from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
 
 #: The CLI's exit statuses besides the command's own (internal/cli).
 EXIT_TIMEOUT, EXIT_ROCHE_FAILED = 124, 125
@@ -35,7 +35,22 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
         a += ["--user", cfg.user]
     for h in cfg.network_allowlist:
         a += ["--allow-host", h]
+    if cfg.workspace:
+        a += ["--workspace", cfg.workspace]
+    if cfg.from_snapshot:
+        a += ["--from-snapshot", cfg.from_snapshot]
     return a
+
+
+def reset_args(sandbox_id: str, keep_workspace: bool) -> list[str]:
+    a = ["reset", "--json", sandbox_id]
+    if not keep_workspace:
+        a.append("--wipe-workspace")
+    return a
+
+
+def snapshot_args(provider: str, sandbox_id: str, name: str) -> list[str]:
+    return ["snapshot", "create", "--json", "--provider", provider, sandbox_id, name]
 
 
 def exec_args(sandbox_id: str, req: ExecRequest, as_json: bool) -> list[str]:
@@ -64,6 +79,30 @@ def parse_info(obj: Any) -> SandboxInfo:
         state=str(obj.get("state", "")),
         created_at=parse_time(obj.get("created_at")),
         expires_at=parse_time(obj.get("expires_at")),
+    )
+
+
+def parse_snapshot(obj: Any) -> SnapshotInfo:
+    """A snapshot as `roche snapshot create|list --json` prints it."""
+    if not isinstance(obj, dict):
+        raise RocheError(f"the roche CLI printed {obj!r} where a snapshot was expected")
+    return SnapshotInfo(
+        name=str(obj.get("name", "")),
+        provider=str(obj.get("provider", "")),
+        image=str(obj.get("image", "")),
+        created_at=parse_time(obj.get("created_at")),
+    )
+
+
+def parse_workspace(obj: Any) -> WorkspaceInfo:
+    """A workspace as `roche workspace list --json` prints it."""
+    if not isinstance(obj, dict):
+        raise RocheError(f"the roche CLI printed {obj!r} where a workspace was expected")
+    return WorkspaceInfo(
+        name=str(obj.get("name", "")),
+        provider=str(obj.get("provider", "")),
+        created_at=parse_time(obj.get("created_at")),
+        in_use_by=tuple(str(i) for i in obj.get("in_use_by") or ()),
     )
 
 

@@ -5,13 +5,24 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timezone
 from types import TracebackType
-from typing import Iterator, Mapping, Optional, Sequence, Type, Union
+# typing.List: inside these classes "list" names their list() method.
+from typing import Iterator, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _discovery
 from ._http import Deadline, HTTPClient
 from ._transport import CLITransport, DaemonTransport, StreamItem, Transport
 from .errors import InvalidConfig, ProviderUnavailable, RocheError
-from .types import ExecRequest, ExecResult, MountLike, OutputEvent, SandboxInfo, make_config, make_exec_request
+from .types import (
+    ExecRequest,
+    ExecResult,
+    MountLike,
+    OutputEvent,
+    SandboxInfo,
+    SnapshotInfo,
+    WorkspaceInfo,
+    make_config,
+    make_exec_request,
+)
 
 #: How long the SDK waits for roched's /healthz before working through the CLI, as the CLI does.
 PROBE_TIMEOUT = 2.0
@@ -117,7 +128,8 @@ class Roche:
                pids_limit: int = 64, env: Optional[Mapping[str, str]] = None,
                mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
                user: Optional[str] = None,
-               network_allowlist: Optional[Sequence[str]] = None) -> "Sandbox":
+               network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
+               from_snapshot: Optional[str] = None) -> "Sandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
@@ -125,9 +137,13 @@ class Roche:
         it as soon as you are done, even when the body raises. ``network_allowlist``
         (e.g. ``["pypi.org", "*.npmjs.org"]``) lets it reach only those hosts over
         HTTP(S), through a proxy roched runs; it still has no network otherwise.
+        ``workspace="name"`` mounts that persistent workspace at /workspace (writable even
+        on the read-only root; made if new): its files outlive the sandbox, for the next
+        one created with the same name. ``from_snapshot="name"`` starts from a snapshot's
+        files (see Sandbox.snapshot) instead of the image.
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user, network_allowlist)
+                          workdir, user, network_allowlist, workspace, from_snapshot)
         t = self._resolve()
         info = t.create(self.provider, cfg, self._deadline())
         return Sandbox(self, t, info)
@@ -140,6 +156,22 @@ class Roche:
     def list(self) -> list[SandboxInfo]:
         """This provider's sandboxes (a daemon's idle pooled ones are not listed)."""
         return self._resolve().list(self.provider, self._deadline())
+
+    def snapshots(self) -> List[SnapshotInfo]:
+        """This provider's snapshots."""
+        return self._resolve().snapshots(self.provider, self._deadline())
+
+    def delete_snapshot(self, name: str) -> None:
+        """Deletes a snapshot; InUse while a sandbox made from it lives."""
+        self._resolve().delete_snapshot(self.provider, name, self._deadline())
+
+    def workspaces(self) -> List[WorkspaceInfo]:
+        """This provider's persistent workspaces, with the sandboxes using each."""
+        return self._resolve().workspaces(self.provider, self._deadline())
+
+    def delete_workspace(self, name: str) -> None:
+        """Deletes a workspace and its files; InUse while a sandbox has it mounted."""
+        self._resolve().delete_workspace(self.provider, name, self._deadline())
 
     def close(self) -> None:
         """Releases kept connections. Sandboxes are not destroyed."""
@@ -226,6 +258,20 @@ class Sandbox:
     def unpause(self) -> None:
         """Thaws a paused sandbox."""
         self._t.pause(self.id, False, self._roche._deadline())
+
+    def reset(self, keep_workspace: bool = True) -> "Sandbox":
+        """Recreates the sandbox from its image and settings, with the lifetime it had
+        left: every change to its files and every process is gone; its workspace is kept
+        unless ``keep_workspace=False``. The new sandbox has a new id, which this object
+        takes on (``id``, ``info``); returns it."""
+        self.info = self._t.reset(self.id, keep_workspace, self._roche._deadline())
+        return self
+
+    def snapshot(self, name: str) -> SnapshotInfo:
+        """Saves the sandbox's files (its /tmp, and its root's changes when writable) as
+        a snapshot, for ``create(from_snapshot=name)``. Process memory is not kept, nor
+        the workspace, which persists on its own."""
+        return self._t.snapshot(self._roche.provider, self.id, name, self._roche._deadline())
 
     def destroy(self) -> None:
         """Destroys the sandbox. Destroying one already gone is not an error."""

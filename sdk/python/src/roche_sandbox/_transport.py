@@ -10,13 +10,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import IO, Iterator, Optional, Protocol, Union
+# typing.List: inside these classes "list" names their list() method.
+from typing import IO, Iterator, List, Optional, Protocol, Union
 
 from . import _cli, _tarutil, _wire
 from ._discovery import Endpoint
 from ._http import Deadline, HTTPClient
 from .errors import ProviderUnavailable, RocheError, SandboxNotFound
-from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo
+from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 StreamItem = Union[OutputEvent, ExecResult]
 
@@ -37,6 +38,12 @@ class Transport(Protocol):
     def read_file(self, sid: str, path: str, d: Deadline) -> bytes: ...
     def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
     def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo: ...
+    def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo: ...
+    def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]: ...
+    def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None: ...
+    def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]: ...
+    def delete_workspace(self, provider: str, name: str, d: Deadline) -> None: ...
     def close(self) -> None: ...
 
 
@@ -84,6 +91,28 @@ class DaemonTransport:
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         self.http.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+
+    def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
+        m = self.http.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
+        m = self.http.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
+        return _wire.parse_snapshot(m.get("snapshot", {}))
+
+    def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
+        m = self.http.unary("ListSnapshots", {"provider": provider}, d)
+        return [_wire.parse_snapshot(s) for s in m.get("snapshots", [])]
+
+    def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
+        self.http.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
+
+    def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
+        m = self.http.unary("ListWorkspaces", {"provider": provider}, d)
+        return [_wire.parse_workspace(w) for w in m.get("workspaces", [])]
+
+    def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
+        self.http.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
 
     def _upload(self, sid: str, dst: str, pieces: Iterator[bytes], d: Deadline, body_bytes: bool) -> None:
         messages = _wire.copy_to_messages(sid, dst, pieces)
@@ -228,6 +257,27 @@ class CLITransport:
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         self._call(["pause" if pause else "unpause", sid], d)
+
+    def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
+        return _cli.parse_info(_cli.parse_json(self._call(_cli.reset_args(sid, keep_workspace), d), "reset"))
+
+    def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
+        out = self._call(_cli.snapshot_args(provider, sid, name), d)
+        return _cli.parse_snapshot(_cli.parse_json(out, "snapshot create"))
+
+    def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
+        obj = _cli.parse_json(self._call(["snapshot", "list", "--json", "--provider", provider], d), "snapshot list")
+        return [_cli.parse_snapshot(o) for o in obj or []]
+
+    def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
+        self._call(["snapshot", "rm", "--provider", provider, name], d)
+
+    def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
+        obj = _cli.parse_json(self._call(["workspace", "list", "--json", "--provider", provider], d), "workspace list")
+        return [_cli.parse_workspace(o) for o in obj or []]
+
+    def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
+        self._call(["workspace", "rm", "--provider", provider, name], d)
 
     def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
         name = _tarutil.base_name(path, "path")

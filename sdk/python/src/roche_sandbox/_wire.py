@@ -12,7 +12,17 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator, Optional
 
 from .errors import RocheError, error_for, reason_from_text
-from .types import DEFAULT_OUTPUT_LIMIT, ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, Stream
+from .types import (
+    DEFAULT_OUTPUT_LIMIT,
+    ExecRequest,
+    ExecResult,
+    OutputEvent,
+    SandboxConfig,
+    SandboxInfo,
+    SnapshotInfo,
+    Stream,
+    WorkspaceInfo,
+)
 
 SERVICE = "/roche.v1.SandboxService/"
 UNARY_HEADERS = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
@@ -45,6 +55,10 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         c["user"] = cfg.user
     if cfg.network_allowlist:
         c["networkAllowlist"] = list(cfg.network_allowlist)
+    if cfg.workspace:
+        c["workspace"] = cfg.workspace
+    if cfg.from_snapshot:
+        c["fromSnapshot"] = cfg.from_snapshot
     return {"provider": provider, "config": c}
 
 
@@ -109,6 +123,26 @@ def parse_sandbox(m: dict[str, Any]) -> SandboxInfo:
         state=_STATES.get(m.get("state", ""), "exited"),
         created_at=parse_time(m.get("createdAt")),
         expires_at=parse_time(m.get("expiresAt")),
+    )
+
+
+def parse_snapshot(m: dict[str, Any]) -> SnapshotInfo:
+    """A Snapshot message."""
+    return SnapshotInfo(
+        name=m.get("name", ""),
+        provider=m.get("provider", ""),
+        image=m.get("image", ""),
+        created_at=parse_time(m.get("createdAt")),
+    )
+
+
+def parse_workspace(m: dict[str, Any]) -> WorkspaceInfo:
+    """A Workspace message."""
+    return WorkspaceInfo(
+        name=m.get("name", ""),
+        provider=m.get("provider", ""),
+        created_at=parse_time(m.get("createdAt")),
+        in_use_by=tuple(m.get("inUseBy") or ()),
     )
 
 
@@ -182,9 +216,11 @@ _DETAIL_REASONS = {
     "ERROR_REASON_IMAGE_NOT_FOUND": "image_not_found",
     "ERROR_REASON_EXHAUSTED": "exhausted",
     "ERROR_REASON_PERMISSION": "permission_denied",
+    "ERROR_REASON_IN_USE": "in_use",
 }
 _DETAIL_NUMBERS = dict(enumerate(["", "not_found", "invalid_config", "unavailable", "timeout",
-                                  "unsupported", "image_not_found", "exhausted", "permission_denied"]))
+                                  "unsupported", "image_not_found", "exhausted", "permission_denied",
+                                  "in_use"]))
 
 
 def _detail_reason(d: dict[str, Any]) -> str:

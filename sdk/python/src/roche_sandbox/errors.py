@@ -73,6 +73,13 @@ class PermissionDenied(RocheError, PermissionError):
     reason = "permission_denied"
 
 
+class InUse(RocheError):
+    """Something still uses it: a workspace mounted by a live sandbox, or a snapshot a
+    live sandbox was made from. Destroy those sandboxes first."""
+
+    reason = "in_use"
+
+
 _BY_REASON: dict[str, type[RocheError]] = {
     cls.reason: cls
     for cls in (
@@ -84,6 +91,7 @@ _BY_REASON: dict[str, type[RocheError]] = {
         ImageNotFound,
         ResourceExhausted,
         PermissionDenied,
+        InUse,
     )
 }
 
@@ -96,6 +104,7 @@ _BY_TEXT: tuple[tuple[str, str], ...] = (
     ("provider unavailable", "unavailable"),
     ("resource exhausted", "exhausted"),
     ("permission denied", "permission_denied"),
+    ("in use", "in_use"),
     ("not found", "not_found"),
     ("timed out", "timeout"),
 )

@@ -1,4 +1,5 @@
-"""The values the SDK hands back: results, output events, sandbox descriptions, mounts."""
+"""The values the SDK hands back: results, output events, sandbox, snapshot and workspace
+descriptions, mounts."""
 
 from __future__ import annotations
 
@@ -59,6 +60,28 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot: a sandbox's saved files (process memory is not kept)."""
+
+    name: str
+    provider: str
+    #: The image the snapshotted sandbox was made from.
+    image: str
+    created_at: Optional[datetime] = None
+
+
+@dataclass(frozen=True)
+class WorkspaceInfo:
+    """A persistent workspace, mounted at /workspace by the sandboxes created with it."""
+
+    name: str
+    provider: str
+    created_at: Optional[datetime] = None
+    #: The ids of the live sandboxes that have it mounted.
+    in_use_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Mount:
     """Binds a host path into the sandbox, read-only unless ``read_write``."""
 
@@ -99,6 +122,10 @@ class SandboxConfig:
     workdir: Optional[str] = None
     user: Optional[str] = None
     network_allowlist: Sequence[str] = ()
+    #: A persistent workspace mounted at /workspace, made if new; it outlives the sandbox.
+    workspace: Optional[str] = None
+    #: Create from this snapshot's files instead of the image.
+    from_snapshot: Optional[str] = None
 
 
 def make_config(
@@ -114,6 +141,8 @@ def make_config(
     workdir: Optional[str],
     user: Optional[str],
     network_allowlist: Optional[Sequence[str]] = None,
+    workspace: Optional[str] = None,
+    from_snapshot: Optional[str] = None,
 ) -> SandboxConfig:
     """Builds a config from create()'s arguments. Roche itself validates the values."""
     if image is None:
@@ -129,6 +158,9 @@ def make_config(
     for k, v in (env or {}).items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidConfig(f"env {k!r}={v!r}: names and values must be strings")
+    for what, name in (("workspace", workspace), ("from_snapshot", from_snapshot)):
+        if name is not None and not isinstance(name, str):
+            raise InvalidConfig(f"{what} {name!r}: give a name, e.g. 'proj'")
     return SandboxConfig(
         image=image,
         network=bool(network),
@@ -142,6 +174,8 @@ def make_config(
         workdir=workdir,
         user=user,
         network_allowlist=tuple(network_allowlist or ()),
+        workspace=workspace or None,
+        from_snapshot=from_snapshot or None,
     )
 
 
