@@ -195,6 +195,7 @@ var reasons = map[rochev1.ErrorReason]error{
 	rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND: roche.ErrImageNotFound,
 	rochev1.ErrorReason_ERROR_REASON_EXHAUSTED:       roche.ErrExhausted,
 	rochev1.ErrorReason_ERROR_REASON_PERMISSION:      roche.ErrPermission,
+	rochev1.ErrorReason_ERROR_REASON_IN_USE:          roche.ErrInUse,
 }
 
 // byCode is the fallback when a daemon (or a proxy) sent no ErrorDetail.

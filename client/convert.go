@@ -3,6 +3,8 @@ package client
 import (
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 )
@@ -45,14 +47,18 @@ func infoFromProto(pb *rochev1.Sandbox) roche.SandboxInfo {
 	if pb == nil {
 		return roche.SandboxInfo{}
 	}
-	sb := roche.SandboxInfo{ID: pb.Id, Provider: pb.Provider, Image: pb.Image, State: stateFromProto(pb.State)}
-	if pb.CreatedAt != nil {
-		sb.CreatedAt = pb.CreatedAt.AsTime().Local()
+	return roche.SandboxInfo{
+		ID: pb.Id, Provider: pb.Provider, Image: pb.Image, State: stateFromProto(pb.State),
+		CreatedAt: timeFromProto(pb.CreatedAt), ExpiresAt: timeFromProto(pb.ExpiresAt),
 	}
-	if pb.ExpiresAt != nil {
-		sb.ExpiresAt = pb.ExpiresAt.AsTime().Local()
+}
+
+// timeFromProto is the zero time for a missing timestamp (AsTime would give 1970).
+func timeFromProto(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
 	}
-	return sb
+	return ts.AsTime().Local()
 }
 
 func resultFromProto(pb *rochev1.ExecResult) roche.ExecResult {
@@ -70,3 +76,11 @@ func resultFromProto(pb *rochev1.ExecResult) roche.ExecResult {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func workspaceFromProto(pb *rochev1.Workspace) roche.Workspace {
+	return roche.Workspace{Name: pb.Name, Provider: pb.Provider, CreatedAt: timeFromProto(pb.CreatedAt), InUseBy: pb.InUseBy}
+}
+
+func snapshotFromProto(pb *rochev1.Snapshot) roche.Snapshot {
+	return roche.Snapshot{Name: pb.Name, Provider: pb.Provider, Image: pb.Image, CreatedAt: timeFromProto(pb.CreatedAt)}
+}

@@ -17,7 +17,8 @@ import (
 )
 
 // Provider is one of the daemon's providers seen through the API. It implements
-// roche.Provider, FileCopier, Pauser and GarbageCollector.
+// roche.Provider, FileCopier, Pauser, GarbageCollector, Resetter, WorkspaceManager and
+// Snapshotter; a provider of the daemon that lacks one of these answers ErrUnsupported.
 type Provider struct {
 	c    *Client
 	name string
@@ -28,6 +29,9 @@ var (
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
+	_ roche.Resetter         = (*Provider)(nil)
+	_ roche.WorkspaceManager = (*Provider)(nil)
+	_ roche.Snapshotter      = (*Provider)(nil)
 )
 
 // Provider returns the daemon's provider called name ("docker", "wasm", ...).

@@ -39,6 +39,8 @@ func rpcError(err error) error {
 		code, reason = connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND
 	case errors.Is(err, roche.ErrNotFound):
 		code, reason = connect.CodeNotFound, rochev1.ErrorReason_ERROR_REASON_NOT_FOUND
+	case errors.Is(err, roche.ErrInUse):
+		code, reason = connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IN_USE
 	case errors.Is(err, roche.ErrPermission):
 		code, reason = connect.CodePermissionDenied, rochev1.ErrorReason_ERROR_REASON_PERMISSION
 	case errors.Is(err, roche.ErrUnsupported):
@@ -189,4 +191,12 @@ func poolToProto(st pool.Status) *rochev1.Pool {
 		pb.LastError = st.LastErr.Error()
 	}
 	return pb
+}
+
+func workspaceToProto(w roche.Workspace) *rochev1.Workspace {
+	return &rochev1.Workspace{Name: w.Name, Provider: w.Provider, CreatedAt: timestamp(w.CreatedAt), InUseBy: w.InUseBy}
+}
+
+func snapshotToProto(s roche.Snapshot) *rochev1.Snapshot {
+	return &rochev1.Snapshot{Name: s.Name, Provider: s.Provider, Image: s.Image, CreatedAt: timestamp(s.CreatedAt)}
 }

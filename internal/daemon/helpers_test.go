@@ -61,6 +61,17 @@ func (r *recorder) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	return sb, err
 }
 
+// Reset records the new sandbox: the provider makes it without going through Create.
+func (r *recorder) Reset(ctx context.Context, id string, keepWorkspace bool) (roche.SandboxInfo, error) {
+	sb, err := r.Provider.Reset(ctx, id, keepWorkspace)
+	if err == nil {
+		r.mu.Lock()
+		r.created = append(r.created, sb.ID)
+		r.mu.Unlock()
+	}
+	return sb, err
+}
+
 func (r *recorder) ids() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -258,29 +258,43 @@ func (d *Daemon) prepareWorkdir(ctx context.Context, pl *pool.Pool, id, dir stri
 	if ok {
 		return nil
 	}
-	if fsys, ok := pl.Provider().(roche.FileSystem); ok && !pl.Provider().Capabilities().Processes {
-		// No mkdir to run there (a wasm sandbox runs only Python): the files API makes it,
-		// in each sandbox, as under /tmp. One it cannot make (on the read-only root) it
-		// never will, and that is remembered.
-		err := fsys.Mkdir(ctx, id, dir)
-		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+	err := makeWorkdir(ctx, pl.Provider(), id, dir)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if _, files := filesOnly(pl.Provider()); files {
+		// Made with the files API, in each sandbox, as under /tmp. One it cannot make
+		// (on the read-only root) it never will, and that is remembered.
+		if err != nil {
 			d.mu.Lock()
 			d.workdirs[key] = false
 			d.mu.Unlock()
 		}
 		return err
 	}
-	res, err := pl.Provider().Exec(ctx, id, roche.ExecRequest{Cmd: []string{"mkdir", "-p", "--", dir}, Timeout: 10 * time.Second})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("mkdir -p %s exited %d: %s", dir, res.ExitCode, strings.TrimSpace(res.Stderr))
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
 	if !underTmp(dir) {
 		d.mu.Lock()
 		d.workdirs[key] = err == nil
 		d.mu.Unlock()
+	}
+	return err
+}
+
+// filesOnly returns the files API of a provider whose sandboxes run no programs but
+// their interpreter (wasm): there is no mkdir to run there.
+func filesOnly(p roche.Provider) (roche.FileSystem, bool) {
+	fsys, ok := p.(roche.FileSystem)
+	return fsys, ok && !p.Capabilities().Processes
+}
+
+// makeWorkdir makes dir (and its parents) in a sandbox.
+func makeWorkdir(ctx context.Context, p roche.Provider, id, dir string) error {
+	if fsys, ok := filesOnly(p); ok {
+		return fsys.Mkdir(ctx, id, dir)
+	}
+	res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"mkdir", "-p", "--", dir}, Timeout: 10 * time.Second})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("mkdir -p %s exited %d: %s", dir, res.ExitCode, strings.TrimSpace(res.Stderr))
 	}
 	return err
 }

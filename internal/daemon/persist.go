@@ -1,0 +1,243 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sort"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/roche-sandbox/roche"
+	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+)
+
+// This file serves what outlives a sandbox or replaces it: reset, persistent
+// workspaces and snapshots. Workspaces and snapshots live in the providers (a Docker
+// volume, an image), not in the daemon, which only finds the provider that keeps them.
+
+// reset recreates a sandbox with its provider and moves the daemon's record to the new
+// id, so that the new sandbox is served exactly as the old one was: the same expiry,
+// and the env and workdir a pooled sandbox's create asked for.
+func (d *Daemon) reset(ctx context.Context, id string, keepWorkspace bool) (roche.SandboxInfo, error) {
+	t, err := d.resolve(id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	rs, ok := t.p.(roche.Resetter)
+	if !ok {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: the %s provider cannot reset sandboxes; destroy it and create a new one", roche.ErrUnsupported, t.p.Name())
+	}
+	// Not cancelled midway, as for a create: a client that goes away must not leave the
+	// old sandbox gone and the new one half made.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	sb, err := rs.Reset(cctx, t.id, keepWorkspace)
+	if err != nil {
+		if errors.Is(err, roche.ErrNotFound) && t.rec != nil {
+			d.forget(t.id)
+		}
+		return roche.SandboxInfo{}, err
+	}
+
+	now := time.Now()
+	rec := &record{
+		ID: sb.ID, Provider: t.p.Name(), Image: sb.Image, Kind: kindClient,
+		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: now,
+	}
+	if old := t.rec; old != nil {
+		rec.Image, rec.Env, rec.Workdir = old.Image, maps.Clone(old.Env), old.Workdir
+		if !old.ExpiresAt.IsZero() {
+			rec.ExpiresAt = old.ExpiresAt
+		}
+	}
+	d.mu.Lock()
+	old, tracked := d.sandboxes[t.id]
+	delete(d.sandboxes, t.id)
+	d.sandboxes[sb.ID] = rec
+	d.mu.Unlock()
+	if tracked {
+		d.forgetInPool(old)
+	}
+	d.saveOrWarn()
+	sb.ExpiresAt = rec.ExpiresAt
+
+	// A sandbox from the pool was given its workdir after it was made; the new one is
+	// made from the pool's config, so it needs it again.
+	if t.rec != nil && t.rec.Pool != "" && t.rec.Workdir != "" {
+		if err := makeWorkdir(cctx, t.p, sb.ID, t.rec.Workdir); err != nil {
+			return sb, fmt.Errorf("sandbox %s was reset to %s, but its workdir %s could not be made again: %w", t.id, sb.ID, t.rec.Workdir, err)
+		}
+	}
+	if ctx.Err() != nil {
+		d.markDestroying(sb.ID)
+		d.saveOrWarn()
+		return roche.SandboxInfo{}, fmt.Errorf("resetting sandbox %s: %w (the client went away; the new sandbox was destroyed)", t.id, ctx.Err())
+	}
+	d.log.Debug("sandbox reset", "old", t.id, "new", sb.ID, "keep_workspace", keepWorkspace)
+	return sb, nil
+}
+
+// keepers returns the providers (all, or the one named) that implement T, which is
+// what keeps the things called what. Naming a provider that lacks it is an error.
+func keepers[T any](d *Daemon, provider, what string) ([]T, error) {
+	names := d.names
+	if provider != "" {
+		p, err := d.provider(provider)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := p.(T); !ok {
+			return nil, fmt.Errorf("%w: the %s provider has no %s", roche.ErrUnsupported, p.Name(), what)
+		}
+		names = []string{p.Name()}
+	}
+	var out []T
+	for _, n := range names {
+		if k, ok := d.providers[n].(T); ok {
+			out = append(out, k)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no provider this daemon serves has %s", roche.ErrUnsupported, what)
+	}
+	return out, nil
+}
+
+// removeFromEach removes a thing from each keeper, succeeding when one had it: a name
+// alone does not say which provider keeps it. When none had it, the first keeper's
+// "not found" is the answer.
+func removeFromEach[T any](keepers []T, rm func(T) error) error {
+	var errs []error
+	var notFound error
+	removed := false
+	for _, k := range keepers {
+		err := rm(k)
+		switch {
+		case err == nil:
+			removed = true
+		case errors.Is(err, roche.ErrNotFound):
+			if notFound == nil {
+				notFound = err
+			}
+		default:
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil || removed {
+		return err
+	}
+	return notFound
+}
+
+func (s *service) Reset(ctx context.Context, req *connect.Request[rochev1.ResetRequest]) (*connect.Response[rochev1.ResetResponse], error) {
+	sb, err := s.d.reset(ctx, req.Msg.SandboxId, !req.Msg.WipeWorkspace)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.ResetResponse{Sandbox: infoToProto(sb)}), nil
+}
+
+func (s *service) ListWorkspaces(ctx context.Context, req *connect.Request[rochev1.ListWorkspacesRequest]) (*connect.Response[rochev1.ListWorkspacesResponse], error) {
+	wms, err := keepers[roche.WorkspaceManager](s.d, req.Msg.Provider, "persistent workspaces")
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	var all []roche.Workspace
+	var errs []error
+	for _, wm := range wms {
+		ws, err := wm.Workspaces(ctx)
+		errs = append(errs, err)
+		all = append(all, ws...)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, rpcError(err)
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].Name != all[j].Name {
+			return all[i].Name < all[j].Name
+		}
+		return all[i].Provider < all[j].Provider
+	})
+	resp := &rochev1.ListWorkspacesResponse{}
+	for _, w := range all {
+		resp.Workspaces = append(resp.Workspaces, workspaceToProto(w))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *service) RemoveWorkspace(ctx context.Context, req *connect.Request[rochev1.RemoveWorkspaceRequest]) (*connect.Response[rochev1.RemoveWorkspaceResponse], error) {
+	name := req.Msg.Name
+	wms, err := keepers[roche.WorkspaceManager](s.d, req.Msg.Provider, "persistent workspaces")
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	err = removeFromEach(wms, func(wm roche.WorkspaceManager) error {
+		return wm.RemoveWorkspace(ctx, name)
+	})
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.RemoveWorkspaceResponse{}), nil
+}
+
+func (s *service) CreateSnapshot(ctx context.Context, req *connect.Request[rochev1.CreateSnapshotRequest]) (*connect.Response[rochev1.CreateSnapshotResponse], error) {
+	t, err := s.d.resolve(req.Msg.SandboxId)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	sn, ok := t.p.(roche.Snapshotter)
+	if !ok {
+		return nil, rpcError(fmt.Errorf("%w: the %s provider has no snapshots", roche.ErrUnsupported, t.p.Name()))
+	}
+	snap, err := sn.Snapshot(ctx, t.id, req.Msg.Name)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.CreateSnapshotResponse{Snapshot: snapshotToProto(snap)}), nil
+}
+
+func (s *service) ListSnapshots(ctx context.Context, req *connect.Request[rochev1.ListSnapshotsRequest]) (*connect.Response[rochev1.ListSnapshotsResponse], error) {
+	sns, err := keepers[roche.Snapshotter](s.d, req.Msg.Provider, "snapshots")
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	var all []roche.Snapshot
+	var errs []error
+	for _, sn := range sns {
+		list, err := sn.Snapshots(ctx)
+		errs = append(errs, err)
+		all = append(all, list...)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, rpcError(err)
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].Name != all[j].Name {
+			return all[i].Name < all[j].Name
+		}
+		return all[i].Provider < all[j].Provider
+	})
+	resp := &rochev1.ListSnapshotsResponse{}
+	for _, sn := range all {
+		resp.Snapshots = append(resp.Snapshots, snapshotToProto(sn))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *service) RemoveSnapshot(ctx context.Context, req *connect.Request[rochev1.RemoveSnapshotRequest]) (*connect.Response[rochev1.RemoveSnapshotResponse], error) {
+	name := req.Msg.Name
+	sns, err := keepers[roche.Snapshotter](s.d, req.Msg.Provider, "snapshots")
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	err = removeFromEach(sns, func(sn roche.Snapshotter) error {
+		return sn.RemoveSnapshot(ctx, name)
+	})
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	return connect.NewResponse(&rochev1.RemoveSnapshotResponse{}), nil
+}
