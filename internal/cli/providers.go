@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -93,22 +94,6 @@ func (r *registry) openLocked(key, name string, o factoryOptions) (roche.Provide
 	return p, nil
 }
 
-// direct opens the named provider in this process, even when roched serves it: for
-// state that lives in the engine, not in the daemon (workspaces, snapshots), and for what
-// the daemon's API does not offer yet (reset).
-func (r *registry) direct(name string) (roche.Provider, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	key := "direct:" + name
-	if p, ok := r.open[key]; ok {
-		return p, nil
-	}
-	return r.openLocked(key, name, factoryOptions{log: r.log})
-}
-
-// forIDDirect is forID, in this process.
-func (r *registry) forIDDirect(id string) (roche.Provider, error) { return r.direct(providerOfID(id)) }
-
 func (r *registry) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -164,6 +149,48 @@ func (r *registry) each(ctx context.Context, name string, fn func(roche.Provider
 		return unavailable[0]
 	}
 	return errors.Join(errs...)
+}
+
+// eachKeeper calls fn with the named provider, or with every one, as the T that keeps
+// what ("workspaces", "snapshots"). Without a name, providers that keep none are
+// skipped, including those roched serves without them.
+func eachKeeper[T any](ctx context.Context, r *registry, name, what string, fn func(T) error) error {
+	return r.each(ctx, name, func(p roche.Provider) error {
+		k, ok := p.(T)
+		if !ok {
+			if name == "" {
+				return nil
+			}
+			return fmt.Errorf("%w: the %s provider has no %s", roche.ErrUnsupported, p.Name(), what)
+		}
+		err := fn(k)
+		if name == "" && errors.Is(err, roche.ErrUnsupported) {
+			return nil
+		}
+		return err
+	})
+}
+
+// removeKept removes a thing by name from the keeper named, or from whichever keeps it.
+func removeKept[T any](ctx context.Context, r *registry, provider, what, name string, rm func(T) error) error {
+	var notFound error
+	removed := false
+	err := eachKeeper(ctx, r, provider, what, func(k T) error {
+		err := rm(k)
+		if errors.Is(err, roche.ErrNotFound) {
+			notFound = cmp.Or(notFound, err)
+			return nil
+		}
+		removed = removed || err == nil
+		return err
+	})
+	switch {
+	case err != nil || removed:
+		return err
+	case notFound != nil:
+		return notFound
+	}
+	return fmt.Errorf("%w: no provider here has %s", roche.ErrUnsupported, what)
 }
 
 func isUnavailable(err error) bool { return errors.Is(err, roche.ErrUnavailable) }

@@ -9,20 +9,6 @@ import (
 	"github.com/roche-sandbox/roche"
 )
 
-// snapshotter opens the provider that keeps snapshots; like workspaces they live in the
-// engine, so this is the provider in-process even when roched runs.
-func (e *env) snapshotter(name string) (roche.Snapshotter, error) {
-	p, err := e.providers.direct(name)
-	if err != nil {
-		return nil, err
-	}
-	s, ok := p.(roche.Snapshotter)
-	if !ok {
-		return nil, fmt.Errorf("%w: the %s provider has no snapshots", roche.ErrUnsupported, name)
-	}
-	return s, nil
-}
-
 func (e *env) snapshotCommand() *cobra.Command {
 	var provider string
 	c := &cobra.Command{
@@ -37,36 +23,45 @@ it persists on its own.`,
   roche snapshot list
   roche snapshot rm deps-installed`,
 	}
-	c.PersistentFlags().StringVar(&provider, "provider", "docker", "provider whose snapshots to manage")
+	c.PersistentFlags().StringVar(&provider, "provider", "", "provider whose snapshots to list or remove (default: every one that has them)")
 	create := &cobra.Command{
-		Use:     "create ID NAME",
+		Use:     "create ID NAME [--json]",
 		Short:   "Snapshot a sandbox's files under NAME",
 		Example: `  roche snapshot create "$id" clean-env`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := e.snapshotter(provider)
+			p, err := e.providers.forID(args[0])
 			if err != nil {
 				return err
+			}
+			s, ok := p.(roche.Snapshotter)
+			if !ok {
+				return fmt.Errorf("%w: the %s provider has no snapshots", roche.ErrUnsupported, p.Name())
 			}
 			snap, err := s.Snapshot(cmd.Context(), args[0], args[1])
 			if err != nil {
 				return err
 			}
+			if asJSON, _ := cmd.Flags().GetBool("json"); asJSON {
+				return e.printJSON(snap)
+			}
 			fmt.Fprintln(e.stdout, snap.Name)
 			return nil
 		},
 	}
+	create.Flags().Bool("json", false, "print the snapshot as a JSON object")
 	list := &cobra.Command{
 		Use:     "list [--json]",
 		Short:   "List snapshots",
 		Example: "  roche snapshot list --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := e.snapshotter(provider)
-			if err != nil {
+			snaps := []roche.Snapshot{}
+			err := eachKeeper(cmd.Context(), e.providers, provider, "snapshots", func(s roche.Snapshotter) error {
+				list, err := s.Snapshots(cmd.Context())
+				snaps = append(snaps, list...)
 				return err
-			}
-			snaps, err := s.Snapshots(cmd.Context())
+			})
 			if err != nil {
 				return err
 			}
@@ -88,12 +83,11 @@ it persists on its own.`,
 		Example: "  roche snapshot rm clean-env",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, names []string) error {
-			s, err := e.snapshotter(provider)
-			if err != nil {
-				return err
-			}
 			for _, n := range names {
-				if err := s.RemoveSnapshot(cmd.Context(), n); err != nil {
+				err := removeKept(cmd.Context(), e.providers, provider, "snapshots", n, func(s roche.Snapshotter) error {
+					return s.RemoveSnapshot(cmd.Context(), n)
+				})
+				if err != nil {
 					return err
 				}
 				fmt.Fprintln(e.stdout, n)

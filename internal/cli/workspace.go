@@ -10,20 +10,6 @@ import (
 	"github.com/roche-sandbox/roche"
 )
 
-// workspaceManager opens the provider that keeps workspaces. They live in the engine, not
-// in roched, so this goes to the provider in-process even when the daemon runs.
-func (e *env) workspaceManager(name string) (roche.WorkspaceManager, error) {
-	p, err := e.providers.direct(name)
-	if err != nil {
-		return nil, err
-	}
-	wm, ok := p.(roche.WorkspaceManager)
-	if !ok {
-		return nil, fmt.Errorf("%w: the %s provider has no persistent workspaces", roche.ErrUnsupported, name)
-	}
-	return wm, nil
-}
-
 func (e *env) workspaceCommand() *cobra.Command {
 	var provider string
 	c := &cobra.Command{
@@ -36,18 +22,19 @@ files. A workspace in use by a sandbox cannot be removed.`,
   roche workspace list
   roche workspace rm proj`,
 	}
-	c.PersistentFlags().StringVar(&provider, "provider", "docker", "provider whose workspaces to manage")
+	c.PersistentFlags().StringVar(&provider, "provider", "", "provider whose workspaces to manage (default: every one that has them)")
 	list := &cobra.Command{
 		Use:     "list [--json]",
 		Short:   "List workspaces and the sandboxes using them",
 		Example: "  roche workspace list --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			wm, err := e.workspaceManager(provider)
-			if err != nil {
+			ws := []roche.Workspace{}
+			err := eachKeeper(cmd.Context(), e.providers, provider, "persistent workspaces", func(wm roche.WorkspaceManager) error {
+				list, err := wm.Workspaces(cmd.Context())
+				ws = append(ws, list...)
 				return err
-			}
-			ws, err := wm.Workspaces(cmd.Context())
+			})
 			if err != nil {
 				return err
 			}
@@ -69,12 +56,11 @@ files. A workspace in use by a sandbox cannot be removed.`,
 		Example: "  roche workspace rm proj scratch",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, names []string) error {
-			wm, err := e.workspaceManager(provider)
-			if err != nil {
-				return err
-			}
 			for _, n := range names {
-				if err := wm.RemoveWorkspace(cmd.Context(), n); err != nil {
+				err := removeKept(cmd.Context(), e.providers, provider, "persistent workspaces", n, func(wm roche.WorkspaceManager) error {
+					return wm.RemoveWorkspace(cmd.Context(), n)
+				})
+				if err != nil {
 					return err
 				}
 				fmt.Fprintln(e.stdout, n)
@@ -98,7 +84,7 @@ workspace is kept unless --wipe-workspace. Prints the new sandbox's id.`,
   roche reset --wipe-workspace "$id"`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := e.providers.forIDDirect(args[0])
+			p, err := e.providers.forID(args[0])
 			if err != nil {
 				return err
 			}
