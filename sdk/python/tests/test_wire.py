@@ -14,6 +14,7 @@ import harness
 
 from roche_sandbox import (
     ImageNotFound,
+    InUse,
     InvalidConfig,
     PermissionDenied,
     RocheError,
@@ -59,6 +60,52 @@ class WireTest(unittest.TestCase):
         e = _wire.error_from_connect({"code": "unauthenticated", "message": "missing token"}, 401, "s")
         self.assertIn("ROCHE_TOKEN", e.message)
         self.assertEqual(type(_wire.error_from_connect("junk", 502, "s")), RocheError)
+
+    def test_in_use(self) -> None:
+        message = "in use: workspace w is mounted by sandbox abc: destroy it first (roche destroy abc)"
+        detail = {"type": "roche.v1.ErrorDetail", "value": "CAk", "debug": {"reason": "ERROR_REASON_IN_USE"}}
+        e = _wire.error_from_connect({"code": "failed_precondition", "message": message, "details": [detail]}, 412, "s")
+        self.assertIsInstance(e, InUse)
+        self.assertEqual((e.reason, e.message), ("in_use", message))
+        binary_only = {"type": "roche.v1.ErrorDetail", "value": "CAk"}
+        e = _wire.error_from_connect({"code": "failed_precondition", "message": "m", "details": [binary_only]}, 412, "s")
+        self.assertIsInstance(e, InUse)
+        # Without a detail the message says it; failed_precondition alone is also image not found.
+        self.assertIsInstance(_wire.error_from_connect({"code": "failed_precondition", "message": message}, 412, "s"),
+                              InUse)
+        e = _cli.error_from_stderr(f"roche: {message}\n".encode(), 1, "workspace")
+        self.assertIsInstance(e, InUse)
+        e = _cli.error_from_stderr(b"roche: removing snapshot s: in use: snapshot s is the image of a live sandbox\n",
+                                   1, "snapshot")
+        self.assertIsInstance(e, InUse)
+
+    def test_snapshots_and_workspaces(self) -> None:
+        cfg = make_config(None, False, False, 300, "512m", 1.0, 64, None, None, None, None, None, "proj", "deps")
+        c = _wire.config_request("docker", cfg)["config"]
+        self.assertEqual((c["workspace"], c["fromSnapshot"]), ("proj", "deps"))
+        args = _cli.create_args("docker", cfg)
+        self.assertEqual(args[-4:], ["--workspace", "proj", "--from-snapshot", "deps"])
+        plain = make_config("img", False, False, 300, "512m", 1.0, 64, None, None, None, None)
+        self.assertNotIn("workspace", _wire.config_request("docker", plain)["config"])
+        self.assertNotIn("--workspace", _cli.create_args("docker", plain))
+        with self.assertRaises(InvalidConfig):
+            make_config("img", False, False, 300, "512m", 1.0, 64, None, None, None, None, None, 7)  # type: ignore[arg-type]
+        self.assertEqual(_cli.reset_args("abc", True), ["reset", "--json", "abc"])
+        self.assertEqual(_cli.reset_args("abc", False), ["reset", "--json", "abc", "--wipe-workspace"])
+
+        when = datetime(2026, 11, 20, 23, 0, 57, tzinfo=timezone.utc)
+        s = _wire.parse_snapshot({"name": "n", "provider": "docker", "image": "i", "createdAt": "2026-11-20T23:00:57Z"})
+        self.assertEqual(s, _cli.parse_snapshot({"name": "n", "provider": "docker", "image": "i",
+                                                 "created_at": "2026-11-20T23:00:57Z"}))
+        self.assertEqual(s.created_at, when)
+        w = _wire.parse_workspace({"name": "w", "provider": "docker", "createdAt": "2026-11-20T23:00:57Z",
+                                   "inUseBy": ["a", "b"]})
+        self.assertEqual(w, _cli.parse_workspace({"name": "w", "provider": "docker",
+                                                  "created_at": "2026-11-20T23:00:57Z", "in_use_by": ["a", "b"]}))
+        self.assertEqual((w.in_use_by, w.created_at), (("a", "b"), when))
+        # Go leaves an unused workspace's in_use_by out of its JSON.
+        self.assertEqual(_cli.parse_workspace({"name": "w"}).in_use_by, ())
+        self.assertEqual(_wire.parse_workspace({"name": "w"}).in_use_by, ())
 
     def test_output_decodes_characters_split_across_chunks(self) -> None:
         out = _wire.OutputAssembler(limit=8)
