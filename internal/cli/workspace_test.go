@@ -1,10 +1,14 @@
 package cli
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/roche-sandbox/roche"
 )
 
 func TestWorkspaceAndReset(t *testing.T) {
@@ -85,5 +89,69 @@ func TestSnapshotCommands(t *testing.T) {
 	}
 	if r := run(t, "snapshot", "rm", name); r.code != 0 {
 		t.Fatalf("snapshot rm: %+v", r)
+	}
+}
+
+// TestPersistenceThroughDaemon: with roched running, reset, snapshot and workspace go
+// through it: the daemon serves the reset sandbox (the env its pooled create asked for
+// is kept, the old id is gone from its list), and in-use refusals come back as one line.
+func TestPersistenceThroughDaemon(t *testing.T) {
+	socket, c := startInProcessDaemon(t)
+	t.Setenv("ROCHE_SOCKET", socket)
+	hits := poolHits(t, c)
+	r := run(t, "create", "--image", testImage(), "--env", "GREETING=kept")
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 0 || poolHits(t, c) != hits+1 {
+		t.Fatalf("create from roched's pool: %+v", r)
+	}
+	t.Cleanup(func() { run(t, "destroy", id) })
+	run(t, "exec", "--sandbox", id, "--", "sh", "-c", "echo dirty > /tmp/mark")
+
+	r = run(t, "reset", "--json", id)
+	var reset roche.SandboxInfo
+	if err := json.Unmarshal([]byte(r.stdout), &reset); r.code != 0 || err != nil || reset.ID == "" || reset.ID == id {
+		t.Fatalf("reset --json: %+v (%v)", r, err)
+	}
+	t.Cleanup(func() { run(t, "destroy", reset.ID) })
+	if r := run(t, "exec", "--sandbox", reset.ID, "--", "sh", "-c", `echo "$GREETING"; ls /tmp`); r.code != 0 || r.stdout != "kept\n" {
+		t.Fatalf("after reset through roched: %+v, want the env kept and /tmp empty", r)
+	}
+	list, err := c.Provider("docker").List(context.Background())
+	if err != nil || !containsID(list, reset.ID) || containsID(list, id) {
+		t.Fatalf("roched's list after reset: %v %v, want %s and not %s", list, err, reset.ID, id)
+	}
+
+	name := fmt.Sprintf("cli-dsnap-%d", time.Now().UnixNano()%1e9)
+	t.Cleanup(func() { run(t, "snapshot", "rm", name) })
+	run(t, "exec", "--sandbox", reset.ID, "--", "sh", "-c", "echo saved > /tmp/s")
+	r = run(t, "snapshot", "create", "--json", reset.ID, name)
+	var snap roche.Snapshot
+	if err := json.Unmarshal([]byte(r.stdout), &snap); r.code != 0 || err != nil || snap.Name != name || snap.Provider != "docker" {
+		t.Fatalf("snapshot create --json through roched: %+v (%v)", r, err)
+	}
+	r = run(t, "snapshot", "list", "--json")
+	var snaps []roche.Snapshot
+	if err := json.Unmarshal([]byte(r.stdout), &snaps); err != nil || !strings.Contains(fmt.Sprint(snaps), name) {
+		t.Fatalf("snapshot list --json: %+v (%v)", r, err)
+	}
+	r = run(t, "create", "--from-snapshot", name)
+	from := strings.TrimSpace(r.stdout)
+	if r.code != 0 {
+		t.Fatalf("create --from-snapshot through roched: %+v", r)
+	}
+	t.Cleanup(func() { run(t, "destroy", from) })
+	if r := run(t, "exec", "--sandbox", from, "--", "cat", "/tmp/s"); r.stdout != "saved\n" {
+		t.Fatalf("a sandbox from the snapshot: %+v", r)
+	}
+	r = run(t, "snapshot", "rm", name)
+	if r.code == 0 || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "in use") {
+		t.Fatalf("snapshot rm in use through roched: %+v, want one line saying it is in use", r)
+	}
+	run(t, "destroy", from)
+	if r := run(t, "snapshot", "rm", name); r.code != 0 {
+		t.Fatalf("snapshot rm through roched: %+v", r)
+	}
+	if r := run(t, "snapshot", "rm", name); r.code == 0 || !strings.Contains(r.stderr, "no snapshot") {
+		t.Fatalf("snapshot rm of a removed one: %+v", r)
 	}
 }

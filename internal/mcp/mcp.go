@@ -103,7 +103,8 @@ const instructions = `Roche runs untrusted code in isolated sandboxes: no networ
 writable /tmp, 512 MiB, 1 CPU, 64 processes, a non-root user, and a lifetime (300 s by
 default) after which the sandbox is destroyed. Create a sandbox, run commands in it
 (e.g. ["python3", "-c", "print(1)"]), move files in and out with write_file and
-read_file, and destroy it when done.`
+read_file, and destroy it when done. To keep files from one sandbox to the next, give
+create_sandbox a workspace name: it is mounted at /workspace and outlives the sandbox.`
 
 // MCP is the underlying go-sdk server, for transports of the caller's choosing.
 func (s *Server) MCP() *mcp.Server { return s.server }
@@ -179,6 +180,7 @@ type CreateInput struct {
 	CPUs        float64           `json:"cpus,omitempty" jsonschema:"CPUs the sandbox may use, e.g. 1 (the default) or 0.5"`
 	Env         map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command"`
 	Workdir     string            `json:"workdir,omitempty" jsonschema:"working directory of commands, an absolute path"`
+	Workspace   string            `json:"workspace,omitempty" jsonschema:"name of a persistent workspace to mount at /workspace: its files outlive the sandbox, and a later sandbox with the same name sees them"`
 }
 
 // Sandbox describes a sandbox.
@@ -208,7 +210,7 @@ func (s *Server) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateIn
 	if in.Image != "" {
 		cfg.Image = in.Image
 	}
-	cfg.Network, cfg.Writable, cfg.Env, cfg.Workdir = in.Network, in.Writable, in.Env, in.Workdir
+	cfg.Network, cfg.Writable, cfg.Env, cfg.Workdir, cfg.Workspace = in.Network, in.Writable, in.Env, in.Workdir, in.Workspace
 	if in.TimeoutSecs != 0 {
 		cfg.TimeoutSecs = in.TimeoutSecs
 	}

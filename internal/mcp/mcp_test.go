@@ -240,6 +240,39 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
+// TestWorkspace: files written to /workspace reach the next sandbox with the same
+// workspace, after the first is destroyed.
+func TestWorkspace(t *testing.T) {
+	s, dp := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	ws := fmt.Sprintf("mcp-%d", time.Now().UnixNano())
+	t.Cleanup(func() {
+		if err := dp.RemoveWorkspace(context.Background(), ws); err != nil {
+			t.Errorf("removing the workspace: %v", err)
+		}
+	})
+	var sb mcp.Sandbox
+	if text, isErr := call(t, cs, "create_sandbox", map[string]any{"workspace": ws}, &sb); isErr {
+		t.Fatalf("create_sandbox with a workspace: %s", text)
+	}
+	var wrote mcp.WriteOutput
+	call(t, cs, "write_file", map[string]any{"sandbox_id": sb.ID, "path": "/workspace/notes.txt", "content": "turn 1\n"}, &wrote)
+	var destroyed mcp.DestroyOutput
+	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, &destroyed)
+
+	var sb2 mcp.Sandbox
+	call(t, cs, "create_sandbox", map[string]any{"workspace": ws}, &sb2)
+	var read mcp.ReadOutput
+	if text, isErr := call(t, cs, "read_file", map[string]any{"sandbox_id": sb2.ID, "path": "/workspace/notes.txt"}, &read); isErr || read.Content != "turn 1\n" {
+		t.Fatalf("the workspace in the next sandbox: %+v %s", read, text)
+	}
+	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb2.ID}, &destroyed)
+	text, isErr := call(t, cs, "create_sandbox", map[string]any{"workspace": "../etc"}, nil)
+	if !isErr || !strings.Contains(text, "workspace") {
+		t.Fatalf("a bad workspace name: %v %q", isErr, text)
+	}
+}
+
 // TestCloseDestroysWhatItCreated: a client that goes away leaves nothing running.
 func TestCloseDestroysWhatItCreated(t *testing.T) {
 	s, dp := newServer(t, mcp.Config{})
