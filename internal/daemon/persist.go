@@ -106,6 +106,45 @@ func keepers[T any](d *Daemon, provider, what string) ([]T, error) {
 	return out, nil
 }
 
+// settled waits (up to a bound) until the sandboxes marked destroyed have been removed:
+// a destroy returns before its removal, and until then a workspace or snapshot the
+// sandbox used is still in use. It reports whether there was anything to wait for.
+func (d *Daemon) settled(ctx context.Context) bool {
+	pending := func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, r := range d.sandboxes {
+			if r.Kind == kindDestroying {
+				return true
+			}
+		}
+		return false
+	}
+	if !pending() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for pending() {
+		select {
+		case <-ctx.Done():
+			return true
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return true
+}
+
+// removeOnceSettled removes with rm, and when that is refused as in use while destroyed
+// sandboxes are still being removed, waits for them and tries again.
+func (d *Daemon) removeOnceSettled(ctx context.Context, rm func() error) error {
+	err := rm()
+	if errors.Is(err, roche.ErrInUse) && d.settled(ctx) {
+		err = rm()
+	}
+	return err
+}
+
 // removeFromEach removes a thing from each keeper, succeeding when one had it: a name
 // alone does not say which provider keeps it. When none had it, the first keeper's
 // "not found" is the answer.
@@ -174,8 +213,8 @@ func (s *service) RemoveWorkspace(ctx context.Context, req *connect.Request[roch
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	err = removeFromEach(wms, func(wm roche.WorkspaceManager) error {
-		return wm.RemoveWorkspace(ctx, name)
+	err = s.d.removeOnceSettled(ctx, func() error {
+		return removeFromEach(wms, func(wm roche.WorkspaceManager) error { return wm.RemoveWorkspace(ctx, name) })
 	})
 	if err != nil {
 		return nil, rpcError(err)
@@ -233,8 +272,8 @@ func (s *service) RemoveSnapshot(ctx context.Context, req *connect.Request[roche
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	err = removeFromEach(sns, func(sn roche.Snapshotter) error {
-		return sn.RemoveSnapshot(ctx, name)
+	err = s.d.removeOnceSettled(ctx, func() error {
+		return removeFromEach(sns, func(sn roche.Snapshotter) error { return sn.RemoveSnapshot(ctx, name) })
 	})
 	if err != nil {
 		return nil, rpcError(err)
