@@ -1,7 +1,7 @@
 // Package client talks to roched, Roche's daemon, over its unix socket (or TCP with a
-// token). Client.Provider returns a roche.Provider (also a FileCopier, Pauser and
-// GarbageCollector) backed by the daemon, so a program can switch between a daemon and
-// an in-process provider without other changes:
+// token). Client.Provider returns a roche.Provider (also a FileCopier, Pauser,
+// GarbageCollector, Resetter, WorkspaceManager and Snapshotter) backed by the daemon, so
+// a program can switch between a daemon and an in-process provider without other changes:
 //
 //	c, err := client.New() // the default socket; client.WithSocket(path) for another
 //	if err != nil { ... }
