@@ -5,53 +5,23 @@ a test makes has a name of its own and is removed when the test ends."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from datetime import timedelta
-from typing import Awaitable, Callable, TypeVar
+from typing import Callable
 
 import harness
 
 from roche_sandbox import AsyncRoche, InUse, Roche, RocheError, SandboxNotFound, SnapshotInfo, WorkspaceInfo
-
-T = TypeVar("T")
-
-#: roched removes a destroyed sandbox's container in the background; until it is gone,
-#: the workspace or snapshot it used is still in use.
-SETTLE = 30.0
 
 
 def unique(kind: str) -> str:
     return f"sdk-test-{kind}-{uuid.uuid4().hex[:8]}"
 
 
-def once_settled(call: Callable[[], T]) -> T:
-    """Calls call, again while it raises InUse for a sandbox that is being removed."""
-    deadline = time.monotonic() + SETTLE
-    while True:
-        try:
-            return call()
-        except InUse:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.25)
-
-
-async def once_settled_async(call: Callable[[], Awaitable[T]]) -> T:
-    deadline = time.monotonic() + SETTLE
-    while True:
-        try:
-            return await call()
-        except InUse:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.25)
-
-
 def gone(call: Callable[[], object]) -> None:
     """Cleanup: removes a workspace or snapshot unless the test already did."""
     try:
-        once_settled(call)
+        call()
     except SandboxNotFound:
         pass
 
@@ -107,7 +77,7 @@ class StateThroughDaemon(harness.SandboxTestCase):
         with self.roche.create(image=harness.image(), workspace=ws) as sb:
             self.assertNotEqual(sb.id, first)
             self.assertEqual(sb.read_file("/workspace/notes.txt"), b"kept\n")
-        once_settled(lambda: self.roche.delete_workspace(ws))
+        self.roche.delete_workspace(ws)
         self.assertNotIn(ws, [w.name for w in self.roche.workspaces()])
         with self.assertRaises(SandboxNotFound):
             self.roche.delete_workspace(ws)
@@ -161,7 +131,7 @@ class StateThroughDaemon(harness.SandboxTestCase):
                              "{'step': 3}\n")
             with self.assertRaises(InUse):
                 self.roche.delete_snapshot(name)
-        once_settled(lambda: self.roche.delete_snapshot(name))
+        self.roche.delete_snapshot(name)
         self.assertNotIn(name, [s.name for s in self.roche.snapshots()])
         with self.assertRaises(SandboxNotFound):
             self.roche.create(from_snapshot=name)
@@ -205,8 +175,8 @@ class AsyncStateThroughDaemon(harness.SandboxTestCase):
                 self.assertEqual((await sb.exec(["ls", "-A", "/workspace"])).stdout, "")
             async with (await roche.create(from_snapshot=snap)) as sb:
                 self.assertEqual(await sb.read_file("/tmp/b"), b"tmp\n")
-            await once_settled_async(lambda: roche.delete_snapshot(snap))
-            await once_settled_async(lambda: roche.delete_workspace(ws))
+            await roche.delete_snapshot(snap)
+            await roche.delete_workspace(ws)
             self.assertNotIn(snap, [s.name for s in await roche.snapshots()])
             self.assertNotIn(ws, [w.name for w in await roche.workspaces()])
 
