@@ -64,7 +64,8 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (roche.Snapsho
 		Reference: snapshotRef(name),
 		Comment:   "roche snapshot of sandbox " + s.id,
 		Pause:     true,
-		Changes:   []string{"LABEL " + LabelSnapshot + "=" + name, "LABEL " + LabelSnapshotBase + "=" + base},
+		// Quoted: the base of a snapshot's sandbox, "NAME (snapshot)", has a space.
+		Changes: []string{fmt.Sprintf("LABEL %s=%q", LabelSnapshot, name), fmt.Sprintf("LABEL %s=%q", LabelSnapshotBase, base)},
 	})
 	if err != nil {
 		os.Remove(tmpFile)
