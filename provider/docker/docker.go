@@ -255,11 +255,18 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
 	if p.agentPath != "" {
 		info, err := p.create(ctx, cfg, true)
-		// The exec-API fallback has no relay, so an allowlist cannot fall back.
-		if err == nil || !errors.Is(err, errAgentFailed) || len(cfg.NetworkAllowlist) > 0 {
+		// The exec-API fallback has no relay, so an allowlist cannot fall back; nor can a
+		// workspace (see below).
+		if err == nil || !errors.Is(err, errAgentFailed) || len(cfg.NetworkAllowlist) > 0 || cfg.Workspace != "" {
 			return info, err
 		}
 		p.log.Warn("roche-agent did not start; falling back to Docker's exec API for this sandbox", "err", err)
+	}
+	if cfg.Workspace != "" {
+		// A new volume belongs to root, and without the agent nothing hands it to the
+		// sandbox user, who could then not write in it.
+		return roche.SandboxInfo{}, fmt.Errorf("%w: workspace %s: Docker sandboxes need roche-agent to make /workspace writable for the sandbox user, and this provider runs without it (transport %s)",
+			roche.ErrUnsupported, cfg.Workspace, TransportDockerExec)
 	}
 	return p.create(ctx, cfg, false)
 }

@@ -54,11 +54,15 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (roche.Snapsho
 	if s.cfg.FromSnapshot != "" {
 		base = s.cfg.FromSnapshot + " (snapshot)"
 	}
+	// /tmp is a tmpfs, which only the agent can save; a snapshot without it would lose
+	// those files silently.
+	if s.agent == nil {
+		return roche.Snapshot{}, fmt.Errorf("%w: sandbox %s runs without roche-agent (transport %s), which a snapshot needs to save /tmp",
+			roche.ErrUnsupported, id, TransportDockerExec)
+	}
 	tmpFile := p.snapshotTmp(name)
-	if s.agent != nil {
-		if err := p.saveTmp(ctx, s, tmpFile); err != nil {
-			return roche.Snapshot{}, err
-		}
+	if err := p.saveTmp(ctx, s, tmpFile); err != nil {
+		return roche.Snapshot{}, err
 	}
 	_, err = p.cli.ContainerCommit(ctx, s.id, container.CommitOptions{
 		Reference: snapshotRef(name),
@@ -98,7 +102,7 @@ func (p *Provider) saveTmp(ctx context.Context, s sandbox, file string) error {
 func (p *Provider) restoreTmp(ctx context.Context, id, name string) error {
 	f, err := os.Open(p.snapshotTmp(name))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil // taken without the agent: nothing was saved
+		return nil // nothing of /tmp was kept for it (taken by an older Roche, or with another data directory)
 	}
 	if err != nil {
 		return err
