@@ -32,7 +32,7 @@ func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
 	if _, err := os.Lstat(src); err != nil {
 		return fmt.Errorf("%w: host path %s: %v", roche.ErrNotFound, src, err)
 	}
-	mounts, err := sandboxMounts(p.sandboxDir(id), rec.Config)
+	mounts, err := p.sandboxMounts(id, rec.Config)
 	if err != nil {
 		return fmt.Errorf("copying %s into wasm sandbox %s: %w", src, id, err)
 	}
@@ -118,7 +118,7 @@ func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
 		return fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src)
 	}
 	src = path.Clean(src)
-	mounts, err := sandboxMounts(p.sandboxDir(id), rec.Config)
+	mounts, err := p.sandboxMounts(id, rec.Config)
 	if err != nil {
 		return fmt.Errorf("copying %s out of wasm sandbox %s: %w", src, id, err)
 	}

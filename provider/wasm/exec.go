@@ -109,7 +109,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
-	mounts, err := sandboxMounts(p.sandboxDir(id), rec.Config)
+	mounts, err := p.sandboxMounts(id, rec.Config)
 	if err != nil {
 		return roche.ExecResult{}, fmt.Errorf("exec in wasm sandbox %s: %w", id, err)
 	}

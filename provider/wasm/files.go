@@ -66,7 +66,7 @@ func (p *Provider) fileTarget(ctx context.Context, id, guest string) (fileTarget
 		return fileTarget{}, fmt.Errorf("%w: %s is in python.wasm's standard library, which lives inside the module: the files API reaches /tmp, /workspace, / and the mounts",
 			roche.ErrUnsupported, g)
 	}
-	mounts, err := sandboxMounts(p.sandboxDir(id), rec.Config)
+	mounts, err := p.sandboxMounts(id, rec.Config)
 	if err != nil {
 		return fileTarget{}, fmt.Errorf("wasm sandbox %s: %w", id, err)
 	}

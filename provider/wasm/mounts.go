@@ -20,14 +20,31 @@ type mountPoint struct {
 	own      bool // one of the sandbox's own directories (not a host mount): quota applies
 }
 
-// sandboxMounts lays out the file system of the sandbox in dir: its own root, /tmp and
-// /workspace, then the host mounts of cfg.
-func sandboxMounts(dir string, cfg roche.Config) ([]mountPoint, error) {
-	root := filepath.Join(dir, rootDir)
+// sandboxMounts lays out the file system of sandbox id: its own root, /tmp and
+// /workspace (the named workspace instead when cfg has one), then the host mounts of cfg.
+func (p *Provider) sandboxMounts(id string, cfg roche.Config) ([]mountPoint, error) {
+	root := filepath.Join(p.sandboxDir(id), rootDir)
+	workspace := filepath.Join(root, "workspace")
+	if cfg.Workspace != "" {
+		files := p.workspaceFiles(cfg.Workspace)
+		host, err := filepath.EvalSymlinks(files)
+		if err == nil {
+			var fi os.FileInfo
+			if fi, err = os.Stat(host); err == nil && !fi.IsDir() {
+				err = fmt.Errorf("%s is not a directory", host)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: workspace %s is gone (%v): destroy the sandbox and create it again", roche.ErrNotFound, cfg.Workspace, err)
+		}
+		workspace = host
+	}
 	mounts := []mountPoint{
 		{guest: "/", host: root, readOnly: !cfg.Writable, own: true},
 		{guest: GuestTmp, host: filepath.Join(root, "tmp"), own: true},
-		{guest: GuestWorkspace, host: filepath.Join(root, "workspace"), own: true},
+		// A named workspace counts as the sandbox's own: it holds at most what the
+		// per-sandbox one would, so that a guest cannot fill the data directory's disk.
+		{guest: GuestWorkspace, host: workspace, own: true},
 	}
 	for _, m := range cfg.Mounts {
 		// Resolved now, so that the directory the guest gets is the one named, even if

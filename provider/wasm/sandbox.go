@@ -85,20 +85,63 @@ func (p *Provider) sandboxDir(id string) string { return filepath.Join(p.stateDi
 
 // Create implements roche.Provider. The sandbox is a directory; nothing is started.
 func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := p.checkConfig(cfg); err != nil {
 		return roche.SandboxInfo{}, err
+	}
+	if usesData(cfg) {
+		unlock, err := p.lockData()
+		if err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		defer unlock()
+	}
+	return p.create(ctx, cfg)
+}
+
+// checkConfig is what Create checks before it makes anything.
+func (p *Provider) checkConfig(cfg roche.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
 	if err := refuseUnsupported(cfg); err != nil {
-		return roche.SandboxInfo{}, err
+		return err
 	}
 	if err := checkMountSources(cfg.Mounts); err != nil {
-		return roche.SandboxInfo{}, err
+		return err
 	}
-	if err := p.checkPython(); err != nil {
-		return roche.SandboxInfo{}, err
-	}
+	return p.checkPython()
+}
+
+// usesData reports whether a sandbox made from cfg depends on the data directory: while
+// it lives, its workspace or snapshot must not be removed (see lockData).
+func usesData(cfg roche.Config) bool { return cfg.Workspace != "" || cfg.FromSnapshot != "" }
+
+// create makes the sandbox from a checked cfg. When usesData(cfg), the caller holds the
+// data lock, so that the workspace or snapshot cannot go before the record naming it is
+// written.
+func (p *Provider) create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("creating wasm sandbox: %w", err)
+	}
+	var snapshot string
+	if cfg.FromSnapshot != "" {
+		var err error
+		if snapshot, err = p.existingSnapshot(cfg.FromSnapshot); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
+	done := false
+	if cfg.Workspace != "" {
+		made, err := p.ensureWorkspace(cfg.Workspace)
+		if err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		defer func() {
+			// A workspace made for this sandbox goes with it; one that was there stays.
+			if !done && made {
+				_ = p.removeWorkspaceFiles(cfg.Workspace)
+			}
+		}()
 	}
 
 	var id, dir string
@@ -118,20 +161,24 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	if id == "" {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: creating wasm sandbox: no free id after 5 tries", roche.ErrUnavailable)
 	}
-	done := false
 	defer func() {
 		if !done {
 			_ = removeAll(dir)
 		}
 	}()
 
+	if snapshot != "" {
+		if err := copySandboxRoot(ctx, snapshot, dir, cfg.Workspace != ""); err != nil {
+			return roche.SandboxInfo{}, fmt.Errorf("creating wasm sandbox %s from snapshot %s: %w", id, cfg.FromSnapshot, err)
+		}
+	}
 	root := filepath.Join(dir, rootDir)
 	for _, d := range []string{root, filepath.Join(root, "tmp"), filepath.Join(root, "workspace")} {
-		if err := os.Mkdir(d, 0o700); err != nil {
+		if err := os.Mkdir(d, 0o700); err != nil && !(snapshot != "" && errors.Is(err, fs.ErrExist)) {
 			return roche.SandboxInfo{}, fmt.Errorf("%w: creating wasm sandbox %s: %v", roche.ErrUnavailable, id, err)
 		}
 	}
-	mounts, err := sandboxMounts(dir, cfg)
+	mounts, err := p.sandboxMounts(id, cfg)
 	if err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("creating wasm sandbox %s: %w", id, err)
 	}
@@ -170,12 +217,6 @@ func refuseUnsupported(cfg roche.Config) error {
 	var problems []string
 	if cfg.Network {
 		problems = append(problems, "network=true: a WASI module has no sockets, so wasm sandboxes have no network; use the docker provider")
-	}
-	if cfg.FromSnapshot != "" {
-		problems = append(problems, "from_snapshot: wasm sandboxes have no snapshots yet; use the docker provider")
-	}
-	if cfg.Workspace != "" {
-		problems = append(problems, "workspace: wasm sandboxes have no persistent workspaces yet; use the docker provider")
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		problems = append(problems, "network_allowlist: a WASI module has no sockets to reach even allowed hosts; use the docker provider")
@@ -462,6 +503,7 @@ func (p *Provider) sweepLeftovers(now time.Time) {
 	if err != nil {
 		return
 	}
+	p.sweepData(now)
 	for _, e := range entries {
 		name := e.Name()
 		full := filepath.Join(p.stateDir, name)

@@ -5,6 +5,7 @@ package wasm
 import (
 	"errors"
 	"os"
+	"sync"
 )
 
 // checkPrivateDir checks only that dir is a directory: ownership is a Unix notion, and
@@ -18,4 +19,14 @@ func checkPrivateDir(dir string) error {
 		return errors.New("not a directory")
 	}
 	return nil
+}
+
+// dataLock stands in for a file lock where there is no flock(2): it excludes other
+// callers in this process only.
+var dataLock sync.Mutex
+
+// lockFile takes the process-wide data lock; path is not used.
+func lockFile(string) (func(), error) {
+	dataLock.Lock()
+	return dataLock.Unlock, nil
 }

@@ -33,3 +33,24 @@ func checkPrivateDir(dir string) error {
 	}
 	return nil
 }
+
+// lockFile takes an exclusive lock on the file at path, creating it, and returns what
+// releases it. flock(2) locks belong to the open file, so the lock excludes other
+// processes and other callers in this one alike.
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}

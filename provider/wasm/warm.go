@@ -269,7 +269,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 		w.err = err
 		return
 	}
-	mounts, err := sandboxMounts(p.sandboxDir(w.id), rec.Config)
+	mounts, err := p.sandboxMounts(w.id, rec.Config)
 	if err != nil {
 		w.err = err
 		return

@@ -12,7 +12,8 @@
 //
 //	/              an empty per-sandbox directory, read-only unless Config.Writable
 //	/tmp           per-sandbox scratch space, writable
-//	/workspace     per-sandbox working space, writable; Python starts here by default
+//	/workspace     per-sandbox working space (or the named Config.Workspace), writable;
+//	               Python starts here by default
 //	Config.Mounts  host directories, read-only unless ReadWrite
 //
 // Each of the sandbox's own writable directories holds at most roche.DefaultTmpSize
@@ -26,6 +27,13 @@
 // exit code 137, as a killed process would. A module that traps (unreachable, an
 // out-of-bounds access; also how WASI libc's abort() ends) exits 134 with the trap and
 // a short wasm stack trace appended to stderr.
+//
+// Persistence. Config.Workspace mounts a named directory under the data directory at
+// /workspace instead of the sandbox's own, so that it outlives the sandbox (still capped
+// at roche.DefaultTmpSize while mounted). A snapshot copies the sandbox's own files (its
+// root when writable, /tmp, and /workspace unless it is a named workspace) under the data
+// directory; Config.FromSnapshot starts a sandbox with a copy of them. Reset makes the
+// sandbox again from its record. See workspace.go and snapshot.go.
 //
 // A sandbox is a directory under the state directory holding a small JSON record, so
 // one process (a CLI invocation) can create a sandbox and a later one exec in it. Each
@@ -59,6 +67,9 @@ var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
+	_ roche.WorkspaceManager = (*Provider)(nil)
+	_ roche.Resetter         = (*Provider)(nil)
+	_ roche.Snapshotter      = (*Provider)(nil)
 	_ io.Closer              = (*Provider)(nil)
 )
 
@@ -68,6 +79,7 @@ type Provider struct {
 	log        *slog.Logger
 	cacheDir   string // python.wasm's default home and the compilation cache's parent
 	stateDir   string // one directory per sandbox
+	dataDir    string // workspaces and snapshots; made when first needed
 	pythonPath string // set by WithPythonPath; empty means look it up
 
 	runtime wazero.Runtime
@@ -126,8 +138,17 @@ func WithWarmStart() Option { return func(p *Provider) { p.warmStart = true } }
 
 // WithStateDir sets the directory holding the sandboxes, by default
 // $XDG_RUNTIME_DIR/roche/wasm, or roche-wasm-<uid> in the system temporary directory.
-// Processes that share sandboxes must use the same one.
+// Processes that share sandboxes must use the same one. Unless WithDataDir says
+// otherwise, workspaces and snapshots then live in its data subdirectory.
 func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
+
+// WithDataDir sets the directory holding persistent workspaces and snapshots, which
+// must outlive the sandboxes (and a reboot, which empties the runtime directory). By
+// default it is ${XDG_DATA_HOME:-$HOME/.local/share}/roche/wasm (/var/lib/roche/wasm
+// for root), or the data subdirectory of the state directory named by WithStateDir:
+// whether a workspace is in use is read from the sandboxes of one state directory, so
+// a data directory belongs with one state directory.
+func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir } }
 
 // New returns a wasm Provider. It does not load python.wasm: that happens on the first
 // Create or Exec (or Prepare), so listing and destroying sandboxes work without it.
@@ -141,9 +162,17 @@ func New(opts ...Option) (*Provider, error) {
 	}
 	p.life, p.stopLife = context.WithCancelCause(context.Background())
 	p.cacheDir = defaultCacheDir()
-	p.stateDir = defaultStateDir()
 	for _, o := range opts {
 		o(p)
+	}
+	switch {
+	case p.stateDir == "":
+		p.stateDir = defaultStateDir()
+		if p.dataDir == "" {
+			p.dataDir = defaultDataDir()
+		}
+	case p.dataDir == "":
+		p.dataDir = filepath.Join(p.stateDir, dataSubdir)
 	}
 	if p.stateDir == "" {
 		return nil, fmt.Errorf("%w: wasm provider: no state directory: set XDG_RUNTIME_DIR or use WithStateDir", roche.ErrUnavailable)
@@ -153,6 +182,12 @@ func New(opts ...Option) (*Provider, error) {
 		return nil, err
 	}
 	p.stateDir = dir
+	if p.dataDir == "" {
+		return nil, fmt.Errorf("%w: wasm provider: no data directory for workspaces and snapshots: set HOME or use WithDataDir", roche.ErrUnavailable)
+	}
+	if p.dataDir, err = filepath.Abs(p.dataDir); err != nil {
+		return nil, fmt.Errorf("%w: wasm data directory: %v", roche.ErrUnavailable, err)
+	}
 
 	ctx := context.Background()
 	rcfg := wazero.NewRuntimeConfig().
@@ -278,6 +313,22 @@ func defaultStateDir() string {
 		return filepath.Join(d, "roche", "wasm")
 	}
 	return filepath.Join(os.TempDir(), "roche-wasm-"+strconv.Itoa(os.Getuid()))
+}
+
+// defaultDataDir keeps what must outlive sandboxes and reboots, as the Docker provider's
+// data directory does.
+func defaultDataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/roche/wasm"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "roche", "wasm")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		return ""
+	}
+	return filepath.Join(home, ".local", "share", "roche", "wasm")
 }
 
 // prepareStateDir creates dir (mode 0700) and returns its absolute, symlink-free path.

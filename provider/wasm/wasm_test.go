@@ -651,6 +651,8 @@ func TestCreateRefuses(t *testing.T) {
 		message string
 	}{
 		{"network", func(c *roche.Config) { c.Network = true }, roche.ErrUnsupported, "no network"},
+		{"allowlist", func(c *roche.Config) { c.NetworkAllowlist = []string{"pypi.org"} }, roche.ErrUnsupported, "no sockets"},
+		{"workspace name", func(c *roche.Config) { c.Workspace = "../ws" }, roche.ErrInvalidConfig, "workspace"},
 		{"cpus", func(c *roche.Config) { c.CPUs = 0.5 }, roche.ErrUnsupported, "cpus=0.5"},
 		{"image", func(c *roche.Config) { c.Image = "ubuntu:22.04" }, roche.ErrUnsupported, `image "ubuntu:22.04"`},
 		{"old python", func(c *roche.Config) { c.Image = "python:3.8" }, roche.ErrUnsupported, "CPython 3.12"},
