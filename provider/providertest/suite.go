@@ -4,7 +4,9 @@
 // untrusted code lives, not inferred from the configuration that was sent.
 //
 // Checks that cannot apply to a backend are chosen by its Capabilities (a WASM module
-// has no /proc, no fork and no capabilities), never skipped for convenience.
+// has no /proc, no fork and no capabilities) and by the optional interfaces it implements
+// (roche.WorkspaceManager, roche.Resetter, roche.Snapshotter), never skipped for
+// convenience.
 package providertest
 
 import (
@@ -43,7 +45,10 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		opts.Python = []string{"python3"}
 	}
 	s := &suite{p: p, opts: opts, caps: p.Capabilities()}
-	t.Cleanup(func() { s.checkNothingLeaked(t) })
+	t.Cleanup(func() {
+		s.checkNothingLeaked(t)
+		s.checkNothingKept(t)
+	})
 
 	shared := s.create(t, opts.Config)
 	t.Run("Hello", func(t *testing.T) { s.testHello(t, shared) })
@@ -86,6 +91,15 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if s.caps.Network {
 		t.Run("NetworkOn", s.testNetworkOn)
 	}
+	if _, ok := p.(roche.WorkspaceManager); ok {
+		t.Run("WorkspacePersists", s.testWorkspace)
+	}
+	if _, ok := p.(roche.Resetter); ok {
+		t.Run("Reset", s.testReset)
+	}
+	if _, ok := p.(roche.Snapshotter); ok {
+		t.Run("Snapshot", s.testSnapshot)
+	}
 }
 
 type suite struct {
@@ -93,8 +107,10 @@ type suite struct {
 	opts Options
 	caps roche.Capabilities
 
-	mu      sync.Mutex
-	created []string
+	mu         sync.Mutex
+	created    []string
+	workspaces []string // names the suite made, to be gone at its end
+	snapshots  []string
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
