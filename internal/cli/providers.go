@@ -122,6 +122,12 @@ func providerOfID(id string) string {
 // no name, unavailable providers are skipped (a machine without Docker still lists its
 // wasm sandboxes) unless every one is unavailable.
 func (r *registry) each(ctx context.Context, name string, fn func(roche.Provider) error) error {
+	_, err := r.eachSkipping(ctx, name, fn)
+	return err
+}
+
+// eachSkipping is each, also returning the errors of the unavailable providers it skipped.
+func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.Provider) error) ([]error, error) {
 	names := []string{name}
 	if name == "" {
 		names = names[:0]
@@ -146,16 +152,23 @@ func (r *registry) each(ctx context.Context, name string, fn func(roche.Provider
 		}
 	}
 	if len(unavailable) == len(names) {
-		return unavailable[0]
+		return nil, unavailable[0]
 	}
-	return errors.Join(errs...)
+	return unavailable, errors.Join(errs...)
 }
 
 // eachKeeper calls fn with the named provider, or with every one, as the T that keeps
 // what ("workspaces", "snapshots"). Without a name, providers that keep none are
 // skipped, including those roched serves without them.
 func eachKeeper[T any](ctx context.Context, r *registry, name, what string, fn func(T) error) error {
-	return r.each(ctx, name, func(p roche.Provider) error {
+	_, err := eachKeeperSkipping(ctx, r, name, what, fn)
+	return err
+}
+
+// eachKeeperSkipping is eachKeeper, also returning the errors of the unavailable
+// providers it skipped.
+func eachKeeperSkipping[T any](ctx context.Context, r *registry, name, what string, fn func(T) error) ([]error, error) {
+	return r.eachSkipping(ctx, name, func(p roche.Provider) error {
 		k, ok := p.(T)
 		if !ok {
 			if name == "" {
@@ -172,10 +185,11 @@ func eachKeeper[T any](ctx context.Context, r *registry, name, what string, fn f
 }
 
 // removeKept removes a thing by name from the keeper named, or from whichever keeps it.
+// When none had it but some provider could not be asked, the answer says so.
 func removeKept[T any](ctx context.Context, r *registry, provider, what, name string, rm func(T) error) error {
 	var notFound error
 	removed := false
-	err := eachKeeper(ctx, r, provider, what, func(k T) error {
+	skipped, err := eachKeeperSkipping(ctx, r, provider, what, func(k T) error {
 		err := rm(k)
 		if errors.Is(err, roche.ErrNotFound) {
 			notFound = cmp.Or(notFound, err)
@@ -187,6 +201,8 @@ func removeKept[T any](ctx context.Context, r *registry, provider, what, name st
 	switch {
 	case err != nil || removed:
 		return err
+	case notFound != nil && len(skipped) > 0:
+		return fmt.Errorf("%w; not searched: %v", notFound, skipped[0])
 	case notFound != nil:
 		return notFound
 	}
