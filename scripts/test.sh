@@ -49,6 +49,16 @@ if [ -f scripts/fetch-python-wasm.sh ]; then
   bash scripts/fetch-python-wasm.sh
 fi
 
+# Workspaces and snapshots outlive sandboxes, so a test that forgets one leaks it
+# silently; what exists now is compared with what exists at the end.
+kept() {
+  docker volume ls -q --filter name=roche-ws- | sort
+  docker images --filter reference='roche-snapshot:*' --format '{{.Repository}}:{{.Tag}}' | sort
+  ls -1 "${HOME}/.local/share/roche/wasm/workspaces" "${HOME}/.local/share/roche/wasm/snapshots" \
+     /var/lib/roche/wasm/workspaces /var/lib/roche/wasm/snapshots 2>/dev/null | sort
+}
+kept_before=$(kept)
+
 log "go vet"
 go vet ./...
 
@@ -79,4 +89,10 @@ if [ -d /run/roche/vm ] && [ -n "$(ls -A /run/roche/vm)" ]; then
   ls -l /run/roche/vm >&2
   exit 1
 fi
-log "all tests passed; no sandbox left behind"
+kept_after=$(kept)
+if [ "$kept_before" != "$kept_after" ]; then
+  echo "workspaces or snapshots made by the suite survived it:" >&2
+  diff <(echo "$kept_before") <(echo "$kept_after") >&2
+  exit 1
+fi
+log "all tests passed; no sandbox, workspace or snapshot left behind"
