@@ -54,8 +54,11 @@ fi
 kept() {
   docker volume ls -q --filter name=roche-ws- | sort
   docker images --filter reference='roche-snapshot:*' --format '{{.Repository}}:{{.Tag}}' | sort
-  ls -1 "${HOME}/.local/share/roche/wasm/workspaces" "${HOME}/.local/share/roche/wasm/snapshots" \
-     /var/lib/roche/wasm/workspaces /var/lib/roche/wasm/snapshots 2>/dev/null | sort
+  for d in "${HOME}/.local/share/roche/wasm" /var/lib/roche/wasm; do
+    for kind in workspaces snapshots; do
+      if [ -d "$d/$kind" ]; then find "$d/$kind" -mindepth 1 -maxdepth 1; fi
+    done
+  done | sort
 }
 kept_before=$(kept)
 
