@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
-	"sort"
+	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -145,6 +147,36 @@ func (d *Daemon) removeOnceSettled(ctx context.Context, rm func() error) error {
 	return err
 }
 
+// listKept gathers what each keeper (every one, or the one named) lists, ordered by
+// key: a name, then a provider.
+func listKept[K, V any](d *Daemon, provider, what string, list func(K) ([]V, error), key func(V) [2]string) ([]V, error) {
+	ks, err := keepers[K](d, provider, what)
+	if err != nil {
+		return nil, err
+	}
+	var all []V
+	var errs []error
+	for _, k := range ks {
+		vs, err := list(k)
+		errs = append(errs, err)
+		all = append(all, vs...)
+	}
+	slices.SortFunc(all, func(a, b V) int {
+		ka, kb := key(a), key(b)
+		return cmp.Or(strings.Compare(ka[0], kb[0]), strings.Compare(ka[1], kb[1]))
+	})
+	return all, errors.Join(errs...)
+}
+
+// removeKept removes a thing from the keeper named, or from whichever keeps it.
+func removeKept[K any](ctx context.Context, d *Daemon, provider, what string, rm func(K) error) error {
+	ks, err := keepers[K](d, provider, what)
+	if err != nil {
+		return err
+	}
+	return d.removeOnceSettled(ctx, func() error { return removeFromEach(ks, rm) })
+}
+
 // removeFromEach removes a thing from each keeper, succeeding when one had it: a name
 // alone does not say which provider keeps it. When none had it, the first keeper's
 // "not found" is the answer.
@@ -180,26 +212,12 @@ func (s *service) Reset(ctx context.Context, req *connect.Request[rochev1.ResetR
 }
 
 func (s *service) ListWorkspaces(ctx context.Context, req *connect.Request[rochev1.ListWorkspacesRequest]) (*connect.Response[rochev1.ListWorkspacesResponse], error) {
-	wms, err := keepers[roche.WorkspaceManager](s.d, req.Msg.Provider, "persistent workspaces")
+	all, err := listKept(s.d, req.Msg.Provider, "persistent workspaces",
+		func(wm roche.WorkspaceManager) ([]roche.Workspace, error) { return wm.Workspaces(ctx) },
+		func(w roche.Workspace) [2]string { return [2]string{w.Name, w.Provider} })
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	var all []roche.Workspace
-	var errs []error
-	for _, wm := range wms {
-		ws, err := wm.Workspaces(ctx)
-		errs = append(errs, err)
-		all = append(all, ws...)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, rpcError(err)
-	}
-	sort.Slice(all, func(i, j int) bool {
-		if all[i].Name != all[j].Name {
-			return all[i].Name < all[j].Name
-		}
-		return all[i].Provider < all[j].Provider
-	})
 	resp := &rochev1.ListWorkspacesResponse{}
 	for _, w := range all {
 		resp.Workspaces = append(resp.Workspaces, workspaceToProto(w))
@@ -208,13 +226,8 @@ func (s *service) ListWorkspaces(ctx context.Context, req *connect.Request[roche
 }
 
 func (s *service) RemoveWorkspace(ctx context.Context, req *connect.Request[rochev1.RemoveWorkspaceRequest]) (*connect.Response[rochev1.RemoveWorkspaceResponse], error) {
-	name := req.Msg.Name
-	wms, err := keepers[roche.WorkspaceManager](s.d, req.Msg.Provider, "persistent workspaces")
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	err = s.d.removeOnceSettled(ctx, func() error {
-		return removeFromEach(wms, func(wm roche.WorkspaceManager) error { return wm.RemoveWorkspace(ctx, name) })
+	err := removeKept(ctx, s.d, req.Msg.Provider, "persistent workspaces", func(wm roche.WorkspaceManager) error {
+		return wm.RemoveWorkspace(ctx, req.Msg.Name)
 	})
 	if err != nil {
 		return nil, rpcError(err)
@@ -239,26 +252,12 @@ func (s *service) CreateSnapshot(ctx context.Context, req *connect.Request[roche
 }
 
 func (s *service) ListSnapshots(ctx context.Context, req *connect.Request[rochev1.ListSnapshotsRequest]) (*connect.Response[rochev1.ListSnapshotsResponse], error) {
-	sns, err := keepers[roche.Snapshotter](s.d, req.Msg.Provider, "snapshots")
+	all, err := listKept(s.d, req.Msg.Provider, "snapshots",
+		func(sn roche.Snapshotter) ([]roche.Snapshot, error) { return sn.Snapshots(ctx) },
+		func(sn roche.Snapshot) [2]string { return [2]string{sn.Name, sn.Provider} })
 	if err != nil {
 		return nil, rpcError(err)
 	}
-	var all []roche.Snapshot
-	var errs []error
-	for _, sn := range sns {
-		list, err := sn.Snapshots(ctx)
-		errs = append(errs, err)
-		all = append(all, list...)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, rpcError(err)
-	}
-	sort.Slice(all, func(i, j int) bool {
-		if all[i].Name != all[j].Name {
-			return all[i].Name < all[j].Name
-		}
-		return all[i].Provider < all[j].Provider
-	})
 	resp := &rochev1.ListSnapshotsResponse{}
 	for _, sn := range all {
 		resp.Snapshots = append(resp.Snapshots, snapshotToProto(sn))
@@ -267,13 +266,8 @@ func (s *service) ListSnapshots(ctx context.Context, req *connect.Request[rochev
 }
 
 func (s *service) RemoveSnapshot(ctx context.Context, req *connect.Request[rochev1.RemoveSnapshotRequest]) (*connect.Response[rochev1.RemoveSnapshotResponse], error) {
-	name := req.Msg.Name
-	sns, err := keepers[roche.Snapshotter](s.d, req.Msg.Provider, "snapshots")
-	if err != nil {
-		return nil, rpcError(err)
-	}
-	err = s.d.removeOnceSettled(ctx, func() error {
-		return removeFromEach(sns, func(sn roche.Snapshotter) error { return sn.RemoveSnapshot(ctx, name) })
+	err := removeKept(ctx, s.d, req.Msg.Provider, "snapshots", func(sn roche.Snapshotter) error {
+		return sn.RemoveSnapshot(ctx, req.Msg.Name)
 	})
 	if err != nil {
 		return nil, rpcError(err)
