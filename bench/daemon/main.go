@@ -12,8 +12,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,7 +25,6 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/image"
 	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
@@ -65,21 +62,16 @@ func run() error {
 	if *n < 1 {
 		return errors.New("-n must be at least 1")
 	}
-	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	dc, err := samples.Engine(ctx)
 	if err != nil {
 		return err
 	}
 	defer dc.Close()
-	if _, err := dc.Ping(ctx); err != nil {
-		return fmt.Errorf("the Docker engine does not answer (%v): start it (make test does)", err)
+	img, untag, err := samples.PrivateTag(ctx, dc, *baseImage, "bench")
+	if err != nil {
+		return err
 	}
-	b := make([]byte, 4)
-	rand.Read(b)
-	img := "roche/python:bench-" + hex.EncodeToString(b)
-	if err := dc.ImageTag(ctx, *baseImage, img); err != nil {
-		return fmt.Errorf("tagging %s: %v (scripts/build-test-image.sh builds it)", *baseImage, err)
-	}
-	defer dc.ImageRemove(context.Background(), img, image.RemoveOptions{})
+	defer untag()
 
 	agentNote, cleanupAgent, err := setupAgent()
 	if err != nil {

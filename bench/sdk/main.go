@@ -11,8 +11,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -27,8 +25,6 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/image"
-	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/bench/internal/samples"
@@ -64,21 +60,16 @@ func run() error {
 	if *n < 1 || *batch < 1 {
 		return errors.New("-n and -batch must be at least 1")
 	}
-	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	dc, err := samples.Engine(ctx)
 	if err != nil {
 		return err
 	}
 	defer dc.Close()
-	if _, err := dc.Ping(ctx); err != nil {
-		return fmt.Errorf("the Docker engine does not answer (%v): start it (make test does)", err)
+	img, untag, err := samples.PrivateTag(ctx, dc, *baseImage, "bench-sdk")
+	if err != nil {
+		return err
 	}
-	b := make([]byte, 4)
-	rand.Read(b)
-	img := "roche/python:bench-sdk-" + hex.EncodeToString(b)
-	if err := dc.ImageTag(ctx, *baseImage, img); err != nil {
-		return fmt.Errorf("tagging %s: %v (scripts/build-test-image.sh builds it)", *baseImage, err)
-	}
-	defer dc.ImageRemove(context.Background(), img, image.RemoveOptions{})
+	defer untag()
 
 	dir, err := os.MkdirTemp("", "rbench-sdk")
 	if err != nil {

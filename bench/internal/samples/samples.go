@@ -4,6 +4,8 @@ package samples
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
 	dockerclient "github.com/docker/docker/client"
 )
 
@@ -66,4 +69,29 @@ func ContainersOf(ctx context.Context, dc *dockerclient.Client, img string) ([]s
 		}
 	}
 	return ids, nil
+}
+
+// Engine connects to the Docker engine, saying how to start it when it does not answer.
+func Engine(ctx context.Context) (*dockerclient.Client, error) {
+	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := dc.Ping(ctx); err != nil {
+		dc.Close()
+		return nil, fmt.Errorf("the Docker engine does not answer (%v): start it (make test does)", err)
+	}
+	return dc, nil
+}
+
+// PrivateTag tags base as roche/python:PREFIX-XXXX, a name of this run's own, so that
+// ContainersOf tells its containers from anyone else's on the engine. remove untags it.
+func PrivateTag(ctx context.Context, dc *dockerclient.Client, base, prefix string) (img string, remove func(), err error) {
+	b := make([]byte, 4)
+	rand.Read(b)
+	img = "roche/python:" + prefix + "-" + hex.EncodeToString(b)
+	if err := dc.ImageTag(ctx, base, img); err != nil {
+		return "", nil, fmt.Errorf("tagging %s: %v (scripts/build-test-image.sh builds it)", base, err)
+	}
+	return img, func() { dc.ImageRemove(context.Background(), img, image.RemoveOptions{}) }, nil
 }
