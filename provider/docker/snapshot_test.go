@@ -23,7 +23,7 @@ func TestSnapshotImage(t *testing.T) {
 	p := newProvider(t, docker.WithDataDir(t.TempDir()))
 	ctx := context.Background()
 	name := fmt.Sprintf("test-%d", time.Now().UnixNano()%1e9)
-	removeSnapshotAtEnd(t, p, name)
+	removeAtEnd(t, "snapshot", p.RemoveSnapshot, name)
 
 	cfg := testConfig()
 	src := sandbox(t, p, cfg)
@@ -53,7 +53,7 @@ func TestSnapshotImage(t *testing.T) {
 	}
 	// A snapshot of a snapshot's sandbox names where it came from.
 	second := name + "-2"
-	removeSnapshotAtEnd(t, p, second)
+	removeAtEnd(t, "snapshot", p.RemoveSnapshot, second)
 	snap, err := p.Snapshot(ctx, dst, second)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestSnapshotNeedsAgent(t *testing.T) {
 	p := newProvider(t, docker.WithAgentPath(""), docker.WithDataDir(t.TempDir()))
 	ctx := context.Background()
 	name := fmt.Sprintf("test-%d", time.Now().UnixNano()%1e9)
-	removeSnapshotAtEnd(t, p, name)
+	removeAtEnd(t, "snapshot", p.RemoveSnapshot, name)
 	id := sandbox(t, p, testConfig())
 	_, err := p.Snapshot(ctx, id, name)
 	if !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "roche-agent") {
@@ -78,22 +78,4 @@ func TestSnapshotNeedsAgent(t *testing.T) {
 	if err := p.RemoveSnapshot(ctx, name); !errors.Is(err, roche.ErrNotFound) {
 		t.Fatalf("a refused snapshot was kept: removing it: %v, want ErrNotFound", err)
 	}
-}
-
-// removeSnapshotAtEnd removes the snapshot once the sandboxes made from it are gone.
-func removeSnapshotAtEnd(t *testing.T, p *docker.Provider, name string) {
-	t.Cleanup(func() {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			err := p.RemoveSnapshot(context.Background(), name)
-			if err == nil || errors.Is(err, roche.ErrNotFound) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("removing snapshot %s: %v", name, err)
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
 }

@@ -19,17 +19,18 @@ func workspaceName(t *testing.T) string {
 	return fmt.Sprintf("test-%s-%d", strings.ToLower(t.Name()), time.Now().UnixNano()%1e9)
 }
 
-// removeWorkspaceAtEnd removes the workspace after the sandboxes using it are gone.
-func removeWorkspaceAtEnd(t *testing.T, p *docker.Provider, name string) {
+// removeAtEnd removes a workspace or snapshot with rm once the sandboxes using it are
+// gone (their removal may still be under way when the test ends).
+func removeAtEnd(t *testing.T, what string, rm func(context.Context, string) error, name string) {
 	t.Cleanup(func() {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			err := p.RemoveWorkspace(context.Background(), name)
+			err := rm(context.Background(), name)
 			if err == nil || errors.Is(err, roche.ErrNotFound) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Errorf("removing workspace %s: %v", name, err)
+				t.Errorf("removing %s %s: %v", what, name, err)
 				return
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -42,7 +43,7 @@ func removeWorkspaceAtEnd(t *testing.T, p *docker.Provider, name string) {
 func TestWorkspaceBelongsToSandboxUser(t *testing.T) {
 	p := newProvider(t)
 	name := workspaceName(t)
-	removeWorkspaceAtEnd(t, p, name)
+	removeAtEnd(t, "workspace", p.RemoveWorkspace, name)
 	cfg := testConfig()
 	cfg.Workspace = name
 	id := sandbox(t, p, cfg)
@@ -58,7 +59,7 @@ func TestWorkspaceNeedsAgent(t *testing.T) {
 	p := newProvider(t, docker.WithAgentPath(""))
 	ctx := context.Background()
 	name := workspaceName(t)
-	removeWorkspaceAtEnd(t, p, name)
+	removeAtEnd(t, "workspace", p.RemoveWorkspace, name)
 	before, err := p.List(ctx)
 	if err != nil {
 		t.Fatal(err)
