@@ -16,6 +16,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/proctree"
+	"github.com/roche-sandbox/roche/provider/internal/agenterr"
 )
 
 // sigkillExit is the exit status of a process killed by SIGKILL (128+9).
@@ -84,20 +85,8 @@ func (p *Provider) runAgent(ctx context.Context, s sandbox, req roche.ExecReques
 // agentErr maps an agent failure onto the core's sentinels; a refused connection means
 // the sandbox has stopped (expired, destroyed, or its agent died).
 func (p *Provider) agentErr(s sandbox, err error) error {
-	var ae *agent.Error
-	if errors.As(err, &ae) {
-		sentinel := roche.ErrInvalidConfig
-		switch ae.Code {
-		case agent.CodeNotFound:
-			sentinel = roche.ErrNotFound
-		case agent.CodePermission:
-			sentinel = roche.ErrPermission
-		case agent.CodeUnsupported:
-			sentinel = roche.ErrUnsupported
-		case agent.CodeInternal:
-			return fmt.Errorf("sandbox %s: %s", s.id, ae.Message)
-		}
-		return fmt.Errorf("%w: %s", sentinel, ae.Message)
+	if mapped, ok := agenterr.Map(s.id, err); ok {
+		return mapped
 	}
 	p.forget(s.id)
 	if _, _, ierr := p.inspect(context.Background(), s.id); errors.Is(ierr, roche.ErrNotFound) {

@@ -14,6 +14,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/tarfs"
+	"github.com/roche-sandbox/roche/provider/internal/agenterr"
 )
 
 // running returns the sandbox, refusing one that is paused (its agent cannot answer).
@@ -76,20 +77,8 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 // agentErr maps an agent failure onto the core's sentinels; an agent that cannot be
 // reached means the VM has stopped.
 func (p *Provider) agentErr(s *sandbox, err error) error {
-	var ae *agent.Error
-	if errors.As(err, &ae) {
-		sentinel := roche.ErrInvalidConfig
-		switch ae.Code {
-		case agent.CodeNotFound:
-			sentinel = roche.ErrNotFound
-		case agent.CodePermission:
-			sentinel = roche.ErrPermission
-		case agent.CodeUnsupported:
-			sentinel = roche.ErrUnsupported
-		case agent.CodeInternal:
-			return fmt.Errorf("sandbox %s: %s", s.ID, ae.Message)
-		}
-		return fmt.Errorf("%w: %s", sentinel, ae.Message)
+	if mapped, ok := agenterr.Map(s.ID, err); ok {
+		return mapped
 	}
 	if _, alive, rerr := p.readVM(s.Dir); rerr != nil || !alive {
 		p.forget(s.ID)
