@@ -8,6 +8,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 )
 
 var _ roche.BackgroundRunner = (*Provider)(nil)
@@ -42,11 +43,7 @@ func (p *Provider) Processes(ctx context.Context, id string) ([]roche.Process, e
 	if err != nil {
 		return nil, p.agentErr(s, err)
 	}
-	out := make([]roche.Process, len(list))
-	for i, pr := range list {
-		out[i] = roche.Process{PID: pr.PID, Cmd: pr.Cmd, Running: pr.Running, ExitCode: pr.ExitCode}
-	}
-	return out, nil
+	return agentconv.Processes(list), nil
 }
 
 // Attach implements roche.BackgroundRunner.

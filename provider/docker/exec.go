@@ -16,7 +16,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/proctree"
-	"github.com/roche-sandbox/roche/provider/internal/agenterr"
+	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 )
 
 // sigkillExit is the exit status of a process killed by SIGKILL (128+9).
@@ -85,7 +85,7 @@ func (p *Provider) runAgent(ctx context.Context, s sandbox, req roche.ExecReques
 // agentErr maps an agent failure onto the core's sentinels; a refused connection means
 // the sandbox has stopped (expired, destroyed, or its agent died).
 func (p *Provider) agentErr(s sandbox, err error) error {
-	if mapped, ok := agenterr.Map(s.id, err); ok {
+	if mapped, ok := agentconv.Err(s.id, err); ok {
 		return mapped
 	}
 	p.forget(s.id)

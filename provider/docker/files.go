@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 )
 
 // agentFor returns the sandbox's agent, or ErrUnsupported for a sandbox on the exec-API
@@ -52,11 +51,7 @@ func (p *Provider) ListDir(ctx context.Context, id, path string) ([]roche.FileIn
 	if err != nil {
 		return nil, p.agentErr(s, err)
 	}
-	out := make([]roche.FileInfo, len(list))
-	for i, fi := range list {
-		out[i] = fileInfo(fi)
-	}
-	return out, nil
+	return agentconv.FileInfos(list), nil
 }
 
 // Stat implements roche.FileSystem.
@@ -69,7 +64,7 @@ func (p *Provider) Stat(ctx context.Context, id, path string) (roche.FileInfo, e
 	if err != nil {
 		return roche.FileInfo{}, p.agentErr(s, err)
 	}
-	return fileInfo(fi), nil
+	return agentconv.FileInfo(fi), nil
 }
 
 // Mkdir implements roche.FileSystem.
@@ -104,18 +99,4 @@ func (p *Provider) agentErrOrNil(s sandbox, err error) error {
 		return nil
 	}
 	return p.agentErr(s, err)
-}
-
-func fileInfo(fi agent.FileInfo) roche.FileInfo {
-	mode := fs.FileMode(fi.Mode)
-	if fi.IsDir {
-		mode |= fs.ModeDir
-	}
-	if fi.Symlink != "" {
-		mode |= fs.ModeSymlink
-	}
-	return roche.FileInfo{
-		Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: mode, IsDir: fi.IsDir,
-		Symlink: fi.Symlink, ModTime: time.Unix(fi.ModTime, 0),
-	}
 }

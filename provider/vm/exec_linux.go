@@ -14,7 +14,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/tarfs"
-	"github.com/roche-sandbox/roche/provider/internal/agenterr"
+	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 )
 
 // running returns the sandbox, refusing one that is paused (its agent cannot answer).
@@ -77,7 +77,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 // agentErr maps an agent failure onto the core's sentinels; an agent that cannot be
 // reached means the VM has stopped.
 func (p *Provider) agentErr(s *sandbox, err error) error {
-	if mapped, ok := agenterr.Map(s.ID, err); ok {
+	if mapped, ok := agentconv.Err(s.ID, err); ok {
 		return mapped
 	}
 	if _, alive, rerr := p.readVM(s.Dir); rerr != nil || !alive {
@@ -120,11 +120,7 @@ func (p *Provider) Processes(ctx context.Context, id string) ([]roche.Process, e
 	if err != nil {
 		return nil, p.agentErr(s, err)
 	}
-	out := make([]roche.Process, len(list))
-	for i, pr := range list {
-		out[i] = roche.Process{PID: pr.PID, Cmd: pr.Cmd, Running: pr.Running, ExitCode: pr.ExitCode}
-	}
-	return out, nil
+	return agentconv.Processes(list), nil
 }
 
 // Attach implements roche.BackgroundRunner.
@@ -180,11 +176,7 @@ func (p *Provider) ListDir(ctx context.Context, id, name string) ([]roche.FileIn
 	if err != nil {
 		return nil, p.agentErr(s, err)
 	}
-	out := make([]roche.FileInfo, len(list))
-	for i, fi := range list {
-		out[i] = fileInfo(fi)
-	}
-	return out, nil
+	return agentconv.FileInfos(list), nil
 }
 
 // Stat implements roche.FileSystem.
@@ -197,7 +189,7 @@ func (p *Provider) Stat(ctx context.Context, id, name string) (roche.FileInfo, e
 	if err != nil {
 		return roche.FileInfo{}, p.agentErr(s, err)
 	}
-	return fileInfo(fi), nil
+	return agentconv.FileInfo(fi), nil
 }
 
 // Mkdir implements roche.FileSystem.
@@ -225,20 +217,6 @@ func (p *Provider) Rename(ctx context.Context, id, from, to string) error {
 		return err
 	}
 	return p.agentErrOrNil(s, s.agent.Rename(ctx, from, to))
-}
-
-func fileInfo(fi agent.FileInfo) roche.FileInfo {
-	mode := fs.FileMode(fi.Mode)
-	if fi.IsDir {
-		mode |= fs.ModeDir
-	}
-	if fi.Symlink != "" {
-		mode |= fs.ModeSymlink
-	}
-	return roche.FileInfo{
-		Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: mode, IsDir: fi.IsDir,
-		Symlink: fi.Symlink, ModTime: time.Unix(fi.ModTime, 0),
-	}
 }
 
 // CopyTo implements roche.FileCopier: the host path src becomes dst in the sandbox, as a

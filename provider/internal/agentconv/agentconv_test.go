@@ -1,4 +1,4 @@
-package agenterr
+package agentconv
 
 import (
 	"errors"
@@ -10,24 +10,24 @@ import (
 	"github.com/roche-sandbox/roche/agent"
 )
 
-func TestMap(t *testing.T) {
+func TestErr(t *testing.T) {
 	for code, want := range map[string]error{
 		agent.CodeNotFound:    roche.ErrNotFound,
 		agent.CodePermission:  roche.ErrPermission,
 		agent.CodeUnsupported: roche.ErrUnsupported,
 		agent.CodeInvalid:     roche.ErrInvalidConfig,
 	} {
-		err, ok := Map("sb1", fmt.Errorf("wrapped: %w", &agent.Error{Code: code, Message: "what happened"}))
+		err, ok := Err("sb1", fmt.Errorf("wrapped: %w", &agent.Error{Code: code, Message: "what happened"}))
 		if !ok || !errors.Is(err, want) || !strings.Contains(err.Error(), "what happened") {
 			t.Errorf("code %s: %v %v, want %v", code, err, ok, want)
 		}
 	}
-	err, ok := Map("sb1", &agent.Error{Code: agent.CodeInternal, Message: "boom"})
+	err, ok := Err("sb1", &agent.Error{Code: agent.CodeInternal, Message: "boom"})
 	if !ok || err.Error() != "sandbox sb1: boom" {
 		t.Errorf("internal: %v %v", err, ok)
 	}
 	plain := errors.New("connection refused")
-	if err, ok := Map("sb1", plain); ok || err != plain {
+	if err, ok := Err("sb1", plain); ok || err != plain {
 		t.Errorf("a connection error is the provider's to judge: %v %v", err, ok)
 	}
 }

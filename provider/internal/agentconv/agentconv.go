@@ -1,0 +1,69 @@
+// Package agentconv turns what roche-agent answers (its errors, file and process
+// descriptions) into the core's types, for every provider whose sandboxes run the agent
+// (docker, the microVMs).
+package agentconv
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+)
+
+// Err returns the core error for an error the agent of sandbox id reported, and false
+// when err did not come from the agent (the connection failed: the provider decides
+// whether the sandbox is gone).
+func Err(id string, err error) (error, bool) {
+	var ae *agent.Error
+	if !errors.As(err, &ae) {
+		return err, false
+	}
+	sentinel := roche.ErrInvalidConfig
+	switch ae.Code {
+	case agent.CodeNotFound:
+		sentinel = roche.ErrNotFound
+	case agent.CodePermission:
+		sentinel = roche.ErrPermission
+	case agent.CodeUnsupported:
+		sentinel = roche.ErrUnsupported
+	case agent.CodeInternal:
+		return fmt.Errorf("sandbox %s: %s", id, ae.Message), true
+	}
+	return fmt.Errorf("%w: %s", sentinel, ae.Message), true
+}
+
+// FileInfo is the core's description of a file the agent described.
+func FileInfo(fi agent.FileInfo) roche.FileInfo {
+	mode := fs.FileMode(fi.Mode)
+	if fi.IsDir {
+		mode |= fs.ModeDir
+	}
+	if fi.Symlink != "" {
+		mode |= fs.ModeSymlink
+	}
+	return roche.FileInfo{
+		Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: mode, IsDir: fi.IsDir,
+		Symlink: fi.Symlink, ModTime: time.Unix(fi.ModTime, 0),
+	}
+}
+
+// FileInfos converts a directory listing.
+func FileInfos(list []agent.FileInfo) []roche.FileInfo {
+	out := make([]roche.FileInfo, len(list))
+	for i, fi := range list {
+		out[i] = FileInfo(fi)
+	}
+	return out
+}
+
+// Processes converts the agent's list of background processes.
+func Processes(list []agent.Process) []roche.Process {
+	out := make([]roche.Process, len(list))
+	for i, pr := range list {
+		out[i] = roche.Process{PID: pr.PID, Cmd: pr.Cmd, Running: pr.Running, ExitCode: pr.ExitCode}
+	}
+	return out
+}
