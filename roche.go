@@ -6,6 +6,7 @@ package roche
 
 import (
 	"context"
+	"errors"
 	"io"
 	"io/fs"
 	"time"
@@ -156,6 +157,32 @@ type GCOptions struct {
 	All bool
 	// DryRun reports what would be removed without removing it.
 	DryRun bool
+}
+
+// Collect is the shared body of a GC: of the sandboxes listed, it destroys those a GC
+// removes (expired or stopped ones; every one with opts.All) and returns them. With
+// opts.DryRun it only returns them. A destroy that fails is reported and the rest go on.
+func Collect(ctx context.Context, list []SandboxInfo, opts GCOptions, destroy func(context.Context, string) error) ([]SandboxInfo, error) {
+	now := time.Now()
+	var removed []SandboxInfo
+	var errs []error
+	for _, sb := range list {
+		if !opts.All && !sb.Expired(now) && sb.State != StateExited {
+			continue
+		}
+		if !opts.DryRun {
+			if err := ctx.Err(); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			if err := destroy(ctx, sb.ID); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		removed = append(removed, sb)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // Capabilities states what a provider can honour. A provider refuses, with

@@ -289,23 +289,13 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 	if !req.Msg.DryRun {
 		defer s.d.verifyIdleSoon()
 	}
-	now := time.Now()
-	resp := &rochev1.GcResponse{}
-	var errs []error
-	for _, sb := range list {
-		if !req.Msg.All && !sb.Expired(now) && sb.State != roche.StateExited {
-			continue
-		}
-		if !req.Msg.DryRun {
-			if err := s.d.destroy(ctx, sb.ID); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		resp.Removed = append(resp.Removed, infoToProto(sb))
-	}
-	if err := errors.Join(errs...); err != nil {
+	removed, err := roche.Collect(ctx, list, roche.GCOptions{All: req.Msg.All, DryRun: req.Msg.DryRun}, s.d.destroy)
+	if err != nil {
 		return nil, rpcError(err)
+	}
+	resp := &rochev1.GcResponse{}
+	for _, sb := range removed {
+		resp.Removed = append(resp.Removed, infoToProto(sb))
 	}
 	return connect.NewResponse(resp), nil
 }

@@ -698,25 +698,11 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	var removed []roche.SandboxInfo
-	var errs []error
-	for _, sb := range list {
-		if !opts.All && !sb.Expired(now) && sb.State != roche.StateExited {
-			continue
-		}
-		if !opts.DryRun {
-			if err := p.Destroy(ctx, sb.ID); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		removed = append(removed, sb)
-	}
+	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
 	if !opts.DryRun {
-		errs = append(errs, p.sweepAgentDirs(ctx))
+		err = errors.Join(err, p.sweepAgentDirs(ctx))
 	}
-	return removed, errors.Join(errs...)
+	return removed, err
 }
 
 // sweepAgentDirs removes socket directories whose container is gone: a sandbox that

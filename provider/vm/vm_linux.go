@@ -741,22 +741,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	var removed []roche.SandboxInfo
-	var errs []error
-	for _, sb := range list {
-		if !opts.All && !sb.Expired(now) {
-			continue
-		}
-		if !opts.DryRun {
-			if err := p.Destroy(ctx, sb.ID); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		removed = append(removed, sb)
-	}
-	return removed, errors.Join(errs...)
+	return roche.Collect(ctx, list, opts, p.Destroy)
 }
 
 // Pause implements roche.Pauser.

@@ -470,30 +470,15 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	var removed []roche.SandboxInfo
-	var errs []error
-	for _, rec := range recs {
-		info := rec.info()
-		if !opts.All && !info.Expired(now) {
-			continue
-		}
-		if !opts.DryRun {
-			if err := ctx.Err(); err != nil {
-				errs = append(errs, fmt.Errorf("wasm gc: %w", err))
-				break
-			}
-			if err := p.Destroy(ctx, rec.ID); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		removed = append(removed, info)
+	list := make([]roche.SandboxInfo, len(recs))
+	for i, rec := range recs {
+		list[i] = rec.info()
 	}
+	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
 	if !opts.DryRun {
-		p.sweepLeftovers(now)
+		p.sweepLeftovers(time.Now())
 	}
-	return removed, errors.Join(errs...)
+	return removed, err
 }
 
 // sweepLeftovers removes files of destroyed sandboxes that could not be removed at the

@@ -1,0 +1,50 @@
+package roche_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+func TestCollect(t *testing.T) {
+	now := time.Now()
+	list := []roche.SandboxInfo{
+		{ID: "live", ExpiresAt: now.Add(time.Hour), State: roche.StateRunning},
+		{ID: "expired", ExpiresAt: now.Add(-time.Second), State: roche.StateRunning},
+		{ID: "stopped", ExpiresAt: now.Add(time.Hour), State: roche.StateExited},
+		{ID: "stuck", ExpiresAt: now.Add(-time.Second), State: roche.StateRunning},
+	}
+	var destroyed []string
+	destroy := func(_ context.Context, id string) error {
+		if id == "stuck" {
+			return errors.New("cannot remove stuck")
+		}
+		destroyed = append(destroyed, id)
+		return nil
+	}
+	ids := func(l []roche.SandboxInfo) []string {
+		var out []string
+		for _, sb := range l {
+			out = append(out, sb.ID)
+		}
+		return out
+	}
+
+	removed, err := roche.Collect(context.Background(), list, roche.GCOptions{DryRun: true}, destroy)
+	if err != nil || !slices.Equal(ids(removed), []string{"expired", "stopped", "stuck"}) || len(destroyed) != 0 {
+		t.Fatalf("dry run: %v %v, destroyed %v", ids(removed), err, destroyed)
+	}
+	removed, err = roche.Collect(context.Background(), list, roche.GCOptions{}, destroy)
+	if err == nil || !slices.Equal(ids(removed), []string{"expired", "stopped"}) || !slices.Equal(destroyed, []string{"expired", "stopped"}) {
+		t.Fatalf("gc: %v %v, destroyed %v", ids(removed), err, destroyed)
+	}
+	destroyed = nil
+	removed, _ = roche.Collect(context.Background(), list, roche.GCOptions{All: true}, destroy)
+	if !slices.Equal(ids(removed), []string{"live", "expired", "stopped"}) {
+		t.Fatalf("gc --all: %v", ids(removed))
+	}
+}
