@@ -30,6 +30,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // Client is a connection to a daemon. It is safe for concurrent use.
@@ -186,29 +187,6 @@ type Error struct {
 func (e *Error) Error() string { return e.Message }
 func (e *Error) Unwrap() error { return e.sentinel }
 
-var reasons = map[rochev1.ErrorReason]error{
-	rochev1.ErrorReason_ERROR_REASON_NOT_FOUND:       roche.ErrNotFound,
-	rochev1.ErrorReason_ERROR_REASON_INVALID_CONFIG:  roche.ErrInvalidConfig,
-	rochev1.ErrorReason_ERROR_REASON_UNAVAILABLE:     roche.ErrUnavailable,
-	rochev1.ErrorReason_ERROR_REASON_TIMEOUT:         roche.ErrTimeout,
-	rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED:     roche.ErrUnsupported,
-	rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND: roche.ErrImageNotFound,
-	rochev1.ErrorReason_ERROR_REASON_EXHAUSTED:       roche.ErrExhausted,
-	rochev1.ErrorReason_ERROR_REASON_PERMISSION:      roche.ErrPermission,
-	rochev1.ErrorReason_ERROR_REASON_IN_USE:          roche.ErrInUse,
-}
-
-// byCode is the fallback when a daemon (or a proxy) sent no ErrorDetail.
-var byCode = map[connect.Code]error{
-	connect.CodeNotFound:          roche.ErrNotFound,
-	connect.CodeInvalidArgument:   roche.ErrInvalidConfig,
-	connect.CodeUnavailable:       roche.ErrUnavailable,
-	connect.CodeDeadlineExceeded:  roche.ErrTimeout,
-	connect.CodeUnimplemented:     roche.ErrUnsupported,
-	connect.CodeResourceExhausted: roche.ErrExhausted,
-	connect.CodePermissionDenied:  roche.ErrPermission,
-}
-
 // fromRPC turns an RPC error back into one that wraps the core's sentinel.
 func (c *Client) fromRPC(err error) error {
 	if err == nil {
@@ -219,21 +197,14 @@ func (c *Client) fromRPC(err error) error {
 		return err
 	}
 	e := &Error{Code: ce.Code(), Message: ce.Message()}
-	for _, d := range ce.Details() {
-		v, derr := d.Value()
-		if ed, ok := v.(*rochev1.ErrorDetail); derr == nil && ok {
-			e.sentinel = reasons[ed.Reason]
-		}
+	sentinel, withDetail := wire.FromStatus(ce)
+	// Without a detail, UNAVAILABLE comes from the transport: no daemon answered.
+	if !withDetail && ce.Code() == connect.CodeUnavailable {
+		return c.unreachable(errors.New(ce.Message()))
 	}
-	if e.sentinel == nil {
-		// Without a detail, UNAVAILABLE comes from the transport: no daemon answered.
-		if ce.Code() == connect.CodeUnavailable && len(ce.Details()) == 0 {
-			return c.unreachable(errors.New(ce.Message()))
-		}
-		e.sentinel = byCode[ce.Code()]
-		if e.Message == "" {
-			e.Message = err.Error()
-		}
+	e.sentinel = sentinel
+	if e.Message == "" {
+		e.Message = err.Error()
 	}
 	return e
 }
@@ -253,7 +224,7 @@ func (c *Client) Providers(ctx context.Context) ([]ProviderInfo, error) {
 	out := make([]ProviderInfo, 0, len(resp.Msg.Providers))
 	caps := map[string]roche.Capabilities{}
 	for _, p := range resp.Msg.Providers {
-		cp := capsFromProto(p.Capabilities)
+		cp := wire.CapsFromProto(p.Capabilities)
 		caps[p.Name] = cp
 		out = append(out, ProviderInfo{Name: p.Name, Capabilities: cp})
 	}
@@ -262,16 +233,6 @@ func (c *Client) Providers(ctx context.Context) ([]ProviderInfo, error) {
 	c.caps = caps
 	c.mu.Unlock()
 	return out, nil
-}
-
-func capsFromProto(pb *rochev1.Capabilities) roche.Capabilities {
-	if pb == nil {
-		return roche.Capabilities{}
-	}
-	return roche.Capabilities{
-		Network: pb.Network, Writable: pb.Writable, Mounts: pb.Mounts, Files: pb.Files, Pause: pb.Pause,
-		Stdin: pb.Stdin, Processes: pb.Processes, NotApplicable: pb.NotApplicable,
-	}
 }
 
 // PoolStatus reports the daemon's warm pools.
@@ -306,11 +267,11 @@ func (c *Client) PoolDrain(ctx context.Context, key string) (int, []*rochev1.Poo
 // Create makes a sandbox on the named provider ("" for the daemon's default) and says
 // whether it came from a warm pool.
 func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
-	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: configToProto(cfg)}))
+	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg)}))
 	if err != nil {
 		return roche.SandboxInfo{}, false, c.fromRPC(err)
 	}
-	return infoFromProto(resp.Msg.Sandbox), resp.Msg.Pooled, nil
+	return wire.InfoFromProto(resp.Msg.Sandbox), resp.Msg.Pooled, nil
 }
 
 // DestroyAll destroys every sandbox handed to clients (of provider, when given) and

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -104,6 +105,41 @@ func TestConformance(t *testing.T) {
 		t.Errorf("no create of the suite was served from the pool: %v", st[0])
 	}
 	t.Logf("pool: %d hits, %d misses", st[0].Hits, st[0].Misses)
+}
+
+// TestSameAsInProcess: what the daemon says about its provider and a sandbox is what the
+// provider says in-process, every field (capabilities and the transport once got lost on
+// the wire).
+func TestSameAsInProcess(t *testing.T) {
+	c, dp := serve(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := c.Provider("docker")
+	if got, want := p.Capabilities(), dp.Capabilities(); !reflect.DeepEqual(got, want) {
+		t.Errorf("capabilities through roched %+v, in-process %+v", got, want)
+	}
+	cfg := roche.DefaultConfig()
+	cfg.Image = testImage()
+	cfg.Writable = true // not poolable: a cold create
+	sb, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(context.WithoutCancel(ctx), sb.ID)
+	direct, err := dp.Inspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if direct.Transport != docker.TransportAgent {
+		t.Fatalf("in-process transport %q, want %q", direct.Transport, docker.TransportAgent)
+	}
+	viaDaemon, err := p.Inspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if viaDaemon.Transport != direct.Transport || sb.Transport != direct.Transport {
+		t.Errorf("transport through roched: create %q, inspect %q; in-process %q", sb.Transport, viaDaemon.Transport, direct.Transport)
+	}
 }
 
 func TestUnreachable(t *testing.T) {

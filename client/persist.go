@@ -7,6 +7,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // Reset implements roche.Resetter: the daemon recreates the sandbox and serves the new
@@ -16,7 +17,7 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 	if err != nil {
 		return roche.SandboxInfo{}, p.c.fromRPC(err)
 	}
-	return infoFromProto(resp.Msg.Sandbox), nil
+	return wire.InfoFromProto(resp.Msg.Sandbox), nil
 }
 
 // Workspaces implements roche.WorkspaceManager.
@@ -27,7 +28,7 @@ func (p *Provider) Workspaces(ctx context.Context) ([]roche.Workspace, error) {
 	}
 	out := make([]roche.Workspace, 0, len(resp.Msg.Workspaces))
 	for _, w := range resp.Msg.Workspaces {
-		out = append(out, workspaceFromProto(w))
+		out = append(out, wire.WorkspaceFromProto(w))
 	}
 	return out, nil
 }
@@ -44,7 +45,7 @@ func (p *Provider) Snapshot(ctx context.Context, id, name string) (roche.Snapsho
 	if err != nil {
 		return roche.Snapshot{}, p.c.fromRPC(err)
 	}
-	return snapshotFromProto(resp.Msg.Snapshot), nil
+	return wire.SnapshotFromProto(resp.Msg.Snapshot), nil
 }
 
 // Snapshots implements roche.Snapshotter.
@@ -55,7 +56,7 @@ func (p *Provider) Snapshots(ctx context.Context) ([]roche.Snapshot, error) {
 	}
 	out := make([]roche.Snapshot, 0, len(resp.Msg.Snapshots))
 	for _, s := range resp.Msg.Snapshots {
-		out = append(out, snapshotFromProto(s))
+		out = append(out, wire.SnapshotFromProto(s))
 	}
 	return out, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/internal/tarfs"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // Provider is one of the daemon's providers seen through the API. It implements
@@ -94,22 +95,15 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 			stdin = []byte{} // present but empty: the command sees EOF at once
 		}
 	}
-	secs := req.Timeout.Seconds()
 	if req.Stdout == nil && req.Stderr == nil {
-		resp, err := p.c.rpc.Exec(ctx, connect.NewRequest(&rochev1.ExecRequest{
-			SandboxId: id, Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, TimeoutSecs: secs,
-			Stdin: stdin, OutputLimit: req.OutputLimit,
-		}))
+		resp, err := p.c.rpc.Exec(ctx, connect.NewRequest(wire.ExecToProto(id, req, stdin)))
 		if err != nil {
 			return roche.ExecResult{}, p.c.fromRPC(err)
 		}
-		return resultFromProto(resp.Msg.Result), nil
+		return wire.ResultFromProto(resp.Msg.Result), nil
 	}
 
-	stream, err := p.c.rpc.ExecStream(ctx, connect.NewRequest(&rochev1.ExecStreamRequest{
-		SandboxId: id, Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, TimeoutSecs: secs,
-		Stdin: stdin, OutputLimit: req.OutputLimit,
-	}))
+	stream, err := p.c.rpc.ExecStream(ctx, connect.NewRequest(wire.ExecStreamToProto(id, req, stdin)))
 	if err != nil {
 		return roche.ExecResult{}, p.c.fromRPC(err)
 	}
@@ -135,7 +129,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if result == nil {
 		return roche.ExecResult{}, fmt.Errorf("%w: the daemon ended the output stream without a result", roche.ErrUnavailable)
 	}
-	res := resultFromProto(result)
+	res := wire.ResultFromProto(result)
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	res.Truncated = res.Truncated || stdout.Truncated() || stderr.Truncated()
 	return res, nil
@@ -153,7 +147,7 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	if err != nil {
 		return roche.SandboxInfo{}, p.c.fromRPC(err)
 	}
-	return infoFromProto(resp.Msg.Sandbox), nil
+	return wire.InfoFromProto(resp.Msg.Sandbox), nil
 }
 
 // List implements roche.Provider: this provider's sandboxes handed to clients (a
@@ -165,7 +159,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 	}
 	out := make([]roche.SandboxInfo, 0, len(resp.Msg.Sandboxes))
 	for _, sb := range resp.Msg.Sandboxes {
-		out = append(out, infoFromProto(sb))
+		out = append(out, wire.InfoFromProto(sb))
 	}
 	return out, nil
 }
@@ -190,7 +184,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	}
 	out := make([]roche.SandboxInfo, 0, len(resp.Msg.Removed))
 	for _, sb := range resp.Msg.Removed {
-		out = append(out, infoFromProto(sb))
+		out = append(out, wire.InfoFromProto(sb))
 	}
 	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // TestMainBadInput: every bad input is one line on stderr, exit 1, no panic, and no
@@ -106,7 +107,7 @@ func TestRPCErrorMapping(t *testing.T) {
 	}
 	for _, c := range cases {
 		wrapped := &wrap{msg: "starting sandbox x: " + c.err.Error(), err: c.err}
-		got := rpcError(wrapped)
+		got := wire.ToStatus(wrapped)
 		var ce *connect.Error
 		if !errors.As(got, &ce) || ce.Code() != c.code || ce.Message() != wrapped.Error() {
 			t.Errorf("%v -> %v, want code %v with the message kept", wrapped, got, c.code)

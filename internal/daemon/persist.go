@@ -14,6 +14,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // This file serves what outlives a sandbox or replaces it: reset, persistent
@@ -206,9 +207,9 @@ func removeFromEach[T any](keepers []T, rm func(T) error) error {
 func (s *service) Reset(ctx context.Context, req *connect.Request[rochev1.ResetRequest]) (*connect.Response[rochev1.ResetResponse], error) {
 	sb, err := s.d.reset(ctx, req.Msg.SandboxId, !req.Msg.WipeWorkspace)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
-	return connect.NewResponse(&rochev1.ResetResponse{Sandbox: infoToProto(sb)}), nil
+	return connect.NewResponse(&rochev1.ResetResponse{Sandbox: wire.InfoToProto(sb)}), nil
 }
 
 func (s *service) ListWorkspaces(ctx context.Context, req *connect.Request[rochev1.ListWorkspacesRequest]) (*connect.Response[rochev1.ListWorkspacesResponse], error) {
@@ -216,11 +217,11 @@ func (s *service) ListWorkspaces(ctx context.Context, req *connect.Request[roche
 		func(wm roche.WorkspaceManager) ([]roche.Workspace, error) { return wm.Workspaces(ctx) },
 		func(w roche.Workspace) [2]string { return [2]string{w.Name, w.Provider} })
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	resp := &rochev1.ListWorkspacesResponse{}
 	for _, w := range all {
-		resp.Workspaces = append(resp.Workspaces, workspaceToProto(w))
+		resp.Workspaces = append(resp.Workspaces, wire.WorkspaceToProto(w))
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -230,7 +231,7 @@ func (s *service) RemoveWorkspace(ctx context.Context, req *connect.Request[roch
 		return wm.RemoveWorkspace(ctx, req.Msg.Name)
 	})
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.RemoveWorkspaceResponse{}), nil
 }
@@ -238,17 +239,17 @@ func (s *service) RemoveWorkspace(ctx context.Context, req *connect.Request[roch
 func (s *service) CreateSnapshot(ctx context.Context, req *connect.Request[rochev1.CreateSnapshotRequest]) (*connect.Response[rochev1.CreateSnapshotResponse], error) {
 	t, err := s.d.resolve(req.Msg.SandboxId)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	sn, ok := t.p.(roche.Snapshotter)
 	if !ok {
-		return nil, rpcError(fmt.Errorf("%w: the %s provider has no snapshots", roche.ErrUnsupported, t.p.Name()))
+		return nil, wire.ToStatus(fmt.Errorf("%w: the %s provider has no snapshots", roche.ErrUnsupported, t.p.Name()))
 	}
 	snap, err := sn.Snapshot(ctx, t.id, req.Msg.Name)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
-	return connect.NewResponse(&rochev1.CreateSnapshotResponse{Snapshot: snapshotToProto(snap)}), nil
+	return connect.NewResponse(&rochev1.CreateSnapshotResponse{Snapshot: wire.SnapshotToProto(snap)}), nil
 }
 
 func (s *service) ListSnapshots(ctx context.Context, req *connect.Request[rochev1.ListSnapshotsRequest]) (*connect.Response[rochev1.ListSnapshotsResponse], error) {
@@ -256,11 +257,11 @@ func (s *service) ListSnapshots(ctx context.Context, req *connect.Request[rochev
 		func(sn roche.Snapshotter) ([]roche.Snapshot, error) { return sn.Snapshots(ctx) },
 		func(sn roche.Snapshot) [2]string { return [2]string{sn.Name, sn.Provider} })
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	resp := &rochev1.ListSnapshotsResponse{}
 	for _, sn := range all {
-		resp.Snapshots = append(resp.Snapshots, snapshotToProto(sn))
+		resp.Snapshots = append(resp.Snapshots, wire.SnapshotToProto(sn))
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -270,7 +271,7 @@ func (s *service) RemoveSnapshot(ctx context.Context, req *connect.Request[roche
 		return sn.RemoveSnapshot(ctx, req.Msg.Name)
 	})
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.RemoveSnapshotResponse{}), nil
 }

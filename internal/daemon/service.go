@@ -18,6 +18,7 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/internal/tarfs"
+	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -30,25 +31,25 @@ type service struct {
 var _ rochev1connect.SandboxServiceHandler = (*service)(nil)
 
 func (s *service) Create(ctx context.Context, req *connect.Request[rochev1.CreateRequest]) (*connect.Response[rochev1.CreateResponse], error) {
-	cfg := configFromProto(req.Msg.Config)
+	cfg := wire.ConfigFromProto(req.Msg.Config)
 	sb, pooled, err := s.d.create(ctx, req.Msg.Provider, cfg)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	s.d.log.Debug("sandbox created", "id", sb.ID, "image", sb.Image, "pooled", pooled)
-	return connect.NewResponse(&rochev1.CreateResponse{Sandbox: infoToProto(sb), Pooled: pooled}), nil
+	return connect.NewResponse(&rochev1.CreateResponse{Sandbox: wire.InfoToProto(sb), Pooled: pooled}), nil
 }
 
 func (s *service) Exec(ctx context.Context, req *connect.Request[rochev1.ExecRequest]) (*connect.Response[rochev1.ExecResponse], error) {
-	r, err := execFromProto(req.Msg, req.Msg.Stdin != nil)
+	r, err := wire.ExecFromProto(req.Msg)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	res, err := s.d.exec(ctx, req.Msg.SandboxId, r)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
-	return connect.NewResponse(&rochev1.ExecResponse{Result: resultToProto(res, true)}), nil
+	return connect.NewResponse(&rochev1.ExecResponse{Result: wire.ResultToProto(res, true)}), nil
 }
 
 // streamSender serialises sends on one stream: the provider writes stdout and stderr
@@ -102,9 +103,9 @@ func (w chunkWriter) Write(p []byte) (int, error) {
 }
 
 func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.ExecStreamRequest], stream *connect.ServerStream[rochev1.ExecStreamResponse]) error {
-	r, err := execFromProto(req.Msg, req.Msg.Stdin != nil)
+	r, err := wire.ExecFromProto(req.Msg)
 	if err != nil {
-		return rpcError(err)
+		return wire.ToStatus(err)
 	}
 	sender := &streamSender{stream: stream, last: time.Now()}
 	r.Stdout = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDOUT}
@@ -140,9 +141,9 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 	beats.Wait()
 	if err != nil {
 		sender.close()
-		return rpcError(err)
+		return wire.ToStatus(err)
 	}
-	err = sender.send(&rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Result{Result: resultToProto(res, false)}})
+	err = sender.send(&rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Result{Result: wire.ResultToProto(res, false)}})
 	sender.close()
 	return err
 }
@@ -150,12 +151,12 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.DestroyRequest]) (*connect.Response[rochev1.DestroyResponse], error) {
 	ids := req.Msg.Ids
 	if req.Msg.All == (len(ids) > 0) {
-		return nil, rpcError(fmt.Errorf("%w: give sandbox ids or all, not both or neither", roche.ErrInvalidConfig))
+		return nil, wire.ToStatus(fmt.Errorf("%w: give sandbox ids or all, not both or neither", roche.ErrInvalidConfig))
 	}
 	if req.Msg.All {
 		list, err := s.d.list(ctx, req.Msg.Provider)
 		if err != nil {
-			return nil, rpcError(err)
+			return nil, wire.ToStatus(err)
 		}
 		defer s.d.verifyIdleSoon()
 		ids = ids[:0]
@@ -173,7 +174,7 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 		resp.Destroyed = append(resp.Destroyed, id)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -215,11 +216,11 @@ func (d *Daemon) list(ctx context.Context, provider string) ([]roche.SandboxInfo
 func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListRequest]) (*connect.Response[rochev1.ListResponse], error) {
 	list, err := s.d.list(ctx, req.Msg.Provider)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	resp := &rochev1.ListResponse{}
 	for _, sb := range list {
-		resp.Sandboxes = append(resp.Sandboxes, infoToProto(sb))
+		resp.Sandboxes = append(resp.Sandboxes, wire.InfoToProto(sb))
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -227,16 +228,16 @@ func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListReq
 func (s *service) Inspect(ctx context.Context, req *connect.Request[rochev1.InspectRequest]) (*connect.Response[rochev1.InspectResponse], error) {
 	t, err := s.d.resolve(req.Msg.SandboxId)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	sb, err := t.p.Inspect(ctx, t.id)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	if t.rec != nil {
 		sb.ExpiresAt = t.rec.ExpiresAt
 	}
-	return connect.NewResponse(&rochev1.InspectResponse{Sandbox: infoToProto(sb)}), nil
+	return connect.NewResponse(&rochev1.InspectResponse{Sandbox: wire.InfoToProto(sb)}), nil
 }
 
 // pause pauses or unpauses a sandbox, remembering it for /metrics.
@@ -266,14 +267,14 @@ func (s *service) pause(ctx context.Context, id string, pause bool) error {
 
 func (s *service) Pause(ctx context.Context, req *connect.Request[rochev1.PauseRequest]) (*connect.Response[rochev1.PauseResponse], error) {
 	if err := s.pause(ctx, req.Msg.SandboxId, true); err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.PauseResponse{}), nil
 }
 
 func (s *service) Unpause(ctx context.Context, req *connect.Request[rochev1.UnpauseRequest]) (*connect.Response[rochev1.UnpauseResponse], error) {
 	if err := s.pause(ctx, req.Msg.SandboxId, false); err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.UnpauseResponse{}), nil
 }
@@ -284,18 +285,18 @@ func (s *service) Unpause(ctx context.Context, req *connect.Request[rochev1.Unpa
 func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest]) (*connect.Response[rochev1.GcResponse], error) {
 	list, err := s.d.list(ctx, req.Msg.Provider)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	if !req.Msg.DryRun {
 		defer s.d.verifyIdleSoon()
 	}
 	removed, err := roche.Collect(ctx, list, roche.GCOptions{All: req.Msg.All, DryRun: req.Msg.DryRun}, s.d.destroy)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	resp := &rochev1.GcResponse{}
 	for _, sb := range removed {
-		resp.Removed = append(resp.Removed, infoToProto(sb))
+		resp.Removed = append(resp.Removed, wire.InfoToProto(sb))
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -322,20 +323,20 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 		if err == nil {
 			err = fmt.Errorf("%w: empty upload: the first message names sandbox_id and dst", roche.ErrInvalidConfig)
 		}
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	first := stream.Msg()
 	id, dst := first.SandboxId, first.Dst
 	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
-		return nil, rpcError(fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst))
+		return nil, wire.ToStatus(fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst))
 	}
 	t, fc, err := s.d.fileCopier(id)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	tmp, err := os.MkdirTemp("", "roched-copy-")
 	if err != nil {
-		return nil, rpcError(fmt.Errorf("making a temporary directory for the upload: %w", err))
+		return nil, wire.ToStatus(fmt.Errorf("making a temporary directory for the upload: %w", err))
 	}
 	defer os.RemoveAll(tmp)
 	src := filepath.Join(tmp, "payload")
@@ -360,10 +361,10 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 	_, _ = io.Copy(io.Discard, pr)
 	pr.Close()
 	if err != nil {
-		return nil, rpcError(fmt.Errorf("%w: unpacking the upload: %v", roche.ErrInvalidConfig, err))
+		return nil, wire.ToStatus(fmt.Errorf("%w: unpacking the upload: %v", roche.ErrInvalidConfig, err))
 	}
 	if err := fc.CopyTo(ctx, t.id, src, dst); err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.CopyToResponse{}), nil
 }
@@ -373,20 +374,20 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.CopyFromRequest], stream *connect.ServerStream[rochev1.CopyFromResponse]) error {
 	src := req.Msg.Src
 	if !path.IsAbs(src) || path.Clean(src) == "/" {
-		return rpcError(fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src))
+		return wire.ToStatus(fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src))
 	}
 	t, fc, err := s.d.fileCopier(req.Msg.SandboxId)
 	if err != nil {
-		return rpcError(err)
+		return wire.ToStatus(err)
 	}
 	tmp, err := os.MkdirTemp("", "roched-copy-")
 	if err != nil {
-		return rpcError(fmt.Errorf("making a temporary directory for the download: %w", err))
+		return wire.ToStatus(fmt.Errorf("making a temporary directory for the download: %w", err))
 	}
 	defer os.RemoveAll(tmp)
 	local := filepath.Join(tmp, "payload")
 	if err := fc.CopyFrom(ctx, t.id, src, local); err != nil {
-		return rpcError(err)
+		return wire.ToStatus(err)
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(tarfs.Write(pw, local, path.Base(path.Clean(src)))) }()
@@ -403,7 +404,7 @@ func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.Cop
 			return nil
 		}
 		if err != nil {
-			return rpcError(fmt.Errorf("packing %s: %w", src, err))
+			return wire.ToStatus(fmt.Errorf("packing %s: %w", src, err))
 		}
 	}
 }
@@ -427,7 +428,7 @@ func (d *Daemon) selectPools(key string) ([]*pool.Pool, error) {
 func poolsToProto(ps []*pool.Pool) []*rochev1.Pool {
 	out := make([]*rochev1.Pool, 0, len(ps))
 	for _, p := range ps {
-		out = append(out, poolToProto(p.Status()))
+		out = append(out, wire.PoolToProto(p.Status()))
 	}
 	return out
 }
@@ -439,7 +440,7 @@ func (s *service) PoolStatus(_ context.Context, _ *connect.Request[rochev1.PoolS
 func (s *service) PoolWarmup(ctx context.Context, req *connect.Request[rochev1.PoolWarmupRequest]) (*connect.Response[rochev1.PoolWarmupResponse], error) {
 	ps, err := s.d.selectPools(req.Msg.Key)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(ps))
@@ -452,7 +453,7 @@ func (s *service) PoolWarmup(ctx context.Context, req *connect.Request[rochev1.P
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.PoolWarmupResponse{Pools: poolsToProto(ps)}), nil
 }
@@ -460,7 +461,7 @@ func (s *service) PoolWarmup(ctx context.Context, req *connect.Request[rochev1.P
 func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.PoolDrainRequest]) (*connect.Response[rochev1.PoolDrainResponse], error) {
 	ps, err := s.d.selectPools(req.Msg.Key)
 	if err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	resp := &rochev1.PoolDrainResponse{}
 	var errs []error
@@ -470,7 +471,7 @@ func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.Po
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, rpcError(err)
+		return nil, wire.ToStatus(err)
 	}
 	resp.Pools = poolsToProto(ps)
 	return connect.NewResponse(resp), nil
@@ -479,7 +480,7 @@ func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.Po
 func (s *service) ListProviders(_ context.Context, _ *connect.Request[rochev1.ListProvidersRequest]) (*connect.Response[rochev1.ListProvidersResponse], error) {
 	resp := &rochev1.ListProvidersResponse{}
 	for _, n := range s.d.names {
-		resp.Providers = append(resp.Providers, &rochev1.ProviderInfo{Name: n, Capabilities: capsToProto(s.d.providers[n].Capabilities())})
+		resp.Providers = append(resp.Providers, &rochev1.ProviderInfo{Name: n, Capabilities: wire.CapsToProto(s.d.providers[n].Capabilities())})
 	}
 	return connect.NewResponse(resp), nil
 }

@@ -435,13 +435,16 @@ func (x *Mount) GetReadWrite() bool {
 
 // Sandbox describes a sandbox.
 type Sandbox struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Provider      string                 `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
-	Image         string                 `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
-	State         SandboxState           `protobuf:"varint,4,opt,name=state,proto3,enum=roche.v1.SandboxState" json:"state,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Provider  string                 `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	Image     string                 `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	State     SandboxState           `protobuf:"varint,4,opt,name=state,proto3,enum=roche.v1.SandboxState" json:"state,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// transport says how commands reach the sandbox: "agent" (roche-agent inside it) or a
+	// provider's fallback such as "docker-exec", which is slower and has no files API.
+	Transport     string `protobuf:"bytes,7,opt,name=transport,proto3" json:"transport,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -516,6 +519,13 @@ func (x *Sandbox) GetExpiresAt() *timestamppb.Timestamp {
 		return x.ExpiresAt
 	}
 	return nil
+}
+
+func (x *Sandbox) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
 }
 
 type CreateRequest struct {
@@ -2477,6 +2487,8 @@ type Capabilities struct {
 	Stdin         bool                   `protobuf:"varint,6,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	Processes     bool                   `protobuf:"varint,7,opt,name=processes,proto3" json:"processes,omitempty"`
 	NotApplicable []string               `protobuf:"bytes,8,rep,name=not_applicable,json=notApplicable,proto3" json:"not_applicable,omitempty"`
+	// egress: network_allowlist can be given.
+	Egress        bool `protobuf:"varint,9,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2565,6 +2577,13 @@ func (x *Capabilities) GetNotApplicable() []string {
 		return x.NotApplicable
 	}
 	return nil
+}
+
+func (x *Capabilities) GetEgress() bool {
+	if x != nil {
+		return x.Egress
+	}
+	return false
 }
 
 type ResetRequest struct {
@@ -3339,7 +3358,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
 	"\n" +
-	"read_write\x18\x03 \x01(\bR\treadWrite\"\xef\x01\n" +
+	"read_write\x18\x03 \x01(\bR\treadWrite\"\x8d\x02\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x14\n" +
@@ -3348,7 +3367,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\\\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1c\n" +
+	"\ttransport\x18\a \x01(\tR\ttransport\"\\\n" +
 	"\rCreateRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12/\n" +
 	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\"U\n" +
@@ -3482,7 +3502,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tproviders\x18\x01 \x03(\v2\x16.roche.v1.ProviderInfoR\tproviders\"^\n" +
 	"\fProviderInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12:\n" +
-	"\fcapabilities\x18\x02 \x01(\v2\x16.roche.v1.CapabilitiesR\fcapabilities\"\xe3\x01\n" +
+	"\fcapabilities\x18\x02 \x01(\v2\x16.roche.v1.CapabilitiesR\fcapabilities\"\xfb\x01\n" +
 	"\fCapabilities\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\bR\anetwork\x12\x1a\n" +
 	"\bwritable\x18\x02 \x01(\bR\bwritable\x12\x16\n" +
@@ -3491,7 +3511,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x05pause\x18\x05 \x01(\bR\x05pause\x12\x14\n" +
 	"\x05stdin\x18\x06 \x01(\bR\x05stdin\x12\x1c\n" +
 	"\tprocesses\x18\a \x01(\bR\tprocesses\x12%\n" +
-	"\x0enot_applicable\x18\b \x03(\tR\rnotApplicable\"T\n" +
+	"\x0enot_applicable\x18\b \x03(\tR\rnotApplicable\x12\x16\n" +
+	"\x06egress\x18\t \x01(\bR\x06egress\"T\n" +
 	"\fResetRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +

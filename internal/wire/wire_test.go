@@ -1,0 +1,280 @@
+package wire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/roche-sandbox/roche"
+	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+)
+
+// Each test fills every field of one side with a value that is not its zero, converts
+// there and back, and wants it all again: a field that exists on one side only (or that
+// a converter forgets) comes back zero and fails the test by name.
+
+// offWire names the Go fields that deliberately do not cross the wire: a reader or a
+// writer cannot; stdin travels as bytes beside the request, the output as chunks.
+var offWire = map[string]bool{
+	"ExecRequest.Stdin": true, "ExecRequest.Stdout": true, "ExecRequest.Stderr": true,
+}
+
+func TestGoToProtoAndBack(t *testing.T) {
+	roundTrip(t, func(c roche.Config) roche.Config { return ConfigFromProto(ConfigToProto(c)) })
+	roundTrip(t, func(i roche.SandboxInfo) roche.SandboxInfo { return InfoFromProto(InfoToProto(i)) })
+	roundTrip(t, func(r roche.ExecResult) roche.ExecResult { return ResultFromProto(ResultToProto(r, true)) })
+	roundTrip(t, func(c roche.Capabilities) roche.Capabilities { return CapsFromProto(CapsToProto(c)) })
+	roundTrip(t, func(w roche.Workspace) roche.Workspace { return WorkspaceFromProto(WorkspaceToProto(w)) })
+	roundTrip(t, func(s roche.Snapshot) roche.Snapshot { return SnapshotFromProto(SnapshotToProto(s)) })
+	for name, toProto := range map[string]func(string, roche.ExecRequest, []byte) ExecParams{
+		"Exec":       func(id string, r roche.ExecRequest, in []byte) ExecParams { return ExecToProto(id, r, in) },
+		"ExecStream": func(id string, r roche.ExecRequest, in []byte) ExecParams { return ExecStreamToProto(id, r, in) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			roundTrip(t, func(r roche.ExecRequest) roche.ExecRequest {
+				got, err := ExecFromProto(toProto("sb", r, []byte("input")))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if in, _ := io.ReadAll(got.Stdin); string(in) != "input" {
+					t.Errorf("stdin came back as %q, want %q", in, "input")
+				}
+				return got
+			})
+		})
+	}
+}
+
+func roundTrip[T any](t *testing.T, there func(T) T) {
+	t.Helper()
+	var want T
+	fillGo(reflect.ValueOf(&want).Elem())
+	got := there(want)
+	gv, wv := reflect.ValueOf(got), reflect.ValueOf(want)
+	typ := wv.Type()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		if !f.IsExported() || offWire[typ.Name()+"."+f.Name] {
+			continue
+		}
+		if !equalGo(gv.Field(i), wv.Field(i)) {
+			t.Errorf("%s.%s did not survive the wire: sent %v, got %v (a field on one side only, or a converter that forgets it)",
+				typ.Name(), f.Name, wv.Field(i).Interface(), gv.Field(i).Interface())
+		}
+	}
+}
+
+func equalGo(a, b reflect.Value) bool {
+	if ta, ok := a.Interface().(time.Time); ok {
+		return ta.Equal(b.Interface().(time.Time))
+	}
+	return reflect.DeepEqual(a.Interface(), b.Interface())
+}
+
+var (
+	timeType  = reflect.TypeOf(time.Time{})
+	stateType = reflect.TypeOf(roche.StateRunning)
+)
+
+// fillGo sets every exported field to a valid value that is not the zero value.
+func fillGo(v reflect.Value) {
+	switch {
+	case v.Type() == timeType:
+		v.Set(reflect.ValueOf(time.Date(2026, 11, 23, 10, 8, 0, 123456789, time.Local)))
+		return
+	case v.Type() == stateType:
+		v.Set(reflect.ValueOf(roche.StatePaused))
+		return
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				fillGo(v.Field(i))
+			}
+		}
+	case reflect.String:
+		v.SetString("x-" + v.Type().Name())
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		v.SetInt(7)
+		if v.Type() == reflect.TypeOf(time.Duration(0)) {
+			v.SetInt(int64(1500 * time.Millisecond))
+		}
+	case reflect.Uint32:
+		v.SetUint(7)
+	case reflect.Float64:
+		v.SetFloat(1.5)
+	case reflect.Slice:
+		s := reflect.MakeSlice(v.Type(), 1, 1)
+		fillGo(s.Index(0))
+		v.Set(s)
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fillGo(k)
+		fillGo(e)
+		m.SetMapIndex(k, e)
+		v.Set(m)
+	case reflect.Interface:
+		// Readers and writers: see offWire.
+	default:
+		panic(fmt.Sprintf("fillGo: no value for %s", v.Type()))
+	}
+}
+
+func TestProtoToGoAndBack(t *testing.T) {
+	check := func(want proto.Message, there func(proto.Message) proto.Message) {
+		t.Helper()
+		fillProto(want.ProtoReflect())
+		got := there(want)
+		fields := want.ProtoReflect().Descriptor().Fields()
+		for i := range fields.Len() {
+			fd := fields.Get(i)
+			w, g := want.ProtoReflect().Get(fd), got.ProtoReflect().Get(fd)
+			if !g.Equal(w) {
+				t.Errorf("%s.%s did not survive the core's types: sent %v, got %v (a field on one side only, or a converter that forgets it)",
+					want.ProtoReflect().Descriptor().Name(), fd.Name(), w, g)
+			}
+		}
+	}
+	check(&rochev1.SandboxConfig{}, func(m proto.Message) proto.Message {
+		return ConfigToProto(ConfigFromProto(m.(*rochev1.SandboxConfig)))
+	})
+	check(&rochev1.Sandbox{}, func(m proto.Message) proto.Message { return InfoToProto(InfoFromProto(m.(*rochev1.Sandbox))) })
+	check(&rochev1.ExecResult{}, func(m proto.Message) proto.Message {
+		return ResultToProto(ResultFromProto(m.(*rochev1.ExecResult)), true)
+	})
+	check(&rochev1.Capabilities{}, func(m proto.Message) proto.Message {
+		return CapsToProto(CapsFromProto(m.(*rochev1.Capabilities)))
+	})
+	check(&rochev1.Workspace{}, func(m proto.Message) proto.Message {
+		return WorkspaceToProto(WorkspaceFromProto(m.(*rochev1.Workspace)))
+	})
+	check(&rochev1.Snapshot{}, func(m proto.Message) proto.Message {
+		return SnapshotToProto(SnapshotFromProto(m.(*rochev1.Snapshot)))
+	})
+	execBack := func(pb ExecParams) roche.ExecRequest {
+		r, err := ExecFromProto(pb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	stdinOf := func(r roche.ExecRequest) []byte {
+		b, _ := io.ReadAll(r.Stdin)
+		return b
+	}
+	check(&rochev1.ExecRequest{}, func(m proto.Message) proto.Message {
+		pb := m.(*rochev1.ExecRequest)
+		r := execBack(pb)
+		return ExecToProto(pb.SandboxId, r, stdinOf(r))
+	})
+	check(&rochev1.ExecStreamRequest{}, func(m proto.Message) proto.Message {
+		pb := m.(*rochev1.ExecStreamRequest)
+		r := execBack(pb)
+		return ExecStreamToProto(pb.SandboxId, r, stdinOf(r))
+	})
+}
+
+// fillProto sets every field of m to a value that is not its default.
+func fillProto(m protoreflect.Message) {
+	switch m.Interface().(type) {
+	case *timestamppb.Timestamp:
+		m.Set(m.Descriptor().Fields().ByName("seconds"), protoreflect.ValueOfInt64(1795000000))
+		m.Set(m.Descriptor().Fields().ByName("nanos"), protoreflect.ValueOfInt32(5))
+		return
+	case *durationpb.Duration:
+		m.Set(m.Descriptor().Fields().ByName("seconds"), protoreflect.ValueOfInt64(3))
+		return
+	}
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		switch {
+		case fd.IsMap():
+			mp := m.Mutable(fd).Map()
+			mp.Set(protoreflect.ValueOfString("k").MapKey(), scalar(fd.MapValue()))
+		case fd.IsList():
+			l := m.Mutable(fd).List()
+			if fd.Kind() == protoreflect.MessageKind {
+				e := l.NewElement()
+				fillProto(e.Message())
+				l.Append(e)
+			} else {
+				l.Append(scalar(fd))
+			}
+		case fd.Kind() == protoreflect.MessageKind:
+			fillProto(m.Mutable(fd).Message())
+		default:
+			m.Set(fd, scalar(fd))
+		}
+	}
+}
+
+func scalar(fd protoreflect.FieldDescriptor) protoreflect.Value {
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		return protoreflect.ValueOfString("x-" + string(fd.Name()))
+	case protoreflect.BoolKind:
+		return protoreflect.ValueOfBool(true)
+	case protoreflect.Int32Kind:
+		return protoreflect.ValueOfInt32(7)
+	case protoreflect.Int64Kind:
+		return protoreflect.ValueOfInt64(7)
+	case protoreflect.Uint64Kind:
+		return protoreflect.ValueOfUint64(7)
+	case protoreflect.DoubleKind:
+		return protoreflect.ValueOfFloat64(1.5)
+	case protoreflect.BytesKind:
+		return protoreflect.ValueOfBytes([]byte("x"))
+	case protoreflect.EnumKind:
+		return protoreflect.ValueOfEnum(fd.Enum().Values().Get(1).Number())
+	}
+	panic(fmt.Sprintf("scalar: no value for %s (%s)", fd.FullName(), fd.Kind()))
+}
+
+func TestErrorsRoundTrip(t *testing.T) {
+	for _, s := range sentinels {
+		err := fmt.Errorf("creating sandbox: %w: details", s.err)
+		var ce *connect.Error
+		if !errors.As(ToStatus(err), &ce) {
+			t.Fatalf("ToStatus(%v) is not a connect error", err)
+		}
+		if ce.Code() != s.code {
+			t.Errorf("%v: code %v, want %v", s.err, ce.Code(), s.code)
+		}
+		if ce.Message() != err.Error() {
+			t.Errorf("%v: message %q, want the core's %q", s.err, ce.Message(), err.Error())
+		}
+		got, withDetail := FromStatus(ce)
+		if got != s.err || !withDetail {
+			t.Errorf("%v came back as %v (detail %v)", s.err, got, withDetail)
+		}
+	}
+	// Without a detail the code alone decides, where it names one sentinel.
+	if got, _ := FromStatus(connect.NewError(connect.CodeNotFound, errors.New("x"))); got != roche.ErrNotFound {
+		t.Errorf("bare NOT_FOUND came back as %v", got)
+	}
+	if got, _ := FromStatus(connect.NewError(connect.CodeFailedPrecondition, errors.New("x"))); got != nil {
+		t.Errorf("bare FAILED_PRECONDITION stands for two sentinels, came back as %v", got)
+	}
+	var ce *connect.Error
+	if !errors.As(ToStatus(fmt.Errorf("waiting: %w", context.DeadlineExceeded)), &ce) || ce.Code() != connect.CodeDeadlineExceeded {
+		t.Errorf("a context deadline became %v", ToStatus(context.DeadlineExceeded))
+	}
+	if ToStatus(nil) != nil {
+		t.Error("ToStatus(nil) is not nil")
+	}
+}
