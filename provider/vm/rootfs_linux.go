@@ -276,7 +276,7 @@ func extractRootfs(r io.Reader, dir string) (extractStats, error) {
 				dirs = append(dirs, dirAttrs{name, mode, hdr.Uid, hdr.Gid, hdr.ModTime})
 				st.bytes += 4096
 				return nil
-			case tar.TypeReg, tar.TypeRegA:
+			case tar.TypeReg: // the reader reports the old TypeRegA as TypeReg
 				removeEntry(pfd, base)
 				fd, err := unix.Openat(pfd, base, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 				if err != nil {

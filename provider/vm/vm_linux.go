@@ -449,12 +449,15 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	if err != nil {
 		return nil, err
 	}
-	if err := writeFileSync(filepath.Join(vm.Dir, supervisor.PIDFile), strconv.Itoa(pid)); err == nil {
+	// Without its pid file and meta.json a VM would run untracked: nothing could list,
+	// reap or destroy it. So a failed write stops it here.
+	err = writeFileSync(filepath.Join(vm.Dir, supervisor.PIDFile), strconv.Itoa(pid))
+	if err == nil {
 		err = writeJSON(filepath.Join(vm.Dir, "meta.json"), vm.meta)
 	}
 	if err != nil {
 		p.stopSupervisor(pid, vm.Dir)
-		return nil, err
+		return nil, fmt.Errorf("recording the VM's pid and settings in %s: %w", vm.Dir, err)
 	}
 
 	sb := &sandbox{meta: vm.meta, agent: p.hv.client(vm.meta)}
