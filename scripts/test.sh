@@ -62,8 +62,8 @@ kept() {
 }
 kept_before=$(kept)
 
-log "go vet"
-go vet ./...
+log "gofmt, go vet, staticcheck, go mod tidy"
+make -s vet
 
 log "go test"
 # One package at a time: packages share the one Docker engine, and a test of
