@@ -234,9 +234,16 @@ func teredo(a netip.Addr) []netip.Addr {
 
 // localNAT64 tries the two places RFC 6052 puts an IPv4 address under a /48: in a /96
 // (the last 32 bits) and right after the /48 (bits 48-63 and 72-87, around the u octet).
+// An all-zero candidate is where the other spelling leaves nothing, not 0.0.0.0.
 func localNAT64(a netip.Addr) []netip.Addr {
 	b := a.As16()
-	return append(low32(a), netip.AddrFrom4([4]byte{b[6], b[7], b[9], b[10]}))
+	var out []netip.Addr
+	for _, v := range []netip.Addr{low32(a)[0], netip.AddrFrom4([4]byte{b[6], b[7], b[9], b[10]})} {
+		if !v.IsUnspecified() {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // checker decides whether the proxy may dial an address.
