@@ -19,7 +19,7 @@ func TestEgressNewHostAddressRefusedAtOnce(t *testing.T) {
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)
 	dev, peer := "rte"+suffix, "rtf"+suffix
-	addr := netip.AddrFrom4([4]byte{198, 19, b[0], b[1]|1})
+	addr := netip.AddrFrom4([4]byte{198, 19, b[0], b[1] | 1})
 	ip := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {

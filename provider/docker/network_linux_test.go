@@ -113,6 +113,12 @@ func newTestbed(t *testing.T) *testbed {
 		}
 		time.Sleep(time.Second)
 	}
+	// A port the host forwards: the host's address, port 81, rewritten to the neighbour.
+	dnat := []string{"-w", "-t", "nat", "PREROUTING", "-d", tb.hostAddr.String() + "/32", "-p", "tcp", "--dport", "81",
+		"-j", "DNAT", "--to-destination", tb.peerAddr.String() + ":80"}
+	run(t, "iptables", dnatArgs("-I", dnat)...)
+	t.Cleanup(func() { run(t, "iptables", dnatArgs("-D", dnat)...) })
+
 	out, err := exec.Command("ip", "route", "get", tb.metadata.String()).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "dev "+tb.hostDev+" ") {
 		t.Fatalf("%s does not route into the test's namespace: %v: %s", tb.metadata, err, out)
@@ -150,6 +156,11 @@ func newTestbed(t *testing.T) *testbed {
 	port, closeFn := listenBanner(t, net.JoinHostPort(tb.hostAddr.String(), "0"), hostBanner)
 	tb.hostPort, tb.listenerClose = port, closeFn
 	return tb
+}
+
+// dnatArgs puts the action (-I, -D) before the chain of a nat rule.
+func dnatArgs(action string, rule []string) []string {
+	return append([]string{rule[0], rule[1], rule[2], action}, rule[3:]...)
 }
 
 // cleanup removes the route, the veth pair and the namespace, and checks they are gone.
@@ -259,10 +270,11 @@ func TestNetworkSandboxCannotReachHostOrMetadata(t *testing.T) {
 		target("metadata", tb.metadata, 80),
 		target("host_own", tb.hostAddr, tb.hostPort),
 		target("neighbour", tb.peerAddr, 80),
+		target("host_forwarded", tb.hostAddr, 81),
 	}
 
 	control := decodeProbe(t, "control", runOnDefaultBridge(t, common...))
-	for name, want := range map[string]string{"metadata": "ok: " + metadataBanner, "host_own": "ok: " + hostBanner, "neighbour": "ok: " + metadataBanner} {
+	for name, want := range map[string]string{"metadata": "ok: " + metadataBanner, "host_own": "ok: " + hostBanner, "neighbour": "ok: " + metadataBanner, "host_forwarded": "ok: " + metadataBanner} {
 		if control[name] != want {
 			t.Fatalf("positive control on the default bridge: %s got %q, want %q: the test bed does not work, so it would prove nothing", name, control[name], want)
 		}
@@ -272,6 +284,20 @@ func TestNetworkSandboxCannotReachHostOrMetadata(t *testing.T) {
 	cfg := testConfig()
 	cfg.Network = true
 	id := sandbox(t, p, cfg)
+
+	// Another sandbox with a network, listening: the host reaches it, the first may not.
+	other := sandbox(t, p, cfg)
+	otherIP := sandboxIP(t, other)
+	ctx, stopListener := context.WithCancel(context.Background())
+	listenerDone := make(chan struct{})
+	go func() {
+		defer close(listenerDone)
+		p.Exec(ctx, other, roche.ExecRequest{Cmd: []string{"python3", "-c", sandboxListener}, Timeout: 2 * time.Minute})
+	}()
+	defer func() { stopListener(); <-listenerDone }()
+	if got := dialBanner(net.JoinHostPort(otherIP.String(), "8080"), 30*time.Second); got != "other-sandbox" {
+		t.Fatalf("the host cannot reach the other sandbox's listener (%q): the check below would prove nothing", got)
+	}
 
 	// The host's addresses on the sandbox's own bridge, served by this test.
 	br, err := net.InterfaceByName(docker.BridgeName)
@@ -294,6 +320,7 @@ func TestNetworkSandboxCannotReachHostOrMetadata(t *testing.T) {
 	if len(args) == len(common) {
 		t.Fatalf("bridge %s has no IPv4 address", docker.BridgeName)
 	}
+	args = append(args, target("other_sandbox", otherIP, 8080))
 
 	res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: append([]string{"python3", "-c", connectProbe}, args...), Timeout: 2 * time.Minute})
 	if err != nil || res.ExitCode != 0 {
@@ -316,6 +343,56 @@ func TestNetworkSandboxCannotReachHostOrMetadata(t *testing.T) {
 	if got["ipv6_addresses"] != "" {
 		t.Errorf("the sandbox has IPv6 addresses: %q", got["ipv6_addresses"])
 	}
+}
+
+// sandboxListener serves a banner on port 8080 until its exec is cancelled.
+const sandboxListener = `
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 8080)); s.listen(8)
+while True:
+    c, _ = s.accept(); c.sendall(b'other-sandbox\n'); c.close()
+`
+
+// dialBanner reads a banner from addr, retrying until the deadline (the listener may be
+// starting).
+func dialBanner(addr string, within time.Duration) string {
+	deadline := time.Now().Add(within)
+	last := ""
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			return strings.TrimSpace(line)
+		}
+		last = err.Error()
+		time.Sleep(200 * time.Millisecond)
+	}
+	return "error: " + last
+}
+
+// sandboxIP is a sandbox's address on Roche's network.
+func sandboxIP(t *testing.T, id string) netip.Addr {
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	c, err := cli.ContainerInspect(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := c.NetworkSettings.Networks[docker.NetworkName]
+	if ep == nil {
+		t.Fatalf("sandbox %s is not on the network %s: %v", id, docker.NetworkName, c.NetworkSettings.Networks)
+	}
+	ip, err := netip.ParseAddr(ep.IPAddress)
+	if err != nil {
+		t.Fatalf("sandbox %s address %q: %v", id, ep.IPAddress, err)
+	}
+	return ip
 }
 
 // TestNetworkRefusedWithoutFirewall: where the rules cannot be installed, a sandbox with
