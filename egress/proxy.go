@@ -43,7 +43,7 @@ type Options struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// HostAddrs lists the addresses on this host's interfaces, which no name may resolve
 	// to. It is called at every decision, so an address added a moment ago counts
-	// (default: the kernel's list, about 75 µs a call).
+	// (default: the kernel's list, tens of microseconds a call).
 	HostAddrs func() ([]netip.Addr, error)
 	// now is the clock of the log rate limits (tests set it).
 	now func() time.Time
