@@ -166,11 +166,11 @@ func TestNamesResolvingToPrivateAddressesRefused(t *testing.T) {
 	_, proxy := startProxy(t, Options{Resolver: res, Dial: dial},
 		"metadata.example", "internal.example", "mixed.example", "loop.example", "*.example")
 	for host, want := range map[string]string{
-		"metadata.example": "metadata", "internal.example": "private", "mixed.example": "private", "loop.example": "loopback",
+		"metadata.example": "cloud metadata", "internal.example": "10.0.0.0/8, Private-Use", "mixed.example": "192.168.0.0/16, Private-Use", "loop.example": "127.0.0.0/8, Loopback",
 	} {
 		code, body := get(t, client(proxy, nil), "http://"+host+"/")
 		if code != http.StatusForbidden || !strings.Contains(body, want) {
-			t.Errorf("%s: %d %q, want 403 naming a %s address", host, code, body, want)
+			t.Errorf("%s: %d %q, want 403 naming %s", host, code, body, want)
 		}
 	}
 	// Literal private addresses that no entry names are refused too.

@@ -1,9 +1,10 @@
 // Package egress is the host side of Roche's egress allowlist: an HTTP proxy that lets a
 // sandbox reach only the hosts it was given, by name. The sandbox itself has no network
 // interface but lo; roche-agent forwards its HTTP_PROXY port over the control channel to
-// this proxy, which resolves names itself, refuses private and metadata addresses, caps
-// bytes and connections, and logs every decision. Nothing is enforced inside the
-// sandbox, where untrusted code lives.
+// this proxy, which resolves names itself, refuses every special-purpose address (the IANA
+// registries in full, see special.go), cloud metadata addresses and the host's own
+// addresses, caps bytes and connections, and logs its decisions (rate-limited). Nothing
+// is enforced inside the sandbox, where untrusted code lives.
 package egress
 
 import (
@@ -21,7 +22,8 @@ type Rule struct {
 	Host   string // lower case, without the "*." of a wildcard
 	Suffix bool   // "*.example.com": any name below example.com (not example.com itself)
 	Port   int    // 0: the scheme's default port
-	// IP is set when Host is an IP literal; only such a rule can allow a private address.
+	// IP is set when Host is an IP literal; only such a rule can allow a special-purpose
+	// or host address (a mirror on the LAN or the host), never a cloud metadata address.
 	IP netip.Addr
 }
 
@@ -126,35 +128,4 @@ func (p Policy) match(host string, port, defaultPort int) (Rule, bool) {
 		}
 	}
 	return Rule{}, false
-}
-
-// metadataAddrs are cloud metadata endpoints, refused even though some are not private.
-var metadataAddrs = []netip.Addr{
-	netip.MustParseAddr("169.254.169.254"),
-	netip.MustParseAddr("169.254.170.2"),
-	netip.MustParseAddr("100.100.100.200"),
-	netip.MustParseAddr("fd00:ec2::254"),
-}
-
-// forbidden reports why an address may not be dialled unless a rule names it literally.
-func forbidden(a netip.Addr) string {
-	a = a.Unmap()
-	for _, m := range metadataAddrs {
-		if a == m {
-			return "a cloud metadata address"
-		}
-	}
-	switch {
-	case a.IsLoopback():
-		return "a loopback address"
-	case a.IsPrivate():
-		return "a private address"
-	case a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast():
-		return "a link-local address"
-	case a.IsUnspecified() || a.IsMulticast() || a.IsInterfaceLocalMulticast():
-		return "not a unicast address"
-	case netip.MustParsePrefix("100.64.0.0/10").Contains(a):
-		return "a carrier-grade NAT address"
-	}
-	return ""
 }

@@ -41,6 +41,12 @@ type Options struct {
 	Resolver Resolver
 	// Dial opens upstream connections (default a net.Dialer with a 10 s timeout).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// HostAddrs lists the addresses on this host's interfaces, which no name may resolve
+	// to. It is called at every decision, so an address added a moment ago counts
+	// (default: the kernel's list, tens of microseconds a call).
+	HostAddrs func() ([]netip.Addr, error)
+	// now is the clock of the log rate limits (tests set it).
+	now func() time.Time
 	// Sandbox names the sandbox in logs.
 	Sandbox string
 	Log     *slog.Logger
@@ -48,10 +54,14 @@ type Options struct {
 
 // Proxy relays one sandbox's HTTP and CONNECT requests to the hosts its policy allows.
 type Proxy struct {
-	opts  Options
-	log   *slog.Logger
-	bytes atomic.Int64
-	conns chan struct{}
+	opts    Options
+	log     *slog.Logger
+	bytes   atomic.Int64
+	conns   chan struct{}
+	checker checker
+	// Decision lines are rate-limited per sandbox, refusals and allowed apart, so that
+	// a flood of allowed requests cannot hide the refusals.
+	refusedLog, allowedLog *logLimiter
 
 	mu     sync.Mutex
 	closed bool
@@ -76,10 +86,20 @@ func New(opts Options) *Proxy {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	ck := checker{hostAddrs: opts.HostAddrs}
+	if ck.hostAddrs == nil {
+		ck.hostAddrs, ck.hostName = interfaceAddrs, interfaceName
+	}
+	if opts.now == nil {
+		opts.now = time.Now
+	}
 	return &Proxy{
 		opts: opts, log: opts.Log.With("sandbox", opts.Sandbox),
-		conns: make(chan struct{}, opts.MaxConns),
-		open:  map[net.Conn]struct{}{},
+		conns:      make(chan struct{}, opts.MaxConns),
+		checker:    ck,
+		refusedLog: newLogLimiter(refusedLogBurst, refusedLogEvery, opts.now),
+		allowedLog: newLogLimiter(allowedLogBurst, allowedLogEvery, opts.now),
+		open:       map[net.Conn]struct{}{},
 	}
 }
 
@@ -97,13 +117,21 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	}
 }
 
-// Close ends every relayed connection.
+// Close ends every relayed connection, and logs how many decision lines the rate limits
+// dropped since the last ones written.
 func (p *Proxy) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
 	p.closed = true
 	for c := range p.open {
 		c.Close()
+	}
+	refused, allowed := p.refusedLog.drain(), p.allowedLog.drain()
+	if refused+allowed > 0 {
+		p.log.Warn("egress log lines suppressed", "refused", refused, "allowed", allowed)
 	}
 }
 
@@ -136,7 +164,7 @@ func (p *Proxy) ServeConn(c net.Conn) {
 	case p.conns <- struct{}{}:
 		defer func() { <-p.conns }()
 	default:
-		p.log.Warn("egress refused", "reason", "too many connections", "max", p.opts.MaxConns)
+		p.decide("", false, fmt.Sprintf("too many connections (%d)", p.opts.MaxConns))
 		refuse(c, http.StatusTooManyRequests, fmt.Sprintf("this sandbox already has %d connections open", p.opts.MaxConns))
 		return
 	}
@@ -189,8 +217,8 @@ func (p *Proxy) ServeConn(c net.Conn) {
 		return
 	}
 	if reason != "" {
-		p.decide(authority, false, host+" resolves to "+reason+" "+addr.String())
-		refuse(c, http.StatusForbidden, fmt.Sprintf("%s resolves to %s (%s), which an allowlist entry must name literally", host, addr, reason))
+		p.decide(authority, false, reason)
+		refuse(c, http.StatusForbidden, refusalText(host, addr, rule, reason))
 		return
 	}
 	if p.bytes.Load() >= p.opts.MaxBytes {
@@ -273,15 +301,17 @@ func closeWrite(c net.Conn) {
 	c.Close()
 }
 
-// resolve picks the address to dial. A rule naming an IP allows exactly that IP; for a
-// name, every address it resolves to must be public (no loopback, private, link-local or
-// metadata address), so a name cannot be pointed at the host's neighbours.
+// resolve picks the address to dial and says why it may not be, if it may not. A rule
+// naming an IP allows exactly that IP, unless it is a cloud metadata address; for a name,
+// every address it resolves to must be an ordinary public one (no special-purpose,
+// metadata or host's own address), so a name cannot be pointed at the host or its
+// neighbours.
 func (p *Proxy) resolve(ctx context.Context, host string, rule Rule) (netip.Addr, string, error) {
 	if rule.IP.IsValid() {
-		return rule.IP, "", nil
+		return rule.IP, p.checker.refusal(rule.IP, true), nil
 	}
 	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return ip, forbidden(ip), nil
+		return ip.Unmap(), p.checker.refusal(ip, false), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -293,19 +323,39 @@ func (p *Proxy) resolve(ctx context.Context, host string, rule Rule) (netip.Addr
 		return netip.Addr{}, "", errors.New("no addresses")
 	}
 	for _, a := range addrs {
-		if why := forbidden(a); why != "" {
+		if why := p.checker.refusal(a, false); why != "" {
 			return a, why, nil
 		}
 	}
 	return addrs[0].Unmap(), "", nil
 }
 
-func (p *Proxy) decide(target string, allowed bool, why string) {
-	if allowed {
-		p.log.Info("egress allowed", "target", target, "why", why)
-	} else {
-		p.log.Warn("egress refused", "target", target, "why", why)
+// refusalText is what the sandbox is told when a target resolves to a refused address.
+func refusalText(host string, addr netip.Addr, rule Rule, why string) string {
+	if rule.IP.IsValid() {
+		return fmt.Sprintf("%s: no allowlist entry can open a cloud metadata address", why)
 	}
+	if strings.Trim(host, "[]") == addr.String() {
+		return fmt.Sprintf("%s, which only an allowlist entry naming it literally can allow", why)
+	}
+	return fmt.Sprintf("%s resolves to %s: %s, which only an allowlist entry naming it literally can allow", host, addr, why)
+}
+
+// decide logs a decision, within the sandbox's log rate limits.
+func (p *Proxy) decide(target string, allowed bool, why string) {
+	lim, level, msg := p.refusedLog, slog.LevelWarn, "egress refused"
+	if allowed {
+		lim, level, msg = p.allowedLog, slog.LevelInfo, "egress allowed"
+	}
+	ok, dropped := lim.take()
+	if !ok {
+		return
+	}
+	args := []any{"target", target, "why", why}
+	if dropped > 0 {
+		args = append(args, "suppressed", dropped)
+	}
+	p.log.Log(context.Background(), level, msg, args...)
 }
 
 // Bytes reports the bytes relayed so far.

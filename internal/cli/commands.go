@@ -49,7 +49,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringVar(&f.memory, "memory", def.Memory, "memory limit, no swap: e.g. 256m, 1g")
 	fs.Float64Var(&f.cpus, "cpus", def.CPUs, "CPUs the sandbox may use, e.g. 0.5, 2")
 	fs.IntVar(&f.timeout, "timeout", def.TimeoutSecs, "sandbox lifetime in seconds; it is destroyed after")
-	fs.BoolVar(&f.network, "network", false, "give the sandbox a network (off by default)")
+	fs.BoolVar(&f.network, "network", false, "give the sandbox a full network (off by default); on Docker it never reaches this host's\nown addresses or cloud metadata (host firewall rules, so it needs root)")
 	fs.BoolVar(&f.writable, "writable", false, "make the root filesystem writable (read-only by default)")
 	fs.StringArrayVar(&f.env, "env", nil, "set an environment variable, KEY=VALUE (repeatable)")
 	fs.StringArrayVar(&f.mounts, "mount", nil, "bind a host path, HOST:SANDBOX[:ro|rw], read-only by default (repeatable)")
@@ -58,7 +58,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as")
 	fs.StringVar(&f.snapshot, "from-snapshot", "", "create from the snapshot NAME's files instead of --image (roche snapshot create)")
 	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
-	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run)")
+	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run); a name resolving to a\nspecial-purpose, cloud metadata or this host's address is refused")
 }
 
 // config builds and validates the sandbox config from the flags, reporting every

@@ -82,6 +82,9 @@ type Provider struct {
 	egress   bool
 	egressMu sync.Mutex
 	proxies  map[string]*runningProxy
+	// firewallDir, when set, is where the iptables tools are found instead of $PATH
+	// (tests point it at a directory without them).
+	firewallDir string
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
@@ -219,6 +222,11 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	}
 	if err := p.checkEgress(cfg); err != nil {
 		return roche.SandboxInfo{}, err
+	}
+	if cfg.Network {
+		if err := p.ensureNetwork(ctx); err != nil {
+			return roche.SandboxInfo{}, err
+		}
 	}
 	if cfg.Workspace != "" {
 		if err := p.ensureWorkspace(ctx, cfg.Workspace); err != nil {
@@ -396,12 +404,16 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 			LabelConfig:   string(cfgJSON),
 		},
 	}
+	// With a network, the sandbox joins Roche's own bridge network, which the host's
+	// firewall keeps off the host and cloud metadata (network.go), never Docker's default.
 	networkMode := "none"
+	var sysctls map[string]string
 	if cfg.Network {
-		networkMode = "bridge"
+		networkMode, sysctls = NetworkName, networkSysctls
 	}
 	hcfg := &container.HostConfig{
 		NetworkMode:    container.NetworkMode(networkMode),
+		Sysctls:        sysctls,
 		ReadonlyRootfs: !cfg.Writable,
 		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", roche.DefaultTmpSize)},
 		AutoRemove:     true,

@@ -3,7 +3,9 @@ package docker_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The test binary doubles as the listener that network tests run inside a network
+	// namespace of their own.
+	if addrs := os.Getenv(bannerListenEnv); addrs != "" {
+		os.Exit(serveBanners(strings.Split(addrs, ","), os.Getenv(bannerTextEnv)))
+	}
 	cleanup, err := testenv.SetupAgent()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -31,6 +38,36 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// Environment of the banner listener mode of the test binary.
+const (
+	bannerListenEnv = "ROCHE_TEST_BANNER_LISTEN"
+	bannerTextEnv   = "ROCHE_TEST_BANNER_TEXT"
+)
+
+// serveBanners listens on every address, prints "ready", and writes the banner to every
+// connection, until killed.
+func serveBanners(addrs []string, banner string) int {
+	for _, a := range addrs {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintln(c, banner)
+				c.Close()
+			}
+		}()
+	}
+	fmt.Println("ready")
+	select {}
 }
 
 func newProvider(t *testing.T, opts ...docker.Option) *docker.Provider {

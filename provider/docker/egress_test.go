@@ -114,7 +114,7 @@ func TestEgressAllowlist(t *testing.T) {
 		"http":           "ok: hello from /pkg",
 		"https":          "ok: hello from /secure",
 		"unlisted":       "http 403",
-		"localhost_name": "loopback",
+		"localhost_name": "127.0.0.0/8, Loopback",
 		"direct_ip":      "error:",
 		"direct_public":  "error:",
 		"dns":            "error: gaierror",
