@@ -1,0 +1,5 @@
+//go:build !cgo
+
+package server_test
+
+const cgoEnabled = false
