@@ -65,7 +65,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	dir = filepath.Join(tmp, "files")
-	if err := os.Mkdir(dir, 0o755); err == nil {
+	err = os.Mkdir(dir, 0o755)
+	if err == nil {
 		err = os.Chown(dir, sandboxUser, sandboxUser)
 	}
 	if err != nil {
