@@ -408,9 +408,9 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 		// An init as PID 1 reaps zombies orphaned by the sandbox's programs.
 		Init:    &initOn,
 		CapDrop: []string{"ALL"},
-		// no-new-privileges, and no seccomp option at all: the engine's default profile
-		// applies (never unconfined).
-		SecurityOpt: []string{"no-new-privileges:true"},
+		// no-new-privileges, and Roche's seccomp profile rather than the engine's default,
+		// which on engines before 25.0 still allows io_uring (see seccomp.go).
+		SecurityOpt: []string{"no-new-privileges:true", seccompOpt},
 		LogConfig:   container.LogConfig{Type: "none"},
 		Resources: container.Resources{
 			Memory:     mem,

@@ -79,6 +79,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	}
 	if s.caps.Processes {
 		t.Run("LinuxPrivileges", func(t *testing.T) { s.testPrivileges(t, shared) })
+		t.Run("KernelAttackSurface", func(t *testing.T) { s.testKernelAttackSurface(t, shared) })
 		t.Run("User", s.testUser)
 		t.Run("NetworkOffOnlyLoopback", func(t *testing.T) { s.testNetworkOff(t, shared) })
 		t.Run("TmpCapped", func(t *testing.T) { s.testTmpCapped(t, shared) })
@@ -799,5 +800,50 @@ func (s *suite) checkNothingLeaked(t *testing.T) {
 		if mine[sb.ID] {
 			t.Errorf("sandbox %s survived the suite", sb.ID)
 		}
+	}
+}
+
+// syscallProbe calls the system calls named in argv through libc and prints, for each,
+// "name=allowed" or "name=ERRNO". ptrace is tried the way an attacker would use it:
+// attaching to a child of its own, which the kernel allows a process without privileges.
+const syscallProbe = `
+import ctypes, errno, os, platform, sys, time
+numbers = {
+    'x86_64': {'io_uring_setup': 425, 'ptrace': 101},
+    'aarch64': {'io_uring_setup': 425, 'ptrace': 117},
+}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(numbers[name], *args)
+    return 'allowed' if r >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+out = []
+for name in sys.argv[1:]:
+    if name == 'io_uring_setup':
+        params = ctypes.create_string_buffer(120)
+        out.append(name + '=' + call(name, 1, params))
+    elif name == 'ptrace':
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        out.append(name + '=' + call(name, 16, pid, 0, 0))  # PTRACE_ATTACH
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+print(' '.join(out))`
+
+// testKernelAttackSurface: the system calls Roche refuses everywhere (see the README's
+// security section) fail from inside, with EPERM from a seccomp filter or ENOSYS from a
+// kernel without them, while the program making them runs on.
+func (s *suite) testKernelAttackSurface(t *testing.T, id string) {
+	got := s.pyOK(t, id, syscallProbe, func(r *roche.ExecRequest) { r.Cmd = append(r.Cmd, "io_uring_setup", "ptrace") })
+	for _, kv := range strings.Fields(got) {
+		name, result, _ := strings.Cut(kv, "=")
+		if result != "EPERM" && result != "ENOSYS" {
+			t.Errorf("%s inside the sandbox: %s, want EPERM or ENOSYS", name, result)
+		}
+	}
+	if n := len(strings.Fields(got)); n != 2 {
+		t.Fatalf("probe printed %q, want two results", got)
 	}
 }
