@@ -405,6 +405,7 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 		ReadonlyRootfs: !cfg.Writable,
 		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", roche.DefaultTmpSize)},
 		AutoRemove:     true,
+		ShmSize:        roche.DefaultTmpSize, // /dev/shm, capped like /tmp whatever the engine's default
 		// An init as PID 1 reaps zombies orphaned by the sandbox's programs.
 		Init:    &initOn,
 		CapDrop: []string{"ALL"},

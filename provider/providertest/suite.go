@@ -81,6 +81,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		t.Run("LinuxPrivileges", func(t *testing.T) { s.testPrivileges(t, shared) })
 		t.Run("KernelAttackSurface", func(t *testing.T) { s.testKernelAttackSurface(t, shared) })
 		t.Run("User", s.testUser)
+		t.Run("OOMThroughTmpfs", s.testOOMThroughTmpfs)
 		t.Run("NetworkOffOnlyLoopback", func(t *testing.T) { s.testNetworkOff(t, shared) })
 		t.Run("TmpCapped", func(t *testing.T) { s.testTmpCapped(t, shared) })
 		t.Run("TimeoutKillsTreeIgnoringSIGTERM", s.testTimeoutKillsTree)
@@ -845,5 +846,98 @@ func (s *suite) testKernelAttackSurface(t *testing.T, id string) {
 	}
 	if n := len(strings.Fields(got)); n != 2 {
 		t.Fatalf("probe printed %q, want two results", got)
+	}
+}
+
+// tmpfsFill fills /tmp, then /dev/shm, a MiB at a time up to 200 MiB each, and reports
+// how each ended (ENOSPC at the tmpfs' size cap, or "full" at 200 MiB). Memory in a
+// tmpfs counts against the sandbox's memory limit and belongs to no process.
+const tmpfsFill = `
+import errno, sys
+def fill(path):
+    n = 0
+    try:
+        with open(path, 'wb') as f:
+            while n < 200:
+                f.write(b'\1' * (1 << 20)); f.flush(); n += 1
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    return 'full'
+print('tmp', fill('/tmp/roche-fill'), flush=True)
+print('shm', fill('/dev/shm/roche-fill'), flush=True)`
+
+// testOOMThroughTmpfs: memory filled through the tmpfs mounts, /tmp and /dev/shm, is
+// stopped by the memory limit, and a command the OOM killer kills for it is reported
+// OOMKilled, also when a shell ran it (which then exits 137); a command that only met a
+// full tmpfs, or that died of SIGKILL for another reason, is not. The sandbox survives.
+func (s *suite) testOOMThroughTmpfs(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.Memory = "128m" // less than /tmp's 64 MiB and /dev/shm's 64 MiB together, and a VM's least
+	id := s.create(t, cfg)
+	files := []string{"/tmp/roche-fill", "/dev/shm/roche-fill"}
+	clean := func() {
+		t.Helper()
+		// Through the files API where there is one: the memory the files hold may leave
+		// too little to start even rm.
+		if fsys, ok := s.p.(roche.FileSystem); ok {
+			var errs []error
+			for _, f := range files {
+				if err := fsys.Remove(ctxFor(t, time.Minute), id, f); !errors.Is(err, roche.ErrNotFound) {
+					errs = append(errs, err)
+				}
+			}
+			err := errors.Join(errs...)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, roche.ErrUnsupported) {
+				t.Fatalf("removing the fill files: %v", err)
+			}
+		}
+		res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: append([]string{"rm", "-f"}, files...), Timeout: time.Minute})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("removing the fill files: %+v %v", res, err)
+		}
+	}
+	py := append([]string{}, s.opts.Python...)
+	for _, c := range []struct {
+		name string
+		cmd  []string
+	}{
+		{"directly", append(append([]string{}, py...), "-c", tmpfsFill)},
+		// "; exit $?" keeps the shell from replacing itself with the program.
+		{"under a shell", append([]string{"sh", "-c", `"$@"; exit $?`, "sh"}, append(append([]string{}, py...), "-c", tmpfsFill)...)},
+	} {
+		res, err := s.p.Exec(ctxFor(t, 3*time.Minute), id, roche.ExecRequest{Cmd: c.cmd, Timeout: 2 * time.Minute})
+		if err != nil {
+			t.Fatalf("filling the tmpfs mounts %s: %v", c.name, err)
+		}
+		if !res.OOMKilled || res.ExitCode != 137 || res.TimedOut {
+			t.Errorf("filling /tmp then /dev/shm %s under memory=128m: exit %d OOMKilled %v timed out %v, stdout %q; want exit 137 and OOMKilled",
+				c.name, res.ExitCode, res.OOMKilled, res.TimedOut, res.Stdout)
+		}
+		// Killed while filling /tmp (a VM's limit may be below its cap) or /dev/shm.
+		if res.Stdout != "" && res.Stdout != "tmp ENOSPC\n" {
+			t.Errorf("filling %s: stdout %q, want it killed before both were full", c.name, res.Stdout)
+		}
+		clean()
+	}
+
+	// A SIGKILL that is not the OOM killer's is not an OOM kill.
+	res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: []string{"sh", "-c", "kill -9 $$"}, Timeout: time.Minute})
+	if err != nil || res.ExitCode != 137 || res.OOMKilled {
+		t.Errorf("sh killing itself with SIGKILL: %+v %v, want exit 137, not OOMKilled", res, err)
+	}
+
+	// With the default memory limit both tmpfs mounts fill to their caps: ENOSPC, not OOM.
+	roomy := s.create(t, s.opts.Config)
+	res = s.py(t, roomy, tmpfsFill, withTimeout(2*time.Minute))
+	if res.ExitCode != 0 || res.OOMKilled || res.Stdout != "tmp ENOSPC\nshm ENOSPC\n" {
+		t.Errorf("filling the tmpfs mounts under memory=%s: exit %d OOMKilled %v stdout %q stderr %q, want both full (ENOSPC), exit 0, not OOMKilled",
+			s.opts.Config.Memory, res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr)
+	}
+
+	if got := s.pyOK(t, id, "print('alive')"); got != "alive" {
+		t.Fatalf("after the OOM kills: %q", got)
 	}
 }
