@@ -81,6 +81,8 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		t.Run("LinuxPrivileges", func(t *testing.T) { s.testPrivileges(t, shared) })
 		t.Run("KernelAttackSurface", func(t *testing.T) { s.testKernelAttackSurface(t, shared) })
 		t.Run("User", s.testUser)
+		t.Run("HomeWritable", func(t *testing.T) { s.testHome(t, shared) })
+		t.Run("PerUserLimitsNotShared", s.testPerUserLimits)
 		t.Run("OOMThroughTmpfs", s.testOOMThroughTmpfs)
 		t.Run("NetworkOffOnlyLoopback", func(t *testing.T) { s.testNetworkOff(t, shared) })
 		t.Run("TmpCapped", func(t *testing.T) { s.testTmpCapped(t, shared) })
@@ -588,11 +590,8 @@ print(' '.join(k + '=' + f[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'C
 	if fields["Seccomp"] != "2" {
 		t.Errorf("Seccomp = %q, want 2 (filter mode)", fields["Seccomp"])
 	}
-	if fields["uid"] == "0" || fields["uid"] == "" {
-		t.Errorf("running as uid %q, want non-root", fields["uid"])
-	}
-	if fields["uid"] != "65534" || fields["gid"] != "65534" {
-		t.Errorf("default user uid=%s gid=%s, want 65534:65534", fields["uid"], fields["gid"])
+	if fields["uid"] == "0" || fields["uid"] == "" || fields["gid"] == "0" || fields["gid"] == "" {
+		t.Errorf("running as uid %q gid %q, want non-root", fields["uid"], fields["gid"])
 	}
 	// And the forbidden thing fails: root-only operations are refused.
 	res := s.py(t, id, "import os; os.setuid(0)")
@@ -846,6 +845,100 @@ func (s *suite) testKernelAttackSurface(t *testing.T, id string) {
 	}
 	if n := len(strings.Fields(got)); n != 2 {
 		t.Fatalf("probe printed %q, want two results", got)
+	}
+}
+
+// testHome: HOME is a directory the sandbox user can write, not root's or a missing one.
+func (s *suite) testHome(t *testing.T, id string) {
+	got := s.pyOK(t, id, `
+import os
+home = os.environ.get('HOME', '')
+p = os.path.join(home, '.roche-home-probe')
+open(p, 'w').write('x')
+os.remove(p)
+print(home)`)
+	if got == "" || got == "/root" {
+		t.Fatalf("HOME is %q, want a directory the sandbox user can write", got)
+	}
+}
+
+// inotifyHog takes inotify instances until the kernel refuses one, bounded, reports how
+// many it holds and why it stopped, and holds them until it is killed.
+const inotifyHog = `
+import ctypes, errno, resource, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds, why = [], 'bound'
+while len(fds) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        why = errno.errorcode.get(ctypes.get_errno(), '?')
+        break
+    fds.append(fd)
+print('held', len(fds), why, resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+time.sleep(600)`
+
+const inotifyOne = `
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+print('ok' if fd >= 0 else errno.errorcode.get(ctypes.get_errno(), '?'))`
+
+// lineWriter signals the first complete line written to it.
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	line chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if line, _, ok := strings.Cut(w.buf.String(), "\n"); ok && w.line != nil {
+		w.line <- line
+		w.line = nil
+	}
+	return len(p), nil
+}
+
+// testPerUserLimits does the attack of one sandbox on another through a per-user kernel
+// limit: sandbox A takes every inotify instance its user may have (fs.inotify.
+// max_user_instances, counted per uid), and holds them; sandbox B, made with the same
+// config, must still get one. Sandboxes sharing a uid fail this.
+func (s *suite) testPerUserLimits(t *testing.T) {
+	a := s.create(t, s.opts.Config)
+	b := s.create(t, s.opts.Config)
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &lineWriter{line: make(chan string, 1)}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.p.Exec(ctx, a, roche.ExecRequest{
+			Cmd: append(append([]string{}, s.opts.Python...), "-c", inotifyHog), Timeout: 5 * time.Minute, Stdout: w,
+		})
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	var held string
+	select {
+	case held = <-w.line:
+	case err := <-done:
+		t.Fatalf("the inotify hog in sandbox A ended before holding its instances: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the inotify hog in sandbox A printed nothing within 2 minutes")
+	}
+	f := strings.Fields(held)
+	if len(f) != 4 || f[2] != "EMFILE" {
+		t.Fatalf("sandbox A: %q, want it to run out of inotify instances (EMFILE): the attack could not be mounted", held)
+	}
+	n, _ := strconv.Atoi(f[1])
+	if nofile, err := strconv.Atoi(f[3]); err != nil || nofile >= 0 && n+8 >= nofile {
+		t.Fatalf("sandbox A: %q: it ran out of file descriptors (RLIMIT_NOFILE %s), not of inotify instances", held, f[3])
+	}
+	if got := s.pyOK(t, b, inotifyOne); got != "ok" {
+		t.Fatalf("sandbox B's inotify_init1 while sandbox A holds %s instances: %s, want ok (the sandboxes share a per-user limit)", f[1], got)
 	}
 }
 
