@@ -18,10 +18,16 @@ const (
 	DefaultMemory      = "512m"
 	DefaultCPUs        = 1.0
 	DefaultPidsLimit   = 64
-	DefaultUser        = "65534:65534"
+	DefaultUser        = UserAuto
 	DefaultTmpSize     = 64 << 20
 	DefaultOutputLimit = 10 << 20
 )
+
+// UserAuto, as Config.User, gives the sandbox a non-root uid of its own: per-user kernel
+// limits (inotify instances, processes, locked memory, ...) are then not shared with
+// other sandboxes. Each provider says how it chooses it (Docker: from a range it
+// allocates; a microVM: any, its kernel is its own).
+const UserAuto = "auto"
 
 // Config describes the sandbox to create. Start from DefaultConfig and override fields:
 // a zero Config is not valid, so forgetting a field fails loudly instead of silently
@@ -52,7 +58,8 @@ type Config struct {
 	Mounts []Mount `json:"mounts,omitempty"`
 	// Workdir is the working directory of commands; empty means the image's.
 	Workdir string `json:"workdir,omitempty"`
-	// User is "uid[:gid]" (or a name the image knows) commands run as. Non-root by default.
+	// User is "uid[:gid]" (or a name the image knows) commands run as, or UserAuto (the
+	// default): a non-root uid of the sandbox's own.
 	User string `json:"user"`
 	// Workspace names a persistent workspace mounted read-write at /workspace, even on a
 	// read-only root. It outlives the sandbox: a later sandbox with the same name sees
@@ -131,7 +138,7 @@ func (c Config) Validate() error {
 		add("pids_limit is %d: give a positive number of processes", c.PidsLimit)
 	}
 	if strings.TrimSpace(c.User) == "" {
-		add("user is empty: give uid[:gid], e.g. %s", DefaultUser)
+		add("user is empty: give uid[:gid], e.g. 1000:1000, or %s for a uid of the sandbox's own", UserAuto)
 	}
 	for k := range c.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {

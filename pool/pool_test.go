@@ -345,6 +345,8 @@ func TestMatch(t *testing.T) {
 		{"cpus", "docker", func(c *roche.Config) { c.CPUs = 2 }, false},
 		{"pids", "docker", func(c *roche.Config) { c.PidsLimit = 65 }, false},
 		{"user", "docker", func(c *roche.Config) { c.User = "1000" }, false},
+		// Pooled sandboxes run as uids of their own; one who names a uid gets that one.
+		{"the user pooled sandboxes once had", "docker", func(c *roche.Config) { c.User = "65534:65534" }, false},
 		{"other image", "docker", func(c *roche.Config) { c.Image = "python:3.12-slim" }, false},
 		{"other provider", "wasm", func(*roche.Config) {}, false},
 	}

@@ -55,7 +55,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringArrayVar(&f.mounts, "mount", nil, "bind a host path, HOST:SANDBOX[:ro|rw], read-only by default (repeatable)")
 	fs.IntVar(&f.pidsLimit, "pids-limit", def.PidsLimit, "maximum number of processes")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory for commands (default: the image's)")
-	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as")
+	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as; auto: a non-root uid of the sandbox's own (docker: 1900000000-1900999999,\nor the workspace's)")
 	fs.StringVar(&f.snapshot, "from-snapshot", "", "create from the snapshot NAME's files instead of --image (roche snapshot create)")
 	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
 	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run); a name resolving to a\nspecial-purpose, cloud metadata or this host's address is refused")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,13 +29,45 @@ var (
 // A workspace is a named Docker volume; the prefix keeps Roche's apart from others'.
 func volumeName(workspace string) string { return "roche-ws-" + workspace }
 
-// ensureWorkspace creates the workspace's volume unless it exists.
-func (p *Provider) ensureWorkspace(ctx context.Context, name string) error {
-	_, err := p.cli.VolumeCreate(ctx, volume.CreateOptions{
-		Name:   volumeName(name),
-		Labels: map[string]string{LabelManaged: "true", LabelWorkspace: name},
-	})
-	return p.engineErr("creating workspace "+name, err)
+// ensureWorkspace creates the workspace's volume unless it exists, and returns the uid
+// its sandboxes run as (-1 for a volume made before workspaces had one).
+//
+// A workspace has a uid of its own, drawn when it is made, rather than each sandbox
+// having one: the files one sandbox leaves in it must stay writable by the next, and by
+// another that mounts it at the same time, whatever modes they were made with. Sandboxes
+// that share a workspace share a writable directory, where each can already leave what
+// the other runs, so sharing a uid (and per-user kernel limits) does not join two
+// sandboxes that were apart. Workspaces draw from their own half of the range, so a
+// sandbox's drawn uid never meets one.
+func (p *Provider) ensureWorkspace(ctx context.Context, name string) (int, error) {
+	vname := volumeName(name)
+	if v, err := p.cli.VolumeInspect(ctx, vname); err == nil {
+		return uidOf(v.Labels), nil
+	} else if !cerrdefs.IsNotFound(err) {
+		return -1, p.engineErr("inspecting workspace "+name, err)
+	}
+	for range maxUIDDraws {
+		uid := p.drawWorkspaceUID()
+		v, err := p.cli.VolumeCreate(ctx, volume.CreateOptions{
+			Name:   vname,
+			Labels: map[string]string{LabelManaged: "true", LabelWorkspace: name, LabelUID: strconv.Itoa(uid)},
+		})
+		if err != nil {
+			return -1, p.engineErr("creating workspace "+name, err)
+		}
+		if got := uidOf(v.Labels); got != uid {
+			return got, nil // made a moment ago by another process: its uid stands
+		}
+		taken, err := p.workspaceUIDTakenElsewhere(ctx, uid, vname)
+		if err != nil || !taken {
+			return uid, err
+		}
+		// Nothing mounts the volume yet: remove it and draw again.
+		if err := p.cli.VolumeRemove(ctx, vname, false); err != nil {
+			return -1, p.engineErr("removing workspace "+name+" to give it another uid", err)
+		}
+	}
+	return -1, noFreeUID("workspace", p.uidFirst+p.uidCount/2, p.uidCount-p.uidCount/2)
 }
 
 // workspaceMount mounts the workspace read-write at /workspace.

@@ -416,7 +416,7 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 		env = append(env, k+"="+v)
 	}
 	guest := vmlink.GuestConfig{
-		Hostname: vm.ID, User: vm.Config.User, Env: env, Workdir: vm.Workdir,
+		Hostname: vm.ID, User: guestUser(vm.Config.User), Env: env, Workdir: vm.Workdir,
 		LifetimeMS: time.Until(vm.ExpiresAt).Milliseconds(), PidsLimit: vm.Config.PidsLimit,
 		Writable: vm.Config.Writable, TmpSize: roche.DefaultTmpSize, Transport: vmlink.TransportSerial,
 	}
@@ -771,4 +771,14 @@ func (p *Provider) setPaused(ctx context.Context, id string, freeze bool) error 
 		return err
 	}
 	return nil
+}
+
+// guestUser is who commands run as in the guest. roche.UserAuto is nobody: a microVM has
+// a kernel of its own, so its per-user limits are not shared with any other sandbox
+// whatever the uid.
+func guestUser(user string) string {
+	if user == roche.UserAuto {
+		return "65534:65534"
+	}
+	return user
 }

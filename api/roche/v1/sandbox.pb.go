@@ -217,7 +217,7 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 }
 
 // SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
-// python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user 65534:65534,
+// python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user "auto" (a uid of its own),
 // no network, read-only root); fields given, even as zero or empty, are used as given,
 // so a zero cpus is refused rather than silently replaced.
 type SandboxConfig struct {
