@@ -288,8 +288,8 @@ func fileErr(p string, err error) error {
 		return &agent.Error{Code: agent.CodePermission, Message: fmt.Sprintf("%s is on the sandbox's read-only root: write under /tmp, or create the sandbox writable", p)}
 	case errors.Is(err, fs.ErrPermission):
 		return &agent.Error{Code: agent.CodePermission, Message: fmt.Sprintf("permission denied for %s as the sandbox user", p)}
-	case errors.Is(err, syscall.ENOSPC):
-		return &agent.Error{Code: agent.CodePermission, Message: fmt.Sprintf("no space left writing %s (the /tmp tmpfs holds 64 MiB)", p)}
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return &agent.Error{Code: agent.CodeNoSpace, Message: fmt.Sprintf("no space left writing %s: the sandbox's disk or /tmp is full; remove files there first", p)}
 	case errors.Is(err, fs.ErrExist):
 		return &agent.Error{Code: agent.CodeInvalid, Message: fmt.Sprintf("%s already exists", p)}
 	case errors.Is(err, syscall.ENOTEMPTY):

@@ -29,6 +29,8 @@ func Err(id string, err error) (error, bool) {
 		sentinel = roche.ErrPermission
 	case agent.CodeUnsupported:
 		sentinel = roche.ErrUnsupported
+	case agent.CodeNoSpace:
+		sentinel = roche.ErrExhausted
 	case agent.CodeInternal:
 		return fmt.Errorf("sandbox %s: %s", id, ae.Message), true
 	}
