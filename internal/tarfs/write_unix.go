@@ -56,7 +56,7 @@ func WriteAt(w io.Writer, dir *os.File, rel, name string, opts Options) (Report,
 	if len(parts) == 0 {
 		parts = []string{"."}
 	}
-	x := &writer{tw: tar.NewWriter(w), opts: opts}
+	x := &writer{tw: tar.NewWriter(w), opts: opts, root: name}
 	base := int(dir.Fd())
 	defer runtime.KeepAlive(dir)
 	cur, shown := base, dir.Name()
@@ -91,6 +91,7 @@ type writer struct {
 	tw   *tar.Writer
 	opts Options
 	rep  Report
+	root string // the root entry's name: a missing root is an error, not a skip
 }
 
 // entry sends child of the open directory dirfd, and for a directory everything below
@@ -101,6 +102,9 @@ func (x *writer) entry(dirfd int, child, arc, shown string) error {
 	for range 4 {
 		var st unix.Stat_t
 		if err := unix.Fstatat(dirfd, child, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) && arc != x.root {
+				return nil // removed since its directory was listed: as tar does, go on without it
+			}
 			return &fs.PathError{Op: "lstat", Path: shown, Err: err}
 		}
 		switch st.Mode & unix.S_IFMT {
