@@ -137,7 +137,7 @@ func copyFailure(stderr *bytes.Buffer, code int) error {
 	}
 	switch {
 	case strings.Contains(msg, "No space left"), strings.Contains(msg, "Disk quota exceeded"):
-		return fmt.Errorf("%w: the sandbox's disk or /tmp is full: %s", roche.ErrExhausted, firstLine(msg))
+		return fmt.Errorf("%w: no space left: the sandbox's disk or /tmp is full: %s", roche.ErrExhausted, firstLine(msg))
 	case strings.Contains(msg, "No such file"):
 		return fmt.Errorf("%w: %s", roche.ErrNotFound, firstLine(msg))
 	case strings.Contains(msg, "not found"), code == 126, code == 127:
