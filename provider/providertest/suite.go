@@ -70,6 +70,14 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	t.Run("ListAndDestroy", s.testListAndDestroy)
 	if s.caps.Files {
 		t.Run("CopyFiles", s.testCopyFiles)
+		t.Run("CopyOutBoundary", s.testCopyOutBoundary)
+		t.Run("CopyCapAndHoles", s.testCopyCapAndHoles)
+		if s.caps.Mounts {
+			t.Run("CopyInRace", s.testCopyInRace)
+		}
+		if s.caps.Processes {
+			t.Run("CopyNoSpace", s.testCopyNoSpace)
+		}
 	}
 	if s.caps.Pause {
 		t.Run("PauseUnpause", s.testPause)
