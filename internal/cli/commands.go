@@ -430,12 +430,29 @@ func (e *env) gcCommand() *cobra.Command {
 }
 
 func (e *env) cpCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cp SRC DST",
+	var preserveLinks, asJSON bool
+	var maxBytes string
+	c := &cobra.Command{
+		Use:   "cp [--preserve-links] [--max-bytes SIZE] SRC DST",
 		Short: "Copy files between the host and a sandbox",
-		Long:  "Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path).\nParent directories are created; ID:/path must be absolute.",
+		Long: `Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path).
+Parent directories are created; ID:/path must be absolute; DST is the new name.
+
+Copying out never writes outside DST. Nothing at or below DST is followed if it is a
+symlink (one already there is replaced), and the sandbox's symlinks are left out, with a
+note on stderr saying how many and why, unless --preserve-links is given; even then only
+links whose target is relative and stays inside DST are made. Devices, fifos, sockets
+and hard links are never copied. Runs of zeros become holes: sparse files stay sparse.
+
+Copying in never reads outside SRC: nothing below it is followed (symlinks are copied as
+symlinks), even while the sandbox changes it through a read-write mount.
+
+One copy moves at most --max-bytes of file content (default 1g): the file that would
+pass the cap is refused before any of it is written. Through roched, its own cap
+(roched --copy-max-bytes) applies too.`,
 		Example: `  roche cp ./data.csv "$id":/tmp/data.csv
-  roche cp "$id":/tmp/results ./results`,
+  roche cp "$id":/tmp/results ./results
+  roche cp --preserve-links --max-bytes 4g "$id":/workspace/repo ./repo`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -443,6 +460,14 @@ func (e *env) cpCommand() *cobra.Command {
 			dstID, dstPath, dstIn := splitSandboxPath(args[1])
 			if srcIn == dstIn {
 				return errors.New("exactly one of SRC and DST must be ID:/path in a sandbox")
+			}
+			opts := roche.CopyOptions{PreserveLinks: preserveLinks}
+			if cmd.Flags().Changed("max-bytes") {
+				n, err := roche.ParseSize(maxBytes)
+				if err != nil {
+					return fmt.Errorf("--max-bytes: %w", err)
+				}
+				opts.MaxBytes = n
 			}
 			id := srcID
 			if dstIn {
@@ -452,19 +477,35 @@ func (e *env) cpCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fc, ok := p.(roche.FileCopier)
+			tc, ok := p.(roche.TarCopier)
 			if !ok {
 				return fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, p.Name())
 			}
+			var rep roche.CopyReport
 			if dstIn {
-				if _, err := os.Stat(srcPath); err != nil {
-					return fmt.Errorf("host path %s does not exist", srcPath)
+				if _, err := os.Lstat(srcPath); err != nil {
+					return fmt.Errorf("%w: host path %s does not exist", roche.ErrNotFound, srcPath)
 				}
-				return fc.CopyTo(ctx, id, srcPath, dstPath)
+				rep, err = roche.CopyIn(ctx, tc, id, srcPath, dstPath, opts)
+			} else {
+				rep, err = roche.CopyOut(ctx, tc, id, srcPath, dstPath, opts)
 			}
-			return fc.CopyFrom(ctx, id, srcPath, dstPath)
+			if err != nil {
+				return err
+			}
+			if note := rep.Note(); note != "" {
+				fmt.Fprintf(e.stderr, "roche: %s\n", note)
+			}
+			if asJSON {
+				return e.printJSON(rep)
+			}
+			return nil
 		},
 	}
+	c.Flags().BoolVar(&preserveLinks, "preserve-links", false, "copying out, make the sandbox's symlinks that point inside DST (others are still left out)")
+	c.Flags().StringVar(&maxBytes, "max-bytes", "1g", "most file content the copy may move, e.g. 512m or 4g")
+	c.Flags().BoolVar(&asJSON, "json", false, "print what was copied and left out as JSON (files, dirs, links, bytes, skipped, ...)")
+	return c
 }
 
 // splitSandboxPath splits "ID:/path"; host paths (even with a colon) do not start an id

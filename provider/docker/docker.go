@@ -60,6 +60,7 @@ const BuildImageHint = "scripts/build-test-image.sh builds roche/python:local fr
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.FileSystem       = (*Provider)(nil)

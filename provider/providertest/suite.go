@@ -95,6 +95,18 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if s.caps.Network {
 		t.Run("NetworkOn", s.testNetworkOn)
 	}
+	if s.caps.Files {
+		// Each in a sandbox of its own, last: the race takes a while, and the shared
+		// sandbox above must not outlive its lifetime waiting for it.
+		t.Run("CopyOutBoundary", s.testCopyOutBoundary)
+		t.Run("CopyCapAndHoles", s.testCopyCapAndHoles)
+		if s.caps.Mounts {
+			t.Run("CopyInRace", s.testCopyInRace)
+		}
+		if s.caps.Processes {
+			t.Run("CopyNoSpace", s.testCopyNoSpace)
+		}
+	}
 	if _, ok := p.(roche.WorkspaceManager); ok {
 		t.Run("WorkspacePersists", s.testWorkspace)
 	}

@@ -33,6 +33,7 @@ import (
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.FileSystem       = (*Provider)(nil)
 	_ roche.BackgroundRunner = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)

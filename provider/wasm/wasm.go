@@ -66,6 +66,7 @@ import (
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.WorkspaceManager = (*Provider)(nil)
 	_ roche.Resetter         = (*Provider)(nil)

@@ -1707,10 +1707,13 @@ func (x *GcResponse) GetRemoved() []*Sandbox {
 // CopyToRequest: the first message names the sandbox and the destination path; every
 // message may carry the next piece of a tar stream whose single root entry becomes dst.
 type CopyToRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Dst           string                 `protobuf:"bytes,2,opt,name=dst,proto3" json:"dst,omitempty"`
-	TarChunk      []byte                 `protobuf:"bytes,3,opt,name=tar_chunk,json=tarChunk,proto3" json:"tar_chunk,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Dst       string                 `protobuf:"bytes,2,opt,name=dst,proto3" json:"dst,omitempty"`
+	TarChunk  []byte                 `protobuf:"bytes,3,opt,name=tar_chunk,json=tarChunk,proto3" json:"tar_chunk,omitempty"`
+	// max_bytes (first message) caps the file content of the upload; 0 means the daemon's
+	// cap (roched --copy-max-bytes, default 1 GiB), which a request may lower, not raise.
+	MaxBytes      int64 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1766,6 +1769,13 @@ func (x *CopyToRequest) GetTarChunk() []byte {
 	return nil
 }
 
+func (x *CopyToRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
 type CopyToResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1803,9 +1813,17 @@ func (*CopyToResponse) Descriptor() ([]byte, []int) {
 }
 
 type CopyFromRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Src           string                 `protobuf:"bytes,2,opt,name=src,proto3" json:"src,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Src       string                 `protobuf:"bytes,2,opt,name=src,proto3" json:"src,omitempty"`
+	// max_bytes caps the file content sent; 0 means the daemon's cap (roched
+	// --copy-max-bytes, default 1 GiB), which a request may lower, not raise. The file
+	// that would pass it ends the stream with RESOURCE_EXHAUSTED before any of it is sent.
+	MaxBytes int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// preserve_links keeps symlinks whose target is relative and stays inside src; without
+	// it no symlink is sent. Entries left out are counted in the response trailer
+	// roche-skipped (and roche-skipped-links), with examples in roche-skipped-example.
+	PreserveLinks bool `protobuf:"varint,4,opt,name=preserve_links,json=preserveLinks,proto3" json:"preserve_links,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1854,7 +1872,23 @@ func (x *CopyFromRequest) GetSrc() string {
 	return ""
 }
 
-// CopyFromResponse carries the next piece of a tar stream whose root entry is src's base name.
+func (x *CopyFromRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *CopyFromRequest) GetPreserveLinks() bool {
+	if x != nil {
+		return x.PreserveLinks
+	}
+	return false
+}
+
+// CopyFromResponse carries the next piece of a tar stream whose root entry is src's base
+// name. The daemon has checked every entry: relative names under one root, no special
+// files, symlinks only as asked, and the size cap.
 type CopyFromResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TarChunk      []byte                 `protobuf:"bytes,1,opt,name=tar_chunk,json=tarChunk,proto3" json:"tar_chunk,omitempty"`
@@ -3452,17 +3486,20 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\bprovider\x18\x03 \x01(\tR\bprovider\"9\n" +
 	"\n" +
 	"GcResponse\x12+\n" +
-	"\aremoved\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\aremoved\"]\n" +
+	"\aremoved\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\aremoved\"z\n" +
 	"\rCopyToRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
 	"\x03dst\x18\x02 \x01(\tR\x03dst\x12\x1b\n" +
-	"\ttar_chunk\x18\x03 \x01(\fR\btarChunk\"\x10\n" +
-	"\x0eCopyToResponse\"B\n" +
+	"\ttar_chunk\x18\x03 \x01(\fR\btarChunk\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\x03R\bmaxBytes\"\x10\n" +
+	"\x0eCopyToResponse\"\x86\x01\n" +
 	"\x0fCopyFromRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
-	"\x03src\x18\x02 \x01(\tR\x03src\"/\n" +
+	"\x03src\x18\x02 \x01(\tR\x03src\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x12%\n" +
+	"\x0epreserve_links\x18\x04 \x01(\bR\rpreserveLinks\"/\n" +
 	"\x10CopyFromResponse\x12\x1b\n" +
 	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\xc5\x03\n" +
 	"\x04Pool\x12\x10\n" +
