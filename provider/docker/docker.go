@@ -220,10 +220,15 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	if err := p.checkEgress(cfg); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	if err := p.checkDisk(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
 	if cfg.Workspace != "" {
-		if err := p.ensureWorkspace(ctx, cfg.Workspace); err != nil {
+		unlock, err := p.ensureWorkspace(ctx, cfg.Workspace, cfg.WorkspaceBytes())
+		if err != nil {
 			return roche.SandboxInfo{}, err
 		}
+		defer unlock()
 	}
 	fromSnapshot := cfg.FromSnapshot != ""
 	if fromSnapshot {
@@ -308,10 +313,19 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 	for _, w := range resp.Warnings {
 		p.log.Warn("docker create warning", "container", resp.ID, "warning", w)
 	}
+	layer, err := p.sizeRoot(ctx, resp.ID, cfg)
+	if err != nil {
+		p.removeDetached(sb)
+		return roche.SandboxInfo{}, err
+	}
 	if err := p.cli.ContainerStart(ctx, resp.ID, container.StartOptions{}); err != nil {
 		// Undo the half-made sandbox even when the caller's context is what failed.
 		p.removeDetached(sb)
 		return roche.SandboxInfo{}, p.engineErr("starting container "+resp.ID, err)
+	}
+	if err := p.checkRootSized(ctx, resp.ID, layer); err != nil {
+		p.removeDetached(sb)
+		return roche.SandboxInfo{}, err
 	}
 	if sb.agent != nil {
 		// Wait for the agent, but give up at once if the container exits instead.
@@ -427,7 +441,7 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 	ccfg.Labels[LabelTransport] = TransportDockerExec
 	if cfg.Workspace != "" {
 		ccfg.Labels[LabelWorkspace] = cfg.Workspace
-		hcfg.Mounts = append(hcfg.Mounts, workspaceMount(cfg.Workspace))
+		hcfg.Mounts = append(hcfg.Mounts, p.workspaceMount(cfg.Workspace))
 	}
 	if agentDir != "" {
 		// roche-agent is PID 1 and reaps zombies itself. It runs as root with the few
@@ -565,6 +579,9 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	}
 	s := sandbox{id: c.ID, expires: expiresFromLabels(c.Config.Labels)}
 	_ = json.Unmarshal([]byte(c.Config.Labels[LabelConfig]), &s.cfg)
+	if s.cfg.Disk == "" && s.cfg.Image != "" {
+		s.cfg.Disk = roche.DefaultDisk // recorded before configs had a disk limit
+	}
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
 		s.agent = agent.NewClient(filepath.Join(s.agentDir, agentSocket))
