@@ -276,3 +276,36 @@ func eventuallyRemoved(p *docker.Provider, name string) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestWorkspaceRefusedLeavesNothing: a create that fails leaves no workspace it made for
+// it, and one refused for an old volume workspace leaves no file either.
+func TestWorkspaceRefusedLeavesNothing(t *testing.T) {
+	dataDir := t.TempDir()
+	p := newProvider(t, docker.WithDataDir(dataDir))
+	cfg := testConfig()
+	cfg.Workspace = workspaceName(t)
+	cfg.Image = "roche/no-such-image:none"
+	if _, err := p.Create(context.Background(), cfg); err == nil {
+		t.Fatal("a create with a missing image succeeded")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dataDir, "workspaces", "*")); len(left) != 0 {
+		t.Fatalf("a failed create left its new workspace's files: %v", left)
+	}
+	name := workspaceName(t) + "-old"
+	ctx := context.Background()
+	if _, err := hostClient(t).VolumeCreate(ctx, volume.CreateOptions{
+		Name: "roche-ws-" + name, Labels: map[string]string{docker.LabelManaged: "true", docker.LabelWorkspace: name},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	removeAtEnd(t, "workspace", p.RemoveWorkspace, name)
+	cfg = testConfig()
+	cfg.Workspace = name
+	if _, err := p.Create(ctx, cfg); !errors.Is(err, roche.ErrUnsupported) {
+		t.Fatalf("using an old volume workspace: %v", err)
+	}
+	left, _ := filepath.Glob(filepath.Join(dataDir, "workspaces", "*"))
+	if len(left) != 0 {
+		t.Fatalf("files left in the workspaces directory: %v", left)
+	}
+}

@@ -208,7 +208,7 @@ func isConnRefused(err error) bool {
 }
 
 // Create implements roche.Provider.
-func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -224,11 +224,11 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 		return roche.SandboxInfo{}, err
 	}
 	if cfg.Workspace != "" {
-		unlock, err := p.ensureWorkspace(ctx, cfg.Workspace, cfg.WorkspaceBytes())
-		if err != nil {
-			return roche.SandboxInfo{}, err
+		release, werr := p.ensureWorkspace(ctx, cfg.Workspace, cfg.WorkspaceBytes())
+		if werr != nil {
+			return roche.SandboxInfo{}, werr
 		}
-		defer unlock()
+		defer func() { release(err != nil) }()
 	}
 	fromSnapshot := cfg.FromSnapshot != ""
 	if fromSnapshot {

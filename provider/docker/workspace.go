@@ -64,54 +64,69 @@ func volumeName(workspace string) string { return "roche-ws-" + workspace }
 // ensureWorkspace makes workspace name unless it exists (want bytes, or the default
 // size), checks a size asked for against the one it has, and mounts it unless it is
 // mounted. It returns with the workspace locked, so that no removal can come between
-// this and the sandbox that will mount it; the caller unlocks once that sandbox exists.
-func (p *Provider) ensureWorkspace(ctx context.Context, name string, want int64) (unlock func(), err error) {
+// this and the sandbox that will mount it; the caller releases it once that sandbox
+// exists, or failed: a workspace made for a sandbox that could not be made goes with it.
+func (p *Provider) ensureWorkspace(ctx context.Context, name string, want int64) (release func(failed bool), err error) {
 	if err := p.canSizeDisks(); err != nil {
 		return nil, fmt.Errorf("%w: workspace %s: workspaces are sized filesystems that Roche mounts on the engine's host, and here it cannot: %v; run roche as root on that host (or through roched)",
 			roche.ErrUnsupported, name, err)
 	}
-	unlock, err = p.lockWorkspace(name)
+	unlock, err := p.lockWorkspace(name)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.openWorkspace(ctx, name, want); err != nil {
+	made, err := p.openWorkspace(ctx, name, want)
+	if err != nil {
+		// A workspace that was not made leaves no lock file behind either.
+		if _, serr := os.Lstat(p.workspacePath(name, ".json")); errors.Is(serr, fs.ErrNotExist) {
+			os.Remove(p.workspacePath(name, ".lock"))
+		}
 		unlock()
 		return nil, err
 	}
-	return unlock, nil
+	return func(failed bool) {
+		if failed && made {
+			if err := p.deleteWorkspace(name); err != nil {
+				p.log.Warn("removing a workspace made for a sandbox that could not be made", "workspace", name, "err", err)
+			}
+		}
+		unlock()
+	}, nil
 }
 
-func (p *Provider) openWorkspace(ctx context.Context, name string, want int64) error {
+// openWorkspace makes workspace name as needed (reporting whether it did) and mounts it.
+func (p *Provider) openWorkspace(ctx context.Context, name string, want int64) (made bool, err error) {
 	rec, err := p.workspaceRecord(name)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if _, verr := p.cli.VolumeInspect(ctx, volumeName(name)); verr == nil {
-			return fmt.Errorf("%w: workspace %s is a Docker volume (%s) made by an older Roche, without a size: save what you need from it (docker run --rm -v %s:/w IMAGE tar -C /w -c . > %s.tar), then remove it (roche workspace rm %s) and use the name again",
+			return false, fmt.Errorf("%w: workspace %s is a Docker volume (%s) made by an older Roche, without a size: save what you need from it (docker run --rm -v %s:/w IMAGE tar -C /w -c . > %s.tar), then remove it (roche workspace rm %s) and use the name again",
 				roche.ErrUnsupported, name, volumeName(name), volumeName(name), name, name)
 		}
 		if rec, err = p.makeWorkspace(name, want); err != nil {
-			return err
+			return false, err
 		}
+		made = true
 	case err != nil:
-		return err
+		return false, err
 	case want != 0 && want != rec.SizeBytes:
-		return fmt.Errorf("%w: workspace %s has a size of %s, fixed when it was made, and %s was asked for: leave the size out to use it as it is, or remove it (roche workspace rm %s) and make it again with the new size",
+		return false, fmt.Errorf("%w: workspace %s has a size of %s, fixed when it was made, and %s was asked for: leave the size out to use it as it is, or remove it (roche workspace rm %s) and make it again with the new size",
 			roche.ErrInvalidConfig, name, formatBytes(rec.SizeBytes), formatBytes(want), name)
 	}
 	dir := p.workspaceDir(name)
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("%w: making the mount point of workspace %s: %v", roche.ErrUnavailable, name, err)
+		return made, fmt.Errorf("%w: making the mount point of workspace %s: %v", roche.ErrUnavailable, name, err)
 	}
 	mounted, err := isMountPoint(dir)
 	if err != nil {
-		return fmt.Errorf("%w: workspace %s: %v", roche.ErrUnavailable, name, err)
+		return made, fmt.Errorf("%w: workspace %s: %v", roche.ErrUnavailable, name, err)
 	}
 	if !mounted {
 		if err := mountImage(p.workspacePath(name, ".img"), dir); err != nil {
-			return fmt.Errorf("workspace %s: %w", name, err)
+			return made, fmt.Errorf("workspace %s: %w", name, err)
 		}
 	}
-	return nil
+	return made, nil
 }
 
 // makeWorkspace makes the filesystem of a new workspace, then its record, which is what
@@ -289,6 +304,12 @@ func (p *Provider) RemoveWorkspace(ctx context.Context, name string) error {
 		return fmt.Errorf("%w: workspace %s is mounted by sandbox %s: destroy it first (roche destroy %s)",
 			roche.ErrInUse, name, strings.Join(ids, ", "), strings.Join(ids, " "))
 	}
+	return p.deleteWorkspace(name)
+}
+
+// deleteWorkspace unmounts workspace name and deletes its files, its lock file last.
+// The caller holds its lock and has made sure no sandbox uses it.
+func (p *Provider) deleteWorkspace(name string) error {
 	dir := p.workspaceDir(name)
 	if busy, err := unmount(dir); busy {
 		return fmt.Errorf("%w: workspace %s is still mounted by a sandbox being removed: try again in a moment", roche.ErrInUse, name)
