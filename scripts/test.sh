@@ -71,7 +71,7 @@ fi
 kept() {
   docker volume ls -q --filter name=roche-ws- | sort
   for d in "${HOME}/.local/share/roche/docker" /var/lib/roche/docker; do
-    if [ -d "$d/workspaces" ]; then find "$d/workspaces" -mindepth 1 -maxdepth 1 ! -name '*.lock'; fi
+    if [ -d "$d/workspaces" ]; then find "$d/workspaces" -mindepth 1 -maxdepth 2 ! -name '*.lock' ! -path "$d/workspaces/mnt"; fi
   done | sort
   # A sized layer left attached to a loop device would be a sandbox's disk not given back.
   losetup -l -n -O BACK-FILE 2>/dev/null | grep 'roche-disk\.img' | sort || true

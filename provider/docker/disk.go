@@ -98,6 +98,13 @@ func (p *Provider) checkRootSized(ctx context.Context, id, layer string) error {
 		return nil // it ended already; nothing runs to write
 	}
 	same, err := sameFilesystem(fmt.Sprintf("/proc/%d/root", c.State.Pid), layer)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The process may have ended meanwhile; if it still runs, this process cannot
+		// see it (another PID namespace) and so cannot vouch for the limit.
+		if again, ierr := p.cli.ContainerInspect(ctx, id); ierr != nil || again.State == nil || !again.State.Running || again.State.Pid != c.State.Pid {
+			return nil
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("%w: checking the disk limit of sandbox %s: %v", roche.ErrUnavailable, id, err)
 	}

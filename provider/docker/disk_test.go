@@ -197,7 +197,7 @@ func TestWorkspaceSized(t *testing.T) {
 	if err := eventuallyRemoved(p, name); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{img, filepath.Join(dataDir, "workspaces", name), filepath.Join(dataDir, "workspaces", name+".json")} {
+	for _, f := range []string{img, filepath.Join(dataDir, "workspaces", "mnt", name), filepath.Join(dataDir, "workspaces", name+".json")} {
 		if _, err := os.Lstat(f); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is still there after the workspace was removed: %v", f, err)
 		}
@@ -288,7 +288,7 @@ func TestWorkspaceRefusedLeavesNothing(t *testing.T) {
 	if _, err := p.Create(context.Background(), cfg); err == nil {
 		t.Fatal("a create with a missing image succeeded")
 	}
-	if left, _ := filepath.Glob(filepath.Join(dataDir, "workspaces", "*")); len(left) != 0 {
+	if left := dataFiles(t, dataDir); len(left) != 0 {
 		t.Fatalf("a failed create left its new workspace's files: %v", left)
 	}
 	name := workspaceName(t) + "-old"
@@ -304,8 +304,49 @@ func TestWorkspaceRefusedLeavesNothing(t *testing.T) {
 	if _, err := p.Create(ctx, cfg); !errors.Is(err, roche.ErrUnsupported) {
 		t.Fatalf("using an old volume workspace: %v", err)
 	}
-	left, _ := filepath.Glob(filepath.Join(dataDir, "workspaces", "*"))
-	if len(left) != 0 {
+	if left := dataFiles(t, dataDir); len(left) != 0 {
 		t.Fatalf("files left in the workspaces directory: %v", left)
+	}
+}
+
+// dataFiles lists what the workspaces directory of dataDir holds, its mount points
+// included, but not the directories that hold them.
+func dataFiles(t *testing.T, dataDir string) []string {
+	t.Helper()
+	var files []string
+	for _, pattern := range []string{"*", "mnt/*"} {
+		m, _ := filepath.Glob(filepath.Join(dataDir, "workspaces", pattern))
+		for _, f := range m {
+			if filepath.Base(f) != "mnt" {
+				files = append(files, f)
+			}
+		}
+	}
+	return files
+}
+
+// TestWorkspaceNamesWithDots: names may hold dots, and one workspace's files are never
+// another's ("w" and "w.lock", "w.img", "w.json").
+func TestWorkspaceNamesWithDots(t *testing.T) {
+	p := newProvider(t, docker.WithDataDir(t.TempDir()))
+	base := workspaceName(t)
+	for _, name := range []string{base, base + ".lock", base + ".img", base + ".json"} {
+		removeAtEnd(t, "workspace", p.RemoveWorkspace, name)
+		cfg := testConfig()
+		cfg.Workspace = name
+		cfg.WorkspaceSize = "16m"
+		id := sandbox(t, p, cfg)
+		execOK(t, p, id, "sh", "-c", "echo "+name+" > /workspace/name")
+		if err := p.Destroy(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{base, base + ".lock", base + ".img", base + ".json"} {
+		cfg := testConfig()
+		cfg.Workspace = name
+		id := sandbox(t, p, cfg)
+		if got := execOK(t, p, id, "cat", "/workspace/name"); got != name+"\n" {
+			t.Fatalf("workspace %s holds %q", name, got)
+		}
 	}
 }

@@ -32,16 +32,22 @@ var (
 
 // A workspace is a sized filesystem (see disk_linux.go) kept in the data directory:
 //
-//	workspaces/NAME.img    ext4 in a sparse file of the workspace's size
-//	workspaces/NAME.json   its record (workspaceRecord); the workspace exists while it does
-//	workspaces/NAME/       where it is mounted, from its first use after a boot until it
-//	                       is removed, and bind-mounted into the sandboxes that use it
-//	workspaces/NAME.lock   serialises making, mounting, using and removing it across
-//	                       processes; removed with the workspace
+//	workspaces/NAME.img      ext4 in a sparse file of the workspace's size
+//	workspaces/NAME.json     its record (workspaceRecord); the workspace exists while it does
+//	workspaces/NAME.lock     serialises making, mounting, using and removing it across
+//	                         processes; removed with the workspace
+//	workspaces/mnt/NAME/     where it is mounted, from its first use after a boot until it
+//	                         is removed, and bind-mounted into the sandboxes that use it
+//
+// The mount points have a directory of their own because names may hold dots: the mount
+// point of a workspace "a.lock" must not be the lock file of a workspace "a".
 //
 // Its size is fixed when it is made (Config.WorkspaceSize, else the default): a create
 // asking for another size is refused rather than silently given the old one.
-const workspacesDir = "workspaces"
+const (
+	workspacesDir = "workspaces"
+	mountsDir     = "mnt"
+)
 
 // workspaceRecord is a workspace's NAME.json.
 type workspaceRecord struct {
@@ -55,7 +61,9 @@ func (p *Provider) workspacePath(name, suffix string) string {
 }
 
 // workspaceDir is where workspace name is mounted on the host.
-func (p *Provider) workspaceDir(name string) string { return p.workspacePath(name, "") }
+func (p *Provider) workspaceDir(name string) string {
+	return filepath.Join(p.dataDir, workspacesDir, mountsDir, name)
+}
 
 // Older Roche kept a workspace as a named Docker volume without a size; the prefix kept
 // Roche's apart from others'. Such a workspace is listed and can be removed, not used.
@@ -185,7 +193,7 @@ func (p *Provider) workspaceRecord(name string) (workspaceRecord, error) {
 
 // lockWorkspace takes workspace name's lock, making the workspaces directory as needed.
 func (p *Provider) lockWorkspace(name string) (func(), error) {
-	if err := os.MkdirAll(filepath.Join(p.dataDir, workspacesDir), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(p.dataDir, workspacesDir, mountsDir), 0o700); err != nil {
 		return nil, fmt.Errorf("%w: making the workspaces directory: %v", roche.ErrUnavailable, err)
 	}
 	unlock, err := lockFile(p.workspacePath(name, ".lock"))
@@ -247,7 +255,7 @@ func (p *Provider) workspaceUsers(ctx context.Context, name string) (map[string]
 	if err != nil {
 		return nil, p.engineErr("listing sandboxes", err)
 	}
-	parent := filepath.Join(p.dataDir, workspacesDir)
+	parent := filepath.Join(p.dataDir, workspacesDir, mountsDir)
 	users := map[string][]string{}
 	for _, c := range cs {
 		for _, m := range c.Mounts {
