@@ -207,9 +207,13 @@ func mountRoot(cfg vmlink.GuestConfig) error {
 		if err := unix.Mount("/dev/vda", "/lower", "ext4", rootFlags, ""); err != nil {
 			return fmt.Errorf("mounting the root filesystem: %w", err)
 		}
-		// The writable layer lives in guest memory: writes vanish with the VM, and the
-		// VM's size bounds them.
-		if err := unix.Mount("tmpfs", "/rw", "tmpfs", unix.MS_NODEV, "mode=0755"); err != nil {
+		// The writable layer lives in guest memory: writes vanish with the VM. Its size is
+		// the sandbox's disk limit (past it, ENOSPC), and the VM's memory bounds it too.
+		opts := "mode=0755"
+		if cfg.DiskSize > 0 {
+			opts += fmt.Sprintf(",size=%d", cfg.DiskSize)
+		}
+		if err := unix.Mount("tmpfs", "/rw", "tmpfs", unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mounting the writable layer: %w", err)
 		}
 		for _, d := range []string{"/rw/upper", "/rw/work"} {

@@ -20,6 +20,8 @@ type createFlags struct {
 	provider  string
 	image     string
 	memory    string
+	disk      string
+	wsSize    string
 	cpus      float64
 	timeout   int
 	network   bool
@@ -47,6 +49,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providerNames()+" (env ROCHE_PROVIDER)")
 	fs.StringVar(&f.image, "image", defImage, "image to run (env ROCHE_IMAGE)")
 	fs.StringVar(&f.memory, "memory", def.Memory, "memory limit, no swap: e.g. 256m, 1g")
+	fs.StringVar(&f.disk, "disk", def.Disk, "what a --writable root may hold, e.g. 100m, 10g; past it writes fail with ENOSPC (0: no limit)")
 	fs.Float64Var(&f.cpus, "cpus", def.CPUs, "CPUs the sandbox may use, e.g. 0.5, 2")
 	fs.IntVar(&f.timeout, "timeout", def.TimeoutSecs, "sandbox lifetime in seconds; it is destroyed after")
 	fs.BoolVar(&f.network, "network", false, "give the sandbox a full network (off by default); on Docker it never reaches this host's\nown addresses or cloud metadata (host firewall rules, so it needs root)")
@@ -58,6 +61,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as; auto: a non-root uid of the sandbox's own (docker: 1900000000-1900999999,\nor the workspace's)")
 	fs.StringVar(&f.snapshot, "from-snapshot", "", "create from the snapshot NAME's files instead of --image (roche snapshot create)")
 	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
+	fs.StringVar(&f.wsSize, "workspace-size", "", "size of a new --workspace, e.g. 5g (default "+roche.DefaultWorkspaceSize+"); fixed when it is made")
 	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run); a name resolving to a\nspecial-purpose, cloud metadata or this host's address is refused")
 }
 
@@ -67,6 +71,8 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg := roche.DefaultConfig()
 	cfg.Image = f.image
 	cfg.Memory = f.memory
+	cfg.Disk = f.disk
+	cfg.WorkspaceSize = f.wsSize
 	cfg.CPUs = f.cpus
 	cfg.TimeoutSecs = f.timeout
 	cfg.Network = f.network
@@ -117,7 +123,9 @@ func (e *env) createCommand() *cobra.Command {
 		Short: "Create a sandbox and print its id",
 		Long:  "Create a sandbox with secure defaults (override them with flags) and print its id.\nIt lives until destroyed or until --timeout seconds have passed.",
 		Example: `  roche create --image roche/python:local
-  roche create --image roche/python:local --memory 1g --cpus 2 --timeout 600 --json`,
+  roche create --image roche/python:local --memory 1g --cpus 2 --timeout 600 --json
+  roche create --image roche/python:local --writable --disk 5g
+  roche create --image roche/python:local --workspace proj --workspace-size 10g`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, info, err := e.create(cmd.Context(), &f)

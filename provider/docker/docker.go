@@ -219,7 +219,7 @@ func isConnRefused(err error) bool {
 }
 
 // Create implements roche.Provider.
-func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -236,12 +236,17 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 			return roche.SandboxInfo{}, err
 		}
 	}
+	if err := p.checkDisk(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
 	wsUID := -1
 	if cfg.Workspace != "" {
-		var err error
-		if wsUID, err = p.ensureWorkspace(ctx, cfg.Workspace); err != nil {
-			return roche.SandboxInfo{}, err
+		var release func(failed bool)
+		var werr error
+		if wsUID, release, werr = p.ensureWorkspace(ctx, cfg.Workspace, cfg.WorkspaceBytes()); werr != nil {
+			return roche.SandboxInfo{}, werr
 		}
+		defer func() { release(err != nil) }()
 	}
 	fromSnapshot := cfg.FromSnapshot != ""
 	snapshotUID := -1
@@ -325,10 +330,19 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 		return roche.SandboxInfo{}, err
 	}
 	sb.id = id
+	layer, err := p.sizeRoot(ctx, id, cfg)
+	if err != nil {
+		p.removeDetached(sb)
+		return roche.SandboxInfo{}, err
+	}
 	if err := p.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
 		// Undo the half-made sandbox even when the caller's context is what failed.
 		p.removeDetached(sb)
 		return roche.SandboxInfo{}, p.engineErr("starting container "+id, err)
+	}
+	if err := p.checkRootSized(ctx, id, layer); err != nil {
+		p.removeDetached(sb)
+		return roche.SandboxInfo{}, err
 	}
 	if sb.agent != nil {
 		// Wait for the agent, but give up at once if the container exits instead.
@@ -493,7 +507,7 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 	ccfg.Labels[LabelTransport] = TransportDockerExec
 	if cfg.Workspace != "" {
 		ccfg.Labels[LabelWorkspace] = cfg.Workspace
-		hcfg.Mounts = append(hcfg.Mounts, workspaceMount(cfg.Workspace))
+		hcfg.Mounts = append(hcfg.Mounts, p.workspaceMount(cfg.Workspace))
 	}
 	if agentDir != "" {
 		// roche-agent is PID 1 and reaps zombies itself. It runs as root with the few
@@ -634,6 +648,9 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	}
 	s := sandbox{id: c.ID, expires: expiresFromLabels(c.Config.Labels)}
 	_ = json.Unmarshal([]byte(c.Config.Labels[LabelConfig]), &s.cfg)
+	if s.cfg.Disk == "" && s.cfg.Image != "" {
+		s.cfg.Disk = roche.DefaultDisk // recorded before configs had a disk limit
+	}
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
 		s.agent = agent.NewClient(filepath.Join(s.agentDir, agentSocket))

@@ -9,15 +9,14 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/api/types/volume"
 
 	"github.com/roche-sandbox/roche"
 )
 
 // LabelUID, on a sandbox, is the uid its commands run as (empty when the caller named a
-// user only the image knows); on a workspace volume, the uid of the sandboxes that
-// mount it. Labels are the record of which uids are taken: a uid is free again when the
-// container (or the volume) that carries it is gone.
+// user only the image knows). Labels are the record of which sandbox uids are taken: a
+// uid is free again when the container that carries it is gone. (A workspace's uid is
+// in its record; see recordWithUID.)
 const LabelUID = "roche.uid"
 
 // The default uid range. Sandboxes draw from its first half, workspaces from its second:
@@ -143,21 +142,6 @@ func (p *Provider) uidTakenElsewhere(ctx context.Context, uid int, id string) (b
 	}
 	for _, c := range cs {
 		if c.ID != id {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// workspaceUIDTakenElsewhere reports whether a volume other than name carries uid.
-func (p *Provider) workspaceUIDTakenElsewhere(ctx context.Context, uid int, name string) (bool, error) {
-	vols, err := p.cli.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(
-		filters.Arg("label", LabelUID+"="+strconv.Itoa(uid)))})
-	if err != nil {
-		return false, p.engineErr("listing the workspaces' uids", err)
-	}
-	for _, v := range vols.Volumes {
-		if v.Name != name {
 			return true, nil
 		}
 	}

@@ -58,6 +58,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	t.Run("StreamsOutputAsProduced", func(t *testing.T) { s.testStreaming(t, shared) })
 	t.Run("ReadOnlyRoot", func(t *testing.T) { s.testReadOnlyRoot(t, shared) })
 	t.Run("Writable", s.testWritable)
+	t.Run("DiskLimit", s.testDiskLimit)
 	t.Run("Workdir", s.testWorkdir)
 	t.Run("TimeoutStopsBusyLoop", func(t *testing.T) { s.testTimeout(t, shared) })
 	t.Run("OutputTruncated", func(t *testing.T) { s.testTruncated(t, shared) })
@@ -109,6 +110,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	}
 	if _, ok := p.(roche.WorkspaceManager); ok {
 		t.Run("WorkspacePersists", s.testWorkspace)
+		t.Run("WorkspaceSize", s.testWorkspaceSize)
 	}
 	if _, ok := p.(roche.Resetter); ok {
 		t.Run("Reset", s.testReset)

@@ -218,7 +218,7 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 
 // SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
 // python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user "auto" (a uid of its own),
-// no network, read-only root); fields given, even as zero or empty, are used as given,
+// no network, read-only root, disk 1g); fields given, even as zero or empty, are used as given,
 // so a zero cpus is refused rather than silently replaced.
 type SandboxConfig struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -239,7 +239,12 @@ type SandboxConfig struct {
 	// A persistent workspace mounted at /workspace that outlives the sandbox.
 	Workspace string `protobuf:"bytes,13,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	// Create from this snapshot's files instead of image.
-	FromSnapshot  string `protobuf:"bytes,14,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	FromSnapshot string `protobuf:"bytes,14,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	// What a writable root may hold, e.g. "1g" (the default) or "100m"; "0" is no limit.
+	Disk *string `protobuf:"bytes,15,opt,name=disk,proto3,oneof" json:"disk,omitempty"`
+	// The workspace's size, fixed when it is made; empty: 1g for a new one, its own size
+	// for an existing one.
+	WorkspaceSize string `protobuf:"bytes,16,opt,name=workspace_size,json=workspaceSize,proto3" json:"workspace_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -368,6 +373,20 @@ func (x *SandboxConfig) GetWorkspace() string {
 func (x *SandboxConfig) GetFromSnapshot() string {
 	if x != nil {
 		return x.FromSnapshot
+	}
+	return ""
+}
+
+func (x *SandboxConfig) GetDisk() string {
+	if x != nil && x.Disk != nil {
+		return *x.Disk
+	}
+	return ""
+}
+
+func (x *SandboxConfig) GetWorkspaceSize() string {
+	if x != nil {
+		return x.WorkspaceSize
 	}
 	return ""
 }
@@ -2725,7 +2744,9 @@ type Workspace struct {
 	Provider  string                 `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// in_use_by lists the sandboxes that have it mounted.
-	InUseBy       []string `protobuf:"bytes,4,rep,name=in_use_by,json=inUseBy,proto3" json:"in_use_by,omitempty"`
+	InUseBy []string `protobuf:"bytes,4,rep,name=in_use_by,json=inUseBy,proto3" json:"in_use_by,omitempty"`
+	// size_bytes is what it may hold; 0 for one made before workspaces had sizes.
+	SizeBytes     int64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2786,6 +2807,13 @@ func (x *Workspace) GetInUseBy() []string {
 		return x.InUseBy
 	}
 	return nil
+}
+
+func (x *Workspace) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
 }
 
 type ListWorkspacesRequest struct {
@@ -3361,7 +3389,7 @@ var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x04\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x05\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -3378,7 +3406,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x04user\x18\v \x01(\tH\x05R\x04user\x88\x01\x01\x12+\n" +
 	"\x11network_allowlist\x18\f \x03(\tR\x10networkAllowlist\x12\x1c\n" +
 	"\tworkspace\x18\r \x01(\tR\tworkspace\x12#\n" +
-	"\rfrom_snapshot\x18\x0e \x01(\tR\ffromSnapshot\x1a6\n" +
+	"\rfrom_snapshot\x18\x0e \x01(\tR\ffromSnapshot\x12\x17\n" +
+	"\x04disk\x18\x0f \x01(\tH\x06R\x04disk\x88\x01\x01\x12%\n" +
+	"\x0eworkspace_size\x18\x10 \x01(\tR\rworkspaceSize\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
@@ -3387,7 +3417,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\a_memoryB\a\n" +
 	"\x05_cpusB\r\n" +
 	"\v_pids_limitB\a\n" +
-	"\x05_user\"V\n" +
+	"\x05_userB\a\n" +
+	"\x05_disk\"V\n" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
@@ -3555,13 +3586,15 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
 	"\x0ewipe_workspace\x18\x02 \x01(\bR\rwipeWorkspace\"<\n" +
 	"\rResetResponse\x12+\n" +
-	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"\x92\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"\xb1\x01\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x129\n" +
 	"\n" +
 	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1a\n" +
-	"\tin_use_by\x18\x04 \x03(\tR\ainUseBy\"3\n" +
+	"\tin_use_by\x18\x04 \x03(\tR\ainUseBy\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x05 \x01(\x03R\tsizeBytes\"3\n" +
 	"\x15ListWorkspacesRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\"M\n" +
 	"\x16ListWorkspacesResponse\x123\n" +

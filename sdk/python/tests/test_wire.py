@@ -127,6 +127,21 @@ class WireTest(unittest.TestCase):
         self.assertEqual(req["config"]["mounts"], [{"source": "/h", "target": "/s", "readWrite": True},
                                                    {"source": "/a", "target": "/b", "readWrite": False}])
         self.assertNotIn("user", req["config"])
+        # The disk limit always travels, so a daemon's default never replaces it; a
+        # workspace's size only when asked.
+        self.assertEqual(req["config"]["disk"], "1g")
+        self.assertNotIn("workspaceSize", req["config"])
+        sized = make_config("img", False, True, 300, "512m", 1.0, 64, None, None, None, None,
+                            workspace="w", disk=100 << 20, workspace_size="50m")
+        self.assertEqual((_wire.config_request("docker", sized)["config"]["disk"],
+                          _wire.config_request("docker", sized)["config"]["workspaceSize"]), (str(100 << 20), "50m"))
+        args = _cli.create_args("docker", sized)
+        self.assertEqual(args[args.index("--disk") + 1], str(100 << 20))
+        self.assertEqual(args[args.index("--workspace-size") + 1], "50m")
+        self.assertNotIn("--workspace-size", _cli.create_args("docker", cfg))
+        self.assertEqual(_wire.parse_workspace({"name": "w", "sizeBytes": "52428800"}).size_bytes, 50 << 20)
+        self.assertEqual(_cli.parse_workspace({"name": "w", "size_bytes": 52428800}).size_bytes, 50 << 20)
+        self.assertEqual(_wire.parse_workspace({"name": "old"}).size_bytes, 0)
         e = _wire.exec_request("id", make_exec_request(["cat"], 2, "in", None, None))
         self.assertEqual((e["timeoutSecs"], e["stdin"]), (2.0, "aW4="))
         with self.assertRaises(InvalidConfig):

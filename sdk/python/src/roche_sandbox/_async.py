@@ -97,10 +97,12 @@ class AsyncRoche:
                      mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
                      user: Optional[str] = None,
                      network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
-                     from_snapshot: Optional[str] = None) -> "AsyncSandbox":
+                     from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
+                     workspace_size: Union[str, int, None] = None) -> "AsyncSandbox":
         """Creates a sandbox; see Roche.create."""
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user, network_allowlist, workspace, from_snapshot)
+                          workdir, user, network_allowlist, workspace, from_snapshot,
+                          disk, workspace_size)
         t = await self._resolve()
         info = await t.create(self.provider, cfg, self._deadline())
         return AsyncSandbox(self, t, info)

@@ -19,7 +19,7 @@ EXIT_KILLED = 137
 
 
 def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
-    a = ["create", "--json", "--provider", provider, "--image", cfg.image, "--memory", cfg.memory,
+    a = ["create", "--json", "--provider", provider, "--image", cfg.image, "--memory", cfg.memory, "--disk", cfg.disk,
          "--cpus", repr(cfg.cpus), "--timeout", str(cfg.timeout_secs), "--pids-limit", str(cfg.pids_limit)]
     if cfg.network:
         a.append("--network")
@@ -39,6 +39,8 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
         a += ["--workspace", cfg.workspace]
     if cfg.from_snapshot:
         a += ["--from-snapshot", cfg.from_snapshot]
+    if cfg.workspace_size is not None:
+        a += ["--workspace-size", cfg.workspace_size]
     return a
 
 
@@ -124,6 +126,7 @@ def parse_workspace(obj: Any) -> WorkspaceInfo:
         provider=str(obj.get("provider", "")),
         created_at=parse_time(obj.get("created_at")),
         in_use_by=tuple(str(i) for i in obj.get("in_use_by") or ()),
+        size_bytes=int(obj.get("size_bytes") or 0),
     )
 
 

@@ -130,7 +130,8 @@ class Roche:
                mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
                user: Optional[str] = None,
                network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
-               from_snapshot: Optional[str] = None) -> "Sandbox":
+               from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
+               workspace_size: Union[str, int, None] = None) -> "Sandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
@@ -141,10 +142,14 @@ class Roche:
         ``workspace="name"`` mounts that persistent workspace at /workspace (writable even
         on the read-only root; made if new): its files outlive the sandbox, for the next
         one created with the same name. ``from_snapshot="name"`` starts from a snapshot's
-        files (see Sandbox.snapshot) instead of the image.
+        files (see Sandbox.snapshot) instead of the image. ``disk`` bounds what a writable
+        root may hold (``"1g"`` by default; past it writes fail with ENOSPC; ``"0"`` is no
+        limit), and ``workspace_size`` the size of a new workspace (``"1g"`` by default;
+        an existing workspace keeps its own, and asking it for another is InvalidConfig).
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user, network_allowlist, workspace, from_snapshot)
+                          workdir, user, network_allowlist, workspace, from_snapshot,
+                          disk, workspace_size)
         t = self._resolve()
         info = t.create(self.provider, cfg, self._deadline())
         return Sandbox(self, t, info)

@@ -44,6 +44,7 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         "writable": cfg.writable,
         "timeoutSecs": cfg.timeout_secs,
         "memory": cfg.memory,
+        "disk": cfg.disk,
         "cpus": cfg.cpus,
         "pidsLimit": cfg.pids_limit,
     }
@@ -61,6 +62,8 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         c["workspace"] = cfg.workspace
     if cfg.from_snapshot:
         c["fromSnapshot"] = cfg.from_snapshot
+    if cfg.workspace_size is not None:
+        c["workspaceSize"] = cfg.workspace_size
     return {"provider": provider, "config": c}
 
 
@@ -145,6 +148,8 @@ def parse_workspace(m: dict[str, Any]) -> WorkspaceInfo:
         provider=m.get("provider", ""),
         created_at=parse_time(m.get("createdAt")),
         in_use_by=tuple(m.get("inUseBy") or ()),
+        # int64 travels as a JSON string.
+        size_bytes=int(m.get("sizeBytes") or 0),
     )
 
 

@@ -79,6 +79,9 @@ class WorkspaceInfo:
     created_at: Optional[datetime] = None
     #: The ids of the live sandboxes that have it mounted.
     in_use_by: tuple[str, ...] = ()
+    #: What it may hold, in bytes, fixed when it was made; 0 for one made before
+    #: workspaces had sizes.
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,17 @@ class SandboxConfig:
     workspace: Optional[str] = None
     #: Create from this snapshot's files instead of the image.
     from_snapshot: Optional[str] = None
+    #: What a writable root may hold ("1g", "100m"; "0" is no limit).
+    disk: str = "1g"
+    #: The size of a new workspace; None leaves it to the workspace (1g for a new one).
+    workspace_size: Optional[str] = None
+
+
+def _size(what: str, v: Union[str, int]) -> str:
+    """A size as Roche takes it: a string such as "1g", or a number of bytes."""
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise InvalidConfig(f"{what} {v!r}: give a size such as '1g' or a number of bytes")
+    return str(v)
 
 
 def make_config(
@@ -143,6 +157,8 @@ def make_config(
     network_allowlist: Optional[Sequence[str]] = None,
     workspace: Optional[str] = None,
     from_snapshot: Optional[str] = None,
+    disk: Union[str, int] = "1g",
+    workspace_size: Union[str, int, None] = None,
 ) -> SandboxConfig:
     """Builds a config from create()'s arguments. Roche itself validates the values."""
     if image is None:
@@ -176,6 +192,8 @@ def make_config(
         network_allowlist=tuple(network_allowlist or ()),
         workspace=workspace or None,
         from_snapshot=from_snapshot or None,
+        disk=_size("disk", disk),
+        workspace_size=None if workspace_size is None else _size("workspace_size", workspace_size),
     )
 
 
