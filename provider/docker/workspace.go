@@ -459,7 +459,7 @@ func formatBytes(n int64) string {
 // workspaces made at once never draw the same uid; the records are the list of uids
 // taken, and a uid is free again once its workspace is removed.
 func (p *Provider) recordWithUID(rec *workspaceRecord) error {
-	unlock, err := lockFile(filepath.Join(p.dataDir, workspacesDir, "uids.lock"))
+	unlock, err := lockFile(filepath.Join(p.dataDir, "workspace-uids.lock"))
 	if err != nil {
 		return fmt.Errorf("%w: locking the workspaces' uids: %v", roche.ErrUnavailable, err)
 	}
