@@ -18,10 +18,27 @@ const (
 	DefaultMemory      = "512m"
 	DefaultCPUs        = 1.0
 	DefaultPidsLimit   = 64
-	DefaultUser        = "65534:65534"
+	DefaultUser        = UserAuto
 	DefaultTmpSize     = 64 << 20
 	DefaultOutputLimit = 10 << 20
+	// DefaultDisk bounds what a writable root may hold; DefaultWorkspaceSize is the size
+	// a workspace is made with when the config gives none.
+	DefaultDisk          = "1g"
+	DefaultWorkspaceSize = "1g"
 )
+
+// Bounds of a disk or workspace size: below MinDisk a filesystem has no room for its own
+// bookkeeping; MaxDisk is far beyond what a sandbox needs and keeps sizes sane.
+const (
+	MinDisk = 8 << 20
+	MaxDisk = 1 << 40
+)
+
+// UserAuto, as Config.User, gives the sandbox a non-root uid of its own: per-user kernel
+// limits (inotify instances, processes, locked memory, ...) are then not shared with
+// other sandboxes. Each provider says how it chooses it (Docker: from a range it
+// allocates; a microVM: any, its kernel is its own).
+const UserAuto = "auto"
 
 // Config describes the sandbox to create. Start from DefaultConfig and override fields:
 // a zero Config is not valid, so forgetting a field fails loudly instead of silently
@@ -38,6 +55,10 @@ type Config struct {
 	NetworkAllowlist []string `json:"network_allowlist,omitempty"`
 	// Writable mounts the root filesystem read-write. Read-only by default.
 	Writable bool `json:"writable"`
+	// Disk bounds what a writable root may hold, e.g. "1g" (the default) or "100m":
+	// past it writes fail with ENOSPC. The host enforces it (see each provider). "0" is
+	// no limit, which a caller must ask for. A read-only root has nothing to bound.
+	Disk string `json:"disk"`
 	// TimeoutSecs is the sandbox's lifetime: after it the sandbox is destroyed.
 	TimeoutSecs int `json:"timeout_secs"`
 	// Memory is the memory limit, e.g. "512m", "1g" or a byte count; swap is never added.
@@ -52,12 +73,17 @@ type Config struct {
 	Mounts []Mount `json:"mounts,omitempty"`
 	// Workdir is the working directory of commands; empty means the image's.
 	Workdir string `json:"workdir,omitempty"`
-	// User is "uid[:gid]" (or a name the image knows) commands run as. Non-root by default.
+	// User is "uid[:gid]" (or a name the image knows) commands run as, or UserAuto (the
+	// default): a non-root uid of the sandbox's own.
 	User string `json:"user"`
 	// Workspace names a persistent workspace mounted read-write at /workspace, even on a
 	// read-only root. It outlives the sandbox: a later sandbox with the same name sees
 	// its files. Empty means none.
 	Workspace string `json:"workspace,omitempty"`
+	// WorkspaceSize is the size of Workspace, e.g. "1g", fixed when the workspace is
+	// made: empty means DefaultWorkspaceSize for a new workspace and whatever size an
+	// existing one has; a size that differs from an existing workspace's is refused.
+	WorkspaceSize string `json:"workspace_size,omitempty"`
 	// FromSnapshot creates the sandbox from a snapshot (see Snapshotter) instead of
 	// Image: its files as they were, without its processes.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
@@ -103,6 +129,7 @@ func DefaultConfig() Config {
 		Image:       DefaultImage,
 		TimeoutSecs: DefaultTimeoutSecs,
 		Memory:      DefaultMemory,
+		Disk:        DefaultDisk,
 		CPUs:        DefaultCPUs,
 		PidsLimit:   DefaultPidsLimit,
 		User:        DefaultUser,
@@ -124,6 +151,18 @@ func (c Config) Validate() error {
 	if _, err := ParseMemory(c.Memory); err != nil {
 		add("memory: %v", err)
 	}
+	if _, err := ParseDisk(c.Disk); err != nil {
+		add("disk: %v", err)
+	}
+	if c.WorkspaceSize != "" {
+		if c.Workspace == "" {
+			add("workspace_size is set without a workspace: name one with workspace, or drop workspace_size")
+		} else if n, err := ParseDisk(c.WorkspaceSize); err != nil {
+			add("workspace_size: %v", err)
+		} else if n == 0 {
+			add("workspace_size is 0: a workspace always has a size; give one such as %s", DefaultWorkspaceSize)
+		}
+	}
 	if c.CPUs <= 0 || math.IsNaN(c.CPUs) || math.IsInf(c.CPUs, 0) {
 		add("cpus is %v: give a positive number such as 0.5 or 2", c.CPUs)
 	}
@@ -131,7 +170,7 @@ func (c Config) Validate() error {
 		add("pids_limit is %d: give a positive number of processes", c.PidsLimit)
 	}
 	if strings.TrimSpace(c.User) == "" {
-		add("user is empty: give uid[:gid], e.g. %s", DefaultUser)
+		add("user is empty: give uid[:gid], e.g. 1000:1000, or %s for a uid of the sandbox's own", UserAuto)
 	}
 	for k := range c.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -184,12 +223,63 @@ func (c Config) MemoryBytes() int64 {
 	return n
 }
 
+// DiskBytes returns the disk limit in bytes, 0 for none. Call Validate first.
+func (c Config) DiskBytes() int64 {
+	n, _ := ParseDisk(c.Disk)
+	return n
+}
+
+// WorkspaceBytes returns the workspace size asked for in bytes, 0 when the config leaves
+// it to the workspace (DefaultWorkspaceSize for a new one). Call Validate first.
+func (c Config) WorkspaceBytes() int64 {
+	if c.WorkspaceSize == "" {
+		return 0
+	}
+	n, _ := ParseDisk(c.WorkspaceSize)
+	return n
+}
+
+// ParseDisk parses a disk size as ParseMemory does ("1g", "100m", "1.5g", a byte count),
+// between MinDisk and MaxDisk; "0" is no limit.
+func ParseDisk(s string) (int64, error) {
+	v, err := parseSize(s)
+	switch {
+	case err != nil:
+		return 0, err
+	case v == 0:
+		return 0, nil
+	case v < 0:
+		return 0, fmt.Errorf("%q is negative: give a size such as %s, or 0 for no limit", s, DefaultDisk)
+	case v < MinDisk:
+		return 0, fmt.Errorf("%q is below the 8m minimum (0 is no limit)", s)
+	case v > MaxDisk:
+		return 0, fmt.Errorf("%q is above the 1t maximum", s)
+	}
+	return int64(v), nil
+}
+
 // minMemory is Docker's floor for a memory limit; below it no runtime can start a process.
 const minMemory = 6 << 20
 
 // ParseMemory parses "512m", "1g", "1.5g", "65536k" or a plain byte count. Units are
 // binary (k = 1024) and case-insensitive; a trailing "b" or "ib" is accepted ("512MiB").
 func ParseMemory(s string) (int64, error) {
+	bytes, err := parseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	if bytes < minMemory {
+		return 0, fmt.Errorf("%q is below the 6m minimum a sandbox needs", s)
+	}
+	if bytes > math.MaxInt64/2 {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return int64(bytes), nil
+}
+
+// parseSize reads a number of bytes with an optional binary unit (k, m, g, t; a trailing
+// "b" or "ib" accepted), case-insensitive; callers check the range.
+func parseSize(s string) (float64, error) {
 	orig := s
 	s = strings.ToLower(strings.TrimSpace(s))
 	s = strings.TrimSuffix(s, "ib")
@@ -214,14 +304,7 @@ func ParseMemory(s string) (int64, error) {
 	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
 		return 0, fmt.Errorf("%q is not a size: use a number with an optional unit k, m or g, e.g. 512m", orig)
 	}
-	bytes := v * mult
-	if bytes < minMemory {
-		return 0, fmt.Errorf("%q is below the 6m minimum a sandbox needs", orig)
-	}
-	if bytes > math.MaxInt64/2 {
-		return 0, fmt.Errorf("%q is too large", orig)
-	}
-	return int64(bytes), nil
+	return v * mult, nil
 }
 
 // ParseMount parses the --mount syntax "host:sandbox[:ro|rw]" (read-only unless rw).

@@ -12,7 +12,7 @@ func TestDefaultConfigIsSecureAndValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Network || c.Writable || c.User == "" || strings.HasPrefix(c.User, "0") || c.PidsLimit != 64 ||
-		c.MemoryBytes() != 512<<20 || c.CPUs != 1 || c.TimeoutSecs != 300 {
+		c.MemoryBytes() != 512<<20 || c.CPUs != 1 || c.TimeoutSecs != 300 || c.DiskBytes() != 1<<30 || c.WorkspaceBytes() != 0 {
 		t.Fatalf("defaults are not the secure ones: %+v", c)
 	}
 }
@@ -51,6 +51,63 @@ func TestParseMemory(t *testing.T) {
 		if _, err := ParseMemory(in); err == nil {
 			t.Errorf("ParseMemory(%q) accepted", in)
 		}
+	}
+}
+
+func TestParseDisk(t *testing.T) {
+	good := map[string]int64{"0": 0, "1g": 1 << 30, "100m": 100 << 20, "1.5G": 3 << 29, "8m": 8 << 20, "1t": 1 << 40,
+		"512MiB": 512 << 20, "104857600": 100 << 20, " 2g ": 2 << 30}
+	for in, want := range good {
+		if got, err := ParseDisk(in); err != nil || got != want {
+			t.Errorf("ParseDisk(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	bad := map[string]string{
+		"": "not a size", "1x": "not a size", "g": "not a size", "NaN": "not a size", "inf": "not a size",
+		"-1g": "negative", "-0.5m": "negative", "1m": "minimum", "4096": "minimum",
+		"2t": "maximum", "1e30g": "maximum",
+	}
+	for in, want := range bad {
+		if _, err := ParseDisk(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseDisk(%q): %v, want an error saying %q", in, err, want)
+		}
+	}
+}
+
+func TestValidateDisk(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		set       func(*Config)
+		wantInErr string // "" for valid
+	}{
+		{"default", func(c *Config) {}, ""},
+		{"no limit", func(c *Config) { c.Disk = "0"; c.Writable = true }, ""},
+		{"empty disk", func(c *Config) { c.Disk = "" }, "disk: \"\" is not a size"},
+		{"bad disk", func(c *Config) { c.Disk = "lots" }, "disk: \"lots\" is not a size"},
+		{"negative disk", func(c *Config) { c.Disk = "-100m" }, "disk: \"-100m\" is negative"},
+		{"huge disk", func(c *Config) { c.Disk = "5t" }, "disk: \"5t\" is above the 1t maximum"},
+		{"workspace size", func(c *Config) { c.Workspace = "w"; c.WorkspaceSize = "50m" }, ""},
+		{"workspace size without workspace", func(c *Config) { c.WorkspaceSize = "50m" }, "workspace_size is set without a workspace"},
+		{"workspace size 0", func(c *Config) { c.Workspace = "w"; c.WorkspaceSize = "0" }, "workspace_size is 0"},
+		{"bad workspace size", func(c *Config) { c.Workspace = "w"; c.WorkspaceSize = "2t" }, "workspace_size: \"2t\" is above"},
+	} {
+		c := DefaultConfig()
+		tc.set(&c)
+		err := c.Validate()
+		if tc.wantInErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.wantInErr) {
+			t.Errorf("%s: %v, want ErrInvalidConfig saying %s", tc.name, err, tc.wantInErr)
+		}
+	}
+	c := DefaultConfig()
+	c.Workspace, c.WorkspaceSize = "w", "50m"
+	if c.WorkspaceBytes() != 50<<20 {
+		t.Errorf("WorkspaceBytes of 50m: %d", c.WorkspaceBytes())
 	}
 }
 

@@ -97,6 +97,9 @@ type Workspace struct {
 	CreatedAt time.Time `json:"created_at"`
 	// InUseBy lists the sandboxes that have it mounted.
 	InUseBy []string `json:"in_use_by,omitempty"`
+	// SizeBytes is what it may hold (Config.WorkspaceSize when it was made); 0 for one
+	// made before workspaces had sizes.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
 }
 
 // Resetter puts a sandbox back to a clean state.

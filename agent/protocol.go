@@ -132,6 +132,7 @@ const (
 	CodeInvalid     = "invalid"
 	CodeUnsupported = "unsupported"
 	CodePermission  = "permission"
+	CodeNoSpace     = "no_space" // ENOSPC or EDQUOT: the sandbox's disk or /tmp is full
 	CodeInternal    = "internal"
 )
 

@@ -97,7 +97,10 @@ func TestConformance(t *testing.T) {
 	cfg := roche.DefaultConfig()
 	cfg.Image = testImage()
 	providertest.Run(t, c.Provider("docker"), providertest.Options{Config: cfg})
-	st, err := c.PoolStatus(ctx)
+	// A context of its own: the suite takes longer than the warm-up's minute.
+	sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
+	defer scancel()
+	st, err := c.PoolStatus(sctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,8 @@ import (
 	"path"
 	"path/filepath"
 
-	"connectrpc.com/connect"
-
 	"github.com/roche-sandbox/roche"
-	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/tarfs"
 )
 
 // WriteFile writes r to the absolute sandbox path, replacing it and creating missing
@@ -50,54 +48,35 @@ func (p *Provider) WriteFile(ctx context.Context, id, dst string, r io.Reader, m
 }
 
 // ReadFile streams the sandbox file at src to w, as roche.FileSystem's ReadFile does
-// in-process. A directory is refused: CopyFrom copies those.
+// in-process, refusing a file over roche.DefaultCopyMaxBytes (see ReadFileLimit). A
+// directory is refused: CopyFrom copies those.
 func (p *Provider) ReadFile(ctx context.Context, id, src string, w io.Writer) error {
+	return p.ReadFileLimit(ctx, id, src, w, 0)
+}
+
+// ReadFileLimit is ReadFile with a cap on the file's size, checked before any of its
+// content is read; 0 means roche.DefaultCopyMaxBytes. The daemon's own cap (roched
+// --copy-max-bytes) applies too. A file over the cap is ErrExhausted.
+func (p *Provider) ReadFileLimit(ctx context.Context, id, src string, w io.Writer, maxBytes int64) error {
 	if !path.IsAbs(src) || path.Clean(src) == "/" {
 		return fmt.Errorf("%w: path %q must be an absolute path below /, e.g. /tmp/data.txt", roche.ErrInvalidConfig, src)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := p.c.rpc.CopyFrom(ctx, connect.NewRequest(&rochev1.CopyFromRequest{SandboxId: id, Src: src}))
-	if err != nil {
-		return p.c.fromRPC(err)
+	opts := roche.CopyOptions{MaxBytes: maxBytes}
+	oc := &optionCopier{p: p, opts: opts}
+	err := roche.PipeFrom(ctx, oc, id, src, func(r io.Reader) error { return singleFile(r, src, w, opts.Limit()) })
+	if errors.Is(err, tarfs.ErrEmpty) && oc.skipped.SkippedLinks > 0 {
+		return fmt.Errorf("%w: %s is a symlink, which the files API does not follow: read what it points to", roche.ErrPermission, src)
 	}
-	defer stream.Close()
-	pr, pw := io.Pipe()
-	read := make(chan error, 1)
-	go func() {
-		err := singleFile(pr, src, w)
-		if err != nil {
-			cancel() // the rest of the download is of no use
-		}
-		_, _ = io.Copy(io.Discard, pr)
-		read <- err
-	}()
-	for stream.Receive() {
-		if _, err := pw.Write(stream.Msg().TarChunk); err != nil {
-			break
-		}
-	}
-	serr := stream.Err()
-	pw.Close()
-	rerr := <-read
-	// The daemon's own error (not found, ...) explains an empty or cut-off archive; a
-	// cancellation is ours when the file could not be read.
-	if serr != nil && connect.CodeOf(serr) != connect.CodeCanceled {
-		return p.c.fromRPC(serr)
-	}
-	if rerr != nil {
-		return rerr
-	}
-	return p.c.fromRPC(serr)
+	return err
 }
 
 // singleFile copies the content of the tar stream's first entry, which must be a
-// regular file, to w.
-func singleFile(r io.Reader, src string, w io.Writer) error {
+// regular file of at most limit bytes, to w.
+func singleFile(r io.Reader, src string, w io.Writer, limit int64) error {
 	tr := tar.NewReader(r)
 	hdr, err := tr.Next()
 	if errors.Is(err, io.EOF) {
-		return fmt.Errorf("reading %s: the daemon sent an empty archive", src)
+		return fmt.Errorf("reading %s: %w", src, tarfs.ErrEmpty)
 	}
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", src, err)
@@ -108,6 +87,10 @@ func singleFile(r io.Reader, src string, w io.Writer) error {
 		return fmt.Errorf("%w: %s is a directory: ReadFile reads files; CopyFrom copies directories", roche.ErrInvalidConfig, src)
 	default:
 		return fmt.Errorf("%w: %s is not a regular file", roche.ErrInvalidConfig, src)
+	}
+	if hdr.Size > limit {
+		return fmt.Errorf("%w: %s is %s, over the %s one read may move: read less, or raise the cap (ReadFileLimit, max_bytes= in the SDK)",
+			roche.ErrExhausted, src, tarfs.Size(hdr.Size), tarfs.Size(limit))
 	}
 	if _, err := io.Copy(w, tr); err != nil {
 		return fmt.Errorf("reading %s: %w", src, err)

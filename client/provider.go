@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"time"
 
@@ -28,6 +27,8 @@ type Provider struct {
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
+	_ roche.Copier           = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.Resetter         = (*Provider)(nil)
@@ -192,30 +193,92 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 // copyChunk is the size of each uploaded piece of the tar stream.
 const copyChunk = 32 << 10
 
-// CopyTo implements roche.FileCopier: the host path src (on the client's host) is sent
-// as a tar stream and becomes dst in the sandbox.
+// CopyTo implements roche.FileCopier with the default options (see CopyIn).
 func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
-	if _, err := os.Lstat(src); err != nil {
-		return fmt.Errorf("%w: host path %s: %v", roche.ErrNotFound, src, err)
+	_, err := p.CopyIn(ctx, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// CopyFrom implements roche.FileCopier with the default options (see CopyOut).
+func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
+	_, err := p.CopyOut(ctx, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// CopyIn implements roche.Copier: roche.CopyIn, with the options also sent to the
+// daemon, which enforces its own cap (roched --copy-max-bytes) as well.
+func (p *Provider) CopyIn(ctx context.Context, id, src, dst string, opts roche.CopyOptions) (roche.CopyReport, error) {
+	return roche.CopyIn(ctx, &optionCopier{p: p, opts: opts}, id, src, dst, opts)
+}
+
+// CopyOut implements roche.Copier: roche.CopyOut on the client's host, of a stream the
+// daemon has already checked (names, size cap, links as asked); what the daemon left
+// out is counted in the report with what the client did.
+func (p *Provider) CopyOut(ctx context.Context, id, src, dst string, opts roche.CopyOptions) (roche.CopyReport, error) {
+	oc := &optionCopier{p: p, opts: opts}
+	rep, err := roche.CopyOut(ctx, oc, id, src, dst, opts)
+	if errors.Is(err, tarfs.ErrEmpty) && oc.skipped.Skipped > 0 {
+		err = nil // everything there was, the daemon left out (a symlink, say): the report says so
 	}
+	rep.Skipped += oc.skipped.Skipped
+	rep.SkippedLinks += oc.skipped.SkippedLinks
+	rep.Examples = append(oc.skipped.Examples, rep.Examples...)
+	if len(rep.Examples) > 5 {
+		rep.Examples = rep.Examples[:5]
+	}
+	return rep, err
+}
+
+// CopyTarTo implements roche.TarCopier: r is uploaded as it is read, under the daemon's cap.
+func (p *Provider) CopyTarTo(ctx context.Context, id, dst string, r io.Reader) error {
+	return p.upload(ctx, id, dst, r, 0)
+}
+
+// CopyTarFrom implements roche.TarCopier: the daemon's checked stream, under its cap,
+// without symlinks.
+func (p *Provider) CopyTarFrom(ctx context.Context, id, src string, w io.Writer) error {
+	_, err := p.download(ctx, &rochev1.CopyFromRequest{SandboxId: id, Src: src}, w)
+	return err
+}
+
+// optionCopier is the daemon's TarCopier for one copy with options: they go in the
+// requests, and what the daemon left out is kept.
+type optionCopier struct {
+	p       *Provider
+	opts    roche.CopyOptions
+	skipped roche.CopyReport
+}
+
+func (o *optionCopier) CopyTarTo(ctx context.Context, id, dst string, r io.Reader) error {
+	return o.p.upload(ctx, id, dst, r, o.opts.MaxBytes)
+}
+
+func (o *optionCopier) CopyTarFrom(ctx context.Context, id, src string, w io.Writer) error {
+	rep, err := o.p.download(ctx, &rochev1.CopyFromRequest{
+		SandboxId: id, Src: src, MaxBytes: max(o.opts.MaxBytes, 0), PreserveLinks: o.opts.PreserveLinks,
+	}, w)
+	o.skipped = rep
+	return err
+}
+
+// upload sends the tar stream r to the daemon's CopyTo as it is read. maxBytes 0 leaves
+// the cap to the daemon.
+func (p *Provider) upload(ctx context.Context, id, dst string, r io.Reader, maxBytes int64) error {
 	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
 		return fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst)
 	}
 	stream := p.c.rpc.CopyTo(ctx)
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(tarfs.Write(pw, src, path.Base(path.Clean(dst)))) }()
-	defer pr.Close()
 	first := true
 	buf := make([]byte, copyChunk)
 	for {
-		n, rerr := io.ReadFull(pr, buf)
+		n, rerr := io.ReadFull(r, buf)
 		if n > 0 || first {
 			msg := &rochev1.CopyToRequest{TarChunk: buf[:n]}
 			if first {
-				msg.SandboxId, msg.Dst, first = id, dst, false
+				msg.SandboxId, msg.Dst, msg.MaxBytes, first = id, dst, max(maxBytes, 0), false
 			}
 			if err := stream.Send(msg); err != nil {
-				// The daemon refused (unknown sandbox, ...): its reason comes with the close.
+				// The daemon refused (unknown sandbox, over the cap, ...): its reason comes with the close.
 				_, cerr := stream.CloseAndReceive()
 				if cerr != nil {
 					return p.c.fromRPC(cerr)
@@ -228,41 +291,32 @@ func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
 		}
 		if rerr != nil {
 			_, _ = stream.CloseAndReceive()
-			return fmt.Errorf("packing %s: %w", src, rerr)
+			return rerr
 		}
 	}
 	_, err := stream.CloseAndReceive()
 	return p.c.fromRPC(err)
 }
 
-// CopyFrom implements roche.FileCopier: the sandbox path src becomes the host path dst
-// (on the client's host).
-func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
-	stream, err := p.c.rpc.CopyFrom(ctx, connect.NewRequest(&rochev1.CopyFromRequest{SandboxId: id, Src: src}))
+// download writes the daemon's CopyFrom stream for req to w and returns what the daemon
+// says it left out.
+func (p *Provider) download(ctx context.Context, req *rochev1.CopyFromRequest, w io.Writer) (roche.CopyReport, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := p.c.rpc.CopyFrom(ctx, connect.NewRequest(req))
 	if err != nil {
-		return p.c.fromRPC(err)
+		return roche.CopyReport{}, p.c.fromRPC(err)
 	}
 	defer stream.Close()
-	pr, pw := io.Pipe()
-	extracted := make(chan error, 1)
-	go func() {
-		err := tarfs.Extract(pr, dst)
-		_, _ = io.Copy(io.Discard, pr)
-		extracted <- err
-	}()
 	for stream.Receive() {
-		if _, err := pw.Write(stream.Msg().TarChunk); err != nil {
-			break
+		if _, err := w.Write(stream.Msg().TarChunk); err != nil {
+			// The reader gave up (a cap, a refusal): the rest of the stream is of no use.
+			cancel()
+			return roche.CopyReport{}, err
 		}
 	}
-	serr := stream.Err()
-	pw.Close()
-	xerr := <-extracted
-	if serr != nil {
-		return p.c.fromRPC(serr)
+	if err := stream.Err(); err != nil {
+		return roche.CopyReport{}, p.c.fromRPC(err)
 	}
-	if xerr != nil {
-		return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, xerr)
-	}
-	return nil
+	return wire.Skipped(stream.ResponseTrailer()), nil
 }

@@ -81,6 +81,18 @@ func TestDockerPool(t *testing.T) {
 	if err != nil || res.Stdout != "pooled\n" {
 		t.Fatalf("exec in a pooled sandbox: %+v %v", res, err)
 	}
+	// Each pooled sandbox has a uid of its own, as a sandbox made on demand does.
+	var uids []string
+	for _, id := range []string{a.ID, b.ID} {
+		res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"id", "-u"}})
+		if err != nil || res.ExitCode != 0 || res.Stdout == "0\n" {
+			t.Fatalf("uid of pooled sandbox %s: %+v %v", id, res, err)
+		}
+		uids = append(uids, res.Stdout)
+	}
+	if uids[0] == uids[1] {
+		t.Fatalf("two pooled sandboxes share uid %s", uids[0])
+	}
 	// Two handed out of a total of 3: the refill makes exactly one more.
 	deadline := time.Now().Add(30 * time.Second)
 	for pl.Status().Idle != 1 || pl.Status().Creating != 0 {

@@ -340,11 +340,17 @@ func TestMatch(t *testing.T) {
 		{"workspace", "docker", func(c *roche.Config) { c.Workspace = "ws" }, false},
 		{"snapshot", "docker", func(c *roche.Config) { c.FromSnapshot = "s" }, false},
 		{"writable", "docker", func(c *roche.Config) { c.Writable = true }, false},
+		{"writable with the pool's disk", "docker", func(c *roche.Config) { c.Writable = true; c.Disk = roche.DefaultDisk }, false},
+		{"writable with another disk", "docker", func(c *roche.Config) { c.Writable = true; c.Disk = "100m" }, false},
+		{"disk on a read-only root cannot matter", "docker", func(c *roche.Config) { c.Disk = "100m" }, true},
+		{"no disk limit on a read-only root", "docker", func(c *roche.Config) { c.Disk = "0" }, true},
 		{"mounts", "docker", func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/a", Target: "/b"}} }, false},
 		{"memory", "docker", func(c *roche.Config) { c.Memory = "1g" }, false},
 		{"cpus", "docker", func(c *roche.Config) { c.CPUs = 2 }, false},
 		{"pids", "docker", func(c *roche.Config) { c.PidsLimit = 65 }, false},
 		{"user", "docker", func(c *roche.Config) { c.User = "1000" }, false},
+		// Pooled sandboxes run as uids of their own; one who names a uid gets that one.
+		{"the user pooled sandboxes once had", "docker", func(c *roche.Config) { c.User = "65534:65534" }, false},
 		{"other image", "docker", func(c *roche.Config) { c.Image = "python:3.12-slim" }, false},
 		{"other provider", "wasm", func(*roche.Config) {}, false},
 	}
@@ -408,5 +414,30 @@ func TestNewManagerRejects(t *testing.T) {
 	_, err = NewManager(map[string]roche.Provider{"docker": newFake(0)}, []Spec{s, s})
 	if err == nil || !strings.Contains(err.Error(), "given twice") {
 		t.Fatalf("duplicate: %v", err)
+	}
+}
+
+// TestDiskMatches: were pools ever to hold writable roots, a create asking for another
+// disk limit must not be served one made with the pool's.
+func TestDiskMatches(t *testing.T) {
+	base := roche.DefaultConfig()
+	for _, c := range []struct {
+		name           string
+		writable       bool
+		disk, poolDisk string
+		want           bool
+	}{
+		{"read-only, other disk", false, "100m", "1g", true},
+		{"writable, same disk", true, "1g", "1g", true},
+		{"writable, same disk spelled otherwise", true, "1024m", "1g", true},
+		{"writable, other disk", true, "100m", "1g", false},
+		{"writable, no limit against a limit", true, "0", "1g", false},
+	} {
+		cfg, pooled := base, base
+		cfg.Writable, pooled.Writable = c.writable, c.writable
+		cfg.Disk, pooled.Disk = c.disk, c.poolDisk
+		if got := diskMatches(cfg, pooled); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -47,7 +47,8 @@ func ParseKey(s string) (Key, error) {
 // A create is served from the pool when its config differs from the pool's only in
 // what can be applied when a command runs (env and workdir) and asks for a lifetime of
 // at most MaxTimeoutSecs; anything else (network, writable, mounts, user, a different
-// memory, cpus or pids limit) needs a sandbox made for it and goes cold.
+// memory, cpus or pids limit) needs a sandbox made for it and goes cold. A disk limit
+// bounds only a writable root, so on the pool's read-only roots any limit is served.
 type Spec struct {
 	Key
 	// MinIdle sandboxes are kept ready (param min, default 1).
@@ -151,6 +152,13 @@ func ParseSpec(s string) (Spec, error) {
 	return spec, nil
 }
 
+// diskMatches reports whether a sandbox made with base's disk limit serves cfg's: the
+// limit bounds a writable root and nothing else (a workspace has its own size), so on a
+// read-only root, which is all a pool holds, any limit will do.
+func diskMatches(cfg, base roche.Config) bool {
+	return !cfg.Writable && !base.Writable || cfg.DiskBytes() == base.DiskBytes()
+}
+
 // parseSeconds reads "600" or "0.5" as seconds, or a Go duration such as "10m".
 func parseSeconds(v string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
@@ -239,6 +247,7 @@ func (s Spec) Matches(provider string, cfg roche.Config) bool {
 		cfg.Image == base.Image &&
 		!cfg.Network && len(cfg.NetworkAllowlist) == 0 && cfg.Workspace == "" && cfg.FromSnapshot == "" &&
 		!cfg.Writable && len(cfg.Mounts) == 0 &&
+		diskMatches(cfg, base) &&
 		cfg.User == base.User &&
 		cfg.MemoryBytes() == base.MemoryBytes() &&
 		cfg.CPUs == base.CPUs &&

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine with Go: installs what the tests need
-# (docker.io, debootstrap; for the microVMs qemu-system-x86, linux-image-amd64, e2fsprogs,
-# xz-utils, cpio), starts dockerd when nothing answers on its socket, builds the
+# (docker.io, debootstrap; e2fsprogs for disk limits; for the microVMs qemu-system-x86,
+# linux-image-amd64, xz-utils, cpio), starts dockerd when nothing answers on its socket,
+# checks that it can bound disks (overlay2, loop devices), builds the
 # local test image and fetches python.wasm when absent, then runs every test and checks
 # that no sandbox was leaked. Needs root for apt-get and dockerd (as CI has).
 #
@@ -18,7 +19,9 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2
 fi
 
 # The microVM providers (provider/vm): QEMU, a Debian guest kernel with its modules,
-# mkfs.ext4 for root filesystems, xz to uncompress the kernel, cpio to check initramfs.
+# mkfs.ext4 for root filesystems (and for the sized filesystems that bound Docker
+# sandboxes' writable roots and workspaces), xz to uncompress the kernel, cpio to check
+# initramfs.
 vm_need=()
 command -v qemu-system-x86_64 >/dev/null 2>&1 || vm_need+=(qemu-system-x86)
 compgen -G '/boot/vmlinuz-*' >/dev/null || vm_need+=(linux-image-amd64)
@@ -41,6 +44,20 @@ if ! timeout 10 docker info >/dev/null 2>&1; then
   done
 fi
 
+# Disk limits: a Docker sandbox's writable root is bounded by an ext4 filesystem that Roche
+# loop-mounts under the engine's overlay2 layer (README, "Disk limits"). With another
+# storage driver every writable-root test would fail on the refusal; say so once, here.
+driver=$(timeout 10 docker info --format '{{.Driver}}' 2>/dev/null || true)
+if [ "$driver" != overlay2 ]; then
+  echo "the Docker engine's storage driver is '${driver:-unknown}', and Roche bounds a writable root's disk on overlay2 only:" >&2
+  echo "the writable-root tests would fail. Run dockerd with --storage-driver overlay2 (the default on ext4 and xfs)." >&2
+  exit 1
+fi
+if [ ! -e /dev/loop-control ] && ! compgen -G '/dev/loop[0-9]*' >/dev/null; then
+  echo "no loop devices (/dev/loop-control): Roche's disk limits need them; load the loop module (modprobe loop)" >&2
+  exit 1
+fi
+
 log "test image"
 bash scripts/build-test-image.sh roche/python:local
 
@@ -53,6 +70,11 @@ fi
 # silently; what exists now is compared with what exists at the end.
 kept() {
   docker volume ls -q --filter name=roche-ws- | sort
+  for d in "${HOME}/.local/share/roche/docker" /var/lib/roche/docker; do
+    if [ -d "$d/workspaces" ]; then find "$d/workspaces" -mindepth 1 -maxdepth 2 ! -name '*.lock' ! -path "$d/workspaces/mnt"; fi
+  done | sort
+  # A sized layer left attached to a loop device would be a sandbox's disk not given back.
+  losetup -l -n -O BACK-FILE 2>/dev/null | grep 'roche-disk\.img' | sort || true
   docker images --filter reference='roche-snapshot:*' --format '{{.Repository}}:{{.Tag}}' | sort
   for d in "${HOME}/.local/share/roche/wasm" /var/lib/roche/wasm; do
     for kind in workspaces snapshots; do
@@ -96,7 +118,7 @@ if [ -d /run/roche/vm ] && [ -n "$(ls -A /run/roche/vm)" ]; then
 fi
 kept_after=$(kept)
 if [ "$kept_before" != "$kept_after" ]; then
-  echo "workspaces or snapshots made by the suite survived it:" >&2
+  echo "workspaces, snapshots or sized disks made by the suite survived it:" >&2
   diff <(echo "$kept_before") <(echo "$kept_after") >&2
   exit 1
 fi

@@ -186,7 +186,7 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	start := time.Now()
 	before := oomKills()
 	pid, wait, err := s.reaper.start(func() (int, error) {
-		return syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
+		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
 			Dir:   req.Cwd,
 			Env:   env,
 			Files: []uintptr{stdinR.Fd(), stdoutW.Fd(), stderrW.Fd()},
@@ -199,6 +199,10 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 				CgroupFD:    s.cgroupFD,
 			},
 		})
+		if err == nil {
+			s.oomFirst(pid)
+		}
+		return pid, err
 	})
 	stdinR.Close()
 	stdoutW.Close()
@@ -255,9 +259,13 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	res := agent.Result{PID: pid, ExitCode: ws.ExitStatus(), DurationNS: duration.Nanoseconds()}
 	if ws.Signaled() {
 		res.ExitCode = 128 + int(ws.Signal())
-		if ws.Signal() == syscall.SIGKILL && !p.timedOut && oomKills() > before {
-			res.OOMKilled = true
-		}
+	}
+	// Killed by the OOM killer: the command died of SIGKILL, or exited 137 as a shell
+	// does whose child died of it (sh -c 'head -c 100M /dev/zero > /dev/shm/f'), and the
+	// cgroup counted an OOM kill meanwhile. Memory held by a tmpfs (/dev/shm, /tmp)
+	// belongs to no process, so the victim need not be the program that filled it.
+	if res.ExitCode == 128+int(syscall.SIGKILL) && !p.timedOut && before >= 0 && oomKills() > before {
+		res.OOMKilled = true
 	}
 	p.finish(res)
 	s.retire(p)
@@ -429,6 +437,17 @@ func (s *Server) signal(pid, sig int) error {
 		return err
 	}
 	return nil
+}
+
+// oomFirst makes a command the OOM killer's first choice over the agent (the highest
+// oom_score_adj; raising it needs no privilege). Memory a program leaves in a tmpfs is
+// nobody's RSS, so without it a small program filling /dev/shm could get the agent, a
+// bigger process, killed, and the sandbox with it. Children inherit the score. A program
+// may lower its own back to the agent's, and then risk only its own sandbox.
+func (s *Server) oomFirst(pid int) {
+	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("1000"), 0); err != nil {
+		s.log.Warn("raising a command's OOM score", "pid", pid, "err", err)
+	}
 }
 
 // oomKills reads the sandbox cgroup's OOM-kill counter (cgroup v1 or v2); -1 if unknown.

@@ -122,7 +122,9 @@ func (s *Server) files(c *conn, req agent.Request) error {
 				return fileErr(path.Dir(p), err)
 			}
 			r := &dataReader{c: c}
-			err := tarfs.Extract(r, p)
+			// As the sandbox user, a symlink can reach nothing that user could not, so
+			// links are kept as they are; the extraction still never writes through one.
+			_, err := tarfs.Extract(r, p, tarfs.Options{Links: tarfs.AllLinks})
 			// Read to the end of the data (the archive's trailer may still be on its way):
 			// replying and closing first would make the client's last writes fail.
 			_, _ = io.Copy(io.Discard, r)
@@ -134,11 +136,8 @@ func (s *Server) files(c *conn, req agent.Request) error {
 		return c.sendJSON(agent.FrameReply, struct{}{})
 	case agent.OpTar:
 		err := s.asUser(func() error {
-			if _, err := os.Lstat(p); err != nil {
-				return fileErr(p, err)
-			}
 			w := &dataWriter{c: c}
-			if err := tarfs.Write(w, p, path.Base(p)); err != nil {
+			if _, err := tarfs.Write(w, p, path.Base(p), tarfs.Options{}); err != nil {
 				return fileErr(p, err)
 			}
 			return nil
@@ -288,16 +287,18 @@ func fileErr(p string, err error) error {
 		return &agent.Error{Code: agent.CodePermission, Message: fmt.Sprintf("%s is on the sandbox's read-only root: write under /tmp, or create the sandbox writable", p)}
 	case errors.Is(err, fs.ErrPermission):
 		return &agent.Error{Code: agent.CodePermission, Message: fmt.Sprintf("permission denied for %s as the sandbox user", p)}
-	case errors.Is(err, syscall.ENOSPC):
-		return &agent.Error{Code: agent.CodePermission, Message: fmt.Sprintf("no space left writing %s (the /tmp tmpfs holds 64 MiB)", p)}
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return &agent.Error{Code: agent.CodeNoSpace, Message: fmt.Sprintf("no space left writing %s: the sandbox's disk or /tmp is full; remove files there first", p)}
 	case errors.Is(err, fs.ErrExist):
 		return &agent.Error{Code: agent.CodeInvalid, Message: fmt.Sprintf("%s already exists", p)}
 	case errors.Is(err, syscall.ENOTEMPTY):
 		return &agent.Error{Code: agent.CodeInvalid, Message: fmt.Sprintf("%s is a non-empty directory: remove it recursively", p)}
 	}
-	msg := err.Error()
-	if strings.Contains(msg, "outside the destination") || strings.Contains(msg, "symlink") {
-		return &agent.Error{Code: agent.CodePermission, Message: msg}
+	switch {
+	case errors.Is(err, tarfs.ErrUnsafe):
+		return &agent.Error{Code: agent.CodePermission, Message: err.Error()}
+	case errors.Is(err, tarfs.ErrNotDir), errors.Is(err, tarfs.ErrIsDir):
+		return &agent.Error{Code: agent.CodeInvalid, Message: err.Error()}
 	}
 	return &agent.Error{Code: agent.CodeInternal, Message: fmt.Sprintf("%s: %v", p, err)}
 }

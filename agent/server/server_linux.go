@@ -45,6 +45,10 @@ type Config struct {
 	// Own lists directories handed to the sandbox user at start when root owns them: a
 	// fresh workspace volume is created root-owned, and the sandbox must be able to write it.
 	Own []string
+	// ChownFrom, when positive, is a uid whose files on the root filesystem are handed to
+	// the sandbox user at start: in a sandbox made from a snapshot, what the sandbox it
+	// was taken of wrote (as another uid) must stay the sandbox's to change.
+	ChownFrom int
 }
 
 // Server is the in-sandbox agent.
@@ -100,6 +104,11 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Run(ctx context.Context) error {
 	reserveThreads(agent.ThreadReserve)
 	go s.reaper.run()
+	if s.cfg.ChownFrom > 0 && s.cfg.ChownFrom != s.uid {
+		if err := chownRoot(s.cfg.ChownFrom, s.uid, s.gid); err != nil {
+			return fmt.Errorf("handing uid %d's files to the sandbox user: %w", s.cfg.ChownFrom, err)
+		}
+	}
 	for _, dir := range s.cfg.Own {
 		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == 0 {

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -122,7 +121,7 @@ func runVM() error {
 		return err
 	}
 	s.cgroupFD = cgroup
-	s.baseEnv = guestEnv(cfg, s.uid)
+	s.baseEnv = guestEnv(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if sess, ok := ln.(*yamux.Session); ok {
@@ -208,9 +207,13 @@ func mountRoot(cfg vmlink.GuestConfig) error {
 		if err := unix.Mount("/dev/vda", "/lower", "ext4", rootFlags, ""); err != nil {
 			return fmt.Errorf("mounting the root filesystem: %w", err)
 		}
-		// The writable layer lives in guest memory: writes vanish with the VM, and the
-		// VM's size bounds them.
-		if err := unix.Mount("tmpfs", "/rw", "tmpfs", unix.MS_NODEV, "mode=0755"); err != nil {
+		// The writable layer lives in guest memory: writes vanish with the VM. Its size is
+		// the sandbox's disk limit (past it, ENOSPC), and the VM's memory bounds it too.
+		opts := "mode=0755"
+		if cfg.DiskSize > 0 {
+			opts += fmt.Sprintf(",size=%d", cfg.DiskSize)
+		}
+		if err := unix.Mount("tmpfs", "/rw", "tmpfs", unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("mounting the writable layer: %w", err)
 		}
 		for _, d := range []string{"/rw/upper", "/rw/work"} {
@@ -472,7 +475,7 @@ func lockDown() error {
 
 // guestEnv is every command's base environment: the configured one, with PATH, HOME and
 // HOSTNAME filled in as a container engine does when the image leaves them out.
-func guestEnv(cfg vmlink.GuestConfig, uid int) []string {
+func guestEnv(cfg vmlink.GuestConfig) []string {
 	env := append([]string(nil), cfg.Env...)
 	has := func(k string) bool {
 		for _, kv := range env {
@@ -488,26 +491,12 @@ func guestEnv(cfg vmlink.GuestConfig, uid int) []string {
 	if !has("HOSTNAME") {
 		env = append(env, "HOSTNAME="+cfg.Hostname)
 	}
+	// HOME is somewhere the sandbox user can write, as in a Docker sandbox: the image's
+	// passwd gives nobody /nonexistent, and the root filesystem is read-only.
 	if !has("HOME") {
-		env = append(env, "HOME="+homeOf(uid))
+		env = append(env, "HOME=/tmp")
 	}
 	return env
-}
-
-func homeOf(uid int) string {
-	f, err := os.Open("/etc/passwd")
-	if err != nil {
-		return "/"
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		p := strings.Split(sc.Text(), ":")
-		if len(p) >= 6 && p[2] == strconv.Itoa(uid) && p[5] != "" {
-			return p[5]
-		}
-	}
-	return "/"
 }
 
 // powerOff ends the VM: with reboot=t (QEMU) or reboot=k (Firecracker) on the kernel

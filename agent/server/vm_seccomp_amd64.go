@@ -14,7 +14,8 @@ import (
 // most of these already fail for a user without capabilities, and the filter keeps them
 // failing even if a kernel bug hands a capability back. Also closed: io_uring (a large
 // attack surface Docker blocks too), user namespaces (unshare, setns), keyrings, BPF,
-// perf events, userfaultfd, ptrace and cross-process memory access.
+// perf events, userfaultfd, ptrace and cross-process memory access, and modify_ldt, as
+// Roche's Docker profile does (provider/docker/internal/seccompgen).
 var vmDeniedSyscalls = []uint32{
 	unix.SYS_ACCT, unix.SYS_ADD_KEY, unix.SYS_BPF, unix.SYS_CLOCK_ADJTIME, unix.SYS_CLOCK_SETTIME,
 	unix.SYS_CREATE_MODULE, unix.SYS_DELETE_MODULE, unix.SYS_FINIT_MODULE, unix.SYS_GET_KERNEL_SYMS,
@@ -25,7 +26,7 @@ var vmDeniedSyscalls = []uint32{
 	unix.SYS_PROCESS_VM_WRITEV, unix.SYS_PTRACE, unix.SYS_QUERY_MODULE, unix.SYS_QUOTACTL,
 	unix.SYS_REQUEST_KEY, unix.SYS_SETNS, unix.SYS_SETTIMEOFDAY, unix.SYS_SWAPON,
 	unix.SYS_SWAPOFF, unix.SYS_SYSFS, unix.SYS__SYSCTL, unix.SYS_UMOUNT2, unix.SYS_UNSHARE,
-	unix.SYS_USELIB, unix.SYS_USERFAULTFD, unix.SYS_USTAT, unix.SYS_VHANGUP,
+	unix.SYS_USELIB, unix.SYS_USERFAULTFD, unix.SYS_USTAT, unix.SYS_VHANGUP, unix.SYS_MODIFY_LDT,
 	unix.SYS_IO_URING_SETUP, unix.SYS_IO_URING_ENTER, unix.SYS_IO_URING_REGISTER,
 	unix.SYS_OPEN_TREE, unix.SYS_MOVE_MOUNT, unix.SYS_FSOPEN, unix.SYS_FSCONFIG,
 	unix.SYS_FSMOUNT, unix.SYS_FSPICK, unix.SYS_MOUNT_SETATTR, unix.SYS_QUOTACTL_FD,

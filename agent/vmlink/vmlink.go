@@ -68,6 +68,9 @@ type GuestConfig struct {
 	PidsLimit int `json:"pids_limit"`
 	// Writable puts a writable layer (overlay on a guest tmpfs) over the read-only root.
 	Writable bool `json:"writable"`
+	// DiskSize is the size of the writable layer's tmpfs in bytes (Config.Disk); 0 is the
+	// kernel's default, half the guest's memory.
+	DiskSize int64 `json:"disk_size,omitempty"`
 	// TmpSize is the size of the /tmp tmpfs in bytes.
 	TmpSize int64 `json:"tmp_size"`
 	// Transport is TransportSerial or TransportVsock.

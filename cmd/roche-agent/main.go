@@ -32,6 +32,7 @@ func run() error {
 	egressListen := flag.String("egress-listen", "", "loopback address to accept HTTP proxy connections on (e.g. 127.0.0.1:3128)")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
 	own := flag.String("own", "", "directory to hand to the sandbox user at start if root owns it (a workspace)")
+	chownFrom := flag.Int("chown-from", 0, "uid whose files on the root filesystem are handed to the sandbox user at start (the uid of the sandbox a snapshot was taken of)")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -41,6 +42,7 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg := server.Config{
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
+		ChownFrom: *chownFrom,
 	}
 	if *own != "" {
 		cfg.Own = []string{*own}

@@ -88,9 +88,10 @@ func (e *env) rootCommand() *cobra.Command {
 		Use:   "roche",
 		Short: "Run untrusted code in sandboxes with secure defaults",
 		Long: `roche runs untrusted, LLM-written code in isolated sandboxes with secure defaults:
-no network, read-only root, a 64 MiB /tmp, 512 MiB memory without swap, 1 CPU,
-64 processes, a 300 s lifetime, no-new-privileges, every capability dropped, the
-engine's seccomp profile and a non-root user. Every default can be overridden.
+no network, read-only root (1 GiB of disk when --writable), a 64 MiB /tmp, 512 MiB
+memory without swap, 1 CPU, 64 processes, a 300 s lifetime, no-new-privileges, every
+capability dropped, Roche's seccomp profile and a non-root uid of the sandbox's own.
+Every default can be overridden.
 
 Providers: docker (default; ROCHE_PROVIDER overrides) and wasm (no dependencies).`,
 		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"

@@ -20,6 +20,8 @@ type createFlags struct {
 	provider  string
 	image     string
 	memory    string
+	disk      string
+	wsSize    string
 	cpus      float64
 	timeout   int
 	network   bool
@@ -47,6 +49,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providerNames()+" (env ROCHE_PROVIDER)")
 	fs.StringVar(&f.image, "image", defImage, "image to run (env ROCHE_IMAGE)")
 	fs.StringVar(&f.memory, "memory", def.Memory, "memory limit, no swap: e.g. 256m, 1g")
+	fs.StringVar(&f.disk, "disk", def.Disk, "what a --writable root may hold, e.g. 100m, 10g; past it writes fail with ENOSPC (0: no limit)")
 	fs.Float64Var(&f.cpus, "cpus", def.CPUs, "CPUs the sandbox may use, e.g. 0.5, 2")
 	fs.IntVar(&f.timeout, "timeout", def.TimeoutSecs, "sandbox lifetime in seconds; it is destroyed after")
 	fs.BoolVar(&f.network, "network", false, "give the sandbox a full network (off by default); on Docker it never reaches this host's\nown addresses or cloud metadata (host firewall rules, so it needs root)")
@@ -55,9 +58,10 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringArrayVar(&f.mounts, "mount", nil, "bind a host path, HOST:SANDBOX[:ro|rw], read-only by default (repeatable)")
 	fs.IntVar(&f.pidsLimit, "pids-limit", def.PidsLimit, "maximum number of processes")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory for commands (default: the image's)")
-	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as")
+	fs.StringVar(&f.user, "user", def.User, "uid[:gid] commands run as; auto: a non-root uid of the sandbox's own (docker: 1900000000-1900999999,\nor the workspace's)")
 	fs.StringVar(&f.snapshot, "from-snapshot", "", "create from the snapshot NAME's files instead of --image (roche snapshot create)")
 	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
+	fs.StringVar(&f.wsSize, "workspace-size", "", "size of a new --workspace, e.g. 5g (default "+roche.DefaultWorkspaceSize+"); fixed when it is made")
 	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run); a name resolving to a\nspecial-purpose, cloud metadata or this host's address is refused")
 }
 
@@ -67,6 +71,8 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg := roche.DefaultConfig()
 	cfg.Image = f.image
 	cfg.Memory = f.memory
+	cfg.Disk = f.disk
+	cfg.WorkspaceSize = f.wsSize
 	cfg.CPUs = f.cpus
 	cfg.TimeoutSecs = f.timeout
 	cfg.Network = f.network
@@ -117,7 +123,9 @@ func (e *env) createCommand() *cobra.Command {
 		Short: "Create a sandbox and print its id",
 		Long:  "Create a sandbox with secure defaults (override them with flags) and print its id.\nIt lives until destroyed or until --timeout seconds have passed.",
 		Example: `  roche create --image roche/python:local
-  roche create --image roche/python:local --memory 1g --cpus 2 --timeout 600 --json`,
+  roche create --image roche/python:local --memory 1g --cpus 2 --timeout 600 --json
+  roche create --image roche/python:local --writable --disk 5g
+  roche create --image roche/python:local --workspace proj --workspace-size 10g`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, info, err := e.create(cmd.Context(), &f)
@@ -430,12 +438,29 @@ func (e *env) gcCommand() *cobra.Command {
 }
 
 func (e *env) cpCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cp SRC DST",
+	var preserveLinks, asJSON bool
+	var maxBytes string
+	c := &cobra.Command{
+		Use:   "cp [--preserve-links] [--max-bytes SIZE] SRC DST",
 		Short: "Copy files between the host and a sandbox",
-		Long:  "Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path).\nParent directories are created; ID:/path must be absolute.",
+		Long: `Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path).
+Parent directories are created; ID:/path must be absolute; DST is the new name.
+
+Copying out never writes outside DST. Nothing at or below DST is followed if it is a
+symlink (one already there is replaced), and the sandbox's symlinks are left out, with a
+note on stderr saying how many and why, unless --preserve-links is given; even then only
+links whose target is relative and stays inside DST are made. Devices, fifos, sockets
+and hard links are never copied. Runs of zeros become holes: sparse files stay sparse.
+
+Copying in never reads outside SRC: nothing below it is followed (symlinks are copied as
+symlinks), even while the sandbox changes it through a read-write mount.
+
+One copy moves at most --max-bytes of file content (default 1g): the file that would
+pass the cap is refused before any of it is written. Through roched, its own cap
+(roched --copy-max-bytes) applies too.`,
 		Example: `  roche cp ./data.csv "$id":/tmp/data.csv
-  roche cp "$id":/tmp/results ./results`,
+  roche cp "$id":/tmp/results ./results
+  roche cp --preserve-links --max-bytes 4g "$id":/workspace/repo ./repo`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -443,6 +468,14 @@ func (e *env) cpCommand() *cobra.Command {
 			dstID, dstPath, dstIn := splitSandboxPath(args[1])
 			if srcIn == dstIn {
 				return errors.New("exactly one of SRC and DST must be ID:/path in a sandbox")
+			}
+			opts := roche.CopyOptions{PreserveLinks: preserveLinks}
+			if cmd.Flags().Changed("max-bytes") {
+				n, err := roche.ParseSize(maxBytes)
+				if err != nil {
+					return fmt.Errorf("--max-bytes: %w", err)
+				}
+				opts.MaxBytes = n
 			}
 			id := srcID
 			if dstIn {
@@ -452,19 +485,35 @@ func (e *env) cpCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fc, ok := p.(roche.FileCopier)
+			tc, ok := p.(roche.TarCopier)
 			if !ok {
 				return fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, p.Name())
 			}
+			var rep roche.CopyReport
 			if dstIn {
-				if _, err := os.Stat(srcPath); err != nil {
-					return fmt.Errorf("host path %s does not exist", srcPath)
+				if _, err := os.Lstat(srcPath); err != nil {
+					return fmt.Errorf("%w: host path %s does not exist", roche.ErrNotFound, srcPath)
 				}
-				return fc.CopyTo(ctx, id, srcPath, dstPath)
+				rep, err = roche.CopyIn(ctx, tc, id, srcPath, dstPath, opts)
+			} else {
+				rep, err = roche.CopyOut(ctx, tc, id, srcPath, dstPath, opts)
 			}
-			return fc.CopyFrom(ctx, id, srcPath, dstPath)
+			if err != nil {
+				return err
+			}
+			if note := rep.Note(); note != "" {
+				fmt.Fprintf(e.stderr, "roche: %s\n", note)
+			}
+			if asJSON {
+				return e.printJSON(rep)
+			}
+			return nil
 		},
 	}
+	c.Flags().BoolVar(&preserveLinks, "preserve-links", false, "copying out, make the sandbox's symlinks that point inside DST (others are still left out)")
+	c.Flags().StringVar(&maxBytes, "max-bytes", "1g", "most file content the copy may move, e.g. 512m or 4g")
+	c.Flags().BoolVar(&asJSON, "json", false, "print what was copied and left out as JSON (files, dirs, links, bytes, skipped, ...)")
+	return c
 }
 
 // splitSandboxPath splits "ID:/path"; host paths (even with a colon) do not start an id

@@ -17,7 +17,9 @@ func (e *env) workspaceCommand() *cobra.Command {
 		Short: "List or remove persistent workspaces",
 		Long: `A workspace (create --workspace NAME) is mounted read-write at /workspace, even on a
 read-only root, and outlives its sandbox: a later sandbox with the same name sees its
-files. A workspace in use by a sandbox cannot be removed.`,
+files. It holds at most its size (--workspace-size when it is made, default ` + roche.DefaultWorkspaceSize + `;
+past it writes fail with ENOSPC), which stays fixed: a create asking for another size is
+refused. A workspace in use by a sandbox cannot be removed; removing one frees its disk.`,
 		Example: `  roche run --image roche/python:local --workspace proj -- sh -c 'echo hi > /workspace/a'
   roche workspace list
   roche workspace rm proj`,
@@ -42,9 +44,13 @@ files. A workspace in use by a sandbox cannot be removed.`,
 				return e.printJSON(ws)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tPROVIDER\tCREATED\tIN USE BY")
+			fmt.Fprintln(tw, "NAME\tPROVIDER\tSIZE\tCREATED\tIN USE BY")
 			for _, w := range ws {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", w.Name, w.Provider, w.CreatedAt.Format("2006-01-02 15:04"), strings.Join(w.InUseBy, ","))
+				size := "-" // made by an older Roche, without a size
+				if w.SizeBytes > 0 {
+					size = humanBytes(w.SizeBytes)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", w.Name, w.Provider, size, w.CreatedAt.Format("2006-01-02 15:04"), strings.Join(w.InUseBy, ","))
 			}
 			return tw.Flush()
 		},
@@ -106,4 +112,17 @@ workspace is kept unless --wipe-workspace. Prints the new sandbox's id.`,
 	c.Flags().BoolVar(&wipe, "wipe-workspace", false, "empty the sandbox's workspace too")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as a JSON object")
 	return c
+}
+
+// humanBytes renders a size as the flags take it: "1g", "50m", else MiB with a fraction.
+func humanBytes(n int64) string {
+	for _, u := range []struct {
+		unit  string
+		shift uint
+	}{{"t", 40}, {"g", 30}, {"m", 20}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d%s", n>>u.shift, u.unit)
+		}
+	}
+	return fmt.Sprintf("%.1fm", float64(n)/(1<<20))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,34 @@ func TestWorkspaceAndReset(t *testing.T) {
 	}
 	if r := run(t, "workspace", "list"); strings.Contains(r.stdout, ws) {
 		t.Fatalf("workspace still listed after rm: %+v", r)
+	}
+}
+
+// TestDiskFlags: --disk sizes a writable root and --workspace-size a new workspace, whose
+// size then stays; list shows it.
+func TestDiskFlags(t *testing.T) {
+	img := testImage()
+	statfs := "import os, sys; s = os.statvfs(sys.argv[1]); print(s.f_blocks * s.f_frsize >> 20)"
+	r := run(t, "run", "--direct", "--image", img, "--writable", "--disk", "100m", "--", "python3", "-c", statfs, "/")
+	if mib, _ := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || mib < 80 || mib > 100 {
+		t.Fatalf("run --writable --disk 100m: %+v, want a root of about 100 MiB", r)
+	}
+
+	ws := fmt.Sprintf("cli-size-%d", time.Now().UnixNano()%1e9)
+	t.Cleanup(func() { run(t, "workspace", "rm", ws) })
+	r = run(t, "run", "--image", img, "--workspace", ws, "--workspace-size", "50m", "--", "python3", "-c", statfs, "/workspace")
+	if mib, _ := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || mib < 40 || mib > 50 {
+		t.Fatalf("run --workspace-size 50m: %+v, want a workspace of about 50 MiB", r)
+	}
+	if r := run(t, "workspace", "list"); !strings.Contains(r.stdout, "SIZE") || !strings.Contains(r.stdout, ws) || !strings.Contains(r.stdout, "50m") {
+		t.Fatalf("workspace list: %+v, want %s with its size 50m", r, ws)
+	}
+	r = run(t, "run", "--image", img, "--workspace", ws, "--workspace-size", "60m", "--", "true")
+	if r.code == 0 || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "fixed when it was made") {
+		t.Fatalf("another size for an existing workspace: %+v, want one line saying its size is fixed", r)
+	}
+	if r := run(t, "workspace", "rm", ws); r.code != 0 {
+		t.Fatalf("workspace rm: %+v", r)
 	}
 }
 

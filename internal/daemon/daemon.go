@@ -61,6 +61,9 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// HeartbeatInterval is how long ExecStream stays quiet before a heartbeat (default 5 s).
 	HeartbeatInterval time.Duration
+	// CopyMaxBytes caps the file content one CopyTo or CopyFrom moves (default
+	// roche.DefaultCopyMaxBytes); a request may ask for less, not more.
+	CopyMaxBytes int64
 }
 
 // Option configures a Daemon.
@@ -127,6 +130,9 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	}
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = time.Second
+	}
+	if cfg.CopyMaxBytes <= 0 {
+		cfg.CopyMaxBytes = roche.DefaultCopyMaxBytes
 	}
 	if cfg.ReconcileInterval <= 0 {
 		cfg.ReconcileInterval = 30 * time.Second

@@ -136,7 +136,7 @@ func TestDestroyAllSparesThePool(t *testing.T) {
 		ids := d.pools.Pools()[0].IdleIDs()
 		return len(ids) == 1 && ids[0] != idle[0]
 	})
-	sb, pooled, err := c.Create(ctx, "mem", roche.Config{Image: "img", TimeoutSecs: 10, Memory: "512m", CPUs: 1, PidsLimit: 64, User: "65534:65534"})
+	sb, pooled, err := c.Create(ctx, "mem", roche.Config{Image: "img", TimeoutSecs: 10, Memory: "512m", Disk: "1g", CPUs: 1, PidsLimit: 64, User: roche.UserAuto})
 	if err != nil || !pooled || sb.ID == idle[0] {
 		t.Fatalf("create after the removal: %v %v %s", pooled, err, sb.ID)
 	}

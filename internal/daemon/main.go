@@ -37,6 +37,7 @@ const DefaultMaxSandboxes = 100
 //	  "state": "/var/lib/roche/roched.state.json",
 //	  "max_sandboxes": 100,
 //	  "pool_concurrency": 2,
+//	  "copy_max_bytes": "1g",
 //	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"]
 //	}
 //
@@ -49,6 +50,7 @@ type FileConfig struct {
 	MaxSandboxes    *int     `json:"max_sandboxes"`
 	PoolConcurrency int      `json:"pool_concurrency"`
 	Pools           []string `json:"pools"`
+	CopyMaxBytes    string   `json:"copy_max_bytes"`
 }
 
 // LoadFileConfig reads a --config file, refusing unknown fields so that a typo is an
@@ -71,6 +73,7 @@ func LoadFileConfig(path string) (FileConfig, error) {
 type flags struct {
 	socket, listen, token, state, config string
 	logFormat, logLevel                  string
+	copyMaxBytes                         string
 	pools                                []string
 	maxSandboxes, poolConcurrency        int
 	shutdownTimeout                      time.Duration
@@ -108,11 +111,15 @@ served from the pool; anything else (network, mounts, writable, user, other limi
 gets a sandbox made for it.
 
 --config FILE is JSON: {"socket": "...", "listen": "tcp://...", "state": "...",
-"max_sandboxes": 100, "pool_concurrency": 2, "pools": ["docker/IMAGE?min=2"]}.
+"max_sandboxes": 100, "pool_concurrency": 2, "copy_max_bytes": "1g",
+"pools": ["docker/IMAGE?min=2"]}.
 Flags win over the file; the token comes only from --token or ROCHE_TOKEN.
 
 Providers: docker, and wasm (CPython 3.12 on wazero) when python.wasm is installed
 (scripts/fetch-python-wasm.sh); roched starts without it and says so in its log.
+
+Copies (CopyTo, CopyFrom) are relayed as they stream, never staged on this host; every
+entry is checked and each copy capped at --copy-max-bytes (a request may ask for less).
 
 GET /healthz answers without a token; /metrics is Prometheus text.`,
 		Example: `  roched --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
@@ -135,6 +142,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.StringArrayVar(&f.pools, "pool", nil, "warm pool, PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (repeatable)")
 	fs.IntVar(&f.maxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "most sandboxes handed to clients at once; 0 means no limit")
 	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 2, "most sandboxes the pools create at once")
+	fs.StringVar(&f.copyMaxBytes, "copy-max-bytes", "1g", "most file content one copy in or out moves (e.g. 512m, 4g); a request may ask for less")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -175,6 +183,9 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		if fc.PoolConcurrency != 0 && !changed("pool-concurrency") {
 			cfg.PoolConcurrency = fc.PoolConcurrency
 		}
+		if fc.CopyMaxBytes != "" && !changed("copy-max-bytes") {
+			f.copyMaxBytes = fc.CopyMaxBytes
+		}
 		specs = fc.Pools
 	}
 	specs = append(specs, f.pools...)
@@ -192,6 +203,11 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		}
 		index[spec.Key] = len(cfg.Pools)
 		cfg.Pools = append(cfg.Pools, spec)
+	}
+	if n, err := roche.ParseSize(f.copyMaxBytes); err != nil {
+		errs = append(errs, fmt.Errorf("--copy-max-bytes: %w", err))
+	} else {
+		cfg.CopyMaxBytes = n
 	}
 	if f.poolConcurrency <= 0 {
 		errs = append(errs, fmt.Errorf("%w: --pool-concurrency %d: give 1 or more", roche.ErrInvalidConfig, f.poolConcurrency))

@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -17,12 +13,11 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
-	"github.com/roche-sandbox/roche/internal/tarfs"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
 
-// service implements the API on top of the daemon; every error leaves through rpcError.
+// service implements the API on top of the daemon; every error leaves through wire.ToStatus.
 type service struct {
 	rochev1connect.UnimplementedSandboxServiceHandler
 	d *Daemon
@@ -299,114 +294,6 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 		resp.Removed = append(resp.Removed, wire.InfoToProto(sb))
 	}
 	return connect.NewResponse(resp), nil
-}
-
-// fileCopier resolves a sandbox whose provider can copy files.
-func (d *Daemon) fileCopier(id string) (target, roche.FileCopier, error) {
-	t, err := d.resolve(id)
-	if err != nil {
-		return t, nil, err
-	}
-	fc, ok := t.p.(roche.FileCopier)
-	if !ok {
-		return t, nil, fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, t.p.Name())
-	}
-	return t, fc, nil
-}
-
-// CopyTo unpacks the uploaded tar stream into a private temporary directory on the
-// daemon's host and copies it in with the provider, which may be on a host the client
-// cannot see.
-func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[rochev1.CopyToRequest]) (*connect.Response[rochev1.CopyToResponse], error) {
-	if !stream.Receive() {
-		err := stream.Err()
-		if err == nil {
-			err = fmt.Errorf("%w: empty upload: the first message names sandbox_id and dst", roche.ErrInvalidConfig)
-		}
-		return nil, wire.ToStatus(err)
-	}
-	first := stream.Msg()
-	id, dst := first.SandboxId, first.Dst
-	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
-		return nil, wire.ToStatus(fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst))
-	}
-	t, fc, err := s.d.fileCopier(id)
-	if err != nil {
-		return nil, wire.ToStatus(err)
-	}
-	tmp, err := os.MkdirTemp("", "roched-copy-")
-	if err != nil {
-		return nil, wire.ToStatus(fmt.Errorf("making a temporary directory for the upload: %w", err))
-	}
-	defer os.RemoveAll(tmp)
-	src := filepath.Join(tmp, "payload")
-
-	pr, pw := io.Pipe()
-	go func() {
-		var err error
-		if _, err = pw.Write(first.TarChunk); err == nil {
-			for stream.Receive() {
-				if _, err = pw.Write(stream.Msg().TarChunk); err != nil {
-					break
-				}
-			}
-			if err == nil {
-				err = stream.Err()
-			}
-		}
-		pw.CloseWithError(err)
-	}()
-	err = tarfs.Extract(pr, src)
-	// Drain the rest so the receiving goroutine finishes.
-	_, _ = io.Copy(io.Discard, pr)
-	pr.Close()
-	if err != nil {
-		return nil, wire.ToStatus(fmt.Errorf("%w: unpacking the upload: %v", roche.ErrInvalidConfig, err))
-	}
-	if err := fc.CopyTo(ctx, t.id, src, dst); err != nil {
-		return nil, wire.ToStatus(err)
-	}
-	return connect.NewResponse(&rochev1.CopyToResponse{}), nil
-}
-
-// CopyFrom copies out with the provider into a private temporary directory and streams
-// it to the client as a tar.
-func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.CopyFromRequest], stream *connect.ServerStream[rochev1.CopyFromResponse]) error {
-	src := req.Msg.Src
-	if !path.IsAbs(src) || path.Clean(src) == "/" {
-		return wire.ToStatus(fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src))
-	}
-	t, fc, err := s.d.fileCopier(req.Msg.SandboxId)
-	if err != nil {
-		return wire.ToStatus(err)
-	}
-	tmp, err := os.MkdirTemp("", "roched-copy-")
-	if err != nil {
-		return wire.ToStatus(fmt.Errorf("making a temporary directory for the download: %w", err))
-	}
-	defer os.RemoveAll(tmp)
-	local := filepath.Join(tmp, "payload")
-	if err := fc.CopyFrom(ctx, t.id, src, local); err != nil {
-		return wire.ToStatus(err)
-	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(tarfs.Write(pw, local, path.Base(path.Clean(src)))) }()
-	defer pr.Close()
-	buf := make([]byte, maxChunk)
-	for {
-		n, err := io.ReadFull(pr, buf)
-		if n > 0 {
-			if serr := stream.Send(&rochev1.CopyFromResponse{TarChunk: buf[:n]}); serr != nil {
-				return serr
-			}
-		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil
-		}
-		if err != nil {
-			return wire.ToStatus(fmt.Errorf("packing %s: %w", src, err))
-		}
-	}
 }
 
 // selectPools returns the pool named by key, or every pool when key is empty.

@@ -132,7 +132,7 @@ func (s *Server) addTools() {
 		Name:  "create_sandbox",
 		Title: "Create a sandbox",
 		Description: "Create an isolated sandbox with secure defaults (no network, read-only root, writable /tmp, " +
-			"512 MiB, 1 CPU, 300 s lifetime) and return its id. Destroy it when done.",
+			"512 MiB, 1 CPU, 300 s lifetime; a writable root holds 1 GiB) and return its id. Destroy it when done.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)},
 	}, s.create)
 	mcp.AddTool(s.server, &mcp.Tool{
@@ -171,16 +171,18 @@ func (s *Server) addTools() {
 
 // CreateInput is create_sandbox's arguments; what is left out takes the secure default.
 type CreateInput struct {
-	Provider    string            `json:"provider,omitempty" jsonschema:"isolation backend: docker (the default) or wasm"`
-	Image       string            `json:"image,omitempty" jsonschema:"image to run (the server's default when left out)"`
-	Network     bool              `json:"network,omitempty" jsonschema:"give the sandbox a network; refused unless the server allows it"`
-	Writable    bool              `json:"writable,omitempty" jsonschema:"make the root filesystem writable"`
-	TimeoutSecs int               `json:"timeout_secs,omitempty" jsonschema:"lifetime in seconds, after which the sandbox is destroyed (default 300)"`
-	Memory      string            `json:"memory,omitempty" jsonschema:"memory limit, e.g. 512m (the default) or 1g"`
-	CPUs        float64           `json:"cpus,omitempty" jsonschema:"CPUs the sandbox may use, e.g. 1 (the default) or 0.5"`
-	Env         map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command"`
-	Workdir     string            `json:"workdir,omitempty" jsonschema:"working directory of commands, an absolute path"`
-	Workspace   string            `json:"workspace,omitempty" jsonschema:"name of a persistent workspace to mount at /workspace: its files outlive the sandbox, and a later sandbox with the same name sees them"`
+	Provider      string            `json:"provider,omitempty" jsonschema:"isolation backend: docker (the default) or wasm"`
+	Image         string            `json:"image,omitempty" jsonschema:"image to run (the server's default when left out)"`
+	Network       bool              `json:"network,omitempty" jsonschema:"give the sandbox a network; refused unless the server allows it"`
+	Writable      bool              `json:"writable,omitempty" jsonschema:"make the root filesystem writable"`
+	Disk          string            `json:"disk,omitempty" jsonschema:"what a writable root may hold, e.g. 1g (the default) or 5g; past it writes fail with ENOSPC"`
+	TimeoutSecs   int               `json:"timeout_secs,omitempty" jsonschema:"lifetime in seconds, after which the sandbox is destroyed (default 300)"`
+	Memory        string            `json:"memory,omitempty" jsonschema:"memory limit, e.g. 512m (the default) or 1g"`
+	CPUs          float64           `json:"cpus,omitempty" jsonschema:"CPUs the sandbox may use, e.g. 1 (the default) or 0.5"`
+	Env           map[string]string `json:"env,omitempty" jsonschema:"environment variables for every command"`
+	Workdir       string            `json:"workdir,omitempty" jsonschema:"working directory of commands, an absolute path"`
+	Workspace     string            `json:"workspace,omitempty" jsonschema:"name of a persistent workspace to mount at /workspace: its files outlive the sandbox, and a later sandbox with the same name sees them"`
+	WorkspaceSize string            `json:"workspace_size,omitempty" jsonschema:"size of a new workspace, e.g. 1g (the default); an existing one keeps its own"`
 }
 
 // Sandbox describes a sandbox.
@@ -220,6 +222,14 @@ func (s *Server) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateIn
 	if in.CPUs != 0 {
 		cfg.CPUs = in.CPUs
 	}
+	if in.Disk != "" {
+		// A model does not get to lift the bound; whoever runs the server could, in Go.
+		if n, err := roche.ParseDisk(in.Disk); err == nil && n == 0 {
+			return nil, Sandbox{}, errors.New("disk 0 (no limit) is not offered here: give a size such as 5g")
+		}
+		cfg.Disk = in.Disk
+	}
+	cfg.WorkspaceSize = in.WorkspaceSize
 	if err := cfg.Validate(); err != nil {
 		return nil, Sandbox{}, err
 	}

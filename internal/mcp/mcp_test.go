@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,6 +229,9 @@ func TestRefusals(t *testing.T) {
 		{"create_sandbox", map[string]any{"network": true}, "--allow-network"},
 		{"create_sandbox", map[string]any{"mounts": []string{"/:/host"}}, "mounts"},
 		{"create_sandbox", map[string]any{"memory": "lots"}, "not a size"},
+		{"create_sandbox", map[string]any{"writable": true, "disk": "0"}, "disk 0 (no limit) is not offered"},
+		{"create_sandbox", map[string]any{"writable": true, "disk": "-1g"}, "negative"},
+		{"create_sandbox", map[string]any{"workspace_size": "1g"}, "without a workspace"},
 		{"exec", map[string]any{"sandbox_id": "x", "command": []string{}}, "command is empty"},
 		{"exec", map[string]any{"sandbox_id": "x"}, "command"},
 		{"write_file", map[string]any{"sandbox_id": "x", "path": "/tmp/x", "content": "!", "encoding": "base64"}, "base64"},
@@ -271,6 +275,24 @@ func TestWorkspace(t *testing.T) {
 	if !isErr || !strings.Contains(text, "workspace") {
 		t.Fatalf("a bad workspace name: %v %q", isErr, text)
 	}
+}
+
+// TestWritableDisk: a writable root asked for with a disk size has that size inside.
+func TestWritableDisk(t *testing.T) {
+	s, _ := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	var sb mcp.Sandbox
+	if text, isErr := call(t, cs, "create_sandbox", map[string]any{"writable": true, "disk": "100m"}, &sb); isErr {
+		t.Fatalf("create_sandbox with disk 100m: %s", text)
+	}
+	var out mcp.ExecOutput
+	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"python3", "-c",
+		"import os; s = os.statvfs('/'); print(s.f_blocks * s.f_frsize >> 20)"}}, &out)
+	if mib, _ := strconv.Atoi(strings.TrimSpace(out.Stdout)); mib < 80 || mib > 100 {
+		t.Fatalf("a writable root of disk 100m is %q MiB inside", out.Stdout)
+	}
+	var destroyed mcp.DestroyOutput
+	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, &destroyed)
 }
 
 // TestCloseDestroysWhatItCreated: a client that goes away leaves nothing running.

@@ -1,7 +1,16 @@
 // Package tarfs moves files between the host and a sandbox as tar streams, the format
-// both the Docker archive API and tar inside a sandbox speak. Extraction never writes
-// outside its destination: entries that climb out with "..", absolute names and writes
-// through symlinks are refused.
+// both the Docker archive API and roche-agent speak.
+//
+// Both ends treat the other as hostile. Write reads its source without following any
+// symlink below the path it was given: every file and directory is opened relative to
+// its parent's descriptor with O_NOFOLLOW and described by fstat of what was opened, so
+// code racing to swap a file for a symlink (in a read-write mount, say) cannot make it
+// read anything outside the source. Extract writes its destination the same way: it
+// never follows a symlink at or below the destination (one already there is replaced,
+// not written through), refuses entries that climb out with ".." or absolute names,
+// creates symlinks only when asked and, for a host, only those pointing inside the
+// destination, caps the bytes it writes before writing them, and keeps runs of zeros as
+// holes so a sparse file stays sparse.
 package tarfs
 
 import (
@@ -9,157 +18,274 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
 	"strings"
 )
 
-// Write writes the host file or directory src as a tar stream whose root entry is named
-// name.
-func Write(w io.Writer, src, name string) error {
-	tw := tar.NewWriter(w)
-	root := filepath.Clean(src)
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		hdr.Name = path.Join(name, filepath.ToSlash(rel))
-		if d.IsDir() {
-			hdr.Name += "/"
-		}
-		// Ownership of the host's files means nothing in the sandbox: the extractor's user owns them.
-		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(tw, f)
-			f.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
+var (
+	// ErrLimit: the copy would move more than Options.MaxBytes; see LimitError.
+	ErrLimit = errors.New("over the copy's size limit")
+	// ErrUnsafe: an archive entry would land outside the destination (an absolute name,
+	// a ".." component, a second root), or a path to read goes through a symlink.
+	ErrUnsafe = errors.New("unsafe path")
+	// ErrLinkRefused: the archive holds a symlink and Options.Links is RefuseLinks.
+	ErrLinkRefused = errors.New("symbolic links are not accepted here")
+	// ErrNotDir: the archive has a directory where the destination holds something else.
+	ErrNotDir = errors.New("not a directory")
+	// ErrIsDir: the archive has a file or link where the destination holds a directory.
+	ErrIsDir = errors.New("is a directory")
+	// ErrEmpty: the archive held no entry at all.
+	ErrEmpty = errors.New("the archive was empty")
+)
+
+// LinkPolicy says what Extract and Filter do with a symlink entry.
+type LinkPolicy int
+
+const (
+	// SkipLinks leaves symlinks out and counts them in Report.Skipped: the default for
+	// anything written on a host.
+	SkipLinks LinkPolicy = iota
+	// InsideLinks creates a symlink only when its target is relative and, resolved from
+	// where it stands, stays inside the destination; the others are skipped.
+	InsideLinks
+	// AllLinks creates symlinks as they are. Only for extraction inside a sandbox, as the
+	// sandbox user, where a link can reach nothing that user could not.
+	AllLinks
+	// RefuseLinks fails on the first symlink (a wasm sandbox holds none).
+	RefuseLinks
+)
+
+// Options bound a Write, Extract or Filter.
+type Options struct {
+	// MaxBytes caps the total size of the regular files moved; 0 means no cap. The entry
+	// that would pass it is refused before any of its content is written.
+	MaxBytes int64
+	// Links is what becomes of symlinks (Extract and Filter; Write always sends them).
+	Links LinkPolicy
 }
 
-// Extract reads a tar stream whose entries share one root entry and recreates that root
-// at the host path dst (the root's own name is replaced by dst).
-func Extract(r io.Reader, dst string) error {
-	dst = filepath.Clean(dst)
+// Skip reasons, in Skipped.Reason (the same words as roche.SkippedEntry's).
+const (
+	ReasonLink    = "symlink" // a symlink, and links were not asked for
+	ReasonOutside = "outside" // a symlink pointing outside the destination
+	ReasonSpecial = "special" // not a regular file, directory or symlink
+)
+
+// Skipped is an entry left out.
+type Skipped struct {
+	Name     string // the entry's name in the archive
+	Linkname string // a symlink's target
+	Reason   string // one of the Reason constants
+}
+
+// maxExamples bounds Report.Examples: a tree of a million links is reported by count.
+const maxExamples = 5
+
+// Report says what a Write, Extract or Filter moved and what it left out.
+type Report struct {
+	Files, Dirs, Links int
+	Bytes              int64 // content of the regular files
+	Skipped            int
+	SkippedLinks       int       // the skipped entries that were symlinks
+	Examples           []Skipped // the first few skipped entries
+}
+
+func (r *Report) skip(name, link, reason string) {
+	r.Skipped++
+	if reason != ReasonSpecial {
+		r.SkippedLinks++
+	}
+	if len(r.Examples) < maxExamples {
+		r.Examples = append(r.Examples, Skipped{Name: name, Linkname: link, Reason: reason})
+	}
+}
+
+// LimitError is a copy refused for its size.
+type LimitError struct {
+	Name  string // the entry that would pass the limit
+	Size  int64  // its size
+	Limit int64
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s is %s, which takes the copy past its limit of %s", e.Name, Size(e.Size), Size(e.Limit))
+}
+
+func (e *LimitError) Unwrap() error { return ErrLimit }
+
+// Size formats a byte count for people: "1 GiB", "10 TiB", "1.5 MiB", "17 bytes".
+func Size(n int64) string {
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	if n < 1024 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	v, u := float64(n)/1024, 0
+	for v >= 1024 && u < len(units)-1 {
+		v /= 1024
+		u++
+	}
+	if v == float64(int64(v)) {
+		return fmt.Sprintf("%d %s", int64(v), units[u])
+	}
+	return fmt.Sprintf("%.1f %s", v, units[u])
+}
+
+// checker validates archive entries as they come, for Extract and Filter.
+type checker struct {
+	opts Options
+	root string // the first entry's root component
+	rep  Report
+}
+
+// check returns the components of hdr's name below the archive's root (nil for the root
+// itself), or skip when the entry is left out. An error ends the copy.
+func (c *checker) check(hdr *tar.Header) (rest []string, skip bool, err error) {
+	name := strings.TrimPrefix(hdr.Name, "./")
+	if path.IsAbs(name) {
+		return nil, false, fmt.Errorf("%w: archive entry %q has an absolute name", ErrUnsafe, hdr.Name)
+	}
+	var parts []string
+	for _, p := range strings.Split(name, "/") {
+		switch p {
+		case "", ".":
+			continue
+		case "..":
+			return nil, false, fmt.Errorf("%w: archive entry %q climbs out with \"..\"", ErrUnsafe, hdr.Name)
+		}
+		parts = append(parts, p)
+	}
+	if len(parts) == 0 {
+		return nil, false, fmt.Errorf("%w: archive entry %q has no name", ErrUnsafe, hdr.Name)
+	}
+	if c.root == "" {
+		c.root = parts[0]
+	} else if parts[0] != c.root {
+		return nil, false, fmt.Errorf("%w: archive entry %q is outside its root %q", ErrUnsafe, hdr.Name, c.root)
+	}
+	rest = parts[1:]
+	switch hdr.Typeflag {
+	case tar.TypeReg, tar.TypeGNUSparse:
+		if c.opts.MaxBytes > 0 && hdr.Size > c.opts.MaxBytes-c.rep.Bytes {
+			return nil, false, &LimitError{Name: hdr.Name, Size: hdr.Size, Limit: c.opts.MaxBytes}
+		}
+	case tar.TypeDir:
+	case tar.TypeSymlink:
+		switch c.opts.Links {
+		case SkipLinks:
+			c.rep.skip(hdr.Name, hdr.Linkname, ReasonLink)
+			return nil, true, nil
+		case InsideLinks:
+			if !linkInside(rest, hdr.Linkname) {
+				c.rep.skip(hdr.Name, hdr.Linkname, ReasonOutside)
+				return nil, true, nil
+			}
+		case RefuseLinks:
+			return nil, false, fmt.Errorf("%w: %s is a symbolic link (to %s)", ErrLinkRefused, hdr.Name, hdr.Linkname)
+		}
+	default:
+		// Hard links, devices and fifos are never recreated from an archive.
+		c.rep.skip(hdr.Name, hdr.Linkname, ReasonSpecial)
+		return nil, true, nil
+	}
+	return rest, false, nil
+}
+
+// counted records an entry once it has been written.
+func (c *checker) counted(hdr *tar.Header) {
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		c.rep.Dirs++
+	case tar.TypeSymlink:
+		c.rep.Links++
+	default:
+		c.rep.Files++
+		c.rep.Bytes += hdr.Size
+	}
+}
+
+// linkInside reports whether a symlink whose path below the destination's root is rest
+// and whose target is link resolves inside the destination. The target must be
+// relative, its ".." components must all come first (after a name, ".." would apply to
+// whatever that name resolves to, which may be the root itself), and there may be no
+// more of them than directories between the link and the root. Every link created under
+// this rule points inside, so following a chain of them stays inside too. A root that
+// is itself a symlink is never inside: the destination is the link.
+func linkInside(rest []string, link string) bool {
+	if len(rest) == 0 || link == "" || path.IsAbs(link) {
+		return false
+	}
+	ups, named := 0, false
+	for _, p := range strings.Split(link, "/") {
+		switch p {
+		case "", ".":
+		case "..":
+			if named {
+				return false
+			}
+			ups++
+		default:
+			named = true
+		}
+	}
+	return ups <= len(rest)-1
+}
+
+// Filter copies the tar stream r to w, entry by entry, applying the same checks as
+// Extract: names are made relative and must share one root (renamed to root when root
+// is not empty), symlinks follow opts.Links, other special files are dropped, and
+// opts.MaxBytes is enforced before the content that would pass it is sent. The output
+// holds only what passed, so a relay (roched) can hand it on without trusting either end.
+func Filter(r io.Reader, w io.Writer, root string, opts Options) (Report, error) {
+	c := &checker{opts: opts}
 	tr := tar.NewReader(r)
+	tw := tar.NewWriter(w)
 	seen := false
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			if !seen {
-				return errors.New("the archive was empty")
-			}
-			return nil
+			break
 		}
 		if err != nil {
-			return fmt.Errorf("reading archive: %w", err)
+			return c.rep, fmt.Errorf("reading archive: %w", err)
 		}
 		seen = true
-		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
-		if path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
-			return fmt.Errorf("archive entry %q points outside the destination", hdr.Name)
+		rest, skip, err := c.check(hdr)
+		if err != nil {
+			return c.rep, err
 		}
-		_, rest, _ := strings.Cut(name, "/")
-		target := dst
-		if rest != "" {
-			target = filepath.Join(dst, filepath.FromSlash(rest))
+		if skip {
+			continue
 		}
-		if err := noSymlinkBetween(dst, target); err != nil {
-			return err
+		name := c.root
+		if root != "" {
+			name = root
 		}
-		mode := fs.FileMode(hdr.Mode) & fs.ModePerm
+		out := &tar.Header{
+			Name:     path.Join(append([]string{name}, rest...)...),
+			Mode:     hdr.Mode & 0o777,
+			ModTime:  hdr.ModTime,
+			Typeflag: hdr.Typeflag,
+		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(target, mode|0o700); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-				return err
-			}
-			if err := writeFile(target, tr, mode); err != nil {
-				return err
-			}
+			out.Name += "/"
 		case tar.TypeSymlink:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-				return err
-			}
-			_ = os.Remove(target)
-			if err := os.Symlink(hdr.Linkname, target); err != nil {
-				return err
-			}
+			out.Linkname = hdr.Linkname
 		default:
-			// Devices, fifos and hard links are not copied out of a sandbox.
+			out.Typeflag, out.Size = tar.TypeReg, hdr.Size
 		}
-	}
-}
-
-func writeFile(target string, r io.Reader, mode fs.FileMode) error {
-	// Replace rather than follow whatever is there (it may be a symlink).
-	_ = os.Remove(target)
-	f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// noSymlinkBetween refuses a target whose parents, below root, include a symlink: writing
-// through it could land anywhere on the host.
-func noSymlinkBetween(root, target string) error {
-	rel, err := filepath.Rel(root, filepath.Dir(target))
-	if err != nil || rel == "." {
-		return nil
-	}
-	p := root
-	for _, part := range strings.Split(rel, string(filepath.Separator)) {
-		p = filepath.Join(p, part)
-		fi, err := os.Lstat(p)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+		if err := tw.WriteHeader(out); err != nil {
+			return c.rep, err
 		}
-		if err != nil {
-			return err
+		if out.Typeflag == tar.TypeReg {
+			if _, err := io.CopyN(tw, tr, hdr.Size); err != nil {
+				return c.rep, fmt.Errorf("copying %s: %w", hdr.Name, err)
+			}
 		}
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			return fmt.Errorf("archive entry %s would be written through the symlink %s", target, p)
-		}
+		c.counted(hdr)
 	}
-	return nil
+	if !seen {
+		return c.rep, ErrEmpty
+	}
+	return c.rep, tw.Close()
 }

@@ -48,3 +48,16 @@ func SetupAgent() (cleanup func(), err error) {
 	os.Setenv("ROCHE_AGENT", path)
 	return func() { os.RemoveAll(dir) }, nil
 }
+
+// BuildCLI builds roche and roched from this checkout into dir, as `make build` does, and
+// returns their paths: tests that must run the real binaries get ones that match the code.
+func BuildCLI(dir string) (roche, roched string, err error) {
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("building roche and roched: %v\n%s", err, b)
+	}
+	return filepath.Join(dir, "roche"), filepath.Join(dir, "roched"), nil
+}

@@ -27,7 +27,7 @@ func ConfigToProto(cfg roche.Config) *rochev1.SandboxConfig {
 		Image: &cfg.Image, Network: cfg.Network, Writable: cfg.Writable, TimeoutSecs: ptr(clampInt32(cfg.TimeoutSecs)),
 		Memory: &cfg.Memory, Cpus: &cfg.CPUs, PidsLimit: ptr(clampInt32(cfg.PidsLimit)), Env: cfg.Env,
 		Workdir: cfg.Workdir, User: &cfg.User, NetworkAllowlist: cfg.NetworkAllowlist,
-		Workspace: cfg.Workspace, FromSnapshot: cfg.FromSnapshot,
+		Workspace: cfg.Workspace, FromSnapshot: cfg.FromSnapshot, Disk: &cfg.Disk, WorkspaceSize: cfg.WorkspaceSize,
 	}
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
@@ -55,6 +55,9 @@ func ConfigFromProto(pb *rochev1.SandboxConfig) roche.Config {
 	if pb.Cpus != nil {
 		cfg.CPUs = *pb.Cpus
 	}
+	if pb.Disk != nil {
+		cfg.Disk = *pb.Disk
+	}
 	if pb.PidsLimit != nil {
 		cfg.PidsLimit = int(*pb.PidsLimit)
 	}
@@ -71,6 +74,7 @@ func ConfigFromProto(pb *rochev1.SandboxConfig) roche.Config {
 	cfg.NetworkAllowlist = pb.NetworkAllowlist
 	cfg.Workspace = pb.Workspace
 	cfg.FromSnapshot = pb.FromSnapshot
+	cfg.WorkspaceSize = pb.WorkspaceSize
 	return cfg
 }
 
@@ -253,12 +257,12 @@ func CapsFromProto(pb *rochev1.Capabilities) roche.Capabilities {
 
 // WorkspaceToProto describes a workspace.
 func WorkspaceToProto(w roche.Workspace) *rochev1.Workspace {
-	return &rochev1.Workspace{Name: w.Name, Provider: w.Provider, CreatedAt: timeToProto(w.CreatedAt), InUseBy: w.InUseBy}
+	return &rochev1.Workspace{Name: w.Name, Provider: w.Provider, CreatedAt: timeToProto(w.CreatedAt), InUseBy: w.InUseBy, SizeBytes: w.SizeBytes}
 }
 
 // WorkspaceFromProto is WorkspaceToProto's inverse.
 func WorkspaceFromProto(pb *rochev1.Workspace) roche.Workspace {
-	return roche.Workspace{Name: pb.GetName(), Provider: pb.GetProvider(), CreatedAt: timeFromProto(pb.GetCreatedAt()), InUseBy: pb.GetInUseBy()}
+	return roche.Workspace{Name: pb.GetName(), Provider: pb.GetProvider(), CreatedAt: timeFromProto(pb.GetCreatedAt()), InUseBy: pb.GetInUseBy(), SizeBytes: pb.GetSizeBytes()}
 }
 
 // SnapshotToProto describes a snapshot.

@@ -278,3 +278,22 @@ func TestErrorsRoundTrip(t *testing.T) {
 		t.Error("ToStatus(nil) is not nil")
 	}
 }
+
+// TestConfigLeftOutTakesDefaults: a client that predates a field (or leaves it out)
+// gets the secure default for it, the disk limit included, never a zero that would
+// mean "no limit".
+func TestConfigLeftOutTakesDefaults(t *testing.T) {
+	got := ConfigFromProto(&rochev1.SandboxConfig{Writable: true})
+	want := roche.DefaultConfig()
+	want.Writable = true
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("config with fields left out: %+v, want the defaults %+v", got, want)
+	}
+	if got.DiskBytes() != 1<<30 {
+		t.Fatalf("disk left out: %q, want the 1g default", got.Disk)
+	}
+	zero := ""
+	if got := ConfigFromProto(&rochev1.SandboxConfig{Disk: &zero}); got.Disk != "" {
+		t.Fatalf("disk given as empty came back as %q: fields given are used as given", got.Disk)
+	}
+}

@@ -6,18 +6,28 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"strings"
 
 	"github.com/docker/docker/api/types/container"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/internal/tarfs"
+	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 )
 
-// CopyTo implements roche.FileCopier: the host file or directory src becomes dst in the
+// CopyTo implements roche.FileCopier with the default options (see roche.CopyIn).
+func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
+	_, err := roche.CopyIn(ctx, p, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// CopyFrom implements roche.FileCopier with the default options (see roche.CopyOut).
+func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
+	_, err := roche.CopyOut(ctx, p, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// CopyTarTo implements roche.TarCopier: the archive's root entry becomes dst in the
 // sandbox, parent directories created. With roche-agent the archive streams over its
 // socket and is unpacked as the sandbox user.
 //
@@ -26,7 +36,7 @@ import (
 // container's mount namespace. With the secure defaults both apply, so those copies run
 // tar inside the sandbox instead, as the sandbox user: a copy can then write nowhere the
 // sandboxed program could not.
-func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
+func (p *Provider) CopyTarTo(ctx context.Context, id, dst string, r io.Reader) error {
 	s, err := p.lookup(ctx, id)
 	if err != nil {
 		return err
@@ -35,39 +45,40 @@ func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
 		return fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst)
 	}
 	dst = path.Clean(dst)
-	if _, err := os.Lstat(src); err != nil {
-		return fmt.Errorf("%w: host path %s: %v", roche.ErrNotFound, src, err)
-	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(tarfs.Write(pw, src, path.Base(dst))) }()
-	defer pr.Close()
-
 	if s.agent != nil {
-		if err := s.agent.Untar(ctx, dst, pr); err != nil {
-			return fmt.Errorf("copying %s into sandbox %s: %w", src, id, p.agentErr(s, err))
+		cr := &agentconv.CallerReader{R: r}
+		if err := s.agent.Untar(ctx, dst, cr); err != nil {
+			if cr.Err != nil {
+				err = cr.Err
+			} else {
+				err = p.agentErr(s, err)
+			}
+			return fmt.Errorf("copying into sandbox %s at %s: %w", id, dst, err)
 		}
 		return nil
 	}
 	if useArchiveAPI(s.cfg, dst) {
-		err := p.cli.CopyToContainer(ctx, s.id, path.Dir(dst), pr, container.CopyToContainerOptions{})
-		return p.engineErr("copying "+src+" into sandbox "+id, err)
+		err := p.cli.CopyToContainer(ctx, s.id, path.Dir(dst), r, container.CopyToContainerOptions{})
+		return p.engineErr("copying into sandbox "+id+" at "+dst, err)
 	}
 	var stderr bytes.Buffer
 	res, err := p.run(ctx, s, roche.ExecRequest{
 		Cmd:   []string{"sh", "-c", `mkdir -p "$1" && exec tar -x -o -C "$1" -f -`, "sh", path.Dir(dst)},
-		Stdin: pr,
+		Stdin: r,
 	}, io.Discard, &stderr)
 	if err != nil {
 		return err
 	}
 	if res.ExitCode != 0 {
-		return fmt.Errorf("copying %s into sandbox %s at %s: %w", src, id, dst, copyFailure(&stderr, res.ExitCode))
+		return fmt.Errorf("copying into sandbox %s at %s: %w", id, dst, copyFailure(&stderr, res.ExitCode))
 	}
 	return nil
 }
 
-// CopyFrom implements roche.FileCopier: the sandbox path src becomes the host path dst.
-func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
+// CopyTarFrom implements roche.TarCopier: src is written to w as a tar stream whose
+// root entry is its base name, by the agent, the Engine's archive API or tar in the
+// sandbox (see CopyTarTo).
+func (p *Provider) CopyTarFrom(ctx context.Context, id, src string, w io.Writer) error {
 	s, err := p.lookup(ctx, id)
 	if err != nil {
 		return err
@@ -77,13 +88,11 @@ func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
 	}
 	src = path.Clean(src)
 	if s.agent != nil {
-		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(s.agent.Tar(ctx, src, pw)) }()
-		err := tarfs.Extract(pr, dst)
-		pr.CloseWithError(err)
-		if err != nil {
-			var ae *agent.Error
-			if errors.As(err, &ae) {
+		cw := &agentconv.CallerWriter{W: w}
+		if err := s.agent.Tar(ctx, src, cw); err != nil {
+			if cw.Err != nil {
+				err = cw.Err
+			} else {
 				err = p.agentErr(s, err)
 			}
 			return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, err)
@@ -96,31 +105,20 @@ func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
 			return p.engineErr("copying "+src+" out of sandbox "+id, err)
 		}
 		defer rc.Close()
-		return tarfs.Extract(rc, dst)
+		if _, err := io.Copy(w, rc); err != nil {
+			return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, err)
+		}
+		return nil
 	}
-
-	pr, pw := io.Pipe()
-	extracted := make(chan error, 1)
-	go func() {
-		err := tarfs.Extract(pr, dst)
-		// Keep draining so tar's complaint on stderr, which may come later, is still read.
-		_, _ = io.Copy(io.Discard, pr)
-		extracted <- err
-	}()
 	var stderr bytes.Buffer
 	res, err := p.run(ctx, s, roche.ExecRequest{
 		Cmd: []string{"tar", "-c", "-C", path.Dir(src), "-f", "-", path.Base(src)},
-	}, pw, &stderr)
-	pw.Close()
-	exErr := <-extracted
+	}, w, &stderr)
 	if err != nil {
 		return err
 	}
 	if res.ExitCode != 0 {
 		return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, copyFailure(&stderr, res.ExitCode))
-	}
-	if exErr != nil {
-		return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, exErr)
 	}
 	return nil
 }
@@ -138,6 +136,8 @@ func copyFailure(stderr *bytes.Buffer, code int) error {
 		msg = fmt.Sprintf("tar exited %d", code)
 	}
 	switch {
+	case strings.Contains(msg, "No space left"), strings.Contains(msg, "Disk quota exceeded"):
+		return fmt.Errorf("%w: no space left: the sandbox's disk or /tmp is full: %s", roche.ErrExhausted, firstLine(msg))
 	case strings.Contains(msg, "No such file"):
 		return fmt.Errorf("%w: %s", roche.ErrNotFound, firstLine(msg))
 	case strings.Contains(msg, "not found"), code == 126, code == 127:

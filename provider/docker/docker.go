@@ -60,6 +60,7 @@ const BuildImageHint = "scripts/build-test-image.sh builds roche/python:local fr
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.FileSystem       = (*Provider)(nil)
@@ -85,6 +86,8 @@ type Provider struct {
 	// firewallDir, when set, is where the iptables tools are found instead of $PATH
 	// (tests point it at a directory without them).
 	firewallDir string
+	// uidFirst and uidCount are the range sandboxes' and workspaces' uids are drawn from.
+	uidFirst, uidCount int
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
@@ -145,9 +148,14 @@ func New(opts ...Option) (*Provider, error) {
 		stateDir:    defaultStateDir(),
 		dataDir:     defaultDataDir(),
 		proxies:     map[string]*runningProxy{},
+		uidFirst:    DefaultUIDFirst,
+		uidCount:    DefaultUIDCount,
 	}
 	for _, o := range opts {
 		o(p)
+	}
+	if err := p.checkUIDRange(); err != nil {
+		return nil, err
 	}
 	if p.agentPath == "" {
 		p.log.Warn("roche-agent not found: commands will run through Docker's exec API, which is slower and has no files API; build it with `make build` or set " + agentEnvPath)
@@ -211,7 +219,7 @@ func isConnRefused(err error) bool {
 }
 
 // Create implements roche.Provider.
-func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -228,24 +236,38 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 			return roche.SandboxInfo{}, err
 		}
 	}
+	if err := p.checkDisk(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	wsUID := -1
 	if cfg.Workspace != "" {
-		if err := p.ensureWorkspace(ctx, cfg.Workspace); err != nil {
-			return roche.SandboxInfo{}, err
+		var release func(failed bool)
+		var werr error
+		if wsUID, release, werr = p.ensureWorkspace(ctx, cfg.Workspace, cfg.WorkspaceBytes()); werr != nil {
+			return roche.SandboxInfo{}, werr
 		}
+		defer func() { release(err != nil) }()
 	}
 	fromSnapshot := cfg.FromSnapshot != ""
+	snapshotUID := -1
 	if fromSnapshot {
-		if _, err := p.cli.ImageInspect(ctx, snapshotRef(cfg.FromSnapshot)); err != nil {
+		img, err := p.cli.ImageInspect(ctx, snapshotRef(cfg.FromSnapshot))
+		if err != nil {
 			if cerrdefs.IsNotFound(err) {
 				return roche.SandboxInfo{}, fmt.Errorf("%w: no snapshot %s (roche snapshot list shows them)", roche.ErrNotFound, cfg.FromSnapshot)
 			}
 			return roche.SandboxInfo{}, p.engineErr("inspecting snapshot "+cfg.FromSnapshot, err)
 		}
+		// The snapshot keeps the labels of the sandbox it was taken of, its uid among them.
+		if img.Config != nil {
+			snapshotUID = uidOf(img.Config.Labels)
+		}
 	} else if err := p.ensureImage(ctx, cfg.Image); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	who := p.runAsFor(cfg, wsUID, snapshotUID)
 	if fromSnapshot {
-		info, err := p.createAndFallBack(ctx, cfg)
+		info, err := p.createAndFallBack(ctx, cfg, who)
 		if err != nil {
 			return info, err
 		}
@@ -255,14 +277,14 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 		}
 		return info, nil
 	}
-	return p.createAndFallBack(ctx, cfg)
+	return p.createAndFallBack(ctx, cfg, who)
 }
 
 // createAndFallBack makes the sandbox with roche-agent, or through the exec-API fallback
 // when the agent cannot start.
-func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config, who runAs) (roche.SandboxInfo, error) {
 	if p.agentPath != "" {
-		info, err := p.create(ctx, cfg, true)
+		info, err := p.create(ctx, cfg, who, true)
 		// The exec-API fallback has no relay, so an allowlist cannot fall back; nor can a
 		// workspace (see below).
 		if err == nil || !errors.Is(err, errAgentFailed) || len(cfg.NetworkAllowlist) > 0 || cfg.Workspace != "" {
@@ -276,13 +298,13 @@ func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config) (roc
 		return roche.SandboxInfo{}, fmt.Errorf("%w: workspace %s: Docker sandboxes need roche-agent to make /workspace writable for the sandbox user, and this provider runs without it (transport %s)",
 			roche.ErrUnsupported, cfg.Workspace, TransportDockerExec)
 	}
-	return p.create(ctx, cfg, false)
+	return p.create(ctx, cfg, who, false)
 }
 
 // errAgentFailed marks a sandbox whose agent did not come up (the sandbox is removed).
 var errAgentFailed = errors.New("roche-agent did not start")
 
-func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool) (roche.SandboxInfo, error) {
+func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, withAgent bool) (roche.SandboxInfo, error) {
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	name := "roche-" + randomHex(6)
@@ -302,29 +324,30 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 			}
 		}
 	}
-	ccfg, hcfg, err := p.containerConfig(cfg, expires, sb.agentDir)
+	id, err := p.createContainer(ctx, cfg, who, expires, name, sb.agentDir)
 	if err != nil {
 		p.removeAgentDir(sb.agentDir)
 		return roche.SandboxInfo{}, err
 	}
-	resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
+	sb.id = id
+	layer, err := p.sizeRoot(ctx, id, cfg)
 	if err != nil {
-		p.removeAgentDir(sb.agentDir)
-		return roche.SandboxInfo{}, p.engineErr("creating container", err)
+		p.removeDetached(sb)
+		return roche.SandboxInfo{}, err
 	}
-	sb.id = resp.ID
-	for _, w := range resp.Warnings {
-		p.log.Warn("docker create warning", "container", resp.ID, "warning", w)
-	}
-	if err := p.cli.ContainerStart(ctx, resp.ID, container.StartOptions{}); err != nil {
+	if err := p.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
 		// Undo the half-made sandbox even when the caller's context is what failed.
 		p.removeDetached(sb)
-		return roche.SandboxInfo{}, p.engineErr("starting container "+resp.ID, err)
+		return roche.SandboxInfo{}, p.engineErr("starting container "+id, err)
+	}
+	if err := p.checkRootSized(ctx, id, layer); err != nil {
+		p.removeDetached(sb)
+		return roche.SandboxInfo{}, err
 	}
 	if sb.agent != nil {
 		// Wait for the agent, but give up at once if the container exits instead.
 		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		exited, waitErr := p.cli.ContainerWait(wctx, resp.ID, container.WaitConditionNotRunning)
+		exited, waitErr := p.cli.ContainerWait(wctx, id, container.WaitConditionNotRunning)
 		go func() {
 			select {
 			case <-exited:
@@ -336,7 +359,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 		err := sb.agent.WaitReady(wctx)
 		cancel()
 		if err != nil {
-			reason := p.exitReason(resp.ID)
+			reason := p.exitReason(id)
 			p.removeDetached(sb)
 			if ctx.Err() != nil {
 				return roche.SandboxInfo{}, ctx.Err()
@@ -345,11 +368,47 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 		}
 	}
 	p.remember(sb)
-	p.log.Debug("sandbox created", "id", resp.ID, "image", cfg.Image, "transport", sb.transport())
+	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "transport", sb.transport())
 	return roche.SandboxInfo{
-		ID: resp.ID, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
+		ID: id, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
 		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(),
 	}, nil
+}
+
+// createContainer creates the sandbox's container, not yet started. A drawn uid is
+// checked once the container carries it in its label, before anything runs as it: if
+// another container has it too, this one is removed and the uid drawn again.
+func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who runAs, expires time.Time, name, agentDir string) (string, error) {
+	for range maxUIDDraws {
+		if who.draw {
+			who.uid = p.drawSandboxUID()
+			who.user = fmt.Sprintf("%d:%d", who.uid, who.uid)
+		}
+		ccfg, hcfg, err := p.containerConfig(cfg, who, expires, agentDir)
+		if err != nil {
+			return "", err
+		}
+		resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
+		if err != nil {
+			return "", p.engineErr("creating container", err)
+		}
+		for _, w := range resp.Warnings {
+			p.log.Warn("docker create warning", "container", resp.ID, "warning", w)
+		}
+		if !who.draw {
+			return resp.ID, nil
+		}
+		taken, err := p.uidTakenElsewhere(ctx, who.uid, resp.ID)
+		if err == nil && !taken {
+			return resp.ID, nil
+		}
+		p.removeDetached(sandbox{id: resp.ID})
+		if err != nil {
+			return "", err
+		}
+		p.log.Debug("uid taken by another sandbox, drawing again", "uid", who.uid)
+	}
+	return "", noFreeUID("sandbox", p.uidFirst, p.uidCount/2)
 }
 
 // exitReason describes why a container stopped, for error messages.
@@ -366,14 +425,19 @@ func (p *Provider) exitReason(id string) string {
 // containerConfig maps a validated roche.Config onto Docker's container and host config.
 // With an agent directory, roche-agent is PID 1; otherwise an init and sleep keep the
 // container alive for Docker's exec API.
-func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir string) (*container.Config, *container.HostConfig, error) {
+func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Time, agentDir string) (*container.Config, *container.HostConfig, error) {
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	env := make([]string, 0, len(cfg.Env))
+	env := make([]string, 0, len(cfg.Env)+1)
 	for k, v := range cfg.Env {
 		env = append(env, k+"="+v)
+	}
+	// HOME is somewhere the sandbox user can write (the image's passwd knows no drawn
+	// uid, and the agent itself runs as root, whose HOME is /root).
+	if _, set := cfg.Env["HOME"]; !set {
+		env = append(env, "HOME=/tmp")
 	}
 	mem := cfg.MemoryBytes()
 	pids := int64(cfg.PidsLimit)
@@ -389,7 +453,7 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 	}
 	ccfg := &container.Config{
 		Image:      img,
-		User:       cfg.User,
+		User:       who.user,
 		Env:        env,
 		WorkingDir: cfg.Workdir,
 		// The container's main process lives exactly as long as the sandbox may: when the
@@ -402,6 +466,9 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 			LabelProvider: "docker",
 			LabelExpires:  strconv.FormatInt(expires.Unix(), 10),
 			LabelConfig:   string(cfgJSON),
+			// Always set, so that a sandbox made from a snapshot does not carry the uid
+			// label of the one the snapshot was taken of.
+			LabelUID: who.label(),
 		},
 	}
 	// With a network, the sandbox joins Roche's own bridge network, which the host's
@@ -417,12 +484,13 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 		ReadonlyRootfs: !cfg.Writable,
 		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", roche.DefaultTmpSize)},
 		AutoRemove:     true,
+		ShmSize:        roche.DefaultTmpSize, // /dev/shm, capped like /tmp whatever the engine's default
 		// An init as PID 1 reaps zombies orphaned by the sandbox's programs.
 		Init:    &initOn,
 		CapDrop: []string{"ALL"},
-		// no-new-privileges, and no seccomp option at all: the engine's default profile
-		// applies (never unconfined).
-		SecurityOpt: []string{"no-new-privileges:true"},
+		// no-new-privileges, and Roche's seccomp profile rather than the engine's default,
+		// which on engines before 25.0 still allows io_uring (see seccomp.go).
+		SecurityOpt: []string{"no-new-privileges:true", seccompOpt},
 		LogConfig:   container.LogConfig{Type: "none"},
 		Resources: container.Resources{
 			Memory:     mem,
@@ -439,7 +507,7 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 	ccfg.Labels[LabelTransport] = TransportDockerExec
 	if cfg.Workspace != "" {
 		ccfg.Labels[LabelWorkspace] = cfg.Workspace
-		hcfg.Mounts = append(hcfg.Mounts, workspaceMount(cfg.Workspace))
+		hcfg.Mounts = append(hcfg.Mounts, p.workspaceMount(cfg.Workspace))
 	}
 	if agentDir != "" {
 		// roche-agent is PID 1 and reaps zombies itself. It runs as root with the few
@@ -452,12 +520,15 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 		ccfg.User = "0:0"
 		ccfg.Entrypoint = []string{agentBinary,
 			"--socket", agentRunDir + "/" + agentSocket,
-			"--user", cfg.User,
+			"--user", who.user,
 			"--lifetime", strconv.Itoa(cfg.TimeoutSecs) + "s",
 			"--owner", strconv.Itoa(os.Geteuid()),
 		}
 		if cfg.Workspace != "" {
 			ccfg.Entrypoint = append(ccfg.Entrypoint, "--own", roche.WorkspacePath)
+		}
+		if who.chownFrom > 0 {
+			ccfg.Entrypoint = append(ccfg.Entrypoint, "--chown-from", strconv.Itoa(who.chownFrom))
 		}
 		if len(cfg.NetworkAllowlist) > 0 {
 			ccfg.Entrypoint = append(ccfg.Entrypoint,
@@ -577,6 +648,9 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	}
 	s := sandbox{id: c.ID, expires: expiresFromLabels(c.Config.Labels)}
 	_ = json.Unmarshal([]byte(c.Config.Labels[LabelConfig]), &s.cfg)
+	if s.cfg.Disk == "" && s.cfg.Image != "" {
+		s.cfg.Disk = roche.DefaultDisk // recorded before configs had a disk limit
+	}
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
 		s.agent = agent.NewClient(filepath.Join(s.agentDir, agentSocket))

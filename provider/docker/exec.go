@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -167,7 +168,7 @@ func (p *Provider) run(ctx context.Context, s sandbox, req roche.ExecRequest, st
 		return res, err
 	}
 	if res.ExitCode == sigkillExit && !timedOut {
-		res.OOMKilled = p.oomSince(ctx, s.id, start)
+		res.OOMKilled = p.oomDuring(ctx, s.id, created.ID, start)
 	}
 	return res, nil
 }
@@ -203,48 +204,58 @@ func (p *Provider) killExec(execID string) {
 	}
 }
 
-// oomSince reports whether the engine saw an OOM kill in the container since start.
-// The OOM event can trail the killed process's exit by a moment, so it looks a few times.
-func (p *Provider) oomSince(ctx context.Context, containerID string, start time.Time) bool {
+// oomDuring reports whether the engine saw an OOM kill in the container since the exec
+// started: an "oom" event no earlier than the exec's own "exec_start" event. Both times
+// are the engine's, so neither a clock difference with this host nor an earlier
+// command's OOM kill a moment before counts. The OOM event can trail the killed
+// process's exit by a moment, so it looks a few times.
+func (p *Provider) oomDuring(ctx context.Context, containerID, execID string, start time.Time) bool {
 	for try := 0; try < 10; try++ {
 		if try > 0 {
 			time.Sleep(50 * time.Millisecond)
 		}
-		found, err := p.hasEvent(ctx, containerID, "oom", start.Add(-time.Second), time.Now())
+		msgs, err := p.events(ctx, containerID, start.Add(-time.Minute), time.Now(), "oom", "exec_start")
 		if err != nil {
 			p.log.Warn("reading oom events", "container", containerID, "err", err)
 			return false
 		}
-		if found {
-			return true
+		started := int64(-1)
+		for _, m := range msgs {
+			if strings.HasPrefix(string(m.Action), "exec_start") && m.Actor.Attributes["execID"] == execID {
+				started = m.TimeNano
+			}
+		}
+		for _, m := range msgs {
+			if started >= 0 && m.Action == "oom" && m.TimeNano >= started {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-func (p *Provider) hasEvent(ctx context.Context, containerID, action string, since, until time.Time) (bool, error) {
+// events returns the container's events of the given actions between since and until.
+func (p *Provider) events(ctx context.Context, containerID string, since, until time.Time, actions ...string) ([]events.Message, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	msgs, errs := p.cli.Events(ctx, events.ListOptions{
-		Since: unixNano(since),
-		Until: unixNano(until),
-		Filters: filters.NewArgs(
-			filters.Arg("type", string(events.ContainerEventType)),
-			filters.Arg("container", containerID),
-			filters.Arg("event", action),
-		),
-	})
+	args := filters.NewArgs(
+		filters.Arg("type", string(events.ContainerEventType)),
+		filters.Arg("container", containerID),
+	)
+	for _, a := range actions {
+		args.Add("event", a)
+	}
+	msgs, errs := p.cli.Events(ctx, events.ListOptions{Since: unixNano(since), Until: unixNano(until), Filters: args})
+	var out []events.Message
 	for {
 		select {
 		case m := <-msgs:
-			if string(m.Action) == action {
-				return true, nil
-			}
+			out = append(out, m)
 		case err := <-errs:
 			if err == nil || errors.Is(err, io.EOF) {
-				return false, nil
+				return out, nil
 			}
-			return false, err
+			return out, err
 		}
 	}
 }

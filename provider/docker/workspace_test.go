@@ -47,9 +47,9 @@ func TestWorkspaceBelongsToSandboxUser(t *testing.T) {
 	cfg := testConfig()
 	cfg.Workspace = name
 	id := sandbox(t, p, cfg)
-	got := execOK(t, p, id, "sh", "-c", "stat -c %U /workspace; echo x > /workspace/f && stat -c %U /workspace/f")
-	if got != "nobody\nnobody\n" {
-		t.Fatalf("owners of /workspace and a file made in it: %q, want nobody", got)
+	got := execOK(t, p, id, "sh", "-c", "id -u; stat -c %u /workspace; echo x > /workspace/f && stat -c %u /workspace/f")
+	if f := strings.Fields(got); len(f) != 3 || f[1] != f[0] || f[2] != f[0] {
+		t.Fatalf("sandbox user, owners of /workspace and a file made in it: %q, want the sandbox user's uid thrice", got)
 	}
 }
 

@@ -58,6 +58,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	t.Run("StreamsOutputAsProduced", func(t *testing.T) { s.testStreaming(t, shared) })
 	t.Run("ReadOnlyRoot", func(t *testing.T) { s.testReadOnlyRoot(t, shared) })
 	t.Run("Writable", s.testWritable)
+	t.Run("DiskLimit", s.testDiskLimit)
 	t.Run("Workdir", s.testWorkdir)
 	t.Run("TimeoutStopsBusyLoop", func(t *testing.T) { s.testTimeout(t, shared) })
 	t.Run("OutputTruncated", func(t *testing.T) { s.testTruncated(t, shared) })
@@ -79,7 +80,11 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	}
 	if s.caps.Processes {
 		t.Run("LinuxPrivileges", func(t *testing.T) { s.testPrivileges(t, shared) })
+		t.Run("KernelAttackSurface", func(t *testing.T) { s.testKernelAttackSurface(t, shared) })
 		t.Run("User", s.testUser)
+		t.Run("HomeWritable", func(t *testing.T) { s.testHome(t, shared) })
+		t.Run("PerUserLimitsNotShared", s.testPerUserLimits)
+		t.Run("OOMThroughTmpfs", s.testOOMThroughTmpfs)
 		t.Run("NetworkOffOnlyLoopback", func(t *testing.T) { s.testNetworkOff(t, shared) })
 		t.Run("TmpCapped", func(t *testing.T) { s.testTmpCapped(t, shared) })
 		t.Run("TimeoutKillsTreeIgnoringSIGTERM", s.testTimeoutKillsTree)
@@ -91,8 +96,21 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if s.caps.Network {
 		t.Run("NetworkOn", s.testNetworkOn)
 	}
+	if s.caps.Files {
+		// Each in a sandbox of its own, last: the race takes a while, and the shared
+		// sandbox above must not outlive its lifetime waiting for it.
+		t.Run("CopyOutBoundary", s.testCopyOutBoundary)
+		t.Run("CopyCapAndHoles", s.testCopyCapAndHoles)
+		if s.caps.Mounts {
+			t.Run("CopyInRace", s.testCopyInRace)
+		}
+		if s.caps.Processes {
+			t.Run("CopyNoSpace", s.testCopyNoSpace)
+		}
+	}
 	if _, ok := p.(roche.WorkspaceManager); ok {
 		t.Run("WorkspacePersists", s.testWorkspace)
+		t.Run("WorkspaceSize", s.testWorkspaceSize)
 	}
 	if _, ok := p.(roche.Resetter); ok {
 		t.Run("Reset", s.testReset)
@@ -586,11 +604,8 @@ print(' '.join(k + '=' + f[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'C
 	if fields["Seccomp"] != "2" {
 		t.Errorf("Seccomp = %q, want 2 (filter mode)", fields["Seccomp"])
 	}
-	if fields["uid"] == "0" || fields["uid"] == "" {
-		t.Errorf("running as uid %q, want non-root", fields["uid"])
-	}
-	if fields["uid"] != "65534" || fields["gid"] != "65534" {
-		t.Errorf("default user uid=%s gid=%s, want 65534:65534", fields["uid"], fields["gid"])
+	if fields["uid"] == "0" || fields["uid"] == "" || fields["gid"] == "0" || fields["gid"] == "" {
+		t.Errorf("running as uid %q gid %q, want non-root", fields["uid"], fields["gid"])
 	}
 	// And the forbidden thing fails: root-only operations are refused.
 	res := s.py(t, id, "import os; os.setuid(0)")
@@ -799,5 +814,237 @@ func (s *suite) checkNothingLeaked(t *testing.T) {
 		if mine[sb.ID] {
 			t.Errorf("sandbox %s survived the suite", sb.ID)
 		}
+	}
+}
+
+// syscallProbe calls the system calls named in argv through libc and prints, for each,
+// "name=allowed" or "name=ERRNO". ptrace is tried the way an attacker would use it:
+// attaching to a child of its own, which the kernel allows a process without privileges.
+const syscallProbe = `
+import ctypes, errno, os, platform, sys, time
+numbers = {
+    'x86_64': {'io_uring_setup': 425, 'ptrace': 101},
+    'aarch64': {'io_uring_setup': 425, 'ptrace': 117},
+}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(numbers[name], *args)
+    return 'allowed' if r >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+out = []
+for name in sys.argv[1:]:
+    if name == 'io_uring_setup':
+        params = ctypes.create_string_buffer(120)
+        out.append(name + '=' + call(name, 1, params))
+    elif name == 'ptrace':
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        out.append(name + '=' + call(name, 16, pid, 0, 0))  # PTRACE_ATTACH
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+print(' '.join(out))`
+
+// testKernelAttackSurface: the system calls Roche refuses everywhere (see the README's
+// security section) fail from inside, with EPERM from a seccomp filter or ENOSYS from a
+// kernel without them, while the program making them runs on.
+func (s *suite) testKernelAttackSurface(t *testing.T, id string) {
+	got := s.pyOK(t, id, syscallProbe, func(r *roche.ExecRequest) { r.Cmd = append(r.Cmd, "io_uring_setup", "ptrace") })
+	for _, kv := range strings.Fields(got) {
+		name, result, _ := strings.Cut(kv, "=")
+		if result != "EPERM" && result != "ENOSYS" {
+			t.Errorf("%s inside the sandbox: %s, want EPERM or ENOSYS", name, result)
+		}
+	}
+	if n := len(strings.Fields(got)); n != 2 {
+		t.Fatalf("probe printed %q, want two results", got)
+	}
+}
+
+// testHome: HOME is a directory the sandbox user can write, not root's or a missing one.
+func (s *suite) testHome(t *testing.T, id string) {
+	got := s.pyOK(t, id, `
+import os
+home = os.environ.get('HOME', '')
+p = os.path.join(home, '.roche-home-probe')
+open(p, 'w').write('x')
+os.remove(p)
+print(home)`)
+	if got == "" || got == "/root" {
+		t.Fatalf("HOME is %q, want a directory the sandbox user can write", got)
+	}
+}
+
+// inotifyHog takes inotify instances until the kernel refuses one, bounded, reports how
+// many it holds and why it stopped, and holds them until it is killed.
+const inotifyHog = `
+import ctypes, errno, resource, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds, why = [], 'bound'
+while len(fds) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        why = errno.errorcode.get(ctypes.get_errno(), '?')
+        break
+    fds.append(fd)
+print('held', len(fds), why, resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+time.sleep(600)`
+
+const inotifyOne = `
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+print('ok' if fd >= 0 else errno.errorcode.get(ctypes.get_errno(), '?'))`
+
+// lineWriter signals the first complete line written to it.
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	line chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if line, _, ok := strings.Cut(w.buf.String(), "\n"); ok && w.line != nil {
+		w.line <- line
+		w.line = nil
+	}
+	return len(p), nil
+}
+
+// testPerUserLimits does the attack of one sandbox on another through a per-user kernel
+// limit: sandbox A takes every inotify instance its user may have (fs.inotify.
+// max_user_instances, counted per uid), and holds them; sandbox B, made with the same
+// config, must still get one. Sandboxes sharing a uid fail this.
+func (s *suite) testPerUserLimits(t *testing.T) {
+	a := s.create(t, s.opts.Config)
+	b := s.create(t, s.opts.Config)
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &lineWriter{line: make(chan string, 1)}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.p.Exec(ctx, a, roche.ExecRequest{
+			Cmd: append(append([]string{}, s.opts.Python...), "-c", inotifyHog), Timeout: 5 * time.Minute, Stdout: w,
+		})
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	var held string
+	select {
+	case held = <-w.line:
+	case err := <-done:
+		t.Fatalf("the inotify hog in sandbox A ended before holding its instances: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the inotify hog in sandbox A printed nothing within 2 minutes")
+	}
+	f := strings.Fields(held)
+	if len(f) != 4 || f[2] != "EMFILE" {
+		t.Fatalf("sandbox A: %q, want it to run out of inotify instances (EMFILE): the attack could not be mounted", held)
+	}
+	n, _ := strconv.Atoi(f[1])
+	if nofile, err := strconv.Atoi(f[3]); err != nil || nofile >= 0 && n+8 >= nofile {
+		t.Fatalf("sandbox A: %q: it ran out of file descriptors (RLIMIT_NOFILE %s), not of inotify instances", held, f[3])
+	}
+	if got := s.pyOK(t, b, inotifyOne); got != "ok" {
+		t.Fatalf("sandbox B's inotify_init1 while sandbox A holds %s instances: %s, want ok (the sandboxes share a per-user limit)", f[1], got)
+	}
+}
+
+// tmpfsFill fills /tmp, then /dev/shm, a MiB at a time up to 200 MiB each, and reports
+// how each ended (ENOSPC at the tmpfs' size cap, or "full" at 200 MiB). Memory in a
+// tmpfs counts against the sandbox's memory limit and belongs to no process.
+const tmpfsFill = `
+import errno, sys
+def fill(path):
+    n = 0
+    try:
+        with open(path, 'wb') as f:
+            while n < 200:
+                f.write(b'\1' * (1 << 20)); f.flush(); n += 1
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    return 'full'
+print('tmp', fill('/tmp/roche-fill'), flush=True)
+print('shm', fill('/dev/shm/roche-fill'), flush=True)`
+
+// testOOMThroughTmpfs: memory filled through the tmpfs mounts, /tmp and /dev/shm, is
+// stopped by the memory limit, and a command the OOM killer kills for it is reported
+// OOMKilled, also when a shell ran it (which then exits 137); a command that only met a
+// full tmpfs, or that died of SIGKILL for another reason, is not. The sandbox survives.
+func (s *suite) testOOMThroughTmpfs(t *testing.T) {
+	cfg := s.opts.Config
+	cfg.Memory = "128m" // less than /tmp's 64 MiB and /dev/shm's 64 MiB together, and a VM's least
+	id := s.create(t, cfg)
+	files := []string{"/tmp/roche-fill", "/dev/shm/roche-fill"}
+	clean := func() {
+		t.Helper()
+		// Through the files API where there is one: the memory the files hold may leave
+		// too little to start even rm.
+		if fsys, ok := s.p.(roche.FileSystem); ok {
+			var errs []error
+			for _, f := range files {
+				if err := fsys.Remove(ctxFor(t, time.Minute), id, f); !errors.Is(err, roche.ErrNotFound) {
+					errs = append(errs, err)
+				}
+			}
+			err := errors.Join(errs...)
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, roche.ErrUnsupported) {
+				t.Fatalf("removing the fill files: %v", err)
+			}
+		}
+		res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: append([]string{"rm", "-f"}, files...), Timeout: time.Minute})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("removing the fill files: %+v %v", res, err)
+		}
+	}
+	py := append([]string{}, s.opts.Python...)
+	for _, c := range []struct {
+		name string
+		cmd  []string
+	}{
+		{"directly", append(append([]string{}, py...), "-c", tmpfsFill)},
+		// "; exit $?" keeps the shell from replacing itself with the program.
+		{"under a shell", append([]string{"sh", "-c", `"$@"; exit $?`, "sh"}, append(append([]string{}, py...), "-c", tmpfsFill)...)},
+	} {
+		res, err := s.p.Exec(ctxFor(t, 3*time.Minute), id, roche.ExecRequest{Cmd: c.cmd, Timeout: 2 * time.Minute})
+		if err != nil {
+			t.Fatalf("filling the tmpfs mounts %s: %v", c.name, err)
+		}
+		if !res.OOMKilled || res.ExitCode != 137 || res.TimedOut {
+			t.Errorf("filling /tmp then /dev/shm %s under memory=128m: exit %d OOMKilled %v timed out %v, stdout %q; want exit 137 and OOMKilled",
+				c.name, res.ExitCode, res.OOMKilled, res.TimedOut, res.Stdout)
+		}
+		// Killed while filling /tmp (a VM's limit may be below its cap) or /dev/shm.
+		if res.Stdout != "" && res.Stdout != "tmp ENOSPC\n" {
+			t.Errorf("filling %s: stdout %q, want it killed before both were full", c.name, res.Stdout)
+		}
+		clean()
+	}
+
+	// A SIGKILL that is not the OOM killer's is not an OOM kill.
+	res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: []string{"sh", "-c", "kill -9 $$"}, Timeout: time.Minute})
+	if err != nil || res.ExitCode != 137 || res.OOMKilled {
+		t.Errorf("sh killing itself with SIGKILL: %+v %v, want exit 137, not OOMKilled", res, err)
+	}
+
+	// With the default memory limit both tmpfs mounts fill to their caps: ENOSPC, not OOM.
+	roomy := s.create(t, s.opts.Config)
+	res = s.py(t, roomy, tmpfsFill, withTimeout(2*time.Minute))
+	if res.ExitCode != 0 || res.OOMKilled || res.Stdout != "tmp ENOSPC\nshm ENOSPC\n" {
+		t.Errorf("filling the tmpfs mounts under memory=%s: exit %d OOMKilled %v stdout %q stderr %q, want both full (ENOSPC), exit 0, not OOMKilled",
+			s.opts.Config.Memory, res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr)
+	}
+
+	if got := s.pyOK(t, id, "print('alive')"); got != "alive" {
+		t.Fatalf("after the OOM kills: %q", got)
 	}
 }

@@ -2,7 +2,6 @@ package vm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/internal/tarfs"
 	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 )
 
@@ -219,9 +217,21 @@ func (p *Provider) Rename(ctx context.Context, id, from, to string) error {
 	return p.agentErrOrNil(s, s.agent.Rename(ctx, from, to))
 }
 
-// CopyTo implements roche.FileCopier: the host path src becomes dst in the sandbox, as a
-// tar stream the agent unpacks as the sandbox user.
+// CopyTo implements roche.FileCopier with the default options (see roche.CopyIn).
 func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
+	_, err := roche.CopyIn(ctx, p, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// CopyFrom implements roche.FileCopier with the default options (see roche.CopyOut).
+func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
+	_, err := roche.CopyOut(ctx, p, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// CopyTarTo implements roche.TarCopier: the agent unpacks the archive as the sandbox
+// user, its root entry becoming dst.
+func (p *Provider) CopyTarTo(ctx context.Context, id, dst string, r io.Reader) error {
 	s, err := p.running(id)
 	if err != nil {
 		return err
@@ -230,20 +240,20 @@ func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
 		return fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst)
 	}
 	dst = path.Clean(dst)
-	if _, err := os.Lstat(src); err != nil {
-		return fmt.Errorf("%w: host path %s: %v", roche.ErrNotFound, src, err)
-	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(tarfs.Write(pw, src, path.Base(dst))) }()
-	defer pr.Close()
-	if err := s.agent.Untar(ctx, dst, pr); err != nil {
-		return fmt.Errorf("copying %s into sandbox %s: %w", src, id, p.agentErr(s, err))
+	cr := &agentconv.CallerReader{R: r}
+	if err := s.agent.Untar(ctx, dst, cr); err != nil {
+		if cr.Err != nil {
+			err = cr.Err
+		} else {
+			err = p.agentErr(s, err)
+		}
+		return fmt.Errorf("copying into sandbox %s at %s: %w", id, dst, err)
 	}
 	return nil
 }
 
-// CopyFrom implements roche.FileCopier: the sandbox path src becomes the host path dst.
-func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
+// CopyTarFrom implements roche.TarCopier: the agent sends src as a tar stream.
+func (p *Provider) CopyTarFrom(ctx context.Context, id, src string, w io.Writer) error {
 	s, err := p.running(id)
 	if err != nil {
 		return err
@@ -252,13 +262,11 @@ func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
 		return fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src)
 	}
 	src = path.Clean(src)
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(s.agent.Tar(ctx, src, pw)) }()
-	err = tarfs.Extract(pr, dst)
-	pr.CloseWithError(err)
-	if err != nil {
-		var ae *agent.Error
-		if errors.As(err, &ae) {
+	cw := &agentconv.CallerWriter{W: w}
+	if err := s.agent.Tar(ctx, src, cw); err != nil {
+		if cw.Err != nil {
+			err = cw.Err
+		} else {
 			err = p.agentErr(s, err)
 		}
 		return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, err)

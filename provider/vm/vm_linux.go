@@ -33,6 +33,7 @@ import (
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.FileSystem       = (*Provider)(nil)
 	_ roche.BackgroundRunner = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
@@ -416,9 +417,9 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 		env = append(env, k+"="+v)
 	}
 	guest := vmlink.GuestConfig{
-		Hostname: vm.ID, User: vm.Config.User, Env: env, Workdir: vm.Workdir,
+		Hostname: vm.ID, User: guestUser(vm.Config.User), Env: env, Workdir: vm.Workdir,
 		LifetimeMS: time.Until(vm.ExpiresAt).Milliseconds(), PidsLimit: vm.Config.PidsLimit,
-		Writable: vm.Config.Writable, TmpSize: roche.DefaultTmpSize, Transport: vmlink.TransportSerial,
+		Writable: vm.Config.Writable, DiskSize: vm.Config.DiskBytes(), TmpSize: roche.DefaultTmpSize, Transport: vmlink.TransportSerial,
 	}
 	if p.Name() == Firecracker {
 		guest.Transport = vmlink.TransportVsock
@@ -771,4 +772,14 @@ func (p *Provider) setPaused(ctx context.Context, id string, freeze bool) error 
 		return err
 	}
 	return nil
+}
+
+// guestUser is who commands run as in the guest. roche.UserAuto is nobody: a microVM has
+// a kernel of its own, so its per-user limits are not shared with any other sandbox
+// whatever the uid.
+func guestUser(user string) string {
+	if user == roche.UserAuto {
+		return "65534:65534"
+	}
+	return user
 }

@@ -373,8 +373,8 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 	defer untrack()
 
 	memory := newMemoryCap(rec.Config.MemoryBytes())
-	runCtx := experimental.WithMemoryAllocator(tctx, memory)
-	fsc, _ := sandboxFS(mounts, prog.python)
+	fsc, _, sig := sandboxFS(mounts, prog.python)
+	runCtx := withSpaceSignal(experimental.WithMemoryAllocator(tctx, memory), sig)
 	mcfg := moduleConfig(tctx, prog.argv, prog.env, fsc, stdout, stderr)
 	if stdin != nil {
 		r := cancellableReader(tctx, stdin)
@@ -418,13 +418,16 @@ func (q dirQuota) recount() {
 }
 
 // sandboxFS is the file system an instance sees: the sandbox's directories, each
-// confined, its own writable ones under quota, and for Python the start-up hook.
-func sandboxFS(mounts []mountPoint, python bool) (wazero.FSConfig, []dirQuota) {
+// confined, its own writable ones under quota, and for Python the start-up hook. The
+// quotas raise the signal returned, which the instance's calls must carry in their
+// context (withSpaceSignal) for a refused write to fail with ENOSPC.
+func sandboxFS(mounts []mountPoint, python bool) (wazero.FSConfig, []dirQuota, *spaceSignal) {
 	fsc := wazero.NewFSConfig()
+	sig := &spaceSignal{}
 	var quotas []dirQuota
 	for _, m := range mounts {
 		var q *quota
-		if m.own && !m.readOnly {
+		if m.own && !m.readOnly && m.limit > 0 {
 			var skip []string
 			if m.guest == "/" {
 				// /tmp and /workspace live inside the root's directory but count on their own.
@@ -434,7 +437,7 @@ func sandboxFS(mounts []mountPoint, python bool) (wazero.FSConfig, []dirQuota) {
 					}
 				}
 			}
-			q = &quota{used: dirSize(m.host, skip...), limit: roche.DefaultTmpSize}
+			q = &quota{used: dirSize(m.host, skip...), limit: m.limit, signal: sig}
 			quotas = append(quotas, dirQuota{quota: q, host: m.host, skip: skip})
 		}
 		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(newConfinedFS(m.host, m.readOnly, q), m.guest)
@@ -443,7 +446,7 @@ func sandboxFS(mounts []mountPoint, python bool) (wazero.FSConfig, []dirQuota) {
 		boot, _ := fs.Sub(bootFiles, "boot")
 		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(&sysfs.AdaptFS{FS: boot}, guestBoot)
 	}
-	return fsc, quotas
+	return fsc, quotas, sig
 }
 
 // moduleConfig is how every instance starts; a sleep in the guest ends when ctx does.

@@ -212,14 +212,24 @@ func (c *confinedFS) regularSize(p string) int64 {
 }
 
 // quota caps the bytes held by one of the sandbox's own writable directories, as the
-// Docker provider's 64 MiB tmpfs caps /tmp: without it a guest could fill the disk (or
-// the memory-backed runtime directory) the state directory lives on. It starts from the
+// Docker provider's sized filesystems and 64 MiB tmpfs do: without it a guest could fill
+// the disk (or the memory-backed runtime directory) the state directory lives on. It starts from the
 // directory's size when the exec begins and follows the guest's writes, truncations and
 // removals; files copied in with CopyTo count against it but are never refused.
 type quota struct {
 	mu    sync.Mutex
 	used  int64
 	limit int64
+	// signal, when set, is raised on every refusal (see noSpaceAsENOSPC).
+	signal *spaceSignal
+}
+
+// refuse reports a refused write: errNoSpace, with the instance's signal raised.
+func (q *quota) refuse() experimentalsys.Errno {
+	if q.signal != nil {
+		q.signal.refused.Store(true)
+	}
+	return errNoSpace
 }
 
 func (q *quota) add(n int64) {
@@ -238,8 +248,8 @@ func (q *quota) grow(n int64) int64 {
 	return n
 }
 
-// errNoSpace is what a write past the quota gets. WASI has ENOSPC but wazero's errno
-// set does not, and EIO is what wazero reports for a host disk that is really full.
+// errNoSpace is what a write past the quota gets from the file. WASI has ENOSPC but
+// wazero's errno set does not; the guest sees ENOSPC all the same (noSpaceAsENOSPC).
 const errNoSpace = experimentalsys.EIO
 
 // quotaFile charges the bytes that writes add to a file against its directory's quota.
@@ -278,7 +288,7 @@ func (f *quotaFile) limited(buf []byte, off int64) ([]byte, experimentalsys.Errn
 	keep := len(buf) - int(grow-got)
 	if keep <= 0 {
 		f.quota.add(-got)
-		return nil, errNoSpace
+		return nil, f.quota.refuse()
 	}
 	return buf[:keep], 0
 }
@@ -311,8 +321,9 @@ func (f *quotaFile) Truncate(size int64) experimentalsys.Errno {
 		return errno
 	}
 	if d := size - st.Size; d > 0 {
-		if f.quota.grow(d) != d {
-			return errNoSpace
+		if got := f.quota.grow(d); got != d {
+			f.quota.add(-got)
+			return f.quota.refuse()
 		}
 	} else {
 		f.quota.add(d)

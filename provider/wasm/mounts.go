@@ -17,7 +17,8 @@ type mountPoint struct {
 	guest    string // clean absolute guest path
 	host     string // absolute host directory without symlinks
 	readOnly bool
-	own      bool // one of the sandbox's own directories (not a host mount): quota applies
+	own      bool  // one of the sandbox's own directories (not a host mount)
+	limit    int64 // bytes an own writable directory may hold (see quota); 0 is none
 }
 
 // sandboxMounts lays out the file system of sandbox id: its own root, /tmp and
@@ -25,7 +26,13 @@ type mountPoint struct {
 func (p *Provider) sandboxMounts(id string, cfg roche.Config) ([]mountPoint, error) {
 	root := filepath.Join(p.sandboxDir(id), rootDir)
 	workspace := filepath.Join(root, "workspace")
+	workspaceLimit := int64(roche.DefaultTmpSize)
 	if cfg.Workspace != "" {
+		size, err := p.workspaceSize(cfg.Workspace)
+		if err != nil {
+			return nil, err
+		}
+		workspaceLimit = size
 		files := p.workspaceFiles(cfg.Workspace)
 		host, err := filepath.EvalSymlinks(files)
 		if err == nil {
@@ -39,12 +46,14 @@ func (p *Provider) sandboxMounts(id string, cfg roche.Config) ([]mountPoint, err
 		}
 		workspace = host
 	}
+	// Each of the sandbox's own writable directories has a bound: the root its disk
+	// limit (0: none, as asked), /tmp the tmpfs size Docker gives it, the sandbox's own
+	// /workspace the same, a named workspace its size, so that a guest cannot fill the
+	// disk of the state or data directory.
 	mounts := []mountPoint{
-		{guest: "/", host: root, readOnly: !cfg.Writable, own: true},
-		{guest: GuestTmp, host: filepath.Join(root, "tmp"), own: true},
-		// A named workspace counts as the sandbox's own: it holds at most what the
-		// per-sandbox one would, so that a guest cannot fill the data directory's disk.
-		{guest: GuestWorkspace, host: workspace, own: true},
+		{guest: "/", host: root, readOnly: !cfg.Writable, own: true, limit: cfg.DiskBytes()},
+		{guest: GuestTmp, host: filepath.Join(root, "tmp"), own: true, limit: roche.DefaultTmpSize},
+		{guest: GuestWorkspace, host: workspace, own: true, limit: workspaceLimit},
 	}
 	for _, m := range cfg.Mounts {
 		// Resolved now, so that the directory the guest gets is the one named, even if

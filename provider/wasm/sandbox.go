@@ -132,7 +132,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	}
 	done := false
 	if cfg.Workspace != "" {
-		made, err := p.ensureWorkspace(cfg.Workspace)
+		made, err := p.ensureWorkspace(cfg.Workspace, cfg.WorkspaceBytes())
 		if err != nil {
 			return roche.SandboxInfo{}, err
 		}
@@ -343,6 +343,9 @@ func readRecord(dir string) (record, error) {
 	}
 	if err := json.Unmarshal(b, &rec); err != nil {
 		return rec, fmt.Errorf("%s is corrupt: %v", filepath.Join(dir, recordFile), err)
+	}
+	if rec.Config.Disk == "" {
+		rec.Config.Disk = roche.DefaultDisk // recorded before configs had a disk limit
 	}
 	return rec, nil
 }

@@ -274,7 +274,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 		w.err = err
 		return
 	}
-	fsc, quotas := sandboxFS(mounts, true)
+	fsc, quotas, sig := sandboxFS(mounts, true)
 	w.mu.Lock()
 	w.mounts, w.quotas = mounts, quotas
 	w.mu.Unlock()
@@ -283,7 +283,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 	env := map[string]string{"PYTHONPATH": guestBoot}
 	mcfg := moduleConfig(w.ctx, []string{warmArgv0, "-c", warmCommand, warmSource}, env, fsc, w.stdout, w.stderr).
 		WithStdin(w.stdin)
-	runCtx := experimental.WithMemoryAllocator(w.ctx, w.memory)
+	runCtx := withSpaceSignal(experimental.WithMemoryAllocator(w.ctx, w.memory), sig)
 	inst, err := p.runtime.InstantiateModule(runCtx, mod, mcfg)
 	if err != nil {
 		w.err = err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -70,8 +71,62 @@ func instantiateWASI(ctx context.Context, r wazero.Runtime) error {
 		WithParameterNames(def.ParamNames()...).
 		WithResultNames(def.ResultNames()...).
 		Export(pollOneoffName)
+	for _, name := range spaceFunctions {
+		def, ok := stockCompiled.ExportedFunctions()[name]
+		if !ok {
+			return fmt.Errorf("wazero's WASI has no %s", name)
+		}
+		stock, ok := def.GoFunction().(api.GoModuleFunction)
+		if !ok || len(def.ResultTypes()) != 1 {
+			return fmt.Errorf("wazero's WASI %s is a %T with %d results, not a Go module function with an errno", name, def.GoFunction(), len(def.ResultTypes()))
+		}
+		b.NewFunctionBuilder().
+			WithGoModuleFunction(noSpaceAsENOSPC(stock), def.ParamTypes(), def.ResultTypes()).
+			WithParameterNames(def.ParamNames()...).
+			WithResultNames(def.ResultNames()...).
+			Export(name)
+	}
 	_, err = b.Instantiate(ctx)
 	return err
+}
+
+// spaceFunctions are the WASI calls that can make a file grow, and so run into a quota.
+var spaceFunctions = []string{"fd_write", "fd_pwrite", "fd_filestat_set_size", "fd_allocate"}
+
+// WASI errno values (the preview1 errno enum).
+const (
+	wasiErrnoIO    = 29
+	wasiErrnoNoSpc = 51
+)
+
+// noSpaceAsENOSPC wraps a WASI call so that a write refused by a quota (see quota) fails
+// with ENOSPC, as on a full disk. wazero's errno set has no ENOSPC, so the quota's
+// refusal reaches the call as EIO; the quota also raises the instance's spaceSignal,
+// carried in the call's context, which tells that EIO apart from a host's I/O error.
+func noSpaceAsENOSPC(stock api.GoModuleFunction) api.GoModuleFunc {
+	return func(ctx context.Context, mod api.Module, stack []uint64) {
+		sig, _ := ctx.Value(spaceSignalKey{}).(*spaceSignal)
+		if sig == nil {
+			stock.Call(ctx, mod, stack)
+			return
+		}
+		sig.refused.Store(false)
+		stock.Call(ctx, mod, stack)
+		if sig.refused.Load() && stack[0] == wasiErrnoIO {
+			stack[0] = wasiErrnoNoSpc
+		}
+	}
+}
+
+// spaceSignal is raised by an instance's quotas when they refuse a write; one instance
+// runs one call at a time, so it says whether the call under way was refused.
+type spaceSignal struct{ refused atomic.Bool }
+
+type spaceSignalKey struct{}
+
+// withSpaceSignal is the context for calls into an instance whose quotas raise sig.
+func withSpaceSignal(ctx context.Context, sig *spaceSignal) context.Context {
+	return context.WithValue(ctx, spaceSignalKey{}, sig)
 }
 
 // absoluteToRelative rewrites, in guest memory, every absolute clock subscription of the

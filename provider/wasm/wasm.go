@@ -16,9 +16,9 @@
 //	               Python starts here by default
 //	Config.Mounts  host directories, read-only unless ReadWrite
 //
-// Each of the sandbox's own writable directories holds at most roche.DefaultTmpSize
-// bytes, as the Docker provider's /tmp tmpfs does; a write past that fails with EIO
-// (wazero has no ENOSPC). Python's standard library is packed inside python.wasm (by
+// Each of the sandbox's own writable directories has a byte quota: a writable root
+// Config.Disk, /tmp (and the sandbox's own /workspace) roche.DefaultTmpSize as the Docker
+// provider's /tmp tmpfs, a named workspace its size. A write past it fails with ENOSPC. Python's standard library is packed inside python.wasm (by
 // wasi-vfs) and appears under /usr, served from the module's own memory.
 //
 // Results. Linear memory is capped at Config.Memory: a program that asks for more is
@@ -29,8 +29,8 @@
 // a short wasm stack trace appended to stderr.
 //
 // Persistence. Config.Workspace mounts a named directory under the data directory at
-// /workspace instead of the sandbox's own, so that it outlives the sandbox (still capped
-// at roche.DefaultTmpSize while mounted). A snapshot copies the sandbox's own files (its
+// /workspace instead of the sandbox's own, so that it outlives the sandbox (capped at its
+// size, fixed when it is made). A snapshot copies the sandbox's own files (its
 // root when writable, /tmp, and /workspace unless it is a named workspace) under the data
 // directory; Config.FromSnapshot starts a sandbox with a copy of them. Reset makes the
 // sandbox again from its record. See workspace.go and snapshot.go.
@@ -66,6 +66,7 @@ import (
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.WorkspaceManager = (*Provider)(nil)
 	_ roche.Resetter         = (*Provider)(nil)

@@ -364,8 +364,8 @@ os.remove('/tmp/fill')
 open('/tmp/after', 'wb').write(b'x' * (10 << 20))
 print(os.path.getsize('/tmp/after'))
 `)
-	if got != "EIO 64\n10485760" && got != "EIO 63\n10485760" {
-		t.Fatalf("filling /tmp: %q, want EIO at 64 MiB, then room again once removed", got)
+	if got != "ENOSPC 64\n10485760" && got != "ENOSPC 63\n10485760" {
+		t.Fatalf("filling /tmp: %q, want ENOSPC at 64 MiB, then room again once removed", got)
 	}
 }
 

@@ -41,6 +41,27 @@ const (
 type workspaceRecord struct {
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
+	// SizeBytes is what its files may hold, fixed when it is made; 0 in a workspace made
+	// before workspaces had sizes, which has the default size.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
+}
+
+// size is what the workspace may hold.
+func (r workspaceRecord) size() int64 {
+	if r.SizeBytes > 0 {
+		return r.SizeBytes
+	}
+	n, _ := roche.ParseDisk(roche.DefaultWorkspaceSize)
+	return n
+}
+
+// workspaceSize reads what workspace name may hold.
+func (p *Provider) workspaceSize(name string) (int64, error) {
+	var rec workspaceRecord
+	if err := readJSON(filepath.Join(p.workspaceDir(name), workspaceMeta), &rec); err != nil {
+		return 0, fmt.Errorf("%w: workspace %s: %v: destroy the sandbox and create it again", roche.ErrNotFound, name, err)
+	}
+	return rec.size(), nil
 }
 
 func (p *Provider) workspaceDir(name string) string {
@@ -85,16 +106,28 @@ func (p *Provider) lockData() (func(), error) {
 	return unlock, nil
 }
 
-// ensureWorkspace makes workspace name unless it exists, and reports whether it made
-// it. The caller holds the data lock.
-func (p *Provider) ensureWorkspace(name string) (made bool, err error) {
+// ensureWorkspace makes workspace name unless it exists, with want bytes (or the
+// default size), and reports whether it made it. An existing workspace keeps the size it
+// was made with: want, when given, must be that size. The caller holds the data lock.
+func (p *Provider) ensureWorkspace(name string, want int64) (made bool, err error) {
 	parent, err := p.dataPath(workspacesDir)
 	if err != nil {
 		return false, err
 	}
 	dir := filepath.Join(parent, name)
 	if fi, err := os.Stat(filepath.Join(dir, workspaceData)); err == nil && fi.IsDir() {
+		var rec workspaceRecord
+		if err := readJSON(filepath.Join(dir, workspaceMeta), &rec); err != nil {
+			return false, fmt.Errorf("%w: workspace %s: %v: remove it (roche workspace rm --provider wasm %s)", roche.ErrUnavailable, name, err, name)
+		}
+		if want != 0 && want != rec.size() {
+			return false, fmt.Errorf("%w: workspace %s has a size of %d bytes, fixed when it was made, and %d were asked for: leave the size out to use it as it is, or remove it (roche workspace rm %s) and make it again with the new size",
+				roche.ErrInvalidConfig, name, rec.size(), want, name)
+		}
 		return false, nil
+	}
+	if want == 0 {
+		want, _ = roche.ParseDisk(roche.DefaultWorkspaceSize)
 	}
 	partial, err := os.MkdirTemp(parent, partialPrefix)
 	if err != nil {
@@ -102,7 +135,7 @@ func (p *Provider) ensureWorkspace(name string) (made bool, err error) {
 	}
 	err = os.Mkdir(filepath.Join(partial, workspaceData), 0o700)
 	if err == nil {
-		err = writeJSON(filepath.Join(partial, workspaceMeta), workspaceRecord{Name: name, CreatedAt: time.Now().UTC()})
+		err = writeJSON(filepath.Join(partial, workspaceMeta), workspaceRecord{Name: name, CreatedAt: time.Now().UTC(), SizeBytes: want})
 	}
 	if err == nil {
 		err = os.Rename(partial, dir)
@@ -160,7 +193,7 @@ func (p *Provider) Workspaces(_ context.Context) ([]roche.Workspace, error) {
 			p.log.Warn("wasm: skipping unreadable workspace", "name", name, "err", err)
 			continue
 		}
-		out = append(out, roche.Workspace{Name: name, Provider: p.Name(), CreatedAt: meta.CreatedAt, InUseBy: users[name]})
+		out = append(out, roche.Workspace{Name: name, Provider: p.Name(), CreatedAt: meta.CreatedAt, InUseBy: users[name], SizeBytes: meta.size()})
 	}
 	// ReadDir sorts by name.
 	return out, nil
@@ -266,6 +299,10 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 		return roche.SandboxInfo{}, err
 	}
 	if wipe {
+		// Emptied means made again, with the size it had.
+		if size, err := p.workspaceSize(cfg.Workspace); err == nil {
+			cfg.WorkspaceSize = fmt.Sprint(size)
+		}
 		if err := p.removeWorkspaceFiles(cfg.Workspace); err != nil {
 			return roche.SandboxInfo{}, fmt.Errorf("resetting wasm sandbox %s (now destroyed): emptying its workspace: %w", id, err)
 		}

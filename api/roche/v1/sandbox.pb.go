@@ -217,8 +217,8 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 }
 
 // SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
-// python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user 65534:65534,
-// no network, read-only root); fields given, even as zero or empty, are used as given,
+// python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user "auto" (a uid of its own),
+// no network, read-only root, disk 1g); fields given, even as zero or empty, are used as given,
 // so a zero cpus is refused rather than silently replaced.
 type SandboxConfig struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -239,7 +239,12 @@ type SandboxConfig struct {
 	// A persistent workspace mounted at /workspace that outlives the sandbox.
 	Workspace string `protobuf:"bytes,13,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	// Create from this snapshot's files instead of image.
-	FromSnapshot  string `protobuf:"bytes,14,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	FromSnapshot string `protobuf:"bytes,14,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	// What a writable root may hold, e.g. "1g" (the default) or "100m"; "0" is no limit.
+	Disk *string `protobuf:"bytes,15,opt,name=disk,proto3,oneof" json:"disk,omitempty"`
+	// The workspace's size, fixed when it is made; empty: 1g for a new one, its own size
+	// for an existing one.
+	WorkspaceSize string `protobuf:"bytes,16,opt,name=workspace_size,json=workspaceSize,proto3" json:"workspace_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -368,6 +373,20 @@ func (x *SandboxConfig) GetWorkspace() string {
 func (x *SandboxConfig) GetFromSnapshot() string {
 	if x != nil {
 		return x.FromSnapshot
+	}
+	return ""
+}
+
+func (x *SandboxConfig) GetDisk() string {
+	if x != nil && x.Disk != nil {
+		return *x.Disk
+	}
+	return ""
+}
+
+func (x *SandboxConfig) GetWorkspaceSize() string {
+	if x != nil {
+		return x.WorkspaceSize
 	}
 	return ""
 }
@@ -1707,10 +1726,13 @@ func (x *GcResponse) GetRemoved() []*Sandbox {
 // CopyToRequest: the first message names the sandbox and the destination path; every
 // message may carry the next piece of a tar stream whose single root entry becomes dst.
 type CopyToRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Dst           string                 `protobuf:"bytes,2,opt,name=dst,proto3" json:"dst,omitempty"`
-	TarChunk      []byte                 `protobuf:"bytes,3,opt,name=tar_chunk,json=tarChunk,proto3" json:"tar_chunk,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Dst       string                 `protobuf:"bytes,2,opt,name=dst,proto3" json:"dst,omitempty"`
+	TarChunk  []byte                 `protobuf:"bytes,3,opt,name=tar_chunk,json=tarChunk,proto3" json:"tar_chunk,omitempty"`
+	// max_bytes (first message) caps the file content of the upload; 0 means the daemon's
+	// cap (roched --copy-max-bytes, default 1 GiB), which a request may lower, not raise.
+	MaxBytes      int64 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1766,6 +1788,13 @@ func (x *CopyToRequest) GetTarChunk() []byte {
 	return nil
 }
 
+func (x *CopyToRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
 type CopyToResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1803,9 +1832,17 @@ func (*CopyToResponse) Descriptor() ([]byte, []int) {
 }
 
 type CopyFromRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Src           string                 `protobuf:"bytes,2,opt,name=src,proto3" json:"src,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Src       string                 `protobuf:"bytes,2,opt,name=src,proto3" json:"src,omitempty"`
+	// max_bytes caps the file content sent; 0 means the daemon's cap (roched
+	// --copy-max-bytes, default 1 GiB), which a request may lower, not raise. The file
+	// that would pass it ends the stream with RESOURCE_EXHAUSTED before any of it is sent.
+	MaxBytes int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// preserve_links keeps symlinks whose target is relative and stays inside src; without
+	// it no symlink is sent. Entries left out are counted in the response trailer
+	// roche-skipped (and roche-skipped-links), with examples in roche-skipped-example.
+	PreserveLinks bool `protobuf:"varint,4,opt,name=preserve_links,json=preserveLinks,proto3" json:"preserve_links,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1854,7 +1891,23 @@ func (x *CopyFromRequest) GetSrc() string {
 	return ""
 }
 
-// CopyFromResponse carries the next piece of a tar stream whose root entry is src's base name.
+func (x *CopyFromRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *CopyFromRequest) GetPreserveLinks() bool {
+	if x != nil {
+		return x.PreserveLinks
+	}
+	return false
+}
+
+// CopyFromResponse carries the next piece of a tar stream whose root entry is src's base
+// name. The daemon has checked every entry: relative names under one root, no special
+// files, symlinks only as asked, and the size cap.
 type CopyFromResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TarChunk      []byte                 `protobuf:"bytes,1,opt,name=tar_chunk,json=tarChunk,proto3" json:"tar_chunk,omitempty"`
@@ -2691,7 +2744,9 @@ type Workspace struct {
 	Provider  string                 `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// in_use_by lists the sandboxes that have it mounted.
-	InUseBy       []string `protobuf:"bytes,4,rep,name=in_use_by,json=inUseBy,proto3" json:"in_use_by,omitempty"`
+	InUseBy []string `protobuf:"bytes,4,rep,name=in_use_by,json=inUseBy,proto3" json:"in_use_by,omitempty"`
+	// size_bytes is what it may hold; 0 for one made before workspaces had sizes.
+	SizeBytes     int64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2752,6 +2807,13 @@ func (x *Workspace) GetInUseBy() []string {
 		return x.InUseBy
 	}
 	return nil
+}
+
+func (x *Workspace) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
 }
 
 type ListWorkspacesRequest struct {
@@ -3327,7 +3389,7 @@ var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x04\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x05\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -3344,7 +3406,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x04user\x18\v \x01(\tH\x05R\x04user\x88\x01\x01\x12+\n" +
 	"\x11network_allowlist\x18\f \x03(\tR\x10networkAllowlist\x12\x1c\n" +
 	"\tworkspace\x18\r \x01(\tR\tworkspace\x12#\n" +
-	"\rfrom_snapshot\x18\x0e \x01(\tR\ffromSnapshot\x1a6\n" +
+	"\rfrom_snapshot\x18\x0e \x01(\tR\ffromSnapshot\x12\x17\n" +
+	"\x04disk\x18\x0f \x01(\tH\x06R\x04disk\x88\x01\x01\x12%\n" +
+	"\x0eworkspace_size\x18\x10 \x01(\tR\rworkspaceSize\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
@@ -3353,7 +3417,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\a_memoryB\a\n" +
 	"\x05_cpusB\r\n" +
 	"\v_pids_limitB\a\n" +
-	"\x05_user\"V\n" +
+	"\x05_userB\a\n" +
+	"\x05_disk\"V\n" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
@@ -3452,17 +3517,20 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\bprovider\x18\x03 \x01(\tR\bprovider\"9\n" +
 	"\n" +
 	"GcResponse\x12+\n" +
-	"\aremoved\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\aremoved\"]\n" +
+	"\aremoved\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\aremoved\"z\n" +
 	"\rCopyToRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
 	"\x03dst\x18\x02 \x01(\tR\x03dst\x12\x1b\n" +
-	"\ttar_chunk\x18\x03 \x01(\fR\btarChunk\"\x10\n" +
-	"\x0eCopyToResponse\"B\n" +
+	"\ttar_chunk\x18\x03 \x01(\fR\btarChunk\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\x03R\bmaxBytes\"\x10\n" +
+	"\x0eCopyToResponse\"\x86\x01\n" +
 	"\x0fCopyFromRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
-	"\x03src\x18\x02 \x01(\tR\x03src\"/\n" +
+	"\x03src\x18\x02 \x01(\tR\x03src\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x12%\n" +
+	"\x0epreserve_links\x18\x04 \x01(\bR\rpreserveLinks\"/\n" +
 	"\x10CopyFromResponse\x12\x1b\n" +
 	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\xc5\x03\n" +
 	"\x04Pool\x12\x10\n" +
@@ -3518,13 +3586,15 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
 	"\x0ewipe_workspace\x18\x02 \x01(\bR\rwipeWorkspace\"<\n" +
 	"\rResetResponse\x12+\n" +
-	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"\x92\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"\xb1\x01\n" +
 	"\tWorkspace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x129\n" +
 	"\n" +
 	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1a\n" +
-	"\tin_use_by\x18\x04 \x03(\tR\ainUseBy\"3\n" +
+	"\tin_use_by\x18\x04 \x03(\tR\ainUseBy\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x05 \x01(\x03R\tsizeBytes\"3\n" +
 	"\x15ListWorkspacesRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\"M\n" +
 	"\x16ListWorkspacesResponse\x123\n" +

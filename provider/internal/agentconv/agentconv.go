@@ -6,6 +6,7 @@ package agentconv
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"time"
 
@@ -29,6 +30,8 @@ func Err(id string, err error) (error, bool) {
 		sentinel = roche.ErrPermission
 	case agent.CodeUnsupported:
 		sentinel = roche.ErrUnsupported
+	case agent.CodeNoSpace:
+		sentinel = roche.ErrExhausted
 	case agent.CodeInternal:
 		return fmt.Errorf("sandbox %s: %s", id, ae.Message), true
 	}
@@ -66,4 +69,34 @@ func Processes(list []agent.Process) []roche.Process {
 		out[i] = roche.Process{PID: pr.PID, Cmd: pr.Cmd, Running: pr.Running, ExitCode: pr.ExitCode}
 	}
 	return out
+}
+
+// CallerReader is the caller's side of an upload to the agent. It remembers the error
+// that side reported (a cap reached, a source file gone), so that a provider does not
+// take it for the sandbox having gone away.
+type CallerReader struct {
+	R   io.Reader
+	Err error
+}
+
+func (c *CallerReader) Read(p []byte) (int, error) {
+	n, err := c.R.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.Err = err
+	}
+	return n, err
+}
+
+// CallerWriter is the caller's side of a download from the agent; see CallerReader.
+type CallerWriter struct {
+	W   io.Writer
+	Err error
+}
+
+func (c *CallerWriter) Write(p []byte) (int, error) {
+	n, err := c.W.Write(p)
+	if err != nil {
+		c.Err = err
+	}
+	return n, err
 }

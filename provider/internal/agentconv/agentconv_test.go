@@ -16,6 +16,7 @@ func TestErr(t *testing.T) {
 		agent.CodePermission:  roche.ErrPermission,
 		agent.CodeUnsupported: roche.ErrUnsupported,
 		agent.CodeInvalid:     roche.ErrInvalidConfig,
+		agent.CodeNoSpace:     roche.ErrExhausted,
 	} {
 		err, ok := Err("sb1", fmt.Errorf("wrapped: %w", &agent.Error{Code: code, Message: "what happened"}))
 		if !ok || !errors.Is(err, want) || !strings.Contains(err.Error(), "what happened") {

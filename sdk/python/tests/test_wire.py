@@ -7,8 +7,10 @@ import io
 import os
 import tarfile
 import tempfile
+import threading
 import unittest
 from datetime import datetime, timedelta, timezone
+from typing import Iterator
 
 import harness
 
@@ -17,6 +19,7 @@ from roche_sandbox import (
     InUse,
     InvalidConfig,
     PermissionDenied,
+    ResourceExhausted,
     RocheError,
     SandboxNotFound,
     SandboxTimeout,
@@ -124,6 +127,21 @@ class WireTest(unittest.TestCase):
         self.assertEqual(req["config"]["mounts"], [{"source": "/h", "target": "/s", "readWrite": True},
                                                    {"source": "/a", "target": "/b", "readWrite": False}])
         self.assertNotIn("user", req["config"])
+        # The disk limit always travels, so a daemon's default never replaces it; a
+        # workspace's size only when asked.
+        self.assertEqual(req["config"]["disk"], "1g")
+        self.assertNotIn("workspaceSize", req["config"])
+        sized = make_config("img", False, True, 300, "512m", 1.0, 64, None, None, None, None,
+                            workspace="w", disk=100 << 20, workspace_size="50m")
+        self.assertEqual((_wire.config_request("docker", sized)["config"]["disk"],
+                          _wire.config_request("docker", sized)["config"]["workspaceSize"]), (str(100 << 20), "50m"))
+        args = _cli.create_args("docker", sized)
+        self.assertEqual(args[args.index("--disk") + 1], str(100 << 20))
+        self.assertEqual(args[args.index("--workspace-size") + 1], "50m")
+        self.assertNotIn("--workspace-size", _cli.create_args("docker", cfg))
+        self.assertEqual(_wire.parse_workspace({"name": "w", "sizeBytes": "52428800"}).size_bytes, 50 << 20)
+        self.assertEqual(_cli.parse_workspace({"name": "w", "size_bytes": 52428800}).size_bytes, 50 << 20)
+        self.assertEqual(_wire.parse_workspace({"name": "old"}).size_bytes, 0)
         e = _wire.exec_request("id", make_exec_request(["cat"], 2, "in", None, None))
         self.assertEqual((e["timeoutSecs"], e["stdin"]), (2.0, "aW4="))
         with self.assertRaises(InvalidConfig):
@@ -174,6 +192,9 @@ class TarTest(unittest.TestCase):
                 if kind == b"sym":
                     info.type, info.linkname = tarfile.SYMTYPE, data.decode()
                     tw.addfile(info)
+                elif kind == b"d":
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tw.addfile(info)
                 else:
                     info.size = len(data)
                     tw.addfile(info, io.BytesIO(data))
@@ -184,17 +205,148 @@ class TarTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             for bad in [self.tar(("root/../../evil", b"f", b"x")),
                         self.tar(("/etc/evil", b"f", b"x")),
-                        self.tar(("root/link", b"sym", tmp.encode()), ("root/link/evil", b"f", b"x"))]:
+                        self.tar(("root/", b"d", b""), ("other/evil", b"f", b"x"))]:
                 with self.assertRaises(RocheError):
-                    _tarutil.extract(bad, os.path.join(tmp, "dst"))
+                    _tarutil.extract(bad, os.path.join(tmp, "dst"), 1 << 20, True, "/tmp")
+            # A link in the archive cannot carry a later entry out: the link is replaced.
+            tar = self.tar(("root/link", b"sym", tmp.encode()), ("root/link/evil", b"f", b"x"))
+            _tarutil.extract(tar, os.path.join(tmp, "dst2"), 1 << 20, True, "/tmp")
             self.assertFalse(os.path.exists(os.path.join(tmp, "evil")))
+            self.assertFalse(os.path.islink(os.path.join(tmp, "dst2", "link")))
 
     def test_round_trip(self) -> None:
         data = os.urandom(100_000)
         tar = io.BytesIO(_tarutil.file_tar("f.bin", data, 0o600))
-        self.assertEqual(_tarutil.file_from_tar(tar, "/tmp/f.bin"), data)
+        self.assertEqual(_tarutil.file_from_tar(tar, "/tmp/f.bin", 1 << 20), data)
         with self.assertRaises(InvalidConfig):
             _tarutil.base_name("/", "path")
+
+    def test_planted_links_replaced_never_followed(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            victim = os.path.join(tmp, "victim")
+            os.mkdir(victim)
+            with open(os.path.join(victim, "keep"), "w") as f:
+                f.write("victim")
+            dst = os.path.join(tmp, "e")
+            os.symlink(victim, dst)  # the destination itself
+            os.makedirs(os.path.join(tmp, "out"))
+            os.symlink(victim, os.path.join(tmp, "out", "sub"))  # below it
+            os.symlink(os.path.join(victim, "keep"), os.path.join(tmp, "out", "f"))
+            _tarutil.extract(self.tar(("e/", b"d", b""), ("e/cron.d/p", b"f", b"pwned"), ("e/keep", b"f", b"pwned")),
+                             dst, 1 << 20, False, "/tmp")
+            _tarutil.extract(self.tar(("out/sub/keep", b"f", b"pwned"), ("out/f", b"f", b"pwned")),
+                             os.path.join(tmp, "out"), 1 << 20, False, "/tmp")
+            self.assertEqual(sorted(os.listdir(victim)), ["keep"])
+            with open(os.path.join(victim, "keep")) as f:
+                self.assertEqual(f.read(), "victim")
+            self.assertFalse(os.path.islink(dst))
+
+    def test_links_only_when_asked_and_inside(self) -> None:
+        members = [("r/", b"d", b""), ("r/f", b"f", b"x"), ("r/a/in", b"sym", b"../f"), ("r/out", b"sym", b"../x"),
+                   ("r/abs", b"sym", b"/etc"), ("r/a/tricky", b"sym", b"b/../..")]
+        with tempfile.TemporaryDirectory() as tmp:
+            rep = _tarutil.extract(self.tar(*members), os.path.join(tmp, "plain"), 1 << 20, False, "/tmp")
+            self.assertEqual((rep.skipped, rep.skipped_links, rep.links), (4, 4, 0))
+            self.assertIn("skipped 4 symlinks", rep.note)
+            rep = _tarutil.extract(self.tar(*members), os.path.join(tmp, "kept"), 1 << 20, True, "/tmp")
+            self.assertEqual((rep.skipped, rep.links), (3, 1))
+            self.assertEqual(os.readlink(os.path.join(tmp, "kept", "a", "in")), "../f")
+            for gone in ("out", "abs", "a/tricky"):
+                self.assertFalse(os.path.lexists(os.path.join(tmp, "kept", gone)))
+            # A root that is itself a link is never inside: the destination is the link.
+            rep = _tarutil.extract(self.tar(("e", b"sym", b"x")), os.path.join(tmp, "e"), 1 << 20, True, "/tmp")
+            self.assertEqual(rep.skipped, 1)
+            self.assertFalse(os.path.lexists(os.path.join(tmp, "e")))
+
+    def test_cap_refused_before_the_data_is_read(self) -> None:
+        info = tarfile.TarInfo("s")
+        info.size = 10 << 40
+        head = info.tobuf(tarfile.PAX_FORMAT)
+
+        def stream() -> Iterator[bytes]:
+            yield head
+            raise AssertionError("the data of a file over the cap was read")
+
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaises(ResourceExhausted) as cm:
+                _tarutil.extract(_tarutil.ChunkReader(stream()), os.path.join(tmp, "s"), 1 << 30, False, "/tmp")
+            self.assertIn("10 TiB", str(cm.exception))
+            self.assertIn("1 GiB", str(cm.exception))
+            self.assertFalse(os.path.lexists(os.path.join(tmp, "s")))
+            with self.assertRaises(ResourceExhausted):
+                _tarutil.file_from_tar(_tarutil.ChunkReader(stream()), "/tmp/s", 1 << 30)
+
+    def test_sparse_kept(self) -> None:
+        size = 100 << 20
+        info = tarfile.TarInfo("sp")
+        info.size = size
+
+        def stream() -> Iterator[bytes]:
+            yield info.tobuf(tarfile.PAX_FORMAT)
+            for i in range(100):
+                yield (b"d" * 4096 + bytes((1 << 20) - 4096)) if i == 50 else bytes(1 << 20)
+            yield bytes(1024)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dst = os.path.join(tmp, "sp")
+            _tarutil.extract(_tarutil.ChunkReader(stream()), dst, 1 << 30, False, "/tmp")
+            st = os.stat(dst)
+            self.assertEqual(st.st_size, size)
+            self.assertLess(st.st_blocks * 512, 1 << 20)
+            with open(dst, "rb") as f:
+                f.seek(50 << 20)
+                self.assertEqual(f.read(4096), b"d" * 4096)
+
+    def test_path_tar_never_reads_through_a_link(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            victim = os.path.join(tmp, "victim")
+            with open(victim, "w") as f:
+                f.write("victim-secret")
+            src = os.path.join(tmp, "src")
+            os.mkdir(src)
+            os.symlink(victim, os.path.join(src, "l"))
+            os.mkfifo(os.path.join(src, "fifo"))
+            rep = _tarutil.Report()
+            data = b"".join(_tarutil.path_tar(src, "r", 1 << 20, rep))
+            self.assertNotIn(b"victim-secret", data)
+            self.assertEqual((rep.links, rep.skipped), (1, 1))
+            with open(os.path.join(src, "big"), "wb") as f:
+                f.write(bytes(2048))
+            with self.assertRaises(ResourceExhausted):
+                b"".join(_tarutil.path_tar(src, "r", 1024))
+
+    def test_path_tar_race_never_reads_through_a_link(self) -> None:
+        """A file and a symlink to a victim swapped in a loop while the tree is read: the
+        victim's content never reaches a stream (the copy-in race of a rw mount)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            victim = os.path.join(tmp, "victim")
+            with open(victim, "w") as f:
+                f.write("victim-secret")
+            src = os.path.join(tmp, "src")
+            os.mkdir(src)
+            stop = threading.Event()
+
+            def swap() -> None:
+                p, tf, tl = os.path.join(src, "f"), os.path.join(src, ".f"), os.path.join(src, ".l")
+                while not stop.is_set():
+                    with open(tf, "w") as f:
+                        f.write("plain")
+                    os.rename(tf, p)
+                    os.symlink(victim, tl)
+                    os.rename(tl, p)
+
+            t = threading.Thread(target=swap)
+            t.start()
+            try:
+                for i in range(1000):
+                    try:
+                        data = b"".join(_tarutil.path_tar(src, "r", 1 << 20))
+                    except RocheError:
+                        continue  # "kept changing": refused, which is fine
+                    self.assertFalse(b"victim-secret" in data, f"round {i}: the victim's content was read")
+            finally:
+                stop.set()
+                t.join()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,18 @@ from .errors import (
     SandboxTimeout,
     Unsupported,
 )
-from .types import DEFAULT_IMAGE, ExecResult, Mount, OutputEvent, SandboxInfo, SnapshotInfo, WorkspaceInfo
+from .types import (
+    DEFAULT_COPY_MAX_BYTES,
+    DEFAULT_IMAGE,
+    CopyReport,
+    ExecResult,
+    Mount,
+    OutputEvent,
+    SandboxInfo,
+    SkippedEntry,
+    SnapshotInfo,
+    WorkspaceInfo,
+)
 
 __version__ = "0.1.0"
 
@@ -30,6 +41,8 @@ __all__ = [
     "AsyncExecStream",
     "AsyncRoche",
     "AsyncSandbox",
+    "CopyReport",
+    "DEFAULT_COPY_MAX_BYTES",
     "DEFAULT_IMAGE",
     "ExecResult",
     "ExecStream",
@@ -47,6 +60,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxNotFound",
     "SandboxTimeout",
+    "SkippedEntry",
     "SnapshotInfo",
     "Unsupported",
     "WorkspaceInfo",

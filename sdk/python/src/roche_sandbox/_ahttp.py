@@ -145,7 +145,8 @@ class AsyncHTTPClient:
             w.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + bytes(body))
         else:
             w.write(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
-            for piece in body:
+            pieces = body if hasattr(body, "__aiter__") else _aiter(body)
+            async for piece in pieces:
                 if piece:
                     w.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     await within(d, w.drain(), f"roched on {self.ep.where}")
@@ -222,8 +223,10 @@ class AsyncHTTPClient:
             raise RocheError(f"roched on {self.ep.where} sent a malformed {method} response")
         return obj
 
-    async def stream(self, method: str, body: Any, d: Deadline) -> AsyncGenerator[dict[str, Any], None]:
-        """The messages of a streaming response; body is one envelope or an iterable of them."""
+    async def stream(self, method: str, body: Any, d: Deadline,
+                     trailers: Optional[dict[str, list[str]]] = None) -> AsyncGenerator[dict[str, Any], None]:
+        """The messages of a streaming response; body is one envelope or an iterable of them.
+        The response's trailers go into trailers, when given, once the stream has ended."""
         async with self.exchange(_wire.SERVICE + method, "application/connect+json", body, d) as resp:
             if resp.status != 200:
                 data = await resp.read_all()
@@ -242,9 +245,15 @@ class AsyncHTTPClient:
                     raise RocheError(f"roched on {self.ep.where} cut a {method} message short")
                 if flags & _wire.END_STREAM:
                     await resp.read_all()
+                    if trailers is not None:
+                        trailers.update(_wire.end_stream_metadata(data))
                     err = _wire.end_stream_error(data, self.ep.where)
                     if err is not None:
                         raise err
                     return
                 yield json.loads(data)
 
+
+async def _aiter(pieces: Any) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece

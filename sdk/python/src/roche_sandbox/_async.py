@@ -17,6 +17,7 @@ from ._sync import PROBE_TIMEOUT, Choice, remaining_life
 from ._transport import StreamItem
 from .errors import ProviderUnavailable, RocheError
 from .types import (
+    CopyReport,
     ExecRequest,
     ExecResult,
     MountLike,
@@ -96,10 +97,12 @@ class AsyncRoche:
                      mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
                      user: Optional[str] = None,
                      network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
-                     from_snapshot: Optional[str] = None) -> "AsyncSandbox":
+                     from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
+                     workspace_size: Union[str, int, None] = None) -> "AsyncSandbox":
         """Creates a sandbox; see Roche.create."""
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user, network_allowlist, workspace, from_snapshot)
+                          workdir, user, network_allowlist, workspace, from_snapshot,
+                          disk, workspace_size)
         t = await self._resolve()
         info = await t.create(self.provider, cfg, self._deadline())
         return AsyncSandbox(self, t, info)
@@ -189,17 +192,26 @@ class AsyncSandbox:
             data = data.encode()
         await self._t.write_file(self.id, path, bytes(data), mode, self._roche._deadline())
 
-    async def read_file(self, path: str) -> bytes:
-        """The content of a file in the sandbox."""
-        return await self._t.read_file(self.id, path, self._roche._deadline())
+    async def read_file(self, path: str, *, max_bytes: Optional[int] = None) -> bytes:
+        """The content of a file in the sandbox. A file over max_bytes (default 1 GiB)
+        raises ResourceExhausted before any of it is read; a symlink, PermissionDenied."""
+        return await self._t.read_file(self.id, path, self._roche._deadline(), max_bytes)
 
-    async def copy_to(self, src: str, dst: str) -> None:
-        """Copies the host file or directory src to the absolute sandbox path dst."""
-        await self._t.copy_to(self.id, src, dst, self._roche._deadline())
+    async def copy_to(self, src: str, dst: str, *, max_bytes: Optional[int] = None) -> CopyReport:
+        """Copies the host file or directory src to the absolute sandbox path dst. Nothing
+        below src is followed (symlinks are copied as symlinks); a copy of more than
+        max_bytes of file content (default 1 GiB) raises ResourceExhausted."""
+        return await self._t.copy_to(self.id, src, dst, self._roche._deadline(), max_bytes)
 
-    async def copy_from(self, src: str, dst: str) -> None:
-        """Copies the sandbox file or directory src to the host path dst."""
-        await self._t.copy_from(self.id, src, dst, self._roche._deadline())
+    async def copy_from(self, src: str, dst: str, *, max_bytes: Optional[int] = None,
+                        preserve_links: bool = False) -> CopyReport:
+        """Copies the sandbox file or directory src to the host path dst (its new name).
+        Nothing at or below dst is followed if it is a symlink (it is replaced); the
+        sandbox's symlinks are left out, and counted in the report (``.note`` says why),
+        unless preserve_links=True, and even then only those pointing inside dst are
+        made. A copy of more than max_bytes (default 1 GiB) raises ResourceExhausted
+        before the file that passes it is written; sparse files stay sparse."""
+        return await self._t.copy_from(self.id, src, dst, self._roche._deadline(), max_bytes, preserve_links)
 
     async def pause(self) -> None:
         """Freezes every process in the sandbox."""

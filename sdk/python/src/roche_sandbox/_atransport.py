@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 import signal
 import tempfile
 import time
 # typing.List: inside these classes "list" names their list() method.
-from typing import IO, AsyncIterator, List, Optional, Protocol
+from typing import IO, AsyncIterator, Callable, Iterator, List, Optional, Protocol, TypeVar
 
 from . import _cli, _tarutil, _wire
 from ._ahttp import AsyncHTTPClient, within
 from ._discovery import Endpoint
 from ._http import Deadline
 from ._transport import StreamItem, _provider_of
-from .errors import ProviderUnavailable, RocheError, SandboxNotFound
-from .types import ExecRequest, ExecResult, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
+from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
+from .types import CopyReport, ExecRequest, ExecResult, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 
 class AsyncTransport(Protocol):
@@ -34,9 +35,10 @@ class AsyncTransport(Protocol):
     async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]: ...
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
     async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
-    async def read_file(self, sid: str, path: str, d: Deadline) -> bytes: ...
-    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
-    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    async def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes: ...
+    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport: ...
+    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
+                        preserve_links: bool = False) -> CopyReport: ...
     async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo: ...
     async def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo: ...
     async def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]: ...
@@ -126,32 +128,75 @@ class AsyncDaemonTransport:
         pieces = (tar[i:i + _wire.COPY_CHUNK] for i in range(0, len(tar), _wire.COPY_CHUNK))
         await self._upload(b"".join(_wire.copy_to_messages(sid, path, pieces)), d)
 
-    async def _download(self, sid: str, src: str, d: Deadline) -> IO[bytes]:
-        spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=_tarutil.SPOOL)
+    async def _download(self, req: bytes, d: Deadline,
+                        consume: Callable[[IO[bytes], dict[str, list[str]]], T]) -> T:
+        """Streams a CopyFrom into consume, which runs in a worker thread and reads the
+        pieces as they arrive: nothing is held whole. When consume stops early (a cap,
+        a refusal), the call is closed."""
+        trailers: dict[str, list[str]] = {}
+        reader = _tarutil.PipeReader()
+
+        def run() -> T:
+            try:
+                return consume(reader, trailers)
+            finally:
+                reader.abandoned.set()
+
+        work = asyncio.ensure_future(asyncio.to_thread(run))
+        messages = self.http.stream("CopyFrom", req, d, trailers)
         try:
-            async for m in self.http.stream("CopyFrom", _wire.envelope({"sandboxId": sid, "src": src}), d):
-                spool.write(_wire.tar_chunk(m))
-        except BaseException:
-            spool.close()
+            async for m in messages:
+                await asyncio.to_thread(reader.feed, _wire.tar_chunk(m))
+            await asyncio.to_thread(reader.feed, None)
+        except _tarutil.Abandoned:
+            pass  # consume is done, early or refusing: its result says which
+        except BaseException as e:
+            reader.fail(e if isinstance(e, Exception) else RocheError("the copy was cancelled"))
+            # The worker ends at its next read; its own error is this one's consequence.
+            work.add_done_callback(lambda t: t.cancelled() or t.exception())
             raise
-        spool.seek(0)
-        return spool
+        finally:
+            await messages.aclose()
+        return await work
 
-    async def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+    async def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")
-        with await self._download(sid, path, d) as tar:
-            return _tarutil.file_from_tar(tar, path)
+        cap = _tarutil.limit(max_bytes)
+        return await self._download(
+            _wire.copy_from_request(sid, path, max_bytes or 0), d,
+            lambda r, tr: _tarutil.file_from_tar(r, path, cap, lambda: _wire.skipped_from_trailers(tr)))
 
-    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport:
         name = _tarutil.base_name(dst, "destination")
-        tar = await asyncio.to_thread(_tarutil.path_tar, src, name)
-        with tar:
-            await self._upload(_wire.copy_to_messages(sid, dst, _tarutil.chunks(tar, _wire.COPY_CHUNK)), d)
+        cap = _tarutil.limit(max_bytes)
+        if not os.path.lexists(src):
+            raise SandboxNotFound(f"not found: host path {src} does not exist")
+        rep = _tarutil.Report()
+        messages = _wire.copy_to_messages(sid, dst, _tarutil.path_tar(src, name, cap, rep), max_bytes or 0)
+        await self._upload(_from_thread(messages), d)
+        return rep.freeze()
 
-    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
+                        preserve_links: bool = False) -> CopyReport:
         _tarutil.base_name(src, "source")
-        with await self._download(sid, src, d) as tar:
-            await asyncio.to_thread(_tarutil.extract, tar, dst)
+        cap = _tarutil.limit(max_bytes)
+        where = posixpath.dirname(posixpath.normpath(src))
+        return await self._download(
+            _wire.copy_from_request(sid, src, max_bytes or 0, preserve_links), d,
+            lambda r, tr: _tarutil.extract(r, dst, cap, preserve_links, where, lambda: _wire.skipped_from_trailers(tr)))
+
+
+T = TypeVar("T")
+
+
+async def _from_thread(gen: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """The pieces of a generator that reads files, each made in a worker thread so the
+    event loop never waits on the disk."""
+    while True:
+        piece = await asyncio.to_thread(next, gen, None)
+        if piece is None:
+            return
+        yield piece
 
 
 class AsyncCLITransport:
@@ -286,25 +331,31 @@ class AsyncCLITransport:
             os.chmod(src, mode & 0o7777)
             await self._call(["cp", src, f"{sid}:{path}"], d)
 
-    async def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+    async def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")
+        _tarutil.limit(max_bytes)
         with tempfile.TemporaryDirectory(prefix="roche-") as tmp:
             dst = os.path.join(tmp, "file")
-            await self._call(["cp", f"{sid}:{path}", dst], d)
+            report = _cli.parse_copy_report(await self._call(_cli.cp_args(f"{sid}:{path}", dst, max_bytes, False), d))
+            if not os.path.lexists(dst) and report.skipped_links:
+                raise PermissionDenied(f"permission denied: {path} is a symlink, which the files API does not follow")
             if os.path.isdir(dst):
-                raise RocheError(f"{path} is a directory: read_file reads files; use copy_from for directories")
+                raise InvalidConfig(f"invalid config: {path} is a directory: read_file reads files; use copy_from for directories")
             with open(dst, "rb") as f:
                 return f.read()
 
-    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+    async def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport:
         _tarutil.base_name(dst, "destination")
+        _tarutil.limit(max_bytes)
         if not os.path.lexists(src):
             raise SandboxNotFound(f"not found: host path {src} does not exist")
-        await self._call(["cp", src, f"{sid}:{dst}"], d)
+        return _cli.parse_copy_report(await self._call(_cli.cp_args(src, f"{sid}:{dst}", max_bytes, False), d))
 
-    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+    async def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
+                        preserve_links: bool = False) -> CopyReport:
         _tarutil.base_name(src, "source")
-        await self._call(["cp", f"{sid}:{src}", dst], d)
+        _tarutil.limit(max_bytes)
+        return _cli.parse_copy_report(await self._call(_cli.cp_args(f"{sid}:{src}", dst, max_bytes, preserve_links), d))
 
 
 async def _feed(w: asyncio.StreamWriter, data: bytes) -> None:

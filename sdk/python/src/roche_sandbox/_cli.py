@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from ._wire import OutputAssembler, decode_output, parse_time
 from .errors import RocheError, error_for, reason_from_text
-from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
+from .types import CopyReport, ExecRequest, ExecResult, SkippedEntry, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
 
 #: The CLI's exit statuses besides the command's own (internal/cli).
 EXIT_TIMEOUT, EXIT_ROCHE_FAILED = 124, 125
@@ -19,7 +19,7 @@ EXIT_KILLED = 137
 
 
 def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
-    a = ["create", "--json", "--provider", provider, "--image", cfg.image, "--memory", cfg.memory,
+    a = ["create", "--json", "--provider", provider, "--image", cfg.image, "--memory", cfg.memory, "--disk", cfg.disk,
          "--cpus", repr(cfg.cpus), "--timeout", str(cfg.timeout_secs), "--pids-limit", str(cfg.pids_limit)]
     if cfg.network:
         a.append("--network")
@@ -39,7 +39,30 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
         a += ["--workspace", cfg.workspace]
     if cfg.from_snapshot:
         a += ["--from-snapshot", cfg.from_snapshot]
+    if cfg.workspace_size is not None:
+        a += ["--workspace-size", cfg.workspace_size]
     return a
+
+
+def cp_args(src: str, dst: str, max_bytes: Optional[int], preserve_links: bool) -> list[str]:
+    """`roche cp --json`, which prints what it copied and left out."""
+    a = ["cp", "--json"]
+    if max_bytes:
+        a += ["--max-bytes", str(max_bytes)]
+    if preserve_links:
+        a.append("--preserve-links")
+    return a + [src, dst]
+
+
+def parse_copy_report(out: bytes) -> CopyReport:
+    """What `roche cp --json` printed."""
+    obj = parse_json(out, "cp")
+    if not isinstance(obj, dict):
+        raise RocheError(f"the roche CLI printed {obj!r} where a copy report was expected")
+    examples = tuple(SkippedEntry(str(e.get("path", "")), str(e.get("target", "")), str(e.get("reason", "")))
+                     for e in obj.get("skipped_examples") or () if isinstance(e, dict))
+    return CopyReport(int(obj.get("files", 0)), int(obj.get("dirs", 0)), int(obj.get("links", 0)),
+                      int(obj.get("bytes", 0)), int(obj.get("skipped", 0)), int(obj.get("skipped_links", 0)), examples)
 
 
 def reset_args(sandbox_id: str, keep_workspace: bool) -> list[str]:
@@ -103,6 +126,7 @@ def parse_workspace(obj: Any) -> WorkspaceInfo:
         provider=str(obj.get("provider", "")),
         created_at=parse_time(obj.get("created_at")),
         in_use_by=tuple(str(i) for i in obj.get("in_use_by") or ()),
+        size_bytes=int(obj.get("size_bytes") or 0),
     )
 
 

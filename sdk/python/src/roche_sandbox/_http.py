@@ -168,9 +168,11 @@ class HTTPClient:
             raise RocheError(f"roched on {self.ep.where} sent a malformed {method} response")
         return obj
 
-    def stream(self, method: str, body: Any, deadline: Deadline) -> Iterator[dict[str, Any]]:
+    def stream(self, method: str, body: Any, deadline: Deadline,
+               trailers: Optional[dict[str, list[str]]] = None) -> Iterator[dict[str, Any]]:
         """The messages of a streaming response; body is one envelope or an iterable of them.
-        Closing the iterator early closes the connection, which cancels the call."""
+        Closing the iterator early closes the connection, which cancels the call. The
+        response's trailers go into trailers, when given, once the stream has ended."""
         with self._exchange(_wire.SERVICE + method, body, _wire.STREAM_HEADERS, deadline) as resp:
             if resp.status != 200:
                 data = resp.read()
@@ -189,6 +191,8 @@ class HTTPClient:
                     raise RocheError(f"roched on {self.ep.where} cut a {method} message short")
                 if flags & _wire.END_STREAM:
                     resp.read()
+                    if trailers is not None:
+                        trailers.update(_wire.end_stream_metadata(data))
                     err = _wire.end_stream_error(data, self.ep.where)
                     if err is not None:
                         raise err

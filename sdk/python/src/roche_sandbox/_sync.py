@@ -13,6 +13,7 @@ from ._http import Deadline, HTTPClient
 from ._transport import CLITransport, DaemonTransport, StreamItem, Transport
 from .errors import InvalidConfig, ProviderUnavailable, RocheError
 from .types import (
+    CopyReport,
     ExecRequest,
     ExecResult,
     MountLike,
@@ -129,7 +130,8 @@ class Roche:
                mounts: Optional[Sequence[MountLike]] = None, workdir: Optional[str] = None,
                user: Optional[str] = None,
                network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
-               from_snapshot: Optional[str] = None) -> "Sandbox":
+               from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
+               workspace_size: Union[str, int, None] = None) -> "Sandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
@@ -140,10 +142,14 @@ class Roche:
         ``workspace="name"`` mounts that persistent workspace at /workspace (writable even
         on the read-only root; made if new): its files outlive the sandbox, for the next
         one created with the same name. ``from_snapshot="name"`` starts from a snapshot's
-        files (see Sandbox.snapshot) instead of the image.
+        files (see Sandbox.snapshot) instead of the image. ``disk`` bounds what a writable
+        root may hold (``"1g"`` by default; past it writes fail with ENOSPC; ``"0"`` is no
+        limit), and ``workspace_size`` the size of a new workspace (``"1g"`` by default;
+        an existing workspace keeps its own, and asking it for another is InvalidConfig).
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
-                          workdir, user, network_allowlist, workspace, from_snapshot)
+                          workdir, user, network_allowlist, workspace, from_snapshot,
+                          disk, workspace_size)
         t = self._resolve()
         info = t.create(self.provider, cfg, self._deadline())
         return Sandbox(self, t, info)
@@ -239,17 +245,26 @@ class Sandbox:
             data = data.encode()
         self._t.write_file(self.id, path, bytes(data), mode, self._roche._deadline())
 
-    def read_file(self, path: str) -> bytes:
-        """The content of a file in the sandbox."""
-        return self._t.read_file(self.id, path, self._roche._deadline())
+    def read_file(self, path: str, *, max_bytes: Optional[int] = None) -> bytes:
+        """The content of a file in the sandbox. A file over max_bytes (default 1 GiB)
+        raises ResourceExhausted before any of it is read; a symlink, PermissionDenied."""
+        return self._t.read_file(self.id, path, self._roche._deadline(), max_bytes)
 
-    def copy_to(self, src: str, dst: str) -> None:
-        """Copies the host file or directory src to the absolute sandbox path dst."""
-        self._t.copy_to(self.id, src, dst, self._roche._deadline())
+    def copy_to(self, src: str, dst: str, *, max_bytes: Optional[int] = None) -> CopyReport:
+        """Copies the host file or directory src to the absolute sandbox path dst. Nothing
+        below src is followed (symlinks are copied as symlinks); a copy of more than
+        max_bytes of file content (default 1 GiB) raises ResourceExhausted."""
+        return self._t.copy_to(self.id, src, dst, self._roche._deadline(), max_bytes)
 
-    def copy_from(self, src: str, dst: str) -> None:
-        """Copies the sandbox file or directory src to the host path dst."""
-        self._t.copy_from(self.id, src, dst, self._roche._deadline())
+    def copy_from(self, src: str, dst: str, *, max_bytes: Optional[int] = None,
+                  preserve_links: bool = False) -> CopyReport:
+        """Copies the sandbox file or directory src to the host path dst (its new name).
+        Nothing at or below dst is followed if it is a symlink (it is replaced); the
+        sandbox's symlinks are left out, and counted in the report (``.note`` says why),
+        unless preserve_links=True, and even then only those pointing inside dst are
+        made. A copy of more than max_bytes (default 1 GiB) raises ResourceExhausted
+        before the file that passes it is written; sparse files stay sparse."""
+        return self._t.copy_from(self.id, src, dst, self._roche._deadline(), max_bytes, preserve_links)
 
     def pause(self) -> None:
         """Freezes every process in the sandbox."""

@@ -4,6 +4,7 @@ a subprocess. Both offer the same calls and raise the same typed exceptions."""
 from __future__ import annotations
 
 import os
+import posixpath
 import selectors
 import signal
 import subprocess
@@ -11,13 +12,13 @@ import tempfile
 import threading
 import time
 # typing.List: inside these classes "list" names their list() method.
-from typing import IO, Iterator, List, Optional, Protocol, Union
+from typing import Iterator, List, Optional, Protocol, Union
 
 from . import _cli, _tarutil, _wire
 from ._discovery import Endpoint
 from ._http import Deadline, HTTPClient
-from .errors import ProviderUnavailable, RocheError, SandboxNotFound
-from .types import ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
+from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
+from .types import CopyReport, ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 StreamItem = Union[OutputEvent, ExecResult]
 
@@ -35,9 +36,10 @@ class Transport(Protocol):
     def list(self, provider: str, d: Deadline) -> list[SandboxInfo]: ...
     def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
     def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
-    def read_file(self, sid: str, path: str, d: Deadline) -> bytes: ...
-    def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
-    def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None: ...
+    def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes: ...
+    def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport: ...
+    def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
+                  preserve_links: bool = False) -> CopyReport: ...
     def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo: ...
     def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo: ...
     def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]: ...
@@ -114,8 +116,9 @@ class DaemonTransport:
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
         self.http.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
 
-    def _upload(self, sid: str, dst: str, pieces: Iterator[bytes], d: Deadline, body_bytes: bool) -> None:
-        messages = _wire.copy_to_messages(sid, dst, pieces)
+    def _upload(self, sid: str, dst: str, pieces: Iterator[bytes], d: Deadline, body_bytes: bool,
+                max_bytes: int = 0) -> None:
+        messages = _wire.copy_to_messages(sid, dst, pieces, max_bytes)
         body: object = b"".join(messages) if body_bytes else messages
         for _ in self.http.stream("CopyTo", body, d):
             pass
@@ -125,30 +128,37 @@ class DaemonTransport:
         pieces = (tar[i:i + _wire.COPY_CHUNK] for i in range(0, len(tar), _wire.COPY_CHUNK))
         self._upload(sid, path, pieces, d, body_bytes=True)
 
-    def _download(self, sid: str, src: str, d: Deadline) -> IO[bytes]:
-        spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=_tarutil.SPOOL)
-        try:
-            for m in self.http.stream("CopyFrom", _wire.envelope({"sandboxId": sid, "src": src}), d):
-                spool.write(_wire.tar_chunk(m))
-        except BaseException:
-            spool.close()
-            raise
-        spool.seek(0)
-        return spool
-
-    def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+    def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")
-        with self._download(sid, path, d) as tar:
-            return _tarutil.file_from_tar(tar, path)
+        cap = _tarutil.limit(max_bytes)
+        trailers: dict[str, list[str]] = {}
+        messages = self.http.stream("CopyFrom", _wire.copy_from_request(sid, path, max_bytes or 0), d, trailers)
+        try:
+            return _tarutil.file_from_tar(_tarutil.ChunkReader(_wire.tar_chunk(m) for m in messages), path, cap,
+                                          lambda: _wire.skipped_from_trailers(trailers))
+        finally:
+            messages.close()
 
-    def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
-        with _tarutil.path_tar(src, _tarutil.base_name(dst, "destination")) as tar:
-            self._upload(sid, dst, _tarutil.chunks(tar, _wire.COPY_CHUNK), d, body_bytes=False)
+    def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport:
+        name = _tarutil.base_name(dst, "destination")
+        cap = _tarutil.limit(max_bytes)
+        if not os.path.lexists(src):
+            raise SandboxNotFound(f"not found: host path {src} does not exist")
+        rep = _tarutil.Report()
+        self._upload(sid, dst, _tarutil.path_tar(src, name, cap, rep), d, body_bytes=False, max_bytes=max_bytes or 0)
+        return rep.freeze()
 
-    def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+    def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
+                  preserve_links: bool = False) -> CopyReport:
         _tarutil.base_name(src, "source")
-        with self._download(sid, src, d) as tar:
-            _tarutil.extract(tar, dst)
+        cap = _tarutil.limit(max_bytes)
+        trailers: dict[str, list[str]] = {}
+        messages = self.http.stream("CopyFrom", _wire.copy_from_request(sid, src, max_bytes or 0, preserve_links), d, trailers)
+        try:
+            return _tarutil.extract(_tarutil.ChunkReader(_wire.tar_chunk(m) for m in messages), dst, cap, preserve_links,
+                                    posixpath.dirname(posixpath.normpath(src)), lambda: _wire.skipped_from_trailers(trailers))
+        finally:
+            messages.close()
 
 
 class CLITransport:
@@ -288,25 +298,31 @@ class CLITransport:
             os.chmod(src, mode & 0o7777)
             self._call(["cp", src, f"{sid}:{path}"], d)
 
-    def read_file(self, sid: str, path: str, d: Deadline) -> bytes:
+    def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")
+        _tarutil.limit(max_bytes)
         with tempfile.TemporaryDirectory(prefix="roche-") as tmp:
             dst = os.path.join(tmp, "file")
-            self._call(["cp", f"{sid}:{path}", dst], d)
+            report = _cli.parse_copy_report(self._call(_cli.cp_args(f"{sid}:{path}", dst, max_bytes, False), d))
+            if not os.path.lexists(dst) and report.skipped_links:
+                raise PermissionDenied(f"permission denied: {path} is a symlink, which the files API does not follow")
             if os.path.isdir(dst):
-                raise RocheError(f"{path} is a directory: read_file reads files; use copy_from for directories")
+                raise InvalidConfig(f"invalid config: {path} is a directory: read_file reads files; use copy_from for directories")
             with open(dst, "rb") as f:
                 return f.read()
 
-    def copy_to(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+    def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport:
         _tarutil.base_name(dst, "destination")
+        _tarutil.limit(max_bytes)
         if not os.path.lexists(src):
             raise SandboxNotFound(f"not found: host path {src} does not exist")
-        self._call(["cp", src, f"{sid}:{dst}"], d)
+        return _cli.parse_copy_report(self._call(_cli.cp_args(src, f"{sid}:{dst}", max_bytes, False), d))
 
-    def copy_from(self, sid: str, src: str, dst: str, d: Deadline) -> None:
+    def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
+                  preserve_links: bool = False) -> CopyReport:
         _tarutil.base_name(src, "source")
-        self._call(["cp", f"{sid}:{src}", dst], d)
+        _tarutil.limit(max_bytes)
+        return _cli.parse_copy_report(self._call(_cli.cp_args(f"{sid}:{src}", dst, max_bytes, preserve_links), d))
 
 
 def _provider_of(sid: str) -> str:

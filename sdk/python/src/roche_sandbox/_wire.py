@@ -14,11 +14,13 @@ from typing import Any, Iterable, Iterator, Optional
 from .errors import RocheError, error_for, reason_from_text
 from .types import (
     DEFAULT_OUTPUT_LIMIT,
+    CopyReport,
     ExecRequest,
     ExecResult,
     OutputEvent,
     SandboxConfig,
     SandboxInfo,
+    SkippedEntry,
     SnapshotInfo,
     Stream,
     WorkspaceInfo,
@@ -42,6 +44,7 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         "writable": cfg.writable,
         "timeoutSecs": cfg.timeout_secs,
         "memory": cfg.memory,
+        "disk": cfg.disk,
         "cpus": cfg.cpus,
         "pidsLimit": cfg.pids_limit,
     }
@@ -59,6 +62,8 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         c["workspace"] = cfg.workspace
     if cfg.from_snapshot:
         c["fromSnapshot"] = cfg.from_snapshot
+    if cfg.workspace_size is not None:
+        c["workspaceSize"] = cfg.workspace_size
     return {"provider": provider, "config": c}
 
 
@@ -143,6 +148,8 @@ def parse_workspace(m: dict[str, Any]) -> WorkspaceInfo:
         provider=m.get("provider", ""),
         created_at=parse_time(m.get("createdAt")),
         in_use_by=tuple(m.get("inUseBy") or ()),
+        # int64 travels as a JSON string.
+        size_bytes=int(m.get("sizeBytes") or 0),
     )
 
 
@@ -180,21 +187,70 @@ def envelope_header(b: bytes) -> tuple[int, int]:
     return flags, length
 
 
-def copy_to_messages(sandbox_id: str, dst: str, pieces: Iterable[bytes]) -> Iterator[bytes]:
-    """CopyTo's request stream: the first message names the sandbox and destination."""
-    first = True
+def copy_to_messages(sandbox_id: str, dst: str, pieces: Iterable[bytes], max_bytes: int = 0) -> Iterator[bytes]:
+    """CopyTo's request stream: the first message names the sandbox, the destination and
+    the cap (0: the daemon's). Pieces are gathered into messages of about COPY_CHUNK."""
+    first: dict[str, Any] = {"sandboxId": sandbox_id, "dst": dst}
+    if max_bytes:
+        first["maxBytes"] = max_bytes
+    buf = bytearray()
     for piece in pieces:
-        m: dict[str, Any] = {"tarChunk": base64.b64encode(piece).decode("ascii")}
-        if first:
-            m["sandboxId"], m["dst"], first = sandbox_id, dst, False
+        buf += piece
+        while len(buf) >= COPY_CHUNK:
+            m: dict[str, Any] = {"tarChunk": base64.b64encode(bytes(buf[:COPY_CHUNK])).decode("ascii")}
+            del buf[:COPY_CHUNK]
+            if first:
+                m.update(first)
+                first = {}
+            yield envelope(m)
+    if buf or first:
+        m = {"tarChunk": base64.b64encode(bytes(buf)).decode("ascii")}
+        m.update(first)
         yield envelope(m)
-    if first:
-        yield envelope({"sandboxId": sandbox_id, "dst": dst})
+
+
+def copy_from_request(sandbox_id: str, src: str, max_bytes: int = 0, preserve_links: bool = False) -> bytes:
+    """A CopyFromRequest envelope; max_bytes 0 leaves the cap to the daemon."""
+    m: dict[str, Any] = {"sandboxId": sandbox_id, "src": src}
+    if max_bytes:
+        m["maxBytes"] = max_bytes
+    if preserve_links:
+        m["preserveLinks"] = True
+    return envelope(m)
 
 
 def tar_chunk(m: dict[str, Any]) -> bytes:
     """The piece of tar stream a CopyFromResponse carries."""
     return _b64(m.get("tarChunk"))
+
+
+def end_stream_metadata(body: bytes) -> dict[str, list[str]]:
+    """The trailers an end-of-stream message carries, keys lower-cased."""
+    try:
+        obj = json.loads(body or b"{}")
+    except ValueError:
+        return {}
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(md, dict):
+        return {}
+    return {str(k).lower(): [str(v) for v in vs] if isinstance(vs, list) else [str(vs)] for k, vs in md.items()}
+
+
+def skipped_from_trailers(md: dict[str, list[str]]) -> CopyReport:
+    """What roched's CopyFrom left out, from its trailers (client/copytrailer.go's side)."""
+    def count(key: str) -> int:
+        try:
+            return int((md.get(key) or ["0"])[0])
+        except ValueError:
+            return 0
+    examples = []
+    for v in md.get("roche-skipped-example", []):
+        try:
+            e = json.loads(v)
+            examples.append(SkippedEntry(str(e.get("path", "")), str(e.get("target", "")), str(e.get("reason", ""))))
+        except (ValueError, AttributeError):
+            continue
+    return CopyReport(skipped=count("roche-skipped"), skipped_links=count("roche-skipped-links"), examples=tuple(examples))
 
 
 _CODE_REASONS = {

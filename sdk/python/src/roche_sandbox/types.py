@@ -79,6 +79,9 @@ class WorkspaceInfo:
     created_at: Optional[datetime] = None
     #: The ids of the live sandboxes that have it mounted.
     in_use_by: tuple[str, ...] = ()
+    #: What it may hold, in bytes, fixed when it was made; 0 for one made before
+    #: workspaces had sizes.
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,17 @@ class SandboxConfig:
     workspace: Optional[str] = None
     #: Create from this snapshot's files instead of the image.
     from_snapshot: Optional[str] = None
+    #: What a writable root may hold ("1g", "100m"; "0" is no limit).
+    disk: str = "1g"
+    #: The size of a new workspace; None leaves it to the workspace (1g for a new one).
+    workspace_size: Optional[str] = None
+
+
+def _size(what: str, v: Union[str, int]) -> str:
+    """A size as Roche takes it: a string such as "1g", or a number of bytes."""
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise InvalidConfig(f"{what} {v!r}: give a size such as '1g' or a number of bytes")
+    return str(v)
 
 
 def make_config(
@@ -143,6 +157,8 @@ def make_config(
     network_allowlist: Optional[Sequence[str]] = None,
     workspace: Optional[str] = None,
     from_snapshot: Optional[str] = None,
+    disk: Union[str, int] = "1g",
+    workspace_size: Union[str, int, None] = None,
 ) -> SandboxConfig:
     """Builds a config from create()'s arguments. Roche itself validates the values."""
     if image is None:
@@ -176,6 +192,8 @@ def make_config(
         network_allowlist=tuple(network_allowlist or ()),
         workspace=workspace or None,
         from_snapshot=from_snapshot or None,
+        disk=_size("disk", disk),
+        workspace_size=None if workspace_size is None else _size("workspace_size", workspace_size),
     )
 
 
@@ -212,3 +230,54 @@ def make_exec_request(
         raise InvalidConfig(f"timeout {timeout!r}: give seconds > 0, or None for the sandbox's lifetime")
     data = stdin.encode() if isinstance(stdin, str) else stdin
     return ExecRequest(argv, None if timeout is None else float(timeout), data, dict(env or {}), workdir)
+
+
+#: The most file content one copy or read moves unless the caller passes max_bytes, as
+#: the CLI's and the Go API's (roche.DefaultCopyMaxBytes).
+DEFAULT_COPY_MAX_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class SkippedEntry:
+    """An entry a copy left out: ``reason`` is "symlink" (links were not asked for),
+    "outside" (a link pointing outside the destination) or "special" (a device, fifo,
+    socket or hard link). ``path`` is where it was in the source."""
+
+    path: str
+    target: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """What copy_to or copy_from moved and what it left out (``skipped``, of which
+    ``skipped_links`` were symlinks; ``examples`` are the first few)."""
+
+    files: int = 0
+    dirs: int = 0
+    links: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    skipped_links: int = 0
+    examples: tuple[SkippedEntry, ...] = ()
+
+    @property
+    def note(self) -> str:
+        """A one-line account of what was left out, or "" when nothing was."""
+        if not self.skipped:
+            return ""
+        shown = ", ".join(f"{e.path} -> {e.target}" if e.target else e.path for e in self.examples)
+        if self.skipped > len(self.examples):
+            shown += ", ..."
+        why = []
+        if self.skipped_links:
+            why.append("symlinks are copied out only when asked (preserve_links=True) and only if they point inside the destination")
+        if self.skipped > self.skipped_links:
+            why.append("devices, fifos, sockets and hard links are not copied")
+        n = self.skipped
+        what = "entry" if n == 1 else "entries"
+        if self.skipped_links == n:
+            what = "symlink" if n == 1 else "symlinks"
+        elif not self.skipped_links:
+            what = "special file" if n == 1 else "special files"
+        return f"skipped {n} {what} ({shown}): {'; '.join(why)}"

@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+
+	"connectrpc.com/connect"
+
+	"github.com/roche-sandbox/roche"
+	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/tarfs"
+	"github.com/roche-sandbox/roche/internal/wire"
+)
+
+// Copies are relayed, never staged: the tar stream goes between the client and the
+// provider (roche.TarCopier) as it comes, through tarfs.Filter, which checks every
+// entry and enforces the size cap before the content that would pass it is sent on. So
+// a sandbox's 10 TiB sparse file costs the daemon's host neither disk nor memory.
+
+// tarCopier resolves a sandbox whose provider copies files.
+func (d *Daemon) tarCopier(id string) (target, roche.TarCopier, error) {
+	t, err := d.resolve(id)
+	if err != nil {
+		return t, nil, err
+	}
+	tc, ok := t.p.(roche.TarCopier)
+	if !ok {
+		return t, nil, fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, t.p.Name())
+	}
+	return t, tc, nil
+}
+
+// copyLimit is the cap of one copy: the daemon's, or less when the request asks for less.
+func (d *Daemon) copyLimit(asked int64) (int64, error) {
+	switch {
+	case asked < 0:
+		return 0, fmt.Errorf("%w: max_bytes %d: give a positive size, or 0 for the daemon's cap", roche.ErrInvalidConfig, asked)
+	case asked == 0:
+		return d.cfg.CopyMaxBytes, nil
+	case asked > d.cfg.CopyMaxBytes:
+		return 0, fmt.Errorf("%w: max_bytes %s is over this roched's cap of %s per copy (roched --copy-max-bytes)",
+			roche.ErrInvalidConfig, tarfs.Size(asked), tarfs.Size(d.cfg.CopyMaxBytes))
+	}
+	return asked, nil
+}
+
+// uploadReader reads the tar stream of a CopyTo request as its messages arrive. It is
+// read only from within the handler's call (roche.PipeTo waits for its reader), so the
+// stream is never touched after the handler returns.
+type uploadReader struct {
+	stream *connect.ClientStream[rochev1.CopyToRequest]
+	rest   []byte
+	err    error
+}
+
+func (u *uploadReader) Read(p []byte) (int, error) {
+	for len(u.rest) == 0 {
+		if u.err != nil {
+			return 0, u.err
+		}
+		if !u.stream.Receive() {
+			u.err = u.stream.Err()
+			if u.err == nil {
+				u.err = io.EOF
+			}
+			continue
+		}
+		u.rest = u.stream.Msg().TarChunk
+	}
+	n := copy(p, u.rest)
+	u.rest = u.rest[n:]
+	return n, nil
+}
+
+// CopyTo relays the uploaded tar stream into the sandbox: its root entry becomes dst.
+func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[rochev1.CopyToRequest]) (*connect.Response[rochev1.CopyToResponse], error) {
+	if !stream.Receive() {
+		err := stream.Err()
+		if err == nil {
+			err = fmt.Errorf("%w: empty upload: the first message names sandbox_id and dst", roche.ErrInvalidConfig)
+		}
+		return nil, wire.ToStatus(err)
+	}
+	first := stream.Msg()
+	id, dst := first.SandboxId, first.Dst
+	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
+		return nil, wire.ToStatus(fmt.Errorf("%w: destination %q must be an absolute path below /", roche.ErrInvalidConfig, dst))
+	}
+	dst = path.Clean(dst)
+	limit, err := s.d.copyLimit(first.MaxBytes)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	t, tc, err := s.d.tarCopier(id)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	upload := &uploadReader{stream: stream, rest: first.TarChunk}
+	var ferr error
+	err = roche.PipeTo(ctx, tc, t.id, dst, func(w io.Writer) error {
+		// In the sandbox, links reach nothing its user could not: they are kept.
+		_, ferr = tarfs.Filter(upload, w, path.Base(dst), tarfs.Options{MaxBytes: limit, Links: tarfs.AllLinks})
+		if ferr == nil {
+			// The end of the stream (padding), so the client's last sends succeed; bounded.
+			_, _ = io.CopyN(io.Discard, upload, 1<<20)
+		}
+		return ferr
+	})
+	if err != nil {
+		if ferr != nil && errors.Is(err, ferr) {
+			err = roche.CopyErr(fmt.Sprintf("copying into sandbox %s at %s: the upload", id, dst), err)
+		}
+		return nil, wire.ToStatus(err)
+	}
+	return connect.NewResponse(&rochev1.CopyToResponse{}), nil
+}
+
+// chunkSender sends what is written to it as CopyFrom messages of at most maxChunk.
+type chunkSender struct {
+	stream *connect.ServerStream[rochev1.CopyFromResponse]
+}
+
+func (c chunkSender) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		piece := p[:min(len(p), maxChunk)]
+		p = p[len(piece):]
+		if err := c.stream.Send(&rochev1.CopyFromResponse{TarChunk: piece}); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+// CopyFrom relays src out of the sandbox as a checked tar stream; what it leaves out is
+// counted in the response trailer (wire.SetSkipped).
+func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.CopyFromRequest], stream *connect.ServerStream[rochev1.CopyFromResponse]) error {
+	src := req.Msg.Src
+	if !path.IsAbs(src) || path.Clean(src) == "/" {
+		return wire.ToStatus(fmt.Errorf("%w: source %q must be an absolute path below /", roche.ErrInvalidConfig, src))
+	}
+	src = path.Clean(src)
+	limit, err := s.d.copyLimit(req.Msg.MaxBytes)
+	if err != nil {
+		return wire.ToStatus(err)
+	}
+	t, tc, err := s.d.tarCopier(req.Msg.SandboxId)
+	if err != nil {
+		return wire.ToStatus(err)
+	}
+	links := tarfs.SkipLinks
+	if req.Msg.PreserveLinks {
+		links = tarfs.InsideLinks
+	}
+	var rep tarfs.Report
+	var ferr error
+	err = roche.PipeFrom(ctx, tc, t.id, src, func(r io.Reader) error {
+		out := bufio.NewWriterSize(chunkSender{stream}, maxChunk)
+		rep, ferr = tarfs.Filter(r, out, "", tarfs.Options{MaxBytes: limit, Links: links})
+		if ferr == nil {
+			ferr = out.Flush()
+		}
+		return ferr
+	})
+	wire.SetSkipped(stream.ResponseTrailer(), skippedReport(rep, path.Dir(src)))
+	if err != nil {
+		if ferr != nil && errors.Is(err, ferr) {
+			var le *tarfs.LimitError
+			if errors.As(err, &le) {
+				le.Name = path.Join(path.Dir(src), le.Name)
+			}
+			err = roche.CopyErr(fmt.Sprintf("copying %s out of sandbox %s", src, req.Msg.SandboxId), err)
+		}
+		return wire.ToStatus(err)
+	}
+	return nil
+}
+
+// skippedReport is what rep left out, with archive names made sandbox paths below dir.
+func skippedReport(rep tarfs.Report, dir string) roche.CopyReport {
+	out := roche.CopyReport{Skipped: rep.Skipped, SkippedLinks: rep.SkippedLinks}
+	for _, e := range rep.Examples {
+		out.Examples = append(out.Examples, roche.SkippedEntry{Path: path.Join(dir, e.Name), Target: e.Linkname, Reason: e.Reason})
+	}
+	return out
+}
