@@ -224,6 +224,8 @@ type SandboxInfo struct {
 	// Transport says how commands reach the sandbox: "agent" (roche-agent inside it) or a
 	// provider's fallback such as "docker-exec", which is slower and has no files API.
 	Transport string `json:"transport,omitempty"`
+	// Owner is the Config.Owner the sandbox was made with ("" when none was given).
+	Owner string `json:"owner,omitempty"`
 }
 
 // Expired reports whether the sandbox has outlived its lifetime at now.
