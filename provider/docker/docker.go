@@ -38,6 +38,9 @@ const (
 	LabelConfig    = "roche.config"
 	LabelTransport = "roche.transport"
 	LabelAgentDir  = "roche.agent_dir"
+	// LabelOwner is Config.Owner, also kept in LabelConfig; it is set on every container,
+	// even empty, so that one made from a snapshot does not inherit the image's.
+	LabelOwner = "roche.owner"
 )
 
 // Transports: how commands reach a sandbox.
@@ -340,7 +343,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 	p.log.Debug("sandbox created", "id", resp.ID, "image", cfg.Image, "transport", sb.transport())
 	return roche.SandboxInfo{
 		ID: resp.ID, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
-		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(),
+		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(), Owner: cfg.Owner,
 	}, nil
 }
 
@@ -394,6 +397,7 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 			LabelProvider: "docker",
 			LabelExpires:  strconv.FormatInt(expires.Unix(), 10),
 			LabelConfig:   string(cfgJSON),
+			LabelOwner:    cfg.Owner,
 		},
 	}
 	networkMode := "none"
@@ -599,7 +603,7 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	}
 	return roche.SandboxInfo{
 		ID: c.ID, Provider: p.Name(), Image: s.cfg.Image, State: state, CreatedAt: created, ExpiresAt: s.expires,
-		Transport: s.transport(),
+		Transport: s.transport(), Owner: s.cfg.Owner,
 	}, nil
 }
 
@@ -685,7 +689,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		out = append(out, roche.SandboxInfo{
 			ID: c.ID, Provider: p.Name(), Image: img, State: stateOf(c.State),
 			CreatedAt: time.Unix(c.Created, 0), ExpiresAt: expiresFromLabels(c.Labels),
-			Transport: c.Labels[LabelTransport],
+			Transport: c.Labels[LabelTransport], Owner: cfg.Owner,
 		})
 	}
 	return out, nil
