@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,6 +86,8 @@ type Provider struct {
 	egress   bool
 	egressMu sync.Mutex
 	proxies  map[string]*runningProxy
+	// pinMounts: host mounts are bound from what the provider opened (WithPinnedMounts).
+	pinMounts bool
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
@@ -133,6 +136,13 @@ func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir
 
 // WithStateDir sets where per-sandbox agent socket directories live on the host.
 func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
+
+// WithPinnedMounts binds each host mount from the directory or file the provider opened
+// itself, refusing a symbolic link anywhere on its path, instead of letting the engine
+// resolve the path when the container starts, so that nothing swapped on the way in the
+// meantime can redirect it (see pin_linux.go). roched sets it: it needs root and an
+// engine on this host, in this mount namespace.
+func WithPinnedMounts() Option { return func(p *Provider) { p.pinMounts = true } }
 
 // New returns a Docker provider. It does not contact the engine: the first call that
 // needs it reports ErrUnavailable, with how to start it, when it does not answer.
@@ -302,6 +312,13 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 		p.removeAgentDir(sb.agentDir)
 		return roche.SandboxInfo{}, err
 	}
+	unpin, err := p.pinMountSources(cfg, hcfg)
+	if err != nil {
+		p.removeAgentDir(sb.agentDir)
+		return roche.SandboxInfo{}, err
+	}
+	// The container holds its own binds once started; the staging points go with create.
+	defer unpin()
 	resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
 	if err != nil {
 		p.removeAgentDir(sb.agentDir)
@@ -345,6 +362,36 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 		ID: resp.ID, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
 		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(), Owner: cfg.Owner,
 	}, nil
+}
+
+// pinMountSources, with WithPinnedMounts, replaces the sources of cfg's host mounts in
+// hcfg by pinned staging points and returns what removes them.
+func (p *Provider) pinMountSources(cfg roche.Config, hcfg *container.HostConfig) (func(), error) {
+	var undo []func()
+	release := func() {
+		for _, u := range undo {
+			u()
+		}
+	}
+	if !p.pinMounts {
+		return release, nil
+	}
+	for i := range hcfg.Mounts {
+		m := &hcfg.Mounts[i]
+		if m.Type != mount.TypeBind || !slices.ContainsFunc(cfg.Mounts, func(cm roche.Mount) bool {
+			return cm.Source == m.Source && cm.Target == m.Target
+		}) {
+			continue
+		}
+		staged, u, err := p.pinSource(m.Source)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		undo = append(undo, u)
+		m.Source = staged
+	}
+	return release, nil
 }
 
 // exitReason describes why a container stopped, for error messages.
