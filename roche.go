@@ -157,6 +157,9 @@ type GCOptions struct {
 	All bool
 	// DryRun reports what would be removed without removing it.
 	DryRun bool
+	// Owner, when set, limits the GC to sandboxes with this SandboxInfo.Owner, so that a
+	// user's gc leaves other users' and daemons' sandboxes alone. Empty means any owner.
+	Owner string
 }
 
 // Collect is the shared body of a GC: of the sandboxes listed, it destroys those a GC
@@ -167,6 +170,9 @@ func Collect(ctx context.Context, list []SandboxInfo, opts GCOptions, destroy fu
 	var removed []SandboxInfo
 	var errs []error
 	for _, sb := range list {
+		if opts.Owner != "" && sb.Owner != opts.Owner {
+			continue
+		}
 		if !opts.All && !sb.Expired(now) && sb.State != StateExited {
 			continue
 		}
