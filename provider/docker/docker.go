@@ -144,6 +144,9 @@ func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = d
 // engine on this host, in this mount namespace.
 func WithPinnedMounts() Option { return func(p *Provider) { p.pinMounts = true } }
 
+// PinsMounts reports whether the provider pins host mounts (WithPinnedMounts).
+func (p *Provider) PinsMounts() bool { return p.pinMounts }
+
 // New returns a Docker provider. It does not contact the engine: the first call that
 // needs it reports ErrUnavailable, with how to start it, when it does not answer.
 func New(opts ...Option) (*Provider, error) {
