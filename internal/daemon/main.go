@@ -172,6 +172,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 		return fmt.Errorf("%v (see roched --help)", err)
 	})
 	cmd.AddCommand(hashTokenCommand())
+	cmd.CompletionOptions.DisableDefaultCmd = true
 	return cmd
 }
 
