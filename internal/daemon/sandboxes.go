@@ -91,12 +91,12 @@ func notFound(id string) error {
 	return fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
 }
 
-// target is a sandbox resolved for a call: its provider and, when tracked, a copy of
-// what the daemon knows of it.
+// target is a sandbox resolved for a call: its provider and a copy of what the daemon
+// knows of it.
 type target struct {
 	id  string
 	p   roche.Provider
-	rec *record // nil when the daemon does not track it
+	rec *record
 }
 
 // resolve finds the sandbox of tenant t that a call names. Idle pooled sandboxes are
@@ -151,7 +151,7 @@ func (d *Daemon) admit(t *tenant) error {
 	return nil
 }
 
-// unreserve gives back what admit reserved. Callers hold d.mu.
+// unreserveLocked gives back what admit reserved. Callers hold d.mu.
 func (d *Daemon) unreserveLocked(t *tenant) {
 	d.reserved--
 	if d.reservedBy[t.name]--; d.reservedBy[t.name] <= 0 {
