@@ -136,10 +136,15 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	return res, nil
 }
 
-// Destroy implements roche.Provider: idempotent, as in-process.
+// Destroy implements roche.Provider: idempotent, as in-process. roched answers
+// NOT_FOUND for an id that names none of the caller's sandboxes (already destroyed,
+// never made, or another tenant's), which for Destroy means there is nothing to do.
 func (p *Provider) Destroy(ctx context.Context, id string) error {
 	_, err := p.c.rpc.Destroy(ctx, connect.NewRequest(&rochev1.DestroyRequest{Ids: []string{id}, Provider: p.name}))
-	return p.c.fromRPC(err)
+	if err = p.c.fromRPC(err); errors.Is(err, roche.ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 // Inspect implements roche.Provider.

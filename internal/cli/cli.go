@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,12 +41,14 @@ type env struct {
 	log            *slog.Logger
 	providers      *registry
 	daemon         *daemonLink // roched, used when it answers (daemon.go)
+	// owner is the Config.Owner of the sandboxes made in-process (owner.go).
+	owner string
 }
 
 // Main runs the roche command with args (without the program name) and returns the
 // process exit status.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, owner: cmp.Or(os.Getenv("ROCHE_OWNER"), localOwner())}
 	level := slog.LevelWarn
 	if os.Getenv("ROCHE_DEBUG") != "" {
 		level = slog.LevelDebug

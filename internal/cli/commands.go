@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -109,6 +110,7 @@ func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche
 	if err != nil {
 		return nil, roche.SandboxInfo{}, err
 	}
+	cfg.Owner = e.owner // through roched, the daemon owns it instead
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
 	info, err := p.Create(cctx, cfg)
@@ -306,11 +308,14 @@ func (e *env) destroyQuietly(p roche.Provider, id string) {
 }
 
 func (e *env) destroyCommand() *cobra.Command {
-	var all bool
+	var all, anyOwner bool
 	var provider string
 	c := &cobra.Command{
 		Use:   "destroy ID... | --all",
 		Short: "Destroy sandboxes",
+		Long: `Destroy the sandboxes named, or with --all every sandbox of yours: made by you on this
+host (direct mode), or your tenant's (through roched). --any-owner --direct takes every
+Roche sandbox on the engine, other users' and daemons' too.`,
 		Example: `  roche destroy 3f2a9c...
   roche destroy --all`,
 		RunE: func(cmd *cobra.Command, ids []string) error {
@@ -318,13 +323,20 @@ func (e *env) destroyCommand() *cobra.Command {
 			if all == (len(ids) > 0) {
 				return errors.New("give sandbox ids or --all, not both or neither")
 			}
+			if err := e.checkAnyOwner(anyOwner); err != nil {
+				return err
+			}
 			if all {
 				return e.providers.each(ctx, provider, func(p roche.Provider) error {
 					list, err := p.List(ctx)
 					if err != nil {
 						return err
 					}
+					owner := e.ownerFilter(p, anyOwner)
 					for _, sb := range list {
+						if owner != "" && sb.Owner != owner {
+							continue
+						}
 						if err := p.Destroy(ctx, sb.ID); err != nil {
 							return err
 						}
@@ -351,25 +363,37 @@ func (e *env) destroyCommand() *cobra.Command {
 			return errors.Join(errs...)
 		},
 	}
-	c.Flags().BoolVar(&all, "all", false, "destroy every Roche sandbox")
+	c.Flags().BoolVar(&all, "all", false, "destroy every sandbox of yours")
+	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --all and --direct, every Roche sandbox on the engine, whoever made it")
 	c.Flags().StringVar(&provider, "provider", "", "with --all, only this provider's sandboxes")
 	return c
 }
 
 func (e *env) listCommand() *cobra.Command {
-	var asJSON bool
+	var asJSON, anyOwner bool
 	var provider string
 	c := &cobra.Command{
-		Use:     "list [--json]",
-		Short:   "List sandboxes",
-		Example: "  roche list\n  roche list --json --provider docker",
+		Use:   "list [--json]",
+		Short: "List your sandboxes",
+		Long: `List your sandboxes: those you made on this host (direct mode), or your tenant's
+(through roched). --any-owner --direct lists every Roche sandbox on the engine, with
+its owner: "cli:USER@HOST" for the CLI, "roched:..." for a daemon.`,
+		Example: "  roche list\n  roche list --json --provider docker\n  roche list --direct --any-owner",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if err := e.checkAnyOwner(anyOwner); err != nil {
+				return err
+			}
 			all := []roche.SandboxInfo{}
 			err := e.providers.each(ctx, provider, func(p roche.Provider) error {
 				list, err := p.List(ctx)
-				all = append(all, list...)
+				owner := e.ownerFilter(p, anyOwner)
+				for _, sb := range list {
+					if owner == "" || sb.Owner == owner {
+						all = append(all, sb)
+					}
+				}
 				return err
 			})
 			if err != nil {
@@ -379,14 +403,23 @@ func (e *env) listCommand() *cobra.Command {
 				return e.printJSON(all)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPROVIDER\tIMAGE\tSTATE\tEXPIRES IN")
+			if anyOwner {
+				fmt.Fprintln(tw, "ID\tPROVIDER\tIMAGE\tSTATE\tEXPIRES IN\tOWNER")
+			} else {
+				fmt.Fprintln(tw, "ID\tPROVIDER\tIMAGE\tSTATE\tEXPIRES IN")
+			}
 			for _, sb := range all {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Provider, sb.Image, sb.State, expiresIn(sb))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s", sb.ID, sb.Provider, sb.Image, sb.State, expiresIn(sb))
+				if anyOwner {
+					fmt.Fprintf(tw, "\t%s", cmp.Or(sb.Owner, "-"))
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --direct, every Roche sandbox on the engine, whoever made it")
 	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
 	return c
 }
@@ -403,23 +436,30 @@ func expiresIn(sb roche.SandboxInfo) string {
 }
 
 func (e *env) gcCommand() *cobra.Command {
-	var dryRun, all bool
+	var dryRun, all, anyOwner bool
 	var provider string
 	c := &cobra.Command{
 		Use:   "gc [--dry-run] [--all]",
 		Short: "Remove expired sandboxes left behind",
-		Long:  "Remove sandboxes past their lifetime (or stopped), e.g. left by a crashed caller; with --all, every Roche sandbox.",
+		Long: `Remove your sandboxes past their lifetime (or stopped), e.g. left by a crashed caller;
+with --all, every sandbox of yours. Yours: made by you on this host (direct mode), or
+your tenant's (through roched). --any-owner --direct also takes other users' and
+daemons' sandboxes on the engine (a daemon's own are best left to it).`,
 		Example: `  roche gc --dry-run
-  roche gc --all`,
+  roche gc --all
+  roche gc --direct --any-owner --dry-run`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if err := e.checkAnyOwner(anyOwner); err != nil {
+				return err
+			}
 			return e.providers.each(ctx, provider, func(p roche.Provider) error {
 				gc, ok := p.(roche.GarbageCollector)
 				if !ok {
 					return nil
 				}
-				removed, err := gc.GC(ctx, roche.GCOptions{All: all, DryRun: dryRun})
+				removed, err := gc.GC(ctx, roche.GCOptions{All: all, DryRun: dryRun, Owner: e.ownerFilter(p, anyOwner)})
 				verb := "removed"
 				if dryRun {
 					verb = "would remove"
@@ -432,7 +472,8 @@ func (e *env) gcCommand() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "only print what would be removed")
-	c.Flags().BoolVar(&all, "all", false, "remove every Roche sandbox, expired or not")
+	c.Flags().BoolVar(&all, "all", false, "remove every sandbox of yours, expired or not")
+	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --direct, whoever made the sandboxes")
 	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
 	return c
 }

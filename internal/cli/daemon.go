@@ -118,17 +118,20 @@ every roche command goes through it (--direct skips it).`,
 }
 
 func (e *env) daemonStartCommand() *cobra.Command {
-	var pools []string
-	var config, roched, logFile string
+	var pools, mountRoots []string
+	var config, roched, logFile, listen, tokenFile, tokensFile string
 	var maxSandboxes int
 	c := &cobra.Command{
 		Use:   "start [flags] [-- ROCHED_FLAGS...]",
 		Short: "Start roched in the background",
 		Long: `Start roched in the background on --socket and wait until it answers. Its log goes
 to --log. Flags after -- are passed to roched as they are (see roched --help).
-roched is looked for beside this roche binary, then on PATH (--roched overrides).`,
+roched is looked for beside this roche binary, then on PATH (--roched overrides).
+With --listen, clients on TCP need a token: roched reads it from --token-file (mode
+0600) or ROCHE_TOKEN, never from its command line, where every local user could read it.`,
 		Example: `  roche daemon start --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
   roche daemon start --config /etc/roche/roched.json
+  roche daemon start --listen tcp://127.0.0.1:7878 --token-file ~/.roche/token
   roche daemon start -- --log-level debug --pool-concurrency 4`,
 		RunE: func(cmd *cobra.Command, extra []string) error {
 			sock := e.daemon.socket
@@ -151,6 +154,14 @@ roched is looked for beside this roche binary, then on PATH (--roched overrides)
 			}
 			if cmd.Flags().Changed("max-sandboxes") {
 				args = append(args, "--max-sandboxes", fmt.Sprint(maxSandboxes))
+			}
+			for _, f := range [][2]string{{"--listen", listen}, {"--token-file", tokenFile}, {"--tokens-file", tokensFile}} {
+				if f[1] != "" {
+					args = append(args, f[0], f[1])
+				}
+			}
+			for _, r := range mountRoots {
+				args = append(args, "--allow-mount-root", r)
 			}
 			args = append(args, extra...)
 			if logFile == "" {
@@ -200,6 +211,10 @@ roched is looked for beside this roche binary, then on PATH (--roched overrides)
 	c.Flags().IntVar(&maxSandboxes, "max-sandboxes", 100, "most sandboxes handed out at once; 0 means no limit")
 	c.Flags().StringVar(&roched, "roched", "", "path of the roched binary")
 	c.Flags().StringVar(&logFile, "log", "", "roched's log file (default: roched.log beside the socket)")
+	c.Flags().StringVar(&listen, "listen", "", "also serve TCP, tcp://HOST:PORT (needs a token)")
+	c.Flags().StringVar(&tokenFile, "token-file", "", "file (mode 0600) with the TCP clients' bearer token (or env ROCHE_TOKEN)")
+	c.Flags().StringVar(&tokensFile, "tokens-file", "", "JSON file (mode 0600) of tenants and their token hashes (see roched --help)")
+	c.Flags().StringArrayVar(&mountRoots, "allow-mount-root", nil, "host directory TCP tenants may mount at or below (repeatable)")
 	return c
 }
 

@@ -43,7 +43,7 @@ func newMetrics(d *Daemon) *metrics {
 var (
 	sandboxesDesc = prometheus.NewDesc("roche_sandboxes",
 		"Sandboxes the daemon tracks, by state: idle (in a pool), creating, running, paused, destroying, "+
-			"and adopted (found on the engine, made by someone else; reaped at expiry).",
+			"and adopted (found on the engine without a record: its own, or an orphan of its state file; reaped at expiry).",
 		[]string{"state"}, nil)
 	poolHitsDesc   = prometheus.NewDesc("roche_pool_hits_total", "Creates served from a warm pool.", []string{"pool"}, nil)
 	poolMissesDesc = prometheus.NewDesc("roche_pool_misses_total", "Creates that matched a pool but found it empty.", []string{"pool"}, nil)

@@ -194,6 +194,7 @@ func InfoToProto(sb roche.SandboxInfo) *rochev1.Sandbox {
 	return &rochev1.Sandbox{
 		Id: sb.ID, Provider: sb.Provider, Image: sb.Image, State: StateToProto(sb.State),
 		CreatedAt: timeToProto(sb.CreatedAt), ExpiresAt: timeToProto(sb.ExpiresAt), Transport: sb.Transport,
+		Owner: sb.Owner,
 	}
 }
 
@@ -205,6 +206,7 @@ func InfoFromProto(pb *rochev1.Sandbox) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: pb.Id, Provider: pb.Provider, Image: pb.Image, State: StateFromProto(pb.State),
 		CreatedAt: timeFromProto(pb.CreatedAt), ExpiresAt: timeFromProto(pb.ExpiresAt), Transport: pb.Transport,
+		Owner: pb.Owner,
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,9 @@ const (
 	LabelConfig    = "roche.config"
 	LabelTransport = "roche.transport"
 	LabelAgentDir  = "roche.agent_dir"
+	// LabelOwner is Config.Owner, also kept in LabelConfig; it is set on every container,
+	// even empty, so that one made from a snapshot does not inherit the image's.
+	LabelOwner = "roche.owner"
 )
 
 // Transports: how commands reach a sandbox.
@@ -88,6 +92,8 @@ type Provider struct {
 	firewallDir string
 	// uidFirst and uidCount are the range sandboxes' and workspaces' uids are drawn from.
 	uidFirst, uidCount int
+	// pinMounts: host mounts are bound from what the provider opened (WithPinnedMounts).
+	pinMounts bool
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
@@ -136,6 +142,16 @@ func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir
 
 // WithStateDir sets where per-sandbox agent socket directories live on the host.
 func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
+
+// WithPinnedMounts binds each host mount from the directory or file the provider opened
+// itself, refusing a symbolic link anywhere on its path, instead of letting the engine
+// resolve the path when the container starts, so that nothing swapped on the way in the
+// meantime can redirect it (see pin_linux.go). roched sets it: it needs root and an
+// engine on this host, in this mount namespace.
+func WithPinnedMounts() Option { return func(p *Provider) { p.pinMounts = true } }
+
+// PinsMounts reports whether the provider pins host mounts (WithPinnedMounts).
+func (p *Provider) PinsMounts() bool { return p.pinMounts }
 
 // New returns a Docker provider. It does not contact the engine: the first call that
 // needs it reports ErrUnavailable, with how to start it, when it does not answer.
@@ -324,12 +340,14 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 			}
 		}
 	}
-	id, err := p.createContainer(ctx, cfg, who, expires, name, sb.agentDir)
+	id, unpin, err := p.createContainer(ctx, cfg, who, expires, name, sb.agentDir)
 	if err != nil {
 		p.removeAgentDir(sb.agentDir)
 		return roche.SandboxInfo{}, err
 	}
 	sb.id = id
+	// The container holds its own binds once started; the staging points go with create.
+	defer unpin()
 	layer, err := p.sizeRoot(ctx, id, cfg)
 	if err != nil {
 		p.removeDetached(sb)
@@ -371,14 +389,15 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "transport", sb.transport())
 	return roche.SandboxInfo{
 		ID: id, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
-		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(),
+		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(), Owner: cfg.Owner,
 	}, nil
 }
 
-// createContainer creates the sandbox's container, not yet started. A drawn uid is
-// checked once the container carries it in its label, before anything runs as it: if
-// another container has it too, this one is removed and the uid drawn again.
-func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who runAs, expires time.Time, name, agentDir string) (string, error) {
+// createContainer creates the sandbox's container, not yet started, and returns what
+// removes its mounts' staging points (see pinMountSources) once it has started. A drawn
+// uid is checked once the container carries it in its label, before anything runs as
+// it: if another container has it too, this one is removed and the uid drawn again.
+func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who runAs, expires time.Time, name, agentDir string) (string, func(), error) {
 	for range maxUIDDraws {
 		if who.draw {
 			who.uid = p.drawSandboxUID()
@@ -386,29 +405,65 @@ func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who ru
 		}
 		ccfg, hcfg, err := p.containerConfig(cfg, who, expires, agentDir)
 		if err != nil {
-			return "", err
+			return "", nil, err
+		}
+		unpin, err := p.pinMountSources(cfg, hcfg)
+		if err != nil {
+			return "", nil, err
 		}
 		resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
 		if err != nil {
-			return "", p.engineErr("creating container", err)
+			unpin()
+			return "", nil, p.engineErr("creating container", err)
 		}
 		for _, w := range resp.Warnings {
 			p.log.Warn("docker create warning", "container", resp.ID, "warning", w)
 		}
 		if !who.draw {
-			return resp.ID, nil
+			return resp.ID, unpin, nil
 		}
 		taken, err := p.uidTakenElsewhere(ctx, who.uid, resp.ID)
 		if err == nil && !taken {
-			return resp.ID, nil
+			return resp.ID, unpin, nil
 		}
 		p.removeDetached(sandbox{id: resp.ID})
+		unpin()
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		p.log.Debug("uid taken by another sandbox, drawing again", "uid", who.uid)
 	}
-	return "", noFreeUID("sandbox", p.uidFirst, p.uidCount/2)
+	return "", nil, noFreeUID("sandbox", p.uidFirst, p.uidCount/2)
+}
+
+// pinMountSources, with WithPinnedMounts, replaces the sources of cfg's host mounts in
+// hcfg by pinned staging points and returns what removes them.
+func (p *Provider) pinMountSources(cfg roche.Config, hcfg *container.HostConfig) (func(), error) {
+	var undo []func()
+	release := func() {
+		for _, u := range undo {
+			u()
+		}
+	}
+	if !p.pinMounts {
+		return release, nil
+	}
+	for i := range hcfg.Mounts {
+		m := &hcfg.Mounts[i]
+		if m.Type != mount.TypeBind || !slices.ContainsFunc(cfg.Mounts, func(cm roche.Mount) bool {
+			return cm.Source == m.Source && cm.Target == m.Target
+		}) {
+			continue
+		}
+		staged, u, err := p.pinSource(m.Source)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		undo = append(undo, u)
+		m.Source = staged
+	}
+	return release, nil
 }
 
 // exitReason describes why a container stopped, for error messages.
@@ -468,7 +523,8 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 			LabelConfig:   string(cfgJSON),
 			// Always set, so that a sandbox made from a snapshot does not carry the uid
 			// label of the one the snapshot was taken of.
-			LabelUID: who.label(),
+			LabelUID:   who.label(),
+			LabelOwner: cfg.Owner,
 		},
 	}
 	// With a network, the sandbox joins Roche's own bridge network, which the host's
@@ -685,7 +741,7 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	}
 	return roche.SandboxInfo{
 		ID: c.ID, Provider: p.Name(), Image: s.cfg.Image, State: state, CreatedAt: created, ExpiresAt: s.expires,
-		Transport: s.transport(),
+		Transport: s.transport(), Owner: s.cfg.Owner,
 	}, nil
 }
 
@@ -771,7 +827,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		out = append(out, roche.SandboxInfo{
 			ID: c.ID, Provider: p.Name(), Image: img, State: stateOf(c.State),
 			CreatedAt: time.Unix(c.Created, 0), ExpiresAt: expiresFromLabels(c.Labels),
-			Transport: c.Labels[LabelTransport],
+			Transport: c.Labels[LabelTransport], Owner: cfg.Owner,
 		})
 	}
 	return out, nil

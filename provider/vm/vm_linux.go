@@ -553,7 +553,7 @@ func tail(path string, n int) string {
 func (s *sandbox) info(state roche.SandboxState) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: s.ID, Provider: s.Hypervisor, Image: s.Image, State: state,
-		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, Transport: "agent",
+		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, Transport: "agent", Owner: s.Config.Owner,
 	}
 }
 
