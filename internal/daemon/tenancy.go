@@ -38,8 +38,12 @@ func (d *Daemon) permit(t *tenant, p roche.Provider, cfg roche.Config) (roche.Co
 
 // refuseRoot refuses a user that is, or may be, root: uid or gid 0, or a name, which the
 // image (or a snapshot, whose /etc/passwd a writable sandbox could have changed) may map
-// to uid 0. Only numbers say for sure.
+// to uid 0. Only numbers say for sure; roche.UserAuto is a uid the provider draws from a
+// range far from 0.
 func refuseRoot(user string) error {
+	if user == roche.UserAuto {
+		return nil
+	}
 	uid, gid, hasGID := strings.Cut(user, ":")
 	isRoot := func(s string) bool {
 		n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)

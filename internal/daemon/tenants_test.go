@@ -425,11 +425,24 @@ func TestRootSandboxesRefused(t *testing.T) {
 	if n := len(td.rec.ids()); n != 0 {
 		t.Fatalf("refused creates made %d sandboxes", n)
 	}
+	// The default, a uid drawn for the sandbox, is never root.
+	auto := pyConfig()
+	auto.User = roche.UserAuto
+	acme := td.client(t, "acme")
+	sb, err := acme.Create(ctx, auto)
+	if err != nil {
+		t.Fatalf("user %q: %v", roche.UserAuto, err)
+	}
+	res, err := acme.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"id", "-u"}})
+	acme.Destroy(ctx, sb.ID)
+	if err != nil || res.Stdout == "0\n" || res.ExitCode != 0 {
+		t.Fatalf("user %q runs as %q (%v)", roche.UserAuto, res.Stdout, err)
+	}
 
 	allowed := startDaemon(t, Config{AllowRootSandboxes: true})
 	cfg := pyConfig()
 	cfg.User = "0:0"
-	sb, err := allowed.p.Create(ctx, cfg)
+	sb, err = allowed.p.Create(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
