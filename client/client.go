@@ -267,6 +267,11 @@ func (c *Client) PoolDrain(ctx context.Context, key string) (int, []*rochev1.Poo
 // Create makes a sandbox on the named provider ("" for the daemon's default) and says
 // whether it came from a warm pool.
 func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+	// Checked here too, so that the words are the ones an in-process provider uses (the
+	// wire would first clamp an out-of-range number).
+	if err := cfg.Validate(); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
 	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg)}))
 	if err != nil {
 		return roche.SandboxInfo{}, false, c.fromRPC(err)

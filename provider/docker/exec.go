@@ -26,15 +26,14 @@ const sigkillExit = 137
 // lifetime is tied to the call: when ctx ends or the timeout fires, the command and every
 // process it started are killed.
 func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
-	if len(req.Cmd) == 0 {
-		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
 	}
 	s, err := p.lookup(ctx, id)
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
-	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
-	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
+	stdout, stderr := req.Captures()
 	var res roche.ExecResult
 	if s.agent != nil {
 		res, err = p.runAgent(ctx, s, req, stdout, stderr)
