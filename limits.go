@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -158,9 +159,9 @@ func (r ExecRequest) Validate() error {
 		add("workdir is %d bytes, over the limit of %d", len(r.Workdir), MaxPathBytes)
 	}
 	if r.Timeout < 0 {
-		add("timeout_secs %v: give seconds > 0, or 0 for the sandbox's lifetime", r.Timeout.Seconds())
+		add("timeout_secs %s: give seconds > 0, or 0 for the sandbox's lifetime", seconds(r.Timeout.Seconds()))
 	} else if r.Timeout > MaxExecTimeout {
-		add("timeout_secs %v is over the limit of %d (24 h)", r.Timeout.Seconds(), int(MaxExecTimeout.Seconds()))
+		add("timeout_secs %s is over the limit of %d (24 h)", seconds(r.Timeout.Seconds()), int(MaxExecTimeout.Seconds()))
 	}
 	if r.OutputLimit < 0 {
 		add("output_limit %d is negative: give bytes per stream, or 0 for the default %s", r.OutputLimit, SizeString(DefaultOutputLimit))
@@ -179,9 +180,12 @@ func (r ExecRequest) Validate() error {
 func ExecTimeout(secs float64) (time.Duration, error) {
 	switch {
 	case secs < 0 || math.IsNaN(secs) || math.IsInf(secs, -1):
-		return 0, fmt.Errorf("%w: timeout_secs %v: give seconds > 0, or 0 for the sandbox's lifetime", ErrInvalidConfig, secs)
+		return 0, fmt.Errorf("%w: timeout_secs %s: give seconds > 0, or 0 for the sandbox's lifetime", ErrInvalidConfig, seconds(secs))
 	case secs > MaxExecTimeout.Seconds():
-		return 0, fmt.Errorf("%w: timeout_secs %v is over the limit of %d (24 h)", ErrInvalidConfig, secs, int(MaxExecTimeout.Seconds()))
+		return 0, fmt.Errorf("%w: timeout_secs %s is over the limit of %d (24 h)", ErrInvalidConfig, seconds(secs), int(MaxExecTimeout.Seconds()))
 	}
 	return time.Duration(secs * float64(time.Second)), nil
 }
+
+// seconds renders a count of seconds as given, 9999999999 rather than 1e+10.
+func seconds(s float64) string { return strconv.FormatFloat(s, 'f', -1, 64) }

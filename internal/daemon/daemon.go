@@ -96,6 +96,9 @@ type Daemon struct {
 	// that workdir (see prepareWorkdir).
 	workdirs map[string]bool
 
+	// output bounds the unary Exec output held at once (output.go).
+	output outputBudget
+
 	removals sync.WaitGroup
 	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
 	removeSlots chan struct{}
@@ -150,6 +153,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		workdirs:    map[string]bool{},
 		removeSlots: make(chan struct{}, 4),
 		stop:        make(chan struct{}),
+		output:      outputBudget{left: maxHeldOutput},
 	}
 	for n := range providers {
 		d.names = append(d.names, n)
@@ -311,12 +315,14 @@ func listenUnix(path string) (net.Listener, error) {
 // token check when asked.
 func (d *Daemon) handler(requireToken bool) http.Handler {
 	mux := http.NewServeMux()
-	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d},
+	opts := append(strictCodecs(),
 		// Local clients gain nothing from compressing small messages.
 		connect.WithCompressMinBytes(32<<10),
 		connect.WithReadMaxBytes(maxMessageBytes),
+		connect.WithInterceptors(uploadLimit{}),
 	)
-	mux.Handle(path, h)
+	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
+	mux.Handle(path, d.releaseHeld(h))
 	mux.HandleFunc("/healthz", d.healthz)
 	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	if !requireToken {
@@ -325,8 +331,9 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 	return d.authenticate(mux)
 }
 
-// maxMessageBytes bounds a request (an Exec's stdin is carried whole).
-const maxMessageBytes = 64 << 20
+// maxMessageBytes bounds a request: an Exec carries its stdin whole (roche.MaxStdinBytes,
+// a third more as base64 in JSON), with argv and env besides.
+const maxMessageBytes = 24 << 20
 
 // authenticate requires the bearer token on everything but /healthz, answering API
 // calls with UNAUTHENTICATED in whichever protocol they speak.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +24,9 @@ import (
 	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
+
+// softMemoryLimit is roched's heap target when GOMEMLIMIT does not set one.
+const softMemoryLimit = 256 << 20
 
 // DefaultMaxSandboxes is --max-sandboxes when neither a flag nor the config file sets it.
 const DefaultMaxSandboxes = 100
@@ -218,6 +222,12 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	log, err := newLogger(stderr, f.logFormat, f.logLevel)
 	if err != nil {
 		return err
+	}
+	// A soft memory limit makes the collector return what bursts of output leave behind
+	// (the output itself is bounded, see output.go) instead of letting the heap double;
+	// GOMEMLIMIT overrides it.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(softMemoryLimit)
 	}
 	cfg, err := buildConfig(cmd, f)
 	if err != nil {

@@ -188,11 +188,16 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 	return sb, false, nil
 }
 
+// maxPooledEnv bounds the env a create served from a pool may have: it is kept in the
+// state file, which is rewritten on every change, so a larger env gets a sandbox made for
+// it (where the engine keeps the env) and the file stays small.
+const maxPooledEnv = 4 << 10
+
 // fromPool hands out a sandbox from the pool matching cfg, if one is ready and can
 // have cfg's workdir, recording it as the client's with its real expiry, env and workdir.
 func (d *Daemon) fromPool(ctx context.Context, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
 	pl := d.pools.Match(providerName, cfg)
-	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) {
+	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
 		return roche.SandboxInfo{}, false
 	}
 	sb, ok := pl.Acquire()
@@ -303,6 +308,9 @@ func makeWorkdir(ctx context.Context, p roche.Provider, id, dir string) error {
 // workdir a pooled sandbox's create asked for, and its real expiry as the default timeout.
 func (d *Daemon) exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
 	start := time.Now()
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
+	}
 	t, err := d.resolve(id)
 	if err != nil {
 		return roche.ExecResult{}, err
