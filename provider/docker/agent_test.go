@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -301,10 +302,61 @@ func (w *signalWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestAgentFallback: where the agent cannot start, the sandbox still works through
-// Docker's exec API, and says so.
-func TestAgentFallback(t *testing.T) {
+// TestAgentThatCannotStartIsAnError: an agent that cannot start is an error quoting why
+// and saying how to ask for Docker's exec API, never a sandbox that silently works
+// another way; nothing is left behind.
+func TestAgentThatCannotStartIsAnError(t *testing.T) {
 	p := newProvider(t, docker.WithAgentPath("/bin/false"))
+	tag, untag, err := testenv.PrivateImage(context.Background(), "agent-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untag()
+	cfg := testConfig()
+	cfg.Image = tag
+	_, err = p.Create(context.Background(), cfg)
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "roche-agent did not start") ||
+		!strings.Contains(err.Error(), "container exited") || !strings.Contains(err.Error(), "--transport docker-exec") {
+		t.Fatalf("create with an agent that cannot start: %v", err)
+	}
+	t.Log(err)
+	// The engine may still be finishing the removal (auto-remove races the undo).
+	deadline := time.Now().Add(10 * time.Second)
+	for n := containersFrom(t, p, tag); n != 0; n = containersFrom(t, p, tag) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the failed create left %d containers", n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// No agent binary at all is the same.
+	p = newProvider(t, docker.WithAgentPath(""))
+	if _, err := p.Create(context.Background(), testConfig()); !errors.Is(err, roche.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "roche-agent was not found") || !strings.Contains(err.Error(), "--transport docker-exec") {
+		t.Fatalf("create without roche-agent: %v", err)
+	}
+}
+
+// containersFrom counts the provider's sandboxes made from img.
+func containersFrom(t *testing.T, p *docker.Provider, img string) int {
+	t.Helper()
+	list, err := p.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, sb := range list {
+		if sb.Image == img {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAgentFallback: asked for (WithExecFallback), a sandbox whose agent cannot start
+// works through Docker's exec API, and says so.
+func TestAgentFallback(t *testing.T) {
+	p := newProvider(t, docker.WithAgentPath("/bin/false"), docker.WithExecFallback())
 	start := time.Now()
 	info, err := p.Create(context.Background(), testConfig())
 	if err != nil {

@@ -43,7 +43,9 @@ func workspaceMount(name string) mount.Mount {
 }
 
 // Workspaces implements roche.WorkspaceManager.
-func (p *Provider) Workspaces(ctx context.Context) ([]roche.Workspace, error) {
+func (p *Provider) Workspaces(ctx context.Context) (_ []roche.Workspace, err error) {
+	ctx, done := p.bound(ctx, "listing workspaces")
+	defer done(&err)
 	vols, err := p.cli.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelWorkspace))})
 	if err != nil {
 		return nil, p.engineErr("listing workspaces", err)
@@ -84,7 +86,9 @@ func (p *Provider) workspaceUsers(ctx context.Context, name string) (map[string]
 }
 
 // RemoveWorkspace implements roche.WorkspaceManager.
-func (p *Provider) RemoveWorkspace(ctx context.Context, name string) error {
+func (p *Provider) RemoveWorkspace(ctx context.Context, name string) (err error) {
+	ctx, done := p.bound(ctx, "removing workspace "+name)
+	defer done(&err)
 	if !roche.ValidWorkspaceName(name) {
 		return fmt.Errorf("%w: no workspace %q", roche.ErrNotFound, name)
 	}
@@ -139,7 +143,9 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 
 // waitGone waits until the engine has finished removing a container, so that its
 // volumes are free.
-func (p *Provider) waitGone(ctx context.Context, id string) error {
+func (p *Provider) waitGone(ctx context.Context, id string) (err error) {
+	ctx, done := p.bound(ctx, "waiting for sandbox "+id+" to be removed")
+	defer done(&err)
 	for i := 0; i < 200; i++ {
 		if _, err := p.cli.ContainerInspect(ctx, id); cerrdefs.IsNotFound(err) {
 			return nil
