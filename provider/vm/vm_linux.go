@@ -450,7 +450,7 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	if err != nil {
 		return nil, err
 	}
-	if err := writeFileSync(filepath.Join(vm.Dir, supervisor.PIDFile), strconv.Itoa(pid)); err == nil {
+	if err = writeFileSync(filepath.Join(vm.Dir, supervisor.PIDFile), strconv.Itoa(pid)); err == nil {
 		err = writeJSON(filepath.Join(vm.Dir, "meta.json"), vm.meta)
 	}
 	if err != nil {
