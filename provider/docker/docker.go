@@ -146,6 +146,9 @@ func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir
 // WithStateDir sets where per-sandbox agent socket directories live on the host.
 func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
 
+// DefaultEngineTimeout bounds a create when WithEngineTimeout does not.
+const DefaultEngineTimeout = engine.DefaultTimeout
+
 // WithEngineTimeout bounds a create and everything it waits for (default 30 s): when the
 // engine has not answered by then, Create fails, naming the engine, and leaves nothing.
 // Calls that need one quick answer (list, inspect, destroy, pause) are bounded by 10 s.
@@ -282,13 +285,24 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 		return roche.SandboxInfo{}, err
 	}
 	fromSnapshot := cfg.FromSnapshot != ""
+	caller := ctx
+	ctx, done := p.engine.Bound(caller, "creating a sandbox", p.engineTimeout)
+	defer func() { done(&err) }()
 	if !fromSnapshot {
-		if err := p.ensureImage(ctx, cfg.Image); err != nil {
+		present, err := p.imagePresent(ctx, cfg.Image)
+		if err != nil {
 			return roche.SandboxInfo{}, err
 		}
+		if !present {
+			// A pull has a deadline of its own (WithPullTimeout); making the sandbox then
+			// gets a whole one.
+			done(nil)
+			if err := p.pull(caller, cfg.Image); err != nil {
+				return roche.SandboxInfo{}, err
+			}
+			ctx, done = p.engine.Bound(caller, "creating a sandbox", p.engineTimeout)
+		}
 	}
-	ctx, done := p.engine.Bound(ctx, "creating a sandbox", p.engineTimeout)
-	defer done(&err)
 	if cfg.Workspace != "" {
 		if err := p.ensureWorkspace(ctx, cfg.Workspace); err != nil {
 			return roche.SandboxInfo{}, err
@@ -308,7 +322,8 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 			return info, err
 		}
 		if err := p.restoreTmp(ctx, info.ID, cfg.FromSnapshot); err != nil {
-			p.undo(info.ID, "", err)
+			// Destroy bounds itself, and removes the socket directory too.
+			p.Destroy(context.WithoutCancel(ctx), info.ID)
 			return roche.SandboxInfo{}, fmt.Errorf("restoring /tmp from snapshot %s: %w", cfg.FromSnapshot, err)
 		}
 		return info, nil
@@ -392,7 +407,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, withAgent bool)
 	if err != nil {
 		if ctx.Err() != nil {
 			// Cut short, the request may still reach the engine and make the container.
-			p.undo(name, sb.agentDir, ctx.Err())
+			p.undo(name, sb.agentDir, context.Cause(ctx))
 		} else {
 			p.removeAgentDir(sb.agentDir)
 		}
@@ -565,18 +580,21 @@ func (p *Provider) containerConfig(cfg roche.Config, expires time.Time, agentDir
 	return ccfg, hcfg, nil
 }
 
-// ensureImage makes sure the image is present, pulling it when it is not, and says how
-// to build a local one when the pull fails (machines without a registry).
-func (p *Provider) ensureImage(ctx context.Context, ref string) error {
-	ictx, done := p.bound(ctx, "inspecting image "+ref)
-	_, err := p.cli.ImageInspect(ictx, ref)
-	done(&err)
-	if err == nil {
-		return nil
+// imagePresent reports whether the engine has the image.
+func (p *Provider) imagePresent(ctx context.Context, ref string) (bool, error) {
+	_, err := p.cli.ImageInspect(ctx, ref)
+	switch {
+	case err == nil:
+		return true, nil
+	case cerrdefs.IsNotFound(err):
+		return false, nil
 	}
-	if !cerrdefs.IsNotFound(err) {
-		return p.engineErr("inspecting image "+ref, err)
-	}
+	return false, p.engineErr("inspecting image "+ref, err)
+}
+
+// pull pulls a missing image within the pull timeout, and says how to build a local one
+// when the pull fails (machines without a registry).
+func (p *Provider) pull(ctx context.Context, ref string) error {
 	p.log.Info("pulling image", "image", ref)
 	pctx, cancel := context.WithTimeout(ctx, p.pullTimeout)
 	defer cancel()

@@ -29,14 +29,15 @@ const (
 )
 
 // undo removes what a create made of a sandbox (ref is the container's id or name, dir
-// its socket directory). why is what cut the create short: when the engine is not
-// answering, waiting for it is pointless, so the removal goes to the background at
-// once; otherwise it is tried now and goes to the background only if it fails.
+// its socket directory). why is what cut the create short, nil when the engine answered
+// with an error: when the engine is not answering, waiting for it is pointless, so the
+// removal goes to the background at once; otherwise it is tried now, briefly after a
+// cancellation, and goes to the background only if it fails.
 func (p *Provider) undo(ref, dir string, why error) {
 	var notAnswering *engine.NotAnsweringError
 	if !errors.As(why, &notAnswering) {
 		timeout := undoTimeout
-		if errors.Is(why, context.Canceled) {
+		if why != nil {
 			timeout = undoCancelledTimeout
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)

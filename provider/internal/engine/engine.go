@@ -42,7 +42,8 @@ type Engine struct {
 }
 
 // NotAnsweringError says an engine did not answer an operation within its deadline. It
-// is roche.ErrUnavailable: the backend cannot be used now.
+// is roche.ErrUnavailable (the backend cannot be used now, which the API reports) and
+// roche.ErrTimeout (it is there, but hangs, unlike one that refuses connections).
 type NotAnsweringError struct {
 	Engine Engine
 	Op     string // "listing sandboxes"
@@ -54,8 +55,10 @@ func (e *NotAnsweringError) Error() string {
 		e.Engine.Name, e.Engine.Addr, e.Op, e.After, e.Engine.Hint)
 }
 
-// Is makes the error roche.ErrUnavailable to errors.Is.
-func (e *NotAnsweringError) Is(target error) bool { return target == roche.ErrUnavailable }
+// Is makes the error roche.ErrUnavailable and roche.ErrTimeout to errors.Is.
+func (e *NotAnsweringError) Is(target error) bool {
+	return target == roche.ErrUnavailable || target == roche.ErrTimeout
+}
 
 // Bound returns ctx limited to d for op, and done, to be deferred with the operation's
 // error: it releases the context and, when the deadline passed before the operation
