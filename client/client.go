@@ -145,6 +145,17 @@ type Health struct {
 	Providers []string  `json:"providers"`
 	// Sandboxes is how many sandboxes are handed to clients.
 	Sandboxes int `json:"sandboxes"`
+	// Engines says, for each provider whose engine the daemon watches (docker), whether
+	// it answers; Status is "degraded" while one does not, and creates for that provider
+	// are refused.
+	Engines map[string]EngineHealth `json:"engines,omitempty"`
+}
+
+// EngineHealth is whether a provider's engine answers, since when, and if not, why.
+type EngineHealth struct {
+	Up    bool      `json:"up"`
+	Since time.Time `json:"since"`
+	Error string    `json:"error,omitempty"`
 }
 
 // Health asks the daemon whether it is up; roche.ErrUnavailable when nothing answers.

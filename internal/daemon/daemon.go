@@ -61,6 +61,9 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// HeartbeatInterval is how long ExecStream stays quiet before a heartbeat (default 5 s).
 	HeartbeatInterval time.Duration
+	// EngineCheckInterval is how often each provider's engine is asked whether it answers
+	// (default 2 s; health.go).
+	EngineCheckInterval time.Duration
 }
 
 // Option configures a Daemon.
@@ -98,6 +101,8 @@ type Daemon struct {
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
+	// engines is whether each provider's engine answers (health.go).
+	engines *engines
 
 	removals sync.WaitGroup
 	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
@@ -137,6 +142,9 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
 	}
+	if cfg.EngineCheckInterval <= 0 {
+		cfg.EngineCheckInterval = 2 * time.Second
+	}
 	names := make([]string, 0, len(providers))
 	for n := range providers {
 		names = append(names, n)
@@ -154,6 +162,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		removeSlots: make(chan struct{}, 4),
 		stop:        make(chan struct{}),
 		output:      outputBudget{left: maxHeldOutput},
+		engines:     newEngines(providers),
 	}
 	for n := range providers {
 		d.names = append(d.names, n)
@@ -243,8 +252,9 @@ func (d *Daemon) Start(ctx context.Context) error {
 	}
 
 	d.pools.Start()
-	d.bg.Add(1)
+	d.bg.Add(2)
 	go d.reapLoop()
+	go d.watchEngines()
 
 	for i, l := range listeners {
 		srv := &http.Server{
@@ -366,9 +376,16 @@ func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	d.mu.Unlock()
+	engines, allUp := d.engineHealth()
+	status := "ok"
+	if !allUp {
+		// roched itself answers (200), so clients keep reaching it and hear why creates fail.
+		status = "degraded"
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(client.Health{
-		Status: "ok", Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
+		Status: status, Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
+		Engines: engines,
 	})
 }
 

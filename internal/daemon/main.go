@@ -41,6 +41,7 @@ const DefaultMaxSandboxes = 100
 //	  "state": "/var/lib/roche/roched.state.json",
 //	  "max_sandboxes": 100,
 //	  "pool_concurrency": 2,
+//	  "engine_timeout": "30s",
 //	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"]
 //	}
 //
@@ -53,6 +54,9 @@ type FileConfig struct {
 	MaxSandboxes    *int     `json:"max_sandboxes"`
 	PoolConcurrency int      `json:"pool_concurrency"`
 	Pools           []string `json:"pools"`
+
+	// EngineTimeout is --engine-timeout, a duration such as "30s".
+	EngineTimeout string `json:"engine_timeout"`
 }
 
 // LoadFileConfig reads a --config file, refusing unknown fields so that a typo is an
@@ -77,7 +81,7 @@ type flags struct {
 	logFormat, logLevel                  string
 	pools                                []string
 	maxSandboxes, poolConcurrency        int
-	shutdownTimeout                      time.Duration
+	shutdownTimeout, engineTimeout       time.Duration
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -112,8 +116,14 @@ served from the pool; anything else (network, mounts, writable, user, other limi
 gets a sandbox made for it.
 
 --config FILE is JSON: {"socket": "...", "listen": "tcp://...", "state": "...",
-"max_sandboxes": 100, "pool_concurrency": 2, "pools": ["docker/IMAGE?min=2"]}.
-Flags win over the file; the token comes only from --token or ROCHE_TOKEN.
+"max_sandboxes": 100, "pool_concurrency": 2, "engine_timeout": "30s",
+"pools": ["docker/IMAGE?min=2"]}. Flags win over the file; the token comes only from
+--token or ROCHE_TOKEN.
+
+Every call to the Docker engine has a deadline (--engine-timeout for a create, 10 s
+for a list or destroy). The engine is checked every 2 s: while it does not answer,
+/healthz says "degraded", roche_engine_up{provider="docker"} is 0, creates are refused
+at once with UNAVAILABLE, and its going down and coming back are logged.
 
 Providers: docker, and wasm (CPython 3.12 on wazero) when python.wasm is installed
 (scripts/fetch-python-wasm.sh); roched starts without it and says so in its log.
@@ -140,6 +150,8 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.IntVar(&f.maxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "most sandboxes handed to clients at once; 0 means no limit")
 	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 2, "most sandboxes the pools create at once")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
+	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
+		"how long a create waits for the Docker engine before failing (lists and destroys wait 10 s); while it does not answer, creates are refused at once")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -179,6 +191,13 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		if fc.PoolConcurrency != 0 && !changed("pool-concurrency") {
 			cfg.PoolConcurrency = fc.PoolConcurrency
 		}
+		if fc.EngineTimeout != "" && !changed("engine-timeout") {
+			d, err := time.ParseDuration(fc.EngineTimeout)
+			if err != nil {
+				return cfg, fmt.Errorf("%w: config %s: engine_timeout %q: give a duration such as \"30s\"", roche.ErrInvalidConfig, f.config, fc.EngineTimeout)
+			}
+			f.engineTimeout = d
+		}
 		specs = fc.Pools
 	}
 	specs = append(specs, f.pools...)
@@ -199,6 +218,9 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 	}
 	if f.poolConcurrency <= 0 {
 		errs = append(errs, fmt.Errorf("%w: --pool-concurrency %d: give 1 or more", roche.ErrInvalidConfig, f.poolConcurrency))
+	}
+	if f.engineTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%w: --engine-timeout %v: give a positive duration such as 30s", roche.ErrInvalidConfig, f.engineTimeout))
 	}
 	return cfg, errors.Join(errs...)
 }
@@ -239,7 +261,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		return err
 	}
 	// roched outlives its sandboxes, so it can run their egress proxies.
-	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy())
+	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy(), docker.WithEngineTimeout(f.engineTimeout))
 	if err != nil {
 		return err
 	}

@@ -142,6 +142,9 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
+	if err := d.refuseWhileDown(providerName); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
 	if err := d.admit(); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
@@ -169,6 +172,7 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 	defer cancel()
 	sb, err := p.Create(cctx, cfg)
 	if err != nil {
+		d.noteCallError(providerName, err)
 		return roche.SandboxInfo{}, false, err
 	}
 	d.mu.Lock()

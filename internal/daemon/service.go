@@ -207,6 +207,7 @@ func (d *Daemon) list(ctx context.Context, provider string) ([]roche.SandboxInfo
 	for _, n := range names {
 		list, err := d.providers[n].List(ctx)
 		if err != nil {
+			d.noteCallError(n, err)
 			errs = append(errs, err)
 			continue
 		}
