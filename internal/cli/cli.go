@@ -86,6 +86,10 @@ type interrupted struct{ sig os.Signal }
 
 func (i interrupted) Error() string { return i.sig.String() }
 
+// Is makes an interruption context.Canceled to errors.Is, as code that checks for a
+// cancelled context expects (Go's HTTP client reports the cause itself).
+func (i interrupted) Is(target error) bool { return target == context.Canceled }
+
 // exitCode is 130 for SIGINT and 143 for SIGTERM, as shells report a process a signal
 // ended.
 func (i interrupted) exitCode() int {

@@ -247,6 +247,9 @@ func (p *Provider) engineErr(what string, err error) error {
 		return nil
 	case errors.As(err, &notAnswering):
 		return notAnswering
+	case errors.Is(err, context.Canceled):
+		// The caller gave up (a signal); the engine is not at fault.
+		return fmt.Errorf("%s: %w", what, context.Canceled)
 	case client.IsErrConnectionFailed(err) || isConnRefused(err):
 		return fmt.Errorf("%w: the Docker engine is not reachable at %s: start it (sudo dockerd &, or sudo systemctl start docker) or use --provider wasm",
 			roche.ErrUnavailable, p.cli.DaemonHost())

@@ -61,12 +61,14 @@ func (e *NotAnsweringError) Is(target error) bool {
 }
 
 // Bound returns ctx limited to d for op, and done, to be deferred with the operation's
-// error: it releases the context and, when the deadline passed before the operation
-// ended, replaces the error (whatever shape the engine's client gave it) with the
-// NotAnsweringError. A caller's own cancellation (a signal) is left as it is.
+// error: it releases the context and, when a deadline passed before the operation ended
+// (this one, or an earlier one the caller set), replaces the error (whatever shape the
+// engine's client gave it) with the NotAnsweringError. A caller's own cancellation (a
+// signal) is left as it is.
 func (e Engine) Bound(ctx context.Context, op string, d time.Duration) (context.Context, func(*error)) {
+	start := time.Now()
 	na := &NotAnsweringError{Engine: e, Op: op, After: d}
-	deadline := time.Now().Add(d)
+	deadline := start.Add(d)
 	ctx, cancel := context.WithDeadlineCause(ctx, deadline, na)
 	return ctx, func(err *error) {
 		defer cancel()
@@ -78,6 +80,9 @@ func (e Engine) Bound(ctx context.Context, op string, d time.Duration) (context.
 		case errors.As(context.Cause(ctx), &cause):
 			// This bound's deadline, or an enclosing one's.
 			*err = cause
+		case errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+			// The caller's own, earlier deadline: the engine did not answer within it.
+			*err = &NotAnsweringError{Engine: e, Op: op, After: time.Since(start).Round(100 * time.Millisecond)}
 		case ctx.Err() == nil && !time.Now().Before(deadline):
 			// A socket deadline set from ctx fired a moment before ctx itself.
 			*err = na
