@@ -97,6 +97,9 @@ func TestConformance(t *testing.T) {
 	cfg := roche.DefaultConfig()
 	cfg.Image = testImage()
 	providertest.Run(t, c.Provider("docker"), providertest.Options{Config: cfg})
+	// The suite may outlast the first context on a loaded machine.
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	st, err := c.PoolStatus(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -847,9 +847,15 @@ func (p *Provider) sweepAgentDirs(ctx context.Context) (err error) {
 	}
 	for _, e := range entries {
 		dir := filepath.Join(p.stateDir, e.Name())
-		if e.IsDir() && strings.HasPrefix(e.Name(), "roche-") && !live[dir] {
-			p.removeAgentDir(dir)
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "roche-") || live[dir] {
+			continue
 		}
+		// A create (here or in another process) makes the directory before its container:
+		// one younger than a create may take is not a leftover yet.
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) < 2*p.engineTimeout {
+			continue
+		}
+		p.removeAgentDir(dir)
 	}
 	return nil
 }
