@@ -406,3 +406,33 @@ func TestAgentSurvivesConcurrentForkBombs(t *testing.T) {
 		t.Fatalf("after the bombs: %q", got)
 	}
 }
+
+// TestExecAtTheLimits: a command at the documented maxima runs, argv and env made of
+// the characters JSON escapes most ('<' becomes six bytes), so that no limit below them
+// (the agent's frames, the kernel's execve) refuses what the limits allow.
+func TestExecAtTheLimits(t *testing.T) {
+	p := newProvider(t)
+	id := sandbox(t, p, testConfig())
+	arg := strings.Repeat("<", roche.MaxArgBytes)
+	cmd := []string{"sh", "-c", `echo "$# ${#1} ${#BIG_0} ${#BIG_1}"`, "_"}
+	for n := len("sh-c_") + len(cmd[2]); n+len(arg) <= roche.MaxArgvBytes; n += len(arg) {
+		cmd = append(cmd, arg)
+	}
+	env := map[string]string{}
+	for i := range 2 {
+		k := fmt.Sprintf("BIG_%d", i)
+		env[k] = strings.Repeat("<", roche.MaxEnvBytes/2-len(k)-1)
+	}
+	req := roche.ExecRequest{Cmd: cmd, Env: env}
+	if err := req.Validate(); err != nil {
+		t.Fatalf("the request is not within the limits: %v", err)
+	}
+	res, err := p.Exec(context.Background(), id, req)
+	if err != nil {
+		t.Fatalf("exec at the limits: %v", err)
+	}
+	want := fmt.Sprintf("%d %d %d %d\n", len(cmd)-4, roche.MaxArgBytes, len(env["BIG_0"]), len(env["BIG_1"]))
+	if res.ExitCode != 0 || res.Stdout != want {
+		t.Fatalf("exec at the limits: exit %d, stdout %q, stderr %q; want %q", res.ExitCode, res.Stdout, res.Stderr, want)
+	}
+}
