@@ -59,16 +59,17 @@ type registry struct {
 	log *slog.Logger
 	// outlives: see factoryOptions; set by roche run before it opens a provider.
 	outlives bool
-	// engineTimeout and transport: see factoryOptions; set by flags.
-	engineTimeout time.Duration
-	transport     string
-	mu            sync.Mutex
-	open          map[string]roche.Provider
+	mu       sync.Mutex
+	open     map[string]roche.Provider
 	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
 	// which is then used instead of opening the provider in-process.
 	remote func(name string) roche.Provider
+
 	// guard, when set, may refuse to act in-process on a sandbox (one roched made).
 	guard func(id string, p roche.Provider) error
+	// engineTimeout and transport: see factoryOptions; set by flags.
+	engineTimeout time.Duration
+	transport     string
 }
 
 func newRegistry(l *slog.Logger) *registry {

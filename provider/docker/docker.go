@@ -168,16 +168,15 @@ func WithExecFallback() Option { return func(p *Provider) { p.execFallback = tru
 // needs it reports ErrUnavailable, with how to start it, when it does not answer.
 func New(opts ...Option) (*Provider, error) {
 	p := &Provider{
-		log:           slog.New(slog.DiscardHandler),
-		pullTimeout:   2 * time.Minute,
-		engineTimeout: engine.DefaultTimeout,
-		transport:     TransportAgent,
-		verified:      map[string]sandbox{},
-		agentPath:     defaultAgentPath(),
-		stateDir:      defaultStateDir(),
-		dataDir:       defaultDataDir(),
-		proxies:       map[string]*runningProxy{},
+		log:         slog.New(slog.DiscardHandler),
+		pullTimeout: 2 * time.Minute,
+		verified:    map[string]sandbox{},
+		agentPath:   defaultAgentPath(),
+		stateDir:    defaultStateDir(),
+		dataDir:     defaultDataDir(),
+		proxies:     map[string]*runningProxy{},
 	}
+	p.engineTimeout, p.transport = engine.DefaultTimeout, TransportAgent
 	p.closing, p.close = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o(p)
