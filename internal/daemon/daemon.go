@@ -6,6 +6,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -30,6 +31,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -64,6 +66,8 @@ type Config struct {
 	// EngineCheckInterval is how often each provider's engine is asked whether it answers
 	// (default 2 s; health.go).
 	EngineCheckInterval time.Duration
+	// MaxUploadBytes bounds one CopyTo upload (default wire.MaxUploadBytes; tests lower it).
+	MaxUploadBytes int64
 }
 
 // Option configures a Daemon.
@@ -329,7 +333,7 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 		// Local clients gain nothing from compressing small messages.
 		connect.WithCompressMinBytes(32<<10),
 		connect.WithReadMaxBytes(maxMessageBytes),
-		connect.WithInterceptors(uploadLimit{}),
+		connect.WithInterceptors(uploadLimit{max: cmp.Or(d.cfg.MaxUploadBytes, wire.MaxUploadBytes)}),
 	)
 	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
 	mux.Handle(path, d.releaseHeld(h))

@@ -19,6 +19,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/pool"
 )
 
 // jsonString quotes s for a JSON body.
@@ -54,7 +55,8 @@ func bigArgvJSON(marker string, n int) string {
 // wants INVALID_ARGUMENT naming the field and the limit, with nothing created and
 // nothing run.
 func TestLimitTableThroughAPI(t *testing.T) {
-	td := startDaemon(t, Config{})
+	// The upload limit is lowered (from 1 GiB) so that passing it is cheap.
+	td := startDaemon(t, Config{MaxUploadBytes: 1 << 20})
 	hc := unixHTTP(td.socket)
 	defer hc.CloseIdleConnections()
 	img := jsonString(testImage())
@@ -71,6 +73,11 @@ func TestLimitTableThroughAPI(t *testing.T) {
 		{"env", `"env": ` + bigEnvJSON(10<<20), []string{"env is", "limit of 128 KiB"}},
 		{"workdir", `"workdir": "/` + strings.Repeat("w", 5000) + `"`, []string{"workdir is 5001 bytes", "limit of 4096"}},
 		{"image", `"image": "` + strings.Repeat("i", 2000) + `"`, []string{"image is 2000 bytes", "limit of 1024"}},
+		{"user", `"user": "` + strings.Repeat("u", 2000) + `"`, []string{"user is 2000 bytes", "limit of 1024"}},
+		{"mounts", `"mounts": [` + strings.Repeat(`{"source": "/tmp", "target": "/m"}, `, 64) + `{"source": "/tmp", "target": "/n"}]`,
+			[]string{"mounts has 65 entries", "limit of 64"}},
+		{"allowlist", `"networkAllowlist": [` + strings.Repeat(`"example.com", `, 64) + `"example.org"]`,
+			[]string{"network_allowlist has 65 entries", "limit of 64"}},
 		{"unknown field", `"memroy": "4g"`, []string{`unknown field "memroy"`}},
 	}
 	for _, c := range creates {
@@ -111,11 +118,16 @@ func TestLimitTableThroughAPI(t *testing.T) {
 		{"timeout overflow", "Exec", `"timeoutSecs": 9999999999`, []string{"timeout_secs 9999999999", "limit of 86400"}},
 		{"stdin", "Exec", `"stdin": "` + base64.StdEncoding.EncodeToString(make([]byte, 17<<20)) + `"`, []string{"stdin is 17825792 bytes", "limit of 16 MiB"}},
 		{"unknown field", "Exec", `"outputLimt": 5`, []string{`unknown field "outputLimt"`}},
+		{"one argument", "Exec", `"cmd": ["sh", "-c", "touch /tmp/ran-arg", "` + strings.Repeat("a", roche.MaxArgBytes+1) + `"]`,
+			[]string{"cmd[3] is 131072 bytes", "limit of 131071 bytes for one argument"}},
 	}
 	for i, c := range execs {
 		t.Run("exec "+c.name, func(t *testing.T) {
 			marker := fmt.Sprintf("/tmp/ran-%d", i)
 			body := `{"sandboxId": ` + id + `, "cmd": ["sh", "-c", "touch ` + marker + `"], ` + c.body + `}`
+			if strings.HasPrefix(c.body, `"cmd"`) {
+				body = `{"sandboxId": ` + id + `, ` + c.body + `}`
+			}
 			code, out := postJSON(t, hc, "http://roched", c.method, body)
 			msg, _ := out["message"].(string)
 			if code != 400 || out["code"] != "invalid_argument" {
@@ -134,6 +146,30 @@ func TestLimitTableThroughAPI(t *testing.T) {
 			t.Fatalf("HTTP %d %v, want 400 naming cmd and 512 KiB", code, truncate(out))
 		}
 	})
+	// A request over roched's 24 MiB is cut off before it is read whole.
+	t.Run("request size", func(t *testing.T) {
+		big := base64.StdEncoding.EncodeToString(make([]byte, 19<<20))
+		code, out := postJSON(t, hc, "http://roched", "Exec", `{"sandboxId": `+id+`, "cmd": ["touch", "/tmp/ran-big"], "stdin": "`+big+`"}`)
+		if msg, _ := out["message"].(string); code == 200 || out["code"] != "resource_exhausted" || !strings.Contains(msg, "25165824") {
+			t.Fatalf("HTTP %d %v, want resource_exhausted naming the 24 MiB maximum", code, truncate(out))
+		}
+	})
+	// A copy into the sandbox stops at the upload limit, before anything is copied in.
+	t.Run("upload", func(t *testing.T) {
+		dir := t.TempDir()
+		small, big := filepath.Join(dir, "small"), filepath.Join(dir, "big")
+		os.WriteFile(small, make([]byte, 512<<10), 0o644)
+		os.WriteFile(big, make([]byte, 2<<20), 0o644)
+		ctx := ctxFor(t, time.Minute)
+		if err := td.p.CopyTo(ctx, sb.ID, small, "/tmp/small"); err != nil {
+			t.Fatalf("an upload within the limit: %v", err)
+		}
+		err := td.p.CopyTo(ctx, sb.ID, big, "/tmp/ran-upload")
+		if !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "the upload is over the limit of 1 MiB per copy into a sandbox") {
+			t.Fatalf("an upload over the limit: %v", err)
+		}
+	})
+
 	// ExecStream streams, so it may ask for more, up to the core's maximum.
 	rpc, tr := grpcClient(td.socket)
 	defer tr.CloseIdleConnections()
@@ -322,4 +358,42 @@ func procStatusKiB(t *testing.T, pid int, field string) int {
 	}
 	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
+}
+
+// TestLargeEnvNotPooled: a create whose env is over what roched keeps in its state file
+// gets a sandbox made for it (the engine keeps its env), so the file, rewritten on every
+// change, stays small whatever clients ask; the env still reaches the commands.
+func TestLargeEnvNotPooled(t *testing.T) {
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=1&max=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := startDaemon(t, Config{Pools: []pool.Spec{spec}})
+	ctx := ctxFor(t, 2*time.Minute)
+	if _, err := td.c.PoolWarmup(ctx, spec.Key.String(), 0); err != nil {
+		t.Fatal(err)
+	}
+	big := pyConfig()
+	big.Env = map[string]string{"BIG": strings.Repeat("b", 100<<10)}
+	sb, pooled, err := td.c.Create(ctx, "docker", big)
+	if err != nil || pooled {
+		t.Fatalf("create with a 100 KiB env: pooled %v, %v; want a sandbox made for it", pooled, err)
+	}
+	res, err := td.p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo ${#BIG}"}})
+	if err != nil || res.Stdout != "102400\n" {
+		t.Fatalf("the env in the sandbox made for it: %q %v", res.Stdout, err)
+	}
+	small := pyConfig()
+	small.Env = map[string]string{"SMALL": strings.Repeat("s", 1<<10)}
+	if _, pooled, err := td.c.Create(ctx, "docker", small); err != nil || !pooled {
+		t.Fatalf("create with a 1 KiB env: pooled %v, %v; want it from the pool", pooled, err)
+	}
+	fi, err := os.Stat(td.d.cfg.StateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 16<<10 {
+		t.Fatalf("the state file is %d bytes: a client's env grew it", fi.Size())
+	}
+	t.Logf("state file: %d bytes", fi.Size())
 }

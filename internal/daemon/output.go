@@ -98,9 +98,9 @@ func (o *heldOutput) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// uploadLimit refuses a CopyTo upload once it passes wire.MaxUploadBytes, before more
-// of it reaches the daemon's disk.
-type uploadLimit struct{}
+// uploadLimit refuses a CopyTo upload once it passes max bytes (wire.MaxUploadBytes),
+// before more of it reaches the daemon's disk.
+type uploadLimit struct{ max int64 }
 
 func (uploadLimit) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc { return next }
 
@@ -108,15 +108,15 @@ func (uploadLimit) WrapStreamingClient(next connect.StreamingClientFunc) connect
 	return next
 }
 
-func (uploadLimit) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+func (u uploadLimit) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return next(ctx, &countingConn{StreamingHandlerConn: conn})
+		return next(ctx, &countingConn{StreamingHandlerConn: conn, max: u.max})
 	}
 }
 
 type countingConn struct {
 	connect.StreamingHandlerConn
-	n int64
+	n, max int64
 }
 
 func (c *countingConn) Receive(msg any) error {
@@ -125,9 +125,9 @@ func (c *countingConn) Receive(msg any) error {
 	}
 	if m, ok := msg.(*rochev1.CopyToRequest); ok {
 		c.n += int64(len(m.TarChunk))
-		if c.n > wire.MaxUploadBytes {
+		if c.n > c.max {
 			return wire.ToStatus(fmt.Errorf("%w: the upload is over the limit of %s per copy into a sandbox: copy less at once",
-				roche.ErrInvalidConfig, roche.SizeString(wire.MaxUploadBytes)))
+				roche.ErrInvalidConfig, roche.SizeString(c.max)))
 		}
 	}
 	return nil
