@@ -270,8 +270,10 @@ func (e *env) runCommand() *cobra.Command {
 		Use:   "run [create flags] -- CMD [ARGS...]",
 		Short: "Create a sandbox, run one command in it, destroy it",
 		Long: `Create a sandbox, run one command in it and destroy it: also on error and on
-Ctrl-C. Exits with the command's exit status, 124 when it timed out (--timeout, the
-sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
+Ctrl-C or SIGTERM, which stop even a create waiting on an engine at once (a second one
+exits without waiting for the destroy). Exits with the command's exit status, 124 when it
+timed out (--timeout, the sandbox's lifetime, or --exec-timeout), 125 when roche itself
+failed, 130 on Ctrl-C and 143 on SIGTERM.`,
 		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
   roche run --provider wasm -- python3 -c "print(2 + 2)"
   roche run --image roche/python:local --memory 1g --timeout 60 --mount "$PWD:/src" -- python3 /src/main.py
