@@ -178,11 +178,6 @@ func (c Config) Validate() error {
 	if strings.TrimSpace(c.User) == "" {
 		add("user is empty: give uid[:gid], e.g. 1000:1000, or %s for a uid of the sandbox's own", UserAuto)
 	}
-	for k := range c.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			add("env name %q is invalid: names are non-empty and contain no '=' or NUL", k)
-		}
-	}
 	for _, h := range c.NetworkAllowlist {
 		if _, err := egress.ParseRule(h); err != nil {
 			add("network_allowlist: %v", err)
@@ -217,6 +212,7 @@ func (c Config) Validate() error {
 			add("mount target / would hide the image: mount somewhere below it")
 		}
 	}
+	problems = append(problems, c.limitProblems()...)
 	if len(problems) == 0 {
 		return nil
 	}

@@ -261,6 +261,10 @@ type ExecRequest struct {
 	Stderr io.Writer
 	// OutputLimit caps each stream's captured bytes; zero means DefaultOutputLimit.
 	OutputLimit int64
+	// StreamOnly passes output to Stdout and Stderr (those set) without keeping a copy:
+	// the result's Stdout and Stderr are then empty, and Truncated still says whether a
+	// stream passed OutputLimit. roched's ExecStream uses it so that it holds no output.
+	StreamOnly bool
 }
 
 // ExecResult is the outcome of a command.

@@ -99,8 +99,8 @@ func (f *createFlags) config() (roche.Config, error) {
 	return cfg, cfg.Validate()
 }
 
-// create makes a sandbox. It is not cancelled by Ctrl-C midway, so that it never leaves a
-// half-made sandbox; the caller checks ctx afterwards and destroys what was made.
+// create makes a sandbox. Ctrl-C (or SIGTERM) ends it at once: the provider undoes what
+// it had made, within a bound, so nothing half-made is left.
 func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche.SandboxInfo, error) {
 	cfg, err := f.config()
 	if err != nil {
@@ -111,10 +111,21 @@ func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche
 		return nil, roche.SandboxInfo{}, err
 	}
 	cfg.Owner = e.owner // through roched, the daemon owns it instead
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-	defer cancel()
-	info, err := p.Create(cctx, cfg)
+	info, err := p.Create(ctx, cfg)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("creating the sandbox was interrupted: %w", err)
+	}
 	return p, info, friendly(err)
+}
+
+// interruptCode is the exit status of a command a signal stopped: 130 for SIGINT, 143
+// for SIGTERM.
+func interruptCode(ctx context.Context) exitCode {
+	var sig interrupted
+	if errors.As(context.Cause(ctx), &sig) {
+		return exitCode(sig.exitCode())
+	}
+	return exitCode(exitInterrupted)
 }
 
 func (e *env) createCommand() *cobra.Command {
@@ -135,7 +146,7 @@ func (e *env) createCommand() *cobra.Command {
 				return err
 			}
 			if cmd.Context().Err() != nil {
-				e.destroyQuietly(p, info.ID)
+				e.destroyQuietly(cmd.Context(), p, info.ID)
 				return cmd.Context().Err()
 			}
 			if asJSON {
@@ -182,10 +193,11 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	if err != nil {
 		return err
 	}
-	req := roche.ExecRequest{
-		Cmd: cmd, Env: env, Workdir: x.workdir,
-		Timeout: time.Duration(x.timeout * float64(time.Second)),
+	timeout, err := roche.ExecTimeout(x.timeout)
+	if err != nil {
+		return friendly(err)
 	}
+	req := roche.ExecRequest{Cmd: cmd, Env: env, Workdir: x.workdir, Timeout: timeout}
 	if x.interactive {
 		req.Stdin = e.stdin
 	}
@@ -195,7 +207,7 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	res, err := p.Exec(ctx, id, req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return exitCode(exitInterrupted)
+			return interruptCode(ctx)
 		}
 		return fmt.Errorf("%s", oneLine(friendly(err)))
 	}
@@ -268,8 +280,10 @@ func (e *env) runCommand() *cobra.Command {
 		Use:   "run [create flags] -- CMD [ARGS...]",
 		Short: "Create a sandbox, run one command in it, destroy it",
 		Long: `Create a sandbox, run one command in it and destroy it: also on error and on
-Ctrl-C. Exits with the command's exit status, 124 when it timed out (--timeout, the
-sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
+Ctrl-C or SIGTERM, which stop even a create waiting on an engine at once (a second one
+exits without waiting for the destroy). Exits with the command's exit status, 124 when it
+timed out (--timeout, the sandbox's lifetime, or --exec-timeout), 125 when roche itself
+failed, 130 on Ctrl-C and 143 on SIGTERM.`,
 		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
   roche run --provider wasm -- python3 -c "print(2 + 2)"
   roche run --image roche/python:local --memory 1g --timeout 60 --mount "$PWD:/src" -- python3 /src/main.py
@@ -283,11 +297,15 @@ sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
 			e.providers.outlives = true
 			p, info, err := e.create(ctx, &f)
 			if err != nil {
+				if ctx.Err() != nil {
+					fmt.Fprintf(e.stderr, "roche: %s\n", oneLine(err))
+					return interruptCode(ctx)
+				}
 				return e.rocheFailed(err)
 			}
-			defer e.destroyQuietly(p, info.ID)
+			defer e.destroyQuietly(ctx, p, info.ID)
 			if ctx.Err() != nil {
-				return exitCode(exitInterrupted)
+				return interruptCode(ctx)
 			}
 			return e.rocheFailed(e.execute(ctx, p, info.ID, args, &x))
 		},
@@ -298,14 +316,27 @@ sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
 }
 
 // destroyQuietly destroys a sandbox on a context of its own (the caller's may be
-// cancelled by Ctrl-C) and reports only failures.
-func (e *env) destroyQuietly(p roche.Provider, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+// cancelled by Ctrl-C) and reports only failures. It is bounded, more tightly after a
+// signal, so that nothing on the way out can hang: a sandbox it could not destroy still
+// ends at its lifetime.
+func (e *env) destroyQuietly(ctx context.Context, p roche.Provider, id string) {
+	limit := destroyTimeout
+	if ctx.Err() != nil {
+		limit = destroyInterruptedTimeout
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
 	defer cancel()
-	if err := p.Destroy(ctx, id); err != nil {
-		fmt.Fprintf(e.stderr, "roche: destroying sandbox %s: %s (roche gc --all removes leftovers)\n", id, oneLine(err))
+	if err := p.Destroy(dctx, id); err != nil {
+		fmt.Fprintf(e.stderr, "roche: destroying sandbox %s: %s (roche destroy %s removes it; its lifetime ends it anyway)\n", id, oneLine(err), id)
 	}
 }
+
+// How long roche run waits to destroy its sandbox on the way out: normally as long as a
+// destroy may take; after a signal, less (a second signal exits at once).
+const (
+	destroyTimeout            = 15 * time.Second
+	destroyInterruptedTimeout = 5 * time.Second
+)
 
 func (e *env) destroyCommand() *cobra.Command {
 	var all, anyOwner bool

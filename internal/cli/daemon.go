@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,19 @@ func (e *env) addDaemonFlags(root *cobra.Command) {
 	pf.StringVar(&e.daemon.socket, "socket", def, "roched's unix socket (env ROCHE_SOCKET); used when it answers")
 	pf.BoolVar(&e.daemon.direct, "direct", false, "never use roched: run the provider inside this process")
 	e.providers.remote = e.remoteProvider
+	e.providers.guard = e.refuseManaged
+}
+
+// refuseManaged refuses to act in-process on a sandbox roched made while roched is not
+// answering: it may depend on what only roched applies (the env and workdir of a pooled
+// sandbox, an expiry earlier than the engine's), which acting directly would silently
+// drop. --direct says to go ahead without them.
+func (e *env) refuseManaged(id string, p roche.Provider) error {
+	if _, remote := p.(*client.Provider); remote || e.daemon.direct || !client.DaemonManaged(e.daemon.socket, id) {
+		return nil
+	}
+	return fmt.Errorf("%w: sandbox %s is managed by roched, which is not answering on %s: start it (roche daemon start) or pass --direct to act on it without its env and workdir",
+		roche.ErrUnavailable, id, e.daemon.socket)
 }
 
 // connect probes the daemon once. A missing socket fails at once; a hung daemon gets a
@@ -324,6 +338,11 @@ func (e *env) daemonStatusCommand() *cobra.Command {
 			}
 			fmt.Fprintf(e.stdout, "roched %s running on %s: pid %d, up %s, providers %s, %d sandboxes handed out\n",
 				h.Version, e.daemon.socket, h.PID, time.Since(h.StartedAt).Round(time.Second), strings.Join(h.Providers, ", "), h.Sandboxes)
+			for _, name := range slices.Sorted(maps.Keys(h.Engines)) {
+				if eh := h.Engines[name]; !eh.Up {
+					fmt.Fprintf(e.stdout, "%s: engine not answering since %s, creates refused: %s\n", name, eh.Since.Format(time.TimeOnly), eh.Error)
+				}
+			}
 			if len(pools) > 0 {
 				return e.printPools(pools)
 			}

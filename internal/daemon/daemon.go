@@ -6,6 +6,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -74,6 +76,11 @@ type Config struct {
 	// CopyMaxBytes caps the file content one CopyTo or CopyFrom moves (default
 	// roche.DefaultCopyMaxBytes); a request may ask for less, not more.
 	CopyMaxBytes int64
+	// EngineCheckInterval is how often each provider's engine is asked whether it answers
+	// (default 2 s; health.go).
+	EngineCheckInterval time.Duration
+	// MaxUploadBytes bounds one CopyTo upload (default wire.MaxUploadBytes; tests lower it).
+	MaxUploadBytes int64
 }
 
 // Option configures a Daemon.
@@ -110,6 +117,11 @@ type Daemon struct {
 	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
 	// that workdir (see prepareWorkdir).
 	workdirs map[string]bool
+
+	// output bounds the unary Exec output held at once (output.go).
+	output outputBudget
+	// engines is whether each provider's engine answers (health.go).
+	engines *engines
 
 	removals sync.WaitGroup
 	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
@@ -160,6 +172,9 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
 	}
+	if cfg.EngineCheckInterval <= 0 {
+		cfg.EngineCheckInterval = 2 * time.Second
+	}
 	names := make([]string, 0, len(providers))
 	for n := range providers {
 		names = append(names, n)
@@ -185,6 +200,8 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		workdirs:    map[string]bool{},
 		removeSlots: make(chan struct{}, 4),
 		stop:        make(chan struct{}),
+		output:      outputBudget{left: maxHeldOutput},
+		engines:     newEngines(providers),
 	}
 	for n := range providers {
 		d.names = append(d.names, n)
@@ -287,8 +304,9 @@ func (d *Daemon) Start(ctx context.Context) error {
 	d.unlockState = unlock
 
 	d.pools.Start()
-	d.bg.Add(1)
+	d.bg.Add(2)
 	go d.reapLoop()
+	go d.watchEngines()
 
 	for i, l := range listeners {
 		srv := &http.Server{
@@ -361,12 +379,14 @@ func listenUnix(path string) (net.Listener, error) {
 // token check when asked.
 func (d *Daemon) handler(requireToken bool) http.Handler {
 	mux := http.NewServeMux()
-	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d},
+	opts := append(strictCodecs(),
 		// Local clients gain nothing from compressing small messages.
 		connect.WithCompressMinBytes(32<<10),
 		connect.WithReadMaxBytes(maxMessageBytes),
+		connect.WithInterceptors(uploadLimit{max: cmp.Or(d.cfg.MaxUploadBytes, wire.MaxUploadBytes)}),
 	)
-	mux.Handle(path, h)
+	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
+	mux.Handle(path, d.releaseHeld(h))
 	mux.HandleFunc("/healthz", d.healthz)
 	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	if !requireToken {
@@ -377,8 +397,9 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 	return d.authenticate(mux)
 }
 
-// maxMessageBytes bounds a request (an Exec's stdin is carried whole).
-const maxMessageBytes = 64 << 20
+// maxMessageBytes bounds a request: an Exec carries its stdin whole (roche.MaxStdinBytes,
+// a third more as base64 in JSON), with argv and env besides.
+const maxMessageBytes = 24 << 20
 
 // authenticate requires a tenant's bearer token on everything but /healthz, answering
 // API calls with UNAUTHENTICATED in whichever protocol they speak. The token's hash is
@@ -415,9 +436,16 @@ func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	d.mu.Unlock()
+	engines, allUp := d.engineHealth()
+	status := "ok"
+	if !allUp {
+		// roched itself answers (200), so clients keep reaching it and hear why creates fail.
+		status = "degraded"
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(client.Health{
-		Status: "ok", Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
+		Status: status, Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
+		Engines: engines,
 	})
 }
 

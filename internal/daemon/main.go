@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,9 @@ import (
 	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
+
+// softMemoryLimit is roched's heap target when GOMEMLIMIT does not set one.
+const softMemoryLimit = 256 << 20
 
 // DefaultMaxSandboxes is --max-sandboxes when neither a flag nor the config file sets it.
 const DefaultMaxSandboxes = 100
@@ -43,6 +47,7 @@ const DefaultMaxSandboxes = 100
 //	  "max_sandboxes": 100,
 //	  "pool_concurrency": 2,
 //	  "copy_max_bytes": "1g",
+//	  "engine_timeout": "30s",
 //	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"]
 //	}
 //
@@ -60,6 +65,9 @@ type FileConfig struct {
 	PoolConcurrency    int      `json:"pool_concurrency"`
 	Pools              []string `json:"pools"`
 	CopyMaxBytes       string   `json:"copy_max_bytes"`
+
+	// EngineTimeout is --engine-timeout, a duration such as "30s".
+	EngineTimeout string `json:"engine_timeout"`
 }
 
 // LoadFileConfig reads a --config file, refusing unknown fields so that a typo is an
@@ -88,7 +96,7 @@ type flags struct {
 	copyMaxBytes                         string
 	pools                                []string
 	maxSandboxes, poolConcurrency        int
-	shutdownTimeout                      time.Duration
+	shutdownTimeout, engineTimeout       time.Duration
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -136,7 +144,13 @@ gets a sandbox made for it.
 --config FILE is JSON: {"socket": "...", "listen": "tcp://...", "token_file": "...",
 "tokens_file": "...", "allow_mount_roots": ["..."], "allow_root_sandboxes": false,
 "state": "...", "max_sandboxes": 100, "pool_concurrency": 2, "copy_max_bytes": "1g",
-"pools": ["docker/IMAGE?min=2"]}. Flags win over the file; it never holds a token itself.
+"engine_timeout": "30s", "pools": ["docker/IMAGE?min=2"]}. Flags win over the file; it
+never holds a token itself.
+
+Every call to the Docker engine has a deadline (--engine-timeout for a create, 10 s
+for a list or destroy). The engine is checked every 2 s: while it does not answer,
+/healthz says "degraded", roche_engine_up{provider="docker"} is 0, creates are refused
+at once with UNAVAILABLE, and its going down and coming back are logged.
 
 Providers: docker, and wasm (CPython 3.12 on wazero) when python.wasm is installed
 (scripts/fetch-python-wasm.sh); roched starts without it and says so in its log.
@@ -173,6 +187,8 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 2, "most sandboxes the pools create at once")
 	fs.StringVar(&f.copyMaxBytes, "copy-max-bytes", "1g", "most file content one copy in or out moves (e.g. 512m, 4g); a request may ask for less")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
+	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
+		"how long a create waits for the Docker engine before failing (lists and destroys wait 10 s); while it does not answer, creates are refused at once")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -261,6 +277,13 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		if !changed("allow-root-sandboxes") {
 			cfg.AllowRootSandboxes = fc.AllowRootSandboxes
 		}
+		if fc.EngineTimeout != "" && !changed("engine-timeout") {
+			d, err := time.ParseDuration(fc.EngineTimeout)
+			if err != nil {
+				return cfg, fmt.Errorf("%w: config %s: engine_timeout %q: give a duration such as \"30s\"", roche.ErrInvalidConfig, f.config, fc.EngineTimeout)
+			}
+			f.engineTimeout = d
+		}
 		specs = fc.Pools
 	}
 	var errs []error
@@ -301,6 +324,9 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 	if f.poolConcurrency <= 0 {
 		errs = append(errs, fmt.Errorf("%w: --pool-concurrency %d: give 1 or more", roche.ErrInvalidConfig, f.poolConcurrency))
 	}
+	if f.engineTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%w: --engine-timeout %v: give a positive duration such as 30s", roche.ErrInvalidConfig, f.engineTimeout))
+	}
 	return cfg, errors.Join(errs...)
 }
 
@@ -324,6 +350,12 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// A soft memory limit makes the collector return what bursts of output leave behind
+	// (the output itself is bounded, see output.go) instead of letting the heap double;
+	// GOMEMLIMIT overrides it.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(softMemoryLimit)
+	}
 	cfg, err := buildConfig(cmd, f)
 	if err != nil {
 		return err
@@ -334,7 +366,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		return err
 	}
 	// roched outlives its sandboxes, so it can run their egress proxies.
-	dopts := []docker.Option{docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy()}
+	dopts := []docker.Option{docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy(), docker.WithEngineTimeout(f.engineTimeout)}
 	if cfg.remoteMounts() {
 		// TCP tenants may mount below some roots: bind what was checked, not a path
 		// that a sandbox could redirect in between (see docker.WithPinnedMounts).

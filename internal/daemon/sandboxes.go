@@ -171,6 +171,9 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
+	if err := d.refuseWhileDown(providerName); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
 	if cfg, err = d.permit(t, p, cfg); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
@@ -201,6 +204,7 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 	defer cancel()
 	sb, err := p.Create(cctx, cfg)
 	if err != nil {
+		d.noteCallError(providerName, err)
 		return roche.SandboxInfo{}, false, err
 	}
 	d.mu.Lock()
@@ -220,11 +224,16 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 	return sb, false, nil
 }
 
+// maxPooledEnv bounds the env a create served from a pool may have: it is kept in the
+// state file, which is rewritten on every change, so a larger env gets a sandbox made for
+// it (where the engine keeps the env) and the file stays small.
+const maxPooledEnv = 4 << 10
+
 // fromPool hands out a sandbox from the pool matching cfg, if one is ready and can
 // have cfg's workdir, recording it as the client's with its real expiry, env and workdir.
 func (d *Daemon) fromPool(ctx context.Context, t *tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
 	pl := d.pools.Match(providerName, cfg)
-	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) {
+	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
 		return roche.SandboxInfo{}, false
 	}
 	sb, ok := pl.Acquire()
@@ -337,8 +346,8 @@ func makeWorkdir(ctx context.Context, p roche.Provider, id, dir string) error {
 func (d *Daemon) exec(ctx context.Context, tn *tenant, id string, req roche.ExecRequest) (roche.ExecResult, error) {
 	start := time.Now()
 	// A malformed request is that whatever it names.
-	if len(req.Cmd) == 0 {
-		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
 	}
 	t, err := d.resolve(tn, id)
 	if err != nil {

@@ -54,15 +54,25 @@ func (s *service) Exec(ctx context.Context, req *connect.Request[rochev1.ExecReq
 		return nil, wire.ToStatus(err)
 	}
 	r, err := wire.ExecFromProto(req.Msg)
+	if err == nil {
+		err = wire.CheckExecOutput(r)
+	}
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
+	// The output is held here, within the daemon's budget, and nowhere else.
+	stdout, stderr, done := s.d.newHeldOutputs(ctx)
+	defer done()
+	r.Stdout, r.Stderr, r.StreamOnly = stdout, stderr, true
 	res, err := s.d.exec(ctx, t, req.Msg.SandboxId, r)
 	s.d.audit(ctx, "exec", err, "id", req.Msg.SandboxId, "argv", r.Cmd, "exit_code", res.ExitCode)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	return connect.NewResponse(&rochev1.ExecResponse{Result: wire.ResultToProto(res, true)}), nil
+	pb := wire.ResultToProto(res, false)
+	pb.Stdout, pb.Stderr = stdout.buf, stderr.buf
+	pb.Truncated = pb.Truncated || stdout.short || stderr.short
+	return connect.NewResponse(&rochev1.ExecResponse{Result: pb}), nil
 }
 
 // streamSender serialises sends on one stream: the provider writes stdout and stderr
@@ -127,6 +137,8 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 	sender := &streamSender{stream: stream, last: time.Now()}
 	r.Stdout = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDOUT}
 	r.Stderr = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDERR}
+	// Passed on as it comes; the daemon keeps no copy, whatever the output limit.
+	r.StreamOnly = true
 
 	// Heartbeats while the command is quiet.
 	every := s.d.cfg.HeartbeatInterval
@@ -221,6 +233,7 @@ func (d *Daemon) list(ctx context.Context, t *tenant, provider string) ([]roche.
 	for _, n := range names {
 		list, err := d.providers[n].List(ctx)
 		if err != nil {
+			d.noteCallError(n, err)
 			errs = append(errs, err)
 			continue
 		}
