@@ -47,4 +47,11 @@ func TestCollect(t *testing.T) {
 	if !slices.Equal(ids(removed), []string{"live", "expired", "stopped"}) {
 		t.Fatalf("gc --all: %v", ids(removed))
 	}
+	// An owner limits it to that owner's.
+	list[0].Owner, list[1].Owner = "cli:ada@host", "cli:bob@host"
+	destroyed = nil
+	removed, _ = roche.Collect(context.Background(), list, roche.GCOptions{All: true, Owner: "cli:ada@host"}, destroy)
+	if !slices.Equal(ids(removed), []string{"live"}) || !slices.Equal(destroyed, []string{"live"}) {
+		t.Fatalf("gc --all of one owner: %v, destroyed %v", ids(removed), destroyed)
+	}
 }

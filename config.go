@@ -87,6 +87,12 @@ type Config struct {
 	// FromSnapshot creates the sandbox from a snapshot (see Snapshotter) instead of
 	// Image: its files as they were, without its processes.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Owner names who made the sandbox and so who may list, adopt and collect it:
+	// "roched:INSTANCE[/TENANT]" for roched, "cli:USER@HOST" for the direct-mode CLI.
+	// Providers keep it with the sandbox and report it as SandboxInfo.Owner. It is set
+	// by the program creating the sandbox, never taken from an API caller: roched's API
+	// does not carry it. Empty means nobody in particular (a library caller).
+	Owner string `json:"owner,omitempty"`
 }
 
 // WorkspacePath is where a workspace appears inside a sandbox.
@@ -172,11 +178,6 @@ func (c Config) Validate() error {
 	if strings.TrimSpace(c.User) == "" {
 		add("user is empty: give uid[:gid], e.g. 1000:1000, or %s for a uid of the sandbox's own", UserAuto)
 	}
-	for k := range c.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			add("env name %q is invalid: names are non-empty and contain no '=' or NUL", k)
-		}
-	}
 	for _, h := range c.NetworkAllowlist {
 		if _, err := egress.ParseRule(h); err != nil {
 			add("network_allowlist: %v", err)
@@ -211,6 +212,7 @@ func (c Config) Validate() error {
 			add("mount target / would hide the image: mount somewhere below it")
 		}
 	}
+	problems = append(problems, c.limitProblems()...)
 	if len(problems) == 0 {
 		return nil
 	}

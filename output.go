@@ -16,6 +16,9 @@ type OutputCapture struct {
 	limit     int64
 	sink      io.Writer
 	truncated bool
+	// streamOnly: bytes within the limit go to the sink and are counted, not kept.
+	streamOnly bool
+	passed     int64
 }
 
 // NewOutputCapture returns a capture that keeps limit bytes (DefaultOutputLimit when
@@ -33,13 +36,16 @@ func (c *OutputCapture) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := len(p)
-	room := c.limit - int64(c.buf.Len())
+	room := c.limit - c.passed
 	if int64(len(p)) > room {
 		p = p[:max(room, 0)]
 		c.truncated = true
 	}
 	if len(p) > 0 {
-		c.buf.Write(p)
+		c.passed += int64(len(p))
+		if !c.streamOnly {
+			c.buf.Write(p)
+		}
 		if c.sink != nil {
 			if _, err := c.sink.Write(p); err != nil {
 				c.sink = nil
@@ -47,6 +53,17 @@ func (c *OutputCapture) Write(p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// Captures returns the captures of a request's stdout and stderr: each keeps up to
+// OutputLimit bytes and passes them on to the request's sink, or with StreamOnly only
+// passes them on.
+func (r ExecRequest) Captures() (stdout, stderr *OutputCapture) {
+	stdout = NewOutputCapture(r.OutputLimit, r.Stdout)
+	stderr = NewOutputCapture(r.OutputLimit, r.Stderr)
+	stdout.streamOnly = r.StreamOnly && r.Stdout != nil
+	stderr.streamOnly = r.StreamOnly && r.Stderr != nil
+	return stdout, stderr
 }
 
 // String returns the captured bytes.

@@ -45,3 +45,18 @@ func TestOutputCaptureDropsFailingSink(t *testing.T) {
 		t.Fatalf("sink written %d times, kept %q", f.n, c.String())
 	}
 }
+
+// TestCapturesStreamOnly: with StreamOnly the bytes reach the sink, up to the limit, and
+// none are kept; a stream without a sink is kept as usual.
+func TestCapturesStreamOnly(t *testing.T) {
+	var sink bytes.Buffer
+	stdout, stderr := ExecRequest{Stdout: &sink, OutputLimit: 4, StreamOnly: true}.Captures()
+	stdout.Write([]byte("abcdef"))
+	stderr.Write([]byte("xy"))
+	if sink.String() != "abcd" || stdout.String() != "" || !stdout.Truncated() {
+		t.Fatalf("streamed %q, kept %q, truncated %v", sink.String(), stdout.String(), stdout.Truncated())
+	}
+	if stderr.String() != "xy" || stderr.Truncated() {
+		t.Fatalf("stderr without a sink: kept %q", stderr.String())
+	}
+}

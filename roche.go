@@ -160,6 +160,9 @@ type GCOptions struct {
 	All bool
 	// DryRun reports what would be removed without removing it.
 	DryRun bool
+	// Owner, when set, limits the GC to sandboxes with this SandboxInfo.Owner, so that a
+	// user's gc leaves other users' and daemons' sandboxes alone. Empty means any owner.
+	Owner string
 }
 
 // Collect is the shared body of a GC: of the sandboxes listed, it destroys those a GC
@@ -170,6 +173,9 @@ func Collect(ctx context.Context, list []SandboxInfo, opts GCOptions, destroy fu
 	var removed []SandboxInfo
 	var errs []error
 	for _, sb := range list {
+		if opts.Owner != "" && sb.Owner != opts.Owner {
+			continue
+		}
 		if !opts.All && !sb.Expired(now) && sb.State != StateExited {
 			continue
 		}
@@ -227,6 +233,8 @@ type SandboxInfo struct {
 	// Transport says how commands reach the sandbox: "agent" (roche-agent inside it) or a
 	// provider's fallback such as "docker-exec", which is slower and has no files API.
 	Transport string `json:"transport,omitempty"`
+	// Owner is the Config.Owner the sandbox was made with ("" when none was given).
+	Owner string `json:"owner,omitempty"`
 }
 
 // Expired reports whether the sandbox has outlived its lifetime at now.
@@ -253,6 +261,10 @@ type ExecRequest struct {
 	Stderr io.Writer
 	// OutputLimit caps each stream's captured bytes; zero means DefaultOutputLimit.
 	OutputLimit int64
+	// StreamOnly passes output to Stdout and Stderr (those set) without keeping a copy:
+	// the result's Stdout and Stderr are then empty, and Truncated still says whether a
+	// stream passed OutputLimit. roched's ExecStream uses it so that it holds no output.
+	StreamOnly bool
 }
 
 // ExecResult is the outcome of a command.

@@ -31,7 +31,7 @@ const (
 	FrameReply      = 'K' // agent → client: JSON reply of a non-streaming operation
 	FrameError      = 'Z' // agent → client: JSON Error, the last frame
 	FrameStarted    = 'P' // agent → client: JSON Started, the command is running
-	maxFramePayload = 1 << 20
+	maxFramePayload = 8 << 20
 )
 
 // Operations.
@@ -144,8 +144,15 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
-// WriteFrame writes one frame.
+// WriteFrame writes one frame. A frame is at most maxFramePayload: a request frame
+// carries argv and env as JSON, where a character such as '<' takes six bytes, and 8 MiB
+// holds the most the limits allow (roche.MaxArgvBytes and twice roche.MaxEnvBytes, all
+// of them such characters).
 func WriteFrame(w io.Writer, kind byte, payload []byte) error {
+	if len(payload) > maxFramePayload {
+		// Refused here with the reason, rather than by the reader with a broken pipe.
+		return fmt.Errorf("agent frame of %d bytes is over the %d limit", len(payload), maxFramePayload)
+	}
 	var hdr [5]byte
 	hdr[0] = kind
 	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))

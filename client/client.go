@@ -145,6 +145,17 @@ type Health struct {
 	Providers []string  `json:"providers"`
 	// Sandboxes is how many sandboxes are handed to clients.
 	Sandboxes int `json:"sandboxes"`
+	// Engines says, for each provider whose engine the daemon watches (docker), whether
+	// it answers; Status is "degraded" while one does not, and creates for that provider
+	// are refused.
+	Engines map[string]EngineHealth `json:"engines,omitempty"`
+}
+
+// EngineHealth is whether a provider's engine answers, since when, and if not, why.
+type EngineHealth struct {
+	Up    bool      `json:"up"`
+	Since time.Time `json:"since"`
+	Error string    `json:"error,omitempty"`
 }
 
 // Health asks the daemon whether it is up; roche.ErrUnavailable when nothing answers.
@@ -267,6 +278,11 @@ func (c *Client) PoolDrain(ctx context.Context, key string) (int, []*rochev1.Poo
 // Create makes a sandbox on the named provider ("" for the daemon's default) and says
 // whether it came from a warm pool.
 func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+	// Checked here too, so that the words are the ones an in-process provider uses (the
+	// wire would first clamp an out-of-range number).
+	if err := cfg.Validate(); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
 	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg)}))
 	if err != nil {
 		return roche.SandboxInfo{}, false, c.fromRPC(err)

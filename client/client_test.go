@@ -43,6 +43,11 @@ func testImage() string {
 // serve runs a daemon in-process with the real Docker provider and a pool for the test
 // image, and returns a client of it.
 func serve(t *testing.T) (*client.Client, *docker.Provider) {
+	c, dp, _ := serveDaemon(t)
+	return c, dp
+}
+
+func serveDaemon(t *testing.T) (*client.Client, *docker.Provider, *daemon.Daemon) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "rc")
 	if err != nil {
@@ -81,14 +86,14 @@ func serve(t *testing.T) (*client.Client, *docker.Provider) {
 		}
 		dp.Close()
 	})
-	return c, dp
+	return c, dp, d
 }
 
 // TestConformance runs the provider conformance suite through the daemon: the client is
 // a roche.Provider like any other, and every security claim holds in sandboxes served
 // from the warm pool (env and workdir applied at exec time) as in cold ones.
 func TestConformance(t *testing.T) {
-	c, _ := serve(t)
+	c, _, d := serveDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := c.PoolWarmup(ctx, "", 0); err != nil {
@@ -96,7 +101,8 @@ func TestConformance(t *testing.T) {
 	}
 	cfg := roche.DefaultConfig()
 	cfg.Image = testImage()
-	providertest.Run(t, c.Provider("docker"), providertest.Options{Config: cfg})
+	// roched owns what it makes, for the unix socket's tenant, whatever the config said.
+	providertest.Run(t, c.Provider("docker"), providertest.Options{Config: cfg, Owner: d.OwnerOf(daemon.LocalTenant)})
 	// A context of its own: the suite takes longer than the warm-up's minute.
 	sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
 	defer scancel()
@@ -142,6 +148,9 @@ func TestSameAsInProcess(t *testing.T) {
 	}
 	if viaDaemon.Transport != direct.Transport || sb.Transport != direct.Transport {
 		t.Errorf("transport through roched: create %q, inspect %q; in-process %q", sb.Transport, viaDaemon.Transport, direct.Transport)
+	}
+	if viaDaemon.Owner != direct.Owner || sb.Owner != direct.Owner || !strings.HasPrefix(direct.Owner, "roched:") {
+		t.Errorf("owner through roched: create %q, inspect %q; in-process %q", sb.Owner, viaDaemon.Owner, direct.Owner)
 	}
 }
 

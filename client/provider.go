@@ -71,32 +71,31 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	return sb, err
 }
 
-// maxStdin is the most stdin an Exec carries: the daemon's API sends it whole.
-const maxStdin = 60 << 20
-
-// Exec implements roche.Provider. With req.Stdout or req.Stderr set it streams the
-// output as the command produces it (ExecStream); otherwise one round trip (Exec).
-// Stdin is read to its end first and sent whole, so it suits piped input, not a
-// conversation with the command.
+// Exec implements roche.Provider. With req.Stdout or req.Stderr set, or an output limit
+// over what a unary Exec carries (wire.MaxExecOutput), it streams the output as the
+// command produces it (ExecStream); otherwise one round trip (Exec). Stdin is read to
+// its end first and sent whole (at most roche.MaxStdinBytes), so it suits piped input,
+// not a conversation with the command.
 func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
-	if len(req.Cmd) == 0 {
-		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
 	}
 	var stdin []byte
 	if req.Stdin != nil {
-		b, err := io.ReadAll(io.LimitReader(req.Stdin, maxStdin+1))
+		b, err := io.ReadAll(io.LimitReader(req.Stdin, roche.MaxStdinBytes+1))
 		if err != nil {
 			return roche.ExecResult{}, fmt.Errorf("reading stdin for the command: %w", err)
 		}
-		if len(b) > maxStdin {
-			return roche.ExecResult{}, fmt.Errorf("%w: stdin is over %d MiB: copy large input in with roche cp instead", roche.ErrInvalidConfig, maxStdin>>20)
+		if len(b) > roche.MaxStdinBytes {
+			return roche.ExecResult{}, fmt.Errorf("%w: stdin is over the limit of %s: copy large input in as a file (roche cp) instead",
+				roche.ErrInvalidConfig, roche.SizeString(roche.MaxStdinBytes))
 		}
 		stdin = b
 		if stdin == nil {
 			stdin = []byte{} // present but empty: the command sees EOF at once
 		}
 	}
-	if req.Stdout == nil && req.Stderr == nil {
+	if req.Stdout == nil && req.Stderr == nil && req.OutputLimit <= wire.MaxExecOutput {
 		resp, err := p.c.rpc.Exec(ctx, connect.NewRequest(wire.ExecToProto(id, req, stdin)))
 		if err != nil {
 			return roche.ExecResult{}, p.c.fromRPC(err)
@@ -109,8 +108,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 		return roche.ExecResult{}, p.c.fromRPC(err)
 	}
 	defer stream.Close()
-	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
-	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
+	stdout, stderr := req.Captures()
 	var result *rochev1.ExecResult
 	for stream.Receive() {
 		switch ev := stream.Msg().Event.(type) {
@@ -136,10 +134,15 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	return res, nil
 }
 
-// Destroy implements roche.Provider: idempotent, as in-process.
+// Destroy implements roche.Provider: idempotent, as in-process. roched answers
+// NOT_FOUND for an id that names none of the caller's sandboxes (already destroyed,
+// never made, or another tenant's), which for Destroy means there is nothing to do.
 func (p *Provider) Destroy(ctx context.Context, id string) error {
 	_, err := p.c.rpc.Destroy(ctx, connect.NewRequest(&rochev1.DestroyRequest{Ids: []string{id}, Provider: p.name}))
-	return p.c.fromRPC(err)
+	if err = p.c.fromRPC(err); errors.Is(err, roche.ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 // Inspect implements roche.Provider.

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -34,4 +35,36 @@ func StandardSocket() string {
 // two sockets never share one.
 func StateFile(socket string) string {
 	return strings.TrimSuffix(socket, ".sock") + ".state.json"
+}
+
+// DaemonManaged reports whether the daemon listening on socket made the sandbox id (a
+// full id or a unique prefix of one), from the state file it keeps beside the socket
+// (StateFile). Such a sandbox may depend on what only the daemon applies (a pooled
+// sandbox's env and workdir, an expiry earlier than the engine's), so a client that
+// finds the daemon down acts on it only when told to. A missing or unreadable file
+// names nothing.
+func DaemonManaged(socket, id string) bool {
+	b, err := os.ReadFile(StateFile(socket))
+	if err != nil || id == "" {
+		return false
+	}
+	// The part of roched's state file (internal/daemon, stateFile) this needs.
+	var state struct {
+		Sandboxes []struct {
+			ID string `json:"id"`
+		} `json:"sandboxes"`
+	}
+	if json.Unmarshal(b, &state) != nil {
+		return false
+	}
+	matches := 0
+	for _, sb := range state.Sandboxes {
+		if sb.ID == id {
+			return true
+		}
+		if strings.HasPrefix(sb.ID, id) {
+			matches++
+		}
+	}
+	return matches == 1
 }

@@ -51,6 +51,10 @@ func WithJanitorInterval(d time.Duration) Option { return func(m *Manager) { m.j
 // WithCreateTimeout bounds one sandbox creation (default 2 minutes).
 func WithCreateTimeout(d time.Duration) Option { return func(m *Manager) { m.createTimeout = d } }
 
+// WithOwner sets the Config.Owner of every sandbox the pools create, so that the daemon
+// can tell its own idle sandboxes from everyone else's on a shared engine.
+func WithOwner(owner string) Option { return func(m *Manager) { m.owner = owner } }
+
 // Manager owns the pools of a daemon.
 type Manager struct {
 	log           *slog.Logger
@@ -58,6 +62,7 @@ type Manager struct {
 	hooks         Hooks
 	janitorEvery  time.Duration
 	createTimeout time.Duration
+	owner         string
 
 	pools []*Pool // in the order given
 	byKey map[Key]*Pool
@@ -102,6 +107,7 @@ func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Optio
 			continue
 		}
 		pl := &Pool{spec: s, cfg: s.Config(), provider: p, m: m, inUse: map[string]struct{}{}, changed: make(chan struct{})}
+		pl.cfg.Owner = m.owner
 		m.pools = append(m.pools, pl)
 		m.byKey[s.Key] = pl
 	}

@@ -168,7 +168,7 @@ func TestRefillNeverOverCreates(t *testing.T) {
 
 func TestAcquireHitMissAndRefill(t *testing.T) {
 	f := newFake(5 * time.Millisecond)
-	m, p := newManager(t, f, "fake/img?min=2&max=2&idle_timeout=60", WithJanitorInterval(10*time.Millisecond))
+	m, p := newManager(t, f, "fake/img?min=2&max=2&idle_timeout=60", WithJanitorInterval(10*time.Millisecond), WithOwner("roched:test"))
 	if sb, ok := p.Acquire(); ok {
 		t.Fatalf("acquired %s from a pool never started", sb.ID)
 	}
@@ -184,8 +184,9 @@ func TestAcquireHitMissAndRefill(t *testing.T) {
 	if st.Hits != 2 || st.Misses != 1 || st.InUse != 2 {
 		t.Fatalf("status %+v, want 2 hits, 1 miss, 2 in use", st)
 	}
-	// The pooled config carries the pool's image and a lifetime covering idle + max timeout.
-	if cfg := f.lastConfig; cfg.Image != "img" || cfg.TimeoutSecs < 60+300 || cfg.Network || cfg.Writable {
+	// The pooled config carries the pool's image, a lifetime covering idle + max timeout,
+	// and the daemon's owner.
+	if cfg := f.lastConfig; cfg.Image != "img" || cfg.TimeoutSecs < 60+300 || cfg.Network || cfg.Writable || cfg.Owner != "roched:test" {
 		t.Fatalf("pooled config %+v", cfg)
 	}
 	p.Forget(a.ID)

@@ -84,7 +84,11 @@ func run() error {
 		logLevel = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
-	dp, err := docker.New(docker.WithLogger(log))
+	dopts := []docker.Option{docker.WithLogger(log)}
+	if strings.HasPrefix(agentNote, "transport docker-exec") {
+		dopts = append(dopts, docker.WithTransport(docker.TransportDockerExec))
+	}
+	dp, err := docker.New(dopts...)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,13 +19,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // Exit codes besides the command's own.
 const (
 	exitError       = 1   // roche itself failed
 	exitRocheFailed = 125 // exec/run: roche failed, the command may not have run (as docker run)
-	exitInterrupted = 130 // Ctrl-C
+	exitInterrupted = 130 // Ctrl-C (SIGINT); SIGTERM exits 143, 128 + the signal, as shells report
 )
 
 // exitCode carries a process exit status through cobra's error return.
@@ -40,12 +42,14 @@ type env struct {
 	log            *slog.Logger
 	providers      *registry
 	daemon         *daemonLink // roched, used when it answers (daemon.go)
+	// owner is the Config.Owner of the sandboxes made in-process (owner.go).
+	owner string
 }
 
 // Main runs the roche command with args (without the program name) and returns the
 // process exit status.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, owner: cmp.Or(os.Getenv("ROCHE_OWNER"), localOwner())}
 	level := slog.LevelWarn
 	if os.Getenv("ROCHE_DEBUG") != "" {
 		level = slog.LevelDebug
@@ -54,7 +58,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	e.providers = newRegistry(e.log)
 	defer e.providers.close()
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyContext(stderr)
 	defer stop()
 
 	root := e.rootCommand()
@@ -71,11 +75,60 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if errors.As(err, &code) {
 		return int(code)
 	}
-	fmt.Fprintf(stderr, "roche: %s\n", oneLine(err))
-	if ctx.Err() != nil {
-		return exitInterrupted
+	var sig interrupted
+	if errors.As(context.Cause(ctx), &sig) {
+		fmt.Fprintf(stderr, "roche: interrupted (%s): %s\n", sig, oneLine(err))
+		return sig.exitCode()
 	}
+	fmt.Fprintf(stderr, "roche: %s\n", oneLine(err))
 	return exitError
+}
+
+// interrupted is the cause of a context a signal cancelled.
+type interrupted struct{ sig os.Signal }
+
+func (i interrupted) Error() string { return i.sig.String() }
+
+// Is makes an interruption context.Canceled to errors.Is, as code that checks for a
+// cancelled context expects (Go's HTTP client reports the cause itself).
+func (i interrupted) Is(target error) bool { return target == context.Canceled }
+
+// exitCode is 130 for SIGINT and 143 for SIGTERM, as shells report a process a signal
+// ended.
+func (i interrupted) exitCode() int {
+	if s, ok := i.sig.(syscall.Signal); ok && s != syscall.SIGINT {
+		return 128 + int(s)
+	}
+	return exitInterrupted
+}
+
+// notifyContext is cancelled by the first SIGINT or SIGTERM, with interrupted as its
+// cause: every call in progress ends at once and the command cleans up, within bounds.
+// A second signal exits at once, cleanup or not: the user insists.
+func notifyContext(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			cancel(interrupted{sig})
+		case <-done:
+			return
+		}
+		select {
+		case sig := <-sigs:
+			fmt.Fprintf(stderr, "roche: %s again: exiting without finishing cleanup (roche gc removes leftovers)\n", sig)
+			os.Exit(interrupted{sig}.exitCode())
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel(nil)
+	}
 }
 
 // oneLine keeps an error to a single line.
@@ -109,6 +162,11 @@ Providers: docker (default; ROCHE_PROVIDER overrides) and wasm (no dependencies)
 		e.snapshotCommand(),
 	)
 	e.addDaemonFlags(root)
+	pf := root.PersistentFlags()
+	pf.DurationVar(&e.providers.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
+		"how long a create waits for the engine (Docker) before failing; lists and destroys wait 10 s (in this process; roched has its own)")
+	pf.StringVar(&e.providers.transport, "transport", docker.TransportAgent,
+		"how commands reach Docker sandboxes made here: agent (roche-agent inside), or docker-exec (Docker's exec API: slower, no files API)")
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -98,8 +99,8 @@ func (f *createFlags) config() (roche.Config, error) {
 	return cfg, cfg.Validate()
 }
 
-// create makes a sandbox. It is not cancelled by Ctrl-C midway, so that it never leaves a
-// half-made sandbox; the caller checks ctx afterwards and destroys what was made.
+// create makes a sandbox. Ctrl-C (or SIGTERM) ends it at once: the provider undoes what
+// it had made, within a bound, so nothing half-made is left.
 func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche.SandboxInfo, error) {
 	cfg, err := f.config()
 	if err != nil {
@@ -109,10 +110,22 @@ func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche
 	if err != nil {
 		return nil, roche.SandboxInfo{}, err
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-	defer cancel()
-	info, err := p.Create(cctx, cfg)
+	cfg.Owner = e.owner // through roched, the daemon owns it instead
+	info, err := p.Create(ctx, cfg)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("creating the sandbox was interrupted: %w", err)
+	}
 	return p, info, friendly(err)
+}
+
+// interruptCode is the exit status of a command a signal stopped: 130 for SIGINT, 143
+// for SIGTERM.
+func interruptCode(ctx context.Context) exitCode {
+	var sig interrupted
+	if errors.As(context.Cause(ctx), &sig) {
+		return exitCode(sig.exitCode())
+	}
+	return exitCode(exitInterrupted)
 }
 
 func (e *env) createCommand() *cobra.Command {
@@ -133,7 +146,7 @@ func (e *env) createCommand() *cobra.Command {
 				return err
 			}
 			if cmd.Context().Err() != nil {
-				e.destroyQuietly(p, info.ID)
+				e.destroyQuietly(cmd.Context(), p, info.ID)
 				return cmd.Context().Err()
 			}
 			if asJSON {
@@ -180,10 +193,11 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	if err != nil {
 		return err
 	}
-	req := roche.ExecRequest{
-		Cmd: cmd, Env: env, Workdir: x.workdir,
-		Timeout: time.Duration(x.timeout * float64(time.Second)),
+	timeout, err := roche.ExecTimeout(x.timeout)
+	if err != nil {
+		return friendly(err)
 	}
+	req := roche.ExecRequest{Cmd: cmd, Env: env, Workdir: x.workdir, Timeout: timeout}
 	if x.interactive {
 		req.Stdin = e.stdin
 	}
@@ -193,7 +207,7 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	res, err := p.Exec(ctx, id, req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return exitCode(exitInterrupted)
+			return interruptCode(ctx)
 		}
 		return fmt.Errorf("%s", oneLine(friendly(err)))
 	}
@@ -266,8 +280,10 @@ func (e *env) runCommand() *cobra.Command {
 		Use:   "run [create flags] -- CMD [ARGS...]",
 		Short: "Create a sandbox, run one command in it, destroy it",
 		Long: `Create a sandbox, run one command in it and destroy it: also on error and on
-Ctrl-C. Exits with the command's exit status, 124 when it timed out (--timeout, the
-sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
+Ctrl-C or SIGTERM, which stop even a create waiting on an engine at once (a second one
+exits without waiting for the destroy). Exits with the command's exit status, 124 when it
+timed out (--timeout, the sandbox's lifetime, or --exec-timeout), 125 when roche itself
+failed, 130 on Ctrl-C and 143 on SIGTERM.`,
 		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
   roche run --provider wasm -- python3 -c "print(2 + 2)"
   roche run --image roche/python:local --memory 1g --timeout 60 --mount "$PWD:/src" -- python3 /src/main.py
@@ -281,11 +297,15 @@ sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
 			e.providers.outlives = true
 			p, info, err := e.create(ctx, &f)
 			if err != nil {
+				if ctx.Err() != nil {
+					fmt.Fprintf(e.stderr, "roche: %s\n", oneLine(err))
+					return interruptCode(ctx)
+				}
 				return e.rocheFailed(err)
 			}
-			defer e.destroyQuietly(p, info.ID)
+			defer e.destroyQuietly(ctx, p, info.ID)
 			if ctx.Err() != nil {
-				return exitCode(exitInterrupted)
+				return interruptCode(ctx)
 			}
 			return e.rocheFailed(e.execute(ctx, p, info.ID, args, &x))
 		},
@@ -296,21 +316,37 @@ sandbox's lifetime, or --exec-timeout), and 125 when roche itself failed.`,
 }
 
 // destroyQuietly destroys a sandbox on a context of its own (the caller's may be
-// cancelled by Ctrl-C) and reports only failures.
-func (e *env) destroyQuietly(p roche.Provider, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+// cancelled by Ctrl-C) and reports only failures. It is bounded, more tightly after a
+// signal, so that nothing on the way out can hang: a sandbox it could not destroy still
+// ends at its lifetime.
+func (e *env) destroyQuietly(ctx context.Context, p roche.Provider, id string) {
+	limit := destroyTimeout
+	if ctx.Err() != nil {
+		limit = destroyInterruptedTimeout
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
 	defer cancel()
-	if err := p.Destroy(ctx, id); err != nil {
-		fmt.Fprintf(e.stderr, "roche: destroying sandbox %s: %s (roche gc --all removes leftovers)\n", id, oneLine(err))
+	if err := p.Destroy(dctx, id); err != nil {
+		fmt.Fprintf(e.stderr, "roche: destroying sandbox %s: %s (roche destroy %s removes it; its lifetime ends it anyway)\n", id, oneLine(err), id)
 	}
 }
 
+// How long roche run waits to destroy its sandbox on the way out: normally as long as a
+// destroy may take; after a signal, less (a second signal exits at once).
+const (
+	destroyTimeout            = 15 * time.Second
+	destroyInterruptedTimeout = 5 * time.Second
+)
+
 func (e *env) destroyCommand() *cobra.Command {
-	var all bool
+	var all, anyOwner bool
 	var provider string
 	c := &cobra.Command{
 		Use:   "destroy ID... | --all",
 		Short: "Destroy sandboxes",
+		Long: `Destroy the sandboxes named, or with --all every sandbox of yours: made by you on this
+host (direct mode), or your tenant's (through roched). --any-owner --direct takes every
+Roche sandbox on the engine, other users' and daemons' too.`,
 		Example: `  roche destroy 3f2a9c...
   roche destroy --all`,
 		RunE: func(cmd *cobra.Command, ids []string) error {
@@ -318,13 +354,20 @@ func (e *env) destroyCommand() *cobra.Command {
 			if all == (len(ids) > 0) {
 				return errors.New("give sandbox ids or --all, not both or neither")
 			}
+			if err := e.checkAnyOwner(anyOwner); err != nil {
+				return err
+			}
 			if all {
 				return e.providers.each(ctx, provider, func(p roche.Provider) error {
 					list, err := p.List(ctx)
 					if err != nil {
 						return err
 					}
+					owner := e.ownerFilter(p, anyOwner)
 					for _, sb := range list {
+						if owner != "" && sb.Owner != owner {
+							continue
+						}
 						if err := p.Destroy(ctx, sb.ID); err != nil {
 							return err
 						}
@@ -351,25 +394,37 @@ func (e *env) destroyCommand() *cobra.Command {
 			return errors.Join(errs...)
 		},
 	}
-	c.Flags().BoolVar(&all, "all", false, "destroy every Roche sandbox")
+	c.Flags().BoolVar(&all, "all", false, "destroy every sandbox of yours")
+	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --all and --direct, every Roche sandbox on the engine, whoever made it")
 	c.Flags().StringVar(&provider, "provider", "", "with --all, only this provider's sandboxes")
 	return c
 }
 
 func (e *env) listCommand() *cobra.Command {
-	var asJSON bool
+	var asJSON, anyOwner bool
 	var provider string
 	c := &cobra.Command{
-		Use:     "list [--json]",
-		Short:   "List sandboxes",
-		Example: "  roche list\n  roche list --json --provider docker",
+		Use:   "list [--json]",
+		Short: "List your sandboxes",
+		Long: `List your sandboxes: those you made on this host (direct mode), or your tenant's
+(through roched). --any-owner --direct lists every Roche sandbox on the engine, with
+its owner: "cli:USER@HOST" for the CLI, "roched:..." for a daemon.`,
+		Example: "  roche list\n  roche list --json --provider docker\n  roche list --direct --any-owner",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if err := e.checkAnyOwner(anyOwner); err != nil {
+				return err
+			}
 			all := []roche.SandboxInfo{}
 			err := e.providers.each(ctx, provider, func(p roche.Provider) error {
 				list, err := p.List(ctx)
-				all = append(all, list...)
+				owner := e.ownerFilter(p, anyOwner)
+				for _, sb := range list {
+					if owner == "" || sb.Owner == owner {
+						all = append(all, sb)
+					}
+				}
 				return err
 			})
 			if err != nil {
@@ -379,14 +434,23 @@ func (e *env) listCommand() *cobra.Command {
 				return e.printJSON(all)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tPROVIDER\tIMAGE\tSTATE\tEXPIRES IN")
+			if anyOwner {
+				fmt.Fprintln(tw, "ID\tPROVIDER\tIMAGE\tSTATE\tEXPIRES IN\tOWNER")
+			} else {
+				fmt.Fprintln(tw, "ID\tPROVIDER\tIMAGE\tSTATE\tEXPIRES IN")
+			}
 			for _, sb := range all {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Provider, sb.Image, sb.State, expiresIn(sb))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s", sb.ID, sb.Provider, sb.Image, sb.State, expiresIn(sb))
+				if anyOwner {
+					fmt.Fprintf(tw, "\t%s", cmp.Or(sb.Owner, "-"))
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --direct, every Roche sandbox on the engine, whoever made it")
 	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
 	return c
 }
@@ -403,23 +467,30 @@ func expiresIn(sb roche.SandboxInfo) string {
 }
 
 func (e *env) gcCommand() *cobra.Command {
-	var dryRun, all bool
+	var dryRun, all, anyOwner bool
 	var provider string
 	c := &cobra.Command{
 		Use:   "gc [--dry-run] [--all]",
 		Short: "Remove expired sandboxes left behind",
-		Long:  "Remove sandboxes past their lifetime (or stopped), e.g. left by a crashed caller; with --all, every Roche sandbox.",
+		Long: `Remove your sandboxes past their lifetime (or stopped), e.g. left by a crashed caller;
+with --all, every sandbox of yours. Yours: made by you on this host (direct mode), or
+your tenant's (through roched). --any-owner --direct also takes other users' and
+daemons' sandboxes on the engine (a daemon's own are best left to it).`,
 		Example: `  roche gc --dry-run
-  roche gc --all`,
+  roche gc --all
+  roche gc --direct --any-owner --dry-run`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if err := e.checkAnyOwner(anyOwner); err != nil {
+				return err
+			}
 			return e.providers.each(ctx, provider, func(p roche.Provider) error {
 				gc, ok := p.(roche.GarbageCollector)
 				if !ok {
 					return nil
 				}
-				removed, err := gc.GC(ctx, roche.GCOptions{All: all, DryRun: dryRun})
+				removed, err := gc.GC(ctx, roche.GCOptions{All: all, DryRun: dryRun, Owner: e.ownerFilter(p, anyOwner)})
 				verb := "removed"
 				if dryRun {
 					verb = "would remove"
@@ -432,7 +503,8 @@ func (e *env) gcCommand() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "only print what would be removed")
-	c.Flags().BoolVar(&all, "all", false, "remove every Roche sandbox, expired or not")
+	c.Flags().BoolVar(&all, "all", false, "remove every sandbox of yours, expired or not")
+	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --direct, whoever made the sandboxes")
 	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
 	return c
 }

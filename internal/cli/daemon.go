@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,19 @@ func (e *env) addDaemonFlags(root *cobra.Command) {
 	pf.StringVar(&e.daemon.socket, "socket", def, "roched's unix socket (env ROCHE_SOCKET); used when it answers")
 	pf.BoolVar(&e.daemon.direct, "direct", false, "never use roched: run the provider inside this process")
 	e.providers.remote = e.remoteProvider
+	e.providers.guard = e.refuseManaged
+}
+
+// refuseManaged refuses to act in-process on a sandbox roched made while roched is not
+// answering: it may depend on what only roched applies (the env and workdir of a pooled
+// sandbox, an expiry earlier than the engine's), which acting directly would silently
+// drop. --direct says to go ahead without them.
+func (e *env) refuseManaged(id string, p roche.Provider) error {
+	if _, remote := p.(*client.Provider); remote || e.daemon.direct || !client.DaemonManaged(e.daemon.socket, id) {
+		return nil
+	}
+	return fmt.Errorf("%w: sandbox %s is managed by roched, which is not answering on %s: start it (roche daemon start) or pass --direct to act on it without its env and workdir",
+		roche.ErrUnavailable, id, e.daemon.socket)
 }
 
 // connect probes the daemon once. A missing socket fails at once; a hung daemon gets a
@@ -118,17 +132,20 @@ every roche command goes through it (--direct skips it).`,
 }
 
 func (e *env) daemonStartCommand() *cobra.Command {
-	var pools []string
-	var config, roched, logFile string
+	var pools, mountRoots []string
+	var config, roched, logFile, listen, tokenFile, tokensFile string
 	var maxSandboxes int
 	c := &cobra.Command{
 		Use:   "start [flags] [-- ROCHED_FLAGS...]",
 		Short: "Start roched in the background",
 		Long: `Start roched in the background on --socket and wait until it answers. Its log goes
 to --log. Flags after -- are passed to roched as they are (see roched --help).
-roched is looked for beside this roche binary, then on PATH (--roched overrides).`,
+roched is looked for beside this roche binary, then on PATH (--roched overrides).
+With --listen, clients on TCP need a token: roched reads it from --token-file (mode
+0600) or ROCHE_TOKEN, never from its command line, where every local user could read it.`,
 		Example: `  roche daemon start --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
   roche daemon start --config /etc/roche/roched.json
+  roche daemon start --listen tcp://127.0.0.1:7878 --token-file ~/.roche/token
   roche daemon start -- --log-level debug --pool-concurrency 4`,
 		RunE: func(cmd *cobra.Command, extra []string) error {
 			sock := e.daemon.socket
@@ -151,6 +168,14 @@ roched is looked for beside this roche binary, then on PATH (--roched overrides)
 			}
 			if cmd.Flags().Changed("max-sandboxes") {
 				args = append(args, "--max-sandboxes", fmt.Sprint(maxSandboxes))
+			}
+			for _, f := range [][2]string{{"--listen", listen}, {"--token-file", tokenFile}, {"--tokens-file", tokensFile}} {
+				if f[1] != "" {
+					args = append(args, f[0], f[1])
+				}
+			}
+			for _, r := range mountRoots {
+				args = append(args, "--allow-mount-root", r)
 			}
 			args = append(args, extra...)
 			if logFile == "" {
@@ -200,6 +225,10 @@ roched is looked for beside this roche binary, then on PATH (--roched overrides)
 	c.Flags().IntVar(&maxSandboxes, "max-sandboxes", 100, "most sandboxes handed out at once; 0 means no limit")
 	c.Flags().StringVar(&roched, "roched", "", "path of the roched binary")
 	c.Flags().StringVar(&logFile, "log", "", "roched's log file (default: roched.log beside the socket)")
+	c.Flags().StringVar(&listen, "listen", "", "also serve TCP, tcp://HOST:PORT (needs a token)")
+	c.Flags().StringVar(&tokenFile, "token-file", "", "file (mode 0600) with the TCP clients' bearer token (or env ROCHE_TOKEN)")
+	c.Flags().StringVar(&tokensFile, "tokens-file", "", "JSON file (mode 0600) of tenants and their token hashes (see roched --help)")
+	c.Flags().StringArrayVar(&mountRoots, "allow-mount-root", nil, "host directory TCP tenants may mount at or below (repeatable)")
 	return c
 }
 
@@ -309,6 +338,11 @@ func (e *env) daemonStatusCommand() *cobra.Command {
 			}
 			fmt.Fprintf(e.stdout, "roched %s running on %s: pid %d, up %s, providers %s, %d sandboxes handed out\n",
 				h.Version, e.daemon.socket, h.PID, time.Since(h.StartedAt).Round(time.Second), strings.Join(h.Providers, ", "), h.Sandboxes)
+			for _, name := range slices.Sorted(maps.Keys(h.Engines)) {
+				if eh := h.Engines[name]; !eh.Up {
+					fmt.Fprintf(e.stdout, "%s: engine not answering since %s, creates refused: %s\n", name, eh.Since.Format(time.TimeOnly), eh.Error)
+				}
+			}
 			if len(pools) > 0 {
 				return e.printPools(pools)
 			}

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -242,11 +245,37 @@ func TestDaemonStartStop(t *testing.T) {
 		dc.ImageRemove(context.Background(), img, image.RemoveOptions{})
 	}()
 
+	// With TCP, the token goes by file: never on roched's command line.
+	tokenFile := filepath.Join(dir, "token")
+	tb := make([]byte, 16)
+	rand.Read(tb)
+	token := hex.EncodeToString(tb)
+	os.WriteFile(tokenFile, []byte(token), 0o600)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
 	r := run(t, "--socket", socket, "daemon", "start", "--roched", os.Args[0], "--log", logFile,
-		"--pool", "docker/"+img+"?min=2", "--", "--log-level", "debug")
+		"--pool", "docker/"+img+"?min=2", "--listen", "tcp://"+addr, "--token-file", tokenFile, "--", "--log-level", "debug")
 	if r.code != 0 || !strings.Contains(r.stdout, "roched started on "+socket) {
 		log, _ := os.ReadFile(logFile)
 		t.Fatalf("daemon start: %+v\n%s", r, log)
+	}
+	var pid int
+	fmt.Sscanf(r.stdout[strings.Index(r.stdout, "(pid "):], "(pid %d", &pid)
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || bytes.Contains(cmdline, []byte(token)) ||
+		!bytes.Contains(cmdline, []byte(tokenFile)) {
+		t.Fatalf("roched's command line %q (%v): want the token file, not the token", cmdline, err)
+	}
+	tc, err := rocheclient.New(rocheclient.WithAddress("http://"+addr), rocheclient.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	if _, err := tc.Provider("docker").List(context.Background()); err != nil {
+		t.Fatalf("a TCP client with the token: %v", err)
 	}
 	if fi, err := os.Stat(socket); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket %v %v, want mode 0600", fi, err)

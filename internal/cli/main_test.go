@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/docker/docker/api/types/image"
@@ -36,6 +37,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// An owner of this test process's own, so that its gc --all and destroy --all take
+	// only what these tests made, whatever else runs on the engine.
+	os.Setenv("ROCHE_OWNER", "cli:test-"+strings.TrimPrefix(os.Getenv("ROCHE_TEST_IMAGE"), "roche/python:cli-test-"))
 	code := m.Run()
 	untag()
 	cleanup()

@@ -24,8 +24,9 @@ destroy them. It speaks MCP on stdin/stdout (the MCP client starts it), or strea
 HTTP with --http. Sandboxes go through roched when it answers, as every roche command.
 
 Sandboxes keep the secure defaults; clients cannot mount host paths, and cannot turn the
-network on unless --allow-network is given. Sandboxes the server created are destroyed
-when it stops. Over HTTP, any address but a loopback one needs --token, which clients
+network on unless --allow-network is given. Each session lists, runs in, reads, writes and
+destroys only the sandboxes it created; any other id is "not found". Sandboxes the server
+created are destroyed when it stops. Over HTTP, any address but a loopback one needs --token, which clients
 send as "Authorization: Bearer TOKEN".`,
 		Example: `  roche mcp                                  # stdio: what an MCP client's config starts
   roche mcp --http 127.0.0.1:8765            # streamable HTTP at http://127.0.0.1:8765/
@@ -41,7 +42,7 @@ send as "Authorization: Bearer TOKEN".`,
 				}
 			}
 			srv := mcp.New(registryProviders{e}, mcp.Config{
-				DefaultProvider: provider, DefaultImage: image, AllowNetwork: allowNetwork,
+				DefaultProvider: provider, DefaultImage: image, AllowNetwork: allowNetwork, Owner: e.owner,
 			}, mcp.WithLogger(e.log))
 			defer func() {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -82,8 +83,6 @@ send as "Authorization: Bearer TOKEN".`,
 type registryProviders struct{ e *env }
 
 func (r registryProviders) Get(name string) (roche.Provider, error) { return r.e.providers.get(name) }
-
-func (r registryProviders) ForID(id string) (roche.Provider, error) { return r.e.providers.forID(id) }
 
 func (r registryProviders) List(ctx context.Context, name string) ([]roche.SandboxInfo, error) {
 	all := []roche.SandboxInfo{}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -23,12 +24,16 @@ type factoryOptions struct {
 	// outlives says this process outlives the sandboxes it makes (roche run), so it can
 	// serve their egress proxies.
 	outlives bool
+	// engineTimeout bounds a create against the engine (--engine-timeout); transport is
+	// how Docker sandboxes are reached (--transport).
+	engineTimeout time.Duration
+	transport     string
 }
 
 // factories build the providers the CLI knows, by name. Adding a backend is one line here.
 var factories = map[string]func(factoryOptions) (roche.Provider, error){
 	"docker": func(o factoryOptions) (roche.Provider, error) {
-		opts := []docker.Option{docker.WithLogger(o.log)}
+		opts := []docker.Option{docker.WithLogger(o.log), docker.WithEngineTimeout(o.engineTimeout), docker.WithTransport(o.transport)}
 		if o.outlives {
 			opts = append(opts, docker.WithEgressProxy())
 		}
@@ -59,10 +64,16 @@ type registry struct {
 	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
 	// which is then used instead of opening the provider in-process.
 	remote func(name string) roche.Provider
+
+	// guard, when set, may refuse to act in-process on a sandbox (one roched made).
+	guard func(id string, p roche.Provider) error
+	// engineTimeout and transport: see factoryOptions; set by flags.
+	engineTimeout time.Duration
+	transport     string
 }
 
 func newRegistry(l *slog.Logger) *registry {
-	return &registry{log: l, open: map[string]roche.Provider{}}
+	return &registry{log: l, open: map[string]roche.Provider{}, engineTimeout: docker.DefaultEngineTimeout, transport: docker.TransportAgent}
 }
 
 func (r *registry) get(name string) (roche.Provider, error) {
@@ -73,11 +84,15 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	}
 	if r.remote != nil {
 		if p := r.remote(name); p != nil {
+			if name == "docker" && r.transport != docker.TransportAgent {
+				return nil, fmt.Errorf("%w: --transport %s applies to sandboxes this process makes, and roched makes them here: pass --direct as well",
+					roche.ErrInvalidConfig, r.transport)
+			}
 			r.open[name] = p
 			return p, nil
 		}
 	}
-	return r.openLocked(name, name, factoryOptions{log: r.log, outlives: r.outlives})
+	return r.openLocked(name, name, factoryOptions{log: r.log, outlives: r.outlives, engineTimeout: r.engineTimeout, transport: r.transport})
 }
 
 // openLocked opens the named provider in this process and keeps it under key.
@@ -105,7 +120,16 @@ func (r *registry) close() {
 }
 
 // forID picks the provider that owns a sandbox id.
-func (r *registry) forID(id string) (roche.Provider, error) { return r.get(providerOfID(id)) }
+func (r *registry) forID(id string) (roche.Provider, error) {
+	p, err := r.get(providerOfID(id))
+	if err == nil && r.guard != nil {
+		err = r.guard(id, p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
 
 // providerOfID names the provider of a sandbox id: every provider but Docker prefixes its
 // ids with its name ("wasm-..."), so an id alone says where it lives.
@@ -145,7 +169,12 @@ func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.
 		switch {
 		case err == nil:
 		case name == "" && isUnavailable(err):
-			r.log.Debug("provider unavailable", "provider", n, "err", err)
+			if errors.Is(err, roche.ErrTimeout) {
+				// Installed but hanging, unlike one that is simply absent: say so.
+				r.log.Warn("skipping a provider whose engine is not answering", "provider", n, "err", err)
+			} else {
+				r.log.Debug("provider unavailable", "provider", n, "err", err)
+			}
 			unavailable = append(unavailable, err)
 		default:
 			errs = append(errs, err)

@@ -21,9 +21,13 @@ import (
 // entry and enforces the size cap before the content that would pass it is sent on. So
 // a sandbox's 10 TiB sparse file costs the daemon's host neither disk nor memory.
 
-// tarCopier resolves a sandbox whose provider copies files.
-func (d *Daemon) tarCopier(id string) (target, roche.TarCopier, error) {
-	t, err := d.resolve(id)
+// tarCopier resolves a sandbox of the caller's whose provider copies files.
+func (d *Daemon) tarCopier(ctx context.Context, id string) (target, roche.TarCopier, error) {
+	tn, err := tenantOf(ctx)
+	if err != nil {
+		return target{}, nil, err
+	}
+	t, err := d.resolve(tn, id)
 	if err != nil {
 		return t, nil, err
 	}
@@ -95,8 +99,9 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	t, tc, err := s.d.tarCopier(id)
+	t, tc, err := s.d.tarCopier(ctx, id)
 	if err != nil {
+		s.d.audit(ctx, "copy_to", err, "id", id, "dst", dst)
 		return nil, wire.ToStatus(err)
 	}
 	upload := &uploadReader{stream: stream, rest: first.TarChunk}
@@ -114,6 +119,9 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 		if ferr != nil && errors.Is(err, ferr) {
 			err = roche.CopyErr(fmt.Sprintf("copying into sandbox %s at %s: the upload", id, dst), err)
 		}
+	}
+	s.d.audit(ctx, "copy_to", err, "id", t.id, "dst", dst)
+	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.CopyToResponse{}), nil
@@ -148,8 +156,9 @@ func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.Cop
 	if err != nil {
 		return wire.ToStatus(err)
 	}
-	t, tc, err := s.d.tarCopier(req.Msg.SandboxId)
+	t, tc, err := s.d.tarCopier(ctx, req.Msg.SandboxId)
 	if err != nil {
+		s.d.audit(ctx, "copy_from", err, "id", req.Msg.SandboxId, "src", src)
 		return wire.ToStatus(err)
 	}
 	links := tarfs.SkipLinks
@@ -175,9 +184,9 @@ func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.Cop
 			}
 			err = roche.CopyErr(fmt.Sprintf("copying %s out of sandbox %s", src, req.Msg.SandboxId), err)
 		}
-		return wire.ToStatus(err)
 	}
-	return nil
+	s.d.audit(ctx, "copy_from", err, "id", t.id, "src", src)
+	return wire.ToStatus(err)
 }
 
 // skippedReport is what rep left out, with archive names made sandbox paths below dir.

@@ -6,8 +6,8 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +30,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -40,11 +41,22 @@ const Version = "0.1.0"
 type Config struct {
 	// Socket is the unix socket to listen on (mode 0600); empty means client.DefaultSocket().
 	Socket string
-	// Listen, when set ("tcp://127.0.0.1:7878"), also serves on TCP. It needs Token.
+	// Listen, when set ("tcp://127.0.0.1:7878"), also serves on TCP. It needs Token or
+	// Tenants.
 	Listen string
-	// Token is required on TCP as "Authorization: Bearer TOKEN" on every request but
-	// /healthz; TCP is refused without one. The unix socket is guarded by its mode.
+	// Token is the bearer token of the one TCP tenant, DefaultTenant, sent as
+	// "Authorization: Bearer TOKEN" on every request but /healthz. The unix socket is
+	// guarded by its mode and serves LocalTenant.
 	Token string
+	// Tenants are TCP tenants known by their tokens' hashes (the tokens file).
+	Tenants []Tenant
+	// AllowMountRoots are host directories below which every TCP tenant may mount; with
+	// none (and no tenant's own mount_roots), TCP tenants cannot mount host paths. The
+	// local tenant may mount anywhere: the socket's owner can run the provider itself.
+	AllowMountRoots []string
+	// AllowRootSandboxes lets creates run commands as root (uid or gid 0, or a user
+	// name, which the image may map to 0). Off, such creates are refused.
+	AllowRootSandboxes bool
 	// StateFile keeps the daemon's sandboxes across restarts; empty means beside the socket.
 	StateFile string
 	// MaxSandboxes bounds the sandboxes handed to clients at once (0: no bound). Idle
@@ -64,6 +76,11 @@ type Config struct {
 	// CopyMaxBytes caps the file content one CopyTo or CopyFrom moves (default
 	// roche.DefaultCopyMaxBytes); a request may ask for less, not more.
 	CopyMaxBytes int64
+	// EngineCheckInterval is how often each provider's engine is asked whether it answers
+	// (default 2 s; health.go).
+	EngineCheckInterval time.Duration
+	// MaxUploadBytes bounds one CopyTo upload (default wire.MaxUploadBytes; tests lower it).
+	MaxUploadBytes int64
 }
 
 // Option configures a Daemon.
@@ -92,12 +109,19 @@ type Daemon struct {
 	mu        sync.Mutex
 	sandboxes map[string]*record
 	reserved  int // cold creates admitted and in flight
-	seq       uint64
+	// reservedBy counts them per tenant.
+	reservedBy map[string]int
+	seq        uint64
 	// verifying: a check of the pools' idle sandboxes is pending (verifyIdleSoon).
 	verifying atomic.Bool
 	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
 	// that workdir (see prepareWorkdir).
 	workdirs map[string]bool
+
+	// output bounds the unary Exec output held at once (output.go).
+	output outputBudget
+	// engines is whether each provider's engine answers (health.go).
+	engines *engines
 
 	removals sync.WaitGroup
 	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
@@ -106,6 +130,14 @@ type Daemon struct {
 	// recovered: the state file has been read and reconciled, so this daemon owns it
 	// and may write it. A daemon that failed to start must not.
 	recovered bool
+	// unlockState releases the state file's lock (lockState).
+	unlockState func()
+
+	// tenants are the TCP tenants; local is the unix socket's.
+	tenants []*tenant
+	local   *tenant
+	// instance and stateKey make up this daemon's owner (see owner.go).
+	instance, stateKey string
 
 	stop     chan struct{}
 	bg       sync.WaitGroup
@@ -140,6 +172,9 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
 	}
+	if cfg.EngineCheckInterval <= 0 {
+		cfg.EngineCheckInterval = 2 * time.Second
+	}
 	names := make([]string, 0, len(providers))
 	for n := range providers {
 		names = append(names, n)
@@ -147,15 +182,26 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	if err := cfg.Validate(names); err != nil {
 		return nil, err
 	}
+	instance := readInstance(cfg.StateFile)
+	if instance == "" {
+		instance = newInstance() // saved with the state at start-up, before any sandbox is made
+	}
 	d := &Daemon{
 		cfg:         cfg,
 		providers:   providers,
 		log:         slog.New(slog.DiscardHandler),
-		store:       &store{path: cfg.StateFile},
+		store:       &store{path: cfg.StateFile, instance: instance},
+		instance:    instance,
+		stateKey:    stateKeyOf(cfg.StateFile),
+		tenants:     buildTenants(cfg),
+		local:       &tenant{name: LocalTenant, local: true},
 		sandboxes:   map[string]*record{},
+		reservedBy:  map[string]int{},
 		workdirs:    map[string]bool{},
 		removeSlots: make(chan struct{}, 4),
 		stop:        make(chan struct{}),
+		output:      outputBudget{left: maxHeldOutput},
+		engines:     newEngines(providers),
 	}
 	for n := range providers {
 		d.names = append(d.names, n)
@@ -166,6 +212,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	}
 	popts := append([]pool.Option{
 		pool.WithLogger(d.log),
+		pool.WithOwner(d.poolOwner()),
 		pool.WithConcurrency(cfg.PoolConcurrency),
 		pool.WithHooks(pool.Hooks{Created: d.pooledCreated, Destroyed: d.pooledDestroyed}),
 	}, d.poolOpts...)
@@ -188,11 +235,12 @@ func (c Config) Validate(providers []string) error {
 	if c.Listen != "" {
 		if _, err := parseListen(c.Listen); err != nil {
 			errs = append(errs, err)
-		} else if c.Token == "" {
-			errs = append(errs, fmt.Errorf("%w: refusing to listen on %s without a token: anyone who can reach it could run code; pass --token or set ROCHE_TOKEN",
+		} else if c.Token == "" && len(c.Tenants) == 0 {
+			errs = append(errs, fmt.Errorf("%w: refusing to listen on %s without a token: anyone who can reach it could run code; pass --token-file FILE (mode 0600), set ROCHE_TOKEN, or give tenants with --tokens-file",
 				roche.ErrInvalidConfig, c.Listen))
 		}
 	}
+	errs = append(errs, c.validateTenants()...)
 	sort.Strings(providers)
 	for _, s := range c.Pools {
 		if !slices.Contains(providers, s.Provider) {
@@ -238,19 +286,32 @@ func (d *Daemon) Start(ctx context.Context) error {
 		d.tcpAddr = tcpL.Addr()
 		listeners = append(listeners, tcpL)
 	}
-	// Connections wait in the listeners' backlog until recovery is done.
-	if err := d.recover(ctx); err != nil {
+	if err := os.MkdirAll(filepath.Dir(d.cfg.StateFile), 0o700); err != nil {
+		closeAll()
+		return fmt.Errorf("creating the state file's directory: %w", err)
+	}
+	unlock, err := lockState(d.cfg.StateFile)
+	if err != nil {
 		closeAll()
 		return err
 	}
+	// Connections wait in the listeners' backlog until recovery is done.
+	if err := d.recover(ctx); err != nil {
+		closeAll()
+		unlock()
+		return err
+	}
+	d.unlockState = unlock
 
 	d.pools.Start()
-	d.bg.Add(1)
+	d.bg.Add(2)
 	go d.reapLoop()
+	go d.watchEngines()
 
 	for i, l := range listeners {
 		srv := &http.Server{
-			// The unix socket is guarded by its mode (0600, owner only); TCP by the token.
+			// The unix socket is guarded by its mode (0600, owner only) and serves the
+			// local tenant; TCP serves whichever tenant the token names.
 			Handler:           d.handler(i > 0),
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
@@ -268,7 +329,8 @@ func (d *Daemon) Start(ctx context.Context) error {
 			}
 		}(l)
 	}
-	attrs := []any{"socket", d.cfg.Socket, "state", d.cfg.StateFile, "providers", d.names, "max_sandboxes", d.cfg.MaxSandboxes}
+	attrs := []any{"socket", d.cfg.Socket, "state", d.cfg.StateFile, "owner", d.poolOwner(), "providers", d.names,
+		"max_sandboxes", d.cfg.MaxSandboxes, "tenants", len(d.tenants)}
 	if d.tcpAddr != nil {
 		attrs = append(attrs, "tcp", d.tcpAddr.String())
 	}
@@ -317,37 +379,46 @@ func listenUnix(path string) (net.Listener, error) {
 // token check when asked.
 func (d *Daemon) handler(requireToken bool) http.Handler {
 	mux := http.NewServeMux()
-	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d},
+	opts := append(strictCodecs(),
 		// Local clients gain nothing from compressing small messages.
 		connect.WithCompressMinBytes(32<<10),
 		connect.WithReadMaxBytes(maxMessageBytes),
+		connect.WithInterceptors(uploadLimit{max: cmp.Or(d.cfg.MaxUploadBytes, wire.MaxUploadBytes)}),
 	)
-	mux.Handle(path, h)
+	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
+	mux.Handle(path, d.releaseHeld(h))
 	mux.HandleFunc("/healthz", d.healthz)
 	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	if !requireToken {
-		return mux
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mux.ServeHTTP(w, r.WithContext(withTenant(r.Context(), d.local)))
+		})
 	}
 	return d.authenticate(mux)
 }
 
-// maxMessageBytes bounds a request (an Exec's stdin is carried whole).
-const maxMessageBytes = 64 << 20
+// maxMessageBytes bounds a request: an Exec carries its stdin whole (roche.MaxStdinBytes,
+// a third more as base64 in JSON), with argv and env besides.
+const maxMessageBytes = 24 << 20
 
-// authenticate requires the bearer token on everything but /healthz, answering API
-// calls with UNAUTHENTICATED in whichever protocol they speak.
+// authenticate requires a tenant's bearer token on everything but /healthz, answering
+// API calls with UNAUTHENTICATED in whichever protocol they speak. The token's hash is
+// compared with every tenant's in constant time.
 func (d *Daemon) authenticate(next http.Handler) http.Handler {
-	want := []byte("Bearer " + d.cfg.Token)
 	ew := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if r.URL.Path == "/healthz" || subtle.ConstantTimeCompare(got, want) == 1 {
+		if r.URL.Path == "/healthz" {
 			next.ServeHTTP(w, r)
+			return
+		}
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if t := match(d.tenants, token); ok && t != nil {
+			next.ServeHTTP(w, r.WithContext(withTenant(r.Context(), t)))
 			return
 		}
 		d.log.Warn("unauthenticated request refused", "path", r.URL.Path, "remote", r.RemoteAddr)
 		err := connect.NewError(connect.CodeUnauthenticated,
-			errors.New("missing or wrong bearer token: send Authorization: Bearer TOKEN (roched's --token or ROCHE_TOKEN)"))
+			errors.New("missing or wrong bearer token: send Authorization: Bearer TOKEN (a token roched knows: its --token-file, ROCHE_TOKEN or --tokens-file)"))
 		if ew.IsSupported(r) {
 			_ = ew.Write(w, r, err)
 			return
@@ -365,9 +436,16 @@ func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	d.mu.Unlock()
+	engines, allUp := d.engineHealth()
+	status := "ok"
+	if !allUp {
+		// roched itself answers (200), so clients keep reaching it and hear why creates fail.
+		status = "degraded"
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(client.Health{
-		Status: "ok", Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
+		Status: status, Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
+		Engines: engines,
 	})
 }
 
@@ -399,6 +477,9 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
+		if d.unlockState != nil {
+			d.unlockState()
+		}
 		d.log.Info("roched stopped", "pool_sandboxes_destroyed", n)
 	})
 	return errors.Join(errs...)
@@ -418,15 +499,4 @@ func (d *Daemon) provider(name string) (roche.Provider, error) {
 		return p, nil
 	}
 	return nil, fmt.Errorf("%w: unknown provider %q: this daemon serves %s", roche.ErrInvalidConfig, name, strings.Join(d.names, ", "))
-}
-
-// providerForID picks the provider of a sandbox the daemon does not track, as the CLI
-// does: every provider but Docker prefixes its ids with its name ("wasm-...").
-func (d *Daemon) providerForID(id string) (roche.Provider, error) {
-	if name, _, ok := strings.Cut(id, "-"); ok && name != "docker" {
-		if p, ok := d.providers[name]; ok {
-			return p, nil
-		}
-	}
-	return d.provider("")
 }

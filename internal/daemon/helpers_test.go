@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("ROCHED_TEST_AS_DAEMON") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
+	if os.Getenv("ROCHED_TEST_AS_OTHER_USER") == "1" {
+		os.Exit(otherUser(os.Args[1:]))
+	}
 	cleanup, err := testenv.SetupAgent()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -80,9 +83,9 @@ func (r *recorder) ids() []string {
 
 // newRecorder connects to the engine, failing (not skipping) when it is absent: the
 // README's test command starts it.
-func newRecorder(t *testing.T) *recorder {
+func newRecorder(t *testing.T, opts ...docker.Option) *recorder {
 	t.Helper()
-	p, err := docker.New(docker.WithEgressProxy())
+	p, err := docker.New(append([]docker.Option{docker.WithEgressProxy()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,11 +123,16 @@ type testDaemon struct {
 // any sandbox made through it survived.
 func startDaemon(t *testing.T, cfg Config, opts ...Option) *testDaemon {
 	t.Helper()
+	return startDaemonOn(t, cfg, newRecorder(t), opts...)
+}
+
+// startDaemonOn is startDaemon with a Docker provider of the test's making.
+func startDaemonOn(t *testing.T, cfg Config, rec *recorder, opts ...Option) *testDaemon {
+	t.Helper()
 	dir := shortDir(t)
 	if cfg.Socket == "" {
 		cfg.Socket = filepath.Join(dir, "roched.sock")
 	}
-	rec := newRecorder(t)
 	opts = append([]Option{WithPoolOptions(pool.WithJanitorInterval(100 * time.Millisecond))}, opts...)
 	d, err := New(cfg, map[string]roche.Provider{"docker": rec}, opts...)
 	if err != nil {
@@ -156,13 +164,13 @@ func (td *testDaemon) stop(t *testing.T) {
 	td.d.mu.Lock()
 	var left []string
 	for id, r := range td.d.sandboxes {
-		if r.Kind == kindClient && !r.foreign {
+		if r.Kind == kindClient {
 			left = append(left, id)
 		}
 	}
 	td.d.mu.Unlock()
 	for _, id := range left {
-		_ = td.d.destroy(context.Background(), id)
+		td.d.markDestroying(id)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

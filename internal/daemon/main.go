@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +26,9 @@ import (
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
+// softMemoryLimit is roched's heap target when GOMEMLIMIT does not set one.
+const softMemoryLimit = 256 << 20
+
 // DefaultMaxSandboxes is --max-sandboxes when neither a flag nor the config file sets it.
 const DefaultMaxSandboxes = 100
 
@@ -34,23 +39,35 @@ const DefaultMaxSandboxes = 100
 //	{
 //	  "socket": "/run/roche/roched.sock",
 //	  "listen": "tcp://127.0.0.1:7878",
+//	  "token_file": "/etc/roche/token",
+//	  "tokens_file": "/etc/roche/tokens.json",
+//	  "allow_mount_roots": ["/srv/roche"],
+//	  "allow_root_sandboxes": false,
 //	  "state": "/var/lib/roche/roched.state.json",
 //	  "max_sandboxes": 100,
 //	  "pool_concurrency": 2,
 //	  "copy_max_bytes": "1g",
+//	  "engine_timeout": "30s",
 //	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"]
 //	}
 //
-// The token is not read from the file, so that it is not left lying in configuration:
-// use --token or ROCHE_TOKEN.
+// A token is never in the file, so that it is not left lying in configuration: the file
+// names a token file (mode 0600) instead, or ROCHE_TOKEN gives it.
 type FileConfig struct {
-	Socket          string   `json:"socket"`
-	Listen          string   `json:"listen"`
-	State           string   `json:"state"`
-	MaxSandboxes    *int     `json:"max_sandboxes"`
-	PoolConcurrency int      `json:"pool_concurrency"`
-	Pools           []string `json:"pools"`
-	CopyMaxBytes    string   `json:"copy_max_bytes"`
+	Socket             string   `json:"socket"`
+	Listen             string   `json:"listen"`
+	TokenFile          string   `json:"token_file"`
+	TokensFile         string   `json:"tokens_file"`
+	AllowMountRoots    []string `json:"allow_mount_roots"`
+	AllowRootSandboxes bool     `json:"allow_root_sandboxes"`
+	State              string   `json:"state"`
+	MaxSandboxes       *int     `json:"max_sandboxes"`
+	PoolConcurrency    int      `json:"pool_concurrency"`
+	Pools              []string `json:"pools"`
+	CopyMaxBytes       string   `json:"copy_max_bytes"`
+
+	// EngineTimeout is --engine-timeout, a duration such as "30s".
+	EngineTimeout string `json:"engine_timeout"`
 }
 
 // LoadFileConfig reads a --config file, refusing unknown fields so that a typo is an
@@ -72,11 +89,14 @@ func LoadFileConfig(path string) (FileConfig, error) {
 // flags are roched's command-line settings.
 type flags struct {
 	socket, listen, token, state, config string
+	tokenFile, tokensFile                string
+	allowMountRoots                      []string
+	allowRoot                            bool
 	logFormat, logLevel                  string
 	copyMaxBytes                         string
 	pools                                []string
 	maxSandboxes, poolConcurrency        int
-	shutdownTimeout                      time.Duration
+	shutdownTimeout, engineTimeout       time.Duration
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -103,6 +123,17 @@ unix socket (mode 0600), and on TCP only when asked with --listen, then only wit
 bearer token. It keeps warm pools (--pool), destroys sandboxes at their expiry,
 refuses creates beyond --max-sandboxes, and keeps its state in a file so that after a
 crash the next roched keeps serving the sandboxes clients hold and destroys the rest.
+It touches only the sandboxes it made: others on the engine are left alone.
+
+Tokens never go on the command line (ps shows it to every user): --token-file FILE
+(mode 0600) or ROCHE_TOKEN gives one token, for the tenant "default"; --tokens-file
+FILE (mode 0600) lists tenants, each seeing only its own sandboxes, workspaces and
+snapshots: {"tenants": [{"name": "acme", "token_sha256": "HEX", "max_sandboxes": 10,
+"mount_roots": ["/srv/roche/acme"]}]}. roched hash-token turns a token on stdin into
+its token_sha256. The unix socket is the tenant "local". TCP tenants mount host paths
+only at or below --allow-mount-root directories (or their mount_roots); sandboxes run
+as root (uid or gid 0, or a user name) only with --allow-root-sandboxes. Every create,
+exec, copy and destroy is logged ("audit") with tenant, sandbox id and argv or path.
 
 Pools: PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (also timeout=SECS, the
 longest lifetime served from the pool, and memory, cpus, pids_limit). A create whose
@@ -110,10 +141,16 @@ config differs only in env and workdir, with a lifetime up to the pool's timeout
 served from the pool; anything else (network, mounts, writable, user, other limits)
 gets a sandbox made for it.
 
---config FILE is JSON: {"socket": "...", "listen": "tcp://...", "state": "...",
-"max_sandboxes": 100, "pool_concurrency": 2, "copy_max_bytes": "1g",
-"pools": ["docker/IMAGE?min=2"]}.
-Flags win over the file; the token comes only from --token or ROCHE_TOKEN.
+--config FILE is JSON: {"socket": "...", "listen": "tcp://...", "token_file": "...",
+"tokens_file": "...", "allow_mount_roots": ["..."], "allow_root_sandboxes": false,
+"state": "...", "max_sandboxes": 100, "pool_concurrency": 2, "copy_max_bytes": "1g",
+"engine_timeout": "30s", "pools": ["docker/IMAGE?min=2"]}. Flags win over the file; it
+never holds a token itself.
+
+Every call to the Docker engine has a deadline (--engine-timeout for a create, 10 s
+for a list or destroy). The engine is checked every 2 s: while it does not answer,
+/healthz says "degraded", roche_engine_up{provider="docker"} is 0, creates are refused
+at once with UNAVAILABLE, and its going down and coming back are logged.
 
 Providers: docker, and wasm (CPython 3.12 on wazero) when python.wasm is installed
 (scripts/fetch-python-wasm.sh); roched starts without it and says so in its log.
@@ -125,7 +162,8 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 		Example: `  roched --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
   roched --pool 'wasm/python:3.12?min=2&max=5'
   roched --config /etc/roche/roched.json
-  ROCHE_TOKEN=$(openssl rand -hex 16) roched --listen tcp://127.0.0.1:7878`,
+  (umask 077; openssl rand -hex 16 > /etc/roche/token); roched --listen tcp://127.0.0.1:7878 --token-file /etc/roche/token
+  openssl rand -hex 16 | tee acme.token | roched hash-token   # token_sha256 for the tokens file`,
 		Args:          cobra.NoArgs,
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -136,7 +174,12 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs := cmd.Flags()
 	fs.StringVar(&f.socket, "socket", client.DefaultSocket(), "unix socket to listen on (env ROCHE_SOCKET)")
 	fs.StringVar(&f.listen, "listen", "", "also listen on TCP, tcp://HOST:PORT; needs a token")
-	fs.StringVar(&f.token, "token", "", "bearer token TCP clients must send (env ROCHE_TOKEN); required with --listen")
+	fs.StringVar(&f.token, "token", "", "refused: a token on the command line is visible to every user; use --token-file")
+	_ = fs.MarkHidden("token")
+	fs.StringVar(&f.tokenFile, "token-file", "", "file (mode 0600) holding the bearer token TCP clients send, tenant \"default\" (or env ROCHE_TOKEN)")
+	fs.StringVar(&f.tokensFile, "tokens-file", "", "JSON file (mode 0600) of tenants: names, token hashes, max_sandboxes, mount_roots (see above)")
+	fs.StringArrayVar(&f.allowMountRoots, "allow-mount-root", nil, "host directory TCP tenants may mount at or below (repeatable; none by default)")
+	fs.BoolVar(&f.allowRoot, "allow-root-sandboxes", false, "let creates run commands as root (uid or gid 0, or a user name)")
 	fs.StringVar(&f.state, "state", "", "state file (default: beside the socket, e.g. roched.state.json)")
 	fs.StringVar(&f.config, "config", "", "JSON config file (see above)")
 	fs.StringArrayVar(&f.pools, "pool", nil, "warm pool, PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (repeatable)")
@@ -144,30 +187,66 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 2, "most sandboxes the pools create at once")
 	fs.StringVar(&f.copyMaxBytes, "copy-max-bytes", "1g", "most file content one copy in or out moves (e.g. 512m, 4g); a request may ask for less")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
+	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
+		"how long a create waits for the Docker engine before failing (lists and destroys wait 10 s); while it does not answer, creates are refused at once")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%v (see roched --help)", err)
 	})
+	cmd.AddCommand(hashTokenCommand())
+	cmd.CompletionOptions.DisableDefaultCmd = true
 	return cmd
 }
 
-// buildConfig merges the config file and the flags into a Config.
+// hashTokenCommand prints the token_sha256 of a token read from stdin, for the tokens
+// file, so that the token itself is written nowhere but where its tenant keeps it.
+func hashTokenCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "hash-token",
+		Short: "Read a token on stdin and print its token_sha256 for --tokens-file",
+		Long: `Read a token on stdin (its first line, surrounding whitespace trimmed) and print the hex
+SHA-256 that --tokens-file lists as the tenant's token_sha256. roched keeps only the hash.`,
+		Example:       `  openssl rand -hex 16 | tee acme.token | roched hash-token`,
+		Args:          cobra.NoArgs,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+			if err != nil && !errors.Is(err, io.EOF) {
+				return fmt.Errorf("reading the token from stdin: %w", err)
+			}
+			tok := strings.TrimSpace(line)
+			if err := checkToken(tok, "stdin"); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), HashToken(tok))
+			return nil
+		},
+	}
+}
+
+// buildConfig merges the config file and the flags into a Config, reading the tokens
+// from their files (or ROCHE_TOKEN, which it then removes from the environment, so that
+// no process roched starts inherits it).
 func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
+	changed := cmd.Flags().Changed
+	if changed("token") {
+		return Config{}, fmt.Errorf("%w: --token puts the token on the command line, where every local user can read it (ps, /proc/PID/cmdline): write it to a file only roched's user can read and pass --token-file FILE, or set ROCHE_TOKEN",
+			roche.ErrInvalidConfig)
+	}
 	cfg := Config{
-		Socket: f.socket, Listen: f.listen, Token: f.token, StateFile: f.state,
+		Socket: f.socket, Listen: f.listen, StateFile: f.state,
 		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency,
+		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
 	}
-	if cfg.Token == "" {
-		cfg.Token = os.Getenv("ROCHE_TOKEN")
-	}
+	tokenFile, tokensFile := f.tokenFile, f.tokensFile
 	var specs []string
 	if f.config != "" {
 		fc, err := LoadFileConfig(f.config)
 		if err != nil {
 			return cfg, err
 		}
-		changed := cmd.Flags().Changed
 		if fc.Socket != "" && !changed("socket") {
 			cfg.Socket = fc.Socket
 		}
@@ -186,10 +265,43 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		if fc.CopyMaxBytes != "" && !changed("copy-max-bytes") {
 			f.copyMaxBytes = fc.CopyMaxBytes
 		}
+		if fc.TokenFile != "" && !changed("token-file") {
+			tokenFile = fc.TokenFile
+		}
+		if fc.TokensFile != "" && !changed("tokens-file") {
+			tokensFile = fc.TokensFile
+		}
+		if !changed("allow-mount-root") {
+			cfg.AllowMountRoots = fc.AllowMountRoots
+		}
+		if !changed("allow-root-sandboxes") {
+			cfg.AllowRootSandboxes = fc.AllowRootSandboxes
+		}
+		if fc.EngineTimeout != "" && !changed("engine-timeout") {
+			d, err := time.ParseDuration(fc.EngineTimeout)
+			if err != nil {
+				return cfg, fmt.Errorf("%w: config %s: engine_timeout %q: give a duration such as \"30s\"", roche.ErrInvalidConfig, f.config, fc.EngineTimeout)
+			}
+			f.engineTimeout = d
+		}
 		specs = fc.Pools
 	}
-	specs = append(specs, f.pools...)
 	var errs []error
+	if tokenFile != "" {
+		tok, err := ReadTokenFile(tokenFile)
+		errs = append(errs, err)
+		cfg.Token = tok
+	} else if tok := os.Getenv("ROCHE_TOKEN"); tok != "" {
+		errs = append(errs, checkToken(tok, "ROCHE_TOKEN"))
+		cfg.Token = tok
+		os.Unsetenv("ROCHE_TOKEN")
+	}
+	if tokensFile != "" {
+		tenants, err := LoadTokensFile(tokensFile)
+		errs = append(errs, err)
+		cfg.Tenants = tenants
+	}
+	specs = append(specs, f.pools...)
 	index := map[pool.Key]int{}
 	for _, s := range specs {
 		spec, err := pool.ParseSpec(s)
@@ -211,6 +323,9 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 	}
 	if f.poolConcurrency <= 0 {
 		errs = append(errs, fmt.Errorf("%w: --pool-concurrency %d: give 1 or more", roche.ErrInvalidConfig, f.poolConcurrency))
+	}
+	if f.engineTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%w: --engine-timeout %v: give a positive duration such as 30s", roche.ErrInvalidConfig, f.engineTimeout))
 	}
 	return cfg, errors.Join(errs...)
 }
@@ -235,6 +350,12 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// A soft memory limit makes the collector return what bursts of output leave behind
+	// (the output itself is bounded, see output.go) instead of letting the heap double;
+	// GOMEMLIMIT overrides it.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(softMemoryLimit)
+	}
 	cfg, err := buildConfig(cmd, f)
 	if err != nil {
 		return err
@@ -245,7 +366,13 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		return err
 	}
 	// roched outlives its sandboxes, so it can run their egress proxies.
-	dp, err := docker.New(docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy())
+	dopts := []docker.Option{docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy(), docker.WithEngineTimeout(f.engineTimeout)}
+	if cfg.remoteMounts() {
+		// TCP tenants may mount below some roots: bind what was checked, not a path
+		// that a sandbox could redirect in between (see docker.WithPinnedMounts).
+		dopts = append(dopts, docker.WithPinnedMounts())
+	}
+	dp, err := docker.New(dopts...)
 	if err != nil {
 		return err
 	}

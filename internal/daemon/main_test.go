@@ -23,6 +23,15 @@ func TestMainBadInput(t *testing.T) {
 	badJSON := filepath.Join(dir, "bad.json")
 	os.WriteFile(badJSON, []byte(`{"pools": ["docker/img"], "max_sandbox": 3}`), 0o600)
 	sock := filepath.Join(dir, "s.sock")
+	good := filepath.Join(dir, "good.token")
+	os.WriteFile(good, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+	open := filepath.Join(dir, "open.token")
+	os.WriteFile(open, []byte("0123456789abcdef0123456789abcdef"), 0o600)
+	os.Chmod(open, 0o644)
+	short := filepath.Join(dir, "short.token")
+	os.WriteFile(short, []byte("s3cret"), 0o600)
+	tokens := filepath.Join(dir, "tokens.json")
+	os.WriteFile(tokens, []byte(`{"tenants": [{"name": "Acme", "token_sha256": "abc"}, {"name": "local", "token_sha256": "`+HashToken("x")+`"}]}`), 0o600)
 	cases := []struct {
 		args []string
 		want string
@@ -32,7 +41,13 @@ func TestMainBadInput(t *testing.T) {
 		{[]string{"--socket", sock, "--pool", "docker/img?min=3&max=1&size=2"}, `max (1) is below min (3)`},
 		{[]string{"--socket", sock, "--pool", "vm/img"}, `unknown provider "vm"`},
 		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0"}, "without a token"},
-		{[]string{"--socket", sock, "--listen", "127.0.0.1:80", "--token", "x"}, "use tcp://HOST:PORT"},
+		{[]string{"--socket", sock, "--listen", "127.0.0.1:80", "--token-file", good}, "use tcp://HOST:PORT"},
+		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token", "0123456789abcdef0123"}, "pass --token-file FILE"},
+		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token-file", open}, "open to group or others (mode 0644): anyone who can read it can run code as roched; chmod 600"},
+		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token-file", short}, "has 6 characters: use at least 16"},
+		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--tokens-file", tokens}, `tenant name "Acme"`},
+		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--tokens-file", tokens}, `"local" is the unix socket's`},
+		{[]string{"--socket", sock, "--allow-mount-root", "relative/dir"}, "is not an absolute path"},
 		{[]string{"--socket", sock, "--config", filepath.Join(dir, "none.json")}, "reading config"},
 		{[]string{"--socket", sock, "--config", badJSON}, `unknown field "max_sandbox"`},
 		{[]string{"--socket", sock, "--log-format", "xml"}, "use text or json"},

@@ -43,11 +43,14 @@ func newMetrics(d *Daemon) *metrics {
 var (
 	sandboxesDesc = prometheus.NewDesc("roche_sandboxes",
 		"Sandboxes the daemon tracks, by state: idle (in a pool), creating, running, paused, destroying, "+
-			"and adopted (found on the engine, made by someone else; reaped at expiry).",
+			"and adopted (found on the engine without a record: its own, or an orphan of its state file; reaped at expiry).",
 		[]string{"state"}, nil)
 	poolHitsDesc   = prometheus.NewDesc("roche_pool_hits_total", "Creates served from a warm pool.", []string{"pool"}, nil)
 	poolMissesDesc = prometheus.NewDesc("roche_pool_misses_total", "Creates that matched a pool but found it empty.", []string{"pool"}, nil)
 	poolIdleDesc   = prometheus.NewDesc("roche_pool_idle", "Idle sandboxes in a pool.", []string{"pool"}, nil)
+	engineUpDesc   = prometheus.NewDesc("roche_engine_up",
+		"Whether the provider's engine (the Docker engine) answered its last check: 1 up, 0 not answering (creates are refused).",
+		[]string{"provider"}, nil)
 )
 
 // stateCollector reads counts from the daemon's state when scraped, so they can never
@@ -59,6 +62,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolHitsDesc
 	ch <- poolMissesDesc
 	ch <- poolIdleDesc
+	ch <- engineUpDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -72,5 +76,12 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(st.Hits), key)
 		ch <- prometheus.MustNewConstMetric(poolMissesDesc, prometheus.CounterValue, float64(st.Misses), key)
 		ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(st.Idle), key)
+	}
+	for name, st := range c.d.engines.snapshot() {
+		up := 0.0
+		if st.up {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(engineUpDesc, prometheus.GaugeValue, up, name)
 	}
 }

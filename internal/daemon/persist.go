@@ -24,8 +24,8 @@ import (
 // reset recreates a sandbox with its provider and moves the daemon's record to the new
 // id, so that the new sandbox is served exactly as the old one was: the same expiry,
 // and the env and workdir a pooled sandbox's create asked for.
-func (d *Daemon) reset(ctx context.Context, id string, keepWorkspace bool) (roche.SandboxInfo, error) {
-	t, err := d.resolve(id)
+func (d *Daemon) reset(ctx context.Context, tn *tenant, id string, keepWorkspace bool) (roche.SandboxInfo, error) {
+	t, err := d.resolve(tn, id)
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -47,7 +47,7 @@ func (d *Daemon) reset(ctx context.Context, id string, keepWorkspace bool) (roch
 
 	now := time.Now()
 	rec := &record{
-		ID: sb.ID, Provider: t.p.Name(), Image: sb.Image, Kind: kindClient,
+		ID: sb.ID, Provider: t.p.Name(), Image: sb.Image, Kind: kindClient, Tenant: tn.name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: now,
 	}
 	if old := t.rec; old != nil {
@@ -65,7 +65,7 @@ func (d *Daemon) reset(ctx context.Context, id string, keepWorkspace bool) (roch
 		d.forgetInPool(old)
 	}
 	d.saveOrWarn()
-	sb.ExpiresAt = rec.ExpiresAt
+	sb.ExpiresAt, sb.Owner = rec.ExpiresAt, d.ownerFor(tn.name)
 
 	// A sandbox from the pool was given its workdir after it was made; the new one is
 	// made from the pool's config, so it needs it again.
@@ -205,7 +205,12 @@ func removeFromEach[T any](keepers []T, rm func(T) error) error {
 }
 
 func (s *service) Reset(ctx context.Context, req *connect.Request[rochev1.ResetRequest]) (*connect.Response[rochev1.ResetResponse], error) {
-	sb, err := s.d.reset(ctx, req.Msg.SandboxId, !req.Msg.WipeWorkspace)
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	sb, err := s.d.reset(ctx, t, req.Msg.SandboxId, !req.Msg.WipeWorkspace)
+	s.d.audit(ctx, "reset", err, "id", req.Msg.SandboxId, "new_id", sb.ID)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -213,6 +218,10 @@ func (s *service) Reset(ctx context.Context, req *connect.Request[rochev1.ResetR
 }
 
 func (s *service) ListWorkspaces(ctx context.Context, req *connect.Request[rochev1.ListWorkspacesRequest]) (*connect.Response[rochev1.ListWorkspacesResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	all, err := listKept(s.d, req.Msg.Provider, "persistent workspaces",
 		func(wm roche.WorkspaceManager) ([]roche.Workspace, error) { return wm.Workspaces(ctx) },
 		func(w roche.Workspace) [2]string { return [2]string{w.Name, w.Provider} })
@@ -221,15 +230,29 @@ func (s *service) ListWorkspaces(ctx context.Context, req *connect.Request[roche
 	}
 	resp := &rochev1.ListWorkspacesResponse{}
 	for _, w := range all {
-		resp.Workspaces = append(resp.Workspaces, wire.WorkspaceToProto(w))
+		var mine bool
+		if w.Name, mine = t.owns(w.Name); mine {
+			resp.Workspaces = append(resp.Workspaces, wire.WorkspaceToProto(w))
+		}
 	}
 	return connect.NewResponse(resp), nil
 }
 
 func (s *service) RemoveWorkspace(ctx context.Context, req *connect.Request[rochev1.RemoveWorkspaceRequest]) (*connect.Response[rochev1.RemoveWorkspaceResponse], error) {
-	err := removeKept(ctx, s.d, req.Msg.Provider, "persistent workspaces", func(wm roche.WorkspaceManager) error {
-		return wm.RemoveWorkspace(ctx, req.Msg.Name)
-	})
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	name, err := t.namespaced(req.Msg.Name, "workspace")
+	if err == nil && name == "" {
+		err = fmt.Errorf("%w: no workspace name given", roche.ErrInvalidConfig)
+	}
+	if err == nil {
+		err = removeKept(ctx, s.d, req.Msg.Provider, "persistent workspaces", func(wm roche.WorkspaceManager) error {
+			return wm.RemoveWorkspace(ctx, name)
+		})
+	}
+	s.d.audit(ctx, "remove_workspace", err, "name", req.Msg.Name)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -237,7 +260,11 @@ func (s *service) RemoveWorkspace(ctx context.Context, req *connect.Request[roch
 }
 
 func (s *service) CreateSnapshot(ctx context.Context, req *connect.Request[rochev1.CreateSnapshotRequest]) (*connect.Response[rochev1.CreateSnapshotResponse], error) {
-	t, err := s.d.resolve(req.Msg.SandboxId)
+	tn, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	t, err := s.d.resolve(tn, req.Msg.SandboxId)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -245,14 +272,24 @@ func (s *service) CreateSnapshot(ctx context.Context, req *connect.Request[roche
 	if !ok {
 		return nil, wire.ToStatus(fmt.Errorf("%w: the %s provider has no snapshots", roche.ErrUnsupported, t.p.Name()))
 	}
-	snap, err := sn.Snapshot(ctx, t.id, req.Msg.Name)
+	name, err := tn.namespaced(req.Msg.Name, "snapshot")
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
+	snap, err := sn.Snapshot(ctx, t.id, name)
+	s.d.audit(ctx, "snapshot", err, "id", t.id, "name", req.Msg.Name)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	snap.Name, _ = tn.owns(snap.Name)
 	return connect.NewResponse(&rochev1.CreateSnapshotResponse{Snapshot: wire.SnapshotToProto(snap)}), nil
 }
 
 func (s *service) ListSnapshots(ctx context.Context, req *connect.Request[rochev1.ListSnapshotsRequest]) (*connect.Response[rochev1.ListSnapshotsResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	all, err := listKept(s.d, req.Msg.Provider, "snapshots",
 		func(sn roche.Snapshotter) ([]roche.Snapshot, error) { return sn.Snapshots(ctx) },
 		func(sn roche.Snapshot) [2]string { return [2]string{sn.Name, sn.Provider} })
@@ -261,15 +298,29 @@ func (s *service) ListSnapshots(ctx context.Context, req *connect.Request[rochev
 	}
 	resp := &rochev1.ListSnapshotsResponse{}
 	for _, sn := range all {
-		resp.Snapshots = append(resp.Snapshots, wire.SnapshotToProto(sn))
+		var mine bool
+		if sn.Name, mine = t.owns(sn.Name); mine {
+			resp.Snapshots = append(resp.Snapshots, wire.SnapshotToProto(sn))
+		}
 	}
 	return connect.NewResponse(resp), nil
 }
 
 func (s *service) RemoveSnapshot(ctx context.Context, req *connect.Request[rochev1.RemoveSnapshotRequest]) (*connect.Response[rochev1.RemoveSnapshotResponse], error) {
-	err := removeKept(ctx, s.d, req.Msg.Provider, "snapshots", func(sn roche.Snapshotter) error {
-		return sn.RemoveSnapshot(ctx, req.Msg.Name)
-	})
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	name, err := t.namespaced(req.Msg.Name, "snapshot")
+	if err == nil && name == "" {
+		err = fmt.Errorf("%w: no snapshot name given", roche.ErrInvalidConfig)
+	}
+	if err == nil {
+		err = removeKept(ctx, s.d, req.Msg.Provider, "snapshots", func(sn roche.Snapshotter) error {
+			return sn.RemoveSnapshot(ctx, name)
+		})
+	}
+	s.d.audit(ctx, "remove_snapshot", err, "name", req.Msg.Name)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}

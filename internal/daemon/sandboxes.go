@@ -20,10 +20,8 @@ func (d *Daemon) save() error {
 	seq := d.seq
 	recs := make([]*record, 0, len(d.sandboxes))
 	for _, r := range d.sandboxes {
-		if !r.foreign {
-			c := *r
-			recs = append(recs, &c)
-		}
+		c := *r
+		recs = append(recs, &c)
 	}
 	d.mu.Unlock()
 	return d.store.save(seq, recs)
@@ -57,19 +55,29 @@ func (d *Daemon) pooledDestroyed(_ pool.Key, id string) {
 	d.saveOrWarn()
 }
 
-// lookupLocked finds a tracked sandbox by id or unique id prefix, as Docker accepts.
-func (d *Daemon) lookupLocked(id string) *record {
+// visible reports whether tenant t may see the record: its own sandboxes, handed out or
+// being destroyed. Idle pooled sandboxes are nobody's.
+func (r *record) visible(t *tenant) bool {
+	return r.Kind != kindPooled && r.tenantName() == t.name
+}
+
+// lookupLocked finds one of tenant t's sandboxes by id or unique id prefix, as Docker
+// accepts. Other tenants' sandboxes are not there to find.
+func (d *Daemon) lookupLocked(t *tenant, id string) *record {
 	if r, ok := d.sandboxes[id]; ok {
-		return r
+		if r.visible(t) {
+			return r
+		}
+		return nil
 	}
 	if len(id) < 4 {
 		return nil
 	}
 	var found *record
 	for full, r := range d.sandboxes {
-		if strings.HasPrefix(full, id) {
+		if strings.HasPrefix(full, id) && r.visible(t) {
 			if found != nil {
-				return nil // ambiguous: let the provider say so
+				return nil // ambiguous
 			}
 			found = r
 		}
@@ -77,62 +85,83 @@ func (d *Daemon) lookupLocked(id string) *record {
 	return found
 }
 
-// target is a sandbox resolved for a call: its provider and, when tracked, a copy of
-// what the daemon knows of it.
+// notFound is what a tenant hears of an id that names none of its sandboxes, whether it
+// names another tenant's, someone else's on the engine, or nothing.
+func notFound(id string) error {
+	return fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+}
+
+// target is a sandbox resolved for a call: its provider and a copy of what the daemon
+// knows of it.
 type target struct {
 	id  string
 	p   roche.Provider
-	rec *record // nil when the daemon does not track it
+	rec *record
 }
 
-// resolve finds the sandbox a call names. Idle pooled sandboxes are nobody's, and
-// destroyed ones are gone, so both are "not found".
-func (d *Daemon) resolve(id string) (target, error) {
+// resolve finds the sandbox of tenant t that a call names. Idle pooled sandboxes are
+// nobody's, destroyed ones are gone, and what the daemon does not track (another
+// tenant's, another daemon's, a direct-mode user's) is not its to serve: all are "not
+// found".
+func (d *Daemon) resolve(t *tenant, id string) (target, error) {
 	if id == "" {
 		return target{}, fmt.Errorf("%w: empty sandbox id", roche.ErrNotFound)
 	}
 	d.mu.Lock()
-	r := d.lookupLocked(id)
+	r := d.lookupLocked(t, id)
 	var rec *record
-	if r != nil {
+	if r != nil && r.Kind == kindClient {
 		c := *r
 		rec = &c
 	}
 	d.mu.Unlock()
 	if rec == nil {
-		p, err := d.providerForID(id)
-		return target{id: id, p: p}, err
-	}
-	if rec.Kind != kindClient {
-		return target{}, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+		return target{}, notFound(id)
 	}
 	p, err := d.provider(rec.Provider)
 	return target{id: rec.ID, p: p, rec: rec}, err
 }
 
-// admit reserves room for one more client sandbox, or refuses at once.
-func (d *Daemon) admit() error {
+// admit reserves room for one more sandbox of tenant t, or refuses at once: the
+// daemon's bound first, then the tenant's.
+func (d *Daemon) admit(t *tenant) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if max := d.cfg.MaxSandboxes; max > 0 {
-		n := d.reserved
-		for _, r := range d.sandboxes {
-			if r.Kind == kindClient && !r.foreign {
-				n++
+	all, mine := d.reserved, d.reservedBy[t.name]
+	for _, r := range d.sandboxes {
+		if r.Kind == kindClient {
+			all++
+			if r.tenantName() == t.name {
+				mine++
 			}
 		}
-		if n >= max {
-			d.metrics.rejected.Inc()
-			return fmt.Errorf("%w: roched is at its limit of %d sandboxes (--max-sandboxes): destroy some (roche list shows them) or raise the limit",
-				roche.ErrExhausted, max)
-		}
+	}
+	if max := d.cfg.MaxSandboxes; max > 0 && all >= max {
+		d.metrics.rejected.Inc()
+		return fmt.Errorf("%w: roched is at its limit of %d sandboxes (--max-sandboxes): destroy some (roche list shows them) or raise the limit",
+			roche.ErrExhausted, max)
+	}
+	if max := t.maxSandboxes; max > 0 && mine >= max {
+		d.metrics.rejected.Inc()
+		return fmt.Errorf("%w: tenant %s is at its limit of %d sandboxes (max_sandboxes in roched's tokens file): destroy some (roche list shows them)",
+			roche.ErrExhausted, t.name, max)
 	}
 	d.reserved++
+	d.reservedBy[t.name]++
 	return nil
 }
 
-// create serves a Create: from a matching pool when one has a sandbox ready, else cold.
-func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+// unreserveLocked gives back what admit reserved. Callers hold d.mu.
+func (d *Daemon) unreserveLocked(t *tenant) {
+	d.reserved--
+	if d.reservedBy[t.name]--; d.reservedBy[t.name] <= 0 {
+		delete(d.reservedBy, t.name)
+	}
+}
+
+// create serves tenant t's Create: from a matching pool when one has a sandbox ready,
+// else cold. What the tenant may ask for is checked first (tenancy.go).
+func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
 	start := time.Now()
 	p, err := d.provider(providerName)
 	if err != nil {
@@ -142,21 +171,27 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
-	if err := d.admit(); err != nil {
+	if err := d.refuseWhileDown(providerName); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
+	if cfg, err = d.permit(t, p, cfg); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
+	if err := d.admit(t); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
 	admitted := true
 	defer func() {
 		if admitted {
 			d.mu.Lock()
-			d.reserved--
+			d.unreserveLocked(t)
 			d.mu.Unlock()
 		}
 	}()
 
-	if sb, ok := d.fromPool(ctx, providerName, cfg); ok {
+	if sb, ok := d.fromPool(ctx, t, providerName, cfg); ok {
 		d.mu.Lock()
-		d.reserved-- // the record just made counts instead
+		d.unreserveLocked(t) // the record just made counts instead
 		admitted = false
 		d.mu.Unlock()
 		d.metrics.create.WithLabelValues("pool").Observe(time.Since(start).Seconds())
@@ -169,13 +204,14 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 	defer cancel()
 	sb, err := p.Create(cctx, cfg)
 	if err != nil {
+		d.noteCallError(providerName, err)
 		return roche.SandboxInfo{}, false, err
 	}
 	d.mu.Lock()
-	d.reserved--
+	d.unreserveLocked(t)
 	admitted = false
 	d.sandboxes[sb.ID] = &record{
-		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient,
+		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Tenant: t.name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(),
 	}
 	d.mu.Unlock()
@@ -188,11 +224,16 @@ func (d *Daemon) create(ctx context.Context, providerName string, cfg roche.Conf
 	return sb, false, nil
 }
 
+// maxPooledEnv bounds the env a create served from a pool may have: it is kept in the
+// state file, which is rewritten on every change, so a larger env gets a sandbox made for
+// it (where the engine keeps the env) and the file stays small.
+const maxPooledEnv = 4 << 10
+
 // fromPool hands out a sandbox from the pool matching cfg, if one is ready and can
 // have cfg's workdir, recording it as the client's with its real expiry, env and workdir.
-func (d *Daemon) fromPool(ctx context.Context, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
+func (d *Daemon) fromPool(ctx context.Context, t *tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
 	pl := d.pools.Match(providerName, cfg)
-	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) {
+	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
 		return roche.SandboxInfo{}, false
 	}
 	sb, ok := pl.Acquire()
@@ -209,7 +250,7 @@ func (d *Daemon) fromPool(ctx context.Context, providerName string, cfg roche.Co
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	d.mu.Lock()
 	d.sandboxes[sb.ID] = &record{
-		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(),
+		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(), Tenant: t.name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
 	}
 	d.mu.Unlock()
@@ -217,6 +258,7 @@ func (d *Daemon) fromPool(ctx context.Context, providerName string, cfg roche.Co
 	d.saveOrWarn()
 	sb.ExpiresAt = expires
 	sb.State = roche.StateRunning
+	sb.Owner = d.ownerFor(t.name)
 	return sb, true
 }
 
@@ -301,9 +343,13 @@ func makeWorkdir(ctx context.Context, p roche.Provider, id, dir string) error {
 
 // exec runs a command, applying what the daemon remembers of the sandbox: the env and
 // workdir a pooled sandbox's create asked for, and its real expiry as the default timeout.
-func (d *Daemon) exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
+func (d *Daemon) exec(ctx context.Context, tn *tenant, id string, req roche.ExecRequest) (roche.ExecResult, error) {
 	start := time.Now()
-	t, err := d.resolve(id)
+	// A malformed request is that whatever it names.
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
+	}
+	t, err := d.resolve(tn, id)
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
@@ -355,14 +401,14 @@ func (d *Daemon) forgetInPool(r *record) {
 	}
 }
 
-// destroy removes a sandbox. A tracked one is marked destroyed at once (every later
-// call sees "not found") and removed in the background, which keeps a client's
-// create-exec-destroy cycle short; the mark is saved, so a crash cannot leak it.
-// Untracked ids are destroyed directly. Like the providers' Destroy, an id that names
-// nothing is not an error.
-func (d *Daemon) destroy(ctx context.Context, id string) error {
+// destroy removes one of tenant t's sandboxes. It is marked destroyed at once (every
+// later call sees "not found") and removed in the background, which keeps a client's
+// create-exec-destroy cycle short; the mark is saved, so a crash cannot leak it. An id
+// that names none of the tenant's sandboxes is "not found" (the clients, as the
+// providers, treat that as already destroyed); one being destroyed is done.
+func (d *Daemon) destroy(t *tenant, id string) (string, error) {
 	d.mu.Lock()
-	r := d.lookupLocked(id)
+	r := d.lookupLocked(t, id)
 	var full string
 	var k kind
 	if r != nil {
@@ -371,21 +417,13 @@ func (d *Daemon) destroy(ctx context.Context, id string) error {
 	d.mu.Unlock()
 	switch {
 	case r == nil:
-		p, err := d.providerForID(id)
-		if err != nil {
-			return err
-		}
-		// It may be a pool sandbox still being created (not yet known to the daemon).
-		defer d.verifyIdleSoon()
-		return p.Destroy(ctx, id)
-	case k == kindPooled:
-		return fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+		return "", notFound(id)
 	case k == kindDestroying:
-		return nil
+		return full, nil
 	}
 	d.markDestroying(full)
 	d.saveOrWarn()
-	return nil
+	return full, nil
 }
 
 // markDestroying marks a tracked sandbox destroyed and starts its removal.
@@ -450,7 +488,7 @@ func (d *Daemon) countByState() map[string]int {
 	d.mu.Lock()
 	for _, r := range d.sandboxes {
 		switch {
-		case r.foreign && r.Kind == kindClient:
+		case r.adopted && r.Kind == kindClient:
 			c["adopted"]++
 		case r.Kind == kindPooled:
 			c["idle"]++
@@ -495,11 +533,13 @@ func (d *Daemon) reapLoop() {
 // reap destroys client sandboxes past their expiry and retries failed removals.
 func (d *Daemon) reap(now time.Time) {
 	var expired, retry []string
+	tenantOfRecord := map[string]string{}
 	d.mu.Lock()
 	for id, r := range d.sandboxes {
 		switch {
 		case r.Kind == kindClient && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
 			expired = append(expired, id)
+			tenantOfRecord[id] = r.tenantName()
 		case r.Kind == kindDestroying && !r.removing:
 			retry = append(retry, id)
 		}
@@ -507,6 +547,7 @@ func (d *Daemon) reap(now time.Time) {
 	d.mu.Unlock()
 	for _, id := range expired {
 		d.log.Info("sandbox expired: destroying it", "id", id)
+		d.auditAs(tenantOfRecord[id], "expire", nil, "id", id)
 		d.markDestroying(id)
 	}
 	for _, id := range retry {
@@ -547,9 +588,12 @@ func (d *Daemon) recover(ctx context.Context) error {
 }
 
 // reconcile compares the records with what each provider lists. Records of vanished
-// sandboxes are dropped; live Roche sandboxes the daemon does not know are adopted (and
-// reaped at their expiry); at start-up, idle pooled sandboxes of the previous daemon are
-// destroyed, as are expired and stopped ones.
+// sandboxes are dropped; at start-up, idle pooled sandboxes of the previous daemon are
+// destroyed, as are expired and stopped ones. Of the sandboxes the daemon has no record
+// of, only its own and the orphans of its state file are adopted (see owner.go): a
+// tenant's is served to that tenant and reaped at its expiry, a pool's is a leftover and
+// destroyed. At start-up its own are the creates a crash cut short; later they are
+// creates in flight, which record themselves. Everything else is left alone.
 func (d *Daemon) reconcile(ctx context.Context, startup bool) {
 	for _, name := range d.names {
 		p := d.providers[name]
@@ -589,15 +633,23 @@ func (d *Daemon) reconcile(ctx context.Context, startup bool) {
 			if _, known := d.sandboxes[id]; known {
 				continue
 			}
+			class, tenant := d.classify(sb.Owner)
+			if class == foreignOwner || class == ownOwner && !startup {
+				continue
+			}
 			now := time.Now()
 			r := &record{
-				ID: id, Provider: name, Image: sb.Image, Kind: kindClient, CreatedAt: sb.CreatedAt,
-				ExpiresAt: sb.ExpiresAt, Paused: sb.State == roche.StatePaused, foreign: true, since: now,
+				ID: id, Provider: name, Image: sb.Image, Kind: kindClient, Tenant: tenant, CreatedAt: sb.CreatedAt,
+				ExpiresAt: sb.ExpiresAt, Paused: sb.State == roche.StatePaused, adopted: true, since: now,
 			}
-			if sb.State == roche.StateExited || sb.Expired(now) {
+			switch {
+			case tenant == "":
+				r.Kind = kindDestroying
+				leftovers = append(leftovers, id)
+			case sb.State == roche.StateExited || sb.Expired(now):
 				r.Kind = kindDestroying
 				stale = append(stale, id)
-			} else {
+			default:
 				adopted++
 			}
 			d.sandboxes[id] = r

@@ -26,25 +26,53 @@ type service struct {
 var _ rochev1connect.SandboxServiceHandler = (*service)(nil)
 
 func (s *service) Create(ctx context.Context, req *connect.Request[rochev1.CreateRequest]) (*connect.Response[rochev1.CreateResponse], error) {
-	cfg := wire.ConfigFromProto(req.Msg.Config)
-	sb, pooled, err := s.d.create(ctx, req.Msg.Provider, cfg)
+	t, err := tenantOf(ctx)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	s.d.log.Debug("sandbox created", "id", sb.ID, "image", sb.Image, "pooled", pooled)
+	cfg := wire.ConfigFromProto(req.Msg.Config)
+	sb, pooled, err := s.d.create(ctx, t, req.Msg.Provider, cfg)
+	s.d.audit(ctx, "create", err, "id", sb.ID, "provider", req.Msg.Provider, "image", cfg.Image, "user", cfg.User,
+		"mounts", mountStrings(cfg.Mounts), "workspace", cfg.Workspace, "pooled", pooled)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	return connect.NewResponse(&rochev1.CreateResponse{Sandbox: wire.InfoToProto(sb), Pooled: pooled}), nil
 }
 
+func mountStrings(ms []roche.Mount) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.String()
+	}
+	return out
+}
+
 func (s *service) Exec(ctx context.Context, req *connect.Request[rochev1.ExecRequest]) (*connect.Response[rochev1.ExecResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	r, err := wire.ExecFromProto(req.Msg)
+	if err == nil {
+		err = wire.CheckExecOutput(r)
+	}
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	res, err := s.d.exec(ctx, req.Msg.SandboxId, r)
+	// The output is held here, within the daemon's budget, and nowhere else.
+	stdout, stderr, done := s.d.newHeldOutputs(ctx)
+	defer done()
+	r.Stdout, r.Stderr, r.StreamOnly = stdout, stderr, true
+	res, err := s.d.exec(ctx, t, req.Msg.SandboxId, r)
+	s.d.audit(ctx, "exec", err, "id", req.Msg.SandboxId, "argv", r.Cmd, "exit_code", res.ExitCode)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	return connect.NewResponse(&rochev1.ExecResponse{Result: wire.ResultToProto(res, true)}), nil
+	pb := wire.ResultToProto(res, false)
+	pb.Stdout, pb.Stderr = stdout.buf, stderr.buf
+	pb.Truncated = pb.Truncated || stdout.short || stderr.short
+	return connect.NewResponse(&rochev1.ExecResponse{Result: pb}), nil
 }
 
 // streamSender serialises sends on one stream: the provider writes stdout and stderr
@@ -98,6 +126,10 @@ func (w chunkWriter) Write(p []byte) (int, error) {
 }
 
 func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.ExecStreamRequest], stream *connect.ServerStream[rochev1.ExecStreamResponse]) error {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return wire.ToStatus(err)
+	}
 	r, err := wire.ExecFromProto(req.Msg)
 	if err != nil {
 		return wire.ToStatus(err)
@@ -105,6 +137,8 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 	sender := &streamSender{stream: stream, last: time.Now()}
 	r.Stdout = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDOUT}
 	r.Stderr = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDERR}
+	// Passed on as it comes; the daemon keeps no copy, whatever the output limit.
+	r.StreamOnly = true
 
 	// Heartbeats while the command is quiet.
 	every := s.d.cfg.HeartbeatInterval
@@ -131,9 +165,10 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 			}
 		}
 	}()
-	res, err := s.d.exec(ctx, req.Msg.SandboxId, r)
+	res, err := s.d.exec(ctx, t, req.Msg.SandboxId, r)
 	close(done)
 	beats.Wait()
+	s.d.audit(ctx, "exec", err, "id", req.Msg.SandboxId, "argv", r.Cmd, "exit_code", res.ExitCode, "stream", true)
 	if err != nil {
 		sender.close()
 		return wire.ToStatus(err)
@@ -144,15 +179,20 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 }
 
 func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.DestroyRequest]) (*connect.Response[rochev1.DestroyResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	ids := req.Msg.Ids
 	if req.Msg.All == (len(ids) > 0) {
 		return nil, wire.ToStatus(fmt.Errorf("%w: give sandbox ids or all, not both or neither", roche.ErrInvalidConfig))
 	}
 	if req.Msg.All {
-		list, err := s.d.list(ctx, req.Msg.Provider)
+		list, err := s.d.list(ctx, t, req.Msg.Provider)
 		if err != nil {
 			return nil, wire.ToStatus(err)
 		}
+		// A pool sandbox removed behind the pool's back meanwhile must not be handed out.
 		defer s.d.verifyIdleSoon()
 		ids = ids[:0]
 		for _, sb := range list {
@@ -162,11 +202,13 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 	resp := &rochev1.DestroyResponse{}
 	var errs []error
 	for _, id := range ids {
-		if err := s.d.destroy(ctx, id); err != nil {
+		full, err := s.d.destroy(t, id)
+		s.d.audit(ctx, "destroy", err, "id", id)
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		resp.Destroyed = append(resp.Destroyed, id)
+		resp.Destroyed = append(resp.Destroyed, full)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, wire.ToStatus(err)
@@ -174,9 +216,10 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 	return connect.NewResponse(resp), nil
 }
 
-// list lists client sandboxes (every provider's, or one's), with the expiry the daemon
-// enforces; idle pooled and destroyed sandboxes are left out.
-func (d *Daemon) list(ctx context.Context, provider string) ([]roche.SandboxInfo, error) {
+// list lists tenant t's sandboxes (every provider's, or one's), with the expiry the
+// daemon enforces; idle pooled and destroyed sandboxes, other tenants' and whatever else
+// is on the engine are left out.
+func (d *Daemon) list(ctx context.Context, t *tenant, provider string) ([]roche.SandboxInfo, error) {
 	names := d.names
 	if provider != "" {
 		p, err := d.provider(provider)
@@ -190,17 +233,17 @@ func (d *Daemon) list(ctx context.Context, provider string) ([]roche.SandboxInfo
 	for _, n := range names {
 		list, err := d.providers[n].List(ctx)
 		if err != nil {
+			d.noteCallError(n, err)
 			errs = append(errs, err)
 			continue
 		}
 		d.mu.Lock()
 		for _, sb := range list {
-			if r, ok := d.sandboxes[sb.ID]; ok {
-				if r.Kind != kindClient {
-					continue
-				}
-				sb.ExpiresAt = r.ExpiresAt
+			r, ok := d.sandboxes[sb.ID]
+			if !ok || r.Kind != kindClient || !r.visible(t) {
+				continue
 			}
+			sb.ExpiresAt, sb.Owner = r.ExpiresAt, d.ownerFor(r.tenantName())
 			out = append(out, sb)
 		}
 		d.mu.Unlock()
@@ -209,7 +252,11 @@ func (d *Daemon) list(ctx context.Context, provider string) ([]roche.SandboxInfo
 }
 
 func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListRequest]) (*connect.Response[rochev1.ListResponse], error) {
-	list, err := s.d.list(ctx, req.Msg.Provider)
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	list, err := s.d.list(ctx, t, req.Msg.Provider)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -221,7 +268,11 @@ func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListReq
 }
 
 func (s *service) Inspect(ctx context.Context, req *connect.Request[rochev1.InspectRequest]) (*connect.Response[rochev1.InspectResponse], error) {
-	t, err := s.d.resolve(req.Msg.SandboxId)
+	tn, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	t, err := s.d.resolve(tn, req.Msg.SandboxId)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -229,15 +280,17 @@ func (s *service) Inspect(ctx context.Context, req *connect.Request[rochev1.Insp
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	if t.rec != nil {
-		sb.ExpiresAt = t.rec.ExpiresAt
-	}
+	sb.ExpiresAt, sb.Owner = t.rec.ExpiresAt, s.d.ownerFor(t.rec.tenantName())
 	return connect.NewResponse(&rochev1.InspectResponse{Sandbox: wire.InfoToProto(sb)}), nil
 }
 
 // pause pauses or unpauses a sandbox, remembering it for /metrics.
 func (s *service) pause(ctx context.Context, id string, pause bool) error {
-	t, err := s.d.resolve(id)
+	tn, err := tenantOf(ctx)
+	if err != nil {
+		return err
+	}
+	t, err := s.d.resolve(tn, id)
 	if err != nil {
 		return err
 	}
@@ -278,14 +331,22 @@ func (s *service) Unpause(ctx context.Context, req *connect.Request[rochev1.Unpa
 // for those it does not track) and stopped ones; every one with all. Idle pooled
 // sandboxes are the pools' to manage and are left alone.
 func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest]) (*connect.Response[rochev1.GcResponse], error) {
-	list, err := s.d.list(ctx, req.Msg.Provider)
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	list, err := s.d.list(ctx, t, req.Msg.Provider)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
 	if !req.Msg.DryRun {
 		defer s.d.verifyIdleSoon()
 	}
-	removed, err := roche.Collect(ctx, list, roche.GCOptions{All: req.Msg.All, DryRun: req.Msg.DryRun}, s.d.destroy)
+	removed, err := roche.Collect(ctx, list, roche.GCOptions{All: req.Msg.All, DryRun: req.Msg.DryRun}, func(_ context.Context, id string) error {
+		_, err := s.d.destroy(t, id)
+		s.d.audit(ctx, "destroy", err, "id", id, "by", "gc")
+		return err
+	})
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -324,7 +385,20 @@ func (s *service) PoolStatus(_ context.Context, _ *connect.Request[rochev1.PoolS
 	return connect.NewResponse(&rochev1.PoolStatusResponse{Pools: poolsToProto(s.d.pools.Pools())}), nil
 }
 
+// operatorOnly refuses pool management to TCP tenants: the pools serve every tenant,
+// and draining them is the operator's decision.
+func operatorOnly(ctx context.Context, what string) error {
+	t, err := tenantOf(ctx)
+	if err == nil && !t.local {
+		err = fmt.Errorf("%w: %s is for roched's operator, on its unix socket", roche.ErrPermission, what)
+	}
+	return err
+}
+
 func (s *service) PoolWarmup(ctx context.Context, req *connect.Request[rochev1.PoolWarmupRequest]) (*connect.Response[rochev1.PoolWarmupResponse], error) {
+	if err := operatorOnly(ctx, "warming pools up"); err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	ps, err := s.d.selectPools(req.Msg.Key)
 	if err != nil {
 		return nil, wire.ToStatus(err)
@@ -346,6 +420,9 @@ func (s *service) PoolWarmup(ctx context.Context, req *connect.Request[rochev1.P
 }
 
 func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.PoolDrainRequest]) (*connect.Response[rochev1.PoolDrainResponse], error) {
+	if err := operatorOnly(ctx, "draining pools"); err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	ps, err := s.d.selectPools(req.Msg.Key)
 	if err != nil {
 		return nil, wire.ToStatus(err)

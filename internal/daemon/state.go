@@ -42,11 +42,11 @@ type record struct {
 	Env     map[string]string `json:"env,omitempty"`
 	Workdir string            `json:"workdir,omitempty"`
 	Paused  bool              `json:"paused,omitempty"`
+	// Tenant is whose sandbox it is ("" in a state file from before tenants: local).
+	Tenant string `json:"tenant,omitempty"`
 
-	// Foreign: found on the engine, not made by this daemon (the direct-mode CLI, another
-	// daemon). It is reaped at its expiry but not counted against --max-sandboxes and
-	// not persisted: the next start-up finds it again.
-	foreign bool
+	// adopted: found on the engine without a record (see owner.go), for /metrics.
+	adopted bool
 	// since is when the daemon started tracking it, so that a reconcile does not drop a
 	// record made after its listing was taken.
 	since time.Time
@@ -54,9 +54,20 @@ type record struct {
 	removing bool
 }
 
+// tenantName is the record's tenant.
+func (r *record) tenantName() string {
+	if r.Tenant == "" {
+		return LocalTenant
+	}
+	return r.Tenant
+}
+
 // stateFile is the on-disk form.
 type stateFile struct {
-	Version   int       `json:"version"`
+	Version int `json:"version"`
+	// Instance is the daemon's owner id (see owner.go), kept so that a restarted daemon
+	// is the same owner.
+	Instance  string    `json:"instance,omitempty"`
 	Sandboxes []*record `json:"sandboxes"`
 }
 
@@ -67,7 +78,8 @@ const stateVersion = 1
 // crash), after which the kernel still writes the file out; a host crash takes every
 // sandbox down with it, leaving nothing to recover.
 type store struct {
-	path string
+	path     string
+	instance string
 
 	mu      sync.Mutex
 	written uint64 // sequence number of the snapshot on disk
@@ -91,10 +103,24 @@ func (s *store) load() ([]*record, error) {
 	return f.Sandboxes, nil
 }
 
+// readInstance returns the instance id a state file holds, or "" (no file, or one that
+// load will report on).
+func readInstance(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var f stateFile
+	if json.Unmarshal(b, &f) != nil {
+		return ""
+	}
+	return f.Instance
+}
+
 // save writes snapshot seq unless a newer one is already on disk, so that concurrent
 // savers cannot put an older state back.
 func (s *store) save(seq uint64, recs []*record) error {
-	b, err := json.Marshal(stateFile{Version: stateVersion, Sandboxes: recs})
+	b, err := json.Marshal(stateFile{Version: stateVersion, Instance: s.instance, Sandboxes: recs})
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,8 @@
 // read its files, list sandboxes and destroy them. It sits on the same provider access as
 // the CLI (roched when it answers, else the provider in-process) and keeps Roche's secure
 // defaults: a client cannot mount host paths, and cannot turn the network on unless the
-// server was started with AllowNetwork.
+// server was started with AllowNetwork. A session sees only the sandboxes it created:
+// every other id, whoever made it, is "not found".
 package mcp
 
 import (
@@ -31,8 +32,6 @@ import (
 type Providers interface {
 	// Get opens the named provider.
 	Get(name string) (roche.Provider, error)
-	// ForID returns the provider that owns a sandbox id.
-	ForID(id string) (roche.Provider, error)
 	// List lists the sandboxes of the named provider, or of every available one when
 	// name is empty.
 	List(ctx context.Context, name string) ([]roche.SandboxInfo, error)
@@ -50,6 +49,9 @@ type Config struct {
 	AllowNetwork bool
 	// Version is reported to clients.
 	Version string
+	// Owner is the roche.Config.Owner of the sandboxes the server creates in-process
+	// (through roched, the daemon sets its own).
+	Owner string
 }
 
 // The limits on what a tool returns: a model's context is small, and a file or a
@@ -60,8 +62,9 @@ const (
 	DefaultOutputLimit = 100 << 10
 )
 
-// Server is Roche's MCP server. It remembers the sandboxes it created so that Close can
-// destroy those still alive: a client that goes away leaves nothing running.
+// Server is Roche's MCP server. It remembers the sandboxes it created, and for which
+// session: a session's tools reach only its own, and Close destroys those still alive,
+// so a client that goes away leaves nothing running.
 type Server struct {
 	cfg       Config
 	providers Providers
@@ -69,7 +72,13 @@ type Server struct {
 	server    *mcp.Server
 
 	mu      sync.Mutex
-	created map[string]roche.Provider
+	created map[string]created
+}
+
+// created is a sandbox the server made: its provider and the session that asked.
+type created struct {
+	p       roche.Provider
+	session *mcp.ServerSession
 }
 
 // Option configures a Server.
@@ -89,7 +98,7 @@ func New(p Providers, cfg Config, opts ...Option) *Server {
 	if cfg.Version == "" {
 		cfg.Version = "0.1.0"
 	}
-	s := &Server{cfg: cfg, providers: p, log: slog.New(slog.DiscardHandler), created: map[string]roche.Provider{}}
+	s := &Server{cfg: cfg, providers: p, log: slog.New(slog.DiscardHandler), created: map[string]created{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -112,12 +121,12 @@ func (s *Server) MCP() *mcp.Server { return s.server }
 // Close destroys the sandboxes this server created that are still alive.
 func (s *Server) Close(ctx context.Context) error {
 	s.mu.Lock()
-	created := s.created
-	s.created = map[string]roche.Provider{}
+	all := s.created
+	s.created = map[string]created{}
 	s.mu.Unlock()
 	var errs []error
-	for id, p := range created {
-		if err := p.Destroy(ctx, id); err != nil {
+	for id, c := range all {
+		if err := c.p.Destroy(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("destroying sandbox %s: %w", id, err))
 		}
 	}
@@ -125,6 +134,19 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func boolPtr(b bool) *bool { return &b }
+
+// own returns the provider of sandbox id if the session created it. Any other id (a
+// mistyped one, another session's, one made outside this server) is "not found" alike,
+// so a session learns nothing of sandboxes that are not its own.
+func (s *Server) own(session *mcp.ServerSession, id string) (roche.Provider, error) {
+	s.mu.Lock()
+	c, ok := s.created[id]
+	s.mu.Unlock()
+	if !ok || c.session != session {
+		return nil, fmt.Errorf("%w: no sandbox %s in this session: create_sandbox makes one, list_sandboxes shows this session's", roche.ErrNotFound, id)
+	}
+	return c.p, nil
+}
 
 func (s *Server) addTools() {
 	closed := &mcp.ToolAnnotations{OpenWorldHint: boolPtr(false)}
@@ -158,7 +180,7 @@ func (s *Server) addTools() {
 	mcp.AddTool(s.server, &mcp.Tool{
 		Name:        "list_sandboxes",
 		Title:       "List sandboxes",
-		Description: "List the live sandboxes with their ids, images and expiry times.",
+		Description: "List the live sandboxes this session created, with their ids, images and expiry times.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: boolPtr(false)},
 	}, s.list)
 	mcp.AddTool(s.server, &mcp.Tool{
@@ -202,7 +224,7 @@ func sandboxOf(sb roche.SandboxInfo) Sandbox {
 	return out
 }
 
-func (s *Server) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, Sandbox, error) {
+func (s *Server) create(ctx context.Context, req *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, Sandbox, error) {
 	if in.Network && !s.cfg.AllowNetwork {
 		return nil, Sandbox{}, errors.New("network access is off for this server: sandboxes run without a network " +
 			"(whoever runs `roche mcp` can allow it with --allow-network)")
@@ -230,6 +252,7 @@ func (s *Server) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateIn
 		cfg.Disk = in.Disk
 	}
 	cfg.WorkspaceSize = in.WorkspaceSize
+	cfg.Owner = s.cfg.Owner
 	if err := cfg.Validate(); err != nil {
 		return nil, Sandbox{}, err
 	}
@@ -250,7 +273,7 @@ func (s *Server) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateIn
 		return nil, Sandbox{}, err
 	}
 	s.mu.Lock()
-	s.created[sb.ID] = p
+	s.created[sb.ID] = created{p: p, session: req.Session}
 	s.mu.Unlock()
 	s.log.Info("sandbox created", "id", sb.ID, "provider", name, "image", sb.Image)
 	return nil, sandboxOf(sb), nil
@@ -278,14 +301,14 @@ type ExecOutput struct {
 	DurationMS float64 `json:"duration_ms"`
 }
 
-func (s *Server) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecInput) (*mcp.CallToolResult, ExecOutput, error) {
+func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in ExecInput) (*mcp.CallToolResult, ExecOutput, error) {
 	if len(in.Command) == 0 {
 		return nil, ExecOutput{}, errors.New(`command is empty: give the program and its arguments, e.g. ["python3", "-c", "print(1)"]`)
 	}
 	if in.TimeoutSecs < 0 {
 		return nil, ExecOutput{}, fmt.Errorf("timeout_secs %v is negative: give seconds, or leave it out", in.TimeoutSecs)
 	}
-	p, err := s.providers.ForID(in.SandboxID)
+	p, err := s.own(req.Session, in.SandboxID)
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}
@@ -293,16 +316,16 @@ func (s *Server) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecInput)
 	if limit <= 0 {
 		limit = DefaultOutputLimit
 	}
-	req := roche.ExecRequest{
+	er := roche.ExecRequest{
 		Cmd: in.Command, Env: in.Env, Workdir: in.Workdir,
 		Timeout:     time.Duration(in.TimeoutSecs * float64(time.Second)),
 		OutputLimit: int64(min(limit, roche.DefaultOutputLimit)),
 	}
 	if in.Stdin != "" {
-		req.Stdin = strings.NewReader(in.Stdin)
+		er.Stdin = strings.NewReader(in.Stdin)
 	}
 	// Cancelling the call (the client gave up) kills the command and all it started.
-	res, err := p.Exec(ctx, in.SandboxID, req)
+	res, err := p.Exec(ctx, in.SandboxID, er)
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}
@@ -354,8 +377,8 @@ type fileIO interface {
 	ReadFile(ctx context.Context, id, path string, w io.Writer) error
 }
 
-func (s *Server) files(id string) (fileIO, error) {
-	p, err := s.providers.ForID(id)
+func (s *Server) files(session *mcp.ServerSession, id string) (fileIO, error) {
+	p, err := s.own(session, id)
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +389,7 @@ func (s *Server) files(id string) (fileIO, error) {
 	return f, nil
 }
 
-func (s *Server) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteInput) (*mcp.CallToolResult, WriteOutput, error) {
+func (s *Server) writeFile(ctx context.Context, req *mcp.CallToolRequest, in WriteInput) (*mcp.CallToolResult, WriteOutput, error) {
 	data := []byte(in.Content)
 	switch strings.ToLower(in.Encoding) {
 	case "", "utf-8", "utf8", "text":
@@ -387,7 +410,7 @@ func (s *Server) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in Write
 		}
 		mode = fs.FileMode(m)
 	}
-	f, err := s.files(in.SandboxID)
+	f, err := s.files(req.Session, in.SandboxID)
 	if err != nil {
 		return nil, WriteOutput{}, err
 	}
@@ -430,13 +453,13 @@ func (c *capped) Write(p []byte) (int, error) {
 	return c.buf.Write(p)
 }
 
-func (s *Server) readFile(ctx context.Context, _ *mcp.CallToolRequest, in ReadInput) (*mcp.CallToolResult, ReadOutput, error) {
+func (s *Server) readFile(ctx context.Context, req *mcp.CallToolRequest, in ReadInput) (*mcp.CallToolResult, ReadOutput, error) {
 	limit := in.MaxBytes
 	if limit <= 0 {
 		limit = DefaultReadLimit
 	}
 	limit = min(limit, MaxReadLimit)
-	f, err := s.files(in.SandboxID)
+	f, err := s.files(req.Session, in.SandboxID)
 	if err != nil {
 		return nil, ReadOutput{}, err
 	}
@@ -457,12 +480,12 @@ type ListInput struct {
 	Provider string `json:"provider,omitempty" jsonschema:"only this provider's sandboxes"`
 }
 
-// ListOutput is the live sandboxes.
+// ListOutput is the session's live sandboxes.
 type ListOutput struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
-func (s *Server) list(ctx context.Context, _ *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
+func (s *Server) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
 	list, err := s.providers.List(ctx, in.Provider)
 	if err != nil {
 		return nil, ListOutput{}, err
@@ -470,7 +493,9 @@ func (s *Server) list(ctx context.Context, _ *mcp.CallToolRequest, in ListInput)
 	sort.Slice(list, func(i, j int) bool { return list[i].CreatedAt.Before(list[j].CreatedAt) })
 	out := ListOutput{Sandboxes: make([]Sandbox, 0, len(list))}
 	for _, sb := range list {
-		out.Sandboxes = append(out.Sandboxes, sandboxOf(sb))
+		if _, err := s.own(req.Session, sb.ID); err == nil {
+			out.Sandboxes = append(out.Sandboxes, sandboxOf(sb))
+		}
 	}
 	return nil, out, nil
 }
@@ -485,14 +510,9 @@ type DestroyOutput struct {
 	Destroyed string `json:"destroyed"`
 }
 
-func (s *Server) destroy(ctx context.Context, _ *mcp.CallToolRequest, in DestroyInput) (*mcp.CallToolResult, DestroyOutput, error) {
-	p, err := s.providers.ForID(in.SandboxID)
+func (s *Server) destroy(ctx context.Context, req *mcp.CallToolRequest, in DestroyInput) (*mcp.CallToolResult, DestroyOutput, error) {
+	p, err := s.own(req.Session, in.SandboxID)
 	if err != nil {
-		return nil, DestroyOutput{}, err
-	}
-	// Destroy is idempotent; Inspect says whether the id meant anything, so that a
-	// mistyped id is reported rather than "destroyed".
-	if _, err := p.Inspect(ctx, in.SandboxID); err != nil {
 		return nil, DestroyOutput{}, err
 	}
 	if err := p.Destroy(ctx, in.SandboxID); err != nil {

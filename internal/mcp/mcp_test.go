@@ -42,7 +42,6 @@ func (p providers) Get(name string) (roche.Provider, error) {
 	}
 	return p.p, nil
 }
-func (p providers) ForID(string) (roche.Provider, error) { return p.p, nil }
 func (p providers) List(ctx context.Context, _ string) ([]roche.SandboxInfo, error) {
 	return p.p.List(ctx)
 }
@@ -295,6 +294,60 @@ func TestWritableDisk(t *testing.T) {
 	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, &destroyed)
 }
 
+// TestSessionsSeeOnlyTheirOwn: a session lists, runs in, reads, writes and destroys only
+// the sandboxes it created. Another session's sandbox, and one made outside the server
+// (by the CLI, a daemon, another user), get "not found", as a made-up id does, and are
+// left as they were.
+func TestSessionsSeeOnlyTheirOwn(t *testing.T) {
+	s, dp := newServer(t, mcp.Config{Owner: "mcp-test"})
+	ctx := context.Background()
+	cfg := roche.DefaultConfig()
+	cfg.Image = testenv.Image()
+	cfg.Owner = "cli:someone-else@elsewhere"
+	foreign, err := dp.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Destroy(ctx, foreign.ID)
+	one, two := connect(t, s), connect(t, s)
+	var sb1, sb2 mcp.Sandbox
+	call(t, one, "create_sandbox", nil, &sb1)
+	call(t, two, "create_sandbox", nil, &sb2)
+	if info, err := dp.Inspect(ctx, sb1.ID); err != nil || info.Owner != "mcp-test" {
+		t.Fatalf("the server's sandbox: owner %q (%v), want the server's", info.Owner, err)
+	}
+	for _, id := range []string{sb1.ID, foreign.ID, "0123456789ab"} {
+		for tool, args := range map[string]map[string]any{
+			"exec":            {"sandbox_id": id, "command": []string{"touch", "/tmp/was-here"}},
+			"write_file":      {"sandbox_id": id, "path": "/tmp/was-here", "content": "x"},
+			"read_file":       {"sandbox_id": id, "path": "/etc/hostname"},
+			"destroy_sandbox": {"sandbox_id": id},
+		} {
+			text, isErr := call(t, two, tool, args, nil)
+			if !isErr || !strings.Contains(text, "not found: no sandbox "+id+" in this session") {
+				t.Errorf("%s on %s from another session: %v %q, want not found", tool, id, isErr, text)
+			}
+		}
+	}
+	for cs, want := range map[*sdk.ClientSession]string{one: sb1.ID, two: sb2.ID} {
+		var list mcp.ListOutput
+		call(t, cs, "list_sandboxes", nil, &list)
+		if len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != want {
+			t.Errorf("list_sandboxes: %+v, want only %s", list, want)
+		}
+	}
+	for _, id := range []string{sb1.ID, foreign.ID} {
+		res, err := dp.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"ls", "/tmp"}})
+		if err != nil || strings.Contains(res.Stdout, "was-here") {
+			t.Errorf("sandbox %s after another session's attempts: %+v %v", id, res, err)
+		}
+	}
+	var out mcp.ExecOutput
+	if text, isErr := call(t, one, "exec", map[string]any{"sandbox_id": sb1.ID, "command": []string{"true"}}, &out); isErr {
+		t.Fatalf("the owning session's exec: %s", text)
+	}
+}
+
 // TestCloseDestroysWhatItCreated: a client that goes away leaves nothing running.
 func TestCloseDestroysWhatItCreated(t *testing.T) {
 	s, dp := newServer(t, mcp.Config{})
@@ -344,6 +397,17 @@ func TestStreamableHTTP(t *testing.T) {
 	call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"python3", "-c", "print('over http')"}}, &out)
 	if out.Stdout != "over http\n" || out.ExitCode != 0 {
 		t.Fatalf("exec over HTTP: %+v", out)
+	}
+	// Another HTTP session cannot reach it.
+	other, err := client.Connect(ctx, &sdk.StreamableClientTransport{
+		Endpoint: hs.URL, HTTPClient: &http.Client{Transport: bearer{"s3cret"}}, DisableStandaloneSSE: true,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if text, isErr := call(t, other, "exec", map[string]any{"sandbox_id": sb.ID, "command": []string{"true"}}, nil); !isErr || !strings.Contains(text, "not found") {
+		t.Fatalf("another HTTP session's exec: %v %q", isErr, text)
 	}
 	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, nil)
 }

@@ -3,11 +3,17 @@
 package testenv
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/client"
 )
 
 // Image is the sandbox image tests use (built by scripts/build-test-image.sh);
@@ -60,4 +66,25 @@ func BuildCLI(dir string) (roche, roched string, err error) {
 		return "", "", fmt.Errorf("building roche and roched: %v\n%s", err, b)
 	}
 	return filepath.Join(dir, "roche"), filepath.Join(dir, "roched"), nil
+}
+
+// PrivateImage tags the test image with a tag no other test process uses, so a test can
+// count exactly the sandboxes made from it while other tests share the engine. The
+// returned func removes the tag.
+func PrivateImage(ctx context.Context, prefix string) (tag string, untag func(), err error) {
+	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return "", nil, err
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	tag = "roche/python:" + prefix + "-" + hex.EncodeToString(b)
+	if err := c.ImageTag(ctx, Image(), tag); err != nil {
+		c.Close()
+		return "", nil, fmt.Errorf("tagging %s: %v (the README's test command builds it)", Image(), err)
+	}
+	return tag, func() {
+		c.ImageRemove(context.Background(), tag, image.RemoveOptions{})
+		c.Close()
+	}, nil
 }

@@ -9,7 +9,6 @@ package wire
 import (
 	"bytes"
 	"fmt"
-	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -122,27 +121,48 @@ func ExecStreamToProto(id string, req roche.ExecRequest, stdin []byte) *rochev1.
 	}
 }
 
-// ExecFromProto is the command an Exec or ExecStream asks for. A message that carries
-// stdin (even empty) gives the command that input; one without gives it none.
+// MaxExecOutput is the most output per stream a unary Exec may ask for (output_limit):
+// its result carries the output whole, so the daemon holds it until it is sent.
+// ExecStream streams up to roche.MaxOutputLimit and holds none.
+const MaxExecOutput = 16 << 20
+
+// MaxUploadBytes bounds one CopyTo upload (roche cp into a sandbox through roched, the Go
+// client's WriteFile): the daemon unpacks it on its own disk before copying it in.
+const MaxUploadBytes = 1 << 30
+
+// ExecFromProto is the command an Exec or ExecStream asks for, refusing what cannot be
+// converted: a timeout_secs no Duration holds, stdin over roche.MaxStdinBytes (a message
+// carries it whole). The caller validates the request (roche.ExecRequest.Validate). A message that carries stdin (even empty) gives the command that
+// input; one without gives it none.
 func ExecFromProto(pb ExecParams) (roche.ExecRequest, error) {
-	secs := pb.GetTimeoutSecs()
-	if secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) || secs > 1e9 {
-		return roche.ExecRequest{}, fmt.Errorf("%w: timeout_secs %v: give seconds > 0, or 0 for the sandbox's lifetime", roche.ErrInvalidConfig, secs)
+	timeout, err := roche.ExecTimeout(pb.GetTimeoutSecs())
+	if err != nil {
+		return roche.ExecRequest{}, err
 	}
-	if pb.GetOutputLimit() < 0 {
-		return roche.ExecRequest{}, fmt.Errorf("%w: output_limit %d is negative", roche.ErrInvalidConfig, pb.GetOutputLimit())
+	if n := len(pb.GetStdin()); n > roche.MaxStdinBytes {
+		return roche.ExecRequest{}, fmt.Errorf("%w: stdin is %d bytes, over the limit of %s: copy large input in as a file (roche cp) instead",
+			roche.ErrInvalidConfig, n, roche.SizeString(roche.MaxStdinBytes))
 	}
 	req := roche.ExecRequest{
 		Cmd:         pb.GetCmd(),
 		Env:         pb.GetEnv(),
 		Workdir:     pb.GetWorkdir(),
-		Timeout:     time.Duration(secs * float64(time.Second)),
+		Timeout:     timeout,
 		OutputLimit: pb.GetOutputLimit(),
 	}
 	if pb.GetStdin() != nil {
 		req.Stdin = bytes.NewReader(pb.GetStdin())
 	}
 	return req, nil
+}
+
+// CheckExecOutput refuses a unary Exec whose output_limit is over MaxExecOutput.
+func CheckExecOutput(req roche.ExecRequest) error {
+	if req.OutputLimit > MaxExecOutput {
+		return fmt.Errorf("%w: output_limit %d is over the limit of %s per stream for Exec, whose result carries the output whole: use ExecStream (up to %s)",
+			roche.ErrInvalidConfig, req.OutputLimit, roche.SizeString(MaxExecOutput), roche.SizeString(roche.MaxOutputLimit))
+	}
+	return nil
 }
 
 // StateToProto maps a sandbox state onto the API's enum.
@@ -194,6 +214,7 @@ func InfoToProto(sb roche.SandboxInfo) *rochev1.Sandbox {
 	return &rochev1.Sandbox{
 		Id: sb.ID, Provider: sb.Provider, Image: sb.Image, State: StateToProto(sb.State),
 		CreatedAt: timeToProto(sb.CreatedAt), ExpiresAt: timeToProto(sb.ExpiresAt), Transport: sb.Transport,
+		Owner: sb.Owner,
 	}
 }
 
@@ -205,6 +226,7 @@ func InfoFromProto(pb *rochev1.Sandbox) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: pb.Id, Provider: pb.Provider, Image: pb.Image, State: StateFromProto(pb.State),
 		CreatedAt: timeFromProto(pb.CreatedAt), ExpiresAt: timeFromProto(pb.ExpiresAt), Transport: pb.Transport,
+		Owner: pb.Owner,
 	}
 }
 

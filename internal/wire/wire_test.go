@@ -24,9 +24,13 @@ import (
 // a converter forgets) comes back zero and fails the test by name.
 
 // offWire names the Go fields that deliberately do not cross the wire: a reader or a
-// writer cannot; stdin travels as bytes beside the request, the output as chunks.
+// writer cannot; stdin travels as bytes beside the request, the output as chunks. A
+// config's owner is roched's to set, never a caller's (SandboxInfo.Owner does cross).
+// StreamOnly says what each side keeps of the output it passes on, which is its own
+// business: the daemon's ExecStream keeps none, the client decides for itself.
 var offWire = map[string]bool{
 	"ExecRequest.Stdin": true, "ExecRequest.Stdout": true, "ExecRequest.Stderr": true,
+	"ExecRequest.StreamOnly": true, "Config.Owner": true,
 }
 
 func TestGoToProtoAndBack(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -301,10 +302,61 @@ func (w *signalWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestAgentFallback: where the agent cannot start, the sandbox still works through
-// Docker's exec API, and says so.
-func TestAgentFallback(t *testing.T) {
+// TestAgentThatCannotStartIsAnError: an agent that cannot start is an error quoting why
+// and saying how to ask for Docker's exec API, never a sandbox that silently works
+// another way; nothing is left behind.
+func TestAgentThatCannotStartIsAnError(t *testing.T) {
 	p := newProvider(t, docker.WithAgentPath("/bin/false"))
+	tag, untag, err := testenv.PrivateImage(context.Background(), "agent-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untag()
+	cfg := testConfig()
+	cfg.Image = tag
+	_, err = p.Create(context.Background(), cfg)
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "roche-agent did not start") ||
+		!strings.Contains(err.Error(), "container exited") || !strings.Contains(err.Error(), "--transport docker-exec") {
+		t.Fatalf("create with an agent that cannot start: %v", err)
+	}
+	t.Log(err)
+	// The engine may still be finishing the removal (auto-remove races the undo).
+	deadline := time.Now().Add(10 * time.Second)
+	for n := containersFrom(t, p, tag); n != 0; n = containersFrom(t, p, tag) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the failed create left %d containers", n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// No agent binary at all is the same.
+	p = newProvider(t, docker.WithAgentPath(""))
+	if _, err := p.Create(context.Background(), testConfig()); !errors.Is(err, roche.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "roche-agent was not found") || !strings.Contains(err.Error(), "--transport docker-exec") {
+		t.Fatalf("create without roche-agent: %v", err)
+	}
+}
+
+// containersFrom counts the provider's sandboxes made from img.
+func containersFrom(t *testing.T, p *docker.Provider, img string) int {
+	t.Helper()
+	list, err := p.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, sb := range list {
+		if sb.Image == img {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAgentFallback: asked for (WithExecFallback), a sandbox whose agent cannot start
+// works through Docker's exec API, and says so.
+func TestAgentFallback(t *testing.T) {
+	p := newProvider(t, docker.WithAgentPath("/bin/false"), docker.WithExecFallback())
 	start := time.Now()
 	info, err := p.Create(context.Background(), testConfig())
 	if err != nil {
@@ -352,5 +404,35 @@ func TestAgentSurvivesConcurrentForkBombs(t *testing.T) {
 	}
 	if got := execOK(t, p, id, "echo", "agent alive"); got != "agent alive\n" {
 		t.Fatalf("after the bombs: %q", got)
+	}
+}
+
+// TestExecAtTheLimits: a command at the documented maxima runs, argv and env made of
+// the characters JSON escapes most ('<' becomes six bytes), so that no limit below them
+// (the agent's frames, the kernel's execve) refuses what the limits allow.
+func TestExecAtTheLimits(t *testing.T) {
+	p := newProvider(t)
+	id := sandbox(t, p, testConfig())
+	arg := strings.Repeat("<", roche.MaxArgBytes)
+	cmd := []string{"sh", "-c", `echo "$# ${#1} ${#BIG_0} ${#BIG_1}"`, "_"}
+	for n := len("sh-c_") + len(cmd[2]); n+len(arg) <= roche.MaxArgvBytes; n += len(arg) {
+		cmd = append(cmd, arg)
+	}
+	env := map[string]string{}
+	for i := range 2 {
+		k := fmt.Sprintf("BIG_%d", i)
+		env[k] = strings.Repeat("<", roche.MaxEnvBytes/2-len(k)-1)
+	}
+	req := roche.ExecRequest{Cmd: cmd, Env: env}
+	if err := req.Validate(); err != nil {
+		t.Fatalf("the request is not within the limits: %v", err)
+	}
+	res, err := p.Exec(context.Background(), id, req)
+	if err != nil {
+		t.Fatalf("exec at the limits: %v", err)
+	}
+	want := fmt.Sprintf("%d %d %d %d\n", len(cmd)-4, roche.MaxArgBytes, len(env["BIG_0"]), len(env["BIG_1"]))
+	if res.ExitCode != 0 || res.Stdout != want {
+		t.Fatalf("exec at the limits: exit %d, stdout %q, stderr %q; want %q", res.ExitCode, res.Stdout, res.Stderr, want)
 	}
 }

@@ -2,7 +2,6 @@ package docker
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"time"
 
@@ -15,8 +14,8 @@ var _ roche.BackgroundRunner = (*Provider)(nil)
 
 // Start implements roche.BackgroundRunner.
 func (p *Provider) Start(ctx context.Context, id string, req roche.ExecRequest) (int, error) {
-	if len(req.Cmd) == 0 {
-		return 0, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	if err := req.Validate(); err != nil {
+		return 0, err
 	}
 	s, err := p.agentFor(ctx, id)
 	if err != nil {

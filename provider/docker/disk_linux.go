@@ -96,19 +96,6 @@ func unmount(dir string) (busy bool, err error) {
 	return false, nil
 }
 
-// isMountPoint reports whether a filesystem is mounted at dir: it then has another
-// device than its parent.
-func isMountPoint(dir string) (bool, error) {
-	var st, parent unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return false, err
-	}
-	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
-		return false, err
-	}
-	return st.Dev != parent.Dev, nil
-}
-
 // findTool finds a program in PATH or the sbin directories, which a daemon's PATH may lack.
 func findTool(name, pkg string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
 // Labels put on every container Roche creates, so that list, gc and reconciliation
@@ -38,6 +40,9 @@ const (
 	LabelConfig    = "roche.config"
 	LabelTransport = "roche.transport"
 	LabelAgentDir  = "roche.agent_dir"
+	// LabelOwner is Config.Owner, also kept in LabelConfig; it is set on every container,
+	// even empty, so that one made from a snapshot does not inherit the image's.
+	LabelOwner = "roche.owner"
 )
 
 // Transports: how commands reach a sandbox.
@@ -71,8 +76,16 @@ type Provider struct {
 	cli         *client.Client
 	log         *slog.Logger
 	pullTimeout time.Duration
-	// agentPath is the host path of the static roche-agent binary; empty means commands go
-	// through Docker's exec API (the slower fallback).
+	// engine names the Docker engine in errors; engineTimeout bounds a create.
+	engine        engine.Engine
+	engineTimeout time.Duration
+	// transport is how commands reach sandboxes (TransportAgent or TransportDockerExec);
+	// execFallback lets an agent sandbox whose agent cannot start fall back to Docker's
+	// exec API, which is slower and has no files API, so only when asked.
+	transport    string
+	execFallback bool
+	// agentPath is the host path of the static roche-agent binary; empty means it was not
+	// found (or transport is TransportDockerExec).
 	agentPath string
 	// stateDir holds one directory per sandbox for its agent socket.
 	stateDir string
@@ -88,11 +101,19 @@ type Provider struct {
 	firewallDir string
 	// uidFirst and uidCount are the range sandboxes' and workspaces' uids are drawn from.
 	uidFirst, uidCount int
+	// pinMounts: host mounts are bound from what the provider opened (WithPinnedMounts).
+	pinMounts bool
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
 	mu       sync.Mutex
 	verified map[string]sandbox
+
+	// halfMade removes, in the background, containers a create left when the engine
+	// stopped answering midway (halfmade.go); closing stops it.
+	halfMade sync.WaitGroup
+	closing  context.Context
+	close    context.CancelFunc
 }
 
 // sandbox is what the provider remembers about a container it has checked.
@@ -137,6 +158,34 @@ func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir
 // WithStateDir sets where per-sandbox agent socket directories live on the host.
 func WithStateDir(dir string) Option { return func(p *Provider) { p.stateDir = dir } }
 
+// WithPinnedMounts binds each host mount from the directory or file the provider opened
+// itself, refusing a symbolic link anywhere on its path, instead of letting the engine
+// resolve the path when the container starts, so that nothing swapped on the way in the
+// meantime can redirect it (see pin_linux.go). roched sets it: it needs root and an
+// engine on this host, in this mount namespace.
+func WithPinnedMounts() Option { return func(p *Provider) { p.pinMounts = true } }
+
+// PinsMounts reports whether the provider pins host mounts (WithPinnedMounts).
+func (p *Provider) PinsMounts() bool { return p.pinMounts }
+
+// DefaultEngineTimeout bounds a create when WithEngineTimeout does not.
+const DefaultEngineTimeout = engine.DefaultTimeout
+
+// WithEngineTimeout bounds a create and everything it waits for (default 30 s): when the
+// engine has not answered by then, Create fails, naming the engine, and leaves nothing.
+// Calls that need one quick answer (list, inspect, destroy, pause) are bounded by 10 s.
+func WithEngineTimeout(d time.Duration) Option { return func(p *Provider) { p.engineTimeout = d } }
+
+// WithTransport chooses how commands reach sandboxes: TransportAgent (the default:
+// roche-agent inside each sandbox; a sandbox whose agent cannot start is an error) or
+// TransportDockerExec (Docker's exec API: slower, no files API, workspaces or snapshots).
+func WithTransport(t string) Option { return func(p *Provider) { p.transport = t } }
+
+// WithExecFallback lets a sandbox whose agent cannot start (or a provider that cannot find
+// roche-agent) fall back to Docker's exec API, with a warning, instead of failing. The
+// sandbox then works differently (see WithTransport), so this is never the default.
+func WithExecFallback() Option { return func(p *Provider) { p.execFallback = true } }
+
 // New returns a Docker provider. It does not contact the engine: the first call that
 // needs it reports ErrUnavailable, with how to start it, when it does not answer.
 func New(opts ...Option) (*Provider, error) {
@@ -151,30 +200,50 @@ func New(opts ...Option) (*Provider, error) {
 		uidFirst:    DefaultUIDFirst,
 		uidCount:    DefaultUIDCount,
 	}
+	p.engineTimeout, p.transport = engine.DefaultTimeout, TransportAgent
+	p.closing, p.close = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o(p)
 	}
 	if err := p.checkUIDRange(); err != nil {
 		return nil, err
 	}
-	if p.agentPath == "" {
-		p.log.Warn("roche-agent not found: commands will run through Docker's exec API, which is slower and has no files API; build it with `make build` or set " + agentEnvPath)
+	switch p.transport {
+	case TransportAgent:
+	case TransportDockerExec:
+		p.agentPath = ""
+	default:
+		return nil, fmt.Errorf("%w: transport %q: use %s or %s", roche.ErrInvalidConfig, p.transport, TransportAgent, TransportDockerExec)
+	}
+	if p.engineTimeout <= 0 {
+		return nil, fmt.Errorf("%w: engine timeout %v: give a positive duration such as 30s", roche.ErrInvalidConfig, p.engineTimeout)
 	}
 	if p.cli == nil {
-		c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+		c, err := engine.DockerClient()
 		if err != nil {
 			return nil, fmt.Errorf("%w: configuring the Docker client: %v", roche.ErrUnavailable, err)
 		}
 		p.cli = c
 	}
+	p.engine = engine.Engine{
+		Name: "the Docker engine", Addr: p.cli.DaemonHost(),
+		Hint: "check that dockerd runs and is not stuck (sudo systemctl status docker), or raise --engine-timeout",
+	}
 	return p, nil
 }
 
-// Close releases the Engine API client.
-// It stops the egress proxies this process serves.
+// Close stops the egress proxies this process serves and the removal of half-made
+// sandboxes, and releases the Engine API client.
 func (p *Provider) Close() error {
 	p.stopAllEgress()
+	p.close()
+	p.halfMade.Wait()
 	return p.cli.Close()
+}
+
+// bound limits ctx for an operation that needs one quick answer from the engine.
+func (p *Provider) bound(ctx context.Context, op string) (context.Context, func(*error)) {
+	return p.engine.Bound(ctx, op, engine.ControlTimeout)
 }
 
 // Name implements roche.Provider.
@@ -188,17 +257,25 @@ func (p *Provider) Capabilities() roche.Capabilities {
 	}
 }
 
-// Ping checks that the engine answers.
-func (p *Provider) Ping(ctx context.Context) error {
-	_, err := p.cli.Ping(ctx)
+// Ping checks that the engine answers, within 10 s at most.
+func (p *Provider) Ping(ctx context.Context) (err error) {
+	ctx, done := p.bound(ctx, "a ping")
+	defer done(&err)
+	_, err = p.cli.Ping(ctx)
 	return p.engineErr("reaching the Docker engine", err)
 }
 
 // engineErr wraps an Engine API error with context and the matching sentinel.
 func (p *Provider) engineErr(what string, err error) error {
+	var notAnswering *engine.NotAnsweringError
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &notAnswering):
+		return notAnswering
+	case errors.Is(err, context.Canceled):
+		// The caller gave up (a signal); the engine is not at fault.
+		return fmt.Errorf("%s: %w", what, context.Canceled)
 	case client.IsErrConnectionFailed(err) || isConnRefused(err):
 		return fmt.Errorf("%w: the Docker engine is not reachable at %s: start it (sudo dockerd &, or sudo systemctl start docker) or use --provider wasm",
 			roche.ErrUnavailable, p.cli.DaemonHost())
@@ -218,7 +295,9 @@ func isConnRefused(err error) bool {
 		strings.Contains(s, "Cannot connect to the Docker daemon")
 }
 
-// Create implements roche.Provider.
+// Create implements roche.Provider. Pulling a missing image has its own deadline
+// (WithPullTimeout); the rest is bounded by the engine timeout (WithEngineTimeout). A
+// sandbox the engine may still make after Create gave up is removed once it answers.
 func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
@@ -231,13 +310,35 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	if err := p.checkEgress(cfg); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	if err := p.checkTransport(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.checkDisk(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	fromSnapshot := cfg.FromSnapshot != ""
+	caller := ctx
+	ctx, done := p.engine.Bound(caller, "creating a sandbox", p.engineTimeout)
+	defer func() { done(&err) }()
+	if !fromSnapshot {
+		present, err := p.imagePresent(ctx, cfg.Image)
+		if err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		if !present {
+			// A pull has a deadline of its own (WithPullTimeout); making the sandbox then
+			// gets a whole one.
+			done(nil)
+			if err := p.pull(caller, cfg.Image); err != nil {
+				return roche.SandboxInfo{}, err
+			}
+			ctx, done = p.engine.Bound(caller, "creating a sandbox", p.engineTimeout)
+		}
+	}
 	if cfg.Network {
 		if err := p.ensureNetwork(ctx); err != nil {
 			return roche.SandboxInfo{}, err
 		}
-	}
-	if err := p.checkDisk(cfg); err != nil {
-		return roche.SandboxInfo{}, err
 	}
 	wsUID := -1
 	if cfg.Workspace != "" {
@@ -248,7 +349,6 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 		}
 		defer func() { release(err != nil) }()
 	}
-	fromSnapshot := cfg.FromSnapshot != ""
 	snapshotUID := -1
 	if fromSnapshot {
 		img, err := p.cli.ImageInspect(ctx, snapshotRef(cfg.FromSnapshot))
@@ -262,8 +362,6 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 		if img.Config != nil {
 			snapshotUID = uidOf(img.Config.Labels)
 		}
-	} else if err := p.ensureImage(ctx, cfg.Image); err != nil {
-		return roche.SandboxInfo{}, err
 	}
 	who := p.runAsFor(cfg, wsUID, snapshotUID)
 	if fromSnapshot {
@@ -272,6 +370,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 			return info, err
 		}
 		if err := p.restoreTmp(ctx, info.ID, cfg.FromSnapshot); err != nil {
+			// Destroy bounds itself, and removes the socket directory too.
 			p.Destroy(context.WithoutCancel(ctx), info.ID)
 			return roche.SandboxInfo{}, fmt.Errorf("restoring /tmp from snapshot %s: %w", cfg.FromSnapshot, err)
 		}
@@ -280,29 +379,52 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	return p.createAndFallBack(ctx, cfg, who)
 }
 
-// createAndFallBack makes the sandbox with roche-agent, or through the exec-API fallback
-// when the agent cannot start.
-func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config, who runAs) (roche.SandboxInfo, error) {
-	if p.agentPath != "" {
-		info, err := p.create(ctx, cfg, who, true)
-		// The exec-API fallback has no relay, so an allowlist cannot fall back; nor can a
-		// workspace (see below).
-		if err == nil || !errors.Is(err, errAgentFailed) || len(cfg.NetworkAllowlist) > 0 || cfg.Workspace != "" {
-			return info, err
-		}
-		p.log.Warn("roche-agent did not start; falling back to Docker's exec API for this sandbox", "err", err)
-	}
-	if cfg.Workspace != "" {
-		// A new volume belongs to root, and without the agent nothing hands it to the
+// askExecHint says how to ask for Docker's exec API, for errors about the agent.
+const askExecHint = "to run commands through Docker's exec API instead (slower, no files API), pass --transport docker-exec (docker.WithTransport or WithExecFallback in Go)"
+
+// checkTransport refuses, before anything is made, a config this provider's transport
+// cannot serve.
+func (p *Provider) checkTransport(cfg roche.Config) error {
+	switch {
+	case p.agentPath != "" || p.transport == TransportAgent && p.execFallback && cfg.Workspace == "":
+		return nil
+	case p.transport == TransportAgent && !p.execFallback:
+		return fmt.Errorf("%w: roche-agent was not found: Docker sandboxes run commands through it; build it with make build (or set %s to its path), or %s",
+			roche.ErrUnavailable, agentEnvPath, askExecHint)
+	case cfg.Workspace != "":
+		// A new workspace belongs to root, and without the agent nothing hands it to the
 		// sandbox user, who could then not write in it.
-		return roche.SandboxInfo{}, fmt.Errorf("%w: workspace %s: Docker sandboxes need roche-agent to make /workspace writable for the sandbox user, and this provider runs without it (transport %s)",
+		return fmt.Errorf("%w: workspace %s: Docker sandboxes need roche-agent to make /workspace writable for the sandbox user, and this provider runs without it (transport %s)",
 			roche.ErrUnsupported, cfg.Workspace, TransportDockerExec)
 	}
+	return nil
+}
+
+// createAndFallBack makes the sandbox with roche-agent or, with TransportDockerExec,
+// without. An agent that cannot start is an error quoting why, unless WithExecFallback
+// asked for the exec API then.
+func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config, who runAs) (roche.SandboxInfo, error) {
+	if p.agentPath == "" {
+		if p.transport == TransportAgent {
+			p.log.Warn("roche-agent not found: this sandbox runs commands through Docker's exec API, which is slower and has no files API, as WithExecFallback allows")
+		}
+		return p.create(ctx, cfg, who, false)
+	}
+	info, err := p.create(ctx, cfg, who, true)
+	if err == nil || !errors.Is(err, errAgentFailed) {
+		return info, err
+	}
+	// The exec API has no relay, so an allowlist cannot fall back; nor can a workspace
+	// (see checkTransport).
+	if !p.execFallback || len(cfg.NetworkAllowlist) > 0 || cfg.Workspace != "" {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: %v; %s", roche.ErrUnavailable, err, askExecHint)
+	}
+	p.log.Warn("roche-agent did not start; falling back to Docker's exec API for this sandbox, as WithExecFallback allows", "err", err)
 	return p.create(ctx, cfg, who, false)
 }
 
 // errAgentFailed marks a sandbox whose agent did not come up (the sandbox is removed).
-var errAgentFailed = errors.New("roche-agent did not start")
+var errAgentFailed = errors.New("roche-agent did not start in the sandbox")
 
 func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, withAgent bool) (roche.SandboxInfo, error) {
 	now := time.Now()
@@ -324,24 +446,31 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 			}
 		}
 	}
-	id, err := p.createContainer(ctx, cfg, who, expires, name, sb.agentDir)
+	id, unpin, err := p.createContainer(ctx, cfg, who, expires, name, sb.agentDir)
 	if err != nil {
-		p.removeAgentDir(sb.agentDir)
+		if ctx.Err() != nil {
+			// Cut short, the request may still reach the engine and make the container.
+			p.undo(name, sb.agentDir, context.Cause(ctx))
+		} else {
+			p.removeAgentDir(sb.agentDir)
+		}
 		return roche.SandboxInfo{}, err
 	}
 	sb.id = id
+	// The container holds its own binds once started; the staging points go with create.
+	defer unpin()
 	layer, err := p.sizeRoot(ctx, id, cfg)
 	if err != nil {
-		p.removeDetached(sb)
+		p.undo(id, sb.agentDir, context.Cause(ctx))
 		return roche.SandboxInfo{}, err
 	}
 	if err := p.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
 		// Undo the half-made sandbox even when the caller's context is what failed.
-		p.removeDetached(sb)
+		p.undo(id, sb.agentDir, context.Cause(ctx))
 		return roche.SandboxInfo{}, p.engineErr("starting container "+id, err)
 	}
 	if err := p.checkRootSized(ctx, id, layer); err != nil {
-		p.removeDetached(sb)
+		p.undo(id, sb.agentDir, context.Cause(ctx))
 		return roche.SandboxInfo{}, err
 	}
 	if sb.agent != nil {
@@ -359,11 +488,12 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 		err := sb.agent.WaitReady(wctx)
 		cancel()
 		if err != nil {
-			reason := p.exitReason(id)
-			p.removeDetached(sb)
 			if ctx.Err() != nil {
-				return roche.SandboxInfo{}, ctx.Err()
+				p.undo(id, sb.agentDir, context.Cause(ctx))
+				return roche.SandboxInfo{}, context.Cause(ctx)
 			}
+			reason := p.exitReason(ctx, id)
+			p.undo(id, sb.agentDir, nil)
 			return roche.SandboxInfo{}, fmt.Errorf("%w: %v%s", errAgentFailed, err, reason)
 		}
 	}
@@ -371,14 +501,15 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "transport", sb.transport())
 	return roche.SandboxInfo{
 		ID: id, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
-		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(),
+		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(), Owner: cfg.Owner,
 	}, nil
 }
 
-// createContainer creates the sandbox's container, not yet started. A drawn uid is
-// checked once the container carries it in its label, before anything runs as it: if
-// another container has it too, this one is removed and the uid drawn again.
-func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who runAs, expires time.Time, name, agentDir string) (string, error) {
+// createContainer creates the sandbox's container, not yet started, and returns what
+// removes its mounts' staging points (see pinMountSources) once it has started. A drawn
+// uid is checked once the container carries it in its label, before anything runs as
+// it: if another container has it too, this one is removed and the uid drawn again.
+func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who runAs, expires time.Time, name, agentDir string) (string, func(), error) {
 	for range maxUIDDraws {
 		if who.draw {
 			who.uid = p.drawSandboxUID()
@@ -386,40 +517,80 @@ func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who ru
 		}
 		ccfg, hcfg, err := p.containerConfig(cfg, who, expires, agentDir)
 		if err != nil {
-			return "", err
+			return "", nil, err
+		}
+		unpin, err := p.pinMountSources(cfg, hcfg)
+		if err != nil {
+			return "", nil, err
 		}
 		resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
 		if err != nil {
-			return "", p.engineErr("creating container", err)
+			unpin()
+			return "", nil, p.engineErr("creating container", err)
 		}
 		for _, w := range resp.Warnings {
 			p.log.Warn("docker create warning", "container", resp.ID, "warning", w)
 		}
 		if !who.draw {
-			return resp.ID, nil
+			return resp.ID, unpin, nil
 		}
 		taken, err := p.uidTakenElsewhere(ctx, who.uid, resp.ID)
 		if err == nil && !taken {
-			return resp.ID, nil
+			return resp.ID, unpin, nil
 		}
-		p.removeDetached(sandbox{id: resp.ID})
+		// Drawn again under the same name: this container goes first, now.
+		p.undo(resp.ID, "", nil)
+		unpin()
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		p.log.Debug("uid taken by another sandbox, drawing again", "uid", who.uid)
 	}
-	return "", noFreeUID("sandbox", p.uidFirst, p.uidCount/2)
+	return "", nil, noFreeUID("sandbox", p.uidFirst, p.uidCount/2)
+}
+
+// pinMountSources, with WithPinnedMounts, replaces the sources of cfg's host mounts in
+// hcfg by pinned staging points and returns what removes them.
+func (p *Provider) pinMountSources(cfg roche.Config, hcfg *container.HostConfig) (func(), error) {
+	var undo []func()
+	release := func() {
+		for _, u := range undo {
+			u()
+		}
+	}
+	if !p.pinMounts {
+		return release, nil
+	}
+	for i := range hcfg.Mounts {
+		m := &hcfg.Mounts[i]
+		if m.Type != mount.TypeBind || !slices.ContainsFunc(cfg.Mounts, func(cm roche.Mount) bool {
+			return cm.Source == m.Source && cm.Target == m.Target
+		}) {
+			continue
+		}
+		staged, u, err := p.pinSource(m.Source)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		undo = append(undo, u)
+		m.Source = staged
+	}
+	return release, nil
 }
 
 // exitReason describes why a container stopped, for error messages.
-func (p *Provider) exitReason(id string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (p *Provider) exitReason(ctx context.Context, id string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := p.cli.ContainerInspect(ctx, id)
 	if err != nil || c.State == nil || c.State.Running {
 		return ""
 	}
-	return fmt.Sprintf(" (container exited %d %s)", c.State.ExitCode, c.State.Error)
+	if c.State.Error != "" {
+		return fmt.Sprintf(" (container exited %d: %s)", c.State.ExitCode, c.State.Error)
+	}
+	return fmt.Sprintf(" (container exited %d)", c.State.ExitCode)
 }
 
 // containerConfig maps a validated roche.Config onto Docker's container and host config.
@@ -468,7 +639,8 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 			LabelConfig:   string(cfgJSON),
 			// Always set, so that a sandbox made from a snapshot does not carry the uid
 			// label of the one the snapshot was taken of.
-			LabelUID: who.label(),
+			LabelUID:   who.label(),
+			LabelOwner: cfg.Owner,
 		},
 	}
 	// With a network, the sandbox joins Roche's own bridge network, which the host's
@@ -550,16 +722,21 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 	return ccfg, hcfg, nil
 }
 
-// ensureImage makes sure the image is present, pulling it when it is not, and says how
-// to build a local one when the pull fails (machines without a registry).
-func (p *Provider) ensureImage(ctx context.Context, ref string) error {
+// imagePresent reports whether the engine has the image.
+func (p *Provider) imagePresent(ctx context.Context, ref string) (bool, error) {
 	_, err := p.cli.ImageInspect(ctx, ref)
-	if err == nil {
-		return nil
+	switch {
+	case err == nil:
+		return true, nil
+	case cerrdefs.IsNotFound(err):
+		return false, nil
 	}
-	if !cerrdefs.IsNotFound(err) {
-		return p.engineErr("inspecting image "+ref, err)
-	}
+	return false, p.engineErr("inspecting image "+ref, err)
+}
+
+// pull pulls a missing image within the pull timeout, and says how to build a local one
+// when the pull fails (machines without a registry).
+func (p *Provider) pull(ctx context.Context, ref string) error {
 	p.log.Info("pulling image", "image", ref)
 	pctx, cancel := context.WithTimeout(ctx, p.pullTimeout)
 	defer cancel()
@@ -636,7 +813,9 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	if id == "" {
 		return container.InspectResponse{}, sandbox{}, fmt.Errorf("%w: empty sandbox id", roche.ErrNotFound)
 	}
-	c, err := p.cli.ContainerInspect(ctx, id)
+	ictx, done := p.bound(ctx, "inspecting sandbox "+id)
+	c, err := p.cli.ContainerInspect(ictx, id)
+	done(&err)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
 			return c, sandbox{}, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
@@ -685,7 +864,7 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	}
 	return roche.SandboxInfo{
 		ID: c.ID, Provider: p.Name(), Image: s.cfg.Image, State: state, CreatedAt: created, ExpiresAt: s.expires,
-		Transport: s.transport(),
+		Transport: s.transport(), Owner: s.cfg.Owner,
 	}, nil
 }
 
@@ -703,7 +882,9 @@ func stateOf(status string) roche.SandboxState {
 
 // Destroy implements roche.Provider. It removes the container and its anonymous volumes;
 // a container that is already gone is not an error.
-func (p *Provider) Destroy(ctx context.Context, id string) error {
+func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
+	ctx, done := p.bound(ctx, "destroying sandbox "+id)
+	defer done(&err)
 	_, s, err := p.inspect(ctx, id)
 	if errors.Is(err, roche.ErrNotFound) {
 		p.forget(id)
@@ -737,19 +918,10 @@ func isRemovalInProgress(err error) bool {
 	return strings.Contains(err.Error(), "is already in progress")
 }
 
-// removeDetached removes a half-made sandbox on a context of its own, for undoing partial
-// work when the caller's context may already be cancelled.
-func (p *Provider) removeDetached(sb sandbox) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := p.cli.ContainerRemove(ctx, sb.id, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
-		p.log.Warn("removing half-created sandbox", "id", sb.id, "err", err)
-	}
-	p.removeAgentDir(sb.agentDir)
-}
-
 // List implements roche.Provider.
-func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
+func (p *Provider) List(ctx context.Context) (_ []roche.SandboxInfo, err error) {
+	ctx, done := p.bound(ctx, "listing sandboxes")
+	defer done(&err)
 	cs, err := p.cli.ContainerList(ctx, container.ListOptions{
 		All: true,
 		Filters: filters.NewArgs(
@@ -771,7 +943,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		out = append(out, roche.SandboxInfo{
 			ID: c.ID, Provider: p.Name(), Image: img, State: stateOf(c.State),
 			CreatedAt: time.Unix(c.Created, 0), ExpiresAt: expiresFromLabels(c.Labels),
-			Transport: c.Labels[LabelTransport],
+			Transport: c.Labels[LabelTransport], Owner: cfg.Owner,
 		})
 	}
 	return out, nil
@@ -784,6 +956,13 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
+	for i, sb := range list {
+		// Roche starts a container as soon as it is made: one still "created" long after
+		// is what a create cut short left (the engine made it once Create had gone).
+		if sb.State == roche.StateCreated && time.Since(sb.CreatedAt) > 2*p.engineTimeout {
+			list[i].State = roche.StateExited
+		}
+	}
 	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
 	if !opts.DryRun {
 		err = errors.Join(err, p.sweepAgentDirs(ctx))
@@ -793,11 +972,13 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 
 // sweepAgentDirs removes socket directories whose container is gone: a sandbox that
 // reached the end of its lifetime is removed by the engine, which knows nothing of them.
-func (p *Provider) sweepAgentDirs(ctx context.Context) error {
+func (p *Provider) sweepAgentDirs(ctx context.Context) (err error) {
 	entries, err := os.ReadDir(p.stateDir)
 	if err != nil {
 		return nil
 	}
+	ctx, done := p.bound(ctx, "listing sandboxes")
+	defer done(&err)
 	cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
 	if err != nil {
 		return p.engineErr("listing sandboxes", err)
@@ -808,15 +989,23 @@ func (p *Provider) sweepAgentDirs(ctx context.Context) error {
 	}
 	for _, e := range entries {
 		dir := filepath.Join(p.stateDir, e.Name())
-		if e.IsDir() && strings.HasPrefix(e.Name(), "roche-") && !live[dir] {
-			p.removeAgentDir(dir)
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "roche-") || live[dir] {
+			continue
 		}
+		// A create (here or in another process) makes the directory before its container:
+		// one younger than a create may take is not a leftover yet.
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) < 2*p.engineTimeout {
+			continue
+		}
+		p.removeAgentDir(dir)
 	}
 	return nil
 }
 
 // Pause implements roche.Pauser.
-func (p *Provider) Pause(ctx context.Context, id string) error {
+func (p *Provider) Pause(ctx context.Context, id string) (err error) {
+	ctx, done := p.bound(ctx, "pausing sandbox "+id)
+	defer done(&err)
 	s, err := p.lookup(ctx, id)
 	if err != nil {
 		return err
@@ -825,7 +1014,9 @@ func (p *Provider) Pause(ctx context.Context, id string) error {
 }
 
 // Unpause implements roche.Pauser.
-func (p *Provider) Unpause(ctx context.Context, id string) error {
+func (p *Provider) Unpause(ctx context.Context, id string) (err error) {
+	ctx, done := p.bound(ctx, "unpausing sandbox "+id)
+	defer done(&err)
 	s, err := p.lookup(ctx, id)
 	if err != nil {
 		return err

@@ -105,9 +105,9 @@ func TestConformance(t *testing.T) {
 	providertest.Run(t, p, providertest.Options{Config: testConfig()})
 }
 
-// TestConformanceExecFallback runs the suite over Docker's exec API, the fallback used
-// where the agent cannot start.
+// TestConformanceExecFallback runs the suite over Docker's exec API, the transport asked
+// for with --transport docker-exec (or WithExecFallback where the agent cannot start).
 func TestConformanceExecFallback(t *testing.T) {
-	p := newProvider(t, docker.WithAgentPath(""))
+	p := newProvider(t, docker.WithTransport(docker.TransportDockerExec))
 	providertest.Run(t, p, providertest.Options{Config: testConfig()})
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
@@ -18,6 +19,7 @@ import (
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/proctree"
 	"github.com/roche-sandbox/roche/provider/internal/agentconv"
+	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
 // sigkillExit is the exit status of a process killed by SIGKILL (128+9).
@@ -27,15 +29,14 @@ const sigkillExit = 137
 // lifetime is tied to the call: when ctx ends or the timeout fires, the command and every
 // process it started are killed.
 func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
-	if len(req.Cmd) == 0 {
-		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
 	}
 	s, err := p.lookup(ctx, id)
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
-	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
-	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
+	stdout, stderr := req.Captures()
 	var res roche.ExecResult
 	if s.agent != nil {
 		res, err = p.runAgent(ctx, s, req, stdout, stderr)
@@ -90,6 +91,7 @@ func (p *Provider) agentErr(s sandbox, err error) error {
 		return mapped
 	}
 	p.forget(s.id)
+	// inspect bounds its own wait, so a hung engine cannot hold this up.
 	if _, _, ierr := p.inspect(context.Background(), s.id); errors.Is(ierr, roche.ErrNotFound) {
 		return fmt.Errorf("%w: sandbox %s is gone (destroyed, or its lifetime ended)", roche.ErrNotFound, s.id)
 	}
@@ -105,21 +107,9 @@ func (p *Provider) run(ctx context.Context, s sandbox, req roche.ExecRequest, st
 		env = append(env, k+"="+v)
 	}
 	start := time.Now()
-	created, err := p.cli.ContainerExecCreate(ctx, s.id, container.ExecOptions{
-		Cmd:          req.Cmd,
-		Env:          env,
-		WorkingDir:   req.Workdir,
-		AttachStdin:  req.Stdin != nil,
-		AttachStdout: true,
-		AttachStderr: true,
-	})
+	created, hij, err := p.startExec(ctx, s, req, env)
 	if err != nil {
-		p.forget(s.id)
-		return roche.ExecResult{}, p.engineErr("starting command in sandbox "+s.id, err)
-	}
-	hij, err := p.cli.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
-	if err != nil {
-		return roche.ExecResult{}, p.engineErr("attaching to command in sandbox "+s.id, err)
+		return roche.ExecResult{}, err
 	}
 	defer hij.Close()
 
@@ -173,8 +163,37 @@ func (p *Provider) run(ctx context.Context, s sandbox, req roche.ExecRequest, st
 	return res, nil
 }
 
+// startExec creates the exec and attaches to it, within the deadline of a call that needs
+// one quick answer. The attach hijacks the connection, and Docker's client stops
+// watching ctx once it has dialled, so the wait is bounded here (engine.Call).
+func (p *Provider) startExec(ctx context.Context, s sandbox, req roche.ExecRequest, env []string) (_ container.ExecCreateResponse, _ types.HijackedResponse, err error) {
+	ctx, done := p.bound(ctx, "starting a command in sandbox "+s.id)
+	defer done(&err)
+	created, err := p.cli.ContainerExecCreate(ctx, s.id, container.ExecOptions{
+		Cmd:          req.Cmd,
+		Env:          env,
+		WorkingDir:   req.Workdir,
+		AttachStdin:  req.Stdin != nil,
+		AttachStdout: true,
+		AttachStderr: true,
+	})
+	if err != nil {
+		p.forget(s.id)
+		return created, types.HijackedResponse{}, p.engineErr("starting command in sandbox "+s.id, err)
+	}
+	hij, err := engine.Call(ctx, func() (types.HijackedResponse, error) {
+		return p.cli.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	}, func(h types.HijackedResponse) { h.Close() })
+	if err != nil {
+		return created, hij, p.engineErr("attaching to command in sandbox "+s.id, err)
+	}
+	return created, hij, nil
+}
+
 // exitCode waits (briefly) for the engine to record the exec's exit and returns it.
-func (p *Provider) exitCode(ctx context.Context, execID string) (int, error) {
+func (p *Provider) exitCode(ctx context.Context, execID string) (_ int, err error) {
+	ctx, done := p.bound(ctx, "reading a command's exit status")
+	defer done(&err)
 	for i := 0; ; i++ {
 		ins, err := p.cli.ContainerExecInspect(ctx, execID)
 		if err != nil {

@@ -36,7 +36,9 @@ func (p *Provider) snapshotTmp(name string) string {
 
 // Snapshot implements roche.Snapshotter: the container's filesystem is committed as an
 // image, and its /tmp saved beside it through the agent.
-func (p *Provider) Snapshot(ctx context.Context, id, name string) (roche.Snapshot, error) {
+func (p *Provider) Snapshot(ctx context.Context, id, name string) (_ roche.Snapshot, err error) {
+	ctx, done := p.engine.Bound(ctx, "snapshotting sandbox "+id, p.engineTimeout)
+	defer done(&err)
 	if !roche.ValidWorkspaceName(name) {
 		return roche.Snapshot{}, fmt.Errorf("%w: snapshot name %q: use letters, digits, '_', '.' and '-', starting with a letter or digit", roche.ErrInvalidConfig, name)
 	}
@@ -116,7 +118,9 @@ func (p *Provider) restoreTmp(ctx context.Context, id, name string) error {
 }
 
 // Snapshots implements roche.Snapshotter.
-func (p *Provider) Snapshots(ctx context.Context) ([]roche.Snapshot, error) {
+func (p *Provider) Snapshots(ctx context.Context) (_ []roche.Snapshot, err error) {
+	ctx, done := p.bound(ctx, "listing snapshots")
+	defer done(&err)
 	imgs, err := p.cli.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelSnapshot))})
 	if err != nil {
 		return nil, p.engineErr("listing snapshots", err)
@@ -133,11 +137,13 @@ func (p *Provider) Snapshots(ctx context.Context) ([]roche.Snapshot, error) {
 }
 
 // RemoveSnapshot implements roche.Snapshotter.
-func (p *Provider) RemoveSnapshot(ctx context.Context, name string) error {
+func (p *Provider) RemoveSnapshot(ctx context.Context, name string) (err error) {
+	ctx, done := p.bound(ctx, "removing snapshot "+name)
+	defer done(&err)
 	if !roche.ValidWorkspaceName(name) {
 		return fmt.Errorf("%w: no snapshot %q", roche.ErrNotFound, name)
 	}
-	_, err := p.cli.ImageRemove(ctx, snapshotRef(name), image.RemoveOptions{PruneChildren: true})
+	_, err = p.cli.ImageRemove(ctx, snapshotRef(name), image.RemoveOptions{PruneChildren: true})
 	switch {
 	case cerrdefs.IsNotFound(err):
 		return fmt.Errorf("%w: no snapshot %s (roche snapshot list shows them)", roche.ErrNotFound, name)

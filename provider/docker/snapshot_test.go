@@ -67,7 +67,7 @@ func TestSnapshotImage(t *testing.T) {
 // TestSnapshotNeedsAgent: without roche-agent /tmp could not be saved, so a snapshot is
 // refused rather than taken without it.
 func TestSnapshotNeedsAgent(t *testing.T) {
-	p := newProvider(t, docker.WithAgentPath(""), docker.WithDataDir(t.TempDir()))
+	p := newProvider(t, docker.WithTransport(docker.TransportDockerExec), docker.WithDataDir(t.TempDir()))
 	ctx := context.Background()
 	name := fmt.Sprintf("test-%d", time.Now().UnixNano()%1e9)
 	removeAtEnd(t, "snapshot", p.RemoveSnapshot, name)

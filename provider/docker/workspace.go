@@ -220,7 +220,9 @@ func (p *Provider) workspaceMount(name string) mount.Mount {
 }
 
 // Workspaces implements roche.WorkspaceManager.
-func (p *Provider) Workspaces(ctx context.Context) ([]roche.Workspace, error) {
+func (p *Provider) Workspaces(ctx context.Context) (_ []roche.Workspace, err error) {
+	ctx, done := p.bound(ctx, "listing workspaces")
+	defer done(&err)
 	users, err := p.workspaceUsers(ctx, "")
 	if err != nil {
 		return nil, err
@@ -288,7 +290,9 @@ func (p *Provider) workspaceUsers(ctx context.Context, name string) (map[string]
 }
 
 // RemoveWorkspace implements roche.WorkspaceManager.
-func (p *Provider) RemoveWorkspace(ctx context.Context, name string) error {
+func (p *Provider) RemoveWorkspace(ctx context.Context, name string) (err error) {
+	ctx, done := p.bound(ctx, "removing workspace "+name)
+	defer done(&err)
 	if !roche.ValidWorkspaceName(name) {
 		return fmt.Errorf("%w: no workspace %q", roche.ErrNotFound, name)
 	}
@@ -414,7 +418,9 @@ func eventuallyFree(ctx context.Context, rm func() error) error {
 
 // waitGone waits until the engine has finished removing a container, so that its
 // volumes are free.
-func (p *Provider) waitGone(ctx context.Context, id string) error {
+func (p *Provider) waitGone(ctx context.Context, id string) (err error) {
+	ctx, done := p.bound(ctx, "waiting for sandbox "+id+" to be removed")
+	defer done(&err)
 	for i := 0; i < 200; i++ {
 		if _, err := p.cli.ContainerInspect(ctx, id); cerrdefs.IsNotFound(err) {
 			return nil

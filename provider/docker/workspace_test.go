@@ -56,7 +56,7 @@ func TestWorkspaceBelongsToSandboxUser(t *testing.T) {
 // TestWorkspaceNeedsAgent: without roche-agent nothing would make the volume writable
 // for the sandbox user, so a workspace is refused rather than mounted unusable.
 func TestWorkspaceNeedsAgent(t *testing.T) {
-	p := newProvider(t, docker.WithAgentPath(""))
+	p := newProvider(t, docker.WithTransport(docker.TransportDockerExec))
 	ctx := context.Background()
 	name := workspaceName(t)
 	removeAtEnd(t, "workspace", p.RemoveWorkspace, name)

@@ -11,6 +11,7 @@ package providertest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,10 @@ type Options struct {
 	// Python is the argv that runs the Python interpreter inside the sandbox;
 	// nil means ["python3"].
 	Python []string
+	// Owner, when set, is the owner the provider must report for the suite's sandboxes
+	// whatever Config.Owner says (roched sets its own); empty means Config.Owner must
+	// come back as given.
+	Owner string
 }
 
 // Run runs the conformance suite against p.
@@ -455,6 +460,8 @@ func (s *suite) testUnknownSandbox(t *testing.T) {
 func (s *suite) testListAndDestroy(t *testing.T) {
 	cfg := s.opts.Config
 	cfg.TimeoutSecs = 120
+	cfg.Owner = "providertest:" + strconv.Itoa(os.Getpid())
+	wantOwner := cmp.Or(s.opts.Owner, cfg.Owner)
 	before := time.Now()
 	info, err := s.p.Create(ctxFor(t, 2*time.Minute), cfg)
 	if err != nil {
@@ -481,6 +488,14 @@ func (s *suite) testListAndDestroy(t *testing.T) {
 	}
 	if d := found.ExpiresAt.Sub(before); d < 115*time.Second || d > 125*time.Second+time.Minute {
 		t.Errorf("expires %v after create, want about 120 s", d)
+	}
+	// The owner is what roched and the CLI adopt and collect by: it must survive the
+	// provider's own storage (a label, a record on disk), in List and in Inspect.
+	if info.Owner != wantOwner || found.Owner != wantOwner {
+		t.Errorf("owner from Create %q, from List %q; want %q", info.Owner, found.Owner, wantOwner)
+	}
+	if got, err := s.p.Inspect(ctxFor(t, time.Minute), info.ID); err != nil || got.Owner != wantOwner {
+		t.Errorf("Inspect: owner %q (%v), want %q", got.Owner, err, wantOwner)
 	}
 	if err := s.p.Destroy(ctxFor(t, time.Minute), info.ID); err != nil {
 		t.Fatalf("Destroy: %v", err)

@@ -49,15 +49,14 @@ func (s *sandbox) request(req roche.ExecRequest) agent.Request {
 // Exec implements roche.Provider: the agent inside the VM runs the command, enforces its
 // timeout and output limit, and kills its whole tree when ctx ends.
 func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
-	if len(req.Cmd) == 0 {
-		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
 	}
 	s, err := p.running(id)
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
-	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
-	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
+	stdout, stderr := req.Captures()
 	res, err := s.agent.Exec(ctx, s.request(req), agent.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -94,8 +93,8 @@ func (p *Provider) agentErrOrNil(s *sandbox, err error) error {
 
 // Start implements roche.BackgroundRunner.
 func (p *Provider) Start(ctx context.Context, id string, req roche.ExecRequest) (int, error) {
-	if len(req.Cmd) == 0 {
-		return 0, fmt.Errorf("%w: empty command: give the program and its arguments", roche.ErrInvalidConfig)
+	if err := req.Validate(); err != nil {
+		return 0, err
 	}
 	s, err := p.running(id)
 	if err != nil {

@@ -227,7 +227,11 @@ func qmp(ctx context.Context, socket, command string) error {
 		return fmt.Errorf("reaching QEMU's monitor: %w", err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Second)
+	}
+	_ = c.SetDeadline(deadline)
 	r := bufio.NewReader(c)
 	// The greeting, then capabilities negotiation, then the command; events may be
 	// interleaved and are skipped.

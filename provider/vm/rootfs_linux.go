@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
 // rootfsFormat names how root filesystems are built; changing the builder changes it, so
@@ -47,7 +48,14 @@ func (p *Provider) rootfs(ctx context.Context, ref string) (imageRoot, error) {
 	if err != nil {
 		return imageRoot{}, err
 	}
-	ins, err := cli.ImageInspect(ctx, ref)
+	dockerd := p.dockerEngine(cli)
+	ictx, done := dockerd.Bound(ctx, "inspecting image "+ref, engine.ControlTimeout)
+	ins, err := cli.ImageInspect(ictx, ref)
+	done(&err)
+	var notAnswering *engine.NotAnsweringError
+	if errors.As(err, &notAnswering) {
+		return imageRoot{}, notAnswering
+	}
 	if err != nil {
 		switch {
 		case cerrdefs.IsNotFound(err):
@@ -114,19 +122,23 @@ func (p *Provider) buildRootfs(ctx context.Context, cli *client.Client, ref, dst
 		return err
 	}
 
-	created, err := cli.ContainerCreate(ctx, &container.Config{
+	dockerd := p.dockerEngine(cli)
+	cctx, done := dockerd.Bound(ctx, "creating a container to export "+ref, engine.ControlTimeout)
+	created, err := cli.ContainerCreate(cctx, &container.Config{
 		Image: ref,
 		// Never started: a command is only required to create it.
 		Entrypoint: []string{"/.roche-rootfs-export"},
 		Labels:     map[string]string{"roche.rootfs-export": "true"},
 	}, &container.HostConfig{NetworkMode: "none"}, nil, nil, "")
+	done(&err)
 	if err != nil {
 		return fmt.Errorf("creating a container to export: %w", err)
 	}
 	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if rerr := cli.ContainerRemove(rctx, created.ID, container.RemoveOptions{Force: true}); rerr != nil && !cerrdefs.IsNotFound(rerr) {
+		rctx, done := dockerd.Bound(context.WithoutCancel(ctx), "removing the export container", engine.ControlTimeout)
+		rerr := cli.ContainerRemove(rctx, created.ID, container.RemoveOptions{Force: true})
+		done(&rerr)
+		if rerr != nil && !cerrdefs.IsNotFound(rerr) {
 			p.log.Warn("removing the export container", "id", created.ID, "err", rerr)
 		}
 	}()
@@ -464,5 +476,15 @@ func lockDir(ctx context.Context, dir string) (func(), error) {
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// dockerEngine names the Docker engine for the errors of calls that build root
+// filesystems.
+func (p *Provider) dockerEngine(cli *client.Client) engine.Engine {
+	return engine.Engine{
+		Name: "the Docker engine (the " + p.Name() + " provider builds each VM's root filesystem from an image with it)",
+		Addr: cli.DaemonHost(),
+		Hint: "check that dockerd runs and is not stuck (sudo systemctl status docker)",
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -159,7 +160,7 @@ func (p *Provider) dockerClient() (*client.Client, error) {
 	p.dockerMu.Lock()
 	defer p.dockerMu.Unlock()
 	if p.docker == nil {
-		c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+		c, err := engine.DockerClient()
 		if err != nil {
 			return nil, fmt.Errorf("%w: configuring the Docker client: %v", roche.ErrUnavailable, err)
 		}
@@ -553,7 +554,7 @@ func tail(path string, n int) string {
 func (s *sandbox) info(state roche.SandboxState) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: s.ID, Provider: s.Hypervisor, Image: s.Image, State: state,
-		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, Transport: "agent",
+		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, Transport: "agent", Owner: s.Config.Owner,
 	}
 }
 
@@ -756,11 +757,15 @@ func (p *Provider) Unpause(ctx context.Context, id string) error {
 	return p.setPaused(ctx, id, false)
 }
 
-func (p *Provider) setPaused(ctx context.Context, id string, freeze bool) error {
+func (p *Provider) setPaused(ctx context.Context, id string, freeze bool) (err error) {
 	s, err := p.lookup(id)
 	if err != nil {
 		return err
 	}
+	hv := engine.Engine{Name: "the hypervisor of sandbox " + id, Addr: s.Dir,
+		Hint: "the VM may be stuck: roche destroy " + id + " stops it"}
+	ctx, done := hv.Bound(ctx, "pausing or resuming", engine.ControlTimeout)
+	defer done(&err)
 	if err := p.hv.pause(ctx, s.meta, freeze); err != nil {
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}

@@ -94,16 +94,8 @@ type program struct {
 // Exec implements roche.Provider. Each exec instantiates its module afresh, so nothing
 // of one exec's memory survives into the next; files in /tmp, /workspace and rw mounts do.
 func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
-	if len(req.Cmd) == 0 {
-		return roche.ExecResult{}, fmt.Errorf("%w: empty command: give the program and its arguments, e.g. python3 -c 'print(1)'", roche.ErrInvalidConfig)
-	}
-	if req.Workdir != "" && !path.IsAbs(req.Workdir) {
-		return roche.ExecResult{}, fmt.Errorf("%w: workdir %q is not absolute: give a path starting with /", roche.ErrInvalidConfig, req.Workdir)
-	}
-	for k := range req.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return roche.ExecResult{}, fmt.Errorf("%w: env name %q is invalid: names are non-empty and contain no '=' or NUL", roche.ErrInvalidConfig, k)
-		}
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
 	}
 	rec, err := p.lookup(id)
 	if err != nil {
@@ -125,8 +117,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if timeout <= 0 {
 		timeout = max(time.Until(rec.ExpiresAt), time.Second)
 	}
-	stdout := roche.NewOutputCapture(req.OutputLimit, req.Stdout)
-	stderr := roche.NewOutputCapture(req.OutputLimit, req.Stderr)
+	stdout, stderr := req.Captures()
 	var res roche.ExecResult
 	served := false
 	if p.warmStart {

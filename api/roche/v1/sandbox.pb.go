@@ -463,7 +463,10 @@ type Sandbox struct {
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// transport says how commands reach the sandbox: "agent" (roche-agent inside it) or a
 	// provider's fallback such as "docker-exec", which is slower and has no files API.
-	Transport     string `protobuf:"bytes,7,opt,name=transport,proto3" json:"transport,omitempty"`
+	Transport string `protobuf:"bytes,7,opt,name=transport,proto3" json:"transport,omitempty"`
+	// owner says who made the sandbox: "roched:INSTANCE/TENANT" for a daemon's client,
+	// "cli:USER@HOST" for the direct-mode CLI. A create cannot set it: roched does.
+	Owner         string `protobuf:"bytes,8,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -543,6 +546,13 @@ func (x *Sandbox) GetExpiresAt() *timestamppb.Timestamp {
 func (x *Sandbox) GetTransport() string {
 	if x != nil {
 		return x.Transport
+	}
+	return ""
+}
+
+func (x *Sandbox) GetOwner() string {
+	if x != nil {
+		return x.Owner
 	}
 	return ""
 }
@@ -3423,7 +3433,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
 	"\n" +
-	"read_write\x18\x03 \x01(\bR\treadWrite\"\x8d\x02\n" +
+	"read_write\x18\x03 \x01(\bR\treadWrite\"\xa3\x02\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x14\n" +
@@ -3433,7 +3443,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1c\n" +
-	"\ttransport\x18\a \x01(\tR\ttransport\"\\\n" +
+	"\ttransport\x18\a \x01(\tR\ttransport\x12\x14\n" +
+	"\x05owner\x18\b \x01(\tR\x05owner\"\\\n" +
 	"\rCreateRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12/\n" +
 	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\"U\n" +

@@ -4,8 +4,10 @@ each test runs once per transport and both must behave the same."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import subprocess
 import tempfile
 import time
 from unittest import mock
@@ -241,21 +243,26 @@ class SandboxThroughCLI(SandboxThroughDaemon):
 
 
 class DaemonOverTCP(harness.SandboxTestCase):
-    """roched on TCP, which it serves only with a bearer token."""
+    """roched on TCP, which it serves only with a bearer token, and to each tenant only
+    its own sandboxes."""
 
     def test_token(self) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        d = harness.Daemon(name="tcp", args=["--listen", f"tcp://127.0.0.1:{port}"], env={"ROCHE_TOKEN": "s3cret"})
+        token = os.urandom(16).hex()
+        d = harness.Daemon(name="tcp", args=["--listen", f"tcp://127.0.0.1:{port}"], env={"ROCHE_TOKEN": token})
         self.addCleanup(d.stop)
+        with open(f"/proc/{d.proc.pid}/cmdline", "rb") as f:
+            self.assertNotIn(token.encode(), f.read())
         address = f"http://127.0.0.1:{port}"
-        roche = Roche(transport="daemon", address=address, token="s3cret")
+        roche = Roche(transport="daemon", address=address, token=token)
         with roche.create(image=harness.image()) as sb:
             self.assertEqual(sb.exec(["echo", "over tcp"]).stdout, "over tcp\n")
+            self.assertTrue(sb.info.owner.endswith("/default"), sb.info)
 
         async def main() -> str:
-            aroche = AsyncRoche(transport="daemon", address=address, token="s3cret")
+            aroche = AsyncRoche(transport="daemon", address=address, token=token)
             async with (await aroche.create(image=harness.image())) as asb:
                 return (await asb.exec(["echo", "async over tcp"])).stdout
 
@@ -265,3 +272,45 @@ class DaemonOverTCP(harness.SandboxTestCase):
                 Roche(transport="daemon", address=address, token="wrong").create(image=harness.image())
         self.assertEqual(cm.exception.reason, "unauthenticated")
         self.assertIn("ROCHE_TOKEN", cm.exception.message)
+
+        # A token file: used when only its owner can read it, refused otherwise.
+        tdir = tempfile.mkdtemp()
+        self.addCleanup(lambda: [os.remove(os.path.join(tdir, n)) for n in os.listdir(tdir)] and os.rmdir(tdir))
+        path = os.path.join(tdir, "token")
+        with open(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600), "w") as f:
+            f.write(token + "\n")
+        with mock.patch.dict(os.environ, {"ROCHE_TOKEN": ""}):
+            with Roche(transport="daemon", address=address, token_file=path).create(image=harness.image()) as sb:
+                self.assertEqual(sb.exec(["echo", "by file"]).stdout, "by file\n")
+            with mock.patch.dict(os.environ, {"ROCHE_TOKEN_FILE": path}):
+                self.assertEqual(Roche(transport="daemon", address=address).list(), [])
+            os.chmod(path, 0o644)
+            with self.assertRaises(RocheError) as cm:
+                Roche(transport="daemon", address=address, token_file=path)
+            self.assertIn("chmod 600", str(cm.exception))
+
+    def test_tenants(self) -> None:
+        """Two tenants of one roched: neither reaches the other's sandbox."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        tokens = {"acme": os.urandom(16).hex(), "bolt": os.urandom(16).hex()}
+        tdir = tempfile.mkdtemp()
+        path = os.path.join(tdir, "tokens.json")
+        hashes = {n: subprocess.run([harness.ROCHED, "hash-token"], input=t, capture_output=True, text=True,
+                                    check=True).stdout.strip() for n, t in tokens.items()}
+        with open(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600), "w") as f:
+            json.dump({"tenants": [{"name": n, "token_sha256": h} for n, h in hashes.items()]}, f)
+        d = harness.Daemon(name="tenants", args=["--listen", f"tcp://127.0.0.1:{port}", "--tokens-file", path])
+        self.addCleanup(d.stop)
+        os.remove(path)
+        os.rmdir(tdir)
+        address = f"http://127.0.0.1:{port}"
+        acme = Roche(transport="daemon", address=address, token=tokens["acme"])
+        bolt = Roche(transport="daemon", address=address, token=tokens["bolt"])
+        with acme.create(image=harness.image()) as sb:
+            with self.assertRaises(SandboxNotFound):
+                bolt.get(sb.id)
+            self.assertEqual(bolt.list(), [])
+            self.assertEqual(sb.exec(["echo", "still mine"]).stdout, "still mine\n")
+            self.assertEqual([i.id for i in acme.list()], [sb.id])

@@ -40,8 +40,8 @@ class AsyncRoche:
 
     def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
                  address: Optional[str] = None, token: Optional[str] = None, cli: Optional[str] = None,
-                 request_timeout: float = 60.0) -> None:
-        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout)
+                 request_timeout: float = 60.0, token_file: Optional[str] = None) -> None:
+        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file)
         self._transport: Optional[AsyncTransport] = None
         self._choosing: Optional[asyncio.Future[AsyncTransport]] = None
 

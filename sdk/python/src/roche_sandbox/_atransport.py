@@ -83,7 +83,10 @@ class AsyncDaemonTransport:
         raise RocheError("roched ended the output stream without a result")
 
     async def destroy(self, sid: str, d: Deadline) -> None:
-        await self.http.unary("Destroy", {"ids": [sid]}, d)
+        try:
+            await self.http.unary("Destroy", {"ids": [sid]}, d)
+        except SandboxNotFound:
+            pass  # roched serves no such sandbox (any more): destroy is idempotent
 
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
         m = await self.http.unary("Inspect", {"sandboxId": sid}, d)

@@ -102,6 +102,7 @@ def parse_info(obj: Any) -> SandboxInfo:
         state=str(obj.get("state", "")),
         created_at=parse_time(obj.get("created_at")),
         expires_at=parse_time(obj.get("expires_at")),
+        owner=str(obj.get("owner", "")),
     )
 
 

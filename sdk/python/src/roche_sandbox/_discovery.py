@@ -52,8 +52,29 @@ class Endpoint:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
 
-def endpoint(socket: Optional[str], address: Optional[str], token: Optional[str]) -> Endpoint:
-    """The endpoint for Roche's socket=, address= and token= arguments."""
+def read_token_file(path: str) -> str:
+    """The token in a file only its owner can read (as roched's --token-file): a token
+    readable by others is anyone's, so such a file is refused rather than used."""
+    try:
+        st = os.stat(path)
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise InvalidConfig(f"token file {path}: {e.strerror or e}") from None
+    if st.st_mode & 0o077:
+        raise InvalidConfig(f"token file {path} is open to group or others (mode {st.st_mode & 0o777:04o}): chmod 600 {path}")
+    if not token:
+        raise InvalidConfig(f"token file {path} is empty")
+    return token
+
+
+def endpoint(socket: Optional[str], address: Optional[str], token: Optional[str],
+             token_file: Optional[str] = None) -> Endpoint:
+    """The endpoint for Roche's socket=, address=, token= and token_file= arguments: the
+    token given, else the one in token_file (or $ROCHE_TOKEN_FILE), else $ROCHE_TOKEN."""
+    token_file = token_file or os.environ.get("ROCHE_TOKEN_FILE") or None
+    if not token and token_file:
+        token = read_token_file(token_file)
     token = token or os.environ.get("ROCHE_TOKEN") or None
     if not address:
         return Endpoint(socket=socket or default_socket(), token=token)

@@ -41,14 +41,15 @@ class Choice:
     """The transport settings shared by Roche and AsyncRoche, and how they resolve."""
 
     def __init__(self, provider: str, transport: str, socket: Optional[str], address: Optional[str],
-                 token: Optional[str], cli: Optional[str], request_timeout: float) -> None:
+                 token: Optional[str], cli: Optional[str], request_timeout: float,
+                 token_file: Optional[str] = None) -> None:
         if transport not in TRANSPORTS:
             raise InvalidConfig(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
         if request_timeout <= 0:
             raise InvalidConfig(f"request_timeout {request_timeout!r}: give seconds > 0")
         self.provider = provider
         self.transport = transport
-        self.endpoint = _discovery.endpoint(socket, address, token)
+        self.endpoint = _discovery.endpoint(socket, address, token, token_file)
         self.cli = cli
         self.request_timeout = float(request_timeout)
 
@@ -74,13 +75,15 @@ class Roche:
     Calls go to roched when it answers on its socket (ROCHE_SOCKET, else the default
     path) and serves the provider; otherwise to the roche CLI (ROCHE_CLI, else roche on
     PATH). ``transport="daemon"`` or ``"cli"`` forces one. ``request_timeout`` bounds
-    how long any call waits for Roche beyond the time a command may run.
+    how long any call waits for Roche beyond the time a command may run. A roched on TCP
+    (``address=``) wants a token: ``token=``, ``token_file=`` (a file only you can read),
+    ``ROCHE_TOKEN_FILE`` or ``ROCHE_TOKEN``.
     """
 
     def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
                  address: Optional[str] = None, token: Optional[str] = None, cli: Optional[str] = None,
-                 request_timeout: float = 60.0) -> None:
-        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout)
+                 request_timeout: float = 60.0, token_file: Optional[str] = None) -> None:
+        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file)
         self._lock = threading.Lock()
         self._transport: Optional[Transport] = None
 

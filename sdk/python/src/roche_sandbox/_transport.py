@@ -81,7 +81,10 @@ class DaemonTransport:
         raise RocheError("roched ended the output stream without a result")
 
     def destroy(self, sid: str, d: Deadline) -> None:
-        self.http.unary("Destroy", {"ids": [sid]}, d)
+        try:
+            self.http.unary("Destroy", {"ids": [sid]}, d)
+        except SandboxNotFound:
+            pass  # roched serves no such sandbox (any more): destroy is idempotent
 
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
         m = self.http.unary("Inspect", {"sandboxId": sid}, d)

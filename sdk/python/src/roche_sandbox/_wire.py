@@ -128,6 +128,7 @@ def parse_sandbox(m: dict[str, Any]) -> SandboxInfo:
         state=_STATES.get(m.get("state", ""), "exited"),
         created_at=parse_time(m.get("createdAt")),
         expires_at=parse_time(m.get("expiresAt")),
+        owner=m.get("owner", ""),
     )
 
 
@@ -308,7 +309,8 @@ def error_from_connect(obj: Any, status: int, where: str) -> RocheError:
     if not reason:
         reason = _CODE_REASONS.get(code, "") or reason_from_text(message)
     if code == "unauthenticated":
-        return RocheError(f"{message} (pass token= or set ROCHE_TOKEN)", "unauthenticated")
+        return RocheError(f"{message} (pass token= or token_file=, or set ROCHE_TOKEN or ROCHE_TOKEN_FILE)",
+                          "unauthenticated")
     return error_for(reason, message)
 
 

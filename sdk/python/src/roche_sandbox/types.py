@@ -57,6 +57,8 @@ class SandboxInfo:
     state: str
     created_at: Optional[datetime] = None
     expires_at: Optional[datetime] = None
+    #: Who made it: "roched:INSTANCE/TENANT" through roched, "cli:USER@HOST" directly.
+    owner: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,189 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/cli"
+	"github.com/roche-sandbox/roche/pool"
+)
+
+// TestAdoptsOnlyItsOwn: on an engine holding a direct-mode CLI user's sandbox and
+// another daemon's (one handed to its client, one idle in its pool), a fresh daemon on a
+// state file of its own neither lists, serves, counts nor reaps any of them, at start-up
+// or at its reconciles; each stays alive for its owner.
+func TestAdoptsOnlyItsOwn(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	rec := newRecorder(t)
+	t.Cleanup(func() { rec.Close() }) // after the cleanups below, which use it
+
+	var out, errb bytes.Buffer
+	if code := cli.Main([]string{"create", "--direct", "--image", testImage(), "--timeout", "300"}, strings.NewReader(""), &out, &errb); code != 0 {
+		t.Fatalf("roche create --direct: exit %d: %s", code, errb.String())
+	}
+	cliID := strings.TrimSpace(out.String())
+	t.Cleanup(func() { rec.Provider.Destroy(context.Background(), cliID) })
+	if info, err := rec.Inspect(ctx, cliID); err != nil || !strings.HasPrefix(info.Owner, "cli:") {
+		t.Fatalf("the CLI's sandbox: owner %q (%v), want cli:USER@HOST", info.Owner, err)
+	}
+
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=1&max=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := startDaemon(t, Config{Pools: []pool.Spec{spec}})
+	held, err := other.p.Create(ctx, pyConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var otherIdle string
+	eventually(t, time.Minute, "the other daemon's pool to fill", func() bool {
+		ids := other.d.pools.Pools()[0].IdleIDs()
+		if len(ids) == 1 {
+			otherIdle = ids[0]
+		}
+		return otherIdle != ""
+	})
+	theirs := []string{cliID, held.ID, otherIdle}
+
+	fresh := startDaemon(t, Config{ReconcileInterval: 100 * time.Millisecond})
+	time.Sleep(500 * time.Millisecond) // several reconciles
+	list, err := fresh.p.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh.d.mu.Lock()
+	for _, id := range theirs {
+		if _, ok := fresh.d.sandboxes[id]; ok {
+			t.Errorf("the fresh daemon tracks %s, which is not its own", id)
+		}
+	}
+	fresh.d.mu.Unlock()
+	for _, id := range theirs {
+		if slices.Contains(ids(list), id) {
+			t.Errorf("the fresh daemon lists %s", id)
+		}
+		if _, err := fresh.p.Inspect(ctx, id); connectCode(err) != connect.CodeNotFound {
+			t.Errorf("the fresh daemon inspecting %s: %v, want NOT_FOUND", id, err)
+		}
+		if _, err := fresh.c.DestroyAll(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rec.Provider.Inspect(ctx, id); err != nil {
+			t.Errorf("sandbox %s (of %v) did not survive the fresh daemon: %v", id, theirs, err)
+		}
+	}
+	if !strings.Contains(fresh.d.poolOwner(), fresh.d.instance) || fresh.d.poolOwner() == other.d.poolOwner() {
+		t.Errorf("two daemons on two state files share an owner: %s", fresh.d.poolOwner())
+	}
+	other.p.Destroy(ctx, held.ID)
+}
+
+// TestAdoptsItsOwnAndItsOrphans kills roched (kill -9) right after a sandbox was made
+// whose record never reached the state file: the next roched on the same state file is
+// the same owner and adopts it, with the recorded one. Killed again and with its state
+// file gone, the next roched is a new instance; the sandboxes, made by a daemon on this
+// very state file, are orphans it adopts and serves. It destroys them at the end.
+func TestAdoptsItsOwnAndItsOrphans(t *testing.T) {
+	dir := shortDir(t)
+	socket := filepath.Join(dir, "roched.sock")
+	state := filepath.Join(dir, "roched.state.json")
+	ctx := ctxFor(t, 3*time.Minute)
+	rec := newRecorder(t)
+	t.Cleanup(func() { rec.Close() }) // after the cleanups below, which use it
+
+	first := startRochedEnv(t, socket, nil)
+	c, err := client.New(client.WithSocket(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded, err := c.Provider("docker").Create(ctx, pyConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rec.Provider.Destroy(context.Background(), recorded.ID) })
+	c.Close()
+	var sf stateFile
+	b, _ := os.ReadFile(state)
+	if err := json.Unmarshal(b, &sf); err != nil || sf.Instance == "" {
+		t.Fatalf("state file %s: %v", b, err)
+	}
+	// As if the daemon had crashed between the engine's create and its state file.
+	cfg := pyConfig()
+	cfg.Owner = ownerPrefix + sf.Instance + "." + stateKeyOf(state) + "/" + LocalTenant
+	unrecorded, err := rec.Provider.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rec.Provider.Destroy(context.Background(), unrecorded.ID) })
+	kill9 := func(r *roched) {
+		r.cmd.Process.Signal(syscall.SIGKILL)
+		r.cmd.Wait()
+	}
+	kill9(first)
+
+	mine := []string{recorded.ID, unrecorded.ID}
+	slices.Sort(mine)
+	served := func(what string) {
+		t.Helper()
+		c, err := client.New(client.WithSocket(socket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		list, err := c.Provider("docker").List(ctx)
+		got := ids(list)
+		slices.Sort(got)
+		if err != nil || !slices.Equal(got, mine) {
+			t.Fatalf("%s: lists %v (%v), want %v", what, got, err, mine)
+		}
+		for _, id := range mine {
+			if res, err := c.Provider("docker").Exec(ctx, id, roche.ExecRequest{Cmd: []string{"true"}}); err != nil || res.ExitCode != 0 {
+				t.Fatalf("%s: exec in %s: %+v %v", what, id, res, err)
+			}
+		}
+	}
+	second := startRochedEnv(t, socket, nil)
+	served("restarted on the same state file")
+	if !strings.Contains(second.log.String(), "adopted=1") {
+		t.Errorf("the restarted daemon does not report adopting the unrecorded sandbox:\n%s", second.log)
+	}
+	kill9(second)
+
+	if err := os.Remove(state); err != nil {
+		t.Fatal(err)
+	}
+	third := startRochedEnv(t, socket, nil)
+	served("restarted with the state file gone")
+	if !strings.Contains(third.log.String(), "adopted=2") {
+		t.Errorf("the new instance does not report adopting both orphans:\n%s", third.log)
+	}
+	c, err = client.New(client.WithSocket(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, id := range mine {
+		if err := c.Provider("docker").Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopRoched(t, third)
+	for _, id := range mine {
+		if _, err := rec.Provider.Inspect(ctx, id); err == nil {
+			t.Errorf("sandbox %s survived the daemon that adopted it", id)
+		}
+	}
+}

@@ -1,0 +1,310 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Tenants. Every call is made by a tenant: the unix socket's client is LocalTenant (the
+// socket is its owner's alone, mode 0600); a TCP client is whoever its bearer token
+// names. A tenant sees and acts on only its own sandboxes, workspaces and snapshots;
+// anything else is "not found", exactly as if it did not exist, so ids do not leak.
+
+// LocalTenant is the unix socket's tenant.
+const LocalTenant = "local"
+
+// DefaultTenant is the tenant of Config.Token, the single token of a daemon without a
+// tokens file.
+const DefaultTenant = "default"
+
+// MinTokenLength is the shortest token roched accepts from a token file or ROCHE_TOKEN:
+// a token is the only thing between the network and running code.
+const MinTokenLength = 16
+
+// Tenant is a TCP client known by its token, as the tokens file lists it.
+type Tenant struct {
+	// Name names the tenant in logs and in its sandboxes' owner: lower-case letters,
+	// digits, '-' and '_', starting and ending with a letter or digit, at most 32.
+	Name string `json:"name"`
+	// TokenSHA256 is the hex SHA-256 of the tenant's token (roched hash-token makes it);
+	// the token itself is never stored.
+	TokenSHA256 string `json:"token_sha256"`
+	// MaxSandboxes bounds the tenant's sandboxes at once, within the daemon's own bound
+	// (0: only the daemon's).
+	MaxSandboxes int `json:"max_sandboxes,omitempty"`
+	// MountRoots are host directories below which this tenant may mount, besides the
+	// daemon's --allow-mount-root ones.
+	MountRoots []string `json:"mount_roots,omitempty"`
+}
+
+// TokensFile is the --tokens-file format.
+type TokensFile struct {
+	Tenants []Tenant `json:"tenants"`
+}
+
+// HashToken returns the hex SHA-256 of a token, as TokenSHA256 holds it.
+func HashToken(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// checkPrivate refuses a secret file that anyone but its owner can read or write, or that
+// someone other than this process's user (or root) owns.
+func checkPrivate(path, what string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", roche.ErrInvalidConfig, what, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%w: %s %s is not a regular file", roche.ErrInvalidConfig, what, path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("%w: %s %s is open to group or others (mode %04o): anyone who can read it can run code as roched; chmod 600 %s",
+			roche.ErrInvalidConfig, what, path, perm, path)
+	}
+	return checkFileOwner(fi, path, what)
+}
+
+// ReadTokenFile reads the single token of --token-file: the whole file, surrounding
+// whitespace trimmed. The file must be private to its owner.
+func ReadTokenFile(path string) (string, error) {
+	if err := checkPrivate(path, "--token-file"); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%w: --token-file: %v", roche.ErrInvalidConfig, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if err := checkToken(tok, "--token-file "+path); err != nil {
+		return "", err
+	}
+	return tok, nil
+}
+
+func checkToken(tok, from string) error {
+	if len(tok) < MinTokenLength {
+		return fmt.Errorf("%w: the token in %s has %d characters: use at least %d random ones, e.g. openssl rand -hex 16",
+			roche.ErrInvalidConfig, from, len(tok), MinTokenLength)
+	}
+	return nil
+}
+
+// LoadTokensFile reads and checks a --tokens-file. Like a token file it must be private
+// to its owner: the hashes are no secret for random tokens, but whoever can change the
+// file can let themselves in.
+func LoadTokensFile(path string) ([]Tenant, error) {
+	if err := checkPrivate(path, "--tokens-file"); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --tokens-file: %v", roche.ErrInvalidConfig, err)
+	}
+	var tf TokensFile
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&tf); err != nil {
+		return nil, fmt.Errorf("%w: tokens file %s: %v (see roched --help for the format)", roche.ErrInvalidConfig, path, err)
+	}
+	if len(tf.Tenants) == 0 {
+		return nil, fmt.Errorf("%w: tokens file %s lists no tenants", roche.ErrInvalidConfig, path)
+	}
+	return tf.Tenants, nil
+}
+
+// validTenantName: see Tenant.Name. "--" is what separates a tenant's name from a
+// workspace's in the provider, so a name never holds it.
+func validTenantName(s string) bool {
+	if s == "" || len(s) > 32 || strings.Contains(s, "--") {
+		return false
+	}
+	for i, r := range s {
+		alnum := r >= 'a' && r <= 'z' || r >= '0' && r <= '9'
+		if !alnum && (i == 0 || i == len(s)-1 || r != '-' && r != '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// tenant is a tenant as the daemon serves it.
+type tenant struct {
+	name string
+	hash [sha256.Size]byte
+	// maxSandboxes bounds its sandboxes (0: only the daemon's bound).
+	maxSandboxes int
+	// mountRoots are the canonical directories below which it may mount; local may
+	// mount anywhere.
+	mountRoots []string
+	local      bool
+}
+
+// validateTenants reports every problem with the tenants of cfg.
+func (c Config) validateTenants() []error {
+	var errs []error
+	names := map[string]bool{}
+	hashes := map[string]string{}
+	if c.Token != "" {
+		names[DefaultTenant] = true
+		hashes[HashToken(c.Token)] = DefaultTenant
+	}
+	for _, t := range c.Tenants {
+		switch {
+		case !validTenantName(t.Name):
+			errs = append(errs, fmt.Errorf("%w: tenant name %q: use lower-case letters, digits, '-' and '_' (no \"--\"), starting and ending with a letter or digit, at most 32",
+				roche.ErrInvalidConfig, t.Name))
+		case t.Name == LocalTenant:
+			errs = append(errs, fmt.Errorf("%w: tenant name %q is the unix socket's: choose another", roche.ErrInvalidConfig, t.Name))
+		case names[t.Name]:
+			errs = append(errs, fmt.Errorf("%w: tenant %q is listed twice (%q is also the tenant of --token-file or ROCHE_TOKEN)",
+				roche.ErrInvalidConfig, t.Name, DefaultTenant))
+		}
+		names[t.Name] = true
+		h := strings.ToLower(t.TokenSHA256)
+		if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+			errs = append(errs, fmt.Errorf("%w: tenant %q: token_sha256 must be 64 hex digits (roched hash-token makes it)", roche.ErrInvalidConfig, t.Name))
+		} else if other, dup := hashes[h]; dup {
+			errs = append(errs, fmt.Errorf("%w: tenants %q and %q have the same token: give each its own", roche.ErrInvalidConfig, other, t.Name))
+		} else {
+			hashes[h] = t.Name
+		}
+		if t.MaxSandboxes < 0 {
+			errs = append(errs, fmt.Errorf("%w: tenant %q: max_sandboxes %d is negative", roche.ErrInvalidConfig, t.Name, t.MaxSandboxes))
+		}
+		for _, r := range t.MountRoots {
+			if _, err := canonicalRoot(r); err != nil {
+				errs = append(errs, fmt.Errorf("tenant %q: %w", t.Name, err))
+			}
+		}
+	}
+	for _, r := range c.AllowMountRoots {
+		if _, err := canonicalRoot(r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// canonicalRoot resolves an operator's mount root to the directory it names, without
+// symlinks (the operator's links are trusted; a tenant's path is not).
+func canonicalRoot(dir string) (string, error) {
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("%w: mount root %q is not an absolute path", roche.ErrInvalidConfig, dir)
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err == nil {
+		var fi fs.FileInfo
+		if fi, err = os.Stat(real); err == nil && !fi.IsDir() {
+			err = errors.New("not a directory")
+		}
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: mount root %s: %v", roche.ErrInvalidConfig, dir, err)
+	}
+	return real, nil
+}
+
+// buildTenants turns a validated config's tenants into what authenticate matches.
+func buildTenants(c Config) []*tenant {
+	var global []string
+	for _, r := range c.AllowMountRoots {
+		real, _ := canonicalRoot(r)
+		global = append(global, real)
+	}
+	var out []*tenant
+	if c.Token != "" {
+		out = append(out, &tenant{name: DefaultTenant, hash: sha256.Sum256([]byte(c.Token)), mountRoots: global})
+	}
+	for _, t := range c.Tenants {
+		nt := &tenant{name: t.Name, maxSandboxes: t.MaxSandboxes, mountRoots: append([]string(nil), global...)}
+		b, _ := hex.DecodeString(strings.ToLower(t.TokenSHA256))
+		copy(nt.hash[:], b)
+		for _, r := range t.MountRoots {
+			real, _ := canonicalRoot(r)
+			nt.mountRoots = append(nt.mountRoots, real)
+		}
+		out = append(out, nt)
+	}
+	return out
+}
+
+// match returns the tenant whose token this is, comparing its hash with every tenant's
+// in constant time, or nil.
+func match(tenants []*tenant, token string) *tenant {
+	sum := sha256.Sum256([]byte(token))
+	var found *tenant
+	for _, t := range tenants {
+		if subtle.ConstantTimeCompare(sum[:], t.hash[:]) == 1 {
+			found = t
+		}
+	}
+	return found
+}
+
+type tenantKey struct{}
+
+func withTenant(ctx context.Context, t *tenant) context.Context {
+	return context.WithValue(ctx, tenantKey{}, t)
+}
+
+// tenantOf returns the tenant a call was authenticated as. Every listener sets one, so
+// none is a bug; it is then refused rather than served as anybody.
+func tenantOf(ctx context.Context) (*tenant, error) {
+	if t, ok := ctx.Value(tenantKey{}).(*tenant); ok && t != nil {
+		return t, nil
+	}
+	return nil, fmt.Errorf("%w: the call has no tenant", roche.ErrPermission)
+}
+
+// namespaced is the provider's name for a tenant's workspace or snapshot: the local
+// tenant's names are kept as they are (the same as in direct mode), every other
+// tenant's are prefixed "TENANT--", so two tenants can use one name without sharing.
+func (t *tenant) namespaced(name, what string) (string, error) {
+	if name == "" {
+		return "", nil
+	}
+	if strings.Contains(name, "--") {
+		return "", fmt.Errorf("%w: %s name %q: \"--\" is reserved by roched to keep tenants apart", roche.ErrInvalidConfig, what, name)
+	}
+	if t.local {
+		return name, nil
+	}
+	full := t.name + "--" + name
+	if !roche.ValidWorkspaceName(name) || !roche.ValidWorkspaceName(full) {
+		return "", fmt.Errorf("%w: %s name %q: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most %d characters for tenant %s",
+			roche.ErrInvalidConfig, what, name, 64-len(t.name)-2, t.name)
+	}
+	return full, nil
+}
+
+// owns reports whether the provider's name for a workspace or snapshot is the tenant's,
+// and returns the name the tenant knows it by.
+func (t *tenant) owns(full string) (string, bool) {
+	prefix, rest, namespaced := strings.Cut(full, "--")
+	if t.local {
+		return full, !namespaced
+	}
+	return rest, namespaced && prefix == t.name
+}
+
+// remoteMounts reports whether some TCP tenant may mount host paths.
+func (c Config) remoteMounts() bool {
+	if len(c.AllowMountRoots) > 0 {
+		return true
+	}
+	return slices.ContainsFunc(c.Tenants, func(t Tenant) bool { return len(t.MountRoots) > 0 })
+}
