@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,9 +14,27 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain builds roche-agent for the tests against the real engine (a Docker sandbox
+// runs commands through it) and checks that no test left a goroutine behind.
+func TestMain(m *testing.M) {
+	cleanup, err := testenv.SetupAgent()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	cleanup()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // fakeProvider creates sandboxes that are only map entries, slowly, and records how
 // many creations ran at once and how many sandboxes were alive at most.

@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rocheclient "github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
 // The copy boundary attacked through the real binaries: roche in direct mode, and roche
@@ -325,15 +326,6 @@ func TestCopyInNoSpace(t *testing.T) {
 
 // swapLoop swaps /shared/f between a file and a symlink to argv[1] until /shared/stop
 // exists (or two minutes pass).
-const swapLoop = `
-import os, sys, time
-d, victim = '/shared', sys.argv[1]
-end = time.time() + 120
-while time.time() < end and not os.path.exists(d + '/stop'):
-    open(d + '/.f', 'w').write('plain'); os.rename(d + '/.f', d + '/f')
-    os.symlink(victim, d + '/.l'); os.rename(d + '/.l', d + '/f')
-`
-
 // TestCopyInRace: with a read-write mount, sandboxed code swaps a file and a symlink to
 // a root-only host file in a loop while the host copies the mount in again and again.
 // The host file's content must never appear in the sandbox.
@@ -355,7 +347,7 @@ func TestCopyInRace(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r.run(t, "exec", "--sandbox", id, "--timeout", "150", "--", "python3", "-c", swapLoop, secret)
+				r.run(t, "exec", "--sandbox", id, "--timeout", "150", "--", "python3", "-c", providertest.SwapLoop, secret)
 			}()
 			stop := func() {
 				os.WriteFile(filepath.Join(shared, "stop"), nil, 0o644)

@@ -67,10 +67,47 @@ func ExtractAt(r io.Reader, dir *os.File, rel string, opts Options) (Report, err
 		buf:     make([]byte, 256<<10),
 	}
 	defer x.uncache()
-	err := x.run(r)
+	// A copy that fails part way (over its limit, a broken stream, no space) takes back
+	// the destination it made, so that no half-written copy is left looking whole. One
+	// that was already there keeps what it had and what was written before the failure.
+	parent, err := x.dirOf(prefix[:len(prefix)-1])
+	if err != nil {
+		return Report{}, err
+	}
+	name := prefix[len(prefix)-1]
+	var st unix.Stat_t
+	made := errors.Is(unix.Fstatat(parent, name, &st, unix.AT_SYMLINK_NOFOLLOW), unix.ENOENT)
+	err = x.run(r)
+	if err != nil && made {
+		x.uncache()
+		if parent, derr := x.dirOf(prefix[:len(prefix)-1]); derr == nil {
+			removeAllAt(parent, name)
+		}
+	}
 	// The descriptor must outlive every *at call made on it.
 	runtime.KeepAlive(dir)
 	return x.rep, err
+}
+
+// removeAllAt removes name in dirfd and, when it is a directory, everything below it,
+// without following a symlink anywhere. Errors are ignored: it undoes what a failed
+// copy made, and that copy's error is the one to report.
+func removeAllAt(dirfd int, name string) {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || !(errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EPERM)) {
+		return
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	d := os.NewFile(uintptr(fd), name)
+	names, _ := d.Readdirnames(-1)
+	for _, n := range names {
+		removeAllAt(fd, n)
+	}
+	d.Close()
+	unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
 }
 
 type extractor struct {

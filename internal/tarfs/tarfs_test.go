@@ -295,6 +295,34 @@ func TestLimitRefusedBeforeWriting(t *testing.T) {
 	}
 }
 
+// TestFailedExtractTakesBackWhatItMade: a stream that breaks part way (a limit hit
+// upstream, a dropped connection) leaves no half-written destination when the copy made
+// it, and leaves one that was already there in place.
+func TestFailedExtractTakesBackWhatItMade(t *testing.T) {
+	whole := archive(t, dirE("d/"), fileE("d/a", "aaaa"), dirE("d/sub/"), fileE("d/sub/b", strings.Repeat("b", 8192)))
+	b, _ := io.ReadAll(whole)
+	cut := bytes.NewReader(b[:len(b)-4096]) // inside d/sub/b's content
+	dst := filepath.Join(t.TempDir(), "d")
+	if _, err := Extract(cut, dst, Options{}); err == nil {
+		t.Fatal("a broken stream extracted without error")
+	}
+	if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the half-written destination is still there: %v", err)
+	}
+
+	// A destination that was there stays, with what it had.
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dst, "mine"), []byte("kept"), 0o644)
+	if _, err := Extract(bytes.NewReader(b[:len(b)-4096]), dst, Options{}); err == nil {
+		t.Fatal("a broken stream extracted without error")
+	}
+	if got, err := os.ReadFile(filepath.Join(dst, "mine")); err != nil || string(got) != "kept" {
+		t.Fatalf("a file that was there before: %q %v", got, err)
+	}
+}
+
 func TestSparseKept(t *testing.T) {
 	const size = 100 << 20
 	pr, pw := io.Pipe()

@@ -42,16 +42,28 @@ func diskRefusal(why error) error {
 		roche.ErrUnsupported, roche.DefaultDisk, why)
 }
 
-// checkDisk refuses, before anything is made, a writable root with a limit that this
-// provider cannot enforce.
+// checkDisk refuses, before anything is made or the engine is asked anything, a writable
+// root with a limit or a workspace that this provider cannot enforce.
 func (p *Provider) checkDisk(cfg roche.Config) error {
-	if !cfg.Writable || cfg.DiskBytes() == 0 {
+	bounded := cfg.Writable && cfg.DiskBytes() != 0
+	if !bounded && cfg.Workspace == "" {
 		return nil
 	}
-	if err := p.canSizeDisks(); err != nil {
+	err := p.canSizeDisks()
+	switch {
+	case err == nil:
+		return nil
+	case bounded:
 		return diskRefusal(err)
+	default:
+		return workspaceRefusal(cfg.Workspace, err)
 	}
-	return nil
+}
+
+// workspaceRefusal is the error for a workspace this provider cannot make.
+func workspaceRefusal(name string, why error) error {
+	return fmt.Errorf("%w: workspace %s: workspaces are sized filesystems that Roche mounts on the engine's host, and here it cannot: %v; run roche as root on that host (or through roched)",
+		roche.ErrUnsupported, name, why)
 }
 
 // sizeRoot bounds the writable root of container id, created and not yet started, to

@@ -229,6 +229,7 @@ func New(opts ...Option) (*Provider, error) {
 		Name: "the Docker engine", Addr: p.cli.DaemonHost(),
 		Hint: "check that dockerd runs and is not stuck (sudo systemctl status docker), or raise --engine-timeout",
 	}
+	p.engine.Ready = engine.NewNegotiation(p.cli, p.engine).Wait
 	return p, nil
 }
 

@@ -75,7 +75,7 @@ func TestSeccompProfileApplied(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		opts []docker.Option
-	}{{"agent", nil}, {"exec fallback", []docker.Option{docker.WithAgentPath("")}}} {
+	}{{"agent", nil}, {"exec fallback", []docker.Option{docker.WithTransport(docker.TransportDockerExec)}}} {
 		t.Run(c.name, func(t *testing.T) {
 			p := newProvider(t, c.opts...)
 			id := sandbox(t, p, testConfig())

@@ -87,8 +87,7 @@ func volumeName(workspace string) string { return "roche-ws-" + workspace }
 // sandbox's drawn uid never meets one.
 func (p *Provider) ensureWorkspace(ctx context.Context, name string, want int64) (uid int, release func(failed bool), err error) {
 	if err := p.canSizeDisks(); err != nil {
-		return -1, nil, fmt.Errorf("%w: workspace %s: workspaces are sized filesystems that Roche mounts on the engine's host, and here it cannot: %v; run roche as root on that host (or through roched)",
-			roche.ErrUnsupported, name, err)
+		return -1, nil, workspaceRefusal(name, err)
 	}
 	unlock, err := p.lockWorkspace(name)
 	if err != nil {

@@ -210,15 +210,17 @@ f = open('/tmp/sp', 'wb'); f.seek(16 << 20); f.write(b'd' * 4096); f.truncate(32
 	}
 }
 
-// swapLoop swaps /shared/f between a file and a symlink to argv[1] until /shared/stop
-// exists (or two minutes pass).
-const swapLoop = `
+// SwapLoop is a Python program that swaps /shared/f between a file and a symlink to
+// argv[1] until /shared/stop exists (or two minutes pass), holding each state for a
+// moment so that copies racing it see both (a file would otherwise be there only while
+// the next link is made). Copy-in race tests run it in a sandbox with /shared mounted.
+const SwapLoop = `
 import os, sys, time
 d, victim = '/shared', sys.argv[1]
 end = time.time() + 120
 while time.time() < end and not os.path.exists(d + '/stop'):
-    open(d + '/.f', 'w').write('plain'); os.rename(d + '/.f', d + '/f')
-    os.symlink(victim, d + '/.l'); os.rename(d + '/.l', d + '/f')
+    open(d + '/.f', 'w').write('plain'); os.rename(d + '/.f', d + '/f'); time.sleep(0.001)
+    os.symlink(victim, d + '/.l'); os.rename(d + '/.l', d + '/f'); time.sleep(0.001)
 `
 
 // testCopyInRace: with a read-write mount, the sandbox swaps a file and a symlink to a
@@ -247,7 +249,7 @@ func (s *suite) testCopyInRace(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		req := roche.ExecRequest{Cmd: append(append([]string{}, s.opts.Python...), "-c", swapLoop, secret), Timeout: 150 * time.Second}
+		req := roche.ExecRequest{Cmd: append(append([]string{}, s.opts.Python...), "-c", SwapLoop, secret), Timeout: 150 * time.Second}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		s.p.Exec(ctx, id, req)

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/docker/docker/client"
@@ -39,6 +41,10 @@ type Engine struct {
 	Addr string
 	// Hint says what to do when it does not answer.
 	Hint string
+	// Ready, when set, is waited for (as long as the caller's deadline allows) before a
+	// bounded call starts: a Negotiation's Wait. An error that is a NotAnsweringError
+	// ends the call at once.
+	Ready func(context.Context) error
 }
 
 // NotAnsweringError says an engine did not answer an operation within its deadline. It
@@ -69,9 +75,17 @@ func (e Engine) Bound(ctx context.Context, op string, d time.Duration) (context.
 	start := time.Now()
 	na := &NotAnsweringError{Engine: e, Op: op, After: d}
 	deadline := start.Add(d)
-	ctx, cancel := context.WithDeadlineCause(ctx, deadline, na)
+	ctx, cancelDeadline := context.WithDeadlineCause(ctx, deadline, na)
+	ctx, cancel := context.WithCancelCause(ctx)
+	if e.Ready != nil {
+		var hung *NotAnsweringError
+		if err := e.Ready(ctx); errors.As(err, &hung) {
+			cancel(hung)
+		}
+	}
 	return ctx, func(err *error) {
-		defer cancel()
+		defer cancelDeadline()
+		defer cancel(nil)
 		if err == nil || *err == nil {
 			return
 		}
@@ -128,4 +142,73 @@ func DockerClient() (*client.Client, error) {
 		}
 		return nil
 	})
+}
+
+// Negotiation agrees the Engine API version with a Docker engine once, before the first
+// bounded call, so that no call waits on another's. The Docker client negotiates on the
+// first request under a lock that does not watch contexts, pinging with the context of
+// whichever call came first: against an engine that does not answer, every other call
+// waited for that one's deadline (a 2 s create behind a 10 s list took 10 s).
+// Negotiation pings from a goroutine of its own, bounded by ControlTimeout, and each
+// caller waits for it only as long as its own context allows.
+type Negotiation struct {
+	cli  *client.Client
+	eng  Engine
+	done atomic.Bool
+
+	mu      sync.Mutex
+	current *attempt // the ping under way, or nil
+}
+
+// attempt is one ping; err is set before done is closed.
+type attempt struct {
+	done chan struct{}
+	err  error
+}
+
+// NewNegotiation returns the negotiation for c, which eng names in errors.
+func NewNegotiation(c *client.Client, eng Engine) *Negotiation {
+	return &Negotiation{cli: c, eng: eng}
+}
+
+// Wait returns nil once the version is agreed (at once, after the first time), ctx's
+// error when it ends first, a NotAnsweringError when the engine did not answer a ping
+// within ControlTimeout, or the ping's error (an engine that refuses connections: the
+// caller's own call then reports it as it would have).
+func (n *Negotiation) Wait(ctx context.Context) error {
+	if n.done.Load() {
+		return nil
+	}
+	n.mu.Lock()
+	a := n.current
+	if a == nil {
+		a = &attempt{done: make(chan struct{})}
+		n.current = a
+		go n.ping(a)
+	}
+	n.mu.Unlock()
+	select {
+	case <-a.done:
+		return a.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (n *Negotiation) ping(a *attempt) {
+	ctx, cancel := context.WithTimeout(context.Background(), ControlTimeout)
+	defer cancel()
+	ping, err := n.cli.Ping(ctx)
+	switch {
+	case err == nil:
+		n.cli.NegotiateAPIVersionPing(ping)
+		n.done.Store(true)
+	case ctx.Err() != nil:
+		err = &NotAnsweringError{Engine: n.eng, Op: "agreeing the API version", After: ControlTimeout}
+	}
+	a.err = err
+	n.mu.Lock()
+	n.current = nil // the next caller pings again
+	n.mu.Unlock()
+	close(a.done)
 }

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+
 	"github.com/roche-sandbox/roche"
 )
 
@@ -119,5 +122,66 @@ func TestCallReturnsAtTheDeadline(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the late result was not discarded")
+	}
+}
+
+// TestNegotiationKeepsEachCallToItsBound: against an engine that never answers, a short
+// bounded call made while a longer one is waiting for the API version to be agreed ends
+// at its own bound, not at the longer one's (the Docker client's own negotiation holds a
+// lock for the first caller's whole deadline).
+func TestNegotiationKeepsEachCallToItsBound(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix://"+silentSocket(t))
+	cli, err := DockerClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	e := Engine{Name: "the Docker engine", Addr: cli.DaemonHost()}
+	e.Ready = NewNegotiation(cli, e).Wait
+
+	long := make(chan error, 1)
+	go func() {
+		ctx, done := e.Bound(context.Background(), "listing sandboxes", 5*time.Second)
+		_, err := cli.ContainerList(ctx, container.ListOptions{})
+		done(&err)
+		long <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the long call is first to ask for the version
+	start := time.Now()
+	ctx, done := e.Bound(context.Background(), "creating a sandbox", 500*time.Millisecond)
+	_, err = cli.ContainerList(ctx, container.ListOptions{})
+	done(&err)
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("a call bounded by 500ms took %v behind another's negotiation", el)
+	}
+	var na *NotAnsweringError
+	if !errors.As(err, &na) || na.Op != "creating a sandbox" {
+		t.Fatalf("the short call: %v, want a NotAnsweringError for its own operation", err)
+	}
+	if err := <-long; !errors.As(err, &na) {
+		t.Fatalf("the long call: %v, want a NotAnsweringError", err)
+	}
+}
+
+// TestNegotiationPassesRefusals: an engine that refuses connections is reported by the
+// call itself, at once, as it would be without the negotiation.
+func TestNegotiationPassesRefusals(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "nothing.sock"))
+	cli, err := DockerClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	e := Engine{Name: "the Docker engine", Addr: cli.DaemonHost()}
+	e.Ready = NewNegotiation(cli, e).Wait
+	start := time.Now()
+	ctx, done := e.Bound(context.Background(), "listing sandboxes", 5*time.Second)
+	_, err = cli.ContainerList(ctx, container.ListOptions{})
+	done(&err)
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("a refused connection took %v", el)
+	}
+	if err == nil || !client.IsErrConnectionFailed(err) {
+		t.Fatalf("a socket nobody listens on: %v, want the client's connection error", err)
 	}
 }

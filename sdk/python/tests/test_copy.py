@@ -168,8 +168,8 @@ class CopyThroughDaemon(harness.SandboxTestCase):
                 "d, victim = '/shared', sys.argv[1]\n"
                 "end = time.time() + 120\n"
                 "while time.time() < end and not os.path.exists(d + '/stop'):\n"
-                "    open(d + '/.f', 'w').write('plain'); os.rename(d + '/.f', d + '/f')\n"
-                "    os.symlink(victim, d + '/.l'); os.rename(d + '/.l', d + '/f')\n")
+                "    open(d + '/.f', 'w').write('plain'); os.rename(d + '/.f', d + '/f'); time.sleep(0.001)\n"
+                "    os.symlink(victim, d + '/.l'); os.rename(d + '/.l', d + '/f'); time.sleep(0.001)\n")
         with self.roche.create(image=harness.image(), mounts=[Mount(shared, "/shared", read_write=True)]) as sb:
             swapper = threading.Thread(target=self._swap, args=(sb.id, loop, secret))
             swapper.start()
