@@ -28,6 +28,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
@@ -73,6 +74,9 @@ var (
 
 // Provider is the Docker backend.
 type Provider struct {
+	// forwarder serves what roche-agent serves (agentfwd); Exec and the tar streams are
+	// overridden for sandboxes on the exec-API transport.
+	forwarder
 	cli         *client.Client
 	log         *slog.Logger
 	pullTimeout time.Duration
@@ -202,6 +206,7 @@ func New(opts ...Option) (*Provider, error) {
 	}
 	p.engineTimeout, p.transport = engine.DefaultTimeout, TransportAgent
 	p.closing, p.close = context.WithCancel(context.Background())
+	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(p)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
@@ -48,6 +49,7 @@ const minMemory = 128 << 20
 // Provider runs sandboxes as microVMs under one hypervisor.
 type Provider struct {
 	options
+	forwarder
 	hv hypervisor
 
 	dockerMu  sync.Mutex
@@ -87,6 +89,7 @@ func NewFirecracker(opts ...Option) (*Provider, error) {
 
 func newProvider(hv hypervisor, opts []Option) (*Provider, error) {
 	p := &Provider{options: defaultOptions(), hv: hv, sandboxes: map[string]*sandbox{}}
+	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(&p.options)
 	}
