@@ -184,6 +184,9 @@ func (p *Provider) refuse(cfg roche.Config) error {
 	if cfg.Workspace != "" {
 		problems = append(problems, "workspace: "+p.Name()+" sandboxes have no persistent workspaces yet; use the docker provider")
 	}
+	if cfg.Leased {
+		problems = append(problems, "leased: "+p.Name()+" sandboxes have no leases yet and live out their lifetime (timeout_secs) whatever happens to their creator; use the docker provider")
+	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		problems = append(problems, "network_allowlist: "+p.Name()+" sandboxes have no egress proxy yet; use the docker provider")
 	}

@@ -300,3 +300,16 @@ func sandboxPath(what, p string) (string, error) {
 	}
 	return path.Clean(p), nil
 }
+
+// Keep implements roche.Leaser: the agent ends the sandbox's lease (a provider that
+// holds the lease itself lets go of it as well).
+func (f Forwarder) Keep(ctx context.Context, id string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := t.Agent.Keep(ctx); err != nil {
+		return fmt.Errorf("ending the lease of sandbox %s: %w", id, t.fail(err))
+	}
+	return nil
+}
