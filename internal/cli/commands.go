@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 // createFlags are the flags shared by create and run.
@@ -39,7 +40,7 @@ type createFlags struct {
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	def := roche.DefaultConfig()
-	defProvider := "docker"
+	defProvider := providers.Default
 	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
 		defProvider = v
 	}
@@ -47,7 +48,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	if v := e.getenv("ROCHE_IMAGE"); v != "" {
 		defImage = v
 	}
-	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providerNames()+" (env ROCHE_PROVIDER)")
+	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providers.List()+" (env ROCHE_PROVIDER)")
 	fs.StringVar(&f.image, "image", defImage, "image to run (env ROCHE_IMAGE)")
 	fs.StringVar(&f.memory, "memory", def.Memory, "memory limit, no swap: e.g. 256m, 1g")
 	fs.StringVar(&f.disk, "disk", def.Disk, "what a --writable root may hold, e.g. 100m, 10g; past it writes fail with ENOSPC (0: no limit)")

@@ -30,6 +30,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
@@ -493,10 +494,11 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// provider returns the named provider ("" is docker, or the only one served).
+// provider returns the named provider ("" is the default, docker, or the only one
+// served); a name this daemon does not serve is refused with those it does.
 func (d *Daemon) provider(name string) (roche.Provider, error) {
 	if name == "" {
-		if p, ok := d.providers["docker"]; ok {
+		if p, ok := d.providers[providers.Default]; ok {
 			return p, nil
 		}
 		if len(d.names) == 1 {
