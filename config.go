@@ -93,6 +93,13 @@ type Config struct {
 	// by the program creating the sandbox, never taken from an API caller: roched's API
 	// does not carry it. Empty means nobody in particular (a library caller).
 	Owner string `json:"owner,omitempty"`
+	// Leased ties the sandbox to its creator instead of only to its lifetime: the
+	// process whose provider made it holds its lease until Destroy, Keep (see Leaser) or
+	// its own end, and a sandbox whose lease is lost (its creator was killed) stops
+	// within seconds. roche run, the SDKs' context managers and roched's pools set it; a
+	// sandbox made to outlive its creator (roche create) does not. A provider without
+	// leases (Capabilities.Leases false) refuses it.
+	Leased bool `json:"leased,omitempty"`
 }
 
 // WorkspacePath is where a workspace appears inside a sandbox.

@@ -43,6 +43,14 @@ type FileCopier interface {
 	CopyFrom(ctx context.Context, id, src, dst string) error
 }
 
+// Leaser is implemented by providers that honour Config.Leased.
+type Leaser interface {
+	// Keep ends the lease of sandbox id, which then lives out its lifetime whoever holds
+	// it or goes: a pooled sandbox (leased by the pool) handed to a caller that wants it
+	// to outlive its creator.
+	Keep(ctx context.Context, id string) error
+}
+
 // Pauser freezes and thaws every process in a sandbox.
 type Pauser interface {
 	Pause(ctx context.Context, id string) error
@@ -207,6 +215,7 @@ type Capabilities struct {
 	Pause     bool // implements Pauser
 	Stdin     bool // ExecRequest.Stdin is passed to the command
 	Processes bool // sandboxes are Linux process trees with /proc (fork, signals, users)
+	Leases    bool // leased=true can be given (implements Leaser)
 	// NotApplicable names Config fields (by their JSON names) the backend ignores
 	// because they cannot matter there.
 	NotApplicable []string `json:"not_applicable,omitempty"`

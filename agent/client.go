@@ -286,6 +286,32 @@ func (c *Client) WaitReady(ctx context.Context) error {
 	}
 }
 
+// Lease takes the sandbox's lease and holds it until the returned Closer is closed (or
+// this process ends: the kernel closes the connection, and the sandbox stops after its
+// grace). ctx bounds taking it, not holding it.
+func (c *Client) Lease(ctx context.Context) (io.Closer, error) {
+	s, err := c.open(ctx, Request{Op: OpLease})
+	if err != nil {
+		return nil, err
+	}
+	stop := s.closeOnDone(ctx)
+	err = s.reply(nil)
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		s.nc.Close()
+		return nil, err
+	}
+	return s.nc, nil
+}
+
+// Keep ends the sandbox's lease: it no longer stops when its lease holders go, and lives
+// out its lifetime.
+func (c *Client) Keep(ctx context.Context) error {
+	return c.call(ctx, Request{Op: OpLease, Keep: true}, nil)
+}
+
 // call performs a request with a single JSON reply.
 func (c *Client) call(ctx context.Context, req Request, v any) error {
 	s, err := c.open(ctx, req)

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // Frame kinds.
@@ -50,6 +51,18 @@ const (
 	OpRename = "rename"
 	OpUntar  = "untar" // extract a tar stream (data frames) at Path
 	OpTar    = "tar"   // send Path as a tar stream (data frames)
+	// OpLease holds the sandbox's lease for as long as the connection stays open; with
+	// Keep it ends the lease instead, and the sandbox lives out its lifetime. Only a
+	// sandbox started with a lease (--lease-grace) has one.
+	OpLease = "lease"
+)
+
+// Lease timing: a leased sandbox stops this long after the last connection holding its
+// lease closed (its creator died or let go), and, when no lease was ever taken, this long
+// after it started (its creator died while making it).
+const (
+	DefaultLeaseGrace = 3 * time.Second
+	DefaultFirstLease = 30 * time.Second
 )
 
 // Request is the first frame of every connection.
@@ -77,6 +90,9 @@ type Request struct {
 	Mode      uint32 `json:"mode,omitempty"`
 	Parents   bool   `json:"parents,omitempty"`
 	Recursive bool   `json:"recursive,omitempty"`
+
+	// lease
+	Keep bool `json:"keep,omitempty"`
 }
 
 // Result ends a command.

@@ -43,6 +43,8 @@ type Client struct {
 
 	mu   sync.Mutex
 	caps map[string]roche.Capabilities
+	// holds are the Hold streams of the leased sandboxes this client created (hold.go).
+	holds map[string]context.CancelFunc
 }
 
 type options struct {
@@ -129,6 +131,7 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // Close releases idle connections.
 func (c *Client) Close() error {
+	c.releaseAll()
 	c.transport.CloseIdleConnections()
 	return nil
 }
@@ -287,7 +290,11 @@ func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) 
 	if err != nil {
 		return roche.SandboxInfo{}, false, c.fromRPC(err)
 	}
-	return wire.InfoFromProto(resp.Msg.Sandbox), resp.Msg.Pooled, nil
+	sb := wire.InfoFromProto(resp.Msg.Sandbox)
+	if cfg.Leased {
+		c.hold(sb.ID)
+	}
+	return sb, resp.Msg.Pooled, nil
 }
 
 // DestroyAll destroys every sandbox handed to clients (of provider, when given) and

@@ -17,7 +17,11 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 	if err != nil {
 		return roche.SandboxInfo{}, p.c.fromRPC(err)
 	}
-	return wire.InfoFromProto(resp.Msg.Sandbox), nil
+	sb := wire.InfoFromProto(resp.Msg.Sandbox)
+	if p.c.release(id) {
+		p.c.hold(sb.ID) // the new sandbox is held as the old one was
+	}
+	return sb, nil
 }
 
 // Workspaces implements roche.WorkspaceManager.

@@ -138,6 +138,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 // NOT_FOUND for an id that names none of the caller's sandboxes (already destroyed,
 // never made, or another tenant's), which for Destroy means there is nothing to do.
 func (p *Provider) Destroy(ctx context.Context, id string) error {
+	defer p.c.release(id)
 	_, err := p.c.rpc.Destroy(ctx, connect.NewRequest(&rochev1.DestroyRequest{Ids: []string{id}, Provider: p.name}))
 	if err = p.c.fromRPC(err); errors.Is(err, roche.ErrNotFound) {
 		return nil

@@ -108,6 +108,10 @@ func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Optio
 		}
 		pl := &Pool{spec: s, cfg: s.Config(), provider: p, m: m, inUse: map[string]struct{}{}, changed: make(chan struct{})}
 		pl.cfg.Owner = m.owner
+		// Held by this process, where the provider has leases: a process killed while
+		// it keeps a pool (mid-refill, say) leaves no idle sandbox that lives on for
+		// minutes. Whoever takes one out ends the lease or takes it over (roche.Leaser).
+		pl.cfg.Leased = p.Capabilities().Leases
 		m.pools = append(m.pools, pl)
 		m.byKey[s.Key] = pl
 	}

@@ -34,7 +34,12 @@ type Config struct {
 	User string
 	// Lifetime ends the agent, and so the sandbox, after this long (0: never).
 	Lifetime time.Duration
-	Log      *slog.Logger
+	// LeaseGrace, when positive, makes the sandbox leased (agent.OpLease): it stops this
+	// long after the last lease holder goes, or FirstLease after the start when no holder
+	// ever came (0: agent.DefaultFirstLease).
+	LeaseGrace time.Duration
+	FirstLease time.Duration
+	Log        *slog.Logger
 	// Listener, when set, is served instead of a socket at Socket (a microVM's vsock or
 	// serial multiplexer; see RunVM).
 	Listener net.Listener
@@ -63,6 +68,8 @@ type Server struct {
 	// cgroupFD, when positive, is the cgroup every command starts in (set in a microVM,
 	// where the agent itself enforces the PID and memory limits; see RunVM).
 	cgroupFD int
+	// leases is set in Run when the sandbox is leased (Config.LeaseGrace).
+	leases *leases
 
 	mu    sync.Mutex
 	procs map[int]*proc // background and running commands by pid
@@ -156,12 +163,23 @@ func (s *Server) Run(ctx context.Context) error {
 		defer t.Stop()
 		lifetime = t.C
 	}
+	var leaseLost <-chan struct{}
+	if s.cfg.LeaseGrace > 0 {
+		first := s.cfg.FirstLease
+		if first <= 0 {
+			first = agent.DefaultFirstLease
+		}
+		s.leases = newLeases(first, s.cfg.LeaseGrace)
+		leaseLost = s.leases.lost
+	}
 	go func() {
 		select {
 		case sig := <-sigs:
 			s.log.Info("signal received, stopping", "signal", sig)
 		case <-lifetime:
 			s.log.Info("sandbox lifetime over, stopping")
+		case <-leaseLost:
+			s.log.Warn("sandbox lease lost (its creator is gone), stopping")
 		case <-ctx.Done():
 		}
 		cancel()
@@ -273,6 +291,8 @@ func (s *Server) serve(nc net.Conn) {
 		}
 	case agent.OpHealth:
 		err = c.sendJSON(agent.FrameReply, s.health())
+	case agent.OpLease:
+		err = s.lease(c, req)
 	case agent.OpWrite, agent.OpRead, agent.OpList, agent.OpStat, agent.OpMkdir, agent.OpRemove,
 		agent.OpRename, agent.OpUntar, agent.OpTar:
 		err = s.files(c, req)

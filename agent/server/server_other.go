@@ -19,12 +19,15 @@ type Config struct {
 	SocketOwner int
 	User        string
 	Lifetime    time.Duration
+	LeaseGrace  time.Duration
+	FirstLease  time.Duration
 	Log         *slog.Logger
 	Listener    net.Listener
 	// EgressListen and EgressDial relay the sandbox's HTTP proxy port to the host.
 	EgressListen string
 	EgressDial   func() (net.Conn, error)
 	Own          []string
+	ChownFrom    int
 }
 
 // Server is the in-sandbox agent; it exists only on Linux.

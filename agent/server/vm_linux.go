@@ -115,7 +115,9 @@ func runVM() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s, err := New(Config{
 		User: cfg.User, Lifetime: time.Duration(cfg.LifetimeMS) * time.Millisecond,
-		Log: log, Listener: ln,
+		LeaseGrace: time.Duration(cfg.LeaseGraceMS) * time.Millisecond,
+		FirstLease: time.Duration(cfg.FirstLeaseMS) * time.Millisecond,
+		Log:        log, Listener: ln,
 	})
 	if err != nil {
 		return err

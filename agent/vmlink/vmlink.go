@@ -64,6 +64,10 @@ type GuestConfig struct {
 	Workdir string `json:"workdir,omitempty"`
 	// LifetimeMS ends the agent, and with it the VM, after this long.
 	LifetimeMS int64 `json:"lifetime_ms"`
+	// LeaseGraceMS, when positive, makes the sandbox leased (see agent.OpLease);
+	// FirstLeaseMS is how long its creator has to take the lease first.
+	LeaseGraceMS int64 `json:"lease_grace_ms,omitempty"`
+	FirstLeaseMS int64 `json:"first_lease_ms,omitempty"`
 	// PidsLimit caps the tasks of the sandbox's commands (a pids cgroup in the guest).
 	PidsLimit int `json:"pids_limit"`
 	// Writable puts a writable layer (overlay on a guest tmpfs) over the read-only root.

@@ -29,6 +29,8 @@ func run() error {
 	owner := flag.Int("owner", 0, "host uid allowed to connect to the socket")
 	user := flag.String("user", "65534:65534", "uid[:gid] or name commands run as")
 	lifetime := flag.Duration("lifetime", 0, "stop after this long (0: never)")
+	leaseGrace := flag.Duration("lease-grace", 0, "make the sandbox leased: stop this long after the last lease holder goes (0: not leased)")
+	firstLease := flag.Duration("first-lease", 0, "with --lease-grace: stop when no lease was taken this long after the start (0: 30s)")
 	egressListen := flag.String("egress-listen", "", "loopback address to accept HTTP proxy connections on (e.g. 127.0.0.1:3128)")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
 	own := flag.String("own", "", "directory to hand to the sandbox user at start if root owns it (a workspace)")
@@ -42,6 +44,7 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg := server.Config{
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
+		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
 		ChownFrom: *chownFrom,
 	}
 	if *own != "" {

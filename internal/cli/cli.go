@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -146,7 +147,8 @@ memory without swap, 1 CPU, 64 processes, a 300 s lifetime, no-new-privileges, e
 capability dropped, Roche's seccomp profile and a non-root uid of the sandbox's own.
 Every default can be overridden.
 
-Providers: docker (default; ROCHE_PROVIDER overrides) and wasm (no dependencies).`,
+Providers (--provider, or ROCHE_PROVIDER for the default):
+` + providers.Help(),
 		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
   id=$(roche create --image roche/python:local) && roche exec --sandbox "$id" -- ls / && roche destroy "$id"`,
 		SilenceErrors: true,

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 // createFlags are the flags shared by create and run.
@@ -39,7 +40,7 @@ type createFlags struct {
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	def := roche.DefaultConfig()
-	defProvider := "docker"
+	defProvider := providers.Default
 	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
 		defProvider = v
 	}
@@ -47,7 +48,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	if v := e.getenv("ROCHE_IMAGE"); v != "" {
 		defImage = v
 	}
-	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providerNames()+" (env ROCHE_PROVIDER)")
+	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providers.List()+" (env ROCHE_PROVIDER)")
 	fs.StringVar(&f.image, "image", defImage, "image to run (env ROCHE_IMAGE)")
 	fs.StringVar(&f.memory, "memory", def.Memory, "memory limit, no swap: e.g. 256m, 1g")
 	fs.StringVar(&f.disk, "disk", def.Disk, "what a --writable root may hold, e.g. 100m, 10g; past it writes fail with ENOSPC (0: no limit)")
@@ -101,7 +102,10 @@ func (f *createFlags) config() (roche.Config, error) {
 
 // create makes a sandbox. Ctrl-C (or SIGTERM) ends it at once: the provider undoes what
 // it had made, within a bound, so nothing half-made is left.
-func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche.SandboxInfo, error) {
+// With leased (roche run), the sandbox is tied to this process where the provider (or
+// roched) has leases: killed outright, this process leaves a sandbox that goes within
+// seconds, not at the end of its lifetime.
+func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Provider, roche.SandboxInfo, error) {
 	cfg, err := f.config()
 	if err != nil {
 		return nil, roche.SandboxInfo{}, friendly(err)
@@ -111,6 +115,7 @@ func (e *env) create(ctx context.Context, f *createFlags) (roche.Provider, roche
 		return nil, roche.SandboxInfo{}, err
 	}
 	cfg.Owner = e.owner // through roched, the daemon owns it instead
+	cfg.Leased = leased && p.Capabilities().Leases
 	info, err := p.Create(ctx, cfg)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("creating the sandbox was interrupted: %w", err)
@@ -141,7 +146,7 @@ func (e *env) createCommand() *cobra.Command {
   roche create --image roche/python:local --workspace proj --workspace-size 10g`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, info, err := e.create(cmd.Context(), &f)
+			p, info, err := e.create(cmd.Context(), &f, false)
 			if err != nil {
 				return err
 			}
@@ -295,7 +300,7 @@ failed, 130 on Ctrl-C and 143 on SIGTERM.`,
 			}
 			// run outlives its sandbox, so in direct mode it can serve the egress proxy.
 			e.providers.outlives = true
-			p, info, err := e.create(ctx, &f)
+			p, info, err := e.create(ctx, &f, true)
 			if err != nil {
 				if ctx.Err() != nil {
 					fmt.Fprintf(e.stderr, "roche: %s\n", oneLine(err))

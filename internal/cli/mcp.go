@@ -10,6 +10,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/mcp"
+	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 func (e *env) mcpCommand() *cobra.Command {
@@ -63,7 +64,7 @@ send as "Authorization: Bearer TOKEN".`,
 			return srv.ServeHTTP(ctx, l, token, 10*time.Second)
 		},
 	}
-	defProvider, defImage := "docker", roche.DefaultImage
+	defProvider, defImage := providers.Default, roche.DefaultImage
 	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
 		defProvider = v
 	}

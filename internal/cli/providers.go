@@ -5,75 +5,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/provider/docker"
-	"github.com/roche-sandbox/roche/provider/vm"
-	"github.com/roche-sandbox/roche/provider/wasm"
 )
-
-// factoryOptions is what a provider is opened with.
-type factoryOptions struct {
-	log *slog.Logger
-	// outlives says this process outlives the sandboxes it makes (roche run), so it can
-	// serve their egress proxies.
-	outlives bool
-	// engineTimeout bounds a create against the engine (--engine-timeout); transport is
-	// how Docker sandboxes are reached (--transport).
-	engineTimeout time.Duration
-	transport     string
-}
-
-// factories build the providers the CLI knows, by name. Adding a backend is one line here.
-var factories = map[string]func(factoryOptions) (roche.Provider, error){
-	"docker": func(o factoryOptions) (roche.Provider, error) {
-		opts := []docker.Option{docker.WithLogger(o.log), docker.WithEngineTimeout(o.engineTimeout), docker.WithTransport(o.transport)}
-		if o.outlives {
-			opts = append(opts, docker.WithEgressProxy())
-		}
-		return docker.New(opts...)
-	},
-	"wasm":        func(o factoryOptions) (roche.Provider, error) { return wasm.New(wasm.WithLogger(o.log)) },
-	"qemu":        func(o factoryOptions) (roche.Provider, error) { return vm.NewQEMU(vm.WithLogger(o.log)) },
-	"firecracker": func(o factoryOptions) (roche.Provider, error) { return vm.NewFirecracker(vm.WithLogger(o.log)) },
-}
-
-// providerNames lists the known providers, sorted.
-func providerNames() string {
-	names := make([]string, 0, len(factories))
-	for n := range factories {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return strings.Join(names, ", ")
-}
 
 // registry opens providers on first use and closes them at exit.
 type registry struct {
 	log *slog.Logger
-	// outlives: see factoryOptions; set by roche run before it opens a provider.
+	// outlives: see providers.Options; set by roche run before it opens a provider.
 	outlives bool
 	mu       sync.Mutex
-	open     map[string]roche.Provider
+	open     providers.Set
 	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
 	// which is then used instead of opening the provider in-process.
 	remote func(name string) roche.Provider
 
 	// guard, when set, may refuse to act in-process on a sandbox (one roched made).
 	guard func(id string, p roche.Provider) error
-	// engineTimeout and transport: see factoryOptions; set by flags.
+	// engineTimeout and transport: see providers.Options; set by flags.
 	engineTimeout time.Duration
 	transport     string
 }
 
 func newRegistry(l *slog.Logger) *registry {
-	return &registry{log: l, open: map[string]roche.Provider{}, engineTimeout: docker.DefaultEngineTimeout, transport: docker.TransportAgent}
+	return &registry{log: l, open: providers.Set{}, engineTimeout: docker.DefaultEngineTimeout, transport: docker.TransportAgent}
 }
 
 func (r *registry) get(name string) (roche.Provider, error) {
@@ -92,36 +52,23 @@ func (r *registry) get(name string) (roche.Provider, error) {
 			return p, nil
 		}
 	}
-	return r.openLocked(name, name, factoryOptions{log: r.log, outlives: r.outlives, engineTimeout: r.engineTimeout, transport: r.transport})
-}
-
-// openLocked opens the named provider in this process and keeps it under key.
-func (r *registry) openLocked(key, name string, o factoryOptions) (roche.Provider, error) {
-	f, ok := factories[name]
-	if !ok {
-		return nil, fmt.Errorf("%w: unknown provider %q: choose one of %s", roche.ErrInvalidConfig, name, providerNames())
-	}
-	p, err := f(o)
+	p, err := providers.Open(name, providers.Options{Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport})
 	if err != nil {
 		return nil, err
 	}
-	r.open[key] = p
+	r.open[name] = p
 	return p, nil
 }
 
 func (r *registry) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, p := range r.open {
-		if c, ok := p.(io.Closer); ok {
-			_ = c.Close()
-		}
-	}
+	_ = r.open.Close()
 }
 
 // forID picks the provider that owns a sandbox id.
 func (r *registry) forID(id string) (roche.Provider, error) {
-	p, err := r.get(providerOfID(id))
+	p, err := r.get(providers.OfID(id))
 	if err == nil && r.guard != nil {
 		err = r.guard(id, p)
 	}
@@ -129,17 +76,6 @@ func (r *registry) forID(id string) (roche.Provider, error) {
 		return nil, err
 	}
 	return p, nil
-}
-
-// providerOfID names the provider of a sandbox id: every provider but Docker prefixes its
-// ids with its name ("wasm-..."), so an id alone says where it lives.
-func providerOfID(id string) string {
-	if name, _, ok := strings.Cut(id, "-"); ok {
-		if _, known := factories[name]; known && name != "docker" {
-			return name
-		}
-	}
-	return "docker"
 }
 
 // each calls fn for the named provider, or for every known one when name is empty. With
@@ -154,11 +90,7 @@ func (r *registry) each(ctx context.Context, name string, fn func(roche.Provider
 func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.Provider) error) ([]error, error) {
 	names := []string{name}
 	if name == "" {
-		names = names[:0]
-		for n := range factories {
-			names = append(names, n)
-		}
-		sort.Strings(names)
+		names = providers.Names()
 	}
 	var errs, unavailable []error
 	for _, n := range names {

@@ -30,6 +30,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
@@ -117,6 +118,8 @@ type Daemon struct {
 	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
 	// that workdir (see prepareWorkdir).
 	workdirs map[string]bool
+	// holds are the Hold streams of leased sandboxes (lease.go).
+	holds map[string]*hold
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
@@ -139,7 +142,10 @@ type Daemon struct {
 	// instance and stateKey make up this daemon's owner (see owner.go).
 	instance, stateKey string
 
-	stop     chan struct{}
+	stop chan struct{}
+	// draining is closed when Shutdown begins: long calls that would hold it up (Hold)
+	// end then.
+	draining chan struct{}
 	bg       sync.WaitGroup
 	servers  []*http.Server
 	tcpAddr  net.Addr
@@ -200,6 +206,8 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		workdirs:    map[string]bool{},
 		removeSlots: make(chan struct{}, 4),
 		stop:        make(chan struct{}),
+		draining:    make(chan struct{}),
+		holds:       map[string]*hold{},
 		output:      outputBudget{left: maxHeldOutput},
 		engines:     newEngines(providers),
 	}
@@ -456,6 +464,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	var errs []error
 	d.shutdown.Do(func() {
 		d.log.Info("roched shutting down")
+		close(d.draining)
 		for _, srv := range d.servers {
 			if err := srv.Shutdown(ctx); err != nil {
 				srv.Close()
@@ -485,10 +494,11 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// provider returns the named provider ("" is docker, or the only one served).
+// provider returns the named provider ("" is the default, docker, or the only one
+// served); a name this daemon does not serve is refused with those it does.
 func (d *Daemon) provider(name string) (roche.Provider, error) {
 	if name == "" {
-		if p, ok := d.providers["docker"]; ok {
+		if p, ok := d.providers[providers.Default]; ok {
 			return p, nil
 		}
 		if len(d.names) == 1 {

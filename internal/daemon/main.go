@@ -20,10 +20,9 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
-	"github.com/roche-sandbox/roche/provider/vm"
-	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
 // softMemoryLimit is roched's heap target when GOMEMLIMIT does not set one.
@@ -152,8 +151,13 @@ for a list or destroy). The engine is checked every 2 s: while it does not answe
 /healthz says "degraded", roche_engine_up{provider="docker"} is 0, creates are refused
 at once with UNAVAILABLE, and its going down and coming back are logged.
 
-Providers: docker, and wasm (CPython 3.12 on wazero) when python.wasm is installed
-(scripts/fetch-python-wasm.sh); roched starts without it and says so in its log.
+Providers:
+` + providers.Help() + `
+
+roched serves every provider it can set up and says in its log why it leaves one out;
+a bad Docker setting stops it. wasm without python.wasm (scripts/fetch-python-wasm.sh)
+is served, its creates failing with the command that fetches it; a microVM's missing
+hypervisor shows on its first create.
 
 Copies (CopyTo, CopyFrom) are relayed as they stream, never staged on this host; every
 entry is checked and each copy capped at --copy-max-bytes (a request may ask for less).
@@ -362,38 +366,26 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	// Settings are checked before the providers are set up, whose warnings would only
 	// bury the reason roched refuses to start.
-	if err := cfg.Validate([]string{"docker", "wasm", vm.QEMU, vm.Firecracker}); err != nil {
+	if err := cfg.Validate(providers.Names()); err != nil {
 		return err
 	}
-	// roched outlives its sandboxes, so it can run their egress proxies.
-	dopts := []docker.Option{docker.WithLogger(log.With("provider", "docker")), docker.WithEgressProxy(), docker.WithEngineTimeout(f.engineTimeout)}
-	if cfg.remoteMounts() {
+	served, err := providers.Serve(providers.Options{
+		Log: log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
+		// roched outlives its sandboxes, so it can run their egress proxies.
+		Outlives: true,
 		// TCP tenants may mount below some roots: bind what was checked, not a path
 		// that a sandbox could redirect in between (see docker.WithPinnedMounts).
-		dopts = append(dopts, docker.WithPinnedMounts())
-	}
-	dp, err := docker.New(dopts...)
+		PinnedMounts: cfg.remoteMounts(),
+		// python.wasm compiled in the background and kept in memory, each sandbox's
+		// interpreter started ahead of its next exec.
+		WarmStart: true,
+	})
 	if err != nil {
 		return err
 	}
-	defer dp.Close()
-	providers := map[string]roche.Provider{"docker": dp}
-	if wp := wasmProvider(log); wp != nil {
-		defer wp.Close()
-		providers["wasm"] = wp
-	}
-	// MicroVMs: a missing hypervisor shows as Unavailable on use, not at start-up.
-	for name, newVM := range map[string]func(...vm.Option) (*vm.Provider, error){vm.QEMU: vm.NewQEMU, vm.Firecracker: vm.NewFirecracker} {
-		vp, err := newVM(vm.WithLogger(log.With("provider", name)))
-		if err != nil {
-			log.Warn("microVM provider unavailable: serving without it", "provider", name, "err", err)
-			continue
-		}
-		defer vp.Close()
-		providers[name] = vp
-	}
+	defer served.Close()
 
-	d, err := New(cfg, providers, WithLogger(log))
+	d, err := New(cfg, served, WithLogger(log))
 	if err != nil {
 		return err
 	}
@@ -411,22 +403,4 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	shctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
 	return d.Shutdown(shctx)
-}
-
-// wasmProvider is the WebAssembly provider as roched runs it: python.wasm compiled in the
-// background and kept in memory, and each sandbox's interpreter started ahead of its next
-// exec. A missing python.wasm does not stop roched: it serves the provider, whose creates
-// fail with ErrUnavailable and the command that fetches it, and logs that here. Only a
-// provider that cannot be made at all (no state directory) is left out.
-func wasmProvider(log *slog.Logger) *wasm.Provider {
-	wlog := log.With("provider", "wasm")
-	wp, err := wasm.New(wasm.WithLogger(wlog), wasm.WithWarmStart())
-	if err != nil {
-		wlog.Warn("wasm provider unavailable: serving without it", "err", err)
-		return nil
-	}
-	if err := wp.Available(); err != nil {
-		wlog.Warn("wasm provider unavailable: creates with provider wasm fail until python.wasm is installed", "err", err)
-	}
-	return wp
 }

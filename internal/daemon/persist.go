@@ -51,7 +51,7 @@ func (d *Daemon) reset(ctx context.Context, tn *tenant, id string, keepWorkspace
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: now,
 	}
 	if old := t.rec; old != nil {
-		rec.Image, rec.Env, rec.Workdir = old.Image, maps.Clone(old.Env), old.Workdir
+		rec.Image, rec.Env, rec.Workdir, rec.Leased = old.Image, maps.Clone(old.Env), old.Workdir, old.Leased
 		if !old.ExpiresAt.IsZero() {
 			rec.ExpiresAt = old.ExpiresAt
 		}
@@ -59,8 +59,14 @@ func (d *Daemon) reset(ctx context.Context, tn *tenant, id string, keepWorkspace
 	d.mu.Lock()
 	old, tracked := d.sandboxes[t.id]
 	delete(d.sandboxes, t.id)
+	d.forgetHoldLocked(t.id)
 	d.sandboxes[sb.ID] = rec
 	d.mu.Unlock()
+	if rec.Leased {
+		// The client holds the new id from now on (the Go client and the SDKs move their
+		// Hold over).
+		d.leaseCreated(sb.ID, firstHold)
+	}
 	if tracked {
 		d.forgetInPool(old)
 	}

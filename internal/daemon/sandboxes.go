@@ -177,6 +177,10 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 	if cfg, err = d.permit(t, p, cfg); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
+	// A leased sandbox is held by its client through Hold (lease.go) and, where the
+	// provider has leases, by roched's own lease too.
+	clientLeased := cfg.Leased
+	cfg.Leased = clientLeased && p.Capabilities().Leases
 	if err := d.admit(t); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
@@ -189,7 +193,7 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 		}
 	}()
 
-	if sb, ok := d.fromPool(ctx, t, providerName, cfg); ok {
+	if sb, ok := d.fromPool(ctx, t, providerName, cfg); ok && d.leasePooled(ctx, p, sb.ID, clientLeased) {
 		d.mu.Lock()
 		d.unreserveLocked(t) // the record just made counts instead
 		admitted = false
@@ -212,9 +216,12 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 	admitted = false
 	d.sandboxes[sb.ID] = &record{
 		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Tenant: t.name,
-		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(),
+		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(), Leased: clientLeased,
 	}
 	d.mu.Unlock()
+	if clientLeased {
+		d.leaseCreated(sb.ID, firstHold)
+	}
 	if ctx.Err() != nil {
 		d.markDestroying(sb.ID)
 		return roche.SandboxInfo{}, false, fmt.Errorf("creating a sandbox: %w (the client went away; it was destroyed)", ctx.Err())
@@ -568,6 +575,11 @@ func (d *Daemon) recover(ctx context.Context) error {
 	for _, r := range recs {
 		r.since = now
 		d.sandboxes[r.ID] = r
+		if r.Leased && r.Kind == kindClient {
+			// Its client may hold it again (the Go client retries its Hold); if not, it
+			// goes as one never held does.
+			d.holds[r.ID] = &hold{timer: time.AfterFunc(firstHold, func() { d.holdLost(r.ID) })}
+		}
 	}
 	d.reconcile(ctx, true)
 	d.reap(now)

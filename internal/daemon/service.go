@@ -444,7 +444,9 @@ func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.Po
 func (s *service) ListProviders(_ context.Context, _ *connect.Request[rochev1.ListProvidersRequest]) (*connect.Response[rochev1.ListProvidersResponse], error) {
 	resp := &rochev1.ListProvidersResponse{}
 	for _, n := range s.d.names {
-		resp.Providers = append(resp.Providers, &rochev1.ProviderInfo{Name: n, Capabilities: wire.CapsToProto(s.d.providers[n].Capabilities())})
+		caps := s.d.providers[n].Capabilities()
+		caps.Leases = true // roched holds any sandbox for its client (Hold, lease.go)
+		resp.Providers = append(resp.Providers, &rochev1.ProviderInfo{Name: n, Capabilities: wire.CapsToProto(caps)})
 	}
 	return connect.NewResponse(resp), nil
 }

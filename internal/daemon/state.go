@@ -44,6 +44,9 @@ type record struct {
 	Paused  bool              `json:"paused,omitempty"`
 	// Tenant is whose sandbox it is ("" in a state file from before tenants: local).
 	Tenant string `json:"tenant,omitempty"`
+	// Leased: the client holds it with Hold, and it is destroyed once nobody does
+	// (lease.go).
+	Leased bool `json:"leased,omitempty"`
 
 	// adopted: found on the engine without a record (see owner.go), for /metrics.
 	adopted bool

@@ -23,9 +23,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 // Providers is how the server reaches sandboxes.
@@ -39,7 +41,7 @@ type Providers interface {
 
 // Config is what the server offers.
 type Config struct {
-	// DefaultProvider is used when a create names none ("docker" when empty).
+	// DefaultProvider is used when a create names none (providers.Default when empty).
 	DefaultProvider string
 	// DefaultImage is used when a create names none (roche.DefaultImage when empty).
 	DefaultImage string
@@ -90,7 +92,7 @@ func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 // New returns a server with Roche's tools.
 func New(p Providers, cfg Config, opts ...Option) *Server {
 	if cfg.DefaultProvider == "" {
-		cfg.DefaultProvider = "docker"
+		cfg.DefaultProvider = providers.Default
 	}
 	if cfg.DefaultImage == "" {
 		cfg.DefaultImage = roche.DefaultImage
@@ -155,6 +157,7 @@ func (s *Server) addTools() {
 		Title: "Create a sandbox",
 		Description: "Create an isolated sandbox with secure defaults (no network, read-only root, writable /tmp, " +
 			"512 MiB, 1 CPU, 300 s lifetime; a writable root holds 1 GiB) and return its id. Destroy it when done.",
+		InputSchema: s.createSchema(),
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)},
 	}, s.create)
 	mcp.AddTool(s.server, &mcp.Tool{
@@ -191,9 +194,22 @@ func (s *Server) addTools() {
 	}, s.destroy)
 }
 
+// createSchema is create_sandbox's input schema, its provider field naming the
+// providers from the registry and this server's default, which a struct tag cannot.
+func (s *Server) createSchema() *jsonschema.Schema {
+	schema, err := jsonschema.For[CreateInput](nil)
+	if err != nil {
+		panic(fmt.Sprintf("mcp: create_sandbox's input schema: %v", err)) // CreateInput is fixed: a bug, seen by every test
+	}
+	names := providers.Names()
+	schema.Properties["provider"].Description = fmt.Sprintf("isolation backend: %s or %s (%s when left out)",
+		strings.Join(names[:len(names)-1], ", "), names[len(names)-1], s.cfg.DefaultProvider)
+	return schema
+}
+
 // CreateInput is create_sandbox's arguments; what is left out takes the secure default.
 type CreateInput struct {
-	Provider      string            `json:"provider,omitempty" jsonschema:"isolation backend: docker (the default) or wasm"`
+	Provider      string            `json:"provider,omitempty" jsonschema:"isolation backend (see createSchema)"`
 	Image         string            `json:"image,omitempty" jsonschema:"image to run (the server's default when left out)"`
 	Network       bool              `json:"network,omitempty" jsonschema:"give the sandbox a network; refused unless the server allows it"`
 	Writable      bool              `json:"writable,omitempty" jsonschema:"make the root filesystem writable"`

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -217,6 +218,45 @@ func TestTools(t *testing.T) {
 }
 
 // TestRefusals: the secure defaults hold against what a client asks.
+// TestCreateSchemaNamesProviders: create_sandbox tells the model every provider of the
+// registry and which one it gets when it names none, the server's default.
+func TestCreateSchemaNamesProviders(t *testing.T) {
+	s := mcp.New(providers{}, mcp.Config{DefaultProvider: "wasm"})
+	defer s.Close(context.Background())
+	cs := connect(t, s)
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		if tool.Name != "create_sandbox" {
+			continue
+		}
+		b, err := json.Marshal(tool.InputSchema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var schema struct {
+			Properties map[string]struct {
+				Type        string `json:"type"`
+				Description string `json:"description"`
+			} `json:"properties"`
+		}
+		if err := json.Unmarshal(b, &schema); err != nil {
+			t.Fatal(err)
+		}
+		p := schema.Properties["provider"]
+		if want := "isolation backend: docker, firecracker, qemu or wasm (wasm when left out)"; p.Type != "string" || p.Description != want {
+			t.Fatalf("create_sandbox's provider: %+v, want a string described %q", p, want)
+		}
+		if len(schema.Properties) != reflect.TypeFor[mcp.CreateInput]().NumField() || schema.Properties["image"].Description == "" {
+			t.Fatalf("create_sandbox's other arguments lost their schema: %s", b)
+		}
+		return
+	}
+	t.Fatal("no create_sandbox tool")
+}
+
 func TestRefusals(t *testing.T) {
 	s, _ := newServer(t, mcp.Config{})
 	cs := connect(t, s)

@@ -27,6 +27,7 @@ func ConfigToProto(cfg roche.Config) *rochev1.SandboxConfig {
 		Memory: &cfg.Memory, Cpus: &cfg.CPUs, PidsLimit: ptr(clampInt32(cfg.PidsLimit)), Env: cfg.Env,
 		Workdir: cfg.Workdir, User: &cfg.User, NetworkAllowlist: cfg.NetworkAllowlist,
 		Workspace: cfg.Workspace, FromSnapshot: cfg.FromSnapshot, Disk: &cfg.Disk, WorkspaceSize: cfg.WorkspaceSize,
+		Leased: cfg.Leased,
 	}
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
@@ -74,6 +75,7 @@ func ConfigFromProto(pb *rochev1.SandboxConfig) roche.Config {
 	cfg.Workspace = pb.Workspace
 	cfg.FromSnapshot = pb.FromSnapshot
 	cfg.WorkspaceSize = pb.WorkspaceSize
+	cfg.Leased = pb.Leased
 	return cfg
 }
 
@@ -262,7 +264,7 @@ func ResultFromProto(pb *rochev1.ExecResult) roche.ExecResult {
 func CapsToProto(c roche.Capabilities) *rochev1.Capabilities {
 	return &rochev1.Capabilities{
 		Network: c.Network, Egress: c.Egress, Writable: c.Writable, Mounts: c.Mounts, Files: c.Files,
-		Pause: c.Pause, Stdin: c.Stdin, Processes: c.Processes, NotApplicable: c.NotApplicable,
+		Pause: c.Pause, Stdin: c.Stdin, Processes: c.Processes, NotApplicable: c.NotApplicable, Leases: c.Leases,
 	}
 }
 
@@ -273,7 +275,7 @@ func CapsFromProto(pb *rochev1.Capabilities) roche.Capabilities {
 	}
 	return roche.Capabilities{
 		Network: pb.Network, Egress: pb.Egress, Writable: pb.Writable, Mounts: pb.Mounts, Files: pb.Files,
-		Pause: pb.Pause, Stdin: pb.Stdin, Processes: pb.Processes, NotApplicable: pb.NotApplicable,
+		Pause: pb.Pause, Stdin: pb.Stdin, Processes: pb.Processes, NotApplicable: pb.NotApplicable, Leases: pb.Leases,
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 )
 
 // CopyTo implements roche.FileCopier with the default options (see roche.CopyIn).
@@ -46,16 +45,7 @@ func (p *Provider) CopyTarTo(ctx context.Context, id, dst string, r io.Reader) e
 	}
 	dst = path.Clean(dst)
 	if s.agent != nil {
-		cr := &agentconv.CallerReader{R: r}
-		if err := s.agent.Untar(ctx, dst, cr); err != nil {
-			if cr.Err != nil {
-				err = cr.Err
-			} else {
-				err = p.agentErr(s, err)
-			}
-			return fmt.Errorf("copying into sandbox %s at %s: %w", id, dst, err)
-		}
-		return nil
+		return p.target(s).CopyTarTo(ctx, dst, r)
 	}
 	if useArchiveAPI(s.cfg, dst) {
 		err := p.cli.CopyToContainer(ctx, s.id, path.Dir(dst), r, container.CopyToContainerOptions{})
@@ -88,16 +78,7 @@ func (p *Provider) CopyTarFrom(ctx context.Context, id, src string, w io.Writer)
 	}
 	src = path.Clean(src)
 	if s.agent != nil {
-		cw := &agentconv.CallerWriter{W: w}
-		if err := s.agent.Tar(ctx, src, cw); err != nil {
-			if cw.Err != nil {
-				err = cw.Err
-			} else {
-				err = p.agentErr(s, err)
-			}
-			return fmt.Errorf("copying %s out of sandbox %s: %w", src, id, err)
-		}
-		return nil
+		return p.target(s).CopyTarFrom(ctx, src, w)
 	}
 	if useArchiveAPI(s.cfg, src) {
 		rc, _, err := p.cli.CopyFromContainer(ctx, s.id, src)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
@@ -73,6 +74,9 @@ var (
 
 // Provider is the Docker backend.
 type Provider struct {
+	// forwarder serves what roche-agent serves (agentfwd); Exec and the tar streams are
+	// overridden for sandboxes on the exec-API transport.
+	forwarder
 	cli         *client.Client
 	log         *slog.Logger
 	pullTimeout time.Duration
@@ -108,6 +112,9 @@ type Provider struct {
 	// pay an inspect round trip to check the label again.
 	mu       sync.Mutex
 	verified map[string]sandbox
+	// leases are the connections holding the leases of the leased sandboxes this
+	// provider made (lease.go).
+	leases map[string]io.Closer
 
 	// halfMade removes, in the background, containers a create left when the engine
 	// stopped answering midway (halfmade.go); closing stops it.
@@ -193,6 +200,7 @@ func New(opts ...Option) (*Provider, error) {
 		log:         slog.New(slog.DiscardHandler),
 		pullTimeout: 2 * time.Minute,
 		verified:    map[string]sandbox{},
+		leases:      map[string]io.Closer{},
 		agentPath:   defaultAgentPath(),
 		stateDir:    defaultStateDir(),
 		dataDir:     defaultDataDir(),
@@ -202,6 +210,7 @@ func New(opts ...Option) (*Provider, error) {
 	}
 	p.engineTimeout, p.transport = engine.DefaultTimeout, TransportAgent
 	p.closing, p.close = context.WithCancel(context.Background())
+	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(p)
 	}
@@ -236,6 +245,7 @@ func New(opts ...Option) (*Provider, error) {
 // Close stops the egress proxies this process serves and the removal of half-made
 // sandboxes, and releases the Engine API client.
 func (p *Provider) Close() error {
+	p.dropLeases()
 	p.stopAllEgress()
 	p.close()
 	p.halfMade.Wait()
@@ -254,7 +264,7 @@ func (p *Provider) Name() string { return "docker" }
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
 		Network: true, Egress: p.egress && p.agentPath != "", Writable: true, Mounts: true,
-		Files: true, Pause: true, Stdin: true, Processes: true,
+		Files: true, Pause: true, Stdin: true, Processes: true, Leases: p.agentPath != "",
 	}
 }
 
@@ -387,11 +397,14 @@ const askExecHint = "to run commands through Docker's exec API instead (slower, 
 // cannot serve.
 func (p *Provider) checkTransport(cfg roche.Config) error {
 	switch {
-	case p.agentPath != "" || p.transport == TransportAgent && p.execFallback && cfg.Workspace == "":
+	case p.agentPath != "" || p.transport == TransportAgent && p.execFallback && cfg.Workspace == "" && !cfg.Leased:
 		return nil
 	case p.transport == TransportAgent && !p.execFallback:
 		return fmt.Errorf("%w: roche-agent was not found: Docker sandboxes run commands through it; build it with make build (or set %s to its path), or %s",
 			roche.ErrUnavailable, agentEnvPath, askExecHint)
+	case cfg.Leased:
+		return fmt.Errorf("%w: a leased sandbox (one that stops when its creator goes) needs roche-agent, and this provider runs without it (transport %s)",
+			roche.ErrUnsupported, TransportDockerExec)
 	case cfg.Workspace != "":
 		// A new workspace belongs to root, and without the agent nothing hands it to the
 		// sandbox user, who could then not write in it.
@@ -417,7 +430,7 @@ func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config, who 
 	}
 	// The exec API has no relay, so an allowlist cannot fall back; nor can a workspace
 	// (see checkTransport).
-	if !p.execFallback || len(cfg.NetworkAllowlist) > 0 || cfg.Workspace != "" {
+	if !p.execFallback || len(cfg.NetworkAllowlist) > 0 || cfg.Workspace != "" || cfg.Leased {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: %v; %s", roche.ErrUnavailable, err, askExecHint)
 	}
 	p.log.Warn("roche-agent did not start; falling back to Docker's exec API for this sandbox, as WithExecFallback allows", "err", err)
@@ -496,6 +509,12 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 			reason := p.exitReason(ctx, id)
 			p.undo(id, sb.agentDir, nil)
 			return roche.SandboxInfo{}, fmt.Errorf("%w: %v%s", errAgentFailed, err, reason)
+		}
+		if cfg.Leased {
+			if err := p.takeLease(ctx, sb); err != nil {
+				p.undo(id, sb.agentDir, context.Cause(ctx))
+				return roche.SandboxInfo{}, err
+			}
 		}
 	}
 	p.remember(sb)
@@ -700,6 +719,9 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 		if cfg.Workspace != "" {
 			ccfg.Entrypoint = append(ccfg.Entrypoint, "--own", roche.WorkspacePath)
 		}
+		if cfg.Leased {
+			ccfg.Entrypoint = append(ccfg.Entrypoint, p.leaseArgs()...)
+		}
 		if who.chownFrom > 0 {
 			ccfg.Entrypoint = append(ccfg.Entrypoint, "--chown-from", strconv.Itoa(who.chownFrom))
 		}
@@ -895,6 +917,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	}
 	p.forget(s.id)
+	defer p.dropLease(s.id)
 	err = p.cli.ContainerRemove(ctx, s.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
 		return p.engineErr("removing sandbox "+s.id, err)

@@ -23,6 +23,10 @@ func TestMain(m *testing.M) {
 	if addrs := os.Getenv(bannerListenEnv); addrs != "" {
 		os.Exit(serveBanners(strings.Split(addrs, ","), os.Getenv(bannerTextEnv)))
 	}
+	// Or the creator a lease test kills (lease_test.go), with the parent's roche-agent.
+	if mode := os.Getenv(leaseChildEnv); mode != "" {
+		os.Exit(leaseChild(mode))
+	}
 	cleanup, err := testenv.SetupAgent()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -16,18 +16,17 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/internal/proctree"
-	"github.com/roche-sandbox/roche/provider/internal/agentconv"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
 // sigkillExit is the exit status of a process killed by SIGKILL (128+9).
 const sigkillExit = 137
 
-// Exec implements roche.Provider through the Engine API's exec endpoints. The command's
-// lifetime is tied to the call: when ctx ends or the timeout fires, the command and every
-// process it started are killed.
+// Exec implements roche.Provider, through roche-agent (agentfwd) or, for a sandbox on
+// the exec-API transport, the Engine API's exec endpoints. Either way the command's
+// lifetime is tied to the call: when ctx ends or the timeout fires, the command and
+// every process it started are killed.
 func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
 	if err := req.Validate(); err != nil {
 		return roche.ExecResult{}, err
@@ -36,13 +35,11 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
-	stdout, stderr := req.Captures()
-	var res roche.ExecResult
 	if s.agent != nil {
-		res, err = p.runAgent(ctx, s, req, stdout, stderr)
-	} else {
-		res, err = p.run(ctx, s, req, stdout, stderr)
+		return p.target(s).Exec(ctx, req)
 	}
+	stdout, stderr := req.Captures()
+	res, err := p.run(ctx, s, req, stdout, stderr)
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	res.Truncated = res.Truncated || stdout.Truncated() || stderr.Truncated()
 	return res, err
@@ -54,48 +51,6 @@ func timeoutFor(s sandbox, req roche.ExecRequest) time.Duration {
 		return req.Timeout
 	}
 	return max(time.Until(s.expires), time.Second)
-}
-
-// runAgent runs req.Cmd through roche-agent. The agent enforces the timeout and the
-// output limit inside the sandbox and kills the command's whole tree when ctx ends.
-func (p *Provider) runAgent(ctx context.Context, s sandbox, req roche.ExecRequest, stdout, stderr io.Writer) (roche.ExecResult, error) {
-	// The agent enforces the timeout; this deadline only catches an agent that cannot
-	// answer at all, such as one frozen in a paused sandbox.
-	timeout := timeoutFor(s, req)
-	actx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
-	defer cancel()
-	res, err := s.agent.Exec(actx, agent.Request{
-		Cmd: req.Cmd, Env: req.Env, Cwd: req.Workdir,
-		TimeoutMS:   timeout.Milliseconds(),
-		OutputLimit: req.OutputLimit,
-	}, agent.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
-	if err != nil {
-		if ctx.Err() != nil {
-			return roche.ExecResult{}, fmt.Errorf("running command in sandbox %s: %w", s.id, ctx.Err())
-		}
-		if actx.Err() != nil {
-			return roche.ExecResult{}, fmt.Errorf("%w: sandbox %s did not answer within the command's timeout: is it paused? (roche unpause %s)", roche.ErrTimeout, s.id, s.id)
-		}
-		return roche.ExecResult{}, p.agentErr(s, err)
-	}
-	return roche.ExecResult{
-		ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated,
-		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
-	}, nil
-}
-
-// agentErr maps an agent failure onto the core's sentinels; a refused connection means
-// the sandbox has stopped (expired, destroyed, or its agent died).
-func (p *Provider) agentErr(s sandbox, err error) error {
-	if mapped, ok := agentconv.Err(s.id, err); ok {
-		return mapped
-	}
-	p.forget(s.id)
-	// inspect bounds its own wait, so a hung engine cannot hold this up.
-	if _, _, ierr := p.inspect(context.Background(), s.id); errors.Is(ierr, roche.ErrNotFound) {
-		return fmt.Errorf("%w: sandbox %s is gone (destroyed, or its lifetime ended)", roche.ErrNotFound, s.id)
-	}
-	return fmt.Errorf("sandbox %s: %w", s.id, err)
 }
 
 // run runs req.Cmd in the sandbox, writing its output to stdout and stderr unbuffered,

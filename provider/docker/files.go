@@ -2,101 +2,47 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/internal/agentconv"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 )
 
-// agentFor returns the sandbox's agent, or ErrUnsupported for a sandbox on the exec-API
-// fallback.
-func (p *Provider) agentFor(ctx context.Context, id string) (sandbox, error) {
+var (
+	_ roche.BackgroundRunner = (*Provider)(nil)
+	_ roche.FileSystem       = (*Provider)(nil)
+)
+
+// forwarder serves background processes and the files API (and, for sandboxes with
+// roche-agent, commands and tar streams) through the agent (agentfwd); the embedded
+// field is unexported.
+type forwarder = agentfwd.Forwarder
+
+// reach returns the sandbox's agent, or ErrUnsupported for a sandbox on the exec-API
+// transport.
+func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error) {
 	s, err := p.lookup(ctx, id)
 	if err != nil {
-		return s, err
+		return agentfwd.Target{}, err
 	}
 	if s.agent == nil {
-		return s, fmt.Errorf("%w: sandbox %s runs without roche-agent (transport %s), and the files API needs it", roche.ErrUnsupported, id, TransportDockerExec)
+		return agentfwd.Target{}, fmt.Errorf("%w: sandbox %s runs without roche-agent (transport %s), and this call needs it", roche.ErrUnsupported, id, TransportDockerExec)
 	}
-	return s, nil
+	return p.target(s), nil
 }
 
-// WriteFile implements roche.FileSystem.
-func (p *Provider) WriteFile(ctx context.Context, id, path string, r io.Reader, mode fs.FileMode) error {
-	s, err := p.agentFor(ctx, id)
-	if err != nil {
-		return err
+// target is the agent of s, which has one. An agent that cannot be reached means the
+// sandbox has stopped (expired, destroyed, or its agent died) when the engine no longer
+// has it.
+func (p *Provider) target(s sandbox) agentfwd.Target {
+	return agentfwd.Target{
+		ID: s.id, Agent: s.agent, Expires: s.expires,
+		Gone: func() bool {
+			p.forget(s.id)
+			// inspect bounds its own wait, so a hung engine cannot hold this up.
+			_, _, err := p.inspect(context.Background(), s.id)
+			return errors.Is(err, roche.ErrNotFound)
+		},
 	}
-	return p.agentErrOrNil(s, s.agent.WriteFile(ctx, path, r, uint32(mode.Perm()), true))
-}
-
-// ReadFile implements roche.FileSystem.
-func (p *Provider) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
-	s, err := p.agentFor(ctx, id)
-	if err != nil {
-		return err
-	}
-	return p.agentErrOrNil(s, s.agent.ReadFile(ctx, path, w))
-}
-
-// ListDir implements roche.FileSystem.
-func (p *Provider) ListDir(ctx context.Context, id, path string) ([]roche.FileInfo, error) {
-	s, err := p.agentFor(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	list, err := s.agent.List(ctx, path)
-	if err != nil {
-		return nil, p.agentErr(s, err)
-	}
-	return agentconv.FileInfos(list), nil
-}
-
-// Stat implements roche.FileSystem.
-func (p *Provider) Stat(ctx context.Context, id, path string) (roche.FileInfo, error) {
-	s, err := p.agentFor(ctx, id)
-	if err != nil {
-		return roche.FileInfo{}, err
-	}
-	fi, err := s.agent.Stat(ctx, path)
-	if err != nil {
-		return roche.FileInfo{}, p.agentErr(s, err)
-	}
-	return agentconv.FileInfo(fi), nil
-}
-
-// Mkdir implements roche.FileSystem.
-func (p *Provider) Mkdir(ctx context.Context, id, path string) error {
-	s, err := p.agentFor(ctx, id)
-	if err != nil {
-		return err
-	}
-	return p.agentErrOrNil(s, s.agent.Mkdir(ctx, path, true))
-}
-
-// Remove implements roche.FileSystem.
-func (p *Provider) Remove(ctx context.Context, id, path string) error {
-	s, err := p.agentFor(ctx, id)
-	if err != nil {
-		return err
-	}
-	return p.agentErrOrNil(s, s.agent.Remove(ctx, path, true))
-}
-
-// Rename implements roche.FileSystem.
-func (p *Provider) Rename(ctx context.Context, id, from, to string) error {
-	s, err := p.agentFor(ctx, id)
-	if err != nil {
-		return err
-	}
-	return p.agentErrOrNil(s, s.agent.Rename(ctx, from, to))
-}
-
-func (p *Provider) agentErrOrNil(s sandbox, err error) error {
-	if err == nil {
-		return nil
-	}
-	return p.agentErr(s, err)
 }

@@ -89,13 +89,13 @@ func (p *Provider) saveTmp(ctx context.Context, s sandbox, file string) error {
 	if err != nil {
 		return err
 	}
-	err = s.agent.Tar(ctx, "/tmp", f)
+	err = p.target(s).CopyTarFrom(ctx, "/tmp", f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		os.Remove(partial)
-		return fmt.Errorf("saving /tmp of sandbox %s: %w", s.id, p.agentErrOrNil(s, err))
+		return fmt.Errorf("saving /tmp for the snapshot: %w", err)
 	}
 	return os.Rename(partial, file)
 }
@@ -110,11 +110,11 @@ func (p *Provider) restoreTmp(ctx context.Context, id, name string) error {
 		return err
 	}
 	defer f.Close()
-	s, err := p.agentFor(ctx, id)
+	t, err := p.reach(ctx, id)
 	if err != nil {
 		return err
 	}
-	return p.agentErrOrNil(s, s.agent.Untar(ctx, "/tmp", f))
+	return t.CopyTarTo(ctx, "/tmp", f)
 }
 
 // Snapshots implements roche.Snapshotter.

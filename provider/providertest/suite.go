@@ -707,7 +707,7 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 subprocess.Popen(['sh', '-c', 'trap "" TERM; sleep 1000; echo roche-marker-child'])
 subprocess.Popen(['python3', '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)  # roche-marker-grandchild'])
 print('started', flush=True)
-time.sleep(1000)  # roche-marker-parent`, withTimeout(2*time.Second))
+time.sleep(1000)  # roche-marker-parent`, withTimeout(5*time.Second))
 	if !res.TimedOut || res.Stdout != "started\n" {
 		t.Fatalf("result %+v, want timed out after printing started", res)
 	}

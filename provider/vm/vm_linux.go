@@ -27,6 +27,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
@@ -48,6 +49,7 @@ const minMemory = 128 << 20
 // Provider runs sandboxes as microVMs under one hypervisor.
 type Provider struct {
 	options
+	forwarder
 	hv hypervisor
 
 	dockerMu  sync.Mutex
@@ -87,6 +89,7 @@ func NewFirecracker(opts ...Option) (*Provider, error) {
 
 func newProvider(hv hypervisor, opts []Option) (*Provider, error) {
 	p := &Provider{options: defaultOptions(), hv: hv, sandboxes: map[string]*sandbox{}}
+	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(&p.options)
 	}
@@ -180,6 +183,9 @@ func (p *Provider) refuse(cfg roche.Config) error {
 	}
 	if cfg.Workspace != "" {
 		problems = append(problems, "workspace: "+p.Name()+" sandboxes have no persistent workspaces yet; use the docker provider")
+	}
+	if cfg.Leased {
+		problems = append(problems, "leased: "+p.Name()+" sandboxes have no leases yet and live out their lifetime (timeout_secs) whatever happens to their creator; use the docker provider")
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		problems = append(problems, "network_allowlist: "+p.Name()+" sandboxes have no egress proxy yet; use the docker provider")

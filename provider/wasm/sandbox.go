@@ -221,6 +221,9 @@ func refuseUnsupported(cfg roche.Config) error {
 	if len(cfg.NetworkAllowlist) > 0 {
 		problems = append(problems, "network_allowlist: a WASI module has no sockets to reach even allowed hosts; use the docker provider")
 	}
+	if cfg.Leased {
+		problems = append(problems, "leased: wasm sandboxes have no leases and live out their lifetime (timeout_secs) once made, unless destroyed; use the docker provider")
+	}
 	if cfg.CPUs < 1 {
 		problems = append(problems, fmt.Sprintf("cpus=%v: a module runs on one thread and cannot be throttled below one CPU; give cpus of 1 or more", cfg.CPUs))
 	}

@@ -245,6 +245,11 @@ type SandboxConfig struct {
 	// The workspace's size, fixed when it is made; empty: 1g for a new one, its own size
 	// for an existing one.
 	WorkspaceSize string `protobuf:"bytes,16,opt,name=workspace_size,json=workspaceSize,proto3" json:"workspace_size,omitempty"`
+	// Ties the sandbox to the caller: the daemon destroys it a few seconds after the
+	// caller stops holding it (Hold: the stream ends when the caller's process does), or
+	// when no Hold came within 10 s of the create. Without it the sandbox lives out its
+	// timeout_secs.
+	Leased        bool `protobuf:"varint,17,opt,name=leased,proto3" json:"leased,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +394,13 @@ func (x *SandboxConfig) GetWorkspaceSize() string {
 		return x.WorkspaceSize
 	}
 	return ""
+}
+
+func (x *SandboxConfig) GetLeased() bool {
+	if x != nil {
+		return x.Leased
+	}
+	return false
 }
 
 // Mount binds a host path (on the daemon's host) into the sandbox.
@@ -1247,6 +1259,86 @@ func (x *DestroyRequest) GetProvider() string {
 	return ""
 }
 
+type HoldRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldRequest) Reset() {
+	*x = HoldRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldRequest) ProtoMessage() {}
+
+func (x *HoldRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
+func (*HoldRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *HoldRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type HoldResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldResponse) Reset() {
+	*x = HoldResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldResponse) ProtoMessage() {}
+
+func (x *HoldResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
+func (*HoldResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{14}
+}
+
 type DestroyResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Destroyed     []string               `protobuf:"bytes,1,rep,name=destroyed,proto3" json:"destroyed,omitempty"`
@@ -1256,7 +1348,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1360,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1373,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DestroyResponse) GetDestroyed() []string {
@@ -1301,7 +1393,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1405,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1418,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRequest) GetProvider() string {
@@ -1345,7 +1437,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1449,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1462,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1389,7 +1481,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1493,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1506,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InspectRequest) GetSandboxId() string {
@@ -1433,7 +1525,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1537,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1550,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *InspectResponse) GetSandbox() *Sandbox {
@@ -1477,7 +1569,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1581,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1594,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -1520,7 +1612,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1624,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1637,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 type UnpauseRequest struct {
@@ -1557,7 +1649,7 @@ type UnpauseRequest struct {
 
 func (x *UnpauseRequest) Reset() {
 	*x = UnpauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1661,7 @@ func (x *UnpauseRequest) String() string {
 func (*UnpauseRequest) ProtoMessage() {}
 
 func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1674,7 @@ func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UnpauseRequest) GetSandboxId() string {
@@ -1600,7 +1692,7 @@ type UnpauseResponse struct {
 
 func (x *UnpauseResponse) Reset() {
 	*x = UnpauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1704,7 @@ func (x *UnpauseResponse) String() string {
 func (*UnpauseResponse) ProtoMessage() {}
 
 func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1717,7 @@ func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 type GcRequest struct {
@@ -1640,7 +1732,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1744,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1757,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -1698,7 +1790,7 @@ type GcResponse struct {
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1802,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1815,7 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
@@ -1749,7 +1841,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1853,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1866,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -1813,7 +1905,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1917,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +1930,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 type CopyFromRequest struct {
@@ -1859,7 +1951,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +1963,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +1976,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -1927,7 +2019,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2031,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2044,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -1992,7 +2084,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2096,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2109,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Pool) GetKey() string {
@@ -2140,7 +2232,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2244,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2257,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 type PoolStatusResponse struct {
@@ -2177,7 +2269,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2281,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2294,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -2224,7 +2316,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2328,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2341,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -2275,7 +2367,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2379,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2392,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -2320,7 +2412,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +2424,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,7 +2437,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -2365,7 +2457,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2469,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2482,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -2415,7 +2507,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2519,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2532,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 type ListProvidersResponse struct {
@@ -2452,7 +2544,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2464,7 +2556,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2477,7 +2569,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -2497,7 +2589,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2509,7 +2601,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2522,7 +2614,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -2551,14 +2643,16 @@ type Capabilities struct {
 	Processes     bool                   `protobuf:"varint,7,opt,name=processes,proto3" json:"processes,omitempty"`
 	NotApplicable []string               `protobuf:"bytes,8,rep,name=not_applicable,json=notApplicable,proto3" json:"not_applicable,omitempty"`
 	// egress: network_allowlist can be given.
-	Egress        bool `protobuf:"varint,9,opt,name=egress,proto3" json:"egress,omitempty"`
+	Egress bool `protobuf:"varint,9,opt,name=egress,proto3" json:"egress,omitempty"`
+	// leases: leased can be given.
+	Leases        bool `protobuf:"varint,10,opt,name=leases,proto3" json:"leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +2664,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +2677,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -2649,6 +2743,13 @@ func (x *Capabilities) GetEgress() bool {
 	return false
 }
 
+func (x *Capabilities) GetLeases() bool {
+	if x != nil {
+		return x.Leases
+	}
+	return false
+}
+
 type ResetRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -2660,7 +2761,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2672,7 +2773,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2685,7 +2786,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -2712,7 +2813,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +2825,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +2838,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -2763,7 +2864,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +2876,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +2889,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Workspace) GetName() string {
@@ -2836,7 +2937,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2848,7 +2949,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2861,7 +2962,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -2880,7 +2981,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2892,7 +2993,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2905,7 +3006,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -2927,7 +3028,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3040,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3053,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -2977,7 +3078,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3090,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3103,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -3019,7 +3120,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3031,7 +3132,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3044,7 +3145,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Snapshot) GetName() string {
@@ -3085,7 +3186,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3097,7 +3198,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3110,7 +3211,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -3136,7 +3237,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3249,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3262,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3181,7 +3282,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3193,7 +3294,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3206,7 +3307,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -3225,7 +3326,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3237,7 +3338,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3250,7 +3351,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -3272,7 +3373,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3385,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3398,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -3322,7 +3423,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3435,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3448,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -3360,7 +3461,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3473,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3486,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -3399,7 +3500,7 @@ var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x05\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x05\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -3418,7 +3519,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tworkspace\x18\r \x01(\tR\tworkspace\x12#\n" +
 	"\rfrom_snapshot\x18\x0e \x01(\tR\ffromSnapshot\x12\x17\n" +
 	"\x04disk\x18\x0f \x01(\tH\x06R\x04disk\x88\x01\x01\x12%\n" +
-	"\x0eworkspace_size\x18\x10 \x01(\tR\rworkspaceSize\x1a6\n" +
+	"\x0eworkspace_size\x18\x10 \x01(\tR\rworkspaceSize\x12\x16\n" +
+	"\x06leased\x18\x11 \x01(\bR\x06leased\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
@@ -3502,7 +3604,11 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x0eDestroyRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x10\n" +
 	"\x03all\x18\x02 \x01(\bR\x03all\x12\x1a\n" +
-	"\bprovider\x18\x03 \x01(\tR\bprovider\"/\n" +
+	"\bprovider\x18\x03 \x01(\tR\bprovider\",\n" +
+	"\vHoldRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x0e\n" +
+	"\fHoldResponse\"/\n" +
 	"\x0fDestroyResponse\x12\x1c\n" +
 	"\tdestroyed\x18\x01 \x03(\tR\tdestroyed\")\n" +
 	"\vListRequest\x12\x1a\n" +
@@ -3581,7 +3687,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tproviders\x18\x01 \x03(\v2\x16.roche.v1.ProviderInfoR\tproviders\"^\n" +
 	"\fProviderInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12:\n" +
-	"\fcapabilities\x18\x02 \x01(\v2\x16.roche.v1.CapabilitiesR\fcapabilities\"\xfb\x01\n" +
+	"\fcapabilities\x18\x02 \x01(\v2\x16.roche.v1.CapabilitiesR\fcapabilities\"\x93\x02\n" +
 	"\fCapabilities\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\bR\anetwork\x12\x1a\n" +
 	"\bwritable\x18\x02 \x01(\bR\bwritable\x12\x16\n" +
@@ -3591,7 +3697,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x05stdin\x18\x06 \x01(\bR\x05stdin\x12\x1c\n" +
 	"\tprocesses\x18\a \x01(\bR\tprocesses\x12%\n" +
 	"\x0enot_applicable\x18\b \x03(\tR\rnotApplicable\x12\x16\n" +
-	"\x06egress\x18\t \x01(\bR\x06egress\"T\n" +
+	"\x06egress\x18\t \x01(\bR\x06egress\x12\x16\n" +
+	"\x06leases\x18\n" +
+	" \x01(\bR\x06leases\"T\n" +
 	"\fResetRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
@@ -3658,13 +3766,14 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x1cERROR_REASON_IMAGE_NOT_FOUND\x10\x06\x12\x1a\n" +
 	"\x16ERROR_REASON_EXHAUSTED\x10\a\x12\x1b\n" +
 	"\x17ERROR_REASON_PERMISSION\x10\b\x12\x17\n" +
-	"\x13ERROR_REASON_IN_USE\x10\t2\xc2\v\n" +
+	"\x13ERROR_REASON_IN_USE\x10\t2\xfb\v\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
 	"\n" +
 	"ExecStream\x12\x1b.roche.v1.ExecStreamRequest\x1a\x1c.roche.v1.ExecStreamResponse0\x01\x12>\n" +
-	"\aDestroy\x12\x18.roche.v1.DestroyRequest\x1a\x19.roche.v1.DestroyResponse\x125\n" +
+	"\aDestroy\x12\x18.roche.v1.DestroyRequest\x1a\x19.roche.v1.DestroyResponse\x127\n" +
+	"\x04Hold\x12\x15.roche.v1.HoldRequest\x1a\x16.roche.v1.HoldResponse0\x01\x125\n" +
 	"\x04List\x12\x15.roche.v1.ListRequest\x1a\x16.roche.v1.ListResponse\x12>\n" +
 	"\aInspect\x12\x18.roche.v1.InspectRequest\x1a\x19.roche.v1.InspectResponse\x128\n" +
 	"\x05Pause\x12\x16.roche.v1.PauseRequest\x1a\x17.roche.v1.PauseResponse\x12>\n" +
@@ -3698,7 +3807,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),               // 0: roche.v1.SandboxState
 	(OutputStream)(0),               // 1: roche.v1.OutputStream
@@ -3716,130 +3825,134 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*Heartbeat)(nil),               // 13: roche.v1.Heartbeat
 	(*ExecStreamResponse)(nil),      // 14: roche.v1.ExecStreamResponse
 	(*DestroyRequest)(nil),          // 15: roche.v1.DestroyRequest
-	(*DestroyResponse)(nil),         // 16: roche.v1.DestroyResponse
-	(*ListRequest)(nil),             // 17: roche.v1.ListRequest
-	(*ListResponse)(nil),            // 18: roche.v1.ListResponse
-	(*InspectRequest)(nil),          // 19: roche.v1.InspectRequest
-	(*InspectResponse)(nil),         // 20: roche.v1.InspectResponse
-	(*PauseRequest)(nil),            // 21: roche.v1.PauseRequest
-	(*PauseResponse)(nil),           // 22: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),          // 23: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),         // 24: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),               // 25: roche.v1.GcRequest
-	(*GcResponse)(nil),              // 26: roche.v1.GcResponse
-	(*CopyToRequest)(nil),           // 27: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),          // 28: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),         // 29: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),        // 30: roche.v1.CopyFromResponse
-	(*Pool)(nil),                    // 31: roche.v1.Pool
-	(*PoolStatusRequest)(nil),       // 32: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),      // 33: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),       // 34: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),      // 35: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),        // 36: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),       // 37: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),    // 38: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),   // 39: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),            // 40: roche.v1.ProviderInfo
-	(*Capabilities)(nil),            // 41: roche.v1.Capabilities
-	(*ResetRequest)(nil),            // 42: roche.v1.ResetRequest
-	(*ResetResponse)(nil),           // 43: roche.v1.ResetResponse
-	(*Workspace)(nil),               // 44: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),   // 45: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),  // 46: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),  // 47: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil), // 48: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                // 49: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),   // 50: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),  // 51: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),    // 52: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 53: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),   // 54: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),  // 55: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),             // 56: roche.v1.ErrorDetail
-	nil,                             // 57: roche.v1.SandboxConfig.EnvEntry
-	nil,                             // 58: roche.v1.ExecRequest.EnvEntry
-	nil,                             // 59: roche.v1.ExecStreamRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 60: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 61: google.protobuf.Duration
+	(*HoldRequest)(nil),             // 16: roche.v1.HoldRequest
+	(*HoldResponse)(nil),            // 17: roche.v1.HoldResponse
+	(*DestroyResponse)(nil),         // 18: roche.v1.DestroyResponse
+	(*ListRequest)(nil),             // 19: roche.v1.ListRequest
+	(*ListResponse)(nil),            // 20: roche.v1.ListResponse
+	(*InspectRequest)(nil),          // 21: roche.v1.InspectRequest
+	(*InspectResponse)(nil),         // 22: roche.v1.InspectResponse
+	(*PauseRequest)(nil),            // 23: roche.v1.PauseRequest
+	(*PauseResponse)(nil),           // 24: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),          // 25: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),         // 26: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),               // 27: roche.v1.GcRequest
+	(*GcResponse)(nil),              // 28: roche.v1.GcResponse
+	(*CopyToRequest)(nil),           // 29: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),          // 30: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),         // 31: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),        // 32: roche.v1.CopyFromResponse
+	(*Pool)(nil),                    // 33: roche.v1.Pool
+	(*PoolStatusRequest)(nil),       // 34: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),      // 35: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),       // 36: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),      // 37: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),        // 38: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),       // 39: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),    // 40: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),   // 41: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),            // 42: roche.v1.ProviderInfo
+	(*Capabilities)(nil),            // 43: roche.v1.Capabilities
+	(*ResetRequest)(nil),            // 44: roche.v1.ResetRequest
+	(*ResetResponse)(nil),           // 45: roche.v1.ResetResponse
+	(*Workspace)(nil),               // 46: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),   // 47: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),  // 48: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),  // 49: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil), // 50: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                // 51: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),   // 52: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),  // 53: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),    // 54: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 55: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),   // 56: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),  // 57: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),             // 58: roche.v1.ErrorDetail
+	nil,                             // 59: roche.v1.SandboxConfig.EnvEntry
+	nil,                             // 60: roche.v1.ExecRequest.EnvEntry
+	nil,                             // 61: roche.v1.ExecStreamRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 62: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 63: google.protobuf.Duration
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	57, // 0: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	59, // 0: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	4,  // 1: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
 	0,  // 2: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	60, // 3: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	60, // 4: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	62, // 3: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	62, // 4: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	5,  // 6: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	58, // 7: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	60, // 7: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	11, // 8: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	59, // 9: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	61, // 10: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	61, // 9: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	63, // 10: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	1,  // 11: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	60, // 12: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	62, // 12: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	12, // 13: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	13, // 14: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	11, // 15: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
 	5,  // 16: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
 	5,  // 17: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
 	5,  // 18: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	61, // 19: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	31, // 20: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	31, // 21: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	31, // 22: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	40, // 23: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	41, // 24: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	63, // 19: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	33, // 20: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	33, // 21: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	33, // 22: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	42, // 23: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	43, // 24: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
 	5,  // 25: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	60, // 26: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	44, // 27: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	60, // 28: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	49, // 29: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	49, // 30: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	62, // 26: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	46, // 27: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	62, // 28: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	51, // 29: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	51, // 30: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
 	2,  // 31: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
 	6,  // 32: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
 	8,  // 33: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
 	10, // 34: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
 	15, // 35: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	17, // 36: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	19, // 37: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	21, // 38: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	23, // 39: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	25, // 40: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	27, // 41: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	29, // 42: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	32, // 43: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	34, // 44: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	36, // 45: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	38, // 46: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	42, // 47: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	45, // 48: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	47, // 49: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	50, // 50: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	52, // 51: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	54, // 52: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	7,  // 53: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	9,  // 54: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	14, // 55: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	16, // 56: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	18, // 57: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	20, // 58: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	22, // 59: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	24, // 60: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	26, // 61: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	28, // 62: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	30, // 63: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	33, // 64: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	35, // 65: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	37, // 66: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	39, // 67: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	43, // 68: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	46, // 69: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	48, // 70: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	51, // 71: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	53, // 72: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	55, // 73: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	53, // [53:74] is the sub-list for method output_type
-	32, // [32:53] is the sub-list for method input_type
+	16, // 36: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	19, // 37: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	21, // 38: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	23, // 39: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	25, // 40: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	27, // 41: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	29, // 42: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	31, // 43: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	34, // 44: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	36, // 45: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	38, // 46: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	40, // 47: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	44, // 48: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	47, // 49: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	49, // 50: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	52, // 51: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	54, // 52: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	56, // 53: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	7,  // 54: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	9,  // 55: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	14, // 56: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	18, // 57: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	17, // 58: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	20, // 59: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	22, // 60: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	24, // 61: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	26, // 62: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	28, // 63: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	30, // 64: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	32, // 65: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	35, // 66: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	37, // 67: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	39, // 68: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	41, // 69: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	45, // 70: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	48, // 71: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	50, // 72: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	53, // 73: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	55, // 74: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	57, // 75: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	54, // [54:76] is the sub-list for method output_type
+	32, // [32:54] is the sub-list for method input_type
 	32, // [32:32] is the sub-list for extension type_name
 	32, // [32:32] is the sub-list for extension extendee
 	0,  // [0:32] is the sub-list for field type_name
@@ -3864,7 +3977,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

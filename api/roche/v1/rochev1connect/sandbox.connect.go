@@ -58,6 +58,8 @@ const (
 	SandboxServiceExecStreamProcedure = "/roche.v1.SandboxService/ExecStream"
 	// SandboxServiceDestroyProcedure is the fully-qualified name of the SandboxService's Destroy RPC.
 	SandboxServiceDestroyProcedure = "/roche.v1.SandboxService/Destroy"
+	// SandboxServiceHoldProcedure is the fully-qualified name of the SandboxService's Hold RPC.
+	SandboxServiceHoldProcedure = "/roche.v1.SandboxService/Hold"
 	// SandboxServiceListProcedure is the fully-qualified name of the SandboxService's List RPC.
 	SandboxServiceListProcedure = "/roche.v1.SandboxService/List"
 	// SandboxServiceInspectProcedure is the fully-qualified name of the SandboxService's Inspect RPC.
@@ -114,6 +116,10 @@ type SandboxServiceClient interface {
 	ExecStream(context.Context, *connect.Request[v1.ExecStreamRequest]) (*connect.ServerStreamForClient[v1.ExecStreamResponse], error)
 	// Destroy removes sandboxes by id, or every one with all.
 	Destroy(context.Context, *connect.Request[v1.DestroyRequest]) (*connect.Response[v1.DestroyResponse], error)
+	// Holds a leased sandbox for as long as the stream stays open: one message at once,
+	// then a heartbeat every 15 s. When it ends (the caller let go, or its process died),
+	// the sandbox is destroyed a few seconds later unless another Hold took over.
+	Hold(context.Context, *connect.Request[v1.HoldRequest]) (*connect.ServerStreamForClient[v1.HoldResponse], error)
 	// List returns the sandboxes handed to clients (idle pooled ones are in PoolStatus).
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	// Inspect describes one sandbox.
@@ -184,6 +190,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceDestroyProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("Destroy")),
+			connect.WithClientOptions(opts...),
+		),
+		hold: connect.NewClient[v1.HoldRequest, v1.HoldResponse](
+			httpClient,
+			baseURL+SandboxServiceHoldProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Hold")),
 			connect.WithClientOptions(opts...),
 		),
 		list: connect.NewClient[v1.ListRequest, v1.ListResponse](
@@ -297,6 +309,7 @@ type sandboxServiceClient struct {
 	exec            *connect.Client[v1.ExecRequest, v1.ExecResponse]
 	execStream      *connect.Client[v1.ExecStreamRequest, v1.ExecStreamResponse]
 	destroy         *connect.Client[v1.DestroyRequest, v1.DestroyResponse]
+	hold            *connect.Client[v1.HoldRequest, v1.HoldResponse]
 	list            *connect.Client[v1.ListRequest, v1.ListResponse]
 	inspect         *connect.Client[v1.InspectRequest, v1.InspectResponse]
 	pause           *connect.Client[v1.PauseRequest, v1.PauseResponse]
@@ -334,6 +347,11 @@ func (c *sandboxServiceClient) ExecStream(ctx context.Context, req *connect.Requ
 // Destroy calls roche.v1.SandboxService.Destroy.
 func (c *sandboxServiceClient) Destroy(ctx context.Context, req *connect.Request[v1.DestroyRequest]) (*connect.Response[v1.DestroyResponse], error) {
 	return c.destroy.CallUnary(ctx, req)
+}
+
+// Hold calls roche.v1.SandboxService.Hold.
+func (c *sandboxServiceClient) Hold(ctx context.Context, req *connect.Request[v1.HoldRequest]) (*connect.ServerStreamForClient[v1.HoldResponse], error) {
+	return c.hold.CallServerStream(ctx, req)
 }
 
 // List calls roche.v1.SandboxService.List.
@@ -432,6 +450,10 @@ type SandboxServiceHandler interface {
 	ExecStream(context.Context, *connect.Request[v1.ExecStreamRequest], *connect.ServerStream[v1.ExecStreamResponse]) error
 	// Destroy removes sandboxes by id, or every one with all.
 	Destroy(context.Context, *connect.Request[v1.DestroyRequest]) (*connect.Response[v1.DestroyResponse], error)
+	// Holds a leased sandbox for as long as the stream stays open: one message at once,
+	// then a heartbeat every 15 s. When it ends (the caller let go, or its process died),
+	// the sandbox is destroyed a few seconds later unless another Hold took over.
+	Hold(context.Context, *connect.Request[v1.HoldRequest], *connect.ServerStream[v1.HoldResponse]) error
 	// List returns the sandboxes handed to clients (idle pooled ones are in PoolStatus).
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	// Inspect describes one sandbox.
@@ -498,6 +520,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceDestroyProcedure,
 		svc.Destroy,
 		connect.WithSchema(sandboxServiceMethods.ByName("Destroy")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceHoldHandler := connect.NewServerStreamHandler(
+		SandboxServiceHoldProcedure,
+		svc.Hold,
+		connect.WithSchema(sandboxServiceMethods.ByName("Hold")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceListHandler := connect.NewUnaryHandler(
@@ -612,6 +640,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceExecStreamHandler.ServeHTTP(w, r)
 		case SandboxServiceDestroyProcedure:
 			sandboxServiceDestroyHandler.ServeHTTP(w, r)
+		case SandboxServiceHoldProcedure:
+			sandboxServiceHoldHandler.ServeHTTP(w, r)
 		case SandboxServiceListProcedure:
 			sandboxServiceListHandler.ServeHTTP(w, r)
 		case SandboxServiceInspectProcedure:
@@ -669,6 +699,10 @@ func (UnimplementedSandboxServiceHandler) ExecStream(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) Destroy(context.Context, *connect.Request[v1.DestroyRequest]) (*connect.Response[v1.DestroyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Destroy is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Hold(context.Context, *connect.Request[v1.HoldRequest], *connect.ServerStream[v1.HoldResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Hold is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error) {

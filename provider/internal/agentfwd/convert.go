@@ -1,7 +1,10 @@
-// Package agentconv turns what roche-agent answers (its errors, file and process
-// descriptions) into the core's types, for every provider whose sandboxes run the agent
-// (docker, the microVMs).
-package agentconv
+// Package agentfwd forwards the calls roche-agent serves (commands, background
+// processes, the files API, tar streams) to a sandbox's agent, once for every provider
+// whose sandboxes run it (docker, the microVMs, and the providers to come): a provider
+// says only how to reach the agent of a sandbox (Forwarder.Reach) and whether a sandbox
+// whose agent cannot be reached is gone. It also turns what the agent answers (its
+// errors, file and process descriptions) into the core's types.
+package agentfwd
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package agentconv
+package agentfwd
 
 import (
 	"errors"

@@ -1,0 +1,145 @@
+package docker_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+// leaseChildEnv makes the test binary a process that creates a sandbox (leased when the
+// value is "leased"), prints its id and waits to be killed: the creator whose death the
+// lease tests watch.
+const leaseChildEnv = "ROCHE_TEST_LEASE_CHILD"
+
+// leaseChild is that process's main.
+func leaseChild(mode string) int {
+	p, err := docker.New()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg := testConfig()
+	cfg.Leased = mode == "leased"
+	info, err := p.Create(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println(info.ID)
+	select {} // until killed
+}
+
+// creatorKilled starts a creator process, waits for its sandbox, kills the creator with
+// SIGKILL (no cleanup can run) and returns the sandbox id and when the kill happened.
+func creatorKilled(t *testing.T, mode string) (string, time.Time) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), leaseChildEnv+"="+mode)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ids := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		ids <- strings.TrimSpace(line)
+	}()
+	var id string
+	select {
+	case id = <-ids:
+	case <-time.After(2 * time.Minute):
+	}
+	cmd.Process.Kill()
+	killed := time.Now()
+	cmd.Wait()
+	if id == "" {
+		t.Fatal("the creator printed no sandbox id")
+	}
+	return id, killed
+}
+
+// TestLeasedSandboxGoesWithItsCreator: a leased sandbox whose creator is killed outright
+// is gone within seconds (the lease's grace), long before its lifetime; an unleased one
+// (roche create's) lives on.
+func TestLeasedSandboxGoesWithItsCreator(t *testing.T) {
+	p := newProvider(t)
+	id, killed := creatorKilled(t, "leased")
+	t.Cleanup(func() { p.Destroy(context.Background(), id) })
+	for {
+		_, err := p.Inspect(context.Background(), id)
+		if errors.Is(err, roche.ErrNotFound) {
+			t.Logf("the leased sandbox was gone %v after its creator was killed", time.Since(killed).Round(100*time.Millisecond))
+			break
+		}
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("the leased sandbox still exists %v after its creator was killed: %v", time.Since(killed), err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	kept, killed := creatorKilled(t, "unleased")
+	t.Cleanup(func() { p.Destroy(context.Background(), kept) })
+	time.Sleep(time.Until(killed.Add(2 * docker.LeaseGrace)))
+	if _, err := p.Inspect(context.Background(), kept); err != nil {
+		t.Fatalf("an unleased sandbox went with its creator: %v", err)
+	}
+}
+
+// TestKeepEndsTheLease: a leased sandbox whose lease was ended (a pooled sandbox handed
+// to roche create) outlives the provider that held it; Keep on an unleased sandbox says
+// it has no lease.
+func TestKeepEndsTheLease(t *testing.T) {
+	holder, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.Leased = true
+	info, err := holder.Create(context.Background(), cfg)
+	if err != nil {
+		holder.Close()
+		t.Fatal(err)
+	}
+	p := newProvider(t)
+	t.Cleanup(func() { p.Destroy(context.Background(), info.ID) })
+	if err := holder.Keep(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	holder.Close() // lets go of every lease it held
+	time.Sleep(2 * docker.LeaseGrace)
+	if got := execOK(t, p, info.ID, "echo", "kept"); got != "kept\n" {
+		t.Fatalf("a kept sandbox: %q", got)
+	}
+
+	plain := sandbox(t, p, testConfig())
+	if err := p.Keep(context.Background(), plain); !errors.Is(err, roche.ErrUnsupported) {
+		t.Fatalf("Keep on an unleased sandbox: %v, want ErrUnsupported", err)
+	}
+}
+
+// TestLeasedRefusedWithoutAgent: the exec-API transport has no agent to hold a lease, and
+// says so.
+func TestLeasedRefusedWithoutAgent(t *testing.T) {
+	p := newProvider(t, docker.WithTransport(docker.TransportDockerExec))
+	cfg := testConfig()
+	cfg.Leased = true
+	if _, err := p.Create(context.Background(), cfg); !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "leased") {
+		t.Fatalf("a leased sandbox without roche-agent: %v", err)
+	}
+	if p.Capabilities().Leases {
+		t.Fatal("the exec-API transport claims leases")
+	}
+}
