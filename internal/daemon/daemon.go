@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpcreflect"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/roche-sandbox/roche"
@@ -395,6 +396,11 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 	)
 	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
 	mux.Handle(path, d.releaseHeld(h))
+	// Server reflection, so that grpcurl and buf curl list and call the methods without
+	// the .proto at hand; behind the same token check as the API.
+	reflector := grpcreflect.NewStaticReflector(rochev1connect.SandboxServiceName)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.HandleFunc("/healthz", d.healthz)
 	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	if !requireToken {
