@@ -35,7 +35,14 @@ type reaper struct {
 	waiters map[int]chan syscall.WaitStatus
 }
 
-func newReaper() *reaper { return &reaper{waiters: map[int]chan syscall.WaitStatus{}} }
+// processReaper is the one reaper of this process, started on first use: a wait for any
+// child reaps every server's, so two servers in one process (the tests run several) must
+// share it, or one would take the other's exit statuses.
+var processReaper = sync.OnceValue(func() *reaper {
+	r := &reaper{waiters: map[int]chan syscall.WaitStatus{}}
+	go r.run()
+	return r
+})
 
 func (r *reaper) run() {
 	ch := make(chan os.Signal, 128)

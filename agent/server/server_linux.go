@@ -100,7 +100,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, uid: uid, gid: gid, groups: groups,
 		baseEnv: os.Environ(),
-		reaper:  newReaper(),
+		reaper:  processReaper(),
 		procs:   map[int]*proc{},
 	}
 	return s, nil
@@ -110,7 +110,6 @@ func New(cfg Config) (*Server, error) {
 // signals every command's process group and returns.
 func (s *Server) Run(ctx context.Context) error {
 	reserveThreads(agent.ThreadReserve)
-	go s.reaper.run()
 	if s.cfg.ChownFrom > 0 && s.cfg.ChownFrom != s.uid {
 		if err := chownRoot(s.cfg.ChownFrom, s.uid, s.gid); err != nil {
 			return fmt.Errorf("handing uid %d's files to the sandbox user: %w", s.cfg.ChownFrom, err)
