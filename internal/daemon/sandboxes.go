@@ -236,7 +236,7 @@ func (d *Daemon) fromPool(ctx context.Context, t *tenant, providerName string, c
 	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
 		return roche.SandboxInfo{}, false
 	}
-	sb, ok := pl.Acquire()
+	sb, ok := pl.Acquire(ctx)
 	if !ok {
 		return sb, false
 	}
