@@ -117,6 +117,8 @@ type Daemon struct {
 	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
 	// that workdir (see prepareWorkdir).
 	workdirs map[string]bool
+	// ended remembers why client sandboxes ended behind the daemon's back (events.go).
+	ended endings
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
@@ -307,6 +309,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	d.bg.Add(2)
 	go d.reapLoop()
 	go d.watchEngines()
+	d.watchSandboxes()
 
 	for i, l := range listeners {
 		srv := &http.Server{

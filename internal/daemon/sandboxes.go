@@ -116,7 +116,7 @@ func (d *Daemon) resolve(t *tenant, id string) (target, error) {
 	}
 	d.mu.Unlock()
 	if rec == nil {
-		return target{}, notFound(id)
+		return target{}, d.ended.notFound(t, id)
 	}
 	p, err := d.provider(rec.Provider)
 	return target{id: rec.ID, p: p, rec: rec}, err
@@ -249,6 +249,12 @@ func (d *Daemon) fromPool(ctx context.Context, t *tenant, providerName string, c
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	d.mu.Lock()
+	if r := d.sandboxes[sb.ID]; r == nil || r.Kind != kindPooled {
+		// It ended (events.go) while it was being handed out: the create goes cold.
+		d.mu.Unlock()
+		pl.Forget(sb.ID)
+		return roche.SandboxInfo{}, false
+	}
 	d.sandboxes[sb.ID] = &record{
 		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(), Tenant: t.name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
@@ -368,7 +374,7 @@ func (d *Daemon) exec(ctx context.Context, tn *tenant, id string, req roche.Exec
 	}
 	res, err := t.p.Exec(ctx, t.id, req)
 	if errors.Is(err, roche.ErrNotFound) && t.rec != nil {
-		d.forget(t.id) // removed behind our back
+		d.forgetEnded(t.id, err) // removed or stopped behind our back
 	}
 	d.metrics.exec.Observe(time.Since(start).Seconds())
 	return res, err
