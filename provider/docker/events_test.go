@@ -265,3 +265,25 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// BenchmarkProbe measures the check a pool makes before handing a sandbox out: a
+// connection to the sandbox's roche-agent.
+func BenchmarkProbe(b *testing.B) {
+	p, err := docker.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	b.ResetTimer()
+	for range b.N {
+		if err := p.Probe(ctx, info.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
