@@ -380,19 +380,23 @@ func (p *Pool) Provider() roche.Provider { return p.provider }
 
 // Discard drops an idle sandbox that died or vanished behind the pool's back (killed,
 // stopped by its engine, removed on the engine directly), so it is not handed out dead,
-// and refills to replace it.
-func (p *Pool) Discard(id string) {
+// and refills to replace it. It reports whether the sandbox was idle here: one the pool
+// is destroying itself (idle timeout, drain) or handing out is not.
+func (p *Pool) Discard(id string) bool {
+	found := false
 	p.mu.Lock()
 	for i, m := range p.idle {
 		if m.info.ID == id {
 			p.idle = append(p.idle[:i:i], p.idle[i+1:]...)
 			p.dead++
 			p.notifyLocked()
+			found = true
 			break
 		}
 	}
 	p.mu.Unlock()
 	p.refill()
+	return found
 }
 
 // TrackInUse counts a sandbox handed out before a restart towards MaxTotal.

@@ -579,7 +579,12 @@ func TestDiscardReplaces(t *testing.T) {
 	waitFor(t, "two idle", func() bool { return p.Status().Idle == 2 })
 	id := p.IdleIDs()[0]
 	f.kill(id)
-	p.Discard(id)
+	if !p.Discard(id) {
+		t.Fatalf("Discard of idle %s says it was not idle", id)
+	}
+	if p.Discard(id) || p.Discard("fake-none") {
+		t.Fatal("Discard of a sandbox not idle here says it was")
+	}
 	if st := p.Status(); st.Dead != 1 || st.Idle+st.Creating != 2 {
 		t.Fatalf("status %+v right after Discard: want 1 dead, its replacement on the way", st)
 	}

@@ -83,13 +83,25 @@ func (d *Daemon) sandboxEvent(provider string, ev roche.SandboxEvent) {
 	d.mu.Unlock()
 	// Out of its pool's counts at once: an idle member is dropped and replaced, a
 	// handed-out one no longer counts towards the pool's total.
-	d.forgetInPool(&was)
-	what := "a client's sandbox"
-	if was.Kind == kindPooled {
-		what = "an idle pooled sandbox (replacing it)"
+	attrs := []any{"provider", provider, "id", ev.ID, "reason", ev.Reason()}
+	switch pl := d.poolOf(&was); {
+	case was.Kind == kindPooled && pl != nil && !pl.Discard(ev.ID):
+		// Not idle: the pool is destroying it itself (idle timeout, drain), or it
+		// ended while being handed out, which the hand-out then sees (fromPool).
+		d.log.Debug("a pooled sandbox the pool was not holding idle ended", attrs...)
+	case was.Kind == kindPooled:
+		d.log.Warn("an idle pooled sandbox ended behind roched's back: replacing it", attrs...)
+	default:
+		if pl != nil {
+			pl.Forget(ev.ID)
+		}
+		attrs = append(attrs, "tenant", was.tenantName())
+		if !was.ExpiresAt.IsZero() && time.Until(was.ExpiresAt) < 2*time.Second {
+			d.log.Info("a sandbox ended at its expiry", attrs...)
+		} else {
+			d.log.Warn("a client's sandbox ended behind roched's back: forgetting it", attrs...)
+		}
 	}
-	d.log.Warn("sandbox ended behind roched's back: forgetting it", "provider", provider, "id", ev.ID, "was", what,
-		"tenant", was.tenantName(), "reason", ev.Reason())
 	if !removed {
 		d.startRemoval(ev.ID)
 	}

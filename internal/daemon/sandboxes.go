@@ -393,18 +393,29 @@ func (d *Daemon) forget(id string) {
 }
 
 func (d *Daemon) forgetInPool(r *record) {
-	if r.Pool == "" {
-		return
-	}
-	if key, err := pool.ParseKey(r.Pool); err == nil {
-		if pl, err := d.pools.Get(key); err == nil {
-			if r.Kind == kindPooled {
-				pl.Discard(r.ID)
-			} else {
-				pl.Forget(r.ID)
-			}
+	if pl := d.poolOf(r); pl != nil {
+		if r.Kind == kindPooled {
+			pl.Discard(r.ID)
+		} else {
+			pl.Forget(r.ID)
 		}
 	}
+}
+
+// poolOf is the pool a record's sandbox came from, or nil.
+func (d *Daemon) poolOf(r *record) *pool.Pool {
+	if r.Pool == "" {
+		return nil
+	}
+	key, err := pool.ParseKey(r.Pool)
+	if err != nil {
+		return nil
+	}
+	pl, err := d.pools.Get(key)
+	if err != nil {
+		return nil
+	}
+	return pl
 }
 
 // destroy removes one of tenant t's sandboxes. It is marked destroyed at once (every
