@@ -3,6 +3,7 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -80,4 +81,36 @@ type firstOutput struct {
 func (f *firstOutput) Write(b []byte) (int, error) {
 	f.once.Do(func() { close(f.ch) })
 	return len(b), nil
+}
+
+// TestAttachWhenSandboxStops: a client attached to a background command hears that the
+// sandbox stopped, not the exit status the stop gave the command.
+func TestAttachWhenSandboxStops(t *testing.T) {
+	p := newProvider(t)
+	dc := engineClient(t)
+	id := sandbox(t, p, testConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pid, err := p.Start(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo ready; exec sleep 30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := &firstOutput{ch: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Attach(ctx, id, pid, ready, io.Discard)
+		done <- err
+	}()
+	<-ready.ch
+	if err := dc.ContainerKill(ctx, id, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("attach did not end within 20 s of its sandbox stopping")
+	}
+	if !errors.Is(err, roche.ErrNotFound) || !strings.Contains(err.Error(), "the sandbox is stopping: its engine stopped it") {
+		t.Fatalf("attach error %v, want ErrNotFound saying the sandbox is stopping", err)
+	}
 }
