@@ -121,6 +121,8 @@ type Daemon struct {
 	workdirs map[string]bool
 	// holds are the Hold streams of leased sandboxes (lease.go).
 	holds map[string]*hold
+	// ended remembers why client sandboxes ended behind the daemon's back (events.go).
+	ended endings
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
@@ -316,6 +318,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	d.bg.Add(2)
 	go d.reapLoop()
 	go d.watchEngines()
+	d.watchSandboxes()
 
 	for i, l := range listeners {
 		srv := &http.Server{
