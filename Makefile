@@ -18,7 +18,9 @@ test:
 # BENCH_FLAGS='-n 10 -duration 10s'), then the wasm provider through roched against
 # docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
 # needs python.wasm; flags in WASM_BENCH_FLAGS, e.g. '-n 10'), then the Python SDK's
-# exec against the Go client's on the same sandbox (bench/sdk; SDK_BENCH_FLAGS).
+# exec against the Go client's on the same sandbox (bench/sdk; SDK_BENCH_FLAGS), then
+# 1,000 leased create+exec+destroy cycles through roched, reporting its memory,
+# descriptors and goroutines before and after (bench/soak; SOAK_FLAGS, e.g. '-n 200').
 # bench/vm boots qemu microVMs (boot-to-agent-ready, create+exec+destroy, exec latency;
 # needs QEMU and a Debian kernel, which make test installs; VM_BENCH_FLAGS, e.g. '-n 3').
 bench:
@@ -27,6 +29,7 @@ bench:
 	go run ./bench/wasm $(WASM_BENCH_FLAGS)
 	go run ./bench/vm $(VM_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)
+	go run ./bench/soak $(SOAK_FLAGS)
 
 # gofmt, go vet, staticcheck (pinned, from the Go module proxy) and a go.mod that
 # `go mod tidy` would leave alone; make test runs it first.

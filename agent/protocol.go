@@ -150,6 +150,10 @@ const (
 	CodePermission  = "permission"
 	CodeNoSpace     = "no_space" // ENOSPC or EDQUOT: the sandbox's disk or /tmp is full
 	CodeInternal    = "internal"
+	// CodeStopping ends a command cut short because the sandbox itself is stopping (its
+	// engine stopped it, it is being destroyed, or its lifetime ended), instead of a result
+	// whose exit status (143 for SIGTERM) would look like the command's own doing.
+	CodeStopping = "stopping"
 )
 
 // Error is the last frame of a failed operation.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	dockerclient "github.com/docker/docker/client"
+
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -71,8 +73,8 @@ func TestDockerPool(t *testing.T) {
 	if err := pl.Warmup(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	a, okA := pl.Acquire()
-	b, okB := pl.Acquire()
+	a, okA := pl.Acquire(context.Background())
+	b, okB := pl.Acquire(context.Background())
 	if !okA || !okB || a.ID == b.ID {
 		t.Fatalf("acquire: %v %v %s %s", okA, okB, a.ID, b.ID)
 	}
@@ -107,5 +109,80 @@ func TestDockerPool(t *testing.T) {
 	mu.Unlock()
 	if st := pl.Status(); st.Idle != 1 || n != 3 {
 		t.Fatalf("after refill within total 3: %+v, %d created", st, n)
+	}
+}
+
+// TestDockerPoolSkipsDead: an idle pooled sandbox whose container was killed behind the
+// pool's back (docker kill of that container, by id) is never handed out: the check
+// before hand-out finds it dead, and the next one, which runs commands, is given instead.
+func TestDockerPoolSkipsDead(t *testing.T) {
+	p, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+
+	var mu sync.Mutex
+	var created []string
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=2&max=2&idle_timeout=60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := pool.NewManager(map[string]roche.Provider{"docker": p}, []pool.Spec{spec},
+		pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
+			mu.Lock()
+			created = append(created, sb.ID)
+			mu.Unlock()
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handedOut []string
+	defer func() {
+		if _, err := m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		for _, id := range handedOut {
+			_ = p.Destroy(context.Background(), id)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range created {
+			if _, err := p.Inspect(context.Background(), id); err == nil {
+				t.Errorf("pooled sandbox %s survived", id)
+				_ = p.Destroy(context.Background(), id)
+			}
+		}
+	}()
+	m.Start()
+	pl := m.Pools()[0]
+	if err := pl.Warmup(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	ids := pl.IdleIDs()
+	if err := dc.ContainerKill(ctx, ids[0], "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	sb, ok := pl.Acquire(ctx)
+	if !ok {
+		t.Fatal("no sandbox handed out, though one of the two is alive")
+	}
+	handedOut = append(handedOut, sb.ID)
+	if sb.ID == ids[0] {
+		t.Fatalf("the killed sandbox %s was handed out", sb.ID)
+	}
+	if st := pl.Status(); st.Dead != 1 {
+		t.Errorf("status %+v, want 1 dead", st)
+	}
+	res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print(1)"}})
+	if err != nil || res.Stdout != "1\n" {
+		t.Fatalf("exec in the sandbox handed out: %+v %v", res, err)
 	}
 }

@@ -51,6 +51,15 @@ func WithJanitorInterval(d time.Duration) Option { return func(m *Manager) { m.j
 // WithCreateTimeout bounds one sandbox creation (default 2 minutes).
 func WithCreateTimeout(d time.Duration) Option { return func(m *Manager) { m.createTimeout = d } }
 
+// DefaultProbeTimeout bounds the check that a pooled sandbox is alive before it is
+// handed out: one that answers does so in well under a millisecond.
+const DefaultProbeTimeout = time.Second
+
+// WithProbeTimeout bounds the check, before each hand-out, that the sandbox is alive
+// (default DefaultProbeTimeout). Zero turns the check off, so that a pool may hand out a
+// sandbox that died while idle; it is there to measure what the check costs.
+func WithProbeTimeout(d time.Duration) Option { return func(m *Manager) { m.probeTimeout = d } }
+
 // WithOwner sets the Config.Owner of every sandbox the pools create, so that the daemon
 // can tell its own idle sandboxes from everyone else's on a shared engine.
 func WithOwner(owner string) Option { return func(m *Manager) { m.owner = owner } }
@@ -62,6 +71,7 @@ type Manager struct {
 	hooks         Hooks
 	janitorEvery  time.Duration
 	createTimeout time.Duration
+	probeTimeout  time.Duration
 	owner         string
 
 	pools []*Pool // in the order given
@@ -80,6 +90,7 @@ func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Optio
 		sem:           make(chan struct{}, 2),
 		janitorEvery:  time.Second,
 		createTimeout: 2 * time.Minute,
+		probeTimeout:  DefaultProbeTimeout,
 		byKey:         map[Key]*Pool{},
 		stop:          make(chan struct{}),
 	}
@@ -195,12 +206,16 @@ type Pool struct {
 	mu       sync.Mutex
 	idle     []member // oldest first
 	creating int
+	// probing counts sandboxes taken from idle and being checked before hand-out; they
+	// count towards the bounds as idle ones do.
+	probing  int
 	inUse    map[string]struct{}
 	target   int // idle sandboxes wanted now: MinIdle, or more after a warmup
 	drained  bool
 	closed   bool
 	hits     uint64
 	misses   uint64
+	dead     uint64
 	failures int
 	lastErr  error
 	backoff  time.Time // no refill before this, after failures
@@ -223,8 +238,11 @@ type Status struct {
 	InUse    int
 	Hits     uint64
 	Misses   uint64
-	Drained  bool
-	LastErr  error
+	// Dead counts idle sandboxes found dead (by the check before hand-out, or reported
+	// by the owner through Discard) and replaced.
+	Dead    uint64
+	Drained bool
+	LastErr error
 }
 
 // Spec returns the pool's settings.
@@ -236,7 +254,7 @@ func (p *Pool) Status() Status {
 	defer p.mu.Unlock()
 	return Status{
 		Spec: p.spec, Idle: len(p.idle), Creating: p.creating, InUse: len(p.inUse),
-		Hits: p.hits, Misses: p.misses, Drained: p.drained, LastErr: p.lastErr,
+		Hits: p.hits, Misses: p.misses, Dead: p.dead, Drained: p.drained, LastErr: p.lastErr,
 	}
 }
 
@@ -247,10 +265,57 @@ func (p *Pool) notifyLocked() {
 }
 
 // Acquire hands out an idle sandbox, which leaves the pool for good, and triggers a
-// refill. ok is false (a miss) when none is ready.
-func (p *Pool) Acquire() (sb roche.SandboxInfo, ok bool) {
+// refill. ok is false (a miss) when none is ready. Each sandbox is checked alive first,
+// within the probe timeout (the provider's roche.Prober, else Inspect): one that died
+// while idle (its engine restarted, someone killed it) is destroyed and the next one
+// tried, so a dead sandbox is never handed out.
+func (p *Pool) Acquire(ctx context.Context) (sb roche.SandboxInfo, ok bool) {
+	defer p.refill()
+	for {
+		m, found := p.take()
+		if !found {
+			p.mu.Lock()
+			p.misses++
+			p.mu.Unlock()
+			return roche.SandboxInfo{}, false
+		}
+		err := p.probe(ctx, m.info.ID)
+		p.mu.Lock()
+		p.probing--
+		switch {
+		case err == nil:
+			p.hits++
+			p.inUse[m.info.ID] = struct{}{}
+			p.notifyLocked()
+			p.mu.Unlock()
+			return m.info, true
+		case ctx.Err() != nil:
+			// The caller gave up, which says nothing of the sandbox: it goes back.
+			if !p.closed && !p.drained {
+				p.idle = append([]member{m}, p.idle...)
+			} else {
+				p.destroyLocked([]member{m}, "pool drained")
+			}
+			p.misses++
+			p.notifyLocked()
+			p.mu.Unlock()
+			return roche.SandboxInfo{}, false
+		}
+		p.dead++
+		p.notifyLocked()
+		p.destroyLocked([]member{m}, "dead")
+		p.mu.Unlock()
+		p.m.log.Warn("pool: an idle sandbox was dead: discarded it and trying the next", "pool", p.spec.Key.String(), "id", m.info.ID, "err", err)
+	}
+}
+
+// take removes the oldest idle sandbox that is not past its idle timeout, counting it
+// as being probed.
+func (p *Pool) take() (member, bool) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	var stale []member
+	defer func() { p.destroyLocked(stale, "idle timeout") }()
 	now := time.Now()
 	for len(p.idle) > 0 {
 		m := p.idle[0]
@@ -261,20 +326,34 @@ func (p *Pool) Acquire() (sb roche.SandboxInfo, ok bool) {
 			stale = append(stale, m)
 			continue
 		}
-		sb, ok = m.info, true
-		break
+		p.probing++
+		p.notifyLocked()
+		return m, true
 	}
-	if ok {
-		p.hits++
-		p.inUse[sb.ID] = struct{}{}
-	} else {
-		p.misses++
+	if len(stale) > 0 {
+		p.notifyLocked()
 	}
-	p.notifyLocked()
-	p.destroyLocked(stale, "idle timeout")
-	p.mu.Unlock()
-	p.refill()
-	return sb, ok
+	return member{}, false
+}
+
+// probe checks that an idle sandbox is alive and answers, within the probe timeout.
+func (p *Pool) probe(ctx context.Context, id string) error {
+	if p.m.probeTimeout <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.m.probeTimeout)
+	defer cancel()
+	if pr, ok := p.provider.(roche.Prober); ok {
+		return pr.Probe(ctx, id)
+	}
+	info, err := p.provider.Inspect(ctx, id)
+	if err != nil {
+		return err
+	}
+	if info.State != roche.StateRunning {
+		return fmt.Errorf("%w: sandbox %s is %s", roche.ErrUnavailable, id, info.State)
+	}
+	return nil
 }
 
 // Forget tells the pool that a sandbox it handed out is gone, so it no longer counts
@@ -303,19 +382,25 @@ func (p *Pool) IdleIDs() []string {
 // Provider is the backend the pool creates its sandboxes with.
 func (p *Pool) Provider() roche.Provider { return p.provider }
 
-// Discard drops an idle sandbox that vanished behind the pool's back (removed on the
-// engine directly), so it is not handed out dead.
-func (p *Pool) Discard(id string) {
+// Discard drops an idle sandbox that died or vanished behind the pool's back (killed,
+// stopped by its engine, removed on the engine directly), so it is not handed out dead,
+// and refills to replace it. It reports whether the sandbox was idle here: one the pool
+// is destroying itself (idle timeout, drain) or handing out is not.
+func (p *Pool) Discard(id string) bool {
+	found := false
 	p.mu.Lock()
 	for i, m := range p.idle {
 		if m.info.ID == id {
 			p.idle = append(p.idle[:i:i], p.idle[i+1:]...)
+			p.dead++
 			p.notifyLocked()
+			found = true
 			break
 		}
 	}
 	p.mu.Unlock()
 	p.refill()
+	return found
 }
 
 // TrackInUse counts a sandbox handed out before a restart towards MaxTotal.
@@ -334,7 +419,7 @@ func (p *Pool) refill() {
 	if p.closed || p.drained || time.Now().Before(p.backoff) {
 		return
 	}
-	have := len(p.idle) + p.creating
+	have := len(p.idle) + p.probing + p.creating
 	want := max(p.target, p.spec.MinIdle) - have
 	want = min(want, p.spec.MaxIdle-have)
 	if p.spec.MaxTotal > 0 {
@@ -461,7 +546,7 @@ func (p *Pool) Warmup(ctx context.Context, count int) error {
 	for {
 		p.mu.Lock()
 		idle, creating, lastErr, changed := len(p.idle), p.creating, p.lastErr, p.changed
-		limited := p.spec.MaxTotal > 0 && len(p.idle)+p.creating+len(p.inUse) >= p.spec.MaxTotal
+		limited := p.spec.MaxTotal > 0 && len(p.idle)+p.probing+p.creating+len(p.inUse) >= p.spec.MaxTotal
 		p.mu.Unlock()
 		switch {
 		case idle >= count:

@@ -44,6 +44,9 @@ type fakeProvider struct {
 
 	mu         sync.Mutex
 	live       map[string]bool
+	dead       map[string]bool // killed behind the pool's back
+	hung       map[string]bool // never answers a probe
+	probes     int
 	next       int
 	creating   int
 	maxCreate  int
@@ -54,7 +57,7 @@ type fakeProvider struct {
 }
 
 func newFake(delay time.Duration) *fakeProvider {
-	return &fakeProvider{delay: delay, live: map[string]bool{}}
+	return &fakeProvider{delay: delay, live: map[string]bool{}, dead: map[string]bool{}, hung: map[string]bool{}}
 }
 
 func (f *fakeProvider) Name() string                     { return "fake" }
@@ -101,6 +104,33 @@ func (f *fakeProvider) Inspect(context.Context, string) (roche.SandboxInfo, erro
 }
 
 func (f *fakeProvider) List(context.Context) ([]roche.SandboxInfo, error) { return nil, nil }
+
+// Probe implements roche.Prober: a sandbox is alive until destroyed or killed; a hung
+// one answers nothing until ctx ends.
+func (f *fakeProvider) Probe(ctx context.Context, id string) error {
+	f.mu.Lock()
+	f.probes++
+	hung := f.hung[id]
+	alive := f.live[id] && !f.dead[id]
+	f.mu.Unlock()
+	if hung {
+		<-ctx.Done()
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !alive {
+		return fmt.Errorf("%w: sandbox %s does not answer", roche.ErrUnavailable, id)
+	}
+	return nil
+}
+
+// kill makes a sandbox die behind the pool's back: it still exists, but no longer answers.
+func (f *fakeProvider) kill(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dead[id] = true
+}
 
 func (f *fakeProvider) stats() (live, maxLive, maxCreate, created int) {
 	f.mu.Lock()
@@ -154,7 +184,7 @@ func TestRefillNeverOverCreates(t *testing.T) {
 			for i := 0; i < 50; i++ {
 				p.refill()
 				if i%10 == 0 {
-					if sb, ok := p.Acquire(); ok {
+					if sb, ok := p.Acquire(context.Background()); ok {
 						if _, dup := acquired.LoadOrStore(sb.ID, true); dup {
 							t.Errorf("sandbox %s handed out twice", sb.ID)
 						}
@@ -188,13 +218,13 @@ func TestRefillNeverOverCreates(t *testing.T) {
 func TestAcquireHitMissAndRefill(t *testing.T) {
 	f := newFake(5 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=2&max=2&idle_timeout=60", WithJanitorInterval(10*time.Millisecond), WithOwner("roched:test"))
-	if sb, ok := p.Acquire(); ok {
+	if sb, ok := p.Acquire(context.Background()); ok {
 		t.Fatalf("acquired %s from a pool never started", sb.ID)
 	}
 	m.Start()
 	waitFor(t, "two idle", func() bool { return p.Status().Idle == 2 })
-	a, okA := p.Acquire()
-	b, okB := p.Acquire()
+	a, okA := p.Acquire(context.Background())
+	b, okB := p.Acquire(context.Background())
 	if !okA || !okB || a.ID == b.ID {
 		t.Fatalf("acquire: %v %v %q %q", okA, okB, a.ID, b.ID)
 	}
@@ -258,7 +288,7 @@ func TestDrainAndWarmup(t *testing.T) {
 	if live, _, _, _ := f.stats(); live != 0 || p.Status().Idle != 0 || !p.Status().Drained {
 		t.Fatalf("after drain: %d alive, %+v", live, p.Status())
 	}
-	if _, ok := p.Acquire(); ok {
+	if _, ok := p.Acquire(context.Background()); ok {
 		t.Fatal("acquired from a drained pool")
 	}
 	if err := p.Warmup(ctx, 0); err != nil || p.Status().Idle != 1 {
@@ -274,8 +304,8 @@ func TestWarmupStopsAtTotal(t *testing.T) {
 	if err := p.Warmup(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := p.Acquire()
-	b, _ := p.Acquire()
+	a, _ := p.Acquire(context.Background())
+	b, _ := p.Acquire(context.Background())
 	err := p.Warmup(ctx, 2)
 	if !errors.Is(err, roche.ErrExhausted) {
 		t.Fatalf("warmup with 2 in use of total 3: %v, want ErrExhausted", err)
@@ -458,6 +488,110 @@ func TestDiskMatches(t *testing.T) {
 		cfg.Disk, pooled.Disk = c.disk, c.poolDisk
 		if got := diskMatches(cfg, pooled); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestAcquireSkipsDead: idle sandboxes that died behind the pool's back (or hang) are
+// found by the check before hand-out, destroyed and replaced; the next live one is
+// handed out, and when none is left the create misses rather than get a dead one.
+func TestAcquireSkipsDead(t *testing.T) {
+	f := newFake(time.Millisecond)
+	var mu sync.Mutex
+	var destroyed []string
+	m, p := newManager(t, f, "fake/img?min=3&max=3&idle_timeout=60", WithJanitorInterval(10*time.Millisecond),
+		WithProbeTimeout(50*time.Millisecond),
+		WithHooks(Hooks{Destroyed: func(_ Key, id string) {
+			mu.Lock()
+			destroyed = append(destroyed, id)
+			mu.Unlock()
+		}}))
+	m.Start()
+	waitFor(t, "three idle", func() bool { return p.Status().Idle == 3 })
+	ids := p.IdleIDs()
+	f.kill(ids[0])
+	f.mu.Lock()
+	f.hung[ids[1]] = true
+	f.mu.Unlock()
+	sb, ok := p.Acquire(context.Background())
+	if !ok || sb.ID != ids[2] {
+		t.Fatalf("acquired %q (%v), want the one live sandbox %s", sb.ID, ok, ids[2])
+	}
+	st := p.Status()
+	if st.Dead != 2 || st.Hits != 1 || st.Misses != 0 {
+		t.Fatalf("status %+v, want 2 dead, 1 hit, no miss", st)
+	}
+	waitFor(t, "the dead ones destroyed and replaced", func() bool {
+		mu.Lock()
+		n := len(destroyed)
+		mu.Unlock()
+		return n == 2 && p.Status().Idle == 3
+	})
+	for _, id := range ids[:2] {
+		f.mu.Lock()
+		live := f.live[id]
+		f.mu.Unlock()
+		if live {
+			t.Errorf("dead sandbox %s was not destroyed", id)
+		}
+	}
+
+	// Every idle one dead: a miss, never a dead sandbox.
+	for _, id := range p.IdleIDs() {
+		f.kill(id)
+	}
+	if sb, ok := p.Acquire(context.Background()); ok {
+		t.Fatalf("acquired %s, which is dead", sb.ID)
+	}
+	if st := p.Status(); st.Dead != 5 || st.Misses != 1 {
+		t.Fatalf("status %+v, want 5 dead and a miss", st)
+	}
+	waitFor(t, "the refill", func() bool { return p.Status().Idle == 3 })
+	if _, ok := p.Acquire(context.Background()); !ok {
+		t.Fatal("no hit after the refill")
+	}
+}
+
+// TestAcquireCallerGone: a caller that gives up during the check leaves the sandbox in
+// the pool: its giving up says nothing of the sandbox.
+func TestAcquireCallerGone(t *testing.T) {
+	f := newFake(time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=1&max=1&idle_timeout=60")
+	m.Start()
+	waitFor(t, "one idle", func() bool { return p.Status().Idle == 1 })
+	id := p.IdleIDs()[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if sb, ok := p.Acquire(ctx); ok {
+		t.Fatalf("acquired %s for a caller that had gone", sb.ID)
+	}
+	if st := p.Status(); st.Idle != 1 || st.Dead != 0 || p.IdleIDs()[0] != id {
+		t.Fatalf("status %+v, idle %v: want %s kept, none dead", st, p.IdleIDs(), id)
+	}
+}
+
+// TestDiscardReplaces: an idle sandbox the owner reports dead (Discard) leaves the
+// pool's counts at once and is replaced.
+func TestDiscardReplaces(t *testing.T) {
+	f := newFake(time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=2&max=2&idle_timeout=60")
+	m.Start()
+	waitFor(t, "two idle", func() bool { return p.Status().Idle == 2 })
+	id := p.IdleIDs()[0]
+	f.kill(id)
+	if !p.Discard(id) {
+		t.Fatalf("Discard of idle %s says it was not idle", id)
+	}
+	if p.Discard(id) || p.Discard("fake-none") {
+		t.Fatal("Discard of a sandbox not idle here says it was")
+	}
+	if st := p.Status(); st.Dead != 1 || st.Idle+st.Creating != 2 {
+		t.Fatalf("status %+v right after Discard: want 1 dead, its replacement on the way", st)
+	}
+	waitFor(t, "the replacement", func() bool { return p.Status().Idle == 2 })
+	for _, idle := range p.IdleIDs() {
+		if idle == id {
+			t.Fatalf("the discarded sandbox %s is still idle", id)
 		}
 	}
 }

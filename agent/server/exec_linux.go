@@ -35,7 +35,14 @@ type reaper struct {
 	waiters map[int]chan syscall.WaitStatus
 }
 
-func newReaper() *reaper { return &reaper{waiters: map[int]chan syscall.WaitStatus{}} }
+// processReaper is the one reaper of this process, started on first use: a wait for any
+// child reaps every server's, so two servers in one process (the tests run several) must
+// share it, or one would take the other's exit statuses.
+var processReaper = sync.OnceValue(func() *reaper {
+	r := &reaper{waiters: map[int]chan syscall.WaitStatus{}}
+	go r.run()
+	return r
+})
 
 func (r *reaper) run() {
 	ch := make(chan os.Signal, 128)
@@ -129,14 +136,22 @@ func (p *proc) kill() {
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 }
 
-func (p *proc) finish(res agent.Result) {
+// finish records the command's result and sends it to the attached client. When the
+// sandbox is stopping (stopping is why), the client hears that instead: the exit status
+// of a command killed with its sandbox says nothing of the command.
+func (p *proc) finish(res agent.Result, stopping string) {
 	p.mu.Lock()
 	res.Truncated = p.truncated
 	res.TimedOut = p.timedOut
 	p.result = res
 	p.finished = true
 	if p.sink != nil {
-		_ = p.sink.sendJSON(agent.FrameResult, res)
+		if stopping != "" {
+			_ = p.sink.sendJSON(agent.FrameError, &agent.Error{Code: agent.CodeStopping,
+				Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)})
+		} else {
+			_ = p.sink.sendJSON(agent.FrameResult, res)
+		}
 	}
 	p.mu.Unlock()
 	close(p.done)
@@ -267,7 +282,7 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	if res.ExitCode == 128+int(syscall.SIGKILL) && !p.timedOut && before >= 0 && oomKills() > before {
 		res.OOMKilled = true
 	}
-	p.finish(res)
+	p.finish(res, s.stopReason())
 	s.retire(p)
 	return nil
 }

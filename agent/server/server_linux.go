@@ -73,6 +73,24 @@ type Server struct {
 
 	mu    sync.Mutex
 	procs map[int]*proc // background and running commands by pid
+	// stopping says why the agent, and so the sandbox, is stopping; "" while it serves.
+	stopping string
+}
+
+// stopAs records why the sandbox is stopping, before its commands are stopped, so that
+// each one's client hears it (see proc.finish).
+func (s *Server) stopAs(why string) {
+	s.mu.Lock()
+	if s.stopping == "" {
+		s.stopping = why
+	}
+	s.mu.Unlock()
+}
+
+func (s *Server) stopReason() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopping
 }
 
 // New prepares a server: it resolves the sandbox user and drops every capability from
@@ -100,7 +118,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, uid: uid, gid: gid, groups: groups,
 		baseEnv: os.Environ(),
-		reaper:  newReaper(),
+		reaper:  processReaper(),
 		procs:   map[int]*proc{},
 	}
 	return s, nil
@@ -110,7 +128,6 @@ func New(cfg Config) (*Server, error) {
 // signals every command's process group and returns.
 func (s *Server) Run(ctx context.Context) error {
 	reserveThreads(agent.ThreadReserve)
-	go s.reaper.run()
 	if s.cfg.ChownFrom > 0 && s.cfg.ChownFrom != s.uid {
 		if err := chownRoot(s.cfg.ChownFrom, s.uid, s.gid); err != nil {
 			return fmt.Errorf("handing uid %d's files to the sandbox user: %w", s.cfg.ChownFrom, err)
@@ -176,11 +193,17 @@ func (s *Server) Run(ctx context.Context) error {
 		select {
 		case sig := <-sigs:
 			s.log.Info("signal received, stopping", "signal", sig)
+			// The engine sends SIGTERM to PID 1 when it stops the container (docker stop,
+			// an engine shutting down, a destroy that is not a plain kill).
+			s.stopAs(fmt.Sprintf("its engine stopped it (roche-agent, its PID 1, got %s)", sigName(sig)))
 		case <-lifetime:
 			s.log.Info("sandbox lifetime over, stopping")
+			s.stopAs(fmt.Sprintf("its lifetime of %s ended", s.cfg.Lifetime))
 		case <-leaseLost:
 			s.log.Warn("sandbox lease lost (its creator is gone), stopping")
+			s.stopAs("its lease was lost: the process that created it (and held it) is gone")
 		case <-ctx.Done():
+			s.stopAs("roche-agent is shutting down")
 		}
 		cancel()
 		ln.Close()
@@ -212,14 +235,44 @@ func (s *Server) stopAll() {
 	for _, p := range procs {
 		_ = syscall.Kill(-p.pid, syscall.SIGTERM)
 	}
-	deadline := time.After(2 * time.Second)
+	// A closed channel once the time is up, so that every command still running then is
+	// killed, not only the first.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var killed []*proc
 	for _, p := range procs {
 		select {
 		case <-p.done:
-		case <-deadline:
+		case <-ctx.Done():
 			p.kill()
+			killed = append(killed, p)
 		}
 	}
+	// Killed, they end at once: their clients hear why before the agent exits.
+	grace, cancelGrace := context.WithTimeout(context.Background(), time.Second)
+	defer cancelGrace()
+	for _, p := range killed {
+		select {
+		case <-p.done:
+		case <-grace.Done():
+			return
+		}
+	}
+}
+
+// sigName names a signal as the kernel's headers do ("SIGTERM").
+func sigName(sig os.Signal) string {
+	if n, ok := sig.(syscall.Signal); ok {
+		switch n {
+		case syscall.SIGTERM:
+			return "SIGTERM"
+		case syscall.SIGINT:
+			return "SIGINT"
+		case syscall.SIGHUP:
+			return "SIGHUP"
+		}
+	}
+	return sig.String()
 }
 
 // conn is one client connection: frames in, frames out (writes serialised).

@@ -45,6 +45,7 @@ var (
 	poolMax     = flag.Int("pool-max", 8, "most idle sandboxes the pool keeps")
 	concurrency = flag.Int("pool-concurrency", 2, "the pool's concurrent creations")
 	verbose     = flag.Bool("v", false, "log the daemon at debug level to stderr")
+	probe       = flag.Bool("probe", true, "check each pooled sandbox is alive before handing it out, as roched does (false measures without)")
 )
 
 func main() {
@@ -104,9 +105,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	var daemonOpts []daemon.Option
+	if !*probe {
+		daemonOpts = append(daemonOpts, daemon.WithPoolOptions(pool.WithProbeTimeout(0)))
+	}
 	c, stop, err := samples.StartDaemon(ctx, daemon.Config{
 		Socket: socket, Pools: []pool.Spec{spec}, PoolConcurrency: *concurrency, MaxSandboxes: 4 * max(*clients, 25),
-	}, map[string]roche.Provider{"docker": dp}, log)
+	}, map[string]roche.Provider{"docker": dp}, log, daemonOpts...)
 	if err != nil {
 		return err
 	}
@@ -116,8 +121,8 @@ func run() error {
 
 	cfg := roche.DefaultConfig()
 	cfg.Image = img
-	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d concurrency=%d\n",
-		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *concurrency)
+	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d concurrency=%d probe=%v\n",
+		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *concurrency, *probe)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if _, err := c.PoolWarmup(wctx, "", 0); err != nil {
 		cancel()

@@ -22,9 +22,12 @@ import (
 	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/vm"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
 func main() {
+	// The providers run each VM's supervisor as this program.
+	supervisor.RunIfAsked()
 	if err := run(); err != nil {
 		fmt.Fprintf(os.Stderr, "bench/vm: %v\n", err)
 		os.Exit(1)

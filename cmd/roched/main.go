@@ -6,8 +6,11 @@ import (
 	"os"
 
 	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
 func main() {
+	// The microVM providers run each VM's supervisor as this executable.
+	supervisor.RunIfAsked()
 	os.Exit(daemon.Main(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -154,15 +154,16 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
-	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return fmt.Errorf("%v (see %s --help)", err, c.CommandPath())
-	})
+	root.Version = version()
+	root.SetVersionTemplate("roche {{.Version}}\n")
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(
 		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
 		e.snapshotCommand(),
 	)
+	friendlyArgs(root)
 	e.addDaemonFlags(root)
 	pf := root.PersistentFlags()
 	pf.DurationVar(&e.providers.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,

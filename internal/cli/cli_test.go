@@ -122,6 +122,11 @@ func TestBadInput(t *testing.T) {
 		{"unknown flag", []string{"run", "--bogus", "--", "true"}, "--help"},
 		{"bad env", []string{"run", "--image", img, "--env", "NOVALUE", "--", "true"}, "KEY=VALUE"},
 		{"cp without sandbox", []string{"cp", "a", "b"}, "ID:/path"},
+		{"cp to a relative path", []string{"cp", "a", "0123456789ab:tmp/x"}, "must be absolute: 0123456789ab:/tmp/x"},
+		{"cp without arguments", []string{"cp"}, "roche cp takes SRC DST, got 0 (usage: roche cp"},
+		{"command's flags before --", []string{"run", "python3", "-c", "1"}, "put the command after --"},
+		{"not a number", []string{"run", "--image", img, "--timeout", "abc", "--", "true"}, `--timeout "abc": want a whole number`},
+		{"not a number of cpus", []string{"run", "--image", img, "--cpus", "two", "--", "true"}, `--cpus "two": want a number`},
 	}
 	before := managed(t)
 	for _, c := range cases {
@@ -143,6 +148,14 @@ func TestBadInput(t *testing.T) {
 	}
 	if after := managed(t); after != before {
 		t.Fatalf("bad input left %d containers behind", after-before)
+	}
+}
+
+// TestVersion: roche --version says which build it is.
+func TestVersion(t *testing.T) {
+	r := run(t, "--version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "roche ") || strings.Count(r.stdout, "\n") != 1 {
+		t.Fatalf("roche --version: %+v", r)
 	}
 }
 

@@ -544,6 +544,12 @@ pass the cap is refused before any of it is written. Through roched, its own cap
 			srcID, srcPath, srcIn := splitSandboxPath(args[0])
 			dstID, dstPath, dstIn := splitSandboxPath(args[1])
 			if srcIn == dstIn {
+				// ID:relative looks like a host path to the split: say what it lacks.
+				for _, a := range args {
+					if id, rel, ok := strings.Cut(a, ":"); ok && id != "" && !strings.ContainsAny(id, "/\\") && !strings.HasPrefix(rel, "/") {
+						return fmt.Errorf("%q: a path in a sandbox must be absolute: %s:/%s (sandboxes have no working directory to resolve it against)", a, id, rel)
+					}
+				}
 				return errors.New("exactly one of SRC and DST must be ID:/path in a sandbox")
 			}
 			opts := roche.CopyOptions{PreserveLinks: preserveLinks}

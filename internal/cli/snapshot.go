@@ -23,7 +23,6 @@ it persists on its own.`,
   roche snapshot list
   roche snapshot rm deps-installed`,
 	}
-	c.PersistentFlags().StringVar(&provider, "provider", "", "provider whose snapshots to list or remove (default: every one that has them)")
 	create := &cobra.Command{
 		Use:     "create ID NAME [--json]",
 		Short:   "Snapshot a sandbox's files under NAME",
@@ -31,6 +30,9 @@ it persists on its own.`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := e.providers.forID(args[0])
+			if err == nil && provider != "" && provider != p.Name() {
+				err = fmt.Errorf("%w: sandbox %s belongs to the %s provider, not %s: drop --provider", roche.ErrInvalidConfig, args[0], p.Name(), provider)
+			}
 			if err != nil {
 				return err
 			}
@@ -94,6 +96,11 @@ it persists on its own.`,
 			}
 			return nil
 		},
+	}
+	// A snapshot is taken by the provider of its sandbox, which the id names.
+	create.Flags().StringVar(&provider, "provider", "", "provider of the sandbox (default: the one its id names)")
+	for _, sub := range []*cobra.Command{list, rm} {
+		sub.Flags().StringVar(&provider, "provider", "", "provider whose snapshots to list or remove (default: every one that has them)")
 	}
 	c.AddCommand(create, list, rm)
 	return c

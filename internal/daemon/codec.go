@@ -14,7 +14,8 @@ import (
 // Codecs that refuse unknown fields. connect-go's own codecs drop them, so a typo
 // ("memroy": "4g") or a field this roched does not know yet (from a newer client) was
 // silently ignored and the sandbox made without it: weaker than asked, with no word.
-// Marshalling is connect-go's.
+// Answers in JSON carry every scalar field, zeros included: "exitCode": 0 is an answer,
+// where an absent field leaves a client guessing.
 func strictCodecs() []connect.HandlerOption {
 	return []connect.HandlerOption{
 		connect.WithCodec(strictJSON{"json"}),
@@ -34,7 +35,7 @@ func (strictJSON) Marshal(m any) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("%T is not a protobuf message", m)
 	}
-	return protojson.MarshalOptions{}.Marshal(pm)
+	return protojson.MarshalOptions{EmitDefaultValues: true}.Marshal(pm)
 }
 
 func (strictJSON) Unmarshal(b []byte, m any) error {

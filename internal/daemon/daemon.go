@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpcreflect"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/roche-sandbox/roche"
@@ -120,6 +121,8 @@ type Daemon struct {
 	workdirs map[string]bool
 	// holds are the Hold streams of leased sandboxes (lease.go).
 	holds map[string]*hold
+	// ended remembers why client sandboxes ended behind the daemon's back (events.go).
+	ended endings
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
@@ -315,6 +318,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	d.bg.Add(2)
 	go d.reapLoop()
 	go d.watchEngines()
+	d.watchSandboxes()
 
 	for i, l := range listeners {
 		srv := &http.Server{
@@ -395,6 +399,11 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 	)
 	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
 	mux.Handle(path, d.releaseHeld(h))
+	// Server reflection, so that grpcurl and buf curl list and call the methods without
+	// the .proto at hand; behind the same token check as the API.
+	reflector := grpcreflect.NewStaticReflector(rochev1connect.SandboxServiceName)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.HandleFunc("/healthz", d.healthz)
 	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	if !requireToken {

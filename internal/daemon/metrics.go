@@ -48,6 +48,7 @@ var (
 	poolHitsDesc   = prometheus.NewDesc("roche_pool_hits_total", "Creates served from a warm pool.", []string{"pool"}, nil)
 	poolMissesDesc = prometheus.NewDesc("roche_pool_misses_total", "Creates that matched a pool but found it empty.", []string{"pool"}, nil)
 	poolIdleDesc   = prometheus.NewDesc("roche_pool_idle", "Idle sandboxes in a pool.", []string{"pool"}, nil)
+	poolDeadDesc   = prometheus.NewDesc("roche_pool_dead_total", "Idle pooled sandboxes found dead (by the engine's events or the check before hand-out) and replaced.", []string{"pool"}, nil)
 	engineUpDesc   = prometheus.NewDesc("roche_engine_up",
 		"Whether the provider's engine (the Docker engine) answered its last check: 1 up, 0 not answering (creates are refused).",
 		[]string{"provider"}, nil)
@@ -62,6 +63,7 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolHitsDesc
 	ch <- poolMissesDesc
 	ch <- poolIdleDesc
+	ch <- poolDeadDesc
 	ch <- engineUpDesc
 }
 
@@ -76,6 +78,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(st.Hits), key)
 		ch <- prometheus.MustNewConstMetric(poolMissesDesc, prometheus.CounterValue, float64(st.Misses), key)
 		ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(st.Idle), key)
+		ch <- prometheus.MustNewConstMetric(poolDeadDesc, prometheus.CounterValue, float64(st.Dead), key)
 	}
 	for name, st := range c.d.engines.snapshot() {
 		up := 0.0

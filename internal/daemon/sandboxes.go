@@ -116,7 +116,7 @@ func (d *Daemon) resolve(t *tenant, id string) (target, error) {
 	}
 	d.mu.Unlock()
 	if rec == nil {
-		return target{}, notFound(id)
+		return target{}, d.ended.notFound(t, id)
 	}
 	p, err := d.provider(rec.Provider)
 	return target{id: rec.ID, p: p, rec: rec}, err
@@ -243,7 +243,7 @@ func (d *Daemon) fromPool(ctx context.Context, t *tenant, providerName string, c
 	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
 		return roche.SandboxInfo{}, false
 	}
-	sb, ok := pl.Acquire()
+	sb, ok := pl.Acquire(ctx)
 	if !ok {
 		return sb, false
 	}
@@ -256,6 +256,12 @@ func (d *Daemon) fromPool(ctx context.Context, t *tenant, providerName string, c
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	d.mu.Lock()
+	if r := d.sandboxes[sb.ID]; r == nil || r.Kind != kindPooled {
+		// It ended (events.go) while it was being handed out: the create goes cold.
+		d.mu.Unlock()
+		pl.Forget(sb.ID)
+		return roche.SandboxInfo{}, false
+	}
 	d.sandboxes[sb.ID] = &record{
 		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(), Tenant: t.name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
@@ -375,7 +381,7 @@ func (d *Daemon) exec(ctx context.Context, tn *tenant, id string, req roche.Exec
 	}
 	res, err := t.p.Exec(ctx, t.id, req)
 	if errors.Is(err, roche.ErrNotFound) && t.rec != nil {
-		d.forget(t.id) // removed behind our back
+		d.forgetEnded(t.id, err) // removed or stopped behind our back
 	}
 	d.metrics.exec.Observe(time.Since(start).Seconds())
 	return res, err
@@ -394,18 +400,29 @@ func (d *Daemon) forget(id string) {
 }
 
 func (d *Daemon) forgetInPool(r *record) {
-	if r.Pool == "" {
-		return
-	}
-	if key, err := pool.ParseKey(r.Pool); err == nil {
-		if pl, err := d.pools.Get(key); err == nil {
-			if r.Kind == kindPooled {
-				pl.Discard(r.ID)
-			} else {
-				pl.Forget(r.ID)
-			}
+	if pl := d.poolOf(r); pl != nil {
+		if r.Kind == kindPooled {
+			pl.Discard(r.ID)
+		} else {
+			pl.Forget(r.ID)
 		}
 	}
+}
+
+// poolOf is the pool a record's sandbox came from, or nil.
+func (d *Daemon) poolOf(r *record) *pool.Pool {
+	if r.Pool == "" {
+		return nil
+	}
+	key, err := pool.ParseKey(r.Pool)
+	if err != nil {
+		return nil
+	}
+	pl, err := d.pools.Get(key)
+	if err != nil {
+		return nil
+	}
+	return pl
 }
 
 // destroy removes one of tenant t's sandboxes. It is marked destroyed at once (every

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
@@ -38,11 +39,35 @@ func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error
 func (p *Provider) target(s sandbox) agentfwd.Target {
 	return agentfwd.Target{
 		ID: s.id, Agent: s.agent, Expires: s.expires,
-		Gone: func() bool {
-			p.forget(s.id)
-			// inspect bounds its own wait, so a hung engine cannot hold this up.
-			_, _, err := p.inspect(context.Background(), s.id)
-			return errors.Is(err, roche.ErrNotFound)
-		},
+		Gone: func() bool { return p.stopped(s.id) },
+	}
+}
+
+// stoppedWait is how long a sandbox whose agent dropped a connection is given to be
+// reported stopped: the engine hears of the agent's death a moment after the caller does.
+const stoppedWait = 2 * time.Second
+
+// stopped reports, after the sandbox's agent could not be reached, whether the sandbox
+// has stopped or gone (killed, stopped by its engine, destroyed, or its lifetime over).
+func (p *Provider) stopped(id string) bool {
+	p.forget(id)
+	ctx, cancel := context.WithTimeout(context.Background(), stoppedWait)
+	defer cancel()
+	for {
+		// inspect bounds its own wait, so a hung engine cannot hold this up for long.
+		c, _, err := p.inspect(ctx, id)
+		switch {
+		case errors.Is(err, roche.ErrNotFound):
+			return true
+		case err != nil:
+			return false
+		case c.State == nil || !c.State.Running:
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }

@@ -35,7 +35,10 @@ func leaseChild(mode string) int {
 		return 1
 	}
 	fmt.Println(info.ID)
-	select {} // until killed
+	// Until killed. Sleeping, not an empty select: with nothing else running, the
+	// runtime would take that for a deadlock and end the process itself.
+	time.Sleep(10 * time.Minute)
+	return 1
 }
 
 // creatorKilled starts a creator process, waits for its sandbox, kills the creator with

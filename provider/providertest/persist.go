@@ -364,9 +364,7 @@ func (s *suite) testSnapshot(t *testing.T) {
 	if _, err := s.p.Create(ctx, from); !errors.Is(err, roche.ErrNotFound) || !strings.Contains(err.Error(), "snapshot") {
 		t.Fatalf("Create from a removed snapshot: %v, want ErrNotFound naming the snapshot", err)
 	}
-	if after := s.ids(t); len(after) != len(before) {
-		t.Fatalf("a refused Create left sandboxes behind: before %d, after %d", len(before), len(after))
-	}
+	s.noneMadeSince(t, before, "a refused Create")
 }
 
 // checkNothingKept: no workspace or snapshot the suite made may remain.

@@ -10,10 +10,10 @@
 // at all; memory and CPUs size the VM; the agent enforces the PID limit (a pids cgroup
 // in the guest), memory (a memory cgroup) and timeouts inside.
 //
-// Each VM is kept by a small supervisor process (roche-agent vm-supervise, see package
-// supervisor) that owns the hypervisor, so a VM outlives the process that created it,
-// stops at the end of its lifetime even if no caller is left, and leaves nothing on the
-// host when it ends.
+// Each VM is kept by a small supervisor process (this program run as `PROGRAM
+// vm-supervise`, see package supervisor) that owns the hypervisor, so a VM outlives the
+// process that created it, stops at the end of its lifetime even if no caller is left,
+// and leaves nothing on the host when it ends.
 package vm
 
 import (
@@ -43,6 +43,7 @@ const (
 type options struct {
 	log         *slog.Logger
 	agentPath   string
+	supervisor  string
 	kernel      string
 	modulesDir  string
 	stateDir    string
@@ -63,8 +64,13 @@ type Option func(*options)
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
 // WithAgentPath sets the host path of the static roche-agent binary, which becomes each
-// VM's init and runs its supervisor (default $ROCHE_AGENT, else beside the executable).
+// VM's init (default $ROCHE_AGENT, else beside the executable).
 func WithAgentPath(path string) Option { return func(o *options) { o.agentPath = path } }
+
+// WithSupervisor sets the program each VM's supervisor runs as (`PROGRAM vm-supervise
+// SPEC`); the default is this process's own executable, whose main must call
+// supervisor.RunIfAsked first.
+func WithSupervisor(path string) Option { return func(o *options) { o.supervisor = path } }
 
 // WithKernel sets the guest kernel, a bzImage or an ELF vmlinux (default
 // $ROCHE_VM_KERNEL, else the newest /boot/vmlinuz-* with its modules installed).
@@ -102,10 +108,20 @@ func WithKVMProbeTimeout(d time.Duration) Option { return func(o *options) { o.p
 // WithDockerClient uses an existing Engine API client to export images.
 func WithDockerClient(c *client.Client) Option { return func(o *options) { o.docker = c } }
 
+// ownExecutable is this process's executable, "" when it cannot be told.
+func ownExecutable() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return exe
+}
+
 func defaultOptions() options {
 	o := options{
 		log:         slog.New(slog.DiscardHandler),
 		agentPath:   defaultAgentPath(),
+		supervisor:  ownExecutable(),
 		stateDir:    defaultDir("/run/roche/vm", "XDG_RUNTIME_DIR", "vm"),
 		cacheDir:    defaultDir("/var/cache/roche/vm", "XDG_CACHE_HOME", "vm-cache"),
 		accel:       os.Getenv("ROCHE_VM_ACCEL"),

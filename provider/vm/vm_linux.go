@@ -528,7 +528,10 @@ func (p *Provider) supervisorCmd(vm *plan, spec supervisor.Spec) (*exec.Cmd, err
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(p.agentPath, supervisor.Subcommand, specPath)
+	if p.supervisor == "" {
+		return nil, fmt.Errorf("%w: this process cannot name its own executable to run the VM's supervisor: give one with vm.WithSupervisor", roche.ErrUnavailable)
+	}
+	cmd := exec.Command(p.supervisor, supervisor.Subcommand, specPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{vm.report}
 	// Its own session: the VM must not die with the caller's terminal or process group.

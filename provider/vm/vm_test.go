@@ -22,6 +22,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/providertest"
 	"github.com/roche-sandbox/roche/provider/vm"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
 // The VM tests boot real guests. Under emulation (no usable KVM, as on the development
@@ -29,6 +30,8 @@ import (
 // VMs as it can: the conformance suite shares one VM between the checks that allow it.
 
 func TestMain(m *testing.M) {
+	// The provider runs each VM's supervisor as this test binary.
+	supervisor.RunIfAsked()
 	cleanup, err := testenv.SetupAgent()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

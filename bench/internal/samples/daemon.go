@@ -13,8 +13,8 @@ import (
 // StartDaemon runs roched in this process on cfg.Socket with the given providers and
 // returns a client for it, and stop, which drains it (safe to call more than once; call
 // it to time or check the shutdown, defer it otherwise). Close the client yourself.
-func StartDaemon(ctx context.Context, cfg daemon.Config, providers map[string]roche.Provider, log *slog.Logger) (*client.Client, func() error, error) {
-	d, err := daemon.New(cfg, providers, daemon.WithLogger(log))
+func StartDaemon(ctx context.Context, cfg daemon.Config, providers map[string]roche.Provider, log *slog.Logger, opts ...daemon.Option) (*client.Client, func() error, error) {
+	d, err := daemon.New(cfg, providers, append([]daemon.Option{daemon.WithLogger(log)}, opts...)...)
 	if err != nil {
 		return nil, nil, err
 	}

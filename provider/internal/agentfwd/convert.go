@@ -37,6 +37,10 @@ func Err(id string, err error) (error, bool) {
 		sentinel = roche.ErrExhausted
 	case agent.CodeInternal:
 		return fmt.Errorf("sandbox %s: %s", id, ae.Message), true
+	case agent.CodeStopping:
+		// The sandbox is ending under the command: by the time the caller hears it, it is
+		// gone, as when its agent can no longer be reached (Target.fail).
+		return fmt.Errorf("%w: sandbox %s stopped while the command ran: %s", roche.ErrNotFound, id, ae.Message), true
 	}
 	return fmt.Errorf("%w: %s", sentinel, ae.Message), true
 }

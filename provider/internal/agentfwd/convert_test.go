@@ -27,6 +27,10 @@ func TestErr(t *testing.T) {
 	if !ok || err.Error() != "sandbox sb1: boom" {
 		t.Errorf("internal: %v %v", err, ok)
 	}
+	err, ok = Err("sb1", &agent.Error{Code: agent.CodeStopping, Message: "the sandbox is stopping: its lifetime of 5m0s ended"})
+	if !ok || !errors.Is(err, roche.ErrNotFound) || !strings.Contains(err.Error(), "sandbox sb1 stopped while the command ran: the sandbox is stopping: its lifetime") {
+		t.Errorf("stopping: %v %v", err, ok)
+	}
 	plain := errors.New("connection refused")
 	if err, ok := Err("sb1", plain); ok || err != plain {
 		t.Errorf("a connection error is the provider's to judge: %v %v", err, ok)

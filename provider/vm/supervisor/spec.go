@@ -2,9 +2,32 @@
 // hypervisor, serves the guest agent's serial link as a unix socket that any number of
 // clients can connect to, stops the VM at the end of its lifetime even if the guest is
 // wedged, and removes everything the VM had on the host when it ends. It runs detached
-// (its own session) as `roche-agent vm-supervise SPEC`, so a VM outlives the process that
-// created it, as a container outlives `docker run -d`.
+// (its own session) as `PROGRAM vm-supervise SPEC`, PROGRAM being the executable of the
+// process that hosts the provider (roche, roched), so a VM outlives the process that
+// created it, as a container outlives `docker run -d`. The in-sandbox roche-agent does
+// not carry it: nothing host-side belongs in what runs inside a sandbox.
 package supervisor
+
+import (
+	"fmt"
+	"os"
+)
+
+// RunIfAsked makes this process a supervisor, and exits, when it was started as one
+// (os.Args[1] is Subcommand); otherwise it returns at once. A program that hosts the
+// qemu or firecracker provider calls it first thing in main (cmd/roche and cmd/roched
+// do, and provider/vm's tests): the provider starts supervisors from its own executable
+// (vm.WithSupervisor says otherwise).
+func RunIfAsked() {
+	if len(os.Args) < 2 || os.Args[1] != Subcommand {
+		return
+	}
+	if err := Main(os.Args[2:]); err != nil {
+		fmt.Fprintln(os.Stderr, Subcommand+":", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
 
 // Spec is what the provider asks of a supervisor, as JSON in a file of the VM's directory.
 type Spec struct {
@@ -39,5 +62,5 @@ const (
 	SpecFile       = "supervisor.json" // the Spec
 )
 
-// Subcommand is the roche-agent argument that runs a supervisor.
+// Subcommand is the argument that makes a program a supervisor (RunIfAsked).
 const Subcommand = "vm-supervise"

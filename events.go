@@ -1,0 +1,85 @@
+package roche
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Watcher is a provider that can tell, as it happens, that one of its sandboxes ended
+// behind its callers' back: killed, stopped by its engine (an engine restart stops
+// every container), out of memory, or removed. A daemon that tracks sandboxes uses it
+// to forget a dead one at once instead of at its next reconciliation, and never to
+// hand a dead one out.
+type Watcher interface {
+	// Watch streams the events of this provider's sandboxes until ctx ends, then closes
+	// the channel. A connection to the engine that breaks is made again (with a bounded
+	// backoff); what was missed meanwhile is found by comparing with the provider's list
+	// and sent as events with Resync set. An error means nothing can be watched at all.
+	Watch(ctx context.Context) (<-chan SandboxEvent, error)
+}
+
+// SandboxEventKind says what happened to a sandbox.
+type SandboxEventKind string
+
+const (
+	// EventDied: the sandbox's main process ended (killed, stopped by its engine, or its
+	// lifetime over); the sandbox runs nothing any more.
+	EventDied SandboxEventKind = "died"
+	// EventRemoved: the sandbox no longer exists.
+	EventRemoved SandboxEventKind = "removed"
+	// EventOOM: a process in the sandbox was killed for exceeding the memory limit. The
+	// sandbox itself may live on (roche-agent makes commands the OOM killer's first
+	// choice); if it does not, EventDied follows.
+	EventOOM SandboxEventKind = "oom"
+)
+
+// SandboxEvent is something that happened to one sandbox.
+type SandboxEvent struct {
+	Provider string           `json:"provider"`
+	ID       string           `json:"id"`
+	Kind     SandboxEventKind `json:"kind"`
+	// ExitCode is the main process's exit status of an EventDied, when ExitKnown.
+	ExitCode  int  `json:"exit_code,omitempty"`
+	ExitKnown bool `json:"exit_known,omitempty"`
+	// Time is when the engine says it happened, or, with Resync, when it was found.
+	Time time.Time `json:"time"`
+	// Resync: not seen as it happened (the watch was cut off from the engine then) but
+	// found afterwards by comparing with the provider's list.
+	Resync bool `json:"resync,omitempty"`
+}
+
+// Ended reports whether the sandbox is finished: it died or was removed.
+func (e SandboxEvent) Ended() bool { return e.Kind == EventDied || e.Kind == EventRemoved }
+
+// Reason says what happened in a few words, for logs and error messages: "its container
+// died (exit 137)", "it was removed".
+func (e SandboxEvent) Reason() string {
+	var s string
+	switch e.Kind {
+	case EventDied:
+		s = "its main process ended (killed, stopped by its engine, or its lifetime over)"
+		if e.ExitKnown {
+			s = fmt.Sprintf("its main process ended with status %d (killed, stopped by its engine, or its lifetime over)", e.ExitCode)
+		}
+	case EventRemoved:
+		s = "it was removed"
+	case EventOOM:
+		s = "a process in it was killed for exceeding the memory limit"
+	default:
+		s = string(e.Kind)
+	}
+	if e.Resync {
+		s += ", found after the connection to its engine was restored"
+	}
+	return s
+}
+
+// Prober is a provider that can tell cheaply whether a sandbox is alive and answering,
+// without the round trip to its engine that Inspect may need (the Docker provider asks
+// the sandbox's roche-agent). A pool probes a sandbox before handing it out.
+type Prober interface {
+	// Probe returns nil when the sandbox runs and answers, else why not. It is bounded by
+	// ctx and should take well under a millisecond for a sandbox that answers.
+	Probe(ctx context.Context, id string) error
+}

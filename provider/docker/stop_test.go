@@ -1,0 +1,116 @@
+package docker_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// TestExecWhenSandboxStops: a command running when its sandbox stops ends with an error
+// that says so, not with an exit status (143 for SIGTERM, 137 for SIGKILL) that would
+// look like the command's own.
+func TestExecWhenSandboxStops(t *testing.T) {
+	p := newProvider(t)
+	dc := engineClient(t)
+	for _, tc := range []struct {
+		name     string
+		lifetime int    // seconds; 0 for the default
+		signal   string // sent to the container by the engine; "" waits for the lifetime
+		want     string
+	}{
+		{"killed", 0, "KILL", "is gone"},
+		{"stopped by its engine", 0, "TERM", "stopped while the command ran: the sandbox is stopping: its engine stopped it (roche-agent, its PID 1, got SIGTERM)"},
+		{"lifetime over", 3, "", "stopped while the command ran: the sandbox is stopping: its lifetime of 3s ended"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			if tc.lifetime > 0 {
+				cfg.TimeoutSecs = tc.lifetime
+			}
+			id := sandbox(t, p, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			ready := &firstOutput{ch: make(chan struct{})}
+			type outcome struct {
+				res roche.ExecResult
+				err error
+			}
+			done := make(chan outcome, 1)
+			go func() {
+				res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo ready; exec sleep 30"}, Stdout: ready, Timeout: 40 * time.Second})
+				done <- outcome{res, err}
+			}()
+			select {
+			case <-ready.ch:
+			case o := <-done:
+				t.Fatalf("the command ended before it was stopped: %+v %v", o.res, o.err)
+			}
+			if tc.signal != "" {
+				if err := dc.ContainerKill(ctx, id, tc.signal); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var o outcome
+			select {
+			case o = <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the command did not end within 20 s of its sandbox stopping")
+			}
+			if o.err == nil {
+				t.Fatalf("exec ended with %+v and no error, want one saying the sandbox stopped", o.res)
+			}
+			if !errors.Is(o.err, roche.ErrNotFound) || !strings.Contains(o.err.Error(), tc.want) || !strings.Contains(o.err.Error(), id) {
+				t.Fatalf("exec error %q, want ErrNotFound naming sandbox %s and saying %q", o.err, id, tc.want)
+			}
+		})
+	}
+}
+
+// firstOutput closes ch at the command's first output.
+type firstOutput struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (f *firstOutput) Write(b []byte) (int, error) {
+	f.once.Do(func() { close(f.ch) })
+	return len(b), nil
+}
+
+// TestAttachWhenSandboxStops: a client attached to a background command hears that the
+// sandbox stopped, not the exit status the stop gave the command.
+func TestAttachWhenSandboxStops(t *testing.T) {
+	p := newProvider(t)
+	dc := engineClient(t)
+	id := sandbox(t, p, testConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pid, err := p.Start(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo ready; exec sleep 30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := &firstOutput{ch: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Attach(ctx, id, pid, ready, io.Discard)
+		done <- err
+	}()
+	<-ready.ch
+	if err := dc.ContainerKill(ctx, id, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("attach did not end within 20 s of its sandbox stopping")
+	}
+	if !errors.Is(err, roche.ErrNotFound) || !strings.Contains(err.Error(), "the sandbox is stopping: its engine stopped it") {
+		t.Fatalf("attach error %v, want ErrNotFound saying the sandbox is stopping", err)
+	}
+}
