@@ -11,30 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestMain builds roche-agent for the tests against the real engine (a Docker sandbox
 // runs commands through it) and checks that no test left a goroutine behind.
-func TestMain(m *testing.M) {
-	cleanup, err := testenv.SetupAgent()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	cleanup()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testenv.RunWithAgent(m)) }
 
 // fakeProvider creates sandboxes that are only map entries, slowly, and records how
 // many creations ran at once and how many sandboxes were alive at most.

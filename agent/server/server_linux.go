@@ -442,23 +442,28 @@ func dropBoundingSet() error {
 // agent.ThreadReserve). Each goroutine holds a thread of its own while all are parked;
 // released, the threads stay with the runtime, idle.
 func reserveThreads(n int) {
-	missing := n - countThreads()
-	if missing <= 0 {
-		return
+	// Counted again after each round: a count taken while the runtime was starting or
+	// parking a thread of its own can be off by one, and a thread short of the reserve
+	// is one more process for the sandbox than its limit.
+	for range 5 {
+		missing := n - countThreads()
+		if missing <= 0 {
+			return
+		}
+		var ready sync.WaitGroup
+		release := make(chan struct{})
+		for i := 0; i < missing; i++ {
+			ready.Add(1)
+			go func() {
+				runtime.LockOSThread()
+				ready.Done()
+				<-release
+				runtime.UnlockOSThread()
+			}()
+		}
+		ready.Wait()
+		close(release)
 	}
-	var ready sync.WaitGroup
-	release := make(chan struct{})
-	for i := 0; i < missing; i++ {
-		ready.Add(1)
-		go func() {
-			runtime.LockOSThread()
-			ready.Done()
-			<-release
-			runtime.UnlockOSThread()
-		}()
-	}
-	ready.Wait()
-	close(release)
 }
 
 func countThreads() int {

@@ -218,20 +218,13 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// eventually polls cond until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // gone reports whether the engine no longer has the sandbox.
 func (td *testDaemon) gone(id string) bool {
 	_, err := td.rec.Provider.Inspect(context.Background(), id)
 	return err != nil
 }
+
+// The shared test helpers (internal/testenv), under this package's names.
+var eventually = testenv.Eventually
+
+type syncBuffer = testenv.SyncBuffer

@@ -423,36 +423,6 @@ func noDaemon(t *testing.T) []string {
 	return []string{"ROCHE_SOCKET=" + filepath.Join(shortDir(t), "none.sock")}
 }
 
-// syncBuffer collects a log, safe to read while it is written.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// eventually polls cond until it holds, failing after d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // testLogger collects a component's log, shown when the test fails.
 func testLogger(t *testing.T) *slog.Logger {
 	l, _ := testLog(t)
@@ -473,3 +443,8 @@ func testLog(t *testing.T) (*slog.Logger, *syncBuffer) {
 
 // strLines counts the lines of s.
 func strLines(s string) int { return strings.Count(strings.TrimSuffix(s, "\n"), "\n") + 1 }
+
+// The shared test helpers (internal/testenv), under this package's names.
+var eventually = testenv.Eventually
+
+type syncBuffer = testenv.SyncBuffer

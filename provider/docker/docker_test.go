@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -27,21 +25,8 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(leaseChildEnv); mode != "" {
 		os.Exit(leaseChild(mode))
 	}
-	cleanup, err := testenv.SetupAgent()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	cleanup()
-	if code == 0 {
-		// Every exec, copy and attach must have let go of its goroutines.
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	// Every exec, copy and attach must have let go of its goroutines.
+	os.Exit(testenv.RunWithAgent(m))
 }
 
 // Environment of the banner listener mode of the test binary.

@@ -1,7 +1,6 @@
 package docker_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -236,36 +236,6 @@ func (p *cuttableProxy) restore(forget bool) {
 	go p.srv.Serve(l)
 }
 
-// syncBuffer is a log destination safe to read while it is written.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(b []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(b)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
-// eventually polls cond until it holds, failing after d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // BenchmarkProbe measures the check a pool makes before handing a sandbox out: a
 // connection to the sandbox's roche-agent.
 func BenchmarkProbe(b *testing.B) {
@@ -287,3 +257,8 @@ func BenchmarkProbe(b *testing.B) {
 		}
 	}
 }
+
+// The shared test helpers (internal/testenv), under this package's names.
+var eventually = testenv.Eventually
+
+type syncBuffer = testenv.SyncBuffer

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -32,21 +29,7 @@ import (
 func TestMain(m *testing.M) {
 	// The provider runs each VM's supervisor as this test binary.
 	supervisor.RunIfAsked()
-	cleanup, err := testenv.SetupAgent()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	cleanup()
-	if code == 0 {
-		// Every create, exec and destroy must have let go of its goroutines.
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testenv.RunWithAgent(m))
 }
 
 func testConfig() roche.Config {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/roche-sandbox/roche/internal/testenv"
 
 	"github.com/roche-sandbox/roche"
 )
@@ -60,13 +60,7 @@ func runTests(m *testing.M) int {
 			code = 1
 		}
 	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutines leaked:", err)
-			code = 1
-		}
-	}
-	return code
+	return testenv.NoLeaks(code)
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {

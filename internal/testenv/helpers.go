@@ -1,0 +1,68 @@
+package testenv
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// RunWithAgent is a TestMain's body for packages that make sandboxes running roche-agent:
+// it builds the agent (SetupAgent), runs the tests, and fails a passing run that left a
+// goroutine behind (every create, exec, copy and destroy must let go of its own). It
+// returns the exit code.
+func RunWithAgent(m *testing.M) int {
+	cleanup, err := SetupAgent()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	cleanup()
+	return NoLeaks(code)
+}
+
+// NoLeaks turns a passing code into a failing one when goroutines were left running.
+func NoLeaks(code int) int {
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines leaked:", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// Eventually polls cond until it holds, failing the test after d.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// SyncBuffer collects a log, safe to read while it is written.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
