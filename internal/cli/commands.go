@@ -102,7 +102,7 @@ func (f *createFlags) config() (roche.Config, error) {
 
 // create makes a sandbox. Ctrl-C (or SIGTERM) ends it at once: the provider undoes what
 // it had made, within a bound, so nothing half-made is left.
-// With leased (roche run), the sandbox is tied to this process where the provider (or
+// With leased (roche run, create --hold), the sandbox is tied to this process where the provider (or
 // roched) has leases: killed outright, this process leaves a sandbox that goes within
 // seconds, not at the end of its lifetime.
 func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Provider, roche.SandboxInfo, error) {
@@ -135,24 +135,38 @@ func interruptCode(ctx context.Context) exitCode {
 
 func (e *env) createCommand() *cobra.Command {
 	var f createFlags
-	var asJSON bool
+	var asJSON, hold bool
 	c := &cobra.Command{
 		Use:   "create [flags]",
 		Short: "Create a sandbox and print its id",
-		Long:  "Create a sandbox with secure defaults (override them with flags) and print its id.\nIt lives until destroyed or until --timeout seconds have passed.",
+		Long: `Create a sandbox with secure defaults (override them with flags) and print its id.
+It lives until destroyed or until --timeout seconds have passed.
+
+With --hold, roche stays and the sandbox lives only as long as it does: roche prints the
+id (with --json, the object on one line) as its first line, then holds the sandbox until
+its standard input closes, and destroys it then (also on Ctrl-C or SIGTERM). Killed
+outright, roche leaves a sandbox that goes within seconds where the provider has leases
+(docker, and every provider through roched). A line "reset" (or "reset --wipe-workspace")
+on standard input recreates the sandbox as roche reset does, held like the first, and
+prints the new one as a line, or "roche: " and the error. This is how programs (the
+Python SDK) tie a sandbox to their own process.`,
 		Example: `  roche create --image roche/python:local
   roche create --image roche/python:local --memory 1g --cpus 2 --timeout 600 --json
   roche create --image roche/python:local --writable --disk 5g
-  roche create --image roche/python:local --workspace proj --workspace-size 10g`,
+  roche create --image roche/python:local --workspace proj --workspace-size 10g
+  roche create --image roche/python:local --hold --json   # until stdin closes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, info, err := e.create(cmd.Context(), &f, false)
+			p, info, err := e.create(cmd.Context(), &f, hold)
 			if err != nil {
 				return err
 			}
 			if cmd.Context().Err() != nil {
 				e.destroyQuietly(cmd.Context(), p, info.ID)
 				return cmd.Context().Err()
+			}
+			if hold {
+				return e.holdSandbox(cmd.Context(), p, info, asJSON)
 			}
 			if asJSON {
 				return e.printJSON(info)
@@ -163,6 +177,7 @@ func (e *env) createCommand() *cobra.Command {
 	}
 	e.addCreateFlags(c.Flags(), &f)
 	c.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as a JSON object")
+	c.Flags().BoolVar(&hold, "hold", false, "keep the sandbox only while this process runs: destroy it when standard input closes (see above)")
 	return c
 }
 

@@ -87,7 +87,7 @@ class WireTest(unittest.TestCase):
         c = _wire.config_request("docker", cfg)["config"]
         self.assertEqual((c["workspace"], c["fromSnapshot"]), ("proj", "deps"))
         args = _cli.create_args("docker", cfg)
-        self.assertEqual(args[-4:], ["--workspace", "proj", "--from-snapshot", "deps"])
+        self.assertEqual(args[-5:], ["--workspace", "proj", "--from-snapshot", "deps", "--hold"])
         plain = make_config("img", False, False, 300, "512m", 1.0, 64, None, None, None, None)
         self.assertNotIn("workspace", _wire.config_request("docker", plain)["config"])
         self.assertNotIn("--workspace", _cli.create_args("docker", plain))
@@ -109,6 +109,19 @@ class WireTest(unittest.TestCase):
         # Go leaves an unused workspace's in_use_by out of its JSON.
         self.assertEqual(_cli.parse_workspace({"name": "w"}).in_use_by, ())
         self.assertEqual(_wire.parse_workspace({"name": "w"}).in_use_by, ())
+
+    def test_leased_unless_asked_not_to_be(self) -> None:
+        cfg = make_config("img", False, False, 300, "512m", 1.0, 64, None, None, None, None)
+        self.assertTrue(cfg.leased)
+        self.assertIs(_wire.config_request("docker", cfg)["config"]["leased"], True)
+        self.assertEqual(_cli.create_args("docker", cfg)[-1], "--hold")
+        kept = make_config("img", False, False, 300, "512m", 1.0, 64, None, None, None, None, leased=False)
+        self.assertNotIn("leased", _wire.config_request("docker", kept)["config"])
+        self.assertNotIn("--hold", _cli.create_args("docker", kept))
+        listed = {"providers": [{"name": "docker", "capabilities": {"leases": True, "files": True}},
+                                {"name": "wasm", "capabilities": {"files": True}}, {"name": "old"}]}
+        self.assertEqual(_wire.leases(listed), {"docker": True, "wasm": False, "old": False})
+        self.assertEqual(_wire.leases({}), {})
 
     def test_output_decodes_characters_split_across_chunks(self) -> None:
         out = _wire.OutputAssembler(limit=8)

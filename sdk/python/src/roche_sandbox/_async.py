@@ -1,6 +1,8 @@
 """The asyncio API: AsyncRoche, AsyncSandbox and AsyncExecStream, the same surface as the
 synchronous one. Calls run on the event loop (no threads), so many sandboxes can be
-driven at once with asyncio.gather, and cancelling a call cancels it in Roche too."""
+driven at once with asyncio.gather, and cancelling a call cancels it in Roche too. Only
+holding a leased sandbox (_lease) happens in a thread, so that it does not end with
+the event loop."""
 
 from __future__ import annotations
 
@@ -98,11 +100,13 @@ class AsyncRoche:
                      user: Optional[str] = None,
                      network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
                      from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
-                     workspace_size: Union[str, int, None] = None) -> "AsyncSandbox":
-        """Creates a sandbox; see Roche.create."""
+                     workspace_size: Union[str, int, None] = None, leased: bool = True) -> "AsyncSandbox":
+        """Creates a sandbox; see Roche.create. Leased (the default), it is held for this
+        process from a thread, not a task: it outlives the event loop that created it
+        (``asyncio.run``), and goes within seconds of the process's end."""
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
                           workdir, user, network_allowlist, workspace, from_snapshot,
-                          disk, workspace_size)
+                          disk, workspace_size, leased)
         t = await self._resolve()
         info = await t.create(self.provider, cfg, self._deadline())
         return AsyncSandbox(self, t, info)
@@ -133,7 +137,8 @@ class AsyncRoche:
         await (await self._resolve()).delete_workspace(self.provider, name, self._deadline())
 
     def close(self) -> None:
-        """Releases kept connections. Sandboxes are not destroyed."""
+        """Releases kept connections, and lets go of the sandboxes this AsyncRoche created
+        leased (see Roche.close)."""
         if self._transport is not None:
             self._transport.close()
 

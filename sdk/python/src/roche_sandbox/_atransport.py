@@ -5,10 +5,12 @@ the CLI is stopped), so a cancelled exec kills its command."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import posixpath
 import signal
 import tempfile
+import threading
 import time
 # typing.List: inside these classes "list" names their list() method.
 from typing import IO, AsyncIterator, Callable, Iterator, List, Optional, Protocol, TypeVar
@@ -17,7 +19,8 @@ from . import _cli, _tarutil, _wire
 from ._ahttp import AsyncHTTPClient, within
 from ._discovery import Endpoint
 from ._http import Deadline
-from ._transport import StreamItem, _provider_of
+from ._lease import CLIHold, DaemonHold, Holds
+from ._transport import UNDO_TIMEOUT, StreamItem, _provider_of
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
 from .types import CopyReport, ExecRequest, ExecResult, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
@@ -55,13 +58,45 @@ class AsyncDaemonTransport:
 
     def __init__(self, ep: Endpoint) -> None:
         self.http = AsyncHTTPClient(ep)
+        self.holds = Holds()
+        self._leases: Optional[dict[str, bool]] = None
 
     def close(self) -> None:
+        for h in self.holds.pop_all():
+            h.release()
         self.http.close()
 
+    async def _provider_leases(self, provider: str, d: Deadline) -> bool:
+        """Whether roched takes leased=true for the provider (asked once)."""
+        if self._leases is None:
+            self._leases = _wire.leases(await self.http.unary("ListProviders", {}, d))
+        return self._leases.get(provider, False)
+
     async def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
+        if cfg.leased and not await self._provider_leases(provider, d):
+            cfg = dataclasses.replace(cfg, leased=False)  # a roched without leases: as before them
         m = await self.http.unary("Create", _wire.config_request(provider, cfg), d)
-        return _wire.parse_sandbox(m.get("sandbox", {}))
+        info = _wire.parse_sandbox(m.get("sandbox", {}))
+        if cfg.leased:
+            await self._hold(info.id, d)
+        return info
+
+    async def _hold(self, sid: str, d: Deadline) -> None:
+        """Holds a leased sandbox just made (from a thread, see _lease); one that cannot
+        be held is destroyed."""
+        h = DaemonHold(self.http.ep, sid)
+        try:
+            await asyncio.to_thread(h.start, d)
+        except asyncio.CancelledError:
+            h.release()  # roched destroys it shortly
+            raise
+        except BaseException:
+            try:
+                await self.destroy(sid, Deadline(UNDO_TIMEOUT))
+            except RocheError:
+                pass  # not held, roched destroys it shortly anyway
+            raise
+        self.holds.add(sid, h)
 
     async def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
         m = await self.http.unary("Exec", _wire.exec_request(sid, req), d)
@@ -87,6 +122,11 @@ class AsyncDaemonTransport:
             await self.http.unary("Destroy", {"ids": [sid]}, d)
         except SandboxNotFound:
             pass  # roched serves no such sandbox (any more): destroy is idempotent
+        finally:
+            # Let go after the Destroy: one that failed still ends, when the hold does.
+            h = self.holds.pop(sid)
+            if h is not None:
+                h.release()
 
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
         m = await self.http.unary("Inspect", {"sandboxId": sid}, d)
@@ -101,7 +141,13 @@ class AsyncDaemonTransport:
 
     async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
         m = await self.http.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
-        return _wire.parse_sandbox(m.get("sandbox", {}))
+        info = _wire.parse_sandbox(m.get("sandbox", {}))
+        old = self.holds.pop(sid)
+        if old is not None:
+            # roched keeps the lease for the new sandbox and waits for its first Hold.
+            old.release()
+            await self._hold(info.id, d)
+        return info
 
     async def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
         m = await self.http.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
@@ -209,9 +255,14 @@ class AsyncCLITransport:
 
     def __init__(self, cli: str) -> None:
         self.cli = cli
+        self.holds = Holds()
 
     def close(self) -> None:
-        pass
+        # Not waited for here (close is not async): each roche destroys its sandbox and is
+        # reaped by a thread.
+        for h in self.holds.pop_all():
+            if isinstance(h, CLIHold):
+                h.reap_in_background()
 
     async def _spawn(self, args: list[str], stdin: bool) -> asyncio.subprocess.Process:
         try:
@@ -240,8 +291,18 @@ class AsyncCLITransport:
         return out
 
     async def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
-        out = await self._call(_cli.create_args(provider, cfg), d)
-        return _cli.parse_info(_cli.parse_json(out, "create"))
+        if not cfg.leased:
+            out = await self._call(_cli.create_args(provider, cfg), d)
+            return _cli.parse_info(_cli.parse_json(out, "create"))
+        # A plain subprocess, not an asyncio one: it must outlive the event loop.
+        h = CLIHold(self.cli, _cli.create_args(provider, cfg))
+        try:
+            info = await asyncio.to_thread(h.first, d)
+        except asyncio.CancelledError:
+            threading.Thread(target=h.stop, daemon=True).start()  # SIGTERM: roche undoes the create
+            raise
+        self.holds.add(info.id, h)
+        return info
 
     async def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
         out, err, rc = await self._run(_cli.exec_args(sid, req, as_json=True), d, req.stdin)
@@ -285,6 +346,15 @@ class AsyncCLITransport:
                 await stop(p)
 
     async def destroy(self, sid: str, d: Deadline) -> None:
+        h = self.holds.pop(sid)
+        if isinstance(h, CLIHold):
+            rc = await asyncio.to_thread(h.finish, d)
+            if rc is None:
+                await asyncio.to_thread(h.stop)
+                raise d.expired("roche destroy")
+            if rc == 0:
+                return
+            # It could not destroy the sandbox (or was stopped): destroy it as usual, for the error.
         try:
             await self._call(["destroy", sid], d)
         except SandboxNotFound:
@@ -304,8 +374,19 @@ class AsyncCLITransport:
         await self._call(["pause" if pause else "unpause", sid], d)
 
     async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
-        out = await self._call(_cli.reset_args(sid, keep_workspace), d)
-        return _cli.parse_info(_cli.parse_json(out, "reset"))
+        h = self.holds.get(sid)
+        if not isinstance(h, CLIHold):
+            out = await self._call(_cli.reset_args(sid, keep_workspace), d)
+            return _cli.parse_info(_cli.parse_json(out, "reset"))
+        try:
+            info = await asyncio.to_thread(h.reset, keep_workspace, d)
+        except BaseException:
+            if h.stopped:
+                self.holds.pop(sid)
+            raise
+        self.holds.pop(sid)
+        self.holds.add(info.id, h)
+        return info
 
     async def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
         out = await self._call(_cli.snapshot_args(provider, sid, name), d)

@@ -41,6 +41,8 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
         a += ["--from-snapshot", cfg.from_snapshot]
     if cfg.workspace_size is not None:
         a += ["--workspace-size", cfg.workspace_size]
+    if cfg.leased:
+        a.append("--hold")  # roche stays, holding the sandbox until its stdin closes (_lease.CLIHold)
     return a
 
 

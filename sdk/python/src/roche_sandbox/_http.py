@@ -33,6 +33,20 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = s
 
 
+def connection(ep: Endpoint, timeout: Optional[float]) -> http.client.HTTPConnection:
+    """A new (not yet connected) HTTP/1.1 connection to roched."""
+    if ep.socket:
+        return _UnixConnection(ep.socket, timeout)
+    if ep.tls:
+        return http.client.HTTPSConnection(ep.host, ep.port, timeout=timeout, context=ssl.create_default_context())
+    return http.client.HTTPConnection(ep.host, ep.port, timeout=timeout)
+
+
+def auth_headers(ep: Endpoint) -> dict[str, str]:
+    """The headers that authenticate a call to roched on TCP."""
+    return {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+
+
 class Deadline:
     """An absolute time limit for one call; None is no limit."""
 
@@ -63,15 +77,10 @@ class HTTPClient:
         self.ep = ep
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        self._headers = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+        self._headers = auth_headers(ep)
 
     def _new(self, timeout: Optional[float]) -> http.client.HTTPConnection:
-        if self.ep.socket:
-            return _UnixConnection(self.ep.socket, timeout)
-        if self.ep.tls:
-            return http.client.HTTPSConnection(self.ep.host, self.ep.port, timeout=timeout,
-                                               context=ssl.create_default_context())
-        return http.client.HTTPConnection(self.ep.host, self.ep.port, timeout=timeout)
+        return connection(self.ep, timeout)
 
     def close(self) -> None:
         with self._lock:

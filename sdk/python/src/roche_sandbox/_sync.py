@@ -134,12 +134,16 @@ class Roche:
                user: Optional[str] = None,
                network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
                from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
-               workspace_size: Union[str, int, None] = None) -> "Sandbox":
+               workspace_size: Union[str, int, None] = None, leased: bool = True) -> "Sandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
         sandbox's lifetime: it is destroyed after. Use it as a context manager to destroy
-        it as soon as you are done, even when the body raises. ``network_allowlist``
+        it as soon as you are done, even when the body raises. The sandbox is also tied to
+        this process (leased): when the process ends, however it ends (``kill -9``
+        included), or this Roche is closed, it is destroyed within seconds. For one meant
+        to outlive the process (found later with ``get(id)``), pass ``leased=False``: it
+        then lives until destroyed or until its lifetime ends. ``network_allowlist``
         (e.g. ``["pypi.org", "*.npmjs.org"]``) lets it reach only those hosts over
         HTTP(S), through a proxy roched runs; it still has no network otherwise.
         ``workspace="name"`` mounts that persistent workspace at /workspace (writable even
@@ -152,7 +156,7 @@ class Roche:
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
                           workdir, user, network_allowlist, workspace, from_snapshot,
-                          disk, workspace_size)
+                          disk, workspace_size, leased)
         t = self._resolve()
         info = t.create(self.provider, cfg, self._deadline())
         return Sandbox(self, t, info)
@@ -183,7 +187,9 @@ class Roche:
         self._resolve().delete_workspace(self.provider, name, self._deadline())
 
     def close(self) -> None:
-        """Releases kept connections. Sandboxes are not destroyed."""
+        """Releases kept connections, and lets go of the sandboxes this Roche created
+        leased (the default), which are then destroyed within seconds; those created
+        with ``leased=False`` are left as they are."""
         with self._lock:
             if self._transport is not None:
                 self._transport.close()

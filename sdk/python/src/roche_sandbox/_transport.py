@@ -3,6 +3,7 @@ a subprocess. Both offer the same calls and raise the same typed exceptions."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import selectors
@@ -17,10 +18,14 @@ from typing import Iterator, List, Optional, Protocol, Union
 from . import _cli, _tarutil, _wire
 from ._discovery import Endpoint
 from ._http import Deadline, HTTPClient
+from ._lease import CLIHold, DaemonHold, Holds
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
 from .types import CopyReport, ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 StreamItem = Union[OutputEvent, ExecResult]
+
+#: How long undoing a half-done call, or letting go at close(), may take.
+UNDO_TIMEOUT = 20.0
 
 
 class Transport(Protocol):
@@ -56,13 +61,41 @@ class DaemonTransport:
 
     def __init__(self, ep: Endpoint) -> None:
         self.http = HTTPClient(ep)
+        self.holds = Holds()
+        self._leases: Optional[dict[str, bool]] = None
 
     def close(self) -> None:
+        for h in self.holds.pop_all():
+            h.release()
         self.http.close()
 
+    def _provider_leases(self, provider: str, d: Deadline) -> bool:
+        """Whether roched takes leased=true for the provider (asked once)."""
+        if self._leases is None:
+            self._leases = _wire.leases(self.http.unary("ListProviders", {}, d))
+        return self._leases.get(provider, False)
+
     def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
+        if cfg.leased and not self._provider_leases(provider, d):
+            cfg = dataclasses.replace(cfg, leased=False)  # a roched without leases: as before them
         m = self.http.unary("Create", _wire.config_request(provider, cfg), d)
-        return _wire.parse_sandbox(m.get("sandbox", {}))
+        info = _wire.parse_sandbox(m.get("sandbox", {}))
+        if cfg.leased:
+            self._hold(info.id, d)
+        return info
+
+    def _hold(self, sid: str, d: Deadline) -> None:
+        """Holds a leased sandbox just made; one that cannot be held is destroyed."""
+        h = DaemonHold(self.http.ep, sid)
+        try:
+            h.start(d)
+        except BaseException:
+            try:
+                self.destroy(sid, Deadline(UNDO_TIMEOUT))
+            except RocheError:
+                pass  # not held, roched destroys it shortly anyway
+            raise
+        self.holds.add(sid, h)
 
     def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
         m = self.http.unary("Exec", _wire.exec_request(sid, req), d)
@@ -85,6 +118,11 @@ class DaemonTransport:
             self.http.unary("Destroy", {"ids": [sid]}, d)
         except SandboxNotFound:
             pass  # roched serves no such sandbox (any more): destroy is idempotent
+        finally:
+            # Let go after the Destroy: one that failed still ends, when the hold does.
+            h = self.holds.pop(sid)
+            if h is not None:
+                h.release()
 
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
         m = self.http.unary("Inspect", {"sandboxId": sid}, d)
@@ -99,7 +137,13 @@ class DaemonTransport:
 
     def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
         m = self.http.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
-        return _wire.parse_sandbox(m.get("sandbox", {}))
+        info = _wire.parse_sandbox(m.get("sandbox", {}))
+        old = self.holds.pop(sid)
+        if old is not None:
+            # roched keeps the lease for the new sandbox and waits for its first Hold.
+            old.release()
+            self._hold(info.id, d)
+        return info
 
     def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
         m = self.http.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
@@ -171,9 +215,16 @@ class CLITransport:
 
     def __init__(self, cli: str) -> None:
         self.cli = cli
+        self.holds = Holds()
 
     def close(self) -> None:
-        pass
+        held = [h for h in self.holds.pop_all() if isinstance(h, CLIHold)]
+        for h in held:
+            h.release()
+        d = Deadline(UNDO_TIMEOUT)
+        for h in held:
+            if h.finish(d) is None:
+                h.reap_in_background()
 
     def _popen(self, args: list[str], stdin: bool) -> subprocess.Popen[bytes]:
         try:
@@ -204,7 +255,12 @@ class CLITransport:
         return out
 
     def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
-        return _cli.parse_info(_cli.parse_json(self._call(_cli.create_args(provider, cfg), d), "create"))
+        if not cfg.leased:
+            return _cli.parse_info(_cli.parse_json(self._call(_cli.create_args(provider, cfg), d), "create"))
+        h = CLIHold(self.cli, _cli.create_args(provider, cfg))
+        info = h.first(d)
+        self.holds.add(info.id, h)
+        return info
 
     def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
         out, err, rc = self._run(_cli.exec_args(sid, req, as_json=True), d, req.stdin)
@@ -252,6 +308,15 @@ class CLITransport:
                     f.close()
 
     def destroy(self, sid: str, d: Deadline) -> None:
+        h = self.holds.pop(sid)
+        if isinstance(h, CLIHold):
+            rc = h.finish(d)
+            if rc is None:
+                h.stop()
+                raise d.expired("roche destroy")
+            if rc == 0:
+                return
+            # It could not destroy the sandbox (or was stopped): destroy it as usual, for the error.
         try:
             self._call(["destroy", sid], d)
         except SandboxNotFound:
@@ -272,7 +337,18 @@ class CLITransport:
         self._call(["pause" if pause else "unpause", sid], d)
 
     def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
-        return _cli.parse_info(_cli.parse_json(self._call(_cli.reset_args(sid, keep_workspace), d), "reset"))
+        h = self.holds.get(sid)
+        if not isinstance(h, CLIHold):
+            return _cli.parse_info(_cli.parse_json(self._call(_cli.reset_args(sid, keep_workspace), d), "reset"))
+        try:
+            info = h.reset(keep_workspace, d)
+        except BaseException:
+            if h.stopped:
+                self.holds.pop(sid)
+            raise
+        self.holds.pop(sid)
+        self.holds.add(info.id, h)
+        return info
 
     def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
         out = self._call(_cli.snapshot_args(provider, sid, name), d)

@@ -64,7 +64,20 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         c["fromSnapshot"] = cfg.from_snapshot
     if cfg.workspace_size is not None:
         c["workspaceSize"] = cfg.workspace_size
+    if cfg.leased:
+        c["leased"] = True
     return {"provider": provider, "config": c}
+
+
+def leases(providers: Any) -> dict[str, bool]:
+    """From a ListProvidersResponse: whether each provider takes leased=true."""
+    out: dict[str, bool] = {}
+    listed = providers.get("providers") if isinstance(providers, dict) else None
+    for p in listed or ():
+        if isinstance(p, dict):
+            caps = p.get("capabilities")
+            out[str(p.get("name", ""))] = bool(isinstance(caps, dict) and caps.get("leases"))
+    return out
 
 
 def exec_request(sandbox_id: str, req: ExecRequest) -> dict[str, Any]:

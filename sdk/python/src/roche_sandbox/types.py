@@ -135,6 +135,8 @@ class SandboxConfig:
     disk: str = "1g"
     #: The size of a new workspace; None leaves it to the workspace (1g for a new one).
     workspace_size: Optional[str] = None
+    #: Tied to this process: destroyed within seconds of its end, however it ends.
+    leased: bool = True
 
 
 def _size(what: str, v: Union[str, int]) -> str:
@@ -161,6 +163,7 @@ def make_config(
     from_snapshot: Optional[str] = None,
     disk: Union[str, int] = "1g",
     workspace_size: Union[str, int, None] = None,
+    leased: bool = True,
 ) -> SandboxConfig:
     """Builds a config from create()'s arguments. Roche itself validates the values."""
     if image is None:
@@ -196,6 +199,7 @@ def make_config(
         from_snapshot=from_snapshot or None,
         disk=_size("disk", disk),
         workspace_size=None if workspace_size is None else _size("workspace_size", workspace_size),
+        leased=bool(leased),
     )
 
 
