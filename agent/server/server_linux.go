@@ -439,30 +439,22 @@ func dropBoundingSet() error {
 
 // reserveThreads makes the runtime create threads until the process has n, so that it
 // does not need a new one while a fork bomb holds every free PID (see
-// agent.ThreadReserve). Each goroutine holds a thread of its own while all are parked;
-// released, the threads stay with the runtime, idle.
+// agent.ThreadReserve). Each goroutine locks a thread of its own and keeps it until the
+// process has n: a locked goroutine may take a thread the runtime already had idle, so
+// the count, not the number of goroutines, says when there are enough. Released, the
+// threads stay with the runtime, idle.
 func reserveThreads(n int) {
-	// Counted again after each round: a count taken while the runtime was starting or
-	// parking a thread of its own can be off by one, and a thread short of the reserve
-	// is one more process for the sandbox than its limit.
-	for range 5 {
-		missing := n - countThreads()
-		if missing <= 0 {
-			return
-		}
-		var ready sync.WaitGroup
-		release := make(chan struct{})
-		for i := 0; i < missing; i++ {
-			ready.Add(1)
-			go func() {
-				runtime.LockOSThread()
-				ready.Done()
-				<-release
-				runtime.UnlockOSThread()
-			}()
-		}
-		ready.Wait()
-		close(release)
+	release := make(chan struct{})
+	defer close(release)
+	for added := 0; countThreads() < n && added < 4*n; added++ {
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(locked)
+			<-release
+			runtime.UnlockOSThread()
+		}()
+		<-locked
 	}
 }
 
