@@ -31,7 +31,6 @@ import (
 	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
-	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -74,7 +73,7 @@ func run() error {
 	}
 	defer untag()
 
-	agentNote, cleanupAgent, err := setupAgent()
+	agentNote, cleanupAgent, err := samples.SetupAgent()
 	if err != nil {
 		return err
 	}
@@ -262,27 +261,6 @@ func run() error {
 		return fmt.Errorf("%d containers were left behind", len(left))
 	}
 	return loadErr
-}
-
-// setupAgent builds roche-agent (unless ROCHE_AGENT names one), so the Docker provider
-// runs commands through the agent as it does in production.
-func setupAgent() (string, func(), error) {
-	if p := os.Getenv("ROCHE_AGENT"); p != "" {
-		return "transport agent (" + p + ")", func() {}, nil
-	}
-	dir, err := os.MkdirTemp("", "rbench-agent")
-	if err != nil {
-		return "", nil, err
-	}
-	out, err := testenv.BuildAgent(dir)
-	if err != nil {
-		os.RemoveAll(dir)
-		// Measure anyway, and say so: the daemon's figures still mean something.
-		first, _, _ := strings.Cut(strings.TrimSpace(err.Error()), "\n")
-		return "transport docker-exec (" + first + ")", func() {}, nil
-	}
-	os.Setenv("ROCHE_AGENT", out)
-	return "transport agent (built from ./cmd/roche-agent)", func() { os.RemoveAll(dir) }, nil
 }
 
 func pooledCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.Config) (time.Duration, bool, error) {

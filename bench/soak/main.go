@@ -24,7 +24,6 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/internal/daemon"
-	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -79,17 +78,13 @@ func run() error {
 		return err
 	}
 	defer untag()
-	if os.Getenv("ROCHE_AGENT") == "" {
-		dir, err := os.MkdirTemp("", "rsoak-agent")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		path, err := testenv.BuildAgent(dir)
-		if err != nil {
-			return err
-		}
-		os.Setenv("ROCHE_AGENT", path)
+	agentNote, cleanupAgent, err := samples.SetupAgent()
+	if err != nil {
+		return err
+	}
+	defer cleanupAgent()
+	if !strings.HasPrefix(agentNote, "transport agent") {
+		return fmt.Errorf("the soak needs roche-agent (%s): leases are held through it", agentNote)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	dp, err := docker.New(docker.WithLogger(log))

@@ -133,28 +133,6 @@ func modes(t *testing.T) map[string]rocheBin {
 	}
 }
 
-const victimContent = "victim: must never change or leave the host"
-
-func victimDir(t *testing.T) string {
-	t.Helper()
-	v := t.TempDir()
-	if err := os.WriteFile(filepath.Join(v, "keep"), []byte(victimContent), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func checkVictim(t *testing.T, v string) {
-	t.Helper()
-	entries, err := os.ReadDir(v)
-	if err != nil || len(entries) != 1 {
-		t.Fatalf("the victim directory changed: %v %v", entries, err)
-	}
-	if b, _ := os.ReadFile(filepath.Join(v, "keep")); string(b) != victimContent {
-		t.Fatalf("the victim file changed: %q", b)
-	}
-}
-
 // TestCopyOutBoundary: the audit's attacks on copying out, through the CLI binary in
 // direct mode and through roched.
 func TestCopyOutBoundary(t *testing.T) {
@@ -173,7 +151,7 @@ func TestCopyOutBoundary(t *testing.T) {
 // testSymlinkSwap: in the sandbox /tmp/e -> victim; copied out; then /tmp/e becomes a
 // directory holding cron.d/p and is copied out again, onto a host symlink to the victim.
 func testSymlinkSwap(t *testing.T, r rocheBin, id string) {
-	v := victimDir(t)
+	v := providertest.VictimDir(t)
 	dst := filepath.Join(t.TempDir(), "e")
 	r.ok(t, "exec", "--sandbox", id, "--", "ln", "-s", v, "/tmp/e")
 	for _, flags := range [][]string{nil, {"--preserve-links"}} {
@@ -193,7 +171,7 @@ func testSymlinkSwap(t *testing.T, r rocheBin, id string) {
 		t.Fatal(err)
 	}
 	r.ok(t, "cp", id+":/tmp/e", dst)
-	checkVictim(t, v)
+	providertest.CheckVictim(t, v)
 	if fi, err := os.Lstat(dst); err != nil || !fi.IsDir() {
 		t.Fatalf("the destination is not the directory copied: %v %v", fi, err)
 	}
@@ -203,14 +181,14 @@ func testSymlinkSwap(t *testing.T, r rocheBin, id string) {
 }
 
 func testPlantedBelow(t *testing.T, r rocheBin, id string) {
-	v := victimDir(t)
+	v := providertest.VictimDir(t)
 	dst := filepath.Join(t.TempDir(), "out")
 	os.MkdirAll(dst, 0o755)
 	os.Symlink(v, filepath.Join(dst, "sub"))
 	os.Symlink(filepath.Join(v, "keep"), filepath.Join(dst, "f"))
 	r.ok(t, "exec", "--sandbox", id, "--", "sh", "-c", "mkdir -p /tmp/out/sub && echo pwned > /tmp/out/sub/keep && echo pwned > /tmp/out/f")
 	r.ok(t, "cp", id+":/tmp/out", dst)
-	checkVictim(t, v)
+	providertest.CheckVictim(t, v)
 	for _, p := range []string{"sub", "f"} {
 		if fi, err := os.Lstat(filepath.Join(dst, p)); err != nil || fi.Mode()&os.ModeSymlink != 0 {
 			t.Fatalf("%s is still a symlink: %v", p, err)

@@ -36,6 +36,12 @@ type hold struct {
 func (d *Daemon) leaseCreated(id string, wait time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.awaitHoldLocked(id, wait)
+}
+
+// awaitHoldLocked starts the wait for a Hold of sandbox id, unless one is under way.
+// Callers hold d.mu, or run before the daemon serves (recover).
+func (d *Daemon) awaitHoldLocked(id string, wait time.Duration) {
 	if _, ok := d.holds[id]; ok {
 		return
 	}
@@ -62,7 +68,7 @@ func (d *Daemon) holdLost(id string) {
 	d.saveOrWarn()
 }
 
-// forgetHold drops the hold state of a sandbox that is gone.
+// forgetHoldLocked drops the hold state of a sandbox that is gone. Callers hold d.mu.
 func (d *Daemon) forgetHoldLocked(id string) {
 	if h, ok := d.holds[id]; ok {
 		h.timer.Stop()

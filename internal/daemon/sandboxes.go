@@ -595,7 +595,7 @@ func (d *Daemon) recover(ctx context.Context) error {
 		if r.Leased && r.Kind == kindClient {
 			// Its client may hold it again (the Go client retries its Hold); if not, it
 			// goes as one never held does.
-			d.holds[r.ID] = &hold{timer: time.AfterFunc(firstHold, func() { d.holdLost(r.ID) })}
+			d.awaitHoldLocked(r.ID, firstHold)
 		}
 	}
 	d.reconcile(ctx, true)

@@ -171,34 +171,7 @@ func allStopped(pid int) bool {
 // silentSocket is an engine socket that accepts connections and never answers, as a
 // frozen or wedged engine does.
 func silentSocket(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(shortDir(t), "engine.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return path
+	return testenv.SilentSocket(t, filepath.Join(shortDir(t), "engine.sock"))
 }
 
 // engineProxy stands in front of the real engine and passes requests on, except that it

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"testing"
@@ -65,4 +66,36 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// SilentSocket listens on a unix socket at path that accepts connections and never
+// answers, as a frozen or wedged engine does, until the test ends.
+func SilentSocket(t testing.TB, path string) string {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return path
 }

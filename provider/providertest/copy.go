@@ -25,7 +25,9 @@ import (
 
 const victimContent = "victim: must never change or leave the host"
 
-func victimDir(t *testing.T) string {
+// VictimDir makes a directory holding one file, for an attack to aim at: CheckVictim
+// fails the test if anything landed in it or left it.
+func VictimDir(t *testing.T) string {
 	t.Helper()
 	v := t.TempDir()
 	if err := os.WriteFile(filepath.Join(v, "keep"), []byte(victimContent), 0o600); err != nil {
@@ -34,7 +36,8 @@ func victimDir(t *testing.T) string {
 	return v
 }
 
-func checkVictim(t *testing.T, v string) {
+// CheckVictim fails the test if the victim directory v changed.
+func CheckVictim(t *testing.T, v string) {
 	t.Helper()
 	entries, err := os.ReadDir(v)
 	if err != nil || len(entries) != 1 {
@@ -71,7 +74,7 @@ func (s *suite) testCopyOutBoundary(t *testing.T) {
 	tc := s.tarCopier(t)
 	id := s.create(t, s.opts.Config)
 	ctx := ctxFor(t, 3*time.Minute)
-	v := victimDir(t)
+	v := VictimDir(t)
 	dst := filepath.Join(t.TempDir(), "e")
 	linked, why := s.canLink(t, id, v, "/tmp/e")
 	if linked {
@@ -107,7 +110,7 @@ open('/tmp/out/f', 'w').write('pwned')`)
 	if _, err := roche.CopyOut(ctx, tc, id, "/tmp/e", dst, roche.CopyOptions{}); err != nil {
 		t.Fatalf("copying a directory out onto a host symlink: %v", err)
 	}
-	checkVictim(t, v)
+	CheckVictim(t, v)
 	if b, _ := os.ReadFile(filepath.Join(dst, "cron.d", "p")); string(b) != "pwned" {
 		t.Fatalf("the copy did not land in the destination: %q", b)
 	}
@@ -119,7 +122,7 @@ open('/tmp/out/f', 'w').write('pwned')`)
 	if _, err := roche.CopyOut(ctx, tc, id, "/tmp/out", out, roche.CopyOptions{PreserveLinks: true}); err != nil {
 		t.Fatalf("copying out onto planted links: %v", err)
 	}
-	checkVictim(t, v)
+	CheckVictim(t, v)
 
 	if !linked {
 		return

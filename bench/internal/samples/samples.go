@@ -7,14 +7,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	dockerclient "github.com/docker/docker/client"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // Percentile is the nearest-rank percentile p (0-100) of ds; 0 for no samples.
@@ -94,4 +97,25 @@ func PrivateTag(ctx context.Context, dc *dockerclient.Client, base, prefix strin
 		return "", nil, fmt.Errorf("tagging %s: %v (scripts/build-test-image.sh builds it)", base, err)
 	}
 	return img, func() { dc.ImageRemove(context.Background(), img, image.RemoveOptions{}) }, nil
+}
+
+// SetupAgent builds roche-agent (unless ROCHE_AGENT names one), so the Docker provider
+// runs commands through the agent as it does in production.
+func SetupAgent() (string, func(), error) {
+	if p := os.Getenv("ROCHE_AGENT"); p != "" {
+		return "transport agent (" + p + ")", func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "rbench-agent")
+	if err != nil {
+		return "", nil, err
+	}
+	out, err := testenv.BuildAgent(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		// Measure anyway, and say so: the daemon's figures still mean something.
+		first, _, _ := strings.Cut(strings.TrimSpace(err.Error()), "\n")
+		return "transport docker-exec (" + first + ")", func() {}, nil
+	}
+	os.Setenv("ROCHE_AGENT", out)
+	return "transport agent (built from ./cmd/roche-agent)", func() { os.RemoveAll(dir) }, nil
 }

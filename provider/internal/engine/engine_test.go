@@ -3,10 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
-	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,38 +12,12 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // silentSocket accepts connections and never answers, as a frozen engine does.
 func silentSocket(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "engine.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return path
+	return testenv.SilentSocket(t, filepath.Join(t.TempDir(), "engine.sock"))
 }
 
 // TestBoundNamesTheEngine: a Docker client call to an engine that never answers ends at
