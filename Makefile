@@ -1,13 +1,19 @@
 # The README's two set-up commands are `make hello` and `make test`.
-.PHONY: hello test build vet generate bench
+.PHONY: hello test build vet generate bench dist
 
-# roche-agent runs inside sandboxes of any image, so it is built static.
+# Static binaries: roche-agent runs inside sandboxes of any image, and roche and roched
+# run on any Linux host (the wheels of make dist carry them, built with these flags, so
+# that its build finds them in Go's cache).
 build:
-	go build -o bin/ ./cmd/...
-	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o bin/ ./cmd/roche-agent
+	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o bin/ ./cmd/...
 
 hello:
 	bash scripts/hello.sh
+
+# The Python SDK's wheels (x86_64 and aarch64, each carrying static roche, roched and
+# roche-agent) and its sdist, in dist/; written without the wheel package or a network.
+dist:
+	go run ./scripts/dist -out dist
 
 test:
 	bash scripts/test.sh

@@ -20,6 +20,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -68,7 +69,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
 	}
@@ -76,13 +77,32 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if errors.As(err, &code) {
 		return int(code)
 	}
+	status, msg := exitError, oneLine(err)
 	var sig interrupted
 	if errors.As(context.Cause(ctx), &sig) {
-		fmt.Fprintf(stderr, "roche: interrupted (%s): %s\n", sig, oneLine(err))
-		return sig.exitCode()
+		status, msg = sig.exitCode(), fmt.Sprintf("interrupted (%s): %s", sig, msg)
 	}
-	fmt.Fprintf(stderr, "roche: %s\n", oneLine(err))
-	return exitError
+	if asked, _ := cmd.Flags().GetBool("json"); asked {
+		// What asked for JSON gets its error as JSON too: programs (the SDKs) read the
+		// reason instead of matching English.
+		b, _ := json.Marshal(jsonError{Error: jsonErrorBody{Reason: wire.Reason(err), Message: msg}})
+		fmt.Fprintf(stderr, "%s\n", b)
+		return status
+	}
+	fmt.Fprintf(stderr, "roche: %s\n", msg)
+	return status
+}
+
+// jsonError is how a command given --json reports its failure on stderr, one line:
+// {"error": {"reason": "not_found", "message": "..."}}. reason is one of the core's
+// sentinels as internal/wire.Reason spells them, or "" when none applies.
+type jsonError struct {
+	Error jsonErrorBody `json:"error"`
+}
+
+type jsonErrorBody struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // interrupted is the cause of a context a signal cancelled.

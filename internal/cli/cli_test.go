@@ -151,6 +151,45 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// TestJSONErrors: a command given --json reports its failure as one JSON object on
+// stderr, naming the reason, so that programs need not match English.
+func TestJSONErrors(t *testing.T) {
+	img := testImage()
+	cases := []struct {
+		args         []string
+		reason, want string
+	}{
+		{[]string{"create", "--json", "--image", img, "--memory", "512x"}, "invalid_config", `"512x" is not a size`},
+		{[]string{"create", "--json", "--image", "roche/no-such-image:none"}, "image_not_found", "roche/no-such-image:none"},
+		{[]string{"reset", "--json", "0123456789ab"}, "not_found", "0123456789ab"},
+		{[]string{"list", "--json", "--provider", "vmware"}, "invalid_config", "choose one of"},
+	}
+	before := managed(t)
+	for _, c := range cases {
+		r := run(t, c.args...)
+		var got struct {
+			Error struct{ Reason, Message string }
+		}
+		if r.code == 0 || r.stdout != "" || strings.Count(r.stderr, "\n") != 1 || json.Unmarshal([]byte(r.stderr), &got) != nil {
+			t.Errorf("roche %s: %+v, want a non-zero exit and one JSON line on stderr", strings.Join(c.args, " "), r)
+			continue
+		}
+		if got.Error.Reason != c.reason || !strings.Contains(got.Error.Message, c.want) {
+			t.Errorf("roche %s: %+v, want reason %s and a message with %q", strings.Join(c.args, " "), got, c.reason, c.want)
+		}
+	}
+	t.Run("engine down", func(t *testing.T) {
+		t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-docker.sock"))
+		r := run(t, "create", "--json", "--image", img)
+		if !strings.Contains(r.stderr, `"reason":"unavailable"`) || !strings.Contains(r.stderr, "dockerd") {
+			t.Errorf("roche create --json with the engine down: %+v", r)
+		}
+	})
+	if after := managed(t); after != before {
+		t.Fatalf("bad input left %d containers behind", after-before)
+	}
+}
+
 // TestVersion: roche --version says which build it is.
 func TestVersion(t *testing.T) {
 	r := run(t, "--version")

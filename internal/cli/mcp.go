@@ -20,8 +20,8 @@ func (e *env) mcpCommand() *cobra.Command {
 		Use:   "mcp [--http ADDR]",
 		Short: "Serve Roche to MCP clients (Claude, Cursor, VS Code, ...) over stdio or HTTP",
 		Long: `Serve Roche as a Model Context Protocol server, with tools to create a sandbox, run
-commands in it (stdout, stderr, exit code), write and read its files, list sandboxes and
-destroy them. It speaks MCP on stdin/stdout (the MCP client starts it), or streamable
+commands or code in it (stdout, stderr, exit code; run_code also in a sandbox of its own),
+write and read its files, list sandboxes and destroy them. It speaks MCP on stdin/stdout (the MCP client starts it), or streamable
 HTTP with --http. Sandboxes go through roched when it answers, as every roche command.
 
 Sandboxes keep the secure defaults; clients cannot mount host paths, and cannot turn the

@@ -16,6 +16,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -151,8 +152,9 @@ func (s *Server) own(session *mcp.ServerSession, id string) (roche.Provider, err
 }
 
 func (s *Server) addTools() {
-	closed := &mcp.ToolAnnotations{OpenWorldHint: boolPtr(false)}
-	mcp.AddTool(s.server, &mcp.Tool{
+	// Every tool acts inside sandboxes, a closed world: none reaches the internet.
+	readOnly := &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)}
+	addTool(s.server, &mcp.Tool{
 		Name:  "create_sandbox",
 		Title: "Create a sandbox",
 		Description: "Create an isolated sandbox with secure defaults (no network, read-only root, writable /tmp, " +
@@ -160,33 +162,41 @@ func (s *Server) addTools() {
 		InputSchema: s.createSchema(),
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)},
 	}, s.create)
-	mcp.AddTool(s.server, &mcp.Tool{
+	addTool(s.server, &mcp.Tool{
+		Name:  "run_code",
+		Title: "Run code in a sandbox",
+		Description: "Run a piece of code (python, sh or bash; javascript where the image has node) and return its " +
+			"stdout, stderr and exit code. Without sandbox_id it runs in a new sandbox with the secure defaults, " +
+			"destroyed afterwards; with one, it runs there and files it writes stay for the next call.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)},
+	}, s.runCode)
+	addTool(s.server, &mcp.Tool{
 		Name:  "exec",
 		Title: "Run a command in a sandbox",
 		Description: "Run a command in a sandbox and return its stdout, stderr and exit code. The command is an " +
 			`argv list, e.g. ["python3", "-c", "print(2 + 2)"] or ["sh", "-c", "ls /tmp"]. A timeout kills it ` +
 			"and everything it started.",
-		Annotations: closed,
+		Annotations: &mcp.ToolAnnotations{OpenWorldHint: boolPtr(false)},
 	}, s.exec)
-	mcp.AddTool(s.server, &mcp.Tool{
+	addTool(s.server, &mcp.Tool{
 		Name:        "write_file",
 		Title:       "Write a file into a sandbox",
 		Description: "Write a file at an absolute path in a sandbox (under /tmp unless it is writable), replacing it and creating parent directories.",
 		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, OpenWorldHint: boolPtr(false)},
 	}, s.writeFile)
-	mcp.AddTool(s.server, &mcp.Tool{
+	addTool(s.server, &mcp.Tool{
 		Name:        "read_file",
 		Title:       "Read a file from a sandbox",
 		Description: "Read a file from a sandbox: UTF-8 text as is, anything else as base64.",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: boolPtr(false)},
+		Annotations: readOnly,
 	}, s.readFile)
-	mcp.AddTool(s.server, &mcp.Tool{
+	addTool(s.server, &mcp.Tool{
 		Name:        "list_sandboxes",
 		Title:       "List sandboxes",
 		Description: "List the live sandboxes this session created, with their ids, images and expiry times.",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: boolPtr(false)},
+		Annotations: readOnly,
 	}, s.list)
-	mcp.AddTool(s.server, &mcp.Tool{
+	addTool(s.server, &mcp.Tool{
 		Name:        "destroy_sandbox",
 		Title:       "Destroy a sandbox",
 		Description: "Destroy a sandbox and everything in it.",
@@ -194,13 +204,65 @@ func (s *Server) addTools() {
 	}, s.destroy)
 }
 
+// addTool adds a tool whose input schema is In's, tidied for models (schemaFor), and
+// whose errors are worded for the model that called it (forModel).
+func addTool[In, Out any](server *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
+	if t.InputSchema == nil {
+		t.InputSchema = schemaFor[In]()
+	}
+	mcp.AddTool(server, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		res, out, err := h(ctx, req, in)
+		if err != nil {
+			return nil, out, forModel(err)
+		}
+		return res, out, nil
+	})
+}
+
+// schemaFor is T's JSON schema as a model should read it. Go's nil slices and maps make
+// jsonschema-go type a field "null or array" (or object); no tool takes a null, and a
+// required argv typed as nullable invites one, so every such field gets its one type.
+func schemaFor[T any]() *jsonschema.Schema {
+	schema, err := jsonschema.For[T](nil)
+	if err != nil {
+		panic(fmt.Sprintf("mcp: the input schema of %T: %v", *new(T), err)) // the inputs are fixed: a bug, seen by every test
+	}
+	for _, p := range schema.Properties {
+		if len(p.Types) == 2 && slices.Contains(p.Types, "null") {
+			p.Type = p.Types[0]
+			if p.Type == "null" {
+				p.Type = p.Types[1]
+			}
+			p.Types = nil
+		}
+	}
+	return schema
+}
+
+// forModel words an error for the model that called a tool. The providers' messages are
+// written for a person at a terminal; a model needs to know whether to change its call,
+// wait, or stop and tell its user, so each kind of failure says which.
+func forModel(err error) error {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	switch {
+	case errors.Is(err, roche.ErrNotFound), errors.Is(err, roche.ErrImageNotFound):
+		return errors.New(msg)
+	case errors.Is(err, roche.ErrInvalidConfig), errors.Is(err, roche.ErrUnsupported), errors.Is(err, roche.ErrPermission):
+		return fmt.Errorf("%s (change the arguments and call again)", msg)
+	case errors.Is(err, roche.ErrExhausted), errors.Is(err, roche.ErrInUse):
+		return fmt.Errorf("%s (the server is at a limit: destroy sandboxes you no longer need, or wait, then call again)", msg)
+	case errors.Is(err, roche.ErrTimeout):
+		return fmt.Errorf("%s (the call took too long: call again, with a smaller task or a longer timeout)", msg)
+	case errors.Is(err, roche.ErrUnavailable):
+		return fmt.Errorf("the sandbox backend failed: %s (not caused by the arguments: tell the user rather than calling again)", msg)
+	}
+	return errors.New(msg)
+}
+
 // createSchema is create_sandbox's input schema, its provider field naming the
 // providers from the registry and this server's default, which a struct tag cannot.
 func (s *Server) createSchema() *jsonschema.Schema {
-	schema, err := jsonschema.For[CreateInput](nil)
-	if err != nil {
-		panic(fmt.Sprintf("mcp: create_sandbox's input schema: %v", err)) // CreateInput is fixed: a bug, seen by every test
-	}
+	schema := schemaFor[CreateInput]()
 	names := providers.Names()
 	schema.Properties["provider"].Description = fmt.Sprintf("isolation backend: %s or %s (%s when left out)",
 		strings.Join(names[:len(names)-1], ", "), names[len(names)-1], s.cfg.DefaultProvider)
@@ -241,9 +303,18 @@ func sandboxOf(sb roche.SandboxInfo) Sandbox {
 }
 
 func (s *Server) create(ctx context.Context, req *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, Sandbox, error) {
+	sb, _, err := s.newSandbox(ctx, req.Session, in)
+	if err != nil {
+		return nil, Sandbox{}, err
+	}
+	return nil, sandboxOf(sb), nil
+}
+
+// newSandbox creates a sandbox for the session and remembers it as the session's.
+func (s *Server) newSandbox(ctx context.Context, session *mcp.ServerSession, in CreateInput) (roche.SandboxInfo, roche.Provider, error) {
 	if in.Network && !s.cfg.AllowNetwork {
-		return nil, Sandbox{}, errors.New("network access is off for this server: sandboxes run without a network " +
-			"(whoever runs `roche mcp` can allow it with --allow-network)")
+		return roche.SandboxInfo{}, nil, fmt.Errorf("%w: network access is off for this server: sandboxes run without a network; "+
+			"do the work offline, or ask the user to allow it (roche mcp --allow-network)", roche.ErrPermission)
 	}
 	cfg := roche.DefaultConfig()
 	cfg.Image = s.cfg.DefaultImage
@@ -263,14 +334,14 @@ func (s *Server) create(ctx context.Context, req *mcp.CallToolRequest, in Create
 	if in.Disk != "" {
 		// A model does not get to lift the bound; whoever runs the server could, in Go.
 		if n, err := roche.ParseDisk(in.Disk); err == nil && n == 0 {
-			return nil, Sandbox{}, errors.New("disk 0 (no limit) is not offered here: give a size such as 5g")
+			return roche.SandboxInfo{}, nil, fmt.Errorf("%w: disk 0 (no limit) is not offered here: give a size such as 5g", roche.ErrInvalidConfig)
 		}
 		cfg.Disk = in.Disk
 	}
 	cfg.WorkspaceSize = in.WorkspaceSize
 	cfg.Owner = s.cfg.Owner
 	if err := cfg.Validate(); err != nil {
-		return nil, Sandbox{}, err
+		return roche.SandboxInfo{}, nil, err
 	}
 	name := in.Provider
 	if name == "" {
@@ -278,7 +349,7 @@ func (s *Server) create(ctx context.Context, req *mcp.CallToolRequest, in Create
 	}
 	p, err := s.providers.Get(name)
 	if err != nil {
-		return nil, Sandbox{}, err
+		return roche.SandboxInfo{}, nil, err
 	}
 	// A create is finished even if the client gives up midway, so that nothing
 	// half-made is left; what the client never hears of is destroyed by Close.
@@ -286,13 +357,13 @@ func (s *Server) create(ctx context.Context, req *mcp.CallToolRequest, in Create
 	defer cancel()
 	sb, err := p.Create(cctx, cfg)
 	if err != nil {
-		return nil, Sandbox{}, err
+		return roche.SandboxInfo{}, nil, err
 	}
 	s.mu.Lock()
-	s.created[sb.ID] = created{p: p, session: req.Session}
+	s.created[sb.ID] = created{p: p, session: session}
 	s.mu.Unlock()
 	s.log.Info("sandbox created", "id", sb.ID, "provider", name, "image", sb.Image)
-	return nil, sandboxOf(sb), nil
+	return sb, p, nil
 }
 
 // ExecInput is exec's arguments.
@@ -319,15 +390,20 @@ type ExecOutput struct {
 
 func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in ExecInput) (*mcp.CallToolResult, ExecOutput, error) {
 	if len(in.Command) == 0 {
-		return nil, ExecOutput{}, errors.New(`command is empty: give the program and its arguments, e.g. ["python3", "-c", "print(1)"]`)
+		return nil, ExecOutput{}, fmt.Errorf(`%w: command is empty: give the program and its arguments, e.g. ["python3", "-c", "print(1)"]`, roche.ErrInvalidConfig)
 	}
 	if in.TimeoutSecs < 0 {
-		return nil, ExecOutput{}, fmt.Errorf("timeout_secs %v is negative: give seconds, or leave it out", in.TimeoutSecs)
+		return nil, ExecOutput{}, fmt.Errorf("%w: timeout_secs %v is negative: give seconds, or leave it out", roche.ErrInvalidConfig, in.TimeoutSecs)
 	}
 	p, err := s.own(req.Session, in.SandboxID)
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}
+	return run(ctx, p, in)
+}
+
+// run runs in.Command in sandbox in.SandboxID of p.
+func run(ctx context.Context, p roche.Provider, in ExecInput) (*mcp.CallToolResult, ExecOutput, error) {
 	limit := in.MaxOutput
 	if limit <= 0 {
 		limit = DefaultOutputLimit
@@ -350,6 +426,65 @@ func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in ExecInpu
 		Truncated: res.Truncated, OOMKilled: res.OOMKilled, DurationMS: float64(res.Duration.Microseconds()) / 1000,
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: execText(out)}}}, out, nil
+}
+
+// RunCodeInput is run_code's arguments.
+type RunCodeInput struct {
+	Language    string  `json:"language" jsonschema:"python, sh or bash (javascript where the image has node)"`
+	Code        string  `json:"code" jsonschema:"the program's source"`
+	SandboxID   string  `json:"sandbox_id,omitempty" jsonschema:"run in this sandbox, from create_sandbox, where files stay between calls; left out, a new sandbox with the secure defaults runs the code and is destroyed afterwards"`
+	TimeoutSecs float64 `json:"timeout_secs,omitempty" jsonschema:"kill the program after this many seconds (default: the sandbox's remaining lifetime)"`
+	Stdin       string  `json:"stdin,omitempty" jsonschema:"standard input for the program"`
+	MaxOutput   int     `json:"max_output_bytes,omitempty" jsonschema:"keep at most this many bytes of each of stdout and stderr (default 100 KiB, at most 10 MiB)"`
+}
+
+// interpreters is the argv that runs code given as a string, by language.
+var interpreters = map[string][]string{
+	"python":     {"python3", "-c"},
+	"python3":    {"python3", "-c"},
+	"sh":         {"sh", "-c"},
+	"bash":       {"bash", "-c"},
+	"javascript": {"node", "-e"},
+	"node":       {"node", "-e"},
+}
+
+func (s *Server) runCode(ctx context.Context, req *mcp.CallToolRequest, in RunCodeInput) (*mcp.CallToolResult, ExecOutput, error) {
+	argv, ok := interpreters[strings.ToLower(in.Language)]
+	if !ok {
+		return nil, ExecOutput{}, fmt.Errorf("%w: language %q: give python, sh, bash or javascript", roche.ErrInvalidConfig, in.Language)
+	}
+	if in.TimeoutSecs < 0 {
+		return nil, ExecOutput{}, fmt.Errorf("%w: timeout_secs %v is negative: give seconds, or leave it out", roche.ErrInvalidConfig, in.TimeoutSecs)
+	}
+	ex := ExecInput{
+		SandboxID: in.SandboxID, Command: append(slices.Clone(argv), in.Code),
+		TimeoutSecs: in.TimeoutSecs, Stdin: in.Stdin, MaxOutput: in.MaxOutput,
+	}
+	if in.SandboxID != "" {
+		p, err := s.own(req.Session, in.SandboxID)
+		if err != nil {
+			return nil, ExecOutput{}, err
+		}
+		return run(ctx, p, ex)
+	}
+	sb, p, err := s.newSandbox(ctx, req.Session, CreateInput{})
+	if err != nil {
+		return nil, ExecOutput{}, err
+	}
+	// The sandbox is this call's alone: it goes when the call ends, however it ends.
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := p.Destroy(dctx, sb.ID); err != nil && !errors.Is(err, roche.ErrNotFound) {
+			s.log.Warn("destroying run_code's sandbox", "id", sb.ID, "err", err)
+			return // Close tries again
+		}
+		s.mu.Lock()
+		delete(s.created, sb.ID)
+		s.mu.Unlock()
+	}()
+	ex.SandboxID = sb.ID
+	return run(ctx, p, ex)
 }
 
 // execText is the result as a model reads it best: the output, then what else happened.
@@ -412,17 +547,17 @@ func (s *Server) writeFile(ctx context.Context, req *mcp.CallToolRequest, in Wri
 	case "base64":
 		b, err := base64.StdEncoding.DecodeString(in.Content)
 		if err != nil {
-			return nil, WriteOutput{}, fmt.Errorf("content is not valid base64: %v", err)
+			return nil, WriteOutput{}, fmt.Errorf("%w: content is not valid base64: %v", roche.ErrInvalidConfig, err)
 		}
 		data = b
 	default:
-		return nil, WriteOutput{}, fmt.Errorf("encoding %q: use utf-8 or base64", in.Encoding)
+		return nil, WriteOutput{}, fmt.Errorf("%w: encoding %q: use utf-8 or base64", roche.ErrInvalidConfig, in.Encoding)
 	}
 	mode := fs.FileMode(0o644)
 	if in.Mode != "" {
 		m, err := strconv.ParseUint(in.Mode, 8, 32)
 		if err != nil || m > 0o777 {
-			return nil, WriteOutput{}, fmt.Errorf("mode %q: give octal permission bits such as 0644 or 0755", in.Mode)
+			return nil, WriteOutput{}, fmt.Errorf("%w: mode %q: give octal permission bits such as 0644 or 0755", roche.ErrInvalidConfig, in.Mode)
 		}
 		mode = fs.FileMode(m)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -130,7 +131,7 @@ func TestTools(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec list_sandboxes read_file write_file" {
+	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec list_sandboxes read_file run_code write_file" {
 		t.Fatalf("tools: %s", got)
 	}
 
@@ -268,6 +269,9 @@ func TestRefusals(t *testing.T) {
 		{"create_sandbox", map[string]any{"network": true}, "--allow-network"},
 		{"create_sandbox", map[string]any{"mounts": []string{"/:/host"}}, "mounts"},
 		{"create_sandbox", map[string]any{"memory": "lots"}, "not a size"},
+		{"create_sandbox", map[string]any{"memory": "lots"}, "(change the arguments and call again)"},
+		{"run_code", map[string]any{"language": "cobol", "code": "DISPLAY 'HI'."}, "give python, sh, bash or javascript"},
+		{"run_code", map[string]any{"language": "python", "code": "print(1)", "sandbox_id": "x"}, "no sandbox x in this session"},
 		{"create_sandbox", map[string]any{"writable": true, "disk": "0"}, "disk 0 (no limit) is not offered"},
 		{"create_sandbox", map[string]any{"writable": true, "disk": "-1g"}, "negative"},
 		{"create_sandbox", map[string]any{"workspace_size": "1g"}, "without a workspace"},
@@ -279,6 +283,145 @@ func TestRefusals(t *testing.T) {
 		text, isErr := call(t, cs, c.tool, c.args, nil)
 		if !isErr || !strings.Contains(text, c.want) {
 			t.Errorf("%s %v: error %v %q, want one mentioning %q", c.tool, c.args, isErr, text, c.want)
+		}
+	}
+}
+
+// TestRunCode: code given as a string runs in a sandbox of its own, which is gone when
+// the call returns, or in the session's sandbox, where its files stay.
+func TestRunCode(t *testing.T) {
+	s, dp := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	ctx := context.Background()
+	before := map[string]bool{}
+	list, err := dp.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		before[sb.ID] = true
+	}
+
+	var out mcp.ExecOutput
+	text, isErr := call(t, cs, "run_code", map[string]any{"language": "python", "code": "import sys\nprint(6 * 7)\nprint('warn', file=sys.stderr)\nsys.exit(4)"}, &out)
+	if isErr || out.Stdout != "42\n" || out.Stderr != "warn\n" || out.ExitCode != 4 || !strings.Contains(text, "exit code 4") {
+		t.Fatalf("run_code in a sandbox of its own: %v %q %+v", isErr, text, out)
+	}
+	call(t, cs, "run_code", map[string]any{"language": "sh", "code": "id -u; cat", "stdin": "in"}, &out)
+	if out.ExitCode != 0 || strings.HasPrefix(out.Stdout, "0\n") || !strings.HasSuffix(out.Stdout, "\nin") {
+		t.Fatalf("run_code sh (non-root, with stdin): %+v", out)
+	}
+	// Both one-shot sandboxes are gone, and the session owns nothing.
+	list, err = dp.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if !before[sb.ID] && sb.Owner == "" {
+			t.Errorf("sandbox %s outlived the run_code call that made it", sb.ID)
+		}
+	}
+	var mine mcp.ListOutput
+	call(t, cs, "list_sandboxes", nil, &mine)
+	if len(mine.Sandboxes) != 0 {
+		t.Fatalf("run_code's sandboxes are still the session's: %+v", mine)
+	}
+
+	var sb mcp.Sandbox
+	call(t, cs, "create_sandbox", nil, &sb)
+	call(t, cs, "run_code", map[string]any{"language": "python", "code": "open('/tmp/state', 'w').write('kept')", "sandbox_id": sb.ID}, &out)
+	call(t, cs, "run_code", map[string]any{"language": "bash", "code": "cat /tmp/state", "sandbox_id": sb.ID}, &out)
+	if out.Stdout != "kept" {
+		t.Fatalf("run_code in the session's sandbox: the second call read %+v", out)
+	}
+	call(t, cs, "run_code", map[string]any{"language": "python", "code": "import time; time.sleep(30)", "sandbox_id": sb.ID, "timeout_secs": 1}, &out)
+	if !out.TimedOut {
+		t.Fatalf("run_code past its timeout: %+v", out)
+	}
+}
+
+// TestSchemasForModels: what a model reads of each tool is typed as it must call it (no
+// argument may be null, a required one is listed so), and the tools that change
+// nothing say so.
+func TestSchemasForModels(t *testing.T) {
+	s := mcp.New(providers{}, mcp.Config{})
+	defer s.Close(context.Background())
+	cs := connect(t, s)
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, tool := range tools.Tools {
+		b, err := json.Marshal(tool.InputSchema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var schema struct {
+			Required   []string                   `json:"required"`
+			Properties map[string]json.RawMessage `json:"properties"`
+		}
+		if err := json.Unmarshal(b, &schema); err != nil {
+			t.Fatal(err)
+		}
+		for name, raw := range schema.Properties {
+			var p struct {
+				Type any `json:"type"`
+			}
+			if err := json.Unmarshal(raw, &p); err != nil {
+				t.Fatal(err)
+			}
+			if _, one := p.Type.(string); !one {
+				t.Errorf("%s: argument %s is typed %v, want one type", tool.Name, name, p.Type)
+			}
+		}
+		readOnly := tool.Annotations != nil && tool.Annotations.ReadOnlyHint && tool.Annotations.IdempotentHint
+		switch tool.Name {
+		case "exec":
+			seen++
+			if !slices.Contains(schema.Required, "command") || !strings.Contains(string(schema.Properties["command"]), `"type":"array"`) {
+				t.Errorf("exec's command: required %v, schema %s", schema.Required, schema.Properties["command"])
+			}
+		case "run_code":
+			seen++
+			if !slices.Contains(schema.Required, "code") || !slices.Contains(schema.Required, "language") || slices.Contains(schema.Required, "sandbox_id") {
+				t.Errorf("run_code requires %v, want language and code", schema.Required)
+			}
+		case "read_file", "list_sandboxes":
+			seen++
+			if !readOnly {
+				t.Errorf("%s does not say it is read-only and idempotent: %+v", tool.Name, tool.Annotations)
+			}
+		default:
+			if readOnly {
+				t.Errorf("%s says it changes nothing", tool.Name)
+			}
+		}
+	}
+	if seen != 4 {
+		t.Fatalf("saw %d of exec, run_code, read_file and list_sandboxes", seen)
+	}
+}
+
+// downProviders is a server whose backend is down.
+type downProviders struct{}
+
+func (downProviders) Get(string) (roche.Provider, error) {
+	return nil, fmt.Errorf("%w: docker: the engine at unix:///var/run/docker.sock is not answering (is dockerd running?)", roche.ErrUnavailable)
+}
+func (downProviders) List(context.Context, string) ([]roche.SandboxInfo, error) { return nil, nil }
+
+// TestErrorsForModels: a failure that is not the model's fault says so, and to tell the
+// user rather than retry.
+func TestErrorsForModels(t *testing.T) {
+	s := mcp.New(downProviders{}, mcp.Config{})
+	defer s.Close(context.Background())
+	cs := connect(t, s)
+	for tool, args := range map[string]map[string]any{"create_sandbox": nil, "run_code": {"language": "python", "code": "1"}} {
+		text, isErr := call(t, cs, tool, args, nil)
+		if !isErr || !strings.HasPrefix(text, "the sandbox backend failed: ") || !strings.Contains(text, "not answering") ||
+			!strings.HasSuffix(text, "(not caused by the arguments: tell the user rather than calling again)") {
+			t.Errorf("%s with the backend down: %v %q", tool, isErr, text)
 		}
 	}
 }

@@ -17,17 +17,33 @@ var sentinels = []struct {
 	err    error
 	code   connect.Code
 	reason rochev1.ErrorReason
+	// name is the reason as the CLI's JSON errors and the SDKs spell it.
+	name string
 }{
-	{roche.ErrExhausted, connect.CodeResourceExhausted, rochev1.ErrorReason_ERROR_REASON_EXHAUSTED},
-	{roche.ErrInvalidConfig, connect.CodeInvalidArgument, rochev1.ErrorReason_ERROR_REASON_INVALID_CONFIG},
+	{roche.ErrExhausted, connect.CodeResourceExhausted, rochev1.ErrorReason_ERROR_REASON_EXHAUSTED, "exhausted"},
+	{roche.ErrInvalidConfig, connect.CodeInvalidArgument, rochev1.ErrorReason_ERROR_REASON_INVALID_CONFIG, "invalid_config"},
 	// The request is fine; the host lacks the image until someone builds or pulls it.
-	{roche.ErrImageNotFound, connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND},
-	{roche.ErrNotFound, connect.CodeNotFound, rochev1.ErrorReason_ERROR_REASON_NOT_FOUND},
-	{roche.ErrInUse, connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IN_USE},
-	{roche.ErrPermission, connect.CodePermissionDenied, rochev1.ErrorReason_ERROR_REASON_PERMISSION},
-	{roche.ErrUnsupported, connect.CodeUnimplemented, rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED},
-	{roche.ErrUnavailable, connect.CodeUnavailable, rochev1.ErrorReason_ERROR_REASON_UNAVAILABLE},
-	{roche.ErrTimeout, connect.CodeDeadlineExceeded, rochev1.ErrorReason_ERROR_REASON_TIMEOUT},
+	{roche.ErrImageNotFound, connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND, "image_not_found"},
+	{roche.ErrNotFound, connect.CodeNotFound, rochev1.ErrorReason_ERROR_REASON_NOT_FOUND, "not_found"},
+	{roche.ErrInUse, connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IN_USE, "in_use"},
+	{roche.ErrPermission, connect.CodePermissionDenied, rochev1.ErrorReason_ERROR_REASON_PERMISSION, "permission_denied"},
+	{roche.ErrUnsupported, connect.CodeUnimplemented, rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED, "unsupported"},
+	{roche.ErrUnavailable, connect.CodeUnavailable, rochev1.ErrorReason_ERROR_REASON_UNAVAILABLE, "unavailable"},
+	{roche.ErrTimeout, connect.CodeDeadlineExceeded, rochev1.ErrorReason_ERROR_REASON_TIMEOUT, "timeout"},
+}
+
+// Reason names the core sentinel err wraps as the CLI's JSON errors and the SDKs spell
+// it ("not_found", "invalid_config", ...), "timeout" for a deadline, or "" for none.
+func Reason(err error) string {
+	for _, s := range sentinels {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timeout"
+	}
+	return ""
 }
 
 // ToStatus turns a core error into an RPC error with the matching code, keeping the

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -280,6 +282,29 @@ func TestErrorsRoundTrip(t *testing.T) {
 	}
 	if ToStatus(nil) != nil {
 		t.Error("ToStatus(nil) is not nil")
+	}
+}
+
+// TestReasonsAreTheSDKs: the CLI's JSON errors name each sentinel as the Python SDK's
+// exceptions do (sdk/python/.../errors.py), so a reason cannot drift on one side.
+func TestReasonsAreTheSDKs(t *testing.T) {
+	py, err := os.ReadFile("../../sdk/python/src/roche_sandbox/errors.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sentinels {
+		if got := Reason(fmt.Errorf("x: %w: y", s.err)); got != s.name {
+			t.Errorf("Reason(%v) = %q, want %q", s.err, got, s.name)
+		}
+		if !strings.Contains(string(py), fmt.Sprintf("reason = %q", s.name)) {
+			t.Errorf("reason %q (%v) has no exception class in the Python SDK", s.name, s.err)
+		}
+	}
+	if got := Reason(fmt.Errorf("waiting: %w", context.DeadlineExceeded)); got != "timeout" {
+		t.Errorf("a context deadline's reason: %q", got)
+	}
+	if got := Reason(errors.New("something else")); got != "" {
+		t.Errorf("an unclassified error's reason: %q", got)
 	}
 }
 

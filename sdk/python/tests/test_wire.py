@@ -195,6 +195,16 @@ class CLIParserTest(unittest.TestCase):
         self.assertEqual(type(e), RocheError)
         self.assertIn("panic: boom", e.message)
 
+    def test_json_errors(self) -> None:
+        # With --json the reason decides, whatever the English says.
+        e = _cli.error_from_stderr(b'{"error":{"reason":"in_use","message":"workspace w is mounted"}}\n', 1, "workspace")
+        self.assertIsInstance(e, InUse)
+        self.assertEqual(e.message, "workspace w is mounted")
+        e = _cli.error_from_stderr(b'{"error":{"reason":"","message":"not found in the text"}}\n', 1, "create")
+        self.assertEqual(type(e), RocheError)
+        e = _cli.error_from_stderr(b'{"error": broken\n', 1, "create")
+        self.assertEqual(type(e), RocheError)
+
 
 class TarTest(unittest.TestCase):
     def tar(self, *members: tuple[str, bytes, bytes]) -> io.BytesIO:

@@ -159,9 +159,17 @@ _PREFIX = b"roche: "
 
 
 def error_from_stderr(stderr: bytes, rc: int, verb: str) -> RocheError:
-    """The typed exception for the CLI's one-line error ("roche: MESSAGE")."""
+    """The typed exception for the CLI's one-line error: with --json, the object
+    {"error": {"reason": ..., "message": ...}}, whose reason decides the class;
+    otherwise "roche: MESSAGE", whose sentinel text does."""
     lines = decode_output(stderr).splitlines()
     for line in reversed(lines):
+        if line.startswith('{"error":'):
+            try:
+                body = json.loads(line)["error"]
+                return error_for(str(body.get("reason", "")), str(body["message"]))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
         if line.startswith("roche: "):
             # "(see --help)" is for people at a terminal, not for SDK users.
             message = line[len("roche: "):].removesuffix(" (see --help)")

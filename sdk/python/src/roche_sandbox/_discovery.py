@@ -26,11 +26,18 @@ def default_socket() -> str:
     return os.path.join(tempfile.gettempdir(), f"roche-{os.getuid()}", "roched.sock")
 
 
+#: Where a wheel from `make dist` carries roche (with roched and roche-agent beside it).
+BUNDLED_CLI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bin", "roche")
+
+
 def find_cli(explicit: Optional[str] = None) -> Optional[str]:
-    """The roche CLI: the one given, else $ROCHE_CLI, else roche on PATH."""
+    """The roche CLI: the one given, else $ROCHE_CLI, else the one this package's wheel
+    carries, else roche on PATH."""
     path = explicit or os.environ.get("ROCHE_CLI")
     if path:
         return path
+    if os.access(BUNDLED_CLI, os.X_OK):
+        return BUNDLED_CLI
     return shutil.which("roche")
 
 

@@ -64,8 +64,8 @@ class Choice:
 
     def no_cli(self, why: str) -> ProviderUnavailable:
         return ProviderUnavailable(
-            f"provider unavailable: {why}, and no roche CLI was found: start roched (roche daemon start), "
-            "put roche on PATH, or set ROCHE_CLI to its path"
+            f"provider unavailable: {why}, and no roche CLI was found (none in this package, none on PATH): "
+            "install a roche-sandbox wheel, which carries it, or set ROCHE_CLI to its path (bin/roche after make build)"
         )
 
 
