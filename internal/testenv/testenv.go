@@ -60,8 +60,9 @@ func SetupAgent() (cleanup func(), err error) {
 func BuildCLI(dir string) (roche, roched string, err error) {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched")
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static, as make build makes them
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("building roche and roched: %v\n%s", err, b)
 	}

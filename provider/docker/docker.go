@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/roche-sandbox/roche/agent/agentbin"
+
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
@@ -57,7 +59,7 @@ const (
 	agentBinary  = "/.roche/roche-agent"
 	agentRunDir  = "/.roche/run"
 	agentSocket  = "agent.sock"
-	agentEnvPath = "ROCHE_AGENT"
+	agentEnvPath = agentbin.Env
 )
 
 // BuildImageHint names the script that builds a usable image without a registry.
@@ -155,8 +157,9 @@ func WithClient(c *client.Client) Option { return func(p *Provider) { p.cli = c 
 func WithPullTimeout(d time.Duration) Option { return func(p *Provider) { p.pullTimeout = d } }
 
 // WithAgentPath sets the host path of the static roche-agent binary (by default
-// $ROCHE_AGENT, else roche-agent beside the running executable). An empty path turns the
-// agent off, leaving Docker's exec API.
+// agentbin.Path: $ROCHE_AGENT, else roche-agent beside the running executable, else the
+// executable itself when it carries the agent, as roche and roched do). An empty path
+// turns the agent off, leaving Docker's exec API.
 func WithAgentPath(path string) Option { return func(p *Provider) { p.agentPath = path } }
 
 // WithDataDir sets where snapshots' /tmp archives are kept.
@@ -201,7 +204,7 @@ func New(opts ...Option) (*Provider, error) {
 		pullTimeout: 2 * time.Minute,
 		verified:    map[string]sandbox{},
 		leases:      map[string]io.Closer{},
-		agentPath:   defaultAgentPath(),
+		agentPath:   agentbin.Path(),
 		stateDir:    defaultStateDir(),
 		dataDir:     defaultDataDir(),
 		proxies:     map[string]*runningProxy{},
@@ -1046,22 +1049,6 @@ func (p *Provider) Unpause(ctx context.Context, id string) (err error) {
 		return err
 	}
 	return p.engineErr("unpausing sandbox "+id, p.cli.ContainerUnpause(ctx, s.id))
-}
-
-// defaultAgentPath finds roche-agent: $ROCHE_AGENT, else beside the running executable.
-func defaultAgentPath() string {
-	if v, ok := os.LookupEnv(agentEnvPath); ok {
-		return v
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return ""
-	}
-	p := filepath.Join(filepath.Dir(exe), "roche-agent")
-	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-		return p
-	}
-	return ""
 }
 
 // defaultStateDir is short on purpose: a unix socket path must fit in 108 bytes.

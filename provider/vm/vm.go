@@ -23,6 +23,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/roche-sandbox/roche/agent/agentbin"
+
 	"github.com/docker/docker/client"
 )
 
@@ -64,7 +66,8 @@ type Option func(*options)
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
 // WithAgentPath sets the host path of the static roche-agent binary, which becomes each
-// VM's init (default $ROCHE_AGENT, else beside the executable).
+// VM's init (default agentbin.Path: $ROCHE_AGENT, else roche-agent beside the
+// executable, else the executable itself when it carries the agent).
 func WithAgentPath(path string) Option { return func(o *options) { o.agentPath = path } }
 
 // WithSupervisor sets the program each VM's supervisor runs as (`PROGRAM vm-supervise
@@ -120,7 +123,7 @@ func ownExecutable() string {
 func defaultOptions() options {
 	o := options{
 		log:         slog.New(slog.DiscardHandler),
-		agentPath:   defaultAgentPath(),
+		agentPath:   agentbin.Path(),
 		supervisor:  ownExecutable(),
 		stateDir:    defaultDir("/run/roche/vm", "XDG_RUNTIME_DIR", "vm"),
 		cacheDir:    defaultDir("/var/cache/roche/vm", "XDG_CACHE_HOME", "vm-cache"),
@@ -132,22 +135,6 @@ func defaultOptions() options {
 		o.accel = AccelAuto
 	}
 	return o
-}
-
-// defaultAgentPath finds roche-agent: $ROCHE_AGENT, else beside the running executable.
-func defaultAgentPath() string {
-	if v, ok := os.LookupEnv("ROCHE_AGENT"); ok {
-		return v
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return ""
-	}
-	p := filepath.Join(filepath.Dir(exe), "roche-agent")
-	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-		return p
-	}
-	return ""
 }
 
 // defaultDir is rootDir for root, else under $env (or the temp dir). State paths are

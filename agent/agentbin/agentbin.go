@@ -1,0 +1,61 @@
+// Package agentbin finds the roche-agent binary a provider runs in its sandboxes. It is
+// apart from the agent's code (agent/agentcmd) so that providers find the binary
+// without linking the agent into themselves.
+package agentbin
+
+import (
+	"debug/elf"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+)
+
+// Name is the agent's program name: a Roche binary started under it runs as the agent.
+const Name = "roche-agent"
+
+// Env names the variable that sets the agent's path; set and empty, it turns the agent off.
+const Env = "ROCHE_AGENT"
+
+// carried is set (agentcmd.RunIfAsked) in a program that can serve as the agent itself.
+var carried atomic.Bool
+
+// MarkCarried records that the running program carries the agent: run under the name
+// roche-agent, it serves as one.
+func MarkCarried() { carried.Store(true) }
+
+// Path is the roche-agent binary to run in sandboxes: $ROCHE_AGENT when set, else
+// roche-agent beside the running executable, else the running executable itself if it
+// carries the agent (MarkCarried) and is static (a sandbox's image may have no C
+// library). Empty when there is none.
+func Path() string {
+	if v, ok := os.LookupEnv(Env); ok {
+		return v
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(exe), Name)
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+		return p
+	}
+	if carried.Load() && Static(exe) {
+		return exe
+	}
+	return ""
+}
+
+// Static says whether the executable at path needs no dynamic loader.
+func Static(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return false
+		}
+	}
+	return true
+}

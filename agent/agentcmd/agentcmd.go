@@ -1,0 +1,91 @@
+// Package agentcmd is roche-agent's command line: the program that runs as PID 1 inside
+// every sandbox. It lives in a package, not only in cmd/roche-agent, so that roche and
+// roched can carry the agent too (one static binary has everything): a program calls
+// RunIfAsked first thing in main, and when it was started as the agent (by the name
+// roche-agent, as providers mount it, or as a microVM's /init) it runs as the agent and
+// exits; otherwise RunIfAsked returns and marks the program as one that carries it.
+package agentcmd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/agent/server"
+)
+
+// RunIfAsked runs the agent and exits when this process was started as one: its name is
+// roche-agent (providers mount it under that name), or it is a microVM's init.
+// Otherwise it returns at once, and agentbin.Path offers this executable as the agent
+// when no roche-agent is found beside it.
+func RunIfAsked() {
+	if filepath.Base(os.Args[0]) == agentbin.Name || server.IsVMInit() {
+		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	agentbin.MarkCarried()
+}
+
+// Main runs roche-agent with args (without the program name) and returns its exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if err := run(args, stdout, stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "roche-agent: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	// The kernel starts a microVM's agent as /init from the initramfs.
+	if server.IsVMInit() {
+		return server.RunVM()
+	}
+	fs := flag.NewFlagSet(agentbin.Name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")
+	owner := fs.Int("owner", 0, "host uid allowed to connect to the socket")
+	user := fs.String("user", "65534:65534", "uid[:gid] or name commands run as")
+	lifetime := fs.Duration("lifetime", 0, "stop after this long (0: never)")
+	leaseGrace := fs.Duration("lease-grace", 0, "make the sandbox leased: stop this long after the last lease holder goes (0: not leased)")
+	firstLease := fs.Duration("first-lease", 0, "with --lease-grace: stop when no lease was taken this long after the start (0: 30s)")
+	egressListen := fs.String("egress-listen", "", "loopback address to accept HTTP proxy connections on (e.g. 127.0.0.1:3128)")
+	egressSocket := fs.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
+	own := fs.String("own", "", "directory to hand to the sandbox user at start if root owns it (a workspace)")
+	chownFrom := fs.Int("chown-from", 0, "uid whose files on the root filesystem are handed to the sandbox user at start (the uid of the sandbox a snapshot was taken of)")
+	version := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *version {
+		fmt.Fprintln(stdout, server.Version)
+		return nil
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg := server.Config{
+		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
+		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
+		ChownFrom: *chownFrom,
+	}
+	if *own != "" {
+		cfg.Own = []string{*own}
+	}
+	if *egressListen != "" {
+		sock := *egressSocket
+		cfg.EgressListen = *egressListen
+		cfg.EgressDial = func() (net.Conn, error) { return net.Dial("unix", sock) }
+	}
+	s, err := server.New(cfg)
+	if err != nil {
+		return err
+	}
+	return s.Run(context.Background())
+}
