@@ -71,7 +71,8 @@ alive() {
 start() {
   local name=$1 binary=$2
   shift 2
-  setsid "$binary" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+  # fd 9 is the start/stop lock: a daemon holding it would hold the lock for its lifetime.
+  setsid "$binary" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo "$! $(readlink -f "$binary")" >"$(pidfile "$name")"
 }
 
@@ -346,7 +347,7 @@ pause_image() {
   cp "$STATE/bin/roche-pause" "$ctx/pause"
   printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$ctx/Dockerfile"
   log "building $PAUSE_IMAGE"
-  docker build -q -t "$PAUSE_IMAGE" "$ctx" >/dev/null
+  docker build -q -t "$PAUSE_IMAGE" "$ctx" >"$STATE/logs/pause-build.log" 2>&1 || fail_with_log "building $PAUSE_IMAGE failed" pause-build
   import_docker "$PAUSE_IMAGE"
 }
 
@@ -510,7 +511,7 @@ kwok_up() {
   local n=$1 stages mod i
   if ! alive kwok; then
     mod=$(go env GOMODCACHE)/sigs.k8s.io/kwok@${KWOK_VERSION:-v0.8.0}/kustomize/stage
-    [ -d "$mod" ] || (cd "$STATE" && GOFLAGS=-mod=mod go mod download "sigs.k8s.io/kwok@${KWOK_VERSION:-v0.8.0}")
+    [ -d "$mod" ] || go mod download "sigs.k8s.io/kwok@${KWOK_VERSION:-v0.8.0}" >/dev/null
     stages=$STATE/kwok-stages.yaml
     {
       for f in "$mod"/node/fast/*.yaml "$mod"/node/heartbeat-with-lease/*.yaml "$mod"/pod/fast/*.yaml; do
@@ -520,8 +521,7 @@ kwok_up() {
       done
     } >"$stages"
     start kwok "$BIN/kwok" --kubeconfig "$KUBECONFIG_PATH" --config "$stages" --manage-all-nodes=false \
-      --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --node-lease-duration-seconds 40 \
-      --server-address 127.0.0.1:0
+      --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --node-lease-duration-seconds 40
   fi
   for i in $(seq 1 "$n"); do
     api -o /dev/null -w '' -X POST -H 'Content-Type: application/json' "$(api_server)/api/v1/nodes" -d @- <<EOF || true
@@ -594,8 +594,18 @@ status() {
   if [ -f "$STATE/pki/apiserver.ip" ] && is_up; then echo "cluster: up"; env_line; else echo "cluster: not up"; return 1; fi
 }
 
+# One start or stop at a time: tests of several packages (or helpers) may call up together.
+lock() {
+  mkdir -p "$STATE"
+  exec 9>"$STATE/cluster.lock"
+  flock -w 300 9 || die "another cluster.sh has held $STATE/cluster.lock for 5 minutes"
+}
+
 cmd=${1:-up}
 [ $# -gt 0 ] && shift
+case $cmd in
+  up | down) lock ;;
+esac
 case $cmd in
   up) up "$@" ;;
   down) down ;;
