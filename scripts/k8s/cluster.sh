@@ -33,6 +33,8 @@ STATE=${ROCHE_CLUSTER_DIR:-/var/lib/roche-cluster}
 RUN=${ROCHE_CLUSTER_RUN:-/run/roche-cluster}
 API_PORT=${ROCHE_CLUSTER_API_PORT:-6443}
 ETCD_PORT=${ROCHE_CLUSTER_ETCD_PORT:-2379}
+# Kubernetes has no per-container process limit; the kubelet bounds each Pod's (-1: none).
+POD_PIDS_LIMIT=${ROCHE_CLUSTER_POD_PIDS_LIMIT:--1}
 NODE_NAME=roche-node
 POD_SUBNET=10.244.0.0/24
 SERVICE_RANGE=10.96.0.0/16
@@ -264,8 +266,11 @@ cgroupDriver: cgroupfs
 # This host is on cgroup v1; 1.34 still runs there when told to.
 failCgroupV1: false
 failSwapOn: false
-cgroupsPerQOS: false
+# Pod-level cgroups, as on a real node: podPidsLimit bounds a Pod's processes there.
+cgroupsPerQOS: true
+cgroupRoot: /
 enforceNodeAllocatable: []
+podPidsLimit: $POD_PIDS_LIMIT
 containerRuntimeEndpoint: unix://$SOCK
 authentication:
   anonymous: {enabled: false}
@@ -580,6 +585,8 @@ down() {
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
   done
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
+  # The kubelet's Pod cgroups (and runc's, had Pods no Pod cgroup); rmdir takes only empty ones.
+  find /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/k8s.io -depth -type d -exec rmdir {} \; 2>/dev/null || true
   firewall_down
   rm -rf "$STATE/etcd" "$STATE/kubelet" "$STATE/pod-logs" "$STATE/cni/ipam" "$RUN"
   rm -f "$STATE"/pids/*.pid
