@@ -34,6 +34,23 @@ except OSError as e:
 print(json.dumps({"ifaces": sorted(ifaces), "connect": result}))
 `
 
+// inCluster calls the API server the way in-cluster client configuration does (the
+// kubernetes Service from the environment, the projected ServiceAccount token and CA) and
+// prints the status code and message.
+const inCluster = `
+import json, os, ssl, urllib.request, urllib.error
+sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+req = urllib.request.Request("https://%s:%s/api/v1/nodes" % (host, port),
+    headers={"Authorization": "Bearer " + open(sa + "token").read()})
+ctx = ssl.create_default_context(cafile=sa + "ca.crt")
+try:
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+        print(json.dumps({"code": r.status, "message": ""}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"code": e.code, "message": json.load(e).get("message", "")}))
+`
+
 func pod(name string, labels map[string]string, img string, command ...string) map[string]any {
 	return map[string]any{
 		"apiVersion": "v1",
@@ -170,5 +187,28 @@ func TestImportDockerAndTar(t *testing.T) {
 		if strings.TrimSpace(logs) != "ran" {
 			t.Errorf("Pod from %s printed %q, want ran", img, logs)
 		}
+	}
+}
+
+// TestInClusterAPI: a Pod reaches the API server through the kubernetes Service with its
+// projected ServiceAccount token, as an in-cluster roched does, and is authenticated as
+// that ServiceAccount (which RBAC then refuses the nodes list).
+func TestInClusterAPI(t *testing.T) {
+	c := testcluster.Start(t)
+	cl := c.Client(t)
+	ns := cl.Namespace(t, "roche-tc-sa")
+	spec := pod("incluster", nil, image, "python3", "-c", inCluster)
+	spec["spec"].(map[string]any)["automountServiceAccountToken"] = true
+	_, logs := runPod(t, cl, ns, spec)
+	var r struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(logs)), &r); err != nil {
+		t.Fatalf("Pod printed %q: %v", logs, err)
+	}
+	want := "system:serviceaccount:" + ns + ":default"
+	if r.Code != http.StatusForbidden || !strings.Contains(r.Message, want) {
+		t.Errorf("in-cluster GET /api/v1/nodes = %d %q, want 403 naming %s", r.Code, r.Message, want)
 	}
 }
