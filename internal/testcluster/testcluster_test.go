@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -120,8 +121,10 @@ func TestNetworkOffIsLoopbackOnly(t *testing.T) {
 		Ifaces  []string `json:"ifaces"`
 		Connect string   `json:"connect"`
 	}
+	var onIP string
 	run := func(name string, labels map[string]string) result {
-		_, logs := runPod(t, cl, ns, pod(name, labels, image, "python3", "-c", probe, c.NodeIP, "6443"))
+		p, logs := runPod(t, cl, ns, pod(name, labels, image, "python3", "-c", probe, c.NodeIP, "6443"))
+		onIP = p.Status.PodIP
 		var r result
 		if err := json.Unmarshal([]byte(strings.TrimSpace(logs)), &r); err != nil {
 			t.Fatalf("Pod %s printed %q: %v", name, logs, err)
@@ -141,8 +144,25 @@ func TestNetworkOffIsLoopbackOnly(t *testing.T) {
 	if !slices.Contains(on.Ifaces, "eth0") {
 		t.Errorf("Pod with network has interfaces %v, want eth0 among them", on.Ifaces)
 	}
+	if _, subnet, err := net.ParseCIDR(c.PodSubnet); err != nil || !subnet.Contains(net.ParseIP(onIP)) {
+		t.Errorf("Pod with network has address %q, want one from %s (host-local)", onIP, c.PodSubnet)
+	}
 	if on.Connect != "connected" {
 		t.Errorf("Pod with network could not reach the node at %s:6443: %s", c.NodeIP, on.Connect)
+	}
+
+	// The kubelet stops a finished Pod's sandbox; the plugin's DEL must reach host-local,
+	// which then frees the address it had reserved (one file per address).
+	lease := filepath.Join(testcluster.StateDir(), "cni", "ipam", "roche-test", onIP)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(lease); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("address %s of the finished Pod is still reserved (%s) after 60 s", onIP, lease)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 
