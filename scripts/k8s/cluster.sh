@@ -78,25 +78,32 @@ start() {
   echo "$! $(readlink -f "$binary")" >"$(pidfile "$name")"
 }
 
+# stop NAME...: signals each recorded pid, then waits for all (10 s, then SIGKILL).
 stop() {
-  local name=$1 f pid exe i
-  f=$(pidfile "$name")
-  [ -f "$f" ] || return 0
-  if alive "$name"; then
-    read -r pid exe <"$f"
-    kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do
+  local name f pid exe i pids=() names=()
+  for name in "$@"; do
+    f=$(pidfile "$name")
+    if alive "$name"; then
+      read -r pid exe <"$f"
+      kill "$pid" 2>/dev/null || true
+      pids+=("$pid")
+      names+=("$name")
+    fi
+    rm -f "$f"
+  done
+  for i in "${!pids[@]}"; do
+    pid=${pids[$i]}
+    for _ in $(seq 1 100); do
       [ -d "/proc/$pid" ] || break
       sleep 0.1
     done
     if [ -d "/proc/$pid" ]; then
-      log "$name ($pid) did not stop within 10 s; killing it"
+      log "${names[$i]} ($pid) did not stop within 10 s; killing it"
       kill -9 "$pid" 2>/dev/null || true
       sleep 0.2
     fi
-    log "stopped $name ($pid)"
-  fi
-  rm -f "$f"
+    log "stopped ${names[$i]} ($pid) at $(elapsed "$t_start") s"
+  done
 }
 
 # ---------- addresses, credentials, configuration ----------
@@ -549,10 +556,11 @@ cri_clean() {
 }
 
 down() {
+  local t0
+  t0=$(date +%s.%N)
   mkdir -p "$STATE/pids" "$STATE/logs"
-  stop kwok
   # The kubelet first, so it does not restart what is removed next.
-  stop kubelet
+  stop kwok kubelet
   # Pods: the runtime stops each sandbox (the CNI plugin's DEL, the network namespace) and
   # removes it, after which its shim exits. A containerd that is not running but left
   # sandboxes behind is started once more for this.
@@ -564,11 +572,8 @@ down() {
   if alive containerd; then
     cri_clean || log "some Pods were not removed cleanly (see above)"
   fi
-  stop kube-scheduler
-  stop kube-controller-manager
-  stop kube-apiserver
-  stop etcd
-  stop containerd
+  stop kube-scheduler kube-controller-manager kube-apiserver
+  stop etcd containerd
   # A shim whose task could not be deleted: its pid is in the task's bundle.
   local f pid
   for f in "$RUN"/containerd/io.containerd.runtime.v2.task/k8s.io/*/shim.pid; do
@@ -590,7 +595,7 @@ down() {
   firewall_down
   rm -rf "$STATE/etcd" "$STATE/kubelet" "$STATE/pod-logs" "$STATE/cni/ipam" "$RUN"
   rm -f "$STATE"/pids/*.pid
-  log "down"
+  log "down in $(elapsed "$t0") s"
 }
 
 status() {
@@ -608,6 +613,7 @@ lock() {
   flock -w 300 9 || die "another cluster.sh has held $STATE/cluster.lock for 5 minutes"
 }
 
+t_start=$(date +%s.%N)
 cmd=${1:-up}
 [ $# -gt 0 ] && shift
 case $cmd in
