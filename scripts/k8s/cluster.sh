@@ -363,12 +363,18 @@ pause_image() {
   import_docker "$PAUSE_IMAGE"
 }
 
+# The test image is imported again when Docker's copy changed (rebuilt) since the last import.
 test_image() {
-  have_image "$TEST_IMAGE" && return 0
   if ! docker image inspect "$TEST_IMAGE" >/dev/null 2>&1; then
     bash "$repo/scripts/build-test-image.sh" "$TEST_IMAGE"
   fi
+  local id mark
+  id=$(docker image inspect -f '{{.Id}}' "$TEST_IMAGE")
+  mark=$STATE/containerd-images/$(echo "$TEST_IMAGE" | tr '/:' '__').id
+  if have_image "$TEST_IMAGE" && [ "$(cat "$mark" 2>/dev/null)" = "$id" ]; then return 0; fi
   import_docker "$TEST_IMAGE"
+  mkdir -p "$(dirname "$mark")"
+  echo "$id" >"$mark"
 }
 
 # ---------- state ----------
