@@ -24,26 +24,34 @@ mkdir -p "$cache" "$work"
 log() { printf 'k8s-build: %s\n' "$*" >&2; }
 
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+
+# The scratch module that builds Kubernetes' commands (and cri-clean, with the same
+# dependency versions: `go get CMD@K8S_VERSION` resolves them from Kubernetes' own go.mod).
+mod="$work/k8s"
+prepare_k8s_module() {
+  mkdir -p "$mod"
+  [ -f "$mod/go.mod" ] && return 0
+  log "preparing a module for k8s.io/kubernetes $K8S_VERSION"
+  (cd "$mod" && go mod init roche.invalid/k8sbuild >/dev/null 2>&1)
+  (cd "$mod" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
+  local src staging m
+  src=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION
+  staging=v0.${K8S_VERSION#v1.}
+  (cd "$mod" && go mod edit -go="$(awk '/^go /{print $2; exit}' "$src/go.mod")")
+  for m in $(sed -n '/^replace (/,/^)/p' "$src/go.mod" | awk '/=>/{print $1}'); do
+    (cd "$mod" && go mod edit -replace="$m=$m@$staging")
+  done
+  (cd "$mod" && go mod edit -require="k8s.io/kubernetes@$K8S_VERSION")
+}
+get_cmd() {
+  (cd "$mod" && go get "k8s.io/kubernetes/cmd/$1@$K8S_VERSION" >/dev/null 2>&1) || (cd "$mod" && go get "k8s.io/kubernetes/cmd/$1@$K8S_VERSION")
+}
+
 missing=()
 for c in "${k8s_cmds[@]}"; do [ -x "$cache/$c" ] || missing+=("$c"); done
 if [ ${#missing[@]} -gt 0 ]; then
-  mod="$work/k8s"
-  mkdir -p "$mod"
-  if [ ! -f "$mod/go.mod" ]; then
-    log "preparing a module for k8s.io/kubernetes $K8S_VERSION"
-    (cd "$mod" && go mod init roche.invalid/k8sbuild >/dev/null 2>&1)
-    (cd "$mod" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
-    src=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION
-    staging=v0.${K8S_VERSION#v1.}
-    (cd "$mod" && go mod edit -go="$(awk '/^go /{print $2; exit}' "$src/go.mod")")
-    for m in $(sed -n '/^replace (/,/^)/p' "$src/go.mod" | awk '/=>/{print $1}'); do
-      (cd "$mod" && go mod edit -replace="$m=$m@$staging")
-    done
-    (cd "$mod" && go mod edit -require="k8s.io/kubernetes@$K8S_VERSION")
-  fi
-  for c in "${missing[@]}"; do
-    (cd "$mod" && go get "k8s.io/kubernetes/cmd/$c@$K8S_VERSION" >/dev/null 2>&1) || (cd "$mod" && go get "k8s.io/kubernetes/cmd/$c@$K8S_VERSION")
-  done
+  prepare_k8s_module
+  for c in "${missing[@]}"; do get_cmd "$c"; done
   for c in "${missing[@]}"; do
     log "building $c $K8S_VERSION (minutes)"
     (cd "$mod" && CGO_ENABLED=0 go build -trimpath \
@@ -53,15 +61,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   done
 fi
 
-# cri-clean needs k8s.io/cri-api and gRPC, which the k8s module above already resolves;
-# the project's go.mod stays free of them.
+# cri-clean needs k8s.io/cri-api and gRPC at the versions the kubelet uses; the project's
+# go.mod stays free of them.
 if [ ! -x "$cache/cri-clean" ] || [ "$here/cri-clean/main.go" -nt "$cache/cri-clean" ]; then
-  mod="$work/k8s"
-  [ -f "$mod/go.mod" ] || { echo "k8s-build: $mod/go.mod missing; remove $cache/kube-apiserver to rebuild" >&2; exit 1; }
+  prepare_k8s_module
+  get_cmd kubelet
   log "building cri-clean"
   mkdir -p "$mod/cmd/cri-clean"
-  sed '/^\/\/go:build ignore$/d' "$here/cri-clean/main.go" > "$mod/cmd/cri-clean/main.go"
-  (cd "$mod" && go get k8s.io/cri-api google.golang.org/grpc >/dev/null 2>&1 || true)
+  sed '/^\/\/go:build ignore$/d' "$here/cri-clean/main.go" >"$mod/cmd/cri-clean/main.go"
   (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$cache/cri-clean.tmp" ./cmd/cri-clean)
   mv -f "$cache/cri-clean.tmp" "$cache/cri-clean"
 fi
