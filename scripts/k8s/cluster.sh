@@ -600,6 +600,11 @@ down() {
   find /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/k8s.io -depth -type d -exec rmdir {} \; 2>/dev/null || true
   firewall_down
   rm -rf "$STATE/etcd" "$STATE/kubelet" "$STATE/pod-logs" "$STATE/cni/ipam" "$RUN"
+  # Paths the kubelet and libcni use whatever their configuration says: the kubelet's device
+  # plugin socket and checkpoint, the container log links, the CNI result cache; the
+  # directories go only if nothing else is in them.
+  rm -f /var/lib/kubelet/device-plugins/kubelet.sock /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint
+  rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/containers /var/lib/cni/results /var/lib/cni 2>/dev/null || true
   rm -f "$STATE"/pids/*.pid
   log "down in $(elapsed "$t0") s"
 }
