@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -230,5 +231,68 @@ func TestInClusterAPI(t *testing.T) {
 	want := "system:serviceaccount:" + ns + ":default"
 	if r.Code != http.StatusForbidden || !strings.Contains(r.Message, want) {
 		t.Errorf("in-cluster GET /api/v1/nodes = %d %q, want 403 naming %s", r.Code, r.Message, want)
+	}
+}
+
+// TestPodTrafficStaysOnHost: a host the test places in a network namespace of its own,
+// behind a veth pair, answers the host (a refused connection proves the packets got there)
+// but not a Pod with network: the node forwards nothing from the Pod bridge to another
+// interface, so Pods cannot reach beyond this machine.
+func TestPodTrafficStaysOnHost(t *testing.T) {
+	c := testcluster.Start(t)
+	cl := c.Client(t)
+
+	var rnd [2]byte
+	_, _ = rand.Read(rnd[:])
+	tag := hex.EncodeToString(rnd[:])
+	netns, hostIf, nsIf := "roche-tc-"+tag, "rtc"+tag+"h", "rtc"+tag+"n"
+	octet := 100 + int(rnd[0])%100
+	hostIP := "198.18." + strconv.Itoa(octet) + ".1"
+	target := "198.18." + strconv.Itoa(octet) + ".2"
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	sh("netns", "add", netns)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", netns).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v\n%s", netns, err, out)
+		}
+	})
+	sh("link", "add", hostIf, "type", "veth", "peer", "name", nsIf, "netns", netns)
+	sh("addr", "add", hostIP+"/30", "dev", hostIf)
+	sh("link", "set", hostIf, "up")
+	sh("-n", netns, "addr", "add", target+"/30", "dev", nsIf)
+	sh("-n", netns, "link", "set", nsIf, "up")
+	sh("-n", netns, "link", "set", "lo", "up")
+	// Replies to a Pod would need a way back; give one, so only the node's forwarding decides.
+	sh("-n", netns, "route", "add", "default", "via", hostIP)
+
+	// Nothing listens there: a refusal means the packets arrived.
+	conn, err := net.DialTimeout("tcp", target+":8080", 5*time.Second)
+	if err == nil {
+		conn.Close()
+		t.Fatalf("something listens at %s:8080 in the test's own namespace", target)
+	}
+	if !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("the host cannot reach %s in namespace %s (%v): the check below would prove nothing", target, netns, err)
+	}
+
+	ns := cl.Namespace(t, "roche-tc-fwd")
+	_, logs := runPod(t, cl, ns, pod("fwd", nil, image, "python3", "-c", probe, target, "8080"))
+	var r struct {
+		Ifaces  []string `json:"ifaces"`
+		Connect string   `json:"connect"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(logs)), &r); err != nil {
+		t.Fatalf("Pod printed %q: %v", logs, err)
+	}
+	if !slices.Contains(r.Ifaces, "eth0") {
+		t.Fatalf("the Pod has no eth0 (%v): it should have network for this test", r.Ifaces)
+	}
+	if r.Connect == "connected" || strings.Contains(r.Connect, "refused") {
+		t.Errorf("a Pod reached %s beyond the node: %s", target, r.Connect)
 	}
 }
