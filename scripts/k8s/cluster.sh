@@ -6,8 +6,8 @@
 #   scripts/k8s/cluster.sh down            stop it and remove what it made
 #   scripts/k8s/cluster.sh env             print the env line (exit 1 when not up)
 #   scripts/k8s/cluster.sh status          say what runs
-#   scripts/k8s/cluster.sh import-docker IMAGE   copy a local Docker image into the node
-#   scripts/k8s/cluster.sh import-tar FILE [NAME] import a docker-save or OCI archive
+#   scripts/k8s/cluster.sh import-docker IMAGE          copy a local Docker image into the node
+#   scripts/k8s/cluster.sh import-tar FILE [BASE-NAME]  import a docker-save or OCI archive
 #
 # What runs (every process's pid in $STATE/pids, its log in $STATE/logs):
 #   etcd v3.6 (127.0.0.1:2379), kube-apiserver (NODE_IP:6443; static tokens, RBAC and the
@@ -49,6 +49,10 @@ NAT_CHAIN=ROCHE-CLUSTER-SVC
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: %s\n' "$*" >&2; exit 1; }
+
+case ${1:-} in
+  -h | --help | help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 
 [ "$(id -u)" = 0 ] || die "needs root (it runs containerd, a kubelet and iptables): run it with sudo"
 
