@@ -1,5 +1,5 @@
 # The README's two set-up commands are `make hello` and `make test`.
-.PHONY: hello test build vet generate bench dist
+.PHONY: hello test build vet generate bench dist cluster cluster-down
 
 # Static binaries: roche-agent runs inside sandboxes of any image, and roche and roched
 # run on any Linux host (the wheels of make dist carry them, built with these flags, so
@@ -17,6 +17,15 @@ dist:
 
 test:
 	bash scripts/test.sh
+
+# The test cluster (README, "Test cluster"): a real single-node Kubernetes 1.34 on this
+# machine, built once and cached under ~/.cache/roche; prints the export KUBECONFIG=... line.
+# Idempotent. KWOK=N also starts kwok with N fake nodes.
+cluster:
+	@bash scripts/k8s/cluster.sh up $(if $(KWOK),--kwok $(KWOK))
+
+cluster-down:
+	@bash scripts/k8s/cluster.sh down
 
 # Medians and ratios against baselines measured in the same run (needs Docker and the
 # test image; make test sets both up): exec and files through roche-agent, then roched

@@ -3,8 +3,9 @@
 # (docker.io, debootstrap; e2fsprogs for disk limits; for the microVMs qemu-system-x86,
 # linux-image-amd64, xz-utils, cpio), starts dockerd when nothing answers on its socket,
 # checks that it can bound disks (overlay2, loop devices), builds the
-# local test image and fetches python.wasm when absent, then runs every test and checks
-# that no sandbox was leaked. Needs root for apt-get and dockerd (as CI has).
+# local test image and fetches python.wasm when absent, starts the test Kubernetes cluster
+# (scripts/k8s/cluster.sh), then runs every test and checks that no sandbox was leaked.
+# Needs root for apt-get and dockerd (as CI has).
 #
 #   make test        (or: bash scripts/test.sh)
 set -euo pipefail
@@ -60,6 +61,19 @@ fi
 
 log "test image"
 bash scripts/build-test-image.sh roche/python:local
+
+# The test cluster (README, "Test cluster") for the Kubernetes tests: a real single-node
+# Kubernetes, started here and stopped when the suite ends, unless it was already up (then
+# it stays). On a fresh machine its binaries are built once first (10-25 minutes, cached
+# under ~/.cache/roche).
+log "test cluster"
+cluster_was_up=false
+if bash scripts/k8s/cluster.sh env >/dev/null 2>&1; then cluster_was_up=true; fi
+cluster_env=$(bash scripts/k8s/cluster.sh up)
+if [ "$cluster_was_up" = false ]; then
+  trap 'log "stopping the test cluster"; bash scripts/k8s/cluster.sh down || true' EXIT
+fi
+eval "$cluster_env"
 
 if [ -f scripts/fetch-python-wasm.sh ]; then
   log "python.wasm"

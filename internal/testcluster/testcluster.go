@@ -1,0 +1,174 @@
+// Package testcluster gives tests the project's test Kubernetes cluster (README, "Test
+// cluster"): a real single-node Kubernetes started by scripts/k8s/cluster.sh on this
+// machine. Kubeconfig and Start bring it up when it is not running (the script is
+// idempotent and serialises concurrent starts), ImportDocker and ImportTar put images into
+// the node without a registry, and Client speaks to the API server with the standard
+// library, so packages without client-go can use it too.
+//
+// The cluster is shared by every test and is left running; a test makes its own namespace
+// (Client.Namespace) and deletes what it made.
+package testcluster
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Cluster describes the running test cluster, as scripts/k8s/cluster.sh records it in
+// cluster.json beside the kubeconfig.
+type Cluster struct {
+	// Server is the API server's URL, https://NODE_IP:6443.
+	Server string `json:"server"`
+	// CAFile is the CA that signed the API server's certificate.
+	CAFile string `json:"caFile"`
+	// TokenFile holds the admin's bearer token (group system:masters).
+	TokenFile string `json:"tokenFile"`
+	// Kubeconfig is the admin kubeconfig, the path `make cluster` prints.
+	Kubeconfig string `json:"kubeconfig"`
+	// Node is the name of the one real node.
+	Node string `json:"node"`
+	// NodeIP is the node's address (an address of this host).
+	NodeIP string `json:"nodeIP"`
+	// Containerd is the socket of the node's containerd.
+	Containerd string `json:"containerd"`
+	// PodSubnet is the range Pods with network get their address from.
+	PodSubnet string `json:"podSubnet"`
+}
+
+// StateDir is where cluster.sh keeps the cluster; ROCHE_CLUSTER_DIR moves it, as it moves
+// the script's.
+func StateDir() string {
+	if d := os.Getenv("ROCHE_CLUSTER_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/roche-cluster"
+}
+
+var (
+	upOnce sync.Mutex
+	upDone bool
+)
+
+// Start brings the test cluster up when it is not (on a machine without the cached
+// binaries the first start builds them: 10-25 minutes) and returns its description. It
+// fails the test with the script's output when the cluster cannot start.
+func Start(t testing.TB) *Cluster {
+	t.Helper()
+	upOnce.Lock()
+	defer upOnce.Unlock()
+	if !upDone {
+		out, err := script("up")
+		if err != nil {
+			t.Fatalf("starting the test cluster (scripts/k8s/cluster.sh up): %v\n%s", err, out)
+		}
+		upDone = true
+	}
+	c, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Kubeconfig brings the test cluster up when it is not and returns the path of its admin
+// kubeconfig.
+func Kubeconfig(t testing.TB) string {
+	t.Helper()
+	return Start(t).Kubeconfig
+}
+
+// ImportDocker copies a local Docker image into the node's containerd, where Pods find it
+// without a registry (name it with imagePullPolicy IfNotPresent or Never, or a tag other
+// than latest).
+func ImportDocker(t testing.TB, image string) {
+	t.Helper()
+	Start(t)
+	if out, err := script("import-docker", image); err != nil {
+		t.Fatalf("importing Docker image %s into the test cluster: %v\n%s", image, err, out)
+	}
+}
+
+// ImportTar imports an image archive (docker save or OCI layout tar) into the node's
+// containerd.
+func ImportTar(t testing.TB, path string) {
+	t.Helper()
+	Start(t)
+	if out, err := script("import-tar", path); err != nil {
+		t.Fatalf("importing image archive %s into the test cluster: %v\n%s", path, err, out)
+	}
+}
+
+// RemoveImage removes an image (a Docker-style name such as roche/python:tag) from the
+// node's containerd, for tests that imported one of their own.
+func RemoveImage(t testing.TB, image string) {
+	t.Helper()
+	c := Start(t)
+	// containerd keeps Docker Hub names fully qualified, as imports record them.
+	ref := image
+	first, _, found := strings.Cut(ref, "/")
+	switch {
+	case !found:
+		ref = "docker.io/library/" + ref
+	case !strings.ContainsAny(first, ".:") && first != "localhost":
+		ref = "docker.io/" + ref
+	}
+	out, err := exec.Command("ctr", "-a", c.Containerd, "-n", "k8s.io", "images", "rm", ref).CombinedOutput()
+	if err != nil {
+		t.Errorf("removing image %s from the test cluster: %v\n%s", ref, err, out)
+	}
+}
+
+func load() (*Cluster, error) {
+	path := filepath.Join(StateDir(), "cluster.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the test cluster's description: %w (is it up? make cluster)", err)
+	}
+	var c Cluster
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", path, err)
+	}
+	return &c, nil
+}
+
+// script runs scripts/k8s/cluster.sh with args and returns its combined output.
+func script(args ...string) ([]byte, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("bash", append([]string{filepath.Join(root, "scripts", "k8s", "cluster.sh")}, args...)...)
+	cmd.Dir = root
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err = cmd.Run()
+	return out.Bytes(), err
+}
+
+// repoRoot finds the module root from the working directory, which go test sets to the
+// package under test.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.HasPrefix(string(b), "module github.com/roche-sandbox/roche\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no github.com/roche-sandbox/roche go.mod above the working directory: run the test from the repository")
+		}
+		dir = parent
+	}
+}

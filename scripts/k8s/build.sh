@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds the test cluster's binaries from the Go module proxy, once, and caches them by
+# version under ~/.cache/roche/k8s-<version>/: kube-apiserver, kube-controller-manager,
+# kube-scheduler and kubelet (Kubernetes 1.34), etcd, kwok, and cri-clean (scripts/k8s/cri-clean,
+# which cluster.sh down uses to remove Pods through the CRI). Idempotent: a binary that is
+# already there is not built again. A cold build takes 10-25 minutes on two cores.
+#
+#   scripts/k8s/build.sh            (make cluster runs it)
+#
+# k8s.io/kubernetes replaces its staging modules with directories that are not in its
+# module zip, so `go install k8s.io/kubernetes/cmd/...@v1.34.4` is refused; a scratch
+# module that requires k8s.io/kubernetes and replaces each staging module with its
+# published k8s.io/* v0.34.x builds them. etcd's server module likewise.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.34.4}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.4}
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+cache=${ROCHE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/roche/k8s-$K8S_VERSION}
+work=${cache}/build
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$cache" "$work"
+
+log() { printf 'k8s-build: %s\n' "$*" >&2; }
+
+k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+
+# The scratch module that builds Kubernetes' commands (and cri-clean, with the same
+# dependency versions: `go get CMD@K8S_VERSION` resolves them from Kubernetes' own go.mod).
+mod="$work/k8s"
+prepare_k8s_module() {
+  mkdir -p "$mod"
+  [ -f "$mod/go.mod" ] && return 0
+  log "preparing a module for k8s.io/kubernetes $K8S_VERSION"
+  (cd "$mod" && go mod init roche.invalid/k8sbuild >/dev/null 2>&1)
+  (cd "$mod" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
+  local src staging m
+  src=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION
+  staging=v0.${K8S_VERSION#v1.}
+  (cd "$mod" && go mod edit -go="$(awk '/^go /{print $2; exit}' "$src/go.mod")")
+  for m in $(sed -n '/^replace (/,/^)/p' "$src/go.mod" | awk '/=>/{print $1}'); do
+    (cd "$mod" && go mod edit -replace="$m=$m@$staging")
+  done
+  (cd "$mod" && go mod edit -require="k8s.io/kubernetes@$K8S_VERSION")
+}
+get_cmd() {
+  (cd "$mod" && go get "k8s.io/kubernetes/cmd/$1@$K8S_VERSION" >/dev/null 2>&1) || (cd "$mod" && go get "k8s.io/kubernetes/cmd/$1@$K8S_VERSION")
+}
+
+missing=()
+for c in "${k8s_cmds[@]}"; do [ -x "$cache/$c" ] || missing+=("$c"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  prepare_k8s_module
+  for c in "${missing[@]}"; do get_cmd "$c"; done
+  for c in "${missing[@]}"; do
+    log "building $c $K8S_VERSION (minutes)"
+    (cd "$mod" && CGO_ENABLED=0 go build -trimpath \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
+      -o "$cache/$c.tmp" "k8s.io/kubernetes/cmd/$c")
+    mv -f "$cache/$c.tmp" "$cache/$c"
+  done
+fi
+
+# cri-clean needs k8s.io/cri-api and gRPC at the versions the kubelet uses; the project's
+# go.mod stays free of them.
+if [ ! -x "$cache/cri-clean" ] || [ "$here/cri-clean/main.go" -nt "$cache/cri-clean" ]; then
+  prepare_k8s_module
+  get_cmd kubelet
+  log "building cri-clean"
+  mkdir -p "$mod/cmd/cri-clean"
+  sed '/^\/\/go:build ignore$/d' "$here/cri-clean/main.go" >"$mod/cmd/cri-clean/main.go"
+  (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$cache/cri-clean.tmp" ./cmd/cri-clean)
+  mv -f "$cache/cri-clean.tmp" "$cache/cri-clean"
+fi
+
+if [ ! -x "$cache/etcd" ]; then
+  mod="$work/etcd"
+  mkdir -p "$mod"
+  if [ ! -f "$mod/go.mod" ]; then
+    (cd "$mod" && go mod init roche.invalid/etcdbuild >/dev/null 2>&1)
+    for m in go.etcd.io/etcd/api/v3 go.etcd.io/etcd/client/pkg/v3 go.etcd.io/etcd/client/v3 go.etcd.io/etcd/pkg/v3; do
+      (cd "$mod" && go mod edit -replace="$m=$m@$ETCD_VERSION")
+    done
+    (cd "$mod" && go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
+  fi
+  log "building etcd $ETCD_VERSION"
+  (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$cache/etcd.tmp" go.etcd.io/etcd/server/v3)
+  mv -f "$cache/etcd.tmp" "$cache/etcd"
+fi
+
+if [ ! -x "$cache/kwok" ]; then
+  log "building kwok $KWOK_VERSION"
+  GOBIN="$work/kwok-bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  mv -f "$work/kwok-bin/kwok" "$cache/kwok"
+fi
+log "binaries in $cache"
+echo "$cache"
