@@ -139,27 +139,12 @@ func (c *Client) Close() error {
 // Where is the socket path or address the client talks to.
 func (c *Client) Where() string { return c.where }
 
-// Health is what GET /healthz reports.
-type Health struct {
-	Status    string    `json:"status"`
-	Version   string    `json:"version"`
-	PID       int       `json:"pid"`
-	StartedAt time.Time `json:"started_at"`
-	Providers []string  `json:"providers"`
-	// Sandboxes is how many sandboxes are handed to clients.
-	Sandboxes int `json:"sandboxes"`
-	// Engines says, for each provider whose engine the daemon watches (docker), whether
-	// it answers; Status is "degraded" while one does not, and creates for that provider
-	// are refused.
-	Engines map[string]EngineHealth `json:"engines,omitempty"`
-}
+// Health is what GET /healthz reports (its one definition is internal/wire's, which
+// roched writes).
+type Health = wire.Health
 
 // EngineHealth is whether a provider's engine answers, since when, and if not, why.
-type EngineHealth struct {
-	Up    bool      `json:"up"`
-	Since time.Time `json:"since"`
-	Error string    `json:"error,omitempty"`
-}
+type EngineHealth = wire.EngineHealth
 
 // Health asks the daemon whether it is up; roche.ErrUnavailable when nothing answers.
 func (c *Client) Health(ctx context.Context) (Health, error) {

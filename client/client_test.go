@@ -16,6 +16,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -49,44 +50,12 @@ func serve(t *testing.T) (*client.Client, *docker.Provider) {
 
 func serveDaemon(t *testing.T) (*client.Client, *docker.Provider, *daemon.Daemon) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "rc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	dp, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := dp.Ping(ctx); err != nil {
-		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
-	}
 	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=2&max=2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	socket := filepath.Join(dir, "roched.sock")
-	d, err := daemon.New(daemon.Config{Socket: socket, Pools: []pool.Spec{spec}}, map[string]roche.Provider{"docker": dp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(client.WithSocket(socket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		if err := d.Shutdown(context.Background()); err != nil {
-			t.Error(err)
-		}
-		dp.Close()
-	})
-	return c, dp, d
+	s := daemontest.Serve(t, daemon.Config{Pools: []pool.Spec{spec}})
+	return s.Client, s.Docker, s.Daemon
 }
 
 // TestConformance runs the provider conformance suite through the daemon: the client is

@@ -11,45 +11,17 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
-	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
 )
 
 // TestCopyCapThroughDaemon: roched caps every copy at its --copy-max-bytes, which a
 // request may lower and not raise, and refuses the file that would pass it before
 // sending any of it; the Go client refuses a file over its own cap before reading it.
 func TestCopyCapThroughDaemon(t *testing.T) {
-	dir, err := os.MkdirTemp("", "rc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	dp, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket := filepath.Join(dir, "roched.sock")
-	d, err := daemon.New(daemon.Config{Socket: socket, CopyMaxBytes: 1 << 20}, map[string]roche.Provider{"docker": dp})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(client.WithSocket(socket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		if err := d.Shutdown(context.Background()); err != nil {
-			t.Error(err)
-		}
-		dp.Close()
-	})
+	c := daemontest.Serve(t, daemon.Config{CopyMaxBytes: 1 << 20}).Client
 	p := c.Provider("docker")
 	cfg := roche.DefaultConfig()
 	cfg.Image = testImage()

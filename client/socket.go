@@ -2,40 +2,23 @@ package client
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
+
+	"github.com/roche-sandbox/roche/internal/defaults"
 )
 
 // DefaultSocket is the unix socket roched listens on and clients dial when none is
 // given: $ROCHE_SOCKET, else $XDG_RUNTIME_DIR/roche/roched.sock, else ~/.roche/roched.sock.
-func DefaultSocket() string {
-	if s := os.Getenv("ROCHE_SOCKET"); s != "" {
-		return s
-	}
-	return StandardSocket()
-}
+func DefaultSocket() string { return defaults.Socket() }
 
 // StandardSocket is DefaultSocket without the ROCHE_SOCKET override.
-func StandardSocket() string {
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "roche", "roched.sock")
-	}
-	if home, err := os.UserHomeDir(); err == nil && home != "" {
-		return filepath.Join(home, ".roche", "roched.sock")
-	}
-	// No home (a bare container): a per-user directory under the temp dir; roched
-	// creates it 0700 so other users cannot reach the socket.
-	return filepath.Join(os.TempDir(), fmt.Sprintf("roche-%d", os.Getuid()), "roched.sock")
-}
+func StandardSocket() string { return defaults.StandardSocket() }
 
 // StateFile is where a daemon listening on socket keeps its state by default: beside
 // the socket, named after it (roched.sock -> roched.state.json), so that two daemons on
 // two sockets never share one.
-func StateFile(socket string) string {
-	return strings.TrimSuffix(socket, ".sock") + ".state.json"
-}
+func StateFile(socket string) string { return defaults.StateFile(socket) }
 
 // DaemonManaged reports whether the daemon listening on socket made the sandbox id (a
 // full id or a unique prefix of one), from the state file it keeps beside the socket
@@ -48,7 +31,7 @@ func DaemonManaged(socket, id string) bool {
 	if err != nil || id == "" {
 		return false
 	}
-	// The part of roched's state file (internal/daemon, stateFile) this needs.
+	// The part of roched's state file (internal/ledger, stateFile) this needs.
 	var state struct {
 		Sandboxes []struct {
 			ID string `json:"id"`

@@ -23,57 +23,28 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	rocheclient "github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
-	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // socketDir is a short temporary directory: unix socket paths are limited to 108 bytes.
-func socketDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "rcli")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
+var socketDir = testenv.ShortDir
 
 // startInProcessDaemon serves roched in this process with a pool for the test image.
 func startInProcessDaemon(t *testing.T) (socket string, c *rocheclient.Client) {
 	t.Helper()
-	socket = filepath.Join(socketDir(t), "roched.sock")
-	dp, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := daemon.New(daemon.Config{Socket: socket, Pools: []pool.Spec{spec}}, map[string]roche.Provider{"docker": dp})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := daemontest.Serve(t, daemon.Config{Pools: []pool.Spec{spec}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := d.Start(ctx); err != nil {
-		t.Fatalf("%v (the README's test command starts dockerd)", err)
-	}
-	c, err = rocheclient.New(rocheclient.WithSocket(socket))
-	if err != nil {
+	if _, err := s.Client.PoolWarmup(ctx, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		c.Close()
-		if err := d.Shutdown(context.Background()); err != nil {
-			t.Error(err)
-		}
-		dp.Close()
-	})
-	if _, err := c.PoolWarmup(ctx, "", 0); err != nil {
-		t.Fatal(err)
-	}
-	return socket, c
+	return s.Socket, s.Client
 }
 
 func poolHits(t *testing.T, c *rocheclient.Client) uint64 {

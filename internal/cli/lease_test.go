@@ -21,35 +21,8 @@ import (
 // directly (the sandbox's lease was held by the killed process) and through roched (the
 // killed process held it through roched, which destroys it).
 func TestRunKilledLeavesNoSandbox(t *testing.T) {
-	ctx := context.Background()
-	tag, untag, err := testenv.PrivateImage(ctx, "roche-lease")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(untag)
-	p, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	mine := func() []roche.SandboxInfo {
-		list, err := p.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []roche.SandboxInfo
-		for _, sb := range list {
-			if sb.Image == tag {
-				out = append(out, sb)
-			}
-		}
-		return out
-	}
-	t.Cleanup(func() {
-		for _, sb := range mine() {
-			p.Destroy(ctx, sb.ID)
-		}
-	})
+	img := newImageSandboxes(t, "roche-lease")
+	tag := img.tag
 	for name, r := range modes(t) {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(r.path, append(append([]string{}, r.global...),
@@ -79,20 +52,13 @@ func TestRunKilledLeavesNoSandbox(t *testing.T) {
 				cmd.Process.Kill()
 				t.Fatal("roche run's command did not start within 2 minutes")
 			}
-			if n := len(mine()); n != 1 {
+			if n := len(img.ids(t)); n != 1 {
 				cmd.Process.Kill()
 				t.Fatalf("%d sandboxes from the test's image, want roche run's", n)
 			}
 			cmd.Process.Kill()
 			<-exited
-			killed := time.Now()
-			for len(mine()) > 0 {
-				if time.Since(killed) > 10*time.Second {
-					t.Fatalf("the sandbox of a killed roche run still exists %v later: %v", time.Since(killed).Round(time.Second), mine())
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
-			t.Logf("gone %v after roche run was killed", time.Since(killed).Round(100*time.Millisecond))
+			img.goneWithin(t, 10*time.Second, "roche run killed")
 		})
 	}
 }
@@ -104,52 +70,13 @@ func TestRunKilledLeavesNoSandbox(t *testing.T) {
 // its standard input closes it destroys the sandbox and exits 0. Directly and through
 // roched.
 func TestCreateHoldKeepsItsSandboxWhileItRuns(t *testing.T) {
-	ctx := context.Background()
-	tag, untag, err := testenv.PrivateImage(ctx, "roche-hold")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(untag)
-	p, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	mine := func() []string {
-		list, err := p.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ids []string
-		for _, sb := range list {
-			if sb.Image == tag {
-				ids = append(ids, sb.ID)
-			}
-		}
-		return ids
-	}
-	t.Cleanup(func() {
-		for _, id := range mine() {
-			p.Destroy(ctx, id)
-		}
-	})
-	// goneWithin waits for every sandbox of the test's image to go.
-	goneWithin := func(t *testing.T, limit time.Duration, what string) {
-		t.Helper()
-		since := time.Now()
-		for len(mine()) > 0 {
-			if time.Since(since) > limit {
-				t.Fatalf("%s: sandboxes still exist %v later: %v", what, limit, mine())
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		t.Logf("%s: gone %v later", what, time.Since(since).Round(100*time.Millisecond))
-	}
+	img := newImageSandboxes(t, "roche-hold")
+	tag := img.tag
 	for name, r := range modes(t) {
 		t.Run(name, func(t *testing.T) {
 			h := startHold(t, r, "--image", tag, "--timeout", "600")
 			first := h.sandbox(t)
-			if got := mine(); len(got) != 1 || got[0] != first.ID {
+			if got := img.ids(t); len(got) != 1 || got[0] != first.ID {
 				t.Fatalf("sandboxes of the test's image: %v, want only %s", got, first.ID)
 			}
 
@@ -160,7 +87,7 @@ func TestCreateHoldKeepsItsSandboxWhileItRuns(t *testing.T) {
 			}
 			// Past the lease's grace: the new sandbox is held by the roche that reset it.
 			time.Sleep(docker.LeaseGrace + 3*time.Second)
-			if got := mine(); len(got) != 1 || got[0] != second.ID {
+			if got := img.ids(t); len(got) != 1 || got[0] != second.ID {
 				t.Fatalf("after reset and %v: sandboxes %v, want only %s", docker.LeaseGrace+3*time.Second, got, second.ID)
 			}
 
@@ -173,7 +100,7 @@ func TestCreateHoldKeepsItsSandboxWhileItRuns(t *testing.T) {
 			// lease was this process's.
 			h.cmd.Process.Kill()
 			h.wait(t)
-			goneWithin(t, 10*time.Second, "create --hold killed after a reset")
+			img.goneWithin(t, 10*time.Second, "create --hold killed after a reset")
 
 			h = startHold(t, r, "--image", tag, "--timeout", "600")
 			h.sandbox(t)
@@ -183,9 +110,70 @@ func TestCreateHoldKeepsItsSandboxWhileItRuns(t *testing.T) {
 			}
 			// Directly it is removed before roche exits; roched marks it gone at once and
 			// removes it in the background.
-			goneWithin(t, 10*time.Second, "stdin closed")
+			img.goneWithin(t, 10*time.Second, "stdin closed")
 		})
 	}
+}
+
+// imageSandboxes are the sandboxes of an image private to one test, seen on the engine
+// directly, so that what roche leaves behind is found whichever way it went (directly or
+// through roched) and whatever else runs on the engine.
+type imageSandboxes struct {
+	tag string
+	p   *docker.Provider
+}
+
+// newImageSandboxes tags a private image for the test and, at its end, destroys what is
+// left of its sandboxes and removes the tag.
+func newImageSandboxes(t *testing.T, prefix string) *imageSandboxes {
+	t.Helper()
+	ctx := context.Background()
+	tag, untag, err := testenv.PrivateImage(ctx, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(untag)
+	p, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := &imageSandboxes{tag: tag, p: p}
+	t.Cleanup(func() {
+		for _, id := range img.ids(t) {
+			p.Destroy(ctx, id)
+		}
+		p.Close()
+	})
+	return img
+}
+
+// ids lists the sandboxes of the image.
+func (img *imageSandboxes) ids(t *testing.T) []string {
+	t.Helper()
+	list, err := img.p.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, sb := range list {
+		if sb.Image == img.tag {
+			ids = append(ids, sb.ID)
+		}
+	}
+	return ids
+}
+
+// goneWithin waits for every sandbox of the image to go.
+func (img *imageSandboxes) goneWithin(t *testing.T, limit time.Duration, what string) {
+	t.Helper()
+	since := time.Now()
+	for len(img.ids(t)) > 0 {
+		if time.Since(since) > limit {
+			t.Fatalf("%s: sandboxes still exist %v later: %v", what, limit, img.ids(t))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("%s: gone %v later", what, time.Since(since).Round(100*time.Millisecond))
 }
 
 // holder is a running roche create --hold --json.

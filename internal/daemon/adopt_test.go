@@ -50,7 +50,7 @@ func TestAdoptsOnlyItsOwn(t *testing.T) {
 	}
 	var otherIdle string
 	eventually(t, time.Minute, "the other daemon's pool to fill", func() bool {
-		ids := other.d.pools.Pools()[0].IdleIDs()
+		ids := other.d.ledger.Pools()[0].IdleIDs()
 		if len(ids) == 1 {
 			otherIdle = ids[0]
 		}
@@ -64,13 +64,11 @@ func TestAdoptsOnlyItsOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fresh.d.mu.Lock()
 	for _, id := range theirs {
-		if _, ok := fresh.d.sandboxes[id]; ok {
+		if _, ok := fresh.d.ledger.Tracked(id); ok {
 			t.Errorf("the fresh daemon tracks %s, which is not its own", id)
 		}
 	}
-	fresh.d.mu.Unlock()
 	for _, id := range theirs {
 		if slices.Contains(ids(list), id) {
 			t.Errorf("the fresh daemon lists %s", id)
@@ -85,8 +83,12 @@ func TestAdoptsOnlyItsOwn(t *testing.T) {
 			t.Errorf("sandbox %s (of %v) did not survive the fresh daemon: %v", id, theirs, err)
 		}
 	}
-	if !strings.Contains(fresh.d.poolOwner(), fresh.d.instance) || fresh.d.poolOwner() == other.d.poolOwner() {
-		t.Errorf("two daemons on two state files share an owner: %s", fresh.d.poolOwner())
+	var state struct{ Instance string }
+	if b, err := os.ReadFile(fresh.d.cfg.StateFile); err != nil || json.Unmarshal(b, &state) != nil || state.Instance == "" {
+		t.Errorf("the fresh daemon's state file has no instance: %v", err)
+	}
+	if !strings.Contains(fresh.d.ledger.Owner(), state.Instance) || fresh.d.ledger.Owner() == other.d.ledger.Owner() {
+		t.Errorf("two daemons on two state files share an owner: %s", fresh.d.ledger.Owner())
 	}
 	other.p.Destroy(ctx, held.ID)
 }
@@ -115,14 +117,20 @@ func TestAdoptsItsOwnAndItsOrphans(t *testing.T) {
 	}
 	t.Cleanup(func() { rec.Provider.Destroy(context.Background(), recorded.ID) })
 	c.Close()
-	var sf stateFile
+	var sf struct{ Instance string }
 	b, _ := os.ReadFile(state)
 	if err := json.Unmarshal(b, &sf); err != nil || sf.Instance == "" {
 		t.Fatalf("state file %s: %v", b, err)
 	}
-	// As if the daemon had crashed between the engine's create and its state file.
+	// As if the daemon had crashed between the engine's create and its state file: the
+	// owner it gives the local tenant's sandboxes (the ledger's owner.go), its instance
+	// being the state file's.
+	info, err := rec.Provider.Inspect(ctx, recorded.ID)
+	if err != nil || !strings.HasPrefix(info.Owner, "roched:"+sf.Instance+".") || !strings.HasSuffix(info.Owner, "/"+LocalTenant) {
+		t.Fatalf("the recorded sandbox's owner %q (%v) is not the instance %s's for tenant %s", info.Owner, err, sf.Instance, LocalTenant)
+	}
 	cfg := pyConfig()
-	cfg.Owner = ownerPrefix + sf.Instance + "." + stateKeyOf(state) + "/" + LocalTenant
+	cfg.Owner = info.Owner
 	unrecorded, err := rec.Provider.Create(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

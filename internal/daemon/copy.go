@@ -12,6 +12,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/internal/tarfs"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
@@ -22,18 +23,18 @@ import (
 // a sandbox's 10 TiB sparse file costs the daemon's host neither disk nor memory.
 
 // tarCopier resolves a sandbox of the caller's whose provider copies files.
-func (d *Daemon) tarCopier(ctx context.Context, id string) (target, roche.TarCopier, error) {
+func (d *Daemon) tarCopier(ctx context.Context, id string) (ledger.Target, roche.TarCopier, error) {
 	tn, err := tenantOf(ctx)
 	if err != nil {
-		return target{}, nil, err
+		return ledger.Target{}, nil, err
 	}
-	t, err := d.resolve(tn, id)
+	t, err := d.ledger.Resolve(tn, id)
 	if err != nil {
 		return t, nil, err
 	}
-	tc, ok := t.p.(roche.TarCopier)
+	tc, ok := t.Provider.(roche.TarCopier)
 	if !ok {
-		return t, nil, fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, t.p.Name())
+		return t, nil, fmt.Errorf("%w: the %s provider cannot copy files", roche.ErrUnsupported, t.Provider.Name())
 	}
 	return t, tc, nil
 }
@@ -106,7 +107,7 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 	}
 	upload := &uploadReader{stream: stream, rest: first.TarChunk}
 	var ferr error
-	err = roche.PipeTo(ctx, tc, t.id, dst, func(w io.Writer) error {
+	err = roche.PipeTo(ctx, tc, t.ID, dst, func(w io.Writer) error {
 		// In the sandbox, links reach nothing its user could not: they are kept.
 		_, ferr = tarfs.Filter(upload, w, path.Base(dst), tarfs.Options{MaxBytes: limit, Links: tarfs.AllLinks})
 		if ferr == nil {
@@ -120,7 +121,7 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 			err = roche.CopyErr(fmt.Sprintf("copying into sandbox %s at %s: the upload", id, dst), err)
 		}
 	}
-	s.d.audit(ctx, "copy_to", err, "id", t.id, "dst", dst)
+	s.d.audit(ctx, "copy_to", err, "id", t.ID, "dst", dst)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -167,7 +168,7 @@ func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.Cop
 	}
 	var rep tarfs.Report
 	var ferr error
-	err = roche.PipeFrom(ctx, tc, t.id, src, func(r io.Reader) error {
+	err = roche.PipeFrom(ctx, tc, t.ID, src, func(r io.Reader) error {
 		out := bufio.NewWriterSize(chunkSender{stream}, maxChunk)
 		rep, ferr = tarfs.Filter(r, out, "", tarfs.Options{MaxBytes: limit, Links: links})
 		if ferr == nil {
@@ -185,7 +186,7 @@ func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.Cop
 			err = roche.CopyErr(fmt.Sprintf("copying %s out of sandbox %s", src, req.Msg.SandboxId), err)
 		}
 	}
-	s.d.audit(ctx, "copy_from", err, "id", t.id, "src", src)
+	s.d.audit(ctx, "copy_from", err, "id", t.ID, "src", src)
 	return wire.ToStatus(err)
 }
 

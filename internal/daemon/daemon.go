@@ -1,14 +1,14 @@
-// Package daemon is roched: the Roche API (roche.v1.SandboxService over gRPC, gRPC-Web
-// and Connect's HTTP/JSON) in front of the providers, with warm pools, a reaper that
-// destroys sandboxes at their expiry, admission control, and state kept on disk so that
-// a restarted daemon finds what the last one left: it keeps serving the sandboxes
-// clients hold and destroys the rest.
+// Package daemon is roched's API edge: the Roche API (roche.v1.SandboxService over gRPC,
+// gRPC-Web and Connect's HTTP/JSON) on a unix socket and, with a token, on TCP; who a
+// call is from (tenants.go), /healthz and /metrics, the strict codecs, and the command
+// line (main.go). What the calls act on, the ledger of sandboxes with its warm pools,
+// reaper, admission and the state a restarted daemon finds (internal/ledger), is behind
+// it: each handler authenticates, calls the ledger, and converts through internal/wire.
 package daemon
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,11 +17,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -30,7 +27,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
-	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/defaults"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
@@ -41,7 +39,7 @@ const Version = "0.1.0"
 
 // Config is what the daemon serves and how.
 type Config struct {
-	// Socket is the unix socket to listen on (mode 0600); empty means client.DefaultSocket().
+	// Socket is the unix socket to listen on (mode 0600); empty means defaults.Socket().
 	Socket string
 	// Listen, when set ("tcp://127.0.0.1:7878"), also serves on TCP. It needs Token or
 	// Tenants.
@@ -79,7 +77,7 @@ type Config struct {
 	// roche.DefaultCopyMaxBytes); a request may ask for less, not more.
 	CopyMaxBytes int64
 	// EngineCheckInterval is how often each provider's engine is asked whether it answers
-	// (default 2 s; health.go).
+	// (default 2 s; internal/ledger health.go).
 	EngineCheckInterval time.Duration
 	// MaxUploadBytes bounds one CopyTo upload (default wire.MaxUploadBytes; tests lower it).
 	MaxUploadBytes int64
@@ -96,56 +94,22 @@ func WithPoolOptions(opts ...pool.Option) Option {
 	return func(d *Daemon) { d.poolOpts = append(d.poolOpts, opts...) }
 }
 
-// Daemon is a running roched.
+// Daemon is a running roched: its listeners and handlers in front of its ledger.
 type Daemon struct {
-	cfg       Config
-	providers map[string]roche.Provider
-	names     []string // provider names, sorted
-	log       *slog.Logger
-	poolOpts  []pool.Option
-	pools     *pool.Manager
-	store     *store
-	metrics   *metrics
-	started   time.Time
-
-	mu        sync.Mutex
-	sandboxes map[string]*record
-	reserved  int // cold creates admitted and in flight
-	// reservedBy counts them per tenant.
-	reservedBy map[string]int
-	seq        uint64
-	// verifying: a check of the pools' idle sandboxes is pending (verifyIdleSoon).
-	verifying atomic.Bool
-	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
-	// that workdir (see prepareWorkdir).
-	workdirs map[string]bool
-	// holds are the Hold streams of leased sandboxes (lease.go).
-	holds map[string]*hold
-	// ended remembers why client sandboxes ended behind the daemon's back (events.go).
-	ended endings
+	cfg      Config
+	log      *slog.Logger
+	poolOpts []pool.Option
+	ledger   *ledger.Ledger
+	metrics  *metrics
+	started  time.Time
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
-	// engines is whether each provider's engine answers (health.go).
-	engines *engines
-
-	removals sync.WaitGroup
-	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
-	removeSlots chan struct{}
-
-	// recovered: the state file has been read and reconciled, so this daemon owns it
-	// and may write it. A daemon that failed to start must not.
-	recovered bool
-	// unlockState releases the state file's lock (lockState).
-	unlockState func()
 
 	// tenants are the TCP tenants; local is the unix socket's.
 	tenants []*tenant
 	local   *tenant
-	// instance and stateKey make up this daemon's owner (see owner.go).
-	instance, stateKey string
 
-	stop chan struct{}
 	// draining is closed when Shutdown begins: long calls that would hold it up (Hold)
 	// end then.
 	draining chan struct{}
@@ -155,34 +119,31 @@ type Daemon struct {
 	shutdown sync.Once
 }
 
+// ledgerConfig is the part of cfg the ledger keeps.
+func (c Config) ledgerConfig() ledger.Config {
+	return ledger.Config{
+		DefaultProvider: providers.Default, StateFile: c.StateFile, MaxSandboxes: c.MaxSandboxes, AllowRootSandboxes: c.AllowRootSandboxes,
+		Pools: c.Pools, PoolConcurrency: c.PoolConcurrency, ReapInterval: c.ReapInterval,
+		ReconcileInterval: c.ReconcileInterval, EngineCheckInterval: c.EngineCheckInterval,
+	}
+}
+
 // New validates cfg and prepares a daemon; Start makes it serve.
 func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daemon, error) {
 	if len(providers) == 0 {
 		return nil, fmt.Errorf("%w: no providers to serve", roche.ErrInvalidConfig)
 	}
 	if cfg.Socket == "" {
-		cfg.Socket = client.DefaultSocket()
+		cfg.Socket = defaults.Socket()
 	}
 	if cfg.StateFile == "" {
-		cfg.StateFile = client.StateFile(cfg.Socket)
-	}
-	if cfg.PoolConcurrency <= 0 {
-		cfg.PoolConcurrency = 2
-	}
-	if cfg.ReapInterval <= 0 {
-		cfg.ReapInterval = time.Second
+		cfg.StateFile = defaults.StateFile(cfg.Socket)
 	}
 	if cfg.CopyMaxBytes <= 0 {
 		cfg.CopyMaxBytes = roche.DefaultCopyMaxBytes
 	}
-	if cfg.ReconcileInterval <= 0 {
-		cfg.ReconcileInterval = 30 * time.Second
-	}
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = 5 * time.Second
-	}
-	if cfg.EngineCheckInterval <= 0 {
-		cfg.EngineCheckInterval = 2 * time.Second
 	}
 	names := make([]string, 0, len(providers))
 	for n := range providers {
@@ -191,58 +152,32 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	if err := cfg.Validate(names); err != nil {
 		return nil, err
 	}
-	instance := readInstance(cfg.StateFile)
-	if instance == "" {
-		instance = newInstance() // saved with the state at start-up, before any sandbox is made
-	}
 	d := &Daemon{
-		cfg:         cfg,
-		providers:   providers,
-		log:         slog.New(slog.DiscardHandler),
-		store:       &store{path: cfg.StateFile, instance: instance},
-		instance:    instance,
-		stateKey:    stateKeyOf(cfg.StateFile),
-		tenants:     buildTenants(cfg),
-		local:       &tenant{name: LocalTenant, local: true},
-		sandboxes:   map[string]*record{},
-		reservedBy:  map[string]int{},
-		workdirs:    map[string]bool{},
-		removeSlots: make(chan struct{}, 4),
-		stop:        make(chan struct{}),
-		draining:    make(chan struct{}),
-		holds:       map[string]*hold{},
-		output:      outputBudget{left: maxHeldOutput},
-		engines:     newEngines(providers),
+		cfg:      cfg,
+		log:      slog.New(slog.DiscardHandler),
+		tenants:  buildTenants(cfg),
+		local:    &tenant{Tenant: ledger.Tenant{Name: LocalTenant, Local: true}},
+		draining: make(chan struct{}),
+		output:   outputBudget{left: maxHeldOutput},
 	}
-	for n := range providers {
-		d.names = append(d.names, n)
-	}
-	sort.Strings(d.names)
 	for _, o := range opts {
 		o(d)
 	}
-	popts := append([]pool.Option{
-		pool.WithLogger(d.log),
-		pool.WithOwner(d.poolOwner()),
-		pool.WithConcurrency(cfg.PoolConcurrency),
-		pool.WithHooks(pool.Hooks{Created: d.pooledCreated, Destroyed: d.pooledDestroyed}),
-	}, d.poolOpts...)
-	m, err := pool.NewManager(providers, cfg.Pools, popts...)
+	d.metrics = newMetrics(d)
+	l, err := ledger.New(cfg.ledgerConfig(), providers, ledger.WithLogger(d.log), ledger.WithObserver(d.metrics),
+		ledger.WithPoolOptions(d.poolOpts...))
 	if err != nil {
 		return nil, err
 	}
-	d.pools = m
-	d.metrics = newMetrics(d)
+	d.ledger = l
 	return d, nil
 }
 
 // Validate reports every problem with the settings at once, for a daemon serving the
 // named providers.
 func (c Config) Validate(providers []string) error {
-	var errs []error
-	if c.MaxSandboxes < 0 {
-		errs = append(errs, fmt.Errorf("%w: max sandboxes %d is negative: give 0 (no limit) or more", roche.ErrInvalidConfig, c.MaxSandboxes))
-	}
+	limits, pools := c.ledgerConfig().Problems(providers)
+	errs := limits
 	if c.Listen != "" {
 		if _, err := parseListen(c.Listen); err != nil {
 			errs = append(errs, err)
@@ -252,14 +187,7 @@ func (c Config) Validate(providers []string) error {
 		}
 	}
 	errs = append(errs, c.validateTenants()...)
-	sort.Strings(providers)
-	for _, s := range c.Pools {
-		if !slices.Contains(providers, s.Provider) {
-			errs = append(errs, fmt.Errorf("%w: pool %s: unknown provider %q: this daemon serves %s",
-				roche.ErrInvalidConfig, s.Key, s.Provider, strings.Join(providers, ", ")))
-		}
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, pools...)...)
 }
 
 // parseListen parses "tcp://HOST:PORT".
@@ -297,28 +225,11 @@ func (d *Daemon) Start(ctx context.Context) error {
 		d.tcpAddr = tcpL.Addr()
 		listeners = append(listeners, tcpL)
 	}
-	if err := os.MkdirAll(filepath.Dir(d.cfg.StateFile), 0o700); err != nil {
-		closeAll()
-		return fmt.Errorf("creating the state file's directory: %w", err)
-	}
-	unlock, err := lockState(d.cfg.StateFile)
-	if err != nil {
+	// Connections wait in the listeners' backlog until the ledger has recovered.
+	if err := d.ledger.Start(ctx); err != nil {
 		closeAll()
 		return err
 	}
-	// Connections wait in the listeners' backlog until recovery is done.
-	if err := d.recover(ctx); err != nil {
-		closeAll()
-		unlock()
-		return err
-	}
-	d.unlockState = unlock
-
-	d.pools.Start()
-	d.bg.Add(2)
-	go d.reapLoop()
-	go d.watchEngines()
-	d.watchSandboxes()
 
 	for i, l := range listeners {
 		srv := &http.Server{
@@ -341,12 +252,12 @@ func (d *Daemon) Start(ctx context.Context) error {
 			}
 		}(l)
 	}
-	attrs := []any{"socket", d.cfg.Socket, "state", d.cfg.StateFile, "owner", d.poolOwner(), "providers", d.names,
+	attrs := []any{"socket", d.cfg.Socket, "state", d.cfg.StateFile, "owner", d.ledger.Owner(), "providers", d.ledger.Providers(),
 		"max_sandboxes", d.cfg.MaxSandboxes, "tenants", len(d.tenants)}
 	if d.tcpAddr != nil {
 		attrs = append(attrs, "tcp", d.tcpAddr.String())
 	}
-	for _, p := range d.pools.Pools() {
+	for _, p := range d.ledger.Pools() {
 		attrs = append(attrs, "pool", p.Spec().String())
 	}
 	d.log.Info("roched listening", attrs...)
@@ -444,31 +355,10 @@ func (d *Daemon) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
-	d.mu.Lock()
-	n := 0
-	for _, r := range d.sandboxes {
-		if r.Kind == kindClient {
-			n++
-		}
-	}
-	d.mu.Unlock()
-	engines, allUp := d.engineHealth()
-	status := "ok"
-	if !allUp {
-		// roched itself answers (200), so clients keep reaching it and hear why creates fail.
-		status = "degraded"
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(client.Health{
-		Status: status, Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.names, Sandboxes: n,
-		Engines: engines,
-	})
-}
-
 // Shutdown stops serving (waiting for calls in progress until ctx ends, then cutting
-// them off), drains the pools, finishes pending removals and saves the state. The
-// sandboxes clients hold are left running for the next daemon to adopt.
+// them off), then closes the ledger: it drains the pools, finishes pending removals and
+// saves the state. The sandboxes clients hold are left running for the next daemon to
+// adopt.
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	var errs []error
 	d.shutdown.Do(func() {
@@ -480,42 +370,15 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("stopping calls in progress: %w", err))
 			}
 		}
-		close(d.stop)
 		d.bg.Wait()
-		// The pools get a fresh deadline: leaving idle sandboxes behind is the thing to avoid.
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		n, err := d.pools.Close(pctx)
+		n, err := d.ledger.Close(ctx)
 		if err != nil {
 			errs = append(errs, err)
-		}
-		d.removals.Wait()
-		if d.recovered {
-			if err := d.save(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if d.unlockState != nil {
-			d.unlockState()
 		}
 		d.log.Info("roched stopped", "pool_sandboxes_destroyed", n)
 	})
 	return errors.Join(errs...)
 }
 
-// provider returns the named provider ("" is the default, docker, or the only one
-// served); a name this daemon does not serve is refused with those it does.
-func (d *Daemon) provider(name string) (roche.Provider, error) {
-	if name == "" {
-		if p, ok := d.providers[providers.Default]; ok {
-			return p, nil
-		}
-		if len(d.names) == 1 {
-			return d.providers[d.names[0]], nil
-		}
-	}
-	if p, ok := d.providers[name]; ok {
-		return p, nil
-	}
-	return nil, fmt.Errorf("%w: unknown provider %q: this daemon serves %s", roche.ErrInvalidConfig, name, strings.Join(d.names, ", "))
-}
+// OwnerOf is the owner the daemon gives the sandboxes of the named tenant.
+func (d *Daemon) OwnerOf(tenant string) string { return d.ledger.OwnerOf(tenant) }

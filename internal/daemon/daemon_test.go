@@ -20,6 +20,7 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -284,12 +285,10 @@ func TestPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	idleIDs := func() []string {
-		td.d.mu.Lock()
-		defer td.d.mu.Unlock()
 		var ids []string
-		for id, r := range td.d.sandboxes {
-			if r.Kind == kindPooled {
-				ids = append(ids, id)
+		for _, r := range td.d.ledger.Records() {
+			if r.Kind == ledger.KindPooled {
+				ids = append(ids, r.ID)
 			}
 		}
 		return ids
@@ -440,7 +439,7 @@ func TestAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the pool to be full", func() bool { return td.d.pools.Pools()[0].Status().Idle == 1 })
+	eventually(t, 30*time.Second, "the pool to be full", func() bool { return td.d.ledger.Pools()[0].Status().Idle == 1 })
 	made := len(td.rec.ids())
 	for _, cfg := range []roche.Config{cold, pyConfig()} { // cold, and one the pool would serve
 		start := time.Now()
@@ -459,7 +458,7 @@ func TestAdmission(t *testing.T) {
 	if n := len(td.rec.ids()); n != made {
 		t.Fatalf("refused creates made %d sandboxes", n-made)
 	}
-	if st := td.d.pools.Pools()[0].Status(); st.Idle != 1 || st.Hits != 0 {
+	if st := td.d.ledger.Pools()[0].Status(); st.Idle != 1 || st.Hits != 0 {
 		t.Fatalf("a refused create touched the pool: %+v", st)
 	}
 	// Room again once one is destroyed.

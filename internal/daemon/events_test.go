@@ -17,6 +17,7 @@ import (
 	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -63,13 +64,9 @@ func metricValue(text, sample string) int {
 }
 
 // tracked returns the kind of the daemon's record of id, or "" when it has none.
-func (td *testDaemon) tracked(id string) kind {
-	td.d.mu.Lock()
-	defer td.d.mu.Unlock()
-	if r, ok := td.d.sandboxes[id]; ok {
-		return r.Kind
-	}
-	return ""
+func (td *testDaemon) tracked(id string) ledger.Kind {
+	r, _ := td.d.ledger.Tracked(id)
+	return r.Kind
 }
 
 // TestDeadPoolMember: an idle pooled sandbox killed behind roched's back (docker kill of
@@ -88,7 +85,7 @@ func TestDeadPoolMember(t *testing.T) {
 	if _, err := td.c.PoolWarmup(ctx, key, 0); err != nil {
 		t.Fatal(err)
 	}
-	pl := td.d.pools.Pools()[0]
+	pl := td.d.ledger.Pools()[0]
 	ids := pl.IdleIDs()
 	if len(ids) != 2 {
 		t.Fatalf("after warmup: idle %v", ids)
@@ -100,7 +97,7 @@ func TestDeadPoolMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "roched to stop counting the killed sandbox", func() bool {
-		return td.tracked(victim) != kindPooled && !slices.Contains(pl.IdleIDs(), victim) && pl.Status().Dead == 1
+		return td.tracked(victim) != ledger.KindPooled && !slices.Contains(pl.IdleIDs(), victim) && pl.Status().Dead == 1
 	})
 	t.Logf("the killed idle sandbox was dropped %v after the kill", time.Since(killed).Round(time.Millisecond))
 	m := td.metricsText(t)
@@ -221,7 +218,7 @@ func TestDeadSandboxThroughDaemon(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, 5*time.Second, "roched to stop counting it", func() bool {
-			return td.tracked(sb.ID) != kindClient &&
+			return td.tracked(sb.ID) != ledger.KindClient &&
 				metricValue(td.metricsText(t), `roche_sandboxes{state="running"}`) == running-1
 		})
 		_, err = td.p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"true"}})

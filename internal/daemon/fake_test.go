@@ -133,7 +133,7 @@ func TestDestroyAllSparesThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "a replacement", func() bool {
-		ids := d.pools.Pools()[0].IdleIDs()
+		ids := d.ledger.Pools()[0].IdleIDs()
 		return len(ids) == 1 && ids[0] != idle[0]
 	})
 	sb, pooled, err := c.Create(ctx, "mem", roche.Config{Image: "img", TimeoutSecs: 10, Memory: "512m", Disk: "1g", CPUs: 1, PidsLimit: 64, User: roche.UserAuto})
@@ -160,7 +160,7 @@ func TestSecondDaemonLeavesTheFirstAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.Shutdown(context.Background())
-	if err := first.pools.Pools()[0].Warmup(ctx, 0); err != nil {
+	if err := first.ledger.Pools()[0].Warmup(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	idle := mp.ids()

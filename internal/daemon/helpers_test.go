@@ -15,6 +15,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -98,17 +99,8 @@ func newRecorder(t *testing.T, opts ...docker.Option) *recorder {
 	return &recorder{Provider: p}
 }
 
-// shortDir is a temporary directory with a short path: a unix socket path must fit in
-// 108 bytes, which t.TempDir under a long test name may not.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "rd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
+// shortDir is a temporary directory with a short path, for unix sockets.
+var shortDir = testenv.ShortDir
 
 type testDaemon struct {
 	d      *Daemon
@@ -161,16 +153,13 @@ func (td *testDaemon) stop(t *testing.T) {
 	if td.d == nil {
 		return
 	}
-	td.d.mu.Lock()
-	var left []string
-	for id, r := range td.d.sandboxes {
-		if r.Kind == kindClient {
-			left = append(left, id)
+	for _, r := range td.d.ledger.Records() {
+		if r.Kind == ledger.KindClient {
+			// As its own tenant would: the ledger marks it destroyed and removes it.
+			if _, err := td.d.ledger.Destroy(&ledger.Tenant{Name: r.TenantName()}, r.ID); err != nil {
+				t.Errorf("destroying %s, left by the test: %v", r.ID, err)
+			}
 		}
-	}
-	td.d.mu.Unlock()
-	for _, id := range left {
-		td.d.markDestroying(id)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

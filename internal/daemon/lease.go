@@ -2,116 +2,32 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // Leases through the API: a client that creates a sandbox with leased=true holds it with
 // a Hold stream for as long as it wants it. The stream ends when the client lets go or
-// its process dies (the kernel closes its connection), and the sandbox is destroyed
-// holdGrace later unless another Hold took over; one never held is destroyed firstHold
-// after its create. Where the provider has leases (roche.Leaser), roched also holds the
-// sandbox's own lease, so a roched killed outright leaves nothing behind for long either.
-const (
-	firstHold     = 10 * time.Second
-	holdGrace     = agent.DefaultLeaseGrace
-	holdHeartbeat = 15 * time.Second
-)
+// its process dies (the kernel closes its connection); what then happens to the sandbox
+// is the ledger's (internal/ledger lease.go).
 
-// hold counts the Hold streams of one leased sandbox.
-type hold struct {
-	holders int
-	timer   *time.Timer // running while nobody holds it
-}
+// holdHeartbeat is how often a Hold stream sends, so that a dead client is noticed.
+const holdHeartbeat = 15 * time.Second
 
-// leaseCreated starts the wait for the first Hold of a leased sandbox just recorded.
-func (d *Daemon) leaseCreated(id string, wait time.Duration) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.awaitHoldLocked(id, wait)
-}
-
-// awaitHoldLocked starts the wait for a Hold of sandbox id, unless one is under way.
-// Callers hold d.mu, or run before the daemon serves (recover).
-func (d *Daemon) awaitHoldLocked(id string, wait time.Duration) {
-	if _, ok := d.holds[id]; ok {
-		return
-	}
-	d.holds[id] = &hold{timer: time.AfterFunc(wait, func() { d.holdLost(id) })}
-}
-
-// holdLost destroys a leased sandbox nobody holds.
-func (d *Daemon) holdLost(id string) {
-	d.mu.Lock()
-	h, ok := d.holds[id]
-	if !ok || h.holders > 0 {
-		d.mu.Unlock()
-		return
-	}
-	delete(d.holds, id)
-	r, tracked := d.sandboxes[id]
-	live := tracked && r.Kind == kindClient
-	d.mu.Unlock()
-	if !live {
-		return
-	}
-	d.log.Info("leased sandbox no longer held by its client: destroying it", "id", id)
-	d.markDestroying(id)
-	d.saveOrWarn()
-}
-
-// forgetHoldLocked drops the hold state of a sandbox that is gone. Callers hold d.mu.
-func (d *Daemon) forgetHoldLocked(id string) {
-	if h, ok := d.holds[id]; ok {
-		h.timer.Stop()
-		delete(d.holds, id)
-	}
-}
-
-// takeHold counts a Hold in; the returned func counts it out, starting the grace when it
-// was the last.
-func (d *Daemon) takeHold(t *tenant, id string) (string, func(), error) {
-	tg, err := d.resolve(t, id)
-	if err != nil {
-		return "", nil, err
-	}
-	if !tg.rec.Leased {
-		return "", nil, fmt.Errorf("%w: sandbox %s is not leased: it lives out its timeout; create it with leased=true to hold it", roche.ErrInvalidConfig, tg.id)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	h, ok := d.holds[tg.id]
-	if !ok {
-		// Lost a moment ago: it is being destroyed.
-		return "", nil, notFound(id)
-	}
-	h.holders++
-	h.timer.Stop()
-	full := tg.id
-	return full, func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		if h.holders--; h.holders == 0 && d.holds[full] == h {
-			h.timer.Reset(holdGrace)
-		}
-	}, nil
-}
-
-// Hold holds a leased sandbox until the client goes (see the constants above).
+// Hold holds a leased sandbox until the client goes.
 func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldRequest], stream *connect.ServerStream[rochev1.HoldResponse]) error {
 	t, err := tenantOf(ctx)
 	if err != nil {
 		return wire.ToStatus(err)
 	}
-	id, release, err := s.d.takeHold(t, req.Msg.SandboxId)
+	id, release, err := s.d.ledger.Hold(t, req.Msg.SandboxId)
 	if err != nil {
 		return wire.ToStatus(err)
 	}
@@ -119,12 +35,9 @@ func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldReq
 	tick := time.NewTicker(holdHeartbeat)
 	defer tick.Stop()
 	for {
-		s.d.mu.Lock()
-		r, ok := s.d.sandboxes[id]
-		live := ok && r.Kind == kindClient
-		s.d.mu.Unlock()
-		if !live {
-			return wire.ToStatus(notFound(id)) // destroyed, or its lifetime ended
+		if !s.d.ledger.Live(id) {
+			// Destroyed, or its lifetime ended.
+			return wire.ToStatus(ledger.NotFound(id))
 		}
 		if err := stream.Send(&rochev1.HoldResponse{}); err != nil {
 			return nil // the client is gone
@@ -137,34 +50,4 @@ func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldReq
 		case <-tick.C:
 		}
 	}
-}
-
-// leasePooled makes a sandbox just handed out from a pool what the client asked for:
-// leased, it is held as a new one is; not leased, its provider-level lease (the pool
-// made it leased to roched, so that a roched killed mid-refill leaves nothing for long)
-// is ended, and it lives out its timeout. One whose lease cannot be ended is destroyed,
-// and false sends the create on to make one.
-func (d *Daemon) leasePooled(ctx context.Context, p roche.Provider, id string, leased bool) bool {
-	if leased {
-		d.mu.Lock()
-		if r, ok := d.sandboxes[id]; ok {
-			r.Leased = true
-		}
-		d.mu.Unlock()
-		d.leaseCreated(id, firstHold)
-		d.saveOrWarn()
-		return true
-	}
-	l, ok := p.(roche.Leaser)
-	if !ok || !p.Capabilities().Leases {
-		return true
-	}
-	err := l.Keep(ctx, id)
-	if err == nil || errors.Is(err, roche.ErrUnsupported) { // unsupported: made unleased
-		return true
-	}
-	d.log.Warn("a pooled sandbox's lease could not be ended: destroying it and creating one", "id", id, "err", err)
-	d.markDestroying(id)
-	d.saveOrWarn()
-	return false
 }

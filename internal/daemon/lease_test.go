@@ -11,6 +11,7 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/ledger"
 )
 
 // TestLeasedSandboxGoesWithItsClient: a leased sandbox lives while its client holds it,
@@ -33,14 +34,14 @@ func TestLeasedSandboxGoesWithItsClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Held past the wait for a first hold, it lives and works.
-	time.Sleep(firstHold + time.Second)
+	time.Sleep(ledger.FirstHold + time.Second)
 	res, err := c.Provider("docker").Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"echo", "held"}})
 	if err != nil || res.Stdout != "held\n" {
 		t.Fatalf("a held sandbox: %q %v", res.Stdout, err)
 	}
 	c.Close()
 	let := time.Now()
-	eventually(t, holdGrace+10*time.Second, "the sandbox let go of to be destroyed", func() bool { return td.gone(sb.ID) })
+	eventually(t, ledger.HoldGrace+10*time.Second, "the sandbox let go of to be destroyed", func() bool { return td.gone(sb.ID) })
 	t.Logf("destroyed %v after its client let go", time.Since(let).Round(100*time.Millisecond))
 
 	// Created leased through plain JSON, and never held.
@@ -52,8 +53,8 @@ func TestLeasedSandboxGoesWithItsClient(t *testing.T) {
 	}
 	id := out["sandbox"].(map[string]any)["id"].(string)
 	made := time.Now()
-	eventually(t, firstHold+15*time.Second, "the sandbox never held to be destroyed", func() bool { return td.gone(id) })
-	if el := time.Since(made); el < firstHold-time.Second {
+	eventually(t, ledger.FirstHold+15*time.Second, "the sandbox never held to be destroyed", func() bool { return td.gone(id) })
+	if el := time.Since(made); el < ledger.FirstHold-time.Second {
 		t.Fatalf("a leased sandbox went %v after its create, before the wait for a first hold", el)
 	}
 

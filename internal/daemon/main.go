@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -176,7 +176,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&f.socket, "socket", client.DefaultSocket(), "unix socket to listen on (env ROCHE_SOCKET)")
+	fs.StringVar(&f.socket, "socket", defaults.Socket(), "unix socket to listen on (env ROCHE_SOCKET)")
 	fs.StringVar(&f.listen, "listen", "", "also listen on TCP, tcp://HOST:PORT; needs a token")
 	fs.StringVar(&f.token, "token", "", "refused: a token on the command line is visible to every user; use --token-file")
 	_ = fs.MarkHidden("token")

@@ -1,8 +1,12 @@
 package daemon
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/roche-sandbox/roche/internal/ledger"
 )
 
 // metrics are the daemon's Prometheus metrics, on a registry of its own so that several
@@ -13,6 +17,19 @@ type metrics struct {
 	exec     prometheus.Histogram
 	rejected prometheus.Counter
 }
+
+var _ ledger.Observer = (*metrics)(nil)
+
+// Created observes a create's latency by its source.
+func (m *metrics) Created(source string, took time.Duration) {
+	m.create.WithLabelValues(source).Observe(took.Seconds())
+}
+
+// Executed observes a command's latency.
+func (m *metrics) Executed(took time.Duration) { m.exec.Observe(took.Seconds()) }
+
+// Rejected counts a create refused at a bound.
+func (m *metrics) Rejected() { m.rejected.Inc() }
 
 // latencyBuckets span a pool hit (sub-millisecond) to a slow cold start (seconds).
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -54,8 +71,8 @@ var (
 		[]string{"provider"}, nil)
 )
 
-// stateCollector reads counts from the daemon's state when scraped, so they can never
-// drift from it.
+// stateCollector reads counts from the ledger when scraped, so they can never drift
+// from it.
 type stateCollector struct{ d *Daemon }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -68,11 +85,11 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
-	counts := c.d.countByState()
+	counts := c.d.ledger.Counts()
 	for _, state := range []string{"idle", "creating", "running", "paused", "destroying", "adopted"} {
 		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[state]), state)
 	}
-	for _, p := range c.d.pools.Pools() {
+	for _, p := range c.d.ledger.Pools() {
 		st := p.Status()
 		key := st.Spec.Key.String()
 		ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(st.Hits), key)
@@ -80,9 +97,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(st.Idle), key)
 		ch <- prometheus.MustNewConstMetric(poolDeadDesc, prometheus.CounterValue, float64(st.Dead), key)
 	}
-	for name, st := range c.d.engines.snapshot() {
+	for name, st := range c.d.ledger.Engines() {
 		up := 0.0
-		if st.up {
+		if st.Up {
 			up = 1
 		}
 		ch <- prometheus.MustNewConstMetric(engineUpDesc, prometheus.GaugeValue, up, name)

@@ -17,7 +17,9 @@ import (
 	"github.com/roche-sandbox/roche/pool"
 )
 
-// service implements the API on top of the daemon; every error leaves through wire.ToStatus.
+// service implements the API on top of the ledger: each method finds the caller's tenant,
+// calls the ledger with what the request means in roche's types, and converts the answer
+// (internal/wire); every error leaves through wire.ToStatus.
 type service struct {
 	rochev1connect.UnimplementedSandboxServiceHandler
 	d *Daemon
@@ -31,7 +33,7 @@ func (s *service) Create(ctx context.Context, req *connect.Request[rochev1.Creat
 		return nil, wire.ToStatus(err)
 	}
 	cfg := wire.ConfigFromProto(req.Msg.Config)
-	sb, pooled, err := s.d.create(ctx, t, req.Msg.Provider, cfg)
+	sb, pooled, err := s.d.ledger.Create(ctx, t, req.Msg.Provider, cfg)
 	s.d.audit(ctx, "create", err, "id", sb.ID, "provider", req.Msg.Provider, "image", cfg.Image, "user", cfg.User,
 		"mounts", mountStrings(cfg.Mounts), "workspace", cfg.Workspace, "pooled", pooled)
 	if err != nil {
@@ -64,7 +66,7 @@ func (s *service) Exec(ctx context.Context, req *connect.Request[rochev1.ExecReq
 	stdout, stderr, done := s.d.newHeldOutputs(ctx)
 	defer done()
 	r.Stdout, r.Stderr, r.StreamOnly = stdout, stderr, true
-	res, err := s.d.exec(ctx, t, req.Msg.SandboxId, r)
+	res, err := s.d.ledger.Exec(ctx, t, req.Msg.SandboxId, r)
 	s.d.audit(ctx, "exec", err, "id", req.Msg.SandboxId, "argv", r.Cmd, "exit_code", res.ExitCode)
 	if err != nil {
 		return nil, wire.ToStatus(err)
@@ -165,7 +167,7 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 			}
 		}
 	}()
-	res, err := s.d.exec(ctx, t, req.Msg.SandboxId, r)
+	res, err := s.d.ledger.Exec(ctx, t, req.Msg.SandboxId, r)
 	close(done)
 	beats.Wait()
 	s.d.audit(ctx, "exec", err, "id", req.Msg.SandboxId, "argv", r.Cmd, "exit_code", res.ExitCode, "stream", true)
@@ -188,12 +190,12 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 		return nil, wire.ToStatus(fmt.Errorf("%w: give sandbox ids or all, not both or neither", roche.ErrInvalidConfig))
 	}
 	if req.Msg.All {
-		list, err := s.d.list(ctx, t, req.Msg.Provider)
+		list, err := s.d.ledger.List(ctx, t, req.Msg.Provider)
 		if err != nil {
 			return nil, wire.ToStatus(err)
 		}
 		// A pool sandbox removed behind the pool's back meanwhile must not be handed out.
-		defer s.d.verifyIdleSoon()
+		defer s.d.ledger.VerifyIdleSoon()
 		ids = ids[:0]
 		for _, sb := range list {
 			ids = append(ids, sb.ID)
@@ -202,7 +204,7 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 	resp := &rochev1.DestroyResponse{}
 	var errs []error
 	for _, id := range ids {
-		full, err := s.d.destroy(t, id)
+		full, err := s.d.ledger.Destroy(t, id)
 		s.d.audit(ctx, "destroy", err, "id", id)
 		if err != nil {
 			errs = append(errs, err)
@@ -216,47 +218,12 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 	return connect.NewResponse(resp), nil
 }
 
-// list lists tenant t's sandboxes (every provider's, or one's), with the expiry the
-// daemon enforces; idle pooled and destroyed sandboxes, other tenants' and whatever else
-// is on the engine are left out.
-func (d *Daemon) list(ctx context.Context, t *tenant, provider string) ([]roche.SandboxInfo, error) {
-	names := d.names
-	if provider != "" {
-		p, err := d.provider(provider)
-		if err != nil {
-			return nil, err
-		}
-		names = []string{p.Name()}
-	}
-	out := []roche.SandboxInfo{}
-	var errs []error
-	for _, n := range names {
-		list, err := d.providers[n].List(ctx)
-		if err != nil {
-			d.noteCallError(n, err)
-			errs = append(errs, err)
-			continue
-		}
-		d.mu.Lock()
-		for _, sb := range list {
-			r, ok := d.sandboxes[sb.ID]
-			if !ok || r.Kind != kindClient || !r.visible(t) {
-				continue
-			}
-			sb.ExpiresAt, sb.Owner = r.ExpiresAt, d.ownerFor(r.tenantName())
-			out = append(out, sb)
-		}
-		d.mu.Unlock()
-	}
-	return out, errors.Join(errs...)
-}
-
 func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListRequest]) (*connect.Response[rochev1.ListResponse], error) {
 	t, err := tenantOf(ctx)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	list, err := s.d.list(ctx, t, req.Msg.Provider)
+	list, err := s.d.ledger.List(ctx, t, req.Msg.Provider)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -268,49 +235,24 @@ func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListReq
 }
 
 func (s *service) Inspect(ctx context.Context, req *connect.Request[rochev1.InspectRequest]) (*connect.Response[rochev1.InspectResponse], error) {
-	tn, err := tenantOf(ctx)
+	t, err := tenantOf(ctx)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	t, err := s.d.resolve(tn, req.Msg.SandboxId)
+	sb, err := s.d.ledger.Inspect(ctx, t, req.Msg.SandboxId)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	sb, err := t.p.Inspect(ctx, t.id)
-	if err != nil {
-		return nil, wire.ToStatus(err)
-	}
-	sb.ExpiresAt, sb.Owner = t.rec.ExpiresAt, s.d.ownerFor(t.rec.tenantName())
 	return connect.NewResponse(&rochev1.InspectResponse{Sandbox: wire.InfoToProto(sb)}), nil
 }
 
-// pause pauses or unpauses a sandbox, remembering it for /metrics.
+// pause pauses or unpauses a sandbox of the caller's.
 func (s *service) pause(ctx context.Context, id string, pause bool) error {
-	tn, err := tenantOf(ctx)
+	t, err := tenantOf(ctx)
 	if err != nil {
 		return err
 	}
-	t, err := s.d.resolve(tn, id)
-	if err != nil {
-		return err
-	}
-	pz, ok := t.p.(roche.Pauser)
-	if !ok {
-		return fmt.Errorf("%w: the %s provider cannot pause sandboxes", roche.ErrUnsupported, t.p.Name())
-	}
-	if pause {
-		err = pz.Pause(ctx, t.id)
-	} else {
-		err = pz.Unpause(ctx, t.id)
-	}
-	if err == nil {
-		s.d.mu.Lock()
-		if r, ok := s.d.sandboxes[t.id]; ok {
-			r.Paused = pause
-		}
-		s.d.mu.Unlock()
-	}
-	return err
+	return s.d.ledger.Pause(ctx, t, id, pause)
 }
 
 func (s *service) Pause(ctx context.Context, req *connect.Request[rochev1.PauseRequest]) (*connect.Response[rochev1.PauseResponse], error) {
@@ -335,15 +277,15 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	list, err := s.d.list(ctx, t, req.Msg.Provider)
+	list, err := s.d.ledger.List(ctx, t, req.Msg.Provider)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
 	if !req.Msg.DryRun {
-		defer s.d.verifyIdleSoon()
+		defer s.d.ledger.VerifyIdleSoon()
 	}
 	removed, err := roche.Collect(ctx, list, roche.GCOptions{All: req.Msg.All, DryRun: req.Msg.DryRun}, func(_ context.Context, id string) error {
-		_, err := s.d.destroy(t, id)
+		_, err := s.d.ledger.Destroy(t, id)
 		s.d.audit(ctx, "destroy", err, "id", id, "by", "gc")
 		return err
 	})
@@ -357,22 +299,6 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 	return connect.NewResponse(resp), nil
 }
 
-// selectPools returns the pool named by key, or every pool when key is empty.
-func (d *Daemon) selectPools(key string) ([]*pool.Pool, error) {
-	if key == "" {
-		return d.pools.Pools(), nil
-	}
-	k, err := pool.ParseKey(key)
-	if err != nil {
-		return nil, err
-	}
-	p, err := d.pools.Get(k)
-	if err != nil {
-		return nil, err
-	}
-	return []*pool.Pool{p}, nil
-}
-
 func poolsToProto(ps []*pool.Pool) []*rochev1.Pool {
 	out := make([]*rochev1.Pool, 0, len(ps))
 	for _, p := range ps {
@@ -382,14 +308,14 @@ func poolsToProto(ps []*pool.Pool) []*rochev1.Pool {
 }
 
 func (s *service) PoolStatus(_ context.Context, _ *connect.Request[rochev1.PoolStatusRequest]) (*connect.Response[rochev1.PoolStatusResponse], error) {
-	return connect.NewResponse(&rochev1.PoolStatusResponse{Pools: poolsToProto(s.d.pools.Pools())}), nil
+	return connect.NewResponse(&rochev1.PoolStatusResponse{Pools: poolsToProto(s.d.ledger.Pools())}), nil
 }
 
 // operatorOnly refuses pool management to TCP tenants: the pools serve every tenant,
 // and draining them is the operator's decision.
 func operatorOnly(ctx context.Context, what string) error {
 	t, err := tenantOf(ctx)
-	if err == nil && !t.local {
+	if err == nil && !t.Local {
 		err = fmt.Errorf("%w: %s is for roched's operator, on its unix socket", roche.ErrPermission, what)
 	}
 	return err
@@ -399,7 +325,7 @@ func (s *service) PoolWarmup(ctx context.Context, req *connect.Request[rochev1.P
 	if err := operatorOnly(ctx, "warming pools up"); err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	ps, err := s.d.selectPools(req.Msg.Key)
+	ps, err := s.d.ledger.SelectPools(req.Msg.Key)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -423,7 +349,7 @@ func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.Po
 	if err := operatorOnly(ctx, "draining pools"); err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	ps, err := s.d.selectPools(req.Msg.Key)
+	ps, err := s.d.ledger.SelectPools(req.Msg.Key)
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -443,8 +369,12 @@ func (s *service) PoolDrain(ctx context.Context, req *connect.Request[rochev1.Po
 
 func (s *service) ListProviders(_ context.Context, _ *connect.Request[rochev1.ListProvidersRequest]) (*connect.Response[rochev1.ListProvidersResponse], error) {
 	resp := &rochev1.ListProvidersResponse{}
-	for _, n := range s.d.names {
-		caps := s.d.providers[n].Capabilities()
+	for _, n := range s.d.ledger.Providers() {
+		p, err := s.d.ledger.Provider(n)
+		if err != nil {
+			return nil, wire.ToStatus(err)
+		}
+		caps := p.Capabilities()
 		caps.Leases = true // roched holds any sandbox for its client (Hold, lease.go)
 		resp.Providers = append(resp.Providers, &rochev1.ProviderInfo{Name: n, Capabilities: wire.CapsToProto(caps)})
 	}

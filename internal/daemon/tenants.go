@@ -16,15 +16,17 @@ import (
 	"strings"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/ledger"
 )
 
 // Tenants. Every call is made by a tenant: the unix socket's client is LocalTenant (the
 // socket is its owner's alone, mode 0600); a TCP client is whoever its bearer token
 // names. A tenant sees and acts on only its own sandboxes, workspaces and snapshots;
-// anything else is "not found", exactly as if it did not exist, so ids do not leak.
+// anything else is "not found", exactly as if it did not exist, so ids do not leak
+// (the ledger keeps them apart, internal/ledger tenant.go; this file knows the tokens).
 
 // LocalTenant is the unix socket's tenant.
-const LocalTenant = "local"
+const LocalTenant = ledger.LocalTenant
 
 // DefaultTenant is the tenant of Config.Token, the single token of a daemon without a
 // tokens file.
@@ -141,16 +143,10 @@ func validTenantName(s string) bool {
 	return true
 }
 
-// tenant is a tenant as the daemon serves it.
+// tenant is a tenant as the edge knows it: what the ledger needs, and its token's hash.
 type tenant struct {
-	name string
+	ledger.Tenant
 	hash [sha256.Size]byte
-	// maxSandboxes bounds its sandboxes (0: only the daemon's bound).
-	maxSandboxes int
-	// mountRoots are the canonical directories below which it may mount; local may
-	// mount anywhere.
-	mountRoots []string
-	local      bool
 }
 
 // validateTenants reports every problem with the tenants of cfg.
@@ -227,15 +223,15 @@ func buildTenants(c Config) []*tenant {
 	}
 	var out []*tenant
 	if c.Token != "" {
-		out = append(out, &tenant{name: DefaultTenant, hash: sha256.Sum256([]byte(c.Token)), mountRoots: global})
+		out = append(out, &tenant{Tenant: ledger.Tenant{Name: DefaultTenant, MountRoots: global}, hash: sha256.Sum256([]byte(c.Token))})
 	}
 	for _, t := range c.Tenants {
-		nt := &tenant{name: t.Name, maxSandboxes: t.MaxSandboxes, mountRoots: append([]string(nil), global...)}
+		nt := &tenant{Tenant: ledger.Tenant{Name: t.Name, MaxSandboxes: t.MaxSandboxes, MountRoots: append([]string(nil), global...)}}
 		b, _ := hex.DecodeString(strings.ToLower(t.TokenSHA256))
 		copy(nt.hash[:], b)
 		for _, r := range t.MountRoots {
 			real, _ := canonicalRoot(r)
-			nt.mountRoots = append(nt.mountRoots, real)
+			nt.MountRoots = append(nt.MountRoots, real)
 		}
 		out = append(out, nt)
 	}
@@ -261,44 +257,13 @@ func withTenant(ctx context.Context, t *tenant) context.Context {
 	return context.WithValue(ctx, tenantKey{}, t)
 }
 
-// tenantOf returns the tenant a call was authenticated as. Every listener sets one, so
-// none is a bug; it is then refused rather than served as anybody.
-func tenantOf(ctx context.Context) (*tenant, error) {
+// tenantOf returns the tenant a call was authenticated as, as the ledger knows it. Every
+// listener sets one, so none is a bug; it is then refused rather than served as anybody.
+func tenantOf(ctx context.Context) (*ledger.Tenant, error) {
 	if t, ok := ctx.Value(tenantKey{}).(*tenant); ok && t != nil {
-		return t, nil
+		return &t.Tenant, nil
 	}
 	return nil, fmt.Errorf("%w: the call has no tenant", roche.ErrPermission)
-}
-
-// namespaced is the provider's name for a tenant's workspace or snapshot: the local
-// tenant's names are kept as they are (the same as in direct mode), every other
-// tenant's are prefixed "TENANT--", so two tenants can use one name without sharing.
-func (t *tenant) namespaced(name, what string) (string, error) {
-	if name == "" {
-		return "", nil
-	}
-	if strings.Contains(name, "--") {
-		return "", fmt.Errorf("%w: %s name %q: \"--\" is reserved by roched to keep tenants apart", roche.ErrInvalidConfig, what, name)
-	}
-	if t.local {
-		return name, nil
-	}
-	full := t.name + "--" + name
-	if !roche.ValidWorkspaceName(name) || !roche.ValidWorkspaceName(full) {
-		return "", fmt.Errorf("%w: %s name %q: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most %d characters for tenant %s",
-			roche.ErrInvalidConfig, what, name, 64-len(t.name)-2, t.name)
-	}
-	return full, nil
-}
-
-// owns reports whether the provider's name for a workspace or snapshot is the tenant's,
-// and returns the name the tenant knows it by.
-func (t *tenant) owns(full string) (string, bool) {
-	prefix, rest, namespaced := strings.Cut(full, "--")
-	if t.local {
-		return full, !namespaced
-	}
-	return rest, namespaced && prefix == t.name
 }
 
 // remoteMounts reports whether some TCP tenant may mount host paths.
@@ -307,4 +272,14 @@ func (c Config) remoteMounts() bool {
 		return true
 	}
 	return slices.ContainsFunc(c.Tenants, func(t Tenant) bool { return len(t.MountRoots) > 0 })
+}
+
+// audit logs one line of the audit trail for a call: which tenant did what to which
+// sandbox, and whether it worked (ledger.Audit writes it).
+func (d *Daemon) audit(ctx context.Context, op string, err error, attrs ...any) {
+	name := "?"
+	if t, terr := tenantOf(ctx); terr == nil {
+		name = t.Name
+	}
+	d.ledger.Audit(name, op, err, attrs...)
 }

@@ -99,3 +99,16 @@ func SilentSocket(t testing.TB, path string) string {
 	})
 	return path
 }
+
+// ShortDir is a temporary directory with a short path, removed at the end of the test:
+// a unix socket's path must fit in 108 bytes, which t.TempDir under a long test name may
+// not.
+func ShortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}

@@ -1,7 +1,6 @@
-package daemon
+package ledger
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -11,6 +10,59 @@ import (
 	"github.com/roche-sandbox/roche"
 )
 
+// Tenants. Every call is made by a tenant: the unix socket's client is LocalTenant; a
+// TCP client is whoever its bearer token names (the edge authenticates, internal/daemon
+// tenants.go). A tenant sees and acts on only its own sandboxes, workspaces and
+// snapshots; anything else is "not found", exactly as if it did not exist, so ids do not
+// leak.
+
+// LocalTenant is the unix socket's tenant.
+const LocalTenant = "local"
+
+// Tenant is whom a call is for, as the ledger needs to know it.
+type Tenant struct {
+	// Name names the tenant in logs and in its sandboxes' owner.
+	Name string
+	// MaxSandboxes bounds its sandboxes (0: only the daemon's bound).
+	MaxSandboxes int
+	// MountRoots are the canonical directories below which it may mount; Local may
+	// mount anywhere.
+	MountRoots []string
+	// Local: the unix socket's tenant, the operator.
+	Local bool
+}
+
+// Namespaced is the provider's name for a tenant's workspace or snapshot: the local
+// tenant's names are kept as they are (the same as in direct mode), every other
+// tenant's are prefixed "TENANT--", so two tenants can use one name without sharing.
+func (t *Tenant) Namespaced(name, what string) (string, error) {
+	if name == "" {
+		return "", nil
+	}
+	if strings.Contains(name, "--") {
+		return "", fmt.Errorf("%w: %s name %q: \"--\" is reserved by roched to keep tenants apart", roche.ErrInvalidConfig, what, name)
+	}
+	if t.Local {
+		return name, nil
+	}
+	full := t.Name + "--" + name
+	if !roche.ValidWorkspaceName(name) || !roche.ValidWorkspaceName(full) {
+		return "", fmt.Errorf("%w: %s name %q: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most %d characters for tenant %s",
+			roche.ErrInvalidConfig, what, name, 64-len(t.Name)-2, t.Name)
+	}
+	return full, nil
+}
+
+// Owns reports whether the provider's name for a workspace or snapshot is the tenant's,
+// and returns the name the tenant knows it by.
+func (t *Tenant) Owns(full string) (string, bool) {
+	prefix, rest, namespaced := strings.Cut(full, "--")
+	if t.Local {
+		return full, !namespaced
+	}
+	return rest, namespaced && prefix == t.Name
+}
+
 // mountPinner is a provider that binds host mounts from what it opened itself, so that
 // a path checked here cannot be redirected before the bind (docker.WithPinnedMounts).
 type mountPinner interface{ PinsMounts() bool }
@@ -18,22 +70,22 @@ type mountPinner interface{ PinsMounts() bool }
 // permit checks what tenant t may ask of a create and returns the config to make: owned
 // by the daemon for t, with t's workspace and snapshot names, and host mounts only where
 // the operator allows them.
-func (d *Daemon) permit(t *tenant, p roche.Provider, cfg roche.Config) (roche.Config, error) {
-	cfg.Owner = d.ownerFor(t.name)
+func (l *Ledger) permit(t *Tenant, p roche.Provider, cfg roche.Config) (roche.Config, error) {
+	cfg.Owner = l.ownerFor(t.Name)
 	cfg.Mounts = slices.Clone(cfg.Mounts)
 	var err error
-	if cfg.Workspace, err = t.namespaced(cfg.Workspace, "workspace"); err != nil {
+	if cfg.Workspace, err = t.Namespaced(cfg.Workspace, "workspace"); err != nil {
 		return cfg, err
 	}
-	if cfg.FromSnapshot, err = t.namespaced(cfg.FromSnapshot, "snapshot"); err != nil {
+	if cfg.FromSnapshot, err = t.Namespaced(cfg.FromSnapshot, "snapshot"); err != nil {
 		return cfg, err
 	}
-	if !d.cfg.AllowRootSandboxes {
+	if !l.cfg.AllowRootSandboxes {
 		if err := refuseRoot(cfg.User); err != nil {
 			return cfg, err
 		}
 	}
-	return cfg, d.permitMounts(t, p, cfg.Mounts)
+	return cfg, l.permitMounts(t, p, cfg.Mounts)
 }
 
 // refuseRoot refuses a user that is, or may be, root: uid or gid 0, or a name, which the
@@ -61,11 +113,11 @@ func refuseRoot(user string) error {
 // may mount only a canonical path (no symbolic link, no . or ..) at or below one of its
 // mount roots, and only through a provider that pins mounts: the check here is then
 // made good at the bind, where the provider walks the same path refusing any link.
-func (d *Daemon) permitMounts(t *tenant, p roche.Provider, mounts []roche.Mount) error {
+func (l *Ledger) permitMounts(t *Tenant, p roche.Provider, mounts []roche.Mount) error {
 	if len(mounts) == 0 {
 		return nil
 	}
-	if t.local {
+	if t.Local {
 		for i, m := range mounts {
 			if real, err := filepath.EvalSymlinks(m.Source); err == nil {
 				mounts[i].Source = real
@@ -73,23 +125,23 @@ func (d *Daemon) permitMounts(t *tenant, p roche.Provider, mounts []roche.Mount)
 		}
 		return nil
 	}
-	if len(t.mountRoots) == 0 {
+	if len(t.MountRoots) == 0 {
 		return fmt.Errorf("%w: tenant %s may not mount host paths: roched's operator allows directories with --allow-mount-root (or mount_roots in the tokens file)",
-			roche.ErrPermission, t.name)
+			roche.ErrPermission, t.Name)
 	}
 	if mp, ok := p.(mountPinner); !ok || !mp.PinsMounts() {
 		return fmt.Errorf("%w: host mounts from tenant %s: the %s provider binds mount paths as they are when it uses them, which a sandbox could redirect; only a provider that pins them (docker under roched) serves remote tenants' mounts",
-			roche.ErrUnsupported, t.name, p.Name())
+			roche.ErrUnsupported, t.Name, p.Name())
 	}
 	for _, m := range mounts {
 		src := m.Source
 		// Where it lies is checked on the string first, so that a tenant learns nothing
 		// of the host outside its roots.
-		if !filepath.IsAbs(src) || filepath.Clean(src) != src || !slices.ContainsFunc(t.mountRoots, func(root string) bool {
+		if !filepath.IsAbs(src) || filepath.Clean(src) != src || !slices.ContainsFunc(t.MountRoots, func(root string) bool {
 			return src == root || strings.HasPrefix(src, root+"/") || root == "/"
 		}) {
 			return fmt.Errorf("%w: mount source %q is not at or below a directory tenant %s may mount (%s)",
-				roche.ErrPermission, src, t.name, strings.Join(t.mountRoots, ", "))
+				roche.ErrPermission, src, t.Name, strings.Join(t.MountRoots, ", "))
 		}
 		real, err := filepath.EvalSymlinks(src)
 		if err != nil {
@@ -102,24 +154,16 @@ func (d *Daemon) permitMounts(t *tenant, p roche.Provider, mounts []roche.Mount)
 	return nil
 }
 
-// audit logs one line of the audit trail for a call: which tenant did what to which
-// sandbox, and whether it worked. attrs name the sandbox and what was asked (an argv,
-// a path); the line goes to the daemon's logger (JSON with --log-format json).
-func (d *Daemon) audit(ctx context.Context, op string, err error, attrs ...any) {
-	name := "?"
-	if t, terr := tenantOf(ctx); terr == nil {
-		name = t.name
-	}
-	d.auditAs(name, op, err, attrs...)
-}
-
-// auditAs is audit for a known tenant name (the reaper acts for the daemon).
-func (d *Daemon) auditAs(tenant, op string, err error, attrs ...any) {
+// Audit logs one line of the audit trail: which tenant did what to which sandbox, and
+// whether it worked. attrs name the sandbox and what was asked (an argv, a path); the
+// line goes to the daemon's logger (JSON with --log-format json). The edge logs its
+// calls with it, the reaper its expiries.
+func (l *Ledger) Audit(tenant, op string, err error, attrs ...any) {
 	args := append([]any{"op", op, "tenant", tenant}, attrs...)
 	if err != nil {
 		args = append(args, "ok", false, "err", err.Error())
 	} else {
 		args = append(args, "ok", true)
 	}
-	d.log.Info("audit", args...)
+	l.log.Info("audit", args...)
 }

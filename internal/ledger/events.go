@@ -1,4 +1,4 @@
-package daemon
+package ledger
 
 import (
 	"context"
@@ -19,20 +19,20 @@ import (
 // watchSandboxes watches each provider that is a roche.Watcher until the daemon stops.
 // The watch starts in the background: an engine that does not answer now must not hold
 // up the daemon's start (the watch keeps trying, and the reconciliation covers the gap).
-func (d *Daemon) watchSandboxes() {
-	for _, name := range d.names {
-		w, ok := d.providers[name].(roche.Watcher)
+func (l *Ledger) watchSandboxes() {
+	for _, name := range l.names {
+		w, ok := l.providers[name].(roche.Watcher)
 		if !ok {
 			continue
 		}
-		d.bg.Add(1)
+		l.bg.Add(1)
 		go func() {
-			defer d.bg.Done()
+			defer l.bg.Done()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go func() {
 				select {
-				case <-d.stop:
+				case <-l.stop:
 					cancel()
 				case <-ctx.Done():
 				}
@@ -40,15 +40,15 @@ func (d *Daemon) watchSandboxes() {
 			ch, err := w.Watch(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
-					d.log.Warn("cannot watch sandbox events: dead sandboxes are found at the next reconciliation instead",
-						"provider", name, "err", err, "reconcile_every", d.cfg.ReconcileInterval)
+					l.log.Warn("cannot watch sandbox events: dead sandboxes are found at the next reconciliation instead",
+						"provider", name, "err", err, "reconcile_every", l.cfg.ReconcileInterval)
 				}
 				return
 			}
 			// The channel closes once the watch has let go of everything, after the
-			// daemon stops: Shutdown returns only then.
+			// daemon stops: Close returns only then.
 			for ev := range ch {
-				d.sandboxEvent(name, ev)
+				l.sandboxEvent(name, ev)
 			}
 		}()
 	}
@@ -57,55 +57,55 @@ func (d *Daemon) watchSandboxes() {
 // sandboxEvent acts on one event of the named provider's sandboxes: one the daemon
 // tracks that ended is forgotten (what is left of it removed), and, if it was idle in a
 // pool, replaced.
-func (d *Daemon) sandboxEvent(provider string, ev roche.SandboxEvent) {
+func (l *Ledger) sandboxEvent(provider string, ev roche.SandboxEvent) {
 	if !ev.Ended() {
-		d.log.Debug("sandbox event", "provider", provider, "id", ev.ID, "kind", ev.Kind)
+		l.log.Debug("sandbox event", "provider", provider, "id", ev.ID, "kind", ev.Kind)
 		return
 	}
-	d.mu.Lock()
-	r, ok := d.sandboxes[ev.ID]
-	if !ok || r.Provider != provider || r.Kind == kindDestroying {
+	l.mu.Lock()
+	r, ok := l.sandboxes[ev.ID]
+	if !ok || r.Provider != provider || r.Kind == KindDestroying {
 		// Not ours, or a destroy of ours, whose end this is.
-		d.mu.Unlock()
+		l.mu.Unlock()
 		return
 	}
 	was := *r
 	removed := ev.Kind == roche.EventRemoved
 	if removed {
-		delete(d.sandboxes, ev.ID)
+		delete(l.sandboxes, ev.ID)
 	} else {
 		// What is left of it (a stopped container) is removed below.
-		r.Kind = kindDestroying
+		r.Kind = KindDestroying
 	}
-	if was.Kind == kindClient {
-		d.ended.add(ev.ID, was.tenantName(), ev.Time, ev.Reason())
+	if was.Kind == KindClient {
+		l.ended.add(ev.ID, was.TenantName(), ev.Time, ev.Reason())
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	// Out of its pool's counts at once: an idle member is dropped and replaced, a
 	// handed-out one no longer counts towards the pool's total.
 	attrs := []any{"provider", provider, "id", ev.ID, "reason", ev.Reason()}
-	switch pl := d.poolOf(&was); {
-	case was.Kind == kindPooled && pl != nil && !pl.Discard(ev.ID):
+	switch pl := l.poolOf(&was); {
+	case was.Kind == KindPooled && pl != nil && !pl.Discard(ev.ID):
 		// Not idle: the pool is destroying it itself (idle timeout, drain), or it
 		// ended while being handed out, which the hand-out then sees (fromPool).
-		d.log.Debug("a pooled sandbox the pool was not holding idle ended", attrs...)
-	case was.Kind == kindPooled:
-		d.log.Warn("an idle pooled sandbox ended behind roched's back: replacing it", attrs...)
+		l.log.Debug("a pooled sandbox the pool was not holding idle ended", attrs...)
+	case was.Kind == KindPooled:
+		l.log.Warn("an idle pooled sandbox ended behind roched's back: replacing it", attrs...)
 	default:
 		if pl != nil {
 			pl.Forget(ev.ID)
 		}
-		attrs = append(attrs, "tenant", was.tenantName())
+		attrs = append(attrs, "tenant", was.TenantName())
 		if !was.ExpiresAt.IsZero() && time.Until(was.ExpiresAt) < 2*time.Second {
-			d.log.Info("a sandbox ended at its expiry", attrs...)
+			l.log.Info("a sandbox ended at its expiry", attrs...)
 		} else {
-			d.log.Warn("a client's sandbox ended behind roched's back: forgetting it", attrs...)
+			l.log.Warn("a client's sandbox ended behind roched's back: forgetting it", attrs...)
 		}
 	}
 	if !removed {
-		d.startRemoval(ev.ID)
+		l.startRemoval(ev.ID)
 	}
-	d.saveOrWarn()
+	l.saveOrWarn()
 }
 
 // endedKeep bounds how many ended sandboxes are remembered for their clients' later
@@ -145,12 +145,12 @@ func (e *endings) add(id, tenant string, at time.Time, why string) {
 // notFound is the error for tenant t's call naming id, which the daemon does not (or no
 // longer) track: why it ended, when it ended behind the daemon's back, else plain "not
 // found". Only the sandbox's own tenant hears why.
-func (e *endings) notFound(t *tenant, id string) error {
+func (e *endings) notFound(t *Tenant, id string) error {
 	e.mu.Lock()
 	end, ok := e.byID[id]
 	e.mu.Unlock()
-	if !ok || end.tenant != t.name {
-		return notFound(id)
+	if !ok || end.tenant != t.Name {
+		return NotFound(id)
 	}
 	return fmt.Errorf("%w: sandbox %s ended at %s: %s (roche list shows the live ones)",
 		roche.ErrNotFound, id, end.at.Local().Format(time.TimeOnly), end.why)
@@ -159,17 +159,17 @@ func (e *endings) notFound(t *tenant, id string) error {
 // forgetEnded forgets a client's sandbox found gone while a command ran in it (the
 // provider said so, perhaps before its engine's event arrived), remembering why for the
 // tenant's later calls, and removes what may be left of it.
-func (d *Daemon) forgetEnded(id string, err error) {
-	d.mu.Lock()
-	r, ok := d.sandboxes[id]
-	ok = ok && r.Kind == kindClient
+func (l *Ledger) forgetEnded(id string, err error) {
+	l.mu.Lock()
+	r, ok := l.sandboxes[id]
+	ok = ok && r.Kind == KindClient
 	if ok {
-		d.ended.add(id, r.tenantName(), time.Now(), "it stopped while a command ran in it")
+		l.ended.add(id, r.TenantName(), time.Now(), "it stopped while a command ran in it")
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	if ok {
-		d.log.Warn("sandbox ended behind roched's back: forgetting it", "id", id, "err", err)
-		d.markDestroying(id)
-		d.saveOrWarn()
+		l.log.Warn("sandbox ended behind roched's back: forgetting it", "id", id, "err", err)
+		l.markDestroying(id)
+		l.saveOrWarn()
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package ledger
 
 import (
 	"encoding/json"
@@ -11,27 +11,27 @@ import (
 	"time"
 )
 
-// kind is what a tracked sandbox is to the daemon.
-type kind string
+// Kind is what a tracked sandbox is to the daemon.
+type Kind string
 
 const (
-	// kindPooled: idle in a warm pool, nobody's yet. After a crash it is a leftover and
+	// KindPooled: idle in a warm pool, nobody's yet. After a crash it is a leftover and
 	// is destroyed.
-	kindPooled kind = "pooled"
-	// kindClient: handed to a client, kept until destroyed or expired.
-	kindClient kind = "client"
-	// kindDestroying: destroy was requested and the removal is pending or failed; the
+	KindPooled Kind = "pooled"
+	// KindClient: handed to a client, kept until destroyed or expired.
+	KindClient Kind = "client"
+	// KindDestroying: destroy was requested and the removal is pending or failed; the
 	// reaper retries it, and a restart finishes it.
-	kindDestroying kind = "destroying"
+	KindDestroying Kind = "destroying"
 )
 
-// record is what the daemon knows of one sandbox. The persisted fields are exactly what
+// Record is what the daemon knows of one sandbox. The persisted fields are exactly what
 // a restarted daemon needs to keep serving the sandbox as before.
-type record struct {
+type Record struct {
 	ID        string    `json:"id"`
 	Provider  string    `json:"provider"`
 	Image     string    `json:"image"`
-	Kind      kind      `json:"kind"`
+	Kind      Kind      `json:"kind"`
 	Pool      string    `json:"pool,omitempty"` // the pool it came from, for pooled and claimed ones
 	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt is the expiry the daemon enforces. For a sandbox from the pool it is
@@ -57,8 +57,8 @@ type record struct {
 	removing bool
 }
 
-// tenantName is the record's tenant.
-func (r *record) tenantName() string {
+// TenantName is the record's tenant.
+func (r *Record) TenantName() string {
 	if r.Tenant == "" {
 		return LocalTenant
 	}
@@ -71,7 +71,7 @@ type stateFile struct {
 	// Instance is the daemon's owner id (see owner.go), kept so that a restarted daemon
 	// is the same owner.
 	Instance  string    `json:"instance,omitempty"`
-	Sandboxes []*record `json:"sandboxes"`
+	Sandboxes []*Record `json:"sandboxes"`
 }
 
 const stateVersion = 1
@@ -88,7 +88,7 @@ type store struct {
 	written uint64 // sequence number of the snapshot on disk
 }
 
-func (s *store) load() ([]*record, error) {
+func (s *store) load() ([]*Record, error) {
 	b, err := os.ReadFile(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -122,7 +122,7 @@ func readInstance(path string) string {
 
 // save writes snapshot seq unless a newer one is already on disk, so that concurrent
 // savers cannot put an older state back.
-func (s *store) save(seq uint64, recs []*record) error {
+func (s *store) save(seq uint64, recs []*Record) error {
 	b, err := json.Marshal(stateFile{Version: stateVersion, Instance: s.instance, Sandboxes: recs})
 	if err != nil {
 		return err

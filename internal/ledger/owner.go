@@ -1,4 +1,4 @@
-package daemon
+package ledger
 
 import (
 	"crypto/rand"
@@ -46,13 +46,13 @@ func stateKeyOf(stateFile string) string {
 }
 
 // poolOwner is the owner of the sandboxes the pools make.
-func (d *Daemon) poolOwner() string { return ownerPrefix + d.instance + "." + d.stateKey }
+func (l *Ledger) Owner() string { return ownerPrefix + l.instance + "." + l.stateKey }
 
 // ownerFor is the owner of a tenant's sandbox.
-func (d *Daemon) ownerFor(tenant string) string { return d.poolOwner() + "/" + tenant }
+func (l *Ledger) ownerFor(tenant string) string { return l.Owner() + "/" + tenant }
 
 // OwnerOf is the owner the daemon gives the sandboxes of the named tenant.
-func (d *Daemon) OwnerOf(tenant string) string { return d.ownerFor(tenant) }
+func (l *Ledger) OwnerOf(tenant string) string { return l.ownerFor(tenant) }
 
 // ownerClass is what a sandbox's owner is to this daemon.
 type ownerClass int
@@ -67,7 +67,7 @@ const (
 )
 
 // classify says whose a sandbox is, and for a tenant's sandbox, which tenant's.
-func (d *Daemon) classify(owner string) (class ownerClass, tenant string) {
+func (l *Ledger) classify(owner string) (class ownerClass, tenant string) {
 	rest, ok := strings.CutPrefix(owner, ownerPrefix)
 	if !ok {
 		return foreignOwner, ""
@@ -75,9 +75,9 @@ func (d *Daemon) classify(owner string) (class ownerClass, tenant string) {
 	id, tenant, _ := strings.Cut(rest, "/")
 	instance, key, ok := strings.Cut(id, ".")
 	switch {
-	case !ok || key != d.stateKey:
+	case !ok || key != l.stateKey:
 		return foreignOwner, ""
-	case instance == d.instance:
+	case instance == l.instance:
 		return ownOwner, tenant
 	}
 	return orphanOwner, tenant

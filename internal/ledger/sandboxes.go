@@ -1,4 +1,4 @@
-package daemon
+package ledger
 
 import (
 	"context"
@@ -13,58 +13,58 @@ import (
 	"github.com/roche-sandbox/roche/pool"
 )
 
-// save writes the current state. Callers must not hold d.mu.
-func (d *Daemon) save() error {
-	d.mu.Lock()
-	d.seq++
-	seq := d.seq
-	recs := make([]*record, 0, len(d.sandboxes))
-	for _, r := range d.sandboxes {
+// save writes the current state. Callers must not hold l.mu.
+func (l *Ledger) save() error {
+	l.mu.Lock()
+	l.seq++
+	seq := l.seq
+	recs := make([]*Record, 0, len(l.sandboxes))
+	for _, r := range l.sandboxes {
 		c := *r
 		recs = append(recs, &c)
 	}
-	d.mu.Unlock()
-	return d.store.save(seq, recs)
+	l.mu.Unlock()
+	return l.store.save(seq, recs)
 }
 
 // saveOrWarn saves, logging a failure: the daemon keeps serving without its state
 // file, only losing crash recovery for what changed.
-func (d *Daemon) saveOrWarn() {
-	if err := d.save(); err != nil {
-		d.log.Error("saving state (crash recovery is degraded until it succeeds)", "err", err)
+func (l *Ledger) saveOrWarn() {
+	if err := l.save(); err != nil {
+		l.log.Error("saving state (crash recovery is degraded until it succeeds)", "err", err)
 	}
 }
 
 // pooledCreated is the pool hook: record a new idle sandbox before it can be claimed, so
 // that a restart after a crash recognises it as a leftover.
-func (d *Daemon) pooledCreated(key pool.Key, sb roche.SandboxInfo) {
-	d.mu.Lock()
-	d.sandboxes[sb.ID] = &record{
-		ID: sb.ID, Provider: key.Provider, Image: sb.Image, Kind: kindPooled, Pool: key.String(),
+func (l *Ledger) pooledCreated(key pool.Key, sb roche.SandboxInfo) {
+	l.mu.Lock()
+	l.sandboxes[sb.ID] = &Record{
+		ID: sb.ID, Provider: key.Provider, Image: sb.Image, Kind: KindPooled, Pool: key.String(),
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(),
 	}
-	d.mu.Unlock()
-	d.saveOrWarn()
+	l.mu.Unlock()
+	l.saveOrWarn()
 }
 
 // pooledDestroyed is the pool hook for an idle sandbox it destroyed.
-func (d *Daemon) pooledDestroyed(_ pool.Key, id string) {
-	d.mu.Lock()
-	delete(d.sandboxes, id)
-	d.mu.Unlock()
-	d.saveOrWarn()
+func (l *Ledger) pooledDestroyed(_ pool.Key, id string) {
+	l.mu.Lock()
+	delete(l.sandboxes, id)
+	l.mu.Unlock()
+	l.saveOrWarn()
 }
 
 // visible reports whether tenant t may see the record: its own sandboxes, handed out or
 // being destroyed. Idle pooled sandboxes are nobody's.
-func (r *record) visible(t *tenant) bool {
-	return r.Kind != kindPooled && r.tenantName() == t.name
+func (r *Record) visible(t *Tenant) bool {
+	return r.Kind != KindPooled && r.TenantName() == t.Name
 }
 
 // lookupLocked finds one of tenant t's sandboxes by id or unique id prefix, as Docker
 // accepts. Other tenants' sandboxes are not there to find.
-func (d *Daemon) lookupLocked(t *tenant, id string) *record {
-	if r, ok := d.sandboxes[id]; ok {
+func (l *Ledger) lookupLocked(t *Tenant, id string) *Record {
+	if r, ok := l.sandboxes[id]; ok {
 		if r.visible(t) {
 			return r
 		}
@@ -73,8 +73,8 @@ func (d *Daemon) lookupLocked(t *tenant, id string) *record {
 	if len(id) < 4 {
 		return nil
 	}
-	var found *record
-	for full, r := range d.sandboxes {
+	var found *Record
+	for full, r := range l.sandboxes {
 		if strings.HasPrefix(full, id) && r.visible(t) {
 			if found != nil {
 				return nil // ambiguous
@@ -85,85 +85,85 @@ func (d *Daemon) lookupLocked(t *tenant, id string) *record {
 	return found
 }
 
-// notFound is what a tenant hears of an id that names none of its sandboxes, whether it
+// NotFound is what a tenant hears of an id that names none of its sandboxes, whether it
 // names another tenant's, someone else's on the engine, or nothing.
-func notFound(id string) error {
+func NotFound(id string) error {
 	return fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
 }
 
-// target is a sandbox resolved for a call: its provider and a copy of what the daemon
-// knows of it.
-type target struct {
-	id  string
-	p   roche.Provider
-	rec *record
+// Target is a sandbox resolved for a call: its full id, its provider and a copy of what
+// the daemon knows of it.
+type Target struct {
+	ID       string
+	Provider roche.Provider
+	rec      *Record
 }
 
-// resolve finds the sandbox of tenant t that a call names. Idle pooled sandboxes are
+// Resolve finds the sandbox of tenant t that a call names. Idle pooled sandboxes are
 // nobody's, destroyed ones are gone, and what the daemon does not track (another
 // tenant's, another daemon's, a direct-mode user's) is not its to serve: all are "not
 // found".
-func (d *Daemon) resolve(t *tenant, id string) (target, error) {
+func (l *Ledger) Resolve(t *Tenant, id string) (Target, error) {
 	if id == "" {
-		return target{}, fmt.Errorf("%w: empty sandbox id", roche.ErrNotFound)
+		return Target{}, fmt.Errorf("%w: empty sandbox id", roche.ErrNotFound)
 	}
-	d.mu.Lock()
-	r := d.lookupLocked(t, id)
-	var rec *record
-	if r != nil && r.Kind == kindClient {
+	l.mu.Lock()
+	r := l.lookupLocked(t, id)
+	var rec *Record
+	if r != nil && r.Kind == KindClient {
 		c := *r
 		rec = &c
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	if rec == nil {
-		return target{}, d.ended.notFound(t, id)
+		return Target{}, l.ended.notFound(t, id)
 	}
-	p, err := d.provider(rec.Provider)
-	return target{id: rec.ID, p: p, rec: rec}, err
+	p, err := l.Provider(rec.Provider)
+	return Target{ID: rec.ID, Provider: p, rec: rec}, err
 }
 
 // admit reserves room for one more sandbox of tenant t, or refuses at once: the
 // daemon's bound first, then the tenant's.
-func (d *Daemon) admit(t *tenant) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	all, mine := d.reserved, d.reservedBy[t.name]
-	for _, r := range d.sandboxes {
-		if r.Kind == kindClient {
+func (l *Ledger) admit(t *Tenant) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	all, mine := l.reserved, l.reservedBy[t.Name]
+	for _, r := range l.sandboxes {
+		if r.Kind == KindClient {
 			all++
-			if r.tenantName() == t.name {
+			if r.TenantName() == t.Name {
 				mine++
 			}
 		}
 	}
-	if max := d.cfg.MaxSandboxes; max > 0 && all >= max {
-		d.metrics.rejected.Inc()
+	if max := l.cfg.MaxSandboxes; max > 0 && all >= max {
+		l.obs.Rejected()
 		return fmt.Errorf("%w: roched is at its limit of %d sandboxes (--max-sandboxes): destroy some (roche list shows them) or raise the limit",
 			roche.ErrExhausted, max)
 	}
-	if max := t.maxSandboxes; max > 0 && mine >= max {
-		d.metrics.rejected.Inc()
+	if max := t.MaxSandboxes; max > 0 && mine >= max {
+		l.obs.Rejected()
 		return fmt.Errorf("%w: tenant %s is at its limit of %d sandboxes (max_sandboxes in roched's tokens file): destroy some (roche list shows them)",
-			roche.ErrExhausted, t.name, max)
+			roche.ErrExhausted, t.Name, max)
 	}
-	d.reserved++
-	d.reservedBy[t.name]++
+	l.reserved++
+	l.reservedBy[t.Name]++
 	return nil
 }
 
-// unreserveLocked gives back what admit reserved. Callers hold d.mu.
-func (d *Daemon) unreserveLocked(t *tenant) {
-	d.reserved--
-	if d.reservedBy[t.name]--; d.reservedBy[t.name] <= 0 {
-		delete(d.reservedBy, t.name)
+// unreserveLocked gives back what admit reserved. Callers hold l.mu.
+func (l *Ledger) unreserveLocked(t *Tenant) {
+	l.reserved--
+	if l.reservedBy[t.Name]--; l.reservedBy[t.Name] <= 0 {
+		delete(l.reservedBy, t.Name)
 	}
 }
 
-// create serves tenant t's Create: from a matching pool when one has a sandbox ready,
-// else cold. What the tenant may ask for is checked first (tenancy.go).
-func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+// Create serves tenant t's Create: from a matching pool when one has a sandbox ready,
+// else cold. What the tenant may ask for is checked first (tenant.go).
+func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
 	start := time.Now()
-	p, err := d.provider(providerName)
+	p, err := l.Provider(providerName)
 	if err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
@@ -171,34 +171,34 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
-	if err := d.refuseWhileDown(providerName); err != nil {
+	if err := l.refuseWhileDown(providerName); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
-	if cfg, err = d.permit(t, p, cfg); err != nil {
+	if cfg, err = l.permit(t, p, cfg); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
 	// A leased sandbox is held by its client through Hold (lease.go) and, where the
 	// provider has leases, by roched's own lease too.
 	clientLeased := cfg.Leased
 	cfg.Leased = clientLeased && p.Capabilities().Leases
-	if err := d.admit(t); err != nil {
+	if err := l.admit(t); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
 	admitted := true
 	defer func() {
 		if admitted {
-			d.mu.Lock()
-			d.unreserveLocked(t)
-			d.mu.Unlock()
+			l.mu.Lock()
+			l.unreserveLocked(t)
+			l.mu.Unlock()
 		}
 	}()
 
-	if sb, ok := d.fromPool(ctx, t, providerName, cfg); ok && d.leasePooled(ctx, p, sb.ID, clientLeased) {
-		d.mu.Lock()
-		d.unreserveLocked(t) // the record just made counts instead
+	if sb, ok := l.fromPool(ctx, t, providerName, cfg); ok && l.leasePooled(ctx, p, sb.ID, clientLeased) {
+		l.mu.Lock()
+		l.unreserveLocked(t) // the record just made counts instead
 		admitted = false
-		d.mu.Unlock()
-		d.metrics.create.WithLabelValues("pool").Observe(time.Since(start).Seconds())
+		l.mu.Unlock()
+		l.obs.Created("pool", time.Since(start))
 		return sb, true, nil
 	}
 
@@ -208,26 +208,26 @@ func (d *Daemon) create(ctx context.Context, t *tenant, providerName string, cfg
 	defer cancel()
 	sb, err := p.Create(cctx, cfg)
 	if err != nil {
-		d.noteCallError(providerName, err)
+		l.noteCallError(providerName, err)
 		return roche.SandboxInfo{}, false, err
 	}
-	d.mu.Lock()
-	d.unreserveLocked(t)
+	l.mu.Lock()
+	l.unreserveLocked(t)
 	admitted = false
-	d.sandboxes[sb.ID] = &record{
-		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Tenant: t.name,
+	l.sandboxes[sb.ID] = &Record{
+		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: KindClient, Tenant: t.Name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(), Leased: clientLeased,
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	if clientLeased {
-		d.leaseCreated(sb.ID, firstHold)
+		l.leaseCreated(sb.ID, FirstHold)
 	}
 	if ctx.Err() != nil {
-		d.markDestroying(sb.ID)
+		l.markDestroying(sb.ID)
 		return roche.SandboxInfo{}, false, fmt.Errorf("creating a sandbox: %w (the client went away; it was destroyed)", ctx.Err())
 	}
-	d.saveOrWarn()
-	d.metrics.create.WithLabelValues("cold").Observe(time.Since(start).Seconds())
+	l.saveOrWarn()
+	l.obs.Created("cold", time.Since(start))
 	return sb, false, nil
 }
 
@@ -238,40 +238,40 @@ const maxPooledEnv = 4 << 10
 
 // fromPool hands out a sandbox from the pool matching cfg, if one is ready and can
 // have cfg's workdir, recording it as the client's with its real expiry, env and workdir.
-func (d *Daemon) fromPool(ctx context.Context, t *tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
-	pl := d.pools.Match(providerName, cfg)
-	if pl == nil || !d.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
+func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
+	pl := l.pools.Match(providerName, cfg)
+	if pl == nil || !l.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
 		return roche.SandboxInfo{}, false
 	}
 	sb, ok := pl.Acquire(ctx)
 	if !ok {
 		return sb, false
 	}
-	if err := d.prepareWorkdir(ctx, pl, sb.ID, cfg.Workdir); err != nil {
+	if err := l.prepareWorkdir(ctx, pl, sb.ID, cfg.Workdir); err != nil {
 		// Nothing of the client's ran in it, but it is not what was asked for.
-		d.log.Info("pooled sandbox cannot have the workdir: creating one for it", "workdir", cfg.Workdir, "err", err)
-		d.markDestroying(sb.ID)
+		l.log.Info("pooled sandbox cannot have the workdir: creating one for it", "workdir", cfg.Workdir, "err", err)
+		l.markDestroying(sb.ID)
 		return roche.SandboxInfo{}, false
 	}
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
-	d.mu.Lock()
-	if r := d.sandboxes[sb.ID]; r == nil || r.Kind != kindPooled {
+	l.mu.Lock()
+	if r := l.sandboxes[sb.ID]; r == nil || r.Kind != KindPooled {
 		// It ended (events.go) while it was being handed out: the create goes cold.
-		d.mu.Unlock()
+		l.mu.Unlock()
 		pl.Forget(sb.ID)
 		return roche.SandboxInfo{}, false
 	}
-	d.sandboxes[sb.ID] = &record{
-		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: kindClient, Pool: pl.Spec().Key.String(), Tenant: t.name,
+	l.sandboxes[sb.ID] = &Record{
+		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: KindClient, Pool: pl.Spec().Key.String(), Tenant: t.Name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	// Saved before the client hears of it: a crash now must not destroy it as a leftover.
-	d.saveOrWarn()
+	l.saveOrWarn()
 	sb.ExpiresAt = expires
 	sb.State = roche.StateRunning
-	sb.Owner = d.ownerFor(t.name)
+	sb.Owner = l.ownerFor(t.Name)
 	return sb, true
 }
 
@@ -287,13 +287,13 @@ func workdirKey(pl *pool.Pool, dir string) string {
 
 // workdirPoolable: a create asking for a workdir that a pooled sandbox was found unable
 // to have (missing from the image, on the read-only root) goes cold without trying.
-func (d *Daemon) workdirPoolable(pl *pool.Pool, dir string) bool {
+func (l *Ledger) workdirPoolable(pl *pool.Pool, dir string) bool {
 	if dir == "" {
 		return true
 	}
-	d.mu.Lock()
-	ok, known := d.workdirs[workdirKey(pl, dir)]
-	d.mu.Unlock()
+	l.mu.Lock()
+	ok, known := l.workdirs[workdirKey(pl, dir)]
+	l.mu.Unlock()
 	return ok || !known
 }
 
@@ -302,14 +302,14 @@ func (d *Daemon) workdirPoolable(pl *pool.Pool, dir string) bool {
 // read-only; a pooled one was made before anyone asked, so the directory must exist in
 // the image, or be made now under /tmp. What was learnt about the image is remembered,
 // so each pool and directory pays for the check once (under /tmp: once per sandbox).
-func (d *Daemon) prepareWorkdir(ctx context.Context, pl *pool.Pool, id, dir string) error {
+func (l *Ledger) prepareWorkdir(ctx context.Context, pl *pool.Pool, id, dir string) error {
 	if dir == "" {
 		return nil
 	}
 	key := workdirKey(pl, dir)
-	d.mu.Lock()
-	ok := d.workdirs[key]
-	d.mu.Unlock()
+	l.mu.Lock()
+	ok := l.workdirs[key]
+	l.mu.Unlock()
 	if ok {
 		return nil
 	}
@@ -321,16 +321,16 @@ func (d *Daemon) prepareWorkdir(ctx context.Context, pl *pool.Pool, id, dir stri
 		// Made with the files API, in each sandbox, as under /tmp. One it cannot make
 		// (on the read-only root) it never will, and that is remembered.
 		if err != nil {
-			d.mu.Lock()
-			d.workdirs[key] = false
-			d.mu.Unlock()
+			l.mu.Lock()
+			l.workdirs[key] = false
+			l.mu.Unlock()
 		}
 		return err
 	}
 	if !underTmp(dir) {
-		d.mu.Lock()
-		d.workdirs[key] = err == nil
-		d.mu.Unlock()
+		l.mu.Lock()
+		l.workdirs[key] = err == nil
+		l.mu.Unlock()
 	}
 	return err
 }
@@ -354,15 +354,15 @@ func makeWorkdir(ctx context.Context, p roche.Provider, id, dir string) error {
 	return err
 }
 
-// exec runs a command, applying what the daemon remembers of the sandbox: the env and
+// Exec runs a command, applying what the daemon remembers of the sandbox: the env and
 // workdir a pooled sandbox's create asked for, and its real expiry as the default timeout.
-func (d *Daemon) exec(ctx context.Context, tn *tenant, id string, req roche.ExecRequest) (roche.ExecResult, error) {
+func (l *Ledger) Exec(ctx context.Context, tn *Tenant, id string, req roche.ExecRequest) (roche.ExecResult, error) {
 	start := time.Now()
 	// A malformed request is that whatever it names.
 	if err := req.Validate(); err != nil {
 		return roche.ExecResult{}, err
 	}
-	t, err := d.resolve(tn, id)
+	t, err := l.Resolve(tn, id)
 	if err != nil {
 		return roche.ExecResult{}, err
 	}
@@ -379,29 +379,29 @@ func (d *Daemon) exec(ctx context.Context, tn *tenant, id string, req roche.Exec
 			req.Timeout = max(time.Until(r.ExpiresAt), time.Second)
 		}
 	}
-	res, err := t.p.Exec(ctx, t.id, req)
+	res, err := t.Provider.Exec(ctx, t.ID, req)
 	if errors.Is(err, roche.ErrNotFound) && t.rec != nil {
-		d.forgetEnded(t.id, err) // removed or stopped behind our back
+		l.forgetEnded(t.ID, err) // removed or stopped behind our back
 	}
-	d.metrics.exec.Observe(time.Since(start).Seconds())
+	l.obs.Executed(time.Since(start))
 	return res, err
 }
 
 // forget drops a record whose sandbox no longer exists.
-func (d *Daemon) forget(id string) {
-	d.mu.Lock()
-	r, ok := d.sandboxes[id]
-	delete(d.sandboxes, id)
-	d.mu.Unlock()
+func (l *Ledger) forget(id string) {
+	l.mu.Lock()
+	r, ok := l.sandboxes[id]
+	delete(l.sandboxes, id)
+	l.mu.Unlock()
 	if ok {
-		d.forgetInPool(r)
-		d.saveOrWarn()
+		l.forgetInPool(r)
+		l.saveOrWarn()
 	}
 }
 
-func (d *Daemon) forgetInPool(r *record) {
-	if pl := d.poolOf(r); pl != nil {
-		if r.Kind == kindPooled {
+func (l *Ledger) forgetInPool(r *Record) {
+	if pl := l.poolOf(r); pl != nil {
+		if r.Kind == KindPooled {
 			pl.Discard(r.ID)
 		} else {
 			pl.Forget(r.ID)
@@ -410,7 +410,7 @@ func (d *Daemon) forgetInPool(r *record) {
 }
 
 // poolOf is the pool a record's sandbox came from, or nil.
-func (d *Daemon) poolOf(r *record) *pool.Pool {
+func (l *Ledger) poolOf(r *Record) *pool.Pool {
 	if r.Pool == "" {
 		return nil
 	}
@@ -418,105 +418,106 @@ func (d *Daemon) poolOf(r *record) *pool.Pool {
 	if err != nil {
 		return nil
 	}
-	pl, err := d.pools.Get(key)
+	pl, err := l.pools.Get(key)
 	if err != nil {
 		return nil
 	}
 	return pl
 }
 
-// destroy removes one of tenant t's sandboxes. It is marked destroyed at once (every
+// Destroy removes one of tenant t's sandboxes. It is marked destroyed at once (every
 // later call sees "not found") and removed in the background, which keeps a client's
 // create-exec-destroy cycle short; the mark is saved, so a crash cannot leak it. An id
 // that names none of the tenant's sandboxes is "not found" (the clients, as the
 // providers, treat that as already destroyed); one being destroyed is done.
-func (d *Daemon) destroy(t *tenant, id string) (string, error) {
-	d.mu.Lock()
-	r := d.lookupLocked(t, id)
+func (l *Ledger) Destroy(t *Tenant, id string) (string, error) {
+	l.mu.Lock()
+	r := l.lookupLocked(t, id)
 	var full string
-	var k kind
+	var k Kind
 	if r != nil {
 		full, k = r.ID, r.Kind
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	switch {
 	case r == nil:
-		return "", notFound(id)
-	case k == kindDestroying:
+		return "", NotFound(id)
+	case k == KindDestroying:
 		return full, nil
 	}
-	d.markDestroying(full)
-	d.saveOrWarn()
+	l.markDestroying(full)
+	l.saveOrWarn()
 	return full, nil
 }
 
 // markDestroying marks a tracked sandbox destroyed and starts its removal.
-func (d *Daemon) markDestroying(id string) {
-	d.mu.Lock()
-	r, ok := d.sandboxes[id]
+func (l *Ledger) markDestroying(id string) {
+	l.mu.Lock()
+	r, ok := l.sandboxes[id]
 	if ok {
-		r.Kind = kindDestroying
+		r.Kind = KindDestroying
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	if ok {
-		d.startRemoval(id)
+		l.startRemoval(id)
 	}
 }
 
 // startRemoval removes a sandbox marked destroying, in the background, unless a
 // removal is already in flight. A failure leaves the mark for the reaper to retry.
-func (d *Daemon) startRemoval(id string) {
-	d.mu.Lock()
-	r, ok := d.sandboxes[id]
-	if !ok || r.removing || r.Kind != kindDestroying {
-		d.mu.Unlock()
+func (l *Ledger) startRemoval(id string) {
+	l.mu.Lock()
+	r, ok := l.sandboxes[id]
+	if !ok || r.removing || r.Kind != KindDestroying {
+		l.mu.Unlock()
 		return
 	}
 	r.removing = true
 	provider := r.Provider
-	d.removals.Add(1)
-	d.mu.Unlock()
+	l.removals.Add(1)
+	l.mu.Unlock()
 	go func() {
-		defer d.removals.Done()
-		d.removeSlots <- struct{}{}
-		defer func() { <-d.removeSlots }()
+		defer l.removals.Done()
+		l.removeSlots <- struct{}{}
+		defer func() { <-l.removeSlots }()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		p, err := d.provider(provider)
+		p, err := l.Provider(provider)
 		if err == nil {
 			err = p.Destroy(ctx, id)
 		}
-		d.mu.Lock()
-		r := d.sandboxes[id]
+		l.mu.Lock()
+		r := l.sandboxes[id]
 		if err != nil {
 			if r != nil {
 				r.removing = false
 			}
-			d.mu.Unlock()
-			d.log.Warn("removing a destroyed sandbox (will retry)", "id", id, "err", err)
+			l.mu.Unlock()
+			l.log.Warn("removing a destroyed sandbox (will retry)", "id", id, "err", err)
 			return
 		}
-		delete(d.sandboxes, id)
-		d.mu.Unlock()
+		delete(l.sandboxes, id)
+		l.mu.Unlock()
 		if r != nil {
-			d.forgetInPool(r)
+			l.forgetInPool(r)
 		}
-		d.log.Debug("sandbox removed", "id", id)
-		d.saveOrWarn()
+		l.log.Debug("sandbox removed", "id", id)
+		l.saveOrWarn()
 	}()
 }
 
-// countByState counts tracked sandboxes for /metrics.
-func (d *Daemon) countByState() map[string]int {
+// Counts counts tracked sandboxes by state, for /metrics: idle, creating, running,
+// paused, destroying and adopted.
+func (l *Ledger) Counts() map[string]int {
 	c := map[string]int{}
-	d.mu.Lock()
-	for _, r := range d.sandboxes {
+	l.mu.Lock()
+	for _, r := range l.sandboxes {
 		switch {
-		case r.adopted && r.Kind == kindClient:
+		case r.adopted && r.Kind == KindClient:
 			c["adopted"]++
-		case r.Kind == kindPooled:
+		case r.Kind == KindPooled:
 			c["idle"]++
-		case r.Kind == kindDestroying:
+		case r.Kind == KindDestroying:
 			c["destroying"]++
 		case r.Paused:
 			c["paused"]++
@@ -524,9 +525,9 @@ func (d *Daemon) countByState() map[string]int {
 			c["running"]++
 		}
 	}
-	c["creating"] = d.reserved
-	d.mu.Unlock()
-	for _, p := range d.pools.Pools() {
+	c["creating"] = l.reserved
+	l.mu.Unlock()
+	for _, p := range l.pools.Pools() {
 		c["creating"] += p.Status().Creating
 	}
 	return c
@@ -534,86 +535,86 @@ func (d *Daemon) countByState() map[string]int {
 
 // reapLoop destroys expired sandboxes every ReapInterval and reconciles with the
 // providers every ReconcileInterval.
-func (d *Daemon) reapLoop() {
-	defer d.bg.Done()
-	reap := time.NewTicker(d.cfg.ReapInterval)
+func (l *Ledger) reapLoop() {
+	defer l.bg.Done()
+	reap := time.NewTicker(l.cfg.ReapInterval)
 	defer reap.Stop()
-	reconcile := time.NewTicker(d.cfg.ReconcileInterval)
+	reconcile := time.NewTicker(l.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	for {
 		select {
-		case <-d.stop:
+		case <-l.stop:
 			return
 		case <-reap.C:
-			d.reap(time.Now())
+			l.reap(time.Now())
 		case <-reconcile.C:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			d.reconcile(ctx, false)
+			l.reconcile(ctx, false)
 			cancel()
 		}
 	}
 }
 
 // reap destroys client sandboxes past their expiry and retries failed removals.
-func (d *Daemon) reap(now time.Time) {
+func (l *Ledger) reap(now time.Time) {
 	var expired, retry []string
 	tenantOfRecord := map[string]string{}
-	d.mu.Lock()
-	for id, r := range d.sandboxes {
+	l.mu.Lock()
+	for id, r := range l.sandboxes {
 		switch {
-		case r.Kind == kindClient && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
+		case r.Kind == KindClient && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
 			expired = append(expired, id)
-			tenantOfRecord[id] = r.tenantName()
-		case r.Kind == kindDestroying && !r.removing:
+			tenantOfRecord[id] = r.TenantName()
+		case r.Kind == KindDestroying && !r.removing:
 			retry = append(retry, id)
 		}
 	}
-	d.mu.Unlock()
+	l.mu.Unlock()
 	for _, id := range expired {
-		d.log.Info("sandbox expired: destroying it", "id", id)
-		d.auditAs(tenantOfRecord[id], "expire", nil, "id", id)
-		d.markDestroying(id)
+		l.log.Info("sandbox expired: destroying it", "id", id)
+		l.Audit(tenantOfRecord[id], "expire", nil, "id", id)
+		l.markDestroying(id)
 	}
 	for _, id := range retry {
-		d.startRemoval(id)
+		l.startRemoval(id)
 	}
 	if len(expired) > 0 {
-		d.saveOrWarn()
+		l.saveOrWarn()
 	}
 }
 
 // recover loads the state a previous daemon left and reconciles it with the providers.
-func (d *Daemon) recover(ctx context.Context) error {
-	recs, err := d.store.load()
+func (l *Ledger) recover(ctx context.Context) error {
+	recs, err := l.store.load()
 	if err != nil {
 		return err
 	}
 	now := time.Now()
 	for _, r := range recs {
 		r.since = now
-		d.sandboxes[r.ID] = r
-		if r.Leased && r.Kind == kindClient {
+		l.sandboxes[r.ID] = r
+		if r.Leased && r.Kind == KindClient {
 			// Its client may hold it again (the Go client retries its Hold); if not, it
 			// goes as one never held does.
-			d.awaitHoldLocked(r.ID, firstHold)
+			l.awaitHoldLocked(r.ID, FirstHold)
 		}
 	}
-	d.reconcile(ctx, true)
-	d.reap(now)
+	l.reconcile(ctx, true)
+	l.reap(now)
 	// Sandboxes handed out from a pool before the restart still count towards its total.
-	d.mu.Lock()
-	for _, r := range d.sandboxes {
-		if r.Kind == kindClient && r.Pool != "" {
+	l.mu.Lock()
+	for _, r := range l.sandboxes {
+		if r.Kind == KindClient && r.Pool != "" {
 			if key, err := pool.ParseKey(r.Pool); err == nil {
-				if pl, err := d.pools.Get(key); err == nil {
+				if pl, err := l.pools.Get(key); err == nil {
 					pl.TrackInUse(r.ID)
 				}
 			}
 		}
 	}
-	d.mu.Unlock()
-	d.recovered = true
-	return d.save()
+	l.mu.Unlock()
+	l.recovered = true
+	return l.save()
 }
 
 // reconcile compares the records with what each provider lists. Records of vanished
@@ -623,13 +624,13 @@ func (d *Daemon) recover(ctx context.Context) error {
 // tenant's is served to that tenant and reaped at its expiry, a pool's is a leftover and
 // destroyed. At start-up its own are the creates a crash cut short; later they are
 // creates in flight, which record themselves. Everything else is left alone.
-func (d *Daemon) reconcile(ctx context.Context, startup bool) {
-	for _, name := range d.names {
-		p := d.providers[name]
+func (l *Ledger) reconcile(ctx context.Context, startup bool) {
+	for _, name := range l.names {
+		p := l.providers[name]
 		listed := time.Now()
 		list, err := p.List(ctx)
 		if err != nil {
-			d.log.Warn("reconcile: listing sandboxes", "provider", name, "err", err)
+			l.log.Warn("reconcile: listing sandboxes", "provider", name, "err", err)
 			continue
 		}
 		live := make(map[string]roche.SandboxInfo, len(list))
@@ -638,100 +639,211 @@ func (d *Daemon) reconcile(ctx context.Context, startup bool) {
 		}
 		var leftovers, stale []string
 		adopted := 0
-		d.mu.Lock()
-		for id, r := range d.sandboxes {
+		l.mu.Lock()
+		for id, r := range l.sandboxes {
 			if r.Provider != name || r.since.After(listed) {
 				continue
 			}
 			sb, ok := live[id]
 			switch {
 			case !ok:
-				delete(d.sandboxes, id)
+				delete(l.sandboxes, id)
 				if !startup {
-					d.forgetInPoolLocked(r)
+					l.forgetInPoolLocked(r)
 				}
-			case startup && r.Kind == kindPooled:
-				r.Kind = kindDestroying
+			case startup && r.Kind == KindPooled:
+				r.Kind = KindDestroying
 				leftovers = append(leftovers, id)
-			case r.Kind == kindClient && sb.State == roche.StateExited:
-				r.Kind = kindDestroying
+			case r.Kind == KindClient && sb.State == roche.StateExited:
+				r.Kind = KindDestroying
 				stale = append(stale, id)
 			}
 		}
 		for id, sb := range live {
-			if _, known := d.sandboxes[id]; known {
+			if _, known := l.sandboxes[id]; known {
 				continue
 			}
-			class, tenant := d.classify(sb.Owner)
+			class, tenant := l.classify(sb.Owner)
 			if class == foreignOwner || class == ownOwner && !startup {
 				continue
 			}
 			now := time.Now()
-			r := &record{
-				ID: id, Provider: name, Image: sb.Image, Kind: kindClient, Tenant: tenant, CreatedAt: sb.CreatedAt,
+			r := &Record{
+				ID: id, Provider: name, Image: sb.Image, Kind: KindClient, Tenant: tenant, CreatedAt: sb.CreatedAt,
 				ExpiresAt: sb.ExpiresAt, Paused: sb.State == roche.StatePaused, adopted: true, since: now,
 			}
 			switch {
 			case tenant == "":
-				r.Kind = kindDestroying
+				r.Kind = KindDestroying
 				leftovers = append(leftovers, id)
 			case sb.State == roche.StateExited || sb.Expired(now):
-				r.Kind = kindDestroying
+				r.Kind = KindDestroying
 				stale = append(stale, id)
 			default:
 				adopted++
 			}
-			d.sandboxes[id] = r
+			l.sandboxes[id] = r
 		}
-		d.mu.Unlock()
+		l.mu.Unlock()
 		if len(leftovers)+len(stale)+adopted > 0 {
-			d.log.Info("reconciled with provider", "provider", name, "pool_leftovers_destroyed", len(leftovers),
+			l.log.Info("reconciled with provider", "provider", name, "pool_leftovers_destroyed", len(leftovers),
 				"stale_destroyed", len(stale), "adopted", adopted)
 		}
 		for _, id := range append(leftovers, stale...) {
-			d.startRemoval(id)
+			l.startRemoval(id)
 		}
 	}
 }
 
 // forgetInPoolLocked tells the pool a sandbox vanished; the pools take their own lock
-// only, so this is safe under d.mu.
-func (d *Daemon) forgetInPoolLocked(r *record) { d.forgetInPool(r) }
+// only, so this is safe under l.mu.
+func (l *Ledger) forgetInPoolLocked(r *Record) { l.forgetInPool(r) }
 
-// verifyIdleSoon checks, once the pools' creations in flight have finished, that every
+// VerifyIdleSoon checks, once the pools' creations in flight have finished, that every
 // idle pooled sandbox still exists, discarding those that do not. A destroy of every
 // sandbox (or a gc) can remove a pool sandbox still being created, which nothing would
 // otherwise notice before handing it out; this keeps the check off the pool-hit path.
-func (d *Daemon) verifyIdleSoon() {
-	if !d.verifying.CompareAndSwap(false, true) {
+func (l *Ledger) VerifyIdleSoon() {
+	if !l.verifying.CompareAndSwap(false, true) {
 		return // one pending check covers every destroy before it starts
 	}
-	d.bg.Add(1)
+	l.bg.Add(1)
 	go func() {
-		defer d.bg.Done()
+		defer l.bg.Done()
 		deadline := time.Now().Add(2 * time.Minute)
-		for _, pl := range d.pools.Pools() {
+		for _, pl := range l.pools.Pools() {
 			for pl.Status().Creating > 0 && time.Now().Before(deadline) {
 				select {
-				case <-d.stop:
-					d.verifying.Store(false)
+				case <-l.stop:
+					l.verifying.Store(false)
 					return
 				case <-time.After(50 * time.Millisecond):
 				}
 			}
 		}
 		// From here on a new destroy needs a check of its own.
-		d.verifying.Store(false)
-		for _, pl := range d.pools.Pools() {
+		l.verifying.Store(false)
+		for _, pl := range l.pools.Pools() {
 			for _, id := range pl.IdleIDs() {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				_, err := pl.Provider().Inspect(ctx, id)
 				cancel()
 				if errors.Is(err, roche.ErrNotFound) {
-					d.log.Warn("an idle pool sandbox was removed behind the pool's back: discarding it", "id", id)
-					d.forget(id)
+					l.log.Warn("an idle pool sandbox was removed behind the pool's back: discarding it", "id", id)
+					l.forget(id)
 				}
 			}
 		}
 	}()
+}
+
+// List lists tenant t's sandboxes (every provider's, or one's), with the expiry the
+// daemon enforces; idle pooled and destroyed sandboxes, other tenants' and whatever else
+// is on the engine are left out.
+func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.SandboxInfo, error) {
+	names := l.names
+	if provider != "" {
+		p, err := l.Provider(provider)
+		if err != nil {
+			return nil, err
+		}
+		names = []string{p.Name()}
+	}
+	out := []roche.SandboxInfo{}
+	var errs []error
+	for _, n := range names {
+		list, err := l.providers[n].List(ctx)
+		if err != nil {
+			l.noteCallError(n, err)
+			errs = append(errs, err)
+			continue
+		}
+		l.mu.Lock()
+		for _, sb := range list {
+			r, ok := l.sandboxes[sb.ID]
+			if !ok || r.Kind != KindClient || !r.visible(t) {
+				continue
+			}
+			sb.ExpiresAt, sb.Owner = r.ExpiresAt, l.ownerFor(r.TenantName())
+			out = append(out, sb)
+		}
+		l.mu.Unlock()
+	}
+	return out, errors.Join(errs...)
+}
+
+// Inspect asks the provider about one of tenant t's sandboxes, with the expiry the
+// daemon enforces.
+func (l *Ledger) Inspect(ctx context.Context, t *Tenant, id string) (roche.SandboxInfo, error) {
+	tg, err := l.Resolve(t, id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	sb, err := tg.Provider.Inspect(ctx, tg.ID)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	sb.ExpiresAt, sb.Owner = tg.rec.ExpiresAt, l.ownerFor(tg.rec.TenantName())
+	return sb, nil
+}
+
+// Pause pauses or unpauses one of tenant t's sandboxes, remembering it for /metrics.
+func (l *Ledger) Pause(ctx context.Context, t *Tenant, id string, pause bool) error {
+	tg, err := l.Resolve(t, id)
+	if err != nil {
+		return err
+	}
+	pz, ok := tg.Provider.(roche.Pauser)
+	if !ok {
+		return fmt.Errorf("%w: the %s provider cannot pause sandboxes", roche.ErrUnsupported, tg.Provider.Name())
+	}
+	if pause {
+		err = pz.Pause(ctx, tg.ID)
+	} else {
+		err = pz.Unpause(ctx, tg.ID)
+	}
+	if err == nil {
+		l.mu.Lock()
+		if r, ok := l.sandboxes[tg.ID]; ok {
+			r.Paused = pause
+		}
+		l.mu.Unlock()
+	}
+	return err
+}
+
+// Serving is how many sandboxes are handed to clients, for /healthz.
+func (l *Ledger) Serving() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.sandboxes {
+		if r.Kind == KindClient {
+			n++
+		}
+	}
+	return n
+}
+
+// Records returns a copy of every record, in no order: what the state file would hold
+// now.
+func (l *Ledger) Records() []Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Record, 0, len(l.sandboxes))
+	for _, r := range l.sandboxes {
+		out = append(out, *r)
+	}
+	return out
+}
+
+// Tracked returns a copy of the record of sandbox id (a full id), if there is one.
+func (l *Ledger) Tracked(id string) (Record, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.sandboxes[id]
+	if !ok {
+		return Record{}, false
+	}
+	return *r, true
 }

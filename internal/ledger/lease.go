@@ -1,0 +1,140 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+)
+
+// Leases: a client that creates a sandbox with leased=true holds it with
+// a Hold stream for as long as it wants it. The stream ends when the client lets go or
+// its process dies (the kernel closes its connection), and the sandbox is destroyed
+// HoldGrace later unless another Hold took over; one never held is destroyed FirstHold
+// after its create. Where the provider has leases (roche.Leaser), roched also holds the
+// sandbox's own lease, so a roched killed outright leaves nothing behind for long either.
+const (
+	FirstHold = 10 * time.Second
+	HoldGrace = agent.DefaultLeaseGrace
+)
+
+// hold counts the Holds (the edge's Hold streams) of one leased sandbox.
+type hold struct {
+	holders int
+	timer   *time.Timer // running while nobody holds it
+}
+
+// leaseCreated starts the wait for the first Hold of a leased sandbox just recorded.
+func (l *Ledger) leaseCreated(id string, wait time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.awaitHoldLocked(id, wait)
+}
+
+// awaitHoldLocked starts the wait for a Hold of sandbox id, unless one is under way.
+// Callers hold l.mu, or run before the daemon serves (recover).
+func (l *Ledger) awaitHoldLocked(id string, wait time.Duration) {
+	if _, ok := l.holds[id]; ok {
+		return
+	}
+	l.holds[id] = &hold{timer: time.AfterFunc(wait, func() { l.holdLost(id) })}
+}
+
+// holdLost destroys a leased sandbox nobody holds.
+func (l *Ledger) holdLost(id string) {
+	l.mu.Lock()
+	h, ok := l.holds[id]
+	if !ok || h.holders > 0 {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.holds, id)
+	r, tracked := l.sandboxes[id]
+	live := tracked && r.Kind == KindClient
+	l.mu.Unlock()
+	if !live {
+		return
+	}
+	l.log.Info("leased sandbox no longer held by its client: destroying it", "id", id)
+	l.markDestroying(id)
+	l.saveOrWarn()
+}
+
+// forgetHoldLocked drops the hold state of a sandbox that is gone. Callers hold l.mu.
+func (l *Ledger) forgetHoldLocked(id string) {
+	if h, ok := l.holds[id]; ok {
+		h.timer.Stop()
+		delete(l.holds, id)
+	}
+}
+
+// Hold counts in a Hold of tenant t's leased sandbox id, returning its full id; the
+// returned func counts it out, starting the grace when it was the last.
+func (l *Ledger) Hold(t *Tenant, id string) (string, func(), error) {
+	tg, err := l.Resolve(t, id)
+	if err != nil {
+		return "", nil, err
+	}
+	if !tg.rec.Leased {
+		return "", nil, fmt.Errorf("%w: sandbox %s is not leased: it lives out its timeout; create it with leased=true to hold it", roche.ErrInvalidConfig, tg.ID)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.holds[tg.ID]
+	if !ok {
+		// Lost a moment ago: it is being destroyed.
+		return "", nil, NotFound(id)
+	}
+	h.holders++
+	h.timer.Stop()
+	full := tg.ID
+	return full, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if h.holders--; h.holders == 0 && l.holds[full] == h {
+			h.timer.Reset(HoldGrace)
+		}
+	}, nil
+}
+
+// Live reports whether sandbox id (a full id) is still a client's: the edge's Hold
+// ends when it is not.
+func (l *Ledger) Live(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.sandboxes[id]
+	return ok && r.Kind == KindClient
+}
+
+// leasePooled makes a sandbox just handed out from a pool what the client asked for:
+// leased, it is held as a new one is; not leased, its provider-level lease (the pool
+// made it leased to roched, so that a roched killed mid-refill leaves nothing for long)
+// is ended, and it lives out its timeout. One whose lease cannot be ended is destroyed,
+// and false sends the create on to make one.
+func (l *Ledger) leasePooled(ctx context.Context, p roche.Provider, id string, leased bool) bool {
+	if leased {
+		l.mu.Lock()
+		if r, ok := l.sandboxes[id]; ok {
+			r.Leased = true
+		}
+		l.mu.Unlock()
+		l.leaseCreated(id, FirstHold)
+		l.saveOrWarn()
+		return true
+	}
+	ls, ok := p.(roche.Leaser)
+	if !ok || !p.Capabilities().Leases {
+		return true
+	}
+	err := ls.Keep(ctx, id)
+	if err == nil || errors.Is(err, roche.ErrUnsupported) { // unsupported: made unleased
+		return true
+	}
+	l.log.Warn("a pooled sandbox's lease could not be ended: destroying it and creating one", "id", id, "err", err)
+	l.markDestroying(id)
+	l.saveOrWarn()
+	return false
+}

@@ -1,0 +1,335 @@
+// Package ledger is roched's state: every sandbox the daemon tracks and whose it is, the
+// state file that a restarted daemon reads to keep serving them, the warm pools, the
+// reaper, reconciliation with the providers, crash recovery, engine events and engine
+// health, leases and admission. It knows tenants by name and limits only; it speaks no
+// RPC. The API edge (internal/daemon) authenticates each call, turns it into a call
+// here, and turns the answer into the wire's messages (internal/wire).
+//
+// The API the edge calls, all safe for concurrent use:
+//
+//	New, Start, Close                         the ledger's life
+//	Create, Exec, Destroy, List, Inspect,     a tenant's sandboxes
+//	Pause, Reset, Resolve
+//	Hold, Live                                leased sandboxes (lease.go)
+//	Workspaces, RemoveWorkspace,              what outlives a sandbox (persist.go)
+//	Snapshots, RemoveSnapshot
+//	Pools, SelectPools, VerifyIdleSoon        the warm pools
+//	Providers, Provider, Engines, Counts,     what /healthz and /metrics report
+//	Serving, Owner, OwnerOf, Records, Tracked
+//	Audit                                     the audit trail's one format
+//
+// It imports no connect, cobra, client or generated API package; imports_test.go
+// fails if it does.
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/pool"
+)
+
+// Config is what the ledger keeps and how.
+type Config struct {
+	// DefaultProvider serves the calls that name no provider, when it is served
+	// (roched: internal/providers.Default); otherwise the only provider served does.
+	DefaultProvider string
+	// StateFile keeps the sandboxes across restarts. Required: the edge puts it beside
+	// its socket (defaults.StateFile) when the operator names none.
+	StateFile string
+	// MaxSandboxes bounds the sandboxes handed to clients at once (0: no bound). Idle
+	// pooled sandboxes are bounded by their pools instead.
+	MaxSandboxes int
+	// AllowRootSandboxes lets creates run commands as root (uid or gid 0, or a user
+	// name, which the image may map to 0). Off, such creates are refused.
+	AllowRootSandboxes bool
+	// Pools are the warm pools.
+	Pools []pool.Spec
+	// PoolConcurrency bounds concurrent pool creations across all pools (default 2).
+	PoolConcurrency int
+	// ReapInterval is how often expired sandboxes are looked for (default 1 s).
+	ReapInterval time.Duration
+	// ReconcileInterval is how often the ledger compares its state with the providers'
+	// (default 30 s), forgetting sandboxes removed behind its back.
+	ReconcileInterval time.Duration
+	// EngineCheckInterval is how often each provider's engine is asked whether it answers
+	// (default 2 s; health.go).
+	EngineCheckInterval time.Duration
+}
+
+// Validate reports every problem with the settings at once, for a ledger over the named
+// providers.
+func (c Config) Validate(providers []string) error {
+	limits, pools := c.Problems(providers)
+	return errors.Join(append(limits, pools...)...)
+}
+
+// Problems is Validate as lists, in two parts (the bound on sandboxes, then the pools),
+// so that the edge can report its own problems between them, as roched always has.
+func (c Config) Problems(providers []string) (limits, pools []error) {
+	if c.MaxSandboxes < 0 {
+		limits = append(limits, fmt.Errorf("%w: max sandboxes %d is negative: give 0 (no limit) or more", roche.ErrInvalidConfig, c.MaxSandboxes))
+	}
+	providers = slices.Clone(providers)
+	sort.Strings(providers)
+	for _, s := range c.Pools {
+		if !slices.Contains(providers, s.Provider) {
+			pools = append(pools, fmt.Errorf("%w: pool %s: unknown provider %q: this daemon serves %s",
+				roche.ErrInvalidConfig, s.Key, s.Provider, strings.Join(providers, ", ")))
+		}
+	}
+	return limits, pools
+}
+
+// Observer hears what the ledger measures, for the edge's metrics. The default hears
+// nothing.
+type Observer interface {
+	// Created: a create was served, from a pool ("pool") or made for it ("cold").
+	Created(source string, took time.Duration)
+	// Executed: a command ran, from request to result.
+	Executed(took time.Duration)
+	// Rejected: a create was refused at a bound on sandboxes.
+	Rejected()
+}
+
+type noObserver struct{}
+
+func (noObserver) Created(string, time.Duration) {}
+func (noObserver) Executed(time.Duration)        {}
+func (noObserver) Rejected()                     {}
+
+// Option configures a Ledger.
+type Option func(*Ledger)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(lg *Ledger) { lg.log = l } }
+
+// WithPoolOptions passes options to the pool manager (tests shorten its janitor).
+func WithPoolOptions(opts ...pool.Option) Option {
+	return func(l *Ledger) { l.poolOpts = append(l.poolOpts, opts...) }
+}
+
+// WithObserver sets what hears the ledger's measurements.
+func WithObserver(o Observer) Option { return func(l *Ledger) { l.obs = o } }
+
+// Ledger is the state of one roched.
+type Ledger struct {
+	cfg       Config
+	providers map[string]roche.Provider
+	names     []string // provider names, sorted
+	log       *slog.Logger
+	obs       Observer
+	poolOpts  []pool.Option
+	pools     *pool.Manager
+	store     *store
+
+	mu        sync.Mutex
+	sandboxes map[string]*Record
+	reserved  int // cold creates admitted and in flight
+	// reservedBy counts them per tenant.
+	reservedBy map[string]int
+	seq        uint64
+	// verifying: a check of the pools' idle sandboxes is pending (VerifyIdleSoon).
+	verifying atomic.Bool
+	// workdirs remembers, per pool and directory, whether a pooled sandbox can have
+	// that workdir (see prepareWorkdir).
+	workdirs map[string]bool
+	// holds are the Hold counts of leased sandboxes (lease.go).
+	holds map[string]*hold
+	// ended remembers why client sandboxes ended behind the daemon's back (events.go).
+	ended endings
+
+	// engines is whether each provider's engine answers (health.go).
+	engines *engines
+
+	removals sync.WaitGroup
+	// removeSlots bounds concurrent removals so a burst of destroys cannot starve creates.
+	removeSlots chan struct{}
+
+	// recovered: the state file has been read and reconciled, so this ledger owns it
+	// and may write it. A daemon that failed to start must not.
+	recovered bool
+	// unlockState releases the state file's lock (lockState).
+	unlockState func()
+
+	// instance and stateKey make up this daemon's owner (see owner.go).
+	instance, stateKey string
+
+	stop   chan struct{}
+	bg     sync.WaitGroup
+	closed sync.Once
+}
+
+// New validates cfg and prepares a ledger over the providers; Start loads the state.
+func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledger, error) {
+	if len(providers) == 0 {
+		return nil, fmt.Errorf("%w: no providers to serve", roche.ErrInvalidConfig)
+	}
+	if cfg.StateFile == "" {
+		return nil, fmt.Errorf("%w: no state file", roche.ErrInvalidConfig)
+	}
+	if cfg.PoolConcurrency <= 0 {
+		cfg.PoolConcurrency = 2
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = time.Second
+	}
+	if cfg.ReconcileInterval <= 0 {
+		cfg.ReconcileInterval = 30 * time.Second
+	}
+	if cfg.EngineCheckInterval <= 0 {
+		cfg.EngineCheckInterval = 2 * time.Second
+	}
+	names := make([]string, 0, len(providers))
+	for n := range providers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if err := cfg.Validate(names); err != nil {
+		return nil, err
+	}
+	instance := readInstance(cfg.StateFile)
+	if instance == "" {
+		instance = newInstance() // saved with the state at start-up, before any sandbox is made
+	}
+	l := &Ledger{
+		cfg:         cfg,
+		providers:   providers,
+		names:       names,
+		log:         slog.New(slog.DiscardHandler),
+		obs:         noObserver{},
+		store:       &store{path: cfg.StateFile, instance: instance},
+		instance:    instance,
+		stateKey:    stateKeyOf(cfg.StateFile),
+		sandboxes:   map[string]*Record{},
+		reservedBy:  map[string]int{},
+		workdirs:    map[string]bool{},
+		removeSlots: make(chan struct{}, 4),
+		stop:        make(chan struct{}),
+		holds:       map[string]*hold{},
+		engines:     newEngines(providers),
+	}
+	for _, o := range opts {
+		o(l)
+	}
+	popts := append([]pool.Option{
+		pool.WithLogger(l.log),
+		pool.WithOwner(l.Owner()),
+		pool.WithConcurrency(cfg.PoolConcurrency),
+		pool.WithHooks(pool.Hooks{Created: l.pooledCreated, Destroyed: l.pooledDestroyed}),
+	}, l.poolOpts...)
+	m, err := pool.NewManager(providers, cfg.Pools, popts...)
+	if err != nil {
+		return nil, err
+	}
+	l.pools = m
+	return l, nil
+}
+
+// Start takes the state file's lock, loads the state a previous daemon left and
+// reconciles it with the providers, then starts the pools, the reaper, the engine checks
+// and the watch of sandbox events. The edge claims its socket first, so that a second
+// daemon on it fails before it reads the state, and serves once Start returns.
+func (l *Ledger) Start(ctx context.Context) error {
+	if err := os.MkdirAll(filepath.Dir(l.cfg.StateFile), 0o700); err != nil {
+		return fmt.Errorf("creating the state file's directory: %w", err)
+	}
+	unlock, err := lockState(l.cfg.StateFile)
+	if err != nil {
+		return err
+	}
+	if err := l.recover(ctx); err != nil {
+		unlock()
+		return err
+	}
+	l.unlockState = unlock
+
+	l.pools.Start()
+	l.bg.Add(2)
+	go l.reapLoop()
+	go l.watchEngines()
+	l.watchSandboxes()
+	return nil
+}
+
+// Close stops the background work, drains the pools, finishes pending removals and
+// saves the state. The sandboxes clients hold are left running for the next daemon to
+// adopt. The edge stops serving first. A ledger that never started closes too.
+func (l *Ledger) Close(ctx context.Context) (poolDestroyed int, err error) {
+	var errs []error
+	l.closed.Do(func() {
+		close(l.stop)
+		l.bg.Wait()
+		// The pools get a fresh deadline: leaving idle sandboxes behind is the thing to avoid.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		n, err := l.pools.Close(pctx)
+		poolDestroyed = n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		l.removals.Wait()
+		if l.recovered {
+			if err := l.save(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if l.unlockState != nil {
+			l.unlockState()
+		}
+	})
+	return poolDestroyed, errors.Join(errs...)
+}
+
+// StateFile is the file the state is kept in.
+func (l *Ledger) StateFile() string { return l.cfg.StateFile }
+
+// Providers are the names of the providers served, sorted.
+func (l *Ledger) Providers() []string { return slices.Clone(l.names) }
+
+// Provider returns the named provider ("" is the default, Config.DefaultProvider, or
+// the only one served); a name this daemon does not serve is refused with those it does.
+func (l *Ledger) Provider(name string) (roche.Provider, error) {
+	if name == "" {
+		if p, ok := l.providers[l.cfg.DefaultProvider]; ok && l.cfg.DefaultProvider != "" {
+			return p, nil
+		}
+		if len(l.names) == 1 {
+			return l.providers[l.names[0]], nil
+		}
+	}
+	if p, ok := l.providers[name]; ok {
+		return p, nil
+	}
+	return nil, fmt.Errorf("%w: unknown provider %q: this daemon serves %s", roche.ErrInvalidConfig, name, strings.Join(l.names, ", "))
+}
+
+// Pools are the warm pools.
+func (l *Ledger) Pools() []*pool.Pool { return l.pools.Pools() }
+
+// SelectPools returns the pool named by key, or every pool when key is empty.
+func (l *Ledger) SelectPools(key string) ([]*pool.Pool, error) {
+	if key == "" {
+		return l.pools.Pools(), nil
+	}
+	k, err := pool.ParseKey(key)
+	if err != nil {
+		return nil, err
+	}
+	p, err := l.pools.Get(k)
+	if err != nil {
+		return nil, err
+	}
+	return []*pool.Pool{p}, nil
+}

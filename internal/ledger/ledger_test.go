@@ -1,0 +1,128 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunWithAgent(m)) }
+
+// TestLedgerWithoutTheEdge drives the ledger through its own API, with no listener, codec
+// or client in between, over the real Docker provider: a tenant's bound and the daemon's
+// hold, tenants see only their own sandboxes, and a ledger started on the same state file
+// (as after a restart) serves what the last one handed out, to the same tenant, until it
+// is destroyed.
+func TestLedgerWithoutTheEdge(t *testing.T) {
+	dp, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var made []string
+	t.Cleanup(func() {
+		for _, id := range made {
+			if _, err := dp.Inspect(context.Background(), id); err == nil {
+				t.Errorf("sandbox %s survived", id)
+				dp.Destroy(context.Background(), id)
+			}
+		}
+		dp.Close() // last: the checks above use its connections
+	})
+	if err := dp.Ping(ctx); err != nil {
+		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
+	}
+	cfg := Config{DefaultProvider: "docker", StateFile: filepath.Join(t.TempDir(), "state.json"), MaxSandboxes: 2}
+	providers := map[string]roche.Provider{"docker": dp}
+	start := func() *Ledger {
+		t.Helper()
+		l, err := New(cfg, providers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Closed (again: Close is once) before the check for survivors, also on a failure.
+		t.Cleanup(func() { l.Close(context.Background()) })
+		if err := l.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	stop := func(l *Ledger) {
+		t.Helper()
+		if _, err := l.Close(ctx); err != nil {
+			t.Fatalf("closing the ledger: %v", err)
+		}
+	}
+	alice := &Tenant{Name: "alice", MaxSandboxes: 1}
+	bob := &Tenant{Name: "bob"}
+	sbCfg := roche.DefaultConfig()
+	sbCfg.Image = testenv.Image()
+
+	l := start()
+	sb, pooled, err := l.Create(ctx, alice, "", sbCfg)
+	if err != nil || pooled {
+		t.Fatalf("alice's create: pooled=%v %v", pooled, err)
+	}
+	made = append(made, sb.ID)
+	if sb.Owner != l.OwnerOf("alice") {
+		t.Errorf("alice's sandbox is owned by %q, want %q", sb.Owner, l.OwnerOf("alice"))
+	}
+	if _, _, err := l.Create(ctx, alice, "", sbCfg); !errors.Is(err, roche.ErrExhausted) {
+		t.Fatalf("alice's second create past her bound of 1: %v, want ErrExhausted", err)
+	}
+	bobs, _, err := l.Create(ctx, bob, "docker", sbCfg)
+	if err != nil {
+		t.Fatalf("bob's create: %v", err)
+	}
+	made = append(made, bobs.ID)
+	if _, _, err := l.Create(ctx, bob, "docker", sbCfg); !errors.Is(err, roche.ErrExhausted) {
+		t.Fatalf("a third create past the daemon's bound of 2: %v, want ErrExhausted", err)
+	}
+	if _, err := l.Resolve(bob, sb.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("bob resolving alice's sandbox: %v, want ErrNotFound", err)
+	}
+	if _, err := l.Destroy(bob, sb.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("bob destroying alice's sandbox: %v, want ErrNotFound", err)
+	}
+	list, err := l.List(ctx, bob, "")
+	if err != nil || len(list) != 1 || list[0].ID != bobs.ID {
+		t.Fatalf("bob's list: %v %v, want only %s", list, err, bobs.ID)
+	}
+	if _, err := l.Destroy(bob, bobs.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Serving(); n != 1 {
+		t.Errorf("serving %d sandboxes after bob's destroy, want alice's 1", n)
+	}
+	stop(l)
+
+	// Restarted on the same state file: alice's sandbox is hers still, and works.
+	l = start()
+	defer stop(l)
+	r, ok := l.Tracked(sb.ID)
+	if !ok || r.Kind != KindClient || r.TenantName() != "alice" {
+		t.Fatalf("after the restart the record of alice's sandbox is %+v (tracked %v)", r, ok)
+	}
+	res, err := l.Exec(ctx, alice, sb.ID[:12], roche.ExecRequest{Cmd: []string{"echo", "kept"}})
+	if err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("exec in alice's sandbox after the restart: %q %v", res.Stdout, err)
+	}
+	if _, err := l.Exec(ctx, bob, sb.ID, roche.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("bob's exec in alice's sandbox after the restart: %v, want ErrNotFound", err)
+	}
+	if slices.ContainsFunc(l.Records(), func(r Record) bool { return r.ID == bobs.ID }) {
+		t.Errorf("bob's destroyed sandbox is still recorded after the restart")
+	}
+	if _, err := l.Destroy(alice, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+}
