@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -174,7 +175,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
-	root.Version = version()
+	root.Version = buildinfo.Version()
 	root.SetVersionTemplate("roche {{.Version}}\n")
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(

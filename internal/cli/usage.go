@@ -3,42 +3,11 @@ package cli
 import (
 	"fmt"
 	"regexp"
-	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
-
-// version is this build's: the module version when installed with go install, else the
-// commit it was built from.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
-		return v
-	}
-	var rev, dirty string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "+dirty"
-			}
-		}
-	}
-	if len(rev) > 12 {
-		rev = rev[:12]
-	}
-	if rev == "" {
-		return "devel"
-	}
-	return "devel-" + rev + dirty
-}
 
 var badFlagValue = regexp.MustCompile(`^invalid argument "(.*)" for "(.*)" flag: `)
 

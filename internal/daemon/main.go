@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/pool"
@@ -175,6 +176,8 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 			return run(cmd, f, stderr)
 		},
 	}
+	cmd.Version = buildinfo.Version()
+	cmd.SetVersionTemplate("roched {{.Version}}\n")
 	fs := cmd.Flags()
 	fs.StringVar(&f.socket, "socket", defaults.Socket(), "unix socket to listen on (env ROCHE_SOCKET)")
 	fs.StringVar(&f.listen, "listen", "", "also listen on TCP, tcp://HOST:PORT; needs a token")

@@ -78,6 +78,15 @@ func TestMainHelp(t *testing.T) {
 
 // TestConfigFileAndFlags: the file gives settings, flags win, a --pool replaces the
 // file's pool for the same provider/image.
+// TestMainVersion: roched --version says which build it is, on one line.
+func TestMainVersion(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main([]string{"--version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "roched ") ||
+		strings.Count(out.String(), "\n") != 1 || errb.Len() != 0 {
+		t.Fatalf("roched --version: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
+	}
+}
+
 func TestConfigFileAndFlags(t *testing.T) {
 	dir := shortDir(t)
 	file := filepath.Join(dir, "roched.json")
