@@ -24,6 +24,7 @@ const (
 	firstHold     = 10 * time.Second
 	holdGrace     = agent.DefaultLeaseGrace
 	holdHeartbeat = 15 * time.Second
+	holdCheck     = time.Second
 )
 
 // hold counts the Hold streams of one leased sandbox.
@@ -105,7 +106,10 @@ func (d *Daemon) takeHold(t *tenant, id string) (string, func(), error) {
 	}, nil
 }
 
-// Hold holds a leased sandbox until the client goes (see the constants above).
+// Hold holds a leased sandbox until the client goes (see the constants above). It looks
+// every holdCheck whether the sandbox still lives, so that a sandbox destroyed under its
+// holder (another client's destroy, its lifetime's end, its engine) ends the stream
+// within about a second, saying why; it sends a heartbeat every holdHeartbeat.
 func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldRequest], stream *connect.ServerStream[rochev1.HoldResponse]) error {
 	t, err := tenantOf(ctx)
 	if err != nil {
@@ -113,29 +117,78 @@ func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldReq
 	}
 	id, release, err := s.d.takeHold(t, req.Msg.SandboxId)
 	if err != nil {
+		if errors.Is(err, roche.ErrNotFound) {
+			err = s.d.whyNotHeld(t, req.Msg.SandboxId, err)
+		}
 		return wire.ToStatus(err)
 	}
 	defer release()
-	tick := time.NewTicker(holdHeartbeat)
-	defer tick.Stop()
+	check := time.NewTicker(holdCheck)
+	defer check.Stop()
+	var lastSent time.Time
+	var last record
 	for {
-		s.d.mu.Lock()
-		r, ok := s.d.sandboxes[id]
-		live := ok && r.Kind == kindClient
-		s.d.mu.Unlock()
-		if !live {
-			return wire.ToStatus(notFound(id)) // destroyed, or its lifetime ended
+		if err := s.d.heldGone(t, id, &last); err != nil {
+			return wire.ToStatus(err)
 		}
-		if err := stream.Send(&rochev1.HoldResponse{}); err != nil {
-			return nil // the client is gone
+		if time.Since(lastSent) >= holdHeartbeat {
+			if err := stream.Send(&rochev1.HoldResponse{}); err != nil {
+				return nil // the client is gone
+			}
+			lastSent = time.Now()
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.d.draining:
 			return wire.ToStatus(fmt.Errorf("%w: roched is shutting down", roche.ErrUnavailable))
-		case <-tick.C:
+		case <-check.C:
 		}
+	}
+}
+
+// whyNotHeld is the error for a Hold that came as its sandbox was being destroyed (a
+// destroy between the create and the client's Hold): why, rather than only notFound.
+func (d *Daemon) whyNotHeld(t *tenant, id string, notFound error) error {
+	d.mu.Lock()
+	r, ok := d.sandboxes[id]
+	var last record
+	if ok {
+		last = *r
+	}
+	d.mu.Unlock()
+	if !ok {
+		return notFound
+	}
+	if err := d.heldGone(t, id, &last); err != nil {
+		return err
+	}
+	return notFound
+}
+
+// heldGone is nil while the held sandbox id lives, else the NOT_FOUND error that ends
+// its Hold, saying why it went. last is what the previous look found, kept up to date:
+// a removal may finish between two looks.
+func (d *Daemon) heldGone(t *tenant, id string, last *record) error {
+	d.mu.Lock()
+	r, ok := d.sandboxes[id]
+	if ok {
+		*last = *r
+	}
+	d.mu.Unlock()
+	if ok && last.Kind == kindClient {
+		return nil
+	}
+	d.ended.mu.Lock()
+	_, behindBack := d.ended.byID[id]
+	d.ended.mu.Unlock()
+	switch {
+	case behindBack:
+		return d.ended.notFound(t, id) // killed, stopped by its engine: says which
+	case !last.ExpiresAt.IsZero() && !time.Now().Before(last.ExpiresAt):
+		return fmt.Errorf("%w: sandbox %s was destroyed: its lifetime ended at %s", roche.ErrNotFound, id, last.ExpiresAt.Local().Format(time.TimeOnly))
+	default:
+		return fmt.Errorf("%w: sandbox %s was destroyed (roche destroy, or another client of roched)", roche.ErrNotFound, id)
 	}
 }
 
