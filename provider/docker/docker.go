@@ -112,9 +112,8 @@ type Provider struct {
 	// pay an inspect round trip to check the label again.
 	mu       sync.Mutex
 	verified map[string]sandbox
-	// leases are the connections holding the leases of the leased sandboxes this
-	// provider made (lease.go).
-	leases map[string]io.Closer
+	// leases holds the leases of the leased sandboxes this provider made.
+	leases agentfwd.Leases
 
 	// halfMade removes, in the background, containers a create left when the engine
 	// stopped answering midway (halfmade.go); closing stops it.
@@ -200,7 +199,6 @@ func New(opts ...Option) (*Provider, error) {
 		log:         slog.New(slog.DiscardHandler),
 		pullTimeout: 2 * time.Minute,
 		verified:    map[string]sandbox{},
-		leases:      map[string]io.Closer{},
 		agentPath:   defaultAgentPath(),
 		stateDir:    defaultStateDir(),
 		dataDir:     defaultDataDir(),
@@ -245,7 +243,7 @@ func New(opts ...Option) (*Provider, error) {
 // Close stops the egress proxies this process serves and the removal of half-made
 // sandboxes, and releases the Engine API client.
 func (p *Provider) Close() error {
-	p.dropLeases()
+	p.leases.DropAll()
 	p.stopAllEgress()
 	p.close()
 	p.halfMade.Wait()
@@ -511,7 +509,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 			return roche.SandboxInfo{}, fmt.Errorf("%w: %v%s", errAgentFailed, err, reason)
 		}
 		if cfg.Leased {
-			if err := p.takeLease(ctx, sb); err != nil {
+			if err := p.leases.Take(ctx, sb.id, sb.agent); err != nil {
 				p.undo(id, sb.agentDir, context.Cause(ctx))
 				return roche.SandboxInfo{}, err
 			}
@@ -917,7 +915,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	}
 	p.forget(s.id)
-	defer p.dropLease(s.id)
+	defer p.leases.Drop(s.id)
 	err = p.cli.ContainerRemove(ctx, s.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
 		return p.engineErr("removing sandbox "+s.id, err)
