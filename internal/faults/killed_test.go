@@ -6,9 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
+
+	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
@@ -129,9 +132,9 @@ func TestRochedKilledDuringRefill(t *testing.T) {
 		t.Fatalf("roched's state file lists %d idle pooled sandboxes, want the 2 or more the pool reported", len(idleIDs))
 	}
 
-	// Every one the pool held idle goes within the grace (the agent stops, the engine
-	// removes the container).
-	eventually(t, docker.LeaseGrace+margin, "the idle pooled sandboxes to go", func() bool {
+	// Every one the pool held idle goes within the grace and the engine's stop and
+	// removal of the container (the agent exits; auto-remove).
+	eventually(t, docker.LeaseGrace+2*time.Second+margin, "the idle pooled sandboxes to go", func() bool {
 		now := sandboxesFrom(t, real, img)
 		for _, id := range idleIDs {
 			if contains(now, id) {
@@ -142,32 +145,81 @@ func TestRochedKilledDuringRefill(t *testing.T) {
 	})
 	idleGone := time.Since(killed)
 	// And the ones being created, within their wait for a first lease. A container the
-	// engine had made but not yet started when roched died never runs (no process, no
-	// memory), and nothing removes it but the next roched or roche gc: at most one per
-	// create under way.
-	var unstarted []roche.SandboxInfo
-	eventually(t, engineTimeout+5*time.Second+docker.LeaseGrace+margin, "the sandboxes being created to go", func() bool {
+	// engine had made but roched had not yet started never runs (no process, so no
+	// lease): the next create on the engine, by any process, removes it once its
+	// creator's deadline (and a slack) has passed.
+	var unstarted []string
+	// Their agents wait engineTimeout+5s for a first lease, counted from their start,
+	// which the engine may finish a little after the kill; then the engine stops and
+	// removes them.
+	eventually(t, engineTimeout+5*time.Second+5*time.Second+margin, "the sandboxes being created to go", func() bool {
 		unstarted = unstarted[:0]
 		for _, sb := range sandboxesFrom(t, real, img) {
 			if sb.State != roche.StateCreated {
 				return false
 			}
-			unstarted = append(unstarted, sb)
+			unstarted = append(unstarted, sb.ID)
 		}
 		return true
 	})
+	startedGone := time.Since(killed)
 	if len(unstarted) > 2 {
-		t.Errorf("%d never-started containers left, more than the 2 creates roched makes at once: %+v", len(unstarted), unstarted)
+		t.Errorf("%d never-started containers left, more than the 2 creates roched makes at once: %v", len(unstarted), unstarted)
 	}
-	for _, sb := range unstarted {
-		t.Logf("left never started (roched died between the engine's create and start): %s", sb.ID)
-		if err := real.Destroy(context.Background(), sb.ID); err != nil {
-			t.Error(err)
+	if len(unstarted) > 0 {
+		dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+		if err != nil {
+			t.Fatal(err)
 		}
+		defer dc.Close()
+		var giveUp time.Time
+		for _, id := range unstarted {
+			c, err := dc.ContainerInspect(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			by, err := strconv.ParseInt(c.Config.Labels[docker.LabelStartBy], 10, 64)
+			if err != nil {
+				t.Fatalf("container %s has no %s label: %v", id, docker.LabelStartBy, err)
+			}
+			if at := time.Unix(by, 0); at.After(giveUp) {
+				giveUp = at
+			}
+		}
+		// roched's creates gave up at most engineTimeout after the kill; the sweep
+		// leaves them 30 s more.
+		if giveUp.After(killed.Add(engineTimeout + time.Second)) {
+			t.Errorf("a create's give-up time %v is past the kill (%v) plus its engine timeout", giveUp, killed)
+		}
+		time.Sleep(time.Until(giveUp.Add(30*time.Second + time.Second)))
+		next, err := docker.New(docker.WithLogger(testLogger(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer next.Close()
+		cfg := roche.DefaultConfig()
+		cfg.Image = img
+		sb, err := next.Create(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := next.Destroy(context.Background(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, controlBound+margin, "the next create to remove the never-started containers", func() bool {
+			now := sandboxesFrom(t, real, img)
+			for _, id := range unstarted {
+				if contains(now, id) {
+					return false
+				}
+			}
+			return true
+		})
+		t.Logf("%d never-started containers removed by the next create, %v after the kill", len(unstarted), time.Since(killed).Round(100*time.Millisecond))
 	}
 	noneLeft(t, real, img, 30*time.Second)
-	t.Logf("after the kill: the idle pooled sandboxes gone in %v, all of them in %v",
-		idleGone.Round(100*time.Millisecond), time.Since(killed).Round(100*time.Millisecond))
+	t.Logf("after the kill: the idle pooled sandboxes gone in %v, every started one in %v",
+		idleGone.Round(100*time.Millisecond), startedGone.Round(100*time.Millisecond))
 }
 
 // pooledInState lists the idle pooled sandboxes roched's state file records.

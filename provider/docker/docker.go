@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -41,6 +42,9 @@ const (
 	LabelConfig    = "roche.config"
 	LabelTransport = "roche.transport"
 	LabelAgentDir  = "roche.agent_dir"
+	// LabelStartBy is when (unix seconds) the create that made the container gives up:
+	// one not started by then never will be (sweepUnstartedSoon).
+	LabelStartBy = "roche.start_by"
 	// LabelOwner is Config.Owner, also kept in LabelConfig; it is set on every container,
 	// even empty, so that one made from a snapshot does not inherit the image's.
 	LabelOwner = "roche.owner"
@@ -117,9 +121,11 @@ type Provider struct {
 
 	// halfMade removes, in the background, containers a create left when the engine
 	// stopped answering midway (halfmade.go); closing stops it.
-	halfMade sync.WaitGroup
-	closing  context.Context
-	close    context.CancelFunc
+	// lastSweep is when (unix ns) a create last looked for never-started leftovers.
+	lastSweep atomic.Int64
+	halfMade  sync.WaitGroup
+	closing   context.Context
+	close     context.CancelFunc
 }
 
 // sandbox is what the provider remembers about a container it has checked.
@@ -517,6 +523,8 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	}
 	p.remember(sb)
 	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "transport", sb.transport())
+	// The engine answers: a good time to look for what dead creators left.
+	p.sweepUnstartedSoon()
 	return roche.SandboxInfo{
 		ID: id, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
 		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(), Owner: cfg.Owner,
@@ -536,6 +544,9 @@ func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who ru
 		ccfg, hcfg, err := p.containerConfig(cfg, who, expires, agentDir)
 		if err != nil {
 			return "", nil, err
+		}
+		if deadline, ok := ctx.Deadline(); ok {
+			ccfg.Labels[LabelStartBy] = strconv.FormatInt(deadline.Unix()+1, 10)
 		}
 		unpin, err := p.pinMountSources(cfg, hcfg)
 		if err != nil {
