@@ -157,8 +157,8 @@ func (d *Daemon) whyNotHeld(t *tenant, id string, notFound error) error {
 		last = *r
 	}
 	d.mu.Unlock()
-	if !ok {
-		return notFound
+	if !ok || last.tenantName() != t.name {
+		return notFound // another tenant's is not named
 	}
 	if err := d.heldGone(t, id, &last); err != nil {
 		return err
