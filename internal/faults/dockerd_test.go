@@ -3,9 +3,11 @@ package faults
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,14 +23,17 @@ import (
 
 // privateDockerd is a dockerd of this test's own, beside the shared one, so that it can
 // be stopped and started again without disturbing anyone else: its own data and exec
-// roots (and so its own containerd), its own socket and pid file, no bridge and no
-// iptables rules (Roche's sandboxes have no network by default).
+// roots (and so its own containerd), its own socket, pid file and (empty) config file,
+// no bridge and no iptables rules (Roche's sandboxes have no network by default), and
+// its own network namespace: a dockerd started with --bridge=none deletes the host's
+// docker0 interface, which the shared dockerd's default network needs.
 type privateDockerd struct {
-	dir  string
-	host string // unix://DIR/d.sock
-	cmd  *exec.Cmd
-	log  *syncBuffer
-	done chan struct{} // closed when cmd has exited
+	dir   string
+	host  string   // unix://DIR/d.sock
+	links []string // the host's network interfaces before it started
+	cmd   *exec.Cmd
+	log   *syncBuffer
+	done  chan struct{} // closed when cmd has exited
 }
 
 // startPrivateDockerd starts a dockerd of the test's own, loaded with the test image,
@@ -36,7 +41,10 @@ type privateDockerd struct {
 func startPrivateDockerd(t *testing.T) *privateDockerd {
 	t.Helper()
 	dir := shortDir(t)
-	d := &privateDockerd{dir: dir, host: "unix://" + filepath.Join(dir, "d.sock"), log: &syncBuffer{}}
+	d := &privateDockerd{dir: dir, host: "unix://" + filepath.Join(dir, "d.sock"), log: &syncBuffer{}, links: hostLinks(t)}
+	if err := os.WriteFile(filepath.Join(dir, "daemon.json"), []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { d.cleanup(t) })
 	d.start(t)
 	// The engine's own image store is empty: the test image comes from the shared one.
@@ -52,6 +60,7 @@ func (d *privateDockerd) args() []string {
 		"--data-root", filepath.Join(d.dir, "data"),
 		"--exec-root", filepath.Join(d.dir, "exec"),
 		"--pidfile", filepath.Join(d.dir, "d.pid"),
+		"--config-file", filepath.Join(d.dir, "daemon.json"),
 		"-H", d.host,
 		"--bridge=none", "--iptables=false", "--ip-masq=false", "--ip6tables=false",
 		"--storage-driver", "overlay2",
@@ -66,7 +75,8 @@ func (d *privateDockerd) start(t *testing.T) {
 	if pid := d.containerdPID(); pid > 0 {
 		eventually(t, 30*time.Second, "the last dockerd's containerd to exit", func() bool { return d.containerdPID() == 0 })
 	}
-	d.cmd = exec.Command("dockerd", d.args()...)
+	// unshare execs dockerd, which keeps its pid, in a new network namespace.
+	d.cmd = exec.Command("unshare", append([]string{"--net", "--", "dockerd"}, d.args()...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	// Its own session: a signal meant for the test never reaches it.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -157,6 +167,12 @@ func (d *privateDockerd) cleanup(t *testing.T) {
 	if left := mountsUnder(d.dir); len(left) > 0 {
 		t.Errorf("mounts left under %s: %v", d.dir, left)
 	}
+	now := hostLinks(t)
+	for _, l := range d.links {
+		if !slices.Contains(now, l) {
+			t.Errorf("the host's network interface %s went while the private dockerd ran", l)
+		}
+	}
 	if t.Failed() {
 		t.Logf("private dockerd log:\n%s", d.log.String())
 	}
@@ -177,6 +193,23 @@ func (d *privateDockerd) containerdPID() int {
 		return 0
 	}
 	return pid
+}
+
+// hostLinks lists the names of the host's network interfaces, but the veth ends other
+// processes' containers come and go with.
+func hostLinks(t *testing.T) []string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range ifs {
+		if !strings.HasPrefix(i.Name, "veth") {
+			names = append(names, i.Name)
+		}
+	}
+	return names
 }
 
 // mountsUnder lists the mount points below dir, deepest first.
