@@ -277,6 +277,11 @@ func TestUnleasedPooledOutlivesRoched(t *testing.T) {
 	if _, _, hits := rd.poolCounts(t); hits != 1 {
 		t.Fatalf("the create was not served from the pool (%d hits)", hits)
 	}
+	// Killed mid-refill is TestRochedKilledDuringRefill's: here the pool is full again.
+	eventually(t, time.Minute, "the pool to refill", func() bool {
+		idle, creating, _ := rd.poolCounts(t)
+		return idle == 1 && creating == 0
+	})
 
 	rd.kill(t)
 	time.Sleep(docker.LeaseGrace + 5*time.Second)
