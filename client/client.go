@@ -45,6 +45,9 @@ type Client struct {
 	caps map[string]roche.Capabilities
 	// holds are the Hold streams of the leased sandboxes this client created (hold.go).
 	holds map[string]context.CancelFunc
+	// lost says why holds that ended on their own ended, oldest first in lostOrder.
+	lost      map[string]error
+	lostOrder []string
 }
 
 type options struct {

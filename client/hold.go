@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
@@ -19,6 +20,47 @@ const (
 	holdRetryFor   = 30 * time.Second
 	holdRetryDelay = 500 * time.Millisecond
 )
+
+// holdLostKeep bounds how many ended holds Holding remembers; the oldest go first.
+const holdLostKeep = 256
+
+// Holding reports on this client's hold of the leased sandbox id: nil while it holds
+// it; once the hold ended on its own, why (roche.ErrNotFound: the sandbox was destroyed
+// under it, by another client's destroy, its lifetime's end or its engine, which the
+// error says; roche.ErrUnavailable: the daemon could not be reached again for 30 s).
+// A hold this client let go of (Destroy, Close), or never had, is ErrInvalidConfig.
+func (c *Client) Holding(id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.holds[id]; ok {
+		return nil
+	}
+	if err, ok := c.lost[id]; ok {
+		return err
+	}
+	return fmt.Errorf("%w: this client does not hold sandbox %s (not leased, not made by it, or let go of)", roche.ErrInvalidConfig, id)
+}
+
+// holdEnded records why the hold of id ended on its own, if ctx is still that hold's.
+func (c *Client) holdEnded(ctx context.Context, id string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ctx.Err() != nil {
+		return // let go of meanwhile
+	}
+	delete(c.holds, id)
+	if c.lost == nil {
+		c.lost = map[string]error{}
+	}
+	if _, ok := c.lost[id]; !ok {
+		c.lostOrder = append(c.lostOrder, id)
+	}
+	c.lost[id] = err
+	for len(c.lostOrder) > holdLostKeep {
+		delete(c.lost, c.lostOrder[0])
+		c.lostOrder = c.lostOrder[1:]
+	}
+}
 
 // hold starts holding sandbox id.
 func (c *Client) hold(id string) {
@@ -75,10 +117,12 @@ func (c *Client) keepHolding(ctx context.Context, id string) {
 			return
 		}
 		err = c.fromRPC(err)
-		if errors.Is(err, roche.ErrNotFound) || errors.Is(err, roche.ErrInvalidConfig) || time.Since(lastHeld) > holdRetryFor {
-			c.mu.Lock()
-			delete(c.holds, id)
-			c.mu.Unlock()
+		if errors.Is(err, roche.ErrNotFound) || errors.Is(err, roche.ErrInvalidConfig) {
+			c.holdEnded(ctx, id, fmt.Errorf("holding sandbox %s: %w", id, err))
+			return
+		}
+		if time.Since(lastHeld) > holdRetryFor {
+			c.holdEnded(ctx, id, fmt.Errorf("%w: holding sandbox %s: roched could not be reached again within %v: %v", roche.ErrUnavailable, id, holdRetryFor, err))
 			return
 		}
 		select {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,8 +19,14 @@ import (
 // its process dies (the kernel closes its connection); what then happens to the sandbox
 // is the ledger's (internal/ledger lease.go).
 
-// holdHeartbeat is how often a Hold stream sends, so that a dead client is noticed.
-const holdHeartbeat = 15 * time.Second
+// holdHeartbeat is how often a Hold stream sends, so that a dead client is noticed;
+// holdCheck how often it looks whether its sandbox still lives, so that a sandbox
+// destroyed under its holder (another client's destroy, its lifetime's end, its engine)
+// ends the stream within about a second, saying why.
+const (
+	holdHeartbeat = 15 * time.Second
+	holdCheck     = time.Second
+)
 
 // Hold holds a leased sandbox until the client goes.
 func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldRequest], stream *connect.ServerStream[rochev1.HoldResponse]) error {
@@ -29,25 +36,32 @@ func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldReq
 	}
 	id, release, err := s.d.ledger.Hold(t, req.Msg.SandboxId)
 	if err != nil {
+		if errors.Is(err, roche.ErrNotFound) {
+			err = s.d.ledger.WhyNotHeld(t, req.Msg.SandboxId, err)
+		}
 		return wire.ToStatus(err)
 	}
 	defer release()
-	tick := time.NewTicker(holdHeartbeat)
-	defer tick.Stop()
+	check := time.NewTicker(holdCheck)
+	defer check.Stop()
+	var lastSent time.Time
+	var last ledger.Record
 	for {
-		if !s.d.ledger.Live(id) {
-			// Destroyed, or its lifetime ended.
-			return wire.ToStatus(ledger.NotFound(id))
+		if err := s.d.ledger.HeldGone(t, id, &last); err != nil {
+			return wire.ToStatus(err)
 		}
-		if err := stream.Send(&rochev1.HoldResponse{}); err != nil {
-			return nil // the client is gone
+		if time.Since(lastSent) >= holdHeartbeat {
+			if err := stream.Send(&rochev1.HoldResponse{}); err != nil {
+				return nil // the client is gone
+			}
+			lastSent = time.Now()
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.d.draining:
 			return wire.ToStatus(fmt.Errorf("%w: roched is shutting down", roche.ErrUnavailable))
-		case <-tick.C:
+		case <-check.C:
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -32,8 +33,17 @@ type rochedUnderTest struct {
 	stopped  bool
 }
 
-func startRoched(t *testing.T, host string, every time.Duration) *rochedUnderTest {
+// startRoched starts roched with the given pools (pool.ParseSpec's form).
+func startRoched(t *testing.T, host string, every time.Duration, pools ...string) *rochedUnderTest {
 	t.Helper()
+	var specs []pool.Spec
+	for _, s := range pools {
+		spec, err := pool.ParseSpec(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, spec)
+	}
 	dc, err := dockerclient.NewClientWithOpts(dockerclient.WithHost(host), dockerclient.WithAPIVersionNegotiation())
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +55,7 @@ func startRoched(t *testing.T, host string, every time.Duration) *rochedUnderTes
 		t.Fatal(err)
 	}
 	socket := filepath.Join(shortDir(t), "roched.sock")
-	d, err := daemon.New(daemon.Config{Socket: socket, EngineCheckInterval: every},
+	d, err := daemon.New(daemon.Config{Socket: socket, EngineCheckInterval: every, Pools: specs},
 		map[string]roche.Provider{"docker": dp}, daemon.WithLogger(logger))
 	if err != nil {
 		dp.Close()

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,7 +32,7 @@ const (
 	dockerPIDFile = "/var/run/docker.pid"
 )
 
-// binDir holds roche and roche-agent built from this checkout.
+// binDir holds roche, roched and roche-agent built from this checkout.
 var binDir string
 
 // frozenPID is dockerd's pid while a test has it stopped, else 0.
@@ -67,11 +66,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	os.Setenv("ROCHE_AGENT", agent)
-	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "roche"), "./cmd/roche")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building roche: %v\n%s", err, out)
+	if _, _, err := testenv.BuildCLI(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	binDir = dir

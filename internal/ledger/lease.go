@@ -100,13 +100,50 @@ func (l *Ledger) Hold(t *Tenant, id string) (string, func(), error) {
 	}, nil
 }
 
-// Live reports whether sandbox id (a full id) is still a client's: the edge's Hold
-// ends when it is not.
-func (l *Ledger) Live(id string) bool {
+// HeldGone is nil while the held sandbox id (a full id) is still tenant t's, else the
+// NOT_FOUND error that ends its Hold, saying why it went. last is what the previous look
+// found, kept up to date by the call: a removal may finish between two looks.
+func (l *Ledger) HeldGone(t *Tenant, id string, last *Record) error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	r, ok := l.sandboxes[id]
-	return ok && r.Kind == KindClient
+	if ok {
+		*last = *r
+	}
+	l.mu.Unlock()
+	if ok && last.Kind == KindClient {
+		return nil
+	}
+	l.ended.mu.Lock()
+	_, behindBack := l.ended.byID[id]
+	l.ended.mu.Unlock()
+	switch {
+	case behindBack:
+		return l.ended.notFound(t, id) // killed, stopped by its engine: says which
+	case !last.ExpiresAt.IsZero() && !time.Now().Before(last.ExpiresAt):
+		return fmt.Errorf("%w: sandbox %s was destroyed: its lifetime ended at %s", roche.ErrNotFound, id, last.ExpiresAt.Local().Format(time.TimeOnly))
+	default:
+		return fmt.Errorf("%w: sandbox %s was destroyed (roche destroy, or another client of roched)", roche.ErrNotFound, id)
+	}
+}
+
+// WhyNotHeld is the error for a Hold that came as its sandbox was being destroyed (a
+// destroy between the create and the client's Hold): why, rather than only notFound.
+// Another tenant's sandbox is never named.
+func (l *Ledger) WhyNotHeld(t *Tenant, id string, notFound error) error {
+	l.mu.Lock()
+	r, ok := l.sandboxes[id]
+	var last Record
+	if ok {
+		last = *r
+	}
+	l.mu.Unlock()
+	if !ok || last.TenantName() != t.Name {
+		return notFound
+	}
+	if err := l.HeldGone(t, id, &last); err != nil {
+		return err
+	}
+	return notFound
 }
 
 // leasePooled makes a sandbox just handed out from a pool what the client asked for:

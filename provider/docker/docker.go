@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/roche-sandbox/roche/agent/agentbin"
@@ -43,6 +44,9 @@ const (
 	LabelConfig    = "roche.config"
 	LabelTransport = "roche.transport"
 	LabelAgentDir  = "roche.agent_dir"
+	// LabelStartBy is when (unix seconds) the create that made the container gives up:
+	// one not started by then never will be (sweepUnstartedSoon).
+	LabelStartBy = "roche.start_by"
 	// LabelOwner is Config.Owner, also kept in LabelConfig; it is set on every container,
 	// even empty, so that one made from a snapshot does not inherit the image's.
 	LabelOwner = "roche.owner"
@@ -114,15 +118,16 @@ type Provider struct {
 	// pay an inspect round trip to check the label again.
 	mu       sync.Mutex
 	verified map[string]sandbox
-	// leases are the connections holding the leases of the leased sandboxes this
-	// provider made (lease.go).
-	leases map[string]io.Closer
+	// leases holds the leases of the leased sandboxes this provider made.
+	leases agentfwd.Leases
 
 	// halfMade removes, in the background, containers a create left when the engine
 	// stopped answering midway (halfmade.go); closing stops it.
-	halfMade sync.WaitGroup
-	closing  context.Context
-	close    context.CancelFunc
+	// lastSweep is when (unix ns) a create last looked for never-started leftovers.
+	lastSweep atomic.Int64
+	halfMade  sync.WaitGroup
+	closing   context.Context
+	close     context.CancelFunc
 }
 
 // sandbox is what the provider remembers about a container it has checked.
@@ -203,7 +208,6 @@ func New(opts ...Option) (*Provider, error) {
 		log:         slog.New(slog.DiscardHandler),
 		pullTimeout: 2 * time.Minute,
 		verified:    map[string]sandbox{},
-		leases:      map[string]io.Closer{},
 		agentPath:   agentbin.Path(),
 		stateDir:    defaultStateDir(),
 		dataDir:     defaultDataDir(),
@@ -248,7 +252,7 @@ func New(opts ...Option) (*Provider, error) {
 // Close stops the egress proxies this process serves and the removal of half-made
 // sandboxes, and releases the Engine API client.
 func (p *Provider) Close() error {
-	p.dropLeases()
+	p.leases.DropAll()
 	p.stopAllEgress()
 	p.close()
 	p.halfMade.Wait()
@@ -514,7 +518,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 			return roche.SandboxInfo{}, fmt.Errorf("%w: %v%s", errAgentFailed, err, reason)
 		}
 		if cfg.Leased {
-			if err := p.takeLease(ctx, sb); err != nil {
+			if err := p.leases.Take(ctx, sb.id, sb.agent); err != nil {
 				p.undo(id, sb.agentDir, context.Cause(ctx))
 				return roche.SandboxInfo{}, err
 			}
@@ -522,6 +526,8 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	}
 	p.remember(sb)
 	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "transport", sb.transport())
+	// The engine answers: a good time to look for what dead creators left.
+	p.sweepUnstartedSoon()
 	return roche.SandboxInfo{
 		ID: id, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
 		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(), Owner: cfg.Owner,
@@ -541,6 +547,9 @@ func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who ru
 		ccfg, hcfg, err := p.containerConfig(cfg, who, expires, agentDir)
 		if err != nil {
 			return "", nil, err
+		}
+		if deadline, ok := ctx.Deadline(); ok {
+			ccfg.Labels[LabelStartBy] = strconv.FormatInt(deadline.Unix()+1, 10)
 		}
 		unpin, err := p.pinMountSources(cfg, hcfg)
 		if err != nil {
@@ -920,7 +929,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	}
 	p.forget(s.id)
-	defer p.dropLease(s.id)
+	defer p.leases.Drop(s.id)
 	err = p.cli.ContainerRemove(ctx, s.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
 		return p.engineErr("removing sandbox "+s.id, err)

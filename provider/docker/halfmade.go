@@ -3,10 +3,12 @@ package docker
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
 
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
@@ -89,6 +91,65 @@ func (p *Provider) removeLater(ref, dir string) {
 				return
 			case <-time.After(halfMadeRetry):
 			}
+		}
+	}()
+}
+
+// unstartedSweepEvery bounds how often a create looks for never-started leftovers;
+// unstartedSlack is how long after its creator gave up one is left alone, for a creator
+// that is still alive to remove it itself (removeLater).
+const (
+	unstartedSweepEvery = 30 * time.Second
+	unstartedSlack      = 30 * time.Second
+)
+
+// sweepUnstartedSoon removes, in the background and at most once per
+// unstartedSweepEvery, Roche containers still in the "created" state unstartedSlack
+// after the create that made them gave up (LabelStartBy; without it, twice this
+// provider's engine timeout after they were made). Roche starts a container as soon as
+// it is made, so one left unstarted was made by a creator that died between the
+// engine's create and its start (roche or roched killed outright, e.g. during a pool
+// refill): nothing runs in it, so no lease covers it, and nothing else would ever start
+// or remove it. The next create on the engine, by any process, does, once it has made its
+// own sandbox.
+func (p *Provider) sweepUnstartedSoon() {
+	now := time.Now()
+	last := p.lastSweep.Load()
+	if now.UnixNano()-last < int64(unstartedSweepEvery) || !p.lastSweep.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	p.halfMade.Add(1)
+	go func() {
+		defer p.halfMade.Done()
+		// Bound, so that the list waits for the API version to be agreed without taking
+		// the client's lock (engine.Negotiation).
+		ctx, done := p.bound(p.closing, "looking for sandboxes left never started")
+		var err error
+		defer done(&err)
+		cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+			filters.Arg("label", LabelManaged+"=true"), filters.Arg("label", LabelProvider+"=docker"),
+			filters.Arg("status", "created"),
+		)})
+		if err != nil {
+			return // the next create looks again
+		}
+		for _, c := range cs {
+			giveUp := time.Unix(c.Created, 0).Add(2 * p.engineTimeout)
+			if by, err := strconv.ParseInt(c.Labels[LabelStartBy], 10, 64); err == nil {
+				giveUp = time.Unix(by, 0)
+			}
+			if time.Now().Before(giveUp.Add(unstartedSlack)) {
+				continue
+			}
+			err = p.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			if err != nil && !cerrdefs.IsNotFound(err) {
+				p.log.Warn("removing a sandbox its creator left never started", "sandbox", c.ID, "err", err)
+				continue
+			}
+			p.forget(c.ID)
+			p.removeAgentDir(c.Labels[LabelAgentDir])
+			p.log.Info("removed a sandbox its creator left never started (it died between the engine's create and start)",
+				"sandbox", c.ID, "owner", c.Labels[LabelOwner])
 		}
 	}()
 }

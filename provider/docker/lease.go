@@ -2,64 +2,24 @@ package docker
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"strconv"
-	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 )
 
 var _ roche.Leaser = (*Provider)(nil)
 
 // LeaseGrace is how long a leased sandbox outlives the loss of its lease.
-const LeaseGrace = agent.DefaultLeaseGrace
+const LeaseGrace = agentfwd.LeaseGrace
 
-// leaseArgs are roche-agent's arguments for a leased sandbox: it stops
-// agent.DefaultLeaseGrace after the last holder goes, or when this create has not taken
-// the lease by the end of its own deadline (and a little more: the agent's clock starts
-// first).
+// leaseArgs are roche-agent's arguments for a leased sandbox: it stops LeaseGrace after
+// the last holder goes, or when this create has not taken the lease by the end of its
+// own deadline (agentfwd.FirstLease). The lease is held in p.leases (agentfwd.Leases).
 func (p *Provider) leaseArgs() []string {
-	first := p.engineTimeout + 5*time.Second
 	return []string{
 		"--lease-grace", strconv.FormatInt(LeaseGrace.Milliseconds(), 10) + "ms",
-		"--first-lease", strconv.FormatInt(first.Milliseconds(), 10) + "ms",
-	}
-}
-
-// takeLease holds the lease of a leased sandbox just made, for as long as this provider
-// (this process) lives, or until Destroy or Keep.
-func (p *Provider) takeLease(ctx context.Context, sb sandbox) error {
-	l, err := sb.agent.Lease(ctx)
-	if err != nil {
-		return fmt.Errorf("taking the lease of sandbox %s: %w", sb.id, err)
-	}
-	p.mu.Lock()
-	p.leases[sb.id] = l
-	p.mu.Unlock()
-	return nil
-}
-
-// dropLease lets go of the lease of sandbox id, if this provider holds it.
-func (p *Provider) dropLease(id string) {
-	p.mu.Lock()
-	l, ok := p.leases[id]
-	delete(p.leases, id)
-	p.mu.Unlock()
-	if ok {
-		l.Close()
-	}
-}
-
-// dropLeases lets go of every lease (Close): the leased sandboxes stop within the grace.
-func (p *Provider) dropLeases() {
-	p.mu.Lock()
-	ls := p.leases
-	p.leases = map[string]io.Closer{}
-	p.mu.Unlock()
-	for _, l := range ls {
-		l.Close()
+		"--first-lease", strconv.FormatInt(agentfwd.FirstLease(p.engineTimeout).Milliseconds(), 10) + "ms",
 	}
 }
 
@@ -70,7 +30,7 @@ func (p *Provider) Keep(ctx context.Context, id string) error {
 		return err
 	}
 	if s, err := p.lookup(ctx, id); err == nil {
-		p.dropLease(s.id)
+		p.leases.Drop(s.id)
 	}
 	return nil
 }

@@ -40,6 +40,7 @@ var (
 	_ roche.BackgroundRunner = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
+	_ roche.Leaser           = (*Provider)(nil)
 )
 
 // minMemory is the smallest VM that boots the guest kernel and still leaves the sandbox
@@ -51,6 +52,8 @@ type Provider struct {
 	options
 	forwarder
 	hv hypervisor
+	// leases holds the leases of the leased sandboxes this provider made.
+	leases agentfwd.Leases
 
 	dockerMu  sync.Mutex
 	ownDocker bool
@@ -101,8 +104,10 @@ func newProvider(hv hypervisor, opts []Option) (*Provider, error) {
 	return p, nil
 }
 
-// Close releases the Engine API client the provider opened.
+// Close lets go of the leases this provider holds (those VMs stop within the grace) and
+// releases the Engine API client it opened.
 func (p *Provider) Close() error {
+	p.leases.DropAll()
 	p.dockerMu.Lock()
 	defer p.dockerMu.Unlock()
 	if p.ownDocker && p.docker != nil {
@@ -155,7 +160,7 @@ func (p *Provider) Available() error { return p.hv.check(p) }
 // out of the VM; refused until there is one worth its risk).
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
-		Writable: true, Files: true, Pause: true, Stdin: true, Processes: true,
+		Writable: true, Files: true, Pause: true, Stdin: true, Processes: true, Leases: true,
 	}
 }
 
@@ -183,9 +188,6 @@ func (p *Provider) refuse(cfg roche.Config) error {
 	}
 	if cfg.Workspace != "" {
 		problems = append(problems, "workspace: "+p.Name()+" sandboxes have no persistent workspaces yet; use the docker provider")
-	}
-	if cfg.Leased {
-		problems = append(problems, "leased: "+p.Name()+" sandboxes have no leases yet and live out their lifetime (timeout_secs) whatever happens to their creator; use the docker provider")
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		problems = append(problems, "network_allowlist: "+p.Name()+" sandboxes have no egress proxy yet; use the docker provider")
@@ -431,6 +433,12 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	if p.Name() == Firecracker {
 		guest.Transport = vmlink.TransportVsock
 	}
+	if vm.Config.Leased {
+		// The agent powers the VM off LeaseGrace after its lease is lost, or when this
+		// create has not taken it by the end of the boot's deadline.
+		guest.LeaseGraceMS = agentfwd.LeaseGrace.Milliseconds()
+		guest.FirstLeaseMS = agentfwd.FirstLease(p.bootTimeout).Milliseconds()
+	}
 	base, err := os.Open(vm.assets.initramfs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", roche.ErrUnavailable, err)
@@ -497,6 +505,12 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 		<-ready
 		p.stopSupervisor(pid, vm.Dir)
 		return nil, bootFailure(r)
+	}
+	if vm.Config.Leased {
+		if err := p.leases.Take(bctx, vm.ID, sb.agent); err != nil {
+			p.stopSupervisor(pid, vm.Dir)
+			return nil, err
+		}
 	}
 	return sb, nil
 }
@@ -684,6 +698,7 @@ func (p *Provider) removeDir(dir string) {
 // Destroy implements roche.Provider; it is idempotent.
 func (p *Provider) Destroy(ctx context.Context, id string) error {
 	p.forget(id)
+	defer p.leases.Drop(id)
 	if !idPattern.MatchString(id) || !strings.HasPrefix(id, p.Name()+"-") {
 		return nil
 	}
@@ -693,6 +708,12 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 	}
 	p.stopSupervisor(readPID(filepath.Join(dir, supervisor.PIDFile)), dir)
 	return nil
+}
+
+// Keep implements roche.Leaser: the VM's agent ends its lease, so that it lives out its
+// lifetime, and the lease this provider held is let go of.
+func (p *Provider) Keep(ctx context.Context, id string) error {
+	return p.leases.Keep(ctx, p.forwarder, id)
 }
 
 // Inspect implements roche.Provider.
