@@ -105,13 +105,18 @@ export async function firstFile(chunks: AsyncIterable<Uint8Array>, src: string, 
     buf = buf.subarray(n);
     return out;
   };
+  // An archive with no entry: read to its end, for the trailers that say what was left out.
+  const none = async (): Promise<undefined> => {
+    while (!ended) if ((await it.next()).done) ended = true;
+    return undefined;
+  };
   let pax: Record<string, string> = {};
   let longName: string | undefined;
   try {
     for (;;) {
-      if (!(await need(BLOCK))) return undefined;
+      if (!(await need(BLOCK))) return none();
       const h = take(BLOCK);
-      if (h.every((b) => b === 0)) return undefined;
+      if (h.every((b) => b === 0)) return none();
       const type = String.fromCharCode(h[156] || 0x30);
       let size = number(h.subarray(124, 136));
       if (type === "x" || type === "g" || type === "L") {
