@@ -494,6 +494,10 @@ export class CLITransport implements Transport {
     }
   }
 
+  async deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void> {
+    await this.call(["workspace", "rm", "--provider", provider, name], d);
+  }
+
   async close(): Promise<void> {
     const held = [...this.holds.values()];
     this.holds.clear();

@@ -453,6 +453,10 @@ export class DaemonTransport implements Transport {
     return got;
   }
 
+  async deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void> {
+    await this.call(d, "RemoveWorkspace", (signal) => this.client.removeWorkspace({ name, provider }, { signal }));
+  }
+
   async close(): Promise<void> {
     for (const h of this.holds.values()) h.release();
     this.holds.clear();

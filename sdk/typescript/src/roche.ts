@@ -138,6 +138,11 @@ export class Roche {
     return (await this.resolve()).list(this.provider, this.deadline());
   }
 
+  /** Deletes a persistent workspace and its files; InUse while a sandbox has it mounted. */
+  async deleteWorkspace(name: string): Promise<void> {
+    await (await this.resolve()).deleteWorkspace(this.provider, name, this.deadline());
+  }
+
   /** Releases kept connections, and lets go of the sandboxes this Roche created leased (the
    * default), which are then destroyed within seconds. */
   async close(): Promise<void> {
@@ -169,7 +174,7 @@ export class Sandbox {
 
   /** Runs a command and waits for it. `timeout` kills it (and all it started) after that many
    * seconds and sets `timedOut`. A non-zero exit is a result, not an error. */
-  exec(cmd: readonly string[], o: ExecOptions = {}): Promise<ExecResult> {
+  async exec(cmd: readonly string[], o: ExecOptions = {}): Promise<ExecResult> {
     const req = makeExecRequest(cmd, o);
     return this.t.exec(this.id, req, this.execDeadline(req));
   }

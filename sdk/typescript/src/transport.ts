@@ -18,6 +18,7 @@ export interface Transport {
   pause(sid: string, pause: boolean, d: Deadline): Promise<void>;
   writeFile(sid: string, path: string, data: Uint8Array, mode: number, d: Deadline): Promise<void>;
   readFile(sid: string, path: string, d: Deadline, maxBytes: number): Promise<Uint8Array>;
+  deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void>;
   /** Lets go of the sandboxes held (leased ones are then destroyed within seconds). */
   close(): Promise<void>;
 }

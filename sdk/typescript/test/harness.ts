@@ -62,8 +62,9 @@ export class Daemon {
     const until = Date.now() + 60_000;
     while (!(await answers(this.socket))) {
       if (this.proc.exitCode !== null || Date.now() > until) {
+        const log = readFileSync(this.log, "utf8").slice(-2000);
         await this.stop();
-        throw new Error(`roched did not start: ${readFileSync(this.log, "utf8").slice(-2000)}`);
+        throw new Error(`roched did not start: ${log}`);
       }
       await sleep(50);
     }
