@@ -365,6 +365,7 @@ export class DaemonTransport implements Transport {
   async *execStream(sid: string, req: ExecRequest, d: Deadline): AsyncGenerator<StreamItem> {
     const s = d.signal(req.signal);
     const out = new OutputAssembler();
+    let result: ExecResult | undefined;
     try {
       // Leaving this generator early aborts the call, which kills the command.
       for await (const m of this.client.execStream(execInit(sid, req), { signal: s.signal })) {
@@ -373,17 +374,19 @@ export class DaemonTransport implements Transport {
           yield out.output(ev.value.stream === OutputStream.STDERR ? "stderr" : "stdout", ev.value.data) as OutputEvent;
         } else if (ev.case === "result") {
           const w = ev.value;
-          yield out.result({
+          result = out.result({
             exitCode: w.exitCode,
             timedOut: w.timedOut,
             truncated: w.truncated,
             oomKilled: w.oomKilled,
             duration: seconds(w),
           });
-          return;
         }
       }
-      throw new RocheError("roched ended the output stream without a result");
+      // Read to the end of the stream before yielding the result: a response left unread
+      // keeps its connection out of the pool, and that keeps Node running.
+      if (!result) throw new RocheError("roched ended the output stream without a result");
+      yield result;
     } catch (e) {
       if (s.timedOut()) throw d.expired(`roched on ${where(this.ep)} (ExecStream)`);
       if (req.signal?.aborted) throw req.signal.reason;
