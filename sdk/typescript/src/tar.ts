@@ -111,7 +111,6 @@ export async function firstFile(chunks: AsyncIterable<Uint8Array>, src: string, 
     return undefined;
   };
   let pax: Record<string, string> = {};
-  let longName: string | undefined;
   try {
     for (;;) {
       if (!(await need(BLOCK))) return none();
@@ -120,15 +119,14 @@ export async function firstFile(chunks: AsyncIterable<Uint8Array>, src: string, 
       const type = String.fromCharCode(h[156] || 0x30);
       let size = number(h.subarray(124, 136));
       if (type === "x" || type === "g" || type === "L") {
+        // PAX records (a size past 8 GiB); the name is not needed: it is the path asked for.
         const padded = size + ((BLOCK - (size % BLOCK)) % BLOCK);
         if (size > 1 << 20 || !(await need(padded))) throw new RocheError(`reading ${src}: the sandbox sent a malformed archive`);
         const body = take(padded).subarray(0, size);
         if (type === "x") pax = paxRecords(body);
-        if (type === "L") longName = cstring(body);
         continue;
       }
       if (pax.size !== undefined) size = Number(pax.size);
-      void longName;
       if (type === "5") {
         throw new InvalidConfig(`invalid config: ${src} is a directory: readFile reads files`);
       }

@@ -48,8 +48,13 @@ async function goneWithin(id: string, ms: number): Promise<number> {
   return Date.now() - started;
 }
 
-for (const transport of TRANSPORTS) {
-  test(`through ${transport}: a process killed with SIGKILL takes its leased sandbox along, not an unleased one`, async () => {
+// Both transports at once: each case waits out a lease's grace.
+async function bothTransports(fn: (transport: "daemon" | "cli") => Promise<void>): Promise<void> {
+  await Promise.all(TRANSPORTS.map(fn));
+}
+
+test("a process killed with SIGKILL takes its leased sandbox along, not an unleased one (daemon and cli)", () =>
+  bothTransports(async (transport) => {
     const c = await child(transport, "wait");
     assert.ok(running(c.ids.leased) && running(c.ids.kept));
     c.kill();
@@ -57,23 +62,23 @@ for (const transport of TRANSPORTS) {
     const took = await goneWithin(c.ids.leased, 15_000);
     console.log(`# ${transport}: leased sandbox gone ${took} ms after SIGKILL`);
     await sleep(4000); // past the lease's grace: the unleased one is still there
-    assert.ok(running(c.ids.kept), "the sandbox created with leased: false went with its process");
+    assert.ok(running(c.ids.kept), `${transport}: the sandbox created with leased: false went with its process`);
     const roche = new Roche({ transport });
     await (await roche.get(c.ids.kept)).destroy();
     await goneWithin(c.ids.kept, 20_000);
-  });
+  }));
 
-  test(`through ${transport}: holding a sandbox does not keep Node running, and it goes at the exit`, async () => {
+test("holding a sandbox does not keep Node running, and it goes at the exit (daemon and cli)", () =>
+  bothTransports(async (transport) => {
     const c = await child(transport, "exit");
     const rc = await Promise.race([c.exited, sleep(10_000).then(() => "still running")]);
     if (rc === "still running") c.kill();
-    assert.equal(rc, 0, "the process did not exit by itself: a hold kept its event loop alive");
+    assert.equal(rc, 0, `${transport}: the process did not exit by itself: a hold kept its event loop alive`);
     await goneWithin(c.ids.leased, 15_000);
     const roche = new Roche({ transport });
     await (await roche.get(c.ids.kept)).destroy();
     await goneWithin(c.ids.kept, 20_000);
-  });
-}
+  }));
 
 test("close() lets go of the leased sandboxes", async () => {
   const roche = new Roche({ transport: "daemon" });
