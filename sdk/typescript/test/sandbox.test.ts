@@ -87,6 +87,18 @@ for (const transport of TRANSPORTS) {
       assert.deepEqual(left, []);
     });
 
+    test("an aborted exec stops waiting and kills the command", async () => {
+      const started = Date.now();
+      await assert.rejects(sb.exec(["sh", "-c", "exec sleep 78"], { signal: AbortSignal.timeout(1000) }), (e: Error) => e.name === "TimeoutError");
+      assert.ok(Date.now() - started < 15_000);
+      let left = processesIn(sb.id).filter((p) => p.includes("sleep 78"));
+      for (let i = 0; i < 40 && left.length; i++) {
+        await sleep(250);
+        left = processesIn(sb.id).filter((p) => p.includes("sleep 78"));
+      }
+      assert.deepEqual(left, []);
+    });
+
     test("files: write and read back, binary-safe, parents made, mode kept", async () => {
       const data = new Uint8Array(256 * 300).map((_, i) => i % 256);
       await sb.writeFile("/tmp/a/b/data.bin", data, { mode: 0o750 });
