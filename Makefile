@@ -55,9 +55,12 @@ vet:
 	go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	go mod tidy -diff
 
-# Regenerates api/roche/v1 from sandbox.proto. The tools come from the Go module proxy at
-# pinned versions (protoc-gen-go matches google.golang.org/protobuf in go.mod).
+# Regenerates api/roche/v1 and the TypeScript SDK's sdk/typescript/src/gen from
+# sandbox.proto. The Go tools come from the Go module proxy at pinned versions
+# (protoc-gen-go matches google.golang.org/protobuf in go.mod), protoc-gen-es from the
+# TypeScript SDK's lockfile (npm ci).
 generate:
+	cd sdk/typescript && npm ci --no-audit --no-fund
 	go install github.com/bufbuild/buf/cmd/buf@v1.70.0
 	go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1

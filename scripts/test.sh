@@ -121,6 +121,15 @@ fi
 make build
 python3 -m unittest discover -s sdk/python/tests -t sdk/python/tests -v
 
+log "typescript sdk (sdk/typescript/test: the real roched and CLI from bin/, both transports)"
+# Node 18+ and npm (the machine image has Node 20; Debian's packages otherwise); the
+# packages come from the lockfile.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+(cd sdk/typescript && npm ci --no-audit --no-fund && npm test)
+
 left=$(docker ps -aq --filter label=roche.managed=true | wc -l)
 if [ "$left" != 0 ]; then
   echo "$left container(s) labelled roche.managed=true survived the suite:" >&2

@@ -1,0 +1,467 @@
+// roched's API through connect-node: binary Connect protocol over HTTP/1.1, on the unix socket
+// (kept connections) or on TCP with a bearer token.
+
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport as ConnectTransport } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import * as http from "node:http";
+import * as https from "node:https";
+import * as net from "node:net";
+import * as tls from "node:tls";
+import {
+  CopyFromRequestSchema,
+  CopyToRequestSchema,
+  ErrorDetailSchema,
+  ErrorReason,
+  OutputStream,
+  SandboxService,
+  SandboxState,
+  type ExecResult as WireResult,
+  type Sandbox as WireSandbox,
+  type SandboxConfigSchema,
+} from "./gen/roche/v1/sandbox_pb.js";
+import { Deadline } from "./deadline.js";
+import { where, type Endpoint } from "./discovery.js";
+import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound, reasonFromText } from "./errors.js";
+import { firstFile, fileTar } from "./tar.js";
+import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
+import type { StreamItem, Transport } from "./transport.js";
+
+/** Upload pieces of a tar stream this big, as the Go client does. */
+const COPY_CHUNK = 32 << 10;
+/** A Hold cut (roched restarting) is taken again for this long after it last answered. */
+const HOLD_RETRY_FOR_MS = 30_000;
+const HOLD_RETRY_DELAY_MS = 500;
+/** roched sends a message on a Hold every 15 s: silence this long means a dead connection. */
+const HOLD_SILENCE_MS = 45_000;
+
+const REASONS: Record<number, string> = {
+  [ErrorReason.NOT_FOUND]: "not_found",
+  [ErrorReason.INVALID_CONFIG]: "invalid_config",
+  [ErrorReason.UNAVAILABLE]: "unavailable",
+  [ErrorReason.TIMEOUT]: "timeout",
+  [ErrorReason.UNSUPPORTED]: "unsupported",
+  [ErrorReason.IMAGE_NOT_FOUND]: "image_not_found",
+  [ErrorReason.EXHAUSTED]: "exhausted",
+  [ErrorReason.PERMISSION]: "permission_denied",
+  [ErrorReason.IN_USE]: "in_use",
+};
+
+const CODE_REASONS: Partial<Record<Code, string>> = {
+  [Code.NotFound]: "not_found",
+  [Code.InvalidArgument]: "invalid_config",
+  [Code.Unavailable]: "unavailable",
+  [Code.DeadlineExceeded]: "timeout",
+  [Code.Unimplemented]: "unsupported",
+  [Code.ResourceExhausted]: "exhausted",
+  [Code.PermissionDenied]: "permission_denied",
+};
+
+function nodeErrorCode(e: unknown): string | undefined {
+  for (let c: unknown = e; c && typeof c === "object"; c = (c as { cause?: unknown }).cause) {
+    const code = (c as { code?: unknown }).code;
+    if (typeof code === "string") return code;
+  }
+  return undefined;
+}
+
+/** The typed error for what a call to roched threw. */
+export function errorFromConnect(e: unknown, ep: Endpoint): RocheError {
+  if (e instanceof RocheError) return e;
+  const err = ConnectError.from(e);
+  const sysCode = nodeErrorCode(err.cause);
+  if (sysCode === "ECONNREFUSED" || sysCode === "ENOENT" || sysCode === "ECONNRESET" || sysCode === "EPIPE") {
+    return new ProviderUnavailable(
+      `roched is not answering on ${where(ep)}: start it (roche daemon start), ` +
+        `or let the SDK use the roche CLI (transport: "cli"): ${err.rawMessage}`,
+    );
+  }
+  const message = err.rawMessage || Code[err.code];
+  if (err.code === Code.Unauthenticated) {
+    return new RocheError(`${message} (pass token or tokenFile, or set ROCHE_TOKEN or ROCHE_TOKEN_FILE)`, "unauthenticated");
+  }
+  let reason = "";
+  for (const d of err.findDetails(ErrorDetailSchema)) reason ||= REASONS[d.reason] ?? "";
+  reason ||= CODE_REASONS[err.code] ?? reasonFromText(message);
+  return errorFor(reason, message);
+}
+
+const STATES: Record<number, string> = {
+  [SandboxState.RUNNING]: "running",
+  [SandboxState.PAUSED]: "paused",
+  [SandboxState.EXITED]: "exited",
+  [SandboxState.CREATED]: "created",
+};
+
+export function sandboxInfo(s: WireSandbox | undefined): SandboxInfo {
+  return {
+    id: s?.id ?? "",
+    provider: s?.provider ?? "",
+    image: s?.image ?? "",
+    state: STATES[s?.state ?? 0] ?? "exited",
+    createdAt: s?.createdAt ? timestampDate(s.createdAt) : undefined,
+    expiresAt: s?.expiresAt ? timestampDate(s.expiresAt) : undefined,
+    owner: s?.owner ?? "",
+  };
+}
+
+function seconds(r: WireResult | undefined): number {
+  const d = r?.duration;
+  return d ? Number(d.seconds) + d.nanos / 1e9 : 0;
+}
+
+function wireConfig(cfg: SandboxConfig): MessageInitShape<typeof SandboxConfigSchema> {
+  // Every field is sent, so the daemon's defaults never replace the caller's.
+  return {
+    image: cfg.image,
+    network: cfg.network,
+    writable: cfg.writable,
+    timeoutSecs: cfg.timeoutSecs,
+    memory: cfg.memory,
+    disk: cfg.disk,
+    cpus: cfg.cpus,
+    pidsLimit: cfg.pidsLimit,
+    env: cfg.env,
+    mounts: cfg.mounts,
+    workdir: cfg.workdir ?? "",
+    user: cfg.user,
+    networkAllowlist: cfg.networkAllowlist,
+    workspace: cfg.workspace ?? "",
+    fromSnapshot: cfg.fromSnapshot ?? "",
+    workspaceSize: cfg.workspaceSize ?? "",
+    leased: cfg.leased,
+  };
+}
+
+function execInit(sid: string, req: ExecRequest) {
+  return {
+    sandboxId: sid,
+    cmd: req.cmd,
+    env: req.env,
+    workdir: req.workdir ?? "",
+    timeoutSecs: req.timeout ?? 0,
+    stdin: req.stdin,
+  };
+}
+
+/** A socket that does not keep the process alive: what holds a sandbox must not stop a
+ * program from exiting (the sandbox then goes with it, as a lease should). */
+function unrefConnection(ep: Endpoint): () => net.Socket {
+  return () => {
+    let s: net.Socket;
+    if (ep.socket) {
+      s = net.connect(ep.socket);
+    } else {
+      const u = new URL(ep.address!);
+      const port = Number(u.port) || (u.protocol === "https:" ? 443 : 80);
+      s = u.protocol === "https:" ? tls.connect({ host: u.hostname, port, servername: u.hostname }) : net.connect(port, u.hostname);
+    }
+    s.unref();
+    return s;
+  };
+}
+
+function authInterceptor(token: string | undefined): Interceptor[] {
+  if (!token) return [];
+  return [(next) => async (req) => {
+    req.header.set("Authorization", `Bearer ${token}`);
+    return next(req);
+  }];
+}
+
+function connectTransport(ep: Endpoint, hold: boolean): ConnectTransport {
+  const nodeOptions: http.RequestOptions = hold
+    ? { createConnection: unrefConnection(ep) as unknown as http.RequestOptions["createConnection"] }
+    : ep.socket
+      ? { socketPath: ep.socket, agent: new http.Agent({ keepAlive: true }) }
+      : { agent: ep.address!.startsWith("https:") ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true }) };
+  return createConnectTransport({
+    baseUrl: ep.socket ? "http://roched" : ep.address!,
+    httpVersion: "1.1",
+    nodeOptions,
+    interceptors: authInterceptor(ep.token),
+  });
+}
+
+/** GET /healthz within timeoutMs: roched's status and the providers it serves. */
+export function health(ep: Endpoint, timeoutMs: number): Promise<{ providers?: string[] }> {
+  return new Promise((resolve, reject) => {
+    const unreachable = (why: string) =>
+      new ProviderUnavailable(
+        `roched is not answering on ${where(ep)}: start it (roche daemon start), or let the SDK use the roche CLI (transport: "cli"): ${why}`,
+      );
+    const opts: http.RequestOptions = ep.socket
+      ? { socketPath: ep.socket, path: "/healthz", host: "roched" }
+      : {};
+    const url = ep.socket ? "http://roched/healthz" : `${ep.address}/healthz`;
+    const get = url.startsWith("https:") ? https.get : http.get;
+    const req = get(url, { ...opts, timeout: timeoutMs }, (res) => {
+      const body: Buffer[] = [];
+      res.on("data", (b: Buffer) => body.push(b));
+      res.on("end", () => {
+        if (res.statusCode !== 200) {
+          reject(new ProviderUnavailable(`roched on ${where(ep)} answered /healthz with HTTP ${res.statusCode}`));
+          return;
+        }
+        try {
+          resolve(JSON.parse(Buffer.concat(body).toString("utf8")));
+        } catch (e) {
+          reject(unreachable(String(e)));
+        }
+      });
+      res.on("error", (e) => reject(unreachable(e.message)));
+    });
+    req.on("timeout", () => req.destroy(new Error(`no answer within ${timeoutMs} ms`)));
+    req.on("error", (e) => reject(unreachable(e.message)));
+  });
+}
+
+/** Holds one leased sandbox with roched's Hold stream on a connection of its own, until
+ * release() or the end of the process. A stream cut (roched restarting) is taken again for
+ * HOLD_RETRY_FOR_MS; the hold ends for good when roched says the sandbox is gone. */
+class DaemonHold {
+  private ctl = new AbortController();
+  private done: Promise<void>;
+  private held = false;
+  ended = false;
+
+  constructor(private client: Client<typeof SandboxService>, private ep: Endpoint, readonly sid: string) {
+    let settle!: (err?: RocheError) => void;
+    this.first = new Promise<RocheError | undefined>((r) => (settle = r));
+    this.done = this.run(settle).finally(() => {
+      this.ended = true;
+    });
+    void this.done;
+  }
+
+  /** Resolves once roched holds the sandbox (undefined), or with why it could not. */
+  readonly first: Promise<RocheError | undefined>;
+
+  release(): void {
+    this.ctl.abort();
+  }
+
+  private async run(settle: (err?: RocheError) => void): Promise<void> {
+    let last = Date.now();
+    while (!this.ctl.signal.aborted) {
+      let err: RocheError | undefined;
+      const silence = new AbortController();
+      const onStop = () => silence.abort();
+      this.ctl.signal.addEventListener("abort", onStop, { once: true });
+      let timer = setTimeout(() => silence.abort(), HOLD_SILENCE_MS);
+      timer.unref();
+      try {
+        for await (const _ of this.client.hold({ sandboxId: this.sid }, { signal: silence.signal })) {
+          last = Date.now();
+          clearTimeout(timer);
+          timer = setTimeout(() => silence.abort(), HOLD_SILENCE_MS);
+          timer.unref();
+          if (!this.held) {
+            this.held = true;
+            settle();
+          }
+        }
+        err = new ProviderUnavailable(`roched on ${where(this.ep)} ended the Hold of sandbox ${this.sid}`);
+      } catch (e) {
+        err = errorFromConnect(e, this.ep);
+      } finally {
+        clearTimeout(timer);
+        this.ctl.signal.removeEventListener("abort", onStop);
+      }
+      if (this.ctl.signal.aborted) break;
+      if (!this.held || err instanceof SandboxNotFound || err instanceof InvalidConfig || Date.now() - last > HOLD_RETRY_FOR_MS) {
+        settle(err);
+        return;
+      }
+      await new Promise((r) => setTimeout(r, HOLD_RETRY_DELAY_MS).unref());
+    }
+    settle(new RocheError(`the Hold of sandbox ${this.sid} was let go`));
+  }
+}
+
+export class DaemonTransport implements Transport {
+  readonly name = "daemon" as const;
+  private client: Client<typeof SandboxService>;
+  private holdClient: Client<typeof SandboxService>;
+  private holds = new Map<string, DaemonHold>();
+  private leases: Promise<Record<string, boolean>> | undefined;
+
+  constructor(private ep: Endpoint) {
+    this.client = createClient(SandboxService, connectTransport(ep, false));
+    this.holdClient = createClient(SandboxService, connectTransport(ep, true));
+  }
+
+  /** Runs one call within d, turning what it throws into the SDK's typed errors. */
+  private async call<T>(d: Deadline, what: string, fn: (signal: AbortSignal) => Promise<T>, outer?: AbortSignal): Promise<T> {
+    const s = d.signal(outer);
+    try {
+      return await fn(s.signal);
+    } catch (e) {
+      if (s.timedOut()) throw d.expired(`roched on ${where(this.ep)} (${what})`);
+      if (outer?.aborted) throw outer.reason;
+      throw errorFromConnect(e, this.ep);
+    } finally {
+      s.dispose();
+    }
+  }
+
+  private providerLeases(d: Deadline): Promise<Record<string, boolean>> {
+    this.leases ??= this.call(d, "ListProviders", (signal) => this.client.listProviders({}, { signal })).then(
+      (r) => Object.fromEntries(r.providers.map((p) => [p.name, Boolean(p.capabilities?.leases)])),
+      (e) => {
+        this.leases = undefined;
+        throw e;
+      },
+    );
+    return this.leases;
+  }
+
+  async create(provider: string, cfg: SandboxConfig, d: Deadline): Promise<SandboxInfo> {
+    if (cfg.leased && !(await this.providerLeases(d))[provider]) {
+      cfg = { ...cfg, leased: false }; // a roched without leases for it: as before them
+    }
+    const r = await this.call(d, "Create", (signal) => this.client.create({ provider, config: wireConfig(cfg) }, { signal }));
+    const info = sandboxInfo(r.sandbox);
+    if (cfg.leased) await this.hold(info.id, d);
+    return info;
+  }
+
+  /** Holds a leased sandbox just made; one that cannot be held is destroyed. */
+  private async hold(sid: string, d: Deadline): Promise<void> {
+    const h = new DaemonHold(this.holdClient, this.ep, sid);
+    const left = d.remainingMs();
+    let timer: NodeJS.Timeout | undefined;
+    const err = await Promise.race([
+      h.first,
+      new Promise<RocheError>((r) => {
+        timer = setTimeout(() => r(d.expired(`roched's Hold of sandbox ${sid}`)), Math.max(0, left ?? 2 ** 31 - 1));
+      }),
+    ]).finally(() => clearTimeout(timer));
+    if (err) {
+      h.release();
+      await this.destroy(sid, new Deadline(20)).catch(() => undefined); // not held: roched destroys it shortly anyway
+      throw err;
+    }
+    for (const [id, old] of this.holds) if (old.ended) this.holds.delete(id);
+    this.holds.set(sid, h);
+  }
+
+  async exec(sid: string, req: ExecRequest, d: Deadline): Promise<ExecResult> {
+    const r = await this.call(d, "Exec", (signal) => this.client.exec(execInit(sid, req), { signal }), req.signal);
+    const w = r.result;
+    const dec = (b: Uint8Array | undefined) => new TextDecoder().decode(b ?? new Uint8Array());
+    return execResult({
+      stdout: dec(w?.stdout),
+      stderr: dec(w?.stderr),
+      exitCode: w?.exitCode ?? 0,
+      timedOut: w?.timedOut ?? false,
+      truncated: w?.truncated ?? false,
+      oomKilled: w?.oomKilled ?? false,
+      duration: seconds(w),
+    });
+  }
+
+  async *execStream(sid: string, req: ExecRequest, d: Deadline): AsyncGenerator<StreamItem> {
+    const s = d.signal(req.signal);
+    const out = new OutputAssembler();
+    let result: ExecResult | undefined;
+    try {
+      // Leaving this generator early aborts the call, which kills the command.
+      for await (const m of this.client.execStream(execInit(sid, req), { signal: s.signal })) {
+        const ev = m.event;
+        if (ev.case === "output") {
+          yield out.output(ev.value.stream === OutputStream.STDERR ? "stderr" : "stdout", ev.value.data) as OutputEvent;
+        } else if (ev.case === "result") {
+          const w = ev.value;
+          result = out.result({
+            exitCode: w.exitCode,
+            timedOut: w.timedOut,
+            truncated: w.truncated,
+            oomKilled: w.oomKilled,
+            duration: seconds(w),
+          });
+        }
+      }
+      // Read to the end of the stream before yielding the result: a response left unread
+      // keeps its connection out of the pool, and that keeps Node running.
+      if (!result) throw new RocheError("roched ended the output stream without a result");
+      yield result;
+    } catch (e) {
+      if (s.timedOut()) throw d.expired(`roched on ${where(this.ep)} (ExecStream)`);
+      if (req.signal?.aborted) throw req.signal.reason;
+      throw errorFromConnect(e, this.ep);
+    } finally {
+      s.dispose();
+    }
+  }
+
+  async destroy(sid: string, d: Deadline): Promise<void> {
+    try {
+      await this.call(d, "Destroy", (signal) => this.client.destroy({ ids: [sid] }, { signal }));
+    } catch (e) {
+      if (!(e instanceof SandboxNotFound)) throw e; // roched serves no such sandbox (any more): idempotent
+    } finally {
+      // Let go after the Destroy: one that failed still ends, when the hold does.
+      this.holds.get(sid)?.release();
+      this.holds.delete(sid);
+    }
+  }
+
+  async inspect(sid: string, d: Deadline): Promise<SandboxInfo> {
+    const r = await this.call(d, "Inspect", (signal) => this.client.inspect({ sandboxId: sid }, { signal }));
+    return sandboxInfo(r.sandbox);
+  }
+
+  async list(provider: string, d: Deadline): Promise<SandboxInfo[]> {
+    const r = await this.call(d, "List", (signal) => this.client.list({ provider }, { signal }));
+    return r.sandboxes.map(sandboxInfo);
+  }
+
+  async pause(sid: string, pause: boolean, d: Deadline): Promise<void> {
+    await this.call(d, pause ? "Pause" : "Unpause", async (signal) => {
+      if (pause) await this.client.pause({ sandboxId: sid }, { signal });
+      else await this.client.unpause({ sandboxId: sid }, { signal });
+    });
+  }
+
+  async writeFile(sid: string, path: string, data: Uint8Array, mode: number, d: Deadline): Promise<void> {
+    const name = path.split("/").filter(Boolean).pop()!;
+    const tar = fileTar(name, data, mode);
+    async function* messages() {
+      for (let i = 0; i === 0 || i < tar.length; i += COPY_CHUNK) {
+        const init: MessageInitShape<typeof CopyToRequestSchema> = { tarChunk: tar.subarray(i, i + COPY_CHUNK) };
+        if (i === 0) Object.assign(init, { sandboxId: sid, dst: path });
+        yield create(CopyToRequestSchema, init);
+      }
+    }
+    await this.call(d, "CopyTo", (signal) => this.client.copyTo(messages(), { signal }));
+  }
+
+  async readFile(sid: string, path: string, d: Deadline, maxBytes: number): Promise<Uint8Array> {
+    const trailer = new Headers();
+    const got = await this.call(d, "CopyFrom", async (signal) => {
+      const chunks = async function* (stream: AsyncIterable<{ tarChunk: Uint8Array }>) {
+        for await (const m of stream) yield m.tarChunk;
+      };
+      const req = create(CopyFromRequestSchema, { sandboxId: sid, src: path, maxBytes: BigInt(maxBytes) });
+      return firstFile(chunks(this.client.copyFrom(req, { signal, onTrailer: (t) => t.forEach((v, k) => trailer.set(k, v)) })), path, maxBytes);
+    });
+    if (got === undefined) {
+      if (Number(trailer.get("roche-skipped-links") ?? 0) > 0) {
+        throw new PermissionDenied(`permission denied: ${path} is a symlink, which the files API does not follow`);
+      }
+      throw new RocheError(`reading ${path}: the sandbox sent an empty archive`);
+    }
+    return got;
+  }
+
+  async deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void> {
+    await this.call(d, "RemoveWorkspace", (signal) => this.client.removeWorkspace({ name, provider }, { signal }));
+  }
+
+  async close(): Promise<void> {
+    for (const h of this.holds.values()) h.release();
+    this.holds.clear();
+  }
+}

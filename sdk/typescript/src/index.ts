@@ -1,0 +1,37 @@
+// Roche's TypeScript SDK: run untrusted, LLM-written code in sandboxes with secure defaults.
+//
+//   import { Roche } from "roche-sandbox";
+//   const roche = new Roche();
+//   const sandbox = await roche.create({ image: "python:3.12-slim" });
+//   try {
+//     const result = await sandbox.exec(["python3", "-c", "print('hello')"]);
+//     console.log(result.stdout);
+//   } finally {
+//     await sandbox.destroy();
+//   }
+//
+// Calls go to roched (the daemon, with warm pools) when it answers, else to the roche CLI.
+
+export { Roche, Sandbox, ExecStream, type RocheOptions } from "./roche.js";
+export {
+  RocheError,
+  SandboxNotFound,
+  SandboxTimeout,
+  ProviderUnavailable,
+  InvalidConfig,
+  Unsupported,
+  ImageNotFound,
+  ResourceExhausted,
+  PermissionDenied,
+  InUse,
+} from "./errors.js";
+export {
+  DEFAULT_IMAGE,
+  DEFAULT_COPY_MAX_BYTES,
+  type CreateOptions,
+  type ExecOptions,
+  type ExecResult,
+  type Mount,
+  type OutputEvent,
+  type SandboxInfo,
+} from "./types.js";

@@ -1,0 +1,252 @@
+// The API: Roche creates sandboxes with secure defaults; a Sandbox runs commands and moves files.
+
+import { CLITransport } from "./cli.js";
+import { DaemonTransport, health } from "./daemon.js";
+import { Deadline } from "./deadline.js";
+import { endpoint, findCLI, where, type Endpoint } from "./discovery.js";
+import { InvalidConfig, ProviderUnavailable, RocheError } from "./errors.js";
+import type { StreamItem, Transport } from "./transport.js";
+import {
+  baseName,
+  copyLimit,
+  makeConfig,
+  makeExecRequest,
+  type CreateOptions,
+  type ExecOptions,
+  type ExecRequest,
+  type ExecResult,
+  type OutputEvent,
+  type SandboxInfo,
+} from "./types.js";
+
+// Node 18 has no Symbol.asyncDispose; TypeScript's `await using` looks it up by this name too.
+(Symbol as { asyncDispose?: symbol }).asyncDispose ??= Symbol.for("Symbol.asyncDispose");
+
+/** How long the SDK waits for roched's /healthz before working through the CLI, as the CLI does. */
+const PROBE_TIMEOUT_MS = 2000;
+const TRANSPORTS = ["auto", "daemon", "cli"] as const;
+
+export interface RocheOptions {
+  /** "docker" (the default), "wasm", or a microVM provider ("qemu", "firecracker"). */
+  provider?: string;
+  /** "auto" (the default): roched when it answers on its socket and serves the provider,
+   * else the roche CLI. "daemon" or "cli" forces one. */
+  transport?: "auto" | "daemon" | "cli";
+  /** roched's unix socket; default $ROCHE_SOCKET, else $XDG_RUNTIME_DIR/roche/roched.sock,
+   * else ~/.roche/roched.sock. */
+  socket?: string;
+  /** A roched on TCP, "http://HOST:PORT"; it wants a token. */
+  address?: string;
+  /** The bearer token for a roched on TCP; default from tokenFile, $ROCHE_TOKEN_FILE or $ROCHE_TOKEN. */
+  token?: string;
+  /** A file only you can read holding the token. */
+  tokenFile?: string;
+  /** The roche CLI; default $ROCHE_CLI, else roche on PATH. */
+  cli?: string;
+  /** Seconds any call may wait for Roche beyond the time a command may run (60). */
+  requestTimeout?: number;
+}
+
+/** Creates sandboxes with secure defaults on one provider. */
+export class Roche {
+  readonly provider: string;
+  private readonly choice: "auto" | "daemon" | "cli";
+  private readonly ep: Endpoint;
+  private readonly cliPath?: string;
+  readonly requestTimeout: number;
+  private chosen: Promise<Transport> | undefined;
+
+  constructor(o: RocheOptions = {}) {
+    const transport = o.transport ?? "auto";
+    if (!TRANSPORTS.includes(transport)) {
+      throw new InvalidConfig(`transport ${JSON.stringify(transport)}: choose one of ${TRANSPORTS.join(", ")}`);
+    }
+    const rt = o.requestTimeout ?? 60;
+    if (!(rt > 0)) throw new InvalidConfig(`requestTimeout ${rt}: give seconds > 0`);
+    this.provider = o.provider ?? "docker";
+    this.choice = transport;
+    this.ep = endpoint(o.socket, o.address, o.token, o.tokenFile);
+    this.cliPath = o.cli;
+    this.requestTimeout = rt;
+  }
+
+  /** "daemon" or "cli": how this Roche reaches Roche (decided on first use). */
+  async transport(): Promise<"daemon" | "cli"> {
+    return (await this.resolve()).name;
+  }
+
+  /** @internal */
+  resolve(): Promise<Transport> {
+    this.chosen ??= this.choose().catch((e) => {
+      this.chosen = undefined; // a later call tries again (roched may have started)
+      throw e;
+    });
+    return this.chosen;
+  }
+
+  private async choose(): Promise<Transport> {
+    let why: RocheError | undefined;
+    if (this.choice !== "cli") {
+      try {
+        const h = await health(this.ep, PROBE_TIMEOUT_MS);
+        if (Array.isArray(h.providers) && h.providers.includes(this.provider)) return new DaemonTransport(this.ep);
+        why = new ProviderUnavailable(
+          `roched on ${where(this.ep)} does not serve the ${this.provider} provider ` +
+            `(it serves ${(h.providers ?? []).join(", ") || "none"})`,
+        );
+      } catch (e) {
+        why = e instanceof RocheError ? e : new ProviderUnavailable(String(e));
+      }
+      if (this.choice === "daemon") throw why instanceof ProviderUnavailable ? why : new ProviderUnavailable(why.message);
+    }
+    const path = findCLI(this.cliPath);
+    if (!path) {
+      throw new ProviderUnavailable(
+        `provider unavailable: ${why ? why.message : 'transport "cli" was asked for'}, and no roche CLI was found: ` +
+          "start roched (roche daemon start), put roche on PATH, or set ROCHE_CLI to its path",
+      );
+    }
+    return new CLITransport(path);
+  }
+
+  /** @internal */
+  deadline(): Deadline {
+    return new Deadline(this.requestTimeout);
+  }
+
+  /**
+   * Creates a sandbox. Every default is the safe one: no network, a read-only root with a
+   * /tmp tmpfs, 300 s lifetime, 512m memory, 1 CPU, 64 processes. The sandbox is leased to
+   * this process (`leased: false` to let it outlive it): destroyed within seconds of the
+   * process's end, however it ends. Use `await using sb = await roche.create()` (or
+   * `destroy()` in a `finally`) to destroy it as soon as you are done.
+   */
+  async create(o: CreateOptions = {}): Promise<Sandbox> {
+    const cfg = makeConfig(o);
+    const t = await this.resolve();
+    return new Sandbox(this, t, await t.create(this.provider, cfg, this.deadline()));
+  }
+
+  /** A handle on an existing sandbox; SandboxNotFound when there is none. */
+  async get(id: string): Promise<Sandbox> {
+    const t = await this.resolve();
+    return new Sandbox(this, t, await t.inspect(id, this.deadline()));
+  }
+
+  /** This provider's sandboxes (a daemon's idle pooled ones are not listed). */
+  async list(): Promise<SandboxInfo[]> {
+    return (await this.resolve()).list(this.provider, this.deadline());
+  }
+
+  /** Deletes a persistent workspace and its files; InUse while a sandbox has it mounted. */
+  async deleteWorkspace(name: string): Promise<void> {
+    await (await this.resolve()).deleteWorkspace(this.provider, name, this.deadline());
+  }
+
+  /** Releases kept connections, and lets go of the sandboxes this Roche created leased (the
+   * default), which are then destroyed within seconds. */
+  async close(): Promise<void> {
+    if (this.chosen) await (await this.chosen.catch(() => undefined))?.close();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+/** A sandbox. `await using` (or [Symbol.asyncDispose]()) destroys it. */
+export class Sandbox {
+  constructor(private readonly roche: Roche, private readonly t: Transport, public info: SandboxInfo) {}
+
+  get id(): string {
+    return this.info.id;
+  }
+
+  get provider(): string {
+    return this.info.provider;
+  }
+
+  private execDeadline(req: ExecRequest): Deadline {
+    let run = req.timeout;
+    if (run === undefined && this.info.expiresAt) run = Math.max(0, (this.info.expiresAt.getTime() - Date.now()) / 1000);
+    return new Deadline(run === undefined ? undefined : run + this.roche.requestTimeout);
+  }
+
+  /** Runs a command and waits for it. `timeout` kills it (and all it started) after that many
+   * seconds and sets `timedOut`. A non-zero exit is a result, not an error. */
+  async exec(cmd: readonly string[], o: ExecOptions = {}): Promise<ExecResult> {
+    const req = makeExecRequest(cmd, o);
+    return this.t.exec(this.id, req, this.execDeadline(req));
+  }
+
+  /** Runs a command and yields its output as it is produced; `result` is set once the
+   * iteration ends. Leaving the loop early (break, an exception) kills the command. */
+  execStream(cmd: readonly string[], o: ExecOptions = {}): ExecStream {
+    const req = makeExecRequest(cmd, o);
+    return new ExecStream(this.t.execStream(this.id, req, this.execDeadline(req)));
+  }
+
+  /** Writes data to the absolute sandbox path, replacing it, creating parents. */
+  async writeFile(path: string, data: string | Uint8Array, o: { mode?: number } = {}): Promise<void> {
+    baseName(path, "path");
+    const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    await this.t.writeFile(this.id, path, bytes, o.mode ?? 0o644, this.roche.deadline());
+  }
+
+  /** The content of a file in the sandbox. A file over maxBytes (default 1 GiB) throws
+   * ResourceExhausted before any of it is read; a symlink, PermissionDenied. */
+  async readFile(path: string, o: { maxBytes?: number } = {}): Promise<Uint8Array> {
+    baseName(path, "path");
+    return this.t.readFile(this.id, path, this.roche.deadline(), copyLimit(o.maxBytes));
+  }
+
+  /** Freezes every process in the sandbox. */
+  pause(): Promise<void> {
+    return this.t.pause(this.id, true, this.roche.deadline());
+  }
+
+  /** Thaws a paused sandbox. */
+  unpause(): Promise<void> {
+    return this.t.pause(this.id, false, this.roche.deadline());
+  }
+
+  /** Destroys the sandbox. Destroying one already gone is not an error. */
+  destroy(): Promise<void> {
+    return this.t.destroy(this.id, this.roche.deadline());
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.destroy();
+  }
+}
+
+/** A running command's output events; `result` is set when they end. */
+export class ExecStream implements AsyncIterable<OutputEvent> {
+  result: ExecResult | undefined;
+  constructor(private readonly items: AsyncGenerator<StreamItem>) {}
+
+  async *[Symbol.asyncIterator](): AsyncGenerator<OutputEvent> {
+    try {
+      for await (const item of this.items) {
+        if ("exitCode" in item) this.result = item;
+        else yield item;
+      }
+    } finally {
+      await this.close();
+    }
+  }
+
+  /** Reads the rest of the output and returns the result. */
+  async wait(): Promise<ExecResult> {
+    for await (const _ of this) {
+      // drained
+    }
+    if (!this.result) throw new RocheError("the stream was closed before the command ended");
+    return this.result;
+  }
+
+  /** Stops reading; a command still running is killed. */
+  async close(): Promise<void> {
+    await this.items.return(undefined);
+  }
+}

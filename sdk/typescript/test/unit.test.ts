@@ -1,0 +1,54 @@
+// Logic without Roche behind it: how the CLI's errors and closing lines are read, and the
+// tar the files API sends. (The same paths are exercised for real in the other files; these
+// cover the CLI's JSON error object, which a CLI older than it does not print.)
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { errorFromStderr, StreamParser } from "../src/cli.js";
+import { ImageNotFound, InUse, RocheError, SandboxNotFound } from "../src/errors.js";
+import { fileTar, firstFile } from "../src/tar.js";
+
+test("the CLI's JSON error object gives the typed error, its reason and message", () => {
+  const e = errorFromStderr('{"error":{"reason":"not_found","message":"not found: no sandbox abc"}}\n', 125, "exec");
+  assert.ok(e instanceof SandboxNotFound);
+  assert.equal(e.message, "not found: no sandbox abc");
+  const inUse = errorFromStderr('some warning\n{"error":{"reason":"in_use","message":"workspace w is in use"}}\n', 1, "workspace");
+  assert.ok(inUse instanceof InUse);
+});
+
+test("the CLI's one-line error, for a CLI without JSON errors", () => {
+  const e = errorFromStderr("roche: image not found: roche/nope (see --help)\n", 125, "create");
+  assert.ok(e instanceof ImageNotFound);
+  assert.equal(e.message, "image not found: roche/nope");
+  const other = errorFromStderr("panic: something\n", 2, "create");
+  assert.equal(other.constructor, RocheError);
+  assert.match(other.message, /roche create exited with status 2: panic: something/);
+});
+
+test("a streamed exec's closing lines become flags; the command's own roche: lines stay output", () => {
+  const p = new StreamParser();
+  const early = p.feed("stderr", Buffer.from("warn\nroche: mine\nroche: output truncated: a stream passed 10485760 bytes\n"));
+  assert.deepEqual(early.map((e) => e.text), ["warn\n"]);
+  const [events, result] = p.finish(0, 1);
+  assert.deepEqual(events.map((e) => e.text), ["roche: mine\n"]);
+  assert.equal(result.truncated, true);
+  assert.equal(result.stderr, "warn\nroche: mine\n");
+  const t = new StreamParser();
+  t.feed("stderr", Buffer.from("roche: the command timed out after 1s and was killed\n"));
+  const [, timed] = t.finish(124, 1);
+  assert.deepEqual([timed.timedOut, timed.exitCode], [true, 137]);
+  const f = new StreamParser();
+  f.feed("stderr", Buffer.from("roche: not found: no sandbox x\n"));
+  assert.throws(() => f.finish(125, 0), SandboxNotFound);
+});
+
+test("a one-file tar reads back, in pieces of any size", async () => {
+  const data = Buffer.from("x".repeat(1000) + "end");
+  const tar = fileTar("f.txt", data, 0o600);
+  async function* pieces() {
+    for (let i = 0; i < tar.length; i += 7) yield tar.subarray(i, i + 7);
+  }
+  assert.deepEqual(await firstFile(pieces(), "/tmp/f.txt", 1 << 20), data);
+  const long = fileTar("n".repeat(180), data, 0o644);
+  assert.deepEqual(await firstFile((async function* () { yield long; })(), "/tmp/long", 1 << 20), data);
+});
