@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/roche-sandbox/roche/agent/podlink"
 	"github.com/roche-sandbox/roche/agent/server"
 )
 
@@ -25,6 +26,23 @@ func run() error {
 	if mode := vmMode(); mode != nil {
 		return mode()
 	}
+	// The two modes of a Kubernetes Pod (see package podlink): install the agent from
+	// its image into the Pod's agent volume, and relay one host connection to the agent.
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case podlink.InstallArg:
+			if len(os.Args) != 3 {
+				return fmt.Errorf("usage: roche-agent %s DIR", podlink.InstallArg)
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			return podlink.Install(self, os.Args[2])
+		case podlink.RelayArg:
+			return podlink.Relay(podlink.Socket, os.Stdin, os.Stdout)
+		}
+	}
 	socket := flag.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")
 	owner := flag.Int("owner", 0, "host uid allowed to connect to the socket")
 	user := flag.String("user", "65534:65534", "uid[:gid] or name commands run as")
@@ -35,6 +53,7 @@ func run() error {
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
 	own := flag.String("own", "", "directory to hand to the sandbox user at start if root owns it (a workspace)")
 	chownFrom := flag.Int("chown-from", 0, "uid whose files on the root filesystem are handed to the sandbox user at start (the uid of the sandbox a snapshot was taken of)")
+	nproc := flag.Int("nproc", 0, "cap the sandbox user's processes and threads (RLIMIT_NPROC; 0: no cap)")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -45,7 +64,7 @@ func run() error {
 	cfg := server.Config{
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
 		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
-		ChownFrom: *chownFrom,
+		ChownFrom: *chownFrom, NProc: *nproc,
 	}
 	if *own != "" {
 		cfg.Own = []string{*own}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
@@ -46,6 +47,10 @@ type Options struct {
 	// interpreter ahead of its next exec, which pays off only in a process that lives
 	// on (wasm.WithWarmStart).
 	WarmStart bool
+	// Kubeconfig, Namespace and RuntimeClass configure the Kubernetes provider
+	// (kubernetes.WithKubeconfig, WithNamespace, WithRuntimeClass); empty means its
+	// default ($KUBECONFIG or the in-cluster configuration, namespace "roche", none).
+	Kubeconfig, Namespace, RuntimeClass string
 }
 
 // Provider is one entry of the list.
@@ -94,6 +99,21 @@ var list = []Provider{
 		New: func(o Options) (roche.Provider, error) {
 			return opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
 		},
+	},
+	{
+		Name:        kubernetes.Name,
+		Description: "a Pod per sandbox on a Kubernetes cluster (--kubeconfig or KUBECONFIG)",
+		New: func(o Options) (roche.Provider, error) {
+			opts := []kubernetes.Option{kubernetes.WithLogger(o.Log), kubernetes.WithKubeconfig(o.Kubeconfig)}
+			if o.Namespace != "" {
+				opts = append(opts, kubernetes.WithNamespace(o.Namespace))
+			}
+			if o.RuntimeClass != "" {
+				opts = append(opts, kubernetes.WithRuntimeClass(o.RuntimeClass))
+			}
+			return opened(kubernetes.New(opts...))
+		},
+		CheckAtStart: true,
 	},
 	{
 		Name:        vm.QEMU,
