@@ -55,6 +55,33 @@ pass that reference as the provider's agent image.`,
 	}
 	image.Flags().StringVarP(&output, "output", "o", "", "file to write the image tarball to")
 	image.Flags().StringVar(&agentPath, "agent", "", "roche-agent binary (default: $ROCHE_AGENT, else beside roche)")
-	c.AddCommand(image)
+	var profileOut string
+	profile := &cobra.Command{
+		Use:   "seccomp-profile --output FILE",
+		Short: "Write Roche's seccomp profile for the nodes (a Localhost profile)",
+		Long: `Write Roche's seccomp profile (Docker's default without io_uring, ptrace and a few more)
+as the filter a node's container runtime loads for a Localhost profile. Install it on every
+node in the kubelet's seccomp directory (/var/lib/kubelet/seccomp/roche.json) and pass
+--seccomp-profile roche.json; otherwise sandboxes get the runtime's default profile, which
+on containerd before 2.0 allows io_uring and ptrace. Make it on a machine whose kernel and
+architecture are the nodes'.`,
+		Example: `  roche kubernetes seccomp-profile --output /var/lib/kubelet/seccomp/roche.json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if profileOut == "" {
+				return fmt.Errorf("%w: --output FILE is required: where to write the profile", roche.ErrInvalidConfig)
+			}
+			b, err := kubernetes.SeccompProfile()
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(profileOut, append(b, '\n'), 0o644); err != nil {
+				return fmt.Errorf("writing the seccomp profile: %w", err)
+			}
+			return nil
+		},
+	}
+	profile.Flags().StringVarP(&profileOut, "output", "o", "", "file to write the profile to")
+	c.AddCommand(image, profile)
 	return c
 }

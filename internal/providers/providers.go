@@ -47,10 +47,11 @@ type Options struct {
 	// interpreter ahead of its next exec, which pays off only in a process that lives
 	// on (wasm.WithWarmStart).
 	WarmStart bool
-	// Kubeconfig, Namespace and RuntimeClass configure the Kubernetes provider
-	// (kubernetes.WithKubeconfig, WithNamespace, WithRuntimeClass); empty means its
-	// default ($KUBECONFIG or the in-cluster configuration, namespace "roche", none).
-	Kubeconfig, Namespace, RuntimeClass string
+	// Kubeconfig, Namespace, RuntimeClass and SeccompProfile configure the Kubernetes
+	// provider (kubernetes.WithKubeconfig, WithNamespace, WithRuntimeClass,
+	// WithSeccompProfile); empty means its default ($KUBECONFIG or the in-cluster
+	// configuration, namespace "roche", none, the runtime's default profile).
+	Kubeconfig, Namespace, RuntimeClass, SeccompProfile string
 }
 
 // Provider is one entry of the list.
@@ -110,6 +111,9 @@ var list = []Provider{
 			}
 			if o.RuntimeClass != "" {
 				opts = append(opts, kubernetes.WithRuntimeClass(o.RuntimeClass))
+			}
+			if o.SeccompProfile != "" {
+				opts = append(opts, kubernetes.WithSeccompProfile(o.SeccompProfile))
 			}
 			return opened(kubernetes.New(opts...))
 		},

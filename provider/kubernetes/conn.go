@@ -62,13 +62,12 @@ func (p *Provider) dialAgent(ctx context.Context, id string) (net.Conn, error) {
 		} else {
 			outW.Close()
 		}
-		// A write still waiting for the stream fails rather than hangs.
-		inR.CloseWithError(errStreamEnded)
+		// A write still waiting for the stream fails rather than hangs; the executor's
+		// copy of stdin, which may outlive the stream, reads a clean end.
+		inW.Close()
 	}()
 	return c, nil
 }
-
-var errStreamEnded = errors.New("the exec stream to the agent ended")
 
 // execConn is one exec stream seen as a net.Conn: writes go to the relay's stdin, reads
 // come from its stdout.

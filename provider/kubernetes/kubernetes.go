@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -167,6 +168,9 @@ func New(opts ...Option) (*Provider, error) {
 		if errs := validation.IsDNS1123Subdomain(p.runtimeClass); len(errs) > 0 {
 			return nil, fmt.Errorf("%w: runtime class %q: %s", roche.ErrInvalidConfig, p.runtimeClass, strings.Join(errs, "; "))
 		}
+	}
+	if p.seccomp != "" && (path.IsAbs(p.seccomp) || path.Clean(p.seccomp) != p.seccomp || strings.HasPrefix(p.seccomp, "..")) {
+		return nil, fmt.Errorf("%w: seccomp profile %q: give a path relative to the kubelet's seccomp directory, such as roche.json", roche.ErrInvalidConfig, p.seccomp)
 	}
 	if p.createTimeout <= 0 {
 		return nil, fmt.Errorf("%w: create timeout %v: give a positive duration such as 2m", roche.ErrInvalidConfig, p.createTimeout)
