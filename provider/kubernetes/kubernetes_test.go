@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -363,3 +364,44 @@ func TestPodSpecOnTheCluster(t *testing.T) {
 		t.Errorf("limits %v", c.Resources.Limits)
 	}
 }
+
+// TestCancelledExecKillsCommand: a caller that gives up closes its exec stream through
+// the API server, and the agent then kills the command with everything it started.
+func TestCancelledExecKillsCommand(t *testing.T) {
+	p := newProvider(t)
+	sb := create(t, p, baseConfig())
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(ctx, sb.ID, roche.ExecRequest{
+			Cmd:    []string{"sh", "-c", "echo started; sleep 1000 # roche-marker-cancel"},
+			Stdout: writerFunc(func([]byte) { once.Do(func() { close(started) }) }),
+		})
+		done <- err
+	}()
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		t.Fatal("the command did not start")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Exec: %v, want context.Canceled", err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the cancelled command to be killed", func() bool {
+		return py(t, p, sb.ID, `
+import os
+n = 0
+for d in os.listdir('/proc'):
+    if d.isdigit() and int(d) != os.getpid():
+        try: n += b'roche-marker-cancel' in open('/proc/%s/cmdline' % d, 'rb').read()
+        except OSError: pass
+print(n)`) == "0"
+	})
+}
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
