@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -94,6 +95,9 @@ type Provider struct {
 
 	mu       sync.Mutex
 	verified map[string]sandbox
+	// leases are the exec streams holding the leases of the leased sandboxes this
+	// provider made (lease.go).
+	leases map[string]io.Closer
 }
 
 // sandbox is what the provider remembers about a Pod it has checked.
@@ -156,6 +160,7 @@ func New(opts ...Option) (*Provider, error) {
 		uidFirst:      DefaultUIDFirst,
 		uidCount:      DefaultUIDCount,
 		verified:      map[string]sandbox{},
+		leases:        map[string]io.Closer{},
 	}
 	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
@@ -246,8 +251,12 @@ func restConfig(kubeconfig string) (*rest.Config, string, error) {
 	return cfg, cfg.Host, nil
 }
 
-// Close releases nothing yet; it is here so that callers can treat providers alike.
-func (p *Provider) Close() error { return nil }
+// Close lets go of the leases this provider holds: its leased sandboxes stop within
+// LeaseGrace.
+func (p *Provider) Close() error {
+	p.dropLeases()
+	return nil
+}
 
 // Name implements roche.Provider.
 func (p *Provider) Name() string { return Name }
@@ -259,11 +268,11 @@ func (p *Provider) Namespace() string { return p.namespace }
 func (p *Provider) AgentImage() string { return p.agentImage }
 
 // Capabilities implements roche.Provider. Host mounts have no meaning on a cluster's
-// nodes; the egress proxy, leases, pause, workspaces and snapshots are not done here
-// yet and are refused.
+// nodes; the egress proxy, pause, workspaces and snapshots are not done here yet and
+// are refused.
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
-		Network: true, Writable: true, Files: true, Stdin: true, Processes: true,
+		Network: true, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
 	}
 }
 
@@ -281,9 +290,6 @@ func unsupported(cfg roche.Config) error {
 	}
 	if cfg.FromSnapshot != "" {
 		why = append(why, "from_snapshot: snapshots are not done yet")
-	}
-	if cfg.Leased {
-		why = append(why, "leased: leases are not done yet; the sandbox lives out its timeout_secs (roched still holds it with Hold)")
 	}
 	if cfg.Writable && cfg.DiskBytes() > 0 {
 		why = append(why, "disk with writable: the kubelet enforces ephemeral storage by evicting the Pod, not with ENOSPC; pass disk=0 for a writable root bounded only by the node")
@@ -378,6 +384,9 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 		}
 		pp.user, pp.uid = fmt.Sprintf("%d:%d", uid, uid), uid
 	}
+	if cfg.Leased {
+		pp.extraArgs = p.leaseArgs()
+	}
 	pod, err := podFor(cfg, pp)
 	if err != nil {
 		return roche.SandboxInfo{}, err
@@ -421,6 +430,11 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	}
 	if err := p.waitAgent(ctx, sb); err != nil {
 		return roche.SandboxInfo{}, err
+	}
+	if cfg.Leased {
+		if err := p.takeLease(ctx, sb); err != nil {
+			return roche.SandboxInfo{}, err
+		}
 	}
 	p.remember(sb)
 	return p.info(running), nil
@@ -530,6 +544,7 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
 	p.forget(id)
+	defer p.dropLease(id)
 	del := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}
 	var errs []error
 	if err := p.cs.CoreV1().Pods(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {

@@ -405,3 +405,34 @@ print(n)`) == "0"
 type writerFunc func([]byte)
 
 func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
+
+// TestLeaseEndsWithItsHolder: a leased sandbox stops once the provider holding its lease
+// (one exec stream through the API server) lets go, and one that was kept lives on.
+func TestLeaseEndsWithItsHolder(t *testing.T) {
+	holder := newProvider(t)
+	observer, err := kubernetes.New(kubernetes.WithKubeconfig(kubeconfig(t)), kubernetes.WithNamespace(holder.Namespace()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig()
+	cfg.Leased = true
+	leased := create(t, holder, cfg)
+	kept := create(t, holder, cfg)
+	ctx := context.Background()
+	if err := holder.Keep(ctx, kept.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := py(t, holder, leased.ID, "print('alive')"); got != "alive" {
+		t.Fatalf("leased sandbox before its holder let go: %q", got)
+	}
+	dropped := time.Now()
+	holder.Close()
+	testenv.Eventually(t, time.Minute, "the leased sandbox to stop", func() bool {
+		info, err := observer.Inspect(ctx, leased.ID)
+		return err == nil && info.State == roche.StateExited
+	})
+	t.Logf("the leased sandbox stopped %v after its lease was let go", time.Since(dropped).Round(100*time.Millisecond))
+	if got := py(t, observer, kept.ID, "print('alive')"); got != "alive" {
+		t.Fatalf("kept sandbox after the holder let go: %q", got)
+	}
+}

@@ -76,6 +76,8 @@ type podParams struct {
 	// localhostSeccomp, when set, is a seccomp profile on the nodes (relative to the
 	// kubelet's seccomp directory) used instead of the runtime's default.
 	localhostSeccomp string
+	// extraArgs go to the agent after its own (a lease's).
+	extraArgs []string
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -134,6 +136,7 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 		// user's own (its uid is the sandbox's own unless the caller named one).
 		"--nproc", strconv.Itoa(cfg.PidsLimit),
 	}
+	agentArgs = append(agentArgs, pp.extraArgs...)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pp.id, Namespace: pp.namespace, Labels: labels,

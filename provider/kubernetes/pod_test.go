@@ -144,7 +144,6 @@ func TestRefusedCreateMakesNothing(t *testing.T) {
 		"mounts":            func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/etc", Target: "/x"}} },
 		"workspace":         func(c *roche.Config) { c.Workspace = "w" },
 		"from_snapshot":     func(c *roche.Config) { c.FromSnapshot = "s" },
-		"leased":            func(c *roche.Config) { c.Leased = true },
 		"disk":              func(c *roche.Config) { c.Writable = true },
 	}
 	for field, mod := range cases {
