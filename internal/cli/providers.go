@@ -31,7 +31,7 @@ type registry struct {
 	engineTimeout time.Duration
 	transport     string
 	// kubeconfig, namespace and runtimeClass: see providers.Options; set by flags.
-	kubeconfig, namespace, runtimeClass, seccompProfile string
+	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
 }
 
 func newRegistry(l *slog.Logger) *registry {
@@ -57,7 +57,7 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	p, err := providers.Open(name, providers.Options{
 		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
 		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
-		SeccompProfile: r.seccompProfile,
+		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage,
 	})
 	if err != nil {
 		return nil, err

@@ -52,6 +52,10 @@ type Options struct {
 	// WithSeccompProfile); empty means its default ($KUBECONFIG or the in-cluster
 	// configuration, namespace "roche", none, the runtime's default profile).
 	Kubeconfig, Namespace, RuntimeClass, SeccompProfile string
+	// AgentImage is the Kubernetes provider's agent image as the nodes know it
+	// (kubernetes.WithAgentImage): an operator's registry copy; empty means the local
+	// roche-agent's own reference.
+	AgentImage string
 }
 
 // Provider is one entry of the list.
@@ -111,6 +115,9 @@ var list = []Provider{
 			}
 			if o.RuntimeClass != "" {
 				opts = append(opts, kubernetes.WithRuntimeClass(o.RuntimeClass))
+			}
+			if o.AgentImage != "" {
+				opts = append(opts, kubernetes.WithAgentImage(o.AgentImage))
 			}
 			if o.SeccompProfile != "" {
 				opts = append(opts, kubernetes.WithSeccompProfile(o.SeccompProfile))

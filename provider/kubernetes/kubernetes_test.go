@@ -436,3 +436,45 @@ func TestLeaseEndsWithItsHolder(t *testing.T) {
 		t.Fatalf("kept sandbox after the holder let go: %q", got)
 	}
 }
+
+// BenchmarkExec: one command through the API server (one pods/exec of the relay).
+func BenchmarkExec(b *testing.B) {
+	p, err := kubernetes.New(kubernetes.WithKubeconfig(kubeconfig(b)), kubernetes.WithNamespace(fmt.Sprintf("roche-bench-%x", rand.Uint64())))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { deleteNamespace(b, clientset(b), p.Namespace()) })
+	ctx := context.Background()
+	info, err := p.Create(ctx, baseConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	b.ResetTimer()
+	for b.Loop() {
+		res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"true"}})
+		if err != nil || res.ExitCode != 0 {
+			b.Fatalf("exec: %v %+v", err, res)
+		}
+	}
+}
+
+// BenchmarkCreateDestroy: a sandbox made (scheduled, agent installed, answering) and
+// destroyed.
+func BenchmarkCreateDestroy(b *testing.B) {
+	p, err := kubernetes.New(kubernetes.WithKubeconfig(kubeconfig(b)), kubernetes.WithNamespace(fmt.Sprintf("roche-bench-%x", rand.Uint64())))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { deleteNamespace(b, clientset(b), p.Namespace()) })
+	ctx := context.Background()
+	for b.Loop() {
+		info, err := p.Create(ctx, baseConfig())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Destroy(ctx, info.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
