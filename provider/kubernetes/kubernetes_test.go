@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -476,5 +477,33 @@ func BenchmarkCreateDestroy(b *testing.B) {
 		if err := p.Destroy(ctx, info.ID); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestBackgroundProcesses: a command started in the background is listed, its output
+// kept, a signal reaches it, and its end is reported, all through the relay.
+func TestBackgroundProcesses(t *testing.T) {
+	p := newProvider(t)
+	sb := create(t, p, baseConfig())
+	ctx := context.Background()
+	pid, err := p.Start(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo ready; trap 'echo got TERM; exit 7' TERM; while :; do sleep 0.1; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the background command to be listed running", func() bool {
+		list, err := p.Processes(ctx, sb.ID)
+		return err == nil && len(list) == 1 && list[0].PID == pid && list[0].Running
+	})
+	time.Sleep(500 * time.Millisecond) // let the shell set its trap
+	if err := p.Signal(ctx, sb.ID, pid, 15); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	res, err := p.Attach(ctx, sb.ID, pid, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 7 || out.String() != "ready\ngot TERM\n" {
+		t.Fatalf("attach: exit %d, output %q; want 7 and the kept output", res.ExitCode, out.String())
 	}
 }

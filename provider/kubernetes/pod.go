@@ -113,11 +113,6 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 		corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cfg.CPUs*1000+0.5), resource.DecimalSI),
 		corev1.ResourceMemory: *resource.NewQuantity(cfg.MemoryBytes(), resource.BinarySI),
 	}
-	if cfg.Writable && cfg.DiskBytes() > 0 {
-		// The writable layer and the container's logs count against it; the kubelet
-		// evicts the Pod past it (see Create: only with --disk-evicts).
-		limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(cfg.DiskBytes(), resource.BinarySI)
-	}
 	requests := corev1.ResourceList{
 		corev1.ResourceCPU:    minQuantity(requestCPU, limits[corev1.ResourceCPU]),
 		corev1.ResourceMemory: minQuantity(requestMemory, limits[corev1.ResourceMemory]),
