@@ -8,11 +8,13 @@
 // its PID 1, as under Docker.
 //
 // The host reaches the agent through the API server only, so that it needs no route into
-// the Pod network: each of the agent's connections (one per operation, see package agent)
-// is one pods/exec of "roche-agent relay", which copies its stdin to the agent's socket
-// and the socket to its stdout. The relay runs as root, like the agent, and is started by
-// the container runtime, never by the sandbox's code, which runs as another uid without
-// capabilities and cannot open the socket (mode 0600 in a 0700 directory, both root's).
+// the Pod network: one pods/exec of "roche-agent mux" carries a yamux session, and each of
+// the agent's connections (one per operation, see package agent) is a stream of it, which
+// the relay connects to the agent's socket ("roche-agent relay" relays a single
+// connection over its stdin and stdout). The relay runs as root, like the agent, and is
+// started by the container runtime, never by the sandbox's code, which runs as another
+// uid without capabilities and cannot open the socket (mode 0600 in a 0700 directory,
+// both root's).
 package podlink
 
 import (
@@ -22,6 +24,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/roche-sandbox/roche/agent/vmlink"
 )
 
 const (
@@ -38,6 +44,8 @@ const (
 	// InstallArg and RelayArg are roche-agent's first argument in its two Pod modes.
 	InstallArg = "install"
 	RelayArg   = "relay"
+	// MuxArg runs the relay for many connections over one exec stream (Mux).
+	MuxArg = "mux"
 )
 
 // Install copies the agent binary src into dir (the init container's view of the agent
@@ -102,3 +110,59 @@ func Relay(socket string, in io.Reader, out io.Writer) error {
 	}
 	return err
 }
+
+// Mux serves many host connections over one exec stream: in and out carry a yamux
+// session (vmlink.MuxConfig, as a QEMU guest's serial link does), and each stream the
+// host opens is relayed to the agent's socket as Relay relays one. An exec costs the
+// API server, the kubelet and the runtime a round trip and a process start; a stream of
+// an open session costs neither. Mux returns when the session ends (the host closed the
+// exec stream, or its process died): every relayed connection is then closed, and the
+// agent treats each as a client that hung up.
+func Mux(socket string, in io.Reader, out io.Writer) error {
+	sess, err := yamux.Server(stdio{in, out}, vmlink.MuxConfig())
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			if sess.IsClosed() {
+				return nil
+			}
+			return err
+		}
+		go relayStream(socket, st)
+	}
+}
+
+// relayStream relays one stream of a Mux session to a connection of its own to the agent.
+// Unlike an exec stream, a yamux stream whose reader has gone does not fail its writer:
+// the writer waits for flow-control credit. So once the agent has hung up (an upload it
+// refused mid-way, ENOSPC), what the host still sends is read and dropped until the host
+// closes its end, and the host hears the agent's answer instead of waiting.
+func relayStream(socket string, st net.Conn) {
+	defer st.Close()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		// Closed at once: the host reads the end and reports that the agent is not
+		// answering yet.
+		return
+	}
+	go func() {
+		if _, err := io.Copy(c, st); err != nil {
+			_, _ = io.Copy(io.Discard, st)
+		}
+		c.Close()
+	}()
+	_, _ = io.Copy(st, c)
+	c.Close()
+}
+
+// stdio is the exec stream's stdin and stdout as one connection for yamux.
+type stdio struct {
+	io.Reader
+	io.Writer
+}
+
+func (stdio) Close() error { return nil }

@@ -8,6 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/roche-sandbox/roche/agent/vmlink"
 )
 
 // TestInstall: the agent is copied read-and-execute only, beside a socket directory only
@@ -99,4 +103,65 @@ func TestRelay(t *testing.T) {
 	if err := Relay(filepath.Join(t.TempDir(), "none"), strings.NewReader(""), io.Discard); err == nil {
 		t.Error("relay to a missing socket succeeded")
 	}
+}
+
+// TestMux: streams of one session reach the agent as connections of their own, and the
+// session's end closes every one of them.
+func TestMux(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ended := make(chan struct{}, 2)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b := make([]byte, 1)
+				for {
+					if _, err := c.Read(b); err != nil {
+						ended <- struct{}{}
+						return
+					}
+					c.Write(b) // echo
+				}
+			}()
+		}
+	}()
+	// The exec stream: the host's end and the relay's, two pipes.
+	hostR, relayW := io.Pipe()
+	relayR, hostW := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- Mux(sock, relayR, relayW) }()
+	sess, err := yamux.Client(stdio{hostR, hostW}, vmlink.MuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range []string{"a", "b"} {
+		st, err := sess.OpenStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Write([]byte(msg))
+		b := make([]byte, 1)
+		if _, err := io.ReadFull(st, b); err != nil || string(b) != msg {
+			t.Fatalf("echo of %q: %q, %v", msg, b, err)
+		}
+	}
+	// The host goes: its stdin ends.
+	hostW.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Mux: %v", err)
+	}
+	for range 2 {
+		<-ended
+	}
+	relayW.Close() // the relay process exits, and its stdout ends
+	sess.Close()
 }

@@ -41,6 +41,8 @@ func run() error {
 			return podlink.Install(self, os.Args[2])
 		case podlink.RelayArg:
 			return podlink.Relay(podlink.Socket, os.Stdin, os.Stdout)
+		case podlink.MuxArg:
+			return podlink.Mux(podlink.Socket, os.Stdin, os.Stdout)
 		}
 	}
 	socket := flag.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")

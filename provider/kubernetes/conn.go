@@ -16,19 +16,90 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
+	"github.com/hashicorp/yamux"
+
 	"github.com/roche-sandbox/roche/agent/podlink"
+	"github.com/roche-sandbox/roche/agent/vmlink"
 )
 
-// dialAgent opens one connection to the agent of Pod id: a pods/exec of the agent's relay
-// (see package podlink) through the API server, over WebSocket, or SPDY where the API
-// server or a proxy on the way does not upgrade to it. The returned connection lives
-// until it is closed or the stream ends, whatever becomes of ctx.
+// dialAgent opens one connection to the agent of Pod id: a stream of the sandbox's
+// multiplexed relay session (one pods/exec of "roche-agent mux", opened on first use and
+// again when it has ended).
 func (p *Provider) dialAgent(ctx context.Context, id string) (net.Conn, error) {
+	for attempt := 0; ; attempt++ {
+		sess, err := p.session(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		st, err := sess.OpenStream()
+		if err == nil {
+			return st, nil
+		}
+		p.dropSession(id, sess)
+		if attempt == 1 {
+			return nil, fmt.Errorf("reaching the agent of sandbox %s: %w", id, err)
+		}
+	}
+}
+
+// session returns the open relay session of sandbox id, opening one if there is none.
+func (p *Provider) session(ctx context.Context, id string) (*yamux.Session, error) {
+	p.sessMu.Lock()
+	defer p.sessMu.Unlock()
+	if s := p.sessions[id]; s != nil && !s.IsClosed() {
+		return s, nil
+	}
+	c, err := p.execRelay(ctx, id, podlink.MuxArg)
+	if err != nil {
+		return nil, err
+	}
+	s, err := yamux.Client(c, vmlink.MuxConfig())
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("reaching the agent of sandbox %s: %w", id, err)
+	}
+	p.sessions[id] = s
+	return s, nil
+}
+
+// dropSession closes the relay session of sandbox id (only s, when given, so that a
+// newer one stays).
+func (p *Provider) dropSession(id string, s *yamux.Session) {
+	p.sessMu.Lock()
+	cur := p.sessions[id]
+	if s == nil || cur == s {
+		delete(p.sessions, id)
+	}
+	p.sessMu.Unlock()
+	if s == nil {
+		s = cur
+	}
+	if s != nil {
+		s.Close()
+	}
+}
+
+// dropSessions closes every relay session (Close).
+func (p *Provider) dropSessions() {
+	p.sessMu.Lock()
+	all := p.sessions
+	p.sessions = map[string]*yamux.Session{}
+	p.sessMu.Unlock()
+	for _, s := range all {
+		s.Close()
+	}
+}
+
+// execRelay runs the agent's relay in mode (podlink.RelayArg, MuxArg) in Pod id through
+// the API server, over WebSocket, or SPDY where the API server or a proxy on the way does
+// not upgrade to it, and returns its stdin and stdout as a connection. The connection
+// lives until it is closed or the stream ends, whatever becomes of ctx.
+func (p *Provider) execRelay(ctx context.Context, id, mode string) (*execConn, error) {
 	req := p.cs.CoreV1().RESTClient().Post().
 		Namespace(p.namespace).Resource("pods").Name(id).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: containerSandbox,
-			Command:   []string{podlink.Agent, podlink.RelayArg},
+			Command:   []string{podlink.Agent, mode},
 			Stdin:     true, Stdout: true, Stderr: true,
 		}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(p.rest, "GET", req.URL().String())

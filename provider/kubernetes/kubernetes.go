@@ -1,8 +1,9 @@
 // Package kubernetes runs Roche sandboxes as Pods through the Kubernetes API (client-go),
 // mapping roche.Config's secure defaults onto the Pod's spec. roche-agent runs as each
 // Pod's PID 1, installed from a small agent image by an init container, and is reached
-// through the API server only (pods/exec of its relay; see package podlink), so the
-// process using this provider needs no route into the Pod network.
+// through the API server only (one pods/exec of its multiplexing relay per sandbox; see
+// package podlink), so the process using this provider needs no route into the Pod
+// network.
 package kubernetes
 
 import (
@@ -22,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -98,6 +100,9 @@ type Provider struct {
 	// leases are the exec streams holding the leases of the leased sandboxes this
 	// provider made (lease.go).
 	leases map[string]io.Closer
+	// sessions are the sandboxes' relay sessions (conn.go), opened on first use.
+	sessMu   sync.Mutex
+	sessions map[string]*yamux.Session
 }
 
 // sandbox is what the provider remembers about a Pod it has checked.
@@ -161,6 +166,7 @@ func New(opts ...Option) (*Provider, error) {
 		uidCount:      DefaultUIDCount,
 		verified:      map[string]sandbox{},
 		leases:        map[string]io.Closer{},
+		sessions:      map[string]*yamux.Session{},
 	}
 	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
@@ -255,6 +261,7 @@ func restConfig(kubeconfig string) (*rest.Config, string, error) {
 // LeaseGrace.
 func (p *Provider) Close() error {
 	p.dropLeases()
+	p.dropSessions()
 	return nil
 }
 
@@ -544,6 +551,7 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
 	p.forget(id)
+	defer p.dropSession(id, nil)
 	defer p.dropLease(id)
 	del := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}
 	var errs []error
