@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 
 	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/agent/podlink"
 	"github.com/roche-sandbox/roche/agent/server"
 )
 
@@ -49,6 +50,25 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if server.IsVMInit() {
 		return server.RunVM()
 	}
+	// The modes of a Kubernetes Pod (see package podlink): install the agent from its
+	// image into the Pod's agent volume, and relay host connections to the agent.
+	if len(args) > 0 {
+		switch args[0] {
+		case podlink.InstallArg:
+			if len(args) != 2 {
+				return fmt.Errorf("usage: roche-agent %s DIR", podlink.InstallArg)
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			return podlink.Install(self, args[1])
+		case podlink.RelayArg:
+			return podlink.Relay(podlink.Socket, os.Stdin, os.Stdout)
+		case podlink.MuxArg:
+			return podlink.Mux(podlink.Socket, os.Stdin, os.Stdout)
+		}
+	}
 	fs := flag.NewFlagSet(agentbin.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")
@@ -61,6 +81,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	egressSocket := fs.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
 	own := fs.String("own", "", "directory to hand to the sandbox user at start if root owns it (a workspace)")
 	chownFrom := fs.Int("chown-from", 0, "uid whose files on the root filesystem are handed to the sandbox user at start (the uid of the sandbox a snapshot was taken of)")
+	nproc := fs.Int("nproc", 0, "cap the sandbox user's processes and threads (RLIMIT_NPROC; 0: no cap)")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -73,7 +94,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cfg := server.Config{
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
 		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
-		ChownFrom: *chownFrom,
+		ChownFrom: *chownFrom, NProc: *nproc,
 	}
 	if *own != "" {
 		cfg.Own = []string{*own}

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/roche-sandbox/roche/agent"
 )
 
@@ -54,6 +56,11 @@ type Config struct {
 	// the sandbox user at start: in a sandbox made from a snapshot, what the sandbox it
 	// was taken of wrote (as another uid) must stay the sandbox's to change.
 	ChownFrom int
+	// NProc, when positive, caps the processes and threads of the sandbox user
+	// (RLIMIT_NPROC, inherited by every command): where the agent cannot set a pids
+	// cgroup of the sandbox's own (a Kubernetes Pod, whose pids limit is the node's),
+	// the per-sandbox uid makes it a per-sandbox limit. Root, the agent, is exempt.
+	NProc int
 }
 
 // Server is the in-sandbox agent.
@@ -106,6 +113,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if err := dropBoundingSet(); err != nil {
 		return nil, fmt.Errorf("dropping the capability bounding set: %w", err)
+	}
+	if cfg.NProc > 0 {
+		lim := &unix.Rlimit{Cur: uint64(cfg.NProc), Max: uint64(cfg.NProc)}
+		if err := unix.Setrlimit(unix.RLIMIT_NPROC, lim); err != nil {
+			return nil, fmt.Errorf("setting the sandbox's process limit (RLIMIT_NPROC %d): %w", cfg.NProc, err)
+		}
 	}
 	gids, err := syscall.Getgroups()
 	if err != nil {

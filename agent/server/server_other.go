@@ -28,6 +28,7 @@ type Config struct {
 	EgressDial   func() (net.Conn, error)
 	Own          []string
 	ChownFrom    int
+	NProc        int
 }
 
 // Server is the in-sandbox agent; it exists only on Linux.

@@ -182,7 +182,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
-		e.snapshotCommand(),
+		e.snapshotCommand(), e.kubernetesCommand(),
 	)
 	friendlyArgs(root)
 	e.addDaemonFlags(root)
@@ -191,6 +191,11 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		"how long a create waits for the engine (Docker) before failing; lists and destroys wait 10 s (in this process; roched has its own)")
 	pf.StringVar(&e.providers.transport, "transport", docker.TransportAgent,
 		"how commands reach Docker sandboxes made here: agent (roche-agent inside), or docker-exec (Docker's exec API: slower, no files API)")
+	pf.StringVar(&e.providers.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
+	pf.StringVar(&e.providers.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
+	pf.StringVar(&e.providers.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata: one the cluster defines)")
+	pf.StringVar(&e.providers.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>; see roche kubernetes agent-image)")
+	pf.StringVar(&e.providers.seccompProfile, "seccomp-profile", "", "Localhost seccomp profile of the kubernetes provider's Pods, installed on every node (roche kubernetes seccomp-profile)")
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

@@ -30,6 +30,8 @@ type registry struct {
 	// engineTimeout and transport: see providers.Options; set by flags.
 	engineTimeout time.Duration
 	transport     string
+	// kubeconfig, namespace and runtimeClass: see providers.Options; set by flags.
+	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
 }
 
 func newRegistry(l *slog.Logger) *registry {
@@ -52,7 +54,11 @@ func (r *registry) get(name string) (roche.Provider, error) {
 			return p, nil
 		}
 	}
-	p, err := providers.Open(name, providers.Options{Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport})
+	p, err := providers.Open(name, providers.Options{
+		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
+		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
+		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage,
+	})
 	if err != nil {
 		return nil, err
 	}

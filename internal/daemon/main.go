@@ -97,6 +97,8 @@ type flags struct {
 	pools                                []string
 	maxSandboxes, poolConcurrency        int
 	shutdownTimeout, engineTimeout       time.Duration
+	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
+	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -196,6 +198,11 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
 	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
 		"how long a create waits for the Docker engine before failing (lists and destroys wait 10 s); while it does not answer, creates are refused at once")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
+	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
+	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
+	fs.StringVar(&f.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>)")
+	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "Localhost seccomp profile of the kubernetes provider's Pods, installed on every node (roche kubernetes seccomp-profile)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -374,6 +381,8 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	served, err := providers.Serve(providers.Options{
 		Log: log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
+		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,
+		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage,
 		// roched outlives its sandboxes, so it can run their egress proxies.
 		Outlives: true,
 		// TCP tenants may mount below some roots: bind what was checked, not a path

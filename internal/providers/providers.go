@@ -17,6 +17,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
@@ -46,6 +47,15 @@ type Options struct {
 	// interpreter ahead of its next exec, which pays off only in a process that lives
 	// on (wasm.WithWarmStart).
 	WarmStart bool
+	// Kubeconfig, Namespace, RuntimeClass and SeccompProfile configure the Kubernetes
+	// provider (kubernetes.WithKubeconfig, WithNamespace, WithRuntimeClass,
+	// WithSeccompProfile); empty means its default ($KUBECONFIG or the in-cluster
+	// configuration, namespace "roche", none, the runtime's default profile).
+	Kubeconfig, Namespace, RuntimeClass, SeccompProfile string
+	// AgentImage is the Kubernetes provider's agent image as the nodes know it
+	// (kubernetes.WithAgentImage): an operator's registry copy; empty means the local
+	// roche-agent's own reference.
+	AgentImage string
 }
 
 // Provider is one entry of the list.
@@ -94,6 +104,27 @@ var list = []Provider{
 		New: func(o Options) (roche.Provider, error) {
 			return opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
 		},
+	},
+	{
+		Name:        kubernetes.Name,
+		Description: "a Pod per sandbox on a Kubernetes cluster (--kubeconfig or KUBECONFIG)",
+		New: func(o Options) (roche.Provider, error) {
+			opts := []kubernetes.Option{kubernetes.WithLogger(o.Log), kubernetes.WithKubeconfig(o.Kubeconfig)}
+			if o.Namespace != "" {
+				opts = append(opts, kubernetes.WithNamespace(o.Namespace))
+			}
+			if o.RuntimeClass != "" {
+				opts = append(opts, kubernetes.WithRuntimeClass(o.RuntimeClass))
+			}
+			if o.AgentImage != "" {
+				opts = append(opts, kubernetes.WithAgentImage(o.AgentImage))
+			}
+			if o.SeccompProfile != "" {
+				opts = append(opts, kubernetes.WithSeccompProfile(o.SeccompProfile))
+			}
+			return opened(kubernetes.New(opts...))
+		},
+		CheckAtStart: true,
 	},
 	{
 		Name:        vm.QEMU,

@@ -26,3 +26,8 @@ var seccompOpt = func() string {
 	}
 	return "seccomp=" + buf.String()
 }()
+
+// SeccompProfile returns Roche's seccomp profile in Docker's format (seccomp.json), for
+// the providers that install it elsewhere (the kubernetes provider, as a node's
+// Localhost profile).
+func SeccompProfile() []byte { return bytes.Clone(seccompProfile) }

@@ -54,6 +54,15 @@ func (s *suite) testDiskLimit(t *testing.T) {
 	cfg := s.opts.Config
 	cfg.Writable = true
 	cfg.Disk = "100m"
+	if s.opts.NoDiskLimit != "" {
+		before := s.ids(t)
+		_, err := s.p.Create(ctxFor(t, time.Minute), cfg)
+		if !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "disk") {
+			t.Fatalf("writable with disk 100m on a provider without disk limits (%s): err %v, want ErrUnsupported naming disk", s.opts.NoDiskLimit, err)
+		}
+		s.noneMadeSince(t, before, "a refused Create")
+		return
+	}
 	id := s.create(t, cfg)
 	// The filesystem's own bookkeeping may take a little of the size.
 	if stopped, mib := s.fill(t, id, "root"); stopped != "ENOSPC" || mib > 100 || mib < 80 {

@@ -39,6 +39,11 @@ type Options struct {
 	// whatever Config.Owner says (roched sets its own); empty means Config.Owner must
 	// come back as given.
 	Owner string
+	// NoDiskLimit, when set, says why the provider refuses a disk limit on a writable
+	// root (its backend has no way to fail writes with ENOSPC past it): the DiskLimit
+	// check then expects that refusal, ErrUnsupported naming "disk", and nothing made.
+	// Config.Disk must then be "0" for the writable checks.
+	NoDiskLimit string
 }
 
 // Run runs the conformance suite against p.

@@ -1,0 +1,168 @@
+// Package podlink is what roche-agent inside a Kubernetes Pod and the host agree on: where
+// the agent is installed in the Pod, and how the host reaches it.
+//
+// No image registry is assumed, and no image is assumed to hold the agent: an init
+// container from a small image holding only roche-agent runs "roche-agent install", which
+// copies the binary into an emptyDir volume that the sandbox container mounts at Dir and
+// makes the socket directory, root's alone. The sandbox container then runs the agent as
+// its PID 1, as under Docker.
+//
+// The host reaches the agent through the API server only, so that it needs no route into
+// the Pod network: one pods/exec of "roche-agent mux" carries a yamux session, and each of
+// the agent's connections (one per operation, see package agent) is a stream of it, which
+// the relay connects to the agent's socket ("roche-agent relay" relays a single
+// connection over its stdin and stdout). The relay runs as root, like the agent, and is
+// started by the container runtime, never by the sandbox's code, which runs as another
+// uid without capabilities and cannot open the socket (mode 0600 in a 0700 directory,
+// both root's).
+package podlink
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/roche-sandbox/roche/agent/vmlink"
+)
+
+const (
+	// Dir is where the agent's volume is mounted in the sandbox container.
+	Dir = "/.roche"
+	// Agent is the agent's path in the sandbox container.
+	Agent = Dir + "/roche-agent"
+	// RunDir holds the agent's socket; root's, mode 0700.
+	RunDir = Dir + "/run"
+	// Socket is the agent's socket.
+	Socket = RunDir + "/agent.sock"
+	// ImageAgent is the agent's path in the agent image, which holds nothing else.
+	ImageAgent = "/roche-agent"
+	// InstallArg and RelayArg are roche-agent's first argument in its two Pod modes.
+	InstallArg = "install"
+	RelayArg   = "relay"
+	// MuxArg runs the relay for many connections over one exec stream (Mux).
+	MuxArg = "mux"
+)
+
+// Install copies the agent binary src into dir (the init container's view of the agent
+// volume) as dir/roche-agent, mode 0555, and makes dir/run, mode 0700. dir itself is made
+// 0755: an emptyDir starts world-writable, and the sandbox's user must not be able to put
+// anything beside the agent.
+func Install(src, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("making %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("restricting %s: %w", dir, err)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("opening the agent binary: %w", err)
+	}
+	defer in.Close()
+	dst := filepath.Join(dir, filepath.Base(Agent))
+	tmp := dst + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o555)
+	if err != nil {
+		return fmt.Errorf("installing the agent: %w", err)
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("installing the agent at %s: %w", dst, err)
+	}
+	run := filepath.Join(dir, filepath.Base(RunDir))
+	if err := os.Mkdir(run, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("making the socket directory: %w", err)
+	}
+	if err := os.Chmod(run, 0o700); err != nil {
+		return fmt.Errorf("restricting the socket directory: %w", err)
+	}
+	return nil
+}
+
+// Relay connects to the agent's socket and copies in to it and it to out until either
+// side ends. The end of in is the end of the connection (the host closed its exec
+// stream): the agent then kills a foreground command, as when a local client hangs up.
+func Relay(socket string, in io.Reader, out io.Writer) error {
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		return fmt.Errorf("connecting to the agent: %w", err)
+	}
+	go func() {
+		_, _ = io.Copy(c, in)
+		c.Close()
+	}()
+	_, err = io.Copy(out, c)
+	c.Close()
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Mux serves many host connections over one exec stream: in and out carry a yamux
+// session (vmlink.MuxConfig, as a QEMU guest's serial link does), and each stream the
+// host opens is relayed to the agent's socket as Relay relays one. An exec costs the
+// API server, the kubelet and the runtime a round trip and a process start; a stream of
+// an open session costs neither. Mux returns when the session ends (the host closed the
+// exec stream, or its process died): every relayed connection is then closed, and the
+// agent treats each as a client that hung up.
+func Mux(socket string, in io.Reader, out io.Writer) error {
+	sess, err := yamux.Server(stdio{in, out}, vmlink.MuxConfig())
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			if sess.IsClosed() {
+				return nil
+			}
+			return err
+		}
+		go relayStream(socket, st)
+	}
+}
+
+// relayStream relays one stream of a Mux session to a connection of its own to the agent.
+// Unlike an exec stream, a yamux stream whose reader has gone does not fail its writer:
+// the writer waits for flow-control credit. So once the agent has hung up (an upload it
+// refused mid-way, ENOSPC), what the host still sends is read and dropped until the host
+// closes its end, and the host hears the agent's answer instead of waiting.
+func relayStream(socket string, st net.Conn) {
+	defer st.Close()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		// Closed at once: the host reads the end and reports that the agent is not
+		// answering yet.
+		return
+	}
+	go func() {
+		if _, err := io.Copy(c, st); err != nil {
+			_, _ = io.Copy(io.Discard, st)
+		}
+		c.Close()
+	}()
+	_, _ = io.Copy(st, c)
+	c.Close()
+}
+
+// stdio is the exec stream's stdin and stdout as one connection for yamux.
+type stdio struct {
+	io.Reader
+	io.Writer
+}
+
+func (stdio) Close() error { return nil }

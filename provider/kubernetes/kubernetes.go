@@ -1,0 +1,754 @@
+// Package kubernetes runs Roche sandboxes as Pods through the Kubernetes API (client-go),
+// mapping roche.Config's secure defaults onto the Pod's spec. roche-agent runs as each
+// Pod's PID 1, installed from a small agent image by an init container, and is reached
+// through the API server only (one pods/exec of its multiplexing relay per sandbox; see
+// package podlink), so the process using this provider needs no route into the Pod
+// network.
+package kubernetes
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+)
+
+// Name is the provider's name, and the prefix of its sandbox ids ("kubernetes-...").
+const Name = "kubernetes"
+
+// DefaultNamespace is where sandboxes go when WithNamespace does not say.
+const DefaultNamespace = "roche"
+
+// The uid range sandboxes draw from with roche.UserAuto: the Docker provider's first
+// half (1900000000-1900999999), above what distributions and systemd hand out and below
+// 2^31.
+const (
+	DefaultUIDFirst = 1_900_000_000
+	DefaultUIDCount = 1_000_000
+)
+
+// DefaultCreateTimeout bounds a create: scheduling, the images (present on the node:
+// there may be no registry), the init container and the agent's start.
+const DefaultCreateTimeout = 2 * time.Minute
+
+// controlTimeout bounds a call that needs one quick answer from the API server.
+const controlTimeout = 15 * time.Second
+
+var (
+	_ roche.Provider         = (*Provider)(nil)
+	_ roche.FileCopier       = (*Provider)(nil)
+	_ roche.TarCopier        = (*Provider)(nil)
+	_ roche.GarbageCollector = (*Provider)(nil)
+	_ roche.FileSystem       = (*Provider)(nil)
+	_ roche.BackgroundRunner = (*Provider)(nil)
+)
+
+// forwarder is embedded under another name so that Provider's own methods stay apart.
+type forwarder = agentfwd.Forwarder
+
+// Provider is the Kubernetes backend.
+type Provider struct {
+	forwarder
+	rest          *rest.Config
+	cs            kubernetes.Interface
+	log           *slog.Logger
+	kubeconfig    string
+	namespace     string
+	runtimeClass  string
+	agentImage    string
+	seccomp       string
+	createTimeout time.Duration
+	uidFirst      int
+	uidCount      int
+	// where says which cluster, for errors: the kubeconfig's server.
+	where string
+	// noCluster and noAgent say why the provider cannot reach a cluster or has no agent
+	// image (see Available).
+	noCluster, noAgent error
+
+	nsOnce sync.Mutex
+	nsDone bool
+
+	mu       sync.Mutex
+	verified map[string]sandbox
+	// leases are the exec streams holding the leases of the leased sandboxes this
+	// provider made (lease.go).
+	leases map[string]io.Closer
+	// sessions are the sandboxes' relay sessions (conn.go), opened on first use.
+	sessMu   sync.Mutex
+	sessions map[string]*yamux.Session
+}
+
+// sandbox is what the provider remembers about a Pod it has checked.
+type sandbox struct {
+	id      string
+	expires time.Time
+	cfg     roche.Config
+	agent   *agent.Client
+}
+
+// Option configures a Provider.
+type Option func(*Provider)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(p *Provider) { p.log = l } }
+
+// WithKubeconfig reads the cluster and credentials from this kubeconfig file instead of
+// $KUBECONFIG (or, with neither, the in-cluster configuration of a Pod).
+func WithKubeconfig(path string) Option { return func(p *Provider) { p.kubeconfig = path } }
+
+// WithNamespace puts sandboxes in this namespace (DefaultNamespace), made when missing.
+func WithNamespace(ns string) Option { return func(p *Provider) { p.namespace = ns } }
+
+// WithRuntimeClass runs sandboxes under this RuntimeClass (gvisor, kata, ...): one the
+// cluster defines.
+func WithRuntimeClass(name string) Option { return func(p *Provider) { p.runtimeClass = name } }
+
+// WithAgentImage names the image the init container installs roche-agent from (see
+// WriteAgentImage). By default it is AgentImageRef of the local roche-agent ($ROCHE_AGENT,
+// else beside the running executable), which the cluster's nodes must already have.
+func WithAgentImage(ref string) Option { return func(p *Provider) { p.agentImage = ref } }
+
+// WithSeccompProfile uses a seccomp profile installed on every node (a path relative to
+// the kubelet's seccomp directory, e.g. "roche.json": Roche's profile,
+// provider/docker/seccomp.json) instead of the container runtime's default.
+func WithSeccompProfile(localhost string) Option { return func(p *Provider) { p.seccomp = localhost } }
+
+// WithCreateTimeout bounds a create (DefaultCreateTimeout).
+func WithCreateTimeout(d time.Duration) Option { return func(p *Provider) { p.createTimeout = d } }
+
+// WithUIDRange sets the range sandboxes' uids are drawn from (DefaultUIDFirst,
+// DefaultUIDCount). Choose one no node user or other tool uses.
+func WithUIDRange(first, count int) Option {
+	return func(p *Provider) { p.uidFirst, p.uidCount = first, count }
+}
+
+// WithClientset uses an existing clientset and REST config (tests with a fake clientset
+// pass a nil config: nothing can then reach an agent).
+func WithClientset(cs kubernetes.Interface, cfg *rest.Config) Option {
+	return func(p *Provider) { p.cs, p.rest = cs, cfg }
+}
+
+// New returns a Kubernetes provider. It reads the kubeconfig but does not contact the
+// cluster: the first call that needs it reports ErrUnavailable when it does not answer.
+func New(opts ...Option) (*Provider, error) {
+	p := &Provider{
+		log:           slog.New(slog.DiscardHandler),
+		namespace:     DefaultNamespace,
+		createTimeout: DefaultCreateTimeout,
+		uidFirst:      DefaultUIDFirst,
+		uidCount:      DefaultUIDCount,
+		verified:      map[string]sandbox{},
+		leases:        map[string]io.Closer{},
+		sessions:      map[string]*yamux.Session{},
+	}
+	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
+	for _, o := range opts {
+		o(p)
+	}
+	if errs := validation.IsDNS1123Label(p.namespace); len(errs) > 0 {
+		return nil, fmt.Errorf("%w: namespace %q: %s", roche.ErrInvalidConfig, p.namespace, strings.Join(errs, "; "))
+	}
+	if p.runtimeClass != "" {
+		if errs := validation.IsDNS1123Subdomain(p.runtimeClass); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: runtime class %q: %s", roche.ErrInvalidConfig, p.runtimeClass, strings.Join(errs, "; "))
+		}
+	}
+	if p.seccomp != "" && (path.IsAbs(p.seccomp) || path.Clean(p.seccomp) != p.seccomp || strings.HasPrefix(p.seccomp, "..")) {
+		return nil, fmt.Errorf("%w: seccomp profile %q: give a path relative to the kubelet's seccomp directory, such as roche.json", roche.ErrInvalidConfig, p.seccomp)
+	}
+	if p.createTimeout <= 0 {
+		return nil, fmt.Errorf("%w: create timeout %v: give a positive duration such as 2m", roche.ErrInvalidConfig, p.createTimeout)
+	}
+	if p.uidFirst < 65536 || p.uidCount < 1 || p.uidFirst+p.uidCount > 1<<31-1 {
+		return nil, fmt.Errorf("%w: uid range %d+%d: start at 65536 or above and end below 2^31", roche.ErrInvalidConfig, p.uidFirst, p.uidCount)
+	}
+	// A missing cluster configuration or agent is not an error here, as a missing engine
+	// is not for the other providers: every call that needs them says what to do.
+	if p.agentImage == "" {
+		if path := agentbin.Path(); path == "" {
+			p.noAgent = fmt.Errorf("%w: no roche-agent to name the agent image by: build it (make build) and set ROCHE_AGENT, or pass --agent-image", roche.ErrUnavailable)
+		} else if ref, err := AgentImageRef(path); err != nil {
+			p.noAgent = fmt.Errorf("%w: %v", roche.ErrUnavailable, err)
+		} else {
+			p.agentImage = ref
+		}
+	}
+	if p.where == "" {
+		p.where = "the cluster"
+	}
+	if p.cs == nil {
+		cfg, where, err := restConfig(p.kubeconfig)
+		if err != nil {
+			p.noCluster = err
+			return p, nil
+		}
+		// Sandboxes are made, listed and destroyed in bursts (a pool, a gc): client-go's
+		// default of 5 requests a second would queue them.
+		cfg.QPS, cfg.Burst = 50, 100
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			p.noCluster = fmt.Errorf("%w: configuring the Kubernetes client from %s: %v", roche.ErrUnavailable, where, err)
+			return p, nil
+		}
+		p.cs, p.rest, p.where = cs, cfg, where
+	}
+	return p, nil
+}
+
+// Available reports why the provider cannot work: no cluster configured (or a kubeconfig
+// that cannot be read), or no agent image to run. It does not contact the cluster.
+func (p *Provider) Available() error {
+	if p.noCluster != nil {
+		return p.noCluster
+	}
+	return p.noAgent
+}
+
+// restConfig loads the client configuration: the kubeconfig named, else $KUBECONFIG, else
+// the in-cluster configuration. where names it for messages.
+func restConfig(kubeconfig string) (*rest.Config, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	switch {
+	case kubeconfig != "":
+		rules.ExplicitPath = kubeconfig
+	case os.Getenv(clientcmd.RecommendedConfigPathEnvVar) != "":
+	default:
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster", roche.ErrUnavailable)
+		}
+		return cfg, "the in-cluster configuration (" + cfg.Host + ")", nil
+	}
+	source := kubeconfig
+	if source == "" {
+		source = "$KUBECONFIG"
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: reading kubeconfig %s: %s", roche.ErrUnavailable, source, oneLine(err.Error()))
+	}
+	return cfg, cfg.Host, nil
+}
+
+// Close lets go of the leases this provider holds: its leased sandboxes stop within
+// LeaseGrace.
+func (p *Provider) Close() error {
+	p.dropLeases()
+	p.dropSessions()
+	return nil
+}
+
+// Name implements roche.Provider.
+func (p *Provider) Name() string { return Name }
+
+// Namespace is where this provider's sandboxes live.
+func (p *Provider) Namespace() string { return p.namespace }
+
+// AgentImage is the image the init container installs roche-agent from.
+func (p *Provider) AgentImage() string { return p.agentImage }
+
+// Capabilities implements roche.Provider. Host mounts have no meaning on a cluster's
+// nodes; the egress proxy, pause, workspaces and snapshots are not done here yet and
+// are refused.
+func (p *Provider) Capabilities() roche.Capabilities {
+	return roche.Capabilities{
+		Network: true, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
+	}
+}
+
+// unsupported refuses what this provider cannot honour, naming the field.
+func unsupported(cfg roche.Config) error {
+	var why []string
+	if len(cfg.NetworkAllowlist) > 0 {
+		why = append(why, "network_allowlist: the egress proxy is not served to Pods yet; use network=true or none")
+	}
+	if len(cfg.Mounts) > 0 {
+		why = append(why, "mounts: host paths have no meaning on a cluster's nodes")
+	}
+	if cfg.Workspace != "" {
+		why = append(why, "workspace: workspaces (as PersistentVolumeClaims) are not done yet")
+	}
+	if cfg.FromSnapshot != "" {
+		why = append(why, "from_snapshot: snapshots are not done yet")
+	}
+	if cfg.Writable && cfg.DiskBytes() > 0 {
+		why = append(why, "disk with writable: the kubelet enforces ephemeral storage by evicting the Pod, not with ENOSPC; pass disk=0 for a writable root bounded only by the node")
+	}
+	if len(why) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w by the kubernetes provider: %s", roche.ErrUnsupported, strings.Join(why, "; "))
+}
+
+// apiErr wraps an API error with context and the matching sentinel.
+func (p *Provider) apiErr(what string, err error) error {
+	var ne net.Error
+	var oe *net.OpError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("%s: %w", what, context.Canceled)
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%s: %w: %s", what, roche.ErrNotFound, oneLine(err.Error()))
+	case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%w: %s: the cluster refused: %s (check the kubeconfig's credentials and their RBAC in namespace %s)",
+			roche.ErrUnavailable, what, oneLine(err.Error()), p.namespace)
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
+		return fmt.Errorf("%s: %w: %s", what, roche.ErrInvalidConfig, oneLine(err.Error()))
+	case errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err):
+		return fmt.Errorf("%s: %w: the API server at %s did not answer in time", what, roche.ErrTimeout, p.where)
+	case errors.As(err, &oe) || errors.As(err, &ne):
+		return fmt.Errorf("%w: %s: the API server at %s is not reachable: %s", roche.ErrUnavailable, what, p.where, oneLine(err.Error()))
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// ensureNamespace makes the namespace when it is missing, once per provider.
+func (p *Provider) ensureNamespace(ctx context.Context) error {
+	if p.noCluster != nil {
+		return p.noCluster
+	}
+	p.nsOnce.Lock()
+	defer p.nsOnce.Unlock()
+	if p.nsDone {
+		return nil
+	}
+	_, err := p.cs.CoreV1().Namespaces().Get(ctx, p.namespace, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = p.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			Name: p.namespace, Labels: map[string]string{LabelManaged: "true"},
+		}}, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			err = nil
+		}
+		if err != nil {
+			return fmt.Errorf("namespace %s does not exist and could not be made (create it, or pass --namespace): %w", p.namespace, p.apiErr("creating it", err))
+		}
+	} else if err != nil && !apierrors.IsForbidden(err) {
+		// Forbidden: credentials scoped to the namespace may not read Namespace objects;
+		// the create below then says whether the namespace is usable.
+		return p.apiErr("reading namespace "+p.namespace, err)
+	}
+	p.nsDone = true
+	return nil
+}
+
+// Create implements roche.Provider: a deny-all NetworkPolicy (network off), then the Pod;
+// it waits until the agent answers. On error nothing is left behind.
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
+	if err := cfg.Validate(); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := unsupported(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.Available(); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.createTimeout)
+	defer cancel()
+	if err := p.ensureNamespace(ctx); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	id := Name + "-" + randomHex(8)
+	expires := time.Now().Add(time.Duration(cfg.TimeoutSecs) * time.Second)
+	pp := podParams{
+		id: id, namespace: p.namespace, agentImage: p.agentImage, runtimeClass: p.runtimeClass,
+		expires: expires, localhostSeccomp: p.seccomp, user: cfg.User, uid: numericUID(cfg.User),
+	}
+	if cfg.User == roche.UserAuto {
+		uid, err := p.drawUID(ctx)
+		if err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		pp.user, pp.uid = fmt.Sprintf("%d:%d", uid, uid), uid
+	}
+	if cfg.Leased {
+		pp.extraArgs = p.leaseArgs()
+	}
+	pod, err := podFor(cfg, pp)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	// From here, whatever fails removes what was made, even when ctx has ended.
+	defer func() {
+		if err != nil {
+			p.remove(context.WithoutCancel(ctx), id)
+		}
+	}()
+	if !cfg.Network {
+		if _, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, networkPolicyFor(id, p.namespace), metav1.CreateOptions{}); err != nil {
+			return roche.SandboxInfo{}, p.apiErr("creating the deny-all NetworkPolicy of sandbox "+id, err)
+		}
+	}
+	made, err := p.cs.CoreV1().Pods(p.namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return roche.SandboxInfo{}, p.apiErr("creating the Pod of sandbox "+id, err)
+	}
+	if !cfg.Network {
+		// The policy goes with its Pod, whoever deletes the Pod.
+		patch := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}]}}`, id, made.UID)
+		if _, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Patch(ctx, id, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return roche.SandboxInfo{}, p.apiErr("tying the NetworkPolicy of sandbox "+id+" to its Pod", err)
+		}
+	}
+	if pp.uid >= 0 && cfg.User == roche.UserAuto {
+		// Two creates that drew the same uid at once: each labelled its Pod before
+		// looking, so at least one sees the other and starts again.
+		if taken, err := p.uidTakenElsewhere(ctx, pp.uid, id); err != nil {
+			return roche.SandboxInfo{}, err
+		} else if taken {
+			p.remove(context.WithoutCancel(ctx), id)
+			return p.Create(ctx, cfg)
+		}
+	}
+	sb := sandbox{id: id, expires: expires, cfg: cfg, agent: p.agentClient(id)}
+	running, err := p.waitRunning(ctx, id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.waitAgent(ctx, sb); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if cfg.Leased {
+		if err := p.takeLease(ctx, sb); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
+	p.remember(sb)
+	return p.info(running), nil
+}
+
+// waitRunning polls the Pod until it runs, fails, or ctx ends.
+func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, error) {
+	delay := 50 * time.Millisecond
+	var last string
+	for {
+		pod, err := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return nil, p.apiErr("waiting for the Pod of sandbox "+id, err)
+		}
+		switch pod.Status.Phase {
+		case corev1.PodRunning:
+			return pod, nil
+		case corev1.PodFailed, corev1.PodSucceeded:
+			_, msg := describeWaiting(pod)
+			return nil, fmt.Errorf("the Pod of sandbox %s stopped before it served: %s %s", id, pod.Status.Reason, msg)
+		}
+		reason, msg := describeWaiting(pod)
+		last = msg
+		switch reason {
+		case "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName":
+			return nil, fmt.Errorf("%w: %s: the node has no such image and could not pull it: import it into the nodes' container runtime (for the agent image: roche kubernetes agent-image, then the runtime's image import), or push it to a registry the cluster can pull from",
+				roche.ErrImageNotFound, msg)
+		case "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "Terminated":
+			return nil, fmt.Errorf("the Pod of sandbox %s cannot start: %s", id, msg)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+			delay = min(delay*2, 500*time.Millisecond)
+			continue
+		}
+		break
+	}
+	if last == "" {
+		last = "still pending"
+	}
+	return nil, fmt.Errorf("%w: the Pod of sandbox %s did not start within %s: %s", roche.ErrTimeout, id, p.createTimeout, last)
+}
+
+// waitAgent waits until the agent answers through its relay.
+func (p *Provider) waitAgent(ctx context.Context, sb sandbox) error {
+	delay := 50 * time.Millisecond
+	for {
+		_, err := sb.agent.Health(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: the agent of sandbox %s did not answer within %s: %s", roche.ErrTimeout, sb.id, p.createTimeout, oneLine(err.Error()))
+		case <-time.After(delay):
+			delay = min(delay*2, 500*time.Millisecond)
+		}
+	}
+}
+
+func (p *Provider) agentClient(id string) *agent.Client {
+	return agent.NewClientWithDialer(id, func(ctx context.Context) (net.Conn, error) { return p.dialAgent(ctx, id) })
+}
+
+// drawUID picks a uid no other sandbox of the namespace carries.
+func (p *Provider) drawUID(ctx context.Context) (int, error) {
+	for range 8 {
+		n, err := rand.Int(rand.Reader, big.NewInt(int64(p.uidCount)))
+		if err != nil {
+			return 0, err
+		}
+		uid := p.uidFirst + int(n.Int64())
+		taken, err := p.uidTakenElsewhere(ctx, uid, "")
+		if err != nil {
+			return 0, err
+		}
+		if !taken {
+			return uid, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: no free uid after 8 draws from %d-%d: widen the range (WithUIDRange)", roche.ErrExhausted, p.uidFirst, p.uidFirst+p.uidCount-1)
+}
+
+// uidTakenElsewhere reports whether a sandbox other than id carries uid.
+func (p *Provider) uidTakenElsewhere(ctx context.Context, uid int, id string) (bool, error) {
+	pods, err := p.cs.CoreV1().Pods(p.namespace).List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{
+		LabelManaged: "true", LabelProvider: Name, LabelUID: strconv.Itoa(uid),
+	}).String()})
+	if err != nil {
+		return false, p.apiErr("listing the sandboxes' uids", err)
+	}
+	for _, pod := range pods.Items {
+		if pod.Name != id {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// remove deletes the Pod and NetworkPolicy of sandbox id, at once (grace 0); what is
+// already gone is not an error.
+func (p *Provider) remove(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	p.forget(id)
+	defer p.dropSession(id, nil)
+	defer p.dropLease(id)
+	del := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}
+	var errs []error
+	if err := p.cs.CoreV1().Pods(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, p.apiErr("deleting the Pod of sandbox "+id, err))
+	}
+	if err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, p.apiErr("deleting the NetworkPolicy of sandbox "+id, err))
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Provider) remember(s sandbox) {
+	p.mu.Lock()
+	p.verified[s.id] = s
+	p.mu.Unlock()
+}
+
+func (p *Provider) forget(id string) {
+	p.mu.Lock()
+	delete(p.verified, id)
+	p.mu.Unlock()
+}
+
+// get returns the Pod of a Roche sandbox, ErrNotFound for anything else.
+func (p *Provider) get(ctx context.Context, id string) (*corev1.Pod, error) {
+	if p.noCluster != nil {
+		return nil, p.noCluster
+	}
+	if !strings.HasPrefix(id, Name+"-") || len(validation.IsDNS1123Label(id)) > 0 {
+		return nil, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+	}
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	pod, err := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, p.apiErr("inspecting sandbox "+id, err)
+	}
+	if !isOurs(pod) {
+		return nil, fmt.Errorf("%w: %s is not a Roche sandbox", roche.ErrNotFound, id)
+	}
+	return pod, nil
+}
+
+// reach implements agentfwd.Forwarder.Reach.
+func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error) {
+	p.mu.Lock()
+	s, ok := p.verified[id]
+	p.mu.Unlock()
+	if !ok {
+		pod, err := p.get(ctx, id)
+		if err != nil {
+			return agentfwd.Target{}, err
+		}
+		if stateOf(pod) != roche.StateRunning {
+			return agentfwd.Target{}, fmt.Errorf("%w: sandbox %s is not running (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
+		}
+		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), agent: p.agentClient(id)}
+		p.remember(s)
+	}
+	return agentfwd.Target{
+		ID: id, Agent: s.agent, Expires: s.expires, Workdir: s.cfg.Workdir,
+		Gone: func() bool {
+			pod, err := p.get(context.Background(), id)
+			gone := errors.Is(err, roche.ErrNotFound) || err == nil && stateOf(pod) != roche.StateRunning
+			if gone {
+				p.forget(id)
+			}
+			return gone
+		},
+	}, nil
+}
+
+// info describes a sandbox's Pod.
+func (p *Provider) info(pod *corev1.Pod) roche.SandboxInfo {
+	cfg := configOf(pod)
+	img := cfg.Image
+	if img == "" && len(pod.Spec.Containers) > 0 {
+		img = pod.Spec.Containers[0].Image
+	}
+	return roche.SandboxInfo{
+		ID: pod.Name, Provider: Name, Image: img, State: stateOf(pod),
+		CreatedAt: pod.CreationTimestamp.Time, ExpiresAt: expiresOf(pod.Labels),
+		Transport: "agent", Owner: pod.Annotations[AnnotationOwner],
+	}
+}
+
+// Inspect implements roche.Provider.
+func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, error) {
+	pod, err := p.get(ctx, id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	return p.info(pod), nil
+}
+
+// Destroy implements roche.Provider: it deletes the Pod (grace 0) and its NetworkPolicy;
+// a sandbox already gone is not an error.
+func (p *Provider) Destroy(ctx context.Context, id string) error {
+	if _, err := p.get(ctx, id); err != nil {
+		if errors.Is(err, roche.ErrNotFound) {
+			p.forget(id)
+			return nil
+		}
+		return err
+	}
+	return p.remove(ctx, id)
+}
+
+// List implements roche.Provider: the Pods labelled as this provider's sandboxes.
+func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
+	if p.noCluster != nil {
+		return nil, p.noCluster
+	}
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	pods, err := p.cs.CoreV1().Pods(p.namespace).List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{
+		LabelManaged: "true", LabelProvider: Name,
+	}).String()})
+	if err != nil {
+		return nil, p.apiErr("listing sandboxes", err)
+	}
+	out := make([]roche.SandboxInfo, 0, len(pods.Items))
+	for i := range pods.Items {
+		out = append(out, p.info(&pods.Items[i]))
+	}
+	return out, nil
+}
+
+// GC implements roche.GarbageCollector: it removes expired sandboxes (by their label)
+// and stopped ones (a Pod past its activeDeadlineSeconds is Failed and stays until
+// deleted), every one with opts.All. NetworkPolicies whose Pod is gone go too.
+func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.SandboxInfo, error) {
+	list, err := p.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i, sb := range list {
+		// A Pod still pending long after a create would have given up is a leftover.
+		if sb.State == roche.StateCreated && time.Since(sb.CreatedAt) > 2*p.createTimeout {
+			list[i].State = roche.StateExited
+		}
+	}
+	removed, err := roche.Collect(ctx, list, opts, p.remove)
+	if !opts.DryRun {
+		err = errors.Join(err, p.sweepPolicies(ctx))
+	}
+	return removed, err
+}
+
+// sweepPolicies deletes the NetworkPolicies of sandboxes whose Pod is gone (a create cut
+// short between the two; the owner reference covers the rest).
+func (p *Provider) sweepPolicies(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	sel := labels.SelectorFromSet(labels.Set{LabelManaged: "true", LabelProvider: Name}).String()
+	pols, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return p.apiErr("listing the sandboxes' NetworkPolicies", err)
+	}
+	for _, pol := range pols.Items {
+		if time.Since(pol.CreationTimestamp.Time) < 2*p.createTimeout {
+			continue // its create may still be under way
+		}
+		if _, err := p.cs.CoreV1().Pods(p.namespace).Get(ctx, pol.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			_ = p.cs.NetworkingV1().NetworkPolicies(p.namespace).Delete(ctx, pol.Name, metav1.DeleteOptions{})
+		}
+	}
+	return nil
+}
+
+// numericUID is the uid in a "uid[:gid]" spec, or -1 for a name.
+func numericUID(spec string) int {
+	name, _, _ := strings.Cut(spec, ":")
+	uid, err := strconv.Atoi(name)
+	if err != nil || uid < 0 {
+		return -1
+	}
+	return uid
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
+}
+
+// oneLine joins a multi-line message (client-go's kubeconfig errors) into one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

@@ -1,0 +1,294 @@
+package kubernetes
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent/podlink"
+)
+
+// Labels on every Pod (and NetworkPolicy) Roche creates, so that list, gc and
+// reconciliation find them by label and never touch anything else. Values that a label
+// cannot hold (the owner, the config) are annotations.
+const (
+	LabelManaged  = "roche.managed"
+	LabelProvider = "roche.provider"
+	// LabelSandbox, on a NetworkPolicy, names the Pod it is for (and selects it).
+	LabelSandbox = "roche.sandbox"
+	// LabelExpires is the end of the sandbox's lifetime, in Unix seconds.
+	LabelExpires = "roche.expires"
+	// LabelUID is the uid the sandbox's commands run as ("" for a name only the image knows).
+	LabelUID = "roche.uid"
+	// LabelNetwork is NetworkNone on a Pod whose network is off: a CNI that honours it
+	// (the test cluster's) then gives the Pod only loopback; the deny-all NetworkPolicy
+	// is what any policy-enforcing CNI honours.
+	LabelNetwork = "roche.network"
+	NetworkNone  = "none"
+	NetworkOn    = "on"
+	// AnnotationOwner is Config.Owner; AnnotationConfig the whole Config as JSON.
+	AnnotationOwner  = "roche.owner"
+	AnnotationConfig = "roche.config"
+)
+
+// Container and volume names in a sandbox's Pod.
+const (
+	containerSandbox = "sandbox"
+	containerInstall = "roche-agent-install"
+	volumeAgent      = "roche-agent"
+	volumeTmp        = "tmp"
+	volumeShm        = "shm"
+)
+
+// agentCaps are the capabilities the agent keeps, as under Docker: to run commands as
+// the sandbox user (SETUID, SETGID), drop the bounding set at start (SETPCAP), kill
+// commands (KILL) and serve files as that user (CHOWN, DAC_OVERRIDE). The agent drops
+// every capability from its bounding set before it starts anything, so the sandbox's
+// programs hold none (CapEff, CapPrm and CapBnd are 0).
+var agentCaps = []corev1.Capability{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
+
+// Requests are what the scheduler reserves for a sandbox: little, since a sandbox idles
+// between commands; the limits are the Config's.
+var (
+	requestCPU    = resource.MustParse("50m")
+	requestMemory = resource.MustParse("32Mi")
+)
+
+// podParams is what a Pod is made from besides the Config.
+type podParams struct {
+	id, namespace string
+	agentImage    string
+	runtimeClass  string
+	// user is "uid:gid" or the caller's user; uid is its number, -1 for a name.
+	user string
+	uid  int
+	// expires is the end of the sandbox's lifetime.
+	expires time.Time
+	// localhostSeccomp, when set, is a seccomp profile on the nodes (relative to the
+	// kubelet's seccomp directory) used instead of the runtime's default.
+	localhostSeccomp string
+	// extraArgs go to the agent after its own (a lease's).
+	extraArgs []string
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// podFor maps cfg onto a Pod with Roche's secure defaults. cfg is valid and supported.
+func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
+	cfgJSON, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{
+		LabelManaged:  "true",
+		LabelProvider: Name,
+		LabelExpires:  strconv.FormatInt(pp.expires.Unix(), 10),
+		LabelNetwork:  NetworkNone,
+		LabelSandbox:  pp.id,
+	}
+	if cfg.Network {
+		labels[LabelNetwork] = NetworkOn
+	}
+	if pp.uid >= 0 {
+		labels[LabelUID] = strconv.Itoa(pp.uid)
+	}
+	env := []corev1.EnvVar{}
+	for _, k := range slices.Sorted(maps.Keys(cfg.Env)) {
+		env = append(env, corev1.EnvVar{Name: k, Value: cfg.Env[k]})
+	}
+	// HOME is somewhere the sandbox user can write (the image's passwd knows no drawn uid).
+	if _, set := cfg.Env["HOME"]; !set {
+		env = append(env, corev1.EnvVar{Name: "HOME", Value: "/tmp"})
+	}
+	limits := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cfg.CPUs*1000+0.5), resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(cfg.MemoryBytes(), resource.BinarySI),
+	}
+	requests := corev1.ResourceList{
+		corev1.ResourceCPU:    minQuantity(requestCPU, limits[corev1.ResourceCPU]),
+		corev1.ResourceMemory: minQuantity(requestMemory, limits[corev1.ResourceMemory]),
+	}
+	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	if pp.localhostSeccomp != "" {
+		seccomp = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr(pp.localhostSeccomp)}
+	}
+	tmpSize := resource.NewQuantity(roche.DefaultTmpSize, resource.BinarySI)
+	agentArgs := []string{
+		"--socket", podlink.Socket,
+		"--user", pp.user,
+		"--lifetime", strconv.Itoa(cfg.TimeoutSecs) + "s",
+		"--owner", "0",
+		// The node's podPidsLimit is the Pod's whole bound; this one is the sandbox
+		// user's own (its uid is the sandbox's own unless the caller named one).
+		"--nproc", strconv.Itoa(cfg.PidsLimit),
+	}
+	agentArgs = append(agentArgs, pp.extraArgs...)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pp.id, Namespace: pp.namespace, Labels: labels,
+			Annotations: map[string]string{AnnotationOwner: cfg.Owner, AnnotationConfig: string(cfgJSON)},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			ActiveDeadlineSeconds:         ptr(int64(cfg.TimeoutSecs)),
+			TerminationGracePeriodSeconds: ptr(int64(2)),
+			AutomountServiceAccountToken:  ptr(false),
+			EnableServiceLinks:            ptr(false),
+			HostNetwork:                   false,
+			HostPID:                       false,
+			HostIPC:                       false,
+			ShareProcessNamespace:         ptr(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				SeccompProfile: seccomp,
+			},
+			InitContainers: []corev1.Container{{
+				Name:            containerInstall,
+				Image:           pp.agentImage,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         []string{podlink.ImageAgent, podlink.InstallArg, "/agent"},
+				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
+				SecurityContext: &corev1.SecurityContext{
+					RunAsUser: ptr(int64(0)), RunAsGroup: ptr(int64(0)), RunAsNonRoot: ptr(false),
+					ReadOnlyRootFilesystem:   ptr(true),
+					AllowPrivilegeEscalation: ptr(false),
+					Privileged:               ptr(false),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+				VolumeMounts:             []corev1.VolumeMount{{Name: volumeAgent, MountPath: "/agent"}},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+			Containers: []corev1.Container{{
+				Name:            containerSandbox,
+				Image:           cfg.Image,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         append([]string{podlink.Agent}, agentArgs...),
+				Env:             env,
+				WorkingDir:      cfg.Workdir,
+				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
+				SecurityContext: &corev1.SecurityContext{
+					// The agent, PID 1, runs as root with agentCaps, drops its bounding set
+					// and runs every command as pp.user without capabilities.
+					RunAsUser: ptr(int64(0)), RunAsGroup: ptr(int64(0)), RunAsNonRoot: ptr(false),
+					ReadOnlyRootFilesystem:   ptr(!cfg.Writable),
+					AllowPrivilegeEscalation: ptr(false),
+					Privileged:               ptr(false),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: agentCaps},
+				},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: volumeAgent, MountPath: podlink.Dir},
+					{Name: volumeTmp, MountPath: "/tmp"},
+					{Name: volumeShm, MountPath: "/dev/shm"},
+				},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+			Volumes: []corev1.Volume{
+				// The agent binary and its socket directory: a few MiB on the node's disk.
+				{Name: volumeAgent, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					SizeLimit: resource.NewQuantity(64<<20, resource.BinarySI),
+				}}},
+				// /tmp and /dev/shm are tmpfs of DefaultTmpSize, as under Docker: what is
+				// written there counts against the memory limit, and past the size a
+				// write fails with ENOSPC.
+				{Name: volumeTmp, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					Medium: corev1.StorageMediumMemory, SizeLimit: tmpSize,
+				}}},
+				{Name: volumeShm, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					Medium: corev1.StorageMediumMemory, SizeLimit: tmpSize,
+				}}},
+			},
+		},
+	}
+	if pp.runtimeClass != "" {
+		pod.Spec.RuntimeClassName = ptr(pp.runtimeClass)
+	}
+	return pod, nil
+}
+
+// minQuantity is the smaller of a and b.
+func minQuantity(a, b resource.Quantity) resource.Quantity {
+	if b.Cmp(a) < 0 {
+		return b
+	}
+	return a
+}
+
+// networkPolicyFor is the deny-all policy of a sandbox whose network is off: it selects
+// the sandbox's Pod alone and allows no traffic in or out. It is made before the Pod, so
+// there is no moment at which the Pod runs without it.
+func networkPolicyFor(id, namespace string) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: id, Namespace: namespace,
+			Labels: map[string]string{LabelManaged: "true", LabelProvider: Name, LabelSandbox: id},
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{
+				LabelManaged: "true", LabelProvider: Name, LabelSandbox: id,
+			}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			// No rules: nothing in, nothing out.
+		},
+	}
+}
+
+// expiresOf reads LabelExpires.
+func expiresOf(labels map[string]string) time.Time {
+	sec, err := strconv.ParseInt(labels[LabelExpires], 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.Unix(sec, 0)
+}
+
+// configOf reads AnnotationConfig.
+func configOf(pod *corev1.Pod) roche.Config {
+	var cfg roche.Config
+	_ = json.Unmarshal([]byte(pod.Annotations[AnnotationConfig]), &cfg)
+	return cfg
+}
+
+// isOurs reports whether pod is a sandbox this provider made.
+func isOurs(pod *corev1.Pod) bool {
+	return pod.Labels[LabelManaged] == "true" && pod.Labels[LabelProvider] == Name
+}
+
+// stateOf maps a Pod's phase onto a sandbox state.
+func stateOf(pod *corev1.Pod) roche.SandboxState {
+	if pod.DeletionTimestamp != nil {
+		return roche.StateExited
+	}
+	switch pod.Status.Phase {
+	case corev1.PodRunning:
+		return roche.StateRunning
+	case corev1.PodPending, "":
+		return roche.StateCreated
+	}
+	return roche.StateExited
+}
+
+// describeWaiting explains why a Pod is not running yet, or "" when nothing is wrong yet.
+func describeWaiting(pod *corev1.Pod) (reason, message string) {
+	for _, st := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
+		if w := st.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" && w.Reason != "ContainerCreating" {
+			return w.Reason, fmt.Sprintf("container %s (image %s): %s: %s", st.Name, st.Image, w.Reason, w.Message)
+		}
+		if term := st.State.Terminated; term != nil && term.ExitCode != 0 {
+			return "Terminated", fmt.Sprintf("container %s exited %d (%s): %s", st.Name, term.ExitCode, term.Reason, firstLine(term.Message))
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return c.Reason, "the Pod cannot be scheduled: " + c.Message
+		}
+	}
+	return "", ""
+}

@@ -1,0 +1,201 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent/podlink"
+)
+
+// Unit tests of the mapping alone; what the cluster makes of it is tested against the
+// real test cluster (kubernetes_test.go).
+
+func testParams() podParams {
+	return podParams{
+		id: "kubernetes-0123456789abcdef", namespace: "ns", agentImage: "roche/agent:x",
+		user: "1900000005:1900000005", uid: 1900000005, expires: time.Unix(1700000000, 0),
+	}
+}
+
+func TestPodForSecureDefaults(t *testing.T) {
+	cfg := roche.DefaultConfig()
+	cfg.Image = "roche/python:local"
+	cfg.Owner = "cli:root@host"
+	pod, err := podFor(cfg, testParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := pod.Spec
+	if *s.AutomountServiceAccountToken || *s.EnableServiceLinks || s.HostNetwork || s.HostPID || s.HostIPC || *s.ShareProcessNamespace {
+		t.Errorf("pod spec shares the host or the service account: %+v", s)
+	}
+	if s.RestartPolicy != corev1.RestartPolicyNever || *s.ActiveDeadlineSeconds != 300 || s.RuntimeClassName != nil {
+		t.Errorf("restart %s, deadline %d, runtime class %v", s.RestartPolicy, *s.ActiveDeadlineSeconds, s.RuntimeClassName)
+	}
+	if s.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("seccomp %+v", s.SecurityContext.SeccompProfile)
+	}
+	want := map[string]string{
+		LabelManaged: "true", LabelProvider: "kubernetes", LabelNetwork: "none",
+		LabelExpires: "1700000000", LabelUID: "1900000005", LabelSandbox: "kubernetes-0123456789abcdef",
+	}
+	for k, v := range want {
+		if pod.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, pod.Labels[k], v)
+		}
+	}
+	if pod.Annotations[AnnotationOwner] != "cli:root@host" || configOf(pod).Image != "roche/python:local" {
+		t.Errorf("annotations %v", pod.Annotations)
+	}
+	c := s.Containers[0]
+	sc := c.SecurityContext
+	if !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation || *sc.Privileged {
+		t.Errorf("container security context %+v", sc)
+	}
+	if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, agentCaps) {
+		t.Errorf("capabilities %+v", sc.Capabilities)
+	}
+	if c.Command[0] != podlink.Agent || !strings.Contains(strings.Join(c.Command, " "), "--user 1900000005:1900000005 --lifetime 300s --owner 0 --nproc 64") {
+		t.Errorf("command %q", c.Command)
+	}
+	lim := c.Resources.Limits
+	if lim.Cpu().MilliValue() != 1000 || lim.Memory().Value() != 512<<20 {
+		t.Errorf("limits %v", lim)
+	}
+	if _, ok := lim[corev1.ResourceEphemeralStorage]; ok {
+		t.Errorf("a read-only root got an ephemeral-storage limit: %v", lim)
+	}
+	if c.Resources.Requests.Cpu().Cmp(*lim.Cpu()) > 0 || c.Resources.Requests.Memory().Cmp(*lim.Memory()) > 0 {
+		t.Errorf("requests %v above limits %v", c.Resources.Requests, lim)
+	}
+	var tmp *corev1.EmptyDirVolumeSource
+	for _, v := range s.Volumes {
+		if v.Name == volumeTmp {
+			tmp = v.EmptyDir
+		}
+	}
+	if tmp == nil || tmp.Medium != corev1.StorageMediumMemory || tmp.SizeLimit.Value() != roche.DefaultTmpSize {
+		t.Errorf("/tmp volume %+v, want a 64 MiB tmpfs", tmp)
+	}
+	ic := s.InitContainers[0]
+	if ic.Image != "roche/agent:x" || len(ic.SecurityContext.Capabilities.Add) != 0 || !*ic.SecurityContext.ReadOnlyRootFilesystem {
+		t.Errorf("init container %+v", ic)
+	}
+}
+
+func TestPodForOverrides(t *testing.T) {
+	cfg := roche.DefaultConfig()
+	cfg.Network, cfg.Writable, cfg.Disk = true, true, "0"
+	cfg.CPUs, cfg.Memory, cfg.PidsLimit, cfg.TimeoutSecs = 0.25, "1g", 20, 60
+	cfg.Env = map[string]string{"B": "2", "A": "1", "HOME": "/work"}
+	pp := testParams()
+	pp.runtimeClass, pp.localhostSeccomp = "gvisor", "roche.json"
+	pod, err := podFor(cfg, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	if pod.Labels[LabelNetwork] != NetworkOn || *c.SecurityContext.ReadOnlyRootFilesystem {
+		t.Errorf("network label %q, read-only %v", pod.Labels[LabelNetwork], *c.SecurityContext.ReadOnlyRootFilesystem)
+	}
+	if *pod.Spec.RuntimeClassName != "gvisor" || *pod.Spec.SecurityContext.SeccompProfile.LocalhostProfile != "roche.json" {
+		t.Errorf("runtime class %v, seccomp %+v", pod.Spec.RuntimeClassName, pod.Spec.SecurityContext.SeccompProfile)
+	}
+	if c.Resources.Limits.Cpu().MilliValue() != 250 || c.Resources.Limits.Memory().Value() != 1<<30 || *pod.Spec.ActiveDeadlineSeconds != 60 {
+		t.Errorf("limits %v, deadline %d", c.Resources.Limits, *pod.Spec.ActiveDeadlineSeconds)
+	}
+	if got := c.Env; len(got) != 3 || got[0].Name != "A" || got[2].Name != "HOME" || got[2].Value != "/work" {
+		t.Errorf("env %v, want sorted, HOME as given", got)
+	}
+	if !strings.Contains(strings.Join(c.Command, " "), "--nproc 20") {
+		t.Errorf("command %q", c.Command)
+	}
+}
+
+func TestNetworkPolicyDeniesAll(t *testing.T) {
+	pol := networkPolicyFor("kubernetes-x", "ns")
+	if len(pol.Spec.Ingress) != 0 || len(pol.Spec.Egress) != 0 || len(pol.Spec.PolicyTypes) != 2 {
+		t.Fatalf("policy %+v is not deny-all both ways", pol.Spec)
+	}
+	if pol.Spec.PodSelector.MatchLabels[LabelSandbox] != "kubernetes-x" {
+		t.Fatalf("policy selects %v, want the sandbox's Pod alone", pol.Spec.PodSelector.MatchLabels)
+	}
+}
+
+// TestRefusedCreateMakesNothing: what the provider cannot honour is refused, naming the
+// field, before any object is made.
+func TestRefusedCreateMakesNothing(t *testing.T) {
+	cs := fake.NewClientset()
+	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"), WithNamespace("ns"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]func(*roche.Config){
+		"network_allowlist": func(c *roche.Config) { c.NetworkAllowlist = []string{"example.com"} },
+		"mounts":            func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/etc", Target: "/x"}} },
+		"workspace":         func(c *roche.Config) { c.Workspace = "w" },
+		"from_snapshot":     func(c *roche.Config) { c.FromSnapshot = "s" },
+		"disk":              func(c *roche.Config) { c.Writable = true },
+	}
+	for field, mod := range cases {
+		cfg := roche.DefaultConfig()
+		mod(&cfg)
+		_, err := p.Create(context.Background(), cfg)
+		if !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: %v, want ErrUnsupported naming it", field, err)
+		}
+	}
+	if n := len(cs.Actions()); n != 0 {
+		t.Fatalf("refused creates made %d API calls: %v", n, cs.Actions())
+	}
+}
+
+// TestNamespaceMadeWhenMissing: the namespace is made once, labelled as Roche's.
+func TestNamespaceMadeWhenMissing(t *testing.T) {
+	cs := fake.NewClientset()
+	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"), WithNamespace("sandboxes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := p.ensureNamespace(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns, err := cs.CoreV1().Namespaces().Get(context.Background(), "sandboxes", metav1.GetOptions{})
+	if err != nil || ns.Labels[LabelManaged] != "true" {
+		t.Fatalf("namespace %+v, %v", ns, err)
+	}
+	creates := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "create" {
+			creates++
+		}
+	}
+	if creates != 1 {
+		t.Fatalf("%d creates, want 1", creates)
+	}
+}
+
+func TestBadOptionsRefused(t *testing.T) {
+	for name, opt := range map[string]Option{
+		"namespace":       WithNamespace("Not_A_Name"),
+		"runtime class":   WithRuntimeClass("bad/class"),
+		"seccomp profile": WithSeccompProfile("/etc/abs.json"),
+		"create timeout":  WithCreateTimeout(0),
+		"uid range":       WithUIDRange(0, 10),
+	} {
+		if _, err := New(WithClientset(fake.NewClientset(), nil), opt); !errors.Is(err, roche.ErrInvalidConfig) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want one line wrapping ErrInvalidConfig", name, err)
+		}
+	}
+}
