@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -97,7 +98,9 @@ func TestRochedServesWasm(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 
 	h, err := c.Health(ctx)
-	if err != nil || strings.Join(h.Providers, ",") != "docker,firecracker,qemu,wasm" {
+	// Which others it serves depends on the machine (kubernetes where a kubeconfig is
+	// set); docker and wasm it must.
+	if err != nil || !slices.Contains(h.Providers, "docker") || !slices.Contains(h.Providers, "wasm") {
 		t.Fatalf("providers: %+v %v", h, err)
 	}
 	eventually(t, time.Minute, "the wasm pool to fill", func() bool {

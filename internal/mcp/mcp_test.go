@@ -21,6 +21,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/mcp"
+	registry "github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -247,7 +248,9 @@ func TestCreateSchemaNamesProviders(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := schema.Properties["provider"]
-		if want := "isolation backend: docker, firecracker, qemu or wasm (wasm when left out)"; p.Type != "string" || p.Description != want {
+		names := registry.Names()
+		want := fmt.Sprintf("isolation backend: %s or %s (wasm when left out)", strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
+		if p.Type != "string" || p.Description != want || !strings.Contains(want, "docker, ") || !strings.Contains(want, " wasm ") {
 			t.Fatalf("create_sandbox's provider: %+v, want a string described %q", p, want)
 		}
 		if len(schema.Properties) != reflect.TypeFor[mcp.CreateInput]().NumField() || schema.Properties["image"].Description == "" {
