@@ -226,6 +226,17 @@ func (c Config) Validate() error {
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
 }
 
+// UID is the uid of a User given as "uid[:gid]", or -1 for a name only the image knows
+// (and for UserAuto, whose uid the provider draws).
+func (c Config) UID() int {
+	name, _, _ := strings.Cut(c.User, ":")
+	uid, err := strconv.Atoi(name)
+	if err != nil || uid < 0 {
+		return -1
+	}
+	return uid
+}
+
 // MemoryBytes returns the memory limit in bytes. Call Validate first.
 func (c Config) MemoryBytes() int64 {
 	n, _ := ParseMemory(c.Memory)

@@ -5,6 +5,7 @@ package agentbin
 
 import (
 	"debug/elf"
+	"io"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -47,15 +48,25 @@ func Path() string {
 
 // Static says whether the executable at path needs no dynamic loader.
 func Static(path string) bool {
-	f, err := elf.Open(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
+	return StaticELF(f)
+}
+
+// StaticELF says whether r holds an ELF executable without a program interpreter: one
+// that runs in images of any distribution, or none.
+func StaticELF(r io.ReaderAt) bool {
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return false
+	}
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			return false
 		}
 	}
-	return true
+	return f.Type == elf.ET_EXEC || f.Type == elf.ET_DYN
 }

@@ -2,7 +2,6 @@ package docker
 
 import (
 	"context"
-	"strconv"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
@@ -13,15 +12,9 @@ var _ roche.Leaser = (*Provider)(nil)
 // LeaseGrace is how long a leased sandbox outlives the loss of its lease.
 const LeaseGrace = agentfwd.LeaseGrace
 
-// leaseArgs are roche-agent's arguments for a leased sandbox: it stops LeaseGrace after
-// the last holder goes, or when this create has not taken the lease by the end of its
-// own deadline (agentfwd.FirstLease). The lease is held in p.leases (agentfwd.Leases).
-func (p *Provider) leaseArgs() []string {
-	return []string{
-		"--lease-grace", strconv.FormatInt(LeaseGrace.Milliseconds(), 10) + "ms",
-		"--first-lease", strconv.FormatInt(agentfwd.FirstLease(p.engineTimeout).Milliseconds(), 10) + "ms",
-	}
-}
+// leaseArgs are roche-agent's arguments for a leased sandbox, bounded by this create's
+// deadline (agentfwd.LeaseArgs). The lease is held in p.leases (agentfwd.Leases).
+func (p *Provider) leaseArgs() []string { return agentfwd.LeaseArgs(p.engineTimeout) }
 
 // Keep implements roche.Leaser: the agent ends the lease (agentfwd), and the lease this
 // provider held, if any, is let go.

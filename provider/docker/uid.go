@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
@@ -91,7 +90,7 @@ func (p *Provider) runAsFor(cfg roche.Config, ws, snapshotUID int) runAs {
 	var r runAs
 	switch {
 	case cfg.User != roche.UserAuto:
-		r = runAs{user: cfg.User, uid: numericUID(cfg.User)}
+		r = runAs{user: cfg.User, uid: cfg.UID()}
 	case ws >= 0:
 		r = runAs{user: fmt.Sprintf("%d:%d", ws, ws), uid: ws}
 	default:
@@ -104,16 +103,6 @@ func (p *Provider) runAsFor(cfg roche.Config, ws, snapshotUID int) runAs {
 		r.chownFrom = snapshotUID
 	}
 	return r
-}
-
-// numericUID is the uid in a "uid[:gid]" spec, or -1 for a name.
-func numericUID(spec string) int {
-	name, _, _ := strings.Cut(spec, ":")
-	uid, err := strconv.Atoi(name)
-	if err != nil || uid < 0 {
-		return -1
-	}
-	return uid
 }
 
 // uidOf reads a LabelUID value; -1 when absent or not a uid.

@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/roche-sandbox/roche/agent/agentbin"
 	"github.com/roche-sandbox/roche/agent/podlink"
 )
 
@@ -49,7 +50,7 @@ func AgentImage(agentPath string) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading roche-agent for the agent image: %w", err)
 	}
-	if !isStaticELF(bin) {
+	if !agentbin.StaticELF(bytes.NewReader(bin)) {
 		return nil, fmt.Errorf("%s is not a static Linux executable: build it with CGO_ENABLED=0 (make build)", agentPath)
 	}
 	var layerTar bytes.Buffer
@@ -113,13 +114,4 @@ func WriteAgentImage(w io.Writer, agentPath string) (string, error) {
 		return "", fmt.Errorf("writing the agent image: %w", err)
 	}
 	return ref, nil
-}
-
-// isStaticELF reports whether b is an ELF executable without a program interpreter: the
-// agent runs in images of any distribution, or none.
-func isStaticELF(b []byte) bool {
-	if len(b) < 64 || string(b[:4]) != "\x7fELF" {
-		return false
-	}
-	return !bytes.Contains(b[:min(len(b), 4096)], []byte("/lib64/ld-linux")) && !bytes.Contains(b[:min(len(b), 4096)], []byte("/lib/ld-"))
 }

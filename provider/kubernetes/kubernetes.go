@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -100,7 +99,7 @@ type Provider struct {
 	verified map[string]sandbox
 	// leases are the exec streams holding the leases of the leased sandboxes this
 	// provider made (lease.go).
-	leases map[string]io.Closer
+	leases agentfwd.Leases
 	// sessions are the sandboxes' relay sessions (conn.go), opened on first use.
 	sessMu   sync.Mutex
 	sessions map[string]*yamux.Session
@@ -166,7 +165,6 @@ func New(opts ...Option) (*Provider, error) {
 		uidFirst:      DefaultUIDFirst,
 		uidCount:      DefaultUIDCount,
 		verified:      map[string]sandbox{},
-		leases:        map[string]io.Closer{},
 		sessions:      map[string]*yamux.Session{},
 	}
 	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
@@ -261,7 +259,7 @@ func restConfig(kubeconfig string) (*rest.Config, string, error) {
 // Close lets go of the leases this provider holds: its leased sandboxes stop within
 // LeaseGrace.
 func (p *Provider) Close() error {
-	p.dropLeases()
+	p.leases.DropAll()
 	p.dropSessions()
 	return nil
 }
@@ -383,7 +381,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	expires := time.Now().Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	pp := podParams{
 		id: id, namespace: p.namespace, agentImage: p.agentImage, runtimeClass: p.runtimeClass,
-		expires: expires, localhostSeccomp: p.seccomp, user: cfg.User, uid: numericUID(cfg.User),
+		expires: expires, localhostSeccomp: p.seccomp, user: cfg.User, uid: cfg.UID(),
 	}
 	if cfg.User == roche.UserAuto {
 		uid, err := p.drawUID(ctx)
@@ -440,7 +438,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 		return roche.SandboxInfo{}, err
 	}
 	if cfg.Leased {
-		if err := p.takeLease(ctx, sb); err != nil {
+		if err := p.leases.Take(ctx, sb.id, sb.agent); err != nil {
 			return roche.SandboxInfo{}, err
 		}
 	}
@@ -553,7 +551,7 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 	defer cancel()
 	p.forget(id)
 	defer p.dropSession(id, nil)
-	defer p.dropLease(id)
+	defer p.leases.Drop(id)
 	del := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}
 	var errs []error
 	if err := p.cs.CoreV1().Pods(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {
@@ -725,16 +723,6 @@ func (p *Provider) sweepPolicies(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// numericUID is the uid in a "uid[:gid]" spec, or -1 for a name.
-func numericUID(spec string) int {
-	name, _, _ := strings.Cut(spec, ":")
-	uid, err := strconv.Atoi(name)
-	if err != nil || uid < 0 {
-		return -1
-	}
-	return uid
 }
 
 func randomHex(n int) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"time"
 
@@ -18,6 +19,16 @@ const LeaseGrace = agent.DefaultLeaseGrace
 // the provider's engine or boot timeout) and a little more, so that a creator killed
 // during its create leaves the sandbox for no longer than that.
 func FirstLease(bound time.Duration) time.Duration { return bound + 5*time.Second }
+
+// LeaseArgs are roche-agent's arguments for a leased sandbox whose create is bounded by
+// bound: it stops LeaseGrace after the last holder goes, or FirstLease(bound) after its
+// start when no lease was taken.
+func LeaseArgs(bound time.Duration) []string {
+	return []string{
+		"--lease-grace", strconv.FormatInt(LeaseGrace.Milliseconds(), 10) + "ms",
+		"--first-lease", strconv.FormatInt(FirstLease(bound).Milliseconds(), 10) + "ms",
+	}
+}
 
 // Leases holds the leases of the leased sandboxes one provider made (roche.Leaser), each
 // by an open connection to the sandbox's agent, for as long as this process lives or
