@@ -83,3 +83,14 @@ type Prober interface {
 	// ctx and should take well under a millisecond for a sandbox that answers.
 	Probe(ctx context.Context, id string) error
 }
+
+// Claimer is implemented by providers whose engine keeps, with each sandbox, whose it is
+// and when it ends where others can read them (a Pod's labels and annotations): a
+// sandbox handed out from a warm pool is relabelled for its new holder, so that whoever
+// lists the engine later (a roched restarted without its state, a gc, an operator) sees
+// the holder and the end the client got, not the pool's.
+type Claimer interface {
+	// Claim records that sandbox id is now owner's and ends at expires, never later than
+	// the end it was made with.
+	Claim(ctx context.Context, id, owner string, expires time.Time) error
+}

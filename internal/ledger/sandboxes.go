@@ -255,6 +255,16 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 	}
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
+	owner := l.ownerFor(t.Name)
+	if c, ok := pl.Provider().(roche.Claimer); ok {
+		// Where the engine keeps the holder (a Pod's labels), a roched restarted without
+		// its state still finds the sandbox as the tenant's, ending when the client was told.
+		if err := c.Claim(ctx, sb.ID, owner, expires); err != nil {
+			l.log.Warn("a pooled sandbox could not be claimed for its client: destroying it and creating one", "id", sb.ID, "err", err)
+			l.markDestroying(sb.ID)
+			return roche.SandboxInfo{}, false
+		}
+	}
 	l.mu.Lock()
 	if r := l.sandboxes[sb.ID]; r == nil || r.Kind != KindPooled {
 		// It ended (events.go) while it was being handed out: the create goes cold.
@@ -271,7 +281,7 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 	l.saveOrWarn()
 	sb.ExpiresAt = expires
 	sb.State = roche.StateRunning
-	sb.Owner = l.ownerFor(t.Name)
+	sb.Owner = owner
 	return sb, true
 }
 

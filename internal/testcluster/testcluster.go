@@ -99,17 +99,30 @@ func ImportDocker(t testing.TB, image string) {
 // containerd.
 func ImportTar(t testing.TB, path string) {
 	t.Helper()
-	Start(t)
-	if out, err := script("import-tar", path); err != nil {
-		t.Fatalf("importing image archive %s into the test cluster: %v\n%s", path, err, out)
+	if err := Start(t).ImportTar(path); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// ImportTar is the package's ImportTar for code without a testing.TB (benchmarks).
+func (c *Cluster) ImportTar(path string) error {
+	if out, err := script("import-tar", path); err != nil {
+		return fmt.Errorf("importing image archive %s into the test cluster: %v\n%s", path, err, out)
+	}
+	return nil
 }
 
 // RemoveImage removes an image (a Docker-style name such as roche/python:tag) from the
 // node's containerd, for tests that imported one of their own.
 func RemoveImage(t testing.TB, image string) {
 	t.Helper()
-	c := Start(t)
+	if err := Start(t).RemoveImage(image); err != nil {
+		t.Error(err)
+	}
+}
+
+// RemoveImage is the package's RemoveImage for code without a testing.TB (benchmarks).
+func (c *Cluster) RemoveImage(image string) error {
 	// containerd keeps Docker Hub names fully qualified, as imports record them.
 	ref := image
 	first, _, found := strings.Cut(ref, "/")
@@ -121,8 +134,18 @@ func RemoveImage(t testing.TB, image string) {
 	}
 	out, err := exec.Command("ctr", "-a", c.Containerd, "-n", "k8s.io", "images", "rm", ref).CombinedOutput()
 	if err != nil {
-		t.Errorf("removing image %s from the test cluster: %v\n%s", ref, err, out)
+		return fmt.Errorf("removing image %s from the test cluster: %v\n%s", ref, err, out)
 	}
+	return nil
+}
+
+// Running describes the test cluster when it is up, without starting it: for code
+// without a testing.TB (benchmarks), which asks for make cluster instead.
+func Running() (*Cluster, error) {
+	if out, err := script("env"); err != nil {
+		return nil, fmt.Errorf("the test cluster is not up (start it with make cluster): %s", strings.TrimSpace(string(out)))
+	}
+	return load()
 }
 
 func load() (*Cluster, error) {

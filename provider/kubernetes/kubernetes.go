@@ -109,6 +109,8 @@ type Provider struct {
 type sandbox struct {
 	id      string
 	expires time.Time
+	// started is when the Pod started, from which the kubelet counts its deadline.
+	started time.Time
 	cfg     roche.Config
 	agent   *agent.Client
 }
@@ -437,6 +439,9 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	if err := p.waitAgent(ctx, sb); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	if running.Status.StartTime != nil {
+		sb.started = running.Status.StartTime.Time
+	}
 	if cfg.Leased {
 		if err := p.leases.Take(ctx, sb.id, sb.agent); err != nil {
 			return roche.SandboxInfo{}, err
@@ -612,6 +617,9 @@ func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error
 			return agentfwd.Target{}, fmt.Errorf("%w: sandbox %s is not running (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
 		}
 		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), agent: p.agentClient(id)}
+		if pod.Status.StartTime != nil {
+			s.started = pod.Status.StartTime.Time
+		}
 		p.remember(s)
 	}
 	return agentfwd.Target{

@@ -1,0 +1,86 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/roche-sandbox/roche"
+)
+
+var (
+	_ roche.Claimer = (*Provider)(nil)
+	_ roche.Prober  = (*Provider)(nil)
+)
+
+// Claim implements roche.Claimer: one patch of the Pod gives it its new owner
+// (AnnotationOwner), its new end (LabelExpires) and an activeDeadlineSeconds that ends it
+// then, so that the labels alone say whose it is and until when (a roched restarted
+// without its state adopts it from them; gc reaps it at its own end, not the pool's). The
+// kubelet counts the deadline from the Pod's start and lets it only shrink, which a
+// claim always does: a client's lifetime is within what the pool gave the sandbox.
+func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Time) error {
+	if p.noCluster != nil {
+		return p.noCluster
+	}
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	p.mu.Lock()
+	s, known := p.verified[id]
+	p.mu.Unlock()
+	if !known || s.started.IsZero() {
+		pod, err := p.get(ctx, id)
+		if err != nil {
+			return err
+		}
+		if pod.Status.StartTime == nil {
+			return fmt.Errorf("%w: sandbox %s has not started (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
+		}
+		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), started: pod.Status.StartTime.Time, agent: p.agentClient(id)}
+	}
+	if expires.After(s.expires) {
+		return fmt.Errorf("%w: sandbox %s ends at %s: it cannot be claimed until %s", roche.ErrInvalidConfig, id, s.expires.Format(time.RFC3339), expires.Format(time.RFC3339))
+	}
+	deadline := int64(math.Ceil(expires.Sub(s.started).Seconds()))
+	deadline = max(deadline, 1)
+	if s.cfg.TimeoutSecs > 0 {
+		deadline = min(deadline, int64(s.cfg.TimeoutSecs))
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{
+			"labels":      map[string]string{LabelExpires: strconv.FormatInt(expires.Unix(), 10)},
+			"annotations": map[string]string{AnnotationOwner: owner},
+		},
+		"spec": map[string]any{"activeDeadlineSeconds": deadline},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := p.cs.CoreV1().Pods(p.namespace).Patch(ctx, id, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return p.apiErr("claiming sandbox "+id, err)
+	}
+	s.expires = expires
+	s.cfg.Owner = owner
+	p.remember(s)
+	return nil
+}
+
+// Probe implements roche.Prober: the sandbox's agent answers through its relay session,
+// which a sandbox this provider made or reached keeps open, so no API request is made.
+// A Pod that died took its session with it, and the probe fails.
+func (p *Provider) Probe(ctx context.Context, id string) error {
+	t, err := p.reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	if _, err := t.Agent.Health(ctx); err != nil {
+		return fmt.Errorf("%w: the agent of sandbox %s does not answer: %s", roche.ErrUnavailable, id, oneLine(err.Error()))
+	}
+	return nil
+}
