@@ -61,7 +61,7 @@ func run() error {
 	if *n < 1 {
 		return errors.New("-n must be at least 1")
 	}
-	cluster, err := testcluster.Running()
+	cluster, err := testcluster.Up()
 	if err != nil {
 		return err
 	}

@@ -61,20 +61,25 @@ var (
 // fails the test with the script's output when the cluster cannot start.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
+	c, err := Up()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Up is Start for code without a testing.TB (a TestMain, a benchmark).
+func Up() (*Cluster, error) {
 	upOnce.Lock()
 	defer upOnce.Unlock()
 	if !upDone {
 		out, err := script("up")
 		if err != nil {
-			t.Fatalf("starting the test cluster (scripts/k8s/cluster.sh up): %v\n%s", err, out)
+			return nil, fmt.Errorf("starting the test cluster (scripts/k8s/cluster.sh up): %v\n%s", err, out)
 		}
 		upDone = true
 	}
-	c, err := load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return load()
 }
 
 // Kubeconfig brings the test cluster up when it is not and returns the path of its admin
@@ -137,15 +142,6 @@ func (c *Cluster) RemoveImage(image string) error {
 		return fmt.Errorf("removing image %s from the test cluster: %v\n%s", ref, err, out)
 	}
 	return nil
-}
-
-// Running describes the test cluster when it is up, without starting it: for code
-// without a testing.TB (benchmarks), which asks for make cluster instead.
-func Running() (*Cluster, error) {
-	if out, err := script("env"); err != nil {
-		return nil, fmt.Errorf("the test cluster is not up (start it with make cluster): %s", strings.TrimSpace(string(out)))
-	}
-	return load()
 }
 
 func load() (*Cluster, error) {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/providertest"
@@ -57,28 +57,27 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := importTar(tarPath); err != nil {
+	cluster, err := testcluster.Up()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer removeImage("docker.io/" + ref)
+	if err := cluster.ImportTar(tarPath); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() {
+		if err := cluster.RemoveImage(ref); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}()
 	return m.Run()
-}
-
-func removeImage(ref string) {
-	c, err := readCluster()
-	if err != nil {
-		return
-	}
-	if out, err := exec.Command("ctr", "-a", c.Containerd, "-n", "k8s.io", "images", "rm", ref).CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "removing %s from the test cluster: %v: %s\n", ref, err, out)
-	}
 }
 
 // clientset is an admin client of the test cluster, for checks from outside.
 func clientset(t testing.TB) k8s.Interface {
 	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig(t))
+	cfg, err := clientcmd.BuildConfigFromFlags("", testcluster.Kubeconfig(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +93,7 @@ func clientset(t testing.TB) k8s.Interface {
 func newProvider(t *testing.T, opts ...kubernetes.Option) *kubernetes.Provider {
 	t.Helper()
 	ns := fmt.Sprintf("roche-test-%x", rand.Uint64())
-	p, err := kubernetes.New(append([]kubernetes.Option{kubernetes.WithKubeconfig(kubeconfig(t)), kubernetes.WithNamespace(ns)}, opts...)...)
+	p, err := kubernetes.New(append([]kubernetes.Option{kubernetes.WithKubeconfig(testcluster.Kubeconfig(t)), kubernetes.WithNamespace(ns)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +410,7 @@ func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
 // (one exec stream through the API server) lets go, and one that was kept lives on.
 func TestLeaseEndsWithItsHolder(t *testing.T) {
 	holder := newProvider(t)
-	observer, err := kubernetes.New(kubernetes.WithKubeconfig(kubeconfig(t)), kubernetes.WithNamespace(holder.Namespace()))
+	observer, err := kubernetes.New(kubernetes.WithKubeconfig(testcluster.Kubeconfig(t)), kubernetes.WithNamespace(holder.Namespace()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +439,7 @@ func TestLeaseEndsWithItsHolder(t *testing.T) {
 
 // BenchmarkExec: one command through the API server (one pods/exec of the relay).
 func BenchmarkExec(b *testing.B) {
-	p, err := kubernetes.New(kubernetes.WithKubeconfig(kubeconfig(b)), kubernetes.WithNamespace(fmt.Sprintf("roche-bench-%x", rand.Uint64())))
+	p, err := kubernetes.New(kubernetes.WithKubeconfig(testcluster.Kubeconfig(b)), kubernetes.WithNamespace(fmt.Sprintf("roche-bench-%x", rand.Uint64())))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -463,7 +462,7 @@ func BenchmarkExec(b *testing.B) {
 // BenchmarkCreateDestroy: a sandbox made (scheduled, agent installed, answering) and
 // destroyed.
 func BenchmarkCreateDestroy(b *testing.B) {
-	p, err := kubernetes.New(kubernetes.WithKubeconfig(kubeconfig(b)), kubernetes.WithNamespace(fmt.Sprintf("roche-bench-%x", rand.Uint64())))
+	p, err := kubernetes.New(kubernetes.WithKubeconfig(testcluster.Kubeconfig(b)), kubernetes.WithNamespace(fmt.Sprintf("roche-bench-%x", rand.Uint64())))
 	if err != nil {
 		b.Fatal(err)
 	}

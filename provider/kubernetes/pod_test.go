@@ -199,3 +199,56 @@ func TestBadOptionsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimRelabels: a claim is one patch giving the Pod its holder, its end and a
+// deadline counted from its start; an end past the one it was made with is refused
+// without a call.
+func TestClaimRelabels(t *testing.T) {
+	started := time.Now().Add(-90 * time.Second).Truncate(time.Second)
+	pp := testParams()
+	pp.expires = started.Add(660 * time.Second)
+	cfg := roche.DefaultConfig()
+	cfg.TimeoutSecs = 660
+	pod, err := podFor(cfg, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, StartTime: &metav1.Time{Time: started}}
+	cs := fake.NewClientset(pod)
+	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"), WithNamespace("ns"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.Claim(ctx, pp.id, "roched:a.b/t", pp.expires.Add(time.Second)); !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Errorf("a claim past the Pod's end: %v, want ErrInvalidConfig", err)
+	}
+	calls := len(cs.Actions())
+	expires := time.Now().Add(120 * time.Second)
+	if err := p.Claim(ctx, pp.id, "roched:a.b/t", expires); err != nil {
+		t.Fatal(err)
+	}
+	var patches int
+	for _, a := range cs.Actions()[calls:] {
+		if a.GetVerb() == "patch" {
+			patches++
+		}
+	}
+	if patches != 1 {
+		t.Errorf("%d patches for a claim, want 1: %v", patches, cs.Actions()[calls:])
+	}
+	got, err := cs.CoreV1().Pods("ns").Get(ctx, pp.id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Annotations[AnnotationOwner] != "roched:a.b/t" || expiresOf(got.Labels).Unix() != expires.Unix() {
+		t.Errorf("owner %q, expires %v after the claim", got.Annotations[AnnotationOwner], expiresOf(got.Labels))
+	}
+	// 90 s since the start plus the client's 120 s, rounded up.
+	if d := *got.Spec.ActiveDeadlineSeconds; d < 210 || d > 212 {
+		t.Errorf("activeDeadlineSeconds %d after the claim, want about 210", d)
+	}
+	if got.Labels[LabelManaged] != "true" || got.Labels[LabelUID] != "1900000005" {
+		t.Errorf("the claim lost other labels: %v", got.Labels)
+	}
+}
