@@ -66,7 +66,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 		case podlink.RelayArg:
 			return podlink.Relay(podlink.Socket, os.Stdin, os.Stdout)
 		case podlink.MuxArg:
-			return podlink.Mux(podlink.Socket, os.Stdin, os.Stdout)
+			egress := ""
+			switch {
+			case len(args) == 2 && args[1] == podlink.EgressArg:
+				egress = podlink.EgressSocket
+			case len(args) != 1:
+				return fmt.Errorf("usage: roche-agent %s [%s]", podlink.MuxArg, podlink.EgressArg)
+			}
+			return podlink.Mux(podlink.Socket, os.Stdin, os.Stdout, egress)
 		}
 	}
 	fs := flag.NewFlagSet(agentbin.Name, flag.ContinueOnError)

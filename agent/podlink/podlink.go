@@ -46,6 +46,12 @@ const (
 	RelayArg   = "relay"
 	// MuxArg runs the relay for many connections over one exec stream (Mux).
 	MuxArg = "mux"
+	// EgressArg, after MuxArg, makes the relay carry the sandbox's egress too (Mux).
+	EgressArg = "--egress"
+	// EgressSocket is where the agent relays the connections programs make to its HTTP
+	// proxy port when the sandbox has an egress allowlist: the relay serves it and
+	// carries each connection to the host's proxy as a stream the relay opens.
+	EgressSocket = RunDir + "/egress.sock"
 )
 
 // Install copies the agent binary src into dir (the init container's view of the agent
@@ -118,12 +124,27 @@ func Relay(socket string, in io.Reader, out io.Writer) error {
 // an open session costs neither. Mux returns when the session ends (the host closed the
 // exec stream, or its process died): every relayed connection is then closed, and the
 // agent treats each as a client that hung up.
-func Mux(socket string, in io.Reader, out io.Writer) error {
+//
+// With egressSocket, the relay also serves that socket, where the agent relays the
+// connections of the sandbox's programs to its HTTP proxy port, and carries each to the
+// host as a stream it opens: the host's egress proxy, which alone decides, answers it.
+// The Pod needs no network for it. The last relay to start serves the socket (a newer
+// host process took over); one that ends leaves the socket file, so the agent then
+// answers 502 until a host serves it again.
+func Mux(socket string, in io.Reader, out io.Writer, egressSocket string) error {
 	sess, err := yamux.Server(stdio{in, out}, vmlink.MuxConfig())
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
+	if egressSocket != "" {
+		ln, err := listenEgress(egressSocket)
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		go carryEgress(ln, sess)
+	}
 	for {
 		st, err := sess.AcceptStream()
 		if err != nil {
@@ -156,6 +177,67 @@ func relayStream(socket string, st net.Conn) {
 		c.Close()
 	}()
 	_, _ = io.Copy(st, c)
+	c.Close()
+}
+
+// listenEgress serves path in place of whatever was there (a relay that ended), root's
+// alone as the agent's socket is; closing it leaves the file, which a newer relay may
+// own by then.
+func listenEgress(path string) (*net.UnixListener, error) {
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("serving the egress socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("restricting the egress socket: %w", err)
+	}
+	return ln, nil
+}
+
+// carryEgress relays each connection the agent makes to the egress socket to a stream
+// of the host's session, until the listener or the session closes.
+func carryEgress(ln net.Listener, sess *yamux.Session) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		st, err := sess.OpenStream()
+		if err != nil {
+			c.Close()
+			if sess.IsClosed() {
+				return
+			}
+			continue
+		}
+		go pipe(c, st)
+	}
+}
+
+// pipe copies a to b and b to a until both directions end.
+func pipe(a, b net.Conn) {
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(b, a)
+		closeWrite(b)
+		close(done)
+	}()
+	_, _ = io.Copy(a, b)
+	closeWrite(a)
+	<-done
+	a.Close()
+	b.Close()
+}
+
+// closeWrite half-closes c where it can, else closes it.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
 	c.Close()
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/yamux"
 
@@ -138,7 +139,7 @@ func TestMux(t *testing.T) {
 	hostR, relayW := io.Pipe()
 	relayR, hostW := io.Pipe()
 	done := make(chan error, 1)
-	go func() { done <- Mux(sock, relayR, relayW) }()
+	go func() { done <- Mux(sock, relayR, relayW, "") }()
 	sess, err := yamux.Client(stdio{hostR, hostW}, vmlink.MuxConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -164,4 +165,79 @@ func TestMux(t *testing.T) {
 	}
 	relayW.Close() // the relay process exits, and its stdout ends
 	sess.Close()
+}
+
+// TestMuxEgress: a connection the agent makes to the egress socket reaches the host as a
+// stream the relay opens, both ways; the socket is root's alone (0600); a second relay
+// takes the socket over, and the first one's end leaves it to the second.
+func TestMuxEgress(t *testing.T) {
+	dir := t.TempDir()
+	egressSock := filepath.Join(dir, "egress.sock")
+	start := func() (*yamux.Session, func()) {
+		hostR, relayW := io.Pipe()
+		relayR, hostW := io.Pipe()
+		done := make(chan error, 1)
+		go func() { done <- Mux(filepath.Join(dir, "agent.sock"), relayR, relayW, egressSock) }()
+		sess, err := yamux.Client(stdio{hostR, hostW}, vmlink.MuxConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sess, func() {
+			hostW.Close()
+			if err := <-done; err != nil {
+				t.Errorf("Mux: %v", err)
+			}
+			relayW.Close()
+			sess.Close()
+		}
+	}
+	// roundTrip dials the egress socket as the agent does, and the host answers.
+	roundTrip := func(sess *yamux.Session, msg string) {
+		t.Helper()
+		var c net.Conn
+		var err error
+		for range 100 { // the relay listens as it starts
+			if c, err = net.Dial("unix", egressSock); err == nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte(msg))
+		st, err := sess.AcceptStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		b := make([]byte, len(msg))
+		if _, err := io.ReadFull(st, b); err != nil || string(b) != msg {
+			t.Fatalf("host read %q, %v; want %q", b, err, msg)
+		}
+		st.Write([]byte("re:" + msg))
+		st.Close()
+		got, err := io.ReadAll(c)
+		if err != nil || string(got) != "re:"+msg {
+			t.Fatalf("agent read %q, %v; want re:%s", got, err, msg)
+		}
+	}
+	first, stopFirst := start()
+	roundTrip(first, "one")
+	if fi, err := os.Stat(egressSock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("egress socket %v, %v: want mode 0600", fi.Mode(), err)
+	}
+	was, _ := os.Stat(egressSock)
+	second, stopSecond := start()
+	for range 200 { // until the second relay has replaced the socket
+		if now, err := os.Stat(egressSock); err == nil && !os.SameFile(was, now) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	roundTrip(second, "two")
+	stopFirst()
+	roundTrip(second, "three")
+	stopSecond()
 }

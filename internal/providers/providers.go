@@ -37,7 +37,8 @@ type Options struct {
 	// docker.TransportDockerExec, passed as given (an empty one is refused).
 	Transport string
 	// Outlives says this process outlives the sandboxes it makes (roched, roche run),
-	// so it can serve their egress proxies (docker.WithEgressProxy).
+	// so it can serve their egress proxies (docker.WithEgressProxy,
+	// kubernetes.WithEgressProxy).
 	Outlives bool
 	// PinnedMounts binds the host paths that were checked rather than paths a sandbox
 	// could redirect in between; roched sets it when remote tenants may mount
@@ -121,6 +122,9 @@ var list = []Provider{
 			}
 			if o.SeccompProfile != "" {
 				opts = append(opts, kubernetes.WithSeccompProfile(o.SeccompProfile))
+			}
+			if o.Outlives {
+				opts = append(opts, kubernetes.WithEgressProxy())
 			}
 			return opened(kubernetes.New(opts...))
 		},

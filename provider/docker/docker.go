@@ -31,6 +31,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
@@ -739,8 +740,8 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 		}
 		if len(cfg.NetworkAllowlist) > 0 {
 			ccfg.Entrypoint = append(ccfg.Entrypoint,
-				"--egress-listen", egressListen, "--egress-socket", agentRunDir+"/"+egressSocket)
-			ccfg.Env = egressEnv(ccfg.Env)
+				"--egress-listen", egress.SandboxListen, "--egress-socket", agentRunDir+"/"+egressSocket)
+			ccfg.Env = append(ccfg.Env, egress.SandboxEnv()...)
 		}
 		ccfg.Cmd = nil
 		noInit := false

@@ -10,14 +10,10 @@ import (
 	"github.com/roche-sandbox/roche/egress"
 )
 
-// Inside a sandbox with an allowlist, programs use this loopback port as their HTTP
+// Inside a sandbox with an allowlist, programs use egress.SandboxListen as their HTTP
 // proxy; roche-agent relays it to the host's proxy through egressSocket in the sandbox's
 // socket directory.
-const (
-	egressListen = "127.0.0.1:3128"
-	egressSocket = "egress.sock"
-	egressURL    = "http://" + egressListen
-)
+const egressSocket = "egress.sock"
 
 // WithEgressProxy lets sandboxes have a network_allowlist. This process then runs the
 // egress proxy of each such sandbox, so it must outlive them: roched does, and so does
@@ -42,14 +38,6 @@ func (p *Provider) checkEgress(cfg roche.Config) error {
 		return fmt.Errorf("%w: network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run", roche.ErrUnsupported)
 	}
 	return nil
-}
-
-// egressEnv points a sandbox's programs at the relay.
-func egressEnv(env []string) []string {
-	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
-		env = append(env, k+"="+egressURL)
-	}
-	return append(env, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
 }
 
 // startEgress serves the proxy for the sandbox whose socket directory is dir.

@@ -2,135 +2,21 @@ package docker_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
-// countingServer is a local HTTP(S) server on a loopback address of its own.
-type countingServer struct {
-	*httptest.Server
-	conns atomic.Int64
-}
-
-func localServer(t *testing.T, ip string, tlsOn bool) *countingServer {
-	t.Helper()
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &countingServer{}
-	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello from %s", r.URL.Path)
-	}))
-	s.Listener = ln
-	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			s.conns.Add(1)
-		}
-	}
-	if tlsOn {
-		s.StartTLS()
-	} else {
-		s.Start()
-	}
-	t.Cleanup(s.Close)
-	return s
-}
-
-// egressProbe runs inside the sandbox and reports, as JSON, what each attempt got.
-const egressProbe = `
-import json, socket, ssl, sys, urllib.request, urllib.error
-http_addr, tls_addr, other_addr, local_port = sys.argv[1:5]
-out = {}
-def attempt(name, fn):
-    try:
-        out[name] = 'ok: ' + fn()
-    except urllib.error.HTTPError as e:
-        out[name] = 'http %d: %s' % (e.code, e.read().decode(errors='replace').strip())
-    except Exception as e:
-        out[name] = 'error: %s: %s' % (type(e).__name__, e)
-get = lambda url, **kw: urllib.request.urlopen(url, timeout=10, **kw).read().decode()
-attempt('http', lambda: get('http://%s/pkg' % http_addr))
-attempt('https', lambda: get('https://%s/secure' % tls_addr, context=ssl._create_unverified_context()))
-attempt('unlisted', lambda: get('http://%s/' % other_addr))
-# NO_PROXY keeps clients from proxying localhost; ask the proxy anyway: it must refuse
-# the loopback address the name resolves to.
-def via_proxy(url, host):
-    s = socket.create_connection(('127.0.0.1', 3128), timeout=10)
-    s.sendall(('GET %s HTTP/1.1\r\nHost: %s\r\n\r\n' % (url, host)).encode())
-    return s.recv(1000).decode()
-attempt('localhost_name', lambda: via_proxy('http://localhost:%s/' % local_port, 'localhost:%s' % local_port))
-def direct():
-    socket.create_connection(tuple([http_addr.split(':')[0], int(http_addr.split(':')[1])]), timeout=3); return 'connected'
-attempt('direct_ip', direct)
-attempt('direct_public', lambda: (socket.create_connection(('1.1.1.1', 80), timeout=3), 'connected')[1])
-attempt('dns', lambda: str(socket.getaddrinfo('example.com', 80)))
-def udp():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
-    s.sendto(b'x', ('8.8.8.8', 53)); return s.recv(10).decode()
-attempt('udp', udp)
-def host_mismatch():
-    s = socket.create_connection(('127.0.0.1', 3128), timeout=10)
-    s.sendall(('CONNECT %s HTTP/1.1\r\nHost: evil.example\r\n\r\n' % tls_addr).encode())
-    return s.recv(200).decode().split('\r\n')[0]
-attempt('host_mismatch', host_mismatch)
-print(json.dumps(out))
-`
-
 func TestEgressAllowlist(t *testing.T) {
-	allowed := localServer(t, "127.0.0.2", false)
-	secure := localServer(t, "127.0.0.3", true)
-	other := localServer(t, "127.0.0.4", false)
-	local := localServer(t, "127.0.0.1", false)
-	_, localPort, _ := net.SplitHostPort(local.Listener.Addr().String())
-
 	p := newProvider(t, docker.WithEgressProxy())
 	if !p.Capabilities().Egress {
 		t.Fatal("Capabilities().Egress is false with the proxy on")
 	}
-	cfg := testConfig()
-	cfg.NetworkAllowlist = []string{allowed.Listener.Addr().String(), secure.Listener.Addr().String(), "localhost:" + localPort}
-	id := sandbox(t, p, cfg)
-	res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"python3", "-c", egressProbe,
-		allowed.Listener.Addr().String(), secure.Listener.Addr().String(), other.Listener.Addr().String(), localPort}})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("probe: %+v %v", res, err)
-	}
-	var got map[string]string
-	if err := json.Unmarshal([]byte(res.Stdout), &got); err != nil {
-		t.Fatalf("probe printed %q: %v", res.Stdout, err)
-	}
-	for name, want := range map[string]string{
-		"http":           "ok: hello from /pkg",
-		"https":          "ok: hello from /secure",
-		"unlisted":       "http 403",
-		"localhost_name": "127.0.0.0/8, Loopback",
-		"direct_ip":      "error:",
-		"direct_public":  "error:",
-		"dns":            "error: gaierror",
-		"udp":            "error:",
-		"host_mismatch":  "403",
-	} {
-		if !strings.Contains(got[name], want) {
-			t.Errorf("%s: %q, want %q", name, got[name], want)
-		}
-	}
-	if n := other.conns.Load() + local.conns.Load(); n != 0 {
-		t.Errorf("%d connections reached servers that are not allowed", n)
-	}
-	if allowed.conns.Load() == 0 || secure.conns.Load() == 0 {
-		t.Errorf("allowed servers saw %d and %d connections", allowed.conns.Load(), secure.conns.Load())
-	}
+	providertest.Egress(t, p, testConfig(), func(cfg roche.Config) string { return sandbox(t, p, cfg) })
 }
 
 func TestEgressNeedsALongLivedProcess(t *testing.T) {

@@ -49,7 +49,15 @@ func (p *Provider) session(ctx context.Context, id string) (*yamux.Session, erro
 	if s := p.sessions[id]; s != nil && !s.IsClosed() {
 		return s, nil
 	}
-	c, err := p.execRelay(ctx, id, podlink.MuxArg)
+	px, err := p.egressProxy(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	mode := []string{podlink.MuxArg}
+	if px != nil {
+		mode = append(mode, podlink.EgressArg)
+	}
+	c, err := p.execRelay(ctx, id, mode...)
 	if err != nil {
 		return nil, err
 	}
@@ -57,6 +65,11 @@ func (p *Provider) session(ctx context.Context, id string) (*yamux.Session, erro
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("reaching the agent of sandbox %s: %w", id, err)
+	}
+	if px != nil {
+		// The relay opens a stream for each connection the agent makes to the egress
+		// socket: the session is the proxy's listener, until it ends.
+		go func() { _ = px.Serve(s) }()
 	}
 	p.sessions[id] = s
 	return s, nil
@@ -90,16 +103,16 @@ func (p *Provider) dropSessions() {
 	}
 }
 
-// execRelay runs the agent's relay in mode (podlink.RelayArg, MuxArg) in Pod id through
+// execRelay runs the agent's relay in mode (podlink.RelayArg; MuxArg, maybe EgressArg) in Pod id through
 // the API server, over WebSocket, or SPDY where the API server or a proxy on the way does
 // not upgrade to it, and returns its stdin and stdout as a connection. The connection
 // lives until it is closed or the stream ends, whatever becomes of ctx.
-func (p *Provider) execRelay(ctx context.Context, id, mode string) (*execConn, error) {
+func (p *Provider) execRelay(ctx context.Context, id string, mode ...string) (*execConn, error) {
 	req := p.cs.CoreV1().RESTClient().Post().
 		Namespace(p.namespace).Resource("pods").Name(id).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: containerSandbox,
-			Command:   []string{podlink.Agent, mode},
+			Command:   append([]string{podlink.Agent}, mode...),
 			Stdin:     true, Stdout: true, Stderr: true,
 		}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(p.rest, "GET", req.URL().String())

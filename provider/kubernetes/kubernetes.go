@@ -36,6 +36,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 )
 
@@ -86,6 +87,9 @@ type Provider struct {
 	createTimeout time.Duration
 	uidFirst      int
 	uidCount      int
+	// egress: this process serves the egress proxies of sandboxes with an allowlist
+	// (egress.go).
+	egress bool
 	// where says which cluster, for errors: the kubeconfig's server.
 	where string
 	// noCluster and noAgent say why the provider cannot reach a cluster or has no agent
@@ -103,6 +107,8 @@ type Provider struct {
 	// sessions are the sandboxes' relay sessions (conn.go), opened on first use.
 	sessMu   sync.Mutex
 	sessions map[string]*yamux.Session
+	// proxies are the egress proxies of sandboxes with an allowlist, by id (egress.go).
+	proxies map[string]*egress.Proxy
 }
 
 // sandbox is what the provider remembers about a Pod it has checked.
@@ -168,6 +174,7 @@ func New(opts ...Option) (*Provider, error) {
 		uidCount:      DefaultUIDCount,
 		verified:      map[string]sandbox{},
 		sessions:      map[string]*yamux.Session{},
+		proxies:       map[string]*egress.Proxy{},
 	}
 	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
@@ -263,6 +270,7 @@ func restConfig(kubeconfig string) (*rest.Config, string, error) {
 func (p *Provider) Close() error {
 	p.leases.DropAll()
 	p.dropSessions()
+	p.stopAllEgress()
 	return nil
 }
 
@@ -276,19 +284,20 @@ func (p *Provider) Namespace() string { return p.namespace }
 func (p *Provider) AgentImage() string { return p.agentImage }
 
 // Capabilities implements roche.Provider. Host mounts have no meaning on a cluster's
-// nodes; the egress proxy, pause, workspaces and snapshots are not done here yet and
-// are refused.
+// nodes; pause, workspaces and snapshots are not done here yet and are refused. An
+// egress allowlist is served where this process outlives its sandboxes
+// (WithEgressProxy).
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
-		Network: true, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
+		Network: true, Egress: p.egress, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
 	}
 }
 
 // unsupported refuses what this provider cannot honour, naming the field.
-func unsupported(cfg roche.Config) error {
+func (p *Provider) unsupported(cfg roche.Config) error {
 	var why []string
-	if len(cfg.NetworkAllowlist) > 0 {
-		why = append(why, "network_allowlist: the egress proxy is not served to Pods yet; use network=true or none")
+	if len(cfg.NetworkAllowlist) > 0 && !p.egress {
+		why = append(why, "network_allowlist: needs a host process that outlives the sandbox to run its egress proxy: use roched (roche daemon start) or roche run")
 	}
 	if len(cfg.Mounts) > 0 {
 		why = append(why, "mounts: host paths have no meaning on a cluster's nodes")
@@ -368,8 +377,13 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	if err := unsupported(cfg); err != nil {
+	if err := p.unsupported(cfg); err != nil {
 		return roche.SandboxInfo{}, err
+	}
+	if len(cfg.NetworkAllowlist) > 0 {
+		if _, err := egress.ParsePolicy(cfg.NetworkAllowlist); err != nil {
+			return roche.SandboxInfo{}, fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
+		}
 	}
 	if err := p.Available(); err != nil {
 		return roche.SandboxInfo{}, err
@@ -557,6 +571,7 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 	p.forget(id)
 	defer p.dropSession(id, nil)
 	defer p.leases.Drop(id)
+	defer p.stopEgress(id)
 	del := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}
 	var errs []error
 	if err := p.cs.CoreV1().Pods(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {

@@ -138,7 +138,8 @@ func baseConfig() roche.Config {
 func TestConformance(t *testing.T) {
 	// Roche's profile, installed on the node: the runtime's default (containerd 1.6's)
 	// allows io_uring and ptrace, which the suite checks are refused.
-	p := newProvider(t, kubernetes.WithSeccompProfile(installSeccomp(t)))
+	// With the egress proxy, as roched runs it: the suite checks the allowlist from inside.
+	p := newProvider(t, kubernetes.WithSeccompProfile(installSeccomp(t)), kubernetes.WithEgressProxy())
 	cfg := baseConfig()
 	// A writable root has no ENOSPC bound on Kubernetes (the kubelet evicts instead),
 	// so the writable checks run without one and the disk check expects the refusal.

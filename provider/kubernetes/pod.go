@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent/podlink"
+	"github.com/roche-sandbox/roche/egress"
 )
 
 // Labels on every Pod (and NetworkPolicy) Roche creates, so that list, gc and
@@ -130,6 +132,15 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 		// The node's podPidsLimit is the Pod's whole bound; this one is the sandbox
 		// user's own (its uid is the sandbox's own unless the caller named one).
 		"--nproc", strconv.Itoa(cfg.PidsLimit),
+	}
+	if len(cfg.NetworkAllowlist) > 0 {
+		// Programs reach the agent's proxy port; the agent relays each connection to
+		// the egress socket, which the host's relay session serves (podlink.Mux).
+		agentArgs = append(agentArgs, "--egress-listen", egress.SandboxListen, "--egress-socket", podlink.EgressSocket)
+		for _, kv := range egress.SandboxEnv() {
+			k, v, _ := strings.Cut(kv, "=")
+			env = append(env, corev1.EnvVar{Name: k, Value: v})
+		}
 	}
 	agentArgs = append(agentArgs, pp.extraArgs...)
 	pod := &corev1.Pod{

@@ -106,6 +106,9 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if s.caps.Network {
 		t.Run("NetworkOn", s.testNetworkOn)
 	}
+	if s.caps.Egress {
+		t.Run("EgressAllowlist", s.testEgress)
+	}
 	if s.caps.Files {
 		// Each in a sandbox of its own, last: the race takes a while, and the shared
 		// sandbox above must not outlive its lifetime waiting for it.
