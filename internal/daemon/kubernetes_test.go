@@ -113,8 +113,8 @@ func TestRochedKubernetesPool(t *testing.T) {
 	}
 	pod := k8sPods(t, cl, ns)[sb.ID]
 	owner := pod.Metadata.Annotations[kubernetes.AnnotationOwner]
-	if !strings.HasPrefix(owner, "roched:") || !strings.HasSuffix(owner, "/"+DefaultTenant) {
-		t.Errorf("claimed Pod's owner is %q, want roched's for tenant %s", owner, DefaultTenant)
+	if !strings.HasPrefix(owner, "roched:") || !strings.HasSuffix(owner, "/"+LocalTenant) {
+		t.Errorf("claimed Pod's owner is %q, want roched's for tenant %s", owner, LocalTenant)
 	}
 	if was := before[sb.ID].Metadata.Annotations[kubernetes.AnnotationOwner]; strings.Contains(was, "/") {
 		t.Errorf("idle Pod's owner was %q, a tenant's", was)
