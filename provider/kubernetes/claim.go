@@ -19,7 +19,7 @@ var (
 	_ roche.Prober  = (*Provider)(nil)
 )
 
-// Claim implements roche.Claimer: one patch of the Pod gives it its new owner
+// Claim implements roche.Claimer: one merge patch of the Pod gives it its new owner
 // (AnnotationOwner), its new end (LabelExpires) and an activeDeadlineSeconds that ends it
 // then, so that the labels alone say whose it is and until when (a roched restarted
 // without its state adopts it from them; gc reaps it at its own end, not the pool's). The
@@ -62,7 +62,7 @@ func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Tim
 	if err != nil {
 		return err
 	}
-	if _, err := p.cs.CoreV1().Pods(p.namespace).Patch(ctx, id, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := p.cs.CoreV1().Pods(p.namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return p.apiErr("claiming sandbox "+id, err)
 	}
 	s.expires = expires
