@@ -60,6 +60,14 @@ func (l *Leases) Take(ctx context.Context, id string, a *agent.Client) error {
 	return nil
 }
 
+// Holds reports whether the lease of sandbox id is held here.
+func (l *Leases) Holds(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.held[id]
+	return ok
+}
+
 // Drop lets go of the lease of sandbox id, if held here (Destroy, or Keep).
 func (l *Leases) Drop(id string) {
 	l.mu.Lock()

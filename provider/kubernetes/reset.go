@@ -1,0 +1,41 @@
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+var _ roche.Resetter = (*Provider)(nil)
+
+// Reset implements roche.Resetter: the Pod is deleted and another made from the config it
+// carries (its roche.config annotation), with the lifetime it had left, so every change
+// to its files and every process is gone; the new sandbox has a new id, the same owner
+// and, if this process held the old one's lease, a lease held here too. There is no
+// workspace to keep or empty: workspaces are refused here.
+func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (roche.SandboxInfo, error) {
+	pod, err := p.get(ctx, id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	cfg := configOf(pod)
+	if cfg.Image == "" {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s carries no config to reset from", roche.ErrUnsupported, id)
+	}
+	left := int(time.Until(expiresOf(pod.Labels)).Seconds())
+	if left <= 0 {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s has reached the end of its lifetime", roche.ErrNotFound, id)
+	}
+	cfg.TimeoutSecs = left
+	// A Pod claimed from a pool carries the pool's config: its holder is the owner
+	// annotation's, and it is leased only if this process still holds its lease (Keep
+	// ended a pool's lease when the client wanted none).
+	cfg.Owner = pod.Annotations[AnnotationOwner]
+	cfg.Leased = p.leases.Holds(id)
+	if err := p.remove(ctx, id); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	return p.Create(ctx, cfg)
+}
