@@ -55,3 +55,19 @@ func TestCollect(t *testing.T) {
 		t.Fatalf("gc --all of one owner: %v, destroyed %v", ids(removed), destroyed)
 	}
 }
+
+// TestMarkUnstarted: only a sandbox still created past the bound becomes exited.
+func TestMarkUnstarted(t *testing.T) {
+	now := time.Now()
+	list := []roche.SandboxInfo{
+		{ID: "old-created", State: roche.StateCreated, CreatedAt: now.Add(-time.Hour)},
+		{ID: "new-created", State: roche.StateCreated, CreatedAt: now.Add(-time.Second)},
+		{ID: "old-running", State: roche.StateRunning, CreatedAt: now.Add(-time.Hour)},
+	}
+	roche.MarkUnstarted(list, time.Minute)
+	for i, want := range []roche.SandboxState{roche.StateExited, roche.StateCreated, roche.StateRunning} {
+		if list[i].State != want {
+			t.Errorf("%s: %s, want %s", list[i].ID, list[i].State, want)
+		}
+	}
+}

@@ -202,6 +202,18 @@ func Collect(ctx context.Context, list []SandboxInfo, opts GCOptions, destroy fu
 	return removed, errors.Join(errs...)
 }
 
+// MarkUnstarted marks as exited, for Collect, the sandboxes still in StateCreated longer
+// than after past their creation: a provider starts a sandbox as soon as it is made, so
+// one that never started is what a create cut short left (the engine finished it once
+// Create had gone). after is twice what a create may take.
+func MarkUnstarted(list []SandboxInfo, after time.Duration) {
+	for i, sb := range list {
+		if sb.State == StateCreated && time.Since(sb.CreatedAt) > after {
+			list[i].State = StateExited
+		}
+	}
+}
+
 // Capabilities states what a provider can honour. A provider refuses, with
 // ErrUnsupported, a Config that asks for something it cannot do; fields listed in
 // NotApplicable have no meaning for the backend (a WASM module has no PIDs) and are

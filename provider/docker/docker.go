@@ -993,13 +993,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	for i, sb := range list {
-		// Roche starts a container as soon as it is made: one still "created" long after
-		// is what a create cut short left (the engine made it once Create had gone).
-		if sb.State == roche.StateCreated && time.Since(sb.CreatedAt) > 2*p.engineTimeout {
-			list[i].State = roche.StateExited
-		}
-	}
+	roche.MarkUnstarted(list, 2*p.engineTimeout)
 	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
 	if !opts.DryRun {
 		err = errors.Join(err, p.sweepAgentDirs(ctx))

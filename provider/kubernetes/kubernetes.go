@@ -714,12 +714,8 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	for i, sb := range list {
-		// A Pod still pending long after a create would have given up is a leftover.
-		if sb.State == roche.StateCreated && time.Since(sb.CreatedAt) > 2*p.createTimeout {
-			list[i].State = roche.StateExited
-		}
-	}
+	// A Pod still pending long after a create would have given up is a leftover.
+	roche.MarkUnstarted(list, 2*p.createTimeout)
 	removed, err := roche.Collect(ctx, list, opts, p.remove)
 	if !opts.DryRun {
 		err = errors.Join(err, p.sweepPolicies(ctx))
