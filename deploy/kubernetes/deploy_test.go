@@ -23,6 +23,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -39,6 +40,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -78,8 +80,10 @@ func TestRochedInCluster(t *testing.T) {
 	}
 
 	objs := build(t, ns, rochedRef)
+	start := time.Now()
 	apply(ctx, t, cfg, ns, objs)
-	pod := waitDeployment(ctx, t, cs, ns)
+	pod := waitRoched(ctx, t, cs, ns, "")
+	t.Logf("roched ready %.1f s after the apply", time.Since(start).Seconds())
 	addr := forward(t, cfg, cs, ns, pod.Name)
 
 	c, err := client.New(client.WithAddress(addr), client.WithToken(token))
@@ -95,6 +99,7 @@ func TestRochedInCluster(t *testing.T) {
 		t.Fatalf("roched in the cluster serves %v, not the kubernetes provider", h.Providers)
 	}
 
+	start = time.Now()
 	sb := runPython(ctx, t, addr, token, pod.Status.PodIP, func(id string) {
 		// While the SDK holds it: the sandbox's Pod is in the namespace, labelled as
 		// Roche's, its agent from the image imported beside roched's, and the Go client
@@ -114,6 +119,7 @@ func TestRochedInCluster(t *testing.T) {
 			t.Errorf("the Go client lists %v (%v), want the one sandbox %s", list, err, id)
 		}
 	})
+	t.Logf("the Python SDK's create, two execs and destroy: %.1f s; from inside the sandbox: %s", time.Since(start).Seconds(), sb.reach)
 	if sb.stdout != "hello from a Pod" {
 		t.Errorf("exec printed %q", sb.stdout)
 	}
@@ -138,6 +144,44 @@ func TestRochedInCluster(t *testing.T) {
 		t.Errorf("roched's log does not mention sandbox %s (the audit lines):\n%s", sb.id, logs)
 	}
 	checkRole(ctx, t, cs, ns)
+
+	checkReplaced(ctx, t, cfg, cs, ns, pod.Name, c, token)
+}
+
+// checkReplaced: a roched Pod replaced by another (new Pod, new emptyDir state, the same
+// host name) serves the sandboxes the one before made, which a client kept (unleased):
+// the new roched knows them as its own lost state's and adopts them.
+func checkReplaced(ctx context.Context, t *testing.T, cfg *rest.Config, cs k8s.Interface, ns, old string, c *client.Client, token string) {
+	t.Helper()
+	sbCfg := roche.DefaultConfig()
+	sbCfg.Image = testenv.Image()
+	sb, err := c.Provider(kubernetes.Name).Create(ctx, sbCfg)
+	if err != nil {
+		t.Fatalf("creating a sandbox with the Go client: %v", err)
+	}
+	start := time.Now()
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := waitRoched(ctx, t, cs, ns, old)
+	t.Logf("roched's Pod replaced in %.1f s", time.Since(start).Seconds())
+	c2, err := client.New(client.WithAddress(forward(t, cfg, cs, ns, pod.Name)), client.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	p := c2.Provider(kubernetes.Name)
+	res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"echo", "still here"}})
+	if err != nil || strings.TrimSpace(res.Stdout) != "still here" {
+		t.Fatalf("the new roched does not serve sandbox %s of the one before: %v %+v%s", sb.ID, err, res, describePods(cs, ns))
+	}
+	if err := p.Destroy(ctx, sb.ID); err != nil {
+		t.Fatalf("destroying sandbox %s through the new roched: %v", sb.ID, err)
+	}
+	testenv.Eventually(t, 30*time.Second, "sandbox "+sb.ID+"'s Pod gone after its destroy", func() bool {
+		_, err := cs.CoreV1().Pods(ns).Get(ctx, sb.ID, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
 }
 
 // writeImages builds roche, roched and roche-agent, writes the agent image and roched's
@@ -257,36 +301,47 @@ func apply(ctx context.Context, t *testing.T, cfg *rest.Config, ns string, objs 
 	}
 }
 
-// waitDeployment waits until roched's Deployment has its one Pod ready (its readiness
-// probe is /healthz) and returns that Pod; on a timeout it fails with the Pod's state and
-// roched's log.
-func waitDeployment(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) *corev1.Pod {
+// waitRoched waits until roched's Deployment is rolled out and one Pod other than
+// replaced is ready (its readiness probe is /healthz), and returns that Pod; on a
+// timeout it fails with the Pods' states and logs.
+func waitRoched(ctx context.Context, t *testing.T, cs k8s.Interface, ns, replaced string) *corev1.Pod {
 	t.Helper()
 	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	var d *appsv1.Deployment
+	var err error
 	for {
-		var err error
 		d, err = cs.AppsV1().Deployments(ns).Get(wctx, "roched", metav1.GetOptions{})
-		if err == nil && d.Status.ObservedGeneration >= d.Generation && d.Status.ReadyReplicas == 1 && d.Status.UpdatedReplicas == 1 {
-			break
+		if err == nil && d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == 1 {
+			if p := readyPod(wctx, cs, ns, replaced); p != nil {
+				return p
+			}
 		}
 		select {
 		case <-wctx.Done():
-			t.Fatalf("roched's Deployment not ready within 90 s (%v, status %+v)%s", err, d.Status, describePods(cs, ns))
+			t.Fatalf("no roched Pod ready within 90 s (%v, Deployment status %+v)%s", err, d.Status, describePods(cs, ns))
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// readyPod is roched's one ready Pod not being deleted, other than replaced, if any.
+func readyPod(ctx context.Context, cs k8s.Interface, ns, replaced string) *corev1.Pod {
 	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=roched"})
 	if err != nil {
-		t.Fatal(err)
+		return nil
 	}
 	for i := range pods.Items {
-		if p := &pods.Items[i]; p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
-			return p
+		p := &pods.Items[i]
+		if p.Name == replaced || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return p
+			}
 		}
 	}
-	t.Fatalf("the Deployment is ready but no roched Pod runs%s", describePods(cs, ns))
 	return nil
 }
 

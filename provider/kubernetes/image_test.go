@@ -51,7 +51,7 @@ func TestRochedImage(t *testing.T) {
 			t.Errorf("%s in the image: %+v, want a regular file of mode 0555", name, h)
 		}
 	}
-	if h := fs["usr/local/bin/"]; h == nil || h.Mode != 0o755 {
+	if h := fs["usr/local/bin"]; h == nil || h.Typeflag != tar.TypeDir || h.Mode != 0o755 {
 		t.Errorf("usr/local/bin in the image: %+v, want a directory of mode 0755", h)
 	}
 	cf, err := img.ConfigFile()
