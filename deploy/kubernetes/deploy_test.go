@@ -159,6 +159,8 @@ func checkReplaced(ctx context.Context, t *testing.T, cfg *rest.Config, cs k8s.I
 	if err != nil {
 		t.Fatalf("creating a sandbox with the Go client: %v", err)
 	}
+	// Its connection through the old Pod's port-forward would break (and client-go say so).
+	c.Close()
 	start := time.Now()
 	if err := cs.CoreV1().Pods(ns).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
