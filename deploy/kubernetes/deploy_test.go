@@ -56,7 +56,8 @@ const fieldManager = "roche-deploy-test"
 // Deployment ready, then, through a port-forward of the API server (no route into the
 // Pod network), the Python SDK makes a sandbox, runs a command and destroys it while the
 // Go client and the API server look on. The Role is checked to be enough (no Forbidden
-// in roched's log) and no more than the calls the provider makes.
+// in roched's log) and no more than the calls the provider makes. Last, roched's Pod is
+// replaced and the new one serves a sandbox the old one made.
 func TestRochedInCluster(t *testing.T) {
 	cluster := testcluster.Start(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", cluster.Kubeconfig)
