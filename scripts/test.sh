@@ -98,6 +98,17 @@ kept() {
 }
 kept_before=$(kept)
 
+# Python 3.10+ for the Python SDK: its own tests (below) and deploy/kubernetes's Go test,
+# which runs it against roched in the test cluster; and, for the offline install tests,
+# pip, setuptools and wheel, and venv (the wheel of make dist is installed into a fresh venv).
+if ! python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null \
+   || ! /usr/bin/python3 -c 'import setuptools, wheel, pip' >/dev/null 2>&1 \
+   || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  log "installing python3"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-pip python3-setuptools python3-wheel python3-venv >/dev/null
+fi
+
 log "gofmt, go vet, staticcheck, go mod tidy"
 make -s vet
 
@@ -110,14 +121,6 @@ log "go test"
 CGO_ENABLED=0 go test -p 1 -count=1 -timeout 60m ./...
 
 log "python sdk (sdk/python/tests: the real roched and CLI from bin/, both transports)"
-# Python 3.10+ and, for the offline install tests, pip, setuptools and wheel, and venv
-# (the wheel of make dist is installed into a fresh venv).
-if ! python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null \
-   || ! /usr/bin/python3 -c 'import setuptools, wheel, pip' >/dev/null 2>&1 \
-   || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-pip python3-setuptools python3-wheel python3-venv >/dev/null
-fi
 make build
 python3 -m unittest discover -s sdk/python/tests -t sdk/python/tests -v
 

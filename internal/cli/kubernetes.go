@@ -13,11 +13,12 @@ import (
 )
 
 // kubernetesCommand holds what an operator of the Kubernetes provider needs besides
-// sandboxes: the agent image, which the nodes must have (there may be no registry).
+// sandboxes: the agent image, which the nodes must have (there may be no registry), the
+// image that runs roched in the cluster, and Roche's seccomp profile.
 func (e *env) kubernetesCommand() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "kubernetes",
-		Short: "Set up the Kubernetes provider (the agent image)",
+		Short: "Set up the Kubernetes provider (the agent image, roched's image, the seccomp profile)",
 	}
 	var output, agentPath string
 	image := &cobra.Command{
@@ -56,6 +57,50 @@ pass that reference as the provider's agent image.`,
 	}
 	image.Flags().StringVarP(&output, "output", "o", "", "file to write the image tarball to")
 	image.Flags().StringVar(&agentPath, "agent", "", "roche-agent binary (default: $ROCHE_AGENT, else beside roche)")
+	var rochedOut, rochedPath, rochedAgent string
+	rochedImage := &cobra.Command{
+		Use:   "roched-image --output FILE",
+		Short: "Write the image that runs roched in a cluster, as a tarball, and print its reference",
+		Long: `Build the image deploy/kubernetes runs roched from (one layer holding the static roched
+and roche-agent beside it, run as uid 65532, tagged with the start of the image's
+digest) and write it to FILE as an image tarball. roched in it names the agent image
+after that roche-agent: the one roche kubernetes agent-image writes from the same
+roche-agent, which the nodes must have too. Import both into every node's container
+runtime (ctr -n k8s.io images import FILE), or push both to a registry (crane push FILE
+REPO:TAG) and set the images in the kustomization (README, "roched in a cluster").`,
+		Example: `  roche kubernetes roched-image --output roched.tar    # prints roche/roched:<digest>`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rochedOut == "" {
+				return fmt.Errorf("%w: --output FILE is required: where to write the image tarball", roche.ErrInvalidConfig)
+			}
+			daemon, err := findRoched(rochedPath)
+			if err != nil {
+				return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
+			}
+			src := cmp.Or(rochedAgent, agentbin.Path())
+			if src == "" {
+				return fmt.Errorf("%w: no roche-agent found: build it (make build), or pass --agent PATH", roche.ErrInvalidConfig)
+			}
+			f, err := os.Create(rochedOut)
+			if err != nil {
+				return fmt.Errorf("writing the roched image: %w", err)
+			}
+			ref, err := kubernetes.WriteRochedImage(f, daemon, src)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				os.Remove(rochedOut)
+				return err
+			}
+			fmt.Fprintln(e.stdout, ref)
+			return nil
+		},
+	}
+	rochedImage.Flags().StringVarP(&rochedOut, "output", "o", "", "file to write the image tarball to")
+	rochedImage.Flags().StringVar(&rochedPath, "roched", "", "roched binary (default: beside roche, else on PATH)")
+	rochedImage.Flags().StringVar(&rochedAgent, "agent", "", "roche-agent binary (default: $ROCHE_AGENT, else beside roche)")
 	var profileOut string
 	profile := &cobra.Command{
 		Use:   "seccomp-profile --output FILE",
@@ -83,6 +128,6 @@ architecture are the nodes'.`,
 		},
 	}
 	profile.Flags().StringVarP(&profileOut, "output", "o", "", "file to write the profile to")
-	c.AddCommand(image, profile)
+	c.AddCommand(image, rochedImage, profile)
 	return c
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"runtime"
 	"strings"
 	"time"
@@ -46,52 +47,10 @@ func AgentImageRef(agentPath string) (string, error) {
 // podlink.ImageAgent, on an empty base, run as root. Timestamps are fixed, so the same
 // binary gives the same image digest.
 func AgentImage(agentPath string) (v1.Image, error) {
-	bin, err := os.ReadFile(agentPath)
-	if err != nil {
-		return nil, fmt.Errorf("reading roche-agent for the agent image: %w", err)
-	}
-	if !agentbin.StaticELF(bytes.NewReader(bin)) {
-		return nil, fmt.Errorf("%s is not a static Linux executable: build it with CGO_ENABLED=0 (make build)", agentPath)
-	}
-	var layerTar bytes.Buffer
-	tw := tar.NewWriter(&layerTar)
-	hdr := &tar.Header{
-		Name: strings.TrimPrefix(podlink.ImageAgent, "/"), Mode: 0o555, Size: int64(len(bin)),
-		Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0), Format: tar.FormatPAX,
-	}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(bin); err != nil {
-		return nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar.Bytes())), nil
+	return staticImage("the agent image", []imageFile{{path: podlink.ImageAgent, source: agentPath}}, v1.Config{
+		Entrypoint: []string{podlink.ImageAgent},
+		User:       "0:0",
 	})
-	if err != nil {
-		return nil, fmt.Errorf("making the agent image's layer: %w", err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return nil, fmt.Errorf("making the agent image: %w", err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config.Entrypoint = []string{podlink.ImageAgent}
-	cf.Config.User = "0:0"
-	cf.Config.Labels = map[string]string{LabelManaged: "true"}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return nil, fmt.Errorf("configuring the agent image: %w", err)
-	}
-	return mutate.CreatedAt(img, v1.Time{Time: time.Unix(0, 0)})
 }
 
 // WriteAgentImage writes the agent image made from agentPath to w as a tarball that
@@ -106,12 +65,93 @@ func WriteAgentImage(w io.Writer, agentPath string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return ref, writeImage(w, "the agent image", ref, img)
+}
+
+// imageFile is one static executable of an image Roche writes.
+type imageFile struct {
+	// path is where it goes in the image, absolute.
+	path string
+	// source is the binary on this host.
+	source string
+}
+
+// staticImage builds an image of one layer holding files, each a static Linux executable
+// (mode 0555, its directories 0755), on an empty base, configured with cfg. Timestamps
+// are fixed, so the same binaries give the same image digest. what names the image in
+// errors.
+func staticImage(what string, files []imageFile, cfg v1.Config) (v1.Image, error) {
+	var layerTar bytes.Buffer
+	tw := tar.NewWriter(&layerTar)
+	epoch := time.Unix(0, 0)
+	dirs := map[string]bool{}
+	for _, f := range files {
+		bin, err := os.ReadFile(f.source)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s for %s: %w", path.Base(f.path), what, err)
+		}
+		if !agentbin.StaticELF(bytes.NewReader(bin)) {
+			return nil, fmt.Errorf("%s is not a static Linux executable: build it with CGO_ENABLED=0 (make build)", f.source)
+		}
+		name := strings.TrimPrefix(path.Clean(f.path), "/")
+		// Parents first, as tar tools write them, so the runtime makes them 0755.
+		var parents []string
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			parents = append([]string{d}, parents...)
+		}
+		for _, d := range parents {
+			if dirs[d] {
+				continue
+			}
+			dirs[d] = true
+			if err := tw.WriteHeader(&tar.Header{Name: d + "/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+				return nil, err
+			}
+		}
+		hdr := &tar.Header{Name: name, Mode: 0o555, Size: int64(len(bin)), Typeflag: tar.TypeReg, ModTime: epoch, Format: tar.FormatPAX}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(bin); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar.Bytes())), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("making the layer of %s: %w", what, err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, fmt.Errorf("making %s: %w", what, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	cf.Config = cfg
+	cf.Config.Labels = map[string]string{LabelManaged: "true"}
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		return nil, fmt.Errorf("configuring %s: %w", what, err)
+	}
+	return mutate.CreatedAt(img, v1.Time{Time: epoch})
+}
+
+// writeImage writes img, tagged ref, to w as an image tarball.
+func writeImage(w io.Writer, what, ref string, img v1.Image) error {
 	tag, err := name.NewTag(ref)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if err := tarball.Write(tag, img, w); err != nil {
-		return "", fmt.Errorf("writing the agent image: %w", err)
+		return fmt.Errorf("writing %s: %w", what, err)
 	}
-	return ref, nil
+	return nil
 }
