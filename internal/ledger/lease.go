@@ -114,12 +114,19 @@ func (l *Ledger) HeldGone(t *Tenant, id string, last *Record) error {
 		return nil
 	}
 	l.ended.mu.Lock()
-	_, behindBack := l.ended.byID[id]
+	e, behindBack := l.ended.byID[id]
 	l.ended.mu.Unlock()
+	// The agent stops a sandbox at the end of its lifetime too, which the engine reports
+	// as its main process ending, often before the reaper's next look: that is the
+	// lifetime's end, not a kill.
+	lifetimeOver := !last.ExpiresAt.IsZero() && !time.Now().Before(last.ExpiresAt)
+	if behindBack {
+		lifetimeOver = !last.ExpiresAt.IsZero() && !e.at.Before(last.ExpiresAt.Add(-time.Second))
+	}
 	switch {
-	case behindBack:
+	case behindBack && !lifetimeOver:
 		return l.ended.notFound(t, id) // killed, stopped by its engine: says which
-	case !last.ExpiresAt.IsZero() && !time.Now().Before(last.ExpiresAt):
+	case lifetimeOver:
 		return fmt.Errorf("%w: sandbox %s was destroyed: its lifetime ended at %s", roche.ErrNotFound, id, last.ExpiresAt.Local().Format(time.TimeOnly))
 	default:
 		return fmt.Errorf("%w: sandbox %s was destroyed (roche destroy, or another client of roched)", roche.ErrNotFound, id)
