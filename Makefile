@@ -40,6 +40,9 @@ cluster-down:
 # against a bare Pod start and a cold create in the same run (K8S_BENCH_FLAGS, e.g. '-n 5').
 # bench/vm boots qemu microVMs (boot-to-agent-ready, create+exec+destroy, exec latency;
 # needs QEMU and a Debian kernel, which make test installs; VM_BENCH_FLAGS, e.g. '-n 3').
+# bench/k8sscale runs roched with 1,000 sandboxes on the test cluster's kwok nodes (it
+# starts them: cluster.sh up --kwok 4): claims per second, claim latency, RSS, API-server
+# requests per sandbox, reaping and a kill -9 restart (K8SSCALE_FLAGS, e.g. '-n 200').
 bench:
 	go run ./bench/exec
 	go run ./bench/daemon $(BENCH_FLAGS)
@@ -48,6 +51,7 @@ bench:
 	go run ./bench/kubernetes $(K8S_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)
 	go run ./bench/soak $(SOAK_FLAGS)
+	go run ./bench/k8sscale $(K8SSCALE_FLAGS)
 
 # gofmt, go vet, staticcheck (pinned, from the Go module proxy) and a go.mod that
 # `go mod tidy` would leave alone; make test runs it first.

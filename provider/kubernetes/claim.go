@@ -75,6 +75,9 @@ func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Tim
 // which a sandbox this provider made or reached keeps open, so no API request is made.
 // A Pod that died took its session with it, and the probe fails.
 func (p *Provider) Probe(ctx context.Context, id string) error {
+	if p.sim != nil {
+		return p.probeSimulated(ctx, id)
+	}
 	t, err := p.reach(ctx, id)
 	if err != nil {
 		return err

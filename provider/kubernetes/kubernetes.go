@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path"
 	"strconv"
@@ -95,6 +96,11 @@ type Provider struct {
 	// noCluster and noAgent say why the provider cannot reach a cluster or has no agent
 	// image (see Available).
 	noCluster, noAgent error
+	// sim places sandboxes on simulated nodes, for benchmarks (simulated.go);
+	// wrapTransport wraps the transport to the API server; badOption is an option's error.
+	sim           *simulation
+	wrapTransport func(http.RoundTripper) http.RoundTripper
+	badOption     error
 
 	nsOnce sync.Mutex
 	nsDone bool
@@ -180,6 +186,12 @@ func New(opts ...Option) (*Provider, error) {
 	for _, o := range opts {
 		o(p)
 	}
+	if p.badOption != nil {
+		return nil, p.badOption
+	}
+	if p.sim != nil && p.agentImage == "" {
+		p.agentImage = simulatedAgentImage
+	}
 	if errs := validation.IsDNS1123Label(p.namespace); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: namespace %q: %s", roche.ErrInvalidConfig, p.namespace, strings.Join(errs, "; "))
 	}
@@ -220,6 +232,9 @@ func New(opts ...Option) (*Provider, error) {
 		// Sandboxes are made, listed and destroyed in bursts (a pool, a gc): client-go's
 		// default of 5 requests a second would queue them.
 		cfg.QPS, cfg.Burst = 50, 100
+		if p.wrapTransport != nil {
+			cfg.Wrap(p.wrapTransport)
+		}
 		cs, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			p.noCluster = fmt.Errorf("%w: configuring the Kubernetes client from %s: %v", roche.ErrUnavailable, where, err)
@@ -288,6 +303,9 @@ func (p *Provider) AgentImage() string { return p.agentImage }
 // egress allowlist is served where this process outlives its sandboxes
 // (WithEgressProxy).
 func (p *Provider) Capabilities() roche.Capabilities {
+	if p.sim != nil {
+		return p.sim.capabilities()
+	}
 	return roche.Capabilities{
 		Network: true, Egress: p.egress, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
 	}
@@ -377,7 +395,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	if err := p.unsupported(cfg); err != nil {
+	if err := errors.Join(p.unsupported(cfg), p.sim.refuse(cfg)); err != nil {
 		return roche.SandboxInfo{}, err
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
@@ -413,6 +431,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	p.sim.place(pod)
 	// From here, whatever fails removes what was made, even when ctx has ended.
 	defer func() {
 		if err != nil {
@@ -450,8 +469,11 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	if err := p.waitAgent(ctx, sb); err != nil {
-		return roche.SandboxInfo{}, err
+	// A simulated node runs nothing: its Pod's Running phase is all there is.
+	if p.sim == nil {
+		if err := p.waitAgent(ctx, sb); err != nil {
+			return roche.SandboxInfo{}, err
+		}
 	}
 	if running.Status.StartTime != nil {
 		sb.started = running.Status.StartTime.Time
@@ -620,6 +642,9 @@ func (p *Provider) get(ctx context.Context, id string) (*corev1.Pod, error) {
 
 // reach implements agentfwd.Forwarder.Reach.
 func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error) {
+	if p.sim != nil {
+		return agentfwd.Target{}, p.sim.unreachable(id)
+	}
 	p.mu.Lock()
 	s, ok := p.verified[id]
 	p.mu.Unlock()

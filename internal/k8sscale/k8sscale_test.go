@@ -1,0 +1,88 @@
+package k8sscale
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/roche-sandbox/roche/internal/testcluster"
+	"github.com/roche-sandbox/roche/internal/testenv"
+)
+
+// TestMain lets the test binary be the scale run's roched (roched.go).
+func TestMain(m *testing.M) {
+	RunIfChild()
+	os.Exit(m.Run())
+}
+
+// TestScale runs the scale scenario small on the test cluster's kwok nodes: every
+// sandbox of the pool claimed and listed, the expiring ones reaped, roched killed with
+// SIGKILL and started again finding the kept ones and destroying the idle ones, and
+// nothing left in the test's namespace.
+func TestScale(t *testing.T) {
+	cluster, err := testcluster.StartKwok(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := "roche-scale-" + randomHex(4)
+	cs, err := adminClient(cluster.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting namespace %s: %v", ns, err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Params{
+		Sandboxes: 50, Expiring: 10, ExpireAfter: 8 * time.Second, Clients: 8, PoolConcurrency: 8,
+		Kubeconfig: cluster.Kubeconfig, Namespace: ns, Selector: testcluster.KwokSelector,
+		Dir: testenv.ShortDir(t), Progress: testWriter{t},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Claims) != 50 || len(res.Reaps) != 10 || res.Kept != 40 || res.Leftovers != 10 {
+		t.Fatalf("claims %d, reaps %d, kept %d, leftovers %d: want 50, 10, 40, 10", len(res.Claims), len(res.Reaps), res.Kept, res.Leftovers)
+	}
+	// The reaper looks every second; a destroy is a few requests.
+	if worst := slices.Max(res.Reaps); worst > 15*time.Second {
+		t.Errorf("a sandbox was reaped %v after its expiry", worst)
+	}
+	for phase, c := range res.Requests {
+		t.Logf("requests in %s: %d (%s)", phase, c.Total(), c)
+	}
+	t.Logf("fill %v, claim p50 %v, list %v, restart ready %v, clean %v, RSS %d KiB",
+		res.Fill, median(res.Claims), median(res.Lists), res.RestartReady, res.RestartClean, res.RSSFullKiB)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
