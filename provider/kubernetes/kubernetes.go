@@ -389,6 +389,27 @@ func (p *Provider) ensureNamespace(ctx context.Context) error {
 	return nil
 }
 
+// namespaceRemade marks a create's context once it has made the namespace again.
+type namespaceRemade struct{}
+
+// namespaceGone reports whether err says that the namespace itself is missing (deleted
+// under this provider, or a cluster whose store was reset) and the create should make it
+// again and start over, once: the namespace is then looked for anew.
+func (p *Provider) namespaceGone(ctx context.Context, err error) bool {
+	var st apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || !errors.As(err, &st) || st.Status().Details == nil || st.Status().Details.Kind != "namespaces" {
+		return false
+	}
+	if ctx.Value(namespaceRemade{}) != nil {
+		return false
+	}
+	p.nsOnce.Lock()
+	p.nsDone = false
+	p.nsOnce.Unlock()
+	p.log.Warn("the sandboxes' namespace is gone: making it again", "namespace", p.namespace)
+	return true
+}
+
 // Create implements roche.Provider: a deny-all NetworkPolicy (network off), then the Pod;
 // it waits until the agent answers. On error nothing is left behind.
 func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
@@ -440,11 +461,17 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	}()
 	if !cfg.Network {
 		if _, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, networkPolicyFor(id, p.namespace), metav1.CreateOptions{}); err != nil {
+			if p.namespaceGone(ctx, err) {
+				return p.Create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
+			}
 			return roche.SandboxInfo{}, p.apiErr("creating the deny-all NetworkPolicy of sandbox "+id, err)
 		}
 	}
 	made, err := p.cs.CoreV1().Pods(p.namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
+		if p.namespaceGone(ctx, err) {
+			return p.Create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
+		}
 		return roche.SandboxInfo{}, p.apiErr("creating the Pod of sandbox "+id, err)
 	}
 	if !cfg.Network {

@@ -507,3 +507,19 @@ func TestBackgroundProcesses(t *testing.T) {
 		t.Fatalf("attach: exit %d, output %q; want 7 and the kept output", res.ExitCode, out.String())
 	}
 }
+
+// TestNamespaceDeletedUnderProvider: the sandboxes' namespace deleted while the provider
+// lives (an operator, a test cluster reset) does not break its creates: the next one makes
+// the namespace again.
+func TestNamespaceDeletedUnderProvider(t *testing.T) {
+	p := newProvider(t)
+	first := create(t, p, baseConfig())
+	deleteNamespace(t, clientset(t), p.Namespace())
+	if _, err := p.Inspect(context.Background(), first.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("a sandbox of the deleted namespace: %v, want ErrNotFound", err)
+	}
+	again := create(t, p, baseConfig())
+	if got := py(t, p, again.ID, "print('back')"); got != "back" {
+		t.Fatalf("a sandbox made after the namespace was deleted printed %q", got)
+	}
+}
