@@ -96,8 +96,8 @@ func TestRochedInCluster(t *testing.T) {
 	if err != nil {
 		t.Fatalf("roched's health through the port-forward: %v", err)
 	}
-	if !slices.Contains(h.Providers, kubernetes.Name) {
-		t.Fatalf("roched in the cluster serves %v, not the kubernetes provider", h.Providers)
+	if !slices.Equal(h.Providers, []string{kubernetes.Name}) || h.Status != "ok" {
+		t.Fatalf("roched in the cluster is %s serving %v, want ok serving the kubernetes provider alone", h.Status, h.Providers)
 	}
 
 	start = time.Now()

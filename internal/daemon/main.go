@@ -94,7 +94,7 @@ type flags struct {
 	allowRoot                            bool
 	logFormat, logLevel                  string
 	copyMaxBytes                         string
-	pools                                []string
+	pools, providers                     []string
 	maxSandboxes, poolConcurrency        int
 	shutdownTimeout, engineTimeout       time.Duration
 	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
@@ -198,6 +198,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
 	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
 		"how long a create waits for the Docker engine before failing (lists and destroys wait 10 s); while it does not answer, creates are refused at once")
+	fs.StringSliceVar(&f.providers, "providers", nil, "serve only these providers, comma-separated (default: every one; e.g. kubernetes for roched in a cluster)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
@@ -376,11 +377,19 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	// Settings are checked before the providers are set up, whose warnings would only
 	// bury the reason roched refuses to start.
-	if err := cfg.Validate(providers.Names()); err != nil {
+	served := providers.Names()
+	if len(f.providers) > 0 {
+		if err := providers.Check(f.providers); err != nil {
+			return fmt.Errorf("--providers: %w", err)
+		}
+		served = f.providers
+	}
+	if err := cfg.Validate(served); err != nil {
 		return err
 	}
-	served, err := providers.Serve(providers.Options{
-		Log: log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
+	set, err := providers.Serve(providers.Options{
+		Only: f.providers,
+		Log:  log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,
 		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage,
 		// roched outlives its sandboxes, so it can run their egress proxies.
@@ -395,9 +404,9 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer served.Close()
+	defer set.Close()
 
-	d, err := New(cfg, served, WithLogger(log))
+	d, err := New(cfg, set, WithLogger(log))
 	if err != nil {
 		return err
 	}

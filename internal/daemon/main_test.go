@@ -53,6 +53,8 @@ func TestMainBadInput(t *testing.T) {
 		{[]string{"--socket", sock, "--log-format", "xml"}, "use text or json"},
 		{[]string{"--socket", sock, "--max-sandboxes", "-1"}, "negative"},
 		{[]string{"--socket", sock, "--pool-concurrency", "0"}, "--pool-concurrency 0"},
+		{[]string{"--socket", sock, "--providers", "dokcer"}, `--providers: invalid config: unknown provider "dokcer"`},
+		{[]string{"--socket", sock, "--providers", "wasm", "--pool", "docker/img"}, `unknown provider "docker"`},
 		{[]string{"extra"}, "unknown command"},
 	}
 	for _, c := range cases {

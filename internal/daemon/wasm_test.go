@@ -279,3 +279,34 @@ func TestWasmPoolServedWarm(t *testing.T) {
 		eventually(t, time.Minute, "the pool to refill", func() bool { return wp.WarmStats().Ready == 2 })
 	}
 }
+
+// TestRochedServesOnlyTheProvidersGiven: with --providers wasm, roched opens no other
+// provider (no Docker engine is asked, so its health is not degraded by one that is
+// down), a create that names none goes to wasm, and one that names docker is refused.
+func TestRochedServesOnlyTheProvidersGiven(t *testing.T) {
+	dir := shortDir(t)
+	socket := filepath.Join(dir, "r.sock")
+	r := startRochedEnv(t, socket, []string{"XDG_RUNTIME_DIR=" + filepath.Join(dir, "run"), "DOCKER_HOST=unix://" + filepath.Join(dir, "no-engine.sock")},
+		"--providers", "wasm")
+	c, err := client.New(client.WithSocket(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxFor(t, time.Minute)
+	h, err := c.Health(ctx)
+	if err != nil || !slices.Equal(h.Providers, []string{"wasm"}) || h.Status != "ok" {
+		t.Fatalf("health with --providers wasm: %+v %v", h, err)
+	}
+	sb, _, err := c.Create(ctx, "", roche.DefaultConfig())
+	if err != nil || !strings.HasPrefix(sb.ID, "wasm-") {
+		t.Fatalf("a create naming no provider: %+v %v", sb, err)
+	}
+	if err := c.Provider("wasm").Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Create(ctx, "docker", roche.DefaultConfig()); !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "serves wasm") {
+		t.Fatalf("a docker create on a wasm-only roched: %v, want INVALID_ARGUMENT naming what it serves", err)
+	}
+	stopRoched(t, r)
+}

@@ -53,6 +53,9 @@ type Options struct {
 	// WithSeccompProfile); empty means its default ($KUBECONFIG or the in-cluster
 	// configuration, namespace "roche", none, the runtime's default profile).
 	Kubeconfig, Namespace, RuntimeClass, SeccompProfile string
+	// Only, when given, names the providers Serve opens (roched --providers); the others
+	// are not opened at all, Required ones included.
+	Only []string
 	// AgentImage is the Kubernetes provider's agent image as the nodes know it
 	// (kubernetes.WithAgentImage): an operator's registry copy; empty means the local
 	// roche-agent's own reference.
@@ -202,6 +205,17 @@ func Lookup(name string) (Provider, error) {
 	return Provider{}, fmt.Errorf("%w: unknown provider %q: choose one of %s", roche.ErrInvalidConfig, name, List())
 }
 
+// Check refuses names that are not providers, every one in one error.
+func Check(names []string) error {
+	var errs []error
+	for _, n := range names {
+		if _, err := Lookup(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Open opens the named provider with o.
 func Open(name string, o Options) (roche.Provider, error) {
 	p, err := Lookup(name)
@@ -249,7 +263,8 @@ func (s Set) Close() error {
 	return errors.Join(errs...)
 }
 
-// Serve opens every provider for a process that serves them all (roched), logging to
+// Serve opens every provider (or those o.Only names) for a process that serves them
+// (roched), logging to
 // o.Log why it leaves one out. A Required provider that cannot be opened is an error,
 // as is nothing else: any other is left out with a warning, and one that opens but
 // fails its start-up check (wasm without python.wasm) is served with a warning, its
@@ -261,6 +276,9 @@ func Serve(o Options) (Set, error) {
 	}
 	set := Set{}
 	for _, p := range list {
+		if len(o.Only) > 0 && !slices.Contains(o.Only, p.Name) {
+			continue
+		}
 		rp, err := p.open(o)
 		if err != nil {
 			if p.Required {
