@@ -16,9 +16,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -197,6 +199,26 @@ func parseListen(s string) (string, error) {
 		return "", fmt.Errorf("%w: listen address %q: use tcp://HOST:PORT, e.g. tcp://127.0.0.1:7878", roche.ErrInvalidConfig, s)
 	}
 	return u.Host, nil
+}
+
+// ServeUntilSignal is roched's main loop: it starts d (within two minutes), serves until
+// SIGINT or SIGTERM, and then drains it within shutdown. A second signal while it drains
+// kills the process outright.
+func (d *Daemon) ServeUntilSignal(shutdown time.Duration) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err := d.Start(sctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	stop()
+	d.log.Info("signal received: draining", "timeout", shutdown)
+	shctx, cancel := context.WithTimeout(context.Background(), shutdown)
+	defer cancel()
+	return d.Shutdown(shctx)
 }
 
 // Start claims the socket, reconciles with the providers, starts the pools and the

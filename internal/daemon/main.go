@@ -3,17 +3,14 @@ package daemon
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"runtime/debug"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -410,18 +407,5 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	err = d.Start(sctx)
-	cancel()
-	if err != nil {
-		return err
-	}
-	<-ctx.Done()
-	stop() // a second signal now kills the process outright
-	log.Info("signal received: draining", "timeout", f.shutdownTimeout)
-	shctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
-	defer cancel()
-	return d.Shutdown(shctx)
+	return d.ServeUntilSignal(f.shutdownTimeout)
 }

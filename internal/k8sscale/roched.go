@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -102,18 +101,7 @@ func serveChild(js string) error {
 	}
 	defer cl.Close()
 	go http.Serve(cl, counter)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	err = d.Start(sctx)
-	cancel()
-	if err != nil {
-		return err
-	}
-	<-ctx.Done()
-	shctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	return d.Shutdown(shctx)
+	return d.ServeUntilSignal(2 * time.Minute)
 }
 
 // Roched is the child roched, seen from the scale run.
