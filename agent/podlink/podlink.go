@@ -27,6 +27,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/roche-sandbox/roche/agent/internal/splice"
 	"github.com/roche-sandbox/roche/agent/vmlink"
 )
 
@@ -213,32 +214,8 @@ func carryEgress(ln net.Listener, sess *yamux.Session) {
 			}
 			continue
 		}
-		go pipe(c, st)
+		go splice.Join(c, st)
 	}
-}
-
-// pipe copies a to b and b to a until both directions end.
-func pipe(a, b net.Conn) {
-	done := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(b, a)
-		closeWrite(b)
-		close(done)
-	}()
-	_, _ = io.Copy(a, b)
-	closeWrite(a)
-	<-done
-	a.Close()
-	b.Close()
-}
-
-// closeWrite half-closes c where it can, else closes it.
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-		return
-	}
-	c.Close()
 }
 
 // stdio is the exec stream's stdin and stdout as one connection for yamux.

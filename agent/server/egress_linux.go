@@ -2,8 +2,9 @@ package server
 
 import (
 	"fmt"
-	"io"
 	"net"
+
+	"github.com/roche-sandbox/roche/agent/internal/splice"
 )
 
 // serveEgress is the sandbox end of the egress allowlist: programs inside reach it as
@@ -29,19 +30,5 @@ func (s *Server) forwardEgress(c net.Conn) {
 		fmt.Fprintf(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 		return
 	}
-	defer up.Close()
-	done := make(chan struct{}, 2)
-	relay := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		} else {
-			dst.Close()
-		}
-		done <- struct{}{}
-	}
-	go relay(up, c)
-	go relay(c, up)
-	<-done
-	<-done
+	splice.Join(c, up)
 }

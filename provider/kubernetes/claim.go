@@ -20,7 +20,7 @@ var (
 )
 
 // Claim implements roche.Claimer: one merge patch of the Pod gives it its new owner
-// (AnnotationOwner), its new end (LabelExpires) and an activeDeadlineSeconds that ends it
+// (AnnotationOwner, and in the config it carries), its new end (LabelExpires) and an activeDeadlineSeconds that ends it
 // then, so that the labels alone say whose it is and until when (a roched restarted
 // without its state adopts it from them; gc reaps it at its own end, not the pool's). The
 // kubelet counts the deadline from the Pod's start and lets it only shrink, which a
@@ -39,10 +39,10 @@ func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Tim
 		if err != nil {
 			return err
 		}
-		if pod.Status.StartTime == nil {
+		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), started: startOf(pod), agent: p.agentClient(id)}
+		if s.started.IsZero() {
 			return fmt.Errorf("%w: sandbox %s has not started (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
 		}
-		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), started: pod.Status.StartTime.Time, agent: p.agentClient(id)}
 	}
 	if expires.After(s.expires) {
 		return fmt.Errorf("%w: sandbox %s ends at %s: it cannot be claimed until %s", roche.ErrInvalidConfig, id, s.expires.Format(time.RFC3339), expires.Format(time.RFC3339))
@@ -52,10 +52,18 @@ func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Tim
 	if s.cfg.TimeoutSecs > 0 {
 		deadline = min(deadline, int64(s.cfg.TimeoutSecs))
 	}
+	// The config it carries becomes the holder's too, so that whoever reads it (Reset)
+	// makes the sandbox its holder's, not the pool's.
+	cfg := s.cfg
+	cfg.Owner = owner
+	cfgJSON, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{
 			"labels":      map[string]string{LabelExpires: strconv.FormatInt(expires.Unix(), 10)},
-			"annotations": map[string]string{AnnotationOwner: owner},
+			"annotations": map[string]string{AnnotationOwner: owner, AnnotationConfig: string(cfgJSON)},
 		},
 		"spec": map[string]any{"activeDeadlineSeconds": deadline},
 	})
@@ -65,8 +73,7 @@ func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Tim
 	if _, err := p.cs.CoreV1().Pods(p.namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return p.apiErr("claiming sandbox "+id, err)
 	}
-	s.expires = expires
-	s.cfg.Owner = owner
+	s.expires, s.cfg = expires, cfg
 	p.remember(s)
 	return nil
 }

@@ -502,9 +502,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 			return roche.SandboxInfo{}, err
 		}
 	}
-	if running.Status.StartTime != nil {
-		sb.started = running.Status.StartTime.Time
-	}
+	sb.started = startOf(running)
 	if cfg.Leased {
 		if err := p.leases.Take(ctx, sb.id, sb.agent); err != nil {
 			return roche.SandboxInfo{}, err
@@ -683,10 +681,7 @@ func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error
 		if stateOf(pod) != roche.StateRunning {
 			return agentfwd.Target{}, fmt.Errorf("%w: sandbox %s is not running (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
 		}
-		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), agent: p.agentClient(id)}
-		if pod.Status.StartTime != nil {
-			s.started = pod.Status.StartTime.Time
-		}
+		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), started: startOf(pod), agent: p.agentClient(id)}
 		p.remember(s)
 	}
 	return agentfwd.Target{

@@ -248,6 +248,9 @@ func TestClaimRelabels(t *testing.T) {
 	if d := *got.Spec.ActiveDeadlineSeconds; d < 210 || d > 212 {
 		t.Errorf("activeDeadlineSeconds %d after the claim, want about 210", d)
 	}
+	if c := configOf(got); c.Owner != "roched:a.b/t" || c.Image != cfg.Image {
+		t.Errorf("the config the claimed Pod carries: owner %q, image %q", c.Owner, c.Image)
+	}
 	if got.Labels[LabelManaged] != "true" || got.Labels[LabelUID] != "1900000005" {
 		t.Errorf("the claim lost other labels: %v", got.Labels)
 	}

@@ -29,10 +29,8 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s has reached the end of its lifetime", roche.ErrNotFound, id)
 	}
 	cfg.TimeoutSecs = left
-	// A Pod claimed from a pool carries the pool's config: its holder is the owner
-	// annotation's, and it is leased only if this process still holds its lease (Keep
-	// ended a pool's lease when the client wanted none).
-	cfg.Owner = pod.Annotations[AnnotationOwner]
+	// Leased only if this process still holds its lease: a pool's Pod was made leased,
+	// and Keep ended that lease when its client wanted none.
 	cfg.Leased = p.leases.Holds(id)
 	if err := p.remove(ctx, id); err != nil {
 		return roche.SandboxInfo{}, err
