@@ -228,6 +228,11 @@ type Capabilities struct {
 	Stdin     bool // ExecRequest.Stdin is passed to the command
 	Processes bool // sandboxes are Linux process trees with /proc (fork, signals, users)
 	Leases    bool // leased=true can be given (implements Leaser)
+	// Code lists the languages whose contexts RunCode serves (implements CodeRunner).
+	Code []string `json:"code,omitempty"`
+	// RichResults: code can return images, HTML and JSON (display calls, figures) and not
+	// only text; false where the interpreter has no such machinery (python.wasm).
+	RichResults bool `json:"rich_results,omitempty"`
 	// NotApplicable names Config fields (by their JSON names) the backend ignores
 	// because they cannot matter there.
 	NotApplicable []string `json:"not_applicable,omitempty"`

@@ -265,6 +265,7 @@ func CapsToProto(c roche.Capabilities) *rochev1.Capabilities {
 	return &rochev1.Capabilities{
 		Network: c.Network, Egress: c.Egress, Writable: c.Writable, Mounts: c.Mounts, Files: c.Files,
 		Pause: c.Pause, Stdin: c.Stdin, Processes: c.Processes, NotApplicable: c.NotApplicable, Leases: c.Leases,
+		Code: c.Code, RichResults: c.RichResults,
 	}
 }
 
@@ -276,6 +277,7 @@ func CapsFromProto(pb *rochev1.Capabilities) roche.Capabilities {
 	return roche.Capabilities{
 		Network: pb.Network, Egress: pb.Egress, Writable: pb.Writable, Mounts: pb.Mounts, Files: pb.Files,
 		Pause: pb.Pause, Stdin: pb.Stdin, Processes: pb.Processes, NotApplicable: pb.NotApplicable, Leases: pb.Leases,
+		Code: pb.Code, RichResults: pb.RichResults,
 	}
 }
 

@@ -2645,7 +2645,11 @@ type Capabilities struct {
 	// egress: network_allowlist can be given.
 	Egress bool `protobuf:"varint,9,opt,name=egress,proto3" json:"egress,omitempty"`
 	// leases: leased can be given.
-	Leases        bool `protobuf:"varint,10,opt,name=leases,proto3" json:"leases,omitempty"`
+	Leases bool `protobuf:"varint,10,opt,name=leases,proto3" json:"leases,omitempty"`
+	// code: the languages RunCode serves.
+	Code []string `protobuf:"bytes,11,rep,name=code,proto3" json:"code,omitempty"`
+	// rich_results: code can return images, HTML and JSON, not only text.
+	RichResults   bool `protobuf:"varint,12,opt,name=rich_results,json=richResults,proto3" json:"rich_results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2746,6 +2750,20 @@ func (x *Capabilities) GetEgress() bool {
 func (x *Capabilities) GetLeases() bool {
 	if x != nil {
 		return x.Leases
+	}
+	return false
+}
+
+func (x *Capabilities) GetCode() []string {
+	if x != nil {
+		return x.Code
+	}
+	return nil
+}
+
+func (x *Capabilities) GetRichResults() bool {
+	if x != nil {
+		return x.RichResults
 	}
 	return false
 }
@@ -3496,6 +3514,939 @@ func (x *ErrorDetail) GetReason() ErrorReason {
 	return ErrorReason_ERROR_REASON_UNSPECIFIED
 }
 
+type RunCodeRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Code      string                 `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
+	// language picks the default context when context_id is empty ("python" when empty).
+	Language  string `protobuf:"bytes,3,opt,name=language,proto3" json:"language,omitempty"`
+	ContextId string `protobuf:"bytes,4,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	// timeout_secs interrupts the cell (the context survives); 0 means 300.
+	TimeoutSecs   float64 `protobuf:"fixed64,5,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
+	OutputLimit   int64   `protobuf:"varint,6,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCodeRequest) Reset() {
+	*x = RunCodeRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeRequest) ProtoMessage() {}
+
+func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
+func (*RunCodeRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *RunCodeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+func (x *RunCodeRequest) GetTimeoutSecs() float64 {
+	if x != nil {
+		return x.TimeoutSecs
+	}
+	return 0
+}
+
+func (x *RunCodeRequest) GetOutputLimit() int64 {
+	if x != nil {
+		return x.OutputLimit
+	}
+	return 0
+}
+
+// CodeResult is one rich result; each field is set when the result has that form.
+type CodeResult struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Text     string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	Html     string                 `protobuf:"bytes,2,opt,name=html,proto3" json:"html,omitempty"`
+	Markdown string                 `protobuf:"bytes,3,opt,name=markdown,proto3" json:"markdown,omitempty"`
+	Svg      string                 `protobuf:"bytes,4,opt,name=svg,proto3" json:"svg,omitempty"`
+	Png      []byte                 `protobuf:"bytes,5,opt,name=png,proto3" json:"png,omitempty"`
+	Jpeg     []byte                 `protobuf:"bytes,6,opt,name=jpeg,proto3" json:"jpeg,omitempty"`
+	// json is application/json as JSON text.
+	Json       string `protobuf:"bytes,7,opt,name=json,proto3" json:"json,omitempty"`
+	Latex      string `protobuf:"bytes,8,opt,name=latex,proto3" json:"latex,omitempty"`
+	Javascript string `protobuf:"bytes,9,opt,name=javascript,proto3" json:"javascript,omitempty"`
+	// is_main_result: the value of the cell's last expression.
+	IsMainResult  bool `protobuf:"varint,10,opt,name=is_main_result,json=isMainResult,proto3" json:"is_main_result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CodeResult) Reset() {
+	*x = CodeResult{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeResult) ProtoMessage() {}
+
+func (x *CodeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
+func (*CodeResult) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *CodeResult) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *CodeResult) GetHtml() string {
+	if x != nil {
+		return x.Html
+	}
+	return ""
+}
+
+func (x *CodeResult) GetMarkdown() string {
+	if x != nil {
+		return x.Markdown
+	}
+	return ""
+}
+
+func (x *CodeResult) GetSvg() string {
+	if x != nil {
+		return x.Svg
+	}
+	return ""
+}
+
+func (x *CodeResult) GetPng() []byte {
+	if x != nil {
+		return x.Png
+	}
+	return nil
+}
+
+func (x *CodeResult) GetJpeg() []byte {
+	if x != nil {
+		return x.Jpeg
+	}
+	return nil
+}
+
+func (x *CodeResult) GetJson() string {
+	if x != nil {
+		return x.Json
+	}
+	return ""
+}
+
+func (x *CodeResult) GetLatex() string {
+	if x != nil {
+		return x.Latex
+	}
+	return ""
+}
+
+func (x *CodeResult) GetJavascript() string {
+	if x != nil {
+		return x.Javascript
+	}
+	return ""
+}
+
+func (x *CodeResult) GetIsMainResult() bool {
+	if x != nil {
+		return x.IsMainResult
+	}
+	return false
+}
+
+type CodeError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Traceback     string                 `protobuf:"bytes,3,opt,name=traceback,proto3" json:"traceback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CodeError) Reset() {
+	*x = CodeError{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeError) ProtoMessage() {}
+
+func (x *CodeError) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
+func (*CodeError) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *CodeError) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CodeError) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *CodeError) GetTraceback() string {
+	if x != nil {
+		return x.Traceback
+	}
+	return ""
+}
+
+// CodeExecution summarises a cell. Its logs and results are empty in RunCode's stream:
+// the output and result events carried them.
+type CodeExecution struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Results        []*CodeResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	Stdout         []string               `protobuf:"bytes,2,rep,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr         []string               `protobuf:"bytes,3,rep,name=stderr,proto3" json:"stderr,omitempty"`
+	Error          *CodeError             `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	ExecutionCount int32                  `protobuf:"varint,5,opt,name=execution_count,json=executionCount,proto3" json:"execution_count,omitempty"`
+	ContextId      string                 `protobuf:"bytes,6,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	TimedOut       bool                   `protobuf:"varint,7,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	Restarted      bool                   `protobuf:"varint,8,opt,name=restarted,proto3" json:"restarted,omitempty"`
+	Truncated      bool                   `protobuf:"varint,9,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	Duration       *durationpb.Duration   `protobuf:"bytes,10,opt,name=duration,proto3" json:"duration,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CodeExecution) Reset() {
+	*x = CodeExecution{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeExecution) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeExecution) ProtoMessage() {}
+
+func (x *CodeExecution) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
+func (*CodeExecution) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *CodeExecution) GetResults() []*CodeResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *CodeExecution) GetStdout() []string {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *CodeExecution) GetStderr() []string {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *CodeExecution) GetError() *CodeError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+func (x *CodeExecution) GetExecutionCount() int32 {
+	if x != nil {
+		return x.ExecutionCount
+	}
+	return 0
+}
+
+func (x *CodeExecution) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+func (x *CodeExecution) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *CodeExecution) GetRestarted() bool {
+	if x != nil {
+		return x.Restarted
+	}
+	return false
+}
+
+func (x *CodeExecution) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *CodeExecution) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+type RunCodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*RunCodeResponse_Output
+	//	*RunCodeResponse_Heartbeat
+	//	*RunCodeResponse_Result
+	//	*RunCodeResponse_Execution
+	Event         isRunCodeResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCodeResponse) Reset() {
+	*x = RunCodeResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCodeResponse) ProtoMessage() {}
+
+func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
+func (*RunCodeResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *RunCodeResponse) GetOutput() *OutputChunk {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *RunCodeResponse) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeResponse_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *RunCodeResponse) GetResult() *CodeResult {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeResponse_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+func (x *RunCodeResponse) GetExecution() *CodeExecution {
+	if x != nil {
+		if x, ok := x.Event.(*RunCodeResponse_Execution); ok {
+			return x.Execution
+		}
+	}
+	return nil
+}
+
+type isRunCodeResponse_Event interface {
+	isRunCodeResponse_Event()
+}
+
+type RunCodeResponse_Output struct {
+	Output *OutputChunk `protobuf:"bytes,1,opt,name=output,proto3,oneof"`
+}
+
+type RunCodeResponse_Heartbeat struct {
+	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+type RunCodeResponse_Result struct {
+	Result *CodeResult `protobuf:"bytes,3,opt,name=result,proto3,oneof"`
+}
+
+type RunCodeResponse_Execution struct {
+	Execution *CodeExecution `protobuf:"bytes,4,opt,name=execution,proto3,oneof"`
+}
+
+func (*RunCodeResponse_Output) isRunCodeResponse_Event() {}
+
+func (*RunCodeResponse_Heartbeat) isRunCodeResponse_Event() {}
+
+func (*RunCodeResponse_Result) isRunCodeResponse_Event() {}
+
+func (*RunCodeResponse_Execution) isRunCodeResponse_Event() {}
+
+type CodeContext struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Language      string                 `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
+	Cwd           string                 `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Default       bool                   `protobuf:"varint,4,opt,name=default,proto3" json:"default,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CodeContext) Reset() {
+	*x = CodeContext{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeContext) ProtoMessage() {}
+
+func (x *CodeContext) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
+func (*CodeContext) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *CodeContext) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CodeContext) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *CodeContext) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *CodeContext) GetDefault() bool {
+	if x != nil {
+		return x.Default
+	}
+	return false
+}
+
+type CreateContextRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Language      string                 `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
+	Cwd           string                 `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContextRequest) Reset() {
+	*x = CreateContextRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContextRequest) ProtoMessage() {}
+
+func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
+func (*CreateContextRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *CreateContextRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CreateContextRequest) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *CreateContextRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+type CreateContextResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Context       *CodeContext           `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContextResponse) Reset() {
+	*x = CreateContextResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContextResponse) ProtoMessage() {}
+
+func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
+func (*CreateContextResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *CreateContextResponse) GetContext() *CodeContext {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
+type ListContextsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContextsRequest) Reset() {
+	*x = ListContextsRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContextsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContextsRequest) ProtoMessage() {}
+
+func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
+func (*ListContextsRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ListContextsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type ListContextsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Contexts      []*CodeContext         `protobuf:"bytes,1,rep,name=contexts,proto3" json:"contexts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContextsResponse) Reset() {
+	*x = ListContextsResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContextsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContextsResponse) ProtoMessage() {}
+
+func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
+func (*ListContextsResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ListContextsResponse) GetContexts() []*CodeContext {
+	if x != nil {
+		return x.Contexts
+	}
+	return nil
+}
+
+type RestartContextRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ContextId     string                 `protobuf:"bytes,2,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestartContextRequest) Reset() {
+	*x = RestartContextRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartContextRequest) ProtoMessage() {}
+
+func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
+func (*RestartContextRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *RestartContextRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RestartContextRequest) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+type RestartContextResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestartContextResponse) Reset() {
+	*x = RestartContextResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartContextResponse) ProtoMessage() {}
+
+func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
+func (*RestartContextResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+}
+
+type RemoveContextRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ContextId     string                 `protobuf:"bytes,2,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveContextRequest) Reset() {
+	*x = RemoveContextRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveContextRequest) ProtoMessage() {}
+
+func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
+func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *RemoveContextRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RemoveContextRequest) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+type RemoveContextResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveContextResponse) Reset() {
+	*x = RemoveContextResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveContextResponse) ProtoMessage() {}
+
+func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
+func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+}
+
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
@@ -3687,7 +4638,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tproviders\x18\x01 \x03(\v2\x16.roche.v1.ProviderInfoR\tproviders\"^\n" +
 	"\fProviderInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12:\n" +
-	"\fcapabilities\x18\x02 \x01(\v2\x16.roche.v1.CapabilitiesR\fcapabilities\"\x93\x02\n" +
+	"\fcapabilities\x18\x02 \x01(\v2\x16.roche.v1.CapabilitiesR\fcapabilities\"\xca\x02\n" +
 	"\fCapabilities\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\bR\anetwork\x12\x1a\n" +
 	"\bwritable\x18\x02 \x01(\bR\bwritable\x12\x16\n" +
@@ -3699,7 +4650,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x0enot_applicable\x18\b \x03(\tR\rnotApplicable\x12\x16\n" +
 	"\x06egress\x18\t \x01(\bR\x06egress\x12\x16\n" +
 	"\x06leases\x18\n" +
-	" \x01(\bR\x06leases\"T\n" +
+	" \x01(\bR\x06leases\x12\x12\n" +
+	"\x04code\x18\v \x03(\tR\x04code\x12!\n" +
+	"\frich_results\x18\f \x01(\bR\vrichResults\"T\n" +
 	"\fResetRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
@@ -3745,7 +4698,83 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\"\x18\n" +
 	"\x16RemoveSnapshotResponse\"<\n" +
 	"\vErrorDetail\x12-\n" +
-	"\x06reason\x18\x01 \x01(\x0e2\x15.roche.v1.ErrorReasonR\x06reason*\x97\x01\n" +
+	"\x06reason\x18\x01 \x01(\x0e2\x15.roche.v1.ErrorReasonR\x06reason\"\xc4\x01\n" +
+	"\x0eRunCodeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\tR\x04code\x12\x1a\n" +
+	"\blanguage\x18\x03 \x01(\tR\blanguage\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x04 \x01(\tR\tcontextId\x12!\n" +
+	"\ftimeout_secs\x18\x05 \x01(\x01R\vtimeoutSecs\x12!\n" +
+	"\foutput_limit\x18\x06 \x01(\x03R\voutputLimit\"\xf8\x01\n" +
+	"\n" +
+	"CodeResult\x12\x12\n" +
+	"\x04text\x18\x01 \x01(\tR\x04text\x12\x12\n" +
+	"\x04html\x18\x02 \x01(\tR\x04html\x12\x1a\n" +
+	"\bmarkdown\x18\x03 \x01(\tR\bmarkdown\x12\x10\n" +
+	"\x03svg\x18\x04 \x01(\tR\x03svg\x12\x10\n" +
+	"\x03png\x18\x05 \x01(\fR\x03png\x12\x12\n" +
+	"\x04jpeg\x18\x06 \x01(\fR\x04jpeg\x12\x12\n" +
+	"\x04json\x18\a \x01(\tR\x04json\x12\x14\n" +
+	"\x05latex\x18\b \x01(\tR\x05latex\x12\x1e\n" +
+	"\n" +
+	"javascript\x18\t \x01(\tR\n" +
+	"javascript\x12$\n" +
+	"\x0eis_main_result\x18\n" +
+	" \x01(\bR\fisMainResult\"S\n" +
+	"\tCodeError\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1c\n" +
+	"\ttraceback\x18\x03 \x01(\tR\ttraceback\"\xf2\x02\n" +
+	"\rCodeExecution\x12.\n" +
+	"\aresults\x18\x01 \x03(\v2\x14.roche.v1.CodeResultR\aresults\x12\x16\n" +
+	"\x06stdout\x18\x02 \x03(\tR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x03 \x03(\tR\x06stderr\x12)\n" +
+	"\x05error\x18\x04 \x01(\v2\x13.roche.v1.CodeErrorR\x05error\x12'\n" +
+	"\x0fexecution_count\x18\x05 \x01(\x05R\x0eexecutionCount\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x06 \x01(\tR\tcontextId\x12\x1b\n" +
+	"\ttimed_out\x18\a \x01(\bR\btimedOut\x12\x1c\n" +
+	"\trestarted\x18\b \x01(\bR\trestarted\x12\x1c\n" +
+	"\ttruncated\x18\t \x01(\bR\ttruncated\x125\n" +
+	"\bduration\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xe9\x01\n" +
+	"\x0fRunCodeResponse\x12/\n" +
+	"\x06output\x18\x01 \x01(\v2\x15.roche.v1.OutputChunkH\x00R\x06output\x123\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x13.roche.v1.HeartbeatH\x00R\theartbeat\x12.\n" +
+	"\x06result\x18\x03 \x01(\v2\x14.roche.v1.CodeResultH\x00R\x06result\x127\n" +
+	"\texecution\x18\x04 \x01(\v2\x17.roche.v1.CodeExecutionH\x00R\texecutionB\a\n" +
+	"\x05event\"e\n" +
+	"\vCodeContext\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x18\n" +
+	"\adefault\x18\x04 \x01(\bR\adefault\"c\n" +
+	"\x14CreateContextRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
+	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\"H\n" +
+	"\x15CreateContextResponse\x12/\n" +
+	"\acontext\x18\x01 \x01(\v2\x15.roche.v1.CodeContextR\acontext\"4\n" +
+	"\x13ListContextsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"I\n" +
+	"\x14ListContextsResponse\x121\n" +
+	"\bcontexts\x18\x01 \x03(\v2\x15.roche.v1.CodeContextR\bcontexts\"U\n" +
+	"\x15RestartContextRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x02 \x01(\tR\tcontextId\"\x18\n" +
+	"\x16RestartContextResponse\"T\n" +
+	"\x14RemoveContextRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x02 \x01(\tR\tcontextId\"\x17\n" +
+	"\x15RemoveContextResponse*\x97\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
@@ -3766,7 +4795,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x1cERROR_REASON_IMAGE_NOT_FOUND\x10\x06\x12\x1a\n" +
 	"\x16ERROR_REASON_EXHAUSTED\x10\a\x12\x1b\n" +
 	"\x17ERROR_REASON_PERMISSION\x10\b\x12\x17\n" +
-	"\x13ERROR_REASON_IN_USE\x10\t2\xfb\v\n" +
+	"\x13ERROR_REASON_IN_USE\x10\t2\x85\x0f\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -3792,7 +4821,12 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x0fRemoveWorkspace\x12 .roche.v1.RemoveWorkspaceRequest\x1a!.roche.v1.RemoveWorkspaceResponse\x12S\n" +
 	"\x0eCreateSnapshot\x12\x1f.roche.v1.CreateSnapshotRequest\x1a .roche.v1.CreateSnapshotResponse\x12P\n" +
 	"\rListSnapshots\x12\x1e.roche.v1.ListSnapshotsRequest\x1a\x1f.roche.v1.ListSnapshotsResponse\x12S\n" +
-	"\x0eRemoveSnapshot\x12\x1f.roche.v1.RemoveSnapshotRequest\x1a .roche.v1.RemoveSnapshotResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
+	"\x0eRemoveSnapshot\x12\x1f.roche.v1.RemoveSnapshotRequest\x1a .roche.v1.RemoveSnapshotResponse\x12@\n" +
+	"\aRunCode\x12\x18.roche.v1.RunCodeRequest\x1a\x19.roche.v1.RunCodeResponse0\x01\x12P\n" +
+	"\rCreateContext\x12\x1e.roche.v1.CreateContextRequest\x1a\x1f.roche.v1.CreateContextResponse\x12M\n" +
+	"\fListContexts\x12\x1d.roche.v1.ListContextsRequest\x1a\x1e.roche.v1.ListContextsResponse\x12S\n" +
+	"\x0eRestartContext\x12\x1f.roche.v1.RestartContextRequest\x1a .roche.v1.RestartContextResponse\x12P\n" +
+	"\rRemoveContext\x12\x1e.roche.v1.RemoveContextRequest\x1a\x1f.roche.v1.RemoveContextResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
 
 var (
 	file_roche_v1_sandbox_proto_rawDescOnce sync.Once
@@ -3807,7 +4841,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),               // 0: roche.v1.SandboxState
 	(OutputStream)(0),               // 1: roche.v1.OutputStream
@@ -3868,94 +4902,127 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*RemoveSnapshotRequest)(nil),   // 56: roche.v1.RemoveSnapshotRequest
 	(*RemoveSnapshotResponse)(nil),  // 57: roche.v1.RemoveSnapshotResponse
 	(*ErrorDetail)(nil),             // 58: roche.v1.ErrorDetail
-	nil,                             // 59: roche.v1.SandboxConfig.EnvEntry
-	nil,                             // 60: roche.v1.ExecRequest.EnvEntry
-	nil,                             // 61: roche.v1.ExecStreamRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 62: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 63: google.protobuf.Duration
+	(*RunCodeRequest)(nil),          // 59: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),              // 60: roche.v1.CodeResult
+	(*CodeError)(nil),               // 61: roche.v1.CodeError
+	(*CodeExecution)(nil),           // 62: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),         // 63: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),             // 64: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),    // 65: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),   // 66: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),     // 67: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),    // 68: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),   // 69: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),  // 70: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),    // 71: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),   // 72: roche.v1.RemoveContextResponse
+	nil,                             // 73: roche.v1.SandboxConfig.EnvEntry
+	nil,                             // 74: roche.v1.ExecRequest.EnvEntry
+	nil,                             // 75: roche.v1.ExecStreamRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 76: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 77: google.protobuf.Duration
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	59, // 0: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	73, // 0: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	4,  // 1: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
 	0,  // 2: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	62, // 3: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	62, // 4: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	76, // 3: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	76, // 4: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	5,  // 6: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	60, // 7: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	74, // 7: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	11, // 8: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	61, // 9: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	63, // 10: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	75, // 9: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	77, // 10: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	1,  // 11: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	62, // 12: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	76, // 12: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	12, // 13: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	13, // 14: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	11, // 15: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
 	5,  // 16: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
 	5,  // 17: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
 	5,  // 18: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	63, // 19: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	77, // 19: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
 	33, // 20: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
 	33, // 21: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
 	33, // 22: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
 	42, // 23: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
 	43, // 24: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
 	5,  // 25: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	62, // 26: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	76, // 26: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
 	46, // 27: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	62, // 28: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	76, // 28: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	51, // 29: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
 	51, // 30: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
 	2,  // 31: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	6,  // 32: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	8,  // 33: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	10, // 34: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	15, // 35: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	16, // 36: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	19, // 37: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	21, // 38: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	23, // 39: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	25, // 40: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	27, // 41: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	29, // 42: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	31, // 43: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	34, // 44: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	36, // 45: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	38, // 46: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	40, // 47: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	44, // 48: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	47, // 49: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	49, // 50: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	52, // 51: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	54, // 52: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	56, // 53: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	7,  // 54: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	9,  // 55: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	14, // 56: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	18, // 57: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	17, // 58: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	20, // 59: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	22, // 60: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	24, // 61: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	26, // 62: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	28, // 63: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	30, // 64: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	32, // 65: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	35, // 66: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	37, // 67: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	39, // 68: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	41, // 69: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	45, // 70: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	48, // 71: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	50, // 72: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	53, // 73: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	55, // 74: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	57, // 75: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	54, // [54:76] is the sub-list for method output_type
-	32, // [32:54] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	60, // 32: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	61, // 33: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	77, // 34: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	12, // 35: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	13, // 36: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	60, // 37: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	62, // 38: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	64, // 39: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	64, // 40: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	6,  // 41: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	8,  // 42: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	10, // 43: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	15, // 44: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	16, // 45: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	19, // 46: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	21, // 47: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	23, // 48: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	25, // 49: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	27, // 50: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	29, // 51: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	31, // 52: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	34, // 53: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	36, // 54: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	38, // 55: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	40, // 56: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	44, // 57: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	47, // 58: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	49, // 59: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	52, // 60: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	54, // 61: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	56, // 62: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	59, // 63: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	65, // 64: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	67, // 65: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	69, // 66: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	71, // 67: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	7,  // 68: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	9,  // 69: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	14, // 70: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	18, // 71: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	17, // 72: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	20, // 73: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	22, // 74: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	24, // 75: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	26, // 76: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	28, // 77: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	30, // 78: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	32, // 79: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	35, // 80: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	37, // 81: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	39, // 82: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	41, // 83: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	45, // 84: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	48, // 85: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	50, // 86: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	53, // 87: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	55, // 88: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	57, // 89: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	63, // 90: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	66, // 91: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	68, // 92: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	70, // 93: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	72, // 94: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	68, // [68:95] is the sub-list for method output_type
+	41, // [41:68] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -3971,13 +5038,19 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
+	file_roche_v1_sandbox_proto_msgTypes[60].OneofWrappers = []any{
+		(*RunCodeResponse_Output)(nil),
+		(*RunCodeResponse_Heartbeat)(nil),
+		(*RunCodeResponse_Result)(nil),
+		(*RunCodeResponse_Execution)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   59,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

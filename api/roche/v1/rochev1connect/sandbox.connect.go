@@ -103,6 +103,20 @@ const (
 	// SandboxServiceRemoveSnapshotProcedure is the fully-qualified name of the SandboxService's
 	// RemoveSnapshot RPC.
 	SandboxServiceRemoveSnapshotProcedure = "/roche.v1.SandboxService/RemoveSnapshot"
+	// SandboxServiceRunCodeProcedure is the fully-qualified name of the SandboxService's RunCode RPC.
+	SandboxServiceRunCodeProcedure = "/roche.v1.SandboxService/RunCode"
+	// SandboxServiceCreateContextProcedure is the fully-qualified name of the SandboxService's
+	// CreateContext RPC.
+	SandboxServiceCreateContextProcedure = "/roche.v1.SandboxService/CreateContext"
+	// SandboxServiceListContextsProcedure is the fully-qualified name of the SandboxService's
+	// ListContexts RPC.
+	SandboxServiceListContextsProcedure = "/roche.v1.SandboxService/ListContexts"
+	// SandboxServiceRestartContextProcedure is the fully-qualified name of the SandboxService's
+	// RestartContext RPC.
+	SandboxServiceRestartContextProcedure = "/roche.v1.SandboxService/RestartContext"
+	// SandboxServiceRemoveContextProcedure is the fully-qualified name of the SandboxService's
+	// RemoveContext RPC.
+	SandboxServiceRemoveContextProcedure = "/roche.v1.SandboxService/RemoveContext"
 )
 
 // SandboxServiceClient is a client for the roche.v1.SandboxService service.
@@ -155,6 +169,19 @@ type SandboxServiceClient interface {
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	// RemoveSnapshot deletes a snapshot; refused (IN_USE) while a sandbox made from it lives.
 	RemoveSnapshot(context.Context, *connect.Request[v1.RemoveSnapshotRequest]) (*connect.Response[v1.RemoveSnapshotResponse], error)
+	// RunCode runs a cell of code in a context (a long-lived interpreter in the sandbox that
+	// keeps its variables) and streams its output and rich results as they are produced, a
+	// heartbeat while it is quiet, and the execution's summary last. Cancelling the call
+	// interrupts the cell.
+	RunCode(context.Context, *connect.Request[v1.RunCodeRequest]) (*connect.ServerStreamForClient[v1.RunCodeResponse], error)
+	// CreateContext starts a new context in a sandbox.
+	CreateContext(context.Context, *connect.Request[v1.CreateContextRequest]) (*connect.Response[v1.CreateContextResponse], error)
+	// ListContexts lists a sandbox's contexts.
+	ListContexts(context.Context, *connect.Request[v1.ListContextsRequest]) (*connect.Response[v1.ListContextsResponse], error)
+	// RestartContext replaces a context's interpreter with a fresh one.
+	RestartContext(context.Context, *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error)
+	// RemoveContext stops a context's interpreter and forgets it.
+	RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the roche.v1.SandboxService service. By default,
@@ -300,6 +327,36 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RemoveSnapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		runCode: connect.NewClient[v1.RunCodeRequest, v1.RunCodeResponse](
+			httpClient,
+			baseURL+SandboxServiceRunCodeProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RunCode")),
+			connect.WithClientOptions(opts...),
+		),
+		createContext: connect.NewClient[v1.CreateContextRequest, v1.CreateContextResponse](
+			httpClient,
+			baseURL+SandboxServiceCreateContextProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CreateContext")),
+			connect.WithClientOptions(opts...),
+		),
+		listContexts: connect.NewClient[v1.ListContextsRequest, v1.ListContextsResponse](
+			httpClient,
+			baseURL+SandboxServiceListContextsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListContexts")),
+			connect.WithClientOptions(opts...),
+		),
+		restartContext: connect.NewClient[v1.RestartContextRequest, v1.RestartContextResponse](
+			httpClient,
+			baseURL+SandboxServiceRestartContextProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RestartContext")),
+			connect.WithClientOptions(opts...),
+		),
+		removeContext: connect.NewClient[v1.RemoveContextRequest, v1.RemoveContextResponse](
+			httpClient,
+			baseURL+SandboxServiceRemoveContextProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RemoveContext")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -327,6 +384,11 @@ type sandboxServiceClient struct {
 	createSnapshot  *connect.Client[v1.CreateSnapshotRequest, v1.CreateSnapshotResponse]
 	listSnapshots   *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
 	removeSnapshot  *connect.Client[v1.RemoveSnapshotRequest, v1.RemoveSnapshotResponse]
+	runCode         *connect.Client[v1.RunCodeRequest, v1.RunCodeResponse]
+	createContext   *connect.Client[v1.CreateContextRequest, v1.CreateContextResponse]
+	listContexts    *connect.Client[v1.ListContextsRequest, v1.ListContextsResponse]
+	restartContext  *connect.Client[v1.RestartContextRequest, v1.RestartContextResponse]
+	removeContext   *connect.Client[v1.RemoveContextRequest, v1.RemoveContextResponse]
 }
 
 // Create calls roche.v1.SandboxService.Create.
@@ -439,6 +501,31 @@ func (c *sandboxServiceClient) RemoveSnapshot(ctx context.Context, req *connect.
 	return c.removeSnapshot.CallUnary(ctx, req)
 }
 
+// RunCode calls roche.v1.SandboxService.RunCode.
+func (c *sandboxServiceClient) RunCode(ctx context.Context, req *connect.Request[v1.RunCodeRequest]) (*connect.ServerStreamForClient[v1.RunCodeResponse], error) {
+	return c.runCode.CallServerStream(ctx, req)
+}
+
+// CreateContext calls roche.v1.SandboxService.CreateContext.
+func (c *sandboxServiceClient) CreateContext(ctx context.Context, req *connect.Request[v1.CreateContextRequest]) (*connect.Response[v1.CreateContextResponse], error) {
+	return c.createContext.CallUnary(ctx, req)
+}
+
+// ListContexts calls roche.v1.SandboxService.ListContexts.
+func (c *sandboxServiceClient) ListContexts(ctx context.Context, req *connect.Request[v1.ListContextsRequest]) (*connect.Response[v1.ListContextsResponse], error) {
+	return c.listContexts.CallUnary(ctx, req)
+}
+
+// RestartContext calls roche.v1.SandboxService.RestartContext.
+func (c *sandboxServiceClient) RestartContext(ctx context.Context, req *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error) {
+	return c.restartContext.CallUnary(ctx, req)
+}
+
+// RemoveContext calls roche.v1.SandboxService.RemoveContext.
+func (c *sandboxServiceClient) RemoveContext(ctx context.Context, req *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error) {
+	return c.removeContext.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the roche.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes a sandbox, from the warm pool when the config matches one.
@@ -489,6 +576,19 @@ type SandboxServiceHandler interface {
 	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
 	// RemoveSnapshot deletes a snapshot; refused (IN_USE) while a sandbox made from it lives.
 	RemoveSnapshot(context.Context, *connect.Request[v1.RemoveSnapshotRequest]) (*connect.Response[v1.RemoveSnapshotResponse], error)
+	// RunCode runs a cell of code in a context (a long-lived interpreter in the sandbox that
+	// keeps its variables) and streams its output and rich results as they are produced, a
+	// heartbeat while it is quiet, and the execution's summary last. Cancelling the call
+	// interrupts the cell.
+	RunCode(context.Context, *connect.Request[v1.RunCodeRequest], *connect.ServerStream[v1.RunCodeResponse]) error
+	// CreateContext starts a new context in a sandbox.
+	CreateContext(context.Context, *connect.Request[v1.CreateContextRequest]) (*connect.Response[v1.CreateContextResponse], error)
+	// ListContexts lists a sandbox's contexts.
+	ListContexts(context.Context, *connect.Request[v1.ListContextsRequest]) (*connect.Response[v1.ListContextsResponse], error)
+	// RestartContext replaces a context's interpreter with a fresh one.
+	RestartContext(context.Context, *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error)
+	// RemoveContext stops a context's interpreter and forgets it.
+	RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -630,6 +730,36 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RemoveSnapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRunCodeHandler := connect.NewServerStreamHandler(
+		SandboxServiceRunCodeProcedure,
+		svc.RunCode,
+		connect.WithSchema(sandboxServiceMethods.ByName("RunCode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCreateContextHandler := connect.NewUnaryHandler(
+		SandboxServiceCreateContextProcedure,
+		svc.CreateContext,
+		connect.WithSchema(sandboxServiceMethods.ByName("CreateContext")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListContextsHandler := connect.NewUnaryHandler(
+		SandboxServiceListContextsProcedure,
+		svc.ListContexts,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListContexts")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRestartContextHandler := connect.NewUnaryHandler(
+		SandboxServiceRestartContextProcedure,
+		svc.RestartContext,
+		connect.WithSchema(sandboxServiceMethods.ByName("RestartContext")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRemoveContextHandler := connect.NewUnaryHandler(
+		SandboxServiceRemoveContextProcedure,
+		svc.RemoveContext,
+		connect.WithSchema(sandboxServiceMethods.ByName("RemoveContext")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/roche.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -676,6 +806,16 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListSnapshotsHandler.ServeHTTP(w, r)
 		case SandboxServiceRemoveSnapshotProcedure:
 			sandboxServiceRemoveSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceRunCodeProcedure:
+			sandboxServiceRunCodeHandler.ServeHTTP(w, r)
+		case SandboxServiceCreateContextProcedure:
+			sandboxServiceCreateContextHandler.ServeHTTP(w, r)
+		case SandboxServiceListContextsProcedure:
+			sandboxServiceListContextsHandler.ServeHTTP(w, r)
+		case SandboxServiceRestartContextProcedure:
+			sandboxServiceRestartContextHandler.ServeHTTP(w, r)
+		case SandboxServiceRemoveContextProcedure:
+			sandboxServiceRemoveContextHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -771,4 +911,24 @@ func (UnimplementedSandboxServiceHandler) ListSnapshots(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) RemoveSnapshot(context.Context, *connect.Request[v1.RemoveSnapshotRequest]) (*connect.Response[v1.RemoveSnapshotResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RemoveSnapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RunCode(context.Context, *connect.Request[v1.RunCodeRequest], *connect.ServerStream[v1.RunCodeResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RunCode is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CreateContext(context.Context, *connect.Request[v1.CreateContextRequest]) (*connect.Response[v1.CreateContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.CreateContext is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListContexts(context.Context, *connect.Request[v1.ListContextsRequest]) (*connect.Response[v1.ListContextsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ListContexts is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RestartContext(context.Context, *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RestartContext is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RemoveContext is not implemented"))
 }

@@ -28,7 +28,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roche/v1/sandbox.proto.
  */
 export const file_roche_v1_sandbox: GenFile = /*@__PURE__*/
-  fileDesc("ChZyb2NoZS92MS9zYW5kYm94LnByb3RvEghyb2NoZS52MSKSBAoNU2FuZGJveENvbmZpZxISCgVpbWFnZRgBIAEoCUgAiAEBEg8KB25ldHdvcmsYAiABKAgSEAoId3JpdGFibGUYAyABKAgSGQoMdGltZW91dF9zZWNzGAQgASgFSAGIAQESEwoGbWVtb3J5GAUgASgJSAKIAQESEQoEY3B1cxgGIAEoAUgDiAEBEhcKCnBpZHNfbGltaXQYByABKAVIBIgBARItCgNlbnYYCCADKAsyIC5yb2NoZS52MS5TYW5kYm94Q29uZmlnLkVudkVudHJ5Eh8KBm1vdW50cxgJIAMoCzIPLnJvY2hlLnYxLk1vdW50Eg8KB3dvcmtkaXIYCiABKAkSEQoEdXNlchgLIAEoCUgFiAEBEhkKEW5ldHdvcmtfYWxsb3dsaXN0GAwgAygJEhEKCXdvcmtzcGFjZRgNIAEoCRIVCg1mcm9tX3NuYXBzaG90GA4gASgJEhEKBGRpc2sYDyABKAlIBogBARIWCg53b3Jrc3BhY2Vfc2l6ZRgQIAEoCRIOCgZsZWFzZWQYESABKAgaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfaW1hZ2VCDwoNX3RpbWVvdXRfc2Vjc0IJCgdfbWVtb3J5QgcKBV9jcHVzQg0KC19waWRzX2xpbWl0QgcKBV91c2VyQgcKBV9kaXNrIjsKBU1vdW50Eg4KBnNvdXJjZRgBIAEoCRIOCgZ0YXJnZXQYAiABKAkSEgoKcmVhZF93cml0ZRgDIAEoCCLfAQoHU2FuZGJveBIKCgJpZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCRINCgVpbWFnZRgDIAEoCRIlCgVzdGF0ZRgEIAEoDjIWLnJvY2hlLnYxLlNhbmRib3hTdGF0ZRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgl0cmFuc3BvcnQYByABKAkSDQoFb3duZXIYCCABKAkiSgoNQ3JlYXRlUmVxdWVzdBIQCghwcm92aWRlchgBIAEoCRInCgZjb25maWcYAiABKAsyFy5yb2NoZS52MS5TYW5kYm94Q29uZmlnIkQKDkNyZWF0ZVJlc3BvbnNlEiIKB3NhbmRib3gYASABKAsyES5yb2NoZS52MS5TYW5kYm94Eg4KBnBvb2xlZBgCIAEoCCLiAQoLRXhlY1JlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRILCgNjbWQYAiADKAkSKwoDZW52GAMgAygLMh4ucm9jaGUudjEuRXhlY1JlcXVlc3QuRW52RW50cnkSDwoHd29ya2RpchgEIAEoCRIUCgx0aW1lb3V0X3NlY3MYBSABKAESEgoFc3RkaW4YBiABKAxIAIgBARIUCgxvdXRwdXRfbGltaXQYByABKAMaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfc3RkaW4iNAoMRXhlY1Jlc3BvbnNlEiQKBnJlc3VsdBgBIAEoCzIULnJvY2hlLnYxLkV4ZWNSZXN1bHQi7gEKEUV4ZWNTdHJlYW1SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDY21kGAIgAygJEjEKA2VudhgDIAMoCzIkLnJvY2hlLnYxLkV4ZWNTdHJlYW1SZXF1ZXN0LkVudkVudHJ5Eg8KB3dvcmtkaXIYBCABKAkSFAoMdGltZW91dF9zZWNzGAUgASgBEhIKBXN0ZGluGAYgASgMSACIAQESFAoMb3V0cHV0X2xpbWl0GAcgASgDGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCCAoGX3N0ZGluIqYBCgpFeGVjUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAwSDgoGc3RkZXJyGAMgASgMEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJDCgtPdXRwdXRDaHVuaxImCgZzdHJlYW0YASABKA4yFi5yb2NoZS52MS5PdXRwdXRTdHJlYW0SDAoEZGF0YRgCIAEoDCI1CglIZWFydGJlYXQSKAoEdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAimAEKEkV4ZWNTdHJlYW1SZXNwb25zZRInCgZvdXRwdXQYASABKAsyFS5yb2NoZS52MS5PdXRwdXRDaHVua0gAEigKCWhlYXJ0YmVhdBgCIAEoCzITLnJvY2hlLnYxLkhlYXJ0YmVhdEgAEiYKBnJlc3VsdBgDIAEoCzIULnJvY2hlLnYxLkV4ZWNSZXN1bHRIAEIHCgVldmVudCI8Cg5EZXN0cm95UmVxdWVzdBILCgNpZHMYASADKAkSCwoDYWxsGAIgASgIEhAKCHByb3ZpZGVyGAMgASgJIiEKC0hvbGRSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiDgoMSG9sZFJlc3BvbnNlIiQKD0Rlc3Ryb3lSZXNwb25zZRIRCglkZXN0cm95ZWQYASADKAkiHwoLTGlzdFJlcXVlc3QSEAoIcHJvdmlkZXIYASABKAkiNAoMTGlzdFJlc3BvbnNlEiQKCXNhbmRib3hlcxgBIAMoCzIRLnJvY2hlLnYxLlNhbmRib3giJAoOSW5zcGVjdFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCSI1Cg9JbnNwZWN0UmVzcG9uc2USIgoHc2FuZGJveBgBIAEoCzIRLnJvY2hlLnYxLlNhbmRib3giIgoMUGF1c2VSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiDwoNUGF1c2VSZXNwb25zZSIkCg5VbnBhdXNlUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJIhEKD1VucGF1c2VSZXNwb25zZSI7CglHY1JlcXVlc3QSCwoDYWxsGAEgASgIEg8KB2RyeV9ydW4YAiABKAgSEAoIcHJvdmlkZXIYAyABKAkiMAoKR2NSZXNwb25zZRIiCgdyZW1vdmVkGAEgAygLMhEucm9jaGUudjEuU2FuZGJveCJWCg1Db3B5VG9SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDZHN0GAIgASgJEhEKCXRhcl9jaHVuaxgDIAEoDBIRCgltYXhfYnl0ZXMYBCABKAMiEAoOQ29weVRvUmVzcG9uc2UiXQoPQ29weUZyb21SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDc3JjGAIgASgJEhEKCW1heF9ieXRlcxgDIAEoAxIWCg5wcmVzZXJ2ZV9saW5rcxgEIAEoCCIlChBDb3B5RnJvbVJlc3BvbnNlEhEKCXRhcl9jaHVuaxgBIAEoDCK3AgoEUG9vbBILCgNrZXkYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSDQoFaW1hZ2UYAyABKAkSEAoIbWluX2lkbGUYBCABKAUSEAoIbWF4X2lkbGUYBSABKAUSEQoJbWF4X3RvdGFsGAYgASgFEi8KDGlkbGVfdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIYChBtYXhfdGltZW91dF9zZWNzGAggASgFEgwKBGlkbGUYCSABKAUSEAoIY3JlYXRpbmcYCiABKAUSDgoGaW5fdXNlGAsgASgFEgwKBGhpdHMYDCABKAQSDgoGbWlzc2VzGA0gASgEEg8KB2RyYWluZWQYDiABKAgSEgoKbGFzdF9lcnJvchgPIAEoCRIMCgRzcGVjGBAgASgJIhMKEVBvb2xTdGF0dXNSZXF1ZXN0IjMKElBvb2xTdGF0dXNSZXNwb25zZRIdCgVwb29scxgBIAMoCzIOLnJvY2hlLnYxLlBvb2wiLwoRUG9vbFdhcm11cFJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWNvdW50GAIgASgFIjMKElBvb2xXYXJtdXBSZXNwb25zZRIdCgVwb29scxgBIAMoCzIOLnJvY2hlLnYxLlBvb2wiHwoQUG9vbERyYWluUmVxdWVzdBILCgNrZXkYASABKAkiRQoRUG9vbERyYWluUmVzcG9uc2USEQoJZGVzdHJveWVkGAEgASgFEh0KBXBvb2xzGAIgAygLMg4ucm9jaGUudjEuUG9vbCIWChRMaXN0UHJvdmlkZXJzUmVxdWVzdCJCChVMaXN0UHJvdmlkZXJzUmVzcG9uc2USKQoJcHJvdmlkZXJzGAEgAygLMhYucm9jaGUudjEuUHJvdmlkZXJJbmZvIkoKDFByb3ZpZGVySW5mbxIMCgRuYW1lGAEgASgJEiwKDGNhcGFiaWxpdGllcxgCIAEoCzIWLnJvY2hlLnYxLkNhcGFiaWxpdGllcyK5AQoMQ2FwYWJpbGl0aWVzEg8KB25ldHdvcmsYASABKAgSEAoId3JpdGFibGUYAiABKAgSDgoGbW91bnRzGAMgASgIEg0KBWZpbGVzGAQgASgIEg0KBXBhdXNlGAUgASgIEg0KBXN0ZGluGAYgASgIEhEKCXByb2Nlc3NlcxgHIAEoCBIWCg5ub3RfYXBwbGljYWJsZRgIIAMoCRIOCgZlZ3Jlc3MYCSABKAgSDgoGbGVhc2VzGAogASgIIjoKDFJlc2V0UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEhYKDndpcGVfd29ya3NwYWNlGAIgASgIIjMKDVJlc2V0UmVzcG9uc2USIgoHc2FuZGJveBgBIAEoCzIRLnJvY2hlLnYxLlNhbmRib3giggEKCVdvcmtzcGFjZRIMCgRuYW1lGAEgASgJEhAKCHByb3ZpZGVyGAIgASgJEi4KCmNyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWluX3VzZV9ieRgEIAMoCRISCgpzaXplX2J5dGVzGAUgASgDIikKFUxpc3RXb3Jrc3BhY2VzUmVxdWVzdBIQCghwcm92aWRlchgBIAEoCSJBChZMaXN0V29ya3NwYWNlc1Jlc3BvbnNlEicKCndvcmtzcGFjZXMYASADKAsyEy5yb2NoZS52MS5Xb3Jrc3BhY2UiOAoWUmVtb3ZlV29ya3NwYWNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCHByb3ZpZGVyGAIgASgJIhkKF1JlbW92ZVdvcmtzcGFjZVJlc3BvbnNlImkKCFNuYXBzaG90EgwKBG5hbWUYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSDQoFaW1hZ2UYAyABKAkSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiOQoVQ3JlYXRlU25hcHNob3RSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSDAoEbmFtZRgCIAEoCSI+ChZDcmVhdGVTbmFwc2hvdFJlc3BvbnNlEiQKCHNuYXBzaG90GAEgASgLMhIucm9jaGUudjEuU25hcHNob3QiKAoUTGlzdFNuYXBzaG90c1JlcXVlc3QSEAoIcHJvdmlkZXIYASABKAkiPgoVTGlzdFNuYXBzaG90c1Jlc3BvbnNlEiUKCXNuYXBzaG90cxgBIAMoCzISLnJvY2hlLnYxLlNuYXBzaG90IjcKFVJlbW92ZVNuYXBzaG90UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCHByb3ZpZGVyGAIgASgJIhgKFlJlbW92ZVNuYXBzaG90UmVzcG9uc2UiNAoLRXJyb3JEZXRhaWwSJQoGcmVhc29uGAEgASgOMhUucm9jaGUudjEuRXJyb3JSZWFzb24qlwEKDFNhbmRib3hTdGF0ZRIdChlTQU5EQk9YX1NUQVRFX1VOU1BFQ0lGSUVEEAASGQoVU0FOREJPWF9TVEFURV9SVU5OSU5HEAESGAoUU0FOREJPWF9TVEFURV9QQVVTRUQQAhIYChRTQU5EQk9YX1NUQVRFX0VYSVRFRBADEhkKFVNBTkRCT1hfU1RBVEVfQ1JFQVRFRBAEKmEKDE91dHB1dFN0cmVhbRIdChlPVVRQVVRfU1RSRUFNX1VOU1BFQ0lGSUVEEAASGAoUT1VUUFVUX1NUUkVBTV9TVERPVVQQARIYChRPVVRQVVRfU1RSRUFNX1NUREVSUhACKrICCgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIaChZFUlJPUl9SRUFTT05fTk9UX0ZPVU5EEAESHwobRVJST1JfUkVBU09OX0lOVkFMSURfQ09ORklHEAISHAoYRVJST1JfUkVBU09OX1VOQVZBSUxBQkxFEAMSGAoURVJST1JfUkVBU09OX1RJTUVPVVQQBBIcChhFUlJPUl9SRUFTT05fVU5TVVBQT1JURUQQBRIgChxFUlJPUl9SRUFTT05fSU1BR0VfTk9UX0ZPVU5EEAYSGgoWRVJST1JfUkVBU09OX0VYSEFVU1RFRBAHEhsKF0VSUk9SX1JFQVNPTl9QRVJNSVNTSU9OEAgSFwoTRVJST1JfUkVBU09OX0lOX1VTRRAJMvsLCg5TYW5kYm94U2VydmljZRI7CgZDcmVhdGUSFy5yb2NoZS52MS5DcmVhdGVSZXF1ZXN0Ghgucm9jaGUudjEuQ3JlYXRlUmVzcG9uc2USNQoERXhlYxIVLnJvY2hlLnYxLkV4ZWNSZXF1ZXN0GhYucm9jaGUudjEuRXhlY1Jlc3BvbnNlEkkKCkV4ZWNTdHJlYW0SGy5yb2NoZS52MS5FeGVjU3RyZWFtUmVxdWVzdBocLnJvY2hlLnYxLkV4ZWNTdHJlYW1SZXNwb25zZTABEj4KB0Rlc3Ryb3kSGC5yb2NoZS52MS5EZXN0cm95UmVxdWVzdBoZLnJvY2hlLnYxLkRlc3Ryb3lSZXNwb25zZRI3CgRIb2xkEhUucm9jaGUudjEuSG9sZFJlcXVlc3QaFi5yb2NoZS52MS5Ib2xkUmVzcG9uc2UwARI1CgRMaXN0EhUucm9jaGUudjEuTGlzdFJlcXVlc3QaFi5yb2NoZS52MS5MaXN0UmVzcG9uc2USPgoHSW5zcGVjdBIYLnJvY2hlLnYxLkluc3BlY3RSZXF1ZXN0Ghkucm9jaGUudjEuSW5zcGVjdFJlc3BvbnNlEjgKBVBhdXNlEhYucm9jaGUudjEuUGF1c2VSZXF1ZXN0Ghcucm9jaGUudjEuUGF1c2VSZXNwb25zZRI+CgdVbnBhdXNlEhgucm9jaGUudjEuVW5wYXVzZVJlcXVlc3QaGS5yb2NoZS52MS5VbnBhdXNlUmVzcG9uc2USLwoCR2MSEy5yb2NoZS52MS5HY1JlcXVlc3QaFC5yb2NoZS52MS5HY1Jlc3BvbnNlEj0KBkNvcHlUbxIXLnJvY2hlLnYxLkNvcHlUb1JlcXVlc3QaGC5yb2NoZS52MS5Db3B5VG9SZXNwb25zZSgBEkMKCENvcHlGcm9tEhkucm9jaGUudjEuQ29weUZyb21SZXF1ZXN0Ghoucm9jaGUudjEuQ29weUZyb21SZXNwb25zZTABEkcKClBvb2xTdGF0dXMSGy5yb2NoZS52MS5Qb29sU3RhdHVzUmVxdWVzdBocLnJvY2hlLnYxLlBvb2xTdGF0dXNSZXNwb25zZRJHCgpQb29sV2FybXVwEhsucm9jaGUudjEuUG9vbFdhcm11cFJlcXVlc3QaHC5yb2NoZS52MS5Qb29sV2FybXVwUmVzcG9uc2USRAoJUG9vbERyYWluEhoucm9jaGUudjEuUG9vbERyYWluUmVxdWVzdBobLnJvY2hlLnYxLlBvb2xEcmFpblJlc3BvbnNlElAKDUxpc3RQcm92aWRlcnMSHi5yb2NoZS52MS5MaXN0UHJvdmlkZXJzUmVxdWVzdBofLnJvY2hlLnYxLkxpc3RQcm92aWRlcnNSZXNwb25zZRI4CgVSZXNldBIWLnJvY2hlLnYxLlJlc2V0UmVxdWVzdBoXLnJvY2hlLnYxLlJlc2V0UmVzcG9uc2USUwoOTGlzdFdvcmtzcGFjZXMSHy5yb2NoZS52MS5MaXN0V29ya3NwYWNlc1JlcXVlc3QaIC5yb2NoZS52MS5MaXN0V29ya3NwYWNlc1Jlc3BvbnNlElYKD1JlbW92ZVdvcmtzcGFjZRIgLnJvY2hlLnYxLlJlbW92ZVdvcmtzcGFjZVJlcXVlc3QaIS5yb2NoZS52MS5SZW1vdmVXb3Jrc3BhY2VSZXNwb25zZRJTCg5DcmVhdGVTbmFwc2hvdBIfLnJvY2hlLnYxLkNyZWF0ZVNuYXBzaG90UmVxdWVzdBogLnJvY2hlLnYxLkNyZWF0ZVNuYXBzaG90UmVzcG9uc2USUAoNTGlzdFNuYXBzaG90cxIeLnJvY2hlLnYxLkxpc3RTbmFwc2hvdHNSZXF1ZXN0Gh8ucm9jaGUudjEuTGlzdFNuYXBzaG90c1Jlc3BvbnNlElMKDlJlbW92ZVNuYXBzaG90Eh8ucm9jaGUudjEuUmVtb3ZlU25hcHNob3RSZXF1ZXN0GiAucm9jaGUudjEuUmVtb3ZlU25hcHNob3RSZXNwb25zZUI1WjNnaXRodWIuY29tL3JvY2hlLXNhbmRib3gvcm9jaGUvYXBpL3JvY2hlL3YxO3JvY2hldjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChZyb2NoZS92MS9zYW5kYm94LnByb3RvEghyb2NoZS52MSKSBAoNU2FuZGJveENvbmZpZxISCgVpbWFnZRgBIAEoCUgAiAEBEg8KB25ldHdvcmsYAiABKAgSEAoId3JpdGFibGUYAyABKAgSGQoMdGltZW91dF9zZWNzGAQgASgFSAGIAQESEwoGbWVtb3J5GAUgASgJSAKIAQESEQoEY3B1cxgGIAEoAUgDiAEBEhcKCnBpZHNfbGltaXQYByABKAVIBIgBARItCgNlbnYYCCADKAsyIC5yb2NoZS52MS5TYW5kYm94Q29uZmlnLkVudkVudHJ5Eh8KBm1vdW50cxgJIAMoCzIPLnJvY2hlLnYxLk1vdW50Eg8KB3dvcmtkaXIYCiABKAkSEQoEdXNlchgLIAEoCUgFiAEBEhkKEW5ldHdvcmtfYWxsb3dsaXN0GAwgAygJEhEKCXdvcmtzcGFjZRgNIAEoCRIVCg1mcm9tX3NuYXBzaG90GA4gASgJEhEKBGRpc2sYDyABKAlIBogBARIWCg53b3Jrc3BhY2Vfc2l6ZRgQIAEoCRIOCgZsZWFzZWQYESABKAgaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfaW1hZ2VCDwoNX3RpbWVvdXRfc2Vjc0IJCgdfbWVtb3J5QgcKBV9jcHVzQg0KC19waWRzX2xpbWl0QgcKBV91c2VyQgcKBV9kaXNrIjsKBU1vdW50Eg4KBnNvdXJjZRgBIAEoCRIOCgZ0YXJnZXQYAiABKAkSEgoKcmVhZF93cml0ZRgDIAEoCCLfAQoHU2FuZGJveBIKCgJpZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCRINCgVpbWFnZRgDIAEoCRIlCgVzdGF0ZRgEIAEoDjIWLnJvY2hlLnYxLlNhbmRib3hTdGF0ZRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgl0cmFuc3BvcnQYByABKAkSDQoFb3duZXIYCCABKAkiSgoNQ3JlYXRlUmVxdWVzdBIQCghwcm92aWRlchgBIAEoCRInCgZjb25maWcYAiABKAsyFy5yb2NoZS52MS5TYW5kYm94Q29uZmlnIkQKDkNyZWF0ZVJlc3BvbnNlEiIKB3NhbmRib3gYASABKAsyES5yb2NoZS52MS5TYW5kYm94Eg4KBnBvb2xlZBgCIAEoCCLiAQoLRXhlY1JlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRILCgNjbWQYAiADKAkSKwoDZW52GAMgAygLMh4ucm9jaGUudjEuRXhlY1JlcXVlc3QuRW52RW50cnkSDwoHd29ya2RpchgEIAEoCRIUCgx0aW1lb3V0X3NlY3MYBSABKAESEgoFc3RkaW4YBiABKAxIAIgBARIUCgxvdXRwdXRfbGltaXQYByABKAMaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfc3RkaW4iNAoMRXhlY1Jlc3BvbnNlEiQKBnJlc3VsdBgBIAEoCzIULnJvY2hlLnYxLkV4ZWNSZXN1bHQi7gEKEUV4ZWNTdHJlYW1SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDY21kGAIgAygJEjEKA2VudhgDIAMoCzIkLnJvY2hlLnYxLkV4ZWNTdHJlYW1SZXF1ZXN0LkVudkVudHJ5Eg8KB3dvcmtkaXIYBCABKAkSFAoMdGltZW91dF9zZWNzGAUgASgBEhIKBXN0ZGluGAYgASgMSACIAQESFAoMb3V0cHV0X2xpbWl0GAcgASgDGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCCAoGX3N0ZGluIqYBCgpFeGVjUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAwSDgoGc3RkZXJyGAMgASgMEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJDCgtPdXRwdXRDaHVuaxImCgZzdHJlYW0YASABKA4yFi5yb2NoZS52MS5PdXRwdXRTdHJlYW0SDAoEZGF0YRgCIAEoDCI1CglIZWFydGJlYXQSKAoEdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAimAEKEkV4ZWNTdHJlYW1SZXNwb25zZRInCgZvdXRwdXQYASABKAsyFS5yb2NoZS52MS5PdXRwdXRDaHVua0gAEigKCWhlYXJ0YmVhdBgCIAEoCzITLnJvY2hlLnYxLkhlYXJ0YmVhdEgAEiYKBnJlc3VsdBgDIAEoCzIULnJvY2hlLnYxLkV4ZWNSZXN1bHRIAEIHCgVldmVudCI8Cg5EZXN0cm95UmVxdWVzdBILCgNpZHMYASADKAkSCwoDYWxsGAIgASgIEhAKCHByb3ZpZGVyGAMgASgJIiEKC0hvbGRSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiDgoMSG9sZFJlc3BvbnNlIiQKD0Rlc3Ryb3lSZXNwb25zZRIRCglkZXN0cm95ZWQYASADKAkiHwoLTGlzdFJlcXVlc3QSEAoIcHJvdmlkZXIYASABKAkiNAoMTGlzdFJlc3BvbnNlEiQKCXNhbmRib3hlcxgBIAMoCzIRLnJvY2hlLnYxLlNhbmRib3giJAoOSW5zcGVjdFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCSI1Cg9JbnNwZWN0UmVzcG9uc2USIgoHc2FuZGJveBgBIAEoCzIRLnJvY2hlLnYxLlNhbmRib3giIgoMUGF1c2VSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiDwoNUGF1c2VSZXNwb25zZSIkCg5VbnBhdXNlUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJIhEKD1VucGF1c2VSZXNwb25zZSI7CglHY1JlcXVlc3QSCwoDYWxsGAEgASgIEg8KB2RyeV9ydW4YAiABKAgSEAoIcHJvdmlkZXIYAyABKAkiMAoKR2NSZXNwb25zZRIiCgdyZW1vdmVkGAEgAygLMhEucm9jaGUudjEuU2FuZGJveCJWCg1Db3B5VG9SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDZHN0GAIgASgJEhEKCXRhcl9jaHVuaxgDIAEoDBIRCgltYXhfYnl0ZXMYBCABKAMiEAoOQ29weVRvUmVzcG9uc2UiXQoPQ29weUZyb21SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDc3JjGAIgASgJEhEKCW1heF9ieXRlcxgDIAEoAxIWCg5wcmVzZXJ2ZV9saW5rcxgEIAEoCCIlChBDb3B5RnJvbVJlc3BvbnNlEhEKCXRhcl9jaHVuaxgBIAEoDCK3AgoEUG9vbBILCgNrZXkYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSDQoFaW1hZ2UYAyABKAkSEAoIbWluX2lkbGUYBCABKAUSEAoIbWF4X2lkbGUYBSABKAUSEQoJbWF4X3RvdGFsGAYgASgFEi8KDGlkbGVfdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIYChBtYXhfdGltZW91dF9zZWNzGAggASgFEgwKBGlkbGUYCSABKAUSEAoIY3JlYXRpbmcYCiABKAUSDgoGaW5fdXNlGAsgASgFEgwKBGhpdHMYDCABKAQSDgoGbWlzc2VzGA0gASgEEg8KB2RyYWluZWQYDiABKAgSEgoKbGFzdF9lcnJvchgPIAEoCRIMCgRzcGVjGBAgASgJIhMKEVBvb2xTdGF0dXNSZXF1ZXN0IjMKElBvb2xTdGF0dXNSZXNwb25zZRIdCgVwb29scxgBIAMoCzIOLnJvY2hlLnYxLlBvb2wiLwoRUG9vbFdhcm11cFJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWNvdW50GAIgASgFIjMKElBvb2xXYXJtdXBSZXNwb25zZRIdCgVwb29scxgBIAMoCzIOLnJvY2hlLnYxLlBvb2wiHwoQUG9vbERyYWluUmVxdWVzdBILCgNrZXkYASABKAkiRQoRUG9vbERyYWluUmVzcG9uc2USEQoJZGVzdHJveWVkGAEgASgFEh0KBXBvb2xzGAIgAygLMg4ucm9jaGUudjEuUG9vbCIWChRMaXN0UHJvdmlkZXJzUmVxdWVzdCJCChVMaXN0UHJvdmlkZXJzUmVzcG9uc2USKQoJcHJvdmlkZXJzGAEgAygLMhYucm9jaGUudjEuUHJvdmlkZXJJbmZvIkoKDFByb3ZpZGVySW5mbxIMCgRuYW1lGAEgASgJEiwKDGNhcGFiaWxpdGllcxgCIAEoCzIWLnJvY2hlLnYxLkNhcGFiaWxpdGllcyLdAQoMQ2FwYWJpbGl0aWVzEg8KB25ldHdvcmsYASABKAgSEAoId3JpdGFibGUYAiABKAgSDgoGbW91bnRzGAMgASgIEg0KBWZpbGVzGAQgASgIEg0KBXBhdXNlGAUgASgIEg0KBXN0ZGluGAYgASgIEhEKCXByb2Nlc3NlcxgHIAEoCBIWCg5ub3RfYXBwbGljYWJsZRgIIAMoCRIOCgZlZ3Jlc3MYCSABKAgSDgoGbGVhc2VzGAogASgIEgwKBGNvZGUYCyADKAkSFAoMcmljaF9yZXN1bHRzGAwgASgIIjoKDFJlc2V0UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEhYKDndpcGVfd29ya3NwYWNlGAIgASgIIjMKDVJlc2V0UmVzcG9uc2USIgoHc2FuZGJveBgBIAEoCzIRLnJvY2hlLnYxLlNhbmRib3giggEKCVdvcmtzcGFjZRIMCgRuYW1lGAEgASgJEhAKCHByb3ZpZGVyGAIgASgJEi4KCmNyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWluX3VzZV9ieRgEIAMoCRISCgpzaXplX2J5dGVzGAUgASgDIikKFUxpc3RXb3Jrc3BhY2VzUmVxdWVzdBIQCghwcm92aWRlchgBIAEoCSJBChZMaXN0V29ya3NwYWNlc1Jlc3BvbnNlEicKCndvcmtzcGFjZXMYASADKAsyEy5yb2NoZS52MS5Xb3Jrc3BhY2UiOAoWUmVtb3ZlV29ya3NwYWNlUmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCHByb3ZpZGVyGAIgASgJIhkKF1JlbW92ZVdvcmtzcGFjZVJlc3BvbnNlImkKCFNuYXBzaG90EgwKBG5hbWUYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSDQoFaW1hZ2UYAyABKAkSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiOQoVQ3JlYXRlU25hcHNob3RSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSDAoEbmFtZRgCIAEoCSI+ChZDcmVhdGVTbmFwc2hvdFJlc3BvbnNlEiQKCHNuYXBzaG90GAEgASgLMhIucm9jaGUudjEuU25hcHNob3QiKAoUTGlzdFNuYXBzaG90c1JlcXVlc3QSEAoIcHJvdmlkZXIYASABKAkiPgoVTGlzdFNuYXBzaG90c1Jlc3BvbnNlEiUKCXNuYXBzaG90cxgBIAMoCzISLnJvY2hlLnYxLlNuYXBzaG90IjcKFVJlbW92ZVNuYXBzaG90UmVxdWVzdBIMCgRuYW1lGAEgASgJEhAKCHByb3ZpZGVyGAIgASgJIhgKFlJlbW92ZVNuYXBzaG90UmVzcG9uc2UiNAoLRXJyb3JEZXRhaWwSJQoGcmVhc29uGAEgASgOMhUucm9jaGUudjEuRXJyb3JSZWFzb24ihAEKDlJ1bkNvZGVSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSDAoEY29kZRgCIAEoCRIQCghsYW5ndWFnZRgDIAEoCRISCgpjb250ZXh0X2lkGAQgASgJEhQKDHRpbWVvdXRfc2VjcxgFIAEoARIUCgxvdXRwdXRfbGltaXQYBiABKAMiqwEKCkNvZGVSZXN1bHQSDAoEdGV4dBgBIAEoCRIMCgRodG1sGAIgASgJEhAKCG1hcmtkb3duGAMgASgJEgsKA3N2ZxgEIAEoCRILCgNwbmcYBSABKAwSDAoEanBlZxgGIAEoDBIMCgRqc29uGAcgASgJEg0KBWxhdGV4GAggASgJEhIKCmphdmFzY3JpcHQYCSABKAkSFgoOaXNfbWFpbl9yZXN1bHQYCiABKAgiOwoJQ29kZUVycm9yEgwKBG5hbWUYASABKAkSDQoFdmFsdWUYAiABKAkSEQoJdHJhY2ViYWNrGAMgASgJIo0CCg1Db2RlRXhlY3V0aW9uEiUKB3Jlc3VsdHMYASADKAsyFC5yb2NoZS52MS5Db2RlUmVzdWx0Eg4KBnN0ZG91dBgCIAMoCRIOCgZzdGRlcnIYAyADKAkSIgoFZXJyb3IYBCABKAsyEy5yb2NoZS52MS5Db2RlRXJyb3ISFwoPZXhlY3V0aW9uX2NvdW50GAUgASgFEhIKCmNvbnRleHRfaWQYBiABKAkSEQoJdGltZWRfb3V0GAcgASgIEhEKCXJlc3RhcnRlZBgIIAEoCBIRCgl0cnVuY2F0ZWQYCSABKAgSKwoIZHVyYXRpb24YCiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iwwEKD1J1bkNvZGVSZXNwb25zZRInCgZvdXRwdXQYASABKAsyFS5yb2NoZS52MS5PdXRwdXRDaHVua0gAEigKCWhlYXJ0YmVhdBgCIAEoCzITLnJvY2hlLnYxLkhlYXJ0YmVhdEgAEiYKBnJlc3VsdBgDIAEoCzIULnJvY2hlLnYxLkNvZGVSZXN1bHRIABIsCglleGVjdXRpb24YBCABKAsyFy5yb2NoZS52MS5Db2RlRXhlY3V0aW9uSABCBwoFZXZlbnQiSQoLQ29kZUNvbnRleHQSCgoCaWQYASABKAkSEAoIbGFuZ3VhZ2UYAiABKAkSCwoDY3dkGAMgASgJEg8KB2RlZmF1bHQYBCABKAgiSQoUQ3JlYXRlQ29udGV4dFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRILCgNjd2QYAyABKAkiPwoVQ3JlYXRlQ29udGV4dFJlc3BvbnNlEiYKB2NvbnRleHQYASABKAsyFS5yb2NoZS52MS5Db2RlQ29udGV4dCIpChNMaXN0Q29udGV4dHNSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiPwoUTGlzdENvbnRleHRzUmVzcG9uc2USJwoIY29udGV4dHMYASADKAsyFS5yb2NoZS52MS5Db2RlQ29udGV4dCI/ChVSZXN0YXJ0Q29udGV4dFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRISCgpjb250ZXh0X2lkGAIgASgJIhgKFlJlc3RhcnRDb250ZXh0UmVzcG9uc2UiPgoUUmVtb3ZlQ29udGV4dFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRISCgpjb250ZXh0X2lkGAIgASgJIhcKFVJlbW92ZUNvbnRleHRSZXNwb25zZSqXAQoMU2FuZGJveFN0YXRlEh0KGVNBTkRCT1hfU1RBVEVfVU5TUEVDSUZJRUQQABIZChVTQU5EQk9YX1NUQVRFX1JVTk5JTkcQARIYChRTQU5EQk9YX1NUQVRFX1BBVVNFRBACEhgKFFNBTkRCT1hfU1RBVEVfRVhJVEVEEAMSGQoVU0FOREJPWF9TVEFURV9DUkVBVEVEEAQqYQoMT3V0cHV0U3RyZWFtEh0KGU9VVFBVVF9TVFJFQU1fVU5TUEVDSUZJRUQQABIYChRPVVRQVVRfU1RSRUFNX1NURE9VVBABEhgKFE9VVFBVVF9TVFJFQU1fU1RERVJSEAIqsgIKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhoKFkVSUk9SX1JFQVNPTl9OT1RfRk9VTkQQARIfChtFUlJPUl9SRUFTT05fSU5WQUxJRF9DT05GSUcQAhIcChhFUlJPUl9SRUFTT05fVU5BVkFJTEFCTEUQAxIYChRFUlJPUl9SRUFTT05fVElNRU9VVBAEEhwKGEVSUk9SX1JFQVNPTl9VTlNVUFBPUlRFRBAFEiAKHEVSUk9SX1JFQVNPTl9JTUFHRV9OT1RfRk9VTkQQBhIaChZFUlJPUl9SRUFTT05fRVhIQVVTVEVEEAcSGwoXRVJST1JfUkVBU09OX1BFUk1JU1NJT04QCBIXChNFUlJPUl9SRUFTT05fSU5fVVNFEAkyhQ8KDlNhbmRib3hTZXJ2aWNlEjsKBkNyZWF0ZRIXLnJvY2hlLnYxLkNyZWF0ZVJlcXVlc3QaGC5yb2NoZS52MS5DcmVhdGVSZXNwb25zZRI1CgRFeGVjEhUucm9jaGUudjEuRXhlY1JlcXVlc3QaFi5yb2NoZS52MS5FeGVjUmVzcG9uc2USSQoKRXhlY1N0cmVhbRIbLnJvY2hlLnYxLkV4ZWNTdHJlYW1SZXF1ZXN0Ghwucm9jaGUudjEuRXhlY1N0cmVhbVJlc3BvbnNlMAESPgoHRGVzdHJveRIYLnJvY2hlLnYxLkRlc3Ryb3lSZXF1ZXN0Ghkucm9jaGUudjEuRGVzdHJveVJlc3BvbnNlEjcKBEhvbGQSFS5yb2NoZS52MS5Ib2xkUmVxdWVzdBoWLnJvY2hlLnYxLkhvbGRSZXNwb25zZTABEjUKBExpc3QSFS5yb2NoZS52MS5MaXN0UmVxdWVzdBoWLnJvY2hlLnYxLkxpc3RSZXNwb25zZRI+CgdJbnNwZWN0Ehgucm9jaGUudjEuSW5zcGVjdFJlcXVlc3QaGS5yb2NoZS52MS5JbnNwZWN0UmVzcG9uc2USOAoFUGF1c2USFi5yb2NoZS52MS5QYXVzZVJlcXVlc3QaFy5yb2NoZS52MS5QYXVzZVJlc3BvbnNlEj4KB1VucGF1c2USGC5yb2NoZS52MS5VbnBhdXNlUmVxdWVzdBoZLnJvY2hlLnYxLlVucGF1c2VSZXNwb25zZRIvCgJHYxITLnJvY2hlLnYxLkdjUmVxdWVzdBoULnJvY2hlLnYxLkdjUmVzcG9uc2USPQoGQ29weVRvEhcucm9jaGUudjEuQ29weVRvUmVxdWVzdBoYLnJvY2hlLnYxLkNvcHlUb1Jlc3BvbnNlKAESQwoIQ29weUZyb20SGS5yb2NoZS52MS5Db3B5RnJvbVJlcXVlc3QaGi5yb2NoZS52MS5Db3B5RnJvbVJlc3BvbnNlMAESRwoKUG9vbFN0YXR1cxIbLnJvY2hlLnYxLlBvb2xTdGF0dXNSZXF1ZXN0Ghwucm9jaGUudjEuUG9vbFN0YXR1c1Jlc3BvbnNlEkcKClBvb2xXYXJtdXASGy5yb2NoZS52MS5Qb29sV2FybXVwUmVxdWVzdBocLnJvY2hlLnYxLlBvb2xXYXJtdXBSZXNwb25zZRJECglQb29sRHJhaW4SGi5yb2NoZS52MS5Qb29sRHJhaW5SZXF1ZXN0Ghsucm9jaGUudjEuUG9vbERyYWluUmVzcG9uc2USUAoNTGlzdFByb3ZpZGVycxIeLnJvY2hlLnYxLkxpc3RQcm92aWRlcnNSZXF1ZXN0Gh8ucm9jaGUudjEuTGlzdFByb3ZpZGVyc1Jlc3BvbnNlEjgKBVJlc2V0EhYucm9jaGUudjEuUmVzZXRSZXF1ZXN0Ghcucm9jaGUudjEuUmVzZXRSZXNwb25zZRJTCg5MaXN0V29ya3NwYWNlcxIfLnJvY2hlLnYxLkxpc3RXb3Jrc3BhY2VzUmVxdWVzdBogLnJvY2hlLnYxLkxpc3RXb3Jrc3BhY2VzUmVzcG9uc2USVgoPUmVtb3ZlV29ya3NwYWNlEiAucm9jaGUudjEuUmVtb3ZlV29ya3NwYWNlUmVxdWVzdBohLnJvY2hlLnYxLlJlbW92ZVdvcmtzcGFjZVJlc3BvbnNlElMKDkNyZWF0ZVNuYXBzaG90Eh8ucm9jaGUudjEuQ3JlYXRlU25hcHNob3RSZXF1ZXN0GiAucm9jaGUudjEuQ3JlYXRlU25hcHNob3RSZXNwb25zZRJQCg1MaXN0U25hcHNob3RzEh4ucm9jaGUudjEuTGlzdFNuYXBzaG90c1JlcXVlc3QaHy5yb2NoZS52MS5MaXN0U25hcHNob3RzUmVzcG9uc2USUwoOUmVtb3ZlU25hcHNob3QSHy5yb2NoZS52MS5SZW1vdmVTbmFwc2hvdFJlcXVlc3QaIC5yb2NoZS52MS5SZW1vdmVTbmFwc2hvdFJlc3BvbnNlEkAKB1J1bkNvZGUSGC5yb2NoZS52MS5SdW5Db2RlUmVxdWVzdBoZLnJvY2hlLnYxLlJ1bkNvZGVSZXNwb25zZTABElAKDUNyZWF0ZUNvbnRleHQSHi5yb2NoZS52MS5DcmVhdGVDb250ZXh0UmVxdWVzdBofLnJvY2hlLnYxLkNyZWF0ZUNvbnRleHRSZXNwb25zZRJNCgxMaXN0Q29udGV4dHMSHS5yb2NoZS52MS5MaXN0Q29udGV4dHNSZXF1ZXN0Gh4ucm9jaGUudjEuTGlzdENvbnRleHRzUmVzcG9uc2USUwoOUmVzdGFydENvbnRleHQSHy5yb2NoZS52MS5SZXN0YXJ0Q29udGV4dFJlcXVlc3QaIC5yb2NoZS52MS5SZXN0YXJ0Q29udGV4dFJlc3BvbnNlElAKDVJlbW92ZUNvbnRleHQSHi5yb2NoZS52MS5SZW1vdmVDb250ZXh0UmVxdWVzdBofLnJvY2hlLnYxLlJlbW92ZUNvbnRleHRSZXNwb25zZUI1WjNnaXRodWIuY29tL3JvY2hlLXNhbmRib3gvcm9jaGUvYXBpL3JvY2hlL3YxO3JvY2hldjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
@@ -1228,6 +1228,20 @@ export type Capabilities = Message<"roche.v1.Capabilities"> & {
    * @generated from field: bool leases = 10;
    */
   leases: boolean;
+
+  /**
+   * code: the languages RunCode serves.
+   *
+   * @generated from field: repeated string code = 11;
+   */
+  code: string[];
+
+  /**
+   * rich_results: code can return images, HTML and JSON, not only text.
+   *
+   * @generated from field: bool rich_results = 12;
+   */
+  richResults: boolean;
 };
 
 /**
@@ -1564,6 +1578,433 @@ export type ErrorDetail = Message<"roche.v1.ErrorDetail"> & {
  */
 export const ErrorDetailSchema: GenMessage<ErrorDetail> = /*@__PURE__*/
   messageDesc(file_roche_v1_sandbox, 55);
+
+/**
+ * @generated from message roche.v1.RunCodeRequest
+ */
+export type RunCodeRequest = Message<"roche.v1.RunCodeRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: string code = 2;
+   */
+  code: string;
+
+  /**
+   * language picks the default context when context_id is empty ("python" when empty).
+   *
+   * @generated from field: string language = 3;
+   */
+  language: string;
+
+  /**
+   * @generated from field: string context_id = 4;
+   */
+  contextId: string;
+
+  /**
+   * timeout_secs interrupts the cell (the context survives); 0 means 300.
+   *
+   * @generated from field: double timeout_secs = 5;
+   */
+  timeoutSecs: number;
+
+  /**
+   * @generated from field: int64 output_limit = 6;
+   */
+  outputLimit: bigint;
+};
+
+/**
+ * Describes the message roche.v1.RunCodeRequest.
+ * Use `create(RunCodeRequestSchema)` to create a new message.
+ */
+export const RunCodeRequestSchema: GenMessage<RunCodeRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 56);
+
+/**
+ * CodeResult is one rich result; each field is set when the result has that form.
+ *
+ * @generated from message roche.v1.CodeResult
+ */
+export type CodeResult = Message<"roche.v1.CodeResult"> & {
+  /**
+   * @generated from field: string text = 1;
+   */
+  text: string;
+
+  /**
+   * @generated from field: string html = 2;
+   */
+  html: string;
+
+  /**
+   * @generated from field: string markdown = 3;
+   */
+  markdown: string;
+
+  /**
+   * @generated from field: string svg = 4;
+   */
+  svg: string;
+
+  /**
+   * @generated from field: bytes png = 5;
+   */
+  png: Uint8Array;
+
+  /**
+   * @generated from field: bytes jpeg = 6;
+   */
+  jpeg: Uint8Array;
+
+  /**
+   * json is application/json as JSON text.
+   *
+   * @generated from field: string json = 7;
+   */
+  json: string;
+
+  /**
+   * @generated from field: string latex = 8;
+   */
+  latex: string;
+
+  /**
+   * @generated from field: string javascript = 9;
+   */
+  javascript: string;
+
+  /**
+   * is_main_result: the value of the cell's last expression.
+   *
+   * @generated from field: bool is_main_result = 10;
+   */
+  isMainResult: boolean;
+};
+
+/**
+ * Describes the message roche.v1.CodeResult.
+ * Use `create(CodeResultSchema)` to create a new message.
+ */
+export const CodeResultSchema: GenMessage<CodeResult> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 57);
+
+/**
+ * @generated from message roche.v1.CodeError
+ */
+export type CodeError = Message<"roche.v1.CodeError"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string value = 2;
+   */
+  value: string;
+
+  /**
+   * @generated from field: string traceback = 3;
+   */
+  traceback: string;
+};
+
+/**
+ * Describes the message roche.v1.CodeError.
+ * Use `create(CodeErrorSchema)` to create a new message.
+ */
+export const CodeErrorSchema: GenMessage<CodeError> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 58);
+
+/**
+ * CodeExecution summarises a cell. Its logs and results are empty in RunCode's stream:
+ * the output and result events carried them.
+ *
+ * @generated from message roche.v1.CodeExecution
+ */
+export type CodeExecution = Message<"roche.v1.CodeExecution"> & {
+  /**
+   * @generated from field: repeated roche.v1.CodeResult results = 1;
+   */
+  results: CodeResult[];
+
+  /**
+   * @generated from field: repeated string stdout = 2;
+   */
+  stdout: string[];
+
+  /**
+   * @generated from field: repeated string stderr = 3;
+   */
+  stderr: string[];
+
+  /**
+   * @generated from field: roche.v1.CodeError error = 4;
+   */
+  error?: CodeError;
+
+  /**
+   * @generated from field: int32 execution_count = 5;
+   */
+  executionCount: number;
+
+  /**
+   * @generated from field: string context_id = 6;
+   */
+  contextId: string;
+
+  /**
+   * @generated from field: bool timed_out = 7;
+   */
+  timedOut: boolean;
+
+  /**
+   * @generated from field: bool restarted = 8;
+   */
+  restarted: boolean;
+
+  /**
+   * @generated from field: bool truncated = 9;
+   */
+  truncated: boolean;
+
+  /**
+   * @generated from field: google.protobuf.Duration duration = 10;
+   */
+  duration?: Duration;
+};
+
+/**
+ * Describes the message roche.v1.CodeExecution.
+ * Use `create(CodeExecutionSchema)` to create a new message.
+ */
+export const CodeExecutionSchema: GenMessage<CodeExecution> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 59);
+
+/**
+ * @generated from message roche.v1.RunCodeResponse
+ */
+export type RunCodeResponse = Message<"roche.v1.RunCodeResponse"> & {
+  /**
+   * @generated from oneof roche.v1.RunCodeResponse.event
+   */
+  event: {
+    /**
+     * @generated from field: roche.v1.OutputChunk output = 1;
+     */
+    value: OutputChunk;
+    case: "output";
+  } | {
+    /**
+     * @generated from field: roche.v1.Heartbeat heartbeat = 2;
+     */
+    value: Heartbeat;
+    case: "heartbeat";
+  } | {
+    /**
+     * @generated from field: roche.v1.CodeResult result = 3;
+     */
+    value: CodeResult;
+    case: "result";
+  } | {
+    /**
+     * @generated from field: roche.v1.CodeExecution execution = 4;
+     */
+    value: CodeExecution;
+    case: "execution";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message roche.v1.RunCodeResponse.
+ * Use `create(RunCodeResponseSchema)` to create a new message.
+ */
+export const RunCodeResponseSchema: GenMessage<RunCodeResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 60);
+
+/**
+ * @generated from message roche.v1.CodeContext
+ */
+export type CodeContext = Message<"roche.v1.CodeContext"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string language = 2;
+   */
+  language: string;
+
+  /**
+   * @generated from field: string cwd = 3;
+   */
+  cwd: string;
+
+  /**
+   * @generated from field: bool default = 4;
+   */
+  default: boolean;
+};
+
+/**
+ * Describes the message roche.v1.CodeContext.
+ * Use `create(CodeContextSchema)` to create a new message.
+ */
+export const CodeContextSchema: GenMessage<CodeContext> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 61);
+
+/**
+ * @generated from message roche.v1.CreateContextRequest
+ */
+export type CreateContextRequest = Message<"roche.v1.CreateContextRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: string language = 2;
+   */
+  language: string;
+
+  /**
+   * @generated from field: string cwd = 3;
+   */
+  cwd: string;
+};
+
+/**
+ * Describes the message roche.v1.CreateContextRequest.
+ * Use `create(CreateContextRequestSchema)` to create a new message.
+ */
+export const CreateContextRequestSchema: GenMessage<CreateContextRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 62);
+
+/**
+ * @generated from message roche.v1.CreateContextResponse
+ */
+export type CreateContextResponse = Message<"roche.v1.CreateContextResponse"> & {
+  /**
+   * @generated from field: roche.v1.CodeContext context = 1;
+   */
+  context?: CodeContext;
+};
+
+/**
+ * Describes the message roche.v1.CreateContextResponse.
+ * Use `create(CreateContextResponseSchema)` to create a new message.
+ */
+export const CreateContextResponseSchema: GenMessage<CreateContextResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 63);
+
+/**
+ * @generated from message roche.v1.ListContextsRequest
+ */
+export type ListContextsRequest = Message<"roche.v1.ListContextsRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+};
+
+/**
+ * Describes the message roche.v1.ListContextsRequest.
+ * Use `create(ListContextsRequestSchema)` to create a new message.
+ */
+export const ListContextsRequestSchema: GenMessage<ListContextsRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 64);
+
+/**
+ * @generated from message roche.v1.ListContextsResponse
+ */
+export type ListContextsResponse = Message<"roche.v1.ListContextsResponse"> & {
+  /**
+   * @generated from field: repeated roche.v1.CodeContext contexts = 1;
+   */
+  contexts: CodeContext[];
+};
+
+/**
+ * Describes the message roche.v1.ListContextsResponse.
+ * Use `create(ListContextsResponseSchema)` to create a new message.
+ */
+export const ListContextsResponseSchema: GenMessage<ListContextsResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 65);
+
+/**
+ * @generated from message roche.v1.RestartContextRequest
+ */
+export type RestartContextRequest = Message<"roche.v1.RestartContextRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: string context_id = 2;
+   */
+  contextId: string;
+};
+
+/**
+ * Describes the message roche.v1.RestartContextRequest.
+ * Use `create(RestartContextRequestSchema)` to create a new message.
+ */
+export const RestartContextRequestSchema: GenMessage<RestartContextRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 66);
+
+/**
+ * @generated from message roche.v1.RestartContextResponse
+ */
+export type RestartContextResponse = Message<"roche.v1.RestartContextResponse"> & {
+};
+
+/**
+ * Describes the message roche.v1.RestartContextResponse.
+ * Use `create(RestartContextResponseSchema)` to create a new message.
+ */
+export const RestartContextResponseSchema: GenMessage<RestartContextResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 67);
+
+/**
+ * @generated from message roche.v1.RemoveContextRequest
+ */
+export type RemoveContextRequest = Message<"roche.v1.RemoveContextRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: string context_id = 2;
+   */
+  contextId: string;
+};
+
+/**
+ * Describes the message roche.v1.RemoveContextRequest.
+ * Use `create(RemoveContextRequestSchema)` to create a new message.
+ */
+export const RemoveContextRequestSchema: GenMessage<RemoveContextRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 68);
+
+/**
+ * @generated from message roche.v1.RemoveContextResponse
+ */
+export type RemoveContextResponse = Message<"roche.v1.RemoveContextResponse"> & {
+};
+
+/**
+ * Describes the message roche.v1.RemoveContextResponse.
+ * Use `create(RemoveContextResponseSchema)` to create a new message.
+ */
+export const RemoveContextResponseSchema: GenMessage<RemoveContextResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 69);
 
 /**
  * SandboxState is a sandbox's lifecycle state.
@@ -1923,6 +2364,59 @@ export const SandboxService: GenService<{
     methodKind: "unary";
     input: typeof RemoveSnapshotRequestSchema;
     output: typeof RemoveSnapshotResponseSchema;
+  },
+  /**
+   * RunCode runs a cell of code in a context (a long-lived interpreter in the sandbox that
+   * keeps its variables) and streams its output and rich results as they are produced, a
+   * heartbeat while it is quiet, and the execution's summary last. Cancelling the call
+   * interrupts the cell.
+   *
+   * @generated from rpc roche.v1.SandboxService.RunCode
+   */
+  runCode: {
+    methodKind: "server_streaming";
+    input: typeof RunCodeRequestSchema;
+    output: typeof RunCodeResponseSchema;
+  },
+  /**
+   * CreateContext starts a new context in a sandbox.
+   *
+   * @generated from rpc roche.v1.SandboxService.CreateContext
+   */
+  createContext: {
+    methodKind: "unary";
+    input: typeof CreateContextRequestSchema;
+    output: typeof CreateContextResponseSchema;
+  },
+  /**
+   * ListContexts lists a sandbox's contexts.
+   *
+   * @generated from rpc roche.v1.SandboxService.ListContexts
+   */
+  listContexts: {
+    methodKind: "unary";
+    input: typeof ListContextsRequestSchema;
+    output: typeof ListContextsResponseSchema;
+  },
+  /**
+   * RestartContext replaces a context's interpreter with a fresh one.
+   *
+   * @generated from rpc roche.v1.SandboxService.RestartContext
+   */
+  restartContext: {
+    methodKind: "unary";
+    input: typeof RestartContextRequestSchema;
+    output: typeof RestartContextResponseSchema;
+  },
+  /**
+   * RemoveContext stops a context's interpreter and forgets it.
+   *
+   * @generated from rpc roche.v1.SandboxService.RemoveContext
+   */
+  removeContext: {
+    methodKind: "unary";
+    input: typeof RemoveContextRequestSchema;
+    output: typeof RemoveContextResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_roche_v1_sandbox, 0);
