@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -92,17 +94,43 @@ type CodeRequest struct {
 
 // Validate refuses a request no provider should run, with the reason.
 func (r CodeRequest) Validate() error {
+	var problems []string
 	if len(r.Code) > MaxCodeBytes {
-		return fmt.Errorf("%w: code of %s is over the limit of %s: copy it in as a file and run that instead",
-			ErrInvalidConfig, SizeString(int64(len(r.Code))), SizeString(MaxCodeBytes))
+		problems = append(problems, fmt.Sprintf("code of %s is over the limit of %s: copy it in as a file and run that instead",
+			SizeString(int64(len(r.Code))), SizeString(MaxCodeBytes)))
 	}
 	if r.Timeout < 0 {
-		return fmt.Errorf("%w: negative code timeout %s", ErrInvalidConfig, r.Timeout)
+		problems = append(problems, fmt.Sprintf("negative code timeout %s", r.Timeout))
 	}
-	if r.OutputLimit < 0 {
-		return fmt.Errorf("%w: negative output limit %d", ErrInvalidConfig, r.OutputLimit)
+	if r.OutputLimit < 0 || r.OutputLimit > MaxOutputLimit {
+		problems = append(problems, fmt.Sprintf("output_limit %d: give 0 (the default) up to %s", r.OutputLimit, SizeString(MaxOutputLimit)))
 	}
-	return CheckLanguage(r.Language)
+	problems = append(problems, ContextOptions{Language: r.Language, Cwd: r.Cwd, Env: r.Env}.problems()...)
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// Validate refuses options no provider should start a context with.
+func (o ContextOptions) Validate() error {
+	if problems := o.problems(); len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func (o ContextOptions) problems() []string {
+	var problems []string
+	if err := CheckLanguage(o.Language); err != nil {
+		problems = append(problems, strings.TrimPrefix(err.Error(), ErrInvalidConfig.Error()+": "))
+	}
+	if o.Cwd != "" && !path.IsAbs(o.Cwd) {
+		problems = append(problems, fmt.Sprintf("cwd %q is not absolute: give a path starting with /", o.Cwd))
+	} else if len(o.Cwd) > MaxPathBytes {
+		problems = append(problems, fmt.Sprintf("cwd is %d bytes, over the limit of %d", len(o.Cwd), MaxPathBytes))
+	}
+	return append(problems, envProblems("env", o.Env)...)
 }
 
 // CheckLanguage refuses a language name Roche has no contexts for; empty is Python.

@@ -58,7 +58,7 @@ func (l *Ledger) RunCode(ctx context.Context, t *Tenant, id string, req roche.Co
 
 // CreateContext starts a context in one of tenant t's sandboxes.
 func (l *Ledger) CreateContext(ctx context.Context, t *Tenant, id string, opts roche.ContextOptions) (roche.CodeContext, error) {
-	if err := roche.CheckLanguage(opts.Language); err != nil {
+	if err := opts.Validate(); err != nil {
 		return roche.CodeContext{}, err
 	}
 	tg, cr, err := l.coder(t, id)

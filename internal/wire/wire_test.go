@@ -50,12 +50,12 @@ func TestGoToProtoAndBack(t *testing.T) {
 	})
 	t.Run("RunCode", func(t *testing.T) {
 		roundTrip(t, func(r roche.CodeRequest) roche.CodeRequest {
-			r.Language = roche.LanguageBash // a valid one; fillGo's would be refused
+			r.Language, r.Cwd = roche.LanguageBash, "/x" // valid ones; fillGo's would be refused
 			got, err := CodeFromProto(CodeToProto("sb", r))
 			if err != nil {
 				t.Fatal(err)
 			}
-			got.Language = "x-string"
+			got.Language, got.Cwd = "x-string", "x-string"
 			return got
 		})
 	})
@@ -204,14 +204,14 @@ func TestProtoToGoAndBack(t *testing.T) {
 	})
 	check(&rochev1.RunCodeRequest{}, func(m proto.Message) proto.Message {
 		pb := m.(*rochev1.RunCodeRequest)
-		lang := pb.Language
-		pb.Language = roche.LanguagePython
+		lang, cwd := pb.Language, pb.Cwd
+		pb.Language, pb.Cwd = roche.LanguagePython, "/x"
 		r, err := CodeFromProto(pb)
 		if err != nil {
 			t.Fatal(err)
 		}
 		back := CodeToProto(pb.SandboxId, r)
-		pb.Language, back.Language = lang, lang
+		pb.Language, back.Language, pb.Cwd, back.Cwd = lang, lang, cwd, cwd
 		return back
 	})
 	execBack := func(pb ExecParams) roche.ExecRequest {
