@@ -2077,7 +2077,14 @@ type Pool struct {
 	Drained   bool   `protobuf:"varint,14,opt,name=drained,proto3" json:"drained,omitempty"`
 	LastError string `protobuf:"bytes,15,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// spec is the pool in --pool syntax.
-	Spec          string `protobuf:"bytes,16,opt,name=spec,proto3" json:"spec,omitempty"`
+	Spec string `protobuf:"bytes,16,opt,name=spec,proto3" json:"spec,omitempty"`
+	// max_queue creates may wait for the pool's next sandbox when none is idle (0: none).
+	MaxQueue int32 `protobuf:"varint,17,opt,name=max_queue,json=maxQueue,proto3" json:"max_queue,omitempty"`
+	// waiting counts the creates waiting now.
+	Waiting int32 `protobuf:"varint,18,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// target is how many idle sandboxes the pool keeps now: min_idle, or more (up to
+	// max_idle) while recent demand or a warmup asks for them.
+	Target        int32 `protobuf:"varint,19,opt,name=target,proto3" json:"target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2222,6 +2229,27 @@ func (x *Pool) GetSpec() string {
 		return x.Spec
 	}
 	return ""
+}
+
+func (x *Pool) GetMaxQueue() int32 {
+	if x != nil {
+		return x.MaxQueue
+	}
+	return 0
+}
+
+func (x *Pool) GetWaiting() int32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *Pool) GetTarget() int32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
 }
 
 type PoolStatusRequest struct {
@@ -4627,7 +4655,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x12%\n" +
 	"\x0epreserve_links\x18\x04 \x01(\bR\rpreserveLinks\"/\n" +
 	"\x10CopyFromResponse\x12\x1b\n" +
-	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\xc5\x03\n" +
+	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\x94\x04\n" +
 	"\x04Pool\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x14\n" +
@@ -4646,7 +4674,10 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\adrained\x18\x0e \x01(\bR\adrained\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x0f \x01(\tR\tlastError\x12\x12\n" +
-	"\x04spec\x18\x10 \x01(\tR\x04spec\"\x13\n" +
+	"\x04spec\x18\x10 \x01(\tR\x04spec\x12\x1b\n" +
+	"\tmax_queue\x18\x11 \x01(\x05R\bmaxQueue\x12\x18\n" +
+	"\awaiting\x18\x12 \x01(\x05R\awaiting\x12\x16\n" +
+	"\x06target\x18\x13 \x01(\x05R\x06target\"\x13\n" +
 	"\x11PoolStatusRequest\":\n" +
 	"\x12PoolStatusResponse\x12$\n" +
 	"\x05pools\x18\x01 \x03(\v2\x0e.roche.v1.PoolR\x05pools\";\n" +
