@@ -386,8 +386,9 @@ func (p *Pool) Acquire(ctx context.Context) (sb roche.SandboxInfo, ok bool) {
 // waiting, so creates at a burst are served at the rate the engine can make sandboxes
 // instead of each making its own at once and slowing every other down. It returns ok
 // false, and no error, when the pool has no queue or cannot make sandboxes now (drained,
-// backing off after failures): the caller makes its own. A full queue is refused at once
-// with roche.ErrExhausted; the wait ends at ctx's deadline, or after the pool's create
+// backing off after failures): the caller makes its own. A full queue, or a wait
+// expected past Spec.MaxWait or ctx's deadline, is refused at once with
+// roche.ErrExhausted; the wait ends at ctx's deadline, or after the pool's create
 // timeout when ctx has none.
 func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 	p.mu.Lock()
@@ -400,6 +401,21 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 		p.mu.Unlock()
 		return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry shortly, or raise the pool's max or queue",
 			roche.ErrExhausted, p.spec.Key, n)
+	}
+	// The wait this create can expect: the creates before it and itself, made as many at
+	// once as the manager allows, each taking what making one has taken lately.
+	limit := p.spec.MaxWait
+	if deadline, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(deadline))
+	}
+	if each := p.demand.make; each > 0 {
+		rounds := (len(p.waiting) + cap(p.m.sem)) / cap(p.m.sem)
+		if expect := time.Duration(rounds) * each; expect > limit {
+			n := len(p.waiting)
+			p.mu.Unlock()
+			return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make each), over %s: retry shortly, or raise the pool's max or wait",
+				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, each.Round(time.Millisecond), limit.Round(time.Millisecond))
+		}
 	}
 	w := &waiter{got: make(chan roche.SandboxInfo, 1), err: make(chan error, 1)}
 	p.waiting = append(p.waiting, w)

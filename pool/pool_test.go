@@ -402,7 +402,7 @@ func TestParseSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Spec{Key: Key{"docker", "roche/python:local"}, MinIdle: 2, MaxIdle: 5, MaxTotal: 20,
-		IdleTimeout: 600 * time.Second, MaxTimeoutSecs: 300, Memory: "512m", CPUs: 1, PidsLimit: 64}
+		IdleTimeout: 600 * time.Second, MaxWait: DefaultMaxWait, MaxTimeoutSecs: 300, Memory: "512m", CPUs: 1, PidsLimit: 64}
 	if s != want {
 		t.Fatalf("got %+v\nwant %+v", s, want)
 	}
@@ -709,5 +709,47 @@ func TestDepthFollowsDemand(t *testing.T) {
 	p.mu.Unlock()
 	if st := p.Status(); st.Target != 1 {
 		t.Fatalf("target %d once the demand stopped, want min 1", st.Target)
+	}
+}
+
+// TestQueueRefusesAnExpectedWaitPastItsBound: a create that would wait longer than the
+// pool's wait (or its own deadline), at the rate the pool makes sandboxes, is refused at
+// once rather than queued.
+func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
+	f := newFake(200 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=1&max=1&queue=10&wait=0.3", WithConcurrency(1))
+	m.Start()
+	waitFor(t, "one idle (the pool has timed a creation)", func() bool { return p.Status().Idle == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sb, ok := p.Acquire(ctx)
+	if !ok {
+		t.Fatal("no hit")
+	}
+	defer p.Forget(sb.ID)
+	// One sandbox takes ~200 ms: the first create waiting expects ~200 ms, within 300 ms.
+	first := make(chan error, 1)
+	go func() {
+		sb, _, err := p.Wait(ctx)
+		if err == nil {
+			p.Forget(sb.ID)
+		}
+		first <- err
+	}()
+	waitFor(t, "one create waiting", func() bool { return p.Status().Waiting == 1 })
+	// The second would wait ~400 ms, past 300 ms: refused at once, saying why.
+	start := time.Now()
+	_, _, err := p.Wait(ctx)
+	if !errors.Is(err, roche.ErrExhausted) || time.Since(start) > 100*time.Millisecond || !strings.Contains(err.Error(), "would make this create wait") {
+		t.Fatalf("second wait: %v after %s; want ErrExhausted at once, saying the wait", err, time.Since(start))
+	}
+	// A deadline shorter than one creation is refused at once too.
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if _, _, err := p.Wait(short); !errors.Is(err, roche.ErrExhausted) {
+		t.Fatalf("wait with a 50 ms deadline: %v, want ErrExhausted", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first wait: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 const (
 	DefaultMinIdle     = 1
 	DefaultIdleTimeout = 300 * time.Second
+	DefaultMaxWait     = 10 * time.Second
 	// lifetimeSlack is added to a pooled sandbox's lifetime so that one claimed at the
 	// very end of its idle time still has its full max_timeout left.
 	lifetimeSlack = 60 * time.Second
@@ -42,7 +43,7 @@ func ParseKey(s string) (Key, error) {
 
 // Spec is a warm pool's settings, as given by `roched --pool` or a config file:
 //
-//	docker/roche/python:local?min=2&max=5&total=20&queue=64&idle_timeout=600
+//	docker/roche/python:local?min=2&max=5&total=20&queue=64&wait=3&idle_timeout=600
 //
 // Between min and max the pool keeps as many idle sandboxes as the demand it sees calls
 // for: the creates of the last ten seconds times how long making one takes.
@@ -67,6 +68,11 @@ type Spec struct {
 	// (roche.ErrExhausted), so that a burst beyond what the engine can make is told so
 	// instead of every create slowing the others down.
 	MaxQueue int
+	// MaxWait is the longest a create is expected to wait in the queue (param wait,
+	// seconds or a duration; default 10 s): one that would wait longer, counting the
+	// creates before it and the time the pool takes to make a sandbox, is refused at
+	// once, as is one whose own deadline would pass first.
+	MaxWait time.Duration
 	// IdleTimeout: an idle sandbox older than this is destroyed and replaced
 	// (param idle_timeout, seconds or a Go duration such as 10m; default 300 s).
 	IdleTimeout time.Duration
@@ -81,7 +87,7 @@ type Spec struct {
 }
 
 // params lists the query parameters ParseSpec understands, for error messages.
-var params = []string{"min", "max", "total", "queue", "idle_timeout", "timeout", "memory", "cpus", "pids_limit"}
+var params = []string{"min", "max", "total", "queue", "wait", "idle_timeout", "timeout", "memory", "cpus", "pids_limit"}
 
 // ParseSpec parses "provider/image?min=N&max=N&total=N&idle_timeout=SECS" (every
 // parameter optional; also timeout, memory, cpus, pids_limit) and reports every
@@ -94,7 +100,7 @@ func ParseSpec(s string) (Spec, error) {
 	}
 	def := roche.DefaultConfig()
 	spec := Spec{
-		Key: key, MinIdle: DefaultMinIdle, MaxIdle: -1, IdleTimeout: DefaultIdleTimeout,
+		Key: key, MinIdle: DefaultMinIdle, MaxIdle: -1, IdleTimeout: DefaultIdleTimeout, MaxWait: DefaultMaxWait,
 		MaxTimeoutSecs: roche.DefaultTimeoutSecs, Memory: def.Memory, CPUs: def.CPUs, PidsLimit: def.PidsLimit,
 	}
 	values, err := url.ParseQuery(query)
@@ -131,13 +137,17 @@ func ParseSpec(s string) (Spec, error) {
 			case "pids_limit":
 				spec.PidsLimit = n
 			}
-		case "idle_timeout":
+		case "idle_timeout", "wait":
 			d, err := parseSeconds(v)
 			if err != nil {
 				bad("seconds, e.g. 600, or a duration such as 10m")
 				continue
 			}
-			spec.IdleTimeout = d
+			if name == "wait" {
+				spec.MaxWait = d
+			} else {
+				spec.IdleTimeout = d
+			}
 		case "memory":
 			spec.Memory = v
 		case "cpus":
@@ -198,6 +208,9 @@ func (s Spec) validate() error {
 	if s.MaxQueue < 0 {
 		problems = append(problems, fmt.Sprintf("queue is %d: give 0 (no queue) or more", s.MaxQueue))
 	}
+	if s.MaxQueue > 0 && s.MaxWait <= 0 {
+		problems = append(problems, "wait must be positive")
+	}
 	if s.IdleTimeout <= 0 {
 		problems = append(problems, "idle_timeout must be positive")
 	}
@@ -229,6 +242,7 @@ func (s Spec) String() string {
 	v.Set("max", strconv.Itoa(s.MaxIdle))
 	v.Set("total", strconv.Itoa(s.MaxTotal))
 	v.Set("queue", strconv.Itoa(s.MaxQueue))
+	v.Set("wait", strconv.FormatFloat(s.MaxWait.Seconds(), 'f', -1, 64))
 	v.Set("idle_timeout", strconv.FormatFloat(s.IdleTimeout.Seconds(), 'f', -1, 64))
 	v.Set("timeout", strconv.Itoa(s.MaxTimeoutSecs))
 	v.Set("memory", s.Memory)

@@ -44,6 +44,7 @@ var (
 	poolMax     = flag.Int("pool-max", 8, "most idle sandboxes the pool keeps")
 	concurrency = flag.Int("pool-concurrency", 2, "the pool's concurrent creations")
 	poolQueue   = flag.Int("pool-queue", 64, "creates that may wait for the pool's next sandbox (0: a create that finds it empty makes its own)")
+	poolWait    = flag.Duration("pool-wait", 2*time.Second, "longest expected wait in the pool's queue; a create expecting more is refused at once")
 	verbose     = flag.Bool("v", false, "log the daemon at debug level to stderr")
 	probe       = flag.Bool("probe", true, "check each pooled sandbox is alive before handing it out, as roched does (false measures without)")
 )
@@ -101,7 +102,7 @@ func run() error {
 	}
 	defer os.RemoveAll(dir)
 	socket := filepath.Join(dir, "roched.sock")
-	spec, err := pool.ParseSpec(fmt.Sprintf("docker/%s?min=%d&max=%d&queue=%d", img, *poolMin, *poolMax, *poolQueue))
+	spec, err := pool.ParseSpec(fmt.Sprintf("docker/%s?min=%d&max=%d&queue=%d&wait=%s", img, *poolMin, *poolMax, *poolQueue, *poolWait))
 	if err != nil {
 		return err
 	}
@@ -121,8 +122,8 @@ func run() error {
 
 	cfg := roche.DefaultConfig()
 	cfg.Image = img
-	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d queue=%d concurrency=%d probe=%v\n",
-		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *poolQueue, *concurrency, *probe)
+	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d queue=%d wait=%s concurrency=%d probe=%v\n",
+		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *poolQueue, *poolWait, *concurrency, *probe)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if _, err := c.PoolWarmup(wctx, "", 0); err != nil {
 		cancel()
