@@ -2,6 +2,7 @@ package roche
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"time"
 )
@@ -137,3 +138,18 @@ type CodeError struct {
 }
 
 func (e *CodeError) Error() string { return e.Name + ": " + e.Value }
+
+// Validate checks a request's code and language (a provider may still refuse a language
+// its sandboxes have no interpreter for).
+func (r CodeRequest) Validate() error {
+	if len(r.Code) > MaxCodeBytes {
+		return fmt.Errorf("%w: code of %d bytes is over the %d-byte limit", ErrInvalidConfig, len(r.Code), MaxCodeBytes)
+	}
+	if r.Timeout < 0 {
+		return fmt.Errorf("%w: negative code timeout %s", ErrInvalidConfig, r.Timeout)
+	}
+	if r.OutputLimit < 0 {
+		return fmt.Errorf("%w: negative output limit %d", ErrInvalidConfig, r.OutputLimit)
+	}
+	return nil
+}
