@@ -404,17 +404,17 @@ def main():
     os.environ.setdefault("MPLBACKEND", "module://" + _BACKEND_NAME)
     if os.environ["MPLBACKEND"].lower() == "agg":
         os.environ["MPLBACKEND"] = "module://" + _BACKEND_NAME
-    if "MPLCONFIGDIR" not in os.environ:
+    if "MPLCONFIGDIR" not in os.environ and not os.access(os.path.expanduser("~"), os.W_OK):
         # matplotlib caches fonts under ~/.config; a read-only home would make it warn
-        # on every cell's stderr and rebuild the cache each time.
-        home = os.path.expanduser("~")
-        if not os.access(home, os.W_OK):
-            import tempfile
+        # on every cell's stderr. Only where matplotlib is installed.
+        import importlib.util
+        import tempfile
 
-            try:
+        try:
+            if importlib.util.find_spec("matplotlib") is not None:
                 os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="matplotlib-")
-            except OSError:
-                pass
+        except (OSError, ValueError, ImportError):
+            pass
     sys.meta_path.insert(0, _BackendFinder)
     if hasattr(signal, "SIGINT"):
         try:
@@ -422,7 +422,10 @@ def main():
         except (ValueError, OSError):
             pass
     sys.stdout, sys.stderr = _stdout, _stderr
-    sys.stdin = open(os.devnull)
+    try:
+        sys.stdin = open(os.devnull)
+    except OSError:  # python.wasm has no /dev/null
+        sys.stdin = io.StringIO()
     import builtins
 
     builtins.display = display
@@ -430,7 +433,8 @@ def main():
     sys.modules["__main__"].__dict__.update(_ns)
     _ns.clear()
     globals()["_ns"] = sys.modules["__main__"].__dict__
-    _send({"t": "ready", "version": sys.version.split()[0], "pid": os.getpid()})
+    pid = os.getpid() if hasattr(os, "getpid") else 0
+    _send({"t": "ready", "version": sys.version.split()[0], "pid": pid})
     for line in _reader(_CMD_FD):
         try:
             msg = json.loads(line)
