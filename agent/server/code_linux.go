@@ -64,6 +64,7 @@ type kernelProc struct {
 	wait   <-chan syscall.WaitStatus
 	cmd    *os.File
 	events chan event // closed when the kernel's event pipe closes (it died)
+	exited chan struct{}
 	marks  chan int   // ids of the cells whose sync marks came through fd 1 or fd 2
 
 	mu   sync.Mutex
@@ -303,7 +304,15 @@ func (s *Server) ensureKernel(cx *codeContext) error {
 		return notFound("code context %s was removed", cx.ID)
 	}
 	if k != nil {
-		return nil
+		select {
+		case <-k.exited: // it died between cells: a fresh one, and the next cell says so
+			k.stop("")
+			cx.mu.Lock()
+			cx.k, cx.lost = nil, true
+			cx.mu.Unlock()
+		default:
+			return nil
+		}
 	}
 	k, err := s.startKernel(cx.Cwd)
 	if err != nil {
@@ -380,7 +389,7 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 		evR.Close()
 		return nil, fmt.Errorf("starting the python kernel: %w", err)
 	}
-	k := &kernelProc{pid: pid, wait: wait, cmd: cmdW, events: make(chan event, 64), marks: make(chan int, 64)}
+	k := &kernelProc{pid: pid, wait: wait, cmd: cmdW, events: make(chan event, 64), exited: make(chan struct{}), marks: make(chan int, 64)}
 	go k.readEvents(evR)
 	go k.pumpRaw(stdoutR, agent.FrameStdout)
 	go k.pumpRaw(stderrR, agent.FrameStderr)
@@ -422,6 +431,7 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 
 // readEvents reads the kernel's event lines until its pipe closes.
 func (k *kernelProc) readEvents(f *os.File) {
+	defer close(k.exited)
 	defer close(k.events)
 	defer f.Close()
 	br := bufio.NewReaderSize(f, 64<<10)
@@ -523,13 +533,11 @@ func (s *Server) runCode(c *conn, req agent.Request) error {
 	cx.run.Lock()
 	defer cx.run.Unlock()
 	end := agent.CodeEnd{Context: cx.ID}
-	cx.mu.Lock()
-	end.Restarted = cx.lost
-	cx.mu.Unlock()
 	if err := s.ensureKernel(cx); err != nil {
 		return err
 	}
 	cx.mu.Lock()
+	end.Restarted = cx.lost
 	k := cx.k
 	cx.lost = false
 	cx.cells++

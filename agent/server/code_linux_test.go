@@ -211,3 +211,13 @@ func TestCodeOutputLimit(t *testing.T) {
 		t.Fatalf("truncated cell: truncated=%v stdout %d bytes, text %q", out.end.Truncated, len(out.stdout), out.text())
 	}
 }
+
+func TestCodeKernelDiesBetweenCells(t *testing.T) {
+	id := newContext(t)
+	runCell(t, agent.Request{Context: id, Code: "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(1))).start()"})
+	time.Sleep(time.Second)
+	next := runCell(t, agent.Request{Context: id, Code: "'threading' in globals()"})
+	if !next.end.Restarted || next.end.Error != nil || next.text() != "False" {
+		t.Fatalf("after the interpreter died between cells: %+v", next)
+	}
+}
