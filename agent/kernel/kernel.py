@@ -3,8 +3,9 @@
 # on every image that has python3 (python.wasm included). roche-agent (or the wasm
 # provider) starts it, writes cells to it and reads events back.
 #
-# Channels. With --fds (roche-agent): cells arrive on fd 3, events leave on fd 4, and fd 1
-# and fd 2 stay the raw stdout and stderr pipes that subprocesses and C code write to.
+# Channels. With --fds (roche-agent): this source arrives on stdin (read by a one-line
+# python3 -c), cells on fd 3, events leave on fd 4, and fd 1 and fd 2 stay the raw stdout
+# and stderr pipes that subprocesses and C code write to.
 # With --stdio (python.wasm, which has no fds to spare): cells arrive on stdin and events
 # leave on stdout; fd 2 stays raw stderr.
 #

@@ -353,18 +353,25 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 	stderrR, stderrW, err2 := pipe()
 	cmdR, cmdW, err3 := pipe()
 	evR, evW, err4 := pipe()
-	devnull, err5 := os.Open(os.DevNull)
+	// The kernel's source is its stdin: it fits in the pipe's buffer, so it is written
+	// whole and closed before the kernel starts.
+	srcR, srcW, err5 := pipe()
 	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		closeAll()
 		return nil, err
 	}
-	files = append(files, devnull)
+	_, err = srcW.WriteString(kernel.Source)
+	srcW.Close()
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("passing the python kernel its source: %w", err)
+	}
 	argv := kernel.Argv(python)
 	pid, wait, err := s.reaper.start(func() (int, error) {
 		pid, err := syscall.ForkExec(python, argv, &syscall.ProcAttr{
 			Dir:   cwd,
 			Env:   env,
-			Files: []uintptr{devnull.Fd(), stdoutW.Fd(), stderrW.Fd(), cmdR.Fd(), evW.Fd()},
+			Files: []uintptr{srcR.Fd(), stdoutW.Fd(), stderrW.Fd(), cmdR.Fd(), evW.Fd()},
 			Sys: &syscall.SysProcAttr{
 				Setpgid:     true,
 				Credential:  &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
@@ -377,7 +384,7 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 		}
 		return pid, err
 	})
-	devnull.Close()
+	srcR.Close()
 	stdoutW.Close()
 	stderrW.Close()
 	cmdR.Close()

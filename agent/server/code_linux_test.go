@@ -82,6 +82,7 @@ func TestCodeStatePersists(t *testing.T) {
 
 func TestCodeDefaultContext(t *testing.T) {
 	a := runCell(t, agent.Request{Code: "y = 'default'"})
+	t.Cleanup(func() { _ = client.RemoveContext(ctxT(t, 10*time.Second), a.end.Context) })
 	b := runCell(t, agent.Request{Language: "python", Code: "y"})
 	if a.end.Context == "" || a.end.Context != b.end.Context || b.text() != "'default'" {
 		t.Fatalf("default context: %+v then %+v", a, b)
