@@ -30,6 +30,7 @@ import linecache
 import os
 import signal
 import sys
+import threading
 import traceback
 import types
 
@@ -58,14 +59,18 @@ def _on_sigint(signum, frame):
     raise KeyboardInterrupt
 
 
+_send_lock = threading.Lock()  # threads print too: one event at a time on the pipe
+
+
 def _send(obj):
     data = (json.dumps(obj) + "\n").encode()
     _st.critical += 1
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(_EVT_FD, view)
-            view = view[n:]
+        with _send_lock:
+            view = memoryview(data)
+            while view:
+                n = os.write(_EVT_FD, view)
+                view = view[n:]
     finally:
         _st.critical -= 1
     if _st.pending and not _st.critical and _st.running:
