@@ -65,7 +65,7 @@ type kernelProc struct {
 	cmd    *os.File
 	events chan event // closed when the kernel's event pipe closes (it died)
 	exited chan struct{}
-	marks  chan int   // ids of the cells whose sync marks came through fd 1 or fd 2
+	marks  chan int // ids of the cells whose sync marks came through fd 1 or fd 2
 
 	mu   sync.Mutex
 	cell *cellRun // where raw output goes; nil between cells (then it is dropped)
