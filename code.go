@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -31,6 +35,8 @@ type CodeRunner interface {
 const (
 	LanguagePython = "python"
 	LanguageBash   = "bash"
+	// LanguageJavaScript runs in node, where the sandbox's image has it.
+	LanguageJavaScript = "javascript"
 )
 
 // DefaultCodeTimeout bounds a call to RunCode that gives no timeout.
@@ -45,6 +51,8 @@ type ContextOptions struct {
 	Language string `json:"language,omitempty"`
 	// Cwd is the interpreter's working directory; empty means the sandbox's workdir.
 	Cwd string `json:"cwd,omitempty"`
+	// Env is added to the sandbox's environment for the interpreter.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // CodeContext describes a context.
@@ -66,6 +74,10 @@ type CodeRequest struct {
 	// Context names the context; empty means the language's default context, started
 	// on first use.
 	Context string
+	// Env and Cwd start the default context, when this call starts it: as
+	// ContextOptions' (roched passes what a pooled sandbox's create asked for).
+	Env map[string]string
+	Cwd string
 	// Timeout interrupts the cell (KeyboardInterrupt in Python) after this long; the
 	// context survives with its variables. Zero means DefaultCodeTimeout.
 	Timeout time.Duration
@@ -75,6 +87,59 @@ type CodeRequest struct {
 	Stderr io.Writer
 	// OutputLimit caps each stream's kept bytes; zero means DefaultOutputLimit.
 	OutputLimit int64
+	// OnResult, when set, receives each rich result as it is produced, in addition to
+	// the copy kept in Execution.Results.
+	OnResult func(CodeResult)
+}
+
+// Validate refuses a request no provider should run, with the reason.
+func (r CodeRequest) Validate() error {
+	var problems []string
+	if len(r.Code) > MaxCodeBytes {
+		problems = append(problems, fmt.Sprintf("code of %s is over the limit of %s: copy it in as a file and run that instead",
+			SizeString(int64(len(r.Code))), SizeString(MaxCodeBytes)))
+	}
+	if r.Timeout < 0 {
+		problems = append(problems, fmt.Sprintf("negative code timeout %s", r.Timeout))
+	}
+	if r.OutputLimit < 0 || r.OutputLimit > MaxOutputLimit {
+		problems = append(problems, fmt.Sprintf("output_limit %d: give 0 (the default) up to %s", r.OutputLimit, SizeString(MaxOutputLimit)))
+	}
+	problems = append(problems, ContextOptions{Language: r.Language, Cwd: r.Cwd, Env: r.Env}.problems()...)
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// Validate refuses options no provider should start a context with.
+func (o ContextOptions) Validate() error {
+	if problems := o.problems(); len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func (o ContextOptions) problems() []string {
+	var problems []string
+	if err := CheckLanguage(o.Language); err != nil {
+		problems = append(problems, strings.TrimPrefix(err.Error(), ErrInvalidConfig.Error()+": "))
+	}
+	if o.Cwd != "" && !path.IsAbs(o.Cwd) {
+		problems = append(problems, fmt.Sprintf("cwd %q is not absolute: give a path starting with /", o.Cwd))
+	} else if len(o.Cwd) > MaxPathBytes {
+		problems = append(problems, fmt.Sprintf("cwd is %d bytes, over the limit of %d", len(o.Cwd), MaxPathBytes))
+	}
+	return append(problems, envProblems("env", o.Env)...)
+}
+
+// CheckLanguage refuses a language name Roche has no contexts for; empty is Python.
+func CheckLanguage(lang string) error {
+	switch lang {
+	case "", LanguagePython, LanguageBash, LanguageJavaScript:
+		return nil
+	}
+	return fmt.Errorf("%w: unknown code language %q: use %q, %q or %q", ErrInvalidConfig, lang, LanguagePython, LanguageBash, LanguageJavaScript)
 }
 
 // Execution is the outcome of a cell, shaped like E2B's Execution.
@@ -139,17 +204,55 @@ type CodeError struct {
 
 func (e *CodeError) Error() string { return e.Name + ": " + e.Value }
 
-// Validate checks a request's code and language (a provider may still refuse a language
-// its sandboxes have no interpreter for).
-func (r CodeRequest) Validate() error {
-	if len(r.Code) > MaxCodeBytes {
-		return fmt.Errorf("%w: code of %d bytes is over the %d-byte limit", ErrInvalidConfig, len(r.Code), MaxCodeBytes)
+// LogCapture keeps the chunks a cell writes to one stream, up to limit bytes in all
+// (DefaultOutputLimit when limit is 0), and passes each on to w when w is set.
+type LogCapture struct {
+	mu        sync.Mutex
+	limit     int64
+	n         int64
+	chunks    []string
+	truncated bool
+	w         io.Writer
+}
+
+// NewLogCapture returns a capture of limit bytes passing chunks on to w (which may be nil).
+func NewLogCapture(limit int64, w io.Writer) *LogCapture {
+	if limit <= 0 {
+		limit = DefaultOutputLimit
 	}
-	if r.Timeout < 0 {
-		return fmt.Errorf("%w: negative code timeout %s", ErrInvalidConfig, r.Timeout)
+	return &LogCapture{limit: limit, w: w}
+}
+
+// Write keeps what fits and passes everything on.
+func (c *LogCapture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if room := c.limit - c.n; room < int64(len(p)) {
+		c.truncated = true
+		if room > 0 {
+			c.chunks = append(c.chunks, string(p[:room]))
+			c.n += room
+		}
+	} else if len(p) > 0 {
+		c.chunks = append(c.chunks, string(p))
+		c.n += int64(len(p))
 	}
-	if r.OutputLimit < 0 {
-		return fmt.Errorf("%w: negative output limit %d", ErrInvalidConfig, r.OutputLimit)
+	c.mu.Unlock()
+	if c.w != nil {
+		return c.w.Write(p)
 	}
-	return nil
+	return len(p), nil
+}
+
+// Chunks returns the kept chunks.
+func (c *LogCapture) Chunks() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.chunks)
+}
+
+// Truncated reports whether bytes past the limit were discarded.
+func (c *LogCapture) Truncated() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.truncated
 }

@@ -456,8 +456,8 @@ type CodeOptions struct {
 	Result func(CodeResult)
 }
 
-// RunCode runs req.Code (with req.Context or req.Language, TimeoutMS, OutputLimit, Cwd
-// for a default context made now) in a code context and waits for its end. Cancelling
+// RunCode runs req.Code (with req.Context or req.Language, TimeoutMS, OutputLimit, and
+// Cwd and Env for a default context made now) in a code context and waits for its end. Cancelling
 // ctx closes the connection, which interrupts the cell.
 func (c *Client) RunCode(ctx context.Context, req Request, opts CodeOptions) (CodeEnd, error) {
 	req.Op = OpCodeRun
@@ -503,9 +503,9 @@ func (c *Client) RunCode(ctx context.Context, req Request, opts CodeOptions) (Co
 }
 
 // CreateContext starts a code context.
-func (c *Client) CreateContext(ctx context.Context, language, cwd string) (CodeContext, error) {
+func (c *Client) CreateContext(ctx context.Context, language, cwd string, env map[string]string) (CodeContext, error) {
 	var cc CodeContext
-	return cc, c.call(ctx, Request{Op: OpCodeCreate, Language: language, Cwd: cwd}, &cc)
+	return cc, c.call(ctx, Request{Op: OpCodeCreate, Language: language, Cwd: cwd, Env: env}, &cc)
 }
 
 // Contexts lists the code contexts.

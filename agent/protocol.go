@@ -63,7 +63,7 @@ const (
 	// result frames and ends with a code end frame (or an error frame when the cell could
 	// not be run); the others answer with one reply frame.
 	OpCodeRun     = "code_run"     // Code in Context (or Language's default context)
-	OpCodeCreate  = "code_create"  // Language, Cwd → CodeContext
+	OpCodeCreate  = "code_create"  // Language, Cwd, Env → CodeContext
 	OpCodeList    = "code_list"    // → []CodeContext
 	OpCodeRestart = "code_restart" // Context: a fresh interpreter, variables gone
 	OpCodeRemove  = "code_remove"  // Context: stopped and forgotten
@@ -106,7 +106,8 @@ type Request struct {
 	// lease
 	Keep bool `json:"keep,omitempty"`
 
-	// code contexts (with Cwd, TimeoutMS and OutputLimit above)
+	// code contexts (with Cwd, Env, TimeoutMS and OutputLimit above; Cwd and Env start
+	// the interpreter of a context made by the call)
 	Code     string `json:"code,omitempty"`
 	Language string `json:"language,omitempty"`
 	Context  string `json:"context,omitempty"`

@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -36,7 +38,13 @@ type Option func(*Manager)
 // WithLogger sets the logger; the default discards.
 func WithLogger(l *slog.Logger) Option { return func(m *Manager) { m.log = l } }
 
-// WithConcurrency bounds how many sandboxes all pools together create at once (default 2).
+// DefaultConcurrency is how many sandboxes the pools create at once unless told: the
+// machine's cores, at least 2. Making a sandbox is mostly the engine's CPU time, so more
+// at once only makes each slower.
+func DefaultConcurrency() int { return max(2, runtime.NumCPU()) }
+
+// WithConcurrency bounds how many sandboxes all pools together create at once (default
+// DefaultConcurrency).
 func WithConcurrency(n int) Option {
 	return func(m *Manager) { m.sem = make(chan struct{}, max(n, 1)) }
 }
@@ -87,7 +95,7 @@ type Manager struct {
 func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Option) (*Manager, error) {
 	m := &Manager{
 		log:           slog.New(slog.DiscardHandler),
-		sem:           make(chan struct{}, 2),
+		sem:           make(chan struct{}, DefaultConcurrency()),
 		janitorEvery:  time.Second,
 		createTimeout: 2 * time.Minute,
 		probeTimeout:  DefaultProbeTimeout,
@@ -223,6 +231,61 @@ type Pool struct {
 	// changed is closed and replaced whenever idle or creating changes, so that
 	// waiters (Warmup, Drain) can select on it together with their context.
 	changed chan struct{}
+	// waiting holds the creates waiting for the next sandbox (Spec.MaxQueue), oldest
+	// first; a new sandbox goes to the oldest before it is idle.
+	waiting []*waiter
+	// demand counts the creates of recent seconds and what making a sandbox takes, to
+	// size the pool between MinIdle and MaxIdle.
+	demand demand
+}
+
+// waiter is a create waiting for the pool's next sandbox.
+type waiter struct {
+	got chan roche.SandboxInfo // buffered: the pool never blocks handing one over
+	err chan error             // buffered: why no sandbox will come
+}
+
+// demandWindow is how far back the pool looks to size itself.
+const demandWindow = 10 * time.Second
+
+// demand tracks creates per second and the time one sandbox takes to make.
+type demand struct {
+	asks []time.Time   // creates in the last demandWindow, oldest first
+	make time.Duration // moving average of a creation's duration
+}
+
+func (d *demand) ask(now time.Time) {
+	d.trim(now)
+	d.asks = append(d.asks, now)
+}
+
+func (d *demand) trim(now time.Time) {
+	i := 0
+	for i < len(d.asks) && now.Sub(d.asks[i]) > demandWindow {
+		i++
+	}
+	d.asks = d.asks[i:]
+}
+
+func (d *demand) made(took time.Duration) {
+	if d.make == 0 {
+		d.make = took
+		return
+	}
+	d.make = (3*d.make + took) / 4
+}
+
+// depth is how many idle sandboxes cover the creates that arrive while one is made
+// (Little's law), with half again for bursts.
+func (d *demand) depth(now time.Time) int {
+	d.trim(now)
+	if len(d.asks) == 0 || d.make == 0 {
+		return 0
+	}
+	// Over the time the creates seen span, so that a burst counts as the rate it has.
+	span := max(now.Sub(d.asks[0]), time.Second)
+	perSecond := float64(len(d.asks)) / span.Seconds()
+	return int(math.Ceil(perSecond * d.make.Seconds() * 1.5))
 }
 
 type member struct {
@@ -236,8 +299,13 @@ type Status struct {
 	Idle     int
 	Creating int
 	InUse    int
-	Hits     uint64
-	Misses   uint64
+	// Waiting counts creates waiting for the pool's next sandbox (Spec.MaxQueue).
+	Waiting int
+	// Target is how many idle sandboxes the pool keeps now: MinIdle, or more (up to
+	// MaxIdle) while demand or a warmup asks for them.
+	Target int
+	Hits   uint64
+	Misses uint64
 	// Dead counts idle sandboxes found dead (by the check before hand-out, or reported
 	// by the owner through Discard) and replaced.
 	Dead    uint64
@@ -254,6 +322,7 @@ func (p *Pool) Status() Status {
 	defer p.mu.Unlock()
 	return Status{
 		Spec: p.spec, Idle: len(p.idle), Creating: p.creating, InUse: len(p.inUse),
+		Waiting: len(p.waiting), Target: p.targetLocked(time.Now()),
 		Hits: p.hits, Misses: p.misses, Dead: p.dead, Drained: p.drained, LastErr: p.lastErr,
 	}
 }
@@ -271,6 +340,9 @@ func (p *Pool) notifyLocked() {
 // tried, so a dead sandbox is never handed out.
 func (p *Pool) Acquire(ctx context.Context) (sb roche.SandboxInfo, ok bool) {
 	defer p.refill()
+	p.mu.Lock()
+	p.demand.ask(time.Now())
+	p.mu.Unlock()
 	for {
 		m, found := p.take()
 		if !found {
@@ -307,6 +379,85 @@ func (p *Pool) Acquire(ctx context.Context) (sb roche.SandboxInfo, ok bool) {
 		p.mu.Unlock()
 		p.m.log.Warn("pool: an idle sandbox was dead: discarded it and trying the next", "pool", p.spec.Key.String(), "id", m.info.ID, "err", err)
 	}
+}
+
+// Wait queues for the pool's next sandbox after Acquire missed, when the pool has a
+// queue (Spec.MaxQueue): the sandbox the pool makes next goes to the oldest create
+// waiting, so creates at a burst are served at the rate the engine can make sandboxes
+// instead of each making its own at once and slowing every other down. It returns ok
+// false, and no error, when the pool has no queue or cannot make sandboxes now (drained,
+// backing off after failures): the caller makes its own. A full queue, or a wait
+// expected past Spec.MaxWait or ctx's deadline, is refused at once with
+// roche.ErrExhausted; the wait ends at ctx's deadline, or after the pool's create
+// timeout when ctx has none.
+func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
+	p.mu.Lock()
+	if p.spec.MaxQueue == 0 || p.closed || p.drained || time.Now().Before(p.backoff) {
+		p.mu.Unlock()
+		return roche.SandboxInfo{}, false, nil
+	}
+	if len(p.waiting) >= p.spec.MaxQueue {
+		n := len(p.waiting)
+		p.mu.Unlock()
+		return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry shortly, or raise the pool's max or queue",
+			roche.ErrExhausted, p.spec.Key, n)
+	}
+	// The wait this create can expect: the creates before it and itself, made as many at
+	// once as the manager allows, each taking what making one has taken lately.
+	limit := p.spec.MaxWait
+	if deadline, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(deadline))
+	}
+	if each := p.demand.make; each > 0 {
+		rounds := (len(p.waiting) + cap(p.m.sem)) / cap(p.m.sem)
+		if expect := time.Duration(rounds) * each; expect > limit {
+			n := len(p.waiting)
+			p.mu.Unlock()
+			return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make each), over %s: retry shortly, or raise the pool's max or wait",
+				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, each.Round(time.Millisecond), limit.Round(time.Millisecond))
+		}
+	}
+	w := &waiter{got: make(chan roche.SandboxInfo, 1), err: make(chan error, 1)}
+	p.waiting = append(p.waiting, w)
+	p.notifyLocked()
+	p.mu.Unlock()
+	p.refill()
+
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.m.createTimeout)
+		defer cancel()
+	}
+	select {
+	case sb := <-w.got:
+		return sb, true, nil
+	case err := <-w.err:
+		return roche.SandboxInfo{}, false, err
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, x := range p.waiting {
+		if x == w {
+			p.waiting = append(p.waiting[:i:i], p.waiting[i+1:]...)
+			p.notifyLocked()
+			return roche.SandboxInfo{}, false, fmt.Errorf("%w: waiting for pool %s's next sandbox: %w", roche.ErrTimeout, p.spec.Key, ctx.Err())
+		}
+	}
+	// Handed over just as the wait ended: the sandbox goes back, as with Acquire.
+	select {
+	case sb := <-w.got:
+		delete(p.inUse, sb.ID)
+		p.hits--
+		if !p.closed && !p.drained {
+			p.idle = append([]member{{info: sb, idleSince: time.Now()}}, p.idle...)
+		} else {
+			p.destroyLocked([]member{{info: sb}}, "pool drained")
+		}
+		p.notifyLocked()
+	default:
+	}
+	return roche.SandboxInfo{}, false, fmt.Errorf("%w: waiting for pool %s's next sandbox: %w", roche.ErrTimeout, p.spec.Key, ctx.Err())
 }
 
 // take removes the oldest idle sandbox that is not past its idle timeout, counting it
@@ -420,8 +571,10 @@ func (p *Pool) refill() {
 		return
 	}
 	have := len(p.idle) + p.probing + p.creating
-	want := max(p.target, p.spec.MinIdle) - have
-	want = min(want, p.spec.MaxIdle-have)
+	// Sandboxes for the creates waiting go to them, not to idle: MaxIdle does not
+	// bound those.
+	want := p.targetLocked(time.Now()) + len(p.waiting) - have
+	want = min(want, p.spec.MaxIdle+len(p.waiting)-have)
 	if p.spec.MaxTotal > 0 {
 		want = min(want, p.spec.MaxTotal-have-len(p.inUse))
 	}
@@ -430,6 +583,12 @@ func (p *Pool) refill() {
 		p.wg.Add(1)
 		go p.create()
 	}
+}
+
+// targetLocked is the idle sandboxes wanted now: MinIdle, a warmup's count, or what
+// recent demand calls for, within MaxIdle.
+func (p *Pool) targetLocked(now time.Time) int {
+	return min(max(p.target, p.spec.MinIdle, p.demand.depth(now)), p.spec.MaxIdle)
 }
 
 // create makes one sandbox, waiting for a slot of the manager's bounded concurrency.
@@ -462,6 +621,12 @@ func (p *Pool) create() {
 	if err != nil {
 		p.failures++
 		p.lastErr = err
+		// The oldest create waiting hears why now rather than at its deadline.
+		if len(p.waiting) > 0 {
+			w := p.waiting[0]
+			p.waiting = p.waiting[1:]
+			w.err <- fmt.Errorf("pool %s could not make a sandbox: %w", p.spec.Key, err)
+		}
 		// Back off so that a broken image or a stopped engine is not hammered.
 		wait := min(time.Duration(1<<min(p.failures, 6))*250*time.Millisecond, 15*time.Second)
 		p.backoff = time.Now().Add(wait)
@@ -469,8 +634,17 @@ func (p *Pool) create() {
 		return
 	}
 	p.failures, p.lastErr = 0, nil
+	p.demand.made(time.Since(start))
 	if p.closed || p.drained {
 		p.destroyLocked([]member{{info: info}}, "pool drained")
+		return
+	}
+	if len(p.waiting) > 0 {
+		w := p.waiting[0]
+		p.waiting = p.waiting[1:]
+		p.hits++
+		p.inUse[info.ID] = struct{}{}
+		w.got <- info
 		return
 	}
 	p.idle = append(p.idle, member{info: info, idleSince: time.Now()})
@@ -575,6 +749,10 @@ func (p *Pool) Drain(ctx context.Context) (int, error) {
 	p.mu.Lock()
 	p.drained = true
 	p.target = 0
+	for _, w := range p.waiting {
+		w.err <- fmt.Errorf("%w: pool %s was drained while this create waited for it", roche.ErrUnavailable, p.spec.Key)
+	}
+	p.waiting = nil
 	n := len(p.idle)
 	p.destroyLocked(p.idle, "drain")
 	p.idle = nil

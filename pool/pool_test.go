@@ -402,7 +402,7 @@ func TestParseSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Spec{Key: Key{"docker", "roche/python:local"}, MinIdle: 2, MaxIdle: 5, MaxTotal: 20,
-		IdleTimeout: 600 * time.Second, MaxTimeoutSecs: 300, Memory: "512m", CPUs: 1, PidsLimit: 64}
+		IdleTimeout: 600 * time.Second, MaxWait: DefaultMaxWait, MaxTimeoutSecs: 300, Memory: "512m", CPUs: 1, PidsLimit: 64}
 	if s != want {
 		t.Fatalf("got %+v\nwant %+v", s, want)
 	}
@@ -576,5 +576,180 @@ func TestDiscardReplaces(t *testing.T) {
 		if idle == id {
 			t.Fatalf("the discarded sandbox %s is still idle", id)
 		}
+	}
+}
+
+// TestQueueServesAtTheEnginesRate: with a queue, creates that find the pool empty wait
+// for its next sandboxes instead of each making one; they are served oldest first, as
+// fast as the bounded creations make them, and past the queue a create is refused at
+// once.
+func TestQueueServesAtTheEnginesRate(t *testing.T) {
+	f := newFake(30 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=0&max=0&queue=4", WithConcurrency(2))
+	m.Start()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	got := make(chan string, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, ok, err := p.Wait(ctx)
+			if err != nil || !ok {
+				t.Errorf("wait: ok %v, err %v", ok, err)
+				return
+			}
+			got <- sb.ID
+		}()
+	}
+	waitFor(t, "four creates waiting", func() bool { return p.Status().Waiting+len(got) >= 4 })
+	// The queue is full while they wait: a fifth is refused at once.
+	if p.Status().Waiting == 4 {
+		start := time.Now()
+		_, _, err := p.Wait(ctx)
+		if !errors.Is(err, roche.ErrExhausted) || time.Since(start) > time.Second {
+			t.Fatalf("wait past the queue: %v after %s, want ErrExhausted at once", err, time.Since(start))
+		}
+		if !strings.Contains(err.Error(), "queue") {
+			t.Errorf("refusal %q does not name the queue", err)
+		}
+	}
+	wg.Wait()
+	close(got)
+	ids := map[string]bool{}
+	for id := range got {
+		ids[id] = true
+	}
+	_, _, maxCreate, created := f.stats()
+	if len(ids) != 4 || created != 4 || maxCreate > 2 {
+		t.Fatalf("served %d distinct sandboxes, %d created, %d at once; want 4, 4, at most 2", len(ids), created, maxCreate)
+	}
+	if st := p.Status(); st.Waiting != 0 || st.InUse != 4 || st.Idle != 0 {
+		t.Fatalf("status %+v, want nothing waiting, 4 in use, none idle", st)
+	}
+	for id := range ids {
+		p.Forget(id)
+		_ = f.Destroy(context.Background(), id)
+	}
+}
+
+// TestQueueWaitEndsAtDeadline: a create waits no longer than its deadline, says so,
+// and the sandbox made for it is not lost but kept idle for the next.
+func TestQueueWaitEndsAtDeadline(t *testing.T) {
+	f := newFake(300 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=0&max=1&queue=2")
+	m.Start()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, ok, err := p.Wait(ctx)
+	if ok || !errors.Is(err, roche.ErrTimeout) {
+		t.Fatalf("wait past the deadline: ok %v, err %v; want ErrTimeout", ok, err)
+	}
+	waitFor(t, "the sandbox made for it to be kept idle", func() bool { return p.Status().Idle == 1 })
+	if st := p.Status(); st.Waiting != 0 {
+		t.Fatalf("status %+v, want nothing waiting", st)
+	}
+}
+
+// TestQueueHearsCreateFailure: a create waiting hears why the pool could not make its
+// sandbox at once, not at its deadline; a pool without a queue never holds a create.
+func TestQueueHearsCreateFailure(t *testing.T) {
+	f := newFake(10 * time.Millisecond)
+	f.fail.Store(1)
+	m, p := newManager(t, f, "fake/img?min=0&max=0&queue=2")
+	m.Start()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, ok, err := p.Wait(ctx)
+	if ok || !errors.Is(err, roche.ErrUnavailable) || time.Since(start) > 5*time.Second {
+		t.Fatalf("wait on a failing create: ok %v, err %v after %s; want ErrUnavailable soon", ok, err, time.Since(start))
+	}
+
+	_, q := newManager(t, newFake(0), "fake/img?min=0&max=0")
+	if _, ok, err := q.Wait(ctx); ok || err != nil {
+		t.Fatalf("wait on a pool without a queue: ok %v, err %v; want a miss", ok, err)
+	}
+}
+
+// TestDepthFollowsDemand: a burst of creates raises the idle sandboxes kept (within
+// max), and they fall back to min when the demand stops.
+func TestDepthFollowsDemand(t *testing.T) {
+	f := newFake(100 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=1&max=6&idle_timeout=60", WithJanitorInterval(10*time.Millisecond))
+	m.Start()
+	waitFor(t, "one idle", func() bool { return p.Status().Idle == 1 })
+	if st := p.Status(); st.Target != 1 {
+		t.Fatalf("target %d before any demand, want min 1", st.Target)
+	}
+	// 40 creates in about 2 s: 4 a second, each sandbox 100 ms to make.
+	var taken []string
+	for range 40 {
+		if sb, ok := p.Acquire(context.Background()); ok {
+			taken = append(taken, sb.ID)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	st := p.Status()
+	if st.Target < 2 || st.Target > 6 {
+		t.Fatalf("target %d after 40 creates in 2 s (100 ms each to make), want 2..6", st.Target)
+	}
+	waitFor(t, "idle to reach the target", func() bool { s := p.Status(); return s.Idle >= s.Target })
+	for _, id := range taken {
+		p.Forget(id)
+		_ = f.Destroy(context.Background(), id)
+	}
+	// The demand ages out of its window.
+	p.mu.Lock()
+	for i := range p.demand.asks {
+		p.demand.asks[i] = p.demand.asks[i].Add(-time.Minute)
+	}
+	p.mu.Unlock()
+	if st := p.Status(); st.Target != 1 {
+		t.Fatalf("target %d once the demand stopped, want min 1", st.Target)
+	}
+}
+
+// TestQueueRefusesAnExpectedWaitPastItsBound: a create that would wait longer than the
+// pool's wait (or its own deadline), at the rate the pool makes sandboxes, is refused at
+// once rather than queued.
+func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
+	f := newFake(200 * time.Millisecond)
+	m, p := newManager(t, f, "fake/img?min=1&max=1&queue=10&wait=0.3", WithConcurrency(1))
+	m.Start()
+	waitFor(t, "one idle (the pool has timed a creation)", func() bool { return p.Status().Idle == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sb, ok := p.Acquire(ctx)
+	if !ok {
+		t.Fatal("no hit")
+	}
+	defer p.Forget(sb.ID)
+	// One sandbox takes ~200 ms: the first create waiting expects ~200 ms, within 300 ms.
+	first := make(chan error, 1)
+	go func() {
+		sb, _, err := p.Wait(ctx)
+		if err == nil {
+			p.Forget(sb.ID)
+		}
+		first <- err
+	}()
+	waitFor(t, "one create waiting", func() bool { return p.Status().Waiting == 1 })
+	// The second would wait ~400 ms, past 300 ms: refused at once, saying why.
+	start := time.Now()
+	_, _, err := p.Wait(ctx)
+	if !errors.Is(err, roche.ErrExhausted) || time.Since(start) > 100*time.Millisecond || !strings.Contains(err.Error(), "would make this create wait") {
+		t.Fatalf("second wait: %v after %s; want ErrExhausted at once, saying the wait", err, time.Since(start))
+	}
+	// A deadline shorter than one creation is refused at once too.
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if _, _, err := p.Wait(short); !errors.Is(err, roche.ErrExhausted) {
+		t.Fatalf("wait with a 50 ms deadline: %v, want ErrExhausted", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first wait: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 const (
 	DefaultMinIdle     = 1
 	DefaultIdleTimeout = 300 * time.Second
+	DefaultMaxWait     = 10 * time.Second
 	// lifetimeSlack is added to a pooled sandbox's lifetime so that one claimed at the
 	// very end of its idle time still has its full max_timeout left.
 	lifetimeSlack = 60 * time.Second
@@ -42,7 +43,10 @@ func ParseKey(s string) (Key, error) {
 
 // Spec is a warm pool's settings, as given by `roched --pool` or a config file:
 //
-//	docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600
+//	docker/roche/python:local?min=2&max=5&total=20&queue=64&wait=3&idle_timeout=600
+//
+// Between min and max the pool keeps as many idle sandboxes as the demand it sees calls
+// for: the creates of the last ten seconds times how long making one takes.
 //
 // A create is served from the pool when its config differs from the pool's only in
 // what can be applied when a command runs (env and workdir) and asks for a lifetime of
@@ -58,6 +62,17 @@ type Spec struct {
 	// MaxTotal bounds idle, creating and handed-out pooled sandboxes together
 	// (param total; 0, the default, is no bound).
 	MaxTotal int
+	// MaxQueue creates may wait for the pool's next sandbox when none is idle (param
+	// queue; 0, the default, sends a create that finds the pool empty to make its own).
+	// A create waits at most until its deadline; past the queue it is refused at once
+	// (roche.ErrExhausted), so that a burst beyond what the engine can make is told so
+	// instead of every create slowing the others down.
+	MaxQueue int
+	// MaxWait is the longest a create is expected to wait in the queue (param wait,
+	// seconds or a duration; default 10 s): one that would wait longer, counting the
+	// creates before it and the time the pool takes to make a sandbox, is refused at
+	// once, as is one whose own deadline would pass first.
+	MaxWait time.Duration
 	// IdleTimeout: an idle sandbox older than this is destroyed and replaced
 	// (param idle_timeout, seconds or a Go duration such as 10m; default 300 s).
 	IdleTimeout time.Duration
@@ -72,7 +87,7 @@ type Spec struct {
 }
 
 // params lists the query parameters ParseSpec understands, for error messages.
-var params = []string{"min", "max", "total", "idle_timeout", "timeout", "memory", "cpus", "pids_limit"}
+var params = []string{"min", "max", "total", "queue", "wait", "idle_timeout", "timeout", "memory", "cpus", "pids_limit"}
 
 // ParseSpec parses "provider/image?min=N&max=N&total=N&idle_timeout=SECS" (every
 // parameter optional; also timeout, memory, cpus, pids_limit) and reports every
@@ -85,7 +100,7 @@ func ParseSpec(s string) (Spec, error) {
 	}
 	def := roche.DefaultConfig()
 	spec := Spec{
-		Key: key, MinIdle: DefaultMinIdle, MaxIdle: -1, IdleTimeout: DefaultIdleTimeout,
+		Key: key, MinIdle: DefaultMinIdle, MaxIdle: -1, IdleTimeout: DefaultIdleTimeout, MaxWait: DefaultMaxWait,
 		MaxTimeoutSecs: roche.DefaultTimeoutSecs, Memory: def.Memory, CPUs: def.CPUs, PidsLimit: def.PidsLimit,
 	}
 	values, err := url.ParseQuery(query)
@@ -102,7 +117,7 @@ func ParseSpec(s string) (Spec, error) {
 		v := values.Get(name)
 		bad := func(want string) { problems = append(problems, fmt.Sprintf("%s=%q: want %s", name, v, want)) }
 		switch name {
-		case "min", "max", "total", "timeout", "pids_limit":
+		case "min", "max", "total", "queue", "timeout", "pids_limit":
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				bad("a whole number")
@@ -115,18 +130,24 @@ func ParseSpec(s string) (Spec, error) {
 				spec.MaxIdle = n
 			case "total":
 				spec.MaxTotal = n
+			case "queue":
+				spec.MaxQueue = n
 			case "timeout":
 				spec.MaxTimeoutSecs = n
 			case "pids_limit":
 				spec.PidsLimit = n
 			}
-		case "idle_timeout":
+		case "idle_timeout", "wait":
 			d, err := parseSeconds(v)
 			if err != nil {
 				bad("seconds, e.g. 600, or a duration such as 10m")
 				continue
 			}
-			spec.IdleTimeout = d
+			if name == "wait" {
+				spec.MaxWait = d
+			} else {
+				spec.IdleTimeout = d
+			}
 		case "memory":
 			spec.Memory = v
 		case "cpus":
@@ -184,6 +205,12 @@ func (s Spec) validate() error {
 	} else if s.MaxTotal > 0 && s.MaxTotal < s.MaxIdle {
 		problems = append(problems, fmt.Sprintf("total (%d) is below max (%d)", s.MaxTotal, s.MaxIdle))
 	}
+	if s.MaxQueue < 0 {
+		problems = append(problems, fmt.Sprintf("queue is %d: give 0 (no queue) or more", s.MaxQueue))
+	}
+	if s.MaxQueue > 0 && s.MaxWait <= 0 {
+		problems = append(problems, "wait must be positive")
+	}
 	if s.IdleTimeout <= 0 {
 		problems = append(problems, "idle_timeout must be positive")
 	}
@@ -214,6 +241,8 @@ func (s Spec) String() string {
 	v.Set("min", strconv.Itoa(s.MinIdle))
 	v.Set("max", strconv.Itoa(s.MaxIdle))
 	v.Set("total", strconv.Itoa(s.MaxTotal))
+	v.Set("queue", strconv.Itoa(s.MaxQueue))
+	v.Set("wait", strconv.FormatFloat(s.MaxWait.Seconds(), 'f', -1, 64))
 	v.Set("idle_timeout", strconv.FormatFloat(s.IdleTimeout.Seconds(), 'f', -1, 64))
 	v.Set("timeout", strconv.Itoa(s.MaxTimeoutSecs))
 	v.Set("memory", s.Memory)

@@ -40,6 +40,7 @@ const (
 // codeContext is one context.
 type codeContext struct {
 	agent.CodeContext
+	env map[string]string // added to the sandbox's environment for the interpreter
 
 	// run is held while a cell runs and while the interpreter is replaced.
 	run sync.Mutex
@@ -144,7 +145,7 @@ func (s *Server) codeOp(c *conn, req agent.Request) error {
 	case agent.OpCodeRun:
 		return s.runCode(c, req)
 	case agent.OpCodeCreate:
-		cx, err := s.newContext(req.Language, req.Cwd, false)
+		cx, err := s.newContext(req.Language, req.Cwd, req.Env, false)
 		if err != nil {
 			return err
 		}
@@ -198,14 +199,14 @@ func checkLanguage(lang string) (string, error) {
 }
 
 // newContext makes a context (its interpreter starts on its first cell).
-func (s *Server) newContext(lang, cwd string, isDefault bool) (*codeContext, error) {
+func (s *Server) newContext(lang, cwd string, env map[string]string, isDefault bool) (*codeContext, error) {
 	lang, err := checkLanguage(lang)
 	if err != nil {
 		return nil, err
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	cx := &codeContext{CodeContext: agent.CodeContext{ID: hex.EncodeToString(b[:]), Language: lang, Cwd: cwd, Default: isDefault}}
+	cx := &codeContext{CodeContext: agent.CodeContext{ID: hex.EncodeToString(b[:]), Language: lang, Cwd: cwd, Default: isDefault}, env: env}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping != "" {
@@ -219,7 +220,7 @@ func (s *Server) newContext(lang, cwd string, isDefault bool) (*codeContext, err
 }
 
 // defaultContext returns the language's default context, made on first use.
-func (s *Server) defaultContext(lang, cwd string) (*codeContext, error) {
+func (s *Server) defaultContext(lang, cwd string, env map[string]string) (*codeContext, error) {
 	lang, err := checkLanguage(lang)
 	if err != nil {
 		return nil, err
@@ -242,7 +243,7 @@ func (s *Server) defaultContext(lang, cwd string) (*codeContext, error) {
 		}
 	}
 	s.mu.Unlock()
-	return s.newContext(lang, cwd, true)
+	return s.newContext(lang, cwd, env, true)
 }
 
 func (s *Server) context(id string) (*codeContext, error) {
@@ -314,7 +315,7 @@ func (s *Server) ensureKernel(cx *codeContext) error {
 			return nil
 		}
 	}
-	k, err := s.startKernel(cx.Cwd)
+	k, err := s.startKernel(cx.Cwd, cx.env)
 	if err != nil {
 		return err
 	}
@@ -330,8 +331,8 @@ func (s *Server) ensureKernel(cx *codeContext) error {
 
 // startKernel starts a kernel as the sandbox user, in the sandbox's cgroup, as exec
 // starts a command, and waits for it to say it is ready.
-func (s *Server) startKernel(cwd string) (*kernelProc, error) {
-	env := s.baseEnv
+func (s *Server) startKernel(cwd string, extra map[string]string) (*kernelProc, error) {
+	env := mergeEnv(s.baseEnv, extra)
 	python, err := lookPath("python3", env)
 	if err != nil {
 		return nil, &agent.Error{Code: agent.CodeUnsupported, Message: "this sandbox's image has no python3 in its PATH: python code contexts need it"}
@@ -532,7 +533,7 @@ func (s *Server) runCode(c *conn, req agent.Request) error {
 			}
 		}
 	} else {
-		cx, err = s.defaultContext(req.Language, req.Cwd)
+		cx, err = s.defaultContext(req.Language, req.Cwd, req.Env)
 	}
 	if err != nil {
 		return err

@@ -60,7 +60,7 @@ func runCell(t *testing.T, req agent.Request) cellOut {
 
 func newContext(t *testing.T) string {
 	t.Helper()
-	cc, err := client.CreateContext(ctxT(t, time.Minute), "python", dir)
+	cc, err := client.CreateContext(ctxT(t, time.Minute), "python", dir, map[string]string{"ROCHE_CONTEXT_TEST": "yes"})
 	if err != nil {
 		t.Fatalf("create context: %v", err)
 	}
@@ -220,5 +220,13 @@ func TestCodeKernelDiesBetweenCells(t *testing.T) {
 	next := runCell(t, agent.Request{Context: id, Code: "'threading' in globals()"})
 	if !next.end.Restarted || next.end.Error != nil || next.text() != "False" {
 		t.Fatalf("after the interpreter died between cells: %+v", next)
+	}
+}
+
+func TestCodeContextEnvAndCwd(t *testing.T) {
+	id := newContext(t)
+	out := runCell(t, agent.Request{Context: id, Code: "import os\n(os.environ.get('ROCHE_CONTEXT_TEST'), os.getcwd())"})
+	if want := "('yes', '" + dir + "')"; out.text() != want {
+		t.Fatalf("env and cwd seen by the context: %s, want %s", out.text(), want)
 	}
 }

@@ -43,6 +43,8 @@ var (
 	poolMin     = flag.Int("pool-min", 4, "idle sandboxes the pool keeps")
 	poolMax     = flag.Int("pool-max", 8, "most idle sandboxes the pool keeps")
 	concurrency = flag.Int("pool-concurrency", 2, "the pool's concurrent creations")
+	poolQueue   = flag.Int("pool-queue", 64, "creates that may wait for the pool's next sandbox (0: a create that finds it empty makes its own)")
+	poolWait    = flag.Duration("pool-wait", 2*time.Second, "longest expected wait in the pool's queue; a create expecting more is refused at once")
 	verbose     = flag.Bool("v", false, "log the daemon at debug level to stderr")
 	probe       = flag.Bool("probe", true, "check each pooled sandbox is alive before handing it out, as roched does (false measures without)")
 )
@@ -100,7 +102,7 @@ func run() error {
 	}
 	defer os.RemoveAll(dir)
 	socket := filepath.Join(dir, "roched.sock")
-	spec, err := pool.ParseSpec(fmt.Sprintf("docker/%s?min=%d&max=%d", img, *poolMin, *poolMax))
+	spec, err := pool.ParseSpec(fmt.Sprintf("docker/%s?min=%d&max=%d&queue=%d&wait=%s", img, *poolMin, *poolMax, *poolQueue, *poolWait))
 	if err != nil {
 		return err
 	}
@@ -120,8 +122,8 @@ func run() error {
 
 	cfg := roche.DefaultConfig()
 	cfg.Image = img
-	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d concurrency=%d probe=%v\n",
-		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *concurrency, *probe)
+	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d queue=%d wait=%s concurrency=%d probe=%v\n",
+		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *poolQueue, *poolWait, *concurrency, *probe)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if _, err := c.PoolWarmup(wctx, "", 0); err != nil {
 		cancel()
@@ -352,7 +354,7 @@ func loadTest(ctx context.Context, c *client.Client, p *client.Provider, cfg roc
 	var mu sync.Mutex
 	var lat []time.Duration
 	var errs []error
-	var pooled atomic.Int64
+	var pooled, refused atomic.Int64
 	end := time.Now().Add(*duration)
 	var wg sync.WaitGroup
 	for i := 0; i < *clients; i++ {
@@ -361,6 +363,12 @@ func loadTest(ctx context.Context, c *client.Client, p *client.Provider, cfg roc
 			defer wg.Done()
 			for time.Now().Before(end) {
 				d, hit, err := pooledCycle(ctx, c, p, cfg)
+				if errors.Is(err, roche.ErrExhausted) {
+					// Refused at once (the pool's queue is full): a client backs off.
+					refused.Add(1)
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
@@ -376,8 +384,9 @@ func loadTest(ctx context.Context, c *client.Client, p *client.Provider, cfg roc
 	}
 	wg.Wait()
 	total := len(lat) + len(errs)
-	fmt.Printf("  %d cycles (%d from the pool), %.1f cycles/s, p50 %s, p99 %s, errors %d\n",
-		total, pooled.Load(), float64(len(lat))/duration.Seconds(), samples.Ms(samples.Percentile(lat, 50)), samples.Ms(samples.Percentile(lat, 99)), len(errs))
+	fmt.Printf("  %d cycles (%d from the pool), %.1f cycles/s, p50 %s, p99 %s, errors %d, refused at once (RESOURCE_EXHAUSTED) %d\n",
+		total, pooled.Load(), float64(len(lat))/duration.Seconds(), samples.Ms(samples.Percentile(lat, 50)), samples.Ms(samples.Percentile(lat, 99)),
+		len(errs), refused.Load())
 	if len(errs) > 0 {
 		return fmt.Errorf("%d cycles failed under load, the first: %v", len(errs), errs[0])
 	}

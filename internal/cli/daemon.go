@@ -356,7 +356,7 @@ func (e *env) daemonStatusCommand() *cobra.Command {
 // printPools prints pools as a table.
 func (e *env) printPools(pools []*rochev1.Pool) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tIDLE\tCREATING\tIN USE\tHITS\tMISSES\tMIN\tMAX\tTOTAL\tIDLE TIMEOUT\tSTATE")
+	fmt.Fprintln(tw, "POOL\tIDLE\tTARGET\tCREATING\tWAITING\tIN USE\tHITS\tMISSES\tMIN\tMAX\tTOTAL\tIDLE TIMEOUT\tSTATE")
 	for _, p := range pools {
 		state := "ready"
 		switch {
@@ -369,7 +369,7 @@ func (e *env) printPools(pools []*rochev1.Pool) error {
 		if p.MaxTotal > 0 {
 			total = fmt.Sprint(p.MaxTotal)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", p.Key, p.Idle, p.Creating, p.InUse, p.Hits, p.Misses,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", p.Key, p.Idle, p.Target, p.Creating, p.Waiting, p.InUse, p.Hits, p.Misses,
 			p.MinIdle, p.MaxIdle, total, p.IdleTimeout.AsDuration(), state)
 	}
 	return tw.Flush()

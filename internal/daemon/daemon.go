@@ -66,7 +66,8 @@ type Config struct {
 	MaxSandboxes int
 	// Pools are the warm pools.
 	Pools []pool.Spec
-	// PoolConcurrency bounds concurrent pool creations across all pools (default 2).
+	// PoolConcurrency bounds concurrent pool creations across all pools (default:
+	// pool.DefaultConcurrency, the machine's cores).
 	PoolConcurrency int
 	// ReapInterval is how often expired sandboxes are looked for (default 1 s).
 	ReapInterval time.Duration

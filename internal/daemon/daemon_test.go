@@ -620,3 +620,61 @@ func TestExecCancelKills(t *testing.T) {
 	})
 	_ = td.p.Destroy(ctx, sb.ID)
 }
+
+// TestPoolQueue: with a queue, a create that finds the pool empty is served the pool's
+// next sandbox (pooled, on the real engine) instead of making its own, and creates past
+// the queue are refused at once with RESOURCE_EXHAUSTED, leaving nothing behind.
+func TestPoolQueue(t *testing.T) {
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=0&max=0&queue=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := startDaemon(t, Config{Pools: []pool.Spec{spec}})
+	ctx := ctxFor(t, 2*time.Minute)
+
+	type outcome struct {
+		sb     roche.SandboxInfo
+		pooled bool
+		err    error
+		took   time.Duration
+	}
+	out := make(chan outcome, 3)
+	for range 3 {
+		go func() {
+			start := time.Now()
+			sb, pooled, err := td.c.Create(ctx, "docker", pyConfig())
+			out <- outcome{sb, pooled, err, time.Since(start)}
+		}()
+	}
+	var served, refused int
+	for range 3 {
+		o := <-out
+		switch {
+		case o.err == nil:
+			served++
+			t.Cleanup(func() { _ = td.p.Destroy(context.Background(), o.sb.ID) })
+			res, err := td.p.Exec(ctx, o.sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('hello')"}})
+			if err != nil || res.Stdout != "hello\n" {
+				t.Errorf("exec in a sandbox served from the queue: %+v %v", res, err)
+			}
+		case errors.Is(o.err, roche.ErrExhausted):
+			refused++
+			if o.took > 5*time.Second || !strings.Contains(o.err.Error(), "queue") {
+				t.Errorf("refusal after %s: %v; want one naming the queue, at once", o.took, o.err)
+			}
+		default:
+			t.Errorf("create: %v", o.err)
+		}
+	}
+	if served < 1 || refused < 1 || served+refused != 3 {
+		t.Fatalf("%d served, %d refused of 3 creates on a pool with a queue of 1", served, refused)
+	}
+	st, err := td.c.PoolStatus(ctx)
+	if err != nil || len(st) != 1 || st[0].MaxQueue != 1 || st[0].Waiting != 0 {
+		t.Fatalf("pool status %v %v, want queue 1 and nothing waiting", st, err)
+	}
+	// What the queue served came from the pool (made by it, for the create waiting).
+	if st[0].Hits < 1 {
+		t.Fatalf("pool status %v: no hit for the create served from the queue", st[0])
+	}
+}

@@ -79,14 +79,18 @@ func (s *service) Exec(ctx context.Context, req *connect.Request[rochev1.ExecReq
 
 // streamSender serialises sends on one stream: the provider writes stdout and stderr
 // from its own goroutines and the heartbeat ticks from another.
-type streamSender struct {
+type streamSender[T any] struct {
 	mu     sync.Mutex
-	stream *connect.ServerStream[rochev1.ExecStreamResponse]
+	stream *connect.ServerStream[T]
 	last   time.Time
 	closed bool
 }
 
-func (s *streamSender) send(msg *rochev1.ExecStreamResponse) error {
+func newSender[T any](stream *connect.ServerStream[T]) *streamSender[T] {
+	return &streamSender[T]{stream: stream, last: time.Now()}
+}
+
+func (s *streamSender[T]) send(msg *T) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -97,53 +101,15 @@ func (s *streamSender) send(msg *rochev1.ExecStreamResponse) error {
 }
 
 // close stops further sends; the handler must not send after it returns.
-func (s *streamSender) close() {
+func (s *streamSender[T]) close() {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 }
 
-// chunkWriter sends what a command writes as output chunks.
-type chunkWriter struct {
-	s      *streamSender
-	stream rochev1.OutputStream
-}
-
-// maxChunk keeps each message small enough to flow smoothly through proxies.
-const maxChunk = 32 << 10
-
-func (w chunkWriter) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		c := p[:min(len(p), maxChunk)]
-		p = p[len(c):]
-		err := w.s.send(&rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Output{
-			Output: &rochev1.OutputChunk{Stream: w.stream, Data: c},
-		}})
-		if err != nil {
-			return 0, err
-		}
-	}
-	return n, nil
-}
-
-func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.ExecStreamRequest], stream *connect.ServerStream[rochev1.ExecStreamResponse]) error {
-	t, err := tenantOf(ctx)
-	if err != nil {
-		return wire.ToStatus(err)
-	}
-	r, err := wire.ExecFromProto(req.Msg)
-	if err != nil {
-		return wire.ToStatus(err)
-	}
-	sender := &streamSender{stream: stream, last: time.Now()}
-	r.Stdout = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDOUT}
-	r.Stderr = chunkWriter{sender, rochev1.OutputStream_OUTPUT_STREAM_STDERR}
-	// Passed on as it comes; the daemon keeps no copy, whatever the output limit.
-	r.StreamOnly = true
-
-	// Heartbeats while the command is quiet.
-	every := s.d.cfg.HeartbeatInterval
+// heartbeats sends beat(now) whenever the stream has been quiet for every, until the
+// returned stop is called.
+func (s *streamSender[T]) heartbeats(every time.Duration, beat func(time.Time) *T) (stop func()) {
 	done := make(chan struct{})
 	var beats sync.WaitGroup
 	beats.Add(1)
@@ -156,20 +122,70 @@ func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.E
 			case <-done:
 				return
 			case now := <-t.C:
-				sender.mu.Lock()
-				quiet := now.Sub(sender.last) >= every
-				sender.mu.Unlock()
+				s.mu.Lock()
+				quiet := now.Sub(s.last) >= every
+				s.mu.Unlock()
 				if quiet {
-					_ = sender.send(&rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Heartbeat{
-						Heartbeat: &rochev1.Heartbeat{Time: timestamppb.New(now)},
-					}})
+					_ = s.send(beat(now))
 				}
 			}
 		}
 	}()
+	return func() {
+		close(done)
+		beats.Wait()
+	}
+}
+
+// chunkWriter sends what a command writes as output chunks, wrapped by msg.
+type chunkWriter[T any] struct {
+	s      *streamSender[T]
+	stream rochev1.OutputStream
+	msg    func(*rochev1.OutputChunk) *T
+}
+
+// maxChunk keeps each message small enough to flow smoothly through proxies.
+const maxChunk = 32 << 10
+
+func (w chunkWriter[T]) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		c := p[:min(len(p), maxChunk)]
+		p = p[len(c):]
+		if err := w.s.send(w.msg(&rochev1.OutputChunk{Stream: w.stream, Data: c})); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+func execChunk(c *rochev1.OutputChunk) *rochev1.ExecStreamResponse {
+	return &rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Output{Output: c}}
+}
+
+func (s *service) ExecStream(ctx context.Context, req *connect.Request[rochev1.ExecStreamRequest], stream *connect.ServerStream[rochev1.ExecStreamResponse]) error {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return wire.ToStatus(err)
+	}
+	r, err := wire.ExecFromProto(req.Msg)
+	if err != nil {
+		return wire.ToStatus(err)
+	}
+	sender := newSender(stream)
+	r.Stdout = chunkWriter[rochev1.ExecStreamResponse]{sender, rochev1.OutputStream_OUTPUT_STREAM_STDOUT, execChunk}
+	r.Stderr = chunkWriter[rochev1.ExecStreamResponse]{sender, rochev1.OutputStream_OUTPUT_STREAM_STDERR, execChunk}
+	// Passed on as it comes; the daemon keeps no copy, whatever the output limit.
+	r.StreamOnly = true
+
+	// Heartbeats while the command is quiet.
+	stop := sender.heartbeats(s.d.cfg.HeartbeatInterval, func(now time.Time) *rochev1.ExecStreamResponse {
+		return &rochev1.ExecStreamResponse{Event: &rochev1.ExecStreamResponse_Heartbeat{
+			Heartbeat: &rochev1.Heartbeat{Time: timestamppb.New(now)},
+		}}
+	})
 	res, err := s.d.ledger.Exec(ctx, t, req.Msg.SandboxId, r)
-	close(done)
-	beats.Wait()
+	stop()
 	s.d.audit(ctx, "exec", err, "id", req.Msg.SandboxId, "argv", r.Cmd, "exit_code", res.ExitCode, "stream", true)
 	if err != nil {
 		sender.close()

@@ -56,7 +56,8 @@ type Config struct {
 	AllowRootSandboxes bool
 	// Pools are the warm pools.
 	Pools []pool.Spec
-	// PoolConcurrency bounds concurrent pool creations across all pools (default 2).
+	// PoolConcurrency bounds concurrent pool creations across all pools (default:
+	// pool.DefaultConcurrency, the machine's cores).
 	PoolConcurrency int
 	// ReapInterval is how often expired sandboxes are looked for (default 1 s).
 	ReapInterval time.Duration
@@ -180,7 +181,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 		return nil, fmt.Errorf("%w: no state file", roche.ErrInvalidConfig)
 	}
 	if cfg.PoolConcurrency <= 0 {
-		cfg.PoolConcurrency = 2
+		cfg.PoolConcurrency = pool.DefaultConcurrency()
 	}
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = time.Second

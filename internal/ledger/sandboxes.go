@@ -193,7 +193,11 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 		}
 	}()
 
-	if sb, ok := l.fromPool(ctx, t, providerName, cfg); ok && l.leasePooled(ctx, p, sb.ID, clientLeased) {
+	sb, ok, err := l.fromPool(ctx, t, providerName, cfg)
+	if err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
+	if ok && l.leasePooled(ctx, p, sb.ID, clientLeased) {
 		l.mu.Lock()
 		l.unreserveLocked(t) // the record just made counts instead
 		admitted = false
@@ -206,7 +210,7 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	// one made for a client that is gone is destroyed below.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	sb, err := p.Create(cctx, cfg)
+	sb, err = p.Create(cctx, cfg)
 	if err != nil {
 		l.noteCallError(providerName, err)
 		return roche.SandboxInfo{}, false, err
@@ -236,22 +240,27 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 // it (where the engine keeps the env) and the file stays small.
 const maxPooledEnv = 4 << 10
 
-// fromPool hands out a sandbox from the pool matching cfg, if one is ready and can
-// have cfg's workdir, recording it as the client's with its real expiry, env and workdir.
-func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool) {
+// fromPool hands out a sandbox from the pool matching cfg, if one is ready (or, with
+// the pool's queue, the next one it makes) and can have cfg's workdir, recording it as
+// the client's with its real expiry, env and workdir. An error (a full queue, a wait
+// past the deadline) ends the create; ok false without one sends it to make its own.
+func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
 	pl := l.pools.Match(providerName, cfg)
 	if pl == nil || !l.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
-		return roche.SandboxInfo{}, false
+		return roche.SandboxInfo{}, false, nil
 	}
 	sb, ok := pl.Acquire(ctx)
 	if !ok {
-		return sb, false
+		var err error
+		if sb, ok, err = pl.Wait(ctx); !ok {
+			return sb, false, err
+		}
 	}
 	if err := l.prepareWorkdir(ctx, pl, sb.ID, cfg.Workdir); err != nil {
 		// Nothing of the client's ran in it, but it is not what was asked for.
 		l.log.Info("pooled sandbox cannot have the workdir: creating one for it", "workdir", cfg.Workdir, "err", err)
 		l.markDestroying(sb.ID)
-		return roche.SandboxInfo{}, false
+		return roche.SandboxInfo{}, false, nil
 	}
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
@@ -262,7 +271,7 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 		if err := c.Claim(ctx, sb.ID, owner, expires); err != nil {
 			l.log.Warn("a pooled sandbox could not be claimed for its client: destroying it and creating one", "id", sb.ID, "err", err)
 			l.markDestroying(sb.ID)
-			return roche.SandboxInfo{}, false
+			return roche.SandboxInfo{}, false, nil
 		}
 	}
 	l.mu.Lock()
@@ -270,7 +279,7 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 		// It ended (events.go) while it was being handed out: the create goes cold.
 		l.mu.Unlock()
 		pl.Forget(sb.ID)
-		return roche.SandboxInfo{}, false
+		return roche.SandboxInfo{}, false, nil
 	}
 	l.sandboxes[sb.ID] = &Record{
 		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: KindClient, Pool: pl.Spec().Key.String(), Tenant: t.Name,
@@ -282,7 +291,7 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 	sb.ExpiresAt = expires
 	sb.State = roche.StateRunning
 	sb.Owner = owner
-	return sb, true
+	return sb, true, nil
 }
 
 // underTmp: the sandbox's own tmpfs, where a workdir can be made at any time.

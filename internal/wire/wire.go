@@ -311,6 +311,7 @@ func PoolToProto(st pool.Status) *rochev1.Pool {
 		IdleTimeout: durationpb.New(s.IdleTimeout), MaxTimeoutSecs: int32(s.MaxTimeoutSecs),
 		Idle: int32(st.Idle), Creating: int32(st.Creating), InUse: int32(st.InUse),
 		Hits: st.Hits, Misses: st.Misses, Drained: st.Drained, Spec: s.String(),
+		MaxQueue: int32(s.MaxQueue), Waiting: int32(st.Waiting), Target: int32(st.Target),
 	}
 	if st.LastErr != nil {
 		pb.LastError = st.LastErr.Error()

@@ -33,6 +33,7 @@ import (
 var offWire = map[string]bool{
 	"ExecRequest.Stdin": true, "ExecRequest.Stdout": true, "ExecRequest.Stderr": true,
 	"ExecRequest.StreamOnly": true, "Config.Owner": true,
+	"CodeRequest.Stdout": true, "CodeRequest.Stderr": true, "CodeRequest.OnResult": true,
 }
 
 func TestGoToProtoAndBack(t *testing.T) {
@@ -42,6 +43,22 @@ func TestGoToProtoAndBack(t *testing.T) {
 	roundTrip(t, func(c roche.Capabilities) roche.Capabilities { return CapsFromProto(CapsToProto(c)) })
 	roundTrip(t, func(w roche.Workspace) roche.Workspace { return WorkspaceFromProto(WorkspaceToProto(w)) })
 	roundTrip(t, func(s roche.Snapshot) roche.Snapshot { return SnapshotFromProto(SnapshotToProto(s)) })
+	roundTrip(t, func(e roche.Execution) roche.Execution { return ExecutionFromProto(ExecutionToProto(e, true)) })
+	roundTrip(t, func(c roche.CodeContext) roche.CodeContext { return ContextFromProto(ContextToProto(c)) })
+	roundTrip(t, func(o roche.ContextOptions) roche.ContextOptions {
+		return ContextOptionsFromProto(ContextOptionsToProto("sb", o))
+	})
+	t.Run("RunCode", func(t *testing.T) {
+		roundTrip(t, func(r roche.CodeRequest) roche.CodeRequest {
+			r.Language, r.Cwd = roche.LanguageBash, "/x" // valid ones; fillGo's would be refused
+			got, err := CodeFromProto(CodeToProto("sb", r))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.Language, got.Cwd = "x-string", "x-string"
+			return got
+		})
+	})
 	for name, toProto := range map[string]func(string, roche.ExecRequest, []byte) ExecParams{
 		"Exec":       func(id string, r roche.ExecRequest, in []byte) ExecParams { return ExecToProto(id, r, in) },
 		"ExecStream": func(id string, r roche.ExecRequest, in []byte) ExecParams { return ExecStreamToProto(id, r, in) },
@@ -118,7 +135,7 @@ func fillGo(v reflect.Value) {
 		if v.Type() == reflect.TypeOf(time.Duration(0)) {
 			v.SetInt(int64(1500 * time.Millisecond))
 		}
-	case reflect.Uint32:
+	case reflect.Uint32, reflect.Uint8:
 		v.SetUint(7)
 	case reflect.Float64:
 		v.SetFloat(1.5)
@@ -133,8 +150,12 @@ func fillGo(v reflect.Value) {
 		fillGo(e)
 		m.SetMapIndex(k, e)
 		v.Set(m)
-	case reflect.Interface:
-		// Readers and writers: see offWire.
+	case reflect.Pointer:
+		p := reflect.New(v.Type().Elem())
+		fillGo(p.Elem())
+		v.Set(p)
+	case reflect.Interface, reflect.Func:
+		// Readers, writers and callbacks: see offWire.
 	default:
 		panic(fmt.Sprintf("fillGo: no value for %s", v.Type()))
 	}
@@ -170,6 +191,28 @@ func TestProtoToGoAndBack(t *testing.T) {
 	})
 	check(&rochev1.Snapshot{}, func(m proto.Message) proto.Message {
 		return SnapshotToProto(SnapshotFromProto(m.(*rochev1.Snapshot)))
+	})
+	check(&rochev1.CodeExecution{}, func(m proto.Message) proto.Message {
+		return ExecutionToProto(ExecutionFromProto(m.(*rochev1.CodeExecution)), true)
+	})
+	check(&rochev1.CodeContext{}, func(m proto.Message) proto.Message {
+		return ContextToProto(ContextFromProto(m.(*rochev1.CodeContext)))
+	})
+	check(&rochev1.CreateContextRequest{}, func(m proto.Message) proto.Message {
+		pb := m.(*rochev1.CreateContextRequest)
+		return ContextOptionsToProto(pb.SandboxId, ContextOptionsFromProto(pb))
+	})
+	check(&rochev1.RunCodeRequest{}, func(m proto.Message) proto.Message {
+		pb := m.(*rochev1.RunCodeRequest)
+		lang, cwd := pb.Language, pb.Cwd
+		pb.Language, pb.Cwd = roche.LanguagePython, "/x"
+		r, err := CodeFromProto(pb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back := CodeToProto(pb.SandboxId, r)
+		pb.Language, back.Language, pb.Cwd, back.Cwd = lang, lang, cwd, cwd
+		return back
 	})
 	execBack := func(pb ExecParams) roche.ExecRequest {
 		r, err := ExecFromProto(pb)

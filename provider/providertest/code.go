@@ -53,9 +53,13 @@ func (s *suite) testCode(t *testing.T) {
 
 	t.Run("StatePersists", func(t *testing.T) {
 		ok2(t, roche.CodeRequest{Code: "x = 41"})
-		ex := ok2(t, roche.CodeRequest{Code: "x + 1"})
+		var streamed []roche.CodeResult
+		ex := ok2(t, roche.CodeRequest{Code: "x + 1", OnResult: func(r roche.CodeResult) { streamed = append(streamed, r) }})
 		if ex.Text() != "42" || ex.Context == "" || ex.ExecutionCount < 2 {
 			t.Fatalf("x + 1 after x = 41: text %q, context %q, count %d", ex.Text(), ex.Context, ex.ExecutionCount)
+		}
+		if len(streamed) != 1 || streamed[0].Text != "42" {
+			t.Fatalf("OnResult got %+v, want the one result", streamed)
 		}
 	})
 	t.Run("Exception", func(t *testing.T) {
@@ -108,9 +112,13 @@ func (s *suite) testCode(t *testing.T) {
 		}
 	})
 	t.Run("ContextsListAndRemove", func(t *testing.T) {
-		cc, err := cr.CreateContext(ctxFor(t, cellTimeout), id, roche.ContextOptions{Language: roche.LanguagePython})
+		cc, err := cr.CreateContext(ctxFor(t, cellTimeout), id, roche.ContextOptions{
+			Language: roche.LanguagePython, Cwd: "/tmp", Env: map[string]string{"ROCHE_CONTEXT": "mine"}})
 		if err != nil {
 			t.Fatalf("CreateContext: %v", err)
+		}
+		if ex := ok2(t, roche.CodeRequest{Context: cc.ID, Code: "import os\n(os.environ.get('ROCHE_CONTEXT'), os.getcwd())"}); ex.Text() != "('mine', '/tmp')" {
+			t.Fatalf("the context's env and cwd: %s, want ('mine', '/tmp')", ex.Text())
 		}
 		ok2(t, roche.CodeRequest{Context: cc.ID, Code: "mine = 5"})
 		if ex := ok2(t, roche.CodeRequest{Code: "'mine' in globals()"}); ex.Text() != "False" {

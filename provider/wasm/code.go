@@ -39,6 +39,7 @@ var errCellTimeout = errors.New("cell timeout")
 type codeContext struct {
 	roche.CodeContext
 	sandbox string
+	env     map[string]string // added to the sandbox's environment for the interpreter
 
 	run   sync.Mutex // held while a cell runs
 	mu    sync.Mutex // guards what follows
@@ -154,6 +155,9 @@ func checkLanguage(lang string) (string, error) {
 
 // CreateContext implements roche.CodeRunner.
 func (p *Provider) CreateContext(ctx context.Context, id string, opts roche.ContextOptions) (roche.CodeContext, error) {
+	if err := opts.Validate(); err != nil {
+		return roche.CodeContext{}, err
+	}
 	lang, err := checkLanguage(opts.Language)
 	if err != nil {
 		return roche.CodeContext{}, err
@@ -161,7 +165,7 @@ func (p *Provider) CreateContext(ctx context.Context, id string, opts roche.Cont
 	if _, err := p.lookup(id); err != nil {
 		return roche.CodeContext{}, err
 	}
-	cx := p.addContext(id, lang, opts.Cwd, false)
+	cx := p.addContext(id, lang, opts.Cwd, opts.Env, false)
 	cx.run.Lock()
 	defer cx.run.Unlock()
 	if _, err := p.ensureKernel(ctx, cx); err != nil {
@@ -171,10 +175,10 @@ func (p *Provider) CreateContext(ctx context.Context, id string, opts roche.Cont
 	return cx.CodeContext, nil
 }
 
-func (p *Provider) addContext(sandbox, lang, cwd string, isDefault bool) *codeContext {
+func (p *Provider) addContext(sandbox, lang, cwd string, env map[string]string, isDefault bool) *codeContext {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	cx := &codeContext{CodeContext: roche.CodeContext{ID: hex.EncodeToString(b[:]), Language: lang, Cwd: cwd, Default: isDefault}, sandbox: sandbox}
+	cx := &codeContext{CodeContext: roche.CodeContext{ID: hex.EncodeToString(b[:]), Language: lang, Cwd: cwd, Default: isDefault}, sandbox: sandbox, env: env}
 	p.codeMu.Lock()
 	defer p.codeMu.Unlock()
 	if p.contexts == nil {
@@ -185,7 +189,7 @@ func (p *Provider) addContext(sandbox, lang, cwd string, isDefault bool) *codeCo
 }
 
 // defaultContext returns the sandbox's default context for lang, made on first use.
-func (p *Provider) defaultContext(sandbox, lang string) *codeContext {
+func (p *Provider) defaultContext(sandbox, lang, cwd string, env map[string]string) *codeContext {
 	p.codeMu.Lock()
 	for _, cx := range p.contexts {
 		if cx.sandbox == sandbox && cx.Default && cx.Language == lang {
@@ -195,7 +199,7 @@ func (p *Provider) defaultContext(sandbox, lang string) *codeContext {
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	cx := &codeContext{CodeContext: roche.CodeContext{ID: hex.EncodeToString(b[:]), Language: lang, Default: true}, sandbox: sandbox}
+	cx := &codeContext{CodeContext: roche.CodeContext{ID: hex.EncodeToString(b[:]), Language: lang, Cwd: cwd, Default: true}, sandbox: sandbox, env: env}
 	if p.contexts == nil {
 		p.contexts = map[string]*codeContext{}
 	}
@@ -326,7 +330,7 @@ func (p *Provider) startKernel(ctx context.Context, cx *codeContext) (*wasmKerne
 	if err != nil {
 		return nil, fmt.Errorf("code context in wasm sandbox %s: %w", cx.sandbox, err)
 	}
-	prog, err := p.program(ctx, cx.sandbox, rec, mounts, roche.ExecRequest{Cmd: kernel.StdioArgv("python3"), Workdir: cx.Cwd})
+	prog, err := p.program(ctx, cx.sandbox, rec, mounts, roche.ExecRequest{Cmd: kernel.StdioArgv("python3"), Workdir: cx.Cwd, Env: cx.env})
 	if err != nil {
 		return nil, err
 	}
@@ -424,7 +428,7 @@ func (p *Provider) RunCode(ctx context.Context, id string, req roche.CodeRequest
 		if err != nil {
 			return roche.Execution{}, err
 		}
-		cx = p.defaultContext(id, lang)
+		cx = p.defaultContext(id, lang, req.Cwd, req.Env)
 	}
 	cx.run.Lock()
 	defer cx.run.Unlock()
@@ -474,7 +478,11 @@ loop:
 			case kernel.EventStderr:
 				out.stderr.write(ev.S)
 			case kernel.EventResult:
-				ex.Results = append(ex.Results, codeResult(ev))
+				r := codeResult(ev)
+				ex.Results = append(ex.Results, r)
+				if req.OnResult != nil {
+					req.OnResult(r)
+				}
 			case kernel.EventError:
 				ex.Error = &roche.CodeError{Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
 			case kernel.EventDone:

@@ -2077,7 +2077,14 @@ type Pool struct {
 	Drained   bool   `protobuf:"varint,14,opt,name=drained,proto3" json:"drained,omitempty"`
 	LastError string `protobuf:"bytes,15,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// spec is the pool in --pool syntax.
-	Spec          string `protobuf:"bytes,16,opt,name=spec,proto3" json:"spec,omitempty"`
+	Spec string `protobuf:"bytes,16,opt,name=spec,proto3" json:"spec,omitempty"`
+	// max_queue creates may wait for the pool's next sandbox when none is idle (0: none).
+	MaxQueue int32 `protobuf:"varint,17,opt,name=max_queue,json=maxQueue,proto3" json:"max_queue,omitempty"`
+	// waiting counts the creates waiting now.
+	Waiting int32 `protobuf:"varint,18,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// target is how many idle sandboxes the pool keeps now: min_idle, or more (up to
+	// max_idle) while recent demand or a warmup asks for them.
+	Target        int32 `protobuf:"varint,19,opt,name=target,proto3" json:"target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2222,6 +2229,27 @@ func (x *Pool) GetSpec() string {
 		return x.Spec
 	}
 	return ""
+}
+
+func (x *Pool) GetMaxQueue() int32 {
+	if x != nil {
+		return x.MaxQueue
+	}
+	return 0
+}
+
+func (x *Pool) GetWaiting() int32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *Pool) GetTarget() int32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
 }
 
 type PoolStatusRequest struct {
@@ -3522,8 +3550,11 @@ type RunCodeRequest struct {
 	Language  string `protobuf:"bytes,3,opt,name=language,proto3" json:"language,omitempty"`
 	ContextId string `protobuf:"bytes,4,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
 	// timeout_secs interrupts the cell (the context survives); 0 means 300.
-	TimeoutSecs   float64 `protobuf:"fixed64,5,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
-	OutputLimit   int64   `protobuf:"varint,6,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
+	TimeoutSecs float64 `protobuf:"fixed64,5,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
+	OutputLimit int64   `protobuf:"varint,6,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
+	// env and cwd start the default context when this call starts it.
+	Env           map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd           string            `protobuf:"bytes,8,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3598,6 +3629,20 @@ func (x *RunCodeRequest) GetOutputLimit() int64 {
 		return x.OutputLimit
 	}
 	return 0
+}
+
+func (x *RunCodeRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *RunCodeRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
 }
 
 // CodeResult is one rich result; each field is set when the result has that form.
@@ -4080,10 +4125,13 @@ func (x *CodeContext) GetDefault() bool {
 }
 
 type CreateContextRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Language      string                 `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
-	Cwd           string                 `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Language  string                 `protobuf:"bytes,2,opt,name=language,proto3" json:"language,omitempty"`
+	// cwd is the interpreter's working directory (the sandbox's workdir when empty).
+	Cwd string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// env is added to the sandbox's environment for the interpreter.
+	Env           map[string]string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4137,6 +4185,13 @@ func (x *CreateContextRequest) GetCwd() string {
 		return x.Cwd
 	}
 	return ""
+}
+
+func (x *CreateContextRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
 }
 
 type CreateContextResponse struct {
@@ -4600,7 +4655,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x12%\n" +
 	"\x0epreserve_links\x18\x04 \x01(\bR\rpreserveLinks\"/\n" +
 	"\x10CopyFromResponse\x12\x1b\n" +
-	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\xc5\x03\n" +
+	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\x94\x04\n" +
 	"\x04Pool\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x14\n" +
@@ -4619,7 +4674,10 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\adrained\x18\x0e \x01(\bR\adrained\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x0f \x01(\tR\tlastError\x12\x12\n" +
-	"\x04spec\x18\x10 \x01(\tR\x04spec\"\x13\n" +
+	"\x04spec\x18\x10 \x01(\tR\x04spec\x12\x1b\n" +
+	"\tmax_queue\x18\x11 \x01(\x05R\bmaxQueue\x12\x18\n" +
+	"\awaiting\x18\x12 \x01(\x05R\awaiting\x12\x16\n" +
+	"\x06target\x18\x13 \x01(\x05R\x06target\"\x13\n" +
 	"\x11PoolStatusRequest\":\n" +
 	"\x12PoolStatusResponse\x12$\n" +
 	"\x05pools\x18\x01 \x03(\v2\x0e.roche.v1.PoolR\x05pools\";\n" +
@@ -4698,7 +4756,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\"\x18\n" +
 	"\x16RemoveSnapshotResponse\"<\n" +
 	"\vErrorDetail\x12-\n" +
-	"\x06reason\x18\x01 \x01(\x0e2\x15.roche.v1.ErrorReasonR\x06reason\"\xc4\x01\n" +
+	"\x06reason\x18\x01 \x01(\x0e2\x15.roche.v1.ErrorReasonR\x06reason\"\xc3\x02\n" +
 	"\x0eRunCodeRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -4707,7 +4765,12 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"context_id\x18\x04 \x01(\tR\tcontextId\x12!\n" +
 	"\ftimeout_secs\x18\x05 \x01(\x01R\vtimeoutSecs\x12!\n" +
-	"\foutput_limit\x18\x06 \x01(\x03R\voutputLimit\"\xf8\x01\n" +
+	"\foutput_limit\x18\x06 \x01(\x03R\voutputLimit\x123\n" +
+	"\x03env\x18\a \x03(\v2!.roche.v1.RunCodeRequest.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\b \x01(\tR\x03cwd\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf8\x01\n" +
 	"\n" +
 	"CodeResult\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x12\n" +
@@ -4750,12 +4813,16 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x18\n" +
-	"\adefault\x18\x04 \x01(\bR\adefault\"c\n" +
+	"\adefault\x18\x04 \x01(\bR\adefault\"\xd6\x01\n" +
 	"\x14CreateContextRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
 	"\blanguage\x18\x02 \x01(\tR\blanguage\x12\x10\n" +
-	"\x03cwd\x18\x03 \x01(\tR\x03cwd\"H\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x129\n" +
+	"\x03env\x18\x04 \x03(\v2'.roche.v1.CreateContextRequest.EnvEntryR\x03env\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"H\n" +
 	"\x15CreateContextResponse\x12/\n" +
 	"\acontext\x18\x01 \x01(\v2\x15.roche.v1.CodeContextR\acontext\"4\n" +
 	"\x13ListContextsRequest\x12\x1d\n" +
@@ -4841,7 +4908,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),               // 0: roche.v1.SandboxState
 	(OutputStream)(0),               // 1: roche.v1.OutputStream
@@ -4919,110 +4986,114 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	nil,                             // 73: roche.v1.SandboxConfig.EnvEntry
 	nil,                             // 74: roche.v1.ExecRequest.EnvEntry
 	nil,                             // 75: roche.v1.ExecStreamRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 76: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 77: google.protobuf.Duration
+	nil,                             // 76: roche.v1.RunCodeRequest.EnvEntry
+	nil,                             // 77: roche.v1.CreateContextRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 78: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 79: google.protobuf.Duration
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	73, // 0: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	4,  // 1: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
 	0,  // 2: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	76, // 3: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	76, // 4: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	78, // 3: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	78, // 4: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	3,  // 5: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	5,  // 6: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
 	74, // 7: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	11, // 8: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
 	75, // 9: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	77, // 10: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	79, // 10: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	1,  // 11: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	76, // 12: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	78, // 12: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	12, // 13: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	13, // 14: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	11, // 15: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
 	5,  // 16: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
 	5,  // 17: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
 	5,  // 18: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	77, // 19: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	79, // 19: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
 	33, // 20: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
 	33, // 21: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
 	33, // 22: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
 	42, // 23: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
 	43, // 24: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
 	5,  // 25: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	76, // 26: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	78, // 26: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
 	46, // 27: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	76, // 28: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	78, // 28: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	51, // 29: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
 	51, // 30: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
 	2,  // 31: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	60, // 32: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	61, // 33: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	77, // 34: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	12, // 35: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	13, // 36: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	60, // 37: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	62, // 38: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	64, // 39: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	64, // 40: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	6,  // 41: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	8,  // 42: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	10, // 43: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	15, // 44: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	16, // 45: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	19, // 46: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	21, // 47: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	23, // 48: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	25, // 49: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	27, // 50: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	29, // 51: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	31, // 52: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	34, // 53: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	36, // 54: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	38, // 55: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	40, // 56: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	44, // 57: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	47, // 58: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	49, // 59: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	52, // 60: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	54, // 61: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	56, // 62: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	59, // 63: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	65, // 64: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	67, // 65: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	69, // 66: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	71, // 67: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	7,  // 68: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	9,  // 69: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	14, // 70: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	18, // 71: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	17, // 72: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	20, // 73: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	22, // 74: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	24, // 75: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	26, // 76: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	28, // 77: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	30, // 78: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	32, // 79: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	35, // 80: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	37, // 81: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	39, // 82: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	41, // 83: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	45, // 84: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	48, // 85: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	50, // 86: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	53, // 87: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	55, // 88: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	57, // 89: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	63, // 90: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	66, // 91: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	68, // 92: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	70, // 93: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	72, // 94: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	68, // [68:95] is the sub-list for method output_type
-	41, // [41:68] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	76, // 32: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	60, // 33: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	61, // 34: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	79, // 35: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	12, // 36: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	13, // 37: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	60, // 38: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	62, // 39: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	77, // 40: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	64, // 41: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	64, // 42: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	6,  // 43: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	8,  // 44: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	10, // 45: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	15, // 46: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	16, // 47: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	19, // 48: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	21, // 49: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	23, // 50: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	25, // 51: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	27, // 52: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	29, // 53: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	31, // 54: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	34, // 55: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	36, // 56: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	38, // 57: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	40, // 58: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	44, // 59: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	47, // 60: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	49, // 61: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	52, // 62: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	54, // 63: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	56, // 64: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	59, // 65: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	65, // 66: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	67, // 67: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	69, // 68: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	71, // 69: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	7,  // 70: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	9,  // 71: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	14, // 72: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	18, // 73: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	17, // 74: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	20, // 75: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	22, // 76: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	24, // 77: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	26, // 78: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	28, // 79: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	30, // 80: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	32, // 81: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	35, // 82: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	37, // 83: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	39, // 84: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	41, // 85: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	45, // 86: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	48, // 87: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	50, // 88: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	53, // 89: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	55, // 90: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	57, // 91: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	63, // 92: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	66, // 93: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	68, // 94: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	70, // 95: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	72, // 96: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	70, // [70:97] is the sub-list for method output_type
+	43, // [43:70] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -5050,7 +5121,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   73,
+			NumMessages:   75,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

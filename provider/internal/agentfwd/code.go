@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/roche-sandbox/roche"
@@ -45,15 +44,25 @@ func (t Target) RunCode(ctx context.Context, req roche.CodeRequest) (roche.Execu
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout+interruptSlack+answerSlack)
 	defer cancel()
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = t.Workdir
+	}
 	var ex roche.Execution
-	stdout := &chunks{w: req.Stdout, into: &ex.Logs.Stdout}
-	stderr := &chunks{w: req.Stderr, into: &ex.Logs.Stderr}
+	stdout := roche.NewLogCapture(limit, req.Stdout)
+	stderr := roche.NewLogCapture(limit, req.Stderr)
 	end, err := t.Agent.RunCode(actx, agent.Request{
-		Code: req.Code, Language: req.Language, Context: req.Context, Cwd: t.Workdir,
+		Code: req.Code, Language: req.Language, Context: req.Context, Cwd: cwd, Env: req.Env,
 		TimeoutMS: timeout.Milliseconds(), OutputLimit: limit,
 	}, agent.CodeOptions{
 		Stdout: stdout, Stderr: stderr,
-		Result: func(r agent.CodeResult) { ex.Results = append(ex.Results, CodeResult(r)) },
+		Result: func(r agent.CodeResult) {
+			res := CodeResult(r)
+			ex.Results = append(ex.Results, res)
+			if req.OnResult != nil {
+				req.OnResult(res)
+			}
+		},
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -64,36 +73,23 @@ func (t Target) RunCode(ctx context.Context, req roche.CodeRequest) (roche.Execu
 		}
 		return roche.Execution{}, t.fail(err)
 	}
-	ex.ExecutionCount = end.ExecutionCount
-	ex.Context = end.Context
-	ex.TimedOut = end.TimedOut
-	ex.Restarted = end.Restarted
-	ex.Truncated = end.Truncated
-	ex.Duration = time.Duration(end.DurationNS)
-	if end.Error != nil {
-		ex.Error = &roche.CodeError{Name: end.Error.Name, Value: end.Error.Value, Traceback: end.Error.Traceback}
-	}
+	ex.Logs = roche.CodeLogs{Stdout: stdout.Chunks(), Stderr: stderr.Chunks()}
 	if ex.Logs.Stdout == nil {
 		ex.Logs.Stdout = []string{}
 	}
 	if ex.Logs.Stderr == nil {
 		ex.Logs.Stderr = []string{}
 	}
-	return ex, nil
-}
-
-// chunks keeps each write as a log chunk and passes it on to the caller's writer.
-type chunks struct {
-	w    io.Writer
-	into *[]string
-}
-
-func (c *chunks) Write(p []byte) (int, error) {
-	*c.into = append(*c.into, string(p))
-	if c.w != nil {
-		_, _ = c.w.Write(p)
+	ex.ExecutionCount = end.ExecutionCount
+	ex.Context = end.Context
+	ex.TimedOut = end.TimedOut
+	ex.Restarted = end.Restarted
+	ex.Truncated = end.Truncated || stdout.Truncated() || stderr.Truncated()
+	ex.Duration = time.Duration(end.DurationNS)
+	if end.Error != nil {
+		ex.Error = &roche.CodeError{Name: end.Error.Name, Value: end.Error.Value, Traceback: end.Error.Traceback}
 	}
-	return len(p), nil
+	return ex, nil
 }
 
 // CodeResult turns the kernel's MIME bundle into the core's result.
@@ -126,6 +122,9 @@ func CodeResult(r agent.CodeResult) roche.CodeResult {
 
 // CreateContext implements roche.CodeRunner.
 func (f Forwarder) CreateContext(ctx context.Context, id string, opts roche.ContextOptions) (roche.CodeContext, error) {
+	if err := opts.Validate(); err != nil {
+		return roche.CodeContext{}, err
+	}
 	t, err := f.Reach(ctx, id)
 	if err != nil {
 		return roche.CodeContext{}, err
@@ -134,7 +133,7 @@ func (f Forwarder) CreateContext(ctx context.Context, id string, opts roche.Cont
 	if cwd == "" {
 		cwd = t.Workdir
 	}
-	cc, err := t.Agent.CreateContext(ctx, opts.Language, cwd)
+	cc, err := t.Agent.CreateContext(ctx, opts.Language, cwd, opts.Env)
 	if err != nil {
 		return roche.CodeContext{}, t.fail(err)
 	}

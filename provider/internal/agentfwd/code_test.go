@@ -20,14 +20,3 @@ func TestCodeResultFromMIMEBundle(t *testing.T) {
 		t.Fatalf("converted result: %+v", r)
 	}
 }
-
-func TestChunksKeepWrites(t *testing.T) {
-	var logs []string
-	var out bytes.Buffer
-	c := &chunks{w: &out, into: &logs}
-	c.Write([]byte("a\n"))
-	c.Write([]byte("b"))
-	if len(logs) != 2 || logs[0] != "a\n" || out.String() != "a\nb" {
-		t.Fatalf("chunks %q, passed on %q", logs, out.String())
-	}
-}

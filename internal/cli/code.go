@@ -1,0 +1,286 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// coder finds sandbox id's provider and its code contexts.
+func (e *env) coder(id string) (roche.CodeRunner, error) {
+	if id == "" {
+		return nil, errors.New("no sandbox given: pass --sandbox ID (roche list shows them)")
+	}
+	p, err := e.providers.forID(id)
+	if err != nil {
+		return nil, err
+	}
+	cr, ok := p.(roche.CodeRunner)
+	if !ok || len(p.Capabilities().Code) == 0 {
+		return nil, fmt.Errorf("the %s provider has no code contexts: run the code with roche exec instead", p.Name())
+	}
+	return cr, nil
+}
+
+func (e *env) codeCommand() *cobra.Command {
+	var id, contextID, language, outDir string
+	var timeout float64
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "code --sandbox ID [flags] [CODE]",
+		Short: "Run code in a sandbox's interpreter, keeping its state between calls",
+		Long: `Run a cell of code in a context: a long-lived interpreter inside the sandbox that keeps
+its variables from one call to the next, like a notebook. The code is the argument, or
+standard input when there is none. Output streams as it is produced; the value of the
+last expression is printed as the interpreter would; rich results (a matplotlib figure, a
+DataFrame) are named on standard error, and written as files to --out DIR. An exception
+prints its traceback and exits 1; a timeout interrupts the cell (its variables stay) and
+exits 124. --json prints the whole execution (results, logs, error, execution_count).
+Without --context the language's default context is used, started on first use; roche
+context manages others.`,
+		Example: `  roche code --sandbox "$id" 'x = 41'
+  roche code --sandbox "$id" 'x + 1'                       # prints 42
+  echo 'import math; math.pi' | roche code --sandbox "$id" --json
+  roche code --sandbox "$id" --out charts 'import matplotlib.pyplot as plt; plt.plot([1, 3, 2])'`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cr, err := e.coder(id)
+			if err != nil {
+				return e.rocheFailed(err)
+			}
+			var code string
+			if len(args) == 1 {
+				code = args[0]
+			} else {
+				if f, ok := e.stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+					return e.rocheFailed(errors.New("no code given: pass it as the argument, or pipe it to standard input"))
+				}
+				b, err := io.ReadAll(io.LimitReader(e.stdin, roche.MaxCodeBytes+1))
+				if err != nil {
+					return e.rocheFailed(fmt.Errorf("reading code from standard input: %w", err))
+				}
+				code = string(b)
+			}
+			t, err := roche.ExecTimeout(timeout)
+			if err != nil {
+				return e.rocheFailed(friendly(err))
+			}
+			req := roche.CodeRequest{Code: code, Language: language, Context: contextID, Timeout: t}
+			if !asJSON {
+				req.Stdout, req.Stderr = e.stdout, e.stderr
+			}
+			return e.rocheFailed(e.runCode(cmd.Context(), cr, id, req, asJSON, outDir))
+		},
+	}
+	c.Flags().StringVar(&id, "sandbox", "", "id of the sandbox to run in (required)")
+	c.Flags().StringVar(&contextID, "context", "", "context to run in (default: the language's default context)")
+	c.Flags().StringVar(&language, "language", "", "language of the default context: python (default), bash or javascript, where the sandbox has it")
+	c.Flags().Float64Var(&timeout, "timeout", 0, "interrupt the cell after this many seconds; the context keeps its variables (default 300)")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the execution as JSON (results with png as base64, logs, error, execution_count)")
+	c.Flags().StringVar(&outDir, "out", "", "write rich results into this directory (result-N.png, .svg, .html, .json)")
+	return c
+}
+
+// runCode runs one cell and reports it as roche code does.
+func (e *env) runCode(ctx context.Context, cr roche.CodeRunner, id string, req roche.CodeRequest, asJSON bool, outDir string) error {
+	ex, err := cr.RunCode(ctx, id, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return interruptCode(ctx)
+		}
+		return fmt.Errorf("%s", oneLine(friendly(err)))
+	}
+	if outDir != "" {
+		if err := writeResults(outDir, ex.Results); err != nil {
+			return err
+		}
+	}
+	if asJSON {
+		if err := e.printJSON(ex); err != nil {
+			return err
+		}
+	} else {
+		if ex.Restarted {
+			fmt.Fprintln(e.stderr, "roche: the context's interpreter had died: this cell ran in a fresh one, without the old variables")
+		}
+		for i, r := range ex.Results {
+			if kinds := richKinds(r); len(kinds) > 0 {
+				where := "use --out DIR or --json to get it"
+				if outDir != "" {
+					where = "written to " + outDir
+				}
+				fmt.Fprintf(e.stderr, "roche: result %d: %s (%s)\n", i+1, strings.Join(kinds, ", "), where)
+			}
+			if r.IsMainResult && r.Text != "" {
+				fmt.Fprintln(e.stdout, r.Text)
+			}
+		}
+		if ex.Error != nil {
+			tb := strings.TrimRight(ex.Error.Traceback, "\n")
+			if tb == "" {
+				tb = ex.Error.Error()
+			}
+			fmt.Fprintln(e.stderr, tb)
+		}
+		if ex.Truncated {
+			fmt.Fprintf(e.stderr, "roche: output truncated: a stream passed %d bytes\n", roche.DefaultOutputLimit)
+		}
+		if ex.TimedOut {
+			fmt.Fprintf(e.stderr, "roche: the cell timed out after %s and was interrupted; the context keeps its variables\n", ex.Duration.Round(1e6))
+		}
+	}
+	switch {
+	case ex.TimedOut:
+		return exitCode(roche.ExitCodeTimeout)
+	case ex.Error != nil:
+		return exitCode(1)
+	}
+	return nil
+}
+
+// richKinds names the forms of a result beyond text.
+func richKinds(r roche.CodeResult) []string {
+	var k []string
+	for _, f := range []struct {
+		set  bool
+		name string
+	}{
+		{len(r.PNG) > 0, "image/png"}, {len(r.JPEG) > 0, "image/jpeg"}, {r.SVG != "", "image/svg+xml"},
+		{r.HTML != "", "text/html"}, {r.JSON != "", "application/json"}, {r.Markdown != "", "text/markdown"},
+		{r.LaTeX != "", "text/latex"}, {r.JavaScript != "", "application/javascript"},
+	} {
+		if f.set {
+			k = append(k, f.name)
+		}
+	}
+	return k
+}
+
+// writeResults writes each rich result's forms as result-N.EXT in dir.
+func writeResults(dir string, results []roche.CodeResult) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("making --out directory: %w", err)
+	}
+	for i, r := range results {
+		for ext, b := range map[string][]byte{
+			"png": r.PNG, "jpeg": r.JPEG, "svg": []byte(r.SVG), "html": []byte(r.HTML), "json": []byte(r.JSON),
+			"md": []byte(r.Markdown), "tex": []byte(r.LaTeX), "js": []byte(r.JavaScript),
+		} {
+			if len(b) == 0 {
+				continue
+			}
+			name := filepath.Join(dir, fmt.Sprintf("result-%d.%s", i+1, ext))
+			if err := os.WriteFile(name, b, 0o644); err != nil {
+				return fmt.Errorf("writing a result: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (e *env) contextCommand() *cobra.Command {
+	var id string
+	c := &cobra.Command{
+		Use:   "context create|list|restart|rm --sandbox ID",
+		Short: "Manage a sandbox's code contexts (interpreters that keep state; see roche code)",
+		Long: `A context is a long-lived interpreter in a sandbox, run as the sandbox user under
+every limit. roche code uses a language's default context unless given --context; create
+makes more (each with its own variables), restart replaces one's interpreter with a fresh
+one, rm stops it.`,
+		Example: `  ctx=$(roche context create --sandbox "$id")
+  roche code --sandbox "$id" --context "$ctx" 'y = 1'
+  roche context list --sandbox "$id"
+  roche context rm --sandbox "$id" "$ctx"`,
+	}
+	c.PersistentFlags().StringVar(&id, "sandbox", "", "id of the sandbox (required)")
+	var language, cwd string
+	create := &cobra.Command{
+		Use:   "create --sandbox ID [--language python|bash|javascript] [--cwd DIR]",
+		Short: "Start a new context and print its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cr, err := e.coder(id)
+			if err != nil {
+				return err
+			}
+			cc, err := cr.CreateContext(cmd.Context(), id, roche.ContextOptions{Language: language, Cwd: cwd})
+			if err != nil {
+				return friendly(err)
+			}
+			fmt.Fprintln(e.stdout, cc.ID)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&language, "language", "", "python (default), bash or javascript, where the sandbox has it")
+	create.Flags().StringVar(&cwd, "cwd", "", "the interpreter's working directory (default: the sandbox's workdir)")
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list --sandbox ID [--json]",
+		Short: "List a sandbox's contexts",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cr, err := e.coder(id)
+			if err != nil {
+				return err
+			}
+			cs, err := cr.Contexts(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if cs == nil {
+					cs = []roche.CodeContext{}
+				}
+				return e.printJSON(cs)
+			}
+			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tLANGUAGE\tCWD\tDEFAULT")
+			for _, cc := range cs {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", cc.ID, cc.Language, cc.Cwd, cc.Default)
+			}
+			return w.Flush()
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print the contexts as JSON")
+	restart := &cobra.Command{
+		Use:   "restart --sandbox ID CONTEXT",
+		Short: "Replace a context's interpreter with a fresh one (its variables go)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cr, err := e.coder(id)
+			if err != nil {
+				return err
+			}
+			return cr.RestartContext(cmd.Context(), id, args[0])
+		},
+	}
+	rm := &cobra.Command{
+		Use:   "rm --sandbox ID CONTEXT...",
+		Short: "Stop contexts and forget them",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cr, err := e.coder(id)
+			if err != nil {
+				return err
+			}
+			for _, a := range args {
+				if err := cr.RemoveContext(cmd.Context(), id, a); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	c.AddCommand(create, list, restart, rm)
+	return c
+}
