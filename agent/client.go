@@ -448,3 +448,78 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 func (c *Client) Rename(ctx context.Context, from, to string) error {
 	return c.call(ctx, Request{Op: OpRename, Path: from, NewPath: to}, nil)
 }
+
+// CodeOptions carries a cell's streams.
+type CodeOptions struct {
+	Stdout, Stderr io.Writer
+	// Result, if set, is called with each rich result as it arrives.
+	Result func(CodeResult)
+}
+
+// RunCode runs req.Code (with req.Context or req.Language, TimeoutMS, OutputLimit, Cwd
+// for a default context made now) in a code context and waits for its end. Cancelling
+// ctx closes the connection, which interrupts the cell.
+func (c *Client) RunCode(ctx context.Context, req Request, opts CodeOptions) (CodeEnd, error) {
+	req.Op = OpCodeRun
+	s, err := c.open(ctx, req)
+	if err != nil {
+		return CodeEnd{}, err
+	}
+	defer s.nc.Close()
+	stop := s.closeOnDone(ctx)
+	defer stop()
+	for {
+		kind, p, err := s.read()
+		if err != nil {
+			if ctx.Err() != nil {
+				return CodeEnd{}, ctx.Err()
+			}
+			return CodeEnd{}, fmt.Errorf("the sandbox agent closed the connection mid-cell (did the sandbox stop?): %w", err)
+		}
+		switch kind {
+		case FrameStdout:
+			if opts.Stdout != nil {
+				_, _ = opts.Stdout.Write(p)
+			}
+		case FrameStderr:
+			if opts.Stderr != nil {
+				_, _ = opts.Stderr.Write(p)
+			}
+		case FrameCodeResult:
+			var r CodeResult
+			if err := json.Unmarshal(p, &r); err != nil {
+				return CodeEnd{}, fmt.Errorf("malformed code result from the agent: %w", err)
+			}
+			if opts.Result != nil {
+				opts.Result(r)
+			}
+		case FrameCodeEnd, FrameError:
+			var end CodeEnd
+			return end, decode(kind, p, FrameCodeEnd, &end)
+		default:
+			return CodeEnd{}, fmt.Errorf("unexpected agent frame %q", kind)
+		}
+	}
+}
+
+// CreateContext starts a code context.
+func (c *Client) CreateContext(ctx context.Context, language, cwd string) (CodeContext, error) {
+	var cc CodeContext
+	return cc, c.call(ctx, Request{Op: OpCodeCreate, Language: language, Cwd: cwd}, &cc)
+}
+
+// Contexts lists the code contexts.
+func (c *Client) Contexts(ctx context.Context) ([]CodeContext, error) {
+	var out []CodeContext
+	return out, c.call(ctx, Request{Op: OpCodeList}, &out)
+}
+
+// RestartContext gives a code context a fresh interpreter.
+func (c *Client) RestartContext(ctx context.Context, id string) error {
+	return c.call(ctx, Request{Op: OpCodeRestart, Context: id}, nil)
+}
+
+// RemoveContext stops a code context and forgets it.
+func (c *Client) RemoveContext(ctx context.Context, id string) error {
+	return c.call(ctx, Request{Op: OpCodeRemove, Context: id}, nil)
+}

@@ -32,6 +32,8 @@ const (
 	FrameReply      = 'K' // agent → client: JSON reply of a non-streaming operation
 	FrameError      = 'Z' // agent → client: JSON Error, the last frame
 	FrameStarted    = 'P' // agent → client: JSON Started, the command is running
+	FrameCodeResult = 'V' // agent → client: JSON CodeResult, one rich result of a cell
+	FrameCodeEnd    = 'W' // agent → client: JSON CodeEnd, the last frame of a cell
 	maxFramePayload = 8 << 20
 )
 
@@ -55,6 +57,16 @@ const (
 	// Keep it ends the lease instead, and the sandbox lives out its lifetime. Only a
 	// sandbox started with a lease (--lease-grace) has one.
 	OpLease = "lease"
+
+	// Code contexts: long-lived interpreters (agent/kernel) that keep their variables
+	// from one cell to the next. code_run streams stdout and stderr frames and code
+	// result frames and ends with a code end frame (or an error frame when the cell could
+	// not be run); the others answer with one reply frame.
+	OpCodeRun     = "code_run"     // Code in Context (or Language's default context)
+	OpCodeCreate  = "code_create"  // Language, Cwd → CodeContext
+	OpCodeList    = "code_list"    // → []CodeContext
+	OpCodeRestart = "code_restart" // Context: a fresh interpreter, variables gone
+	OpCodeRemove  = "code_remove"  // Context: stopped and forgotten
 )
 
 // Lease timing: a leased sandbox stops this long after the last connection holding its
@@ -93,6 +105,48 @@ type Request struct {
 
 	// lease
 	Keep bool `json:"keep,omitempty"`
+
+	// code contexts (with Cwd, TimeoutMS and OutputLimit above)
+	Code     string `json:"code,omitempty"`
+	Language string `json:"language,omitempty"`
+	Context  string `json:"context,omitempty"`
+}
+
+// CodeContext describes a code context.
+type CodeContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd,omitempty"`
+	Default  bool   `json:"default,omitempty"`
+}
+
+// CodeResult is one rich result of a cell: MIME type to content, images in base64
+// (the kernel's result event, passed on as it came).
+type CodeResult struct {
+	Data map[string]string `json:"data"`
+	Main bool              `json:"main,omitempty"`
+}
+
+// CodeError is the exception that ended a cell, or why its interpreter died.
+type CodeError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// CodeEnd ends a cell.
+type CodeEnd struct {
+	Context        string     `json:"context"`
+	ExecutionCount int        `json:"execution_count"`
+	Error          *CodeError `json:"error,omitempty"`
+	TimedOut       bool       `json:"timed_out,omitempty"`
+	// Restarted: the context's interpreter had died and a fresh one ran the cell.
+	Restarted bool `json:"restarted,omitempty"`
+	// Died: the interpreter died in this cell (Error says how); the next cell starts a
+	// fresh one and says Restarted.
+	Died       bool  `json:"died,omitempty"`
+	Truncated  bool  `json:"truncated,omitempty"`
+	DurationNS int64 `json:"duration_ns"`
 }
 
 // Result ends a command.

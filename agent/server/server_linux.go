@@ -80,6 +80,10 @@ type Server struct {
 
 	mu    sync.Mutex
 	procs map[int]*proc // background and running commands by pid
+	// contexts are the code contexts by id (code_linux.go); codeMu makes a language's
+	// default context once.
+	contexts map[string]*codeContext
+	codeMu   sync.Mutex
 	// stopping says why the agent, and so the sandbox, is stopping; "" while it serves.
 	stopping string
 }
@@ -226,6 +230,7 @@ func (s *Server) Run(ctx context.Context) error {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
+				s.stopContexts()
 				s.stopAll()
 				return nil
 			}
@@ -359,6 +364,8 @@ func (s *Server) serve(nc net.Conn) {
 		err = c.sendJSON(agent.FrameReply, s.health())
 	case agent.OpLease:
 		err = s.lease(c, req)
+	case agent.OpCodeRun, agent.OpCodeCreate, agent.OpCodeList, agent.OpCodeRestart, agent.OpCodeRemove:
+		err = s.codeOp(c, req)
 	case agent.OpWrite, agent.OpRead, agent.OpList, agent.OpStat, agent.OpMkdir, agent.OpRemove,
 		agent.OpRename, agent.OpUntar, agent.OpTar:
 		err = s.files(c, req)

@@ -270,10 +270,14 @@ func (p *Provider) Name() string { return "docker" }
 
 // Capabilities implements roche.Provider: Docker honours every field of Config.
 func (p *Provider) Capabilities() roche.Capabilities {
-	return roche.Capabilities{
+	caps := roche.Capabilities{
 		Network: true, Egress: p.egress && p.agentPath != "", Writable: true, Mounts: true,
 		Files: true, Pause: true, Stdin: true, Processes: true, Leases: p.agentPath != "",
 	}
+	if p.agentPath != "" { // code contexts are roche-agent's
+		caps.Code, caps.RichResults = agentfwd.CodeLanguages, true
+	}
+	return caps
 }
 
 // Ping checks that the engine answers, within 10 s at most.

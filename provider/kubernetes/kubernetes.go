@@ -308,6 +308,7 @@ func (p *Provider) Capabilities() roche.Capabilities {
 	}
 	return roche.Capabilities{
 		Network: true, Egress: p.egress, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
+		Code: agentfwd.CodeLanguages, RichResults: true,
 	}
 }
 

@@ -9,6 +9,9 @@ import (
 
 var _ roche.Leaser = (*Provider)(nil)
 
+// Code contexts are served by roche-agent, through the embedded forwarder.
+var _ roche.CodeRunner = (*Provider)(nil)
+
 // LeaseGrace is how long a leased sandbox outlives the loss of its lease.
 const LeaseGrace = agentfwd.LeaseGrace
 

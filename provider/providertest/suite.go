@@ -103,6 +103,9 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		t.Run("ForkBomb", s.testForkBomb)
 		t.Run("YesTruncatedAndTimedOut", func(t *testing.T) { s.testYes(t, shared) })
 	}
+	if len(s.caps.Code) > 0 {
+		t.Run("Code", s.testCode)
+	}
 	if s.caps.Network {
 		t.Run("NetworkOn", s.testNetworkOn)
 	}

@@ -41,6 +41,7 @@ var (
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.Leaser           = (*Provider)(nil)
+	_ roche.CodeRunner       = (*Provider)(nil)
 )
 
 // minMemory is the smallest VM that boots the guest kernel and still leaves the sandbox
@@ -161,6 +162,7 @@ func (p *Provider) Available() error { return p.hv.check(p) }
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
 		Writable: true, Files: true, Pause: true, Stdin: true, Processes: true, Leases: true,
+		Code: agentfwd.CodeLanguages, RichResults: true,
 	}
 }
 

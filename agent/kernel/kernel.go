@@ -1,0 +1,122 @@
+// Package kernel holds the Python program behind code contexts (kernel.py, embedded) and
+// the Go side of its protocol: the events it writes and the sync marks that end a cell's
+// raw output. roche-agent runs it in every sandbox it serves, and the wasm provider in
+// python.wasm.
+//
+// It is not a Jupyter kernel: Jupyter needs zmq and ipykernel in the image, which most
+// images (and python.wasm) lack, while this needs only python3's standard library.
+package kernel
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"strconv"
+)
+
+// Source is kernel.py.
+//
+//go:embed kernel.py
+var Source string
+
+// Argv runs the kernel with python: cells on fd 3, events on fd 4, raw output on fd 1
+// and fd 2 (roche-agent's layout).
+func Argv(python string) []string { return []string{python, "-u", "-c", Source, "--fds"} }
+
+// StdioArgv runs the kernel with cells on stdin and events on stdout (python.wasm).
+func StdioArgv(python string) []string { return []string{python, "-u", "-c", Source, "--stdio"} }
+
+// Cell is one cell sent to the kernel, as a JSON line.
+type Cell struct {
+	ID   int    `json:"id"`
+	Code string `json:"code"`
+}
+
+// Line encodes c as the line the kernel reads.
+func (c Cell) Line() []byte {
+	b, _ := json.Marshal(c)
+	return append(b, '\n')
+}
+
+// Event types.
+const (
+	EventReady  = "ready"
+	EventStdout = "out"
+	EventStderr = "err"
+	EventResult = "result"
+	EventError  = "error"
+	EventDone   = "done"
+)
+
+// Event is one line the kernel writes.
+type Event struct {
+	T string `json:"t"`
+	// out, err
+	S string `json:"s,omitempty"`
+	// result: MIME type to content (base64 for images)
+	Data map[string]string `json:"data,omitempty"`
+	Main bool              `json:"main,omitempty"`
+	// error
+	Name      string `json:"name,omitempty"`
+	Value     string `json:"value,omitempty"`
+	Traceback string `json:"traceback,omitempty"`
+	// done
+	ID    int `json:"id,omitempty"`
+	Count int `json:"count,omitempty"`
+	// ready
+	Version string `json:"version,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+}
+
+// markPrefix starts the sync mark the kernel writes to raw fd 1 and fd 2 at the end of
+// cell N: "\x1eroche:sync:N\x1e".
+const markPrefix = "\x1eroche:sync:"
+
+// Marks finds the kernel's sync marks in one raw output stream, passing the rest on.
+type Marks struct {
+	held []byte
+}
+
+// Feed takes a chunk of the stream and returns the output in it (without marks) and the
+// cells whose marks it held. Bytes that may begin a mark are held for the next chunk.
+func (m *Marks) Feed(p []byte) (out []byte, cells []int) {
+	buf := append(m.held, p...)
+	m.held = nil
+	for {
+		i := bytes.Index(buf, []byte(markPrefix))
+		if i < 0 {
+			break
+		}
+		end := bytes.IndexByte(buf[i+len(markPrefix):], '\x1e')
+		if end < 0 {
+			out = append(out, buf[:i]...)
+			m.held = append([]byte(nil), buf[i:]...)
+			return out, cells
+		}
+		n, err := strconv.Atoi(string(buf[i+len(markPrefix) : i+len(markPrefix)+end]))
+		if err != nil { // not a mark after all
+			out = append(out, buf[:i+1]...)
+			buf = buf[i+1:]
+			continue
+		}
+		out = append(out, buf[:i]...)
+		cells = append(cells, n)
+		buf = buf[i+len(markPrefix)+end+1:]
+	}
+	// Keep a tail that could be the start of a mark.
+	for k := min(len(buf), len(markPrefix)-1); k > 0; k-- {
+		if bytes.HasPrefix([]byte(markPrefix), buf[len(buf)-k:]) {
+			m.held = append([]byte(nil), buf[len(buf)-k:]...)
+			buf = buf[:len(buf)-k]
+			break
+		}
+	}
+	return append(out, buf...), cells
+}
+
+// Flush returns what is held (the stream ended).
+func (m *Marks) Flush() []byte {
+	h := m.held
+	m.held = nil
+	return h
+}

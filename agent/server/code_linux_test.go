@@ -1,0 +1,213 @@
+package server_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche/agent"
+)
+
+type cellOut struct {
+	end     agent.CodeEnd
+	stdout  string
+	stderr  string
+	results []agent.CodeResult
+}
+
+func (o cellOut) text() string {
+	for _, r := range o.results {
+		if r.Main {
+			return r.Data["text/plain"]
+		}
+	}
+	return ""
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func runCell(t *testing.T, req agent.Request) cellOut {
+	t.Helper()
+	var out cellOut
+	var stdout, stderr lockedBuf
+	end, err := client.RunCode(ctxT(t, time.Minute), req, agent.CodeOptions{
+		Stdout: &stdout, Stderr: &stderr,
+		Result: func(r agent.CodeResult) { out.results = append(out.results, r) },
+	})
+	if err != nil {
+		t.Fatalf("run %q: %v", req.Code, err)
+	}
+	out.end, out.stdout, out.stderr = end, stdout.String(), stderr.String()
+	return out
+}
+
+func newContext(t *testing.T) string {
+	t.Helper()
+	cc, err := client.CreateContext(ctxT(t, time.Minute), "python", dir)
+	if err != nil {
+		t.Fatalf("create context: %v", err)
+	}
+	t.Cleanup(func() { _ = client.RemoveContext(ctxT(t, 10*time.Second), cc.ID) })
+	return cc.ID
+}
+
+func TestCodeStatePersists(t *testing.T) {
+	id := newContext(t)
+	first := runCell(t, agent.Request{Context: id, Code: "x = 41\nprint('hi')"})
+	if first.end.Error != nil || first.stdout != "hi\n" || first.end.ExecutionCount != 1 || len(first.results) != 0 {
+		t.Fatalf("first cell: %+v", first)
+	}
+	second := runCell(t, agent.Request{Context: id, Code: "x + 1"})
+	if second.text() != "42" || second.end.ExecutionCount != 2 || second.end.Context != id {
+		t.Fatalf("second cell: %+v", second)
+	}
+}
+
+func TestCodeDefaultContext(t *testing.T) {
+	a := runCell(t, agent.Request{Code: "y = 'default'"})
+	b := runCell(t, agent.Request{Language: "python", Code: "y"})
+	if a.end.Context == "" || a.end.Context != b.end.Context || b.text() != "'default'" {
+		t.Fatalf("default context: %+v then %+v", a, b)
+	}
+	list, err := client.Contexts(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, cc := range list {
+		found = found || (cc.ID == a.end.Context && cc.Default && cc.Language == "python")
+	}
+	if !found {
+		t.Fatalf("default context %s not listed as default: %+v", a.end.Context, list)
+	}
+}
+
+func TestCodeError(t *testing.T) {
+	id := newContext(t)
+	out := runCell(t, agent.Request{Context: id, Code: "def f():\n    return 1/0\nf()"})
+	e := out.end.Error
+	if e == nil || e.Name != "ZeroDivisionError" || e.Value != "division by zero" ||
+		!strings.Contains(e.Traceback, "return 1/0") || strings.Contains(e.Traceback, "kernel") {
+		t.Fatalf("error: %+v", e)
+	}
+}
+
+func TestCodeRawOutputAndDisplay(t *testing.T) {
+	id := newContext(t)
+	code := "import os, sys\nprint('py')\nos.system('echo raw; echo rawerr >&2')\n" +
+		"class S:\n    def _repr_svg_(self): return '<svg/>'\ndisplay(S())\nprint('late', file=sys.stderr)"
+	out := runCell(t, agent.Request{Context: id, Code: code})
+	if out.end.Error != nil || !strings.Contains(out.stdout, "py\n") || !strings.Contains(out.stdout, "raw\n") ||
+		!strings.Contains(out.stderr, "rawerr\n") || !strings.Contains(out.stderr, "late\n") || strings.Contains(out.stdout, "sync") {
+		t.Fatalf("output: %+v", out)
+	}
+	if len(out.results) != 1 || out.results[0].Data["image/svg+xml"] != "<svg/>" || out.results[0].Main {
+		t.Fatalf("display results: %+v", out.results)
+	}
+}
+
+func TestCodeTimeoutInterrupts(t *testing.T) {
+	id := newContext(t)
+	runCell(t, agent.Request{Context: id, Code: "kept = 7"})
+	start := time.Now()
+	out := runCell(t, agent.Request{Context: id, Code: "while True:\n    pass", TimeoutMS: 300})
+	if !out.end.TimedOut || out.end.Error == nil || out.end.Error.Name != "KeyboardInterrupt" || out.end.Died {
+		t.Fatalf("interrupted cell: %+v", out.end)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("interrupt took %s", d)
+	}
+	if got := runCell(t, agent.Request{Context: id, Code: "kept"}); got.text() != "7" || got.end.Restarted {
+		t.Fatalf("after the interrupt: %+v", got)
+	}
+}
+
+func TestCodeStuckKernelKilled(t *testing.T) {
+	id := newContext(t)
+	// SIGINT ignored: the interrupt cannot stop it, so it is killed after the grace.
+	out := runCell(t, agent.Request{Context: id, TimeoutMS: 200,
+		Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.05)"})
+	if !out.end.TimedOut || !out.end.Died || out.end.Error == nil || out.end.Error.Name != "TimeoutError" {
+		t.Fatalf("stuck cell: %+v", out.end)
+	}
+	if got := runCell(t, agent.Request{Context: id, Code: "1"}); !got.end.Restarted || got.text() != "1" {
+		t.Fatalf("after the kill: %+v", got)
+	}
+}
+
+func TestCodeKernelDies(t *testing.T) {
+	id := newContext(t)
+	runCell(t, agent.Request{Context: id, Code: "gone = 1"})
+	out := runCell(t, agent.Request{Context: id, Code: "import os\nos._exit(3)"})
+	if !out.end.Died || out.end.Error == nil || !strings.Contains(out.end.Error.Value, "exited with status 3") {
+		t.Fatalf("dead cell: %+v", out.end)
+	}
+	next := runCell(t, agent.Request{Context: id, Code: "'gone' in globals()"})
+	if !next.end.Restarted || next.text() != "False" || next.end.ExecutionCount != 1 {
+		t.Fatalf("after the death: %+v", next)
+	}
+	again := runCell(t, agent.Request{Context: id, Code: "1"})
+	if again.end.Restarted {
+		t.Fatalf("Restarted said twice: %+v", again.end)
+	}
+}
+
+func TestCodeRestartAndRemove(t *testing.T) {
+	id := newContext(t)
+	runCell(t, agent.Request{Context: id, Code: "z = 1"})
+	if err := client.RestartContext(ctxT(t, time.Minute), id); err != nil {
+		t.Fatal(err)
+	}
+	if got := runCell(t, agent.Request{Context: id, Code: "'z' in globals()"}); got.text() != "False" || got.end.Restarted {
+		t.Fatalf("after restart: %+v", got)
+	}
+	if err := client.RemoveContext(ctxT(t, 10*time.Second), id); err != nil {
+		t.Fatal(err)
+	}
+	_, err := client.RunCode(ctxT(t, 10*time.Second), agent.Request{Context: id, Code: "1"}, agent.CodeOptions{})
+	var ae *agent.Error
+	if !errors.As(err, &ae) || ae.Code != agent.CodeNotFound {
+		t.Fatalf("run in a removed context: %v", err)
+	}
+	list, _ := client.Contexts(ctxT(t, 10*time.Second))
+	for _, cc := range list {
+		if cc.ID == id {
+			t.Fatalf("removed context still listed: %+v", list)
+		}
+	}
+}
+
+func TestCodeLanguages(t *testing.T) {
+	for lang, code := range map[string]string{"bash": agent.CodeUnsupported, "javascript": agent.CodeUnsupported, "cobol": agent.CodeInvalid} {
+		_, err := client.RunCode(ctxT(t, 10*time.Second), agent.Request{Language: lang, Code: "1"}, agent.CodeOptions{})
+		var ae *agent.Error
+		if !errors.As(err, &ae) || ae.Code != code {
+			t.Errorf("language %s: %v, want code %s", lang, err, code)
+		}
+	}
+}
+
+func TestCodeOutputLimit(t *testing.T) {
+	id := newContext(t)
+	out := runCell(t, agent.Request{Context: id, OutputLimit: 1000, Code: "for i in range(1000): print('x' * 50)\n'end'"})
+	if !out.end.Truncated || len(out.stdout) != 1000 || out.text() != "'end'" {
+		t.Fatalf("truncated cell: truncated=%v stdout %d bytes, text %q", out.end.Truncated, len(out.stdout), out.text())
+	}
+}

@@ -1,0 +1,182 @@
+package agentfwd
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+)
+
+// CodeLanguages are the languages roche-agent's contexts serve.
+var CodeLanguages = []string{roche.LanguagePython}
+
+// interruptSlack covers the agent's grace between interrupting a cell at its timeout
+// and killing its interpreter, and the time to start an interpreter.
+const interruptSlack = 30 * time.Second
+
+var _ roche.CodeRunner = Forwarder{}
+
+// RunCode implements roche.CodeRunner.
+func (f Forwarder) RunCode(ctx context.Context, id string, req roche.CodeRequest) (roche.Execution, error) {
+	if err := req.Validate(); err != nil {
+		return roche.Execution{}, err
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return roche.Execution{}, err
+	}
+	return t.RunCode(ctx, req)
+}
+
+// RunCode runs a cell through the agent, which interrupts it at its timeout inside the
+// sandbox; ctx ending closes the connection, which interrupts it too.
+func (t Target) RunCode(ctx context.Context, req roche.CodeRequest) (roche.Execution, error) {
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = roche.DefaultCodeTimeout
+	}
+	limit := req.OutputLimit
+	if limit <= 0 {
+		limit = roche.DefaultOutputLimit
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout+interruptSlack+answerSlack)
+	defer cancel()
+	var ex roche.Execution
+	stdout := &chunks{w: req.Stdout, into: &ex.Logs.Stdout}
+	stderr := &chunks{w: req.Stderr, into: &ex.Logs.Stderr}
+	end, err := t.Agent.RunCode(actx, agent.Request{
+		Code: req.Code, Language: req.Language, Context: req.Context, Cwd: t.Workdir,
+		TimeoutMS: timeout.Milliseconds(), OutputLimit: limit,
+	}, agent.CodeOptions{
+		Stdout: stdout, Stderr: stderr,
+		Result: func(r agent.CodeResult) { ex.Results = append(ex.Results, CodeResult(r)) },
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return roche.Execution{}, fmt.Errorf("running code in sandbox %s: %w", t.ID, ctx.Err())
+		}
+		if actx.Err() != nil {
+			return roche.Execution{}, fmt.Errorf("%w: sandbox %s did not answer within the cell's timeout: is it paused? (roche unpause %s)", roche.ErrTimeout, t.ID, t.ID)
+		}
+		return roche.Execution{}, t.fail(err)
+	}
+	ex.ExecutionCount = end.ExecutionCount
+	ex.Context = end.Context
+	ex.TimedOut = end.TimedOut
+	ex.Restarted = end.Restarted
+	ex.Truncated = end.Truncated
+	ex.Duration = time.Duration(end.DurationNS)
+	if end.Error != nil {
+		ex.Error = &roche.CodeError{Name: end.Error.Name, Value: end.Error.Value, Traceback: end.Error.Traceback}
+	}
+	if ex.Logs.Stdout == nil {
+		ex.Logs.Stdout = []string{}
+	}
+	if ex.Logs.Stderr == nil {
+		ex.Logs.Stderr = []string{}
+	}
+	return ex, nil
+}
+
+// chunks keeps each write as a log chunk and passes it on to the caller's writer.
+type chunks struct {
+	w    io.Writer
+	into *[]string
+}
+
+func (c *chunks) Write(p []byte) (int, error) {
+	*c.into = append(*c.into, string(p))
+	if c.w != nil {
+		_, _ = c.w.Write(p)
+	}
+	return len(p), nil
+}
+
+// CodeResult turns the kernel's MIME bundle into the core's result.
+func CodeResult(r agent.CodeResult) roche.CodeResult {
+	out := roche.CodeResult{IsMainResult: r.Main}
+	for mime, v := range r.Data {
+		switch mime {
+		case "text/plain":
+			out.Text = v
+		case "text/html":
+			out.HTML = v
+		case "text/markdown":
+			out.Markdown = v
+		case "image/svg+xml":
+			out.SVG = v
+		case "image/png":
+			out.PNG, _ = base64.StdEncoding.DecodeString(v)
+		case "image/jpeg":
+			out.JPEG, _ = base64.StdEncoding.DecodeString(v)
+		case "application/json":
+			out.JSON = v
+		case "text/latex":
+			out.LaTeX = v
+		case "application/javascript":
+			out.JavaScript = v
+		}
+	}
+	return out
+}
+
+// CreateContext implements roche.CodeRunner.
+func (f Forwarder) CreateContext(ctx context.Context, id string, opts roche.ContextOptions) (roche.CodeContext, error) {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return roche.CodeContext{}, err
+	}
+	cwd := opts.Cwd
+	if cwd == "" {
+		cwd = t.Workdir
+	}
+	cc, err := t.Agent.CreateContext(ctx, opts.Language, cwd)
+	if err != nil {
+		return roche.CodeContext{}, t.fail(err)
+	}
+	return CodeContext(cc), nil
+}
+
+// CodeContext turns the agent's context description into the core's.
+func CodeContext(cc agent.CodeContext) roche.CodeContext {
+	return roche.CodeContext{ID: cc.ID, Language: cc.Language, Cwd: cc.Cwd, Default: cc.Default}
+}
+
+// Contexts implements roche.CodeRunner.
+func (f Forwarder) Contexts(ctx context.Context, id string) ([]roche.CodeContext, error) {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	list, err := t.Agent.Contexts(ctx)
+	if err != nil {
+		return nil, t.fail(err)
+	}
+	out := make([]roche.CodeContext, len(list))
+	for i, cc := range list {
+		out[i] = CodeContext(cc)
+	}
+	return out, nil
+}
+
+// RestartContext implements roche.CodeRunner.
+func (f Forwarder) RestartContext(ctx context.Context, id, contextID string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.RestartContext(ctx, contextID))
+}
+
+// RemoveContext implements roche.CodeRunner.
+func (f Forwarder) RemoveContext(ctx context.Context, id, contextID string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.RemoveContext(ctx, contextID))
+}

@@ -1,0 +1,251 @@
+package providertest
+
+import (
+	"bytes"
+	"errors"
+	"image"
+	_ "image/png" // the charts come back as PNG
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// cellTimeout bounds a cell in the code checks: the first one starts an interpreter, and
+// the first import of matplotlib in a fresh sandbox builds its font cache.
+const cellTimeout = 3 * time.Minute
+
+// testCode checks code contexts (roche.CodeRunner) for a provider whose Capabilities
+// list a language: state kept across calls, errors, streaming, interrupts, a dying
+// interpreter replaced, isolation between sandboxes, and, with RichResults, charts,
+// DataFrames and display calls as their rich forms.
+func (s *suite) testCode(t *testing.T) {
+	cr, ok := s.p.(roche.CodeRunner)
+	if !ok {
+		t.Fatalf("Capabilities.Code is %v but the provider does not implement roche.CodeRunner", s.caps.Code)
+	}
+	if !slices.Contains(s.caps.Code, roche.LanguagePython) {
+		t.Fatalf("Capabilities.Code %v lacks python", s.caps.Code)
+	}
+	id := s.create(t, s.opts.Config)
+	run := func(t *testing.T, req roche.CodeRequest) roche.Execution {
+		t.Helper()
+		if req.Timeout == 0 {
+			req.Timeout = cellTimeout
+		}
+		ex, err := cr.RunCode(ctxFor(t, cellTimeout+time.Minute), id, req)
+		if err != nil {
+			t.Fatalf("RunCode %q: %v", req.Code, err)
+		}
+		return ex
+	}
+	ok2 := func(t *testing.T, req roche.CodeRequest) roche.Execution {
+		t.Helper()
+		ex := run(t, req)
+		if ex.Error != nil {
+			t.Fatalf("RunCode %q: %s: %s\n%s", req.Code, ex.Error.Name, ex.Error.Value, ex.Error.Traceback)
+		}
+		return ex
+	}
+
+	t.Run("StatePersists", func(t *testing.T) {
+		ok2(t, roche.CodeRequest{Code: "x = 41"})
+		ex := ok2(t, roche.CodeRequest{Code: "x + 1"})
+		if ex.Text() != "42" || ex.Context == "" || ex.ExecutionCount < 2 {
+			t.Fatalf("x + 1 after x = 41: text %q, context %q, count %d", ex.Text(), ex.Context, ex.ExecutionCount)
+		}
+	})
+	t.Run("Exception", func(t *testing.T) {
+		ex := run(t, roche.CodeRequest{Code: "def f():\n    return 1 / 0\nf()"})
+		if ex.Error == nil || ex.Error.Name != "ZeroDivisionError" || ex.Error.Value != "division by zero" ||
+			!strings.Contains(ex.Error.Traceback, "return 1 / 0") {
+			t.Fatalf("error: %+v", ex.Error)
+		}
+	})
+	t.Run("StdoutStreamed", func(t *testing.T) {
+		w := &firstWrite{}
+		ex := ok2(t, roche.CodeRequest{Code: "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')", Stdout: w})
+		returned := time.Now()
+		if got := strings.Join(ex.Logs.Stdout, ""); got != "early\nlate\n" {
+			t.Fatalf("stdout %q", got)
+		}
+		if at := w.at(); at.IsZero() || returned.Sub(at) < time.Second {
+			t.Fatalf("the first line reached the caller %s before the cell ended, not as it was printed", returned.Sub(at))
+		}
+	})
+	t.Run("TimeoutInterrupts", func(t *testing.T) {
+		ok2(t, roche.CodeRequest{Code: "kept = 'still here'"})
+		ex := run(t, roche.CodeRequest{Code: "while True:\n    pass", Timeout: 2 * time.Second})
+		if !ex.TimedOut || ex.Error == nil {
+			t.Fatalf("an endless loop at a 2 s timeout: timed out %v, error %+v", ex.TimedOut, ex.Error)
+		}
+		if s.caps.Processes && ex.Error.Name != "KeyboardInterrupt" {
+			t.Fatalf("interrupted cell's error %+v, want a KeyboardInterrupt", ex.Error)
+		}
+		after := ok2(t, roche.CodeRequest{Code: "kept"})
+		if s.caps.Processes && (after.Text() != "'still here'" || after.Restarted) {
+			t.Fatalf("after the interrupt: text %q, restarted %v; the context must keep its variables", after.Text(), after.Restarted)
+		}
+		if !s.caps.Processes && after.Text() != "'still here'" && !after.Restarted {
+			t.Fatalf("after the interrupt the variables are gone (%q) but Restarted is not said", after.Text())
+		}
+	})
+	t.Run("InterpreterDies", func(t *testing.T) {
+		ok2(t, roche.CodeRequest{Code: "doomed = 1"})
+		ex := run(t, roche.CodeRequest{Code: "import os\nos._exit(3)"})
+		if ex.Error == nil {
+			t.Fatalf("os._exit reported no error: %+v", ex)
+		}
+		next := ok2(t, roche.CodeRequest{Code: "'doomed' in globals()"})
+		if !next.Restarted || next.Text() != "False" {
+			t.Fatalf("the call after os._exit: restarted %v, text %q", next.Restarted, next.Text())
+		}
+	})
+	t.Run("ContextsListAndRemove", func(t *testing.T) {
+		cc, err := cr.CreateContext(ctxFor(t, cellTimeout), id, roche.ContextOptions{Language: roche.LanguagePython})
+		if err != nil {
+			t.Fatalf("CreateContext: %v", err)
+		}
+		ok2(t, roche.CodeRequest{Context: cc.ID, Code: "mine = 5"})
+		if ex := ok2(t, roche.CodeRequest{Code: "'mine' in globals()"}); ex.Text() != "False" {
+			t.Fatalf("the default context sees another context's variable")
+		}
+		list, err := cr.Contexts(ctxFor(t, time.Minute), id)
+		if err != nil || !slices.ContainsFunc(list, func(c roche.CodeContext) bool { return c.ID == cc.ID }) {
+			t.Fatalf("Contexts = %+v, %v; want %s in it", list, err, cc.ID)
+		}
+		if err := cr.RestartContext(ctxFor(t, cellTimeout), id, cc.ID); err != nil {
+			t.Fatalf("RestartContext: %v", err)
+		}
+		if ex := ok2(t, roche.CodeRequest{Context: cc.ID, Code: "'mine' in globals()"}); ex.Text() != "False" {
+			t.Fatalf("a restarted context kept its variables")
+		}
+		if err := cr.RemoveContext(ctxFor(t, time.Minute), id, cc.ID); err != nil {
+			t.Fatalf("RemoveContext: %v", err)
+		}
+		list, _ = cr.Contexts(ctxFor(t, time.Minute), id)
+		if slices.ContainsFunc(list, func(c roche.CodeContext) bool { return c.ID == cc.ID }) {
+			t.Fatalf("removed context %s still listed: %+v", cc.ID, list)
+		}
+		_, err = cr.RunCode(ctxFor(t, time.Minute), id, roche.CodeRequest{Context: cc.ID, Code: "1"})
+		if !errors.Is(err, roche.ErrNotFound) {
+			t.Fatalf("RunCode in a removed context: %v, want ErrNotFound", err)
+		}
+	})
+	t.Run("SandboxesIsolated", func(t *testing.T) {
+		ex := ok2(t, roche.CodeRequest{Code: "secret = 'sandbox one'"})
+		other := s.create(t, s.opts.Config)
+		got, err := cr.RunCode(ctxFor(t, cellTimeout), other, roche.CodeRequest{Code: "'secret' in globals()", Timeout: cellTimeout})
+		if err != nil || got.Error != nil || got.Text() != "False" {
+			t.Fatalf("another sandbox's default context: %+v, %v", got, err)
+		}
+		_, err = cr.RunCode(ctxFor(t, time.Minute), other, roche.CodeRequest{Context: ex.Context, Code: "secret"})
+		if !errors.Is(err, roche.ErrNotFound) {
+			t.Fatalf("another sandbox ran code in this sandbox's context %s: %v", ex.Context, err)
+		}
+	})
+	t.Run("UnsupportedLanguage", func(t *testing.T) {
+		_, err := cr.RunCode(ctxFor(t, time.Minute), id, roche.CodeRequest{Language: "cobol", Code: "1"})
+		if err == nil {
+			t.Fatal("a cobol cell ran")
+		}
+	})
+	if !s.caps.RichResults {
+		t.Run("TextOnly", func(t *testing.T) {
+			ex := ok2(t, roche.CodeRequest{Code: "class H:\n    def _repr_html_(self): return '<b>x</b>'\nH()"})
+			if ex.Text() == "" {
+				t.Fatalf("no text result: %+v", ex.Results)
+			}
+		})
+		return
+	}
+	t.Run("MatplotlibPNG", func(t *testing.T) {
+		ex := ok2(t, roche.CodeRequest{Code: "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9])\nplt.show()"})
+		checkPNG(t, ex, 640, 480)
+		// A figure left open at the end of a cell comes back too.
+		ex = ok2(t, roche.CodeRequest{Code: "fig = plt.figure(figsize=(3, 2))\n_ = plt.bar(['a', 'b'], [1, 2])"})
+		checkPNG(t, ex, 300, 200)
+		if ex := ok2(t, roche.CodeRequest{Code: "len(plt.get_fignums())"}); ex.Text() != "0" {
+			t.Fatalf("figures still open after being sent: %s", ex.Text())
+		}
+	})
+	t.Run("DataFrameHTML", func(t *testing.T) {
+		ex := ok2(t, roche.CodeRequest{Code: "import pandas as pd\npd.DataFrame({'name': ['a', 'b'], 'n': [1, 2]})"})
+		var main roche.CodeResult
+		for _, r := range ex.Results {
+			if r.IsMainResult {
+				main = r
+			}
+		}
+		if !strings.Contains(main.HTML, "<table") || !strings.Contains(main.Text, "name") {
+			t.Fatalf("DataFrame result: html %q, text %q", main.HTML, main.Text)
+		}
+	})
+	t.Run("DisplaySVG", func(t *testing.T) {
+		ex := ok2(t, roche.CodeRequest{Code: "class C:\n    def _repr_svg_(self):\n        return '<svg xmlns=\"http://www.w3.org/2000/svg\"/>'\ndisplay(C())\nprint('after')"})
+		if len(ex.Results) != 1 || !strings.HasPrefix(ex.Results[0].SVG, "<svg") || ex.Results[0].IsMainResult {
+			t.Fatalf("display of an SVG object: %+v", ex.Results)
+		}
+	})
+	if s.caps.Processes {
+		t.Run("OOMReplacesInterpreter", func(t *testing.T) {
+			cfg := s.opts.Config
+			cfg.Memory = "256m"
+			small := s.create(t, cfg)
+			ex, err := cr.RunCode(ctxFor(t, cellTimeout), small, roche.CodeRequest{Code: "kept = 1\nb = b'x' * (1 << 30)", Timeout: cellTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ex.Error == nil || !strings.Contains(ex.Error.Value, "memory") {
+				t.Fatalf("1 GiB under a 256m limit: error %+v", ex.Error)
+			}
+			next, err := cr.RunCode(ctxFor(t, cellTimeout), small, roche.CodeRequest{Code: "'kept' in globals()", Timeout: cellTimeout})
+			if err != nil || !next.Restarted || next.Text() != "False" {
+				t.Fatalf("after the OOM kill: %+v, %v", next, err)
+			}
+		})
+	}
+}
+
+// checkPNG finds a PNG result and checks that it decodes to w×h.
+func checkPNG(t *testing.T, ex roche.Execution, w, h int) {
+	t.Helper()
+	for _, r := range ex.Results {
+		if len(r.PNG) == 0 {
+			continue
+		}
+		cfg, format, err := image.DecodeConfig(bytes.NewReader(r.PNG))
+		if err != nil || format != "png" {
+			t.Fatalf("PNG result does not decode: %v (format %q)", err, format)
+		}
+		if cfg.Width != w || cfg.Height != h {
+			t.Fatalf("PNG is %dx%d, want %dx%d", cfg.Width, cfg.Height, w, h)
+		}
+		return
+	}
+	t.Fatalf("no PNG among %d results (stderr %q)", len(ex.Results), ex.Logs.Stderr)
+}
+
+// firstWrite records when it was first written to.
+type firstWrite struct {
+	mu    sync.Mutex
+	first time.Time
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.first.IsZero() {
+		w.first = time.Now()
+	}
+	return len(p), nil
+}
+
+func (w *firstWrite) at() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.first
+}
