@@ -19,9 +19,12 @@ import (
 //go:embed kernel.py
 var Source string
 
-// Argv runs the kernel with python: cells on fd 3, events on fd 4, raw output on fd 1
-// and fd 2 (roche-agent's layout).
-func Argv(python string) []string { return []string{python, "-u", "-c", Source, "--fds"} }
+// Argv runs the kernel with python: its source on stdin (a pipe holding Source, closed,
+// so that ps in the sandbox shows a short line and the cells' stdin is at its end), cells
+// on fd 3, events on fd 4, raw output on fd 1 and fd 2 (roche-agent's layout).
+func Argv(python string) []string {
+	return []string{python, "-u", "-c", "import sys; exec(compile(sys.stdin.read(), '<roche-kernel>', 'exec'))", "--fds"}
+}
 
 // StdioArgv runs the kernel with cells on stdin and events on stdout (python.wasm).
 func StdioArgv(python string) []string { return []string{python, "-u", "-c", Source, "--stdio"} }

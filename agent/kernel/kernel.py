@@ -3,8 +3,9 @@
 # on every image that has python3 (python.wasm included). roche-agent (or the wasm
 # provider) starts it, writes cells to it and reads events back.
 #
-# Channels. With --fds (roche-agent): cells arrive on fd 3, events leave on fd 4, and fd 1
-# and fd 2 stay the raw stdout and stderr pipes that subprocesses and C code write to.
+# Channels. With --fds (roche-agent): this source arrives on stdin (read by a one-line
+# python3 -c), cells on fd 3, events leave on fd 4, and fd 1 and fd 2 stay the raw stdout
+# and stderr pipes that subprocesses and C code write to.
 # With --stdio (python.wasm, which has no fds to spare): cells arrive on stdin and events
 # leave on stdout; fd 2 stays raw stderr.
 #
@@ -29,6 +30,7 @@ import linecache
 import os
 import signal
 import sys
+import threading
 import traceback
 import types
 
@@ -57,14 +59,18 @@ def _on_sigint(signum, frame):
     raise KeyboardInterrupt
 
 
+_send_lock = threading.Lock()  # threads print too: one event at a time on the pipe
+
+
 def _send(obj):
     data = (json.dumps(obj) + "\n").encode()
     _st.critical += 1
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(_EVT_FD, view)
-            view = view[n:]
+        with _send_lock:
+            view = memoryview(data)
+            while view:
+                n = os.write(_EVT_FD, view)
+                view = view[n:]
     finally:
         _st.critical -= 1
     if _st.pending and not _st.critical and _st.running:
@@ -404,17 +410,17 @@ def main():
     os.environ.setdefault("MPLBACKEND", "module://" + _BACKEND_NAME)
     if os.environ["MPLBACKEND"].lower() == "agg":
         os.environ["MPLBACKEND"] = "module://" + _BACKEND_NAME
-    if "MPLCONFIGDIR" not in os.environ:
+    if "MPLCONFIGDIR" not in os.environ and not os.access(os.path.expanduser("~"), os.W_OK):
         # matplotlib caches fonts under ~/.config; a read-only home would make it warn
-        # on every cell's stderr and rebuild the cache each time.
-        home = os.path.expanduser("~")
-        if not os.access(home, os.W_OK):
-            import tempfile
+        # on every cell's stderr. Only where matplotlib is installed.
+        import importlib.util
+        import tempfile
 
-            try:
+        try:
+            if importlib.util.find_spec("matplotlib") is not None:
                 os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="matplotlib-")
-            except OSError:
-                pass
+        except (OSError, ValueError, ImportError):
+            pass
     sys.meta_path.insert(0, _BackendFinder)
     if hasattr(signal, "SIGINT"):
         try:
@@ -422,7 +428,10 @@ def main():
         except (ValueError, OSError):
             pass
     sys.stdout, sys.stderr = _stdout, _stderr
-    sys.stdin = open(os.devnull)
+    try:
+        sys.stdin = open(os.devnull)
+    except OSError:  # python.wasm has no /dev/null
+        sys.stdin = io.StringIO()
     import builtins
 
     builtins.display = display
@@ -430,7 +439,8 @@ def main():
     sys.modules["__main__"].__dict__.update(_ns)
     _ns.clear()
     globals()["_ns"] = sys.modules["__main__"].__dict__
-    _send({"t": "ready", "version": sys.version.split()[0], "pid": os.getpid()})
+    pid = os.getpid() if hasattr(os, "getpid") else 0
+    _send({"t": "ready", "version": sys.version.split()[0], "pid": pid})
     for line in _reader(_CMD_FD):
         try:
             msg = json.loads(line)

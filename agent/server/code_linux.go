@@ -64,6 +64,7 @@ type kernelProc struct {
 	wait   <-chan syscall.WaitStatus
 	cmd    *os.File
 	events chan event // closed when the kernel's event pipe closes (it died)
+	exited chan struct{}
 	marks  chan int   // ids of the cells whose sync marks came through fd 1 or fd 2
 
 	mu   sync.Mutex
@@ -303,7 +304,15 @@ func (s *Server) ensureKernel(cx *codeContext) error {
 		return notFound("code context %s was removed", cx.ID)
 	}
 	if k != nil {
-		return nil
+		select {
+		case <-k.exited: // it died between cells: a fresh one, and the next cell says so
+			k.stop("")
+			cx.mu.Lock()
+			cx.k, cx.lost = nil, true
+			cx.mu.Unlock()
+		default:
+			return nil
+		}
 	}
 	k, err := s.startKernel(cx.Cwd)
 	if err != nil {
@@ -344,18 +353,25 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 	stderrR, stderrW, err2 := pipe()
 	cmdR, cmdW, err3 := pipe()
 	evR, evW, err4 := pipe()
-	devnull, err5 := os.Open(os.DevNull)
+	// The kernel's source is its stdin: it fits in the pipe's buffer, so it is written
+	// whole and closed before the kernel starts.
+	srcR, srcW, err5 := pipe()
 	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		closeAll()
 		return nil, err
 	}
-	files = append(files, devnull)
+	_, err = srcW.WriteString(kernel.Source)
+	srcW.Close()
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("passing the python kernel its source: %w", err)
+	}
 	argv := kernel.Argv(python)
 	pid, wait, err := s.reaper.start(func() (int, error) {
 		pid, err := syscall.ForkExec(python, argv, &syscall.ProcAttr{
 			Dir:   cwd,
 			Env:   env,
-			Files: []uintptr{devnull.Fd(), stdoutW.Fd(), stderrW.Fd(), cmdR.Fd(), evW.Fd()},
+			Files: []uintptr{srcR.Fd(), stdoutW.Fd(), stderrW.Fd(), cmdR.Fd(), evW.Fd()},
 			Sys: &syscall.SysProcAttr{
 				Setpgid:     true,
 				Credential:  &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
@@ -368,7 +384,7 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 		}
 		return pid, err
 	})
-	devnull.Close()
+	srcR.Close()
 	stdoutW.Close()
 	stderrW.Close()
 	cmdR.Close()
@@ -380,7 +396,7 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 		evR.Close()
 		return nil, fmt.Errorf("starting the python kernel: %w", err)
 	}
-	k := &kernelProc{pid: pid, wait: wait, cmd: cmdW, events: make(chan event, 64), marks: make(chan int, 64)}
+	k := &kernelProc{pid: pid, wait: wait, cmd: cmdW, events: make(chan event, 64), exited: make(chan struct{}), marks: make(chan int, 64)}
 	go k.readEvents(evR)
 	go k.pumpRaw(stdoutR, agent.FrameStdout)
 	go k.pumpRaw(stderrR, agent.FrameStderr)
@@ -422,6 +438,7 @@ func (s *Server) startKernel(cwd string) (*kernelProc, error) {
 
 // readEvents reads the kernel's event lines until its pipe closes.
 func (k *kernelProc) readEvents(f *os.File) {
+	defer close(k.exited)
 	defer close(k.events)
 	defer f.Close()
 	br := bufio.NewReaderSize(f, 64<<10)
@@ -523,13 +540,11 @@ func (s *Server) runCode(c *conn, req agent.Request) error {
 	cx.run.Lock()
 	defer cx.run.Unlock()
 	end := agent.CodeEnd{Context: cx.ID}
-	cx.mu.Lock()
-	end.Restarted = cx.lost
-	cx.mu.Unlock()
 	if err := s.ensureKernel(cx); err != nil {
 		return err
 	}
 	cx.mu.Lock()
+	end.Restarted = cx.lost
 	k := cx.k
 	cx.lost = false
 	cx.cells++

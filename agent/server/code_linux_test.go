@@ -82,6 +82,7 @@ func TestCodeStatePersists(t *testing.T) {
 
 func TestCodeDefaultContext(t *testing.T) {
 	a := runCell(t, agent.Request{Code: "y = 'default'"})
+	t.Cleanup(func() { _ = client.RemoveContext(ctxT(t, 10*time.Second), a.end.Context) })
 	b := runCell(t, agent.Request{Language: "python", Code: "y"})
 	if a.end.Context == "" || a.end.Context != b.end.Context || b.text() != "'default'" {
 		t.Fatalf("default context: %+v then %+v", a, b)
@@ -209,5 +210,15 @@ func TestCodeOutputLimit(t *testing.T) {
 	out := runCell(t, agent.Request{Context: id, OutputLimit: 1000, Code: "for i in range(1000): print('x' * 50)\n'end'"})
 	if !out.end.Truncated || len(out.stdout) != 1000 || out.text() != "'end'" {
 		t.Fatalf("truncated cell: truncated=%v stdout %d bytes, text %q", out.end.Truncated, len(out.stdout), out.text())
+	}
+}
+
+func TestCodeKernelDiesBetweenCells(t *testing.T) {
+	id := newContext(t)
+	runCell(t, agent.Request{Context: id, Code: "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(1))).start()"})
+	time.Sleep(time.Second)
+	next := runCell(t, agent.Request{Context: id, Code: "'threading' in globals()"})
+	if !next.end.Restarted || next.end.Error != nil || next.text() != "False" {
+		t.Fatalf("after the interpreter died between cells: %+v", next)
 	}
 }

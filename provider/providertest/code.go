@@ -85,12 +85,15 @@ func (s *suite) testCode(t *testing.T) {
 		if s.caps.Processes && ex.Error.Name != "KeyboardInterrupt" {
 			t.Fatalf("interrupted cell's error %+v, want a KeyboardInterrupt", ex.Error)
 		}
-		after := ok2(t, roche.CodeRequest{Code: "kept"})
-		if s.caps.Processes && (after.Text() != "'still here'" || after.Restarted) {
-			t.Fatalf("after the interrupt: text %q, restarted %v; the context must keep its variables", after.Text(), after.Restarted)
-		}
-		if !s.caps.Processes && after.Text() != "'still here'" && !after.Restarted {
-			t.Fatalf("after the interrupt the variables are gone (%q) but Restarted is not said", after.Text())
+		after := run(t, roche.CodeRequest{Code: "kept"})
+		switch {
+		case after.Text() == "'still here'" && !after.Restarted:
+		case !s.caps.Processes && after.Restarted && after.Error != nil && after.Error.Name == "NameError":
+			// An interpreter without signals (python.wasm) cannot be interrupted: it was
+			// stopped, and the next call says it starts afresh.
+		default:
+			t.Fatalf("after the interrupt: text %q, restarted %v, error %+v; the context must keep its variables (or, without signals, say it restarted)",
+				after.Text(), after.Restarted, after.Error)
 		}
 	})
 	t.Run("InterpreterDies", func(t *testing.T) {

@@ -428,6 +428,7 @@ func (p *Provider) Destroy(_ context.Context, id string) error {
 	if !validID(id) {
 		return nil // never a sandbox of ours, so already gone
 	}
+	p.dropContexts(id)
 	p.stopExecs(id)
 	dir := p.sandboxDir(id)
 	// Renamed away first, in one step, so that the sandbox vanishes from List and

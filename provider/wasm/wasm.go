@@ -102,6 +102,10 @@ type Provider struct {
 
 	warmStart bool
 	warmSlots chan struct{} // bounds the interpreters starting at once
+
+	// contexts are the code contexts of this process by id (code.go).
+	codeMu   sync.Mutex
+	contexts map[string]*codeContext
 	// life ends at Close, stopping what runs in the background, which bg counts.
 	life     context.Context
 	stopLife context.CancelCauseFunc
@@ -256,13 +260,16 @@ func (p *Provider) Name() string { return "wasm" }
 // CPU, so cpus >= 1 is honoured and cpus < 1 is refused.
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
-		Network:       false,
-		Writable:      true,
-		Mounts:        true,
-		Files:         true,
-		Pause:         false,
-		Stdin:         true,
-		Processes:     false,
+		Network:   false,
+		Writable:  true,
+		Mounts:    true,
+		Files:     true,
+		Pause:     false,
+		Stdin:     true,
+		Processes: false,
+		// The kernel runs in python.wasm, which has no matplotlib or pandas.
+		Code:          []string{roche.LanguagePython},
+		RichResults:   false,
 		NotApplicable: []string{"pids_limit", "user"},
 	}
 }
