@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -35,7 +37,7 @@ func (e *env) coder(id string) (roche.CodeRunner, error) {
 func (e *env) codeCommand() *cobra.Command {
 	var id, contextID, language, outDir string
 	var timeout float64
-	var asJSON bool
+	var asJSON, events bool
 	c := &cobra.Command{
 		Use:   "code --sandbox ID [flags] [CODE]",
 		Short: "Run code in a sandbox's interpreter, keeping its state between calls",
@@ -45,8 +47,9 @@ standard input when there is none. Output streams as it is produced; the value o
 last expression is printed as the interpreter would; rich results (a matplotlib figure, a
 DataFrame) are named on standard error, and written as files to --out DIR. An exception
 prints its traceback and exits 1; a timeout interrupts the cell (its variables stay) and
-exits 124. --json prints the whole execution (results, logs, error, execution_count).
-Without --context the language's default context is used, started on first use; roche
+exits 124. --json prints the whole execution (results, logs, error, execution_count);
+--json-events prints JSON lines as the cell runs ({"stream":"stdout","data":BASE64},
+{"result":{...}}) and {"execution":{...}} last, for programs that stream. Without --context the language's default context is used, started on first use; roche
 context manages others.`,
 		Example: `  roche code --sandbox "$id" 'x = 41'
   roche code --sandbox "$id" 'x + 1'                       # prints 42
@@ -76,6 +79,9 @@ context manages others.`,
 				return e.rocheFailed(friendly(err))
 			}
 			req := roche.CodeRequest{Code: code, Language: language, Context: contextID, Timeout: t}
+			if events {
+				return e.rocheFailed(e.runCodeEvents(cmd.Context(), cr, id, req))
+			}
 			if !asJSON {
 				req.Stdout, req.Stderr = e.stdout, e.stderr
 			}
@@ -87,6 +93,7 @@ context manages others.`,
 	c.Flags().StringVar(&language, "language", "", "language of the default context: python (default), bash or javascript, where the sandbox has it")
 	c.Flags().Float64Var(&timeout, "timeout", 0, "interrupt the cell after this many seconds; the context keeps its variables (default 300)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the execution as JSON (results with png as base64, logs, error, execution_count)")
+	c.Flags().BoolVar(&events, "json-events", false, "print output and results as JSON lines while the cell runs, then the execution (for the SDKs)")
 	c.Flags().StringVar(&outDir, "out", "", "write rich results into this directory (result-N.png, .svg, .html, .json)")
 	return c
 }
@@ -139,6 +146,55 @@ func (e *env) runCode(ctx context.Context, cr roche.CodeRunner, id string, req r
 			fmt.Fprintf(e.stderr, "roche: the cell timed out after %s and was interrupted; the context keeps its variables\n", ex.Duration.Round(1e6))
 		}
 	}
+	switch {
+	case ex.TimedOut:
+		return exitCode(roche.ExitCodeTimeout)
+	case ex.Error != nil:
+		return exitCode(1)
+	}
+	return nil
+}
+
+// codeEvents writes roche code --json-events' lines, one at a time: output and results
+// arrive from the provider's goroutines.
+type codeEvents struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+func (c *codeEvents) emit(v any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_ = c.enc.Encode(v)
+}
+
+type codeStream struct {
+	c      *codeEvents
+	stream string
+}
+
+// Write sends a chunk as base64, so that a character split across chunks survives.
+func (s codeStream) Write(p []byte) (int, error) {
+	s.c.emit(struct {
+		Stream string `json:"stream"`
+		Data   []byte `json:"data"`
+	}{s.stream, p})
+	return len(p), nil
+}
+
+// runCodeEvents runs one cell for roche code --json-events.
+func (e *env) runCodeEvents(ctx context.Context, cr roche.CodeRunner, id string, req roche.CodeRequest) error {
+	ev := &codeEvents{enc: json.NewEncoder(e.stdout)}
+	req.Stdout, req.Stderr = codeStream{ev, "stdout"}, codeStream{ev, "stderr"}
+	req.OnResult = func(r roche.CodeResult) { ev.emit(map[string]any{"result": r}) }
+	ex, err := cr.RunCode(ctx, id, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return interruptCode(ctx)
+		}
+		return fmt.Errorf("%s", oneLine(friendly(err)))
+	}
+	ev.emit(map[string]any{"execution": ex})
 	switch {
 	case ex.TimedOut:
 		return exitCode(roche.ExitCodeTimeout)

@@ -167,7 +167,10 @@ func (s *Server) addTools() {
 		Title: "Run code in a sandbox",
 		Description: "Run a piece of code (python, sh or bash; javascript where the image has node) and return its " +
 			"stdout, stderr and exit code. Without sandbox_id it runs in a new sandbox with the secure defaults, " +
-			"destroyed afterwards; with one, it runs there and files it writes stay for the next call.",
+			"destroyed afterwards; with one, it runs there and files it writes stay for the next call. Where the " +
+			"sandbox has a code interpreter (python on most providers), the code runs in it as in a notebook: with " +
+			"sandbox_id, variables and imports stay for the next call; the value of the last expression is returned, " +
+			"charts (matplotlib) come back as images, and an exception as an error with its traceback.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(false), OpenWorldHint: boolPtr(false)},
 	}, s.runCode)
 	addTool(s.server, &mcp.Tool{
@@ -448,28 +451,57 @@ var interpreters = map[string][]string{
 	"node":       {"node", "-e"},
 }
 
-func (s *Server) runCode(ctx context.Context, req *mcp.CallToolRequest, in RunCodeInput) (*mcp.CallToolResult, ExecOutput, error) {
+// contextLanguages maps run_code's language names to the code context languages.
+var contextLanguages = map[string]string{
+	"python": roche.LanguagePython, "python3": roche.LanguagePython,
+	"bash": roche.LanguageBash, "javascript": roche.LanguageJavaScript, "node": roche.LanguageJavaScript,
+}
+
+// coder is p's code contexts for language, when it has them: the cell then runs in a
+// long-lived interpreter that keeps its variables, and returns charts and tracebacks.
+func coder(p roche.Provider, language string) (roche.CodeRunner, string, bool) {
+	lang, ok := contextLanguages[strings.ToLower(language)]
+	if !ok {
+		return nil, "", false
+	}
+	cr, ok := p.(roche.CodeRunner)
+	if !ok || !slices.Contains(p.Capabilities().Code, lang) {
+		return nil, "", false
+	}
+	return cr, lang, true
+}
+
+func (s *Server) runCode(ctx context.Context, req *mcp.CallToolRequest, in RunCodeInput) (*mcp.CallToolResult, CodeOutput, error) {
 	argv, ok := interpreters[strings.ToLower(in.Language)]
 	if !ok {
-		return nil, ExecOutput{}, fmt.Errorf("%w: language %q: give python, sh, bash or javascript", roche.ErrInvalidConfig, in.Language)
+		return nil, CodeOutput{}, fmt.Errorf("%w: language %q: give python, sh, bash or javascript", roche.ErrInvalidConfig, in.Language)
 	}
 	if in.TimeoutSecs < 0 {
-		return nil, ExecOutput{}, fmt.Errorf("%w: timeout_secs %v is negative: give seconds, or leave it out", roche.ErrInvalidConfig, in.TimeoutSecs)
+		return nil, CodeOutput{}, fmt.Errorf("%w: timeout_secs %v is negative: give seconds, or leave it out", roche.ErrInvalidConfig, in.TimeoutSecs)
 	}
 	ex := ExecInput{
 		SandboxID: in.SandboxID, Command: append(slices.Clone(argv), in.Code),
 		TimeoutSecs: in.TimeoutSecs, Stdin: in.Stdin, MaxOutput: in.MaxOutput,
 	}
+	// A context where the provider has them: standard input is the one thing it cannot take.
+	runIn := func(p roche.Provider, id string) (*mcp.CallToolResult, CodeOutput, error) {
+		if cr, lang, ok := coder(p, in.Language); ok && in.Stdin == "" {
+			return runCell(ctx, cr, id, lang, in)
+		}
+		ex.SandboxID = id
+		res, out, err := run(ctx, p, ex)
+		return res, CodeOutput{ExecOutput: out}, err
+	}
 	if in.SandboxID != "" {
 		p, err := s.own(req.Session, in.SandboxID)
 		if err != nil {
-			return nil, ExecOutput{}, err
+			return nil, CodeOutput{}, err
 		}
-		return run(ctx, p, ex)
+		return runIn(p, in.SandboxID)
 	}
 	sb, p, err := s.newSandbox(ctx, req.Session, CreateInput{})
 	if err != nil {
-		return nil, ExecOutput{}, err
+		return nil, CodeOutput{}, err
 	}
 	// The sandbox is this call's alone: it goes when the call ends, however it ends.
 	defer func() {
@@ -483,8 +515,97 @@ func (s *Server) runCode(ctx context.Context, req *mcp.CallToolRequest, in RunCo
 		delete(s.created, sb.ID)
 		s.mu.Unlock()
 	}()
-	ex.SandboxID = sb.ID
-	return run(ctx, p, ex)
+	return runIn(p, sb.ID)
+}
+
+// CodeOutput is run_code's outcome: a command's, and what a code context adds.
+type CodeOutput struct {
+	ExecOutput
+	Result         string     `json:"result,omitempty" jsonschema:"the value of the code's last expression, as text (code contexts only)"`
+	Error          *CodeError `json:"error,omitempty" jsonschema:"the exception that ended the code (code contexts only)"`
+	ExecutionCount int        `json:"execution_count,omitempty" jsonschema:"how many runs the sandbox's interpreter has made, this one included (code contexts only)"`
+	Restarted      bool       `json:"restarted,omitempty" jsonschema:"the interpreter had died and a fresh one, without the earlier variables, ran the code"`
+	Images         int        `json:"images,omitempty" jsonschema:"how many images (charts) the result's content holds"`
+}
+
+// CodeError is an exception, with its traceback.
+type CodeError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// runCell runs in.Code in sandbox id's default context for lang. A Python script's
+// sys.exit(n) gives exit code n, as a one-shot run would; any other exception makes
+// the result an error whose text holds the traceback.
+func runCell(ctx context.Context, cr roche.CodeRunner, id, lang string, in RunCodeInput) (*mcp.CallToolResult, CodeOutput, error) {
+	limit := in.MaxOutput
+	if limit <= 0 {
+		limit = DefaultOutputLimit
+	}
+	ex, err := cr.RunCode(ctx, id, roche.CodeRequest{
+		Code: in.Code, Language: lang,
+		Timeout:     time.Duration(in.TimeoutSecs * float64(time.Second)),
+		OutputLimit: int64(min(limit, roche.DefaultOutputLimit)),
+	})
+	if err != nil {
+		return nil, CodeOutput{}, err
+	}
+	out := CodeOutput{
+		ExecOutput: ExecOutput{
+			Stdout: strings.Join(ex.Logs.Stdout, ""), Stderr: strings.Join(ex.Logs.Stderr, ""),
+			TimedOut: ex.TimedOut, Truncated: ex.Truncated, DurationMS: float64(ex.Duration.Microseconds()) / 1000,
+		},
+		Result: ex.Text(), ExecutionCount: ex.ExecutionCount, Restarted: ex.Restarted,
+	}
+	failed := false
+	if e := ex.Error; e != nil {
+		if n, err := strconv.Atoi(e.Value); e.Name == "SystemExit" && (err == nil || e.Value == "" || e.Value == "None") {
+			out.ExitCode = n
+		} else {
+			out.ExitCode, failed = 1, true
+			out.Error = &CodeError{Name: e.Name, Value: e.Value, Traceback: e.Traceback}
+		}
+	}
+	var images []mcp.Content
+	for _, r := range ex.Results {
+		switch {
+		case len(r.PNG) > 0:
+			images = append(images, &mcp.ImageContent{Data: r.PNG, MIMEType: "image/png"})
+		case len(r.JPEG) > 0:
+			images = append(images, &mcp.ImageContent{Data: r.JPEG, MIMEType: "image/jpeg"})
+		}
+	}
+	out.Images = len(images)
+	content := append([]mcp.Content{&mcp.TextContent{Text: cellText(out)}}, images...)
+	return &mcp.CallToolResult{Content: content, IsError: failed}, out, nil
+}
+
+// cellText is a cell's outcome as a model reads it best: what it printed, its value,
+// then the traceback.
+func cellText(o CodeOutput) string {
+	var b strings.Builder
+	b.WriteString(execText(o.ExecOutput))
+	if o.Restarted {
+		b.WriteString("\n(the interpreter had died: a fresh one ran this code, without the earlier variables)")
+	}
+	if o.Result != "" {
+		fmt.Fprintf(&b, "\n--- result ---\n%s", o.Result)
+	}
+	if o.Images > 0 {
+		fmt.Fprintf(&b, "\n--- %d image(s) follow ---", o.Images)
+	}
+	if o.Error != nil {
+		tb := o.Error.Traceback
+		if tb == "" {
+			tb = o.Error.Name + ": " + o.Error.Value
+		}
+		fmt.Fprintf(&b, "\n--- error ---\n%s", tb)
+		if o.TimedOut {
+			b.WriteString("\n(the code was interrupted at its timeout; the interpreter keeps its variables)")
+		}
+	}
+	return b.String()
 }
 
 // execText is the result as a model reads it best: the output, then what else happened.

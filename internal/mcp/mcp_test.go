@@ -293,7 +293,9 @@ func TestRefusals(t *testing.T) {
 // TestRunCode: code given as a string runs in a sandbox of its own, which is gone when
 // the call returns, or in the session's sandbox, where its files stay.
 func TestRunCode(t *testing.T) {
-	s, dp := newServer(t, mcp.Config{})
+	// An owner of this test's own: other tests on the shared engine make sandboxes meanwhile.
+	owner := fmt.Sprintf("mcp-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	s, dp := newServer(t, mcp.Config{Owner: owner})
 	cs := connect(t, s)
 	ctx := context.Background()
 	before := map[string]bool{}
@@ -320,7 +322,7 @@ func TestRunCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, sb := range list {
-		if !before[sb.ID] && sb.Owner == "" {
+		if !before[sb.ID] && sb.Owner == owner {
 			t.Errorf("sandbox %s outlived the run_code call that made it", sb.ID)
 		}
 	}
@@ -337,9 +339,118 @@ func TestRunCode(t *testing.T) {
 	if out.Stdout != "kept" {
 		t.Fatalf("run_code in the session's sandbox: the second call read %+v", out)
 	}
-	call(t, cs, "run_code", map[string]any{"language": "python", "code": "import time; time.sleep(30)", "sandbox_id": sb.ID, "timeout_secs": 1}, &out)
+	call(t, cs, "run_code", map[string]any{"language": "bash", "code": "sleep 30", "sandbox_id": sb.ID, "timeout_secs": 1}, &out)
 	if !out.TimedOut {
 		t.Fatalf("run_code past its timeout: %+v", out)
+	}
+}
+
+// callRaw calls a tool and returns its whole result, its structured content decoded
+// into out even when it is an error.
+func callRaw(t *testing.T, cs *sdk.ClientSession, name string, args map[string]any, out any) *sdk.CallToolResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	b, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("%s: structured content %s: %v", name, b, err)
+	}
+	return res
+}
+
+func textOf(res *sdk.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*sdk.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// TestRunCodeInContext: in a session's sandbox on a provider with code contexts,
+// run_code keeps variables from one call to the next, returns the last expression's
+// value, charts as PNG image content, and exceptions as errors with their traceback;
+// a timeout interrupts the code and the variables stay.
+func TestRunCodeInContext(t *testing.T) {
+	s, _ := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	var sb mcp.Sandbox
+	call(t, cs, "create_sandbox", nil, &sb)
+	py := func(code string, extra ...any) map[string]any {
+		args := map[string]any{"language": "python", "code": code, "sandbox_id": sb.ID}
+		for i := 0; i+1 < len(extra); i += 2 {
+			args[extra[i].(string)] = extra[i+1]
+		}
+		return args
+	}
+
+	var out mcp.CodeOutput
+	if res := callRaw(t, cs, "run_code", py("x = 41"), &out); res.IsError || out.Result != "" {
+		t.Fatalf("x = 41: %v %+v", res.IsError, out)
+	}
+	first := out.ExecutionCount
+	res := callRaw(t, cs, "run_code", py("print('hi')\nx + 1"), &out)
+	if res.IsError || out.Result != "42" || out.Stdout != "hi\n" || out.ExecutionCount != first+1 {
+		t.Fatalf("x + 1 in the same sandbox: %v %+v", res.IsError, out)
+	}
+	if text := textOf(res); !strings.Contains(text, "--- result ---\n42") {
+		t.Fatalf("x + 1's text: %q", text)
+	}
+
+	res = callRaw(t, cs, "run_code", py("import matplotlib.pyplot as plt\nplt.figure(figsize=(2, 1), dpi=50)\nplt.plot([1, 3, 2])\nplt.show()"), &out)
+	var images []*sdk.ImageContent
+	for _, c := range res.Content {
+		if ic, ok := c.(*sdk.ImageContent); ok {
+			images = append(images, ic)
+		}
+	}
+	if res.IsError || out.Images != 1 || len(images) != 1 {
+		t.Fatalf("a chart: %v %q %+v", res.IsError, textOf(res), out)
+	}
+	if images[0].MIMEType != "image/png" || !strings.HasPrefix(string(images[0].Data), "\x89PNG\r\n\x1a\n") {
+		t.Fatalf("the chart's image: %s %q", images[0].MIMEType, images[0].Data[:min(16, len(images[0].Data))])
+	}
+	// On the wire, as MCP has it: base64 data and its MIME type.
+	wire, err := json.Marshal(images[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w struct{ Type, MIMEType, Data string }
+	if err := json.Unmarshal(wire, &w); err != nil || w.Type != "image" {
+		t.Fatalf("the chart on the wire: %s %v", wire[:min(80, len(wire))], err)
+	}
+	if png, err := base64.StdEncoding.DecodeString(w.Data); err != nil || !strings.HasPrefix(string(png), "\x89PNG") {
+		t.Fatalf("the chart's data is not base64 PNG: %v", err)
+	}
+
+	res = callRaw(t, cs, "run_code", py("def f():\n    return 1 / 0\nf()"), &out)
+	text := textOf(res)
+	if !res.IsError || out.Error == nil || out.Error.Name != "ZeroDivisionError" || out.ExitCode != 1 ||
+		!strings.Contains(text, "Traceback (most recent call last)") || !strings.Contains(text, "return 1 / 0") {
+		t.Fatalf("an exception: %v %q %+v", res.IsError, text, out)
+	}
+
+	res = callRaw(t, cs, "run_code", py("while True:\n    pass", "timeout_secs", 1), &out)
+	if !res.IsError || !out.TimedOut || out.Error == nil || out.Error.Name != "KeyboardInterrupt" ||
+		!strings.Contains(textOf(res), "interrupted at its timeout") {
+		t.Fatalf("a timeout: %v %q %+v", res.IsError, textOf(res), out)
+	}
+	if res := callRaw(t, cs, "run_code", py("x"), &out); res.IsError || out.Result != "41" {
+		t.Fatalf("x after the timeout: %v %+v", res.IsError, out)
+	}
+	// Standard input needs a process of its own: run as a script.
+	var script mcp.CodeOutput
+	if res := callRaw(t, cs, "run_code", py("import sys; print(sys.stdin.read()); print('x' in dir())", "stdin", "in"), &script); res.IsError ||
+		script.Stdout != "in\nFalse\n" || script.ExecutionCount != 0 || script.Result != "" {
+		t.Fatalf("with stdin: %v %+v", res.IsError, script)
 	}
 }
 

@@ -6,6 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { chmod, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { CodeEventParser, type CodeItem, type CodeRequest, type Context } from "./code.js";
 import { Deadline } from "./deadline.js";
 import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, reasonFromText, RocheError, SandboxNotFound } from "./errors.js";
 import {
@@ -53,6 +54,15 @@ export function execArgs(sid: string, req: ExecRequest, asJSON: boolean): string
   for (const [k, v] of Object.entries(req.env)) a.push("--env", `${k}=${v}`);
   if (req.workdir) a.push("--workdir", req.workdir);
   return [...a, "--", ...req.cmd];
+}
+
+/** `roche code --json-events`, the code on standard input. */
+export function codeArgs(sid: string, req: CodeRequest): string[] {
+  const a = ["code", "--sandbox", sid, "--json-events"];
+  if (req.language) a.push("--language", req.language);
+  if (req.context) a.push("--context", req.context);
+  if (req.timeout) a.push("--timeout", String(req.timeout));
+  return a;
 }
 
 function time(v: unknown): Date | undefined {
@@ -492,6 +502,72 @@ export class CLITransport implements Transport {
     } finally {
       await rm(tmp, { recursive: true, force: true });
     }
+  }
+
+  async *runCode(sid: string, req: CodeRequest, d: Deadline): AsyncGenerator<CodeItem> {
+    const p = this.spawn(codeArgs(sid, req), true);
+    const parser = new CodeEventParser();
+    const err: Buffer[] = [];
+    type Item = { data: Buffer } | { end: true } | { error: unknown };
+    const queue: Item[] = [];
+    let wake: (() => void) | undefined;
+    const push = (it: Item) => {
+      queue.push(it);
+      wake?.();
+    };
+    p.stdout!.on("data", (b: Buffer) => push({ data: b }));
+    p.stderr!.on("data", (b: Buffer) => err.push(b));
+    p.on("error", (e) => push({ error: this.unavailable(e) }));
+    let rc = 0;
+    void exited(p).then((c) => {
+      rc = c;
+      push({ end: true });
+    });
+    p.stdin!.on("error", () => undefined);
+    p.stdin!.end(Buffer.from(req.code, "utf8"));
+    const s = d.signal(req.signal);
+    s.signal.addEventListener("abort", () => push({ error: s.timedOut() ? d.expired("roche code") : req.signal?.reason }), { once: true });
+    let done = false;
+    try {
+      for (;;) {
+        while (queue.length === 0) await new Promise<void>((r) => (wake = r));
+        wake = undefined;
+        const it = queue.shift()!;
+        if ("error" in it) throw it.error;
+        if ("end" in it) break;
+        yield* parser.feed(it.data);
+      }
+      done = true;
+      yield* parser.feed(Buffer.from("\n"));
+      if (!parser.execution) throw errorFromStderr(Buffer.concat(err), rc, "code");
+    } finally {
+      s.dispose();
+      if (!done) await stop(p); // left early, or failed: the cell is interrupted
+    }
+  }
+
+  async createContext(sid: string, language: string, cwd: string | undefined, d: Deadline): Promise<Context> {
+    const a = ["context", "create", "--sandbox", sid];
+    if (language) a.push("--language", language);
+    if (cwd) a.push("--cwd", cwd);
+    const id = (await this.call(a, d)).toString().trim().split("\n")[0];
+    if (!id) throw new RocheError("roche context create printed no context id");
+    return { id, language: language || "python", cwd: cwd ?? "", default: false };
+  }
+
+  async contexts(sid: string, d: Deadline): Promise<Context[]> {
+    const obj = parseJSON(await this.call(["context", "list", "--json", "--sandbox", sid], d), "context list");
+    return ((obj as Record<string, unknown>[]) ?? []).map((c) => ({
+      id: String(c.id ?? ""), language: String(c.language ?? ""), cwd: String(c.cwd ?? ""), default: Boolean(c.default),
+    }));
+  }
+
+  async restartContext(sid: string, cid: string, d: Deadline): Promise<void> {
+    await this.call(["context", "restart", "--sandbox", sid, cid], d);
+  }
+
+  async removeContext(sid: string, cid: string, d: Deadline): Promise<void> {
+    await this.call(["context", "rm", "--sandbox", sid, cid], d);
   }
 
   async deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void> {

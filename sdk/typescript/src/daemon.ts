@@ -17,10 +17,13 @@ import {
   OutputStream,
   SandboxService,
   SandboxState,
+  type CodeContext as WireContext,
+  type CodeResult as WireCodeResult,
   type ExecResult as WireResult,
   type Sandbox as WireSandbox,
   type SandboxConfigSchema,
 } from "./gen/roche/v1/sandbox_pb.js";
+import { CodeAssembler, Execution, makeResult, type CodeItem, type CodeRequest, type Context } from "./code.js";
 import { Deadline } from "./deadline.js";
 import { where, type Endpoint } from "./discovery.js";
 import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound, reasonFromText } from "./errors.js";
@@ -109,6 +112,21 @@ export function sandboxInfo(s: WireSandbox | undefined): SandboxInfo {
 function seconds(r: WireResult | undefined): number {
   const d = r?.duration;
   return d ? Number(d.seconds) + d.nanos / 1e9 : 0;
+}
+
+function b64(b: Uint8Array): string | undefined {
+  return b.length ? Buffer.from(b).toString("base64") : undefined;
+}
+
+function codeResult(w: WireCodeResult) {
+  return makeResult({
+    text: w.text, html: w.html, markdown: w.markdown, svg: w.svg, png: b64(w.png), jpeg: b64(w.jpeg),
+    latex: w.latex, json: w.json, javascript: w.javascript, isMainResult: w.isMainResult,
+  });
+}
+
+function codeContext(c: WireContext | undefined): Context {
+  return { id: c?.id ?? "", language: c?.language ?? "", cwd: c?.cwd ?? "", default: c?.default ?? false };
 }
 
 function wireConfig(cfg: SandboxConfig): MessageInitShape<typeof SandboxConfigSchema> {
@@ -454,6 +472,64 @@ export class DaemonTransport implements Transport {
       throw new RocheError(`reading ${path}: the sandbox sent an empty archive`);
     }
     return got;
+  }
+
+  async *runCode(sid: string, req: CodeRequest, d: Deadline): AsyncGenerator<CodeItem> {
+    const s = d.signal(req.signal);
+    const asm = new CodeAssembler();
+    let ex: Execution | undefined;
+    const init = { sandboxId: sid, code: req.code, language: req.language, contextId: req.context, timeoutSecs: req.timeout ?? 0 };
+    try {
+      // Leaving this generator early aborts the call, which interrupts the cell.
+      for await (const m of this.client.runCode(init, { signal: s.signal })) {
+        const ev = m.event;
+        if (ev.case === "output") {
+          const msg = asm.output(ev.value.stream === OutputStream.STDERR ? "stderr" : "stdout", ev.value.data);
+          if (msg) yield msg;
+        } else if (ev.case === "result") {
+          yield asm.result(codeResult(ev.value));
+        } else if (ev.case === "execution") {
+          const w = ev.value;
+          ex = new Execution();
+          ex.results = asm.results;
+          ex.logs = asm.logs;
+          if (w.error) ex.error = { name: w.error.name, value: w.error.value, traceback: w.error.traceback };
+          ex.executionCount = w.executionCount;
+          ex.context = w.contextId;
+          ex.timedOut = w.timedOut;
+          ex.restarted = w.restarted;
+          ex.truncated = w.truncated || asm.truncated;
+          ex.duration = w.duration ? Number(w.duration.seconds) + w.duration.nanos / 1e9 : 0;
+        }
+      }
+      // Read to the end of the stream first, as execStream does, so the connection is reused.
+      if (!ex) throw new RocheError("roched ended the code stream without an execution");
+      yield ex;
+    } catch (e) {
+      if (s.timedOut()) throw d.expired(`roched on ${where(this.ep)} (RunCode)`);
+      if (req.signal?.aborted) throw req.signal.reason;
+      throw errorFromConnect(e, this.ep);
+    } finally {
+      s.dispose();
+    }
+  }
+
+  async createContext(sid: string, language: string, cwd: string | undefined, d: Deadline): Promise<Context> {
+    const r = await this.call(d, "CreateContext", (signal) => this.client.createContext({ sandboxId: sid, language, cwd: cwd ?? "" }, { signal }));
+    return codeContext(r.context);
+  }
+
+  async contexts(sid: string, d: Deadline): Promise<Context[]> {
+    const r = await this.call(d, "ListContexts", (signal) => this.client.listContexts({ sandboxId: sid }, { signal }));
+    return r.contexts.map(codeContext);
+  }
+
+  async restartContext(sid: string, cid: string, d: Deadline): Promise<void> {
+    await this.call(d, "RestartContext", (signal) => this.client.restartContext({ sandboxId: sid, contextId: cid }, { signal }));
+  }
+
+  async removeContext(sid: string, cid: string, d: Deadline): Promise<void> {
+    await this.call(d, "RemoveContext", (signal) => this.client.removeContext({ sandboxId: sid, contextId: cid }, { signal }));
   }
 
   async deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void> {

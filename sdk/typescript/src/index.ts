@@ -26,6 +26,15 @@ export {
   InUse,
 } from "./errors.js";
 export {
+  Execution,
+  Result,
+  type Context,
+  type ExecutionError,
+  type Logs,
+  type OutputMessage,
+  type RunCodeOptions,
+} from "./code.js";
+export {
   DEFAULT_IMAGE,
   DEFAULT_COPY_MAX_BYTES,
   type CreateOptions,

@@ -1,6 +1,16 @@
 // The API: Roche creates sandboxes with secure defaults; a Sandbox runs commands and moves files.
 
 import { CLITransport } from "./cli.js";
+import {
+  checkLanguage,
+  contextId,
+  DEFAULT_CODE_TIMEOUT,
+  dispatch,
+  Execution,
+  makeCodeRequest,
+  type Context,
+  type RunCodeOptions,
+} from "./code.js";
 import { DaemonTransport, health } from "./daemon.js";
 import { Deadline } from "./deadline.js";
 import { endpoint, findCLI, where, type Endpoint } from "./discovery.js";
@@ -210,6 +220,50 @@ export class Sandbox {
     return this.t.pause(this.id, false, this.roche.deadline());
   }
 
+  /**
+   * Runs a cell of code in a context, a long-lived interpreter that keeps its variables from
+   * one call to the next, and returns its Execution (E2B's shape: `text`, `results`, `logs`,
+   * `error`, `executionCount`). Without `context` the language's default context runs it
+   * (python unless `language` says otherwise), started on first use. `timeoutMs` (300 s by
+   * default) interrupts the cell, as KeyboardInterrupt: the context keeps its variables and
+   * `timedOut` is set. An exception in the code is `error`, not thrown. The callbacks get
+   * output as it is printed and results as they are produced (awaited when they return a
+   * promise), and the error at the end.
+   */
+  async runCode(code: string, o: RunCodeOptions = {}): Promise<Execution> {
+    const req = makeCodeRequest(code, o);
+    const d = new Deadline((req.timeout ?? DEFAULT_CODE_TIMEOUT) + this.roche.requestTimeout);
+    const seen = { results: 0 };
+    let ex: Execution | undefined;
+    for await (const item of this.t.runCode(this.id, req, d)) {
+      await dispatch(item, o, seen);
+      if (item instanceof Execution) ex = item;
+    }
+    if (!ex) throw new RocheError("the code stream ended without an execution");
+    return ex;
+  }
+
+  /** Starts a new context (variables of its own) for runCode({context}); `language` defaults
+   * to python, `cwd` to the sandbox's workdir. */
+  createCodeContext(o: { language?: string; cwd?: string } = {}): Promise<Context> {
+    return this.t.createContext(this.id, checkLanguage(o.language), o.cwd, this.roche.deadline());
+  }
+
+  /** The sandbox's contexts, the default ones included once started. */
+  listCodeContexts(): Promise<Context[]> {
+    return this.t.contexts(this.id, this.roche.deadline());
+  }
+
+  /** Replaces a context's interpreter with a fresh one: its variables go. */
+  restartCodeContext(context: Context | string): Promise<void> {
+    return this.t.restartContext(this.id, requireContext(context), this.roche.deadline());
+  }
+
+  /** Stops a context's interpreter and forgets it. */
+  removeCodeContext(context: Context | string): Promise<void> {
+    return this.t.removeContext(this.id, requireContext(context), this.roche.deadline());
+  }
+
   /** Destroys the sandbox. Destroying one already gone is not an error. */
   destroy(): Promise<void> {
     return this.t.destroy(this.id, this.roche.deadline());
@@ -218,6 +272,12 @@ export class Sandbox {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.destroy();
   }
+}
+
+function requireContext(context: Context | string): string {
+  const id = contextId(context);
+  if (!id) throw new InvalidConfig("no context given: pass a Context from createCodeContext or listCodeContexts, or its id");
+  return id;
 }
 
 /** A running command's output events; `result` is set when they end. */

@@ -1,6 +1,7 @@
 // What a Sandbox needs from its way to Roche: roched (daemon.ts) or the roche CLI (cli.ts).
 // Both offer the same calls and throw the same typed errors.
 
+import type { CodeItem, CodeRequest, Context } from "./code.js";
 import type { Deadline } from "./deadline.js";
 import type { ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
 
@@ -19,6 +20,12 @@ export interface Transport {
   writeFile(sid: string, path: string, data: Uint8Array, mode: number, d: Deadline): Promise<void>;
   readFile(sid: string, path: string, d: Deadline, maxBytes: number): Promise<Uint8Array>;
   deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void>;
+  /** A cell's output and results as the context produces them, then its Execution. */
+  runCode(sid: string, req: CodeRequest, d: Deadline): AsyncGenerator<CodeItem>;
+  createContext(sid: string, language: string, cwd: string | undefined, d: Deadline): Promise<Context>;
+  contexts(sid: string, d: Deadline): Promise<Context[]>;
+  restartContext(sid: string, cid: string, d: Deadline): Promise<void>;
+  removeContext(sid: string, cid: string, d: Deadline): Promise<void>;
   /** Lets go of the sandboxes held (leased ones are then destroyed within seconds). */
   close(): Promise<void>;
 }

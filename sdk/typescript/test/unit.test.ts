@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { errorFromStderr, StreamParser } from "../src/cli.js";
+import { CodeEventParser, dispatch, Execution, Result, type CodeItem } from "../src/code.js";
 import { ImageNotFound, InUse, RocheError, SandboxNotFound } from "../src/errors.js";
 import { fileTar, firstFile } from "../src/tar.js";
 
@@ -51,4 +52,30 @@ test("a one-file tar reads back, in pieces of any size", async () => {
   assert.deepEqual(await firstFile(pieces(), "/tmp/f.txt", 1 << 20), data);
   const long = fileTar("n".repeat(180), data, 0o644);
   assert.deepEqual(await firstFile((async function* () { yield long; })(), "/tmp/long", 1 << 20), data);
+});
+
+test("roche code --json-events: split characters decode whole, results reach onResult once", async () => {
+  const euro = Buffer.from("€");
+  const lines = [
+    { stream: "stdout", data: Buffer.concat([Buffer.from("a"), euro.subarray(0, 1)]).toString("base64") },
+    { stream: "stdout", data: Buffer.concat([euro.subarray(1), Buffer.from("\n")]).toString("base64") },
+    { result: { png: "iVBORw0KGgo=", text: "<Figure>" } },
+    { execution: { results: [{ png: "iVBORw0KGgo=", text: "<Figure>" }, { text: "42", json: '{"k": [1]}', is_main_result: true }],
+      logs: { stdout: ["a€\n"], stderr: [] }, execution_count: 3, context: "c1", timed_out: true, duration_ns: 1.5e9,
+      error: { name: "KeyboardInterrupt", value: "", traceback: "tb" } } },
+  ];
+  const data = Buffer.from(lines.map((l) => JSON.stringify(l) + "\n").join(""));
+  const p = new CodeEventParser();
+  const items: CodeItem[] = [...p.feed(data.subarray(0, 7)), ...p.feed(data.subarray(7))];
+  const texts = items.filter((i) => !(i instanceof Result) && !(i instanceof Execution)).map((i) => (i as { line: string }).line);
+  assert.deepEqual(texts, ["a", "€\n"]);
+  const ex = items[items.length - 1] as Execution;
+  assert.ok(ex instanceof Execution);
+  assert.deepEqual([ex.text, ex.executionCount, ex.context, ex.timedOut, ex.duration], ["42", 3, "c1", true, 1.5]);
+  assert.deepEqual(ex.results[1].json, { k: [1] });
+  assert.deepEqual(ex.results[0].formats(), ["text", "png"]);
+  const got: unknown[] = [];
+  const seen = { results: 0 };
+  for (const it of items) await dispatch(it, { onResult: (r) => got.push(r), onError: (e) => got.push(e) }, seen);
+  assert.deepEqual(got, [items[2], ex.results[1], ex.error]);
 });

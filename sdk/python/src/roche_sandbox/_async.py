@@ -7,6 +7,7 @@ the event loop."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from types import TracebackType
 # typing.List: inside these classes "list" names their list() method.
 from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
@@ -15,11 +16,18 @@ from . import _discovery
 from ._ahttp import AsyncHTTPClient
 from ._atransport import AsyncCLITransport, AsyncDaemonTransport, AsyncTransport
 from ._http import Deadline
-from ._sync import PROBE_TIMEOUT, Choice, remaining_life
+from ._sync import PROBE_TIMEOUT, Choice, _no_context, remaining_life
 from ._transport import StreamItem
 from .errors import ProviderUnavailable, RocheError
 from .types import (
+    DEFAULT_CODE_TIMEOUT,
+    CodeCallbacks,
+    CodeRequest,
+    Context,
+    ContextLike,
     CopyReport,
+    Execution,
+    Handler,
     ExecRequest,
     ExecResult,
     MountLike,
@@ -27,6 +35,8 @@ from .types import (
     SandboxInfo,
     SnapshotInfo,
     WorkspaceInfo,
+    context_id,
+    make_code_request,
     make_config,
     make_exec_request,
 )
@@ -234,6 +244,52 @@ class AsyncSandbox:
     async def snapshot(self, name: str) -> SnapshotInfo:
         """Saves the sandbox's files as a snapshot; see Sandbox.snapshot."""
         return await self._t.snapshot(self._roche.provider, self.id, name, self._roche._deadline())
+
+    def _code_deadline(self, req: CodeRequest) -> Deadline:
+        return Deadline((req.timeout or DEFAULT_CODE_TIMEOUT) + self._roche._choice.request_timeout)
+
+    async def run_code(self, code: str, language: Optional[str] = None, context: Optional[ContextLike] = None,
+                       timeout: Optional[float] = None, on_stdout: Optional[Handler] = None,
+                       on_stderr: Optional[Handler] = None, on_result: Optional[Handler] = None,
+                       on_error: Optional[Handler] = None) -> Execution:
+        """Runs a cell of code in a context; see Sandbox.run_code. A callback that
+        returns an awaitable (an ``async def``) is awaited before the next event."""
+        req = make_code_request(code, language, context, timeout)
+        cb = CodeCallbacks(on_stdout, on_stderr, on_result, on_error)
+        ex: Optional[Execution] = None
+        items = self._t.run_code(self.id, req, self._code_deadline(req))
+        try:
+            async for item in items:
+                for h, arg in cb.calls(item):
+                    r = h(arg)
+                    if inspect.isawaitable(r):
+                        await r
+                if isinstance(item, Execution):
+                    ex = item
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if ex is None:
+            raise RocheError("the code stream ended without an execution")
+        return ex
+
+    async def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> Context:
+        """Starts a new context; see Sandbox.create_code_context."""
+        req = make_code_request("", language, None, None)
+        return await self._t.create_context(self.id, req.language, cwd, self._roche._deadline())
+
+    async def list_code_contexts(self) -> List[Context]:
+        """The sandbox's contexts."""
+        return await self._t.contexts(self.id, self._roche._deadline())
+
+    async def restart_code_context(self, context: ContextLike) -> None:
+        """Replaces a context's interpreter with a fresh one: its variables go."""
+        await self._t.restart_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
+
+    async def remove_code_context(self, context: ContextLike) -> None:
+        """Stops a context's interpreter and forgets it."""
+        await self._t.remove_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
 
     async def destroy(self) -> None:
         """Destroys the sandbox. Destroying one already gone is not an error."""

@@ -22,7 +22,7 @@ from ._http import Deadline
 from ._lease import CLIHold, DaemonHold, Holds
 from ._transport import UNDO_TIMEOUT, StreamItem, _provider_of
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
-from .types import CopyReport, ExecRequest, ExecResult, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
+from .types import CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 
 class AsyncTransport(Protocol):
@@ -48,6 +48,11 @@ class AsyncTransport(Protocol):
     async def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None: ...
     async def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]: ...
     async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None: ...
+    def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> AsyncIterator[_wire.CodeItem]: ...
+    async def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context: ...
+    async def contexts(self, sid: str, d: Deadline) -> List[Context]: ...
+    async def restart_context(self, sid: str, cid: str, d: Deadline) -> None: ...
+    async def remove_context(self, sid: str, cid: str, d: Deadline) -> None: ...
     def close(self) -> None: ...
 
 
@@ -116,6 +121,38 @@ class AsyncDaemonTransport:
         finally:
             await messages.aclose()
         raise RocheError("roched ended the output stream without a result")
+
+    async def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> AsyncIterator[_wire.CodeItem]:
+        asm = _wire.CodeAssembler()
+        messages = self.http.stream("RunCode", _wire.envelope(_wire.code_request(sid, req)), d)
+        try:
+            async for m in messages:
+                item = _wire.code_event(m, asm)
+                if item is not None:
+                    yield item
+                    if isinstance(item, Execution):
+                        return
+        finally:
+            await messages.aclose()
+        raise RocheError("roched ended the code stream without an execution")
+
+    async def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context:
+        m: dict[str, object] = {"sandboxId": sid}
+        if language:
+            m["language"] = language
+        if cwd:
+            m["cwd"] = cwd
+        return _wire.parse_context((await self.http.unary("CreateContext", m, d)).get("context"))
+
+    async def contexts(self, sid: str, d: Deadline) -> List[Context]:
+        m = await self.http.unary("ListContexts", {"sandboxId": sid}, d)
+        return [_wire.parse_context(c) for c in m.get("contexts", [])]
+
+    async def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
+        await self.http.unary("RestartContext", {"sandboxId": sid, "contextId": cid}, d)
+
+    async def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
+        await self.http.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
 
     async def destroy(self, sid: str, d: Deadline) -> None:
         try:
@@ -344,6 +381,59 @@ class AsyncCLITransport:
                 feeder.cancel()
             if not done:
                 await stop(p)
+
+    async def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> AsyncIterator[_wire.CodeItem]:
+        p = await self._spawn(_cli.code_args(sid, req), True)
+        parser = _cli.CodeEventParser()
+        errbuf = bytearray()
+        readers: dict[asyncio.Future[bytes], str] = {}
+        feeder: Optional[asyncio.Task[None]] = None
+        done = False
+        try:
+            assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+            feeder = asyncio.ensure_future(_feed(p.stdin, req.code.encode()))
+            pipes = {"stdout": p.stdout, "stderr": p.stderr}
+            for name, pipe in pipes.items():
+                readers[asyncio.ensure_future(pipe.read(65536))] = name
+            while readers:
+                ready, _ = await within(d, asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED), "roche code")
+                for fut in ready:
+                    name = readers.pop(fut)
+                    data = fut.result()
+                    if not data:
+                        continue
+                    readers[asyncio.ensure_future(pipes[name].read(65536))] = name
+                    if name == "stderr":
+                        errbuf += data
+                        continue
+                    for item in parser.feed(data):
+                        yield item
+            rc = await within(d, p.wait(), "roche code")
+            done = True
+            parser.finish(bytes(errbuf), rc)
+        finally:
+            for fut in readers:
+                fut.cancel()
+            if feeder is not None:
+                feeder.cancel()
+            if not done:
+                await stop(p)
+
+    async def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context:
+        out = await self._call(_cli.context_create_args(sid, language, cwd), d)
+        cid = _cli.first_line(out)
+        if not cid:
+            raise RocheError("roche context create printed no context id")
+        return Context(cid, language or "python", cwd or "")
+
+    async def contexts(self, sid: str, d: Deadline) -> List[Context]:
+        return _cli.parse_contexts(await self._call(["context", "list", "--json", "--sandbox", sid], d))
+
+    async def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
+        await self._call(["context", "restart", "--sandbox", sid, cid], d)
+
+    async def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
+        await self._call(["context", "rm", "--sandbox", sid, cid], d)
 
     async def destroy(self, sid: str, d: Deadline) -> None:
         h = self.holds.pop(sid)

@@ -4,13 +4,14 @@ No I/O here; the sync and async transports share it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from typing import Any, Optional
 
-from ._wire import OutputAssembler, decode_output, parse_time
+from ._wire import CodeAssembler, CodeItem, OutputAssembler, decode_output, parse_context, parse_execution, parse_time
 from .errors import RocheError, error_for, reason_from_text
-from .types import CopyReport, ExecRequest, ExecResult, SkippedEntry, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
+from .types import CodeRequest, Context, CopyReport, ExecRequest, ExecResult, SkippedEntry, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
 
 #: The CLI's exit statuses besides the command's own (internal/cli).
 EXIT_TIMEOUT, EXIT_ROCHE_FAILED = 124, 125
@@ -266,3 +267,79 @@ def result_or_error(out: bytes, err: bytes, rc: int) -> ExecResult:
 def first_line(b: bytes) -> Optional[str]:
     s = decode_output(b).strip()
     return s.splitlines()[0] if s else None
+
+
+def code_args(sandbox_id: str, req: CodeRequest) -> list[str]:
+    """`roche code --json-events`, the code on standard input."""
+    a = ["code", "--sandbox", sandbox_id, "--json-events"]
+    if req.language:
+        a += ["--language", req.language]
+    if req.context:
+        a += ["--context", req.context]
+    if req.timeout:
+        a += ["--timeout", repr(req.timeout)]
+    return a
+
+
+def context_create_args(sandbox_id: str, language: str, cwd: Optional[str]) -> list[str]:
+    a = ["context", "create", "--sandbox", sandbox_id]
+    if language:
+        a += ["--language", language]
+    if cwd:
+        a += ["--cwd", cwd]
+    return a
+
+
+def parse_contexts(out: bytes) -> list[Context]:
+    """What `roche context list --json` printed."""
+    obj = parse_json(out, "context list")
+    return [parse_context(c) for c in obj or ()]
+
+
+class CodeEventParser:
+    """Reads `roche code --json-events`: a JSON object a line, output and results while
+    the cell runs, the whole execution last."""
+
+    def __init__(self) -> None:
+        self.asm = CodeAssembler()
+        self._buf = bytearray()
+        self.execution: Optional[Any] = None
+
+    def feed(self, data: bytes) -> list[CodeItem]:
+        self._buf += data
+        items: list[CodeItem] = []
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                return items
+            line = bytes(self._buf[:nl])
+            del self._buf[:nl + 1]
+            item = self._line(line)
+            if item is not None:
+                items.append(item)
+
+    def _line(self, line: bytes) -> Optional[CodeItem]:
+        if not line.strip():
+            return None
+        try:
+            m = json.loads(line)
+        except ValueError:
+            raise RocheError(f"the roche CLI printed {decode_output(line[:200])!r} where a code event was expected") from None
+        if not isinstance(m, dict):
+            return None
+        if "stream" in m:
+            data = base64.b64decode(m.get("data") or "")
+            return self.asm.output("stderr" if m["stream"] == "stderr" else "stdout", data)
+        if "result" in m:
+            return self.asm.result(m["result"])
+        if "execution" in m:
+            self.execution = parse_execution(m["execution"])
+            return self.execution
+        return None
+
+    def finish(self, stderr: bytes, rc: int) -> None:
+        """Raises the CLI's error when it printed no execution."""
+        if self._buf.strip():
+            self.feed(b"\n")
+        if self.execution is None:
+            raise error_from_stderr(stderr, rc, "code")

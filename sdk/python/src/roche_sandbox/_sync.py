@@ -13,7 +13,14 @@ from ._http import Deadline, HTTPClient
 from ._transport import CLITransport, DaemonTransport, StreamItem, Transport
 from .errors import InvalidConfig, ProviderUnavailable, RocheError
 from .types import (
+    DEFAULT_CODE_TIMEOUT,
+    CodeCallbacks,
+    CodeRequest,
+    Context,
+    ContextLike,
     CopyReport,
+    Execution,
+    Handler,
     ExecRequest,
     ExecResult,
     MountLike,
@@ -21,6 +28,8 @@ from .types import (
     SandboxInfo,
     SnapshotInfo,
     WorkspaceInfo,
+    context_id,
+    make_code_request,
     make_config,
     make_exec_request,
 )
@@ -67,6 +76,10 @@ class Choice:
             f"provider unavailable: {why}, and no roche CLI was found (none in this package, none on PATH): "
             "install a roche-sandbox wheel, which carries it, or set ROCHE_CLI to its path (bin/roche after make build)"
         )
+
+
+def _no_context() -> str:
+    raise InvalidConfig("no context given: pass a Context from create_code_context or list_code_contexts, or its id")
 
 
 class Roche:
@@ -296,6 +309,61 @@ class Sandbox:
         a snapshot, for ``create(from_snapshot=name)``. Process memory is not kept, nor
         the workspace, which persists on its own."""
         return self._t.snapshot(self._roche.provider, self.id, name, self._roche._deadline())
+
+    def _code_deadline(self, req: CodeRequest) -> Deadline:
+        return Deadline((req.timeout or DEFAULT_CODE_TIMEOUT) + self._roche._choice.request_timeout)
+
+    def run_code(self, code: str, language: Optional[str] = None, context: Optional[ContextLike] = None,
+                 timeout: Optional[float] = None, on_stdout: Optional[Handler] = None,
+                 on_stderr: Optional[Handler] = None, on_result: Optional[Handler] = None,
+                 on_error: Optional[Handler] = None) -> Execution:
+        """Runs a cell of code in a context, a long-lived interpreter that keeps its
+        variables from one call to the next, and returns its Execution (E2B's shape:
+        ``.text``, ``.results``, ``.logs``, ``.error``, ``.execution_count``).
+
+        Without ``context`` the language's default context is used ("python" unless
+        ``language`` says "bash" or "javascript"), started on first use. ``timeout``
+        (seconds, default 300) interrupts the cell, as KeyboardInterrupt; the context
+        keeps its variables and ``timed_out`` is set. An exception in the code is
+        ``.error``, not raised. ``on_stdout`` and ``on_stderr`` get each OutputMessage
+        as it is printed, ``on_result`` each Result as it is produced, ``on_error`` the
+        ExecutionError at the end.
+        """
+        req = make_code_request(code, language, context, timeout)
+        cb = CodeCallbacks(on_stdout, on_stderr, on_result, on_error)
+        ex: Optional[Execution] = None
+        items = self._t.run_code(self.id, req, self._code_deadline(req))
+        try:
+            for item in items:
+                for h, arg in cb.calls(item):
+                    h(arg)
+                if isinstance(item, Execution):
+                    ex = item
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+        if ex is None:
+            raise RocheError("the code stream ended without an execution")
+        return ex
+
+    def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> Context:
+        """Starts a new context (its own variables) for run_code(context=...);
+        ``language`` defaults to "python", ``cwd`` to the sandbox's workdir."""
+        req = make_code_request("", language, None, None)
+        return self._t.create_context(self.id, req.language, cwd, self._roche._deadline())
+
+    def list_code_contexts(self) -> List[Context]:
+        """The sandbox's contexts, the default ones included once started."""
+        return self._t.contexts(self.id, self._roche._deadline())
+
+    def restart_code_context(self, context: ContextLike) -> None:
+        """Replaces a context's interpreter with a fresh one: its variables go."""
+        self._t.restart_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
+
+    def remove_code_context(self, context: ContextLike) -> None:
+        """Stops a context's interpreter and forgets it."""
+        self._t.remove_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
 
     def destroy(self) -> None:
         """Destroys the sandbox. Destroying one already gone is not an error."""

@@ -20,7 +20,7 @@ from ._discovery import Endpoint
 from ._http import Deadline, HTTPClient
 from ._lease import CLIHold, DaemonHold, Holds
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
-from .types import CopyReport, ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
+from .types import CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
 
 StreamItem = Union[OutputEvent, ExecResult]
 
@@ -51,6 +51,11 @@ class Transport(Protocol):
     def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None: ...
     def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]: ...
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None: ...
+    def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> Iterator[_wire.CodeItem]: ...
+    def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context: ...
+    def contexts(self, sid: str, d: Deadline) -> List[Context]: ...
+    def restart_context(self, sid: str, cid: str, d: Deadline) -> None: ...
+    def remove_context(self, sid: str, cid: str, d: Deadline) -> None: ...
     def close(self) -> None: ...
 
 
@@ -112,6 +117,34 @@ class DaemonTransport:
                 yield result
                 return
         raise RocheError("roched ended the output stream without a result")
+
+    def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> Iterator[_wire.CodeItem]:
+        asm = _wire.CodeAssembler()
+        for m in self.http.stream("RunCode", _wire.envelope(_wire.code_request(sid, req)), d):
+            item = _wire.code_event(m, asm)
+            if item is not None:
+                yield item
+                if isinstance(item, Execution):
+                    return
+        raise RocheError("roched ended the code stream without an execution")
+
+    def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context:
+        m: dict[str, object] = {"sandboxId": sid}
+        if language:
+            m["language"] = language
+        if cwd:
+            m["cwd"] = cwd
+        return _wire.parse_context(self.http.unary("CreateContext", m, d).get("context"))
+
+    def contexts(self, sid: str, d: Deadline) -> List[Context]:
+        m = self.http.unary("ListContexts", {"sandboxId": sid}, d)
+        return [_wire.parse_context(c) for c in m.get("contexts", [])]
+
+    def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
+        self.http.unary("RestartContext", {"sandboxId": sid, "contextId": cid}, d)
+
+    def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
+        self.http.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
 
     def destroy(self, sid: str, d: Deadline) -> None:
         try:
@@ -306,6 +339,61 @@ class CLITransport:
             for f in (p.stdout, p.stderr):
                 if f is not None:
                     f.close()
+
+    def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> Iterator[_wire.CodeItem]:
+        p = self._popen(_cli.code_args(sid, req), True)
+        parser = _cli.CodeEventParser()
+        errbuf = bytearray()
+        sel = selectors.DefaultSelector()
+        done = False
+        try:
+            _feed_stdin(p, req.code.encode())
+            assert p.stdout is not None and p.stderr is not None
+            sel.register(p.stdout, selectors.EVENT_READ, "stdout")
+            sel.register(p.stderr, selectors.EVENT_READ, "stderr")
+            open_streams = 2
+            while open_streams:
+                left = d.remaining()
+                if left is not None and left <= 0:
+                    raise d.expired("roche code")
+                for key, _ in sel.select(left):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                    elif key.data == "stderr":
+                        errbuf += data
+                    else:
+                        yield from parser.feed(data)
+            try:
+                rc = p.wait(timeout=d.remaining())
+            except subprocess.TimeoutExpired:
+                raise d.expired("roche code") from None
+            done = True
+            parser.finish(bytes(errbuf), rc)
+        finally:
+            sel.close()
+            if not done:
+                stop(p)
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
+
+    def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context:
+        out = self._call(_cli.context_create_args(sid, language, cwd), d)
+        cid = _cli.first_line(out)
+        if not cid:
+            raise RocheError("roche context create printed no context id")
+        return Context(cid, language or "python", cwd or "")
+
+    def contexts(self, sid: str, d: Deadline) -> List[Context]:
+        return _cli.parse_contexts(self._call(["context", "list", "--json", "--sandbox", sid], d))
+
+    def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
+        self._call(["context", "restart", "--sandbox", sid, cid], d)
+
+    def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
+        self._call(["context", "rm", "--sandbox", sid, cid], d)
 
     def destroy(self, sid: str, d: Deadline) -> None:
         h = self.holds.pop(sid)

@@ -8,12 +8,20 @@ import codecs
 import json
 import re
 import struct
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator, Optional
 
 from .errors import RocheError, error_for, reason_from_text
 from .types import (
     DEFAULT_OUTPUT_LIMIT,
+    CodeRequest,
+    Context,
+    Execution,
+    ExecutionError,
+    Logs,
+    OutputMessage,
+    Result,
     CopyReport,
     ExecRequest,
     ExecResult,
@@ -379,4 +387,135 @@ def end_stream_error(body: bytes, where: str) -> Optional[RocheError]:
     err = obj.get("error") if isinstance(obj, dict) else None
     if err:
         return error_from_connect(err, 200, where)
+    return None
+
+
+# Code contexts. The CLI's --json prints Go's snake_case names and roched's Connect JSON
+# camelCase ones; the readers below take either, so both transports share them.
+
+def code_request(sandbox_id: str, req: CodeRequest) -> dict[str, Any]:
+    """A RunCodeRequest."""
+    m: dict[str, Any] = {"sandboxId": sandbox_id, "code": req.code}
+    if req.language:
+        m["language"] = req.language
+    if req.context:
+        m["contextId"] = req.context
+    if req.timeout:
+        m["timeoutSecs"] = req.timeout
+    return m
+
+
+def _field(m: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
+    return m.get(camel, m.get(snake, default))
+
+
+def parse_code_result(m: dict[str, Any]) -> Result:
+    """A CodeResult; png and jpeg stay base64 text (as E2B's), json is parsed."""
+    raw_json = m.get("json")
+    parsed: Optional[object] = None
+    if raw_json:
+        try:
+            parsed = json.loads(raw_json)
+        except ValueError:
+            parsed = raw_json
+    return Result(
+        text=m.get("text") or None,
+        html=m.get("html") or None,
+        markdown=m.get("markdown") or None,
+        svg=m.get("svg") or None,
+        png=m.get("png") or None,
+        jpeg=m.get("jpeg") or None,
+        latex=m.get("latex") or None,
+        json=parsed,
+        javascript=m.get("javascript") or None,
+        is_main_result=bool(_field(m, "isMainResult", "is_main_result", False)),
+    )
+
+
+def parse_code_error(m: Any) -> Optional[ExecutionError]:
+    if not isinstance(m, dict):
+        return None
+    return ExecutionError(str(m.get("name", "")), str(m.get("value", "")), str(m.get("traceback", "")))
+
+
+def parse_execution(m: dict[str, Any], results: Optional[list[Result]] = None, logs: Optional[Logs] = None,
+                    truncated: bool = False) -> Execution:
+    """A CodeExecution (roched's) or an execution as `roche code --json` prints it;
+    results and logs, when given, replace the message's (roched streams them before it)."""
+    if results is None:
+        results = [parse_code_result(r) for r in m.get("results") or () if isinstance(r, dict)]
+    if logs is None:
+        lm = m.get("logs") if isinstance(m.get("logs"), dict) else m
+        logs = Logs([str(x) for x in lm.get("stdout") or ()], [str(x) for x in lm.get("stderr") or ()])
+    if "duration_ns" in m:
+        duration = int(m.get("duration_ns") or 0) / 1e9
+    else:
+        duration = parse_duration(m.get("duration"))
+    return Execution(
+        results=results,
+        logs=logs,
+        error=parse_code_error(m.get("error")),
+        execution_count=int(_field(m, "executionCount", "execution_count", 0) or 0),
+        context=str(_field(m, "contextId", "context", "") or ""),
+        timed_out=bool(_field(m, "timedOut", "timed_out", False)),
+        restarted=bool(m.get("restarted", False)),
+        truncated=bool(m.get("truncated", False)) or truncated,
+        duration=duration,
+    )
+
+
+def parse_context(m: Any) -> Context:
+    """A CodeContext."""
+    if not isinstance(m, dict):
+        raise RocheError(f"Roche sent {m!r} where a code context was expected")
+    return Context(id=str(m.get("id", "")), language=str(m.get("language", "")), cwd=str(m.get("cwd", "")),
+                   default=bool(m.get("default", False)))
+
+
+CodeItem = Any  # OutputMessage | Result | Execution, the last one last
+
+
+class CodeAssembler:
+    """Turns a cell's events into OutputMessages and Results as they come, keeping a
+    capped copy of the logs and the results for the Execution."""
+
+    def __init__(self, limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
+        self._limit = limit
+        self._kept = {"stdout": 0, "stderr": 0}
+        self._logs: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in self._kept}
+        self.results: list[Result] = []
+        self.truncated = False
+
+    def output(self, stream: str, data: bytes) -> Optional[OutputMessage]:
+        text = self._decoders[stream].decode(data)
+        if not text:
+            return None
+        room = self._limit - self._kept[stream]
+        if len(data) > room:
+            self.truncated = True
+        if room > 0:
+            self._logs[stream].append(text if len(data) <= room else decode_output(data[:room]))
+            self._kept[stream] += min(len(data), room)
+        return OutputMessage(text, time.time_ns(), stream == "stderr")
+
+    def result(self, m: dict[str, Any]) -> Result:
+        r = parse_code_result(m)
+        self.results.append(r)
+        return r
+
+    def logs(self) -> Logs:
+        return Logs(list(self._logs["stdout"]), list(self._logs["stderr"]))
+
+
+def code_event(m: dict[str, Any], asm: CodeAssembler) -> Optional[CodeItem]:
+    """One RunCodeResponse: an OutputMessage, a Result, the Execution, or None (a heartbeat)."""
+    if "output" in m:
+        o = m["output"]
+        stream = "stderr" if o.get("stream") == "OUTPUT_STREAM_STDERR" else "stdout"
+        return asm.output(stream, _b64(o.get("data")))
+    if "result" in m:
+        return asm.result(m["result"])
+    if "execution" in m:
+        return parse_execution(m["execution"], asm.results, asm.logs(), asm.truncated)
     return None

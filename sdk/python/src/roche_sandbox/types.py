@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
 
 from .errors import InvalidConfig
 
@@ -287,3 +287,183 @@ class CopyReport:
         elif not self.skipped_links:
             what = "special file" if n == 1 else "special files"
         return f"skipped {n} {what} ({shown}): {'; '.join(why)}"
+
+
+#: Code languages a context can run, where the sandbox's image has the interpreter.
+LANGUAGES = ("python", "bash", "javascript")
+#: How long run_code lets a cell run when given no timeout (roche.DefaultCodeTimeout).
+DEFAULT_CODE_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class OutputMessage:
+    """A piece of a cell's output, for run_code's on_stdout and on_stderr (E2B's name)."""
+
+    line: str
+    #: When it arrived, in nanoseconds since the epoch.
+    timestamp: int
+    #: It came from stderr.
+    error: bool = False
+
+    def __str__(self) -> str:
+        return self.line
+
+
+@dataclass(frozen=True)
+class ExecutionError:
+    """The exception that ended a cell: e.g. name "ZeroDivisionError", value "division by
+    zero", and the formatted traceback. A cell interrupted at its timeout ends in
+    "KeyboardInterrupt"."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """One rich result of a cell: a display call, a figure, or the value of the last
+    expression (``is_main_result``). Each form is set when the result has it; ``png``
+    and ``jpeg`` are base64 text, as E2B's."""
+
+    text: Optional[str] = None
+    html: Optional[str] = None
+    markdown: Optional[str] = None
+    svg: Optional[str] = None
+    png: Optional[str] = None
+    jpeg: Optional[str] = None
+    latex: Optional[str] = None
+    #: application/json, parsed.
+    json: Optional[object] = None
+    javascript: Optional[str] = None
+    is_main_result: bool = False
+
+    def formats(self) -> list[str]:
+        """The forms this result has, E2B's names: "text", "html", "png", ..."""
+        names = ("text", "html", "markdown", "svg", "png", "jpeg", "latex", "json", "javascript")
+        return [n for n in names if getattr(self, n) is not None]
+
+    def __repr__(self) -> str:
+        if self.text:
+            return f"Result({self.text})"
+        return f"Result(Formats: {', '.join(self.formats())})"
+
+
+@dataclass(frozen=True)
+class Logs:
+    """What a cell printed, in the pieces it was printed in."""
+
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The outcome of a cell, shaped like E2B's. An exception, a timeout or a dead
+    interpreter are in ``error`` (and ``timed_out``, ``restarted``), not raised."""
+
+    results: list[Result] = field(default_factory=list)
+    logs: Logs = field(default_factory=Logs)
+    error: Optional[ExecutionError] = None
+    #: The cells the context has run, this one included.
+    execution_count: Optional[int] = None
+    #: The id of the context that ran the cell.
+    context: str = ""
+    #: The cell was interrupted at its timeout; the context keeps its variables.
+    timed_out: bool = False
+    #: The context's interpreter had died (os._exit, the memory limit): a fresh one,
+    #: without the old variables, ran this cell.
+    restarted: bool = False
+    #: A log stream passed the output limit and was cut.
+    truncated: bool = False
+    #: Seconds the cell ran.
+    duration: float = 0.0
+
+    @property
+    def text(self) -> Optional[str]:
+        """The value of the cell's last expression, as text (None when there is none)."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return None
+
+
+@dataclass(frozen=True)
+class Context:
+    """A code context: a long-lived interpreter in the sandbox that keeps its variables."""
+
+    id: str
+    language: str
+    cwd: str = ""
+    #: The language's default context, which run_code uses when given none.
+    default: bool = False
+
+
+ContextLike = Union[Context, str]
+
+
+@dataclass(frozen=True)
+class CodeRequest:
+    """A cell to run; built by Sandbox.run_code."""
+
+    code: str
+    language: str = ""
+    context: str = ""
+    timeout: Optional[float] = None
+
+
+def context_id(ctx: Optional[ContextLike]) -> str:
+    """The id of a Context or of an id, "" for None."""
+    if ctx is None:
+        return ""
+    if isinstance(ctx, Context):
+        return ctx.id
+    if isinstance(ctx, str) and ctx:
+        return ctx
+    raise InvalidConfig(f"context {ctx!r}: give a Context (from create_code_context) or its id")
+
+
+def make_code_request(code: str, language: Optional[str], context: Optional[ContextLike],
+                      timeout: Optional[float]) -> CodeRequest:
+    """Checks run_code's arguments, so that a mistake fails here with a hint."""
+    if not isinstance(code, str):
+        raise InvalidConfig(f"code {code!r}: give the source as a string")
+    lang = language or ""
+    if lang and lang not in LANGUAGES:
+        raise InvalidConfig(f"language {language!r}: choose one of {', '.join(LANGUAGES)}")
+    if timeout is not None and (isinstance(timeout, bool) or timeout <= 0):
+        raise InvalidConfig(f"timeout {timeout!r}: give seconds > 0, or None for {DEFAULT_CODE_TIMEOUT:g}")
+    cid = context_id(context)
+    if isinstance(context, Context) and lang and lang != context.language:
+        raise InvalidConfig(f"language {lang!r} differs from the context's ({context.language!r}): give one or the other")
+    return CodeRequest(code, lang, cid, None if timeout is None else float(timeout))
+
+
+#: A run_code callback; the async API also awaits one that returns an awaitable.
+Handler = Callable[[Any], Any]
+
+
+class CodeCallbacks:
+    """Which of run_code's callbacks each item of a cell's stream calls, so that a result
+    reaches on_result once whether it came as produced or only in the execution."""
+
+    def __init__(self, on_stdout: Optional[Handler], on_stderr: Optional[Handler],
+                 on_result: Optional[Handler], on_error: Optional[Handler]) -> None:
+        self._out, self._err, self._result, self._error = on_stdout, on_stderr, on_result, on_error
+        self._seen = 0
+
+    def calls(self, item: object) -> list[tuple[Handler, object]]:
+        if isinstance(item, OutputMessage):
+            h = self._err if item.error else self._out
+            return [(h, item)] if h else []
+        if isinstance(item, Result):
+            self._seen += 1
+            return [(self._result, item)] if self._result else []
+        if isinstance(item, Execution):
+            late = item.results[self._seen:]
+            self._seen = len(item.results)
+            out: list[tuple[Handler, object]] = [(self._result, r) for r in late] if self._result else []
+            if item.error is not None and self._error:
+                out.append((self._error, item.error))
+            return out
+        return []
