@@ -92,8 +92,9 @@ type Option func(*Provider)
 // WithLogger sets the logger; the default discards.
 func WithLogger(l *slog.Logger) Option { return func(p *Provider) { p.log = l } }
 
-// WithRuntime names the OCI runtime: RuntimeCrun, RuntimeRunc or RuntimeRunsc. Empty (the
-// default) takes the fastest that runs a probe sandbox here: crun, else runc.
+// WithRuntime names the OCI runtime: RuntimeCrun or RuntimeRunc (RuntimeRunsc is refused,
+// saying why). Empty (the default) takes the fastest that runs a probe sandbox here:
+// crun, else runc.
 func WithRuntime(name string) Option { return func(p *Provider) { p.runtimeName = name } }
 
 // WithAgentPath sets the host path of the static roche-agent binary (default
@@ -139,7 +140,9 @@ func New(opts ...Option) (*Provider, error) {
 		o(p)
 	}
 	var errs []error
-	if p.runtimeName != "" && !slices.Contains(Runtimes(), p.runtimeName) {
+	if p.runtimeName == RuntimeRunsc {
+		errs = append(errs, fmt.Errorf("%w: %s", roche.ErrUnsupported, runscRefusal))
+	} else if p.runtimeName != "" && !slices.Contains(Runtimes(), p.runtimeName) {
 		errs = append(errs, fmt.Errorf("%w: runtime %q: use one of %s", roche.ErrInvalidConfig, p.runtimeName, strings.Join(Runtimes(), ", ")))
 	}
 	if p.createTimeout <= 0 {

@@ -2,6 +2,7 @@ package oci_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,10 +53,9 @@ func checkNothingLeft(t *testing.T, p *oci.Provider, state string) {
 	defer cancel()
 	name, err := p.Runtime(ctx)
 	if err != nil {
-		t.Errorf("runtime: %v", err)
-		return
+		return // no runtime ran anything
 	}
-	out, err := exec.Command(name, "--root", filepath.Join(state, "runtime", name), "list", "-q").CombinedOutput()
+	out, err := exec.Command(name, "--root", filepath.Join(state, "runtime", name), "list", "--quiet").CombinedOutput()
 	if err != nil {
 		t.Errorf("%s list: %v: %s", name, err, out)
 	} else if s := strings.TrimSpace(string(out)); s != "" {
@@ -73,7 +73,7 @@ func checkNothingLeft(t *testing.T, p *oci.Provider, state string) {
 			t.Errorf("sandbox directory left: %s", e.Name())
 		}
 	}
-	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/roche-oci-*"); len(cg) > 0 {
+	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/roche-*"); len(cg) > 0 {
 		t.Errorf("cgroups left: %v", cg)
 	}
 	if d, _ := os.ReadDir("/var/lib/roche-test/oci/sandboxes"); len(d) > 0 {
@@ -103,7 +103,95 @@ func TestHello(t *testing.T) {
 	}
 }
 
+// TestConformance runs the suite on the default runtime (runc here), egress relay on as
+// roched has it.
 func TestConformance(t *testing.T) {
-	p, _ := newProvider(t)
+	p, _ := newProvider(t, oci.WithEgressProxy())
 	providertest.Run(t, p, providertest.Options{Config: testConfig()})
+}
+
+// TestRuntimeProbe: each runtime asked for either makes a sandbox that runs python, or is
+// refused with one line saying why (Debian's crun 1.8.1 on hybrid cgroups).
+func TestRuntimeProbe(t *testing.T) {
+	for _, name := range oci.Runtimes() {
+		t.Run(name, func(t *testing.T) {
+			p, _ := newProvider(t, oci.WithRuntime(name))
+			ctx := context.Background()
+			info, err := p.Create(ctx, testConfig())
+			if err != nil {
+				if !errors.Is(err, roche.ErrUnavailable) || strings.Contains(err.Error(), "\n") {
+					t.Fatalf("refusal %q, want one line of ErrUnavailable", err)
+				}
+				t.Logf("%s refused: %v", name, err)
+				return
+			}
+			defer p.Destroy(ctx, info.ID)
+			res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('hello')"}})
+			if err != nil || res.Stdout != "hello\n" {
+				t.Fatalf("exec: %+v %v", res, err)
+			}
+			t.Logf("%s works", name)
+		})
+	}
+}
+
+// TestRunscRefused: gVisor as a bare runtime is refused in one line, before anything runs.
+func TestRunscRefused(t *testing.T) {
+	_, err := oci.New(oci.WithRuntime(oci.RuntimeRunsc))
+	if !errors.Is(err, roche.ErrUnsupported) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("runsc: %v, want one line of ErrUnsupported", err)
+	}
+}
+
+// TestRestartFindsSandboxes: a new process (a new Provider on the same directories) finds
+// a live sandbox from what is on disk and reaches its agent; once the sandbox's lifetime
+// ended, GC clears it away, mounts, disk and all; a create that died half-way (a record,
+// nothing running, past its start-by) is cleared too.
+func TestRestartFindsSandboxes(t *testing.T) {
+	first, state := newProvider(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.TimeoutSecs = 4
+	cfg.Writable = true // a sized disk to clear as well
+	info, err := first.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+
+	again, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	list, err := again.List(ctx)
+	if err != nil || len(list) != 1 || list[0].ID != info.ID || list[0].State != roche.StateRunning {
+		t.Fatalf("list after restart: %+v %v, want %s running", list, err, info.ID)
+	}
+	res, err := again.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"echo", "found"}})
+	if err != nil || res.Stdout != "found\n" {
+		t.Fatalf("exec after restart: %+v %v", res, err)
+	}
+
+	// A create that died after writing its record.
+	dead := filepath.Join(state, "oci-00000000deadbeef")
+	if err := os.Mkdir(dead, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec := `{"id":"oci-00000000deadbeef","runtime":"runc","created":"2020-01-01T00:00:00Z","expires":"2020-01-01T00:01:00Z","start_by":"2020-01-01T00:00:30Z","uid":-1}`
+	if err := os.WriteFile(filepath.Join(dead, "record.json"), []byte(rec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	testenv.Eventually(t, 30*time.Second, "the sandbox to stop at the end of its lifetime", func() bool {
+		got, err := again.Inspect(ctx, info.ID)
+		return err == nil && got.State == roche.StateExited
+	})
+	removed, err := again.GC(ctx, roche.GCOptions{})
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("GC removed %+v (%v), want the ended sandbox and the dead create", removed, err)
+	}
+	if list, _ := again.List(ctx); len(list) != 0 {
+		t.Fatalf("list after GC: %+v", list)
+	}
 }
