@@ -49,7 +49,7 @@ func (p *Provider) image(ctx context.Context, ref string) (imageRoot, error) {
 	if dir, ok := strings.CutPrefix(ref, LayoutPrefix); ok {
 		return p.layoutImage(ctx, dir)
 	}
-	id, err := p.dockerImageID(ctx, ref)
+	id, err := p.recentID(ctx, ref)
 	if err != nil {
 		if known, ok := p.knownRef(ref); ok && errors.Is(err, roche.ErrUnavailable) {
 			p.log.Warn("the Docker engine does not answer; using the image unpacked before under this name", "image", ref, "err", err)
@@ -62,6 +62,38 @@ func (p *Provider) image(ctx context.Context, ref string) (imageRoot, error) {
 		p.rememberRef(ref, id)
 	}
 	return root, err
+}
+
+// refTTL is how long a Docker image name's id is trusted without asking the engine
+// again: a create does not pay an Engine API round trip (milliseconds, tens on a busy
+// engine) when another create just asked, and an image tagged anew is seen this late at
+// most.
+const refTTL = 10 * time.Second
+
+type recentRef struct {
+	id string
+	at time.Time
+}
+
+// recentID is dockerImageID, remembered for refTTL.
+func (p *Provider) recentID(ctx context.Context, ref string) (string, error) {
+	p.refsMu.Lock()
+	r, ok := p.refs[ref]
+	p.refsMu.Unlock()
+	if ok && time.Since(r.at) < refTTL {
+		return r.id, nil
+	}
+	id, err := p.dockerImageID(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	p.refsMu.Lock()
+	if p.refs == nil {
+		p.refs = map[string]recentRef{}
+	}
+	p.refs[ref] = recentRef{id, time.Now()}
+	p.refsMu.Unlock()
+	return id, nil
 }
 
 // dockerImageID asks the engine for ref's image id (the config digest, hex).
@@ -141,7 +173,7 @@ func (p *Provider) layoutImage(ctx context.Context, spec string) (imageRoot, err
 		}
 	}
 	if pick == nil {
-		return imageRoot{}, fmt.Errorf("%w: OCI layout %s holds %d manifests and none is %q: name one as %s%s@sha256:...",
+		return imageRoot{}, fmt.Errorf("%w: OCI layout %s holds %d manifests and none is %q: name one as %s%s@sha256:<digest>",
 			roche.ErrImageNotFound, dir, len(man.Manifests), digest, LayoutPrefix, dir)
 	}
 	img, err := idx.Image(pick.Digest)

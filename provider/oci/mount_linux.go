@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -51,15 +50,6 @@ func unmountAll(dir string) error {
 		}
 	}
 	return nil
-}
-
-// isMounted reports whether dir is a mount point.
-func isMounted(dir string) bool {
-	var st, parent unix.Stat_t
-	if unix.Lstat(dir, &st) != nil || unix.Lstat(filepath.Dir(dir), &parent) != nil {
-		return false
-	}
-	return st.Dev != parent.Dev
 }
 
 // lockPath takes an exclusive lock on path (a directory or file that exists), waiting

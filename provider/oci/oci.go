@@ -76,6 +76,8 @@ type Provider struct {
 	docker     *client.Client
 	dockerErr  error
 	dockerd    engine.Engine
+	refsMu     sync.Mutex
+	refs       map[string]recentRef
 
 	mu       sync.Mutex
 	verified map[string]*sandbox

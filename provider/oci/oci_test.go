@@ -21,8 +21,8 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.RunWithAgent(m))
 }
 
-// testDirs are the state and data directories of one test's provider: its own, so that
-// what it leaves (or not) is its alone.
+// newProvider opens a provider with a state directory of the test's own, so that what it
+// leaves (or not) is its alone.
 func newProvider(t *testing.T, opts ...oci.Option) (*oci.Provider, string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -41,6 +41,8 @@ func newProvider(t *testing.T, opts ...oci.Option) (*oci.Provider, string) {
 	t.Cleanup(func() {
 		p.Close()
 		checkNothingLeft(t, p, state)
+		// The image cache under the data directory stays, for the next run.
+		os.RemoveAll(state)
 	})
 	return p, state
 }

@@ -183,6 +183,9 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 	if p.rt != nil {
 		return p.rt, nil
 	}
+	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("%w: making the state directory: %v", roche.ErrUnavailable, err)
+	}
 	names := autoOrder
 	if p.runtimeName != "" {
 		names = []string{p.runtimeName}

@@ -113,6 +113,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	if err := os.Mkdir(b.runDir, 0o700); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	tPrep := time.Now()
 	if err := p.mountRoot(s, b); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -133,6 +134,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 			return roche.SandboxInfo{}, err
 		}
 	}
+	tMount := time.Now()
 	if err := p.start(ctx, rt, s); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -142,7 +144,8 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		}
 	}
 	p.remember(s)
-	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "runtime", rt.name, "took", time.Since(now))
+	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "runtime", rt.name, "took", time.Since(now),
+		"prepare", tPrep.Sub(now), "mount+spec", tMount.Sub(tPrep), "run+ready", time.Since(tMount))
 	return p.info(s, roche.StateRunning), nil
 }
 
@@ -156,9 +159,11 @@ func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) error 
 	cmd := rt.command(ctx, "run", "--detach", "--bundle", s.dir, "--pid-file", filepath.Join(s.dir, "pid"), s.ID)
 	// The agent's stdio is the log file: nothing of this process is held open by it.
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
+	t0 := time.Now()
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%w: %s run: %v: %s", roche.ErrUnavailable, rt.name, err, p.logTail(s))
 	}
+	p.log.Debug("runtime ran the sandbox", "id", s.ID, "took", time.Since(t0))
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	ready := make(chan error, 1)

@@ -1,20 +1,16 @@
 package oci
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 
-	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/egress"
-	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // specVersion is the runtime-spec version config.json claims: the oldest that has all
@@ -45,17 +41,6 @@ var (
 	}
 	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 )
-
-// seccompFilter is Roche's seccomp profile (the one home is provider/docker's
-// seccomp.json) resolved to an OCI filter for the agent's capabilities, once.
-var seccompFilter = sync.OnceValues(func() (*specs.LinuxSeccomp, error) {
-	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: agentCaps}}}
-	f, err := seccomp.LoadProfile(string(docker.SeccompProfile()), s)
-	if err != nil {
-		return nil, fmt.Errorf("resolving Roche's seccomp profile: %w", err)
-	}
-	return f, nil
-})
 
 // bundleSpec is what a sandbox's config.json is made from.
 type bundleSpec struct {
