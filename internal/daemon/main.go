@@ -201,7 +201,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
-	fs.StringVar(&f.runtime, "runtime", "", "the oci provider's OCI runtime: crun, runc or runsc (default: the fastest that works on this host)")
+	fs.StringVar(&f.runtime, "runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
 	fs.StringVar(&f.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>)")
 	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "Localhost seccomp profile of the kubernetes provider's Pods, installed on every node (roche kubernetes seccomp-profile)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")

@@ -61,8 +61,8 @@ type Options struct {
 	// (kubernetes.WithAgentImage): an operator's registry copy; empty means the local
 	// roche-agent's own reference.
 	AgentImage string
-	// Runtime is the oci provider's OCI runtime (oci.WithRuntime: crun, runc or runsc);
-	// empty takes the fastest that works on the host.
+	// Runtime is the oci provider's OCI runtime (oci.WithRuntime: crun or runc); empty
+	// takes the fastest that works on the host.
 	Runtime string
 }
 
@@ -139,7 +139,7 @@ var list = []Provider{
 	},
 	{
 		Name:        oci.Name,
-		Description: "containers run directly by an OCI runtime (crun, runc, runsc), no dockerd; needs root",
+		Description: "containers run directly by an OCI runtime (crun or runc), no dockerd; needs root",
 		New: func(o Options) (roche.Provider, error) {
 			opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.Runtime)}
 			if o.Outlives {

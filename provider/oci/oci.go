@@ -114,8 +114,17 @@ func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir
 // WithCreateTimeout bounds a create once the image is unpacked (default 30 s).
 func WithCreateTimeout(d time.Duration) Option { return func(p *Provider) { p.createTimeout = d } }
 
-// WithUIDRange sets the range sandboxes' uids are drawn from (docker.DefaultUIDFirst and
-// the first half of docker.DefaultUIDCount by default, shared with Docker sandboxes).
+// DefaultUIDFirst and DefaultUIDCount are the range oci sandboxes' uids are drawn from:
+// the million after the Docker provider's (docker.DefaultUIDFirst, DefaultUIDCount), so
+// that an oci sandbox never shares a uid, and so per-user kernel limits, with a Docker
+// one on the same host; the records under the state directory keep oci sandboxes apart.
+const (
+	DefaultUIDFirst = docker.DefaultUIDFirst + docker.DefaultUIDCount
+	DefaultUIDCount = 1_000_000
+)
+
+// WithUIDRange sets the range sandboxes' uids are drawn from (DefaultUIDFirst,
+// DefaultUIDCount).
 func WithUIDRange(first, count int) Option {
 	return func(p *Provider) { p.uidFirst, p.uidCount = first, count }
 }
@@ -133,8 +142,8 @@ func New(opts ...Option) (*Provider, error) {
 		stateDir:      "/run/roche/oci",
 		dataDir:       "/var/lib/roche/oci",
 		createTimeout: engine.DefaultTimeout,
-		uidFirst:      docker.DefaultUIDFirst,
-		uidCount:      docker.DefaultUIDCount / 2,
+		uidFirst:      DefaultUIDFirst,
+		uidCount:      DefaultUIDCount,
 		verified:      map[string]*sandbox{},
 	}
 	p.forwarder = agentfwd.Forwarder{Reach: p.reach}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -196,4 +197,37 @@ func TestRestartFindsSandboxes(t *testing.T) {
 	if list, _ := again.List(ctx); len(list) != 0 {
 		t.Fatalf("list after GC: %+v", list)
 	}
+}
+
+// compatSyscall makes getpid through the 32-bit entry point (int 0x80, eax 20) from
+// code it maps executable, and prints the pid it got: a sandbox whose filter covers the
+// native architecture only never gets there (the filter kills it with SIGSYS).
+const compatSyscall = `
+import ctypes, mmap, os
+code = bytes([0x53, 0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0x5b, 0xc3])  # push rbx; mov eax,20; int 0x80; pop rbx; ret
+buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+print('got pid', ctypes.CFUNCTYPE(ctypes.c_int)(addr)(), flush=True)`
+
+// TestCompatSyscallsRefused: the seccomp filter covers the native architecture only.
+func TestCompatSyscallsRefused(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the probe is x86 machine code")
+	}
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", compatSyscall}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(res.Stdout, "got pid") || res.ExitCode == 0 {
+		t.Fatalf("a 32-bit system call went through: %+v", res)
+	}
+	t.Logf("32-bit getpid: exit %d, stderr %q", res.ExitCode, res.Stderr)
 }

@@ -206,7 +206,11 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 		p.rt = r
 		return r, nil
 	}
-	return nil, fmt.Errorf("%w: no OCI runtime works on this host (%s); install runc (apt-get install runc) or name one with --runtime",
+	if p.runtimeName != "" {
+		return nil, fmt.Errorf("%w: OCI runtime %s does not work on this host (%s): leave --runtime unset to use one that does",
+			roche.ErrUnavailable, p.runtimeName, strings.Join(why, "; "))
+	}
+	return nil, fmt.Errorf("%w: no OCI runtime works on this host (%s); install runc (apt-get install runc)",
 		roche.ErrUnavailable, strings.Join(why, "; "))
 }
 
