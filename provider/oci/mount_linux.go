@@ -52,6 +52,37 @@ func unmountAll(dir string) error {
 	return nil
 }
 
+// exitWaiter opens a pidfd on pid and returns what waits, at most d, for that process to
+// exit (reporting whether it did) and closes the pidfd; ok is false when there is no such
+// process (or no pidfds).
+func exitWaiter(pid int) (wait func(d time.Duration) bool, ok bool) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, false
+	}
+	return func(d time.Duration) bool {
+		defer unix.Close(fd)
+		if d <= 0 {
+			return false
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		deadline := time.Now().Add(d)
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return false
+			}
+			n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+			if err == nil && n > 0 {
+				return true
+			}
+			if err != nil && !errors.Is(err, unix.EINTR) {
+				return false
+			}
+		}
+	}, true
+}
+
 // lockPath takes an exclusive lock on path (a directory or file that exists), waiting
 // with ctx; the returned func releases it.
 func lockPath(ctx context.Context, path string) (func(), error) {

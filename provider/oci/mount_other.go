@@ -5,6 +5,7 @@ package oci
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // The oci provider needs Linux (namespaces, overlayfs, an OCI runtime); elsewhere every
@@ -14,6 +15,6 @@ var errNotLinux = errors.New("the oci provider needs Linux")
 
 func mountOverlay(string, string, string, string, string) error { return errNotLinux }
 func unmountAll(string) error                                   { return nil }
-func isMounted(string) bool                                     { return false }
 func lockPath(context.Context, string) (func(), error)          { return nil, errNotLinux }
 func mountsBelow(string) []string                               { return nil }
+func exitWaiter(int) (func(time.Duration) bool, bool)           { return nil, false }

@@ -283,7 +283,7 @@ func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) err
 	var errs []error
 	if rt != nil {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		errs = append(errs, rt.remove(dctx, s.ID))
+		errs = append(errs, rt.remove(dctx, s.ID, filepath.Join(s.dir, "pid")))
 		cancel()
 	}
 	for _, dir := range []string{s.dir, p.diskDir(s.ID)} {
