@@ -231,3 +231,22 @@ func TestCompatSyscallsRefused(t *testing.T) {
 	}
 	t.Logf("32-bit getpid: exit %d, stderr %q", res.ExitCode, res.Stderr)
 }
+
+// TestProbe: a live sandbox answers the pool's probe; a destroyed one does not.
+func TestProbe(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Probe(ctx, info.ID); err != nil {
+		t.Fatalf("probe of a live sandbox: %v", err)
+	}
+	if err := p.Destroy(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Probe(ctx, info.ID); err == nil {
+		t.Fatal("probe of a destroyed sandbox succeeded")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -334,8 +335,13 @@ func (p *Provider) info(s *sandbox, state roche.SandboxState) roche.SandboxInfo 
 	}
 }
 
-func stateOf(st containerState, known bool) roche.SandboxState {
+// stateOf is a sandbox's state from what its runtime says of its container: one the
+// runtime does not know is being made, or, past its create's deadline, a leftover.
+func stateOf(s *sandbox, st containerState, known bool) roche.SandboxState {
 	if !known {
+		if !s.StartBy.IsZero() && time.Now().After(s.StartBy) {
+			return roche.StateExited
+		}
 		return roche.StateCreated
 	}
 	switch st.Status {
@@ -360,7 +366,7 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 		return roche.SandboxInfo{}, err
 	}
 	st, known := rt.state(ctx, s.ID)
-	return p.info(s, stateOf(st, known)), nil
+	return p.info(s, stateOf(s, st, known)), nil
 }
 
 // List implements roche.Provider: every sandbox with a record on disk, in the state its
@@ -393,11 +399,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 			}
 		}
 		st, known := states[s.Runtime][s.ID]
-		info := p.info(s, stateOf(st, known))
-		if !known && !s.StartBy.IsZero() && time.Now().After(s.StartBy) {
-			info.State = roche.StateExited // its create gave up or died: a leftover
-		}
-		out = append(out, info)
+		out = append(out, p.info(s, stateOf(s, st, known)))
 	}
 	return out, nil
 }
@@ -476,3 +478,22 @@ func (p *Provider) Keep(ctx context.Context, id string) error {
 }
 
 var _ io.Closer = (*Provider)(nil)
+
+var _ roche.Prober = (*Provider)(nil)
+
+// Probe implements roche.Prober: the sandbox's agent accepts a connection on its socket
+// (no runtime call, well under a millisecond).
+func (p *Provider) Probe(ctx context.Context, id string) error {
+	s, err := p.load(id)
+	if err != nil {
+		return err
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", s.agent.Socket())
+	if err != nil {
+		p.forget(s.ID)
+		return fmt.Errorf("%w: the roche-agent of sandbox %s is not there: %v", roche.ErrUnavailable, s.ID, err)
+	}
+	// Closed unused: the agent reads end-of-file as its first frame and lets it go.
+	return c.Close()
+}
