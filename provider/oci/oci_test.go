@@ -250,3 +250,20 @@ func TestProbe(t *testing.T) {
 		t.Fatal("probe of a destroyed sandbox succeeded")
 	}
 }
+
+// TestWorkdirMissingFromImage: a workdir the image lacks is made, on a read-only root too.
+func TestWorkdirMissingFromImage(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.Workdir = "/srv/roche-work"
+	info, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"pwd"}})
+	if err != nil || res.Stdout != "/srv/roche-work\n" {
+		t.Fatalf("pwd: %+v %v", res, err)
+	}
+}

@@ -184,6 +184,10 @@ func (b bundleSpec) mountPoints() []mountPoint {
 		{"/proc", true}, {"/dev", true}, {"/sys", true}, {"/tmp", true},
 		{filepath.Dir(agentBinary), true}, {agentBinary, false}, {agentRunDir, true},
 	}
+	if b.cfg.Workdir != "" {
+		// The runtime starts the agent there; one the image lacks is made, as Docker does.
+		mp = append(mp, mountPoint{b.cfg.Workdir, true})
+	}
 	for _, m := range b.cfg.Mounts {
 		fi, err := os.Stat(m.Source)
 		mp = append(mp, mountPoint{m.Target, err != nil || fi.IsDir()})
