@@ -1,8 +1,11 @@
 package oci_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +13,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -265,5 +274,73 @@ func TestWorkdirMissingFromImage(t *testing.T) {
 	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"pwd"}})
 	if err != nil || res.Stdout != "/srv/roche-work\n" {
 		t.Fatalf("pwd: %+v %v", res, err)
+	}
+}
+
+// TestOCILayout: an image from an OCI image layout, here a one-layer image made on the
+// spot (no shell, no python: the agent is all it needs), is unpacked, its whiteouts
+// applied, and served.
+func TestOCILayout(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	layer := func(files map[string]string) v1.Layer {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for name, body := range files {
+			tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+			tw.Write([]byte(body))
+		}
+		tw.Close()
+		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	stamp := time.Now().String() // a config digest of this run's own: unpacked here, not found in the cache
+	img, err := mutate.AppendLayers(empty.Image,
+		layer(map[string]string{"hello.txt": "from a layout\n", "gone.txt": "x"}),
+		layer(map[string]string{".wh.gone.txt": ""}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img, err = mutate.Config(img, v1.Config{Env: []string{"STAMP=" + stamp}}); err != nil {
+		t.Fatal(err)
+	}
+	name, err := img.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This image's cache entry is of no use to another run.
+	t.Cleanup(func() { os.RemoveAll(filepath.Join("/var/lib/roche-test/oci/images", name.Hex)) })
+	dir := t.TempDir()
+	lp, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.Image = oci.LayoutPrefix + dir
+	info, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	var got bytes.Buffer
+	if err := p.ReadFile(ctx, info.ID, "/hello.txt", &got); err != nil || got.String() != "from a layout\n" {
+		t.Fatalf("/hello.txt: %q %v", got.String(), err)
+	}
+	if _, err := p.Stat(ctx, info.ID, "/gone.txt"); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("/gone.txt, whited out: %v, want ErrNotFound", err)
+	}
+	if name, err := os.ReadDir(filepath.Join("/var/lib/roche-test/oci/images")); err != nil || len(name) == 0 {
+		t.Fatalf("image cache: %v", err)
+	}
+	bad := testConfig()
+	bad.Image = oci.LayoutPrefix + t.TempDir()
+	if _, err := p.Create(ctx, bad); !errors.Is(err, roche.ErrImageNotFound) {
+		t.Fatalf("an empty directory as a layout: %v, want ErrImageNotFound", err)
 	}
 }
