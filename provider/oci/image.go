@@ -192,6 +192,9 @@ func (p *Provider) layoutImage(ctx context.Context, spec string) (imageRoot, err
 func (p *Provider) cached(ctx context.Context, id string, open func() (v1.Image, func(), error)) (imageRoot, error) {
 	entry := filepath.Join(p.imagesDir(), id)
 	if root, err := readRoot(entry); err == nil {
+		// Marks the entry used, for pruneImages.
+		now := time.Now()
+		_ = os.Chtimes(filepath.Join(entry, "image.json"), now, now)
 		return root, nil
 	}
 	if err := os.MkdirAll(p.imagesDir(), 0o700); err != nil {
@@ -247,6 +250,37 @@ func unpack(img v1.Image, id, entry string) error {
 		return err
 	}
 	return os.Rename(tmp, entry)
+}
+
+// imageKeep is how long an unpacked image no sandbox uses stays in the cache after its
+// last use.
+const imageKeep = time.Hour
+
+// pruneImages removes from the cache the unpacked images that no sandbox on record uses
+// and no create used for imageKeep (an image tagged anew leaves its old tree behind).
+func (p *Provider) pruneImages(ctx context.Context, inUse map[string]bool) error {
+	entries, err := os.ReadDir(p.imagesDir())
+	if err != nil {
+		return nil
+	}
+	unlock, err := lockPath(ctx, p.imagesDir())
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var errs []error
+	for _, e := range entries {
+		if !isHex(e.Name()) || inUse[e.Name()] {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(p.imagesDir(), e.Name(), "image.json"))
+		if err == nil && time.Since(fi.ModTime()) < imageKeep {
+			continue
+		}
+		p.log.Info("removing an unused unpacked image", "id", e.Name())
+		errs = append(errs, os.RemoveAll(filepath.Join(p.imagesDir(), e.Name())))
+	}
+	return errors.Join(errs...)
 }
 
 func readRoot(entry string) (imageRoot, error) {

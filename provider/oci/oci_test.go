@@ -344,3 +344,36 @@ func TestOCILayout(t *testing.T) {
 		t.Fatalf("an empty directory as a layout: %v, want ErrImageNotFound", err)
 	}
 }
+
+// TestGCPrunesUnusedImages: an unpacked image no sandbox uses and no create used for an
+// hour goes at GC; the one just used stays.
+func TestGCPrunesUnusedImages(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Destroy(ctx, info.ID)
+	images := "/var/lib/roche-test/oci/images"
+	stale := filepath.Join(images, "00000000000000000000000000000000000000000000000000000000000000aa")
+	if err := os.MkdirAll(filepath.Join(stale, "rootfs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "image.json"), []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(filepath.Join(stale, "image.json"), old, old)
+	before, _ := os.ReadDir(images)
+	if _, err := p.GC(ctx, roche.GCOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the stale image is still cached: %v", err)
+	}
+	after, _ := os.ReadDir(images)
+	if len(after) < 2 { // refs and the image just used
+		t.Fatalf("GC removed the image just used: before %d entries, after %d", len(before), len(after))
+	}
+}

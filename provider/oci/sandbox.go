@@ -411,7 +411,21 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	return roche.Collect(ctx, list, opts, p.Destroy)
+	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
+	if opts.DryRun {
+		return removed, err
+	}
+	// Images: those the remaining sandboxes use stay (a record being written right now
+	// names an image used within imageKeep, which stays too).
+	inUse := map[string]bool{}
+	if entries, rerr := os.ReadDir(p.stateDir); rerr == nil {
+		for _, e := range entries {
+			if r, rerr := readRecord(filepath.Join(p.stateDir, e.Name())); rerr == nil {
+				inUse[r.ImageID] = true
+			}
+		}
+	}
+	return removed, errors.Join(err, p.pruneImages(ctx, inUse))
 }
 
 // sweepSoon clears away, in the background and at most once a minute, the sandboxes
