@@ -388,3 +388,6 @@ func (p *Provider) drawUID(ctx context.Context, self string) (int, func(), error
 	unlock()
 	return 0, nil, fmt.Errorf("%w: no free sandbox uid in %d-%d", roche.ErrUnavailable, p.uidFirst, p.uidFirst+p.uidCount-1)
 }
+
+// LeaseGrace is how long a leased sandbox outlives the loss of its lease.
+const LeaseGrace = agentfwd.LeaseGrace

@@ -377,3 +377,40 @@ func TestGCPrunesUnusedImages(t *testing.T) {
 		t.Fatalf("GC removed the image just used: before %d entries, after %d", len(before), len(after))
 	}
 }
+
+// TestLeased: a leased sandbox's lease is taken at create, dropped at Close (the
+// sandbox then stops within the grace), and Keep ends it for one that should outlive its
+// creator.
+func TestLeased(t *testing.T) {
+	p, state := newProvider(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.Leased = true
+	kept, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, kept.ID)
+	if err := p.Keep(ctx, kept.ID); err != nil {
+		t.Fatalf("Keep: %v", err)
+	}
+	left, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, left.ID)
+	p.Close() // lets go of the lease of left, not of kept
+
+	other, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	testenv.Eventually(t, oci.LeaseGrace+30*time.Second, "the unleased sandbox to stop", func() bool {
+		got, err := other.Inspect(ctx, left.ID)
+		return err == nil && got.State == roche.StateExited
+	})
+	if got, err := other.Inspect(ctx, kept.ID); err != nil || got.State != roche.StateRunning {
+		t.Fatalf("the kept sandbox: %+v %v, want running", got, err)
+	}
+}
