@@ -1,5 +1,6 @@
 // Package oci runs Roche sandboxes as containers made directly with an OCI runtime binary
-// (crun, runc, or gVisor's runsc), without dockerd: Roche writes each bundle itself, an
+// (crun or runc; gVisor's runsc is refused, see runscRefusal), without dockerd: Roche
+// writes each bundle itself, an
 // overlay over the image unpacked once into a cache, and a config.json that carries
 // roche.Config's secure defaults, with roche-agent as PID 1.
 //
