@@ -1,8 +1,7 @@
 // Package oci runs Roche sandboxes as containers made directly with an OCI runtime binary
 // (crun or runc; gVisor's runsc is refused, see runscRefusal), without dockerd: Roche
-// writes each bundle itself, an
-// overlay over the image unpacked once into a cache, and a config.json that carries
-// roche.Config's secure defaults, with roche-agent as PID 1.
+// writes each bundle itself, an overlay over the image unpacked once into a cache, and a
+// config.json that carries roche.Config's secure defaults, with roche-agent as PID 1.
 //
 // Everything a sandbox is lives on disk, under the state directory (one directory per
 // sandbox, with its record) and the runtime's own state: a restarted process finds its
