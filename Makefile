@@ -36,6 +36,9 @@ cluster-down:
 # exec against the Go client's on the same sandbox (bench/sdk; SDK_BENCH_FLAGS), then
 # 1,000 leased create+exec+destroy cycles through roched, reporting its memory,
 # descriptors and goroutines before and after (bench/soak; SOAK_FLAGS, e.g. '-n 200').
+# bench/oci makes sandboxes with the oci provider (root; runc or crun) against the bare
+# Engine API create+start: cold create, create+exec+destroy, memory per idle sandbox
+# (OCI_BENCH_FLAGS, e.g. '-n 10').
 # bench/kubernetes claims warm Pods through roched on the test cluster (make cluster),
 # against a bare Pod start and a cold create in the same run (K8S_BENCH_FLAGS, e.g. '-n 5').
 # bench/vm boots qemu microVMs (boot-to-agent-ready, create+exec+destroy, exec latency;
@@ -47,6 +50,7 @@ bench:
 	go run ./bench/exec
 	go run ./bench/daemon $(BENCH_FLAGS)
 	go run ./bench/wasm $(WASM_BENCH_FLAGS)
+	go run ./bench/oci $(OCI_BENCH_FLAGS)
 	go run ./bench/vm $(VM_BENCH_FLAGS)
 	go run ./bench/kubernetes $(K8S_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)

@@ -35,6 +35,18 @@ if [ ${#vm_need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm_need[@]}" >/dev/null
 fi
 
+# The oci provider (provider/oci) runs sandboxes with an OCI runtime binary: runc, and
+# crun, which it probes (Debian's crun 1.8.1 refuses hybrid cgroup hosts, and the
+# provider then says so and uses runc).
+oci_need=()
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || oci_need+=(runc)
+command -v crun >/dev/null 2>&1 || oci_need+=(crun)
+if [ ${#oci_need[@]} -gt 0 ]; then
+  log "installing ${oci_need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${oci_need[@]}" >/dev/null
+fi
+
 if ! timeout 10 docker info >/dev/null 2>&1; then
   log "starting dockerd (log: /var/log/roche-dockerd.log)"
   nohup dockerd >/var/log/roche-dockerd.log 2>&1 &

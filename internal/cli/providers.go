@@ -32,6 +32,8 @@ type registry struct {
 	transport     string
 	// kubeconfig, namespace and runtimeClass: see providers.Options; set by flags.
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
+	// runtime: the oci provider's OCI runtime (providers.Options.Runtime); set by a flag.
+	runtime string
 }
 
 func newRegistry(l *slog.Logger) *registry {
@@ -57,7 +59,7 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	p, err := providers.Open(name, providers.Options{
 		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
 		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
-		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage,
+		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime,
 	})
 	if err != nil {
 		return nil, err

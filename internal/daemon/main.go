@@ -96,6 +96,8 @@ type flags struct {
 	shutdownTimeout, engineTimeout       time.Duration
 	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
+	// runtime: the oci provider's OCI runtime (providers.Options.Runtime).
+	runtime string
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -199,6 +201,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
+	fs.StringVar(&f.runtime, "runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
 	fs.StringVar(&f.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>)")
 	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "Localhost seccomp profile of the kubernetes provider's Pods, installed on every node (roche kubernetes seccomp-profile)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
@@ -388,7 +391,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		Only: f.providers,
 		Log:  log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,
-		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage,
+		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage, Runtime: f.runtime,
 		// roched outlives its sandboxes, so it can run their egress proxies.
 		Outlives: true,
 		// TCP tenants may mount below some roots: bind what was checked, not a path

@@ -18,6 +18,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
+	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
@@ -60,6 +61,9 @@ type Options struct {
 	// (kubernetes.WithAgentImage): an operator's registry copy; empty means the local
 	// roche-agent's own reference.
 	AgentImage string
+	// Runtime is the oci provider's OCI runtime (oci.WithRuntime: crun or runc); empty
+	// takes the fastest that works on the host.
+	Runtime string
 }
 
 // Provider is one entry of the list.
@@ -134,6 +138,17 @@ var list = []Provider{
 		CheckAtStart: true,
 	},
 	{
+		Name:        oci.Name,
+		Description: "containers run directly by an OCI runtime (crun or runc), no dockerd; needs root",
+		New: func(o Options) (roche.Provider, error) {
+			opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.Runtime)}
+			if o.Outlives {
+				opts = append(opts, oci.WithEgressProxy())
+			}
+			return opened(oci.New(opts...))
+		},
+	},
+	{
 		Name:        vm.QEMU,
 		Description: "a QEMU microVM per sandbox: KVM, else emulation (slower)",
 		New: func(o Options) (roche.Provider, error) {
@@ -175,7 +190,7 @@ func Names() []string {
 	return names
 }
 
-// List is Names for a sentence: "docker, firecracker, qemu, wasm".
+// List is Names for a sentence: "docker, firecracker, oci, qemu, wasm".
 func List() string { return strings.Join(Names(), ", ") }
 
 // Help is the providers as an indented table for help texts, one line each, the

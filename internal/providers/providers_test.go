@@ -64,13 +64,13 @@ func good() Options {
 
 func TestNamesSortedAndComplete(t *testing.T) {
 	names := Names()
-	if want := []string{"docker", "firecracker", "kubernetes", "qemu", "wasm"}; !slices.Equal(names, want) {
+	if want := []string{"docker", "firecracker", "kubernetes", "oci", "qemu", "wasm"}; !slices.Equal(names, want) {
 		t.Fatalf("Names() = %v, want %v", names, want)
 	}
 	if !slices.IsSorted(names) || len(slices.Compact(slices.Clone(names))) != len(names) {
 		t.Fatalf("Names() = %v: not sorted or not unique", names)
 	}
-	if got := List(); got != "docker, firecracker, kubernetes, qemu, wasm" {
+	if got := List(); got != "docker, firecracker, kubernetes, oci, qemu, wasm" {
 		t.Fatalf("List() = %q", got)
 	}
 	names[0] = "changed"
@@ -137,10 +137,10 @@ func TestOfID(t *testing.T) {
 
 func TestUnknownProviderRefusedWithTheList(t *testing.T) {
 	isolate(t)
-	const want = `unknown provider "vmware": choose one of docker, firecracker, kubernetes, qemu, wasm`
+	const want = `unknown provider "vmware": choose one of docker, firecracker, kubernetes, oci, qemu, wasm`
 	for _, name := range []string{"vmware", "", "Docker", "vm"} {
 		p, err := Open(name, good())
-		if p != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "choose one of docker, firecracker, kubernetes, qemu, wasm") {
+		if p != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "choose one of docker, firecracker, kubernetes, oci, qemu, wasm") {
 			t.Errorf("Open(%q) = %v, %v; want ErrInvalidConfig listing the providers", name, p, err)
 		}
 	}

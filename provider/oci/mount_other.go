@@ -1,0 +1,20 @@
+//go:build !linux
+
+package oci
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// The oci provider needs Linux (namespaces, overlayfs, an OCI runtime); elsewhere every
+// create is refused by New's check and these are never reached.
+
+var errNotLinux = errors.New("the oci provider needs Linux")
+
+func mountOverlay(string, string, string, string, string) error { return errNotLinux }
+func unmountAll(string) error                                   { return nil }
+func lockPath(context.Context, string) (func(), error)          { return nil, errNotLinux }
+func mountsBelow(string) []string                               { return nil }
+func exitWaiter(int) (func(time.Duration) bool, bool)           { return nil, false }

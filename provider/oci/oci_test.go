@@ -1,0 +1,416 @@
+package oci_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/oci"
+	"github.com/roche-sandbox/roche/provider/providertest"
+)
+
+func TestMain(m *testing.M) {
+	// Every exec, copy and attach must have let go of its goroutines.
+	os.Exit(testenv.RunWithAgent(m))
+}
+
+// newProvider opens a provider with a state directory of the test's own, so that what it
+// leaves (or not) is its alone.
+func newProvider(t *testing.T, opts ...oci.Option) (*oci.Provider, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the oci provider needs root (the README's test command runs as root)")
+	}
+	state := filepath.Join("/run/roche-test", "oci-"+strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))
+	data := filepath.Join("/var/lib/roche-test/oci")
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	opts = append([]oci.Option{oci.WithStateDir(state), oci.WithDataDir(data)}, opts...)
+	p, err := oci.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		checkNothingLeft(t, p, state)
+		// The image cache under the data directory stays, for the next run.
+		os.RemoveAll(state)
+	})
+	return p, state
+}
+
+// checkNothingLeft: no container in the runtime's state, no mount below the state or
+// disk directories, no cgroup and no sandbox directory.
+func checkNothingLeft(t *testing.T, p *oci.Provider, state string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name, err := p.Runtime(ctx)
+	if err != nil {
+		return // no runtime ran anything
+	}
+	out, err := exec.Command(name, "--root", filepath.Join(state, "runtime", name), "list", "--quiet").CombinedOutput()
+	if err != nil {
+		t.Errorf("%s list: %v: %s", name, err, out)
+	} else if s := strings.TrimSpace(string(out)); s != "" {
+		t.Errorf("containers left in %s's state: %s", name, s)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, state+"/") || strings.Contains(line, "/var/lib/roche-test/oci/sandboxes/") {
+			t.Errorf("mount left: %s", line)
+		}
+	}
+	entries, _ := os.ReadDir(state)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), oci.Name+"-") {
+			t.Errorf("sandbox directory left: %s", e.Name())
+		}
+	}
+	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/roche-*"); len(cg) > 0 {
+		t.Errorf("cgroups left: %v", cg)
+	}
+	if d, _ := os.ReadDir("/var/lib/roche-test/oci/sandboxes"); len(d) > 0 {
+		t.Errorf("sandbox disks left: %d", len(d))
+	}
+}
+
+func testConfig() roche.Config {
+	cfg := roche.DefaultConfig()
+	cfg.Image = testenv.Image()
+	return cfg
+}
+
+func TestHello(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	start := time.Now()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("created %s in %v", info.ID, time.Since(start))
+	defer p.Destroy(ctx, info.ID)
+	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('hello')"}})
+	if err != nil || res.Stdout != "hello\n" {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+}
+
+// TestConformance runs the suite on the default runtime (runc here), egress relay on as
+// roched has it.
+func TestConformance(t *testing.T) {
+	p, _ := newProvider(t, oci.WithEgressProxy())
+	providertest.Run(t, p, providertest.Options{Config: testConfig()})
+}
+
+// TestRuntimeProbe: each runtime asked for either makes a sandbox that runs python, or is
+// refused with one line saying why (Debian's crun 1.8.1 on hybrid cgroups).
+func TestRuntimeProbe(t *testing.T) {
+	for _, name := range oci.Runtimes() {
+		t.Run(name, func(t *testing.T) {
+			p, _ := newProvider(t, oci.WithRuntime(name))
+			ctx := context.Background()
+			info, err := p.Create(ctx, testConfig())
+			if err != nil {
+				if !errors.Is(err, roche.ErrUnavailable) || strings.Contains(err.Error(), "\n") {
+					t.Fatalf("refusal %q, want one line of ErrUnavailable", err)
+				}
+				t.Logf("%s refused: %v", name, err)
+				return
+			}
+			defer p.Destroy(ctx, info.ID)
+			res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('hello')"}})
+			if err != nil || res.Stdout != "hello\n" {
+				t.Fatalf("exec: %+v %v", res, err)
+			}
+			t.Logf("%s works", name)
+		})
+	}
+}
+
+// TestRunscRefused: gVisor as a bare runtime is refused in one line, before anything runs.
+func TestRunscRefused(t *testing.T) {
+	_, err := oci.New(oci.WithRuntime(oci.RuntimeRunsc))
+	if !errors.Is(err, roche.ErrUnsupported) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("runsc: %v, want one line of ErrUnsupported", err)
+	}
+}
+
+// TestRestartFindsSandboxes: a new process (a new Provider on the same directories) finds
+// a live sandbox from what is on disk and reaches its agent; once the sandbox's lifetime
+// ended, GC clears it away, mounts, disk and all; a create that died half-way (a record,
+// nothing running, past its start-by) is cleared too.
+func TestRestartFindsSandboxes(t *testing.T) {
+	first, state := newProvider(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.TimeoutSecs = 4
+	cfg.Writable = true // a sized disk to clear as well
+	info, err := first.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+
+	again, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	list, err := again.List(ctx)
+	if err != nil || len(list) != 1 || list[0].ID != info.ID || list[0].State != roche.StateRunning {
+		t.Fatalf("list after restart: %+v %v, want %s running", list, err, info.ID)
+	}
+	res, err := again.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"echo", "found"}})
+	if err != nil || res.Stdout != "found\n" {
+		t.Fatalf("exec after restart: %+v %v", res, err)
+	}
+
+	// A create that died after writing its record.
+	dead := filepath.Join(state, "oci-00000000deadbeef")
+	if err := os.Mkdir(dead, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec := `{"id":"oci-00000000deadbeef","runtime":"runc","created":"2020-01-01T00:00:00Z","expires":"2020-01-01T00:01:00Z","start_by":"2020-01-01T00:00:30Z","uid":-1}`
+	if err := os.WriteFile(filepath.Join(dead, "record.json"), []byte(rec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	testenv.Eventually(t, 30*time.Second, "the sandbox to stop at the end of its lifetime", func() bool {
+		got, err := again.Inspect(ctx, info.ID)
+		return err == nil && got.State == roche.StateExited
+	})
+	removed, err := again.GC(ctx, roche.GCOptions{})
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("GC removed %+v (%v), want the ended sandbox and the dead create", removed, err)
+	}
+	if list, _ := again.List(ctx); len(list) != 0 {
+		t.Fatalf("list after GC: %+v", list)
+	}
+}
+
+// compatSyscall makes getpid through the 32-bit entry point (int 0x80, eax 20) from
+// code it maps executable, and prints the pid it got: a sandbox whose filter covers the
+// native architecture only never gets there (the filter kills it with SIGSYS).
+const compatSyscall = `
+import ctypes, mmap, os
+code = bytes([0x53, 0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0x5b, 0xc3])  # push rbx; mov eax,20; int 0x80; pop rbx; ret
+buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+print('got pid', ctypes.CFUNCTYPE(ctypes.c_int)(addr)(), flush=True)`
+
+// TestCompatSyscallsRefused: the seccomp filter covers the native architecture only.
+func TestCompatSyscallsRefused(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the probe is x86 machine code")
+	}
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", compatSyscall}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(res.Stdout, "got pid") || res.ExitCode == 0 {
+		t.Fatalf("a 32-bit system call went through: %+v", res)
+	}
+	t.Logf("32-bit getpid: exit %d, stderr %q", res.ExitCode, res.Stderr)
+}
+
+// TestProbe: a live sandbox answers the pool's probe; a destroyed one does not.
+func TestProbe(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Probe(ctx, info.ID); err != nil {
+		t.Fatalf("probe of a live sandbox: %v", err)
+	}
+	if err := p.Destroy(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Probe(ctx, info.ID); err == nil {
+		t.Fatal("probe of a destroyed sandbox succeeded")
+	}
+}
+
+// TestWorkdirMissingFromImage: a workdir the image lacks is made, on a read-only root too.
+func TestWorkdirMissingFromImage(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.Workdir = "/srv/roche-work"
+	info, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"pwd"}})
+	if err != nil || res.Stdout != "/srv/roche-work\n" {
+		t.Fatalf("pwd: %+v %v", res, err)
+	}
+}
+
+// TestOCILayout: an image from an OCI image layout, here a one-layer image made on the
+// spot (no shell, no python: the agent is all it needs), is unpacked, its whiteouts
+// applied, and served.
+func TestOCILayout(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	layer := func(files map[string]string) v1.Layer {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for name, body := range files {
+			tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+			tw.Write([]byte(body))
+		}
+		tw.Close()
+		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	stamp := time.Now().String() // a config digest of this run's own: unpacked here, not found in the cache
+	img, err := mutate.AppendLayers(empty.Image,
+		layer(map[string]string{"hello.txt": "from a layout\n", "gone.txt": "x"}),
+		layer(map[string]string{".wh.gone.txt": ""}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img, err = mutate.Config(img, v1.Config{Env: []string{"STAMP=" + stamp}}); err != nil {
+		t.Fatal(err)
+	}
+	name, err := img.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This image's cache entry is of no use to another run.
+	t.Cleanup(func() { os.RemoveAll(filepath.Join("/var/lib/roche-test/oci/images", name.Hex)) })
+	dir := t.TempDir()
+	lp, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.Image = oci.LayoutPrefix + dir
+	info, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, info.ID)
+	var got bytes.Buffer
+	if err := p.ReadFile(ctx, info.ID, "/hello.txt", &got); err != nil || got.String() != "from a layout\n" {
+		t.Fatalf("/hello.txt: %q %v", got.String(), err)
+	}
+	if _, err := p.Stat(ctx, info.ID, "/gone.txt"); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("/gone.txt, whited out: %v, want ErrNotFound", err)
+	}
+	if name, err := os.ReadDir(filepath.Join("/var/lib/roche-test/oci/images")); err != nil || len(name) == 0 {
+		t.Fatalf("image cache: %v", err)
+	}
+	bad := testConfig()
+	bad.Image = oci.LayoutPrefix + t.TempDir()
+	if _, err := p.Create(ctx, bad); !errors.Is(err, roche.ErrImageNotFound) {
+		t.Fatalf("an empty directory as a layout: %v, want ErrImageNotFound", err)
+	}
+}
+
+// TestGCPrunesUnusedImages: an unpacked image no sandbox uses and no create used for an
+// hour goes at GC; the one just used stays.
+func TestGCPrunesUnusedImages(t *testing.T) {
+	p, _ := newProvider(t)
+	ctx := context.Background()
+	info, err := p.Create(ctx, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Destroy(ctx, info.ID)
+	images := "/var/lib/roche-test/oci/images"
+	stale := filepath.Join(images, "00000000000000000000000000000000000000000000000000000000000000aa")
+	if err := os.MkdirAll(filepath.Join(stale, "rootfs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "image.json"), []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(filepath.Join(stale, "image.json"), old, old)
+	before, _ := os.ReadDir(images)
+	if _, err := p.GC(ctx, roche.GCOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the stale image is still cached: %v", err)
+	}
+	after, _ := os.ReadDir(images)
+	if len(after) < 2 { // refs and the image just used
+		t.Fatalf("GC removed the image just used: before %d entries, after %d", len(before), len(after))
+	}
+}
+
+// TestLeased: a leased sandbox's lease is taken at create, dropped at Close (the
+// sandbox then stops within the grace), and Keep ends it for one that should outlive its
+// creator.
+func TestLeased(t *testing.T) {
+	p, state := newProvider(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	cfg.Leased = true
+	kept, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, kept.ID)
+	if err := p.Keep(ctx, kept.ID); err != nil {
+		t.Fatalf("Keep: %v", err)
+	}
+	left, err := p.Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy(ctx, left.ID)
+	p.Close() // lets go of the lease of left, not of kept
+
+	other, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	testenv.Eventually(t, oci.LeaseGrace+30*time.Second, "the unleased sandbox to stop", func() bool {
+		got, err := other.Inspect(ctx, left.ID)
+		return err == nil && got.State == roche.StateExited
+	})
+	if got, err := other.Inspect(ctx, kept.ID); err != nil || got.State != roche.StateRunning {
+		t.Fatalf("the kept sandbox: %+v %v, want running", got, err)
+	}
+}

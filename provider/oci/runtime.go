@@ -1,0 +1,332 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Runtimes the provider drives, fastest first: the default is the first of them that
+// runs a probe sandbox on this host.
+const (
+	RuntimeCrun = "crun"
+	RuntimeRunc = "runc"
+	// RuntimeRunsc (gVisor) is refused: run bare, it runs the agent, but the sandbox's
+	// limits and posture are gVisor's, not what Roche promises (see runscRefusal).
+	RuntimeRunsc = "runsc"
+)
+
+// Runtimes lists the runtime names WithRuntime takes.
+func Runtimes() []string { return []string{RuntimeCrun, RuntimeRunc} }
+
+// autoOrder is what the default tries.
+var autoOrder = []string{RuntimeCrun, RuntimeRunc}
+
+// runscRefusal is what was found running the conformance suite on Debian's runsc
+// (20221219) as a bare OCI runtime (--network=none --host-uds=create): the host cgroup's
+// pids limit counts the sentry's threads, not the sandbox's processes; a memory limit
+// kills the whole sandbox instead of one command; io_uring_setup and ptrace are served by
+// the sentry (Roche's seccomp profile filters the sentry, not the sandbox); and the
+// agent cannot switch file access to the sandbox user (setfsuid).
+const runscRefusal = "runsc as a bare OCI runtime does not enforce Roche's limits and posture here (pids and memory limits act on gVisor's sentry, io_uring and ptrace are served inside, the agent's setfsuid fails): use gVisor through the docker provider (--runtime runsc there) or the kubernetes provider's RuntimeClass"
+
+// ociRuntime is one OCI runtime binary and the global flags it runs with.
+type ociRuntime struct {
+	name string
+	path string
+	root string   // its state directory (--root), Roche's own
+	args []string // global flags before the command
+}
+
+func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
+	full := append(append([]string{"--root", r.root}, r.args...), args...)
+	return exec.CommandContext(ctx, r.path, full...)
+}
+
+// run runs the runtime and returns its output, or an error quoting it.
+func (r *ociRuntime) run(ctx context.Context, args ...string) ([]byte, error) {
+	out, err := r.command(ctx, args...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %v: %s", r.name, args[0], err, lastLine(out))
+	}
+	return out, nil
+}
+
+// containerState is what `RUNTIME list --format json` says of one container.
+type containerState struct {
+	ID      string `json:"id"`
+	Status  string `json:"status"`
+	Pid     int    `json:"pid"`
+	Created string `json:"created"`
+}
+
+// list returns the runtime's containers by id.
+func (r *ociRuntime) list(ctx context.Context) (map[string]containerState, error) {
+	out, err := r.command(ctx, "list", "--format", "json").Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("%s list: %v: %s", r.name, err, lastLine(ee.Stderr))
+		}
+		return nil, fmt.Errorf("%s list: %w", r.name, err)
+	}
+	var cs []containerState
+	if s := bytes.TrimSpace(out); len(s) > 0 && string(s) != "null" {
+		if err := json.Unmarshal(s, &cs); err != nil {
+			return nil, fmt.Errorf("%s list: %w", r.name, err)
+		}
+	}
+	m := make(map[string]containerState, len(cs))
+	for _, c := range cs {
+		m[c.ID] = c
+	}
+	return m, nil
+}
+
+// state returns one container's state; ok is false when the runtime does not know it.
+func (r *ociRuntime) state(ctx context.Context, id string) (containerState, bool) {
+	out, err := r.command(ctx, "state", id).Output()
+	if err != nil {
+		return containerState{}, false
+	}
+	var st containerState
+	if json.Unmarshal(out, &st) != nil {
+		return containerState{}, false
+	}
+	return st, true
+}
+
+// remove kills and deletes a container; one the runtime does not know is not an error.
+// pidFile, when given, names the container's init (written by run --pid-file): its exit
+// is then awaited here, on a pidfd, after the runtime's own kill, and a plain delete
+// follows, which is faster than delete --force (runc polls for the exit there). The pid is
+// never signalled directly, so a pid reused meanwhile costs a bounded wait, nothing else.
+func (r *ociRuntime) remove(ctx context.Context, id, pidFile string) error {
+	if pid := readPid(pidFile); pid > 0 {
+		if wait, ok := exitWaiter(pid); ok {
+			if _, err := r.command(ctx, "kill", id, "KILL").CombinedOutput(); err == nil && wait(2*time.Second) {
+				if _, err := r.command(ctx, "delete", id).CombinedOutput(); err == nil {
+					return nil
+				}
+			} else {
+				wait(0)
+			}
+		}
+	}
+	out, err := r.command(ctx, "delete", "--force", id).CombinedOutput()
+	if err != nil && !notExist(out) {
+		if _, known := r.state(ctx, id); known {
+			return fmt.Errorf("%s delete %s: %v: %s", r.name, id, err, lastLine(out))
+		}
+	}
+	return nil
+}
+
+// readPid reads a pid file; 0 when there is none.
+func readPid(file string) int {
+	if file == "" {
+		return 0
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+func notExist(out []byte) bool {
+	s := string(out)
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found") || strings.Contains(s, "No such file")
+}
+
+func lastLine(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	// runc logs as logfmt: keep the message.
+	if _, msg, ok := strings.Cut(s, `msg="`); ok {
+		s = strings.TrimSuffix(msg, `"`)
+	}
+	return s
+}
+
+// findRuntime finds name's binary in PATH or the sbin directories a daemon's PATH may
+// lack.
+func findRuntime(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/bin", "/usr/local/sbin"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s is not installed (apt-get install %s)", name, name)
+}
+
+func (p *Provider) newRuntime(name string) (*ociRuntime, error) {
+	path, err := findRuntime(name)
+	if err != nil {
+		return nil, err
+	}
+	return &ociRuntime{name: name, path: path, root: filepath.Join(p.stateDir, "runtime", name)}, nil
+}
+
+// probeFile records, per runtime binary, whether it ran the probe sandbox, so that the
+// probe runs once per boot (the state directory is on /run) and binary, not per process.
+type probeResult struct {
+	Binary string        `json:"binary"`
+	Stamp  string        `json:"stamp"` // size and mtime of the binary
+	Err    string        `json:"err,omitempty"`
+	Took   time.Duration `json:"took"`
+}
+
+func binaryStamp(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%d-%d", fi.Size(), fi.ModTime().UnixNano())
+}
+
+// resolveRuntime picks the runtime: the one asked for (WithRuntime), checked by the probe,
+// else the first of autoOrder that passes it. Each refusal is one line in the error.
+func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
+	p.rtMu.Lock()
+	defer p.rtMu.Unlock()
+	if p.rt != nil {
+		return p.rt, nil
+	}
+	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("%w: making the state directory: %v", roche.ErrUnavailable, err)
+	}
+	names := autoOrder
+	if p.runtimeName != "" {
+		names = []string{p.runtimeName}
+	}
+	var why []string
+	for _, name := range names {
+		r, err := p.newRuntime(name)
+		if err == nil {
+			err = p.probe(ctx, r)
+		}
+		if err != nil {
+			why = append(why, name+": "+err.Error())
+			if p.runtimeName == "" {
+				p.log.Info("OCI runtime not usable here; trying the next", "runtime", name, "err", err)
+			}
+			continue
+		}
+		p.rt = r
+		return r, nil
+	}
+	if p.runtimeName != "" {
+		return nil, fmt.Errorf("%w: OCI runtime %s does not work on this host (%s): leave --runtime unset to use one that does",
+			roche.ErrUnavailable, p.runtimeName, strings.Join(why, "; "))
+	}
+	return nil, fmt.Errorf("%w: no OCI runtime works on this host (%s); install runc (apt-get install runc)",
+		roche.ErrUnavailable, strings.Join(why, "; "))
+}
+
+// probe runs roche-agent --version in a throwaway sandbox with the namespaces and cgroup
+// limits real ones get, once per runtime binary and boot.
+func (p *Provider) probe(ctx context.Context, r *ociRuntime) error {
+	file := filepath.Join(p.stateDir, "probe-"+r.name+".json")
+	stamp := binaryStamp(r.path)
+	var known probeResult
+	if b, err := os.ReadFile(file); err == nil && json.Unmarshal(b, &known) == nil && known.Binary == r.path && known.Stamp == stamp {
+		if known.Err != "" {
+			return errors.New(known.Err)
+		}
+		return nil
+	}
+	start := time.Now()
+	err := p.runProbe(ctx, r)
+	res := probeResult{Binary: r.path, Stamp: stamp, Took: time.Since(start)}
+	if err != nil {
+		if ctx.Err() != nil {
+			return err // not the runtime's fault: do not record it
+		}
+		res.Err = err.Error()
+	}
+	if b, merr := json.Marshal(res); merr == nil {
+		_ = os.WriteFile(file, b, 0o600)
+	}
+	p.log.Info("probed OCI runtime", "runtime", r.name, "ok", err == nil, "took", res.Took.Round(time.Millisecond), "err", err)
+	return err
+}
+
+func (p *Provider) runProbe(ctx context.Context, r *ociRuntime) error {
+	if p.agentPath == "" {
+		return errors.New("roche-agent was not found, and the probe runs it")
+	}
+	dir, err := os.MkdirTemp(p.stateDir, "probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	root := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(filepath.Join(root, ".roche"), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(root, agentBinary), nil, 0o755); err != nil {
+		return err
+	}
+	id := "roche-probe-" + randomHex(4)
+	mem, pids := int64(64<<20), int64(16)
+
+	s := &specs.Spec{
+		Version: specVersion,
+		Root:    &specs.Root{Path: root},
+		Process: &specs.Process{Args: []string{agentBinary, "--version"}, Cwd: "/", NoNewPrivileges: true,
+			Env: []string{"PATH=/"}},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: agentBinary, Type: "bind", Source: p.agentPath, Options: []string{"bind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+			},
+			CgroupsPath: "/roche-" + id,
+			Resources:   &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &mem, Swap: &mem}, Pids: &specs.LinuxPids{Limit: pids}},
+		},
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := r.command(pctx, "run", "--bundle", dir, id).CombinedOutput()
+	_ = r.remove(context.WithoutCancel(ctx), id, "")
+	if err != nil {
+		return fmt.Errorf("a probe sandbox failed: %v: %s", err, lastLine(out))
+	}
+	if len(bytes.TrimSpace(out)) == 0 {
+		return errors.New("a probe sandbox printed nothing, not roche-agent's version")
+	}
+	return nil
+}

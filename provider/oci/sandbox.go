@@ -1,0 +1,513 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+)
+
+// Create implements roche.Provider.
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
+	if err := cfg.Validate(); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.check(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.canRun(); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	rt, err := p.resolveRuntime(ctx)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	img, err := p.image(ctx, cfg.Image)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	p.sweepSoon()
+	ctx, cancel := context.WithTimeoutCause(ctx, p.createTimeout,
+		fmt.Errorf("%w: creating an oci sandbox took longer than %v", roche.ErrTimeout, p.createTimeout))
+	defer cancel()
+	return p.create(ctx, rt, img, cfg)
+}
+
+// check refuses, before anything is made, what this provider does not do.
+func (p *Provider) check(cfg roche.Config) error {
+	switch {
+	case cfg.Network:
+		return fmt.Errorf("%w: network=true: oci sandboxes have only lo (a network namespace of their own); use network_allowlist through roched, or the docker provider", roche.ErrUnsupported)
+	case cfg.Workspace != "":
+		return fmt.Errorf("%w: workspace %s: the oci provider has no workspaces; use the docker provider", roche.ErrUnsupported, cfg.Workspace)
+	case cfg.FromSnapshot != "":
+		return fmt.Errorf("%w: from_snapshot: the oci provider has no snapshots; use the docker provider", roche.ErrUnsupported)
+	case len(cfg.NetworkAllowlist) > 0 && !p.egress:
+		return fmt.Errorf("%w: network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run", roche.ErrUnsupported)
+	}
+	for _, m := range cfg.Mounts {
+		if _, err := os.Stat(m.Source); err != nil {
+			return fmt.Errorf("%w: mount source %s does not exist on the host: create it or fix the path", roche.ErrInvalidConfig, m.Source)
+		}
+	}
+	return nil
+}
+
+// create makes the sandbox: its directory and record first, then the root (an overlay
+// over the cached image, on a sized filesystem when writable), the bundle, and the
+// container, run detached with roche-agent as PID 1. Anything made is undone on failure.
+func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cfg roche.Config) (_ roche.SandboxInfo, err error) {
+	now := time.Now()
+	id := Name + "-" + randomHex(8)
+	s := &sandbox{dir: p.sandboxDir(id), record: record{
+		ID: id, Runtime: rt.name, Config: cfg, Created: now, Expires: now.Add(durationSecs(cfg.TimeoutSecs)),
+		UID: -1, ImageID: img.ID,
+	}}
+	if dl, ok := ctx.Deadline(); ok {
+		s.StartBy = dl.Add(time.Second)
+	}
+	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: making the state directory: %v", roche.ErrUnavailable, err)
+	}
+	if err := os.Mkdir(s.dir, 0o700); err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: making the sandbox's directory: %v", roche.ErrUnavailable, err)
+	}
+	defer func() {
+		if err != nil {
+			p.teardown(context.WithoutCancel(ctx), rt, s)
+		}
+	}()
+	user := cfg.User
+	if cfg.User == roche.UserAuto {
+		uid, unlock, err := p.drawUID(ctx, id)
+		if err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		s.UID = uid
+		user = fmt.Sprintf("%d:%d", uid, uid)
+		err = writeRecord(s.dir, s.record)
+		unlock()
+		if err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	} else if err := writeRecord(s.dir, s.record); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	b := bundleSpec{
+		id: id, cfg: cfg, image: img, rootfs: filepath.Join(s.dir, "rootfs"), runDir: s.runDir(),
+		agent: p.agentPath, user: user, cgroup: "/roche-" + id, lifetime: cfg.TimeoutSecs,
+	}
+	if cfg.Leased {
+		b.lease = agentfwd.LeaseArgs(p.createTimeout)
+	}
+	if err := os.Mkdir(b.runDir, 0o700); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	tPrep := time.Now()
+	if err := p.mountRoot(s, b); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	spec, err := b.spec()
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	js, err := json.Marshal(spec)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, "config.json"), js, 0o600); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	s.agent = agent.NewClient(filepath.Join(b.runDir, agentSocket))
+	if len(cfg.NetworkAllowlist) > 0 {
+		if err := p.proxies.start(b.runDir, id, cfg.NetworkAllowlist, p.log); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
+	tMount := time.Now()
+	if err := p.start(ctx, rt, s); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if cfg.Leased {
+		if err := p.leases.Take(ctx, id, s.agent); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
+	p.remember(s)
+	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "runtime", rt.name, "took", time.Since(now),
+		"prepare", tPrep.Sub(now), "mount+spec", tMount.Sub(tPrep), "run+ready", time.Since(tMount))
+	return p.info(s, roche.StateRunning), nil
+}
+
+// start runs the container detached and waits for its agent to answer.
+func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) error {
+	logf, err := os.OpenFile(filepath.Join(s.dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := rt.command(ctx, "run", "--detach", "--bundle", s.dir, "--pid-file", filepath.Join(s.dir, "pid"), s.ID)
+	// The agent's stdio is the log file: nothing of this process is held open by it.
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
+	t0 := time.Now()
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%w: %s run: %v: %s", roche.ErrUnavailable, rt.name, err, p.logTail(s))
+	}
+	p.log.Debug("runtime ran the sandbox", "id", s.ID, "took", time.Since(t0))
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	ready := make(chan error, 1)
+	go func() { ready <- s.agent.WaitReady(wctx) }()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-ready:
+			if err != nil {
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
+				return fmt.Errorf("%w: roche-agent did not start in the sandbox: %v: %s", roche.ErrUnavailable, err, p.logTail(s))
+			}
+			return nil
+		case <-tick.C:
+			// Give up at once when the container stopped instead.
+			if st, ok := rt.state(ctx, s.ID); ok && st.Status == "stopped" {
+				cancel()
+				<-ready
+				return fmt.Errorf("%w: the sandbox stopped before roche-agent answered: %s", roche.ErrUnavailable, p.logTail(s))
+			}
+		}
+	}
+}
+
+// logTail is the end of the agent's log, for errors.
+func (p *Provider) logTail(s *sandbox) string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "agent.log"))
+	line := lastLine(b)
+	if line == "" {
+		return "(no output)"
+	}
+	return line
+}
+
+// mountRoot mounts the sandbox's root at b.rootfs: the stubs (mount points the image
+// lacks) over the cached image, read-only; with a writable root, the upper and work
+// directories sit on a sized ext4 filesystem of cfg.Disk (the Docker provider's), or,
+// with disk 0, in the data directory without a bound.
+func (p *Provider) mountRoot(s *sandbox, b bundleSpec) error {
+	stubs := filepath.Join(s.dir, "stubs")
+	if err := makeStubs(stubs, b.image.dir, b.mountPoints()); err != nil {
+		return fmt.Errorf("preparing the sandbox's mount points: %w", err)
+	}
+	if err := os.Mkdir(b.rootfs, 0o755); err != nil {
+		return err
+	}
+	var upper, work string
+	if b.cfg.Writable {
+		disk := p.diskDir(s.ID)
+		if err := os.MkdirAll(disk, 0o700); err != nil {
+			return fmt.Errorf("%w: making the sandbox's disk directory: %v", roche.ErrUnavailable, err)
+		}
+		layer := filepath.Join(disk, "layer")
+		if err := os.Mkdir(layer, 0o700); err != nil {
+			return err
+		}
+		if size := b.cfg.DiskBytes(); size > 0 {
+			if err := docker.MountSizedFS(filepath.Join(disk, "disk.img"), layer, size); err != nil {
+				return fmt.Errorf("bounding the writable root to %s: %w", b.cfg.Disk, err)
+			}
+		}
+		upper, work = filepath.Join(layer, "upper"), filepath.Join(layer, "work")
+		for _, d := range []string{upper, work} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return err
+			}
+		}
+	}
+	return mountOverlay(b.rootfs, stubs, b.image.dir, upper, work)
+}
+
+// makeStubs makes, under stubs, each mount point missing from the image's tree (and its
+// missing parents), owned by root.
+func makeStubs(stubs, image string, points []mountPoint) error {
+	if err := os.Mkdir(stubs, 0o755); err != nil {
+		return err
+	}
+	for _, mp := range points {
+		rel := strings.TrimPrefix(filepath.Clean(mp.path), "/")
+		if rel == "" || strings.HasPrefix(rel, "..") {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(image, rel)); err == nil {
+			continue // the image has it (a symbolic link there is the runtime's to refuse)
+		}
+		parts := strings.Split(rel, "/")
+		for i := range parts[:len(parts)-1] {
+			d := filepath.Join(parts[:i+1]...)
+			if fi, err := os.Lstat(filepath.Join(image, d)); err == nil && !fi.IsDir() {
+				return fmt.Errorf("mount point %s: %s is not a directory in the image", mp.path, "/"+d)
+			}
+			if err := os.MkdirAll(filepath.Join(stubs, d), 0o755); err != nil {
+				return err
+			}
+		}
+		p := filepath.Join(stubs, rel)
+		if mp.dir {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				return err
+			}
+		} else if err := os.WriteFile(p, nil, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// teardown removes everything of sandbox s: the container, its mounts, its disk and its
+// directory. It is idempotent, and safe on a half-made sandbox.
+func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) error {
+	p.forget(s.ID)
+	p.leases.Drop(s.ID)
+	p.proxies.stop(s.runDir())
+	var errs []error
+	if rt != nil {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		errs = append(errs, rt.remove(dctx, s.ID, filepath.Join(s.dir, "pid")))
+		cancel()
+	}
+	for _, dir := range []string{s.dir, p.diskDir(s.ID)} {
+		for _, mp := range mountsBelow(dir) {
+			errs = append(errs, unmountAll(mp))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroying sandbox %s: %w", s.ID, err)
+	}
+	errs = append(errs, os.RemoveAll(p.diskDir(s.ID)))
+	// The record goes last, so that a failed destroy is found and retried.
+	errs = append(errs, os.RemoveAll(s.dir))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroying sandbox %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// runtimeOf returns the runtime that made s: its name is in the record.
+func (p *Provider) runtimeOf(ctx context.Context, s *sandbox) (*ociRuntime, error) {
+	if r, err := p.resolveRuntime(ctx); err == nil && r.name == s.Runtime {
+		return r, nil
+	}
+	return p.newRuntime(s.Runtime)
+}
+
+// Destroy implements roche.Provider; a sandbox already gone is not an error.
+func (p *Provider) Destroy(ctx context.Context, id string) error {
+	s, err := p.load(id)
+	if errors.Is(err, roche.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	rt, err := p.runtimeOf(ctx, s)
+	if err != nil {
+		return err
+	}
+	return p.teardown(ctx, rt, s)
+}
+
+func (p *Provider) info(s *sandbox, state roche.SandboxState) roche.SandboxInfo {
+	return roche.SandboxInfo{
+		ID: s.ID, Provider: Name, Image: s.Config.Image, State: state, CreatedAt: s.Created,
+		ExpiresAt: s.Expires, Transport: docker.TransportAgent, Owner: s.Config.Owner,
+	}
+}
+
+// stateOf is a sandbox's state from what its runtime says of its container: one the
+// runtime does not know is being made, or, past its create's deadline, a leftover.
+func stateOf(s *sandbox, st containerState, known bool) roche.SandboxState {
+	if !known {
+		if !s.StartBy.IsZero() && time.Now().After(s.StartBy) {
+			return roche.StateExited
+		}
+		return roche.StateCreated
+	}
+	switch st.Status {
+	case "running":
+		return roche.StateRunning
+	case "paused":
+		return roche.StatePaused
+	case "created", "creating":
+		return roche.StateCreated
+	}
+	return roche.StateExited
+}
+
+// Inspect implements roche.Provider.
+func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, error) {
+	s, err := p.load(id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	rt, err := p.runtimeOf(ctx, s)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	st, known := rt.state(ctx, s.ID)
+	return p.info(s, stateOf(s, st, known)), nil
+}
+
+// List implements roche.Provider: every sandbox with a record on disk, in the state its
+// runtime reports (created for one whose container was never made or is gone).
+func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
+	entries, err := os.ReadDir(p.stateDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes in %s: %w", p.stateDir, err)
+	}
+	states := map[string]map[string]containerState{}
+	var out []roche.SandboxInfo
+	for _, e := range entries {
+		if !validID(e.Name()) {
+			continue
+		}
+		s, err := p.load(e.Name())
+		if err != nil {
+			continue // being made or removed right now
+		}
+		if _, ok := states[s.Runtime]; !ok {
+			rt, err := p.runtimeOf(ctx, s)
+			if err != nil {
+				return nil, err
+			}
+			if states[s.Runtime], err = rt.list(ctx); err != nil {
+				return nil, err
+			}
+		}
+		st, known := states[s.Runtime][s.ID]
+		out = append(out, p.info(s, stateOf(s, st, known)))
+	}
+	return out, nil
+}
+
+// GC implements roche.GarbageCollector: it removes expired and stopped sandboxes (every
+// one with opts.All), with their mounts and disks.
+func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.SandboxInfo, error) {
+	list, err := p.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
+	if opts.DryRun {
+		return removed, err
+	}
+	// Images: those the remaining sandboxes use stay (a record being written right now
+	// names an image used within imageKeep, which stays too).
+	inUse := map[string]bool{}
+	if entries, rerr := os.ReadDir(p.stateDir); rerr == nil {
+		for _, e := range entries {
+			if r, rerr := readRecord(filepath.Join(p.stateDir, e.Name())); rerr == nil {
+				inUse[r.ImageID] = true
+			}
+		}
+	}
+	return removed, errors.Join(err, p.pruneImages(ctx, inUse))
+}
+
+// sweepSoon clears away, in the background and at most once a minute, the sandboxes
+// whose lifetime ended (their agent stopped, which stops the container, but their mounts
+// and directories stay until removed): a restarted process clears what the last one left.
+func (p *Provider) sweepSoon() {
+	now := time.Now().UnixNano()
+	last := p.lastSweep.Load()
+	if now-last < int64(time.Minute) || !p.lastSweep.CompareAndSwap(last, now) {
+		return
+	}
+	p.sweeps.Add(1)
+	go func() {
+		defer p.sweeps.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if removed, err := p.GC(ctx, roche.GCOptions{}); err != nil {
+			p.log.Warn("clearing away ended sandboxes", "err", err)
+		} else if len(removed) > 0 {
+			p.log.Info("cleared away ended sandboxes", "count", len(removed))
+		}
+	}()
+}
+
+// Pause implements roche.Pauser (the runtime's freezer).
+func (p *Provider) Pause(ctx context.Context, id string) error { return p.freeze(ctx, id, "pause") }
+
+// Unpause implements roche.Pauser.
+func (p *Provider) Unpause(ctx context.Context, id string) error { return p.freeze(ctx, id, "resume") }
+
+func (p *Provider) freeze(ctx context.Context, id, op string) error {
+	s, err := p.load(id)
+	if err != nil {
+		return err
+	}
+	rt, err := p.runtimeOf(ctx, s)
+	if err != nil {
+		return err
+	}
+	if _, err := rt.run(ctx, op, s.ID); err != nil {
+		if _, known := rt.state(ctx, s.ID); !known {
+			return fmt.Errorf("%w: sandbox %s is gone", roche.ErrNotFound, id)
+		}
+		return fmt.Errorf("%sing sandbox %s: %w", strings.TrimSuffix(op, "e"), id, err)
+	}
+	return nil
+}
+
+// CopyTo implements roche.FileCopier (see roche.CopyIn).
+func (p *Provider) CopyTo(ctx context.Context, id, src, dst string) error {
+	_, err := roche.CopyIn(ctx, p, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// CopyFrom implements roche.FileCopier (see roche.CopyOut).
+func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
+	_, err := roche.CopyOut(ctx, p, id, src, dst, roche.CopyOptions{})
+	return err
+}
+
+// Keep implements roche.Leaser: the agent ends the lease, and the one held here goes.
+func (p *Provider) Keep(ctx context.Context, id string) error {
+	return p.leases.Keep(ctx, p.forwarder, id)
+}
+
+var _ io.Closer = (*Provider)(nil)
+
+var _ roche.Prober = (*Provider)(nil)
+
+// Probe implements roche.Prober: the sandbox's agent accepts a connection on its socket
+// (no runtime call, well under a millisecond).
+func (p *Provider) Probe(ctx context.Context, id string) error {
+	s, err := p.load(id)
+	if err != nil {
+		return err
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", s.agent.Socket())
+	if err != nil {
+		p.forget(s.ID)
+		return fmt.Errorf("%w: the roche-agent of sandbox %s is not there: %v", roche.ErrUnavailable, s.ID, err)
+	}
+	// Closed unused: the agent reads end-of-file as its first frame and lets it go.
+	return c.Close()
+}

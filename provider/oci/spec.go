@@ -1,0 +1,201 @@
+package oci
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/egress"
+)
+
+// specVersion is the runtime-spec version config.json claims: the oldest that has all
+// it uses, as older runtimes (Debian's crun 1.8.1) refuse newer ones they do not know.
+const specVersion = "1.0.2"
+
+// Where roche-agent and its socket directory appear inside the sandbox (as in Docker
+// sandboxes).
+const (
+	agentBinary  = "/.roche/roche-agent"
+	agentRunDir  = "/.roche/run"
+	agentSocket  = "agent.sock"
+	egressSocket = "egress.sock"
+)
+
+// agentCaps are the capabilities roche-agent, PID 1, starts with: to run commands as the
+// sandbox user, kill them and hand its socket to the host user. It drops them all from
+// the bounding set at start, so every command runs with none.
+var agentCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE"}
+
+// Docker's masked and read-only paths (moby oci.DefaultSpec): kernel information and
+// knobs a container has no business reading or writing.
+var (
+	maskedPaths = []string{
+		"/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+		"/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+)
+
+// bundleSpec is what a sandbox's config.json is made from.
+type bundleSpec struct {
+	id       string
+	cfg      roche.Config
+	image    imageRoot
+	rootfs   string // the mounted overlay
+	runDir   string // the agent's socket directory on the host
+	agent    string // the roche-agent binary on the host
+	user     string // "uid:gid" or the caller's user
+	cgroup   string
+	lifetime int // seconds
+	lease    []string
+}
+
+// spec builds the sandbox's OCI runtime config: every namespace new (pid, mount, ipc,
+// uts, cgroup, network with only lo), roche-agent as PID 1 with the few capabilities it
+// needs and no new privileges, Roche's seccomp profile, Docker's masked and read-only
+// paths, and cgroup limits for memory (no swap), pids and cpu.
+func (b bundleSpec) spec() (*specs.Spec, error) {
+	filter, err := seccompFilter()
+	if err != nil {
+		return nil, err
+	}
+	cfg := b.cfg
+	env := append([]string{}, b.image.Env...)
+	if !hasEnv(env, "PATH") {
+		env = append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	for k, v := range cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	// HOME is somewhere the sandbox user can write, as in Docker sandboxes.
+	if _, set := cfg.Env["HOME"]; !set {
+		env = append(env, "HOME=/tmp")
+	}
+	args := []string{agentBinary,
+		"--socket", agentRunDir + "/" + agentSocket,
+		"--user", b.user,
+		"--lifetime", strconv.Itoa(b.lifetime) + "s",
+		"--owner", strconv.Itoa(os.Geteuid()),
+	}
+	args = append(args, b.lease...)
+	if len(cfg.NetworkAllowlist) > 0 {
+		args = append(args, "--egress-listen", egress.SandboxListen, "--egress-socket", agentRunDir+"/"+egressSocket)
+		env = append(env, egress.SandboxEnv()...)
+	}
+	cwd := cfg.Workdir
+	if cwd == "" {
+		cwd = "/"
+	}
+	mem := cfg.MemoryBytes()
+	pids := int64(cfg.PidsLimit + agent.ThreadReserve)
+	period := uint64(100_000)
+	quota := int64(cfg.CPUs * float64(period))
+	swappiness := uint64(0)
+	tmpSize := strconv.Itoa(roche.DefaultTmpSize)
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=" + tmpSize}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=" + tmpSize}},
+		{Destination: agentBinary, Type: "bind", Source: b.agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		{Destination: agentRunDir, Type: "bind", Source: b.runDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+	}
+	for _, m := range cfg.Mounts {
+		mode := "ro"
+		if m.ReadWrite {
+			mode = "rw"
+		}
+		mounts = append(mounts, specs.Mount{Destination: m.Target, Type: "bind", Source: m.Source,
+			Options: []string{"rbind", mode, "nosuid", "nodev", "rprivate"}})
+	}
+	return &specs.Spec{
+		Version:  specVersion,
+		Hostname: b.id,
+		Root:     &specs.Root{Path: b.rootfs, Readonly: !cfg.Writable},
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: args, Env: env, Cwd: cwd,
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: agentCaps, Effective: agentCaps, Permitted: agentCaps,
+			},
+			// RLIMIT_NOFILE as this process has it (the runtime may not raise it); the
+			// per-user kernel limits (inotify and the like) are the uid's, each sandbox
+			// having its own.
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile(), Soft: nofile()}},
+			NoNewPrivileges: true,
+			OOMScoreAdj:     intPtr(0),
+		},
+		Mounts: mounts,
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+			},
+			CgroupsPath: b.cgroup,
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory:  &specs.LinuxMemory{Limit: &mem, Swap: &mem, Swappiness: &swappiness},
+				Pids:    &specs.LinuxPids{Limit: pids},
+				CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
+			},
+			Seccomp:           filter,
+			MaskedPaths:       maskedPaths,
+			ReadonlyPaths:     readonlyPaths,
+			RootfsPropagation: "rprivate",
+		},
+	}, nil
+}
+
+func hasEnv(env []string, k string) bool {
+	for _, kv := range env {
+		if len(kv) > len(k) && kv[:len(k)+1] == k+"=" {
+			return true
+		}
+	}
+	return false
+}
+
+// nofile is this process's hard limit on open files, at most Docker's 1048576.
+func nofile() uint64 {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil || l.Max == 0 {
+		return 1024
+	}
+	return min(uint64(l.Max), 1<<20)
+}
+
+func intPtr(i int) *int { return &i }
+
+// mountPoints are the paths below the root that the runtime mounts on, which must exist
+// in the image's tree or be made (stubs) in a layer above it: a read-only root cannot
+// take new directories.
+func (b bundleSpec) mountPoints() []mountPoint {
+	mp := []mountPoint{
+		{"/proc", true}, {"/dev", true}, {"/sys", true}, {"/tmp", true},
+		{filepath.Dir(agentBinary), true}, {agentBinary, false}, {agentRunDir, true},
+	}
+	if b.cfg.Workdir != "" {
+		// The runtime starts the agent there; one the image lacks is made, as Docker does.
+		mp = append(mp, mountPoint{b.cfg.Workdir, true})
+	}
+	for _, m := range b.cfg.Mounts {
+		fi, err := os.Stat(m.Source)
+		mp = append(mp, mountPoint{m.Target, err != nil || fi.IsDir()})
+	}
+	return mp
+}
+
+type mountPoint struct {
+	path string
+	dir  bool
+}
