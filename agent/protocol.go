@@ -84,7 +84,8 @@ type Request struct {
 	Background bool `json:"background,omitempty"`
 	// TTY runs the command on a pseudo-terminal of Cols×Rows as its controlling terminal
 	// (it leads a session of its own, so a typed Ctrl-C reaches its foreground job);
-	// output is one stream, FrameStdout, and FrameResize frames resize it.
+	// output is one stream, FrameStdout, and FrameResize frames resize it. An empty Cmd
+	// runs the image's shell (/bin/bash, else /bin/sh).
 	TTY  bool   `json:"tty,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`

@@ -207,6 +207,9 @@ func (p *proc) finish(res agent.Result, stopping string) {
 }
 
 func (s *Server) exec(c *conn, req agent.Request) error {
+	if req.TTY && len(req.Cmd) == 0 {
+		req.Cmd = []string{imageShell()}
+	}
 	if len(req.Cmd) == 0 {
 		return invalid("empty command: give the program and its arguments")
 	}
@@ -370,6 +373,15 @@ func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env [
 	s.await(p, req, start, before, wait, &pumps, p.closeTTY)
 	p.closeTTY()
 	return nil
+}
+
+// imageShell is the shell a terminal runs when the caller names none: bash where the
+// image has it, else the POSIX sh every image has.
+func imageShell() string {
+	if fi, err := os.Stat("/bin/bash"); err == nil && fi.Mode()&0o111 != 0 {
+		return "/bin/bash"
+	}
+	return "/bin/sh"
 }
 
 func hasEnv(env []string, key string) bool {
