@@ -14,6 +14,7 @@ from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
 from . import _discovery
 from ._ahttp import AsyncHTTPClient
 from ._atransport import AsyncCLITransport, AsyncDaemonTransport, AsyncTransport
+from ._pty import AsyncPty
 from ._http import Deadline
 from ._sync import PROBE_TIMEOUT, Choice, remaining_life
 from ._transport import StreamItem
@@ -158,6 +159,12 @@ class AsyncSandbox:
     @property
     def provider(self) -> str:
         return self.info.provider
+
+    @property
+    def pty(self) -> "AsyncPty":
+        """Terminals in this sandbox (through roched): ``sandbox.pty.create(cols=, rows=,
+        cmd=, on_data=)`` returns a handle with send_input, resize, kill and wait."""
+        return AsyncPty(self)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id[:12]!r}, provider={self.provider!r}, image={self.info.image!r})"
