@@ -51,7 +51,10 @@ func (tm *tmuxTerm) tmux(args ...string) string {
 }
 
 // keys types into the terminal (send-keys: "Enter" and "C-c" are keys, the rest literal).
-func (tm *tmuxTerm) keys(keys ...string) { tm.t.Helper(); tm.tmux(append([]string{"send-keys"}, keys...)...) }
+func (tm *tmuxTerm) keys(keys ...string) {
+	tm.t.Helper()
+	tm.tmux(append([]string{"send-keys"}, keys...)...)
+}
 
 func (tm *tmuxTerm) screen() string { tm.t.Helper(); return tm.tmux("capture-pane", "-p") }
 
@@ -165,5 +168,22 @@ func shellScenario(t *testing.T, id string, env []string, flags ...string) {
 			t.Fatalf("no terminal settings recorded: %v %v", err1, err2)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestShellRefusedOnWasm: a provider without terminals says so in one line, exit 125.
+func TestShellRefusedOnWasm(t *testing.T) {
+	r := run(t, "--direct", "create", "--provider", "wasm")
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 0 || id == "" {
+		t.Fatalf("create: %+v", r)
+	}
+	defer run(t, "--direct", "destroy", id)
+	r = run(t, "--direct", "shell", id)
+	if r.code != 125 || !strings.Contains(r.stderr, "no terminals") || strings.Count(r.stderr, "\n") != 1 {
+		t.Fatalf("roche shell on wasm: %+v, want exit 125 and one line saying it has no terminals", r)
+	}
+	if r := run(t, "--direct", "shell", id, "python3"); r.code != 125 || !strings.Contains(r.stderr, "after --") {
+		t.Fatalf("a command without --: %+v, want the usage", r)
 	}
 }
