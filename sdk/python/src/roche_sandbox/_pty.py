@@ -11,7 +11,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
 
 from . import _wire
 from ._http import Deadline
-from .errors import InvalidConfig, RocheError, Unsupported
+from .errors import InvalidConfig, RocheError, SandboxTimeout, Unsupported
 from .types import ExecResult
 
 OnData = Callable[[bytes], Any]
@@ -118,7 +118,6 @@ class PtyHandle:
         """Waits for the session to end and returns its result (``exit_code``);
         SandboxTimeout when ``timeout`` seconds pass first (the session goes on)."""
         if not self._done.wait(timeout):
-            from .errors import SandboxTimeout
             raise SandboxTimeout(f"timed out: the terminal {self.pid} did not end within {timeout:g} s (it still runs)")
         if self._error is not None:
             raise self._error
@@ -216,7 +215,6 @@ class AsyncPtyHandle:
         try:
             return await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except asyncio.TimeoutError:
-            from .errors import SandboxTimeout
             raise SandboxTimeout(f"timed out: the terminal {self.pid} did not end within {timeout:g} s (it still runs)") from None
 
     def close(self) -> None:
