@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -93,11 +94,13 @@ type proc struct {
 	limit      int64
 	done       chan struct{}
 
-	// tty is the master of the command's terminal (nil without one); ttyMu guards it,
-	// apart from mu, so that a write blocked on a program that reads no input never
-	// holds up its output.
-	ttyMu sync.Mutex
-	tty   *os.File
+	// tty is the master of the command's terminal (nil without one), set before the
+	// command is listed and never changed; ttyClosed says it was closed. ttyMu orders
+	// writes only: closing needs no lock (a Close wakes a pending Write), so a write
+	// blocked on a program that reads no input holds up neither its output nor its end.
+	tty       *os.File
+	ttyClosed atomic.Bool
+	ttyMu     sync.Mutex
 
 	mu        sync.Mutex
 	sink      *conn // where output goes now; nil when no client is attached
@@ -154,7 +157,7 @@ func (p *proc) isTTY() bool { return p.ttyOn }
 func (p *proc) typeInto(data []byte) error {
 	p.ttyMu.Lock()
 	defer p.ttyMu.Unlock()
-	if p.tty == nil {
+	if p.tty == nil || p.ttyClosed.Load() {
 		return notFound("process %d has no terminal open", p.pid)
 	}
 	_, err := p.tty.Write(data)
@@ -162,20 +165,15 @@ func (p *proc) typeInto(data []byte) error {
 }
 
 func (p *proc) resize(ws agent.Winsize) error {
-	p.ttyMu.Lock()
-	defer p.ttyMu.Unlock()
-	if p.tty == nil {
+	if p.tty == nil || p.ttyClosed.Load() {
 		return notFound("process %d has no terminal open", p.pid)
 	}
 	return setWinsize(p.tty, ws.Cols, ws.Rows)
 }
 
 func (p *proc) closeTTY() {
-	p.ttyMu.Lock()
-	defer p.ttyMu.Unlock()
-	if p.tty != nil {
+	if p.tty != nil && !p.ttyClosed.Swap(true) {
 		p.tty.Close()
-		p.tty = nil
 	}
 }
 

@@ -162,3 +162,18 @@ func TestTerminalSession(t *testing.T) {
 		t.Errorf("resizing a command without a terminal: %v, want invalid", err)
 	}
 }
+
+// TestTerminalEndsWithItsCommand: a descendant left holding the terminal (and a write
+// pending into it) does not hold up the command's result.
+func TestTerminalEndsWithItsCommand(t *testing.T) {
+	start := time.Now()
+	res, out, _ := execOut(t, agent.Request{TTY: true, Cmd: []string{"sh", "-c", "sleep 3 & echo started; exit 2"}}, agent.ExecOptions{
+		Stdin: strings.NewReader(strings.Repeat("x", 64<<10)),
+	})
+	if res.ExitCode != 2 || !strings.Contains(out, "started") {
+		t.Fatalf("exit %d output %q, want 2 and the output", res.ExitCode, out)
+	}
+	if d := time.Since(start); d > 2500*time.Millisecond {
+		t.Errorf("the result took %v: it waited for the descendant holding the terminal", d)
+	}
+}
