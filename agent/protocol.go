@@ -1,5 +1,6 @@
 // Package agent speaks to roche-agent, the small program that runs as PID 1 in every
-// sandbox and serves exec, signals, background processes and files over a unix socket.
+// sandbox and serves exec, signals, background processes, terminals and files over a unix
+// socket.
 //
 // The wire protocol is deliberately tiny, so the agent stays small and an exec costs one
 // connection and a handful of frames: every frame is a one-byte kind, a four-byte
