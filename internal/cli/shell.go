@@ -3,7 +3,9 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -22,7 +24,8 @@ func (e *env) shellCommand() *cobra.Command {
 sandbox user under every limit of the sandbox. Your terminal is put in raw mode, so
 every key (Ctrl-C, Ctrl-D, Ctrl-Z) goes to the program in the sandbox; window size
 changes follow. roche exits with the command's exit status and restores your terminal.
-When standard input is not a terminal, it is passed as typed input without raw mode.
+When standard input is not a terminal, it is typed in as it comes, without raw mode,
+and its end is a Ctrl-D.
 Works direct and through roched; wasm sandboxes have no terminals.`,
 		Example: `  roche shell "$id"
   roche shell "$id" -- python3`,
@@ -58,6 +61,10 @@ Works direct and through roched; wasm sandboxes have no terminals.`,
 				resize, stop := watchWindow(in)
 				defer stop()
 				tio.Resize = resize
+			} else {
+				// Piped input ends as a user ends a shell: Ctrl-D at its end (a terminal
+				// has no end of input of its own).
+				tio.Stdin = io.MultiReader(e.stdin, strings.NewReader("\x04"))
 			}
 			code, err := t.Shell(ctx, id, req, tio)
 			if err != nil {

@@ -187,3 +187,19 @@ func TestShellRefusedOnWasm(t *testing.T) {
 		t.Fatalf("a command without --: %+v, want the usage", r)
 	}
 }
+
+// TestShellPiped: without a terminal, piped input is typed in and its end is a Ctrl-D.
+func TestShellPiped(t *testing.T) {
+	r := run(t, "--direct", "create", "--image", testImage())
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 0 || id == "" {
+		t.Fatalf("create: %+v", r)
+	}
+	defer run(t, "--direct", "destroy", id)
+	if r := rocheIn(t, "echo pi''ped; exit 4\n", "--direct", "shell", id, "--", "sh"); r.code != 4 || !strings.Contains(r.stdout, "piped\r\n") {
+		t.Fatalf("piped commands ending in exit 4: %+v", r)
+	}
+	if r := rocheIn(t, "echo no-exit\n", "--direct", "shell", id, "--", "sh"); r.code != 0 || !strings.Contains(r.stdout, "no-exit\r\n") {
+		t.Fatalf("piped commands without an exit: %+v, want the shell ended by the Ctrl-D at the end", r)
+	}
+}
