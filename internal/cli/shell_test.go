@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -37,7 +38,11 @@ func newTmux(t *testing.T, env []string, cols, rows int, command string) *tmuxTe
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("starting tmux: %v: %s", err, out)
 	}
-	t.Cleanup(func() { _ = exec.Command("tmux", "-L", tm.name, "kill-server").Run() })
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-L", tm.name, "kill-server").Run()
+		// The server leaves its socket behind: where tmux puts one named with -L.
+		_ = os.Remove(filepath.Join(cmp.Or(os.Getenv("TMUX_TMPDIR"), "/tmp"), fmt.Sprintf("tmux-%d", os.Getuid()), tm.name))
+	})
 	return tm
 }
 
