@@ -74,7 +74,7 @@ class PtyThroughDaemon(harness.SandboxTestCase):
         term.kill()
         self.assertEqual(term.wait(timeout=30).exit_code, 137)
         with self.assertRaises(SandboxNotFound):
-            sandbox.pty.send_input(term.pid, "x")
+            sandbox.pty.send_stdin(term.pid, "x")  # E2B's name
         with self.assertRaises(InvalidConfig):
             sandbox.pty.create(cols=0)
 

@@ -155,6 +155,9 @@ class Pty:
         """Types data into session ``pid``."""
         self._http().unary("SendPtyInput", _input(self._sb.id, pid, data), self._deadline())
 
+    #: E2B's name for send_input.
+    send_stdin = send_input
+
     def resize(self, pid: int, cols: int, rows: int) -> None:
         """Resizes session ``pid``."""
         self._http().unary("ResizePty", {"sandboxId": self._sb.id, "pid": pid, "size": _size(cols, rows)},
@@ -248,6 +251,9 @@ class AsyncPty:
 
     async def send_input(self, pid: int, data: Union[bytes, str]) -> None:
         await self._http().unary("SendPtyInput", _input(self._sb.id, pid, data), self._deadline())
+
+    #: E2B's name for send_input.
+    send_stdin = send_input
 
     async def resize(self, pid: int, cols: int, rows: int) -> None:
         await self._http().unary("ResizePty", {"sandboxId": self._sb.id, "pid": pid, "size": _size(cols, rows)},
