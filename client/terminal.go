@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -53,6 +54,10 @@ func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalReque
 	}
 	res, err := p.attach(ctx, id, pid, tio.Output, true)
 	if err != nil {
+		// kill_on_close covers a stream that ended; this covers one that never began.
+		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		_ = p.KillTerminal(kctx, id, pid)
+		kcancel()
 		return 0, err
 	}
 	return res.ExitCode, nil
