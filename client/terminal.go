@@ -24,6 +24,7 @@ func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalReque
 	if err != nil {
 		return 0, err
 	}
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if tio.Stdin != nil {
@@ -54,10 +55,13 @@ func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalReque
 	}
 	res, err := p.attach(ctx, id, pid, tio.Output, true)
 	if err != nil {
-		// kill_on_close covers a stream that ended; this covers one that never began.
-		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		_ = p.KillTerminal(kctx, id, pid)
-		kcancel()
+		if outer.Err() == nil {
+			// The daemon's kill_on_close ends the session when the caller goes (ctx,
+			// or this process); this ends one whose output stream broke or never began.
+			kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_ = p.KillTerminal(kctx, id, pid)
+			kcancel()
+		}
 		return 0, err
 	}
 	return res.ExitCode, nil

@@ -120,8 +120,12 @@ func TestPtySessions(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if !hasAudit(td.auditLines(t), map[string]any{"op": "kill_pty", "tenant": "acme", "why": "its kill_on_close stream ended"}) {
-		t.Error("no audit line for the kill of the shell whose stream ended")
+	// Logged once the kill has returned, which may be just after the shell is seen gone.
+	killed := map[string]any{"op": "kill_pty", "tenant": "acme", "why": "its kill_on_close stream ended", "ok": true}
+	for deadline := time.Now().Add(10 * time.Second); !hasAudit(td.auditLines(t), killed); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no audit line for the kill of the shell whose stream ended")
+		}
 	}
 	if !hasAudit(td.auditLines(t), map[string]any{"op": "create_pty", "tenant": "acme", "id": sb.ID}) {
 		t.Error("no audit line for create_pty")
