@@ -123,6 +123,8 @@ type ExecOptions struct {
 	Started func(pid int)
 	// Signals, if set, are forwarded to the command's process group while it runs.
 	Signals <-chan int
+	// Resize, if set, resizes the command's terminal (a Request with TTY) while it runs.
+	Resize <-chan Winsize
 }
 
 // Exec runs a command and waits for its result. Cancelling ctx closes the connection,
@@ -148,6 +150,20 @@ func (c *Client) Exec(ctx context.Context, req Request, opts ExecOptions) (Resul
 				select {
 				case sig := <-opts.Signals:
 					_ = s.sendJSON(FrameSignal, SignalRequest{Signal: sig})
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	if opts.Resize != nil {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			for {
+				select {
+				case ws := <-opts.Resize:
+					_ = s.sendJSON(FrameResize, ws)
 				case <-done:
 					return
 				}
@@ -259,6 +275,16 @@ func (c *Client) Processes(ctx context.Context) ([]Process, error) {
 // Signal signals a background command's process group.
 func (c *Client) Signal(ctx context.Context, pid, sig int) error {
 	return c.call(ctx, Request{Op: OpSignal, PID: pid, Signal: sig}, nil)
+}
+
+// Input types data into a background command's terminal.
+func (c *Client) Input(ctx context.Context, pid int, data []byte) error {
+	return c.call(ctx, Request{Op: OpInput, PID: pid, Data: data}, nil)
+}
+
+// Resize sets a background command's terminal size.
+func (c *Client) Resize(ctx context.Context, pid int, ws Winsize) error {
+	return c.call(ctx, Request{Op: OpResize, PID: pid, Cols: ws.Cols, Rows: ws.Rows}, nil)
 }
 
 // Health asks the agent how it is.

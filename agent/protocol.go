@@ -1,5 +1,6 @@
 // Package agent speaks to roche-agent, the small program that runs as PID 1 in every
-// sandbox and serves exec, signals, background processes and files over a unix socket.
+// sandbox and serves exec, signals, background processes, terminals and files over a unix
+// socket.
 //
 // The wire protocol is deliberately tiny, so the agent stays small and an exec costs one
 // connection and a handful of frames: every frame is a one-byte kind, a four-byte
@@ -34,6 +35,7 @@ const (
 	FrameStarted    = 'P' // agent → client: JSON Started, the command is running
 	FrameCodeResult = 'V' // agent → client: JSON CodeResult, one rich result of a cell
 	FrameCodeEnd    = 'W' // agent → client: JSON CodeEnd, the last frame of a cell
+	FrameResize     = 'T' // client → agent: JSON Winsize for the running command's terminal
 	maxFramePayload = 8 << 20
 )
 
@@ -43,6 +45,8 @@ const (
 	OpAttach = "attach" // reconnect to a background process
 	OpPs     = "ps"     // list background processes
 	OpSignal = "signal" // signal a background process
+	OpInput  = "input"  // type Data into a background process's terminal
+	OpResize = "resize" // set a background process's terminal size (Cols, Rows)
 	OpHealth = "health"
 	OpWrite  = "write" // write a file from data frames
 	OpRead   = "read"  // read a file as data frames
@@ -91,10 +95,18 @@ type Request struct {
 	// Background keeps the command running after this connection closes; its output is
 	// kept (up to OutputLimit) for OpAttach.
 	Background bool `json:"background,omitempty"`
+	// TTY runs the command on a pseudo-terminal of Cols×Rows as its controlling terminal
+	// (it leads a session of its own, so a typed Ctrl-C reaches its foreground job);
+	// output is one stream, FrameStdout, and FrameResize frames resize it. An empty Cmd
+	// runs the image's shell (/bin/bash, else /bin/sh).
+	TTY  bool   `json:"tty,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
 
-	// attach, signal
-	PID    int `json:"pid,omitempty"`
-	Signal int `json:"signal,omitempty"`
+	// attach, signal, input, resize
+	PID    int    `json:"pid,omitempty"`
+	Signal int    `json:"signal,omitempty"`
+	Data   []byte `json:"data,omitempty"`
 
 	// files
 	Path      string `json:"path,omitempty"`
@@ -170,12 +182,19 @@ type SignalRequest struct {
 	Signal int `json:"signal"`
 }
 
+// Winsize is a terminal's size in characters.
+type Winsize struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
 // Process describes a background process.
 type Process struct {
 	PID      int      `json:"pid"`
 	Cmd      []string `json:"cmd"`
 	Running  bool     `json:"running"`
 	ExitCode int      `json:"exit_code"`
+	TTY      bool     `json:"tty,omitempty"`
 }
 
 // FileInfo describes a file in the sandbox.

@@ -47,6 +47,13 @@ if [ ${#oci_need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${oci_need[@]}" >/dev/null
 fi
 
+# tmux: the roche shell tests (internal/cli) run it as a real terminal.
+if ! command -v tmux >/dev/null 2>&1; then
+  log "installing tmux"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+fi
+
 if ! timeout 10 docker info >/dev/null 2>&1; then
   log "starting dockerd (log: /var/log/roche-dockerd.log)"
   nohup dockerd >/var/log/roche-dockerd.log 2>&1 &

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -89,12 +90,22 @@ type proc struct {
 	pid        int
 	cmd        []string
 	background bool
+	ttyOn      bool
 	limit      int64
 	done       chan struct{}
+
+	// tty is the master of the command's terminal (nil without one), set before the
+	// command is listed and never changed; ttyClosed says it was closed. ttyMu orders
+	// writes only: closing needs no lock (a Close wakes a pending Write), so a write
+	// blocked on a program that reads no input holds up neither its output nor its end.
+	tty       *os.File
+	ttyClosed atomic.Bool
+	ttyMu     sync.Mutex
 
 	mu        sync.Mutex
 	sink      *conn // where output goes now; nil when no client is attached
 	history   []frame
+	kept      int64 // bytes in history
 	written   map[byte]int64
 	truncated bool
 	timedOut  bool
@@ -112,9 +123,11 @@ type frame struct {
 func (p *proc) emit(kind byte, data []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if room := p.limit - p.written[kind]; int64(len(data)) > room {
-		data = data[:max(room, 0)]
-		p.truncated = true
+	if !p.isTTY() {
+		if room := p.limit - p.written[kind]; int64(len(data)) > room {
+			data = data[:max(room, 0)]
+			p.truncated = true
+		}
 	}
 	if len(data) == 0 {
 		return
@@ -122,11 +135,45 @@ func (p *proc) emit(kind byte, data []byte) {
 	p.written[kind] += int64(len(data))
 	if p.background {
 		p.history = append(p.history, frame{kind, append([]byte(nil), data...)})
+		p.kept += int64(len(data))
+		// A terminal runs for as long as its user likes: its output is not cut at the
+		// limit, but only the last limit's worth is kept for the next attach.
+		for p.isTTY() && p.kept > p.limit && len(p.history) > 1 {
+			p.kept -= int64(len(p.history[0].data))
+			p.history = p.history[1:]
+		}
 	}
 	if p.sink != nil {
 		if err := p.sink.send(kind, data); err != nil {
 			p.sink = nil
 		}
+	}
+}
+
+// isTTY says whether the command runs on a terminal (set before it starts, never changed).
+func (p *proc) isTTY() bool { return p.ttyOn }
+
+// typeInto writes what a user typed to the command's terminal.
+func (p *proc) typeInto(data []byte) error {
+	p.ttyMu.Lock()
+	defer p.ttyMu.Unlock()
+	if p.tty == nil || p.ttyClosed.Load() {
+		return notFound("process %d has no terminal open", p.pid)
+	}
+	_, err := p.tty.Write(data)
+	return err
+}
+
+func (p *proc) resize(ws agent.Winsize) error {
+	if p.tty == nil || p.ttyClosed.Load() {
+		return notFound("process %d has no terminal open", p.pid)
+	}
+	return setWinsize(p.tty, ws.Cols, ws.Rows)
+}
+
+func (p *proc) closeTTY() {
+	if p.tty != nil && !p.ttyClosed.Swap(true) {
+		p.tty.Close()
 	}
 }
 
@@ -158,6 +205,9 @@ func (p *proc) finish(res agent.Result, stopping string) {
 }
 
 func (s *Server) exec(c *conn, req agent.Request) error {
+	if req.TTY && len(req.Cmd) == 0 {
+		req.Cmd = []string{imageShell()}
+	}
 	if len(req.Cmd) == 0 {
 		return invalid("empty command: give the program and its arguments")
 	}
@@ -167,13 +217,16 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 		limit = defaultOutputLimit
 	}
 	p := &proc{
-		cmd: req.Cmd, background: req.Background, limit: limit,
+		cmd: req.Cmd, background: req.Background, ttyOn: req.TTY, limit: limit,
 		done: make(chan struct{}), written: map[byte]int64{}, sink: c,
 	}
 
 	path, err := lookPath(req.Cmd[0], env)
 	if err != nil {
 		return s.startFailed(c, p, err)
+	}
+	if req.TTY {
+		return s.execTTY(c, p, req, path, env)
 	}
 	stdoutR, stdoutW, err := os.Pipe()
 	if err != nil {
@@ -244,6 +297,103 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	go p.pump(stderrR, agent.FrameStderr, &pumps)
 	go s.readClient(c, p, stdinW)
 
+	s.await(p, req, start, before, wait, &pumps, func() {
+		stdoutR.Close()
+		stderrR.Close()
+	})
+	return nil
+}
+
+// execTTY runs a command on a new terminal: the terminal is its standard streams and
+// its controlling terminal, it leads a session of its own, and the terminal's output
+// is its one output stream.
+func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env []string) error {
+	master, slave, err := s.openPTY(req.Cols, req.Rows)
+	if err != nil {
+		return err
+	}
+	if !hasEnv(env, "TERM") {
+		env = append(env, "TERM=xterm-256color")
+	}
+	start := time.Now()
+	before := oomKills()
+	pid, wait, err := s.reaper.start(func() (int, error) {
+		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
+			Dir:   req.Cwd,
+			Env:   env,
+			Files: []uintptr{slave.Fd(), slave.Fd(), slave.Fd()},
+			Sys: &syscall.SysProcAttr{
+				// A session of its own with the terminal as its controlling terminal (fd 0
+				// in the child): the terminal's line discipline then signals its
+				// foreground job on Ctrl-C, and a kill of -pid reaches the whole session.
+				Setsid:      true,
+				Setctty:     true,
+				Ctty:        0,
+				Credential:  &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
+				UseCgroupFD: s.cgroupFD > 0,
+				CgroupFD:    s.cgroupFD,
+			},
+		})
+		if err == nil {
+			s.oomFirst(pid)
+		}
+		return pid, err
+	})
+	slave.Close()
+	if err != nil {
+		master.Close()
+		return s.startFailed(c, p, err)
+	}
+	p.pid = pid
+	p.tty = master
+	s.mu.Lock()
+	s.procs[pid] = p
+	s.mu.Unlock()
+	if err := c.sendJSON(agent.FrameStarted, agent.Started{PID: pid}); err != nil && !p.background {
+		p.kill()
+	}
+	var pumps sync.WaitGroup
+	pumps.Add(1)
+	go func() {
+		defer pumps.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := master.Read(buf)
+			if n > 0 {
+				p.emit(agent.FrameStdout, buf[:n])
+			}
+			if err != nil { // EIO once every holder of the terminal has gone
+				return
+			}
+		}
+	}()
+	go s.readClient(c, p, nil)
+	s.await(p, req, start, before, wait, &pumps, p.closeTTY)
+	p.closeTTY()
+	return nil
+}
+
+// imageShell is the shell a terminal runs when the caller names none: bash where the
+// image has it, else the POSIX sh every image has.
+func imageShell() string {
+	if fi, err := os.Stat("/bin/bash"); err == nil && fi.Mode()&0o111 != 0 {
+		return "/bin/bash"
+	}
+	return "/bin/sh"
+}
+
+func hasEnv(env []string, key string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, key+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// await waits for the command (killing it at its timeout), drains its output for at
+// most drainGrace (then cut, which ends the pumps), and sends its result.
+func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *sync.WaitGroup, cut func()) {
 	var timeout <-chan time.Time
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -266,10 +416,10 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	select {
 	case <-pumpsDone:
 	case <-time.After(drainGrace):
-		stdoutR.Close()
-		stderrR.Close()
+		cut()
 		<-pumpsDone
 	}
+	pid := p.pid
 
 	res := agent.Result{PID: pid, ExitCode: ws.ExitStatus(), DurationNS: duration.Nanoseconds()}
 	if ws.Signaled() {
@@ -284,7 +434,6 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	}
 	p.finish(res, s.stopReason())
 	s.retire(p)
-	return nil
 }
 
 // startFailed reports a command that could not start the way a shell does: a message on
@@ -374,7 +523,9 @@ func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
 		}
 		switch kind {
 		case agent.FrameStdin:
-			if stdin != nil {
+			if p.isTTY() {
+				_ = p.typeInto(payload)
+			} else if stdin != nil {
 				if _, err := stdin.Write(payload); err != nil {
 					stdin.Close()
 					stdin = nil
@@ -384,6 +535,11 @@ func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
 			if stdin != nil {
 				stdin.Close()
 				stdin = nil
+			}
+		case agent.FrameResize:
+			var ws agent.Winsize
+			if p.isTTY() && jsonUnmarshal(payload, &ws) == nil {
+				_ = p.resize(ws)
 			}
 		case agent.FrameSignal:
 			var sr agent.SignalRequest
@@ -431,7 +587,7 @@ func (s *Server) ps() []agent.Process {
 			continue
 		}
 		p.mu.Lock()
-		out = append(out, agent.Process{PID: p.pid, Cmd: p.cmd, Running: !p.finished, ExitCode: p.result.ExitCode})
+		out = append(out, agent.Process{PID: p.pid, Cmd: p.cmd, Running: !p.finished, ExitCode: p.result.ExitCode, TTY: p.ttyOn})
 		p.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
@@ -452,6 +608,20 @@ func (s *Server) signal(pid, sig int) error {
 		return err
 	}
 	return nil
+}
+
+// terminal finds a running command's terminal for OpInput and OpResize.
+func (s *Server) terminal(pid int) (*proc, error) {
+	s.mu.Lock()
+	p, ok := s.procs[pid]
+	s.mu.Unlock()
+	if !ok || isFinished(p) {
+		return nil, notFound("no running process %d in this sandbox", pid)
+	}
+	if !p.isTTY() {
+		return nil, invalid("process %d has no terminal (start it with a terminal to type into or resize it)", pid)
+	}
+	return p, nil
 }
 
 // oomFirst makes a command the OOM killer's first choice over the agent (the highest

@@ -360,6 +360,18 @@ func (s *Server) serve(nc net.Conn) {
 		if err == nil {
 			err = c.sendJSON(agent.FrameReply, struct{}{})
 		}
+	case agent.OpInput, agent.OpResize:
+		var p *proc
+		if p, err = s.terminal(req.PID); err == nil {
+			if req.Op == agent.OpInput {
+				err = p.typeInto(req.Data)
+			} else {
+				err = p.resize(agent.Winsize{Cols: req.Cols, Rows: req.Rows})
+			}
+		}
+		if err == nil {
+			err = c.sendJSON(agent.FrameReply, struct{}{})
+		}
 	case agent.OpHealth:
 		err = c.sendJSON(agent.FrameReply, s.health())
 	case agent.OpLease:

@@ -182,7 +182,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
-		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(),
+		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
 	)
 	friendlyArgs(root)
 	e.addDaemonFlags(root)

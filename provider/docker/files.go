@@ -20,6 +20,8 @@ var (
 // field is unexported.
 type forwarder = agentfwd.Forwarder
 
+var _ roche.Terminal = (*Provider)(nil)
+
 // reach returns the sandbox's agent, or ErrUnsupported for a sandbox on the exec-API
 // transport.
 func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error) {

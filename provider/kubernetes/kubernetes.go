@@ -74,6 +74,8 @@ var (
 // forwarder is embedded under another name so that Provider's own methods stay apart.
 type forwarder = agentfwd.Forwarder
 
+var _ roche.Terminal = (*Provider)(nil)
+
 // Provider is the Kubernetes backend.
 type Provider struct {
 	forwarder

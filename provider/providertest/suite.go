@@ -124,6 +124,9 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 			t.Run("CopyNoSpace", s.testCopyNoSpace)
 		}
 	}
+	if _, ok := p.(roche.Terminal); ok && s.caps.Processes {
+		t.Run("Terminal", func(t *testing.T) { s.testTerminal(t, shared) })
+	}
 	if _, ok := p.(roche.WorkspaceManager); ok {
 		t.Run("WorkspacePersists", s.testWorkspace)
 		t.Run("WorkspaceSize", s.testWorkspaceSize)

@@ -14,6 +14,8 @@ import (
 // through the agent inside each VM (agentfwd); the embedded field is unexported.
 type forwarder = agentfwd.Forwarder
 
+var _ roche.Terminal = (*Provider)(nil)
+
 // reach returns the agent of a running VM, refusing one that is paused (its agent cannot
 // answer). A VM whose agent cannot be reached is gone when its supervisor is.
 func (p *Provider) reach(_ context.Context, id string) (agentfwd.Target, error) {

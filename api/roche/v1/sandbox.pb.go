@@ -216,6 +216,619 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
+// PtySize is a terminal's size in characters; zero fields mean 80x24.
+type PtySize struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cols          uint32                 `protobuf:"varint,1,opt,name=cols,proto3" json:"cols,omitempty"`
+	Rows          uint32                 `protobuf:"varint,2,opt,name=rows,proto3" json:"rows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtySize) Reset() {
+	*x = PtySize{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtySize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtySize) ProtoMessage() {}
+
+func (x *PtySize) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
+func (*PtySize) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PtySize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+func (x *PtySize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+type CreatePtyRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// cmd is the argv; empty runs the image's shell (/bin/bash, else /bin/sh).
+	Cmd           []string          `protobuf:"bytes,2,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	Env           map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir       string            `protobuf:"bytes,4,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	Size          *PtySize          `protobuf:"bytes,5,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreatePtyRequest) Reset() {
+	*x = CreatePtyRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreatePtyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreatePtyRequest) ProtoMessage() {}
+
+func (x *CreatePtyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreatePtyRequest.ProtoReflect.Descriptor instead.
+func (*CreatePtyRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CreatePtyRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CreatePtyRequest) GetCmd() []string {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+func (x *CreatePtyRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *CreatePtyRequest) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
+func (x *CreatePtyRequest) GetSize() *PtySize {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+type CreatePtyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pid           int32                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreatePtyResponse) Reset() {
+	*x = CreatePtyResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreatePtyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreatePtyResponse) ProtoMessage() {}
+
+func (x *CreatePtyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreatePtyResponse.ProtoReflect.Descriptor instead.
+func (*CreatePtyResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CreatePtyResponse) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+type ConnectPtyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	KillOnClose   bool                   `protobuf:"varint,3,opt,name=kill_on_close,json=killOnClose,proto3" json:"kill_on_close,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectPtyRequest) Reset() {
+	*x = ConnectPtyRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectPtyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectPtyRequest) ProtoMessage() {}
+
+func (x *ConnectPtyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectPtyRequest.ProtoReflect.Descriptor instead.
+func (*ConnectPtyRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ConnectPtyRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ConnectPtyRequest) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ConnectPtyRequest) GetKillOnClose() bool {
+	if x != nil {
+		return x.KillOnClose
+	}
+	return false
+}
+
+type ConnectPtyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*ConnectPtyResponse_Data
+	//	*ConnectPtyResponse_Heartbeat
+	//	*ConnectPtyResponse_Result
+	Event         isConnectPtyResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectPtyResponse) Reset() {
+	*x = ConnectPtyResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectPtyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectPtyResponse) ProtoMessage() {}
+
+func (x *ConnectPtyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectPtyResponse.ProtoReflect.Descriptor instead.
+func (*ConnectPtyResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ConnectPtyResponse) GetEvent() isConnectPtyResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ConnectPtyResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectPtyResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *ConnectPtyResponse) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectPtyResponse_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *ConnectPtyResponse) GetResult() *ExecResult {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectPtyResponse_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+type isConnectPtyResponse_Event interface {
+	isConnectPtyResponse_Event()
+}
+
+type ConnectPtyResponse_Data struct {
+	// data is the terminal's output (stdout and stderr are one stream on a terminal).
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3,oneof"`
+}
+
+type ConnectPtyResponse_Heartbeat struct {
+	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+type ConnectPtyResponse_Result struct {
+	Result *ExecResult `protobuf:"bytes,3,opt,name=result,proto3,oneof"`
+}
+
+func (*ConnectPtyResponse_Data) isConnectPtyResponse_Event() {}
+
+func (*ConnectPtyResponse_Heartbeat) isConnectPtyResponse_Event() {}
+
+func (*ConnectPtyResponse_Result) isConnectPtyResponse_Event() {}
+
+type SendPtyInputRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendPtyInputRequest) Reset() {
+	*x = SendPtyInputRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendPtyInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendPtyInputRequest) ProtoMessage() {}
+
+func (x *SendPtyInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendPtyInputRequest.ProtoReflect.Descriptor instead.
+func (*SendPtyInputRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SendPtyInputRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SendPtyInputRequest) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *SendPtyInputRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type SendPtyInputResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendPtyInputResponse) Reset() {
+	*x = SendPtyInputResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendPtyInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendPtyInputResponse) ProtoMessage() {}
+
+func (x *SendPtyInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendPtyInputResponse.ProtoReflect.Descriptor instead.
+func (*SendPtyInputResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{6}
+}
+
+type ResizePtyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Size          *PtySize               `protobuf:"bytes,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizePtyRequest) Reset() {
+	*x = ResizePtyRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizePtyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizePtyRequest) ProtoMessage() {}
+
+func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
+func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ResizePtyRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResizePtyRequest) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ResizePtyRequest) GetSize() *PtySize {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+type ResizePtyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizePtyResponse) Reset() {
+	*x = ResizePtyResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizePtyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizePtyResponse) ProtoMessage() {}
+
+func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizePtyResponse.ProtoReflect.Descriptor instead.
+func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{8}
+}
+
+type KillPtyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillPtyRequest) Reset() {
+	*x = KillPtyRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillPtyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillPtyRequest) ProtoMessage() {}
+
+func (x *KillPtyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillPtyRequest.ProtoReflect.Descriptor instead.
+func (*KillPtyRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *KillPtyRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *KillPtyRequest) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+type KillPtyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillPtyResponse) Reset() {
+	*x = KillPtyResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillPtyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillPtyResponse) ProtoMessage() {}
+
+func (x *KillPtyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillPtyResponse.ProtoReflect.Descriptor instead.
+func (*KillPtyResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{10}
+}
+
 // SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
 // python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user "auto" (a uid of its own),
 // no network, read-only root, disk 1g); fields given, even as zero or empty, are used as given,
@@ -256,7 +869,7 @@ type SandboxConfig struct {
 
 func (x *SandboxConfig) Reset() {
 	*x = SandboxConfig{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[0]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -268,7 +881,7 @@ func (x *SandboxConfig) String() string {
 func (*SandboxConfig) ProtoMessage() {}
 
 func (x *SandboxConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[0]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -281,7 +894,7 @@ func (x *SandboxConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxConfig.ProtoReflect.Descriptor instead.
 func (*SandboxConfig) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{0}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SandboxConfig) GetImage() string {
@@ -415,7 +1028,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[1]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +1040,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[1]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +1053,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Mount) GetSource() string {
@@ -485,7 +1098,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[2]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +1110,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[2]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +1123,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Sandbox) GetId() string {
@@ -580,7 +1193,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[3]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +1205,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[3]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +1218,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateRequest) GetProvider() string {
@@ -633,7 +1246,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[4]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +1258,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[4]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +1271,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -694,7 +1307,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[5]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +1319,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[5]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +1332,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -780,7 +1393,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[6]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +1405,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[6]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +1418,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecResponse) GetResult() *ExecResult {
@@ -831,7 +1444,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[7]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +1456,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[7]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +1469,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecStreamRequest) GetSandboxId() string {
@@ -925,7 +1538,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[8]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1550,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[8]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1563,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -1012,7 +1625,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[9]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1637,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[9]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1650,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -1065,7 +1678,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[10]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1690,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[10]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1703,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -1114,7 +1727,7 @@ type ExecStreamResponse struct {
 
 func (x *ExecStreamResponse) Reset() {
 	*x = ExecStreamResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1739,7 @@ func (x *ExecStreamResponse) String() string {
 func (*ExecStreamResponse) ProtoMessage() {}
 
 func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1752,7 @@ func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamResponse.ProtoReflect.Descriptor instead.
 func (*ExecStreamResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecStreamResponse) GetEvent() isExecStreamResponse_Event {
@@ -1210,7 +1823,7 @@ type DestroyRequest struct {
 
 func (x *DestroyRequest) Reset() {
 	*x = DestroyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1835,7 @@ func (x *DestroyRequest) String() string {
 func (*DestroyRequest) ProtoMessage() {}
 
 func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1848,7 @@ func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyRequest.ProtoReflect.Descriptor instead.
 func (*DestroyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DestroyRequest) GetIds() []string {
@@ -1268,7 +1881,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1893,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1906,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HoldRequest) GetSandboxId() string {
@@ -1311,7 +1924,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1936,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1949,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 type DestroyResponse struct {
@@ -1348,7 +1961,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1973,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1986,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DestroyResponse) GetDestroyed() []string {
@@ -1393,7 +2006,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +2018,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +2031,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListRequest) GetProvider() string {
@@ -1437,7 +2050,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1449,7 +2062,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1462,7 +2075,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1481,7 +2094,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +2106,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +2119,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *InspectRequest) GetSandboxId() string {
@@ -1525,7 +2138,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +2150,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +2163,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *InspectResponse) GetSandbox() *Sandbox {
@@ -1569,7 +2182,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +2194,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +2207,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -1612,7 +2225,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +2237,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +2250,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 type UnpauseRequest struct {
@@ -1649,7 +2262,7 @@ type UnpauseRequest struct {
 
 func (x *UnpauseRequest) Reset() {
 	*x = UnpauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +2274,7 @@ func (x *UnpauseRequest) String() string {
 func (*UnpauseRequest) ProtoMessage() {}
 
 func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +2287,7 @@ func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UnpauseRequest) GetSandboxId() string {
@@ -1692,7 +2305,7 @@ type UnpauseResponse struct {
 
 func (x *UnpauseResponse) Reset() {
 	*x = UnpauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +2317,7 @@ func (x *UnpauseResponse) String() string {
 func (*UnpauseResponse) ProtoMessage() {}
 
 func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +2330,7 @@ func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 type GcRequest struct {
@@ -1732,7 +2345,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +2357,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +2370,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -1790,7 +2403,7 @@ type GcResponse struct {
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2415,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2428,7 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
@@ -1841,7 +2454,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2466,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2479,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -1905,7 +2518,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2530,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2543,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 type CopyFromRequest struct {
@@ -1951,7 +2564,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2576,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2589,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -2019,7 +2632,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2644,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2657,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -2091,7 +2704,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2716,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2729,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Pool) GetKey() string {
@@ -2260,7 +2873,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2885,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2898,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 type PoolStatusResponse struct {
@@ -2297,7 +2910,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2922,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2935,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -2344,7 +2957,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2969,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2982,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -2395,7 +3008,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +3020,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +3033,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -2440,7 +3053,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +3065,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +3078,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -2485,7 +3098,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2497,7 +3110,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2510,7 +3123,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -2535,7 +3148,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +3160,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +3173,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 type ListProvidersResponse struct {
@@ -2572,7 +3185,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +3197,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +3210,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -2617,7 +3230,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +3242,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +3255,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -2684,7 +3297,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2696,7 +3309,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2709,7 +3322,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -2807,7 +3420,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +3432,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +3445,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -2859,7 +3472,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2871,7 +3484,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2884,7 +3497,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -2910,7 +3523,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3535,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3548,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Workspace) GetName() string {
@@ -2983,7 +3596,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3608,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3621,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -3027,7 +3640,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3039,7 +3652,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3052,7 +3665,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -3074,7 +3687,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3699,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3712,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -3124,7 +3737,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3749,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3762,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -3166,7 +3779,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3791,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3804,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Snapshot) GetName() string {
@@ -3232,7 +3845,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3244,7 +3857,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3257,7 +3870,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -3283,7 +3896,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3295,7 +3908,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3308,7 +3921,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3328,7 +3941,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3340,7 +3953,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,7 +3966,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -3372,7 +3985,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3384,7 +3997,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3397,7 +4010,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -3419,7 +4032,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3431,7 +4044,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3444,7 +4057,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -3469,7 +4082,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +4094,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +4107,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -3507,7 +4120,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3519,7 +4132,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3532,7 +4145,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -3561,7 +4174,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3573,7 +4186,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3586,7 +4199,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -3666,7 +4279,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3678,7 +4291,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3691,7 +4304,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CodeResult) GetText() string {
@@ -3775,7 +4388,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3787,7 +4400,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3800,7 +4413,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CodeError) GetName() string {
@@ -3844,7 +4457,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3856,7 +4469,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3869,7 +4482,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -3957,7 +4570,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3969,7 +4582,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3982,7 +4595,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -4068,7 +4681,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4693,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4706,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CodeContext) GetId() string {
@@ -4138,7 +4751,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4150,7 +4763,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4163,7 +4776,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -4203,7 +4816,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4215,7 +4828,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4228,7 +4841,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -4247,7 +4860,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4259,7 +4872,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4272,7 +4885,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -4291,7 +4904,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4303,7 +4916,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4316,7 +4929,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -4336,7 +4949,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4348,7 +4961,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4361,7 +4974,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -4386,7 +4999,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4398,7 +5011,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4411,7 +5024,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 type RemoveContextRequest struct {
@@ -4424,7 +5037,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4436,7 +5049,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4449,7 +5062,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -4474,7 +5087,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4486,7 +5099,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4499,14 +5112,56 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x05\n" +
+	"\x16roche/v1/sandbox.proto\x12\broche.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"1\n" +
+	"\aPtySize\x12\x12\n" +
+	"\x04cols\x18\x01 \x01(\rR\x04cols\x12\x12\n" +
+	"\x04rows\x18\x02 \x01(\rR\x04rows\"\xf3\x01\n" +
+	"\x10CreatePtyRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03cmd\x18\x02 \x03(\tR\x03cmd\x125\n" +
+	"\x03env\x18\x03 \x03(\v2#.roche.v1.CreatePtyRequest.EnvEntryR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x04 \x01(\tR\aworkdir\x12%\n" +
+	"\x04size\x18\x05 \x01(\v2\x11.roche.v1.PtySizeR\x04size\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"%\n" +
+	"\x11CreatePtyResponse\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\"h\n" +
+	"\x11ConnectPtyRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\"\n" +
+	"\rkill_on_close\x18\x03 \x01(\bR\vkillOnClose\"\x98\x01\n" +
+	"\x12ConnectPtyResponse\x12\x14\n" +
+	"\x04data\x18\x01 \x01(\fH\x00R\x04data\x123\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x13.roche.v1.HeartbeatH\x00R\theartbeat\x12.\n" +
+	"\x06result\x18\x03 \x01(\v2\x14.roche.v1.ExecResultH\x00R\x06resultB\a\n" +
+	"\x05event\"Z\n" +
+	"\x13SendPtyInputRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\x16\n" +
+	"\x14SendPtyInputResponse\"j\n" +
+	"\x10ResizePtyRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12%\n" +
+	"\x04size\x18\x03 \x01(\v2\x11.roche.v1.PtySizeR\x04size\"\x13\n" +
+	"\x11ResizePtyResponse\"A\n" +
+	"\x0eKillPtyRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\"\x11\n" +
+	"\x0fKillPtyResponse\"\xc2\x05\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -4862,7 +5517,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x1cERROR_REASON_IMAGE_NOT_FOUND\x10\x06\x12\x1a\n" +
 	"\x16ERROR_REASON_EXHAUSTED\x10\a\x12\x1b\n" +
 	"\x17ERROR_REASON_PERMISSION\x10\b\x12\x17\n" +
-	"\x13ERROR_REASON_IN_USE\x10\t2\x85\x0f\n" +
+	"\x13ERROR_REASON_IN_USE\x10\t2\xeb\x11\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -4893,7 +5548,13 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\rCreateContext\x12\x1e.roche.v1.CreateContextRequest\x1a\x1f.roche.v1.CreateContextResponse\x12M\n" +
 	"\fListContexts\x12\x1d.roche.v1.ListContextsRequest\x1a\x1e.roche.v1.ListContextsResponse\x12S\n" +
 	"\x0eRestartContext\x12\x1f.roche.v1.RestartContextRequest\x1a .roche.v1.RestartContextResponse\x12P\n" +
-	"\rRemoveContext\x12\x1e.roche.v1.RemoveContextRequest\x1a\x1f.roche.v1.RemoveContextResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
+	"\rRemoveContext\x12\x1e.roche.v1.RemoveContextRequest\x1a\x1f.roche.v1.RemoveContextResponse\x12D\n" +
+	"\tCreatePty\x12\x1a.roche.v1.CreatePtyRequest\x1a\x1b.roche.v1.CreatePtyResponse\x12I\n" +
+	"\n" +
+	"ConnectPty\x12\x1b.roche.v1.ConnectPtyRequest\x1a\x1c.roche.v1.ConnectPtyResponse0\x01\x12M\n" +
+	"\fSendPtyInput\x12\x1d.roche.v1.SendPtyInputRequest\x1a\x1e.roche.v1.SendPtyInputResponse\x12D\n" +
+	"\tResizePty\x12\x1a.roche.v1.ResizePtyRequest\x1a\x1b.roche.v1.ResizePtyResponse\x12>\n" +
+	"\aKillPty\x12\x18.roche.v1.KillPtyRequest\x1a\x19.roche.v1.KillPtyResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
 
 var (
 	file_roche_v1_sandbox_proto_rawDescOnce sync.Once
@@ -4908,192 +5569,219 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),               // 0: roche.v1.SandboxState
 	(OutputStream)(0),               // 1: roche.v1.OutputStream
 	(ErrorReason)(0),                // 2: roche.v1.ErrorReason
-	(*SandboxConfig)(nil),           // 3: roche.v1.SandboxConfig
-	(*Mount)(nil),                   // 4: roche.v1.Mount
-	(*Sandbox)(nil),                 // 5: roche.v1.Sandbox
-	(*CreateRequest)(nil),           // 6: roche.v1.CreateRequest
-	(*CreateResponse)(nil),          // 7: roche.v1.CreateResponse
-	(*ExecRequest)(nil),             // 8: roche.v1.ExecRequest
-	(*ExecResponse)(nil),            // 9: roche.v1.ExecResponse
-	(*ExecStreamRequest)(nil),       // 10: roche.v1.ExecStreamRequest
-	(*ExecResult)(nil),              // 11: roche.v1.ExecResult
-	(*OutputChunk)(nil),             // 12: roche.v1.OutputChunk
-	(*Heartbeat)(nil),               // 13: roche.v1.Heartbeat
-	(*ExecStreamResponse)(nil),      // 14: roche.v1.ExecStreamResponse
-	(*DestroyRequest)(nil),          // 15: roche.v1.DestroyRequest
-	(*HoldRequest)(nil),             // 16: roche.v1.HoldRequest
-	(*HoldResponse)(nil),            // 17: roche.v1.HoldResponse
-	(*DestroyResponse)(nil),         // 18: roche.v1.DestroyResponse
-	(*ListRequest)(nil),             // 19: roche.v1.ListRequest
-	(*ListResponse)(nil),            // 20: roche.v1.ListResponse
-	(*InspectRequest)(nil),          // 21: roche.v1.InspectRequest
-	(*InspectResponse)(nil),         // 22: roche.v1.InspectResponse
-	(*PauseRequest)(nil),            // 23: roche.v1.PauseRequest
-	(*PauseResponse)(nil),           // 24: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),          // 25: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),         // 26: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),               // 27: roche.v1.GcRequest
-	(*GcResponse)(nil),              // 28: roche.v1.GcResponse
-	(*CopyToRequest)(nil),           // 29: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),          // 30: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),         // 31: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),        // 32: roche.v1.CopyFromResponse
-	(*Pool)(nil),                    // 33: roche.v1.Pool
-	(*PoolStatusRequest)(nil),       // 34: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),      // 35: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),       // 36: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),      // 37: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),        // 38: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),       // 39: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),    // 40: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),   // 41: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),            // 42: roche.v1.ProviderInfo
-	(*Capabilities)(nil),            // 43: roche.v1.Capabilities
-	(*ResetRequest)(nil),            // 44: roche.v1.ResetRequest
-	(*ResetResponse)(nil),           // 45: roche.v1.ResetResponse
-	(*Workspace)(nil),               // 46: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),   // 47: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),  // 48: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),  // 49: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil), // 50: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                // 51: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),   // 52: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),  // 53: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),    // 54: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 55: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),   // 56: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),  // 57: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),             // 58: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),          // 59: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),              // 60: roche.v1.CodeResult
-	(*CodeError)(nil),               // 61: roche.v1.CodeError
-	(*CodeExecution)(nil),           // 62: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),         // 63: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),             // 64: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),    // 65: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),   // 66: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),     // 67: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),    // 68: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),   // 69: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),  // 70: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),    // 71: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),   // 72: roche.v1.RemoveContextResponse
-	nil,                             // 73: roche.v1.SandboxConfig.EnvEntry
-	nil,                             // 74: roche.v1.ExecRequest.EnvEntry
-	nil,                             // 75: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                             // 76: roche.v1.RunCodeRequest.EnvEntry
-	nil,                             // 77: roche.v1.CreateContextRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 78: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 79: google.protobuf.Duration
+	(*PtySize)(nil),                 // 3: roche.v1.PtySize
+	(*CreatePtyRequest)(nil),        // 4: roche.v1.CreatePtyRequest
+	(*CreatePtyResponse)(nil),       // 5: roche.v1.CreatePtyResponse
+	(*ConnectPtyRequest)(nil),       // 6: roche.v1.ConnectPtyRequest
+	(*ConnectPtyResponse)(nil),      // 7: roche.v1.ConnectPtyResponse
+	(*SendPtyInputRequest)(nil),     // 8: roche.v1.SendPtyInputRequest
+	(*SendPtyInputResponse)(nil),    // 9: roche.v1.SendPtyInputResponse
+	(*ResizePtyRequest)(nil),        // 10: roche.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),       // 11: roche.v1.ResizePtyResponse
+	(*KillPtyRequest)(nil),          // 12: roche.v1.KillPtyRequest
+	(*KillPtyResponse)(nil),         // 13: roche.v1.KillPtyResponse
+	(*SandboxConfig)(nil),           // 14: roche.v1.SandboxConfig
+	(*Mount)(nil),                   // 15: roche.v1.Mount
+	(*Sandbox)(nil),                 // 16: roche.v1.Sandbox
+	(*CreateRequest)(nil),           // 17: roche.v1.CreateRequest
+	(*CreateResponse)(nil),          // 18: roche.v1.CreateResponse
+	(*ExecRequest)(nil),             // 19: roche.v1.ExecRequest
+	(*ExecResponse)(nil),            // 20: roche.v1.ExecResponse
+	(*ExecStreamRequest)(nil),       // 21: roche.v1.ExecStreamRequest
+	(*ExecResult)(nil),              // 22: roche.v1.ExecResult
+	(*OutputChunk)(nil),             // 23: roche.v1.OutputChunk
+	(*Heartbeat)(nil),               // 24: roche.v1.Heartbeat
+	(*ExecStreamResponse)(nil),      // 25: roche.v1.ExecStreamResponse
+	(*DestroyRequest)(nil),          // 26: roche.v1.DestroyRequest
+	(*HoldRequest)(nil),             // 27: roche.v1.HoldRequest
+	(*HoldResponse)(nil),            // 28: roche.v1.HoldResponse
+	(*DestroyResponse)(nil),         // 29: roche.v1.DestroyResponse
+	(*ListRequest)(nil),             // 30: roche.v1.ListRequest
+	(*ListResponse)(nil),            // 31: roche.v1.ListResponse
+	(*InspectRequest)(nil),          // 32: roche.v1.InspectRequest
+	(*InspectResponse)(nil),         // 33: roche.v1.InspectResponse
+	(*PauseRequest)(nil),            // 34: roche.v1.PauseRequest
+	(*PauseResponse)(nil),           // 35: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),          // 36: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),         // 37: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),               // 38: roche.v1.GcRequest
+	(*GcResponse)(nil),              // 39: roche.v1.GcResponse
+	(*CopyToRequest)(nil),           // 40: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),          // 41: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),         // 42: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),        // 43: roche.v1.CopyFromResponse
+	(*Pool)(nil),                    // 44: roche.v1.Pool
+	(*PoolStatusRequest)(nil),       // 45: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),      // 46: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),       // 47: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),      // 48: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),        // 49: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),       // 50: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),    // 51: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),   // 52: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),            // 53: roche.v1.ProviderInfo
+	(*Capabilities)(nil),            // 54: roche.v1.Capabilities
+	(*ResetRequest)(nil),            // 55: roche.v1.ResetRequest
+	(*ResetResponse)(nil),           // 56: roche.v1.ResetResponse
+	(*Workspace)(nil),               // 57: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),   // 58: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),  // 59: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),  // 60: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil), // 61: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                // 62: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),   // 63: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),  // 64: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),    // 65: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 66: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),   // 67: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),  // 68: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),             // 69: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),          // 70: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),              // 71: roche.v1.CodeResult
+	(*CodeError)(nil),               // 72: roche.v1.CodeError
+	(*CodeExecution)(nil),           // 73: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),         // 74: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),             // 75: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),    // 76: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),   // 77: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),     // 78: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),    // 79: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),   // 80: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),  // 81: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),    // 82: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),   // 83: roche.v1.RemoveContextResponse
+	nil,                             // 84: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                             // 85: roche.v1.SandboxConfig.EnvEntry
+	nil,                             // 86: roche.v1.ExecRequest.EnvEntry
+	nil,                             // 87: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                             // 88: roche.v1.RunCodeRequest.EnvEntry
+	nil,                             // 89: roche.v1.CreateContextRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 90: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 91: google.protobuf.Duration
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	73, // 0: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
-	4,  // 1: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	0,  // 2: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	78, // 3: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	78, // 4: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 5: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
-	5,  // 6: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	74, // 7: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
-	11, // 8: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	75, // 9: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	79, // 10: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	1,  // 11: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	78, // 12: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	12, // 13: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
-	13, // 14: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	11, // 15: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	5,  // 16: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	5,  // 17: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	5,  // 18: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	79, // 19: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	33, // 20: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	33, // 21: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	33, // 22: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	42, // 23: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	43, // 24: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	5,  // 25: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	78, // 26: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	46, // 27: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	78, // 28: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	51, // 29: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	51, // 30: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	2,  // 31: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	76, // 32: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	60, // 33: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	61, // 34: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	79, // 35: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	12, // 36: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	13, // 37: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	60, // 38: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	62, // 39: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	77, // 40: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	64, // 41: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	64, // 42: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	6,  // 43: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	8,  // 44: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	10, // 45: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	15, // 46: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	16, // 47: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	19, // 48: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	21, // 49: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	23, // 50: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	25, // 51: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	27, // 52: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	29, // 53: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	31, // 54: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	34, // 55: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	36, // 56: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	38, // 57: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	40, // 58: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	44, // 59: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	47, // 60: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	49, // 61: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	52, // 62: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	54, // 63: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	56, // 64: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	59, // 65: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	65, // 66: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	67, // 67: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	69, // 68: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	71, // 69: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	7,  // 70: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	9,  // 71: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	14, // 72: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	18, // 73: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	17, // 74: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	20, // 75: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	22, // 76: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	24, // 77: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	26, // 78: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	28, // 79: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	30, // 80: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	32, // 81: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	35, // 82: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	37, // 83: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	39, // 84: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	41, // 85: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	45, // 86: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	48, // 87: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	50, // 88: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	53, // 89: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	55, // 90: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	57, // 91: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	63, // 92: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	66, // 93: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	68, // 94: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	70, // 95: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	72, // 96: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	70, // [70:97] is the sub-list for method output_type
-	43, // [43:70] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	84, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	3,  // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
+	24, // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	22, // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
+	3,  // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
+	85, // 5: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	15, // 6: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
+	0,  // 7: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
+	90, // 8: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	90, // 9: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 10: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
+	16, // 11: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
+	86, // 12: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	22, // 13: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
+	87, // 14: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	91, // 15: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	1,  // 16: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
+	90, // 17: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	23, // 18: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
+	24, // 19: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	22, // 20: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
+	16, // 21: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	16, // 22: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	16, // 23: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	91, // 24: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	44, // 25: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	44, // 26: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	44, // 27: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	53, // 28: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	54, // 29: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	16, // 30: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	90, // 31: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	57, // 32: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	90, // 33: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	62, // 34: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	62, // 35: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	2,  // 36: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	88, // 37: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	71, // 38: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	72, // 39: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	91, // 40: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	23, // 41: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	24, // 42: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	71, // 43: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	73, // 44: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	89, // 45: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	75, // 46: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	75, // 47: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	17, // 48: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	19, // 49: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	21, // 50: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	26, // 51: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	27, // 52: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	30, // 53: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	32, // 54: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	34, // 55: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	36, // 56: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	38, // 57: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	40, // 58: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	42, // 59: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	45, // 60: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	47, // 61: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	49, // 62: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	51, // 63: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	55, // 64: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	58, // 65: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	60, // 66: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	63, // 67: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	65, // 68: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	67, // 69: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	70, // 70: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	76, // 71: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	78, // 72: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	80, // 73: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	82, // 74: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	4,  // 75: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	6,  // 76: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	8,  // 77: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	10, // 78: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	12, // 79: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18, // 80: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	20, // 81: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	25, // 82: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	29, // 83: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	28, // 84: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	31, // 85: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	33, // 86: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	35, // 87: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	37, // 88: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	39, // 89: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	41, // 90: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	43, // 91: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	46, // 92: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	48, // 93: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	50, // 94: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	52, // 95: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	56, // 96: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	59, // 97: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	61, // 98: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	64, // 99: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	66, // 100: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	68, // 101: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	74, // 102: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	77, // 103: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	79, // 104: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	81, // 105: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	83, // 106: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	5,  // 107: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	7,  // 108: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	9,  // 109: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	11, // 110: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	13, // 111: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	80, // [80:112] is the sub-list for method output_type
+	48, // [48:80] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -5101,15 +5789,20 @@ func file_roche_v1_sandbox_proto_init() {
 	if File_roche_v1_sandbox_proto != nil {
 		return
 	}
-	file_roche_v1_sandbox_proto_msgTypes[0].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[5].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[7].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[11].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[4].OneofWrappers = []any{
+		(*ConnectPtyResponse_Data)(nil),
+		(*ConnectPtyResponse_Heartbeat)(nil),
+		(*ConnectPtyResponse_Result)(nil),
+	}
+	file_roche_v1_sandbox_proto_msgTypes[11].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[16].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[18].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[22].OneofWrappers = []any{
 		(*ExecStreamResponse_Output)(nil),
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[60].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[71].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -5121,7 +5814,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   75,
+			NumMessages:   87,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheEr
 import { firstFile, fileTar } from "./tar.js";
 import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
+import type { PtyRequest } from "./pty.js";
 
 /** Upload pieces of a tar stream this big, as the Go client does. */
 const COPY_CHUNK = 32 << 10;
@@ -412,6 +413,47 @@ export class DaemonTransport implements Transport {
     } finally {
       s.dispose();
     }
+  }
+
+  // PTY sessions (pty.ts): unary calls and one server stream, over HTTP/1.1 like the rest.
+
+  async createPty(sid: string, req: PtyRequest, d: Deadline): Promise<number> {
+    const r = await this.call(d, "CreatePty", (signal) =>
+      this.client.createPty({ sandboxId: sid, cmd: req.cmd ?? [], env: req.env ?? {}, workdir: req.workdir ?? "", size: { cols: req.cols, rows: req.rows } }, { signal }));
+    return r.pid;
+  }
+
+  /** The session's output, then its result; aborting signal stops reading (the session goes on). */
+  async *connectPty(sid: string, pid: number, signal: AbortSignal): AsyncGenerator<Uint8Array | ExecResult> {
+    try {
+      for await (const m of this.client.connectPty({ sandboxId: sid, pid }, { signal })) {
+        const ev = m.event;
+        if (ev.case === "data") {
+          yield ev.value;
+        } else if (ev.case === "result") {
+          const w = ev.value;
+          yield execResult({ stdout: "", stderr: "", exitCode: w.exitCode, timedOut: w.timedOut, truncated: w.truncated, oomKilled: w.oomKilled, duration: seconds(w) });
+          return;
+        }
+      }
+      throw new RocheError("roched ended the terminal's output stream without a result");
+    } catch (e) {
+      if (signal.aborted) throw signal.reason;
+      if (e instanceof RocheError) throw e;
+      throw errorFromConnect(e, this.ep);
+    }
+  }
+
+  async ptyInput(sid: string, pid: number, data: Uint8Array, d: Deadline): Promise<void> {
+    await this.call(d, "SendPtyInput", (signal) => this.client.sendPtyInput({ sandboxId: sid, pid, data }, { signal }));
+  }
+
+  async ptyResize(sid: string, pid: number, cols: number, rows: number, d: Deadline): Promise<void> {
+    await this.call(d, "ResizePty", (signal) => this.client.resizePty({ sandboxId: sid, pid, size: { cols, rows } }, { signal }));
+  }
+
+  async ptyKill(sid: string, pid: number, d: Deadline): Promise<void> {
+    await this.call(d, "KillPty", (signal) => this.client.killPty({ sandboxId: sid, pid }, { signal }));
   }
 
   async destroy(sid: string, d: Deadline): Promise<void> {

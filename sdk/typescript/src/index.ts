@@ -13,6 +13,7 @@
 // Calls go to roched (the daemon, with warm pools) when it answers, else to the roche CLI.
 
 export { Roche, Sandbox, ExecStream, type RocheOptions } from "./roche.js";
+export { Pty, PtyHandle, MAX_PTY_INPUT, type PtyCreateOptions } from "./pty.js";
 export {
   RocheError,
   SandboxNotFound,

@@ -12,6 +12,7 @@ import {
   type RunCodeOptions,
 } from "./code.js";
 import { DaemonTransport, health } from "./daemon.js";
+import { Pty } from "./pty.js";
 import { Deadline } from "./deadline.js";
 import { endpoint, findCLI, where, type Endpoint } from "./discovery.js";
 import { InvalidConfig, ProviderUnavailable, RocheError } from "./errors.js";
@@ -174,6 +175,12 @@ export class Sandbox {
 
   get provider(): string {
     return this.info.provider;
+  }
+
+  /** Terminals in this sandbox (through roched): `sandbox.pty.create({ cols, rows, cmd, onData })`
+   * returns a handle with sendInput, resize, kill and wait. */
+  get pty(): Pty {
+    return new Pty(this.t, this.id, this.roche.requestTimeout);
   }
 
   private execDeadline(req: ExecRequest): Deadline {

@@ -117,6 +117,20 @@ const (
 	// SandboxServiceRemoveContextProcedure is the fully-qualified name of the SandboxService's
 	// RemoveContext RPC.
 	SandboxServiceRemoveContextProcedure = "/roche.v1.SandboxService/RemoveContext"
+	// SandboxServiceCreatePtyProcedure is the fully-qualified name of the SandboxService's CreatePty
+	// RPC.
+	SandboxServiceCreatePtyProcedure = "/roche.v1.SandboxService/CreatePty"
+	// SandboxServiceConnectPtyProcedure is the fully-qualified name of the SandboxService's ConnectPty
+	// RPC.
+	SandboxServiceConnectPtyProcedure = "/roche.v1.SandboxService/ConnectPty"
+	// SandboxServiceSendPtyInputProcedure is the fully-qualified name of the SandboxService's
+	// SendPtyInput RPC.
+	SandboxServiceSendPtyInputProcedure = "/roche.v1.SandboxService/SendPtyInput"
+	// SandboxServiceResizePtyProcedure is the fully-qualified name of the SandboxService's ResizePty
+	// RPC.
+	SandboxServiceResizePtyProcedure = "/roche.v1.SandboxService/ResizePty"
+	// SandboxServiceKillPtyProcedure is the fully-qualified name of the SandboxService's KillPty RPC.
+	SandboxServiceKillPtyProcedure = "/roche.v1.SandboxService/KillPty"
 )
 
 // SandboxServiceClient is a client for the roche.v1.SandboxService service.
@@ -182,6 +196,23 @@ type SandboxServiceClient interface {
 	RestartContext(context.Context, *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error)
 	// RemoveContext stops a context's interpreter and forgets it.
 	RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error)
+	// PTY sessions: a command on a pseudo-terminal in the sandbox (default: the image's
+	// shell), as the sandbox user under every limit. Unary calls and one server stream, so
+	// HTTP/1.1 clients drive them as well as gRPC ones.
+	// CreatePty starts a session and returns its pid; it runs until its command exits,
+	// KillPty, or the sandbox ends.
+	CreatePty(context.Context, *connect.Request[v1.CreatePtyRequest]) (*connect.Response[v1.CreatePtyResponse], error)
+	// ConnectPty streams a session's output: its recent output first, then what follows,
+	// a heartbeat while it is quiet, and its result last. With kill_on_close, the session
+	// is killed when the call ends before it does (roche shell's "the shell ends with its
+	// connection").
+	ConnectPty(context.Context, *connect.Request[v1.ConnectPtyRequest]) (*connect.ServerStreamForClient[v1.ConnectPtyResponse], error)
+	// SendPtyInput types bytes into a session ("\x03" is Ctrl-C).
+	SendPtyInput(context.Context, *connect.Request[v1.SendPtyInputRequest]) (*connect.Response[v1.SendPtyInputResponse], error)
+	// ResizePty sets a session's terminal size; its program gets SIGWINCH.
+	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
+	// KillPty kills a session's command and everything it started.
+	KillPty(context.Context, *connect.Request[v1.KillPtyRequest]) (*connect.Response[v1.KillPtyResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the roche.v1.SandboxService service. By default,
@@ -357,6 +388,36 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RemoveContext")),
 			connect.WithClientOptions(opts...),
 		),
+		createPty: connect.NewClient[v1.CreatePtyRequest, v1.CreatePtyResponse](
+			httpClient,
+			baseURL+SandboxServiceCreatePtyProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CreatePty")),
+			connect.WithClientOptions(opts...),
+		),
+		connectPty: connect.NewClient[v1.ConnectPtyRequest, v1.ConnectPtyResponse](
+			httpClient,
+			baseURL+SandboxServiceConnectPtyProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ConnectPty")),
+			connect.WithClientOptions(opts...),
+		),
+		sendPtyInput: connect.NewClient[v1.SendPtyInputRequest, v1.SendPtyInputResponse](
+			httpClient,
+			baseURL+SandboxServiceSendPtyInputProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SendPtyInput")),
+			connect.WithClientOptions(opts...),
+		),
+		resizePty: connect.NewClient[v1.ResizePtyRequest, v1.ResizePtyResponse](
+			httpClient,
+			baseURL+SandboxServiceResizePtyProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ResizePty")),
+			connect.WithClientOptions(opts...),
+		),
+		killPty: connect.NewClient[v1.KillPtyRequest, v1.KillPtyResponse](
+			httpClient,
+			baseURL+SandboxServiceKillPtyProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("KillPty")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -389,6 +450,11 @@ type sandboxServiceClient struct {
 	listContexts    *connect.Client[v1.ListContextsRequest, v1.ListContextsResponse]
 	restartContext  *connect.Client[v1.RestartContextRequest, v1.RestartContextResponse]
 	removeContext   *connect.Client[v1.RemoveContextRequest, v1.RemoveContextResponse]
+	createPty       *connect.Client[v1.CreatePtyRequest, v1.CreatePtyResponse]
+	connectPty      *connect.Client[v1.ConnectPtyRequest, v1.ConnectPtyResponse]
+	sendPtyInput    *connect.Client[v1.SendPtyInputRequest, v1.SendPtyInputResponse]
+	resizePty       *connect.Client[v1.ResizePtyRequest, v1.ResizePtyResponse]
+	killPty         *connect.Client[v1.KillPtyRequest, v1.KillPtyResponse]
 }
 
 // Create calls roche.v1.SandboxService.Create.
@@ -526,6 +592,31 @@ func (c *sandboxServiceClient) RemoveContext(ctx context.Context, req *connect.R
 	return c.removeContext.CallUnary(ctx, req)
 }
 
+// CreatePty calls roche.v1.SandboxService.CreatePty.
+func (c *sandboxServiceClient) CreatePty(ctx context.Context, req *connect.Request[v1.CreatePtyRequest]) (*connect.Response[v1.CreatePtyResponse], error) {
+	return c.createPty.CallUnary(ctx, req)
+}
+
+// ConnectPty calls roche.v1.SandboxService.ConnectPty.
+func (c *sandboxServiceClient) ConnectPty(ctx context.Context, req *connect.Request[v1.ConnectPtyRequest]) (*connect.ServerStreamForClient[v1.ConnectPtyResponse], error) {
+	return c.connectPty.CallServerStream(ctx, req)
+}
+
+// SendPtyInput calls roche.v1.SandboxService.SendPtyInput.
+func (c *sandboxServiceClient) SendPtyInput(ctx context.Context, req *connect.Request[v1.SendPtyInputRequest]) (*connect.Response[v1.SendPtyInputResponse], error) {
+	return c.sendPtyInput.CallUnary(ctx, req)
+}
+
+// ResizePty calls roche.v1.SandboxService.ResizePty.
+func (c *sandboxServiceClient) ResizePty(ctx context.Context, req *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error) {
+	return c.resizePty.CallUnary(ctx, req)
+}
+
+// KillPty calls roche.v1.SandboxService.KillPty.
+func (c *sandboxServiceClient) KillPty(ctx context.Context, req *connect.Request[v1.KillPtyRequest]) (*connect.Response[v1.KillPtyResponse], error) {
+	return c.killPty.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the roche.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes a sandbox, from the warm pool when the config matches one.
@@ -589,6 +680,23 @@ type SandboxServiceHandler interface {
 	RestartContext(context.Context, *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error)
 	// RemoveContext stops a context's interpreter and forgets it.
 	RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error)
+	// PTY sessions: a command on a pseudo-terminal in the sandbox (default: the image's
+	// shell), as the sandbox user under every limit. Unary calls and one server stream, so
+	// HTTP/1.1 clients drive them as well as gRPC ones.
+	// CreatePty starts a session and returns its pid; it runs until its command exits,
+	// KillPty, or the sandbox ends.
+	CreatePty(context.Context, *connect.Request[v1.CreatePtyRequest]) (*connect.Response[v1.CreatePtyResponse], error)
+	// ConnectPty streams a session's output: its recent output first, then what follows,
+	// a heartbeat while it is quiet, and its result last. With kill_on_close, the session
+	// is killed when the call ends before it does (roche shell's "the shell ends with its
+	// connection").
+	ConnectPty(context.Context, *connect.Request[v1.ConnectPtyRequest], *connect.ServerStream[v1.ConnectPtyResponse]) error
+	// SendPtyInput types bytes into a session ("\x03" is Ctrl-C).
+	SendPtyInput(context.Context, *connect.Request[v1.SendPtyInputRequest]) (*connect.Response[v1.SendPtyInputResponse], error)
+	// ResizePty sets a session's terminal size; its program gets SIGWINCH.
+	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
+	// KillPty kills a session's command and everything it started.
+	KillPty(context.Context, *connect.Request[v1.KillPtyRequest]) (*connect.Response[v1.KillPtyResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -760,6 +868,36 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RemoveContext")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceCreatePtyHandler := connect.NewUnaryHandler(
+		SandboxServiceCreatePtyProcedure,
+		svc.CreatePty,
+		connect.WithSchema(sandboxServiceMethods.ByName("CreatePty")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceConnectPtyHandler := connect.NewServerStreamHandler(
+		SandboxServiceConnectPtyProcedure,
+		svc.ConnectPty,
+		connect.WithSchema(sandboxServiceMethods.ByName("ConnectPty")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSendPtyInputHandler := connect.NewUnaryHandler(
+		SandboxServiceSendPtyInputProcedure,
+		svc.SendPtyInput,
+		connect.WithSchema(sandboxServiceMethods.ByName("SendPtyInput")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResizePtyHandler := connect.NewUnaryHandler(
+		SandboxServiceResizePtyProcedure,
+		svc.ResizePty,
+		connect.WithSchema(sandboxServiceMethods.ByName("ResizePty")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceKillPtyHandler := connect.NewUnaryHandler(
+		SandboxServiceKillPtyProcedure,
+		svc.KillPty,
+		connect.WithSchema(sandboxServiceMethods.ByName("KillPty")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/roche.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -816,6 +954,16 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRestartContextHandler.ServeHTTP(w, r)
 		case SandboxServiceRemoveContextProcedure:
 			sandboxServiceRemoveContextHandler.ServeHTTP(w, r)
+		case SandboxServiceCreatePtyProcedure:
+			sandboxServiceCreatePtyHandler.ServeHTTP(w, r)
+		case SandboxServiceConnectPtyProcedure:
+			sandboxServiceConnectPtyHandler.ServeHTTP(w, r)
+		case SandboxServiceSendPtyInputProcedure:
+			sandboxServiceSendPtyInputHandler.ServeHTTP(w, r)
+		case SandboxServiceResizePtyProcedure:
+			sandboxServiceResizePtyHandler.ServeHTTP(w, r)
+		case SandboxServiceKillPtyProcedure:
+			sandboxServiceKillPtyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -931,4 +1079,24 @@ func (UnimplementedSandboxServiceHandler) RestartContext(context.Context, *conne
 
 func (UnimplementedSandboxServiceHandler) RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RemoveContext is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CreatePty(context.Context, *connect.Request[v1.CreatePtyRequest]) (*connect.Response[v1.CreatePtyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.CreatePty is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ConnectPty(context.Context, *connect.Request[v1.ConnectPtyRequest], *connect.ServerStream[v1.ConnectPtyResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ConnectPty is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SendPtyInput(context.Context, *connect.Request[v1.SendPtyInputRequest]) (*connect.Response[v1.SendPtyInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.SendPtyInput is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ResizePty is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) KillPty(context.Context, *connect.Request[v1.KillPtyRequest]) (*connect.Response[v1.KillPtyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.KillPty is not implemented"))
 }

@@ -9,6 +9,7 @@ Calls go to roched (the daemon, with warm pools) when it answers, else to the ro
 """
 
 from ._async import AsyncExecStream, AsyncRoche, AsyncSandbox
+from ._pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle
 from ._sync import ExecStream, Roche, Sandbox
 from .errors import (
     ImageNotFound,
@@ -45,6 +46,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncExecStream",
+    "AsyncPty",
+    "AsyncPtyHandle",
     "AsyncRoche",
     "AsyncSandbox",
     "Context",
@@ -63,6 +66,8 @@ __all__ = [
     "OutputEvent",
     "OutputMessage",
     "PermissionDenied",
+    "Pty",
+    "PtyHandle",
     "ProviderUnavailable",
     "ResourceExhausted",
     "Result",

@@ -15,6 +15,7 @@ from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
 from . import _discovery
 from ._ahttp import AsyncHTTPClient
 from ._atransport import AsyncCLITransport, AsyncDaemonTransport, AsyncTransport
+from ._pty import AsyncPty
 from ._http import Deadline
 from ._sync import PROBE_TIMEOUT, Choice, _no_context, remaining_life
 from ._transport import StreamItem
@@ -168,6 +169,12 @@ class AsyncSandbox:
     @property
     def provider(self) -> str:
         return self.info.provider
+
+    @property
+    def pty(self) -> "AsyncPty":
+        """Terminals in this sandbox (through roched): ``sandbox.pty.create(cols=, rows=,
+        cmd=, on_data=)`` returns a handle with send_input, resize, kill and wait."""
+        return AsyncPty(self)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id[:12]!r}, provider={self.provider!r}, image={self.info.image!r})"

@@ -10,6 +10,7 @@ from typing import Iterator, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _discovery
 from ._http import Deadline, HTTPClient
+from ._pty import Pty
 from ._transport import CLITransport, DaemonTransport, StreamItem, Transport
 from .errors import InvalidConfig, ProviderUnavailable, RocheError
 from .types import (
@@ -223,6 +224,12 @@ class Sandbox:
     @property
     def provider(self) -> str:
         return self.info.provider
+
+    @property
+    def pty(self) -> "Pty":
+        """Terminals in this sandbox (through roched): ``sandbox.pty.create(cols=, rows=,
+        cmd=, on_data=)`` returns a handle with send_input, resize, kill and wait."""
+        return Pty(self)
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id[:12]!r}, provider={self.provider!r}, image={self.info.image!r})"

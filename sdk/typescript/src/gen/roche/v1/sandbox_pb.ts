@@ -28,7 +28,266 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roche/v1/sandbox.proto.
  */
 export const file_roche_v1_sandbox: GenFile = /*@__PURE__*/
-  fileDesc("ChZyb2NoZS92MS9zYW5kYm94LnByb3RvEghyb2NoZS52MSKSBAoNU2FuZGJveENvbmZpZxISCgVpbWFnZRgBIAEoCUgAiAEBEg8KB25ldHdvcmsYAiABKAgSEAoId3JpdGFibGUYAyABKAgSGQoMdGltZW91dF9zZWNzGAQgASgFSAGIAQESEwoGbWVtb3J5GAUgASgJSAKIAQESEQoEY3B1cxgGIAEoAUgDiAEBEhcKCnBpZHNfbGltaXQYByABKAVIBIgBARItCgNlbnYYCCADKAsyIC5yb2NoZS52MS5TYW5kYm94Q29uZmlnLkVudkVudHJ5Eh8KBm1vdW50cxgJIAMoCzIPLnJvY2hlLnYxLk1vdW50Eg8KB3dvcmtkaXIYCiABKAkSEQoEdXNlchgLIAEoCUgFiAEBEhkKEW5ldHdvcmtfYWxsb3dsaXN0GAwgAygJEhEKCXdvcmtzcGFjZRgNIAEoCRIVCg1mcm9tX3NuYXBzaG90GA4gASgJEhEKBGRpc2sYDyABKAlIBogBARIWCg53b3Jrc3BhY2Vfc2l6ZRgQIAEoCRIOCgZsZWFzZWQYESABKAgaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfaW1hZ2VCDwoNX3RpbWVvdXRfc2Vjc0IJCgdfbWVtb3J5QgcKBV9jcHVzQg0KC19waWRzX2xpbWl0QgcKBV91c2VyQgcKBV9kaXNrIjsKBU1vdW50Eg4KBnNvdXJjZRgBIAEoCRIOCgZ0YXJnZXQYAiABKAkSEgoKcmVhZF93cml0ZRgDIAEoCCLfAQoHU2FuZGJveBIKCgJpZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCRINCgVpbWFnZRgDIAEoCRIlCgVzdGF0ZRgEIAEoDjIWLnJvY2hlLnYxLlNhbmRib3hTdGF0ZRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgl0cmFuc3BvcnQYByABKAkSDQoFb3duZXIYCCABKAkiSgoNQ3JlYXRlUmVxdWVzdBIQCghwcm92aWRlchgBIAEoCRInCgZjb25maWcYAiABKAsyFy5yb2NoZS52MS5TYW5kYm94Q29uZmlnIkQKDkNyZWF0ZVJlc3BvbnNlEiIKB3NhbmRib3gYASABKAsyES5yb2NoZS52MS5TYW5kYm94Eg4KBnBvb2xlZBgCIAEoCCLiAQoLRXhlY1JlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRILCgNjbWQYAiADKAkSKwoDZW52GAMgAygLMh4ucm9jaGUudjEuRXhlY1JlcXVlc3QuRW52RW50cnkSDwoHd29ya2RpchgEIAEoCRIUCgx0aW1lb3V0X3NlY3MYBSABKAESEgoFc3RkaW4YBiABKAxIAIgBARIUCgxvdXRwdXRfbGltaXQYByABKAMaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfc3RkaW4iNAoMRXhlY1Jlc3BvbnNlEiQKBnJlc3VsdBgBIAEoCzIULnJvY2hlLnYxLkV4ZWNSZXN1bHQi7gEKEUV4ZWNTdHJlYW1SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDY21kGAIgAygJEjEKA2VudhgDIAMoCzIkLnJvY2hlLnYxLkV4ZWNTdHJlYW1SZXF1ZXN0LkVudkVudHJ5Eg8KB3dvcmtkaXIYBCABKAkSFAoMdGltZW91dF9zZWNzGAUgASgBEhIKBXN0ZGluGAYgASgMSACIAQESFAoMb3V0cHV0X2xpbWl0GAcgASgDGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCCAoGX3N0ZGluIqYBCgpFeGVjUmVzdWx0EhEKCWV4aXRfY29kZRgBIAEoBRIOCgZzdGRvdXQYAiABKAwSDgoGc3RkZXJyGAMgASgMEhEKCXRpbWVkX291dBgEIAEoCBIRCgl0cnVuY2F0ZWQYBSABKAgSEgoKb29tX2tpbGxlZBgGIAEoCBIrCghkdXJhdGlvbhgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJDCgtPdXRwdXRDaHVuaxImCgZzdHJlYW0YASABKA4yFi5yb2NoZS52MS5PdXRwdXRTdHJlYW0SDAoEZGF0YRgCIAEoDCI1CglIZWFydGJlYXQSKAoEdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAimAEKEkV4ZWNTdHJlYW1SZXNwb25zZRInCgZvdXRwdXQYASABKAsyFS5yb2NoZS52MS5PdXRwdXRDaHVua0gAEigKCWhlYXJ0YmVhdBgCIAEoCzITLnJvY2hlLnYxLkhlYXJ0YmVhdEgAEiYKBnJlc3VsdBgDIAEoCzIULnJvY2hlLnYxLkV4ZWNSZXN1bHRIAEIHCgVldmVudCI8Cg5EZXN0cm95UmVxdWVzdBILCgNpZHMYASADKAkSCwoDYWxsGAIgASgIEhAKCHByb3ZpZGVyGAMgASgJIiEKC0hvbGRSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiDgoMSG9sZFJlc3BvbnNlIiQKD0Rlc3Ryb3lSZXNwb25zZRIRCglkZXN0cm95ZWQYASADKAkiHwoLTGlzdFJlcXVlc3QSEAoIcHJvdmlkZXIYASABKAkiNAoMTGlzdFJlc3BvbnNlEiQKCXNhbmRib3hlcxgBIAMoCzIRLnJvY2hlLnYxLlNhbmRib3giJAoOSW5zcGVjdFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCSI1Cg9JbnNwZWN0UmVzcG9uc2USIgoHc2FuZGJveBgBIAEoCzIRLnJvY2hlLnYxLlNhbmRib3giIgoMUGF1c2VSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiDwoNUGF1c2VSZXNwb25zZSIkCg5VbnBhdXNlUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJIhEKD1VucGF1c2VSZXNwb25zZSI7CglHY1JlcXVlc3QSCwoDYWxsGAEgASgIEg8KB2RyeV9ydW4YAiABKAgSEAoIcHJvdmlkZXIYAyABKAkiMAoKR2NSZXNwb25zZRIiCgdyZW1vdmVkGAEgAygLMhEucm9jaGUudjEuU2FuZGJveCJWCg1Db3B5VG9SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDZHN0GAIgASgJEhEKCXRhcl9jaHVuaxgDIAEoDBIRCgltYXhfYnl0ZXMYBCABKAMiEAoOQ29weVRvUmVzcG9uc2UiXQoPQ29weUZyb21SZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDc3JjGAIgASgJEhEKCW1heF9ieXRlcxgDIAEoAxIWCg5wcmVzZXJ2ZV9saW5rcxgEIAEoCCIlChBDb3B5RnJvbVJlc3BvbnNlEhEKCXRhcl9jaHVuaxgBIAEoDCLrAgoEUG9vbBILCgNrZXkYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSDQoFaW1hZ2UYAyABKAkSEAoIbWluX2lkbGUYBCABKAUSEAoIbWF4X2lkbGUYBSABKAUSEQoJbWF4X3RvdGFsGAYgASgFEi8KDGlkbGVfdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIYChBtYXhfdGltZW91dF9zZWNzGAggASgFEgwKBGlkbGUYCSABKAUSEAoIY3JlYXRpbmcYCiABKAUSDgoGaW5fdXNlGAsgASgFEgwKBGhpdHMYDCABKAQSDgoGbWlzc2VzGA0gASgEEg8KB2RyYWluZWQYDiABKAgSEgoKbGFzdF9lcnJvchgPIAEoCRIMCgRzcGVjGBAgASgJEhEKCW1heF9xdWV1ZRgRIAEoBRIPCgd3YWl0aW5nGBIgASgFEg4KBnRhcmdldBgTIAEoBSITChFQb29sU3RhdHVzUmVxdWVzdCIzChJQb29sU3RhdHVzUmVzcG9uc2USHQoFcG9vbHMYASADKAsyDi5yb2NoZS52MS5Qb29sIi8KEVBvb2xXYXJtdXBSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVjb3VudBgCIAEoBSIzChJQb29sV2FybXVwUmVzcG9uc2USHQoFcG9vbHMYASADKAsyDi5yb2NoZS52MS5Qb29sIh8KEFBvb2xEcmFpblJlcXVlc3QSCwoDa2V5GAEgASgJIkUKEVBvb2xEcmFpblJlc3BvbnNlEhEKCWRlc3Ryb3llZBgBIAEoBRIdCgVwb29scxgCIAMoCzIOLnJvY2hlLnYxLlBvb2wiFgoUTGlzdFByb3ZpZGVyc1JlcXVlc3QiQgoVTGlzdFByb3ZpZGVyc1Jlc3BvbnNlEikKCXByb3ZpZGVycxgBIAMoCzIWLnJvY2hlLnYxLlByb3ZpZGVySW5mbyJKCgxQcm92aWRlckluZm8SDAoEbmFtZRgBIAEoCRIsCgxjYXBhYmlsaXRpZXMYAiABKAsyFi5yb2NoZS52MS5DYXBhYmlsaXRpZXMi3QEKDENhcGFiaWxpdGllcxIPCgduZXR3b3JrGAEgASgIEhAKCHdyaXRhYmxlGAIgASgIEg4KBm1vdW50cxgDIAEoCBINCgVmaWxlcxgEIAEoCBINCgVwYXVzZRgFIAEoCBINCgVzdGRpbhgGIAEoCBIRCglwcm9jZXNzZXMYByABKAgSFgoObm90X2FwcGxpY2FibGUYCCADKAkSDgoGZWdyZXNzGAkgASgIEg4KBmxlYXNlcxgKIAEoCBIMCgRjb2RlGAsgAygJEhQKDHJpY2hfcmVzdWx0cxgMIAEoCCI6CgxSZXNldFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRIWCg53aXBlX3dvcmtzcGFjZRgCIAEoCCIzCg1SZXNldFJlc3BvbnNlEiIKB3NhbmRib3gYASABKAsyES5yb2NoZS52MS5TYW5kYm94IoIBCglXb3Jrc3BhY2USDAoEbmFtZRgBIAEoCRIQCghwcm92aWRlchgCIAEoCRIuCgpjcmVhdGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglpbl91c2VfYnkYBCADKAkSEgoKc2l6ZV9ieXRlcxgFIAEoAyIpChVMaXN0V29ya3NwYWNlc1JlcXVlc3QSEAoIcHJvdmlkZXIYASABKAkiQQoWTGlzdFdvcmtzcGFjZXNSZXNwb25zZRInCgp3b3Jrc3BhY2VzGAEgAygLMhMucm9jaGUudjEuV29ya3NwYWNlIjgKFlJlbW92ZVdvcmtzcGFjZVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghwcm92aWRlchgCIAEoCSIZChdSZW1vdmVXb3Jrc3BhY2VSZXNwb25zZSJpCghTbmFwc2hvdBIMCgRuYW1lGAEgASgJEhAKCHByb3ZpZGVyGAIgASgJEg0KBWltYWdlGAMgASgJEi4KCmNyZWF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjkKFUNyZWF0ZVNuYXBzaG90UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgwKBG5hbWUYAiABKAkiPgoWQ3JlYXRlU25hcHNob3RSZXNwb25zZRIkCghzbmFwc2hvdBgBIAEoCzISLnJvY2hlLnYxLlNuYXBzaG90IigKFExpc3RTbmFwc2hvdHNSZXF1ZXN0EhAKCHByb3ZpZGVyGAEgASgJIj4KFUxpc3RTbmFwc2hvdHNSZXNwb25zZRIlCglzbmFwc2hvdHMYASADKAsyEi5yb2NoZS52MS5TbmFwc2hvdCI3ChVSZW1vdmVTbmFwc2hvdFJlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCghwcm92aWRlchgCIAEoCSIYChZSZW1vdmVTbmFwc2hvdFJlc3BvbnNlIjQKC0Vycm9yRGV0YWlsEiUKBnJlYXNvbhgBIAEoDjIVLnJvY2hlLnYxLkVycm9yUmVhc29uIu0BCg5SdW5Db2RlUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgwKBGNvZGUYAiABKAkSEAoIbGFuZ3VhZ2UYAyABKAkSEgoKY29udGV4dF9pZBgEIAEoCRIUCgx0aW1lb3V0X3NlY3MYBSABKAESFAoMb3V0cHV0X2xpbWl0GAYgASgDEi4KA2VudhgHIAMoCzIhLnJvY2hlLnYxLlJ1bkNvZGVSZXF1ZXN0LkVudkVudHJ5EgsKA2N3ZBgIIAEoCRoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqsBCgpDb2RlUmVzdWx0EgwKBHRleHQYASABKAkSDAoEaHRtbBgCIAEoCRIQCghtYXJrZG93bhgDIAEoCRILCgNzdmcYBCABKAkSCwoDcG5nGAUgASgMEgwKBGpwZWcYBiABKAwSDAoEanNvbhgHIAEoCRINCgVsYXRleBgIIAEoCRISCgpqYXZhc2NyaXB0GAkgASgJEhYKDmlzX21haW5fcmVzdWx0GAogASgIIjsKCUNvZGVFcnJvchIMCgRuYW1lGAEgASgJEg0KBXZhbHVlGAIgASgJEhEKCXRyYWNlYmFjaxgDIAEoCSKNAgoNQ29kZUV4ZWN1dGlvbhIlCgdyZXN1bHRzGAEgAygLMhQucm9jaGUudjEuQ29kZVJlc3VsdBIOCgZzdGRvdXQYAiADKAkSDgoGc3RkZXJyGAMgAygJEiIKBWVycm9yGAQgASgLMhMucm9jaGUudjEuQ29kZUVycm9yEhcKD2V4ZWN1dGlvbl9jb3VudBgFIAEoBRISCgpjb250ZXh0X2lkGAYgASgJEhEKCXRpbWVkX291dBgHIAEoCBIRCglyZXN0YXJ0ZWQYCCABKAgSEQoJdHJ1bmNhdGVkGAkgASgIEisKCGR1cmF0aW9uGAogASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIsMBCg9SdW5Db2RlUmVzcG9uc2USJwoGb3V0cHV0GAEgASgLMhUucm9jaGUudjEuT3V0cHV0Q2h1bmtIABIoCgloZWFydGJlYXQYAiABKAsyEy5yb2NoZS52MS5IZWFydGJlYXRIABImCgZyZXN1bHQYAyABKAsyFC5yb2NoZS52MS5Db2RlUmVzdWx0SAASLAoJZXhlY3V0aW9uGAQgASgLMhcucm9jaGUudjEuQ29kZUV4ZWN1dGlvbkgAQgcKBWV2ZW50IkkKC0NvZGVDb250ZXh0EgoKAmlkGAEgASgJEhAKCGxhbmd1YWdlGAIgASgJEgsKA2N3ZBgDIAEoCRIPCgdkZWZhdWx0GAQgASgIIqsBChRDcmVhdGVDb250ZXh0UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEhAKCGxhbmd1YWdlGAIgASgJEgsKA2N3ZBgDIAEoCRI0CgNlbnYYBCADKAsyJy5yb2NoZS52MS5DcmVhdGVDb250ZXh0UmVxdWVzdC5FbnZFbnRyeRoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIj8KFUNyZWF0ZUNvbnRleHRSZXNwb25zZRImCgdjb250ZXh0GAEgASgLMhUucm9jaGUudjEuQ29kZUNvbnRleHQiKQoTTGlzdENvbnRleHRzUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJIj8KFExpc3RDb250ZXh0c1Jlc3BvbnNlEicKCGNvbnRleHRzGAEgAygLMhUucm9jaGUudjEuQ29kZUNvbnRleHQiPwoVUmVzdGFydENvbnRleHRSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSEgoKY29udGV4dF9pZBgCIAEoCSIYChZSZXN0YXJ0Q29udGV4dFJlc3BvbnNlIj4KFFJlbW92ZUNvbnRleHRSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSEgoKY29udGV4dF9pZBgCIAEoCSIXChVSZW1vdmVDb250ZXh0UmVzcG9uc2UqlwEKDFNhbmRib3hTdGF0ZRIdChlTQU5EQk9YX1NUQVRFX1VOU1BFQ0lGSUVEEAASGQoVU0FOREJPWF9TVEFURV9SVU5OSU5HEAESGAoUU0FOREJPWF9TVEFURV9QQVVTRUQQAhIYChRTQU5EQk9YX1NUQVRFX0VYSVRFRBADEhkKFVNBTkRCT1hfU1RBVEVfQ1JFQVRFRBAEKmEKDE91dHB1dFN0cmVhbRIdChlPVVRQVVRfU1RSRUFNX1VOU1BFQ0lGSUVEEAASGAoUT1VUUFVUX1NUUkVBTV9TVERPVVQQARIYChRPVVRQVVRfU1RSRUFNX1NUREVSUhACKrICCgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIaChZFUlJPUl9SRUFTT05fTk9UX0ZPVU5EEAESHwobRVJST1JfUkVBU09OX0lOVkFMSURfQ09ORklHEAISHAoYRVJST1JfUkVBU09OX1VOQVZBSUxBQkxFEAMSGAoURVJST1JfUkVBU09OX1RJTUVPVVQQBBIcChhFUlJPUl9SRUFTT05fVU5TVVBQT1JURUQQBRIgChxFUlJPUl9SRUFTT05fSU1BR0VfTk9UX0ZPVU5EEAYSGgoWRVJST1JfUkVBU09OX0VYSEFVU1RFRBAHEhsKF0VSUk9SX1JFQVNPTl9QRVJNSVNTSU9OEAgSFwoTRVJST1JfUkVBU09OX0lOX1VTRRAJMoUPCg5TYW5kYm94U2VydmljZRI7CgZDcmVhdGUSFy5yb2NoZS52MS5DcmVhdGVSZXF1ZXN0Ghgucm9jaGUudjEuQ3JlYXRlUmVzcG9uc2USNQoERXhlYxIVLnJvY2hlLnYxLkV4ZWNSZXF1ZXN0GhYucm9jaGUudjEuRXhlY1Jlc3BvbnNlEkkKCkV4ZWNTdHJlYW0SGy5yb2NoZS52MS5FeGVjU3RyZWFtUmVxdWVzdBocLnJvY2hlLnYxLkV4ZWNTdHJlYW1SZXNwb25zZTABEj4KB0Rlc3Ryb3kSGC5yb2NoZS52MS5EZXN0cm95UmVxdWVzdBoZLnJvY2hlLnYxLkRlc3Ryb3lSZXNwb25zZRI3CgRIb2xkEhUucm9jaGUudjEuSG9sZFJlcXVlc3QaFi5yb2NoZS52MS5Ib2xkUmVzcG9uc2UwARI1CgRMaXN0EhUucm9jaGUudjEuTGlzdFJlcXVlc3QaFi5yb2NoZS52MS5MaXN0UmVzcG9uc2USPgoHSW5zcGVjdBIYLnJvY2hlLnYxLkluc3BlY3RSZXF1ZXN0Ghkucm9jaGUudjEuSW5zcGVjdFJlc3BvbnNlEjgKBVBhdXNlEhYucm9jaGUudjEuUGF1c2VSZXF1ZXN0Ghcucm9jaGUudjEuUGF1c2VSZXNwb25zZRI+CgdVbnBhdXNlEhgucm9jaGUudjEuVW5wYXVzZVJlcXVlc3QaGS5yb2NoZS52MS5VbnBhdXNlUmVzcG9uc2USLwoCR2MSEy5yb2NoZS52MS5HY1JlcXVlc3QaFC5yb2NoZS52MS5HY1Jlc3BvbnNlEj0KBkNvcHlUbxIXLnJvY2hlLnYxLkNvcHlUb1JlcXVlc3QaGC5yb2NoZS52MS5Db3B5VG9SZXNwb25zZSgBEkMKCENvcHlGcm9tEhkucm9jaGUudjEuQ29weUZyb21SZXF1ZXN0Ghoucm9jaGUudjEuQ29weUZyb21SZXNwb25zZTABEkcKClBvb2xTdGF0dXMSGy5yb2NoZS52MS5Qb29sU3RhdHVzUmVxdWVzdBocLnJvY2hlLnYxLlBvb2xTdGF0dXNSZXNwb25zZRJHCgpQb29sV2FybXVwEhsucm9jaGUudjEuUG9vbFdhcm11cFJlcXVlc3QaHC5yb2NoZS52MS5Qb29sV2FybXVwUmVzcG9uc2USRAoJUG9vbERyYWluEhoucm9jaGUudjEuUG9vbERyYWluUmVxdWVzdBobLnJvY2hlLnYxLlBvb2xEcmFpblJlc3BvbnNlElAKDUxpc3RQcm92aWRlcnMSHi5yb2NoZS52MS5MaXN0UHJvdmlkZXJzUmVxdWVzdBofLnJvY2hlLnYxLkxpc3RQcm92aWRlcnNSZXNwb25zZRI4CgVSZXNldBIWLnJvY2hlLnYxLlJlc2V0UmVxdWVzdBoXLnJvY2hlLnYxLlJlc2V0UmVzcG9uc2USUwoOTGlzdFdvcmtzcGFjZXMSHy5yb2NoZS52MS5MaXN0V29ya3NwYWNlc1JlcXVlc3QaIC5yb2NoZS52MS5MaXN0V29ya3NwYWNlc1Jlc3BvbnNlElYKD1JlbW92ZVdvcmtzcGFjZRIgLnJvY2hlLnYxLlJlbW92ZVdvcmtzcGFjZVJlcXVlc3QaIS5yb2NoZS52MS5SZW1vdmVXb3Jrc3BhY2VSZXNwb25zZRJTCg5DcmVhdGVTbmFwc2hvdBIfLnJvY2hlLnYxLkNyZWF0ZVNuYXBzaG90UmVxdWVzdBogLnJvY2hlLnYxLkNyZWF0ZVNuYXBzaG90UmVzcG9uc2USUAoNTGlzdFNuYXBzaG90cxIeLnJvY2hlLnYxLkxpc3RTbmFwc2hvdHNSZXF1ZXN0Gh8ucm9jaGUudjEuTGlzdFNuYXBzaG90c1Jlc3BvbnNlElMKDlJlbW92ZVNuYXBzaG90Eh8ucm9jaGUudjEuUmVtb3ZlU25hcHNob3RSZXF1ZXN0GiAucm9jaGUudjEuUmVtb3ZlU25hcHNob3RSZXNwb25zZRJACgdSdW5Db2RlEhgucm9jaGUudjEuUnVuQ29kZVJlcXVlc3QaGS5yb2NoZS52MS5SdW5Db2RlUmVzcG9uc2UwARJQCg1DcmVhdGVDb250ZXh0Eh4ucm9jaGUudjEuQ3JlYXRlQ29udGV4dFJlcXVlc3QaHy5yb2NoZS52MS5DcmVhdGVDb250ZXh0UmVzcG9uc2USTQoMTGlzdENvbnRleHRzEh0ucm9jaGUudjEuTGlzdENvbnRleHRzUmVxdWVzdBoeLnJvY2hlLnYxLkxpc3RDb250ZXh0c1Jlc3BvbnNlElMKDlJlc3RhcnRDb250ZXh0Eh8ucm9jaGUudjEuUmVzdGFydENvbnRleHRSZXF1ZXN0GiAucm9jaGUudjEuUmVzdGFydENvbnRleHRSZXNwb25zZRJQCg1SZW1vdmVDb250ZXh0Eh4ucm9jaGUudjEuUmVtb3ZlQ29udGV4dFJlcXVlc3QaHy5yb2NoZS52MS5SZW1vdmVDb250ZXh0UmVzcG9uc2VCNVozZ2l0aHViLmNvbS9yb2NoZS1zYW5kYm94L3JvY2hlL2FwaS9yb2NoZS92MTtyb2NoZXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChZyb2NoZS92MS9zYW5kYm94LnByb3RvEghyb2NoZS52MSIlCgdQdHlTaXplEgwKBGNvbHMYASABKA0SDAoEcm93cxgCIAEoDSLDAQoQQ3JlYXRlUHR5UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgsKA2NtZBgCIAMoCRIwCgNlbnYYAyADKAsyIy5yb2NoZS52MS5DcmVhdGVQdHlSZXF1ZXN0LkVudkVudHJ5Eg8KB3dvcmtkaXIYBCABKAkSHwoEc2l6ZRgFIAEoCzIRLnJvY2hlLnYxLlB0eVNpemUaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIgChFDcmVhdGVQdHlSZXNwb25zZRILCgNwaWQYASABKAUiSwoRQ29ubmVjdFB0eVJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRILCgNwaWQYAiABKAUSFQoNa2lsbF9vbl9jbG9zZRgDIAEoCCJ/ChJDb25uZWN0UHR5UmVzcG9uc2USDgoEZGF0YRgBIAEoDEgAEigKCWhlYXJ0YmVhdBgCIAEoCzITLnJvY2hlLnYxLkhlYXJ0YmVhdEgAEiYKBnJlc3VsdBgDIAEoCzIULnJvY2hlLnYxLkV4ZWNSZXN1bHRIAEIHCgVldmVudCJEChNTZW5kUHR5SW5wdXRSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDcGlkGAIgASgFEgwKBGRhdGEYAyABKAwiFgoUU2VuZFB0eUlucHV0UmVzcG9uc2UiVAoQUmVzaXplUHR5UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgsKA3BpZBgCIAEoBRIfCgRzaXplGAMgASgLMhEucm9jaGUudjEuUHR5U2l6ZSITChFSZXNpemVQdHlSZXNwb25zZSIxCg5LaWxsUHR5UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgsKA3BpZBgCIAEoBSIRCg9LaWxsUHR5UmVzcG9uc2UikgQKDVNhbmRib3hDb25maWcSEgoFaW1hZ2UYASABKAlIAIgBARIPCgduZXR3b3JrGAIgASgIEhAKCHdyaXRhYmxlGAMgASgIEhkKDHRpbWVvdXRfc2VjcxgEIAEoBUgBiAEBEhMKBm1lbW9yeRgFIAEoCUgCiAEBEhEKBGNwdXMYBiABKAFIA4gBARIXCgpwaWRzX2xpbWl0GAcgASgFSASIAQESLQoDZW52GAggAygLMiAucm9jaGUudjEuU2FuZGJveENvbmZpZy5FbnZFbnRyeRIfCgZtb3VudHMYCSADKAsyDy5yb2NoZS52MS5Nb3VudBIPCgd3b3JrZGlyGAogASgJEhEKBHVzZXIYCyABKAlIBYgBARIZChFuZXR3b3JrX2FsbG93bGlzdBgMIAMoCRIRCgl3b3Jrc3BhY2UYDSABKAkSFQoNZnJvbV9zbmFwc2hvdBgOIAEoCRIRCgRkaXNrGA8gASgJSAaIAQESFgoOd29ya3NwYWNlX3NpemUYECABKAkSDgoGbGVhc2VkGBEgASgIGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCCAoGX2ltYWdlQg8KDV90aW1lb3V0X3NlY3NCCQoHX21lbW9yeUIHCgVfY3B1c0INCgtfcGlkc19saW1pdEIHCgVfdXNlckIHCgVfZGlzayI7CgVNb3VudBIOCgZzb3VyY2UYASABKAkSDgoGdGFyZ2V0GAIgASgJEhIKCnJlYWRfd3JpdGUYAyABKAgi3wEKB1NhbmRib3gSCgoCaWQYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSDQoFaW1hZ2UYAyABKAkSJQoFc3RhdGUYBCABKA4yFi5yb2NoZS52MS5TYW5kYm94U3RhdGUSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZXhwaXJlc19hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJdHJhbnNwb3J0GAcgASgJEg0KBW93bmVyGAggASgJIkoKDUNyZWF0ZVJlcXVlc3QSEAoIcHJvdmlkZXIYASABKAkSJwoGY29uZmlnGAIgASgLMhcucm9jaGUudjEuU2FuZGJveENvbmZpZyJECg5DcmVhdGVSZXNwb25zZRIiCgdzYW5kYm94GAEgASgLMhEucm9jaGUudjEuU2FuZGJveBIOCgZwb29sZWQYAiABKAgi4gEKC0V4ZWNSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSCwoDY21kGAIgAygJEisKA2VudhgDIAMoCzIeLnJvY2hlLnYxLkV4ZWNSZXF1ZXN0LkVudkVudHJ5Eg8KB3dvcmtkaXIYBCABKAkSFAoMdGltZW91dF9zZWNzGAUgASgBEhIKBXN0ZGluGAYgASgMSACIAQESFAoMb3V0cHV0X2xpbWl0GAcgASgDGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCCAoGX3N0ZGluIjQKDEV4ZWNSZXNwb25zZRIkCgZyZXN1bHQYASABKAsyFC5yb2NoZS52MS5FeGVjUmVzdWx0Iu4BChFFeGVjU3RyZWFtUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgsKA2NtZBgCIAMoCRIxCgNlbnYYAyADKAsyJC5yb2NoZS52MS5FeGVjU3RyZWFtUmVxdWVzdC5FbnZFbnRyeRIPCgd3b3JrZGlyGAQgASgJEhQKDHRpbWVvdXRfc2VjcxgFIAEoARISCgVzdGRpbhgGIAEoDEgAiAEBEhQKDG91dHB1dF9saW1pdBgHIAEoAxoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQggKBl9zdGRpbiKmAQoKRXhlY1Jlc3VsdBIRCglleGl0X2NvZGUYASABKAUSDgoGc3Rkb3V0GAIgASgMEg4KBnN0ZGVychgDIAEoDBIRCgl0aW1lZF9vdXQYBCABKAgSEQoJdHJ1bmNhdGVkGAUgASgIEhIKCm9vbV9raWxsZWQYBiABKAgSKwoIZHVyYXRpb24YByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iQwoLT3V0cHV0Q2h1bmsSJgoGc3RyZWFtGAEgASgOMhYucm9jaGUudjEuT3V0cHV0U3RyZWFtEgwKBGRhdGEYAiABKAwiNQoJSGVhcnRiZWF0EigKBHRpbWUYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpgBChJFeGVjU3RyZWFtUmVzcG9uc2USJwoGb3V0cHV0GAEgASgLMhUucm9jaGUudjEuT3V0cHV0Q2h1bmtIABIoCgloZWFydGJlYXQYAiABKAsyEy5yb2NoZS52MS5IZWFydGJlYXRIABImCgZyZXN1bHQYAyABKAsyFC5yb2NoZS52MS5FeGVjUmVzdWx0SABCBwoFZXZlbnQiPAoORGVzdHJveVJlcXVlc3QSCwoDaWRzGAEgAygJEgsKA2FsbBgCIAEoCBIQCghwcm92aWRlchgDIAEoCSIhCgtIb2xkUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJIg4KDEhvbGRSZXNwb25zZSIkCg9EZXN0cm95UmVzcG9uc2USEQoJZGVzdHJveWVkGAEgAygJIh8KC0xpc3RSZXF1ZXN0EhAKCHByb3ZpZGVyGAEgASgJIjQKDExpc3RSZXNwb25zZRIkCglzYW5kYm94ZXMYASADKAsyES5yb2NoZS52MS5TYW5kYm94IiQKDkluc3BlY3RSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkiNQoPSW5zcGVjdFJlc3BvbnNlEiIKB3NhbmRib3gYASABKAsyES5yb2NoZS52MS5TYW5kYm94IiIKDFBhdXNlUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJIg8KDVBhdXNlUmVzcG9uc2UiJAoOVW5wYXVzZVJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCSIRCg9VbnBhdXNlUmVzcG9uc2UiOwoJR2NSZXF1ZXN0EgsKA2FsbBgBIAEoCBIPCgdkcnlfcnVuGAIgASgIEhAKCHByb3ZpZGVyGAMgASgJIjAKCkdjUmVzcG9uc2USIgoHcmVtb3ZlZBgBIAMoCzIRLnJvY2hlLnYxLlNhbmRib3giVgoNQ29weVRvUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgsKA2RzdBgCIAEoCRIRCgl0YXJfY2h1bmsYAyABKAwSEQoJbWF4X2J5dGVzGAQgASgDIhAKDkNvcHlUb1Jlc3BvbnNlIl0KD0NvcHlGcm9tUmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEgsKA3NyYxgCIAEoCRIRCgltYXhfYnl0ZXMYAyABKAMSFgoOcHJlc2VydmVfbGlua3MYBCABKAgiJQoQQ29weUZyb21SZXNwb25zZRIRCgl0YXJfY2h1bmsYASABKAwi6wIKBFBvb2wSCwoDa2V5GAEgASgJEhAKCHByb3ZpZGVyGAIgASgJEg0KBWltYWdlGAMgASgJEhAKCG1pbl9pZGxlGAQgASgFEhAKCG1heF9pZGxlGAUgASgFEhEKCW1heF90b3RhbBgGIAEoBRIvCgxpZGxlX3RpbWVvdXQYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGAoQbWF4X3RpbWVvdXRfc2VjcxgIIAEoBRIMCgRpZGxlGAkgASgFEhAKCGNyZWF0aW5nGAogASgFEg4KBmluX3VzZRgLIAEoBRIMCgRoaXRzGAwgASgEEg4KBm1pc3NlcxgNIAEoBBIPCgdkcmFpbmVkGA4gASgIEhIKCmxhc3RfZXJyb3IYDyABKAkSDAoEc3BlYxgQIAEoCRIRCgltYXhfcXVldWUYESABKAUSDwoHd2FpdGluZxgSIAEoBRIOCgZ0YXJnZXQYEyABKAUiEwoRUG9vbFN0YXR1c1JlcXVlc3QiMwoSUG9vbFN0YXR1c1Jlc3BvbnNlEh0KBXBvb2xzGAEgAygLMg4ucm9jaGUudjEuUG9vbCIvChFQb29sV2FybXVwUmVxdWVzdBILCgNrZXkYASABKAkSDQoFY291bnQYAiABKAUiMwoSUG9vbFdhcm11cFJlc3BvbnNlEh0KBXBvb2xzGAEgAygLMg4ucm9jaGUudjEuUG9vbCIfChBQb29sRHJhaW5SZXF1ZXN0EgsKA2tleRgBIAEoCSJFChFQb29sRHJhaW5SZXNwb25zZRIRCglkZXN0cm95ZWQYASABKAUSHQoFcG9vbHMYAiADKAsyDi5yb2NoZS52MS5Qb29sIhYKFExpc3RQcm92aWRlcnNSZXF1ZXN0IkIKFUxpc3RQcm92aWRlcnNSZXNwb25zZRIpCglwcm92aWRlcnMYASADKAsyFi5yb2NoZS52MS5Qcm92aWRlckluZm8iSgoMUHJvdmlkZXJJbmZvEgwKBG5hbWUYASABKAkSLAoMY2FwYWJpbGl0aWVzGAIgASgLMhYucm9jaGUudjEuQ2FwYWJpbGl0aWVzIt0BCgxDYXBhYmlsaXRpZXMSDwoHbmV0d29yaxgBIAEoCBIQCgh3cml0YWJsZRgCIAEoCBIOCgZtb3VudHMYAyABKAgSDQoFZmlsZXMYBCABKAgSDQoFcGF1c2UYBSABKAgSDQoFc3RkaW4YBiABKAgSEQoJcHJvY2Vzc2VzGAcgASgIEhYKDm5vdF9hcHBsaWNhYmxlGAggAygJEg4KBmVncmVzcxgJIAEoCBIOCgZsZWFzZXMYCiABKAgSDAoEY29kZRgLIAMoCRIUCgxyaWNoX3Jlc3VsdHMYDCABKAgiOgoMUmVzZXRSZXF1ZXN0EhIKCnNhbmRib3hfaWQYASABKAkSFgoOd2lwZV93b3Jrc3BhY2UYAiABKAgiMwoNUmVzZXRSZXNwb25zZRIiCgdzYW5kYm94GAEgASgLMhEucm9jaGUudjEuU2FuZGJveCKCAQoJV29ya3NwYWNlEgwKBG5hbWUYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSLgoKY3JlYXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJaW5fdXNlX2J5GAQgAygJEhIKCnNpemVfYnl0ZXMYBSABKAMiKQoVTGlzdFdvcmtzcGFjZXNSZXF1ZXN0EhAKCHByb3ZpZGVyGAEgASgJIkEKFkxpc3RXb3Jrc3BhY2VzUmVzcG9uc2USJwoKd29ya3NwYWNlcxgBIAMoCzITLnJvY2hlLnYxLldvcmtzcGFjZSI4ChZSZW1vdmVXb3Jrc3BhY2VSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIcHJvdmlkZXIYAiABKAkiGQoXUmVtb3ZlV29ya3NwYWNlUmVzcG9uc2UiaQoIU25hcHNob3QSDAoEbmFtZRgBIAEoCRIQCghwcm92aWRlchgCIAEoCRINCgVpbWFnZRgDIAEoCRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI5ChVDcmVhdGVTbmFwc2hvdFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJIj4KFkNyZWF0ZVNuYXBzaG90UmVzcG9uc2USJAoIc25hcHNob3QYASABKAsyEi5yb2NoZS52MS5TbmFwc2hvdCIoChRMaXN0U25hcHNob3RzUmVxdWVzdBIQCghwcm92aWRlchgBIAEoCSI+ChVMaXN0U25hcHNob3RzUmVzcG9uc2USJQoJc25hcHNob3RzGAEgAygLMhIucm9jaGUudjEuU25hcHNob3QiNwoVUmVtb3ZlU25hcHNob3RSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoIcHJvdmlkZXIYAiABKAkiGAoWUmVtb3ZlU25hcHNob3RSZXNwb25zZSI0CgtFcnJvckRldGFpbBIlCgZyZWFzb24YASABKA4yFS5yb2NoZS52MS5FcnJvclJlYXNvbiLtAQoOUnVuQ29kZVJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRIMCgRjb2RlGAIgASgJEhAKCGxhbmd1YWdlGAMgASgJEhIKCmNvbnRleHRfaWQYBCABKAkSFAoMdGltZW91dF9zZWNzGAUgASgBEhQKDG91dHB1dF9saW1pdBgGIAEoAxIuCgNlbnYYByADKAsyIS5yb2NoZS52MS5SdW5Db2RlUmVxdWVzdC5FbnZFbnRyeRILCgNjd2QYCCABKAkaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKrAQoKQ29kZVJlc3VsdBIMCgR0ZXh0GAEgASgJEgwKBGh0bWwYAiABKAkSEAoIbWFya2Rvd24YAyABKAkSCwoDc3ZnGAQgASgJEgsKA3BuZxgFIAEoDBIMCgRqcGVnGAYgASgMEgwKBGpzb24YByABKAkSDQoFbGF0ZXgYCCABKAkSEgoKamF2YXNjcmlwdBgJIAEoCRIWCg5pc19tYWluX3Jlc3VsdBgKIAEoCCI7CglDb2RlRXJyb3ISDAoEbmFtZRgBIAEoCRINCgV2YWx1ZRgCIAEoCRIRCgl0cmFjZWJhY2sYAyABKAkijQIKDUNvZGVFeGVjdXRpb24SJQoHcmVzdWx0cxgBIAMoCzIULnJvY2hlLnYxLkNvZGVSZXN1bHQSDgoGc3Rkb3V0GAIgAygJEg4KBnN0ZGVychgDIAMoCRIiCgVlcnJvchgEIAEoCzITLnJvY2hlLnYxLkNvZGVFcnJvchIXCg9leGVjdXRpb25fY291bnQYBSABKAUSEgoKY29udGV4dF9pZBgGIAEoCRIRCgl0aW1lZF9vdXQYByABKAgSEQoJcmVzdGFydGVkGAggASgIEhEKCXRydW5jYXRlZBgJIAEoCBIrCghkdXJhdGlvbhgKIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiLDAQoPUnVuQ29kZVJlc3BvbnNlEicKBm91dHB1dBgBIAEoCzIVLnJvY2hlLnYxLk91dHB1dENodW5rSAASKAoJaGVhcnRiZWF0GAIgASgLMhMucm9jaGUudjEuSGVhcnRiZWF0SAASJgoGcmVzdWx0GAMgASgLMhQucm9jaGUudjEuQ29kZVJlc3VsdEgAEiwKCWV4ZWN1dGlvbhgEIAEoCzIXLnJvY2hlLnYxLkNvZGVFeGVjdXRpb25IAEIHCgVldmVudCJJCgtDb2RlQ29udGV4dBIKCgJpZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRILCgNjd2QYAyABKAkSDwoHZGVmYXVsdBgEIAEoCCKrAQoUQ3JlYXRlQ29udGV4dFJlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCRIQCghsYW5ndWFnZRgCIAEoCRILCgNjd2QYAyABKAkSNAoDZW52GAQgAygLMicucm9jaGUudjEuQ3JlYXRlQ29udGV4dFJlcXVlc3QuRW52RW50cnkaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASI/ChVDcmVhdGVDb250ZXh0UmVzcG9uc2USJgoHY29udGV4dBgBIAEoCzIVLnJvY2hlLnYxLkNvZGVDb250ZXh0IikKE0xpc3RDb250ZXh0c1JlcXVlc3QSEgoKc2FuZGJveF9pZBgBIAEoCSI/ChRMaXN0Q29udGV4dHNSZXNwb25zZRInCghjb250ZXh0cxgBIAMoCzIVLnJvY2hlLnYxLkNvZGVDb250ZXh0Ij8KFVJlc3RhcnRDb250ZXh0UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEhIKCmNvbnRleHRfaWQYAiABKAkiGAoWUmVzdGFydENvbnRleHRSZXNwb25zZSI+ChRSZW1vdmVDb250ZXh0UmVxdWVzdBISCgpzYW5kYm94X2lkGAEgASgJEhIKCmNvbnRleHRfaWQYAiABKAkiFwoVUmVtb3ZlQ29udGV4dFJlc3BvbnNlKpcBCgxTYW5kYm94U3RhdGUSHQoZU0FOREJPWF9TVEFURV9VTlNQRUNJRklFRBAAEhkKFVNBTkRCT1hfU1RBVEVfUlVOTklORxABEhgKFFNBTkRCT1hfU1RBVEVfUEFVU0VEEAISGAoUU0FOREJPWF9TVEFURV9FWElURUQQAxIZChVTQU5EQk9YX1NUQVRFX0NSRUFURUQQBCphCgxPdXRwdXRTdHJlYW0SHQoZT1VUUFVUX1NUUkVBTV9VTlNQRUNJRklFRBAAEhgKFE9VVFBVVF9TVFJFQU1fU1RET1VUEAESGAoUT1VUUFVUX1NUUkVBTV9TVERFUlIQAiqyAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASGgoWRVJST1JfUkVBU09OX05PVF9GT1VORBABEh8KG0VSUk9SX1JFQVNPTl9JTlZBTElEX0NPTkZJRxACEhwKGEVSUk9SX1JFQVNPTl9VTkFWQUlMQUJMRRADEhgKFEVSUk9SX1JFQVNPTl9USU1FT1VUEAQSHAoYRVJST1JfUkVBU09OX1VOU1VQUE9SVEVEEAUSIAocRVJST1JfUkVBU09OX0lNQUdFX05PVF9GT1VORBAGEhoKFkVSUk9SX1JFQVNPTl9FWEhBVVNURUQQBxIbChdFUlJPUl9SRUFTT05fUEVSTUlTU0lPThAIEhcKE0VSUk9SX1JFQVNPTl9JTl9VU0UQCTLrEQoOU2FuZGJveFNlcnZpY2USOwoGQ3JlYXRlEhcucm9jaGUudjEuQ3JlYXRlUmVxdWVzdBoYLnJvY2hlLnYxLkNyZWF0ZVJlc3BvbnNlEjUKBEV4ZWMSFS5yb2NoZS52MS5FeGVjUmVxdWVzdBoWLnJvY2hlLnYxLkV4ZWNSZXNwb25zZRJJCgpFeGVjU3RyZWFtEhsucm9jaGUudjEuRXhlY1N0cmVhbVJlcXVlc3QaHC5yb2NoZS52MS5FeGVjU3RyZWFtUmVzcG9uc2UwARI+CgdEZXN0cm95Ehgucm9jaGUudjEuRGVzdHJveVJlcXVlc3QaGS5yb2NoZS52MS5EZXN0cm95UmVzcG9uc2USNwoESG9sZBIVLnJvY2hlLnYxLkhvbGRSZXF1ZXN0GhYucm9jaGUudjEuSG9sZFJlc3BvbnNlMAESNQoETGlzdBIVLnJvY2hlLnYxLkxpc3RSZXF1ZXN0GhYucm9jaGUudjEuTGlzdFJlc3BvbnNlEj4KB0luc3BlY3QSGC5yb2NoZS52MS5JbnNwZWN0UmVxdWVzdBoZLnJvY2hlLnYxLkluc3BlY3RSZXNwb25zZRI4CgVQYXVzZRIWLnJvY2hlLnYxLlBhdXNlUmVxdWVzdBoXLnJvY2hlLnYxLlBhdXNlUmVzcG9uc2USPgoHVW5wYXVzZRIYLnJvY2hlLnYxLlVucGF1c2VSZXF1ZXN0Ghkucm9jaGUudjEuVW5wYXVzZVJlc3BvbnNlEi8KAkdjEhMucm9jaGUudjEuR2NSZXF1ZXN0GhQucm9jaGUudjEuR2NSZXNwb25zZRI9CgZDb3B5VG8SFy5yb2NoZS52MS5Db3B5VG9SZXF1ZXN0Ghgucm9jaGUudjEuQ29weVRvUmVzcG9uc2UoARJDCghDb3B5RnJvbRIZLnJvY2hlLnYxLkNvcHlGcm9tUmVxdWVzdBoaLnJvY2hlLnYxLkNvcHlGcm9tUmVzcG9uc2UwARJHCgpQb29sU3RhdHVzEhsucm9jaGUudjEuUG9vbFN0YXR1c1JlcXVlc3QaHC5yb2NoZS52MS5Qb29sU3RhdHVzUmVzcG9uc2USRwoKUG9vbFdhcm11cBIbLnJvY2hlLnYxLlBvb2xXYXJtdXBSZXF1ZXN0Ghwucm9jaGUudjEuUG9vbFdhcm11cFJlc3BvbnNlEkQKCVBvb2xEcmFpbhIaLnJvY2hlLnYxLlBvb2xEcmFpblJlcXVlc3QaGy5yb2NoZS52MS5Qb29sRHJhaW5SZXNwb25zZRJQCg1MaXN0UHJvdmlkZXJzEh4ucm9jaGUudjEuTGlzdFByb3ZpZGVyc1JlcXVlc3QaHy5yb2NoZS52MS5MaXN0UHJvdmlkZXJzUmVzcG9uc2USOAoFUmVzZXQSFi5yb2NoZS52MS5SZXNldFJlcXVlc3QaFy5yb2NoZS52MS5SZXNldFJlc3BvbnNlElMKDkxpc3RXb3Jrc3BhY2VzEh8ucm9jaGUudjEuTGlzdFdvcmtzcGFjZXNSZXF1ZXN0GiAucm9jaGUudjEuTGlzdFdvcmtzcGFjZXNSZXNwb25zZRJWCg9SZW1vdmVXb3Jrc3BhY2USIC5yb2NoZS52MS5SZW1vdmVXb3Jrc3BhY2VSZXF1ZXN0GiEucm9jaGUudjEuUmVtb3ZlV29ya3NwYWNlUmVzcG9uc2USUwoOQ3JlYXRlU25hcHNob3QSHy5yb2NoZS52MS5DcmVhdGVTbmFwc2hvdFJlcXVlc3QaIC5yb2NoZS52MS5DcmVhdGVTbmFwc2hvdFJlc3BvbnNlElAKDUxpc3RTbmFwc2hvdHMSHi5yb2NoZS52MS5MaXN0U25hcHNob3RzUmVxdWVzdBofLnJvY2hlLnYxLkxpc3RTbmFwc2hvdHNSZXNwb25zZRJTCg5SZW1vdmVTbmFwc2hvdBIfLnJvY2hlLnYxLlJlbW92ZVNuYXBzaG90UmVxdWVzdBogLnJvY2hlLnYxLlJlbW92ZVNuYXBzaG90UmVzcG9uc2USQAoHUnVuQ29kZRIYLnJvY2hlLnYxLlJ1bkNvZGVSZXF1ZXN0Ghkucm9jaGUudjEuUnVuQ29kZVJlc3BvbnNlMAESUAoNQ3JlYXRlQ29udGV4dBIeLnJvY2hlLnYxLkNyZWF0ZUNvbnRleHRSZXF1ZXN0Gh8ucm9jaGUudjEuQ3JlYXRlQ29udGV4dFJlc3BvbnNlEk0KDExpc3RDb250ZXh0cxIdLnJvY2hlLnYxLkxpc3RDb250ZXh0c1JlcXVlc3QaHi5yb2NoZS52MS5MaXN0Q29udGV4dHNSZXNwb25zZRJTCg5SZXN0YXJ0Q29udGV4dBIfLnJvY2hlLnYxLlJlc3RhcnRDb250ZXh0UmVxdWVzdBogLnJvY2hlLnYxLlJlc3RhcnRDb250ZXh0UmVzcG9uc2USUAoNUmVtb3ZlQ29udGV4dBIeLnJvY2hlLnYxLlJlbW92ZUNvbnRleHRSZXF1ZXN0Gh8ucm9jaGUudjEuUmVtb3ZlQ29udGV4dFJlc3BvbnNlEkQKCUNyZWF0ZVB0eRIaLnJvY2hlLnYxLkNyZWF0ZVB0eVJlcXVlc3QaGy5yb2NoZS52MS5DcmVhdGVQdHlSZXNwb25zZRJJCgpDb25uZWN0UHR5Ehsucm9jaGUudjEuQ29ubmVjdFB0eVJlcXVlc3QaHC5yb2NoZS52MS5Db25uZWN0UHR5UmVzcG9uc2UwARJNCgxTZW5kUHR5SW5wdXQSHS5yb2NoZS52MS5TZW5kUHR5SW5wdXRSZXF1ZXN0Gh4ucm9jaGUudjEuU2VuZFB0eUlucHV0UmVzcG9uc2USRAoJUmVzaXplUHR5Ehoucm9jaGUudjEuUmVzaXplUHR5UmVxdWVzdBobLnJvY2hlLnYxLlJlc2l6ZVB0eVJlc3BvbnNlEj4KB0tpbGxQdHkSGC5yb2NoZS52MS5LaWxsUHR5UmVxdWVzdBoZLnJvY2hlLnYxLktpbGxQdHlSZXNwb25zZUI1WjNnaXRodWIuY29tL3JvY2hlLXNhbmRib3gvcm9jaGUvYXBpL3JvY2hlL3YxO3JvY2hldjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+
+/**
+ * PtySize is a terminal's size in characters; zero fields mean 80x24.
+ *
+ * @generated from message roche.v1.PtySize
+ */
+export type PtySize = Message<"roche.v1.PtySize"> & {
+  /**
+   * @generated from field: uint32 cols = 1;
+   */
+  cols: number;
+
+  /**
+   * @generated from field: uint32 rows = 2;
+   */
+  rows: number;
+};
+
+/**
+ * Describes the message roche.v1.PtySize.
+ * Use `create(PtySizeSchema)` to create a new message.
+ */
+export const PtySizeSchema: GenMessage<PtySize> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 0);
+
+/**
+ * @generated from message roche.v1.CreatePtyRequest
+ */
+export type CreatePtyRequest = Message<"roche.v1.CreatePtyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * cmd is the argv; empty runs the image's shell (/bin/bash, else /bin/sh).
+   *
+   * @generated from field: repeated string cmd = 2;
+   */
+  cmd: string[];
+
+  /**
+   * @generated from field: map<string, string> env = 3;
+   */
+  env: { [key: string]: string };
+
+  /**
+   * @generated from field: string workdir = 4;
+   */
+  workdir: string;
+
+  /**
+   * @generated from field: roche.v1.PtySize size = 5;
+   */
+  size?: PtySize;
+};
+
+/**
+ * Describes the message roche.v1.CreatePtyRequest.
+ * Use `create(CreatePtyRequestSchema)` to create a new message.
+ */
+export const CreatePtyRequestSchema: GenMessage<CreatePtyRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 1);
+
+/**
+ * @generated from message roche.v1.CreatePtyResponse
+ */
+export type CreatePtyResponse = Message<"roche.v1.CreatePtyResponse"> & {
+  /**
+   * @generated from field: int32 pid = 1;
+   */
+  pid: number;
+};
+
+/**
+ * Describes the message roche.v1.CreatePtyResponse.
+ * Use `create(CreatePtyResponseSchema)` to create a new message.
+ */
+export const CreatePtyResponseSchema: GenMessage<CreatePtyResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 2);
+
+/**
+ * @generated from message roche.v1.ConnectPtyRequest
+ */
+export type ConnectPtyRequest = Message<"roche.v1.ConnectPtyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: int32 pid = 2;
+   */
+  pid: number;
+
+  /**
+   * @generated from field: bool kill_on_close = 3;
+   */
+  killOnClose: boolean;
+};
+
+/**
+ * Describes the message roche.v1.ConnectPtyRequest.
+ * Use `create(ConnectPtyRequestSchema)` to create a new message.
+ */
+export const ConnectPtyRequestSchema: GenMessage<ConnectPtyRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 3);
+
+/**
+ * @generated from message roche.v1.ConnectPtyResponse
+ */
+export type ConnectPtyResponse = Message<"roche.v1.ConnectPtyResponse"> & {
+  /**
+   * @generated from oneof roche.v1.ConnectPtyResponse.event
+   */
+  event: {
+    /**
+     * data is the terminal's output (stdout and stderr are one stream on a terminal).
+     *
+     * @generated from field: bytes data = 1;
+     */
+    value: Uint8Array;
+    case: "data";
+  } | {
+    /**
+     * @generated from field: roche.v1.Heartbeat heartbeat = 2;
+     */
+    value: Heartbeat;
+    case: "heartbeat";
+  } | {
+    /**
+     * @generated from field: roche.v1.ExecResult result = 3;
+     */
+    value: ExecResult;
+    case: "result";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message roche.v1.ConnectPtyResponse.
+ * Use `create(ConnectPtyResponseSchema)` to create a new message.
+ */
+export const ConnectPtyResponseSchema: GenMessage<ConnectPtyResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 4);
+
+/**
+ * @generated from message roche.v1.SendPtyInputRequest
+ */
+export type SendPtyInputRequest = Message<"roche.v1.SendPtyInputRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: int32 pid = 2;
+   */
+  pid: number;
+
+  /**
+   * @generated from field: bytes data = 3;
+   */
+  data: Uint8Array;
+};
+
+/**
+ * Describes the message roche.v1.SendPtyInputRequest.
+ * Use `create(SendPtyInputRequestSchema)` to create a new message.
+ */
+export const SendPtyInputRequestSchema: GenMessage<SendPtyInputRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 5);
+
+/**
+ * @generated from message roche.v1.SendPtyInputResponse
+ */
+export type SendPtyInputResponse = Message<"roche.v1.SendPtyInputResponse"> & {
+};
+
+/**
+ * Describes the message roche.v1.SendPtyInputResponse.
+ * Use `create(SendPtyInputResponseSchema)` to create a new message.
+ */
+export const SendPtyInputResponseSchema: GenMessage<SendPtyInputResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 6);
+
+/**
+ * @generated from message roche.v1.ResizePtyRequest
+ */
+export type ResizePtyRequest = Message<"roche.v1.ResizePtyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: int32 pid = 2;
+   */
+  pid: number;
+
+  /**
+   * @generated from field: roche.v1.PtySize size = 3;
+   */
+  size?: PtySize;
+};
+
+/**
+ * Describes the message roche.v1.ResizePtyRequest.
+ * Use `create(ResizePtyRequestSchema)` to create a new message.
+ */
+export const ResizePtyRequestSchema: GenMessage<ResizePtyRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 7);
+
+/**
+ * @generated from message roche.v1.ResizePtyResponse
+ */
+export type ResizePtyResponse = Message<"roche.v1.ResizePtyResponse"> & {
+};
+
+/**
+ * Describes the message roche.v1.ResizePtyResponse.
+ * Use `create(ResizePtyResponseSchema)` to create a new message.
+ */
+export const ResizePtyResponseSchema: GenMessage<ResizePtyResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 8);
+
+/**
+ * @generated from message roche.v1.KillPtyRequest
+ */
+export type KillPtyRequest = Message<"roche.v1.KillPtyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: int32 pid = 2;
+   */
+  pid: number;
+};
+
+/**
+ * Describes the message roche.v1.KillPtyRequest.
+ * Use `create(KillPtyRequestSchema)` to create a new message.
+ */
+export const KillPtyRequestSchema: GenMessage<KillPtyRequest> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 9);
+
+/**
+ * @generated from message roche.v1.KillPtyResponse
+ */
+export type KillPtyResponse = Message<"roche.v1.KillPtyResponse"> & {
+};
+
+/**
+ * Describes the message roche.v1.KillPtyResponse.
+ * Use `create(KillPtyResponseSchema)` to create a new message.
+ */
+export const KillPtyResponseSchema: GenMessage<KillPtyResponse> = /*@__PURE__*/
+  messageDesc(file_roche_v1_sandbox, 10);
 
 /**
  * SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
@@ -147,7 +406,7 @@ export type SandboxConfig = Message<"roche.v1.SandboxConfig"> & {
  * Use `create(SandboxConfigSchema)` to create a new message.
  */
 export const SandboxConfigSchema: GenMessage<SandboxConfig> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 0);
+  messageDesc(file_roche_v1_sandbox, 11);
 
 /**
  * Mount binds a host path (on the daemon's host) into the sandbox.
@@ -176,7 +435,7 @@ export type Mount = Message<"roche.v1.Mount"> & {
  * Use `create(MountSchema)` to create a new message.
  */
 export const MountSchema: GenMessage<Mount> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 1);
+  messageDesc(file_roche_v1_sandbox, 12);
 
 /**
  * Sandbox describes a sandbox.
@@ -236,7 +495,7 @@ export type Sandbox = Message<"roche.v1.Sandbox"> & {
  * Use `create(SandboxSchema)` to create a new message.
  */
 export const SandboxSchema: GenMessage<Sandbox> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 2);
+  messageDesc(file_roche_v1_sandbox, 13);
 
 /**
  * @generated from message roche.v1.CreateRequest
@@ -260,7 +519,7 @@ export type CreateRequest = Message<"roche.v1.CreateRequest"> & {
  * Use `create(CreateRequestSchema)` to create a new message.
  */
 export const CreateRequestSchema: GenMessage<CreateRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 3);
+  messageDesc(file_roche_v1_sandbox, 14);
 
 /**
  * @generated from message roche.v1.CreateResponse
@@ -284,7 +543,7 @@ export type CreateResponse = Message<"roche.v1.CreateResponse"> & {
  * Use `create(CreateResponseSchema)` to create a new message.
  */
 export const CreateResponseSchema: GenMessage<CreateResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 4);
+  messageDesc(file_roche_v1_sandbox, 15);
 
 /**
  * @generated from message roche.v1.ExecRequest
@@ -339,7 +598,7 @@ export type ExecRequest = Message<"roche.v1.ExecRequest"> & {
  * Use `create(ExecRequestSchema)` to create a new message.
  */
 export const ExecRequestSchema: GenMessage<ExecRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 5);
+  messageDesc(file_roche_v1_sandbox, 16);
 
 /**
  * @generated from message roche.v1.ExecResponse
@@ -356,7 +615,7 @@ export type ExecResponse = Message<"roche.v1.ExecResponse"> & {
  * Use `create(ExecResponseSchema)` to create a new message.
  */
 export const ExecResponseSchema: GenMessage<ExecResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 6);
+  messageDesc(file_roche_v1_sandbox, 17);
 
 /**
  * ExecStreamRequest has ExecRequest's fields.
@@ -405,7 +664,7 @@ export type ExecStreamRequest = Message<"roche.v1.ExecStreamRequest"> & {
  * Use `create(ExecStreamRequestSchema)` to create a new message.
  */
 export const ExecStreamRequestSchema: GenMessage<ExecStreamRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 7);
+  messageDesc(file_roche_v1_sandbox, 18);
 
 /**
  * ExecResult is the outcome of a command. Output is bytes: programs may print anything.
@@ -456,7 +715,7 @@ export type ExecResult = Message<"roche.v1.ExecResult"> & {
  * Use `create(ExecResultSchema)` to create a new message.
  */
 export const ExecResultSchema: GenMessage<ExecResult> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 8);
+  messageDesc(file_roche_v1_sandbox, 19);
 
 /**
  * @generated from message roche.v1.OutputChunk
@@ -478,7 +737,7 @@ export type OutputChunk = Message<"roche.v1.OutputChunk"> & {
  * Use `create(OutputChunkSchema)` to create a new message.
  */
 export const OutputChunkSchema: GenMessage<OutputChunk> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 9);
+  messageDesc(file_roche_v1_sandbox, 20);
 
 /**
  * Heartbeat is sent while a command is quiet, so that clients and proxies can tell a
@@ -498,7 +757,7 @@ export type Heartbeat = Message<"roche.v1.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 10);
+  messageDesc(file_roche_v1_sandbox, 21);
 
 /**
  * @generated from message roche.v1.ExecStreamResponse
@@ -533,7 +792,7 @@ export type ExecStreamResponse = Message<"roche.v1.ExecStreamResponse"> & {
  * Use `create(ExecStreamResponseSchema)` to create a new message.
  */
 export const ExecStreamResponseSchema: GenMessage<ExecStreamResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 11);
+  messageDesc(file_roche_v1_sandbox, 22);
 
 /**
  * @generated from message roche.v1.DestroyRequest
@@ -562,7 +821,7 @@ export type DestroyRequest = Message<"roche.v1.DestroyRequest"> & {
  * Use `create(DestroyRequestSchema)` to create a new message.
  */
 export const DestroyRequestSchema: GenMessage<DestroyRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 12);
+  messageDesc(file_roche_v1_sandbox, 23);
 
 /**
  * @generated from message roche.v1.HoldRequest
@@ -579,7 +838,7 @@ export type HoldRequest = Message<"roche.v1.HoldRequest"> & {
  * Use `create(HoldRequestSchema)` to create a new message.
  */
 export const HoldRequestSchema: GenMessage<HoldRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 13);
+  messageDesc(file_roche_v1_sandbox, 24);
 
 /**
  * @generated from message roche.v1.HoldResponse
@@ -592,7 +851,7 @@ export type HoldResponse = Message<"roche.v1.HoldResponse"> & {
  * Use `create(HoldResponseSchema)` to create a new message.
  */
 export const HoldResponseSchema: GenMessage<HoldResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 14);
+  messageDesc(file_roche_v1_sandbox, 25);
 
 /**
  * @generated from message roche.v1.DestroyResponse
@@ -609,7 +868,7 @@ export type DestroyResponse = Message<"roche.v1.DestroyResponse"> & {
  * Use `create(DestroyResponseSchema)` to create a new message.
  */
 export const DestroyResponseSchema: GenMessage<DestroyResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 15);
+  messageDesc(file_roche_v1_sandbox, 26);
 
 /**
  * @generated from message roche.v1.ListRequest
@@ -628,7 +887,7 @@ export type ListRequest = Message<"roche.v1.ListRequest"> & {
  * Use `create(ListRequestSchema)` to create a new message.
  */
 export const ListRequestSchema: GenMessage<ListRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 16);
+  messageDesc(file_roche_v1_sandbox, 27);
 
 /**
  * @generated from message roche.v1.ListResponse
@@ -645,7 +904,7 @@ export type ListResponse = Message<"roche.v1.ListResponse"> & {
  * Use `create(ListResponseSchema)` to create a new message.
  */
 export const ListResponseSchema: GenMessage<ListResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 17);
+  messageDesc(file_roche_v1_sandbox, 28);
 
 /**
  * @generated from message roche.v1.InspectRequest
@@ -662,7 +921,7 @@ export type InspectRequest = Message<"roche.v1.InspectRequest"> & {
  * Use `create(InspectRequestSchema)` to create a new message.
  */
 export const InspectRequestSchema: GenMessage<InspectRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 18);
+  messageDesc(file_roche_v1_sandbox, 29);
 
 /**
  * @generated from message roche.v1.InspectResponse
@@ -679,7 +938,7 @@ export type InspectResponse = Message<"roche.v1.InspectResponse"> & {
  * Use `create(InspectResponseSchema)` to create a new message.
  */
 export const InspectResponseSchema: GenMessage<InspectResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 19);
+  messageDesc(file_roche_v1_sandbox, 30);
 
 /**
  * @generated from message roche.v1.PauseRequest
@@ -696,7 +955,7 @@ export type PauseRequest = Message<"roche.v1.PauseRequest"> & {
  * Use `create(PauseRequestSchema)` to create a new message.
  */
 export const PauseRequestSchema: GenMessage<PauseRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 20);
+  messageDesc(file_roche_v1_sandbox, 31);
 
 /**
  * @generated from message roche.v1.PauseResponse
@@ -709,7 +968,7 @@ export type PauseResponse = Message<"roche.v1.PauseResponse"> & {
  * Use `create(PauseResponseSchema)` to create a new message.
  */
 export const PauseResponseSchema: GenMessage<PauseResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 21);
+  messageDesc(file_roche_v1_sandbox, 32);
 
 /**
  * @generated from message roche.v1.UnpauseRequest
@@ -726,7 +985,7 @@ export type UnpauseRequest = Message<"roche.v1.UnpauseRequest"> & {
  * Use `create(UnpauseRequestSchema)` to create a new message.
  */
 export const UnpauseRequestSchema: GenMessage<UnpauseRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 22);
+  messageDesc(file_roche_v1_sandbox, 33);
 
 /**
  * @generated from message roche.v1.UnpauseResponse
@@ -739,7 +998,7 @@ export type UnpauseResponse = Message<"roche.v1.UnpauseResponse"> & {
  * Use `create(UnpauseResponseSchema)` to create a new message.
  */
 export const UnpauseResponseSchema: GenMessage<UnpauseResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 23);
+  messageDesc(file_roche_v1_sandbox, 34);
 
 /**
  * @generated from message roche.v1.GcRequest
@@ -768,7 +1027,7 @@ export type GcRequest = Message<"roche.v1.GcRequest"> & {
  * Use `create(GcRequestSchema)` to create a new message.
  */
 export const GcRequestSchema: GenMessage<GcRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 24);
+  messageDesc(file_roche_v1_sandbox, 35);
 
 /**
  * @generated from message roche.v1.GcResponse
@@ -785,7 +1044,7 @@ export type GcResponse = Message<"roche.v1.GcResponse"> & {
  * Use `create(GcResponseSchema)` to create a new message.
  */
 export const GcResponseSchema: GenMessage<GcResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 25);
+  messageDesc(file_roche_v1_sandbox, 36);
 
 /**
  * CopyToRequest: the first message names the sandbox and the destination path; every
@@ -823,7 +1082,7 @@ export type CopyToRequest = Message<"roche.v1.CopyToRequest"> & {
  * Use `create(CopyToRequestSchema)` to create a new message.
  */
 export const CopyToRequestSchema: GenMessage<CopyToRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 26);
+  messageDesc(file_roche_v1_sandbox, 37);
 
 /**
  * @generated from message roche.v1.CopyToResponse
@@ -836,7 +1095,7 @@ export type CopyToResponse = Message<"roche.v1.CopyToResponse"> & {
  * Use `create(CopyToResponseSchema)` to create a new message.
  */
 export const CopyToResponseSchema: GenMessage<CopyToResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 27);
+  messageDesc(file_roche_v1_sandbox, 38);
 
 /**
  * @generated from message roche.v1.CopyFromRequest
@@ -876,7 +1135,7 @@ export type CopyFromRequest = Message<"roche.v1.CopyFromRequest"> & {
  * Use `create(CopyFromRequestSchema)` to create a new message.
  */
 export const CopyFromRequestSchema: GenMessage<CopyFromRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 28);
+  messageDesc(file_roche_v1_sandbox, 39);
 
 /**
  * CopyFromResponse carries the next piece of a tar stream whose root entry is src's base
@@ -897,7 +1156,7 @@ export type CopyFromResponse = Message<"roche.v1.CopyFromResponse"> & {
  * Use `create(CopyFromResponseSchema)` to create a new message.
  */
 export const CopyFromResponseSchema: GenMessage<CopyFromResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 29);
+  messageDesc(file_roche_v1_sandbox, 40);
 
 /**
  * Pool describes one warm pool.
@@ -1023,7 +1282,7 @@ export type Pool = Message<"roche.v1.Pool"> & {
  * Use `create(PoolSchema)` to create a new message.
  */
 export const PoolSchema: GenMessage<Pool> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 30);
+  messageDesc(file_roche_v1_sandbox, 41);
 
 /**
  * @generated from message roche.v1.PoolStatusRequest
@@ -1036,7 +1295,7 @@ export type PoolStatusRequest = Message<"roche.v1.PoolStatusRequest"> & {
  * Use `create(PoolStatusRequestSchema)` to create a new message.
  */
 export const PoolStatusRequestSchema: GenMessage<PoolStatusRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 31);
+  messageDesc(file_roche_v1_sandbox, 42);
 
 /**
  * @generated from message roche.v1.PoolStatusResponse
@@ -1053,7 +1312,7 @@ export type PoolStatusResponse = Message<"roche.v1.PoolStatusResponse"> & {
  * Use `create(PoolStatusResponseSchema)` to create a new message.
  */
 export const PoolStatusResponseSchema: GenMessage<PoolStatusResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 32);
+  messageDesc(file_roche_v1_sandbox, 43);
 
 /**
  * @generated from message roche.v1.PoolWarmupRequest
@@ -1079,7 +1338,7 @@ export type PoolWarmupRequest = Message<"roche.v1.PoolWarmupRequest"> & {
  * Use `create(PoolWarmupRequestSchema)` to create a new message.
  */
 export const PoolWarmupRequestSchema: GenMessage<PoolWarmupRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 33);
+  messageDesc(file_roche_v1_sandbox, 44);
 
 /**
  * @generated from message roche.v1.PoolWarmupResponse
@@ -1096,7 +1355,7 @@ export type PoolWarmupResponse = Message<"roche.v1.PoolWarmupResponse"> & {
  * Use `create(PoolWarmupResponseSchema)` to create a new message.
  */
 export const PoolWarmupResponseSchema: GenMessage<PoolWarmupResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 34);
+  messageDesc(file_roche_v1_sandbox, 45);
 
 /**
  * @generated from message roche.v1.PoolDrainRequest
@@ -1115,7 +1374,7 @@ export type PoolDrainRequest = Message<"roche.v1.PoolDrainRequest"> & {
  * Use `create(PoolDrainRequestSchema)` to create a new message.
  */
 export const PoolDrainRequestSchema: GenMessage<PoolDrainRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 35);
+  messageDesc(file_roche_v1_sandbox, 46);
 
 /**
  * @generated from message roche.v1.PoolDrainResponse
@@ -1137,7 +1396,7 @@ export type PoolDrainResponse = Message<"roche.v1.PoolDrainResponse"> & {
  * Use `create(PoolDrainResponseSchema)` to create a new message.
  */
 export const PoolDrainResponseSchema: GenMessage<PoolDrainResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 36);
+  messageDesc(file_roche_v1_sandbox, 47);
 
 /**
  * @generated from message roche.v1.ListProvidersRequest
@@ -1150,7 +1409,7 @@ export type ListProvidersRequest = Message<"roche.v1.ListProvidersRequest"> & {
  * Use `create(ListProvidersRequestSchema)` to create a new message.
  */
 export const ListProvidersRequestSchema: GenMessage<ListProvidersRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 37);
+  messageDesc(file_roche_v1_sandbox, 48);
 
 /**
  * @generated from message roche.v1.ListProvidersResponse
@@ -1167,7 +1426,7 @@ export type ListProvidersResponse = Message<"roche.v1.ListProvidersResponse"> & 
  * Use `create(ListProvidersResponseSchema)` to create a new message.
  */
 export const ListProvidersResponseSchema: GenMessage<ListProvidersResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 38);
+  messageDesc(file_roche_v1_sandbox, 49);
 
 /**
  * @generated from message roche.v1.ProviderInfo
@@ -1189,7 +1448,7 @@ export type ProviderInfo = Message<"roche.v1.ProviderInfo"> & {
  * Use `create(ProviderInfoSchema)` to create a new message.
  */
 export const ProviderInfoSchema: GenMessage<ProviderInfo> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 39);
+  messageDesc(file_roche_v1_sandbox, 50);
 
 /**
  * Capabilities mirrors roche.Capabilities.
@@ -1271,7 +1530,7 @@ export type Capabilities = Message<"roche.v1.Capabilities"> & {
  * Use `create(CapabilitiesSchema)` to create a new message.
  */
 export const CapabilitiesSchema: GenMessage<Capabilities> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 40);
+  messageDesc(file_roche_v1_sandbox, 51);
 
 /**
  * @generated from message roche.v1.ResetRequest
@@ -1295,7 +1554,7 @@ export type ResetRequest = Message<"roche.v1.ResetRequest"> & {
  * Use `create(ResetRequestSchema)` to create a new message.
  */
 export const ResetRequestSchema: GenMessage<ResetRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 41);
+  messageDesc(file_roche_v1_sandbox, 52);
 
 /**
  * @generated from message roche.v1.ResetResponse
@@ -1314,7 +1573,7 @@ export type ResetResponse = Message<"roche.v1.ResetResponse"> & {
  * Use `create(ResetResponseSchema)` to create a new message.
  */
 export const ResetResponseSchema: GenMessage<ResetResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 42);
+  messageDesc(file_roche_v1_sandbox, 53);
 
 /**
  * Workspace mirrors roche.Workspace.
@@ -1357,7 +1616,7 @@ export type Workspace = Message<"roche.v1.Workspace"> & {
  * Use `create(WorkspaceSchema)` to create a new message.
  */
 export const WorkspaceSchema: GenMessage<Workspace> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 43);
+  messageDesc(file_roche_v1_sandbox, 54);
 
 /**
  * @generated from message roche.v1.ListWorkspacesRequest
@@ -1376,7 +1635,7 @@ export type ListWorkspacesRequest = Message<"roche.v1.ListWorkspacesRequest"> & 
  * Use `create(ListWorkspacesRequestSchema)` to create a new message.
  */
 export const ListWorkspacesRequestSchema: GenMessage<ListWorkspacesRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 44);
+  messageDesc(file_roche_v1_sandbox, 55);
 
 /**
  * @generated from message roche.v1.ListWorkspacesResponse
@@ -1393,7 +1652,7 @@ export type ListWorkspacesResponse = Message<"roche.v1.ListWorkspacesResponse"> 
  * Use `create(ListWorkspacesResponseSchema)` to create a new message.
  */
 export const ListWorkspacesResponseSchema: GenMessage<ListWorkspacesResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 45);
+  messageDesc(file_roche_v1_sandbox, 56);
 
 /**
  * @generated from message roche.v1.RemoveWorkspaceRequest
@@ -1418,7 +1677,7 @@ export type RemoveWorkspaceRequest = Message<"roche.v1.RemoveWorkspaceRequest"> 
  * Use `create(RemoveWorkspaceRequestSchema)` to create a new message.
  */
 export const RemoveWorkspaceRequestSchema: GenMessage<RemoveWorkspaceRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 46);
+  messageDesc(file_roche_v1_sandbox, 57);
 
 /**
  * @generated from message roche.v1.RemoveWorkspaceResponse
@@ -1431,7 +1690,7 @@ export type RemoveWorkspaceResponse = Message<"roche.v1.RemoveWorkspaceResponse"
  * Use `create(RemoveWorkspaceResponseSchema)` to create a new message.
  */
 export const RemoveWorkspaceResponseSchema: GenMessage<RemoveWorkspaceResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 47);
+  messageDesc(file_roche_v1_sandbox, 58);
 
 /**
  * Snapshot mirrors roche.Snapshot.
@@ -1467,7 +1726,7 @@ export type Snapshot = Message<"roche.v1.Snapshot"> & {
  * Use `create(SnapshotSchema)` to create a new message.
  */
 export const SnapshotSchema: GenMessage<Snapshot> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 48);
+  messageDesc(file_roche_v1_sandbox, 59);
 
 /**
  * @generated from message roche.v1.CreateSnapshotRequest
@@ -1489,7 +1748,7 @@ export type CreateSnapshotRequest = Message<"roche.v1.CreateSnapshotRequest"> & 
  * Use `create(CreateSnapshotRequestSchema)` to create a new message.
  */
 export const CreateSnapshotRequestSchema: GenMessage<CreateSnapshotRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 49);
+  messageDesc(file_roche_v1_sandbox, 60);
 
 /**
  * @generated from message roche.v1.CreateSnapshotResponse
@@ -1506,7 +1765,7 @@ export type CreateSnapshotResponse = Message<"roche.v1.CreateSnapshotResponse"> 
  * Use `create(CreateSnapshotResponseSchema)` to create a new message.
  */
 export const CreateSnapshotResponseSchema: GenMessage<CreateSnapshotResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 50);
+  messageDesc(file_roche_v1_sandbox, 61);
 
 /**
  * @generated from message roche.v1.ListSnapshotsRequest
@@ -1525,7 +1784,7 @@ export type ListSnapshotsRequest = Message<"roche.v1.ListSnapshotsRequest"> & {
  * Use `create(ListSnapshotsRequestSchema)` to create a new message.
  */
 export const ListSnapshotsRequestSchema: GenMessage<ListSnapshotsRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 51);
+  messageDesc(file_roche_v1_sandbox, 62);
 
 /**
  * @generated from message roche.v1.ListSnapshotsResponse
@@ -1542,7 +1801,7 @@ export type ListSnapshotsResponse = Message<"roche.v1.ListSnapshotsResponse"> & 
  * Use `create(ListSnapshotsResponseSchema)` to create a new message.
  */
 export const ListSnapshotsResponseSchema: GenMessage<ListSnapshotsResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 52);
+  messageDesc(file_roche_v1_sandbox, 63);
 
 /**
  * @generated from message roche.v1.RemoveSnapshotRequest
@@ -1567,7 +1826,7 @@ export type RemoveSnapshotRequest = Message<"roche.v1.RemoveSnapshotRequest"> & 
  * Use `create(RemoveSnapshotRequestSchema)` to create a new message.
  */
 export const RemoveSnapshotRequestSchema: GenMessage<RemoveSnapshotRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 53);
+  messageDesc(file_roche_v1_sandbox, 64);
 
 /**
  * @generated from message roche.v1.RemoveSnapshotResponse
@@ -1580,7 +1839,7 @@ export type RemoveSnapshotResponse = Message<"roche.v1.RemoveSnapshotResponse"> 
  * Use `create(RemoveSnapshotResponseSchema)` to create a new message.
  */
 export const RemoveSnapshotResponseSchema: GenMessage<RemoveSnapshotResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 54);
+  messageDesc(file_roche_v1_sandbox, 65);
 
 /**
  * ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -1599,7 +1858,7 @@ export type ErrorDetail = Message<"roche.v1.ErrorDetail"> & {
  * Use `create(ErrorDetailSchema)` to create a new message.
  */
 export const ErrorDetailSchema: GenMessage<ErrorDetail> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 55);
+  messageDesc(file_roche_v1_sandbox, 66);
 
 /**
  * @generated from message roche.v1.RunCodeRequest
@@ -1657,7 +1916,7 @@ export type RunCodeRequest = Message<"roche.v1.RunCodeRequest"> & {
  * Use `create(RunCodeRequestSchema)` to create a new message.
  */
 export const RunCodeRequestSchema: GenMessage<RunCodeRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 56);
+  messageDesc(file_roche_v1_sandbox, 67);
 
 /**
  * CodeResult is one rich result; each field is set when the result has that form.
@@ -1725,7 +1984,7 @@ export type CodeResult = Message<"roche.v1.CodeResult"> & {
  * Use `create(CodeResultSchema)` to create a new message.
  */
 export const CodeResultSchema: GenMessage<CodeResult> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 57);
+  messageDesc(file_roche_v1_sandbox, 68);
 
 /**
  * @generated from message roche.v1.CodeError
@@ -1752,7 +2011,7 @@ export type CodeError = Message<"roche.v1.CodeError"> & {
  * Use `create(CodeErrorSchema)` to create a new message.
  */
 export const CodeErrorSchema: GenMessage<CodeError> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 58);
+  messageDesc(file_roche_v1_sandbox, 69);
 
 /**
  * CodeExecution summarises a cell. Its logs and results are empty in RunCode's stream:
@@ -1817,7 +2076,7 @@ export type CodeExecution = Message<"roche.v1.CodeExecution"> & {
  * Use `create(CodeExecutionSchema)` to create a new message.
  */
 export const CodeExecutionSchema: GenMessage<CodeExecution> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 59);
+  messageDesc(file_roche_v1_sandbox, 70);
 
 /**
  * @generated from message roche.v1.RunCodeResponse
@@ -1858,7 +2117,7 @@ export type RunCodeResponse = Message<"roche.v1.RunCodeResponse"> & {
  * Use `create(RunCodeResponseSchema)` to create a new message.
  */
 export const RunCodeResponseSchema: GenMessage<RunCodeResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 60);
+  messageDesc(file_roche_v1_sandbox, 71);
 
 /**
  * @generated from message roche.v1.CodeContext
@@ -1890,7 +2149,7 @@ export type CodeContext = Message<"roche.v1.CodeContext"> & {
  * Use `create(CodeContextSchema)` to create a new message.
  */
 export const CodeContextSchema: GenMessage<CodeContext> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 61);
+  messageDesc(file_roche_v1_sandbox, 72);
 
 /**
  * @generated from message roche.v1.CreateContextRequest
@@ -1926,7 +2185,7 @@ export type CreateContextRequest = Message<"roche.v1.CreateContextRequest"> & {
  * Use `create(CreateContextRequestSchema)` to create a new message.
  */
 export const CreateContextRequestSchema: GenMessage<CreateContextRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 62);
+  messageDesc(file_roche_v1_sandbox, 73);
 
 /**
  * @generated from message roche.v1.CreateContextResponse
@@ -1943,7 +2202,7 @@ export type CreateContextResponse = Message<"roche.v1.CreateContextResponse"> & 
  * Use `create(CreateContextResponseSchema)` to create a new message.
  */
 export const CreateContextResponseSchema: GenMessage<CreateContextResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 63);
+  messageDesc(file_roche_v1_sandbox, 74);
 
 /**
  * @generated from message roche.v1.ListContextsRequest
@@ -1960,7 +2219,7 @@ export type ListContextsRequest = Message<"roche.v1.ListContextsRequest"> & {
  * Use `create(ListContextsRequestSchema)` to create a new message.
  */
 export const ListContextsRequestSchema: GenMessage<ListContextsRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 64);
+  messageDesc(file_roche_v1_sandbox, 75);
 
 /**
  * @generated from message roche.v1.ListContextsResponse
@@ -1977,7 +2236,7 @@ export type ListContextsResponse = Message<"roche.v1.ListContextsResponse"> & {
  * Use `create(ListContextsResponseSchema)` to create a new message.
  */
 export const ListContextsResponseSchema: GenMessage<ListContextsResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 65);
+  messageDesc(file_roche_v1_sandbox, 76);
 
 /**
  * @generated from message roche.v1.RestartContextRequest
@@ -1999,7 +2258,7 @@ export type RestartContextRequest = Message<"roche.v1.RestartContextRequest"> & 
  * Use `create(RestartContextRequestSchema)` to create a new message.
  */
 export const RestartContextRequestSchema: GenMessage<RestartContextRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 66);
+  messageDesc(file_roche_v1_sandbox, 77);
 
 /**
  * @generated from message roche.v1.RestartContextResponse
@@ -2012,7 +2271,7 @@ export type RestartContextResponse = Message<"roche.v1.RestartContextResponse"> 
  * Use `create(RestartContextResponseSchema)` to create a new message.
  */
 export const RestartContextResponseSchema: GenMessage<RestartContextResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 67);
+  messageDesc(file_roche_v1_sandbox, 78);
 
 /**
  * @generated from message roche.v1.RemoveContextRequest
@@ -2034,7 +2293,7 @@ export type RemoveContextRequest = Message<"roche.v1.RemoveContextRequest"> & {
  * Use `create(RemoveContextRequestSchema)` to create a new message.
  */
 export const RemoveContextRequestSchema: GenMessage<RemoveContextRequest> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 68);
+  messageDesc(file_roche_v1_sandbox, 79);
 
 /**
  * @generated from message roche.v1.RemoveContextResponse
@@ -2047,7 +2306,7 @@ export type RemoveContextResponse = Message<"roche.v1.RemoveContextResponse"> & 
  * Use `create(RemoveContextResponseSchema)` to create a new message.
  */
 export const RemoveContextResponseSchema: GenMessage<RemoveContextResponse> = /*@__PURE__*/
-  messageDesc(file_roche_v1_sandbox, 69);
+  messageDesc(file_roche_v1_sandbox, 80);
 
 /**
  * SandboxState is a sandbox's lifecycle state.
@@ -2460,6 +2719,63 @@ export const SandboxService: GenService<{
     methodKind: "unary";
     input: typeof RemoveContextRequestSchema;
     output: typeof RemoveContextResponseSchema;
+  },
+  /**
+   * PTY sessions: a command on a pseudo-terminal in the sandbox (default: the image's
+   * shell), as the sandbox user under every limit. Unary calls and one server stream, so
+   * HTTP/1.1 clients drive them as well as gRPC ones.
+   * CreatePty starts a session and returns its pid; it runs until its command exits,
+   * KillPty, or the sandbox ends.
+   *
+   * @generated from rpc roche.v1.SandboxService.CreatePty
+   */
+  createPty: {
+    methodKind: "unary";
+    input: typeof CreatePtyRequestSchema;
+    output: typeof CreatePtyResponseSchema;
+  },
+  /**
+   * ConnectPty streams a session's output: its recent output first, then what follows,
+   * a heartbeat while it is quiet, and its result last. With kill_on_close, the session
+   * is killed when the call ends before it does (roche shell's "the shell ends with its
+   * connection").
+   *
+   * @generated from rpc roche.v1.SandboxService.ConnectPty
+   */
+  connectPty: {
+    methodKind: "server_streaming";
+    input: typeof ConnectPtyRequestSchema;
+    output: typeof ConnectPtyResponseSchema;
+  },
+  /**
+   * SendPtyInput types bytes into a session ("\x03" is Ctrl-C).
+   *
+   * @generated from rpc roche.v1.SandboxService.SendPtyInput
+   */
+  sendPtyInput: {
+    methodKind: "unary";
+    input: typeof SendPtyInputRequestSchema;
+    output: typeof SendPtyInputResponseSchema;
+  },
+  /**
+   * ResizePty sets a session's terminal size; its program gets SIGWINCH.
+   *
+   * @generated from rpc roche.v1.SandboxService.ResizePty
+   */
+  resizePty: {
+    methodKind: "unary";
+    input: typeof ResizePtyRequestSchema;
+    output: typeof ResizePtyResponseSchema;
+  },
+  /**
+   * KillPty kills a session's command and everything it started.
+   *
+   * @generated from rpc roche.v1.SandboxService.KillPty
+   */
+  killPty: {
+    methodKind: "unary";
+    input: typeof KillPtyRequestSchema;
+    output: typeof KillPtyResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_roche_v1_sandbox, 0);

@@ -1,0 +1,114 @@
+package agentfwd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"syscall"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent"
+)
+
+var _ roche.Terminal = Forwarder{}
+
+// terminalRequest is req as the agent takes it: on a terminal, for the rest of the
+// sandbox's life.
+func (t Target) terminalRequest(req roche.TerminalRequest) agent.Request {
+	r := t.request(roche.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir}, max(time.Until(t.Expires), time.Second))
+	r.TTY, r.Cols, r.Rows = true, req.Size.Cols, req.Size.Rows
+	return r
+}
+
+// Shell implements roche.Terminal: one agent connection carries the typing, the
+// resizes and the output; the agent kills the shell when the connection closes.
+func (f Forwarder) Shell(ctx context.Context, id string, req roche.TerminalRequest, tio roche.TerminalIO) (int, error) {
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	var resize chan agent.Winsize
+	if tio.Resize != nil {
+		resize = make(chan agent.Winsize)
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			for {
+				select {
+				case s := <-tio.Resize:
+					select {
+					case resize <- agent.Winsize{Cols: s.Cols, Rows: s.Rows}:
+					case <-done:
+						return
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	res, err := t.Agent.Exec(ctx, t.terminalRequest(req), agent.ExecOptions{
+		Stdin: tio.Stdin, Stdout: tio.Output, Resize: resize,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("shell in sandbox %s: %w", id, ctx.Err())
+		}
+		return 0, t.fail(err)
+	}
+	return res.ExitCode, nil
+}
+
+// StartTerminal implements roche.Terminal.
+func (f Forwarder) StartTerminal(ctx context.Context, id string, req roche.TerminalRequest) (int, error) {
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := t.Agent.Start(ctx, t.terminalRequest(req))
+	if err != nil {
+		return 0, t.fail(err)
+	}
+	return pid, nil
+}
+
+// AttachTerminal implements roche.Terminal.
+func (f Forwarder) AttachTerminal(ctx context.Context, id string, pid int, w io.Writer) (roche.ExecResult, error) {
+	return f.Attach(ctx, id, pid, w, w)
+}
+
+// TerminalInput implements roche.Terminal.
+func (f Forwarder) TerminalInput(ctx context.Context, id string, pid int, data []byte) error {
+	if len(data) > agent.MaxChunk {
+		return fmt.Errorf("%w: %d bytes of input at once is over the limit of %d", roche.ErrInvalidConfig, len(data), agent.MaxChunk)
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.Input(ctx, pid, data))
+}
+
+// ResizeTerminal implements roche.Terminal.
+func (f Forwarder) ResizeTerminal(ctx context.Context, id string, pid int, size roche.TerminalSize) error {
+	if err := size.Validate(); err != nil {
+		return err
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.Resize(ctx, pid, agent.Winsize{Cols: size.Cols, Rows: size.Rows}))
+}
+
+// KillTerminal implements roche.Terminal.
+func (f Forwarder) KillTerminal(ctx context.Context, id string, pid int) error {
+	return f.Signal(ctx, id, pid, int(syscall.SIGKILL))
+}
