@@ -28,7 +28,9 @@ cluster-down:
 	@bash scripts/k8s/cluster.sh down
 
 # Medians and ratios against baselines measured in the same run (needs Docker and the
-# test image; make test sets both up): exec and files through roche-agent, then roched
+# test image; make test sets both up): exec and files through roche-agent, then the
+# Docker provider on gVisor against runc (bench/runtime: cold create, exec, destroy;
+# needs runsc registered, which make test does; RUNTIME_BENCH_FLAGS, e.g. '-n 5'), then roched
 # (bench/daemon: pool hit, pooled cycle, cold create, load; shorter with
 # BENCH_FLAGS='-n 10 -duration 10s'), then the wasm provider through roched against
 # docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
@@ -48,6 +50,7 @@ cluster-down:
 # requests per sandbox, reaping and a kill -9 restart (K8SSCALE_FLAGS, e.g. '-n 200').
 bench:
 	go run ./bench/exec
+	go run ./bench/runtime $(RUNTIME_BENCH_FLAGS)
 	go run ./bench/daemon $(BENCH_FLAGS)
 	go run ./bench/wasm $(WASM_BENCH_FLAGS)
 	go run ./bench/oci $(OCI_BENCH_FLAGS)

@@ -54,6 +54,11 @@ if ! command -v tmux >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
 fi
 
+# gVisor's runsc as the Docker runtime "runsc" (provider/docker's TestConformanceRunsc,
+# --runtime runsc): installed and merged into /etc/docker/daemon.json, which a running
+# dockerd reloads on the SIGHUP the script sends and one started below reads.
+bash scripts/runsc.sh
+
 if ! timeout 10 docker info >/dev/null 2>&1; then
   log "starting dockerd (log: /var/log/roche-dockerd.log)"
   nohup dockerd >/var/log/roche-dockerd.log 2>&1 &

@@ -181,10 +181,16 @@ func (s *Server) writeFile(c *conn, p string, req agent.Request) error {
 // thread's identity is restored afterwards and the thread returned to the runtime
 // (threads are reserved up front; see agent.ThreadReserve); if restoring fails, the
 // goroutine exits still locked and the runtime destroys the thread instead.
+//
+// gVisor's kernel (runsc) accepts setfsuid without applying it; there the thread's
+// effective uid and gid are switched instead (setresuid on this thread alone, the
+// saved uid staying root so that it can switch back), which also empties its effective
+// capabilities while it acts as the user.
 func (s *Server) asUser(fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		euid, egid := os.Geteuid(), os.Getegid()
 		if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0); e != 0 {
 			done <- fmt.Errorf("dropping groups for file access: %w", e)
 			return
@@ -192,12 +198,16 @@ func (s *Server) asUser(fn func() error) error {
 		syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(s.gid), 0, 0)
 		syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(s.uid), 0, 0)
 		// setfsuid reports the previous value, not failure: check it took.
+		byEUID := false
 		if cur, _, _ := syscall.RawSyscall(syscall.SYS_SETFSUID, ^uintptr(0), 0, 0); int(cur) != s.uid {
-			done <- fmt.Errorf("switching file access to uid %d failed", s.uid)
-			return
+			if !switchEffective(s.uid, s.gid) {
+				done <- fmt.Errorf("switching file access to uid %d failed", s.uid)
+				return
+			}
+			byEUID = true
 		}
 		err := fn()
-		if s.restoreIdentity() {
+		if s.restoreIdentity(byEUID, euid, egid) {
 			runtime.UnlockOSThread()
 		}
 		done <- err
@@ -205,11 +215,31 @@ func (s *Server) asUser(fn func() error) error {
 	return <-done
 }
 
-// restoreIdentity gives the current thread back the agent's own filesystem identity and
-// groups, and reports whether that worked.
-func (s *Server) restoreIdentity() bool {
-	syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(os.Geteuid()), 0, 0)
-	syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(os.Getegid()), 0, 0)
+// switchEffective sets the calling thread's effective gid and uid, leaving the real and
+// saved ones, and reports whether the uid took.
+func switchEffective(uid, gid int) bool {
+	keep := ^uintptr(0)
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(gid), keep); e != 0 {
+		return false
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(uid), keep); e != 0 {
+		return false
+	}
+	cur, _, _ := syscall.RawSyscall(syscall.SYS_GETEUID, 0, 0, 0)
+	return int(cur) == uid
+}
+
+// restoreIdentity gives the current thread back the agent's own identity (euid, egid)
+// and groups, and reports whether that worked.
+func (s *Server) restoreIdentity(byEUID bool, euid, egid int) bool {
+	if byEUID {
+		keep := ^uintptr(0)
+		syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(euid), keep)
+		syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(egid), keep)
+	} else {
+		syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(euid), 0, 0)
+		syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(egid), 0, 0)
+	}
 	var groups *uint32
 	if len(s.groups) > 0 {
 		groups = &s.groups[0]
@@ -217,9 +247,14 @@ func (s *Server) restoreIdentity() bool {
 	if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(s.groups)), uintptr(unsafe.Pointer(groups)), 0); e != 0 {
 		return false
 	}
+	if byEUID {
+		u, _, _ := syscall.RawSyscall(syscall.SYS_GETEUID, 0, 0, 0)
+		g, _, _ := syscall.RawSyscall(syscall.SYS_GETEGID, 0, 0, 0)
+		return int(u) == euid && int(g) == egid
+	}
 	uid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSUID, ^uintptr(0), 0, 0)
 	gid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSGID, ^uintptr(0), 0, 0)
-	return int(uid) == os.Geteuid() && int(gid) == os.Getegid()
+	return int(uid) == euid && int(gid) == egid
 }
 
 // checkPath accepts absolute paths without ".." components.

@@ -191,12 +191,13 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		"how long a create waits for the engine (Docker) before failing; lists and destroys wait 10 s (in this process; roched has its own)")
 	pf.StringVar(&e.providers.transport, "transport", docker.TransportAgent,
 		"how commands reach Docker sandboxes made here: agent (roche-agent inside), or docker-exec (Docker's exec API: slower, no files API)")
+	pf.StringVar(&e.providers.runtime, "runtime", "", "runtime of Docker sandboxes made here: runc (the default) or runsc (gVisor: no network but an allowlist; scripts/runsc.sh registers it)")
 	pf.StringVar(&e.providers.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	pf.StringVar(&e.providers.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	pf.StringVar(&e.providers.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata: one the cluster defines)")
 	pf.StringVar(&e.providers.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>; see roche kubernetes agent-image)")
 	pf.StringVar(&e.providers.seccompProfile, "seccomp-profile", "", "Localhost seccomp profile of the kubernetes provider's Pods, installed on every node (roche kubernetes seccomp-profile)")
-	pf.StringVar(&e.providers.runtime, "runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
+	pf.StringVar(&e.providers.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

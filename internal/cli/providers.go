@@ -32,8 +32,9 @@ type registry struct {
 	transport     string
 	// kubeconfig, namespace and runtimeClass: see providers.Options; set by flags.
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
-	// runtime: the oci provider's OCI runtime (providers.Options.Runtime); set by a flag.
-	runtime string
+	// runtime is --runtime, the Docker provider's (providers.Options.Runtime), and
+	// ociRuntime --oci-runtime, the oci provider's (providers.Options.OCIRuntime).
+	runtime, ociRuntime string
 }
 
 func newRegistry(l *slog.Logger) *registry {
@@ -52,6 +53,10 @@ func (r *registry) get(name string) (roche.Provider, error) {
 				return nil, fmt.Errorf("%w: --transport %s applies to sandboxes this process makes, and roched makes them here: pass --direct as well",
 					roche.ErrInvalidConfig, r.transport)
 			}
+			if name == "docker" && r.runtime != "" {
+				return nil, fmt.Errorf("%w: --runtime %s applies to sandboxes this process makes, and roched makes them here (roched --runtime): pass --direct as well",
+					roche.ErrInvalidConfig, r.runtime)
+			}
 			r.open[name] = p
 			return p, nil
 		}
@@ -59,7 +64,7 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	p, err := providers.Open(name, providers.Options{
 		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
 		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
-		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime,
+		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime, OCIRuntime: r.ociRuntime,
 	})
 	if err != nil {
 		return nil, err

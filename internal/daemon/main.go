@@ -96,8 +96,8 @@ type flags struct {
 	shutdownTimeout, engineTimeout       time.Duration
 	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
-	// runtime: the oci provider's OCI runtime (providers.Options.Runtime).
-	runtime string
+	// runtime: the docker provider's, ociRuntime the oci provider's (providers.Options).
+	runtime, ociRuntime string
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -198,10 +198,11 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
 		"how long a create waits for the Docker engine before failing (lists and destroys wait 10 s); while it does not answer, creates are refused at once")
 	fs.StringSliceVar(&f.providers, "providers", nil, "serve only these providers, comma-separated (default: every one; e.g. kubernetes for roched in a cluster)")
+	fs.StringVar(&f.runtime, "runtime", "", "runtime of Docker sandboxes: runc (the default) or runsc (gVisor: no network but an allowlist; scripts/runsc.sh registers it)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
-	fs.StringVar(&f.runtime, "runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
+	fs.StringVar(&f.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
 	fs.StringVar(&f.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>)")
 	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "Localhost seccomp profile of the kubernetes provider's Pods, installed on every node (roche kubernetes seccomp-profile)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
@@ -391,7 +392,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		Only: f.providers,
 		Log:  log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,
-		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage, Runtime: f.runtime,
+		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage, Runtime: f.runtime, OCIRuntime: f.ociRuntime,
 		// roched outlives its sandboxes, so it can run their egress proxies.
 		Outlives: true,
 		// TCP tenants may mount below some roots: bind what was checked, not a path

@@ -57,13 +57,17 @@ type Options struct {
 	// Only, when given, names the providers Serve opens (roched --providers); the others
 	// are not opened at all, Required ones included.
 	Only []string
+	// Runtime is the engine runtime Docker sandboxes run on (docker.WithRuntime):
+	// docker.RuntimeRunc, or docker.RuntimeGVisor once registered (scripts/runsc.sh);
+	// empty means runc.
+	Runtime string
 	// AgentImage is the Kubernetes provider's agent image as the nodes know it
 	// (kubernetes.WithAgentImage): an operator's registry copy; empty means the local
 	// roche-agent's own reference.
 	AgentImage string
-	// Runtime is the oci provider's OCI runtime (oci.WithRuntime: crun or runc); empty
-	// takes the fastest that works on the host.
-	Runtime string
+	// OCIRuntime is the oci provider's OCI runtime (oci.WithRuntime: crun or runc);
+	// empty takes the fastest that works on the host.
+	OCIRuntime string
 }
 
 // Provider is one entry of the list.
@@ -100,6 +104,9 @@ var list = []Provider{
 			}
 			if o.PinnedMounts {
 				opts = append(opts, docker.WithPinnedMounts())
+			}
+			if o.Runtime != "" {
+				opts = append(opts, docker.WithRuntime(o.Runtime))
 			}
 			return opened(docker.New(opts...))
 		},
@@ -141,7 +148,7 @@ var list = []Provider{
 		Name:        oci.Name,
 		Description: "containers run directly by an OCI runtime (crun or runc), no dockerd; needs root",
 		New: func(o Options) (roche.Provider, error) {
-			opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.Runtime)}
+			opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.OCIRuntime)}
 			if o.Outlives {
 				opts = append(opts, oci.WithEgressProxy())
 			}

@@ -109,7 +109,15 @@ func (p *Provider) checkRootSized(ctx context.Context, id, layer string) error {
 	if c.State == nil || !c.State.Running || c.State.Pid == 0 {
 		return nil // it ended already; nothing runs to write
 	}
-	same, err := sameFilesystem(fmt.Sprintf("/proc/%d/root", c.State.Pid), layer)
+	pid := c.State.Pid
+	if p.gvisor() {
+		// The engine's pid is gVisor's kernel, whose root is an empty directory; its
+		// gofer, which serves the sandbox its files, has the container's root as its own.
+		if pid, err = goferPid(pid, id); err != nil {
+			return fmt.Errorf("%w: checking the disk limit of sandbox %s: %v", roche.ErrUnavailable, id, err)
+		}
+	}
+	same, err := sameFilesystem(fmt.Sprintf("/proc/%d/root", pid), layer)
 	if errors.Is(err, fs.ErrNotExist) {
 		// The process may have ended meanwhile; if it still runs, this process cannot
 		// see it (another PID namespace) and so cannot vouch for the limit.

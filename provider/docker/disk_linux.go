@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -271,4 +272,41 @@ func lockFile(file string) (func(), error) {
 		}
 		f.Close()
 	}
+}
+
+// goferPid finds the gofer of the gVisor sandbox whose kernel runs as sandboxPid: runsc
+// starts both from the same parent, the gofer's command line naming "gofer" and the
+// container id.
+func goferPid(sandboxPid int, id string) (int, error) {
+	parent := func(pid string) string {
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return ""
+		}
+		// The fields after the command's name, which may hold spaces, in parentheses.
+		_, rest, _ := strings.Cut(string(b), ") ")
+		if f := strings.Fields(rest); len(f) > 1 {
+			return f[1]
+		}
+		return ""
+	}
+	want := parent(strconv.Itoa(sandboxPid))
+	if want == "" {
+		return 0, fmt.Errorf("the gVisor sandbox's process %d is gone", sandboxPid)
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == sandboxPid || parent(e.Name()) != want {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && bytes.Contains(cmd, []byte("gofer")) && bytes.Contains(cmd, []byte(id)) {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no gofer beside the gVisor sandbox's process %d", sandboxPid)
 }

@@ -26,3 +26,5 @@ func sizeLayerDir(string, int64) error            { return errNoSizedFS }
 func sameFilesystem(string, string) (bool, error) { return false, errNoSizedFS }
 func canMount() error                             { return errNoSizedFS }
 func lockFile(string) (func(), error)             { return nil, errNoSizedFS }
+
+func goferPid(int, string) (int, error) { return 0, errors.ErrUnsupported }

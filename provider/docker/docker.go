@@ -114,6 +114,8 @@ type Provider struct {
 	uidFirst, uidCount int
 	// pinMounts: host mounts are bound from what the provider opened (WithPinnedMounts).
 	pinMounts bool
+	// runtime is the engine runtime sandboxes run on (WithRuntime, runtime.go).
+	runtime string
 
 	// verified caches ids known to name Roche containers, so that each exec does not
 	// pay an inspect round trip to check the label again.
@@ -225,6 +227,9 @@ func New(opts ...Option) (*Provider, error) {
 	if err := p.checkUIDRange(); err != nil {
 		return nil, err
 	}
+	if err := p.checkRuntime(); err != nil {
+		return nil, err
+	}
 	switch p.transport {
 	case TransportAgent:
 	case TransportDockerExec:
@@ -268,10 +273,11 @@ func (p *Provider) bound(ctx context.Context, op string) (context.Context, func(
 // Name implements roche.Provider.
 func (p *Provider) Name() string { return "docker" }
 
-// Capabilities implements roche.Provider: Docker honours every field of Config.
+// Capabilities implements roche.Provider: Docker honours every field of Config, but
+// network on gVisor (runtime.go).
 func (p *Provider) Capabilities() roche.Capabilities {
 	caps := roche.Capabilities{
-		Network: true, Egress: p.egress && p.agentPath != "", Writable: true, Mounts: true,
+		Network: !p.gvisor(), Egress: p.egress && p.agentPath != "", Writable: true, Mounts: true,
 		Files: true, Pause: true, Stdin: true, Processes: true, Leases: p.agentPath != "",
 	}
 	if p.agentPath != "" { // code contexts are roche-agent's
@@ -334,6 +340,9 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 		return roche.SandboxInfo{}, err
 	}
 	if err := p.checkTransport(cfg); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if err := p.checkRuntimeConfig(cfg); err != nil {
 		return roche.SandboxInfo{}, err
 	}
 	if err := p.checkDisk(cfg); err != nil {
@@ -563,6 +572,9 @@ func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who ru
 		resp, err := p.cli.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
 		if err != nil {
 			unpin()
+			if rerr := p.runtimeErr(err); rerr != nil {
+				return "", nil, rerr
+			}
 			return "", nil, p.engineErr("creating container", err)
 		}
 		for _, w := range resp.Warnings {
@@ -708,6 +720,9 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 			PidsLimit:  &pids,
 		},
 	}
+	if p.runtime != RuntimeRunc {
+		hcfg.Runtime = p.runtime
+	}
 	for _, m := range cfg.Mounts {
 		hcfg.Mounts = append(hcfg.Mounts, mount.Mount{
 			Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: !m.ReadWrite,
@@ -753,6 +768,17 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 		hcfg.CapAdd = []string{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
 		// The agent's own threads come on top of the sandbox's limit (agent.ThreadReserve).
 		pids := int64(cfg.PidsLimit + agent.ThreadReserve)
+		if p.gvisor() {
+			// gVisor's tasks are not host processes: the pids cgroup counts the user-space
+			// kernel's own threads and stubs, several per task, and when it runs out the
+			// whole sandbox dies. The sandbox's limit is gVisor's RLIMIT_NPROC instead,
+			// and the cgroup only bounds what the sandbox costs the host.
+			ccfg.Entrypoint = append(ccfg.Entrypoint, "--nproc", strconv.Itoa(gvisorNProc(cfg.PidsLimit)))
+			pids = int64(gvisorHostPids(cfg.PidsLimit))
+			// Unlike Linux, gVisor holds root to RLIMIT_NPROC too, unless it has
+			// CAP_SYS_RESOURCE: the agent keeps it (commands get no capability at all).
+			hcfg.CapAdd = append(hcfg.CapAdd, "SYS_RESOURCE")
+		}
 		hcfg.Resources.PidsLimit = &pids
 		hcfg.Mounts = append(hcfg.Mounts,
 			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentBinary, ReadOnly: true},

@@ -100,3 +100,10 @@ func TestConformanceExecFallback(t *testing.T) {
 	p := newProvider(t, docker.WithTransport(docker.TransportDockerExec))
 	providertest.Run(t, p, providertest.Options{Config: testConfig()})
 }
+
+// TestConformanceRunsc runs the suite on gVisor (WithRuntime(RuntimeGVisor)), registered
+// with the engine by scripts/runsc.sh, as make test does.
+func TestConformanceRunsc(t *testing.T) {
+	p := newProvider(t, docker.WithRuntime(docker.RuntimeGVisor), docker.WithEgressProxy())
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), GVisor: true})
+}

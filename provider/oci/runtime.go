@@ -40,7 +40,7 @@ var autoOrder = []string{RuntimeCrun, RuntimeRunc}
 // kills the whole sandbox instead of one command; io_uring_setup and ptrace are served by
 // the sentry (Roche's seccomp profile filters the sentry, not the sandbox); and the
 // agent cannot switch file access to the sandbox user (setfsuid).
-const runscRefusal = "runsc as a bare OCI runtime does not enforce Roche's limits and posture here (pids and memory limits act on gVisor's sentry, io_uring and ptrace are served inside, the agent's setfsuid fails): use gVisor through the docker provider (--runtime runsc there) or the kubernetes provider's RuntimeClass"
+const runscRefusal = "runsc as a bare OCI runtime does not enforce Roche's limits and posture here (pids and memory limits act on gVisor's sentry, io_uring and ptrace are served inside, the agent's setfsuid fails): use gVisor through the docker provider (--runtime runsc) or the kubernetes provider's RuntimeClass"
 
 // ociRuntime is one OCI runtime binary and the global flags it runs with.
 type ociRuntime struct {
@@ -239,7 +239,7 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 		return r, nil
 	}
 	if p.runtimeName != "" {
-		return nil, fmt.Errorf("%w: OCI runtime %s does not work on this host (%s): leave --runtime unset to use one that does",
+		return nil, fmt.Errorf("%w: OCI runtime %s does not work on this host (%s): leave --oci-runtime unset to use one that does",
 			roche.ErrUnavailable, p.runtimeName, strings.Join(why, "; "))
 	}
 	return nil, fmt.Errorf("%w: no OCI runtime works on this host (%s); install runc (apt-get install runc)",

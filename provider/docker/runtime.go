@@ -1,0 +1,78 @@
+package docker
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Runtimes the provider knows how to run sandboxes on (WithRuntime).
+const (
+	// RuntimeRunc is the engine's default runtime: the sandbox's processes are host
+	// processes in namespaces, behind Roche's seccomp profile.
+	RuntimeRunc = "runc"
+	// RuntimeGVisor is gVisor's runsc, registered with the engine under this name by
+	// scripts/runsc.sh with --network=none --host-uds=all --oci-seccomp: a user-space
+	// kernel between the sandbox and the host, no network (only loopback), and Roche's
+	// seccomp profile enforced by that kernel.
+	RuntimeGVisor = "runsc"
+)
+
+// RegisterRunscHint says how to make the engine know RuntimeGVisor.
+const RegisterRunscHint = "scripts/runsc.sh installs runsc and registers it with dockerd (sudo bash scripts/runsc.sh)"
+
+// WithRuntime runs every sandbox on the named runtime, as the engine has it registered:
+// RuntimeRunc (the default) or RuntimeGVisor. Anything else is refused by New.
+func WithRuntime(name string) Option { return func(p *Provider) { p.runtime = name } }
+
+// Runtime returns the runtime sandboxes run on (WithRuntime).
+func (p *Provider) Runtime() string { return p.runtime }
+
+// checkRuntime refuses a runtime the provider does not know; "" is the default.
+func (p *Provider) checkRuntime() error {
+	switch p.runtime {
+	case "":
+		p.runtime = RuntimeRunc
+	case RuntimeRunc, RuntimeGVisor:
+	default:
+		return fmt.Errorf("%w: runtime %q: use %s or %s (gVisor)", roche.ErrInvalidConfig, p.runtime, RuntimeRunc, RuntimeGVisor)
+	}
+	return nil
+}
+
+func (p *Provider) gvisor() bool { return p.runtime == RuntimeGVisor }
+
+// checkRuntimeConfig refuses, before anything is made, what the runtime cannot give:
+// gVisor as registered here has no network stack but loopback.
+func (p *Provider) checkRuntimeConfig(cfg roche.Config) error {
+	if p.gvisor() && cfg.Network {
+		return fmt.Errorf("%w: network on the %s runtime: gVisor runs here with --network=none (only loopback); a network_allowlist, which goes through roche-agent's relay, works, or use the %s runtime",
+			roche.ErrUnsupported, RuntimeGVisor, RuntimeRunc)
+	}
+	return nil
+}
+
+// runtimeErr turns the engine's refusal of an unregistered runtime into ErrUnavailable
+// saying how to register it.
+func (p *Provider) runtimeErr(err error) error {
+	if err == nil || !strings.Contains(err.Error(), "unknown or invalid runtime name") {
+		return nil
+	}
+	hint := "register it with dockerd (/etc/docker/daemon.json \"runtimes\", then a SIGHUP to dockerd)"
+	if p.gvisor() {
+		hint = RegisterRunscHint
+	}
+	return fmt.Errorf("%w: the Docker engine at %s has no runtime %q: %s", roche.ErrUnavailable, p.cli.DaemonHost(), p.runtime, hint)
+}
+
+// gvisorHostPids bounds the host threads and processes of a gVisor sandbox whose tasks
+// are capped at tasks. Measured with runsc 20221219 (ptrace platform): an idle sandbox
+// holds ~40, and a fork bomb held at 63 tasks ~1050 (up to 16 per task, its stubs
+// and tracing threads); beyond the cgroup's limit gVisor's kernel dies with the sandbox.
+func gvisorHostPids(tasks int) int { return 256 + 24*tasks }
+
+// gvisorNProc is the RLIMIT_NPROC that holds a gVisor sandbox's user to tasks: gVisor
+// counts the tasks the user forks, not the first one, which the agent started as root
+// and then switched to the user.
+func gvisorNProc(tasks int) int { return max(1, tasks-1) }
