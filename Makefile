@@ -30,7 +30,9 @@ cluster-down:
 # Medians and ratios against baselines measured in the same run (needs Docker and the
 # test image; make test sets both up): exec and files through roche-agent, then the
 # Docker provider on gVisor against runc (bench/runtime: cold create, exec, destroy;
-# needs runsc registered, which make test does; RUNTIME_BENCH_FLAGS, e.g. '-n 5'), then roched
+# needs runsc registered, which make test does; RUNTIME_BENCH_FLAGS, e.g. '-n 5'), then
+# roche exec -- true through roched against /bin/true (bench/cli: the CLI's cost per call;
+# CLI_BENCH_FLAGS, e.g. '-n 30', or '-compare OLD_BINARY' for a before/after), then roched
 # (bench/daemon: pool hit, pooled cycle, cold create, load; shorter with
 # BENCH_FLAGS='-n 10 -duration 10s'), then the wasm provider through roched against
 # docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
@@ -51,6 +53,7 @@ cluster-down:
 bench:
 	go run ./bench/exec
 	go run ./bench/runtime $(RUNTIME_BENCH_FLAGS)
+	go run ./bench/cli $(CLI_BENCH_FLAGS)
 	go run ./bench/daemon $(BENCH_FLAGS)
 	go run ./bench/wasm $(WASM_BENCH_FLAGS)
 	go run ./bench/oci $(OCI_BENCH_FLAGS)

@@ -37,6 +37,7 @@ func main() {
 func run() error {
 	n := flag.Int("n", 100, "runs of each command")
 	bin := flag.String("roche", "", "the roche binary to measure (default: built from this tree)")
+	other := flag.String("compare", "", "another roche binary (an earlier build) measured alongside, for a before/after in the same run")
 	flag.Parse()
 	ctx := context.Background()
 
@@ -89,6 +90,13 @@ func run() error {
 		{name: "roche --version", argv: []string{*bin, "--version"}},
 		{name: "roche exec -- true (via roched)", argv: []string{*bin, "--socket", socket, "exec", "--sandbox", sb.ID, "--", "true"}},
 	}
+	if *other != "" {
+		cmds = append(cmds, struct {
+			name string
+			argv []string
+			got  []time.Duration
+		}{name: "-compare: roche exec -- true", argv: []string{*other, "--socket", socket, "exec", "--sandbox", sb.ID, "--", "true"}})
+	}
 	for i := -1; i < *n; i++ { // a warm-up round, not counted
 		for j := range cmds {
 			d, err := timed(cmds[j].argv)
@@ -111,6 +119,9 @@ func run() error {
 	}
 	fmt.Printf("\n  roche exec -- true minus /bin/true, p50: %s (%s the 10 ms target)\n", samples.Ms(over), verdict)
 	fmt.Printf("  roche --version minus /bin/true, p50:    %s (start-up alone)\n", samples.Ms(samples.Median(cmds[1].got)-samples.Median(cmds[0].got)))
+	if *other != "" {
+		fmt.Printf("  -compare's exec minus /bin/true, p50:    %s\n", samples.Ms(samples.Median(cmds[3].got)-samples.Median(cmds[0].got)))
+	}
 	return nil
 }
 

@@ -7,10 +7,13 @@ import (
 	"github.com/roche-sandbox/roche/agent/agentcmd"
 
 	"github.com/roche-sandbox/roche/internal/cli"
+	"github.com/roche-sandbox/roche/internal/initgc"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
 func main() {
+	// The collector was off while the packages initialised (see initgc).
+	initgc.Restore()
 	// Started as roche-agent (a sandbox's PID 1, a microVM's init), this binary is the
 	// agent: one static binary has everything.
 	agentcmd.RunIfAsked()
