@@ -29,6 +29,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -36,6 +38,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/bench/internal/samples"
+	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/oci"
 )
 
@@ -45,6 +49,9 @@ var (
 	idle    = flag.Int("idle", 10, "idle sandboxes for the memory measurement")
 	rt      = flag.String("runtime", "", "OCI runtime (default: the fastest that works here)")
 	verbose = flag.Bool("v", false, "log the provider at debug level to stderr")
+	clients = flag.Int("clients", 50, "concurrent clients in the load through roched (0 skips it)")
+	loadFor = flag.Duration("duration", 10*time.Second, "length of the load through roched")
+	poolArg = flag.String("pool", "min=8&max=32&queue=64&wait=1", "the load's pool parameters (README, Warm pools)")
 )
 
 var hello = []string{"python3", "-c", "print('hello')"}
@@ -147,7 +154,96 @@ func run() error {
 	}
 	fmt.Printf("  host memory per idle sandbox (%d idle): PSS of its processes %.2f MiB (target <= 6 MiB), memory cgroup charge %.2f MiB\n",
 		*idle, pss, charged)
+	if *clients > 0 {
+		if err := load(ctx, p, log); err != nil {
+			return err
+		}
+	}
 	return leftovers(ctx, p, state)
+}
+
+// load runs roched in this process with the oci provider and a pool, and *clients
+// clients each doing create + exec print('hello') + destroy through its API for
+// *loadFor. A create the pool refuses at once (RESOURCE_EXHAUSTED: its queue is full or
+// the wait would be too long) is counted apart and the client backs off 50 ms; any
+// other error fails the run.
+func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
+	dir, err := os.MkdirTemp("", "rbench-oci")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	spec, err := pool.ParseSpec("oci/" + *image + "?" + *poolArg)
+	if err != nil {
+		return err
+	}
+	c, stop, err := samples.StartDaemon(ctx, daemon.Config{
+		Socket: filepath.Join(dir, "roched.sock"), Pools: []pool.Spec{spec}, MaxSandboxes: 4 * max(*clients, 25),
+	}, map[string]roche.Provider{"oci": p}, log)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	defer stop()
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	_, err = c.PoolWarmup(wctx, "", 0)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("warming the oci pool: %w", err)
+	}
+	rp := c.Provider("oci")
+	cfg := roche.DefaultConfig()
+	cfg.Image = *image
+	fmt.Printf("\nload: %d concurrent clients, create + exec print('hello') + destroy through roched (oci, pool %s) for %v ...\n", *clients, *poolArg, *loadFor)
+	var mu sync.Mutex
+	var lat []time.Duration
+	var errs []error
+	var refused, pooled atomic.Int64
+	end := time.Now().Add(*loadFor)
+	var wg sync.WaitGroup
+	for range *clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				start := time.Now()
+				sb, hit, err := c.Create(ctx, "oci", cfg)
+				if errors.Is(err, roche.ErrExhausted) {
+					refused.Add(1)
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				if err == nil {
+					var res roche.ExecResult
+					res, err = rp.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
+					if err == nil && res.Stdout != "hello\n" {
+						err = fmt.Errorf("exec printed %q, exit %d: %s", res.Stdout, res.ExitCode, res.Stderr)
+					}
+					if derr := rp.Destroy(ctx, sb.ID); err == nil {
+						err = derr
+					}
+				}
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					lat = append(lat, time.Since(start))
+					if hit {
+						pooled.Add(1)
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Printf("  %d cycles (%d from the pool), %.1f cycles/s (target >= 40), p50 %s, p99 %s (target <= 1 s), errors %d, refused at once (RESOURCE_EXHAUSTED) %d\n",
+		len(lat)+len(errs), pooled.Load(), float64(len(lat))/loadFor.Seconds(), samples.Ms(samples.Percentile(lat, 50)),
+		samples.Ms(samples.Percentile(lat, 99)), len(errs), refused.Load())
+	if len(errs) > 0 {
+		return fmt.Errorf("%d cycles failed under load, the first: %v", len(errs), errs[0])
+	}
+	return stop()
 }
 
 // coldCreate times a create and destroys the sandbox, untimed.

@@ -190,10 +190,14 @@ func (p *Provider) Name() string { return Name }
 // Capabilities implements roche.Provider. The sandbox has only lo (no network, so no
 // network=true); workspaces, reset and snapshots are not implemented.
 func (p *Provider) Capabilities() roche.Capabilities {
-	return roche.Capabilities{
+	caps := roche.Capabilities{
 		Egress: p.egress && p.agentPath != "", Writable: true, Mounts: true, Files: true, Pause: true,
 		Stdin: true, Processes: true, Leases: p.agentPath != "",
 	}
+	if p.agentPath != "" { // code contexts are roche-agent's
+		caps.Code, caps.RichResults = agentfwd.CodeLanguages, true
+	}
+	return caps
 }
 
 // Available reports why the provider cannot make sandboxes here, or nil: it needs root,
