@@ -280,7 +280,9 @@ func (p *Provider) Capabilities() roche.Capabilities {
 		Network: !p.gvisor(), Egress: p.egress && p.agentPath != "", Writable: true, Mounts: true,
 		Files: true, Pause: true, Stdin: true, Processes: true, Leases: p.agentPath != "",
 	}
-	if p.agentPath != "" { // code contexts are roche-agent's
+	// Code contexts are roche-agent's. Not on gVisor, where a cell past the memory limit
+	// ends the whole sandbox rather than its interpreter (the conformance suite's check).
+	if p.agentPath != "" && !p.gvisor() {
 		caps.Code, caps.RichResults = agentfwd.CodeLanguages, true
 	}
 	return caps

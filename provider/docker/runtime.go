@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -76,3 +77,23 @@ func gvisorHostPids(tasks int) int { return 256 + 24*tasks }
 // counts the tasks the user forks, not the first one, which the agent started as root
 // and then switched to the user.
 func gvisorNProc(tasks int) int { return max(1, tasks-1) }
+
+// gvisorNoTerminals is why sandboxes on gVisor have no terminals: the conformance suite
+// found what is typed on one never reaching bash's line editor there.
+const gvisorNoTerminals = "terminals are not offered on gVisor (--runtime runsc): its pseudo-terminal does not pass typed input to the shell's line editor; use exec, or a sandbox on runc"
+
+// Shell implements roche.Terminal, refusing on gVisor (gvisorNoTerminals).
+func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalRequest, tio roche.TerminalIO) (int, error) {
+	if p.gvisor() {
+		return 0, fmt.Errorf("%w: %s", roche.ErrUnsupported, gvisorNoTerminals)
+	}
+	return p.forwarder.Shell(ctx, id, req, tio)
+}
+
+// StartTerminal implements roche.Terminal, refusing on gVisor (gvisorNoTerminals).
+func (p *Provider) StartTerminal(ctx context.Context, id string, req roche.TerminalRequest) (int, error) {
+	if p.gvisor() {
+		return 0, fmt.Errorf("%w: %s", roche.ErrUnsupported, gvisorNoTerminals)
+	}
+	return p.forwarder.StartTerminal(ctx, id, req)
+}

@@ -72,7 +72,18 @@ func (s *suite) testTerminal(t *testing.T, id string) {
 		done <- result{code, err}
 	}()
 	typed := make(chan error, 1)
+	quit := make(chan struct{})
+	defer close(quit)
 	go func() {
+		// Typed once the shell has shown its prompt: a shell sets its terminal up as it
+		// starts, and one set up with TCSAFLUSH drops what was typed before.
+		for deadline := time.Now().Add(time.Minute); scr.String() == "" && time.Now().Before(deadline); {
+			select {
+			case <-quit:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 		_, err := typing.Write([]byte("stty size; id -u\n"))
 		typed <- err
 	}()
