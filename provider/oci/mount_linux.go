@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche/internal/flock"
 )
 
 // mountOverlay mounts the sandbox's root at target: an overlay whose lower layers are the
@@ -85,28 +87,7 @@ func exitWaiter(pid int) (wait func(d time.Duration) bool, ok bool) {
 
 // lockPath takes an exclusive lock on path (a directory or file that exists), waiting
 // with ctx; the returned func releases it.
-func lockPath(ctx context.Context, path string) (func(), error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
+func lockPath(ctx context.Context, path string) (func(), error) { return flock.Lock(ctx, path) }
 
 // mountsBelow lists the mount points at or below dir, deepest first (from
 // /proc/self/mountinfo).

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/flock"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
@@ -84,7 +85,7 @@ func (p *Provider) rootfs(ctx context.Context, ref string) (imageRoot, error) {
 	}
 	// One build at a time, across processes (the lock is on the directory, so no lock
 	// file is left behind).
-	unlock, err := lockDir(ctx, dir)
+	unlock, err := flock.Lock(ctx, dir)
 	if err != nil {
 		return imageRoot{}, err
 	}
@@ -452,31 +453,6 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// lockDir takes an exclusive lock on a directory, waiting (while ctx allows) for another
-// process that holds it.
-func lockDir(ctx context.Context, dir string) (func(), error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // dockerEngine names the Docker engine for the errors of calls that build root
