@@ -35,9 +35,9 @@ if [ ${#vm_need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm_need[@]}" >/dev/null
 fi
 
-# The oci provider (provider/oci) runs sandboxes with an OCI runtime binary: runc, and
-# crun, which it probes (Debian's crun 1.8.1 refuses hybrid cgroup hosts, and the
-# provider then says so and uses runc).
+# The oci provider (provider/oci) runs sandboxes with an OCI runtime binary: crun (the
+# default where it works; on hybrid cgroup hosts without the cgroup2 mount, see the
+# README) and runc.
 oci_need=()
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || oci_need+=(runc)
 command -v crun >/dev/null 2>&1 || oci_need+=(crun)

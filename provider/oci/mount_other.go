@@ -5,6 +5,7 @@ package oci
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"time"
 )
 
@@ -18,3 +19,5 @@ func unmountAll(string) error                                   { return nil }
 func lockPath(context.Context, string) (func(), error)          { return nil, errNotLinux }
 func mountsBelow(string) []string                               { return nil }
 func exitWaiter(int) (func(time.Duration) bool, bool)           { return nil, false }
+func hybridCgroups() bool                                       { return false }
+func startWithoutUnified(*exec.Cmd) error                       { return errNotLinux }

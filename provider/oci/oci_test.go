@@ -10,7 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,7 +117,7 @@ func TestHello(t *testing.T) {
 	}
 }
 
-// TestConformance runs the suite on the default runtime (runc here), egress relay on as
+// TestConformance runs the suite on the default runtime (crun here), egress relay on as
 // roched has it.
 func TestConformance(t *testing.T) {
 	p, _ := newProvider(t, oci.WithEgressProxy())
@@ -123,7 +125,7 @@ func TestConformance(t *testing.T) {
 }
 
 // TestRuntimeProbe: each runtime asked for either makes a sandbox that runs python, or is
-// refused with one line saying why (Debian's crun 1.8.1 on hybrid cgroups).
+// refused with one line saying why.
 func TestRuntimeProbe(t *testing.T) {
 	for _, name := range oci.Runtimes() {
 		t.Run(name, func(t *testing.T) {
@@ -144,6 +146,59 @@ func TestRuntimeProbe(t *testing.T) {
 			}
 			t.Logf("%s works", name)
 		})
+	}
+}
+
+// TestCrunHybridNamespace: on a hybrid cgroup host crun runs in a mount namespace without
+// the cgroup2 mount (see startWithoutUnified). That namespace must stay crun's: after
+// many creates this process still sees the cgroup2 mount and every sandbox's root (a
+// namespace left on the process's first thread would hide both from /proc/self), and
+// each sandbox's memory limit is set in the v1 memory controller.
+func TestCrunHybridNamespace(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.controllers"); err != nil {
+		t.Skip("not a hybrid cgroup host")
+	}
+	p, state := newProvider(t, oci.WithRuntime(oci.RuntimeCrun))
+	ctx := context.Background()
+	cfg := testConfig()
+	var wg sync.WaitGroup
+	ids := make([]string, 8)
+	errs := make([]error, len(ids))
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			info, err := p.Create(ctx, cfg)
+			ids[i], errs[i] = info.ID, err
+		}()
+	}
+	wg.Wait()
+	for i, id := range ids {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		defer p.Destroy(ctx, id)
+	}
+	for _, f := range []string{"/proc/self/mountinfo", "/proc/thread-self/mountinfo"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), " /sys/fs/cgroup/unified ") {
+			t.Errorf("%s lacks the cgroup2 mount: a namespace made for crun leaked into this process", f)
+		}
+		for _, id := range ids {
+			if !strings.Contains(string(b), filepath.Join(state, id, "rootfs")) {
+				t.Errorf("%s lacks sandbox %s's root", f, id)
+			}
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/roche-"+ids[0], "memory.limit_in_bytes"))
+	if err != nil {
+		t.Fatalf("the sandbox's v1 memory cgroup: %v", err)
+	}
+	if got, want := strings.TrimSpace(string(b)), strconv.FormatInt(cfg.MemoryBytes(), 10); got != want {
+		t.Errorf("memory.limit_in_bytes %s, want %s", got, want)
 	}
 }
 

@@ -48,11 +48,54 @@ type ociRuntime struct {
 	path string
 	root string   // its state directory (--root), Roche's own
 	args []string // global flags before the command
+	// hideUnified runs it without the cgroup2 mount of a hybrid host (crun, which
+	// refuses such hosts; see startWithoutUnified).
+	hideUnified bool
 }
 
-func (r *ociRuntime) command(ctx context.Context, args ...string) *exec.Cmd {
+func (r *ociRuntime) command(ctx context.Context, args ...string) runtimeCmd {
 	full := append(append([]string{"--root", r.root}, r.args...), args...)
-	return exec.CommandContext(ctx, r.path, full...)
+	return runtimeCmd{Cmd: exec.CommandContext(ctx, r.path, full...), hideUnified: r.hideUnified}
+}
+
+// runtimeCmd is one run of the runtime: an exec.Cmd whose Start, and so Run, Output and
+// CombinedOutput, honour hideUnified.
+type runtimeCmd struct {
+	*exec.Cmd
+	hideUnified bool
+}
+
+func (c runtimeCmd) Start() error {
+	if c.hideUnified {
+		return startWithoutUnified(c.Cmd)
+	}
+	return c.Cmd.Start()
+}
+
+func (c runtimeCmd) Run() error {
+	if err := c.Start(); err != nil {
+		return err
+	}
+	return c.Wait()
+}
+
+// Output is exec.Cmd.Output: stdout, with stderr in the *exec.ExitError.
+func (c runtimeCmd) Output() ([]byte, error) {
+	var out, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &out, &stderr
+	err := c.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		ee.Stderr = stderr.Bytes()
+	}
+	return out.Bytes(), err
+}
+
+// CombinedOutput is exec.Cmd.CombinedOutput.
+func (c runtimeCmd) CombinedOutput() ([]byte, error) {
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	err := c.Run()
+	return out.Bytes(), err
 }
 
 // run runs the runtime and returns its output, or an error quoting it.
@@ -187,7 +230,8 @@ func (p *Provider) newRuntime(name string) (*ociRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &ociRuntime{name: name, path: path, root: filepath.Join(p.stateDir, "runtime", name)}, nil
+	return &ociRuntime{name: name, path: path, root: filepath.Join(p.stateDir, "runtime", name),
+		hideUnified: name == RuntimeCrun && hybridCgroups()}, nil
 }
 
 // probeFile records, per runtime binary, whether it ran the probe sandbox, so that the
@@ -251,6 +295,9 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 func (p *Provider) probe(ctx context.Context, r *ociRuntime) error {
 	file := filepath.Join(p.stateDir, "probe-"+r.name+".json")
 	stamp := binaryStamp(r.path)
+	if r.hideUnified {
+		stamp += "-hybrid" // a verdict from before the runtime ran that way does not hold
+	}
 	var known probeResult
 	if b, err := os.ReadFile(file); err == nil && json.Unmarshal(b, &known) == nil && known.Binary == r.path && known.Stamp == stamp {
 		if known.Err != "" {
@@ -284,8 +331,11 @@ func (p *Provider) runProbe(ctx context.Context, r *ociRuntime) error {
 	}
 	defer os.RemoveAll(dir)
 	root := filepath.Join(dir, "rootfs")
-	if err := os.MkdirAll(filepath.Join(root, ".roche"), 0o755); err != nil {
-		return err
+	// The mount points too: crun, unlike runc, does not make /dev.
+	for _, d := range []string{".roche", "dev", "proc"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(root, agentBinary), nil, 0o755); err != nil {
 		return err

@@ -1,0 +1,72 @@
+package oci
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// unifiedMount is where a hybrid host (cgroup v1 controllers, plus a cgroup2 hierarchy
+// beside them) mounts its cgroup2 hierarchy.
+const unifiedMount = "/sys/fs/cgroup/unified"
+
+// hybridCgroups reports whether the host mounts cgroups in hybrid mode: v1 controllers
+// under a tmpfs at /sys/fs/cgroup and a cgroup2 hierarchy at /sys/fs/cgroup/unified.
+func hybridCgroups() bool {
+	var root, unified unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup", &root) != nil || unix.Statfs(unifiedMount, &unified) != nil {
+		return false
+	}
+	return root.Type == unix.TMPFS_MAGIC && unified.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// startWithoutUnified starts cmd in a mount namespace of its own in which the cgroup2
+// hierarchy of a hybrid host is not mounted. crun refuses hybrid hosts outright ("cgroups
+// in hybrid mode not supported") even though everything it limits (memory, pids, cpu)
+// is a v1 controller there; without the cgroup2 mount it sees a cgroup v1 host and
+// manages those controllers as runc does. The namespace is made on a thread of its own,
+// which ends with the goroutine (it is never unlocked), so no other goroutine runs in it;
+// the child forked from that thread inherits it. The host's mounts are made slaves of
+// the host's there first, so that the unmount stays in the new namespace.
+func startWithoutUnified(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	onOwnThread(func() {
+		if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("a mount namespace for the OCI runtime: %w", err)
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+			errc <- fmt.Errorf("a mount namespace for the OCI runtime: making its mounts slaves: %w", err)
+			return
+		}
+		if err := unix.Unmount(unifiedMount, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errc <- fmt.Errorf("a mount namespace for the OCI runtime: hiding %s: %w", unifiedMount, err)
+			return
+		}
+		errc <- cmd.Start()
+	})
+	return <-errc
+}
+
+// onOwnThread runs f on an OS thread that ends with it, and waits for it. That thread is
+// never the process's first one: /proc/self shows the first thread's mount namespace
+// (and the runtime keeps that thread, parked, rather than ending it), so a namespace
+// made there would be what every reader of /proc/self/mountinfo sees. A goroutine that
+// lands on the first thread keeps it, so that the next one cannot, and tries again.
+func onOwnThread(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			onOwnThread(f)
+			runtime.UnlockOSThread()
+			return
+		}
+		f() // the thread is not unlocked: it ends with this goroutine
+	}()
+	<-done
+}
