@@ -152,12 +152,14 @@ func (r *ociRuntime) state(ctx context.Context, id string) (containerState, bool
 }
 
 // remove kills and deletes a container; one the runtime does not know is not an error.
-// pidFile, when given, names the container's init (written by run --pid-file): its exit
-// is then awaited here, on a pidfd, after the runtime's own kill, and a plain delete
-// follows, which is faster than delete --force (runc polls for the exit there). The pid is
-// never signalled directly, so a pid reused meanwhile costs a bounded wait, nothing else.
+// With runc, pidFile, when given, names the container's init (written by run
+// --pid-file): its exit is then awaited here, on a pidfd, after the runtime's own kill,
+// and a plain delete follows, which is faster than delete --force (runc polls for the
+// exit there). The pid is never signalled directly, so a pid reused meanwhile costs a
+// bounded wait, nothing else. crun's delete --force waits for the exit itself, in one
+// run of the runtime instead of two.
 func (r *ociRuntime) remove(ctx context.Context, id, pidFile string) error {
-	if pid := readPid(pidFile); pid > 0 {
+	if pid := readPid(pidFile); pid > 0 && r.name != RuntimeCrun {
 		if wait, ok := exitWaiter(pid); ok {
 			if _, err := r.command(ctx, "kill", id, "KILL").CombinedOutput(); err == nil && wait(2*time.Second) {
 				if _, err := r.command(ctx, "delete", id).CombinedOutput(); err == nil {
