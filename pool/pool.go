@@ -248,10 +248,48 @@ type waiter struct {
 // demandWindow is how far back the pool looks to size itself.
 const demandWindow = 10 * time.Second
 
+// serveWindow is how far back the pool looks for the rate at which it hands sandboxes to
+// waiting creates.
+const serveWindow = 3 * time.Second
+
 // demand tracks creates per second and the time one sandbox takes to make.
 type demand struct {
 	asks []time.Time   // creates in the last demandWindow, oldest first
 	make time.Duration // moving average of a creation's duration
+	// served: sandboxes handed to waiting creates in the last serveWindow, oldest first:
+	// the rate the pool makes them when it cannot keep up, which is what a queued create
+	// waits on. A creation's duration alone overstates that rate on a saturated host,
+	// where the creates at once do not each finish in the time one takes.
+	served []time.Time
+}
+
+func (d *demand) serve(now time.Time) {
+	d.trimServed(now)
+	d.served = append(d.served, now)
+}
+
+func (d *demand) trimServed(now time.Time) {
+	i := 0
+	for i < len(d.served) && now.Sub(d.served[i]) > serveWindow {
+		i++
+	}
+	d.served = d.served[i:]
+}
+
+// wait is what a create joining a queue of n others can expect: the larger of n/conc+1
+// creations' durations (conc made at once) and, when the pool has lately been serving
+// a queue, n+1 times the interval it has served at.
+func (d *demand) wait(now time.Time, n, conc int) time.Duration {
+	var expect time.Duration
+	if d.make > 0 {
+		expect = time.Duration((n+conc)/conc) * d.make
+	}
+	d.trimServed(now)
+	if k := len(d.served); k >= 3 {
+		each := now.Sub(d.served[0]) / time.Duration(k)
+		expect = max(expect, time.Duration(n+1)*each)
+	}
+	return expect
 }
 
 func (d *demand) ask(now time.Time) {
@@ -402,19 +440,17 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 		return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry shortly, or raise the pool's max or queue",
 			roche.ErrExhausted, p.spec.Key, n)
 	}
-	// The wait this create can expect: the creates before it and itself, made as many at
-	// once as the manager allows, each taking what making one has taken lately.
+	// The wait this create can expect (demand.wait): the creates before it and itself,
+	// at the rate the pool has been making sandboxes.
 	limit := p.spec.MaxWait
 	if deadline, ok := ctx.Deadline(); ok {
 		limit = min(limit, time.Until(deadline))
 	}
-	if each := p.demand.make; each > 0 {
-		rounds := (len(p.waiting) + cap(p.m.sem)) / cap(p.m.sem)
-		if expect := time.Duration(rounds) * each; expect > limit {
-			n := len(p.waiting)
+	if n := len(p.waiting); n > 0 || p.demand.make > 0 {
+		if expect := p.demand.wait(time.Now(), n, cap(p.m.sem)); expect > limit {
 			p.mu.Unlock()
-			return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make each), over %s: retry shortly, or raise the pool's max or wait",
-				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, each.Round(time.Millisecond), limit.Round(time.Millisecond))
+			return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry shortly, or raise the pool's max or wait",
+				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, p.demand.make.Round(time.Millisecond), limit.Round(time.Millisecond))
 		}
 	}
 	w := &waiter{got: make(chan roche.SandboxInfo, 1), err: make(chan error, 1)}
@@ -644,6 +680,7 @@ func (p *Pool) create() {
 		p.waiting = p.waiting[1:]
 		p.hits++
 		p.inUse[info.ID] = struct{}{}
+		p.demand.serve(time.Now())
 		w.got <- info
 		return
 	}

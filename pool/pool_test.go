@@ -753,3 +753,26 @@ func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
 		t.Fatalf("first wait: %v", err)
 	}
 }
+
+// TestExpectedWaitFollowsTheServeRate: on a saturated host the pool serves its queue
+// more slowly than its creations' durations over its concurrency suggest; a queued
+// create expects the rate it has lately been served at, and only while that is recent.
+func TestExpectedWaitFollowsTheServeRate(t *testing.T) {
+	now := time.Now()
+	d := demand{make: 100 * time.Millisecond}
+	if got := d.wait(now, 3, 4); got != 100*time.Millisecond {
+		t.Fatalf("no queue served lately: wait %v, want one creation (100ms)", got)
+	}
+	// Four served over the last 2 s: one every 500 ms, so 4 creates (3 waiting and this
+	// one) expect 2 s, not the 100 ms four at once would take.
+	for _, ago := range []time.Duration{2000, 1500, 1000, 500} {
+		d.served = append(d.served, now.Add(-ago*time.Millisecond))
+	}
+	if got := d.wait(now, 3, 4); got != 2*time.Second {
+		t.Fatalf("queue served every 500 ms: wait %v, want 2s", got)
+	}
+	// Past serveWindow the rate is forgotten.
+	if got := d.wait(now.Add(serveWindow+time.Second), 3, 4); got != 100*time.Millisecond {
+		t.Fatalf("after the window: wait %v, want 100ms", got)
+	}
+}

@@ -197,7 +197,7 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 	cfg.Image = *image
 	fmt.Printf("\nload: %d concurrent clients, create + exec print('hello') + destroy through roched (oci, pool %s) for %v ...\n", *clients, *poolArg, *loadFor)
 	var mu sync.Mutex
-	var lat []time.Duration
+	var lat, creates, execs []time.Duration
 	var errs []error
 	var refused, pooled atomic.Int64
 	end := time.Now().Add(*loadFor)
@@ -214,9 +214,12 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 					time.Sleep(50 * time.Millisecond)
 					continue
 				}
+				created := time.Now()
+				var execd time.Time
 				if err == nil {
 					var res roche.ExecResult
 					res, err = rp.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
+					execd = time.Now()
 					if err == nil && res.Stdout != "hello\n" {
 						err = fmt.Errorf("exec printed %q, exit %d: %s", res.Stdout, res.ExitCode, res.Stderr)
 					}
@@ -229,6 +232,7 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 					errs = append(errs, err)
 				} else {
 					lat = append(lat, time.Since(start))
+					creates, execs = append(creates, created.Sub(start)), append(execs, execd.Sub(created))
 					if hit {
 						pooled.Add(1)
 					}
@@ -241,6 +245,9 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 	fmt.Printf("  %d cycles (%d from the pool), %.1f cycles/s (target >= 40), p50 %s, p99 %s (target <= 1 s), errors %d, refused at once (RESOURCE_EXHAUSTED) %d\n",
 		len(lat)+len(errs), pooled.Load(), float64(len(lat))/loadFor.Seconds(), samples.Ms(samples.Percentile(lat, 50)),
 		samples.Ms(samples.Percentile(lat, 99)), len(errs), refused.Load())
+	fmt.Printf("  of which create (the pool's queue): p50 %s, p99 %s; exec: p50 %s, p99 %s; the rest is destroy\n",
+		samples.Ms(samples.Percentile(creates, 50)), samples.Ms(samples.Percentile(creates, 99)),
+		samples.Ms(samples.Percentile(execs, 50)), samples.Ms(samples.Percentile(execs, 99)))
 	if len(errs) > 0 {
 		return fmt.Errorf("%d cycles failed under load, the first: %v", len(errs), errs[0])
 	}
