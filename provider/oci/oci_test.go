@@ -124,6 +124,13 @@ func TestConformance(t *testing.T) {
 	providertest.Run(t, p, providertest.Options{Config: testConfig()})
 }
 
+// TestConformanceRunc runs the suite on runc, the runtime where crun is missing or
+// refuses the host.
+func TestConformanceRunc(t *testing.T) {
+	p, _ := newProvider(t, oci.WithEgressProxy(), oci.WithRuntime(oci.RuntimeRunc))
+	providertest.Run(t, p, providertest.Options{Config: testConfig()})
+}
+
 // TestRuntimeProbe: each runtime asked for either makes a sandbox that runs python, or is
 // refused with one line saying why.
 func TestRuntimeProbe(t *testing.T) {
