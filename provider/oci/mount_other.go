@@ -5,6 +5,7 @@ package oci
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"time"
 )
@@ -21,3 +22,4 @@ func mountsBelow(string) []string                               { return nil }
 func exitWaiter(int) (func(time.Duration) bool, bool)           { return nil, false }
 func hybridCgroups() bool                                       { return false }
 func startWithoutUnified(*exec.Cmd) error                       { return errNotLinux }
+func sealBinary(string) (*os.File, error)                       { return nil, errNotLinux }

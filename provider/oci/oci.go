@@ -178,6 +178,12 @@ func (p *Provider) Close() error {
 	p.leases.DropAll()
 	p.proxies.stopAll()
 	p.sweeps.Wait()
+	p.rtMu.Lock()
+	if p.rt != nil && p.rt.sealed != nil {
+		p.rt.sealed.Close()
+		p.rt.sealed = nil
+	}
+	p.rtMu.Unlock()
 	if p.docker != nil {
 		return p.docker.Close()
 	}

@@ -51,11 +51,20 @@ type ociRuntime struct {
 	// hideUnified runs it without the cgroup2 mount of a hybrid host (crun, which
 	// refuses such hosts; see startWithoutUnified).
 	hideUnified bool
+	// sealed, when set, is a sealed in-memory copy of the binary, run instead of path
+	// (see sealBinary).
+	sealed *os.File
 }
 
 func (r *ociRuntime) command(ctx context.Context, args ...string) runtimeCmd {
 	full := append(append([]string{"--root", r.root}, r.args...), args...)
-	return runtimeCmd{Cmd: exec.CommandContext(ctx, r.path, full...), hideUnified: r.hideUnified}
+	path := r.path
+	if r.sealed != nil {
+		path = fmt.Sprintf("/proc/self/fd/%d", r.sealed.Fd())
+	}
+	cmd := exec.CommandContext(ctx, path, full...)
+	cmd.Args[0] = r.name
+	return runtimeCmd{Cmd: cmd, hideUnified: r.hideUnified}
 }
 
 // runtimeCmd is one run of the runtime: an exec.Cmd whose Start, and so Run, Output and
@@ -280,6 +289,11 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 				p.log.Info("OCI runtime not usable here; trying the next", "runtime", name, "err", err)
 			}
 			continue
+		}
+		if f, err := sealBinary(r.path); err == nil {
+			r.sealed = f
+		} else {
+			p.log.Info("running the OCI runtime from its file, not a sealed copy", "runtime", name, "err", err)
 		}
 		p.rt = r
 		return r, nil
