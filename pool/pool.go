@@ -264,16 +264,7 @@ type demand struct {
 }
 
 func (d *demand) serve(now time.Time) {
-	d.trimServed(now)
-	d.served = append(d.served, now)
-}
-
-func (d *demand) trimServed(now time.Time) {
-	i := 0
-	for i < len(d.served) && now.Sub(d.served[i]) > serveWindow {
-		i++
-	}
-	d.served = d.served[i:]
+	d.served = append(since(d.served, now, serveWindow), now)
 }
 
 // wait is what a create joining a queue of n others can expect: the larger of n/conc+1
@@ -284,7 +275,7 @@ func (d *demand) wait(now time.Time, n, conc int) time.Duration {
 	if d.make > 0 {
 		expect = time.Duration((n+conc)/conc) * d.make
 	}
-	d.trimServed(now)
+	d.served = since(d.served, now, serveWindow)
 	if k := len(d.served); k >= 3 {
 		each := now.Sub(d.served[0]) / time.Duration(k)
 		expect = max(expect, time.Duration(n+1)*each)
@@ -293,16 +284,16 @@ func (d *demand) wait(now time.Time, n, conc int) time.Duration {
 }
 
 func (d *demand) ask(now time.Time) {
-	d.trim(now)
-	d.asks = append(d.asks, now)
+	d.asks = append(since(d.asks, now, demandWindow), now)
 }
 
-func (d *demand) trim(now time.Time) {
+// since drops the times (oldest first) more than window before now.
+func since(ts []time.Time, now time.Time, window time.Duration) []time.Time {
 	i := 0
-	for i < len(d.asks) && now.Sub(d.asks[i]) > demandWindow {
+	for i < len(ts) && now.Sub(ts[i]) > window {
 		i++
 	}
-	d.asks = d.asks[i:]
+	return ts[i:]
 }
 
 func (d *demand) made(took time.Duration) {
@@ -316,7 +307,7 @@ func (d *demand) made(took time.Duration) {
 // depth is how many idle sandboxes cover the creates that arrive while one is made
 // (Little's law), with half again for bursts.
 func (d *demand) depth(now time.Time) int {
-	d.trim(now)
+	d.asks = since(d.asks, now, demandWindow)
 	if len(d.asks) == 0 || d.make == 0 {
 		return 0
 	}
