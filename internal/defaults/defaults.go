@@ -1,7 +1,10 @@
-// Package defaults is where roched is found when nothing says otherwise: its unix socket
-// and, beside it, its state file. The daemon (internal/daemon), its clients (client,
-// internal/cli) and the ledger's state file all read these, so they live here, in a
-// package that imports nothing of theirs; client re-exports them as its public API.
+// Package defaults is what Roche uses when nothing says otherwise: where roched is found
+// (its unix socket and, beside it, its state file), and the settings of the Docker
+// provider that the CLI's and roched's flags default to. The daemon (internal/daemon),
+// its clients (client, internal/cli), the ledger's state file and the providers all read
+// these, so they live here, in a package that imports nothing of theirs (the thin roche
+// binary reads them without linking a provider); client re-exports the socket's as its
+// public API.
 package defaults
 
 import (
@@ -9,7 +12,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
+
+// EngineTimeout bounds a create against an engine (the Docker engine, an OCI runtime)
+// and everything it waits for, unless set otherwise (docker.WithEngineTimeout, roche and
+// roched --engine-timeout).
+const EngineTimeout = 30 * time.Second
+
+// Transport is how commands reach a Docker sandbox unless set otherwise: through
+// roche-agent inside it (docker.TransportAgent; roche --transport).
+const Transport = "agent"
 
 // Socket is the unix socket roched listens on and clients dial when none is given:
 // $ROCHE_SOCKET, else $XDG_RUNTIME_DIR/roche/roched.sock, else ~/.roche/roched.sock.

@@ -32,6 +32,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
@@ -55,7 +56,8 @@ const (
 
 // Transports: how commands reach a sandbox.
 const (
-	TransportAgent      = "agent"
+	TransportAgent = defaults.Transport // "agent", the default
+
 	TransportDockerExec = "docker-exec"
 )
 

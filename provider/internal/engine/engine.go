@@ -17,13 +17,14 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/defaults"
 )
 
 // Deadlines, by what a call is for.
 const (
 	// DefaultTimeout bounds a create and everything it waits for (providers make it
 	// configurable, e.g. docker.WithEngineTimeout).
-	DefaultTimeout = 30 * time.Second
+	DefaultTimeout = defaults.EngineTimeout
 	// ControlTimeout bounds a call that needs one quick answer: list, inspect, destroy,
 	// pause, a health check.
 	ControlTimeout = 10 * time.Second
