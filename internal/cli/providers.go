@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/inproc"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -61,7 +62,7 @@ func (r *registry) get(name string) (roche.Provider, error) {
 			return p, nil
 		}
 	}
-	p, err := providers.Open(name, providers.Options{
+	p, err := inproc.Open(name, providers.Options{
 		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
 		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
 		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime, OCIRuntime: r.ociRuntime,

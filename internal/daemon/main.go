@@ -18,6 +18,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/defaults"
+	"github.com/roche-sandbox/roche/internal/inproc"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -388,7 +389,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err := cfg.Validate(served); err != nil {
 		return err
 	}
-	set, err := providers.Serve(providers.Options{
+	set, err := inproc.Serve(providers.Options{
 		Only: f.providers,
 		Log:  log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,

@@ -1,8 +1,9 @@
 // Package providers is the one list of Roche's providers, which the CLI, roched and the
-// MCP server all read: each provider's name, a line for help texts, how it is opened,
-// how roched treats it when it cannot be, and which provider owns a sandbox id. Adding
-// a provider is one entry in the list below. The core package roche imports no backend;
-// this package imports them all.
+// MCP server all read: each provider's name, a line for help texts, how roched treats it
+// when it cannot be opened, and which provider owns a sandbox id. It links no backend,
+// so that the thin roche binary can read it; package internal/inproc holds how each one
+// is opened, and is all that links them. Adding a provider is one entry in the list
+// below and its constructor there.
 package providers
 
 import (
@@ -16,11 +17,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/docker"
-	"github.com/roche-sandbox/roche/provider/kubernetes"
-	"github.com/roche-sandbox/roche/provider/oci"
-	"github.com/roche-sandbox/roche/provider/vm"
-	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
 // Default is the provider of a create that names none.
@@ -32,10 +28,11 @@ type Options struct {
 	Log *slog.Logger
 	// EngineTimeout bounds a create against the Docker engine (docker.WithEngineTimeout).
 	// It is passed as given, so a zero or negative one is refused like any other bad
-	// setting: callers set it, usually to docker.DefaultEngineTimeout.
+	// setting: callers set it, usually to defaults.EngineTimeout.
 	EngineTimeout time.Duration
-	// Transport is how commands reach Docker sandboxes, docker.TransportAgent or
-	// docker.TransportDockerExec, passed as given (an empty one is refused).
+	// Transport is how commands reach Docker sandboxes, docker.TransportAgent (the
+	// default, defaults.Transport) or docker.TransportDockerExec, passed as given (an
+	// empty one is refused).
 	Transport string
 	// Outlives says this process outlives the sandboxes it makes (roched, roche run),
 	// so it can serve their egress proxies (docker.WithEgressProxy,
@@ -76,9 +73,6 @@ type Provider struct {
 	Name string
 	// Description is one line for help texts.
 	Description string
-	// New opens the provider. A missing engine or hypervisor is not an error here: it
-	// shows as roche.ErrUnavailable on use.
-	New func(Options) (roche.Provider, error)
 	// Required: roched does not start when it cannot be opened. Its constructor fails
 	// only on bad settings (a transport, an engine timeout, DOCKER_HOST), which an
 	// operator must hear of, and it serves creates that name no provider.
@@ -92,97 +86,37 @@ type Provider struct {
 	BareIDs bool
 }
 
-// list is every provider, sorted by name.
+// list is every provider, sorted by name. The names are the provider packages' own
+// (vm.Firecracker, kubernetes.Name, ...): internal/inproc's tests hold them to it.
 var list = []Provider{
 	{
 		Name:        "docker",
 		Description: "Linux containers on the Docker engine",
-		New: func(o Options) (roche.Provider, error) {
-			opts := []docker.Option{docker.WithLogger(o.Log), docker.WithEngineTimeout(o.EngineTimeout), docker.WithTransport(o.Transport)}
-			if o.Outlives {
-				opts = append(opts, docker.WithEgressProxy())
-			}
-			if o.PinnedMounts {
-				opts = append(opts, docker.WithPinnedMounts())
-			}
-			if o.Runtime != "" {
-				opts = append(opts, docker.WithRuntime(o.Runtime))
-			}
-			return opened(docker.New(opts...))
-		},
-		Required: true,
-		BareIDs:  true,
+		Required:    true,
+		BareIDs:     true,
 	},
 	{
-		Name:        vm.Firecracker,
+		Name:        "firecracker",
 		Description: "a Firecracker microVM per sandbox; needs KVM and firecracker",
-		New: func(o Options) (roche.Provider, error) {
-			return opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
-		},
 	},
 	{
-		Name:        kubernetes.Name,
-		Description: "a Pod per sandbox on a Kubernetes cluster (--kubeconfig or KUBECONFIG)",
-		New: func(o Options) (roche.Provider, error) {
-			opts := []kubernetes.Option{kubernetes.WithLogger(o.Log), kubernetes.WithKubeconfig(o.Kubeconfig)}
-			if o.Namespace != "" {
-				opts = append(opts, kubernetes.WithNamespace(o.Namespace))
-			}
-			if o.RuntimeClass != "" {
-				opts = append(opts, kubernetes.WithRuntimeClass(o.RuntimeClass))
-			}
-			if o.AgentImage != "" {
-				opts = append(opts, kubernetes.WithAgentImage(o.AgentImage))
-			}
-			if o.SeccompProfile != "" {
-				opts = append(opts, kubernetes.WithSeccompProfile(o.SeccompProfile))
-			}
-			if o.Outlives {
-				opts = append(opts, kubernetes.WithEgressProxy())
-			}
-			return opened(kubernetes.New(opts...))
-		},
+		Name:         "kubernetes",
+		Description:  "a Pod per sandbox on a Kubernetes cluster (--kubeconfig or KUBECONFIG)",
 		CheckAtStart: true,
 	},
 	{
-		Name:        oci.Name,
+		Name:        "oci",
 		Description: "containers run directly by an OCI runtime (crun or runc), no dockerd; needs root",
-		New: func(o Options) (roche.Provider, error) {
-			opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.OCIRuntime)}
-			if o.Outlives {
-				opts = append(opts, oci.WithEgressProxy())
-			}
-			return opened(oci.New(opts...))
-		},
 	},
 	{
-		Name:        vm.QEMU,
+		Name:        "qemu",
 		Description: "a QEMU microVM per sandbox: KVM, else emulation (slower)",
-		New: func(o Options) (roche.Provider, error) {
-			return opened(vm.NewQEMU(vm.WithLogger(o.Log)))
-		},
 	},
 	{
-		Name:        "wasm",
-		Description: "CPython 3.12 on WebAssembly (wazero), in-process; needs python.wasm",
-		New: func(o Options) (roche.Provider, error) {
-			opts := []wasm.Option{wasm.WithLogger(o.Log)}
-			if o.WarmStart {
-				opts = append(opts, wasm.WithWarmStart())
-			}
-			return opened(wasm.New(opts...))
-		},
+		Name:         "wasm",
+		Description:  "CPython 3.12 on WebAssembly (wazero), in-process; needs python.wasm",
 		CheckAtStart: true,
 	},
-}
-
-// opened turns a constructor's result into a roche.Provider, so that a failed one is a
-// nil interface rather than one holding a nil pointer.
-func opened[P roche.Provider](p P, err error) (roche.Provider, error) {
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
 }
 
 // All returns every provider, sorted by name.
@@ -238,23 +172,6 @@ func Check(names []string) error {
 	return errors.Join(errs...)
 }
 
-// Open opens the named provider with o.
-func Open(name string, o Options) (roche.Provider, error) {
-	p, err := Lookup(name)
-	if err != nil {
-		return nil, err
-	}
-	return p.open(o)
-}
-
-func (p Provider) open(o Options) (roche.Provider, error) {
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-	o.Log = o.Log.With("provider", p.Name)
-	return p.New(o)
-}
-
 // OfID names the provider that owns a sandbox id: the one whose name and a dash start
 // it, else the one whose ids are bare (Docker).
 func OfID(id string) string {
@@ -283,39 +200,4 @@ func (s Set) Close() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Serve opens every provider (or those o.Only names) for a process that serves them
-// (roched), logging to
-// o.Log why it leaves one out. A Required provider that cannot be opened is an error,
-// as is nothing else: any other is left out with a warning, and one that opens but
-// fails its start-up check (wasm without python.wasm) is served with a warning, its
-// creates failing with ErrUnavailable and what to install.
-func Serve(o Options) (Set, error) {
-	log := o.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	set := Set{}
-	for _, p := range list {
-		if len(o.Only) > 0 && !slices.Contains(o.Only, p.Name) {
-			continue
-		}
-		rp, err := p.open(o)
-		if err != nil {
-			if p.Required {
-				set.Close()
-				return nil, err
-			}
-			log.Warn(p.Name+" provider unavailable: serving without it", "provider", p.Name, "err", err)
-			continue
-		}
-		if c, ok := rp.(interface{ Available() error }); ok && p.CheckAtStart {
-			if err := c.Available(); err != nil {
-				log.Warn(p.Name+" provider unavailable: serving it, its creates failing until this is fixed", "provider", p.Name, "err", err)
-			}
-		}
-		set[p.Name] = rp
-	}
-	return set, nil
 }

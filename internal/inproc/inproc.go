@@ -1,0 +1,140 @@
+// Package inproc opens Roche's providers inside this process: the constructor of every
+// provider internal/providers lists. It is what links the backends (the Docker client,
+// client-go, wazero, ...), whose package initialisation alone costs a process some
+// 12 ms, apart from the list, which a program may read without paying for them.
+package inproc
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
+	"github.com/roche-sandbox/roche/provider/oci"
+	"github.com/roche-sandbox/roche/provider/vm"
+	"github.com/roche-sandbox/roche/provider/wasm"
+)
+
+// constructors opens each provider of providers.All, by name. A missing engine or
+// hypervisor is not an error here: it shows as roche.ErrUnavailable on use.
+var constructors = map[string]func(providers.Options) (roche.Provider, error){
+	"docker": func(o providers.Options) (roche.Provider, error) {
+		opts := []docker.Option{docker.WithLogger(o.Log), docker.WithEngineTimeout(o.EngineTimeout), docker.WithTransport(o.Transport)}
+		if o.Outlives {
+			opts = append(opts, docker.WithEgressProxy())
+		}
+		if o.PinnedMounts {
+			opts = append(opts, docker.WithPinnedMounts())
+		}
+		if o.Runtime != "" {
+			opts = append(opts, docker.WithRuntime(o.Runtime))
+		}
+		return opened(docker.New(opts...))
+	},
+	vm.Firecracker: func(o providers.Options) (roche.Provider, error) {
+		return opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
+	},
+	kubernetes.Name: func(o providers.Options) (roche.Provider, error) {
+		opts := []kubernetes.Option{kubernetes.WithLogger(o.Log), kubernetes.WithKubeconfig(o.Kubeconfig)}
+		if o.Namespace != "" {
+			opts = append(opts, kubernetes.WithNamespace(o.Namespace))
+		}
+		if o.RuntimeClass != "" {
+			opts = append(opts, kubernetes.WithRuntimeClass(o.RuntimeClass))
+		}
+		if o.AgentImage != "" {
+			opts = append(opts, kubernetes.WithAgentImage(o.AgentImage))
+		}
+		if o.SeccompProfile != "" {
+			opts = append(opts, kubernetes.WithSeccompProfile(o.SeccompProfile))
+		}
+		if o.Outlives {
+			opts = append(opts, kubernetes.WithEgressProxy())
+		}
+		return opened(kubernetes.New(opts...))
+	},
+	oci.Name: func(o providers.Options) (roche.Provider, error) {
+		opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.OCIRuntime)}
+		if o.Outlives {
+			opts = append(opts, oci.WithEgressProxy())
+		}
+		return opened(oci.New(opts...))
+	},
+	vm.QEMU: func(o providers.Options) (roche.Provider, error) {
+		return opened(vm.NewQEMU(vm.WithLogger(o.Log)))
+	},
+	"wasm": func(o providers.Options) (roche.Provider, error) {
+		opts := []wasm.Option{wasm.WithLogger(o.Log)}
+		if o.WarmStart {
+			opts = append(opts, wasm.WithWarmStart())
+		}
+		return opened(wasm.New(opts...))
+	},
+}
+
+// opened turns a constructor's result into a roche.Provider, so that a failed one is a
+// nil interface rather than one holding a nil pointer.
+func opened[P roche.Provider](p P, err error) (roche.Provider, error) {
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Open opens the named provider with o.
+func Open(name string, o providers.Options) (roche.Provider, error) {
+	p, err := providers.Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return open(p, o)
+}
+
+func open(p providers.Provider, o providers.Options) (roche.Provider, error) {
+	newProvider, ok := constructors[p.Name]
+	if !ok {
+		return nil, fmt.Errorf("%w: the %s provider has no constructor in this binary", roche.ErrUnsupported, p.Name)
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	o.Log = o.Log.With("provider", p.Name)
+	return newProvider(o)
+}
+
+// Serve opens every provider (or those o.Only names) for a process that serves them
+// (roched), logging to o.Log why it leaves one out. A Required provider that cannot be
+// opened is an error, as is nothing else: any other is left out with a warning, and one
+// that opens but fails its start-up check (wasm without python.wasm) is served with a
+// warning, its creates failing with ErrUnavailable and what to install.
+func Serve(o providers.Options) (providers.Set, error) {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	set := providers.Set{}
+	for _, p := range providers.All() {
+		if len(o.Only) > 0 && !slices.Contains(o.Only, p.Name) {
+			continue
+		}
+		rp, err := open(p, o)
+		if err != nil {
+			if p.Required {
+				set.Close()
+				return nil, err
+			}
+			log.Warn(p.Name+" provider unavailable: serving without it", "provider", p.Name, "err", err)
+			continue
+		}
+		if c, ok := rp.(interface{ Available() error }); ok && p.CheckAtStart {
+			if err := c.Available(); err != nil {
+				log.Warn(p.Name+" provider unavailable: serving it, its creates failing until this is fixed", "provider", p.Name, "err", err)
+			}
+		}
+		set[p.Name] = rp
+	}
+	return set, nil
+}

@@ -1,0 +1,232 @@
+package inproc
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/wasm"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// isolate points every provider's directories into the test's own, so that opening
+// one here touches nothing another process uses.
+func isolate(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, v := range []string{"XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_DATA_HOME"} {
+		t.Setenv(v, filepath.Join(dir, strings.ToLower(v)))
+	}
+	t.Setenv("ROCHE_AGENT", filepath.Join(dir, "roche-agent"))
+	t.Setenv(wasm.PythonEnv, "")
+	t.Setenv("ROCHE_VM_ACCEL", "")
+	return dir
+}
+
+// logBuffer is a log destination safe to read while a provider's goroutines write.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// good is what the CLI opens providers with, save the logger.
+func good() providers.Options {
+	return providers.Options{EngineTimeout: docker.DefaultEngineTimeout, Transport: docker.TransportAgent}
+}
+
+func TestUnknownProviderRefusedWithTheList(t *testing.T) {
+	isolate(t)
+	for _, name := range []string{"vmware", "", "Docker", "vm"} {
+		p, err := Open(name, good())
+		if p != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "choose one of docker, firecracker, kubernetes, oci, qemu, wasm") {
+			t.Errorf("Open(%q) = %v, %v; want ErrInvalidConfig listing the providers", name, p, err)
+		}
+	}
+}
+
+// TestEveryProviderHasAConstructor: the constructors are keyed by the provider packages'
+// names, which must be the list's, one each.
+func TestEveryProviderHasAConstructor(t *testing.T) {
+	var keys []string
+	for name := range constructors {
+		keys = append(keys, name)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, providers.Names()) {
+		t.Fatalf("constructors for %v, providers %v", keys, providers.Names())
+	}
+}
+
+func TestOpenEveryProvider(t *testing.T) {
+	isolate(t)
+	for _, name := range providers.Names() {
+		p, err := Open(name, good())
+		if err != nil {
+			t.Fatalf("Open(%q): %v", name, err)
+		}
+		if p.Name() != name {
+			t.Errorf("Open(%q) opened %q", name, p.Name())
+		}
+		if err := (providers.Set{name: p}).Close(); err != nil {
+			t.Errorf("closing %s: %v", name, err)
+		}
+	}
+}
+
+// TestDockerOptions: the Docker options reach docker.New, a bad one refused with
+// ErrInvalidConfig, as the CLI's flags and roched's settings are.
+func TestDockerOptions(t *testing.T) {
+	isolate(t)
+	bad := good()
+	bad.Transport = "ssh"
+	if p, err := Open("docker", bad); p != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), `transport "ssh"`) {
+		t.Fatalf("Open(docker) with transport ssh = %v, %v; want ErrInvalidConfig naming it", p, err)
+	}
+	bad = good()
+	bad.EngineTimeout = 0
+	if p, err := Open("docker", bad); p != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "engine timeout 0s") {
+		t.Fatalf("Open(docker) with engine timeout 0 = %v, %v; want ErrInvalidConfig naming it", p, err)
+	}
+
+	// Egress proxies need a process that outlives its sandboxes and roche-agent in them.
+	for _, c := range []struct {
+		outlives  bool
+		transport string
+		egress    bool
+	}{
+		{false, docker.TransportAgent, false},
+		{true, docker.TransportAgent, true},
+		{true, docker.TransportDockerExec, false},
+	} {
+		o := good()
+		o.Outlives, o.Transport = c.outlives, c.transport
+		p, err := Open("docker", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Capabilities().Egress; got != c.egress {
+			t.Errorf("Outlives %v, transport %s: egress %v, want %v", c.outlives, c.transport, got, c.egress)
+		}
+		(providers.Set{"docker": p}).Close()
+	}
+}
+
+// TestLogAndWarmStartReachWasm: with WarmStart the wasm provider compiles python.wasm
+// in the background at once, and says so, through the logger given, tagged with its
+// name. The module here is not WebAssembly, so the compile fails quickly and is logged.
+func TestLogAndWarmStartReachWasm(t *testing.T) {
+	dir := isolate(t)
+	notWasm := filepath.Join(dir, "python.wasm")
+	if err := os.WriteFile(notWasm, []byte("not a module"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(wasm.PythonEnv, notWasm)
+	const failed = "preparing python.wasm in the background failed"
+	for _, warm := range []bool{false, true} {
+		var log logBuffer
+		o := good()
+		o.Log, o.WarmStart = log.logger(), warm
+		p, err := Open("wasm", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if warm {
+			deadline := time.Now().Add(time.Minute)
+			for !strings.Contains(log.String(), failed) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		(providers.Set{"wasm": p}).Close()
+		logged := log.String()
+		if strings.Contains(logged, failed) != warm {
+			t.Fatalf("WarmStart %v: log %q", warm, logged)
+		}
+		if warm && !strings.Contains(logged, "provider=wasm") {
+			t.Fatalf("the provider's log does not name it: %q", logged)
+		}
+	}
+}
+
+// TestServeDegrades: roched's rules. A required provider (docker) that cannot be
+// opened stops it; any other is left out with a warning; wasm without python.wasm is
+// served, with a warning saying how to fetch it.
+func TestServeDegrades(t *testing.T) {
+	isolate(t)
+	var log logBuffer
+	o := good()
+	o.Log = log.logger()
+	set, err := Serve(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]string, 0, len(set))
+	for n := range set {
+		got = append(got, n)
+	}
+	slices.Sort(got)
+	set.Close()
+	if !slices.Equal(got, providers.Names()) {
+		t.Fatalf("Serve served %v, want every provider %v", got, providers.Names())
+	}
+	if l := log.String(); !strings.Contains(l, "wasm provider unavailable") || !strings.Contains(l, wasm.FetchHint) {
+		t.Fatalf("Serve did not say why wasm is unavailable: %q", l)
+	}
+
+	// A microVM that cannot be made (a bad ROCHE_VM_ACCEL) is left out, with the reason.
+	t.Setenv("ROCHE_VM_ACCEL", "warp")
+	log = logBuffer{}
+	o.Log = log.logger()
+	set, err = Serve(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, qemu := set["qemu"]
+	_, fc := set["firecracker"]
+	_, dk := set["docker"]
+	set.Close()
+	if qemu || fc || !dk {
+		t.Fatalf("with ROCHE_VM_ACCEL=warp Serve served qemu %v, firecracker %v, docker %v", qemu, fc, dk)
+	}
+	for _, name := range []string{"qemu", "firecracker"} {
+		if l := log.String(); !strings.Contains(l, name+" provider unavailable: serving without it") || !strings.Contains(l, `acceleration \"warp\"`) {
+			t.Fatalf("Serve did not say why %s is left out: %q", name, l)
+		}
+	}
+
+	// Docker with a bad setting stops roched, and nothing opened is left open.
+	t.Setenv("ROCHE_VM_ACCEL", "")
+	o.Transport = "ssh"
+	set, err = Serve(o)
+	if set != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), `transport "ssh"`) {
+		t.Fatalf("Serve with a bad Docker transport = %v, %v; want ErrInvalidConfig", set, err)
+	}
+}
