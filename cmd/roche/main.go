@@ -1,4 +1,11 @@
 // Command roche runs untrusted code in sandboxes with secure defaults. See roche --help.
+//
+// roche is the thin binary: the command line and roched's client, and no provider, so
+// that it starts in a few milliseconds (the SDKs' CLI transport starts it per call).
+// A command that needs a provider in this process (no roched answers, it does not serve
+// that provider, or --direct), the kubernetes provider's tools or the MCP server runs in
+// roched, the full binary, which roche replaces itself with: found beside roche (its
+// symlinks resolved), else on PATH. TestThin keeps the providers out.
 package main
 
 import (
@@ -8,16 +15,13 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/initgc"
-	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
 func main() {
 	// The collector was off while the packages initialised (see initgc).
 	initgc.Restore()
-	// Started as roche-agent (a sandbox's PID 1, a microVM's init), this binary is the
-	// agent: one static binary has everything.
+	// Started as roche-agent (ROCHE_AGENT may name this binary), it is the agent, which
+	// costs little to carry. The providers that run it are roched's.
 	agentcmd.RunIfAsked()
-	// The microVM providers run each VM's supervisor as this executable.
-	supervisor.RunIfAsked()
-	os.Exit(cli.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(cli.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, nil))
 }

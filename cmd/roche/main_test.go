@@ -15,17 +15,20 @@ import (
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
-// TestOneBinary: roche alone, with no roche-agent beside it and no ROCHE_AGENT, runs
-// Docker sandboxes through the agent it carries (files, the sandbox user, exit codes),
+// TestOneBinary: roche and roched alone, with no roche-agent beside them, no
+// ROCHE_AGENT and no daemon, run Docker sandboxes: roche hands each command to roched,
+// whose providers run the agent roched carries (files, the sandbox user, exit codes),
 // not the slower docker-exec path that has none of those.
 func TestOneBinary(t *testing.T) {
 	dir := t.TempDir()
-	roche, _, err := testenv.BuildCLI(dir)
+	roche, roched, err := testenv.BuildCLI(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !agentbin.Static(roche) {
-		t.Fatalf("%s is not static: a sandbox's image may have no C library to run it", roche)
+	for _, bin := range []string{roche, roched} {
+		if !agentbin.Static(bin) {
+			t.Fatalf("%s is not static: a sandbox's image may have no C library to run it", bin)
+		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, agentbin.Name)); !os.IsNotExist(err) {
 		t.Fatalf("a roche-agent is beside roche (%v): the test would not prove anything", err)
@@ -40,7 +43,7 @@ func TestOneBinary(t *testing.T) {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, agentbin.Env+"=") || strings.HasPrefix(kv, "ROCHE_SOCKET=")
 	})
-	// No roched: this process's own providers serve the sandbox.
+	// No daemon: roched, run as roche in this command's process, serves the sandbox.
 	env = append(env, "ROCHE_SOCKET="+filepath.Join(dir, "nobody.sock"))
 	run := func(stdin string, args ...string) (string, error) {
 		t.Helper()
@@ -74,7 +77,7 @@ func TestOneBinary(t *testing.T) {
 		}
 	}()
 	if sb.Transport != "agent" {
-		t.Fatalf("the sandbox runs commands through %q, want the agent roche carries", sb.Transport)
+		t.Fatalf("the sandbox runs commands through %q, want the agent roched carries", sb.Transport)
 	}
 	host := filepath.Join(dir, "in.txt")
 	if err := os.WriteFile(host, []byte("carried\n"), 0o644); err != nil {

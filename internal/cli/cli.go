@@ -14,15 +14,16 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/buildinfo"
+	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
-	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // Exit codes besides the command's own.
@@ -39,26 +40,32 @@ func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) 
 
 // env holds the process's streams and environment, so tests can run the CLI in-process.
 type env struct {
+	args           []string // as Main got them, for a handoff
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	log            *slog.Logger
 	providers      *registry
 	daemon         *daemonLink // roched, used when it answers (daemon.go)
-	// owner is the Config.Owner of the sandboxes made in-process (owner.go).
-	owner string
+	// owner is the Config.Owner of the sandboxes made in-process (owner.go), looked up
+	// on first use: a command through roched never needs it.
+	owner func() string
+	// local is what this binary does in-process; nil in the thin roche (local.go).
+	local Local
 }
 
 // Main runs the roche command with args (without the program name) and returns the
-// process exit status.
-func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, owner: cmp.Or(os.Getenv("ROCHE_OWNER"), localOwner())}
+// process exit status. local opens providers in this process (roched's, run as roche);
+// with none (the thin roche binary), a command that needs one is handed to roched.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local) int {
+	e := &env{args: args, stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, local: local}
+	e.owner = sync.OnceValue(func() string { return cmp.Or(os.Getenv("ROCHE_OWNER"), localOwner()) })
 	level := slog.LevelWarn
 	if os.Getenv("ROCHE_DEBUG") != "" {
 		level = slog.LevelDebug
 	}
 	e.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	e.providers = newRegistry(e.log)
+	e.providers = newRegistry(e.log, local, e.handoff)
 	defer e.providers.close()
 
 	ctx, stop := notifyContext(stderr)
@@ -187,9 +194,9 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 	friendlyArgs(root)
 	e.addDaemonFlags(root)
 	pf := root.PersistentFlags()
-	pf.DurationVar(&e.providers.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
+	pf.DurationVar(&e.providers.engineTimeout, "engine-timeout", defaults.EngineTimeout,
 		"how long a create waits for the engine (Docker) before failing; lists and destroys wait 10 s (in this process; roched has its own)")
-	pf.StringVar(&e.providers.transport, "transport", docker.TransportAgent,
+	pf.StringVar(&e.providers.transport, "transport", defaults.Transport,
 		"how commands reach Docker sandboxes made here: agent (roche-agent inside), or docker-exec (Docker's exec API: slower, no files API)")
 	pf.StringVar(&e.providers.runtime, "runtime", "", "runtime of Docker sandboxes made here: runc (the default) or runsc (gVisor: no network but an allowlist; scripts/runsc.sh registers it)")
 	pf.StringVar(&e.providers.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")

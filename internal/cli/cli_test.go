@@ -33,7 +33,7 @@ type result struct {
 func rocheIn(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code := Main(args, strings.NewReader(stdin), &out, &errb)
+	code := Main(args, strings.NewReader(stdin), &out, &errb, testLocal)
 	return result{code, out.String(), errb.String()}
 }
 

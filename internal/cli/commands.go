@@ -114,7 +114,7 @@ func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Pr
 	if err != nil {
 		return nil, roche.SandboxInfo{}, err
 	}
-	cfg.Owner = e.owner // through roched, the daemon owns it instead
+	cfg.Owner = e.owner() // through roched, the daemon owns it instead
 	cfg.Leased = leased && p.Capabilities().Leases
 	info, err := p.Create(ctx, cfg)
 	if err != nil && ctx.Err() != nil {
@@ -395,6 +395,13 @@ Roche sandbox on the engine, other users' and daemons' too.`,
 					}
 					return nil
 				})
+			}
+			owners := make([]string, len(ids))
+			for i, id := range ids {
+				owners[i] = providers.OfID(id)
+			}
+			if err := e.providers.prepare(owners...); err != nil {
+				return err
 			}
 			var errs []error
 			for _, id := range ids {

@@ -232,19 +232,16 @@ With --listen, clients on TCP need a token: roched reads it from --token-file (m
 	return c
 }
 
-// findRoched locates the daemon binary: the flag, then beside this executable, then PATH.
+// findRoched locates the daemon binary: the flag, then beside this executable (its
+// symlinks resolved), then PATH.
 func findRoched(flag string) (string, error) {
 	if flag != "" {
 		return flag, nil
 	}
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "roched")
+	for _, p := range rochedCandidates(executable()) {
 		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
 			return p, nil
 		}
-	}
-	if p, err := exec.LookPath("roched"); err == nil {
-		return p, nil
 	}
 	return "", errors.New("cannot find roched beside roche or on PATH: build it with make build (bin/roched) or pass --roched PATH")
 }

@@ -9,16 +9,22 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent/agentbin"
-	"github.com/roche-sandbox/roche/provider/kubernetes"
 )
 
 // kubernetesCommand holds what an operator of the Kubernetes provider needs besides
 // sandboxes: the agent image, which the nodes must have (there may be no registry), the
-// image that runs roched in the cluster, and Roche's seccomp profile.
+// image that runs roched in the cluster, and Roche's seccomp profile. They are the
+// provider's own code, which the thin roche does not link: it hands them to roched.
 func (e *env) kubernetesCommand() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "kubernetes",
 		Short: "Set up the Kubernetes provider (the agent image, roched's image, the seccomp profile)",
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if e.local == nil {
+				return e.handoff()
+			}
+			return nil
+		},
 	}
 	var output, agentPath string
 	image := &cobra.Command{
@@ -43,7 +49,7 @@ pass that reference as the provider's agent image.`,
 			if err != nil {
 				return fmt.Errorf("writing the agent image: %w", err)
 			}
-			ref, err := kubernetes.WriteAgentImage(f, src)
+			ref, err := e.local.WriteAgentImage(f, src)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
@@ -86,7 +92,7 @@ REPO:TAG) and set the images in the kustomization (README, "roched in a cluster"
 			if err != nil {
 				return fmt.Errorf("writing the roched image: %w", err)
 			}
-			ref, err := kubernetes.WriteRochedImage(f, daemon, src)
+			ref, err := e.local.WriteRochedImage(f, daemon, src)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
@@ -117,7 +123,7 @@ architecture are the nodes'.`,
 			if profileOut == "" {
 				return fmt.Errorf("%w: --output FILE is required: where to write the profile", roche.ErrInvalidConfig)
 			}
-			b, err := kubernetes.SeccompProfile()
+			b, err := e.local.SeccompProfile()
 			if err != nil {
 				return err
 			}

@@ -20,8 +20,12 @@ import (
 // the roche binary for tests that need a real process to signal (ROCHE_TEST_AS_CLI=1),
 // and as roched for roche daemon start (ROCHED_TEST_AS_DAEMON=1).
 func TestMain(m *testing.M) {
+	if testLocal == nil {
+		fmt.Fprintln(os.Stderr, "no providers to run in-process: full_test.go sets them")
+		os.Exit(1)
+	}
 	if os.Getenv("ROCHE_TEST_AS_CLI") == "1" {
-		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, testLocal))
 	}
 	if os.Getenv("ROCHED_TEST_AS_DAEMON") == "1" {
 		os.Exit(daemon.Main(os.Args[1:], os.Stdout, os.Stderr))

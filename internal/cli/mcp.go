@@ -3,13 +3,14 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/internal/mcp"
 	"github.com/roche-sandbox/roche/internal/providers"
 )
 
@@ -37,14 +38,17 @@ send as "Authorization: Bearer TOKEN".`,
 			if token == "" {
 				token = e.getenv("ROCHE_MCP_TOKEN")
 			}
-			if httpAddr != "" {
-				if err := mcp.CheckListen(httpAddr, token); err != nil {
-					return err
-				}
+			// The MCP server is not in the thin roche.
+			if e.local == nil {
+				return e.handoff()
 			}
-			srv := mcp.New(registryProviders{e}, mcp.Config{
-				DefaultProvider: provider, DefaultImage: image, AllowNetwork: allowNetwork, Owner: e.owner,
-			}, mcp.WithLogger(e.log))
+			srv, err := e.local.NewMCP(MCPConfig{
+				Providers: registryProviders{e}, DefaultProvider: provider, DefaultImage: image, AllowNetwork: allowNetwork,
+				Owner: e.owner(), HTTP: httpAddr, Token: token, Log: e.log,
+			})
+			if err != nil {
+				return err
+			}
 			defer func() {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
@@ -77,6 +81,37 @@ send as "Authorization: Bearer TOKEN".`,
 	c.Flags().StringVar(&image, "image", defImage, "image of sandboxes whose create names none (env ROCHE_IMAGE)")
 	c.Flags().BoolVar(&allowNetwork, "allow-network", false, "let clients create sandboxes with a network")
 	return c
+}
+
+// MCPConfig is what roche mcp's server is made with (Local.NewMCP): its flags, and the
+// CLI's providers.
+type MCPConfig struct {
+	Providers                     MCPProviders
+	DefaultProvider, DefaultImage string
+	AllowNetwork                  bool
+	// Owner is the Config.Owner of the sandboxes it makes in this process.
+	Owner string
+	// HTTP is where it is to serve streamable HTTP (empty: stdio), and Token what HTTP
+	// clients must send; both are checked first.
+	HTTP, Token string
+	Log         *slog.Logger
+}
+
+// MCPProviders are the providers the MCP server uses: those of the CLI.
+type MCPProviders interface {
+	// Get opens the named provider.
+	Get(name string) (roche.Provider, error)
+	// List lists the sandboxes of the named provider, or of every available one when
+	// name is empty.
+	List(ctx context.Context, name string) ([]roche.SandboxInfo, error)
+}
+
+// MCPServer is roche mcp's server (internal/mcp's).
+type MCPServer interface {
+	ServeStdio(ctx context.Context, r io.Reader, w io.Writer) error
+	ServeHTTP(ctx context.Context, l net.Listener, token string, grace time.Duration) error
+	// Close destroys the sandboxes the server made.
+	Close(ctx context.Context) error
 }
 
 // registryProviders gives the MCP server the CLI's providers: roched's when it answers,

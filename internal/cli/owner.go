@@ -33,7 +33,7 @@ func (e *env) ownerFilter(p roche.Provider, anyOwner bool) string {
 	if _, remote := p.(*client.Provider); remote || anyOwner {
 		return ""
 	}
-	return e.owner
+	return e.owner()
 }
 
 // checkAnyOwner refuses --any-owner where it cannot mean anything: through roched.

@@ -10,14 +10,17 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/internal/inproc"
+	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/providers"
-	"github.com/roche-sandbox/roche/provider/docker"
 )
 
-// registry opens providers on first use and closes them at exit.
+// registry opens providers on first use and closes them at exit: roched's view of one it
+// serves, else the provider in this process (local), else, in the thin roche, which has
+// none, it hands the command to roched (handoff) and does not return.
 type registry struct {
-	log *slog.Logger
+	log     *slog.Logger
+	local   Local
+	handoff func() error
 	// outlives: see providers.Options; set by roche run before it opens a provider.
 	outlives bool
 	mu       sync.Mutex
@@ -38,8 +41,8 @@ type registry struct {
 	runtime, ociRuntime string
 }
 
-func newRegistry(l *slog.Logger) *registry {
-	return &registry{log: l, open: providers.Set{}, engineTimeout: docker.DefaultEngineTimeout, transport: docker.TransportAgent}
+func newRegistry(l *slog.Logger, local Local, handoff func() error) *registry {
+	return &registry{log: l, local: local, handoff: handoff, open: providers.Set{}, engineTimeout: defaults.EngineTimeout, transport: defaults.Transport}
 }
 
 func (r *registry) get(name string) (roche.Provider, error) {
@@ -50,7 +53,7 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	}
 	if r.remote != nil {
 		if p := r.remote(name); p != nil {
-			if name == "docker" && r.transport != docker.TransportAgent {
+			if name == "docker" && r.transport != defaults.Transport {
 				return nil, fmt.Errorf("%w: --transport %s applies to sandboxes this process makes, and roched makes them here: pass --direct as well",
 					roche.ErrInvalidConfig, r.transport)
 			}
@@ -62,7 +65,13 @@ func (r *registry) get(name string) (roche.Provider, error) {
 			return p, nil
 		}
 	}
-	p, err := inproc.Open(name, providers.Options{
+	if _, err := providers.Lookup(name); err != nil {
+		return nil, err
+	}
+	if r.local == nil {
+		return nil, r.handoff()
+	}
+	p, err := r.local.Open(name, providers.Options{
 		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
 		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
 		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime, OCIRuntime: r.ociRuntime,
@@ -72,6 +81,23 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	}
 	r.open[name] = p
 	return p, nil
+}
+
+// prepare, in the thin roche, hands the command to roched unless roched serves every
+// provider of names: before the command has done anything, for one that uses several
+// (a loop over providers or ids), which a handoff at a get in the middle would run
+// twice. With providers in this process it does nothing: they open on first use.
+func (r *registry) prepare(names ...string) error {
+	if r.local != nil {
+		return nil
+	}
+	for _, n := range names {
+		// Any other error is the get's to report when the command comes to it.
+		if _, err := r.get(n); errors.As(err, new(handoffError)) {
+			return err
+		}
+	}
+	return nil
 }
 
 func (r *registry) close() {
@@ -105,6 +131,9 @@ func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.
 	names := []string{name}
 	if name == "" {
 		names = providers.Names()
+	}
+	if err := r.prepare(names...); err != nil {
+		return nil, err
 	}
 	var errs, unavailable []error
 	for _, n := range names {

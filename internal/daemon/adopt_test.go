@@ -17,6 +17,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/cli"
+	"github.com/roche-sandbox/roche/internal/cli/full"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -30,7 +31,7 @@ func TestAdoptsOnlyItsOwn(t *testing.T) {
 	t.Cleanup(func() { rec.Close() }) // after the cleanups below, which use it
 
 	var out, errb bytes.Buffer
-	if code := cli.Main([]string{"create", "--direct", "--image", testImage(), "--timeout", "300"}, strings.NewReader(""), &out, &errb); code != 0 {
+	if code := cli.Main([]string{"create", "--direct", "--image", testImage(), "--timeout", "300"}, strings.NewReader(""), &out, &errb, full.Local{}); code != 0 {
 		t.Fatalf("roche create --direct: exit %d: %s", code, errb.String())
 	}
 	cliID := strings.TrimSpace(out.String())

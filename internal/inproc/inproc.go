@@ -1,7 +1,9 @@
 // Package inproc opens Roche's providers inside this process: the constructor of every
 // provider internal/providers lists. It is what links the backends (the Docker client,
 // client-go, wazero, ...), whose package initialisation alone costs a process some
-// 12 ms, apart from the list, which a program may read without paying for them.
+// 12 ms, so only roched links it: to serve them, and to run as the full roche CLI when
+// started under that name (internal/cli/full). The thin roche binary does not, and hands
+// a command that needs a provider in-process to roched.
 package inproc
 
 import (

@@ -1,0 +1,52 @@
+// Package full is what the full roche CLI does in its own process and the thin one
+// cannot: open providers (internal/inproc), the kubernetes provider's tools, and the MCP
+// server. roched links it and passes it to cli.Main when started as roche; the thin
+// roche binary links none of it (its package initialisation alone costs some 12 ms)
+// and hands such commands to roched.
+package full
+
+import (
+	"io"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/cli"
+	"github.com/roche-sandbox/roche/internal/inproc"
+	"github.com/roche-sandbox/roche/internal/mcp"
+	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
+)
+
+// Local is the full CLI's cli.Local.
+type Local struct{}
+
+var _ cli.Local = Local{}
+
+// Open opens the named provider in this process (inproc.Open).
+func (Local) Open(name string, o providers.Options) (roche.Provider, error) {
+	return inproc.Open(name, o)
+}
+
+// WriteAgentImage is kubernetes.WriteAgentImage.
+func (Local) WriteAgentImage(w io.Writer, agentPath string) (string, error) {
+	return kubernetes.WriteAgentImage(w, agentPath)
+}
+
+// WriteRochedImage is kubernetes.WriteRochedImage.
+func (Local) WriteRochedImage(w io.Writer, rochedPath, agentPath string) (string, error) {
+	return kubernetes.WriteRochedImage(w, rochedPath, agentPath)
+}
+
+// SeccompProfile is kubernetes.SeccompProfile.
+func (Local) SeccompProfile() ([]byte, error) { return kubernetes.SeccompProfile() }
+
+// NewMCP checks where the MCP server is to listen (c.HTTP, c.Token) and makes it.
+func (Local) NewMCP(c cli.MCPConfig) (cli.MCPServer, error) {
+	if c.HTTP != "" {
+		if err := mcp.CheckListen(c.HTTP, c.Token); err != nil {
+			return nil, err
+		}
+	}
+	return mcp.New(c.Providers, mcp.Config{
+		DefaultProvider: c.DefaultProvider, DefaultImage: c.DefaultImage, AllowNetwork: c.AllowNetwork, Owner: c.Owner,
+	}, mcp.WithLogger(c.Log)), nil
+}
