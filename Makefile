@@ -3,7 +3,8 @@
 
 # Static binaries: roche-agent runs inside sandboxes of any image, and roche and roched
 # run on any Linux host (the wheels of make dist carry them, built with these flags, so
-# that its build finds them in Go's cache).
+# that its build finds them in Go's cache). roche is the thin CLI, which hands what needs
+# a provider in its own process to roched beside it: install them together.
 build:
 	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o bin/ ./cmd/...
 

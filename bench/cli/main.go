@@ -5,8 +5,9 @@
 // 10 ms p50 over /bin/true.
 //
 // Run it with `make bench` (or go run ./bench/cli); it needs a Docker engine and the
-// image roche/python:local, and builds roche and roche-agent itself. -roche BINARY
-// measures a given build instead.
+// image roche/python:local, and builds roche and roche-agent itself (roche alone: the
+// thin binary, which through roched never needs roched's). -roche BINARY measures a
+// given build instead.
 package main
 
 import (

@@ -1,8 +1,11 @@
-// Package initgc keeps the garbage collector off while the roche binary's packages
+// Package initgc keeps the garbage collector off while a Roche binary's packages
 // initialise, which the CLI pays on every command (the SDKs' CLI transport starts it per
-// call). Those initialisers (client-go's scheme, go-openapi's validators, Docker's
-// reference grammar) allocate some 4.5 MB, nearly all of it kept, and the collector,
-// whose first goal is 4 MB, ran twice during them: about a quarter of the start-up.
+// call). roched's initialisers (client-go's scheme, go-openapi's validators, Docker's
+// reference grammar) allocate some 5 MB, nearly all of it kept, and the collector, whose
+// first goal is 4 MB, ran twice during them: about a quarter of the start-up of roched
+// run as the full CLI (and of roche, when it linked them too). The thin roche's allocate
+// a few hundred KB, short of a collection; it keeps the package for what its command
+// allocates next.
 //
 // Go initialises, at each step, the first package by import path whose imports are all
 // initialised; this one needs only os and runtime/debug, so it runs before the heavy
