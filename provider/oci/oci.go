@@ -180,8 +180,7 @@ func (p *Provider) Close() error {
 	p.sweeps.Wait()
 	p.rtMu.Lock()
 	if p.rt != nil && p.rt.sealed != nil {
-		p.rt.sealed.Close()
-		p.rt.sealed = nil
+		p.rt.sealed.Close() // the runtime is not run after Close
 	}
 	p.rtMu.Unlock()
 	if p.docker != nil {
