@@ -180,7 +180,8 @@ func (p *Provider) Close() error {
 	p.sweeps.Wait()
 	p.rtMu.Lock()
 	if p.rt != nil && p.rt.sealed != nil {
-		p.rt.sealed.Close() // the runtime is not run after Close
+		p.rt.sealed.Close()
+		p.rt.sealed = nil
 	}
 	p.rtMu.Unlock()
 	if p.docker != nil {

@@ -51,18 +51,16 @@ type ociRuntime struct {
 	// hideUnified runs it without the cgroup2 mount of a hybrid host (crun, which
 	// refuses such hosts; see startWithoutUnified).
 	hideUnified bool
-	// sealed, when set, is a sealed in-memory copy of the binary (see sealBinary), and
-	// sealedPath the name it is run by instead of path; both are set once, before the
-	// runtime is shared.
-	sealed     *os.File
-	sealedPath string
+	// sealed, when set, is a sealed in-memory copy of the binary, run instead of path
+	// (see sealBinary).
+	sealed *os.File
 }
 
 func (r *ociRuntime) command(ctx context.Context, args ...string) runtimeCmd {
 	full := append(append([]string{"--root", r.root}, r.args...), args...)
 	path := r.path
-	if r.sealedPath != "" {
-		path = r.sealedPath
+	if r.sealed != nil {
+		path = fmt.Sprintf("/proc/self/fd/%d", r.sealed.Fd())
 	}
 	cmd := exec.CommandContext(ctx, path, full...)
 	cmd.Args[0] = r.name
@@ -293,7 +291,7 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 			continue
 		}
 		if f, err := sealBinary(r.path); err == nil {
-			r.sealed, r.sealedPath = f, fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+			r.sealed = f
 		} else {
 			p.log.Info("running the OCI runtime from its file, not a sealed copy", "runtime", name, "err", err)
 		}
