@@ -1,10 +1,13 @@
 package oci
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,5 +49,49 @@ func TestSealBinary(t *testing.T) {
 	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, 0); err == nil {
 		// F_SEAL_SEAL: no seal can be added (or taken) any more; adding none still fails.
 		t.Fatal("the seals are not sealed")
+	}
+}
+
+// TestCloseSealedDuringRuns: the provider's Close closes the sealed copy while lease
+// teardowns may still run the runtime. Every run, before, during and after, must run
+// the binary (the copy while it is open, the file after), never a closed or reused
+// descriptor. Run under -race (make test does), it also checks that closing and
+// starting share no unguarded field.
+func TestCloseSealedDuringRuns(t *testing.T) {
+	f, err := sealBinary("/bin/echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &ociRuntime{name: "echo", path: "/bin/echo", root: "/nowhere", sealed: f}
+	const runners, runs = 4, 25
+	errs := make(chan error, runners*runs)
+	var wg sync.WaitGroup
+	for i := 0; i < runners; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < runs; j++ {
+				out, err := r.command(context.Background(), "state", "x").Output()
+				if err != nil || string(out) != "--root /nowhere state x\n" {
+					errs <- fmt.Errorf("run %d: %q %v", j, out, err)
+				}
+				// Descriptors opened meanwhile may take the copy's number once it is
+				// closed; a run must not then execute whatever they are.
+				if g, err := os.Open("/dev/null"); err == nil {
+					defer g.Close()
+				}
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	r.closeSealed()
+	r.closeSealed() // idempotent
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if r.sealed != nil {
+		t.Fatal("the sealed copy is still set after closeSealed")
 	}
 }

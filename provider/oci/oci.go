@@ -179,11 +179,11 @@ func (p *Provider) Close() error {
 	p.proxies.stopAll()
 	p.sweeps.Wait()
 	p.rtMu.Lock()
-	if p.rt != nil && p.rt.sealed != nil {
-		p.rt.sealed.Close()
-		p.rt.sealed = nil
-	}
+	rt := p.rt
 	p.rtMu.Unlock()
+	if rt != nil {
+		rt.closeSealed()
+	}
 	if p.docker != nil {
 		return p.docker.Close()
 	}

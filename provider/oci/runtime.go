@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -52,30 +53,44 @@ type ociRuntime struct {
 	// refuses such hosts; see startWithoutUnified).
 	hideUnified bool
 	// sealed, when set, is a sealed in-memory copy of the binary, run instead of path
-	// (see sealBinary).
+	// (see sealBinary). sealMu is read-held while a run starts from it, so that
+	// closeSealed cannot close the copy (and its descriptor be reused) under that start.
+	sealMu sync.RWMutex
 	sealed *os.File
 }
 
 func (r *ociRuntime) command(ctx context.Context, args ...string) runtimeCmd {
 	full := append(append([]string{"--root", r.root}, r.args...), args...)
-	path := r.path
-	if r.sealed != nil {
-		path = fmt.Sprintf("/proc/self/fd/%d", r.sealed.Fd())
-	}
-	cmd := exec.CommandContext(ctx, path, full...)
+	cmd := exec.CommandContext(ctx, r.path, full...)
 	cmd.Args[0] = r.name
-	return runtimeCmd{Cmd: cmd, hideUnified: r.hideUnified}
+	return runtimeCmd{Cmd: cmd, rt: r}
+}
+
+// closeSealed closes the sealed copy; runs that start afterwards use the binary's file
+// (lease teardowns may still run the runtime after the provider is closed).
+func (r *ociRuntime) closeSealed() {
+	r.sealMu.Lock()
+	defer r.sealMu.Unlock()
+	if r.sealed != nil {
+		r.sealed.Close()
+		r.sealed = nil
+	}
 }
 
 // runtimeCmd is one run of the runtime: an exec.Cmd whose Start, and so Run, Output and
-// CombinedOutput, honour hideUnified.
+// CombinedOutput, run the sealed copy while there is one and honour hideUnified.
 type runtimeCmd struct {
 	*exec.Cmd
-	hideUnified bool
+	rt *ociRuntime
 }
 
 func (c runtimeCmd) Start() error {
-	if c.hideUnified {
+	c.rt.sealMu.RLock()
+	defer c.rt.sealMu.RUnlock()
+	if c.rt.sealed != nil {
+		c.Path = fmt.Sprintf("/proc/self/fd/%d", c.rt.sealed.Fd())
+	}
+	if c.rt.hideUnified {
 		return startWithoutUnified(c.Cmd)
 	}
 	return c.Cmd.Start()
