@@ -31,6 +31,18 @@ type CodeRunner interface {
 	RemoveContext(ctx context.Context, id, contextID string) error
 }
 
+// CodeWarmer is a CodeRunner that can start a language's interpreter before any context
+// asks for one: the first context started with the sandbox's own env and workdir (the
+// default context's first cell, unless that cell brings other env or a workdir) takes
+// it, fresh, instead of waiting for an interpreter to start. A warm pool (pool param
+// code) does so for each sandbox it makes. The interpreter counts in the sandbox's
+// memory from then on; it is not listed as a context until one takes it.
+type CodeWarmer interface {
+	// WarmCode starts language's interpreter in sandbox id and returns once it is
+	// ready; a second call replaces the first's unused interpreter.
+	WarmCode(ctx context.Context, id, language string) error
+}
+
 // Code languages.
 const (
 	LanguagePython = "python"

@@ -534,6 +534,13 @@ func (c *Client) CreateContext(ctx context.Context, language, cwd string, env ma
 	return cc, c.call(ctx, Request{Op: OpCodeCreate, Language: language, Cwd: cwd, Env: env}, &cc)
 }
 
+// WarmCode starts language's interpreter ahead of its first context: the next context
+// started with the same cwd and env (a default context's first cell, or CreateContext)
+// takes it instead of starting one. It returns once the interpreter is ready.
+func (c *Client) WarmCode(ctx context.Context, language, cwd string, env map[string]string) error {
+	return c.call(ctx, Request{Op: OpCodeWarm, Language: language, Cwd: cwd, Env: env}, nil)
+}
+
 // Contexts lists the code contexts.
 func (c *Client) Contexts(ctx context.Context) ([]CodeContext, error) {
 	var out []CodeContext

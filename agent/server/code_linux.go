@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"sort"
 	"sync"
@@ -183,6 +184,11 @@ func (s *Server) codeOp(c *conn, req agent.Request) error {
 		}
 		s.dropContext(cx)
 		return c.sendJSON(agent.FrameReply, struct{}{})
+	case agent.OpCodeWarm:
+		if err := s.warm(req.Language, req.Cwd, req.Env); err != nil {
+			return err
+		}
+		return c.sendJSON(agent.FrameReply, struct{}{})
 	}
 	return invalid("unknown operation %q", req.Op)
 }
@@ -281,14 +287,74 @@ func (s *Server) dropContext(cx *codeContext) {
 	}
 }
 
-// stopContexts kills every context's interpreter (the sandbox is stopping).
+// spareKernel is an interpreter started before any context wanted it, and what it was
+// started with: a context takes it only if it would start its own the same way.
+type spareKernel struct {
+	k        *kernelProc
+	language string
+	cwd      string
+	env      map[string]string
+}
+
+// warm starts the spare interpreter (replacing one there was) and waits until it is ready.
+func (s *Server) warm(lang, cwd string, env map[string]string) error {
+	lang, err := checkLanguage(lang)
+	if err != nil {
+		return err
+	}
+	k, err := s.startKernel(cwd, env)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	old, stopping := s.spare, s.stopping
+	s.spare = nil
+	if stopping == "" {
+		s.spare = &spareKernel{k: k, language: lang, cwd: cwd, env: env}
+	}
+	s.mu.Unlock()
+	if old != nil {
+		old.k.stop("replaced")
+	}
+	if stopping != "" {
+		k.stop("stopped with the sandbox")
+		return &agent.Error{Code: agent.CodeStopping, Message: "the sandbox is stopping: " + stopping}
+	}
+	return nil
+}
+
+// takeSpare hands over the spare interpreter if it runs lang and was started with cwd
+// and env, as the caller would start its own; else nil, and the spare stays.
+func (s *Server) takeSpare(lang, cwd string, env map[string]string) *kernelProc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sp := s.spare
+	if sp == nil || sp.language != lang || sp.cwd != cwd || !maps.Equal(sp.env, env) {
+		return nil
+	}
+	s.spare = nil
+	select {
+	case <-sp.k.exited: // died waiting (the OOM killer): not worth handing over
+		go sp.k.stop("")
+		return nil
+	default:
+		return sp.k
+	}
+}
+
+// stopContexts kills every context's interpreter, and the spare (the sandbox is stopping).
 func (s *Server) stopContexts() {
 	s.mu.Lock()
 	list := make([]*codeContext, 0, len(s.contexts))
 	for _, cx := range s.contexts {
 		list = append(list, cx)
 	}
+	spare := s.spare
+	s.spare = nil
 	s.mu.Unlock()
+	if spare != nil {
+		spare.k.stop("stopped with the sandbox")
+	}
 	for _, cx := range list {
 		if k := cx.kernel(); k != nil {
 			k.stop("stopped with the sandbox")
@@ -315,9 +381,12 @@ func (s *Server) ensureKernel(cx *codeContext) error {
 			return nil
 		}
 	}
-	k, err := s.startKernel(cx.Cwd, cx.env)
-	if err != nil {
-		return err
+	k = s.takeSpare(cx.Language, cx.Cwd, cx.env)
+	if k == nil {
+		var err error
+		if k, err = s.startKernel(cx.Cwd, cx.env); err != nil {
+			return err
+		}
 	}
 	cx.mu.Lock()
 	defer cx.mu.Unlock()

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -228,5 +229,39 @@ func TestCodeContextEnvAndCwd(t *testing.T) {
 	out := runCell(t, agent.Request{Context: id, Code: "import os\n(os.environ.get('ROCHE_CONTEXT_TEST'), os.getcwd())"})
 	if want := "('yes', '" + dir + "')"; out.text() != want {
 		t.Fatalf("env and cwd seen by the context: %s, want %s", out.text(), want)
+	}
+}
+
+// startTicks is a cell that prints its interpreter's start time (clock ticks since boot).
+const startTicks = "print(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])"
+
+// TestCodeWarmSpare: an interpreter started ahead (code_warm) goes to the first context
+// started with its cwd and env, fresh (no cells run, its first cell is number 1), and not
+// to one started otherwise, which gets an interpreter of its own.
+func TestCodeWarmSpare(t *testing.T) {
+	env := map[string]string{"ROCHE_WARM_TEST": "warm"}
+	if err := client.WarmCode(ctxT(t, time.Minute), "python", dir, env); err != nil {
+		t.Fatal(err)
+	}
+	other := newContext(t) // other env: its own interpreter, started after the spare
+	o := runCell(t, agent.Request{Context: other, Code: startTicks})
+
+	cc, err := client.CreateContext(ctxT(t, time.Minute), "python", dir, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.RemoveContext(ctxT(t, 10*time.Second), cc.ID) })
+	w := runCell(t, agent.Request{Context: cc.ID, Code: "import os\nprint(os.environ['ROCHE_WARM_TEST'], os.getcwd())\n" + startTicks})
+	lines := strings.Split(strings.TrimSpace(w.stdout), "\n")
+	if w.end.Error != nil || len(lines) != 2 || lines[0] != "warm "+dir || w.end.ExecutionCount != 1 {
+		t.Fatalf("the warmed context's first cell: %+v", w)
+	}
+	spareStart, _ := strconv.Atoi(lines[1])
+	otherStart, _ := strconv.Atoi(strings.TrimSpace(o.stdout))
+	if spareStart == 0 || otherStart == 0 || spareStart >= otherStart {
+		t.Fatalf("the warmed context's interpreter started at tick %d, the other context's (started later) at %d: the spare was not taken", spareStart, otherStart)
+	}
+	if err := client.WarmCode(ctxT(t, time.Minute), "bash", dir, nil); err == nil || !strings.Contains(err.Error(), "not served") {
+		t.Fatalf("warming bash: %v, want a refusal", err)
 	}
 }

@@ -84,6 +84,8 @@ type Server struct {
 	// default context once.
 	contexts map[string]*codeContext
 	codeMu   sync.Mutex
+	// spare is an interpreter started ahead of its context (code_warm), or nil.
+	spare *spareKernel
 	// stopping says why the agent, and so the sandbox, is stopping; "" while it serves.
 	stopping string
 }
@@ -376,7 +378,7 @@ func (s *Server) serve(nc net.Conn) {
 		err = c.sendJSON(agent.FrameReply, s.health())
 	case agent.OpLease:
 		err = s.lease(c, req)
-	case agent.OpCodeRun, agent.OpCodeCreate, agent.OpCodeList, agent.OpCodeRestart, agent.OpCodeRemove:
+	case agent.OpCodeRun, agent.OpCodeCreate, agent.OpCodeList, agent.OpCodeRestart, agent.OpCodeRemove, agent.OpCodeWarm:
 		err = s.codeOp(c, req)
 	case agent.OpWrite, agent.OpRead, agent.OpList, agent.OpStat, agent.OpMkdir, agent.OpRemove,
 		agent.OpRename, agent.OpUntar, agent.OpTar:

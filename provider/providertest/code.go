@@ -3,9 +3,11 @@ package providertest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"image"
 	_ "image/png" // the charts come back as PNG
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -158,6 +160,40 @@ func (s *suite) testCode(t *testing.T) {
 			t.Fatalf("another sandbox ran code in this sandbox's context %s: %v", ex.Context, err)
 		}
 	})
+	if cw, ok := s.p.(roche.CodeWarmer); ok {
+		// A warm pool's sandboxes: the interpreter started ahead goes, fresh, to the next
+		// context started with the sandbox's own env and workdir. Its pid is below that of
+		// a command run after the warm-up and before the context was made (pids count up
+		// in the sandbox's namespace), where an interpreter started for the context would
+		// be above.
+		t.Run("WarmedInterpreter", func(t *testing.T) {
+			if err := cw.WarmCode(ctxFor(t, cellTimeout), id, roche.LanguagePython); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo $$"}})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("exec: %+v %v", res, err)
+			}
+			after, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+			cc, err := cr.CreateContext(ctxFor(t, cellTimeout), id, roche.ContextOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cr.RemoveContext(ctxFor(t, time.Minute), id, cc.ID) })
+			ex := ok2(t, roche.CodeRequest{Context: cc.ID, Code: "import os\n(os.getpid(), 'x' in globals())"})
+			var pid int
+			var seen string
+			if _, err := fmt.Sscanf(ex.Text(), "(%d, %s", &pid, &seen); err != nil || seen != "False)" || ex.ExecutionCount != 1 {
+				t.Fatalf("the first cell in the warmed context: %q (count %d), want its pid, False, and count 1", ex.Text(), ex.ExecutionCount)
+			}
+			if after == 0 || pid >= after {
+				t.Fatalf("the context's interpreter is pid %d, a command run after the warm-up was %d: the warmed one was not taken", pid, after)
+			}
+			if err := cw.WarmCode(ctxFor(t, time.Minute), id, "cobol"); err == nil {
+				t.Fatal("warmed a cobol interpreter")
+			}
+		})
+	}
 	t.Run("UnsupportedLanguage", func(t *testing.T) {
 		_, err := cr.RunCode(ctxFor(t, time.Minute), id, roche.CodeRequest{Language: "cobol", Code: "1"})
 		if err == nil {

@@ -120,6 +120,21 @@ func CodeResult(r agent.CodeResult) roche.CodeResult {
 	return out
 }
 
+var _ roche.CodeWarmer = Forwarder{}
+
+// WarmCode implements roche.CodeWarmer: the agent starts the interpreter with the
+// sandbox's workdir and environment, as RunCode would start its default context's.
+func (f Forwarder) WarmCode(ctx context.Context, id, language string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := t.Agent.WarmCode(ctx, language, t.Workdir, nil); err != nil {
+		return t.fail(err)
+	}
+	return nil
+}
+
 // CreateContext implements roche.CodeRunner.
 func (f Forwarder) CreateContext(ctx context.Context, id string, opts roche.ContextOptions) (roche.CodeContext, error) {
 	if err := opts.Validate(); err != nil {
