@@ -34,7 +34,8 @@ cluster-down:
 # needs runsc registered, which make test does; RUNTIME_BENCH_FLAGS, e.g. '-n 5'), then
 # roche exec -- true through roched against /bin/true (bench/cli: the CLI's cost per call;
 # CLI_BENCH_FLAGS, e.g. '-n 30', or '-compare OLD_BINARY' for a before/after), then roched
-# (bench/daemon: pool hit, pooled cycle, cold create, load; shorter with
+# (bench/daemon: pool hit, pooled cycle, run_code cycles from a plain and a code=python
+# pool, cold create, load; shorter with
 # BENCH_FLAGS='-n 10 -duration 10s'), then the wasm provider through roched against
 # docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
 # needs python.wasm; flags in WASM_BENCH_FLAGS, e.g. '-n 10'), then the Python SDK's

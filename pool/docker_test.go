@@ -2,7 +2,10 @@ package pool_test
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -184,5 +187,73 @@ func TestDockerPoolSkipsDead(t *testing.T) {
 	res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print(1)"}})
 	if err != nil || res.Stdout != "1\n" {
 		t.Fatalf("exec in the sandbox handed out: %+v %v", res, err)
+	}
+}
+
+// TestDockerPoolWarmsCode: a pool with code=python hands out sandboxes whose python
+// interpreter was started while they were idle: the default context's first cell runs in
+// it (its pid is below that of a command run after the hand-out), with the pool's limits
+// and as the sandbox user, and a fresh namespace (no cell ran before).
+func TestDockerPoolWarmsCode(t *testing.T) {
+	p, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=1&code=python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var created []string
+	m, err := pool.NewManager(map[string]roche.Provider{"docker": p}, []pool.Spec{spec},
+		pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
+			mu.Lock()
+			created = append(created, sb.ID)
+			mu.Unlock()
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if _, err := m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range created {
+			_ = p.Destroy(context.Background(), id)
+		}
+	}()
+	m.Start()
+	pl := m.Pools()[0]
+	if err := pl.Warmup(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	sb, ok := pl.Acquire(ctx)
+	if !ok {
+		t.Fatal("no sandbox handed out")
+	}
+	res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo $$"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+	after, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	ex, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: "import os\nprint(os.getpid(), os.getuid(), 'x' in globals())"})
+	if err != nil || ex.Error != nil {
+		t.Fatalf("first cell: %+v %v", ex, err)
+	}
+	var pid, uid int
+	var seen string
+	if _, err := fmt.Sscan(strings.Join(ex.Logs.Stdout, ""), &pid, &uid, &seen); err != nil || seen != "False" || ex.ExecutionCount != 1 {
+		t.Fatalf("first cell printed %q (count %d): want pid, uid, False and count 1", ex.Logs.Stdout, ex.ExecutionCount)
+	}
+	if uid == 0 {
+		t.Fatal("the warmed interpreter runs as root")
+	}
+	if after == 0 || pid >= after {
+		t.Fatalf("the default context's interpreter is pid %d, a command run after the hand-out %d: it was not the warmed one", pid, after)
 	}
 }

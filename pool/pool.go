@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"math"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -120,6 +121,13 @@ func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Optio
 			sort.Strings(names)
 			errs = append(errs, fmt.Errorf("%w: pool %s: unknown provider %q: choose one of %v", roche.ErrInvalidConfig, s.Key, s.Provider, names))
 			continue
+		}
+		if s.Code != "" {
+			_, warms := p.(roche.CodeWarmer)
+			if !warms || !slices.Contains(p.Capabilities().Code, s.Code) {
+				errs = append(errs, fmt.Errorf("%w: pool %s: code=%s: provider %s cannot start a %s interpreter ahead of its first cell (it serves %v): drop code", roche.ErrInvalidConfig, s.Key, s.Code, s.Provider, s.Code, p.Capabilities().Code))
+				continue
+			}
 		}
 		if _, dup := m.byKey[s.Key]; dup {
 			errs = append(errs, fmt.Errorf("%w: pool %s is given twice: give each provider/image once", roche.ErrInvalidConfig, s.Key))
@@ -635,17 +643,26 @@ func (p *Pool) create() {
 	ctx, cancel := context.WithTimeout(context.Background(), p.m.createTimeout)
 	start := time.Now()
 	info, err := p.provider.Create(ctx, p.cfg)
-	cancel()
-	<-p.m.sem
-	if err == nil && p.m.hooks.Created != nil {
+	made := err == nil
+	if made && p.m.hooks.Created != nil {
 		p.m.hooks.Created(p.spec.Key, info)
 	}
+	if made && p.spec.Code != "" {
+		if werr := p.provider.(roche.CodeWarmer).WarmCode(ctx, info.ID, p.spec.Code); werr != nil {
+			err = fmt.Errorf("starting its %s interpreter: %w", p.spec.Code, werr)
+		}
+	}
+	cancel()
+	<-p.m.sem
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.notifyLocked()
 	p.creating--
 	if err != nil {
+		if made {
+			p.destroyLocked([]member{{info: info}}, "its interpreter did not start")
+		}
 		p.failures++
 		p.lastErr = err
 		// The oldest create waiting hears why now rather than at its deadline.

@@ -121,7 +121,7 @@ func (f *fakeProvider) stats() (live, maxLive, maxCreate, created int) {
 	return len(f.live), f.maxLive, f.maxCreate, f.created
 }
 
-func newManager(t *testing.T, f *fakeProvider, spec string, opts ...Option) (*Manager, *Pool) {
+func newManager(t *testing.T, f roche.Provider, spec string, opts ...Option) (*Manager, *Pool) {
 	t.Helper()
 	s, err := ParseSpec(spec)
 	if err != nil {
@@ -410,6 +410,11 @@ func TestParseSpec(t *testing.T) {
 	if again, err := ParseSpec(s.String()); err != nil || again != s {
 		t.Fatalf("round trip of %s: %+v, %v", s, again, err)
 	}
+	if s, err := ParseSpec("docker/img?code=python"); err != nil || s.Code != "python" {
+		t.Fatalf("code: %+v, %v", s, err)
+	} else if again, err := ParseSpec(s.String()); err != nil || again != s {
+		t.Fatalf("round trip of %s: %+v, %v", s, again, err)
+	}
 	if s, err := ParseSpec("docker/img"); err != nil || s.MinIdle != 1 || s.MaxIdle != 1 || s.MaxTotal != 0 || s.IdleTimeout != DefaultIdleTimeout {
 		t.Fatalf("defaults: %+v, %v", s, err)
 	}
@@ -448,6 +453,57 @@ func TestNewManagerRejects(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "given twice") {
 		t.Fatalf("duplicate: %v", err)
 	}
+	warm, _ := ParseSpec("docker/img?code=python")
+	_, err = NewManager(map[string]roche.Provider{"docker": newFake(0)}, []Spec{warm})
+	if err == nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "cannot start a python interpreter") {
+		t.Fatalf("code=python on a provider that cannot warm one: %v", err)
+	}
+	bash, _ := ParseSpec("docker/img?code=bash")
+	_, err = NewManager(map[string]roche.Provider{"docker": &warmingFake{fakeProvider: newFake(0)}}, []Spec{bash})
+	if err == nil || !strings.Contains(err.Error(), "cannot start a bash interpreter") {
+		t.Fatalf("code=bash on a provider serving python only: %v", err)
+	}
+}
+
+// warmingFake is a fake whose sandboxes run python and can warm it (roche.CodeWarmer);
+// warming fails with err.
+type warmingFake struct {
+	*fakeProvider
+	err    error
+	warmed atomic.Int32
+}
+
+func (w *warmingFake) Capabilities() roche.Capabilities {
+	return roche.Capabilities{Code: []string{roche.LanguagePython}}
+}
+
+func (w *warmingFake) WarmCode(_ context.Context, id, language string) error {
+	if w.err != nil {
+		return w.err
+	}
+	w.warmed.Add(1)
+	return nil
+}
+
+// TestWarmCode: a pool with code=python warms each sandbox before it is ready; one whose
+// interpreter does not start is destroyed, and the pool reports why and backs off.
+func TestWarmCode(t *testing.T) {
+	w := &warmingFake{fakeProvider: newFake(0)}
+	_, pl := newManager(t, w, "fake/img?min=2&code=python")
+	if err := pl.Warmup(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.warmed.Load(); got != 2 {
+		t.Fatalf("warmed %d sandboxes, want the 2 made", got)
+	}
+
+	bad := &warmingFake{fakeProvider: newFake(0), err: errors.New("no python3 in the image")}
+	_, pl = newManager(t, bad, "fake/img?min=1&code=python")
+	err := pl.Warmup(context.Background(), 0)
+	if err == nil || !strings.Contains(err.Error(), "starting its python interpreter: no python3 in the image") {
+		t.Fatalf("warmup with interpreters that do not start: %v", err)
+	}
+	waitFor(t, "the unwarmed sandbox destroyed", func() bool { live, _, _, created := bad.stats(); return live == 0 && created == 1 })
 }
 
 // TestDiskMatches: were pools ever to hold writable roots, a create asking for another

@@ -84,10 +84,15 @@ type Spec struct {
 	Memory    string
 	CPUs      float64
 	PidsLimit int
+	// Code, when set (param code, e.g. python), is a language whose interpreter each
+	// pooled sandbox starts before it is counted ready (roche.CodeWarmer), so that the
+	// first cell run in it does not wait for one to start. The provider must serve the
+	// language; the interpreter counts in the sandbox's memory.
+	Code string
 }
 
 // params lists the query parameters ParseSpec understands, for error messages.
-var params = []string{"min", "max", "total", "queue", "wait", "idle_timeout", "timeout", "memory", "cpus", "pids_limit"}
+var params = []string{"min", "max", "total", "queue", "wait", "idle_timeout", "timeout", "memory", "cpus", "pids_limit", "code"}
 
 // ParseSpec parses "provider/image?min=N&max=N&total=N&idle_timeout=SECS" (every
 // parameter optional; also timeout, memory, cpus, pids_limit) and reports every
@@ -150,6 +155,8 @@ func ParseSpec(s string) (Spec, error) {
 			}
 		case "memory":
 			spec.Memory = v
+		case "code":
+			spec.Code = v
 		case "cpus":
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
@@ -248,6 +255,9 @@ func (s Spec) String() string {
 	v.Set("memory", s.Memory)
 	v.Set("cpus", strconv.FormatFloat(s.CPUs, 'f', -1, 64))
 	v.Set("pids_limit", strconv.Itoa(s.PidsLimit))
+	if s.Code != "" {
+		v.Set("code", s.Code)
+	}
 	// url.Values.Encode escapes '/' and ':' in nothing here but would in an image name,
 	// so only the query is encoded.
 	return s.Key.String() + "?" + v.Encode()

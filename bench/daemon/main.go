@@ -47,6 +47,7 @@ var (
 	poolWait    = flag.Duration("pool-wait", 2*time.Second, "longest expected wait in the pool's queue; a create expecting more is refused at once")
 	verbose     = flag.Bool("v", false, "log the daemon at debug level to stderr")
 	probe       = flag.Bool("probe", true, "check each pooled sandbox is alive before handing it out, as roched does (false measures without)")
+	codePool    = flag.Bool("code-pool", true, "also keep a pool with code=python (on an image tag of its own) and measure run_code cycles from both pools")
 )
 
 func main() {
@@ -74,6 +75,11 @@ func run() error {
 		return err
 	}
 	defer untag()
+	codeImg, untagCode, err := samples.PrivateTag(ctx, dc, *baseImage, "bench-code")
+	if err != nil {
+		return err
+	}
+	defer untagCode()
 
 	agentNote, cleanupAgent, err := samples.SetupAgent()
 	if err != nil {
@@ -106,12 +112,20 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	specs := []pool.Spec{spec}
+	if *codePool {
+		codeSpec, err := pool.ParseSpec(fmt.Sprintf("docker/%s?min=%d&max=%d&queue=%d&wait=%s&code=python", codeImg, *poolMin, *poolMax, *poolQueue, *poolWait))
+		if err != nil {
+			return err
+		}
+		specs = append(specs, codeSpec)
+	}
 	var daemonOpts []daemon.Option
 	if !*probe {
 		daemonOpts = append(daemonOpts, daemon.WithPoolOptions(pool.WithProbeTimeout(0)))
 	}
 	c, stop, err := samples.StartDaemon(ctx, daemon.Config{
-		Socket: socket, Pools: []pool.Spec{spec}, PoolConcurrency: *concurrency, MaxSandboxes: 4 * max(*clients, 25),
+		Socket: socket, Pools: specs, PoolConcurrency: *concurrency, MaxSandboxes: 4 * max(*clients, 25),
 	}, map[string]roche.Provider{"docker": dp}, log, daemonOpts...)
 	if err != nil {
 		return err
@@ -122,6 +136,8 @@ func run() error {
 
 	cfg := roche.DefaultConfig()
 	cfg.Image = img
+	codeCfg := cfg
+	codeCfg.Image = codeImg
 	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d queue=%d wait=%s concurrency=%d probe=%v\n",
 		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *poolQueue, *poolWait, *concurrency, *probe)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -138,7 +154,7 @@ func run() error {
 		return err
 	}
 
-	var raw, cycle, hit, execOnly, cold, direct, bare []time.Duration
+	var raw, cycle, hit, execOnly, cold, direct, bare, execSettled, codeCold, codeWarm []time.Duration
 	var misses int
 	for i := 0; i < *n; i++ {
 		// Interleaved so that baseline and daemon share the machine's conditions.
@@ -159,6 +175,33 @@ func run() error {
 			misses++
 		}
 		cycle = append(cycle, dur)
+
+		if *codePool {
+			// run_code in a sandbox of the plain pool (its interpreter starts for the
+			// cell), then in one of the code=python pool's (started while it was idle),
+			// each on a settled engine: a cycle this short is otherwise mostly the wait
+			// for the CPU that the previous cycle's refill and removal hold.
+			// The exec cycle, settled too, for comparison.
+			last := ""
+			for _, pc := range []struct {
+				cfg  roche.Config
+				exec bool
+				ds   *[]time.Duration
+			}{{cfg, true, &execSettled}, {cfg, false, &codeCold}, {codeCfg, false, &codeWarm}} {
+				if err := waitSettled(ctx, c, dc, last); err != nil {
+					return err
+				}
+				dur, id, pooled, err := codeCycle(ctx, c, p, pc.cfg, pc.exec)
+				if err != nil {
+					return err
+				}
+				if !pooled {
+					misses++
+				}
+				*pc.ds = append(*pc.ds, dur)
+				last = id
+			}
+		}
 
 		if err := waitIdle(ctx, c); err != nil {
 			return err
@@ -184,7 +227,7 @@ func run() error {
 		}
 
 		// Cold creates are measured on a quiet engine: the pool settled, removals done.
-		if err := waitSettled(ctx, c, dc, img, sb.ID); err != nil {
+		if err := waitSettled(ctx, c, dc, sb.ID); err != nil {
 			return err
 		}
 		coldCfg := cfg
@@ -202,7 +245,7 @@ func run() error {
 			return err
 		}
 
-		if err := waitSettled(ctx, c, dc, img, sb.ID); err != nil {
+		if err := waitSettled(ctx, c, dc, sb.ID); err != nil {
 			return err
 		}
 		// The same cold create with the provider in this process: the daemon's own share
@@ -230,6 +273,11 @@ func run() error {
 	}
 	row("raw `docker run --rm --network=none --read-only ...` wrapper (baseline)", raw)
 	row("pooled create + exec print('hello') + destroy, Go client over the socket", cycle)
+	if *codePool {
+		row("the same on a settled engine (no refill or removal in flight)", execSettled)
+		row("pooled create + run_code print('hello') + destroy, settled (interpreter starts)", codeCold)
+		row("the same from the code=python pool (interpreter started while idle)", codeWarm)
+	}
 	row("pool hit: Create alone", hit)
 	row("exec print('hello') in a warm sandbox, through roched", execOnly)
 	row("cold create through roched", cold)
@@ -237,6 +285,10 @@ func run() error {
 	row("bare Engine API create+start of the same container (baseline)", bare)
 	fmt.Printf("\nratios of p50s (the issue's targets in brackets):\n")
 	fmt.Printf("  raw docker run / pooled cycle    %6.1fx  [>= 8x, cycle <= 20 ms]\n", samples.Ratio(raw, cycle))
+	if *codePool {
+		fmt.Printf("  raw docker run / settled pooled cycle  %6.1fx\n", samples.Ratio(raw, execSettled))
+		fmt.Printf("  raw docker run / code=python pooled run_code cycle %6.1fx  [issue 16: >= 40x]\n", samples.Ratio(raw, codeWarm))
+	}
 	fmt.Printf("  pool hit                         %7s  [<= 2 ms]\n", samples.Ms(samples.Percentile(hit, 50)))
 	fmt.Printf("  cold create / bare create+start  %6.2fx  [<= 1.2x]\n", samples.Ratio(cold, bare))
 	fmt.Printf("  cold create / in-process create  %6.2fx  (the daemon's share of a cold create)\n", samples.Ratio(cold, direct))
@@ -255,6 +307,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	leftCode, err := samples.ContainersOf(ctx, dc, codeImg)
+	if err != nil {
+		return err
+	}
+	left = append(left, leftCode...)
 	fmt.Printf("\nleft behind after roched's shutdown: %d containers\n", len(left))
 	if len(left) > 0 {
 		for _, id := range left {
@@ -281,7 +338,32 @@ func pooledCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg 
 	return time.Since(start), pooled, nil
 }
 
-// waitIdle waits, untimed, until the pool has a sandbox ready.
+// codeCycle is pooledCycle with run_code in the default context instead of an exec
+// (or, with exec, pooledCycle itself); it also returns the sandbox's id.
+func codeCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.Config, exec bool) (time.Duration, string, bool, error) {
+	start := time.Now()
+	sb, pooled, err := c.Create(ctx, "docker", cfg)
+	if err != nil {
+		return 0, "", false, err
+	}
+	if exec {
+		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
+		if err != nil || res.Stdout != "hello\n" {
+			return 0, "", false, fmt.Errorf("exec: %+v %v", res, err)
+		}
+	} else {
+		ex, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: "print('hello')"})
+		if err != nil || ex.Error != nil || strings.Join(ex.Logs.Stdout, "") != "hello\n" {
+			return 0, "", false, fmt.Errorf("run_code: %+v %v", ex, err)
+		}
+	}
+	if err := p.Destroy(ctx, sb.ID); err != nil {
+		return 0, "", false, err
+	}
+	return time.Since(start), sb.ID, pooled, nil
+}
+
+// waitIdle waits, untimed, until every pool has a sandbox ready.
 func waitIdle(ctx context.Context, c *client.Client) error {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
@@ -289,7 +371,11 @@ func waitIdle(ctx context.Context, c *client.Client) error {
 		if err != nil {
 			return err
 		}
-		if st[0].Idle > 0 {
+		ready := true
+		for _, s := range st {
+			ready = ready && s.Idle > 0
+		}
+		if ready {
 			return nil
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -300,15 +386,22 @@ func waitIdle(ctx context.Context, c *client.Client) error {
 // waitSettled waits, untimed, until the pool is full with nothing in flight and the
 // sandbox destroyed last is gone from the engine, so that a measurement does not share
 // the engine with background work.
-func waitSettled(ctx context.Context, c *client.Client, dc *dockerclient.Client, img, destroyed string) error {
+func waitSettled(ctx context.Context, c *client.Client, dc *dockerclient.Client, destroyed string) error {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
 		st, err := c.PoolStatus(ctx)
 		if err != nil {
 			return err
 		}
-		_, ierr := dc.ContainerInspect(ctx, destroyed)
-		if int(st[0].Idle) >= *poolMin && st[0].Creating == 0 && ierr != nil {
+		settled := true
+		if destroyed != "" {
+			_, ierr := dc.ContainerInspect(ctx, destroyed)
+			settled = ierr != nil
+		}
+		for _, s := range st {
+			settled = settled && int(s.Idle) >= *poolMin && s.Creating == 0
+		}
+		if settled {
 			return nil
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -138,7 +138,8 @@ as root (uid or gid 0, or a user name) only with --allow-root-sandboxes. Every c
 exec, copy and destroy is logged ("audit") with tenant, sandbox id and argv or path.
 
 Pools: PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (also timeout=SECS, the
-longest lifetime served from the pool, and memory, cpus, pids_limit). A create whose
+longest lifetime served from the pool, memory, cpus, pids_limit, and code=python, which
+starts each pooled sandbox's python interpreter before it is ready). A create whose
 config differs only in env and workdir, with a lifetime up to the pool's timeout, is
 served from the pool; anything else (network, mounts, writable, user, other limits)
 gets a sandbox made for it.
