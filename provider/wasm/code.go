@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -28,7 +29,10 @@ import (
 // fresh interpreter (Restarted). It has no matplotlib or pandas either: results are
 // text, and what objects' own _repr_*_ methods give.
 
-var _ roche.CodeRunner = (*Provider)(nil)
+var (
+	_ roche.CodeRunner = (*Provider)(nil)
+	_ roche.CodeWarmer = (*Provider)(nil)
+)
 
 // kernelReady bounds a kernel's start: instantiating python.wasm and its imports.
 const kernelReady = time.Minute
@@ -231,7 +235,8 @@ func (p *Provider) dropContext(cx *codeContext) {
 	}
 }
 
-// dropContexts stops and forgets every context of a sandbox (it is being destroyed).
+// dropContexts stops and forgets every context of a sandbox, and its spare instance (it
+// is being destroyed).
 func (p *Provider) dropContexts(sandbox string) {
 	p.codeMu.Lock()
 	var list []*codeContext
@@ -240,10 +245,63 @@ func (p *Provider) dropContexts(sandbox string) {
 			list = append(list, cx)
 		}
 	}
+	spare := p.spares[sandbox]
+	delete(p.spares, sandbox)
 	p.codeMu.Unlock()
 	for _, cx := range list {
 		p.dropContext(cx)
 	}
+	if spare != nil {
+		spare.k.cancel(errDestroyed)
+	}
+}
+
+// WarmCode implements roche.CodeWarmer: an instance of the kernel, started now with the
+// sandbox's own env and workdir as a default context's would be, goes to the sandbox's
+// next context started the same way. It counts in the sandbox's memory limit meanwhile.
+func (p *Provider) WarmCode(ctx context.Context, id, language string) error {
+	lang, err := checkLanguage(language)
+	if err != nil {
+		return err
+	}
+	if _, err := p.lookup(id); err != nil {
+		return err
+	}
+	spare := &codeContext{CodeContext: roche.CodeContext{Language: lang}, sandbox: id}
+	if spare.k, err = p.startKernel(ctx, spare); err != nil {
+		return err
+	}
+	p.codeMu.Lock()
+	if p.spares == nil {
+		p.spares = map[string]*codeContext{}
+	}
+	old := p.spares[id]
+	p.spares[id] = spare
+	p.codeMu.Unlock()
+	if old != nil {
+		old.k.cancel(errDestroyed)
+	}
+	if _, err := p.lookup(id); err != nil { // destroyed meanwhile, after its spares were dropped
+		p.dropContexts(id)
+		return err
+	}
+	return nil
+}
+
+// takeSpare hands over the sandbox's spare instance if it runs cx's language and was
+// started with cx's workdir and env; else nil, and the spare stays.
+func (p *Provider) takeSpare(cx *codeContext) *wasmKernel {
+	p.codeMu.Lock()
+	defer p.codeMu.Unlock()
+	sp := p.spares[cx.sandbox]
+	if sp == nil || sp.Language != cx.Language || sp.Cwd != cx.Cwd || !maps.Equal(sp.env, cx.env) {
+		return nil
+	}
+	delete(p.spares, cx.sandbox)
+	if sp.k.ctx.Err() != nil { // it ended while waiting
+		return nil
+	}
+	return sp.k
 }
 
 // Contexts implements roche.CodeRunner.
@@ -305,9 +363,12 @@ func (p *Provider) ensureKernel(ctx context.Context, cx *codeContext) (*wasmKern
 	if k != nil {
 		return k, nil
 	}
-	k, err := p.startKernel(ctx, cx)
-	if err != nil {
-		return nil, err
+	k = p.takeSpare(cx)
+	if k == nil {
+		var err error
+		if k, err = p.startKernel(ctx, cx); err != nil {
+			return nil, err
+		}
 	}
 	cx.mu.Lock()
 	defer cx.mu.Unlock()

@@ -106,6 +106,7 @@ type Provider struct {
 	// contexts are the code contexts of this process by id (code.go).
 	codeMu   sync.Mutex
 	contexts map[string]*codeContext
+	spares   map[string]*codeContext // by sandbox: an instance started ahead (WarmCode)
 	// life ends at Close, stopping what runs in the background, which bg counts.
 	life     context.Context
 	stopLife context.CancelCauseFunc

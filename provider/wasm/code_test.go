@@ -1,0 +1,70 @@
+package wasm
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// TestWarmCode: the instance WarmCode starts goes to the sandbox's default context at
+// its first cell, which runs fresh in it (count 1, nothing defined); a context started
+// with other env gets its own and leaves the spare; destroying the sandbox ends a spare
+// nobody took. (The conformance suite checks the hand-over by pids, which python.wasm
+// does not have; here it is checked by identity.)
+func TestWarmCode(t *testing.T) {
+	id := newSandbox(t, nil)
+	if err := tp.WarmCode(ctxFor(t, time.Minute), id, "python"); err != nil {
+		t.Fatal(err)
+	}
+	tp.codeMu.Lock()
+	spare := tp.spares[id]
+	tp.codeMu.Unlock()
+	if spare == nil || spare.k == nil {
+		t.Fatal("no spare instance after WarmCode")
+	}
+
+	other, err := tp.CreateContext(ctxFor(t, time.Minute), id, roche.ContextOptions{Env: map[string]string{"OTHER": "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cx, _ := tp.context(id, other.ID); cx == nil || cx.k == spare.k {
+		t.Fatal("a context started with other env took the spare")
+	}
+
+	ex, err := tp.RunCode(ctxFor(t, time.Minute), id, roche.CodeRequest{Code: "'x' in globals()"})
+	if err != nil || ex.Error != nil || ex.Text() != "False" || ex.ExecutionCount != 1 {
+		t.Fatalf("first cell: %+v %v", ex, err)
+	}
+	if cx, _ := tp.context(id, ex.Context); cx == nil || cx.k != spare.k {
+		t.Fatal("the default context did not take the spare")
+	}
+
+	// A spare nobody takes ends with its sandbox.
+	id2 := newSandbox(t, nil)
+	if err := tp.WarmCode(ctxFor(t, time.Minute), id2, "python"); err != nil {
+		t.Fatal(err)
+	}
+	tp.codeMu.Lock()
+	spare2 := tp.spares[id2]
+	tp.codeMu.Unlock()
+	if err := tp.Destroy(context.Background(), id2); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-spare2.k.ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the spare instance outlived its sandbox")
+	}
+	tp.codeMu.Lock()
+	_, kept := tp.spares[id2]
+	tp.codeMu.Unlock()
+	if kept {
+		t.Fatal("the destroyed sandbox's spare is still listed")
+	}
+	if err := tp.WarmCode(ctxFor(t, time.Minute), id, "bash"); err == nil || !strings.Contains(err.Error(), "bash") {
+		t.Fatalf("warming bash: %v", err)
+	}
+}
