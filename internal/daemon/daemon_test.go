@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -590,6 +592,63 @@ func TestPoolWorkdir(t *testing.T) {
 		if c.workdir == "/work/" && after.Hits+after.Misses != before.Hits+before.Misses {
 			t.Fatalf("a workdir known not to suit the pool still took from it: %v -> %v", before, after)
 		}
+	}
+}
+
+// TestPoolCodeWarm: through roched, a pool with code=python hands out sandboxes whose
+// first run_code takes the interpreter started while they were idle (its pid is below a
+// command's run after the hand-out); a create served from the pool with env and a
+// workdir of its own gets an interpreter started with them instead, so the warm-up never
+// shows a cell the pool's environment in place of the caller's.
+func TestPoolCodeWarm(t *testing.T) {
+	spec, _ := pool.ParseSpec("docker/" + testImage() + "?min=1&code=python")
+	td := startDaemon(t, Config{Pools: []pool.Spec{spec}})
+	ctx := ctxFor(t, 2*time.Minute)
+	idle := func() {
+		t.Helper()
+		eventually(t, 30*time.Second, "the pool to refill", func() bool {
+			s, err := td.c.PoolStatus(ctx)
+			return err == nil && s[0].Idle == 1 && s[0].Creating == 0
+		})
+	}
+	pidCode := "import os\nprint(os.getpid(), os.environ.get('ROCHE_WARM_T', '-'), os.getcwd())"
+
+	idle()
+	sb, pooled, err := td.c.Create(ctx, "docker", pyConfig())
+	if err != nil || !pooled {
+		t.Fatalf("create: pooled %v, %v", pooled, err)
+	}
+	res, err := td.p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "import os; print(os.getpid())"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+	after, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	ex, err := td.p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: pidCode})
+	if err != nil || ex.Error != nil || ex.ExecutionCount != 1 {
+		t.Fatalf("first cell: %+v %v", ex, err)
+	}
+	var pid int
+	var env, cwd string
+	if _, err := fmt.Sscan(strings.Join(ex.Logs.Stdout, ""), &pid, &env, &cwd); err != nil || env != "-" || pid == 0 || pid >= after {
+		t.Fatalf("first cell printed %q; a command run after the hand-out was pid %d: want the warmed interpreter's lower pid and no ROCHE_WARM_T", ex.Logs.Stdout, after)
+	}
+	_ = td.p.Destroy(ctx, sb.ID)
+
+	idle()
+	cfg := pyConfig()
+	cfg.Env = map[string]string{"ROCHE_WARM_T": "caller"}
+	cfg.Workdir = "/tmp/warm"
+	sb, pooled, err = td.c.Create(ctx, "docker", cfg)
+	if err != nil || !pooled {
+		t.Fatalf("create with env and workdir: pooled %v, %v", pooled, err)
+	}
+	defer td.p.Destroy(context.WithoutCancel(ctx), sb.ID)
+	ex, err = td.p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: pidCode})
+	if err != nil || ex.Error != nil {
+		t.Fatalf("first cell with env: %+v %v", ex, err)
+	}
+	if _, err := fmt.Sscan(strings.Join(ex.Logs.Stdout, ""), &pid, &env, &cwd); err != nil || env != "caller" || cwd != "/tmp/warm" {
+		t.Fatalf("first cell of a create with env and workdir printed %q: want its env and workdir", ex.Logs.Stdout)
 	}
 }
 
