@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,6 +118,68 @@ func TestHello(t *testing.T) {
 		t.Fatalf("exec: %+v %v", res, err)
 	}
 }
+
+// TestConcurrentDestroys: destroys that overlap share runs of crun (delete --regex), and
+// every one of them is done when it returns: its sandbox is gone and its processes with
+// it (the cleanup checks no container, mount, cgroup or directory is left).
+func TestConcurrentDestroys(t *testing.T) {
+	var logs batchLog
+	p, _ := newProvider(t, oci.WithLogger(slog.New(&logs)))
+	ctx := context.Background()
+	name, err := p.Runtime(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	ids := make([]string, n)
+	for i := range ids {
+		info, err := p.Create(ctx, testConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = info.ID
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.Destroy(ctx, id)
+		}()
+	}
+	wg.Wait()
+	for i, id := range ids {
+		if errs[i] != nil {
+			t.Errorf("destroy %s: %v", id, errs[i])
+		}
+		if _, err := p.Inspect(ctx, id); !errors.Is(err, roche.ErrNotFound) {
+			t.Errorf("inspect %s after its destroy: %v, want ErrNotFound", id, err)
+		}
+	}
+	if name == oci.RuntimeCrun && logs.max.Load() < 2 {
+		t.Errorf("%d overlapping destroys ran crun once each (largest batch %d)", n, logs.max.Load())
+	}
+	t.Logf("largest batch of deletes in one run of %s: %d", name, logs.max.Load())
+}
+
+// batchLog is a slog handler that keeps the largest batch of deletes logged.
+type batchLog struct{ max atomic.Int64 }
+
+func (*batchLog) Enabled(context.Context, slog.Level) bool { return true }
+func (b *batchLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "deleted containers in one run" {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "n" && a.Value.Int64() > b.max.Load() {
+				b.max.Store(a.Value.Int64())
+			}
+			return true
+		})
+	}
+	return nil
+}
+func (b *batchLog) WithAttrs([]slog.Attr) slog.Handler { return b }
+func (b *batchLog) WithGroup(string) slog.Handler      { return b }
 
 // TestConformance runs the suite on the default runtime (crun here), egress relay on as
 // roched has it.
