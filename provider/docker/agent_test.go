@@ -436,3 +436,40 @@ func TestExecAtTheLimits(t *testing.T) {
 		t.Fatalf("exec at the limits: exit %d, stdout %q, stderr %q; want %q", res.ExitCode, res.Stdout, res.Stderr, want)
 	}
 }
+
+// TestDestroyAfterTheEngineRemovedIt: a sandbox the engine removed on its own (killed, so
+// auto-removed; its lifetime's end does the same) is destroyed without error, and its
+// agent socket directory on the host goes with it, not left for a gc.
+func TestDestroyAfterTheEngineRemovedIt(t *testing.T) {
+	p := newProvider(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := sandbox(t, p, testConfig())
+	dc := engineClient(t)
+	c, err := dc.ContainerInspect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := c.Config.Labels[docker.LabelAgentDir]
+	if _, err := os.Stat(dir); dir == "" || err != nil {
+		t.Fatalf("the sandbox's agent directory %q: %v", dir, err)
+	}
+	if err := dc.ContainerKill(ctx, id, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := dc.ContainerInspect(ctx, id); err != nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the engine did not remove the killed sandbox")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := p.Destroy(ctx, id); err != nil {
+		t.Fatalf("destroying a sandbox the engine removed: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("its agent directory %s is still there (%v)", dir, err)
+	}
+}

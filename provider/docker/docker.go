@@ -957,6 +957,15 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 	defer done(&err)
 	_, s, err := p.inspect(ctx, id)
 	if errors.Is(err, roche.ErrNotFound) {
+		// Gone already: the engine removed it when it stopped (its lifetime ended, or it
+		// was killed). Its socket directory goes too, when this process knows it; else
+		// roche gc sweeps it.
+		p.mu.Lock()
+		known, ok := p.verified[id]
+		p.mu.Unlock()
+		if ok {
+			p.removeAgentDir(known.agentDir)
+		}
 		p.forget(id)
 		return nil
 	}
