@@ -228,27 +228,28 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	if req.TTY {
 		return s.execTTY(c, p, req, path, env)
 	}
-	stdoutR, stdoutW, err := os.Pipe()
+	stdoutR, stdoutW, err := outputPipe()
 	if err != nil {
 		return err
 	}
-	stderrR, stderrW, err := os.Pipe()
+	stderrR, stderrW, err := outputPipe()
 	if err != nil {
 		stdoutR.Close()
-		stdoutW.Close()
+		syscall.Close(stdoutW)
 		return err
 	}
-	var stdinR, stdinW *os.File
+	var stdinR int
+	var stdinW *os.File
 	if req.Stdin {
-		stdinR, stdinW, err = os.Pipe()
+		stdinR, stdinW, err = inputPipe()
 	} else {
-		stdinR, err = os.Open(os.DevNull)
+		stdinR, err = devNull()
 	}
 	if err != nil {
 		stdoutR.Close()
-		stdoutW.Close()
+		syscall.Close(stdoutW)
 		stderrR.Close()
-		stderrW.Close()
+		syscall.Close(stderrW)
 		return err
 	}
 	start := time.Now()
@@ -257,7 +258,7 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
 			Dir:   req.Cwd,
 			Env:   env,
-			Files: []uintptr{stdinR.Fd(), stdoutW.Fd(), stderrW.Fd()},
+			Files: []uintptr{uintptr(stdinR), uintptr(stdoutW), uintptr(stderrW)},
 			Sys: &syscall.SysProcAttr{
 				// Its own process group, so signals and kills reach everything it starts.
 				Setpgid:    true,
@@ -272,9 +273,11 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 		}
 		return pid, err
 	})
-	stdinR.Close()
-	stdoutW.Close()
-	stderrW.Close()
+	if req.Stdin {
+		syscall.Close(stdinR)
+	}
+	syscall.Close(stdoutW)
+	syscall.Close(stderrW)
 	if err != nil {
 		stdoutR.Close()
 		stderrR.Close()
@@ -624,32 +627,138 @@ func (s *Server) terminal(pid int) (*proc, error) {
 	return p, nil
 }
 
+// outputPipe makes a pipe for a command's output: the read end is the agent's, polled
+// by the runtime; the write end, a bare descriptor, is only handed to the command and
+// closed. (os.Pipe would register both ends with the poller and take the write end out
+// again for the command, six system calls an exec does not need.)
+func outputPipe() (r *os.File, w int, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, -1, fmt.Errorf("making an output pipe: %w", err)
+	}
+	r, err = pollable(p[0], "|0")
+	if err != nil {
+		syscall.Close(p[1])
+		return nil, -1, err
+	}
+	return r, p[1], nil
+}
+
+// inputPipe makes a pipe for a command's stdin: the read end is the command's, the
+// write end the agent's, polled by the runtime.
+func inputPipe() (r int, w *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return -1, nil, fmt.Errorf("making an input pipe: %w", err)
+	}
+	w, err = pollable(p[1], "|1")
+	if err != nil {
+		syscall.Close(p[0])
+		return -1, nil, err
+	}
+	return p[0], w, nil
+}
+
+// pollable makes fd non-blocking, so that os.NewFile hands it to the runtime's poller
+// and a read or write waiting on it holds no thread. The other end of the pipe, the
+// command's, stays blocking, as programs expect of their standard streams.
+func pollable(fd int, name string) (*os.File, error) {
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("making a pipe non-blocking: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// devNull is the stdin of every command that reads none: one descriptor of /dev/null,
+// opened on first use (a microVM's agent mounts /dev before it serves) and shared,
+// since nothing reads from it but the commands, into which it is duplicated.
+var devNull = sync.OnceValues(func() (int, error) {
+	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening %s for a command's stdin: %w", os.DevNull, err)
+	}
+	return fd, nil
+})
+
 // oomFirst makes a command the OOM killer's first choice over the agent (the highest
 // oom_score_adj; raising it needs no privilege). Memory a program leaves in a tmpfs is
 // nobody's RSS, so without it a small program filling /dev/shm could get the agent, a
 // bigger process, killed, and the sandbox with it. Children inherit the score. A program
 // may lower its own back to the agent's, and then risk only its own sandbox.
 func (s *Server) oomFirst(pid int) {
-	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("1000"), 0); err != nil {
+	// Bare system calls: os.WriteFile would also try to register the file with the
+	// runtime's poller, four more system calls on every exec's path.
+	fd, err := syscall.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", syscall.O_WRONLY|syscall.O_CLOEXEC, 0)
+	if err == nil {
+		_, err = syscall.Write(fd, []byte("1000"))
+		syscall.Close(fd)
+	}
+	if err != nil {
 		s.log.Warn("raising a command's OOM score", "pid", pid, "err", err)
 	}
 }
 
+// oomCounterFiles are where the sandbox cgroup's OOM-kill counter may be: cgroup v1, v2,
+// and a microVM's sandbox cgroup.
+var oomCounterFiles = []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"}
+
+// oomCounter holds the counter's file open once found: every exec reads it, and a pread
+// at offset 0 makes the kernel render the file afresh in one system call, where opening,
+// reading and closing it took eight.
+var oomCounter struct {
+	mu    sync.Mutex
+	found bool
+	fd    int
+}
+
 // oomKills reads the sandbox cgroup's OOM-kill counter (cgroup v1 or v2); -1 if unknown.
 func oomKills() int64 {
-	for _, f := range []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"} {
-		b, err := os.ReadFile(f)
+	oomCounter.mu.Lock()
+	found, fd := oomCounter.found, oomCounter.fd
+	oomCounter.mu.Unlock()
+	if found {
+		if n, ok := readOOMKills(fd); ok {
+			return n
+		}
+	}
+	for _, f := range oomCounterFiles {
+		fd, err := syscall.Open(f, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			continue
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				return n
-			}
+		n, ok := readOOMKills(fd)
+		if !ok {
+			syscall.Close(fd)
+			continue
 		}
+		oomCounter.mu.Lock()
+		if !oomCounter.found {
+			oomCounter.found, oomCounter.fd, fd = true, fd, -1
+		}
+		oomCounter.mu.Unlock()
+		if fd >= 0 { // another exec kept its descriptor first
+			syscall.Close(fd)
+		}
+		return n
 	}
 	return -1
+}
+
+// readOOMKills reads the oom_kill line of the counter file open at fd.
+func readOOMKills(fd int) (int64, bool) {
+	var buf [1024]byte
+	n, err := syscall.Pread(fd, buf[:], 0)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // mergeEnv returns base with the overrides applied.

@@ -701,3 +701,51 @@ print(s.recv(100).decode(), end="")
 		t.Errorf("relayed reply %q (stderr %q), want echo:hello", out, errOut)
 	}
 }
+
+// TestCommandStreams checks what a command is started with: the OOM killer's first
+// choice (oom_score_adj 1000, inherited by what it starts), and an empty stdin when the
+// client sends none.
+func TestCommandStreams(t *testing.T) {
+	// The agent raises the score just after the command is exec'd (Go can run nothing in
+	// the child before exec), so the command's very first instructions may still see 0;
+	// what it starts a moment later inherits 1000.
+	res, out, _ := execOut(t, agent.Request{Cmd: []string{"sh", "-c", "sleep 0.05; cat /proc/self/oom_score_adj"}}, agent.ExecOptions{})
+	if res.ExitCode != 0 || out != "1000\n" {
+		t.Errorf("oom_score_adj: exit %d %q, want 1000", res.ExitCode, out)
+	}
+	res, out, _ = execOut(t, agent.Request{Cmd: []string{"wc", "-c"}}, agent.ExecOptions{})
+	if res.ExitCode != 0 || strings.TrimSpace(out) != "0" {
+		t.Errorf("stdin: exit %d %q, want 0 bytes read", res.ExitCode, out)
+	}
+}
+
+// TestExecLeavesNoDescriptors runs commands every way their streams are made (stdin or
+// none, started or not) and checks that the agent holds no more descriptors after.
+func TestExecLeavesNoDescriptors(t *testing.T) {
+	count := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	run := func() {
+		execOut(t, agent.Request{Cmd: []string{"true"}}, agent.ExecOptions{})
+		execOut(t, agent.Request{Cmd: []string{"cat"}}, agent.ExecOptions{Stdin: strings.NewReader("in")})
+		execOut(t, agent.Request{Cmd: []string{"no-such-program-here"}}, agent.ExecOptions{})
+		execOut(t, agent.Request{Cmd: []string{"/"}}, agent.ExecOptions{})
+	}
+	run() // the first exec opens what the agent keeps for good (/dev/null, the OOM counter)
+	before := count()
+	for i := 0; i < 10; i++ {
+		run()
+	}
+	// The agent closes its end of a connection just after the result it sent.
+	deadline := time.Now().Add(2 * time.Second)
+	for count() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after := count(); after > before {
+		t.Errorf("%d descriptors open after 40 commands, %d before", after, before)
+	}
+}
