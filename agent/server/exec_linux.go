@@ -294,17 +294,35 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 		p.kill()
 	}
 
-	var pumps sync.WaitGroup
-	pumps.Add(2)
-	go p.pump(stdoutR, agent.FrameStdout, &pumps)
-	go p.pump(stderrR, agent.FrameStderr, &pumps)
+	pumps := newPumps(2)
+	go p.pump(stdoutR, agent.FrameStdout, pumps)
+	go p.pump(stderrR, agent.FrameStderr, pumps)
 	go s.readClient(c, p, stdinW)
 
-	s.await(p, req, start, before, wait, &pumps, func() {
+	s.await(p, req, start, before, wait, pumps, func() {
 		stdoutR.Close()
 		stderrR.Close()
 	})
 	return nil
+}
+
+// pumps counts the goroutines copying a command's output; done is closed when the last
+// one ends.
+type pumps struct {
+	left atomic.Int32
+	done chan struct{}
+}
+
+func newPumps(n int32) *pumps {
+	ps := &pumps{done: make(chan struct{})}
+	ps.left.Store(n)
+	return ps
+}
+
+func (ps *pumps) finished() {
+	if ps.left.Add(-1) == 0 {
+		close(ps.done)
+	}
 }
 
 // execTTY runs a command on a new terminal: the terminal is its standard streams and
@@ -355,10 +373,9 @@ func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env [
 	if err := c.sendJSON(agent.FrameStarted, agent.Started{PID: pid}); err != nil && !p.background {
 		p.kill()
 	}
-	var pumps sync.WaitGroup
-	pumps.Add(1)
+	pumps := newPumps(1)
 	go func() {
-		defer pumps.Done()
+		defer pumps.finished()
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := master.Read(buf)
@@ -371,7 +388,7 @@ func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env [
 		}
 	}()
 	go s.readClient(c, p, nil)
-	s.await(p, req, start, before, wait, &pumps, p.closeTTY)
+	s.await(p, req, start, before, wait, pumps, p.closeTTY)
 	p.closeTTY()
 	return nil
 }
@@ -396,7 +413,7 @@ func hasEnv(env []string, key string) bool {
 
 // await waits for the command (killing it at its timeout), drains its output for at
 // most drainGrace (then cut, which ends the pumps), and sends its result.
-func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *sync.WaitGroup, cut func()) {
+func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *pumps, cut func()) {
 	var timeout <-chan time.Time
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -414,13 +431,17 @@ func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64
 		ws = <-wait
 	}
 	duration := time.Since(start)
-	pumpsDone := make(chan struct{})
-	go func() { pumps.Wait(); close(pumpsDone) }()
 	select {
-	case <-pumpsDone:
-	case <-time.After(drainGrace):
-		cut()
-		<-pumpsDone
+	case <-pumps.done: // most often the output has ended with the command
+	default:
+		grace := time.NewTimer(drainGrace)
+		select {
+		case <-pumps.done:
+		case <-grace.C:
+			cut()
+			<-pumps.done
+		}
+		grace.Stop()
 	}
 	pid := p.pid
 
@@ -488,10 +509,17 @@ func isFinished(p *proc) bool {
 	}
 }
 
-func (p *proc) pump(r *os.File, kind byte, wg *sync.WaitGroup) {
-	defer wg.Done()
+// pumpBuffers are the pumps' read buffers, kept between commands: two fresh 32 KiB
+// buffers per exec were most of what an exec allocated, and made the agent collect
+// garbage every couple of dozen execs.
+var pumpBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (p *proc) pump(r *os.File, kind byte, ps *pumps) {
+	defer ps.finished()
 	defer r.Close()
-	buf := make([]byte, 32<<10)
+	bp := pumpBuffers.Get().(*[32 << 10]byte)
+	defer pumpBuffers.Put(bp)
+	buf := bp[:]
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
