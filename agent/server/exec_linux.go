@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -25,6 +26,10 @@ const (
 	drainGrace = 250 * time.Millisecond
 	// keepFinished bounds how many finished background processes are kept for attach.
 	keepFinished = 64
+	// startedDelay is how long a foreground command's started frame may wait to go out
+	// with its first output or its result, in one write: a command that ends sooner
+	// (most do) then costs its client one wake-up and the agent one write fewer.
+	startedDelay = 10 * time.Millisecond
 )
 
 // reaper is PID 1's wait loop: it reaps every child, delivering the status of the
@@ -102,15 +107,19 @@ type proc struct {
 	ttyClosed atomic.Bool
 	ttyMu     sync.Mutex
 
-	mu        sync.Mutex
-	sink      *conn // where output goes now; nil when no client is attached
-	history   []frame
-	kept      int64 // bytes in history
-	written   map[byte]int64
-	truncated bool
-	timedOut  bool
-	finished  bool
-	result    agent.Result
+	mu   sync.Mutex
+	sink *conn // where output goes now; nil when no client is attached
+	// started is the started frame not yet sent (see startedDelay), and startedTimer
+	// sends it when the command outlives the delay.
+	started      []byte
+	startedTimer *time.Timer
+	history      []frame
+	kept         int64 // bytes in history
+	written      map[byte]int64
+	truncated    bool
+	timedOut     bool
+	finished     bool
+	result       agent.Result
 }
 
 type frame struct {
@@ -144,10 +153,50 @@ func (p *proc) emit(kind byte, data []byte) {
 		}
 	}
 	if p.sink != nil {
-		if err := p.sink.send(kind, data); err != nil {
+		if err := p.sink.sendAfter(p.takeStarted(), kind, data); err != nil {
 			p.sink = nil
 		}
 	}
+}
+
+// announce tells the client the command runs: at once for a background command or one
+// on a terminal, whose clients wait for it; for a foreground command, with its first
+// output or its result, or after startedDelay, whichever comes first.
+func (p *proc) announce(c *conn) error {
+	b, err := json.Marshal(agent.Started{PID: p.pid})
+	if err != nil {
+		return err
+	}
+	if p.background || p.ttyOn {
+		return c.send(agent.FrameStarted, b)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.finished {
+		return nil
+	}
+	p.started = b
+	p.startedTimer = time.AfterFunc(startedDelay, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if started := p.takeStarted(); started != nil && p.sink != nil {
+			if err := p.sink.send(agent.FrameStarted, started); err != nil {
+				p.sink = nil
+			}
+		}
+	})
+	return nil
+}
+
+// takeStarted returns the started frame still to send, if any, and forgets it. p.mu is held.
+func (p *proc) takeStarted() []byte {
+	b := p.started
+	p.started = nil
+	if p.startedTimer != nil {
+		p.startedTimer.Stop()
+		p.startedTimer = nil
+	}
+	return b
 }
 
 // isTTY says whether the command runs on a terminal (set before it starts, never changed).
@@ -192,12 +241,15 @@ func (p *proc) finish(res agent.Result, stopping string) {
 	res.TimedOut = p.timedOut
 	p.result = res
 	p.finished = true
+	started := p.takeStarted()
 	if p.sink != nil {
+		kind, v := byte(agent.FrameResult), any(res)
 		if stopping != "" {
-			_ = p.sink.sendJSON(agent.FrameError, &agent.Error{Code: agent.CodeStopping,
-				Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)})
-		} else {
-			_ = p.sink.sendJSON(agent.FrameResult, res)
+			kind, v = agent.FrameError, &agent.Error{Code: agent.CodeStopping,
+				Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)}
+		}
+		if b, err := json.Marshal(v); err == nil {
+			_ = p.sink.sendAfter(started, kind, b)
 		}
 	}
 	p.mu.Unlock()
@@ -290,7 +342,7 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	s.mu.Lock()
 	s.procs[pid] = p
 	s.mu.Unlock()
-	if err := c.sendJSON(agent.FrameStarted, agent.Started{PID: pid}); err != nil && !p.background {
+	if err := p.announce(c); err != nil && !p.background {
 		p.kill()
 	}
 
@@ -370,7 +422,7 @@ func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env [
 	s.mu.Lock()
 	s.procs[pid] = p
 	s.mu.Unlock()
-	if err := c.sendJSON(agent.FrameStarted, agent.Started{PID: pid}); err != nil && !p.background {
+	if err := p.announce(c); err != nil && !p.background {
 		p.kill()
 	}
 	pumps := newPumps(1)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -305,6 +306,24 @@ func (c *conn) send(kind byte, payload []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	return agent.WriteFrame(c.c, kind, payload)
+}
+
+// sendAfter sends first, when not nil, as a started frame and then the frame of kind,
+// both in one write.
+func (c *conn) sendAfter(first []byte, kind byte, payload []byte) error {
+	if first == nil {
+		return c.send(kind, payload)
+	}
+	var b bytes.Buffer
+	b.Grow(2*5 + len(first) + len(payload))
+	_ = agent.WriteFrame(&b, agent.FrameStarted, first)
+	if err := agent.WriteFrame(&b, kind, payload); err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.c.Write(b.Bytes())
+	return err
 }
 
 func (c *conn) sendJSON(kind byte, v any) error {

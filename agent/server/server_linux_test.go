@@ -749,3 +749,50 @@ func TestExecLeavesNoDescriptors(t *testing.T) {
 		t.Errorf("%d descriptors open after 40 commands, %d before", after, before)
 	}
 }
+
+// TestStartedFrame checks that a foreground command's client hears its pid before
+// anything else of it: with the result of a command that ends at once, with the first
+// output of one that prints, and soon after the start of one that runs silent.
+func TestStartedFrame(t *testing.T) {
+	type event struct {
+		what string
+		at   time.Duration
+	}
+	run := func(cmd ...string) ([]event, agent.Result) {
+		t.Helper()
+		var events []event
+		var mu sync.Mutex
+		start := time.Now()
+		add := func(what string) {
+			mu.Lock()
+			events = append(events, event{what, time.Since(start)})
+			mu.Unlock()
+		}
+		var startedPID int
+		res, err := client.Exec(ctxT(t, 30*time.Second), agent.Request{Cmd: cmd}, agent.ExecOptions{
+			Started: func(pid int) { startedPID = pid; add("started") },
+			Stdout:  writerFunc(func(p []byte) { add("stdout") }),
+		})
+		if err != nil {
+			t.Fatalf("exec %q: %v", cmd, err)
+		}
+		if startedPID != res.PID {
+			t.Errorf("%q: started with pid %d, the result says %d", cmd, startedPID, res.PID)
+		}
+		return events, res
+	}
+	if ev, _ := run("true"); len(ev) != 1 || ev[0].what != "started" {
+		t.Errorf("true: %v, want started", ev)
+	}
+	if ev, _ := run("sh", "-c", "echo hi; sleep 0.3"); len(ev) != 2 || ev[0].what != "started" || ev[1].what != "stdout" {
+		t.Errorf("echo: %v, want started, stdout", ev)
+	}
+	ev, _ := run("sleep", "0.5")
+	if len(ev) != 1 || ev[0].what != "started" || ev[0].at > 250*time.Millisecond {
+		t.Errorf("sleep 0.5: %v, want started within 250ms", ev)
+	}
+}
+
+type writerFunc func(p []byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
