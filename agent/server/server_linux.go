@@ -353,7 +353,9 @@ func (c *conn) fail(err error) {
 
 func (s *Server) serve(nc net.Conn) {
 	defer nc.Close()
-	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 64<<10)}
+	// A small read buffer: larger frames (stdin, file data) are read past it, and a
+	// fresh 64 KiB per connection was half of what an exec allocated.
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 8<<10)}
 	kind, payload, err := c.read()
 	if err != nil {
 		return
