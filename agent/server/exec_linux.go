@@ -358,20 +358,20 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	return nil
 }
 
-// pumps counts the goroutines copying a command's output; done is closed when the last
-// one ends.
-type pumps struct {
+// pumpGroup counts the goroutines copying a command's output; done is closed when the
+// last one ends.
+type pumpGroup struct {
 	left atomic.Int32
 	done chan struct{}
 }
 
-func newPumps(n int32) *pumps {
-	ps := &pumps{done: make(chan struct{})}
+func newPumps(n int32) *pumpGroup {
+	ps := &pumpGroup{done: make(chan struct{})}
 	ps.left.Store(n)
 	return ps
 }
 
-func (ps *pumps) finished() {
+func (ps *pumpGroup) finished() {
 	if ps.left.Add(-1) == 0 {
 		close(ps.done)
 	}
@@ -465,7 +465,7 @@ func hasEnv(env []string, key string) bool {
 
 // await waits for the command (killing it at its timeout), drains its output for at
 // most drainGrace (then cut, which ends the pumps), and sends its result.
-func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *pumps, cut func()) {
+func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *pumpGroup, cut func()) {
 	var timeout <-chan time.Time
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -566,7 +566,7 @@ func isFinished(p *proc) bool {
 // garbage every couple of dozen execs.
 var pumpBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
 
-func (p *proc) pump(r *os.File, kind byte, ps *pumps) {
+func (p *proc) pump(r *os.File, kind byte, ps *pumpGroup) {
 	defer ps.finished()
 	defer r.Close()
 	bp := pumpBuffers.Get().(*[32 << 10]byte)
