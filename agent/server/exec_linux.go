@@ -751,15 +751,28 @@ func pollable(fd int, name string) (*os.File, error) {
 }
 
 // devNull is the stdin of every command that reads none: one descriptor of /dev/null,
-// opened on first use (a microVM's agent mounts /dev before it serves) and shared,
-// since nothing reads from it but the commands, into which it is duplicated.
-var devNull = sync.OnceValues(func() (int, error) {
+// opened on first use (a microVM's agent mounts /dev before it serves) and shared, as
+// every command gets a duplicate of it. A failure to open it is not kept: the next exec
+// tries again, as each did when it opened its own.
+func devNull() (int, error) {
+	devNullFD.mu.Lock()
+	defer devNullFD.mu.Unlock()
+	if devNullFD.open {
+		return devNullFD.fd, nil
+	}
 	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("opening %s for a command's stdin: %w", os.DevNull, err)
 	}
+	devNullFD.fd, devNullFD.open = fd, true
 	return fd, nil
-})
+}
+
+var devNullFD struct {
+	mu   sync.Mutex
+	open bool
+	fd   int
+}
 
 // oomFirst makes a command the OOM killer's first choice over the agent (the highest
 // oom_score_adj; raising it needs no privilege). Memory a program leaves in a tmpfs is
