@@ -111,6 +111,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		cfg.EgressListen = *egressListen
 		cfg.EgressDial = func() (net.Conn, error) { return net.Dial("unix", sock) }
 	}
+	fitProcs()
 	s, err := server.New(cfg)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -25,6 +26,10 @@ const (
 	drainGrace = 250 * time.Millisecond
 	// keepFinished bounds how many finished background processes are kept for attach.
 	keepFinished = 64
+	// startedDelay is how long a foreground command's started frame may wait to go out
+	// with its first output or its result, in one write: a command that ends sooner
+	// (most do) then costs its client one wake-up and the agent one write fewer.
+	startedDelay = 10 * time.Millisecond
 )
 
 // reaper is PID 1's wait loop: it reaps every child, delivering the status of the
@@ -102,15 +107,19 @@ type proc struct {
 	ttyClosed atomic.Bool
 	ttyMu     sync.Mutex
 
-	mu        sync.Mutex
-	sink      *conn // where output goes now; nil when no client is attached
-	history   []frame
-	kept      int64 // bytes in history
-	written   map[byte]int64
-	truncated bool
-	timedOut  bool
-	finished  bool
-	result    agent.Result
+	mu   sync.Mutex
+	sink *conn // where output goes now; nil when no client is attached
+	// started is the started frame not yet sent (see startedDelay), and startedTimer
+	// sends it when the command outlives the delay.
+	started      []byte
+	startedTimer *time.Timer
+	history      []frame
+	kept         int64 // bytes in history
+	written      map[byte]int64
+	truncated    bool
+	timedOut     bool
+	finished     bool
+	result       agent.Result
 }
 
 type frame struct {
@@ -144,10 +153,50 @@ func (p *proc) emit(kind byte, data []byte) {
 		}
 	}
 	if p.sink != nil {
-		if err := p.sink.send(kind, data); err != nil {
+		if err := p.sink.sendAfter(p.takeStarted(), kind, data); err != nil {
 			p.sink = nil
 		}
 	}
+}
+
+// announce tells the client the command runs: at once for a background command or one
+// on a terminal, whose clients wait for it; for a foreground command, with its first
+// output or its result, or after startedDelay, whichever comes first.
+func (p *proc) announce(c *conn) error {
+	b, err := json.Marshal(agent.Started{PID: p.pid})
+	if err != nil {
+		return err
+	}
+	if p.background || p.ttyOn {
+		return c.send(agent.FrameStarted, b)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.finished {
+		return nil
+	}
+	p.started = b
+	p.startedTimer = time.AfterFunc(startedDelay, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if started := p.takeStarted(); started != nil && p.sink != nil {
+			if err := p.sink.send(agent.FrameStarted, started); err != nil {
+				p.sink = nil
+			}
+		}
+	})
+	return nil
+}
+
+// takeStarted returns the started frame still to send, if any, and forgets it. p.mu is held.
+func (p *proc) takeStarted() []byte {
+	b := p.started
+	p.started = nil
+	if p.startedTimer != nil {
+		p.startedTimer.Stop()
+		p.startedTimer = nil
+	}
+	return b
 }
 
 // isTTY says whether the command runs on a terminal (set before it starts, never changed).
@@ -192,12 +241,15 @@ func (p *proc) finish(res agent.Result, stopping string) {
 	res.TimedOut = p.timedOut
 	p.result = res
 	p.finished = true
+	started := p.takeStarted()
 	if p.sink != nil {
+		kind, v := byte(agent.FrameResult), any(res)
 		if stopping != "" {
-			_ = p.sink.sendJSON(agent.FrameError, &agent.Error{Code: agent.CodeStopping,
-				Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)})
-		} else {
-			_ = p.sink.sendJSON(agent.FrameResult, res)
+			kind, v = agent.FrameError, &agent.Error{Code: agent.CodeStopping,
+				Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)}
+		}
+		if b, err := json.Marshal(v); err == nil {
+			_ = p.sink.sendAfter(started, kind, b)
 		}
 	}
 	p.mu.Unlock()
@@ -228,27 +280,28 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	if req.TTY {
 		return s.execTTY(c, p, req, path, env)
 	}
-	stdoutR, stdoutW, err := os.Pipe()
+	stdoutR, stdoutW, err := outputPipe()
 	if err != nil {
 		return err
 	}
-	stderrR, stderrW, err := os.Pipe()
+	stderrR, stderrW, err := outputPipe()
 	if err != nil {
 		stdoutR.Close()
-		stdoutW.Close()
+		syscall.Close(stdoutW)
 		return err
 	}
-	var stdinR, stdinW *os.File
+	var stdinR int
+	var stdinW *os.File
 	if req.Stdin {
-		stdinR, stdinW, err = os.Pipe()
+		stdinR, stdinW, err = inputPipe()
 	} else {
-		stdinR, err = os.Open(os.DevNull)
+		stdinR, err = devNull()
 	}
 	if err != nil {
 		stdoutR.Close()
-		stdoutW.Close()
+		syscall.Close(stdoutW)
 		stderrR.Close()
-		stderrW.Close()
+		syscall.Close(stderrW)
 		return err
 	}
 	start := time.Now()
@@ -257,7 +310,7 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
 			Dir:   req.Cwd,
 			Env:   env,
-			Files: []uintptr{stdinR.Fd(), stdoutW.Fd(), stderrW.Fd()},
+			Files: []uintptr{uintptr(stdinR), uintptr(stdoutW), uintptr(stderrW)},
 			Sys: &syscall.SysProcAttr{
 				// Its own process group, so signals and kills reach everything it starts.
 				Setpgid:    true,
@@ -272,9 +325,11 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 		}
 		return pid, err
 	})
-	stdinR.Close()
-	stdoutW.Close()
-	stderrW.Close()
+	if req.Stdin {
+		syscall.Close(stdinR)
+	}
+	syscall.Close(stdoutW)
+	syscall.Close(stderrW)
 	if err != nil {
 		stdoutR.Close()
 		stderrR.Close()
@@ -287,21 +342,39 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	s.mu.Lock()
 	s.procs[pid] = p
 	s.mu.Unlock()
-	if err := c.sendJSON(agent.FrameStarted, agent.Started{PID: pid}); err != nil && !p.background {
+	if err := p.announce(c); err != nil && !p.background {
 		p.kill()
 	}
 
-	var pumps sync.WaitGroup
-	pumps.Add(2)
-	go p.pump(stdoutR, agent.FrameStdout, &pumps)
-	go p.pump(stderrR, agent.FrameStderr, &pumps)
+	pumps := newPumps(2)
+	go p.pump(stdoutR, agent.FrameStdout, pumps)
+	go p.pump(stderrR, agent.FrameStderr, pumps)
 	go s.readClient(c, p, stdinW)
 
-	s.await(p, req, start, before, wait, &pumps, func() {
+	s.await(p, req, start, before, wait, pumps, func() {
 		stdoutR.Close()
 		stderrR.Close()
 	})
 	return nil
+}
+
+// pumpGroup counts the goroutines copying a command's output; done is closed when the
+// last one ends.
+type pumpGroup struct {
+	left atomic.Int32
+	done chan struct{}
+}
+
+func newPumps(n int32) *pumpGroup {
+	ps := &pumpGroup{done: make(chan struct{})}
+	ps.left.Store(n)
+	return ps
+}
+
+func (ps *pumpGroup) finished() {
+	if ps.left.Add(-1) == 0 {
+		close(ps.done)
+	}
 }
 
 // execTTY runs a command on a new terminal: the terminal is its standard streams and
@@ -349,13 +422,12 @@ func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env [
 	s.mu.Lock()
 	s.procs[pid] = p
 	s.mu.Unlock()
-	if err := c.sendJSON(agent.FrameStarted, agent.Started{PID: pid}); err != nil && !p.background {
+	if err := p.announce(c); err != nil && !p.background {
 		p.kill()
 	}
-	var pumps sync.WaitGroup
-	pumps.Add(1)
+	pumps := newPumps(1)
 	go func() {
-		defer pumps.Done()
+		defer pumps.finished()
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := master.Read(buf)
@@ -368,7 +440,7 @@ func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env [
 		}
 	}()
 	go s.readClient(c, p, nil)
-	s.await(p, req, start, before, wait, &pumps, p.closeTTY)
+	s.await(p, req, start, before, wait, pumps, p.closeTTY)
 	p.closeTTY()
 	return nil
 }
@@ -393,7 +465,7 @@ func hasEnv(env []string, key string) bool {
 
 // await waits for the command (killing it at its timeout), drains its output for at
 // most drainGrace (then cut, which ends the pumps), and sends its result.
-func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *sync.WaitGroup, cut func()) {
+func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *pumpGroup, cut func()) {
 	var timeout <-chan time.Time
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -411,13 +483,17 @@ func (s *Server) await(p *proc, req agent.Request, start time.Time, before int64
 		ws = <-wait
 	}
 	duration := time.Since(start)
-	pumpsDone := make(chan struct{})
-	go func() { pumps.Wait(); close(pumpsDone) }()
 	select {
-	case <-pumpsDone:
-	case <-time.After(drainGrace):
-		cut()
-		<-pumpsDone
+	case <-pumps.done: // most often the output has ended with the command
+	default:
+		grace := time.NewTimer(drainGrace)
+		select {
+		case <-pumps.done:
+		case <-grace.C:
+			cut()
+			<-pumps.done
+		}
+		grace.Stop()
 	}
 	pid := p.pid
 
@@ -485,10 +561,17 @@ func isFinished(p *proc) bool {
 	}
 }
 
-func (p *proc) pump(r *os.File, kind byte, wg *sync.WaitGroup) {
-	defer wg.Done()
+// pumpBuffers are the pumps' read buffers, kept between commands: two fresh 32 KiB
+// buffers per exec were most of what an exec allocated, and made the agent collect
+// garbage every couple of dozen execs.
+var pumpBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (p *proc) pump(r *os.File, kind byte, ps *pumpGroup) {
+	defer ps.finished()
 	defer r.Close()
-	buf := make([]byte, 32<<10)
+	bp := pumpBuffers.Get().(*[32 << 10]byte)
+	defer pumpBuffers.Put(bp)
+	buf := bp[:]
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -624,32 +707,151 @@ func (s *Server) terminal(pid int) (*proc, error) {
 	return p, nil
 }
 
+// outputPipe makes a pipe for a command's output: the read end is the agent's, polled
+// by the runtime; the write end, a bare descriptor, is only handed to the command and
+// closed. (os.Pipe would register both ends with the poller and take the write end out
+// again for the command, six system calls an exec does not need.)
+func outputPipe() (r *os.File, w int, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, -1, fmt.Errorf("making an output pipe: %w", err)
+	}
+	r, err = pollable(p[0], "|0")
+	if err != nil {
+		syscall.Close(p[1])
+		return nil, -1, err
+	}
+	return r, p[1], nil
+}
+
+// inputPipe makes a pipe for a command's stdin: the read end is the command's, the
+// write end the agent's, polled by the runtime.
+func inputPipe() (r int, w *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return -1, nil, fmt.Errorf("making an input pipe: %w", err)
+	}
+	w, err = pollable(p[1], "|1")
+	if err != nil {
+		syscall.Close(p[0])
+		return -1, nil, err
+	}
+	return p[0], w, nil
+}
+
+// pollable makes fd non-blocking, so that os.NewFile hands it to the runtime's poller
+// and a read or write waiting on it holds no thread. The other end of the pipe, the
+// command's, stays blocking, as programs expect of their standard streams.
+func pollable(fd int, name string) (*os.File, error) {
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("making a pipe non-blocking: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// devNull is the stdin of every command that reads none: one descriptor of /dev/null,
+// opened on first use (a microVM's agent mounts /dev before it serves) and shared, as
+// every command gets a duplicate of it. A failure to open it is not kept: the next exec
+// tries again, as each did when it opened its own.
+func devNull() (int, error) {
+	devNullFD.mu.Lock()
+	defer devNullFD.mu.Unlock()
+	if devNullFD.open {
+		return devNullFD.fd, nil
+	}
+	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening %s for a command's stdin: %w", os.DevNull, err)
+	}
+	devNullFD.fd, devNullFD.open = fd, true
+	return fd, nil
+}
+
+var devNullFD struct {
+	mu   sync.Mutex
+	open bool
+	fd   int
+}
+
 // oomFirst makes a command the OOM killer's first choice over the agent (the highest
 // oom_score_adj; raising it needs no privilege). Memory a program leaves in a tmpfs is
 // nobody's RSS, so without it a small program filling /dev/shm could get the agent, a
 // bigger process, killed, and the sandbox with it. Children inherit the score. A program
 // may lower its own back to the agent's, and then risk only its own sandbox.
 func (s *Server) oomFirst(pid int) {
-	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("1000"), 0); err != nil {
+	// Bare system calls: os.WriteFile would also try to register the file with the
+	// runtime's poller, four more system calls on every exec's path.
+	fd, err := syscall.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", syscall.O_WRONLY|syscall.O_CLOEXEC, 0)
+	if err == nil {
+		_, err = syscall.Write(fd, []byte("1000"))
+		syscall.Close(fd)
+	}
+	if err != nil {
 		s.log.Warn("raising a command's OOM score", "pid", pid, "err", err)
 	}
 }
 
+// oomCounterFiles are where the sandbox cgroup's OOM-kill counter may be: cgroup v1, v2,
+// and a microVM's sandbox cgroup.
+var oomCounterFiles = []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"}
+
+// oomCounter holds the counter's file open once found: every exec reads it, and a pread
+// at offset 0 makes the kernel render the file afresh in one system call, where opening,
+// reading and closing it took eight.
+var oomCounter struct {
+	mu    sync.Mutex
+	found bool
+	fd    int
+}
+
 // oomKills reads the sandbox cgroup's OOM-kill counter (cgroup v1 or v2); -1 if unknown.
 func oomKills() int64 {
-	for _, f := range []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"} {
-		b, err := os.ReadFile(f)
+	oomCounter.mu.Lock()
+	found, fd := oomCounter.found, oomCounter.fd
+	oomCounter.mu.Unlock()
+	if found {
+		if n, ok := readOOMKills(fd); ok {
+			return n
+		}
+	}
+	for _, f := range oomCounterFiles {
+		fd, err := syscall.Open(f, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			continue
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				return n
-			}
+		n, ok := readOOMKills(fd)
+		if !ok {
+			syscall.Close(fd)
+			continue
 		}
+		oomCounter.mu.Lock()
+		if !oomCounter.found {
+			oomCounter.found, oomCounter.fd, fd = true, fd, -1
+		}
+		oomCounter.mu.Unlock()
+		if fd >= 0 { // another exec kept its descriptor first
+			syscall.Close(fd)
+		}
+		return n
 	}
 	return -1
+}
+
+// readOOMKills reads the oom_kill line of the counter file open at fd.
+func readOOMKills(fd int) (int64, bool) {
+	var buf [1024]byte
+	n, err := syscall.Pread(fd, buf[:], 0)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // mergeEnv returns base with the overrides applied.

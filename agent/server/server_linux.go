@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -309,6 +310,24 @@ func (c *conn) send(kind byte, payload []byte) error {
 	return agent.WriteFrame(c.c, kind, payload)
 }
 
+// sendAfter sends first, when not nil, as a started frame and then the frame of kind,
+// both in one write.
+func (c *conn) sendAfter(first []byte, kind byte, payload []byte) error {
+	if first == nil {
+		return c.send(kind, payload)
+	}
+	var b bytes.Buffer
+	b.Grow(2*5 + len(first) + len(payload))
+	_ = agent.WriteFrame(&b, agent.FrameStarted, first)
+	if err := agent.WriteFrame(&b, kind, payload); err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.c.Write(b.Bytes())
+	return err
+}
+
 func (c *conn) sendJSON(kind byte, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -336,7 +355,9 @@ func (c *conn) fail(err error) {
 
 func (s *Server) serve(nc net.Conn) {
 	defer nc.Close()
-	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 64<<10)}
+	// A small read buffer: larger frames (stdin, file data) are read past it, and a
+	// fresh 64 KiB per connection was half of what an exec allocated.
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 8<<10)}
 	kind, payload, err := c.read()
 	if err != nil {
 		return

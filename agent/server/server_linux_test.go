@@ -701,3 +701,98 @@ print(s.recv(100).decode(), end="")
 		t.Errorf("relayed reply %q (stderr %q), want echo:hello", out, errOut)
 	}
 }
+
+// TestCommandStreams checks what a command is started with: the OOM killer's first
+// choice (oom_score_adj 1000, inherited by what it starts), and an empty stdin when the
+// client sends none.
+func TestCommandStreams(t *testing.T) {
+	// The agent raises the score just after the command is exec'd (Go can run nothing in
+	// the child before exec), so the command's very first instructions may still see 0;
+	// what it starts a moment later inherits 1000.
+	res, out, _ := execOut(t, agent.Request{Cmd: []string{"sh", "-c", "sleep 0.05; cat /proc/self/oom_score_adj"}}, agent.ExecOptions{})
+	if res.ExitCode != 0 || out != "1000\n" {
+		t.Errorf("oom_score_adj: exit %d %q, want 1000", res.ExitCode, out)
+	}
+	res, out, _ = execOut(t, agent.Request{Cmd: []string{"wc", "-c"}}, agent.ExecOptions{})
+	if res.ExitCode != 0 || strings.TrimSpace(out) != "0" {
+		t.Errorf("stdin: exit %d %q, want 0 bytes read", res.ExitCode, out)
+	}
+}
+
+// TestExecLeavesNoDescriptors runs commands every way their streams are made (stdin or
+// none, started or not) and checks that the agent holds no more descriptors after.
+func TestExecLeavesNoDescriptors(t *testing.T) {
+	count := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	run := func() {
+		execOut(t, agent.Request{Cmd: []string{"true"}}, agent.ExecOptions{})
+		execOut(t, agent.Request{Cmd: []string{"cat"}}, agent.ExecOptions{Stdin: strings.NewReader("in")})
+		execOut(t, agent.Request{Cmd: []string{"no-such-program-here"}}, agent.ExecOptions{})
+		execOut(t, agent.Request{Cmd: []string{"/"}}, agent.ExecOptions{})
+	}
+	run() // the first exec opens what the agent keeps for good (/dev/null, the OOM counter)
+	before := count()
+	for i := 0; i < 10; i++ {
+		run()
+	}
+	// The agent closes its end of a connection just after the result it sent.
+	deadline := time.Now().Add(2 * time.Second)
+	for count() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after := count(); after > before {
+		t.Errorf("%d descriptors open after 40 commands, %d before", after, before)
+	}
+}
+
+// TestStartedFrame checks that a foreground command's client hears its pid before
+// anything else of it: with the result of a command that ends at once, with the first
+// output of one that prints, and soon after the start of one that runs silent.
+func TestStartedFrame(t *testing.T) {
+	type event struct {
+		what string
+		at   time.Duration
+	}
+	run := func(cmd ...string) ([]event, agent.Result) {
+		t.Helper()
+		var events []event
+		var mu sync.Mutex
+		start := time.Now()
+		add := func(what string) {
+			mu.Lock()
+			events = append(events, event{what, time.Since(start)})
+			mu.Unlock()
+		}
+		var startedPID int
+		res, err := client.Exec(ctxT(t, 30*time.Second), agent.Request{Cmd: cmd}, agent.ExecOptions{
+			Started: func(pid int) { startedPID = pid; add("started") },
+			Stdout:  writerFunc(func(p []byte) { add("stdout") }),
+		})
+		if err != nil {
+			t.Fatalf("exec %q: %v", cmd, err)
+		}
+		if startedPID != res.PID {
+			t.Errorf("%q: started with pid %d, the result says %d", cmd, startedPID, res.PID)
+		}
+		return events, res
+	}
+	if ev, _ := run("true"); len(ev) != 1 || ev[0].what != "started" {
+		t.Errorf("true: %v, want started", ev)
+	}
+	if ev, _ := run("sh", "-c", "echo hi; sleep 0.3"); len(ev) != 2 || ev[0].what != "started" || ev[1].what != "stdout" {
+		t.Errorf("echo: %v, want started, stdout", ev)
+	}
+	ev, _ := run("sleep", "0.5")
+	if len(ev) != 1 || ev[0].what != "started" || ev[0].at > 250*time.Millisecond {
+		t.Errorf("sleep 0.5: %v, want started within 250ms", ev)
+	}
+}
+
+type writerFunc func(p []byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
