@@ -32,7 +32,7 @@ const (
 	FrameDataEOF    = 'd' // either way: end of data
 	FrameReply      = 'K' // agent → client: JSON reply of a non-streaming operation
 	FrameError      = 'Z' // agent → client: JSON Error, the last frame
-	FrameStarted    = 'P' // agent → client: JSON Started, the command is running
+	FrameStarted    = 'P' // agent → client: JSON Started, the command is running (a foreground command's comes with its first output or result, or 10 ms after it started)
 	FrameCodeResult = 'V' // agent → client: JSON CodeResult, one rich result of a cell
 	FrameCodeEnd    = 'W' // agent → client: JSON CodeEnd, the last frame of a cell
 	FrameResize     = 'T' // client → agent: JSON Winsize for the running command's terminal
