@@ -239,6 +239,9 @@ func (w *watcher) handle(ctx context.Context, m events.Message) error {
 		delete(w.known, id)
 		ev.Kind = roche.EventRemoved
 		w.p.forget(id)
+		// Its socket directory goes with it: the engine removes a container that ended
+		// (auto-remove) without anyone calling Destroy. The event carries the labels.
+		w.p.removeAgentDir(m.Actor.Attributes[LabelAgentDir])
 	case events.ActionOOM:
 		ev.Kind = roche.EventOOM
 	default:

@@ -91,6 +91,11 @@ func TestWatchSeesKill(t *testing.T) {
 	dc := engineClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	c, err := dc.ContainerInspect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := c.Config.Labels[docker.LabelAgentDir]
 	killed := time.Now()
 	if err := dc.ContainerKill(ctx, id, "KILL"); err != nil {
 		t.Fatal(err)
@@ -104,6 +109,10 @@ func TestWatchSeesKill(t *testing.T) {
 	// The sandbox is reported gone, not served from a stale cache.
 	if err := p.Probe(ctx, id); err == nil {
 		t.Error("Probe of a killed sandbox succeeded")
+	}
+	// And its agent directory on the host went with the container, before any Destroy.
+	if _, err := os.Stat(dir); dir == "" || !os.IsNotExist(err) {
+		t.Errorf("the removed sandbox's agent directory %q is still there (%v)", dir, err)
 	}
 }
 
