@@ -114,6 +114,7 @@ func (r *rochedProc) poolCounts(t *testing.T) (idle, creating int, hits uint64) 
 // 5 s); the engine removes them. Nothing lives on to its lifetime.
 func TestRochedKilledDuringRefill(t *testing.T) {
 	real := realProvider(t)
+	watchRemovals(t)
 	img := privateImage(t)
 	const engineTimeout = 10 * time.Second
 	rd := startRochedProc(t, "--engine-timeout", engineTimeout.String(), "--pool-concurrency", "2",
@@ -222,6 +223,37 @@ func TestRochedKilledDuringRefill(t *testing.T) {
 		idleGone.Round(100*time.Millisecond), startedGone.Round(100*time.Millisecond))
 }
 
+// watchRemovals watches the engine's events for the length of the test, as a running
+// roched does: the sandboxes of a roched the test killed end on their own (leases,
+// lifetimes) and the engine removes them, and the watch then removes their agent
+// directories on the host, which nobody alive would otherwise know to.
+func watchRemovals(t *testing.T) {
+	t.Helper()
+	p, err := docker.New(docker.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := p.Watch(ctx)
+	if err != nil {
+		cancel()
+		p.Close()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range ch {
+		}
+	}()
+	t.Cleanup(func() {
+		time.Sleep(time.Second) // the last removals' events, a moment behind the engine
+		cancel()
+		<-done
+		p.Close()
+	})
+}
+
 // pooledInState lists the idle pooled sandboxes roched's state file records.
 func (r *rochedProc) pooledInState(t *testing.T) []string {
 	t.Helper()
@@ -262,6 +294,7 @@ func contains(list []roche.SandboxInfo, id string) bool {
 // ended, so it outlives roched killed outright, past the grace, and keeps working.
 func TestUnleasedPooledOutlivesRoched(t *testing.T) {
 	real := realProvider(t)
+	watchRemovals(t)
 	img := privateImage(t)
 	rd := startRochedProc(t, "--pool", "docker/"+img+"?min=1&max=1")
 	eventually(t, time.Minute, "the pool to fill", func() bool {
