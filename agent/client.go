@@ -34,11 +34,12 @@ func NewClientWithDialer(name string, dial func(ctx context.Context) (net.Conn, 
 // Socket is the socket path the client dials.
 func (c *Client) Socket() string { return c.socket }
 
-// readerSize is the read buffer of a connection, to either side. Frames of output or
-// files larger than it are read past it, straight into the frame's buffer; what it
-// saves is a system call per small frame. An exec of true reads two frames, and the
-// 64 KiB it had cost more to allocate and collect than the rest of the call.
-const readerSize = 8 << 10
+// ReaderSize is the read buffer of a connection, at either end (the client here, the
+// agent's server). Frames of output or files larger than it are read past it, straight
+// into the frame's buffer; what it saves is a system call per small frame. An exec of
+// true reads two frames, and the 64 KiB it had cost more to allocate and collect than
+// the rest of the call.
+const ReaderSize = 8 << 10
 
 // session is one operation's connection.
 type session struct {
@@ -59,7 +60,7 @@ func (c *Client) open(ctx context.Context, req Request) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the sandbox agent: %w", err)
 	}
-	s := &session{nc: nc, r: bufio.NewReaderSize(nc, readerSize)}
+	s := &session{nc: nc, r: bufio.NewReaderSize(nc, ReaderSize)}
 	if err := s.sendJSON(FrameRequest, req); err != nil {
 		nc.Close()
 		return nil, err

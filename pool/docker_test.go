@@ -24,55 +24,88 @@ func testImage() string {
 	return "roche/python:local"
 }
 
-// TestDockerPool runs a pool against the real engine: it fills, hands out distinct
-// running sandboxes, refills within its total, and Close leaves only what was handed out.
-func TestDockerPool(t *testing.T) {
+// dockerPool is a pool of one spec on the real engine, through the docker provider.
+type dockerPool struct {
+	p  *docker.Provider
+	pl *pool.Pool
+
+	mu        sync.Mutex
+	created   []string // every sandbox the pool made
+	handedOut []string // those the test took out, destroyed at its end
+}
+
+// startDockerPool starts a pool of spec (after "docker/IMAGE?"). At the end of the test
+// it closes the pool, destroys what was handed out, and fails if any sandbox the pool
+// made survived.
+func startDockerPool(t *testing.T, params string) *dockerPool {
+	t.Helper()
 	p, err := docker.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { p.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := p.Ping(ctx); err != nil {
 		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
 	}
-
-	var mu sync.Mutex
-	var created []string
-	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=2&max=2&total=3&idle_timeout=60")
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?" + params)
 	if err != nil {
 		t.Fatal(err)
 	}
+	d := &dockerPool{p: p}
 	m, err := pool.NewManager(map[string]roche.Provider{"docker": p}, []pool.Spec{spec},
 		pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
-			mu.Lock()
-			created = append(created, sb.ID)
-			mu.Unlock()
+			d.mu.Lock()
+			d.created = append(d.created, sb.ID)
+			d.mu.Unlock()
 		}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var handedOut []string
-	defer func() {
+	t.Cleanup(func() {
 		if _, err := m.Close(context.Background()); err != nil {
 			t.Error(err)
 		}
-		for _, id := range handedOut {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, id := range d.handedOut {
 			_ = p.Destroy(context.Background(), id)
 		}
 		// Every sandbox the pool ever made is gone.
-		mu.Lock()
-		defer mu.Unlock()
-		for _, id := range created {
+		for _, id := range d.created {
 			if _, err := p.Inspect(context.Background(), id); err == nil {
 				t.Errorf("pooled sandbox %s survived Close", id)
 				_ = p.Destroy(context.Background(), id)
 			}
 		}
-	}()
+	})
 	m.Start()
-	pl := m.Pools()[0]
+	d.pl = m.Pools()[0]
+	return d
+}
+
+// handOut records sandboxes the test took out of the pool.
+func (d *dockerPool) handOut(ids ...string) {
+	d.mu.Lock()
+	d.handedOut = append(d.handedOut, ids...)
+	d.mu.Unlock()
+}
+
+// madeSoFar counts the sandboxes the pool has made.
+func (d *dockerPool) madeSoFar() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.created)
+}
+
+// TestDockerPool runs a pool against the real engine: it fills, hands out distinct
+// running sandboxes, refills within its total, and Close leaves only what was handed out.
+func TestDockerPool(t *testing.T) {
+	d := startDockerPool(t, "min=2&max=2&total=3&idle_timeout=60")
+	p, pl := d.p, d.pl
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	if err := pl.Warmup(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +114,7 @@ func TestDockerPool(t *testing.T) {
 	if !okA || !okB || a.ID == b.ID {
 		t.Fatalf("acquire: %v %v %s %s", okA, okB, a.ID, b.ID)
 	}
-	handedOut = append(handedOut, a.ID, b.ID)
+	d.handOut(a.ID, b.ID)
 	res, err := p.Exec(ctx, a.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('pooled')"}})
 	if err != nil || res.Stdout != "pooled\n" {
 		t.Fatalf("exec in a pooled sandbox: %+v %v", res, err)
@@ -107,10 +140,7 @@ func TestDockerPool(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond)
-	mu.Lock()
-	n := len(created)
-	mu.Unlock()
-	if st := pl.Status(); st.Idle != 1 || n != 3 {
+	if st, n := pl.Status(), d.madeSoFar(); st.Idle != 1 || n != 3 {
 		t.Fatalf("after refill within total 3: %+v, %d created", st, n)
 	}
 }
@@ -119,11 +149,8 @@ func TestDockerPool(t *testing.T) {
 // pool's back (docker kill of that container, by id) is never handed out: the check
 // before hand-out finds it dead, and the next one, which runs commands, is given instead.
 func TestDockerPoolSkipsDead(t *testing.T) {
-	p, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	d := startDockerPool(t, "min=2&max=2&idle_timeout=60")
+	p, pl := d.p, d.pl
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
@@ -131,41 +158,6 @@ func TestDockerPoolSkipsDead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dc.Close()
-
-	var mu sync.Mutex
-	var created []string
-	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=2&max=2&idle_timeout=60")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := pool.NewManager(map[string]roche.Provider{"docker": p}, []pool.Spec{spec},
-		pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
-			mu.Lock()
-			created = append(created, sb.ID)
-			mu.Unlock()
-		}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var handedOut []string
-	defer func() {
-		if _, err := m.Close(context.Background()); err != nil {
-			t.Error(err)
-		}
-		for _, id := range handedOut {
-			_ = p.Destroy(context.Background(), id)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		for _, id := range created {
-			if _, err := p.Inspect(context.Background(), id); err == nil {
-				t.Errorf("pooled sandbox %s survived", id)
-				_ = p.Destroy(context.Background(), id)
-			}
-		}
-	}()
-	m.Start()
-	pl := m.Pools()[0]
 	if err := pl.Warmup(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +169,7 @@ func TestDockerPoolSkipsDead(t *testing.T) {
 	if !ok {
 		t.Fatal("no sandbox handed out, though one of the two is alive")
 	}
-	handedOut = append(handedOut, sb.ID)
+	d.handOut(sb.ID)
 	if sb.ID == ids[0] {
 		t.Fatalf("the killed sandbox %s was handed out", sb.ID)
 	}
@@ -195,40 +187,10 @@ func TestDockerPoolSkipsDead(t *testing.T) {
 // it (its pid is below that of a command run after the hand-out), with the pool's limits
 // and as the sandbox user, and a fresh namespace (no cell ran before).
 func TestDockerPoolWarmsCode(t *testing.T) {
-	p, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	d := startDockerPool(t, "min=1&code=python")
+	p, pl := d.p, d.pl
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=1&code=python")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var created []string
-	m, err := pool.NewManager(map[string]roche.Provider{"docker": p}, []pool.Spec{spec},
-		pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
-			mu.Lock()
-			created = append(created, sb.ID)
-			mu.Unlock()
-		}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if _, err := m.Close(context.Background()); err != nil {
-			t.Error(err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		for _, id := range created {
-			_ = p.Destroy(context.Background(), id)
-		}
-	}()
-	m.Start()
-	pl := m.Pools()[0]
 	if err := pl.Warmup(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +198,7 @@ func TestDockerPoolWarmsCode(t *testing.T) {
 	if !ok {
 		t.Fatal("no sandbox handed out")
 	}
+	d.handOut(sb.ID)
 	res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo $$"}})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("exec: %+v %v", res, err)

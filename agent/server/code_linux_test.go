@@ -240,8 +240,16 @@ const startTicks = "print(open('/proc/self/stat').read().rsplit(')', 1)[1].split
 // to one started otherwise, which gets an interpreter of its own.
 func TestCodeWarmSpare(t *testing.T) {
 	env := map[string]string{"ROCHE_WARM_TEST": "warm"}
+	before, err := client.Contexts(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := client.WarmCode(ctxT(t, time.Minute), "python", dir, env); err != nil {
 		t.Fatal(err)
+	}
+	// The spare is no context until one takes it.
+	if after, err := client.Contexts(ctxT(t, 10*time.Second)); err != nil || len(after) != len(before) {
+		t.Fatalf("contexts after the warm-up: %+v (%v), before: %+v", after, err, before)
 	}
 	other := newContext(t) // other env: its own interpreter, started after the spare
 	o := runCell(t, agent.Request{Context: other, Code: startTicks})

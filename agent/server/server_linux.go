@@ -355,9 +355,7 @@ func (c *conn) fail(err error) {
 
 func (s *Server) serve(nc net.Conn) {
 	defer nc.Close()
-	// A small read buffer: larger frames (stdin, file data) are read past it, and a
-	// fresh 64 KiB per connection was half of what an exec allocated.
-	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 8<<10)}
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, agent.ReaderSize)}
 	kind, payload, err := c.read()
 	if err != nil {
 		return

@@ -322,24 +322,15 @@ func run() error {
 	return loadErr
 }
 
+// pooledCycle times a pooled create + exec print('hello') + destroy, and says whether the
+// create was served from the pool.
 func pooledCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.Config) (time.Duration, bool, error) {
-	start := time.Now()
-	sb, pooled, err := c.Create(ctx, "docker", cfg)
-	if err != nil {
-		return 0, false, err
-	}
-	res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
-	if err != nil || res.Stdout != "hello\n" {
-		return 0, false, fmt.Errorf("exec: %+v %v", res, err)
-	}
-	if err := p.Destroy(ctx, sb.ID); err != nil {
-		return 0, false, err
-	}
-	return time.Since(start), pooled, nil
+	d, _, pooled, err := codeCycle(ctx, c, p, cfg, true)
+	return d, pooled, err
 }
 
-// codeCycle is pooledCycle with run_code in the default context instead of an exec
-// (or, with exec, pooledCycle itself); it also returns the sandbox's id.
+// codeCycle times a create + run_code print('hello') in the default context + destroy
+// (with exec, the same print as an exec of python3 -c); it also returns the sandbox's id.
 func codeCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.Config, exec bool) (time.Duration, string, bool, error) {
 	start := time.Now()
 	sb, pooled, err := c.Create(ctx, "docker", cfg)

@@ -869,14 +869,19 @@ func (p *Provider) forget(id string) {
 // lookup returns the Roche container named by id (a full id, a unique prefix or a name),
 // refusing containers Roche did not create.
 func (p *Provider) lookup(ctx context.Context, id string) (sandbox, error) {
-	p.mu.Lock()
-	s, ok := p.verified[id]
-	p.mu.Unlock()
-	if ok {
+	if s, ok := p.cached(id); ok {
 		return s, nil
 	}
 	_, s, err := p.inspect(ctx, id)
 	return s, err
+}
+
+// cached returns what this process last verified of sandbox id, if anything.
+func (p *Provider) cached(id string) (sandbox, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.verified[id]
+	return s, ok
 }
 
 func (p *Provider) inspect(ctx context.Context, id string) (container.InspectResponse, sandbox, error) {
@@ -960,10 +965,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 		// Gone already: the engine removed it when it stopped (its lifetime ended, or it
 		// was killed). Its socket directory goes too, when this process knows it; else
 		// roche gc sweeps it.
-		p.mu.Lock()
-		known, ok := p.verified[id]
-		p.mu.Unlock()
-		if ok {
+		if known, ok := p.cached(id); ok {
 			p.removeAgentDir(known.agentDir)
 		}
 		p.forget(id)

@@ -16,15 +16,7 @@ import (
 // does not have; here it is checked by identity.)
 func TestWarmCode(t *testing.T) {
 	id := newSandbox(t, nil)
-	if err := tp.WarmCode(ctxFor(t, time.Minute), id, "python"); err != nil {
-		t.Fatal(err)
-	}
-	tp.codeMu.Lock()
-	spare := tp.spares[id]
-	tp.codeMu.Unlock()
-	if spare == nil || spare.k == nil {
-		t.Fatal("no spare instance after WarmCode")
-	}
+	spare := warmed(t, id)
 
 	other, err := tp.CreateContext(ctxFor(t, time.Minute), id, roche.ContextOptions{Env: map[string]string{"OTHER": "1"}})
 	if err != nil {
@@ -44,12 +36,7 @@ func TestWarmCode(t *testing.T) {
 
 	// A spare nobody takes ends with its sandbox.
 	id2 := newSandbox(t, nil)
-	if err := tp.WarmCode(ctxFor(t, time.Minute), id2, "python"); err != nil {
-		t.Fatal(err)
-	}
-	tp.codeMu.Lock()
-	spare2 := tp.spares[id2]
-	tp.codeMu.Unlock()
+	spare2 := warmed(t, id2)
 	if err := tp.Destroy(context.Background(), id2); err != nil {
 		t.Fatal(err)
 	}
@@ -67,4 +54,19 @@ func TestWarmCode(t *testing.T) {
 	if err := tp.WarmCode(ctxFor(t, time.Minute), id, "bash"); err == nil || !strings.Contains(err.Error(), "bash") {
 		t.Fatalf("warming bash: %v", err)
 	}
+}
+
+// warmed warms sandbox id's python and returns the spare instance it keeps.
+func warmed(t *testing.T, id string) *codeContext {
+	t.Helper()
+	if err := tp.WarmCode(ctxFor(t, time.Minute), id, "python"); err != nil {
+		t.Fatal(err)
+	}
+	tp.codeMu.Lock()
+	defer tp.codeMu.Unlock()
+	spare := tp.spares[id]
+	if spare == nil || spare.k == nil {
+		t.Fatal("no spare instance after WarmCode")
+	}
+	return spare
 }
