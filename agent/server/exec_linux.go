@@ -552,13 +552,13 @@ func (s *Server) retire(p *proc) {
 	}
 }
 
+// isFinished reports whether the command's result is recorded. That is before any
+// client hears the result, and before p.done closes: a client that saw a command end
+// and then types into it must find it finished.
 func isFinished(p *proc) bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.finished
 }
 
 // pumpBuffers are the pumps' read buffers, kept between commands: two fresh 32 KiB
