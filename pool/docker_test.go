@@ -32,12 +32,33 @@ type dockerPool struct {
 	mu        sync.Mutex
 	created   []string // every sandbox the pool made
 	handedOut []string // those the test took out, destroyed at its end
+	creating  int      // Create calls in flight on the engine
+	most      int      // the most of them at once
 }
 
-// startDockerPool starts a pool of spec (after "docker/IMAGE?"). At the end of the test
-// it closes the pool, destroys what was handed out, and fails if any sandbox the pool
-// made survived.
-func startDockerPool(t *testing.T, params string) *dockerPool {
+// counted is the docker provider, with the pool's Create calls in flight counted.
+type counted struct {
+	*docker.Provider
+	d *dockerPool
+}
+
+func (c counted) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	c.d.mu.Lock()
+	c.d.creating++
+	c.d.most = max(c.d.most, c.d.creating)
+	c.d.mu.Unlock()
+	defer func() {
+		c.d.mu.Lock()
+		c.d.creating--
+		c.d.mu.Unlock()
+	}()
+	return c.Provider.Create(ctx, cfg)
+}
+
+// startDockerPool starts a pool of spec (after "docker/IMAGE?"), with the manager's
+// options opts. At the end of the test it closes the pool, destroys what was handed out,
+// and fails if any sandbox the pool made survived.
+func startDockerPool(t *testing.T, params string, opts ...pool.Option) *dockerPool {
 	t.Helper()
 	p, err := docker.New()
 	if err != nil {
@@ -54,12 +75,12 @@ func startDockerPool(t *testing.T, params string) *dockerPool {
 		t.Fatal(err)
 	}
 	d := &dockerPool{p: p}
-	m, err := pool.NewManager(map[string]roche.Provider{"docker": p}, []pool.Spec{spec},
-		pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
+	m, err := pool.NewManager(map[string]roche.Provider{"docker": counted{p, d}}, []pool.Spec{spec},
+		append([]pool.Option{pool.WithHooks(pool.Hooks{Created: func(_ pool.Key, sb roche.SandboxInfo) {
 			d.mu.Lock()
 			d.created = append(d.created, sb.ID)
 			d.mu.Unlock()
-		}}))
+		}})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,5 +239,36 @@ func TestDockerPoolWarmsCode(t *testing.T) {
 	}
 	if after == 0 || pid >= after {
 		t.Fatalf("the default context's interpreter is pid %d, a command run after the hand-out %d: it was not the warmed one", pid, after)
+	}
+}
+
+// TestDockerPoolAdaptsConcurrency: on the real engine, a pool whose creations wait for a
+// slot creates more sandboxes at once than the cores while the CPUs are idle, and no
+// more than the cores while they are saturated. The CPU readings are given (the
+// machine's own depend on whatever else runs); what the engine is asked is real.
+func TestDockerPoolAdaptsConcurrency(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		idle        float64
+		least, most int
+	}{
+		{"idle CPUs", 0.9, pool.DefaultConcurrency() + 1, 4 * pool.DefaultConcurrency()},
+		{"saturated CPUs", 0.01, 1, pool.DefaultConcurrency()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			idle := func() (float64, bool) { return c.idle, true }
+			d := startDockerPool(t, "min=8&max=8&idle_timeout=60", pool.WithIdleSource(idle, 50*time.Millisecond))
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			if err := d.pl.Warmup(ctx, 0); err != nil {
+				t.Fatal(err)
+			}
+			d.mu.Lock()
+			most := d.most
+			d.mu.Unlock()
+			if most < c.least || most > c.most {
+				t.Errorf("%d creations at once on the engine, want %d to %d", most, c.least, c.most)
+			}
+		})
 	}
 }

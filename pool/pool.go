@@ -39,15 +39,22 @@ type Option func(*Manager)
 // WithLogger sets the logger; the default discards.
 func WithLogger(l *slog.Logger) Option { return func(m *Manager) { m.log = l } }
 
-// DefaultConcurrency is how many sandboxes the pools create at once unless told: the
-// machine's cores, at least 2. Making a sandbox is mostly the engine's CPU time, so more
-// at once only makes each slower.
+// DefaultConcurrency is how many sandboxes the pools create at once to begin with, and
+// at least, unless told: the machine's cores, at least 2. Making a sandbox is mostly
+// CPU time on most providers, so more at once only makes each slower; the limit rises
+// above it, to four times as many, only while creations wait for a slot and the CPUs
+// have room (see limiter.adapt).
 func DefaultConcurrency() int { return max(2, runtime.NumCPU()) }
 
-// WithConcurrency bounds how many sandboxes all pools together create at once (default
-// DefaultConcurrency).
+// WithConcurrency fixes how many sandboxes all pools together create at once; without
+// it the number adapts, from DefaultConcurrency up to four times as many.
 func WithConcurrency(n int) Option {
-	return func(m *Manager) { m.sem = make(chan struct{}, max(n, 1)) }
+	return func(m *Manager) { m.slots, m.adaptive = newLimiter(max(n, 1), max(n, 1)), false }
+}
+
+// withIdleSource replaces the host's CPU idle readings an adaptive limit follows (tests).
+func withIdleSource(f func() (float64, bool), every time.Duration) Option {
+	return func(m *Manager) { m.idle, m.adaptEvery = f, every }
 }
 
 // WithHooks sets the hooks.
@@ -76,7 +83,10 @@ func WithOwner(owner string) Option { return func(m *Manager) { m.owner = owner 
 // Manager owns the pools of a daemon.
 type Manager struct {
 	log           *slog.Logger
-	sem           chan struct{}
+	slots         *limiter
+	adaptive      bool
+	idle          func() (float64, bool) // nil: the host's (cpuIdle)
+	adaptEvery    time.Duration
 	hooks         Hooks
 	janitorEvery  time.Duration
 	createTimeout time.Duration
@@ -96,7 +106,9 @@ type Manager struct {
 func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Option) (*Manager, error) {
 	m := &Manager{
 		log:           slog.New(slog.DiscardHandler),
-		sem:           make(chan struct{}, DefaultConcurrency()),
+		slots:         newLimiter(DefaultConcurrency(), 4*DefaultConcurrency()),
+		adaptive:      true,
+		adaptEvery:    adaptEvery,
 		janitorEvery:  time.Second,
 		createTimeout: 2 * time.Minute,
 		probeTimeout:  DefaultProbeTimeout,
@@ -154,6 +166,10 @@ func (m *Manager) Start() {
 	for _, p := range m.pools {
 		p.refill()
 	}
+	if m.adaptive {
+		m.stopped.Add(1)
+		go m.adapt()
+	}
 	m.stopped.Add(1)
 	go func() {
 		defer m.stopped.Done()
@@ -172,6 +188,35 @@ func (m *Manager) Start() {
 		}
 	}()
 }
+
+// adapt moves the adaptive limit on creations at once, every adaptEvery, by the host's
+// idle CPU (limiter.adapt), until Close.
+func (m *Manager) adapt() {
+	defer m.stopped.Done()
+	idle := m.idle
+	if idle == nil {
+		idle = cpuIdle()
+	}
+	t := time.NewTicker(m.adaptEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		f, ok := idle()
+		if !ok {
+			continue
+		}
+		if from, to := m.slots.adapt(f); from != to {
+			m.log.Debug("pool: sandboxes created at once", "from", from, "to", to, "cpu_idle", fmt.Sprintf("%.0f%%", 100*f))
+		}
+	}
+}
+
+// Concurrency is how many sandboxes the pools may create at once now.
+func (m *Manager) Concurrency() int { return m.slots.current() }
 
 // Pools returns the pools in the order they were given.
 func (m *Manager) Pools() []*Pool { return append([]*Pool(nil), m.pools...) }
@@ -446,7 +491,7 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 		limit = min(limit, time.Until(deadline))
 	}
 	if n := len(p.waiting); n > 0 || p.demand.make > 0 {
-		if expect := p.demand.wait(time.Now(), n, cap(p.m.sem)); expect > limit {
+		if expect := p.demand.wait(time.Now(), n, p.m.slots.current()); expect > limit {
 			p.mu.Unlock()
 			return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry shortly, or raise the pool's max or wait",
 				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, p.demand.make.Round(time.Millisecond), limit.Round(time.Millisecond))
@@ -629,9 +674,7 @@ func (p *Pool) targetLocked(now time.Time) int {
 // create makes one sandbox, waiting for a slot of the manager's bounded concurrency.
 func (p *Pool) create() {
 	defer p.wg.Done()
-	select {
-	case p.m.sem <- struct{}{}:
-	case <-p.m.stop:
+	if !p.m.slots.acquire(p.m.stop) {
 		p.mu.Lock()
 		p.creating--
 		p.notifyLocked()
@@ -653,7 +696,7 @@ func (p *Pool) create() {
 		}
 	}
 	cancel()
-	<-p.m.sem
+	p.m.slots.release()
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,7 +43,7 @@ var (
 	duration    = flag.Duration("duration", 60*time.Second, "length of the load test")
 	poolMin     = flag.Int("pool-min", 4, "idle sandboxes the pool keeps")
 	poolMax     = flag.Int("pool-max", 8, "most idle sandboxes the pool keeps")
-	concurrency = flag.Int("pool-concurrency", 2, "the pool's concurrent creations")
+	concurrency = flag.Int("pool-concurrency", 0, "the pool's creations at once (0: roched's default, adaptive from the machine's cores)")
 	poolQueue   = flag.Int("pool-queue", 64, "creates that may wait for the pool's next sandbox (0: a create that finds it empty makes its own)")
 	poolWait    = flag.Duration("pool-wait", 2*time.Second, "longest expected wait in the pool's queue; a create expecting more is refused at once")
 	verbose     = flag.Bool("v", false, "log the daemon at debug level to stderr")
@@ -138,8 +139,12 @@ func run() error {
 	cfg.Image = img
 	codeCfg := cfg
 	codeCfg.Image = codeImg
-	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d queue=%d wait=%s concurrency=%d probe=%v\n",
-		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *poolQueue, *poolWait, *concurrency, *probe)
+	conc := "adaptive"
+	if *concurrency > 0 {
+		conc = strconv.Itoa(*concurrency)
+	}
+	fmt.Printf("roche bench: %s (tag of %s), %d CPUs, %s, n=%d per row, pool min=%d max=%d queue=%d wait=%s concurrency=%s probe=%v\n",
+		img, *baseImage, runtime.NumCPU(), agentNote, *n, *poolMin, *poolMax, *poolQueue, *poolWait, conc, *probe)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	if _, err := c.PoolWarmup(wctx, "", 0); err != nil {
 		cancel()

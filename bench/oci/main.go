@@ -56,7 +56,7 @@ var (
 	// 50 ms later), so a cycle takes about the bound plus its exec; the throughput is the
 	// host's either way.
 	poolArg  = flag.String("pool", "min=8&max=32&queue=64&wait=0.5", "the load's pool parameters (README, Warm pools)")
-	poolConc = flag.Int("pool-concurrency", 0, "sandboxes roched's pools create at once in the load (0: roched's default, the machine's cores)")
+	poolConc = flag.Int("pool-concurrency", 0, "sandboxes roched's pools create at once in the load (0: roched's default, adaptive from the machine's cores)")
 )
 
 var hello = []string{"python3", "-c", "print('hello')"}

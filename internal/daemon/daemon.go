@@ -66,8 +66,8 @@ type Config struct {
 	MaxSandboxes int
 	// Pools are the warm pools.
 	Pools []pool.Spec
-	// PoolConcurrency bounds concurrent pool creations across all pools (default:
-	// pool.DefaultConcurrency, the machine's cores).
+	// PoolConcurrency fixes how many sandboxes all pools together create at once; 0
+	// lets it adapt, from the machine's cores up (pool.WithConcurrency).
 	PoolConcurrency int
 	// ReapInterval is how often expired sandboxes are looked for (default 1 s).
 	ReapInterval time.Duration

@@ -194,7 +194,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.StringVar(&f.config, "config", "", "JSON config file (see above)")
 	fs.StringArrayVar(&f.pools, "pool", nil, "warm pool, PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (repeatable)")
 	fs.IntVar(&f.maxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "most sandboxes handed to clients at once; 0 means no limit")
-	fs.IntVar(&f.poolConcurrency, "pool-concurrency", pool.DefaultConcurrency(), "most sandboxes the pools create at once (default: the machine's cores, at least 2)")
+	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 0, "sandboxes the pools create at once; 0 adapts it: the machine's cores, up to four times as many while creations wait and the CPUs have room")
 	fs.StringVar(&f.copyMaxBytes, "copy-max-bytes", "1g", "most file content one copy in or out moves (e.g. 512m, 4g); a request may ask for less")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
 	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
@@ -339,8 +339,8 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 	} else {
 		cfg.CopyMaxBytes = n
 	}
-	if f.poolConcurrency <= 0 {
-		errs = append(errs, fmt.Errorf("%w: --pool-concurrency %d: give 1 or more", roche.ErrInvalidConfig, f.poolConcurrency))
+	if cfg.PoolConcurrency < 0 {
+		errs = append(errs, fmt.Errorf("%w: --pool-concurrency %d: give 1 or more, or 0 to let it adapt", roche.ErrInvalidConfig, cfg.PoolConcurrency))
 	}
 	if f.engineTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%w: --engine-timeout %v: give a positive duration such as 30s", roche.ErrInvalidConfig, f.engineTimeout))

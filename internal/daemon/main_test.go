@@ -52,7 +52,7 @@ func TestMainBadInput(t *testing.T) {
 		{[]string{"--socket", sock, "--config", badJSON}, `unknown field "max_sandbox"`},
 		{[]string{"--socket", sock, "--log-format", "xml"}, "use text or json"},
 		{[]string{"--socket", sock, "--max-sandboxes", "-1"}, "negative"},
-		{[]string{"--socket", sock, "--pool-concurrency", "0"}, "--pool-concurrency 0"},
+		{[]string{"--socket", sock, "--pool-concurrency", "-1"}, "--pool-concurrency -1: give 1 or more, or 0 to let it adapt"},
 		{[]string{"--socket", sock, "--providers", "dokcer"}, `--providers: invalid config: unknown provider "dokcer"`},
 		{[]string{"--socket", sock, "--providers", "wasm", "--pool", "docker/img"}, `unknown provider "docker"`},
 		{[]string{"extra"}, "unknown command"},

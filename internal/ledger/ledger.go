@@ -56,8 +56,8 @@ type Config struct {
 	AllowRootSandboxes bool
 	// Pools are the warm pools.
 	Pools []pool.Spec
-	// PoolConcurrency bounds concurrent pool creations across all pools (default:
-	// pool.DefaultConcurrency, the machine's cores).
+	// PoolConcurrency fixes how many sandboxes all pools together create at once; 0
+	// lets it adapt, from the machine's cores up (pool.WithConcurrency).
 	PoolConcurrency int
 	// ReapInterval is how often expired sandboxes are looked for (default 1 s).
 	ReapInterval time.Duration
@@ -180,9 +180,6 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 	if cfg.StateFile == "" {
 		return nil, fmt.Errorf("%w: no state file", roche.ErrInvalidConfig)
 	}
-	if cfg.PoolConcurrency <= 0 {
-		cfg.PoolConcurrency = pool.DefaultConcurrency()
-	}
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = time.Second
 	}
@@ -227,9 +224,11 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 	popts := append([]pool.Option{
 		pool.WithLogger(l.log),
 		pool.WithOwner(l.Owner()),
-		pool.WithConcurrency(cfg.PoolConcurrency),
 		pool.WithHooks(pool.Hooks{Created: l.pooledCreated, Destroyed: l.pooledDestroyed}),
 	}, l.poolOpts...)
+	if cfg.PoolConcurrency > 0 {
+		popts = append(popts, pool.WithConcurrency(cfg.PoolConcurrency))
+	}
 	m, err := pool.NewManager(providers, cfg.Pools, popts...)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,4 @@
+package pool
+
+// WithIdleSource is withIdleSource, for the tests of package pool_test.
+var WithIdleSource = withIdleSource
