@@ -6,10 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -121,6 +124,11 @@ func TestCreateHoldKeepsItsSandboxWhileItRuns(t *testing.T) {
 type imageSandboxes struct {
 	tag string
 	p   *docker.Provider
+	// dirs are the agent directories of the sandboxes seen, by sandbox id. A sandbox
+	// whose roche was killed ends by its lease with no one of ours watching, and its
+	// directory waits for the next create's sweep (or roche gc): the test removes
+	// those of its own sandboxes at its end.
+	dirs map[string]string
 }
 
 // newImageSandboxes tags a private image for the test and, at its end, destroys what is
@@ -137,12 +145,15 @@ func newImageSandboxes(t *testing.T, prefix string) *imageSandboxes {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := &imageSandboxes{tag: tag, p: p}
+	img := &imageSandboxes{tag: tag, p: p, dirs: map[string]string{}}
 	t.Cleanup(func() {
 		for _, id := range img.ids(t) {
 			p.Destroy(ctx, id)
 		}
 		p.Close()
+		for _, dir := range img.dirs {
+			os.RemoveAll(dir)
+		}
 	})
 	return img
 }
@@ -158,6 +169,9 @@ func (img *imageSandboxes) ids(t *testing.T) []string {
 	for _, sb := range list {
 		if sb.Image == img.tag {
 			ids = append(ids, sb.ID)
+			if _, seen := img.dirs[sb.ID]; !seen {
+				img.dirs[sb.ID] = agentDir(t, sb.ID)
+			}
 		}
 	}
 	return ids
@@ -261,4 +275,20 @@ func (h *holder) wait(t *testing.T) error {
 		t.Fatalf("roche create --hold did not exit within 30 s: %s", h.stderr.String())
 	}
 	return nil
+}
+
+// agentDir is the agent directory of a sandbox on the engine ("" when it has none or is
+// gone).
+func agentDir(t *testing.T, id string) string {
+	t.Helper()
+	c, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.ContainerInspect(context.Background(), id)
+	if err != nil || info.Config == nil {
+		return ""
+	}
+	return info.Config.Labels[docker.LabelAgentDir]
 }

@@ -473,3 +473,63 @@ func TestDestroyAfterTheEngineRemovedIt(t *testing.T) {
 		t.Fatalf("its agent directory %s is still there (%v)", dir, err)
 	}
 }
+
+// TestCreateSweepsAgentDirsOfGoneSandboxes: a sandbox that ends with nobody of ours
+// watching (its creator was killed, so its lease ended it; or it reached its lifetime
+// with no roched running) is removed by the engine, which knows nothing of its agent
+// directory. The next create on the engine, in any process, removes such a directory
+// once it is older than a create may take, and leaves live sandboxes' alone.
+func TestCreateSweepsAgentDirsOfGoneSandboxes(t *testing.T) {
+	state, err := os.MkdirTemp("", "rsweep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	const engineTimeout = time.Second // a directory is a leftover 2 s after it last changed
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The creator, which dies without a word: this provider is never asked again.
+	creator := newProvider(t, docker.WithStateDir(state), docker.WithEngineTimeout(engineTimeout))
+	gone := sandbox(t, creator, testConfig())
+	dc := engineClient(t)
+	c, err := dc.ContainerInspect(ctx, gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneDir := c.Config.Labels[docker.LabelAgentDir]
+	if err := dc.ContainerKill(ctx, gone, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := dc.ContainerInspect(ctx, gone); err != nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the engine did not remove the killed sandbox")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := os.Stat(goneDir); err != nil {
+		t.Fatalf("the gone sandbox's agent directory %s should be there before the sweep: %v", goneDir, err)
+	}
+	// A live sandbox's directory, old enough to be swept were it a leftover.
+	other := newProvider(t, docker.WithStateDir(state), docker.WithEngineTimeout(engineTimeout))
+	live := sandbox(t, other, testConfig())
+	time.Sleep(2*engineTimeout + 500*time.Millisecond)
+
+	// Another process's create.
+	next := newProvider(t, docker.WithStateDir(state), docker.WithEngineTimeout(engineTimeout))
+	sandbox(t, next, testConfig())
+	for {
+		if _, err := os.Stat(goneDir); os.IsNotExist(err) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the gone sandbox's agent directory %s is still there", goneDir)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := execOK(t, other, live, "echo", "alive"); got != "alive\n" {
+		t.Fatalf("the live sandbox after the sweep: %q", got)
+	}
+}

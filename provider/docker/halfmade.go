@@ -111,7 +111,7 @@ const (
 // engine's create and its start (roche or roched killed outright, e.g. during a pool
 // refill): nothing runs in it, so no lease covers it, and nothing else would ever start
 // or remove it. The next create on the engine, by any process, does, once it has made its
-// own sandbox.
+// own sandbox; it also removes the agent directories of sandboxes gone (sweepAgentDirs).
 func (p *Provider) sweepUnstartedSoon() {
 	now := time.Now()
 	last := p.lastSweep.Load()
@@ -150,6 +150,13 @@ func (p *Provider) sweepUnstartedSoon() {
 			p.removeAgentDir(c.Labels[LabelAgentDir])
 			p.log.Info("removed a sandbox its creator left never started (it died between the engine's create and start)",
 				"sandbox", c.ID, "owner", c.Labels[LabelOwner])
+		}
+		// And the socket directories of sandboxes that ended with no one of ours
+		// watching: a sandbox whose creator was killed (its lease then ends it) or
+		// that reached its lifetime while no roched ran; the engine removes such a
+		// container and knows nothing of its directory.
+		if err := p.sweepAgentDirs(p.closing); err != nil {
+			p.log.Debug("looking for agent directories of sandboxes gone", "err", err)
 		}
 	}()
 }
