@@ -121,6 +121,12 @@ kept() {
   done | sort
 }
 kept_before=$(kept)
+# The agent socket directories of docker sandboxes. Only new ones count: a create's sweep
+# (or roche gc) may remove those older runs left.
+agent_dirs() {
+  if [ -d /run/roche/docker ]; then find /run/roche/docker -mindepth 1 -maxdepth 1 -type d -name 'roche-*'; fi | sort
+}
+agent_dirs_before=$(agent_dirs)
 
 # Python 3.10+ for the Python SDK: its own tests (below) and deploy/kubernetes's Go test,
 # which runs it against roched in the test cluster; and, for the offline install tests,
@@ -173,10 +179,16 @@ if [ -d /run/roche/vm ] && [ -n "$(ls -A /run/roche/vm)" ]; then
   ls -l /run/roche/vm >&2
   exit 1
 fi
+new_agent_dirs=$(comm -13 <(echo "$agent_dirs_before") <(agent_dirs))
+if [ -n "$new_agent_dirs" ]; then
+  echo "agent directories of docker sandboxes made by the suite survived it:" >&2
+  ls -ld --full-time $new_agent_dirs >&2
+  exit 1
+fi
 kept_after=$(kept)
 if [ "$kept_before" != "$kept_after" ]; then
   echo "workspaces, snapshots or sized disks made by the suite survived it:" >&2
   diff <(echo "$kept_before") <(echo "$kept_after") >&2
   exit 1
 fi
-log "all tests passed; no sandbox, workspace or snapshot left behind"
+log "all tests passed; no sandbox, agent directory, workspace or snapshot left behind"
