@@ -1,6 +1,9 @@
 package roche
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // Sentinel errors. Providers wrap them with %w and context; callers test them with
 // errors.Is; the daemon turns them into RPC codes only at its API edge.
@@ -25,3 +28,25 @@ var (
 	// ErrInUse: the thing is in use (a workspace mounted by a live sandbox).
 	ErrInUse = errors.New("in use")
 )
+
+// RetryAfter wraps err, a refusal that passes (ErrExhausted, typically), with how long
+// the caller should wait before asking again. roched sends the wait as a standard
+// google.rpc.RetryInfo detail, and the Go client gives it back; RetryDelay reads it.
+func RetryAfter(err error, d time.Duration) error { return &retryError{err: err, after: d} }
+
+type retryError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Unwrap() error { return e.err }
+
+// RetryDelay returns how long err suggests waiting before trying again (RetryAfter).
+func RetryDelay(err error) (time.Duration, bool) {
+	var r *retryError
+	if errors.As(err, &r) {
+		return r.after, true
+	}
+	return 0, false
+}

@@ -208,6 +208,9 @@ func (c *Client) fromRPC(err error) error {
 	if e.Message == "" {
 		e.Message = err.Error()
 	}
+	if after, ok := wire.RetryDelay(ce); ok {
+		return roche.RetryAfter(e, after)
+	}
 	return e
 }
 

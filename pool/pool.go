@@ -336,6 +336,21 @@ func (d *demand) wait(now time.Time, n, conc int) time.Duration {
 	return expect
 }
 
+// interval is the time between two sandboxes the pool makes: at the rate it has lately
+// served its queue, else a creation's duration over conc made at once.
+func (d *demand) interval(now time.Time, conc int) time.Duration {
+	d.served = since(d.served, now, serveWindow)
+	if k := len(d.served); k >= 3 {
+		return now.Sub(d.served[0]) / time.Duration(k)
+	}
+	return d.make / time.Duration(max(conc, 1))
+}
+
+// retryHint bounds the wait a refused create is told to take before asking again.
+func retryHint(d time.Duration) time.Duration {
+	return min(max(d, 10*time.Millisecond), 10*time.Second).Round(time.Millisecond)
+}
+
 func (d *demand) ask(now time.Time) {
 	d.asks = append(since(d.asks, now, demandWindow), now)
 }
@@ -480,9 +495,10 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 	}
 	if len(p.waiting) >= p.spec.MaxQueue {
 		n := len(p.waiting)
+		after := retryHint(p.demand.interval(time.Now(), p.m.slots.current()) * time.Duration(n+1-p.spec.MaxQueue))
 		p.mu.Unlock()
-		return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry shortly, or raise the pool's max or queue",
-			roche.ErrExhausted, p.spec.Key, n)
+		return roche.SandboxInfo{}, false, roche.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry in %s, or raise the pool's max or queue",
+			roche.ErrExhausted, p.spec.Key, n, after), after)
 	}
 	// The wait this create can expect (demand.wait): the creates before it and itself,
 	// at the rate the pool has been making sandboxes.
@@ -491,10 +507,13 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 		limit = min(limit, time.Until(deadline))
 	}
 	if n := len(p.waiting); n > 0 || p.demand.make > 0 {
-		if expect := p.demand.wait(time.Now(), n, p.m.slots.current()); expect > limit {
+		now, conc := time.Now(), p.m.slots.current()
+		if expect := p.demand.wait(now, n, conc); expect > limit {
+			// By then the queue will have moved up to the bound, or at least by one.
+			after := retryHint(max(expect-limit, p.demand.interval(now, conc)))
 			p.mu.Unlock()
-			return roche.SandboxInfo{}, false, fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry shortly, or raise the pool's max or wait",
-				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, p.demand.make.Round(time.Millisecond), limit.Round(time.Millisecond))
+			return roche.SandboxInfo{}, false, roche.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry in %s, or raise the pool's max or wait",
+				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, p.demand.make.Round(time.Millisecond), limit.Round(time.Millisecond), after), after)
 		}
 	}
 	w := &waiter{got: make(chan roche.SandboxInfo, 1), err: make(chan error, 1)}

@@ -671,6 +671,9 @@ func TestQueueServesAtTheEnginesRate(t *testing.T) {
 		if !strings.Contains(err.Error(), "queue") {
 			t.Errorf("refusal %q does not name the queue", err)
 		}
+		if after, ok := roche.RetryDelay(err); !ok || after <= 0 || !strings.Contains(err.Error(), "retry in "+after.String()) {
+			t.Errorf("refusal %q says when to retry: %v %v, want a positive wait, named in the message", err, after, ok)
+		}
 	}
 	wg.Wait()
 	close(got)
@@ -798,6 +801,11 @@ func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
 	_, _, err := p.Wait(ctx)
 	if !errors.Is(err, roche.ErrExhausted) || time.Since(start) > 100*time.Millisecond || !strings.Contains(err.Error(), "would make this create wait") {
 		t.Fatalf("second wait: %v after %s; want ErrExhausted at once, saying the wait", err, time.Since(start))
+	}
+	// ~400 ms expected against a bound of 300: by ~100 ms later the queue is within it,
+	// but the hint is at least the time one creation takes (~200 ms), when it moves.
+	if after, ok := roche.RetryDelay(err); !ok || after < 100*time.Millisecond || after > 2*time.Second {
+		t.Errorf("the refusal's retry hint: %v %v, want about 200 ms", after, ok)
 	}
 	// A deadline shorter than one creation is refused at once too.
 	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)

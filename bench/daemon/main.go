@@ -453,9 +453,10 @@ func loadTest(ctx context.Context, c *client.Client, p *client.Provider, cfg roc
 			for time.Now().Before(end) {
 				d, hit, err := pooledCycle(ctx, c, p, cfg)
 				if errors.Is(err, roche.ErrExhausted) {
-					// Refused at once (the pool's queue is full): a client backs off.
+					// Refused at once (the pool's queue is full): a client backs off for
+					// the wait the refusal suggests.
 					refused.Add(1)
-					time.Sleep(100 * time.Millisecond)
+					time.Sleep(samples.BackOff(err, 100*time.Millisecond))
 					continue
 				}
 				mu.Lock()

@@ -53,8 +53,8 @@ var (
 	loadFor = flag.Duration("duration", 10*time.Second, "length of the load through roched")
 	// wait is the latency bound the load is held to: a create expecting to wait longer is
 	// refused at once. Fifty clients keep the queue at that bound (a refused one retries
-	// 50 ms later), so a cycle takes about the bound plus its exec; the throughput is the
-	// host's either way.
+	// when the refusal suggests), so a cycle takes about the bound plus its exec; the
+	// throughput is the host's either way.
 	poolArg  = flag.String("pool", "min=8&max=32&queue=64&wait=0.5", "the load's pool parameters (README, Warm pools)")
 	poolConc = flag.Int("pool-concurrency", 0, "sandboxes roched's pools create at once in the load (0: roched's default, adaptive from the machine's cores)")
 )
@@ -170,8 +170,8 @@ func run() error {
 // load runs roched in this process with the oci provider and a pool, and *clients
 // clients each doing create + exec print('hello') + destroy through its API for
 // *loadFor. A create the pool refuses at once (RESOURCE_EXHAUSTED: its queue is full or
-// the wait would be too long) is counted apart and the client backs off 50 ms; any
-// other error fails the run.
+// the wait would be too long) is counted apart and the client backs off for the wait
+// the refusal suggests (samples.BackOff); any other error fails the run.
 func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 	dir, err := os.MkdirTemp("", "rbench-oci")
 	if err != nil {
@@ -215,7 +215,7 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 				sb, hit, err := c.Create(ctx, "oci", cfg)
 				if errors.Is(err, roche.ErrExhausted) {
 					refused.Add(1)
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(samples.BackOff(err, 50*time.Millisecond))
 					continue
 				}
 				created := time.Now()

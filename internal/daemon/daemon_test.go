@@ -721,6 +721,10 @@ func TestPoolQueue(t *testing.T) {
 			if o.took > 5*time.Second || !strings.Contains(o.err.Error(), "queue") {
 				t.Errorf("refusal after %s: %v; want one naming the queue, at once", o.took, o.err)
 			}
+			// The hint of when to retry crosses the API as a RetryInfo detail.
+			if after, ok := roche.RetryDelay(o.err); !ok || after <= 0 {
+				t.Errorf("refusal %v: retry hint %v %v, want a positive wait", o.err, after, ok)
+			}
 		default:
 			t.Errorf("create: %v", o.err)
 		}

@@ -3,8 +3,11 @@ package wire
 import (
 	"context"
 	"errors"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
@@ -78,7 +81,24 @@ func ToStatus(err error) error {
 			e.AddDetail(d)
 		}
 	}
+	// A refusal that passes says when to ask again, in the detail gRPC clients know.
+	if after, ok := roche.RetryDelay(err); ok {
+		if d, derr := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(after)}); derr == nil {
+			e.AddDetail(d)
+		}
+	}
 	return e
+}
+
+// RetryDelay returns the wait an RPC error's RetryInfo detail suggests, if it has one.
+func RetryDelay(ce *connect.Error) (time.Duration, bool) {
+	for _, d := range ce.Details() {
+		v, err := d.Value()
+		if ri, ok := v.(*errdetails.RetryInfo); err == nil && ok && ri.RetryDelay != nil {
+			return ri.RetryDelay.AsDuration(), true
+		}
+	}
+	return 0, false
 }
 
 // FromStatus returns the core sentinel an RPC error stands for: the one its ErrorDetail

@@ -328,6 +328,28 @@ func TestErrorsRoundTrip(t *testing.T) {
 	}
 }
 
+// TestRetryHintRoundTrip: a refusal's hint of when to retry goes out as a RetryInfo
+// detail beside the sentinel's, and only when the core error carries one.
+func TestRetryHintRoundTrip(t *testing.T) {
+	err := roche.RetryAfter(fmt.Errorf("%w: pool docker/img: queue full", roche.ErrExhausted), 250*time.Millisecond)
+	var ce *connect.Error
+	if !errors.As(ToStatus(err), &ce) || ce.Code() != connect.CodeResourceExhausted {
+		t.Fatalf("ToStatus(%v) = %v", err, ToStatus(err))
+	}
+	if after, ok := RetryDelay(ce); !ok || after != 250*time.Millisecond {
+		t.Errorf("retry hint %v %v, want 250ms", after, ok)
+	}
+	if got, withDetail := FromStatus(ce); got != roche.ErrExhausted || !withDetail {
+		t.Errorf("the sentinel beside the hint came back as %v (detail %v)", got, withDetail)
+	}
+	if !errors.As(ToStatus(fmt.Errorf("%w: no more", roche.ErrExhausted)), &ce) {
+		t.Fatal("not a connect error")
+	}
+	if after, ok := RetryDelay(ce); ok {
+		t.Errorf("a refusal without a hint came out with one: %v", after)
+	}
+}
+
 // TestReasonsAreTheSDKs: the CLI's JSON errors name each sentinel as the Python SDK's
 // exceptions do (sdk/python/.../errors.py), so a reason cannot drift on one side.
 func TestReasonsAreTheSDKs(t *testing.T) {

@@ -3,6 +3,7 @@ package samples
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/roche-sandbox/roche"
@@ -37,4 +38,15 @@ func StartDaemon(ctx context.Context, cfg daemon.Config, providers map[string]ro
 		return nil, nil, err
 	}
 	return c, stop, nil
+}
+
+// BackOff is how long a load's client waits after roched refused its create at once:
+// the wait the refusal suggests (roche.RetryDelay), else fallback, spread by half
+// either way so that the clients refused together do not all come back together.
+func BackOff(err error, fallback time.Duration) time.Duration {
+	d, ok := roche.RetryDelay(err)
+	if !ok {
+		d = fallback
+	}
+	return d/2 + rand.N(d+1)
 }
