@@ -18,13 +18,20 @@ func (l *Ledger) save() error {
 	l.mu.Lock()
 	l.seq++
 	seq := l.seq
+	l.mu.Unlock()
+	return l.store.saveThrough(seq, l.snapshot)
+}
+
+// snapshot copies the records and returns them with the change they include up to.
+func (l *Ledger) snapshot() (uint64, []*Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	recs := make([]*Record, 0, len(l.sandboxes))
 	for _, r := range l.sandboxes {
 		c := *r
 		recs = append(recs, &c)
 	}
-	l.mu.Unlock()
-	return l.store.save(seq, recs)
+	return l.seq, recs
 }
 
 // saveOrWarn saves, logging a failure: the daemon keeps serving without its state

@@ -85,7 +85,9 @@ type store struct {
 	instance string
 
 	mu      sync.Mutex
-	written uint64 // sequence number of the snapshot on disk
+	written uint64     // sequence number of the snapshot on disk
+	writing bool       // a write is under way
+	wrote   *sync.Cond // on mu: a write ended
 }
 
 func (s *store) load() ([]*Record, error) {
@@ -120,17 +122,46 @@ func readInstance(path string) string {
 	return f.Instance
 }
 
-// save writes snapshot seq unless a newer one is already on disk, so that concurrent
-// savers cannot put an older state back.
-func (s *store) save(seq uint64, recs []*Record) error {
+// saveThrough returns once a snapshot at least as new as seq is on disk. One write is
+// under way at a time, of the state as it is when it begins (snapshot gives it and its
+// sequence number); a change made while one is under way waits for it and, if that
+// snapshot predates the change, for the next, which one of the changes waiting makes
+// for all of them. Under a burst of changes, one write serves each group of them
+// instead of every change writing the whole file, and no older state can follow a newer
+// one onto the disk.
+func (s *store) saveThrough(seq uint64, snapshot func() (uint64, []*Record)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.wrote == nil {
+		s.wrote = sync.NewCond(&s.mu)
+	}
+	for s.written < seq {
+		if s.writing {
+			s.wrote.Wait()
+			continue
+		}
+		s.writing = true
+		s.mu.Unlock()
+		cur, recs := snapshot()
+		err := s.write(recs)
+		s.mu.Lock()
+		s.writing = false
+		if err == nil {
+			s.written = max(s.written, cur)
+		}
+		s.wrote.Broadcast()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write replaces the state file with recs.
+func (s *store) write(recs []*Record) error {
 	b, err := json.Marshal(stateFile{Version: stateVersion, Instance: s.instance, Sandboxes: recs})
 	if err != nil {
 		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if seq <= s.written {
-		return nil
 	}
 	dir := filepath.Dir(s.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -151,6 +182,5 @@ func (s *store) save(seq uint64, recs []*Record) error {
 		os.Remove(tmp.Name())
 		return fmt.Errorf("writing state %s: %w", s.path, err)
 	}
-	s.written = seq
 	return nil
 }
