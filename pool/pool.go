@@ -346,7 +346,12 @@ func (d *demand) interval(now time.Time, conc int) time.Duration {
 	return d.make / time.Duration(max(conc, 1))
 }
 
-// retryHint bounds the wait a refused create is told to take before asking again.
+// retryHint bounds the wait a refused create is told to take before asking again. The
+// pools tell it the time they take to serve the creates waiting now (at least the time
+// to make one): the queue it found is served by then. A shorter hint, the time until
+// the wait is back within the bound, brought the refused clients back together to be
+// refused again: 7,000 refusals in 10 s of the oci load (6,000 with a fixed 50 ms
+// back-off). This one: 650, and 11% more cycles than the fixed back-off.
 func retryHint(d time.Duration) time.Duration {
 	return min(max(d, 10*time.Millisecond), 10*time.Second).Round(time.Millisecond)
 }
@@ -495,7 +500,8 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 	}
 	if len(p.waiting) >= p.spec.MaxQueue {
 		n := len(p.waiting)
-		after := retryHint(p.demand.interval(time.Now(), p.m.slots.current()) * time.Duration(n+1-p.spec.MaxQueue))
+		now, conc := time.Now(), p.m.slots.current()
+		after := retryHint(max(p.demand.wait(now, n, conc), p.demand.interval(now, conc)))
 		p.mu.Unlock()
 		return roche.SandboxInfo{}, false, roche.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry in %s, or raise the pool's max or queue",
 			roche.ErrExhausted, p.spec.Key, n, after), after)
@@ -509,8 +515,7 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 	if n := len(p.waiting); n > 0 || p.demand.make > 0 {
 		now, conc := time.Now(), p.m.slots.current()
 		if expect := p.demand.wait(now, n, conc); expect > limit {
-			// By then the queue will have moved up to the bound, or at least by one.
-			after := retryHint(max(expect-limit, p.demand.interval(now, conc)))
+			after := retryHint(max(expect, p.demand.interval(now, conc)))
 			p.mu.Unlock()
 			return roche.SandboxInfo{}, false, roche.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry in %s, or raise the pool's max or wait",
 				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, p.demand.make.Round(time.Millisecond), limit.Round(time.Millisecond), after), after)
