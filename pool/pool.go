@@ -215,9 +215,6 @@ func (m *Manager) adapt() {
 	}
 }
 
-// Concurrency is how many sandboxes the pools may create at once now.
-func (m *Manager) Concurrency() int { return m.slots.current() }
-
 // Pools returns the pools in the order they were given.
 func (m *Manager) Pools() []*Pool { return append([]*Pool(nil), m.pools...) }
 
@@ -328,20 +325,27 @@ func (d *demand) wait(now time.Time, n, conc int) time.Duration {
 	if d.make > 0 {
 		expect = time.Duration((n+conc)/conc) * d.make
 	}
-	d.served = since(d.served, now, serveWindow)
-	if k := len(d.served); k >= 3 {
-		each := now.Sub(d.served[0]) / time.Duration(k)
+	if each, ok := d.servedEach(now); ok {
 		expect = max(expect, time.Duration(n+1)*each)
 	}
 	return expect
 }
 
+// servedEach is the interval at which the pool has lately handed sandboxes to waiting
+// creates, when it handed at least three in the last serveWindow.
+func (d *demand) servedEach(now time.Time) (time.Duration, bool) {
+	d.served = since(d.served, now, serveWindow)
+	if k := len(d.served); k >= 3 {
+		return now.Sub(d.served[0]) / time.Duration(k), true
+	}
+	return 0, false
+}
+
 // interval is the time between two sandboxes the pool makes: at the rate it has lately
 // served its queue, else a creation's duration over conc made at once.
 func (d *demand) interval(now time.Time, conc int) time.Duration {
-	d.served = since(d.served, now, serveWindow)
-	if k := len(d.served); k >= 3 {
-		return now.Sub(d.served[0]) / time.Duration(k)
+	if each, ok := d.servedEach(now); ok {
+		return each
 	}
 	return d.make / time.Duration(max(conc, 1))
 }

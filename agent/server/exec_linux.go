@@ -120,6 +120,9 @@ type proc struct {
 	timedOut     bool
 	finished     bool
 	result       agent.Result
+	// ended is finished, readable without mu (which a write to a slow client can hold):
+	// set with it, before the result goes to any client.
+	ended atomic.Bool
 }
 
 type frame struct {
@@ -241,6 +244,7 @@ func (p *proc) finish(res agent.Result, stopping string) {
 	res.TimedOut = p.timedOut
 	p.result = res
 	p.finished = true
+	p.ended.Store(true)
 	started := p.takeStarted()
 	if p.sink != nil {
 		kind, v := byte(agent.FrameResult), any(res)
@@ -555,11 +559,7 @@ func (s *Server) retire(p *proc) {
 // isFinished reports whether the command's result is recorded. That is before any
 // client hears the result, and before p.done closes: a client that saw a command end
 // and then types into it must find it finished.
-func isFinished(p *proc) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.finished
-}
+func isFinished(p *proc) bool { return p.ended.Load() }
 
 // pumpBuffers are the pumps' read buffers, kept between commands: two fresh 32 KiB
 // buffers per exec were most of what an exec allocated, and made the agent collect
