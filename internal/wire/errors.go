@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
@@ -83,7 +83,7 @@ func ToStatus(err error) error {
 	}
 	// A refusal that passes says when to ask again, in the detail gRPC clients know.
 	if after, ok := roche.RetryDelay(err); ok {
-		if d, derr := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(after)}); derr == nil {
+		if d, derr := connect.NewErrorDetail(retryInfo(after)); derr == nil {
 			e.AddDetail(d)
 		}
 	}
@@ -93,12 +93,84 @@ func ToStatus(err error) error {
 // RetryDelay returns the wait an RPC error's RetryInfo detail suggests, if it has one.
 func RetryDelay(ce *connect.Error) (time.Duration, bool) {
 	for _, d := range ce.Details() {
-		v, err := d.Value()
-		if ri, ok := v.(*errdetails.RetryInfo); err == nil && ok && ri.RetryDelay != nil {
-			return ri.RetryDelay.AsDuration(), true
+		if d.Type() == retryInfoType {
+			return parseRetryInfo(d.Bytes())
 		}
 	}
 	return 0, false
+}
+
+// retryInfoType is google.rpc.RetryInfo, whose one field, retry_delay (1), is a
+// google.protobuf.Duration (seconds 1, nanos 2). It is written and read here with
+// protowire, in the standard encoding, so that the thin CLI need not link genproto's
+// error details for one field.
+const retryInfoType = "google.rpc.RetryInfo"
+
+func retryInfo(d time.Duration) *anypb.Any {
+	var dur []byte
+	if s := int64(d / time.Second); s != 0 {
+		dur = protowire.AppendTag(dur, 1, protowire.VarintType)
+		dur = protowire.AppendVarint(dur, uint64(s))
+	}
+	if n := int32(d % time.Second); n != 0 {
+		dur = protowire.AppendTag(dur, 2, protowire.VarintType)
+		dur = protowire.AppendVarint(dur, uint64(n))
+	}
+	b := protowire.AppendTag(nil, 1, protowire.BytesType)
+	b = protowire.AppendBytes(b, dur)
+	return &anypb.Any{TypeUrl: "type.googleapis.com/" + retryInfoType, Value: b}
+}
+
+// parseRetryInfo reads a RetryInfo's retry_delay; ok is false when it has none or does
+// not parse.
+func parseRetryInfo(b []byte) (d time.Duration, ok bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		if num != 1 || typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return 0, false
+			}
+			b = b[n:]
+			continue
+		}
+		dur, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		var secs, nanos int64
+		for len(dur) > 0 {
+			num, typ, n := protowire.ConsumeTag(dur)
+			if n < 0 {
+				return 0, false
+			}
+			dur = dur[n:]
+			if typ != protowire.VarintType {
+				if n = protowire.ConsumeFieldValue(num, typ, dur); n < 0 {
+					return 0, false
+				}
+				dur = dur[n:]
+				continue
+			}
+			v, n := protowire.ConsumeVarint(dur)
+			if n < 0 {
+				return 0, false
+			}
+			dur = dur[n:]
+			switch num {
+			case 1:
+				secs = int64(v)
+			case 2:
+				nanos = int64(int32(v))
+			}
+		}
+		d, ok = time.Duration(secs)*time.Second+time.Duration(nanos), true
+	}
+	return d, ok
 }
 
 // FromStatus returns the core sentinel an RPC error stands for: the one its ErrorDetail

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -338,6 +339,31 @@ func TestRetryHintRoundTrip(t *testing.T) {
 	}
 	if after, ok := RetryDelay(ce); !ok || after != 250*time.Millisecond {
 		t.Errorf("retry hint %v %v, want 250ms", after, ok)
+	}
+	// In the standard encoding: what genproto's RetryInfo, as any gRPC client has it,
+	// reads back.
+	var std errdetails.RetryInfo
+	found := false
+	for _, d := range ce.Details() {
+		if d.Type() == "google.rpc.RetryInfo" {
+			found = true
+			if err := proto.Unmarshal(d.Bytes(), &std); err != nil || std.RetryDelay.AsDuration() != 250*time.Millisecond {
+				t.Errorf("RetryInfo decoded by genproto: %v, %v; want 250ms", std.RetryDelay, err)
+			}
+		}
+	}
+	if !found {
+		t.Error("no google.rpc.RetryInfo detail")
+	}
+	// And what a standard encoder writes, this side reads.
+	for _, want := range []time.Duration{0, 7 * time.Millisecond, 3*time.Second + 5*time.Millisecond} {
+		b, err := proto.Marshal(&errdetails.RetryInfo{RetryDelay: durationpb.New(want)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := parseRetryInfo(b); !ok || got != want {
+			t.Errorf("a standard RetryInfo of %v read as %v %v", want, got, ok)
+		}
 	}
 	if got, withDetail := FromStatus(ce); got != roche.ErrExhausted || !withDetail {
 		t.Errorf("the sentinel beside the hint came back as %v (detail %v)", got, withDetail)
