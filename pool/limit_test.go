@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -115,7 +116,9 @@ func TestCPUIdle(t *testing.T) {
 	if !ok {
 		t.Fatal("/proc/stat did not read")
 	}
-	if f < 0 || f >= 1 {
-		t.Fatalf("idle fraction %v with a CPU busy, want in [0, 1)", f)
+	// One of the host's CPUs was busy all along: at most the others were idle (half a
+	// CPU's slack for the loop's own scheduling).
+	if most := 1 - 0.5/float64(runtime.NumCPU()); f < 0 || f > most {
+		t.Fatalf("idle fraction %v with a CPU busy, want in [0, %.2f]", f, most)
 	}
 }

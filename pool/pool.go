@@ -167,52 +167,45 @@ func (m *Manager) Start() {
 		p.refill()
 	}
 	if m.adaptive {
-		m.stopped.Add(1)
-		go m.adapt()
+		idle := m.idle
+		if idle == nil {
+			idle = cpuIdle()
+		}
+		// The adaptive limit on creations at once follows the host's idle CPU.
+		m.every(m.adaptEvery, func() {
+			f, ok := idle()
+			if !ok {
+				return
+			}
+			if from, to := m.slots.adapt(f); from != to {
+				m.log.Debug("pool: sandboxes created at once", "from", from, "to", to, "cpu_idle", fmt.Sprintf("%.0f%%", 100*f))
+			}
+		})
 	}
+	m.every(m.janitorEvery, func() {
+		for _, p := range m.pools {
+			p.expireIdle()
+			p.refill()
+		}
+	})
+}
+
+// every runs f every d, in a goroutine of its own, until Close.
+func (m *Manager) every(d time.Duration, f func()) {
 	m.stopped.Add(1)
 	go func() {
 		defer m.stopped.Done()
-		t := time.NewTicker(m.janitorEvery)
+		t := time.NewTicker(d)
 		defer t.Stop()
 		for {
 			select {
 			case <-m.stop:
 				return
 			case <-t.C:
-				for _, p := range m.pools {
-					p.expireIdle()
-					p.refill()
-				}
+				f()
 			}
 		}
 	}()
-}
-
-// adapt moves the adaptive limit on creations at once, every adaptEvery, by the host's
-// idle CPU (limiter.adapt), until Close.
-func (m *Manager) adapt() {
-	defer m.stopped.Done()
-	idle := m.idle
-	if idle == nil {
-		idle = cpuIdle()
-	}
-	t := time.NewTicker(m.adaptEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.stop:
-			return
-		case <-t.C:
-		}
-		f, ok := idle()
-		if !ok {
-			continue
-		}
-		if from, to := m.slots.adapt(f); from != to {
-			m.log.Debug("pool: sandboxes created at once", "from", from, "to", to, "cpu_idle", fmt.Sprintf("%.0f%%", 100*f))
-		}
-	}
 }
 
 // Pools returns the pools in the order they were given.

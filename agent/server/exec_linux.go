@@ -118,11 +118,10 @@ type proc struct {
 	written      map[byte]int64
 	truncated    bool
 	timedOut     bool
-	finished     bool
 	result       agent.Result
-	// ended is finished, readable without mu (which a write to a slow client can hold):
-	// set with it, before the result goes to any client.
-	ended atomic.Bool
+	// finished is set with result, under mu but before the result goes to any client,
+	// and read without mu too (which a write to a slow client can hold).
+	finished atomic.Bool
 }
 
 type frame struct {
@@ -175,7 +174,7 @@ func (p *proc) announce(c *conn) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.finished {
+	if p.finished.Load() {
 		return nil
 	}
 	p.started = b
@@ -243,8 +242,7 @@ func (p *proc) finish(res agent.Result, stopping string) {
 	res.Truncated = p.truncated
 	res.TimedOut = p.timedOut
 	p.result = res
-	p.finished = true
-	p.ended.Store(true)
+	p.finished.Store(true)
 	started := p.takeStarted()
 	if p.sink != nil {
 		kind, v := byte(agent.FrameResult), any(res)
@@ -559,7 +557,7 @@ func (s *Server) retire(p *proc) {
 // isFinished reports whether the command's result is recorded. That is before any
 // client hears the result, and before p.done closes: a client that saw a command end
 // and then types into it must find it finished.
-func isFinished(p *proc) bool { return p.ended.Load() }
+func isFinished(p *proc) bool { return p.finished.Load() }
 
 // pumpBuffers are the pumps' read buffers, kept between commands: two fresh 32 KiB
 // buffers per exec were most of what an exec allocated, and made the agent collect
@@ -649,7 +647,7 @@ func (s *Server) attach(c *conn, pid int) error {
 			return nil
 		}
 	}
-	if p.finished {
+	if p.finished.Load() {
 		err := c.sendJSON(agent.FrameResult, p.result)
 		p.mu.Unlock()
 		return err
@@ -670,7 +668,7 @@ func (s *Server) ps() []agent.Process {
 			continue
 		}
 		p.mu.Lock()
-		out = append(out, agent.Process{PID: p.pid, Cmd: p.cmd, Running: !p.finished, ExitCode: p.result.ExitCode, TTY: p.ttyOn})
+		out = append(out, agent.Process{PID: p.pid, Cmd: p.cmd, Running: !p.finished.Load(), ExitCode: p.result.ExitCode, TTY: p.ttyOn})
 		p.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })

@@ -124,53 +124,51 @@ func retryInfo(d time.Duration) *anypb.Any {
 // parseRetryInfo reads a RetryInfo's retry_delay; ok is false when it has none or does
 // not parse.
 func parseRetryInfo(b []byte) (d time.Duration, ok bool) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return 0, false
+	parsed := eachField(b, func(num protowire.Number, _ uint64, dur []byte) {
+		if num != 1 {
+			return
 		}
-		b = b[n:]
-		if num != 1 || typ != protowire.BytesType {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return 0, false
-			}
-			b = b[n:]
-			continue
-		}
-		dur, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return 0, false
-		}
-		b = b[n:]
 		var secs, nanos int64
-		for len(dur) > 0 {
-			num, typ, n := protowire.ConsumeTag(dur)
-			if n < 0 {
-				return 0, false
-			}
-			dur = dur[n:]
-			if typ != protowire.VarintType {
-				if n = protowire.ConsumeFieldValue(num, typ, dur); n < 0 {
-					return 0, false
-				}
-				dur = dur[n:]
-				continue
-			}
-			v, n := protowire.ConsumeVarint(dur)
-			if n < 0 {
-				return 0, false
-			}
-			dur = dur[n:]
+		ok = eachField(dur, func(num protowire.Number, v uint64, _ []byte) {
 			switch num {
 			case 1:
 				secs = int64(v)
 			case 2:
 				nanos = int64(int32(v))
 			}
+		})
+		d = time.Duration(secs)*time.Second + time.Duration(nanos)
+	})
+	return d, parsed && ok
+}
+
+// eachField calls f with the number and value of each field of the message b: a
+// varint's value, or a length-delimited field's bytes (other kinds are skipped). It
+// returns false when b does not parse.
+func eachField(b []byte, f func(num protowire.Number, v uint64, bytes []byte)) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
 		}
-		d, ok = time.Duration(secs)*time.Second+time.Duration(nanos), true
+		b = b[n:]
+		var v uint64
+		var bytes []byte
+		switch typ {
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			bytes, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		f(num, v, bytes)
 	}
-	return d, ok
+	return true
 }
 
 // FromStatus returns the core sentinel an RPC error stands for: the one its ErrorDetail

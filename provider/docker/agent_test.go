@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/client"
+
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -454,18 +456,7 @@ func TestDestroyAfterTheEngineRemovedIt(t *testing.T) {
 	if _, err := os.Stat(dir); dir == "" || err != nil {
 		t.Fatalf("the sandbox's agent directory %q: %v", dir, err)
 	}
-	if err := dc.ContainerKill(ctx, id, "KILL"); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := dc.ContainerInspect(ctx, id); err != nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the engine did not remove the killed sandbox")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	killedByTheEngine(ctx, t, dc, id)
 	if err := p.Destroy(ctx, id); err != nil {
 		t.Fatalf("destroying a sandbox the engine removed: %v", err)
 	}
@@ -497,18 +488,7 @@ func TestCreateSweepsAgentDirsOfGoneSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	goneDir := c.Config.Labels[docker.LabelAgentDir]
-	if err := dc.ContainerKill(ctx, gone, "KILL"); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := dc.ContainerInspect(ctx, gone); err != nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the engine did not remove the killed sandbox")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	killedByTheEngine(ctx, t, dc, gone)
 	if _, err := os.Stat(goneDir); err != nil {
 		t.Fatalf("the gone sandbox's agent directory %s should be there before the sweep: %v", goneDir, err)
 	}
@@ -531,5 +511,23 @@ func TestCreateSweepsAgentDirsOfGoneSandboxes(t *testing.T) {
 	}
 	if got := execOK(t, other, live, "echo", "alive"); got != "alive\n" {
 		t.Fatalf("the live sandbox after the sweep: %q", got)
+	}
+}
+
+// killedByTheEngine kills a sandbox's container behind its provider's back and waits for
+// the engine to remove it (auto-remove), as when its lease or lifetime ends.
+func killedByTheEngine(ctx context.Context, t *testing.T, dc *client.Client, id string) {
+	t.Helper()
+	if err := dc.ContainerKill(ctx, id, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := dc.ContainerInspect(ctx, id); err != nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the engine did not remove the killed sandbox")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -1049,15 +1049,22 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 // sweepAgentDirs removes socket directories whose container is gone: a sandbox that
 // reached the end of its lifetime is removed by the engine, which knows nothing of them.
 func (p *Provider) sweepAgentDirs(ctx context.Context) (err error) {
-	entries, err := os.ReadDir(p.stateDir)
-	if err != nil {
-		return nil
-	}
 	ctx, done := p.bound(ctx, "listing sandboxes")
 	defer done(&err)
 	cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
 	if err != nil {
 		return p.engineErr("listing sandboxes", err)
+	}
+	p.sweepAgentDirsOf(cs)
+	return nil
+}
+
+// sweepAgentDirsOf removes the socket directories that none of cs, every Roche
+// container on the engine, carries.
+func (p *Provider) sweepAgentDirsOf(cs []container.Summary) {
+	entries, err := os.ReadDir(p.stateDir)
+	if err != nil {
+		return
 	}
 	live := map[string]bool{}
 	for _, c := range cs {
@@ -1075,7 +1082,6 @@ func (p *Provider) sweepAgentDirs(ctx context.Context) (err error) {
 		}
 		p.removeAgentDir(dir)
 	}
-	return nil
 }
 
 // Pause implements roche.Pauser.

@@ -126,14 +126,18 @@ func (p *Provider) sweepUnstartedSoon() {
 		ctx, done := p.bound(p.closing, "looking for sandboxes left never started")
 		var err error
 		defer done(&err)
+		// Every Roche container: the never-started ones are among them, and the agent
+		// directories of all of them are not leftovers.
 		cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
-			filters.Arg("label", LabelManaged+"=true"), filters.Arg("label", LabelProvider+"=docker"),
-			filters.Arg("status", "created"),
+			filters.Arg("label", LabelManaged+"=true"),
 		)})
 		if err != nil {
 			return // the next create looks again
 		}
 		for _, c := range cs {
+			if c.State != container.StateCreated || c.Labels[LabelProvider] != "docker" {
+				continue
+			}
 			giveUp := time.Unix(c.Created, 0).Add(2 * p.engineTimeout)
 			if by, err := strconv.ParseInt(c.Labels[LabelStartBy], 10, 64); err == nil {
 				giveUp = time.Unix(by, 0)
@@ -155,8 +159,8 @@ func (p *Provider) sweepUnstartedSoon() {
 		// watching: a sandbox whose creator was killed (its lease then ends it) or
 		// that reached its lifetime while no roched ran; the engine removes such a
 		// container and knows nothing of its directory.
-		if err := p.sweepAgentDirs(p.closing); err != nil {
-			p.log.Debug("looking for agent directories of sandboxes gone", "err", err)
-		}
+		// (A never-started container removed above still counts as live here: its
+		// directory is removed with it.)
+		p.sweepAgentDirsOf(cs)
 	}()
 }
