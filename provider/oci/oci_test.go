@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -365,6 +367,94 @@ func TestCompatSyscallsRefused(t *testing.T) {
 		t.Fatalf("a 32-bit system call went through: %+v", res)
 	}
 	t.Logf("32-bit getpid: exit %d, stderr %q", res.ExitCode, res.Stderr)
+}
+
+// forbiddenSyscalls makes system calls Roche's seccomp profile refuses, and which a root
+// sandbox process without the filter may make (an unprivileged user namespace; an
+// unknown personality), plus getpid, which it allows, and prints each one's errno.
+const forbiddenSyscalls = `
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for name, nr, args in (('unshare_user', 272, (0x10000000,)), ('personality', 135, (0xffffffff,)),
+                       ('add_key', 248, ()), ('keyctl', 250, ()), ('bpf', 321, ()), ('getpid', 39, ())):
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, *args)
+    out.append('%s=%d' % (name, ctypes.get_errno() if r < 0 else 0))
+print(' '.join(out))`
+
+// TestCompiledSeccomp: crun compiles the seccomp filter for the provider's first sandbox;
+// later ones are handed that compilation (crun's run.oci.seccomp_bpf_data, which
+// replaces config.json's filter), and the filter holds in them as in the first: the
+// calls it refuses fail with EPERM, as root in the sandbox, where they would succeed
+// without it.
+func TestCompiledSeccomp(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the probe's system call numbers are amd64's")
+	}
+	p, state := newProvider(t)
+	ctx := context.Background()
+	name, err := p.Runtime(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.User = "root"
+	var ids []string
+	for range 2 {
+		info, err := p.Create(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Destroy(ctx, info.ID)
+		ids = append(ids, info.ID)
+	}
+	annotation := func(id string) string {
+		b, err := os.ReadFile(filepath.Join(state, id, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec struct {
+			Annotations map[string]string `json:"annotations"`
+			Linux       struct {
+				Seccomp *struct{} `json:"seccomp"`
+			} `json:"linux"`
+		}
+		if err := json.Unmarshal(b, &spec); err != nil {
+			t.Fatal(err)
+		}
+		if spec.Linux.Seccomp == nil {
+			t.Errorf("%s: config.json has no seccomp filter (a runtime that ignores the annotation would run without one)", id)
+		}
+		return spec.Annotations["run.oci.seccomp_bpf_data"]
+	}
+	if got := annotation(ids[0]); got != "" {
+		t.Errorf("the first sandbox was handed a compiled filter before any was compiled")
+	}
+	got := annotation(ids[1])
+	if name != oci.RuntimeCrun {
+		if got != "" {
+			t.Errorf("%s was handed crun's compiled filter", name)
+		}
+	} else {
+		compiled, err := os.ReadFile(filepath.Join(state, "runtime", name, ids[0], "seccomp.bpf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := base64.StdEncoding.EncodeToString(compiled); got != want {
+			t.Errorf("the second sandbox was handed %d bytes of base64, want crun's compilation for the first (%d)", len(got), len(want))
+		}
+	}
+	want := "unshare_user=1 personality=1 add_key=1 keyctl=1 bpf=1 getpid=0"
+	for _, id := range ids {
+		res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"python3", "-c", forbiddenSyscalls}})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+		if strings.TrimSpace(res.Stdout) != want {
+			t.Errorf("%s: %s, want %s", id, strings.TrimSpace(res.Stdout), want)
+		}
+	}
 }
 
 // TestProbe: a live sandbox answers the pool's probe; a destroyed one does not.

@@ -107,6 +107,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	b := bundleSpec{
 		id: id, cfg: cfg, image: img, rootfs: filepath.Join(s.dir, "rootfs"), runDir: s.runDir(),
 		agent: p.agentPath, user: user, cgroup: "/roche-" + id, lifetime: cfg.TimeoutSecs,
+		compiledSeccomp: rt.compiledSeccomp(),
 	}
 	if cfg.Leased {
 		b.lease = agentfwd.LeaseArgs(p.createTimeout)
@@ -165,6 +166,7 @@ func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) error 
 		return fmt.Errorf("%w: %s run: %v: %s", roche.ErrUnavailable, rt.name, err, p.logTail(s))
 	}
 	p.log.Debug("runtime ran the sandbox", "id", s.ID, "took", time.Since(t0))
+	rt.learnSeccomp(s.ID)
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	ready := make(chan error, 1)

@@ -54,6 +54,9 @@ type bundleSpec struct {
 	cgroup   string
 	lifetime int // seconds
 	lease    []string
+	// compiledSeccomp is the runtime's own compilation of the seccomp filter, base64, to
+	// hand it (crunSeccompBPF); empty to let it compile config.json's.
+	compiledSeccomp string
 }
 
 // spec builds the sandbox's OCI runtime config: every namespace new (pid, mount, ipc,
@@ -118,10 +121,15 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 		mounts = append(mounts, specs.Mount{Destination: m.Target, Type: "bind", Source: m.Source,
 			Options: []string{"rbind", mode, "nosuid", "nodev", "rprivate"}})
 	}
+	var annotations map[string]string
+	if b.compiledSeccomp != "" {
+		annotations = map[string]string{crunSeccompBPF: b.compiledSeccomp}
+	}
 	return &specs.Spec{
-		Version:  specVersion,
-		Hostname: b.id,
-		Root:     &specs.Root{Path: b.rootfs, Readonly: !cfg.Writable},
+		Version:     specVersion,
+		Annotations: annotations,
+		Hostname:    b.id,
+		Root:        &specs.Root{Path: b.rootfs, Readonly: !cfg.Writable},
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: args, Env: env, Cwd: cwd,
