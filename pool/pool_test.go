@@ -820,11 +820,15 @@ func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
 // TestExpectedWaitFollowsTheServeRate: on a saturated host the pool serves its queue
 // more slowly than its creations' durations over its concurrency suggest; a queued
 // create expects the rate it has lately been served at, and only while that is recent.
+// Without it, a create expects the creations before it made one at a time.
 func TestExpectedWaitFollowsTheServeRate(t *testing.T) {
 	now := time.Now()
 	d := demand{make: 100 * time.Millisecond}
-	if got := d.wait(now, 3, 4); got != 100*time.Millisecond {
-		t.Fatalf("no queue served lately: wait %v, want one creation (100ms)", got)
+	if got := d.wait(now, 3, 4); got != 400*time.Millisecond {
+		t.Fatalf("no queue served lately: wait %v, want four creations one at a time (400ms)", got)
+	}
+	if got := d.interval(now); got != 100*time.Millisecond {
+		t.Fatalf("no queue served lately: interval %v, want one creation (100ms)", got)
 	}
 	// Four served over the last 2 s: one every 500 ms, so 4 creates (3 waiting and this
 	// one) expect 2 s, not the 100 ms four at once would take.
@@ -834,8 +838,20 @@ func TestExpectedWaitFollowsTheServeRate(t *testing.T) {
 	if got := d.wait(now, 3, 4); got != 2*time.Second {
 		t.Fatalf("queue served every 500 ms: wait %v, want 2s", got)
 	}
+	if got := d.interval(now); got != 500*time.Millisecond {
+		t.Fatalf("queue served every 500 ms: interval %v, want 500ms", got)
+	}
 	// Past serveWindow the rate is forgotten.
-	if got := d.wait(now.Add(serveWindow+time.Second), 3, 4); got != 100*time.Millisecond {
-		t.Fatalf("after the window: wait %v, want 100ms", got)
+	if got := d.wait(now.Add(serveWindow+time.Second), 3, 4); got != 400*time.Millisecond {
+		t.Fatalf("after the window: wait %v, want 400ms", got)
+	}
+	// Served faster than conc at once can make them (sandboxes already under way when the
+	// queue formed): no less than the creations' durations at conc at once.
+	d.served = nil
+	for _, ago := range []time.Duration{30, 20, 10} {
+		d.served = append(d.served, now.Add(-ago*time.Millisecond))
+	}
+	if got := d.wait(now, 3, 4); got != 100*time.Millisecond {
+		t.Fatalf("queue served every 10 ms: wait %v, want one creation (100ms)", got)
 	}
 }
