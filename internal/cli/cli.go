@@ -93,7 +93,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 	if asked, _ := cmd.Flags().GetBool("json"); asked {
 		// What asked for JSON gets its error as JSON too: programs (the SDKs) read the
 		// reason instead of matching English.
-		b, _ := json.Marshal(jsonError{Error: jsonErrorBody{Reason: wire.Reason(err), Message: msg}})
+		body := jsonErrorBody{Reason: wire.Reason(err), Message: msg}
+		if after, ok := roche.RetryDelay(err); ok {
+			body.RetryAfterMs = max(after.Milliseconds(), 1)
+		}
+		b, _ := json.Marshal(jsonError{Error: body})
 		fmt.Fprintf(stderr, "%s\n", b)
 		return status
 	}
@@ -103,14 +107,17 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 
 // jsonError is how a command given --json reports its failure on stderr, one line:
 // {"error": {"reason": "not_found", "message": "..."}}. reason is one of the core's
-// sentinels as internal/wire.Reason spells them, or "" when none applies.
+// sentinels as internal/wire.Reason spells them, or "" when none applies;
+// retry_after_ms, when present, is how long a refusal that passes (a pool's full
+// queue) suggests waiting before asking again.
 type jsonError struct {
 	Error jsonErrorBody `json:"error"`
 }
 
 type jsonErrorBody struct {
-	Reason  string `json:"reason"`
-	Message string `json:"message"`
+	Reason       string `json:"reason"`
+	Message      string `json:"message"`
+	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
 }
 
 // interrupted is the cause of a context a signal cancelled.

@@ -56,6 +56,55 @@ func poolHits(t *testing.T, c *rocheclient.Client) uint64 {
 	return st[0].Hits
 }
 
+// TestJSONErrorRetryHint: a create roched's pool refuses at once (its queue would make it
+// wait past the pool's wait) says on its --json error line how long to wait before
+// asking again, as the message does.
+func TestJSONErrorRetryHint(t *testing.T) {
+	spec, err := pool.ParseSpec("docker/" + testImage() + "?min=1&max=1&queue=1&wait=0.001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := daemontest.Serve(t, daemon.Config{Pools: []pool.Spec{spec}})
+	img := testImage()
+	// Each create takes the idle sandbox or finds the pool making the next one, which
+	// takes longer than the pool's 1 ms wait: refused. One served from the pool starts
+	// that refill, so within a few tries a create is refused.
+	for try := 0; try < 5; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := s.Client.PoolWarmup(ctx, "", 0)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := run(t, "--socket", s.Socket, "create", "--image", img); r.code != 0 {
+			t.Fatalf("create from the pool: %+v", r)
+		} else {
+			defer run(t, "--socket", s.Socket, "destroy", strings.TrimSpace(r.stdout))
+		}
+		r := run(t, "--socket", s.Socket, "create", "--json", "--image", img)
+		if r.code == 0 {
+			defer run(t, "--socket", s.Socket, "destroy", strings.TrimSpace(r.stdout))
+			continue
+		}
+		var got struct {
+			Error struct {
+				Reason, Message string
+				RetryAfterMs    int64 `json:"retry_after_ms"`
+			}
+		}
+		if err := json.Unmarshal([]byte(r.stderr), &got); err != nil || strings.Count(r.stderr, "\n") != 1 {
+			t.Fatalf("refused create --json: %+v, want one JSON line", r)
+		}
+		e := got.Error
+		if e.Reason != "exhausted" || e.RetryAfterMs <= 0 || !strings.Contains(e.Message, "retry in") {
+			t.Fatalf("refused create --json: %+v, want reason exhausted and a positive retry_after_ms", e)
+		}
+		t.Logf("refused: retry after %d ms: %s", e.RetryAfterMs, e.Message)
+		return
+	}
+	t.Fatal("no create was refused in five tries")
+}
+
 // TestDaemonMode: with roched answering on --socket (or ROCHE_SOCKET) the CLI goes
 // through it, served from its pool; --direct bypasses it.
 func TestDaemonMode(t *testing.T) {
