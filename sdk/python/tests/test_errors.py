@@ -218,6 +218,28 @@ class DaemonLimits(harness.SandboxTestCase):
             with self.assertRaises(ResourceExhausted) as cm:
                 roche.create(image=harness.image())
             self.assertIn("max", cm.exception.message)
+            self.assertIsNone(cm.exception.retry_after)
+
+    def test_retry_after(self) -> None:
+        """A create roched's pool refuses at once (making the next sandbox takes longer than
+        the pool's wait) says how long to wait before asking again."""
+        spec = f"docker/{harness.image()}?min=1&max=1&queue=1&wait=0.001"
+        pooled = harness.Daemon(name="pooled", args=["--pool", spec])
+        self.addCleanup(pooled.stop)
+        roche = Roche(transport="daemon", socket=pooled.socket)
+        # A create takes the pool's one sandbox or finds it making the next, which takes
+        # longer than 1 ms: within a few creates in a row, one is refused.
+        for _ in range(5):
+            try:
+                sb = roche.create(image=harness.image())
+            except ResourceExhausted as e:
+                self.assertIn("retry in", e.message)
+                assert e.retry_after is not None, e.message
+                self.assertGreater(e.retry_after, 0)
+                self.assertLess(e.retry_after, 11)
+                return
+            self.addCleanup(sb.destroy)
+        self.fail("no create was refused in five tries")
 
 
 if __name__ == "__main__":

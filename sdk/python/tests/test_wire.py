@@ -64,6 +64,31 @@ class WireTest(unittest.TestCase):
         self.assertIn("ROCHE_TOKEN", e.message)
         self.assertEqual(type(_wire.error_from_connect("junk", 502, "s")), RocheError)
 
+    def test_retry_after(self) -> None:
+        message = "resource exhausted: pool p has no idle sandbox: retry in 1.5s, or raise the pool's max or wait"
+        # google.rpc.RetryInfo{retry_delay: {seconds: 1, nanos: 500000000}}, as roched sends it.
+        value = "CggIARCAyrXuAQ"
+        e = _wire.error_from_connect({"code": "resource_exhausted", "message": message,
+                                      "details": [{"type": "google.rpc.RetryInfo", "value": value}]}, 429, "s")
+        self.assertIsInstance(e, ResourceExhausted)
+        self.assertEqual(e.retry_after, 1.5)
+        # The JSON form, when a server adds it, and no hint at all.
+        debug = {"type": "google.rpc.RetryInfo", "value": "", "debug": {"retryDelay": "0.250s"}}
+        self.assertEqual(_wire.error_from_connect({"code": "resource_exhausted", "message": message,
+                                                   "details": [debug]}, 429, "s").retry_after, 0.25)
+        self.assertIsNone(_wire.error_from_connect({"code": "resource_exhausted", "message": message}, 429,
+                                                   "s").retry_after)
+        # A malformed detail is no hint, not a crash.
+        junk = {"type": "google.rpc.RetryInfo", "value": "Cg"}
+        self.assertIsNone(_wire.error_from_connect({"code": "resource_exhausted", "message": message,
+                                                   "details": [junk]}, 429, "s").retry_after)
+        line = '{"error":{"reason":"exhausted","message":"m: retry in 564ms","retry_after_ms":564}}\n'
+        e = _cli.error_from_stderr(line.encode(), 125, "create")
+        self.assertIsInstance(e, ResourceExhausted)
+        self.assertEqual(e.retry_after, 0.564)
+        self.assertIsNone(_cli.error_from_stderr(b'{"error":{"reason":"exhausted","message":"m"}}\n', 125,
+                                                 "create").retry_after)
+
     def test_in_use(self) -> None:
         message = "in use: workspace w is mounted by sandbox abc: destroy it first (roche destroy abc)"
         detail = {"type": "roche.v1.ErrorDetail", "value": "CAk", "debug": {"reason": "ERROR_REASON_IN_USE"}}

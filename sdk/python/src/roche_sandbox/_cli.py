@@ -161,14 +161,16 @@ _PREFIX = b"roche: "
 
 def error_from_stderr(stderr: bytes, rc: int, verb: str) -> RocheError:
     """The typed exception for the CLI's one-line error: with --json, the object
-    {"error": {"reason": ..., "message": ...}}, whose reason decides the class;
-    otherwise "roche: MESSAGE", whose sentinel text does."""
+    {"error": {"reason": ..., "message": ..., "retry_after_ms": ...}}, whose reason
+    decides the class; otherwise "roche: MESSAGE", whose sentinel text does."""
     lines = decode_output(stderr).splitlines()
     for line in reversed(lines):
         if line.startswith('{"error":'):
             try:
                 body = json.loads(line)["error"]
-                return error_for(str(body.get("reason", "")), str(body["message"]))
+                after = body.get("retry_after_ms")
+                retry_after = after / 1000 if isinstance(after, int) and not isinstance(after, bool) and after > 0 else None
+                return error_for(str(body.get("reason", "")), str(body["message"]), retry_after)
             except (ValueError, KeyError, TypeError, AttributeError):
                 pass
         if line.startswith("roche: "):

@@ -317,6 +317,66 @@ def _detail_reason(d: dict[str, Any]) -> str:
     return ""
 
 
+def _varints(raw: bytes) -> Optional[dict[int, Any]]:
+    """The fields of a protobuf message with varint and length-delimited fields only (the
+    last of each number), or None when it does not parse as such."""
+    fields: dict[int, Any] = {}
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        v = shift = 0
+        while True:
+            if i >= len(raw) or shift > 63:
+                raise ValueError("truncated varint")
+            b = raw[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+
+    try:
+        while i < len(raw):
+            key = varint()
+            num, kind = key >> 3, key & 7
+            if kind == 0:
+                fields[num] = varint()
+            elif kind == 2:
+                n = varint()
+                if i + n > len(raw):
+                    return None
+                fields[num] = raw[i:i + n]
+                i += n
+            else:
+                return None
+    except ValueError:
+        return None
+    return fields
+
+
+def _detail_retry_after(d: dict[str, Any]) -> Optional[float]:
+    """The wait, in seconds, of a google.rpc.RetryInfo detail: retry_delay (field 1), a
+    google.protobuf.Duration (seconds 1, nanos 2)."""
+    if d.get("type") != "google.rpc.RetryInfo":
+        return None
+    debug = d.get("debug")
+    if isinstance(debug, dict) and parse_duration(debug.get("retryDelay")) > 0:
+        return parse_duration(debug["retryDelay"])
+    try:
+        info = _varints(base64.b64decode(d.get("value", "") + "=="))
+    except ValueError:
+        return None
+    delay = info.get(1) if info else None
+    dur = _varints(delay) if isinstance(delay, bytes) else None
+    if dur is None:
+        return None
+    seconds, nanos = dur.get(1, 0), dur.get(2, 0)
+    if not isinstance(seconds, int) or not isinstance(nanos, int):
+        return None
+    return seconds + nanos / 1e9
+
+
 def error_from_connect(obj: Any, status: int, where: str) -> RocheError:
     """The typed exception for a Connect error object ({"code", "message", "details"})."""
     if not isinstance(obj, dict):
@@ -324,15 +384,18 @@ def error_from_connect(obj: Any, status: int, where: str) -> RocheError:
     code = str(obj.get("code", ""))
     message = str(obj.get("message") or code or f"HTTP {status}")
     reason = ""
+    retry_after: Optional[float] = None
     for d in obj.get("details") or []:
         if isinstance(d, dict):
             reason = reason or _detail_reason(d)
+            if retry_after is None:
+                retry_after = _detail_retry_after(d)
     if not reason:
         reason = _CODE_REASONS.get(code, "") or reason_from_text(message)
     if code == "unauthenticated":
         return RocheError(f"{message} (pass token= or token_file=, or set ROCHE_TOKEN or ROCHE_TOKEN_FILE)",
                           "unauthenticated")
-    return error_for(reason, message)
+    return error_for(reason, message, retry_after)
 
 
 class OutputAssembler:

@@ -9,16 +9,21 @@ class RocheError(Exception):
     """Base of every error the SDK raises.
 
     ``reason`` names the core error behind it ("not_found", "invalid_config", ...) or is
-    empty when Roche did not say.
+    empty when Roche did not say. ``retry_after``, in seconds, is set on a refusal that
+    passes (roched's pool with a full queue raises ResourceExhausted with it): how long
+    to wait before asking again. It is None otherwise.
     """
 
     reason: str = ""
+    retry_after: Optional[float] = None
 
-    def __init__(self, message: str, reason: Optional[str] = None) -> None:
+    def __init__(self, message: str, reason: Optional[str] = None, retry_after: Optional[float] = None) -> None:
         super().__init__(message)
         self.message = message
         if reason is not None:
             self.reason = reason
+        if retry_after is not None:
+            self.retry_after = retry_after
 
 
 class SandboxNotFound(RocheError):
@@ -122,7 +127,7 @@ def reason_from_text(message: str) -> str:
     return ""
 
 
-def error_for(reason: str, message: str) -> RocheError:
+def error_for(reason: str, message: str, retry_after: Optional[float] = None) -> RocheError:
     """The typed exception for a core error reason."""
     cls = _BY_REASON.get(reason, RocheError)
-    return cls(message, reason or None)
+    return cls(message, reason or None, retry_after)
