@@ -108,15 +108,19 @@ export function parseExec(o: unknown): ExecResult {
 }
 
 /** The typed error for what the CLI printed on stderr: its JSON error object
- * (`{"error": {"reason", "message"}}`, with --json), else its one-line `roche: MESSAGE`. */
+ * (`{"error": {"reason", "message", "retry_after_ms"}}`, with --json), else its one-line
+ * `roche: MESSAGE`. */
 export function errorFromStderr(stderr: Buffer | string, rc: number | null, verb: string): RocheError {
   const lines = stderr.toString().split("\n").filter((l) => l.trim() !== "");
   for (let i = lines.length - 1; i >= 0; i--) {
     const line = lines[i].trim();
     if (line.startsWith("{")) {
       try {
-        const e = (JSON.parse(line) as { error?: { reason?: unknown; message?: unknown } }).error;
-        if (e && typeof e.message === "string") return errorFor(typeof e.reason === "string" ? e.reason : "", e.message);
+        const e = (JSON.parse(line) as { error?: { reason?: unknown; message?: unknown; retry_after_ms?: unknown } }).error;
+        if (e && typeof e.message === "string") {
+          const after = typeof e.retry_after_ms === "number" ? e.retry_after_ms / 1000 : undefined;
+          return errorFor(typeof e.reason === "string" ? e.reason : "", e.message, after);
+        }
       } catch {
         // not the CLI's error object: the command's own output
       }

@@ -1,8 +1,9 @@
 // roched's API through connect-node: binary Connect protocol over HTTP/1.1, on the unix socket
 // (kept connections) or on TCP with a bearer token.
 
-import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { timestampDate } from "@bufbuild/protobuf/wkt";
+import { create, fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
+import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
+import { DurationSchema, timestampDate } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport as ConnectTransport } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import * as http from "node:http";
@@ -88,7 +89,31 @@ export function errorFromConnect(e: unknown, ep: Endpoint): RocheError {
   let reason = "";
   for (const d of err.findDetails(ErrorDetailSchema)) reason ||= REASONS[d.reason] ?? "";
   reason ||= CODE_REASONS[err.code] ?? reasonFromText(message);
-  return errorFor(reason, message);
+  return errorFor(reason, message, retryAfterOf(err));
+}
+
+/** The wait, in seconds, a google.rpc.RetryInfo detail suggests: its retry_delay (field 1),
+ * a google.protobuf.Duration. The SDK has no generated type for RetryInfo; it reads the one
+ * field. Undefined when there is none or it does not parse. */
+export function retryAfterOf(err: ConnectError): number | undefined {
+  for (const d of err.details) {
+    if ("desc" in d || d.type !== "google.rpc.RetryInfo") continue;
+    try {
+      const r = new BinaryReader(d.value);
+      while (r.pos < r.len) {
+        const [field, wire] = r.tag();
+        if (field === 1 && wire === WireType.LengthDelimited) {
+          const dur = fromBinary(DurationSchema, r.bytes());
+          const s = Number(dur.seconds) + dur.nanos / 1e9;
+          return s > 0 ? s : undefined;
+        }
+        r.skip(wire);
+      }
+    } catch {
+      // a malformed detail is no hint
+    }
+  }
+  return undefined;
 }
 
 const STATES: Record<number, string> = {

@@ -1,9 +1,12 @@
 // Typed errors, as the Python SDK's: each carries Roche's own message, which says what to do,
 // and `reason`, the core error behind it ("not_found", "invalid_config", ...).
 
-/** Base of every error the SDK throws. `reason` is "" when Roche did not say. */
+/** Base of every error the SDK throws. `reason` is "" when Roche did not say. `retryAfter`,
+ * in seconds, is set on a refusal that passes (roched's pool with a full queue throws
+ * ResourceExhausted with it): how long to wait before asking again. */
 export class RocheError extends Error {
   readonly reason: string;
+  retryAfter?: number;
   constructor(message: string, reason = "") {
     super(message);
     this.name = new.target.name;
@@ -70,10 +73,12 @@ const BY_REASON: Record<string, new (message: string) => RocheError> = {
   in_use: InUse,
 };
 
-/** The typed error for a core error reason. */
-export function errorFor(reason: string, message: string): RocheError {
+/** The typed error for a core error reason, with the wait a refusal suggests, if any. */
+export function errorFor(reason: string, message: string, retryAfter?: number): RocheError {
   const cls = BY_REASON[reason];
-  return cls ? new cls(message) : new RocheError(message, reason);
+  const e = cls ? new cls(message) : new RocheError(message, reason);
+  if (retryAfter !== undefined && retryAfter > 0) e.retryAfter = retryAfter;
+  return e;
 }
 
 // The core's sentinel texts (errors.go), which every message wrapping them contains.

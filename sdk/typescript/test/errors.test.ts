@@ -203,6 +203,32 @@ test("ResourceExhausted: roched's --max-sandboxes", async () => {
   }
 });
 
+test("ResourceExhausted from roched's pool says when to retry", async () => {
+  // A create takes the pool's one sandbox or finds it making the next, which takes longer
+  // than 1 ms: within a few creates in a row, one is refused, with the pool's hint.
+  const pooled = await new Daemon("pooled", {}, ["--pool", `docker/${env.image}?min=1&max=1&queue=1&wait=0.001`]).start();
+  const r = new Roche({ transport: "daemon", socket: pooled.socket });
+  const made: { destroy(): Promise<void> }[] = [];
+  try {
+    let refused: RocheError | undefined;
+    for (let i = 0; i < 5 && !refused; i++) {
+      try {
+        made.push(await r.create());
+      } catch (e) {
+        refused = e as RocheError;
+      }
+    }
+    assert.ok(refused instanceof ResourceExhausted, `no create was refused in five tries: ${refused}`);
+    assert.ok(refused.message.includes("retry in"), refused.message);
+    assert.ok(refused.retryAfter !== undefined && refused.retryAfter > 0 && refused.retryAfter < 11, `retryAfter ${refused.retryAfter}`);
+    assert.equal(refused.reason, "exhausted");
+  } finally {
+    for (const sb of made) await sb.destroy();
+    await r.close();
+    await pooled.stop();
+  }
+});
+
 test("roched on TCP: the token is sent, and a wrong one is refused", async () => {
   const port = await new Promise<number>((res) => {
     const srv = net.createServer().listen(0, "127.0.0.1", () => {

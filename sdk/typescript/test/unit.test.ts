@@ -6,7 +6,10 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { errorFromStderr, StreamParser } from "../src/cli.js";
 import { CodeEventParser, dispatch, Execution, Result, type CodeItem } from "../src/code.js";
-import { ImageNotFound, InUse, RocheError, SandboxNotFound } from "../src/errors.js";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { errorFromConnect, retryAfterOf } from "../src/daemon.js";
+import type { Endpoint } from "../src/discovery.js";
+import { ImageNotFound, InUse, ResourceExhausted, RocheError, SandboxNotFound } from "../src/errors.js";
 import { fileTar, firstFile } from "../src/tar.js";
 
 test("the CLI's JSON error object gives the typed error, its reason and message", () => {
@@ -15,6 +18,25 @@ test("the CLI's JSON error object gives the typed error, its reason and message"
   assert.equal(e.message, "not found: no sandbox abc");
   const inUse = errorFromStderr('some warning\n{"error":{"reason":"in_use","message":"workspace w is in use"}}\n', 1, "workspace");
   assert.ok(inUse instanceof InUse);
+});
+
+test("a refusal's retry hint: RetryInfo on roched's error, retry_after_ms on the CLI's", () => {
+  // google.rpc.RetryInfo{retry_delay: {seconds: 1, nanos: 500000000}}, as roched sends it.
+  const info = Buffer.from("CggIARCAyrXuAQ", "base64");
+  const ep: Endpoint = { socket: "s" };
+  const err = new ConnectError("resource exhausted: retry in 1.5s", Code.ResourceExhausted);
+  err.details.push({ type: "google.rpc.RetryInfo", value: new Uint8Array(info) });
+  const e = errorFromConnect(err, ep);
+  assert.ok(e instanceof ResourceExhausted);
+  assert.equal(e.retryAfter, 1.5);
+  assert.equal(errorFromConnect(new ConnectError("m", Code.ResourceExhausted), ep).retryAfter, undefined);
+  const junk = new ConnectError("m", Code.ResourceExhausted);
+  junk.details.push({ type: "google.rpc.RetryInfo", value: new Uint8Array([0x0a]) });
+  assert.equal(retryAfterOf(junk), undefined);
+  const cli = errorFromStderr('{"error":{"reason":"exhausted","message":"m: retry in 564ms","retry_after_ms":564}}\n', 125, "create");
+  assert.ok(cli instanceof ResourceExhausted);
+  assert.equal(cli.retryAfter, 0.564);
+  assert.equal(errorFromStderr('{"error":{"reason":"exhausted","message":"m"}}\n', 125, "create").retryAfter, undefined);
 });
 
 test("the CLI's one-line error, for a CLI without JSON errors", () => {
