@@ -27,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +58,7 @@ var (
 	// throughput is the host's either way.
 	poolArg  = flag.String("pool", "min=8&max=32&queue=64&wait=0.5", "the load's pool parameters (README, Warm pools)")
 	poolConc = flag.Int("pool-concurrency", 0, "sandboxes roched's pools create at once in the load (0: roched's default, adaptive from the machine's cores)")
+	cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of this process (roched, its provider and the clients) during the load to `file`")
 )
 
 var hello = []string{"python3", "-c", "print('hello')"}
@@ -204,6 +206,17 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 	var lat, creates, execs []time.Duration
 	var errs []error
 	var refused, pooled atomic.Int64
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	end := time.Now().Add(*loadFor)
 	var wg sync.WaitGroup
 	for range *clients {
@@ -246,6 +259,9 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 		}()
 	}
 	wg.Wait()
+	if *cpuProf != "" {
+		pprof.StopCPUProfile()
+	}
 	fmt.Printf("  %d cycles (%d from the pool), %.1f cycles/s (target >= 40), p50 %s, p99 %s (target <= 1 s), errors %d, refused at once (RESOURCE_EXHAUSTED) %d\n",
 		len(lat)+len(errs), pooled.Load(), float64(len(lat))/loadFor.Seconds(), samples.Ms(samples.Percentile(lat, 50)),
 		samples.Ms(samples.Percentile(lat, 99)), len(errs), refused.Load())
