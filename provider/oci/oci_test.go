@@ -387,7 +387,7 @@ print(' '.join(out))`
 // later ones are handed that compilation (crun's run.oci.seccomp_bpf_data, which
 // replaces config.json's filter), and the filter holds in them as in the first: the
 // calls it refuses fail with EPERM, as root in the sandbox, where they would succeed
-// without it.
+// without it. A compiled filter crun refuses is dropped.
 func TestCompiledSeccomp(t *testing.T) {
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the probe's system call numbers are amd64's")
@@ -444,6 +444,27 @@ func TestCompiledSeccomp(t *testing.T) {
 		if want := base64.StdEncoding.EncodeToString(compiled); got != want {
 			t.Errorf("the second sandbox was handed %d bytes of base64, want crun's compilation for the first (%d)", len(got), len(want))
 		}
+	}
+	if name == oci.RuntimeCrun {
+		// A compiled filter crun refuses (a jump past the program's end, which the kernel
+		// rejects) fails that one create, and is not handed to the next, which compiles
+		// its own again.
+		p.SetCompiledSeccomp(base64.StdEncoding.EncodeToString([]byte{0x05, 0, 0, 0, 100, 0, 0, 0}))
+		if info, err := p.Create(ctx, cfg); err == nil {
+			p.Destroy(ctx, info.ID)
+			t.Fatalf("a sandbox handed a malformed filter was created (%s)", info.ID)
+		} else if !errors.Is(err, roche.ErrUnavailable) {
+			t.Errorf("create with a malformed filter: %v, want ErrUnavailable", err)
+		}
+		info, err := p.Create(ctx, cfg)
+		if err != nil {
+			t.Fatalf("the create after a refused filter: %v", err)
+		}
+		defer p.Destroy(ctx, info.ID)
+		if got := annotation(info.ID); got != "" {
+			t.Errorf("the create after a refused filter was handed %d bytes of base64, want none (crun compiles it)", len(got))
+		}
+		ids = append(ids, info.ID)
 	}
 	want := "unshare_user=1 personality=1 add_key=1 keyctl=1 bpf=1 getpid=0"
 	for _, id := range ids {

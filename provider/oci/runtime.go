@@ -130,6 +130,10 @@ func (r *ociRuntime) learnSeccomp(id string) {
 	r.seccompBPF.CompareAndSwap(nil, &s)
 }
 
+// forgetSeccomp drops the compiled filter, after a run of the runtime failed: the next
+// sandbox compiles it again.
+func (r *ociRuntime) forgetSeccomp() { r.seccompBPF.Store(nil) }
+
 // runtimeCmd is one run of the runtime: an exec.Cmd whose Start, and so Run, Output and
 // CombinedOutput, run the sealed copy while there is one and honour hideUnified.
 type runtimeCmd struct {

@@ -152,7 +152,14 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 }
 
 // start runs the container detached and waits for its agent to answer.
-func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) error {
+func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) (err error) {
+	defer func() {
+		// A compiled filter the sandbox failed with (its init loads it after the run
+		// returns) is not handed to the next sandbox, which compiles its own again.
+		if err != nil {
+			rt.forgetSeccomp()
+		}
+	}()
 	logf, err := os.OpenFile(filepath.Join(s.dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
