@@ -40,7 +40,8 @@ func run() error {
 	bin := flag.String("roche", "", "the roche binary to measure (default: built from this tree)")
 	other := flag.String("compare", "", "another roche binary (an earlier build) measured alongside, for a before/after in the same run")
 	flag.Parse()
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 
 	dir, err := os.MkdirTemp("", "roche-bench-cli-")
 	if err != nil {

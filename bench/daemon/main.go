@@ -62,7 +62,8 @@ func main() {
 var hello = []string{"python3", "-c", "print('hello')"}
 
 func run() error {
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 	if *n < 1 {
 		return errors.New("-n must be at least 1")
 	}
@@ -227,7 +228,7 @@ func run() error {
 			return fmt.Errorf("exec: %+v %v", res, err)
 		}
 		execOnly = append(execOnly, time.Since(start))
-		if err := p.Destroy(ctx, sb.ID); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
 		}
 
@@ -246,7 +247,7 @@ func run() error {
 			return errors.New("a create with other memory was served from the pool")
 		}
 		cold = append(cold, time.Since(start))
-		if err := p.Destroy(ctx, sb.ID); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
 		}
 
@@ -261,7 +262,7 @@ func run() error {
 			return err
 		}
 		direct = append(direct, time.Since(start))
-		if err := dp.Destroy(ctx, dsb.ID); err != nil {
+		if err := dp.Destroy(context.WithoutCancel(ctx), dsb.ID); err != nil {
 			return err
 		}
 
@@ -353,7 +354,7 @@ func codeCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg ro
 			return 0, "", false, fmt.Errorf("run_code: %+v %v", ex, err)
 		}
 	}
-	if err := p.Destroy(ctx, sb.ID); err != nil {
+	if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 		return 0, "", false, err
 	}
 	return time.Since(start), sb.ID, pooled, nil
@@ -450,7 +451,7 @@ func loadTest(ctx context.Context, c *client.Client, p *client.Provider, cfg roc
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(end) {
+			for ctx.Err() == nil && time.Now().Before(end) {
 				d, hit, err := pooledCycle(ctx, c, p, cfg)
 				if errors.Is(err, roche.ErrExhausted) {
 					// Refused at once (the pool's queue is full): a client backs off for

@@ -45,7 +45,8 @@ func main() {
 func run() error {
 	n := flag.Int("n", 200, "iterations of the fast measurements")
 	flag.Parse()
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 
 	dir, err := os.MkdirTemp("", "roche-bench-")
 	if err != nil {

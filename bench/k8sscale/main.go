@@ -70,7 +70,9 @@ func run() error {
 
 	fmt.Printf("roche k8sscale: %d sandboxes (%d expire after %v), %d clients, pool concurrency %d, %d kwok nodes, %d CPUs\n",
 		*sandboxes, *expiring, *expireAfter, *clients, *concurrency, *kwokNodes, runtime.NumCPU())
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	base, stopSignals := samples.Interruptible()
+	defer stopSignals()
+	ctx, cancel := context.WithTimeout(base, 30*time.Minute)
 	defer cancel()
 	res, err := k8sscale.Run(ctx, k8sscale.Params{
 		Sandboxes: *sandboxes, Expiring: *expiring, ExpireAfter: *expireAfter,

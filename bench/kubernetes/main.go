@@ -57,7 +57,8 @@ func main() {
 var hello = []string{"python3", "-c", "print('hello')"}
 
 func run() error {
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 	if *n < 1 {
 		return errors.New("-n must be at least 1")
 	}
@@ -160,7 +161,7 @@ func run() error {
 			return fmt.Errorf("exec in %s: %+v %v", sb.ID, res, err)
 		}
 		execDur := time.Since(start)
-		if err := p.Destroy(ctx, sb.ID); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
 		}
 		if err := waitIdle(ctx, c); err != nil {
@@ -177,7 +178,7 @@ func run() error {
 		if pooled {
 			return errors.New("a create with other memory was served from the pool")
 		}
-		if err := p.Destroy(ctx, sb.ID); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
 		}
 		if i > 0 {

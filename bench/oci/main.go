@@ -72,7 +72,8 @@ func main() {
 }
 
 func run() error {
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 	if *n < 1 || *idle < 1 {
 		return errors.New("-n and -idle must be at least 1")
 	}
@@ -223,7 +224,7 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(end) {
+			for ctx.Err() == nil && time.Now().Before(end) {
 				start := time.Now()
 				sb, hit, err := c.Create(ctx, "oci", cfg)
 				if errors.Is(err, roche.ErrExhausted) {
@@ -240,7 +241,7 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 					if err == nil && res.Stdout != "hello\n" {
 						err = fmt.Errorf("exec printed %q, exit %d: %s", res.Stdout, res.ExitCode, res.Stderr)
 					}
-					if derr := rp.Destroy(ctx, sb.ID); err == nil {
+					if derr := rp.Destroy(context.WithoutCancel(ctx), sb.ID); err == nil {
 						err = derr
 					}
 				}
@@ -282,7 +283,7 @@ func coldCreate(ctx context.Context, p *oci.Provider, cfg roche.Config) (time.Du
 	if err != nil {
 		return 0, err
 	}
-	return d, p.Destroy(ctx, info.ID)
+	return d, p.Destroy(context.WithoutCancel(ctx), info.ID)
 }
 
 func cycle(ctx context.Context, p *oci.Provider, cfg roche.Config) error {
@@ -291,7 +292,7 @@ func cycle(ctx context.Context, p *oci.Provider, cfg roche.Config) error {
 		return err
 	}
 	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: hello})
-	derr := p.Destroy(ctx, info.ID)
+	derr := p.Destroy(context.WithoutCancel(ctx), info.ID)
 	if err != nil {
 		return err
 	}

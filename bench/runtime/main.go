@@ -40,7 +40,8 @@ func run() error {
 	n := flag.Int("n", 15, "sandboxes created per runtime (each runs -execs execs of each kind)")
 	execs := flag.Int("execs", 20, "execs of each kind per sandbox")
 	flag.Parse()
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 
 	dir, err := os.MkdirTemp("", "roche-bench-")
 	if err != nil {
@@ -123,7 +124,7 @@ func cycle(ctx context.Context, p *docker.Provider, cfg roche.Config, execs int,
 		}
 	}
 	start = time.Now()
-	if err := p.Destroy(ctx, sb.ID); err != nil {
+	if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 		return sb, err
 	}
 	t.destroy = append(t.destroy, time.Since(start))

@@ -56,7 +56,8 @@ func repo() string {
 }
 
 func run() error {
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 	if *n < 1 || *batch < 1 {
 		return errors.New("-n and -batch must be at least 1")
 	}
@@ -184,7 +185,7 @@ func run() error {
 	fmt.Printf("  Roche (sync)   %8s  %s\n", samples.Ms(dSync), verdict(dSync))
 	fmt.Printf("  AsyncRoche     %8s  %s\n", samples.Ms(dAsync), verdict(dAsync))
 
-	if err := p.Destroy(ctx, sb.ID); err != nil {
+	if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 		return err
 	}
 	if err := stop(); err != nil {

@@ -64,7 +64,8 @@ func measure() usage {
 }
 
 func run() error {
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 	if *cycles < 1 || *warmup < 0 {
 		return errors.New("-n must be at least 1 and -warmup at least 0")
 	}

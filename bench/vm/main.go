@@ -39,7 +39,8 @@ func run() error {
 	execs := flag.Int("execs", 50, "execs for the latency measurement")
 	accel := flag.String("accel", vm.AccelAuto, "QEMU acceleration: auto, kvm or tcg")
 	flag.Parse()
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 
 	dir, err := os.MkdirTemp("", "roche-bench-vm-")
 	if err != nil {
@@ -76,7 +77,7 @@ func run() error {
 		return err
 	}
 	cold := time.Since(start)
-	if err := p.Destroy(ctx, first.ID); err != nil {
+	if err := p.Destroy(context.WithoutCancel(ctx), first.ID); err != nil {
 		return err
 	}
 
@@ -90,11 +91,11 @@ func run() error {
 		t1 := time.Now()
 		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"cat", "/proc/uptime"}})
 		if err != nil || res.ExitCode != 0 {
-			p.Destroy(ctx, sb.ID)
+			p.Destroy(context.WithoutCancel(ctx), sb.ID)
 			return fmt.Errorf("exec in %s: %+v %v", sb.ID, res, err)
 		}
 		t2 := time.Now()
-		if err := p.Destroy(ctx, sb.ID); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
 		}
 		t3 := time.Now()
@@ -123,7 +124,7 @@ func run() error {
 		if err != nil || res.ExitCode != 0 {
 			return fmt.Errorf("exec in %s: %+v %v", id, res, err)
 		}
-		if err := p.Destroy(ctx, id); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), id); err != nil {
 			return err
 		}
 		pooled = append(pooled, time.Since(t0))

@@ -62,7 +62,8 @@ func main() {
 }
 
 func run() error {
-	ctx := context.Background()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
 	if *n < 1 || *poolMin < 1 || *rssCount < 1 {
 		return errors.New("-n, -pool-min and -rss-count must be at least 1")
 	}
@@ -173,7 +174,7 @@ func run() error {
 			return err
 		}
 		execOnly = append(execOnly, time.Since(t))
-		if err := p.Destroy(ctx, sb.ID); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
 		}
 
@@ -195,7 +196,7 @@ func run() error {
 		if err := execHi(ctx, p, sb.ID); err != nil {
 			return err
 		}
-		if err := p.Destroy(ctx, sb.ID); err != nil {
+		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
 		}
 		coldCycle = append(coldCycle, time.Since(t))
@@ -271,7 +272,7 @@ func cycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.
 	if err := execHi(ctx, p, sb.ID); err != nil {
 		return 0, false, err
 	}
-	if err := p.Destroy(ctx, sb.ID); err != nil {
+	if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 		return 0, false, err
 	}
 	return time.Since(start), hit, nil
