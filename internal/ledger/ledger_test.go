@@ -11,6 +11,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -124,5 +125,83 @@ func TestLedgerWithoutTheEdge(t *testing.T) {
 	}
 	if _, err := l.Destroy(alice, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// keepHook is the Docker provider with a hook run after a pooled sandbox's lease is
+// ended for the client it is handed to.
+type keepHook struct {
+	*docker.Provider
+	kept func()
+}
+
+func (k *keepHook) Keep(ctx context.Context, id string) error {
+	err := k.Provider.Keep(context.WithoutCancel(ctx), id)
+	k.kept()
+	return err
+}
+
+// TestPooledCreateForAGoneClient: a client whose create is cancelled just as a pooled
+// sandbox is handed to it (its lease ended, the record made) would never hear of that
+// sandbox; the create fails and the sandbox is destroyed, as a cold one made for a gone
+// client is.
+func TestPooledCreateForAGoneClient(t *testing.T) {
+	dp, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := dp.Ping(ctx); err != nil {
+		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
+	}
+	spec, err := pool.ParseSpec("docker/" + testenv.Image() + "?min=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancelCreate := context.WithCancel(ctx)
+	defer cancelCreate()
+	hook := &keepHook{Provider: dp, kept: cancelCreate}
+	cfg := Config{DefaultProvider: "docker", StateFile: filepath.Join(t.TempDir(), "state.json"), Pools: []pool.Spec{spec}}
+	l, err := New(cfg, map[string]roche.Provider{"docker": hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close(context.Background()) })
+	if err := l.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); l.Pools()[0].Status().Idle == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the pool made no sandbox in a minute")
+		}
+	}
+	var pooled string
+	for _, r := range l.Records() {
+		if r.Kind == KindPooled {
+			pooled = r.ID
+		}
+	}
+	if pooled == "" {
+		t.Fatal("no pooled sandbox recorded")
+	}
+	sbCfg := roche.DefaultConfig()
+	sbCfg.Image = testenv.Image()
+	sb, hit, err := l.Create(cctx, &Tenant{Name: "gone"}, "", sbCfg)
+	if err == nil {
+		dp.Destroy(context.Background(), sb.ID)
+		t.Fatalf("a create cancelled as the pool handed it a sandbox returned %s (pooled %v), want an error", sb.ID, hit)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("create: %v, want context.Canceled", err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := dp.Inspect(ctx, pooled); errors.Is(err, roche.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pooled sandbox %s handed to the gone client still exists after 30 s", pooled)
+		}
 	}
 }

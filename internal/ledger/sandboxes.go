@@ -205,6 +205,13 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 		return roche.SandboxInfo{}, false, err
 	}
 	if ok && l.leasePooled(ctx, p, sb.ID, clientLeased) {
+		if ctx.Err() != nil {
+			// As for a cold one below: the client went away while it was handed out and
+			// would never hear of it, so it would live out its lifetime unused.
+			l.markDestroying(sb.ID)
+			l.saveOrWarn()
+			return roche.SandboxInfo{}, false, fmt.Errorf("creating a sandbox: %w (the client went away; the pooled sandbox handed to it was destroyed)", ctx.Err())
+		}
 		l.mu.Lock()
 		l.unreserveLocked(t) // the record just made counts instead
 		admitted = false
