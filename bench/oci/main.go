@@ -216,7 +216,6 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 		if err := pprof.StartCPUProfile(f); err != nil {
 			return err
 		}
-		defer pprof.StopCPUProfile()
 	}
 	end := time.Now().Add(*loadFor)
 	var wg sync.WaitGroup

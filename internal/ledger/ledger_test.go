@@ -17,18 +17,32 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunWithAgent(m)) }
 
+// dockerProvider is the real Docker provider, answering, closed when the test's cleanups
+// have run (cleanups registered after this call run first and may still use it).
+func dockerProvider(t *testing.T) *docker.Provider {
+	t.Helper()
+	dp, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := dp.Ping(ctx); err != nil {
+		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
+	}
+	return dp
+}
+
 // TestLedgerWithoutTheEdge drives the ledger through its own API, with no listener, codec
 // or client in between, over the real Docker provider: a tenant's bound and the daemon's
 // hold, tenants see only their own sandboxes, and a ledger started on the same state file
 // (as after a restart) serves what the last one handed out, to the same tenant, until it
 // is destroyed.
 func TestLedgerWithoutTheEdge(t *testing.T) {
-	dp, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	dp := dockerProvider(t)
 	var made []string
 	t.Cleanup(func() {
 		for _, id := range made {
@@ -37,11 +51,7 @@ func TestLedgerWithoutTheEdge(t *testing.T) {
 				dp.Destroy(context.Background(), id)
 			}
 		}
-		dp.Close() // last: the checks above use its connections
 	})
-	if err := dp.Ping(ctx); err != nil {
-		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
-	}
 	cfg := Config{DefaultProvider: "docker", StateFile: filepath.Join(t.TempDir(), "state.json"), MaxSandboxes: 2}
 	providers := map[string]roche.Provider{"docker": dp}
 	start := func() *Ledger {
@@ -146,16 +156,9 @@ func (k *keepHook) Keep(ctx context.Context, id string) error {
 // sandbox; the create fails and the sandbox is destroyed, as a cold one made for a gone
 // client is.
 func TestPooledCreateForAGoneClient(t *testing.T) {
-	dp, err := docker.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dp.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := dp.Ping(ctx); err != nil {
-		t.Fatalf("%v (the README's test command starts dockerd and builds the image)", err)
-	}
+	dp := dockerProvider(t)
 	spec, err := pool.ParseSpec("docker/" + testenv.Image() + "?min=1")
 	if err != nil {
 		t.Fatal(err)

@@ -301,23 +301,7 @@ _DETAIL_NUMBERS = dict(enumerate(["", "not_found", "invalid_config", "unavailabl
                                   "in_use"]))
 
 
-def _detail_reason(d: dict[str, Any]) -> str:
-    if d.get("type") != "roche.v1.ErrorDetail":
-        return ""
-    debug = d.get("debug")
-    if isinstance(debug, dict) and debug.get("reason") in _DETAIL_REASONS:
-        return _DETAIL_REASONS[debug["reason"]]
-    # The binary detail is field 1, a small enum: 0x08 then one varint byte.
-    try:
-        raw = base64.b64decode(d.get("value", "") + "==")
-    except ValueError:
-        return ""
-    if len(raw) == 2 and raw[0] == 0x08:
-        return _DETAIL_NUMBERS.get(raw[1], "")
-    return ""
-
-
-def _varints(raw: bytes) -> Optional[dict[int, Any]]:
+def _proto_fields(raw: bytes) -> Optional[dict[int, Any]]:
     """The fields of a protobuf message with varint and length-delimited fields only (the
     last of each number), or None when it does not parse as such."""
     fields: dict[int, Any] = {}
@@ -355,20 +339,36 @@ def _varints(raw: bytes) -> Optional[dict[int, Any]]:
     return fields
 
 
+def _detail_fields(d: dict[str, Any]) -> Optional[dict[int, Any]]:
+    """The fields of a Connect error detail's binary value (base64, unpadded)."""
+    try:
+        return _proto_fields(base64.b64decode(d.get("value", "") + "=="))
+    except ValueError:
+        return None
+
+
+def _detail_reason(d: dict[str, Any]) -> str:
+    if d.get("type") != "roche.v1.ErrorDetail":
+        return ""
+    debug = d.get("debug")
+    if isinstance(debug, dict) and debug.get("reason") in _DETAIL_REASONS:
+        return _DETAIL_REASONS[debug["reason"]]
+    # The binary detail: field 1, the reason's number.
+    fields = _detail_fields(d) or {}
+    reason = fields.get(1)
+    return _DETAIL_NUMBERS.get(reason, "") if isinstance(reason, int) else ""
+
+
 def _detail_retry_after(d: dict[str, Any]) -> Optional[float]:
     """The wait, in seconds, of a google.rpc.RetryInfo detail: retry_delay (field 1), a
     google.protobuf.Duration (seconds 1, nanos 2)."""
     if d.get("type") != "google.rpc.RetryInfo":
         return None
     debug = d.get("debug")
-    if isinstance(debug, dict) and parse_duration(debug.get("retryDelay")) > 0:
-        return parse_duration(debug["retryDelay"])
-    try:
-        info = _varints(base64.b64decode(d.get("value", "") + "=="))
-    except ValueError:
-        return None
-    delay = info.get(1) if info else None
-    dur = _varints(delay) if isinstance(delay, bytes) else None
+    if isinstance(debug, dict) and (delay := parse_duration(debug.get("retryDelay"))) > 0:
+        return delay
+    raw = (_detail_fields(d) or {}).get(1)
+    dur = _proto_fields(raw) if isinstance(raw, bytes) else None
     if dur is None:
         return None
     seconds, nanos = dur.get(1, 0), dur.get(2, 0)
