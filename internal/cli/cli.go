@@ -12,16 +12,15 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/defaults"
+	"github.com/roche-sandbox/roche/internal/interrupt"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
@@ -68,7 +67,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 	e.providers = newRegistry(e.log, local, e.handoff)
 	defer e.providers.close()
 
-	ctx, stop := notifyContext(stderr)
+	ctx, stop := interrupt.Context(stderr, "roche")
 	defer stop()
 
 	root := e.rootCommand()
@@ -86,9 +85,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 		return int(code)
 	}
 	status, msg := exitError, oneLine(err)
-	var sig interrupted
+	var sig interrupt.Signal
 	if errors.As(context.Cause(ctx), &sig) {
-		status, msg = sig.exitCode(), fmt.Sprintf("interrupted (%s): %s", sig, msg)
+		status, msg = sig.ExitCode(), fmt.Sprintf("interrupted (%s): %s", sig, msg)
 	}
 	if asked, _ := cmd.Flags().GetBool("json"); asked {
 		// What asked for JSON gets its error as JSON too: programs (the SDKs) read the
@@ -118,53 +117,6 @@ type jsonErrorBody struct {
 	Reason       string `json:"reason"`
 	Message      string `json:"message"`
 	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
-}
-
-// interrupted is the cause of a context a signal cancelled.
-type interrupted struct{ sig os.Signal }
-
-func (i interrupted) Error() string { return i.sig.String() }
-
-// Is makes an interruption context.Canceled to errors.Is, as code that checks for a
-// cancelled context expects (Go's HTTP client reports the cause itself).
-func (i interrupted) Is(target error) bool { return target == context.Canceled }
-
-// exitCode is 130 for SIGINT and 143 for SIGTERM, as shells report a process a signal
-// ended.
-func (i interrupted) exitCode() int {
-	if s, ok := i.sig.(syscall.Signal); ok && s != syscall.SIGINT {
-		return 128 + int(s)
-	}
-	return exitInterrupted
-}
-
-// notifyContext is cancelled by the first SIGINT or SIGTERM, with interrupted as its
-// cause: every call in progress ends at once and the command cleans up, within bounds.
-// A second signal exits at once, cleanup or not: the user insists.
-func notifyContext(stderr io.Writer) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case sig := <-sigs:
-			cancel(interrupted{sig})
-		case <-done:
-			return
-		}
-		select {
-		case sig := <-sigs:
-			fmt.Fprintf(stderr, "roche: %s again: exiting without finishing cleanup (roche gc removes leftovers)\n", sig)
-			os.Exit(interrupted{sig}.exitCode())
-		case <-done:
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(sigs)
-		close(done)
-		cancel(nil)
-	}
 }
 
 // oneLine keeps an error to a single line.

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/interrupt"
 	"github.com/roche-sandbox/roche/internal/providers"
 )
 
@@ -126,9 +127,9 @@ func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Pr
 // interruptCode is the exit status of a command a signal stopped: 130 for SIGINT, 143
 // for SIGTERM.
 func interruptCode(ctx context.Context) exitCode {
-	var sig interrupted
+	var sig interrupt.Signal
 	if errors.As(context.Cause(ctx), &sig) {
-		return exitCode(sig.exitCode())
+		return exitCode(sig.ExitCode())
 	}
 	return exitCode(exitInterrupted)
 }
