@@ -225,7 +225,7 @@ func run() error {
 		start = time.Now()
 		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
 		if err != nil || res.Stdout != "hello\n" {
-			return fmt.Errorf("exec: %+v %v", res, err)
+			return samples.DestroyAfter(ctx, p, sb.ID, fmt.Errorf("exec: %+v %v", res, err))
 		}
 		execOnly = append(execOnly, time.Since(start))
 		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
@@ -244,7 +244,7 @@ func run() error {
 			return err
 		}
 		if pooled {
-			return errors.New("a create with other memory was served from the pool")
+			return samples.DestroyAfter(ctx, p, sb.ID, errors.New("a create with other memory was served from the pool"))
 		}
 		cold = append(cold, time.Since(start))
 		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
@@ -346,12 +346,12 @@ func codeCycle(ctx context.Context, c *client.Client, p *client.Provider, cfg ro
 	if exec {
 		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
 		if err != nil || res.Stdout != "hello\n" {
-			return 0, "", false, fmt.Errorf("exec: %+v %v", res, err)
+			return 0, "", false, samples.DestroyAfter(ctx, p, sb.ID, fmt.Errorf("exec: %+v %v", res, err))
 		}
 	} else {
 		ex, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: "print('hello')"})
 		if err != nil || ex.Error != nil || strings.Join(ex.Logs.Stdout, "") != "hello\n" {
-			return 0, "", false, fmt.Errorf("run_code: %+v %v", ex, err)
+			return 0, "", false, samples.DestroyAfter(ctx, p, sb.ID, fmt.Errorf("run_code: %+v %v", ex, err))
 		}
 	}
 	if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {

@@ -153,12 +153,12 @@ func run() error {
 		}
 		claimDur := time.Since(start)
 		if !pooled {
-			return errors.New("a create was made cold with the pool full")
+			return samples.DestroyAfter(ctx, p, sb.ID, errors.New("a create was made cold with the pool full"))
 		}
 		start = time.Now()
 		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: hello})
 		if err != nil || res.Stdout != "hello\n" {
-			return fmt.Errorf("exec in %s: %+v %v", sb.ID, res, err)
+			return samples.DestroyAfter(ctx, p, sb.ID, fmt.Errorf("exec in %s: %+v %v", sb.ID, res, err))
 		}
 		execDur := time.Since(start)
 		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
@@ -176,7 +176,7 @@ func run() error {
 		}
 		coldDur := time.Since(start)
 		if pooled {
-			return errors.New("a create with other memory was served from the pool")
+			return samples.DestroyAfter(ctx, p, sb.ID, errors.New("a create with other memory was served from the pool"))
 		}
 		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err

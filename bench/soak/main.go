@@ -120,9 +120,9 @@ func run() error {
 			return false, err
 		}
 		res, err := p.Exec(cctx, sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('hello')"}})
-		if derr := p.Destroy(cctx, sb.ID); err == nil {
-			err = derr
-		}
+		// Destroy it whatever the exec did, on a context that neither Ctrl-C (which
+		// cancels ctx, and so the exec) nor cctx's timeout cancels.
+		err = errors.Join(err, p.Destroy(context.WithoutCancel(ctx), sb.ID))
 		if err == nil && res.Stdout != "hello\n" {
 			err = fmt.Errorf("exec printed %q", res.Stdout)
 		}

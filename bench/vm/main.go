@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -81,6 +82,16 @@ func run() error {
 		return err
 	}
 
+	// destroyAfter destroys the VMs ids after err, a failure between their creates and
+	// their destroys, and returns every error. The destroys' context is not ctx's
+	// cancellation: Ctrl-C cancels ctx (and so the step that failed), and the VMs must go.
+	destroyAfter := func(err error, ids ...string) error {
+		for _, id := range ids {
+			err = errors.Join(err, p.Destroy(context.WithoutCancel(ctx), id))
+		}
+		return err
+	}
+
 	var boot, guestUp, firstExec, destroy, cycle []time.Duration
 	for i := 0; i < *n; i++ {
 		t0 := time.Now()
@@ -91,8 +102,7 @@ func run() error {
 		t1 := time.Now()
 		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"cat", "/proc/uptime"}})
 		if err != nil || res.ExitCode != 0 {
-			p.Destroy(context.WithoutCancel(ctx), sb.ID)
-			return fmt.Errorf("exec in %s: %+v %v", sb.ID, res, err)
+			return destroyAfter(fmt.Errorf("exec in %s: %+v %v", sb.ID, res, err), sb.ID)
 		}
 		t2 := time.Now()
 		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
@@ -113,19 +123,19 @@ func run() error {
 	for i := 0; i < *n; i++ {
 		sb, err := p.Create(ctx, cfg)
 		if err != nil {
-			return err
+			return destroyAfter(err, ahead...)
 		}
 		ahead = append(ahead, sb.ID)
 	}
 	var pooled []time.Duration
-	for _, id := range ahead {
+	for i, id := range ahead {
 		t0 := time.Now()
 		res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('hello')"}})
 		if err != nil || res.ExitCode != 0 {
-			return fmt.Errorf("exec in %s: %+v %v", id, res, err)
+			return destroyAfter(fmt.Errorf("exec in %s: %+v %v", id, res, err), ahead[i:]...)
 		}
 		if err := p.Destroy(context.WithoutCancel(ctx), id); err != nil {
-			return err
+			return destroyAfter(err, ahead[i+1:]...)
 		}
 		pooled = append(pooled, time.Since(t0))
 	}

@@ -171,7 +171,7 @@ func run() error {
 		}
 		t := time.Now()
 		if err := execHi(ctx, p, sb.ID); err != nil {
-			return err
+			return samples.DestroyAfter(ctx, p, sb.ID, err)
 		}
 		execOnly = append(execOnly, time.Since(t))
 		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
@@ -191,10 +191,10 @@ func run() error {
 			return err
 		}
 		if hit {
-			return errors.New("a create with other memory was served from the pool")
+			return samples.DestroyAfter(ctx, p, sb.ID, errors.New("a create with other memory was served from the pool"))
 		}
 		if err := execHi(ctx, p, sb.ID); err != nil {
-			return err
+			return samples.DestroyAfter(ctx, p, sb.ID, err)
 		}
 		if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 			return err
@@ -270,7 +270,7 @@ func cycle(ctx context.Context, c *client.Client, p *client.Provider, cfg roche.
 		return 0, false, err
 	}
 	if err := execHi(ctx, p, sb.ID); err != nil {
-		return 0, false, err
+		return 0, false, samples.DestroyAfter(ctx, p, sb.ID, err)
 	}
 	if err := p.Destroy(context.WithoutCancel(ctx), sb.ID); err != nil {
 		return 0, false, err
