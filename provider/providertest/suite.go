@@ -873,8 +873,10 @@ import os
 while True:
     try: os.fork()
     except OSError: pass`
+	began := time.Now()
 	res, err := s.p.Exec(ctxFor(t, 3*time.Minute), id, roche.ExecRequest{
 		Cmd: append(append([]string{}, s.opts.Python...), "-c", bomb), Timeout: 3 * time.Second})
+	t.Logf("the fork bomb's exec (timeout 3 s) returned after %v", time.Since(began).Round(time.Millisecond))
 	switch {
 	case err == nil && res.TimedOut:
 	case err != nil && s.opts.GVisor && errors.Is(err, roche.ErrNotFound):
