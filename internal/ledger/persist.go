@@ -77,9 +77,7 @@ func (l *Ledger) Reset(ctx context.Context, tn *Tenant, id string, keepWorkspace
 		}
 	}
 	if ctx.Err() != nil {
-		l.markDestroying(sb.ID)
-		l.saveOrWarn()
-		return roche.SandboxInfo{}, fmt.Errorf("resetting sandbox %s: %w (the client went away; the new sandbox was destroyed)", t.ID, ctx.Err())
+		return roche.SandboxInfo{}, l.abandon(ctx, sb.ID, "resetting sandbox "+t.ID, "the new sandbox")
 	}
 	l.log.Debug("sandbox reset", "old", t.ID, "new", sb.ID, "keep_workspace", keepWorkspace)
 	return sb, nil

@@ -206,11 +206,7 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	}
 	if ok && l.leasePooled(ctx, p, sb.ID, clientLeased) {
 		if ctx.Err() != nil {
-			// As for a cold one below: the client went away while it was handed out and
-			// would never hear of it, so it would live out its lifetime unused.
-			l.markDestroying(sb.ID)
-			l.saveOrWarn()
-			return roche.SandboxInfo{}, false, fmt.Errorf("creating a sandbox: %w (the client went away; the pooled sandbox handed to it was destroyed)", ctx.Err())
+			return roche.SandboxInfo{}, false, l.abandon(ctx, sb.ID, "creating a sandbox", "the pooled sandbox handed to it")
 		}
 		l.mu.Lock()
 		l.unreserveLocked(t) // the record just made counts instead
@@ -241,8 +237,7 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 		l.leaseCreated(sb.ID, FirstHold)
 	}
 	if ctx.Err() != nil {
-		l.markDestroying(sb.ID)
-		return roche.SandboxInfo{}, false, fmt.Errorf("creating a sandbox: %w (the client went away; it was destroyed)", ctx.Err())
+		return roche.SandboxInfo{}, false, l.abandon(ctx, sb.ID, "creating a sandbox", "the sandbox made for it")
 	}
 	l.saveOrWarn()
 	l.obs.Created("cold", time.Since(start))
@@ -481,6 +476,16 @@ func (l *Ledger) Destroy(t *Tenant, id string) (string, error) {
 	l.markDestroying(full)
 	l.saveOrWarn()
 	return full, nil
+}
+
+// abandon destroys sandbox id, made or handed out for a client that went away (ctx
+// ended) and so would never hear of it: left, it would live out its lifetime unused.
+// It returns the error the client's call ends with; doing names the call, which the
+// sandbox.
+func (l *Ledger) abandon(ctx context.Context, id, doing, which string) error {
+	l.markDestroying(id)
+	l.saveOrWarn()
+	return fmt.Errorf("%s: %w (the client went away; %s was destroyed)", doing, ctx.Err(), which)
 }
 
 // markDestroying marks a tracked sandbox destroyed and starts its removal.
