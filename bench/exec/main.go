@@ -82,17 +82,17 @@ func run() error {
 		return err
 	}
 
-	agentTrue, err := measure(*n, func() error { return execOK(ctx, p, sb.ID, "true") })
+	agentTrue, err := measure(ctx, *n, func() error { return execOK(ctx, p, sb.ID, "true") })
 	if err != nil {
 		return err
 	}
-	dockerTrue, err := measure(*n/5, func() error { return exec.Command("docker", "exec", sb.ID, "true").Run() })
+	dockerTrue, err := measure(ctx, *n/5, func() error { return exec.CommandContext(ctx, "docker", "exec", sb.ID, "true").Run() })
 	if err != nil {
 		return fmt.Errorf("docker exec baseline: %w", err)
 	}
 	// The floor: what the agent does in the sandbox for one command, done here on the
 	// host with nothing around it (no socket, no frames, no sandbox user).
-	hostTrue, err := measure(*n, forkExecTrue)
+	hostTrue, err := measure(ctx, *n, forkExecTrue)
 	if err != nil {
 		return fmt.Errorf("fork+exec baseline: %w", err)
 	}
@@ -103,7 +103,7 @@ func run() error {
 		samples.Ms(samples.Median(agentTrue)), samples.Ms(samples.Median(agentTrue)-samples.Median(hostTrue)), samples.Ratio(dockerTrue, agentTrue))
 
 	py := []string{"python3", "-c", "print(1)"}
-	inSandbox, err := measure(*n/2, func() error { return execOK(ctx, p, sb.ID, py...) })
+	inSandbox, err := measure(ctx, *n/2, func() error { return execOK(ctx, p, sb.ID, py...) })
 	if err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ func run() error {
 			return err
 		}
 	}
-	onHost, err := measure(*n/2, func() error { return exec.Command(hostPython, "-c", "print(1)").Run() })
+	onHost, err := measure(ctx, *n/2, func() error { return exec.CommandContext(ctx, hostPython, "-c", "print(1)").Run() })
 	if err != nil {
 		return err
 	}
@@ -226,7 +226,9 @@ func timed(fn func() error) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-func measure(n int, fn func() error) ([]time.Duration, error) {
+// measure times n runs of fn after one to warm up; it stops at ctx's end (Ctrl-C), as
+// not every fn watches ctx.
+func measure(ctx context.Context, n int, fn func() error) ([]time.Duration, error) {
 	if n < 3 {
 		n = 3
 	}
@@ -235,7 +237,13 @@ func measure(n int, fn func() error) ([]time.Duration, error) {
 	}
 	out := make([]time.Duration, 0, n)
 	for i := 0; i < n; i++ {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
 		d, err := timed(fn)
+		if err != nil && ctx.Err() != nil {
+			return nil, context.Cause(ctx) // the command was killed for it
+		}
 		if err != nil {
 			return nil, err
 		}
