@@ -776,7 +776,9 @@ var devNullFD struct {
 // oom_score_adj; raising it needs no privilege). Memory a program leaves in a tmpfs is
 // nobody's RSS, so without it a small program filling /dev/shm could get the agent, a
 // bigger process, killed, and the sandbox with it. Children inherit the score. A program
-// may lower its own back to the agent's, and then risk only its own sandbox.
+// may lower its own back to the agent's, and then risk only its own sandbox. The score
+// is raised once the command has started (Go runs nothing of ours between fork and
+// exec), so for its first moments, microseconds as a rule, it has the agent's.
 func (s *Server) oomFirst(pid int) {
 	// Bare system calls: os.WriteFile would also try to register the file with the
 	// runtime's poller, four more system calls on every exec's path.
