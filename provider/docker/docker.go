@@ -976,12 +976,47 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 	}
 	p.forget(s.id)
 	defer p.leases.Drop(s.id)
-	err = p.cli.ContainerRemove(ctx, s.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil && !cerrdefs.IsNotFound(err) && !isRemovalInProgress(err) {
-		return p.engineErr("removing sandbox "+s.id, err)
+	if err := p.remove(ctx, s.id); err != nil {
+		return err
 	}
 	p.removeAgentDir(s.agentDir)
 	return nil
+}
+
+// remove removes container id and returns once it is gone. A removal the engine already
+// has in progress (AutoRemove at the end of a lifetime, a concurrent destroy, a restarted
+// engine cleaning up) is waited for, not taken as done: the engine's own removal can
+// fail, leaving the container "dead", and then nothing but this call would remove it.
+func (p *Provider) remove(ctx context.Context, id string) error {
+	const poll = 100 * time.Millisecond
+	for {
+		err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		if err == nil || cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		if !isRemovalInProgress(err) {
+			return p.engineErr("removing sandbox "+id, err)
+		}
+		// Wait while the engine says "removing"; whatever it says next, it is asked
+		// to remove the container again, which is done at once if it is gone.
+		for {
+			select {
+			case <-ctx.Done():
+				return p.engineErr("waiting for the engine to finish removing sandbox "+id, context.Cause(ctx))
+			case <-time.After(poll):
+			}
+			c, err := p.cli.ContainerInspect(ctx, id)
+			if cerrdefs.IsNotFound(err) {
+				return nil
+			}
+			if err != nil && ctx.Err() == nil {
+				return p.engineErr("inspecting sandbox "+id+" while the engine removes it", err)
+			}
+			if err == nil && (c.State == nil || c.State.Status != "removing") {
+				break
+			}
+		}
+	}
 }
 
 // removeAgentDir removes a sandbox's socket directory, if it is one of ours.
@@ -997,7 +1032,7 @@ func (p *Provider) removeAgentDir(dir string) {
 
 // isRemovalInProgress: AutoRemove (or a concurrent destroy) is already removing it.
 func isRemovalInProgress(err error) bool {
-	return strings.Contains(err.Error(), "is already in progress")
+	return err != nil && strings.Contains(err.Error(), "is already in progress")
 }
 
 // List implements roche.Provider.

@@ -44,11 +44,14 @@ func (p *Provider) undo(ref, dir string, why error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		err := p.cli.ContainerRemove(ctx, ref, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		cancel()
 		// A container that was never made is not proof: a request cut short may still be
-		// on its way to the engine. One that was removed, or that the engine is removing
-		// already (auto-remove), is done.
-		if err == nil || isRemovalInProgress(err) {
+		// on its way to the engine. One that was removed is done, and so is one the
+		// engine is removing already (auto-remove) once it is gone.
+		if isRemovalInProgress(err) {
+			err = p.remove(ctx, ref)
+		}
+		cancel()
+		if err == nil {
 			p.forget(ref)
 			p.removeAgentDir(dir)
 			return

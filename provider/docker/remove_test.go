@@ -1,0 +1,75 @@
+package docker_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDestroyWaitsForTheEnginesRemoval: a destroy that finds the engine already removing
+// the sandbox (its lifetime's auto-remove, another destroy, an engine cleaning up after a
+// restart) returns once the container is gone, not at once: the engine's own removal can
+// fail and leave a "dead" container that nothing else would remove. The sandbox writes
+// 100,000 files to its root first, which the engine takes seconds to delete.
+func TestDestroyWaitsForTheEnginesRemoval(t *testing.T) {
+	p := newProvider(t)
+	cfg := testConfig()
+	cfg.Writable, cfg.Disk, cfg.User = true, "0", "0"
+	id := sandbox(t, p, cfg)
+	execOK(t, p, id, "python3", "-c", `
+import os
+os.mkdir("/many")
+for i in range(100000):
+    open("/many/%d" % i, "w").close()
+`)
+
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() { first <- p.Destroy(ctx, id) }()
+	eventuallyStatus(t, id, "removing", 20*time.Second)
+	began := time.Now()
+	err := p.Destroy(ctx, id)
+	st := containerStatus(id)
+	t.Logf("the second destroy returned after %v: %v; the container: %s", time.Since(began).Round(time.Millisecond), err, st)
+	if err != nil || st != "gone" {
+		t.Errorf("a destroy while the engine was removing the sandbox returned %v with the container %s, want nil once it is gone", err, st)
+	}
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Errorf("the first destroy: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the first destroy had not returned a minute after the second")
+	}
+}
+
+// containerStatus is the engine's status of container id, "gone" once it is removed.
+func containerStatus(id string) string {
+	out, err := exec.Command("docker", "inspect", "-f", "{{.State.Status}}", id).CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "No such") {
+			return "gone"
+		}
+		return fmt.Sprintf("unknown (%v: %s)", err, strings.TrimSpace(string(out)))
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func eventuallyStatus(t *testing.T, id, want string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st := containerStatus(id)
+		if st == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox is %s after %v, want %s", st, d, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
