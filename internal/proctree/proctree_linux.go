@@ -62,10 +62,11 @@ func members(root int) []int {
 		if err != nil {
 			continue
 		}
-		ppid, pgrp, ok := stat(pid)
+		st, ok := stat(pid)
 		if !ok {
 			continue
 		}
+		ppid, pgrp := st.ppid, st.pgrp
 		if pid == root {
 			rootAlive = true
 			continue
@@ -93,23 +94,29 @@ func members(root int) []int {
 	return out
 }
 
-// stat reads a process's parent and process group from /proc/PID/stat.
-func stat(pid int) (ppid, pgrp int, ok bool) {
+// procStat is what KillTree needs of /proc/PID/stat (and its test, the state).
+type procStat struct {
+	state      byte // R, S, D, Z, T...
+	ppid, pgrp int
+}
+
+// stat reads a process's state, parent and process group from /proc/PID/stat.
+func stat(pid int) (procStat, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, 0, false
+		return procStat{}, false
 	}
 	// The command name may contain spaces and parentheses: fields start after the last ')'.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, 0, false
+		return procStat{}, false
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 3 {
-		return 0, 0, false
+	if len(f) < 3 || len(f[0]) != 1 {
+		return procStat{}, false
 	}
 	ppid, err1 := strconv.Atoi(f[1])
 	pgrp, err2 := strconv.Atoi(f[2])
-	return ppid, pgrp, err1 == nil && err2 == nil
+	return procStat{state: f[0][0], ppid: ppid, pgrp: pgrp}, err1 == nil && err2 == nil
 }

@@ -83,16 +83,11 @@ func live(root, leaver int) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
+		st, ok := stat(pid)
+		if !ok || st.state == 'Z' {
 			continue
 		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 3 || f[0] == "Z" {
-			continue
-		}
-		if pgrp, _ := strconv.Atoi(f[2]); pgrp == root || pid == root || pid == leaver {
+		if st.pgrp == root || pid == root || pid == leaver {
 			out = append(out, pid)
 		}
 	}
