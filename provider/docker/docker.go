@@ -987,8 +987,18 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 // has in progress (AutoRemove at the end of a lifetime, a concurrent destroy, a restarted
 // engine cleaning up) is waited for, not taken as done: the engine's own removal can
 // fail, leaving the container "dead", and then nothing but this call would remove it.
+// The wait ends a tenth of ctx's time before its deadline, with an error that says the
+// engine is still at it: an engine that answers "removing" is not one that does not
+// answer.
 func (p *Provider) remove(ctx context.Context, id string) error {
 	const poll = 100 * time.Millisecond
+	wctx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/10))
+		defer cancel()
+	}
+	began := time.Now()
 	for {
 		err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 		if err == nil || cerrdefs.IsNotFound(err) {
@@ -999,21 +1009,24 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 		}
 		// Wait while the engine says "removing"; whatever it says next, it is asked
 		// to remove the container again, which is done at once if it is gone.
-		for {
+		for removing := true; removing; {
 			select {
-			case <-ctx.Done():
-				return p.engineErr("waiting for the engine to finish removing sandbox "+id, context.Cause(ctx))
+			case <-wctx.Done():
+				if ctx.Err() != nil {
+					return p.engineErr("waiting for the engine to finish removing sandbox "+id, context.Cause(ctx))
+				}
+				return fmt.Errorf("removing sandbox %s: the engine is still removing it after %v; destroy it again to wait more, or roche gc removes it later",
+					id, time.Since(began).Round(100*time.Millisecond))
 			case <-time.After(poll):
 			}
-			c, err := p.cli.ContainerInspect(ctx, id)
-			if cerrdefs.IsNotFound(err) {
+			c, err := p.cli.ContainerInspect(wctx, id)
+			switch {
+			case cerrdefs.IsNotFound(err):
 				return nil
-			}
-			if err != nil && ctx.Err() == nil {
+			case err != nil && wctx.Err() == nil:
 				return p.engineErr("inspecting sandbox "+id+" while the engine removes it", err)
-			}
-			if err == nil && (c.State == nil || c.State.Status != "removing") {
-				break
+			case err == nil:
+				removing = c.State != nil && c.State.Status == "removing"
 			}
 		}
 	}
