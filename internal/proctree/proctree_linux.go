@@ -66,13 +66,12 @@ func members(root int) []int {
 		if !ok {
 			continue
 		}
-		ppid, pgrp := st.ppid, st.pgrp
 		if pid == root {
 			rootAlive = true
 			continue
 		}
-		children[ppid] = append(children[ppid], pid)
-		if pgrp == root {
+		children[st.ppid] = append(children[st.ppid], pid)
+		if st.pgrp == root {
 			out = append(out, pid)
 		}
 	}

@@ -983,14 +983,26 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 	return nil
 }
 
-// remove removes container id and returns once it is gone. A removal the engine already
-// has in progress (AutoRemove at the end of a lifetime, a concurrent destroy, a restarted
-// engine cleaning up) is waited for, not taken as done: the engine's own removal can
-// fail, leaving the container "dead", and then nothing but this call would remove it.
-// The wait ends a tenth of ctx's time before its deadline, with an error that says the
-// engine is still at it: an engine that answers "removing" is not one that does not
-// answer.
+// remove removes container id; it is done when the container is gone.
 func (p *Provider) remove(ctx context.Context, id string) error {
+	err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	switch {
+	case err == nil || cerrdefs.IsNotFound(err):
+		return nil
+	case isRemovalInProgress(err):
+		return p.awaitRemoval(ctx, id)
+	}
+	return p.engineErr("removing sandbox "+id, err)
+}
+
+// awaitRemoval returns once container id, which the engine is already removing
+// (AutoRemove at the end of a lifetime, a concurrent destroy, a restarted engine cleaning
+// up), is gone. That removal is not taken as done: it can fail and leave the container
+// "dead", and then nothing but this call would remove it, so a container the engine
+// stops removing is removed again. The wait ends a tenth of ctx's time before its
+// deadline, with an error that says the engine is still at it: an engine that answers
+// "removing" is not one that does not answer.
+func (p *Provider) awaitRemoval(ctx context.Context, id string) error {
 	const poll = 100 * time.Millisecond
 	wctx := ctx
 	if deadline, ok := ctx.Deadline(); ok {
@@ -1000,33 +1012,29 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 	}
 	began := time.Now()
 	for {
-		err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		if err == nil || cerrdefs.IsNotFound(err) {
-			return nil
-		}
-		if !isRemovalInProgress(err) {
-			return p.engineErr("removing sandbox "+id, err)
-		}
-		// Wait while the engine says "removing"; whatever it says next, it is asked
-		// to remove the container again, which is done at once if it is gone.
-		for removing := true; removing; {
-			select {
-			case <-wctx.Done():
-				if ctx.Err() != nil {
-					return p.engineErr("waiting for the engine to finish removing sandbox "+id, context.Cause(ctx))
-				}
-				return fmt.Errorf("removing sandbox %s: the engine is still removing it after %v; destroy it again to wait more, or roche gc removes it later",
-					id, time.Since(began).Round(100*time.Millisecond))
-			case <-time.After(poll):
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return p.engineErr("waiting for the engine to finish removing sandbox "+id, context.Cause(ctx))
 			}
-			c, err := p.cli.ContainerInspect(wctx, id)
-			switch {
-			case cerrdefs.IsNotFound(err):
+			return fmt.Errorf("removing sandbox %s: the engine is still removing it after %v; destroy it again to wait more, or roche gc removes it later",
+				id, time.Since(began).Round(100*time.Millisecond))
+		case <-time.After(poll):
+		}
+		c, err := p.cli.ContainerInspect(wctx, id)
+		switch {
+		case cerrdefs.IsNotFound(err):
+			return nil
+		case err != nil && wctx.Err() == nil:
+			return p.engineErr("inspecting sandbox "+id+" while the engine removes it", err)
+		case err == nil && (c.State == nil || c.State.Status != "removing"):
+			// The engine's removal ended and left the container: remove it again.
+			err = p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			if err == nil || cerrdefs.IsNotFound(err) {
 				return nil
-			case err != nil && wctx.Err() == nil:
-				return p.engineErr("inspecting sandbox "+id+" while the engine removes it", err)
-			case err == nil:
-				removing = c.State != nil && c.State.Status == "removing"
+			}
+			if !isRemovalInProgress(err) {
+				return p.engineErr("removing sandbox "+id, err)
 			}
 		}
 	}

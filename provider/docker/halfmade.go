@@ -48,7 +48,7 @@ func (p *Provider) undo(ref, dir string, why error) {
 		// on its way to the engine. One that was removed is done, and so is one the
 		// engine is removing already (auto-remove) once it is gone.
 		if isRemovalInProgress(err) {
-			err = p.remove(ctx, ref)
+			err = p.awaitRemoval(ctx, ref)
 		}
 		cancel()
 		if err == nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	dockerengine "github.com/roche-sandbox/roche/provider/internal/engine"
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/client"
+
+	"github.com/roche-sandbox/roche/provider/internal/engine"
 )
 
 // TestDestroyWaitsForTheEnginesRemoval: a destroy that finds the engine already removing
@@ -30,9 +32,10 @@ for i in range(100000):
 `)
 
 	ctx := context.Background()
+	dc := engineClient(t)
 	first := make(chan error, 1)
 	go func() { first <- p.Destroy(ctx, id) }()
-	eventuallyStatus(t, id, "removing", 20*time.Second)
+	eventuallyStatus(t, dc, id, "removing", 20*time.Second)
 	began := time.Now()
 
 	// One with too little time says the engine is still at it, and does not call an
@@ -40,8 +43,8 @@ for i in range(100000):
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	err := p.Destroy(short, id)
 	cancel()
-	var notAnswering *dockerengine.NotAnsweringError
-	switch st := containerStatus(id); {
+	var notAnswering *engine.NotAnsweringError
+	switch st := containerStatus(dc, id); {
 	case err == nil && st == "gone":
 		t.Logf("the engine removed the sandbox within the short destroy's second")
 	case err == nil || !strings.Contains(err.Error(), "still removing it") || errors.As(err, &notAnswering):
@@ -51,7 +54,7 @@ for i in range(100000):
 	}
 
 	err = p.Destroy(ctx, id)
-	st := containerStatus(id)
+	st := containerStatus(dc, id)
 	t.Logf("the second destroy returned %v after the engine began removing: %v; the container: %s", time.Since(began).Round(time.Millisecond), err, st)
 	if err != nil || st != "gone" {
 		t.Errorf("a destroy while the engine was removing the sandbox returned %v with the container %s, want nil once it is gone", err, st)
@@ -67,22 +70,24 @@ for i in range(100000):
 }
 
 // containerStatus is the engine's status of container id, "gone" once it is removed.
-func containerStatus(id string) string {
-	out, err := exec.Command("docker", "inspect", "-f", "{{.State.Status}}", id).CombinedOutput()
-	if err != nil {
-		if strings.Contains(string(out), "No such") {
-			return "gone"
-		}
-		return fmt.Sprintf("unknown (%v: %s)", err, strings.TrimSpace(string(out)))
+func containerStatus(dc *client.Client, id string) string {
+	c, err := dc.ContainerInspect(context.Background(), id)
+	switch {
+	case cerrdefs.IsNotFound(err):
+		return "gone"
+	case err != nil:
+		return fmt.Sprintf("unknown (%v)", err)
+	case c.State == nil:
+		return "unknown (no state)"
 	}
-	return strings.TrimSpace(string(out))
+	return c.State.Status
 }
 
-func eventuallyStatus(t *testing.T, id, want string, d time.Duration) {
+func eventuallyStatus(t *testing.T, dc *client.Client, id, want string, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
-		st := containerStatus(id)
+		st := containerStatus(dc, id)
 		if st == want {
 			return
 		}

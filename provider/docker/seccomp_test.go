@@ -12,21 +12,10 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/docker/docker/client"
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche/provider/docker"
 )
-
-func engine(t *testing.T) *client.Client {
-	t.Helper()
-	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
 
 // deniedProbe tries, as the sandbox user, system calls that the engine's default
 // profile allows (Debian's 20.10, and every Docker since for ptrace and modify_ldt) and
@@ -71,7 +60,7 @@ func TestSeccompProfileApplied(t *testing.T) {
 	if err := json.Compact(&compact, want); err != nil {
 		t.Fatal(err)
 	}
-	cli := engine(t)
+	cli := engineClient(t)
 	for _, c := range []struct {
 		name string
 		opts []docker.Option

@@ -30,7 +30,7 @@ func uidOfSandbox(t *testing.T, p *docker.Provider, id string) (uid, gid int, la
 	}
 	uid, _ = strconv.Atoi(f[0])
 	gid, _ = strconv.Atoi(f[1])
-	ins, err := engine(t).ContainerInspect(context.Background(), id)
+	ins, err := engineClient(t).ContainerInspect(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func uidOfSandbox(t *testing.T, p *docker.Provider, id string) (uid, gid int, la
 // holdersOf lists the containers labelled with uid.
 func holdersOf(t *testing.T, uid int) []string {
 	t.Helper()
-	cs, err := engine(t).ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(
+	cs, err := engineClient(t).ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(
 		filters.Arg("label", docker.LabelUID+"="+strconv.Itoa(uid)))})
 	if err != nil {
 		t.Fatal(err)
