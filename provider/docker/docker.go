@@ -1040,6 +1040,30 @@ func (p *Provider) awaitRemoval(ctx context.Context, id string) error {
 	}
 }
 
+// containers lists the engine's containers as ContainerList does, less the ghosts a
+// restarted engine can leave: one it lists as "dead" but no longer has, whose inspect
+// and remove answer "no such container" (moby/moby#51692; seen with 20.10 when a dockerd
+// restarting after a kill removed an AutoRemove container while restoring it). A ghost
+// holds nothing, its files are gone, and it goes when the engine next starts; listed,
+// it would be a sandbox no destroy removes and a workspace in use by no one.
+func (p *Provider) containers(ctx context.Context, opts container.ListOptions) ([]container.Summary, error) {
+	cs, err := p.cli.ContainerList(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	live := cs[:0]
+	for _, c := range cs {
+		if c.State == container.StateDead {
+			if _, err := p.cli.ContainerInspect(ctx, c.ID); cerrdefs.IsNotFound(err) {
+				p.log.Debug("the engine lists a container it no longer has: leaving it out", "id", c.ID)
+				continue
+			}
+		}
+		live = append(live, c)
+	}
+	return live, nil
+}
+
 // removeAgentDir removes a sandbox's socket directory, if it is one of ours.
 func (p *Provider) removeAgentDir(dir string) {
 	if dir == "" || filepath.Dir(dir) != filepath.Clean(p.stateDir) {
@@ -1060,7 +1084,7 @@ func isRemovalInProgress(err error) bool {
 func (p *Provider) List(ctx context.Context) (_ []roche.SandboxInfo, err error) {
 	ctx, done := p.bound(ctx, "listing sandboxes")
 	defer done(&err)
-	cs, err := p.cli.ContainerList(ctx, container.ListOptions{
+	cs, err := p.containers(ctx, container.ListOptions{
 		All: true,
 		Filters: filters.NewArgs(
 			filters.Arg("label", LabelManaged+"=true"),
@@ -1107,7 +1131,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 func (p *Provider) sweepAgentDirs(ctx context.Context) (err error) {
 	ctx, done := p.bound(ctx, "listing sandboxes")
 	defer done(&err)
-	cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
+	cs, err := p.containers(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
 	if err != nil {
 		return p.engineErr("listing sandboxes", err)
 	}

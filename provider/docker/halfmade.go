@@ -131,7 +131,7 @@ func (p *Provider) sweepUnstartedSoon() {
 		defer done(&err)
 		// Every Roche container: the never-started ones are among them, and the agent
 		// directories of all of them are not leftovers.
-		cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+		cs, err := p.containers(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
 			filters.Arg("label", LabelManaged+"=true"),
 		)})
 		if err != nil {

@@ -124,7 +124,7 @@ func uidOf(labels map[string]string) int {
 // of two containers given the same uid at the same moment at least one sees the other
 // and draws again: the engine's list is the one shared record, and no lock is needed.
 func (p *Provider) uidTakenElsewhere(ctx context.Context, uid int, id string) (bool, error) {
-	cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+	cs, err := p.containers(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
 		filters.Arg("label", LabelUID+"="+strconv.Itoa(uid)))})
 	if err != nil {
 		return false, p.engineErr("listing the sandboxes' uids", err)

@@ -262,7 +262,7 @@ func (p *Provider) Workspaces(ctx context.Context) (_ []roche.Workspace, err err
 // all). It reads mounts, not labels: a sandbox made from a snapshot inherits the labels
 // of the sandbox the snapshot was taken of.
 func (p *Provider) workspaceUsers(ctx context.Context, name string) (map[string][]string, error) {
-	cs, err := p.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+	cs, err := p.containers(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
 		filters.Arg("label", LabelManaged+"=true"))})
 	if err != nil {
 		return nil, p.engineErr("listing sandboxes", err)
