@@ -158,9 +158,11 @@ func testDockerdRestarted(t *testing.T, sig syscall.Signal) {
 		list, err := dc.ContainerList(ctx, container.ListOptions{All: true})
 		left, ghosts = left[:0], ghosts[:0]
 		for _, c := range list {
-			if _, err := dc.ContainerInspect(ctx, c.ID); cerrdefs.IsNotFound(err) && c.State == container.StateDead {
-				ghosts = append(ghosts, c.ID[:12])
-				continue
+			if c.State == container.StateDead {
+				if _, err := dc.ContainerInspect(ctx, c.ID); cerrdefs.IsNotFound(err) {
+					ghosts = append(ghosts, c.ID[:12])
+					continue
+				}
 			}
 			left = append(left, c.ID[:12]+" "+c.State+" "+c.Status)
 		}

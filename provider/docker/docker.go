@@ -983,9 +983,12 @@ func (p *Provider) Destroy(ctx context.Context, id string) (err error) {
 	return nil
 }
 
+// removeOpts removes a sandbox whatever its state, with its anonymous volumes.
+var removeOpts = container.RemoveOptions{Force: true, RemoveVolumes: true}
+
 // remove removes container id; it is done when the container is gone.
 func (p *Provider) remove(ctx context.Context, id string) error {
-	err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	err := p.cli.ContainerRemove(ctx, id, removeOpts)
 	switch {
 	case err == nil || cerrdefs.IsNotFound(err):
 		return nil
@@ -1029,7 +1032,7 @@ func (p *Provider) awaitRemoval(ctx context.Context, id string) error {
 			return p.engineErr("inspecting sandbox "+id+" while the engine removes it", err)
 		case err == nil && (c.State == nil || c.State.Status != "removing"):
 			// The engine's removal ended and left the container: remove it again.
-			err = p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			err = p.cli.ContainerRemove(ctx, id, removeOpts)
 			if err == nil || cerrdefs.IsNotFound(err) {
 				return nil
 			}

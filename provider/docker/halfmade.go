@@ -43,7 +43,7 @@ func (p *Provider) undo(ref, dir string, why error) {
 			timeout = undoCancelledTimeout
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		err := p.cli.ContainerRemove(ctx, ref, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		err := p.cli.ContainerRemove(ctx, ref, removeOpts)
 		// A container that was never made is not proof: a request cut short may still be
 		// on its way to the engine. One that was removed is done, and so is one the
 		// engine is removing already (auto-remove) once it is gone.
@@ -74,7 +74,7 @@ func (p *Provider) removeLater(ref, dir string) {
 		missing := 0
 		for time.Now().Before(deadline) {
 			ctx, cancel := context.WithTimeout(p.closing, engine.ControlTimeout)
-			err := p.cli.ContainerRemove(ctx, ref, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			err := p.cli.ContainerRemove(ctx, ref, removeOpts)
 			cancel()
 			switch {
 			case err == nil:
@@ -148,7 +148,7 @@ func (p *Provider) sweepUnstartedSoon() {
 			if time.Now().Before(giveUp.Add(unstartedSlack)) {
 				continue
 			}
-			err = p.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			err = p.cli.ContainerRemove(ctx, c.ID, removeOpts)
 			if err != nil && !cerrdefs.IsNotFound(err) {
 				p.log.Warn("removing a sandbox its creator left never started", "sandbox", c.ID, "err", err)
 				continue
