@@ -241,7 +241,7 @@ func mountRoot(cfg vmlink.GuestConfig) error {
 		{"proc", "/newroot/proc", "proc", nsd | unix.MS_NOEXEC, ""},
 		{"sysfs", "/newroot/sys", "sysfs", nsd | unix.MS_NOEXEC | unix.MS_RDONLY, ""},
 		{"cgroup2", "/newroot/sys/fs/cgroup", "cgroup2", nsd | unix.MS_NOEXEC, ""},
-		{"tmpfs", "/newroot/dev", "tmpfs", unix.MS_NOSUID, "mode=0755,size=65536k"},
+		{"tmpfs", "/newroot/dev", "tmpfs", unix.MS_NOSUID, fmt.Sprintf("mode=0755,size=%d", cfg.TmpSize)}, // holds /dev/shm
 		{"tmpfs", "/newroot/tmp", "tmpfs", nsd, fmt.Sprintf("mode=1777,size=%d", cfg.TmpSize)},
 	}
 	for _, m := range mounts {

@@ -707,9 +707,9 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 		NetworkMode:    container.NetworkMode(networkMode),
 		Sysctls:        sysctls,
 		ReadonlyRootfs: !cfg.Writable,
-		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", roche.DefaultTmpSize)},
+		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", cfg.TmpSize())},
 		AutoRemove:     true,
-		ShmSize:        roche.DefaultTmpSize, // /dev/shm, capped like /tmp whatever the engine's default
+		ShmSize:        cfg.TmpSize(), // /dev/shm, capped like /tmp whatever the engine's default
 		// An init as PID 1 reaps zombies orphaned by the sandbox's programs.
 		Init:    &initOn,
 		CapDrop: []string{"ALL"},

@@ -123,7 +123,7 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 	if pp.localhostSeccomp != "" {
 		seccomp = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr(pp.localhostSeccomp)}
 	}
-	tmpSize := resource.NewQuantity(roche.DefaultTmpSize, resource.BinarySI)
+	tmpSize := resource.NewQuantity(cfg.TmpSize(), resource.BinarySI)
 	agentArgs := []string{
 		"--socket", podlink.Socket,
 		"--user", pp.user,
@@ -206,7 +206,7 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 				{Name: volumeAgent, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
 					SizeLimit: resource.NewQuantity(64<<20, resource.BinarySI),
 				}}},
-				// /tmp and /dev/shm are tmpfs of DefaultTmpSize, as under Docker: what is
+				// /tmp and /dev/shm are tmpfs of Config.TmpSize, as under Docker: what is
 				// written there counts against the memory limit, and past the size a
 				// write fails with ENOSPC.
 				{Name: volumeTmp, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{

@@ -100,7 +100,7 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 	period := uint64(100_000)
 	quota := int64(cfg.CPUs * float64(period))
 	swappiness := uint64(0)
-	tmpSize := strconv.Itoa(roche.DefaultTmpSize)
+	tmpSize := strconv.FormatInt(cfg.TmpSize(), 10)
 	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},

@@ -50,6 +50,11 @@ type Options struct {
 	// not host processes: the privilege checks then assert what gVisor enforces instead,
 	// and a fork bomb that ends the whole sandbox counts as contained.
 	GVisor bool
+	// VM says the sandbox is a microVM: its memory limit is the guest's RAM, its kernel's
+	// share included, and a guest cgroup keeps the agent's memory apart from the
+	// commands', so under a small limit a program filling the tmpfs mounts may be
+	// OOM-killed before they are full, the agent unharmed.
+	VM bool
 }
 
 // Run runs the conformance suite against p.
@@ -1074,8 +1079,9 @@ func (s *suite) testPerUserLimits(t *testing.T) {
 }
 
 // tmpfsFill fills /tmp, then /dev/shm, a MiB at a time up to 200 MiB each, and reports
-// how each ended (ENOSPC at the tmpfs' size cap, or "full" at 200 MiB). Memory in a
-// tmpfs counts against the sandbox's memory limit and belongs to no process.
+// how each ended (ENOSPC at the tmpfs' size cap, or "full" at 200 MiB) and the MiB
+// written, one line each ("tmp ENOSPC 64"). Memory in a tmpfs counts against the
+// sandbox's memory limit and belongs to no process.
 const tmpfsFill = `
 import errno, sys
 def fill(path):
@@ -1085,30 +1091,49 @@ def fill(path):
             while n < 200:
                 f.write(b'\1' * (1 << 20)); f.flush(); n += 1
     except OSError as e:
-        return errno.errorcode.get(e.errno, str(e.errno))
-    return 'full'
-print('tmp', fill('/tmp/roche-fill'), flush=True)
-print('shm', fill('/dev/shm/roche-fill'), flush=True)`
+        return errno.errorcode.get(e.errno, str(e.errno)), n
+    return 'full', n
+print('tmp', *fill('/tmp/roche-fill'), flush=True)
+print('shm', *fill('/dev/shm/roche-fill'), flush=True)`
 
-// testOOMThroughTmpfs: memory filled through the tmpfs mounts, /tmp and /dev/shm, is
-// stopped by the memory limit, and a command the OOM killer kills for it is reported
-// OOMKilled, also when a shell ran it (which then exits 137); a command that only met a
-// full tmpfs, or that died of SIGKILL for another reason, is not. The sandbox survives.
+// filledTo reports whether tmpfsFill's output says both mounts were filled to a cap of
+// mib MiB and refused more with ENOSPC (a MiB or two less where the mount holds
+// something else: a VM's /dev/shm is in its /dev).
+func filledTo(out string, mib int64) bool {
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 2 {
+		return false
+	}
+	for i, name := range []string{"tmp", "shm"} {
+		f := strings.Fields(lines[i])
+		if len(f) != 3 || f[0] != name || f[1] != "ENOSPC" {
+			return false
+		}
+		if n, err := strconv.ParseInt(f[2], 10, 64); err != nil || n < mib-2 || n > mib {
+			return false
+		}
+	}
+	return true
+}
+
+// grabMemory takes 256 MiB, more than any limit the tests below set leaves.
+const grabMemory = "b = b'x' * (256 << 20); print(len(b))"
+
+// testOOMThroughTmpfs: the tmpfs mounts, /tmp and /dev/shm, live in the sandbox's memory,
+// and what they hold belongs to no process, so the OOM killer cannot win it back by
+// killing one: were the mounts able to fill the limit, the agent would be killed next,
+// and the sandbox with it. Under a small limit they are sized (Config.TmpSize) so that
+// filling both gets ENOSPC, not an OOM kill, and a small command still runs; a program
+// that then takes memory is the one killed, reported OOMKilled, also when a shell ran it
+// (which then exits 137); a SIGKILL for another reason is not an OOM kill. The sandbox
+// survives it all.
 func (s *suite) testOOMThroughTmpfs(t *testing.T) {
 	cfg := s.opts.Config
-	cfg.Memory = "128m" // less than /tmp's 64 MiB and /dev/shm's 64 MiB together, and a VM's least
+	cfg.Memory = "128m" // a VM's least: the mounts are 48 MiB each under it
 	id := s.create(t, cfg)
-	if s.opts.GVisor {
-		// Both tmpfs mounts live in gVisor's kernel's memory: filling them ends the sandbox.
-		s.endsSandbox(t, id, tmpfsFill)
-		s.tmpfsFillRoomy(t)
-		return
-	}
 	files := []string{"/tmp/roche-fill", "/dev/shm/roche-fill"}
 	clean := func() {
 		t.Helper()
-		// Through the files API where there is one: the memory the files hold may leave
-		// too little to start even rm.
 		if fsys, ok := s.p.(roche.FileSystem); ok {
 			var errs []error
 			for _, f := range files {
@@ -1129,29 +1154,47 @@ func (s *suite) testOOMThroughTmpfs(t *testing.T) {
 			t.Fatalf("removing the fill files: %+v %v", res, err)
 		}
 	}
+	mib := cfg.TmpSize() >> 20
+	switch res := s.py(t, id, tmpfsFill, withTimeout(2*time.Minute)); {
+	case s.opts.VM && res.OOMKilled && res.ExitCode == 137:
+		// The guest's kernel took its share of the 128 MiB first.
+		clean()
+	case res.ExitCode != 0 || res.OOMKilled || !filledTo(res.Stdout, mib):
+		t.Fatalf("filling the tmpfs mounts under memory=128m: exit %d OOMKilled %v stdout %q stderr %q, want both refused with ENOSPC at %d MiB",
+			res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr, mib)
+	}
+	if got := s.pyOK(t, id, "print('alive')"); got != "alive" {
+		t.Fatalf("with both tmpfs mounts full: %q, want a small command to run", got)
+	}
+	if s.opts.GVisor {
+		// gVisor's kernel holds the mounts and the program alike: a program over the
+		// limit ends the sandbox.
+		s.endsSandbox(t, id, grabMemory)
+		s.tmpfsFillRoomy(t)
+		return
+	}
 	py := append([]string{}, s.opts.Python...)
 	for _, c := range []struct {
 		name string
 		cmd  []string
 	}{
-		{"directly", append(append([]string{}, py...), "-c", tmpfsFill)},
+		{"directly", append(append([]string{}, py...), "-c", grabMemory)},
 		// "; exit $?" keeps the shell from replacing itself with the program.
-		{"under a shell", append([]string{"sh", "-c", `"$@"; exit $?`, "sh"}, append(append([]string{}, py...), "-c", tmpfsFill)...)},
+		{"under a shell", append([]string{"sh", "-c", `"$@"; exit $?`, "sh"}, append(append([]string{}, py...), "-c", grabMemory)...)},
 	} {
 		res, err := s.p.Exec(ctxFor(t, 3*time.Minute), id, roche.ExecRequest{Cmd: c.cmd, Timeout: 2 * time.Minute})
 		if err != nil {
-			t.Fatalf("filling the tmpfs mounts %s: %v", c.name, err)
+			t.Fatalf("taking 256 MiB %s with the tmpfs mounts full: %v", c.name, err)
 		}
-		if !res.OOMKilled || res.ExitCode != 137 || res.TimedOut {
-			t.Errorf("filling /tmp then /dev/shm %s under memory=128m: exit %d OOMKilled %v timed out %v, stdout %q; want exit 137 and OOMKilled",
+		if !res.OOMKilled || res.ExitCode != 137 || res.TimedOut || res.Stdout != "" {
+			t.Errorf("taking 256 MiB %s with the tmpfs mounts full under memory=128m: exit %d OOMKilled %v timed out %v, stdout %q; want exit 137 and OOMKilled",
 				c.name, res.ExitCode, res.OOMKilled, res.TimedOut, res.Stdout)
 		}
-		// Killed while filling /tmp (a VM's limit may be below its cap) or /dev/shm.
-		if res.Stdout != "" && res.Stdout != "tmp ENOSPC\n" {
-			t.Errorf("filling %s: stdout %q, want it killed before both were full", c.name, res.Stdout)
+		if got := s.pyOK(t, id, "print('alive')"); got != "alive" {
+			t.Fatalf("after the OOM kill %s: %q", c.name, got)
 		}
-		clean()
 	}
+	clean()
 
 	// A SIGKILL that is not the OOM killer's is not an OOM kill.
 	res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: []string{"sh", "-c", "kill -9 $$"}, Timeout: time.Minute})
@@ -1166,13 +1209,13 @@ func (s *suite) testOOMThroughTmpfs(t *testing.T) {
 	}
 }
 
-// tmpfsFillRoomy: with the default memory limit both tmpfs mounts fill to their caps:
+// tmpfsFillRoomy: with the suite's memory limit both tmpfs mounts fill to their caps:
 // ENOSPC, not OOM.
 func (s *suite) tmpfsFillRoomy(t *testing.T) {
 	roomy := s.create(t, s.opts.Config)
 	res := s.py(t, roomy, tmpfsFill, withTimeout(2*time.Minute))
-	if res.ExitCode != 0 || res.OOMKilled || res.Stdout != "tmp ENOSPC\nshm ENOSPC\n" {
-		t.Errorf("filling the tmpfs mounts under memory=%s: exit %d OOMKilled %v stdout %q stderr %q, want both full (ENOSPC), exit 0, not OOMKilled",
-			s.opts.Config.Memory, res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr)
+	if mib := s.opts.Config.TmpSize() >> 20; res.ExitCode != 0 || res.OOMKilled || !filledTo(res.Stdout, mib) {
+		t.Errorf("filling the tmpfs mounts under memory=%s: exit %d OOMKilled %v stdout %q stderr %q, want both full (ENOSPC at %d MiB), exit 0, not OOMKilled",
+			s.opts.Config.Memory, res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr, mib)
 	}
 }

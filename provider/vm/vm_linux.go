@@ -430,7 +430,7 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	guest := vmlink.GuestConfig{
 		Hostname: vm.ID, User: guestUser(vm.Config.User), Env: env, Workdir: vm.Workdir,
 		LifetimeMS: time.Until(vm.ExpiresAt).Milliseconds(), PidsLimit: vm.Config.PidsLimit,
-		Writable: vm.Config.Writable, DiskSize: vm.Config.DiskBytes(), TmpSize: roche.DefaultTmpSize, Transport: vmlink.TransportSerial,
+		Writable: vm.Config.Writable, DiskSize: vm.Config.DiskBytes(), TmpSize: vm.Config.TmpSize(), Transport: vmlink.TransportSerial,
 	}
 	if p.Name() == Firecracker {
 		guest.Transport = vmlink.TransportVsock
