@@ -243,20 +243,20 @@ func (c Config) MemoryBytes() int64 {
 	return n
 }
 
-// AgentMemoryReserve is the part of a memory limit the tmpfs mounts never take: room
+// agentMemoryReserve is the part of a memory limit the tmpfs mounts never take: room
 // for roche-agent (about 5 MiB resident) and a small command once a program has
 // filled them.
-const AgentMemoryReserve = 32 << 20
+const agentMemoryReserve = 32 << 20
 
 // TmpSize returns the size of each of the sandbox's tmpfs mounts that live in its memory
 // (/tmp and /dev/shm): DefaultTmpSize, or under a memory limit below 160 MiB half of
-// what the limit leaves beyond AgentMemoryReserve, in whole MiB, at least 1 MiB. A
+// what the limit leaves beyond agentMemoryReserve, in whole MiB, at least 1 MiB. A
 // tmpfs's memory belongs to no process, so the OOM killer cannot win it back by killing
 // one: were the mounts able to fill the limit, the agent, left as the only process,
 // would be killed next and the sandbox with it. Sized so, a program that fills them
 // gets ENOSPC. Call Validate first.
 func (c Config) TmpSize() int64 {
-	half := (c.MemoryBytes() - AgentMemoryReserve) / 2 &^ (1<<20 - 1)
+	half := (c.MemoryBytes() - agentMemoryReserve) / 2 &^ (1<<20 - 1)
 	return max(1<<20, min(DefaultTmpSize, half))
 }
 

@@ -18,7 +18,7 @@ func TestDefaultConfigIsSecureAndValid(t *testing.T) {
 }
 
 // TestTmpSizeLeavesTheAgentRoom: the two tmpfs mounts in a sandbox's memory never take
-// more than the limit less AgentMemoryReserve, and are never unbounded (size 0).
+// more than the limit less agentMemoryReserve, and are never unbounded (size 0).
 func TestTmpSizeLeavesTheAgentRoom(t *testing.T) {
 	for mem, want := range map[string]int64{"512m": 64 << 20, "160m": 64 << 20, "159m": 63 << 20, "128m": 48 << 20,
 		"100m": 34 << 20, "64m": 16 << 20, "33m": 1 << 20, "6m": 1 << 20} {
@@ -31,8 +31,8 @@ func TestTmpSizeLeavesTheAgentRoom(t *testing.T) {
 		if got != want {
 			t.Errorf("memory %s: tmpfs size %d MiB, want %d MiB", mem, got>>20, want>>20)
 		}
-		if mb := c.MemoryBytes(); mb > 2*AgentMemoryReserve && 2*got > mb-AgentMemoryReserve {
-			t.Errorf("memory %s: two tmpfs of %d MiB leave the agent less than %d MiB", mem, got>>20, AgentMemoryReserve>>20)
+		if mb := c.MemoryBytes(); mb > 2*agentMemoryReserve && 2*got > mb-agentMemoryReserve {
+			t.Errorf("memory %s: two tmpfs of %d MiB leave the agent less than %d MiB", mem, got>>20, agentMemoryReserve>>20)
 		}
 	}
 }

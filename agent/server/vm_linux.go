@@ -241,7 +241,7 @@ func mountRoot(cfg vmlink.GuestConfig) error {
 		{"proc", "/newroot/proc", "proc", nsd | unix.MS_NOEXEC, ""},
 		{"sysfs", "/newroot/sys", "sysfs", nsd | unix.MS_NOEXEC | unix.MS_RDONLY, ""},
 		{"cgroup2", "/newroot/sys/fs/cgroup", "cgroup2", nsd | unix.MS_NOEXEC, ""},
-		{"tmpfs", "/newroot/dev", "tmpfs", unix.MS_NOSUID, fmt.Sprintf("mode=0755,size=%d", cfg.TmpSize)}, // holds /dev/shm
+		{"tmpfs", "/newroot/dev", "tmpfs", unix.MS_NOSUID, "mode=0755,size=65536k"},
 		{"tmpfs", "/newroot/tmp", "tmpfs", nsd, fmt.Sprintf("mode=1777,size=%d", cfg.TmpSize)},
 	}
 	for _, m := range mounts {
@@ -252,7 +252,7 @@ func mountRoot(cfg vmlink.GuestConfig) error {
 	if err := bindEtc(cfg.Hostname); err != nil {
 		return err
 	}
-	return populateDev("/newroot/dev")
+	return populateDev("/newroot/dev", cfg.TmpSize)
 }
 
 // bindEtc covers the image's /etc/hosts and /etc/hostname with the VM's own, read-only,
@@ -283,8 +283,9 @@ func bindEtc(hostname string) error {
 }
 
 // populateDev makes the /dev a container gets: the harmless character devices, a private
-// devpts and a /dev/shm tmpfs, and nothing that reaches the disks or the agent's port.
-func populateDev(dev string) error {
+// devpts and a /dev/shm tmpfs of shmSize bytes, and nothing that reaches the disks or the
+// agent's port.
+func populateDev(dev string, shmSize int64) error {
 	for _, n := range []struct {
 		name         string
 		major, minor uint32
@@ -311,7 +312,7 @@ func populateDev(dev string) error {
 	if err := unix.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
 		return fmt.Errorf("mounting /dev/pts: %w", err)
 	}
-	if err := unix.Mount("shm", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
+	if err := unix.Mount("shm", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, fmt.Sprintf("mode=1777,size=%d", shmSize)); err != nil {
 		return fmt.Errorf("mounting /dev/shm: %w", err)
 	}
 	return nil

@@ -75,8 +75,8 @@ type GuestConfig struct {
 	// DiskSize is the size of the writable layer's tmpfs in bytes (Config.Disk); 0 is the
 	// kernel's default, half the guest's memory.
 	DiskSize int64 `json:"disk_size,omitempty"`
-	// TmpSize is the size in bytes of each of the /tmp and /dev (which holds /dev/shm)
-	// tmpfs mounts: roche.Config.TmpSize.
+	// TmpSize is the size in bytes of each of the /tmp and /dev/shm tmpfs mounts:
+	// roche.Config.TmpSize.
 	TmpSize int64 `json:"tmp_size"`
 	// Transport is TransportSerial or TransportVsock.
 	Transport string `json:"transport"`

@@ -703,13 +703,14 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 	if cfg.Network {
 		networkMode, sysctls = NetworkName, networkSysctls
 	}
+	tmpSize := cfg.TmpSize()
 	hcfg := &container.HostConfig{
 		NetworkMode:    container.NetworkMode(networkMode),
 		Sysctls:        sysctls,
 		ReadonlyRootfs: !cfg.Writable,
-		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", cfg.TmpSize())},
+		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", tmpSize)},
 		AutoRemove:     true,
-		ShmSize:        cfg.TmpSize(), // /dev/shm, capped like /tmp whatever the engine's default
+		ShmSize:        tmpSize, // /dev/shm, capped like /tmp whatever the engine's default
 		// An init as PID 1 reaps zombies orphaned by the sandbox's programs.
 		Init:    &initOn,
 		CapDrop: []string{"ALL"},

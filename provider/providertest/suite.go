@@ -1096,25 +1096,14 @@ def fill(path):
 print('tmp', *fill('/tmp/roche-fill'), flush=True)
 print('shm', *fill('/dev/shm/roche-fill'), flush=True)`
 
-// filledTo reports whether tmpfsFill's output says both mounts were filled to a cap of
-// mib MiB and refused more with ENOSPC (a MiB or two less where the mount holds
-// something else: a VM's /dev/shm is in its /dev).
-func filledTo(out string, mib int64) bool {
-	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-	if len(lines) != 2 {
-		return false
-	}
-	for i, name := range []string{"tmp", "shm"} {
-		f := strings.Fields(lines[i])
-		if len(f) != 3 || f[0] != name || f[1] != "ENOSPC" {
-			return false
-		}
-		if n, err := strconv.ParseInt(f[2], 10, 64); err != nil || n < mib-2 || n > mib {
-			return false
-		}
-	}
-	return true
-}
+// filled is tmpfsFill's output when both mounts, of mib MiB, were filled to their size
+// and refused more with ENOSPC.
+func filled(mib int64) string { return fmt.Sprintf("tmp ENOSPC %d\nshm ENOSPC %d\n", mib, mib) }
+
+// tmpfsSizes prints the sizes of /tmp and /dev/shm in MiB.
+const tmpfsSizes = `
+import os
+print(*(os.statvfs(p).f_blocks * os.statvfs(p).f_frsize >> 20 for p in ('/tmp', '/dev/shm')))`
 
 // grabMemory takes 256 MiB, more than any limit the tests below set leaves.
 const grabMemory = "b = b'x' * (256 << 20); print(len(b))"
@@ -1155,11 +1144,16 @@ func (s *suite) testOOMThroughTmpfs(t *testing.T) {
 		}
 	}
 	mib := cfg.TmpSize() >> 20
+	// The sizes the mounts were made with, also where a fill cannot reach them (a VM).
+	if got, want := s.pyOK(t, id, tmpfsSizes), fmt.Sprintf("%d %d", mib, mib); got != want {
+		t.Fatalf("the sizes of /tmp and /dev/shm under memory=128m: %q MiB, want %q", got, want)
+	}
 	switch res := s.py(t, id, tmpfsFill, withTimeout(2*time.Minute)); {
 	case s.opts.VM && res.OOMKilled && res.ExitCode == 137:
 		// The guest's kernel took its share of the 128 MiB first.
+		t.Logf("the guest OOM-killed the fill before the mounts were full (stdout %q)", res.Stdout)
 		clean()
-	case res.ExitCode != 0 || res.OOMKilled || !filledTo(res.Stdout, mib):
+	case res.ExitCode != 0 || res.OOMKilled || res.Stdout != filled(mib):
 		t.Fatalf("filling the tmpfs mounts under memory=128m: exit %d OOMKilled %v stdout %q stderr %q, want both refused with ENOSPC at %d MiB",
 			res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr, mib)
 	}
@@ -1214,7 +1208,7 @@ func (s *suite) testOOMThroughTmpfs(t *testing.T) {
 func (s *suite) tmpfsFillRoomy(t *testing.T) {
 	roomy := s.create(t, s.opts.Config)
 	res := s.py(t, roomy, tmpfsFill, withTimeout(2*time.Minute))
-	if mib := s.opts.Config.TmpSize() >> 20; res.ExitCode != 0 || res.OOMKilled || !filledTo(res.Stdout, mib) {
+	if mib := s.opts.Config.TmpSize() >> 20; res.ExitCode != 0 || res.OOMKilled || res.Stdout != filled(mib) {
 		t.Errorf("filling the tmpfs mounts under memory=%s: exit %d OOMKilled %v stdout %q stderr %q, want both full (ENOSPC at %d MiB), exit 0, not OOMKilled",
 			s.opts.Config.Memory, res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr, mib)
 	}
