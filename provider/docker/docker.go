@@ -489,7 +489,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	if err != nil {
 		if ctx.Err() != nil {
 			// Cut short, the request may still reach the engine and make the container.
-			p.undo(name, sb.agentDir, context.Cause(ctx))
+			p.undo(name, sb.agentDir, false, context.Cause(ctx))
 		} else {
 			p.removeAgentDir(sb.agentDir)
 		}
@@ -500,16 +500,16 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	defer unpin()
 	layer, err := p.sizeRoot(ctx, id, cfg)
 	if err != nil {
-		p.undo(id, sb.agentDir, context.Cause(ctx))
+		p.undo(id, sb.agentDir, true, context.Cause(ctx))
 		return roche.SandboxInfo{}, err
 	}
 	if err := p.cli.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
 		// Undo the half-made sandbox even when the caller's context is what failed.
-		p.undo(id, sb.agentDir, context.Cause(ctx))
+		p.undo(id, sb.agentDir, true, context.Cause(ctx))
 		return roche.SandboxInfo{}, p.engineErr("starting container "+id, err)
 	}
 	if err := p.checkRootSized(ctx, id, layer); err != nil {
-		p.undo(id, sb.agentDir, context.Cause(ctx))
+		p.undo(id, sb.agentDir, true, context.Cause(ctx))
 		return roche.SandboxInfo{}, err
 	}
 	if sb.agent != nil {
@@ -528,16 +528,16 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
-				p.undo(id, sb.agentDir, context.Cause(ctx))
+				p.undo(id, sb.agentDir, true, context.Cause(ctx))
 				return roche.SandboxInfo{}, context.Cause(ctx)
 			}
 			reason := p.exitReason(ctx, id)
-			p.undo(id, sb.agentDir, nil)
+			p.undo(id, sb.agentDir, true, nil)
 			return roche.SandboxInfo{}, fmt.Errorf("%w: %v%s", errAgentFailed, err, reason)
 		}
 		if cfg.Leased {
 			if err := p.leases.Take(ctx, sb.id, sb.agent); err != nil {
-				p.undo(id, sb.agentDir, context.Cause(ctx))
+				p.undo(id, sb.agentDir, true, context.Cause(ctx))
 				return roche.SandboxInfo{}, err
 			}
 		}
@@ -592,7 +592,7 @@ func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who ru
 			return resp.ID, unpin, nil
 		}
 		// Drawn again under the same name: this container goes first, now.
-		p.undo(resp.ID, "", nil)
+		p.undo(resp.ID, "", true, nil)
 		unpin()
 		if err != nil {
 			return "", nil, err

@@ -31,11 +31,14 @@ const (
 )
 
 // undo removes what a create made of a sandbox (ref is the container's id or name, dir
-// its socket directory). why is what cut the create short, nil when the engine answered
-// with an error: when the engine is not answering, waiting for it is pointless, so the
-// removal goes to the background at once; otherwise it is tried now, briefly after a
+// its socket directory). made says the engine answered the create with ref, its id: then
+// "no such container" means it is gone already (its auto-remove, when the agent exited
+// at once, can finish first). A create cut short names it instead, and the container may
+// yet be made. why is what cut the create short, nil when the engine answered with an
+// error: when the engine is not answering, waiting for it is pointless, so the removal
+// goes to the background at once; otherwise it is tried now, briefly after a
 // cancellation, and goes to the background only if it fails.
-func (p *Provider) undo(ref, dir string, why error) {
+func (p *Provider) undo(ref, dir string, made bool, why error) {
 	var notAnswering *engine.NotAnsweringError
 	if !errors.As(why, &notAnswering) {
 		timeout := undoTimeout
@@ -47,6 +50,9 @@ func (p *Provider) undo(ref, dir string, why error) {
 		// A container that was never made is not proof: a request cut short may still be
 		// on its way to the engine. One that was removed is done, and so is one the
 		// engine is removing already (auto-remove) once it is gone.
+		if made && cerrdefs.IsNotFound(err) {
+			err = nil
+		}
 		if isRemovalInProgress(err) {
 			err = p.awaitRemoval(ctx, ref)
 		}
