@@ -157,29 +157,18 @@ func (s *store) saveThrough(seq uint64, snapshot func() (uint64, []*Record)) err
 	return nil
 }
 
-// write replaces the state file with recs.
+// write replaces the state file with recs. The file is written whole beside it (its
+// spare, see replaceFile) and swapped in at once, so that a daemon dying mid-write
+// leaves the previous state intact.
 func (s *store) write(recs []*Record) error {
 	b, err := json.Marshal(stateFile{Version: stateVersion, Instance: s.instance, Sandboxes: recs})
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(s.path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
 		return fmt.Errorf("creating state directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".roched-state-*")
-	if err != nil {
-		return fmt.Errorf("writing state: %w", err)
-	}
-	_, err = tmp.Write(b)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), s.path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
+	if err := replaceFile(s.path, b); err != nil {
 		return fmt.Errorf("writing state %s: %w", s.path, err)
 	}
 	return nil
