@@ -36,6 +36,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	dockerclient "github.com/docker/docker/client"
+	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/bench/internal/samples"
@@ -97,7 +98,13 @@ func run() error {
 	// A state directory of this run's own, so that what it leaves is plain to see; the
 	// image cache is the default one, shared with roche.
 	state := filepath.Join("/run/roche-bench", "oci-"+strconv.Itoa(os.Getpid()))
-	defer os.RemoveAll(state)
+	defer func() {
+		// The provider's tmpfs there, where /run is not one, is this run's too.
+		if err := unix.Unmount(state, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			fmt.Fprintf(os.Stderr, "bench/oci: unmounting %s: %v\n", state, err)
+		}
+		os.RemoveAll(state)
+	}()
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelDebug
@@ -218,6 +225,7 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 		}
 	}
 	end := time.Now().Add(*loadFor)
+	busy := samples.HostBusy()
 	var wg sync.WaitGroup
 	for range *clients {
 		wg.Add(1)
@@ -259,6 +267,7 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 		}()
 	}
 	wg.Wait()
+	busy = samples.HostBusy() - busy
 	if *cpuProf != "" {
 		pprof.StopCPUProfile()
 	}
@@ -268,6 +277,10 @@ func load(ctx context.Context, p *oci.Provider, log *slog.Logger) error {
 	fmt.Printf("  of which create (the pool's queue): p50 %s, p99 %s; exec: p50 %s, p99 %s; the rest is destroy\n",
 		samples.Ms(samples.Percentile(creates, 50)), samples.Ms(samples.Percentile(creates, 99)),
 		samples.Ms(samples.Percentile(execs, 50)), samples.Ms(samples.Percentile(execs, 99)))
+	if len(lat) > 0 && busy > 0 {
+		// The throughput is the host's CPU divided by this (the load keeps it busy).
+		fmt.Printf("  host CPU per cycle (everything the host did during the load, /proc/stat): %s\n", samples.Ms(busy/time.Duration(len(lat))))
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%d cycles failed under load, the first: %v", len(errs), errs[0])
 	}

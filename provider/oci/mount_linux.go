@@ -1,10 +1,12 @@
 package oci
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -89,27 +91,47 @@ func exitWaiter(pid int) (wait func(d time.Duration) bool, ok bool) {
 // with ctx; the returned func releases it.
 func lockPath(ctx context.Context, path string) (func(), error) { return flock.Lock(ctx, path) }
 
-// mountsBelow lists the mount points at or below dir, deepest first (from
-// /proc/self/mountinfo).
-func mountsBelow(dir string) []string {
+// mountsBelow lists the mount points at or below any of dirs, deepest first (from
+// /proc/self/mountinfo, read once: with many sandboxes and a busy host it runs to
+// hundreds of lines, and every destroy reads it).
+func mountsBelow(dirs ...string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		// The mount point is the fifth field: "ID PARENT MAJ:MIN ROOT MOUNTPOINT ...".
+		f := line
+		for range 4 {
+			i := bytes.IndexByte(f, ' ')
+			if i < 0 {
+				f = nil
+				break
+			}
+			f = f[i+1:]
+		}
+		if i := bytes.IndexByte(f, ' '); i >= 0 {
+			f = f[:i]
+		}
+		if len(f) == 0 {
 			continue
 		}
-		mp := unescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
+		mp := unescapeMount(string(f))
+		for _, dir := range dirs {
+			if mp == dir || (len(mp) > len(dir) && mp[len(dir)] == '/' && strings.HasPrefix(mp, dir)) {
+				out = append(out, mp)
+				break
+			}
 		}
 	}
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
-	}
+	slices.Reverse(out)
 	return out
 }
 

@@ -18,8 +18,9 @@ var errNotLinux = errors.New("the oci provider needs Linux")
 func mountOverlay(string, string, string, string, string) error { return errNotLinux }
 func unmountAll(string) error                                   { return nil }
 func lockPath(context.Context, string) (func(), error)          { return nil, errNotLinux }
-func mountsBelow(string) []string                               { return nil }
+func mountsBelow(...string) []string                            { return nil }
 func exitWaiter(int) (func(time.Duration) bool, bool)           { return nil, false }
 func hybridCgroups() bool                                       { return false }
 func startWithoutUnified(*exec.Cmd) error                       { return errNotLinux }
 func sealBinary(string) (*os.File, error)                       { return nil, errNotLinux }
+func stateOnTmpfs(context.Context, string) (bool, error)        { return false, nil }

@@ -81,8 +81,12 @@ type Provider struct {
 
 	mu       sync.Mutex
 	verified map[string]*sandbox
-	leases   agentfwd.Leases
-	proxies  proxies
+	// uids memoizes the uid in each sandbox record drawUID has read (a record's uid never
+	// changes), so that a create reads only the records new since the last one; it is
+	// used only under the state directory's lock.
+	uids    map[string]int
+	leases  agentfwd.Leases
+	proxies proxies
 
 	lastSweep atomic.Int64
 	sweeps    sync.WaitGroup
@@ -145,6 +149,7 @@ func New(opts ...Option) (*Provider, error) {
 		uidFirst:      DefaultUIDFirst,
 		uidCount:      DefaultUIDCount,
 		verified:      map[string]*sandbox{},
+		uids:          map[string]int{},
 	}
 	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
@@ -379,14 +384,33 @@ func (p *Provider) drawUID(ctx context.Context, self string) (int, func(), error
 	if err != nil {
 		return 0, nil, fmt.Errorf("locking the state directory %s: %w", p.stateDir, err)
 	}
+	// Records are the one list of uids taken (other processes make sandboxes here too);
+	// each is read once.
 	taken := map[int]bool{}
 	entries, _ := os.ReadDir(p.stateDir)
+	listed := make(map[string]bool, len(entries))
 	for _, e := range entries {
-		if e.Name() == self || !validID(e.Name()) {
+		id := e.Name()
+		if id == self || !validID(id) {
 			continue
 		}
-		if r, err := readRecord(filepath.Join(p.stateDir, e.Name())); err == nil && r.UID >= 0 {
-			taken[r.UID] = true
+		listed[id] = true
+		uid, known := p.uids[id]
+		if !known {
+			r, err := readRecord(filepath.Join(p.stateDir, id))
+			if err != nil {
+				continue // not written yet: its maker draws after this one
+			}
+			uid = r.UID
+			p.uids[id] = uid
+		}
+		if uid >= 0 {
+			taken[uid] = true
+		}
+	}
+	for id := range p.uids {
+		if !listed[id] {
+			delete(p.uids, id)
 		}
 	}
 	for range 64 {

@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -57,7 +58,12 @@ func newProvider(t *testing.T, opts ...oci.Option) (*oci.Provider, string) {
 	t.Cleanup(func() {
 		p.Close()
 		checkNothingLeft(t, p, state)
-		// The image cache under the data directory stays, for the next run.
+		// The tmpfs the provider puts its state on where /run is not one (stateOnTmpfs)
+		// is the test's own too. The image cache under the data directory stays, for
+		// the next run.
+		if err := unix.Unmount(state, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("unmounting the state directory's tmpfs: %v", err)
+		}
 		os.RemoveAll(state)
 	})
 	return p, state

@@ -418,6 +418,11 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("%w: making the state directory: %v", roche.ErrUnavailable, err)
 	}
+	if mounted, err := stateOnTmpfs(ctx, p.stateDir); err != nil {
+		p.log.Warn("keeping the state directory on its filesystem", "dir", p.stateDir, "err", err)
+	} else if mounted {
+		p.log.Info("mounted a tmpfs for the state directory (its filesystem was not one)", "dir", p.stateDir)
+	}
 	names := autoOrder
 	if p.runtimeName != "" {
 		names = []string{p.runtimeName}

@@ -296,10 +296,8 @@ func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) err
 		errs = append(errs, rt.remove(dctx, s.ID, filepath.Join(s.dir, "pid")))
 		cancel()
 	}
-	for _, dir := range []string{s.dir, p.diskDir(s.ID)} {
-		for _, mp := range mountsBelow(dir) {
-			errs = append(errs, unmountAll(mp))
-		}
+	for _, mp := range mountsBelow(s.dir, p.diskDir(s.ID)) {
+		errs = append(errs, unmountAll(mp))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroying sandbox %s: %w", s.ID, err)

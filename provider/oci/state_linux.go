@@ -1,0 +1,89 @@
+package oci
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche/internal/flock"
+)
+
+// stateTmpfs is how the state directory's own tmpfs is mounted: the directory's mode,
+// and a bound well above what its small files take (a sandbox's are a few kilobytes).
+const stateTmpfs = "mode=0700,size=256m"
+
+// stateOnTmpfs mounts a tmpfs at the state directory dir when dir is on another
+// filesystem and holds no sandbox, and reports whether it did. The state directory is
+// what dies with the host (each sandbox's bundle, record and agent socket, the runtime's
+// state), which /run, a tmpfs on most hosts, is for; where /run is a disk's (as on
+// hosts without systemd), every sandbox made and removed ~20 files on that disk. On an
+// ext4 without a journal that gets slower the more was deleted in the last minutes (the
+// inode allocator steps over each inode freed then), and what survived a reboot looked
+// like sandboxes to reconcile. A directory already on a tmpfs (or ramfs), or that is a
+// mount point of anything else (an operator's choice), is left as it is; so is one that
+// holds sandboxes or runtime state, which the tmpfs would hide (it is mounted on a later
+// start, once they are gone). The tmpfs stays mounted, like /run's content, until the
+// host restarts. Processes sharing the directory (roche and roched) decide in turn,
+// under a lock on its parent.
+func stateOnTmpfs(ctx context.Context, dir string) (bool, error) {
+	unlock, err := flock.Lock(ctx, filepath.Dir(dir))
+	if err != nil {
+		return false, fmt.Errorf("locking %s: %w", filepath.Dir(dir), err)
+	}
+	defer unlock()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return false, err
+	}
+	if fs.Type == unix.TMPFS_MAGIC || fs.Type == unix.RAMFS_MAGIC {
+		return false, nil
+	}
+	if isMountRoot(dir) {
+		return false, nil
+	}
+	if holdsState(dir) {
+		return false, nil
+	}
+	// Not nodev: a runtime's probe runs in a bundle made here, and runc makes its device
+	// nodes in that root.
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID, stateTmpfs); err != nil {
+		return false, fmt.Errorf("mounting a tmpfs at %s: %w", dir, err)
+	}
+	return true, nil
+}
+
+// holdsState reports whether the state directory holds a sandbox's directory or any
+// runtime's container state (what a probe or the last boot left is neither).
+func holdsState(dir string) bool {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if validID(e.Name()) {
+			return true
+		}
+	}
+	runtimes, _ := os.ReadDir(filepath.Join(dir, "runtime"))
+	for _, r := range runtimes {
+		if inside, _ := os.ReadDir(filepath.Join(dir, "runtime", r.Name())); len(inside) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// isMountRoot reports whether dir is the root of a mount (a bind mount of a directory on
+// the same filesystem included).
+func isMountRoot(dir string) bool {
+	var sx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &sx); err == nil &&
+		sx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return sx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+	}
+	var st, parent unix.Stat_t
+	if unix.Stat(dir, &st) != nil || unix.Stat(filepath.Dir(dir), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
+}
