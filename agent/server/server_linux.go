@@ -118,8 +118,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := dropBoundingSet(); err != nil {
-		return nil, fmt.Errorf("dropping the capability bounding set: %w", err)
+	reaper := processReaper()
+	if reaper.forkErr != nil {
+		return nil, fmt.Errorf("dropping the capability bounding set: %w", reaper.forkErr)
 	}
 	if cfg.NProc > 0 {
 		lim := &unix.Rlimit{Cur: uint64(cfg.NProc), Max: uint64(cfg.NProc)}
@@ -138,7 +139,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: cfg.Log, uid: uid, gid: gid, groups: groups,
 		baseEnv: os.Environ(),
-		reaper:  processReaper(),
+		reaper:  reaper,
 		procs:   map[int]*proc{},
 	}
 	return s, nil
@@ -471,23 +472,22 @@ func passwdLookup(name string) (uid, gid int, ok bool) {
 	return 0, 0, false
 }
 
-// dropBoundingSet removes every capability from the bounding set (needs CAP_SETPCAP).
-// The agent keeps its own permitted and effective sets; its children can gain nothing.
-// Capability sets belong to threads, and a command may be forked from any of the
-// runtime's threads, so the drop is applied to all of them.
+// dropBoundingSet removes every capability from the calling thread's bounding set
+// (needs CAP_SETPCAP), on a thread locked to its goroutine: the one that forks the
+// agent's commands (reaper.forkThread). The agent keeps its own permitted and effective
+// sets; its children can gain nothing.
 func dropBoundingSet() error {
 	for _, c := range boundingSet() {
-		if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, syscall.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 && e != syscall.EINVAL {
+		if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 && e != syscall.EINVAL {
 			return fmt.Errorf("capability %d: %w", c, e)
 		}
 	}
 	return nil
 }
 
-// boundingSet lists the capabilities in the bounding set, or every capability the
-// kernel knows where that cannot be read. Each drop stops every thread of the runtime,
-// so dropping only the few a sandbox starts with (the providers' agent capabilities),
-// not all forty-one, takes a sixth of the time: 5 ms of CPU less per sandbox.
+// boundingSet lists the capabilities in the calling thread's bounding set, or every
+// capability the kernel knows where that cannot be read: dropping only the few a
+// sandbox starts with (the providers' agent capabilities), not all forty-one.
 func boundingSet() []int {
 	last := 63
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
@@ -495,7 +495,7 @@ func boundingSet() []int {
 			last = n
 		}
 	}
-	status, _ := os.ReadFile("/proc/self/status")
+	status, _ := os.ReadFile("/proc/thread-self/status")
 	return capsIn(string(status), "CapBnd", last)
 }
 

@@ -227,6 +227,49 @@ func TestSandboxUser(t *testing.T) {
 	}
 }
 
+// TestNoCommandHasABoundingSet: the agent keeps the capabilities it needs, and only the
+// thread that forks commands has an empty bounding set (see reaper.forkThread); commands
+// started at once, from requests served on many of the agent's threads, each start with
+// none, as do those of a terminal and of run_code's interpreter.
+func TestNoCommandHasABoundingSet(t *testing.T) {
+	const probe = `grep -E '^CapBnd' /proc/self/status`
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := agent.Request{Cmd: []string{"sh", "-c", probe}}
+			if i%4 == 0 {
+				req.TTY = true
+			}
+			var stdout bytes.Buffer
+			_, err := client.Exec(ctxT(t, 30*time.Second), req, agent.ExecOptions{Stdout: &stdout, Stderr: &stdout})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if got := strings.Join(strings.Fields(stdout.String()), " "); got != "CapBnd: 0000000000000000" {
+				t.Errorf("command %d (tty %v): %q, want an empty bounding set", i, req.TTY, got)
+			}
+		}()
+	}
+	wg.Wait()
+	// The agent itself (this test process) keeps its own on every other thread.
+	tasks, err := filepath.Glob("/proc/self/task/*/status")
+	if err != nil || len(tasks) < 2 {
+		t.Fatalf("threads of the agent: %v (%v)", tasks, err)
+	}
+	empty := 0
+	for _, task := range tasks {
+		if b, err := os.ReadFile(task); err == nil && strings.Contains(string(b), "CapBnd:\t0000000000000000") {
+			empty++
+		}
+	}
+	if empty != 1 {
+		t.Errorf("%d of the agent's %d threads have an empty bounding set, want 1 (the one that forks)", empty, len(tasks))
+	}
+}
+
 func TestExecEnvAndWorkdir(t *testing.T) {
 	_, out, _ := execOut(t, agent.Request{
 		Cmd: []string{"sh", "-c", `printf '%s %s' "$GREETING" "$(pwd)"`},
