@@ -147,7 +147,7 @@ log "go test"
 # `roche gc --all` or of the daemon's reconciliation must not reap another package's
 # sandboxes mid-test.
 # CGO_ENABLED=0, as roche-agent is built: the agent's in-process tests (agent/server)
-# need the runtime's all-threads system calls, which cgo disables.
+# test the program that runs in sandboxes, which is static.
 CGO_ENABLED=0 go test -p 1 -count=1 -timeout 60m ./...
 
 # The race detector (it needs cgo) over the tests written for it: a provider's Close
