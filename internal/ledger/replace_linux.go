@@ -14,10 +14,10 @@ import (
 // exchanged in one rename (RENAME_EXCHANGE): a reader that opens the file sees the old
 // state or the new one, whole, and the old one becomes the next write's spare (so a
 // reader still reading when the write after next begins could see it change; only the
-// daemon reads its state, at start). The daemon rewrites its state
-// several times per sandbox; a new temporary file each time cost ~100 us of CPU on ext4
-// (allocating an inode among many just freed) against ~8 us for rewriting the spare,
-// and under a load of creates and destroys through roched that was 3% of the host's CPU.
+// daemon reads its state, at start). The daemon rewrites its state several times per
+// sandbox; a new temporary file each time cost ~100 us of CPU on an ext4 without a
+// journal (allocating an inode among many just freed) against ~8 us for rewriting the
+// spare: ~2% of the host's CPU under a load of creates and destroys through roched.
 // Where the filesystem cannot exchange (or there is no file yet), the spare is renamed
 // over the file instead, as a temporary file would be.
 func replaceFile(path string, b []byte) error {

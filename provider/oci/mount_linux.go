@@ -1,7 +1,6 @@
 package oci
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -92,7 +91,7 @@ func exitWaiter(pid int) (wait func(d time.Duration) bool, ok bool) {
 func lockPath(ctx context.Context, path string) (func(), error) { return flock.Lock(ctx, path) }
 
 // mountsBelow lists the mount points at or below any of dirs, deepest first (from
-// /proc/self/mountinfo, read once: with many sandboxes and a busy host it runs to
+// /proc/self/mountinfo, read once for all of them: with many sandboxes it runs to
 // hundreds of lines, and every destroy reads it).
 func mountsBelow(dirs ...string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
@@ -100,32 +99,14 @@ func mountsBelow(dirs ...string) []string {
 		return nil
 	}
 	var out []string
-	for len(b) > 0 {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
-		// The mount point is the fifth field: "ID PARENT MAJ:MIN ROOT MOUNTPOINT ...".
-		f := line
-		for range 4 {
-			i := bytes.IndexByte(f, ' ')
-			if i < 0 {
-				f = nil
-				break
-			}
-			f = f[i+1:]
-		}
-		if i := bytes.IndexByte(f, ' '); i >= 0 {
-			f = f[:i]
-		}
-		if len(f) == 0 {
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line) // ID PARENT MAJ:MIN ROOT MOUNTPOINT ...
+		if len(f) < 5 {
 			continue
 		}
-		mp := unescapeMount(string(f))
+		mp := unescapeMount(f[4])
 		for _, dir := range dirs {
-			if mp == dir || (len(mp) > len(dir) && mp[len(dir)] == '/' && strings.HasPrefix(mp, dir)) {
+			if mp == dir || strings.HasPrefix(mp, dir+"/") {
 				out = append(out, mp)
 				break
 			}

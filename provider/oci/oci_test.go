@@ -112,7 +112,7 @@ func testConfig() roche.Config {
 }
 
 func TestHello(t *testing.T) {
-	p, _ := newProvider(t)
+	p, state := newProvider(t)
 	ctx := context.Background()
 	start := time.Now()
 	info, err := p.Create(ctx, testConfig())
@@ -121,6 +121,11 @@ func TestHello(t *testing.T) {
 	}
 	t.Logf("created %s in %v", info.ID, time.Since(start))
 	defer p.Destroy(ctx, info.ID)
+	// Its state is on a tmpfs (the provider's own where /run is not one, as here).
+	var fs unix.Statfs_t
+	if err := unix.Statfs(state, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		t.Errorf("the state directory %s is not on a tmpfs (type %#x, %v)", state, fs.Type, err)
+	}
 	res, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "print('hello')"}})
 	if err != nil || res.Stdout != "hello\n" {
 		t.Fatalf("exec: %+v %v", res, err)

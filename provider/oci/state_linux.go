@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -41,11 +42,8 @@ func stateOnTmpfs(ctx context.Context, dir string) (bool, error) {
 	if fs.Type == unix.TMPFS_MAGIC || fs.Type == unix.RAMFS_MAGIC {
 		return false, nil
 	}
-	if isMountRoot(dir) {
-		return false, nil
-	}
-	if holdsState(dir) {
-		return false, nil
+	if slices.Contains(mountsBelow(dir), dir) || holdsState(dir) {
+		return false, nil // an operator's mount, or state the tmpfs would hide
 	}
 	// Not nodev: a runtime's probe runs in a bundle made here, and runc makes its device
 	// nodes in that root.
@@ -71,19 +69,4 @@ func holdsState(dir string) bool {
 		}
 	}
 	return false
-}
-
-// isMountRoot reports whether dir is the root of a mount (a bind mount of a directory on
-// the same filesystem included).
-func isMountRoot(dir string) bool {
-	var sx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &sx); err == nil &&
-		sx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return sx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
-	}
-	var st, parent unix.Stat_t
-	if unix.Stat(dir, &st) != nil || unix.Stat(filepath.Dir(dir), &parent) != nil {
-		return false
-	}
-	return st.Dev != parent.Dev
 }
