@@ -78,6 +78,8 @@ type Server struct {
 	cgroupFD int
 	// leases is set in Run when the sandbox is leased (Config.LeaseGrace).
 	leases *leases
+	// egressFailures bounds the log lines of egress connections that find no host proxy.
+	egressFailures everyMinute
 
 	mu    sync.Mutex
 	procs map[int]*proc // background and running commands by pid
