@@ -55,6 +55,10 @@ type Options struct {
 	// commands', so under a small limit a program filling the tmpfs mounts may be
 	// OOM-killed before they are full, the agent unharmed.
 	VM bool
+	// ScratchMountsLackNosuid, when set, says why the backend mounts /tmp and /dev/shm
+	// without nosuid and nodev (Kubernetes' emptyDir tmpfs has neither): the mount check
+	// then asserts that they are absent and that no device node can be made there.
+	ScratchMountsLackNosuid string
 }
 
 // Run runs the conformance suite against p.
@@ -108,6 +112,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		t.Run("OOMThroughTmpfs", s.testOOMThroughTmpfs)
 		t.Run("NetworkOffOnlyLoopback", func(t *testing.T) { s.testNetworkOff(t, shared) })
 		t.Run("TmpCapped", func(t *testing.T) { s.testTmpCapped(t, shared) })
+		t.Run("ScratchMountFlags", func(t *testing.T) { s.testScratchMounts(t, shared) })
 		t.Run("TimeoutKillsTreeIgnoringSIGTERM", s.testTimeoutKillsTree)
 		t.Run("ZombiesReaped", func(t *testing.T) { s.testZombiesReaped(t, shared) })
 		t.Run("PidsLimit", s.testPidsLimit)
