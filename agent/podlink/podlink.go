@@ -40,6 +40,11 @@ const (
 	RunDir = Dir + "/run"
 	// Socket is the agent's socket.
 	Socket = RunDir + "/agent.sock"
+	// TerminationLog is the sandbox container's terminationMessagePath. The kubelet makes
+	// that file on the node's disk, mode 0666, unbounded, and mounts it there: in RunDir,
+	// root's alone, the sandbox's code cannot open it (at the default, /dev/termination-log,
+	// it could fill the node's disk). The agent writes nothing to it.
+	TerminationLog = RunDir + "/termination-log"
 	// ImageAgent is the agent's path in the agent image, which holds nothing else.
 	ImageAgent = "/roche-agent"
 	// InstallArg and RelayArg are roche-agent's first argument in its two Pod modes.

@@ -495,6 +495,7 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 		{ns, "", "pods", "exec", "create"}, {ns, "", "pods", "exec", "get"},
 		{ns, "networking.k8s.io", "networkpolicies", "", "create"}, {ns, "networking.k8s.io", "networkpolicies", "", "patch"},
 		{ns, "networking.k8s.io", "networkpolicies", "", "list"}, {ns, "networking.k8s.io", "networkpolicies", "", "delete"},
+		{ns, "", "events", "", "list"}, // why a Pod's sandbox could not be made
 	}
 	mayNot := []access{
 		{ns, "", "secrets", "", "get"}, {ns, "", "secrets", "", "list"},

@@ -113,10 +113,11 @@ REPO:TAG) and set the images in the kustomization (README, "roched in a cluster"
 		Short: "Write Roche's seccomp profile for the nodes (a Localhost profile)",
 		Long: `Write Roche's seccomp profile (Docker's default without io_uring, ptrace and a few more)
 as the filter a node's container runtime loads for a Localhost profile. Install it on every
-node in the kubelet's seccomp directory (/var/lib/kubelet/seccomp/roche.json) and pass
---seccomp-profile roche.json; otherwise sandboxes get the runtime's default profile, which
-on containerd before 2.0 allows io_uring and ptrace. Make it on a machine whose kernel and
-architecture are the nodes'.`,
+node in the kubelet's seccomp directory (/var/lib/kubelet/seccomp/roche.json): the
+kubernetes provider's sandboxes run under it, and a create on a node without it fails
+saying so. --seccomp-profile RuntimeDefault runs them under the runtime's default profile
+instead, which on containerd before 2.0 allows io_uring and ptrace. Make it on a machine
+whose kernel and architecture are the nodes'.`,
 		Example: `  roche kubernetes seccomp-profile --output /var/lib/kubelet/seccomp/roche.json`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -151,10 +151,11 @@ func WithRuntimeClass(name string) Option { return func(p *Provider) { p.runtime
 // else beside the running executable), which the cluster's nodes must already have.
 func WithAgentImage(ref string) Option { return func(p *Provider) { p.agentImage = ref } }
 
-// WithSeccompProfile uses a seccomp profile installed on every node (a path relative to
-// the kubelet's seccomp directory, e.g. "roche.json": Roche's profile,
-// provider/docker/seccomp.json) instead of the container runtime's default.
-func WithSeccompProfile(localhost string) Option { return func(p *Provider) { p.seccomp = localhost } }
+// WithSeccompProfile names the seccomp profile of the sandboxes' containers: a Localhost
+// profile installed on every node, as a path relative to the kubelet's seccomp directory
+// (DefaultSeccompProfile, Roche's, unless this says otherwise), or SeccompRuntimeDefault
+// for the container runtime's own default.
+func WithSeccompProfile(name string) Option { return func(p *Provider) { p.seccomp = name } }
 
 // WithCreateTimeout bounds a create (DefaultCreateTimeout).
 func WithCreateTimeout(d time.Duration) Option { return func(p *Provider) { p.createTimeout = d } }
@@ -177,6 +178,7 @@ func New(opts ...Option) (*Provider, error) {
 	p := &Provider{
 		log:           slog.New(slog.DiscardHandler),
 		namespace:     DefaultNamespace,
+		seccomp:       DefaultSeccompProfile,
 		createTimeout: DefaultCreateTimeout,
 		uidFirst:      DefaultUIDFirst,
 		uidCount:      DefaultUIDCount,
@@ -202,8 +204,11 @@ func New(opts ...Option) (*Provider, error) {
 			return nil, fmt.Errorf("%w: runtime class %q: %s", roche.ErrInvalidConfig, p.runtimeClass, strings.Join(errs, "; "))
 		}
 	}
-	if p.seccomp != "" && (path.IsAbs(p.seccomp) || path.Clean(p.seccomp) != p.seccomp || strings.HasPrefix(p.seccomp, "..")) {
-		return nil, fmt.Errorf("%w: seccomp profile %q: give a path relative to the kubelet's seccomp directory, such as roche.json", roche.ErrInvalidConfig, p.seccomp)
+	if p.seccomp == "" {
+		p.seccomp = DefaultSeccompProfile
+	}
+	if p.seccomp != SeccompRuntimeDefault && (path.IsAbs(p.seccomp) || path.Clean(p.seccomp) != p.seccomp || strings.HasPrefix(p.seccomp, "..")) {
+		return nil, fmt.Errorf("%w: seccomp profile %q: give a path relative to the kubelet's seccomp directory, such as %s, or %s", roche.ErrInvalidConfig, p.seccomp, DefaultSeccompProfile, SeccompRuntimeDefault)
 	}
 	if p.createTimeout <= 0 {
 		return nil, fmt.Errorf("%w: create timeout %v: give a positive duration such as 2m", roche.ErrInvalidConfig, p.createTimeout)
@@ -439,7 +444,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	expires := time.Now().Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	pp := podParams{
 		id: id, namespace: p.namespace, agentImage: p.agentImage, runtimeClass: p.runtimeClass,
-		expires: expires, localhostSeccomp: p.seccomp, user: cfg.User, uid: cfg.UID(),
+		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: cfg.UID(),
 	}
 	if cfg.User == roche.UserAuto {
 		uid, err := p.drawUID(ctx)
@@ -475,7 +480,13 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 		if p.namespaceGone(ctx, err) {
 			return p.Create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
 		}
+		if refused := p.runtimeClassRefused(err); refused != nil {
+			return roche.SandboxInfo{}, refused
+		}
 		return roche.SandboxInfo{}, p.apiErr("creating the Pod of sandbox "+id, err)
+	}
+	if err := checkPosture(pod, made); err != nil {
+		return roche.SandboxInfo{}, err
 	}
 	if !cfg.Network {
 		// The policy goes with its Pod, whoever deletes the Pod.
@@ -519,6 +530,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, error) {
 	delay := 50 * time.Millisecond
 	var last string
+	var failures sandboxFailures
 	for {
 		pod, err := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
 		if err != nil {
@@ -541,7 +553,19 @@ func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, err
 			return nil, fmt.Errorf("%w: %s: the node has no such image and could not pull it: import it into the nodes' container runtime (for the agent image: roche kubernetes agent-image, then the runtime's image import), or push it to a registry the cluster can pull from",
 				roche.ErrImageNotFound, msg)
 		case "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "Terminated":
+			if err := p.seccompMissing(id, oneLine(msg)); err != nil {
+				return nil, err
+			}
 			return nil, fmt.Errorf("the Pod of sandbox %s cannot start: %s", id, msg)
+		case "":
+			// The Pod's sandbox failing leaves the Pod Pending with no reason in its status.
+			if fail := failures.check(ctx, p, pod); fail != "" {
+				last = "the kubelet could not make the Pod's sandbox: " + fail
+				if p.runtimeClass != "" && runtimeHandlerMissing(fail) {
+					return nil, fmt.Errorf("%w: the Pod of sandbox %s cannot start under runtime class %q: its node cannot run that RuntimeClass's handler (kubectl get runtimeclass %s shows it; the node's runtime must have it configured): %s",
+						roche.ErrUnavailable, id, p.runtimeClass, p.runtimeClass, fail)
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():

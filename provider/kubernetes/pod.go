@@ -75,9 +75,9 @@ type podParams struct {
 	uid  int
 	// expires is the end of the sandbox's lifetime.
 	expires time.Time
-	// localhostSeccomp, when set, is a seccomp profile on the nodes (relative to the
-	// kubelet's seccomp directory) used instead of the runtime's default.
-	localhostSeccomp string
+	// seccomp is the containers' seccomp profile: a Localhost profile on the nodes
+	// (relative to the kubelet's seccomp directory), or SeccompRuntimeDefault.
+	seccomp string
 	// extraArgs go to the agent after its own (a lease's).
 	extraArgs []string
 }
@@ -119,10 +119,7 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 		corev1.ResourceCPU:    minQuantity(requestCPU, limits[corev1.ResourceCPU]),
 		corev1.ResourceMemory: minQuantity(requestMemory, limits[corev1.ResourceMemory]),
 	}
-	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
-	if pp.localhostSeccomp != "" {
-		seccomp = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr(pp.localhostSeccomp)}
-	}
+	seccomp := seccompFor(pp.seccomp)
 	tmpSize := resource.NewQuantity(cfg.TmpSize(), resource.BinarySI)
 	agentArgs := []string{
 		"--socket", podlink.Socket,
@@ -158,8 +155,13 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 			HostPID:                       false,
 			HostIPC:                       false,
 			ShareProcessNamespace:         ptr(false),
+			// The Pod's own sandbox (its pause container) runs nothing of the sandbox's and
+			// keeps the runtime's default; the containers have Roche's profile. Set on the
+			// containers, a profile missing from the node fails the container's creation with
+			// a reason in the Pod's status (which the create reports), where on the Pod it
+			// would fail the Pod's sandbox and leave the Pod Pending.
 			SecurityContext: &corev1.PodSecurityContext{
-				SeccompProfile: seccomp,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			InitContainers: []corev1.Container{{
 				Name:            containerInstall,
@@ -173,6 +175,7 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 					AllowPrivilegeEscalation: ptr(false),
 					Privileged:               ptr(false),
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile:           seccomp,
 				},
 				VolumeMounts:             []corev1.VolumeMount{{Name: volumeAgent, MountPath: "/agent"}},
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -193,12 +196,16 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 					AllowPrivilegeEscalation: ptr(false),
 					Privileged:               ptr(false),
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: agentCaps},
+					SeccompProfile:           seccomp,
 				},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: volumeAgent, MountPath: podlink.Dir},
 					{Name: volumeTmp, MountPath: "/tmp"},
 					{Name: volumeShm, MountPath: "/dev/shm"},
 				},
+				// The kubelet makes the termination message file world-writable on the
+				// node's disk, with no bound: out of the sandbox user's reach (podlink).
+				TerminationMessagePath:   podlink.TerminationLog,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 			Volumes: []corev1.Volume{
@@ -222,6 +229,15 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 		pod.Spec.RuntimeClassName = ptr(pp.runtimeClass)
 	}
 	return pod, nil
+}
+
+// seccompFor is the containers' seccomp profile: the runtime's default when asked in so
+// many words, else the Localhost profile named.
+func seccompFor(name string) *corev1.SeccompProfile {
+	if name == SeccompRuntimeDefault {
+		return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	}
+	return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr(name)}
 }
 
 // minQuantity is the smaller of a and b.

@@ -23,6 +23,7 @@ func testParams() podParams {
 	return podParams{
 		id: "kubernetes-0123456789abcdef", namespace: "ns", agentImage: "roche/agent:x",
 		user: "1900000005:1900000005", uid: 1900000005, expires: time.Unix(1700000000, 0),
+		seccomp: DefaultSeccompProfile,
 	}
 }
 
@@ -41,8 +42,15 @@ func TestPodForSecureDefaults(t *testing.T) {
 	if s.RestartPolicy != corev1.RestartPolicyNever || *s.ActiveDeadlineSeconds != 300 || s.RuntimeClassName != nil {
 		t.Errorf("restart %s, deadline %d, runtime class %v", s.RestartPolicy, *s.ActiveDeadlineSeconds, s.RuntimeClassName)
 	}
+	// Roche's profile on both containers; the runtime's own on the Pod's sandbox, which
+	// runs nothing of the sandbox's.
 	if s.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Errorf("seccomp %+v", s.SecurityContext.SeccompProfile)
+		t.Errorf("pod seccomp %+v", s.SecurityContext.SeccompProfile)
+	}
+	for _, c := range append(slices.Clone(s.InitContainers), s.Containers...) {
+		if sp := c.SecurityContext.SeccompProfile; sp == nil || sp.Type != corev1.SeccompProfileTypeLocalhost || *sp.LocalhostProfile != "roche.json" {
+			t.Errorf("container %s seccomp %+v, want Localhost roche.json", c.Name, sp)
+		}
 	}
 	want := map[string]string{
 		LabelManaged: "true", LabelProvider: "kubernetes", LabelNetwork: "none",
@@ -57,6 +65,9 @@ func TestPodForSecureDefaults(t *testing.T) {
 		t.Errorf("annotations %v", pod.Annotations)
 	}
 	c := s.Containers[0]
+	if c.TerminationMessagePath != podlink.TerminationLog || !strings.HasPrefix(c.TerminationMessagePath, podlink.RunDir+"/") {
+		t.Errorf("termination message path %q, want one in the agent's own directory", c.TerminationMessagePath)
+	}
 	sc := c.SecurityContext
 	if !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation || *sc.Privileged {
 		t.Errorf("container security context %+v", sc)
@@ -98,7 +109,7 @@ func TestPodForOverrides(t *testing.T) {
 	cfg.CPUs, cfg.Memory, cfg.PidsLimit, cfg.TimeoutSecs = 0.25, "1g", 20, 60
 	cfg.Env = map[string]string{"B": "2", "A": "1", "HOME": "/work"}
 	pp := testParams()
-	pp.runtimeClass, pp.localhostSeccomp = "gvisor", "roche.json"
+	pp.runtimeClass, pp.seccomp = "gvisor", SeccompRuntimeDefault
 	pod, err := podFor(cfg, pp)
 	if err != nil {
 		t.Fatal(err)
@@ -107,8 +118,8 @@ func TestPodForOverrides(t *testing.T) {
 	if pod.Labels[LabelNetwork] != NetworkOn || *c.SecurityContext.ReadOnlyRootFilesystem {
 		t.Errorf("network label %q, read-only %v", pod.Labels[LabelNetwork], *c.SecurityContext.ReadOnlyRootFilesystem)
 	}
-	if *pod.Spec.RuntimeClassName != "gvisor" || *pod.Spec.SecurityContext.SeccompProfile.LocalhostProfile != "roche.json" {
-		t.Errorf("runtime class %v, seccomp %+v", pod.Spec.RuntimeClassName, pod.Spec.SecurityContext.SeccompProfile)
+	if sp := c.SecurityContext.SeccompProfile; *pod.Spec.RuntimeClassName != "gvisor" || sp.Type != corev1.SeccompProfileTypeRuntimeDefault || sp.LocalhostProfile != nil {
+		t.Errorf("runtime class %v, seccomp %+v", pod.Spec.RuntimeClassName, sp)
 	}
 	if c.Resources.Limits.Cpu().MilliValue() != 250 || c.Resources.Limits.Memory().Value() != 1<<30 || *pod.Spec.ActiveDeadlineSeconds != 60 {
 		t.Errorf("limits %v, deadline %d", c.Resources.Limits, *pod.Spec.ActiveDeadlineSeconds)

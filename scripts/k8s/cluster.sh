@@ -21,6 +21,9 @@
 #   traffic is kept on this host: the node forwards nothing from the Pod bridge to another
 #   interface. Images come in without a registry (import-docker, import-tar); the sandbox
 #   image is roche/pause:local, built here from internal/testcluster/cmd/roche-pause.
+#   Roche's seccomp profile is installed in the kubelet's seccomp directory
+#   ($STATE/kubelet/seccomp/roche.json), as an operator installs it on every node, since
+#   the Kubernetes provider's sandboxes run under it and refuse a node without it.
 #
 # Binaries come from scripts/k8s/build.sh (cached by version under ~/.cache/roche; the first
 # build takes 10-25 minutes).
@@ -381,6 +384,24 @@ test_image() {
   echo "$id" >"$mark"
 }
 
+# ---------- Roche's seccomp profile ----------
+
+# The profile is written by roche built from this checkout (roche kubernetes
+# seccomp-profile, as the README tells operators), again when what it is made from changed
+# since the last install (the Docker provider's profile, or how it is resolved).
+seccomp_profile() {
+  local dir=$STATE/kubelet/seccomp mark
+  mark=$(cat "$repo/provider/docker/seccomp.json" "$repo/provider/kubernetes/seccomp_linux.go" | sha256sum | cut -c1-32)
+  if [ -f "$dir/roche.json" ] && [ "$(cat "$STATE/seccomp.mark" 2>/dev/null)" = "$mark" ]; then return 0; fi
+  log "installing Roche's seccomp profile on the node"
+  # The thin roche hands the command to roched beside it, the full binary.
+  (cd "$repo" && CGO_ENABLED=0 go build -trimpath -o "$STATE/bin/" ./cmd/roche ./cmd/roched)
+  mkdir -p "$dir"
+  "$STATE/bin/roche" kubernetes seccomp-profile --output "$dir/roche.json.tmp"
+  mv -f "$dir/roche.json.tmp" "$dir/roche.json"
+  echo "$mark" >"$STATE/seccomp.mark"
+}
+
 # ---------- state ----------
 
 api() {
@@ -449,6 +470,7 @@ up() {
   case $kwok_nodes in *[!0-9]*) die "--kwok wants a number of nodes, not $kwok_nodes" ;; esac
   mkdir -p "$STATE/pids" "$STATE/logs" "$STATE/bin"
   if [ -f "$STATE/pki/apiserver.ip" ] && is_up; then
+    seccomp_profile
     if [ "$kwok_nodes" -gt 0 ]; then kwok_up "$kwok_nodes"; fi
     env_line
     return 0
@@ -477,6 +499,8 @@ up() {
   cni_config "$ip"
   kubelet_config "$ip"
   mkdir -p "$RUN" "$STATE/kubelet" "$STATE/pod-logs"
+  rm -f "$STATE/seccomp.mark"
+  seccomp_profile
 
   # A fresh cluster every start: no Pod of an earlier run comes back.
   rm -rf "$STATE/etcd"
