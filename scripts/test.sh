@@ -124,7 +124,7 @@ kept_before=$(kept)
 # The agent socket directories of docker sandboxes. Only new ones count: a create's sweep
 # (or roche gc) may remove those older runs left.
 agent_dirs() {
-  if [ -d /run/roche/docker ]; then find /run/roche/docker -mindepth 1 -maxdepth 1 -type d -name 'roche-*'; fi | sort
+  if [ -d /run/roche/docker ]; then find /run/roche/docker -mindepth 1 -maxdepth 2 -type d -name 'roche-*'; fi | sort
 }
 agent_dirs_before=$(agent_dirs)
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -469,18 +470,17 @@ func TestDestroyAfterTheEngineRemovedIt(t *testing.T) {
 // watching (its creator was killed, so its lease ended it; or it reached its lifetime
 // with no roched running) is removed by the engine, which knows nothing of its agent
 // directory. The next create on the engine, in any process, removes such a directory
-// once it is older than a create may take, and leaves live sandboxes' alone.
+// once its create has given up, and leaves live sandboxes' alone.
 func TestCreateSweepsAgentDirsOfGoneSandboxes(t *testing.T) {
 	state, err := os.MkdirTemp("", "rsweep")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(state)
-	const engineTimeout = time.Second // a directory is a leftover 2 s after it last changed
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// The creator, which dies without a word: this provider is never asked again.
-	creator := newProvider(t, docker.WithStateDir(state), docker.WithEngineTimeout(engineTimeout))
+	creator := newProvider(t, docker.WithStateDir(state))
 	gone := sandbox(t, creator, testConfig())
 	dc := engineClient(t)
 	c, err := dc.ContainerInspect(ctx, gone)
@@ -492,13 +492,19 @@ func TestCreateSweepsAgentDirsOfGoneSandboxes(t *testing.T) {
 	if _, err := os.Stat(goneDir); err != nil {
 		t.Fatalf("the gone sandbox's agent directory %s should be there before the sweep: %v", goneDir, err)
 	}
-	// A live sandbox's directory, old enough to be swept were it a leftover.
-	other := newProvider(t, docker.WithStateDir(state), docker.WithEngineTimeout(engineTimeout))
+	// A live sandbox's directory, as old as the gone one's: both as if made an hour ago.
+	other := newProvider(t, docker.WithStateDir(state))
 	live := sandbox(t, other, testConfig())
-	time.Sleep(2*engineTimeout + 500*time.Millisecond)
+	c, err = dc.ContainerInspect(ctx, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{goneDir, c.Config.Labels[docker.LabelAgentDir]} {
+		ageAgentDir(t, dir, time.Hour)
+	}
 
 	// Another process's create.
-	next := newProvider(t, docker.WithStateDir(state), docker.WithEngineTimeout(engineTimeout))
+	next := newProvider(t, docker.WithStateDir(state))
 	sandbox(t, next, testConfig())
 	for {
 		if _, err := os.Stat(goneDir); os.IsNotExist(err) {
@@ -511,6 +517,67 @@ func TestCreateSweepsAgentDirsOfGoneSandboxes(t *testing.T) {
 	}
 	if got := execOK(t, other, live, "echo", "alive"); got != "alive\n" {
 		t.Fatalf("the live sandbox after the sweep: %q", got)
+	}
+}
+
+// TestSweepSparesAnotherCreatorsDirectory: a create in another process, with a longer
+// engine timeout than the sweeping one's, makes its sandbox's directory before its
+// container; until its own deadline (recorded in the directory) a sweep leaves it,
+// however old it looks.
+func TestSweepSparesAnotherCreatorsDirectory(t *testing.T) {
+	state, err := os.MkdirTemp("", "rsweep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	p := newProvider(t, docker.WithStateDir(state))
+	// A sandbox of this engine, for the directory of its engine.
+	id := sandbox(t, p, testConfig())
+	c, err := engineClient(t).ContainerInspect(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Dir(c.Config.Labels[docker.LabelAgentDir])
+	// Another creator's directory, whose container is not made yet: its deadline is a
+	// minute away, and it last changed an hour ago.
+	making := filepath.Join(root, "roche-0123456789ab")
+	if err := os.Mkdir(making, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	by := strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)
+	if err := os.WriteFile(filepath.Join(making, "start_by"), []byte(by), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(making, old, old)
+	// And a leftover beside it, whose create gave up an hour ago.
+	left := filepath.Join(root, "roche-ba9876543210")
+	if err := os.Mkdir(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ageAgentDir(t, left, time.Hour)
+	if _, err := p.GC(context.Background(), roche.GCOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Fatalf("the leftover %s survived the sweep (%v)", left, err)
+	}
+	if _, err := os.Stat(making); err != nil {
+		t.Fatalf("the sweep removed %s, whose create has not given up yet: %v", making, err)
+	}
+	os.RemoveAll(making)
+}
+
+// ageAgentDir makes a sandbox's agent directory look as if its create had given up, and
+// the directory had last changed, d ago.
+func ageAgentDir(t *testing.T, dir string, d time.Duration) {
+	t.Helper()
+	then := time.Now().Add(-d)
+	if err := os.WriteFile(filepath.Join(dir, "start_by"), []byte(strconv.FormatInt(then.Unix(), 10)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(dir, then, then); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -100,8 +100,11 @@ type Provider struct {
 	// agentPath is the host path of the static roche-agent binary; empty means it was not
 	// found (or transport is TransportDockerExec).
 	agentPath string
-	// stateDir holds one directory per sandbox for its agent socket.
+	// stateDir holds, for each engine, one directory per sandbox for its agent socket
+	// (agentRoot, agentdir.go).
 	stateDir string
+	// agentRoot is this engine's directory under stateDir.
+	agentRoot string
 	// dataDir holds what outlives reboots: snapshots' /tmp archives.
 	dataDir string
 	// egress: this process serves the egress proxies of sandboxes with an allowlist,
@@ -249,6 +252,7 @@ func New(opts ...Option) (*Provider, error) {
 		}
 		p.cli = c
 	}
+	p.agentRoot = agentRootOf(p.stateDir, p.cli.DaemonHost())
 	p.engine = engine.Engine{
 		Name: "the Docker engine", Addr: p.cli.DaemonHost(),
 		Hint: "check that dockerd runs and is not stuck (sudo systemctl status docker), or raise --engine-timeout",
@@ -471,12 +475,11 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	name := "roche-" + randomHex(6)
 	sb := sandbox{expires: expires, cfg: cfg}
 	if withAgent {
-		sb.agentDir = filepath.Join(p.stateDir, name)
-		// 0700: only the host user reaches the socket; inside, the directory belongs to a
-		// uid the sandbox user is not, so sandboxed code cannot reach the agent.
-		if err := os.MkdirAll(sb.agentDir, 0o700); err != nil {
-			return roche.SandboxInfo{}, fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
+		dir, err := p.makeAgentDir(ctx, name)
+		if err != nil {
+			return roche.SandboxInfo{}, err
 		}
+		sb.agentDir = dir
 		sb.agent = agent.NewClient(filepath.Join(sb.agentDir, agentSocket))
 		if len(cfg.NetworkAllowlist) > 0 {
 			if err := p.startEgress(sb.agentDir, name, cfg.NetworkAllowlist); err != nil {
@@ -1068,17 +1071,6 @@ func (p *Provider) containers(ctx context.Context, opts container.ListOptions) (
 	return live, nil
 }
 
-// removeAgentDir removes a sandbox's socket directory, if it is one of ours.
-func (p *Provider) removeAgentDir(dir string) {
-	if dir == "" || filepath.Dir(dir) != filepath.Clean(p.stateDir) {
-		return
-	}
-	p.stopEgress(dir)
-	if err := os.RemoveAll(dir); err != nil {
-		p.log.Warn("removing the agent's socket directory", "dir", dir, "err", err)
-	}
-}
-
 // isRemovalInProgress: AutoRemove (or a concurrent destroy) is already removing it.
 func isRemovalInProgress(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "is already in progress")
@@ -1128,44 +1120,6 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 		err = errors.Join(err, p.sweepAgentDirs(ctx))
 	}
 	return removed, err
-}
-
-// sweepAgentDirs removes socket directories whose container is gone: a sandbox that
-// reached the end of its lifetime is removed by the engine, which knows nothing of them.
-func (p *Provider) sweepAgentDirs(ctx context.Context) (err error) {
-	ctx, done := p.bound(ctx, "listing sandboxes")
-	defer done(&err)
-	cs, err := p.containers(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
-	if err != nil {
-		return p.engineErr("listing sandboxes", err)
-	}
-	p.sweepAgentDirsOf(cs)
-	return nil
-}
-
-// sweepAgentDirsOf removes the socket directories that none of cs, every Roche
-// container on the engine, carries.
-func (p *Provider) sweepAgentDirsOf(cs []container.Summary) {
-	entries, err := os.ReadDir(p.stateDir)
-	if err != nil {
-		return
-	}
-	live := map[string]bool{}
-	for _, c := range cs {
-		live[c.Labels[LabelAgentDir]] = true
-	}
-	for _, e := range entries {
-		dir := filepath.Join(p.stateDir, e.Name())
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), "roche-") || live[dir] {
-			continue
-		}
-		// A create (here or in another process) makes the directory before its container:
-		// one younger than a create may take is not a leftover yet.
-		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) < 2*p.engineTimeout {
-			continue
-		}
-		p.removeAgentDir(dir)
-	}
 }
 
 // Pause implements roche.Pauser.

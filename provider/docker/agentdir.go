@@ -1,0 +1,121 @@
+package docker
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// Each sandbox's agent socket lives in a directory of its own on the host, bind-mounted
+// into the container, under a directory of its engine's own:
+//
+//	STATEDIR/engine-HASH/roche-NAME/agent.sock
+//
+// where HASH names the engine's address. A sandbox that ends while nobody of ours
+// watches (its lifetime, its lease) is removed by the engine, which knows nothing of
+// the directory, so creates and gc sweep the directories whose container their engine
+// no longer lists. Every engine on a host shares the default state directory: keyed by
+// engine, a sweep reads only the directories its own engine's sandboxes were given and
+// never takes another engine's live sandboxes for gone ones.
+const (
+	engineDirPrefix = "engine-"
+	agentDirPrefix  = "roche-"
+	// startByFile, in a sandbox's directory, holds when (unix seconds) the create that
+	// made it gives up: until then its container may not exist yet, whatever the
+	// sweeping process's own engine timeout.
+	startByFile = "start_by"
+)
+
+// agentRootOf is the directory of the engine at host under stateDir.
+func agentRootOf(stateDir, host string) string {
+	sum := sha256.Sum256([]byte(host))
+	return filepath.Join(stateDir, engineDirPrefix+hex.EncodeToString(sum[:6]))
+}
+
+// makeAgentDir makes the socket directory of the sandbox name, recording when the
+// create (ctx) gives up.
+func (p *Provider) makeAgentDir(ctx context.Context, name string) (string, error) {
+	dir := filepath.Join(p.agentRoot, name)
+	// 0700: only the host user reaches the socket; inside, the directory belongs to a
+	// uid the sandbox user is not, so sandboxed code cannot reach the agent.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		by := strconv.FormatInt(deadline.Unix()+1, 10)
+		if err := os.WriteFile(filepath.Join(dir, startByFile), []byte(by), 0o600); err != nil {
+			p.removeAgentDir(dir)
+			return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
+		}
+	}
+	return dir, nil
+}
+
+// removeAgentDir removes a sandbox's socket directory, if it is one of this engine's.
+func (p *Provider) removeAgentDir(dir string) {
+	if dir == "" || filepath.Dir(dir) != p.agentRoot || !strings.HasPrefix(filepath.Base(dir), agentDirPrefix) {
+		return
+	}
+	p.stopEgress(dir)
+	if err := os.RemoveAll(dir); err != nil {
+		p.log.Warn("removing the agent's socket directory", "dir", dir, "err", err)
+	}
+}
+
+// sweepAgentDirs removes socket directories whose container is gone: a sandbox that
+// reached the end of its lifetime is removed by the engine, which knows nothing of them.
+func (p *Provider) sweepAgentDirs(ctx context.Context) (err error) {
+	ctx, done := p.bound(ctx, "listing sandboxes")
+	defer done(&err)
+	cs, err := p.containers(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
+	if err != nil {
+		return p.engineErr("listing sandboxes", err)
+	}
+	p.sweepAgentDirsOf(cs)
+	return nil
+}
+
+// sweepAgentDirsOf removes the socket directories of this engine that none of cs, every
+// Roche container on the engine, carries, and whose create has given up.
+func (p *Provider) sweepAgentDirsOf(cs []container.Summary) {
+	entries, err := os.ReadDir(p.agentRoot)
+	if err != nil {
+		return
+	}
+	live := map[string]bool{}
+	for _, c := range cs {
+		live[c.Labels[LabelAgentDir]] = true
+	}
+	for _, e := range entries {
+		dir := filepath.Join(p.agentRoot, e.Name())
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), agentDirPrefix) || live[dir] || creating(dir, e, 2*p.engineTimeout) {
+			continue
+		}
+		p.removeAgentDir(dir)
+	}
+}
+
+// creating reports whether a create (here or in another process, with an engine timeout
+// of its own) may still be making the container of the directory: it makes the
+// directory first. Its startByFile says until when; a directory without one is given
+// slack after it last changed.
+func creating(dir string, e os.DirEntry, slack time.Duration) bool {
+	if b, err := os.ReadFile(filepath.Join(dir, startByFile)); err == nil {
+		if by, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && time.Now().Before(time.Unix(by, 0)) {
+			return true
+		}
+	}
+	fi, err := e.Info()
+	return err == nil && time.Since(fi.ModTime()) < slack
+}
