@@ -21,6 +21,10 @@ func TestMain(m *testing.M) {
 	if addrs := os.Getenv(bannerListenEnv); addrs != "" {
 		os.Exit(serveBanners(strings.Split(addrs, ","), os.Getenv(bannerTextEnv)))
 	}
+	// Or the second local user's probe of sandboxes' control channels (control_test.go).
+	if arg := os.Getenv(controlProbeEnv); arg != "" {
+		os.Exit(controlProbe(arg))
+	}
 	// Or the creator a lease test kills (lease_test.go), with the parent's roche-agent.
 	if mode := os.Getenv(leaseChildEnv); mode != "" {
 		os.Exit(leaseChild(mode))

@@ -13,10 +13,11 @@ const (
 	// RuntimeRunc is the engine's default runtime: the sandbox's processes are host
 	// processes in namespaces, behind Roche's seccomp profile.
 	RuntimeRunc = "runc"
-	// RuntimeGVisor is gVisor's runsc, registered with the engine under this name by
-	// scripts/runsc.sh with --network=none --host-uds=all --oci-seccomp: a user-space
-	// kernel between the sandbox and the host, no network (only loopback), and Roche's
-	// seccomp profile enforced by that kernel.
+	// RuntimeGVisor is gVisor's runsc, built at a pinned version and registered with the
+	// engine under this name by scripts/runsc.sh with --network=none --host-uds=all
+	// --oci-seccomp --overlay2=none: a user-space kernel between the sandbox and the
+	// host, no network (only loopback), Roche's seccomp profile enforced by that kernel,
+	// and writes to the container's own layer.
 	RuntimeGVisor = "runsc"
 )
 
