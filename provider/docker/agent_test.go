@@ -598,3 +598,39 @@ func killedByTheEngine(ctx context.Context, t *testing.T, dc *client.Client, id 
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestStateDirOfAnotherUserRefused: where another local user owns the directory the
+// sockets would live under (as /tmp/roche-UID may be, taken first by anyone), that user
+// could swap a sandbox's directory for one of their own and answer in its agent's
+// place: the create is refused, saying why, and makes nothing.
+func TestStateDirOfAnotherUserRefused(t *testing.T) {
+	base := t.TempDir()
+	taken := filepath.Join(base, "roche-1000")
+	if err := os.Mkdir(taken, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(taken, 0o777)
+	if err := os.Chown(taken, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	p := newProvider(t, docker.WithStateDir(filepath.Join(taken, "docker")))
+	cfg := testConfig()
+	cfg.Owner = fmt.Sprintf("statedir-test-%d", time.Now().UnixNano())
+	_, err := p.Create(context.Background(), cfg)
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "belongs to uid 65534") {
+		t.Fatalf("create under another user's directory: %v, want a refusal naming its owner", err)
+	}
+	list, err := p.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if sb.Owner == cfg.Owner {
+			p.Destroy(context.Background(), sb.ID)
+			t.Fatalf("the refused create left sandbox %s", sb.ID)
+		}
+	}
+	if entries, _ := os.ReadDir(taken); len(entries) > 0 {
+		t.Fatalf("the refused create made %s in the other user's directory", entries[0].Name())
+	}
+}

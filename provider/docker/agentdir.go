@@ -15,6 +15,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/statedir"
 )
 
 // Each sandbox's agent socket lives in a directory of its own on the host, bind-mounted
@@ -46,10 +47,15 @@ func agentRootOf(stateDir, host string) string {
 // makeAgentDir makes the socket directory of the sandbox name, recording when the
 // create (ctx) gives up.
 func (p *Provider) makeAgentDir(ctx context.Context, name string) (string, error) {
+	// Nobody but this user (and root) may own or write the directories above the
+	// sockets: whoever could would answer in the agent's place.
+	if err := statedir.Make(p.agentRoot); err != nil {
+		return "", err
+	}
 	dir := filepath.Join(p.agentRoot, name)
 	// 0700: only the host user reaches the socket; inside, the directory belongs to a
 	// uid the sandbox user is not, so sandboxed code cannot reach the agent.
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
 	}
 	if deadline, ok := ctx.Deadline(); ok {

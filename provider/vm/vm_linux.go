@@ -29,6 +29,7 @@ import (
 	"github.com/roche-sandbox/roche/agent/vmlink"
 	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/statedir"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -384,8 +385,10 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	now := time.Now()
 	id := p.Name() + "-" + randomHex(6)
 	dir := filepath.Join(p.stateDir, id)
-	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
-		return roche.SandboxInfo{}, fmt.Errorf("%w: making the state directory: %v", roche.ErrUnavailable, err)
+	// The VM's sockets (its agent's, QEMU's monitor) live here: nobody but this user and
+	// root may own or write the directories above them.
+	if err := statedir.Make(p.stateDir); err != nil {
+		return roche.SandboxInfo{}, err
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: making the VM's directory: %v", roche.ErrUnavailable, err)
