@@ -25,6 +25,11 @@ const (
 	// a workspace is made with when the config gives none.
 	DefaultDisk          = "1g"
 	DefaultWorkspaceSize = "1g"
+	// DefaultOpenFiles is the open-file limit (RLIMIT_NOFILE, soft and hard) of every
+	// process in a sandbox: with the PID limit it bounds the files a sandbox holds open
+	// on the host (64 x 1024), whose kernel limit all sandboxes share. It is not a
+	// Config field: roche-agent sets it (agent.OpenFiles) in every provider that runs it.
+	DefaultOpenFiles = 1024
 )
 
 // Bounds of a disk or workspace size: below MinDisk a filesystem has no room for its own

@@ -312,5 +312,18 @@ func ReadFrame(r io.Reader, buf []byte) (byte, []byte, error) {
 // limit the caller asked for, and the agent never needs a thread they could take.
 const ThreadReserve = 24
 
+// ThreadCeiling is how many threads a provider lets roche-agent have beside the sandbox's
+// own limit, in a ceiling on the whole sandbox (a container's pids cgroup): its
+// ThreadReserve and as many again for what the Go runtime may start later. The sandbox's
+// programs are held to their limit by the agent (RLIMIT_NPROC, Config.NProc), so the
+// ceiling never binds before it and costs them nothing.
+const ThreadCeiling = 2 * ThreadReserve
+
+// OpenFiles is the open-file limit (RLIMIT_NOFILE, soft and hard) roche-agent sets for
+// itself and so for every command it starts, unless told another: with the sandbox's
+// process limit it bounds the files a sandbox holds open on the host (64 x 1024 by
+// default), where the kernel's limit (fs.file-max) is shared by every sandbox.
+const OpenFiles = 1024
+
 // MaxChunk is the largest data payload either side sends in one frame.
 const MaxChunk = 256 << 10

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/agent/agentbin"
 	"github.com/roche-sandbox/roche/agent/podlink"
 	"github.com/roche-sandbox/roche/agent/server"
@@ -88,7 +89,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	egressSocket := fs.String("egress-socket", "", "unix socket of the host's egress proxy, where those connections are relayed")
 	own := fs.String("own", "", "directory to hand to the sandbox user at start if root owns it (a workspace)")
 	chownFrom := fs.Int("chown-from", 0, "uid whose files on the root filesystem are handed to the sandbox user at start (the uid of the sandbox a snapshot was taken of)")
-	nproc := fs.Int("nproc", 0, "cap the sandbox user's processes and threads (RLIMIT_NPROC; 0: no cap)")
+	nproc := fs.Int("nproc", 0, "cap the sandbox user's processes and threads at exactly this many (RLIMIT_NPROC; 0: no cap)")
+	forkAsUser := fs.Bool("fork-as-user", false, "start commands from a thread running as the sandbox user, so that a kernel counting tasks by their creator's user (gVisor) counts them against --nproc")
+	nofile := fs.Int("nofile", 0, fmt.Sprintf("open files per process, for the agent and every command (RLIMIT_NOFILE, soft and hard; 0: %d; -1: as started)", agent.OpenFiles))
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,7 +104,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cfg := server.Config{
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
 		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
-		ChownFrom: *chownFrom, NProc: *nproc,
+		ChownFrom: *chownFrom, NProc: *nproc, ForkAsUser: *forkAsUser, NoFile: *nofile,
 	}
 	if *own != "" {
 		cfg.Own = []string{*own}

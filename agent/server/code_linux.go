@@ -444,7 +444,7 @@ func (s *Server) startKernel(cwd string, extra map[string]string) (*kernelProc, 
 			Files: []uintptr{srcR.Fd(), stdoutW.Fd(), stderrW.Fd(), cmdR.Fd(), evW.Fd()},
 			Sys: &syscall.SysProcAttr{
 				Setpgid:     true,
-				Credential:  &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
+				Credential:  s.reaper.credential(s.uid, s.gid),
 				UseCgroupFD: s.cgroupFD > 0,
 				CgroupFD:    s.cgroupFD,
 			},

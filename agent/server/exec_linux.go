@@ -44,6 +44,10 @@ type reaper struct {
 	// that thread could not empty its bounding set, nil when it did.
 	forks   chan func()
 	forkErr error
+	// asUser is set when the forking thread runs as the sandbox user (forkAs), with its
+	// uid and gid.
+	asUser       bool
+	asUID, asGID int
 }
 
 // processReaper is the one reaper of this process, started on first use: a wait for any
@@ -66,8 +70,31 @@ var processReaper = sync.OnceValue(func() *reaper {
 // stops them all for each) cost the agent ~0.9 ms of CPU at every sandbox's start. The
 // thread is the forker's for good: its goroutine never unlocks it. What went wrong
 // emptying the set is sent on dropped, and then no fork runs.
+//
+// It is never the main thread, whose id is the process's: /proc/PID/status shows that
+// thread's credentials, and a signal to the process is checked against them, so the
+// agent's face must stay root's while the forking thread drops its capabilities and, on
+// gVisor, becomes the sandbox user (forkAs). A goroutine that finds itself locked to the
+// main thread holds it until a new one has locked a thread of its own, which then cannot
+// be that one.
 func (r *reaper) forkThread(dropped chan<- error) {
 	runtime.LockOSThread()
+	if syscall.Gettid() == syscall.Getpid() {
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(locked)
+			r.forkLoop(dropped)
+		}()
+		<-locked
+		runtime.UnlockOSThread()
+		return
+	}
+	r.forkLoop(dropped)
+}
+
+// forkLoop is forkThread's body, on the thread locked for it.
+func (r *reaper) forkLoop(dropped chan<- error) {
 	err := dropBoundingSet()
 	dropped <- err
 	if err != nil {
@@ -103,6 +130,47 @@ func (r *reaper) reap() {
 			return
 		}
 	}
+}
+
+// forkAs makes the forking thread, and only it, run as uid and gid with no
+// supplementary groups, for good: every command is then created as the sandbox user
+// (see Config.ForkAsUser). System calls made directly, not the syscall package's, which
+// change every thread of the process.
+func (r *reaper) forkAs(uid, gid int) error {
+	if r.forkErr != nil {
+		return fmt.Errorf("no fork without an empty capability bounding set: %w", r.forkErr)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.asUser {
+		if r.asUID == uid && r.asGID == gid {
+			return nil
+		}
+		return fmt.Errorf("commands are already forked as uid %d, not %d", r.asUID, uid)
+	}
+	done := make(chan error)
+	r.forks <- func() {
+		var err error
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+			err = fmt.Errorf("dropping the forking thread's groups: %w", e)
+		} else if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
+			err = fmt.Errorf("the forking thread's gid: %w", e)
+		} else if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+			err = fmt.Errorf("the forking thread's uid: %w", e)
+		}
+		done <- err
+	}
+	if err := <-done; err != nil {
+		return fmt.Errorf("forking commands as the sandbox user: %w", err)
+	}
+	r.asUser, r.asUID, r.asGID = true, uid, gid
+	return nil
+}
+
+// credential is what a command starts as: uid and gid with no supplementary groups,
+// which a forking thread that already runs as them (forkAs) need not, and could not, set.
+func (r *reaper) credential(uid, gid int) *syscall.Credential {
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}, NoSetGroups: r.asUser}
 }
 
 // start runs fork under the reaper's lock and registers the new pid's waiter.
@@ -354,7 +422,7 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 			Sys: &syscall.SysProcAttr{
 				// Its own process group, so signals and kills reach everything it starts.
 				Setpgid:    true,
-				Credential: &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
+				Credential: s.reaper.credential(s.uid, s.gid),
 				// Born inside the sandbox's cgroup (clone3), so no fork can escape its limits.
 				UseCgroupFD: s.cgroupFD > 0,
 				CgroupFD:    s.cgroupFD,
@@ -442,7 +510,7 @@ func (s *Server) execTTY(c *conn, p *proc, req agent.Request, path string, env [
 				Setsid:      true,
 				Setctty:     true,
 				Ctty:        0,
-				Credential:  &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}},
+				Credential:  s.reaper.credential(s.uid, s.gid),
 				UseCgroupFD: s.cgroupFD > 0,
 				CgroupFD:    s.cgroupFD,
 			},

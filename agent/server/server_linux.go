@@ -58,10 +58,41 @@ type Config struct {
 	// was taken of wrote (as another uid) must stay the sandbox's to change.
 	ChownFrom int
 	// NProc, when positive, caps the processes and threads of the sandbox user
-	// (RLIMIT_NPROC, inherited by every command): where the agent cannot set a pids
-	// cgroup of the sandbox's own (a Kubernetes Pod, whose pids limit is the node's),
-	// the per-sandbox uid makes it a per-sandbox limit. Root, the agent, is exempt.
+	// (RLIMIT_NPROC, soft and hard, inherited by every command): exactly NProc of them,
+	// counted by the kernel per uid, so per sandbox with a uid of its own (the default),
+	// whatever else the sandbox's cgroup holds (the agent's threads). Root, the agent,
+	// is exempt (on gVisor by keeping CAP_SYS_RESOURCE).
 	NProc int
+	// ForkAsUser forks every command from a thread that already runs as the sandbox
+	// user rather than as root: gVisor charges a task to the user it is created as, so a
+	// command started as root and then switched would not count against NProc.
+	ForkAsUser bool
+	// NoFile is the open-file limit (RLIMIT_NOFILE, soft and hard) of the agent and so
+	// of every command: 0 means agent.OpenFiles, a negative value leaves the limit as
+	// the agent was started with. It is only ever lowered.
+	NoFile int
+}
+
+// limitOpenFiles lowers the agent's RLIMIT_NOFILE, soft and hard, to n (0:
+// agent.OpenFiles; negative: left alone), which every command inherits: a limit already
+// lower stays. syscall.Setrlimit, not x/sys, so that the Go runtime stops restoring the
+// soft limit it raised at start in the commands it starts.
+func limitOpenFiles(n int) error {
+	if n < 0 {
+		return nil
+	}
+	if n == 0 {
+		n = agent.OpenFiles
+	}
+	var cur syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &cur); err != nil {
+		return fmt.Errorf("reading the open-file limit: %w", err)
+	}
+	lim := min(uint64(n), cur.Max)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: lim, Max: lim}); err != nil {
+		return fmt.Errorf("setting the open-file limit (RLIMIT_NOFILE %d): %w", lim, err)
+	}
+	return nil
 }
 
 // Server is the in-sandbox agent.
@@ -128,6 +159,14 @@ func New(cfg Config) (*Server, error) {
 		lim := &unix.Rlimit{Cur: uint64(cfg.NProc), Max: uint64(cfg.NProc)}
 		if err := unix.Setrlimit(unix.RLIMIT_NPROC, lim); err != nil {
 			return nil, fmt.Errorf("setting the sandbox's process limit (RLIMIT_NPROC %d): %w", cfg.NProc, err)
+		}
+	}
+	if err := limitOpenFiles(cfg.NoFile); err != nil {
+		return nil, err
+	}
+	if cfg.ForkAsUser {
+		if err := reaper.forkAs(uid, gid); err != nil {
+			return nil, err
 		}
 	}
 	gids, err := syscall.Getgroups()

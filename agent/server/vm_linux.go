@@ -118,6 +118,9 @@ func runVM() error {
 		LeaseGrace: time.Duration(cfg.LeaseGraceMS) * time.Millisecond,
 		FirstLease: time.Duration(cfg.FirstLeaseMS) * time.Millisecond,
 		Log:        log, Listener: ln,
+		// The sandbox cgroup holds the commands to the PID limit; RLIMIT_NPROC says so to
+		// a program that asks (ulimit -u), and holds the same, the VM's kernel its own.
+		NProc: cfg.PidsLimit,
 	})
 	if err != nil {
 		return err

@@ -731,6 +731,7 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 	if p.runtime != RuntimeRunc {
 		hcfg.Runtime = p.runtime
 	}
+	limitOpenFiles(hcfg)
 	for _, m := range cfg.Mounts {
 		hcfg.Mounts = append(hcfg.Mounts, mount.Mount{
 			Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: !m.ReadWrite,
@@ -774,20 +775,8 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 		noInit := false
 		hcfg.Init = &noInit
 		hcfg.CapAdd = []string{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
-		// The agent's own threads come on top of the sandbox's limit (agent.ThreadReserve).
-		pids := int64(cfg.PidsLimit + agent.ThreadReserve)
-		if p.gvisor() {
-			// gVisor's tasks are not host processes: the pids cgroup counts the user-space
-			// kernel's own threads and stubs, several per task, and when it runs out the
-			// whole sandbox dies. The sandbox's limit is gVisor's RLIMIT_NPROC instead,
-			// and the cgroup only bounds what the sandbox costs the host.
-			ccfg.Entrypoint = append(ccfg.Entrypoint, "--nproc", strconv.Itoa(gvisorNProc(cfg.PidsLimit)))
-			pids = int64(gvisorHostPids(cfg.PidsLimit))
-			// Unlike Linux, gVisor holds root to RLIMIT_NPROC too, unless it has
-			// CAP_SYS_RESOURCE: the agent keeps it (commands get no capability at all).
-			hcfg.CapAdd = append(hcfg.CapAdd, "SYS_RESOURCE")
-		}
-		hcfg.Resources.PidsLimit = &pids
+		// The sandbox's process limit is the agent's to hold, exactly (limits.go).
+		p.limitProcesses(cfg, ccfg, hcfg)
 		hcfg.Mounts = append(hcfg.Mounts,
 			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentBinary, ReadOnly: true},
 			mount.Mount{Type: mount.TypeBind, Source: agentDir, Target: agentRunDir},

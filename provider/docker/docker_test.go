@@ -95,7 +95,7 @@ func TestConformance(t *testing.T) {
 	if info.Transport != docker.TransportAgent {
 		t.Fatalf("transport %q, want %q: the suite would not test the agent", info.Transport, docker.TransportAgent)
 	}
-	providertest.Run(t, p, providertest.Options{Config: testConfig()})
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), PidsExact: true})
 }
 
 // TestConformanceExecFallback runs the suite over Docker's exec API, the transport asked
@@ -109,5 +109,5 @@ func TestConformanceExecFallback(t *testing.T) {
 // with the engine by scripts/runsc.sh, as make test does.
 func TestConformanceRunsc(t *testing.T) {
 	p := newProvider(t, docker.WithRuntime(docker.RuntimeGVisor), docker.WithEgressProxy())
-	providertest.Run(t, p, providertest.Options{Config: testConfig(), GVisor: true})
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), GVisor: true, PidsExact: true})
 }

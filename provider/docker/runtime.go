@@ -69,15 +69,11 @@ func (p *Provider) runtimeErr(err error) error {
 }
 
 // gvisorHostPids bounds the host threads and processes of a gVisor sandbox whose tasks
-// are capped at tasks. Measured with runsc 20221219 (ptrace platform): an idle sandbox
-// holds ~40, and a fork bomb held at 63 tasks ~1050 (up to 16 per task, its stubs
-// and tracing threads); beyond the cgroup's limit gVisor's kernel dies with the sandbox.
+// are capped at tasks; beyond the cgroup's limit gVisor's kernel dies with the sandbox.
+// Measured with the pinned runsc (systrap platform): an idle sandbox holds ~31, 64
+// tasks held ~161, and a fork bomb held at 64 ~200. Debian's 20221219 (ptrace) needed up
+// to 16 per task, ~1050 for 63: the bound keeps that margin.
 func gvisorHostPids(tasks int) int { return 256 + 24*tasks }
-
-// gvisorNProc is the RLIMIT_NPROC that holds a gVisor sandbox's user to tasks: gVisor
-// counts the tasks the user forks, not the first one, which the agent started as root
-// and then switched to the user.
-func gvisorNProc(tasks int) int { return max(1, tasks-1) }
 
 // gvisorNoTerminals is why sandboxes on gVisor have no terminals: the conformance suite
 // found what is typed on one never reaching bash's line editor there.

@@ -51,6 +51,12 @@ type Options struct {
 	// another process's /proc/PID/fdinfo, which gVisor lists (the README says so), is
 	// logged rather than refused.
 	GVisor bool
+	// PidsExact says the provider holds a sandbox's programs to exactly PidsLimit
+	// processes and threads and that every limit a program may read says so
+	// (RLIMIT_NPROC, /proc/self/limits, its pids cgroup if it shows one): roche-agent's
+	// --nproc, and a pids cgroup that is only the host's ceiling, hidden (the docker
+	// provider's limits.go shows how).
+	PidsExact bool
 	// VM says the sandbox is a microVM: its memory limit is the guest's RAM, its kernel's
 	// share included, and a guest cgroup keeps the agent's memory apart from the
 	// commands', so under a small limit a program filling the tmpfs mounts may be
@@ -109,6 +115,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		t.Run("KernelAttackSurface", func(t *testing.T) { s.testKernelAttackSurface(t, shared) })
 		t.Run("OtherProcessesOpaque", func(t *testing.T) { s.testOtherProcesses(t, shared) })
 		t.Run("MknodRefused", func(t *testing.T) { s.testMknod(t, shared) })
+		t.Run("OpenFilesBounded", func(t *testing.T) { s.testOpenFiles(t, shared) })
 		t.Run("User", s.testUser)
 		t.Run("HomeWritable", func(t *testing.T) { s.testHome(t, shared) })
 		t.Run("PerUserLimitsNotShared", s.testPerUserLimits)
@@ -119,6 +126,9 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		t.Run("TimeoutKillsTreeIgnoringSIGTERM", s.testTimeoutKillsTree)
 		t.Run("ZombiesReaped", func(t *testing.T) { s.testZombiesReaped(t, shared) })
 		t.Run("PidsLimit", s.testPidsLimit)
+		if s.opts.PidsExact {
+			t.Run("PidsLimitExact", s.testPidsExact)
+		}
 		t.Run("ForkBomb", s.testForkBomb)
 		t.Run("YesTruncatedAndTimedOut", func(t *testing.T) { s.testYes(t, shared) })
 	}

@@ -57,7 +57,7 @@ func newQEMU(t *testing.T, opts ...vm.Option) *vm.Provider {
 // works, emulation (with a warning) where it does not.
 func TestConformanceQEMU(t *testing.T) {
 	p := newQEMU(t)
-	providertest.Run(t, p, providertest.Options{Config: testConfig(), VM: true})
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), VM: true, PidsExact: true})
 }
 
 // TestConformanceFirecracker runs the suite against Firecracker where there is one. No
@@ -74,7 +74,7 @@ func TestConformanceFirecracker(t *testing.T) {
 		}
 		t.Skip(err)
 	}
-	providertest.Run(t, p, providertest.Options{Config: testConfig(), VM: true})
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), VM: true, PidsExact: true})
 }
 
 // leftovers lists what a failed create must not leave: entries in the state directory,
