@@ -15,6 +15,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,6 +56,9 @@ type options struct {
 	address string
 	token   string
 	grpc    bool
+	// TLS for an https:// address (tls.go).
+	caFile, clientCert, clientKey string
+	tlsConfig                     *tls.Config
 }
 
 // Option configures a Client.
@@ -63,8 +67,10 @@ type Option func(*options)
 // WithSocket dials the daemon's unix socket at path (default DefaultSocket()).
 func WithSocket(path string) Option { return func(o *options) { o.socket = path } }
 
-// WithAddress reaches the daemon over TCP at a URL such as http://127.0.0.1:7878 instead
-// of the unix socket; such a daemon requires WithToken.
+// WithAddress reaches the daemon over TCP at a URL such as https://roche.example:7878
+// (TLS, verified against the system's CAs or WithCAFile's) or http://127.0.0.1:7878
+// (plaintext, which roched serves only on loopback unless --insecure) instead of the
+// unix socket; such a daemon requires WithToken or WithClientCert.
 func WithAddress(url string) Option { return func(o *options) { o.address = url } }
 
 // WithToken sends "Authorization: Bearer token" with every request.
@@ -91,9 +97,17 @@ func New(opts ...Option) (*Client, error) {
 	c := &Client{transport: tr}
 	if o.address != "" {
 		if !strings.HasPrefix(o.address, "http://") && !strings.HasPrefix(o.address, "https://") {
-			return nil, fmt.Errorf("%w: daemon address %q: use http://HOST:PORT", roche.ErrInvalidConfig, o.address)
+			return nil, fmt.Errorf("%w: daemon address %q: use https://HOST:PORT (TLS) or http://HOST:PORT (plaintext, loopback)", roche.ErrInvalidConfig, o.address)
 		}
 		c.base, c.where = strings.TrimSuffix(o.address, "/"), o.address
+		cfg, err := o.tlsSettings()
+		if err != nil {
+			return nil, err
+		}
+		if cfg != nil && !strings.HasPrefix(o.address, "https://") {
+			return nil, fmt.Errorf("%w: a CA or client certificate is for TLS: use https://%s", roche.ErrInvalidConfig, strings.TrimPrefix(o.address, "http://"))
+		}
+		tr.TLSClientConfig = cfg
 	} else {
 		socket := o.socket
 		if socket == "" {
@@ -109,6 +123,7 @@ func New(opts ...Option) (*Client, error) {
 	if o.grpc {
 		tr.Protocols = new(http.Protocols)
 		tr.Protocols.SetUnencryptedHTTP2(true)
+		tr.Protocols.SetHTTP2(true)
 		copts = append(copts, connect.WithGRPC())
 	}
 	var rt http.RoundTripper = tr
@@ -171,6 +186,9 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 }
 
 func (c *Client) unreachable(err error) error {
+	if why := tlsProblem(c.where, err); why != "" {
+		return &Error{Code: connect.CodeUnavailable, Message: why, sentinel: roche.ErrUnavailable}
+	}
 	return &Error{
 		Code:     connect.CodeUnavailable,
 		Message:  fmt.Sprintf("roched is not answering on %s: start it (roche daemon start) or use --direct: %v", c.where, err),
@@ -201,6 +219,9 @@ func (c *Client) fromRPC(err error) error {
 	e := &Error{Code: ce.Code(), Message: ce.Message()}
 	sentinel, withDetail := wire.FromStatus(ce)
 	// Without a detail, UNAVAILABLE comes from the transport: no daemon answered.
+	if !withDetail && tlsProblem(c.where, err) != "" {
+		return c.unreachable(err)
+	}
 	if !withDetail && ce.Code() == connect.CodeUnavailable {
 		return c.unreachable(errors.New(ce.Message()))
 	}

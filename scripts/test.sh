@@ -54,6 +54,13 @@ if ! command -v tmux >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
 fi
 
+# tcpdump: internal/daemon's TestTLSCaptureShowsNoToken captures roched's port on lo.
+if ! command -v tcpdump >/dev/null 2>&1; then
+  log "installing tcpdump"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump >/dev/null
+fi
+
 # gVisor's runsc as the Docker runtime "runsc" (provider/docker's TestConformanceRunsc,
 # --runtime runsc): installed and merged into /etc/docker/daemon.json, which a running
 # dockerd reloads on the SIGHUP the script sends and one started below reads.

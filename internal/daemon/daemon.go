@@ -9,6 +9,7 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +53,14 @@ type Config struct {
 	Token string
 	// Tenants are TCP tenants known by their tokens' hashes (the tokens file).
 	Tenants []Tenant
+	// TLSCert and TLSKey are PEM files of the certificate and key TCP is served with
+	// (tls.go); both or neither. They are read again when they change.
+	TLSCert, TLSKey string
+	// ClientCA, with TLS, is a PEM file of the CAs whose client certificates TCP
+	// requires; a certificate's Common Name names its tenant.
+	ClientCA string
+	// Insecure lets TCP be plaintext on a host that is not a loopback address.
+	Insecure bool
 	// AllowMountRoots are host directories below which every TCP tenant may mount; with
 	// none (and no tenant's own mount_roots), TCP tenants cannot mount host paths. The
 	// local tenant may mount anywhere: the socket's owner can run the provider itself.
@@ -112,6 +121,11 @@ type Daemon struct {
 	// tenants are the TCP tenants; local is the unix socket's.
 	tenants []*tenant
 	local   *tenant
+	// tls serves TCP's certificates (nil: plaintext); certTenants are the tenants known
+	// by a client certificate alone (tls.go).
+	tls         *tlsFiles
+	certMu      sync.Mutex
+	certTenants map[string]*tenant
 
 	// draining is closed when Shutdown begins: long calls that would hold it up (Hold)
 	// end then.
@@ -166,6 +180,13 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	for _, o := range opts {
 		o(d)
 	}
+	if cfg.Listen != "" && cfg.TLSCert != "" {
+		t, err := newTLSFiles(cfg.TLSCert, cfg.TLSKey, cfg.ClientCA, d.log)
+		if err != nil {
+			return nil, err
+		}
+		d.tls = t
+	}
 	d.metrics = newMetrics(d)
 	l, err := ledger.New(cfg.ledgerConfig(), providers, ledger.WithLogger(d.log), ledger.WithObserver(d.metrics),
 		ledger.WithPoolOptions(d.poolOpts...))
@@ -182,11 +203,15 @@ func (c Config) Validate(providers []string) error {
 	limits, pools := c.ledgerConfig().Problems(providers)
 	errs := limits
 	if c.Listen != "" {
-		if _, err := parseListen(c.Listen); err != nil {
+		if addr, err := parseListen(c.Listen); err != nil {
 			errs = append(errs, err)
-		} else if c.Token == "" && len(c.Tenants) == 0 {
-			errs = append(errs, fmt.Errorf("%w: refusing to listen on %s without a token: anyone who can reach it could run code; pass --token-file FILE (mode 0600), set ROCHE_TOKEN, or give tenants with --tokens-file",
-				roche.ErrInvalidConfig, c.Listen))
+		} else {
+			if c.Token == "" && len(c.Tenants) == 0 && c.ClientCA == "" {
+				errs = append(errs, fmt.Errorf("%w: refusing to listen on %s without a token: anyone who can reach it could run code; pass --token-file FILE (mode 0600), set ROCHE_TOKEN, give tenants with --tokens-file, or require client certificates with --client-ca",
+					roche.ErrInvalidConfig, c.Listen))
+			}
+			host, _, _ := net.SplitHostPort(addr)
+			errs = append(errs, c.validateTLS(host)...)
 		}
 	}
 	errs = append(errs, c.validateTenants()...)
@@ -246,6 +271,15 @@ func (d *Daemon) Start(ctx context.Context) error {
 			return fmt.Errorf("%w: listening on %s: %v", roche.ErrUnavailable, d.cfg.Listen, err)
 		}
 		d.tcpAddr = tcpL.Addr()
+		if d.tls != nil {
+			// /healthz and /metrics are on this listener too, behind the same TLS.
+			tcpL = tls.NewListener(tcpL, d.tls.serverConfig())
+			d.bg.Add(1)
+			go func() {
+				defer d.bg.Done()
+				d.tls.watch(d.draining, tlsReloadInterval)
+			}()
+		}
 		listeners = append(listeners, tcpL)
 	}
 	// Connections wait in the listeners' backlog until the ledger has recovered.
@@ -262,10 +296,11 @@ func (d *Daemon) Start(ctx context.Context) error {
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 		}
-		// HTTP/1.1 for Connect and curl, cleartext HTTP/2 for gRPC clients.
+		// HTTP/1.1 for Connect and curl, HTTP/2 (cleartext, or over TLS) for gRPC clients.
 		srv.Protocols = new(http.Protocols)
 		srv.Protocols.SetHTTP1(true)
 		srv.Protocols.SetUnencryptedHTTP2(true)
+		srv.Protocols.SetHTTP2(true)
 		d.servers = append(d.servers, srv)
 		d.bg.Add(1)
 		go func(l net.Listener) {
@@ -278,7 +313,10 @@ func (d *Daemon) Start(ctx context.Context) error {
 	attrs := []any{"socket", d.cfg.Socket, "state", d.cfg.StateFile, "owner", d.ledger.Owner(), "providers", d.ledger.Providers(),
 		"max_sandboxes", d.cfg.MaxSandboxes, "tenants", len(d.tenants)}
 	if d.tcpAddr != nil {
-		attrs = append(attrs, "tcp", d.tcpAddr.String())
+		attrs = append(attrs, "tcp", d.tcpAddr.String(), "tls", d.tls != nil)
+		if d.tls != nil {
+			attrs = append(attrs, "tls_serial", d.tls.serial, "client_ca", d.cfg.ClientCA != "")
+		}
 	}
 	for _, p := range d.ledger.Pools() {
 		attrs = append(attrs, "pool", p.Spec().String())
@@ -363,13 +401,13 @@ func (d *Daemon) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if t := match(d.tenants, token); ok && t != nil {
+		t, why := d.callerTenant(r.TLS, token, ok)
+		if why == nil {
 			next.ServeHTTP(w, r.WithContext(withTenant(r.Context(), t)))
 			return
 		}
-		d.log.Warn("unauthenticated request refused", "path", r.URL.Path, "remote", r.RemoteAddr)
-		err := connect.NewError(connect.CodeUnauthenticated,
-			errors.New("missing or wrong bearer token: send Authorization: Bearer TOKEN (a token roched knows: its --token-file, ROCHE_TOKEN or --tokens-file)"))
+		d.log.Warn("unauthenticated request refused", "path", r.URL.Path, "remote", r.RemoteAddr, "why", why)
+		err := connect.NewError(connect.CodeUnauthenticated, why)
 		if ew.IsSupported(r) {
 			_ = ew.Write(w, r, err)
 			return

@@ -39,6 +39,10 @@ const DefaultMaxSandboxes = 100
 //	  "listen": "tcp://127.0.0.1:7878",
 //	  "token_file": "/etc/roche/token",
 //	  "tokens_file": "/etc/roche/tokens.json",
+//	  "tls_cert": "/etc/roche/tls/server.pem",
+//	  "tls_key": "/etc/roche/tls/server-key.pem",
+//	  "client_ca": "/etc/roche/tls/clients-ca.pem",
+//	  "insecure": false,
 //	  "allow_mount_roots": ["/srv/roche"],
 //	  "allow_root_sandboxes": false,
 //	  "state": "/var/lib/roche/roched.state.json",
@@ -56,6 +60,10 @@ type FileConfig struct {
 	Listen             string   `json:"listen"`
 	TokenFile          string   `json:"token_file"`
 	TokensFile         string   `json:"tokens_file"`
+	TLSCert            string   `json:"tls_cert"`
+	TLSKey             string   `json:"tls_key"`
+	ClientCA           string   `json:"client_ca"`
+	Insecure           bool     `json:"insecure"`
 	AllowMountRoots    []string `json:"allow_mount_roots"`
 	AllowRootSandboxes bool     `json:"allow_root_sandboxes"`
 	State              string   `json:"state"`
@@ -88,6 +96,8 @@ func LoadFileConfig(path string) (FileConfig, error) {
 type flags struct {
 	socket, listen, token, state, config string
 	tokenFile, tokensFile                string
+	tlsCert, tlsKey, clientCA            string
+	insecure                             bool
 	allowMountRoots                      []string
 	allowRoot                            bool
 	logFormat, logLevel                  string
@@ -145,7 +155,8 @@ served from the pool; anything else (network, mounts, writable, user, other limi
 gets a sandbox made for it.
 
 --config FILE is JSON: {"socket": "...", "listen": "tcp://...", "token_file": "...",
-"tokens_file": "...", "allow_mount_roots": ["..."], "allow_root_sandboxes": false,
+"tokens_file": "...", "tls_cert": "...", "tls_key": "...", "client_ca": "...",
+"insecure": false, "allow_mount_roots": ["..."], "allow_root_sandboxes": false,
 "state": "...", "max_sandboxes": 100, "pool_concurrency": 2, "copy_max_bytes": "1g",
 "engine_timeout": "30s", "pools": ["docker/IMAGE?min=2"]}. Flags win over the file; it
 never holds a token itself.
@@ -166,11 +177,22 @@ hypervisor shows on its first create.
 Copies (CopyTo, CopyFrom) are relayed as they stream, never staged on this host; every
 entry is checked and each copy capped at --copy-max-bytes (a request may ask for less).
 
+TLS: --tls-cert FILE and --tls-key FILE (PEM) serve TCP over TLS: the API, /healthz and
+/metrics alike. Plaintext TCP is refused on any address but a loopback one unless
+--insecure says so. --client-ca FILE (PEM) makes TCP require a client certificate signed
+by one of its CAs; the certificate's Common Name is the tenant (one of --tokens-file's,
+"default", or a tenant known by its certificate alone). A bearer token may be sent too,
+and must then name the same tenant. The three files are read again when they change (a
+renewed certificate serves the next connection; open ones keep theirs); a new set that
+does not load leaves the old one in use and the log says why. roche daemon start --tls
+makes a local CA and a certificate signed by it.
+
 GET /healthz answers without a token; /metrics is Prometheus text.`,
 		Example: `  roched --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
   roched --pool 'wasm/python:3.12?min=2&max=5'
   roched --config /etc/roche/roched.json
   (umask 077; openssl rand -hex 16 > /etc/roche/token); roched --listen tcp://127.0.0.1:7878 --token-file /etc/roche/token
+  roched --listen tcp://0.0.0.0:7878 --tls-cert /etc/roche/tls/server.pem --tls-key /etc/roche/tls/server-key.pem --token-file /etc/roche/token
   openssl rand -hex 16 | tee acme.token | roched hash-token   # token_sha256 for the tokens file`,
 		Args:          cobra.NoArgs,
 		SilenceErrors: true,
@@ -188,6 +210,10 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	_ = fs.MarkHidden("token")
 	fs.StringVar(&f.tokenFile, "token-file", "", "file (mode 0600) holding the bearer token TCP clients send, tenant \"default\" (or env ROCHE_TOKEN)")
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "JSON file (mode 0600) of tenants: names, token hashes, max_sandboxes, mount_roots (see above)")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) TCP is served with; reloaded when the file changes")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert (not readable by others); reloaded when the file changes")
+	fs.StringVar(&f.clientCA, "client-ca", "", "PEM CA certificates: TCP clients must present a certificate they signed; its Common Name is the tenant")
+	fs.BoolVar(&f.insecure, "insecure", false, "allow plaintext TCP on an address that is not loopback (the token crosses the network readable)")
 	fs.StringArrayVar(&f.allowMountRoots, "allow-mount-root", nil, "host directory TCP tenants may mount at or below (repeatable; none by default)")
 	fs.BoolVar(&f.allowRoot, "allow-root-sandboxes", false, "let creates run commands as root (uid or gid 0, or a user name)")
 	fs.StringVar(&f.state, "state", "", "state file (default: beside the socket, e.g. roched.state.json)")
@@ -257,6 +283,7 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		Socket: f.socket, Listen: f.listen, StateFile: f.state,
 		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency,
 		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
+		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
 	}
 	tokenFile, tokensFile := f.tokenFile, f.tokensFile
 	var specs []string
@@ -288,6 +315,18 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		}
 		if fc.TokensFile != "" && !changed("tokens-file") {
 			tokensFile = fc.TokensFile
+		}
+		for _, s := range []struct {
+			flag     string
+			dst      *string
+			fromFile string
+		}{{"tls-cert", &cfg.TLSCert, fc.TLSCert}, {"tls-key", &cfg.TLSKey, fc.TLSKey}, {"client-ca", &cfg.ClientCA, fc.ClientCA}} {
+			if s.fromFile != "" && !changed(s.flag) {
+				*s.dst = s.fromFile
+			}
+		}
+		if fc.Insecure && !changed("insecure") {
+			cfg.Insecure = true
 		}
 		if !changed("allow-mount-root") {
 			cfg.AllowMountRoots = fc.AllowMountRoots
