@@ -71,7 +71,7 @@ func tlsProblem(where string, err error) string {
 	var record tls.RecordHeaderError
 	switch {
 	case errors.As(err, &unknown):
-		return fmt.Sprintf("roched at %s presented a certificate signed by an authority this client does not trust (%s): give the CA that signed it with --ca FILE or ROCHE_CA_FILE (client.WithCAFile)",
+		return fmt.Sprintf("roched at %s presented a certificate signed by an authority this client does not trust (%s): give the CA that signed it with --ca FILE or ROCHE_CA_FILE",
 			where, subjectOf(unknown.Cert))
 	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
 		c := invalid.Cert
@@ -90,7 +90,7 @@ func tlsProblem(where string, err error) string {
 	case errors.As(err, &op) && op.Op == "remote error":
 		// The server ended the handshake: with --client-ca, a missing or untrusted
 		// client certificate.
-		return fmt.Sprintf("roched at %s refused this client's TLS handshake (%v): it requires a client certificate signed by its --client-ca; give one with --client-cert and --client-key (client.WithClientCert)",
+		return fmt.Sprintf("roched at %s refused this client's TLS handshake (%v): it requires a client certificate signed by its --client-ca; give one with --client-cert and --client-key (ROCHE_CLIENT_CERT, ROCHE_CLIENT_KEY)",
 			where, op.Err)
 	case errors.As(err, &record):
 		return fmt.Sprintf("roched at %s does not speak TLS: use an http:// address, or give roched --tls-cert and --tls-key", where)

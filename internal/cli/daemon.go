@@ -27,6 +27,9 @@ import (
 type daemonLink struct {
 	socket string
 	direct bool
+	// remote is roched over TCP (--address and its TLS settings, remote.go); when set,
+	// every provider goes through it and nothing falls back to this process.
+	remote remoteDaemon
 
 	once      sync.Once
 	c         *client.Client
@@ -44,7 +47,9 @@ func (e *env) addDaemonFlags(root *cobra.Command) {
 	pf := root.PersistentFlags()
 	pf.StringVar(&e.daemon.socket, "socket", def, "roched's unix socket (env ROCHE_SOCKET); used when it answers")
 	pf.BoolVar(&e.daemon.direct, "direct", false, "never use roched: run the provider inside this process")
+	e.addRemoteFlags(pf)
 	e.providers.remote = e.remoteProvider
+	e.providers.remoteErr = e.daemon.remoteErr
 	e.providers.guard = e.refuseManaged
 }
 
@@ -65,6 +70,9 @@ func (e *env) refuseManaged(id string, p roche.Provider) error {
 func (d *daemonLink) connect(e *env) *client.Client {
 	if d.direct {
 		return nil
+	}
+	if d.remote.address != "" {
+		return d.connectRemote(e)
 	}
 	d.once.Do(func() {
 		c, err := client.New(client.WithSocket(d.socket))
@@ -109,6 +117,9 @@ func (e *env) requireDaemon(hint string) (*client.Client, error) {
 	if c := e.daemon.connect(e); c != nil {
 		return c, nil
 	}
+	if err := e.daemon.remote.err; err != nil {
+		return nil, err
+	}
 	return nil, fmt.Errorf("roched is not running on %s: %s", e.daemon.socket, hint)
 }
 
@@ -134,6 +145,8 @@ every roche command goes through it (--direct skips it).`,
 func (e *env) daemonStartCommand() *cobra.Command {
 	var pools, mountRoots []string
 	var config, roched, logFile, listen, tokenFile, tokensFile string
+	var tlsCert, tlsKey, clientCA string
+	var makeTLS, insecure bool
 	var maxSandboxes int
 	c := &cobra.Command{
 		Use:   "start [flags] [-- ROCHED_FLAGS...]",
@@ -142,10 +155,16 @@ func (e *env) daemonStartCommand() *cobra.Command {
 to --log. Flags after -- are passed to roched as they are (see roched --help).
 roched is looked for beside this roche binary, then on PATH (--roched overrides).
 With --listen, clients on TCP need a token: roched reads it from --token-file (mode
-0600) or ROCHE_TOKEN, never from its command line, where every local user could read it.`,
+0600) or ROCHE_TOKEN, never from its command line, where every local user could read it.
+TCP on an address that is not loopback needs TLS (--tls-cert and --tls-key) or
+--insecure. --tls makes a local CA and a certificate it signs for the --listen host
+(and this host's names and loopback), under roched's state directory (keys mode 0600),
+the CA kept across starts and the certificate renewed when it nears its end; it prints
+what clients set: ROCHE_ADDRESS and ROCHE_CA_FILE (roche --ca, Roche(ca=...)).`,
 		Example: `  roche daemon start --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
   roche daemon start --config /etc/roche/roched.json
   roche daemon start --listen tcp://127.0.0.1:7878 --token-file ~/.roche/token
+  roche daemon start --listen tcp://0.0.0.0:7878 --tls --token-file ~/.roche/token
   roche daemon start -- --log-level debug --pool-concurrency 4`,
 		RunE: func(cmd *cobra.Command, extra []string) error {
 			sock := e.daemon.socket
@@ -169,10 +188,25 @@ With --listen, clients on TCP need a token: roched reads it from --token-file (m
 			if cmd.Flags().Changed("max-sandboxes") {
 				args = append(args, "--max-sandboxes", fmt.Sprint(maxSandboxes))
 			}
-			for _, f := range [][2]string{{"--listen", listen}, {"--token-file", tokenFile}, {"--tokens-file", tokensFile}} {
+			var tlsNote string
+			if makeTLS {
+				if tlsCert != "" || tlsKey != "" {
+					return errors.New("--tls makes its own certificate: give either --tls or --tls-cert and --tls-key")
+				}
+				ca, note, err := localTLS(listen, filepath.Dir(client.StateFile(sock)))
+				if err != nil {
+					return err
+				}
+				tlsCert, tlsKey, tlsNote = ca.Cert, ca.Key, note
+			}
+			for _, f := range [][2]string{{"--listen", listen}, {"--token-file", tokenFile}, {"--tokens-file", tokensFile},
+				{"--tls-cert", tlsCert}, {"--tls-key", tlsKey}, {"--client-ca", clientCA}} {
 				if f[1] != "" {
 					args = append(args, f[0], f[1])
 				}
+			}
+			if insecure {
+				args = append(args, "--insecure")
 			}
 			for _, r := range mountRoots {
 				args = append(args, "--allow-mount-root", r)
@@ -204,6 +238,9 @@ With --listen, clients on TCP need a token: roched reads it from --token-file (m
 				cancel()
 				if err == nil && h.PID == proc.Process.Pid {
 					fmt.Fprintf(e.stdout, "roched started on %s (pid %d, log %s)\n", sock, h.PID, logFile)
+					if tlsNote != "" {
+						fmt.Fprint(e.stdout, tlsNote)
+					}
 					return nil
 				}
 				select {
@@ -229,6 +266,11 @@ With --listen, clients on TCP need a token: roched reads it from --token-file (m
 	c.Flags().StringVar(&tokenFile, "token-file", "", "file (mode 0600) with the TCP clients' bearer token (or env ROCHE_TOKEN)")
 	c.Flags().StringVar(&tokensFile, "tokens-file", "", "JSON file (mode 0600) of tenants and their token hashes (see roched --help)")
 	c.Flags().StringArrayVar(&mountRoots, "allow-mount-root", nil, "host directory TCP tenants may mount at or below (repeatable)")
+	c.Flags().BoolVar(&makeTLS, "tls", false, "serve --listen over TLS with a local CA and certificate made under roched's state directory")
+	c.Flags().StringVar(&tlsCert, "tls-cert", "", "PEM certificate to serve --listen with (reloaded when it changes)")
+	c.Flags().StringVar(&tlsKey, "tls-key", "", "PEM key of --tls-cert")
+	c.Flags().StringVar(&clientCA, "client-ca", "", "PEM CA: TCP clients must present a certificate it signed (its Common Name is the tenant)")
+	c.Flags().BoolVar(&insecure, "insecure", false, "allow plaintext TCP on an address that is not loopback")
 	return c
 }
 

@@ -28,6 +28,9 @@ type registry struct {
 	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
 	// which is then used instead of opening the provider in-process.
 	remote func(name string) roche.Provider
+	// remoteErr, when set, says why a roched the user named could not be used, which is
+	// then an error rather than a reason to run in-process.
+	remoteErr func(name string) error
 
 	// guard, when set, may refuse to act in-process on a sandbox (one roched made).
 	guard func(id string, p roche.Provider) error
@@ -63,6 +66,11 @@ func (r *registry) get(name string) (roche.Provider, error) {
 			}
 			r.open[name] = p
 			return p, nil
+		}
+		if r.remoteErr != nil {
+			if err := r.remoteErr(name); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if _, err := providers.Lookup(name); err != nil {
