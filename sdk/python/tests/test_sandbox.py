@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from typing import Optional
 from unittest import mock
 
 import harness
 
-from roche_sandbox import AsyncRoche, ExecResult, Mount, Roche, RocheError, SandboxNotFound
+from roche_sandbox import AsyncRoche, ExecResult, Mount, ProviderUnavailable, Roche, RocheError, SandboxNotFound
 
 
 class SandboxThroughDaemon(harness.SandboxTestCase):
@@ -240,6 +243,76 @@ class SandboxThroughCLI(SandboxThroughDaemon):
         with self.assertRaises(RocheError) as cm:
             self.roche.create(image=harness.image(), network_allowlist=["pypi.org"])
         self.assertIn("roched", str(cm.exception))
+
+
+class DaemonOverTLS(harness.SandboxTestCase):
+    """roched over TLS, with the local CA roche daemon start --tls makes: the SDK verifies
+    its certificate (ca= or ROCHE_CA_FILE), sync and async, and refuses it in one line
+    without the CA or with another one, never falling back to the CLI."""
+
+    def _start(self, name: str) -> tuple[str, str, str]:
+        """A roched over TLS on a free port: its address, CA file and token."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        d = tempfile.mkdtemp(prefix=f"roche-sdk-tls-{name}-")
+        sock = os.path.join(d, "r.sock")
+        token = os.urandom(16).hex()
+        tok = os.path.join(d, "token")
+        with open(os.open(tok, os.O_CREAT | os.O_WRONLY, 0o600), "w") as f:
+            f.write(token)
+        p = subprocess.run([harness.CLI, "--socket", sock, "daemon", "start", "--roched", harness.ROCHED,
+                            "--listen", f"tcp://127.0.0.1:{port}", "--tls", "--token-file", tok,
+                            "--", "--providers", "docker"], capture_output=True, text=True, timeout=120)
+        self.addCleanup(shutil.rmtree, d, True)
+        self.addCleanup(subprocess.run, [harness.CLI, "--socket", sock, "daemon", "stop"], capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        m = re.search(r"ROCHE_ADDRESS=(\S+) ROCHE_CA_FILE=(\S+)", p.stdout)
+        self.assertIsNotNone(m, p.stdout)
+        assert m is not None
+        return m.group(1), m.group(2), token
+
+    def test_tls(self) -> None:
+        address, ca, token = self._start("a")
+        self.assertTrue(address.startswith("https://127.0.0.1:"), address)
+        with mock.patch.dict(os.environ, {"ROCHE_CA_FILE": "", "ROCHE_TOKEN": ""}):
+            roche = Roche(transport="daemon", address=address, token=token, ca=ca)
+            with roche.create(image=harness.image()) as sb:
+                self.assertEqual(sb.exec(["echo", "over tls"]).stdout, "over tls\n")
+                self.assertTrue(sb.info.owner.endswith("/default"), sb.info)
+
+            async def main(ca_arg: Optional[str]) -> str:
+                aroche = AsyncRoche(transport="daemon", address=address, token=token, ca=ca_arg)
+                async with (await aroche.create(image=harness.image())) as asb:
+                    return (await asb.exec(["echo", "async over tls"])).stdout
+
+            self.assertEqual(asyncio.run(main(ca)), "async over tls\n")
+            with mock.patch.dict(os.environ, {"ROCHE_CA_FILE": ca}):
+                self.assertEqual(Roche(transport="daemon", address=address, token=token).list(), [])
+                self.assertEqual(asyncio.run(main(None)), "async over tls\n")
+
+            # Another roched's CA, and the system's CAs: refused, in one line, for
+            # either transport choice (auto must not fall back to the CLI).
+            _, other_ca, _ = self._start("b")
+            for what, kw in (("another CA", {"ca": other_ca}), ("the system's CAs", {})):
+                for transport in ("daemon", "auto"):
+                    with self.subTest(what=what, transport=transport):
+                        with self.assertRaises(ProviderUnavailable) as cm:
+                            Roche(transport=transport, address=address, token=token, **kw).list()
+                        msg = cm.exception.message
+                        self.assertNotIn("\n", msg)
+                        self.assertIn("does not trust", msg)
+                        self.assertIn("ROCHE_CA_FILE", msg)
+
+                        async def alist() -> None:
+                            await AsyncRoche(transport=transport, address=address, token=token, **kw).list()
+
+                        with self.assertRaises(ProviderUnavailable) as acm:
+                            asyncio.run(alist())
+                        self.assertIn("does not trust", acm.exception.message)
+            with self.assertRaises(RocheError) as cm:
+                Roche(transport="daemon", address=address.replace("https:", "http:"), token=token, ca=ca)
+            self.assertIn("use https://", cm.exception.message)
 
 
 class DaemonOverTCP(harness.SandboxTestCase):

@@ -14,7 +14,7 @@ import ssl
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Optional, TypeVar
 
-from . import _wire
+from . import _tls, _wire
 from ._discovery import Endpoint
 from ._http import Deadline
 from .errors import ProviderUnavailable, RocheError
@@ -112,6 +112,9 @@ class AsyncHTTPClient:
         self._host = host
 
     def unreachable(self, err: BaseException) -> ProviderUnavailable:
+        failure = _tls.problem(self.ep.where, err)
+        if failure is not None:
+            return failure
         return ProviderUnavailable(
             f"roched is not answering on {self.ep.where}: start it (roche daemon start), "
             f"or let the SDK use the roche CLI (transport='cli'): {err}"
@@ -123,7 +126,7 @@ class AsyncHTTPClient:
                 r, w = await within(d, asyncio.open_unix_connection(self.ep.socket, limit=1 << 20),
                                     f"roched on {self.ep.where}")
             else:
-                ctx = ssl.create_default_context() if self.ep.tls else None
+                ctx = (self.ep.ssl_context or ssl.create_default_context()) if self.ep.tls else None
                 r, w = await within(d, asyncio.open_connection(self.ep.host, self.ep.port, ssl=ctx, limit=1 << 20),
                                     f"roched on {self.ep.where}")
         except (ConnectionRefusedError, FileNotFoundError) as e:
@@ -181,6 +184,9 @@ class AsyncHTTPClient:
         except RocheError:
             raise
         except (OSError, asyncio.IncompleteReadError) as e:
+            failure = _tls.problem(self.ep.where, e)
+            if failure is not None:
+                raise failure from None
             raise ProviderUnavailable(
                 f"roched on {self.ep.where} broke off the call: {e} (is it still running?)") from None
         finally:

@@ -12,7 +12,7 @@ from types import TracebackType
 # typing.List: inside these classes "list" names their list() method.
 from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
 
-from . import _discovery
+from . import _discovery, _tls
 from ._ahttp import AsyncHTTPClient
 from ._atransport import AsyncCLITransport, AsyncDaemonTransport, AsyncTransport
 from ._pty import AsyncPty
@@ -53,8 +53,10 @@ class AsyncRoche:
 
     def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
                  address: Optional[str] = None, token: Optional[str] = None, cli: Optional[str] = None,
-                 request_timeout: float = 60.0, token_file: Optional[str] = None) -> None:
-        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file)
+                 request_timeout: float = 60.0, token_file: Optional[str] = None, ca: Optional[str] = None,
+                 client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
+        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file,
+                              ca, client_cert, client_key)
         self._transport: Optional[AsyncTransport] = None
         self._choosing: Optional[asyncio.Future[AsyncTransport]] = None
 
@@ -94,7 +96,8 @@ class AsyncRoche:
                 why = ProviderUnavailable(
                     f"roched on {c.endpoint.where} does not serve the {c.provider} provider "
                     f"(it serves {', '.join(map(str, health.get('providers') or [])) or 'none'})")
-            if c.transport == "daemon":
+            # A roched whose certificate is not trusted is no reason to run elsewhere.
+            if c.transport == "daemon" or isinstance(why, _tls.TLSFailure):
                 raise c.no_daemon(why)
         path = _discovery.find_cli(c.cli)
         if path is None:

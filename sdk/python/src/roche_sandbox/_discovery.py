@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 from urllib.parse import urlsplit
 
+from . import _tls
 from .errors import InvalidConfig
 
 
@@ -50,6 +52,9 @@ class Endpoint:
     port: int = 0
     tls: bool = False
     token: Optional[str] = None
+    #: Verifies roched at an https:// address (ca=, ROCHE_CA_FILE or the system's CAs)
+    #: and presents the client certificate, if any.
+    ssl_context: Optional[ssl.SSLContext] = field(default=None, compare=False, repr=False)
 
     @property
     def where(self) -> str:
@@ -76,9 +81,13 @@ def read_token_file(path: str) -> str:
 
 
 def endpoint(socket: Optional[str], address: Optional[str], token: Optional[str],
-             token_file: Optional[str] = None) -> Endpoint:
-    """The endpoint for Roche's socket=, address=, token= and token_file= arguments: the
-    token given, else the one in token_file (or $ROCHE_TOKEN_FILE), else $ROCHE_TOKEN."""
+             token_file: Optional[str] = None, ca: Optional[str] = None,
+             client_cert: Optional[str] = None, client_key: Optional[str] = None) -> Endpoint:
+    """The endpoint for Roche's socket=, address=, token=, token_file=, ca=, client_cert=
+    and client_key= arguments: the token given, else the one in token_file (or
+    $ROCHE_TOKEN_FILE), else $ROCHE_TOKEN; for https://, the CA given, else
+    $ROCHE_CA_FILE, else the system's, and the client certificate given, else
+    $ROCHE_CLIENT_CERT and $ROCHE_CLIENT_KEY."""
     token_file = token_file or os.environ.get("ROCHE_TOKEN_FILE") or None
     if not token and token_file:
         token = read_token_file(token_file)
@@ -87,6 +96,12 @@ def endpoint(socket: Optional[str], address: Optional[str], token: Optional[str]
         return Endpoint(socket=socket or default_socket(), token=token)
     u = urlsplit(address)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise InvalidConfig(f"daemon address {address!r}: use http://HOST:PORT, e.g. http://127.0.0.1:7878")
+        raise InvalidConfig(f"daemon address {address!r}: use https://HOST:PORT (TLS) or http://HOST:PORT "
+                            "(plaintext, loopback), e.g. https://127.0.0.1:7878")
     port = u.port or (443 if u.scheme == "https" else 80)
-    return Endpoint(host=u.hostname, port=port, tls=u.scheme == "https", token=token)
+    if u.scheme == "http":
+        if ca or client_cert or client_key:
+            raise InvalidConfig(f"ca=, client_cert= and client_key= are for TLS: use https://{u.netloc}")
+        return Endpoint(host=u.hostname, port=port, token=token)
+    ctx = _tls.context(*_tls.settings(ca, client_cert, client_key))
+    return Endpoint(host=u.hostname, port=port, tls=True, token=token, ssl_context=ctx)

@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Optional
 
-from . import _wire
+from . import _tls, _wire
 from .errors import ProviderUnavailable, RocheError, SandboxTimeout
 from ._discovery import Endpoint
 
@@ -38,7 +38,8 @@ def connection(ep: Endpoint, timeout: Optional[float]) -> http.client.HTTPConnec
     if ep.socket:
         return _UnixConnection(ep.socket, timeout)
     if ep.tls:
-        return http.client.HTTPSConnection(ep.host, ep.port, timeout=timeout, context=ssl.create_default_context())
+        return http.client.HTTPSConnection(ep.host, ep.port, timeout=timeout,
+                                           context=ep.ssl_context or ssl.create_default_context())
     return http.client.HTTPConnection(ep.host, ep.port, timeout=timeout)
 
 
@@ -94,6 +95,9 @@ class HTTPClient:
             c.close()
 
     def unreachable(self, err: BaseException) -> ProviderUnavailable:
+        failure = _tls.problem(self.ep.where, err)
+        if failure is not None:
+            return failure
         return ProviderUnavailable(
             f"roched is not answering on {self.ep.where}: start it (roche daemon start), "
             f"or let the SDK use the roche CLI (transport='cli'): {err}"
@@ -136,6 +140,9 @@ class HTTPClient:
             except (ConnectionRefusedError, FileNotFoundError) as e:
                 raise self.unreachable(e) from None
             except (OSError, http.client.HTTPException) as e:
+                failure = _tls.problem(self.ep.where, e)
+                if failure is not None:
+                    raise failure from None
                 raise ProviderUnavailable(f"roched on {self.ep.where} broke off the call: {e} (is it still running?)") from None
             finally:
                 if clean:

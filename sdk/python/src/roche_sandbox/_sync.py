@@ -8,7 +8,7 @@ from types import TracebackType
 # typing.List: inside these classes "list" names their list() method.
 from typing import Iterator, List, Mapping, Optional, Sequence, Type, Union
 
-from . import _discovery
+from . import _discovery, _tls
 from ._http import Deadline, HTTPClient
 from ._pty import Pty
 from ._transport import CLITransport, DaemonTransport, StreamItem, Transport
@@ -52,14 +52,15 @@ class Choice:
 
     def __init__(self, provider: str, transport: str, socket: Optional[str], address: Optional[str],
                  token: Optional[str], cli: Optional[str], request_timeout: float,
-                 token_file: Optional[str] = None) -> None:
+                 token_file: Optional[str] = None, ca: Optional[str] = None,
+                 client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
         if transport not in TRANSPORTS:
             raise InvalidConfig(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
         if request_timeout <= 0:
             raise InvalidConfig(f"request_timeout {request_timeout!r}: give seconds > 0")
         self.provider = provider
         self.transport = transport
-        self.endpoint = _discovery.endpoint(socket, address, token, token_file)
+        self.endpoint = _discovery.endpoint(socket, address, token, token_file, ca, client_cert, client_key)
         self.cli = cli
         self.request_timeout = float(request_timeout)
 
@@ -91,13 +92,18 @@ class Roche:
     PATH). ``transport="daemon"`` or ``"cli"`` forces one. ``request_timeout`` bounds
     how long any call waits for Roche beyond the time a command may run. A roched on TCP
     (``address=``) wants a token: ``token=``, ``token_file=`` (a file only you can read),
-    ``ROCHE_TOKEN_FILE`` or ``ROCHE_TOKEN``.
+    ``ROCHE_TOKEN_FILE`` or ``ROCHE_TOKEN``. At an ``https://`` address its certificate is
+    verified against ``ca=`` (a PEM file), else ``ROCHE_CA_FILE``, else the system's CAs;
+    ``client_cert=`` and ``client_key=`` (or ``ROCHE_CLIENT_CERT``, ``ROCHE_CLIENT_KEY``)
+    present a client certificate to a roched with ``--client-ca``.
     """
 
     def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
                  address: Optional[str] = None, token: Optional[str] = None, cli: Optional[str] = None,
-                 request_timeout: float = 60.0, token_file: Optional[str] = None) -> None:
-        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file)
+                 request_timeout: float = 60.0, token_file: Optional[str] = None, ca: Optional[str] = None,
+                 client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
+        self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file,
+                              ca, client_cert, client_key)
         self._lock = threading.Lock()
         self._transport: Optional[Transport] = None
 
@@ -131,7 +137,8 @@ class Roche:
                 why = ProviderUnavailable(
                     f"roched on {c.endpoint.where} does not serve the {c.provider} provider "
                     f"(it serves {', '.join(map(str, health.get('providers') or [])) or 'none'})")
-            if c.transport == "daemon":
+            # A roched whose certificate is not trusted is no reason to run elsewhere.
+            if c.transport == "daemon" or isinstance(why, _tls.TLSFailure):
                 raise c.no_daemon(why)
         path = _discovery.find_cli(c.cli)
         if path is None:
