@@ -29,6 +29,7 @@ import { Deadline } from "./deadline.js";
 import { where, type Endpoint } from "./discovery.js";
 import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound, reasonFromText } from "./errors.js";
 import { firstFile, fileTar } from "./tar.js";
+import { tlsProblem } from "./tls.js";
 import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import type { PtyRequest } from "./pty.js";
@@ -76,6 +77,8 @@ export function errorFromConnect(e: unknown, ep: Endpoint): RocheError {
   if (e instanceof RocheError) return e;
   const err = ConnectError.from(e);
   const sysCode = nodeErrorCode(err.cause);
+  const failure = tlsProblem(where(ep), sysCode, err.rawMessage);
+  if (failure) return failure;
   if (sysCode === "ECONNREFUSED" || sysCode === "ENOENT" || sysCode === "ECONNRESET" || sysCode === "EPIPE") {
     return new ProviderUnavailable(
       `roched is not answering on ${where(ep)}: start it (roche daemon start), ` +
@@ -199,7 +202,9 @@ function unrefConnection(ep: Endpoint): () => net.Socket {
     } else {
       const u = new URL(ep.address!);
       const port = Number(u.port) || (u.protocol === "https:" ? 443 : 80);
-      s = u.protocol === "https:" ? tls.connect({ host: u.hostname, port, servername: u.hostname }) : net.connect(port, u.hostname);
+      s = u.protocol === "https:"
+        ? tls.connect({ host: u.hostname, port, servername: net.isIP(u.hostname) ? undefined : u.hostname, ...ep.tls })
+        : net.connect(port, u.hostname);
     }
     s.unref();
     return s;
@@ -219,7 +224,7 @@ function connectTransport(ep: Endpoint, hold: boolean): ConnectTransport {
     ? { createConnection: unrefConnection(ep) as unknown as http.RequestOptions["createConnection"] }
     : ep.socket
       ? { socketPath: ep.socket, agent: new http.Agent({ keepAlive: true }) }
-      : { agent: ep.address!.startsWith("https:") ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true }) };
+      : { agent: ep.address!.startsWith("https:") ? new https.Agent({ keepAlive: true, ...ep.tls }) : new http.Agent({ keepAlive: true }) };
   return createConnectTransport({
     baseUrl: ep.socket ? "http://roched" : ep.address!,
     httpVersion: "1.1",
@@ -240,7 +245,7 @@ export function health(ep: Endpoint, timeoutMs: number): Promise<{ providers?: s
       : {};
     const url = ep.socket ? "http://roched/healthz" : `${ep.address}/healthz`;
     const get = url.startsWith("https:") ? https.get : http.get;
-    const req = get(url, { ...opts, timeout: timeoutMs }, (res) => {
+    const req = get(url, { ...opts, ...(ep.socket ? {} : ep.tls), timeout: timeoutMs }, (res) => {
       const body: Buffer[] = [];
       res.on("data", (b: Buffer) => body.push(b));
       res.on("end", () => {
@@ -257,7 +262,7 @@ export function health(ep: Endpoint, timeoutMs: number): Promise<{ providers?: s
       res.on("error", (e) => reject(unreachable(e.message)));
     });
     req.on("timeout", () => req.destroy(new Error(`no answer within ${timeoutMs} ms`)));
-    req.on("error", (e) => reject(unreachable(e.message)));
+    req.on("error", (e) => reject(tlsProblem(where(ep), (e as NodeJS.ErrnoException).code, e.message) ?? unreachable(e.message)));
   });
 }
 

@@ -4,6 +4,7 @@ import { accessSync, constants, readFileSync, statSync } from "node:fs";
 import { homedir, tmpdir } from "node:os";
 import { delimiter, join } from "node:path";
 import { InvalidConfig } from "./errors.js";
+import { tlsFiles, type TLSFiles } from "./tls.js";
 
 /** $ROCHE_SOCKET, else $XDG_RUNTIME_DIR/roche/roched.sock, else ~/.roche/roched.sock. */
 export function defaultSocket(): string {
@@ -37,6 +38,15 @@ export interface Endpoint {
   /** http://HOST:PORT or https://HOST:PORT when not a socket. */
   address?: string;
   token?: string;
+  /** At an https:// address: the CA that verifies roched, and a client certificate. */
+  tls?: TLSFiles;
+}
+
+/** The ca, clientCert and clientKey options (files). */
+export interface TLSOptions {
+  ca?: string;
+  clientCert?: string;
+  clientKey?: string;
 }
 
 export function where(ep: Endpoint): string {
@@ -63,9 +73,11 @@ export function readTokenFile(path: string): string {
   return token;
 }
 
-/** The endpoint for Roche's socket, address, token and tokenFile options: the token given,
- * else the one in tokenFile (or $ROCHE_TOKEN_FILE), else $ROCHE_TOKEN. */
-export function endpoint(socket?: string, address?: string, token?: string, tokenFile?: string): Endpoint {
+/** The endpoint for Roche's socket, address, token, tokenFile, ca, clientCert and clientKey
+ * options: the token given, else the one in tokenFile (or $ROCHE_TOKEN_FILE), else
+ * $ROCHE_TOKEN; at https://, the CA given, else $ROCHE_CA_FILE, else Node's CAs, and the
+ * client certificate given, else $ROCHE_CLIENT_CERT and $ROCHE_CLIENT_KEY. */
+export function endpoint(socket?: string, address?: string, token?: string, tokenFile?: string, t: TLSOptions = {}): Endpoint {
   tokenFile = tokenFile || process.env.ROCHE_TOKEN_FILE || undefined;
   if (!token && tokenFile) token = readTokenFile(tokenFile);
   token = token || process.env.ROCHE_TOKEN || undefined;
@@ -77,7 +89,13 @@ export function endpoint(socket?: string, address?: string, token?: string, toke
     u = new URL("invalid:");
   }
   if ((u.protocol !== "http:" && u.protocol !== "https:") || !u.hostname) {
-    throw new InvalidConfig(`daemon address ${JSON.stringify(address)}: use http://HOST:PORT, e.g. http://127.0.0.1:7878`);
+    throw new InvalidConfig(
+      `daemon address ${JSON.stringify(address)}: use https://HOST:PORT (TLS) or http://HOST:PORT (plaintext, loopback), e.g. https://127.0.0.1:7878`,
+    );
   }
-  return { address: `${u.protocol}//${u.host}`, token };
+  if (u.protocol === "http:") {
+    if (t.ca || t.clientCert || t.clientKey) throw new InvalidConfig(`ca, clientCert and clientKey are for TLS: use https://${u.host}`);
+    return { address: `http://${u.host}`, token };
+  }
+  return { address: `https://${u.host}`, token, tls: tlsFiles(t.ca, t.clientCert, t.clientKey) };
 }

@@ -26,6 +26,7 @@ export {
   PermissionDenied,
   InUse,
 } from "./errors.js";
+export { TLSFailure } from "./tls.js";
 export {
   Execution,
   Result,

@@ -16,6 +16,7 @@ import { Pty } from "./pty.js";
 import { Deadline } from "./deadline.js";
 import { endpoint, findCLI, where, type Endpoint } from "./discovery.js";
 import { InvalidConfig, ProviderUnavailable, RocheError } from "./errors.js";
+import { TLSFailure } from "./tls.js";
 import type { StreamItem, Transport } from "./transport.js";
 import {
   baseName,
@@ -46,8 +47,16 @@ export interface RocheOptions {
   /** roched's unix socket; default $ROCHE_SOCKET, else $XDG_RUNTIME_DIR/roche/roched.sock,
    * else ~/.roche/roched.sock. */
   socket?: string;
-  /** A roched on TCP, "http://HOST:PORT"; it wants a token. */
+  /** A roched on TCP, "https://HOST:PORT" (TLS, verified) or "http://HOST:PORT" (plaintext,
+   * loopback); it wants a token (or a client certificate). */
   address?: string;
+  /** A PEM file of the CA that verifies roched at an https:// address; default
+   * $ROCHE_CA_FILE, else Node's CAs. */
+  ca?: string;
+  /** PEM client certificate and key for a roched with --client-ca; default
+   * $ROCHE_CLIENT_CERT and $ROCHE_CLIENT_KEY. */
+  clientCert?: string;
+  clientKey?: string;
   /** The bearer token for a roched on TCP; default from tokenFile, $ROCHE_TOKEN_FILE or $ROCHE_TOKEN. */
   token?: string;
   /** A file only you can read holding the token. */
@@ -76,7 +85,7 @@ export class Roche {
     if (!(rt > 0)) throw new InvalidConfig(`requestTimeout ${rt}: give seconds > 0`);
     this.provider = o.provider ?? "docker";
     this.choice = transport;
-    this.ep = endpoint(o.socket, o.address, o.token, o.tokenFile);
+    this.ep = endpoint(o.socket, o.address, o.token, o.tokenFile, { ca: o.ca, clientCert: o.clientCert, clientKey: o.clientKey });
     this.cliPath = o.cli;
     this.requestTimeout = rt;
   }
@@ -108,7 +117,10 @@ export class Roche {
       } catch (e) {
         why = e instanceof RocheError ? e : new ProviderUnavailable(String(e));
       }
-      if (this.choice === "daemon") throw why instanceof ProviderUnavailable ? why : new ProviderUnavailable(why.message);
+      // A roched whose certificate is not trusted is no reason to run elsewhere.
+      if (this.choice === "daemon" || why instanceof TLSFailure) {
+        throw why instanceof ProviderUnavailable ? why : new ProviderUnavailable(why.message);
+      }
     }
     const path = findCLI(this.cliPath);
     if (!path) {
