@@ -87,6 +87,8 @@ func tlsProblem(where string, err error) string {
 		return fmt.Sprintf("roched at %s presented a certificate this client refuses: %v", where, invalid)
 	case errors.As(err, &host):
 		return fmt.Sprintf("roched at %s presented a certificate for other names (%v): use an address it names, or reissue it", where, host.Error())
+	case errors.As(err, &op) && op.Op == "remote error" && !strings.Contains(op.Err.Error(), "certificate"):
+		return fmt.Sprintf("roched at %s ended the TLS handshake: %v", where, op.Err)
 	case errors.As(err, &op) && op.Op == "remote error":
 		// The server ended the handshake: with --client-ca, a missing or untrusted
 		// client certificate.

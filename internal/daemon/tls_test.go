@@ -3,6 +3,7 @@ package daemon
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -359,6 +360,28 @@ func TestTLSRotation(t *testing.T) {
 	}
 }
 
+// rochedRefuses runs roched (this test binary as it) with args, expecting it to refuse to
+// start: it fails the test when roched is still running after a minute (it was not
+// refused, and is then killed), and returns its stderr otherwise.
+func rochedRefuses(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "ROCHED_TEST_AS_DAEMON=1")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("roched %v was not refused: it ran until killed\n%s", args, errb.String())
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("roched %v: %v, want exit status 1\n%s", args, err, errb.String())
+	}
+	return strings.TrimSpace(errb.String())
+}
+
 // TestPlaintextOffLoopbackRefused: plaintext TCP on an address that is not loopback
 // (0.0.0.0, every address; :PORT) is refused in one line naming the three ways out;
 // --insecure allows it; loopback addresses stay allowed; TLS settings are checked.
@@ -367,12 +390,10 @@ func TestPlaintextOffLoopbackRefused(t *testing.T) {
 	tokFile := filepath.Join(dir, "token")
 	writeToken(t, tokFile)
 	sock := filepath.Join(dir, "r.sock")
-	for _, listen := range []string{"tcp://0.0.0.0:7878", "tcp://:7878", "tcp://[::]:7878"} {
-		var out, errb bytes.Buffer
-		code := Main([]string{"--socket", sock, "--listen", listen, "--token-file", tokFile}, &out, &errb)
-		msg := strings.TrimSpace(errb.String())
-		if code != 1 || strings.Count(msg, "\n") != 0 {
-			t.Fatalf("%s: exit %d, %q: want a one-line refusal", listen, code, msg)
+	for _, listen := range []string{"tcp://0.0.0.0:0", "tcp://:0", "tcp://[::]:0"} {
+		msg := rochedRefuses(t, "--socket", sock, "--providers", "docker", "--listen", listen, "--token-file", tokFile)
+		if strings.Count(msg, "\n") != 0 {
+			t.Fatalf("%s: %q: want a one-line refusal", listen, msg)
 		}
 		for _, w := range []string{"refusing plaintext TCP", "--tls-cert FILE and --tls-key FILE", "roche daemon start --tls", "--insecure"} {
 			if !strings.Contains(msg, w) {
@@ -385,6 +406,7 @@ func TestPlaintextOffLoopbackRefused(t *testing.T) {
 		cfg  Config
 		want string
 	}{
+		{Config{Listen: "tcp://0.0.0.0:7878", Token: randomToken()}, "refusing plaintext TCP"},
 		{Config{Listen: "tcp://0.0.0.0:7878", Token: randomToken(), Insecure: true}, ""},
 		{Config{Listen: "tcp://0.0.0.0:7878", Token: randomToken(), TLSCert: p.cert, TLSKey: p.key}, ""},
 		{Config{Listen: "tcp://127.0.0.1:7878", Token: randomToken()}, ""},
@@ -405,10 +427,9 @@ func TestPlaintextOffLoopbackRefused(t *testing.T) {
 	if err := os.Chmod(p.key, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out, errb bytes.Buffer
-	code := Main([]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token-file", tokFile, "--tls-cert", p.cert, "--tls-key", p.key, "--providers", "docker"}, &out, &errb)
-	if code != 1 || !strings.Contains(errb.String(), "open to others (mode 0644)") || !strings.Contains(errb.String(), "chmod 600") {
-		t.Fatalf("a world-readable key: exit %d, %q", code, errb.String())
+	msg := rochedRefuses(t, "--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token-file", tokFile, "--tls-cert", p.cert, "--tls-key", p.key, "--providers", "docker")
+	if !strings.Contains(msg, "open to others (mode 0644)") || !strings.Contains(msg, "chmod 600") {
+		t.Fatalf("a world-readable key: %q", msg)
 	}
 }
 

@@ -74,7 +74,7 @@ export function tlsProblem(where: string, code: string | undefined, message: str
   if (code === "ERR_TLS_CERT_ALTNAME_INVALID") {
     return new TLSFailure(`roched at ${where} presented a certificate for other names (${message}): use an address it names`);
   }
-  if (code.startsWith("ERR_SSL_") && code.includes("ALERT")) {
+  if (code.startsWith("ERR_SSL_") && code.includes("ALERT") && (code.includes("CERTIFICATE") || code.includes("UNKNOWN_CA"))) {
     return new TLSFailure(
       `roched at ${where} refused this client's TLS handshake (${code}): it requires a client certificate signed by its ` +
         "--client-ca; give clientCert and clientKey (or ROCHE_CLIENT_CERT and ROCHE_CLIENT_KEY)",

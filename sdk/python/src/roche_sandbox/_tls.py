@@ -62,7 +62,7 @@ def problem(where: str, err: BaseException) -> Optional[TLSFailure]:
                           "give the CA that signed it with ca= or ROCHE_CA_FILE")
     if isinstance(err, ssl.SSLError):
         reason = getattr(err, "reason", None) or ""
-        if "ALERT" in reason:
+        if "ALERT" in reason and ("CERTIFICATE" in reason or "UNKNOWN_CA" in reason):
             return TLSFailure(f"roched at {where} refused this client's TLS handshake ({reason.lower()}): it requires a "
                               "client certificate signed by its --client-ca; give client_cert= and client_key= "
                               "(or ROCHE_CLIENT_CERT and ROCHE_CLIENT_KEY)")
