@@ -125,7 +125,7 @@ func (e *env) requireDaemon(hint string) (*client.Client, error) {
 
 func (e *env) daemonCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "daemon start|stop|status",
+		Use:   "daemon start|stop|status|client-cert",
 		Short: "Start, stop or check roched, the daemon with warm pools",
 		Long: `roched serves the Roche API on a unix socket, keeps warm pools so creates take
 milliseconds, and destroys sandboxes at their expiry. While it answers on --socket,
@@ -138,7 +138,7 @@ every roche command goes through it (--direct skips it).`,
 			return fmt.Errorf("give a subcommand: start, stop or status (see %s --help)", cmd.CommandPath())
 		},
 	}
-	c.AddCommand(e.daemonStartCommand(), e.daemonStopCommand(), e.daemonStatusCommand())
+	c.AddCommand(e.daemonStartCommand(), e.daemonStopCommand(), e.daemonStatusCommand(), e.daemonClientCertCommand())
 	return c
 }
 

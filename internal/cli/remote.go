@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/roche-sandbox/roche"
@@ -158,4 +159,58 @@ func localTLS(listen, stateDir string) (localca.Paths, string, error) {
 	note := fmt.Sprintf("TLS with a local CA: clients set ROCHE_ADDRESS=https://%s ROCHE_CA_FILE=%s (roche --ca, Roche(ca=...))\n",
 		net.JoinHostPort(clientHost, port), p.CA)
 	return p, note, nil
+}
+
+// daemonClientCertCommand signs a client certificate with the local CA of daemon start
+// --tls, for a roched started with --client-ca on that CA.
+func (e *env) daemonClientCertCommand() *cobra.Command {
+	var out string
+	var validFor time.Duration
+	c := &cobra.Command{
+		Use:   "client-cert TENANT",
+		Short: "Sign a client certificate for a tenant with roched's local CA (daemon start --tls)",
+		Long: `Sign a client certificate whose Common Name is TENANT with the local CA that
+roche daemon start --tls keeps beside --socket (made now if missing), and write it and its
+key (mode 0600) to --out. A roched given that CA with --client-ca serves the holder as
+TENANT: roche daemon start --tls --client-ca DIR/tls/ca.pem. It prints what the client
+sets: ROCHE_CLIENT_CERT and ROCHE_CLIENT_KEY (roche --client-cert/--client-key,
+Roche(client_cert=..., client_key=...)).`,
+		Example: `  roche daemon client-cert acme --out ~/acme-tls`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if name == "" || strings.ContainsAny(name, "/\\ \t\n") {
+				return fmt.Errorf("%w: tenant %q: give the tenant's name, as roched's tokens file lists it", roche.ErrInvalidConfig, name)
+			}
+			dir := filepath.Join(filepath.Dir(client.StateFile(e.daemon.socket)), "tls")
+			p, err := localca.EnsureCA(dir)
+			if err != nil {
+				return err
+			}
+			ca, err := localca.Load(p.CA, p.CAKey)
+			if err != nil {
+				return err
+			}
+			if out == "" {
+				out = dir
+			}
+			if err := os.MkdirAll(out, 0o700); err != nil {
+				return err
+			}
+			now := time.Now()
+			leaf, err := ca.Client(name, now.Add(-time.Minute), now.Add(validFor))
+			if err != nil {
+				return err
+			}
+			certFile, keyFile := filepath.Join(out, name+"-client.pem"), filepath.Join(out, name+"-client-key.pem")
+			if err := leaf.Write(certFile, keyFile); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "client certificate for %s: ROCHE_CLIENT_CERT=%s ROCHE_CLIENT_KEY=%s (roched needs --client-ca %s)\n", name, certFile, keyFile, p.CA)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&out, "out", "", "directory to write TENANT-client.pem and TENANT-client-key.pem to (default: the local CA's)")
+	c.Flags().DurationVar(&validFor, "valid-for", localca.ServerValidity, "how long the certificate is valid")
+	return c
 }

@@ -42,10 +42,11 @@ func TestDaemonStartTLS(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	start := func() result {
+	start := func(extra ...string) result {
 		t.Helper()
-		r := run(t, "--socket", socket, "daemon", "start", "--roched", os.Args[0], "--log", logFile,
-			"--listen", "tcp://"+addr, "--tls", "--token-file", tokenFile, "--", "--providers", "docker")
+		args := append([]string{"--socket", socket, "daemon", "start", "--roched", os.Args[0], "--log", logFile,
+			"--listen", "tcp://" + addr, "--tls", "--token-file", tokenFile}, extra...)
+		r := run(t, append(args, "--", "--providers", "docker")...)
 		if r.code != 0 {
 			log, _ := os.ReadFile(logFile)
 			t.Fatalf("daemon start --tls: %+v\n%s", r, log)
@@ -137,16 +138,41 @@ func TestDaemonStartTLS(t *testing.T) {
 	}
 	bad.Close()
 
-	// A restart keeps the CA clients trust, and the certificate.
+	// A restart keeps the CA clients trust, and the certificate; with --client-ca on
+	// that CA, a client certificate from roche daemon client-cert is its tenant's
+	// credential, and a client without one is refused in one line.
 	if rr := run(t, "--socket", socket, "daemon", "stop"); rr.code != 0 {
 		t.Fatalf("stop: %+v", rr)
 	}
-	start()
+	start("--client-ca", p.CA)
 	if caAfter, _ := os.ReadFile(p.CA); !bytes.Equal(caBefore, caAfter) {
 		t.Fatal("a second daemon start --tls made a new CA")
 	}
+	certDir := filepath.Join(dir, "acme-tls")
+	cr := run(t, "--socket", socket, "daemon", "client-cert", "acme", "--out", certDir)
+	cert, key := filepath.Join(certDir, "acme-client.pem"), filepath.Join(certDir, "acme-client-key.pem")
+	if cr.code != 0 || !strings.Contains(cr.stdout, "ROCHE_CLIENT_CERT="+cert+" ROCHE_CLIENT_KEY="+key) {
+		t.Fatalf("daemon client-cert: %+v", cr)
+	}
+	if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("client key %v %v, want mode 0600", fi, err)
+	}
+	t.Setenv("ROCHE_TOKEN_FILE", "")
+	rr = run(t, append(remote, "--ca", p.CA, "--client-cert", cert, "--client-key", key, "run", "--image", testImage(), "--", "echo", "by certificate")...)
+	if rr.code != 0 || rr.stdout != "by certificate\n" {
+		t.Fatalf("with acme's client certificate and no token: %+v", rr)
+	}
+	t.Setenv("ROCHE_CLIENT_CERT", cert)
+	t.Setenv("ROCHE_CLIENT_KEY", key)
 	if rr := run(t, append(remote, "--ca", p.CA, "list")...); rr.code != 0 {
-		t.Fatalf("after the restart: %+v", rr)
+		t.Fatalf("with ROCHE_CLIENT_CERT and ROCHE_CLIENT_KEY: %+v", rr)
+	}
+	t.Setenv("ROCHE_CLIENT_CERT", "")
+	t.Setenv("ROCHE_CLIENT_KEY", "")
+	t.Setenv("ROCHE_TOKEN_FILE", tokenFile)
+	rr = run(t, append(remote, "--ca", p.CA, "list")...)
+	if msg := strings.TrimSpace(rr.stderr); rr.code == 0 || strings.Contains(msg, "\n") || !strings.Contains(msg, "--client-cert") {
+		t.Fatalf("without a client certificate: %+v", rr)
 	}
 }
 

@@ -246,28 +246,43 @@ func PathsIn(dir string) Paths {
 	}
 }
 
-// Ensure keeps a local CA and a server certificate for hosts in dir (mode 0700, keys
-// 0600): the CA made once and kept, so that clients that trust it keep trusting it; the
-// server certificate made anew when it is missing, does not name every host, or ends
-// within 30 days (roched reloads it without a restart). It says whether it wrote a new
-// server certificate.
-func Ensure(dir string, hosts []string) (Paths, bool, error) {
+// EnsureCA keeps a local CA in dir (mode 0700, its key 0600): the one there, else a new
+// one.
+func EnsureCA(dir string) (Paths, error) {
 	p := PathsIn(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return p, false, err
+		return p, err
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
-		return p, false, err
+		return p, err
 	}
-	ca, err := Load(p.CA, p.CAKey)
+	_, err := Load(p.CA, p.CAKey)
 	if errors.Is(err, os.ErrNotExist) {
+		var ca *CA
 		ca, err = New("Roche local CA", CAValidity)
 		if err == nil {
 			err = ca.Write(p.CA, p.CAKey)
 		}
 	}
 	if err != nil {
-		return p, false, fmt.Errorf("the local CA in %s: %w (remove the directory to make a new one)", dir, err)
+		return p, fmt.Errorf("the local CA in %s: %w (remove the directory to make a new one)", dir, err)
+	}
+	return p, nil
+}
+
+// Ensure keeps a local CA and a server certificate for hosts in dir (mode 0700, keys
+// 0600): the CA made once and kept, so that clients that trust it keep trusting it; the
+// server certificate made anew when it is missing, does not name every host, or ends
+// within 30 days (roched reloads it without a restart). It says whether it wrote a new
+// server certificate.
+func Ensure(dir string, hosts []string) (Paths, bool, error) {
+	p, err := EnsureCA(dir)
+	if err != nil {
+		return p, false, err
+	}
+	ca, err := Load(p.CA, p.CAKey)
+	if err != nil {
+		return p, false, err
 	}
 	if covers(p, ca, hosts) {
 		return p, false, nil

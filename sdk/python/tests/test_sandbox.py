@@ -250,8 +250,9 @@ class DaemonOverTLS(harness.SandboxTestCase):
     its certificate (ca= or ROCHE_CA_FILE), sync and async, and refuses it in one line
     without the CA or with another one, never falling back to the CLI."""
 
-    def _start(self, name: str) -> tuple[str, str, str]:
-        """A roched over TLS on a free port: its address, CA file and token."""
+    def _start(self, name: str, client_ca: bool = False) -> tuple[str, str, str]:
+        """A roched over TLS on a free port: its address, CA file and token. With
+        client_ca, it requires client certificates signed by its local CA."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -263,6 +264,7 @@ class DaemonOverTLS(harness.SandboxTestCase):
             f.write(token)
         p = subprocess.run([harness.CLI, "--socket", sock, "daemon", "start", "--roched", harness.ROCHED,
                             "--listen", f"tcp://127.0.0.1:{port}", "--tls", "--token-file", tok,
+                            *(["--client-ca", os.path.join(d, "tls", "ca.pem")] if client_ca else []),
                             "--", "--providers", "docker"], capture_output=True, text=True, timeout=120)
         self.addCleanup(shutil.rmtree, d, True)
         self.addCleanup(subprocess.run, [harness.CLI, "--socket", sock, "daemon", "stop"], capture_output=True, timeout=120)
@@ -270,7 +272,50 @@ class DaemonOverTLS(harness.SandboxTestCase):
         m = re.search(r"ROCHE_ADDRESS=(\S+) ROCHE_CA_FILE=(\S+)", p.stdout)
         self.assertIsNotNone(m, p.stdout)
         assert m is not None
+        self._sockets[m.group(1)] = sock
         return m.group(1), m.group(2), token
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._sockets: dict[str, str] = {}
+
+    def _client_cert(self, address: str, tenant: str) -> tuple[str, str]:
+        """A client certificate for tenant from the local CA of the roched at address."""
+        out = tempfile.mkdtemp(prefix="roche-sdk-tls-client-")
+        self.addCleanup(shutil.rmtree, out, True)
+        p = subprocess.run([harness.CLI, "--socket", self._sockets[address], "daemon", "client-cert", tenant, "--out", out],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return os.path.join(out, f"{tenant}-client.pem"), os.path.join(out, f"{tenant}-client-key.pem")
+
+    def test_client_certificates(self) -> None:
+        address, ca, token = self._start("c", client_ca=True)
+        other, _, _ = self._start("d")
+        cert, key = self._client_cert(address, "acme")
+        wrong_cert, wrong_key = self._client_cert(other, "acme")
+        env = {"ROCHE_CA_FILE": "", "ROCHE_TOKEN": "", "ROCHE_TOKEN_FILE": "", "ROCHE_CLIENT_CERT": "", "ROCHE_CLIENT_KEY": ""}
+        with mock.patch.dict(os.environ, env):
+            with Roche(transport="daemon", address=address, ca=ca, client_cert=cert, client_key=key).create(
+                    image=harness.image()) as sb:
+                self.assertEqual(sb.exec(["echo", "by certificate"]).stdout, "by certificate\n")
+                self.assertTrue(sb.info.owner.endswith("/acme"), sb.info)
+
+            async def alist(**kw: str) -> None:
+                await AsyncRoche(transport="daemon", address=address, ca=ca, **kw).list()
+
+            with mock.patch.dict(os.environ, {"ROCHE_CLIENT_CERT": cert, "ROCHE_CLIENT_KEY": key}):
+                self.assertEqual(Roche(transport="daemon", address=address, ca=ca).list(), [])
+                asyncio.run(alist())
+            for what, kw in (("no client certificate", {"token": token}),
+                             ("one from another CA", {"client_cert": wrong_cert, "client_key": wrong_key})):
+                with self.subTest(what=what):
+                    with self.assertRaises(ProviderUnavailable) as cm:
+                        Roche(transport="daemon", address=address, ca=ca, **kw).list()
+                    self.assertNotIn("\n", cm.exception.message)
+                    self.assertIn("client_cert=", cm.exception.message)
+                    with self.assertRaises(ProviderUnavailable) as acm:
+                        asyncio.run(alist(**kw))
+                    self.assertIn("client_cert=", acm.exception.message)
 
     def test_tls(self) -> None:
         address, ca, token = self._start("a")

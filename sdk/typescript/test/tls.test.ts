@@ -20,6 +20,7 @@ interface TLSDaemon {
   address: string;
   ca: string;
   token: string;
+  socket: string;
   stop(): void;
 }
 
@@ -33,7 +34,7 @@ function freePort(): Promise<number> {
 }
 
 /** A roched over TLS on a free port, started by roche daemon start --tls. */
-async function startTLS(name: string): Promise<TLSDaemon> {
+async function startTLS(name: string, clientCA = false): Promise<TLSDaemon> {
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), `roche-ts-tls-${name}-`));
   const socket = join(dir, "r.sock");
@@ -42,7 +43,8 @@ async function startTLS(name: string): Promise<TLSDaemon> {
   const out = execFileSync(
     env.cli,
     ["--socket", socket, "daemon", "start", "--roched", env.roched, "--listen", `tcp://127.0.0.1:${port}`, "--tls",
-      "--token-file", join(dir, "token"), "--", "--providers", "docker"],
+      "--token-file", join(dir, "token"), ...(clientCA ? ["--client-ca", join(dir, "tls", "ca.pem")] : []),
+      "--", "--providers", "docker"],
     { encoding: "utf8", timeout: 120_000 },
   );
   const m = /ROCHE_ADDRESS=(\S+) ROCHE_CA_FILE=(\S+)/.exec(out);
@@ -54,7 +56,7 @@ async function startTLS(name: string): Promise<TLSDaemon> {
     stop();
     assert.fail(`daemon start --tls printed no ROCHE_ADDRESS and ROCHE_CA_FILE: ${out}`);
   }
-  return { address: m[1], ca: m[2], token, stop };
+  return { address: m[1], ca: m[2], token, socket, stop };
 }
 
 test("roched over TLS: verified with ca or ROCHE_CA_FILE; another CA or none is refused", async () => {
@@ -101,6 +103,52 @@ test("roched over TLS: verified with ca or ROCHE_CA_FILE; another CA or none is 
     if (saved === undefined) delete process.env.ROCHE_CA_FILE;
     else process.env.ROCHE_CA_FILE = saved;
     other?.stop();
+    d.stop();
+  }
+});
+
+/** A client certificate for tenant from the local CA of d (roche daemon client-cert). */
+function clientCert(d: TLSDaemon, tenant: string, out: string): { cert: string; key: string } {
+  execFileSync(env.cli, ["--socket", d.socket, "daemon", "client-cert", tenant, "--out", out], { encoding: "utf8", timeout: 60_000 });
+  return { cert: join(out, `${tenant}-client.pem`), key: join(out, `${tenant}-client-key.pem`) };
+}
+
+test("roched with --client-ca: a client certificate is the tenant; none, or another CA's, is refused", async () => {
+  const d = await startTLS("c", true);
+  const other = await startTLS("d");
+  const out = mkdtempSync(join(tmpdir(), "roche-ts-tls-client-"));
+  const saved = process.env.ROCHE_CA_FILE;
+  try {
+    delete process.env.ROCHE_CA_FILE;
+    const acme = clientCert(d, "acme", join(out, "right"));
+    const wrong = clientCert(other, "acme", join(out, "wrong"));
+    const r = new Roche({ transport: "daemon", address: d.address, ca: d.ca, clientCert: acme.cert, clientKey: acme.key, token: "" });
+    const sb = await r.create({ image: env.image });
+    try {
+      assert.equal((await sb.exec(["echo", "by certificate"])).stdout, "by certificate\n");
+      assert.match(sb.info.owner, /\/acme$/);
+    } finally {
+      await sb.destroy();
+      await r.close();
+    }
+    for (const [what, opts] of [
+      ["no client certificate", { token: d.token }],
+      ["one from another CA", { clientCert: wrong.cert, clientKey: wrong.key }],
+    ] as const) {
+      const bad = new Roche({ transport: "daemon", address: d.address, ca: d.ca, ...opts });
+      await assert.rejects(bad.list(), (e: unknown) => {
+        assert.ok(e instanceof TLSFailure, `${what}: ${e}`);
+        assert.match(e.message, /clientCert/);
+        assert.doesNotMatch(e.message, /\n/);
+        return true;
+      });
+      await bad.close();
+    }
+  } finally {
+    if (saved === undefined) delete process.env.ROCHE_CA_FILE;
+    else process.env.ROCHE_CA_FILE = saved;
+    rmSync(out, { recursive: true, force: true });
+    other.stop();
     d.stop();
   }
 });
