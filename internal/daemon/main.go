@@ -132,7 +132,8 @@ func command(f *flags, stderr io.Writer) *cobra.Command {
 		Short: "Roche's daemon: the sandbox API with warm pools, a reaper and crash recovery",
 		Long: `roched serves roche.v1.SandboxService (gRPC, gRPC-Web and Connect's HTTP/JSON) on a
 unix socket (mode 0600), and on TCP only when asked with --listen, then only with a
-bearer token. It keeps warm pools (--pool), destroys sandboxes at their expiry,
+bearer token (or client certificates), and over TLS unless on a loopback address or told
+--insecure. It keeps warm pools (--pool), destroys sandboxes at their expiry,
 refuses creates beyond --max-sandboxes, and keeps its state in a file so that after a
 crash the next roched keeps serving the sandboxes clients hold and destroys the rest.
 It touches only the sandboxes it made: others on the engine are left alone.

@@ -621,3 +621,22 @@ func TestRochedTLSProcess(t *testing.T) {
 		t.Errorf("roched's start line does not say TLS:\n%s", r.log)
 	}
 }
+
+// TestTLSConfigFile: the config file's tls_cert, tls_key, client_ca and insecure are
+// used, and a flag wins over the file.
+func TestTLSConfigFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "roched.json")
+	os.WriteFile(file, []byte(`{"tls_cert": "/f/cert.pem", "tls_key": "/f/key.pem", "client_ca": "/f/ca.pem", "insecure": true}`), 0o600)
+	var f flags
+	cmd := command(&f, io.Discard)
+	if err := cmd.ParseFlags([]string{"--config", file, "--tls-key", "/flag/key.pem"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := buildConfig(cmd, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLSCert != "/f/cert.pem" || cfg.TLSKey != "/flag/key.pem" || cfg.ClientCA != "/f/ca.pem" || !cfg.Insecure {
+		t.Fatalf("merged TLS settings %+v", cfg)
+	}
+}
