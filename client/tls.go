@@ -5,9 +5,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/roche-sandbox/roche"
@@ -98,6 +100,10 @@ func tlsProblem(where string, err error) string {
 		return fmt.Sprintf("roched at %s does not speak TLS: use an http:// address, or give roched --tls-cert and --tls-key", where)
 	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
 		return fmt.Sprintf("roched at %s does not speak TLS: use an http:// address, or give roched --tls-cert and --tls-key", where)
+	case strings.HasPrefix(where, "https://") && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)):
+		// TLS 1.3 ends the handshake before the server has checked the client's
+		// certificate, so a refused one may show only as the connection closing.
+		return fmt.Sprintf("roched at %s closed the TLS connection: if it requires a client certificate (--client-ca), give one signed by that CA with --client-cert and --client-key (ROCHE_CLIENT_CERT, ROCHE_CLIENT_KEY); else check that it is running", where)
 	case strings.Contains(err.Error(), "tls: "):
 		return fmt.Sprintf("TLS with roched at %s failed: %v", where, err)
 	}

@@ -205,7 +205,7 @@ func TestTLSClientCertificates(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = c.Providers(ctx)
-		oneLine(t, name, err, "refused this client's TLS handshake", "--client-cert")
+		oneLine(t, name, err, "TLS", "--client-cert")
 		c.Close()
 	}
 

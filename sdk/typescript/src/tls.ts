@@ -83,6 +83,14 @@ export function tlsProblem(where: string, code: string | undefined, message: str
   if (code === "ERR_SSL_WRONG_VERSION_NUMBER" || code === "ERR_SSL_PACKET_LENGTH_TOO_LONG" || code === "ERR_SSL_HTTP_REQUEST") {
     return new TLSFailure(`roched at ${where} does not speak TLS: use an http:// address, or give roched --tls-cert and --tls-key`);
   }
+  if (where.startsWith("https://") && (code === "ECONNRESET" || code === "EPIPE")) {
+    // TLS 1.3 ends the handshake before the server has checked the client's certificate,
+    // so a refused one may show only as the connection closing.
+    return new TLSFailure(
+      `roched at ${where} closed the TLS connection: if it requires a client certificate (--client-ca), give clientCert ` +
+        "and clientKey (or ROCHE_CLIENT_CERT and ROCHE_CLIENT_KEY) signed by that CA; else check that it is running",
+    );
+  }
   if (code.startsWith("ERR_SSL_") || code.startsWith("ERR_TLS_") || code === "EPROTO") {
     return new TLSFailure(`TLS with roched at ${where} failed: ${code}: ${message}`);
   }

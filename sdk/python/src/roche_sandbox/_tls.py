@@ -60,6 +60,12 @@ def problem(where: str, err: BaseException) -> Optional[TLSFailure]:
             return TLSFailure(f"roched at {where} presented a certificate for other names ({msg}): use an address it names")
         return TLSFailure(f"roched at {where} presented a certificate this client does not trust ({msg}): "
                           "give the CA that signed it with ca= or ROCHE_CA_FILE")
+    if isinstance(err, ssl.SSLEOFError) or (isinstance(err, ConnectionResetError) and where.startswith("https://")):
+        # TLS 1.3 ends the handshake before the server has checked the client's
+        # certificate, so a refused one may show only as the connection closing.
+        return TLSFailure(f"roched at {where} closed the TLS connection: if it requires a client certificate "
+                          "(--client-ca), give client_cert= and client_key= (or ROCHE_CLIENT_CERT and "
+                          "ROCHE_CLIENT_KEY) signed by that CA; else check that it is running")
     if isinstance(err, ssl.SSLError):
         reason = getattr(err, "reason", None) or ""
         if "ALERT" in reason and ("CERTIFICATE" in reason or "UNKNOWN_CA" in reason):
