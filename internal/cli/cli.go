@@ -165,7 +165,28 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 	pf.StringVar(&e.providers.seccompProfile, "seccomp-profile", "", "seccomp profile of the kubernetes provider's Pods: a Localhost profile on every node (default roche.json, Roche's: roche kubernetes seccomp-profile installs it), or RuntimeDefault for the runtime's own, weaker one")
 	pf.StringVar(&e.providers.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return e.refuseProviderFlags(cmd) }
 	return root
+}
+
+// noProviders marks a command that opens no provider (roched's pools, its start and
+// stop), where a provider's flag would do nothing: refuseProviderFlags says so.
+var noProviders = map[string]string{"roche.providers": "none"}
+
+// refuseProviderFlags refuses a provider's flag given to a command that opens none, as
+// a flag that silently does nothing: roche pool warmup --runtime runsc would warm
+// roched's pools on roched's runtime.
+func (e *env) refuseProviderFlags(cmd *cobra.Command) error {
+	for c := cmd; c != nil; c = c.Parent() {
+		if c.Annotations["roche.providers"] == "none" {
+			if given := providers.Given(e.providers.options()); len(given) > 0 {
+				return fmt.Errorf("%w: %v is the %s provider's, and %s opens no provider: roched's sandboxes and pools run on roched's own settings (roched --help); leave it out",
+					roche.ErrInvalidConfig, given[0], given[0].Provider, cmd.CommandPath())
+			}
+			return nil
+		}
+	}
+	return nil
 }
 
 // printJSON writes v as indented JSON.

@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 // daemonLink is the CLI's connection to roched: made on first use, and only when a
@@ -152,7 +153,8 @@ func (e *env) daemonStartCommand() *cobra.Command {
 		Use:   "start [flags] [-- ROCHED_FLAGS...]",
 		Short: "Start roched in the background",
 		Long: `Start roched in the background on --socket and wait until it answers. Its log goes
-to --log. Flags after -- are passed to roched as they are (see roched --help).
+to --log. Flags after -- are passed to roched as they are (see roched --help), and so
+are the providers' flags given to roche (--runtime, --oci-runtime, --kubeconfig, ...).
 roched is looked for beside this roche binary, then on PATH (--roched overrides).
 With --listen, clients on TCP need a token: roched reads it from --token-file (mode
 0600) or ROCHE_TOKEN, never from its command line, where every local user could read it.
@@ -210,6 +212,16 @@ what clients set: ROCHE_ADDRESS and ROCHE_CA_FILE (roche --ca, Roche(ca=...)).`,
 			}
 			for _, r := range mountRoots {
 				args = append(args, "--allow-mount-root", r)
+			}
+			// The providers' flags given to roche are roched's to use.
+			for _, f := range providers.Given(e.providers.options()) {
+				if f.Name == "transport" {
+					return fmt.Errorf("%w: %v: roched's Docker sandboxes always run commands through roche-agent; leave it out", roche.ErrInvalidConfig, f)
+				}
+				args = append(args, "--"+f.Name, f.Value)
+			}
+			if cmd.Flags().Changed("engine-timeout") {
+				args = append(args, "--engine-timeout", e.providers.engineTimeout.String())
 			}
 			args = append(args, extra...)
 			if logFile == "" {
@@ -301,8 +313,9 @@ func lastLine(path string) string {
 func (e *env) daemonStopCommand() *cobra.Command {
 	var timeout time.Duration
 	c := &cobra.Command{
-		Use:   "stop",
-		Short: "Stop roched gracefully",
+		Use:         "stop",
+		Annotations: noProviders,
+		Short:       "Stop roched gracefully",
 		Long: `Ask roched to stop (SIGTERM) and wait until it has: it finishes calls in progress,
 destroys its idle pooled sandboxes and saves its state. Sandboxes handed to clients keep
 running; the next roched adopts them.`,
@@ -349,11 +362,12 @@ running; the next roched adopts them.`,
 func (e *env) daemonStatusCommand() *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use:     "status [--json]",
-		Short:   "Show whether roched is running, and its pools",
-		Long:    "Show whether roched answers on --socket, and its pools. Exits 1 when it is not running.",
-		Example: "  roche daemon status\n  roche daemon status --json",
-		Args:    cobra.NoArgs,
+		Use:         "status [--json]",
+		Annotations: noProviders,
+		Short:       "Show whether roched is running, and its pools",
+		Long:        "Show whether roched answers on --socket, and its pools. Exits 1 when it is not running.",
+		Example:     "  roche daemon status\n  roche daemon status --json",
+		Args:        cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := client.New(client.WithSocket(e.daemon.socket))
 			if err != nil {
@@ -418,8 +432,9 @@ const poolHint = "start it with roche daemon start --pool 'docker/roche/python:l
 
 func (e *env) poolCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "pool status|warmup|drain",
-		Short: "Inspect and manage roched's warm pools",
+		Use:         "pool status|warmup|drain",
+		Annotations: noProviders,
+		Short:       "Inspect and manage roched's warm pools",
 		Long: `roched keeps warm pools of idle sandboxes per provider/image, so a create whose config
 matches (env and workdir may differ) takes milliseconds. Pools are set when roched starts
 (--pool or its config file).`,

@@ -48,7 +48,37 @@ func newRegistry(l *slog.Logger, local Local, handoff func() error) *registry {
 	return &registry{log: l, local: local, handoff: handoff, open: providers.Set{}, engineTimeout: defaults.EngineTimeout, transport: defaults.Transport}
 }
 
+// options are what providers are opened with in this process: the flags.
+func (r *registry) options() providers.Options {
+	return providers.Options{
+		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
+		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
+		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime, OCIRuntime: r.ociRuntime,
+	}
+}
+
+// check refuses the flags of a provider that is not among names, those a command uses:
+// that provider would never read them, and a sandbox made without an isolation flag
+// asked for (--runtime runsc on an oci sandbox) is a silent downgrade.
+func (r *registry) check(names ...string) error {
+	return providers.CheckSettings(r.options(), names, "this command uses")
+}
+
+// get opens the named provider for a command that uses it alone (a create, an id's
+// provider), refusing the flags of others (check).
 func (r *registry) get(name string) (roche.Provider, error) {
+	if _, err := providers.Lookup(name); err != nil {
+		return nil, err
+	}
+	if err := r.check(name); err != nil {
+		return nil, err
+	}
+	return r.use(name)
+}
+
+// use opens the named provider: roched's, when it serves it and no flag of the
+// provider's is given (those apply to sandboxes this process makes), else in-process.
+func (r *registry) use(name string) (roche.Provider, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p, ok := r.open[name]; ok {
@@ -56,13 +86,9 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	}
 	if r.remote != nil {
 		if p := r.remote(name); p != nil {
-			if name == "docker" && r.transport != defaults.Transport {
-				return nil, fmt.Errorf("%w: --transport %s applies to sandboxes this process makes, and roched makes them here: pass --direct as well",
-					roche.ErrInvalidConfig, r.transport)
-			}
-			if name == "docker" && r.runtime != "" {
-				return nil, fmt.Errorf("%w: --runtime %s applies to sandboxes this process makes, and roched makes them here (roched --runtime): pass --direct as well",
-					roche.ErrInvalidConfig, r.runtime)
+			if given := providers.Given(r.options(), name); len(given) > 0 {
+				return nil, fmt.Errorf("%w: %v applies to the %s sandboxes this process makes, and roched makes them here, with its own settings (roched --help): pass --direct as well",
+					roche.ErrInvalidConfig, given[0], name)
 			}
 			r.open[name] = p
 			return p, nil
@@ -79,11 +105,7 @@ func (r *registry) get(name string) (roche.Provider, error) {
 	if r.local == nil {
 		return nil, r.handoff()
 	}
-	p, err := r.local.Open(name, providers.Options{
-		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
-		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
-		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime, OCIRuntime: r.ociRuntime,
-	})
+	p, err := r.local.Open(name, r.options())
 	if err != nil {
 		return nil, err
 	}
@@ -96,12 +118,15 @@ func (r *registry) get(name string) (roche.Provider, error) {
 // (a loop over providers or ids), which a handoff at a get in the middle would run
 // twice. With providers in this process it does nothing: they open on first use.
 func (r *registry) prepare(names ...string) error {
+	if err := r.check(names...); err != nil {
+		return err
+	}
 	if r.local != nil {
 		return nil
 	}
 	for _, n := range names {
 		// Any other error is the get's to report when the command comes to it.
-		if _, err := r.get(n); errors.As(err, new(handoffError)) {
+		if _, err := r.use(n); errors.As(err, new(handoffError)) {
 			return err
 		}
 	}
@@ -144,13 +169,18 @@ func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.
 		return nil, err
 	}
 	var errs, unavailable []error
+	notConfigured := 0
 	for _, n := range names {
-		p, err := r.get(n)
+		p, err := r.use(n)
 		if err == nil {
 			err = fn(p)
 		}
 		switch {
 		case err == nil:
+		case name == "" && providers.NotConfigured(err):
+			// Never set up (kubernetes without a cluster): nothing of it to list.
+			r.log.Debug("provider not configured", "provider", n, "err", err)
+			notConfigured++
 		case name == "" && isUnavailable(err):
 			if errors.Is(err, roche.ErrTimeout) {
 				// Installed but hanging, unlike one that is simply absent: say so.
@@ -163,7 +193,7 @@ func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.
 			errs = append(errs, err)
 		}
 	}
-	if len(unavailable) == len(names) {
+	if len(unavailable) > 0 && len(unavailable)+notConfigured == len(names) {
 		return nil, unavailable[0]
 	}
 	return unavailable, errors.Join(errs...)

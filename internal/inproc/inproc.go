@@ -9,7 +9,10 @@ package inproc
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/providers"
@@ -77,6 +80,23 @@ var constructors = map[string]func(providers.Options) (roche.Provider, error){
 	},
 }
 
+// unconfigured says, for a provider that needs setting up, why the operator has not set
+// it up at all (a providers.NotConfiguredError), or nil when it has been.
+var unconfigured = map[string]func(providers.Options) error{
+	// As the provider finds its cluster: --kubeconfig, else $KUBECONFIG, else the
+	// in-cluster configuration (kubernetes.WithKubeconfig).
+	kubernetes.Name: func(o providers.Options) error {
+		if o.Kubeconfig != "" || os.Getenv("KUBECONFIG") != "" {
+			return nil
+		}
+		if _, err := rest.InClusterConfig(); err == nil {
+			return nil
+		}
+		return &providers.NotConfiguredError{Provider: kubernetes.Name,
+			Reason: "no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster"}
+	},
+}
+
 // opened turns a constructor's result into a roche.Provider, so that a failed one is a
 // nil interface rather than one holding a nil pointer.
 func opened[P roche.Provider](p P, err error) (roche.Provider, error) {
@@ -86,7 +106,8 @@ func opened[P roche.Provider](p P, err error) (roche.Provider, error) {
 	return p, nil
 }
 
-// Open opens the named provider with o.
+// Open opens the named provider with o; one that needs setting up and was not is a
+// providers.NotConfiguredError.
 func Open(name string, o providers.Options) (roche.Provider, error) {
 	p, err := providers.Lookup(name)
 	if err != nil {
@@ -96,6 +117,11 @@ func Open(name string, o providers.Options) (roche.Provider, error) {
 }
 
 func open(p providers.Provider, o providers.Options) (roche.Provider, error) {
+	if check, ok := unconfigured[p.Name]; ok {
+		if err := check(o); err != nil {
+			return nil, err
+		}
+	}
 	newProvider, ok := constructors[p.Name]
 	if !ok {
 		return nil, fmt.Errorf("%w: the %s provider has no constructor in this binary", roche.ErrUnsupported, p.Name)
@@ -109,20 +135,43 @@ func open(p providers.Provider, o providers.Options) (roche.Provider, error) {
 
 // Serve opens every provider (or those o.Only names) for a process that serves them
 // (roched), logging to o.Log why it leaves one out. A Required provider that cannot be
-// opened is an error, as is nothing else: any other is left out with a warning, and one
-// that opens but fails its start-up check (wasm without python.wasm) is served with a
-// warning, its creates failing with ErrUnavailable and what to install.
+// opened is an error, and so is a provider asked for (named in o.Only, or one of its
+// settings given) that was not set up at all (kubernetes without a cluster); one not
+// asked for is left out with a line in the log, so that lists over every provider
+// answer with the others'. Any other provider that cannot be opened is left out with a
+// warning, and one that opens but fails its start-up check (wasm without python.wasm)
+// is served with a warning, its creates failing with ErrUnavailable and what to install.
+// A setting for no provider served is refused (providers.CheckSettings).
 func Serve(o providers.Options) (providers.Set, error) {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	served := providers.Names()
+	if len(o.Only) > 0 {
+		served = o.Only
+	}
+	if err := providers.CheckSettings(o, served, "roched serves only"); err != nil {
+		return nil, err
+	}
 	set := providers.Set{}
 	for _, p := range providers.All() {
-		if len(o.Only) > 0 && !slices.Contains(o.Only, p.Name) {
+		if !slices.Contains(served, p.Name) {
 			continue
 		}
 		rp, err := open(p, o)
+		if providers.NotConfigured(err) {
+			why := "--providers names it"
+			if given := providers.Given(o, p.Name); len(given) > 0 {
+				why = given[0].String() + " asks for it"
+			}
+			if slices.Contains(o.Only, p.Name) || providers.Asked(o, p.Name) {
+				set.Close()
+				return nil, fmt.Errorf("the %s provider is not set up, and %s: %w", p.Name, why, err)
+			}
+			log.Info(p.Name+" provider not configured: serving without it", "provider", p.Name, "reason", err)
+			continue
+		}
 		if err != nil {
 			if p.Required {
 				set.Close()

@@ -33,6 +33,8 @@ func isolate(t *testing.T) string {
 	t.Setenv("ROCHE_AGENT", filepath.Join(dir, "roche-agent"))
 	t.Setenv(wasm.PythonEnv, "")
 	t.Setenv("ROCHE_VM_ACCEL", "")
+	// A cluster configured, if not one that answers: the kubernetes provider opens.
+	t.Setenv("KUBECONFIG", filepath.Join(dir, "kubeconfig"))
 	return dir
 }
 
@@ -228,5 +230,56 @@ func TestServeDegrades(t *testing.T) {
 	set, err = Serve(o)
 	if set != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), `transport "ssh"`) {
 		t.Fatalf("Serve with a bad Docker transport = %v, %v; want ErrInvalidConfig", set, err)
+	}
+}
+
+// TestServeUnconfigured: a provider that needs setting up and was not set up at all
+// (kubernetes: no kubeconfig, no KUBECONFIG, no in-cluster credentials) is left out by
+// Serve with a line in the log, so that lists over every provider answer with the
+// others'; opened alone it is a NotConfiguredError, ErrUnavailable saying what sets it
+// up. Asked for (--providers, or one of its flags), it stops roched. A provider's flag
+// for a provider not served stops it too.
+func TestServeUnconfigured(t *testing.T) {
+	isolate(t)
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	const hint = "no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster"
+	p, err := Open("kubernetes", good())
+	if p != nil || !providers.NotConfigured(err) || !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), hint) {
+		t.Fatalf("Open(kubernetes) without a cluster = %v, %v; want a NotConfiguredError saying %q", p, err, hint)
+	}
+
+	var log logBuffer
+	o := good()
+	o.Log = log.logger()
+	set, err := Serve(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, k8s := set["kubernetes"]
+	_, dk := set["docker"]
+	set.Close()
+	if k8s || !dk {
+		t.Fatalf("Serve without a cluster served kubernetes %v, docker %v; want docker alone of the two", k8s, dk)
+	}
+	if l := log.String(); !strings.Contains(l, "kubernetes provider not configured: serving without it") || !strings.Contains(l, hint) {
+		t.Fatalf("Serve did not say it left kubernetes out: %q", l)
+	}
+
+	for _, c := range []struct {
+		set  func(*providers.Options)
+		says string
+	}{
+		{func(o *providers.Options) { o.RuntimeClass = "gvisor" }, "the kubernetes provider is not set up, and --runtime-class gvisor asks for it"},
+		{func(o *providers.Options) { o.Namespace = "sandboxes" }, "the kubernetes provider is not set up, and --namespace sandboxes asks for it"},
+		{func(o *providers.Options) { o.Only = []string{"docker", "kubernetes"} }, "the kubernetes provider is not set up, and --providers names it"},
+		{func(o *providers.Options) { o.Only, o.Runtime = []string{"oci"}, "runsc" }, "--runtime is the docker provider's, and roched serves only oci"},
+	} {
+		o := good()
+		c.set(&o)
+		if set, err := Serve(o); set != nil || err == nil || !strings.Contains(err.Error(), c.says) {
+			set.Close()
+			t.Errorf("Serve = %v, %v; want an error saying %q", set, err, c.says)
+		}
 	}
 }

@@ -201,3 +201,27 @@ func (s Set) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// NotConfiguredError says that a provider which needs setting up (the kubernetes
+// provider: a cluster to talk to) was not set up at all: no flag, no environment, no
+// in-cluster credentials. It is roche.ErrUnavailable; what is not set up is not a
+// failure, so a list over every provider leaves it out without saying it skipped one,
+// and roched serves it only when asked to (--providers, or one of its flags). One that
+// was set up but does not work is another error, and is reported.
+type NotConfiguredError struct {
+	Provider string
+	// Reason says what would set it up.
+	Reason string
+}
+
+func (e *NotConfiguredError) Error() string {
+	return fmt.Sprintf("%v: %s", roche.ErrUnavailable, e.Reason)
+}
+
+func (e *NotConfiguredError) Unwrap() error { return roche.ErrUnavailable }
+
+// NotConfigured reports whether err says a provider was not set up at all.
+func NotConfigured(err error) bool {
+	var nc *NotConfiguredError
+	return errors.As(err, &nc)
+}

@@ -2,6 +2,7 @@ package providers
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -97,5 +98,42 @@ func TestUnknownProviderRefusedWithTheList(t *testing.T) {
 	}
 	if err := Check(Names()); err != nil {
 		t.Errorf("Check(Names()) = %v", err)
+	}
+}
+
+// TestEverySettingListed: every provider setting of Options (its string fields) is in
+// the settings list, so that CheckSettings refuses it where its provider is not used.
+func TestEverySettingListed(t *testing.T) {
+	var o Options
+	v := reflect.ValueOf(&o).Elem()
+	var fields []string
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.String {
+			f.SetString("set-" + v.Type().Field(i).Name)
+			fields = append(fields, v.Type().Field(i).Name)
+		}
+	}
+	given := Given(o)
+	if len(given) != len(fields) {
+		t.Fatalf("Options has %d string settings (%v), the list %d (%v)", len(fields), fields, len(given), given)
+	}
+	for _, f := range given {
+		if _, err := Lookup(f.Provider); err != nil || !strings.HasPrefix(f.Value, "set-") {
+			t.Errorf("setting %v: provider %q, value %q", f, f.Provider, f.Value)
+		}
+	}
+	// Each is refused where its provider is not used, and only there.
+	for _, f := range given {
+		if err := CheckSettings(o, Names(), "this command uses"); err != nil {
+			t.Fatalf("with every provider used: %v", err)
+		}
+		others := slices.DeleteFunc(Names(), func(n string) bool { return n == f.Provider })
+		err := CheckSettings(o, others, "this command uses")
+		if !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "--"+f.Name+" is the "+f.Provider+" provider's") {
+			t.Errorf("--%s without the %s provider: %v", f.Name, f.Provider, err)
+		}
+	}
+	if err := CheckSettings(Options{Transport: "agent"}, []string{"oci"}, "this command uses"); err != nil {
+		t.Errorf("the default transport, given or not, is no setting: %v", err)
 	}
 }
