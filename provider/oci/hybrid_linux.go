@@ -26,6 +26,24 @@ func hybridCgroups() bool {
 	return root.Type == unix.TMPFS_MAGIC && unified.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
+// cgroupControllers are the v1 hierarchies mounted below /sys/fs/cgroup, as paths; none
+// where /sys/fs/cgroup is not a tmpfs holding them (a cgroup v2 host).
+func cgroupControllers() []string {
+	var root unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup", &root) != nil || root.Type != unix.TMPFS_MAGIC {
+		return nil
+	}
+	entries, _ := os.ReadDir("/sys/fs/cgroup")
+	var out []string
+	for _, e := range entries {
+		// Directories, and links such as cpu -> cpu,cpuacct.
+		if e.IsDir() || e.Type()&os.ModeSymlink != 0 {
+			out = append(out, filepath.Join("/sys/fs/cgroup", e.Name()))
+		}
+	}
+	return out
+}
+
 // startWithoutUnified starts cmd in a mount namespace of its own in which the cgroup2
 // hierarchy of a hybrid host is not mounted. crun refuses hybrid hosts outright ("cgroups
 // in hybrid mode not supported") even though everything it limits (memory, pids, cpu)

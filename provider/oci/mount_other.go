@@ -21,6 +21,7 @@ func lockPath(context.Context, string) (func(), error)          { return nil, er
 func mountsBelow(...string) []string                            { return nil }
 func exitWaiter(int) (func(time.Duration) bool, bool)           { return nil, false }
 func hybridCgroups() bool                                       { return false }
+func cgroupControllers() []string                               { return nil }
 func startWithoutUnified(*exec.Cmd) error                       { return errNotLinux }
 func sealBinary(string) (*os.File, error)                       { return nil, errNotLinux }
 func stateOnTmpfs(context.Context, string) (bool, error)        { return false, nil }

@@ -3,7 +3,9 @@ package oci
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -41,6 +43,15 @@ var (
 	}
 	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 )
+
+// cgroupReadonly are paths made read-only over the runtime's cgroup mount, after
+// readonlyPaths: /sys/fs/cgroup itself, which on a cgroup v1 host is a tmpfs holding
+// the controllers that crun makes mode 1777 and leaves writable (runc's is mode 555),
+// then each controller below it again, as crun's read-only bind of the tmpfs carries
+// its read-only controllers along writable (root in the sandbox could raise pids.max).
+var cgroupReadonly = sync.OnceValue(func() []string {
+	return append([]string{"/sys/fs/cgroup"}, cgroupControllers()...)
+})
 
 // bundleSpec is what a sandbox's config.json is made from.
 type bundleSpec struct {
@@ -158,7 +169,7 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 			},
 			Seccomp:           filter,
 			MaskedPaths:       maskedPaths,
-			ReadonlyPaths:     readonlyPaths,
+			ReadonlyPaths:     append(slices.Clip(readonlyPaths), cgroupReadonly()...),
 			RootfsPropagation: "rprivate",
 		},
 	}, nil
