@@ -66,6 +66,9 @@ var constructors = map[string]func(providers.Options) (roche.Provider, error){
 		if o.Outlives {
 			opts = append(opts, oci.WithEgressProxy())
 		}
+		if o.PinnedMounts {
+			opts = append(opts, oci.WithPinnedLayouts())
+		}
 		return opened(oci.New(opts...))
 	},
 	vm.QEMU: func(o providers.Options) (roche.Provider, error) {

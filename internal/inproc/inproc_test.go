@@ -15,8 +15,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
@@ -281,5 +283,13 @@ func TestServeUnconfigured(t *testing.T) {
 			set.Close()
 			t.Errorf("Serve = %v, %v; want an error saying %q", set, err, c.says)
 		}
+	}
+}
+
+// TestLayoutPrefix: the ledger checks a tenant's image layouts by the prefix the oci
+// provider reads them by.
+func TestLayoutPrefix(t *testing.T) {
+	if ledger.LayoutPrefix != oci.LayoutPrefix {
+		t.Fatalf("ledger.LayoutPrefix %q, oci.LayoutPrefix %q", ledger.LayoutPrefix, oci.LayoutPrefix)
 	}
 }

@@ -85,7 +85,63 @@ func (l *Ledger) permit(t *Tenant, p roche.Provider, cfg roche.Config) (roche.Co
 			return cfg, err
 		}
 	}
+	if cfg.Image, err = permitImage(t, p, cfg.Image); err != nil {
+		return cfg, err
+	}
 	return cfg, l.permitMounts(t, p, cfg.Mounts)
+}
+
+// LayoutPrefix, before a host directory, names an image in an OCI image layout, which
+// the oci provider reads (oci.LayoutPrefix; internal/inproc's tests hold the two
+// together).
+const LayoutPrefix = "oci-layout:"
+
+// layoutPinner is a provider that opens image layouts without following links, so that
+// a path checked here cannot be redirected before it is read (oci.WithPinnedLayouts).
+type layoutPinner interface{ PinsLayouts() bool }
+
+// permitImage checks an image that names a host directory (LayoutPrefix). The local
+// tenant may name any (resolved here, so that a pinning provider opens what its links
+// point to). A TCP tenant may name only a canonical path at or below one of its mount
+// roots, whose files it may read through a mount anyway, checked as a string, so that
+// nothing outside them is looked at and the answer is the same whether or not the path
+// exists; and only through a provider that pins layouts.
+func permitImage(t *Tenant, p roche.Provider, image string) (string, error) {
+	spec, ok := strings.CutPrefix(image, LayoutPrefix)
+	if !ok {
+		return image, nil
+	}
+	dir, digest, hasDigest := strings.Cut(spec, "@")
+	if t.Local {
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			dir = real
+		}
+		if hasDigest {
+			dir += "@" + digest
+		}
+		return LayoutPrefix + dir, nil
+	}
+	if len(t.MountRoots) == 0 {
+		return image, fmt.Errorf("%w: image %q: tenant %s may not use images from host paths: roched's operator allows directories with --allow-mount-root (or mount_roots in the tokens file)",
+			roche.ErrPermission, image, t.Name)
+	}
+	if !below(t.MountRoots, dir) {
+		return image, fmt.Errorf("%w: image %q: host path %q is not at or below a directory tenant %s may use (%s)",
+			roche.ErrPermission, image, dir, t.Name, strings.Join(t.MountRoots, ", "))
+	}
+	if lp, ok := p.(layoutPinner); !ok || !lp.PinsLayouts() {
+		return image, fmt.Errorf("%w: image %q from tenant %s: the %s provider does not read image layouts pinned against links; only the oci provider under roched serves remote tenants' layouts",
+			roche.ErrUnsupported, image, t.Name, p.Name())
+	}
+	return image, nil
+}
+
+// below reports whether path is a canonical absolute path (no . or .., no trailing
+// slash) at or below one of roots, on the strings alone.
+func below(roots []string, path string) bool {
+	return filepath.IsAbs(path) && filepath.Clean(path) == path && slices.ContainsFunc(roots, func(root string) bool {
+		return path == root || strings.HasPrefix(path, root+"/") || root == "/"
+	})
 }
 
 // refuseRoot refuses a user that is, or may be, root: uid or gid 0, or a name, which the
@@ -137,9 +193,7 @@ func (l *Ledger) permitMounts(t *Tenant, p roche.Provider, mounts []roche.Mount)
 		src := m.Source
 		// Where it lies is checked on the string first, so that a tenant learns nothing
 		// of the host outside its roots.
-		if !filepath.IsAbs(src) || filepath.Clean(src) != src || !slices.ContainsFunc(t.MountRoots, func(root string) bool {
-			return src == root || strings.HasPrefix(src, root+"/") || root == "/"
-		}) {
+		if !below(t.MountRoots, src) {
 			return fmt.Errorf("%w: mount source %q is not at or below a directory tenant %s may mount (%s)",
 				roche.ErrPermission, src, t.Name, strings.Join(t.MountRoots, ", "))
 		}

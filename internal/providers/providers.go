@@ -39,8 +39,9 @@ type Options struct {
 	// kubernetes.WithEgressProxy).
 	Outlives bool
 	// PinnedMounts binds the host paths that were checked rather than paths a sandbox
-	// could redirect in between; roched sets it when remote tenants may mount
-	// (docker.WithPinnedMounts).
+	// could redirect in between, and opens image layouts the same way; roched sets it
+	// when remote tenants may mount, and so name layouts below their mount roots
+	// (docker.WithPinnedMounts, oci.WithPinnedLayouts).
 	PinnedMounts bool
 	// WarmStart compiles python.wasm in the background and starts each sandbox's
 	// interpreter ahead of its next exec, which pays off only in a process that lives

@@ -19,7 +19,6 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/client"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
@@ -155,36 +154,19 @@ func (p *Provider) savedImage(ctx context.Context, ref, id string) (v1.Image, fu
 	return img, drop, nil
 }
 
-// layoutImage returns the image of an OCI image layout: dir, or dir@digest.
+// layoutImage returns the image of an OCI image layout: dir, or dir@digest (layout.go).
 func (p *Provider) layoutImage(ctx context.Context, spec string) (imageRoot, error) {
 	dir, digest, _ := strings.Cut(spec, "@")
-	idx, err := layout.ImageIndexFromPath(dir)
+	root, err := p.openLayout(dir)
 	if err != nil {
-		return imageRoot{}, fmt.Errorf("%w: %s%s is not an OCI image layout: %v", roche.ErrImageNotFound, LayoutPrefix, dir, err)
+		return imageRoot{}, fmt.Errorf("%w: %s%s: %v", roche.ErrImageNotFound, LayoutPrefix, dir, err)
 	}
-	man, err := idx.IndexManifest()
+	defer root.Close()
+	img, err := readLayout(root, digest)
 	if err != nil {
-		return imageRoot{}, fmt.Errorf("reading the index of OCI layout %s: %w", dir, err)
+		return imageRoot{}, fmt.Errorf("%w: %s%s: %v", roche.ErrImageNotFound, LayoutPrefix, dir, err)
 	}
-	var pick *v1.Descriptor
-	for i, d := range man.Manifests {
-		if digest == "" && len(man.Manifests) == 1 || d.Digest.String() == digest {
-			pick = &man.Manifests[i]
-		}
-	}
-	if pick == nil {
-		return imageRoot{}, fmt.Errorf("%w: OCI layout %s holds %d manifests and none is %q: name one as %s%s@sha256:<digest>",
-			roche.ErrImageNotFound, dir, len(man.Manifests), digest, LayoutPrefix, dir)
-	}
-	img, err := idx.Image(pick.Digest)
-	if err != nil {
-		return imageRoot{}, fmt.Errorf("%w: OCI layout %s, manifest %s: %v", roche.ErrImageNotFound, dir, pick.Digest, err)
-	}
-	name, err := img.ConfigName()
-	if err != nil {
-		return imageRoot{}, fmt.Errorf("reading the config of OCI layout %s: %w", dir, err)
-	}
-	return p.cached(ctx, name.Hex, func() (v1.Image, func(), error) { return img, func() {}, nil })
+	return p.cached(ctx, img.id, func() (v1.Image, func(), error) { return img, func() {}, nil })
 }
 
 // cached returns the cache's unpacked root of image id, unpacking open's image when it
@@ -239,6 +221,12 @@ func unpack(img v1.Image, id, entry string) error {
 	rc.Close()
 	if err != nil {
 		return fmt.Errorf("unpacking image %s: %w", id, err)
+	}
+	// A layout's layers are checked as they are read: only now is all of each read.
+	if c, ok := img.(interface{ check() error }); ok {
+		if err := c.check(); err != nil {
+			return fmt.Errorf("%w: unpacking image %s: %v", roche.ErrImageNotFound, id, err)
+		}
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {

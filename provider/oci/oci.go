@@ -71,6 +71,8 @@ type Provider struct {
 	createTimeout      time.Duration
 	uidFirst, uidCount int
 	egress             bool
+	// pinLayouts: image layouts are opened without following links (WithPinnedLayouts).
+	pinLayouts bool
 
 	dockerOnce sync.Once
 	docker     *client.Client
@@ -102,6 +104,16 @@ func WithLogger(l *slog.Logger) Option { return func(p *Provider) { p.log = l } 
 // saying why). Empty (the default) takes the fastest that runs a probe sandbox here:
 // crun, else runc.
 func WithRuntime(name string) Option { return func(p *Provider) { p.runtimeName = name } }
+
+// WithPinnedLayouts opens the directory of an image layout (LayoutPrefix) one component
+// at a time without following a link, refusing any, rather than by its path: a process
+// that checked the path as a string (roched, for its TCP tenants) reads the layout that
+// was checked, not one a link swapped in since leads to. Inside the layout, links never
+// lead out of it in any case.
+func WithPinnedLayouts() Option { return func(p *Provider) { p.pinLayouts = true } }
+
+// PinsLayouts reports whether the provider pins image layouts (WithPinnedLayouts).
+func (p *Provider) PinsLayouts() bool { return p.pinLayouts }
 
 // WithAgentPath sets the host path of the static roche-agent binary (default
 // agentbin.Path).
