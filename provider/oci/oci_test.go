@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,13 +52,16 @@ func newProvider(t *testing.T, opts ...oci.Option) (*oci.Provider, string) {
 		t.Fatal(err)
 	}
 	opts = append([]oci.Option{oci.WithStateDir(state), oci.WithDataDir(data)}, opts...)
+	// Cgroups that were there before are not this test's to account for (another
+	// process's sandboxes, on the same host).
+	before, _ := filepath.Glob("/sys/fs/cgroup/*/roche-*")
 	p, err := oci.New(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		p.Close()
-		checkNothingLeft(t, p, state)
+		checkNothingLeft(t, p, state, before)
 		// The tmpfs the provider puts its state on where /run is not one (stateOnTmpfs)
 		// is the test's own too. The image cache under the data directory stays, for
 		// the next run.
@@ -70,8 +74,8 @@ func newProvider(t *testing.T, opts ...oci.Option) (*oci.Provider, string) {
 }
 
 // checkNothingLeft: no container in the runtime's state, no mount below the state or
-// disk directories, no cgroup and no sandbox directory.
-func checkNothingLeft(t *testing.T, p *oci.Provider, state string) {
+// disk directories, no cgroup but those there before, and no sandbox directory.
+func checkNothingLeft(t *testing.T, p *oci.Provider, state string, before []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -97,7 +101,8 @@ func checkNothingLeft(t *testing.T, p *oci.Provider, state string) {
 			t.Errorf("sandbox directory left: %s", e.Name())
 		}
 	}
-	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/roche-*"); len(cg) > 0 {
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*/roche-*")
+	if cg = slices.DeleteFunc(cg, func(c string) bool { return slices.Contains(before, c) }); len(cg) > 0 {
 		t.Errorf("cgroups left: %v", cg)
 	}
 	if d, _ := os.ReadDir("/var/lib/roche-test/oci/sandboxes"); len(d) > 0 {
