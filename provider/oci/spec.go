@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -44,6 +43,15 @@ var (
 	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 )
 
+// pidsCgroupPaths are where a sandbox sees its pids cgroup: the controller's directory
+// (cgroup v1) or its files (v2), masked. The cgroup is only the host's ceiling on the
+// whole sandbox, the agent's threads included; the limit that holds, and that a program
+// reads, is the agent's RLIMIT_NPROC (agent --nproc), as in the docker provider.
+var pidsCgroupPaths = []string{
+	"/sys/fs/cgroup/pids",
+	"/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids.current", "/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids.peak",
+}
+
 // cgroupReadonly are paths made read-only over the runtime's cgroup mount, after
 // readonlyPaths: /sys/fs/cgroup itself, which on a cgroup v1 host is a tmpfs holding
 // the controllers that crun makes mode 1777 and leaves writable (runc's is mode 555),
@@ -73,7 +81,9 @@ type bundleSpec struct {
 // spec builds the sandbox's OCI runtime config: every namespace new (pid, mount, ipc,
 // uts, cgroup, network with only lo), roche-agent as PID 1 with the few capabilities it
 // needs and no new privileges, Roche's seccomp profile, Docker's masked and read-only
-// paths, and cgroup limits for memory (no swap), pids and cpu.
+// paths, cgroup limits for memory (no swap), pids (a ceiling; the agent holds the
+// sandbox's programs to exactly the limit) and cpu, and roche.DefaultOpenFiles open
+// files per process.
 func (b bundleSpec) spec() (*specs.Spec, error) {
 	filter, err := seccompFilter()
 	if err != nil {
@@ -96,6 +106,9 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 		"--user", b.user,
 		"--lifetime", strconv.Itoa(b.lifetime) + "s",
 		"--owner", strconv.Itoa(os.Geteuid()),
+		// Exactly the limit, for the sandbox user's processes and threads (RLIMIT_NPROC,
+		// which the agent, root, is exempt from): what a program reads is what holds.
+		"--nproc", strconv.Itoa(cfg.PidsLimit),
 	}
 	args = append(args, b.lease...)
 	if len(cfg.NetworkAllowlist) > 0 {
@@ -107,7 +120,8 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 		cwd = "/"
 	}
 	mem := cfg.MemoryBytes()
-	pids := int64(cfg.PidsLimit + agent.ThreadReserve)
+	// The host's ceiling on the whole sandbox: the limit, and the agent's threads.
+	pids := int64(cfg.PidsLimit + agent.ThreadCeiling)
 	period := uint64(100_000)
 	quota := int64(cfg.CPUs * float64(period))
 	swappiness := uint64(0)
@@ -147,10 +161,11 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: agentCaps, Effective: agentCaps, Permitted: agentCaps,
 			},
-			// RLIMIT_NOFILE as this process has it (the runtime may not raise it); the
-			// per-user kernel limits (inotify and the like) are the uid's, each sandbox
-			// having its own.
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile(), Soft: nofile()}},
+			// The open files of every process, soft and hard, from the agent on (which sets
+			// the same, agent.OpenFiles): with the process limit they bound what one
+			// sandbox holds of the host's file table. The per-user kernel limits (inotify
+			// and the like) are the uid's, each sandbox having its own.
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: roche.DefaultOpenFiles, Soft: roche.DefaultOpenFiles}},
 			NoNewPrivileges: true,
 			OOMScoreAdj:     intPtr(0),
 		},
@@ -168,7 +183,7 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 				CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
 			},
 			Seccomp:           filter,
-			MaskedPaths:       maskedPaths,
+			MaskedPaths:       append(slices.Clip(maskedPaths), pidsCgroupPaths...),
 			ReadonlyPaths:     append(slices.Clip(readonlyPaths), cgroupReadonly()...),
 			RootfsPropagation: "rprivate",
 		},
@@ -182,15 +197,6 @@ func hasEnv(env []string, k string) bool {
 		}
 	}
 	return false
-}
-
-// nofile is this process's hard limit on open files, at most Docker's 1048576.
-func nofile() uint64 {
-	var l syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil || l.Max == 0 {
-		return 1024
-	}
-	return min(uint64(l.Max), 1<<20)
 }
 
 func intPtr(i int) *int { return &i }
