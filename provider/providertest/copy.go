@@ -226,6 +226,16 @@ while time.time() < end and not os.path.exists(d + '/stop'):
     os.symlink(victim, d + '/.l'); os.rename(d + '/.l', d + '/f'); time.sleep(0.001)
 `
 
+// CopyInRace runs the copy-in race below on its own, for suites other than this one
+// (the escape suite): p must copy files and take host mounts.
+func CopyInRace(t *testing.T, p roche.Provider, opts Options) {
+	if opts.Python == nil {
+		opts.Python = []string{"python3"}
+	}
+	s := &suite{p: p, opts: opts, caps: p.Capabilities()}
+	s.testCopyInRace(t)
+}
+
 // testCopyInRace: with a read-write mount, the sandbox swaps a file and a symlink to a
 // root-only host file in a loop while the host copies the mount in, again and again; the
 // host file's content must never reach the sandbox.
