@@ -142,6 +142,9 @@ func (r *cellRun) result(raw []byte) {
 
 // codeOp serves the code_* operations.
 func (s *Server) codeOp(c *conn, req agent.Request) error {
+	if err := checkWorkdir(req.Cwd); err != nil {
+		return err
+	}
 	switch req.Op {
 	case agent.OpCodeRun:
 		return s.runCode(c, req)

@@ -371,6 +371,9 @@ func (s *Server) exec(c *conn, req agent.Request) error {
 	if len(req.Cmd) == 0 {
 		return invalid("empty command: give the program and its arguments")
 	}
+	if err := checkWorkdir(req.Cwd); err != nil {
+		return err
+	}
 	env := mergeEnv(s.baseEnv, req.Env)
 	limit := req.OutputLimit
 	if limit <= 0 {

@@ -280,6 +280,39 @@ func TestExecEnvAndWorkdir(t *testing.T) {
 	}
 }
 
+// TestWorkdirThroughProc: CVE-2024-21626's workdir. A command changes directory after
+// the fork, while it still holds the agent's descriptors, so /proc/self/fd/N (or a link
+// to it) would start it in a directory the agent holds open: refused, as is any
+// directory in /proc.
+func TestWorkdirThroughProc(t *testing.T) {
+	held, err := os.Open(dir) // the agent's side: a directory it holds open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	fdDir := fmt.Sprintf("/proc/self/fd/%d", held.Fd())
+	link := filepath.Join(t.TempDir(), "to-fd")
+	if err := os.Symlink(fdDir, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, cwd := range []string{fdDir, "/proc/thread-self/fd/" + strconv.Itoa(int(held.Fd())), "/dev/fd/" + strconv.Itoa(int(held.Fd())), link, "/proc", "/proc/1/cwd"} {
+		var stdout bytes.Buffer
+		_, err := client.Exec(ctxT(t, 10*time.Second), agent.Request{Cmd: []string{"pwd"}, Cwd: cwd}, agent.ExecOptions{Stdout: &stdout})
+		if codeOf(err) != agent.CodeInvalid || !strings.Contains(err.Error(), "/proc") {
+			t.Errorf("a command with workdir %s: %v (stdout %q), want refused as in /proc", cwd, err, stdout.String())
+		}
+	}
+	// A directory of the sandbox's own still works, also through a link.
+	plain := filepath.Join(dir, "to-dir")
+	if err := os.Symlink(dir, plain); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(plain)
+	if _, out, _ := execOut(t, agent.Request{Cmd: []string{"pwd", "-P"}, Cwd: plain}, agent.ExecOptions{}); strings.TrimSpace(out) != dir {
+		t.Errorf("pwd in %s: %q", plain, out)
+	}
+}
+
 func TestStdin(t *testing.T) {
 	in := strings.Repeat("line of input\n", 10000) // several frames
 	_, out, _ := execOut(t, agent.Request{Cmd: []string{"cat"}}, agent.ExecOptions{Stdin: strings.NewReader(in)})
