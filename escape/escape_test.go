@@ -1,7 +1,6 @@
 package escape
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -18,7 +17,9 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent/vmlink"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/providertest"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -167,8 +168,14 @@ func (h *harness) probe(id string) map[string]string {
 		"metadata_addrs": metadataAddrs,
 		"cluster_addrs":  clusterAddrs(),
 		"loopback_ports": loopbackPorts(h.t),
+		"vsock_port":     vmlink.VsockPort,
 	}
 	obs := h.python(id, "probe", args)
+	if v := obs["pids.max"]; (h.col.name == cRunsc || h.col.name == cK8s) && v == "max" {
+		// gVisor's own cgroupfs, and a Pod, which Kubernetes gives no pids limit: the
+		// limit is the agent's RLIMIT_NPROC there (see pids exhaustion).
+		obs["pids.max"] = "nosurface: pids.max reads max"
+	}
 	if v, ok := obs["pids.max"]; ok && !strings.HasPrefix(v, "nosurface") {
 		if want := strconv.Itoa(h.cfg.PidsLimit); v != want {
 			obs["pids.max"] = fmt.Sprintf("ok:pids.max reads %s where the config asks %s", v, want)
@@ -271,30 +278,21 @@ func errnoIn(stderr string) string {
 	return "exit: " + strings.TrimSpace(stderr)
 }
 
-// lineWriter hands over the first complete line written to it.
-type lineWriter struct {
-	mu   sync.Mutex
-	buf  bytes.Buffer
-	line chan string
-}
-
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(b)
-	if line, _, ok := strings.Cut(w.buf.String(), "\n"); ok && w.line != nil {
-		w.line <- line
-		w.line = nil
-	}
-	return len(b), nil
-}
-
 // hold starts the probe in mode in sandbox id, waits for its first line and returns it
 // with a stop function that ends the program (and everything it started).
 func (h *harness) hold(id, mode string, args any) (string, func()) {
 	h.t.Helper()
+	line, stop, err := h.tryHold(id, mode, args)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return line, stop
+}
+
+// tryHold is hold, returning why the program could not be held.
+func (h *harness) tryHold(id, mode string, args any) (string, func(), error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &lineWriter{line: make(chan string, 1)}
+	w := providertest.NewLineWriter()
 	done := make(chan error, 1)
 	go func() {
 		res, err := h.p.Exec(ctx, id, roche.ExecRequest{Cmd: probeCmd(mode, args), Timeout: 10 * time.Minute, Stdout: w})
@@ -308,16 +306,15 @@ func (h *harness) hold(id, mode string, args any) (string, func()) {
 		<-done
 	}
 	select {
-	case line := <-w.line:
-		return line, stop
+	case line := <-w.Line():
+		return line, stop, nil
 	case err := <-done:
 		cancel()
-		h.t.Fatalf("the probe's %s ended before it was ready: %v", mode, err)
+		return "", nil, fmt.Errorf("the probe's %s ended before it was ready: %w", mode, err)
 	case <-time.After(5 * time.Minute):
 		stop()
-		h.t.Fatalf("the probe's %s printed nothing within 5 minutes", mode)
+		return "", nil, fmt.Errorf("the probe's %s printed nothing within 5 minutes", mode)
 	}
-	return "", nil
 }
 
 // neighbours: sandbox a leaves traces (a process, files in /tmp and /dev/shm, a System
@@ -340,17 +337,22 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 	if h.col.lean {
 		caps = map[string]int{"nofile": 20000, "inodes": 5000, "inotify": 1000, "watches": 20000, "shm_mib": 256, "pids": 200}
 	}
-	line, stop := h.hold(a, "hog", map[string]any{"caps": caps})
-	defer func() {
-		stop()
-		h.exec(a, []string{"rm", "-rf", "/tmp/roche-inodes", "/dev/shm/roche-fill"}, time.Minute)
-	}()
-	held := map[string]string{}
-	if err := json.Unmarshal([]byte(line), &held); err != nil {
-		h.t.Fatalf("the hog answered %q: %v", line, err)
+	// Two rounds: what the kernel counts per file and user, then processes, which on
+	// gVisor may end the whole sandbox rather than be refused (README, gVisor).
+	files := maps.Clone(caps)
+	files["pids"] = 0
+	held, got := h.hogRound(a, b, files, func() {
+		h.exec(a, []string{"python3", "-c", "import os, shutil; shutil.rmtree('/tmp/roche-inodes', True); [os.remove(f) for f in ('/dev/shm/roche-fill', '/tmp/roche-nofile') if os.path.exists(f)]"}, 2*time.Minute)
+	})
+	procs := map[string]int{"pids": caps["pids"]}
+	for _, k := range []string{"nofile", "inodes", "inotify", "watches", "shm_mib"} {
+		procs[k] = 0
 	}
-	h.t.Logf("sandbox A holds: %v", held)
-	got := h.python(b, "neighbour", nil)
+	if ph, pg, ended := h.hogRoundMayEnd(a, b, procs); ended {
+		held["pids"], got["pids"] = "ENDED", h.python(b, "neighbour", nil)["pids"]
+	} else {
+		held["pids"], got["pids"] = ph["pids"], pg["pids"]
+	}
 	for _, k := range []string{"pids", "nofile", "inodes", "inotify", "inotify_watches", "shm"} {
 		hog, nb := held[k], got[k]
 		switch {
@@ -359,9 +361,15 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 		case nb != "ok" && !strings.HasPrefix(nb, "nosurface"):
 			obs["exhaust."+k] = fmt.Sprintf("ok:the neighbour got %s while A held %s", nb, hog)
 		default:
-			// What stopped A: an errno, or the suite's cap ("cap").
+			// What stopped A: an errno, the suite's cap ("cap"), or ENDED: A's own
+			// sandbox ended.
 			obs["exhaust."+k] = strings.Fields(hog)[0]
 		}
+	}
+	// Files in a directory of the host's own filesystem: a count reached without a
+	// refusal is the host's inodes, shared with every neighbour.
+	if f := strings.Fields(held["inodes"]); h.col.hostFiles && len(f) == 2 && f[0] == "cap" {
+		obs["exhaust.inodes"] = fmt.Sprintf("ok:%s empty files made in the host directory behind /tmp without a refusal", f[1])
 	}
 	// A bound on open files: past 65536 in one process, two sandboxes could take the
 	// host's table (the audit saw 1.2 million from one).
@@ -370,4 +378,43 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 			obs["exhaust.nofile"] = fmt.Sprintf("ok:%s files open in one process without a bound (%s)", f[1], held["nofile"])
 		}
 	}
+}
+
+// hogRound runs the hog with caps in a and the neighbour's probe in b while it holds,
+// then stops it and runs clean.
+func (h *harness) hogRound(a, b string, caps map[string]int, clean func()) (held, got map[string]string) {
+	line, stop := h.hold(a, "hog", map[string]any{"caps": caps})
+	defer func() {
+		stop()
+		clean()
+	}()
+	held = map[string]string{}
+	if err := json.Unmarshal([]byte(line), &held); err != nil {
+		h.t.Fatalf("the hog answered %q: %v", line, err)
+	}
+	h.t.Logf("sandbox A holds: %v", held)
+	return held, h.python(b, "neighbour", nil)
+}
+
+// hogRoundMayEnd is hogRound where the hog may end its own sandbox, on gVisor: then
+// ended is true, once the sandbox is confirmed gone.
+func (h *harness) hogRoundMayEnd(a, b string, caps map[string]int) (held, got map[string]string, ended bool) {
+	line, stop, err := h.tryHold(a, "hog", map[string]any{"caps": caps})
+	if err != nil {
+		if h.col.name != cRunsc || !errors.Is(err, roche.ErrNotFound) {
+			h.t.Fatalf("the hog: %v", err)
+		}
+		if info, ierr := h.p.Inspect(ctxFor(h.t, time.Minute), a); ierr == nil && info.State == roche.StateRunning {
+			h.t.Fatalf("the hog: %v, yet its sandbox still runs", err)
+		}
+		h.t.Logf("the pids hog ended its own gVisor sandbox: %v", err)
+		return nil, nil, true
+	}
+	defer stop()
+	held = map[string]string{}
+	if err := json.Unmarshal([]byte(line), &held); err != nil {
+		h.t.Fatalf("the hog answered %q: %v", line, err)
+	}
+	h.t.Logf("sandbox A holds: %v", held)
+	return held, h.python(b, "neighbour", nil), false
 }

@@ -9,15 +9,15 @@ var (
 	procCheck  = g("the kernel's ptrace access check on another user's process", "EACCES", "EPERM")
 	roRoot     = g("read-only root", "EROFS")
 	notOwner   = g("file permissions (not the sandbox user's)", "EACCES")
-	notThere   = g("not in the sandbox", "ENOENT", "none")
+	notThere   = g("absent from the sandbox", "ENOENT", "none")
 	busyText   = g("a running binary cannot be opened for writing", "ETXTBSY")
 	roProc     = g("/proc/sys read-only", "EROFS")
 	masked     = g("masked (absent)", "ENOENT")
-	noRoute    = g("no route: only lo", "ENETUNREACH", "none")
+	noRoute    = g("no route: only lo", "ENETUNREACH", "EHOSTUNREACH", "none")
 	ownLo      = g("a loopback of its own", "ECONNREFUSED", "none")
 	ownNS      = g("namespaces of its own", "none", "ENOENT", "ECONNREFUSED")
 	untouched  = g("the victim untouched", "untouched")
-	kernelOwn  = g("a kernel of its own", "cap")
+	kernelOwn  = g("a kernel of its own (its own per-user limits)", "cap", "ENOSPC", "EMFILE")
 	noGuestLnk = g("the guest cannot make links", "nolink EPERM", "nolink ENOTSUP", "nolink ENOSYS")
 )
 
@@ -38,9 +38,11 @@ var cases = []escapeCase{
 		id:    "CVE-2024-21626",
 		title: "leaked host descriptors: anything beyond stdio in /proc/self/fd, /proc/1/fd (the agent's), chdir to /proc/self/fd/N, and a command started with the workdir /proc/self/fd/N (N = 3..9)",
 		keys:  []string{"fd.self", "fd.pid1", "fd.chdir", "fd.workdir"},
+		na:    map[string]string{cWasm: "no /proc, and nothing inherited from a runtime: the guest's files are opened by the host process"},
 		guards: on("*", g("the agent starts commands with stdio only", "none").only("fd.self"), procCheck.only("fd.pid1"),
 			g("no such descriptor in the new process", "ENOENT", "EBADF").only("fd.chdir", "fd.workdir"),
-			g("descriptors 3-9 of the new process are not directories", "ENOTDIR").only("fd.chdir", "fd.workdir")),
+			g("descriptors 3-9 of the new process are not directories", "ENOTDIR").only("fd.chdir", "fd.workdir"),
+			g("the agent refuses a workdir in /proc", "refused: invalid config").only("fd.workdir")),
 	},
 	{
 		id:     "CVE-2022-0492",
@@ -50,8 +52,9 @@ var cases = []escapeCase{
 		na:     noSyscalls,
 	},
 	{id: "mount", title: "mount a tmpfs, bind-mount /, remount / read-write", keys: []string{"mount.tmpfs", "mount.bind", "mount.remount"}, guards: on("*", seccomp), na: noSyscalls},
-	{id: "user namespace", title: "unshare a user and mount namespace, then mount inside it; setns into PID 1's mount namespace", keys: []string{"userns.unshare", "userns.setns"}, guards: on("*", seccomp, procCheck), na: noSyscalls},
-	{id: "ptrace", title: "PTRACE_ATTACH and PTRACE_SEIZE to PID 1 (the agent)", keys: []string{"ptrace.attach", "ptrace.seize"}, guards: on("*", seccomp), na: noSyscalls},
+	{id: "user namespace", title: "unshare a user and mount namespace, then mount inside it; setns into PID 1's mount namespace", keys: []string{"userns.unshare", "userns.setns"}, guards: on("*", seccomp, procCheck, notThere.only("userns.setns")), na: noSyscalls},
+	{id: "ptrace", title: "PTRACE_ATTACH to a child of its own (which the kernel allows any process), PTRACE_ATTACH and PTRACE_SEIZE to PID 1 (the agent)", keys: []string{"ptrace.child", "ptrace.attach", "ptrace.seize"}, guards: on("*", seccomp), na: noSyscalls},
+	{id: "modify_ldt", title: "modify_ldt (x86): read the local descriptor table", keys: []string{"modify_ldt"}, guards: on("*", seccomp), na: noSyscalls},
 	{id: "process_vm_readv", title: "read PID 1's memory with process_vm_readv", keys: []string{"process_vm.pid1"}, guards: on("*", seccomp), na: noSyscalls},
 	{id: "bpf", title: "bpf(BPF_MAP_CREATE)", keys: []string{"bpf"}, guards: on("*", seccomp), na: noSyscalls},
 	{id: "perf_event_open", title: "perf_event_open of a software counter on itself (allowed to any user by perf_event_paranoid 2)", keys: []string{"perf_event_open"}, guards: on("*", seccomp), na: noSyscalls},
@@ -65,12 +68,13 @@ var cases = []escapeCase{
 	{id: "core_pattern", title: "open /proc/sys/kernel/core_pattern for writing", keys: []string{"procsys.core_pattern"}, guards: on("*", roProc, notOwner, masked), na: map[string]string{cWasm: "no /proc"}},
 	{id: "raw sockets", title: "an AF_INET and an AF_INET6 raw socket", keys: []string{"socket.raw", "socket.raw6"}, guards: on("*", noCaps), na: map[string]string{cWasm: "WASI has no raw sockets"}},
 	{id: "packet sockets", title: "an AF_PACKET socket", keys: []string{"socket.packet"}, guards: on("*", noCaps), na: map[string]string{cWasm: "WASI has no packet sockets"}},
-	{id: "vsock", title: "an AF_VSOCK socket (a microVM's way to its host)", keys: []string{"socket.vsock"}, guards: on("*", seccomp), na: map[string]string{cWasm: "WASI has no vsock"}},
+	{id: "vsock", title: "an AF_VSOCK socket, connected to the agent's vsock port on its own vsock loopback (a microVM's agent may listen on vsock; the host, CID 2, is never tried)", keys: []string{"socket.vsock"}, guards: on("*", seccomp, g("no vsock device", "ENODEV")).and(cK8s, seccomp, g("nothing listens on the vsock loopback", "ECONNRESET")), na: map[string]string{cWasm: "WASI has no vsock"}},
 	{
 		id:     "engine from inside",
 		title:  "the engines' sockets and state by their usual paths (docker.sock, containerd, runc, crun, runsc, Roche's state, the kubelet's), TCP to every port the host listens on at 127.0.0.1, a route to the cluster's API server and kubelet",
 		keys:   []string{"engine.paths", "net.host_loopback", "net.cluster"},
 		guards: on("*", notThere, ownLo, noRoute),
+		na:     map[string]string{cWasm: "no sockets"},
 	},
 	{
 		id:     "agent from inside",
@@ -105,20 +109,37 @@ var cases = []escapeCase{
 	{id: "metadata", title: "a route to the cloud metadata addresses (169.254.169.254 and the rest of the README's list, IPv4 and IPv6)", keys: []string{"net.metadata"}, guards: on("*", noRoute, g("no IPv6", "EADDRNOTAVAIL", "EAFNOSUPPORT")), na: map[string]string{cWasm: "WASI has no sockets"}},
 	{id: "host address", title: "a route to each of the host's own addresses; interfaces and routes other than lo", keys: []string{"net.host", "net.routes"}, guards: on("*", noRoute, notThere), na: map[string]string{cWasm: "WASI has no sockets"}},
 	{id: "writable outside scratch", title: "every path the sandbox user may write outside /tmp, /dev/shm and HOME (a host file such as a termination log, a cgroup tmpfs)", keys: []string{"writable.outside"}, guards: on("*", g("read-only root, no world-writable files", "none"))},
-	{id: "scratch mount flags", title: "/tmp and /dev/shm mounted nosuid and nodev", keys: []string{"mount.scratch_flags"}, guards: on("*", g("nosuid,nodev", "none"))},
-	{id: "pids.max", title: "the pids cgroup's limit, where visible, is the config's (64)", keys: []string{"pids.max"}, guards: on("*", g("pids.max 64", "64")), na: map[string]string{cRunsc: "gVisor's kernel shows no pids cgroup", cQEMU: "the guest's own pids cgroup", cWasm: "no cgroups", cK8s: "no pids cgroup view"}},
+	{id: "scratch mount flags", title: "/tmp and /dev/shm mounted nosuid and nodev", keys: []string{"mount.scratch_flags"}, guards: on("*", g("nosuid,nodev", "none")), na: map[string]string{cWasm: "no mounts, devices or set-uid: the guest's directories are host directories"}},
+	{id: "pids.max", title: "the pids cgroup's limit, where visible, is the config's (64)", keys: []string{"pids.max"}, guards: on("*", g("pids.max 64", "64")), na: map[string]string{cRunsc: "gVisor's cgroupfs reads max: its limit is RLIMIT_NPROC (pids exhaustion below)", cQEMU: "the guest's own pids cgroup", cWasm: "no cgroups", cK8s: "a Pod has no pids limit of its own: the agent's RLIMIT_NPROC is the limit (pids exhaustion below)"}},
 	{id: "copy-out race", title: "roche cp out of a directory whose file keeps turning into a symlink to a host victim and a hard link, and whose subdirectory into a symlink to the victim's directory (30 copies)", keys: []string{"race.copyout"}, guards: on("*", untouched, noGuestLnk)},
 	{id: "copy-in race", title: "roche cp in of a host directory mounted read-write while the sandbox swaps a file in it for a symlink to a root-only host file (providertest's CopyInRace)", keys: []string{"race.copyin"}, guards: on("*", untouched, g("the guest cannot make links", "nolink")), na: map[string]string{cK8s: "no host mounts", cQEMU: "no host mounts"}},
 	{id: "files API race", title: "the files API (write, mkdir, rename, remove) on paths that keep turning into links to a root-owned host directory mounted read-write", keys: []string{"race.files"}, guards: on("*", untouched, noGuestLnk), na: map[string]string{cK8s: "no host mounts", cQEMU: "no host mounts"}},
 	{id: "workspace and snapshot race", title: "a sandbox keeps swapping links to a host victim in its workspace while the host snapshots it, then destroys it and removes the workspace", keys: []string{"race.persist"}, guards: on("*", untouched, noGuestLnk), na: map[string]string{cCrun: "no workspaces or snapshots", cRunc: "no workspaces or snapshots", cK8s: "no workspaces or snapshots", cQEMU: "no workspaces or snapshots"}},
-	{id: "pids exhaustion", title: "the first sandbox forks until refused and holds them; the second still forks", keys: []string{"exhaust.pids"}, guards: on("*", g("a pids limit of its own", "EAGAIN")), na: map[string]string{cWasm: "WASI has no fork"}},
+	{id: "pids exhaustion", title: "the first sandbox forks until refused and holds them; the second still forks", keys: []string{"exhaust.pids"}, guards: on("*", g("a pids limit of its own", "EAGAIN")).and(cRunsc, g("gVisor's limits end the bomb's own sandbox, or refuse it", "ENDED", "EAGAIN")), na: map[string]string{cWasm: "WASI has no fork"}},
 	{id: "open files exhaustion", title: "the first sandbox opens files until refused (at most 200,000) and holds them; the second still opens 200; one process may not hold more than 65,536", keys: []string{"exhaust.nofile"}, guards: on("*", g("RLIMIT_NOFILE", "EMFILE")).and(cRunsc+","+cQEMU+","+cWasm, kernelOwn, g("RLIMIT_NOFILE", "EMFILE"))},
 	{id: "inode exhaustion", title: "the first sandbox makes empty files in /tmp until refused (at most 100,000); the second still makes 200", keys: []string{"exhaust.inodes"}, guards: on("*", g("a /tmp of its own", "ENOSPC", "cap"))},
 	{id: "inotify exhaustion", title: "the first sandbox takes inotify instances until refused and holds them; the second still gets one", keys: []string{"exhaust.inotify"}, guards: on("*", g("a uid of its own (per-user limits)", "EMFILE")).and(cRunsc+","+cQEMU, kernelOwn, g("RLIMIT_NOFILE", "EMFILE")), na: noSyscalls},
 	{id: "inotify watch exhaustion", title: "the first sandbox adds inotify watches until refused and holds them; the second still adds 50", keys: []string{"exhaust.inotify_watches"}, guards: on("*", g("a uid of its own (per-user limits)", "ENOSPC")).and(cRunsc+","+cQEMU, kernelOwn), na: noSyscalls},
-	{id: "/dev/shm exhaustion", title: "the first sandbox fills /dev/shm until refused; the second still writes 1 MiB there", keys: []string{"exhaust.shm"}, guards: on("*", g("a /dev/shm of its own", "ENOSPC"))},
+	{id: "/dev/shm exhaustion", title: "the first sandbox fills /dev/shm until refused; the second still writes 1 MiB there", keys: []string{"exhaust.shm"}, guards: on("*", g("a /dev/shm of its own", "ENOSPC")), na: map[string]string{cWasm: "no /dev/shm"}},
 }
 
 // knownHoles are the cases that get through today, each with what was seen, until
 // the fix lands (the run fails when one is blocked: then take it off).
-var knownHoles = []hole{}
+var knownHoles = []hole{
+	// Being fixed (issue 37's audit).
+	{"pids.max", cDocker, "pids.max reads 88 where the config asks 64 (the agent's RLIMIT_NPROC holds at 63)"},
+	{"pids.max", cCrun, "pids.max reads 88 where the config asks 64 (the agent's RLIMIT_NPROC holds at 63)"},
+	{"pids.max", cRunc, "pids.max reads 88 where the config asks 64 (the agent's RLIMIT_NPROC holds at 63)"},
+	{"CVE-2022-0492", cCrun, "/sys/fs/cgroup is a world-writable tmpfs: the sandbox user creates a file and a directory there (no cgroupfs or release_agent is reached)"},
+	{"writable outside scratch", cCrun, "/sys/fs/cgroup, a world-writable tmpfs"},
+	{"io_uring", cK8s, "io_uring_setup works: the Pod runs the runtime's default seccomp profile, not Roche's"},
+	{"ptrace", cK8s, "PTRACE_ATTACH to its own child works: the runtime's default seccomp profile"},
+	{"modify_ldt", cK8s, "modify_ldt works: the runtime's default seccomp profile"},
+	{"writable outside scratch", cK8s, "/dev/termination-log is mode 0666 on the node's disk"},
+	{"scratch mount flags", cK8s, "/tmp and /dev/shm lack nosuid and nodev"},
+	// Found by this suite, not yet scheduled.
+	{"scratch mount flags", cRunsc, "/tmp and /dev/shm are mounted without nodev inside gVisor (runsc seems to drop that option of the tmpfs mounts Docker passes)"},
+	{"writable outside scratch", cRunsc, "/dev/fuse and /dev/net/tun, gVisor's own devices, are writable by the sandbox user: FUSE and TUN surfaces of the sentry that runc sandboxes do not offer"},
+	{"open files exhaustion", cWasm, "a guest's open files are the provider process's: one sandbox opened files until that process's RLIMIT_NOFILE ran out (EIO), leaving its neighbours (and roched) no descriptors"},
+	{"inode exhaustion", cWasm, "a guest's /tmp is a host directory under a byte quota only: empty files cost nothing against it, so one sandbox can take the host filesystem's inodes"},
+}

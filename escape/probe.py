@@ -28,6 +28,8 @@ def attempt(key, fn):
         R[key] = 'ok' if r is None else r
     except OSError as e:
         R[key] = name(e.errno) if e.errno else 'error: ' + str(e)[:120]
+    except AttributeError as e:  # a WASI build lacks the call
+        R[key] = 'nosurface: ' + str(e)[:120]
     except Exception as e:  # noqa: a probe reports, never stops
         R[key] = 'error: %s: %s' % (type(e).__name__, str(e)[:120])
 
@@ -42,7 +44,7 @@ except Exception as e:  # a WASI build has no ctypes
 
 try:
     import socket
-    socket.socket  # a WASI build has the module without sockets
+    socket.AF_UNIX, socket.SOCK_RAW  # a WASI build has the module without these
     NOSOCKETS = None
 except Exception as e:
     socket = None
@@ -52,7 +54,8 @@ ARCH = os.uname().machine
 NR = {
     'x86_64': dict(ptrace=101, process_vm_readv=310, bpf=321, perf_event_open=298,
                    userfaultfd=323, keyctl=250, add_key=248, io_uring_setup=425,
-                   init_module=175, finit_module=313, unshare=272, mount=165, setns=308),
+                   init_module=175, finit_module=313, unshare=272, mount=165, setns=308,
+                   modify_ldt=154),
     'aarch64': dict(ptrace=117, process_vm_readv=270, bpf=280, perf_event_open=241,
                     userfaultfd=282, keyctl=219, add_key=217, io_uring_setup=425,
                     init_module=105, finit_module=273, unshare=97, mount=40, setns=268),
@@ -259,8 +262,31 @@ def kernel_surface():
     needs_ctypes('userns.unshare', userns)
     needs_ctypes('userns.setns', lambda: sys_call('setns', os.open('/proc/1/ns/mnt', os.O_RDONLY), 0))
 
-    def attach(req):
-        return lambda: sys_call('ptrace', req, 1, 0, 0)
+    def attach(req, pid=1):
+        return lambda: sys_call('ptrace', req, pid, 0, 0) and 'ok:attached'
+
+    def attach_child():
+        # A child of its own, which the kernel lets any process trace: only a seccomp
+        # filter stops this one.
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        try:
+            sys_call('ptrace', 16, pid, 0, 0)
+            return 'ok:attached to its own child'
+        finally:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    needs_ctypes('ptrace.child', attach_child)
+
+    def ldt():
+        buf = ctypes.create_string_buffer(16)
+        return sys_call('modify_ldt', 0, buf, 16) is not None and 'ok:modify_ldt read'
+    if ARCH == 'x86_64':
+        needs_ctypes('modify_ldt', ldt)
+    else:
+        R['modify_ldt'] = 'nosurface: x86 only'
     needs_ctypes('ptrace.attach', attach(16))   # PTRACE_ATTACH
     needs_ctypes('ptrace.seize', attach(0x4206))  # PTRACE_SEIZE
 
@@ -344,7 +370,29 @@ def sockets():
     needs_sockets('socket.raw', lambda: sock(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)())
     needs_sockets('socket.raw6', lambda: sock(socket.AF_INET6, socket.SOCK_RAW, 58)())
     needs_sockets('socket.packet', lambda: sock(getattr(socket, 'AF_PACKET', 17), socket.SOCK_RAW, 0x0300)())
-    needs_sockets('socket.vsock', lambda: sock(getattr(socket, 'AF_VSOCK', 40), socket.SOCK_STREAM)())
+    def vsock():
+        # Where the socket can be made, the agent's port on this guest's own vsock
+        # loopback (CID 1): a microVM's agent may listen on vsock. Never CID 2, the
+        # host: on a machine that is itself a guest that is off the machine.
+        s = socket.socket(getattr(socket, 'AF_VSOCK', 40), socket.SOCK_STREAM)
+        out = []
+        try:
+            for cid in (1,):
+                c = socket.socket(getattr(socket, 'AF_VSOCK', 40), socket.SOCK_STREAM)
+                c.settimeout(3)
+                try:
+                    c.connect((cid, ARGS.get('vsock_port', 1024)))
+                    return 'ok:connected to vsock %d:%d' % (cid, ARGS.get('vsock_port', 1024))
+                except OSError as e:
+                    n = name(e.errno) if e.errno else 'ETIMEDOUT'
+                    if n not in out:
+                        out.append(n)
+                finally:
+                    c.close()
+        finally:
+            s.close()
+        return ','.join(sorted(out))
+    needs_sockets('socket.vsock', vsock)
 
     # The engines' sockets and state, by their usual paths.
     engine = ['/var/run/docker.sock', '/run/docker.sock', '/run/docker', '/var/lib/docker',
@@ -373,7 +421,7 @@ def sockets():
         R['agent.listdir'] = 'nosurface: no agent directory in the sandbox'
 
     # Every process not the probe's own: signal 0 (sends nothing) is the permission check.
-    me = os.getuid()
+    me = os.getuid() if hasattr(os, 'getuid') else -1
     others, res = [], []
     try:
         for p in os.listdir('/proc'):
@@ -385,7 +433,7 @@ def sockets():
                     pass
     except OSError:
         pass
-    for pid in others:
+    for pid in others if hasattr(os, 'kill') else []:
         try:
             os.kill(pid, 0)
             res.append('ok:signalled %d' % pid)
@@ -393,7 +441,7 @@ def sockets():
         except OSError as e:
             if name(e.errno) not in res:
                 res.append(name(e.errno))
-    R['signal.others'] = ','.join(sorted(res)) or 'none'
+    R['signal.others'] = (','.join(sorted(res)) or 'none') if hasattr(os, 'kill') else 'nosurface: no signals'
 
     # PID 1's private files, which a process of another user may not read.
     for what in ('environ', 'maps', 'auxv', 'mem', 'stack', 'syscall'):
@@ -461,7 +509,7 @@ def writable():
     # Every path the sandbox user may write outside /tmp, /dev/shm, $HOME and the usual
     # device nodes: a world-writable file the host keeps (a termination log, a cgroup
     # tmpfs) is a way out of the sandbox's bounds. os.access counts read-only mounts.
-    skip = ('/proc', '/sys/kernel', '/tmp', '/dev/shm', '/dev/mqueue', '/dev/pts')
+    skip = ('/proc', '/sys/kernel', '/tmp', '/dev/shm', '/dev/mqueue', '/dev/pts', '/workspace')
     devs = {'/dev/null', '/dev/zero', '/dev/full', '/dev/random', '/dev/urandom', '/dev/tty', '/dev/ptmx', '/dev/console'}
     home = os.environ.get('HOME', '/tmp')
     found = []
@@ -496,7 +544,7 @@ def writable():
                         bad.append('%s lacks %s' % (f[1], o))
         R['mount.scratch_flags'] = ('ok:' + ', '.join(bad)) if bad else 'none'
     except OSError as e:
-        R['mount.scratch_flags'] = name(e.errno)
+        R['mount.scratch_flags'] = 'nosurface: no /proc/self/mounts' if e.errno == errno.ENOENT else name(e.errno)
 
     # The pids limit the cgroup sets, where the sandbox can see its cgroup.
     for f in ('/sys/fs/cgroup/pids/pids.max', '/sys/fs/cgroup/pids.max'):
@@ -572,7 +620,6 @@ def hog():
     # Exhausts, one after the other, what a sandbox could take from its neighbours, each
     # to the kernel's refusal or the cap given, and holds it all: "KIND ERRNO COUNT".
     caps = ARGS['caps']
-    import resource
     out = {}
 
     def until(fn, cap):
@@ -586,13 +633,15 @@ def hog():
             return '%s %d' % (name(e.errno), n)
     # Opened first: the descriptors run out below.
     shm = open('/dev/shm/roche-fill', 'wb') if os.path.isdir('/dev/shm') else None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):
-        pass
+    except (ImportError, ValueError, OSError):
+        hard = -1  # a WASI guest has no rlimits
     files = []
-    out['nofile'] = until(lambda n: files.append(os.open('/dev/null', os.O_RDONLY)), caps['nofile']) + ' hard %d' % hard
+    open('/tmp/roche-nofile', 'w').close()  # a WASI guest has no /dev/null
+    out['nofile'] = until(lambda n: files.append(os.open('/tmp/roche-nofile', os.O_RDONLY)), caps['nofile']) + ' hard %d' % hard
     # Leave room for what follows.
     for fd in files[-64:]:
         os.close(fd)
@@ -623,7 +672,9 @@ def hog():
         out['shm'] = until(lambda n: (f.write(b'\1' * (1 << 20)), f.flush()), caps['shm_mib'])
     else:
         out['shm'] = 'nosurface: no /dev/shm'
-    if hasattr(os, 'fork'):
+    if hasattr(os, 'fork') and caps['pids'] == 0:
+        out['pids'] = 'cap 0'
+    elif hasattr(os, 'fork'):
         kids = []
 
         def fork(n):
@@ -653,7 +704,8 @@ def neighbour():
     attempt('pids', pids if hasattr(os, 'fork') else lambda: 'nosurface: no fork')
 
     def nofile():
-        fds = [os.open('/dev/null', os.O_RDONLY) for _ in range(200)]
+        open('/tmp/roche-nofile', 'w').close()
+        fds = [os.open('/tmp/roche-nofile', os.O_RDONLY) for _ in range(200)]
         for fd in fds:
             os.close(fd)
     attempt('nofile', nofile)

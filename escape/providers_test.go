@@ -26,9 +26,14 @@ type column struct {
 	name string
 	// open returns the provider and the config its sandboxes are made with.
 	open func(t *testing.T) (roche.Provider, roche.Config)
-	// lean is set where every step is slow (an emulated microVM): the exhaustion
-	// attacks then stop at smaller caps, as its kernel is its own anyway.
+	// lean is set where the exhaustion attacks stop at smaller caps: every step is slow
+	// (an emulated microVM), or the whole sandbox is one host process whose memory
+	// limit ends it first (gVisor's sentry), or what it takes is the host's own (a WASI
+	// guest's files are host files of the provider's process).
 	lean bool
+	// hostFiles: the sandbox's files are files of the host's filesystem, with a byte
+	// quota, so a file count reached without a refusal is the host's inodes taken.
+	hostFiles bool
 	// ownKernel: the sandbox's system calls reach a kernel of its own (gVisor's sentry,
 	// a guest's), not the host's, so its open files are not the host's.
 	ownKernel bool
@@ -37,12 +42,12 @@ type column struct {
 // columns are the table's columns, in its order.
 var columns = []column{
 	{name: "docker", open: openDocker()},
-	{name: "docker+runsc", open: openDocker(docker.WithRuntime(docker.RuntimeGVisor)), ownKernel: true},
+	{name: "docker+runsc", open: openDocker(docker.WithRuntime(docker.RuntimeGVisor)), lean: true, ownKernel: true},
 	{name: "oci (crun)", open: openOCI(oci.RuntimeCrun)},
 	{name: "oci (runc)", open: openOCI(oci.RuntimeRunc)},
 	{name: "kubernetes", open: openKubernetes},
 	{name: "qemu", open: openQEMU, lean: true, ownKernel: true},
-	{name: "wasm", open: openWasm, ownKernel: true},
+	{name: "wasm", open: openWasm, lean: true, hostFiles: true},
 }
 
 func baseConfig() roche.Config {

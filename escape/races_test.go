@@ -140,6 +140,7 @@ func (h *harness) filesRace(t *testing.T, fsys roche.FileSystem) string {
 	cfg := h.cfg
 	cfg.Mounts = []roche.Mount{{Source: v, Target: "/mnt/victim", ReadWrite: true}}
 	id := h.create(cfg)
+	defer h.p.Destroy(context.Background(), id)
 	stop, nolink := h.swapping(t, id, "/tmp/race-files", "/mnt/victim")
 	if stop == nil {
 		return "nolink " + nolink
@@ -179,6 +180,7 @@ func (h *harness) persistRace(t *testing.T, wm roche.WorkspaceManager) string {
 	cfg := h.cfg
 	cfg.Workspace = name
 	id := h.create(cfg)
+	defer h.p.Destroy(context.Background(), id) // before the workspace's removal
 	stop, nolink := h.swapping(t, id, "/workspace/race", v)
 	if stop == nil {
 		return "nolink " + nolink

@@ -155,6 +155,9 @@ log "go test"
 # sandboxes mid-test.
 # CGO_ENABLED=0, as roche-agent is built: the agent's in-process tests (agent/server)
 # test the program that runs in sandboxes, which is static.
+# The escape suite (./escape) is among them: it attacks every provider with what this
+# script set up (dockerd with runsc, crun and runc, the test cluster, QEMU, python.wasm)
+# and fails when docs/escapes.md differs from what it saw.
 CGO_ENABLED=0 go test -p 1 -count=1 -timeout 60m ./...
 
 # The race detector (it needs cgo) over the tests written for it: a provider's Close

@@ -1041,14 +1041,25 @@ libc = ctypes.CDLL(None, use_errno=True)
 fd = libc.inotify_init1(0)
 print('ok' if fd >= 0 else errno.errorcode.get(ctypes.get_errno(), '?'))`
 
-// lineWriter signals the first complete line written to it.
-type lineWriter struct {
+// LineWriter hands over the first complete line written to it on the channel Line
+// returns: a program's readiness line, for tests that wait on it while it runs on.
+type LineWriter struct {
 	mu   sync.Mutex
 	buf  bytes.Buffer
-	line chan string
+	line chan string // nil once the line is sent
+	out  chan string
 }
 
-func (w *lineWriter) Write(p []byte) (int, error) {
+// NewLineWriter returns a LineWriter waiting for its first line.
+func NewLineWriter() *LineWriter {
+	c := make(chan string, 1)
+	return &LineWriter{line: c, out: c}
+}
+
+// Line delivers the first complete line, once.
+func (w *LineWriter) Line() <-chan string { return w.out }
+
+func (w *LineWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.buf.Write(p)
@@ -1067,7 +1078,7 @@ func (s *suite) testPerUserLimits(t *testing.T) {
 	a := s.create(t, s.opts.Config)
 	b := s.create(t, s.opts.Config)
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &lineWriter{line: make(chan string, 1)}
+	w := NewLineWriter()
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.p.Exec(ctx, a, roche.ExecRequest{
@@ -1081,7 +1092,7 @@ func (s *suite) testPerUserLimits(t *testing.T) {
 	}()
 	var held string
 	select {
-	case held = <-w.line:
+	case held = <-w.Line():
 	case err := <-done:
 		t.Fatalf("the inotify hog in sandbox A ended before holding its instances: %v", err)
 	case <-time.After(2 * time.Minute):
