@@ -111,8 +111,13 @@ func (c escapeCase) judge(col string, obs map[string]string) verdict {
 					break
 				}
 			}
-			// Where the case has no surface, any refusal is that; a probe's own error is not.
-			if !matched && !(isNA && isErrno(part)) {
+			switch {
+			case !matched && isNA && isErrno(part):
+				// Where the case has no surface, any refusal is that.
+				if !slices.Contains(errnos, part) {
+					errnos = append(errnos, part)
+				}
+			case !matched:
 				unexpected = append(unexpected, k+"="+part)
 			}
 		}
@@ -122,8 +127,13 @@ func (c escapeCase) judge(col string, obs map[string]string) verdict {
 		return verdict{status: "OPEN", cell: "OPEN", detail: strings.Join(opened, "; ")}
 	case len(unexpected) > 0:
 		return verdict{status: "UNEXPECTED", cell: "UNEXPECTED: " + strings.Join(unexpected, "; "), detail: strings.Join(unexpected, "; ")}
-	case isNA && len(bys) == 0:
-		return verdict{status: "n/a", cell: "n/a: " + na}
+	case isNA:
+		// No surface: what the attempts met is said, not credited to a guard.
+		cell := "n/a: " + na
+		if len(errnos) > 0 {
+			cell += " (" + strings.Join(errnos, ", ") + ")"
+		}
+		return verdict{status: "n/a", cell: cell}
 	}
 	cell := "blocked: " + strings.Join(bys, "; ")
 	if len(errnos) > 0 {

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/vmlink"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/providertest"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
@@ -96,7 +95,7 @@ func attack(t *testing.T, col column) map[string]string {
 	b := h.create(cfg)
 	maps.Copy(obs, h.probe(a))
 	h.workdirs(a, obs)
-	h.localUser(before, obs)
+	h.localUser(before, []string{a, b}, obs)
 	h.neighbours(a, b, obs)
 	h.races(a, obs)
 	h.exhaust(a, b, obs)
@@ -168,9 +167,13 @@ func (h *harness) probe(id string) map[string]string {
 		"metadata_addrs": metadataAddrs,
 		"cluster_addrs":  clusterAddrs(),
 		"loopback_ports": loopbackPorts(h.t),
-		"vsock_port":     vmlink.VsockPort,
 	}
 	obs := h.python(id, "probe", args)
+	if h.col.name == cQEMU && obs["socket.vsock"] == "ok:socket made" {
+		// The QEMU guest has no vsock device (its agent is on the serial line): the
+		// socket is made and reaches nothing.
+		obs["socket.vsock"] = "nosurface: no vsock device in the guest"
+	}
 	if v := obs["pids.max"]; (h.col.name == cRunsc || h.col.name == cK8s) && v == "max" {
 		// gVisor's own cgroupfs, and a Pod, which Kubernetes gives no pids limit: the
 		// limit is the agent's RLIMIT_NPROC there (see pids exhaustion).
@@ -352,6 +355,11 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 		held["pids"], got["pids"] = "ENDED", h.python(b, "neighbour", nil)["pids"]
 	} else {
 		held["pids"], got["pids"] = ph["pids"], pg["pids"]
+	}
+	if h.col.name == cRunsc && (held["pids"] == "ENDED" || strings.HasPrefix(held["pids"], "EAGAIN")) {
+		// Either, by chance (README, gVisor): one answer, so the table does not flap.
+		h.t.Logf("the pids hog on gVisor: %s", held["pids"])
+		held["pids"] = "contained"
 	}
 	for _, k := range []string{"pids", "nofile", "inodes", "inotify", "inotify_watches", "shm"} {
 		hog, nb := held[k], got[k]

@@ -68,7 +68,7 @@ var cases = []escapeCase{
 	{id: "core_pattern", title: "open /proc/sys/kernel/core_pattern for writing", keys: []string{"procsys.core_pattern"}, guards: on("*", roProc, notOwner, masked), na: map[string]string{cWasm: "no /proc"}},
 	{id: "raw sockets", title: "an AF_INET and an AF_INET6 raw socket", keys: []string{"socket.raw", "socket.raw6"}, guards: on("*", noCaps), na: map[string]string{cWasm: "WASI has no raw sockets"}},
 	{id: "packet sockets", title: "an AF_PACKET socket", keys: []string{"socket.packet"}, guards: on("*", noCaps), na: map[string]string{cWasm: "WASI has no packet sockets"}},
-	{id: "vsock", title: "an AF_VSOCK socket, connected to the agent's vsock port on its own vsock loopback (a microVM's agent may listen on vsock; the host, CID 2, is never tried)", keys: []string{"socket.vsock"}, guards: on("*", seccomp, g("no vsock device", "ENODEV")).and(cK8s, seccomp, g("nothing listens on the vsock loopback", "ECONNRESET")), na: map[string]string{cWasm: "WASI has no vsock"}},
+	{id: "vsock", title: "make an AF_VSOCK socket (a microVM's agent may listen on vsock); never connected, since a connect may leave a machine that is itself a guest", keys: []string{"socket.vsock"}, guards: on("*", seccomp), na: map[string]string{cWasm: "WASI has no vsock", cQEMU: "no vsock device in the guest: its agent is on the serial line (Firecracker's listens on vsock)"}},
 	{
 		id:     "engine from inside",
 		title:  "the engines' sockets and state by their usual paths (docker.sock, containerd, runc, crun, runsc, Roche's state, the kubelet's), TCP to every port the host listens on at 127.0.0.1, a route to the cluster's API server and kubelet",
@@ -92,9 +92,9 @@ var cases = []escapeCase{
 	},
 	{
 		id:     "control sockets from a local user",
-		title:  "as uid 65534 on the host: connect to every unix socket (file or abstract) that appeared with the suite's sandboxes",
+		title:  "as uid 65534 on the host: connect to the engine's sockets and to every unix socket file of the suite's sandboxes (agents, supervisors), and to every abstract socket that appeared in the host's network namespace meanwhile",
 		keys:   []string{"host.sockets", "host.abstract"},
-		guards: on("*", notOwner, g("nothing listening", "ECONNREFUSED"), g("no socket made", "none")),
+		guards: on("*", notOwner, g("no abstract socket in the host's namespace", "none")),
 	},
 	{
 		id:     "cluster credentials from a local user",
@@ -115,8 +115,8 @@ var cases = []escapeCase{
 	{id: "copy-in race", title: "roche cp in of a host directory mounted read-write while the sandbox swaps a file in it for a symlink to a root-only host file (providertest's CopyInRace)", keys: []string{"race.copyin"}, guards: on("*", untouched, g("the guest cannot make links", "nolink")), na: map[string]string{cK8s: "no host mounts", cQEMU: "no host mounts"}},
 	{id: "files API race", title: "the files API (write, mkdir, rename, remove) on paths that keep turning into links to a root-owned host directory mounted read-write", keys: []string{"race.files"}, guards: on("*", untouched, noGuestLnk), na: map[string]string{cK8s: "no host mounts", cQEMU: "no host mounts"}},
 	{id: "workspace and snapshot race", title: "a sandbox keeps swapping links to a host victim in its workspace while the host snapshots it, then destroys it and removes the workspace", keys: []string{"race.persist"}, guards: on("*", untouched, noGuestLnk), na: map[string]string{cCrun: "no workspaces or snapshots", cRunc: "no workspaces or snapshots", cK8s: "no workspaces or snapshots", cQEMU: "no workspaces or snapshots"}},
-	{id: "pids exhaustion", title: "the first sandbox forks until refused and holds them; the second still forks", keys: []string{"exhaust.pids"}, guards: on("*", g("a pids limit of its own", "EAGAIN")).and(cRunsc, g("gVisor's limits end the bomb's own sandbox, or refuse it", "ENDED", "EAGAIN")), na: map[string]string{cWasm: "WASI has no fork"}},
-	{id: "open files exhaustion", title: "the first sandbox opens files until refused (at most 200,000) and holds them; the second still opens 200; one process may not hold more than 65,536", keys: []string{"exhaust.nofile"}, guards: on("*", g("RLIMIT_NOFILE", "EMFILE")).and(cRunsc+","+cQEMU+","+cWasm, kernelOwn, g("RLIMIT_NOFILE", "EMFILE"))},
+	{id: "pids exhaustion", title: "the first sandbox forks until refused and holds them; the second still forks", keys: []string{"exhaust.pids"}, guards: on("*", g("a pids limit of its own", "EAGAIN")).and(cRunsc, g("gVisor's limits refuse the forks or end the hog's own sandbox", "contained")), na: map[string]string{cWasm: "WASI has no fork"}},
+	{id: "open files exhaustion", title: "the first sandbox opens files until refused (at most 200,000) and holds them; the second still opens 200; one process may not hold more than 65,536", keys: []string{"exhaust.nofile"}, guards: on("*", g("RLIMIT_NOFILE", "EMFILE")).and(cRunsc+","+cQEMU+","+cWasm, g("RLIMIT_NOFILE", "EMFILE"), kernelOwn)},
 	{id: "inode exhaustion", title: "the first sandbox makes empty files in /tmp until refused (at most 100,000); the second still makes 200", keys: []string{"exhaust.inodes"}, guards: on("*", g("a /tmp of its own", "ENOSPC", "cap"))},
 	{id: "inotify exhaustion", title: "the first sandbox takes inotify instances until refused and holds them; the second still gets one", keys: []string{"exhaust.inotify"}, guards: on("*", g("a uid of its own (per-user limits)", "EMFILE")).and(cRunsc+","+cQEMU, kernelOwn, g("RLIMIT_NOFILE", "EMFILE")), na: noSyscalls},
 	{id: "inotify watch exhaustion", title: "the first sandbox adds inotify watches until refused and holds them; the second still adds 50", keys: []string{"exhaust.inotify_watches"}, guards: on("*", g("a uid of its own (per-user limits)", "ENOSPC")).and(cRunsc+","+cQEMU, kernelOwn), na: noSyscalls},
@@ -135,6 +135,7 @@ var knownHoles = []hole{
 	{"io_uring", cK8s, "io_uring_setup works: the Pod runs the runtime's default seccomp profile, not Roche's"},
 	{"ptrace", cK8s, "PTRACE_ATTACH to its own child works: the runtime's default seccomp profile"},
 	{"modify_ldt", cK8s, "modify_ldt works: the runtime's default seccomp profile"},
+	{"vsock", cK8s, "AF_VSOCK sockets can be made: the runtime's default seccomp profile"},
 	{"writable outside scratch", cK8s, "/dev/termination-log is mode 0666 on the node's disk"},
 	{"scratch mount flags", cK8s, "/tmp and /dev/shm lack nosuid and nodev"},
 	// Found by this suite, not yet scheduled.

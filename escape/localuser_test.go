@@ -9,6 +9,10 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/client"
 )
 
 // The host side: what an unprivileged local user (uid 65534, no groups) reaches of the
@@ -70,6 +74,8 @@ def first(items, fn):
             fn(i)
             return 'ok:' + i.replace('\0', '@')
         except OSError as e:
+            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                continue  # gone meanwhile: no channel to reach
             n = errno.errorcode.get(e.errno, str(e.errno))
             if n not in seen: seen.append(n)
     return ','.join(sorted(seen)) or 'none'
@@ -87,14 +93,43 @@ print(json.dumps({
 
 // localUser tries, as the local user, every socket that appeared on the host since
 // before (the sandboxes' own), and the files that would let it drive the provider.
-func (h *harness) localUser(before hostView, obs map[string]string) {
+func (h *harness) localUser(before hostView, ids []string, obs map[string]string) {
 	files, abstract := hostSockets()
+	// Other tests' sockets come and go meanwhile: only those of these sandboxes, by
+	// their ids (oci, qemu, runsc's per container) or the directories Docker mounts as
+	// their agents' (named apart from the id).
+	marks := ids
+	if strings.HasPrefix(h.col.name, "docker") {
+		marks = append(marks, dockerAgentDirs(h.t, ids)...)
+	}
+	var mine []string
+	for _, f := range newSince(before.files, files) {
+		for _, m := range marks {
+			if strings.Contains(f, m) {
+				mine = append(mine, f)
+				break
+			}
+		}
+	}
+	// A Pod's agent is reached through the API server, a WASI guest's is the process.
+	if len(mine) == 0 && h.col.name != cWasm && h.col.name != cK8s {
+		h.t.Fatalf("no socket of sandboxes %v among the host's new ones: %v", ids, newSince(before.files, files))
+	}
+	// The engines' own sockets, where there are.
+	for _, f := range []string{"/run/docker.sock", "/run/containerd/containerd.sock"} {
+		if _, err := os.Stat(f); err == nil {
+			mine = append(mine, f)
+		}
+	}
+	if h.col.name == cK8s && cluster != nil && cluster.Containerd != "" {
+		mine = append(mine, cluster.Containerd)
+	}
 	args := map[string][]string{
-		"files":    newSince(before.files, files),
+		"files":    mine,
 		"abstract": newSince(before.abstract, abstract),
 		"secrets":  secretFiles(h.col.name),
 	}
-	h.t.Logf("as uid 65534: %d new socket files, %d new abstract sockets, %d credential files", len(args["files"]), len(args["abstract"]), len(args["secrets"]))
+	h.t.Logf("as uid 65534: socket files %v, abstract sockets %v, credential files %v", args["files"], args["abstract"], args["secrets"])
 	b, _ := json.Marshal(args)
 	cmd := exec.Command("/usr/bin/python3", "-c", localUserProbe, string(b))
 	cmd.Dir = "/"
@@ -133,4 +168,27 @@ func secretFiles(col string) []string {
 		return nil
 	}
 	return []string{cluster.Kubeconfig, cluster.TokenFile}
+}
+
+// dockerAgentDirs are the host directories Docker containers ids mount as their agent's.
+func dockerAgentDirs(t *testing.T, ids []string) []string {
+	t.Helper()
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	var dirs []string
+	for _, id := range ids {
+		c, err := cli.ContainerInspect(ctxFor(t, time.Minute), id)
+		if err != nil {
+			t.Fatalf("inspecting sandbox %s: %v", id, err)
+		}
+		for _, m := range c.Mounts {
+			if m.Destination == "/.roche/run" {
+				dirs = append(dirs, m.Source+"/")
+			}
+		}
+	}
+	return dirs
 }

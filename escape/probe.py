@@ -370,29 +370,9 @@ def sockets():
     needs_sockets('socket.raw', lambda: sock(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)())
     needs_sockets('socket.raw6', lambda: sock(socket.AF_INET6, socket.SOCK_RAW, 58)())
     needs_sockets('socket.packet', lambda: sock(getattr(socket, 'AF_PACKET', 17), socket.SOCK_RAW, 0x0300)())
-    def vsock():
-        # Where the socket can be made, the agent's port on this guest's own vsock
-        # loopback (CID 1): a microVM's agent may listen on vsock. Never CID 2, the
-        # host: on a machine that is itself a guest that is off the machine.
-        s = socket.socket(getattr(socket, 'AF_VSOCK', 40), socket.SOCK_STREAM)
-        out = []
-        try:
-            for cid in (1,):
-                c = socket.socket(getattr(socket, 'AF_VSOCK', 40), socket.SOCK_STREAM)
-                c.settimeout(3)
-                try:
-                    c.connect((cid, ARGS.get('vsock_port', 1024)))
-                    return 'ok:connected to vsock %d:%d' % (cid, ARGS.get('vsock_port', 1024))
-                except OSError as e:
-                    n = name(e.errno) if e.errno else 'ETIMEDOUT'
-                    if n not in out:
-                        out.append(n)
-                finally:
-                    c.close()
-        finally:
-            s.close()
-        return ','.join(sorted(out))
-    needs_sockets('socket.vsock', vsock)
+    # Only made, never connected: a connect, even to the guest's own CID, may leave a
+    # machine that is itself a guest for its hypervisor.
+    needs_sockets('socket.vsock', lambda: sock(getattr(socket, 'AF_VSOCK', 40), socket.SOCK_STREAM)())
 
     # The engines' sockets and state, by their usual paths.
     engine = ['/var/run/docker.sock', '/run/docker.sock', '/run/docker', '/var/lib/docker',
