@@ -21,9 +21,6 @@ var (
 	noGuestLnk = g("the guest cannot make links", "nolink EPERM", "nolink ENOTSUP", "nolink ENOSYS")
 )
 
-// everyNonWasm is the columns where the sandbox is a Linux process tree.
-const everyNonWasm = cDocker + "," + cRunsc + "," + cCrun + "," + cRunc + "," + cK8s + "," + cQEMU
-
 var noSyscalls = map[string]string{cWasm: "WASI has no such system call (no ctypes, no raw syscalls)"}
 
 var cases = []escapeCase{
