@@ -187,16 +187,7 @@ func (h *harness) probe(id string) map[string]string {
 		// socket is made and reaches nothing.
 		obs["socket.vsock"] = "nosurface: no vsock device in the guest"
 	}
-	if v := obs["pids.max"]; (h.col.name == cRunsc || h.col.name == cK8s) && v == "max" {
-		// gVisor's own cgroupfs, and a Pod, which Kubernetes gives no pids limit: the
-		// limit is the agent's RLIMIT_NPROC there (see pids exhaustion).
-		obs["pids.max"] = "nosurface: pids.max reads max"
-	}
-	if v, ok := obs["pids.max"]; ok && !strings.HasPrefix(v, "nosurface") {
-		if want := strconv.Itoa(h.cfg.PidsLimit); v != want {
-			obs["pids.max"] = fmt.Sprintf("ok:pids.max reads %s where the config asks %s", v, want)
-		}
-	}
+	obs["pids.promise"] = pidsPromise(obs["pids.max"], obs["pids.nproc"], h.cfg.PidsLimit)
 	return obs
 }
 
@@ -438,4 +429,23 @@ func (h *harness) hogRoundMayEnd(a, b string, caps map[string]int) (held, got ma
 	}
 	h.t.Logf("sandbox A holds: %v", held)
 	return held, h.python(b, "neighbour", nil), false
+}
+
+// pidsPromise: the PID limit a program reads is the one the config asks, whether the
+// pids cgroup says it (where visible and set) or RLIMIT_NPROC does (the agent holds the
+// sandbox user to it, the cgroup then only the host's ceiling, masked).
+func pidsPromise(pidsMax, nproc string, limit int) string {
+	want := strconv.Itoa(limit)
+	_, numeric := strconv.Atoi(pidsMax)
+	switch {
+	case numeric == nil && pidsMax != want:
+		return fmt.Sprintf("ok:pids.max reads %s where the config asks %s", pidsMax, want)
+	case pidsMax == want:
+		return "pids.max"
+	case nproc == want:
+		return "nproc"
+	case strings.HasPrefix(nproc, "nosurface"):
+		return nproc
+	}
+	return fmt.Sprintf("ok:no limit of %s to read: pids.max %q, RLIMIT_NPROC %q", want, pidsMax, nproc)
 }

@@ -107,7 +107,7 @@ var cases = []escapeCase{
 	{id: "host address", title: "a route to each of the host's own addresses; interfaces and routes other than lo", keys: []string{"net.host", "net.routes"}, guards: on("*", noRoute, notThere), na: map[string]string{cWasm: "WASI has no sockets"}},
 	{id: "writable outside scratch", title: "every path the sandbox user may write outside /tmp, /dev/shm and HOME (a host file such as a termination log, a cgroup tmpfs)", keys: []string{"writable.outside"}, guards: on("*", g("read-only root, no world-writable files", "none"))},
 	{id: "scratch mount flags", title: "/tmp and /dev/shm mounted nosuid and nodev (on gVisor nosuid only: a device node in its tmpfs opens one of its own emulated devices)", keys: []string{"mount.scratch_flags"}, guards: on("*", g("nosuid,nodev", "none")), na: map[string]string{cWasm: "no mounts, devices or set-uid: the guest's directories are host directories"}},
-	{id: "pids.max", title: "the pids cgroup's limit, where visible, is the config's (64)", keys: []string{"pids.max"}, guards: on("*", g("pids.max 64", "64")), na: map[string]string{cRunsc: "gVisor's cgroupfs reads max: its limit is RLIMIT_NPROC (pids exhaustion below)", cQEMU: "the guest's own pids cgroup", cWasm: "no cgroups", cK8s: "a Pod has no pids limit of its own: the agent's RLIMIT_NPROC is the limit (pids exhaustion below)"}},
+	{id: "PID limit as promised", title: "the PID limit a program reads (the pids cgroup's pids.max where visible, else RLIMIT_NPROC) is the config's, 64", keys: []string{"pids.promise"}, guards: on("*", g("pids.max 64", "pids.max"), g("RLIMIT_NPROC 64 (the cgroup only the host's ceiling)", "nproc")), na: map[string]string{cWasm: "no processes"}},
 	{id: "copy-out race", title: "roche cp out of a directory whose file keeps turning into a symlink to a host victim and a hard link, and whose subdirectory into a symlink to the victim's directory (30 copies)", keys: []string{"race.copyout"}, guards: on("*", untouched, noGuestLnk)},
 	{id: "copy-in race", title: "roche cp in of a host directory mounted read-write while the sandbox swaps a file in it for a symlink to a root-only host file (providertest's CopyInRace)", keys: []string{"race.copyin"}, guards: on("*", untouched, g("the guest cannot make links", "nolink")), na: map[string]string{cK8s: "no host mounts", cQEMU: "no host mounts"}},
 	{id: "files API race", title: "the files API (write, mkdir, rename, remove) on paths that keep turning into links to a root-owned host directory mounted read-write", keys: []string{"race.files"}, guards: on("*", untouched, noGuestLnk), na: map[string]string{cK8s: "no host mounts", cQEMU: "no host mounts"}},
@@ -124,9 +124,8 @@ var cases = []escapeCase{
 // the fix lands (the run fails when one is blocked: then take it off).
 var knownHoles = []hole{
 	// Being fixed (issue 37's audit).
-	{"pids.max", cDocker, "pids.max reads 88 where the config asks 64 (the agent's RLIMIT_NPROC holds at 63)"},
-	{"pids.max", cCrun, "pids.max reads 88 where the config asks 64 (the agent's RLIMIT_NPROC holds at 63)"},
-	{"pids.max", cRunc, "pids.max reads 88 where the config asks 64 (the agent's RLIMIT_NPROC holds at 63)"},
+	{"PID limit as promised", cCrun, "pids.max reads 88 where the config asks 64: the oci provider's cgroup still counts the agent's threads (main's fix, RLIMIT_NPROC with the cgroup as a masked ceiling, is Docker's)"},
+	{"PID limit as promised", cRunc, "pids.max reads 88 where the config asks 64: the oci provider's cgroup still counts the agent's threads (main's fix, RLIMIT_NPROC with the cgroup as a masked ceiling, is Docker's)"},
 	{"CVE-2022-0492", cCrun, "/sys/fs/cgroup is a world-writable tmpfs: the sandbox user creates a file and a directory there (no cgroupfs or release_agent is reached)"},
 	{"writable outside scratch", cCrun, "/sys/fs/cgroup, a world-writable tmpfs"},
 	{"scratch mount flags", cK8s, "/tmp and /dev/shm lack nosuid and nodev (Kubernetes cannot set them on an emptyDir; what they would stop is refused: mknod by every capability dropped, a set-user-ID file by no_new_privs)"},

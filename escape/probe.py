@@ -535,6 +535,11 @@ def writable():
             continue
     else:
         R['pids.max'] = 'nosurface: no pids cgroup visible'
+    try:
+        import resource
+        R['pids.nproc'] = '%d' % resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    except (ImportError, AttributeError):
+        R['pids.nproc'] = 'nosurface: no rlimits'
 
 
 # --- two sandboxes ----------------------------------------------------------------------
