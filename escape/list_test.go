@@ -123,11 +123,7 @@ var cases = []escapeCase{
 // knownHoles are the cases that get through today, each with what was seen, until
 // the fix lands (the run fails when one is blocked: then take it off).
 var knownHoles = []hole{
-	// Being fixed (issue 37's audit).
-	{"PID limit as promised", cCrun, "pids.max reads 88 where the config asks 64: the oci provider's cgroup still counts the agent's threads (main's fix, RLIMIT_NPROC with the cgroup as a masked ceiling, is Docker's)"},
-	{"PID limit as promised", cRunc, "pids.max reads 88 where the config asks 64: the oci provider's cgroup still counts the agent's threads (main's fix, RLIMIT_NPROC with the cgroup as a masked ceiling, is Docker's)"},
-	{"CVE-2022-0492", cCrun, "/sys/fs/cgroup is a world-writable tmpfs: the sandbox user creates a file and a directory there (no cgroupfs or release_agent is reached)"},
-	{"writable outside scratch", cCrun, "/sys/fs/cgroup, a world-writable tmpfs"},
+	// Accepted on main (the conformance suite asserts the flags absent and what makes them moot).
 	{"scratch mount flags", cK8s, "/tmp and /dev/shm lack nosuid and nodev (Kubernetes cannot set them on an emptyDir; what they would stop is refused: mknod by every capability dropped, a set-user-ID file by no_new_privs)"},
 	// Found by this suite, not yet scheduled.
 	{"writable outside scratch", cRunsc, "/dev/fuse and /dev/net/tun, gVisor's own devices, are writable by the sandbox user: FUSE and TUN surfaces of the sentry that runc sandboxes do not offer"},
