@@ -400,11 +400,11 @@ type dirQuota struct {
 	skip []string
 }
 
-// recount sets the bytes used to what the directory holds now.
+// recount sets the bytes and entries used to what the directory holds now.
 func (q dirQuota) recount() {
-	used := dirSize(q.host, q.skip...)
+	used, entries := dirUsage(q.host, q.skip...)
 	q.mu.Lock()
-	q.used = used
+	q.used, q.entries = used, entries
 	q.mu.Unlock()
 }
 
@@ -428,10 +428,11 @@ func sandboxFS(mounts []mountPoint, python bool) (wazero.FSConfig, []dirQuota, *
 					}
 				}
 			}
-			q = &quota{used: dirSize(m.host, skip...), limit: m.limit, signal: sig}
+			used, entries := dirUsage(m.host, skip...)
+			q = &quota{used: used, limit: m.limit, entries: entries, maxEntries: entriesFor(m.limit), signal: sig}
 			quotas = append(quotas, dirQuota{quota: q, host: m.host, skip: skip})
 		}
-		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(newConfinedFS(m.host, m.readOnly, q), m.guest)
+		fsc = fsc.(sysfs.FSConfig).WithSysFSMount(newConfinedFS(m.host, m.readOnly, q, m.files, sig), m.guest)
 	}
 	if python {
 		boot, _ := fs.Sub(bootFiles, "boot")

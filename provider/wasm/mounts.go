@@ -19,6 +19,8 @@ type mountPoint struct {
 	readOnly bool
 	own      bool  // one of the sandbox's own directories (not a host mount)
 	limit    int64 // bytes an own writable directory may hold (see quota); 0 is none
+	// files is the sandbox's cap on open files, the same for all its directories.
+	files *openFiles
 }
 
 // sandboxMounts lays out the file system of sandbox id: its own root, /tmp and
@@ -50,10 +52,11 @@ func (p *Provider) sandboxMounts(id string, cfg roche.Config) ([]mountPoint, err
 	// limit (0: none, as asked), /tmp the tmpfs size Docker gives it, the sandbox's own
 	// /workspace the same, a named workspace its size, so that a guest cannot fill the
 	// disk of the state or data directory.
+	files := p.openFilesOf(id)
 	mounts := []mountPoint{
-		{guest: "/", host: root, readOnly: !cfg.Writable, own: true, limit: cfg.DiskBytes()},
-		{guest: GuestTmp, host: filepath.Join(root, "tmp"), own: true, limit: roche.DefaultTmpSize},
-		{guest: GuestWorkspace, host: workspace, own: true, limit: workspaceLimit},
+		{guest: "/", host: root, readOnly: !cfg.Writable, own: true, limit: cfg.DiskBytes(), files: files},
+		{guest: GuestTmp, host: filepath.Join(root, "tmp"), own: true, limit: roche.DefaultTmpSize, files: files},
+		{guest: GuestWorkspace, host: workspace, own: true, limit: workspaceLimit, files: files},
 	}
 	for _, m := range cfg.Mounts {
 		// Resolved now, so that the directory the guest gets is the one named, even if
@@ -65,9 +68,25 @@ func (p *Provider) sandboxMounts(id string, cfg roche.Config) ([]mountPoint, err
 		if fi, err := os.Stat(host); err != nil || !fi.IsDir() {
 			return nil, fmt.Errorf("%w: mount source %s is not a directory", roche.ErrInvalidConfig, m.Source)
 		}
-		mounts = append(mounts, mountPoint{guest: path.Clean(m.Target), host: host, readOnly: !m.ReadWrite})
+		mounts = append(mounts, mountPoint{guest: path.Clean(m.Target), host: host, readOnly: !m.ReadWrite, files: files})
 	}
 	return mounts, nil
+}
+
+// openFilesOf is sandbox id's cap on open files in this process, made on first use and
+// dropped when the sandbox is destroyed here.
+func (p *Provider) openFilesOf(id string) *openFiles {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	o := p.openFiles[id]
+	if o == nil {
+		o = &openFiles{limit: roche.DefaultOpenFiles}
+		if p.openFiles == nil {
+			p.openFiles = map[string]*openFiles{}
+		}
+		p.openFiles[id] = o
+	}
+	return o
 }
 
 // resolve finds the mount holding the guest path p (clean and absolute) and p's path

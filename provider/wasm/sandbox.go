@@ -430,6 +430,9 @@ func (p *Provider) Destroy(_ context.Context, id string) error {
 	}
 	p.dropContexts(id)
 	p.stopExecs(id)
+	p.runMu.Lock()
+	delete(p.openFiles, id)
+	p.runMu.Unlock()
 	dir := p.sandboxDir(id)
 	// Renamed away first, in one step, so that the sandbox vanishes from List and
 	// lookups at once however long removing its files takes.

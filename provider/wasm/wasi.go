@@ -9,6 +9,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 )
 
@@ -90,19 +91,24 @@ func instantiateWASI(ctx context.Context, r wazero.Runtime) error {
 	return err
 }
 
-// spaceFunctions are the WASI calls that can make a file grow, and so run into a quota.
-var spaceFunctions = []string{"fd_write", "fd_pwrite", "fd_filestat_set_size", "fd_allocate"}
+// spaceFunctions are the WASI calls that can make a file grow or make an entry, and so
+// run into a quota, or open a file, and so run into the cap on open files.
+var spaceFunctions = []string{"fd_write", "fd_pwrite", "fd_filestat_set_size", "fd_allocate",
+	"path_open", "path_create_directory", "path_link"}
 
 // WASI errno values (the preview1 errno enum).
 const (
 	wasiErrnoIO    = 29
+	wasiErrnoMfile = 33
 	wasiErrnoNoSpc = 51
 )
 
-// noSpaceAsENOSPC wraps a WASI call so that a write refused by a quota (see quota) fails
-// with ENOSPC, as on a full disk. wazero's errno set has no ENOSPC, so the quota's
-// refusal reaches the call as EIO; the quota also raises the instance's spaceSignal,
-// carried in the call's context, which tells that EIO apart from a host's I/O error.
+// noSpaceAsENOSPC wraps a WASI call so that a write or create refused by a quota (see
+// quota) fails with ENOSPC, as on a full disk, and an open refused by the sandbox's cap
+// on open files (see openFiles) with EMFILE, as past RLIMIT_NOFILE. wazero's errno set
+// has neither, so the refusal reaches the call as EIO; the quota or cap also raises the
+// instance's spaceSignal, carried in the call's context, which tells that EIO apart
+// from a host's I/O error.
 func noSpaceAsENOSPC(stock api.GoModuleFunction) api.GoModuleFunc {
 	return func(ctx context.Context, mod api.Module, stack []uint64) {
 		sig, _ := ctx.Value(spaceSignalKey{}).(*spaceSignal)
@@ -111,16 +117,31 @@ func noSpaceAsENOSPC(stock api.GoModuleFunction) api.GoModuleFunc {
 			return
 		}
 		sig.refused.Store(false)
+		sig.files.Store(false)
 		stock.Call(ctx, mod, stack)
-		if sig.refused.Load() && stack[0] == wasiErrnoIO {
+		switch {
+		case stack[0] != wasiErrnoIO:
+		case sig.refused.Load():
 			stack[0] = wasiErrnoNoSpc
+		case sig.files.Load():
+			stack[0] = wasiErrnoMfile
 		}
 	}
 }
 
-// spaceSignal is raised by an instance's quotas when they refuse a write; one instance
-// runs one call at a time, so it says whether the call under way was refused.
-type spaceSignal struct{ refused atomic.Bool }
+// spaceSignal is raised by an instance's quotas when they refuse a write or a create,
+// and by its file systems when the sandbox's cap on open files refuses an open; one
+// instance runs one call at a time, so it says whether the call under way was refused.
+type spaceSignal struct{ refused, files atomic.Bool }
+
+// tooMany reports an open refused by the cap on open files: errNoSpace, with the
+// signal's files flag raised.
+func (s *spaceSignal) tooMany() experimentalsys.Errno {
+	if s != nil {
+		s.files.Store(true)
+	}
+	return errNoSpace
+}
 
 type spaceSignalKey struct{}
 

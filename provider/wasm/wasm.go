@@ -18,7 +18,11 @@
 //
 // Each of the sandbox's own writable directories has a byte quota: a writable root
 // Config.Disk, /tmp (and the sandbox's own /workspace) roche.DefaultTmpSize as the Docker
-// provider's /tmp tmpfs, a named workspace its size. A write past it fails with ENOSPC. Python's standard library is packed inside python.wasm (by
+// provider's /tmp tmpfs, a named workspace its size. A write past it fails with ENOSPC,
+// and so does a create past its entries (one per KiB of it: 65,536 in /tmp), since an
+// empty file costs a host inode. The files a sandbox's guests hold open are the
+// provider process's own descriptors: at most roche.DefaultOpenFiles (1024) per
+// sandbox, past which an open fails with EMFILE. Python's standard library is packed inside python.wasm (by
 // wasi-vfs) and appears under /usr, served from the module's own memory.
 //
 // Results. Linear memory is capped at Config.Memory: a program that asks for more is
@@ -99,6 +103,8 @@ type Provider struct {
 	warm       map[string]*warmInstance
 	warmServed uint64
 	closed     bool
+	// openFiles are the sandboxes' caps on open files (openFilesOf); also under runMu.
+	openFiles map[string]*openFiles
 
 	warmStart bool
 	warmSlots chan struct{} // bounds the interpreters starting at once
