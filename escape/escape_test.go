@@ -344,6 +344,11 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 	if h.col.lean {
 		caps = map[string]int{"nofile": 20000, "inodes": 5000, "inotify": 1000, "watches": 20000, "shm_mib": 256, "pids": 200}
 	}
+	if h.col.hostFiles {
+		// Past the entry quota of a host directory's /tmp (65,536), or a count reached
+		// without a refusal is the host's inodes taken.
+		caps["inodes"] = 100000
+	}
 	// Two rounds: what the kernel counts per file and user, then processes, which on
 	// gVisor may end the whole sandbox rather than be refused (README, gVisor).
 	files := maps.Clone(caps)
@@ -390,11 +395,26 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 			obs["exhaust.nofile"] = fmt.Sprintf("ok:%s files open in one process without a bound (%s)", f[1], held["nofile"])
 		}
 	}
+	// A guest's open files are descriptors of the provider's own process (this test
+	// binary, as roched would be): they stay bounded while A holds all it may.
+	if n, err := strconv.Atoi(held["host_fds"]); h.col.hostFiles && err == nil && n > 2*roche.DefaultOpenFiles {
+		obs["exhaust.nofile"] = fmt.Sprintf("ok:the provider's process holds %d more descriptors while A holds its files (%s)", n, held["nofile"])
+	}
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t *testing.T) int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(fds)
 }
 
 // hogRound runs the hog with caps in a and the neighbour's probe in b while it holds,
 // then stops it and runs clean.
 func (h *harness) hogRound(a, b string, caps map[string]int, clean func()) (held, got map[string]string) {
+	fds := openFDs(h.t)
 	line, stop := h.hold(a, "hog", map[string]any{"caps": caps})
 	defer func() {
 		stop()
@@ -403,6 +423,10 @@ func (h *harness) hogRound(a, b string, caps map[string]int, clean func()) (held
 	held = map[string]string{}
 	if err := json.Unmarshal([]byte(line), &held); err != nil {
 		h.t.Fatalf("the hog answered %q: %v", line, err)
+	}
+	if h.col.hostFiles {
+		// The descriptors this process gained while A holds what it took.
+		held["host_fds"] = strconv.Itoa(openFDs(h.t) - fds)
 	}
 	h.t.Logf("sandbox A holds: %v", held)
 	return held, h.python(b, "neighbour", nil)
