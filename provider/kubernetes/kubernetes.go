@@ -90,6 +90,9 @@ type Provider struct {
 	createTimeout time.Duration
 	uidFirst      int
 	uidCount      int
+	// cgroupV2 says the nodes have the unified cgroup hierarchy (WithNodeCgroup).
+	cgroupV2  bool
+	cgroupSet bool
 	// egress: this process serves the egress proxies of sandboxes with an allowlist
 	// (egress.go).
 	egress bool
@@ -157,6 +160,21 @@ func WithAgentImage(ref string) Option { return func(p *Provider) { p.agentImage
 // for the container runtime's own default.
 func WithSeccompProfile(name string) Option { return func(p *Provider) { p.seccomp = name } }
 
+// WithNodeCgroup says which cgroup hierarchy the cluster's nodes run, 1 or 2, for the
+// mount that keeps a sandbox's pids cgroup from reading as a limit other than its own
+// (pidsCgroupMask), whose target differs between them. By default it is the hierarchy
+// of the machine the provider runs on: in the cluster, its own node's.
+func WithNodeCgroup(version int) Option {
+	return func(p *Provider) {
+		switch version {
+		case 1, 2:
+			p.cgroupV2, p.cgroupSet = version == 2, true
+		default:
+			p.badOption = fmt.Errorf("%w: node cgroup version %d: give 1 or 2", roche.ErrInvalidConfig, version)
+		}
+	}
+}
+
 // WithCreateTimeout bounds a create (DefaultCreateTimeout).
 func WithCreateTimeout(d time.Duration) Option { return func(p *Provider) { p.createTimeout = d } }
 
@@ -192,6 +210,9 @@ func New(opts ...Option) (*Provider, error) {
 	}
 	if p.badOption != nil {
 		return nil, p.badOption
+	}
+	if !p.cgroupSet {
+		p.cgroupV2 = localCgroupV2()
 	}
 	if p.sim != nil && p.agentImage == "" {
 		p.agentImage = simulatedAgentImage
@@ -444,7 +465,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	expires := time.Now().Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	pp := podParams{
 		id: id, namespace: p.namespace, agentImage: p.agentImage, runtimeClass: p.runtimeClass,
-		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: cfg.UID(),
+		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: cfg.UID(), cgroupV2: p.cgroupV2,
 	}
 	if cfg.User == roche.UserAuto {
 		uid, err := p.drawUID(ctx)

@@ -148,6 +148,7 @@ func TestConformance(t *testing.T) {
 	providertest.Run(t, p, providertest.Options{
 		Config:      cfg,
 		NoDiskLimit: "the kubelet enforces ephemeral-storage limits by eviction",
+		PidsExact:   true,
 		// The kubelet mounts an emptyDir's tmpfs with neither, and a Pod cannot ask.
 		ScratchMountsLackNosuid: "the kubelet mounts memory emptyDirs without nosuid and nodev",
 	})

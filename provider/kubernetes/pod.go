@@ -40,6 +40,9 @@ const (
 	// AnnotationOwner is Config.Owner; AnnotationConfig the whole Config as JSON.
 	AnnotationOwner  = "roche.owner"
 	AnnotationConfig = "roche.config"
+	// AnnotationPidsMax is the sandbox's process limit, which a cgroup v2 node's Pod
+	// reads as its pids.max (pidsCgroupMask).
+	AnnotationPidsMax = "roche.pids-max"
 )
 
 // Container and volume names in a sandbox's Pod.
@@ -49,6 +52,7 @@ const (
 	volumeAgent      = "roche-agent"
 	volumeTmp        = "tmp"
 	volumeShm        = "shm"
+	volumePids       = "pids-cgroup"
 )
 
 // agentCaps are the capabilities the agent keeps, as under Docker: to run commands as
@@ -80,6 +84,8 @@ type podParams struct {
 	seccomp string
 	// extraArgs go to the agent after its own (a lease's).
 	extraArgs []string
+	// cgroupV2 says the nodes have the unified cgroup hierarchy (see pidsCgroupMask).
+	cgroupV2 bool
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -143,7 +149,8 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pp.id, Namespace: pp.namespace, Labels: labels,
-			Annotations: map[string]string{AnnotationOwner: cfg.Owner, AnnotationConfig: string(cfgJSON)},
+			Annotations: map[string]string{AnnotationOwner: cfg.Owner, AnnotationConfig: string(cfgJSON),
+				AnnotationPidsMax: strconv.Itoa(cfg.PidsLimit)},
 		},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
@@ -225,10 +232,41 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 			},
 		},
 	}
+	pidsCgroupMask(pod, pp.cgroupV2)
 	if pp.runtimeClass != "" {
 		pod.Spec.RuntimeClassName = ptr(pp.runtimeClass)
 	}
 	return pod, nil
+}
+
+// pidsCgroupMask keeps the sandbox's pids cgroup from reading as a limit other than the
+// one that holds. The agent holds the sandbox user to exactly Config.PidsLimit
+// (RLIMIT_NPROC, --nproc); the node bounds the whole Pod (its podPidsLimit, at the Pod's
+// cgroup), and the container's own pids cgroup, which is what a program finds under
+// /sys/fs/cgroup, reads "max", as if nothing bounded it. As the docker and oci providers
+// mask it, so does this one: on a cgroup v1 node, an empty read-only directory over the
+// container's pids controller (/sys/fs/cgroup/pids); on a v2 node, whose pids.max is a
+// file of the container's own cgroup directory, a read-only file over it that reads the
+// limit (from the Pod's AnnotationPidsMax, through the downward API). Kubernetes has no
+// masked paths of its own, and a mount's target must exist in the node's layout, which
+// is why the layout must be known (WithNodeCgroup).
+func pidsCgroupMask(pod *corev1.Pod, v2 bool) {
+	c := &pod.Spec.Containers[0]
+	if !v2 {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: volumePids, VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(4096, resource.BinarySI)},
+		}})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: volumePids, MountPath: "/sys/fs/cgroup/pids", ReadOnly: true})
+		return
+	}
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: volumePids, VolumeSource: corev1.VolumeSource{
+		DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{{
+			Path:     "pids.max",
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationPidsMax + "']"},
+			Mode:     ptr(int32(0o444)),
+		}}},
+	}})
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: volumePids, MountPath: "/sys/fs/cgroup/pids.max", SubPath: "pids.max", ReadOnly: true})
 }
 
 // seccompFor is the containers' seccomp profile: the runtime's default when asked in so

@@ -266,3 +266,47 @@ func TestClaimRelabels(t *testing.T) {
 		t.Errorf("the claim lost other labels: %v", got.Labels)
 	}
 }
+
+// The container's pids cgroup is covered where the node's layout puts it: an empty
+// read-only directory over the v1 controller, or a read-only file reading the limit over
+// the v2 pids.max (the mounts themselves are tried on the test cluster's v1 node by
+// TestConformance/PidsLimitExact).
+func TestPodForPidsCgroupMask(t *testing.T) {
+	cfg := roche.DefaultConfig()
+	cfg.Image = "roche/python:local"
+	cfg.PidsLimit = 20
+	for _, v2 := range []bool{false, true} {
+		pp := testParams()
+		pp.cgroupV2 = v2
+		pod, err := podFor(cfg, pp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vol *corev1.Volume
+		for i := range pod.Spec.Volumes {
+			if pod.Spec.Volumes[i].Name == volumePids {
+				vol = &pod.Spec.Volumes[i]
+			}
+		}
+		var mnt *corev1.VolumeMount
+		for i, m := range pod.Spec.Containers[0].VolumeMounts {
+			if m.Name == volumePids {
+				mnt = &pod.Spec.Containers[0].VolumeMounts[i]
+			}
+		}
+		if vol == nil || mnt == nil || !mnt.ReadOnly {
+			t.Fatalf("v2 %v: pids volume %+v mounted %+v, want both, read-only", v2, vol, mnt)
+		}
+		if pod.Annotations[AnnotationPidsMax] != "20" {
+			t.Errorf("annotation %s = %q, want 20", AnnotationPidsMax, pod.Annotations[AnnotationPidsMax])
+		}
+		switch {
+		case !v2 && (vol.EmptyDir == nil || mnt.MountPath != "/sys/fs/cgroup/pids" || mnt.SubPath != ""):
+			t.Errorf("cgroup v1: %+v at %+v, want an empty directory at /sys/fs/cgroup/pids", vol.VolumeSource, mnt)
+		case v2 && (vol.DownwardAPI == nil || len(vol.DownwardAPI.Items) != 1 || vol.DownwardAPI.Items[0].FieldRef == nil ||
+			vol.DownwardAPI.Items[0].FieldRef.FieldPath != "metadata.annotations['"+AnnotationPidsMax+"']" ||
+			mnt.MountPath != "/sys/fs/cgroup/pids.max" || mnt.SubPath != "pids.max"):
+			t.Errorf("cgroup v2: %+v at %+v, want the annotation's file at /sys/fs/cgroup/pids.max", vol.VolumeSource, mnt)
+		}
+	}
+}
