@@ -169,19 +169,6 @@ func (h *harness) probe(id string) map[string]string {
 		"loopback_ports": loopbackPorts(h.t),
 	}
 	obs := h.python(id, "probe", args)
-	if v, ok := strings.CutPrefix(obs["mount.scratch_flags"], "ok:"); ok && h.col.name == cRunsc {
-		// gVisor never shows nodev: its tmpfs's device nodes are its own emulated ones.
-		var left []string
-		for _, part := range strings.Split(v, ", ") {
-			if !strings.HasSuffix(part, "lacks nodev") {
-				left = append(left, part)
-			}
-		}
-		obs["mount.scratch_flags"] = "none"
-		if len(left) > 0 {
-			obs["mount.scratch_flags"] = "ok:" + strings.Join(left, ", ")
-		}
-	}
 	if h.col.name == cQEMU && obs["socket.vsock"] == "ok:socket made" {
 		// The QEMU guest has no vsock device (its agent is on the serial line): the
 		// socket is made and reaches nothing.

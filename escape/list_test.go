@@ -106,7 +106,21 @@ var cases = []escapeCase{
 	{id: "metadata", title: "a route to the cloud metadata addresses (169.254.169.254 and the rest of the README's list, IPv4 and IPv6)", keys: []string{"net.metadata"}, guards: on("*", noRoute, g("no IPv6", "EADDRNOTAVAIL", "EAFNOSUPPORT")), na: map[string]string{cWasm: "WASI has no sockets"}},
 	{id: "host address", title: "a route to each of the host's own addresses; interfaces and routes other than lo", keys: []string{"net.host", "net.routes"}, guards: on("*", noRoute, notThere), na: map[string]string{cWasm: "WASI has no sockets"}},
 	{id: "writable outside scratch", title: "every path the sandbox user may write outside /tmp, /dev/shm and HOME (a host file such as a termination log, a cgroup tmpfs)", keys: []string{"writable.outside"}, guards: on("*", g("read-only root, no world-writable files", "none"))},
-	{id: "scratch mount flags", title: "/tmp and /dev/shm mounted nosuid and nodev (on gVisor nosuid only: a device node in its tmpfs opens one of its own emulated devices)", keys: []string{"mount.scratch_flags"}, guards: on("*", g("nosuid,nodev", "none")), na: map[string]string{cWasm: "no mounts, devices or set-uid: the guest's directories are host directories"}},
+	{
+		id:     "device node on scratch",
+		title:  "mknod a character device (/dev/null's numbers) in /tmp and in /dev/shm, which lack nodev on Kubernetes (the kubelet cannot mount an emptyDir nodev); where both are mounted nodev, that is said too (on gVisor, whose mountinfo never shows nodev, a node in its tmpfs would open one of its own emulated devices)",
+		keys:   []string{"scratch.device"},
+		guards: on("*", g("no CAP_MKNOD (no capabilities)", "EPERM"), g("mounted nodev", "nodev")),
+		na:     map[string]string{cWasm: "no mounts, devices or set-uid: the guest's directories are host directories"},
+	},
+	{
+		id:    "set-user-ID file on scratch",
+		title: "make a set-user-ID root file in /tmp and in /dev/shm (chmod 6755, chown to root), and run a set-user-ID root program of the image (su) to see whether it gets root's effective uid, as such a file on scratch would; where both mounts are nosuid, that is said too (Kubernetes cannot mount an emptyDir nosuid)",
+		keys:  []string{"scratch.setuid"},
+		guards: on("*", g("no CAP_CHOWN (the file stays the sandbox user's)", "EPERM"),
+			g("no_new_privs (su ran with the sandbox user's uid)", "no_new_privs"), g("mounted nosuid", "nosuid")),
+		na: map[string]string{cWasm: "no mounts, devices or set-uid: the guest's directories are host directories"},
+	},
 	{id: "PID limit as promised", title: "the PID limit a program reads (the pids cgroup's pids.max where visible, else RLIMIT_NPROC) is the config's, 64", keys: []string{"pids.promise"}, guards: on("*", g("pids.max 64", "pids.max"), g("RLIMIT_NPROC 64 (the cgroup only the host's ceiling)", "nproc")), na: map[string]string{cWasm: "no processes"}},
 	{id: "copy-out race", title: "roche cp out of a directory whose file keeps turning into a symlink to a host victim and a hard link, and whose subdirectory into a symlink to the victim's directory (30 copies)", keys: []string{"race.copyout"}, guards: on("*", untouched, noGuestLnk)},
 	{id: "copy-in race", title: "roche cp in of a host directory mounted read-write while the sandbox swaps a file in it for a symlink to a root-only host file (providertest's CopyInRace)", keys: []string{"race.copyin"}, guards: on("*", untouched, g("the guest cannot make links", "nolink")), na: map[string]string{cK8s: "no host mounts", cQEMU: "no host mounts"}},
@@ -122,9 +136,4 @@ var cases = []escapeCase{
 
 // knownHoles are the cases that get through today, each with what was seen, until
 // the fix lands (the run fails when one is blocked: then take it off).
-var knownHoles = []hole{
-	// Accepted on main (the conformance suite asserts the flags absent and what makes them moot).
-	{"scratch mount flags", cK8s, "/tmp and /dev/shm lack nosuid and nodev (Kubernetes cannot set them on an emptyDir; what they would stop is refused: mknod by every capability dropped, a set-user-ID file by no_new_privs)"},
-	// Found by this suite, not yet scheduled.
-	{"writable outside scratch", cRunsc, "/dev/fuse and /dev/net/tun, gVisor's own devices, are writable by the sandbox user: FUSE and TUN surfaces of the sentry that runc sandboxes do not offer"},
-}
+var knownHoles = []hole{}

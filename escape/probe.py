@@ -485,12 +485,87 @@ def sockets():
 
 # --- what the sandbox user may write outside its scratch space -----------------------------
 
+def errno_of(fn, arg):
+    """fn(arg)'s errno name, or "ok:..." when it did what it tried."""
+    try:
+        fn(arg)
+    except OSError as e:
+        return name(e.errno)
+    except RuntimeError as e:
+        return 'ok:' + str(e)
+    return 'ok'
+
+
+def setuid_exec():
+    """Runs a set-user-ID root program of the image (as the file on scratch would be)
+    and reads its effective uid once it runs: "no_new_privs" when it has the sandbox
+    user's and this process has no_new_privs, "ok:..." when it got root's."""
+    progs = []
+    for d in ('/usr/bin', '/bin', '/usr/sbin', '/sbin'):
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for n in names:
+            p = os.path.join(d, n)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_ISUID and st.st_uid == 0 and p not in progs:
+                progs.append(p)
+    if not progs:
+        return 'none'
+    # su waits for a password on its stdin: it is still there to be looked at.
+    prog = next((p for p in progs if os.path.basename(p) == 'su'), progs[0])
+    nnp = [l.split()[1] for l in open('/proc/self/status') if l.startswith('NoNewPrivs:')]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(r, 0)
+            null = os.open('/dev/null', os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            os.execv(prog, [prog])
+        finally:
+            os._exit(127)
+    os.close(r)
+    try:
+        # Once the program runs (its name in status), its credentials are the exec's,
+        # zombie or not: it is not reaped until the end.
+        end = time.time() + 20
+        while time.time() < end:
+            st = dict(l.split(':', 1) for l in open('/proc/%d/status' % pid) if ':' in l)
+            if st['Name'].strip() == os.path.basename(prog)[:15]:
+                euid = st['Uid'].split()[1]
+                if euid == '0':
+                    return 'ok:%s ran with effective uid 0' % prog
+                return 'no_new_privs' if nnp == ['1'] else 'error: %s kept uid %s without no_new_privs' % (prog, euid)
+            time.sleep(0.01)
+        return 'error: %s did not start' % prog
+    finally:
+        os.close(w)
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+        os.waitpid(pid, 0)
+
+
 def writable():
     # Every path the sandbox user may write outside /tmp, /dev/shm, $HOME and the usual
     # device nodes: a world-writable file the host keeps (a termination log, a cgroup
     # tmpfs) is a way out of the sandbox's bounds. os.access counts read-only mounts.
     skip = ('/proc', '/sys/kernel', '/tmp', '/dev/shm', '/dev/mqueue', '/dev/pts', '/workspace')
     devs = {'/dev/null', '/dev/zero', '/dev/full', '/dev/random', '/dev/urandom', '/dev/tty', '/dev/ptmx', '/dev/console'}
+    # The same devices by number, whatever their name: a masked file is /dev/null
+    # mounted over it.
+    harmless = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 1), (5, 2)}
+
+    def harmless_dev(p):
+        st = os.lstat(p)
+        return stat.S_ISCHR(st.st_mode) and hasattr(os, 'major') and (os.major(st.st_rdev), os.minor(st.st_rdev)) in harmless
     home = os.environ.get('HOME', '/tmp')
     found = []
     for root, dirs, files in os.walk('/'):
@@ -502,7 +577,7 @@ def writable():
             if p in devs or p.startswith(skip):
                 continue
             try:
-                if os.path.islink(p):
+                if os.path.islink(p) or harmless_dev(p):
                     continue
                 if os.access(p, os.W_OK):
                     found.append(p)
@@ -512,19 +587,50 @@ def writable():
             break
     R['writable.outside'] = ('ok:' + ' '.join(sorted(found)[:10])) if found else 'none'
 
-    # /tmp and /dev/shm: nosuid and nodev, as the README promises.
-    bad = []
+    # A device node or a set-user-ID file on the scratch mounts (/tmp, /dev/shm): each
+    # attempt's errno, and the mount flag that would also stop it where the mounts have
+    # it (nodev, nosuid: both mounts), as the README promises.
+    flags = None
     try:
+        flags = {}
         for line in open('/proc/self/mounts'):
             f = line.split()
             if f[1] in ('/tmp', '/dev/shm'):
-                opts = f[3].split(',')
-                for o in ('nosuid', 'nodev'):
-                    if o not in opts:
-                        bad.append('%s lacks %s' % (f[1], o))
-        R['mount.scratch_flags'] = ('ok:' + ', '.join(bad)) if bad else 'none'
-    except OSError as e:
-        R['mount.scratch_flags'] = 'nosurface: no /proc/self/mounts' if e.errno == errno.ENOENT else name(e.errno)
+                flags[f[1]] = set(f[3].split(','))
+    except OSError:
+        pass
+    scratch = [d for d in ('/tmp', '/dev/shm') if os.path.isdir(d)]
+
+    def both(flag):
+        return flags is not None and all(flag in flags.get(d, ()) for d in scratch)
+
+    def node(d):
+        p = d + '/roche-escape-node'
+        os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's numbers
+        os.unlink(p)
+        raise RuntimeError('made ' + p)
+    if not hasattr(os, 'mknod'):
+        R['scratch.device'] = 'nosurface: no mknod'
+    else:
+        R['scratch.device'] = ','.join(sorted(set(errno_of(node, d) for d in scratch) | ({'nodev'} if both('nodev') else set())))
+
+    def chown_root(d):
+        p = d + '/roche-escape-suid'
+        open(p, 'w').close()
+        try:
+            os.chmod(p, 0o6755)
+            os.chown(p, 0, 0)
+            raise RuntimeError('chowned %s to root' % p)
+        finally:
+            os.unlink(p)
+    parts = set()
+    if hasattr(os, 'chown'):
+        parts |= set(errno_of(chown_root, d) for d in scratch)
+    if hasattr(os, 'fork'):
+        parts.add(setuid_exec())
+    if both('nosuid'):
+        parts.add('nosuid')
+    R['scratch.setuid'] = ','.join(sorted(parts)) if parts else 'nosurface: no chown, no processes'
 
     # The pids limit the cgroup sets, where the sandbox can see its cgroup.
     for f in ('/sys/fs/cgroup/pids/pids.max', '/sys/fs/cgroup/pids.max'):

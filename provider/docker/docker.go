@@ -731,6 +731,9 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 	if p.runtime != RuntimeRunc {
 		hcfg.Runtime = p.runtime
 	}
+	if p.gvisor() {
+		hideGVisorDevices(hcfg)
+	}
 	limitOpenFiles(hcfg)
 	for _, m := range cfg.Mounts {
 		hcfg.Mounts = append(hcfg.Mounts, mount.Mount{

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+
 	"github.com/roche-sandbox/roche"
 )
 
@@ -66,6 +69,21 @@ func (p *Provider) runtimeErr(err error) error {
 		hint = RegisterRunscHint
 	}
 	return fmt.Errorf("%w: the Docker engine at %s has no runtime %q: %s", roche.ErrUnavailable, p.cli.DaemonHost(), p.runtime, hint)
+}
+
+// hideGVisorDevices takes gVisor's own FUSE and TUN devices out of the sandbox's /dev.
+// gVisor puts every device its kernel implements in /dev, mode 0666: /dev/fuse and
+// /dev/net/tun too, which runc sandboxes do not offer (Docker gives them neither), so
+// the sandbox user could open the sentry's FUSE and TUN code. runsc has no flag to leave
+// them out and ignores the spec's masked paths, so they are mounted over: an empty
+// read-only tmpfs on /dev/net, and the host's /dev/null, read-only, on /dev/fuse (what a
+// masked file is under runc), which gVisor serves as its own /dev/null.
+func hideGVisorDevices(hcfg *container.HostConfig) {
+	hcfg.Mounts = append(hcfg.Mounts,
+		mount.Mount{Type: mount.TypeTmpfs, Target: "/dev/net", ReadOnly: true,
+			TmpfsOptions: &mount.TmpfsOptions{SizeBytes: 4096, Mode: 0o555}},
+		mount.Mount{Type: mount.TypeBind, Source: "/dev/null", Target: "/dev/fuse", ReadOnly: true},
+	)
 }
 
 // gvisorHostPids bounds the host threads and processes of a gVisor sandbox whose tasks
