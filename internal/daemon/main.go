@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/inproc"
+	"github.com/roche-sandbox/roche/internal/memlimit"
 	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -414,7 +414,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	// (the output itself is bounded, see output.go) instead of letting the heap double;
 	// GOMEMLIMIT overrides it.
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(softMemoryLimit)
+		memlimit.Set(softMemoryLimit) // kept past initgc's window
 	}
 	cfg, err := buildConfig(cmd, f)
 	if err != nil {

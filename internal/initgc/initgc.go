@@ -8,8 +8,9 @@
 // allocates next.
 //
 // Go initialises, at each step, the first package by import path whose imports are all
-// initialised; this one needs only os and runtime/debug, so it runs before the heavy
-// ones. main calls Restore first thing, which turns it back on a little later. A GOGC set in the environment is left alone.
+// initialised; this one needs only os, runtime/debug and internal/memlimit, so it runs
+// before the heavy ones. main calls Restore first thing, which turns it back on a little
+// later. A GOGC set in the environment is left alone.
 package initgc
 
 import (
@@ -17,12 +18,15 @@ import (
 	"os"
 	"runtime/debug"
 	"time"
+
+	"github.com/roche-sandbox/roche/internal/memlimit"
 )
 
 // A command that ends within window never collects: turning the collector back on at
 // once would start a collection right away, as the heap the initialisers left is above
 // its first goal. Meanwhile windowLimit bounds the heap, unless GOMEMLIMIT or the
-// command itself set a limit.
+// command itself set a limit; a limit the command keeps (memlimit.Set, roched's) stays
+// after the window.
 const (
 	window      = 250 * time.Millisecond
 	windowLimit = 256 << 20
@@ -50,8 +54,8 @@ func Restore() {
 	}
 	time.AfterFunc(window, func() {
 		debug.SetGCPercent(100)
-		if limit && debug.SetMemoryLimit(-1) == windowLimit {
-			debug.SetMemoryLimit(math.MaxInt64)
+		if limit {
+			memlimit.Lift(windowLimit)
 		}
 	})
 }
