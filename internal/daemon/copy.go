@@ -117,7 +117,11 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 		return ferr
 	})
 	if err != nil {
-		if ferr != nil && errors.Is(err, ferr) {
+		switch {
+		case ferr != nil && errors.Is(err, tarfs.ErrMalformed):
+			// What the client sent is not a tar stream: its error, not roched's.
+			err = fmt.Errorf("%w: copying into sandbox %s at %s: the upload: %v: send a tar stream", roche.ErrInvalidConfig, id, dst, err)
+		case ferr != nil && errors.Is(err, ferr):
 			err = roche.CopyErr(fmt.Sprintf("copying into sandbox %s at %s: the upload", id, dst), err)
 		}
 	}

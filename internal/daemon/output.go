@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -121,7 +123,7 @@ type countingConn struct {
 
 func (c *countingConn) Receive(msg any) error {
 	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
-		return err
+		return cutShort(err)
 	}
 	if m, ok := msg.(*rochev1.CopyToRequest); ok {
 		c.n += int64(len(m.TarChunk))
@@ -131,4 +133,17 @@ func (c *countingConn) Receive(msg any) error {
 		}
 	}
 	return nil
+}
+
+// cutShort makes a request that ended mid-message (an envelope whose prefix or body was
+// cut short) the caller's error, INVALID_ARGUMENT, where connect reports it as
+// INTERNAL, a fault of the server's. Whatever cut it (a client that sent half a message,
+// or went away), roched did nothing wrong.
+func cutShort(err error) error {
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce.Code() == connect.CodeInternal && strings.HasPrefix(ce.Message(), "protocol error:") {
+		return connect.NewError(connect.CodeInvalidArgument,
+			fmt.Errorf("%w: the request ended mid-message (%s): send whole messages", roche.ErrInvalidConfig, ce.Message()))
+	}
+	return err
 }

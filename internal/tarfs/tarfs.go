@@ -36,6 +36,8 @@ var (
 	ErrIsDir = errors.New("is a directory")
 	// ErrEmpty: the archive held no entry at all.
 	ErrEmpty = errors.New("the archive was empty")
+	// ErrMalformed: the stream is not a tar archive, or one cut short.
+	ErrMalformed = errors.New("not a whole tar archive")
 )
 
 // LinkPolicy says what Extract and Filter do with a symlink entry.
@@ -246,7 +248,7 @@ func Filter(r io.Reader, w io.Writer, root string, opts Options) (Report, error)
 			break
 		}
 		if err != nil {
-			return c.rep, fmt.Errorf("reading archive: %w", err)
+			return c.rep, fmt.Errorf("reading archive: %w", malformed(err))
 		}
 		seen = true
 		rest, skip, err := c.check(hdr)
@@ -279,7 +281,7 @@ func Filter(r io.Reader, w io.Writer, root string, opts Options) (Report, error)
 		}
 		if out.Typeflag == tar.TypeReg {
 			if _, err := io.CopyN(tw, tr, hdr.Size); err != nil {
-				return c.rep, fmt.Errorf("copying %s: %w", hdr.Name, err)
+				return c.rep, fmt.Errorf("copying %s: %w", hdr.Name, malformed(err))
 			}
 		}
 		c.counted(hdr)
@@ -288,4 +290,14 @@ func Filter(r io.Reader, w io.Writer, root string, opts Options) (Report, error)
 		return c.rep, ErrEmpty
 	}
 	return c.rep, tw.Close()
+}
+
+// malformed marks what archive/tar reports of a stream that is not a tar archive, or
+// that ends mid-entry, as ErrMalformed; an error of the reader beneath (a connection's)
+// stays as it is.
+func malformed(err error) error {
+	if errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrFieldTooLong) {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return err
 }
