@@ -538,13 +538,17 @@ daemons' sandboxes on the engine (a daemon's own are best left to it).`,
 }
 
 func (e *env) cpCommand() *cobra.Command {
-	var preserveLinks, asJSON bool
+	var preserveLinks, asJSON, noTargetDir bool
 	var maxBytes string
 	c := &cobra.Command{
-		Use:   "cp [--preserve-links] [--max-bytes SIZE] SRC DST",
+		Use:   "cp [--preserve-links] [--max-bytes SIZE] [-T] SRC DST",
 		Short: "Copy files between the host and a sandbox",
 		Long: `Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path).
-Parent directories are created; ID:/path must be absolute; DST is the new name.
+ID:/path must be absolute. As with cp and docker cp, on either side: when DST is a
+directory that exists, or ends with / (a directory, made when missing), SRC goes inside
+it under its own name (roche cp f ID:/tmp makes /tmp/f); otherwise DST is the new name,
+its parent directories made when missing. -T (--no-target-directory) makes DST the new
+name always. A symlink at DST on the host is not followed: it is replaced, as below.
 
 Copying out never writes outside DST. Nothing at or below DST is followed if it is a
 symlink (one already there is replaced), and the sandbox's symlinks are left out, with a
@@ -558,7 +562,8 @@ symlinks), even while the sandbox changes it through a read-write mount.
 One copy moves at most --max-bytes of file content (default 1g): the file that would
 pass the cap is refused before any of it is written. Through roched, its own cap
 (roched --copy-max-bytes) applies too.`,
-		Example: `  roche cp ./data.csv "$id":/tmp/data.csv
+		Example: `  roche cp ./data.csv "$id":/tmp            # /tmp/data.csv
+  roche cp ./data.csv "$id":/tmp/in/        # /tmp/in/data.csv, /tmp/in made
   roche cp "$id":/tmp/results ./results
   roche cp --preserve-links --max-bytes 4g "$id":/workspace/repo ./repo`,
 		Args: cobra.ExactArgs(2),
@@ -600,8 +605,16 @@ pass the cap is refused before any of it is written. Through roched, its own cap
 				if _, err := os.Lstat(srcPath); err != nil {
 					return fmt.Errorf("%w: host path %s does not exist", roche.ErrNotFound, srcPath)
 				}
+				if !noTargetDir {
+					if dstPath, err = intoSandboxDir(ctx, p, tc, id, srcPath, dstPath); err != nil {
+						return err
+					}
+				}
 				rep, err = roche.CopyIn(ctx, tc, id, srcPath, dstPath, opts)
 			} else {
+				if !noTargetDir {
+					dstPath = intoHostDir(srcPath, dstPath)
+				}
 				rep, err = roche.CopyOut(ctx, tc, id, srcPath, dstPath, opts)
 			}
 			if err != nil {
@@ -619,6 +632,7 @@ pass the cap is refused before any of it is written. Through roched, its own cap
 	c.Flags().BoolVar(&preserveLinks, "preserve-links", false, "copying out, make the sandbox's symlinks that point inside DST (others are still left out)")
 	c.Flags().StringVar(&maxBytes, "max-bytes", "1g", "most file content the copy may move, e.g. 512m or 4g")
 	c.Flags().BoolVar(&asJSON, "json", false, "print what was copied and left out as JSON (files, dirs, links, bytes, skipped, ...)")
+	c.Flags().BoolVarP(&noTargetDir, "no-target-directory", "T", false, "DST is the new name even when it is a directory or ends with / (as cp -T)")
 	return c
 }
 

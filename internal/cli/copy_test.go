@@ -182,12 +182,16 @@ func testSymlinkSwap(t *testing.T, r rocheBin, id string) {
 
 func testPlantedBelow(t *testing.T, r rocheBin, id string) {
 	v := providertest.VictimDir(t)
-	dst := filepath.Join(t.TempDir(), "out")
+	host := t.TempDir()
+	dst := filepath.Join(host, "out")
 	os.MkdirAll(dst, 0o755)
 	os.Symlink(v, filepath.Join(dst, "sub"))
 	os.Symlink(filepath.Join(v, "keep"), filepath.Join(dst, "f"))
 	r.ok(t, "exec", "--sandbox", id, "--", "sh", "-c", "mkdir -p /tmp/out/sub && echo pwned > /tmp/out/sub/keep && echo pwned > /tmp/out/f")
-	r.ok(t, "cp", id+":/tmp/out", dst)
+	// Into the directory that holds the planted links (host/out, as cp does), and onto it.
+	r.ok(t, "cp", id+":/tmp/out", host)
+	providertest.CheckVictim(t, v)
+	r.ok(t, "cp", "-T", id+":/tmp/out", dst)
 	providertest.CheckVictim(t, v)
 	for _, p := range []string{"sub", "f"} {
 		if fi, err := os.Lstat(filepath.Join(dst, p)); err != nil || fi.Mode()&os.ModeSymlink != 0 {
@@ -363,6 +367,57 @@ func TestCopyInRace(t *testing.T) {
 				t.Fatalf("the race was not live: %v links and files copied", kinds)
 			}
 			t.Logf("%d rounds: %s copied as the symlink, %s as the file, none as the host file", rounds, kinds[0], kinds[1])
+		})
+	}
+}
+
+// TestCopyIntoDirectories: roche cp reads DST as cp and docker cp do, both ways, in
+// direct mode and through roched: a directory that exists, or a path ending with /, gets
+// SRC inside it under its own name; anything else is the new name; -T makes it the new
+// name always. (roche cp f ID:/tmp once failed, "/tmp is on the sandbox's read-only
+// root", and ID:/tmp/sub/ made a file named sub.)
+func TestCopyIntoDirectories(t *testing.T) {
+	for name, r := range modes(t) {
+		t.Run(name, func(t *testing.T) {
+			id := r.sandbox(t)
+			host := t.TempDir()
+			f := filepath.Join(host, "f.txt")
+			if err := os.WriteFile(f, []byte("data\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(host, "d")
+			if err := os.MkdirAll(filepath.Join(dir, "in"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "in", "g"), []byte("g\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r.ok(t, "cp", f, id+":/tmp")
+			r.ok(t, "cp", f, id+":/tmp/sub/")
+			r.ok(t, "cp", f, id+":/tmp/named")
+			r.ok(t, "cp", dir, id+":/tmp/sub")
+			r.ok(t, "exec", "--sandbox", id, "--", "mkdir", "/tmp/t")
+			r.ok(t, "cp", "-T", dir, id+":/tmp/t")
+			got := r.ok(t, "exec", "--sandbox", id, "--", "sh", "-c",
+				"cd /tmp && find f.txt sub named t -print | sort && cat f.txt sub/f.txt named sub/d/in/g t/in/g")
+			want := "f.txt\nnamed\nsub\nsub/d\nsub/d/in\nsub/d/in/g\nsub/f.txt\nt\nt/in\nt/in/g\ndata\ndata\ndata\ng\ng\n"
+			if got != want {
+				t.Errorf("in the sandbox after copying in:\n%s\nwant\n%s", got, want)
+			}
+
+			out := t.TempDir()
+			r.ok(t, "cp", id+":/tmp/f.txt", out)
+			r.ok(t, "cp", id+":/tmp/f.txt", filepath.Join(out, "new")+"/")
+			r.ok(t, "cp", id+":/tmp/f.txt", filepath.Join(out, "renamed"))
+			r.ok(t, "cp", id+":/tmp/sub/d", out)
+			for p, want := range map[string]string{"f.txt": "data\n", "new/f.txt": "data\n", "renamed": "data\n", "d/in/g": "g\n"} {
+				if b, err := os.ReadFile(filepath.Join(out, p)); err != nil || string(b) != want {
+					t.Errorf("on the host after copying out, %s: %q %v, want %q", p, b, err, want)
+				}
+			}
+			if res := r.run(t, "cp", "--help"); !strings.Contains(res.stdout, "ends with /") || !strings.Contains(res.stdout, "--no-target-directory") {
+				t.Errorf("roche cp --help does not say how DST is read:\n%s", res.stdout)
+			}
 		})
 	}
 }

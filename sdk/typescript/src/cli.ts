@@ -485,7 +485,7 @@ export class CLITransport implements Transport {
       const src = join(tmp, name);
       await writeFile(src, data);
       await chmod(src, mode & 0o7777);
-      await this.call(["cp", "--json", src, `${sid}:${path}`], d);
+      await this.call(["cp", "--json", "-T", src, `${sid}:${path}`], d);
     } finally {
       await rm(tmp, { recursive: true, force: true });
     }
@@ -495,7 +495,7 @@ export class CLITransport implements Transport {
     const tmp = await mkdtemp(join(tmpdir(), "roche-"));
     try {
       const dst = join(tmp, "file");
-      const out = await this.call(["cp", "--json", "--max-bytes", String(maxBytes), `${sid}:${path}`, dst], d);
+      const out = await this.call(["cp", "--json", "-T", "--max-bytes", String(maxBytes), `${sid}:${path}`, dst], d);
       const report = parseJSON(out, "cp") as { skipped_links?: number };
       const st = await stat(dst).catch(() => undefined);
       if (!st && (report?.skipped_links ?? 0) > 0) {

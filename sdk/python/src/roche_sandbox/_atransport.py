@@ -503,7 +503,7 @@ class AsyncCLITransport:
             with open(src, "wb") as f:
                 f.write(data)
             os.chmod(src, mode & 0o7777)
-            await self._call(["cp", src, f"{sid}:{path}"], d)
+            await self._call(["cp", "-T", src, f"{sid}:{path}"], d)
 
     async def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")

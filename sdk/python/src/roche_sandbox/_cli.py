@@ -48,8 +48,9 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
 
 
 def cp_args(src: str, dst: str, max_bytes: Optional[int], preserve_links: bool) -> list[str]:
-    """`roche cp --json`, which prints what it copied and left out."""
-    a = ["cp", "--json"]
+    """`roche cp --json -T`, which prints what it copied and left out; dst is the new name
+    even when it is a directory (-T), as the SDK's copies are."""
+    a = ["cp", "--json", "-T"]
     if max_bytes:
         a += ["--max-bytes", str(max_bytes)]
     if preserve_links:

@@ -463,7 +463,7 @@ class CLITransport:
             with open(src, "wb") as f:
                 f.write(data)
             os.chmod(src, mode & 0o7777)
-            self._call(["cp", src, f"{sid}:{path}"], d)
+            self._call(["cp", "-T", src, f"{sid}:{path}"], d)
 
     def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")
