@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/providers"
 )
 
@@ -57,13 +58,29 @@ func (e *env) addDaemonFlags(root *cobra.Command) {
 // refuseManaged refuses to act in-process on a sandbox roched made while roched is not
 // answering: it may depend on what only roched applies (the env and workdir of a pooled
 // sandbox, an expiry earlier than the engine's), which acting directly would silently
-// drop. --direct says to go ahead without them.
+// drop. --direct says to go ahead without them. The sandbox's own owner says whether a
+// roched made it, so the guard holds whether or not roched's state file is where the
+// socket says (roched --state), readable and whole.
 func (e *env) refuseManaged(id string, p roche.Provider) error {
-	if _, remote := p.(*client.Provider); remote || e.daemon.direct || !client.DaemonManaged(e.daemon.socket, id) {
+	if _, remote := p.(*client.Provider); remote || e.daemon.direct {
+		return nil
+	}
+	if !client.DaemonManaged(e.daemon.socket, id) && !daemonOwned(p, id) {
 		return nil
 	}
 	return fmt.Errorf("%w: sandbox %s is managed by roched, which is not answering on %s: start it (roche daemon start) or pass --direct to act on it without its env and workdir",
 		roche.ErrUnavailable, id, e.daemon.socket)
+}
+
+// daemonOwned reports whether sandbox id carries a roched's owner. A sandbox that cannot
+// be inspected is left to the command, which fails the same way (not found, an engine
+// that does not answer). For Docker the inspect is not an extra round trip: the
+// provider keeps what it verified for the command's own lookup.
+func daemonOwned(p roche.Provider, id string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	sb, err := p.Inspect(ctx, id)
+	return err == nil && strings.HasPrefix(sb.Owner, defaults.DaemonOwnerPrefix)
 }
 
 // connect probes the daemon once. A missing socket fails at once; a hung daemon gets a

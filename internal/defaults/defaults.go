@@ -52,3 +52,8 @@ func StandardSocket() string {
 func StateFile(socket string) string {
 	return strings.TrimSuffix(socket, ".sock") + ".state.json"
 }
+
+// DaemonOwnerPrefix begins the owner (roche.Config.Owner) of every sandbox a roched makes
+// (internal/ledger, owner.go): the sandbox itself says it is a daemon's, whatever became
+// of that daemon's state file.
+const DaemonOwnerPrefix = "roched:"

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/roche-sandbox/roche/internal/defaults"
 )
 
 // Owners. Every sandbox roched makes carries roche.Config.Owner
@@ -25,7 +27,7 @@ import (
 // before owners existed) is left alone: not listed, not counted, not reaped. Each ends
 // at its own lifetime anyway.
 
-const ownerPrefix = "roched:"
+const ownerPrefix = defaults.DaemonOwnerPrefix
 
 // newInstance makes a daemon instance id.
 func newInstance() string {
