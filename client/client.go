@@ -19,11 +19,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -233,6 +235,40 @@ func (c *Client) fromRPC(err error) error {
 		return roche.RetryAfter(e, after)
 	}
 	return e
+}
+
+// lostDuringCommand is fromRPC for a command's call: when the connection to roched
+// broke after the call was made (roched killed, or its connection cut), the caller hears
+// that, what became of the command (roche-agent stops a command whose caller's
+// connection is gone, and roched was its caller) and that the sandbox itself lives on,
+// not connect's "protocol error: incomplete envelope".
+func (c *Client) lostDuringCommand(err error, id string) error {
+	if !connectionLost(err) {
+		return c.fromRPC(err)
+	}
+	var ce *connect.Error
+	errors.As(err, &ce)
+	return &Error{
+		Code: connect.CodeUnavailable,
+		Message: fmt.Sprintf("roched went away while the command ran in sandbox %s (%s: %s): the command was stopped with it; "+
+			"the sandbox stays, for roched to serve again once restarted (roche daemon start), unless it was held (roche run, create --hold), which ends within seconds",
+			id, c.where, ce.Message()),
+		sentinel: roche.ErrUnavailable,
+	}
+}
+
+// connectionLost reports whether err is the connection to roched breaking during a call
+// (the stream or the response cut off), as opposed to roched's own answer or a dial that
+// found nobody.
+func connectionLost(err error) bool {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return false
+	}
+	if _, withDetail := wire.FromStatus(ce); withDetail || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+		return false
+	}
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // ProviderInfo names a provider the daemon serves and what it supports.

@@ -1,8 +1,12 @@
 package faults
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +70,79 @@ func TestGuardHoldsWithoutTheStateFile(t *testing.T) {
 	if r.code != 0 || r.stdout != "unset\n" {
 		t.Errorf("roche --direct exec: %+v, want it run without the pool's env", r)
 	}
+	if err := real.Destroy(context.Background(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	noneLeft(t, real, img, 30*time.Second)
+}
+
+// TestRochedKilledUnderForegroundCommands kills roched outright while two commands run
+// through it in a sandbox it made for a client: one from the CLI (roche exec, which
+// streams its output) and one from the Go client's unary Exec. Both callers hear, in one
+// line, that roched went away, that the command was stopped with it and that the
+// sandbox stays, never a bare "protocol error: incomplete envelope"; and it does: the
+// sandbox answers afterwards, the commands no longer run.
+func TestRochedKilledUnderForegroundCommands(t *testing.T) {
+	real := realProvider(t)
+	img := privateImage(t)
+	rd := startRochedProc(t)
+	cfg := roche.DefaultConfig()
+	cfg.Image = img
+	sb, err := rd.c.Provider("docker").Create(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer real.Destroy(context.Background(), sb.ID)
+
+	cli := exec.Command(filepath.Join(binDir, "roche"), "exec", "--sandbox", sb.ID, "--", "sh", "-c", "echo started; exec sleep 301")
+	cli.Env = append(os.Environ(), "ROCHE_SOCKET="+rd.socket)
+	stdout, err := cli.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cli.Stderr = &stderr
+	if err := cli.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Process.Kill()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "started\n" {
+		t.Fatalf("roche exec through roched printed %q, %v", line, err)
+	}
+	unary := make(chan error, 1)
+	go func() {
+		_, err := rd.c.Provider("docker").Exec(context.Background(), sb.ID,
+			roche.ExecRequest{Cmd: []string{"sh", "-c", "touch /tmp/unary; exec sleep 302"}})
+		unary <- err
+	}()
+	running := func(what string) int {
+		res, err := real.Exec(context.Background(), sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c",
+			"for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^" + what + "' || true"}})
+		if err != nil {
+			t.Fatalf("looking for %s in the sandbox: %v", what, err)
+		}
+		return int(res.Stdout[0] - '0')
+	}
+	eventually(t, 30*time.Second, "the unary Exec's command to start", func() bool {
+		return running("sleep 302") == 1
+	})
+
+	rd.kill(t)
+	waitExit(t, cli, 10*time.Second)
+	want := "roched went away while the command ran in sandbox " + sb.ID
+	for who, msg := range map[string]string{"roche exec": strings.TrimSpace(stderr.String()), "the Go client's Exec": fmt.Sprint(<-unary)} {
+		if !strings.Contains(msg, want) || !strings.Contains(msg, "the command was stopped with it") ||
+			!strings.Contains(msg, "the sandbox stays") || strings.Contains(msg, "\n") {
+			t.Errorf("%s with roched killed: %q, want one line saying %q, what became of the command and of the sandbox", who, msg, want)
+		}
+	}
+	if code := cli.ProcessState.ExitCode(); code == 0 {
+		t.Errorf("roche exec exited 0 with roched killed under it")
+	}
+	eventually(t, 10*time.Second, "the commands to have stopped", func() bool {
+		return running("sleep 30") == 0
+	})
 	if err := real.Destroy(context.Background(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
