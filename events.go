@@ -84,13 +84,27 @@ type Prober interface {
 	Probe(ctx context.Context, id string) error
 }
 
-// Claimer is implemented by providers whose engine keeps, with each sandbox, whose it is
-// and when it ends where others can read them (a Pod's labels and annotations): a
-// sandbox handed out from a warm pool is relabelled for its new holder, so that whoever
-// lists the engine later (a roched restarted without its state, a gc, an operator) sees
-// the holder and the end the client got, not the pool's.
+// Claimer is implemented by providers that keep, with each sandbox, whose it is and
+// when it ends where others can read them (a Pod's labels and annotations; a Docker
+// sandbox's agent directory on the host; an oci, wasm or microVM sandbox's record on
+// disk): a sandbox handed out from a warm pool is claimed for its new holder, so that
+// whoever lists the provider later (a roched restarted without its state, a gc, an
+// operator) sees the holder and the end the client got, not the pool's. List and
+// Inspect report a claimed sandbox's Owner and ExpiresAt from its claim.
 type Claimer interface {
-	// Claim records that sandbox id is now owner's and ends at expires, never later than
-	// the end it was made with.
-	Claim(ctx context.Context, id, owner string, expires time.Time) error
+	// Claim records that sandbox id is now c.Owner's and ends at c.Expires, never later
+	// than the end it was made with, with what its holder applies to each command.
+	Claim(ctx context.Context, id string, c Claim) error
+	// Claimed returns the claim recorded for sandbox id, ok false when it has none.
+	Claimed(ctx context.Context, id string) (c Claim, ok bool, err error)
+}
+
+// Claim is what a sandbox handed out from a warm pool is to its holder. Env and Workdir
+// are what the holder's create asked for, which the pool could not give the sandbox when
+// it made it: whoever serves the sandbox (roched) applies them to each command.
+type Claim struct {
+	Owner   string            `json:"owner"`
+	Expires time.Time         `json:"expires"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
 }

@@ -32,7 +32,13 @@ type rochedProc struct {
 // and waits until it answers. At the test's end one still running is stopped gracefully.
 func startRochedProc(t *testing.T, args ...string) *rochedProc {
 	t.Helper()
-	dir := shortDir(t)
+	return startRochedIn(t, shortDir(t), args...)
+}
+
+// startRochedIn is startRochedProc with the socket and state file in dir, where a
+// roched before it may have left its state.
+func startRochedIn(t *testing.T, dir string, args ...string) *rochedProc {
+	t.Helper()
 	socket := filepath.Join(dir, "roched.sock")
 	cmd := exec.Command(filepath.Join(binDir, "roched"),
 		append([]string{"--socket", socket, "--state", filepath.Join(dir, "state.json"), "--log-level", "debug"}, args...)...)

@@ -148,3 +148,108 @@ func TestRochedKilledUnderForegroundCommands(t *testing.T) {
 	}
 	noneLeft(t, real, img, 30*time.Second)
 }
+
+// TestStateFileLostKeepsClientSandboxes does what the fault matrix did: roched, with a
+// pool, hands sandboxes to a client, some from the pool (each with the env, workdir and
+// lifetime its create asked for) and some made for it, and is killed outright; its state
+// file is then cut short. The next roched refuses to start on it, saying to move it
+// aside; moved aside as told, the one after finds every client sandbox again from the
+// sandboxes themselves (the pooled ones from their claims: the pool's owner label
+// alone once had 11 of 13 destroyed as pool leftovers) and serves them as before: the
+// same ids, env, workdir and end. Only the dead daemon's idle pool members go.
+func TestStateFileLostKeepsClientSandboxes(t *testing.T) {
+	real := realProvider(t)
+	img := privateImage(t)
+	dir := shortDir(t)
+	state := filepath.Join(dir, "state.json")
+	rd := startRochedIn(t, dir, "--pool", "docker/"+img+"?min=3&max=3")
+	eventually(t, 2*time.Minute, "the pool to fill", func() bool {
+		idle, creating, _ := rd.poolCounts(t)
+		return idle == 3 && creating == 0
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	type made struct {
+		sb     roche.SandboxInfo
+		pooled bool
+		env    string
+	}
+	var mine []made
+	for i := range 5 {
+		cfg := roche.DefaultConfig()
+		cfg.Image = img
+		cfg.TimeoutSecs = 240 + 10*i
+		env := fmt.Sprintf("client-%d", i)
+		cfg.Env = map[string]string{"WHO": env}
+		if i < 3 {
+			cfg.Workdir = fmt.Sprintf("/tmp/wd%d", i)
+		} else {
+			cfg.Memory = "256m" // not the pool's: made for it
+		}
+		sb, pooled, err := rd.c.Create(ctx, "docker", cfg)
+		if err != nil || pooled != (i < 3) {
+			t.Fatalf("create %d: pooled %v, %v", i, pooled, err)
+		}
+		defer real.Destroy(context.Background(), sb.ID)
+		mine = append(mine, made{sb, pooled, env})
+	}
+	eventually(t, 2*time.Minute, "the pool to refill", func() bool {
+		idle, creating, _ := rd.poolCounts(t)
+		return idle == 3 && creating == 0
+	})
+	rd.kill(t)
+
+	b, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(state, b[:len(b)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	refused := exec.Command(filepath.Join(binDir, "roched"), "--socket", rd.socket, "--state", state)
+	out, err := refused.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "move it aside") {
+		t.Fatalf("roched on a state file cut short: %v\n%s\nwant it refused, saying to move the file aside", err, out)
+	}
+	if err := os.Rename(state, state+".bad"); err != nil {
+		t.Fatal(err)
+	}
+	next := startRochedIn(t, dir)
+	list, err := next.c.Provider("docker").List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mine {
+		var found *roche.SandboxInfo
+		for i := range list {
+			if list[i].ID == m.sb.ID {
+				found = &list[i]
+			}
+		}
+		if found == nil {
+			t.Errorf("sandbox %s (pooled %v) is not served after the state file was lost", m.sb.ID, m.pooled)
+			continue
+		}
+		if d := found.ExpiresAt.Sub(m.sb.ExpiresAt); d < -time.Second || d > time.Second {
+			t.Errorf("sandbox %s (pooled %v) ends at %v, the client was told %v", m.sb.ID, m.pooled, found.ExpiresAt, m.sb.ExpiresAt)
+		}
+		want := m.env + " /\n"
+		if m.pooled {
+			want = m.env + " /tmp/wd" + m.env[len(m.env)-1:] + "\n"
+		}
+		res, err := next.c.Provider("docker").Exec(ctx, m.sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo $WHO $PWD"}})
+		if err != nil || res.Stdout != want {
+			t.Errorf("exec in sandbox %s (pooled %v) after the state file was lost: %q %v, want %q", m.sb.ID, m.pooled, res.Stdout, err, want)
+		}
+	}
+	if len(list) != len(mine) {
+		t.Errorf("the next roched serves %d sandboxes, want the client's %d", len(list), len(mine))
+	}
+	for _, m := range mine {
+		if err := next.c.Provider("docker").Destroy(ctx, m.sb.ID); err != nil {
+			t.Error(err)
+		}
+	}
+	// The dead daemon's idle pool members were destroyed as leftovers.
+	noneLeft(t, real, img, 30*time.Second)
+}

@@ -18,9 +18,10 @@ import (
 //
 // INSTANCE is a random id kept in the state file, so a roched restarted on the same state
 // file is the same owner; STATEKEY names the state file itself (a hash of the host name
-// and its absolute path). roched adopts a sandbox it has no record of only when it is its
-// own (its INSTANCE and STATEKEY: a create cut short by a crash) or when its owner is
-// provably gone: made by a roched on this very state file with another INSTANCE. That
+// and its absolute path). Of the sandboxes it has no record of, roched destroys its own
+// (its INSTANCE and STATEKEY: a create cut short by a crash, whose client was told it
+// failed) and adopts those whose owner is provably gone: made by a roched on this very
+// state file with another INSTANCE. That
 // daemon's state was lost (the file was removed or set aside, which is what made a new
 // INSTANCE), and it cannot be running, because this daemon holds the state file's lock.
 // Everything else on the engine (other daemons', direct-mode CLI users', sandboxes made

@@ -69,8 +69,14 @@ func (l *Ledger) Reset(ctx context.Context, tn *Tenant, id string, keepWorkspace
 	l.saveOrWarn()
 	sb.ExpiresAt, sb.Owner = rec.ExpiresAt, l.ownerFor(tn.Name)
 
-	// A sandbox from the pool was given its workdir after it was made; the new one is
-	// made from the pool's config, so it needs it again.
+	// A sandbox from the pool was claimed for its holder after it was made; the new one
+	// is made from the pool's config, so it needs its claim, and its workdir, again.
+	if c, ok := t.Provider.(roche.Claimer); ok && t.rec != nil && t.rec.Pool != "" {
+		claim := roche.Claim{Owner: l.ownerFor(tn.Name), Expires: rec.ExpiresAt, Env: maps.Clone(rec.Env), Workdir: rec.Workdir}
+		if err := c.Claim(cctx, sb.ID, claim); err != nil {
+			l.log.Warn("claiming a reset pooled sandbox for its holder (a restart without the state file would take it for the pool's)", "id", sb.ID, "err", err)
+		}
+	}
 	if t.rec != nil && t.rec.Pool != "" && t.rec.Workdir != "" {
 		if err := makeWorkdir(cctx, t.Provider, sb.ID, t.rec.Workdir); err != nil {
 			return sb, fmt.Errorf("sandbox %s was reset to %s, but its workdir %s could not be made again: %w", t.ID, sb.ID, t.rec.Workdir, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -239,9 +240,26 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	if ctx.Err() != nil {
 		return roche.SandboxInfo{}, false, l.abandon(ctx, sb.ID, "creating a sandbox", "the sandbox made for it")
 	}
-	l.saveOrWarn()
+	if err := l.saveCreated(sb.ID); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
 	l.obs.Created("cold", time.Since(start))
 	return sb, false, nil
+}
+
+// saveCreated saves the record of a sandbox just made or handed out for a client, before
+// the client hears of it. One the state file does not hold is destroyed after a crash,
+// as a create the crash cut short (reconcile), so when the save fails the create fails
+// too and the sandbox goes now: a client is never told of a sandbox a restart would lose.
+func (l *Ledger) saveCreated(id string) error {
+	err := l.save()
+	if err == nil {
+		return nil
+	}
+	l.log.Error("saving state for a create: failing the create", "id", id, "err", err)
+	l.markDestroying(id)
+	return fmt.Errorf("%w: roched could not save its state file, so a restart would not know the sandbox is yours: %v "+
+		"(it was destroyed; free the state file's disk or fix its directory, then create again)", roche.ErrUnavailable, err)
 }
 
 // maxPooledEnv bounds the env a create served from a pool may have: it is kept in the
@@ -275,9 +293,12 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	owner := l.ownerFor(t.Name)
 	if c, ok := pl.Provider().(roche.Claimer); ok {
-		// Where the engine keeps the holder (a Pod's labels), a roched restarted without
-		// its state still finds the sandbox as the tenant's, ending when the client was told.
-		if err := c.Claim(ctx, sb.ID, owner, expires); err != nil {
+		// The sandbox itself keeps its holder (a Pod's labels, a file beside a Docker
+		// sandbox's agent socket, an oci, wasm or VM record), so that a roched restarted
+		// without its state still finds it as the tenant's, ending when the client was
+		// told, with its env and workdir.
+		claim := roche.Claim{Owner: owner, Expires: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir}
+		if err := c.Claim(ctx, sb.ID, claim); err != nil {
 			l.log.Warn("a pooled sandbox could not be claimed for its client: destroying it and creating one", "id", sb.ID, "err", err)
 			l.markDestroying(sb.ID)
 			return roche.SandboxInfo{}, false, nil
@@ -296,7 +317,9 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 	}
 	l.mu.Unlock()
 	// Saved before the client hears of it: a crash now must not destroy it as a leftover.
-	l.saveOrWarn()
+	if err := l.saveCreated(sb.ID); err != nil {
+		return roche.SandboxInfo{}, false, err
+	}
 	sb.ExpiresAt = expires
 	sb.State = roche.StateRunning
 	sb.Owner = owner
@@ -658,10 +681,11 @@ func (l *Ledger) recover(ctx context.Context) error {
 // reconcile compares the records with what each provider lists. Records of vanished
 // sandboxes are dropped; at start-up, idle pooled sandboxes of the previous daemon are
 // destroyed, as are expired and stopped ones. Of the sandboxes the daemon has no record
-// of, only its own and the orphans of its state file are adopted (see owner.go): a
-// tenant's is served to that tenant and reaped at its expiry, a pool's is a leftover and
-// destroyed. At start-up its own are the creates a crash cut short; later they are
-// creates in flight, which record themselves. Everything else is left alone.
+// of, only the orphans of its state file are adopted (see owner.go): a tenant's is
+// served to that tenant and reaped at its expiry, a pool's is a leftover and destroyed.
+// Its own without a record are, at start-up, creates a crash cut short, whose clients
+// heard only that they failed: destroyed; later they are creates in flight, which record
+// themselves. Everything else is left alone.
 func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 	for _, name := range l.names {
 		p := l.providers[name]
@@ -675,7 +699,7 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 		for _, sb := range list {
 			live[sb.ID] = sb
 		}
-		var leftovers, stale []string
+		var leftovers, stale, cutShort, adoptedIDs []string
 		adopted := 0
 		l.mu.Lock()
 		for id, r := range l.sandboxes {
@@ -711,6 +735,12 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 				ExpiresAt: sb.ExpiresAt, Paused: sb.State == roche.StatePaused, adopted: true, since: now,
 			}
 			switch {
+			case class == ownOwner:
+				// Made by a create the crash cut short: every sandbox a client was told
+				// of is in the state file, saved before the reply (saveCreated), so this
+				// one's client heard only that its create failed.
+				r.Kind = KindDestroying
+				cutShort = append(cutShort, id)
 			case tenant == "":
 				r.Kind = KindDestroying
 				leftovers = append(leftovers, id)
@@ -719,17 +749,43 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 				stale = append(stale, id)
 			default:
 				adopted++
+				adoptedIDs = append(adoptedIDs, id)
 			}
 			l.sandboxes[id] = r
 		}
 		l.mu.Unlock()
-		if len(leftovers)+len(stale)+adopted > 0 {
+		l.readClaims(ctx, p, adoptedIDs)
+		if len(leftovers)+len(stale)+len(cutShort)+adopted > 0 {
 			l.log.Info("reconciled with provider", "provider", name, "pool_leftovers_destroyed", len(leftovers),
-				"stale_destroyed", len(stale), "adopted", adopted)
+				"stale_destroyed", len(stale), "cut_short_destroyed", len(cutShort), "adopted", adopted)
 		}
-		for _, id := range append(leftovers, stale...) {
+		for _, id := range slices.Concat(leftovers, stale, cutShort) {
 			l.startRemoval(id)
 		}
+	}
+}
+
+// readClaims gives adopted sandboxes that were handed out from a pool the env and
+// workdir their holders' creates asked for, from the claims the sandboxes keep
+// (roche.Claimer): their owner and end came with the provider's list.
+func (l *Ledger) readClaims(ctx context.Context, p roche.Provider, ids []string) {
+	cl, ok := p.(roche.Claimer)
+	if !ok {
+		return
+	}
+	for _, id := range ids {
+		c, ok, err := cl.Claimed(ctx, id)
+		if err != nil {
+			l.log.Warn("reconcile: reading an adopted sandbox's claim: serving it without its env and workdir", "id", id, "err", err)
+		}
+		if !ok {
+			continue
+		}
+		l.mu.Lock()
+		if r := l.sandboxes[id]; r != nil {
+			r.Env, r.Workdir = maps.Clone(c.Env), c.Workdir
+		}
+		l.mu.Unlock()
 	}
 }
 

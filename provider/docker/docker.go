@@ -904,6 +904,7 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
 		s.agent = agent.NewClient(filepath.Join(s.agentDir, agentSocket))
+		p.claimed(s.agentDir, &s.cfg.Owner, &s.expires)
 		if c.State != nil && c.State.Running {
 			p.ensureEgress(s)
 		}
@@ -1090,11 +1091,15 @@ func (p *Provider) List(ctx context.Context) (_ []roche.SandboxInfo, err error) 
 		if img == "" {
 			img = c.Image
 		}
-		out = append(out, roche.SandboxInfo{
+		info := roche.SandboxInfo{
 			ID: c.ID, Provider: p.Name(), Image: img, State: stateOf(c.State),
 			CreatedAt: time.Unix(c.Created, 0), ExpiresAt: expiresFromLabels(c.Labels),
 			Transport: c.Labels[LabelTransport], Owner: cfg.Owner,
-		})
+		}
+		if info.Transport == TransportAgent {
+			p.claimed(c.Labels[LabelAgentDir], &info.Owner, &info.ExpiresAt)
+		}
+		out = append(out, info)
 	}
 	return out, nil
 }

@@ -20,12 +20,14 @@ var (
 )
 
 // Claim implements roche.Claimer: one merge patch of the Pod gives it its new owner
-// (AnnotationOwner, and in the config it carries), its new end (LabelExpires) and an activeDeadlineSeconds that ends it
+// (AnnotationOwner, and in the config it carries), its new end (LabelExpires), the
+// holder's env and workdir (AnnotationClaim) and an activeDeadlineSeconds that ends it
 // then, so that the labels alone say whose it is and until when (a roched restarted
 // without its state adopts it from them; gc reaps it at its own end, not the pool's). The
 // kubelet counts the deadline from the Pod's start and lets it only shrink, which a
 // claim always does: a client's lifetime is within what the pool gave the sandbox.
-func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Time) error {
+func (p *Provider) Claim(ctx context.Context, id string, c roche.Claim) error {
+	owner, expires := c.Owner, c.Expires
 	if p.noCluster != nil {
 		return p.noCluster
 	}
@@ -60,10 +62,14 @@ func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Tim
 	if err != nil {
 		return err
 	}
+	held, err := json.Marshal(claimed{Env: c.Env, Workdir: c.Workdir})
+	if err != nil {
+		return err
+	}
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{
 			"labels":      map[string]string{LabelExpires: strconv.FormatInt(expires.Unix(), 10)},
-			"annotations": map[string]string{AnnotationOwner: owner, AnnotationConfig: string(cfgJSON)},
+			"annotations": map[string]string{AnnotationOwner: owner, AnnotationConfig: string(cfgJSON), AnnotationClaim: string(held)},
 		},
 		"spec": map[string]any{"activeDeadlineSeconds": deadline},
 	})
@@ -76,6 +82,31 @@ func (p *Provider) Claim(ctx context.Context, id, owner string, expires time.Tim
 	s.expires, s.cfg = expires, cfg
 	p.remember(s)
 	return nil
+}
+
+// claimed is AnnotationClaim: what a claim adds to what the labels say.
+type claimed struct {
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+}
+
+// Claimed implements roche.Claimer, from the Pod's annotations and labels.
+func (p *Provider) Claimed(ctx context.Context, id string) (roche.Claim, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	pod, err := p.get(ctx, id)
+	if err != nil {
+		return roche.Claim{}, false, err
+	}
+	raw, ok := pod.Annotations[AnnotationClaim]
+	if !ok {
+		return roche.Claim{}, false, nil
+	}
+	var h claimed
+	if err := json.Unmarshal([]byte(raw), &h); err != nil {
+		return roche.Claim{}, false, fmt.Errorf("sandbox %s: its claim annotation: %w", id, err)
+	}
+	return roche.Claim{Owner: pod.Annotations[AnnotationOwner], Expires: expiresOf(pod.Labels), Env: h.Env, Workdir: h.Workdir}, true, nil
 }
 
 // Probe implements roche.Prober: the sandbox's agent answers through its relay session,

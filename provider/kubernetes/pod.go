@@ -43,6 +43,9 @@ const (
 	// AnnotationPidsMax is the sandbox's process limit, which a cgroup v2 node's Pod
 	// reads as its pids.max (pidsCgroupMask).
 	AnnotationPidsMax = "roche.pids-max"
+	// AnnotationClaim, on a pooled sandbox claimed for a holder (Claim), is the env and
+	// workdir the holder's create asked for, as JSON.
+	AnnotationClaim = "roche.claim"
 )
 
 // Container and volume names in a sandbox's Pod.

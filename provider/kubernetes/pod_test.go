@@ -231,12 +231,13 @@ func TestClaimRelabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := p.Claim(ctx, pp.id, "roched:a.b/t", pp.expires.Add(time.Second)); !errors.Is(err, roche.ErrInvalidConfig) {
+	if err := p.Claim(ctx, pp.id, roche.Claim{Owner: "roched:a.b/t", Expires: pp.expires.Add(time.Second)}); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Errorf("a claim past the Pod's end: %v, want ErrInvalidConfig", err)
 	}
 	calls := len(cs.Actions())
 	expires := time.Now().Add(120 * time.Second)
-	if err := p.Claim(ctx, pp.id, "roched:a.b/t", expires); err != nil {
+	held := roche.Claim{Owner: "roched:a.b/t", Expires: expires, Env: map[string]string{"K": "v"}, Workdir: "/tmp/w"}
+	if err := p.Claim(ctx, pp.id, held); err != nil {
 		t.Fatal(err)
 	}
 	var patches int
@@ -264,6 +265,10 @@ func TestClaimRelabels(t *testing.T) {
 	}
 	if got.Labels[LabelManaged] != "true" || got.Labels[LabelUID] != "1900000005" {
 		t.Errorf("the claim lost other labels: %v", got.Labels)
+	}
+	c, ok, err := p.Claimed(ctx, pp.id)
+	if err != nil || !ok || c.Owner != held.Owner || c.Expires.Unix() != expires.Unix() || c.Env["K"] != "v" || c.Workdir != "/tmp/w" {
+		t.Errorf("the claim read back: %+v %v %v, want %+v", c, ok, err, held)
 	}
 }
 

@@ -284,6 +284,9 @@ type record struct {
 	StartBy time.Time `json:"start_by"`
 	UID     int       `json:"uid"` // the drawn uid, -1 for the caller's own user
 	ImageID string    `json:"image_id"`
+	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config.Owner
+	// and Expires are then the claim's.
+	Claim *roche.Claim `json:"claim,omitempty"`
 }
 
 func (p *Provider) sandboxDir(id string) string { return filepath.Join(p.stateDir, id) }

@@ -166,6 +166,9 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if _, ok := p.(roche.Snapshotter); ok {
 		t.Run("Snapshot", s.testSnapshot)
 	}
+	if _, ok := p.(roche.Claimer); ok {
+		t.Run("Claim", s.testClaim)
+	}
 }
 
 type suite struct {
@@ -601,6 +604,66 @@ func (s *suite) testListAndDestroy(t *testing.T) {
 	}
 	if _, err := s.p.Exec(ctxFor(t, time.Minute), info.ID, roche.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, roche.ErrNotFound) {
 		t.Fatalf("Exec after Destroy: %v, want ErrNotFound", err)
+	}
+}
+
+// testClaim: a sandbox claimed for a holder (as roched claims a pooled one it hands
+// out) is listed and inspected with the holder as its owner and the claim's end, keeps
+// the claim for whoever reads it later, and cannot be claimed past its own end.
+func (s *suite) testClaim(t *testing.T) {
+	cl := s.p.(roche.Claimer)
+	cfg := s.opts.Config
+	cfg.TimeoutSecs = 300
+	cfg.Owner = "providertest-pool:" + strconv.Itoa(os.Getpid())
+	id := s.create(t, cfg)
+	ctx := ctxFor(t, time.Minute)
+	if _, ok, err := cl.Claimed(ctx, id); ok || err != nil {
+		t.Fatalf("Claimed before any claim: %v %v, want none", ok, err)
+	}
+	if info, err := s.p.Inspect(ctx, id); err == nil && info.Transport != "" && info.Transport != "agent" {
+		// Docker's exec API leaves a sandbox nowhere on the host to keep a claim: refused,
+		// so that roched makes one for the create instead of handing out an unclaimed one.
+		if err := cl.Claim(ctx, id, roche.Claim{Owner: "x", Expires: time.Now().Add(time.Minute)}); !errors.Is(err, roche.ErrUnsupported) {
+			t.Errorf("a claim of a sandbox on transport %s: %v, want ErrUnsupported", info.Transport, err)
+		}
+		return
+	}
+	if err := cl.Claim(ctx, id, roche.Claim{Owner: "x", Expires: time.Now().Add(time.Hour)}); !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Errorf("a claim past the sandbox's end: %v, want ErrInvalidConfig", err)
+	}
+	want := roche.Claim{Owner: cfg.Owner + "/holder", Expires: time.Now().Add(time.Minute).Truncate(time.Second),
+		Env: map[string]string{"HELD": "yes"}, Workdir: "/tmp/held"}
+	if err := cl.Claim(ctx, id, want); err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	got, ok, err := cl.Claimed(ctx, id)
+	if err != nil || !ok || got.Owner != want.Owner || !got.Expires.Equal(want.Expires) || got.Env["HELD"] != "yes" || got.Workdir != want.Workdir {
+		t.Errorf("Claimed: %+v %v %v, want %+v", got, ok, err, want)
+	}
+	info, err := s.p.Inspect(ctx, id)
+	if err != nil || info.Owner != want.Owner || !info.ExpiresAt.Equal(want.Expires) {
+		t.Errorf("Inspect after the claim: owner %q, expires %v (%v); want %q, %v", info.Owner, info.ExpiresAt, err, want.Owner, want.Expires)
+	}
+	list, err := s.p.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := false
+	for _, sb := range list {
+		if sb.ID == id {
+			listed = sb.Owner == want.Owner && sb.ExpiresAt.Equal(want.Expires)
+			if !listed {
+				t.Errorf("List after the claim: owner %q, expires %v; want %q, %v", sb.Owner, sb.ExpiresAt, want.Owner, want.Expires)
+			}
+		}
+	}
+	if !listed {
+		t.Errorf("List after the claim does not show sandbox %s as claimed", id)
+	}
+	if s.caps.Processes {
+		if res, err := s.p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"true"}}); err != nil || res.ExitCode != 0 {
+			t.Errorf("exec after the claim: %+v %v", res, err)
+		}
 	}
 }
 

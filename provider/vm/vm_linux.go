@@ -329,6 +329,9 @@ type meta struct {
 	Dir   string `json:"dir"`
 	Vsock string `json:"vsock,omitempty"`
 	API   string `json:"api,omitempty"`
+	// Claim is set once a pooled sandbox is claimed for a holder (claim_linux.go);
+	// Config.Owner and ExpiresAt are then the claim's.
+	Claim *roche.Claim `json:"claim,omitempty"`
 }
 
 // plan is one VM being created.

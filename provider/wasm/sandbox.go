@@ -48,6 +48,9 @@ type record struct {
 	Config    roche.Config `json:"config"`
 	CreatedAt time.Time    `json:"created_at"`
 	ExpiresAt time.Time    `json:"expires_at"`
+	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config.Owner
+	// and ExpiresAt are then the claim's.
+	Claim *roche.Claim `json:"claim,omitempty"`
 }
 
 func (r record) info() roche.SandboxInfo {

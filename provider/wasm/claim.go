@@ -1,0 +1,39 @@
+package wasm
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+)
+
+var _ roche.Claimer = (*Provider)(nil)
+
+// Claim implements roche.Claimer: the sandbox's record on disk (outside the directory
+// the sandbox sees) takes the holder as its owner and the claim's end as its own, and
+// keeps the claim.
+func (p *Provider) Claim(_ context.Context, id string, c roche.Claim) error {
+	rec, err := p.lookup(id)
+	if err != nil {
+		return err
+	}
+	if c.Expires.After(rec.ExpiresAt) {
+		return fmt.Errorf("%w: sandbox %s ends at %s: it cannot be claimed until %s", roche.ErrInvalidConfig, id,
+			rec.ExpiresAt.Format(time.RFC3339), c.Expires.Format(time.RFC3339))
+	}
+	rec.Config.Owner, rec.ExpiresAt, rec.Claim = c.Owner, c.Expires, &c
+	if err := writeRecord(p.sandboxDir(id), rec); err != nil {
+		return fmt.Errorf("%w: claiming sandbox %s: %v", roche.ErrUnavailable, id, err)
+	}
+	return nil
+}
+
+// Claimed implements roche.Claimer.
+func (p *Provider) Claimed(_ context.Context, id string) (roche.Claim, bool, error) {
+	rec, err := p.lookup(id)
+	if err != nil || rec.Claim == nil {
+		return roche.Claim{}, false, err
+	}
+	return *rec.Claim, true, nil
+}
