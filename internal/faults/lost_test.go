@@ -13,6 +13,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/provider/oci"
 )
 
 // TestGuardHoldsWithoutTheStateFile does what the fault matrix did: roched, whose state
@@ -252,4 +253,142 @@ func TestStateFileLostKeepsClientSandboxes(t *testing.T) {
 	}
 	// The dead daemon's idle pool members were destroyed as leftovers.
 	noneLeft(t, real, img, 30*time.Second)
+}
+
+// TestRochedKilledDuringOCICreates does what the fault matrix did: roched is killed
+// outright 0.12 s into 20 concurrent oci creates, and started again on its state file.
+// Every create whose caller was told it failed must leave no live sandbox (the matrix
+// found 5 of 16 adopted and kept for their whole lifetime), and every one told it
+// succeeded is served by the next roched. At the end nothing of them is left: no
+// sandbox directory, cgroup or mount.
+func TestRochedKilledDuringOCICreates(t *testing.T) {
+	img := privateImage(t)
+	local, err := oci.New(oci.WithLogger(testLogger(t))) // roched's state directory, as root
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Close()
+	ours := func() map[string]bool {
+		list, err := local.List(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]bool{}
+		for _, sb := range list {
+			if sb.Image == img {
+				ids[sb.ID] = true
+			}
+		}
+		return ids
+	}
+	defer func() {
+		for id := range ours() {
+			t.Errorf("oci sandbox %s left", id)
+			local.Destroy(context.Background(), id)
+		}
+	}()
+
+	dir := shortDir(t)
+	rd := startRochedIn(t, dir)
+	// The image unpacked into the provider's cache first, so that the creates race
+	// only with the kill.
+	cfg := roche.DefaultConfig()
+	cfg.Image = img
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	warm, err := rd.c.Provider("oci").Create(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rd.c.Provider("oci").Destroy(ctx, warm.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the first sandbox to be removed", func() bool { return len(ours()) == 0 })
+
+	const creates = 20
+	type outcome struct {
+		id  string
+		err error
+	}
+	outcomes := make(chan outcome, creates)
+	for range creates {
+		go func() {
+			sb, err := rd.c.Provider("oci").Create(ctx, cfg)
+			outcomes <- outcome{sb.ID, err}
+		}()
+	}
+	time.Sleep(120 * time.Millisecond) // the matrix's moment: a fault injected, not a wait
+	rd.kill(t)
+	told := map[string]bool{}
+	failed := 0
+	for range creates {
+		o := <-outcomes
+		if o.err == nil {
+			told[o.id] = true
+		} else {
+			failed++
+		}
+	}
+	made := ours()
+	t.Logf("killed 0.12 s into %d oci creates: %d told they succeeded, %d that they failed; %d oci sandboxes of theirs on disk",
+		creates, len(told), failed, len(made))
+	for id := range told {
+		made[id] = true
+	}
+
+	next := startRochedIn(t, dir)
+	var left map[string]bool
+	eventually(t, time.Minute, "the creates cut short to be destroyed", func() bool {
+		left = ours()
+		for id := range left {
+			if !told[id] {
+				return false
+			}
+		}
+		return true
+	})
+	for id := range told {
+		if !left[id] {
+			t.Errorf("sandbox %s, whose create was told it succeeded, is gone", id)
+			continue
+		}
+		res, err := next.c.Provider("oci").Exec(ctx, id, roche.ExecRequest{Cmd: []string{"true"}})
+		if err != nil || res.ExitCode != 0 {
+			t.Errorf("sandbox %s, whose create was told it succeeded: exec %+v %v", id, res, err)
+		}
+		if err := next.c.Provider("oci").Destroy(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+	eventually(t, time.Minute, "every oci sandbox of the test to be removed", func() bool { return len(ours()) == 0 })
+	// What the sandboxes were made of goes with them, the cut-short ones' too.
+	eventually(t, 30*time.Second, "the sandboxes' directories, cgroups and mounts to go", func() bool {
+		for id := range made {
+			if left := ociRemains(id); len(left) > 0 {
+				t.Logf("%s: %v", id, left)
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// ociRemains lists what is left on the host of oci sandbox id made by a roched (the
+// provider's default directories): its directory, its disk, its cgroups, its mounts.
+func ociRemains(id string) []string {
+	var left []string
+	for _, d := range []string{filepath.Join("/run/roche/oci", id), filepath.Join("/var/lib/roche/oci/sandboxes", id)} {
+		if _, err := os.Lstat(d); err == nil {
+			left = append(left, d)
+		}
+	}
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/roche-" + id)
+	left = append(left, cgroups...)
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, "/"+id+"/") {
+			left = append(left, "mount: "+line)
+		}
+	}
+	return left
 }
