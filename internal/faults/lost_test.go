@@ -7,9 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
@@ -388,6 +393,118 @@ func ociRemains(id string) []string {
 	for _, line := range strings.Split(string(mounts), "\n") {
 		if strings.Contains(line, "/"+id+"/") {
 			left = append(left, "mount: "+line)
+		}
+	}
+	return left
+}
+
+// TestOCITornDownWhenTheAgentExits: an oci sandbox whose roche-agent (PID 1) exits,
+// at the end of its lifetime or killed from the host, is torn down at once by the
+// process that made it (roched, here an oci provider in the test's process): its
+// directory, cgroups, overlay mounts, and the loop device under its writable root's
+// disk, not at the next restart, create or gc.
+func TestOCITornDownWhenTheAgentExits(t *testing.T) {
+	state := filepath.Join("/run/roche-faults", filepath.Base(shortDir(t)))
+	data := filepath.Join("/var/lib/roche-faults", filepath.Base(shortDir(t)))
+	for _, d := range []string{state, data} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := oci.New(oci.WithStateDir(state), oci.WithDataDir(data), oci.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		unix.Unmount(state, 0) // the tmpfs the provider may put its state on
+		os.RemoveAll(state)
+		os.RemoveAll(data)
+	})
+	img := privateImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		name     string
+		lifetime int
+		// end ends the sandbox's agent, within the time it returns.
+		end func(t *testing.T, id string) time.Duration
+	}{
+		{"lifetime over", 3, func(*testing.T, string) time.Duration { return 3 * time.Second }},
+		{"killed", 300, func(t *testing.T, id string) time.Duration {
+			b, err := os.ReadFile(filepath.Join(state, id, "pid"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			return 0
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := roche.DefaultConfig()
+			cfg.Image = img
+			cfg.Writable = true // a sized disk: a loop device to let go of
+			cfg.TimeoutSecs = c.lifetime
+			sb, err := p.Create(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Destroy(context.Background(), sb.ID)
+			remains := func() []string {
+				return remainsOf(sb.ID, filepath.Join(state, sb.ID), filepath.Join(data, "sandboxes", sb.ID))
+			}
+			before := remains()
+			if !slices.ContainsFunc(before, func(s string) bool { return strings.HasPrefix(s, "loop device") }) ||
+				!slices.ContainsFunc(before, func(s string) bool { return strings.HasPrefix(s, "mount") }) {
+				t.Fatalf("a live writable sandbox shows no loop device or mount to watch: %v", before)
+			}
+			within := c.end(t, sb.ID)
+			ended := time.Now()
+			var left []string
+			eventually(t, within+5*time.Second+margin, "the ended sandbox to be torn down", func() bool {
+				left = remains()
+				return len(left) == 0
+			})
+			t.Logf("torn down %v after it was ended (%d things it held)", time.Since(ended).Round(100*time.Millisecond), len(before))
+			if list, err := p.List(ctx); err != nil || slices.ContainsFunc(list, func(s roche.SandboxInfo) bool { return s.ID == sb.ID }) {
+				t.Errorf("still listed after it was torn down: %v %v", list, err)
+			}
+		})
+	}
+}
+
+// remainsOf lists what is left on the host of oci sandbox id: its directories, cgroups,
+// mounts below them and loop devices backed by a file below them.
+func remainsOf(id string, dirs ...string) []string {
+	var left []string
+	for _, d := range dirs {
+		if _, err := os.Lstat(d); err == nil {
+			left = append(left, d)
+		}
+	}
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/roche-" + id)
+	left = append(left, cgroups...)
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		for _, d := range dirs {
+			if strings.Contains(line, " "+d+"/") || strings.Contains(line, " "+d+" ") {
+				left = append(left, "mount: "+line)
+			}
+		}
+	}
+	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range backing {
+		b, _ := os.ReadFile(f)
+		for _, d := range dirs {
+			if strings.HasPrefix(strings.TrimSpace(string(b)), d+"/") {
+				left = append(left, "loop device "+f+": "+strings.TrimSpace(string(b)))
+			}
 		}
 	}
 	return left

@@ -89,6 +89,13 @@ type Provider struct {
 	uids    map[string]int
 	leases  agentfwd.Leases
 	proxies proxies
+	// exitWatches are the pidfds of the sandboxes whose PID 1 this process watches, to
+	// tear each down when it exits (exit_linux.go); exitClosed: Close stopped them.
+	exitWatches map[string]*os.File
+	exitClosed  bool
+	exitWaits   sync.WaitGroup
+	// tearing marks the teardowns under way, one per sandbox at a time.
+	tearing map[string]chan struct{}
 
 	lastSweep atomic.Int64
 	sweeps    sync.WaitGroup
@@ -192,6 +199,7 @@ func New(opts ...Option) (*Provider, error) {
 // Close lets go of leases (those sandboxes stop within the grace) and stops the egress
 // proxies this process serves.
 func (p *Provider) Close() error {
+	p.stopExitWatches()
 	p.leases.DropAll()
 	p.proxies.stopAll()
 	p.sweeps.Wait()
@@ -345,6 +353,7 @@ func (p *Provider) load(id string) (*sandbox, error) {
 	}
 	s = &sandbox{record: r, dir: dir}
 	s.agent = agent.NewClient(filepath.Join(s.runDir(), agentSocket))
+	p.watchExit(s)
 	return s, nil
 }
 

@@ -306,8 +306,9 @@ func TestRunscRefused(t *testing.T) {
 
 // TestRestartFindsSandboxes: a new process (a new Provider on the same directories) finds
 // a live sandbox from what is on disk and reaches its agent; once the sandbox's lifetime
-// ended, GC clears it away, mounts, disk and all; a create that died half-way (a record,
-// nothing running, past its start-by) is cleared too.
+// ended, that process tears it down at once, mounts, disk and all (it watches the PID 1
+// of each sandbox it finds); a create that died half-way (a record, nothing running, past
+// its start-by) is cleared by GC.
 func TestRestartFindsSandboxes(t *testing.T) {
 	first, state := newProvider(t)
 	ctx := context.Background()
@@ -344,13 +345,13 @@ func TestRestartFindsSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	testenv.Eventually(t, 30*time.Second, "the sandbox to stop at the end of its lifetime", func() bool {
-		got, err := again.Inspect(ctx, info.ID)
-		return err == nil && got.State == roche.StateExited
+	testenv.Eventually(t, 30*time.Second, "the sandbox to be torn down at the end of its lifetime", func() bool {
+		_, err := again.Inspect(ctx, info.ID)
+		return errors.Is(err, roche.ErrNotFound)
 	})
 	removed, err := again.GC(ctx, roche.GCOptions{})
-	if err != nil || len(removed) != 2 {
-		t.Fatalf("GC removed %+v (%v), want the ended sandbox and the dead create", removed, err)
+	if err != nil || len(removed) != 1 || removed[0].ID != "oci-00000000deadbeef" {
+		t.Fatalf("GC removed %+v (%v), want the dead create", removed, err)
 	}
 	if list, _ := again.List(ctx); len(list) != 0 {
 		t.Fatalf("list after GC: %+v", list)

@@ -146,6 +146,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		}
 	}
 	p.remember(s)
+	p.watchExit(s)
 	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "runtime", rt.name, "took", time.Since(now),
 		"prepare", tPrep.Sub(now), "mount+spec", tMount.Sub(tPrep), "run+ready", time.Since(tMount))
 	return p.info(s, roche.StateRunning), nil
@@ -285,8 +286,11 @@ func makeStubs(stubs, image string, points []mountPoint) error {
 }
 
 // teardown removes everything of sandbox s: the container, its mounts, its disk and its
-// directory. It is idempotent, and safe on a half-made sandbox.
+// directory. It is idempotent, and safe on a half-made sandbox. Teardowns of one sandbox
+// run one at a time (a destroy, and the watch of its PID 1 that sees the exit the
+// destroy causes).
 func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) error {
+	defer p.tearingDown(s.ID)()
 	p.forget(s.ID)
 	p.leases.Drop(s.ID)
 	p.proxies.stop(s.runDir())
@@ -309,6 +313,33 @@ func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) err
 		return fmt.Errorf("destroying sandbox %s: %w", s.ID, err)
 	}
 	return nil
+}
+
+// tearingDown waits for a teardown of sandbox id under way to end, marks one under way,
+// and returns what ends it.
+func (p *Provider) tearingDown(id string) (done func()) {
+	p.mu.Lock()
+	for {
+		busy, ok := p.tearing[id]
+		if !ok {
+			break
+		}
+		p.mu.Unlock()
+		<-busy
+		p.mu.Lock()
+	}
+	if p.tearing == nil {
+		p.tearing = map[string]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	p.tearing[id] = ch
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		delete(p.tearing, id)
+		p.mu.Unlock()
+		close(ch)
+	}
 }
 
 // runtimeOf returns the runtime that made s: its name is in the record.
