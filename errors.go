@@ -2,6 +2,7 @@ package roche
 
 import (
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -49,4 +50,48 @@ func RetryDelay(err error) (time.Duration, bool) {
 		return r.after, true
 	}
 	return 0, false
+}
+
+// ErrNotConfigured: the provider is not set up on this host at all (no Docker engine
+// started here, no Kubernetes cluster configured), unlike one set up that fails now (an
+// engine that hangs or refuses). It is ErrUnavailable too. A list or count across
+// providers leaves such a provider out without a word, and says when it skipped one that
+// is set up (PartialError).
+var ErrNotConfigured error = notConfigured{}
+
+type notConfigured struct{}
+
+func (notConfigured) Error() string        { return "provider not set up here" }
+func (notConfigured) Is(target error) bool { return target == ErrUnavailable }
+
+// NotConfigured marks err, a provider's ErrUnavailable, as ErrNotConfigured, its text
+// unchanged.
+func NotConfigured(err error) error { return &notConfiguredError{err} }
+
+type notConfiguredError struct{ err error }
+
+func (e *notConfiguredError) Error() string        { return e.err.Error() }
+func (e *notConfiguredError) Unwrap() error        { return e.err }
+func (e *notConfiguredError) Is(target error) bool { return target == ErrNotConfigured }
+
+// PartialError is returned, with what the others answered, by a list or count across
+// providers that could not ask some of them: a caller reading the result alone would
+// take what those hold for nothing. Providers not set up here (ErrNotConfigured) are not
+// skipped but absent, and are not in it.
+type PartialError struct {
+	Skipped []SkippedProvider
+}
+
+// SkippedProvider is a provider a list or count left out, and why.
+type SkippedProvider struct {
+	Provider string
+	Err      error
+}
+
+func (e *PartialError) Error() string {
+	parts := make([]string, 0, len(e.Skipped))
+	for _, s := range e.Skipped {
+		parts = append(parts, s.Provider+" ("+s.Err.Error()+")")
+	}
+	return "incomplete: skipped " + strings.Join(parts, "; ")
 }

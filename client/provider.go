@@ -166,7 +166,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 	for _, sb := range resp.Msg.Sandboxes {
 		out = append(out, wire.InfoFromProto(sb))
 	}
-	return out, nil
+	return out, wire.SkippedFromProto(resp.Msg.Skipped)
 }
 
 // Pause implements roche.Pauser.
@@ -191,7 +191,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	for _, sb := range resp.Msg.Removed {
 		out = append(out, wire.InfoFromProto(sb))
 	}
-	return out, nil
+	return out, wire.SkippedFromProto(resp.Msg.Skipped)
 }
 
 // copyChunk is the size of each uploaded piece of the tar stream.

@@ -85,6 +85,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 		return int(code)
 	}
 	status, msg := exitError, oneLine(err)
+	if partial(err) {
+		status = exitIncomplete
+	}
 	var sig interrupt.Signal
 	if errors.As(context.Cause(ctx), &sig) {
 		status, msg = sig.ExitCode(), fmt.Sprintf("interrupted (%s): %s", sig, msg)
@@ -92,7 +95,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 	if asked, _ := cmd.Flags().GetBool("json"); asked {
 		// What asked for JSON gets its error as JSON too: programs (the SDKs) read the
 		// reason instead of matching English.
-		body := jsonErrorBody{Reason: wire.Reason(err), Message: msg}
+		body := jsonErrorBody{Reason: wire.Reason(err), Message: msg, Skipped: skippedOf(err)}
+		if body.Skipped != nil {
+			body.Reason = "incomplete"
+		}
 		if after, ok := roche.RetryDelay(err); ok {
 			body.RetryAfterMs = max(after.Milliseconds(), 1)
 		}
@@ -117,6 +123,9 @@ type jsonErrorBody struct {
 	Reason       string `json:"reason"`
 	Message      string `json:"message"`
 	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
+	// Skipped, with reason "incomplete", are the providers a list or count skipped
+	// (exit status 3): what it printed lacks their part.
+	Skipped []skippedJSON `json:"skipped,omitempty"`
 }
 
 // oneLine keeps an error to a single line.

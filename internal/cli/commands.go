@@ -455,11 +455,11 @@ its owner: "cli:USER@HOST" for the CLI, "roched:..." for a daemon.`,
 				}
 				return err
 			})
-			if err != nil {
+			if err != nil && !partial(err) {
 				return err
 			}
 			if asJSON {
-				return e.printJSON(all)
+				return e.printListJSON("sandboxes", all, err)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			if anyOwner {
@@ -474,10 +474,13 @@ its owner: "cli:USER@HOST" for the CLI, "roched:..." for a daemon.`,
 				}
 				fmt.Fprintln(tw)
 			}
-			return tw.Flush()
+			if ferr := tw.Flush(); ferr != nil {
+				return ferr
+			}
+			return err // incomplete: exit 3, saying which providers were skipped
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	c.Flags().BoolVar(&asJSON, "json", false, `print a JSON array; when a provider was skipped (exit 3), {"sandboxes": [...], "skipped": [...]}`)
 	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --direct, every Roche sandbox on the engine, whoever made it")
 	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
 	return c

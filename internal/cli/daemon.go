@@ -65,22 +65,27 @@ func (e *env) refuseManaged(id string, p roche.Provider) error {
 	if _, remote := p.(*client.Provider); remote || e.daemon.direct {
 		return nil
 	}
-	if !client.DaemonManaged(e.daemon.socket, id) && !daemonOwned(p, id) {
-		return nil
+	if !client.DaemonManaged(e.daemon.socket, id) {
+		owned, err := daemonOwned(p, id)
+		if err != nil && !errors.Is(err, roche.ErrNotFound) {
+			return err // the command's own call would fail the same way, after as long
+		}
+		if !owned {
+			return nil
+		}
 	}
 	return fmt.Errorf("%w: sandbox %s is managed by roched, which is not answering on %s: start it (roche daemon start) or pass --direct to act on it without its env and workdir",
 		roche.ErrUnavailable, id, e.daemon.socket)
 }
 
-// daemonOwned reports whether sandbox id carries a roched's owner. A sandbox that cannot
-// be inspected is left to the command, which fails the same way (not found, an engine
-// that does not answer). For Docker the inspect is not an extra round trip: the
-// provider keeps what it verified for the command's own lookup.
-func daemonOwned(p roche.Provider, id string) bool {
+// daemonOwned reports whether sandbox id carries a roched's owner. For Docker the
+// inspect is not an extra round trip: the provider keeps what it verified for the
+// command's own lookup.
+func daemonOwned(p roche.Provider, id string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	sb, err := p.Inspect(ctx, id)
-	return err == nil && strings.HasPrefix(sb.Owner, defaults.DaemonOwnerPrefix)
+	return err == nil && strings.HasPrefix(sb.Owner, defaults.DaemonOwnerPrefix), err
 }
 
 // connect probes the daemon once. A missing socket fails at once; a hung daemon gets a

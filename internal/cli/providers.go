@@ -152,15 +152,23 @@ func (r *registry) forID(id string) (roche.Provider, error) {
 }
 
 // each calls fn for the named provider, or for every known one when name is empty. With
-// no name, unavailable providers are skipped (a machine without Docker still lists its
-// wasm sandboxes) unless every one is unavailable.
+// no name, providers not set up here (roche.ErrNotConfigured: no engine started, no
+// cluster configured) are passed over (a machine without Docker still lists its wasm
+// sandboxes); one set up but unavailable (an engine that hangs or refuses) is skipped
+// too, and the result then is a *roche.PartialError naming it, after fn ran for the
+// others, so that a list or count says it is incomplete. When no provider answered at
+// all, the first one's error is returned.
 func (r *registry) each(ctx context.Context, name string, fn func(roche.Provider) error) error {
-	_, err := r.eachSkipping(ctx, name, fn)
+	skipped, err := r.eachSkipping(ctx, name, fn)
+	if err == nil && len(skipped) > 0 {
+		return &roche.PartialError{Skipped: skipped}
+	}
 	return err
 }
 
-// eachSkipping is each, also returning the errors of the unavailable providers it skipped.
-func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.Provider) error) ([]error, error) {
+// eachSkipping is each, returning the providers set up but unavailable that it skipped
+// apart from the error.
+func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.Provider) error) ([]roche.SkippedProvider, error) {
 	names := []string{name}
 	if name == "" {
 		names = providers.Names()
@@ -169,6 +177,7 @@ func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.
 		return nil, err
 	}
 	var errs, unavailable []error
+	var skipped []roche.SkippedProvider
 	notConfigured := 0
 	for _, n := range names {
 		p, err := r.use(n)
@@ -177,18 +186,14 @@ func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.
 		}
 		switch {
 		case err == nil:
-		case name == "" && providers.NotConfigured(err):
-			// Never set up (kubernetes without a cluster): nothing of it to list.
-			r.log.Debug("provider not configured", "provider", n, "err", err)
+		case name == "" && errors.Is(err, roche.ErrNotConfigured):
+			// Never set up here (kubernetes without a cluster, no Docker socket): nothing
+			// of it to list, and nothing skipped.
+			r.log.Debug("provider not set up here", "provider", n, "err", err)
 			notConfigured++
 		case name == "" && isUnavailable(err):
-			if errors.Is(err, roche.ErrTimeout) {
-				// Installed but hanging, unlike one that is simply absent: say so.
-				r.log.Warn("skipping a provider whose engine is not answering", "provider", n, "err", err)
-			} else {
-				r.log.Debug("provider unavailable", "provider", n, "err", err)
-			}
 			unavailable = append(unavailable, err)
+			skipped = append(skipped, roche.SkippedProvider{Provider: n, Err: err})
 		default:
 			errs = append(errs, err)
 		}
@@ -196,20 +201,23 @@ func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.
 	if len(unavailable) > 0 && len(unavailable)+notConfigured == len(names) {
 		return nil, unavailable[0]
 	}
-	return unavailable, errors.Join(errs...)
+	return skipped, errors.Join(errs...)
 }
 
 // eachKeeper calls fn with the named provider, or with every one, as the T that keeps
 // what ("workspaces", "snapshots"). Without a name, providers that keep none are
 // skipped, including those roched serves without them.
 func eachKeeper[T any](ctx context.Context, r *registry, name, what string, fn func(T) error) error {
-	_, err := eachKeeperSkipping(ctx, r, name, what, fn)
+	skipped, err := eachKeeperSkipping(ctx, r, name, what, fn)
+	if err == nil && len(skipped) > 0 {
+		return &roche.PartialError{Skipped: skipped}
+	}
 	return err
 }
 
-// eachKeeperSkipping is eachKeeper, also returning the errors of the unavailable
-// providers it skipped.
-func eachKeeperSkipping[T any](ctx context.Context, r *registry, name, what string, fn func(T) error) ([]error, error) {
+// eachKeeperSkipping is eachKeeper, returning the providers set up but unavailable that
+// it skipped apart from the error.
+func eachKeeperSkipping[T any](ctx context.Context, r *registry, name, what string, fn func(T) error) ([]roche.SkippedProvider, error) {
 	return r.eachSkipping(ctx, name, func(p roche.Provider) error {
 		k, ok := p.(T)
 		if !ok {
@@ -244,7 +252,7 @@ func removeKept[T any](ctx context.Context, r *registry, provider, what, name st
 	case err != nil || removed:
 		return err
 	case notFound != nil && len(skipped) > 0:
-		return fmt.Errorf("%w; not searched: %v", notFound, skipped[0])
+		return fmt.Errorf("%w; not searched: %s: %v", notFound, skipped[0].Provider, skipped[0].Err)
 	case notFound != nil:
 		return notFound
 	}

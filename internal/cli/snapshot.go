@@ -64,21 +64,24 @@ it persists on its own.`,
 				snaps = append(snaps, list...)
 				return err
 			})
-			if err != nil {
+			if err != nil && !partial(err) {
 				return err
 			}
 			if asJSON, _ := cmd.Flags().GetBool("json"); asJSON {
-				return e.printJSON(snaps)
+				return e.printListJSON("snapshots", snaps, err)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tPROVIDER\tFROM IMAGE\tCREATED")
 			for _, sn := range snaps {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", sn.Name, sn.Provider, sn.Image, sn.CreatedAt.Format("2006-01-02 15:04"))
 			}
-			return tw.Flush()
+			if ferr := tw.Flush(); ferr != nil {
+				return ferr
+			}
+			return err // incomplete: exit 3, saying which providers were skipped
 		},
 	}
-	list.Flags().Bool("json", false, "print a JSON array")
+	list.Flags().Bool("json", false, `print a JSON array; when a provider was skipped (exit 3), {"snapshots": [...], "skipped": [...]}`)
 	rm := &cobra.Command{
 		Use:     "rm NAME...",
 		Short:   "Remove snapshots",

@@ -37,11 +37,11 @@ refused. A workspace in use by a sandbox cannot be removed; removing one frees i
 				ws = append(ws, list...)
 				return err
 			})
-			if err != nil {
+			if err != nil && !partial(err) {
 				return err
 			}
 			if asJSON, _ := cmd.Flags().GetBool("json"); asJSON {
-				return e.printJSON(ws)
+				return e.printListJSON("workspaces", ws, err)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tPROVIDER\tSIZE\tCREATED\tIN USE BY")
@@ -52,10 +52,13 @@ refused. A workspace in use by a sandbox cannot be removed; removing one frees i
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", w.Name, w.Provider, size, w.CreatedAt.Format("2006-01-02 15:04"), strings.Join(w.InUseBy, ","))
 			}
-			return tw.Flush()
+			if ferr := tw.Flush(); ferr != nil {
+				return ferr
+			}
+			return err // incomplete: exit 3, saying which providers were skipped
 		},
 	}
-	list.Flags().Bool("json", false, "print a JSON array")
+	list.Flags().Bool("json", false, `print a JSON array; when a provider was skipped (exit 3), {"workspaces": [...], "skipped": [...]}`)
 	rm := &cobra.Command{
 		Use:     "rm NAME...",
 		Short:   "Remove workspaces and their files",

@@ -205,9 +205,10 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 	if req.Msg.All == (len(ids) > 0) {
 		return nil, wire.ToStatus(fmt.Errorf("%w: give sandbox ids or all, not both or neither", roche.ErrInvalidConfig))
 	}
+	var skipped []*rochev1.SkippedProvider
 	if req.Msg.All {
 		list, err := s.d.ledger.List(ctx, t, req.Msg.Provider)
-		if err != nil {
+		if skipped = wire.SkippedToProto(err); skipped == nil && err != nil {
 			return nil, wire.ToStatus(err)
 		}
 		// A pool sandbox removed behind the pool's back meanwhile must not be handed out.
@@ -217,7 +218,7 @@ func (s *service) Destroy(ctx context.Context, req *connect.Request[rochev1.Dest
 			ids = append(ids, sb.ID)
 		}
 	}
-	resp := &rochev1.DestroyResponse{}
+	resp := &rochev1.DestroyResponse{Skipped: skipped}
 	var errs []error
 	for _, id := range ids {
 		full, err := s.d.ledger.Destroy(t, id)
@@ -240,10 +241,11 @@ func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListReq
 		return nil, wire.ToStatus(err)
 	}
 	list, err := s.d.ledger.List(ctx, t, req.Msg.Provider)
-	if err != nil {
+	skipped := wire.SkippedToProto(err)
+	if skipped == nil && err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	resp := &rochev1.ListResponse{}
+	resp := &rochev1.ListResponse{Skipped: skipped}
 	for _, sb := range list {
 		resp.Sandboxes = append(resp.Sandboxes, wire.InfoToProto(sb))
 	}
@@ -294,7 +296,8 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 		return nil, wire.ToStatus(err)
 	}
 	list, err := s.d.ledger.List(ctx, t, req.Msg.Provider)
-	if err != nil {
+	skipped := wire.SkippedToProto(err)
+	if skipped == nil && err != nil {
 		return nil, wire.ToStatus(err)
 	}
 	if !req.Msg.DryRun {
@@ -308,7 +311,7 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	resp := &rochev1.GcResponse{}
+	resp := &rochev1.GcResponse{Skipped: skipped}
 	for _, sb := range removed {
 		resp.Removed = append(resp.Removed, wire.InfoToProto(sb))
 	}

@@ -39,9 +39,16 @@ func startRochedProc(t *testing.T, args ...string) *rochedProc {
 // roched before it may have left its state.
 func startRochedIn(t *testing.T, dir string, args ...string) *rochedProc {
 	t.Helper()
+	return startRochedEnv(t, dir, nil, args...)
+}
+
+// startRochedEnv is startRochedIn with env added to roched's environment.
+func startRochedEnv(t *testing.T, dir string, env []string, args ...string) *rochedProc {
+	t.Helper()
 	socket := filepath.Join(dir, "roched.sock")
 	cmd := exec.Command(filepath.Join(binDir, "roched"),
 		append([]string{"--socket", socket, "--state", filepath.Join(dir, "state.json"), "--log-level", "debug"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	r := &rochedProc{cmd: cmd, log: &syncBuffer{}, socket: socket, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = r.log, r.log
 	if err := cmd.Start(); err != nil {

@@ -3,6 +3,7 @@ package faults
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -508,4 +509,72 @@ func remainsOf(id string, dirs ...string) []string {
 		}
 	}
 	return left
+}
+
+// TestSkippedProviderIsNeverSilent does what the fault matrix did, on a private hung
+// engine (a socket that accepts and never answers, as Docker's): every list or count
+// across providers, through roched and in direct mode, says it skipped Docker in its
+// exit status (3), on stderr, and in its JSON (an object with "skipped" instead of the
+// array a script would read as "no sandboxes"). roche list once exited 0 with only its
+// header (or [] with --json) and nothing on stderr.
+func TestSkippedProviderIsNeverSilent(t *testing.T) {
+	hung := "DOCKER_HOST=unix://" + silentSocket(t)
+	rd := startRochedEnv(t, shortDir(t), []string{hung})
+	modes := map[string][]string{
+		"through roched": {"ROCHE_SOCKET=" + rd.socket},
+		// Its own owner: a destroy --all in direct mode reaches only what it made.
+		"direct": append(noDaemon(t), hung, "ROCHE_OWNER=faults-skipped-"+strconv.Itoa(os.Getpid())),
+	}
+	type check struct {
+		args    []string
+		jsonKey string // the key of the list in the JSON object, for --json
+	}
+	checks := []check{
+		{[]string{"list"}, ""},
+		{[]string{"list", "--json"}, "sandboxes"},
+		{[]string{"gc", "--dry-run"}, ""},
+		{[]string{"destroy", "--all"}, ""},
+		{[]string{"workspace", "list", "--json"}, "workspaces"},
+		{[]string{"snapshot", "list", "--json"}, "snapshots"},
+	}
+	type outcome struct {
+		mode string
+		c    check
+		r    result
+	}
+	out := make(chan outcome, len(modes)*len(checks))
+	for mode, env := range modes {
+		for _, c := range checks {
+			go func() { out <- outcome{mode, c, runRoche(t, env, c.args...)} }()
+		}
+	}
+	for range len(modes) * len(checks) {
+		o := <-out
+		what := fmt.Sprintf("%s: roche %s", o.mode, strings.Join(o.c.args, " "))
+		if o.r.code != 3 {
+			t.Errorf("%s with Docker hung: exit %d, want 3 (incomplete): %+v", what, o.r.code, o.r)
+		}
+		if o.c.jsonKey == "" {
+			if !strings.Contains(o.r.stderr, "roche: incomplete: skipped docker (") {
+				t.Errorf("%s: stderr %q does not say docker was skipped", what, o.r.stderr)
+			}
+			continue
+		}
+		var got map[string]json.RawMessage
+		var skipped []struct{ Provider, Reason, Message string }
+		if err := json.Unmarshal([]byte(o.r.stdout), &got); err != nil || got[o.c.jsonKey] == nil ||
+			json.Unmarshal(got["skipped"], &skipped) != nil || len(skipped) == 0 || skipped[0].Provider != "docker" ||
+			skipped[0].Reason != "unavailable" || !strings.Contains(skipped[0].Message, "not answering") {
+			t.Errorf("%s: JSON %q, want {%q: [...], \"skipped\": [docker, unavailable, not answering]}", what, o.r.stdout, o.c.jsonKey)
+		}
+		var line struct {
+			Error struct {
+				Reason  string
+				Skipped []struct{ Provider string }
+			}
+		}
+		if json.Unmarshal([]byte(o.r.stderr), &line) != nil || line.Error.Reason != "incomplete" || len(line.Error.Skipped) == 0 {
+			t.Errorf("%s: stderr %q, want one JSON line with reason incomplete and the skipped providers", what, o.r.stderr)
+		}
+	}
 }

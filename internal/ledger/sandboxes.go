@@ -833,7 +833,9 @@ func (l *Ledger) VerifyIdleSoon() {
 
 // List lists tenant t's sandboxes (every provider's, or one's), with the expiry the
 // daemon enforces; idle pooled and destroyed sandboxes, other tenants' and whatever else
-// is on the engine are left out.
+// is on the engine are left out. Across providers, one that fails is skipped and the
+// error is then a *roche.PartialError naming it, with the others' sandboxes; when every
+// one failed, it is their errors.
 func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.SandboxInfo, error) {
 	names := l.names
 	if provider != "" {
@@ -845,11 +847,13 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 	}
 	out := []roche.SandboxInfo{}
 	var errs []error
+	var skipped []roche.SkippedProvider
 	for _, n := range names {
 		list, err := l.providers[n].List(ctx)
 		if err != nil {
 			l.noteCallError(n, err)
 			errs = append(errs, err)
+			skipped = append(skipped, roche.SkippedProvider{Provider: n, Err: err})
 			continue
 		}
 		l.mu.Lock()
@@ -862,6 +866,9 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 			out = append(out, sb)
 		}
 		l.mu.Unlock()
+	}
+	if len(skipped) > 0 && len(skipped) < len(names) {
+		return out, &roche.PartialError{Skipped: skipped}
 	}
 	return out, errors.Join(errs...)
 }

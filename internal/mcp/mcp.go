@@ -755,15 +755,24 @@ type ListInput struct {
 // ListOutput is the session's live sandboxes.
 type ListOutput struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
+	// Skipped names the providers that could not be asked ("docker: why"): the list
+	// lacks whatever sandboxes they hold.
+	Skipped []string `json:"skipped,omitempty"`
 }
 
 func (s *Server) list(ctx context.Context, req *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, ListOutput, error) {
 	list, err := s.providers.List(ctx, in.Provider)
-	if err != nil {
+	var partial *roche.PartialError
+	if err != nil && !errors.As(err, &partial) {
 		return nil, ListOutput{}, err
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].CreatedAt.Before(list[j].CreatedAt) })
 	out := ListOutput{Sandboxes: make([]Sandbox, 0, len(list))}
+	if partial != nil {
+		for _, sk := range partial.Skipped {
+			out.Skipped = append(out.Skipped, sk.Provider+": "+sk.Err.Error())
+		}
+	}
 	for _, sb := range list {
 		if _, err := s.own(req.Session, sb.ID); err == nil {
 			out.Sandboxes = append(out.Sandboxes, sandboxOf(sb))

@@ -221,6 +221,10 @@ func (e *NotConfiguredError) Error() string {
 
 func (e *NotConfiguredError) Unwrap() error { return roche.ErrUnavailable }
 
+// Is makes it roche.ErrNotConfigured, which a provider returns for what is not set up
+// here, and which crosses roched's API.
+func (e *NotConfiguredError) Is(target error) bool { return target == roche.ErrNotConfigured }
+
 // NotConfigured reports whether err says a provider was not set up at all.
 func NotConfigured(err error) bool {
 	var nc *NotConfiguredError

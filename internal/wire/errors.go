@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -22,17 +23,26 @@ var sentinels = []struct {
 	reason rochev1.ErrorReason
 	// name is the reason as the CLI's JSON errors and the SDKs spell it.
 	name string
+	// detailOnly: a client recovers it from the detail alone, never from the code, which
+	// stands for a wider sentinel.
+	detailOnly bool
+	// back, when set, is what a client recovers instead of err: one error that is both
+	// sentinels the row stands for.
+	back error
 }{
-	{roche.ErrExhausted, connect.CodeResourceExhausted, rochev1.ErrorReason_ERROR_REASON_EXHAUSTED, "exhausted"},
-	{roche.ErrInvalidConfig, connect.CodeInvalidArgument, rochev1.ErrorReason_ERROR_REASON_INVALID_CONFIG, "invalid_config"},
+	// Before ErrUnavailable, which it also is; to the SDKs it is "unavailable".
+	{err: roche.ErrNotConfigured, code: connect.CodeUnavailable, reason: rochev1.ErrorReason_ERROR_REASON_NOT_CONFIGURED, name: "unavailable",
+		detailOnly: true, back: roche.NotConfigured(roche.ErrUnavailable)},
+	{err: roche.ErrExhausted, code: connect.CodeResourceExhausted, reason: rochev1.ErrorReason_ERROR_REASON_EXHAUSTED, name: "exhausted"},
+	{err: roche.ErrInvalidConfig, code: connect.CodeInvalidArgument, reason: rochev1.ErrorReason_ERROR_REASON_INVALID_CONFIG, name: "invalid_config"},
 	// The request is fine; the host lacks the image until someone builds or pulls it.
-	{roche.ErrImageNotFound, connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND, "image_not_found"},
-	{roche.ErrNotFound, connect.CodeNotFound, rochev1.ErrorReason_ERROR_REASON_NOT_FOUND, "not_found"},
-	{roche.ErrInUse, connect.CodeFailedPrecondition, rochev1.ErrorReason_ERROR_REASON_IN_USE, "in_use"},
-	{roche.ErrPermission, connect.CodePermissionDenied, rochev1.ErrorReason_ERROR_REASON_PERMISSION, "permission_denied"},
-	{roche.ErrUnsupported, connect.CodeUnimplemented, rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED, "unsupported"},
-	{roche.ErrUnavailable, connect.CodeUnavailable, rochev1.ErrorReason_ERROR_REASON_UNAVAILABLE, "unavailable"},
-	{roche.ErrTimeout, connect.CodeDeadlineExceeded, rochev1.ErrorReason_ERROR_REASON_TIMEOUT, "timeout"},
+	{err: roche.ErrImageNotFound, code: connect.CodeFailedPrecondition, reason: rochev1.ErrorReason_ERROR_REASON_IMAGE_NOT_FOUND, name: "image_not_found"},
+	{err: roche.ErrNotFound, code: connect.CodeNotFound, reason: rochev1.ErrorReason_ERROR_REASON_NOT_FOUND, name: "not_found"},
+	{err: roche.ErrInUse, code: connect.CodeFailedPrecondition, reason: rochev1.ErrorReason_ERROR_REASON_IN_USE, name: "in_use"},
+	{err: roche.ErrPermission, code: connect.CodePermissionDenied, reason: rochev1.ErrorReason_ERROR_REASON_PERMISSION, name: "permission_denied"},
+	{err: roche.ErrUnsupported, code: connect.CodeUnimplemented, reason: rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED, name: "unsupported"},
+	{err: roche.ErrUnavailable, code: connect.CodeUnavailable, reason: rochev1.ErrorReason_ERROR_REASON_UNAVAILABLE, name: "unavailable"},
+	{err: roche.ErrTimeout, code: connect.CodeDeadlineExceeded, reason: rochev1.ErrorReason_ERROR_REASON_TIMEOUT, name: "timeout"},
 }
 
 // Reason names the core sentinel err wraps as the CLI's JSON errors and the SDKs spell
@@ -180,6 +190,9 @@ func FromStatus(ce *connect.Error) (sentinel error, withDetail bool) {
 		if ed, ok := v.(*rochev1.ErrorDetail); err == nil && ok {
 			for _, s := range sentinels {
 				if s.reason == ed.Reason {
+					if s.back != nil {
+						return s.back, true
+					}
 					return s.err, true
 				}
 			}
@@ -187,7 +200,7 @@ func FromStatus(ce *connect.Error) (sentinel error, withDetail bool) {
 	}
 	var found error
 	for _, s := range sentinels {
-		if s.code != ce.Code() {
+		if s.code != ce.Code() || s.detailOnly {
 			continue
 		}
 		if found != nil {
@@ -197,3 +210,53 @@ func FromStatus(ce *connect.Error) (sentinel error, withDetail bool) {
 	}
 	return found, false
 }
+
+// SkippedToProto is what a list or count across providers sends of the providers it
+// skipped (err a *roche.PartialError), or nil.
+func SkippedToProto(err error) []*rochev1.SkippedProvider {
+	var pe *roche.PartialError
+	if !errors.As(err, &pe) {
+		return nil
+	}
+	out := make([]*rochev1.SkippedProvider, 0, len(pe.Skipped))
+	for _, s := range pe.Skipped {
+		reason := rochev1.ErrorReason_ERROR_REASON_UNSPECIFIED
+		for _, row := range sentinels {
+			if errors.Is(s.Err, row.err) {
+				reason = row.reason
+				break
+			}
+		}
+		out = append(out, &rochev1.SkippedProvider{Provider: s.Provider, Reason: reason, Message: s.Err.Error()})
+	}
+	return out
+}
+
+// SkippedFromProto is the *roche.PartialError a response's skipped providers stand for,
+// or nil when it skipped none.
+func SkippedFromProto(skipped []*rochev1.SkippedProvider) error {
+	if len(skipped) == 0 {
+		return nil
+	}
+	pe := &roche.PartialError{}
+	for _, s := range skipped {
+		var sentinel error
+		for _, row := range sentinels {
+			if row.reason == s.Reason {
+				sentinel = cmp.Or(row.back, row.err)
+				break
+			}
+		}
+		pe.Skipped = append(pe.Skipped, roche.SkippedProvider{Provider: s.Provider, Err: &skippedErr{msg: s.Message, sentinel: sentinel}})
+	}
+	return pe
+}
+
+// skippedErr is a skipped provider's error as it came: its text, and its sentinel.
+type skippedErr struct {
+	msg      string
+	sentinel error
+}
+
+func (e *skippedErr) Error() string { return e.msg }
+func (e *skippedErr) Unwrap() error { return e.sentinel }

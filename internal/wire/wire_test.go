@@ -309,9 +309,43 @@ func TestErrorsRoundTrip(t *testing.T) {
 			t.Errorf("%v: message %q, want the core's %q", s.err, ce.Message(), err.Error())
 		}
 		got, withDetail := FromStatus(ce)
-		if got != s.err || !withDetail {
+		if !errors.Is(got, s.err) || !withDetail {
 			t.Errorf("%v came back as %v (detail %v)", s.err, got, withDetail)
 		}
+	}
+	// Not set up is unavailable too, both ways; a bare UNAVAILABLE is only unavailable.
+	got, _ := FromStatus(ToStatus(roche.NotConfigured(fmt.Errorf("%w: no cluster", roche.ErrUnavailable))).(*connect.Error))
+	if !errors.Is(got, roche.ErrNotConfigured) || !errors.Is(got, roche.ErrUnavailable) {
+		t.Errorf("a provider not set up came back as %v", got)
+	}
+	if got, _ := FromStatus(connect.NewError(connect.CodeUnavailable, errors.New("x"))); got != roche.ErrUnavailable {
+		t.Errorf("bare UNAVAILABLE came back as %v", got)
+	}
+}
+
+// TestSkippedRoundTrip: the providers a list skipped, both ways: names, texts and
+// sentinels kept; none skipped is none either way.
+func TestSkippedRoundTrip(t *testing.T) {
+	pe := &roche.PartialError{Skipped: []roche.SkippedProvider{
+		{Provider: "docker", Err: fmt.Errorf("%w: the Docker engine is not answering", roche.ErrUnavailable)},
+		{Provider: "kubernetes", Err: fmt.Errorf("listing: %w", roche.ErrTimeout)},
+	}}
+	back := SkippedFromProto(SkippedToProto(pe))
+	var got *roche.PartialError
+	if !errors.As(back, &got) || len(got.Skipped) != 2 {
+		t.Fatalf("came back as %v", back)
+	}
+	for i, s := range pe.Skipped {
+		g := got.Skipped[i]
+		if g.Provider != s.Provider || g.Err.Error() != s.Err.Error() {
+			t.Errorf("%d: %s %q, want %s %q", i, g.Provider, g.Err, s.Provider, s.Err)
+		}
+	}
+	if !errors.Is(got.Skipped[0].Err, roche.ErrUnavailable) || !errors.Is(got.Skipped[1].Err, roche.ErrTimeout) {
+		t.Errorf("sentinels lost: %v", got.Skipped)
+	}
+	if SkippedToProto(nil) != nil || SkippedToProto(errors.New("x")) != nil || SkippedFromProto(nil) != nil {
+		t.Error("nothing skipped did not stay nothing")
 	}
 	// Without a detail the code alone decides, where it names one sentinel.
 	if got, _ := FromStatus(connect.NewError(connect.CodeNotFound, errors.New("x"))); got != roche.ErrNotFound {

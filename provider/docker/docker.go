@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/roche-sandbox/roche/agent/agentbin"
@@ -314,8 +315,15 @@ func (p *Provider) engineErr(what string, err error) error {
 		// The caller gave up (a signal); the engine is not at fault.
 		return fmt.Errorf("%s: %w", what, context.Canceled)
 	case client.IsErrConnectionFailed(err) || isConnRefused(err):
-		return fmt.Errorf("%w: the Docker engine is not reachable at %s: start it (sudo dockerd &, or sudo systemctl start docker) or use --provider wasm",
+		err := fmt.Errorf("%w: the Docker engine is not reachable at %s: start it (sudo dockerd &, or sudo systemctl start docker) or use --provider wasm",
 			roche.ErrUnavailable, p.cli.DaemonHost())
+		if p.engineNotHere() {
+			// Nothing was ever started there, or this user may not reach it: Docker is not
+			// set up here for them, which a list across providers passes over, unlike an
+			// engine that refuses or hangs.
+			return roche.NotConfigured(err)
+		}
+		return err
 	case cerrdefs.IsNotFound(err):
 		return fmt.Errorf("%s: %w: %v", what, roche.ErrNotFound, err)
 	case errors.Is(err, context.DeadlineExceeded):
@@ -324,6 +332,19 @@ func (p *Provider) engineErr(what string, err error) error {
 		return fmt.Errorf("%s: %w: %v", what, roche.ErrInvalidConfig, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// engineNotHere reports whether the engine's address is a unix socket that does not
+// exist, or that this user may not write to (not in the docker group).
+func (p *Provider) engineNotHere() bool {
+	path, ok := strings.CutPrefix(p.cli.DaemonHost(), "unix://")
+	if !ok {
+		return false
+	}
+	if _, err := os.Stat(path); err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	return syscall.Access(path, 2 /* W_OK */) == syscall.EACCES
 }
 
 func isConnRefused(err error) bool {

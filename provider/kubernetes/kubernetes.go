@@ -293,7 +293,7 @@ func restConfig(kubeconfig string) (*rest.Config, string, error) {
 	default:
 		cfg, err := rest.InClusterConfig()
 		if err != nil {
-			return nil, "", fmt.Errorf("%w: no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster", roche.ErrUnavailable)
+			return nil, "", roche.NotConfigured(fmt.Errorf("%w: no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster", roche.ErrUnavailable))
 		}
 		return cfg, "the in-cluster configuration (" + cfg.Host + ")", nil
 	}

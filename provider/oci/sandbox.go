@@ -414,6 +414,10 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	if errors.Is(err, os.ErrPermission) && p.canRun() != nil {
+		// Root's sandboxes, out of a user's reach: the provider is not this user's to use.
+		return nil, roche.NotConfigured(p.canRun())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes in %s: %w", p.stateDir, err)
 	}

@@ -159,21 +159,25 @@ const (
 	ErrorReason_ERROR_REASON_EXHAUSTED       ErrorReason = 7
 	ErrorReason_ERROR_REASON_PERMISSION      ErrorReason = 8
 	ErrorReason_ERROR_REASON_IN_USE          ErrorReason = 9
+	// The provider is not set up on this host (no engine started, no cluster configured):
+	// UNAVAILABLE, which a list across providers passes over without a word.
+	ErrorReason_ERROR_REASON_NOT_CONFIGURED ErrorReason = 10
 )
 
 // Enum value maps for ErrorReason.
 var (
 	ErrorReason_name = map[int32]string{
-		0: "ERROR_REASON_UNSPECIFIED",
-		1: "ERROR_REASON_NOT_FOUND",
-		2: "ERROR_REASON_INVALID_CONFIG",
-		3: "ERROR_REASON_UNAVAILABLE",
-		4: "ERROR_REASON_TIMEOUT",
-		5: "ERROR_REASON_UNSUPPORTED",
-		6: "ERROR_REASON_IMAGE_NOT_FOUND",
-		7: "ERROR_REASON_EXHAUSTED",
-		8: "ERROR_REASON_PERMISSION",
-		9: "ERROR_REASON_IN_USE",
+		0:  "ERROR_REASON_UNSPECIFIED",
+		1:  "ERROR_REASON_NOT_FOUND",
+		2:  "ERROR_REASON_INVALID_CONFIG",
+		3:  "ERROR_REASON_UNAVAILABLE",
+		4:  "ERROR_REASON_TIMEOUT",
+		5:  "ERROR_REASON_UNSUPPORTED",
+		6:  "ERROR_REASON_IMAGE_NOT_FOUND",
+		7:  "ERROR_REASON_EXHAUSTED",
+		8:  "ERROR_REASON_PERMISSION",
+		9:  "ERROR_REASON_IN_USE",
+		10: "ERROR_REASON_NOT_CONFIGURED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":     0,
@@ -186,6 +190,7 @@ var (
 		"ERROR_REASON_EXHAUSTED":       7,
 		"ERROR_REASON_PERMISSION":      8,
 		"ERROR_REASON_IN_USE":          9,
+		"ERROR_REASON_NOT_CONFIGURED":  10,
 	}
 )
 
@@ -1953,8 +1958,11 @@ func (*HoldResponse) Descriptor() ([]byte, []int) {
 }
 
 type DestroyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Destroyed     []string               `protobuf:"bytes,1,rep,name=destroyed,proto3" json:"destroyed,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Destroyed []string               `protobuf:"bytes,1,rep,name=destroyed,proto3" json:"destroyed,omitempty"`
+	// skipped, for all: the providers that could not be asked (see ListResponse), whose
+	// sandboxes were not destroyed.
+	Skipped       []*SkippedProvider `protobuf:"bytes,2,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1992,6 +2000,13 @@ func (*DestroyResponse) Descriptor() ([]byte, []int) {
 func (x *DestroyResponse) GetDestroyed() []string {
 	if x != nil {
 		return x.Destroyed
+	}
+	return nil
+}
+
+func (x *DestroyResponse) GetSkipped() []*SkippedProvider {
+	if x != nil {
+		return x.Skipped
 	}
 	return nil
 }
@@ -2042,8 +2057,11 @@ func (x *ListRequest) GetProvider() string {
 }
 
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// skipped are the providers the list could not ask (set up, but failing): the list
+	// lacks whatever they hold. Providers not set up here are not skipped but absent.
+	Skipped       []*SkippedProvider `protobuf:"bytes,2,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2085,6 +2103,74 @@ func (x *ListResponse) GetSandboxes() []*Sandbox {
 	return nil
 }
 
+func (x *ListResponse) GetSkipped() []*SkippedProvider {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+// SkippedProvider is a provider a list across providers left out, and why.
+type SkippedProvider struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Provider      string                 `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	Reason        ErrorReason            `protobuf:"varint,2,opt,name=reason,proto3,enum=roche.v1.ErrorReason" json:"reason,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SkippedProvider) Reset() {
+	*x = SkippedProvider{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SkippedProvider) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SkippedProvider) ProtoMessage() {}
+
+func (x *SkippedProvider) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SkippedProvider.ProtoReflect.Descriptor instead.
+func (*SkippedProvider) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SkippedProvider) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *SkippedProvider) GetReason() ErrorReason {
+	if x != nil {
+		return x.Reason
+	}
+	return ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
+func (x *SkippedProvider) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type InspectRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -2094,7 +2180,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2106,7 +2192,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2119,7 +2205,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *InspectRequest) GetSandboxId() string {
@@ -2138,7 +2224,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2236,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2249,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *InspectResponse) GetSandbox() *Sandbox {
@@ -2182,7 +2268,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2280,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2293,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -2225,7 +2311,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2237,7 +2323,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2250,7 +2336,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 type UnpauseRequest struct {
@@ -2262,7 +2348,7 @@ type UnpauseRequest struct {
 
 func (x *UnpauseRequest) Reset() {
 	*x = UnpauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2360,7 @@ func (x *UnpauseRequest) String() string {
 func (*UnpauseRequest) ProtoMessage() {}
 
 func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2373,7 @@ func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UnpauseRequest) GetSandboxId() string {
@@ -2305,7 +2391,7 @@ type UnpauseResponse struct {
 
 func (x *UnpauseResponse) Reset() {
 	*x = UnpauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2403,7 @@ func (x *UnpauseResponse) String() string {
 func (*UnpauseResponse) ProtoMessage() {}
 
 func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2416,7 @@ func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 type GcRequest struct {
@@ -2345,7 +2431,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2443,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2456,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -2395,15 +2481,17 @@ func (x *GcRequest) GetProvider() string {
 }
 
 type GcResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Removed       []*Sandbox             `protobuf:"bytes,1,rep,name=removed,proto3" json:"removed,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Removed []*Sandbox             `protobuf:"bytes,1,rep,name=removed,proto3" json:"removed,omitempty"`
+	// skipped: the providers that could not be asked (see ListResponse).
+	Skipped       []*SkippedProvider `protobuf:"bytes,2,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2503,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,12 +2516,19 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
 	if x != nil {
 		return x.Removed
+	}
+	return nil
+}
+
+func (x *GcResponse) GetSkipped() []*SkippedProvider {
+	if x != nil {
+		return x.Skipped
 	}
 	return nil
 }
@@ -2454,7 +2549,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2561,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2574,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -2518,7 +2613,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2625,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2638,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 type CopyFromRequest struct {
@@ -2564,7 +2659,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2671,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2684,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -2632,7 +2727,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2644,7 +2739,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2657,7 +2752,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -2704,7 +2799,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2716,7 +2811,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2729,7 +2824,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Pool) GetKey() string {
@@ -2873,7 +2968,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +2980,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +2993,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 type PoolStatusResponse struct {
@@ -2910,7 +3005,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3017,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3030,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -2957,7 +3052,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2969,7 +3064,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2982,7 +3077,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -3008,7 +3103,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3020,7 +3115,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3033,7 +3128,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -3053,7 +3148,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3065,7 +3160,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3078,7 +3173,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -3098,7 +3193,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3205,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3218,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -3148,7 +3243,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3160,7 +3255,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3173,7 +3268,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 type ListProvidersResponse struct {
@@ -3185,7 +3280,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3197,7 +3292,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3210,7 +3305,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -3230,7 +3325,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +3337,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3350,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -3297,7 +3392,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3309,7 +3404,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3322,7 +3417,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -3420,7 +3515,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3527,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3540,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -3472,7 +3567,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3484,7 +3579,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3497,7 +3592,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -3523,7 +3618,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3535,7 +3630,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3548,7 +3643,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Workspace) GetName() string {
@@ -3596,7 +3691,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3703,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +3716,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -3640,7 +3735,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3652,7 +3747,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3665,7 +3760,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -3687,7 +3782,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3699,7 +3794,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3712,7 +3807,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -3737,7 +3832,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +3844,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +3857,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -3779,7 +3874,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3791,7 +3886,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3804,7 +3899,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Snapshot) GetName() string {
@@ -3845,7 +3940,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3857,7 +3952,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3870,7 +3965,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -3896,7 +3991,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +4003,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +4016,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3941,7 +4036,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3953,7 +4048,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3966,7 +4061,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -3985,7 +4080,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3997,7 +4092,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4010,7 +4105,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -4032,7 +4127,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4044,7 +4139,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4057,7 +4152,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -4082,7 +4177,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4094,7 +4189,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4107,7 +4202,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -4120,7 +4215,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4227,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4240,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -4174,7 +4269,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4186,7 +4281,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4199,7 +4294,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -4279,7 +4374,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4291,7 +4386,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4304,7 +4399,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CodeResult) GetText() string {
@@ -4388,7 +4483,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4400,7 +4495,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4413,7 +4508,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CodeError) GetName() string {
@@ -4457,7 +4552,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4469,7 +4564,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4482,7 +4577,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -4570,7 +4665,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4582,7 +4677,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4595,7 +4690,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -4681,7 +4776,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4693,7 +4788,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4706,7 +4801,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CodeContext) GetId() string {
@@ -4751,7 +4846,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4763,7 +4858,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4776,7 +4871,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -4816,7 +4911,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4828,7 +4923,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4841,7 +4936,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -4860,7 +4955,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4872,7 +4967,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4885,7 +4980,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -4904,7 +4999,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4916,7 +5011,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4929,7 +5024,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -4949,7 +5044,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4961,7 +5056,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4974,7 +5069,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -4999,7 +5094,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5011,7 +5106,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5024,7 +5119,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 type RemoveContextRequest struct {
@@ -5037,7 +5132,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5049,7 +5144,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5062,7 +5157,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -5087,7 +5182,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5099,7 +5194,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5112,7 +5207,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
 }
 
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
@@ -5269,13 +5364,19 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\vHoldRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x0e\n" +
-	"\fHoldResponse\"/\n" +
+	"\fHoldResponse\"d\n" +
 	"\x0fDestroyResponse\x12\x1c\n" +
-	"\tdestroyed\x18\x01 \x03(\tR\tdestroyed\")\n" +
+	"\tdestroyed\x18\x01 \x03(\tR\tdestroyed\x123\n" +
+	"\askipped\x18\x02 \x03(\v2\x19.roche.v1.SkippedProviderR\askipped\")\n" +
 	"\vListRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\"?\n" +
+	"\bprovider\x18\x01 \x01(\tR\bprovider\"t\n" +
 	"\fListResponse\x12/\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\tsandboxes\"/\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\tsandboxes\x123\n" +
+	"\askipped\x18\x02 \x03(\v2\x19.roche.v1.SkippedProviderR\askipped\"v\n" +
+	"\x0fSkippedProvider\x12\x1a\n" +
+	"\bprovider\x18\x01 \x01(\tR\bprovider\x12-\n" +
+	"\x06reason\x18\x02 \x01(\x0e2\x15.roche.v1.ErrorReasonR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"/\n" +
 	"\x0eInspectRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\">\n" +
@@ -5292,10 +5393,11 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tGcRequest\x12\x10\n" +
 	"\x03all\x18\x01 \x01(\bR\x03all\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x1a\n" +
-	"\bprovider\x18\x03 \x01(\tR\bprovider\"9\n" +
+	"\bprovider\x18\x03 \x01(\tR\bprovider\"n\n" +
 	"\n" +
 	"GcResponse\x12+\n" +
-	"\aremoved\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\aremoved\"z\n" +
+	"\aremoved\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\aremoved\x123\n" +
+	"\askipped\x18\x02 \x03(\v2\x19.roche.v1.SkippedProviderR\askipped\"z\n" +
 	"\rCopyToRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
@@ -5506,7 +5608,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x02*\xb2\x02\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x02*\xd3\x02\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_NOT_FOUND\x10\x01\x12\x1f\n" +
@@ -5517,7 +5619,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x1cERROR_REASON_IMAGE_NOT_FOUND\x10\x06\x12\x1a\n" +
 	"\x16ERROR_REASON_EXHAUSTED\x10\a\x12\x1b\n" +
 	"\x17ERROR_REASON_PERMISSION\x10\b\x12\x17\n" +
-	"\x13ERROR_REASON_IN_USE\x10\t2\xeb\x11\n" +
+	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
+	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
+	"2\xeb\x11\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -5569,7 +5673,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),               // 0: roche.v1.SandboxState
 	(OutputStream)(0),               // 1: roche.v1.OutputStream
@@ -5603,185 +5707,190 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*DestroyResponse)(nil),         // 29: roche.v1.DestroyResponse
 	(*ListRequest)(nil),             // 30: roche.v1.ListRequest
 	(*ListResponse)(nil),            // 31: roche.v1.ListResponse
-	(*InspectRequest)(nil),          // 32: roche.v1.InspectRequest
-	(*InspectResponse)(nil),         // 33: roche.v1.InspectResponse
-	(*PauseRequest)(nil),            // 34: roche.v1.PauseRequest
-	(*PauseResponse)(nil),           // 35: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),          // 36: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),         // 37: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),               // 38: roche.v1.GcRequest
-	(*GcResponse)(nil),              // 39: roche.v1.GcResponse
-	(*CopyToRequest)(nil),           // 40: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),          // 41: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),         // 42: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),        // 43: roche.v1.CopyFromResponse
-	(*Pool)(nil),                    // 44: roche.v1.Pool
-	(*PoolStatusRequest)(nil),       // 45: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),      // 46: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),       // 47: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),      // 48: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),        // 49: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),       // 50: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),    // 51: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),   // 52: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),            // 53: roche.v1.ProviderInfo
-	(*Capabilities)(nil),            // 54: roche.v1.Capabilities
-	(*ResetRequest)(nil),            // 55: roche.v1.ResetRequest
-	(*ResetResponse)(nil),           // 56: roche.v1.ResetResponse
-	(*Workspace)(nil),               // 57: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),   // 58: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),  // 59: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),  // 60: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil), // 61: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                // 62: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),   // 63: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),  // 64: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),    // 65: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 66: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),   // 67: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),  // 68: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),             // 69: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),          // 70: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),              // 71: roche.v1.CodeResult
-	(*CodeError)(nil),               // 72: roche.v1.CodeError
-	(*CodeExecution)(nil),           // 73: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),         // 74: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),             // 75: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),    // 76: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),   // 77: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),     // 78: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),    // 79: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),   // 80: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),  // 81: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),    // 82: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),   // 83: roche.v1.RemoveContextResponse
-	nil,                             // 84: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                             // 85: roche.v1.SandboxConfig.EnvEntry
-	nil,                             // 86: roche.v1.ExecRequest.EnvEntry
-	nil,                             // 87: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                             // 88: roche.v1.RunCodeRequest.EnvEntry
-	nil,                             // 89: roche.v1.CreateContextRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 90: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 91: google.protobuf.Duration
+	(*SkippedProvider)(nil),         // 32: roche.v1.SkippedProvider
+	(*InspectRequest)(nil),          // 33: roche.v1.InspectRequest
+	(*InspectResponse)(nil),         // 34: roche.v1.InspectResponse
+	(*PauseRequest)(nil),            // 35: roche.v1.PauseRequest
+	(*PauseResponse)(nil),           // 36: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),          // 37: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),         // 38: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),               // 39: roche.v1.GcRequest
+	(*GcResponse)(nil),              // 40: roche.v1.GcResponse
+	(*CopyToRequest)(nil),           // 41: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),          // 42: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),         // 43: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),        // 44: roche.v1.CopyFromResponse
+	(*Pool)(nil),                    // 45: roche.v1.Pool
+	(*PoolStatusRequest)(nil),       // 46: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),      // 47: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),       // 48: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),      // 49: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),        // 50: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),       // 51: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),    // 52: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),   // 53: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),            // 54: roche.v1.ProviderInfo
+	(*Capabilities)(nil),            // 55: roche.v1.Capabilities
+	(*ResetRequest)(nil),            // 56: roche.v1.ResetRequest
+	(*ResetResponse)(nil),           // 57: roche.v1.ResetResponse
+	(*Workspace)(nil),               // 58: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),   // 59: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),  // 60: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),  // 61: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil), // 62: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                // 63: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),   // 64: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),  // 65: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),    // 66: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 67: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),   // 68: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),  // 69: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),             // 70: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),          // 71: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),              // 72: roche.v1.CodeResult
+	(*CodeError)(nil),               // 73: roche.v1.CodeError
+	(*CodeExecution)(nil),           // 74: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),         // 75: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),             // 76: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),    // 77: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),   // 78: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),     // 79: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),    // 80: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),   // 81: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),  // 82: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),    // 83: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),   // 84: roche.v1.RemoveContextResponse
+	nil,                             // 85: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                             // 86: roche.v1.SandboxConfig.EnvEntry
+	nil,                             // 87: roche.v1.ExecRequest.EnvEntry
+	nil,                             // 88: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                             // 89: roche.v1.RunCodeRequest.EnvEntry
+	nil,                             // 90: roche.v1.CreateContextRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),   // 91: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 92: google.protobuf.Duration
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	84, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	85, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	3,  // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
 	24, // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	22, // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	3,  // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	85, // 5: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	86, // 5: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	15, // 6: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
 	0,  // 7: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	90, // 8: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	90, // 9: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	91, // 8: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	91, // 9: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
 	14, // 10: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	16, // 11: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	86, // 12: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	87, // 12: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	22, // 13: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	87, // 14: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	91, // 15: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	88, // 14: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	92, // 15: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	1,  // 16: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	90, // 17: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	91, // 17: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	23, // 18: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	24, // 19: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	22, // 20: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	16, // 21: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	16, // 22: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	16, // 23: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	91, // 24: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	44, // 25: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	44, // 26: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	44, // 27: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	53, // 28: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	54, // 29: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	16, // 30: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	90, // 31: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	57, // 32: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	90, // 33: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	62, // 34: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	62, // 35: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	2,  // 36: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	88, // 37: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	71, // 38: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	72, // 39: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	91, // 40: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	23, // 41: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	24, // 42: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	71, // 43: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	73, // 44: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	89, // 45: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	75, // 46: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	75, // 47: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	17, // 48: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	19, // 49: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	21, // 50: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	26, // 51: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	27, // 52: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	30, // 53: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	32, // 54: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	34, // 55: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	36, // 56: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	38, // 57: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	40, // 58: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	42, // 59: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	45, // 60: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	47, // 61: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	49, // 62: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	51, // 63: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	55, // 64: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	58, // 65: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	60, // 66: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	63, // 67: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	65, // 68: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	67, // 69: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	70, // 70: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	76, // 71: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	78, // 72: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	80, // 73: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	82, // 74: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	4,  // 75: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	6,  // 76: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	8,  // 77: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	10, // 78: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	12, // 79: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	18, // 80: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	20, // 81: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	25, // 82: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	29, // 83: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	28, // 84: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	31, // 85: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	33, // 86: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	35, // 87: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	37, // 88: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	39, // 89: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	41, // 90: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	43, // 91: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	46, // 92: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	48, // 93: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	50, // 94: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	52, // 95: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	56, // 96: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	59, // 97: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	61, // 98: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	64, // 99: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	66, // 100: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	68, // 101: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	74, // 102: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	77, // 103: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	79, // 104: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	81, // 105: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	83, // 106: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	5,  // 107: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	7,  // 108: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	9,  // 109: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	11, // 110: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	13, // 111: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	80, // [80:112] is the sub-list for method output_type
-	48, // [48:80] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	32, // 21: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
+	16, // 22: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	32, // 23: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
+	2,  // 24: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
+	16, // 25: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	16, // 26: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	32, // 27: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	92, // 28: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	45, // 29: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	45, // 30: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	45, // 31: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	54, // 32: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	55, // 33: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	16, // 34: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	91, // 35: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	58, // 36: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	91, // 37: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	63, // 38: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	63, // 39: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	2,  // 40: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	89, // 41: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	72, // 42: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	73, // 43: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	92, // 44: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	23, // 45: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	24, // 46: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	72, // 47: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	74, // 48: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	90, // 49: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	76, // 50: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	76, // 51: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	17, // 52: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	19, // 53: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	21, // 54: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	26, // 55: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	27, // 56: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	30, // 57: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	33, // 58: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	35, // 59: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	37, // 60: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	39, // 61: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	41, // 62: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	43, // 63: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	46, // 64: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	48, // 65: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	50, // 66: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	52, // 67: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	56, // 68: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	59, // 69: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	61, // 70: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	64, // 71: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	66, // 72: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	68, // 73: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	71, // 74: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	77, // 75: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	79, // 76: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	81, // 77: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	83, // 78: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	4,  // 79: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	6,  // 80: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	8,  // 81: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	10, // 82: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	12, // 83: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18, // 84: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	20, // 85: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	25, // 86: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	29, // 87: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	28, // 88: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	31, // 89: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	34, // 90: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	36, // 91: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	38, // 92: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	40, // 93: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	42, // 94: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	44, // 95: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	47, // 96: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	49, // 97: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	51, // 98: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	53, // 99: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	57, // 100: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	60, // 101: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	62, // 102: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	65, // 103: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	67, // 104: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	69, // 105: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	75, // 106: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	78, // 107: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	80, // 108: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	82, // 109: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	84, // 110: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	5,  // 111: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	7,  // 112: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	9,  // 113: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	11, // 114: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	13, // 115: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	84, // [84:116] is the sub-list for method output_type
+	52, // [52:84] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -5802,7 +5911,7 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[71].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[72].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -5814,7 +5923,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   87,
+			NumMessages:   88,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

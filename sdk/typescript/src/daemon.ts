@@ -52,6 +52,7 @@ const REASONS: Record<number, string> = {
   [ErrorReason.EXHAUSTED]: "exhausted",
   [ErrorReason.PERMISSION]: "permission_denied",
   [ErrorReason.IN_USE]: "in_use",
+  [ErrorReason.NOT_CONFIGURED]: "unavailable", // a provider not set up here
 };
 
 const CODE_REASONS: Partial<Record<Code, string>> = {

@@ -295,10 +295,11 @@ _DETAIL_REASONS = {
     "ERROR_REASON_EXHAUSTED": "exhausted",
     "ERROR_REASON_PERMISSION": "permission_denied",
     "ERROR_REASON_IN_USE": "in_use",
+    "ERROR_REASON_NOT_CONFIGURED": "unavailable",  # a provider not set up here
 }
 _DETAIL_NUMBERS = dict(enumerate(["", "not_found", "invalid_config", "unavailable", "timeout",
                                   "unsupported", "image_not_found", "exhausted", "permission_denied",
-                                  "in_use"]))
+                                  "in_use", "unavailable"]))
 
 
 def _proto_fields(raw: bytes) -> Optional[dict[int, Any]]:
