@@ -100,7 +100,7 @@ func (s *store) load() ([]*Record, error) {
 	}
 	var f stateFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("reading state %s: %w (move it aside to start afresh; roche gc removes what it described)", s.path, err)
+		return nil, fmt.Errorf("reading state %s: %w (move it aside to start afresh: the next roched finds the sandboxes it listed again from the sandboxes themselves, keeping clients' and removing the pool's)", s.path, err)
 	}
 	if f.Version != stateVersion {
 		return nil, fmt.Errorf("state %s has version %d, this roched reads %d", s.path, f.Version, stateVersion)
