@@ -335,6 +335,18 @@ func TestRestartFindsSandboxes(t *testing.T) {
 		t.Fatalf("exec after restart: %+v %v", res, err)
 	}
 
+	// Creates that died before writing their record (waiting for the state directory's
+	// lock): one past the time it gives up, cleared by GC; one still within it, kept.
+	for id, by := range map[string]time.Time{"oci-00000000deadbee0": time.Now().Add(-time.Second), "oci-00000000deadbee1": time.Now().Add(time.Minute)} {
+		if err := os.Mkdir(filepath.Join(state, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(state, id, "start_by"), []byte(strconv.FormatInt(by.Unix(), 10)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer os.RemoveAll(filepath.Join(state, "oci-00000000deadbee1"))
+
 	// A create that died after writing its record.
 	dead := filepath.Join(state, "oci-00000000deadbeef")
 	if err := os.Mkdir(dead, 0o700); err != nil {
@@ -352,6 +364,12 @@ func TestRestartFindsSandboxes(t *testing.T) {
 	removed, err := again.GC(ctx, roche.GCOptions{})
 	if err != nil || len(removed) != 1 || removed[0].ID != "oci-00000000deadbeef" {
 		t.Fatalf("GC removed %+v (%v), want the dead create", removed, err)
+	}
+	if _, err := os.Stat(filepath.Join(state, "oci-00000000deadbee0")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the directory of a create that died before its record, past its start-by, is still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(state, "oci-00000000deadbee1")); err != nil {
+		t.Errorf("the directory of a create still within its start-by was removed: %v", err)
 	}
 	if list, _ := again.List(ctx); len(list) != 0 {
 		t.Fatalf("list after GC: %+v", list)

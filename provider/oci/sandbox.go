@@ -83,6 +83,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: making the sandbox's directory: %v", roche.ErrUnavailable, err)
 	}
+	markStartBy(s.dir, s.StartBy) // until the record is written (sweepUnrecorded)
 	defer func() {
 		if err != nil {
 			p.teardown(context.WithoutCancel(ctx), rt, s)
@@ -106,7 +107,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	}
 	b := bundleSpec{
 		id: id, cfg: cfg, image: img, rootfs: filepath.Join(s.dir, "rootfs"), runDir: s.runDir(),
-		agent: p.agentPath, user: user, cgroup: "/roche-" + id, lifetime: cfg.TimeoutSecs,
+		agent: p.agentPath, user: user, cgroup: cgroupOf(id), lifetime: cfg.TimeoutSecs,
 		compiledSeccomp: rt.compiledSeccomp(),
 	}
 	if cfg.Leased {
@@ -295,10 +296,23 @@ func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) err
 	p.leases.Drop(s.ID)
 	p.proxies.stop(s.runDir())
 	var errs []error
+	killedRun := false
+	if _, err := os.Stat(filepath.Join(s.dir, "pid")); errors.Is(err, os.ErrNotExist) {
+		// Its run never got as far as its pid: one still under way (its maker killed)
+		// would go on making the container after this teardown (teardown_linux.go).
+		killedRun = stopRunsOf(s.dir)
+	}
 	if rt != nil {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		errs = append(errs, rt.remove(dctx, s.ID, filepath.Join(s.dir, "pid")))
+		err := rt.remove(dctx, s.ID, filepath.Join(s.dir, "pid"))
 		cancel()
+		if err == nil && killedRun {
+			err = forgetHalfMade(rt.root, s.ID)
+		}
+		if err == nil {
+			err = removeCgroups(cgroupOf(s.ID))
+		}
+		errs = append(errs, err)
 	}
 	for _, mp := range mountsBelow(s.dir, p.diskDir(s.ID)) {
 		errs = append(errs, unmountAll(mp))
@@ -314,6 +328,9 @@ func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) err
 	}
 	return nil
 }
+
+// cgroupOf is the cgroups path of sandbox id's container.
+func cgroupOf(id string) string { return "/roche-" + id }
 
 // tearingDown waits for a teardown of sandbox id under way to end, marks one under way,
 // and returns what ends it.
@@ -437,10 +454,20 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 				return nil, err
 			}
 			if states[s.Runtime], err = rt.list(ctx); err != nil {
-				return nil, err
+				// A runtime's list fails whole on one container whose make was cut short
+				// (its maker killed; crun: "error opening file .../status"): each
+				// sandbox's state is asked for instead (nil marks it), so that the one
+				// broken make does not hide every sandbox from a restarted roched.
+				p.log.Warn("listing the runtime's containers failed: asking each sandbox", "runtime", s.Runtime, "err", err)
+				states[s.Runtime] = nil
 			}
 		}
 		st, known := states[s.Runtime][s.ID]
+		if states[s.Runtime] == nil {
+			if rt, err := p.runtimeOf(ctx, s); err == nil {
+				st, known = rt.state(ctx, s.ID)
+			}
+		}
 		out = append(out, p.info(s, stateOf(s, st, known)))
 	}
 	return out, nil
@@ -457,6 +484,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if opts.DryRun {
 		return removed, err
 	}
+	p.sweepUnrecorded()
 	// Images: those the remaining sandboxes use stay (a record being written right now
 	// names an image used within imageKeep, which stays too).
 	inUse := map[string]bool{}
