@@ -833,9 +833,10 @@ func (l *Ledger) VerifyIdleSoon() {
 
 // List lists tenant t's sandboxes (every provider's, or one's), with the expiry the
 // daemon enforces; idle pooled and destroyed sandboxes, other tenants' and whatever else
-// is on the engine are left out. Across providers, one that fails is skipped and the
-// error is then a *roche.PartialError naming it, with the others' sandboxes; when every
-// one failed, it is their errors.
+// is on the engine are left out. Across providers, one not set up here
+// (roche.ErrNotConfigured) is passed over, one that fails is skipped and the error is
+// then a *roche.PartialError naming it, with the others' sandboxes; when every one
+// failed, it is their errors.
 func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.SandboxInfo, error) {
 	names := l.names
 	if provider != "" {
@@ -848,8 +849,13 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 	out := []roche.SandboxInfo{}
 	var errs []error
 	var skipped []roche.SkippedProvider
+	asked := len(names)
 	for _, n := range names {
 		list, err := l.providers[n].List(ctx)
+		if err != nil && provider == "" && errors.Is(err, roche.ErrNotConfigured) {
+			asked-- // not set up here (no Docker socket): nothing of it to list
+			continue
+		}
 		if err != nil {
 			l.noteCallError(n, err)
 			errs = append(errs, err)
@@ -867,7 +873,7 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 		}
 		l.mu.Unlock()
 	}
-	if len(skipped) > 0 && len(skipped) < len(names) {
+	if len(skipped) > 0 && len(skipped) < asked {
 		return out, &roche.PartialError{Skipped: skipped}
 	}
 	return out, errors.Join(errs...)
