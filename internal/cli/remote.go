@@ -95,8 +95,9 @@ func (d *daemonLink) remoteErr(name string) error {
 	case r.err != nil:
 		return r.err
 	case !slices.Contains(d.providers, name):
-		return fmt.Errorf("%w: roched at %s does not serve the %s provider (it serves %s)",
-			roche.ErrUnavailable, r.address, name, strings.Join(d.providers, ", "))
+		// Not set up there: a list across providers passes it over.
+		return roche.NotConfigured(fmt.Errorf("%w: roched at %s does not serve the %s provider (it serves %s)",
+			roche.ErrUnavailable, r.address, name, strings.Join(d.providers, ", ")))
 	}
 	return nil
 }
