@@ -78,14 +78,16 @@ func run() error {
 	}
 	defer os.RemoveAll(dir)
 	// roche-agent runs every command in the sandbox, as in production; the roche CLI is
-	// for the SDK's CLI transport.
+	// for the SDK's CLI transport, and runs --direct calls through the roched beside it.
 	if _, err := testenv.BuildAgent(dir); err != nil {
 		return err
 	}
 	os.Setenv("ROCHE_AGENT", filepath.Join(dir, "roche-agent"))
 	cli := filepath.Join(dir, "roche")
-	if out, err := exec.Command("go", "build", "-o", cli, filepath.Join(repo(), "cmd", "roche")).CombinedOutput(); err != nil {
-		return fmt.Errorf("building roche: %v\n%s", err, out)
+	build := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched")
+	build.Dir = repo()
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building roche and roched: %v\n%s", err, out)
 	}
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -110,7 +112,7 @@ func run() error {
 	}
 	defer p.Destroy(context.Background(), sb.ID)
 
-	py, err := startPython(dir, socket, sb.ID, cli)
+	py, err := startPython(dir, socket, sb.ID, sb.Owner, cli)
 	if err != nil {
 		return err
 	}
@@ -212,9 +214,12 @@ type pythonSide struct {
 	out *bufio.Scanner
 }
 
-func startPython(dir, socket, id, cli string) (*pythonSide, error) {
+func startPython(dir, socket, id, owner, cli string) (*pythonSide, error) {
 	cmd := exec.Command(*python, filepath.Join(repo(), "bench", "sdk", "python_exec.py"), socket, id, cli)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(repo(), "sdk", "python", "src"), "PYTHONDONTWRITEBYTECODE=1")
+	// ROCHE_OWNER: the CLI's --direct calls keep to their owner's sandboxes, and this one
+	// was made through roched.
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(repo(), "sdk", "python", "src"), "PYTHONDONTWRITEBYTECODE=1",
+		"ROCHE_OWNER="+owner)
 	cmd.Dir = dir
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
