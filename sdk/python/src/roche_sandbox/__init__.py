@@ -8,8 +8,9 @@
 Calls go to roched (the daemon, with warm pools) when it answers, else to the roche CLI.
 """
 
+from ._apty import AsyncPty, AsyncPtyHandle
 from ._async import AsyncExecStream, AsyncRoche, AsyncSandbox
-from ._pty import AsyncPty, AsyncPtyHandle, Pty, PtyHandle
+from ._pty import Pty, PtyHandle
 from ._sync import ExecStream, Roche, Sandbox
 from .errors import (
     ImageNotFound,

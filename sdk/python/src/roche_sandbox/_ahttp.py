@@ -1,6 +1,8 @@
-"""The Connect protocol over HTTP/1.1 with asyncio streams, for the async API: a small
-HTTP/1.1 client (POST, Content-Length or chunked bodies), one connection per call. A
-call that is cancelled or fails closes its connection, which cancels it on the daemon.
+"""HTTP/1.1 to roched for the asyncio half, on asyncio streams: a small client (POST
+with a Content-Length or chunked body, a response read as it arrives), one connection
+per call. A call that is cancelled or fails closes its connection, which cancels it on
+the daemon. _http.py is the synchronous counterpart; the Connect protocol on top of both
+is in _atransport.py.
 
 Connections are not kept between calls: an AsyncRoche often outlives its event loop
 (one per asyncio.run), and a kept connection cannot outlive it cleanly. A local
@@ -9,32 +11,14 @@ connection costs about 0.1 ms."""
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 from contextlib import asynccontextmanager
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Optional, TypeVar
+from typing import Any, AsyncIterator, Optional
 
-from . import _tls, _wire
+from ._aio import within
+from ._deadline import Deadline
 from ._discovery import Endpoint
-from ._http import Deadline
 from .errors import ProviderUnavailable, RocheError
-
-T = TypeVar("T")
-
-
-async def within(d: Deadline, aw: Awaitable[T], what: str) -> T:
-    """Awaits aw within what is left of the deadline."""
-    left = d.remaining()
-    if left is None:
-        return await aw
-    if left <= 0:
-        if asyncio.iscoroutine(aw):
-            aw.close()
-        raise d.expired(what)
-    try:
-        return await asyncio.wait_for(aw, left)
-    except asyncio.TimeoutError:
-        raise d.expired(what) from None
 
 
 class _Conn:
@@ -108,17 +92,7 @@ class AsyncHTTPClient:
     def __init__(self, ep: Endpoint) -> None:
         self.ep = ep
         self._auth = f"Authorization: Bearer {ep.token}\r\n" if ep.token else ""
-        host = "roched" if ep.socket else f"{ep.host}:{ep.port}"
-        self._host = host
-
-    def unreachable(self, err: BaseException) -> ProviderUnavailable:
-        failure = _tls.problem(self.ep.where, err)
-        if failure is not None:
-            return failure
-        return ProviderUnavailable(
-            f"roched is not answering on {self.ep.where}: start it (roche daemon start), "
-            f"or let the SDK use the roche CLI (transport='cli'): {err}"
-        )
+        self._host = "roched" if ep.socket else f"{ep.host}:{ep.port}"
 
     async def _open(self, d: Deadline) -> _Conn:
         try:
@@ -130,19 +104,19 @@ class AsyncHTTPClient:
                 r, w = await within(d, asyncio.open_connection(self.ep.host, self.ep.port, ssl=ctx, limit=1 << 20),
                                     f"roched on {self.ep.where}")
         except (ConnectionRefusedError, FileNotFoundError) as e:
-            raise self.unreachable(e) from None
+            raise self.ep.unreachable(e) from None
         except OSError as e:
             if isinstance(e, RocheError):
                 raise
-            raise self.unreachable(e) from None
+            raise self.ep.unreachable(e) from None
         return _Conn(r, w)
 
     def close(self) -> None:
         """Nothing to release: connections last one call."""
 
-    async def _send(self, conn: _Conn, path: str, ctype: str, body: Any, d: Deadline) -> None:
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self._host}\r\nContent-Type: {ctype}\r\n"
-                f"Connect-Protocol-Version: 1\r\n{self._auth}")
+    async def _send(self, conn: _Conn, path: str, headers: dict[str, str], body: Any, d: Deadline) -> None:
+        head = f"POST {path} HTTP/1.1\r\nHost: {self._host}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + self._auth
         w = conn.writer
         if isinstance(body, (bytes, bytearray)):
             w.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + bytes(body))
@@ -174,90 +148,38 @@ class AsyncHTTPClient:
         return status, headers
 
     @asynccontextmanager
-    async def exchange(self, path: str, ctype: str, body: Any, d: Deadline) -> AsyncIterator[Response]:
-        """Sends one POST on a connection of its own and yields its response."""
+    async def exchange(self, path: str, headers: dict[str, str], body: Any, d: Deadline) -> AsyncIterator[Response]:
+        """Sends one POST (body: bytes, or an iterable or async iterable of pieces sent
+        chunked) on a connection of its own and yields its response."""
         conn = await self._open(d)
         try:
-            await self._send(conn, path, ctype, body, d)
-            status, headers = await self._head(conn, d)
-            yield Response(conn, status, headers, d, self.ep.where)
+            await self._send(conn, path, headers, body, d)
+            status, hdrs = await self._head(conn, d)
+            yield Response(conn, status, hdrs, d, self.ep.where)
         except RocheError:
             raise
         except (OSError, asyncio.IncompleteReadError) as e:
-            failure = _tls.problem(self.ep.where, e)
-            if failure is not None:
-                raise failure from None
-            raise ProviderUnavailable(
-                f"roched on {self.ep.where} broke off the call: {e} (is it still running?)") from None
+            raise self.ep.broke_off(e) from None
         finally:
             conn.close()
 
-    async def health(self, timeout: float) -> dict[str, Any]:
-        """GET /healthz; raises ProviderUnavailable when nothing answers."""
+    async def get(self, path: str, timeout: float) -> tuple[int, bytes]:
+        """A GET: the status and the body; ProviderUnavailable when nothing answers."""
         d = Deadline(timeout)
         conn = await self._open(d)
         try:
-            conn.writer.write(f"GET /healthz HTTP/1.1\r\nHost: {self._host}\r\nConnection: close\r\n\r\n".encode())
+            conn.writer.write(f"GET {path} HTTP/1.1\r\nHost: {self._host}\r\nConnection: close\r\n\r\n".encode())
             await within(d, conn.writer.drain(), "roched")
             status, headers = await self._head(conn, d)
-            body = await Response(conn, status, headers, d, self.ep.where).read_all()
-            if status != 200:
-                raise ProviderUnavailable(f"roched on {self.ep.where} answered /healthz with HTTP {status}")
-            health: dict[str, Any] = json.loads(body)
-            return health
+            return status, await Response(conn, status, headers, d, self.ep.where).read_all()
         except RocheError as e:
             if isinstance(e, ProviderUnavailable):
                 raise
-            raise self.unreachable(e) from None
+            raise self.ep.unreachable(e) from None
         except (OSError, ValueError, asyncio.IncompleteReadError) as e:
-            raise self.unreachable(e) from None
+            raise self.ep.unreachable(e) from None
         finally:
             conn.close()
-
-    async def unary(self, method: str, msg: dict[str, Any], d: Deadline) -> dict[str, Any]:
-        body = json.dumps(msg, separators=(",", ":")).encode()
-        async with self.exchange(_wire.SERVICE + method, "application/json", body, d) as resp:
-            data = await resp.read_all()
-            status = resp.status
-        try:
-            obj = json.loads(data) if data else {}
-        except ValueError:
-            obj = None
-        if status != 200:
-            raise _wire.error_from_connect(obj, status, self.ep.where)
-        if not isinstance(obj, dict):
-            raise RocheError(f"roched on {self.ep.where} sent a malformed {method} response")
-        return obj
-
-    async def stream(self, method: str, body: Any, d: Deadline,
-                     trailers: Optional[dict[str, list[str]]] = None) -> AsyncGenerator[dict[str, Any], None]:
-        """The messages of a streaming response; body is one envelope or an iterable of them.
-        The response's trailers go into trailers, when given, once the stream has ended."""
-        async with self.exchange(_wire.SERVICE + method, "application/connect+json", body, d) as resp:
-            if resp.status != 200:
-                data = await resp.read_all()
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    obj = None
-                raise _wire.error_from_connect(obj, resp.status, self.ep.where)
-            while True:
-                head = await resp.read(5)
-                if len(head) < 5:
-                    raise RocheError(f"roched on {self.ep.where} ended {method} without an end-of-stream message")
-                flags, n = _wire.envelope_header(head)
-                data = await resp.read(n)
-                if len(data) < n:
-                    raise RocheError(f"roched on {self.ep.where} cut a {method} message short")
-                if flags & _wire.END_STREAM:
-                    await resp.read_all()
-                    if trailers is not None:
-                        trailers.update(_wire.end_stream_metadata(data))
-                    err = _wire.end_stream_error(data, self.ep.where)
-                    if err is not None:
-                        raise err
-                    return
-                yield json.loads(data)
 
 
 async def _aiter(pieces: Any) -> AsyncIterator[bytes]:

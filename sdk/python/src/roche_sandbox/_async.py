@@ -2,24 +2,24 @@
 synchronous one. Calls run on the event loop (no threads), so many sandboxes can be
 driven at once with asyncio.gather, and cancelling a call cancels it in Roche too. Only
 holding a leased sandbox (_lease) happens in a thread, so that it does not end with
-the event loop."""
+the event loop.
+
+This is the source of the synchronous API, _sync.py, which unasync.py writes from it:
+edit this file, then run `python3 sdk/python/unasync.py`."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from types import TracebackType
 # typing.List: inside these classes "list" names their list() method.
 from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
 
-from . import _discovery, _tls
-from ._ahttp import AsyncHTTPClient
-from ._atransport import AsyncCLITransport, AsyncDaemonTransport, AsyncTransport
-from ._pty import AsyncPty
-from ._http import Deadline
-from ._sync import PROBE_TIMEOUT, Choice, _no_context, remaining_life
-from ._transport import StreamItem
-from .errors import ProviderUnavailable, RocheError
+from . import _aio, _discovery, _tls
+from ._apty import AsyncPty
+from ._atransport import AsyncCLITransport, AsyncConnectClient, AsyncDaemonTransport, AsyncTransport
+from ._choice import PROBE_TIMEOUT, Choice, no_context, remaining_life
+from ._deadline import Deadline
+from ._wire import StreamItem
+from .errors import RocheError
 from .types import (
     DEFAULT_CODE_TIMEOUT,
     CodeCallbacks,
@@ -42,13 +42,22 @@ from .types import (
     make_exec_request,
 )
 
-
 class AsyncRoche:
-    """Creates sandboxes with secure defaults on one provider; see Roche for the rules.
+    """Creates sandboxes with secure defaults on one provider ("docker", "wasm", ...).
 
         roche = AsyncRoche()
         async with (await roche.create()) as sandbox:
             result = await sandbox.exec(["python3", "-c", code])
+
+    Calls go to roched when it answers on its socket (ROCHE_SOCKET, else the default
+    path) and serves the provider; otherwise to the roche CLI (ROCHE_CLI, else roche on
+    PATH). ``transport="daemon"`` or ``"cli"`` forces one. ``request_timeout`` bounds
+    how long any call waits for Roche beyond the time a command may run. A roched on TCP
+    (``address=``) wants a token: ``token=``, ``token_file=`` (a file only you can read),
+    ``ROCHE_TOKEN_FILE`` or ``ROCHE_TOKEN``. At an ``https://`` address its certificate is
+    verified against ``ca=`` (a PEM file), else ``ROCHE_CA_FILE``, else the system's CAs;
+    ``client_cert=`` and ``client_key=`` (or ``ROCHE_CLIENT_CERT``, ``ROCHE_CLIENT_KEY``)
+    present a client certificate to a roched with ``--client-ca``.
     """
 
     def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
@@ -57,45 +66,32 @@ class AsyncRoche:
                  client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
         self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file,
                               ca, client_cert, client_key)
-        self._transport: Optional[AsyncTransport] = None
-        self._choosing: Optional[asyncio.Future[AsyncTransport]] = None
+        self._chosen: _aio.Once[AsyncTransport] = _aio.Once()
 
     @property
     def provider(self) -> str:
         return self._choice.provider
 
+    # sync: @property
     async def transport(self) -> str:
-        """"daemon" or "cli": how this AsyncRoche reaches Roche."""
+        """"daemon" or "cli": how this AsyncRoche reaches Roche (decided on first use)."""
         return (await self._resolve()).name
 
     async def _resolve(self) -> AsyncTransport:
-        if self._transport is not None:
-            return self._transport
-        # Concurrent first calls (asyncio.gather) share one probe.
-        if self._choosing is None or self._choosing.get_loop() is not asyncio.get_running_loop():
-            self._choosing = asyncio.ensure_future(self._choose())
-        try:
-            self._transport = await asyncio.shield(self._choosing)
-        except BaseException:
-            if self._choosing.done():
-                self._choosing = None
-            raise
-        return self._transport
+        return await self._chosen.get(self._choose)
 
     async def _choose(self) -> AsyncTransport:
         c = self._choice
         why: Optional[RocheError] = None
         if c.transport in ("auto", "daemon"):
             try:
-                health = await AsyncHTTPClient(c.endpoint).health(PROBE_TIMEOUT)
+                health = await AsyncConnectClient(c.endpoint).health(PROBE_TIMEOUT)
             except RocheError as e:
                 why = e
             else:
                 if c.serves(health):
                     return AsyncDaemonTransport(c.endpoint)
-                why = ProviderUnavailable(
-                    f"roched on {c.endpoint.where} does not serve the {c.provider} provider "
-                    f"(it serves {', '.join(map(str, health.get('providers') or [])) or 'none'})")
+                why = c.not_served(health)
             # A roched whose certificate is not trusted is no reason to run elsewhere.
             if c.transport == "daemon" or isinstance(why, _tls.TLSFailure):
                 raise c.no_daemon(why)
@@ -115,9 +111,27 @@ class AsyncRoche:
                      network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
                      from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
                      workspace_size: Union[str, int, None] = None, leased: bool = True) -> "AsyncSandbox":
-        """Creates a sandbox; see Roche.create. Leased (the default), it is held for this
-        process from a thread, not a task: it outlives the event loop that created it
-        (``asyncio.run``), and goes within seconds of the process's end."""
+        """Creates a sandbox. Every default is the safe one; override what you need.
+
+        ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
+        sandbox's lifetime: it is destroyed after. Use it as a context manager to destroy
+        it as soon as you are done, even when the body raises. The sandbox is also tied to
+        this process (leased): when the process ends, however it ends (``kill -9``
+        included), or this AsyncRoche is closed, it is destroyed within seconds (the async
+        API holds it from a thread, not a task: it outlives the event loop that created
+        it, ``asyncio.run``'s). For one meant to outlive the process (found later with
+        ``get(id)``), pass ``leased=False``: it then lives until destroyed or until its
+        lifetime ends. ``network_allowlist`` (e.g. ``["pypi.org", "*.npmjs.org"]``) lets
+        it reach only those hosts over HTTP(S), through a proxy roched runs; it still has
+        no network otherwise. ``workspace="name"`` mounts that persistent workspace at
+        /workspace (writable even on the read-only root; made if new): its files outlive
+        the sandbox, for the next one created with the same name.
+        ``from_snapshot="name"`` starts from a snapshot's files (see ``snapshot``)
+        instead of the image. ``disk`` bounds what a writable root may hold (``"1g"`` by
+        default; past it writes fail with ENOSPC; ``"0"`` is no limit), and
+        ``workspace_size`` the size of a new workspace (``"1g"`` by default; an existing
+        workspace keeps its own, and asking it for another is InvalidConfig).
+        """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
                           workdir, user, network_allowlist, workspace, from_snapshot,
                           disk, workspace_size, leased)
@@ -152,13 +166,16 @@ class AsyncRoche:
 
     def close(self) -> None:
         """Releases kept connections, and lets go of the sandboxes this AsyncRoche created
-        leased (see Roche.close)."""
-        if self._transport is not None:
-            self._transport.close()
+        leased (the default), which are then destroyed within seconds; those created
+        with ``leased=False`` are left as they are."""
+        t = self._chosen.made()
+        if t is not None:
+            t.close()
 
 
 class AsyncSandbox:
-    """A sandbox. As an async context manager it is destroyed on exit, even when the body raises."""
+    """A sandbox. As a context manager (``async with``) it is destroyed on exit, even when
+    the body raises."""
 
     def __init__(self, roche: AsyncRoche, transport: AsyncTransport, info: SandboxInfo) -> None:
         self._roche = roche
@@ -187,8 +204,8 @@ class AsyncSandbox:
 
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                         tb: Optional[TracebackType]) -> None:
-        # Shielded: a cancelled task still destroys its sandbox on the way out.
-        await asyncio.shield(self.destroy())
+        # In the async API, a cancelled task still destroys its sandbox on the way out.
+        await _aio.uncancellable(self.destroy)
 
     def _exec_deadline(self, req: ExecRequest) -> Deadline:
         run = req.timeout if req.timeout else remaining_life(self.info)
@@ -199,15 +216,22 @@ class AsyncSandbox:
     async def exec(self, cmd: Sequence[str], timeout: Optional[float] = None,
                    stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
                    workdir: Optional[str] = None) -> ExecResult:
-        """Runs a command and waits for it; see Sandbox.exec."""
+        """Runs a command and waits for it.
+
+        ``timeout`` kills the command (and all it started) after that many seconds and
+        sets ``timed_out``; None means the sandbox's remaining lifetime. ``stdin`` is the
+        command's whole standard input. A non-zero exit is a result, not an exception.
+        """
         req = make_exec_request(cmd, timeout, stdin, env, workdir)
         return await self._t.exec(self.id, req, self._exec_deadline(req))
 
     def exec_stream(self, cmd: Sequence[str], timeout: Optional[float] = None,
                     stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
                     workdir: Optional[str] = None) -> "AsyncExecStream":
-        """Runs a command; ``async for event in stream`` yields its output as produced,
-        then ``stream.result`` is the ExecResult. Leaving early kills the command."""
+        """Runs a command and yields its output as it is produced (OutputEvent:
+        ``async for event in stream``); the ExecResult is ``.result`` once the iteration
+        ends. Closing the stream early (or leaving its ``async with`` block) kills the
+        command."""
         req = make_exec_request(cmd, timeout, stdin, env, workdir)
         return AsyncExecStream(self._t.exec_stream(self.id, req, self._exec_deadline(req)))
 
@@ -247,12 +271,17 @@ class AsyncSandbox:
         await self._t.pause(self.id, False, self._roche._deadline())
 
     async def reset(self, keep_workspace: bool = True) -> "AsyncSandbox":
-        """Recreates the sandbox from its image, taking on the new sandbox's id; see Sandbox.reset."""
+        """Recreates the sandbox from its image and settings, with the lifetime it had
+        left: every change to its files and every process is gone; its workspace is kept
+        unless ``keep_workspace=False``. The new sandbox has a new id, which this object
+        takes on (``id``, ``info``); returns it."""
         self.info = await self._t.reset(self.id, keep_workspace, self._roche._deadline())
         return self
 
     async def snapshot(self, name: str) -> SnapshotInfo:
-        """Saves the sandbox's files as a snapshot; see Sandbox.snapshot."""
+        """Saves the sandbox's files (its /tmp, and its root's changes when writable) as
+        a snapshot, for ``create(from_snapshot=name)``. Process memory is not kept, nor
+        the workspace, which persists on its own."""
         return await self._t.snapshot(self._roche.provider, self.id, name, self._roche._deadline())
 
     def _code_deadline(self, req: CodeRequest) -> Deadline:
@@ -262,8 +291,19 @@ class AsyncSandbox:
                        timeout: Optional[float] = None, on_stdout: Optional[Handler] = None,
                        on_stderr: Optional[Handler] = None, on_result: Optional[Handler] = None,
                        on_error: Optional[Handler] = None) -> Execution:
-        """Runs a cell of code in a context; see Sandbox.run_code. A callback that
-        returns an awaitable (an ``async def``) is awaited before the next event."""
+        """Runs a cell of code in a context, a long-lived interpreter that keeps its
+        variables from one call to the next, and returns its Execution (E2B's shape:
+        ``.text``, ``.results``, ``.logs``, ``.error``, ``.execution_count``).
+
+        Without ``context`` the language's default context is used ("python" unless
+        ``language`` says "bash" or "javascript"), started on first use. ``timeout``
+        (seconds, default 300) interrupts the cell, as KeyboardInterrupt; the context
+        keeps its variables and ``timed_out`` is set. An exception in the code is
+        ``.error``, not raised. ``on_stdout`` and ``on_stderr`` get each OutputMessage
+        as it is printed, ``on_result`` each Result as it is produced, ``on_error`` the
+        ExecutionError at the end. In the async API a callback that is a coroutine
+        function is awaited before the next event.
+        """
         req = make_code_request(code, language, context, timeout)
         cb = CodeCallbacks(on_stdout, on_stderr, on_result, on_error)
         ex: Optional[Execution] = None
@@ -271,9 +311,7 @@ class AsyncSandbox:
         try:
             async for item in items:
                 for h, arg in cb.calls(item):
-                    r = h(arg)
-                    if inspect.isawaitable(r):
-                        await r
+                    await _aio.call(h, arg)
                 if isinstance(item, Execution):
                     ex = item
         finally:
@@ -285,21 +323,22 @@ class AsyncSandbox:
         return ex
 
     async def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> Context:
-        """Starts a new context; see Sandbox.create_code_context."""
+        """Starts a new context (its own variables) for run_code(context=...);
+        ``language`` defaults to "python", ``cwd`` to the sandbox's workdir."""
         req = make_code_request("", language, None, None)
         return await self._t.create_context(self.id, req.language, cwd, self._roche._deadline())
 
     async def list_code_contexts(self) -> List[Context]:
-        """The sandbox's contexts."""
+        """The sandbox's contexts, the default ones included once started."""
         return await self._t.contexts(self.id, self._roche._deadline())
 
     async def restart_code_context(self, context: ContextLike) -> None:
         """Replaces a context's interpreter with a fresh one: its variables go."""
-        await self._t.restart_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
+        await self._t.restart_context(self.id, context_id(context) or no_context(), self._roche._deadline())
 
     async def remove_code_context(self, context: ContextLike) -> None:
         """Stops a context's interpreter and forgets it."""
-        await self._t.remove_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
+        await self._t.remove_context(self.id, context_id(context) or no_context(), self._roche._deadline())
 
     async def destroy(self) -> None:
         """Destroys the sandbox. Destroying one already gone is not an error."""
@@ -307,7 +346,7 @@ class AsyncSandbox:
 
 
 class AsyncExecStream:
-    """A running command's output events, for ``async for``; ``result`` is set when they end."""
+    """A running command's output events; ``result`` is set when they end."""
 
     def __init__(self, items: AsyncIterator[StreamItem]) -> None:
         self._items = items

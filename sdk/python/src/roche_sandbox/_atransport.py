@@ -1,32 +1,38 @@
-"""The async API's two ways to Roche: roched over asyncio streams, or the roche CLI as an
-asyncio subprocess. Cancelling a call ends it there too (the connection is closed, or
-the CLI is stopped), so a cancelled exec kills its command."""
+"""The two ways to Roche: roched over HTTP (the Connect protocol in JSON), or the roche
+CLI as a subprocess per call. Both offer the same calls and raise the same typed
+exceptions. Cancelling an async call ends it there too (the connection is closed, or the
+CLI is stopped), so a cancelled exec kills its command.
+
+This is the asyncio half, and the source of the synchronous one, _transport.py, which
+unasync.py writes from it: edit this file, then run `python3 sdk/python/unasync.py`."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import json
 import os
 import posixpath
-import signal
 import tempfile
 import threading
 import time
 # typing.List: inside these classes "list" names their list() method.
-from typing import IO, AsyncIterator, Callable, Iterator, List, Optional, Protocol, TypeVar
+from typing import IO, Any, AsyncGenerator, AsyncIterator, Callable, List, Optional, Protocol, TypeVar
 
-from . import _cli, _tarutil, _wire
-from ._ahttp import AsyncHTTPClient, within
+from . import _aio, _cli, _tarutil, _wire
+from ._ahttp import AsyncHTTPClient
+from ._deadline import Deadline
 from ._discovery import Endpoint
-from ._http import Deadline
-from ._lease import CLIHold, DaemonHold, Holds
-from ._transport import UNDO_TIMEOUT, StreamItem, _provider_of
+from ._lease import UNDO_TIMEOUT, CLIHold, DaemonHold, Holds
+from ._wire import StreamItem
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
-from .types import CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
+from .types import (CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig, SandboxInfo,
+                    SnapshotInfo, WorkspaceInfo)
+
+T = TypeVar("T")
 
 
 class AsyncTransport(Protocol):
-    """What an AsyncSandbox needs from its way to Roche."""
+    """What a sandbox needs from its way to Roche."""
 
     name: str
 
@@ -56,43 +62,107 @@ class AsyncTransport(Protocol):
     def close(self) -> None: ...
 
 
+class AsyncConnectClient:
+    """roched's API in the Connect protocol (JSON), over HTTP/1.1."""
+
+    def __init__(self, ep: Endpoint) -> None:
+        self.ep = ep
+        self.http = AsyncHTTPClient(ep)
+
+    def close(self) -> None:
+        self.http.close()
+
+    async def health(self, timeout: float) -> dict[str, Any]:
+        """GET /healthz; raises ProviderUnavailable when nothing answers."""
+        status, body = await self.http.get("/healthz", timeout)
+        if status != 200:
+            raise ProviderUnavailable(f"roched on {self.ep.where} answered /healthz with HTTP {status}")
+        try:
+            health: dict[str, Any] = json.loads(body)
+        except ValueError as e:
+            raise self.ep.unreachable(e) from None
+        return health
+
+    async def unary(self, method: str, msg: dict[str, Any], d: Deadline) -> dict[str, Any]:
+        """One request, one response."""
+        body = json.dumps(msg, separators=(",", ":")).encode()
+        async with self.http.exchange(_wire.SERVICE + method, _wire.UNARY_HEADERS, body, d) as resp:
+            data = await resp.read_all()
+            status = resp.status
+        try:
+            obj = json.loads(data) if data else {}
+        except ValueError:
+            obj = None
+        if status != 200:
+            raise _wire.error_from_connect(obj, status, self.ep.where)
+        if not isinstance(obj, dict):
+            raise RocheError(f"roched on {self.ep.where} sent a malformed {method} response")
+        return obj
+
+    async def stream(self, method: str, body: Any, d: Deadline,
+                     trailers: Optional[dict[str, list[str]]] = None) -> AsyncGenerator[dict[str, Any], None]:
+        """The messages of a streaming response; body is one envelope or an iterable of
+        them. Closing the iterator early closes the connection, which cancels the call.
+        The response's trailers go into trailers, when given, once the stream has ended."""
+        async with self.http.exchange(_wire.SERVICE + method, _wire.STREAM_HEADERS, body, d) as resp:
+            if resp.status != 200:
+                raise _wire.error_response(await resp.read_all(), resp.status, self.ep.where)
+            while True:
+                head = await resp.read(5)
+                if len(head) < 5:
+                    raise RocheError(f"roched on {self.ep.where} ended {method} without an end-of-stream message")
+                flags, n = _wire.envelope_header(head)
+                data = await resp.read(n)
+                if len(data) < n:
+                    raise RocheError(f"roched on {self.ep.where} cut a {method} message short")
+                if flags & _wire.END_STREAM:
+                    await resp.read_all()
+                    if trailers is not None:
+                        trailers.update(_wire.end_stream_metadata(data))
+                    err = _wire.end_stream_error(data, self.ep.where)
+                    if err is not None:
+                        raise err
+                    return
+                yield json.loads(data)
+
+
 class AsyncDaemonTransport:
-    """roched's API, the Connect protocol in JSON, over asyncio streams."""
+    """roched's API."""
 
     name = "daemon"
 
     def __init__(self, ep: Endpoint) -> None:
-        self.http = AsyncHTTPClient(ep)
+        self.api = AsyncConnectClient(ep)
         self.holds = Holds()
         self._leases: Optional[dict[str, bool]] = None
 
     def close(self) -> None:
         for h in self.holds.pop_all():
             h.release()
-        self.http.close()
+        self.api.close()
 
     async def _provider_leases(self, provider: str, d: Deadline) -> bool:
         """Whether roched takes leased=true for the provider (asked once)."""
         if self._leases is None:
-            self._leases = _wire.leases(await self.http.unary("ListProviders", {}, d))
+            self._leases = _wire.leases(await self.api.unary("ListProviders", {}, d))
         return self._leases.get(provider, False)
 
     async def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
         if cfg.leased and not await self._provider_leases(provider, d):
             cfg = dataclasses.replace(cfg, leased=False)  # a roched without leases: as before them
-        m = await self.http.unary("Create", _wire.config_request(provider, cfg), d)
+        m = await self.api.unary("Create", _wire.config_request(provider, cfg), d)
         info = _wire.parse_sandbox(m.get("sandbox", {}))
         if cfg.leased:
             await self._hold(info.id, d)
         return info
 
     async def _hold(self, sid: str, d: Deadline) -> None:
-        """Holds a leased sandbox just made (from a thread, see _lease); one that cannot
-        be held is destroyed."""
-        h = DaemonHold(self.http.ep, sid)
+        """Holds a leased sandbox just made (from a thread of its own, see _lease); one
+        that cannot be held is destroyed."""
+        h = DaemonHold(self.api.ep, sid)
         try:
-            await asyncio.to_thread(h.start, d)
-        except asyncio.CancelledError:
+            await _aio.in_thread(h.start, d)
+        except _aio.Cancelled:
             h.release()  # roched destroys it shortly
             raise
         except BaseException:
@@ -104,12 +174,12 @@ class AsyncDaemonTransport:
         self.holds.add(sid, h)
 
     async def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
-        m = await self.http.unary("Exec", _wire.exec_request(sid, req), d)
+        m = await self.api.unary("Exec", _wire.exec_request(sid, req), d)
         return _wire.parse_result(m.get("result", {}))
 
     async def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]:
         out = _wire.OutputAssembler()
-        messages = self.http.stream("ExecStream", _wire.envelope(_wire.exec_request(sid, req)), d)
+        messages = self.api.stream("ExecStream", _wire.envelope(_wire.exec_request(sid, req)), d)
         try:
             async for m in messages:
                 event, result = _wire.stream_event(m, out)
@@ -124,7 +194,7 @@ class AsyncDaemonTransport:
 
     async def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> AsyncIterator[_wire.CodeItem]:
         asm = _wire.CodeAssembler()
-        messages = self.http.stream("RunCode", _wire.envelope(_wire.code_request(sid, req)), d)
+        messages = self.api.stream("RunCode", _wire.envelope(_wire.code_request(sid, req)), d)
         try:
             async for m in messages:
                 item = _wire.code_event(m, asm)
@@ -142,21 +212,21 @@ class AsyncDaemonTransport:
             m["language"] = language
         if cwd:
             m["cwd"] = cwd
-        return _wire.parse_context((await self.http.unary("CreateContext", m, d)).get("context"))
+        return _wire.parse_context((await self.api.unary("CreateContext", m, d)).get("context"))
 
     async def contexts(self, sid: str, d: Deadline) -> List[Context]:
-        m = await self.http.unary("ListContexts", {"sandboxId": sid}, d)
+        m = await self.api.unary("ListContexts", {"sandboxId": sid}, d)
         return [_wire.parse_context(c) for c in m.get("contexts", [])]
 
     async def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
-        await self.http.unary("RestartContext", {"sandboxId": sid, "contextId": cid}, d)
+        await self.api.unary("RestartContext", {"sandboxId": sid, "contextId": cid}, d)
 
     async def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
-        await self.http.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
+        await self.api.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
 
     async def destroy(self, sid: str, d: Deadline) -> None:
         try:
-            await self.http.unary("Destroy", {"ids": [sid]}, d)
+            await self.api.unary("Destroy", {"ids": [sid]}, d)
         except SandboxNotFound:
             pass  # roched serves no such sandbox (any more): destroy is idempotent
         finally:
@@ -166,18 +236,18 @@ class AsyncDaemonTransport:
                 h.release()
 
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
-        m = await self.http.unary("Inspect", {"sandboxId": sid}, d)
+        m = await self.api.unary("Inspect", {"sandboxId": sid}, d)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        m = await self.http.unary("List", {"provider": provider}, d)
+        m = await self.api.unary("List", {"provider": provider}, d)
         return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
-        await self.http.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+        await self.api.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
 
     async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
-        m = await self.http.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
+        m = await self.api.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
         info = _wire.parse_sandbox(m.get("sandbox", {}))
         old = self.holds.pop(sid)
         if old is not None:
@@ -187,70 +257,51 @@ class AsyncDaemonTransport:
         return info
 
     async def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
-        m = await self.http.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
+        m = await self.api.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
         return _wire.parse_snapshot(m.get("snapshot", {}))
 
     async def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
-        m = await self.http.unary("ListSnapshots", {"provider": provider}, d)
+        m = await self.api.unary("ListSnapshots", {"provider": provider}, d)
         return [_wire.parse_snapshot(s) for s in m.get("snapshots", [])]
 
     async def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
-        await self.http.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
+        await self.api.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
 
     async def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
-        m = await self.http.unary("ListWorkspaces", {"provider": provider}, d)
+        m = await self.api.unary("ListWorkspaces", {"provider": provider}, d)
         return [_wire.parse_workspace(w) for w in m.get("workspaces", [])]
 
     async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
-        await self.http.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
+        await self.api.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
 
-    async def _upload(self, body: object, d: Deadline) -> None:
-        messages = self.http.stream("CopyTo", body, d)
+    async def _upload(self, body: Any, d: Deadline) -> None:
+        messages = self.api.stream("CopyTo", body, d)
         async for _ in messages:
             pass
+
+    async def _download(self, req: bytes, d: Deadline,
+                        consume: Callable[[IO[bytes], Callable[[], CopyReport]], T]) -> T:
+        """Streams a CopyFrom into consume, which reads the pieces as they arrive and then
+        what roched left out (its trailers): nothing is held whole. When consume stops
+        early (a cap, a refusal), the call is closed."""
+        trailers: dict[str, list[str]] = {}
+        messages = self.api.stream("CopyFrom", req, d, trailers)
+        try:
+            return await _aio.read_pieces(messages, _wire.tar_chunk,
+                                          lambda r: consume(r, lambda: _wire.skipped_from_trailers(trailers)))
+        finally:
+            await messages.aclose()
 
     async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
         tar = _tarutil.file_tar(_tarutil.base_name(path, "path"), data, mode)
         pieces = (tar[i:i + _wire.COPY_CHUNK] for i in range(0, len(tar), _wire.COPY_CHUNK))
         await self._upload(b"".join(_wire.copy_to_messages(sid, path, pieces)), d)
 
-    async def _download(self, req: bytes, d: Deadline,
-                        consume: Callable[[IO[bytes], dict[str, list[str]]], T]) -> T:
-        """Streams a CopyFrom into consume, which runs in a worker thread and reads the
-        pieces as they arrive: nothing is held whole. When consume stops early (a cap,
-        a refusal), the call is closed."""
-        trailers: dict[str, list[str]] = {}
-        reader = _tarutil.PipeReader()
-
-        def run() -> T:
-            try:
-                return consume(reader, trailers)
-            finally:
-                reader.abandoned.set()
-
-        work = asyncio.ensure_future(asyncio.to_thread(run))
-        messages = self.http.stream("CopyFrom", req, d, trailers)
-        try:
-            async for m in messages:
-                await asyncio.to_thread(reader.feed, _wire.tar_chunk(m))
-            await asyncio.to_thread(reader.feed, None)
-        except _tarutil.Abandoned:
-            pass  # consume is done, early or refusing: its result says which
-        except BaseException as e:
-            reader.fail(e if isinstance(e, Exception) else RocheError("the copy was cancelled"))
-            # The worker ends at its next read; its own error is this one's consequence.
-            work.add_done_callback(lambda t: t.cancelled() or t.exception())
-            raise
-        finally:
-            await messages.aclose()
-        return await work
-
     async def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")
         cap = _tarutil.limit(max_bytes)
-        return await self._download(
-            _wire.copy_from_request(sid, path, max_bytes or 0), d,
-            lambda r, tr: _tarutil.file_from_tar(r, path, cap, lambda: _wire.skipped_from_trailers(tr)))
+        return await self._download(_wire.copy_from_request(sid, path, max_bytes or 0), d,
+                                    lambda r, skipped: _tarutil.file_from_tar(r, path, cap, skipped))
 
     async def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport:
         name = _tarutil.base_name(dst, "destination")
@@ -259,7 +310,7 @@ class AsyncDaemonTransport:
             raise SandboxNotFound(f"not found: host path {src} does not exist")
         rep = _tarutil.Report()
         messages = _wire.copy_to_messages(sid, dst, _tarutil.path_tar(src, name, cap, rep), max_bytes or 0)
-        await self._upload(_from_thread(messages), d)
+        await self._upload(_aio.from_thread(messages), d)
         return rep.freeze()
 
     async def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
@@ -267,26 +318,12 @@ class AsyncDaemonTransport:
         _tarutil.base_name(src, "source")
         cap = _tarutil.limit(max_bytes)
         where = posixpath.dirname(posixpath.normpath(src))
-        return await self._download(
-            _wire.copy_from_request(sid, src, max_bytes or 0, preserve_links), d,
-            lambda r, tr: _tarutil.extract(r, dst, cap, preserve_links, where, lambda: _wire.skipped_from_trailers(tr)))
-
-
-T = TypeVar("T")
-
-
-async def _from_thread(gen: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """The pieces of a generator that reads files, each made in a worker thread so the
-    event loop never waits on the disk."""
-    while True:
-        piece = await asyncio.to_thread(next, gen, None)
-        if piece is None:
-            return
-        yield piece
+        return await self._download(_wire.copy_from_request(sid, src, max_bytes or 0, preserve_links), d,
+                                    lambda r, skipped: _tarutil.extract(r, dst, cap, preserve_links, where, skipped))
 
 
 class AsyncCLITransport:
-    """The roche CLI (`roche --direct ... --json`) as an asyncio subprocess per call."""
+    """The roche CLI (`roche --direct ... --json`) as a subprocess per call."""
 
     name = "cli"
 
@@ -295,31 +332,11 @@ class AsyncCLITransport:
         self.holds = Holds()
 
     def close(self) -> None:
-        # Not waited for here (close is not async): each roche destroys its sandbox and is
-        # reaped by a thread.
-        for h in self.holds.pop_all():
-            if isinstance(h, CLIHold):
-                h.reap_in_background()
-
-    async def _spawn(self, args: list[str], stdin: bool) -> asyncio.subprocess.Process:
-        try:
-            return await asyncio.create_subprocess_exec(
-                self.cli, "--direct", *args,
-                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        except OSError as e:
-            raise ProviderUnavailable(
-                f"cannot run the roche CLI {self.cli!r}: {e}: put roche on PATH or set ROCHE_CLI"
-            ) from None
+        _aio.let_go([h for h in self.holds.pop_all() if isinstance(h, CLIHold)])
 
     async def _run(self, args: list[str], d: Deadline, stdin: Optional[bytes] = None) -> tuple[bytes, bytes, int]:
-        p = await self._spawn(args, stdin is not None)
-        try:
-            out, err = await within(d, p.communicate(stdin), f"roche {args[0]}")
-        except BaseException:
-            await stop(p)
-            raise
-        return out, err, p.returncode if p.returncode is not None else -1
+        p = await _aio.spawn(self.cli, args, stdin is not None)
+        return await p.communicate(stdin, d, f"roche {args[0]}")
 
     async def _call(self, args: list[str], d: Deadline) -> bytes:
         out, err, rc = await self._run(args, d)
@@ -331,11 +348,11 @@ class AsyncCLITransport:
         if not cfg.leased:
             out = await self._call(_cli.create_args(provider, cfg), d)
             return _cli.parse_info(_cli.parse_json(out, "create"))
-        # A plain subprocess, not an asyncio one: it must outlive the event loop.
+        # A plain subprocess, in both halves: it must outlive the event loop.
         h = CLIHold(self.cli, _cli.create_args(provider, cfg))
         try:
-            info = await asyncio.to_thread(h.first, d)
-        except asyncio.CancelledError:
+            info = await _aio.in_thread(h.first, d)
+        except _aio.Cancelled:
             threading.Thread(target=h.stop, daemon=True).start()  # SIGTERM: roche undoes the create
             raise
         self.holds.add(info.id, h)
@@ -347,77 +364,42 @@ class AsyncCLITransport:
 
     async def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]:
         started = time.monotonic()
-        p = await self._spawn(_cli.exec_args(sid, req, as_json=False), req.stdin is not None)
+        p = await _aio.spawn(self.cli, _cli.exec_args(sid, req, as_json=False), req.stdin is not None)
         parser = _cli.StreamParser()
-        readers: dict[asyncio.Future[bytes], str] = {}
-        feeder: Optional[asyncio.Task[None]] = None
         done = False
         try:
-            if p.stdin is not None:
-                feeder = asyncio.ensure_future(_feed(p.stdin, req.stdin or b""))
-            assert p.stdout is not None and p.stderr is not None
-            pipes = {"stdout": p.stdout, "stderr": p.stderr}
-            for name, pipe in pipes.items():
-                readers[asyncio.ensure_future(pipe.read(65536))] = name
-            while readers:
-                ready, _ = await within(d, asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED), "roche exec")
-                for fut in ready:
-                    name = readers.pop(fut)
-                    data = fut.result()
-                    if data:
-                        readers[asyncio.ensure_future(pipes[name].read(65536))] = name
-                        for event in parser.feed(name, data):  # type: ignore[arg-type]
-                            yield event
-            rc = await within(d, p.wait(), "roche exec")
+            if req.stdin is not None:
+                p.feed(req.stdin)
+            async for stream, data in p.output(d, "roche exec"):
+                for event in parser.feed(stream, data):  # type: ignore[arg-type]
+                    yield event
+            rc = await p.wait(d, "roche exec")
             events, result = parser.finish(rc, time.monotonic() - started)
             done = True
             for event in events:
                 yield event
             yield result
         finally:
-            for fut in readers:
-                fut.cancel()
-            if feeder is not None:
-                feeder.cancel()
-            if not done:
-                await stop(p)
+            await p.close(stop=not done)
 
     async def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> AsyncIterator[_wire.CodeItem]:
-        p = await self._spawn(_cli.code_args(sid, req), True)
+        p = await _aio.spawn(self.cli, _cli.code_args(sid, req), True)
         parser = _cli.CodeEventParser()
         errbuf = bytearray()
-        readers: dict[asyncio.Future[bytes], str] = {}
-        feeder: Optional[asyncio.Task[None]] = None
         done = False
         try:
-            assert p.stdin is not None and p.stdout is not None and p.stderr is not None
-            feeder = asyncio.ensure_future(_feed(p.stdin, req.code.encode()))
-            pipes = {"stdout": p.stdout, "stderr": p.stderr}
-            for name, pipe in pipes.items():
-                readers[asyncio.ensure_future(pipe.read(65536))] = name
-            while readers:
-                ready, _ = await within(d, asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED), "roche code")
-                for fut in ready:
-                    name = readers.pop(fut)
-                    data = fut.result()
-                    if not data:
-                        continue
-                    readers[asyncio.ensure_future(pipes[name].read(65536))] = name
-                    if name == "stderr":
-                        errbuf += data
-                        continue
-                    for item in parser.feed(data):
-                        yield item
-            rc = await within(d, p.wait(), "roche code")
+            p.feed(req.code.encode())
+            async for stream, data in p.output(d, "roche code"):
+                if stream == "stderr":
+                    errbuf += data
+                    continue
+                for item in parser.feed(data):
+                    yield item
+            rc = await p.wait(d, "roche code")
             done = True
             parser.finish(bytes(errbuf), rc)
         finally:
-            for fut in readers:
-                fut.cancel()
-            if feeder is not None:
-                feeder.cancel()
-            if not done:
-                await stop(p)
+            await p.close(stop=not done)
 
     async def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context:
         out = await self._call(_cli.context_create_args(sid, language, cwd), d)
@@ -438,9 +420,9 @@ class AsyncCLITransport:
     async def destroy(self, sid: str, d: Deadline) -> None:
         h = self.holds.pop(sid)
         if isinstance(h, CLIHold):
-            rc = await asyncio.to_thread(h.finish, d)
+            rc = await _aio.in_thread(h.finish, d)
             if rc is None:
-                await asyncio.to_thread(h.stop)
+                await _aio.in_thread(h.stop)
                 raise d.expired("roche destroy")
             if rc == 0:
                 return
@@ -451,14 +433,14 @@ class AsyncCLITransport:
             pass  # destroy is idempotent, as over the daemon
 
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
-        for sb in await self.list(_provider_of(sid), d):
+        for sb in await self.list(_cli.provider_of(sid), d):
             if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
                 return sb
         raise SandboxNotFound(f"not found: no sandbox {sid} (roche list shows the live ones)")
 
     async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        obj = _cli.parse_json(await self._call(["list", "--json", "--provider", provider], d), "list")
-        return [_cli.parse_info(o) for o in obj or []]
+        out = await self._call(["list", "--json", "--provider", provider], d)
+        return [_cli.parse_info(o) for o in _cli.parse_json(out, "list") or []]
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         await self._call(["pause" if pause else "unpause", sid], d)
@@ -469,7 +451,7 @@ class AsyncCLITransport:
             out = await self._call(_cli.reset_args(sid, keep_workspace), d)
             return _cli.parse_info(_cli.parse_json(out, "reset"))
         try:
-            info = await asyncio.to_thread(h.reset, keep_workspace, d)
+            info = await _aio.in_thread(h.reset, keep_workspace, d)
         except BaseException:
             if h.stopped:
                 self.holds.pop(sid)
@@ -530,31 +512,3 @@ class AsyncCLITransport:
         _tarutil.base_name(src, "source")
         _tarutil.limit(max_bytes)
         return _cli.parse_copy_report(await self._call(_cli.cp_args(f"{sid}:{src}", dst, max_bytes, preserve_links), d))
-
-
-async def _feed(w: asyncio.StreamWriter, data: bytes) -> None:
-    try:
-        w.write(data)
-        await w.drain()
-        w.close()
-    except (OSError, RuntimeError):
-        pass
-
-
-async def stop(p: asyncio.subprocess.Process) -> None:
-    """Ends a CLI process: SIGTERM first, so that it cleans up (kills the command it
-    runs, destroys a half-made sandbox), then SIGKILL."""
-    if p.returncode is not None:
-        return
-    try:
-        p.send_signal(signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        await asyncio.wait_for(asyncio.shield(p.wait()), 10)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
-        try:
-            p.kill()
-        except ProcessLookupError:
-            pass
-        await p.wait()

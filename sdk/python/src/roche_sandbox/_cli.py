@@ -10,7 +10,7 @@ import re
 from typing import Any, Optional
 
 from ._wire import CodeAssembler, CodeItem, OutputAssembler, decode_output, parse_context, parse_execution, parse_time
-from .errors import RocheError, error_for, reason_from_text
+from .errors import ProviderUnavailable, RocheError, error_for, reason_from_text
 from .types import CodeRequest, Context, CopyReport, ExecRequest, ExecResult, SkippedEntry, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
 
 #: The CLI's exit statuses besides the command's own (internal/cli).
@@ -346,3 +346,14 @@ class CodeEventParser:
             self.feed(b"\n")
         if self.execution is None:
             raise error_from_stderr(stderr, rc, "code")
+
+
+def provider_of(sandbox_id: str) -> str:
+    """The provider an id belongs to: every provider but Docker prefixes its ids."""
+    head, sep, _ = sandbox_id.partition("-")
+    return head if sep and head.isalpha() and head != "docker" else "docker"
+
+
+def cannot_run(cli: str, err: OSError) -> ProviderUnavailable:
+    """The error for a roche CLI that could not be started."""
+    return ProviderUnavailable(f"cannot run the roche CLI {cli!r}: {err}: put roche on PATH or set ROCHE_CLI")

@@ -11,7 +11,7 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from . import _tls
-from .errors import InvalidConfig
+from .errors import InvalidConfig, ProviderUnavailable
 
 
 def default_socket() -> str:
@@ -62,6 +62,23 @@ class Endpoint:
         if self.socket:
             return self.socket
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    def unreachable(self, err: BaseException) -> ProviderUnavailable:
+        """The error for a roched that cannot be reached: a TLS failure said as such."""
+        failure = _tls.problem(self.where, err)
+        if failure is not None:
+            return failure
+        return ProviderUnavailable(
+            f"roched is not answering on {self.where}: start it (roche daemon start), "
+            f"or let the SDK use the roche CLI (transport='cli'): {err}"
+        )
+
+    def broke_off(self, err: BaseException) -> ProviderUnavailable:
+        """The error for a call whose connection failed midway."""
+        failure = _tls.problem(self.where, err)
+        if failure is not None:
+            return failure
+        return ProviderUnavailable(f"roched on {self.where} broke off the call: {err} (is it still running?)")
 
 
 def read_token_file(path: str) -> str:

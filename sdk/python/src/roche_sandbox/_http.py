@@ -1,20 +1,22 @@
-"""The Connect protocol over HTTP/1.1 with http.client, on roched's unix socket or TCP.
-Connections are kept and reused; one that fails or is left mid-response is closed."""
+"""HTTP/1.1 to roched for the synchronous half, with http.client, on its unix socket or
+TCP: one POST at a time per connection, its response read as it arrives. Connections
+are kept and reused; one that fails or is left mid-response is closed. _ahttp.py is the
+asyncio counterpart; the Connect protocol on top of both is in _atransport.py."""
 
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 import ssl
 import threading
-import time
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from . import _tls, _wire
-from .errors import ProviderUnavailable, RocheError, SandboxTimeout
+from ._deadline import Deadline
 from ._discovery import Endpoint
+from .errors import RocheError
+
+__all__ = ["Deadline", "HTTPClient", "auth_headers", "connection"]
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -48,25 +50,6 @@ def auth_headers(ep: Endpoint) -> dict[str, str]:
     return {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
 
 
-class Deadline:
-    """An absolute time limit for one call; None is no limit."""
-
-    def __init__(self, seconds: Optional[float]) -> None:
-        self.seconds = seconds
-        self.at = None if seconds is None else time.monotonic() + seconds
-
-    def remaining(self) -> Optional[float]:
-        if self.at is None:
-            return None
-        return self.at - time.monotonic()
-
-    def expired(self, what: str) -> SandboxTimeout:
-        return SandboxTimeout(
-            f"timed out: {what} did not answer within {self.seconds:g} s; the call was abandoned "
-            "(raise request_timeout= if the work is slow, or check that the sandbox is not paused)"
-        )
-
-
 # Errors meaning the server closed a kept connection before our request reached it.
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
@@ -94,20 +77,12 @@ class HTTPClient:
         for c in getattr(self, "_idle", []):
             c.close()
 
-    def unreachable(self, err: BaseException) -> ProviderUnavailable:
-        failure = _tls.problem(self.ep.where, err)
-        if failure is not None:
-            return failure
-        return ProviderUnavailable(
-            f"roched is not answering on {self.ep.where}: start it (roche daemon start), "
-            f"or let the SDK use the roche CLI (transport='cli'): {err}"
-        )
-
     @contextmanager
-    def _exchange(self, path: str, body: Any, headers: dict[str, str],
-                  deadline: Deadline) -> Iterator[http.client.HTTPResponse]:
-        """Sends one POST and yields its response; the connection goes back to the pool
-        only when the response was read to its end."""
+    def exchange(self, path: str, headers: dict[str, str], body: Any,
+                 deadline: Deadline) -> Iterator["_TimedResponse"]:
+        """Sends one POST (body: bytes, or an iterator of pieces sent chunked) and yields
+        its response; the connection goes back to the pool only when the response was
+        read to its end."""
         hdrs = {**headers, **self._headers}
         retried = False
         while True:
@@ -131,19 +106,16 @@ class HTTPClient:
                         retried = True
                         continue
                     raise
-                yield _TimedResponse(resp, conn, deadline)  # type: ignore[misc]
+                yield _TimedResponse(resp, conn, deadline)
                 clean = resp.isclosed() and not resp.will_close
             except RocheError:
                 raise
             except (socket.timeout, TimeoutError):
                 raise deadline.expired(f"roched on {self.ep.where}") from None
             except (ConnectionRefusedError, FileNotFoundError) as e:
-                raise self.unreachable(e) from None
+                raise self.ep.unreachable(e) from None
             except (OSError, http.client.HTTPException) as e:
-                failure = _tls.problem(self.ep.where, e)
-                if failure is not None:
-                    raise failure from None
-                raise ProviderUnavailable(f"roched on {self.ep.where} broke off the call: {e} (is it still running?)") from None
+                raise self.ep.broke_off(e) from None
             finally:
                 if clean:
                     with self._lock:
@@ -152,68 +124,18 @@ class HTTPClient:
                     conn.close()
             return
 
-    def health(self, timeout: float) -> dict[str, Any]:
-        """GET /healthz; raises ProviderUnavailable when nothing answers."""
+    def get(self, path: str, timeout: float) -> tuple[int, bytes]:
+        """A GET on a connection of its own: the status and the body; ProviderUnavailable
+        when nothing answers."""
         conn = self._new(timeout)
         try:
-            conn.request("GET", "/healthz")
+            conn.request("GET", path)
             resp = conn.getresponse()
-            body = resp.read()
-            if resp.status != 200:
-                raise ProviderUnavailable(f"roched on {self.ep.where} answered /healthz with HTTP {resp.status}")
-            health: dict[str, Any] = json.loads(body)
-            return health
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            raise self.unreachable(e) from None
+            return resp.status, resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise self.ep.unreachable(e) from None
         finally:
             conn.close()
-
-    def unary(self, method: str, msg: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
-        """One request, one response."""
-        body = json.dumps(msg, separators=(",", ":")).encode()
-        with self._exchange(_wire.SERVICE + method, body, _wire.UNARY_HEADERS, deadline) as resp:
-            data = resp.read()
-            status = resp.status
-        try:
-            obj = json.loads(data) if data else {}
-        except ValueError:
-            obj = None
-        if status != 200:
-            raise _wire.error_from_connect(obj, status, self.ep.where)
-        if not isinstance(obj, dict):
-            raise RocheError(f"roched on {self.ep.where} sent a malformed {method} response")
-        return obj
-
-    def stream(self, method: str, body: Any, deadline: Deadline,
-               trailers: Optional[dict[str, list[str]]] = None) -> Iterator[dict[str, Any]]:
-        """The messages of a streaming response; body is one envelope or an iterable of them.
-        Closing the iterator early closes the connection, which cancels the call. The
-        response's trailers go into trailers, when given, once the stream has ended."""
-        with self._exchange(_wire.SERVICE + method, body, _wire.STREAM_HEADERS, deadline) as resp:
-            if resp.status != 200:
-                data = resp.read()
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    obj = None
-                raise _wire.error_from_connect(obj, resp.status, self.ep.where)
-            while True:
-                head = resp.read(5)
-                if len(head) < 5:
-                    raise RocheError(f"roched on {self.ep.where} ended {method} without an end-of-stream message")
-                flags, n = _wire.envelope_header(head)
-                data = resp.read(n)
-                if len(data) < n:
-                    raise RocheError(f"roched on {self.ep.where} cut a {method} message short")
-                if flags & _wire.END_STREAM:
-                    resp.read()
-                    if trailers is not None:
-                        trailers.update(_wire.end_stream_metadata(data))
-                    err = _wire.end_stream_error(data, self.ep.where)
-                    if err is not None:
-                        raise err
-                    return
-                yield json.loads(data)
 
 
 def _timeout(deadline: Deadline) -> Optional[float]:
@@ -233,18 +155,10 @@ class _TimedResponse:
         self.status = resp.status
 
     def read(self, n: Optional[int] = None) -> bytes:
+        """Up to n bytes of the body (fewer only at its end); all of it without n."""
         if self._conn.sock is not None:
             self._conn.sock.settimeout(_timeout(self._deadline))
         return self._resp.read(n)
 
-    def isclosed(self) -> bool:
-        return self._resp.isclosed()
-
-    @property
-    def will_close(self) -> bool:
-        return bool(self._resp.will_close)
-
-
-def envelopes(messages: Iterable[bytes]) -> Iterator[bytes]:
-    """An iterator body, sent with chunked encoding."""
-    yield from messages
+    def read_all(self) -> bytes:
+        return self.read()

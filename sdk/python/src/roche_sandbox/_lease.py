@@ -15,7 +15,6 @@ must not end with an event loop, since an AsyncRoche often outlives its loop."""
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import select
 import signal
@@ -29,7 +28,8 @@ from typing import IO, Iterator, Optional, Protocol
 
 from . import _cli, _wire
 from ._discovery import Endpoint
-from ._http import Deadline, auth_headers, connection
+from ._deadline import Deadline
+from ._http import auth_headers, connection
 from .errors import InvalidConfig, ProviderUnavailable, RocheError, SandboxNotFound
 from .types import SandboxInfo
 
@@ -41,6 +41,8 @@ HOLD_RETRY_DELAY = 0.5
 HOLD_SILENCE = 45.0
 #: How long one attempt to reach roched for a Hold may take.
 HOLD_CONNECT_TIMEOUT = 10.0
+#: How long undoing a half-done call, or letting go at close(), may take.
+UNDO_TIMEOUT = 20.0
 
 
 class Hold(Protocol):
@@ -190,12 +192,7 @@ class DaemonHold:
             if self._stop.is_set():
                 return  # let go while connecting: release() found no socket to shut
             if resp.status != 200:
-                data = resp.read()
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    obj = None
-                raise _wire.error_from_connect(obj, resp.status, self._ep.where)
+                raise _wire.error_response(resp.read(), resp.status, self._ep.where)
             if conn.sock is not None:
                 conn.sock.settimeout(HOLD_SILENCE)
             while True:
@@ -233,9 +230,7 @@ class CLIHold:
                                        stderr=self._stderr, start_new_session=True)
         except OSError as e:
             self._stderr.close()
-            raise ProviderUnavailable(
-                f"cannot run the roche CLI {cli!r}: {e}: put roche on PATH or set ROCHE_CLI"
-            ) from None
+            raise _cli.cannot_run(cli, e) from None
         self._buf = bytearray()
         self._lock = threading.Lock()
         self.sid = ""

@@ -1,18 +1,21 @@
-"""The synchronous API: Roche, Sandbox and ExecStream."""
+# Generated from _async.py by sdk/python/unasync.py: do not edit. Edit _async.py, then
+# run `python3 sdk/python/unasync.py` (a test fails while this file is stale).
+"""The synchronous API: Roche, Sandbox and ExecStream, the same surface as the asyncio one.
+Calls block the calling thread; Roche is safe to share between threads."""
 
 from __future__ import annotations
 
-import threading
-from datetime import datetime, timezone
 from types import TracebackType
 # typing.List: inside these classes "list" names their list() method.
 from typing import Iterator, List, Mapping, Optional, Sequence, Type, Union
 
-from . import _discovery, _tls
-from ._http import Deadline, HTTPClient
+from . import _syncio, _discovery, _tls
 from ._pty import Pty
-from ._transport import CLITransport, DaemonTransport, StreamItem, Transport
-from .errors import InvalidConfig, ProviderUnavailable, RocheError
+from ._transport import CLITransport, ConnectClient, DaemonTransport, Transport
+from ._choice import PROBE_TIMEOUT, Choice, no_context, remaining_life
+from ._deadline import Deadline
+from ._wire import StreamItem
+from .errors import RocheError
 from .types import (
     DEFAULT_CODE_TIMEOUT,
     CodeCallbacks,
@@ -35,57 +38,12 @@ from .types import (
     make_exec_request,
 )
 
-#: How long the SDK waits for roched's /healthz before working through the CLI, as the CLI does.
-PROBE_TIMEOUT = 2.0
-TRANSPORTS = ("auto", "daemon", "cli")
-
-
-def remaining_life(info: SandboxInfo) -> Optional[float]:
-    """Seconds until the sandbox's lifetime ends, when known."""
-    if info.expires_at is None:
-        return None
-    return max(0.0, (info.expires_at - datetime.now(timezone.utc)).total_seconds())
-
-
-class Choice:
-    """The transport settings shared by Roche and AsyncRoche, and how they resolve."""
-
-    def __init__(self, provider: str, transport: str, socket: Optional[str], address: Optional[str],
-                 token: Optional[str], cli: Optional[str], request_timeout: float,
-                 token_file: Optional[str] = None, ca: Optional[str] = None,
-                 client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
-        if transport not in TRANSPORTS:
-            raise InvalidConfig(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
-        if request_timeout <= 0:
-            raise InvalidConfig(f"request_timeout {request_timeout!r}: give seconds > 0")
-        self.provider = provider
-        self.transport = transport
-        self.endpoint = _discovery.endpoint(socket, address, token, token_file, ca, client_cert, client_key)
-        self.cli = cli
-        self.request_timeout = float(request_timeout)
-
-    def serves(self, health: Mapping[str, object]) -> bool:
-        providers = health.get("providers")
-        return isinstance(providers, list) and self.provider in providers
-
-    def no_daemon(self, why: Optional[RocheError]) -> RocheError:
-        if why is None or isinstance(why, ProviderUnavailable):
-            return why or ProviderUnavailable(f"roched is not answering on {self.endpoint.where}")
-        return ProviderUnavailable(why.message)
-
-    def no_cli(self, why: str) -> ProviderUnavailable:
-        return ProviderUnavailable(
-            f"provider unavailable: {why}, and no roche CLI was found (none in this package, none on PATH): "
-            "install a roche-sandbox wheel, which carries it, or set ROCHE_CLI to its path (bin/roche after make build)"
-        )
-
-
-def _no_context() -> str:
-    raise InvalidConfig("no context given: pass a Context from create_code_context or list_code_contexts, or its id")
-
-
 class Roche:
     """Creates sandboxes with secure defaults on one provider ("docker", "wasm", ...).
+
+        roche = Roche()
+        with roche.create() as sandbox:
+            result = sandbox.exec(["python3", "-c", code])
 
     Calls go to roched when it answers on its socket (ROCHE_SOCKET, else the default
     path) and serves the provider; otherwise to the roche CLI (ROCHE_CLI, else roche on
@@ -104,8 +62,7 @@ class Roche:
                  client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
         self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file,
                               ca, client_cert, client_key)
-        self._lock = threading.Lock()
-        self._transport: Optional[Transport] = None
+        self._chosen: _syncio.Once[Transport] = _syncio.Once()
 
     @property
     def provider(self) -> str:
@@ -117,26 +74,20 @@ class Roche:
         return self._resolve().name
 
     def _resolve(self) -> Transport:
-        with self._lock:
-            if self._transport is None:
-                self._transport = self._choose()
-            return self._transport
+        return self._chosen.get(self._choose)
 
     def _choose(self) -> Transport:
         c = self._choice
         why: Optional[RocheError] = None
         if c.transport in ("auto", "daemon"):
-            http = HTTPClient(c.endpoint)
             try:
-                health = http.health(PROBE_TIMEOUT)
+                health = ConnectClient(c.endpoint).health(PROBE_TIMEOUT)
             except RocheError as e:
                 why = e
             else:
                 if c.serves(health):
                     return DaemonTransport(c.endpoint)
-                why = ProviderUnavailable(
-                    f"roched on {c.endpoint.where} does not serve the {c.provider} provider "
-                    f"(it serves {', '.join(map(str, health.get('providers') or [])) or 'none'})")
+                why = c.not_served(health)
             # A roched whose certificate is not trusted is no reason to run elsewhere.
             if c.transport == "daemon" or isinstance(why, _tls.TLSFailure):
                 raise c.no_daemon(why)
@@ -162,18 +113,20 @@ class Roche:
         sandbox's lifetime: it is destroyed after. Use it as a context manager to destroy
         it as soon as you are done, even when the body raises. The sandbox is also tied to
         this process (leased): when the process ends, however it ends (``kill -9``
-        included), or this Roche is closed, it is destroyed within seconds. For one meant
-        to outlive the process (found later with ``get(id)``), pass ``leased=False``: it
-        then lives until destroyed or until its lifetime ends. ``network_allowlist``
-        (e.g. ``["pypi.org", "*.npmjs.org"]``) lets it reach only those hosts over
-        HTTP(S), through a proxy roched runs; it still has no network otherwise.
-        ``workspace="name"`` mounts that persistent workspace at /workspace (writable even
-        on the read-only root; made if new): its files outlive the sandbox, for the next
-        one created with the same name. ``from_snapshot="name"`` starts from a snapshot's
-        files (see Sandbox.snapshot) instead of the image. ``disk`` bounds what a writable
-        root may hold (``"1g"`` by default; past it writes fail with ENOSPC; ``"0"`` is no
-        limit), and ``workspace_size`` the size of a new workspace (``"1g"`` by default;
-        an existing workspace keeps its own, and asking it for another is InvalidConfig).
+        included), or this Roche is closed, it is destroyed within seconds (the async
+        API holds it from a thread, not a task: it outlives the event loop that created
+        it, ``asyncio.run``'s). For one meant to outlive the process (found later with
+        ``get(id)``), pass ``leased=False``: it then lives until destroyed or until its
+        lifetime ends. ``network_allowlist`` (e.g. ``["pypi.org", "*.npmjs.org"]``) lets
+        it reach only those hosts over HTTP(S), through a proxy roched runs; it still has
+        no network otherwise. ``workspace="name"`` mounts that persistent workspace at
+        /workspace (writable even on the read-only root; made if new): its files outlive
+        the sandbox, for the next one created with the same name.
+        ``from_snapshot="name"`` starts from a snapshot's files (see ``snapshot``)
+        instead of the image. ``disk`` bounds what a writable root may hold (``"1g"`` by
+        default; past it writes fail with ENOSPC; ``"0"`` is no limit), and
+        ``workspace_size`` the size of a new workspace (``"1g"`` by default; an existing
+        workspace keeps its own, and asking it for another is InvalidConfig).
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
                           workdir, user, network_allowlist, workspace, from_snapshot,
@@ -211,13 +164,14 @@ class Roche:
         """Releases kept connections, and lets go of the sandboxes this Roche created
         leased (the default), which are then destroyed within seconds; those created
         with ``leased=False`` are left as they are."""
-        with self._lock:
-            if self._transport is not None:
-                self._transport.close()
+        t = self._chosen.made()
+        if t is not None:
+            t.close()
 
 
 class Sandbox:
-    """A sandbox. As a context manager it is destroyed on exit, even when the body raises."""
+    """A sandbox. As a context manager (``with``) it is destroyed on exit, even when
+    the body raises."""
 
     def __init__(self, roche: Roche, transport: Transport, info: SandboxInfo) -> None:
         self._roche = roche
@@ -246,7 +200,8 @@ class Sandbox:
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
-        self.destroy()
+        # In the async API, a cancelled task still destroys its sandbox on the way out.
+        _syncio.uncancellable(self.destroy)
 
     def _exec_deadline(self, req: ExecRequest) -> Deadline:
         run = req.timeout if req.timeout else remaining_life(self.info)
@@ -269,9 +224,10 @@ class Sandbox:
     def exec_stream(self, cmd: Sequence[str], timeout: Optional[float] = None,
                     stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
                     workdir: Optional[str] = None) -> "ExecStream":
-        """Runs a command and yields its output as it is produced (OutputEvent); the
-        ExecResult is ``.result`` once the iteration ends. Closing the stream early
-        (or leaving its ``with`` block) kills the command."""
+        """Runs a command and yields its output as it is produced (OutputEvent:
+        ``for event in stream``); the ExecResult is ``.result`` once the iteration
+        ends. Closing the stream early (or leaving its ``with`` block) kills the
+        command."""
         req = make_exec_request(cmd, timeout, stdin, env, workdir)
         return ExecStream(self._t.exec_stream(self.id, req, self._exec_deadline(req)))
 
@@ -341,7 +297,8 @@ class Sandbox:
         keeps its variables and ``timed_out`` is set. An exception in the code is
         ``.error``, not raised. ``on_stdout`` and ``on_stderr`` get each OutputMessage
         as it is printed, ``on_result`` each Result as it is produced, ``on_error`` the
-        ExecutionError at the end.
+        ExecutionError at the end. In the async API a callback that is a coroutine
+        function is awaited before the next event.
         """
         req = make_code_request(code, language, context, timeout)
         cb = CodeCallbacks(on_stdout, on_stderr, on_result, on_error)
@@ -350,7 +307,7 @@ class Sandbox:
         try:
             for item in items:
                 for h, arg in cb.calls(item):
-                    h(arg)
+                    _syncio.call(h, arg)
                 if isinstance(item, Execution):
                     ex = item
         finally:
@@ -373,11 +330,11 @@ class Sandbox:
 
     def restart_code_context(self, context: ContextLike) -> None:
         """Replaces a context's interpreter with a fresh one: its variables go."""
-        self._t.restart_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
+        self._t.restart_context(self.id, context_id(context) or no_context(), self._roche._deadline())
 
     def remove_code_context(self, context: ContextLike) -> None:
         """Stops a context's interpreter and forgets it."""
-        self._t.remove_context(self.id, context_id(context) or _no_context(), self._roche._deadline())
+        self._t.remove_context(self.id, context_id(context) or no_context(), self._roche._deadline())
 
     def destroy(self) -> None:
         """Destroys the sandbox. Destroying one already gone is not an error."""
@@ -392,6 +349,9 @@ class ExecStream:
         self.result: Optional[ExecResult] = None
 
     def __iter__(self) -> Iterator[OutputEvent]:
+        return self._events()
+
+    def _events(self) -> Iterator[OutputEvent]:
         try:
             for item in self._items:
                 if isinstance(item, ExecResult):

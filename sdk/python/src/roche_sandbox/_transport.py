@@ -1,35 +1,36 @@
-"""The two ways the synchronous API reaches Roche: roched over HTTP, or the roche CLI as
-a subprocess. Both offer the same calls and raise the same typed exceptions."""
+# Generated from _atransport.py by sdk/python/unasync.py: do not edit. Edit _atransport.py, then
+# run `python3 sdk/python/unasync.py` (a test fails while this file is stale).
+"""The two ways the synchronous API reaches Roche: roched over HTTP (the Connect protocol in
+JSON), or the roche CLI as a subprocess per call. Both offer the same calls and raise the
+same typed exceptions."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import posixpath
-import selectors
-import signal
-import subprocess
 import tempfile
 import threading
 import time
 # typing.List: inside these classes "list" names their list() method.
-from typing import Iterator, List, Optional, Protocol, Union
+from typing import IO, Any, Generator, Iterator, Callable, List, Optional, Protocol, TypeVar
 
-from . import _cli, _tarutil, _wire
+from . import _syncio, _cli, _tarutil, _wire
+from ._http import HTTPClient
+from ._deadline import Deadline
 from ._discovery import Endpoint
-from ._http import Deadline, HTTPClient
-from ._lease import CLIHold, DaemonHold, Holds
+from ._lease import UNDO_TIMEOUT, CLIHold, DaemonHold, Holds
+from ._wire import StreamItem
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
-from .types import CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, WorkspaceInfo
+from .types import (CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig, SandboxInfo,
+                    SnapshotInfo, WorkspaceInfo)
 
-StreamItem = Union[OutputEvent, ExecResult]
-
-#: How long undoing a half-done call, or letting go at close(), may take.
-UNDO_TIMEOUT = 20.0
+T = TypeVar("T")
 
 
 class Transport(Protocol):
-    """What a Sandbox needs from its way to Roche."""
+    """What a sandbox needs from its way to Roche."""
 
     name: str
 
@@ -59,41 +60,109 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+class ConnectClient:
+    """roched's API in the Connect protocol (JSON), over HTTP/1.1."""
+
+    def __init__(self, ep: Endpoint) -> None:
+        self.ep = ep
+        self.http = HTTPClient(ep)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def health(self, timeout: float) -> dict[str, Any]:
+        """GET /healthz; raises ProviderUnavailable when nothing answers."""
+        status, body = self.http.get("/healthz", timeout)
+        if status != 200:
+            raise ProviderUnavailable(f"roched on {self.ep.where} answered /healthz with HTTP {status}")
+        try:
+            health: dict[str, Any] = json.loads(body)
+        except ValueError as e:
+            raise self.ep.unreachable(e) from None
+        return health
+
+    def unary(self, method: str, msg: dict[str, Any], d: Deadline) -> dict[str, Any]:
+        """One request, one response."""
+        body = json.dumps(msg, separators=(",", ":")).encode()
+        with self.http.exchange(_wire.SERVICE + method, _wire.UNARY_HEADERS, body, d) as resp:
+            data = resp.read_all()
+            status = resp.status
+        try:
+            obj = json.loads(data) if data else {}
+        except ValueError:
+            obj = None
+        if status != 200:
+            raise _wire.error_from_connect(obj, status, self.ep.where)
+        if not isinstance(obj, dict):
+            raise RocheError(f"roched on {self.ep.where} sent a malformed {method} response")
+        return obj
+
+    def stream(self, method: str, body: Any, d: Deadline,
+               trailers: Optional[dict[str, list[str]]] = None) -> Generator[dict[str, Any], None, None]:
+        """The messages of a streaming response; body is one envelope or an iterable of
+        them. Closing the iterator early closes the connection, which cancels the call.
+        The response's trailers go into trailers, when given, once the stream has ended."""
+        with self.http.exchange(_wire.SERVICE + method, _wire.STREAM_HEADERS, body, d) as resp:
+            if resp.status != 200:
+                raise _wire.error_response(resp.read_all(), resp.status, self.ep.where)
+            while True:
+                head = resp.read(5)
+                if len(head) < 5:
+                    raise RocheError(f"roched on {self.ep.where} ended {method} without an end-of-stream message")
+                flags, n = _wire.envelope_header(head)
+                data = resp.read(n)
+                if len(data) < n:
+                    raise RocheError(f"roched on {self.ep.where} cut a {method} message short")
+                if flags & _wire.END_STREAM:
+                    resp.read_all()
+                    if trailers is not None:
+                        trailers.update(_wire.end_stream_metadata(data))
+                    err = _wire.end_stream_error(data, self.ep.where)
+                    if err is not None:
+                        raise err
+                    return
+                yield json.loads(data)
+
+
 class DaemonTransport:
-    """roched's API, the Connect protocol in JSON."""
+    """roched's API."""
 
     name = "daemon"
 
     def __init__(self, ep: Endpoint) -> None:
-        self.http = HTTPClient(ep)
+        self.api = ConnectClient(ep)
         self.holds = Holds()
         self._leases: Optional[dict[str, bool]] = None
 
     def close(self) -> None:
         for h in self.holds.pop_all():
             h.release()
-        self.http.close()
+        self.api.close()
 
     def _provider_leases(self, provider: str, d: Deadline) -> bool:
         """Whether roched takes leased=true for the provider (asked once)."""
         if self._leases is None:
-            self._leases = _wire.leases(self.http.unary("ListProviders", {}, d))
+            self._leases = _wire.leases(self.api.unary("ListProviders", {}, d))
         return self._leases.get(provider, False)
 
     def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
         if cfg.leased and not self._provider_leases(provider, d):
             cfg = dataclasses.replace(cfg, leased=False)  # a roched without leases: as before them
-        m = self.http.unary("Create", _wire.config_request(provider, cfg), d)
+        m = self.api.unary("Create", _wire.config_request(provider, cfg), d)
         info = _wire.parse_sandbox(m.get("sandbox", {}))
         if cfg.leased:
             self._hold(info.id, d)
         return info
 
     def _hold(self, sid: str, d: Deadline) -> None:
-        """Holds a leased sandbox just made; one that cannot be held is destroyed."""
-        h = DaemonHold(self.http.ep, sid)
+        """Holds a leased sandbox just made (from a thread of its own, see _lease); one
+        that cannot be held is destroyed."""
+        h = DaemonHold(self.api.ep, sid)
         try:
-            h.start(d)
+            _syncio.in_thread(h.start, d)
+        except _syncio.Cancelled:
+            h.release()  # roched destroys it shortly
+            raise
         except BaseException:
             try:
                 self.destroy(sid, Deadline(UNDO_TIMEOUT))
@@ -103,29 +172,36 @@ class DaemonTransport:
         self.holds.add(sid, h)
 
     def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
-        m = self.http.unary("Exec", _wire.exec_request(sid, req), d)
+        m = self.api.unary("Exec", _wire.exec_request(sid, req), d)
         return _wire.parse_result(m.get("result", {}))
 
     def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]:
         out = _wire.OutputAssembler()
-        body = _wire.envelope(_wire.exec_request(sid, req))
-        for m in self.http.stream("ExecStream", body, d):
-            event, result = _wire.stream_event(m, out)
-            if event is not None:
-                yield event
-            if result is not None:
-                yield result
-                return
+        messages = self.api.stream("ExecStream", _wire.envelope(_wire.exec_request(sid, req)), d)
+        try:
+            for m in messages:
+                event, result = _wire.stream_event(m, out)
+                if event is not None:
+                    yield event
+                if result is not None:
+                    yield result
+                    return
+        finally:
+            messages.close()
         raise RocheError("roched ended the output stream without a result")
 
     def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> Iterator[_wire.CodeItem]:
         asm = _wire.CodeAssembler()
-        for m in self.http.stream("RunCode", _wire.envelope(_wire.code_request(sid, req)), d):
-            item = _wire.code_event(m, asm)
-            if item is not None:
-                yield item
-                if isinstance(item, Execution):
-                    return
+        messages = self.api.stream("RunCode", _wire.envelope(_wire.code_request(sid, req)), d)
+        try:
+            for m in messages:
+                item = _wire.code_event(m, asm)
+                if item is not None:
+                    yield item
+                    if isinstance(item, Execution):
+                        return
+        finally:
+            messages.close()
         raise RocheError("roched ended the code stream without an execution")
 
     def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context:
@@ -134,21 +210,21 @@ class DaemonTransport:
             m["language"] = language
         if cwd:
             m["cwd"] = cwd
-        return _wire.parse_context(self.http.unary("CreateContext", m, d).get("context"))
+        return _wire.parse_context(self.api.unary("CreateContext", m, d).get("context"))
 
     def contexts(self, sid: str, d: Deadline) -> List[Context]:
-        m = self.http.unary("ListContexts", {"sandboxId": sid}, d)
+        m = self.api.unary("ListContexts", {"sandboxId": sid}, d)
         return [_wire.parse_context(c) for c in m.get("contexts", [])]
 
     def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
-        self.http.unary("RestartContext", {"sandboxId": sid, "contextId": cid}, d)
+        self.api.unary("RestartContext", {"sandboxId": sid, "contextId": cid}, d)
 
     def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
-        self.http.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
+        self.api.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
 
     def destroy(self, sid: str, d: Deadline) -> None:
         try:
-            self.http.unary("Destroy", {"ids": [sid]}, d)
+            self.api.unary("Destroy", {"ids": [sid]}, d)
         except SandboxNotFound:
             pass  # roched serves no such sandbox (any more): destroy is idempotent
         finally:
@@ -158,18 +234,18 @@ class DaemonTransport:
                 h.release()
 
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
-        m = self.http.unary("Inspect", {"sandboxId": sid}, d)
+        m = self.api.unary("Inspect", {"sandboxId": sid}, d)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        m = self.http.unary("List", {"provider": provider}, d)
+        m = self.api.unary("List", {"provider": provider}, d)
         return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
-        self.http.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+        self.api.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
 
     def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
-        m = self.http.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
+        m = self.api.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
         info = _wire.parse_sandbox(m.get("sandbox", {}))
         old = self.holds.pop(sid)
         if old is not None:
@@ -179,45 +255,51 @@ class DaemonTransport:
         return info
 
     def snapshot(self, provider: str, sid: str, name: str, d: Deadline) -> SnapshotInfo:
-        m = self.http.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
+        m = self.api.unary("CreateSnapshot", {"sandboxId": sid, "name": name}, d)
         return _wire.parse_snapshot(m.get("snapshot", {}))
 
     def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
-        m = self.http.unary("ListSnapshots", {"provider": provider}, d)
+        m = self.api.unary("ListSnapshots", {"provider": provider}, d)
         return [_wire.parse_snapshot(s) for s in m.get("snapshots", [])]
 
     def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
-        self.http.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
+        self.api.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
 
     def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
-        m = self.http.unary("ListWorkspaces", {"provider": provider}, d)
+        m = self.api.unary("ListWorkspaces", {"provider": provider}, d)
         return [_wire.parse_workspace(w) for w in m.get("workspaces", [])]
 
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
-        self.http.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
+        self.api.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
 
-    def _upload(self, sid: str, dst: str, pieces: Iterator[bytes], d: Deadline, body_bytes: bool,
-                max_bytes: int = 0) -> None:
-        messages = _wire.copy_to_messages(sid, dst, pieces, max_bytes)
-        body: object = b"".join(messages) if body_bytes else messages
-        for _ in self.http.stream("CopyTo", body, d):
+    def _upload(self, body: Any, d: Deadline) -> None:
+        messages = self.api.stream("CopyTo", body, d)
+        for _ in messages:
             pass
+
+    def _download(self, req: bytes, d: Deadline,
+                  consume: Callable[[IO[bytes], Callable[[], CopyReport]], T]) -> T:
+        """Streams a CopyFrom into consume, which reads the pieces as they arrive and then
+        what roched left out (its trailers): nothing is held whole. When consume stops
+        early (a cap, a refusal), the call is closed."""
+        trailers: dict[str, list[str]] = {}
+        messages = self.api.stream("CopyFrom", req, d, trailers)
+        try:
+            return _syncio.read_pieces(messages, _wire.tar_chunk,
+                                       lambda r: consume(r, lambda: _wire.skipped_from_trailers(trailers)))
+        finally:
+            messages.close()
 
     def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
         tar = _tarutil.file_tar(_tarutil.base_name(path, "path"), data, mode)
         pieces = (tar[i:i + _wire.COPY_CHUNK] for i in range(0, len(tar), _wire.COPY_CHUNK))
-        self._upload(sid, path, pieces, d, body_bytes=True)
+        self._upload(b"".join(_wire.copy_to_messages(sid, path, pieces)), d)
 
     def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes:
         _tarutil.base_name(path, "path")
         cap = _tarutil.limit(max_bytes)
-        trailers: dict[str, list[str]] = {}
-        messages = self.http.stream("CopyFrom", _wire.copy_from_request(sid, path, max_bytes or 0), d, trailers)
-        try:
-            return _tarutil.file_from_tar(_tarutil.ChunkReader(_wire.tar_chunk(m) for m in messages), path, cap,
-                                          lambda: _wire.skipped_from_trailers(trailers))
-        finally:
-            messages.close()
+        return self._download(_wire.copy_from_request(sid, path, max_bytes or 0), d,
+                              lambda r, skipped: _tarutil.file_from_tar(r, path, cap, skipped))
 
     def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport:
         name = _tarutil.base_name(dst, "destination")
@@ -225,20 +307,17 @@ class DaemonTransport:
         if not os.path.lexists(src):
             raise SandboxNotFound(f"not found: host path {src} does not exist")
         rep = _tarutil.Report()
-        self._upload(sid, dst, _tarutil.path_tar(src, name, cap, rep), d, body_bytes=False, max_bytes=max_bytes or 0)
+        messages = _wire.copy_to_messages(sid, dst, _tarutil.path_tar(src, name, cap, rep), max_bytes or 0)
+        self._upload(_syncio.from_thread(messages), d)
         return rep.freeze()
 
     def copy_from(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None,
                   preserve_links: bool = False) -> CopyReport:
         _tarutil.base_name(src, "source")
         cap = _tarutil.limit(max_bytes)
-        trailers: dict[str, list[str]] = {}
-        messages = self.http.stream("CopyFrom", _wire.copy_from_request(sid, src, max_bytes or 0, preserve_links), d, trailers)
-        try:
-            return _tarutil.extract(_tarutil.ChunkReader(_wire.tar_chunk(m) for m in messages), dst, cap, preserve_links,
-                                    posixpath.dirname(posixpath.normpath(src)), lambda: _wire.skipped_from_trailers(trailers))
-        finally:
-            messages.close()
+        where = posixpath.dirname(posixpath.normpath(src))
+        return self._download(_wire.copy_from_request(sid, src, max_bytes or 0, preserve_links), d,
+                              lambda r, skipped: _tarutil.extract(r, dst, cap, preserve_links, where, skipped))
 
 
 class CLITransport:
@@ -251,35 +330,11 @@ class CLITransport:
         self.holds = Holds()
 
     def close(self) -> None:
-        held = [h for h in self.holds.pop_all() if isinstance(h, CLIHold)]
-        for h in held:
-            h.release()
-        d = Deadline(UNDO_TIMEOUT)
-        for h in held:
-            if h.finish(d) is None:
-                h.reap_in_background()
-
-    def _popen(self, args: list[str], stdin: bool) -> subprocess.Popen[bytes]:
-        try:
-            return subprocess.Popen([self.cli, "--direct", *args],
-                                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except OSError as e:
-            raise ProviderUnavailable(
-                f"cannot run the roche CLI {self.cli!r}: {e}: put roche on PATH or set ROCHE_CLI"
-            ) from None
+        _syncio.let_go([h for h in self.holds.pop_all() if isinstance(h, CLIHold)])
 
     def _run(self, args: list[str], d: Deadline, stdin: Optional[bytes] = None) -> tuple[bytes, bytes, int]:
-        p = self._popen(args, stdin is not None)
-        try:
-            out, err = p.communicate(stdin, timeout=d.remaining())
-        except subprocess.TimeoutExpired:
-            stop(p)
-            raise d.expired(f"roche {args[0]}") from None
-        except BaseException:
-            stop(p)
-            raise
-        return out, err, p.returncode
+        p = _syncio.spawn(self.cli, args, stdin is not None)
+        return p.communicate(stdin, d, f"roche {args[0]}")
 
     def _call(self, args: list[str], d: Deadline) -> bytes:
         out, err, rc = self._run(args, d)
@@ -289,9 +344,15 @@ class CLITransport:
 
     def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
         if not cfg.leased:
-            return _cli.parse_info(_cli.parse_json(self._call(_cli.create_args(provider, cfg), d), "create"))
+            out = self._call(_cli.create_args(provider, cfg), d)
+            return _cli.parse_info(_cli.parse_json(out, "create"))
+        # A plain subprocess, in both halves: it must outlive the event loop.
         h = CLIHold(self.cli, _cli.create_args(provider, cfg))
-        info = h.first(d)
+        try:
+            info = _syncio.in_thread(h.first, d)
+        except _syncio.Cancelled:
+            threading.Thread(target=h.stop, daemon=True).start()  # SIGTERM: roche undoes the create
+            raise
         self.holds.add(info.id, h)
         return info
 
@@ -301,83 +362,42 @@ class CLITransport:
 
     def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]:
         started = time.monotonic()
-        p = self._popen(_cli.exec_args(sid, req, as_json=False), req.stdin is not None)
+        p = _syncio.spawn(self.cli, _cli.exec_args(sid, req, as_json=False), req.stdin is not None)
         parser = _cli.StreamParser()
-        sel = selectors.DefaultSelector()
         done = False
         try:
-            if p.stdin is not None:
-                # Written from a thread: a pipe holds 64 KiB, and the output must be read meanwhile.
-                _feed_stdin(p, req.stdin or b"")
-            assert p.stdout is not None and p.stderr is not None
-            sel.register(p.stdout, selectors.EVENT_READ, "stdout")
-            sel.register(p.stderr, selectors.EVENT_READ, "stderr")
-            open_streams = 2
-            while open_streams:
-                left = d.remaining()
-                if left is not None and left <= 0:
-                    raise d.expired("roche exec")
-                for key, _ in sel.select(left):
-                    data = os.read(key.fd, 65536)
-                    if not data:
-                        sel.unregister(key.fileobj)
-                        open_streams -= 1
-                        continue
-                    yield from parser.feed(key.data, data)
-            try:
-                rc = p.wait(timeout=d.remaining())
-            except subprocess.TimeoutExpired:
-                raise d.expired("roche exec") from None
+            if req.stdin is not None:
+                p.feed(req.stdin)
+            for stream, data in p.output(d, "roche exec"):
+                for event in parser.feed(stream, data):  # type: ignore[arg-type]
+                    yield event
+            rc = p.wait(d, "roche exec")
             events, result = parser.finish(rc, time.monotonic() - started)
             done = True
-            yield from events
+            for event in events:
+                yield event
             yield result
         finally:
-            sel.close()
-            if not done:
-                stop(p)
-            for f in (p.stdout, p.stderr):
-                if f is not None:
-                    f.close()
+            p.close(stop=not done)
 
     def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> Iterator[_wire.CodeItem]:
-        p = self._popen(_cli.code_args(sid, req), True)
+        p = _syncio.spawn(self.cli, _cli.code_args(sid, req), True)
         parser = _cli.CodeEventParser()
         errbuf = bytearray()
-        sel = selectors.DefaultSelector()
         done = False
         try:
-            _feed_stdin(p, req.code.encode())
-            assert p.stdout is not None and p.stderr is not None
-            sel.register(p.stdout, selectors.EVENT_READ, "stdout")
-            sel.register(p.stderr, selectors.EVENT_READ, "stderr")
-            open_streams = 2
-            while open_streams:
-                left = d.remaining()
-                if left is not None and left <= 0:
-                    raise d.expired("roche code")
-                for key, _ in sel.select(left):
-                    data = os.read(key.fd, 65536)
-                    if not data:
-                        sel.unregister(key.fileobj)
-                        open_streams -= 1
-                    elif key.data == "stderr":
-                        errbuf += data
-                    else:
-                        yield from parser.feed(data)
-            try:
-                rc = p.wait(timeout=d.remaining())
-            except subprocess.TimeoutExpired:
-                raise d.expired("roche code") from None
+            p.feed(req.code.encode())
+            for stream, data in p.output(d, "roche code"):
+                if stream == "stderr":
+                    errbuf += data
+                    continue
+                for item in parser.feed(data):
+                    yield item
+            rc = p.wait(d, "roche code")
             done = True
             parser.finish(bytes(errbuf), rc)
         finally:
-            sel.close()
-            if not done:
-                stop(p)
-            for f in (p.stdout, p.stderr):
-                if f is not None:
-                    f.close()
+            p.close(stop=not done)
 
     def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context:
         out = self._call(_cli.context_create_args(sid, language, cwd), d)
@@ -398,9 +418,9 @@ class CLITransport:
     def destroy(self, sid: str, d: Deadline) -> None:
         h = self.holds.pop(sid)
         if isinstance(h, CLIHold):
-            rc = h.finish(d)
+            rc = _syncio.in_thread(h.finish, d)
             if rc is None:
-                h.stop()
+                _syncio.in_thread(h.stop)
                 raise d.expired("roche destroy")
             if rc == 0:
                 return
@@ -411,15 +431,14 @@ class CLITransport:
             pass  # destroy is idempotent, as over the daemon
 
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
-        provider = _provider_of(sid)
-        for sb in self.list(provider, d):
+        for sb in self.list(_cli.provider_of(sid), d):
             if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
                 return sb
         raise SandboxNotFound(f"not found: no sandbox {sid} (roche list shows the live ones)")
 
     def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        obj = _cli.parse_json(self._call(["list", "--json", "--provider", provider], d), "list")
-        return [_cli.parse_info(o) for o in obj or []]
+        out = self._call(["list", "--json", "--provider", provider], d)
+        return [_cli.parse_info(o) for o in _cli.parse_json(out, "list") or []]
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         self._call(["pause" if pause else "unpause", sid], d)
@@ -427,9 +446,10 @@ class CLITransport:
     def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
         h = self.holds.get(sid)
         if not isinstance(h, CLIHold):
-            return _cli.parse_info(_cli.parse_json(self._call(_cli.reset_args(sid, keep_workspace), d), "reset"))
+            out = self._call(_cli.reset_args(sid, keep_workspace), d)
+            return _cli.parse_info(_cli.parse_json(out, "reset"))
         try:
-            info = h.reset(keep_workspace, d)
+            info = _syncio.in_thread(h.reset, keep_workspace, d)
         except BaseException:
             if h.stopped:
                 self.holds.pop(sid)
@@ -443,15 +463,15 @@ class CLITransport:
         return _cli.parse_snapshot(_cli.parse_json(out, "snapshot create"))
 
     def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
-        obj = _cli.parse_json(self._call(["snapshot", "list", "--json", "--provider", provider], d), "snapshot list")
-        return [_cli.parse_snapshot(o) for o in obj or []]
+        out = self._call(["snapshot", "list", "--json", "--provider", provider], d)
+        return [_cli.parse_snapshot(o) for o in _cli.parse_json(out, "snapshot list") or []]
 
     def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
         self._call(["snapshot", "rm", "--provider", provider, name], d)
 
     def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
-        obj = _cli.parse_json(self._call(["workspace", "list", "--json", "--provider", provider], d), "workspace list")
-        return [_cli.parse_workspace(o) for o in obj or []]
+        out = self._call(["workspace", "list", "--json", "--provider", provider], d)
+        return [_cli.parse_workspace(o) for o in _cli.parse_json(out, "workspace list") or []]
 
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
         self._call(["workspace", "rm", "--provider", provider, name], d)
@@ -490,38 +510,3 @@ class CLITransport:
         _tarutil.base_name(src, "source")
         _tarutil.limit(max_bytes)
         return _cli.parse_copy_report(self._call(_cli.cp_args(f"{sid}:{src}", dst, max_bytes, preserve_links), d))
-
-
-def _provider_of(sid: str) -> str:
-    """The provider an id belongs to: every provider but Docker prefixes its ids."""
-    head, sep, _ = sid.partition("-")
-    return head if sep and head.isalpha() and head != "docker" else "docker"
-
-
-def _feed_stdin(p: subprocess.Popen[bytes], data: bytes) -> None:
-    def write() -> None:
-        try:
-            assert p.stdin is not None
-            p.stdin.write(data)
-            p.stdin.close()
-        except OSError:
-            pass
-
-    threading.Thread(target=write, daemon=True).start()
-
-
-def stop(p: subprocess.Popen[bytes]) -> None:
-    """Ends a CLI process: SIGTERM first, so that it cleans up (kills the command it
-    runs, destroys a half-made sandbox), then SIGKILL."""
-    try:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            p.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-    except OSError:
-        pass
-    for f in (p.stdin, p.stdout, p.stderr):
-        if f is not None:
-            f.close()

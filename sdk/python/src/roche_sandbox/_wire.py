@@ -10,9 +10,9 @@ import re
 import struct
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
-from .errors import RocheError, error_for, reason_from_text
+from .errors import InvalidConfig, RocheError, error_for, reason_from_text
 from .types import (
     DEFAULT_OUTPUT_LIMIT,
     CodeRequest,
@@ -42,6 +42,9 @@ STREAM_HEADERS = {"Content-Type": "application/connect+json", "Connect-Protocol-
 END_STREAM = 0x02
 #: Upload pieces of a tar stream this big (before base64), as the Go client does.
 COPY_CHUNK = 32 << 10
+
+#: What an exec's output stream carries: its events, then its result.
+StreamItem = Union[OutputEvent, ExecResult]
 
 
 def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
@@ -442,6 +445,16 @@ def stream_event(m: dict[str, Any], out: OutputAssembler) -> tuple[Optional[Outp
     return None, None
 
 
+def error_response(body: bytes, status: int, where: str) -> RocheError:
+    """The typed exception for a streaming call's response of an HTTP status other than
+    200, whose body is a Connect error."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    return error_from_connect(obj, status, where)
+
+
 def end_stream_error(body: bytes, where: str) -> Optional[RocheError]:
     """The error an end-of-stream message carries, if any."""
     try:
@@ -583,3 +596,51 @@ def code_event(m: dict[str, Any], asm: CodeAssembler) -> Optional[CodeItem]:
     if "execution" in m:
         return parse_execution(m["execution"], asm.results, asm.logs(), asm.truncated)
     return None
+
+
+# PTY sessions: a command on a pseudo-terminal, driven with unary calls (input, resize,
+# kill) and one server stream of its output.
+
+#: The most bytes one send_input carries (the agent's frame).
+PTY_MAX_INPUT = 256 << 10
+
+
+def pty_size(cols: int, rows: int) -> dict[str, int]:
+    """A PtySize, checked."""
+    for name, v in (("cols", cols), ("rows", rows)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4096:
+            raise InvalidConfig(f"{name} {v!r}: give a number of characters from 1 to 4096")
+    return {"cols": cols, "rows": rows}
+
+
+def pty_create_request(sandbox_id: str, cols: int, rows: int, cmd: Optional[Sequence[str]],
+                       env: Optional[Mapping[str, str]], workdir: Optional[str]) -> dict[str, Any]:
+    """A CreatePtyRequest."""
+    m: dict[str, Any] = {"sandboxId": sandbox_id, "size": pty_size(cols, rows)}
+    if cmd is not None:
+        if isinstance(cmd, str) or not all(isinstance(a, str) for a in cmd):
+            raise InvalidConfig("cmd must be a list of strings (the argv), e.g. ['python3']")
+        m["cmd"] = list(cmd)
+    if env:
+        m["env"] = dict(env)
+    if workdir:
+        m["workdir"] = workdir
+    return m
+
+
+def pty_input(sandbox_id: str, pid: int, data: Union[bytes, str]) -> dict[str, Any]:
+    """A SendPtyInputRequest."""
+    if isinstance(data, str):
+        data = data.encode()
+    if len(data) > PTY_MAX_INPUT:
+        raise InvalidConfig(f"{len(data)} bytes of input at once is over the limit of {PTY_MAX_INPUT}: send it in parts")
+    return {"sandboxId": sandbox_id, "pid": pid, "data": base64.b64encode(bytes(data)).decode()}
+
+
+def pty_event(m: dict[str, Any]) -> tuple[Optional[bytes], Optional[ExecResult]]:
+    """One ConnectPtyResponse: output, the result, or neither (a heartbeat)."""
+    if "data" in m:
+        return base64.b64decode(m["data"]), None
+    if "result" in m:
+        return None, parse_result(m["result"])
+    return None, None
