@@ -75,6 +75,10 @@ type Event struct {
 // cell N: "\x1eroche:sync:N\x1e".
 const markPrefix = "\x1eroche:sync:"
 
+// maxMarkNumber bounds the cell number of a sync mark, in bytes: int64's 19 digits and a
+// sign.
+const maxMarkNumber = 20
+
 // Marks finds the kernel's sync marks in one raw output stream, passing the rest on.
 type Marks struct {
 	held []byte
@@ -90,11 +94,20 @@ func (m *Marks) Feed(p []byte) (out []byte, cells []int) {
 		if i < 0 {
 			break
 		}
-		end := bytes.IndexByte(buf[i+len(markPrefix):], '\x1e')
-		if end < 0 {
+		// A cell number is at most maxMarkNumber bytes: past them without the closing
+		// byte this is not a mark, and is output rather than held (a program writing a
+		// mark's prefix and then endless output must not make the agent hold it all).
+		num := buf[i+len(markPrefix):]
+		end := bytes.IndexByte(num[:min(len(num), maxMarkNumber+1)], '\x1e')
+		if end < 0 && len(num) <= maxMarkNumber {
 			out = append(out, buf[:i]...)
 			m.held = append([]byte(nil), buf[i:]...)
 			return out, cells
+		}
+		if end < 0 { // not a mark after all
+			out = append(out, buf[:i+1]...)
+			buf = buf[i+1:]
+			continue
 		}
 		n, err := strconv.Atoi(string(buf[i+len(markPrefix) : i+len(markPrefix)+end]))
 		if err != nil { // not a mark after all
