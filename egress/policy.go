@@ -32,7 +32,9 @@ func (r Rule) String() string {
 	if r.Suffix {
 		h = "*." + h
 	}
-	if r.IP.Is6() {
+	if r.IP.IsValid() && strings.Contains(r.Host, ":") {
+		// Any IPv6 spelling, the mapped form of an IPv4 address ("::ffff:1.2.3.4") too,
+		// whose IP is the IPv4 address.
 		h = "[" + h + "]"
 	}
 	if r.Port != 0 {

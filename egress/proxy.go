@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -392,19 +393,25 @@ func refuse(c net.Conn, status int, msg string) {
 }
 
 // peekHost returns the raw Host header of the next request without consuming it (Go's
-// request parser replaces it by the URL's host, which would hide a mismatch).
+// request parser replaces it by the URL's host, which would hide a mismatch). The head
+// is read by the same textproto calls http.ReadRequest makes, so that the Host header
+// checked is the one Go reads: its lines may end in "\n" as well as "\r\n", and a
+// header may continue on the next line.
 func peekHost(br *bufio.Reader) (string, error) {
 	for {
 		n := br.Buffered()
 		b, _ := br.Peek(n)
-		if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
-			for _, line := range bytes.Split(b[:i], []byte("\r\n"))[1:] {
-				k, v, ok := bytes.Cut(line, []byte(":"))
-				if ok && strings.EqualFold(string(bytes.TrimSpace(k)), "host") {
-					return string(bytes.TrimSpace(v)), nil
-				}
+		if end := headEnd(b); end >= 0 {
+			tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(b[:end])))
+			if _, err := tp.ReadLine(); err != nil {
+				return "", errors.New("malformed proxy request")
 			}
-			return "", nil
+			hdr, err := tp.ReadMIMEHeader()
+			if err != nil {
+				return "", errors.New("malformed proxy request headers")
+			}
+			// More than one Host header: http.ReadRequest refuses the request.
+			return strings.TrimSpace(hdr.Get("Host")), nil
 		}
 		if n >= br.Size() {
 			return "", errors.New("request headers too large")
@@ -413,6 +420,22 @@ func peekHost(br *bufio.Reader) (string, error) {
 		if _, err := br.Peek(n + 1); err != nil {
 			return "", errors.New("connection closed before the request was complete")
 		}
+	}
+}
+
+// headEnd is the length of a request's head in b, through the empty line that ends it,
+// or -1 when b does not hold all of it yet. Lines end in "\n", a "\r" before it optional,
+// as Go's parser reads them.
+func headEnd(b []byte) int {
+	for i := 0; ; {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		if i > 0 && (j == 0 || j == 1 && b[i] == '\r') {
+			return i + j + 1
+		}
+		i += j + 1
 	}
 }
 
