@@ -84,12 +84,24 @@ func LoadFileConfig(path string) (FileConfig, error) {
 	if err != nil {
 		return fc, fmt.Errorf("%w: reading config: %v", roche.ErrInvalidConfig, err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&fc); err != nil {
+	if err := decodeOne(b, &fc); err != nil {
 		return fc, fmt.Errorf("%w: config %s: %v (see roched --help for the format)", roche.ErrInvalidConfig, path, err)
 	}
 	return fc, nil
+}
+
+// decodeOne decodes b as one JSON object of v's fields and nothing after it: a second
+// object appended by hand would otherwise be dropped without a word.
+func decodeOne(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("more follows the JSON object: the file holds one object")
+	}
+	return nil
 }
 
 // flags are roched's command-line settings.

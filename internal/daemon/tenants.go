@@ -1,12 +1,10 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -117,9 +115,7 @@ func LoadTokensFile(path string) ([]Tenant, error) {
 		return nil, fmt.Errorf("%w: --tokens-file: %v", roche.ErrInvalidConfig, err)
 	}
 	var tf TokensFile
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&tf); err != nil {
+	if err := decodeOne(b, &tf); err != nil {
 		return nil, fmt.Errorf("%w: tokens file %s: %v (see roched --help for the format)", roche.ErrInvalidConfig, path, err)
 	}
 	if len(tf.Tenants) == 0 {
