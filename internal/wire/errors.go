@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"connectrpc.com/connect"
@@ -148,6 +149,11 @@ func parseRetryInfo(b []byte) (d time.Duration, ok bool) {
 			}
 		})
 		d = time.Duration(secs)*time.Second + time.Duration(nanos)
+		// A wait is never negative, nor past what a Duration holds (the multiplication
+		// above would wrap): such a delay is not one.
+		if secs < 0 || nanos < 0 || nanos >= int64(time.Second) || secs > math.MaxInt64/int64(time.Second)-1 {
+			ok = false
+		}
 	})
 	return d, parsed && ok
 }

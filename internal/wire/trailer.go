@@ -36,6 +36,8 @@ func Skipped(h http.Header) roche.CopyReport {
 	var r roche.CopyReport
 	r.Skipped, _ = strconv.Atoi(h.Get(trailerSkipped))
 	r.SkippedLinks, _ = strconv.Atoi(h.Get(trailerSkippedLinks))
+	// A count is never negative, whatever the trailer says.
+	r.Skipped, r.SkippedLinks = max(r.Skipped, 0), max(r.SkippedLinks, 0)
 	for _, v := range h.Values(trailerExample) {
 		var e roche.SkippedEntry
 		if json.Unmarshal([]byte(v), &e) == nil {
