@@ -411,9 +411,14 @@ func run(ctx context.Context, p roche.Provider, in ExecInput) (*mcp.CallToolResu
 	if limit <= 0 {
 		limit = DefaultOutputLimit
 	}
+	// Converted with the API's checks: a float past a Duration's range would wrap.
+	timeout, err := roche.ExecTimeout(in.TimeoutSecs)
+	if err != nil {
+		return nil, ExecOutput{}, err
+	}
 	er := roche.ExecRequest{
 		Cmd: in.Command, Env: in.Env, Workdir: in.Workdir,
-		Timeout:     time.Duration(in.TimeoutSecs * float64(time.Second)),
+		Timeout:     timeout,
 		OutputLimit: int64(min(limit, roche.DefaultOutputLimit)),
 	}
 	if in.Stdin != "" {
@@ -543,9 +548,13 @@ func runCell(ctx context.Context, cr roche.CodeRunner, id, lang string, in RunCo
 	if limit <= 0 {
 		limit = DefaultOutputLimit
 	}
+	timeout, err := roche.ExecTimeout(in.TimeoutSecs)
+	if err != nil {
+		return nil, CodeOutput{}, err
+	}
 	ex, err := cr.RunCode(ctx, id, roche.CodeRequest{
 		Code: in.Code, Language: lang,
-		Timeout:     time.Duration(in.TimeoutSecs * float64(time.Second)),
+		Timeout:     timeout,
 		OutputLimit: int64(min(limit, roche.DefaultOutputLimit)),
 	})
 	if err != nil {
