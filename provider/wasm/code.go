@@ -66,6 +66,8 @@ type wasmKernel struct {
 	mu   sync.Mutex
 	cell *wasmCell // where raw stderr and stray stdout go
 	line []byte    // a partial event line
+	// overlong: the line being written passed maxEventLine, and goes on as stdout.
+	overlong bool
 }
 
 // wasmCell is the running cell's output.
@@ -100,17 +102,29 @@ func (c *capped) write(s string) {
 // that is not an event (a raw write to fd 1) is the cell's stdout.
 type eventWriter struct{ k *wasmKernel }
 
+// maxEventLine bounds an event line, as roche-agent bounds the kernel's (a result with a
+// large image): a longer line is no event and is the cell's stdout, passed on as it
+// comes rather than held whole (a cell writing to fd 1 without a newline would make
+// roched hold all of it).
+var maxEventLine = 7 << 20
+
 func (w eventWriter) Write(p []byte) (int, error) {
 	k := w.k
+	// What is held has no newline: only the new bytes are searched.
+	from := len(k.line)
 	k.line = append(k.line, p...)
 	for {
-		i := bytes.IndexByte(k.line, '\n')
+		i := bytes.IndexByte(k.line[from:], '\n')
 		if i < 0 {
+			if k.overlong || len(k.line) > maxEventLine {
+				k.raw(string(k.line), false)
+				k.line, k.overlong = k.line[:0], true
+			}
 			return len(p), nil
 		}
-		line := k.line[:i+1]
+		line := k.line[:from+i+1]
 		var ev kernel.Event
-		if json.Unmarshal(line, &ev) == nil && ev.T != "" {
+		if !k.overlong && len(line) <= maxEventLine && json.Unmarshal(line, &ev) == nil && ev.T != "" {
 			select {
 			case k.events <- ev:
 			case <-k.ctx.Done():
@@ -118,7 +132,7 @@ func (w eventWriter) Write(p []byte) (int, error) {
 		} else {
 			k.raw(string(line), false)
 		}
-		k.line = k.line[i+1:]
+		k.line, k.overlong, from = k.line[from+i+1:], false, 0
 	}
 }
 
