@@ -1,5 +1,5 @@
 # The README's two set-up commands are `make hello` and `make test`.
-.PHONY: hello test build vet generate bench dist cluster cluster-down
+.PHONY: hello test build vet generate bench dist cluster cluster-down fuzz
 
 # Static binaries: roche-agent runs inside sandboxes of any image, and roche and roched
 # run on any Linux host (the wheels of make dist carry them, built with these flags, so
@@ -18,6 +18,13 @@ dist:
 
 test:
 	bash scripts/test.sh
+
+# Every Go fuzz target (the *_fuzz_test.go files: tar extraction, agent frames, egress
+# rules and requests, sizes, specs, API decoding, MCP) for FUZZTIME each, one at a time
+# with one worker (scripts/fuzz.sh); FUZZ=REGEXP picks targets. make test runs each for 3 s.
+FUZZTIME ?= 2m
+fuzz:
+	FUZZTIME=$(FUZZTIME) FUZZ='$(FUZZ)' bash scripts/fuzz.sh
 
 # The test cluster (README, "Test cluster"): a real single-node Kubernetes 1.34 on this
 # machine, built once and cached under ~/.cache/roche; prints the export KUBECONFIG=... line.

@@ -165,6 +165,11 @@ CGO_ENABLED=0 go test -p 1 -count=1 -timeout 60m ./...
 log "go test -race"
 go test -race -count=1 -run 'TestCloseSealedDuringRuns' ./provider/oci
 
+# Every fuzz target for a few seconds (their seed corpora ran above as plain tests);
+# make fuzz runs them longer.
+log "fuzz (scripts/fuzz.sh, 3 s a target)"
+FUZZTIME=3s bash scripts/fuzz.sh
+
 log "python sdk (sdk/python/tests: the real roched and CLI from bin/, both transports)"
 make build
 python3 -m unittest discover -s sdk/python/tests -t sdk/python/tests -v
