@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -74,7 +75,9 @@ func ParseRule(s string) (Rule, error) {
 		host = rest
 	}
 	host = strings.TrimSuffix(host, ".")
-	if host == "" || strings.ContainsAny(host, "*:[] ") || strings.Count(host, ".") == 0 && !r.Suffix && host != "localhost" {
+	// An empty label ("..", ".example.com", "example..com") names no host.
+	if host == "" || strings.ContainsAny(host, "*:[] ") || strings.Count(host, ".") == 0 && !r.Suffix && host != "localhost" ||
+		slices.Contains(strings.Split(host, "."), "") {
 		return Rule{}, fmt.Errorf("allowlist entry %q: use a host such as pypi.org, *.npmjs.org or example.com:8443", orig)
 	}
 	r.Host = host
