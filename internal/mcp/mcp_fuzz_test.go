@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -243,15 +245,19 @@ func FuzzServeStdio(f *testing.F) {
 			_ = s.ServeStdio(ctx, stdin, out)
 			close(served)
 		}()
+		stream := append(append(slices.Clip(in), '\n'), lastCall...)
 		fed := make(chan struct{})
 		go func() {
 			defer close(fed)
-			_, _ = feed.Write(in)
-			_, _ = io.WriteString(feed, "\n"+`{"jsonrpc":"2.0","id":"fuzz-end","method":"tools/call","params":{"name":"list_sandboxes","arguments":{}}}`+"\n")
-			select {
-			case <-out.seen:
-			case <-served: // an input that ended the session
-			case <-time.After(5 * time.Second):
+			_, _ = feed.Write(stream)
+			// An input that leaves a JSON value open takes the last call into it, and the
+			// server then waits for the rest of the value: no answer comes.
+			if lastCallReached(stream) {
+				select {
+				case <-out.seen:
+				case <-served: // an input that ended the session
+				case <-time.After(10 * time.Second):
+				}
 			}
 			feed.Close()
 		}()
@@ -282,6 +288,27 @@ func FuzzServeStdio(f *testing.F) {
 			}
 		}
 	})
+}
+
+// lastCall ends every input: its answer says the server has taken every call before it.
+var lastCall = []byte(`{"jsonrpc":"2.0","id":"fuzz-end","method":"tools/call","params":{"name":"list_sandboxes","arguments":{}}}` + "\n")
+
+// lastCallReached reports whether the stream, decoded as the stdio transport decodes it
+// (one JSON value after another), ends with lastCall as a value of its own.
+func lastCallReached(stream []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(stream))
+	var last json.RawMessage
+	for {
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
+		if errors.Is(err, io.EOF) {
+			return bytes.Equal(last, bytes.TrimSpace(lastCall))
+		}
+		if err != nil {
+			return false
+		}
+		last = raw
+	}
 }
 
 // watchWriter keeps what the server writes and closes seen once a line holds want.
