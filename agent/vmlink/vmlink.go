@@ -137,21 +137,24 @@ func DialHybridVsock(ctx context.Context, udsPath string, port uint32) (net.Conn
 		c.Close()
 		return nil, fmt.Errorf("vsock CONNECT to port %d: %w", port, err)
 	}
-	// The reply is one short line; read it without buffering past it.
+	// The reply is one short line; read it without buffering past it. One that has not
+	// ended within 64 bytes is not the reply, whatever it starts with.
 	var line []byte
 	b := make([]byte, 1)
+	ended := false
 	for len(line) < 64 {
 		if _, err := io.ReadFull(c, b); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("vsock CONNECT to port %d: no acknowledgement (is the guest agent up?): %w", port, err)
 		}
 		if b[0] == '\n' {
+			ended = true
 			break
 		}
 		line = append(line, b[0])
 	}
 	f := strings.Fields(string(line))
-	if len(f) != 2 || f[0] != "OK" {
+	if !ended || len(f) != 2 || f[0] != "OK" {
 		c.Close()
 		return nil, fmt.Errorf("vsock CONNECT to port %d: unexpected reply %q", port, line)
 	}

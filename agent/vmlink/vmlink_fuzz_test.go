@@ -151,7 +151,8 @@ func FuzzReadHello(f *testing.F) {
 // what follows the newline is left on the connection for the agent's protocol.
 func FuzzHybridVsockReply(f *testing.F) {
 	for _, s := range []string{"OK 1073741824\n", "OK 5\nagent bytes", "OK\n", "NOPE 1\n", "OK 99999999999\n",
-		"OK 1 2\n", " OK   7 \n", "OK -1\n", strings.Repeat("O", 70), "OK 7"} {
+		"OK 1 2\n", " OK   7 \n", "OK -1\n", strings.Repeat("O", 70), "OK 7", "OK 5" + strings.Repeat(" ", 60) + "\nagent",
+		"OK 5" + strings.Repeat(" ", 59) + "\nagent"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, reply []byte) {
