@@ -34,9 +34,12 @@ func FuzzParseRule(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r.Host == "" || r.Host != strings.ToLower(r.Host) || strings.ContainsAny(r.Host, "*[] /") ||
+		if r.Host == "" || r.Host != strings.ToLower(r.Host) || !r.IP.IsValid() && strings.ContainsAny(r.Host, "*[] /") ||
 			(!r.IP.IsValid() && (strings.Contains(r.Host, ":") || slices.Contains(strings.Split(r.Host, "."), ""))) {
 			t.Fatalf("%q parsed to host %q", s, r.Host)
+		}
+		if z := r.IP.Zone(); z != "" && (strings.ContainsAny(z, "*[]/ %:") || len(z) > 15) {
+			t.Fatalf("%q parsed to zone %q, no interface's name", s, z)
 		}
 		if r.Port < 0 || r.Port > 65535 {
 			t.Fatalf("%q parsed to port %d", s, r.Port)

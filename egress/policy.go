@@ -67,6 +67,9 @@ func ParseRule(s string) (Rule, error) {
 		host = s[1 : len(s)-1]
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
+		if z := ip.Zone(); z != "" && !zoneOK(z) {
+			return Rule{}, fmt.Errorf("allowlist entry %q: zone %q is not an interface name such as eth0", orig, z)
+		}
 		r.Host, r.IP = ip.String(), ip.Unmap()
 		return r, nil
 	}
@@ -82,6 +85,20 @@ func ParseRule(s string) (Rule, error) {
 	}
 	r.Host = host
 	return r, nil
+}
+
+// zoneOK reports whether an IPv6 zone is an interface name (at most 15 bytes of letters,
+// digits, '.', '-' and '_', as Linux allows) or index: netip takes any string after '%'.
+func zoneOK(z string) bool {
+	if len(z) > 15 {
+		return false
+	}
+	for _, c := range z {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // Policy is a sandbox's allowlist.
