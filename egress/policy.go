@@ -88,9 +88,10 @@ func ParseRule(s string) (Rule, error) {
 }
 
 // zoneOK reports whether an IPv6 zone is an interface name (at most 15 bytes of letters,
-// digits, '.', '-' and '_', as Linux allows) or index: netip takes any string after '%'.
+// digits, '.', '-' and '_', as Linux allows, not ending in '.', which a request's host
+// loses as a name's trailing dot) or index: netip takes any string after '%'.
 func zoneOK(z string) bool {
-	if len(z) > 15 {
+	if len(z) > 15 || strings.HasSuffix(z, ".") {
 		return false
 	}
 	for _, c := range z {
