@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Rule is one allowlist entry: an exact host, a "*." suffix, or an IP literal, with an
@@ -82,6 +83,13 @@ func ParseRule(s string) (Rule, error) {
 	if host == "" || strings.ContainsAny(host, "*:[] ") || strings.Count(host, ".") == 0 && !r.Suffix && host != "localhost" ||
 		slices.Contains(strings.Split(host, "."), "") {
 		return Rule{}, fmt.Errorf("allowlist entry %q: use a host such as pypi.org, *.npmjs.org or example.com:8443", orig)
+	}
+	for _, c := range host {
+		if c >= utf8.RuneSelf {
+			// Matched by lower case, which outside ASCII is no DNS rule; and looked up
+			// as UTF-8, which no resolver takes.
+			return Rule{}, fmt.Errorf("allowlist entry %q: give an internationalized name in its ASCII form (xn--...)", orig)
+		}
 	}
 	r.Host = host
 	return r, nil
