@@ -85,10 +85,13 @@ func ParseRule(s string) (Rule, error) {
 		return Rule{}, fmt.Errorf("allowlist entry %q: use a host such as pypi.org, *.npmjs.org or example.com:8443", orig)
 	}
 	for _, c := range host {
-		if c >= utf8.RuneSelf {
+		switch {
+		case c >= utf8.RuneSelf:
 			// Matched by lower case, which outside ASCII is no DNS rule; and looked up
 			// as UTF-8, which no resolver takes.
 			return Rule{}, fmt.Errorf("allowlist entry %q: give an internationalized name in its ASCII form (xn--...)", orig)
+		case !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.'):
+			return Rule{}, fmt.Errorf("allowlist entry %q: a host name holds letters, digits, '-', '_' and dots only", orig)
 		}
 	}
 	r.Host = host
