@@ -81,8 +81,8 @@ func ParseRule(s string) (Rule, error) {
 	host = strings.TrimSuffix(host, ".")
 	if _, err := netip.ParseAddr(host); err == nil {
 		// "1.2.3.4." would be a name the proxy then takes for the address, which only an
-		// entry naming the address literally may allow.
-		return Rule{}, fmt.Errorf("allowlist entry %q: an IP address takes no trailing dot", orig)
+		// entry naming the address literally may allow ("*.1.2.3.4" names nothing).
+		return Rule{}, fmt.Errorf("allowlist entry %q: give an IP address bare, without \"*.\" or a trailing dot", orig)
 	}
 	// An empty label ("..", ".example.com", "example..com") names no host.
 	if host == "" || strings.ContainsAny(host, "*:[] ") || strings.Count(host, ".") == 0 && !r.Suffix && host != "localhost" ||
