@@ -184,7 +184,9 @@ func ExecTimeout(secs float64) (time.Duration, error) {
 	case secs > MaxExecTimeout.Seconds():
 		return 0, fmt.Errorf("%w: timeout_secs %s is over the limit of %d (24 h)", ErrInvalidConfig, seconds(secs), int(MaxExecTimeout.Seconds()))
 	}
-	return time.Duration(secs * float64(time.Second)), nil
+	// Rounded, not truncated: a Duration sent as seconds (Duration.Seconds) comes back
+	// as itself, where 247.013µs would otherwise come back 1 ns short.
+	return time.Duration(math.Round(secs * float64(time.Second))), nil
 }
 
 // seconds renders a count of seconds as given, 9999999999 rather than 1e+10.
