@@ -208,8 +208,8 @@ const (
 	fuzzUploadMax = 64 << 10
 )
 
-// envelope frames a message as the Connect and gRPC-Web streaming protocols do.
-func envelope(flags byte, msg []byte) []byte {
+// framed frames a message as the Connect and gRPC-Web streaming protocols do.
+func framed(flags byte, msg []byte) []byte {
 	h := []byte{flags, 0, 0, 0, 0}
 	binary.BigEndian.PutUint32(h[1:], uint32(len(msg)))
 	return append(h, msg...)
@@ -257,17 +257,17 @@ func FuzzAPI(f *testing.F) {
 	f.Add(uint8(0), uint8(0), marshal(&rochev1.CreateRequest{Provider: "mem", Config: badCfg}))
 	f.Add(uint8(1), uint8(0), marshal(&rochev1.ExecRequest{SandboxId: id, Cmd: []string{"true"}, Stdin: []byte("in")}))
 	f.Add(uint8(1), uint8(1), []byte(`{"sandboxId":"`+id+`","cmd":["a\u0000b"],"timeoutSecs":-1}`))
-	f.Add(uint8(2), uint8(0), envelope(0, marshal(&rochev1.ExecStreamRequest{SandboxId: id, Cmd: []string{"sh", "-c", "echo"}})))
-	f.Add(uint8(2), uint8(2), envelope(0, marshal(&rochev1.ExecStreamRequest{SandboxId: id, Cmd: []string{"x"}, Workdir: "rel"})))
-	f.Add(uint8(3), uint8(0), envelope(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/tmp/d", TarChunk: good})))
+	f.Add(uint8(2), uint8(0), framed(0, marshal(&rochev1.ExecStreamRequest{SandboxId: id, Cmd: []string{"sh", "-c", "echo"}})))
+	f.Add(uint8(2), uint8(2), framed(0, marshal(&rochev1.ExecStreamRequest{SandboxId: id, Cmd: []string{"x"}, Workdir: "rel"})))
+	f.Add(uint8(3), uint8(0), framed(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/tmp/d", TarChunk: good})))
 	f.Add(uint8(3), uint8(0), bytes.Join([][]byte{
-		envelope(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/tmp/d", TarChunk: good[:100]})),
-		envelope(0, marshal(&rochev1.CopyToRequest{TarChunk: good[100:]})),
+		framed(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/tmp/d", TarChunk: good[:100]})),
+		framed(0, marshal(&rochev1.CopyToRequest{TarChunk: good[100:]})),
 	}, nil))
-	f.Add(uint8(3), uint8(1), envelope(0, []byte(`{"sandboxId":"`+id+`","dst":"/tmp/d","tarChunk":"`+
+	f.Add(uint8(3), uint8(1), framed(0, []byte(`{"sandboxId":"`+id+`","dst":"/tmp/d","tarChunk":"`+
 		b64(seedTar("x/../../etc/passwd", "root", "y", "->/etc", "z", strings.Repeat("a", 5000)))+`"}`)))
-	f.Add(uint8(3), uint8(2), envelope(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/", TarChunk: good})))
-	f.Add(uint8(3), uint8(0), envelope(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/tmp/d", TarChunk: make([]byte, fuzzUploadMax+1)})))
+	f.Add(uint8(3), uint8(2), framed(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/", TarChunk: good})))
+	f.Add(uint8(3), uint8(0), framed(0, marshal(&rochev1.CopyToRequest{SandboxId: id, Dst: "/tmp/d", TarChunk: make([]byte, fuzzUploadMax+1)})))
 	f.Add(uint8(3), uint8(0), []byte{0, 0xff, 0xff, 0xff, 0xff})
 	f.Add(uint8(3), uint8(0), []byte{2, 0, 0, 0, 2, '{', '}'})
 
@@ -309,7 +309,7 @@ func FuzzAPI(f *testing.F) {
 			ct = p.stream
 		}
 		if strings.HasPrefix(ct, "application/grpc-web") && !m.streaming {
-			body = envelope(0, body) // gRPC-Web frames unary messages too
+			body = framed(0, body) // gRPC-Web frames unary messages too
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
