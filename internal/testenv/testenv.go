@@ -85,7 +85,10 @@ func PrivateImage(ctx context.Context, prefix string) (tag string, untag func(),
 		return "", nil, fmt.Errorf("tagging %s: %v (the README's test command builds it)", Image(), err)
 	}
 	return tag, func() {
-		c.ImageRemove(context.Background(), tag, image.RemoveOptions{})
+		// Force: a container of the tag that a reaper has not removed yet (a roched
+		// killed by the test, its sandboxes going at the lease's grace) would otherwise
+		// keep the tag; the image itself stays under Image()'s name.
+		c.ImageRemove(context.Background(), tag, image.RemoveOptions{Force: true})
 		c.Close()
 	}, nil
 }
