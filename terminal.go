@@ -25,6 +25,10 @@ type Terminal interface {
 	// TerminalInput types data into the session (keys as a terminal sends them: "\x03"
 	// is Ctrl-C).
 	TerminalInput(ctx context.Context, id string, pid int, data []byte) error
+	// EndTerminalInput ends the session's input, as a pipe's end ends its reader's:
+	// from then on its program reads end of input (Ctrl-D) each time it waits for input,
+	// whenever it does, even if it set the terminal up after the input was typed.
+	EndTerminalInput(ctx context.Context, id string, pid int) error
 	// ResizeTerminal sets the session's size.
 	ResizeTerminal(ctx context.Context, id string, pid int, size TerminalSize) error
 	// KillTerminal kills the session's command and everything it started.
@@ -73,7 +77,8 @@ func (r TerminalRequest) Validate() error {
 
 // TerminalIO wires a Shell to its user.
 type TerminalIO struct {
-	// Stdin is what the user types; its end does not end the shell.
+	// Stdin is what the user types. Its end is the end of input (as EndTerminalInput),
+	// which ends a shell waiting for a command: a terminal's own input never ends.
 	Stdin io.Reader
 	// Output receives the terminal's output (one stream: stdout and stderr together).
 	Output io.Writer

@@ -289,6 +289,11 @@ func (c *Client) Input(ctx context.Context, pid int, data []byte) error {
 	return c.call(ctx, Request{Op: OpInput, PID: pid, Data: data}, nil)
 }
 
+// EndInput ends a background command's terminal input (Request.EndInput).
+func (c *Client) EndInput(ctx context.Context, pid int) error {
+	return c.call(ctx, Request{Op: OpInput, PID: pid, EndInput: true}, nil)
+}
+
 // Resize sets a background command's terminal size.
 func (c *Client) Resize(ctx context.Context, pid int, ws Winsize) error {
 	return c.call(ctx, Request{Op: OpResize, PID: pid, Cols: ws.Cols, Rows: ws.Rows}, nil)

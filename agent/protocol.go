@@ -111,6 +111,10 @@ type Request struct {
 	PID    int    `json:"pid,omitempty"`
 	Signal int    `json:"signal,omitempty"`
 	Data   []byte `json:"data,omitempty"`
+	// EndInput, with input, ends the terminal's input after Data: from then on its program
+	// reads end of input (Ctrl-D) each time it waits for input, as a pipe's reader does at
+	// its end. FrameStdinEOF does the same for a terminal's own connection.
+	EndInput bool `json:"end_input,omitempty"`
 
 	// files
 	Path      string `json:"path,omitempty"`

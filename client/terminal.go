@@ -18,7 +18,7 @@ var _ roche.Terminal = (*Provider)(nil)
 // Shell implements roche.Terminal with the PTY session calls, which work over HTTP/1.1
 // as well as HTTP/2: CreatePty, then ConnectPty with kill_on_close (so the shell ends
 // when this call does, or this process dies), with each read of tio.Stdin sent as one
-// SendPtyInput and each resize as one ResizePty.
+// SendPtyInput (its end as one with end_of_input) and each resize as one ResizePty.
 func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalRequest, tio roche.TerminalIO) (int, error) {
 	pid, err := p.StartTerminal(ctx, id, req)
 	if err != nil {
@@ -36,6 +36,7 @@ func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalReque
 					return
 				}
 				if err != nil {
+					_ = p.EndTerminalInput(ctx, id, pid)
 					return
 				}
 			}
@@ -113,6 +114,12 @@ func (p *Provider) attach(ctx context.Context, id string, pid int, w io.Writer, 
 // TerminalInput implements roche.Terminal.
 func (p *Provider) TerminalInput(ctx context.Context, id string, pid int, data []byte) error {
 	_, err := p.c.rpc.SendPtyInput(ctx, connect.NewRequest(&rochev1.SendPtyInputRequest{SandboxId: id, Pid: int32(pid), Data: data}))
+	return p.c.fromRPC(err)
+}
+
+// EndTerminalInput implements roche.Terminal.
+func (p *Provider) EndTerminalInput(ctx context.Context, id string, pid int) error {
+	_, err := p.c.rpc.SendPtyInput(ctx, connect.NewRequest(&rochev1.SendPtyInputRequest{SandboxId: id, Pid: int32(pid), EndOfInput: true}))
 	return p.c.fromRPC(err)
 }
 

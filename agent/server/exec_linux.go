@@ -212,6 +212,8 @@ type proc struct {
 	tty       *os.File
 	ttyClosed atomic.Bool
 	ttyMu     sync.Mutex
+	// inputEnded says the terminal's input has ended (endInput).
+	inputEnded atomic.Bool
 
 	mu   sync.Mutex
 	sink *conn // where output goes now; nil when no client is attached
@@ -722,6 +724,9 @@ func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
 				}
 			}
 		case agent.FrameStdinEOF:
+			if p.isTTY() {
+				p.endInput()
+			}
 			if stdin != nil {
 				stdin.Close()
 				stdin = nil

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -92,4 +93,72 @@ func control(f *os.File, fn func(fd int) error) error {
 		return err
 	}
 	return inner
+}
+
+// eofInterval is how often a terminal whose input has ended is checked for a program
+// waiting to read (see proc.endInput).
+const eofInterval = 20 * time.Millisecond
+
+// endInput ends the terminal's input as a pipe's end ends its reader's: from now on,
+// whenever the terminal holds nothing unread, the agent types the terminal's
+// end-of-file character (Ctrl-D), so that each time the program waits for input it
+// reads the end of it. Typed only once, at the end of the input, it could be lost: a
+// line editor (bash's, python's readline) switches the terminal out of line mode as it
+// starts, and a Ctrl-D typed before that is kept by the kernel as an empty line, which
+// the editor then reads as a NUL byte and waits on for ever. At most one Ctrl-D is
+// unread at a time, so a program that reads nothing is sent one.
+func (p *proc) endInput() {
+	if p.tty == nil || !p.inputEnded.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		tick := time.NewTicker(eofInterval)
+		defer tick.Stop()
+		for {
+			if p.finished.Load() || p.ttyClosed.Load() {
+				return
+			}
+			if eof, ok := p.waitingEOF(); ok {
+				_ = p.typeInto([]byte{eof})
+			}
+			select {
+			case <-p.done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+}
+
+// waitingEOF reports whether nothing typed on the terminal is unread, and its
+// end-of-file character (Ctrl-D unless the program set another). It opens the
+// terminal's other end for a moment: the input queue is seen from there.
+func (p *proc) waitingEOF() (byte, bool) {
+	p.ttyMu.Lock()
+	defer p.ttyMu.Unlock()
+	if p.ttyClosed.Load() {
+		return 0, false
+	}
+	var peer int
+	err := control(p.tty, func(fd int) error {
+		r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCGPTPEER, unix.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC)
+		if errno != 0 {
+			return errno
+		}
+		peer = int(r)
+		return nil
+	})
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(peer)
+	fds := []unix.PollFd{{Fd: int32(peer), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, 0); err != nil || n > 0 {
+		return 0, false // something typed is still unread, or the terminal hung up
+	}
+	eof := byte(4)
+	if t, err := unix.IoctlGetTermios(peer, unix.TCGETS); err == nil && t.Cc[unix.VEOF] != 0 {
+		eof = t.Cc[unix.VEOF]
+	}
+	return eof, true
 }

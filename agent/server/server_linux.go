@@ -428,6 +428,9 @@ func (s *Server) serve(nc net.Conn) {
 		if p, err = s.terminal(req.PID); err == nil {
 			if req.Op == agent.OpInput {
 				err = p.typeInto(req.Data)
+				if err == nil && req.EndInput {
+					p.endInput()
+				}
 			} else {
 				err = p.resize(agent.Winsize{Cols: req.Cols, Rows: req.Rows})
 			}

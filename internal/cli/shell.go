@@ -3,9 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -25,7 +23,8 @@ sandbox user under every limit of the sandbox. Your terminal is put in raw mode,
 every key (Ctrl-C, Ctrl-D, Ctrl-Z) goes to the program in the sandbox; window size
 changes follow. roche exits with the command's exit status and restores your terminal.
 When standard input is not a terminal, it is typed in as it comes, without raw mode,
-and its end is a Ctrl-D.
+and its end is the end of input: from then on the program reads Ctrl-D each time it
+waits for input, so echo 'echo hi' | roche shell ID runs the command and exits.
 Works direct and through roched; wasm sandboxes have no terminals.`,
 		Example: `  roche shell "$id"
   roche shell "$id" -- python3`,
@@ -61,11 +60,9 @@ Works direct and through roched; wasm sandboxes have no terminals.`,
 				resize, stop := watchWindow(in)
 				defer stop()
 				tio.Resize = resize
-			} else {
-				// Piped input ends as a user ends a shell: Ctrl-D at its end (a terminal
-				// has no end of input of its own).
-				tio.Stdin = io.MultiReader(e.stdin, strings.NewReader("\x04"))
 			}
+			// Piped input's end is the end of input: the program reads Ctrl-D each time
+			// it waits for more, so a shell fed commands exits after the last one.
 			code, err := t.Shell(ctx, id, req, tio)
 			if err != nil {
 				if ctx.Err() != nil {

@@ -208,3 +208,98 @@ func TestShellPiped(t *testing.T) {
 		t.Fatalf("piped commands without an exit: %+v, want the shell ended by the Ctrl-D at the end", r)
 	}
 }
+
+// TestShellPipedTmux: input piped into roche shell from a real terminal's shell, as a
+// user types `echo 'echo hi' | roche shell ID`, 50 times in a row, direct and through
+// roched, into bash and into python3, with no exit typed: every run must end by itself
+// within its deadline (the end of the input is a Ctrl-D the program reads whenever it
+// waits for input, even one typed before its line editor set the terminal up) and have
+// run what was piped.
+func TestShellPipedTmux(t *testing.T) {
+	t.Run("direct", func(t *testing.T) {
+		r := run(t, "--direct", "create", "--image", testImage())
+		id := strings.TrimSpace(r.stdout)
+		if r.code != 0 || id == "" {
+			t.Fatalf("create: %+v", r)
+		}
+		defer run(t, "--direct", "destroy", id)
+		pipedScenario(t, id, []string{"ROCHE_SOCKET=" + filepath.Join(t.TempDir(), "none.sock")}, "--direct")
+	})
+	t.Run("roched", func(t *testing.T) {
+		s := daemontest.Serve(t, daemon.Config{})
+		r := run(t, "--socket", s.Socket, "create", "--image", testImage())
+		id := strings.TrimSpace(r.stdout)
+		if r.code != 0 || id == "" {
+			t.Fatalf("create through roched: %+v", r)
+		}
+		defer run(t, "--socket", s.Socket, "destroy", id)
+		pipedScenario(t, id, []string{"ROCHE_SOCKET=" + s.Socket}, "--socket", s.Socket)
+	})
+}
+
+func pipedScenario(t *testing.T, id string, env []string, flags ...string) {
+	const runs = 50
+	dir := t.TempDir()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roche := self + " " + strings.Join(flags, " ")
+	// Odd runs pipe a command into the image's shell (bash), even ones a statement into
+	// python3; each leaves a file in the sandbox's /tmp, checked after. Each run has 60 s.
+	script := fmt.Sprintf(`for i in $(seq %[1]d); do
+  start=$(date +%%s%%N)
+  if [ $((i %% 2)) = 1 ]; then
+    echo "echo \$((6*7)) > /tmp/sh-$i" | timeout -k 5 60 %[2]s shell %[3]s
+  else
+    echo "open('/tmp/py-$i', 'w').write(str(6*7))" | timeout -k 5 60 %[2]s shell %[3]s -- python3
+  fi
+  echo "run $i exit $? ms $(( ($(date +%%s%%N) - start) / 1000000 ))" >> %[4]s/runs
+done; echo done >> %[4]s/runs; sleep 600`, runs, roche, id, dir)
+	newTmux(t, append(append(os.Environ(), "ROCHE_TEST_AS_CLI=1"), env...), 100, 30, script)
+
+	deadline := time.Now().Add(runs * 70 * time.Second)
+	var lines []string
+	for {
+		b, _ := os.ReadFile(filepath.Join(dir, "runs"))
+		lines = strings.Split(strings.TrimSpace(string(b)), "\n")
+		if lines[len(lines)-1] == "done" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the runs did not finish by their deadlines: %q", lines)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var slowest string
+	var most int
+	for _, l := range lines[:len(lines)-1] {
+		var i, code, ms int
+		if _, err := fmt.Sscanf(l, "run %d exit %d ms %d", &i, &code, &ms); err != nil {
+			t.Fatalf("a run's line %q: %v", l, err)
+		}
+		if code != 0 {
+			t.Errorf("run %d exited %d (124 or 137: it hung until its 60 s deadline)", i, code)
+		}
+		if ms > most {
+			most, slowest = ms, l
+		}
+	}
+	if len(lines) != runs+1 {
+		t.Fatalf("%d runs recorded, want %d: %q", len(lines)-1, runs, lines)
+	}
+	t.Logf("%d piped runs; the slowest: %s", runs, slowest)
+	r := run(t, append(flags, "exec", "--sandbox", id, "--", "sh", "-c", "cd /tmp && for f in sh-* py-*; do echo \"$f $(cat $f)\"; done")...)
+	if r.code != 0 {
+		t.Fatalf("reading the runs' files: %+v", r)
+	}
+	for i := 1; i <= runs; i++ {
+		name := fmt.Sprintf("py-%d", i)
+		if i%2 == 1 {
+			name = fmt.Sprintf("sh-%d", i)
+		}
+		if !strings.Contains(r.stdout, name+" 42\n") {
+			t.Errorf("run %d left no %s holding 42: what ran did not run; the files:\n%s", i, name, r.stdout)
+		}
+	}
+}

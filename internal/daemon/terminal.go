@@ -140,6 +140,9 @@ func (s *service) SendPtyInput(ctx context.Context, req *connect.Request[rochev1
 	if err == nil {
 		err = term.TerminalInput(ctx, t.ID, int(req.Msg.Pid), req.Msg.Data)
 	}
+	if err == nil && req.Msg.EndOfInput {
+		err = term.EndTerminalInput(ctx, t.ID, int(req.Msg.Pid))
+	}
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}

@@ -86,9 +86,10 @@ func TestPtySessions(t *testing.T) {
 			_, err := bolt.AttachTerminal(ctx, sb.ID, pid, io.Discard)
 			return err
 		},
-		"SendPtyInput": func() error { return bolt.TerminalInput(ctx, sb.ID, pid, []byte("x")) },
-		"ResizePty":    func() error { return bolt.ResizeTerminal(ctx, sb.ID, pid, roche.TerminalSize{Cols: 1, Rows: 1}) },
-		"KillPty":      func() error { return bolt.KillTerminal(ctx, sb.ID, pid) },
+		"SendPtyInput":              func() error { return bolt.TerminalInput(ctx, sb.ID, pid, []byte("x")) },
+		"SendPtyInput end_of_input": func() error { return bolt.EndTerminalInput(ctx, sb.ID, pid) },
+		"ResizePty":                 func() error { return bolt.ResizeTerminal(ctx, sb.ID, pid, roche.TerminalSize{Cols: 1, Rows: 1}) },
+		"KillPty":                   func() error { return bolt.KillTerminal(ctx, sb.ID, pid) },
 	} {
 		if err := call(); !errors.Is(err, roche.ErrNotFound) {
 			t.Errorf("%s on another tenant's sandbox: %v, want not found", name, err)

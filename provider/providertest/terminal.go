@@ -154,4 +154,27 @@ func (s *suite) testTerminal(t *testing.T, id string) {
 	if err := term.TerminalInput(ctx, id, pid, []byte("x")); !errors.Is(err, roche.ErrNotFound) {
 		t.Errorf("input to an ended session: %v, want ErrNotFound", err)
 	}
+
+	// Input typed at once into the image's shell and then ended, before the shell has
+	// set its terminal up, as roche shell types piped input: the shell runs it and exits
+	// at the end of the input (a Ctrl-D typed only once then would be lost to bash's line
+	// editor, which takes over the terminal after it was typed).
+	pid, err = term.StartTerminal(ctx, id, roche.TerminalRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := term.TerminalInput(ctx, id, pid, []byte("echo $((6*7))-ended\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := term.EndTerminalInput(ctx, id, pid); err != nil {
+		t.Fatal(err)
+	}
+	var ended screen
+	ectx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res, err := term.AttachTerminal(ectx, id, pid, &ended)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("a shell whose input ended: %+v %v, want it to exit 0 by itself; screen %q", res, err, ended.String())
+	}
+	ended.waitFor(t, "42-ended\r\n", 0)
 }

@@ -555,10 +555,13 @@ func (*ConnectPtyResponse_Heartbeat) isConnectPtyResponse_Event() {}
 func (*ConnectPtyResponse_Result) isConnectPtyResponse_Event() {}
 
 type SendPtyInputRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
-	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Pid       int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Data      []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// end_of_input ends the session's input after data, as a pipe's end ends its reader's:
+	// from then on its program reads end of input (Ctrl-D) each time it waits for input.
+	EndOfInput    bool `protobuf:"varint,4,opt,name=end_of_input,json=endOfInput,proto3" json:"end_of_input,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -612,6 +615,13 @@ func (x *SendPtyInputRequest) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *SendPtyInputRequest) GetEndOfInput() bool {
+	if x != nil {
+		return x.EndOfInput
+	}
+	return false
 }
 
 type SendPtyInputResponse struct {
@@ -5239,12 +5249,14 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fH\x00R\x04data\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.roche.v1.HeartbeatH\x00R\theartbeat\x12.\n" +
 	"\x06result\x18\x03 \x01(\v2\x14.roche.v1.ExecResultH\x00R\x06resultB\a\n" +
-	"\x05event\"Z\n" +
+	"\x05event\"|\n" +
 	"\x13SendPtyInputRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"\x16\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12 \n" +
+	"\fend_of_input\x18\x04 \x01(\bR\n" +
+	"endOfInput\"\x16\n" +
 	"\x14SendPtyInputResponse\"j\n" +
 	"\x10ResizePtyRequest\x12\x1d\n" +
 	"\n" +

@@ -21,8 +21,9 @@ func (t Target) terminalRequest(req roche.TerminalRequest) agent.Request {
 	return r
 }
 
-// Shell implements roche.Terminal: one agent connection carries the typing, the
-// resizes and the output; the agent kills the shell when the connection closes.
+// Shell implements roche.Terminal: one agent connection carries the typing (its end
+// ends the terminal's input), the resizes and the output; the agent kills the shell
+// when the connection closes.
 func (f Forwarder) Shell(ctx context.Context, id string, req roche.TerminalRequest, tio roche.TerminalIO) (int, error) {
 	if err := req.Validate(); err != nil {
 		return 0, err
@@ -94,6 +95,15 @@ func (f Forwarder) TerminalInput(ctx context.Context, id string, pid int, data [
 		return err
 	}
 	return t.failOrNil(t.Agent.Input(ctx, pid, data))
+}
+
+// EndTerminalInput implements roche.Terminal.
+func (f Forwarder) EndTerminalInput(ctx context.Context, id string, pid int) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.EndInput(ctx, pid))
 }
 
 // ResizeTerminal implements roche.Terminal.

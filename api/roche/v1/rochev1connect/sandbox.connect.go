@@ -207,7 +207,7 @@ type SandboxServiceClient interface {
 	// is killed when the call ends before it does (roche shell's "the shell ends with its
 	// connection").
 	ConnectPty(context.Context, *connect.Request[v1.ConnectPtyRequest]) (*connect.ServerStreamForClient[v1.ConnectPtyResponse], error)
-	// SendPtyInput types bytes into a session ("\x03" is Ctrl-C).
+	// SendPtyInput types bytes into a session ("\x03" is Ctrl-C), and can end its input.
 	SendPtyInput(context.Context, *connect.Request[v1.SendPtyInputRequest]) (*connect.Response[v1.SendPtyInputResponse], error)
 	// ResizePty sets a session's terminal size; its program gets SIGWINCH.
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
@@ -691,7 +691,7 @@ type SandboxServiceHandler interface {
 	// is killed when the call ends before it does (roche shell's "the shell ends with its
 	// connection").
 	ConnectPty(context.Context, *connect.Request[v1.ConnectPtyRequest], *connect.ServerStream[v1.ConnectPtyResponse]) error
-	// SendPtyInput types bytes into a session ("\x03" is Ctrl-C).
+	// SendPtyInput types bytes into a session ("\x03" is Ctrl-C), and can end its input.
 	SendPtyInput(context.Context, *connect.Request[v1.SendPtyInputRequest]) (*connect.Response[v1.SendPtyInputResponse], error)
 	// ResizePty sets a session's terminal size; its program gets SIGWINCH.
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
