@@ -2,13 +2,16 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent/agentbin"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
@@ -22,6 +25,14 @@ var _ roche.Terminal = (*Provider)(nil)
 func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalRequest, tio roche.TerminalIO) (int, error) {
 	pid, err := p.StartTerminal(ctx, id, req)
 	if err != nil {
+		if msg, code, ok := startFailure(err); ok {
+			// As the agent's own connection reports it (agentfwd): the agent's word on
+			// the terminal, and a shell's exit status.
+			if tio.Output != nil {
+				_, _ = io.WriteString(tio.Output, msg+"\r\n")
+			}
+			return code, nil
+		}
 		return 0, err
 	}
 	outer := ctx
@@ -66,6 +77,27 @@ func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalReque
 		return 0, err
 	}
 	return res.ExitCode, nil
+}
+
+// startFailure recognises a session whose command could not start: the agent refuses
+// its start with NOT_FOUND and its own message ("roche-agent: CMD: command not found",
+// as it writes on a command's stderr). It returns that message and the exit status a
+// shell gives: 127 for a command not found, else 126.
+func startFailure(err error) (msg string, code int, ok bool) {
+	if !errors.Is(err, roche.ErrNotFound) {
+		return "", 0, false
+	}
+	text := err.Error()
+	i := strings.Index(text, agentbin.Name+": ")
+	if i < 0 {
+		return "", 0, false
+	}
+	msg = strings.TrimSpace(text[i:])
+	code = 126
+	if strings.HasSuffix(msg, "command not found") || strings.HasSuffix(msg, "no such file or directory") {
+		code = 127
+	}
+	return msg, code, true
 }
 
 // StartTerminal implements roche.Terminal.

@@ -84,6 +84,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 	if errors.As(err, &code) {
 		return int(code)
 	}
+	err = unknownCommand(cmd, err)
 	status, msg := exitError, oneLine(err)
 	if partial(err) {
 		status = exitIncomplete

@@ -123,7 +123,7 @@ func TestBadInput(t *testing.T) {
 		{"bad env", []string{"run", "--image", img, "--env", "NOVALUE", "--", "true"}, "KEY=VALUE"},
 		{"cp without sandbox", []string{"cp", "a", "b"}, "ID:/path"},
 		{"cp to a relative path", []string{"cp", "a", "0123456789ab:tmp/x"}, "must be absolute: 0123456789ab:/tmp/x"},
-		{"cp without arguments", []string{"cp"}, "roche cp takes SRC DST, got 0 (usage: roche cp"},
+		{"cp without arguments", []string{"cp"}, "roche cp takes SRC DST, got none (usage: roche cp"},
 		{"command's flags before --", []string{"run", "python3", "-c", "1"}, "put the command after --"},
 		{"not a number", []string{"run", "--image", img, "--timeout", "abc", "--", "true"}, `--timeout "abc": want a whole number`},
 		{"not a number of cpus", []string{"run", "--image", img, "--cpus", "two", "--", "true"}, `--cpus "two": want a number`},

@@ -303,3 +303,34 @@ done; echo done >> %[4]s/runs; sleep 600`, runs, roche, id, dir)
 		}
 	}
 }
+
+// TestShellMessages: roche shell without a sandbox says what it takes, with its brackets
+// whole; a command that is not in the sandbox says so and exits 127 (126 for one that
+// cannot run), as a shell does, direct and through roched alike.
+func TestShellMessages(t *testing.T) {
+	r := run(t, "--direct", "shell")
+	if r.code == 0 || r.stderr != "roche: roche shell takes ID [-- CMD [ARGS...]], got none (usage: roche shell ID [-- CMD [ARGS...]] [flags])\n" {
+		t.Errorf("roche shell alone: %+v", r)
+	}
+	check := func(t *testing.T, flags ...string) {
+		r := run(t, append(flags, "create", "--image", testImage())...)
+		id := strings.TrimSpace(r.stdout)
+		if r.code != 0 || id == "" {
+			t.Fatalf("create: %+v", r)
+		}
+		defer run(t, append(flags, "destroy", id)...)
+		r = run(t, append(flags, "shell", id, "--", "nosuchcmd")...)
+		if r.code != 127 || !strings.Contains(r.stdout, "nosuchcmd: command not found") {
+			t.Errorf("roche shell -- nosuchcmd: %+v, want exit 127 saying the command was not found", r)
+		}
+		r = run(t, append(flags, "shell", id, "--", "/etc/passwd")...)
+		if r.code != 126 || !strings.Contains(r.stdout, "/etc/passwd: permission denied") {
+			t.Errorf("roche shell -- /etc/passwd: %+v, want exit 126 saying it may not run", r)
+		}
+	}
+	t.Run("direct", func(t *testing.T) { check(t, "--direct") })
+	t.Run("roched", func(t *testing.T) {
+		s := daemontest.Serve(t, daemon.Config{})
+		check(t, "--socket", s.Socket)
+	})
+}

@@ -53,7 +53,9 @@ func (f Forwarder) Shell(ctx context.Context, id string, req roche.TerminalReque
 		}()
 	}
 	res, err := t.Agent.Exec(ctx, t.terminalRequest(req), agent.ExecOptions{
-		Stdin: tio.Stdin, Stdout: tio.Output, Resize: resize,
+		// The agent's own word on a command that could not start ("command not
+		// found", then exit 127) is shown on the terminal, as a shell's would be.
+		Stdin: tio.Stdin, Stdout: tio.Output, Stderr: tio.Output, Resize: resize,
 	})
 	if err != nil {
 		if ctx.Err() != nil {
