@@ -312,11 +312,27 @@ def _user_tb(tb):
     return t or tb
 
 
+def _hide_kernel(te, seen=None):
+    """Drops the kernel's own frames (its SIGINT handler, where a timeout's
+    KeyboardInterrupt is raised; its output writers) from a traceback and the ones it
+    chains: they are not the user's code, and name a file the user cannot open."""
+    seen = set() if seen is None else seen
+    if te is None or id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not (f.filename or "").startswith("<roche-kernel")])
+    _hide_kernel(te.__cause__, seen)
+    _hide_kernel(te.__context__, seen)
+
+
 def _send_error(e):
     if isinstance(e, SyntaxError) and (e.filename or "").startswith("<cell-"):
         tb = "".join(traceback.format_exception_only(type(e), e))
     else:
-        tb = "".join(traceback.format_exception(type(e), e, _user_tb(e.__traceback__)))
+        te = traceback.TracebackException(type(e), e, _user_tb(e.__traceback__))
+        _hide_kernel(te)
+        tb = "".join(te.format())
     _send({"t": "error", "name": type(e).__name__, "value": str(e), "traceback": tb})
 
 

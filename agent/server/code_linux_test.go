@@ -133,6 +133,11 @@ func TestCodeTimeoutInterrupts(t *testing.T) {
 	if !out.end.TimedOut || out.end.Error == nil || out.end.Error.Name != "KeyboardInterrupt" || out.end.Died {
 		t.Fatalf("interrupted cell: %+v", out.end)
 	}
+	// The interrupt is raised in the kernel's SIGINT handler, whose frame is not the
+	// user's to see.
+	if tb := out.end.Error.Traceback; !strings.Contains(tb, `File "<cell-`) || strings.Contains(tb, "roche-kernel") {
+		t.Fatalf("the interrupted cell's traceback shows the kernel's frames, or not the cell's: %q", tb)
+	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("interrupt took %s", d)
 	}

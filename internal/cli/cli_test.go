@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -82,14 +83,20 @@ func TestRunExitCodes(t *testing.T) {
 	if r := run(t, "run", "--image", img, "--", "sh", "-c", "echo out; echo err >&2; exit 7"); r.code != 7 || r.stdout != "out\n" || r.stderr != "err\n" {
 		t.Errorf("exit 7: %+v", r)
 	}
+	// A timeout is reported as it was asked for, with how long the command ran,
+	// measured in the sandbox: here at least the timeout.
 	r := run(t, "run", "--image", img, "--exec-timeout", "1", "--", "python3", "-c", "while True: pass")
-	if r.code != roche.ExitCodeTimeout || !strings.Contains(r.stderr, "timed out") {
-		t.Errorf("timeout: %+v, want exit 124", r)
+	var ran time.Duration
+	if m := regexp.MustCompile(`after it ran (\S+)\n$`).FindStringSubmatch(r.stderr); m != nil {
+		ran, _ = time.ParseDuration(m[1])
 	}
-	// The sandbox's lifetime bounds a command too.
+	if r.code != roche.ExitCodeTimeout || !strings.Contains(r.stderr, "timed out: --exec-timeout 1s killed it") || ran < time.Second || ran > 30*time.Second {
+		t.Errorf("timeout: %+v, want exit 124 naming --exec-timeout 1s, and a run of at least 1s", r)
+	}
+	// The sandbox's lifetime bounds a command too, counted from the create: said so.
 	r = run(t, "run", "--image", img, "--timeout", "2", "--", "sleep", "30")
-	if r.code != roche.ExitCodeTimeout {
-		t.Errorf("lifetime 2 s, sleep 30: %+v, want exit 124", r)
+	if r.code != roche.ExitCodeTimeout || !strings.Contains(r.stderr, "the sandbox's lifetime ended (--timeout 2s, counted from its create; the command ran ") {
+		t.Errorf("lifetime 2 s, sleep 30: %+v, want exit 124 naming --timeout 2s", r)
 	}
 }
 

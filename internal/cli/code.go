@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -143,7 +144,15 @@ func (e *env) runCode(ctx context.Context, cr roche.CodeRunner, id string, req r
 			fmt.Fprintf(e.stderr, "roche: output truncated: a stream passed %d bytes\n", roche.DefaultOutputLimit)
 		}
 		if ex.TimedOut {
-			fmt.Fprintf(e.stderr, "roche: the cell timed out after %s and was interrupted; the context keeps its variables\n", ex.Duration.Round(1e6))
+			limit := req.Timeout
+			if limit <= 0 {
+				limit = roche.DefaultCodeTimeout
+			}
+			kept := "the context keeps its variables"
+			if ex.Error != nil && ex.Error.Name == "TimeoutError" {
+				kept = "its interpreter was stopped, and the next cell starts a fresh one"
+			}
+			fmt.Fprintf(e.stderr, "roche: the cell timed out: its %s limit (--timeout) interrupted it after it ran %s; %s\n", limit, ex.Duration.Round(time.Millisecond), kept)
 		}
 	}
 	switch {

@@ -58,3 +58,21 @@ func TestCodeJSONEvents(t *testing.T) {
 		t.Fatalf("1 / 0: %+v", r)
 	}
 }
+
+// TestCodeTimeoutReport: a cell stopped at its timeout says which limit it was (as
+// asked) and that the context keeps its variables, with a traceback of the user's
+// code only (the interrupt is raised in the kernel's handler, which is not shown).
+func TestCodeTimeoutReport(t *testing.T) {
+	r := run(t, "create", "--image", testImage())
+	if r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	id := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { run(t, "destroy", id) })
+	r = run(t, "code", "--sandbox", id, "--timeout", "1", "import time\nwhile True:\n    time.sleep(0.01)")
+	if r.code != 124 || !strings.Contains(r.stderr, `File "<cell-1>", line 3`) || strings.Contains(r.stderr, "roche-kernel") ||
+		!strings.Contains(r.stderr, "roche: the cell timed out: its 1s limit (--timeout) interrupted it after it ran ") ||
+		!strings.Contains(r.stderr, "the context keeps its variables") {
+		t.Fatalf("a cell at its timeout: %+v", r)
+	}
+}

@@ -189,11 +189,16 @@ type execFlags struct {
 	env         []string
 	workdir     string
 	asJSON      bool
+	// timeoutFlag is the name of the timeout flag, and lifetime run's sandbox's lifetime
+	// in seconds (0 for exec, which does not know it): what a timeout report names.
+	timeoutFlag string
+	lifetime    int
 }
 
 // add registers the flags; prefix keeps run's per-command flags ("exec-timeout") apart
 // from its create flags ("timeout", the sandbox's lifetime).
 func (x *execFlags) add(fs *pflag.FlagSet, prefix, timeoutHelp string) {
+	x.timeoutFlag = "--" + prefix + "timeout"
 	fs.Float64Var(&x.timeout, prefix+"timeout", 0, timeoutHelp)
 	fs.BoolVarP(&x.interactive, "interactive", "i", false, "pass standard input to the command")
 	fs.StringArrayVar(&x.env, prefix+"env", nil, "set an environment variable for this command only, KEY=VALUE (repeatable)")
@@ -244,7 +249,7 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 			fmt.Fprintln(e.stderr, "roche: the command was killed for exceeding the sandbox's memory limit (raise it with --memory)")
 		}
 		if res.TimedOut {
-			fmt.Fprintf(e.stderr, "roche: the command timed out after %s and was killed\n", res.Duration.Round(time.Millisecond))
+			fmt.Fprintf(e.stderr, "roche: %s\n", x.timedOut(res.Duration))
 		}
 	}
 	switch {
@@ -254,6 +259,20 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 		return exitCode(res.ExitCode)
 	}
 	return nil
+}
+
+// timedOut says which limit killed a command, as it was asked for, and how long the
+// command ran (measured in the sandbox from its start to its end).
+func (x *execFlags) timedOut(ran time.Duration) string {
+	ranFor := ran.Round(time.Millisecond)
+	switch {
+	case x.timeout > 0:
+		return fmt.Sprintf("the command timed out: %s %gs killed it after it ran %s", x.timeoutFlag, x.timeout, ranFor)
+	case x.lifetime > 0:
+		return fmt.Sprintf("the command was killed when the sandbox's lifetime ended (--timeout %ds, counted from its create; the command ran %s; %s bounds the command alone)",
+			x.lifetime, ranFor, x.timeoutFlag)
+	}
+	return fmt.Sprintf("the command was killed when the sandbox's lifetime ended (it ran %s; %s bounds the command alone)", ranFor, x.timeoutFlag)
 }
 
 // rocheFailed marks errors of roche itself in exec and run, so they exit 125 and are not
@@ -328,6 +347,7 @@ failed, 130 on Ctrl-C and 143 on SIGTERM.`,
 			if ctx.Err() != nil {
 				return interruptCode(ctx)
 			}
+			x.lifetime = f.timeout
 			return e.rocheFailed(e.execute(ctx, p, info.ID, args, &x))
 		},
 	}

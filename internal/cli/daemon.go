@@ -411,12 +411,15 @@ func (e *env) daemonStatusCommand() *cobra.Command {
 					Pools []*rochev1.Pool `json:"pools"`
 				}{e.daemon.socket, h, pools})
 			}
-			fmt.Fprintf(e.stdout, "roched %s running on %s: pid %d, up %s, providers %s, %d sandboxes handed out\n",
-				h.Version, e.daemon.socket, h.PID, time.Since(h.StartedAt).Round(time.Second), strings.Join(h.Providers, ", "), h.Sandboxes)
+			fmt.Fprintf(e.stdout, "roched %s running on %s (%s): pid %d, up %s, providers %s, %d sandboxes handed out\n",
+				h.Version, e.daemon.socket, h.Status, h.PID, time.Since(h.StartedAt).Round(time.Second), strings.Join(h.Providers, ", "), h.Sandboxes)
 			for _, name := range slices.Sorted(maps.Keys(h.Engines)) {
 				if eh := h.Engines[name]; !eh.Up {
 					fmt.Fprintf(e.stdout, "%s: engine not answering since %s, creates refused: %s\n", name, eh.Since.Format(time.TimeOnly), eh.Error)
 				}
+			}
+			for _, name := range slices.Sorted(maps.Keys(h.Unavailable)) {
+				fmt.Fprintf(e.stdout, "%s: cannot make sandboxes: %s\n", name, h.Unavailable[name])
 			}
 			if len(pools) > 0 {
 				return e.printPools(pools)

@@ -37,9 +37,6 @@ import (
 	"github.com/roche-sandbox/roche/pool"
 )
 
-// Version is reported by /healthz.
-const Version = "0.1.0"
-
 // Config is what the daemon serves and how.
 type Config struct {
 	// Socket is the unix socket to listen on (mode 0600); empty means defaults.Socket().
@@ -88,6 +85,11 @@ type Config struct {
 	// CopyMaxBytes caps the file content one CopyTo or CopyFrom moves (default
 	// roche.DefaultCopyMaxBytes); a request may ask for less, not more.
 	CopyMaxBytes int64
+	// Asked are the providers the operator named (roched --providers): with the pools'
+	// providers, those whose being unavailable makes /healthz "degraded".
+	Asked []string
+	// LeftOut are the providers that could not be opened at start, and why (/healthz).
+	LeftOut map[string]error
 	// EngineCheckInterval is how often each provider's engine is asked whether it answers
 	// (default 2 s; internal/ledger health.go).
 	EngineCheckInterval time.Duration
@@ -113,7 +115,9 @@ type Daemon struct {
 	poolOpts []pool.Option
 	ledger   *ledger.Ledger
 	metrics  *metrics
-	started  time.Time
+	// providers are those served, for /healthz's availability checks.
+	providers map[string]roche.Provider
+	started   time.Time
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
@@ -170,12 +174,13 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		return nil, err
 	}
 	d := &Daemon{
-		cfg:      cfg,
-		log:      slog.New(slog.DiscardHandler),
-		tenants:  buildTenants(cfg),
-		local:    &tenant{Tenant: ledger.Tenant{Name: LocalTenant, Local: true}},
-		draining: make(chan struct{}),
-		output:   outputBudget{left: maxHeldOutput},
+		cfg:       cfg,
+		providers: providers,
+		log:       slog.New(slog.DiscardHandler),
+		tenants:   buildTenants(cfg),
+		local:     &tenant{Tenant: ledger.Tenant{Name: LocalTenant, Local: true}},
+		draining:  make(chan struct{}),
+		output:    outputBudget{left: maxHeldOutput},
 	}
 	for _, o := range opts {
 		o(d)

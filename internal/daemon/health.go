@@ -2,28 +2,70 @@ package daemon
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 
+	"github.com/roche-sandbox/roche/internal/buildinfo"
+	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // healthz answers GET /healthz: roched's version and pid, the providers and how many
-// sandboxes it serves, and whether each watched engine answers (the ledger checks them,
-// internal/ledger health.go).
+// sandboxes it serves, whether each watched engine answers (the ledger checks them,
+// internal/ledger health.go), and which providers cannot make sandboxes, and why. It is
+// "degraded" while an engine does not answer or a provider the operator asked for
+// cannot make sandboxes; roched itself answers (200) either way, so that clients keep
+// reaching it and hear why their creates fail.
 func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
 	n := d.ledger.Serving()
 	engines, allUp := d.engineHealth()
+	unavailable, askedMissing := d.providerHealth()
 	status := "ok"
-	if !allUp {
-		// roched itself answers (200), so clients keep reaching it and hear why creates fail.
+	if !allUp || askedMissing {
 		status = "degraded"
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(wire.Health{
-		Status: status, Version: Version, PID: os.Getpid(), StartedAt: d.started, Providers: d.ledger.Providers(), Sandboxes: n,
-		Engines: engines,
+		Status: status, Version: buildinfo.Version(), PID: os.Getpid(), StartedAt: d.started, Providers: d.ledger.Providers(), Sandboxes: n,
+		Engines: engines, Unavailable: unavailable,
 	})
+}
+
+// providerHealth is why each provider that cannot make sandboxes cannot: left out at
+// start, or served and failing its availability check (only the cheap ones: a file or
+// a setting looked at, never a cluster or hypervisor probed); and whether one of them
+// is a provider the operator asked for.
+func (d *Daemon) providerHealth() (map[string]string, bool) {
+	out := map[string]string{}
+	for name, err := range d.cfg.LeftOut {
+		out[name] = "not served: " + err.Error()
+	}
+	for name, p := range d.providers {
+		info, err := providers.Lookup(name)
+		if err != nil || !info.CheckAtStart {
+			continue
+		}
+		if a, ok := p.(interface{ Available() error }); ok {
+			if err := a.Available(); err != nil {
+				out[name] = err.Error()
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, false
+	}
+	asked := slices.Clone(d.cfg.Asked)
+	for _, s := range d.cfg.Pools {
+		asked = append(asked, s.Provider)
+	}
+	for _, name := range slices.Sorted(maps.Keys(out)) {
+		if slices.Contains(asked, name) {
+			return out, true
+		}
+	}
+	return out, false
 }
 
 // engineHealth is the engines' part of /healthz, and whether every one is up.

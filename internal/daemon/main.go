@@ -444,7 +444,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err := cfg.Validate(served); err != nil {
 		return err
 	}
-	set, err := inproc.Serve(providers.Options{
+	set, leftOut, err := inproc.Serve(providers.Options{
 		Only: f.providers,
 		Log:  log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,
@@ -462,6 +462,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		return err
 	}
 	defer set.Close()
+	cfg.Asked, cfg.LeftOut = f.providers, leftOut
 
 	d, err := New(cfg, set, WithLogger(log))
 	if err != nil {

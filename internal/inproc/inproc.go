@@ -145,7 +145,9 @@ func open(p providers.Provider, o providers.Options) (roche.Provider, error) {
 // warning, and one that opens but fails its start-up check (wasm without python.wasm)
 // is served with a warning, its creates failing with ErrUnavailable and what to install.
 // A setting for no provider served is refused (providers.CheckSettings).
-func Serve(o providers.Options) (providers.Set, error) {
+//
+// leftOut holds the providers left out with a warning, and why, for roched's /healthz.
+func Serve(o providers.Options) (set providers.Set, leftOut map[string]error, err error) {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -155,9 +157,10 @@ func Serve(o providers.Options) (providers.Set, error) {
 		served = o.Only
 	}
 	if err := providers.CheckSettings(o, served, "roched serves only"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	set := providers.Set{}
+	set = providers.Set{}
+	leftOut = map[string]error{}
 	for _, p := range providers.All() {
 		if !slices.Contains(served, p.Name) {
 			continue
@@ -170,7 +173,7 @@ func Serve(o providers.Options) (providers.Set, error) {
 			}
 			if slices.Contains(o.Only, p.Name) || providers.Asked(o, p.Name) {
 				set.Close()
-				return nil, fmt.Errorf("the %s provider is not set up, and %s: %w", p.Name, why, err)
+				return nil, nil, fmt.Errorf("the %s provider is not set up, and %s: %w", p.Name, why, err)
 			}
 			log.Info(p.Name+" provider not configured: serving without it", "provider", p.Name, "reason", err)
 			continue
@@ -178,9 +181,10 @@ func Serve(o providers.Options) (providers.Set, error) {
 		if err != nil {
 			if p.Required {
 				set.Close()
-				return nil, err
+				return nil, nil, err
 			}
 			log.Warn(p.Name+" provider unavailable: serving without it", "provider", p.Name, "err", err)
+			leftOut[p.Name] = err
 			continue
 		}
 		if c, ok := rp.(interface{ Available() error }); ok && p.CheckAtStart {
@@ -190,5 +194,5 @@ func Serve(o providers.Options) (providers.Set, error) {
 		}
 		set[p.Name] = rp
 	}
-	return set, nil
+	return set, leftOut, nil
 }

@@ -188,7 +188,7 @@ func TestServeDegrades(t *testing.T) {
 	var log logBuffer
 	o := good()
 	o.Log = log.logger()
-	set, err := Serve(o)
+	set, _, err := Serve(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestServeDegrades(t *testing.T) {
 	t.Setenv("ROCHE_VM_ACCEL", "warp")
 	log = logBuffer{}
 	o.Log = log.logger()
-	set, err = Serve(o)
+	set, leftOut, err := Serve(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,12 +224,15 @@ func TestServeDegrades(t *testing.T) {
 		if l := log.String(); !strings.Contains(l, name+" provider unavailable: serving without it") || !strings.Contains(l, `acceleration \"warp\"`) {
 			t.Fatalf("Serve did not say why %s is left out: %q", name, l)
 		}
+		if err := leftOut[name]; err == nil || !strings.Contains(err.Error(), `acceleration "warp"`) {
+			t.Fatalf("Serve's left-out %s: %v, want the reason for roched's /healthz", name, err)
+		}
 	}
 
 	// Docker with a bad setting stops roched, and nothing opened is left open.
 	t.Setenv("ROCHE_VM_ACCEL", "")
 	o.Transport = "ssh"
-	set, err = Serve(o)
+	set, _, err = Serve(o)
 	if set != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), `transport "ssh"`) {
 		t.Fatalf("Serve with a bad Docker transport = %v, %v; want ErrInvalidConfig", set, err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/providers"
 )
 
@@ -99,7 +100,7 @@ func New(p Providers, cfg Config, opts ...Option) *Server {
 		cfg.DefaultImage = roche.DefaultImage
 	}
 	if cfg.Version == "" {
-		cfg.Version = "0.1.0"
+		cfg.Version = buildinfo.Version()
 	}
 	s := &Server{cfg: cfg, providers: p, log: slog.New(slog.DiscardHandler), created: map[string]created{}}
 	for _, o := range opts {

@@ -16,6 +16,12 @@ type Health struct {
 	// it answers; Status is "degraded" while one does not, and creates for that provider
 	// are refused.
 	Engines map[string]EngineHealth `json:"engines,omitempty"`
+	// Unavailable says, for each provider that cannot make sandboxes now, why (its
+	// creates fail with that reason): one left out at start, or served without what it
+	// needs (wasm without python.wasm, kubernetes without a cluster). Status is
+	// "degraded" while one the operator asked for (roched --providers, or a pool's) is
+	// among them.
+	Unavailable map[string]string `json:"unavailable,omitempty"`
 }
 
 // EngineHealth is whether a provider's engine answers, since when, and if not, why.

@@ -91,6 +91,9 @@ func (s *suite) testCode(t *testing.T) {
 		if s.caps.Processes && ex.Error.Name != "KeyboardInterrupt" {
 			t.Fatalf("interrupted cell's error %+v, want a KeyboardInterrupt", ex.Error)
 		}
+		if strings.Contains(ex.Error.Traceback, "roche-kernel") {
+			t.Fatalf("the interrupted cell's traceback shows the kernel's own frames: %q", ex.Error.Traceback)
+		}
 		after := run(t, roche.CodeRequest{Code: "kept"})
 		switch {
 		case after.Text() == "'still here'" && !after.Restarted:

@@ -1,6 +1,8 @@
 // OpenAI Agents SDK (JavaScript): the seeds' execute_python as a function tool.
 //
-//   npm install roche-sandbox @openai/agents zod && export OPENAI_API_KEY=...
+//   roche-sandbox is not on the npm registry yet: build it from a clone of Roche
+//   (cd sdk/typescript && npm ci && npm run build), then in your project:
+//   npm install /path/to/roche/sdk/typescript @openai/agents zod && export OPENAI_API_KEY=...
 //   npx tsc && node dist/examples/openai_agents_tool.js
 
 import { Roche } from "roche-sandbox";

@@ -1,7 +1,9 @@
 // The quick start: `await using` destroys the sandbox at the end of the block, even on an
 // exception (TypeScript 5.2+ compiles it; Node 20 runs the result).
 //
-//   npm install roche-sandbox && npx tsc && node dist/examples/quickstart.js
+//   roche-sandbox is not on the npm registry yet: build it from a clone of Roche
+//   (cd sdk/typescript && npm ci && npm run build), then in your project:
+//   npm install /path/to/roche/sdk/typescript && npx tsc && node dist/examples/quickstart.js
 
 import { Roche } from "roche-sandbox";
 

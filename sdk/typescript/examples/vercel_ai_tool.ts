@@ -1,6 +1,8 @@
 // Vercel AI SDK: runPython as a tool of generateText, with a 30 s limit per run.
 //
-//   npm install roche-sandbox ai @ai-sdk/openai zod && export OPENAI_API_KEY=...
+//   roche-sandbox is not on the npm registry yet: build it from a clone of Roche
+//   (cd sdk/typescript && npm ci && npm run build), then in your project:
+//   npm install /path/to/roche/sdk/typescript ai @ai-sdk/openai zod && export OPENAI_API_KEY=...
 //   npx tsc && node dist/examples/vercel_ai_tool.js
 
 import { Roche } from "roche-sandbox";

@@ -45,3 +45,15 @@ test("the quick start runs as a program, and await using destroys its sandbox", 
   assert.deepEqual([out, err].sort(), ["stderr: err", "stdout: out"]);
   // teardown fails the file if the sandbox (private image tag) is left
 });
+
+test("the examples say how to install roche-sandbox from a clone, not from the npm registry", async () => {
+  const { readdir, readFile } = await import("node:fs/promises");
+  const dir = join(SDK, "examples");
+  for (const name of (await readdir(dir)).filter((n) => n.endsWith(".ts"))) {
+    const text = await readFile(join(dir, name), "utf8");
+    // The package is not published: `npm install roche-sandbox` would fail, or install
+    // someone else's package of that name.
+    assert.doesNotMatch(text, /npm install roche-sandbox/, name);
+    assert.match(text, /npm install \/path\/to\/roche\/sdk\/typescript/, name);
+  }
+});
