@@ -15,7 +15,7 @@ import (
 )
 
 func (e *env) mcpCommand() *cobra.Command {
-	var httpAddr, token, provider, image string
+	var httpAddr, token, tokenFile, provider, image string
 	var allowNetwork bool
 	c := &cobra.Command{
 		Use:   "mcp [--http ADDR]",
@@ -28,14 +28,24 @@ HTTP with --http. Sandboxes go through roched when it answers, as every roche co
 Sandboxes keep the secure defaults; clients cannot mount host paths, and cannot turn the
 network on unless --allow-network is given. Each session lists, runs in, reads, writes and
 destroys only the sandboxes it created; any other id is "not found". Sandboxes the server
-created are destroyed when it stops. Over HTTP, any address but a loopback one needs --token, which clients
-send as "Authorization: Bearer TOKEN".`,
+created are destroyed when it stops.
+
+Over HTTP it serves a loopback address only: it speaks plain HTTP, so a token and the
+code sent would cross a network unencrypted. Clients elsewhere come through an SSH
+tunnel (ssh -L 8765:127.0.0.1:8765 HOST) or a TLS-terminating proxy on this host. With
+a token, clients must send "Authorization: Bearer TOKEN": give it in a file only you can
+read (--token-file, mode 0600) or in ROCHE_MCP_TOKEN, never on the command line (ps
+shows it to every user), and make it at least 16 random characters, as roched's.`,
 		Example: `  roche mcp                                  # stdio: what an MCP client's config starts
   roche mcp --http 127.0.0.1:8765            # streamable HTTP at http://127.0.0.1:8765/
-  ROCHE_MCP_TOKEN=$(openssl rand -hex 16) roche mcp --http 0.0.0.0:8765`,
+  (umask 077; openssl rand -hex 16 > ~/.roche-mcp-token); roche mcp --http 127.0.0.1:8765 --token-file ~/.roche-mcp-token`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if token == "" {
+			if token != "" {
+				return fmt.Errorf("%w: --token: a token on the command line is visible to every user of this host (ps): put it in a file only you can read and pass --token-file FILE, or set ROCHE_MCP_TOKEN",
+					roche.ErrInvalidConfig)
+			}
+			if tokenFile == "" {
 				token = e.getenv("ROCHE_MCP_TOKEN")
 			}
 			// The MCP server is not in the thin roche.
@@ -44,7 +54,7 @@ send as "Authorization: Bearer TOKEN".`,
 			}
 			srv, err := e.local.NewMCP(MCPConfig{
 				Providers: registryProviders{e}, DefaultProvider: provider, DefaultImage: image, AllowNetwork: allowNetwork,
-				Owner: e.owner(), HTTP: httpAddr, Token: token, Log: e.log,
+				Owner: e.owner(), HTTP: httpAddr, Token: token, TokenFile: tokenFile, Log: e.log,
 			})
 			if err != nil {
 				return err
@@ -65,7 +75,7 @@ send as "Authorization: Bearer TOKEN".`,
 				return fmt.Errorf("listening on %s: %w", httpAddr, err)
 			}
 			fmt.Fprintf(e.stderr, "roche mcp: serving streamable HTTP on http://%s/\n", l.Addr())
-			return srv.ServeHTTP(ctx, l, token, 10*time.Second)
+			return srv.ServeHTTP(ctx, l, 10*time.Second)
 		},
 	}
 	defProvider, defImage := providers.Default, roche.DefaultImage
@@ -76,7 +86,9 @@ send as "Authorization: Bearer TOKEN".`,
 		defImage = v
 	}
 	c.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on HOST:PORT instead of stdio")
-	c.Flags().StringVar(&token, "token", "", "bearer token HTTP clients must send (env ROCHE_MCP_TOKEN); required off loopback")
+	c.Flags().StringVar(&tokenFile, "token-file", "", "file (mode 0600) holding the bearer token HTTP clients must send (or env ROCHE_MCP_TOKEN); at least 16 characters")
+	c.Flags().StringVar(&token, "token", "", "refused: a token on the command line is visible to every user; use --token-file")
+	_ = c.Flags().MarkHidden("token")
 	c.Flags().StringVar(&provider, "provider", defProvider, "provider of sandboxes whose create names none (env ROCHE_PROVIDER)")
 	c.Flags().StringVar(&image, "image", defImage, "image of sandboxes whose create names none (env ROCHE_IMAGE)")
 	c.Flags().BoolVar(&allowNetwork, "allow-network", false, "let clients create sandboxes with a network")
@@ -92,9 +104,9 @@ type MCPConfig struct {
 	// Owner is the Config.Owner of the sandboxes it makes in this process.
 	Owner string
 	// HTTP is where it is to serve streamable HTTP (empty: stdio), and Token what HTTP
-	// clients must send; both are checked first.
-	HTTP, Token string
-	Log         *slog.Logger
+	// clients must send, or TokenFile the file that holds it; all are checked first.
+	HTTP, Token, TokenFile string
+	Log                    *slog.Logger
 }
 
 // MCPProviders are the providers the MCP server uses: those of the CLI.
@@ -109,7 +121,8 @@ type MCPProviders interface {
 // MCPServer is roche mcp's server (internal/mcp's).
 type MCPServer interface {
 	ServeStdio(ctx context.Context, r io.Reader, w io.Writer) error
-	ServeHTTP(ctx context.Context, l net.Listener, token string, grace time.Duration) error
+	// ServeHTTP serves l behind the token the server was made with, if any.
+	ServeHTTP(ctx context.Context, l net.Listener, grace time.Duration) error
 	// Close destroys the sandboxes the server made.
 	Close(ctx context.Context) error
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,13 +110,36 @@ func TestMCPThroughDaemon(t *testing.T) {
 }
 
 // TestMCPHTTP: `roche mcp --http` serves streamable HTTP until SIGTERM, then destroys
-// what it made; off loopback it needs a token.
+// what it made; it refuses what the issue's user did (a non-loopback address, a
+// 5-character token on the command line) and a token file others can read, each in one
+// line naming the safe way.
 func TestMCPHTTP(t *testing.T) {
-	if r := run(t, "mcp", "--http", "0.0.0.0:0"); r.code == 0 || !strings.Contains(r.stderr, "--token") {
-		t.Fatalf("mcp --http 0.0.0.0:0 without a token: exit %d, %q", r.code, r.stderr)
+	dir := t.TempDir()
+	short, open, good := filepath.Join(dir, "short"), filepath.Join(dir, "open"), filepath.Join(dir, "good")
+	os.WriteFile(short, []byte("short\n"), 0o600)
+	os.WriteFile(open, []byte(strings.Repeat("k", 32)), 0o644)
+	os.WriteFile(good, []byte(strings.Repeat("k", 32)+"\n"), 0o600)
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"--http", "0.0.0.0:8765", "--token", "short"}, "", "visible to every user"},
+		{[]string{"--http", "0.0.0.0:8765", "--token-file", good}, "", "plain HTTP"},
+		{[]string{"--http", "0.0.0.0:0"}, "", "ssh -L"},
+		{[]string{"--http", "127.0.0.1:0", "--token-file", short}, "", "at least 16"},
+		{[]string{"--http", "127.0.0.1:0", "--token-file", open}, "", "chmod 600"},
+		{[]string{"--http", "127.0.0.1:0"}, "short", "at least 16"},
+	} {
+		t.Setenv("ROCHE_MCP_TOKEN", c.env)
+		r := run(t, append([]string{"mcp"}, c.args...)...)
+		if r.code == 0 || !strings.Contains(r.stderr, c.want) || strings.Count(r.stderr, "\n") != 1 {
+			t.Errorf("roche mcp %v (ROCHE_MCP_TOKEN=%q): exit %d, %q; want one line saying %q", c.args, c.env, r.code, r.stderr, c.want)
+		}
 	}
+	t.Setenv("ROCHE_MCP_TOKEN", "")
 	before := managed(t)
-	cmd := exec.Command(os.Args[0], "mcp", "--http", "127.0.0.1:0", "--image", testImage())
+	cmd := exec.Command(os.Args[0], "mcp", "--http", "127.0.0.1:0", "--token-file", good, "--image", testImage())
 	cmd.Env = append(os.Environ(), "ROCHE_TEST_AS_CLI=1", "ROCHE_SOCKET="+filepath.Join(t.TempDir(), "none.sock"))
 	pipe, err := cmd.StderrPipe()
 	if err != nil {
@@ -141,8 +165,13 @@ func TestMCPHTTP(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if _, err := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "1"}, nil).
+		Connect(ctx, &sdk.StreamableClientTransport{Endpoint: url, DisableStandaloneSSE: true}, nil); err == nil {
+		t.Fatal("a client without the token connected")
+	}
 	cs, err := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "1"}, nil).
-		Connect(ctx, &sdk.StreamableClientTransport{Endpoint: url, DisableStandaloneSSE: true}, nil)
+		Connect(ctx, &sdk.StreamableClientTransport{Endpoint: url, DisableStandaloneSSE: true,
+			HTTPClient: &http.Client{Transport: bearerToken(strings.Repeat("k", 32))}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +192,15 @@ func TestMCPHTTP(t *testing.T) {
 	if got := managed(t); got != before {
 		t.Fatalf("%d sandboxes left after roche mcp stopped, want %d", got, before)
 	}
+}
+
+// bearerToken sends its token with every request.
+type bearerToken string
+
+func (b bearerToken) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 func TestMCPHelp(t *testing.T) {

@@ -9,6 +9,7 @@ package mcp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -77,6 +79,19 @@ type Server struct {
 
 	mu      sync.Mutex
 	created map[string]created
+	// destroyed are the sandboxes each session has destroyed, so that destroying one
+	// again succeeds (destroy_sandbox is idempotent) while an id the session never had
+	// stays "not found"; the last maxRemembered of them, oldest first in forget.
+	destroyed map[destroyedKey]bool
+	forget    []destroyedKey
+}
+
+// maxRemembered bounds the destroyed sandboxes remembered for idempotent destroys.
+const maxRemembered = 4096
+
+type destroyedKey struct {
+	session *mcp.ServerSession
+	id      string
 }
 
 // created is a sandbox the server made: its provider and the session that asked.
@@ -102,12 +117,13 @@ func New(p Providers, cfg Config, opts ...Option) *Server {
 	if cfg.Version == "" {
 		cfg.Version = buildinfo.Version()
 	}
-	s := &Server{cfg: cfg, providers: p, log: slog.New(slog.DiscardHandler), created: map[string]created{}}
+	s := &Server{cfg: cfg, providers: p, log: slog.New(slog.DiscardHandler), created: map[string]created{}, destroyed: map[destroyedKey]bool{}}
 	for _, o := range opts {
 		o(s)
 	}
 	s.server = mcp.NewServer(&mcp.Implementation{Name: "roche", Title: "Roche sandboxes", Version: cfg.Version},
 		&mcp.ServerOptions{Instructions: instructions, Logger: s.log})
+	s.server.AddReceivingMiddleware(argumentErrors)
 	s.addTools()
 	return s
 }
@@ -261,6 +277,59 @@ func forModel(err error) error {
 		return fmt.Errorf("the sandbox backend failed: %s (not caused by the arguments: tell the user rather than calling again)", msg)
 	}
 	return errors.New(msg)
+}
+
+// argumentErrors words the go-sdk's refusals of a tool call's arguments (its schema
+// validator's text: `validating "arguments": validating root: required: missing
+// properties: ["code"]`) as forModel words the tools' own errors.
+func argumentErrors(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		r, ok := res.(*mcp.CallToolResult)
+		if err != nil || !ok || !r.IsError || len(r.Content) != 1 {
+			return res, err
+		}
+		tc, ok := r.Content[0].(*mcp.TextContent)
+		if !ok {
+			return res, err
+		}
+		if msg, ok := strings.CutPrefix(tc.Text, `validating "arguments": `); ok {
+			tool := ""
+			if p, ok := req.GetParams().(*mcp.CallToolParamsRaw); ok {
+				tool = p.Name
+			}
+			tc.Text = forModel(fmt.Errorf("%w: %s", roche.ErrInvalidConfig, badArguments(tool, msg))).Error()
+		}
+		return res, err
+	}
+}
+
+var (
+	missingArgs  = regexp.MustCompile(`required: missing properties: \[(.*)\]$`)
+	wrongType    = regexp.MustCompile(`validating /properties/([\w-]+): type: .* has type "(\w+)", want "(\w+)"$`)
+	unknownArgs  = regexp.MustCompile(`unexpected additional properties \[(.*)\]$`)
+	validatingAt = regexp.MustCompile(`^(?:validating [^:]*: )+`)
+)
+
+// badArguments says what is wrong with a tool's arguments, from the validator's text.
+func badArguments(tool, msg string) string {
+	names := func(list string) string { return strings.ReplaceAll(strings.ReplaceAll(list, `"`, ""), ",", ", ") }
+	prefix := "the arguments"
+	if tool != "" {
+		prefix = tool + "'s arguments"
+	}
+	switch {
+	case missingArgs.MatchString(msg):
+		return fmt.Sprintf("%s lack %s, which it needs", prefix, names(missingArgs.FindStringSubmatch(msg)[1]))
+	case wrongType.MatchString(msg):
+		m := wrongType.FindStringSubmatch(msg)
+		want := map[string]string{"array": "a list (a JSON array)", "object": "an object", "number": "a number",
+			"integer": "a whole number", "string": "a string", "boolean": "true or false"}[m[3]]
+		return fmt.Sprintf("%s: %s must be %s, not a %s", prefix, m[1], cmp.Or(want, "a "+m[3]), m[2])
+	case unknownArgs.MatchString(msg):
+		return fmt.Sprintf("%s: %s is not one of them", prefix, names(unknownArgs.FindStringSubmatch(msg)[1]))
+	}
+	return prefix + ": " + validatingAt.ReplaceAllString(msg, "")
 }
 
 // createSchema is create_sandbox's input schema, its provider field naming the
@@ -439,7 +508,7 @@ func run(ctx context.Context, p roche.Provider, in ExecInput) (*mcp.CallToolResu
 
 // RunCodeInput is run_code's arguments.
 type RunCodeInput struct {
-	Language    string  `json:"language" jsonschema:"python, sh or bash (javascript where the image has node)"`
+	Language    string  `json:"language,omitempty" jsonschema:"python (when left out), sh or bash (javascript where the image has node)"`
 	Code        string  `json:"code" jsonschema:"the program's source"`
 	SandboxID   string  `json:"sandbox_id,omitempty" jsonschema:"run in this sandbox, from create_sandbox, where files stay between calls; left out, a new sandbox with the secure defaults runs the code and is destroyed afterwards"`
 	TimeoutSecs float64 `json:"timeout_secs,omitempty" jsonschema:"kill the program after this many seconds (default: the sandbox's remaining lifetime)"`
@@ -478,6 +547,9 @@ func coder(p roche.Provider, language string) (roche.CodeRunner, string, bool) {
 }
 
 func (s *Server) runCode(ctx context.Context, req *mcp.CallToolRequest, in RunCodeInput) (*mcp.CallToolResult, CodeOutput, error) {
+	if in.Language == "" {
+		in.Language = "python"
+	}
 	argv, ok := interpreters[strings.ToLower(in.Language)]
 	if !ok {
 		return nil, CodeOutput{}, fmt.Errorf("%w: language %q: give python, sh, bash or javascript", roche.ErrInvalidConfig, in.Language)
@@ -796,21 +868,46 @@ type DestroyInput struct {
 	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
 }
 
-// DestroyOutput names the destroyed sandbox.
+// DestroyOutput names the destroyed sandbox, and says whether it was already gone.
 type DestroyOutput struct {
-	Destroyed string `json:"destroyed"`
+	Destroyed   string `json:"destroyed"`
+	AlreadyGone bool   `json:"already_gone,omitempty" jsonschema:"the sandbox had already been destroyed (by an earlier call, or at the end of its lifetime): nothing was left to do"`
 }
 
+// destroy is idempotent, as its annotations say: destroying a sandbox this session made
+// that is already gone (an earlier destroy, its lifetime's end) succeeds and says so.
 func (s *Server) destroy(ctx context.Context, req *mcp.CallToolRequest, in DestroyInput) (*mcp.CallToolResult, DestroyOutput, error) {
+	s.mu.Lock()
+	gone := s.destroyed[destroyedKey{req.Session, in.SandboxID}]
+	s.mu.Unlock()
+	if gone {
+		return goneResult(in.SandboxID)
+	}
 	p, err := s.own(req.Session, in.SandboxID)
 	if err != nil {
 		return nil, DestroyOutput{}, err
 	}
-	if err := p.Destroy(ctx, in.SandboxID); err != nil {
+	err = p.Destroy(ctx, in.SandboxID)
+	if err != nil && !errors.Is(err, roche.ErrNotFound) {
 		return nil, DestroyOutput{}, err
 	}
 	s.mu.Lock()
 	delete(s.created, in.SandboxID)
+	key := destroyedKey{req.Session, in.SandboxID}
+	s.destroyed[key] = true
+	if s.forget = append(s.forget, key); len(s.forget) > maxRemembered {
+		delete(s.destroyed, s.forget[0])
+		s.forget = s.forget[1:]
+	}
 	s.mu.Unlock()
+	if err != nil {
+		return goneResult(in.SandboxID)
+	}
 	return nil, DestroyOutput{Destroyed: in.SandboxID}, nil
+}
+
+func goneResult(id string) (*mcp.CallToolResult, DestroyOutput, error) {
+	out := DestroyOutput{Destroyed: id, AlreadyGone: true}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
+		Text: fmt.Sprintf("sandbox %s was already gone (destroyed earlier, or at the end of its lifetime): nothing to do", id)}}}, out, nil
 }

@@ -213,9 +213,27 @@ func TestTools(t *testing.T) {
 	if !isErr || !strings.Contains(text, "not found") {
 		t.Fatalf("exec in a destroyed sandbox: %v %q", isErr, text)
 	}
-	text, isErr = call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, nil)
+	// destroy_sandbox is idempotent, as its annotations say: again, it succeeds and says
+	// the sandbox was already gone.
+	var again mcp.DestroyOutput
+	text, isErr = call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, &again)
+	if isErr || again.Destroyed != sb.ID || !again.AlreadyGone || !strings.Contains(text, "already gone") {
+		t.Fatalf("destroying it again: %v %q %+v, want success saying it was already gone", isErr, text, again)
+	}
+	// So is one that ended behind the session's back (its lifetime, an operator).
+	var other mcp.Sandbox
+	call(t, cs, "create_sandbox", nil, &other)
+	if err := dp.Destroy(ctx, other.ID); err != nil {
+		t.Fatal(err)
+	}
+	text, isErr = call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": other.ID}, &again)
+	if isErr || !again.AlreadyGone {
+		t.Fatalf("destroying a sandbox that ended on its own: %v %q %+v", isErr, text, again)
+	}
+	// An id the session never had is still not found.
+	text, isErr = call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": "0123456789ab"}, nil)
 	if !isErr || !strings.Contains(text, "not found") {
-		t.Fatalf("destroying it again: %v %q", isErr, text)
+		t.Fatalf("destroying an unknown id: %v %q", isErr, text)
 	}
 }
 
@@ -498,8 +516,8 @@ func TestSchemasForModels(t *testing.T) {
 			}
 		case "run_code":
 			seen++
-			if !slices.Contains(schema.Required, "code") || !slices.Contains(schema.Required, "language") || slices.Contains(schema.Required, "sandbox_id") {
-				t.Errorf("run_code requires %v, want language and code", schema.Required)
+			if !slices.Equal(schema.Required, []string{"code"}) {
+				t.Errorf("run_code requires %v, want code alone (language defaults to python)", schema.Required)
 			}
 		case "read_file", "list_sandboxes":
 			seen++
@@ -514,6 +532,33 @@ func TestSchemasForModels(t *testing.T) {
 	}
 	if seen != 4 {
 		t.Fatalf("saw %d of exec, run_code, read_file and list_sandboxes", seen)
+	}
+}
+
+// TestArgumentErrorsForModels: arguments the schema refuses are said as the tools' own
+// errors are, naming the argument and what it wants, not in the validator's words; and
+// run_code without a language runs python, as its schema says.
+func TestArgumentErrorsForModels(t *testing.T) {
+	s, _ := newServer(t, mcp.Config{})
+	cs := connect(t, s)
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+		want string
+	}{
+		{"run_code", map[string]any{"language": "python"}, "run_code's arguments lack code, which it needs (change the arguments and call again)"},
+		{"exec", map[string]any{"sandbox_id": "x", "command": "ls -l"}, "exec's arguments: command must be a list (a JSON array), not a string (change the arguments and call again)"},
+		{"create_sandbox", map[string]any{"cpus": "two"}, "create_sandbox's arguments: cpus must be a number, not a string"},
+		{"destroy_sandbox", map[string]any{}, "destroy_sandbox's arguments lack sandbox_id"},
+	} {
+		text, isErr := call(t, cs, c.tool, c.args, nil)
+		if !isErr || !strings.Contains(text, c.want) || strings.Contains(text, "validating") {
+			t.Errorf("%s %v: %v %q, want %q", c.tool, c.args, isErr, text, c.want)
+		}
+	}
+	var out mcp.CodeOutput
+	if text, isErr := call(t, cs, "run_code", map[string]any{"code": "import sys; print(sys.version_info[0])"}, &out); isErr || out.Stdout != "3\n" {
+		t.Fatalf("run_code without a language: %v %q %+v, want python's 3", isErr, text, out)
 	}
 }
 
@@ -709,16 +754,25 @@ func TestStreamableHTTP(t *testing.T) {
 	call(t, cs, "destroy_sandbox", map[string]any{"sandbox_id": sb.ID}, nil)
 }
 
+// TestCheckListen: plain HTTP is served on loopback only, token or not (a token sent in
+// the clear is no guard), and the refusal names the safe way; a token is long enough.
 func TestCheckListen(t *testing.T) {
+	long := strings.Repeat("k", mcp.MinTokenLength)
 	for addr, ok := range map[string]bool{
 		"127.0.0.1:8765": true, "localhost:0": true, "[::1]:80": true,
 		"0.0.0.0:8765": false, ":8765": false, "10.0.0.1:1": false, "nonsense": false,
 	} {
-		if err := mcp.CheckListen(addr, ""); (err == nil) != ok {
-			t.Errorf("CheckListen(%q) without a token: %v", addr, err)
+		for _, token := range []string{"", long} {
+			err := mcp.CheckListen(addr, token)
+			if (err == nil) != ok {
+				t.Errorf("CheckListen(%q, token %q): %v", addr, token, err)
+			}
+			if err != nil && addr != "nonsense" && (!strings.Contains(err.Error(), "plain HTTP") || !strings.Contains(err.Error(), "ssh -L")) {
+				t.Errorf("CheckListen(%q) refused without naming the safe way: %v", addr, err)
+			}
 		}
 	}
-	if err := mcp.CheckListen("0.0.0.0:8765", "t"); err != nil {
-		t.Errorf("with a token: %v", err)
+	if err := mcp.CheckListen("127.0.0.1:8765", "short"); err == nil || !strings.Contains(err.Error(), "at least 16") {
+		t.Errorf("a 5-character token: %v, want it refused", err)
 	}
 }

@@ -43,28 +43,41 @@ func (s *Server) Handler(token string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", "Bearer")
-			http.Error(w, "missing or wrong bearer token: send Authorization: Bearer TOKEN (roche mcp's --token)", http.StatusUnauthorized)
+			http.Error(w, "missing or wrong bearer token: send Authorization: Bearer TOKEN (roche mcp's --token-file or ROCHE_MCP_TOKEN)", http.StatusUnauthorized)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// CheckListen refuses to serve code execution to a network without a token: only a
-// loopback address may go without one.
+// MinTokenLength is the shortest bearer token the server takes, as roched's
+// (internal/daemon.MinTokenLength): a token is all that stands between a caller and
+// running code.
+const MinTokenLength = 16
+
+// CheckListen refuses to serve code execution beyond this host: the server speaks plain
+// HTTP, so a bearer token and the code sent would cross the network readable by anyone
+// on the way. A loopback address serves this host's clients; others reach it through
+// what encrypts the way (an SSH tunnel, a TLS proxy on this host). A token, when given,
+// must be at least MinTokenLength characters.
 func CheckListen(addr, token string) error {
-	host, _, err := net.SplitHostPort(addr)
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%w: --http %q: give HOST:PORT, e.g. 127.0.0.1:8765", roche.ErrInvalidConfig, addr)
 	}
-	if token != "" {
-		return nil
+	if token != "" && len(token) < MinTokenLength {
+		return fmt.Errorf("%w: the MCP token has %d characters: use at least %d random ones, e.g. openssl rand -hex 16",
+			roche.ErrInvalidConfig, len(token), MinTokenLength)
 	}
 	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
 		return nil
 	}
-	return fmt.Errorf("%w: refusing to serve %s without a token: anyone who can reach it could run code; "+
-		"pass --token (or ROCHE_MCP_TOKEN), or listen on 127.0.0.1", roche.ErrInvalidConfig, addr)
+	if port == "" || port == "0" {
+		port = "8765"
+	}
+	return fmt.Errorf("%w: refusing to serve %s: roche mcp speaks plain HTTP, so its token and the code sent would cross the network unencrypted; "+
+		"serve on 127.0.0.1 (--http 127.0.0.1:%s) and reach it from elsewhere through an SSH tunnel (ssh -L %s:127.0.0.1:%s THIS-HOST) "+
+		"or a TLS-terminating proxy on this host, with --token-file", roche.ErrInvalidConfig, addr, port, port, port)
 }
 
 // ServeHTTP serves the streamable HTTP transport on l until ctx ends, then stops

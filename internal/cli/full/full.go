@@ -6,10 +6,14 @@
 package full
 
 import (
+	"context"
 	"io"
+	"net"
+	"time"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/cli"
+	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/inproc"
 	"github.com/roche-sandbox/roche/internal/mcp"
 	"github.com/roche-sandbox/roche/internal/providers"
@@ -39,14 +43,33 @@ func (Local) WriteRochedImage(w io.Writer, rochedPath, agentPath string) (string
 // SeccompProfile is kubernetes.SeccompProfile.
 func (Local) SeccompProfile() ([]byte, error) { return kubernetes.SeccompProfile() }
 
-// NewMCP checks where the MCP server is to listen (c.HTTP, c.Token) and makes it.
+// NewMCP checks where the MCP server is to listen (c.HTTP) and its token (c.Token,
+// else the file c.TokenFile, private to its owner as roched's token file must be), and
+// makes it.
 func (Local) NewMCP(c cli.MCPConfig) (cli.MCPServer, error) {
+	if c.TokenFile != "" {
+		tok, err := daemon.ReadTokenFile(c.TokenFile)
+		if err != nil {
+			return nil, err
+		}
+		c.Token = tok
+	}
 	if c.HTTP != "" {
 		if err := mcp.CheckListen(c.HTTP, c.Token); err != nil {
 			return nil, err
 		}
 	}
-	return mcp.New(c.Providers, mcp.Config{
+	return mcpServer{mcp.New(c.Providers, mcp.Config{
 		DefaultProvider: c.DefaultProvider, DefaultImage: c.DefaultImage, AllowNetwork: c.AllowNetwork, Owner: c.Owner,
-	}, mcp.WithLogger(c.Log)), nil
+	}, mcp.WithLogger(c.Log)), c.Token}, nil
+}
+
+// mcpServer serves HTTP behind the token NewMCP checked.
+type mcpServer struct {
+	*mcp.Server
+	token string
+}
+
+func (s mcpServer) ServeHTTP(ctx context.Context, l net.Listener, grace time.Duration) error {
+	return s.Server.ServeHTTP(ctx, l, s.token, grace)
 }
