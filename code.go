@@ -168,8 +168,10 @@ type Execution struct {
 	Context string `json:"context"`
 	// TimedOut: the cell was interrupted at its timeout.
 	TimedOut bool `json:"timed_out,omitempty"`
-	// Restarted: the context's interpreter had died (os._exit, the memory limit) and a
-	// fresh one, without the old variables, ran this cell.
+	// Restarted: the context's interpreter had died (os._exit, the memory limit), or
+	// lived in another process this one cannot reach (a wasm context of an earlier
+	// direct-mode roche command), and a fresh one, without the old variables, ran this
+	// cell.
 	Restarted bool `json:"restarted,omitempty"`
 	// Truncated: a log stream passed the output limit and was cut.
 	Truncated bool          `json:"truncated,omitempty"`

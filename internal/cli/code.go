@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
 )
 
 // coder finds sandbox id's provider and its code contexts.
@@ -43,7 +44,10 @@ func (e *env) codeCommand() *cobra.Command {
 		Use:   "code --sandbox ID [flags] [CODE]",
 		Short: "Run code in a sandbox's interpreter, keeping its state between calls",
 		Long: `Run a cell of code in a context: a long-lived interpreter inside the sandbox that keeps
-its variables from one call to the next, like a notebook. The code is the argument, or
+its variables from one call to the next, like a notebook. On wasm the interpreter lives
+in the process that runs it: a sandbox made through roched keeps its contexts between
+calls, but without roched each roche code is a process of its own, so each call starts
+a fresh interpreter, says so on standard error and sets restarted (--json). The code is the argument, or
 standard input when there is none. Output streams as it is produced; the value of the
 last expression is printed as the interpreter would; rich results (a matplotlib figure, a
 DataFrame) are named on standard error, and written as files to --out DIR. An exception
@@ -99,6 +103,17 @@ context manages others.`,
 	return c
 }
 
+// restartedNote says why a cell ran in a fresh interpreter.
+func restartedNote(cr roche.CodeRunner) string {
+	_, viaRoched := cr.(*client.Provider)
+	if p, ok := cr.(roche.Provider); ok && p.Name() == "wasm" && !viaRoched {
+		return "this cell ran in a fresh interpreter, without the variables of earlier calls: on wasm a context lives in the process " +
+			"that runs it, and without roched each roche command is a process of its own (or the interpreter had died at a timeout); " +
+			"a wasm sandbox created through roched (roche daemon start) keeps its contexts between calls"
+	}
+	return "the context's interpreter had died: this cell ran in a fresh one, without the old variables"
+}
+
 // runCode runs one cell and reports it as roche code does.
 func (e *env) runCode(ctx context.Context, cr roche.CodeRunner, id string, req roche.CodeRequest, asJSON bool, outDir string) error {
 	ex, err := cr.RunCode(ctx, id, req)
@@ -119,7 +134,7 @@ func (e *env) runCode(ctx context.Context, cr roche.CodeRunner, id string, req r
 		}
 	} else {
 		if ex.Restarted {
-			fmt.Fprintln(e.stderr, "roche: the context's interpreter had died: this cell ran in a fresh one, without the old variables")
+			fmt.Fprintf(e.stderr, "roche: %s\n", restartedNote(cr))
 		}
 		for i, r := range ex.Results {
 			if kinds := richKinds(r); len(kinds) > 0 {

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -28,6 +30,13 @@ import (
 // timeout the instance is closed, the cell reports TimedOut, and the next cell starts a
 // fresh interpreter (Restarted). It has no matplotlib or pandas either: results are
 // text, and what objects' own _repr_*_ methods give.
+//
+// A context's interpreter lives in the memory of the process that started it: roched
+// keeps it between calls, but the direct-mode CLI is a process per command, which cannot
+// reach an earlier command's. So that such a call is not silently a fresh interpreter,
+// each process records in the sandbox's directory (codeFile) the contexts it ran cells
+// in; a later process that finds another's default context there starts its own saying
+// Restarted, and a named context of another process is "not found" saying why.
 
 var (
 	_ roche.CodeRunner = (*Provider)(nil)
@@ -48,7 +57,7 @@ type codeContext struct {
 	run   sync.Mutex // held while a cell runs
 	mu    sync.Mutex // guards what follows
 	k     *wasmKernel
-	lost  bool // the interpreter died: the next cell says Restarted
+	lost  bool // the interpreter died, or lived in another process: the next cell says Restarted
 	gone  bool // removed
 	cells int
 }
@@ -187,9 +196,12 @@ func (p *Provider) CreateContext(ctx context.Context, id string, opts roche.Cont
 	cx.run.Lock()
 	defer cx.run.Unlock()
 	if _, err := p.ensureKernel(ctx, cx); err != nil {
-		p.dropContext(cx)
+		p.dropContext(cx, false)
 		return roche.CodeContext{}, err
 	}
+	p.codeMu.Lock()
+	p.recordContext(cx, false)
+	p.codeMu.Unlock()
 	return cx.CodeContext, nil
 }
 
@@ -218,6 +230,10 @@ func (p *Provider) defaultContext(sandbox, lang, cwd string, env map[string]stri
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	cx := &codeContext{CodeContext: roche.CodeContext{ID: hex.EncodeToString(b[:]), Language: lang, Cwd: cwd, Default: true}, sandbox: sandbox, env: env}
+	// The sandbox's default context ran cells in another process (an earlier roche
+	// command), whose interpreter this process cannot reach: this one starts afresh, and
+	// its first cell says so.
+	cx.lost = p.elsewhere(sandbox, func(e codeEntry) bool { return e.Default && e.Language == lang })
 	if p.contexts == nil {
 		p.contexts = map[string]*codeContext{}
 	}
@@ -226,18 +242,89 @@ func (p *Provider) defaultContext(sandbox, lang, cwd string, env map[string]stri
 	return cx
 }
 
+// codeFile, in a sandbox's directory, records the code contexts that processes ran
+// cells in, by context id (see above).
+const codeFile = "code.json"
+
+type codeEntry struct {
+	Process  string `json:"process"` // the Provider instance that runs it
+	Language string `json:"language"`
+	Default  bool   `json:"default,omitempty"`
+}
+
+func (p *Provider) readCodeFile(sandbox string) map[string]codeEntry {
+	var m map[string]codeEntry
+	if b, err := os.ReadFile(filepath.Join(p.sandboxDir(sandbox), codeFile)); err == nil {
+		_ = json.Unmarshal(b, &m)
+	}
+	return m
+}
+
+// elsewhere reports whether another process recorded a context of sandbox that match
+// accepts. codeMu is held.
+func (p *Provider) elsewhere(sandbox string, match func(codeEntry) bool) bool {
+	for _, e := range p.readCodeFile(sandbox) {
+		if e.Process != p.instance && match(e) {
+			return true
+		}
+	}
+	return false
+}
+
+// recordContext notes that this process runs cx (remove: no longer), replacing what
+// another process recorded of the same default context. Best effort: the record only
+// words what a later process says. codeMu is held.
+func (p *Provider) recordContext(cx *codeContext, remove bool) {
+	dir := p.sandboxDir(cx.sandbox)
+	m := p.readCodeFile(cx.sandbox)
+	if m == nil {
+		m = map[string]codeEntry{}
+	}
+	for id, e := range m {
+		if cx.Default && e.Default && e.Language == cx.Language {
+			delete(m, id)
+		}
+	}
+	delete(m, cx.ID)
+	if !remove {
+		m[cx.ID] = codeEntry{Process: p.instance, Language: cx.Language, Default: cx.Default}
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return
+	}
+	tmp := filepath.Join(dir, codeFile+"."+p.instance+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, codeFile)); err != nil {
+		_ = os.Remove(tmp)
+	}
+}
+
 func (p *Provider) context(sandbox, contextID string) (*codeContext, error) {
 	p.codeMu.Lock()
 	defer p.codeMu.Unlock()
 	cx, ok := p.contexts[contextID]
 	if !ok || cx.sandbox != sandbox {
-		return nil, fmt.Errorf("%w: no code context %q in wasm sandbox %s (contexts live in the process that made them: use roched to keep them across commands)", roche.ErrNotFound, contextID, sandbox)
+		if e, ok := p.readCodeFile(sandbox)[contextID]; ok && e.Process != p.instance {
+			return nil, fmt.Errorf("%w: code context %s of wasm sandbox %s lived in another process, which this one cannot reach: "+
+				"a wasm context's interpreter lives in the process that started it, and without roched each roche command is a process of its own; "+
+				"create the sandbox through roched (roche daemon start) to keep contexts between calls", roche.ErrNotFound, contextID, sandbox)
+		}
+		return nil, fmt.Errorf("%w: no code context %q in wasm sandbox %s", roche.ErrNotFound, contextID, sandbox)
 	}
 	return cx, nil
 }
 
-func (p *Provider) dropContext(cx *codeContext) {
+// dropContext stops and forgets a context; unrecord also takes it out of the sandbox's
+// record (not while the sandbox is being destroyed: a file written into its directory
+// then could keep the directory from going).
+func (p *Provider) dropContext(cx *codeContext, unrecord bool) {
 	p.codeMu.Lock()
+	if _, ok := p.contexts[cx.ID]; ok && unrecord {
+		p.recordContext(cx, true)
+	}
 	delete(p.contexts, cx.ID)
 	p.codeMu.Unlock()
 	cx.mu.Lock()
@@ -263,7 +350,7 @@ func (p *Provider) dropContexts(sandbox string) {
 	delete(p.spares, sandbox)
 	p.codeMu.Unlock()
 	for _, cx := range list {
-		p.dropContext(cx)
+		p.dropContext(cx, false)
 	}
 	if spare != nil {
 		spare.k.cancel(errDestroyed)
@@ -362,7 +449,7 @@ func (p *Provider) RemoveContext(_ context.Context, id, contextID string) error 
 	if err != nil {
 		return err
 	}
-	p.dropContext(cx)
+	p.dropContext(cx, true)
 	return nil
 }
 
@@ -520,6 +607,11 @@ func (p *Provider) RunCode(ctx context.Context, id string, req roche.CodeRequest
 	cx.cells++
 	cell := cx.cells
 	cx.mu.Unlock()
+	if cell == 1 {
+		p.codeMu.Lock()
+		p.recordContext(cx, false)
+		p.codeMu.Unlock()
+	}
 
 	limit := req.OutputLimit
 	if limit <= 0 {

@@ -51,6 +51,8 @@ package wasm
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -109,6 +111,8 @@ type Provider struct {
 	warmStart bool
 	warmSlots chan struct{} // bounds the interpreters starting at once
 
+	// instance names this provider in the sandboxes' records of code contexts (code.go).
+	instance string
 	// contexts are the code contexts of this process by id (code.go).
 	codeMu   sync.Mutex
 	contexts map[string]*codeContext
@@ -173,6 +177,9 @@ func New(opts ...Option) (*Provider, error) {
 		warmSlots: make(chan struct{}, max(runtime.GOMAXPROCS(0)-1, 1)),
 	}
 	p.life, p.stopLife = context.WithCancelCause(context.Background())
+	var inst [8]byte
+	_, _ = rand.Read(inst[:])
+	p.instance = hex.EncodeToString(inst[:])
 	p.cacheDir = defaultCacheDir()
 	for _, o := range opts {
 		o(p)
