@@ -2,6 +2,7 @@ package roche
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -94,4 +95,82 @@ func (e *PartialError) Error() string {
 		parts = append(parts, s.Provider+" ("+s.Err.Error()+")")
 	}
 	return "incomplete: skipped " + strings.Join(parts, "; ")
+}
+
+// Remedy is an error that says what fixes it, so that each edge can word the fix for
+// its caller: a person at the command line runs a command and passes a flag, a program
+// using an SDK or roched's API sets a field (and the fix runs on roched's host, not the
+// caller's), a Go program sets a Config field. Providers return one where a command
+// fixes what is missing (an image, python.wasm); Error words it for a Go program, and
+// Advise for the others.
+type Remedy struct {
+	// Err is what is wrong.
+	Err error
+	// Run is the command that fixes it, run on the host where the provider runs (roched's
+	// host, for an API caller); AsRoot says it needs root there.
+	Run    string
+	AsRoot bool
+	// Image, when set, is the image to ask for once Run has made it.
+	Image string
+}
+
+// Audience is who reads an error.
+type Audience int
+
+const (
+	// ForGo is a Go program calling a provider in its own process.
+	ForGo Audience = iota
+	// ForCLI is a person running roche.
+	ForCLI
+	// ForClient is a program reaching a provider through roched's API or an SDK
+	// (which may use the CLI underneath, with --json).
+	ForClient
+	// ForModel is a model calling roche mcp's tools.
+	ForModel
+)
+
+func (r *Remedy) Error() string { return r.Advise(ForGo) }
+func (r *Remedy) Unwrap() error { return r.Err }
+
+// Advise words the error and its fix for a.
+func (r *Remedy) Advise(a Audience) string {
+	run := r.Run
+	if r.AsRoot {
+		run += " (as root)"
+	}
+	msg := r.Err.Error()
+	switch a {
+	case ForCLI:
+		msg += ": run " + run
+		if r.Image != "" {
+			msg += ", then pass --image " + r.Image
+		}
+	case ForClient:
+		msg += ": make it on the host that runs the sandboxes (roched's, when you use roched) with " + run
+		if r.Image != "" {
+			msg += fmt.Sprintf(", then create sandboxes with image %q", r.Image)
+		}
+	case ForModel:
+		msg += ": this server's host lacks it; tell the user, who can make it there with " + run
+		if r.Image != "" {
+			msg += fmt.Sprintf(", and then call create_sandbox with image %q", r.Image)
+		}
+	default:
+		msg += ": make it on this host with " + run
+		if r.Image != "" {
+			msg += fmt.Sprintf(", then set Config.Image to %q", r.Image)
+		}
+	}
+	return msg
+}
+
+// Advise words err for a: the text of every Remedy in its chain replaced with its
+// advice for a.
+func Advise(err error, a Audience) string {
+	msg := err.Error()
+	var r *Remedy
+	if errors.As(err, &r) {
+		return strings.Replace(msg, r.Error(), r.Advise(a), 1)
+	}
+	return msg
 }

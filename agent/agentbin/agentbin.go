@@ -7,6 +7,7 @@ import (
 	"debug/elf"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync/atomic"
 )
@@ -27,24 +28,31 @@ func MarkCarried() { carried.Store(true) }
 // Path is the roche-agent binary to run in sandboxes: $ROCHE_AGENT when set, else
 // roche-agent beside the running executable, else the running executable itself if it
 // carries the agent (MarkCarried) and is static (a sandbox's image may have no C
-// library). Empty when there is none.
+// library), else a static roche-agent on PATH (where go install puts it: a program of
+// the user's own, run with go run, has nothing beside it). Empty when there is none.
 func Path() string {
 	if v, ok := os.LookupEnv(Env); ok {
 		return v
 	}
 	exe, err := os.Executable()
-	if err != nil {
-		return ""
+	if err == nil {
+		p := filepath.Join(filepath.Dir(exe), Name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p
+		}
+		if carried.Load() && Static(exe) {
+			return exe
+		}
 	}
-	p := filepath.Join(filepath.Dir(exe), Name)
-	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+	if p, err := exec.LookPath(Name); err == nil && filepath.IsAbs(p) && Static(p) {
 		return p
-	}
-	if carried.Load() && Static(exe) {
-		return exe
 	}
 	return ""
 }
+
+// Install says how a Go user gets the agent where Path finds it.
+const Install = "CGO_ENABLED=0 go install github.com/roche-sandbox/roche/cmd/roche-agent@latest puts it on PATH " +
+	"(from a clone, make build puts it in bin/), or set " + Env + " to its path"
 
 // Static says whether the executable at path needs no dynamic loader.
 func Static(path string) bool {

@@ -2,6 +2,7 @@ package agentbin
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
@@ -19,5 +20,44 @@ func TestStaticRefusesWhatNeedsALoader(t *testing.T) {
 	}
 	if Static(script) || Static(filepath.Join(t.TempDir(), "missing")) {
 		t.Error("a script or a missing file was taken for a static executable")
+	}
+}
+
+// TestPathFindsTheAgentOnPATH: a program of the user's own (go run, nothing beside it)
+// finds a static roche-agent on PATH, where go install puts it; a dynamic one there is
+// not taken, and ROCHE_AGENT still wins.
+func TestPathFindsTheAgentOnPATH(t *testing.T) {
+	dir := t.TempDir()
+	agent := filepath.Join(dir, Name)
+	build := exec.Command("go", "build", "-o", agent, "./testdata/static")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building a static program: %v\n%s", err, out)
+	}
+	t.Setenv(Env, "")
+	os.Unsetenv(Env)
+	t.Setenv("PATH", dir)
+	if got := Path(); got != agent {
+		t.Fatalf("Path() = %q with a static roche-agent on PATH, want %s", got, agent)
+	}
+	dynamic := t.TempDir()
+	sh, _ := exec.LookPath("sh")
+	if sh == "" {
+		sh = "/bin/sh"
+	}
+	b, err := os.ReadFile(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dynamic, Name), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dynamic)
+	if got := Path(); got != "" {
+		t.Fatalf("Path() = %q with a dynamically linked roche-agent on PATH, want none", got)
+	}
+	t.Setenv(Env, "/somewhere/roche-agent")
+	if got := Path(); got != "/somewhere/roche-agent" {
+		t.Fatalf("Path() = %q with %s set", got, Env)
 	}
 }

@@ -85,7 +85,12 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 		return int(code)
 	}
 	err = unknownCommand(cmd, err)
+	asked, _ := cmd.Flags().GetBool("json")
 	status, msg := exitError, oneLine(err)
+	if asked {
+		// A program (an SDK) reads the fix as a setting, not a flag (roche.Remedy).
+		msg = strings.Join(strings.Fields(roche.Advise(err, roche.ForClient)), " ")
+	}
 	if partial(err) {
 		status = exitIncomplete
 	}
@@ -93,7 +98,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 	if errors.As(context.Cause(ctx), &sig) {
 		status, msg = sig.ExitCode(), fmt.Sprintf("interrupted (%s): %s", sig, msg)
 	}
-	if asked, _ := cmd.Flags().GetBool("json"); asked {
+	if asked {
 		// What asked for JSON gets its error as JSON too: programs (the SDKs) read the
 		// reason instead of matching English.
 		body := jsonErrorBody{Reason: wire.Reason(err), Message: msg, Skipped: skippedOf(err)}
@@ -129,9 +134,10 @@ type jsonErrorBody struct {
 	Skipped []skippedJSON `json:"skipped,omitempty"`
 }
 
-// oneLine keeps an error to a single line.
+// oneLine keeps an error to a single line, a fix it carries worded for the command line
+// (roche.Remedy).
 func oneLine(err error) string {
-	return strings.Join(strings.Fields(err.Error()), " ")
+	return strings.Join(strings.Fields(roche.Advise(err, roche.ForCLI)), " ")
 }
 
 func (e *env) rootCommand() *cobra.Command {
@@ -159,6 +165,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
 		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
+		e.imageCommand(),
 	)
 	friendlyArgs(root)
 	e.addDaemonFlags(root)

@@ -111,7 +111,7 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"unknown sandbox", []string{"exec", "--sandbox", "0123456789ab", "--", "true"}, "roche list"},
 		{"unknown sandbox destroy", []string{"destroy", "0123456789ab"}, "no sandbox"},
-		{"image not pullable", []string{"run", "--image", "roche/no-such-image:none", "--", "true"}, "scripts/build-test-image.sh"},
+		{"image not pullable", []string{"run", "--image", "roche/no-such-image:none", "--", "true"}, "run roche image build python (as root), then pass --image roche/python:local"},
 		{"bad memory", []string{"run", "--image", img, "--memory", "512x", "--", "true"}, `"512x" is not a size`},
 		{"bad disk", []string{"run", "--image", img, "--writable", "--disk", "lots", "--", "true"}, `disk: "lots" is not a size`},
 		{"negative disk", []string{"run", "--image", img, "--writable", "--disk", "-1g", "--", "true"}, "negative"},
@@ -167,7 +167,9 @@ func TestJSONErrors(t *testing.T) {
 		reason, want string
 	}{
 		{[]string{"create", "--json", "--image", img, "--memory", "512x"}, "invalid_config", `"512x" is not a size`},
-		{[]string{"create", "--json", "--image", "roche/no-such-image:none"}, "image_not_found", "roche/no-such-image:none"},
+		// A program (the SDKs' CLI transport) is told what to set, not which flag to pass.
+		{[]string{"create", "--json", "--image", "roche/no-such-image:none"}, "image_not_found",
+			`make it on the host that runs the sandboxes (roched's, when you use roched) with roche image build python (as root), then create sandboxes with image "roche/python:local"`},
 		{[]string{"reset", "--json", "0123456789ab"}, "not_found", "0123456789ab"},
 		{[]string{"list", "--json", "--provider", "vmware"}, "invalid_config", "choose one of"},
 	}
@@ -181,7 +183,7 @@ func TestJSONErrors(t *testing.T) {
 			t.Errorf("roche %s: %+v, want a non-zero exit and one JSON line on stderr", strings.Join(c.args, " "), r)
 			continue
 		}
-		if got.Error.Reason != c.reason || !strings.Contains(got.Error.Message, c.want) {
+		if got.Error.Reason != c.reason || !strings.Contains(got.Error.Message, c.want) || strings.Contains(got.Error.Message, "--image") {
 			t.Errorf("roche %s: %+v, want reason %s and a message with %q", strings.Join(c.args, " "), got, c.reason, c.want)
 		}
 	}

@@ -319,7 +319,7 @@ func findRoched(flag string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", errors.New("cannot find roched beside roche or on PATH: build it with make build (bin/roched) or pass --roched PATH")
+	return "", errors.New("cannot find roched beside roche or on PATH: pass --roched PATH, or " + installBoth)
 }
 
 // lastLine returns a log file's last non-empty line, which says why a start failed.

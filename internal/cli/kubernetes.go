@@ -43,7 +43,7 @@ pass that reference as the provider's agent image.`,
 			}
 			src := cmp.Or(agentPath, agentbin.Path())
 			if src == "" {
-				return fmt.Errorf("%w: no roche-agent found: build it (make build), or pass --agent PATH", roche.ErrInvalidConfig)
+				return fmt.Errorf("%w: no roche-agent found: pass --agent PATH, or %s", roche.ErrInvalidConfig, agentbin.Install)
 			}
 			f, err := os.Create(output)
 			if err != nil {
@@ -86,7 +86,7 @@ REPO:TAG) and set the images in the kustomization (README, "roched in a cluster"
 			}
 			src := cmp.Or(rochedAgent, agentbin.Path())
 			if src == "" {
-				return fmt.Errorf("%w: no roche-agent found: build it (make build), or pass --agent PATH", roche.ErrInvalidConfig)
+				return fmt.Errorf("%w: no roche-agent found: pass --agent PATH, or %s", roche.ErrInvalidConfig, agentbin.Install)
 			}
 			f, err := os.Create(rochedOut)
 			if err != nil {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -24,10 +25,15 @@ type Local interface {
 	SeccompProfile() ([]byte, error)
 	// NewMCP makes roche mcp's server.
 	NewMCP(c MCPConfig) (MCPServer, error)
+	// BuildImage makes a provider's image without a registry (roche image build).
+	BuildImage(ctx context.Context, b ImageBuild) error
 }
 
 // errNoFullBinary is why the thin roche could not hand a command over.
-var errNoFullBinary = errors.New("this needs roched, the full binary, next to roche or on PATH (roche alone only talks to a running roched): make build, or install both")
+var errNoFullBinary = errors.New("this needs roched, the full binary, next to roche or on PATH (roche alone only talks to a running roched): " + installBoth)
+
+// installBoth says how roche, roched and roche-agent are installed together.
+const installBoth = "CGO_ENABLED=0 go install github.com/roche-sandbox/roche/cmd/...@latest installs them together (from a clone: make build puts them in bin/)"
 
 // handoffError is a handoff that did not happen; the command has done nothing yet.
 type handoffError struct{ err error }

@@ -224,7 +224,8 @@ func TestErrorCodes(t *testing.T) {
 		{"image missing", func() error {
 			_, err := rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Config: &rochev1.SandboxConfig{Image: proto.String("roche/no-such-image:none")}}))
 			return err
-		}, connect.CodeFailedPrecondition, "scripts/build-test-image.sh"},
+			// Worded for an API caller: made on roched's host, then the image to ask for.
+		}, connect.CodeFailedPrecondition, `make it on the host that runs the sandboxes (roched's, when you use roched) with roche image build python (as root), then create sandboxes with image "roche/python:local"`},
 		{"empty command", func() error {
 			_, err := rpc.Exec(ctx, connect.NewRequest(&rochev1.ExecRequest{SandboxId: "0123456789abcdef"}))
 			return err

@@ -43,7 +43,7 @@ func TestMainBadInput(t *testing.T) {
 		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0"}, "without a token"},
 		{[]string{"--socket", sock, "--listen", "127.0.0.1:80", "--token-file", good}, "use tcp://HOST:PORT"},
 		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token", "0123456789abcdef0123"}, "pass --token-file FILE"},
-		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token-file", open}, "open to group or others (mode 0644): anyone who can read it can run code as roched; chmod 600"},
+		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token-file", open}, "open to group or others (mode 0644): anyone who can read it can run code; chmod 600"},
 		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--token-file", short}, "has 6 characters: use at least 16"},
 		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--tokens-file", tokens}, `tenant name "Acme"`},
 		{[]string{"--socket", sock, "--listen", "tcp://127.0.0.1:0", "--tokens-file", tokens}, `"local" is the unix socket's`},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/ledger"
+	"github.com/roche-sandbox/roche/internal/secretfile"
 )
 
 // Tenants. Every call is made by a tenant: the unix socket's client is LocalTenant (the
@@ -32,7 +33,7 @@ const DefaultTenant = "default"
 
 // MinTokenLength is the shortest token roched accepts from a token file or ROCHE_TOKEN:
 // a token is the only thing between the network and running code.
-const MinTokenLength = 16
+const MinTokenLength = secretfile.MinTokenLength
 
 // Tenant is a TCP client known by its token, as the tokens file lists it.
 type Tenant struct {
@@ -61,47 +62,14 @@ func HashToken(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// checkPrivate refuses a secret file that anyone but its owner can read or write, or that
-// someone other than this process's user (or root) owns.
-func checkPrivate(path, what string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("%w: %s: %v", roche.ErrInvalidConfig, what, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%w: %s %s is not a regular file", roche.ErrInvalidConfig, what, path)
-	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return fmt.Errorf("%w: %s %s is open to group or others (mode %04o): anyone who can read it can run code as roched; chmod 600 %s",
-			roche.ErrInvalidConfig, what, path, perm, path)
-	}
-	return checkFileOwner(fi, path, what)
-}
+// checkPrivate is secretfile.CheckPrivate: one guard for every secret file.
+func checkPrivate(path, what string) error { return secretfile.CheckPrivate(path, what) }
 
 // ReadTokenFile reads the single token of --token-file: the whole file, surrounding
 // whitespace trimmed. The file must be private to its owner.
-func ReadTokenFile(path string) (string, error) {
-	if err := checkPrivate(path, "--token-file"); err != nil {
-		return "", err
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("%w: --token-file: %v", roche.ErrInvalidConfig, err)
-	}
-	tok := strings.TrimSpace(string(b))
-	if err := checkToken(tok, "--token-file "+path); err != nil {
-		return "", err
-	}
-	return tok, nil
-}
+func ReadTokenFile(path string) (string, error) { return secretfile.ReadToken(path, "--token-file") }
 
-func checkToken(tok, from string) error {
-	if len(tok) < MinTokenLength {
-		return fmt.Errorf("%w: the token in %s has %d characters: use at least %d random ones, e.g. openssl rand -hex 16",
-			roche.ErrInvalidConfig, from, len(tok), MinTokenLength)
-	}
-	return nil
-}
+func checkToken(tok, from string) error { return secretfile.CheckToken(tok, from) }
 
 // LoadTokensFile reads and checks a --tokens-file. Like a token file it must be private
 // to its owner: the hashes are no secret for random tokens, but whoever can change the

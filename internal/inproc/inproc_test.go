@@ -257,7 +257,7 @@ func TestServeUnconfigured(t *testing.T) {
 	var log logBuffer
 	o := good()
 	o.Log = log.logger()
-	set, err := Serve(o)
+	set, _, err := Serve(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestServeUnconfigured(t *testing.T) {
 	} {
 		o := good()
 		c.set(&o)
-		if set, err := Serve(o); set != nil || err == nil || !strings.Contains(err.Error(), c.says) {
+		if set, _, err := Serve(o); set != nil || err == nil || !strings.Contains(err.Error(), c.says) {
 			set.Close()
 			t.Errorf("Serve = %v, %v; want an error saying %q", set, err, c.says)
 		}

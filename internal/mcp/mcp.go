@@ -263,7 +263,7 @@ func schemaFor[T any]() *jsonschema.Schema {
 // written for a person at a terminal; a model needs to know whether to change its call,
 // wait, or stop and tell its user, so each kind of failure says which.
 func forModel(err error) error {
-	msg := strings.Join(strings.Fields(err.Error()), " ")
+	msg := strings.Join(strings.Fields(roche.Advise(err, roche.ForModel)), " ")
 	switch {
 	case errors.Is(err, roche.ErrNotFound), errors.Is(err, roche.ErrImageNotFound):
 		return errors.New(msg)

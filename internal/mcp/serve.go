@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/secretfile"
 )
 
 // ServeStdio serves one client over r and w (a process's stdin and stdout) until it
@@ -50,10 +51,9 @@ func (s *Server) Handler(token string) http.Handler {
 	})
 }
 
-// MinTokenLength is the shortest bearer token the server takes, as roched's
-// (internal/daemon.MinTokenLength): a token is all that stands between a caller and
-// running code.
-const MinTokenLength = 16
+// MinTokenLength is the shortest bearer token the server takes, as roched's: a token
+// is all that stands between a caller and running code.
+const MinTokenLength = secretfile.MinTokenLength
 
 // CheckListen refuses to serve code execution beyond this host: the server speaks plain
 // HTTP, so a bearer token and the code sent would cross the network readable by anyone
@@ -65,9 +65,10 @@ func CheckListen(addr, token string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --http %q: give HOST:PORT, e.g. 127.0.0.1:8765", roche.ErrInvalidConfig, addr)
 	}
-	if token != "" && len(token) < MinTokenLength {
-		return fmt.Errorf("%w: the MCP token has %d characters: use at least %d random ones, e.g. openssl rand -hex 16",
-			roche.ErrInvalidConfig, len(token), MinTokenLength)
+	if token != "" {
+		if err := secretfile.CheckToken(token, "the MCP token"); err != nil {
+			return err
+		}
 	}
 	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
 		return nil

@@ -117,6 +117,14 @@ func (c *Cluster) ImportTar(path string) error {
 	return nil
 }
 
+// HasImage says whether the node's containerd has an image (a Docker-style name), so
+// that a test removes only what it imported itself (make cluster imports the agent image
+// of bin/roche-agent, which a test's own build of the same sources matches).
+func (c *Cluster) HasImage(image string) bool {
+	_, err := script("has-image", image)
+	return err == nil
+}
+
 // RemoveImage removes an image (a Docker-style name such as roche/python:tag) from the
 // node's containerd, for tests that imported one of their own.
 func RemoveImage(t testing.TB, image string) {

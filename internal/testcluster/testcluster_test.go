@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche/internal/testcluster"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 const image = "roche/python:local"
@@ -294,5 +295,43 @@ func TestPodTrafficStaysOnHost(t *testing.T) {
 	}
 	if r.Connect == "connected" || strings.Contains(r.Connect, "refused") {
 		t.Errorf("a Pod reached %s beyond the node: %s", target, r.Connect)
+	}
+}
+
+// TestMakeClusterServesTheProvider: after make cluster, the Kubernetes provider works on
+// the cluster as it is, as a user runs it: roche run --provider kubernetes, built as make
+// build builds bin/, finds its agent image on the node, imported by make cluster, and
+// runs the command.
+func TestMakeClusterServesTheProvider(t *testing.T) {
+	c := testcluster.Start(t)
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := exec.Command("make", "-s", "cluster")
+	mk.Dir = root
+	out, err := mk.Output()
+	if err != nil || !strings.HasPrefix(string(out), "export KUBECONFIG=") {
+		t.Fatalf("make cluster: %v: %s", err, out)
+	}
+	bin := t.TempDir()
+	if _, _, err := testenv.BuildCLI(bin); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testenv.BuildAgent(bin); err != nil {
+		t.Fatal(err)
+	}
+	ns := c.Client(t).Namespace(t, "roche-tc-provider")
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	cmd := exec.Command(filepath.Join(bin, "roche"), "--direct", "--kubeconfig", c.Kubeconfig, "--namespace", ns,
+		"run", "--provider", "kubernetes", "--image", image, "--", "python3", "-c", "print(6 * 7)")
+	cmd.Env = append(os.Environ(), "ROCHE_OWNER=cli:make-cluster-test-"+hex.EncodeToString(rnd[:]),
+		"ROCHE_SOCKET="+filepath.Join(t.TempDir(), "none.sock"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	got, err := cmd.Output()
+	if err != nil || string(got) != "42\n" {
+		t.Fatalf("roche run --provider kubernetes after make cluster: %v, stdout %q, stderr %q", err, got, stderr.String())
 	}
 }

@@ -86,7 +86,13 @@ func ToStatus(err error) error {
 			code = connect.CodeCanceled
 		}
 	}
-	e := connect.NewError(code, err)
+	// A fix the error carries is worded for an API caller: what to set, and that it is
+	// made on roched's host (roche.Remedy).
+	msg := err
+	if advice := roche.Advise(err, roche.ForClient); advice != err.Error() {
+		msg = errors.New(advice)
+	}
+	e := connect.NewError(code, msg)
 	if reason != rochev1.ErrorReason_ERROR_REASON_UNSPECIFIED {
 		if d, derr := connect.NewErrorDetail(&rochev1.ErrorDetail{Reason: reason}); derr == nil {
 			e.AddDetail(d)

@@ -64,14 +64,17 @@ const (
 
 // Where roche-agent and its socket directory appear inside the container.
 const (
-	agentBinary  = "/.roche/roche-agent"
-	agentRunDir  = "/.roche/run"
-	agentSocket  = "agent.sock"
-	agentEnvPath = agentbin.Env
+	agentBinary = "/.roche/roche-agent"
+	agentRunDir = "/.roche/run"
+	agentSocket = "agent.sock"
 )
 
-// BuildImageHint names the script that builds a usable image without a registry.
-const BuildImageHint = "scripts/build-test-image.sh builds roche/python:local from Debian packages"
+// NoImage is the error for an image that is not on the host and could not be had,
+// with its fix: roche image build python makes roche/python:local from Debian
+// packages, no registry needed (the oci and microVM providers read Docker's images too).
+func NoImage(err error) error {
+	return &roche.Remedy{Err: err, Run: "roche image build python", AsRoot: true, Image: "roche/python:local"}
+}
 
 var (
 	_ roche.Provider         = (*Provider)(nil)
@@ -450,8 +453,8 @@ func (p *Provider) checkTransport(cfg roche.Config) error {
 	case p.agentPath != "" || p.transport == TransportAgent && p.execFallback && cfg.Workspace == "" && !cfg.Leased:
 		return nil
 	case p.transport == TransportAgent && !p.execFallback:
-		return fmt.Errorf("%w: roche-agent was not found: Docker sandboxes run commands through it; build it with make build (or set %s to its path), or %s",
-			roche.ErrUnavailable, agentEnvPath, askExecHint)
+		return fmt.Errorf("%w: roche-agent was not found: Docker sandboxes run commands through it; %s; or %s",
+			roche.ErrUnavailable, agentbin.Install, askExecHint)
 	case cfg.Leased:
 		return fmt.Errorf("%w: a leased sandbox (one that stops when its creator goes) needs roche-agent, and this provider runs without it (transport %s)",
 			roche.ErrUnsupported, TransportDockerExec)
@@ -835,8 +838,8 @@ func (p *Provider) pull(ctx context.Context, ref string) error {
 		if e := p.engineErr("", err); errors.Is(e, roche.ErrUnavailable) {
 			return e
 		}
-		return fmt.Errorf("%w: image %s is not available locally and could not be pulled (%s): %s, then pass --image roche/python:local",
-			roche.ErrImageNotFound, ref, firstLine(err.Error()), BuildImageHint)
+		return NoImage(fmt.Errorf("%w: image %s is not available locally and could not be pulled (%s)",
+			roche.ErrImageNotFound, ref, firstLine(err.Error())))
 	}
 	return nil
 }

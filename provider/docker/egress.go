@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/agent/agentbin"
 	"github.com/roche-sandbox/roche/egress"
 )
 
@@ -32,7 +33,7 @@ func (p *Provider) checkEgress(cfg roche.Config) error {
 		return nil
 	}
 	if p.agentPath == "" {
-		return fmt.Errorf("%w: network_allowlist needs roche-agent in the sandbox (build it with make build, or set %s)", roche.ErrUnsupported, agentEnvPath)
+		return fmt.Errorf("%w: network_allowlist needs roche-agent in the sandbox: %s", roche.ErrUnsupported, agentbin.Install)
 	}
 	if !p.egress {
 		return fmt.Errorf("%w: network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run", roche.ErrUnsupported)

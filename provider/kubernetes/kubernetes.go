@@ -79,13 +79,16 @@ var _ roche.Terminal = (*Provider)(nil)
 // Provider is the Kubernetes backend.
 type Provider struct {
 	forwarder
-	rest          *rest.Config
-	cs            kubernetes.Interface
-	log           *slog.Logger
-	kubeconfig    string
-	namespace     string
-	runtimeClass  string
-	agentImage    string
+	rest         *rest.Config
+	cs           kubernetes.Interface
+	log          *slog.Logger
+	kubeconfig   string
+	namespace    string
+	runtimeClass string
+	agentImage   string
+	// agentLocal: agentImage names the local roche-agent (no --agent-image), an image
+	// only an import puts on a node: its Pods never pull it.
+	agentLocal    bool
 	seccomp       string
 	createTimeout time.Duration
 	uidFirst      int
@@ -241,11 +244,13 @@ func New(opts ...Option) (*Provider, error) {
 	// is not for the other providers: every call that needs them says what to do.
 	if p.agentImage == "" {
 		if path := agentbin.Path(); path == "" {
-			p.noAgent = fmt.Errorf("%w: no roche-agent to name the agent image by: build it (make build) and set ROCHE_AGENT, or pass --agent-image", roche.ErrUnavailable)
+			p.noAgent = fmt.Errorf("%w: no roche-agent to name the agent image by: pass --agent-image (kubernetes.WithAgentImage), or %s", roche.ErrUnavailable, agentbin.Install)
 		} else if ref, err := AgentImageRef(path); err != nil {
 			p.noAgent = fmt.Errorf("%w: %v", roche.ErrUnavailable, err)
 		} else {
-			p.agentImage = ref
+			// Named after the local binary, it is in no registry: the nodes must have
+			// it imported, and the kubelet is never to look for it elsewhere.
+			p.agentImage, p.agentLocal = ref, true
 		}
 	}
 	if p.where == "" {
@@ -464,7 +469,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	id := Name + "-" + randomHex(8)
 	expires := time.Now().Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	pp := podParams{
-		id: id, namespace: p.namespace, agentImage: p.agentImage, runtimeClass: p.runtimeClass,
+		id: id, namespace: p.namespace, agentImage: p.agentImage, agentLocal: p.agentLocal, runtimeClass: p.runtimeClass,
 		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: cfg.UID(), cgroupV2: p.cgroupV2,
 	}
 	if cfg.User == roche.UserAuto {
@@ -571,7 +576,13 @@ func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, err
 		last = msg
 		switch reason {
 		case "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName":
-			return nil, fmt.Errorf("%w: %s: the node has no such image and could not pull it: import it into the nodes' container runtime (for the agent image: roche kubernetes agent-image, then the runtime's image import), or push it to a registry the cluster can pull from",
+			if strings.HasPrefix(msg, "container "+containerInstall+" ") {
+				return nil, fmt.Errorf("%w: %s: the node lacks the agent image %s, which is in no registry: import it into every node's containerd: "+
+					"roche kubernetes agent-image --output roche-agent.tar && ctr -n k8s.io images import roche-agent.tar (the project's test cluster: make cluster does it)",
+					roche.ErrImageNotFound, msg, p.agentImage)
+			}
+			return nil, fmt.Errorf("%w: %s: the node has no such image and could not pull it: import it into every node's containerd "+
+				"(docker save IMAGE | ctr -n k8s.io images import -), or push it to a registry the cluster pulls from",
 				roche.ErrImageNotFound, msg)
 		case "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "Terminated":
 			if err := p.seccompMissing(id, oneLine(msg)); err != nil {

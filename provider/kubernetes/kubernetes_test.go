@@ -62,11 +62,17 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// make cluster imports the agent image of bin/roche-agent, which this build of the
+	// same sources may match: then it stays, for what runs on the cluster after the tests.
+	had := cluster.HasImage(ref)
 	if err := cluster.ImportTar(tarPath); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer func() {
+		if had {
+			return
+		}
 		if err := cluster.RemoveImage(ref); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 		}

@@ -76,6 +76,7 @@ var (
 type podParams struct {
 	id, namespace string
 	agentImage    string
+	agentLocal    bool // agentImage is only ever imported: never pulled
 	runtimeClass  string
 	// user is "uid:gid" or the caller's user; uid is its number, -1 for a name.
 	user string
@@ -176,7 +177,7 @@ func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
 			InitContainers: []corev1.Container{{
 				Name:            containerInstall,
 				Image:           pp.agentImage,
-				ImagePullPolicy: corev1.PullIfNotPresent,
+				ImagePullPolicy: agentPullPolicy(pp.agentLocal),
 				Command:         []string{podlink.ImageAgent, podlink.InstallArg, "/agent"},
 				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
 				SecurityContext: &corev1.SecurityContext{
@@ -344,6 +345,15 @@ func stateOf(pod *corev1.Pod) roche.SandboxState {
 }
 
 // describeWaiting explains why a Pod is not running yet, or "" when nothing is wrong yet.
+// agentPullPolicy keeps the kubelet from asking a registry (a public one, by default)
+// for an agent image named after the local binary, which only an import puts on a node.
+func agentPullPolicy(local bool) corev1.PullPolicy {
+	if local {
+		return corev1.PullNever
+	}
+	return corev1.PullIfNotPresent
+}
+
 func describeWaiting(pod *corev1.Pod) (reason, message string) {
 	for _, st := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
 		if w := st.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" && w.Reason != "ContainerCreating" {

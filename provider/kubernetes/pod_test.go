@@ -315,3 +315,25 @@ func TestPodForPidsCgroupMask(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentImagePullPolicy: an agent image named after the local binary is never pulled
+// (no registry has it, and the kubelet would ask a public one); one given with
+// --agent-image (a registry's copy) is pulled when missing.
+func TestAgentImagePullPolicy(t *testing.T) {
+	cfg := roche.DefaultConfig()
+	pp := testParams()
+	for _, local := range []bool{true, false} {
+		pp.agentLocal = local
+		pod, err := podFor(cfg, pp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := corev1.PullIfNotPresent
+		if local {
+			want = corev1.PullNever
+		}
+		if got := pod.Spec.InitContainers[0].ImagePullPolicy; got != want {
+			t.Errorf("agent image (local %v) pull policy %s, want %s", local, got, want)
+		}
+	}
+}

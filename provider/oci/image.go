@@ -110,8 +110,8 @@ func (p *Provider) dockerImageID(ctx context.Context, ref string) (string, error
 	case errors.As(err, &notAnswering):
 		return "", notAnswering
 	case cerrdefs.IsNotFound(err):
-		return "", fmt.Errorf("%w: image %s is not in the local Docker engine (the oci provider unpacks Docker images or OCI layouts, %s/dir): %s, then pass --image roche/python:local",
-			roche.ErrImageNotFound, ref, LayoutPrefix, buildImageHint)
+		return "", &roche.Remedy{Err: fmt.Errorf("%w: image %s is not in the local Docker engine (the oci provider unpacks Docker images or OCI layouts, %s/dir)",
+			roche.ErrImageNotFound, ref, LayoutPrefix), Run: "roche image build python", AsRoot: true, Image: "roche/python:local"}
 	case client.IsErrConnectionFailed(err):
 		return "", fmt.Errorf("%w: the oci provider unpacks images from the local Docker engine, which is not reachable at %s: start it, or name an OCI layout (%s/dir)",
 			roche.ErrUnavailable, cli.DaemonHost(), LayoutPrefix)

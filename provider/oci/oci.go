@@ -38,8 +38,6 @@ import (
 // Name is the provider's name, and the prefix of its sandbox ids.
 const Name = "oci"
 
-const buildImageHint = docker.BuildImageHint
-
 var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
@@ -255,7 +253,7 @@ func (p *Provider) canRun() error {
 		return fmt.Errorf("%w: the oci provider runs the OCI runtime as root (it mounts each sandbox's root and sets its cgroup limits): run roche as root or through roched", roche.ErrUnavailable)
 	}
 	if p.agentPath == "" {
-		return fmt.Errorf("%w: roche-agent was not found: oci sandboxes run it as PID 1; build it with make build (or set %s to its path)", roche.ErrUnavailable, agentbin.Env)
+		return fmt.Errorf("%w: roche-agent was not found: oci sandboxes run it as PID 1; %s", roche.ErrUnavailable, agentbin.Install)
 	}
 	return nil
 }

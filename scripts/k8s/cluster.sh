@@ -8,6 +8,7 @@
 #   scripts/k8s/cluster.sh status          say what runs
 #   scripts/k8s/cluster.sh import-docker IMAGE          copy a local Docker image into the node
 #   scripts/k8s/cluster.sh import-tar FILE [BASE-NAME]  import a docker-save or OCI archive
+#   scripts/k8s/cluster.sh has-image IMAGE              exit 0 when the node has the image
 #
 # What runs (every process's pid in $STATE/pids, its log in $STATE/logs):
 #   etcd v3.6 (127.0.0.1:2379), kube-apiserver (NODE_IP:6443; static tokens, RBAC and the
@@ -23,7 +24,10 @@
 #   image is roche/pause:local, built here from internal/testcluster/cmd/roche-pause.
 #   Roche's seccomp profile is installed in the kubelet's seccomp directory
 #   ($STATE/kubelet/seccomp/roche.json), as an operator installs it on every node, since
-#   the Kubernetes provider's sandboxes run under it and refuse a node without it.
+#   the Kubernetes provider's sandboxes run under it and refuse a node without it. Each
+#   up imports roche/python:local and the Kubernetes provider's agent image (that of the
+#   roche-agent make build makes from this checkout), so that roche run --provider
+#   kubernetes works on it at once.
 #
 # Binaries come from scripts/k8s/build.sh (cached by version under ~/.cache/roche; the first
 # build takes 10-25 minutes).
@@ -402,6 +406,22 @@ seccomp_profile() {
   echo "$mark" >"$STATE/seccomp.mark"
 }
 
+# The Kubernetes provider's agent image, roche/agent:<digest of roche-agent>: in no
+# registry (its Pods never pull it), so imported here, so that the provider works on the
+# cluster as soon as it is up. Built as make build builds bin/ (the same flags make the
+# same binary, so the same image as bin/roche-agent's), into $STATE; again whenever the
+# agent changed (a new digest).
+agent_image() {
+  local bin=$STATE/bin/agent tar=$STATE/roche-agent.tar ref
+  (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$bin/" ./cmd/roche ./cmd/roched ./cmd/roche-agent)
+  ref=$("$bin/roche" kubernetes agent-image --output "$tar")
+  if ! have_image "$ref"; then
+    log "importing the agent image $ref"
+    ctr_k8s images import "$tar" >/dev/null
+  fi
+  rm -f "$tar"
+}
+
 # ---------- state ----------
 
 api() {
@@ -472,6 +492,7 @@ up() {
   if [ -f "$STATE/pki/apiserver.ip" ] && is_up; then
     seccomp_profile
     if [ "$kwok_nodes" -gt 0 ]; then kwok_up "$kwok_nodes"; fi
+    agent_image
     env_line
     return 0
   fi
@@ -526,6 +547,7 @@ up() {
   wait_for containerd 30 containerd_ready || fail_with_log "containerd did not answer within 30 s" containerd
   pause_image
   test_image
+  agent_image
   wait_for kube-apiserver 60 apiserver_ready || fail_with_log "kube-apiserver was not ready within 60 s" kube-apiserver
   log "kube-apiserver ready after $(elapsed "$t0") s; starting the controller-manager, scheduler and kubelet"
 
@@ -665,5 +687,6 @@ case $cmd in
   status) status ;;
   import-docker) [ $# -eq 1 ] || die "usage: cluster.sh import-docker IMAGE"; import_docker "$1" ;;
   import-tar) [ $# -ge 1 ] && [ $# -le 2 ] || die "usage: cluster.sh import-tar FILE [BASE-NAME]"; import_tar "$@" ;;
+  has-image) [ $# -eq 1 ] || die "usage: cluster.sh has-image IMAGE"; containerd_up_or_die; have_image "$1" ;;
   *) die "unknown command $cmd (up, down, env, status, import-docker IMAGE, import-tar FILE)" ;;
 esac

@@ -7,17 +7,20 @@ package full
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"time"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/cli"
-	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/imagebuild"
 	"github.com/roche-sandbox/roche/internal/inproc"
 	"github.com/roche-sandbox/roche/internal/mcp"
 	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/secretfile"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
+	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
 // Local is the full CLI's cli.Local.
@@ -48,7 +51,7 @@ func (Local) SeccompProfile() ([]byte, error) { return kubernetes.SeccompProfile
 // makes it.
 func (Local) NewMCP(c cli.MCPConfig) (cli.MCPServer, error) {
 	if c.TokenFile != "" {
-		tok, err := daemon.ReadTokenFile(c.TokenFile)
+		tok, err := secretfile.ReadToken(c.TokenFile, "--token-file")
 		if err != nil {
 			return nil, err
 		}
@@ -72,4 +75,20 @@ type mcpServer struct {
 
 func (s mcpServer) ServeHTTP(ctx context.Context, l net.Listener, grace time.Duration) error {
 	return s.Server.ServeHTTP(ctx, l, s.token, grace)
+}
+
+// BuildImage makes the provider's image (roche image build python): python.wasm for
+// wasm, else the Docker image from Debian packages.
+func (Local) BuildImage(ctx context.Context, b cli.ImageBuild) error {
+	if b.Provider == "wasm" {
+		_, _, err := wasm.InstallPython(ctx, b.Log)
+		return err
+	}
+	built, err := imagebuild.Build(ctx, imagebuild.Options{
+		Tag: b.Tag, Suite: b.Suite, Mirror: b.Mirror, CacheDir: b.CacheDir, Force: b.Force, Log: b.Log,
+	})
+	if err == nil && built && b.Provider == "kubernetes" {
+		fmt.Fprintf(b.Log, "the cluster's nodes run it once imported into their containerd: docker save %s | ctr -n k8s.io images import - (on each node)\n", b.Tag)
+	}
+	return err
 }

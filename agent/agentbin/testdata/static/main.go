@@ -1,0 +1,4 @@
+// Command static is a program built static by TestPathFindsTheAgentOnPATH.
+package main
+
+func main() {}
