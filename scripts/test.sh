@@ -146,6 +146,21 @@ if ! python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null \
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-pip python3-setuptools python3-wheel python3-venv >/dev/null
 fi
 
+# Node 18+ and npm for the TypeScript SDK (the machine image has Node 20; Debian's
+# packages otherwise): its tests below, and the README's TypeScript quick start, which
+# internal/quickstart runs offline from npm's cache, filled here from the lockfile.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+(cd sdk/typescript && npm ci --no-audit --no-fund >/dev/null)
+# The quick start then installs the SDK into a project (npm install ./sdk/typescript),
+# which needs the registry's metadata of its dependencies: fetched here, in a copy.
+qs=$(mktemp -d)
+mkdir -p "$qs/sdk" && cp -r sdk/typescript "$qs/sdk/"
+(cd "$qs" && npm install --no-audit --no-fund ./sdk/typescript >/dev/null)
+rm -rf "$qs"
+
 log "gofmt, go vet, staticcheck, go mod tidy"
 make -s vet
 
@@ -175,12 +190,6 @@ make build
 python3 -m unittest discover -s sdk/python/tests -t sdk/python/tests -v
 
 log "typescript sdk (sdk/typescript/test: the real roched and CLI from bin/, both transports)"
-# Node 18+ and npm (the machine image has Node 20; Debian's packages otherwise); the
-# packages come from the lockfile.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
-fi
 (cd sdk/typescript && npm ci --no-audit --no-fund && npm test)
 
 left=$(docker ps -aq --filter label=roche.managed=true | wc -l)

