@@ -110,6 +110,12 @@ class ErrorsThroughDaemon(harness.SandboxTestCase):
         e = self.raises(ImageNotFound, "roche/no-such-image:nope",
                         lambda: self.roche().create(image="roche/no-such-image:nope"))
         self.assertIsInstance(e, InvalidConfig)
+        # Worded for a program, through either transport: what to set and where the fix
+        # runs; no flag of the CLI's, no script of a clone's.
+        self.assertIn('then create sandboxes with image "roche/python:local"', str(e))
+        self.assertIn("roche image build python", str(e))
+        self.assertNotIn("--image", str(e))
+        self.assertNotIn("scripts/", str(e))
 
     def test_permission_denied(self) -> None:
         with self.roche().create(image=harness.image()) as sb:
