@@ -146,7 +146,11 @@ func Build(ctx context.Context, o Options) (built bool, err error) {
 // hostMirror is the Debian mirror this host's apt uses (deb822 or one-line sources), so
 // that an air-gapped host's own mirror serves the build; "" for debootstrap's default.
 func hostMirror() string {
-	if f, err := os.Open("/etc/apt/sources.list.d/debian.sources"); err == nil {
+	return mirrorFrom("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
+}
+
+func mirrorFrom(deb822, oneLine string) string {
+	if f, err := os.Open(deb822); err == nil {
 		defer f.Close()
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
@@ -157,7 +161,7 @@ func hostMirror() string {
 			}
 		}
 	}
-	if f, err := os.Open("/etc/apt/sources.list"); err == nil {
+	if f, err := os.Open(oneLine); err == nil {
 		defer f.Close()
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
