@@ -78,7 +78,8 @@ func CheckListen(addr, token string) error {
 	}
 	return fmt.Errorf("%w: refusing to serve %s: roche mcp speaks plain HTTP, so its token and the code sent would cross the network unencrypted; "+
 		"serve on 127.0.0.1 (--http 127.0.0.1:%s) and reach it from elsewhere through an SSH tunnel (ssh -L %s:127.0.0.1:%s THIS-HOST) "+
-		"or a TLS-terminating proxy on this host, with --token-file", roche.ErrInvalidConfig, addr, port, port, port)
+		"or a TLS-terminating proxy on this host, with --token-file; or run roche mcp over stdio on the client's own host, reaching roched there over TLS (roche --address https://HOST:PORT mcp)",
+		roche.ErrInvalidConfig, addr, port, port, port)
 }
 
 // ServeHTTP serves the streamable HTTP transport on l until ctx ends, then stops
