@@ -11,8 +11,8 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/agentbin"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -26,7 +26,7 @@ func (p *Provider) Shell(ctx context.Context, id string, req roche.TerminalReque
 	pid, err := p.StartTerminal(ctx, id, req)
 	if err != nil {
 		if msg, code, ok := startFailure(err); ok {
-			// As the agent's own connection reports it (agentfwd): the agent's word on
+			// As the agent's own connection reports it (guestfwd): the agent's word on
 			// the terminal, and a shell's exit status.
 			if tio.Output != nil {
 				_, _ = io.WriteString(tio.Output, msg+"\r\n")
@@ -88,7 +88,7 @@ func startFailure(err error) (msg string, code int, ok bool) {
 		return "", 0, false
 	}
 	text := err.Error()
-	i := strings.Index(text, agentbin.Name+": ")
+	i := strings.Index(text, guestbin.Name+": ")
 	if i < 0 {
 		return "", 0, false
 	}

@@ -168,7 +168,7 @@ log "go test"
 # One package at a time: packages share the one Docker engine, and a test of
 # `roche gc --all` or of the daemon's reconciliation must not reap another package's
 # sandboxes mid-test.
-# CGO_ENABLED=0, as roche-agent is built: the agent's in-process tests (agent/server)
+# CGO_ENABLED=0, as roche-agent is built: the agent's in-process tests (internal/guest/server)
 # test the program that runs in sandboxes, which is static.
 # The escape suite (./escape) is among them: it attacks every provider with what this
 # script set up (dockerd with runsc, crun and runc, the test cluster, QEMU, python.wasm)

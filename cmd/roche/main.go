@@ -11,7 +11,7 @@ package main
 import (
 	"os"
 
-	"github.com/roche-sandbox/roche/agent/agentcmd"
+	"github.com/roche-sandbox/roche/internal/guest/guestcmd"
 
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/initgc"
@@ -22,6 +22,6 @@ func main() {
 	initgc.Restore()
 	// Started as roche-agent (ROCHE_AGENT may name this binary), it is the agent, which
 	// costs little to carry. The providers that run it are roched's.
-	agentcmd.RunIfAsked()
+	guestcmd.RunIfAsked()
 	os.Exit(cli.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, nil))
 }

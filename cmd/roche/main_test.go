@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
@@ -26,11 +26,11 @@ func TestOneBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bin := range []string{roche, roched} {
-		if !agentbin.Static(bin) {
+		if !guestbin.Static(bin) {
 			t.Fatalf("%s is not static: a sandbox's image may have no C library to run it", bin)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, agentbin.Name)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, guestbin.Name)); !os.IsNotExist(err) {
 		t.Fatalf("a roche-agent is beside roche (%v): the test would not prove anything", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -41,7 +41,7 @@ func TestOneBinary(t *testing.T) {
 	}
 	defer untag()
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, agentbin.Env+"=") || strings.HasPrefix(kv, "ROCHE_SOCKET=")
+		return strings.HasPrefix(kv, guestbin.Env+"=") || strings.HasPrefix(kv, "ROCHE_SOCKET=")
 	})
 	// No daemon: roched, run as roche in this command's process, serves the sandbox.
 	env = append(env, "ROCHE_SOCKET="+filepath.Join(dir, "nobody.sock"))

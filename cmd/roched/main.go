@@ -10,7 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/roche-sandbox/roche/agent/agentcmd"
+	"github.com/roche-sandbox/roche/internal/guest/guestcmd"
 
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/cli/full"
@@ -24,7 +24,7 @@ func main() {
 	initgc.Restore()
 	// Started as roche-agent (a sandbox's PID 1, a microVM's init), this binary is the
 	// agent: one static binary has everything.
-	agentcmd.RunIfAsked()
+	guestcmd.RunIfAsked()
 	// The microVM providers run each VM's supervisor as this executable.
 	supervisor.RunIfAsked()
 	if filepath.Base(os.Args[0]) == "roche" {

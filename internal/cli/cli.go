@@ -19,9 +19,9 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/buildinfo"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/interrupt"
-	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -151,7 +151,7 @@ capability dropped, Roche's seccomp profile and a non-root uid of the sandbox's 
 Every default can be overridden.
 
 Providers (--provider, or ROCHE_PROVIDER for the default):
-` + providers.Help(),
+` + catalog.Help(),
 		Example: `  roche run --image roche/python:local -- python3 -c "print('hello')"
   id=$(roche create --image roche/python:local) && roche exec --sandbox "$id" -- ls / && roche destroy "$id"`,
 		SilenceErrors: true,
@@ -196,7 +196,7 @@ var noProviders = map[string]string{"roche.providers": "none"}
 func (e *env) refuseProviderFlags(cmd *cobra.Command) error {
 	for c := cmd; c != nil; c = c.Parent() {
 		if c.Annotations["roche.providers"] == "none" {
-			if given := providers.Given(e.providers.options()); len(given) > 0 {
+			if given := catalog.Given(e.providers.options()); len(given) > 0 {
 				return fmt.Errorf("%w: %v is the %s provider's, and %s opens no provider: roched's sandboxes and pools run on roched's own settings (roched --help); leave it out",
 					roche.ErrInvalidConfig, given[0], given[0].Provider, cmd.CommandPath())
 			}

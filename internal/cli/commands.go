@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/interrupt"
-	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 // createFlags are the flags shared by create and run.
@@ -41,7 +41,7 @@ type createFlags struct {
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	def := roche.DefaultConfig()
-	defProvider := providers.Default
+	defProvider := catalog.Default
 	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
 		defProvider = v
 	}
@@ -49,7 +49,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	if v := e.getenv("ROCHE_IMAGE"); v != "" {
 		defImage = v
 	}
-	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+providers.List()+" (env ROCHE_PROVIDER)")
+	fs.StringVar(&f.provider, "provider", defProvider, "isolation backend: "+catalog.List()+" (env ROCHE_PROVIDER)")
 	fs.StringVar(&f.image, "image", defImage, "image to run (env ROCHE_IMAGE)")
 	fs.StringVar(&f.memory, "memory", def.Memory, "memory limit, no swap: e.g. 256m, 1g")
 	fs.StringVar(&f.disk, "disk", def.Disk, "what a --writable root may hold, e.g. 100m, 10g; past it writes fail with ENOSPC (0: no limit)")
@@ -419,7 +419,7 @@ Roche sandbox on the engine, other users' and daemons' too.`,
 			}
 			owners := make([]string, len(ids))
 			for i, id := range ids {
-				owners[i] = providers.OfID(id)
+				owners[i] = catalog.OfID(id)
 			}
 			if err := e.providers.prepare(owners...); err != nil {
 				return err

@@ -20,8 +20,8 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
-	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 // daemonLink is the CLI's connection to roched: made on first use, and only when a
@@ -236,7 +236,7 @@ what clients set: ROCHE_ADDRESS and ROCHE_CA_FILE (roche --ca, Roche(ca=...)).`,
 				args = append(args, "--allow-mount-root", r)
 			}
 			// The providers' flags given to roche are roched's to use.
-			for _, f := range providers.Given(e.providers.options()) {
+			for _, f := range catalog.Given(e.providers.options()) {
 				if f.Name == "transport" {
 					return fmt.Errorf("%w: %v: roched's Docker sandboxes always run commands through roche-agent; leave it out", roche.ErrInvalidConfig, f)
 				}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/catalog"
 )
 
 // ImageBuild is what roche image build is asked for (Local.BuildImage).
@@ -53,7 +53,7 @@ provider looks for it (ROCHE_PYTHON_WASM names another).`,
 			if args[0] != "python" {
 				return fmt.Errorf("roche image build makes one image, python, not %q: roche image build python", args[0])
 			}
-			if _, err := providers.Lookup(b.Provider); err != nil {
+			if _, err := catalog.Lookup(b.Provider); err != nil {
 				return err
 			}
 			if e.local == nil {
@@ -63,7 +63,7 @@ provider looks for it (ROCHE_PYTHON_WASM names another).`,
 			return e.local.BuildImage(cmd.Context(), b)
 		},
 	}
-	defProvider := providers.Default
+	defProvider := catalog.Default
 	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
 		defProvider = v
 	}

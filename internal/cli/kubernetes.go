@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 )
 
 // kubernetesCommand holds what an operator of the Kubernetes provider needs besides
@@ -41,9 +41,9 @@ pass that reference as the provider's agent image.`,
 			if output == "" {
 				return fmt.Errorf("%w: --output FILE is required: where to write the image tarball", roche.ErrInvalidConfig)
 			}
-			src := cmp.Or(agentPath, agentbin.Path())
+			src := cmp.Or(agentPath, guestbin.Path())
 			if src == "" {
-				return fmt.Errorf("%w: no roche-agent found: pass --agent PATH, or %s", roche.ErrInvalidConfig, agentbin.Install)
+				return fmt.Errorf("%w: no roche-agent found: pass --agent PATH, or %s", roche.ErrInvalidConfig, guestbin.Install)
 			}
 			f, err := os.Create(output)
 			if err != nil {
@@ -84,9 +84,9 @@ REPO:TAG) and set the images in the kustomization (README, "roched in a cluster"
 			if err != nil {
 				return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
 			}
-			src := cmp.Or(rochedAgent, agentbin.Path())
+			src := cmp.Or(rochedAgent, guestbin.Path())
 			if src == "" {
-				return fmt.Errorf("%w: no roche-agent found: pass --agent PATH, or %s", roche.ErrInvalidConfig, agentbin.Install)
+				return fmt.Errorf("%w: no roche-agent found: pass --agent PATH, or %s", roche.ErrInvalidConfig, guestbin.Install)
 			}
 			f, err := os.Create(rochedOut)
 			if err != nil {

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/catalog"
 )
 
 // Local is what only a binary that links the providers can do, given to Main: roched's
@@ -17,7 +17,7 @@ import (
 // none, and hands a command that needs one to roched (handoff).
 type Local interface {
 	// Open opens the named provider in this process.
-	Open(name string, o providers.Options) (roche.Provider, error)
+	Open(name string, o catalog.Options) (roche.Provider, error)
 	// WriteAgentImage, WriteRochedImage and SeccompProfile are the kubernetes
 	// provider's, for roche kubernetes.
 	WriteAgentImage(w io.Writer, agentPath string) (string, error)

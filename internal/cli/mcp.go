@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/catalog"
 )
 
 func (e *env) mcpCommand() *cobra.Command {
@@ -78,7 +78,7 @@ shows it to every user), and make it at least 16 random characters, as roched's.
 			return srv.ServeHTTP(ctx, l, 10*time.Second)
 		},
 	}
-	defProvider, defImage := providers.Default, roche.DefaultImage
+	defProvider, defImage := catalog.Default, roche.DefaultImage
 	if v := e.getenv("ROCHE_PROVIDER"); v != "" {
 		defProvider = v
 	}

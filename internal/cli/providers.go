@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
-	"github.com/roche-sandbox/roche/internal/providers"
 )
 
 // registry opens providers on first use and closes them at exit: roched's view of one it
@@ -24,7 +24,7 @@ type registry struct {
 	// outlives: see providers.Options; set by roche run before it opens a provider.
 	outlives bool
 	mu       sync.Mutex
-	open     providers.Set
+	open     catalog.Set
 	// remote, when set, returns roched's view of a provider it serves (nil otherwise),
 	// which is then used instead of opening the provider in-process.
 	remote func(name string) roche.Provider
@@ -45,12 +45,12 @@ type registry struct {
 }
 
 func newRegistry(l *slog.Logger, local Local, handoff func() error) *registry {
-	return &registry{log: l, local: local, handoff: handoff, open: providers.Set{}, engineTimeout: defaults.EngineTimeout, transport: defaults.Transport}
+	return &registry{log: l, local: local, handoff: handoff, open: catalog.Set{}, engineTimeout: defaults.EngineTimeout, transport: defaults.Transport}
 }
 
 // options are what providers are opened with in this process: the flags.
-func (r *registry) options() providers.Options {
-	return providers.Options{
+func (r *registry) options() catalog.Options {
+	return catalog.Options{
 		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
 		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
 		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime, OCIRuntime: r.ociRuntime,
@@ -61,13 +61,13 @@ func (r *registry) options() providers.Options {
 // that provider would never read them, and a sandbox made without an isolation flag
 // asked for (--runtime runsc on an oci sandbox) is a silent downgrade.
 func (r *registry) check(names ...string) error {
-	return providers.CheckSettings(r.options(), names, "this command uses")
+	return catalog.CheckSettings(r.options(), names, "this command uses")
 }
 
 // get opens the named provider for a command that uses it alone (a create, an id's
 // provider), refusing the flags of others (check).
 func (r *registry) get(name string) (roche.Provider, error) {
-	if _, err := providers.Lookup(name); err != nil {
+	if _, err := catalog.Lookup(name); err != nil {
 		return nil, err
 	}
 	if err := r.check(name); err != nil {
@@ -86,7 +86,7 @@ func (r *registry) use(name string) (roche.Provider, error) {
 	}
 	if r.remote != nil {
 		if p := r.remote(name); p != nil {
-			if given := providers.Given(r.options(), name); len(given) > 0 {
+			if given := catalog.Given(r.options(), name); len(given) > 0 {
 				return nil, fmt.Errorf("%w: %v applies to the %s sandboxes this process makes, and roched makes them here, with its own settings (roched --help): pass --direct as well",
 					roche.ErrInvalidConfig, given[0], name)
 			}
@@ -99,7 +99,7 @@ func (r *registry) use(name string) (roche.Provider, error) {
 			}
 		}
 	}
-	if _, err := providers.Lookup(name); err != nil {
+	if _, err := catalog.Lookup(name); err != nil {
 		return nil, err
 	}
 	if r.local == nil {
@@ -141,7 +141,7 @@ func (r *registry) close() {
 
 // forID picks the provider that owns a sandbox id.
 func (r *registry) forID(id string) (roche.Provider, error) {
-	p, err := r.get(providers.OfID(id))
+	p, err := r.get(catalog.OfID(id))
 	if err == nil && r.guard != nil {
 		err = r.guard(id, p)
 	}
@@ -171,7 +171,7 @@ func (r *registry) each(ctx context.Context, name string, fn func(roche.Provider
 func (r *registry) eachSkipping(ctx context.Context, name string, fn func(roche.Provider) error) ([]roche.SkippedProvider, error) {
 	names := []string{name}
 	if name == "" {
-		names = providers.Names()
+		names = catalog.Names()
 	}
 	if err := r.prepare(names...); err != nil {
 		return nil, err

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/daemon"
-	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
@@ -98,11 +98,11 @@ func TestWasmCodeState(t *testing.T) {
 		}
 	})
 	t.Run("roched", func(t *testing.T) {
-		wp, err := testLocal.Open("wasm", providers.Options{})
+		wp, err := testLocal.Open("wasm", catalog.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer providers.Set{"wasm": wp}.Close()
+		defer catalog.Set{"wasm": wp}.Close()
 		socket := filepath.Join(testenv.ShortDir(t), "roched.sock")
 		d, err := daemon.New(daemon.Config{Socket: socket}, map[string]roche.Provider{"wasm": wp})
 		if err != nil {

@@ -30,9 +30,9 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/ledger"
-	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
 )
@@ -143,7 +143,7 @@ type Daemon struct {
 // ledgerConfig is the part of cfg the ledger keeps.
 func (c Config) ledgerConfig() ledger.Config {
 	return ledger.Config{
-		DefaultProvider: providers.Default, StateFile: c.StateFile, MaxSandboxes: c.MaxSandboxes, AllowRootSandboxes: c.AllowRootSandboxes,
+		DefaultProvider: catalog.Default, StateFile: c.StateFile, MaxSandboxes: c.MaxSandboxes, AllowRootSandboxes: c.AllowRootSandboxes,
 		Pools: c.Pools, PoolConcurrency: c.PoolConcurrency, ReapInterval: c.ReapInterval,
 		ReconcileInterval: c.ReconcileInterval, EngineCheckInterval: c.EngineCheckInterval,
 	}

@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/roche-sandbox/roche/internal/buildinfo"
-	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -43,7 +43,7 @@ func (d *Daemon) providerHealth() (map[string]string, bool) {
 		out[name] = "not served: " + err.Error()
 	}
 	for name, p := range d.providers {
-		info, err := providers.Lookup(name)
+		info, err := catalog.Lookup(name)
 		if err != nil || !info.CheckAtStart {
 			continue
 		}

@@ -16,10 +16,10 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/buildinfo"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/inproc"
 	"github.com/roche-sandbox/roche/internal/memlimit"
-	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -180,7 +180,7 @@ for a list or destroy). The engine is checked every 2 s: while it does not answe
 at once with UNAVAILABLE, and its going down and coming back are logged.
 
 Providers:
-` + providers.Help() + `
+` + catalog.Help() + `
 
 roched serves every provider it can set up and says in its log why it leaves one out;
 a bad Docker setting stops it. kubernetes with no cluster configured (no --kubeconfig,
@@ -434,9 +434,9 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	// Settings are checked before the providers are set up, whose warnings would only
 	// bury the reason roched refuses to start.
-	served := providers.Names()
+	served := catalog.Names()
 	if len(f.providers) > 0 {
-		if err := providers.Check(f.providers); err != nil {
+		if err := catalog.Check(f.providers); err != nil {
 			return fmt.Errorf("--providers: %w", err)
 		}
 		served = f.providers
@@ -444,7 +444,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	if err := cfg.Validate(served); err != nil {
 		return err
 	}
-	set, leftOut, err := inproc.Serve(providers.Options{
+	set, leftOut, err := inproc.Serve(catalog.Options{
 		Only: f.providers,
 		Log:  log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,

@@ -1,5 +1,5 @@
 // Package inproc opens Roche's providers inside this process: the constructor of every
-// provider internal/providers lists. It is what links the backends (the Docker client,
+// provider internal/catalog lists. It is what links the backends (the Docker client,
 // client-go, wazero, ...), whose package initialisation alone costs a process some
 // 12 ms, so only roched links it: to serve them, and to run as the full roche CLI when
 // started under that name (internal/cli/full). The thin roche binary does not, and hands
@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/oci"
@@ -25,8 +25,8 @@ import (
 
 // constructors opens each provider of providers.All, by name. A missing engine or
 // hypervisor is not an error here: it shows as roche.ErrUnavailable on use.
-var constructors = map[string]func(providers.Options) (roche.Provider, error){
-	"docker": func(o providers.Options) (roche.Provider, error) {
+var constructors = map[string]func(catalog.Options) (roche.Provider, error){
+	"docker": func(o catalog.Options) (roche.Provider, error) {
 		opts := []docker.Option{docker.WithLogger(o.Log), docker.WithEngineTimeout(o.EngineTimeout), docker.WithTransport(o.Transport)}
 		if o.Outlives {
 			opts = append(opts, docker.WithEgressProxy())
@@ -39,10 +39,10 @@ var constructors = map[string]func(providers.Options) (roche.Provider, error){
 		}
 		return opened(docker.New(opts...))
 	},
-	vm.Firecracker: func(o providers.Options) (roche.Provider, error) {
+	vm.Firecracker: func(o catalog.Options) (roche.Provider, error) {
 		return opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
 	},
-	kubernetes.Name: func(o providers.Options) (roche.Provider, error) {
+	kubernetes.Name: func(o catalog.Options) (roche.Provider, error) {
 		opts := []kubernetes.Option{kubernetes.WithLogger(o.Log), kubernetes.WithKubeconfig(o.Kubeconfig)}
 		if o.Namespace != "" {
 			opts = append(opts, kubernetes.WithNamespace(o.Namespace))
@@ -61,7 +61,7 @@ var constructors = map[string]func(providers.Options) (roche.Provider, error){
 		}
 		return opened(kubernetes.New(opts...))
 	},
-	oci.Name: func(o providers.Options) (roche.Provider, error) {
+	oci.Name: func(o catalog.Options) (roche.Provider, error) {
 		opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.OCIRuntime)}
 		if o.Outlives {
 			opts = append(opts, oci.WithEgressProxy())
@@ -71,10 +71,10 @@ var constructors = map[string]func(providers.Options) (roche.Provider, error){
 		}
 		return opened(oci.New(opts...))
 	},
-	vm.QEMU: func(o providers.Options) (roche.Provider, error) {
+	vm.QEMU: func(o catalog.Options) (roche.Provider, error) {
 		return opened(vm.NewQEMU(vm.WithLogger(o.Log)))
 	},
-	"wasm": func(o providers.Options) (roche.Provider, error) {
+	"wasm": func(o catalog.Options) (roche.Provider, error) {
 		opts := []wasm.Option{wasm.WithLogger(o.Log)}
 		if o.WarmStart {
 			opts = append(opts, wasm.WithWarmStart())
@@ -85,17 +85,17 @@ var constructors = map[string]func(providers.Options) (roche.Provider, error){
 
 // unconfigured says, for a provider that needs setting up, why the operator has not set
 // it up at all (a providers.NotConfiguredError), or nil when it has been.
-var unconfigured = map[string]func(providers.Options) error{
+var unconfigured = map[string]func(catalog.Options) error{
 	// As the provider finds its cluster: --kubeconfig, else $KUBECONFIG, else the
 	// in-cluster configuration (kubernetes.WithKubeconfig).
-	kubernetes.Name: func(o providers.Options) error {
+	kubernetes.Name: func(o catalog.Options) error {
 		if o.Kubeconfig != "" || os.Getenv("KUBECONFIG") != "" {
 			return nil
 		}
 		if _, err := rest.InClusterConfig(); err == nil {
 			return nil
 		}
-		return &providers.NotConfiguredError{Provider: kubernetes.Name,
+		return &catalog.NotConfiguredError{Provider: kubernetes.Name,
 			Reason: "no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster"}
 	},
 }
@@ -111,15 +111,15 @@ func opened[P roche.Provider](p P, err error) (roche.Provider, error) {
 
 // Open opens the named provider with o; one that needs setting up and was not is a
 // providers.NotConfiguredError.
-func Open(name string, o providers.Options) (roche.Provider, error) {
-	p, err := providers.Lookup(name)
+func Open(name string, o catalog.Options) (roche.Provider, error) {
+	p, err := catalog.Lookup(name)
 	if err != nil {
 		return nil, err
 	}
 	return open(p, o)
 }
 
-func open(p providers.Provider, o providers.Options) (roche.Provider, error) {
+func open(p catalog.Provider, o catalog.Options) (roche.Provider, error) {
 	if check, ok := unconfigured[p.Name]; ok {
 		if err := check(o); err != nil {
 			return nil, err
@@ -147,31 +147,31 @@ func open(p providers.Provider, o providers.Options) (roche.Provider, error) {
 // A setting for no provider served is refused (providers.CheckSettings).
 //
 // leftOut holds the providers left out with a warning, and why, for roched's /healthz.
-func Serve(o providers.Options) (set providers.Set, leftOut map[string]error, err error) {
+func Serve(o catalog.Options) (set catalog.Set, leftOut map[string]error, err error) {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	served := providers.Names()
+	served := catalog.Names()
 	if len(o.Only) > 0 {
 		served = o.Only
 	}
-	if err := providers.CheckSettings(o, served, "roched serves only"); err != nil {
+	if err := catalog.CheckSettings(o, served, "roched serves only"); err != nil {
 		return nil, nil, err
 	}
-	set = providers.Set{}
+	set = catalog.Set{}
 	leftOut = map[string]error{}
-	for _, p := range providers.All() {
+	for _, p := range catalog.All() {
 		if !slices.Contains(served, p.Name) {
 			continue
 		}
 		rp, err := open(p, o)
-		if providers.NotConfigured(err) {
+		if catalog.NotConfigured(err) {
 			why := "--providers names it"
-			if given := providers.Given(o, p.Name); len(given) > 0 {
+			if given := catalog.Given(o, p.Name); len(given) > 0 {
 				why = given[0].String() + " asks for it"
 			}
-			if slices.Contains(o.Only, p.Name) || providers.Asked(o, p.Name) {
+			if slices.Contains(o.Only, p.Name) || catalog.Asked(o, p.Name) {
 				set.Close()
 				return nil, nil, fmt.Errorf("the %s provider is not set up, and %s: %w", p.Name, why, err)
 			}

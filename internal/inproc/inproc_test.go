@@ -15,8 +15,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/ledger"
-	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/wasm"
@@ -63,8 +63,8 @@ func (l *logBuffer) logger() *slog.Logger {
 }
 
 // good is what the CLI opens providers with, save the logger.
-func good() providers.Options {
-	return providers.Options{EngineTimeout: docker.DefaultEngineTimeout, Transport: docker.TransportAgent}
+func good() catalog.Options {
+	return catalog.Options{EngineTimeout: docker.DefaultEngineTimeout, Transport: docker.TransportAgent}
 }
 
 func TestUnknownProviderRefusedWithTheList(t *testing.T) {
@@ -85,14 +85,14 @@ func TestEveryProviderHasAConstructor(t *testing.T) {
 		keys = append(keys, name)
 	}
 	slices.Sort(keys)
-	if !slices.Equal(keys, providers.Names()) {
-		t.Fatalf("constructors for %v, providers %v", keys, providers.Names())
+	if !slices.Equal(keys, catalog.Names()) {
+		t.Fatalf("constructors for %v, providers %v", keys, catalog.Names())
 	}
 }
 
 func TestOpenEveryProvider(t *testing.T) {
 	isolate(t)
-	for _, name := range providers.Names() {
+	for _, name := range catalog.Names() {
 		p, err := Open(name, good())
 		if err != nil {
 			t.Fatalf("Open(%q): %v", name, err)
@@ -100,7 +100,7 @@ func TestOpenEveryProvider(t *testing.T) {
 		if p.Name() != name {
 			t.Errorf("Open(%q) opened %q", name, p.Name())
 		}
-		if err := (providers.Set{name: p}).Close(); err != nil {
+		if err := (catalog.Set{name: p}).Close(); err != nil {
 			t.Errorf("closing %s: %v", name, err)
 		}
 	}
@@ -140,7 +140,7 @@ func TestDockerOptions(t *testing.T) {
 		if got := p.Capabilities().Egress; got != c.egress {
 			t.Errorf("Outlives %v, transport %s: egress %v, want %v", c.outlives, c.transport, got, c.egress)
 		}
-		(providers.Set{"docker": p}).Close()
+		(catalog.Set{"docker": p}).Close()
 	}
 }
 
@@ -169,7 +169,7 @@ func TestLogAndWarmStartReachWasm(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
-		(providers.Set{"wasm": p}).Close()
+		(catalog.Set{"wasm": p}).Close()
 		logged := log.String()
 		if strings.Contains(logged, failed) != warm {
 			t.Fatalf("WarmStart %v: log %q", warm, logged)
@@ -198,8 +198,8 @@ func TestServeDegrades(t *testing.T) {
 	}
 	slices.Sort(got)
 	set.Close()
-	if !slices.Equal(got, providers.Names()) {
-		t.Fatalf("Serve served %v, want every provider %v", got, providers.Names())
+	if !slices.Equal(got, catalog.Names()) {
+		t.Fatalf("Serve served %v, want every provider %v", got, catalog.Names())
 	}
 	if l := log.String(); !strings.Contains(l, "wasm provider unavailable") || !strings.Contains(l, wasm.FetchHint) {
 		t.Fatalf("Serve did not say why wasm is unavailable: %q", l)
@@ -250,7 +250,7 @@ func TestServeUnconfigured(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	const hint = "no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster"
 	p, err := Open("kubernetes", good())
-	if p != nil || !providers.NotConfigured(err) || !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), hint) {
+	if p != nil || !catalog.NotConfigured(err) || !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), hint) {
 		t.Fatalf("Open(kubernetes) without a cluster = %v, %v; want a NotConfiguredError saying %q", p, err, hint)
 	}
 
@@ -272,13 +272,13 @@ func TestServeUnconfigured(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		set  func(*providers.Options)
+		set  func(*catalog.Options)
 		says string
 	}{
-		{func(o *providers.Options) { o.RuntimeClass = "gvisor" }, "the kubernetes provider is not set up, and --runtime-class gvisor asks for it"},
-		{func(o *providers.Options) { o.Namespace = "sandboxes" }, "the kubernetes provider is not set up, and --namespace sandboxes asks for it"},
-		{func(o *providers.Options) { o.Only = []string{"docker", "kubernetes"} }, "the kubernetes provider is not set up, and --providers names it"},
-		{func(o *providers.Options) { o.Only, o.Runtime = []string{"oci"}, "runsc" }, "--runtime is the docker provider's, and roched serves only oci"},
+		{func(o *catalog.Options) { o.RuntimeClass = "gvisor" }, "the kubernetes provider is not set up, and --runtime-class gvisor asks for it"},
+		{func(o *catalog.Options) { o.Namespace = "sandboxes" }, "the kubernetes provider is not set up, and --namespace sandboxes asks for it"},
+		{func(o *catalog.Options) { o.Only = []string{"docker", "kubernetes"} }, "the kubernetes provider is not set up, and --providers names it"},
+		{func(o *catalog.Options) { o.Only, o.Runtime = []string{"oci"}, "runsc" }, "--runtime is the docker provider's, and roched serves only oci"},
 	} {
 		o := good()
 		c.set(&o)

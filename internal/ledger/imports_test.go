@@ -20,7 +20,7 @@ var forbidden = []string{
 	"github.com/roche-sandbox/roche/client",
 	"github.com/roche-sandbox/roche/internal/daemon",
 	"github.com/roche-sandbox/roche/internal/wire",
-	"github.com/roche-sandbox/roche/internal/providers",
+	"github.com/roche-sandbox/roche/internal/catalog",
 	"github.com/roche-sandbox/roche/provider/",
 }
 

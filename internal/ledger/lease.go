@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/internal/guest"
 )
 
 // Leases: a client that creates a sandbox with leased=true holds it with
@@ -18,7 +18,7 @@ import (
 // sandbox's own lease, so a roched killed outright leaves nothing behind for long either.
 const (
 	FirstHold = 10 * time.Second
-	HoldGrace = agent.DefaultLeaseGrace
+	HoldGrace = guest.DefaultLeaseGrace
 )
 
 // hold counts the Holds (the edge's Hold streams) of one leased sandbox.

@@ -43,7 +43,7 @@ import (
 // Config is what the ledger keeps and how.
 type Config struct {
 	// DefaultProvider serves the calls that name no provider, when it is served
-	// (roched: internal/providers.Default); otherwise the only provider served does.
+	// (roched: internal/catalog.Default); otherwise the only provider served does.
 	DefaultProvider string
 	// StateFile keeps the sandboxes across restarts. Required: the edge puts it beside
 	// its socket (defaults.StateFile) when the operator names none.

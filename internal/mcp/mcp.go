@@ -31,7 +31,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/buildinfo"
-	"github.com/roche-sandbox/roche/internal/providers"
+	"github.com/roche-sandbox/roche/internal/catalog"
 )
 
 // Providers is how the server reaches sandboxes.
@@ -109,7 +109,7 @@ func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 // New returns a server with Roche's tools.
 func New(p Providers, cfg Config, opts ...Option) *Server {
 	if cfg.DefaultProvider == "" {
-		cfg.DefaultProvider = providers.Default
+		cfg.DefaultProvider = catalog.Default
 	}
 	if cfg.DefaultImage == "" {
 		cfg.DefaultImage = roche.DefaultImage
@@ -336,7 +336,7 @@ func badArguments(tool, msg string) string {
 // providers from the registry and this server's default, which a struct tag cannot.
 func (s *Server) createSchema() *jsonschema.Schema {
 	schema := schemaFor[CreateInput]()
-	names := providers.Names()
+	names := catalog.Names()
 	schema.Properties["provider"].Description = fmt.Sprintf("isolation backend: %s or %s (%s when left out)",
 		strings.Join(names[:len(names)-1], ", "), names[len(names)-1], s.cfg.DefaultProvider)
 	return schema

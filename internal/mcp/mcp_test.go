@@ -20,8 +20,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/mcp"
-	registry "github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -266,7 +266,7 @@ func TestCreateSchemaNamesProviders(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := schema.Properties["provider"]
-		names := registry.Names()
+		names := catalog.Names()
 		want := fmt.Sprintf("isolation backend: %s or %s (wasm when left out)", strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 		if p.Type != "string" || p.Description != want || !strings.Contains(want, "docker, ") || !strings.Contains(want, " wasm ") {
 			t.Fatalf("create_sandbox's provider: %+v, want a string described %q", p, want)

@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
@@ -31,11 +31,11 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/defaults"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 // Labels put on every container Roche creates, so that list, gc and reconciliation
@@ -87,7 +87,7 @@ var (
 
 // Provider is the Docker backend.
 type Provider struct {
-	// forwarder serves what roche-agent serves (agentfwd); Exec and the tar streams are
+	// forwarder serves what roche-agent serves (guestfwd); Exec and the tar streams are
 	// overridden for sandboxes on the exec-API transport.
 	forwarder
 	cli         *client.Client
@@ -131,7 +131,7 @@ type Provider struct {
 	mu       sync.Mutex
 	verified map[string]sandbox
 	// leases holds the leases of the leased sandboxes this provider made.
-	leases agentfwd.Leases
+	leases guestfwd.Leases
 
 	// halfMade removes, in the background, containers a create left when the engine
 	// stopped answering midway (halfmade.go); closing stops it.
@@ -149,7 +149,7 @@ type sandbox struct {
 	cfg     roche.Config
 	// agent is set when roche-agent serves the sandbox; agentDir is its socket directory
 	// on the host.
-	agent    *agent.Client
+	agent    *guest.Client
 	agentDir string
 }
 
@@ -174,7 +174,7 @@ func WithClient(c *client.Client) Option { return func(p *Provider) { p.cli = c 
 func WithPullTimeout(d time.Duration) Option { return func(p *Provider) { p.pullTimeout = d } }
 
 // WithAgentPath sets the host path of the static roche-agent binary (by default
-// agentbin.Path: $ROCHE_AGENT, else roche-agent beside the running executable, else the
+// guestbin.Path: $ROCHE_AGENT, else roche-agent beside the running executable, else the
 // executable itself when it carries the agent, as roche and roched do). An empty path
 // turns the agent off, leaving Docker's exec API.
 func WithAgentPath(path string) Option { return func(p *Provider) { p.agentPath = path } }
@@ -220,7 +220,7 @@ func New(opts ...Option) (*Provider, error) {
 		log:         slog.New(slog.DiscardHandler),
 		pullTimeout: 2 * time.Minute,
 		verified:    map[string]sandbox{},
-		agentPath:   agentbin.Path(),
+		agentPath:   guestbin.Path(),
 		stateDir:    defaultStateDir(),
 		dataDir:     defaultDataDir(),
 		proxies:     map[string]*runningProxy{},
@@ -229,7 +229,7 @@ func New(opts ...Option) (*Provider, error) {
 	}
 	p.engineTimeout, p.transport = engine.DefaultTimeout, TransportAgent
 	p.closing, p.close = context.WithCancel(context.Background())
-	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
+	p.forwarder = guestfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(p)
 	}
@@ -293,7 +293,7 @@ func (p *Provider) Capabilities() roche.Capabilities {
 	// Code contexts are roche-agent's. Not on gVisor, where a cell past the memory limit
 	// ends the whole sandbox rather than its interpreter (the conformance suite's check).
 	if p.agentPath != "" && !p.gvisor() {
-		caps.Code, caps.RichResults = agentfwd.CodeLanguages, true
+		caps.Code, caps.RichResults = guestfwd.CodeLanguages, true
 	}
 	return caps
 }
@@ -454,7 +454,7 @@ func (p *Provider) checkTransport(cfg roche.Config) error {
 		return nil
 	case p.transport == TransportAgent && !p.execFallback:
 		return fmt.Errorf("%w: roche-agent was not found: Docker sandboxes run commands through it; %s; or %s",
-			roche.ErrUnavailable, agentbin.Install, askExecHint)
+			roche.ErrUnavailable, guestbin.Install, askExecHint)
 	case cfg.Leased:
 		return fmt.Errorf("%w: a leased sandbox (one that stops when its creator goes) needs roche-agent, and this provider runs without it (transport %s)",
 			roche.ErrUnsupported, TransportDockerExec)
@@ -504,7 +504,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 			return roche.SandboxInfo{}, err
 		}
 		sb.agentDir = dir
-		sb.agent = agent.NewClient(filepath.Join(sb.agentDir, agentSocket))
+		sb.agent = guest.NewClient(filepath.Join(sb.agentDir, agentSocket))
 		if len(cfg.NetworkAllowlist) > 0 {
 			if err := p.startEgress(sb.agentDir, name, cfg.NetworkAllowlist); err != nil {
 				p.removeAgentDir(sb.agentDir)
@@ -927,7 +927,7 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	}
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
-		s.agent = agent.NewClient(filepath.Join(s.agentDir, agentSocket))
+		s.agent = guest.NewClient(filepath.Join(s.agentDir, agentSocket))
 		p.claimed(s.agentDir, &s.cfg.Owner, &s.expires)
 		if c.State != nil && c.State.Running {
 			p.ensureEgress(s)

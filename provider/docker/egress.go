@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/agentbin"
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 )
 
 // Inside a sandbox with an allowlist, programs use egress.SandboxListen as their HTTP
@@ -33,7 +33,7 @@ func (p *Provider) checkEgress(cfg roche.Config) error {
 		return nil
 	}
 	if p.agentPath == "" {
-		return fmt.Errorf("%w: network_allowlist needs roche-agent in the sandbox: %s", roche.ErrUnsupported, agentbin.Install)
+		return fmt.Errorf("%w: network_allowlist needs roche-agent in the sandbox: %s", roche.ErrUnsupported, guestbin.Install)
 	}
 	if !p.egress {
 		return fmt.Errorf("%w: network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run", roche.ErrUnsupported)

@@ -23,7 +23,7 @@ import (
 // sigkillExit is the exit status of a process killed by SIGKILL (128+9).
 const sigkillExit = 137
 
-// Exec implements roche.Provider, through roche-agent (agentfwd) or, for a sandbox on
+// Exec implements roche.Provider, through roche-agent (guestfwd) or, for a sandbox on
 // the exec-API transport, the Engine API's exec endpoints. Either way the command's
 // lifetime is tied to the call: when ctx ends or the timeout fires, the command and
 // every process it started are killed.

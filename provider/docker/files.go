@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 var (
@@ -16,21 +16,21 @@ var (
 )
 
 // forwarder serves background processes and the files API (and, for sandboxes with
-// roche-agent, commands and tar streams) through the agent (agentfwd); the embedded
+// roche-agent, commands and tar streams) through the agent (guestfwd); the embedded
 // field is unexported.
-type forwarder = agentfwd.Forwarder
+type forwarder = guestfwd.Forwarder
 
 var _ roche.Terminal = (*Provider)(nil)
 
 // reach returns the sandbox's agent, or ErrUnsupported for a sandbox on the exec-API
 // transport.
-func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error) {
+func (p *Provider) reach(ctx context.Context, id string) (guestfwd.Target, error) {
 	s, err := p.lookup(ctx, id)
 	if err != nil {
-		return agentfwd.Target{}, err
+		return guestfwd.Target{}, err
 	}
 	if s.agent == nil {
-		return agentfwd.Target{}, fmt.Errorf("%w: sandbox %s runs without roche-agent (transport %s), and this call needs it", roche.ErrUnsupported, id, TransportDockerExec)
+		return guestfwd.Target{}, fmt.Errorf("%w: sandbox %s runs without roche-agent (transport %s), and this call needs it", roche.ErrUnsupported, id, TransportDockerExec)
 	}
 	return p.target(s), nil
 }
@@ -38,8 +38,8 @@ func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error
 // target is the agent of s, which has one. An agent that cannot be reached means the
 // sandbox has stopped (expired, destroyed, or its agent died) when the engine no longer
 // has it.
-func (p *Provider) target(s sandbox) agentfwd.Target {
-	return agentfwd.Target{
+func (p *Provider) target(s sandbox) guestfwd.Target {
+	return guestfwd.Target{
 		ID: s.id, Agent: s.agent, Expires: s.expires,
 		Gone: func() bool { return p.stopped(s.id) },
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 var _ roche.Leaser = (*Provider)(nil)
@@ -13,13 +13,13 @@ var _ roche.Leaser = (*Provider)(nil)
 var _ roche.CodeRunner = (*Provider)(nil)
 
 // LeaseGrace is how long a leased sandbox outlives the loss of its lease.
-const LeaseGrace = agentfwd.LeaseGrace
+const LeaseGrace = guestfwd.LeaseGrace
 
 // leaseArgs are roche-agent's arguments for a leased sandbox, bounded by this create's
-// deadline (agentfwd.LeaseArgs). The lease is held in p.leases (agentfwd.Leases).
-func (p *Provider) leaseArgs() []string { return agentfwd.LeaseArgs(p.engineTimeout) }
+// deadline (guestfwd.LeaseArgs). The lease is held in p.leases (guestfwd.Leases).
+func (p *Provider) leaseArgs() []string { return guestfwd.LeaseArgs(p.engineTimeout) }
 
-// Keep implements roche.Leaser: the agent ends the lease (agentfwd), and the lease this
+// Keep implements roche.Leaser: the agent ends the lease (guestfwd), and the lease this
 // provider held, if any, is let go.
 func (p *Provider) Keep(ctx context.Context, id string) error {
 	if err := p.forwarder.Keep(ctx, id); err != nil {

@@ -8,7 +8,7 @@ import (
 	"github.com/docker/docker/api/types/mount"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/internal/guest"
 )
 
 // A sandbox's process limit is the one number a program in it reads and meets:
@@ -23,7 +23,7 @@ import (
 // limit on every container (limitOpenFiles).
 func (p *Provider) limitProcesses(cfg roche.Config, ccfg *container.Config, hcfg *container.HostConfig) {
 	ccfg.Entrypoint = append(ccfg.Entrypoint, "--nproc", strconv.Itoa(cfg.PidsLimit))
-	pids := int64(cfg.PidsLimit + agent.ThreadCeiling)
+	pids := int64(cfg.PidsLimit + guest.ThreadCeiling)
 	if p.gvisor() {
 		// gVisor charges a task to the user that creates it: the agent forks commands
 		// as the sandbox user, or their first process would not count. Unlike Linux,

@@ -18,8 +18,8 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/roche-sandbox/roche/agent/podlink"
-	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/internal/guest/podlink"
+	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 )
 
 // dialAgent opens one connection to the agent of Pod id: a stream of the sandbox's

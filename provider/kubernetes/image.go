@@ -19,8 +19,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/roche-sandbox/roche/agent/agentbin"
-	"github.com/roche-sandbox/roche/agent/podlink"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
+	"github.com/roche-sandbox/roche/internal/guest/podlink"
 )
 
 // AgentImageRepo is the repository of the agent image. Its tag is the start of the
@@ -90,7 +90,7 @@ func staticImage(what string, files []imageFile, cfg v1.Config) (v1.Image, error
 		if err != nil {
 			return nil, fmt.Errorf("reading %s for %s: %w", path.Base(f.path), what, err)
 		}
-		if !agentbin.StaticELF(bytes.NewReader(bin)) {
+		if !guestbin.StaticELF(bytes.NewReader(bin)) {
 			return nil, fmt.Errorf("%s is not a static Linux executable: build it with CGO_ENABLED=0 (make build)", f.source)
 		}
 		name := strings.TrimPrefix(path.Clean(f.path), "/")

@@ -35,10 +35,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/agent/agentbin"
 	"github.com/roche-sandbox/roche/egress"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 // Name is the provider's name, and the prefix of its sandbox ids ("kubernetes-...").
@@ -72,7 +72,7 @@ var (
 )
 
 // forwarder is embedded under another name so that Provider's own methods stay apart.
-type forwarder = agentfwd.Forwarder
+type forwarder = guestfwd.Forwarder
 
 var _ roche.Terminal = (*Provider)(nil)
 
@@ -117,7 +117,7 @@ type Provider struct {
 	verified map[string]sandbox
 	// leases are the exec streams holding the leases of the leased sandboxes this
 	// provider made (lease.go).
-	leases agentfwd.Leases
+	leases guestfwd.Leases
 	// sessions are the sandboxes' relay sessions (conn.go), opened on first use.
 	sessMu   sync.Mutex
 	sessions map[string]*yamux.Session
@@ -132,7 +132,7 @@ type sandbox struct {
 	// started is when the Pod started, from which the kubelet counts its deadline.
 	started time.Time
 	cfg     roche.Config
-	agent   *agent.Client
+	agent   *guest.Client
 }
 
 // Option configures a Provider.
@@ -207,7 +207,7 @@ func New(opts ...Option) (*Provider, error) {
 		sessions:      map[string]*yamux.Session{},
 		proxies:       map[string]*egress.Proxy{},
 	}
-	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
+	p.forwarder = guestfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(p)
 	}
@@ -243,8 +243,8 @@ func New(opts ...Option) (*Provider, error) {
 	// A missing cluster configuration or agent is not an error here, as a missing engine
 	// is not for the other providers: every call that needs them says what to do.
 	if p.agentImage == "" {
-		if path := agentbin.Path(); path == "" {
-			p.noAgent = fmt.Errorf("%w: no roche-agent to name the agent image by: pass --agent-image (kubernetes.WithAgentImage), or %s", roche.ErrUnavailable, agentbin.Install)
+		if path := guestbin.Path(); path == "" {
+			p.noAgent = fmt.Errorf("%w: no roche-agent to name the agent image by: pass --agent-image (kubernetes.WithAgentImage), or %s", roche.ErrUnavailable, guestbin.Install)
 		} else if ref, err := AgentImageRef(path); err != nil {
 			p.noAgent = fmt.Errorf("%w: %v", roche.ErrUnavailable, err)
 		} else {
@@ -341,7 +341,7 @@ func (p *Provider) Capabilities() roche.Capabilities {
 	}
 	return roche.Capabilities{
 		Network: true, Egress: p.egress, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
-		Code: agentfwd.CodeLanguages, RichResults: true,
+		Code: guestfwd.CodeLanguages, RichResults: true,
 	}
 }
 
@@ -630,8 +630,8 @@ func (p *Provider) waitAgent(ctx context.Context, sb sandbox) error {
 	}
 }
 
-func (p *Provider) agentClient(id string) *agent.Client {
-	return agent.NewClientWithDialer(id, func(ctx context.Context) (net.Conn, error) { return p.dialAgent(ctx, id) })
+func (p *Provider) agentClient(id string) *guest.Client {
+	return guest.NewClientWithDialer(id, func(ctx context.Context) (net.Conn, error) { return p.dialAgent(ctx, id) })
 }
 
 // drawUID picks a uid no other sandbox of the namespace carries.
@@ -724,10 +724,10 @@ func (p *Provider) get(ctx context.Context, id string) (*corev1.Pod, error) {
 	return pod, nil
 }
 
-// reach implements agentfwd.Forwarder.Reach.
-func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error) {
+// reach implements guestfwd.Forwarder.Reach.
+func (p *Provider) reach(ctx context.Context, id string) (guestfwd.Target, error) {
 	if p.sim != nil {
-		return agentfwd.Target{}, p.sim.unreachable(id)
+		return guestfwd.Target{}, p.sim.unreachable(id)
 	}
 	p.mu.Lock()
 	s, ok := p.verified[id]
@@ -735,15 +735,15 @@ func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error
 	if !ok {
 		pod, err := p.get(ctx, id)
 		if err != nil {
-			return agentfwd.Target{}, err
+			return guestfwd.Target{}, err
 		}
 		if stateOf(pod) != roche.StateRunning {
-			return agentfwd.Target{}, fmt.Errorf("%w: sandbox %s is not running (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
+			return guestfwd.Target{}, fmt.Errorf("%w: sandbox %s is not running (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
 		}
 		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), started: startOf(pod), agent: p.agentClient(id)}
 		p.remember(s)
 	}
-	return agentfwd.Target{
+	return guestfwd.Target{
 		ID: id, Agent: s.agent, Expires: s.expires, Workdir: s.cfg.Workdir,
 		Gone: func() bool {
 			pod, err := p.get(context.Background(), id)

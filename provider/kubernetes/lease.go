@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 var _ roche.Leaser = (*Provider)(nil)
@@ -13,17 +13,17 @@ var _ roche.Leaser = (*Provider)(nil)
 var _ roche.CodeRunner = (*Provider)(nil)
 
 // LeaseGrace is how long a leased sandbox outlives the loss of its lease.
-const LeaseGrace = agentfwd.LeaseGrace
+const LeaseGrace = guestfwd.LeaseGrace
 
 // leaseArgs are roche-agent's arguments for a leased sandbox, bounded by this create's
-// deadline (agentfwd.LeaseArgs). The lease is held in p.leases (agentfwd.Leases): one
+// deadline (guestfwd.LeaseArgs). The lease is held in p.leases (guestfwd.Leases): one
 // exec stream through the API server kept open, so that when this process dies, however
 // it dies, its connection closes, the relay's input ends, and the agent stops the
 // sandbox LeaseGrace later.
-func (p *Provider) leaseArgs() []string { return agentfwd.LeaseArgs(p.createTimeout) }
+func (p *Provider) leaseArgs() []string { return guestfwd.LeaseArgs(p.createTimeout) }
 
 // Keep implements roche.Leaser: the agent ends the lease, and the lease this provider
-// held, if any, is let go (agentfwd.Leases.Keep).
+// held, if any, is let go (guestfwd.Leases.Keep).
 func (p *Provider) Keep(ctx context.Context, id string) error {
 	return p.leases.Keep(ctx, p.forwarder, id)
 }

@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/podlink"
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/guest/podlink"
 )
 
 // Labels on every Pod (and NetworkPolicy) Roche creates, so that list, gc and

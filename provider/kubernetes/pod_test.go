@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/podlink"
+	"github.com/roche-sandbox/roche/internal/guest/podlink"
 )
 
 // Unit tests of the mapping alone; what the cluster makes of it is tested against the

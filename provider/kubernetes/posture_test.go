@@ -21,7 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/podlink"
+	"github.com/roche-sandbox/roche/internal/guest/podlink"
 	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 )

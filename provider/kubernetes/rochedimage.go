@@ -7,7 +7,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 )
 
 // RochedImageRepo is the repository of the image that runs roched in a cluster
@@ -29,7 +29,7 @@ const RochedUID = 65532
 func RochedImage(rochedPath, agentPath string) (v1.Image, error) {
 	return staticImage("the roched image", []imageFile{
 		{path: RochedBin, source: rochedPath},
-		{path: path.Join(path.Dir(RochedBin), agentbin.Name), source: agentPath},
+		{path: path.Join(path.Dir(RochedBin), guestbin.Name), source: agentPath},
 	}, v1.Config{
 		Entrypoint: []string{RochedBin},
 		User:       fmt.Sprintf("%d:%d", RochedUID, RochedUID),

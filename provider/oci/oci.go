@@ -28,11 +28,11 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/provider/docker"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 // Name is the provider's name, and the prefix of its sandbox ids.
@@ -50,7 +50,7 @@ var (
 )
 
 // forwarder is embedded under a name of its own, so that the Provider's Keep wins.
-type forwarder = agentfwd.Forwarder
+type forwarder = guestfwd.Forwarder
 
 // Provider is the OCI-runtime backend.
 type Provider struct {
@@ -85,7 +85,7 @@ type Provider struct {
 	// changes), so that a create reads only the records new since the last one; it is
 	// used only under the state directory's lock.
 	uids    map[string]int
-	leases  agentfwd.Leases
+	leases  guestfwd.Leases
 	proxies proxies
 	// exitWatches are the pidfds of the sandboxes whose PID 1 this process watches, to
 	// tear each down when it exits (exit_linux.go); exitClosed: Close stopped them.
@@ -121,7 +121,7 @@ func WithPinnedLayouts() Option { return func(p *Provider) { p.pinLayouts = true
 func (p *Provider) PinsLayouts() bool { return p.pinLayouts }
 
 // WithAgentPath sets the host path of the static roche-agent binary (default
-// agentbin.Path).
+// guestbin.Path).
 func WithAgentPath(path string) Option { return func(p *Provider) { p.agentPath = path } }
 
 // WithStateDir sets where sandboxes' bundles, records and sockets live (default
@@ -159,7 +159,7 @@ func WithEgressProxy() Option { return func(p *Provider) { p.egress = true } }
 func New(opts ...Option) (*Provider, error) {
 	p := &Provider{
 		log:           slog.New(slog.DiscardHandler),
-		agentPath:     agentbin.Path(),
+		agentPath:     guestbin.Path(),
 		stateDir:      "/run/roche/oci",
 		dataDir:       "/var/lib/roche/oci",
 		createTimeout: engine.DefaultTimeout,
@@ -168,7 +168,7 @@ func New(opts ...Option) (*Provider, error) {
 		verified:      map[string]*sandbox{},
 		uids:          map[string]int{},
 	}
-	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
+	p.forwarder = guestfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(p)
 	}
@@ -224,7 +224,7 @@ func (p *Provider) Capabilities() roche.Capabilities {
 		Stdin: true, Processes: true, Leases: p.agentPath != "",
 	}
 	if p.agentPath != "" { // code contexts are roche-agent's
-		caps.Code, caps.RichResults = agentfwd.CodeLanguages, true
+		caps.Code, caps.RichResults = guestfwd.CodeLanguages, true
 	}
 	return caps
 }
@@ -253,7 +253,7 @@ func (p *Provider) canRun() error {
 		return fmt.Errorf("%w: the oci provider runs the OCI runtime as root (it mounts each sandbox's root and sets its cgroup limits): run roche as root or through roched", roche.ErrUnavailable)
 	}
 	if p.agentPath == "" {
-		return fmt.Errorf("%w: roche-agent was not found: oci sandboxes run it as PID 1; %s", roche.ErrUnavailable, agentbin.Install)
+		return fmt.Errorf("%w: roche-agent was not found: oci sandboxes run it as PID 1; %s", roche.ErrUnavailable, guestbin.Install)
 	}
 	return nil
 }
@@ -274,7 +274,7 @@ func (p *Provider) dockerClient() (*client.Client, error) {
 type sandbox struct {
 	record
 	dir   string
-	agent *agent.Client
+	agent *guest.Client
 }
 
 // record is a sandbox's record.json, written before anything of it is made, so that a
@@ -350,7 +350,7 @@ func (p *Provider) load(id string) (*sandbox, error) {
 		return nil, err
 	}
 	s = &sandbox{record: r, dir: dir}
-	s.agent = agent.NewClient(filepath.Join(s.runDir(), agentSocket))
+	s.agent = guest.NewClient(filepath.Join(s.runDir(), agentSocket))
 	p.watchExit(s)
 	return s, nil
 }
@@ -367,14 +367,14 @@ func (p *Provider) forget(id string) {
 	p.mu.Unlock()
 }
 
-// reach is agentfwd's way to a sandbox's agent.
-func (p *Provider) reach(ctx context.Context, id string) (agentfwd.Target, error) {
+// reach is guestfwd's way to a sandbox's agent.
+func (p *Provider) reach(ctx context.Context, id string) (guestfwd.Target, error) {
 	s, err := p.load(id)
 	if err != nil {
-		return agentfwd.Target{}, err
+		return guestfwd.Target{}, err
 	}
 	p.ensureEgress(s)
-	return agentfwd.Target{
+	return guestfwd.Target{
 		ID: s.ID, Agent: s.agent, Expires: s.Expires, Workdir: s.Config.Workdir,
 		Gone: func() bool {
 			r, err := p.resolveRuntime(ctx)
@@ -446,4 +446,4 @@ func (p *Provider) drawUID(ctx context.Context, self string) (int, func(), error
 }
 
 // LeaseGrace is how long a leased sandbox outlives the loss of its lease.
-const LeaseGrace = agentfwd.LeaseGrace
+const LeaseGrace = guestfwd.LeaseGrace

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
+	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/docker"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 // Create implements roche.Provider.
@@ -111,7 +111,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		compiledSeccomp: rt.compiledSeccomp(),
 	}
 	if cfg.Leased {
-		b.lease = agentfwd.LeaseArgs(p.createTimeout)
+		b.lease = guestfwd.LeaseArgs(p.createTimeout)
 	}
 	if err := os.Mkdir(b.runDir, 0o700); err != nil {
 		return roche.SandboxInfo{}, err
@@ -131,7 +131,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	if err := os.WriteFile(filepath.Join(s.dir, "config.json"), js, 0o600); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	s.agent = agent.NewClient(filepath.Join(b.runDir, agentSocket))
+	s.agent = guest.NewClient(filepath.Join(b.runDir, agentSocket))
 	if len(cfg.NetworkAllowlist) > 0 {
 		if err := p.proxies.start(b.runDir, id, cfg.NetworkAllowlist, p.log); err != nil {
 			return roche.SandboxInfo{}, err

@@ -10,8 +10,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/guest"
 )
 
 // specVersion is the runtime-spec version config.json claims: the oldest that has all
@@ -121,7 +121,7 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 	}
 	mem := cfg.MemoryBytes()
 	// The host's ceiling on the whole sandbox: the limit, and the agent's threads.
-	pids := int64(cfg.PidsLimit + agent.ThreadCeiling)
+	pids := int64(cfg.PidsLimit + guest.ThreadCeiling)
 	period := uint64(100_000)
 	quota := int64(cfg.CPUs * float64(period))
 	swappiness := uint64(0)

@@ -7,26 +7,26 @@ import (
 	"path/filepath"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
 // forwarder serves commands, background processes, the files API and tar streams
-// through the agent inside each VM (agentfwd); the embedded field is unexported.
-type forwarder = agentfwd.Forwarder
+// through the agent inside each VM (guestfwd); the embedded field is unexported.
+type forwarder = guestfwd.Forwarder
 
 var _ roche.Terminal = (*Provider)(nil)
 
 // reach returns the agent of a running VM, refusing one that is paused (its agent cannot
 // answer). A VM whose agent cannot be reached is gone when its supervisor is.
-func (p *Provider) reach(_ context.Context, id string) (agentfwd.Target, error) {
+func (p *Provider) reach(_ context.Context, id string) (guestfwd.Target, error) {
 	s, err := p.lookup(id)
 	if err != nil {
-		return agentfwd.Target{}, err
+		return guestfwd.Target{}, err
 	}
 	if _, err := os.Stat(filepath.Join(s.Dir, "paused")); err == nil {
-		return agentfwd.Target{}, fmt.Errorf("sandbox %s is paused: unpause it first", id)
+		return guestfwd.Target{}, fmt.Errorf("sandbox %s is paused: unpause it first", id)
 	}
-	return agentfwd.Target{
+	return guestfwd.Target{
 		ID: s.ID, Agent: s.agent, Expires: s.ExpiresAt, Workdir: s.Workdir,
 		Gone: func() bool {
 			if _, alive, err := p.readVM(s.Dir); err != nil || !alive {

@@ -15,8 +15,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -196,8 +196,8 @@ func (f *firecrackerVMM) jail(ctx context.Context, p *Provider, vm *plan, cfg *f
 	return cmd.Args, remove, nil
 }
 
-func (f *firecrackerVMM) client(m meta) *agent.Client {
-	return agent.NewClientWithDialer(m.Vsock, func(ctx context.Context) (net.Conn, error) {
+func (f *firecrackerVMM) client(m meta) *guest.Client {
+	return guest.NewClientWithDialer(m.Vsock, func(ctx context.Context) (net.Conn, error) {
 		return vmlink.DialHybridVsock(ctx, m.Vsock, vmlink.VsockPort)
 	})
 }

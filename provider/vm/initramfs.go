@@ -15,7 +15,7 @@ import (
 	"strings"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 )
 
 // guestModules are the kernel modules the guest needs, where the kernel builds them as

@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -206,8 +206,8 @@ func (q *qemu) start(ctx context.Context, p *Provider, vm *plan) (int, error) {
 	return cmd.Process.Pid, nil
 }
 
-func (q *qemu) client(m meta) *agent.Client {
-	return agent.NewClient(filepath.Join(m.Dir, "agent.sock"))
+func (q *qemu) client(m meta) *guest.Client {
+	return guest.NewClient(filepath.Join(m.Dir, "agent.sock"))
 }
 
 // pause stops or continues the vCPUs through QEMU's monitor protocol (QMP).

@@ -23,7 +23,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/roche-sandbox/roche/agent/agentbin"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 
 	"github.com/docker/docker/client"
 )
@@ -66,7 +66,7 @@ type Option func(*options)
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
 // WithAgentPath sets the host path of the static roche-agent binary, which becomes each
-// VM's init (default agentbin.Path: $ROCHE_AGENT, else roche-agent beside the
+// VM's init (default guestbin.Path: $ROCHE_AGENT, else roche-agent beside the
 // executable, else the executable itself when it carries the agent).
 func WithAgentPath(path string) Option { return func(o *options) { o.agentPath = path } }
 
@@ -123,7 +123,7 @@ func ownExecutable() string {
 func defaultOptions() options {
 	o := options{
 		log:         slog.New(slog.DiscardHandler),
-		agentPath:   agentbin.Path(),
+		agentPath:   guestbin.Path(),
 		supervisor:  ownExecutable(),
 		stateDir:    defaultDir("/run/roche/vm", "XDG_RUNTIME_DIR", "vm"),
 		cacheDir:    defaultDir("/var/cache/roche/vm", "XDG_CACHE_HOME", "vm-cache"),

@@ -22,7 +22,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

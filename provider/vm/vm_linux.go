@@ -25,11 +25,11 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/agent/agentbin"
-	"github.com/roche-sandbox/roche/agent/vmlink"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
+	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/statedir"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
@@ -56,7 +56,7 @@ type Provider struct {
 	forwarder
 	hv hypervisor
 	// leases holds the leases of the leased sandboxes this provider made.
-	leases agentfwd.Leases
+	leases guestfwd.Leases
 
 	dockerMu  sync.Mutex
 	ownDocker bool
@@ -79,7 +79,7 @@ type hypervisor interface {
 	// start boots the VM and returns the pid of its supervisor, which it reaps.
 	start(ctx context.Context, p *Provider, vm *plan) (int, error)
 	// client reaches the agent of a running VM.
-	client(m meta) *agent.Client
+	client(m meta) *guest.Client
 	// pause freezes (or thaws) a VM's vCPUs.
 	pause(ctx context.Context, m meta, freeze bool) error
 }
@@ -95,7 +95,7 @@ func NewFirecracker(opts ...Option) (*Provider, error) {
 
 func newProvider(hv hypervisor, opts []Option) (*Provider, error) {
 	p := &Provider{options: defaultOptions(), hv: hv, sandboxes: map[string]*sandbox{}}
-	p.forwarder = agentfwd.Forwarder{Reach: p.reach}
+	p.forwarder = guestfwd.Forwarder{Reach: p.reach}
 	for _, o := range opts {
 		o(&p.options)
 	}
@@ -164,7 +164,7 @@ func (p *Provider) Available() error { return p.hv.check(p) }
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
 		Writable: true, Files: true, Pause: true, Stdin: true, Processes: true, Leases: true,
-		Code: agentfwd.CodeLanguages, RichResults: true,
+		Code: guestfwd.CodeLanguages, RichResults: true,
 	}
 }
 
@@ -227,7 +227,7 @@ func (p *Provider) bootAssets(ctx context.Context) (*bootAssets, error) {
 		return p.assets, nil
 	}
 	if p.agentPath == "" {
-		return nil, fmt.Errorf("%w: roche-agent was not found: it is every VM's init; %s", roche.ErrUnavailable, agentbin.Install)
+		return nil, fmt.Errorf("%w: roche-agent was not found: it is every VM's init; %s", roche.ErrUnavailable, guestbin.Install)
 	}
 	if err := checkStatic(p.agentPath); err != nil {
 		return nil, err
@@ -351,7 +351,7 @@ type plan struct {
 // sandbox is what this process knows about a VM.
 type sandbox struct {
 	meta
-	agent *agent.Client
+	agent *guest.Client
 }
 
 var idPattern = regexp.MustCompile(`^(qemu|firecracker)-[0-9a-f]{12}$`)
@@ -445,8 +445,8 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	if vm.Config.Leased {
 		// The agent powers the VM off LeaseGrace after its lease is lost, or when this
 		// create has not taken it by the end of the boot's deadline.
-		guest.LeaseGraceMS = agentfwd.LeaseGrace.Milliseconds()
-		guest.FirstLeaseMS = agentfwd.FirstLease(p.bootTimeout).Milliseconds()
+		guest.LeaseGraceMS = guestfwd.LeaseGrace.Milliseconds()
+		guest.FirstLeaseMS = guestfwd.FirstLease(p.bootTimeout).Milliseconds()
 	}
 	base, err := os.Open(vm.assets.initramfs)
 	if err != nil {

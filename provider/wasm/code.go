@@ -19,12 +19,12 @@ import (
 	"github.com/tetratelabs/wazero/experimental"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/agent"
-	"github.com/roche-sandbox/roche/agent/kernel"
-	"github.com/roche-sandbox/roche/provider/internal/agentfwd"
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/kernel"
+	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 )
 
-// Code contexts in python.wasm: the same kernel roche-agent runs (agent/kernel), in an
+// Code contexts in python.wasm: the same kernel roche-agent runs (internal/guest/kernel), in an
 // instance of python.wasm that lives as long as the context, in this process. python.wasm
 // has no signals, so a cell cannot be interrupted with a KeyboardInterrupt: at its
 // timeout the instance is closed, the cell reports TimedOut, and the next cell starts a
@@ -711,5 +711,5 @@ func describeEnd(k *wasmKernel) string {
 
 // codeResult turns the kernel's MIME bundle into the core's result, as for roche-agent.
 func codeResult(ev kernel.Event) roche.CodeResult {
-	return agentfwd.CodeResult(agent.CodeResult{Data: ev.Data, Main: ev.Main})
+	return guestfwd.CodeResult(guest.CodeResult{Data: ev.Data, Main: ev.Main})
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/roche-sandbox/roche/agent/kernel"
+	"github.com/roche-sandbox/roche/internal/guest/kernel"
 )
 
 // FuzzEventWriter writes any stdout of a python.wasm instance to the event parser in any

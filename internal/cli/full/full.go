@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/imagebuild"
 	"github.com/roche-sandbox/roche/internal/inproc"
 	"github.com/roche-sandbox/roche/internal/mcp"
-	"github.com/roche-sandbox/roche/internal/providers"
 	"github.com/roche-sandbox/roche/internal/secretfile"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/wasm"
@@ -29,7 +29,7 @@ type Local struct{}
 var _ cli.Local = Local{}
 
 // Open opens the named provider in this process (inproc.Open).
-func (Local) Open(name string, o providers.Options) (roche.Provider, error) {
+func (Local) Open(name string, o catalog.Options) (roche.Provider, error) {
 	return inproc.Open(name, o)
 }
 

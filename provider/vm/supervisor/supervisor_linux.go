@@ -20,7 +20,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
-	"github.com/roche-sandbox/roche/agent/vmlink"
+	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 )
 
 // stopGrace is how long the hypervisor has to exit after SIGTERM before SIGKILL.

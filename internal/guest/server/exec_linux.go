@@ -1,0 +1,1012 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/proctree"
+)
+
+const (
+	defaultOutputLimit = 10 << 20
+	// drainGrace is how long output is still read after a command exits: a descendant it
+	// left running may hold the pipes open, and the exec must not wait for that.
+	drainGrace = 250 * time.Millisecond
+	// keepFinished bounds how many finished background processes are kept for attach.
+	keepFinished = 64
+	// startedDelay is how long a foreground command's started frame may wait to go out
+	// with its first output or its result, in one write: a command that ends sooner
+	// (most do) then costs its client one wake-up and the agent one write fewer.
+	startedDelay = 10 * time.Millisecond
+)
+
+// reaper is PID 1's wait loop: it reaps every child, delivering the status of the
+// commands the agent started to their waiters and discarding orphans that were
+// reparented to it. Commands are started under the same lock, so a command cannot be
+// reaped before its waiter is registered.
+type reaper struct {
+	mu      sync.Mutex
+	waiters map[int]chan syscall.WaitStatus
+	// forks takes each fork to the thread that runs them (forkThread); forkErr is why
+	// that thread could not empty its bounding set, nil when it did.
+	forks   chan func()
+	forkErr error
+	// asUser is set when the forking thread runs as the sandbox user (forkAs), with its
+	// uid and gid.
+	asUser       bool
+	asUID, asGID int
+}
+
+// processReaper is the one reaper of this process, started on first use: a wait for any
+// child reaps every server's, so two servers in one process (the tests run several) must
+// share it, or one would take the other's exit statuses.
+var processReaper = sync.OnceValue(func() *reaper {
+	r := &reaper{waiters: map[int]chan syscall.WaitStatus{}, forks: make(chan func())}
+	dropped := make(chan error, 1)
+	go r.forkThread(dropped)
+	r.forkErr = <-dropped
+	go r.run()
+	return r
+})
+
+// forkThread runs every fork of the process (reaper.start) on one OS thread of its own,
+// whose capability bounding set it first empties: capability sets belong to threads, a
+// child starts with its forking thread's, and the agent's other threads never fork, so
+// no command can gain a capability through execve. Emptying one thread's set takes a
+// system call per capability; emptying every thread's (syscall.AllThreadsSyscall, which
+// stops them all for each) cost the agent ~0.9 ms of CPU at every sandbox's start. The
+// thread is the forker's for good: its goroutine never unlocks it. What went wrong
+// emptying the set is sent on dropped, and then no fork runs.
+//
+// It is never the main thread, whose id is the process's: /proc/PID/status shows that
+// thread's credentials, and a signal to the process is checked against them, so the
+// agent's face must stay root's while the forking thread drops its capabilities and, on
+// gVisor, becomes the sandbox user (forkAs). A goroutine that finds itself locked to the
+// main thread holds it until a new one has locked a thread of its own, which then cannot
+// be that one.
+func (r *reaper) forkThread(dropped chan<- error) {
+	runtime.LockOSThread()
+	if syscall.Gettid() == syscall.Getpid() {
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(locked)
+			r.forkLoop(dropped)
+		}()
+		<-locked
+		runtime.UnlockOSThread()
+		return
+	}
+	r.forkLoop(dropped)
+}
+
+// forkLoop is forkThread's body, on the thread locked for it.
+func (r *reaper) forkLoop(dropped chan<- error) {
+	err := dropBoundingSet()
+	dropped <- err
+	if err != nil {
+		return // the thread ends with its goroutine, which holds it
+	}
+	for fork := range r.forks {
+		fork()
+	}
+}
+
+func (r *reaper) run() {
+	ch := make(chan os.Signal, 128)
+	signal.Notify(ch, syscall.SIGCHLD)
+	r.reap()
+	for range ch {
+		r.reap()
+	}
+}
+
+func (r *reaper) reap() {
+	for {
+		var ws syscall.WaitStatus
+		r.mu.Lock()
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if pid > 0 {
+			if c, ok := r.waiters[pid]; ok {
+				c <- ws
+				delete(r.waiters, pid)
+			}
+		}
+		r.mu.Unlock()
+		if pid <= 0 || err != nil {
+			return
+		}
+	}
+}
+
+// forkAs makes the forking thread, and only it, run as uid and gid with no
+// supplementary groups, for good: every command is then created as the sandbox user
+// (see Config.ForkAsUser). System calls made directly, not the syscall package's, which
+// change every thread of the process.
+func (r *reaper) forkAs(uid, gid int) error {
+	if r.forkErr != nil {
+		return fmt.Errorf("no fork without an empty capability bounding set: %w", r.forkErr)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.asUser {
+		if r.asUID == uid && r.asGID == gid {
+			return nil
+		}
+		return fmt.Errorf("commands are already forked as uid %d, not %d", r.asUID, uid)
+	}
+	done := make(chan error)
+	r.forks <- func() {
+		var err error
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+			err = fmt.Errorf("dropping the forking thread's groups: %w", e)
+		} else if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
+			err = fmt.Errorf("the forking thread's gid: %w", e)
+		} else if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+			err = fmt.Errorf("the forking thread's uid: %w", e)
+		}
+		done <- err
+	}
+	if err := <-done; err != nil {
+		return fmt.Errorf("forking commands as the sandbox user: %w", err)
+	}
+	r.asUser, r.asUID, r.asGID = true, uid, gid
+	return nil
+}
+
+// credential is what a command starts as: uid and gid with no supplementary groups,
+// which a forking thread that already runs as them (forkAs) need not, and could not, set.
+func (r *reaper) credential(uid, gid int) *syscall.Credential {
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}, NoSetGroups: r.asUser}
+}
+
+// start runs fork under the reaper's lock and registers the new pid's waiter.
+func (r *reaper) start(fork func() (int, error)) (int, <-chan syscall.WaitStatus, error) {
+	if r.forkErr != nil {
+		return 0, nil, fmt.Errorf("no fork without an empty capability bounding set: %w", r.forkErr)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var pid int
+	var err error
+	done := make(chan struct{})
+	r.forks <- func() {
+		defer close(done)
+		pid, err = fork()
+	}
+	<-done
+	if err != nil {
+		return 0, nil, err
+	}
+	c := make(chan syscall.WaitStatus, 1)
+	r.waiters[pid] = c
+	return pid, c, nil
+}
+
+// proc is a command the agent started.
+type proc struct {
+	pid        int
+	cmd        []string
+	background bool
+	ttyOn      bool
+	limit      int64
+	done       chan struct{}
+
+	// tty is the master of the command's terminal (nil without one), set before the
+	// command is listed and never changed; ttyClosed says it was closed. ttyMu orders
+	// writes only: closing needs no lock (a Close wakes a pending Write), so a write
+	// blocked on a program that reads no input holds up neither its output nor its end.
+	tty       *os.File
+	ttyClosed atomic.Bool
+	ttyMu     sync.Mutex
+	// inputEnded says the terminal's input has ended (endInput).
+	inputEnded atomic.Bool
+
+	mu   sync.Mutex
+	sink *conn // where output goes now; nil when no client is attached
+	// started is the started frame not yet sent (see startedDelay), and startedTimer
+	// sends it when the command outlives the delay.
+	started      []byte
+	startedTimer *time.Timer
+	history      []frame
+	kept         int64 // bytes in history
+	written      map[byte]int64
+	truncated    bool
+	timedOut     bool
+	result       guest.Result
+	// finished is set with result, under mu but before the result goes to any client,
+	// and read without mu too (which a write to a slow client can hold).
+	finished atomic.Bool
+}
+
+type frame struct {
+	kind byte
+	data []byte
+}
+
+// emit passes output to the attached client (and keeps it for a background process),
+// cutting each stream at the output limit.
+func (p *proc) emit(kind byte, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.isTTY() {
+		if room := p.limit - p.written[kind]; int64(len(data)) > room {
+			data = data[:max(room, 0)]
+			p.truncated = true
+		}
+	}
+	if len(data) == 0 {
+		return
+	}
+	p.written[kind] += int64(len(data))
+	if p.background {
+		p.history = append(p.history, frame{kind, append([]byte(nil), data...)})
+		p.kept += int64(len(data))
+		// A terminal runs for as long as its user likes: its output is not cut at the
+		// limit, but only the last limit's worth is kept for the next attach.
+		for p.isTTY() && p.kept > p.limit && len(p.history) > 1 {
+			p.kept -= int64(len(p.history[0].data))
+			p.history = p.history[1:]
+		}
+	}
+	if p.sink != nil {
+		if err := p.sink.sendAfter(p.takeStarted(), kind, data); err != nil {
+			p.sink = nil
+		}
+	}
+}
+
+// announce tells the client the command runs: at once for a background command or one
+// on a terminal, whose clients wait for it; for a foreground command, with its first
+// output or its result, or after startedDelay, whichever comes first.
+func (p *proc) announce(c *conn) error {
+	b, err := json.Marshal(guest.Started{PID: p.pid})
+	if err != nil {
+		return err
+	}
+	if p.background || p.ttyOn {
+		return c.send(guest.FrameStarted, b)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.finished.Load() {
+		return nil
+	}
+	p.started = b
+	p.startedTimer = time.AfterFunc(startedDelay, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if started := p.takeStarted(); started != nil && p.sink != nil {
+			if err := p.sink.send(guest.FrameStarted, started); err != nil {
+				p.sink = nil
+			}
+		}
+	})
+	return nil
+}
+
+// takeStarted returns the started frame still to send, if any, and forgets it. p.mu is held.
+func (p *proc) takeStarted() []byte {
+	b := p.started
+	p.started = nil
+	if p.startedTimer != nil {
+		p.startedTimer.Stop()
+		p.startedTimer = nil
+	}
+	return b
+}
+
+// isTTY says whether the command runs on a terminal (set before it starts, never changed).
+func (p *proc) isTTY() bool { return p.ttyOn }
+
+// typeInto writes what a user typed to the command's terminal.
+func (p *proc) typeInto(data []byte) error {
+	p.ttyMu.Lock()
+	defer p.ttyMu.Unlock()
+	if p.tty == nil || p.ttyClosed.Load() {
+		return notFound("process %d has no terminal open", p.pid)
+	}
+	_, err := p.tty.Write(data)
+	return err
+}
+
+func (p *proc) resize(ws guest.Winsize) error {
+	if p.tty == nil || p.ttyClosed.Load() {
+		return notFound("process %d has no terminal open", p.pid)
+	}
+	return setWinsize(p.tty, ws.Cols, ws.Rows)
+}
+
+func (p *proc) closeTTY() {
+	if p.tty != nil && !p.ttyClosed.Swap(true) {
+		p.tty.Close()
+	}
+}
+
+// kill kills the command, its descendants and its process group.
+func (p *proc) kill() {
+	_ = proctree.KillTree(p.pid)
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+}
+
+// finish records the command's result and sends it to the attached client. When the
+// sandbox is stopping (stopping is why), the client hears that instead: the exit status
+// of a command killed with its sandbox says nothing of the command.
+func (p *proc) finish(res guest.Result, stopping string) {
+	p.mu.Lock()
+	res.Truncated = p.truncated
+	res.TimedOut = p.timedOut
+	p.result = res
+	p.finished.Store(true)
+	started := p.takeStarted()
+	if p.sink != nil {
+		kind, v := byte(guest.FrameResult), any(res)
+		if stopping != "" {
+			kind, v = guest.FrameError, &guest.Error{Code: guest.CodeStopping,
+				Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)}
+		}
+		if b, err := json.Marshal(v); err == nil {
+			_ = p.sink.sendAfter(started, kind, b)
+		}
+	}
+	p.mu.Unlock()
+	close(p.done)
+}
+
+func (s *Server) exec(c *conn, req guest.Request) error {
+	if req.TTY && len(req.Cmd) == 0 {
+		req.Cmd = []string{imageShell()}
+	}
+	if len(req.Cmd) == 0 {
+		return invalid("empty command: give the program and its arguments")
+	}
+	if err := checkWorkdir(req.Cwd); err != nil {
+		return err
+	}
+	env := mergeEnv(s.baseEnv, req.Env)
+	limit := req.OutputLimit
+	if limit <= 0 {
+		limit = defaultOutputLimit
+	}
+	p := &proc{
+		cmd: req.Cmd, background: req.Background, ttyOn: req.TTY, limit: limit,
+		done: make(chan struct{}), written: map[byte]int64{}, sink: c,
+	}
+
+	path, err := lookPath(req.Cmd[0], env)
+	if err != nil {
+		return s.startFailed(c, p, err)
+	}
+	if req.TTY {
+		return s.execTTY(c, p, req, path, env)
+	}
+	stdoutR, stdoutW, err := outputPipe()
+	if err != nil {
+		return err
+	}
+	stderrR, stderrW, err := outputPipe()
+	if err != nil {
+		stdoutR.Close()
+		syscall.Close(stdoutW)
+		return err
+	}
+	var stdinR int
+	var stdinW *os.File
+	if req.Stdin {
+		stdinR, stdinW, err = inputPipe()
+	} else {
+		stdinR, err = devNull()
+	}
+	if err != nil {
+		stdoutR.Close()
+		syscall.Close(stdoutW)
+		stderrR.Close()
+		syscall.Close(stderrW)
+		return err
+	}
+	start := time.Now()
+	before := oomKills()
+	pid, wait, err := s.reaper.start(func() (int, error) {
+		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
+			Dir:   req.Cwd,
+			Env:   env,
+			Files: []uintptr{uintptr(stdinR), uintptr(stdoutW), uintptr(stderrW)},
+			Sys: &syscall.SysProcAttr{
+				// Its own process group, so signals and kills reach everything it starts.
+				Setpgid:    true,
+				Credential: s.reaper.credential(s.uid, s.gid),
+				// Born inside the sandbox's cgroup (clone3), so no fork can escape its limits.
+				UseCgroupFD: s.cgroupFD > 0,
+				CgroupFD:    s.cgroupFD,
+			},
+		})
+		if err == nil {
+			s.oomFirst(pid)
+		}
+		return pid, err
+	})
+	if req.Stdin {
+		syscall.Close(stdinR)
+	}
+	syscall.Close(stdoutW)
+	syscall.Close(stderrW)
+	if err != nil {
+		stdoutR.Close()
+		stderrR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		return s.startFailed(c, p, err)
+	}
+	p.pid = pid
+	s.mu.Lock()
+	s.procs[pid] = p
+	s.mu.Unlock()
+	if err := p.announce(c); err != nil && !p.background {
+		p.kill()
+	}
+
+	pumps := newPumps(2)
+	go p.pump(stdoutR, guest.FrameStdout, pumps)
+	go p.pump(stderrR, guest.FrameStderr, pumps)
+	go s.readClient(c, p, stdinW)
+
+	s.await(p, req, start, before, wait, pumps, func() {
+		stdoutR.Close()
+		stderrR.Close()
+	})
+	return nil
+}
+
+// pumpGroup counts the goroutines copying a command's output; done is closed when the
+// last one ends.
+type pumpGroup struct {
+	left atomic.Int32
+	done chan struct{}
+}
+
+func newPumps(n int32) *pumpGroup {
+	ps := &pumpGroup{done: make(chan struct{})}
+	ps.left.Store(n)
+	return ps
+}
+
+func (ps *pumpGroup) finished() {
+	if ps.left.Add(-1) == 0 {
+		close(ps.done)
+	}
+}
+
+// execTTY runs a command on a new terminal: the terminal is its standard streams and
+// its controlling terminal, it leads a session of its own, and the terminal's output
+// is its one output stream.
+func (s *Server) execTTY(c *conn, p *proc, req guest.Request, path string, env []string) error {
+	master, slave, err := s.openPTY(req.Cols, req.Rows)
+	if err != nil {
+		return err
+	}
+	if !hasEnv(env, "TERM") {
+		env = append(env, "TERM=xterm-256color")
+	}
+	start := time.Now()
+	before := oomKills()
+	pid, wait, err := s.reaper.start(func() (int, error) {
+		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
+			Dir:   req.Cwd,
+			Env:   env,
+			Files: []uintptr{slave.Fd(), slave.Fd(), slave.Fd()},
+			Sys: &syscall.SysProcAttr{
+				// A session of its own with the terminal as its controlling terminal (fd 0
+				// in the child): the terminal's line discipline then signals its
+				// foreground job on Ctrl-C, and a kill of -pid reaches the whole session.
+				Setsid:      true,
+				Setctty:     true,
+				Ctty:        0,
+				Credential:  s.reaper.credential(s.uid, s.gid),
+				UseCgroupFD: s.cgroupFD > 0,
+				CgroupFD:    s.cgroupFD,
+			},
+		})
+		if err == nil {
+			s.oomFirst(pid)
+		}
+		return pid, err
+	})
+	slave.Close()
+	if err != nil {
+		master.Close()
+		return s.startFailed(c, p, err)
+	}
+	p.pid = pid
+	p.tty = master
+	s.mu.Lock()
+	s.procs[pid] = p
+	s.mu.Unlock()
+	if err := p.announce(c); err != nil && !p.background {
+		p.kill()
+	}
+	pumps := newPumps(1)
+	go func() {
+		defer pumps.finished()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := master.Read(buf)
+			if n > 0 {
+				p.emit(guest.FrameStdout, buf[:n])
+			}
+			if err != nil { // EIO once every holder of the terminal has gone
+				return
+			}
+		}
+	}()
+	go s.readClient(c, p, nil)
+	s.await(p, req, start, before, wait, pumps, p.closeTTY)
+	p.closeTTY()
+	return nil
+}
+
+// imageShell is the shell a terminal runs when the caller names none: bash where the
+// image has it, else the POSIX sh every image has.
+func imageShell() string {
+	if fi, err := os.Stat("/bin/bash"); err == nil && fi.Mode()&0o111 != 0 {
+		return "/bin/bash"
+	}
+	return "/bin/sh"
+}
+
+func hasEnv(env []string, key string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, key+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// await waits for the command (killing it at its timeout), drains its output for at
+// most drainGrace (then cut, which ends the pumps), and sends its result.
+func (s *Server) await(p *proc, req guest.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *pumpGroup, cut func()) {
+	var timeout <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var ws syscall.WaitStatus
+	select {
+	case ws = <-wait:
+	case <-timeout:
+		p.mu.Lock()
+		p.timedOut = true
+		p.mu.Unlock()
+		p.kill()
+		ws = <-wait
+	}
+	duration := time.Since(start)
+	select {
+	case <-pumps.done: // most often the output has ended with the command
+	default:
+		grace := time.NewTimer(drainGrace)
+		select {
+		case <-pumps.done:
+		case <-grace.C:
+			cut()
+			<-pumps.done
+		}
+		grace.Stop()
+	}
+	pid := p.pid
+
+	res := guest.Result{PID: pid, ExitCode: ws.ExitStatus(), DurationNS: duration.Nanoseconds()}
+	if ws.Signaled() {
+		res.ExitCode = 128 + int(ws.Signal())
+	}
+	// Killed by the OOM killer: the command died of SIGKILL, or exited 137 as a shell
+	// does whose child died of it (sh -c 'head -c 100M /dev/zero > /dev/shm/f'), and the
+	// cgroup counted an OOM kill meanwhile. Memory held by a tmpfs (/dev/shm, /tmp)
+	// belongs to no process, so the victim need not be the program that filled it.
+	if res.ExitCode == 128+int(syscall.SIGKILL) && !p.timedOut && before >= 0 && oomKills() > before {
+		res.OOMKilled = true
+	}
+	p.finish(res, s.stopReason())
+	s.retire(p)
+}
+
+// startFailed reports a command that could not start the way a shell does: a message on
+// stderr and exit status 127 (not found) or 126 (not executable).
+func (s *Server) startFailed(c *conn, p *proc, err error) error {
+	code := 126
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, errNotInPath) {
+		code = 127
+	}
+	msg := fmt.Sprintf("roche-agent: %s: %v\n", p.cmd[0], err)
+	if errors.Is(err, errNotInPath) {
+		msg = fmt.Sprintf("roche-agent: %s: command not found\n", p.cmd[0])
+	}
+	if err := c.send(guest.FrameStderr, []byte(msg)); err != nil {
+		return err
+	}
+	return c.sendJSON(guest.FrameResult, guest.Result{ExitCode: code})
+}
+
+// retire forgets a finished foreground command; finished background commands are kept
+// (a bounded number) so a client can still attach and read their result.
+func (s *Server) retire(p *proc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !p.background {
+		delete(s.procs, p.pid)
+		return
+	}
+	var finished []*proc
+	for _, q := range s.procs {
+		if q.background && isFinished(q) {
+			finished = append(finished, q)
+		}
+	}
+	if len(finished) > keepFinished {
+		sort.Slice(finished, func(i, j int) bool { return finished[i].pid < finished[j].pid })
+		for _, q := range finished[:len(finished)-keepFinished] {
+			delete(s.procs, q.pid)
+		}
+	}
+}
+
+// isFinished reports whether the command's result is recorded. That is before any
+// client hears the result, and before p.done closes: a client that saw a command end
+// and then types into it must find it finished.
+func isFinished(p *proc) bool { return p.finished.Load() }
+
+// pumpBuffers are the pumps' read buffers, kept between commands: two fresh 32 KiB
+// buffers per exec were most of what an exec allocated, and made the agent collect
+// garbage every couple of dozen execs.
+var pumpBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (p *proc) pump(r *os.File, kind byte, ps *pumpGroup) {
+	defer ps.finished()
+	defer r.Close()
+	bp := pumpBuffers.Get().(*[32 << 10]byte)
+	defer pumpBuffers.Put(bp)
+	buf := bp[:]
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			p.emit(kind, buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// readClient handles what the client sends while the command runs: stdin, signals, and
+// its going away, which kills a foreground command and detaches from a background one.
+func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
+	defer func() {
+		if stdin != nil {
+			stdin.Close()
+		}
+	}()
+	for {
+		kind, payload, err := c.read()
+		if err != nil {
+			p.mu.Lock()
+			if p.sink == c {
+				p.sink = nil
+			}
+			p.mu.Unlock()
+			if !p.background && !isFinished(p) {
+				p.kill()
+			}
+			return
+		}
+		switch kind {
+		case guest.FrameStdin:
+			if p.isTTY() {
+				_ = p.typeInto(payload)
+			} else if stdin != nil {
+				if _, err := stdin.Write(payload); err != nil {
+					stdin.Close()
+					stdin = nil
+				}
+			}
+		case guest.FrameStdinEOF:
+			if p.isTTY() {
+				p.endInput()
+			}
+			if stdin != nil {
+				stdin.Close()
+				stdin = nil
+			}
+		case guest.FrameResize:
+			var ws guest.Winsize
+			if p.isTTY() && jsonUnmarshal(payload, &ws) == nil {
+				_ = p.resize(ws)
+			}
+		case guest.FrameSignal:
+			var sr guest.SignalRequest
+			if err := jsonUnmarshal(payload, &sr); err == nil && sr.Signal > 0 {
+				_ = syscall.Kill(-p.pid, syscall.Signal(sr.Signal))
+			}
+		}
+	}
+}
+
+// attach reconnects a client to a background command: it replays the kept output, then
+// streams what follows and the result.
+func (s *Server) attach(c *conn, pid int) error {
+	s.mu.Lock()
+	p, ok := s.procs[pid]
+	s.mu.Unlock()
+	if !ok {
+		return notFound("no process %d in this sandbox", pid)
+	}
+	p.mu.Lock()
+	for _, f := range p.history {
+		if err := c.send(f.kind, f.data); err != nil {
+			p.mu.Unlock()
+			return nil
+		}
+	}
+	if p.finished.Load() {
+		err := c.sendJSON(guest.FrameResult, p.result)
+		p.mu.Unlock()
+		return err
+	}
+	p.sink = c
+	p.mu.Unlock()
+	go s.readClient(c, p, nil)
+	<-p.done
+	return nil
+}
+
+func (s *Server) ps() []guest.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []guest.Process{}
+	for _, p := range s.procs {
+		if !p.background {
+			continue
+		}
+		p.mu.Lock()
+		out = append(out, guest.Process{PID: p.pid, Cmd: p.cmd, Running: !p.finished.Load(), ExitCode: p.result.ExitCode, TTY: p.ttyOn})
+		p.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
+	return out
+}
+
+func (s *Server) signal(pid, sig int) error {
+	s.mu.Lock()
+	p, ok := s.procs[pid]
+	s.mu.Unlock()
+	if !ok || isFinished(p) {
+		return notFound("no running process %d in this sandbox", pid)
+	}
+	if sig <= 0 || sig > 64 {
+		return invalid("signal %d is not a signal number", sig)
+	}
+	if err := syscall.Kill(-pid, syscall.Signal(sig)); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	return nil
+}
+
+// terminal finds a running command's terminal for OpInput and OpResize.
+func (s *Server) terminal(pid int) (*proc, error) {
+	s.mu.Lock()
+	p, ok := s.procs[pid]
+	s.mu.Unlock()
+	if !ok || isFinished(p) {
+		return nil, notFound("no running process %d in this sandbox", pid)
+	}
+	if !p.isTTY() {
+		return nil, invalid("process %d has no terminal (start it with a terminal to type into or resize it)", pid)
+	}
+	return p, nil
+}
+
+// outputPipe makes a pipe for a command's output: the read end is the agent's, polled
+// by the runtime; the write end, a bare descriptor, is only handed to the command and
+// closed. (os.Pipe would register both ends with the poller and take the write end out
+// again for the command, six system calls an exec does not need.)
+func outputPipe() (r *os.File, w int, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, -1, fmt.Errorf("making an output pipe: %w", err)
+	}
+	r, err = pollable(p[0], "|0")
+	if err != nil {
+		syscall.Close(p[1])
+		return nil, -1, err
+	}
+	return r, p[1], nil
+}
+
+// inputPipe makes a pipe for a command's stdin: the read end is the command's, the
+// write end the agent's, polled by the runtime.
+func inputPipe() (r int, w *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return -1, nil, fmt.Errorf("making an input pipe: %w", err)
+	}
+	w, err = pollable(p[1], "|1")
+	if err != nil {
+		syscall.Close(p[0])
+		return -1, nil, err
+	}
+	return p[0], w, nil
+}
+
+// pollable makes fd non-blocking, so that os.NewFile hands it to the runtime's poller
+// and a read or write waiting on it holds no thread. The other end of the pipe, the
+// command's, stays blocking, as programs expect of their standard streams.
+func pollable(fd int, name string) (*os.File, error) {
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("making a pipe non-blocking: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// devNull is the stdin of every command that reads none: one descriptor of /dev/null,
+// opened on first use (a microVM's agent mounts /dev before it serves) and shared, as
+// every command gets a duplicate of it. A failure to open it is not kept: the next exec
+// tries again, as each did when it opened its own.
+func devNull() (int, error) {
+	devNullFD.mu.Lock()
+	defer devNullFD.mu.Unlock()
+	if devNullFD.open {
+		return devNullFD.fd, nil
+	}
+	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening %s for a command's stdin: %w", os.DevNull, err)
+	}
+	devNullFD.fd, devNullFD.open = fd, true
+	return fd, nil
+}
+
+var devNullFD struct {
+	mu   sync.Mutex
+	open bool
+	fd   int
+}
+
+// oomFirst makes a command the OOM killer's first choice over the agent (the highest
+// oom_score_adj; raising it needs no privilege). Memory a program leaves in a tmpfs is
+// nobody's RSS, so without it a small program filling /dev/shm could get the agent, a
+// bigger process, killed, and the sandbox with it. Children inherit the score. A program
+// may lower its own back to the agent's, and then risk only its own sandbox. The score
+// is raised once the command has started (Go runs nothing of ours between fork and
+// exec), so for its first moments, microseconds as a rule, it has the agent's.
+func (s *Server) oomFirst(pid int) {
+	// Bare system calls: os.WriteFile would also try to register the file with the
+	// runtime's poller, four more system calls on every exec's path.
+	fd, err := syscall.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", syscall.O_WRONLY|syscall.O_CLOEXEC, 0)
+	if err == nil {
+		_, err = syscall.Write(fd, []byte("1000"))
+		syscall.Close(fd)
+	}
+	if err != nil {
+		s.log.Warn("raising a command's OOM score", "pid", pid, "err", err)
+	}
+}
+
+// oomCounterFiles are where the sandbox cgroup's OOM-kill counter may be: cgroup v1, v2,
+// and a microVM's sandbox cgroup.
+var oomCounterFiles = []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"}
+
+// oomCounter holds the counter's file open once found: every exec reads it, and a pread
+// at offset 0 makes the kernel render the file afresh in one system call, where opening,
+// reading and closing it took eight.
+var oomCounter struct {
+	mu    sync.Mutex
+	found bool
+	fd    int
+}
+
+// oomKills reads the sandbox cgroup's OOM-kill counter (cgroup v1 or v2); -1 if unknown.
+func oomKills() int64 {
+	oomCounter.mu.Lock()
+	found, fd := oomCounter.found, oomCounter.fd
+	oomCounter.mu.Unlock()
+	if found {
+		if n, ok := readOOMKills(fd); ok {
+			return n
+		}
+	}
+	for _, f := range oomCounterFiles {
+		fd, err := syscall.Open(f, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		n, ok := readOOMKills(fd)
+		if !ok {
+			syscall.Close(fd)
+			continue
+		}
+		oomCounter.mu.Lock()
+		if !oomCounter.found {
+			oomCounter.found, oomCounter.fd, fd = true, fd, -1
+		}
+		oomCounter.mu.Unlock()
+		if fd >= 0 { // another exec kept its descriptor first
+			syscall.Close(fd)
+		}
+		return n
+	}
+	return -1
+}
+
+// readOOMKills reads the oom_kill line of the counter file open at fd.
+func readOOMKills(fd int) (int64, bool) {
+	var buf [1024]byte
+	n, err := syscall.Pread(fd, buf[:], 0)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+// mergeEnv returns base with the overrides applied.
+func mergeEnv(base []string, over map[string]string) []string {
+	if len(over) == 0 {
+		return base
+	}
+	out := make([]string, 0, len(base)+len(over))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := over[k]; !ok {
+			out = append(out, kv)
+		}
+	}
+	for k, v := range over {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+var errNotInPath = errors.New("not found in PATH")
+
+// lookPath finds name in the command's PATH.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errNotInPath
+}

@@ -1,0 +1,610 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche/internal/guest"
+)
+
+// Version is reported by health.
+const Version = "1"
+
+// Config is what the agent is started with.
+type Config struct {
+	// Socket is the unix socket path to listen on.
+	Socket string
+	// SocketOwner is the host uid that may connect (the socket is chowned to it, mode 0600).
+	SocketOwner int
+	// User is "uid[:gid]" or a name from the image's /etc/passwd: commands and file
+	// operations run as this user.
+	User string
+	// Lifetime ends the agent, and so the sandbox, after this long (0: never).
+	Lifetime time.Duration
+	// LeaseGrace, when positive, makes the sandbox leased (agent.OpLease): it stops this
+	// long after the last lease holder goes, or FirstLease after the start when no holder
+	// ever came (0: agent.DefaultFirstLease).
+	LeaseGrace time.Duration
+	FirstLease time.Duration
+	Log        *slog.Logger
+	// Listener, when set, is served instead of a socket at Socket (a microVM's vsock or
+	// serial multiplexer; see RunVM).
+	Listener net.Listener
+	// EgressListen, when set, is the loopback address programs use as their HTTP proxy;
+	// connections to it are relayed through EgressDial to the host's egress proxy.
+	EgressListen string
+	EgressDial   func() (net.Conn, error)
+	// Own lists directories handed to the sandbox user at start when root owns them: a
+	// fresh workspace volume is created root-owned, and the sandbox must be able to write it.
+	Own []string
+	// ChownFrom, when positive, is a uid whose files on the root filesystem are handed to
+	// the sandbox user at start: in a sandbox made from a snapshot, what the sandbox it
+	// was taken of wrote (as another uid) must stay the sandbox's to change.
+	ChownFrom int
+	// NProc, when positive, caps the processes and threads of the sandbox user
+	// (RLIMIT_NPROC, soft and hard, inherited by every command): exactly NProc of them,
+	// counted by the kernel per uid, so per sandbox with a uid of its own (the default),
+	// whatever else the sandbox's cgroup holds (the agent's threads). Root, the agent,
+	// is exempt (on gVisor by keeping CAP_SYS_RESOURCE).
+	NProc int
+	// ForkAsUser forks every command from a thread that already runs as the sandbox
+	// user rather than as root: gVisor charges a task to the user it is created as, so a
+	// command started as root and then switched would not count against NProc.
+	ForkAsUser bool
+	// NoFile is the open-file limit (RLIMIT_NOFILE, soft and hard) of the agent and so
+	// of every command: 0 means agent.OpenFiles, a negative value leaves the limit as
+	// the agent was started with. It is only ever lowered.
+	NoFile int
+}
+
+// limitOpenFiles lowers the agent's RLIMIT_NOFILE, soft and hard, to n (0:
+// agent.OpenFiles; negative: left alone), which every command inherits: a limit already
+// lower stays. syscall.Setrlimit, not x/sys, so that the Go runtime stops restoring the
+// soft limit it raised at start in the commands it starts.
+func limitOpenFiles(n int) error {
+	if n < 0 {
+		return nil
+	}
+	if n == 0 {
+		n = guest.OpenFiles
+	}
+	var cur syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &cur); err != nil {
+		return fmt.Errorf("reading the open-file limit: %w", err)
+	}
+	lim := min(uint64(n), cur.Max)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: lim, Max: lim}); err != nil {
+		return fmt.Errorf("setting the open-file limit (RLIMIT_NOFILE %d): %w", lim, err)
+	}
+	return nil
+}
+
+// Server is the in-sandbox agent.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	uid, gid int
+	baseEnv  []string
+	reaper   *reaper
+	// groups are the agent's supplementary groups, restored after file operations.
+	groups []uint32
+	// cgroupFD, when positive, is the cgroup every command starts in (set in a microVM,
+	// where the agent itself enforces the PID and memory limits; see RunVM).
+	cgroupFD int
+	// leases is set in Run when the sandbox is leased (Config.LeaseGrace).
+	leases *leases
+	// egressFailures bounds the log lines of egress connections that find no host proxy.
+	egressFailures everyMinute
+
+	mu    sync.Mutex
+	procs map[int]*proc // background and running commands by pid
+	// contexts are the code contexts by id (code_linux.go); codeMu makes a language's
+	// default context once.
+	contexts map[string]*codeContext
+	codeMu   sync.Mutex
+	// spare is an interpreter started ahead of its context (code_warm), or nil.
+	spare *spareKernel
+	// stopping says why the agent, and so the sandbox, is stopping; "" while it serves.
+	stopping string
+}
+
+// stopAs records why the sandbox is stopping, before its commands are stopped, so that
+// each one's client hears it (see proc.finish).
+func (s *Server) stopAs(why string) {
+	s.mu.Lock()
+	if s.stopping == "" {
+		s.stopping = why
+	}
+	s.mu.Unlock()
+}
+
+func (s *Server) stopReason() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopping
+}
+
+// New prepares a server: it resolves the sandbox user and drops every capability from
+// the bounding set, so nothing the agent starts can ever hold a capability, while the
+// agent keeps the few it needs (setuid, kill) in its own effective set.
+func New(cfg Config) (*Server, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	uid, gid, err := lookupUser(cfg.User)
+	if err != nil {
+		return nil, err
+	}
+	reaper := processReaper()
+	if reaper.forkErr != nil {
+		return nil, fmt.Errorf("dropping the capability bounding set: %w", reaper.forkErr)
+	}
+	if cfg.NProc > 0 {
+		lim := &unix.Rlimit{Cur: uint64(cfg.NProc), Max: uint64(cfg.NProc)}
+		if err := unix.Setrlimit(unix.RLIMIT_NPROC, lim); err != nil {
+			return nil, fmt.Errorf("setting the sandbox's process limit (RLIMIT_NPROC %d): %w", cfg.NProc, err)
+		}
+	}
+	if err := limitOpenFiles(cfg.NoFile); err != nil {
+		return nil, err
+	}
+	if cfg.ForkAsUser {
+		if err := reaper.forkAs(uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	gids, err := syscall.Getgroups()
+	if err != nil {
+		return nil, fmt.Errorf("reading the agent's groups: %w", err)
+	}
+	groups := make([]uint32, len(gids))
+	for i, g := range gids {
+		groups[i] = uint32(g)
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Log, uid: uid, gid: gid, groups: groups,
+		baseEnv: os.Environ(),
+		reaper:  reaper,
+		procs:   map[int]*proc{},
+	}
+	return s, nil
+}
+
+// Run serves until ctx ends, the lifetime passes, or SIGTERM/SIGINT arrives; then it
+// signals every command's process group and returns.
+func (s *Server) Run(ctx context.Context) error {
+	reserveThreads(guest.ThreadReserve)
+	if s.cfg.ChownFrom > 0 && s.cfg.ChownFrom != s.uid {
+		if err := chownRoot(s.cfg.ChownFrom, s.uid, s.gid); err != nil {
+			return fmt.Errorf("handing uid %d's files to the sandbox user: %w", s.cfg.ChownFrom, err)
+		}
+	}
+	for _, dir := range s.cfg.Own {
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == 0 {
+				if err := os.Chown(dir, s.uid, s.gid); err != nil {
+					s.log.Warn("handing a directory to the sandbox user", "dir", dir, "err", err)
+				}
+			}
+		}
+	}
+	ln := s.cfg.Listener
+	if ln == nil {
+		_ = os.Remove(s.cfg.Socket)
+		// Only the socket's owner may connect: created with a restrictive umask so there is no
+		// moment at which it is open to others.
+		old := syscall.Umask(0o177)
+		var err error
+		ln, err = net.Listen("unix", s.cfg.Socket)
+		syscall.Umask(old)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", s.cfg.Socket, err)
+		}
+		if err := os.Chown(s.cfg.Socket, s.cfg.SocketOwner, -1); err != nil && s.cfg.SocketOwner != 0 {
+			ln.Close()
+			return fmt.Errorf("handing the socket to uid %d: %w", s.cfg.SocketOwner, err)
+		}
+	}
+	defer ln.Close()
+	if s.cfg.EgressListen != "" && s.cfg.EgressDial != nil {
+		eln, err := net.Listen("tcp", s.cfg.EgressListen)
+		if err != nil {
+			return fmt.Errorf("listening for egress on %s: %w", s.cfg.EgressListen, err)
+		}
+		defer eln.Close()
+		go s.serveEgress(eln)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	var lifetime <-chan time.Time
+	if s.cfg.Lifetime > 0 {
+		t := time.NewTimer(s.cfg.Lifetime)
+		defer t.Stop()
+		lifetime = t.C
+	}
+	var leaseLost <-chan struct{}
+	if s.cfg.LeaseGrace > 0 {
+		first := s.cfg.FirstLease
+		if first <= 0 {
+			first = guest.DefaultFirstLease
+		}
+		s.leases = newLeases(first, s.cfg.LeaseGrace)
+		leaseLost = s.leases.lost
+	}
+	go func() {
+		select {
+		case sig := <-sigs:
+			s.log.Info("signal received, stopping", "signal", sig)
+			// The engine sends SIGTERM to PID 1 when it stops the container (docker stop,
+			// an engine shutting down, a destroy that is not a plain kill).
+			s.stopAs(fmt.Sprintf("its engine stopped it (roche-agent, its PID 1, got %s)", sigName(sig)))
+		case <-lifetime:
+			s.log.Info("sandbox lifetime over, stopping")
+			s.stopAs(fmt.Sprintf("its lifetime of %s ended", s.cfg.Lifetime))
+		case <-leaseLost:
+			s.log.Warn("sandbox lease lost (its creator is gone), stopping")
+			s.stopAs("its lease was lost: the process that created it (and held it) is gone")
+		case <-ctx.Done():
+			s.stopAs("roche-agent is shutting down")
+		}
+		cancel()
+		ln.Close()
+	}()
+
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				s.stopContexts()
+				s.stopAll()
+				return nil
+			}
+			s.log.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go s.serve(c)
+	}
+}
+
+// stopAll asks every command to stop, then kills what is left.
+func (s *Server) stopAll() {
+	s.mu.Lock()
+	procs := make([]*proc, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		_ = syscall.Kill(-p.pid, syscall.SIGTERM)
+	}
+	// A closed channel once the time is up, so that every command still running then is
+	// killed, not only the first.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var killed []*proc
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			p.kill()
+			killed = append(killed, p)
+		}
+	}
+	// Killed, they end at once: their clients hear why before the agent exits.
+	grace, cancelGrace := context.WithTimeout(context.Background(), time.Second)
+	defer cancelGrace()
+	for _, p := range killed {
+		select {
+		case <-p.done:
+		case <-grace.Done():
+			return
+		}
+	}
+}
+
+// sigName names a signal as the kernel's headers do ("SIGTERM").
+func sigName(sig os.Signal) string {
+	if n, ok := sig.(syscall.Signal); ok {
+		switch n {
+		case syscall.SIGTERM:
+			return "SIGTERM"
+		case syscall.SIGINT:
+			return "SIGINT"
+		case syscall.SIGHUP:
+			return "SIGHUP"
+		}
+	}
+	return sig.String()
+}
+
+// conn is one client connection: frames in, frames out (writes serialised).
+type conn struct {
+	c   net.Conn
+	r   *bufio.Reader
+	wmu sync.Mutex
+	buf []byte
+}
+
+func (c *conn) send(kind byte, payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return guest.WriteFrame(c.c, kind, payload)
+}
+
+// sendAfter sends first, when not nil, as a started frame and then the frame of kind,
+// both in one write.
+func (c *conn) sendAfter(first []byte, kind byte, payload []byte) error {
+	if first == nil {
+		return c.send(kind, payload)
+	}
+	var b bytes.Buffer
+	b.Grow(2*5 + len(first) + len(payload))
+	_ = guest.WriteFrame(&b, guest.FrameStarted, first)
+	if err := guest.WriteFrame(&b, kind, payload); err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.c.Write(b.Bytes())
+	return err
+}
+
+func (c *conn) sendJSON(kind byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.send(kind, b)
+}
+
+func (c *conn) read() (byte, []byte, error) {
+	kind, payload, err := guest.ReadFrame(c.r, c.buf)
+	if err == nil && cap(payload) > cap(c.buf) {
+		c.buf = payload[:0]
+	}
+	return kind, payload, err
+}
+
+// fail sends an error frame built from err.
+func (c *conn) fail(err error) {
+	var ae *guest.Error
+	if !errors.As(err, &ae) {
+		ae = &guest.Error{Code: guest.CodeInternal, Message: err.Error()}
+	}
+	_ = c.sendJSON(guest.FrameError, ae)
+}
+
+func (s *Server) serve(nc net.Conn) {
+	defer nc.Close()
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, guest.ReaderSize)}
+	kind, payload, err := c.read()
+	if err != nil {
+		return
+	}
+	if kind != guest.FrameRequest {
+		c.fail(invalid("the first frame must be a request"))
+		return
+	}
+	var req guest.Request
+	if err := json.Unmarshal(payload, &req); err != nil {
+		c.fail(invalid("malformed request: %v", err))
+		return
+	}
+	switch req.Op {
+	case guest.OpExec:
+		err = s.exec(c, req)
+	case guest.OpAttach:
+		err = s.attach(c, req.PID)
+	case guest.OpPs:
+		err = c.sendJSON(guest.FrameReply, s.ps())
+	case guest.OpSignal:
+		err = s.signal(req.PID, req.Signal)
+		if err == nil {
+			err = c.sendJSON(guest.FrameReply, struct{}{})
+		}
+	case guest.OpInput, guest.OpResize:
+		var p *proc
+		if p, err = s.terminal(req.PID); err == nil {
+			if req.Op == guest.OpInput {
+				err = p.typeInto(req.Data)
+				if err == nil && req.EndInput {
+					p.endInput()
+				}
+			} else {
+				err = p.resize(guest.Winsize{Cols: req.Cols, Rows: req.Rows})
+			}
+		}
+		if err == nil {
+			err = c.sendJSON(guest.FrameReply, struct{}{})
+		}
+	case guest.OpHealth:
+		err = c.sendJSON(guest.FrameReply, s.health())
+	case guest.OpLease:
+		err = s.lease(c, req)
+	case guest.OpCodeRun, guest.OpCodeCreate, guest.OpCodeList, guest.OpCodeRestart, guest.OpCodeRemove, guest.OpCodeWarm:
+		err = s.codeOp(c, req)
+	case guest.OpWrite, guest.OpRead, guest.OpList, guest.OpStat, guest.OpMkdir, guest.OpRemove,
+		guest.OpRename, guest.OpUntar, guest.OpTar:
+		err = s.files(c, req)
+	default:
+		err = invalid("unknown operation %q", req.Op)
+	}
+	if err != nil {
+		c.fail(err)
+	}
+}
+
+func (s *Server) health() guest.Health {
+	h := guest.Health{PID: os.Getpid(), Version: Version}
+	if b, err := os.ReadFile("/proc/self/statm"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 1 {
+			pages, _ := strconv.ParseInt(f[1], 10, 64)
+			h.RSSBytes = pages * int64(os.Getpagesize())
+		}
+	}
+	s.mu.Lock()
+	h.Procs = len(s.procs)
+	s.mu.Unlock()
+	return h
+}
+
+func invalid(format string, args ...any) error {
+	return &guest.Error{Code: guest.CodeInvalid, Message: fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) error {
+	return &guest.Error{Code: guest.CodeNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// lookupUser resolves "uid[:gid]" or a user name from /etc/passwd.
+func lookupUser(spec string) (uid, gid int, err error) {
+	if spec == "" {
+		return 0, 0, errors.New("no sandbox user given")
+	}
+	name, group, hasGroup := strings.Cut(spec, ":")
+	uid, err = strconv.Atoi(name)
+	gid = uid
+	if err != nil {
+		u, g, ok := passwdLookup(name)
+		if !ok {
+			return 0, 0, fmt.Errorf("user %q is neither a number nor in the image's /etc/passwd", name)
+		}
+		uid, gid = u, g
+	}
+	if hasGroup {
+		if gid, err = strconv.Atoi(group); err != nil {
+			return 0, 0, fmt.Errorf("group %q is not a number", group)
+		}
+	}
+	return uid, gid, nil
+}
+
+func passwdLookup(name string) (uid, gid int, ok bool) {
+	b, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) >= 4 && f[0] == name {
+			u, err1 := strconv.Atoi(f[2])
+			g, err2 := strconv.Atoi(f[3])
+			return u, g, err1 == nil && err2 == nil
+		}
+	}
+	return 0, 0, false
+}
+
+// dropBoundingSet removes every capability from the calling thread's bounding set
+// (needs CAP_SETPCAP), on a thread locked to its goroutine: the one that forks the
+// agent's commands (reaper.forkThread). The agent keeps its own permitted and effective
+// sets; its children can gain nothing.
+func dropBoundingSet() error {
+	for _, c := range boundingSet() {
+		if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 && e != syscall.EINVAL {
+			return fmt.Errorf("capability %d: %w", c, e)
+		}
+	}
+	return nil
+}
+
+// boundingSet lists the capabilities in the calling thread's bounding set, or every
+// capability the kernel knows where that cannot be read: dropping only the few a
+// sandbox starts with (the providers' agent capabilities), not all forty-one.
+func boundingSet() []int {
+	last := 63
+	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			last = n
+		}
+	}
+	status, _ := os.ReadFile("/proc/thread-self/status")
+	return capsIn(string(status), "CapBnd", last)
+}
+
+// capsIn lists the capabilities up to last in the set named field of a
+// /proc/PID/status text; all of them when the field is absent or unreadable.
+func capsIn(status, field string, last int) []int {
+	mask := ^uint64(0)
+	for _, line := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			if m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil {
+				mask = m
+			}
+			break
+		}
+	}
+	var caps []int
+	for c := 0; c <= last; c++ {
+		if mask&(1<<c) != 0 {
+			caps = append(caps, c)
+		}
+	}
+	return caps
+}
+
+// reserveThreads makes the runtime create threads until the process has n, so that it
+// does not need a new one while a fork bomb holds every free PID (see
+// agent.ThreadReserve). Goroutines lock a thread each and keep it until the process has
+// n: a locked goroutine may take a thread the runtime already had idle, so the count,
+// not the number of goroutines, says when there are enough. Each round locks as many as
+// are missing at once, so the count (a read of /proc/self/status, which costs as much
+// as a thread) is taken a few times rather than once per thread. Released, the threads
+// stay with the runtime, idle.
+func reserveThreads(n int) {
+	release := make(chan struct{})
+	defer close(release)
+	for added := 0; added < 4*n; {
+		short := n - countThreads()
+		if short <= 0 {
+			return
+		}
+		var locked sync.WaitGroup
+		locked.Add(short)
+		for range short {
+			go func() {
+				runtime.LockOSThread()
+				locked.Done()
+				<-release
+				runtime.UnlockOSThread()
+			}()
+		}
+		locked.Wait()
+		added += short
+	}
+}
+
+func countThreads() int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,109 @@
+// Package guestfwd forwards the calls roche-agent serves (commands, background
+// processes, the files API, tar streams) to a sandbox's agent, once for every provider
+// whose sandboxes run it (docker, the microVMs, and the providers to come): a provider
+// says only how to reach the agent of a sandbox (Forwarder.Reach) and whether a sandbox
+// whose agent cannot be reached is gone. It also turns what the agent answers (its
+// errors, file and process descriptions) into the core's types.
+package guestfwd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/guest"
+)
+
+// Err returns the core error for an error the agent of sandbox id reported, and false
+// when err did not come from the agent (the connection failed: the provider decides
+// whether the sandbox is gone).
+func Err(id string, err error) (error, bool) {
+	var ae *guest.Error
+	if !errors.As(err, &ae) {
+		return err, false
+	}
+	sentinel := roche.ErrInvalidConfig
+	switch ae.Code {
+	case guest.CodeNotFound:
+		sentinel = roche.ErrNotFound
+	case guest.CodePermission:
+		sentinel = roche.ErrPermission
+	case guest.CodeUnsupported:
+		sentinel = roche.ErrUnsupported
+	case guest.CodeNoSpace:
+		sentinel = roche.ErrExhausted
+	case guest.CodeInternal:
+		return fmt.Errorf("sandbox %s: %s", id, ae.Message), true
+	case guest.CodeStopping:
+		// The sandbox is ending under the command: by the time the caller hears it, it is
+		// gone, as when its agent can no longer be reached (Target.fail).
+		return fmt.Errorf("%w: sandbox %s stopped while the command ran: %s", roche.ErrNotFound, id, ae.Message), true
+	}
+	return fmt.Errorf("%w: %s", sentinel, ae.Message), true
+}
+
+// FileInfo is the core's description of a file the agent described.
+func FileInfo(fi guest.FileInfo) roche.FileInfo {
+	mode := fs.FileMode(fi.Mode)
+	if fi.IsDir {
+		mode |= fs.ModeDir
+	}
+	if fi.Symlink != "" {
+		mode |= fs.ModeSymlink
+	}
+	return roche.FileInfo{
+		Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: mode, IsDir: fi.IsDir,
+		Symlink: fi.Symlink, ModTime: time.Unix(fi.ModTime, 0),
+	}
+}
+
+// FileInfos converts a directory listing.
+func FileInfos(list []guest.FileInfo) []roche.FileInfo {
+	out := make([]roche.FileInfo, len(list))
+	for i, fi := range list {
+		out[i] = FileInfo(fi)
+	}
+	return out
+}
+
+// Processes converts the agent's list of background processes.
+func Processes(list []guest.Process) []roche.Process {
+	out := make([]roche.Process, len(list))
+	for i, pr := range list {
+		out[i] = roche.Process{PID: pr.PID, Cmd: pr.Cmd, Running: pr.Running, ExitCode: pr.ExitCode}
+	}
+	return out
+}
+
+// CallerReader is the caller's side of an upload to the agent. It remembers the error
+// that side reported (a cap reached, a source file gone), so that a provider does not
+// take it for the sandbox having gone away.
+type CallerReader struct {
+	R   io.Reader
+	Err error
+}
+
+func (c *CallerReader) Read(p []byte) (int, error) {
+	n, err := c.R.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.Err = err
+	}
+	return n, err
+}
+
+// CallerWriter is the caller's side of a download from the agent; see CallerReader.
+type CallerWriter struct {
+	W   io.Writer
+	Err error
+}
+
+func (c *CallerWriter) Write(p []byte) (int, error) {
+	n, err := c.W.Write(p)
+	if err != nil {
+		c.Err = err
+	}
+	return n, err
+}

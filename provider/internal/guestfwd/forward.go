@@ -1,0 +1,315 @@
+package guestfwd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/guest"
+)
+
+// Target is one sandbox's agent, as its provider reaches it.
+type Target struct {
+	ID      string
+	Agent   *guest.Client
+	Expires time.Time // a command without a timeout runs at most until then
+	Workdir string    // where a command without one runs; "" is the agent's default
+	// Gone reports, after the agent could not be reached, whether the sandbox no longer
+	// exists (destroyed, expired, its VM stopped); the provider forgets it then. Nil
+	// means the provider cannot tell.
+	Gone func() bool
+}
+
+// Forwarder implements, through roche-agent, the methods of roche.Provider (Exec),
+// roche.BackgroundRunner, roche.FileSystem and roche.TarCopier. A provider embeds it and
+// overrides what it serves otherwise (the Docker provider's exec-API transport).
+type Forwarder struct {
+	// Reach returns the agent of sandbox id, or the error that says why there is none
+	// (not found, paused, running without the agent).
+	Reach func(ctx context.Context, id string) (Target, error)
+}
+
+// answerSlack is how long past a command's own timeout its agent may take to answer
+// before the sandbox is taken to be unable to (frozen in a paused container).
+const answerSlack = 10 * time.Second
+
+// Exec implements roche.Provider.
+func (f Forwarder) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
+	if err := req.Validate(); err != nil {
+		return roche.ExecResult{}, err
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return roche.ExecResult{}, err
+	}
+	return t.Exec(ctx, req)
+}
+
+// Exec runs req.Cmd through the agent, which enforces the timeout and output limit
+// inside the sandbox and kills the command's whole tree when ctx ends. req is valid.
+func (t Target) Exec(ctx context.Context, req roche.ExecRequest) (roche.ExecResult, error) {
+	stdout, stderr := req.Captures()
+	// The agent enforces the timeout; this deadline only catches an agent that cannot
+	// answer at all.
+	timeout := t.timeout(req)
+	actx, cancel := context.WithTimeout(ctx, timeout+answerSlack)
+	defer cancel()
+	res, err := t.Agent.Exec(actx, t.request(req, timeout), guest.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		if ctx.Err() != nil {
+			return roche.ExecResult{}, fmt.Errorf("running command in sandbox %s: %w", t.ID, ctx.Err())
+		}
+		if actx.Err() != nil {
+			return roche.ExecResult{}, fmt.Errorf("%w: sandbox %s did not answer within the command's timeout: is it paused? (roche unpause %s)", roche.ErrTimeout, t.ID, t.ID)
+		}
+		return roche.ExecResult{}, t.fail(err)
+	}
+	return roche.ExecResult{
+		ExitCode: res.ExitCode, Stdout: stdout.String(), Stderr: stderr.String(),
+		TimedOut: res.TimedOut, Truncated: res.Truncated || stdout.Truncated() || stderr.Truncated(),
+		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
+	}, nil
+}
+
+// timeout is the command's: the request's, else the sandbox's remaining life.
+func (t Target) timeout(req roche.ExecRequest) time.Duration {
+	if req.Timeout > 0 {
+		return req.Timeout
+	}
+	return max(time.Until(t.Expires), time.Second)
+}
+
+func (t Target) request(req roche.ExecRequest, timeout time.Duration) guest.Request {
+	cwd := req.Workdir
+	if cwd == "" {
+		cwd = t.Workdir
+	}
+	return guest.Request{
+		Cmd: req.Cmd, Env: req.Env, Cwd: cwd,
+		TimeoutMS: timeout.Milliseconds(), OutputLimit: req.OutputLimit,
+	}
+}
+
+// fail maps an agent failure onto the core's sentinels. One that did not come from the
+// agent (it could not be reached) is the sandbox having gone, when it has.
+func (t Target) fail(err error) error {
+	if mapped, ok := Err(t.ID, err); ok {
+		return mapped
+	}
+	if t.Gone != nil && t.Gone() {
+		return fmt.Errorf("%w: sandbox %s is gone (destroyed, stopped, or its lifetime ended)", roche.ErrNotFound, t.ID)
+	}
+	return fmt.Errorf("sandbox %s: %w", t.ID, err)
+}
+
+func (t Target) failOrNil(err error) error {
+	if err == nil {
+		return nil
+	}
+	return t.fail(err)
+}
+
+// Start implements roche.BackgroundRunner.
+func (f Forwarder) Start(ctx context.Context, id string, req roche.ExecRequest) (int, error) {
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := t.Agent.Start(ctx, t.request(req, t.timeout(req)))
+	if err != nil {
+		return 0, t.fail(err)
+	}
+	return pid, nil
+}
+
+// Processes implements roche.BackgroundRunner.
+func (f Forwarder) Processes(ctx context.Context, id string) ([]roche.Process, error) {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	list, err := t.Agent.Processes(ctx)
+	if err != nil {
+		return nil, t.fail(err)
+	}
+	return Processes(list), nil
+}
+
+// Attach implements roche.BackgroundRunner.
+func (f Forwarder) Attach(ctx context.Context, id string, pid int, stdout, stderr io.Writer) (roche.ExecResult, error) {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return roche.ExecResult{}, err
+	}
+	res, err := t.Agent.Attach(ctx, pid, guest.ExecOptions{Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return roche.ExecResult{}, t.fail(err)
+	}
+	return roche.ExecResult{
+		ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated,
+		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
+	}, nil
+}
+
+// Signal implements roche.BackgroundRunner.
+func (f Forwarder) Signal(ctx context.Context, id string, pid, signal int) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.Signal(ctx, pid, signal))
+}
+
+// WriteFile implements roche.FileSystem.
+func (f Forwarder) WriteFile(ctx context.Context, id, name string, r io.Reader, mode fs.FileMode) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.WriteFile(ctx, name, r, uint32(mode.Perm()), true))
+}
+
+// ReadFile implements roche.FileSystem.
+func (f Forwarder) ReadFile(ctx context.Context, id, name string, w io.Writer) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.ReadFile(ctx, name, w))
+}
+
+// ListDir implements roche.FileSystem.
+func (f Forwarder) ListDir(ctx context.Context, id, name string) ([]roche.FileInfo, error) {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	list, err := t.Agent.List(ctx, name)
+	if err != nil {
+		return nil, t.fail(err)
+	}
+	return FileInfos(list), nil
+}
+
+// Stat implements roche.FileSystem.
+func (f Forwarder) Stat(ctx context.Context, id, name string) (roche.FileInfo, error) {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return roche.FileInfo{}, err
+	}
+	fi, err := t.Agent.Stat(ctx, name)
+	if err != nil {
+		return roche.FileInfo{}, t.fail(err)
+	}
+	return FileInfo(fi), nil
+}
+
+// Mkdir implements roche.FileSystem.
+func (f Forwarder) Mkdir(ctx context.Context, id, name string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.Mkdir(ctx, name, true))
+}
+
+// Remove implements roche.FileSystem.
+func (f Forwarder) Remove(ctx context.Context, id, name string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.Remove(ctx, name, true))
+}
+
+// Rename implements roche.FileSystem.
+func (f Forwarder) Rename(ctx context.Context, id, from, to string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.failOrNil(t.Agent.Rename(ctx, from, to))
+}
+
+// CopyTarTo implements roche.TarCopier.
+func (f Forwarder) CopyTarTo(ctx context.Context, id, dst string, r io.Reader) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.CopyTarTo(ctx, dst, r)
+}
+
+// CopyTarTo has the agent unpack the archive as the sandbox user, its root entry
+// becoming dst (parent directories created).
+func (t Target) CopyTarTo(ctx context.Context, dst string, r io.Reader) error {
+	dst, err := sandboxPath("destination", dst)
+	if err != nil {
+		return err
+	}
+	cr := &CallerReader{R: r}
+	if err := t.Agent.Untar(ctx, dst, cr); err != nil {
+		if cr.Err != nil {
+			err = cr.Err
+		} else {
+			err = t.fail(err)
+		}
+		return fmt.Errorf("copying into sandbox %s at %s: %w", t.ID, dst, err)
+	}
+	return nil
+}
+
+// CopyTarFrom implements roche.TarCopier.
+func (f Forwarder) CopyTarFrom(ctx context.Context, id, src string, w io.Writer) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.CopyTarFrom(ctx, src, w)
+}
+
+// CopyTarFrom has the agent send src as a tar stream whose root entry is its base name.
+func (t Target) CopyTarFrom(ctx context.Context, src string, w io.Writer) error {
+	src, err := sandboxPath("source", src)
+	if err != nil {
+		return err
+	}
+	cw := &CallerWriter{W: w}
+	if err := t.Agent.Tar(ctx, src, cw); err != nil {
+		if cw.Err != nil {
+			err = cw.Err
+		} else {
+			err = t.fail(err)
+		}
+		return fmt.Errorf("copying %s out of sandbox %s: %w", src, t.ID, err)
+	}
+	return nil
+}
+
+// sandboxPath checks that p is an absolute path below / and cleans it.
+func sandboxPath(what, p string) (string, error) {
+	if !path.IsAbs(p) || path.Clean(p) == "/" {
+		return "", fmt.Errorf("%w: %s %q must be an absolute path below /", roche.ErrInvalidConfig, what, p)
+	}
+	return path.Clean(p), nil
+}
+
+// Keep implements roche.Leaser: the agent ends the sandbox's lease (a provider that
+// holds the lease itself lets go of it as well).
+func (f Forwarder) Keep(ctx context.Context, id string) error {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := t.Agent.Keep(ctx); err != nil {
+		return fmt.Errorf("ending the lease of sandbox %s: %w", id, t.fail(err))
+	}
+	return nil
+}
