@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -29,18 +27,6 @@ type CodeRunner interface {
 	RestartContext(ctx context.Context, id, contextID string) error
 	// RemoveContext stops a context's interpreter and forgets it.
 	RemoveContext(ctx context.Context, id, contextID string) error
-}
-
-// CodeWarmer is a CodeRunner that can start a language's interpreter before any context
-// asks for one: the first context started with the sandbox's own env and workdir (the
-// default context's first cell, unless that cell brings other env or a workdir) takes
-// it, fresh, instead of waiting for an interpreter to start. A warm pool (pool param
-// code) does so for each sandbox it makes. The interpreter counts in the sandbox's
-// memory from then on; it is not listed as a context until one takes it.
-type CodeWarmer interface {
-	// WarmCode starts language's interpreter in sandbox id and returns once it is
-	// ready; a second call replaces the first's unused interpreter.
-	WarmCode(ctx context.Context, id, language string) error
 }
 
 // Code languages.
@@ -134,7 +120,7 @@ func (o ContextOptions) Validate() error {
 
 func (o ContextOptions) problems() []string {
 	var problems []string
-	if err := CheckLanguage(o.Language); err != nil {
+	if err := checkLanguage(o.Language); err != nil {
 		problems = append(problems, strings.TrimPrefix(err.Error(), ErrInvalidConfig.Error()+": "))
 	}
 	if o.Cwd != "" && !path.IsAbs(o.Cwd) {
@@ -145,8 +131,8 @@ func (o ContextOptions) problems() []string {
 	return append(problems, envProblems("env", o.Env)...)
 }
 
-// CheckLanguage refuses a language name Roche has no contexts for; empty is Python.
-func CheckLanguage(lang string) error {
+// checkLanguage refuses a language name Roche has no contexts for; empty is Python.
+func checkLanguage(lang string) error {
 	switch lang {
 	case "", LanguagePython, LanguageBash, LanguageJavaScript:
 		return nil
@@ -217,56 +203,3 @@ type CodeError struct {
 }
 
 func (e *CodeError) Error() string { return e.Name + ": " + e.Value }
-
-// LogCapture keeps the chunks a cell writes to one stream, up to limit bytes in all
-// (DefaultOutputLimit when limit is 0), and passes each on to w when w is set.
-type LogCapture struct {
-	mu        sync.Mutex
-	limit     int64
-	n         int64
-	chunks    []string
-	truncated bool
-	w         io.Writer
-}
-
-// NewLogCapture returns a capture of limit bytes passing chunks on to w (which may be nil).
-func NewLogCapture(limit int64, w io.Writer) *LogCapture {
-	if limit <= 0 {
-		limit = DefaultOutputLimit
-	}
-	return &LogCapture{limit: limit, w: w}
-}
-
-// Write keeps what fits and passes everything on.
-func (c *LogCapture) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	if room := c.limit - c.n; room < int64(len(p)) {
-		c.truncated = true
-		if room > 0 {
-			c.chunks = append(c.chunks, string(p[:room]))
-			c.n += room
-		}
-	} else if len(p) > 0 {
-		c.chunks = append(c.chunks, string(p))
-		c.n += int64(len(p))
-	}
-	c.mu.Unlock()
-	if c.w != nil {
-		return c.w.Write(p)
-	}
-	return len(p), nil
-}
-
-// Chunks returns the kept chunks.
-func (c *LogCapture) Chunks() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.chunks)
-}
-
-// Truncated reports whether bytes past the limit were discarded.
-func (c *LogCapture) Truncated() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.truncated
-}

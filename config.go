@@ -1,7 +1,6 @@
 package roche
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"path"
@@ -347,41 +346,4 @@ func parseSize(s string) (float64, error) {
 		return 0, fmt.Errorf("%q is not a size: use a number with an optional unit k, m or g, e.g. 512m", orig)
 	}
 	return v * mult, nil
-}
-
-// ParseMount parses the --mount syntax "host:sandbox[:ro|rw]" (read-only unless rw).
-func ParseMount(s string) (Mount, error) {
-	parts := strings.Split(s, ":")
-	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
-		return Mount{}, fmt.Errorf("%w: mount %q: use HOST_PATH:SANDBOX_PATH[:ro|rw]", ErrInvalidConfig, s)
-	}
-	m := Mount{Source: parts[0], Target: parts[1]}
-	if len(parts) == 3 {
-		switch parts[2] {
-		case "ro":
-		case "rw":
-			m.ReadWrite = true
-		default:
-			return Mount{}, fmt.Errorf("%w: mount %q: mode %q is neither ro nor rw", ErrInvalidConfig, s, parts[2])
-		}
-	}
-	return m, nil
-}
-
-// ParseEnv parses "KEY=VALUE" pairs into a map.
-func ParseEnv(pairs []string) (map[string]string, error) {
-	if len(pairs) == 0 {
-		return nil, nil
-	}
-	env := make(map[string]string, len(pairs))
-	var errs []error
-	for _, p := range pairs {
-		k, v, ok := strings.Cut(p, "=")
-		if !ok || k == "" {
-			errs = append(errs, fmt.Errorf("%w: env %q: use KEY=VALUE", ErrInvalidConfig, p))
-			continue
-		}
-		env[k] = v
-	}
-	return env, errors.Join(errs...)
 }

@@ -131,32 +131,6 @@ func TestValidateDisk(t *testing.T) {
 	}
 }
 
-func TestParseMount(t *testing.T) {
-	m, err := ParseMount("/h:/s")
-	if err != nil || m != (Mount{Source: "/h", Target: "/s"}) {
-		t.Fatalf("default mode: %+v %v", m, err)
-	}
-	m, err = ParseMount("/h:/s:rw")
-	if err != nil || !m.ReadWrite || m.String() != "/h:/s:rw" {
-		t.Fatalf("rw: %+v %v", m, err)
-	}
-	for _, bad := range []string{"/h", ":/s", "/h:/s:rx", "/h:/s:ro:x"} {
-		if _, err := ParseMount(bad); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("ParseMount(%q): %v", bad, err)
-		}
-	}
-}
-
-func TestParseEnv(t *testing.T) {
-	env, err := ParseEnv([]string{"A=1", "B=x=y", "C="})
-	if err != nil || env["A"] != "1" || env["B"] != "x=y" || env["C"] != "" || len(env) != 3 {
-		t.Fatalf("%v %v", env, err)
-	}
-	if _, err := ParseEnv([]string{"NOVALUE", "=x"}); !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("bad pairs accepted: %v", err)
-	}
-}
-
 func TestConfigUID(t *testing.T) {
 	for user, want := range map[string]int{"1000": 1000, "1000:1000": 1000, "0:0": 0, "nobody": -1, UserAuto: -1, "-5": -1, "": -1} {
 		if got := (Config{User: user}).UID(); got != want {

@@ -1,19 +1,16 @@
 package roche
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"os"
 	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/roche-sandbox/roche/internal/tarfs"
 )
@@ -37,10 +34,9 @@ type TarCopier interface {
 	CopyTarFrom(ctx context.Context, id, src string, w io.Writer) error
 }
 
-// Copier is a TarCopier that has more to do with a copy's options than CopyIn and
-// CopyOut do with its streams: roched's client sends them to the daemon, which enforces
-// them on its side too. CopyIn and CopyOut defer to it.
-type Copier interface {
+// copier is a TarCopier that enforces a copy's options on its own side too (kit.Copier:
+// roched's client); CopyIn and CopyOut defer to it.
+type copier interface {
 	CopyIn(ctx context.Context, id, src, dst string, opts CopyOptions) (CopyReport, error)
 	CopyOut(ctx context.Context, id, src, dst string, opts CopyOptions) (CopyReport, error)
 }
@@ -129,74 +125,13 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-// errCopyEnded closes a pipe whose other end has finished, so its writer stops.
-var errCopyEnded = errors.New("the copy ended")
-
-// PipeTo runs tc.CopyTarTo for dst in sandbox id on the tar stream produce writes, as it
-// writes it. The error is produce's when produce failed (the sandbox's side then saw
-// the stream cut off), else the sandbox side's.
-func PipeTo(ctx context.Context, tc TarCopier, id, dst string, produce func(io.Writer) error) error {
-	pr, pw := io.Pipe()
-	var werr error
-	written := make(chan struct{})
-	go func() {
-		defer close(written)
-		werr = produce(pw)
-		pw.CloseWithError(werr)
-	}()
-	err := tc.CopyTarTo(ctx, id, dst, pr)
-	pr.CloseWithError(errCopyEnded)
-	<-written
-	if werr != nil && !errors.Is(werr, errCopyEnded) {
-		return werr
-	}
-	return err
-}
-
-// PipeFrom runs tc.CopyTarFrom for src in sandbox id and hands the stream to consume
-// as it comes; when consume refuses the stream (a cap, an unsafe entry), the sandbox's
-// side is stopped. The error is the sandbox side's when it failed and consume saw only
-// the consequence (an empty or cut-off archive), else consume's.
-func PipeFrom(ctx context.Context, tc TarCopier, id, src string, consume func(io.Reader) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pr, pw := io.Pipe()
-	produced := make(chan error, 1)
-	go func() {
-		err := tc.CopyTarFrom(ctx, id, src, pw)
-		pw.CloseWithError(err)
-		produced <- err
-	}()
-	cerr := consume(pr)
-	shortStream := errors.Is(cerr, tarfs.ErrEmpty) || errors.Is(cerr, io.ErrUnexpectedEOF) || errors.Is(cerr, tar.ErrHeader)
-	if cerr == nil || shortStream {
-		// Let the sandbox's side finish (a tar pads its end; a failing tar reports only
-		// after its partial archive), but not forever.
-		_, _ = io.CopyN(io.Discard, pr, 1<<20)
-	} else {
-		cancel()
-	}
-	pr.CloseWithError(errCopyEnded)
-	perr := <-produced
-	failed := perr != nil && !errors.Is(perr, errCopyEnded) && !(cerr != nil && errors.Is(perr, context.Canceled))
-	switch {
-	case cerr != nil && failed && (shortStream || errors.Is(cerr, perr)):
-		return perr
-	case cerr != nil:
-		return cerr
-	case failed:
-		return perr
-	}
-	return nil
-}
-
 // CopyIn copies the host file or directory src into sandbox id, where it becomes the
 // absolute path dst. src's own path is taken as given; below it nothing is followed: a
 // symlink is copied as a symlink, and every file is read through a descriptor opened
 // without following links, so code swapping files for links in a shared directory
 // cannot make the copy read anything outside src.
 func CopyIn(ctx context.Context, tc TarCopier, id, src, dst string, opts CopyOptions) (CopyReport, error) {
-	if c, ok := tc.(Copier); ok {
+	if c, ok := tc.(copier); ok {
 		return c.CopyIn(ctx, id, src, dst, opts)
 	}
 	if !path.IsAbs(dst) || path.Clean(dst) == "/" {
@@ -208,7 +143,7 @@ func CopyIn(ctx context.Context, tc TarCopier, id, src, dst string, opts CopyOpt
 	}
 	var rep tarfs.Report
 	var werr error
-	err := PipeTo(ctx, tc, id, dst, func(w io.Writer) error {
+	err := tarfs.PipeTo(ctx, tc, id, dst, func(w io.Writer) error {
 		rep, werr = tarfs.Write(w, src, path.Base(dst), tarfs.Options{MaxBytes: opts.Limit()})
 		return werr
 	})
@@ -217,7 +152,7 @@ func CopyIn(ctx context.Context, tc TarCopier, id, src, dst string, opts CopyOpt
 		return filepath.Join(src, below)
 	})
 	if err != nil && werr != nil && errors.Is(err, werr) {
-		return report, CopyErr(fmt.Sprintf("copying %s into sandbox %s", src, id), err)
+		return report, hostErrs.Wrap(fmt.Sprintf("copying %s into sandbox %s", src, id), err)
 	}
 	return report, err
 }
@@ -228,7 +163,7 @@ func CopyIn(ctx context.Context, tc TarCopier, id, src, dst string, opts CopyOpt
 // is to go is replaced. Symlinks are recreated only with opts.PreserveLinks, and only
 // those pointing inside dst. Runs of zeros become holes, so sparse files stay sparse.
 func CopyOut(ctx context.Context, tc TarCopier, id, src, dst string, opts CopyOptions) (CopyReport, error) {
-	if c, ok := tc.(Copier); ok {
+	if c, ok := tc.(copier); ok {
 		return c.CopyOut(ctx, id, src, dst, opts)
 	}
 	if !path.IsAbs(src) || path.Clean(src) == "/" {
@@ -237,7 +172,7 @@ func CopyOut(ctx context.Context, tc TarCopier, id, src, dst string, opts CopyOp
 	src = path.Clean(src)
 	var rep tarfs.Report
 	var xerr error
-	err := PipeFrom(ctx, tc, id, src, func(r io.Reader) error {
+	err := tarfs.PipeFrom(ctx, tc, id, src, func(r io.Reader) error {
 		rep, xerr = tarfs.Extract(r, dst, tarfs.Options{MaxBytes: opts.Limit(), Links: opts.links()})
 		return xerr
 	})
@@ -247,10 +182,13 @@ func CopyOut(ctx context.Context, tc TarCopier, id, src, dst string, opts CopyOp
 		if errors.As(err, &le) {
 			le.Name = path.Join(path.Dir(src), le.Name)
 		}
-		return report, CopyErr(fmt.Sprintf("copying %s out of sandbox %s to %s", src, id, dst), err)
+		return report, hostErrs.Wrap(fmt.Sprintf("copying %s out of sandbox %s to %s", src, id, dst), err)
 	}
 	return report, err
 }
+
+// hostErrs are what the host's side of a copy fails with.
+var hostErrs = tarfs.Sentinels{Exhausted: ErrExhausted, Permission: ErrPermission, Invalid: ErrInvalidConfig, NotFound: ErrNotFound}
 
 func (o CopyOptions) links() tarfs.LinkPolicy {
 	if o.PreserveLinks {
@@ -266,26 +204,6 @@ func reportFrom(r tarfs.Report, where func(string) string) CopyReport {
 		out.Examples = append(out.Examples, SkippedEntry{Path: where(e.Name), Target: e.Linkname, Reason: e.Reason})
 	}
 	return out
-}
-
-// CopyErr gives an error of the host's side of a copy (reading or writing its files,
-// checking its archive) its sentinel, with what as context.
-func CopyErr(what string, err error) error {
-	switch {
-	case errors.Is(err, tarfs.ErrLimit):
-		return fmt.Errorf("%w: %s: %v: copy less, or raise the cap (roche cp --max-bytes, max_bytes= in the SDK)", ErrExhausted, what, err)
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return fmt.Errorf("%w: %s: no space left on the host: %v", ErrExhausted, what, err)
-	case errors.Is(err, tarfs.ErrUnsafe):
-		return fmt.Errorf("%w: %s: %v", ErrPermission, what, err)
-	case errors.Is(err, tarfs.ErrNotDir), errors.Is(err, tarfs.ErrIsDir):
-		return fmt.Errorf("%w: %s: %v: remove it or copy to another path", ErrInvalidConfig, what, err)
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%w: %s: %v", ErrNotFound, what, err)
-	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("%w: %s: %v", ErrPermission, what, err)
-	}
-	return fmt.Errorf("%s: %w", what, err)
 }
 
 // ParseSize parses a byte count as --max-bytes takes it: "1g", "512m", "1.5GiB",

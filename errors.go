@@ -31,24 +31,12 @@ var (
 	ErrInUse = errors.New("in use")
 )
 
-// RetryAfter wraps err, a refusal that passes (ErrExhausted, typically), with how long
-// the caller should wait before asking again. roched sends the wait as a standard
-// google.rpc.RetryInfo detail, and the Go client gives it back; RetryDelay reads it.
-func RetryAfter(err error, d time.Duration) error { return &retryError{err: err, after: d} }
-
-type retryError struct {
-	err   error
-	after time.Duration
-}
-
-func (e *retryError) Error() string { return e.err.Error() }
-func (e *retryError) Unwrap() error { return e.err }
-
-// RetryDelay returns how long err suggests waiting before trying again (RetryAfter).
+// RetryDelay returns how long err suggests waiting before trying again: a refusal that
+// passes (ErrExhausted from a full pool, typically) may say so.
 func RetryDelay(err error) (time.Duration, bool) {
-	var r *retryError
+	var r interface{ RetryDelay() time.Duration }
 	if errors.As(err, &r) {
-		return r.after, true
+		return r.RetryDelay(), true
 	}
 	return 0, false
 }
@@ -64,16 +52,6 @@ type notConfigured struct{}
 
 func (notConfigured) Error() string        { return "provider not set up here" }
 func (notConfigured) Is(target error) bool { return target == ErrUnavailable }
-
-// NotConfigured marks err, a provider's ErrUnavailable, as ErrNotConfigured, its text
-// unchanged.
-func NotConfigured(err error) error { return &notConfiguredError{err} }
-
-type notConfiguredError struct{ err error }
-
-func (e *notConfiguredError) Error() string        { return e.err.Error() }
-func (e *notConfiguredError) Unwrap() error        { return e.err }
-func (e *notConfiguredError) Is(target error) bool { return target == ErrNotConfigured }
 
 // PartialError is returned, with what the others answered, by a list or count across
 // providers that could not ask some of them: a caller reading the result alone would
@@ -101,8 +79,7 @@ func (e *PartialError) Error() string {
 // its caller: a person at the command line runs a command and passes a flag, a program
 // using an SDK or roched's API sets a field (and the fix runs on roched's host, not the
 // caller's), a Go program sets a Config field. Providers return one where a command
-// fixes what is missing (an image, python.wasm); Error words it for a Go program, and
-// Advise for the others.
+// fixes what is missing (an image, python.wasm); Error words it for a Go program.
 type Remedy struct {
 	// Err is what is wrong.
 	Err error
@@ -114,63 +91,16 @@ type Remedy struct {
 	Image string
 }
 
-// Audience is who reads an error.
-type Audience int
-
-const (
-	// ForGo is a Go program calling a provider in its own process.
-	ForGo Audience = iota
-	// ForCLI is a person running roche.
-	ForCLI
-	// ForClient is a program reaching a provider through roched's API or an SDK
-	// (which may use the CLI underneath, with --json).
-	ForClient
-	// ForModel is a model calling roche mcp's tools.
-	ForModel
-)
-
-func (r *Remedy) Error() string { return r.Advise(ForGo) }
-func (r *Remedy) Unwrap() error { return r.Err }
-
-// Advise words the error and its fix for a.
-func (r *Remedy) Advise(a Audience) string {
-	run := r.Run
+// Error words the error and its fix for a Go program calling a provider in its own
+// process; roche's command line, API and MCP server word it for their callers.
+func (r *Remedy) Error() string {
+	msg := r.Err.Error() + ": make it on this host with " + r.Run
 	if r.AsRoot {
-		run += " (as root)"
+		msg += " (as root)"
 	}
-	msg := r.Err.Error()
-	switch a {
-	case ForCLI:
-		msg += ": run " + run
-		if r.Image != "" {
-			msg += ", then pass --image " + r.Image
-		}
-	case ForClient:
-		msg += ": make it on the host that runs the sandboxes (roched's, when you use roched) with " + run
-		if r.Image != "" {
-			msg += fmt.Sprintf(", then create sandboxes with image %q", r.Image)
-		}
-	case ForModel:
-		msg += ": this server's host lacks it; tell the user, who can make it there with " + run
-		if r.Image != "" {
-			msg += fmt.Sprintf(", and then call create_sandbox with image %q", r.Image)
-		}
-	default:
-		msg += ": make it on this host with " + run
-		if r.Image != "" {
-			msg += fmt.Sprintf(", then set Config.Image to %q", r.Image)
-		}
+	if r.Image != "" {
+		msg += fmt.Sprintf(", then set Config.Image to %q", r.Image)
 	}
 	return msg
 }
-
-// Advise words err for a: the text of every Remedy in its chain replaced with its
-// advice for a.
-func Advise(err error, a Audience) string {
-	msg := err.Error()
-	var r *Remedy
-	if errors.As(err, &r) {
-		return strings.Replace(msg, r.Error(), r.Advise(a), 1)
-	}
-	return msg
-}
+func (r *Remedy) Unwrap() error { return r.Err }

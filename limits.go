@@ -48,9 +48,9 @@ const (
 	MaxAllowlist = 64
 )
 
-// EnvBytes is the size of an environment as the limits count it: its KEY=VALUE
+// envBytes is the size of an environment as the limits count it: its KEY=VALUE
 // strings' bytes summed.
-func EnvBytes(env map[string]string) int {
+func envBytes(env map[string]string) int {
 	n := 0
 	for k, v := range env {
 		n += len(k) + 1 + len(v)
@@ -84,7 +84,7 @@ func envProblems(field string, env map[string]string) []string {
 			problems = append(problems, fmt.Sprintf("%s %s is %d bytes, over the limit of %d bytes for one KEY=VALUE (the kernel's)", field, k, len(k)+1+len(v), MaxArgBytes))
 		}
 	}
-	if n := EnvBytes(env); n > MaxEnvBytes {
+	if n := envBytes(env); n > MaxEnvBytes {
 		problems = append(problems, fmt.Sprintf("%s is %d bytes, over the limit of %s: pass large data as a file (roche cp) instead", field, n, SizeString(MaxEnvBytes)))
 	}
 	return problems
@@ -172,21 +172,6 @@ func (r ExecRequest) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
-}
-
-// ExecTimeout converts a command timeout given in seconds (the API's timeout_secs, the
-// CLI's --timeout), refusing what no ExecRequest accepts before the conversion to a
-// Duration could overflow: negative, NaN, infinite or over MaxExecTimeout.
-func ExecTimeout(secs float64) (time.Duration, error) {
-	switch {
-	case secs < 0 || math.IsNaN(secs) || math.IsInf(secs, -1):
-		return 0, fmt.Errorf("%w: timeout_secs %s: give seconds > 0, or 0 for the sandbox's lifetime", ErrInvalidConfig, seconds(secs))
-	case secs > MaxExecTimeout.Seconds():
-		return 0, fmt.Errorf("%w: timeout_secs %s is over the limit of %d (24 h)", ErrInvalidConfig, seconds(secs), int(MaxExecTimeout.Seconds()))
-	}
-	// Rounded, not truncated: a Duration sent as seconds (Duration.Seconds) comes back
-	// as itself, where 247.013µs would otherwise come back 1 ns short.
-	return time.Duration(math.Round(secs * float64(time.Second))), nil
 }
 
 // seconds renders a count of seconds as given, 9999999999 rather than 1e+10.

@@ -3,7 +3,6 @@ package roche
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"testing"
 	"time"
@@ -93,19 +92,6 @@ func TestExecRequestLimits(t *testing.T) {
 	}
 }
 
-// TestExecTimeout: seconds convert without overflowing, and what cannot be a timeout is
-// refused before the conversion (9999999999 s once wrapped to a timeout that had passed).
-func TestExecTimeout(t *testing.T) {
-	if d, err := ExecTimeout(1.5); err != nil || d != 1500*time.Millisecond {
-		t.Fatalf("1.5: %v %v", d, err)
-	}
-	for _, bad := range []float64{-1, 9999999999, math.NaN(), math.Inf(1), math.Inf(-1), 2147483647} {
-		if _, err := ExecTimeout(bad); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "timeout_secs") {
-			t.Errorf("ExecTimeout(%v): %v", bad, err)
-		}
-	}
-}
-
 func TestSizeString(t *testing.T) {
 	for n, want := range map[int64]string{64 << 20: "64 MiB", 128 << 10: "128 KiB", 1 << 30: "1 GiB", 4096: "4 KiB", 4097: "4097 bytes"} {
 		if got := SizeString(n); got != want {
@@ -114,7 +100,7 @@ func TestSizeString(t *testing.T) {
 	}
 }
 
-// envOf is an environment of exactly n bytes as EnvBytes counts them, in entries the
+// envOf is an environment of exactly n bytes as envBytes counts them, in entries the
 // kernel accepts (each under 64 KiB).
 func envOf(n int) map[string]string {
 	count := (n + 64<<10 - 1) / (64 << 10)

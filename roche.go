@@ -6,7 +6,6 @@ package roche
 
 import (
 	"context"
-	"errors"
 	"io"
 	"io/fs"
 	"time"
@@ -41,14 +40,6 @@ type FileCopier interface {
 	CopyTo(ctx context.Context, id, src, dst string) error
 	// CopyFrom copies the sandbox path src to the host path dst.
 	CopyFrom(ctx context.Context, id, src, dst string) error
-}
-
-// Leaser is implemented by providers that honour Config.Leased.
-type Leaser interface {
-	// Keep ends the lease of sandbox id, which then lives out its lifetime whoever holds
-	// it or goes: a pooled sandbox (leased by the pool) handed to a caller that wants it
-	// to outlive its creator.
-	Keep(ctx context.Context, id string) error
 }
 
 // Pauser freezes and thaws every process in a sandbox.
@@ -173,47 +164,6 @@ type GCOptions struct {
 	Owner string
 }
 
-// Collect is the shared body of a GC: of the sandboxes listed, it destroys those a GC
-// removes (expired or stopped ones; every one with opts.All) and returns them. With
-// opts.DryRun it only returns them. A destroy that fails is reported and the rest go on.
-func Collect(ctx context.Context, list []SandboxInfo, opts GCOptions, destroy func(context.Context, string) error) ([]SandboxInfo, error) {
-	now := time.Now()
-	var removed []SandboxInfo
-	var errs []error
-	for _, sb := range list {
-		if opts.Owner != "" && sb.Owner != opts.Owner {
-			continue
-		}
-		if !opts.All && !sb.Expired(now) && sb.State != StateExited {
-			continue
-		}
-		if !opts.DryRun {
-			if err := ctx.Err(); err != nil {
-				errs = append(errs, err)
-				break
-			}
-			if err := destroy(ctx, sb.ID); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		removed = append(removed, sb)
-	}
-	return removed, errors.Join(errs...)
-}
-
-// MarkUnstarted marks as exited, for Collect, the sandboxes still in StateCreated longer
-// than after past their creation: a provider starts a sandbox as soon as it is made, so
-// one that never started is what a create cut short left (the engine finished it once
-// Create had gone). after is twice what a create may take.
-func MarkUnstarted(list []SandboxInfo, after time.Duration) {
-	for i, sb := range list {
-		if sb.State == StateCreated && time.Since(sb.CreatedAt) > after {
-			list[i].State = StateExited
-		}
-	}
-}
-
 // Capabilities states what a provider can honour. A provider refuses, with
 // ErrUnsupported, a Config that asks for something it cannot do; fields listed in
 // NotApplicable have no meaning for the backend (a WASM module has no PIDs) and are
@@ -227,7 +177,7 @@ type Capabilities struct {
 	Pause     bool // implements Pauser
 	Stdin     bool // ExecRequest.Stdin is passed to the command
 	Processes bool // sandboxes are Linux process trees with /proc (fork, signals, users)
-	Leases    bool // leased=true can be given (implements Leaser)
+	Leases    bool // leased=true can be given (implements kit.Leaser)
 	// Code lists the languages whose contexts RunCode serves (implements CodeRunner).
 	Code []string `json:"code,omitempty"`
 	// RichResults: code can return images, HTML and JSON (display calls, figures) and not
@@ -306,6 +256,3 @@ type ExecResult struct {
 	OOMKilled bool          `json:"oom_killed"`
 	Duration  time.Duration `json:"duration_ns"`
 }
-
-// ExitCodeTimeout is the exit code the CLI uses for a timed-out command, as timeout(1) does.
-const ExitCodeTimeout = 124

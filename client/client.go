@@ -34,6 +34,7 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/internal/wire"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Client is a connection to a daemon. It is safe for concurrent use.
@@ -232,7 +233,7 @@ func (c *Client) fromRPC(err error) error {
 		e.Message = err.Error()
 	}
 	if after, ok := wire.RetryDelay(ce); ok {
-		return roche.RetryAfter(e, after)
+		return kit.RetryAfter(e, after)
 	}
 	return e
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/internal/wire"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 var _ roche.CodeRunner = (*Provider)(nil)
@@ -24,7 +25,7 @@ func (p *Provider) RunCode(ctx context.Context, id string, req roche.CodeRequest
 		return roche.Execution{}, p.c.fromRPC(err)
 	}
 	defer stream.Close()
-	stdout, stderr := roche.NewLogCapture(req.OutputLimit, req.Stdout), roche.NewLogCapture(req.OutputLimit, req.Stderr)
+	stdout, stderr := kit.NewLogCapture(req.OutputLimit, req.Stdout), kit.NewLogCapture(req.OutputLimit, req.Stderr)
 	var results []roche.CodeResult
 	var summary *rochev1.CodeExecution
 	for stream.Receive() {

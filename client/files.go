@@ -63,7 +63,7 @@ func (p *Provider) ReadFileLimit(ctx context.Context, id, src string, w io.Write
 	}
 	opts := roche.CopyOptions{MaxBytes: maxBytes}
 	oc := &optionCopier{p: p, opts: opts}
-	err := roche.PipeFrom(ctx, oc, id, src, func(r io.Reader) error { return singleFile(r, src, w, opts.Limit()) })
+	err := tarfs.PipeFrom(ctx, oc, id, src, func(r io.Reader) error { return singleFile(r, src, w, opts.Limit()) })
 	if errors.Is(err, tarfs.ErrEmpty) && oc.skipped.SkippedLinks > 0 {
 		return fmt.Errorf("%w: %s is a symlink, which the files API does not follow: read what it points to", roche.ErrPermission, src)
 	}

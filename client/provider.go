@@ -14,6 +14,7 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/internal/tarfs"
 	"github.com/roche-sandbox/roche/internal/wire"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Provider is one of the daemon's providers seen through the API. It implements
@@ -28,7 +29,7 @@ var (
 	_ roche.Provider         = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.TarCopier        = (*Provider)(nil)
-	_ roche.Copier           = (*Provider)(nil)
+	_ kit.Copier             = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.Resetter         = (*Provider)(nil)
@@ -108,7 +109,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 		return roche.ExecResult{}, p.c.fromRPC(err)
 	}
 	defer stream.Close()
-	stdout, stderr := req.Captures()
+	stdout, stderr := kit.Captures(req)
 	var result *rochev1.ExecResult
 	for stream.Receive() {
 		switch ev := stream.Msg().Event.(type) {
@@ -209,13 +210,13 @@ func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
 	return err
 }
 
-// CopyIn implements roche.Copier: roche.CopyIn, with the options also sent to the
+// CopyIn implements kit.Copier: roche.CopyIn, with the options also sent to the
 // daemon, which enforces its own cap (roched --copy-max-bytes) as well.
 func (p *Provider) CopyIn(ctx context.Context, id, src, dst string, opts roche.CopyOptions) (roche.CopyReport, error) {
 	return roche.CopyIn(ctx, &optionCopier{p: p, opts: opts}, id, src, dst, opts)
 }
 
-// CopyOut implements roche.Copier: roche.CopyOut on the client's host, of a stream the
+// CopyOut implements kit.Copier: roche.CopyOut on the client's host, of a stream the
 // daemon has already checked (names, size cap, links as asked); what the daemon left
 // out is counted in the report with what the client did.
 func (p *Provider) CopyOut(ctx context.Context, id, src, dst string, opts roche.CopyOptions) (roche.CopyReport, error) {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Hooks let the owner of the pools persist what they do, so that the idle pool
@@ -135,7 +136,7 @@ func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Optio
 			continue
 		}
 		if s.Code != "" {
-			_, warms := p.(roche.CodeWarmer)
+			_, warms := p.(kit.CodeWarmer)
 			if !warms || !slices.Contains(p.Capabilities().Code, s.Code) {
 				errs = append(errs, fmt.Errorf("%w: pool %s: code=%s: provider %s cannot start a %s interpreter ahead of its first cell (it serves %v): drop code", roche.ErrInvalidConfig, s.Key, s.Code, s.Provider, s.Code, p.Capabilities().Code))
 				continue
@@ -149,7 +150,7 @@ func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Optio
 		pl.cfg.Owner = m.owner
 		// Held by this process, where the provider has leases: a process killed while
 		// it keeps a pool (mid-refill, say) leaves no idle sandbox that lives on for
-		// minutes. Whoever takes one out ends the lease or takes it over (roche.Leaser).
+		// minutes. Whoever takes one out ends the lease or takes it over (kit.Leaser).
 		pl.cfg.Leased = p.Capabilities().Leases
 		m.pools = append(m.pools, pl)
 		m.byKey[s.Key] = pl
@@ -434,7 +435,7 @@ func (p *Pool) notifyLocked() {
 
 // Acquire hands out an idle sandbox, which leaves the pool for good, and triggers a
 // refill. ok is false (a miss) when none is ready. Each sandbox is checked alive first,
-// within the probe timeout (the provider's roche.Prober, else Inspect): one that died
+// within the probe timeout (the provider's kit.Prober, else Inspect): one that died
 // while idle (its engine restarted, someone killed it) is destroyed and the next one
 // tried, so a dead sandbox is never handed out.
 func (p *Pool) Acquire(ctx context.Context) (sb roche.SandboxInfo, ok bool) {
@@ -500,7 +501,7 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 		now, conc := time.Now(), p.m.slots.current()
 		after := retryHint(max(p.demand.wait(now, n, conc), p.demand.interval(now)))
 		p.mu.Unlock()
-		return roche.SandboxInfo{}, false, roche.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry in %s, or raise the pool's max or queue",
+		return roche.SandboxInfo{}, false, kit.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and %d creates are already waiting for one (its queue): retry in %s, or raise the pool's max or queue",
 			roche.ErrExhausted, p.spec.Key, n, after), after)
 	}
 	// The wait this create can expect (demand.wait): the creates before it and itself,
@@ -514,7 +515,7 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 		if expect := p.demand.wait(now, n, conc); expect > limit {
 			after := retryHint(max(expect, p.demand.interval(now)))
 			p.mu.Unlock()
-			return roche.SandboxInfo{}, false, roche.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry in %s, or raise the pool's max or wait",
+			return roche.SandboxInfo{}, false, kit.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry in %s, or raise the pool's max or wait",
 				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, p.demand.make.Round(time.Millisecond), limit.Round(time.Millisecond), after), after)
 		}
 	}
@@ -595,7 +596,7 @@ func (p *Pool) probe(ctx context.Context, id string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.m.probeTimeout)
 	defer cancel()
-	if pr, ok := p.provider.(roche.Prober); ok {
+	if pr, ok := p.provider.(kit.Prober); ok {
 		return pr.Probe(ctx, id)
 	}
 	info, err := p.provider.Inspect(ctx, id)
@@ -712,7 +713,7 @@ func (p *Pool) create() {
 		p.m.hooks.Created(p.spec.Key, info)
 	}
 	if made && p.spec.Code != "" {
-		if werr := p.provider.(roche.CodeWarmer).WarmCode(ctx, info.ID, p.spec.Code); werr != nil {
+		if werr := p.provider.(kit.CodeWarmer).WarmCode(ctx, info.ID, p.spec.Code); werr != nil {
 			err = fmt.Errorf("starting its %s interpreter: %w", p.spec.Code, werr)
 		}
 	}

@@ -88,7 +88,7 @@ func (f *fakeProvider) Inspect(context.Context, string) (roche.SandboxInfo, erro
 
 func (f *fakeProvider) List(context.Context) ([]roche.SandboxInfo, error) { return nil, nil }
 
-// Probe implements roche.Prober: a sandbox is alive until destroyed or killed; a hung
+// Probe implements kit.Prober: a sandbox is alive until destroyed or killed; a hung
 // one answers nothing until ctx ends.
 func (f *fakeProvider) Probe(ctx context.Context, id string) error {
 	f.mu.Lock()
@@ -465,7 +465,7 @@ func TestNewManagerRejects(t *testing.T) {
 	}
 }
 
-// warmingFake is a fake whose sandboxes run python and can warm it (roche.CodeWarmer);
+// warmingFake is a fake whose sandboxes run python and can warm it (kit.CodeWarmer);
 // warming fails with err.
 type warmingFake struct {
 	*fakeProvider

@@ -85,7 +85,7 @@ type Spec struct {
 	CPUs      float64
 	PidsLimit int
 	// Code, when set (param code, e.g. python), is a language whose interpreter each
-	// pooled sandbox starts before it is counted ready (roche.CodeWarmer), so that the
+	// pooled sandbox starts before it is counted ready (kit.CodeWarmer), so that the
 	// first cell run in it does not wait for one to start. The provider must serve the
 	// language; the interpreter counts in the sandbox's memory.
 	Code string

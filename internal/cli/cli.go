@@ -22,6 +22,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/interrupt"
+	"github.com/roche-sandbox/roche/internal/remedy"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -89,7 +90,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 	status, msg := exitError, oneLine(err)
 	if asked {
 		// A program (an SDK) reads the fix as a setting, not a flag (roche.Remedy).
-		msg = strings.Join(strings.Fields(roche.Advise(err, roche.ForClient)), " ")
+		msg = strings.Join(strings.Fields(remedy.Advise(err, remedy.ForClient)), " ")
 	}
 	if partial(err) {
 		status = exitIncomplete
@@ -137,7 +138,7 @@ type jsonErrorBody struct {
 // oneLine keeps an error to a single line, a fix it carries worded for the command line
 // (roche.Remedy).
 func oneLine(err error) string {
-	return strings.Join(strings.Fields(roche.Advise(err, roche.ForCLI)), " ")
+	return strings.Join(strings.Fields(remedy.Advise(err, remedy.ForCLI)), " ")
 }
 
 func (e *env) rootCommand() *cobra.Command {

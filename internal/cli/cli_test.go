@@ -90,12 +90,12 @@ func TestRunExitCodes(t *testing.T) {
 	if m := regexp.MustCompile(`after it ran (\S+)\n$`).FindStringSubmatch(r.stderr); m != nil {
 		ran, _ = time.ParseDuration(m[1])
 	}
-	if r.code != roche.ExitCodeTimeout || !strings.Contains(r.stderr, "timed out: --exec-timeout 1s killed it") || ran < time.Second || ran > 30*time.Second {
+	if r.code != exitCodeTimeout || !strings.Contains(r.stderr, "timed out: --exec-timeout 1s killed it") || ran < time.Second || ran > 30*time.Second {
 		t.Errorf("timeout: %+v, want exit 124 naming --exec-timeout 1s, and a run of at least 1s", r)
 	}
 	// The sandbox's lifetime bounds a command too, counted from the create: said so.
 	r = run(t, "run", "--image", img, "--timeout", "2", "--", "sleep", "30")
-	if r.code != roche.ExitCodeTimeout || !strings.Contains(r.stderr, "the sandbox's lifetime ended (--timeout 2s, counted from its create; the command ran ") {
+	if r.code != exitCodeTimeout || !strings.Contains(r.stderr, "the sandbox's lifetime ended (--timeout 2s, counted from its create; the command ran ") {
 		t.Errorf("lifetime 2 s, sleep 30: %+v, want exit 124 naming --timeout 2s", r)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // coder finds sandbox id's provider and its code contexts.
@@ -79,7 +80,7 @@ context manages others.`,
 				}
 				code = string(b)
 			}
-			t, err := roche.ExecTimeout(timeout)
+			t, err := wire.ExecTimeout(timeout)
 			if err != nil {
 				return e.rocheFailed(friendly(err))
 			}
@@ -172,7 +173,7 @@ func (e *env) runCode(ctx context.Context, cr roche.CodeRunner, id string, req r
 	}
 	switch {
 	case ex.TimedOut:
-		return exitCode(roche.ExitCodeTimeout)
+		return exitCode(exitCodeTimeout)
 	case ex.Error != nil:
 		return exitCode(1)
 	}
@@ -221,7 +222,7 @@ func (e *env) runCodeEvents(ctx context.Context, cr roche.CodeRunner, id string,
 	ev.emit(map[string]any{"execution": ex})
 	switch {
 	case ex.TimedOut:
-		return exitCode(roche.ExitCodeTimeout)
+		return exitCode(exitCodeTimeout)
 	case ex.Error != nil:
 		return exitCode(1)
 	}

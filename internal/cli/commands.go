@@ -16,6 +16,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/interrupt"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // createFlags are the flags shared by create and run.
@@ -87,11 +88,11 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg.Workspace = f.workspace
 	cfg.FromSnapshot = f.snapshot
 	var errs []error
-	env, err := roche.ParseEnv(f.env)
+	env, err := parseEnv(f.env)
 	errs = append(errs, err)
 	cfg.Env = env
 	for _, m := range f.mounts {
-		mt, err := roche.ParseMount(m)
+		mt, err := parseMount(m)
 		errs = append(errs, err)
 		cfg.Mounts = append(cfg.Mounts, mt)
 	}
@@ -215,11 +216,11 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	if x.timeout < 0 {
 		return fmt.Errorf("timeout %v is negative: give seconds > 0, or 0 for the sandbox's lifetime", x.timeout)
 	}
-	env, err := roche.ParseEnv(x.env)
+	env, err := parseEnv(x.env)
 	if err != nil {
 		return err
 	}
-	timeout, err := roche.ExecTimeout(x.timeout)
+	timeout, err := wire.ExecTimeout(x.timeout)
 	if err != nil {
 		return friendly(err)
 	}
@@ -254,7 +255,7 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	}
 	switch {
 	case res.TimedOut:
-		return exitCode(roche.ExitCodeTimeout)
+		return exitCode(exitCodeTimeout)
 	case res.ExitCode != 0:
 		return exitCode(res.ExitCode)
 	}

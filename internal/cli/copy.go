@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/tarfs"
 )
 
 // roche cp's DST, as cp and docker cp read it: a directory that exists, or a path ending
@@ -69,7 +70,7 @@ func sandboxIsDir(ctx context.Context, p roche.Provider, tc roche.TarCopier, id,
 		return err == nil && fi.IsDir, err
 	}
 	dir := false
-	err := roche.PipeFrom(ctx, tc, id, name, func(r io.Reader) error {
+	err := tarfs.PipeFrom(ctx, tc, id, name, func(r io.Reader) error {
 		hdr, err := tar.NewReader(r).Next()
 		if err != nil {
 			return err

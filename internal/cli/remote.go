@@ -17,6 +17,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/localca"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // remoteDaemon is roched reached over TCP instead of its unix socket: --address, the
@@ -96,7 +97,7 @@ func (d *daemonLink) remoteErr(name string) error {
 		return r.err
 	case !slices.Contains(d.providers, name):
 		// Not set up there: a list across providers passes it over.
-		return roche.NotConfigured(fmt.Errorf("%w: roched at %s does not serve the %s provider (it serves %s)",
+		return kit.NotConfigured(fmt.Errorf("%w: roched at %s does not serve the %s provider (it serves %s)",
 			roche.ErrUnavailable, r.address, name, strings.Join(d.providers, ", ")))
 	}
 	return nil

@@ -35,7 +35,7 @@ Works direct and through roched; wasm sandboxes have no terminals.`,
 			if n := cmd.ArgsLenAtDash(); n > 1 || (n < 0 && len(args) > 1) {
 				return e.rocheFailed(fmt.Errorf("roche shell takes one sandbox id, then the command after --, e.g. roche shell %s -- python3", id))
 			}
-			env, err := roche.ParseEnv(envs)
+			env, err := parseEnv(envs)
 			if err != nil {
 				return e.rocheFailed(err)
 			}

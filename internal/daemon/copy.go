@@ -53,8 +53,12 @@ func (d *Daemon) copyLimit(asked int64) (int64, error) {
 	return asked, nil
 }
 
+// copyErr gives an error of roched's side of a copy (checking the stream) its sentinel,
+// as roche.CopyIn and CopyOut do theirs.
+var copyErr = tarfs.Sentinels{Exhausted: roche.ErrExhausted, Permission: roche.ErrPermission, Invalid: roche.ErrInvalidConfig, NotFound: roche.ErrNotFound}
+
 // uploadReader reads the tar stream of a CopyTo request as its messages arrive. It is
-// read only from within the handler's call (roche.PipeTo waits for its reader), so the
+// read only from within the handler's call (tarfs.PipeTo waits for its reader), so the
 // stream is never touched after the handler returns.
 type uploadReader struct {
 	stream *connect.ClientStream[rochev1.CopyToRequest]
@@ -107,7 +111,7 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 	}
 	upload := &uploadReader{stream: stream, rest: first.TarChunk}
 	var ferr error
-	err = roche.PipeTo(ctx, tc, t.ID, dst, func(w io.Writer) error {
+	err = tarfs.PipeTo(ctx, tc, t.ID, dst, func(w io.Writer) error {
 		// In the sandbox, links reach nothing its user could not: they are kept.
 		_, ferr = tarfs.Filter(upload, w, path.Base(dst), tarfs.Options{MaxBytes: limit, Links: tarfs.AllLinks})
 		if ferr == nil {
@@ -122,7 +126,7 @@ func (s *service) CopyTo(ctx context.Context, stream *connect.ClientStream[roche
 			// What the client sent is not a tar stream: its error, not roched's.
 			err = fmt.Errorf("%w: copying into sandbox %s at %s: the upload: %v: send a tar stream", roche.ErrInvalidConfig, id, dst, err)
 		case ferr != nil && errors.Is(err, ferr):
-			err = roche.CopyErr(fmt.Sprintf("copying into sandbox %s at %s: the upload", id, dst), err)
+			err = copyErr.Wrap(fmt.Sprintf("copying into sandbox %s at %s: the upload", id, dst), err)
 		}
 	}
 	s.d.audit(ctx, "copy_to", err, "id", t.ID, "dst", dst)
@@ -172,7 +176,7 @@ func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.Cop
 	}
 	var rep tarfs.Report
 	var ferr error
-	err = roche.PipeFrom(ctx, tc, t.ID, src, func(r io.Reader) error {
+	err = tarfs.PipeFrom(ctx, tc, t.ID, src, func(r io.Reader) error {
 		out := bufio.NewWriterSize(chunkSender{stream}, maxChunk)
 		rep, ferr = tarfs.Filter(r, out, "", tarfs.Options{MaxBytes: limit, Links: links})
 		if ferr == nil {
@@ -187,7 +191,7 @@ func (s *service) CopyFrom(ctx context.Context, req *connect.Request[rochev1.Cop
 			if errors.As(err, &le) {
 				le.Name = path.Join(path.Dir(src), le.Name)
 			}
-			err = roche.CopyErr(fmt.Sprintf("copying %s out of sandbox %s", src, req.Msg.SandboxId), err)
+			err = copyErr.Wrap(fmt.Sprintf("copying %s out of sandbox %s", src, req.Msg.SandboxId), err)
 		}
 	}
 	s.d.audit(ctx, "copy_from", err, "id", t.ID, "src", src)

@@ -15,6 +15,7 @@ import (
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // service implements the API on top of the ledger: each method finds the caller's tenant,
@@ -303,7 +304,7 @@ func (s *service) Gc(ctx context.Context, req *connect.Request[rochev1.GcRequest
 	if !req.Msg.DryRun {
 		defer s.d.ledger.VerifyIdleSoon()
 	}
-	removed, err := roche.Collect(ctx, list, roche.GCOptions{All: req.Msg.All, DryRun: req.Msg.DryRun}, func(_ context.Context, id string) error {
+	removed, err := kit.Collect(ctx, list, roche.GCOptions{All: req.Msg.All, DryRun: req.Msg.DryRun}, func(_ context.Context, id string) error {
 		_, err := s.d.ledger.Destroy(t, id)
 		s.d.audit(ctx, "destroy", err, "id", id, "by", "gc")
 		return err

@@ -7,21 +7,22 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Sandboxes die behind roched's back: killed, stopped by an engine that restarts, their
-// main process gone. Each provider that can say so as it happens (roche.Watcher: the
+// main process gone. Each provider that can say so as it happens (kit.Watcher: the
 // Docker engine's events) is watched, so that a dead sandbox is forgotten at once — its
 // record, the state file, its pool's counts, the metrics — and a dead idle pool member
 // is replaced, instead of all that waiting for the next reconciliation (30 s). A client
 // that later names a sandbox that ended this way hears why it is gone.
 
-// watchSandboxes watches each provider that is a roche.Watcher until the daemon stops.
+// watchSandboxes watches each provider that is a kit.Watcher until the daemon stops.
 // The watch starts in the background: an engine that does not answer now must not hold
 // up the daemon's start (the watch keeps trying, and the reconciliation covers the gap).
 func (l *Ledger) watchSandboxes() {
 	for _, name := range l.names {
-		w, ok := l.providers[name].(roche.Watcher)
+		w, ok := l.providers[name].(kit.Watcher)
 		if !ok {
 			continue
 		}
@@ -57,7 +58,7 @@ func (l *Ledger) watchSandboxes() {
 // sandboxEvent acts on one event of the named provider's sandboxes: one the daemon
 // tracks that ended is forgotten (what is left of it removed), and, if it was idle in a
 // pool, replaced.
-func (l *Ledger) sandboxEvent(provider string, ev roche.SandboxEvent) {
+func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 	if !ev.Ended() {
 		l.log.Debug("sandbox event", "provider", provider, "id", ev.ID, "kind", ev.Kind)
 		return
@@ -70,7 +71,7 @@ func (l *Ledger) sandboxEvent(provider string, ev roche.SandboxEvent) {
 		return
 	}
 	was := *r
-	removed := ev.Kind == roche.EventRemoved
+	removed := ev.Kind == kit.EventRemoved
 	if removed {
 		delete(l.sandboxes, ev.ID)
 	} else {

@@ -8,13 +8,14 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Leases: a client that creates a sandbox with leased=true holds it with
 // a Hold stream for as long as it wants it. The stream ends when the client lets go or
 // its process dies (the kernel closes its connection), and the sandbox is destroyed
 // HoldGrace later unless another Hold took over; one never held is destroyed FirstHold
-// after its create. Where the provider has leases (roche.Leaser), roched also holds the
+// after its create. Where the provider has leases (kit.Leaser), roched also holds the
 // sandbox's own lease, so a roched killed outright leaves nothing behind for long either.
 const (
 	FirstHold = 10 * time.Second
@@ -169,7 +170,7 @@ func (l *Ledger) leasePooled(ctx context.Context, p roche.Provider, id string, l
 		l.saveOrWarn()
 		return true
 	}
-	ls, ok := p.(roche.Leaser)
+	ls, ok := p.(kit.Leaser)
 	if !ok || !p.Capabilities().Leases {
 		return true
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // This file serves what outlives a sandbox or replaces it: reset, persistent
@@ -71,8 +72,8 @@ func (l *Ledger) Reset(ctx context.Context, tn *Tenant, id string, keepWorkspace
 
 	// A sandbox from the pool was claimed for its holder after it was made; the new one
 	// is made from the pool's config, so it needs its claim, and its workdir, again.
-	if c, ok := t.Provider.(roche.Claimer); ok && t.rec != nil && t.rec.Pool != "" {
-		claim := roche.Claim{Owner: l.ownerFor(tn.Name), Expires: rec.ExpiresAt, Env: maps.Clone(rec.Env), Workdir: rec.Workdir}
+	if c, ok := t.Provider.(kit.Claimer); ok && t.rec != nil && t.rec.Pool != "" {
+		claim := kit.Claim{Owner: l.ownerFor(tn.Name), Expires: rec.ExpiresAt, Env: maps.Clone(rec.Env), Workdir: rec.Workdir}
 		if err := c.Claim(cctx, sb.ID, claim); err != nil {
 			l.log.Warn("claiming a reset pooled sandbox for its holder (a restart without the state file would take it for the pool's)", "id", sb.ID, "err", err)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // save writes the current state. Callers must not hold l.mu.
@@ -267,13 +268,22 @@ func (l *Ledger) saveCreated(id string) error {
 // it (where the engine keeps the env) and the file stays small.
 const maxPooledEnv = 4 << 10
 
+// envSize is what env takes, counted as the limits count it: its KEY=VALUE strings.
+func envSize(env map[string]string) int {
+	n := 0
+	for k, v := range env {
+		n += len(k) + 1 + len(v)
+	}
+	return n
+}
+
 // fromPool hands out a sandbox from the pool matching cfg, if one is ready (or, with
 // the pool's queue, the next one it makes) and can have cfg's workdir, recording it as
 // the client's with its real expiry, env and workdir. An error (a full queue, a wait
 // past the deadline) ends the create; ok false without one sends it to make its own.
 func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
 	pl := l.pools.Match(providerName, cfg)
-	if pl == nil || !l.workdirPoolable(pl, cfg.Workdir) || roche.EnvBytes(cfg.Env) > maxPooledEnv {
+	if pl == nil || !l.workdirPoolable(pl, cfg.Workdir) || envSize(cfg.Env) > maxPooledEnv {
 		return roche.SandboxInfo{}, false, nil
 	}
 	sb, ok := pl.Acquire(ctx)
@@ -292,12 +302,12 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	owner := l.ownerFor(t.Name)
-	if c, ok := pl.Provider().(roche.Claimer); ok {
+	if c, ok := pl.Provider().(kit.Claimer); ok {
 		// The sandbox itself keeps its holder (a Pod's labels, a file beside a Docker
 		// sandbox's agent socket, an oci, wasm or VM record), so that a roched restarted
 		// without its state still finds it as the tenant's, ending when the client was
 		// told, with its env and workdir.
-		claim := roche.Claim{Owner: owner, Expires: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir}
+		claim := kit.Claim{Owner: owner, Expires: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir}
 		if err := c.Claim(ctx, sb.ID, claim); err != nil {
 			l.log.Warn("a pooled sandbox could not be claimed for its client: destroying it and creating one", "id", sb.ID, "err", err)
 			l.markDestroying(sb.ID)
@@ -767,9 +777,9 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 
 // readClaims gives adopted sandboxes that were handed out from a pool the env and
 // workdir their holders' creates asked for, from the claims the sandboxes keep
-// (roche.Claimer): their owner and end came with the provider's list.
+// (kit.Claimer): their owner and end came with the provider's list.
 func (l *Ledger) readClaims(ctx context.Context, p roche.Provider, ids []string) {
-	cl, ok := p.(roche.Claimer)
+	cl, ok := p.(kit.Claimer)
 	if !ok {
 		return
 	}

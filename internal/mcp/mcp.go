@@ -32,6 +32,8 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/catalog"
+	"github.com/roche-sandbox/roche/internal/remedy"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // Providers is how the server reaches sandboxes.
@@ -263,7 +265,7 @@ func schemaFor[T any]() *jsonschema.Schema {
 // written for a person at a terminal; a model needs to know whether to change its call,
 // wait, or stop and tell its user, so each kind of failure says which.
 func forModel(err error) error {
-	msg := strings.Join(strings.Fields(roche.Advise(err, roche.ForModel)), " ")
+	msg := strings.Join(strings.Fields(remedy.Advise(err, remedy.ForModel)), " ")
 	switch {
 	case errors.Is(err, roche.ErrNotFound), errors.Is(err, roche.ErrImageNotFound):
 		return errors.New(msg)
@@ -482,7 +484,7 @@ func run(ctx context.Context, p roche.Provider, in ExecInput) (*mcp.CallToolResu
 		limit = DefaultOutputLimit
 	}
 	// Converted with the API's checks: a float past a Duration's range would wrap.
-	timeout, err := roche.ExecTimeout(in.TimeoutSecs)
+	timeout, err := wire.ExecTimeout(in.TimeoutSecs)
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}
@@ -621,7 +623,7 @@ func runCell(ctx context.Context, cr roche.CodeRunner, id, lang string, in RunCo
 	if limit <= 0 {
 		limit = DefaultOutputLimit
 	}
-	timeout, err := roche.ExecTimeout(in.TimeoutSecs)
+	timeout, err := wire.ExecTimeout(in.TimeoutSecs)
 	if err != nil {
 		return nil, CodeOutput{}, err
 	}

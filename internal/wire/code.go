@@ -18,7 +18,7 @@ func CodeToProto(id string, r roche.CodeRequest) *rochev1.RunCodeRequest {
 // CodeFromProto is CodeToProto's inverse, refusing what roche.CodeRequest.Validate
 // refuses; a zero timeout stays zero (the provider's DefaultCodeTimeout).
 func CodeFromProto(pb *rochev1.RunCodeRequest) (roche.CodeRequest, error) {
-	timeout, err := roche.ExecTimeout(pb.GetTimeoutSecs())
+	timeout, err := ExecTimeout(pb.GetTimeoutSecs())
 	if err != nil {
 		return roche.CodeRequest{}, err
 	}

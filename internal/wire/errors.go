@@ -13,6 +13,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/remedy"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // sentinels maps each core sentinel to its RPC code and the reason its ErrorDetail
@@ -33,7 +35,7 @@ var sentinels = []struct {
 }{
 	// Before ErrUnavailable, which it also is; to the SDKs it is "unavailable".
 	{err: roche.ErrNotConfigured, code: connect.CodeUnavailable, reason: rochev1.ErrorReason_ERROR_REASON_NOT_CONFIGURED, name: "unavailable",
-		detailOnly: true, back: roche.NotConfigured(roche.ErrUnavailable)},
+		detailOnly: true, back: kit.NotConfigured(roche.ErrUnavailable)},
 	{err: roche.ErrExhausted, code: connect.CodeResourceExhausted, reason: rochev1.ErrorReason_ERROR_REASON_EXHAUSTED, name: "exhausted"},
 	{err: roche.ErrInvalidConfig, code: connect.CodeInvalidArgument, reason: rochev1.ErrorReason_ERROR_REASON_INVALID_CONFIG, name: "invalid_config"},
 	// The request is fine; the host lacks the image until someone builds or pulls it.
@@ -89,7 +91,7 @@ func ToStatus(err error) error {
 	// A fix the error carries is worded for an API caller: what to set, and that it is
 	// made on roched's host (roche.Remedy).
 	msg := err
-	if advice := roche.Advise(err, roche.ForClient); advice != err.Error() {
+	if advice := remedy.Advise(err, remedy.ForClient); advice != err.Error() {
 		msg = errors.New(advice)
 	}
 	e := connect.NewError(code, msg)

@@ -137,7 +137,7 @@ const MaxUploadBytes = 1 << 30
 // carries it whole). The caller validates the request (roche.ExecRequest.Validate). A message that carries stdin (even empty) gives the command that
 // input; one without gives it none.
 func ExecFromProto(pb ExecParams) (roche.ExecRequest, error) {
-	timeout, err := roche.ExecTimeout(pb.GetTimeoutSecs())
+	timeout, err := ExecTimeout(pb.GetTimeoutSecs())
 	if err != nil {
 		return roche.ExecRequest{}, err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Each test fills every field of one side with a value that is not its zero, converts
@@ -314,7 +315,7 @@ func TestErrorsRoundTrip(t *testing.T) {
 		}
 	}
 	// Not set up is unavailable too, both ways; a bare UNAVAILABLE is only unavailable.
-	got, _ := FromStatus(ToStatus(roche.NotConfigured(fmt.Errorf("%w: no cluster", roche.ErrUnavailable))).(*connect.Error))
+	got, _ := FromStatus(ToStatus(kit.NotConfigured(fmt.Errorf("%w: no cluster", roche.ErrUnavailable))).(*connect.Error))
 	if !errors.Is(got, roche.ErrNotConfigured) || !errors.Is(got, roche.ErrUnavailable) {
 		t.Errorf("a provider not set up came back as %v", got)
 	}
@@ -366,7 +367,7 @@ func TestSkippedRoundTrip(t *testing.T) {
 // TestRetryHintRoundTrip: a refusal's hint of when to retry goes out as a RetryInfo
 // detail beside the sentinel's, and only when the core error carries one.
 func TestRetryHintRoundTrip(t *testing.T) {
-	err := roche.RetryAfter(fmt.Errorf("%w: pool docker/img: queue full", roche.ErrExhausted), 250*time.Millisecond)
+	err := kit.RetryAfter(fmt.Errorf("%w: pool docker/img: queue full", roche.ErrExhausted), 250*time.Millisecond)
 	var ce *connect.Error
 	if !errors.As(ToStatus(err), &ce) || ce.Code() != connect.CodeResourceExhausted {
 		t.Fatalf("ToStatus(%v) = %v", err, ToStatus(err))

@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
-var _ roche.Claimer = (*Provider)(nil)
+var _ kit.Claimer = (*Provider)(nil)
 
-// claimFile, in a sandbox's agent directory on the host, is its claim (roche.Claim): a
+// claimFile, in a sandbox's agent directory on the host, is its claim (kit.Claim): a
 // container's labels are fixed when it is made, so whose a pooled sandbox became, and
 // until when, is kept beside its agent's socket instead. The directory is the host
 // user's, mode 0700, and inside the sandbox belongs to a uid the sandbox user is not, so
@@ -24,9 +25,9 @@ var _ roche.Claimer = (*Provider)(nil)
 // one; it goes with the directory when the sandbox is removed.
 const claimFile = "claim.json"
 
-// Claim implements roche.Claimer. A sandbox on Docker's exec API has no agent directory
+// Claim implements kit.Claimer. A sandbox on Docker's exec API has no agent directory
 // to keep a claim in, and is refused.
-func (p *Provider) Claim(ctx context.Context, id string, c roche.Claim) error {
+func (p *Provider) Claim(ctx context.Context, id string, c kit.Claim) error {
 	s, err := p.lookup(ctx, id)
 	if err != nil {
 		return err
@@ -59,31 +60,31 @@ func (p *Provider) Claim(ctx context.Context, id string, c roche.Claim) error {
 	return nil
 }
 
-// Claimed implements roche.Claimer.
-func (p *Provider) Claimed(ctx context.Context, id string) (roche.Claim, bool, error) {
+// Claimed implements kit.Claimer.
+func (p *Provider) Claimed(ctx context.Context, id string) (kit.Claim, bool, error) {
 	s, err := p.lookup(ctx, id)
 	if err != nil {
-		return roche.Claim{}, false, err
+		return kit.Claim{}, false, err
 	}
 	return p.readClaim(s.agentDir)
 }
 
 // readClaim reads the claim in an agent directory of this provider's, if it holds one.
-func (p *Provider) readClaim(agentDir string) (roche.Claim, bool, error) {
+func (p *Provider) readClaim(agentDir string) (kit.Claim, bool, error) {
 	dir := p.ownAgentDir(agentDir)
 	if dir == "" {
-		return roche.Claim{}, false, nil
+		return kit.Claim{}, false, nil
 	}
 	b, err := os.ReadFile(filepath.Join(dir, claimFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return roche.Claim{}, false, nil
+		return kit.Claim{}, false, nil
 	}
 	if err != nil {
-		return roche.Claim{}, false, fmt.Errorf("reading the claim in %s: %w", dir, err)
+		return kit.Claim{}, false, fmt.Errorf("reading the claim in %s: %w", dir, err)
 	}
-	var c roche.Claim
+	var c kit.Claim
 	if err := json.Unmarshal(b, &c); err != nil {
-		return roche.Claim{}, false, fmt.Errorf("reading the claim in %s: %w", dir, err)
+		return kit.Claim{}, false, fmt.Errorf("reading the claim in %s: %w", dir, err)
 	}
 	return c, true, nil
 }

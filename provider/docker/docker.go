@@ -36,6 +36,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Labels put on every container Roche creates, so that list, gc and reconciliation
@@ -324,7 +325,7 @@ func (p *Provider) engineErr(what string, err error) error {
 			// Nothing was ever started there, or this user may not reach it: Docker is not
 			// set up here for them, which a list across providers passes over, unlike an
 			// engine that refuses or hangs.
-			return roche.NotConfigured(err)
+			return kit.NotConfigured(err)
 		}
 		return err
 	case cerrdefs.IsNotFound(err):
@@ -1135,8 +1136,8 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	roche.MarkUnstarted(list, 2*p.engineTimeout)
-	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
+	kit.MarkUnstarted(list, 2*p.engineTimeout)
+	removed, err := kit.Collect(ctx, list, opts, p.Destroy)
 	if !opts.DryRun {
 		err = errors.Join(err, p.sweepAgentDirs(ctx))
 	}

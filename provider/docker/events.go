@@ -13,11 +13,12 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 var (
-	_ roche.Watcher = (*Provider)(nil)
-	_ roche.Prober  = (*Provider)(nil)
+	_ kit.Watcher = (*Provider)(nil)
+	_ kit.Prober  = (*Provider)(nil)
 )
 
 // Reconnection backoff of the event watch: short enough that an engine restart is
@@ -34,17 +35,17 @@ const (
 	watchReplay = 2 * time.Second
 )
 
-// Watch implements roche.Watcher with the Engine API's event stream, filtered to
+// Watch implements kit.Watcher with the Engine API's event stream, filtered to
 // Roche's containers and to what ends them (die, destroy, oom). When the stream breaks
 // (the engine restarted, its socket went away) it reconnects with a bounded backoff,
 // saying so in the log, and resyncs: every sandbox it saw running that the engine no
 // longer lists, or lists as stopped, is reported as removed or died, since an engine
 // that restarted has forgotten what it said before.
-func (p *Provider) Watch(ctx context.Context) (<-chan roche.SandboxEvent, error) {
+func (p *Provider) Watch(ctx context.Context) (<-chan kit.SandboxEvent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out := make(chan roche.SandboxEvent, 64)
+	out := make(chan kit.SandboxEvent, 64)
 	w := &watcher{p: p, out: out}
 	// The first subscription is made before Watch returns, so that nothing the caller
 	// does afterwards goes unseen; if the engine cannot be reached now, the watch keeps
@@ -57,7 +58,7 @@ func (p *Provider) Watch(ctx context.Context) (<-chan roche.SandboxEvent, error)
 // watcher is one Watch: its stream, and the sandboxes it has seen running.
 type watcher struct {
 	p   *Provider
-	out chan roche.SandboxEvent
+	out chan kit.SandboxEvent
 	// known are the sandboxes last seen running (or paused), to compare with the list
 	// after a reconnection.
 	known map[string]bool
@@ -193,17 +194,17 @@ func (w *watcher) resync(ctx context.Context, list []roche.SandboxInfo, reconnec
 			live[sb.ID] = true
 		}
 	}
-	var ended []roche.SandboxEvent
+	var ended []kit.SandboxEvent
 	if reconnected {
 		for id := range w.known {
 			if live[id] {
 				continue
 			}
-			kind := roche.EventDied
+			kind := kit.EventDied
 			if _, ok := listed[id]; !ok {
-				kind = roche.EventRemoved
+				kind = kit.EventRemoved
 			}
-			ended = append(ended, roche.SandboxEvent{Provider: w.p.Name(), ID: id, Kind: kind, Time: now, Resync: true})
+			ended = append(ended, kit.SandboxEvent{Provider: w.p.Name(), ID: id, Kind: kind, Time: now, Resync: true})
 		}
 		w.p.log.Info("watching sandbox events again", "engine", w.p.cli.DaemonHost(), "ended_meanwhile", len(ended))
 	}
@@ -222,14 +223,14 @@ func (w *watcher) handle(ctx context.Context, m events.Message) error {
 	if id == "" {
 		return nil
 	}
-	ev := roche.SandboxEvent{Provider: w.p.Name(), ID: id, Time: time.Unix(0, m.TimeNano)}
+	ev := kit.SandboxEvent{Provider: w.p.Name(), ID: id, Time: time.Unix(0, m.TimeNano)}
 	switch m.Action {
 	case events.ActionStart:
 		w.known[id] = true
 		return nil
 	case events.ActionDie:
 		delete(w.known, id)
-		ev.Kind = roche.EventDied
+		ev.Kind = kit.EventDied
 		if code, err := strconv.Atoi(m.Actor.Attributes["exitCode"]); err == nil {
 			ev.ExitCode, ev.ExitKnown = code, true
 		}
@@ -237,20 +238,20 @@ func (w *watcher) handle(ctx context.Context, m events.Message) error {
 		w.p.forget(id)
 	case events.ActionDestroy:
 		delete(w.known, id)
-		ev.Kind = roche.EventRemoved
+		ev.Kind = kit.EventRemoved
 		w.p.forget(id)
 		// Its socket directory goes with it: the engine removes a container that ended
 		// (auto-remove) without anyone calling Destroy. The event carries the labels.
 		w.p.removeAgentDir(m.Actor.Attributes[LabelAgentDir])
 	case events.ActionOOM:
-		ev.Kind = roche.EventOOM
+		ev.Kind = kit.EventOOM
 	default:
 		return nil
 	}
 	return w.send(ctx, ev)
 }
 
-func (w *watcher) send(ctx context.Context, ev roche.SandboxEvent) error {
+func (w *watcher) send(ctx context.Context, ev kit.SandboxEvent) error {
 	select {
 	case w.out <- ev:
 		return nil
@@ -259,7 +260,7 @@ func (w *watcher) send(ctx context.Context, ev roche.SandboxEvent) error {
 	}
 }
 
-// Probe implements roche.Prober. It connects to the sandbox's roche-agent, which needs
+// Probe implements kit.Prober. It connects to the sandbox's roche-agent, which needs
 // no engine round trip and does not even wake the agent: the kernel completes a
 // connection to a listening unix socket on its own, and refuses it once the agent, PID 1
 // of the sandbox, has died. (A health call, which the agent must answer, cost a pool hit

@@ -15,9 +15,9 @@ import (
 
 	"github.com/docker/docker/client"
 
-	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // engineClient is a plain Engine API client on the real engine, for doing to a test's
@@ -34,7 +34,7 @@ func engineClient(t *testing.T) *client.Client {
 
 // watch starts p.Watch for the test; at its end the watch is stopped and its channel
 // must close (its goroutine is gone).
-func watch(t *testing.T, p *docker.Provider) <-chan roche.SandboxEvent {
+func watch(t *testing.T, p *docker.Provider) <-chan kit.SandboxEvent {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ch, err := p.Watch(ctx)
@@ -42,7 +42,7 @@ func watch(t *testing.T, p *docker.Provider) <-chan roche.SandboxEvent {
 		cancel()
 		t.Fatal(err)
 	}
-	events := make(chan roche.SandboxEvent, 256)
+	events := make(chan kit.SandboxEvent, 256)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -67,7 +67,7 @@ func watch(t *testing.T, p *docker.Provider) <-chan roche.SandboxEvent {
 }
 
 // waitEvent returns the first event for id that match accepts, failing after d.
-func waitEvent(t *testing.T, events <-chan roche.SandboxEvent, id string, d time.Duration, match func(roche.SandboxEvent) bool) roche.SandboxEvent {
+func waitEvent(t *testing.T, events <-chan kit.SandboxEvent, id string, d time.Duration, match func(kit.SandboxEvent) bool) kit.SandboxEvent {
 	t.Helper()
 	deadline := time.After(d)
 	for {
@@ -100,12 +100,12 @@ func TestWatchSeesKill(t *testing.T) {
 	if err := dc.ContainerKill(ctx, id, "KILL"); err != nil {
 		t.Fatal(err)
 	}
-	died := waitEvent(t, events, id, 5*time.Second, func(ev roche.SandboxEvent) bool { return ev.Kind == roche.EventDied })
+	died := waitEvent(t, events, id, 5*time.Second, func(ev kit.SandboxEvent) bool { return ev.Kind == kit.EventDied })
 	if !died.ExitKnown || died.ExitCode != 137 || died.Provider != "docker" || died.Resync || !died.Ended() {
 		t.Errorf("died event %+v: want exit 137 known, provider docker, seen live", died)
 	}
 	t.Logf("died event %v after the kill: %s", time.Since(killed).Round(time.Millisecond), died.Reason())
-	waitEvent(t, events, id, 10*time.Second, func(ev roche.SandboxEvent) bool { return ev.Kind == roche.EventRemoved })
+	waitEvent(t, events, id, 10*time.Second, func(ev kit.SandboxEvent) bool { return ev.Kind == kit.EventRemoved })
 	// The sandbox is reported gone, not served from a stale cache.
 	if err := p.Probe(ctx, id); err == nil {
 		t.Error("Probe of a killed sandbox succeeded")
@@ -150,8 +150,8 @@ func TestWatchReconnects(t *testing.T) {
 	})
 	// As a restarted engine would, the proxy drops the request to replay past events.
 	proxy.restore(true)
-	ev := waitEvent(t, events, a, 15*time.Second, func(ev roche.SandboxEvent) bool { return ev.Ended() })
-	if !ev.Resync || ev.Kind != roche.EventRemoved {
+	ev := waitEvent(t, events, a, 15*time.Second, func(ev kit.SandboxEvent) bool { return ev.Ended() })
+	if !ev.Resync || ev.Kind != kit.EventRemoved {
 		t.Errorf("event for the sandbox killed during the cut: %+v, want removed, found by resync", ev)
 	}
 	if !strings.Contains(logs.String(), "watching sandbox events again") {
@@ -162,7 +162,7 @@ func TestWatchReconnects(t *testing.T) {
 	if err := dc.ContainerKill(ctx, b, "KILL"); err != nil {
 		t.Fatal(err)
 	}
-	ev = waitEvent(t, events, b, 5*time.Second, func(ev roche.SandboxEvent) bool { return ev.Kind == roche.EventDied })
+	ev = waitEvent(t, events, b, 5*time.Second, func(ev kit.SandboxEvent) bool { return ev.Kind == kit.EventDied })
 	if ev.Resync || ev.ExitCode != 137 {
 		t.Errorf("event after the reconnection: %+v, want a live die with exit 137", ev)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/proctree"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // sigkillExit is the exit status of a process killed by SIGKILL (128+9).
@@ -38,7 +39,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if s.agent != nil {
 		return p.target(s).Exec(ctx, req)
 	}
-	stdout, stderr := req.Captures()
+	stdout, stderr := kit.Captures(req)
 	res, err := p.run(ctx, s, req, stdout, stderr)
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	res.Truncated = res.Truncated || stdout.Truncated() || stderr.Truncated()

@@ -5,9 +5,10 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
-var _ roche.Leaser = (*Provider)(nil)
+var _ kit.Leaser = (*Provider)(nil)
 
 // Code contexts are served by roche-agent, through the embedded forwarder.
 var _ roche.CodeRunner = (*Provider)(nil)
@@ -19,7 +20,7 @@ const LeaseGrace = guestfwd.LeaseGrace
 // deadline (guestfwd.LeaseArgs). The lease is held in p.leases (guestfwd.Leases).
 func (p *Provider) leaseArgs() []string { return guestfwd.LeaseArgs(p.engineTimeout) }
 
-// Keep implements roche.Leaser: the agent ends the lease (guestfwd), and the lease this
+// Keep implements kit.Leaser: the agent ends the lease (guestfwd), and the lease this
 // provider held, if any, is let go.
 func (p *Provider) Keep(ctx context.Context, id string) error {
 	if err := p.forwarder.Keep(ctx, id); err != nil {

@@ -12,21 +12,22 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 var (
-	_ roche.Claimer = (*Provider)(nil)
-	_ roche.Prober  = (*Provider)(nil)
+	_ kit.Claimer = (*Provider)(nil)
+	_ kit.Prober  = (*Provider)(nil)
 )
 
-// Claim implements roche.Claimer: one merge patch of the Pod gives it its new owner
+// Claim implements kit.Claimer: one merge patch of the Pod gives it its new owner
 // (AnnotationOwner, and in the config it carries), its new end (LabelExpires), the
 // holder's env and workdir (AnnotationClaim) and an activeDeadlineSeconds that ends it
 // then, so that the labels alone say whose it is and until when (a roched restarted
 // without its state adopts it from them; gc reaps it at its own end, not the pool's). The
 // kubelet counts the deadline from the Pod's start and lets it only shrink, which a
 // claim always does: a client's lifetime is within what the pool gave the sandbox.
-func (p *Provider) Claim(ctx context.Context, id string, c roche.Claim) error {
+func (p *Provider) Claim(ctx context.Context, id string, c kit.Claim) error {
 	owner, expires := c.Owner, c.Expires
 	if p.noCluster != nil {
 		return p.noCluster
@@ -90,26 +91,26 @@ type claimed struct {
 	Workdir string            `json:"workdir,omitempty"`
 }
 
-// Claimed implements roche.Claimer, from the Pod's annotations and labels.
-func (p *Provider) Claimed(ctx context.Context, id string) (roche.Claim, bool, error) {
+// Claimed implements kit.Claimer, from the Pod's annotations and labels.
+func (p *Provider) Claimed(ctx context.Context, id string) (kit.Claim, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
 	pod, err := p.get(ctx, id)
 	if err != nil {
-		return roche.Claim{}, false, err
+		return kit.Claim{}, false, err
 	}
 	raw, ok := pod.Annotations[AnnotationClaim]
 	if !ok {
-		return roche.Claim{}, false, nil
+		return kit.Claim{}, false, nil
 	}
 	var h claimed
 	if err := json.Unmarshal([]byte(raw), &h); err != nil {
-		return roche.Claim{}, false, fmt.Errorf("sandbox %s: its claim annotation: %w", id, err)
+		return kit.Claim{}, false, fmt.Errorf("sandbox %s: its claim annotation: %w", id, err)
 	}
-	return roche.Claim{Owner: pod.Annotations[AnnotationOwner], Expires: expiresOf(pod.Labels), Env: h.Env, Workdir: h.Workdir}, true, nil
+	return kit.Claim{Owner: pod.Annotations[AnnotationOwner], Expires: expiresOf(pod.Labels), Env: h.Env, Workdir: h.Workdir}, true, nil
 }
 
-// Probe implements roche.Prober: the sandbox's agent answers through its relay session,
+// Probe implements kit.Prober: the sandbox's agent answers through its relay session,
 // which a sandbox this provider made or reached keeps open, so no API request is made.
 // A Pod that died took its session with it, and the probe fails.
 func (p *Provider) Probe(ctx context.Context, id string) error {

@@ -39,6 +39,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Name is the provider's name, and the prefix of its sandbox ids ("kubernetes-...").
@@ -298,7 +299,7 @@ func restConfig(kubeconfig string) (*rest.Config, string, error) {
 	default:
 		cfg, err := rest.InClusterConfig()
 		if err != nil {
-			return nil, "", roche.NotConfigured(fmt.Errorf("%w: no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster", roche.ErrUnavailable))
+			return nil, "", kit.NotConfigured(fmt.Errorf("%w: no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster", roche.ErrUnavailable))
 		}
 		return cfg, "the in-cluster configuration (" + cfg.Host + ")", nil
 	}
@@ -821,8 +822,8 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 		return nil, err
 	}
 	// A Pod still pending long after a create would have given up is a leftover.
-	roche.MarkUnstarted(list, 2*p.createTimeout)
-	removed, err := roche.Collect(ctx, list, opts, p.remove)
+	kit.MarkUnstarted(list, 2*p.createTimeout)
+	removed, err := kit.Collect(ctx, list, opts, p.remove)
 	if !opts.DryRun {
 		err = errors.Join(err, p.sweepPolicies(ctx))
 	}

@@ -5,9 +5,10 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
-var _ roche.Leaser = (*Provider)(nil)
+var _ kit.Leaser = (*Provider)(nil)
 
 // Code contexts are served by roche-agent, through the embedded forwarder.
 var _ roche.CodeRunner = (*Provider)(nil)
@@ -22,7 +23,7 @@ const LeaseGrace = guestfwd.LeaseGrace
 // sandbox LeaseGrace later.
 func (p *Provider) leaseArgs() []string { return guestfwd.LeaseArgs(p.createTimeout) }
 
-// Keep implements roche.Leaser: the agent ends the lease, and the lease this provider
+// Keep implements kit.Leaser: the agent ends the lease, and the lease this provider
 // held, if any, is let go (guestfwd.Leases.Keep).
 func (p *Provider) Keep(ctx context.Context, id string) error {
 	return p.leases.Keep(ctx, p.forwarder, id)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest/podlink"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Unit tests of the mapping alone; what the cluster makes of it is tested against the
@@ -231,12 +232,12 @@ func TestClaimRelabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := p.Claim(ctx, pp.id, roche.Claim{Owner: "roched:a.b/t", Expires: pp.expires.Add(time.Second)}); !errors.Is(err, roche.ErrInvalidConfig) {
+	if err := p.Claim(ctx, pp.id, kit.Claim{Owner: "roched:a.b/t", Expires: pp.expires.Add(time.Second)}); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Errorf("a claim past the Pod's end: %v, want ErrInvalidConfig", err)
 	}
 	calls := len(cs.Actions())
 	expires := time.Now().Add(120 * time.Second)
-	held := roche.Claim{Owner: "roched:a.b/t", Expires: expires, Env: map[string]string{"K": "v"}, Workdir: "/tmp/w"}
+	held := kit.Claim{Owner: "roched:a.b/t", Expires: expires, Env: map[string]string{"K": "v"}, Workdir: "/tmp/w"}
 	if err := p.Claim(ctx, pp.id, held); err != nil {
 		t.Fatal(err)
 	}

@@ -6,14 +6,15 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
-var _ roche.Claimer = (*Provider)(nil)
+var _ kit.Claimer = (*Provider)(nil)
 
-// Claim implements roche.Claimer: the sandbox's record on disk (root's, in its 0700
+// Claim implements kit.Claimer: the sandbox's record on disk (root's, in its 0700
 // directory, which the sandbox cannot reach) takes the holder as its owner and the
 // claim's end as its own, and keeps the claim.
-func (p *Provider) Claim(ctx context.Context, id string, c roche.Claim) error {
+func (p *Provider) Claim(ctx context.Context, id string, c kit.Claim) error {
 	s, err := p.load(id)
 	if err != nil {
 		return err
@@ -37,11 +38,11 @@ func (p *Provider) Claim(ctx context.Context, id string, c roche.Claim) error {
 	return nil
 }
 
-// Claimed implements roche.Claimer.
-func (p *Provider) Claimed(ctx context.Context, id string) (roche.Claim, bool, error) {
+// Claimed implements kit.Claimer.
+func (p *Provider) Claimed(ctx context.Context, id string) (kit.Claim, bool, error) {
 	s, err := p.load(id)
 	if err != nil || s.Claim == nil {
-		return roche.Claim{}, false, err
+		return kit.Claim{}, false, err
 	}
 	return *s.Claim, true, nil
 }

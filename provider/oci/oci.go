@@ -33,6 +33,7 @@ import (
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Name is the provider's name, and the prefix of its sandbox ids.
@@ -46,7 +47,7 @@ var (
 	_ roche.GarbageCollector = (*Provider)(nil)
 	_ roche.FileSystem       = (*Provider)(nil)
 	_ roche.BackgroundRunner = (*Provider)(nil)
-	_ roche.Leaser           = (*Provider)(nil)
+	_ kit.Leaser             = (*Provider)(nil)
 )
 
 // forwarder is embedded under a name of its own, so that the Provider's Keep wins.
@@ -292,7 +293,7 @@ type record struct {
 	ImageID string    `json:"image_id"`
 	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config.Owner
 	// and Expires are then the claim's.
-	Claim *roche.Claim `json:"claim,omitempty"`
+	Claim *kit.Claim `json:"claim,omitempty"`
 }
 
 func (p *Provider) sandboxDir(id string) string { return filepath.Join(p.stateDir, id) }

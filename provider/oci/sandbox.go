@@ -16,6 +16,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Create implements roche.Provider.
@@ -433,7 +434,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 	}
 	if errors.Is(err, os.ErrPermission) && p.canRun() != nil {
 		// Root's sandboxes, out of a user's reach: the provider is not this user's to use.
-		return nil, roche.NotConfigured(p.canRun())
+		return nil, kit.NotConfigured(p.canRun())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes in %s: %w", p.stateDir, err)
@@ -480,7 +481,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
+	removed, err := kit.Collect(ctx, list, opts, p.Destroy)
 	if opts.DryRun {
 		return removed, err
 	}
@@ -556,16 +557,16 @@ func (p *Provider) CopyFrom(ctx context.Context, id, src, dst string) error {
 	return err
 }
 
-// Keep implements roche.Leaser: the agent ends the lease, and the one held here goes.
+// Keep implements kit.Leaser: the agent ends the lease, and the one held here goes.
 func (p *Provider) Keep(ctx context.Context, id string) error {
 	return p.leases.Keep(ctx, p.forwarder, id)
 }
 
 var _ io.Closer = (*Provider)(nil)
 
-var _ roche.Prober = (*Provider)(nil)
+var _ kit.Prober = (*Provider)(nil)
 
-// Probe implements roche.Prober: the sandbox's agent accepts a connection on its socket
+// Probe implements kit.Prober: the sandbox's agent accepts a connection on its socket
 // (no runtime call, well under a millisecond).
 func (p *Provider) Probe(ctx context.Context, id string) error {
 	s, err := p.load(id)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // cellTimeout bounds a cell in the code checks: the first one starts an interpreter, and
@@ -163,7 +164,7 @@ func (s *suite) testCode(t *testing.T) {
 			t.Fatalf("another sandbox ran code in this sandbox's context %s: %v", ex.Context, err)
 		}
 	})
-	if cw, ok := s.p.(roche.CodeWarmer); ok {
+	if cw, ok := s.p.(kit.CodeWarmer); ok {
 		// A warm pool's sandboxes: the interpreter started ahead goes, fresh, to the next
 		// context started with the sandbox's own env and workdir. Where the sandbox has
 		// processes, its pid is below that of a command run after the warm-up and before

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Options configures the suite for one provider.
@@ -166,7 +167,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if _, ok := p.(roche.Snapshotter); ok {
 		t.Run("Snapshot", s.testSnapshot)
 	}
-	if _, ok := p.(roche.Claimer); ok {
+	if _, ok := p.(kit.Claimer); ok {
 		t.Run("Claim", s.testClaim)
 	}
 }
@@ -611,7 +612,7 @@ func (s *suite) testListAndDestroy(t *testing.T) {
 // out) is listed and inspected with the holder as its owner and the claim's end, keeps
 // the claim for whoever reads it later, and cannot be claimed past its own end.
 func (s *suite) testClaim(t *testing.T) {
-	cl := s.p.(roche.Claimer)
+	cl := s.p.(kit.Claimer)
 	cfg := s.opts.Config
 	cfg.TimeoutSecs = 300
 	cfg.Owner = "providertest-pool:" + strconv.Itoa(os.Getpid())
@@ -623,15 +624,15 @@ func (s *suite) testClaim(t *testing.T) {
 	if info, err := s.p.Inspect(ctx, id); err == nil && info.Transport != "" && info.Transport != "agent" {
 		// Docker's exec API leaves a sandbox nowhere on the host to keep a claim: refused,
 		// so that roched makes one for the create instead of handing out an unclaimed one.
-		if err := cl.Claim(ctx, id, roche.Claim{Owner: "x", Expires: time.Now().Add(time.Minute)}); !errors.Is(err, roche.ErrUnsupported) {
+		if err := cl.Claim(ctx, id, kit.Claim{Owner: "x", Expires: time.Now().Add(time.Minute)}); !errors.Is(err, roche.ErrUnsupported) {
 			t.Errorf("a claim of a sandbox on transport %s: %v, want ErrUnsupported", info.Transport, err)
 		}
 		return
 	}
-	if err := cl.Claim(ctx, id, roche.Claim{Owner: "x", Expires: time.Now().Add(time.Hour)}); !errors.Is(err, roche.ErrInvalidConfig) {
+	if err := cl.Claim(ctx, id, kit.Claim{Owner: "x", Expires: time.Now().Add(time.Hour)}); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Errorf("a claim past the sandbox's end: %v, want ErrInvalidConfig", err)
 	}
-	want := roche.Claim{Owner: cfg.Owner + "/holder", Expires: time.Now().Add(time.Minute).Truncate(time.Second),
+	want := kit.Claim{Owner: cfg.Owner + "/holder", Expires: time.Now().Add(time.Minute).Truncate(time.Second),
 		Env: map[string]string{"HELD": "yes"}, Workdir: "/tmp/held"}
 	if err := cl.Claim(ctx, id, want); err != nil {
 		t.Fatalf("Claim: %v", err)

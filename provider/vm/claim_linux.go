@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
-var _ roche.Claimer = (*Provider)(nil)
+var _ kit.Claimer = (*Provider)(nil)
 
-// Claim implements roche.Claimer: the VM's meta.json on the host takes the holder as its
+// Claim implements kit.Claimer: the VM's meta.json on the host takes the holder as its
 // owner and the claim's end as its own, and keeps the claim.
-func (p *Provider) Claim(_ context.Context, id string, c roche.Claim) error {
+func (p *Provider) Claim(_ context.Context, id string, c kit.Claim) error {
 	s, err := p.lookup(id)
 	if err != nil {
 		return err
@@ -32,14 +33,14 @@ func (p *Provider) Claim(_ context.Context, id string, c roche.Claim) error {
 	return nil
 }
 
-// Claimed implements roche.Claimer.
-func (p *Provider) Claimed(_ context.Context, id string) (roche.Claim, bool, error) {
+// Claimed implements kit.Claimer.
+func (p *Provider) Claimed(_ context.Context, id string) (kit.Claim, bool, error) {
 	s, err := p.lookup(id)
 	if err != nil {
-		return roche.Claim{}, false, err
+		return kit.Claim{}, false, err
 	}
 	if s.Claim == nil {
-		return roche.Claim{}, false, nil
+		return kit.Claim{}, false, nil
 	}
 	return *s.Claim, true, nil
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/statedir"
+	"github.com/roche-sandbox/roche/provider/kit"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -42,7 +43,7 @@ var (
 	_ roche.BackgroundRunner = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
-	_ roche.Leaser           = (*Provider)(nil)
+	_ kit.Leaser             = (*Provider)(nil)
 	_ roche.CodeRunner       = (*Provider)(nil)
 )
 
@@ -332,7 +333,7 @@ type meta struct {
 	API   string `json:"api,omitempty"`
 	// Claim is set once a pooled sandbox is claimed for a holder (claim_linux.go);
 	// Config.Owner and ExpiresAt are then the claim's.
-	Claim *roche.Claim `json:"claim,omitempty"`
+	Claim *kit.Claim `json:"claim,omitempty"`
 }
 
 // plan is one VM being created.
@@ -719,7 +720,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 	return nil
 }
 
-// Keep implements roche.Leaser: the VM's agent ends its lease, so that it lives out its
+// Keep implements kit.Leaser: the VM's agent ends its lease, so that it lives out its
 // lifetime, and the lease this provider held is let go of.
 func (p *Provider) Keep(ctx context.Context, id string) error {
 	return p.leases.Keep(ctx, p.forwarder, id)
@@ -785,7 +786,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	return roche.Collect(ctx, list, opts, p.Destroy)
+	return kit.Collect(ctx, list, opts, p.Destroy)
 }
 
 // Pause implements roche.Pauser.

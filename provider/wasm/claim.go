@@ -6,14 +6,15 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
-var _ roche.Claimer = (*Provider)(nil)
+var _ kit.Claimer = (*Provider)(nil)
 
-// Claim implements roche.Claimer: the sandbox's record on disk (outside the directory
+// Claim implements kit.Claimer: the sandbox's record on disk (outside the directory
 // the sandbox sees) takes the holder as its owner and the claim's end as its own, and
 // keeps the claim.
-func (p *Provider) Claim(_ context.Context, id string, c roche.Claim) error {
+func (p *Provider) Claim(_ context.Context, id string, c kit.Claim) error {
 	rec, err := p.lookup(id)
 	if err != nil {
 		return err
@@ -29,11 +30,11 @@ func (p *Provider) Claim(_ context.Context, id string, c roche.Claim) error {
 	return nil
 }
 
-// Claimed implements roche.Claimer.
-func (p *Provider) Claimed(_ context.Context, id string) (roche.Claim, bool, error) {
+// Claimed implements kit.Claimer.
+func (p *Provider) Claimed(_ context.Context, id string) (kit.Claim, bool, error) {
 	rec, err := p.lookup(id)
 	if err != nil || rec.Claim == nil {
-		return roche.Claim{}, false, err
+		return kit.Claim{}, false, err
 	}
 	return *rec.Claim, true, nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/kernel"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Code contexts in python.wasm: the same kernel roche-agent runs (internal/guest/kernel), in an
@@ -40,7 +41,7 @@ import (
 
 var (
 	_ roche.CodeRunner = (*Provider)(nil)
-	_ roche.CodeWarmer = (*Provider)(nil)
+	_ kit.CodeWarmer   = (*Provider)(nil)
 )
 
 // kernelReady bounds a kernel's start: instantiating python.wasm and its imports.
@@ -357,7 +358,7 @@ func (p *Provider) dropContexts(sandbox string) {
 	}
 }
 
-// WarmCode implements roche.CodeWarmer: an instance of the kernel, started now with the
+// WarmCode implements kit.CodeWarmer: an instance of the kernel, started now with the
 // sandbox's own env and workdir as a default context's would be, goes to the sandbox's
 // next context started the same way. It counts in the sandbox's memory limit meanwhile.
 func (p *Provider) WarmCode(ctx context.Context, id, language string) error {

@@ -21,6 +21,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 const (
@@ -117,7 +118,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if timeout <= 0 {
 		timeout = max(time.Until(rec.ExpiresAt), time.Second)
 	}
-	stdout, stderr := req.Captures()
+	stdout, stderr := kit.Captures(req)
 	var res roche.ExecResult
 	served := false
 	if p.warmStart {

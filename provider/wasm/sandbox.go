@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 const (
@@ -50,7 +51,7 @@ type record struct {
 	ExpiresAt time.Time    `json:"expires_at"`
 	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config.Owner
 	// and ExpiresAt are then the claim's.
-	Claim *roche.Claim `json:"claim,omitempty"`
+	Claim *kit.Claim `json:"claim,omitempty"`
 }
 
 func (r record) info() roche.SandboxInfo {
@@ -487,7 +488,7 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	for i, rec := range recs {
 		list[i] = rec.info()
 	}
-	removed, err := roche.Collect(ctx, list, opts, p.Destroy)
+	removed, err := kit.Collect(ctx, list, opts, p.Destroy)
 	if !opts.DryRun {
 		p.sweepLeftovers(time.Now())
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // CodeLanguages are the languages roche-agent's contexts serve.
@@ -49,8 +50,8 @@ func (t Target) RunCode(ctx context.Context, req roche.CodeRequest) (roche.Execu
 		cwd = t.Workdir
 	}
 	var ex roche.Execution
-	stdout := roche.NewLogCapture(limit, req.Stdout)
-	stderr := roche.NewLogCapture(limit, req.Stderr)
+	stdout := kit.NewLogCapture(limit, req.Stdout)
+	stderr := kit.NewLogCapture(limit, req.Stderr)
 	end, err := t.Agent.RunCode(actx, guest.Request{
 		Code: req.Code, Language: req.Language, Context: req.Context, Cwd: cwd, Env: req.Env,
 		TimeoutMS: timeout.Milliseconds(), OutputLimit: limit,
@@ -120,9 +121,9 @@ func CodeResult(r guest.CodeResult) roche.CodeResult {
 	return out
 }
 
-var _ roche.CodeWarmer = Forwarder{}
+var _ kit.CodeWarmer = Forwarder{}
 
-// WarmCode implements roche.CodeWarmer: the agent starts the interpreter with the
+// WarmCode implements kit.CodeWarmer: the agent starts the interpreter with the
 // sandbox's workdir and environment, as RunCode would start its default context's.
 func (f Forwarder) WarmCode(ctx context.Context, id, language string) error {
 	t, err := f.Reach(ctx, id)

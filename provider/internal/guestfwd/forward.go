@@ -10,6 +10,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Target is one sandbox's agent, as its provider reaches it.
@@ -52,7 +53,7 @@ func (f Forwarder) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 // Exec runs req.Cmd through the agent, which enforces the timeout and output limit
 // inside the sandbox and kills the command's whole tree when ctx ends. req is valid.
 func (t Target) Exec(ctx context.Context, req roche.ExecRequest) (roche.ExecResult, error) {
-	stdout, stderr := req.Captures()
+	stdout, stderr := kit.Captures(req)
 	// The agent enforces the timeout; this deadline only catches an agent that cannot
 	// answer at all.
 	timeout := t.timeout(req)
@@ -301,7 +302,7 @@ func sandboxPath(what, p string) (string, error) {
 	return path.Clean(p), nil
 }
 
-// Keep implements roche.Leaser: the agent ends the sandbox's lease (a provider that
+// Keep implements kit.Leaser: the agent ends the sandbox's lease (a provider that
 // holds the lease itself lets go of it as well).
 func (f Forwarder) Keep(ctx context.Context, id string) error {
 	t, err := f.Reach(ctx, id)

@@ -30,7 +30,7 @@ func LeaseArgs(bound time.Duration) []string {
 	}
 }
 
-// Leases holds the leases of the leased sandboxes one provider made (roche.Leaser), each
+// Leases holds the leases of the leased sandboxes one provider made (kit.Leaser), each
 // by an open connection to the sandbox's agent, for as long as this process lives or
 // until Drop: the kernel closes the connections of a process that dies, however it dies,
 // and each agent stops its sandbox LeaseGrace later. Every provider that runs roche-agent
@@ -91,7 +91,7 @@ func (l *Leases) DropAll() {
 	}
 }
 
-// Keep implements roche.Leaser for a provider that holds its leases in l: the agent ends
+// Keep implements kit.Leaser for a provider that holds its leases in l: the agent ends
 // the sandbox's lease (it then lives out its lifetime), and the lease held here, if any,
 // is let go of. id is the sandbox's full id, as l knows it.
 func (l *Leases) Keep(ctx context.Context, f Forwarder, id string) error {

@@ -1,9 +1,12 @@
-package roche
+package kit
 
 import (
 	"bytes"
 	"io"
+	"slices"
 	"sync"
+
+	"github.com/roche-sandbox/roche"
 )
 
 // OutputCapture keeps up to a limit of one stream's bytes, optionally passing them on to
@@ -21,11 +24,11 @@ type OutputCapture struct {
 	passed     int64
 }
 
-// NewOutputCapture returns a capture that keeps limit bytes (DefaultOutputLimit when
+// NewOutputCapture returns a capture that keeps limit bytes (roche.DefaultOutputLimit when
 // limit <= 0) and copies them to sink when sink is not nil.
 func NewOutputCapture(limit int64, sink io.Writer) *OutputCapture {
 	if limit <= 0 {
-		limit = DefaultOutputLimit
+		limit = roche.DefaultOutputLimit
 	}
 	return &OutputCapture{limit: limit, sink: sink}
 }
@@ -55,10 +58,10 @@ func (c *OutputCapture) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// Captures returns the captures of a request's stdout and stderr: each keeps up to
-// OutputLimit bytes and passes them on to the request's sink, or with StreamOnly only
-// passes them on.
-func (r ExecRequest) Captures() (stdout, stderr *OutputCapture) {
+// Captures returns the captures of an ExecRequest's stdout and stderr: each keeps up to
+// r.OutputLimit bytes and passes them on to the request's sink, or with r.StreamOnly
+// only passes them on. Exec fills its result from them.
+func Captures(r roche.ExecRequest) (stdout, stderr *OutputCapture) {
 	stdout = NewOutputCapture(r.OutputLimit, r.Stdout)
 	stderr = NewOutputCapture(r.OutputLimit, r.Stderr)
 	stdout.streamOnly = r.StreamOnly && r.Stdout != nil
@@ -75,6 +78,59 @@ func (c *OutputCapture) String() string {
 
 // Truncated reports whether bytes past the limit were discarded.
 func (c *OutputCapture) Truncated() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.truncated
+}
+
+// LogCapture keeps the chunks a cell writes to one stream, up to limit bytes in all
+// (roche.DefaultOutputLimit when limit is 0), and passes each on to w when w is set.
+type LogCapture struct {
+	mu        sync.Mutex
+	limit     int64
+	n         int64
+	chunks    []string
+	truncated bool
+	w         io.Writer
+}
+
+// NewLogCapture returns a capture of limit bytes passing chunks on to w (which may be nil).
+func NewLogCapture(limit int64, w io.Writer) *LogCapture {
+	if limit <= 0 {
+		limit = roche.DefaultOutputLimit
+	}
+	return &LogCapture{limit: limit, w: w}
+}
+
+// Write keeps what fits and passes everything on.
+func (c *LogCapture) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if room := c.limit - c.n; room < int64(len(p)) {
+		c.truncated = true
+		if room > 0 {
+			c.chunks = append(c.chunks, string(p[:room]))
+			c.n += room
+		}
+	} else if len(p) > 0 {
+		c.chunks = append(c.chunks, string(p))
+		c.n += int64(len(p))
+	}
+	c.mu.Unlock()
+	if c.w != nil {
+		return c.w.Write(p)
+	}
+	return len(p), nil
+}
+
+// Chunks returns the kept chunks.
+func (c *LogCapture) Chunks() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.chunks)
+}
+
+// Truncated reports whether bytes past the limit were discarded.
+func (c *LogCapture) Truncated() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.truncated

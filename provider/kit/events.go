@@ -1,4 +1,4 @@
-package roche
+package kit
 
 import (
 	"context"

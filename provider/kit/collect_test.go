@@ -1,4 +1,4 @@
-package roche_test
+package kit_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 func TestCollect(t *testing.T) {
@@ -34,23 +35,23 @@ func TestCollect(t *testing.T) {
 		return out
 	}
 
-	removed, err := roche.Collect(context.Background(), list, roche.GCOptions{DryRun: true}, destroy)
+	removed, err := kit.Collect(context.Background(), list, roche.GCOptions{DryRun: true}, destroy)
 	if err != nil || !slices.Equal(ids(removed), []string{"expired", "stopped", "stuck"}) || len(destroyed) != 0 {
 		t.Fatalf("dry run: %v %v, destroyed %v", ids(removed), err, destroyed)
 	}
-	removed, err = roche.Collect(context.Background(), list, roche.GCOptions{}, destroy)
+	removed, err = kit.Collect(context.Background(), list, roche.GCOptions{}, destroy)
 	if err == nil || !slices.Equal(ids(removed), []string{"expired", "stopped"}) || !slices.Equal(destroyed, []string{"expired", "stopped"}) {
 		t.Fatalf("gc: %v %v, destroyed %v", ids(removed), err, destroyed)
 	}
 	destroyed = nil
-	removed, _ = roche.Collect(context.Background(), list, roche.GCOptions{All: true}, destroy)
+	removed, _ = kit.Collect(context.Background(), list, roche.GCOptions{All: true}, destroy)
 	if !slices.Equal(ids(removed), []string{"live", "expired", "stopped"}) {
 		t.Fatalf("gc --all: %v", ids(removed))
 	}
 	// An owner limits it to that owner's.
 	list[0].Owner, list[1].Owner = "cli:ada@host", "cli:bob@host"
 	destroyed = nil
-	removed, _ = roche.Collect(context.Background(), list, roche.GCOptions{All: true, Owner: "cli:ada@host"}, destroy)
+	removed, _ = kit.Collect(context.Background(), list, roche.GCOptions{All: true, Owner: "cli:ada@host"}, destroy)
 	if !slices.Equal(ids(removed), []string{"live"}) || !slices.Equal(destroyed, []string{"live"}) {
 		t.Fatalf("gc --all of one owner: %v, destroyed %v", ids(removed), destroyed)
 	}
@@ -64,7 +65,7 @@ func TestMarkUnstarted(t *testing.T) {
 		{ID: "new-created", State: roche.StateCreated, CreatedAt: now.Add(-time.Second)},
 		{ID: "old-running", State: roche.StateRunning, CreatedAt: now.Add(-time.Hour)},
 	}
-	roche.MarkUnstarted(list, time.Minute)
+	kit.MarkUnstarted(list, time.Minute)
 	for i, want := range []roche.SandboxState{roche.StateExited, roche.StateCreated, roche.StateRunning} {
 		if list[i].State != want {
 			t.Errorf("%s: %s, want %s", list[i].ID, list[i].State, want)

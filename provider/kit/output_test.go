@@ -1,10 +1,12 @@
-package roche
+package kit
 
 import (
 	"bytes"
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/roche-sandbox/roche"
 )
 
 type failingWriter struct{ n int }
@@ -26,8 +28,8 @@ func TestOutputCaptureCapsAndFlags(t *testing.T) {
 
 func TestOutputCaptureUnderLimitNotFlagged(t *testing.T) {
 	c := NewOutputCapture(0, nil)
-	c.Write([]byte(strings.Repeat("x", DefaultOutputLimit)))
-	if c.Truncated() || len(c.String()) != DefaultOutputLimit {
+	c.Write([]byte(strings.Repeat("x", roche.DefaultOutputLimit)))
+	if c.Truncated() || len(c.String()) != roche.DefaultOutputLimit {
 		t.Fatalf("exactly the default limit: truncated %v, kept %d", c.Truncated(), len(c.String()))
 	}
 	c.Write([]byte("y"))
@@ -50,7 +52,7 @@ func TestOutputCaptureDropsFailingSink(t *testing.T) {
 // none are kept; a stream without a sink is kept as usual.
 func TestCapturesStreamOnly(t *testing.T) {
 	var sink bytes.Buffer
-	stdout, stderr := ExecRequest{Stdout: &sink, OutputLimit: 4, StreamOnly: true}.Captures()
+	stdout, stderr := Captures(roche.ExecRequest{Stdout: &sink, OutputLimit: 4, StreamOnly: true})
 	stdout.Write([]byte("abcdef"))
 	stderr.Write([]byte("xy"))
 	if sink.String() != "abcd" || stdout.String() != "" || !stdout.Truncated() {

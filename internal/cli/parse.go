@@ -1,0 +1,49 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// exitCodeTimeout is the exit code roche uses for a timed-out command, as timeout(1) does.
+const exitCodeTimeout = 124
+
+// parseMount parses the --mount syntax "host:sandbox[:ro|rw]" (read-only unless rw).
+func parseMount(s string) (roche.Mount, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
+		return roche.Mount{}, fmt.Errorf("%w: mount %q: use HOST_PATH:SANDBOX_PATH[:ro|rw]", roche.ErrInvalidConfig, s)
+	}
+	m := roche.Mount{Source: parts[0], Target: parts[1]}
+	if len(parts) == 3 {
+		switch parts[2] {
+		case "ro":
+		case "rw":
+			m.ReadWrite = true
+		default:
+			return roche.Mount{}, fmt.Errorf("%w: mount %q: mode %q is neither ro nor rw", roche.ErrInvalidConfig, s, parts[2])
+		}
+	}
+	return m, nil
+}
+
+// parseEnv parses "KEY=VALUE" pairs into a map.
+func parseEnv(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	env := make(map[string]string, len(pairs))
+	var errs []error
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			errs = append(errs, fmt.Errorf("%w: env %q: use KEY=VALUE", roche.ErrInvalidConfig, p))
+			continue
+		}
+		env[k] = v
+	}
+	return env, errors.Join(errs...)
+}
