@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/guest/codectx"
 )
 
 // TestWarmCode: the instance WarmCode starts goes to the sandbox's default context at
@@ -22,7 +23,7 @@ func TestWarmCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cx, _ := tp.context(id, other.ID); cx == nil || cx.k == spare.k {
+	if k := codeSet(t, id).Kernel(other.ID); k == nil || k == spare {
 		t.Fatal("a context started with other env took the spare")
 	}
 
@@ -30,7 +31,7 @@ func TestWarmCode(t *testing.T) {
 	if err != nil || ex.Error != nil || ex.Text() != "False" || ex.ExecutionCount != 1 {
 		t.Fatalf("first cell: %+v %v", ex, err)
 	}
-	if cx, _ := tp.context(id, ex.Context); cx == nil || cx.k != spare.k {
+	if k := codeSet(t, id).Kernel(ex.Context); k == nil || k != spare {
 		t.Fatal("the default context did not take the spare")
 	}
 
@@ -41,12 +42,12 @@ func TestWarmCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-spare2.k.ctx.Done():
+	case <-spare2.Ended():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the spare instance outlived its sandbox")
 	}
 	tp.codeMu.Lock()
-	_, kept := tp.spares[id2]
+	_, kept := tp.codeSets[id2]
 	tp.codeMu.Unlock()
 	if kept {
 		t.Fatal("the destroyed sandbox's spare is still listed")
@@ -57,16 +58,26 @@ func TestWarmCode(t *testing.T) {
 }
 
 // warmed warms sandbox id's python and returns the spare instance it keeps.
-func warmed(t *testing.T, id string) *codeContext {
+func warmed(t *testing.T, id string) *codectx.Kernel {
 	t.Helper()
 	if err := tp.WarmCode(ctxFor(t, time.Minute), id, "python"); err != nil {
 		t.Fatal(err)
 	}
-	tp.codeMu.Lock()
-	defer tp.codeMu.Unlock()
-	spare := tp.spares[id]
-	if spare == nil || spare.k == nil {
+	spare := codeSet(t, id).Spare()
+	if spare == nil {
 		t.Fatal("no spare instance after WarmCode")
 	}
 	return spare
+}
+
+// codeSet returns sandbox id's code contexts.
+func codeSet(t *testing.T, id string) *codectx.Set {
+	t.Helper()
+	tp.codeMu.Lock()
+	defer tp.codeMu.Unlock()
+	s := tp.codeSets[id]
+	if s == nil {
+		t.Fatalf("no code contexts for sandbox %s", id)
+	}
+	return s
 }

@@ -67,6 +67,7 @@ import (
 	"github.com/tetratelabs/wazero"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/guest/codectx"
 )
 
 var (
@@ -113,10 +114,11 @@ type Provider struct {
 
 	// instance names this provider in the sandboxes' records of code contexts (code.go).
 	instance string
-	// contexts are the code contexts of this process by id (code.go).
+	// codeSets are the code contexts of this process, by sandbox (code.go).
 	codeMu   sync.Mutex
-	contexts map[string]*codeContext
-	spares   map[string]*codeContext // by sandbox: an instance started ahead (WarmCode)
+	codeSets map[string]*codectx.Set
+	// recordMu serialises this process's reads and writes of the sandboxes' codeFile.
+	recordMu sync.Mutex
 	// life ends at Close, stopping what runs in the background, which bg counts.
 	life     context.Context
 	stopLife context.CancelCauseFunc

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/codectx"
 )
 
 // Version is reported by health.
@@ -112,14 +113,11 @@ type Server struct {
 	// egressFailures bounds the log lines of egress connections that find no host proxy.
 	egressFailures everyMinute
 
+	// code holds the code contexts (code_linux.go).
+	code *codectx.Set
+
 	mu    sync.Mutex
 	procs map[int]*proc // background and running commands by pid
-	// contexts are the code contexts by id (code_linux.go); codeMu makes a language's
-	// default context once.
-	contexts map[string]*codeContext
-	codeMu   sync.Mutex
-	// spare is an interpreter started ahead of its context (code_warm), or nil.
-	spare *spareKernel
 	// stopping says why the agent, and so the sandbox, is stopping; "" while it serves.
 	stopping string
 }
@@ -183,6 +181,7 @@ func New(cfg Config) (*Server, error) {
 		reaper:  reaper,
 		procs:   map[int]*proc{},
 	}
+	s.code = codectx.New(codectx.Options{Start: s.startKernel, Stopping: s.stopReason})
 	return s, nil
 }
 
@@ -275,7 +274,7 @@ func (s *Server) Run(ctx context.Context) error {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
-				s.stopContexts()
+				s.code.Stop()
 				s.stopAll()
 				return nil
 			}

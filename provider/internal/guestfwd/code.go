@@ -35,36 +35,14 @@ func (f Forwarder) RunCode(ctx context.Context, id string, req roche.CodeRequest
 // RunCode runs a cell through the agent, which interrupts it at its timeout inside the
 // sandbox; ctx ending closes the connection, which interrupts it too.
 func (t Target) RunCode(ctx context.Context, req roche.CodeRequest) (roche.Execution, error) {
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = roche.DefaultCodeTimeout
+	cell := NewCell(req)
+	if cell.Request.Cwd == "" {
+		cell.Request.Cwd = t.Workdir
 	}
-	limit := req.OutputLimit
-	if limit <= 0 {
-		limit = roche.DefaultOutputLimit
-	}
+	timeout := time.Duration(cell.Request.TimeoutMS) * time.Millisecond
 	actx, cancel := context.WithTimeout(ctx, timeout+interruptSlack+answerSlack)
 	defer cancel()
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = t.Workdir
-	}
-	var ex roche.Execution
-	stdout := kit.NewLogCapture(limit, req.Stdout)
-	stderr := kit.NewLogCapture(limit, req.Stderr)
-	end, err := t.Agent.RunCode(actx, guest.Request{
-		Code: req.Code, Language: req.Language, Context: req.Context, Cwd: cwd, Env: req.Env,
-		TimeoutMS: timeout.Milliseconds(), OutputLimit: limit,
-	}, guest.CodeOptions{
-		Stdout: stdout, Stderr: stderr,
-		Result: func(r guest.CodeResult) {
-			res := CodeResult(r)
-			ex.Results = append(ex.Results, res)
-			if req.OnResult != nil {
-				req.OnResult(res)
-			}
-		},
-	})
+	end, err := t.Agent.RunCode(actx, cell.Request, guest.CodeOptions{Stdout: cell.Stdout, Stderr: cell.Stderr, Result: cell.Result})
 	if err != nil {
 		if ctx.Err() != nil {
 			return roche.Execution{}, fmt.Errorf("running code in sandbox %s: %w", t.ID, ctx.Err())
@@ -74,23 +52,73 @@ func (t Target) RunCode(ctx context.Context, req roche.CodeRequest) (roche.Execu
 		}
 		return roche.Execution{}, t.fail(err)
 	}
-	ex.Logs = roche.CodeLogs{Stdout: stdout.Chunks(), Stderr: stderr.Chunks()}
+	return cell.Execution(end), nil
+}
+
+// Cell is one cell of code on its way to a code context (roche-agent's, or the wasm
+// provider's, which runs the same internal/guest/codectx): the agent's request for it
+// and what keeps its output for its Execution.
+type Cell struct {
+	// Request is the code_run request: its timeout and output limit made explicit, Cwd
+	// as the caller gave it.
+	Request        guest.Request
+	Stdout, Stderr *kit.LogCapture
+	results        []roche.CodeResult
+	onResult       func(roche.CodeResult)
+}
+
+// NewCell returns the cell of req.
+func NewCell(req roche.CodeRequest) *Cell {
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = roche.DefaultCodeTimeout
+	}
+	limit := req.OutputLimit
+	if limit <= 0 {
+		limit = roche.DefaultOutputLimit
+	}
+	return &Cell{
+		Request: guest.Request{
+			Code: req.Code, Language: req.Language, Context: req.Context, Cwd: req.Cwd, Env: req.Env,
+			TimeoutMS: timeout.Milliseconds(), OutputLimit: limit,
+		},
+		Stdout:   kit.NewLogCapture(limit, req.Stdout),
+		Stderr:   kit.NewLogCapture(limit, req.Stderr),
+		onResult: req.OnResult,
+	}
+}
+
+// Result keeps a rich result of the cell and passes it on.
+func (c *Cell) Result(r guest.CodeResult) {
+	res := CodeResult(r)
+	c.results = append(c.results, res)
+	if c.onResult != nil {
+		c.onResult(res)
+	}
+}
+
+// Execution is the core's outcome of the cell, which ended with end.
+func (c *Cell) Execution(end guest.CodeEnd) roche.Execution {
+	ex := roche.Execution{
+		Results:        c.results,
+		Logs:           roche.CodeLogs{Stdout: c.Stdout.Chunks(), Stderr: c.Stderr.Chunks()},
+		ExecutionCount: end.ExecutionCount,
+		Context:        end.Context,
+		TimedOut:       end.TimedOut,
+		Restarted:      end.Restarted,
+		Truncated:      end.Truncated || c.Stdout.Truncated() || c.Stderr.Truncated(),
+		Duration:       time.Duration(end.DurationNS),
+	}
 	if ex.Logs.Stdout == nil {
 		ex.Logs.Stdout = []string{}
 	}
 	if ex.Logs.Stderr == nil {
 		ex.Logs.Stderr = []string{}
 	}
-	ex.ExecutionCount = end.ExecutionCount
-	ex.Context = end.Context
-	ex.TimedOut = end.TimedOut
-	ex.Restarted = end.Restarted
-	ex.Truncated = end.Truncated || stdout.Truncated() || stderr.Truncated()
-	ex.Duration = time.Duration(end.DurationNS)
 	if end.Error != nil {
 		ex.Error = &roche.CodeError{Name: end.Error.Name, Value: end.Error.Value, Traceback: end.Error.Traceback}
 	}
-	return ex, nil
+	return ex
 }
 
 // CodeResult turns the kernel's MIME bundle into the core's result.
