@@ -36,6 +36,9 @@ const (
 	// made it gives up: until then its container may not exist yet, whatever the
 	// sweeping process's own engine timeout.
 	startByFile = "start_by"
+	// newDirSlack is how long a directory being made (".new-NAME") may take before a
+	// sweep takes it for one whose maker died.
+	newDirSlack = 10 * time.Minute
 )
 
 // agentRootOf is the directory of the engine at host under stateDir.
@@ -45,7 +48,12 @@ func agentRootOf(stateDir, host string) string {
 }
 
 // makeAgentDir makes the socket directory of the sandbox name, recording when the
-// create (ctx) gives up.
+// create (ctx) gives up: its deadline, and at most two of this provider's engine
+// timeouts from now, which bound the engine call that makes the container (a create
+// without a deadline otherwise had only the sweeping process's own slack, which a
+// process with a short engine timeout made short enough to take a directory from a
+// create under way). The directory is made under a name no sweep reads, its record
+// written, then renamed into place: a sweep never sees it without its record.
 func (p *Provider) makeAgentDir(ctx context.Context, name string) (string, error) {
 	// Nobody but this user (and root) may own or write the directories above the
 	// sockets: whoever could would answer in the agent's place.
@@ -53,17 +61,23 @@ func (p *Provider) makeAgentDir(ctx context.Context, name string) (string, error
 		return "", err
 	}
 	dir := filepath.Join(p.agentRoot, name)
+	tmp := filepath.Join(p.agentRoot, ".new-"+name)
 	// 0700: only the host user reaches the socket; inside, the directory belongs to a
 	// uid the sandbox user is not, so sandboxed code cannot reach the agent.
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
 	}
-	if deadline, ok := ctx.Deadline(); ok {
-		by := strconv.FormatInt(deadline.Unix()+1, 10)
-		if err := os.WriteFile(filepath.Join(dir, startByFile), []byte(by), 0o600); err != nil {
-			p.removeAgentDir(dir)
-			return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
-		}
+	by := time.Now().Add(2 * p.engineTimeout)
+	if deadline, ok := ctx.Deadline(); ok && deadline.Before(by) {
+		by = deadline
+	}
+	err := os.WriteFile(filepath.Join(tmp, startByFile), []byte(strconv.FormatInt(by.Unix()+1, 10)), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, dir)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
 	}
 	return dir, nil
 }
@@ -105,10 +119,39 @@ func (p *Provider) sweepAgentDirsOf(cs []container.Summary) {
 	}
 	for _, e := range entries {
 		dir := filepath.Join(p.agentRoot, e.Name())
+		if strings.HasPrefix(e.Name(), ".new-") {
+			// A directory its maker never renamed into place: the maker died in between.
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > newDirSlack {
+				os.RemoveAll(dir)
+			}
+			continue
+		}
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), agentDirPrefix) || live[dir] || creating(dir, e, 2*p.engineTimeout) {
 			continue
 		}
 		p.removeAgentDir(dir)
+	}
+}
+
+// startPending reports whether the create that made dir may still be making a
+// container for it: its startByFile is there and its time has not come. A create
+// removes the file once its container carries the directory (settled), so a container
+// drawn again for another uid, which carried the directory before it was removed, does
+// not take the directory from the one made next (an event watcher in any process
+// removes the directory of a container destroyed).
+func startPending(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, startByFile))
+	if err != nil {
+		return false
+	}
+	by, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return err == nil && time.Now().Before(time.Unix(by, 0))
+}
+
+// settleAgentDir marks dir's create as past the point where its container may not exist.
+func settleAgentDir(dir string) {
+	if dir != "" {
+		os.Remove(filepath.Join(dir, startByFile))
 	}
 }
 
@@ -117,10 +160,8 @@ func (p *Provider) sweepAgentDirsOf(cs []container.Summary) {
 // directory first. Its startByFile says until when; a directory without one is given
 // slack after it last changed.
 func creating(dir string, e os.DirEntry, slack time.Duration) bool {
-	if b, err := os.ReadFile(filepath.Join(dir, startByFile)); err == nil {
-		if by, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && time.Now().Before(time.Unix(by, 0)) {
-			return true
-		}
+	if startPending(dir) {
+		return true
 	}
 	fi, err := e.Info()
 	return err == nil && time.Since(fi.ModTime()) < slack

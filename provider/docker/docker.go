@@ -524,6 +524,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 		return roche.SandboxInfo{}, err
 	}
 	sb.id = id
+	settleAgentDir(sb.agentDir) // the container carries it now: sweeps see it live
 	// The container holds its own binds once started; the staging points go with create.
 	defer unpin()
 	layer, err := p.sizeRoot(ctx, id, cfg)

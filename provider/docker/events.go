@@ -242,7 +242,11 @@ func (w *watcher) handle(ctx context.Context, m events.Message) error {
 		w.p.forget(id)
 		// Its socket directory goes with it: the engine removes a container that ended
 		// (auto-remove) without anyone calling Destroy. The event carries the labels.
-		w.p.removeAgentDir(m.Actor.Attributes[LabelAgentDir])
+		// A container a create (in any process) undid to draw another uid carried the
+		// directory the next one gets: that create has not settled it yet.
+		if dir := m.Actor.Attributes[LabelAgentDir]; !startPending(dir) {
+			w.p.removeAgentDir(dir)
+		}
 	case events.ActionOOM:
 		ev.Kind = kit.EventOOM
 	default:

@@ -198,17 +198,32 @@ func TestPerUserLimitsAttack(t *testing.T) {
 // TestUIDTakenIsDrawnAgain: a uid is checked against every other container once its
 // sandbox's container carries it, whichever process made that one; a taken uid is drawn
 // again, and when none is free Create says so and leaves nothing behind. Separate
-// providers stand for separate processes: nothing but the engine is shared between them.
+// providers stand for separate processes: nothing but the engine and the state
+// directory is shared between them. p1 watches the engine's events, as roched does:
+// the containers p2 undoes to draw again must not take the agent directory of the
+// one p2 makes next (they carried it).
 func TestUIDTakenIsDrawnAgain(t *testing.T) {
-	// Ranges of a few uids, of their own, outside the default one.
+	// Ranges of a few uids, of their own, outside the default one; a state directory
+	// of its own, so that watchers of other processes on the engine stay out.
 	first := docker.DefaultUIDFirst + docker.DefaultUIDCount + 10_000 + 100*rand.IntN(1000)
-	p1 := newProvider(t, docker.WithUIDRange(first, 2)) // one uid for sandboxes
-	p2 := newProvider(t, docker.WithUIDRange(first, 2))
+	state := docker.WithStateDir(t.TempDir())
+	p1 := newProvider(t, docker.WithUIDRange(first, 2), state) // one uid for sandboxes
+	p2 := newProvider(t, docker.WithUIDRange(first, 2), state)
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	events, err := p1.Watch(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range events {
+		}
+	}()
 	a := sandbox(t, p1, testConfig())
 	if uid, _, _ := uidOfSandbox(t, p1, a); uid != first {
 		t.Fatalf("uid %d, want %d, the only one", uid, first)
 	}
-	_, err := p2.Create(context.Background(), testConfig())
+	_, err = p2.Create(context.Background(), testConfig())
 	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "no free uid") {
 		t.Fatalf("a second sandbox with no uid free: %v, want ErrUnavailable saying no free uid", err)
 	}
@@ -225,8 +240,8 @@ func TestUIDTakenIsDrawnAgain(t *testing.T) {
 
 	// Two processes racing for 4 uids: collisions are common, and each is resolved.
 	first += 100
-	p3 := newProvider(t, docker.WithUIDRange(first, 8))
-	p4 := newProvider(t, docker.WithUIDRange(first, 8))
+	p3 := newProvider(t, docker.WithUIDRange(first, 8), state)
+	p4 := newProvider(t, docker.WithUIDRange(first, 8), state)
 	for round := range 5 {
 		ids := make([]string, 2)
 		var wg sync.WaitGroup
