@@ -83,7 +83,14 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		s.checkNothingKept(t)
 	})
 
-	shared := s.create(t, opts.Config)
+	// The sandbox most checks share lives an hour: the suite takes ~3 min on a quiet
+	// machine with QEMU emulating, and took 9.5 on a loaded one, past the default
+	// lifetime of 300 s, which then ended it mid-suite.
+	sharedCfg := opts.Config
+	if sharedCfg.TimeoutSecs > 0 && sharedCfg.TimeoutSecs < 3600 {
+		sharedCfg.TimeoutSecs = 3600
+	}
+	shared := s.create(t, sharedCfg)
 	t.Run("Hello", func(t *testing.T) { s.testHello(t, shared) })
 	t.Run("ExitCodeAndStderr", func(t *testing.T) { s.testExitCode(t, shared) })
 	t.Run("Env", s.testEnv)
