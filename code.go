@@ -7,6 +7,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/roche-sandbox/roche/internal/size"
 )
 
 // CodeRunner runs code in contexts: long-lived interpreters inside a sandbox that keep
@@ -95,13 +97,13 @@ func (r CodeRequest) Validate() error {
 	var problems []string
 	if len(r.Code) > MaxCodeBytes {
 		problems = append(problems, fmt.Sprintf("code of %s is over the limit of %s: copy it in as a file and run that instead",
-			SizeString(int64(len(r.Code))), SizeString(MaxCodeBytes)))
+			size.String(int64(len(r.Code))), size.String(MaxCodeBytes)))
 	}
 	if r.Timeout < 0 {
 		problems = append(problems, fmt.Sprintf("negative code timeout %s", r.Timeout))
 	}
 	if r.OutputLimit < 0 || r.OutputLimit > MaxOutputLimit {
-		problems = append(problems, fmt.Sprintf("output_limit %d: give 0 (the default) up to %s", r.OutputLimit, SizeString(MaxOutputLimit)))
+		problems = append(problems, fmt.Sprintf("output_limit %d: give 0 (the default) up to %s", r.OutputLimit, size.String(MaxOutputLimit)))
 	}
 	problems = append(problems, ContextOptions{Language: r.Language, Cwd: r.Cwd, Env: r.Env}.problems()...)
 	if len(problems) > 0 {

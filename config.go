@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/size"
 )
 
 // Secure defaults, one per row of the defaults table in the README.
@@ -66,6 +67,9 @@ type Config struct {
 	// TimeoutSecs is the sandbox's lifetime: after it the sandbox is destroyed.
 	TimeoutSecs int `json:"timeout_secs"`
 	// Memory is the memory limit, e.g. "512m", "1g" or a byte count; swap is never added.
+	// Memory, Disk and WorkspaceSize are sizes: a number (a fraction allowed) and an
+	// optional binary unit k, m, g or t, case-insensitive, with or without a space and a
+	// trailing "b" or "ib": "512m", "1.5g", "64 MiB", "4096".
 	Memory string `json:"memory"`
 	// CPUs is the number of CPUs the sandbox may use, e.g. 0.5 or 2.
 	CPUs float64 `json:"cpus"`
@@ -165,16 +169,16 @@ func (c Config) Validate() error {
 	if c.TimeoutSecs <= 0 {
 		add("timeout_secs is %d: give a positive number of seconds", c.TimeoutSecs)
 	}
-	if _, err := ParseMemory(c.Memory); err != nil {
+	if _, err := parseMemory(c.Memory); err != nil {
 		add("memory: %v", err)
 	}
-	if _, err := ParseDisk(c.Disk); err != nil {
+	if _, err := parseDisk(c.Disk); err != nil {
 		add("disk: %v", err)
 	}
 	if c.WorkspaceSize != "" {
 		if c.Workspace == "" {
 			add("workspace_size is set without a workspace: name one with workspace, or drop workspace_size")
-		} else if n, err := ParseDisk(c.WorkspaceSize); err != nil {
+		} else if n, err := parseDisk(c.WorkspaceSize); err != nil {
 			add("workspace_size: %v", err)
 		} else if n == 0 {
 			add("workspace_size is 0: a workspace always has a size; give one such as %s", DefaultWorkspaceSize)
@@ -243,7 +247,7 @@ func (c Config) UID() int {
 
 // MemoryBytes returns the memory limit in bytes. Call Validate first.
 func (c Config) MemoryBytes() int64 {
-	n, _ := ParseMemory(c.Memory)
+	n, _ := parseMemory(c.Memory)
 	return n
 }
 
@@ -266,7 +270,7 @@ func (c Config) TmpSize() int64 {
 
 // DiskBytes returns the disk limit in bytes, 0 for none. Call Validate first.
 func (c Config) DiskBytes() int64 {
-	n, _ := ParseDisk(c.Disk)
+	n, _ := parseDisk(c.Disk)
 	return n
 }
 
@@ -276,74 +280,38 @@ func (c Config) WorkspaceBytes() int64 {
 	if c.WorkspaceSize == "" {
 		return 0
 	}
-	n, _ := ParseDisk(c.WorkspaceSize)
+	n, _ := parseDisk(c.WorkspaceSize)
 	return n
 }
 
-// ParseDisk parses a disk size as ParseMemory does ("1g", "100m", "1.5g", a byte count),
-// between MinDisk and MaxDisk; "0" is no limit.
-func ParseDisk(s string) (int64, error) {
-	v, err := parseSize(s)
+// parseDisk reads a disk or workspace size, between MinDisk and MaxDisk; "0" is no limit.
+func parseDisk(s string) (int64, error) {
+	v, err := size.Parse(s)
 	switch {
 	case err != nil:
 		return 0, err
 	case v == 0:
 		return 0, nil
-	case v < 0:
-		return 0, fmt.Errorf("%q is negative: give a size such as %s, or 0 for no limit", s, DefaultDisk)
 	case v < MinDisk:
 		return 0, fmt.Errorf("%q is below the 8m minimum (0 is no limit)", s)
 	case v > MaxDisk:
 		return 0, fmt.Errorf("%q is above the 1t maximum", s)
 	}
-	return int64(v), nil
+	return v, nil
 }
 
 // minMemory is Docker's floor for a memory limit; below it no runtime can start a process.
 const minMemory = 6 << 20
 
-// ParseMemory parses "512m", "1g", "1.5g", "65536k" or a plain byte count. Units are
-// binary (k = 1024) and case-insensitive; a trailing "b" or "ib" is accepted ("512MiB").
-func ParseMemory(s string) (int64, error) {
-	bytes, err := parseSize(s)
+// parseMemory reads a memory limit, at least minMemory (MaxMemory is checked with the
+// other limits).
+func parseMemory(s string) (int64, error) {
+	v, err := size.Parse(s)
 	if err != nil {
 		return 0, err
 	}
-	if bytes < minMemory {
+	if v < minMemory {
 		return 0, fmt.Errorf("%q is below the 6m minimum a sandbox needs", s)
 	}
-	if bytes > math.MaxInt64/2 {
-		return 0, fmt.Errorf("%q is too large", s)
-	}
-	return int64(bytes), nil
-}
-
-// parseSize reads a number of bytes with an optional binary unit (k, m, g, t; a trailing
-// "b" or "ib" accepted), case-insensitive; callers check the range.
-func parseSize(s string) (float64, error) {
-	orig := s
-	s = strings.ToLower(strings.TrimSpace(s))
-	s = strings.TrimSuffix(s, "ib")
-	s = strings.TrimSuffix(s, "b")
-	mult := 1.0
-	if n := len(s); n > 0 {
-		switch s[n-1] {
-		case 'k':
-			mult = 1 << 10
-		case 'm':
-			mult = 1 << 20
-		case 'g':
-			mult = 1 << 30
-		case 't':
-			mult = 1 << 40
-		}
-		if mult != 1 {
-			s = s[:n-1]
-		}
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("%q is not a size: use a number with an optional unit k, m or g, e.g. 512m", orig)
-	}
-	return v * mult, nil
+	return v, nil
 }

@@ -63,13 +63,13 @@ func TestParseMemory(t *testing.T) {
 	good := map[string]int64{"512m": 512 << 20, "1g": 1 << 30, "1G": 1 << 30, "1.5g": 3 << 29, "65536k": 64 << 20,
 		"512MiB": 512 << 20, "512mb": 512 << 20, "104857600": 100 << 20}
 	for in, want := range good {
-		if got, err := ParseMemory(in); err != nil || got != want {
-			t.Errorf("ParseMemory(%q) = %d, %v; want %d", in, got, err, want)
+		if got, err := parseMemory(in); err != nil || got != want {
+			t.Errorf("parseMemory(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"", "512x", "m", "-1g", "1k", "NaN", "inf", "1e30g"} {
-		if _, err := ParseMemory(in); err == nil {
-			t.Errorf("ParseMemory(%q) accepted", in)
+		if _, err := parseMemory(in); err == nil {
+			t.Errorf("parseMemory(%q) accepted", in)
 		}
 	}
 }
@@ -78,18 +78,18 @@ func TestParseDisk(t *testing.T) {
 	good := map[string]int64{"0": 0, "1g": 1 << 30, "100m": 100 << 20, "1.5G": 3 << 29, "8m": 8 << 20, "1t": 1 << 40,
 		"512MiB": 512 << 20, "104857600": 100 << 20, " 2g ": 2 << 30}
 	for in, want := range good {
-		if got, err := ParseDisk(in); err != nil || got != want {
-			t.Errorf("ParseDisk(%q) = %d, %v; want %d", in, got, err, want)
+		if got, err := parseDisk(in); err != nil || got != want {
+			t.Errorf("parseDisk(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
 	bad := map[string]string{
 		"": "not a size", "1x": "not a size", "g": "not a size", "NaN": "not a size", "inf": "not a size",
 		"-1g": "negative", "-0.5m": "negative", "1m": "minimum", "4096": "minimum",
-		"2t": "maximum", "1e30g": "maximum",
+		"2t": "maximum", "1e30g": "not a size", "0.1": "less than a byte",
 	}
 	for in, want := range bad {
-		if _, err := ParseDisk(in); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("ParseDisk(%q): %v, want an error saying %q", in, err, want)
+		if _, err := parseDisk(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseDisk(%q): %v, want an error saying %q", in, err, want)
 		}
 	}
 }

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/roche-sandbox/roche/internal/tarfs"
@@ -204,27 +202,4 @@ func reportFrom(r tarfs.Report, where func(string) string) CopyReport {
 		out.Examples = append(out.Examples, SkippedEntry{Path: where(e.Name), Target: e.Linkname, Reason: e.Reason})
 	}
 	return out
-}
-
-// ParseSize parses a byte count as --max-bytes takes it: "1g", "512m", "1.5GiB",
-// "65536k" or a plain number. Units are binary and case-insensitive.
-func ParseSize(s string) (int64, error) {
-	orig := s
-	s = strings.ToLower(strings.TrimSpace(s))
-	s = strings.TrimSuffix(strings.TrimSuffix(s, "ib"), "b")
-	mult := 1.0
-	if n := len(s); n > 0 {
-		if i := strings.IndexByte("kmgtp", s[n-1]); i >= 0 {
-			mult = math.Pow(1024, float64(i+1))
-			s = s[:n-1]
-		}
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v*mult < 1 {
-		return 0, fmt.Errorf("%w: %q is not a size: give a positive number with an optional unit k, m, g or t, e.g. 2g", ErrInvalidConfig, orig)
-	}
-	if v*mult > math.MaxInt64/2 {
-		return 0, fmt.Errorf("%w: %q is too large", ErrInvalidConfig, orig)
-	}
-	return int64(v * mult), nil
 }

@@ -14,19 +14,6 @@ import (
 	"github.com/roche-sandbox/roche"
 )
 
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int64{"1g": 1 << 30, "512m": 512 << 20, "1.5GiB": 3 << 29, "10t": 10 << 40, "4096": 4096, "2k": 2048} {
-		if got, err := roche.ParseSize(in); err != nil || got != want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "0", "-1g", "lots", "0.1"} {
-		if _, err := roche.ParseSize(bad); !errors.Is(err, roche.ErrInvalidConfig) {
-			t.Errorf("ParseSize(%q): %v, want ErrInvalidConfig", bad, err)
-		}
-	}
-}
-
 func TestCopyReportNote(t *testing.T) {
 	if n := (roche.CopyReport{Files: 3}).Note(); n != "" {
 		t.Fatalf("nothing skipped, yet %q", n)

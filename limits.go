@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/roche-sandbox/roche/internal/size"
 )
 
 // Maxima of every field a caller controls, one per row of the README's "Limits" table.
@@ -58,19 +60,6 @@ func envBytes(env map[string]string) int {
 	return n
 }
 
-// SizeString renders a byte count for messages: "64 MiB", "128 KiB", "4096 bytes".
-func SizeString(n int64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d bytes", n)
-}
-
 // envProblems checks an environment named field ("env") against the limits.
 func envProblems(field string, env map[string]string) []string {
 	var problems []string
@@ -85,7 +74,7 @@ func envProblems(field string, env map[string]string) []string {
 		}
 	}
 	if n := envBytes(env); n > MaxEnvBytes {
-		problems = append(problems, fmt.Sprintf("%s is %d bytes, over the limit of %s: pass large data as a file (roche cp) instead", field, n, SizeString(MaxEnvBytes)))
+		problems = append(problems, fmt.Sprintf("%s is %d bytes, over the limit of %s: pass large data as a file (roche cp) instead", field, n, size.String(MaxEnvBytes)))
 	}
 	return problems
 }
@@ -97,8 +86,8 @@ func (c Config) limitProblems() []string {
 	if c.TimeoutSecs > MaxTimeoutSecs {
 		add("timeout_secs %d is over the limit of %d (24 h)", c.TimeoutSecs, MaxTimeoutSecs)
 	}
-	if n, err := ParseMemory(c.Memory); err == nil && n > MaxMemory {
-		add("memory %q is over the limit of %s", c.Memory, SizeString(MaxMemory))
+	if n, err := parseMemory(c.Memory); err == nil && n > MaxMemory {
+		add("memory %q is over the limit of %s", c.Memory, size.String(MaxMemory))
 	}
 	if c.CPUs > MaxCPUs && !math.IsInf(c.CPUs, 0) {
 		add("cpus %v is over the limit of %d", c.CPUs, MaxCPUs)
@@ -150,7 +139,7 @@ func (r ExecRequest) Validate() error {
 		}
 	}
 	if argv > MaxArgvBytes {
-		add("cmd is %d bytes, over the limit of %s: pass large data on stdin or as a file", argv, SizeString(MaxArgvBytes))
+		add("cmd is %d bytes, over the limit of %s: pass large data on stdin or as a file", argv, size.String(MaxArgvBytes))
 	}
 	problems = append(problems, envProblems("env", r.Env)...)
 	if r.Workdir != "" && !path.IsAbs(r.Workdir) {
@@ -164,9 +153,9 @@ func (r ExecRequest) Validate() error {
 		add("timeout_secs %s is over the limit of %d (24 h)", seconds(r.Timeout.Seconds()), int(MaxExecTimeout.Seconds()))
 	}
 	if r.OutputLimit < 0 {
-		add("output_limit %d is negative: give bytes per stream, or 0 for the default %s", r.OutputLimit, SizeString(DefaultOutputLimit))
+		add("output_limit %d is negative: give bytes per stream, or 0 for the default %s", r.OutputLimit, size.String(DefaultOutputLimit))
 	} else if r.OutputLimit > MaxOutputLimit {
-		add("output_limit %d is over the limit of %s per stream", r.OutputLimit, SizeString(MaxOutputLimit))
+		add("output_limit %d is over the limit of %s per stream", r.OutputLimit, size.String(MaxOutputLimit))
 	}
 	if len(problems) == 0 {
 		return nil

@@ -92,14 +92,6 @@ func TestExecRequestLimits(t *testing.T) {
 	}
 }
 
-func TestSizeString(t *testing.T) {
-	for n, want := range map[int64]string{64 << 20: "64 MiB", 128 << 10: "128 KiB", 1 << 30: "1 GiB", 4096: "4 KiB", 4097: "4097 bytes"} {
-		if got := SizeString(n); got != want {
-			t.Errorf("SizeString(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
 // envOf is an environment of exactly n bytes as envBytes counts them, in entries the
 // kernel accepts (each under 64 KiB).
 func envOf(n int) map[string]string {

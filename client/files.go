@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/tarfs"
 )
 
@@ -90,7 +91,7 @@ func singleFile(r io.Reader, src string, w io.Writer, limit int64) error {
 	}
 	if hdr.Size > limit {
 		return fmt.Errorf("%w: %s is %s, over the %s one read may move: read less, or raise the cap (ReadFileLimit, max_bytes= in the SDK)",
-			roche.ErrExhausted, src, tarfs.Size(hdr.Size), tarfs.Size(limit))
+			roche.ErrExhausted, src, size.String(hdr.Size), size.String(limit))
 	}
 	if _, err := io.Copy(w, tr); err != nil {
 		return fmt.Errorf("reading %s: %w", src, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/tarfs"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/provider/kit"
@@ -89,7 +90,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 		}
 		if len(b) > roche.MaxStdinBytes {
 			return roche.ExecResult{}, fmt.Errorf("%w: stdin is over the limit of %s: copy large input in as a file (roche cp) instead",
-				roche.ErrInvalidConfig, roche.SizeString(roche.MaxStdinBytes))
+				roche.ErrInvalidConfig, size.String(roche.MaxStdinBytes))
 		}
 		stdin = b
 		if stdin == nil {

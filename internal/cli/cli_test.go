@@ -130,6 +130,8 @@ func TestBadInput(t *testing.T) {
 		{"bad env", []string{"run", "--image", img, "--env", "NOVALUE", "--", "true"}, "KEY=VALUE"},
 		{"cp without sandbox", []string{"cp", "a", "b"}, "ID:/path"},
 		{"cp to a relative path", []string{"cp", "a", "0123456789ab:tmp/x"}, "must be absolute: 0123456789ab:/tmp/x"},
+		{"cp cap not a size", []string{"cp", "--max-bytes", "lots", "a", "0123456789ab:/tmp/x"}, `--max-bytes: invalid config: "lots" is not a size`},
+		{"cp cap of nothing", []string{"cp", "--max-bytes", "0", "a", "0123456789ab:/tmp/x"}, "--max-bytes: invalid config: 0 copies nothing"},
 		{"cp without arguments", []string{"cp"}, "roche cp takes SRC DST, got none (usage: roche cp"},
 		{"command's flags before --", []string{"run", "python3", "-c", "1"}, "put the command after --"},
 		{"not a number", []string{"run", "--image", img, "--timeout", "abc", "--", "true"}, `--timeout "abc": want a whole number`},

@@ -16,6 +16,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/interrupt"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -606,9 +607,12 @@ pass the cap is refused before any of it is written. Through roched, its own cap
 			}
 			opts := roche.CopyOptions{PreserveLinks: preserveLinks}
 			if cmd.Flags().Changed("max-bytes") {
-				n, err := roche.ParseSize(maxBytes)
+				n, err := size.Parse(maxBytes)
+				if err == nil && n == 0 {
+					err = errors.New("0 copies nothing: give a size such as 4g")
+				}
 				if err != nil {
-					return fmt.Errorf("--max-bytes: %w", err)
+					return fmt.Errorf("--max-bytes: %w: %v", roche.ErrInvalidConfig, err)
 				}
 				opts.MaxBytes = n
 			}

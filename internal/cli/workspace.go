@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/size"
 )
 
 func (e *env) workspaceCommand() *cobra.Command {
@@ -46,11 +47,11 @@ refused. A workspace in use by a sandbox cannot be removed; removing one frees i
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tPROVIDER\tSIZE\tCREATED\tIN USE BY")
 			for _, w := range ws {
-				size := "-" // made by an older Roche, without a size
+				shown := "-" // made by an older Roche, without a size
 				if w.SizeBytes > 0 {
-					size = humanBytes(w.SizeBytes)
+					shown = size.String(w.SizeBytes)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", w.Name, w.Provider, size, w.CreatedAt.Format("2006-01-02 15:04"), strings.Join(w.InUseBy, ","))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", w.Name, w.Provider, shown, w.CreatedAt.Format("2006-01-02 15:04"), strings.Join(w.InUseBy, ","))
 			}
 			if ferr := tw.Flush(); ferr != nil {
 				return ferr
@@ -115,17 +116,4 @@ workspace is kept unless --wipe-workspace. Prints the new sandbox's id.`,
 	c.Flags().BoolVar(&wipe, "wipe-workspace", false, "empty the sandbox's workspace too")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the new sandbox as a JSON object")
 	return c
-}
-
-// humanBytes renders a size as the flags take it: "1g", "50m", else MiB with a fraction.
-func humanBytes(n int64) string {
-	for _, u := range []struct {
-		unit  string
-		shift uint
-	}{{"t", 40}, {"g", 30}, {"m", 20}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d%s", n>>u.shift, u.unit)
-		}
-	}
-	return fmt.Sprintf("%.1fm", float64(n)/(1<<20))
 }

@@ -81,8 +81,8 @@ func TestDiskFlags(t *testing.T) {
 	if mib, _ := strconv.Atoi(strings.TrimSpace(r.stdout)); r.code != 0 || mib < 40 || mib > 50 {
 		t.Fatalf("run --workspace-size 50m: %+v, want a workspace of about 50 MiB", r)
 	}
-	if r := run(t, "workspace", "list"); !strings.Contains(r.stdout, "SIZE") || !strings.Contains(r.stdout, ws) || !strings.Contains(r.stdout, "50m") {
-		t.Fatalf("workspace list: %+v, want %s with its size 50m", r, ws)
+	if r := run(t, "workspace", "list"); !strings.Contains(r.stdout, "SIZE") || !strings.Contains(r.stdout, ws) || !strings.Contains(r.stdout, "50 MiB") {
+		t.Fatalf("workspace list: %+v, want %s with its size 50 MiB", r, ws)
 	}
 	r = run(t, "run", "--image", img, "--workspace", ws, "--workspace-size", "60m", "--", "true")
 	if r.code == 0 || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "fixed when it was made") {

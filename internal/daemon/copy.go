@@ -13,6 +13,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/internal/ledger"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/tarfs"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
@@ -48,7 +49,7 @@ func (d *Daemon) copyLimit(asked int64) (int64, error) {
 		return d.cfg.CopyMaxBytes, nil
 	case asked > d.cfg.CopyMaxBytes:
 		return 0, fmt.Errorf("%w: max_bytes %s is over this roched's cap of %s per copy (roched --copy-max-bytes)",
-			roche.ErrInvalidConfig, tarfs.Size(asked), tarfs.Size(d.cfg.CopyMaxBytes))
+			roche.ErrInvalidConfig, size.String(asked), size.String(d.cfg.CopyMaxBytes))
 	}
 	return asked, nil
 }

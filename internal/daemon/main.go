@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/inproc"
 	"github.com/roche-sandbox/roche/internal/memlimit"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
@@ -388,8 +389,11 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		index[spec.Key] = len(cfg.Pools)
 		cfg.Pools = append(cfg.Pools, spec)
 	}
-	if n, err := roche.ParseSize(f.copyMaxBytes); err != nil {
-		errs = append(errs, fmt.Errorf("--copy-max-bytes: %w", err))
+	if n, err := size.Parse(f.copyMaxBytes); err != nil || n == 0 {
+		if err == nil {
+			err = errors.New("0 copies nothing: give a size such as 4g")
+		}
+		errs = append(errs, fmt.Errorf("--copy-max-bytes: %w: %v", roche.ErrInvalidConfig, err))
 	} else {
 		cfg.CopyMaxBytes = n
 	}

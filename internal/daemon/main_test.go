@@ -55,6 +55,8 @@ func TestMainBadInput(t *testing.T) {
 		{[]string{"--socket", sock, "--pool-concurrency", "-1"}, "--pool-concurrency -1: give 1 or more, or 0 to let it adapt"},
 		{[]string{"--socket", sock, "--providers", "dokcer"}, `--providers: invalid config: unknown provider "dokcer"`},
 		{[]string{"--socket", sock, "--providers", "wasm", "--pool", "docker/img"}, `unknown provider "docker"`},
+		{[]string{"--socket", sock, "--copy-max-bytes", "lots"}, `--copy-max-bytes: invalid config: "lots" is not a size`},
+		{[]string{"--socket", sock, "--copy-max-bytes", "0"}, "--copy-max-bytes: invalid config: 0 copies nothing"},
 		{[]string{"extra"}, "unknown command"},
 	}
 	for _, c := range cases {
@@ -96,7 +98,8 @@ func TestConfigFileAndFlags(t *testing.T) {
   "socket": "/from/file.sock",
   "max_sandboxes": 7,
   "pool_concurrency": 3,
-  "pools": ["docker/a?min=1", "docker/b?min=2&max=4"]
+  "pools": ["docker/a?min=1", "docker/b?min=2&max=4"],
+  "copy_max_bytes": "1.5 GiB"
 }`), 0o600)
 	var f flags
 	cmd := command(&f, io.Discard)
@@ -107,7 +110,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Socket != "/from/file.sock" || cfg.MaxSandboxes != 9 || cfg.PoolConcurrency != 3 {
+	if cfg.Socket != "/from/file.sock" || cfg.MaxSandboxes != 9 || cfg.PoolConcurrency != 3 || cfg.CopyMaxBytes != 3<<29 {
 		t.Fatalf("merged config %+v", cfg)
 	}
 	if len(cfg.Pools) != 2 || cfg.Pools[0].Image != "a" || cfg.Pools[1].Image != "b" || cfg.Pools[1].MinIdle != 3 {

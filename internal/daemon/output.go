@@ -12,6 +12,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -95,7 +96,7 @@ func (o *heldOutput) Write(p []byte) (int, error) {
 	if n < int64(len(p)) && !o.short {
 		o.short = true
 		o.d.log.Warn("unary Exec output cut: roched holds at most this much unary output at once; use ExecStream",
-			"limit", roche.SizeString(maxHeldOutput))
+			"limit", size.String(maxHeldOutput))
 	}
 	return len(p), nil
 }
@@ -129,7 +130,7 @@ func (c *countingConn) Receive(msg any) error {
 		c.n += int64(len(m.TarChunk))
 		if c.n > c.max {
 			return wire.ToStatus(fmt.Errorf("%w: the upload is over the limit of %s per copy into a sandbox: copy less at once",
-				roche.ErrInvalidConfig, roche.SizeString(c.max)))
+				roche.ErrInvalidConfig, size.String(c.max)))
 		}
 	}
 	return nil

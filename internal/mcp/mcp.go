@@ -33,6 +33,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/remedy"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -408,7 +409,7 @@ func (s *Server) newSandbox(ctx context.Context, session *mcp.ServerSession, in 
 	}
 	if in.Disk != "" {
 		// A model does not get to lift the bound; whoever runs the server could, in Go.
-		if n, err := roche.ParseDisk(in.Disk); err == nil && n == 0 {
+		if n, err := size.Parse(in.Disk); err == nil && n == 0 {
 			return roche.SandboxInfo{}, nil, fmt.Errorf("%w: disk 0 (no limit) is not offered here: give a size such as 5g", roche.ErrInvalidConfig)
 		}
 		cfg.Disk = in.Disk

@@ -20,6 +20,8 @@ import (
 	"io"
 	"path"
 	"strings"
+
+	"github.com/roche-sandbox/roche/internal/size"
 )
 
 var (
@@ -110,27 +112,10 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
-	return fmt.Sprintf("%s is %s, which takes the copy past its limit of %s", e.Name, Size(e.Size), Size(e.Limit))
+	return fmt.Sprintf("%s is %s, which takes the copy past its limit of %s", e.Name, size.String(e.Size), size.String(e.Limit))
 }
 
 func (e *LimitError) Unwrap() error { return ErrLimit }
-
-// Size formats a byte count for people: "1 GiB", "10 TiB", "1.5 MiB", "17 bytes".
-func Size(n int64) string {
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	if n < 1024 {
-		return fmt.Sprintf("%d bytes", n)
-	}
-	v, u := float64(n)/1024, 0
-	for v >= 1024 && u < len(units)-1 {
-		v /= 1024
-		u++
-	}
-	if v == float64(int64(v)) {
-		return fmt.Sprintf("%d %s", int64(v), units[u])
-	}
-	return fmt.Sprintf("%.1f %s", v, units[u])
-}
 
 // checker validates archive entries as they come, for Extract and Filter.
 type checker struct {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/pool"
 )
 
@@ -143,7 +144,7 @@ func ExecFromProto(pb ExecParams) (roche.ExecRequest, error) {
 	}
 	if n := len(pb.GetStdin()); n > roche.MaxStdinBytes {
 		return roche.ExecRequest{}, fmt.Errorf("%w: stdin is %d bytes, over the limit of %s: copy large input in as a file (roche cp) instead",
-			roche.ErrInvalidConfig, n, roche.SizeString(roche.MaxStdinBytes))
+			roche.ErrInvalidConfig, n, size.String(roche.MaxStdinBytes))
 	}
 	req := roche.ExecRequest{
 		Cmd:         pb.GetCmd(),
@@ -162,7 +163,7 @@ func ExecFromProto(pb ExecParams) (roche.ExecRequest, error) {
 func CheckExecOutput(req roche.ExecRequest) error {
 	if req.OutputLimit > MaxExecOutput {
 		return fmt.Errorf("%w: output_limit %d is over the limit of %s per stream for Exec, whose result carries the output whole: use ExecStream (up to %s)",
-			roche.ErrInvalidConfig, req.OutputLimit, roche.SizeString(MaxExecOutput), roche.SizeString(roche.MaxOutputLimit))
+			roche.ErrInvalidConfig, req.OutputLimit, size.String(MaxExecOutput), size.String(roche.MaxOutputLimit))
 	}
 	return nil
 }

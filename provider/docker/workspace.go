@@ -19,6 +19,8 @@ import (
 	"github.com/docker/docker/api/types/volume"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/size"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // LabelWorkspace marks the sandboxes that mount a workspace with its name (and the
@@ -129,7 +131,7 @@ func (p *Provider) openWorkspace(ctx context.Context, name string, want int64) (
 		return rec, false, err
 	case want != 0 && want != rec.SizeBytes:
 		return rec, false, fmt.Errorf("%w: workspace %s has a size of %s, fixed when it was made, and %s was asked for: leave the size out to use it as it is, or remove it (roche workspace rm %s) and make it again with the new size",
-			roche.ErrInvalidConfig, name, formatBytes(rec.SizeBytes), formatBytes(want), name)
+			roche.ErrInvalidConfig, name, size.String(rec.SizeBytes), size.String(want), name)
 	}
 	dir := p.workspaceDir(name)
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -151,7 +153,7 @@ func (p *Provider) openWorkspace(ctx context.Context, name string, want int64) (
 // makes it exist: a crash in between leaves an image that the next attempt replaces.
 func (p *Provider) makeWorkspace(name string, size int64) (workspaceRecord, error) {
 	if size == 0 {
-		size, _ = roche.ParseDisk(roche.DefaultWorkspaceSize)
+		size = kit.DefaultWorkspaceBytes
 	}
 	img := p.workspacePath(name, ".img")
 	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -444,19 +446,6 @@ func writeFileAtomic(file string, v any) error {
 		return err
 	}
 	return nil
-}
-
-// formatBytes renders a size as the flags take it: "1g", "50m", or bytes.
-func formatBytes(n int64) string {
-	for _, u := range []struct {
-		unit  string
-		shift uint
-	}{{"t", 40}, {"g", 30}, {"m", 20}, {"k", 10}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d%s", n>>u.shift, u.unit)
-		}
-	}
-	return fmt.Sprint(n)
 }
 
 // recordWithUID draws the new workspace rec's uid and writes its record. Drawing and

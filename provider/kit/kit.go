@@ -119,3 +119,7 @@ func (e *retryError) Unwrap() error { return e.err }
 
 // RetryDelay is what roche.RetryDelay asks an error in the chain for.
 func (e *retryError) RetryDelay() time.Duration { return e.after }
+
+// DefaultWorkspaceBytes is roche.DefaultWorkspaceSize in bytes: the size a provider
+// makes a new workspace with when the config gives none (Config.WorkspaceBytes is 0).
+const DefaultWorkspaceBytes = 1 << 30

@@ -75,3 +75,14 @@ func TestCopyDefersToCopier(t *testing.T) {
 		t.Fatalf("CopyOut: %+v %v (deferred %d times)", rep, err, c.out)
 	}
 }
+
+// TestDefaultWorkspaceBytes: the default workspace size providers make is the one
+// package roche documents.
+func TestDefaultWorkspaceBytes(t *testing.T) {
+	cfg := roche.DefaultConfig()
+	cfg.Workspace, cfg.WorkspaceSize = "w", roche.DefaultWorkspaceSize
+	if err := cfg.Validate(); err != nil || cfg.WorkspaceBytes() != kit.DefaultWorkspaceBytes {
+		t.Fatalf("roche.DefaultWorkspaceSize %q is %d bytes (%v), kit.DefaultWorkspaceBytes %d",
+			roche.DefaultWorkspaceSize, cfg.WorkspaceBytes(), err, kit.DefaultWorkspaceBytes)
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/size"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // The data directory (WithDataDir) holds what outlives sandboxes:
@@ -51,8 +53,7 @@ func (r workspaceRecord) size() int64 {
 	if r.SizeBytes > 0 {
 		return r.SizeBytes
 	}
-	n, _ := roche.ParseDisk(roche.DefaultWorkspaceSize)
-	return n
+	return kit.DefaultWorkspaceBytes
 }
 
 // workspaceSize reads what workspace name may hold.
@@ -121,13 +122,13 @@ func (p *Provider) ensureWorkspace(name string, want int64) (made bool, err erro
 			return false, fmt.Errorf("%w: workspace %s: %v: remove it (roche workspace rm --provider wasm %s)", roche.ErrUnavailable, name, err, name)
 		}
 		if want != 0 && want != rec.size() {
-			return false, fmt.Errorf("%w: workspace %s has a size of %d bytes, fixed when it was made, and %d were asked for: leave the size out to use it as it is, or remove it (roche workspace rm %s) and make it again with the new size",
-				roche.ErrInvalidConfig, name, rec.size(), want, name)
+			return false, fmt.Errorf("%w: workspace %s has a size of %s, fixed when it was made, and %s was asked for: leave the size out to use it as it is, or remove it (roche workspace rm %s) and make it again with the new size",
+				roche.ErrInvalidConfig, name, size.String(rec.size()), size.String(want), name)
 		}
 		return false, nil
 	}
 	if want == 0 {
-		want, _ = roche.ParseDisk(roche.DefaultWorkspaceSize)
+		want = kit.DefaultWorkspaceBytes
 	}
 	partial, err := os.MkdirTemp(parent, partialPrefix)
 	if err != nil {
