@@ -95,19 +95,6 @@ type Config struct {
 	// FromSnapshot creates the sandbox from a snapshot (see Snapshotter) instead of
 	// Image: its files as they were, without its processes.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
-	// Owner names who made the sandbox and so who may list, adopt and collect it:
-	// "roched:INSTANCE[/TENANT]" for roched, "cli:USER@HOST" for the direct-mode CLI.
-	// Providers keep it with the sandbox and report it as SandboxInfo.Owner. It is set
-	// by the program creating the sandbox, never taken from an API caller: roched's API
-	// does not carry it. Empty means nobody in particular (a library caller).
-	Owner string `json:"owner,omitempty"`
-	// Leased ties the sandbox to its creator instead of only to its lifetime: the
-	// process whose provider made it holds its lease until Destroy, Keep (see Leaser) or
-	// its own end, and a sandbox whose lease is lost (its creator was killed) stops
-	// within seconds. roche run, the SDKs' context managers and roched's pools set it; a
-	// sandbox made to outlive its creator (roche create) does not. A provider without
-	// leases (Capabilities.Leases false) refuses it.
-	Leased bool `json:"leased,omitempty"`
 }
 
 // WorkspacePath is where a workspace appears inside a sandbox.

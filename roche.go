@@ -177,7 +177,7 @@ type Capabilities struct {
 	Pause     bool // implements Pauser
 	Stdin     bool // ExecRequest.Stdin is passed to the command
 	Processes bool // sandboxes are Linux process trees with /proc (fork, signals, users)
-	Leases    bool // leased=true can be given (implements kit.Leaser)
+	Leases    bool // sandboxes can be tied to their creator (leased through the API; kit.Leaser)
 	// Code lists the languages whose contexts RunCode serves (implements CodeRunner).
 	Code []string `json:"code,omitempty"`
 	// RichResults: code can return images, HTML and JSON (display calls, figures) and not
@@ -209,7 +209,9 @@ type SandboxInfo struct {
 	// Transport says how commands reach the sandbox: "agent" (roche-agent inside it) or a
 	// provider's fallback such as "docker-exec", which is slower and has no files API.
 	Transport string `json:"transport,omitempty"`
-	// Owner is the Config.Owner the sandbox was made with ("" when none was given).
+	// Owner names who made the sandbox ("roched:...", "cli:USER@HOST"), and so who may
+	// list, adopt and collect it; "" when nobody in particular did (a library caller).
+	// The program that creates it sets it, never a user or an API caller.
 	Owner string `json:"owner,omitempty"`
 }
 

@@ -330,17 +330,25 @@ func (c *Client) PoolDrain(ctx context.Context, key string) (int, []*rochev1.Poo
 // Create makes a sandbox on the named provider ("" for the daemon's default) and says
 // whether it came from a warm pool.
 func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+	return c.CreateFor(ctx, provider, cfg, kit.CreateOptions{})
+}
+
+// CreateFor is Create with options. With opts.Leased the sandbox is tied to this client:
+// it holds it (see Holding) until Destroy, Close or its end, and roched destroys it a
+// few seconds after. opts.Owner is not sent: roched names the owner of what it makes
+// (its own, for the caller's tenant), whoever asks.
+func (c *Client) CreateFor(ctx context.Context, provider string, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, bool, error) {
 	// Checked here too, so that the words are the ones an in-process provider uses (the
 	// wire would first clamp an out-of-range number).
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
-	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg)}))
+	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg, opts.Leased)}))
 	if err != nil {
 		return roche.SandboxInfo{}, false, c.fromRPC(err)
 	}
 	sb := wire.InfoFromProto(resp.Msg.Sandbox)
-	if cfg.Leased {
+	if opts.Leased {
 		c.hold(sb.ID)
 	}
 	return sb, resp.Msg.Pooled, nil

@@ -12,7 +12,7 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 )
 
-// A leased sandbox (roche.Config.Leased) is held by this client with a Hold stream from
+// A leased sandbox (CreateFor with kit.CreateOptions.Leased) is held by this client with a Hold stream from
 // its create until Destroy, Close or the end of this process: the daemon destroys it a
 // few seconds after the stream ends. A stream cut while the daemon restarts is taken
 // again, for a while.

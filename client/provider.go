@@ -28,6 +28,7 @@ type Provider struct {
 
 var (
 	_ roche.Provider         = (*Provider)(nil)
+	_ kit.Creator            = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.TarCopier        = (*Provider)(nil)
 	_ kit.Copier             = (*Provider)(nil)
@@ -70,6 +71,12 @@ func (p *Provider) Capabilities() roche.Capabilities {
 // Create implements roche.Provider.
 func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
 	sb, _, err := p.c.Create(ctx, p.name, cfg)
+	return sb, err
+}
+
+// CreateFor implements kit.Creator (see Client.CreateFor: roched names the owner).
+func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
+	sb, _, err := p.c.CreateFor(ctx, p.name, cfg, opts)
 	return sb, err
 }
 

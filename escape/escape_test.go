@@ -18,6 +18,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/kit"
 	"github.com/roche-sandbox/roche/provider/providertest"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
@@ -118,7 +119,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 // create makes a sandbox destroyed when the test ends.
 func (h *harness) create(cfg roche.Config) string {
 	h.t.Helper()
-	info, err := h.p.Create(ctxFor(h.t, 3*time.Minute), cfg)
+	info, err := kit.Create(ctxFor(h.t, 3*time.Minute), h.p, cfg, owned)
 	if err != nil {
 		h.t.Fatalf("Create: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/vm"
@@ -54,9 +55,11 @@ func baseConfig() roche.Config {
 	cfg := roche.DefaultConfig()
 	cfg.Image = testenv.Image()
 	cfg.TimeoutSecs = 600
-	cfg.Owner = fmt.Sprintf("escape-test:%d", os.Getpid())
 	return cfg
 }
+
+// owned is whose the suite's sandboxes are, so that they can be told from others'.
+var owned = kit.CreateOptions{Owner: fmt.Sprintf("escape-test:%d", os.Getpid())}
 
 func openDocker(opts ...docker.Option) func(t *testing.T) (roche.Provider, roche.Config) {
 	return func(t *testing.T) (roche.Provider, roche.Config) {
@@ -195,7 +198,6 @@ func openWasm(t *testing.T) (roche.Provider, roche.Config) {
 	}
 	cfg := roche.DefaultConfig()
 	cfg.TimeoutSecs = 600
-	cfg.Owner = baseConfig().Owner
 	return p, cfg
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 func testImage() string {
@@ -36,13 +37,14 @@ type dockerPool struct {
 	most      int      // the most of them at once
 }
 
-// counted is the docker provider, with the pool's Create calls in flight counted.
+// counted is the docker provider, with the pool's creates in flight counted (the pool
+// creates through kit.Create, so CreateFor).
 type counted struct {
 	*docker.Provider
 	d *dockerPool
 }
 
-func (c counted) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (c counted) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
 	c.d.mu.Lock()
 	c.d.creating++
 	c.d.most = max(c.d.most, c.d.creating)
@@ -52,7 +54,7 @@ func (c counted) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInf
 		c.d.creating--
 		c.d.mu.Unlock()
 	}()
-	return c.Provider.Create(ctx, cfg)
+	return c.Provider.CreateFor(ctx, cfg, opts)
 }
 
 // startDockerPool starts a pool of spec (after "docker/IMAGE?"), with the manager's

@@ -77,7 +77,7 @@ const DefaultProbeTimeout = time.Second
 // sandbox that died while idle; it is there to measure what the check costs.
 func WithProbeTimeout(d time.Duration) Option { return func(m *Manager) { m.probeTimeout = d } }
 
-// WithOwner sets the Config.Owner of every sandbox the pools create, so that the daemon
+// WithOwner sets the owner (kit.CreateOptions) of every sandbox the pools create, so that the daemon
 // can tell its own idle sandboxes from everyone else's on a shared engine.
 func WithOwner(owner string) Option { return func(m *Manager) { m.owner = owner } }
 
@@ -147,11 +147,10 @@ func NewManager(providers map[string]roche.Provider, specs []Spec, opts ...Optio
 			continue
 		}
 		pl := &Pool{spec: s, cfg: s.Config(), provider: p, m: m, inUse: map[string]struct{}{}, changed: make(chan struct{})}
-		pl.cfg.Owner = m.owner
 		// Held by this process, where the provider has leases: a process killed while
 		// it keeps a pool (mid-refill, say) leaves no idle sandbox that lives on for
 		// minutes. Whoever takes one out ends the lease or takes it over (kit.Leaser).
-		pl.cfg.Leased = p.Capabilities().Leases
+		pl.opts = kit.CreateOptions{Owner: m.owner, Leased: p.Capabilities().Leases}
 		m.pools = append(m.pools, pl)
 		m.byKey[s.Key] = pl
 	}
@@ -252,6 +251,7 @@ func (m *Manager) Close(ctx context.Context) (int, error) {
 type Pool struct {
 	spec     Spec
 	cfg      roche.Config
+	opts     kit.CreateOptions // whose the sandboxes are, and leased
 	provider roche.Provider
 	m        *Manager
 
@@ -707,7 +707,7 @@ func (p *Pool) create() {
 	// leave a container nobody knows of. Close waits for it and destroys the result.
 	ctx, cancel := context.WithTimeout(context.Background(), p.m.createTimeout)
 	start := time.Now()
-	info, err := p.provider.Create(ctx, p.cfg)
+	info, err := kit.Create(ctx, p.provider, p.cfg, p.opts)
 	made := err == nil
 	if made && p.m.hooks.Created != nil {
 		p.m.hooks.Created(p.spec.Key, info)

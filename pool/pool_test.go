@@ -13,6 +13,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // TestMain builds roche-agent for the tests against the real engine (a Docker sandbox
@@ -37,6 +38,7 @@ type fakeProvider struct {
 	created    int
 	destroyed  int
 	lastConfig roche.Config
+	lastOpts   kit.CreateOptions
 }
 
 func newFake(delay time.Duration) *fakeProvider {
@@ -47,10 +49,14 @@ func (f *fakeProvider) Name() string                     { return "fake" }
 func (f *fakeProvider) Capabilities() roche.Capabilities { return roche.Capabilities{} }
 
 func (f *fakeProvider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return f.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+func (f *fakeProvider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
 	f.mu.Lock()
 	f.creating++
 	f.maxCreate = max(f.maxCreate, f.creating)
-	f.lastConfig = cfg
+	f.lastConfig, f.lastOpts = cfg, opts
 	f.mu.Unlock()
 	time.Sleep(f.delay)
 	f.mu.Lock()
@@ -218,8 +224,8 @@ func TestAcquireHitMissAndRefill(t *testing.T) {
 	}
 	// The pooled config carries the pool's image, a lifetime covering idle + max timeout,
 	// and the daemon's owner.
-	if cfg := f.lastConfig; cfg.Image != "img" || cfg.TimeoutSecs < 60+300 || cfg.Network || cfg.Writable || cfg.Owner != "roched:test" {
-		t.Fatalf("pooled config %+v", cfg)
+	if cfg := f.lastConfig; cfg.Image != "img" || cfg.TimeoutSecs < 60+300 || cfg.Network || cfg.Writable || f.lastOpts.Owner != "roched:test" {
+		t.Fatalf("pooled config %+v, options %+v", cfg, f.lastOpts)
 	}
 	p.Forget(a.ID)
 	p.Forget(b.ID)

@@ -26,6 +26,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 var (
@@ -111,11 +112,10 @@ func run() error {
 	p := c.Provider("docker")
 	cfg := roche.DefaultConfig()
 	cfg.Image = img
-	cfg.Leased = true
 	cycle := func() (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		sb, pooled, err := c.Create(cctx, "docker", cfg)
+		sb, pooled, err := c.CreateFor(cctx, "docker", cfg, kit.CreateOptions{Leased: true})
 		if err != nil {
 			return false, err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/interrupt"
 	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/wire"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // createFlags are the flags shared by create and run.
@@ -117,9 +118,9 @@ func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Pr
 	if err != nil {
 		return nil, roche.SandboxInfo{}, err
 	}
-	cfg.Owner = e.owner() // through roched, the daemon owns it instead
-	cfg.Leased = leased && p.Capabilities().Leases
-	info, err := p.Create(ctx, cfg)
+	// Through roched, the daemon names the owner instead.
+	opts := kit.CreateOptions{Owner: e.owner(), Leased: leased && p.Capabilities().Leases}
+	info, err := kit.Create(ctx, p, cfg, opts)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("creating the sandbox was interrupted: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // TestYourOwnOnly: on an engine holding another user's sandbox, list, gc --all and
@@ -23,8 +24,7 @@ func TestYourOwnOnly(t *testing.T) {
 	defer dp.Close()
 	cfg := roche.DefaultConfig()
 	cfg.Image = testImage()
-	cfg.Owner = "cli:someone-else@elsewhere"
-	other, err := dp.Create(ctx, cfg)
+	other, err := dp.CreateFor(ctx, cfg, kit.CreateOptions{Owner: "cli:someone-else@elsewhere"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/cli/full"
 	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // TestAdoptsOnlyItsOwn: on an engine holding a direct-mode CLI user's sandbox and
@@ -132,9 +133,7 @@ func TestAdoptsItsOwnAndItsOrphans(t *testing.T) {
 	if err != nil || !strings.HasPrefix(info.Owner, "roched:"+sf.Instance+".") || !strings.HasSuffix(info.Owner, "/"+LocalTenant) {
 		t.Fatalf("the recorded sandbox's owner %q (%v) is not the instance %s's for tenant %s", info.Owner, err, sf.Instance, LocalTenant)
 	}
-	cfg := pyConfig()
-	cfg.Owner = info.Owner
-	unrecorded, err := rec.Provider.Create(ctx, cfg)
+	unrecorded, err := kit.Create(ctx, rec.Provider, pyConfig(), kit.CreateOptions{Owner: info.Owner})
 	if err != nil {
 		t.Fatal(err)
 	}

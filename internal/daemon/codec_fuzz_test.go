@@ -30,6 +30,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/internal/wire"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // requestTypes are the request messages of every method of roche.v1.SandboxService.
@@ -63,7 +64,7 @@ func hasUnknown(m proto.Message) bool {
 
 // codecSeeds are request bodies of the shapes clients send, in both encodings.
 func codecSeeds() [][2]any {
-	cfg := wire.ConfigToProto(roche.DefaultConfig())
+	cfg := wire.ConfigToProto(roche.DefaultConfig(), false)
 	msgs := []proto.Message{
 		&rochev1.CreateRequest{Provider: "docker", Config: cfg},
 		&rochev1.ExecRequest{SandboxId: "s", Cmd: []string{"python3", "-c", "print(1)"}, Env: map[string]string{"A": "1"}, Stdin: []byte("in")},
@@ -166,10 +167,14 @@ func (p *fuzzProvider) problem(format string, args ...any) {
 }
 
 func (p *fuzzProvider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return p.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+func (p *fuzzProvider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
 	if err := cfg.Validate(); err != nil {
 		p.problem("Create reached the provider with an invalid config: %v", err)
 	}
-	return p.memProvider.Create(ctx, cfg)
+	return p.memProvider.CreateFor(ctx, cfg, opts)
 }
 
 func (p *fuzzProvider) Exec(ctx context.Context, id string, req roche.ExecRequest) (roche.ExecResult, error) {
@@ -248,8 +253,8 @@ var apiMethods = []struct {
 func FuzzAPI(f *testing.F) {
 	const id = "mem-0001"
 	marshal := func(m proto.Message) []byte { b, _ := proto.Marshal(m); return b }
-	cfg := wire.ConfigToProto(roche.DefaultConfig())
-	badCfg := wire.ConfigToProto(roche.DefaultConfig())
+	cfg := wire.ConfigToProto(roche.DefaultConfig(), false)
+	badCfg := wire.ConfigToProto(roche.DefaultConfig(), false)
 	badCfg.Memory, badCfg.Env = proto.String("1m"), map[string]string{"A\x00": "x"}
 	good := seedTar("x", "hello")
 	f.Add(uint8(0), uint8(0), marshal(&rochev1.CreateRequest{Provider: "mem", Config: cfg}))
@@ -291,7 +296,7 @@ func FuzzAPI(f *testing.F) {
 		}
 		_ = d.Shutdown(sctx)
 	})
-	if sb, _, err := d.ledger.Create(ctx, &d.local.Tenant, "mem", roche.DefaultConfig()); err != nil || sb.ID != id {
+	if sb, _, err := d.ledger.Create(ctx, &d.local.Tenant, "mem", roche.DefaultConfig(), false); err != nil || sb.ID != id {
 		f.Fatalf("the fuzzed daemon's sandbox: %s, %v", sb.ID, err)
 	}
 	h := d.handler(false)

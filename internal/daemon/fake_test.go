@@ -14,6 +14,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // memProvider keeps sandboxes in memory. It stands in for a backend only where the real
@@ -28,13 +29,17 @@ type memProvider struct {
 func (m *memProvider) Name() string                     { return "mem" }
 func (m *memProvider) Capabilities() roche.Capabilities { return roche.Capabilities{} }
 
-func (m *memProvider) Create(_ context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (m *memProvider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return m.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+func (m *memProvider) CreateFor(_ context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.next++
 	now := time.Now()
 	sb := roche.SandboxInfo{ID: fmt.Sprintf("mem-%04d", m.next), Provider: "mem", Image: cfg.Image, State: roche.StateRunning,
-		CreatedAt: now, ExpiresAt: now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)}
+		CreatedAt: now, ExpiresAt: now.Add(time.Duration(cfg.TimeoutSecs) * time.Second), Owner: opts.Owner}
 	m.live[sb.ID] = sb
 	return sb, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // TestMain lets the test binary double as roched for the kill -9 test, which needs a
@@ -56,7 +57,13 @@ type recorder struct {
 }
 
 func (r *recorder) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
-	sb, err := r.Provider.Create(ctx, cfg)
+	return r.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+// CreateFor records too: roched creates through it (kit.Create), and the embedded
+// provider's would not record.
+func (r *recorder) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
+	sb, err := r.Provider.CreateFor(ctx, cfg, opts)
 	if err == nil {
 		r.mu.Lock()
 		r.created = append(r.created, sb.ID)

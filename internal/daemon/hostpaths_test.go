@@ -233,7 +233,7 @@ func TestTenantHostPaths(t *testing.T) {
 	create := func(provider, image string) (*rochev1.CreateResponse, error) {
 		cfg := pyConfig()
 		cfg.Image = image
-		resp, err := acme.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg)}))
+		resp, err := acme.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg, false)}))
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/ledger"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // TestLeasedSandboxGoesWithItsClient: a leased sandbox lives while its client holds it,
@@ -27,9 +28,7 @@ func TestLeasedSandboxGoesWithItsClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cfg := pyConfig()
-	cfg.Leased = true
-	sb, _, err := c.Create(ctx, "docker", cfg)
+	sb, _, err := c.CreateFor(ctx, "docker", pyConfig(), kit.CreateOptions{Leased: true})
 	if err != nil {
 		t.Fatal(err)
 	}

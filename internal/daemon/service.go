@@ -33,8 +33,8 @@ func (s *service) Create(ctx context.Context, req *connect.Request[rochev1.Creat
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	cfg := wire.ConfigFromProto(req.Msg.Config)
-	sb, pooled, err := s.d.ledger.Create(ctx, t, req.Msg.Provider, cfg)
+	cfg, leased := wire.ConfigFromProto(req.Msg.Config)
+	sb, pooled, err := s.d.ledger.Create(ctx, t, req.Msg.Provider, cfg, leased)
 	s.d.audit(ctx, "create", err, "id", sb.ID, "provider", req.Msg.Provider, "image", cfg.Image, "user", cfg.User,
 		"mounts", mountStrings(cfg.Mounts), "workspace", cfg.Workspace, "pooled", pooled)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // holdBound is how soon a client's hold ends once its sandbox is gone: roched looks
@@ -58,9 +59,8 @@ func TestHoldEndsWhenItsSandboxGoes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := roche.DefaultConfig()
 			cfg.Image = img
-			cfg.Leased = true
 			cfg.TimeoutSecs = c.lifetime
-			sb, _, err := rd.c.Create(ctx, "docker", cfg)
+			sb, _, err := rd.c.CreateFor(ctx, "docker", cfg, kit.CreateOptions{Leased: true})
 			if err != nil {
 				t.Fatal(err)
 			}

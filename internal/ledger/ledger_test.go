@@ -79,7 +79,7 @@ func TestLedgerWithoutTheEdge(t *testing.T) {
 	sbCfg.Image = testenv.Image()
 
 	l := start()
-	sb, pooled, err := l.Create(ctx, alice, "", sbCfg)
+	sb, pooled, err := l.Create(ctx, alice, "", sbCfg, false)
 	if err != nil || pooled {
 		t.Fatalf("alice's create: pooled=%v %v", pooled, err)
 	}
@@ -87,15 +87,15 @@ func TestLedgerWithoutTheEdge(t *testing.T) {
 	if sb.Owner != l.OwnerOf("alice") {
 		t.Errorf("alice's sandbox is owned by %q, want %q", sb.Owner, l.OwnerOf("alice"))
 	}
-	if _, _, err := l.Create(ctx, alice, "", sbCfg); !errors.Is(err, roche.ErrExhausted) {
+	if _, _, err := l.Create(ctx, alice, "", sbCfg, false); !errors.Is(err, roche.ErrExhausted) {
 		t.Fatalf("alice's second create past her bound of 1: %v, want ErrExhausted", err)
 	}
-	bobs, _, err := l.Create(ctx, bob, "docker", sbCfg)
+	bobs, _, err := l.Create(ctx, bob, "docker", sbCfg, false)
 	if err != nil {
 		t.Fatalf("bob's create: %v", err)
 	}
 	made = append(made, bobs.ID)
-	if _, _, err := l.Create(ctx, bob, "docker", sbCfg); !errors.Is(err, roche.ErrExhausted) {
+	if _, _, err := l.Create(ctx, bob, "docker", sbCfg, false); !errors.Is(err, roche.ErrExhausted) {
 		t.Fatalf("a third create past the daemon's bound of 2: %v, want ErrExhausted", err)
 	}
 	if _, err := l.Resolve(bob, sb.ID); !errors.Is(err, roche.ErrNotFound) {
@@ -191,7 +191,7 @@ func TestPooledCreateForAGoneClient(t *testing.T) {
 	}
 	sbCfg := roche.DefaultConfig()
 	sbCfg.Image = testenv.Image()
-	sb, hit, err := l.Create(cctx, &Tenant{Name: "gone"}, "", sbCfg)
+	sb, hit, err := l.Create(cctx, &Tenant{Name: "gone"}, "", sbCfg, false)
 	if err == nil {
 		dp.Destroy(context.Background(), sb.ID)
 		t.Fatalf("a create cancelled as the pool handed it a sandbox returned %s (pooled %v), want an error", sb.ID, hit)

@@ -169,8 +169,9 @@ func (l *Ledger) unreserveLocked(t *Tenant) {
 }
 
 // Create serves tenant t's Create: from a matching pool when one has a sandbox ready,
-// else cold. What the tenant may ask for is checked first (tenant.go).
-func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
+// else cold. What the tenant may ask for is checked first (tenant.go). The sandbox is
+// the daemon's, for t; leased ties it to the client's Hold stream (lease.go).
+func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg roche.Config, leased bool) (roche.SandboxInfo, bool, error) {
 	start := time.Now()
 	p, err := l.Provider(providerName)
 	if err != nil {
@@ -188,8 +189,7 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	}
 	// A leased sandbox is held by its client through Hold (lease.go) and, where the
 	// provider has leases, by roched's own lease too.
-	clientLeased := cfg.Leased
-	cfg.Leased = clientLeased && p.Capabilities().Leases
+	opts := kit.CreateOptions{Owner: l.ownerFor(t.Name), Leased: leased && p.Capabilities().Leases}
 	if err := l.admit(t); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
@@ -206,7 +206,7 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	if err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
-	if ok && l.leasePooled(ctx, p, sb.ID, clientLeased) {
+	if ok && l.leasePooled(ctx, p, sb.ID, leased) {
 		if ctx.Err() != nil {
 			return roche.SandboxInfo{}, false, l.abandon(ctx, sb.ID, "creating a sandbox", "the pooled sandbox handed to it")
 		}
@@ -222,7 +222,7 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	// one made for a client that is gone is destroyed below.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	sb, err = p.Create(cctx, cfg)
+	sb, err = kit.Create(cctx, p, cfg, opts)
 	if err != nil {
 		l.noteCallError(providerName, err)
 		return roche.SandboxInfo{}, false, err
@@ -232,10 +232,10 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	admitted = false
 	l.sandboxes[sb.ID] = &Record{
 		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: KindClient, Tenant: t.Name,
-		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(), Leased: clientLeased,
+		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(), Leased: leased,
 	}
 	l.mu.Unlock()
-	if clientLeased {
+	if leased {
 		l.leaseCreated(sb.ID, FirstHold)
 	}
 	if ctx.Err() != nil {

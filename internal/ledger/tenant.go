@@ -67,11 +67,9 @@ func (t *Tenant) Owns(full string) (string, bool) {
 // a path checked here cannot be redirected before the bind (docker.WithPinnedMounts).
 type mountPinner interface{ PinsMounts() bool }
 
-// permit checks what tenant t may ask of a create and returns the config to make: owned
-// by the daemon for t, with t's workspace and snapshot names, and host mounts only where
-// the operator allows them.
+// permit checks what tenant t may ask of a create and returns the config to make: with
+// t's workspace and snapshot names, and host mounts only where the operator allows them.
 func (l *Ledger) permit(t *Tenant, p roche.Provider, cfg roche.Config) (roche.Config, error) {
-	cfg.Owner = l.ownerFor(t.Name)
 	cfg.Mounts = slices.Clone(cfg.Mounts)
 	var err error
 	if cfg.Workspace, err = t.Namespaced(cfg.Workspace, "workspace"); err != nil {

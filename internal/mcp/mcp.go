@@ -35,6 +35,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/remedy"
 	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/wire"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Providers is how the server reaches sandboxes.
@@ -415,7 +416,6 @@ func (s *Server) newSandbox(ctx context.Context, session *mcp.ServerSession, in 
 		cfg.Disk = in.Disk
 	}
 	cfg.WorkspaceSize = in.WorkspaceSize
-	cfg.Owner = s.cfg.Owner
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, nil, err
 	}
@@ -431,7 +431,7 @@ func (s *Server) newSandbox(ctx context.Context, session *mcp.ServerSession, in 
 	// half-made is left; what the client never hears of is destroyed by Close.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	sb, err := p.Create(cctx, cfg)
+	sb, err := kit.Create(cctx, p, cfg, kit.CreateOptions{Owner: s.cfg.Owner})
 	if err != nil {
 		return roche.SandboxInfo{}, nil, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/mcp"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // fuzzSandboxes is the provider behind the MCP fuzz target: sandboxes in memory, one of
@@ -55,7 +56,11 @@ func (p *fuzzSandboxes) Capabilities() roche.Capabilities {
 	return roche.Capabilities{Code: []string{roche.LanguagePython}}
 }
 
-func (p *fuzzSandboxes) Create(_ context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (p *fuzzSandboxes) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return p.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+func (p *fuzzSandboxes) CreateFor(_ context.Context, cfg roche.Config, _ kit.CreateOptions) (roche.SandboxInfo, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := cfg.Validate(); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/mcp"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // TestMain builds roche-agent, so sandboxes run as they do in production.
@@ -645,8 +646,7 @@ func TestSessionsSeeOnlyTheirOwn(t *testing.T) {
 	ctx := context.Background()
 	cfg := roche.DefaultConfig()
 	cfg.Image = testenv.Image()
-	cfg.Owner = "cli:someone-else@elsewhere"
-	foreign, err := dp.Create(ctx, cfg)
+	foreign, err := dp.CreateFor(ctx, cfg, kit.CreateOptions{Owner: "cli:someone-else@elsewhere"})
 	if err != nil {
 		t.Fatal(err)
 	}

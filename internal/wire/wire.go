@@ -22,13 +22,15 @@ import (
 
 // ConfigToProto sends every field explicitly, so the daemon's defaults for fields left
 // out never replace what the caller asked for (a zero cpus is refused, not defaulted).
-func ConfigToProto(cfg roche.Config) *rochev1.SandboxConfig {
+// leased asks for a sandbox tied to the caller's Hold stream (kit.CreateOptions.Leased);
+// the owner is never sent, roched names it.
+func ConfigToProto(cfg roche.Config, leased bool) *rochev1.SandboxConfig {
 	pb := &rochev1.SandboxConfig{
 		Image: &cfg.Image, Network: cfg.Network, Writable: cfg.Writable, TimeoutSecs: ptr(clampInt32(cfg.TimeoutSecs)),
 		Memory: &cfg.Memory, Cpus: &cfg.CPUs, PidsLimit: ptr(clampInt32(cfg.PidsLimit)), Env: cfg.Env,
 		Workdir: cfg.Workdir, User: &cfg.User, NetworkAllowlist: cfg.NetworkAllowlist,
 		Workspace: cfg.Workspace, FromSnapshot: cfg.FromSnapshot, Disk: &cfg.Disk, WorkspaceSize: cfg.WorkspaceSize,
-		Leased: cfg.Leased,
+		Leased: leased,
 	}
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
@@ -36,11 +38,12 @@ func ConfigToProto(cfg roche.Config) *rochev1.SandboxConfig {
 	return pb
 }
 
-// ConfigFromProto fills a roche.Config, fields left out taking the secure defaults.
-func ConfigFromProto(pb *rochev1.SandboxConfig) roche.Config {
-	cfg := roche.DefaultConfig()
+// ConfigFromProto fills a roche.Config, fields left out taking the secure defaults, and
+// says whether the caller asked for a leased sandbox.
+func ConfigFromProto(pb *rochev1.SandboxConfig) (cfg roche.Config, leased bool) {
+	cfg = roche.DefaultConfig()
 	if pb == nil {
-		return cfg
+		return cfg, false
 	}
 	if pb.Image != nil {
 		cfg.Image = *pb.Image
@@ -76,8 +79,7 @@ func ConfigFromProto(pb *rochev1.SandboxConfig) roche.Config {
 	cfg.Workspace = pb.Workspace
 	cfg.FromSnapshot = pb.FromSnapshot
 	cfg.WorkspaceSize = pb.WorkspaceSize
-	cfg.Leased = pb.Leased
-	return cfg
+	return cfg, pb.Leased
 }
 
 // clampInt32 keeps an out-of-range int out-of-range (and so refused by Validate)

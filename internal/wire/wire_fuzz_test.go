@@ -23,7 +23,7 @@ func wireSeeds() [][]byte {
 	cfg.NetworkAllowlist = []string{"pypi.org"}
 	marshal := func(m proto.Message) []byte { b, _ := proto.Marshal(m); return b }
 	return [][]byte{
-		marshal(ConfigToProto(cfg)),
+		marshal(ConfigToProto(cfg, true)),
 		marshal(ExecToProto("s", roche.ExecRequest{Cmd: []string{"echo", "hi"}, Env: map[string]string{"K": "v"}, Workdir: "/tmp",
 			Timeout: 1500 * time.Millisecond, OutputLimit: 1 << 20}, []byte("stdin"))),
 		marshal(CodeToProto("s", roche.CodeRequest{Code: "1+1", Language: "python", Timeout: time.Second, Cwd: "/tmp"})),
@@ -56,12 +56,12 @@ func FuzzFromProto(f *testing.F) {
 			if proto.Unmarshal(b, &pb) != nil {
 				return
 			}
-			cfg := ConfigFromProto(&pb)
+			cfg, leased := ConfigFromProto(&pb)
 			if cfg.Validate() != nil {
 				return
 			}
-			if again := ConfigFromProto(ConfigToProto(cfg)); !reflect.DeepEqual(again, cfg) {
-				t.Fatalf("config %+v comes back as %+v", cfg, again)
+			if again, alsoLeased := ConfigFromProto(ConfigToProto(cfg, leased)); !reflect.DeepEqual(again, cfg) || alsoLeased != leased {
+				t.Fatalf("config %+v (leased %v) comes back as %+v (leased %v)", cfg, leased, again, alsoLeased)
 			}
 		case 1:
 			var pb rochev1.ExecRequest

@@ -29,17 +29,24 @@ import (
 
 // offWire names the Go fields that deliberately do not cross the wire: a reader or a
 // writer cannot; stdin travels as bytes beside the request, the output as chunks. A
-// config's owner is roched's to set, never a caller's (SandboxInfo.Owner does cross).
+// config's owner is not one of its fields at all: roched sets it, never a caller
+// (SandboxInfo.Owner does cross).
 // StreamOnly says what each side keeps of the output it passes on, which is its own
 // business: the daemon's ExecStream keeps none, the client decides for itself.
 var offWire = map[string]bool{
 	"ExecRequest.Stdin": true, "ExecRequest.Stdout": true, "ExecRequest.Stderr": true,
-	"ExecRequest.StreamOnly": true, "Config.Owner": true,
-	"CodeRequest.Stdout": true, "CodeRequest.Stderr": true, "CodeRequest.OnResult": true,
+	"ExecRequest.StreamOnly": true,
+	"CodeRequest.Stdout":     true, "CodeRequest.Stderr": true, "CodeRequest.OnResult": true,
 }
 
 func TestGoToProtoAndBack(t *testing.T) {
-	roundTrip(t, func(c roche.Config) roche.Config { return ConfigFromProto(ConfigToProto(c)) })
+	roundTrip(t, func(c roche.Config) roche.Config {
+		got, leased := ConfigFromProto(ConfigToProto(c, true))
+		if !leased {
+			t.Error("a leased create came back unleased")
+		}
+		return got
+	})
 	roundTrip(t, func(i roche.SandboxInfo) roche.SandboxInfo { return InfoFromProto(InfoToProto(i)) })
 	roundTrip(t, func(r roche.ExecResult) roche.ExecResult { return ResultFromProto(ResultToProto(r, true)) })
 	roundTrip(t, func(c roche.Capabilities) roche.Capabilities { return CapsFromProto(CapsToProto(c)) })
@@ -438,17 +445,17 @@ func TestReasonsAreTheSDKs(t *testing.T) {
 // gets the secure default for it, the disk limit included, never a zero that would
 // mean "no limit".
 func TestConfigLeftOutTakesDefaults(t *testing.T) {
-	got := ConfigFromProto(&rochev1.SandboxConfig{Writable: true})
+	got, leased := ConfigFromProto(&rochev1.SandboxConfig{Writable: true})
 	want := roche.DefaultConfig()
 	want.Writable = true
-	if !reflect.DeepEqual(got, want) {
+	if !reflect.DeepEqual(got, want) || leased {
 		t.Fatalf("config with fields left out: %+v, want the defaults %+v", got, want)
 	}
 	if got.DiskBytes() != 1<<30 {
 		t.Fatalf("disk left out: %q, want the 1g default", got.Disk)
 	}
 	zero := ""
-	if got := ConfigFromProto(&rochev1.SandboxConfig{Disk: &zero}); got.Disk != "" {
+	if got, _ := ConfigFromProto(&rochev1.SandboxConfig{Disk: &zero}); got.Disk != "" {
 		t.Fatalf("disk given as empty came back as %q: fields given are used as given", got.Disk)
 	}
 }

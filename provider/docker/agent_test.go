@@ -20,6 +20,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // sandbox creates a sandbox destroyed at the end of the test.
@@ -614,9 +615,8 @@ func TestStateDirOfAnotherUserRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newProvider(t, docker.WithStateDir(filepath.Join(taken, "docker")))
-	cfg := testConfig()
-	cfg.Owner = fmt.Sprintf("statedir-test-%d", time.Now().UnixNano())
-	_, err := p.Create(context.Background(), cfg)
+	owner := fmt.Sprintf("statedir-test-%d", time.Now().UnixNano())
+	_, err := p.CreateFor(context.Background(), testConfig(), kit.CreateOptions{Owner: owner})
 	if !errors.Is(err, roche.ErrUnavailable) || !strings.Contains(err.Error(), "belongs to uid 65534") {
 		t.Fatalf("create under another user's directory: %v, want a refusal naming its owner", err)
 	}
@@ -625,7 +625,7 @@ func TestStateDirOfAnotherUserRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, sb := range list {
-		if sb.Owner == cfg.Owner {
+		if sb.Owner == owner {
 			p.Destroy(context.Background(), sb.ID)
 			t.Fatalf("the refused create left sandbox %s", sb.ID)
 		}

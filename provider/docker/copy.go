@@ -47,7 +47,7 @@ func (p *Provider) CopyTarTo(ctx context.Context, id, dst string, r io.Reader) e
 	if s.agent != nil {
 		return p.target(s).CopyTarTo(ctx, dst, r)
 	}
-	if useArchiveAPI(s.cfg, dst) {
+	if useArchiveAPI(s.cfg.Config, dst) {
 		err := p.cli.CopyToContainer(ctx, s.id, path.Dir(dst), r, container.CopyToContainerOptions{})
 		return p.engineErr("copying into sandbox "+id+" at "+dst, err)
 	}
@@ -80,7 +80,7 @@ func (p *Provider) CopyTarFrom(ctx context.Context, id, src string, w io.Writer)
 	if s.agent != nil {
 		return p.target(s).CopyTarFrom(ctx, src, w)
 	}
-	if useArchiveAPI(s.cfg, src) {
+	if useArchiveAPI(s.cfg.Config, src) {
 		rc, _, err := p.cli.CopyFromContainer(ctx, s.id, src)
 		if err != nil {
 			return p.engineErr("copying "+src+" out of sandbox "+id, err)

@@ -51,7 +51,7 @@ const (
 	// LabelStartBy is when (unix seconds) the create that made the container gives up:
 	// one not started by then never will be (sweepUnstartedSoon).
 	LabelStartBy = "roche.start_by"
-	// LabelOwner is Config.Owner, also kept in LabelConfig; it is set on every container,
+	// LabelOwner is the sandbox's owner (kit.CreateOptions), also kept in LabelConfig; it is set on every container,
 	// even empty, so that one made from a snapshot does not inherit the image's.
 	LabelOwner = "roche.owner"
 )
@@ -79,6 +79,7 @@ func NoImage(err error) error {
 
 var (
 	_ roche.Provider         = (*Provider)(nil)
+	_ kit.Creator            = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
@@ -147,7 +148,7 @@ type Provider struct {
 type sandbox struct {
 	id      string
 	expires time.Time
-	cfg     roche.Config
+	cfg     kit.Spec
 	// agent is set when roche-agent serves the sandbox; agentDir is its socket directory
 	// on the host.
 	agent    *guest.Client
@@ -357,10 +358,16 @@ func isConnRefused(err error) bool {
 		strings.Contains(s, "Cannot connect to the Docker daemon")
 }
 
-// Create implements roche.Provider. Pulling a missing image has its own deadline
+// Create implements roche.Provider: CreateFor with no owner, not leased.
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return p.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+// CreateFor implements kit.Creator. Pulling a missing image has its own deadline
 // (WithPullTimeout); the rest is bounded by the engine timeout (WithEngineTimeout). A
 // sandbox the engine may still make after Create gave up is removed once it answers.
-func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
+func (p *Provider) CreateFor(ctx context.Context, config roche.Config, opts kit.CreateOptions) (_ roche.SandboxInfo, err error) {
+	cfg := kit.Spec{Config: config, CreateOptions: opts}
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -369,16 +376,16 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 			return roche.SandboxInfo{}, fmt.Errorf("%w: mount source %s does not exist on the host: create it or fix the path", roche.ErrInvalidConfig, m.Source)
 		}
 	}
-	if err := p.checkEgress(cfg); err != nil {
+	if err := p.checkEgress(cfg.Config); err != nil {
 		return roche.SandboxInfo{}, err
 	}
 	if err := p.checkTransport(cfg); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	if err := p.checkRuntimeConfig(cfg); err != nil {
+	if err := p.checkRuntimeConfig(cfg.Config); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	if err := p.checkDisk(cfg); err != nil {
+	if err := p.checkDisk(cfg.Config); err != nil {
 		return roche.SandboxInfo{}, err
 	}
 	fromSnapshot := cfg.FromSnapshot != ""
@@ -428,7 +435,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 			snapshotUID = uidOf(img.Config.Labels)
 		}
 	}
-	who := p.runAsFor(cfg, wsUID, snapshotUID)
+	who := p.runAsFor(cfg.Config, wsUID, snapshotUID)
 	if fromSnapshot {
 		info, err := p.createAndFallBack(ctx, cfg, who)
 		if err != nil {
@@ -449,7 +456,7 @@ const askExecHint = "to run commands through Docker's exec API instead (slower, 
 
 // checkTransport refuses, before anything is made, a config this provider's transport
 // cannot serve.
-func (p *Provider) checkTransport(cfg roche.Config) error {
+func (p *Provider) checkTransport(cfg kit.Spec) error {
 	switch {
 	case p.agentPath != "" || p.transport == TransportAgent && p.execFallback && cfg.Workspace == "" && !cfg.Leased:
 		return nil
@@ -471,7 +478,7 @@ func (p *Provider) checkTransport(cfg roche.Config) error {
 // createAndFallBack makes the sandbox with roche-agent or, with TransportDockerExec,
 // without. An agent that cannot start is an error quoting why, unless WithExecFallback
 // asked for the exec API then.
-func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config, who runAs) (roche.SandboxInfo, error) {
+func (p *Provider) createAndFallBack(ctx context.Context, cfg kit.Spec, who runAs) (roche.SandboxInfo, error) {
 	if p.agentPath == "" {
 		if p.transport == TransportAgent {
 			p.log.Warn("roche-agent not found: this sandbox runs commands through Docker's exec API, which is slower and has no files API, as WithExecFallback allows")
@@ -494,7 +501,7 @@ func (p *Provider) createAndFallBack(ctx context.Context, cfg roche.Config, who 
 // errAgentFailed marks a sandbox whose agent did not come up (the sandbox is removed).
 var errAgentFailed = errors.New("roche-agent did not start in the sandbox")
 
-func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, withAgent bool) (roche.SandboxInfo, error) {
+func (p *Provider) create(ctx context.Context, cfg kit.Spec, who runAs, withAgent bool) (roche.SandboxInfo, error) {
 	now := time.Now()
 	expires := now.Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	name := "roche-" + randomHex(6)
@@ -527,7 +534,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 	settleAgentDir(sb.agentDir) // the container carries it now: sweeps see it live
 	// The container holds its own binds once started; the staging points go with create.
 	defer unpin()
-	layer, err := p.sizeRoot(ctx, id, cfg)
+	layer, err := p.sizeRoot(ctx, id, cfg.Config)
 	if err != nil {
 		p.undo(id, sb.agentDir, true, context.Cause(ctx))
 		return roche.SandboxInfo{}, err
@@ -585,7 +592,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config, who runAs, with
 // removes its mounts' staging points (see pinMountSources) once it has started. A drawn
 // uid is checked once the container carries it in its label, before anything runs as
 // it: if another container has it too, this one is removed and the uid drawn again.
-func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who runAs, expires time.Time, name, agentDir string) (string, func(), error) {
+func (p *Provider) createContainer(ctx context.Context, cfg kit.Spec, who runAs, expires time.Time, name, agentDir string) (string, func(), error) {
 	for range maxUIDDraws {
 		if who.draw {
 			who.uid = p.drawSandboxUID()
@@ -598,7 +605,7 @@ func (p *Provider) createContainer(ctx context.Context, cfg roche.Config, who ru
 		if deadline, ok := ctx.Deadline(); ok {
 			ccfg.Labels[LabelStartBy] = strconv.FormatInt(deadline.Unix()+1, 10)
 		}
-		unpin, err := p.pinMountSources(cfg, hcfg)
+		unpin, err := p.pinMountSources(cfg.Config, hcfg)
 		if err != nil {
 			return "", nil, err
 		}
@@ -678,7 +685,7 @@ func (p *Provider) exitReason(ctx context.Context, id string) string {
 // containerConfig maps a validated roche.Config onto Docker's container and host config.
 // With an agent directory, roche-agent is PID 1; otherwise an init and sleep keep the
 // container alive for Docker's exec API.
-func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Time, agentDir string) (*container.Config, *container.HostConfig, error) {
+func (p *Provider) containerConfig(cfg kit.Spec, who runAs, expires time.Time, agentDir string) (*container.Config, *container.HostConfig, error) {
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -805,7 +812,7 @@ func (p *Provider) containerConfig(cfg roche.Config, who runAs, expires time.Tim
 		hcfg.Init = &noInit
 		hcfg.CapAdd = []string{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
 		// The sandbox's process limit is the agent's to hold, exactly (limits.go).
-		p.limitProcesses(cfg, ccfg, hcfg)
+		p.limitProcesses(cfg.Config, ccfg, hcfg)
 		hcfg.Mounts = append(hcfg.Mounts,
 			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentBinary, ReadOnly: true},
 			mount.Mount{Type: mount.TypeBind, Source: agentDir, Target: agentRunDir},
@@ -1111,7 +1118,7 @@ func (p *Provider) List(ctx context.Context) (_ []roche.SandboxInfo, err error) 
 	}
 	out := make([]roche.SandboxInfo, 0, len(cs))
 	for _, c := range cs {
-		var cfg roche.Config
+		var cfg kit.Spec
 		_ = json.Unmarshal([]byte(c.Labels[LabelConfig]), &cfg)
 		img := cfg.Image
 		if img == "" {

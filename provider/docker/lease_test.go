@@ -13,6 +13,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // leaseChildEnv makes the test binary a process that creates a sandbox (leased when the
@@ -27,9 +28,7 @@ func leaseChild(mode string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cfg := testConfig()
-	cfg.Leased = mode == "leased"
-	info, err := p.Create(context.Background(), cfg)
+	info, err := p.CreateFor(context.Background(), testConfig(), kit.CreateOptions{Leased: mode == "leased"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -109,9 +108,7 @@ func TestKeepEndsTheLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := testConfig()
-	cfg.Leased = true
-	info, err := holder.Create(context.Background(), cfg)
+	info, err := holder.CreateFor(context.Background(), testConfig(), kit.CreateOptions{Leased: true})
 	if err != nil {
 		holder.Close()
 		t.Fatal(err)
@@ -137,9 +134,7 @@ func TestKeepEndsTheLease(t *testing.T) {
 // says so.
 func TestLeasedRefusedWithoutAgent(t *testing.T) {
 	p := newProvider(t, docker.WithTransport(docker.TransportDockerExec))
-	cfg := testConfig()
-	cfg.Leased = true
-	if _, err := p.Create(context.Background(), cfg); !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "leased") {
+	if _, err := p.CreateFor(context.Background(), testConfig(), kit.CreateOptions{Leased: true}); !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "leased") {
 		t.Fatalf("a leased sandbox without roche-agent: %v", err)
 	}
 	if p.Capabilities().Leases {

@@ -398,7 +398,7 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 			return roche.SandboxInfo{}, err
 		}
 	}
-	return p.Create(ctx, cfg)
+	return p.CreateFor(ctx, cfg.Config, cfg.CreateOptions)
 }
 
 // eventuallyFree retries rm while what it removes is still held by a sandbox whose

@@ -1,8 +1,13 @@
 // Package kit is for provider authors: what a backend implements beyond roche.Provider
-// and the helpers that make it behave like the others. A user of Roche needs none of it;
-// the root package roche is their whole API.
+// and the helpers that make it behave like the others. A program that uses Roche needs
+// none of it, the root package roche being its API, unless it creates sandboxes on
+// someone's behalf or tied to itself with a lease (Create).
 //
 // It holds:
+//   - Create and CreateOptions: how a program that creates on someone's behalf (roched,
+//     the CLI, a warm pool) names the sandbox's owner and ties it to its creator with a
+//     lease, which roche.Config does not carry; a provider takes them as a Creator and
+//     keeps them with the sandbox's Config as a Spec;
 //   - the optional interfaces a daemon or a warm pool discovers by type assertion, which
 //     users never call: Leaser, Prober, Watcher, Claimer and CodeWarmer, and Copier for
 //     a provider that relays copies;

@@ -65,6 +65,7 @@ const controlTimeout = 15 * time.Second
 
 var (
 	_ roche.Provider         = (*Provider)(nil)
+	_ kit.Creator            = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)
@@ -132,7 +133,7 @@ type sandbox struct {
 	expires time.Time
 	// started is when the Pod started, from which the kubelet counts its deadline.
 	started time.Time
-	cfg     roche.Config
+	cfg     kit.Spec
 	agent   *guest.Client
 }
 
@@ -445,13 +446,22 @@ func (p *Provider) namespaceGone(ctx context.Context, err error) bool {
 	return true
 }
 
-// Create implements roche.Provider: a deny-all NetworkPolicy (network off), then the Pod;
-// it waits until the agent answers. On error nothing is left behind.
-func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
+// Create implements roche.Provider: CreateFor with no owner, not leased.
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return p.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+// CreateFor implements kit.Creator: a deny-all NetworkPolicy (network off), then the
+// Pod; it waits until the agent answers. On error nothing is left behind.
+func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
+	return p.create(ctx, kit.Spec{Config: cfg, CreateOptions: opts})
+}
+
+func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInfo, err error) {
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	if err := errors.Join(p.unsupported(cfg), p.sim.refuse(cfg)); err != nil {
+	if err := errors.Join(p.unsupported(cfg.Config), p.sim.refuse(cfg)); err != nil {
 		return roche.SandboxInfo{}, err
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
@@ -497,7 +507,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	if !cfg.Network {
 		if _, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, networkPolicyFor(id, p.namespace), metav1.CreateOptions{}); err != nil {
 			if p.namespaceGone(ctx, err) {
-				return p.Create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
+				return p.create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
 			}
 			return roche.SandboxInfo{}, p.apiErr("creating the deny-all NetworkPolicy of sandbox "+id, err)
 		}
@@ -505,7 +515,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	made, err := p.cs.CoreV1().Pods(p.namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		if p.namespaceGone(ctx, err) {
-			return p.Create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
+			return p.create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
 		}
 		if refused := p.runtimeClassRefused(err); refused != nil {
 			return roche.SandboxInfo{}, refused
@@ -529,7 +539,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 			return roche.SandboxInfo{}, err
 		} else if taken {
 			p.remove(context.WithoutCancel(ctx), id)
-			return p.Create(ctx, cfg)
+			return p.create(ctx, cfg)
 		}
 	}
 	sb := sandbox{id: id, expires: expires, cfg: cfg, agent: p.agentClient(id)}

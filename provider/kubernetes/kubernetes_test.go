@@ -22,6 +22,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/kit"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
@@ -162,9 +163,15 @@ func TestConformance(t *testing.T) {
 
 func create(t *testing.T, p *kubernetes.Provider, cfg roche.Config) roche.SandboxInfo {
 	t.Helper()
+	return createFor(t, p, cfg, kit.CreateOptions{})
+}
+
+// createFor is create with options (an owner, a lease), as roched creates.
+func createFor(t *testing.T, p *kubernetes.Provider, cfg roche.Config, opts kit.CreateOptions) roche.SandboxInfo {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	info, err := p.Create(ctx, cfg)
+	info, err := p.CreateFor(ctx, cfg, opts)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -425,10 +432,9 @@ func TestLeaseEndsWithItsHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := baseConfig()
-	cfg.Leased = true
-	leased := create(t, holder, cfg)
-	kept := create(t, holder, cfg)
+	cfg, opts := baseConfig(), kit.CreateOptions{Leased: true}
+	leased := createFor(t, holder, cfg, opts)
+	kept := createFor(t, holder, cfg, opts)
 	ctx := context.Background()
 	if err := holder.Keep(ctx, kept.ID); err != nil {
 		t.Fatal(err)

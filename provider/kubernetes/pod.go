@@ -17,6 +17,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest/podlink"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Labels on every Pod (and NetworkPolicy) Roche creates, so that list, gc and
@@ -37,7 +38,8 @@ const (
 	LabelNetwork = "roche.network"
 	NetworkNone  = "none"
 	NetworkOn    = "on"
-	// AnnotationOwner is Config.Owner; AnnotationConfig the whole Config as JSON.
+	// AnnotationOwner is the sandbox's owner; AnnotationConfig its whole kit.Spec (the
+	// Config with the owner and lease) as JSON.
 	AnnotationOwner  = "roche.owner"
 	AnnotationConfig = "roche.config"
 	// AnnotationPidsMax is the sandbox's process limit, which a cgroup v2 node's Pod
@@ -95,7 +97,7 @@ type podParams struct {
 func ptr[T any](v T) *T { return &v }
 
 // podFor maps cfg onto a Pod with Roche's secure defaults. cfg is valid and supported.
-func podFor(cfg roche.Config, pp podParams) (*corev1.Pod, error) {
+func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -319,8 +321,8 @@ func expiresOf(labels map[string]string) time.Time {
 }
 
 // configOf reads AnnotationConfig.
-func configOf(pod *corev1.Pod) roche.Config {
-	var cfg roche.Config
+func configOf(pod *corev1.Pod) kit.Spec {
+	var cfg kit.Spec
 	_ = json.Unmarshal([]byte(pod.Annotations[AnnotationConfig]), &cfg)
 	return cfg
 }

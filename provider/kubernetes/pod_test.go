@@ -31,8 +31,7 @@ func testParams() podParams {
 func TestPodForSecureDefaults(t *testing.T) {
 	cfg := roche.DefaultConfig()
 	cfg.Image = "roche/python:local"
-	cfg.Owner = "cli:root@host"
-	pod, err := podFor(cfg, testParams())
+	pod, err := podFor(kit.Spec{Config: cfg, CreateOptions: kit.CreateOptions{Owner: "cli:root@host"}}, testParams())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +110,7 @@ func TestPodForOverrides(t *testing.T) {
 	cfg.Env = map[string]string{"B": "2", "A": "1", "HOME": "/work"}
 	pp := testParams()
 	pp.runtimeClass, pp.seccomp = "gvisor", SeccompRuntimeDefault
-	pod, err := podFor(cfg, pp)
+	pod, err := podFor(kit.Spec{Config: cfg}, pp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +220,7 @@ func TestClaimRelabels(t *testing.T) {
 	pp.expires = started.Add(660 * time.Second)
 	cfg := roche.DefaultConfig()
 	cfg.TimeoutSecs = 660
-	pod, err := podFor(cfg, pp)
+	pod, err := podFor(kit.Spec{Config: cfg}, pp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +283,7 @@ func TestPodForPidsCgroupMask(t *testing.T) {
 	for _, v2 := range []bool{false, true} {
 		pp := testParams()
 		pp.cgroupV2 = v2
-		pod, err := podFor(cfg, pp)
+		pod, err := podFor(kit.Spec{Config: cfg}, pp)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +324,7 @@ func TestAgentImagePullPolicy(t *testing.T) {
 	pp := testParams()
 	for _, local := range []bool{true, false} {
 		pp.agentLocal = local
-		pod, err := podFor(cfg, pp)
+		pod, err := podFor(kit.Spec{Config: cfg}, pp)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Unit tests of the posture checks' logic; the attacks they answer are made against the
@@ -19,7 +20,7 @@ import (
 func TestCheckPosture(t *testing.T) {
 	pp := testParams()
 	pp.runtimeClass = "gvisor"
-	asked, err := podFor(roche.DefaultConfig(), pp)
+	asked, err := podFor(kit.Spec{Config: roche.DefaultConfig()}, pp)
 	if err != nil {
 		t.Fatal(err)
 	}

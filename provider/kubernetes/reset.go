@@ -35,5 +35,5 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 	if err := p.remove(ctx, id); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	return p.Create(ctx, cfg)
+	return p.create(ctx, cfg)
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Simulated nodes: for scale tests and benchmarks of the control plane only (Pod objects,
@@ -79,7 +80,7 @@ func (s *simulation) capabilities() roche.Capabilities {
 
 // refuse says why a create cannot be served on simulated nodes: a lease and an egress
 // allowlist need the agent.
-func (s *simulation) refuse(cfg roche.Config) error {
+func (s *simulation) refuse(cfg kit.Spec) error {
 	switch {
 	case s == nil:
 	case cfg.Leased:

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Unit tests of WithSimulatedNodes' logic; internal/k8sscale runs it through roched on
@@ -93,8 +94,7 @@ func TestSimulatedRefusesWhatNeedsTheAgent(t *testing.T) {
 		t.Errorf("capabilities %+v: a simulated node offers no leases, files, processes or stdin", c)
 	}
 	cfg := roche.DefaultConfig()
-	cfg.Leased = true
-	if _, err := p.Create(context.Background(), cfg); !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "leased") {
+	if _, err := p.CreateFor(context.Background(), cfg, kit.CreateOptions{Leased: true}); !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "leased") {
 		t.Errorf("leased create: %v, want ErrUnsupported naming leased", err)
 	}
 	if n := len(cs.Actions()); n != 0 {

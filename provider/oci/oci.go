@@ -41,6 +41,7 @@ const Name = "oci"
 
 var (
 	_ roche.Provider         = (*Provider)(nil)
+	_ kit.Creator            = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.Pauser           = (*Provider)(nil)
@@ -281,18 +282,18 @@ type sandbox struct {
 // record is a sandbox's record.json, written before anything of it is made, so that a
 // process that dies at any point leaves enough on disk for another to clear it away.
 type record struct {
-	ID      string       `json:"id"`
-	Runtime string       `json:"runtime"`
-	Config  roche.Config `json:"config"`
-	Created time.Time    `json:"created"`
-	Expires time.Time    `json:"expires"`
+	ID      string    `json:"id"`
+	Runtime string    `json:"runtime"`
+	Config  kit.Spec  `json:"config"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires"`
 	// StartBy is when a create that has not started the container gives up: one found
 	// unstarted after it is a leftover.
 	StartBy time.Time `json:"start_by"`
 	UID     int       `json:"uid"` // the drawn uid, -1 for the caller's own user
 	ImageID string    `json:"image_id"`
-	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config.Owner
-	// and Expires are then the claim's.
+	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config's
+	// Owner and Expires are then the claim's.
 	Claim *kit.Claim `json:"claim,omitempty"`
 }
 

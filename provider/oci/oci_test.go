@@ -30,6 +30,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/kit"
 	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
@@ -661,9 +662,8 @@ func TestGCPrunesUnusedImages(t *testing.T) {
 func TestLeased(t *testing.T) {
 	p, state := newProvider(t)
 	ctx := context.Background()
-	cfg := testConfig()
-	cfg.Leased = true
-	kept, err := p.Create(ctx, cfg)
+	cfg, leased := testConfig(), kit.CreateOptions{Leased: true}
+	kept, err := p.CreateFor(ctx, cfg, leased)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -671,7 +671,7 @@ func TestLeased(t *testing.T) {
 	if err := p.Keep(ctx, kept.ID); err != nil {
 		t.Fatalf("Keep: %v", err)
 	}
-	left, err := p.Create(ctx, cfg)
+	left, err := p.CreateFor(ctx, cfg, leased)
 	if err != nil {
 		t.Fatal(err)
 	}

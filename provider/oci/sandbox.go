@@ -19,8 +19,13 @@ import (
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
-// Create implements roche.Provider.
-func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.SandboxInfo, err error) {
+// Create implements roche.Provider: CreateFor with no owner, not leased.
+func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return p.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+// CreateFor implements kit.Creator.
+func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (_ roche.SandboxInfo, err error) {
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -42,7 +47,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (_ roche.Sandbo
 	ctx, cancel := context.WithTimeoutCause(ctx, p.createTimeout,
 		fmt.Errorf("%w: creating an oci sandbox took longer than %v", roche.ErrTimeout, p.createTimeout))
 	defer cancel()
-	return p.create(ctx, rt, img, cfg)
+	return p.create(ctx, rt, img, kit.Spec{Config: cfg, CreateOptions: opts})
 }
 
 // check refuses, before anything is made, what this provider does not do.
@@ -68,7 +73,7 @@ func (p *Provider) check(cfg roche.Config) error {
 // create makes the sandbox: its directory and record first, then the root (an overlay
 // over the cached image, on a sized filesystem when writable), the bundle, and the
 // container, run detached with roche-agent as PID 1. Anything made is undone on failure.
-func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cfg roche.Config) (_ roche.SandboxInfo, err error) {
+func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cfg kit.Spec) (_ roche.SandboxInfo, err error) {
 	now := time.Now()
 	id := Name + "-" + randomHex(8)
 	s := &sandbox{dir: p.sandboxDir(id), record: record{
@@ -107,7 +112,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		return roche.SandboxInfo{}, err
 	}
 	b := bundleSpec{
-		id: id, cfg: cfg, image: img, rootfs: filepath.Join(s.dir, "rootfs"), runDir: s.runDir(),
+		id: id, cfg: cfg.Config, image: img, rootfs: filepath.Join(s.dir, "rootfs"), runDir: s.runDir(),
 		agent: p.agentPath, user: user, cgroup: cgroupOf(id), lifetime: cfg.TimeoutSecs,
 		compiledSeccomp: rt.compiledSeccomp(),
 	}

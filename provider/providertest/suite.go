@@ -38,8 +38,8 @@ type Options struct {
 	// nil means ["python3"].
 	Python []string
 	// Owner, when set, is the owner the provider must report for the suite's sandboxes
-	// whatever Config.Owner says (roched sets its own); empty means Config.Owner must
-	// come back as given.
+	// whatever owner they are created for (roched sets its own); empty means the owner
+	// given (kit.CreateOptions) must come back.
 	Owner string
 	// NoDiskLimit, when set, says why the provider refuses a disk limit on a writable
 	// root (its backend has no way to fail writes with ENOSPC past it): the DiskLimit
@@ -199,7 +199,13 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 // create makes a sandbox that is destroyed when the test ends.
 func (s *suite) create(t *testing.T, cfg roche.Config) string {
 	t.Helper()
-	info, err := s.p.Create(ctxFor(t, 2*time.Minute), cfg)
+	return s.createFor(t, cfg, kit.CreateOptions{})
+}
+
+// createFor is create with options, as roched, the CLI and a pool create (kit.Create).
+func (s *suite) createFor(t *testing.T, cfg roche.Config, opts kit.CreateOptions) string {
+	t.Helper()
+	info, err := kit.Create(ctxFor(t, 2*time.Minute), s.p, cfg, opts)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -561,10 +567,10 @@ func (s *suite) testUnknownSandbox(t *testing.T) {
 func (s *suite) testListAndDestroy(t *testing.T) {
 	cfg := s.opts.Config
 	cfg.TimeoutSecs = 120
-	cfg.Owner = "providertest:" + strconv.Itoa(os.Getpid())
-	wantOwner := cmp.Or(s.opts.Owner, cfg.Owner)
+	opts := kit.CreateOptions{Owner: "providertest:" + strconv.Itoa(os.Getpid())}
+	wantOwner := cmp.Or(s.opts.Owner, opts.Owner)
 	before := time.Now()
-	info, err := s.p.Create(ctxFor(t, 2*time.Minute), cfg)
+	info, err := kit.Create(ctxFor(t, 2*time.Minute), s.p, cfg, opts)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -622,8 +628,8 @@ func (s *suite) testClaim(t *testing.T) {
 	cl := s.p.(kit.Claimer)
 	cfg := s.opts.Config
 	cfg.TimeoutSecs = 300
-	cfg.Owner = "providertest-pool:" + strconv.Itoa(os.Getpid())
-	id := s.create(t, cfg)
+	owner := "providertest-pool:" + strconv.Itoa(os.Getpid())
+	id := s.createFor(t, cfg, kit.CreateOptions{Owner: owner})
 	ctx := ctxFor(t, time.Minute)
 	if _, ok, err := cl.Claimed(ctx, id); ok || err != nil {
 		t.Fatalf("Claimed before any claim: %v %v, want none", ok, err)
@@ -639,7 +645,7 @@ func (s *suite) testClaim(t *testing.T) {
 	if err := cl.Claim(ctx, id, kit.Claim{Owner: "x", Expires: time.Now().Add(time.Hour)}); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Errorf("a claim past the sandbox's end: %v, want ErrInvalidConfig", err)
 	}
-	want := kit.Claim{Owner: cfg.Owner + "/holder", Expires: time.Now().Add(time.Minute).Truncate(time.Second),
+	want := kit.Claim{Owner: owner + "/holder", Expires: time.Now().Add(time.Minute).Truncate(time.Second),
 		Env: map[string]string{"HELD": "yes"}, Workdir: "/tmp/held"}
 	if err := cl.Claim(ctx, id, want); err != nil {
 		t.Fatalf("Claim: %v", err)

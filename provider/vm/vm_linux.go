@@ -37,6 +37,7 @@ import (
 
 var (
 	_ roche.Provider         = (*Provider)(nil)
+	_ kit.Creator            = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.FileSystem       = (*Provider)(nil)
@@ -318,21 +319,21 @@ func writeAtomic(path string, mode os.FileMode, fill func(io.Writer) error) erro
 
 // meta is what a VM's directory records about it, for any process to find.
 type meta struct {
-	ID         string       `json:"id"`
-	Hypervisor string       `json:"hypervisor"`
-	Image      string       `json:"image"`
-	Config     roche.Config `json:"config"`
-	CreatedAt  time.Time    `json:"created_at"`
-	ExpiresAt  time.Time    `json:"expires_at"`
-	Accel      string       `json:"accel,omitempty"`
-	Workdir    string       `json:"workdir,omitempty"`
+	ID         string    `json:"id"`
+	Hypervisor string    `json:"hypervisor"`
+	Image      string    `json:"image"`
+	Config     kit.Spec  `json:"config"`
+	CreatedAt  time.Time `json:"created_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	Accel      string    `json:"accel,omitempty"`
+	Workdir    string    `json:"workdir,omitempty"`
 	// Dir is the VM's state directory; Vsock the host side of its vsock (Firecracker),
 	// API its API socket.
 	Dir   string `json:"dir"`
 	Vsock string `json:"vsock,omitempty"`
 	API   string `json:"api,omitempty"`
 	// Claim is set once a pooled sandbox is claimed for a holder (claim_linux.go);
-	// Config.Owner and ExpiresAt are then the claim's.
+	// Config's Owner and ExpiresAt are then the claim's.
 	Claim *kit.Claim `json:"claim,omitempty"`
 }
 
@@ -363,9 +364,14 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// Create implements roche.Provider: it returns once the VM's agent answers. On any error
-// nothing is left: no process, socket or file.
+// Create implements roche.Provider: CreateFor with no owner, not leased.
 func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return p.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+// CreateFor implements kit.Creator: it returns once the VM's agent answers. On any error
+// nothing is left: no process, socket or file.
+func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -400,7 +406,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 	}
 	vm := &plan{
 		meta: meta{
-			ID: id, Hypervisor: p.Name(), Image: cfg.Image, Config: cfg, CreatedAt: now,
+			ID: id, Hypervisor: p.Name(), Image: cfg.Image, Config: kit.Spec{Config: cfg, CreateOptions: opts}, CreatedAt: now,
 			ExpiresAt: now.Add(time.Duration(cfg.TimeoutSecs) * time.Second), Dir: dir,
 			Workdir: cfg.Workdir,
 		},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Provider is the microVM backend; off Linux it only reports that it is unavailable.
@@ -47,6 +48,11 @@ func (p *Provider) Create(context.Context, roche.Config) (roche.SandboxInfo, err
 	return roche.SandboxInfo{}, p.unavailable()
 }
 
+// CreateFor implements kit.Creator.
+func (p *Provider) CreateFor(context.Context, roche.Config, kit.CreateOptions) (roche.SandboxInfo, error) {
+	return roche.SandboxInfo{}, p.unavailable()
+}
+
 // Exec implements roche.Provider.
 func (p *Provider) Exec(context.Context, string, roche.ExecRequest) (roche.ExecResult, error) {
 	return roche.ExecResult{}, p.unavailable()
@@ -65,4 +71,7 @@ func (p *Provider) List(context.Context) ([]roche.SandboxInfo, error) {
 	return []roche.SandboxInfo{}, nil
 }
 
-var _ roche.Provider = (*Provider)(nil)
+var (
+	_ roche.Provider = (*Provider)(nil)
+	_ kit.Creator    = (*Provider)(nil)
+)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // mountPoint is one directory of the sandbox's file system: a guest path backed by a
@@ -25,7 +26,7 @@ type mountPoint struct {
 
 // sandboxMounts lays out the file system of sandbox id: its own root, /tmp and
 // /workspace (the named workspace instead when cfg has one), then the host mounts of cfg.
-func (p *Provider) sandboxMounts(id string, cfg roche.Config) ([]mountPoint, error) {
+func (p *Provider) sandboxMounts(id string, cfg kit.Spec) ([]mountPoint, error) {
 	root := filepath.Join(p.sandboxDir(id), rootDir)
 	workspace := filepath.Join(root, "workspace")
 	workspaceLimit := int64(roche.DefaultTmpSize)

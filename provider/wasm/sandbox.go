@@ -44,13 +44,13 @@ const (
 
 // record is the sandbox's state on disk, in sandbox.json in its directory.
 type record struct {
-	Version   int          `json:"version"`
-	ID        string       `json:"id"`
-	Config    roche.Config `json:"config"`
-	CreatedAt time.Time    `json:"created_at"`
-	ExpiresAt time.Time    `json:"expires_at"`
-	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config.Owner
-	// and ExpiresAt are then the claim's.
+	Version   int       `json:"version"`
+	ID        string    `json:"id"`
+	Config    kit.Spec  `json:"config"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// Claim is set once a pooled sandbox is claimed for a holder (claim.go); Config's
+	// Owner and ExpiresAt are then the claim's.
 	Claim *kit.Claim `json:"claim,omitempty"`
 }
 
@@ -87,8 +87,14 @@ func newID() (string, error) {
 
 func (p *Provider) sandboxDir(id string) string { return filepath.Join(p.stateDir, id) }
 
-// Create implements roche.Provider. The sandbox is a directory; nothing is started.
+// Create implements roche.Provider: CreateFor with no owner, not leased.
 func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+	return p.CreateFor(ctx, cfg, kit.CreateOptions{})
+}
+
+// CreateFor implements kit.Creator. The sandbox is a directory; nothing is started.
+func (p *Provider) CreateFor(ctx context.Context, config roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, error) {
+	cfg := kit.Spec{Config: config, CreateOptions: opts}
 	if err := p.checkConfig(cfg); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -103,7 +109,7 @@ func (p *Provider) Create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 }
 
 // checkConfig is what Create checks before it makes anything.
-func (p *Provider) checkConfig(cfg roche.Config) error {
+func (p *Provider) checkConfig(cfg kit.Spec) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -118,12 +124,12 @@ func (p *Provider) checkConfig(cfg roche.Config) error {
 
 // usesData reports whether a sandbox made from cfg depends on the data directory: while
 // it lives, its workspace or snapshot must not be removed (see lockData).
-func usesData(cfg roche.Config) bool { return cfg.Workspace != "" || cfg.FromSnapshot != "" }
+func usesData(cfg kit.Spec) bool { return cfg.Workspace != "" || cfg.FromSnapshot != "" }
 
 // create makes the sandbox from a checked cfg. When usesData(cfg), the caller holds the
 // data lock, so that the workspace or snapshot cannot go before the record naming it is
 // written.
-func (p *Provider) create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
+func (p *Provider) create(ctx context.Context, cfg kit.Spec) (roche.SandboxInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("creating wasm sandbox: %w", err)
 	}
@@ -217,7 +223,7 @@ func (p *Provider) create(ctx context.Context, cfg roche.Config) (roche.SandboxI
 
 // refuseUnsupported turns away config this backend cannot honour, rather than running
 // with less isolation or smaller limits than were asked for.
-func refuseUnsupported(cfg roche.Config) error {
+func refuseUnsupported(cfg kit.Spec) error {
 	var problems []string
 	if cfg.Network {
 		problems = append(problems, "network=true: a WASI module has no sockets, so wasm sandboxes have no network; use the docker provider")

@@ -68,10 +68,12 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest/codectx"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 var (
 	_ roche.Provider         = (*Provider)(nil)
+	_ kit.Creator            = (*Provider)(nil)
 	_ roche.FileCopier       = (*Provider)(nil)
 	_ roche.TarCopier        = (*Provider)(nil)
 	_ roche.GarbageCollector = (*Provider)(nil)

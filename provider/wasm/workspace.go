@@ -161,7 +161,7 @@ func (p *Provider) users(key func(roche.Config) string) (map[string][]string, er
 	}
 	users := map[string][]string{}
 	for _, r := range recs {
-		if k := key(r.Config); k != "" {
+		if k := key(r.Config.Config); k != "" {
 			users[k] = append(users[k], r.ID)
 		}
 	}

@@ -1,0 +1,60 @@
+package kit
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/roche-sandbox/roche"
+)
+
+// CreateOptions say for whom a program creates a sandbox and how it is bound to them:
+// what roche.Config, which says what the sandbox is, leaves out, so that no user sets
+// them by accident and no API caller sets them at all. roched, the CLI and a warm pool
+// give them, through Create.
+type CreateOptions struct {
+	// Owner names who made the sandbox and so who may list, adopt and collect it:
+	// "roched:INSTANCE[/TENANT]" for roched, "cli:USER@HOST" for the direct-mode CLI.
+	// Providers keep it with the sandbox and report it as SandboxInfo.Owner (a Claim
+	// replaces it). roched sets it for every create and its API does not carry it.
+	// Empty means nobody in particular (a library caller).
+	Owner string `json:"owner,omitempty"`
+	// Leased ties the sandbox to its creator instead of only to its lifetime: the
+	// process whose provider made it holds its lease until Destroy, Keep (see Leaser) or
+	// its own end, and a sandbox whose lease is lost (its creator was killed) stops
+	// within seconds. roche run, the SDKs' context managers (through roched, which
+	// holds the lease for them) and roched's pools ask for it; a sandbox made to outlive
+	// its creator (roche create) does not. A provider without leases
+	// (Capabilities.Leases false) refuses it.
+	Leased bool `json:"leased,omitempty"`
+}
+
+// Creator is a provider that creates with CreateOptions; every provider of this
+// repository is one, its Create being CreateFor with none. A wrapper that embeds a
+// provider to watch its creates must wrap CreateFor, which Create calls, and not only
+// Create: the embedded CreateFor would otherwise serve them unseen.
+type Creator interface {
+	// CreateFor is roche.Provider's Create for opts.Owner, leased with opts.Leased.
+	CreateFor(ctx context.Context, cfg roche.Config, opts CreateOptions) (roche.SandboxInfo, error)
+}
+
+// Create makes a sandbox on p with opts: through p's CreateFor, or p's Create when
+// there are no options to give. Options a provider cannot take are refused with
+// roche.ErrUnsupported, never dropped: a sandbox made without its owner or its lease
+// would outlive what it should, unseen by whoever should reap it.
+func Create(ctx context.Context, p roche.Provider, cfg roche.Config, opts CreateOptions) (roche.SandboxInfo, error) {
+	if c, ok := p.(Creator); ok {
+		return c.CreateFor(ctx, cfg, opts)
+	}
+	if opts != (CreateOptions{}) {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: provider %s cannot make a sandbox for an owner or with a lease (it is no kit.Creator)", roche.ErrUnsupported, p.Name())
+	}
+	return p.Create(ctx, cfg)
+}
+
+// Spec is a sandbox as a provider makes it and keeps it: its Config with the
+// CreateOptions it was made with. Its JSON is the Config's fields with "owner" and
+// "leased" among them, as providers' records have always held them.
+type Spec struct {
+	roche.Config
+	CreateOptions
+}
