@@ -30,6 +30,7 @@ import (
 const (
 	exitError       = 1   // roche itself failed
 	exitRocheFailed = 125 // exec/run: roche failed, the command may not have run (as docker run)
+	exitCodeTimeout = 124 // exec/run/code: the command timed out, as timeout(1) says
 	exitInterrupted = 130 // Ctrl-C (SIGINT); SIGTERM exits 143, 128 + the signal, as shells report
 )
 

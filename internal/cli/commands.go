@@ -15,6 +15,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/catalog"
+	"github.com/roche-sandbox/roche/internal/cli/cliflag"
 	"github.com/roche-sandbox/roche/internal/interrupt"
 	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/wire"
@@ -90,11 +91,11 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg.Workspace = f.workspace
 	cfg.FromSnapshot = f.snapshot
 	var errs []error
-	env, err := parseEnv(f.env)
+	env, err := cliflag.ParseEnv(f.env)
 	errs = append(errs, err)
 	cfg.Env = env
 	for _, m := range f.mounts {
-		mt, err := parseMount(m)
+		mt, err := cliflag.ParseMount(m)
 		errs = append(errs, err)
 		cfg.Mounts = append(cfg.Mounts, mt)
 	}
@@ -218,7 +219,7 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	if x.timeout < 0 {
 		return fmt.Errorf("timeout %v is negative: give seconds > 0, or 0 for the sandbox's lifetime", x.timeout)
 	}
-	env, err := parseEnv(x.env)
+	env, err := cliflag.ParseEnv(x.env)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/cli/cliflag"
 )
 
 func (e *env) shellCommand() *cobra.Command {
@@ -35,7 +36,7 @@ Works direct and through roched; wasm sandboxes have no terminals.`,
 			if n := cmd.ArgsLenAtDash(); n > 1 || (n < 0 && len(args) > 1) {
 				return e.rocheFailed(fmt.Errorf("roche shell takes one sandbox id, then the command after --, e.g. roche shell %s -- python3", id))
 			}
-			env, err := parseEnv(envs)
+			env, err := cliflag.ParseEnv(envs)
 			if err != nil {
 				return e.rocheFailed(err)
 			}

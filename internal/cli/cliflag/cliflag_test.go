@@ -1,4 +1,4 @@
-package cli
+package cliflag
 
 import (
 	"errors"
@@ -8,27 +8,27 @@ import (
 )
 
 func TestParseMount(t *testing.T) {
-	m, err := parseMount("/h:/s")
+	m, err := ParseMount("/h:/s")
 	if err != nil || m != (roche.Mount{Source: "/h", Target: "/s"}) {
 		t.Fatalf("default mode: %+v %v", m, err)
 	}
-	m, err = parseMount("/h:/s:rw")
+	m, err = ParseMount("/h:/s:rw")
 	if err != nil || !m.ReadWrite || m.String() != "/h:/s:rw" {
 		t.Fatalf("rw: %+v %v", m, err)
 	}
 	for _, bad := range []string{"/h", ":/s", "/h:/s:rx", "/h:/s:ro:x"} {
-		if _, err := parseMount(bad); !errors.Is(err, roche.ErrInvalidConfig) {
-			t.Errorf("parseMount(%q): %v", bad, err)
+		if _, err := ParseMount(bad); !errors.Is(err, roche.ErrInvalidConfig) {
+			t.Errorf("ParseMount(%q): %v", bad, err)
 		}
 	}
 }
 
 func TestParseEnv(t *testing.T) {
-	env, err := parseEnv([]string{"A=1", "B=x=y", "C="})
+	env, err := ParseEnv([]string{"A=1", "B=x=y", "C="})
 	if err != nil || env["A"] != "1" || env["B"] != "x=y" || env["C"] != "" || len(env) != 3 {
 		t.Fatalf("%v %v", env, err)
 	}
-	if _, err := parseEnv([]string{"NOVALUE", "=x"}); !errors.Is(err, roche.ErrInvalidConfig) {
+	if _, err := ParseEnv([]string{"NOVALUE", "=x"}); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Fatalf("bad pairs accepted: %v", err)
 	}
 }

@@ -1,4 +1,8 @@
-package cli
+// Package cliflag parses what the CLI's flags take and nothing else reads: --mount's
+// "host:sandbox[:ro|rw]" and --env's "KEY=VALUE". Sizes are internal/size's, read by
+// roched and the API too. It is a package of its own so that its tests and fuzz targets
+// run without the CLI's (an engine, the agent, a test image).
+package cliflag
 
 import (
 	"errors"
@@ -8,11 +12,8 @@ import (
 	"github.com/roche-sandbox/roche"
 )
 
-// exitCodeTimeout is the exit code roche uses for a timed-out command, as timeout(1) does.
-const exitCodeTimeout = 124
-
-// parseMount parses the --mount syntax "host:sandbox[:ro|rw]" (read-only unless rw).
-func parseMount(s string) (roche.Mount, error) {
+// ParseMount parses the --mount syntax "host:sandbox[:ro|rw]" (read-only unless rw).
+func ParseMount(s string) (roche.Mount, error) {
 	parts := strings.Split(s, ":")
 	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
 		return roche.Mount{}, fmt.Errorf("%w: mount %q: use HOST_PATH:SANDBOX_PATH[:ro|rw]", roche.ErrInvalidConfig, s)
@@ -30,8 +31,8 @@ func parseMount(s string) (roche.Mount, error) {
 	return m, nil
 }
 
-// parseEnv parses "KEY=VALUE" pairs into a map.
-func parseEnv(pairs []string) (map[string]string, error) {
+// ParseEnv parses "KEY=VALUE" pairs into a map.
+func ParseEnv(pairs []string) (map[string]string, error) {
 	if len(pairs) == 0 {
 		return nil, nil
 	}

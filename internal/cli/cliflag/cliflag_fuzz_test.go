@@ -1,4 +1,4 @@
-package cli
+package cliflag
 
 import (
 	"errors"
@@ -17,26 +17,26 @@ func FuzzParseMount(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		m, err := parseMount(s)
+		m, err := ParseMount(s)
 		if err != nil {
 			if !errors.Is(err, roche.ErrInvalidConfig) {
-				t.Errorf("parseMount(%q): %v does not wrap roche.ErrInvalidConfig", s, err)
+				t.Errorf("ParseMount(%q): %v does not wrap roche.ErrInvalidConfig", s, err)
 			}
 			return
 		}
 		if m.Source == "" || m.Target == "" || strings.Contains(m.Source, ":") || strings.Contains(m.Target, ":") {
-			t.Fatalf("parseMount(%q) = %+v", s, m)
+			t.Fatalf("ParseMount(%q) = %+v", s, m)
 		}
 		mode := "ro"
 		if m.ReadWrite {
 			mode = "rw"
 		}
 		back := m.Source + ":" + m.Target + ":" + mode
-		if again, err := parseMount(back); err != nil || again != m {
-			t.Fatalf("parseMount(%q) = %+v, which prints as %q, which parses to %+v (%v)", s, m, back, again, err)
+		if again, err := ParseMount(back); err != nil || again != m {
+			t.Fatalf("ParseMount(%q) = %+v, which prints as %q, which parses to %+v (%v)", s, m, back, again, err)
 		}
 		if !m.ReadWrite && strings.Count(s, ":") == 2 && strings.HasSuffix(s, ":rw") {
-			t.Fatalf("parseMount(%q) is read-only", s)
+			t.Fatalf("ParseMount(%q) is read-only", s)
 		}
 	})
 }
@@ -51,7 +51,7 @@ func FuzzParseEnv(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		pairs := strings.Split(s, "\n")
-		env, err := parseEnv(pairs)
+		env, err := ParseEnv(pairs)
 		want := map[string]string{}
 		bad := false
 		for _, p := range pairs {
@@ -66,15 +66,15 @@ func FuzzParseEnv(f *testing.F) {
 			want[k] = v
 		}
 		if !bad && err != nil {
-			t.Fatalf("parseEnv(%q): %v", pairs, err)
+			t.Fatalf("ParseEnv(%q): %v", pairs, err)
 		}
 		for k, v := range want {
 			if env[k] != v {
-				t.Fatalf("parseEnv(%q)[%q] = %q, want %q", pairs, k, env[k], v)
+				t.Fatalf("ParseEnv(%q)[%q] = %q, want %q", pairs, k, env[k], v)
 			}
 		}
 		if len(env) != len(want) {
-			t.Fatalf("parseEnv(%q) = %q, want %q", pairs, env, want)
+			t.Fatalf("ParseEnv(%q) = %q, want %q", pairs, env, want)
 		}
 		cfg := roche.DefaultConfig()
 		cfg.Env = env
