@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"path"
-	"strconv"
 	"strings"
 
 	"github.com/roche-sandbox/roche/egress"
@@ -219,17 +218,6 @@ func (c Config) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
-}
-
-// UID is the uid of a User given as "uid[:gid]", or -1 for a name only the image knows
-// (and for UserAuto, whose uid the provider draws).
-func (c Config) UID() int {
-	name, _, _ := strings.Cut(c.User, ":")
-	uid, err := strconv.Atoi(name)
-	if err != nil || uid < 0 {
-		return -1
-	}
-	return uid
 }
 
 // MemoryBytes returns the memory limit in bytes. Call Validate first.

@@ -130,11 +130,3 @@ func TestValidateDisk(t *testing.T) {
 		t.Errorf("WorkspaceBytes of 50m: %d", c.WorkspaceBytes())
 	}
 }
-
-func TestConfigUID(t *testing.T) {
-	for user, want := range map[string]int{"1000": 1000, "1000:1000": 1000, "0:0": 0, "nobody": -1, UserAuto: -1, "-5": -1, "": -1} {
-		if got := (Config{User: user}).UID(); got != want {
-			t.Errorf("Config{User: %q}.UID() = %d, want %d", user, got, want)
-		}
-	}
-}

@@ -1,7 +1,12 @@
-// Package roche is the core of Roche, a sandbox orchestrator for AI agents that run
+// Package roche is the API of Roche, a sandbox orchestrator for AI agents that run
 // untrusted code. It defines the sandbox Config with its secure defaults, the Provider
 // interface that every isolation backend implements (provider/docker, provider/wasm, ...),
-// and the types they exchange. It knows nothing of any particular backend.
+// the optional interfaces a caller finds on a provider by type assertion (Pauser,
+// FileSystem, CodeRunner, Terminal, ...), and the requests, results and errors they
+// exchange. It knows nothing of any particular backend.
+//
+// It is what a program using Roche needs, and only that: what a provider's author
+// needs besides is in provider/kit.
 package roche
 
 import (

@@ -10,6 +10,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // LabelUID, on a sandbox, is the uid its commands run as (empty when the caller named a
@@ -90,7 +91,7 @@ func (p *Provider) runAsFor(cfg roche.Config, ws, snapshotUID int) runAs {
 	var r runAs
 	switch {
 	case cfg.User != roche.UserAuto:
-		r = runAs{user: cfg.User, uid: cfg.UID()}
+		r = runAs{user: cfg.User, uid: kit.UID(cfg)}
 	case ws >= 0:
 		r = runAs{user: fmt.Sprintf("%d:%d", ws, ws), uid: ws}
 	default:

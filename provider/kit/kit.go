@@ -23,6 +23,8 @@ package kit
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/roche-sandbox/roche"
@@ -128,3 +130,14 @@ func (e *retryError) RetryDelay() time.Duration { return e.after }
 // DefaultWorkspaceBytes is roche.DefaultWorkspaceSize in bytes: the size a provider
 // makes a new workspace with when the config gives none (Config.WorkspaceBytes is 0).
 const DefaultWorkspaceBytes = 1 << 30
+
+// UID is the uid of a Config.User given as "uid[:gid]", or -1 for a name only the image
+// knows (and for roche.UserAuto, whose uid the provider draws).
+func UID(cfg roche.Config) int {
+	name, _, _ := strings.Cut(cfg.User, ":")
+	uid, err := strconv.Atoi(name)
+	if err != nil || uid < 0 {
+		return -1
+	}
+	return uid
+}

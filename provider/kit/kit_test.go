@@ -86,3 +86,11 @@ func TestDefaultWorkspaceBytes(t *testing.T) {
 			roche.DefaultWorkspaceSize, cfg.WorkspaceBytes(), err, kit.DefaultWorkspaceBytes)
 	}
 }
+
+func TestUID(t *testing.T) {
+	for user, want := range map[string]int{"1000": 1000, "1000:1000": 1000, "0:0": 0, "nobody": -1, roche.UserAuto: -1, "-5": -1, "": -1} {
+		if got := kit.UID(roche.Config{User: user}); got != want {
+			t.Errorf("UID(Config{User: %q}) = %d, want %d", user, got, want)
+		}
+	}
+}

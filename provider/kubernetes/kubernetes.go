@@ -481,7 +481,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 	expires := time.Now().Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	pp := podParams{
 		id: id, namespace: p.namespace, agentImage: p.agentImage, agentLocal: p.agentLocal, runtimeClass: p.runtimeClass,
-		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: cfg.UID(), cgroupV2: p.cgroupV2,
+		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: kit.UID(cfg.Config), cgroupV2: p.cgroupV2,
 	}
 	if cfg.User == roche.UserAuto {
 		uid, err := p.drawUID(ctx)
