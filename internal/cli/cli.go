@@ -4,7 +4,6 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -60,7 +59,7 @@ type env struct {
 // with none (the thin roche binary), a command that needs one is handed to roched.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local) int {
 	e := &env{args: args, stdin: stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv, local: local}
-	e.owner = sync.OnceValue(func() string { return cmp.Or(os.Getenv("ROCHE_OWNER"), localOwner()) })
+	e.owner = sync.OnceValue(defaults.DirectOwner)
 	level := slog.LevelWarn
 	if os.Getenv("ROCHE_DEBUG") != "" {
 		level = slog.LevelDebug

@@ -2,29 +2,16 @@ package cli
 
 import (
 	"errors"
-	"os"
-	"os/user"
-	"strconv"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 )
 
-// localOwner is who the sandboxes this CLI makes in-process belong to: this user on this
-// host (ROCHE_OWNER overrides it, e.g. to share one owner across a CI job's hosts). list,
-// gc and destroy --all keep to them, so that one user's cleanup never takes another
-// user's sandboxes, or a daemon's, on a shared engine.
-func localOwner() string {
-	name := strconv.Itoa(os.Getuid())
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		name = u.Username
-	}
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "localhost"
-	}
-	return "cli:" + name + "@" + host
-}
+// The sandboxes this CLI makes in-process belong to defaults.DirectOwner: this user on
+// this host (ROCHE_OWNER overrides it, e.g. to share one owner across a CI job's hosts).
+// list, gc and destroy --all keep to them, so that one user's cleanup never takes
+// another user's sandboxes, or a daemon's, on a shared engine; and a roched of the same
+// user serves them to that user as its own (internal/ledger, direct.go).
 
 // ownerFilter returns the owner whose sandboxes a list, gc or destroy --all of p keeps
 // to: this CLI's own in-process, none with --any-owner, and none through roched, which

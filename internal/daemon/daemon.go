@@ -95,6 +95,11 @@ type Config struct {
 	EngineCheckInterval time.Duration
 	// MaxUploadBytes bounds one CopyTo upload (default wire.MaxUploadBytes; tests lower it).
 	MaxUploadBytes int64
+	// DirectOwner is the owner roched's own user's direct-mode CLI gives its sandboxes
+	// (cli:USER@HOST, or ROCHE_OWNER; roched's --direct-owner): those are served, as its
+	// own, to a caller on the unix socket that runs as roched's user (internal/ledger
+	// direct.go). Empty serves none.
+	DirectOwner string
 }
 
 // Option configures a Daemon.
@@ -122,9 +127,12 @@ type Daemon struct {
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
 
-	// tenants are the TCP tenants; local is the unix socket's.
+	// tenants are the TCP tenants; local is the unix socket's, and ownUser the same
+	// tenant when the caller runs as roched's own user (SO_PEERCRED), who is served its
+	// direct-mode sandboxes too.
 	tenants []*tenant
 	local   *tenant
+	ownUser *tenant
 	// tls serves TCP's certificates (nil: plaintext); certTenants are the tenants known
 	// by a client certificate alone (tls.go).
 	tls         *tlsFiles
@@ -146,6 +154,7 @@ func (c Config) ledgerConfig() ledger.Config {
 		DefaultProvider: catalog.Default, StateFile: c.StateFile, MaxSandboxes: c.MaxSandboxes, AllowRootSandboxes: c.AllowRootSandboxes,
 		Pools: c.Pools, PoolConcurrency: c.PoolConcurrency, ReapInterval: c.ReapInterval,
 		ReconcileInterval: c.ReconcileInterval, EngineCheckInterval: c.EngineCheckInterval,
+		DirectOwner: c.DirectOwner, ProviderOf: catalog.OfID,
 	}
 }
 
@@ -179,6 +188,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		log:       slog.New(slog.DiscardHandler),
 		tenants:   buildTenants(cfg),
 		local:     &tenant{Tenant: ledger.Tenant{Name: LocalTenant, Local: true}},
+		ownUser:   &tenant{Tenant: ledger.Tenant{Name: LocalTenant, Local: true, Direct: true}},
 		draining:  make(chan struct{}),
 		output:    outputBudget{left: maxHeldOutput},
 	}
@@ -306,6 +316,9 @@ func (d *Daemon) Start(ctx context.Context) error {
 		srv.Protocols.SetHTTP1(true)
 		srv.Protocols.SetUnencryptedHTTP2(true)
 		srv.Protocols.SetHTTP2(true)
+		if i == 0 {
+			srv.ConnContext = ownUserConn
+		}
 		d.servers = append(d.servers, srv)
 		d.bg.Add(1)
 		go func(l net.Listener) {
@@ -385,10 +398,29 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	if !requireToken {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mux.ServeHTTP(w, r.WithContext(withTenant(r.Context(), d.local)))
+			t := d.local
+			if ownUser, _ := r.Context().Value(ownUserKey{}).(bool); ownUser {
+				t = d.ownUser
+			}
+			mux.ServeHTTP(w, r.WithContext(withTenant(r.Context(), t)))
 		})
 	}
 	return d.authenticate(mux)
+}
+
+// ownUserKey marks, in a unix socket connection's context, a caller that runs as
+// roched's own user.
+type ownUserKey struct{}
+
+// ownUserConn is the unix listener's ConnContext: it reads the caller's uid once per
+// connection (SO_PEERCRED) and marks the caller that runs as roched's own user. root
+// calling another user's roched, or a user let onto the socket by a changed mode, is
+// the local tenant without that user's direct-mode sandboxes.
+func ownUserConn(ctx context.Context, c net.Conn) context.Context {
+	if uid, ok := peerUID(c); ok && uid == uint32(os.Getuid()) {
+		return context.WithValue(ctx, ownUserKey{}, true)
+	}
+	return ctx
 }
 
 // maxMessageBytes bounds a request: an Exec carries its stdin whole (roche.MaxStdinBytes,

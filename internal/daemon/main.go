@@ -122,6 +122,8 @@ type flags struct {
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
 	// runtime: the docker provider's, ociRuntime the oci provider's (providers.Options).
 	runtime, ociRuntime string
+	// directOwner: Config.DirectOwner.
+	directOwner string
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -149,7 +151,10 @@ bearer token (or client certificates), and over TLS unless on a loopback address
 --insecure. It keeps warm pools (--pool), destroys sandboxes at their expiry,
 refuses creates beyond --max-sandboxes, and keeps its state in a file so that after a
 crash the next roched keeps serving the sandboxes clients hold and destroys the rest.
-It touches only the sandboxes it made: others on the engine are left alone.
+It touches only the sandboxes it made, and those its own user made with roche in
+direct mode (owner --direct-owner): those it serves to that user alone, on the unix
+socket (the caller's uid, as the kernel gives it, must be roched's), as its own, never
+destroying one unless asked (destroy, gc). Others on the engine are left alone.
 
 Tokens never go on the command line (ps shows it to every user): --token-file FILE
 (mode 0600) or ROCHE_TOKEN gives one token, for the tenant "default"; --tokens-file
@@ -249,6 +254,8 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.StringVar(&f.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see the README)")
 	fs.StringVar(&f.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>)")
 	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "seccomp profile of the kubernetes provider's Pods: a Localhost profile on every node (default roche.json, Roche's: roche kubernetes seccomp-profile installs it), or RuntimeDefault for the runtime's own, weaker one")
+	fs.StringVar(&f.directOwner, "direct-owner", defaults.DirectOwner(),
+		"owner of the direct-mode sandboxes served to roched's own user on the unix socket: what roche gives them in roched's environment (ROCHE_OWNER, else cli:USER@HOST); \"\" serves none")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -300,6 +307,7 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency,
 		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
 		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
+		DirectOwner: f.directOwner,
 	}
 	tokenFile, tokensFile := f.tokenFile, f.tokensFile
 	var specs []string

@@ -10,7 +10,9 @@ package defaults
 import (
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -57,3 +59,22 @@ func StateFile(socket string) string {
 // (internal/ledger, owner.go): the sandbox itself says it is a daemon's, whatever became
 // of that daemon's state file.
 const DaemonOwnerPrefix = "roched:"
+
+// DirectOwner is the owner (roche.Config.Owner) the CLI gives the sandboxes it makes in
+// direct mode: ROCHE_OWNER when set (e.g. to share one owner across a CI job's hosts),
+// else cli:USER@HOST for this process's user on this host. roched takes over its own
+// user's (internal/ledger, direct.go), as this function answers in roched's environment.
+func DirectOwner() string {
+	if o := os.Getenv("ROCHE_OWNER"); o != "" {
+		return o
+	}
+	name := strconv.Itoa(os.Getuid())
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	return "cli:" + name + "@" + host
+}

@@ -71,7 +71,9 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 		return
 	}
 	was := *r
-	removed := ev.Kind == kit.EventRemoved
+	// What is left of a direct-mode sandbox is its user's to remove, as in direct mode
+	// (direct.go): roched only stops serving it.
+	removed := ev.Kind == kit.EventRemoved || r.direct
 	if removed {
 		delete(l.sandboxes, ev.ID)
 	} else {
@@ -79,7 +81,7 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 		r.Kind = KindDestroying
 	}
 	if was.Kind == KindClient {
-		l.ended.add(ev.ID, was.TenantName(), ev.Time, ev.Reason())
+		l.ended.add(ev.ID, was.TenantName(), was.direct, ev.Time, ev.Reason())
 	}
 	l.mu.Unlock()
 	// Out of its pool's counts at once: an idle member is dropped and replaced, a
@@ -97,7 +99,9 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 			pl.Forget(ev.ID)
 		}
 		attrs = append(attrs, "tenant", was.TenantName())
-		if !was.ExpiresAt.IsZero() && time.Until(was.ExpiresAt) < 2*time.Second {
+		if was.direct {
+			l.log.Info("a direct-mode sandbox ended (its user's roche destroyed it, or its lifetime ended)", attrs...)
+		} else if !was.ExpiresAt.IsZero() && time.Until(was.ExpiresAt) < 2*time.Second {
 			l.log.Info("a sandbox ended at its expiry", attrs...)
 		} else {
 			l.log.Warn("a client's sandbox ended behind roched's back: forgetting it", attrs...)
@@ -123,11 +127,12 @@ type endings struct {
 
 type ending struct {
 	tenant string
+	direct bool // a direct-mode sandbox, whose end only its user hears of (direct.go)
 	at     time.Time
 	why    string
 }
 
-func (e *endings) add(id, tenant string, at time.Time, why string) {
+func (e *endings) add(id, tenant string, direct bool, at time.Time, why string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.byID == nil {
@@ -136,7 +141,7 @@ func (e *endings) add(id, tenant string, at time.Time, why string) {
 	if _, ok := e.byID[id]; !ok {
 		e.order = append(e.order, id)
 	}
-	e.byID[id] = ending{tenant: tenant, at: at, why: why}
+	e.byID[id] = ending{tenant: tenant, direct: direct, at: at, why: why}
 	for len(e.order) > endedKeep {
 		delete(e.byID, e.order[0])
 		e.order = e.order[1:]
@@ -150,10 +155,10 @@ func (e *endings) notFound(t *Tenant, id string) error {
 	e.mu.Lock()
 	end, ok := e.byID[id]
 	e.mu.Unlock()
-	if !ok || end.tenant != t.Name {
+	if !ok || end.tenant != t.Name || end.direct && !t.Direct {
 		return NotFound(id)
 	}
-	return fmt.Errorf("%w: sandbox %s ended at %s: %s (roche list shows the live ones)",
+	return fmt.Errorf("%w: sandbox %s ended at %s: %s (listing your sandboxes shows the live ones)",
 		roche.ErrNotFound, id, end.at.Local().Format(time.TimeOnly), end.why)
 }
 
@@ -165,7 +170,12 @@ func (l *Ledger) forgetEnded(id string, err error) {
 	r, ok := l.sandboxes[id]
 	ok = ok && r.Kind == KindClient
 	if ok {
-		l.ended.add(id, r.TenantName(), time.Now(), "it stopped while a command ran in it")
+		l.ended.add(id, r.TenantName(), r.direct, time.Now(), "it stopped while a command ran in it")
+	}
+	if ok && r.direct {
+		// Its user's to remove, as in direct mode (direct.go).
+		delete(l.sandboxes, id)
+		ok = false
 	}
 	l.mu.Unlock()
 	if ok {

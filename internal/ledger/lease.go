@@ -79,6 +79,9 @@ func (l *Ledger) Hold(t *Tenant, id string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
+	if tg.rec.direct {
+		return "", nil, fmt.Errorf("%w: sandbox %s was made in direct mode: a lease it has is held by the roche that made it (roche run, create --hold), not through roched; it lives until then or until its timeout", roche.ErrInvalidConfig, tg.ID)
+	}
 	if !tg.rec.Leased {
 		return "", nil, fmt.Errorf("%w: sandbox %s is not leased: it lives out its timeout; create it with leased=true to hold it", roche.ErrInvalidConfig, tg.ID)
 	}

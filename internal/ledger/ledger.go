@@ -67,6 +67,13 @@ type Config struct {
 	// EngineCheckInterval is how often each provider's engine is asked whether it answers
 	// (default 2 s; health.go).
 	EngineCheckInterval time.Duration
+	// DirectOwner is the owner the direct-mode CLI of roched's own user gives its
+	// sandboxes (roche.Config.Owner: cli:USER@HOST, or that user's ROCHE_OWNER). Those
+	// are served to that user (Tenant.Direct) as its own (direct.go); empty serves none.
+	DirectOwner string
+	// ProviderOf names the provider that owns a sandbox id (internal/catalog.OfID), so
+	// that an id the ledger does not track is asked of that provider alone; nil asks each.
+	ProviderOf func(id string) string
 }
 
 // Validate reports every problem with the settings at once, for a ledger over the named
@@ -196,6 +203,9 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 	sort.Strings(names)
 	if err := cfg.Validate(names); err != nil {
 		return nil, err
+	}
+	if strings.HasPrefix(cfg.DirectOwner, ownerPrefix) {
+		return nil, fmt.Errorf("%w: direct owner %q is a roched's: give the owner the direct-mode CLI uses (cli:USER@HOST, or its ROCHE_OWNER)", roche.ErrInvalidConfig, cfg.DirectOwner)
 	}
 	instance := readInstance(cfg.StateFile)
 	if instance == "" {

@@ -49,6 +49,9 @@ func (l *Ledger) Reset(ctx context.Context, tn *Tenant, id string, keepWorkspace
 	}
 	if old := t.rec; old != nil {
 		rec.Image, rec.Env, rec.Workdir, rec.Leased = old.Image, maps.Clone(old.Env), old.Workdir, old.Leased
+		// A direct-mode sandbox's provider made the new one with the old one's owner:
+		// still its user's, served as before (direct.go).
+		rec.direct, rec.owner, rec.adopted = old.direct, old.owner, old.direct
 		if !old.ExpiresAt.IsZero() {
 			rec.ExpiresAt = old.ExpiresAt
 		}
@@ -68,7 +71,9 @@ func (l *Ledger) Reset(ctx context.Context, tn *Tenant, id string, keepWorkspace
 		l.forgetInPool(old)
 	}
 	l.saveOrWarn()
-	sb.ExpiresAt, sb.Owner = rec.ExpiresAt, l.ownerFor(tn.Name)
+	if !rec.direct {
+		sb.ExpiresAt, sb.Owner = rec.ExpiresAt, l.ownerFor(tn.Name)
+	}
 
 	// A sandbox from the pool was claimed for its holder after it was made; the new one
 	// is made from the pool's config, so it needs its claim, and its workdir, again.

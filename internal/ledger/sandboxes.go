@@ -30,6 +30,9 @@ func (l *Ledger) snapshot() (uint64, []*Record) {
 	defer l.mu.Unlock()
 	recs := make([]*Record, 0, len(l.sandboxes))
 	for _, r := range l.sandboxes {
+		if r.direct {
+			continue // the CLI's, served for now (direct.go)
+		}
 		c := *r
 		recs = append(recs, &c)
 	}
@@ -65,9 +68,10 @@ func (l *Ledger) pooledDestroyed(_ pool.Key, id string) {
 }
 
 // visible reports whether tenant t may see the record: its own sandboxes, handed out or
-// being destroyed. Idle pooled sandboxes are nobody's.
+// being destroyed, and a direct-mode one only if it is its user's (direct.go). Idle
+// pooled sandboxes are nobody's.
 func (r *Record) visible(t *Tenant) bool {
-	return r.Kind != KindPooled && r.TenantName() == t.Name
+	return r.Kind != KindPooled && r.TenantName() == t.Name && (!r.direct || t.Direct)
 }
 
 // lookupLocked finds one of tenant t's sandboxes by id or unique id prefix, as Docker
@@ -94,10 +98,32 @@ func (l *Ledger) lookupLocked(t *Tenant, id string) *Record {
 	return found
 }
 
+// find is lookupLocked, returning a copy, which on a miss takes over a direct-mode
+// sandbox of t's user that id names (direct.go).
+func (l *Ledger) find(t *Tenant, id string) (Record, bool) {
+	l.mu.Lock()
+	r := l.lookupLocked(t, id)
+	var c Record
+	if r != nil {
+		c = *r
+	}
+	l.mu.Unlock()
+	if r != nil || !l.findDirect(t, id) {
+		return c, r != nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r = l.lookupLocked(t, id); r == nil {
+		return Record{}, false
+	}
+	return *r, true
+}
+
 // NotFound is what a tenant hears of an id that names none of its sandboxes, whether it
-// names another tenant's, someone else's on the engine, or nothing.
+// names another tenant's, someone else's on the engine, or nothing. The words fit every
+// caller: roche list, an SDK's list and the List call all show the tenant's own.
 func NotFound(id string) error {
-	return fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+	return fmt.Errorf("%w: no sandbox %s among yours (listing your sandboxes shows the live ones)", roche.ErrNotFound, id)
 }
 
 // Target is a sandbox resolved for a call: its full id, its provider and a copy of what
@@ -110,20 +136,18 @@ type Target struct {
 
 // Resolve finds the sandbox of tenant t that a call names. Idle pooled sandboxes are
 // nobody's, destroyed ones are gone, and what the daemon does not track (another
-// tenant's, another daemon's, a direct-mode user's) is not its to serve: all are "not
-// found".
+// tenant's, another daemon's, another user's direct-mode ones) is not its to serve: all
+// are "not found". A direct-mode sandbox of roched's own user is taken over for that
+// user (direct.go).
 func (l *Ledger) Resolve(t *Tenant, id string) (Target, error) {
 	if id == "" {
 		return Target{}, fmt.Errorf("%w: empty sandbox id", roche.ErrNotFound)
 	}
-	l.mu.Lock()
-	r := l.lookupLocked(t, id)
+	r, ok := l.find(t, id)
 	var rec *Record
-	if r != nil && r.Kind == KindClient {
-		c := *r
-		rec = &c
+	if ok && r.Kind == KindClient {
+		rec = &r
 	}
-	l.mu.Unlock()
 	if rec == nil {
 		return Target{}, l.ended.notFound(t, id)
 	}
@@ -138,7 +162,7 @@ func (l *Ledger) admit(t *Tenant) error {
 	defer l.mu.Unlock()
 	all, mine := l.reserved, l.reservedBy[t.Name]
 	for _, r := range l.sandboxes {
-		if r.Kind == KindClient {
+		if r.Kind == KindClient && !r.direct {
 			all++
 			if r.TenantName() == t.Name {
 				mine++
@@ -492,16 +516,10 @@ func (l *Ledger) poolOf(r *Record) *pool.Pool {
 // that names none of the tenant's sandboxes is "not found" (the clients, as the
 // providers, treat that as already destroyed); one being destroyed is done.
 func (l *Ledger) Destroy(t *Tenant, id string) (string, error) {
-	l.mu.Lock()
-	r := l.lookupLocked(t, id)
-	var full string
-	var k Kind
-	if r != nil {
-		full, k = r.ID, r.Kind
-	}
-	l.mu.Unlock()
+	r, ok := l.find(t, id)
+	full, k := r.ID, r.Kind
 	switch {
-	case r == nil:
+	case !ok:
 		return "", NotFound(id)
 	case k == KindDestroying:
 		return full, nil
@@ -633,7 +651,7 @@ func (l *Ledger) reap(now time.Time) {
 	l.mu.Lock()
 	for id, r := range l.sandboxes {
 		switch {
-		case r.Kind == KindClient && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
+		case r.Kind == KindClient && !r.direct && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
 			expired = append(expired, id)
 			tenantOfRecord[id] = r.TenantName()
 		case r.Kind == KindDestroying && !r.removing:
@@ -726,7 +744,7 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 			case startup && r.Kind == KindPooled:
 				r.Kind = KindDestroying
 				leftovers = append(leftovers, id)
-			case r.Kind == KindClient && sb.State == roche.StateExited:
+			case r.Kind == KindClient && sb.State == roche.StateExited && !r.direct:
 				r.Kind = KindDestroying
 				stale = append(stale, id)
 			}
@@ -875,10 +893,15 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 		l.mu.Lock()
 		for _, sb := range list {
 			r, ok := l.sandboxes[sb.ID]
+			if !ok && l.takesOver(t, sb) {
+				r, ok = l.adoptDirectLocked(n, sb), true
+			}
 			if !ok || r.Kind != KindClient || !r.visible(t) {
 				continue
 			}
-			sb.ExpiresAt, sb.Owner = r.ExpiresAt, l.ownerFor(r.TenantName())
+			if !r.direct {
+				sb.ExpiresAt, sb.Owner = r.ExpiresAt, l.ownerFor(r.TenantName())
+			}
 			out = append(out, sb)
 		}
 		l.mu.Unlock()
@@ -900,7 +923,9 @@ func (l *Ledger) Inspect(ctx context.Context, t *Tenant, id string) (roche.Sandb
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	sb.ExpiresAt, sb.Owner = tg.rec.ExpiresAt, l.ownerFor(tg.rec.TenantName())
+	if !tg.rec.direct {
+		sb.ExpiresAt, sb.Owner = tg.rec.ExpiresAt, l.ownerFor(tg.rec.TenantName())
+	}
 	return sb, nil
 }
 

@@ -50,6 +50,11 @@ type Record struct {
 
 	// adopted: found on the engine without a record (see owner.go), for /metrics.
 	adopted bool
+	// direct: made in direct mode by roched's own user and served to it (direct.go):
+	// never saved, reaped, leased or counted against a bound by roched. owner is its
+	// own owner, which List and Inspect report.
+	direct bool
+	owner  string
 	// since is when the daemon started tracking it, so that a reconcile does not drop a
 	// record made after its listing was taken.
 	since time.Time

@@ -30,6 +30,10 @@ type Tenant struct {
 	MountRoots []string
 	// Local: the unix socket's tenant, the operator.
 	Local bool
+	// Direct: the unix socket's caller runs as roched's own user (its SO_PEERCRED uid),
+	// so it is served that user's direct-mode sandboxes too (Config.DirectOwner,
+	// direct.go). Never set for a TCP tenant, nor for another uid on the socket.
+	Direct bool
 }
 
 // Namespaced is the provider's name for a tenant's workspace or snapshot: the local
