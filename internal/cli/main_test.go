@@ -14,6 +14,7 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
 // TestMain builds roche-agent for the Docker provider, and lets the test binary double as
@@ -24,6 +25,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "no providers to run in-process: full_test.go sets them")
 		os.Exit(1)
 	}
+	// The qemu provider runs each VM's supervisor as this binary, as roched does.
+	supervisor.RunIfAsked()
 	if os.Getenv("ROCHE_TEST_AS_CLI") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, testLocal))
 	}

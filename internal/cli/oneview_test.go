@@ -3,8 +3,10 @@ package cli
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -17,9 +19,13 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
+	"github.com/roche-sandbox/roche/internal/defaults"
+	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
 )
 
 // listJSON is roche list --json's sandboxes by id.
@@ -306,5 +312,121 @@ func TestOneViewKeepsTheLease(t *testing.T) {
 	}
 	if r := run(t, "--socket", socket, "exec", "--sandbox", id, "--", "true"); r.code != exitRocheFailed || !strings.Contains(r.stderr, id) {
 		t.Fatalf("exec after its holder destroyed it: %+v", r)
+	}
+}
+
+// TestOneViewEveryProvider: for every provider whose sandboxes outlive the roche that
+// made them (each of them, wasm included: its sandboxes are directories), a sandbox
+// made with roche create before roched runs is listed by roche list through roched, as
+// the user's, runs roche exec, takes roche cp both ways, and goes with roche destroy;
+// roched serves that provider alone on a private socket, in this process.
+func TestOneViewEveryProvider(t *testing.T) {
+	owner := os.Getenv("ROCHE_OWNER")
+	cases := []struct {
+		provider string
+		create   []string // besides --provider
+		echo     []string // prints its one argument and a newline
+		setup    func(t *testing.T) catalog.Options
+	}{
+		{provider: "docker", create: []string{"--image", testImage()}, echo: []string{"echo"}},
+		{provider: "oci", create: []string{"--image", testImage()}, echo: []string{"echo"}},
+		{provider: "qemu", create: []string{"--image", testImage()}, echo: []string{"echo"}},
+		{provider: "wasm", echo: []string{"python3", "-c", "import sys; print(sys.argv[1])"}},
+		{provider: "kubernetes", create: []string{"--image", "roche/python:local"}, echo: []string{"echo"},
+			setup: func(t *testing.T) catalog.Options {
+				cluster := testcluster.Start(t)
+				cl := cluster.Client(t)
+				t.Cleanup(cl.Close)
+				ns := cl.Namespace(t, "roche-cli-oneview")
+				if !cluster.HasImage("roche/python:local") {
+					testcluster.ImportDocker(t, "roche/python:local")
+				}
+				f, err := os.Create(filepath.Join(t.TempDir(), "agent.tar"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ref, err := kubernetes.WriteAgentImage(f, os.Getenv("ROCHE_AGENT"))
+				f.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !cluster.HasImage(ref) {
+					testcluster.ImportTar(t, f.Name())
+				}
+				t.Setenv("KUBECONFIG", cluster.Kubeconfig)
+				return catalog.Options{Kubeconfig: cluster.Kubeconfig, Namespace: ns}
+			}},
+	}
+	for _, c := range cases {
+		t.Run(c.provider, func(t *testing.T) {
+			var opts catalog.Options
+			if c.setup != nil {
+				opts = c.setup(t)
+			}
+			socket := filepath.Join(socketDir(t), "roched.sock")
+			args := append([]string{"--socket", socket, "create", "--provider", c.provider}, c.create...)
+			if opts.Namespace != "" {
+				args = append(args, "--namespace", opts.Namespace)
+			}
+			r := run(t, args...)
+			id := strings.TrimSpace(r.stdout)
+			if r.code != 0 || id == "" {
+				t.Fatalf("create with no roched: %+v", r)
+			}
+			direct := []string{"--direct"}
+			if opts.Namespace != "" {
+				direct = append(direct, "--namespace", opts.Namespace)
+			}
+			t.Cleanup(func() { run(t, append(direct, "destroy", id)...) })
+
+			opts.EngineTimeout, opts.Transport = defaults.EngineTimeout, defaults.Transport
+			p, err := testLocal.Open(c.provider, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := daemon.New(daemon.Config{Socket: socket, DirectOwner: owner}, map[string]roche.Provider{c.provider: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			if err := d.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				d.Shutdown(context.Background())
+				catalog.Set{c.provider: p}.Close()
+			}()
+
+			via := []string{"--socket", socket, "--provider", c.provider}
+			if sb, ok := listJSON(t, via...)[id]; !ok || sb.Owner != owner {
+				t.Fatalf("roche list through roched: %+v (listed %v), want %s with owner %s", sb, ok, id, owner)
+			}
+			r = run(t, append([]string{"--socket", socket, "exec", "--sandbox", id, "--"}, append(c.echo, "through roched")...)...)
+			if r.code != 0 || r.stdout != "through roched\n" {
+				t.Fatalf("exec through roched: %+v", r)
+			}
+			src := filepath.Join(t.TempDir(), "in.txt")
+			os.WriteFile(src, []byte("copied\n"), 0o644)
+			if r := run(t, "--socket", socket, "cp", src, id+":/tmp/in.txt"); r.code != 0 {
+				t.Fatalf("cp in through roched: %+v", r)
+			}
+			out := filepath.Join(t.TempDir(), "out.txt")
+			if r := run(t, "--socket", socket, "cp", id+":/tmp/in.txt", out); r.code != 0 {
+				t.Fatalf("cp out through roched: %+v", r)
+			}
+			if b, _ := os.ReadFile(out); string(b) != "copied\n" {
+				t.Fatalf("a round trip through roched copied %q", b)
+			}
+			if r := run(t, "--socket", socket, "destroy", id); r.code != 0 || strings.TrimSpace(r.stdout) != id {
+				t.Fatalf("destroy through roched: %+v", r)
+			}
+			testenv.Eventually(t, 2*time.Minute, "the sandbox to be gone", func() bool {
+				_, err := p.Inspect(ctx, id)
+				return errors.Is(err, roche.ErrNotFound)
+			})
+			if _, ok := listJSON(t, via...)[id]; ok {
+				t.Fatal("roche list through roched still shows the destroyed sandbox")
+			}
+		})
 	}
 }
