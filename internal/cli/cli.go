@@ -85,7 +85,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 	if errors.As(err, &code) {
 		return int(code)
 	}
-	err = unknownCommand(cmd, err)
+	err = e.directHint(unknownCommand(cmd, err))
 	asked, _ := cmd.Flags().GetBool("json")
 	status, msg := exitError, oneLine(err)
 	if asked {

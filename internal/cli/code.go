@@ -122,7 +122,7 @@ func (e *env) runCode(ctx context.Context, cr roche.CodeRunner, id string, req r
 		if ctx.Err() != nil {
 			return interruptCode(ctx)
 		}
-		return fmt.Errorf("%s", oneLine(friendly(err)))
+		return fmt.Errorf("%s", oneLine(friendly(e.directHint(err))))
 	}
 	if outDir != "" {
 		if err := writeResults(outDir, ex.Results); err != nil {
@@ -217,7 +217,7 @@ func (e *env) runCodeEvents(ctx context.Context, cr roche.CodeRunner, id string,
 		if ctx.Err() != nil {
 			return interruptCode(ctx)
 		}
-		return fmt.Errorf("%s", oneLine(friendly(err)))
+		return fmt.Errorf("%s", oneLine(friendly(e.directHint(err))))
 	}
 	ev.emit(map[string]any{"execution": ex})
 	switch {

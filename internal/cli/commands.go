@@ -239,7 +239,7 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 		if ctx.Err() != nil {
 			return interruptCode(ctx)
 		}
-		return fmt.Errorf("%s", oneLine(friendly(err)))
+		return fmt.Errorf("%s", oneLine(friendly(e.directHint(err))))
 	}
 	if x.asJSON {
 		if err := e.printJSON(res); err != nil {
@@ -286,7 +286,7 @@ func (e *env) rocheFailed(err error) error {
 	if err == nil || errors.As(err, &code) {
 		return err
 	}
-	fmt.Fprintf(e.stderr, "roche: %s\n", oneLine(err))
+	fmt.Fprintf(e.stderr, "roche: %s\n", oneLine(e.directHint(err)))
 	return exitCode(exitRocheFailed)
 }
 

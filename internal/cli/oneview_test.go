@@ -430,3 +430,37 @@ func TestOneViewEveryProvider(t *testing.T) {
 		})
 	}
 }
+
+// TestOneViewSaysWhy: a sandbox the caller made in direct mode under an owner roched
+// does not serve (roched's --direct-owner is another: ROCHE_OWNER differed, or roched
+// runs as another user) is "not found" through roched, and roche says why and what
+// reaches it (--direct), which does; a sandbox of someone else's gets no such note.
+func TestOneViewSaysWhy(t *testing.T) {
+	socket := filepath.Join(socketDir(t), "roched.sock")
+	mine := os.Getenv("ROCHE_OWNER") + "-why"
+	t.Setenv("ROCHE_OWNER", mine)
+	r := run(t, "--socket", socket, "create", "--image", testImage())
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 0 || id == "" {
+		t.Fatalf("create: %+v", r)
+	}
+	t.Cleanup(func() { run(t, "--direct", "destroy", id) })
+	daemontest.Serve(t, daemon.Config{Socket: socket, DirectOwner: "cli:someone-else@elsewhere"})
+
+	r = run(t, "--socket", socket, "exec", "--sandbox", id, "--", "true")
+	if r.code != exitRocheFailed || !strings.Contains(r.stderr, "no sandbox "+id) ||
+		!strings.Contains(r.stderr, "one you made in direct mode (owner "+mine+")") || !strings.Contains(r.stderr, "pass --direct") ||
+		strings.Count(r.stderr, "\n") != 1 {
+		t.Fatalf("exec through roched: %+v, want one line saying it is yours from direct mode and to pass --direct", r)
+	}
+	if r := run(t, "--socket", socket, "destroy", id); r.code != 1 || !strings.Contains(r.stderr, "pass --direct") {
+		t.Fatalf("destroy through roched: %+v, want the same note", r)
+	}
+	if r := run(t, "--socket", socket, "--direct", "exec", "--sandbox", id, "--", "echo", "direct"); r.code != 0 || r.stdout != "direct\n" {
+		t.Fatalf("exec --direct, as the note says: %+v", r)
+	}
+	t.Setenv("ROCHE_OWNER", mine+"-not")
+	if r := run(t, "--socket", socket, "exec", "--sandbox", id, "--", "true"); r.code != exitRocheFailed || strings.Contains(r.stderr, "direct mode") {
+		t.Fatalf("exec of another owner's sandbox through roched: %+v, want not found and no note", r)
+	}
+}

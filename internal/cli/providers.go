@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
 )
@@ -34,6 +35,9 @@ type registry struct {
 
 	// guard, when set, may refuse to act in-process on a sandbox (one roched made).
 	guard func(id string, p roche.Provider) error
+	// viaDaemon are the ids forID found roched serving the provider of, by provider:
+	// what directHint looks up in-process when roched says one is not found.
+	viaDaemon map[string]string
 	// engineTimeout and transport: see providers.Options; set by flags.
 	engineTimeout time.Duration
 	transport     string
@@ -147,6 +151,14 @@ func (r *registry) forID(id string) (roche.Provider, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if _, remote := p.(*client.Provider); remote {
+		r.mu.Lock()
+		if r.viaDaemon == nil {
+			r.viaDaemon = map[string]string{}
+		}
+		r.viaDaemon[id] = p.Name()
+		r.mu.Unlock()
 	}
 	return p, nil
 }

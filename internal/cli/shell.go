@@ -69,7 +69,7 @@ Works direct and through roched; wasm sandboxes have no terminals.`,
 				if ctx.Err() != nil {
 					return interruptCode(ctx)
 				}
-				return e.rocheFailed(errors.New(oneLine(friendly(err))))
+				return e.rocheFailed(errors.New(oneLine(friendly(e.directHint(err)))))
 			}
 			if code != 0 {
 				return exitCode(code)

@@ -37,6 +37,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The roched processes these tests start serve the direct-mode sandboxes of this
+	// owner alone (--direct-owner's default): none that other tests on the machine make
+	// as this user with roche.
+	os.Setenv("ROCHE_OWNER", fmt.Sprintf("cli:daemon-test-%d", os.Getpid()))
 	// goleak exits the process itself; the agent's directory goes first.
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { cleanup(); os.Exit(code) }))
 }

@@ -43,6 +43,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// The roched processes these tests start serve the direct-mode sandboxes of this
+	// owner alone (--direct-owner's default), none that other tests make with roche.
+	os.Setenv("ROCHE_OWNER", fmt.Sprintf("cli:faults-test-%d", os.Getpid()))
 	// Whatever ends this process, a frozen dockerd is thawed first (the tests' own
 	// cleanups, and a watchdog process, see freezeDockerd, cover the other ways out).
 	defer thawDockerd()
