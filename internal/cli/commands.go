@@ -390,8 +390,9 @@ func (e *env) destroyCommand() *cobra.Command {
 		Use:   "destroy ID... | --all",
 		Short: "Destroy sandboxes",
 		Long: `Destroy the sandboxes named, or with --all every sandbox of yours: made by you on this
-host (direct mode), or your tenant's (through roched). --any-owner --direct takes every
-Roche sandbox on the engine, other users' and daemons' too.`,
+host (direct mode), or your tenant's (through roched; on its socket, as roched's own
+user, also those you made in direct mode). --any-owner --direct takes every Roche
+sandbox on the engine, other users' and daemons' too.`,
 		Example: `  roche destroy 3f2a9c...
   roche destroy --all`,
 		RunE: func(cmd *cobra.Command, ids []string) error {
@@ -459,8 +460,11 @@ func (e *env) listCommand() *cobra.Command {
 		Use:   "list [--json]",
 		Short: "List your sandboxes",
 		Long: `List your sandboxes: those you made on this host (direct mode), or your tenant's
-(through roched). --any-owner --direct lists every Roche sandbox on the engine, with
-its owner: "cli:USER@HOST" for the CLI, "roched:..." for a daemon.`,
+(through roched). On roched's socket, as the user roched runs as, that is both: the
+sandboxes roched made for you and those you made in direct mode, before it started or
+with --direct (owner "cli:USER@HOST", or ROCHE_OWNER: what roched --direct-owner names).
+--any-owner --direct lists every Roche sandbox on the engine, with its owner:
+"cli:USER@HOST" for the CLI, "roched:..." for a daemon.`,
 		Example: "  roche list\n  roche list --json --provider docker\n  roche list --direct --any-owner",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -529,8 +533,9 @@ func (e *env) gcCommand() *cobra.Command {
 		Short: "Remove expired sandboxes left behind",
 		Long: `Remove your sandboxes past their lifetime (or stopped), e.g. left by a crashed caller;
 with --all, every sandbox of yours. Yours: made by you on this host (direct mode), or
-your tenant's (through roched). --any-owner --direct also takes other users' and
-daemons' sandboxes on the engine (a daemon's own are best left to it).`,
+your tenant's (through roched; on its socket, as roched's own user, also those you made
+in direct mode). --any-owner --direct also takes other users' and daemons' sandboxes on
+the engine (a daemon's own are best left to it).`,
 		Example: `  roche gc --dry-run
   roche gc --all
   roche gc --direct --any-owner --dry-run`,

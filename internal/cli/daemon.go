@@ -48,7 +48,7 @@ func (e *env) addDaemonFlags(root *cobra.Command) {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&e.daemon.socket, "socket", def, "roched's unix socket (env ROCHE_SOCKET); used when it answers")
-	pf.BoolVar(&e.daemon.direct, "direct", false, "never use roched: run the provider inside this process")
+	pf.BoolVar(&e.daemon.direct, "direct", false, "never use roched: run the provider inside this process (the sandboxes it makes stay yours through roched too)")
 	e.addRemoteFlags(pf)
 	e.providers.remote = e.remoteProvider
 	e.providers.remoteErr = e.daemon.remoteErr
@@ -152,7 +152,11 @@ func (e *env) daemonCommand() *cobra.Command {
 		Short: "Start, stop or check roched, the daemon with warm pools",
 		Long: `roched serves the Roche API on a unix socket, keeps warm pools so creates take
 milliseconds, and destroys sandboxes at their expiry. While it answers on --socket,
-every roche command goes through it (--direct skips it).`,
+every roche command goes through it (--direct skips it). The sandboxes you made in
+direct mode, before it started or with --direct, stay yours through it: listed and
+reachable as before (roched serves its own user's, on its socket; it never destroys one
+unasked). One you made under another owner (ROCHE_OWNER) than roched's --direct-owner
+is "not found" through it, and roche says to pass --direct.`,
 		Example: `  roche daemon start --pool 'docker/roche/python:local?min=2&max=5'
   roche daemon status
   roche daemon stop`,

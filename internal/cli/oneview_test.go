@@ -47,8 +47,9 @@ func listJSON(t *testing.T, args ...string) map[string]roche.SandboxInfo {
 // roched too, as the user did it: roche create with no roched running, a file copied
 // in, then roche daemon start, and roche list shows the sandbox (with its own owner),
 // roche exec runs in it (by id and by a prefix, with piped input), roche cp copies out
-// of it and into it, roche destroy removes it, and after that every call says it is
-// gone in words that hold.
+// of it and into it, roche shell and roche code run in it, roche reset replaces it with
+// a sandbox still the user's, roche destroy removes it, and after that every call says
+// it is gone in words that hold.
 func TestOneView(t *testing.T) {
 	dir := socketDir(t)
 	socket := filepath.Join(dir, "roched.sock")
@@ -112,6 +113,27 @@ func TestOneView(t *testing.T) {
 	// It went through roched, which says so in its log.
 	if log, _ := os.ReadFile(logFile); !strings.Contains(string(log), "serving a sandbox its user made in direct mode") || !strings.Contains(string(log), id) {
 		t.Fatalf("roched's log does not say it served %s:\n%s", id, log)
+	}
+
+	if r := rocheIn(t, "echo from-$((6*7))\n", "--socket", socket, "shell", id); r.code != 0 || !strings.Contains(r.stdout, "from-42") {
+		t.Fatalf("shell through roched: %+v", r)
+	}
+	if r := run(t, "--socket", socket, "code", "--sandbox", id, "6 * 7"); r.code != 0 || r.stdout != "42\n" {
+		t.Fatalf("code through roched: %+v", r)
+	}
+	// A reset makes a new sandbox in its place, still the user's from direct mode.
+	r = run(t, "--socket", socket, "reset", id)
+	was := id
+	id = strings.TrimSpace(r.stdout)
+	if r.code != 0 || id == "" || id == was {
+		t.Fatalf("reset through roched: %+v", r)
+	}
+	t.Cleanup(func() { run(t, "--direct", "destroy", id) })
+	if sb, ok := listJSON(t, "--socket", socket)[id]; !ok || sb.Owner != owner {
+		t.Fatalf("after a reset through roched, roche list: %+v (listed %v), want %s with owner %s", sb, ok, id, owner)
+	}
+	if sb, ok := listJSON(t, "--direct")[id]; !ok || sb.Owner != owner {
+		t.Fatalf("after a reset through roched, roche --direct list: %+v (listed %v), want %s, still the user's", sb, ok, id)
 	}
 
 	if r := run(t, "--socket", socket, "destroy", id); r.code != 0 || strings.TrimSpace(r.stdout) != id {

@@ -171,12 +171,12 @@ func (l *Ledger) admit(t *Tenant) error {
 	}
 	if max := l.cfg.MaxSandboxes; max > 0 && all >= max {
 		l.obs.Rejected()
-		return fmt.Errorf("%w: roched is at its limit of %d sandboxes (--max-sandboxes): destroy some (roche list shows them) or raise the limit",
+		return fmt.Errorf("%w: roched is at its limit of %d sandboxes (--max-sandboxes), every tenant's together: destroy some of yours (listing your sandboxes shows them), or have the limit raised",
 			roche.ErrExhausted, max)
 	}
 	if max := t.MaxSandboxes; max > 0 && mine >= max {
 		l.obs.Rejected()
-		return fmt.Errorf("%w: tenant %s is at its limit of %d sandboxes (max_sandboxes in roched's tokens file): destroy some (roche list shows them)",
+		return fmt.Errorf("%w: tenant %s is at its limit of %d sandboxes (max_sandboxes in roched's tokens file): destroy some (listing your sandboxes shows them)",
 			roche.ErrExhausted, t.Name, max)
 	}
 	l.reserved++

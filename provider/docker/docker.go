@@ -922,7 +922,7 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	done(&err)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
-			return c, sandbox{}, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+			return c, sandbox{}, fmt.Errorf("%w: no sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, id)
 		}
 		return c, sandbox{}, p.engineErr("inspecting sandbox "+id, err)
 	}

@@ -718,13 +718,13 @@ func (p *Provider) get(ctx context.Context, id string) (*corev1.Pod, error) {
 		return nil, p.noCluster
 	}
 	if !strings.HasPrefix(id, Name+"-") || len(validation.IsDNS1123Label(id)) > 0 {
-		return nil, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: no sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, id)
 	}
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
 	pod, err := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: no sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, id)
 	}
 	if err != nil {
 		return nil, p.apiErr("inspecting sandbox "+id, err)

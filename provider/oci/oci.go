@@ -335,7 +335,7 @@ func validID(id string) bool {
 // load returns sandbox id from its record on disk.
 func (p *Provider) load(id string) (*sandbox, error) {
 	if !validID(id) {
-		return nil, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+		return nil, fmt.Errorf("%w: no sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, id)
 	}
 	p.mu.Lock()
 	s, ok := p.verified[id]
@@ -347,7 +347,7 @@ func (p *Provider) load(id string) (*sandbox, error) {
 	r, err := readRecord(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%w: no sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+			return nil, fmt.Errorf("%w: no sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, id)
 		}
 		return nil, err
 	}

@@ -618,11 +618,11 @@ func (p *Provider) lookup(id string) (*sandbox, error) {
 		return s, nil
 	}
 	if !idPattern.MatchString(id) || !strings.HasPrefix(id, p.Name()+"-") {
-		return nil, fmt.Errorf("%w: no %s sandbox %s (roche list shows the live ones)", roche.ErrNotFound, p.Name(), id)
+		return nil, fmt.Errorf("%w: no %s sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, p.Name(), id)
 	}
 	m, alive, err := p.readVM(filepath.Join(p.stateDir, id))
 	if err != nil || !alive {
-		return nil, fmt.Errorf("%w: no %s sandbox %s (roche list shows the live ones)", roche.ErrNotFound, p.Name(), id)
+		return nil, fmt.Errorf("%w: no %s sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, p.Name(), id)
 	}
 	s = &sandbox{meta: m, agent: p.hv.client(m)}
 	p.remember(s)

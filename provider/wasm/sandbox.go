@@ -370,7 +370,7 @@ func (p *Provider) lookup(id string) (record, error) {
 	}
 	rec, err := readRecord(p.sandboxDir(id))
 	if errors.Is(err, fs.ErrNotExist) {
-		return record{}, fmt.Errorf("%w: no wasm sandbox %s (roche list shows the live ones)", roche.ErrNotFound, id)
+		return record{}, fmt.Errorf("%w: no wasm sandbox %s (listing your sandboxes shows the live ones)", roche.ErrNotFound, id)
 	}
 	if err != nil {
 		return record{}, fmt.Errorf("reading wasm sandbox %s: %w", id, err)

@@ -466,7 +466,7 @@ export class CLITransport implements Transport {
     for (const sb of await this.list(provider, d)) {
       if (sb.id === sid || (sid.length >= 12 && sb.id.startsWith(sid))) return sb;
     }
-    throw new SandboxNotFound(`not found: no sandbox ${sid} (roche list shows the live ones)`);
+    throw new SandboxNotFound(`not found: no sandbox ${sid} among yours (listing your sandboxes shows the live ones)`);
   }
 
   async list(provider: string, d: Deadline): Promise<SandboxInfo[]> {

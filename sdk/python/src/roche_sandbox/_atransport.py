@@ -436,7 +436,7 @@ class AsyncCLITransport:
         for sb in await self.list(_cli.provider_of(sid), d):
             if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
                 return sb
-        raise SandboxNotFound(f"not found: no sandbox {sid} (roche list shows the live ones)")
+        raise SandboxNotFound(f"not found: no sandbox {sid} among yours (listing your sandboxes shows the live ones)")
 
     async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
         out = await self._call(["list", "--json", "--provider", provider], d)

@@ -434,7 +434,7 @@ class CLITransport:
         for sb in self.list(_cli.provider_of(sid), d):
             if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
                 return sb
-        raise SandboxNotFound(f"not found: no sandbox {sid} (roche list shows the live ones)")
+        raise SandboxNotFound(f"not found: no sandbox {sid} among yours (listing your sandboxes shows the live ones)")
 
     def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
         out = self._call(["list", "--json", "--provider", provider], d)
