@@ -116,6 +116,9 @@ def setup() -> None:
     _run("docker", "tag", BASE_IMAGE, tag)
     _Env.image = tag
     atexit.register(_untag, tag)
+    # One owner for the CLI's direct-mode sandboxes and the roched processes of this run,
+    # which serve those (roched --direct-owner's default): none another run makes.
+    os.environ["ROCHE_OWNER"] = f"cli:sdk-test-{uuid.uuid4().hex[:8]}"
     _Env.daemon = Daemon()
     atexit.register(_Env.daemon.stop)
     _Env.dead_socket = os.path.join(_Env.daemon.dir, "nobody-listens.sock")

@@ -245,6 +245,59 @@ class SandboxThroughCLI(SandboxThroughDaemon):
         self.assertIn("roched", str(cm.exception))
 
 
+class DirectThenDaemon(harness.SandboxTestCase):
+    """One view: a sandbox made with roche in direct mode, before roched runs, is the
+    user's through roched too: the SDK lists it, gets it, runs in it, copies to it and
+    destroys it, sync and async."""
+
+    def test_lists_and_gets_what_roche_made_directly(self) -> None:
+        for api in ("sync", "async"):
+            with self.subTest(api=api):
+                made = subprocess.run([harness.CLI, "--direct", "create", "--image", harness.image()],
+                                      capture_output=True, text=True, timeout=120)
+                self.assertEqual(made.returncode, 0, made.stderr)
+                sid = made.stdout.strip()
+                self.addCleanup(subprocess.run, [harness.CLI, "--direct", "destroy", sid], capture_output=True)
+                d = harness.Daemon(name="oneview-" + api)
+                self.addCleanup(d.stop)
+                if api == "sync":
+                    self._sync(d.socket, sid)
+                else:
+                    asyncio.run(self._async(d.socket, sid))
+                # roched removes a destroyed sandbox in the background.
+                deadline = time.monotonic() + 30
+                while sid in subprocess.run([harness.CLI, "--direct", "list", "--json"], capture_output=True, text=True).stdout:
+                    self.assertLess(time.monotonic(), deadline, f"{sid} outlived its destroy through roched")
+                    time.sleep(0.25)
+
+    def _sync(self, socket_path: str, sid: str) -> None:
+        roche = Roche(transport="daemon", socket=socket_path)
+        self.addCleanup(roche.close)
+        listed = {s.id: s for s in roche.list()}
+        self.assertIn(sid, listed)
+        self.assertEqual(listed[sid].owner, os.environ["ROCHE_OWNER"])
+        sb = roche.get(sid)
+        self.assertEqual(sb.exec(["echo", "made directly"]).stdout, "made directly\n")
+        sb.write_file("/tmp/f.txt", b"through roched")
+        self.assertEqual(sb.read_file("/tmp/f.txt"), b"through roched")
+        sb.destroy()
+        self.assertNotIn(sid, [s.id for s in roche.list()])
+        with self.assertRaises(SandboxNotFound):
+            roche.get(sid)
+
+    async def _async(self, socket_path: str, sid: str) -> None:
+        roche = AsyncRoche(transport="daemon", socket=socket_path)
+        try:
+            self.assertIn(sid, [s.id for s in await roche.list()])
+            sb = await roche.get(sid)
+            self.assertEqual((await sb.exec(["echo", "made directly"])).stdout, "made directly\n")
+            await sb.destroy()
+            with self.assertRaises(SandboxNotFound):
+                await roche.get(sid)
+        finally:
+            roche.close()
+
+
 class DaemonOverTLS(harness.SandboxTestCase):
     """roched over TLS, with the local CA roche daemon start --tls makes: the SDK verifies
     its certificate (ca= or ROCHE_CA_FILE), sync and async, and refuses it in one line

@@ -105,6 +105,9 @@ export async function setup(): Promise<void> {
   const tag = `${BASE_IMAGE.slice(0, BASE_IMAGE.lastIndexOf(":"))}:ts-test-${randomBytes(4).toString("hex")}`;
   run(["docker", "tag", BASE_IMAGE, tag]);
   env.image = tag;
+  // One owner for the CLI's direct-mode sandboxes and the roched processes of this run,
+  // which serve those (roched --direct-owner's default): none another run makes.
+  process.env.ROCHE_OWNER = `cli:ts-test-${randomBytes(4).toString("hex")}`;
   env.daemon = await new Daemon().start();
   env.deadSocket = join(env.daemon.dir, "nobody-listens.sock");
   process.env.ROCHE_SOCKET = env.daemon.socket;
