@@ -48,8 +48,9 @@ func listJSON(t *testing.T, args ...string) map[string]roche.SandboxInfo {
 // in, then roche daemon start, and roche list shows the sandbox (with its own owner),
 // roche exec runs in it (by id and by a prefix, with piped input), roche cp copies out
 // of it and into it, roche shell and roche code run in it, roche reset replaces it with
-// a sandbox still the user's, roche destroy removes it, and after that every call says
-// it is gone in words that hold.
+// a sandbox still the user's, roche daemon stop leaves it to roche in direct mode and a
+// restarted roched serves it again, roche destroy removes it, and after that every call
+// says it is gone in words that hold.
 func TestOneView(t *testing.T) {
 	dir := socketDir(t)
 	socket := filepath.Join(dir, "roched.sock")
@@ -134,6 +135,20 @@ func TestOneView(t *testing.T) {
 	}
 	if sb, ok := listJSON(t, "--direct")[id]; !ok || sb.Owner != owner {
 		t.Fatalf("after a reset through roched, roche --direct list: %+v (listed %v), want %s, still the user's", sb, ok, id)
+	}
+	// roched stopped: nothing of it claims the sandbox (roche would refuse to act on one
+	// of roched's without it), and a roched started again serves it again.
+	if r := run(t, "--socket", socket, "daemon", "stop"); r.code != 0 {
+		t.Fatalf("daemon stop: %+v", r)
+	}
+	if r := run(t, "--socket", socket, "exec", "--sandbox", id, "--", "echo", "direct again"); r.code != 0 || r.stdout != "direct again\n" {
+		t.Fatalf("exec with roched stopped: %+v", r)
+	}
+	if r := run(t, "--socket", socket, "daemon", "start", "--roched", os.Args[0], "--log", logFile); r.code != 0 {
+		t.Fatalf("daemon start again: %+v", r)
+	}
+	if _, ok := listJSON(t, "--socket", socket)[id]; !ok {
+		t.Fatalf("roche list through a restarted roched lacks %s", id)
 	}
 
 	if r := run(t, "--socket", socket, "destroy", id); r.code != 0 || strings.TrimSpace(r.stdout) != id {
