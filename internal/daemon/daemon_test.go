@@ -208,7 +208,7 @@ func TestErrorCodes(t *testing.T) {
 		{"inspect unknown sandbox", func() error {
 			_, err := rpc.Inspect(ctx, connect.NewRequest(&rochev1.InspectRequest{SandboxId: "0123456789abcdef"}))
 			return err
-		}, connect.CodeNotFound, "roche list"},
+		}, connect.CodeNotFound, "listing your sandboxes shows the live ones"},
 		{"bad memory", func() error {
 			_, err := rpc.Create(ctx, connect.NewRequest(bad(func(c *roche.Config) { c.Memory = "512x" })))
 			return err
