@@ -109,7 +109,7 @@ func TestBadInput(t *testing.T) {
 		args []string
 		want string // in the message
 	}{
-		{"unknown sandbox", []string{"exec", "--sandbox", "0123456789ab", "--", "true"}, "roche list"},
+		{"unknown sandbox", []string{"exec", "--sandbox", "0123456789ab", "--", "true"}, "listing your sandboxes shows the live ones"},
 		{"unknown sandbox destroy", []string{"destroy", "0123456789ab"}, "no sandbox"},
 		{"image not pullable", []string{"run", "--image", "roche/no-such-image:none", "--", "true"}, "run roche image build python (as root), then pass --image roche/python:local"},
 		{"bad memory", []string{"run", "--image", img, "--memory", "512x", "--", "true"}, `"512x" is not a size`},
