@@ -11,6 +11,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // TestDirectModeSandboxes: a sandbox its user made in direct mode (owner DirectOwner) is
@@ -27,8 +28,8 @@ func TestDirectModeSandboxes(t *testing.T) {
 	mk := func(owner string) string {
 		t.Helper()
 		cfg := roche.DefaultConfig()
-		cfg.Image, cfg.Owner = testenv.Image(), owner
-		sb, err := dp.Create(ctx, cfg)
+		cfg.Image = testenv.Image()
+		sb, err := kit.Create(ctx, dp, cfg, kit.CreateOptions{Owner: owner})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +104,7 @@ func TestDirectModeSandboxes(t *testing.T) {
 	// Not roched's to count: a create is admitted at MaxSandboxes 1.
 	sbCfg := roche.DefaultConfig()
 	sbCfg.Image = testenv.Image()
-	made, _, err := l.Create(ctx, me, "docker", sbCfg)
+	made, _, err := l.Create(ctx, me, "docker", sbCfg, false)
 	if err != nil {
 		t.Fatalf("a create with one direct sandbox served and a bound of 1: %v", err)
 	}
