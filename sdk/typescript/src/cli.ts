@@ -137,7 +137,10 @@ export function errorFromStderr(stderr: Buffer | string, rc: number | null, verb
 const PREFIX = Buffer.from("roche: ");
 const TRUNCATED = /^roche: output truncated: a stream passed \d+ bytes$/;
 const OOM = /^roche: the command was killed for exceeding the sandbox's memory limit \(raise it with --memory\)$/;
-const TIMED_OUT = /^roche: the command timed out after \S+ and was killed$/;
+// The CLI names the limit that killed it (internal/cli's timedOut): the command's own
+// timeout, or the sandbox's lifetime.
+const TIMED_OUT =
+  /^roche: the command (timed out: \S+ \S+ killed it after it ran \S+|was killed when the sandbox's lifetime ended \(.*\))$/;
 
 function qualifies(line: Buffer, complete: boolean): boolean {
   if (line.subarray(0, PREFIX.length).equals(PREFIX)) return true;

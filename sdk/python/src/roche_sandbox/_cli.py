@@ -184,7 +184,12 @@ def error_from_stderr(stderr: bytes, rc: int, verb: str) -> RocheError:
 
 _TRUNCATED = re.compile(rb"^roche: output truncated: a stream passed \d+ bytes$")
 _OOM = re.compile(rb"^roche: the command was killed for exceeding the sandbox's memory limit \(raise it with --memory\)$")
-_TIMED_OUT = re.compile(rb"^roche: the command timed out after \S+ and was killed$")
+# The CLI names the limit that killed it (internal/cli's timedOut): the command's own
+# timeout, or the sandbox's lifetime.
+_TIMED_OUT = re.compile(
+    rb"^roche: the command (timed out: \S+ \S+ killed it after it ran \S+"
+    rb"|was killed when the sandbox's lifetime ended \(.*\))$"
+)
 
 
 class StreamParser:
