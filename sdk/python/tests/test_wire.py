@@ -197,9 +197,14 @@ class CLIParserTest(unittest.TestCase):
 
     def test_closing_lines_become_flags(self) -> None:
         text, r = self.feed_all([b"warn\n", b"roche: output truncated: a stream passed 10485760 bytes\n",
-                                 b"roche: the command timed out after 1s and was killed\n"], 124)
+                                 b"roche: the command timed out: --timeout 1s killed it after it ran 1.003s\n"], 124)
         self.assertEqual(text, "warn\n")
         self.assertEqual((r.truncated, r.timed_out, r.exit_code), (True, True, 137))  # type: ignore[attr-defined]
+        # The sandbox's lifetime, rather than the command's timeout, killed it.
+        text, r = self.feed_all([b"roche: the command was killed when the sandbox's lifetime ended (--timeout 2s, "
+                                 b"counted from its create; the command ran 1.7s; --exec-timeout bounds the command alone)\n"], 124)
+        self.assertEqual(text, "")
+        self.assertEqual((r.timed_out, r.exit_code), (True, 137))  # type: ignore[attr-defined]
 
     def test_commands_own_roche_lines_are_kept(self) -> None:
         text, r = self.feed_all([b"roche: said by the command\nafter\n"], 0)

@@ -57,9 +57,13 @@ test("a streamed exec's closing lines become flags; the command's own roche: lin
   assert.equal(result.truncated, true);
   assert.equal(result.stderr, "warn\nroche: mine\n");
   const t = new StreamParser();
-  t.feed("stderr", Buffer.from("roche: the command timed out after 1s and was killed\n"));
+  t.feed("stderr", Buffer.from("roche: the command timed out: --timeout 1s killed it after it ran 1.003s\n"));
   const [, timed] = t.finish(124, 1);
   assert.deepEqual([timed.timedOut, timed.exitCode], [true, 137]);
+  const l = new StreamParser();
+  l.feed("stderr", Buffer.from("roche: the command was killed when the sandbox's lifetime ended (it ran 1.7s; --timeout bounds the command alone)\n"));
+  const [lifeEvents, ended] = l.finish(124, 1);
+  assert.deepEqual([lifeEvents.length, ended.timedOut, ended.exitCode], [0, true, 137]);
   const f = new StreamParser();
   f.feed("stderr", Buffer.from("roche: not found: no sandbox x\n"));
   assert.throws(() => f.finish(125, 0), SandboxNotFound);
