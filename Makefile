@@ -26,7 +26,7 @@ FUZZTIME ?= 2m
 fuzz:
 	FUZZTIME=$(FUZZTIME) FUZZ='$(FUZZ)' bash scripts/fuzz.sh
 
-# The test cluster (README, "Test cluster"): a real single-node Kubernetes 1.34 on this
+# The test cluster (CONTRIBUTING.md, "The test cluster"): a real single-node Kubernetes 1.34 on this
 # machine, built once and cached under ~/.cache/roche; prints the export KUBECONFIG=... line.
 # Idempotent. KWOK=N also starts kwok with N fake nodes.
 cluster:

@@ -10,7 +10,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/size"
 )
 
-// Secure defaults, one per row of the defaults table in the README.
+// Secure defaults, one per row of the defaults table in docs/security.md.
 const (
 	DefaultImage       = "python:3.12-slim"
 	DefaultTimeoutSecs = 300

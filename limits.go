@@ -11,7 +11,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/size"
 )
 
-// Maxima of every field a caller controls, one per row of the README's "Limits" table.
+// Maxima of every field a caller controls, one per row of the table in docs/limits.md.
 // They are checked in one place (Config.Validate, ExecRequest.Validate), so the CLI,
 // roched, the Go client and every provider refuse the same requests with the same words,
 // and so that no request can make roched or an engine hold, store or wait for more.

@@ -179,7 +179,7 @@ func (h *harness) probe(id string) map[string]string {
 	return obs
 }
 
-// metadataAddrs are the cloud metadata services the README names.
+// metadataAddrs are the cloud metadata services docs/network.md names.
 var metadataAddrs = []string{"169.254.169.254", "169.254.170.2", "169.254.170.23", "169.254.0.23",
 	"169.254.42.42", "192.0.0.192", "100.100.100.200", "168.63.129.16", "fd00:ec2::254", "fd00:ec2::23"}
 
@@ -338,7 +338,7 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 		caps["inodes"] = 100000
 	}
 	// Two rounds: what the kernel counts per file and user, then processes, which on
-	// gVisor may end the whole sandbox rather than be refused (README, gVisor).
+	// gVisor may end the whole sandbox rather than be refused (docs/providers/docker.md, gVisor).
 	files := maps.Clone(caps)
 	files["pids"] = 0
 	held, got := h.hogRound(a, b, files, func() {
@@ -354,7 +354,7 @@ func (h *harness) exhaust(a, b string, obs map[string]string) {
 		held["pids"], got["pids"] = ph["pids"], pg["pids"]
 	}
 	if h.col.name == cRunsc && (held["pids"] == "ENDED" || strings.HasPrefix(held["pids"], "EAGAIN")) {
-		// Either, by chance (README, gVisor): one answer, so the table does not flap.
+		// Either, by chance (docs/providers/docker.md, gVisor): one answer, so the table does not flap.
 		h.t.Logf("the pids hog on gVisor: %s", held["pids"])
 		held["pids"] = "contained"
 	}

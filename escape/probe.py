@@ -589,7 +589,7 @@ def writable():
 
     # A device node or a set-user-ID file on the scratch mounts (/tmp, /dev/shm): each
     # attempt's errno, and the mount flag that would also stop it where the mounts have
-    # it (nodev, nosuid: both mounts), as the README promises.
+    # it (nodev, nosuid: both mounts), as docs/security.md promises.
     flags = None
     try:
         flags = {}

@@ -36,8 +36,8 @@ if [ ${#vm_need[@]} -gt 0 ]; then
 fi
 
 # The oci provider (provider/oci) runs sandboxes with an OCI runtime binary: crun (the
-# default where it works; on hybrid cgroup hosts without the cgroup2 mount, see the
-# README) and runc.
+# default where it works; on hybrid cgroup hosts without the cgroup2 mount, see
+# docs/providers/oci.md) and runc.
 oci_need=()
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || oci_need+=(runc)
 command -v crun >/dev/null 2>&1 || oci_need+=(crun)
@@ -77,7 +77,7 @@ if ! timeout 10 docker info >/dev/null 2>&1; then
 fi
 
 # Disk limits: a Docker sandbox's writable root is bounded by an ext4 filesystem that Roche
-# loop-mounts under the engine's overlay2 layer (README, "Disk limits"). With another
+# loop-mounts under the engine's overlay2 layer (docs/limits.md, "Disk limits"). With another
 # storage driver every writable-root test would fail on the refusal; say so once, here.
 driver=$(timeout 10 docker info --format '{{.Driver}}' 2>/dev/null || true)
 if [ "$driver" != overlay2 ]; then
@@ -93,7 +93,7 @@ fi
 log "test image"
 bash scripts/build-test-image.sh roche/python:local
 
-# The test cluster (README, "Test cluster") for the Kubernetes tests: a real single-node
+# The test cluster (CONTRIBUTING.md, "The test cluster") for the Kubernetes tests: a real single-node
 # Kubernetes, started here and stopped when the suite ends, unless it was already up (then
 # it stays). On a fresh machine its binaries are built once first (10-25 minutes, cached
 # under ~/.cache/roche).

@@ -57,7 +57,7 @@ var (
 	// refused at once. Fifty clients keep the queue at that bound (a refused one retries
 	// when the refusal suggests), so a cycle takes about the bound plus its exec; the
 	// throughput is the host's either way.
-	poolArg  = flag.String("pool", "min=8&max=32&queue=64&wait=0.5", "the load's pool parameters (README, Warm pools)")
+	poolArg  = flag.String("pool", "min=8&max=32&queue=64&wait=0.5", "the load's pool parameters (docs/pools.md)")
 	poolConc = flag.Int("pool-concurrency", 0, "sandboxes roched's pools create at once in the load (0: roched's default, adaptive from the machine's cores)")
 	cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of this process (roched, its provider and the clients) during the load to `file`")
 )

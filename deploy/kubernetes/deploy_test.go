@@ -218,7 +218,7 @@ func writeImages(t *testing.T) (agentRef, rochedRef string) {
 }
 
 // build runs kustomize (the library kubectl apply -k embeds) over an overlay of this
-// directory's kustomization, as the README tells operators to write one: the test's
+// directory's kustomization, as docs/roched-in-a-cluster.md tells operators to write one: the test's
 // namespace and the roched image's tag.
 func build(t *testing.T, ns, rochedRef string) []*unstructured.Unstructured {
 	t.Helper()

@@ -73,7 +73,7 @@ digest) and write it to FILE as an image tarball. roched in it names the agent i
 after that roche-agent: the one roche kubernetes agent-image writes from the same
 roche-agent, which the nodes must have too. Import both into every node's container
 runtime (ctr -n k8s.io images import FILE), or push both to a registry (crane push FILE
-REPO:TAG) and set the images in the kustomization (README, "roched in a cluster").`,
+REPO:TAG) and set the images in the kustomization (docs/roched-in-a-cluster.md).`,
 		Example: `  roche kubernetes roched-image --output roched.tar    # prints roche/roched:<digest>`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

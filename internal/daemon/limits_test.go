@@ -50,7 +50,7 @@ func bigArgvJSON(marker string, n int) string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
-// TestLimitTableThroughAPI sends every row of the README's limit table to a real
+// TestLimitTableThroughAPI sends every row of docs/limits.md's table to a real
 // roched, as curl would (Connect JSON over net/http) and through the Go client, and
 // wants INVALID_ARGUMENT naming the field and the limit, with nothing created and
 // nothing run.

@@ -1,5 +1,5 @@
-// Package testcluster gives tests the project's test Kubernetes cluster (README, "Test
-// cluster"): a real single-node Kubernetes started by scripts/k8s/cluster.sh on this
+// Package testcluster gives tests the project's test Kubernetes cluster (CONTRIBUTING.md, "The
+// test cluster"): a real single-node Kubernetes started by scripts/k8s/cluster.sh on this
 // machine. Kubeconfig and Start bring it up when it is not running (the script is
 // idempotent and serialises concurrent starts), ImportDocker and ImportTar put images into
 // the node without a registry, and Client speaks to the API server with the standard

@@ -20,7 +20,7 @@ import (
 // the host's own addresses (INPUT) and nothing is forwarded to cloud metadata addresses,
 // the link-local range or a port the host forwards elsewhere (FORWARD, from DOCKER-USER).
 // The rules live in the host's tables, outside every sandbox; a sandbox has no capability
-// to touch even its own. The network and the rules are kept once made (see the README).
+// to touch even its own. The network and the rules are kept once made (see docs/network.md).
 const (
 	NetworkName = "roche"
 	BridgeName  = "roche0"

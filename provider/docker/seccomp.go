@@ -10,7 +10,7 @@ import (
 
 // seccompProfile is Roche's seccomp profile: Docker's current default profile without
 // io_uring, ptrace, process_vm_readv/writev, modify_ldt and name_to_handle_at (the
-// reasons are in internal/seccompgen and the README). It is applied to every Docker
+// reasons are in internal/seccompgen and docs/security.md). It is applied to every Docker
 // sandbox instead of the engine's built-in profile, which on engines before 25.0 (such
 // as Debian's 20.10) still allows io_uring.
 //

@@ -74,7 +74,7 @@ func (s *suite) testOtherProcesses(t *testing.T, id string) {
 				want = "EPERM"
 			case what == "fdinfo" && s.opts.GVisor:
 				// gVisor lists another process's fdinfo (numbers, positions and flags of
-				// its descriptors, not what they are): the README's gVisor table says so.
+				// its descriptors, not what they are): docs/providers/docker.md's gVisor table says so.
 				if outcome != want {
 					t.Logf("gVisor: PID %s's fdinfo %s, as documented", pid, outcome)
 				}

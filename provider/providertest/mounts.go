@@ -31,7 +31,7 @@ print('nnp', [l.split()[1] for l in open('/proc/self/status') if l.startswith('N
 // testScratchMounts: /tmp and /dev/shm are tmpfs mounts with nosuid and nodev, as the
 // secure defaults promise, read from inside. Where the backend cannot set them
 // (Options.ScratchMountsLackNosuid), the check asserts that they are indeed absent, so
-// that the README's note stays true, and that what makes them moot holds: no device node
+// that docs/providers/kubernetes.md's note stays true, and that what makes them moot holds: no device node
 // can be made there, and no_new_privs makes set-user-ID files give nothing. gVisor's
 // mountinfo never shows nodev (a device node in its tmpfs opens one of gVisor's own
 // emulated devices, never the host's): there only nosuid is asked.
@@ -56,7 +56,7 @@ func (s *suite) testScratchMounts(t *testing.T, id string) {
 		case gap == "" && !flagged:
 			t.Errorf("%s mounted %s, want nosuid and nodev", point, f[2])
 		case gap != "" && flagged:
-			t.Errorf("%s mounted %s: it has nosuid and nodev now, which Options.ScratchMountsLackNosuid (%s) and the README say it lacks: drop both", point, f[2], gap)
+			t.Errorf("%s mounted %s: it has nosuid and nodev now, which Options.ScratchMountsLackNosuid (%s) and docs/providers/kubernetes.md say it lacks: drop both", point, f[2], gap)
 		case gap != "" && mknod != "EPERM":
 			t.Errorf("%s has no nodev (%s), and making a device node there gave %s, want EPERM", point, gap, mknod)
 		}

@@ -49,7 +49,7 @@ type Options struct {
 	// GVisor says the sandbox runs on gVisor's user-space kernel (runsc), whose
 	// processes are not host processes: the privilege checks then assert what gVisor
 	// enforces instead, a fork bomb that ends the whole sandbox counts as contained, and
-	// another process's /proc/PID/fdinfo, which gVisor lists (the README says so), is
+	// another process's /proc/PID/fdinfo, which gVisor lists (docs/providers/docker.md says so), is
 	// logged rather than refused.
 	GVisor bool
 	// PidsExact says the provider holds a sandbox's programs to exactly PidsLimit
@@ -1067,8 +1067,8 @@ for name in sys.argv[1:]:
         os.waitpid(pid, 0)
 print(' '.join(out))`
 
-// testKernelAttackSurface: the system calls Roche refuses everywhere (see the README's
-// security section) fail from inside, with EPERM from a seccomp filter or ENOSYS from a
+// testKernelAttackSurface: the system calls Roche refuses everywhere (see
+// docs/security.md) fail from inside, with EPERM from a seccomp filter or ENOSYS from a
 // kernel without them, while the program making them runs on.
 func (s *suite) testKernelAttackSurface(t *testing.T, id string) {
 	got := s.pyOK(t, id, syscallProbe, func(r *roche.ExecRequest) { r.Cmd = append(r.Cmd, "io_uring_setup", "ptrace") })

@@ -391,7 +391,7 @@ test_image() {
 # ---------- Roche's seccomp profile ----------
 
 # The profile is written by roche built from this checkout (roche kubernetes
-# seccomp-profile, as the README tells operators), again when what it is made from changed
+# seccomp-profile, as docs/providers/kubernetes.md tells operators), again when what it is made from changed
 # since the last install (the Docker provider's profile, or how it is resolved).
 seccomp_profile() {
   local dir=$STATE/kubelet/seccomp mark

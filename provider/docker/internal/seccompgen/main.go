@@ -29,7 +29,7 @@ import (
 )
 
 // denied are the calls Roche's profile refuses on top of Docker's default profile, each
-// with why (the README's security section lists the same). Docker's current default
+// with why (docs/security.md lists the same). Docker's current default
 // already refuses io_uring; it is listed so that the profile keeps refusing it whatever
 // a later default does, because engines older than 25.0 (such as Debian's 20.10) allow
 // it with their built-in profile.
