@@ -182,7 +182,7 @@ func TestWorkspaceSized(t *testing.T) {
 
 	// Its size is fixed: another is refused, none means its own.
 	cfg.WorkspaceSize = "60m"
-	if _, err := p.Create(context.Background(), cfg); !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "50m") {
+	if _, err := p.Create(context.Background(), cfg); !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "50 MiB") {
 		t.Fatalf("a create asking workspace %s (50m) for 60m: %v, want ErrInvalidConfig naming its size", name, err)
 	}
 	cfg.WorkspaceSize = ""
