@@ -10,9 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -184,21 +182,7 @@ func TestOneViewIsTheUsersAlone(t *testing.T) {
 	}
 	t.Cleanup(func() { run(t, "--direct", "destroy", id) })
 
-	name := "rt" + strings.ToLower(rand.Text()[:8])
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s (the test needs root): %v %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v %s", name, err, out)
-		}
-	})
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	name, uid, gid := testenv.LocalUser(t, "rt")
 
 	dir := socketDir(t)
 	os.Chmod(dir, 0o755)

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // freeAddr returns a loopback address with a port free a moment ago.
@@ -159,21 +159,7 @@ func otherUser(args []string) int {
 // the token file or roched's environment, cannot call over the unix socket (its mode
 // keeps it to roched's user), and over TCP without the token gets UNAUTHENTICATED.
 func TestSecondLocalUser(t *testing.T) {
-	name := randomName("rt")
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s: %v %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v %s", name, err, out)
-		}
-	})
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	name, uid, gid := testenv.LocalUser(t, "rt")
 
 	// Everything in a directory anyone may enter, so that only roched's own guards
 	// (the socket's mode, the token file's) stand in the way.

@@ -12,9 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
@@ -63,21 +62,7 @@ type controlReport struct {
 // mount, a setuid-root file on the host); and runsc exec with the sandbox's --root.
 // Every one must fail, for the reason asserted, and the victim directory stay empty.
 func TestLocalUserCannotReachSandboxControl(t *testing.T) {
-	name := fmt.Sprintf("rc%d", time.Now().UnixNano()%1e9)
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s (the test needs root): %v %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v %s", name, err, out)
-		}
-	})
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	name, uid, gid := testenv.LocalUser(t, "rc")
 
 	// The harmless victim: a host directory mounted read-write into each sandbox.
 	dir, err := os.MkdirTemp("", "rctl")
