@@ -2,6 +2,8 @@ package faults
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -164,6 +166,13 @@ func (d *privateDockerd) cleanup(t *testing.T) {
 	if err := os.RemoveAll(d.dir); err != nil {
 		t.Errorf("removing the private dockerd's roots: %v", err)
 	}
+	// The agent directories of this engine's sandboxes, under the state directory every
+	// engine on the host shares by default: a sandbox its engine removed while nobody
+	// watched keeps its directory until a later sweep on the same engine, which never
+	// comes once the engine is gone. Only this engine's directory: it names its address.
+	if err := os.RemoveAll(d.agentRoot()); err != nil {
+		t.Errorf("removing the private dockerd's agent directories: %v", err)
+	}
 	if left := mountsUnder(d.dir); len(left) > 0 {
 		t.Errorf("mounts left under %s: %v", d.dir, left)
 	}
@@ -176,6 +185,14 @@ func (d *privateDockerd) cleanup(t *testing.T) {
 	if t.Failed() {
 		t.Logf("private dockerd log:\n%s", d.log.String())
 	}
+}
+
+// agentRoot is where provider/docker keeps the agent directories of this engine's
+// sandboxes under the default state directory (provider/docker's agentRootOf: the
+// engine's address, hashed).
+func (d *privateDockerd) agentRoot() string {
+	sum := sha256.Sum256([]byte(d.host))
+	return filepath.Join("/run/roche/docker", "engine-"+hex.EncodeToString(sum[:6]))
 }
 
 // containerdPID is the pid of the containerd this dockerd started, if it runs, else 0.
