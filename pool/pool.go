@@ -514,9 +514,10 @@ func (p *Pool) Wait(ctx context.Context) (roche.SandboxInfo, bool, error) {
 		now, conc := time.Now(), p.m.slots.current()
 		if expect := p.demand.wait(now, n, conc); expect > limit {
 			after := retryHint(max(expect, p.demand.interval(now)))
+			perSandbox := p.demand.make // read under the lock: a creation ending updates it
 			p.mu.Unlock()
 			return roche.SandboxInfo{}, false, kit.RetryAfter(fmt.Errorf("%w: pool %s has no idle sandbox and would make this create wait about %s (%d waiting, %s to make one), over %s: retry in %s, or raise the pool's max or wait",
-				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, p.demand.make.Round(time.Millisecond), limit.Round(time.Millisecond), after), after)
+				roche.ErrExhausted, p.spec.Key, expect.Round(time.Millisecond), n, perSandbox.Round(time.Millisecond), limit.Round(time.Millisecond), after), after)
 		}
 	}
 	w := &waiter{got: make(chan roche.SandboxInfo, 1), err: make(chan error, 1)}
