@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -73,7 +74,9 @@ func TestLimiterAdapt(t *testing.T) {
 // TestAdaptiveConcurrency: a manager without WithConcurrency creates more sandboxes at
 // once than the cores while its creations wait and the CPUs are idle, and no more than
 // the cores while they are saturated.
-func TestAdaptiveConcurrency(t *testing.T) {
+func TestAdaptiveConcurrency(t *testing.T) { synctest.Test(t, adaptiveConcurrency) }
+
+func adaptiveConcurrency(t *testing.T) {
 	for _, c := range []struct {
 		idle    float64
 		atLeast int

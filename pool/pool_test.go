@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/roche-sandbox/roche"
@@ -145,6 +146,9 @@ func newManager(t *testing.T, f roche.Provider, spec string, opts ...Option) (*M
 	return m, m.Pools()[0]
 }
 
+// waitFor polls cond, on the fake clock of the synctest bubble the manager tests run in:
+// each poll lets the manager's timers and the fake's creations move on, and costs no
+// real time.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
@@ -159,7 +163,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // TestRefillNeverOverCreates hammers refill from many goroutines while acquiring:
 // creations in flight are counted, so the pool never exceeds its bounds and never
 // runs more creations at once than the manager allows.
-func TestRefillNeverOverCreates(t *testing.T) {
+func TestRefillNeverOverCreates(t *testing.T) { synctest.Test(t, refillNeverOverCreates) }
+
+func refillNeverOverCreates(t *testing.T) {
 	f := newFake(20 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=3&max=4&total=6", WithConcurrency(2), WithJanitorInterval(time.Millisecond))
 	m.Start()
@@ -204,7 +210,9 @@ func TestRefillNeverOverCreates(t *testing.T) {
 	}
 }
 
-func TestAcquireHitMissAndRefill(t *testing.T) {
+func TestAcquireHitMissAndRefill(t *testing.T) { synctest.Test(t, acquireHitMissAndRefill) }
+
+func acquireHitMissAndRefill(t *testing.T) {
 	f := newFake(5 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=2&max=2&idle_timeout=60", WithJanitorInterval(10*time.Millisecond), WithOwner("roched:test"))
 	if sb, ok := p.Acquire(context.Background()); ok {
@@ -234,7 +242,9 @@ func TestAcquireHitMissAndRefill(t *testing.T) {
 	}
 }
 
-func TestIdleTimeoutReplaces(t *testing.T) {
+func TestIdleTimeoutReplaces(t *testing.T) { synctest.Test(t, idleTimeoutReplaces) }
+
+func idleTimeoutReplaces(t *testing.T) {
 	f := newFake(time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=1&idle_timeout=0.2", WithJanitorInterval(20*time.Millisecond))
 	m.Start()
@@ -255,7 +265,9 @@ func TestIdleTimeoutReplaces(t *testing.T) {
 	}
 }
 
-func TestDrainAndWarmup(t *testing.T) {
+func TestDrainAndWarmup(t *testing.T) { synctest.Test(t, drainAndWarmup) }
+
+func drainAndWarmup(t *testing.T) {
 	f := newFake(10 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=1&max=3&total=4")
 	m.Start()
@@ -273,7 +285,7 @@ func TestDrainAndWarmup(t *testing.T) {
 	if err != nil || n != 3 {
 		t.Fatalf("drain: %d, %v", n, err)
 	}
-	time.Sleep(50 * time.Millisecond) // a drained pool must not refill
+	time.Sleep(3 * time.Second) // a drained pool must not refill, in three janitor rounds
 	if live, _, _, _ := f.stats(); live != 0 || p.Status().Idle != 0 || !p.Status().Drained {
 		t.Fatalf("after drain: %d alive, %+v", live, p.Status())
 	}
@@ -285,7 +297,9 @@ func TestDrainAndWarmup(t *testing.T) {
 	}
 }
 
-func TestWarmupStopsAtTotal(t *testing.T) {
+func TestWarmupStopsAtTotal(t *testing.T) { synctest.Test(t, warmupStopsAtTotal) }
+
+func warmupStopsAtTotal(t *testing.T) {
 	f := newFake(time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=0&max=3&total=3")
 	m.Start()
@@ -303,7 +317,9 @@ func TestWarmupStopsAtTotal(t *testing.T) {
 	p.Forget(b.ID)
 }
 
-func TestCreateFailuresBackOff(t *testing.T) {
+func TestCreateFailuresBackOff(t *testing.T) { synctest.Test(t, createFailuresBackOff) }
+
+func createFailuresBackOff(t *testing.T) {
 	f := newFake(0)
 	f.fail.Store(1000)
 	m, p := newManager(t, f, "fake/img?min=2", WithJanitorInterval(time.Millisecond))
@@ -325,7 +341,9 @@ func TestCreateFailuresBackOff(t *testing.T) {
 	}
 }
 
-func TestCloseDestroysIdleAndInFlight(t *testing.T) {
+func TestCloseDestroysIdleAndInFlight(t *testing.T) { synctest.Test(t, closeDestroysIdleAndInFlight) }
+
+func closeDestroysIdleAndInFlight(t *testing.T) {
 	f := newFake(50 * time.Millisecond)
 	s, _ := ParseSpec("fake/img?min=3&max=3")
 	var hooked sync.Map
@@ -337,7 +355,11 @@ func TestCloseDestroysIdleAndInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Start()
-	time.Sleep(10 * time.Millisecond) // creations are in flight
+	synctest.Wait() // every creation started and is making its sandbox
+	if f.mu.Lock(); f.creating != 3 {
+		t.Fatalf("%d creations in flight before Close, want 3", f.creating)
+	}
+	f.mu.Unlock()
 	if _, err := m.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -493,7 +515,9 @@ func (w *warmingFake) WarmCode(_ context.Context, id, language string) error {
 
 // TestWarmCode: a pool with code=python warms each sandbox before it is ready; one whose
 // interpreter does not start is destroyed, and the pool reports why and backs off.
-func TestWarmCode(t *testing.T) {
+func TestWarmCode(t *testing.T) { synctest.Test(t, warmCode) }
+
+func warmCode(t *testing.T) {
 	w := &warmingFake{fakeProvider: newFake(0)}
 	_, pl := newManager(t, w, "fake/img?min=2&code=python")
 	if err := pl.Warmup(context.Background(), 0); err != nil {
@@ -540,7 +564,9 @@ func TestDiskMatches(t *testing.T) {
 // TestAcquireSkipsDead: idle sandboxes that died behind the pool's back (or hang) are
 // found by the check before hand-out, destroyed and replaced; the next live one is
 // handed out, and when none is left the create misses rather than get a dead one.
-func TestAcquireSkipsDead(t *testing.T) {
+func TestAcquireSkipsDead(t *testing.T) { synctest.Test(t, acquireSkipsDead) }
+
+func acquireSkipsDead(t *testing.T) {
 	f := newFake(time.Millisecond)
 	var mu sync.Mutex
 	var destroyed []string
@@ -599,7 +625,9 @@ func TestAcquireSkipsDead(t *testing.T) {
 
 // TestAcquireCallerGone: a caller that gives up during the check leaves the sandbox in
 // the pool: its giving up says nothing of the sandbox.
-func TestAcquireCallerGone(t *testing.T) {
+func TestAcquireCallerGone(t *testing.T) { synctest.Test(t, acquireCallerGone) }
+
+func acquireCallerGone(t *testing.T) {
 	f := newFake(time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=1&max=1&idle_timeout=60")
 	m.Start()
@@ -617,7 +645,9 @@ func TestAcquireCallerGone(t *testing.T) {
 
 // TestDiscardReplaces: an idle sandbox the owner reports dead (Discard) leaves the
 // pool's counts at once and is replaced.
-func TestDiscardReplaces(t *testing.T) {
+func TestDiscardReplaces(t *testing.T) { synctest.Test(t, discardReplaces) }
+
+func discardReplaces(t *testing.T) {
 	f := newFake(time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=2&max=2&idle_timeout=60")
 	m.Start()
@@ -645,7 +675,9 @@ func TestDiscardReplaces(t *testing.T) {
 // for its next sandboxes instead of each making one; they are served oldest first, as
 // fast as the bounded creations make them, and past the queue a create is refused at
 // once.
-func TestQueueServesAtTheEnginesRate(t *testing.T) {
+func TestQueueServesAtTheEnginesRate(t *testing.T) { synctest.Test(t, queueServesAtTheEnginesRate) }
+
+func queueServesAtTheEnginesRate(t *testing.T) {
 	f := newFake(30 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=0&max=0&queue=4", WithConcurrency(2))
 	m.Start()
@@ -702,7 +734,9 @@ func TestQueueServesAtTheEnginesRate(t *testing.T) {
 
 // TestQueueWaitEndsAtDeadline: a create waits no longer than its deadline, says so,
 // and the sandbox made for it is not lost but kept idle for the next.
-func TestQueueWaitEndsAtDeadline(t *testing.T) {
+func TestQueueWaitEndsAtDeadline(t *testing.T) { synctest.Test(t, queueWaitEndsAtDeadline) }
+
+func queueWaitEndsAtDeadline(t *testing.T) {
 	f := newFake(300 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=0&max=1&queue=2")
 	m.Start()
@@ -720,7 +754,9 @@ func TestQueueWaitEndsAtDeadline(t *testing.T) {
 
 // TestQueueHearsCreateFailure: a create waiting hears why the pool could not make its
 // sandbox at once, not at its deadline; a pool without a queue never holds a create.
-func TestQueueHearsCreateFailure(t *testing.T) {
+func TestQueueHearsCreateFailure(t *testing.T) { synctest.Test(t, queueHearsCreateFailure) }
+
+func queueHearsCreateFailure(t *testing.T) {
 	f := newFake(10 * time.Millisecond)
 	f.fail.Store(1)
 	m, p := newManager(t, f, "fake/img?min=0&max=0&queue=2")
@@ -741,7 +777,9 @@ func TestQueueHearsCreateFailure(t *testing.T) {
 
 // TestDepthFollowsDemand: a burst of creates raises the idle sandboxes kept (within
 // max), and they fall back to min when the demand stops.
-func TestDepthFollowsDemand(t *testing.T) {
+func TestDepthFollowsDemand(t *testing.T) { synctest.Test(t, depthFollowsDemand) }
+
+func depthFollowsDemand(t *testing.T) {
 	f := newFake(100 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=1&max=6&idle_timeout=60", WithJanitorInterval(10*time.Millisecond))
 	m.Start()
@@ -780,7 +818,9 @@ func TestDepthFollowsDemand(t *testing.T) {
 // TestQueueRefusesAnExpectedWaitPastItsBound: a create that would wait longer than the
 // pool's wait (or its own deadline), at the rate the pool makes sandboxes, is refused at
 // once rather than queued.
-func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
+func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) { synctest.Test(t, queueRefusesAnExpectedWaitPastItsBound) }
+
+func queueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
 	f := newFake(200 * time.Millisecond)
 	m, p := newManager(t, f, "fake/img?min=1&max=1&queue=10&wait=0.3", WithConcurrency(1))
 	m.Start()
