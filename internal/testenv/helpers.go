@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -50,16 +51,51 @@ func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// SyncBuffer collects a log, safe to read while it is written.
+// SyncBuffer collects a log, safe to read while it is written, and lets a test wait for
+// a line in it (Await): a process's readiness line is the signal to go on, not a sleep.
 type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed and replaced at each write
 }
 
 func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.written != nil {
+		close(s.written)
+		s.written = nil
+	}
 	return s.b.Write(p)
+}
+
+// Await waits until the log holds substr, and reports whether it came. It gives up
+// when stop is closed (the process writing the log exited; nil never closes) or after
+// d, failing then with the log so far.
+func (s *SyncBuffer) Await(t testing.TB, substr string, stop <-chan struct{}, d time.Duration) bool {
+	t.Helper()
+	timeout := time.NewTimer(d)
+	defer timeout.Stop()
+	for {
+		s.mu.Lock()
+		if bytes.Contains(s.b.Bytes(), []byte(substr)) {
+			s.mu.Unlock()
+			return true
+		}
+		if s.written == nil {
+			s.written = make(chan struct{})
+		}
+		written := s.written
+		s.mu.Unlock()
+		select {
+		case <-written:
+		case <-stop:
+			// What it wrote last may be the line.
+			return strings.Contains(s.String(), substr)
+		case <-timeout.C:
+			t.Fatalf("no %q in %v; the log so far:\n%s", substr, d, s.String())
+		}
+	}
 }
 
 func (s *SyncBuffer) String() string {
@@ -72,12 +108,22 @@ func (s *SyncBuffer) String() string {
 // answers, as a frozen or wedged engine does, until the test ends.
 func SilentSocket(t testing.TB, path string) string {
 	t.Helper()
+	path, _ = SilentSocketAccepting(t, path)
+	return path
+}
+
+// SilentSocketAccepting is SilentSocket, and a channel that gets a value for each
+// connection it accepts (the first 64 not taken are kept): the signal that a client has
+// reached it.
+func SilentSocketAccepting(t testing.TB, path string) (string, <-chan struct{}) {
+	t.Helper()
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var conns []net.Conn
+	accepted := make(chan struct{}, 64)
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -87,6 +133,10 @@ func SilentSocket(t testing.TB, path string) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	t.Cleanup(func() {
@@ -97,7 +147,7 @@ func SilentSocket(t testing.TB, path string) string {
 			c.Close()
 		}
 	})
-	return path
+	return path, accepted
 }
 
 // ShortDir is a temporary directory with a short path, removed at the end of the test:
