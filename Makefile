@@ -1,5 +1,5 @@
 # The README's two set-up commands are `make hello` and `make test`.
-.PHONY: hello test build vet generate bench dist cluster cluster-down fuzz
+.PHONY: hello test check build vet generate bench dist cluster cluster-down fuzz
 
 # Static binaries: roche-agent runs inside sandboxes of any image, and roche and roched
 # run on any Linux host (the wheels of make dist carry them, built with these flags, so
@@ -18,6 +18,12 @@ dist:
 
 test:
 	bash scripts/test.sh
+
+# The fast tier (scripts/check.sh): make vet, then every test that needs no root, engine,
+# cluster, QEMU or python.wasm, with -race; as any user, installing nothing. The others
+# skip, counted at the end; make test runs everything.
+check:
+	bash scripts/check.sh
 
 # Every Go fuzz target (the *_fuzz_test.go files: tar extraction, agent frames, egress
 # rules and requests, sizes, specs, API decoding, MCP) for FUZZTIME each, one at a time
