@@ -182,8 +182,9 @@ func TestSecondDaemonLeavesTheFirstAlone(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "another roched already listens on "+socket) {
 		t.Fatalf("second start: %v", err)
 	}
+	// Shutdown returns once the second's goroutines and its ledger's close have ended:
+	// whatever it would have done to the first's sandboxes, it has done.
 	second.Shutdown(context.Background())
-	time.Sleep(50 * time.Millisecond)
 	if got := mp.ids(); !slices.Equal(got, idle) {
 		t.Fatalf("the first daemon's idle sandboxes %v became %v", idle, got)
 	}

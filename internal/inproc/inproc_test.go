@@ -1,14 +1,12 @@
 package inproc
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,8 @@ import (
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/wasm"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -40,23 +40,9 @@ func isolate(t *testing.T) string {
 	return dir
 }
 
-// logBuffer is a log destination safe to read while a provider's goroutines write.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// logBuffer is a log destination safe to read while a provider's goroutines write, and
+// to wait on for a line.
+type logBuffer struct{ testenv.SyncBuffer }
 
 func (l *logBuffer) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -164,10 +150,7 @@ func TestLogAndWarmStartReachWasm(t *testing.T) {
 			t.Fatal(err)
 		}
 		if warm {
-			deadline := time.Now().Add(time.Minute)
-			for !strings.Contains(log.String(), failed) && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
+			log.Await(t, failed, nil, time.Minute)
 		}
 		(catalog.Set{"wasm": p}).Close()
 		logged := log.String()

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/roche-sandbox/roche"
@@ -36,16 +37,17 @@ func TestSimulatedCreateTakesRunningAsReady(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// What kwok does: the Pod, once made, is Running.
+	made, err := cs.CoreV1().Pods("ns").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer made.Stop()
 	go func() {
-		for ctx.Err() == nil {
-			pods, _ := cs.CoreV1().Pods("ns").List(ctx, metav1.ListOptions{})
-			for _, pod := range pods.Items {
-				if pod.Status.Phase != corev1.PodRunning {
-					pod.Status.Phase = corev1.PodRunning
-					_, _ = cs.CoreV1().Pods("ns").UpdateStatus(ctx, &pod, metav1.UpdateOptions{})
-				}
+		for ev := range made.ResultChan() {
+			if pod, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added {
+				pod.Status.Phase = corev1.PodRunning
+				_, _ = cs.CoreV1().Pods("ns").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 			}
-			time.Sleep(10 * time.Millisecond)
 		}
 	}()
 	start := time.Now()

@@ -13,6 +13,8 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/roche-sandbox/roche/internal/guest/vmlink"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestInstall: the agent is copied read-and-execute only, beside a socket directory only
@@ -191,17 +193,17 @@ func TestMuxEgress(t *testing.T) {
 			sess.Close()
 		}
 	}
+	// listening waits for a relay's egress socket: it listens, then restricts the mode.
+	listening := func(replacing os.FileInfo) {
+		t.Helper()
+		testenv.AwaitFile(t, egressSock, "the relay's egress socket", 10*time.Second, func(fi os.FileInfo) bool {
+			return fi.Mode().Perm() == 0o600 && (replacing == nil || !os.SameFile(replacing, fi))
+		})
+	}
 	// roundTrip dials the egress socket as the agent does, and the host answers.
 	roundTrip := func(sess *yamux.Session, msg string) {
 		t.Helper()
-		var c net.Conn
-		var err error
-		for range 100 { // the relay listens as it starts
-			if c, err = net.Dial("unix", egressSock); err == nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		c, err := net.Dial("unix", egressSock)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -224,18 +226,14 @@ func TestMuxEgress(t *testing.T) {
 		}
 	}
 	first, stopFirst := start()
+	listening(nil)
 	roundTrip(first, "one")
 	if fi, err := os.Stat(egressSock); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("egress socket %v, %v: want mode 0600", fi.Mode(), err)
 	}
 	was, _ := os.Stat(egressSock)
 	second, stopSecond := start()
-	for range 200 { // until the second relay has replaced the socket
-		if now, err := os.Stat(egressSock); err == nil && !os.SameFile(was, now) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	listening(was) // the second relay's, in place of the first's
 	roundTrip(second, "two")
 	stopFirst()
 	roundTrip(second, "three")

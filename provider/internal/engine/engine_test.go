@@ -102,7 +102,8 @@ func TestCallReturnsAtTheDeadline(t *testing.T) {
 // at its own bound, not at the longer one's (the Docker client's own negotiation holds a
 // lock for the first caller's whole deadline).
 func TestNegotiationKeepsEachCallToItsBound(t *testing.T) {
-	t.Setenv("DOCKER_HOST", "unix://"+silentSocket(t))
+	sock, accepted := testenv.SilentSocketAccepting(t, filepath.Join(t.TempDir(), "engine.sock"))
+	t.Setenv("DOCKER_HOST", "unix://"+sock)
 	cli, err := DockerClient()
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestNegotiationKeepsEachCallToItsBound(t *testing.T) {
 		done(&err)
 		long <- err
 	}()
-	time.Sleep(200 * time.Millisecond) // the long call is first to ask for the version
+	<-accepted // the long call is first to ask for the version
 	start := time.Now()
 	ctx, done := e.Bound(context.Background(), "creating a sandbox", 500*time.Millisecond)
 	_, err = cli.ContainerList(ctx, container.ListOptions{})
