@@ -9,12 +9,15 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestEgressNewHostAddressRefusedAtOnce gives this host a new address (on a veth pair the
 // test makes and leaves down, so no packet moves) and asks for it through the proxy at
 // once: the host's addresses are read at each decision, never from a stale list.
 func TestEgressNewHostAddressRefusedAtOnce(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	b := make([]byte, 3)
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)

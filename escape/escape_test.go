@@ -57,6 +57,7 @@ var (
 
 // TestEscapes runs every case against every column, then checks the table in docs.
 func TestEscapes(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Cluster, testenv.QEMU, testenv.PythonWasm)
 	for _, col := range columns {
 		t.Run(col.name, func(t *testing.T) {
 			obs := attack(t, col)

@@ -13,6 +13,7 @@ import (
 	dockerclient "github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/kit"
@@ -62,6 +63,7 @@ func (c counted) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Creat
 // and fails if any sandbox the pool made survived.
 func startDockerPool(t *testing.T, params string, opts ...pool.Option) *dockerPool {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	p, err := docker.New()
 	if err != nil {
 		t.Fatal(err)
@@ -249,6 +251,7 @@ func TestDockerPoolWarmsCode(t *testing.T) {
 // more than the cores while they are saturated. The CPU readings are given (the
 // machine's own depend on whatever else runs); what the engine is asked is real.
 func TestDockerPoolAdaptsConcurrency(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	for _, c := range []struct {
 		name        string
 		idle        float64

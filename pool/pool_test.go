@@ -818,7 +818,9 @@ func depthFollowsDemand(t *testing.T) {
 // TestQueueRefusesAnExpectedWaitPastItsBound: a create that would wait longer than the
 // pool's wait (or its own deadline), at the rate the pool makes sandboxes, is refused at
 // once rather than queued.
-func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) { synctest.Test(t, queueRefusesAnExpectedWaitPastItsBound) }
+func TestQueueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
+	synctest.Test(t, queueRefusesAnExpectedWaitPastItsBound)
+}
 
 func queueRefusesAnExpectedWaitPastItsBound(t *testing.T) {
 	f := newFake(200 * time.Millisecond)

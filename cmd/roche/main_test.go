@@ -20,6 +20,7 @@ import (
 // whose providers run the agent roched carries (files, the sandbox user, exit codes),
 // not the slower docker-exec path that has none of those.
 func TestOneBinary(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dir := t.TempDir()
 	roche, roched, err := testenv.BuildCLI(dir)
 	if err != nil {

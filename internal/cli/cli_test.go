@@ -68,6 +68,7 @@ func managed(t *testing.T) int {
 }
 
 func TestRunHello(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	before := managed(t)
 	r := run(t, "run", "--image", testImage(), "--", "python3", "-c", "print('hello')")
 	if r.code != 0 || r.stdout != "hello\n" || r.stderr != "" {
@@ -79,6 +80,7 @@ func TestRunHello(t *testing.T) {
 }
 
 func TestRunExitCodes(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	img := testImage()
 	if r := run(t, "run", "--image", img, "--", "sh", "-c", "echo out; echo err >&2; exit 7"); r.code != 7 || r.stdout != "out\n" || r.stderr != "err\n" {
 		t.Errorf("exit 7: %+v", r)
@@ -103,6 +105,7 @@ func TestRunExitCodes(t *testing.T) {
 // TestBadInput: every bad input gets one line on stderr that says what to do, a
 // non-zero exit, and leaves nothing behind.
 func TestBadInput(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	img := testImage()
 	cases := []struct {
 		name string
@@ -163,6 +166,7 @@ func TestBadInput(t *testing.T) {
 // TestJSONErrors: a command given --json reports its failure as one JSON object on
 // stderr, naming the reason, so that programs need not match English.
 func TestJSONErrors(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	img := testImage()
 	cases := []struct {
 		args         []string
@@ -218,6 +222,7 @@ func TestEngineUnreachable(t *testing.T) {
 }
 
 func TestLifecycle(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	r := run(t, "create", "--image", testImage(), "--json", "--env", "GREETING=hi there")
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)
@@ -293,6 +298,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestGC(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	r := run(t, "create", "--image", testImage())
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)
@@ -316,6 +322,7 @@ func TestGC(t *testing.T) {
 // TestLifetimeEndsSandboxWithoutDaemon: a sandbox whose caller vanished is gone once its
 // lifetime ends, with no daemon or gc involved.
 func TestLifetimeEndsSandboxWithoutDaemon(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	r := run(t, "create", "--image", testImage(), "--timeout", "2")
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)
@@ -333,6 +340,7 @@ func TestLifetimeEndsSandboxWithoutDaemon(t *testing.T) {
 
 // TestRunInterrupted: Ctrl-C during roche run kills the command and destroys the sandbox.
 func TestRunInterrupted(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	before := managed(t)
 	cmd := exec.Command(os.Args[0], "run", "--image", testImage(), "--", "sh", "-c", "echo started; sleep 60")
 	cmd.Env = append(os.Environ(), "ROCHE_TEST_AS_CLI=1")
@@ -375,6 +383,7 @@ func TestHelpHasExamples(t *testing.T) {
 }
 
 func TestRunAllowHost(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	ln, err := net.Listen("tcp", "127.0.0.10:0")
 	if err != nil {
 		t.Fatal(err)

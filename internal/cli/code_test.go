@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestCodeJSONEvents: roche code --json-events, which the SDKs' CLI transports read,
 // prints output as base64 chunks while the cell runs and the whole execution last, and
 // exits as roche code does (1 for an exception).
 func TestCodeJSONEvents(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	r := run(t, "create", "--image", testImage())
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)
@@ -63,6 +66,7 @@ func TestCodeJSONEvents(t *testing.T) {
 // asked) and that the context keeps its variables, with a traceback of the user's
 // code only (the interrupt is raised in the kernel's handler, which is not shown).
 func TestCodeTimeoutReport(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	r := run(t, "create", "--image", testImage())
 	if r.code != 0 {
 		t.Fatalf("create: %+v", r)

@@ -136,6 +136,7 @@ func modes(t *testing.T) map[string]rocheBin {
 // TestCopyOutBoundary: the audit's attacks on copying out, through the CLI binary in
 // direct mode and through roched.
 func TestCopyOutBoundary(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	for name, r := range modes(t) {
 		t.Run(name, func(t *testing.T) {
 			id := r.sandbox(t)
@@ -287,6 +288,7 @@ print('full')
 
 // TestCopyInNoSpace: copying into a full /tmp says no space, not permission denied.
 func TestCopyInNoSpace(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	for name, r := range modes(t) {
 		t.Run(name, func(t *testing.T) {
 			id := r.sandbox(t)
@@ -312,6 +314,7 @@ func TestCopyInNoSpace(t *testing.T) {
 // a root-only host file in a loop while the host copies the mount in again and again.
 // The host file's content must never appear in the sandbox.
 func TestCopyInRace(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	const rounds = 80
 	for name, r := range modes(t) {
 		t.Run(name, func(t *testing.T) {
@@ -377,6 +380,7 @@ func TestCopyInRace(t *testing.T) {
 // name always. (roche cp f ID:/tmp once failed, "/tmp is on the sandbox's read-only
 // root", and ID:/tmp/sub/ made a file named sub.)
 func TestCopyIntoDirectories(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	for name, r := range modes(t) {
 		t.Run(name, func(t *testing.T) {
 			id := r.sandbox(t)

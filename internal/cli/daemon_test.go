@@ -217,6 +217,7 @@ func TestNoDaemon(t *testing.T) {
 // doubles as roched), uses it, and stops it; its pool's sandboxes, made from an image
 // tag of their own, are all gone afterwards.
 func TestDaemonStartStop(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
 	if err != nil {
 		t.Fatal(err)

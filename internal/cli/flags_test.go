@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestProviderFlagsRefused: a provider's flag given to a command whose provider does
@@ -24,6 +26,7 @@ import (
 // (before it hands the command to the full binary), the full roche (roched started as
 // roche, providers in-process), and the thin roche through a real roched.
 func TestProviderFlagsRefused(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	rocheBin, rochedBin := buildBinaries(t)
 	socket := startRoched(t, rochedBin)
 	img := testImage()

@@ -3,6 +3,8 @@ package cli
 import (
 	"strings"
 	"testing"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestImageBuild: roche image build python leaves an image its recipe made alone (its
@@ -10,6 +12,7 @@ import (
 // (The build itself is scripts/build-test-image.sh's, which runs this command for the
 // suite: on a machine without the image, the suite's own image is its test.)
 func TestImageBuild(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	r := run(t, "image", "build", "python", "--tag", testImage())
 	if r.code != 0 || !strings.Contains(r.stderr, "already exists (version ") || strings.Count(r.stderr, "\n") != 1 {
 		t.Fatalf("roche image build python on the test image: %+v", r)

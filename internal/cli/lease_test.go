@@ -24,6 +24,7 @@ import (
 // directly (the sandbox's lease was held by the killed process) and through roched (the
 // killed process held it through roched, which destroys it).
 func TestRunKilledLeavesNoSandbox(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	img := newImageSandboxes(t, "roche-lease")
 	tag := img.tag
 	for name, r := range modes(t) {
@@ -73,6 +74,7 @@ func TestRunKilledLeavesNoSandbox(t *testing.T) {
 // its standard input closes it destroys the sandbox and exits 0. Directly and through
 // roched.
 func TestCreateHoldKeepsItsSandboxWhileItRuns(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	img := newImageSandboxes(t, "roche-hold")
 	tag := img.tag
 	for name, r := range modes(t) {

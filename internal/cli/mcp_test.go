@@ -15,6 +15,8 @@ import (
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // mcpCall calls a tool and decodes its structured result into out.
@@ -56,6 +58,7 @@ func mcpSession(t *testing.T, socket string) (*sdk.ClientSession, *exec.Cmd, *by
 // TestMCPStdio: the real command over stdio, without a daemon; when the client goes
 // away the sandboxes the server made are destroyed.
 func TestMCPStdio(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	before := managed(t)
 	cs, cmd, stderr := mcpSession(t, filepath.Join(t.TempDir(), "no-daemon.sock"))
 	var sb struct{ ID, Image string }
@@ -114,6 +117,7 @@ func TestMCPThroughDaemon(t *testing.T) {
 // 5-character token on the command line) and a token file others can read, each in one
 // line naming the safe way.
 func TestMCPHTTP(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dir := t.TempDir()
 	short, open, good := filepath.Join(dir, "short"), filepath.Join(dir, "open"), filepath.Join(dir, "good")
 	os.WriteFile(short, []byte("short\n"), 0o600)

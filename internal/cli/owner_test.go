@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
@@ -16,6 +17,7 @@ import (
 // destroy --all in direct mode keep to this user's own; --any-owner shows (and would
 // collect) every one, with its owner; through roched --any-owner is refused.
 func TestYourOwnOnly(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	ctx := context.Background()
 	dp, err := docker.New()
 	if err != nil {

@@ -17,6 +17,8 @@ import (
 
 	rocheclient "github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/localca"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestDaemonStartTLS: roche daemon start --tls makes a local CA and a certificate under
@@ -25,6 +27,7 @@ import (
 // it; without the CA, or with another, the CLI fails in one line saying to give it, and
 // does not fall back to running in-process. A second start keeps the CA.
 func TestDaemonStartTLS(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dir := socketDir(t)
 	socket := filepath.Join(dir, "roched.sock")
 	logFile := filepath.Join(dir, "roched.log")

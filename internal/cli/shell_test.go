@@ -15,6 +15,8 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // tmuxTerm is a real terminal: a tmux server of the test's own (its own socket name, so
@@ -26,9 +28,7 @@ type tmuxTerm struct {
 
 func newTmux(t *testing.T, env []string, cols, rows int, command string) *tmuxTerm {
 	t.Helper()
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Fatal("tmux is not installed: these tests run roche shell on a real terminal (scripts/test.sh installs it)")
-	}
+	testenv.Needs(t, testenv.Tmux) // a real terminal
 	b := make([]byte, 6)
 	rand.Read(b)
 	tm := &tmuxTerm{t: t, name: "roche-shell-test-" + hex.EncodeToString(b)}
@@ -90,6 +90,7 @@ func (tm *tmuxTerm) waitExact(line string, within time.Duration) {
 // and through roched: a prompt, typing, the window's size and its changes, Ctrl-C, the
 // sandbox user and limits, the exit status and the terminal restored.
 func TestShellTmux(t *testing.T) {
+	testenv.Needs(t, testenv.Docker, testenv.Tmux)
 	t.Run("direct", func(t *testing.T) {
 		r := run(t, "--direct", "create", "--image", testImage())
 		id := strings.TrimSpace(r.stdout)
@@ -178,6 +179,7 @@ func shellScenario(t *testing.T, id string, env []string, flags ...string) {
 
 // TestShellRefusedOnWasm: a provider without terminals says so in one line, exit 125.
 func TestShellRefusedOnWasm(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	r := run(t, "--direct", "create", "--provider", "wasm")
 	id := strings.TrimSpace(r.stdout)
 	if r.code != 0 || id == "" {
@@ -195,6 +197,7 @@ func TestShellRefusedOnWasm(t *testing.T) {
 
 // TestShellPiped: without a terminal, piped input is typed in and its end is a Ctrl-D.
 func TestShellPiped(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	r := run(t, "--direct", "create", "--image", testImage())
 	id := strings.TrimSpace(r.stdout)
 	if r.code != 0 || id == "" {
@@ -216,6 +219,7 @@ func TestShellPiped(t *testing.T) {
 // waits for input, even one typed before its line editor set the terminal up) and have
 // run what was piped.
 func TestShellPipedTmux(t *testing.T) {
+	testenv.Needs(t, testenv.Docker, testenv.Tmux)
 	t.Run("direct", func(t *testing.T) {
 		r := run(t, "--direct", "create", "--image", testImage())
 		id := strings.TrimSpace(r.stdout)
@@ -308,6 +312,7 @@ done; echo done >> %[4]s/runs; sleep 600`, runs, roche, id, dir)
 // whole; a command that is not in the sandbox says so and exits 127 (126 for one that
 // cannot run), as a shell does, direct and through roched alike.
 func TestShellMessages(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	r := run(t, "--direct", "shell")
 	if r.code == 0 || r.stderr != "roche: roche shell takes ID [-- CMD [ARGS...]], got none (usage: roche shell ID [-- CMD [ARGS...]] [flags])\n" {
 		t.Errorf("roche shell alone: %+v", r)

@@ -18,6 +18,7 @@ import (
 
 // TestRunWasmWithoutDocker: the zero-dependency provider works with no Docker engine.
 func TestRunWasmWithoutDocker(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-docker.sock"))
 	r := run(t, "run", "--provider", "wasm", "--", "python3", "-c", "print('hello')")
 	if r.code != 0 || r.stdout != "hello\n" {
@@ -32,6 +33,7 @@ func TestRunWasmWithoutDocker(t *testing.T) {
 // TestMainJobWithoutDocker runs the README's main-job command (make hello) on a machine
 // where docker is absent: a docker command that is not there and no engine to reach.
 func TestMainJobWithoutDocker(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	if testing.Short() {
 		t.Skip("builds roche from scratch")
 	}
@@ -62,6 +64,7 @@ func TestMainJobWithoutDocker(t *testing.T) {
 // note on stderr says why; a context made by an earlier command is "not found", saying
 // why. roche code --help says the same.
 func TestWasmCodeState(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	if r := run(t, "code", "--help"); !strings.Contains(r.stdout, "without roched each roche code is a process of its own") {
 		t.Errorf("roche code --help does not say what wasm keeps: %q", r.stdout)
 	}

@@ -10,9 +10,12 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 func TestWorkspaceAndReset(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	ws := fmt.Sprintf("cli-test-%d", time.Now().UnixNano()%1e9)
 	t.Cleanup(func() { run(t, "workspace", "rm", ws) })
 	img := testImage()
@@ -68,6 +71,7 @@ func TestWorkspaceAndReset(t *testing.T) {
 // TestDiskFlags: --disk sizes a writable root and --workspace-size a new workspace, whose
 // size then stays; list shows it.
 func TestDiskFlags(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	img := testImage()
 	statfs := "import os, sys; s = os.statvfs(sys.argv[1]); print(s.f_blocks * s.f_frsize >> 20)"
 	r := run(t, "run", "--direct", "--image", img, "--writable", "--disk", "100m", "--", "python3", "-c", statfs, "/")
@@ -94,6 +98,7 @@ func TestDiskFlags(t *testing.T) {
 }
 
 func TestSnapshotCommands(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	name := fmt.Sprintf("cli-snap-%d", time.Now().UnixNano()%1e9)
 	t.Cleanup(func() { run(t, "snapshot", "rm", name) })
 	r := run(t, "create", "--image", testImage())

@@ -12,12 +12,15 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/wire"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestHealthzSaysWhatCannotWork: a roched asked to serve wasm on a host without
 // python.wasm answers /healthz with 200 but "degraded", naming wasm and why (and the
 // version roched --version prints); asked for docker only, the same host is "ok".
 func TestHealthzSaysWhatCannotWork(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	get := func(t *testing.T, socket string) (int, wire.Health) {
 		t.Helper()
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

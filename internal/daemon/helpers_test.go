@@ -97,6 +97,7 @@ func (r *recorder) ids() []string {
 // README's test command starts it.
 func newRecorder(t *testing.T, opts ...docker.Option) *recorder {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	p, err := docker.New(append([]docker.Option{docker.WithEgressProxy()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

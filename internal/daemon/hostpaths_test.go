@@ -194,9 +194,7 @@ func writeLayout(t *testing.T, dir, hello string) string {
 // gc-all answer with the other providers' sandboxes instead of UNAVAILABLE, and roched's
 // log says it left kubernetes out.
 func TestTenantHostPaths(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("roched's oci provider needs root (the README's test command runs as root)")
-	}
+	testenv.Needs(t, testenv.Root, testenv.Docker) // roched's oci provider
 	base := shortDir(t)
 	root := filepath.Join(base, "allowed")
 	outside := filepath.Join(base, "outside")

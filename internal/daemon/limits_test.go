@@ -20,6 +20,8 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/pool"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // jsonString quotes s for a JSON body.
@@ -260,6 +262,7 @@ func truncateString(s string) string {
 // and after. What one client asks must not decide it: the assertion is only a generous
 // bound (once, 512 MiB asked for through Exec took roched to 3.4 GB).
 func TestRochedMemoryUnderMaxOutputs(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dir := shortDir(t)
 	sock := filepath.Join(dir, "roched.sock")
 	r := startRoched(t, sock)

@@ -20,6 +20,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // roched runs the test binary as roched, a real process that can be killed.
@@ -81,6 +83,7 @@ func containersOf(t *testing.T, dc *dockerclient.Client, img string) []string {
 // graceful stop nothing is left. Its sandboxes use an image tag of their own, so the
 // check for leftovers is exact whatever else runs on the engine.
 func TestKill9Restart(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dc, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,8 @@ import (
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/wasm"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 func randomToken() string {
@@ -676,6 +678,7 @@ func unmountPins(stateDir string) {
 // another's wasm sandbox, a workspace name is each tenant's own, and host mounts from a
 // TCP tenant are refused, since wasm opens mount paths by name at every exec.
 func TestTenantsOnWasm(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	dir := shortDir(t)
 	wp, err := wasm.New(wasm.WithStateDir(filepath.Join(dir, "wasm")))
 	if err != nil {

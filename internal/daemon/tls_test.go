@@ -23,6 +23,8 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/localca"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // pki is a test's certificates: a CA, a server certificate it signed for 127.0.0.1,
@@ -538,6 +540,7 @@ func authenticatedCalls(t *testing.T, c *client.Client, secret string) {
 // command's output are in the capture; over TLS neither is, while the capture holds
 // the TLS records that carried them.
 func TestTLSCaptureShowsNoToken(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Tcpdump)
 	p := newPKI(t)
 	for _, useTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {

@@ -49,6 +49,7 @@ func writeToken(t *testing.T, path string) string {
 // environment); a TCP client holding it is served, as the tenant "default". --token
 // itself is refused, naming --token-file.
 func TestTokenNeverOnTheCommandLine(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dir := shortDir(t)
 	tokFile := filepath.Join(dir, "token")
 	tok := writeToken(t, tokFile)
@@ -159,6 +160,7 @@ func otherUser(args []string) int {
 // the token file or roched's environment, cannot call over the unix socket (its mode
 // keeps it to roched's user), and over TCP without the token gets UNAUTHENTICATED.
 func TestSecondLocalUser(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	name, uid, gid := testenv.LocalUser(t, "rt")
 
 	// Everything in a directory anyone may enter, so that only roched's own guards

@@ -16,6 +16,8 @@ import (
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/wasm"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // startRochedEnv runs the test binary as roched, as startRoched does, with extra
@@ -85,6 +87,7 @@ func wasmSandboxes(t *testing.T, stateDir string) []string {
 // matching the pool are served from it, others are made cold, both run Python, and a
 // graceful stop leaves no wasm sandbox behind.
 func TestRochedServesWasm(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm, testenv.Docker)
 	dir := shortDir(t)
 	runtimeDir := filepath.Join(dir, "run")
 	socket := filepath.Join(dir, "r.sock")
@@ -147,6 +150,7 @@ func TestRochedServesWasm(t *testing.T) {
 // Docker, says in its log why wasm is unavailable, and a wasm create fails with
 // UNAVAILABLE naming the script that fetches python.wasm.
 func TestRochedWithoutPythonWasm(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dir := shortDir(t)
 	socket := filepath.Join(dir, "r.sock")
 	r := startRochedEnv(t, socket, []string{
@@ -186,6 +190,7 @@ func TestRochedWithoutPythonWasm(t *testing.T) {
 // builds it, and checks that a pooled sandbox's first exec runs on the interpreter the
 // pool had started for it.
 func TestWasmPoolServedWarm(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	dir := shortDir(t)
 	wp, err := wasm.New(wasm.WithStateDir(filepath.Join(dir, "wasm")), wasm.WithWarmStart())
 	if err != nil {
@@ -284,6 +289,7 @@ func TestWasmPoolServedWarm(t *testing.T) {
 // provider (no Docker engine is asked, so its health is not degraded by one that is
 // down), a create that names none goes to wasm, and one that names docker is refused.
 func TestRochedServesOnlyTheProvidersGiven(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	dir := shortDir(t)
 	socket := filepath.Join(dir, "r.sock")
 	r := startRochedEnv(t, socket, []string{"XDG_RUNTIME_DIR=" + filepath.Join(dir, "run"), "DOCKER_HOST=unix://" + filepath.Join(dir, "no-engine.sock")},

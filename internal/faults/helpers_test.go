@@ -87,6 +87,7 @@ func thawDockerd() {
 // that only that process is ever signalled.
 func dockerdPID(t *testing.T) int {
 	t.Helper()
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	b, err := os.ReadFile(dockerPIDFile)
 	if err != nil {
 		t.Fatalf("reading dockerd's pid: %v (the README's test command starts dockerd)", err)
@@ -190,6 +191,7 @@ type engineProxy struct {
 
 func newEngineProxy(t *testing.T) *engineProxy {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	p := &engineProxy{socket: filepath.Join(shortDir(t), "proxy.sock")}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
@@ -273,6 +275,7 @@ func shortDir(t *testing.T) string {
 // made from it can be counted exactly while other tests share the engine.
 func privateImage(t *testing.T) string {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	tag, untag, err := testenv.PrivateImage(context.Background(), "faults")
 	if err != nil {
 		t.Fatal(err)
@@ -285,6 +288,7 @@ func privateImage(t *testing.T) string {
 // sets later.
 func realProvider(t *testing.T) *docker.Provider {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	c, err := docker.New(docker.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,8 @@ import (
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/provider/oci"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestGuardHoldsWithoutTheStateFile does what the fault matrix did: roched, whose state
@@ -452,6 +454,7 @@ func ociRemains(id string) []string {
 // directory, cgroups, overlay mounts, and the loop device under its writable root's
 // disk, not at the next restart, create or gc.
 func TestOCITornDownWhenTheAgentExits(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	state := filepath.Join("/run/roche-faults", filepath.Base(shortDir(t)))
 	data := filepath.Join("/var/lib/roche-faults", filepath.Base(shortDir(t)))
 	for _, d := range []string{state, data} {

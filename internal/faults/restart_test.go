@@ -32,6 +32,7 @@ import (
 // containerd shims) until the next dockerd kills them as it starts, when roched's watch
 // of the events has to start again.
 func TestDockerdRestartedUnderRoched(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) { testDockerdRestarted(t, sig) })
 	}

@@ -23,6 +23,7 @@ import (
 // every directory its engine did not list: the first engine's sandboxes lost their
 // agent's socket, and with it every exec and file operation.
 func TestSweepKeepsToItsEngine(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	state := shortDir(t)

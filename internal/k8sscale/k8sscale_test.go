@@ -27,6 +27,7 @@ func TestMain(m *testing.M) {
 // SIGKILL and started again finding the kept ones and destroying the idle ones, and
 // nothing left in the test's namespace.
 func TestScale(t *testing.T) {
+	testenv.Needs(t, testenv.Cluster)
 	cluster, err := testcluster.StartKwok(2)
 	if err != nil {
 		t.Fatal(err)

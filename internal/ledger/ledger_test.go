@@ -21,6 +21,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.RunWithAgent(m)) }
 // have run (cleanups registered after this call run first and may still use it).
 func dockerProvider(t *testing.T) *docker.Provider {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	dp, err := docker.New()
 	if err != nil {
 		t.Fatal(err)

@@ -52,6 +52,7 @@ func (p providers) List(ctx context.Context, _ string) ([]roche.SandboxInfo, err
 
 func newServer(t *testing.T, cfg mcp.Config) (*mcp.Server, *docker.Provider) {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	dp, err := docker.New()
 	if err != nil {
 		t.Fatal(err)

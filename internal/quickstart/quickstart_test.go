@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // block is a quick start: the fenced block after a "<!-- quickstart: NAME -->" line.
@@ -136,6 +138,8 @@ func TestQuickStarts(t *testing.T) {
 		t.Error("the README's Go program is not examples/hello/main.go as it is")
 	}
 
+	// Running them is the rest, as root (roche image build) with what make test set up.
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Python, testenv.Node)
 	tmp := t.TempDir()
 	src := filepath.Join(tmp, "roche")
 	copyCheckout(t, root, src)

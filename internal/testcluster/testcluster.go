@@ -19,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // Cluster describes the running test cluster, as scripts/k8s/cluster.sh records it in
@@ -58,9 +60,11 @@ var (
 
 // Start brings the test cluster up when it is not (on a machine without the cached
 // binaries the first start builds them: 10-25 minutes) and returns its description. It
-// fails the test with the script's output when the cluster cannot start.
+// fails the test with the script's output when the cluster cannot start (the fast tier
+// skips it: testenv.Needs).
 func Start(t testing.TB) *Cluster {
 	t.Helper()
+	testenv.Needs(t, testenv.Cluster)
 	c, err := Up()
 	if err != nil {
 		t.Fatal(err)

@@ -62,6 +62,7 @@ type controlReport struct {
 // mount, a setuid-root file on the host); and runsc exec with the sandbox's --root.
 // Every one must fail, for the reason asserted, and the victim directory stay empty.
 func TestLocalUserCannotReachSandboxControl(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	name, uid, gid := testenv.LocalUser(t, "rc")
 
 	// The harmless victim: a host directory mounted read-write into each sandbox.

@@ -16,6 +16,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // fillProbe writes up to 200 MiB, 1 MiB at a time, into the file it is given and
@@ -128,6 +130,7 @@ func TestWritableRootDefaultDisk(t *testing.T) {
 // containers (here: an engine reached over TCP) refuses a writable root with a limit,
 // saying how to proceed, and makes nothing; a read-only root needs no limit.
 func TestDiskRefusedWhereUnenforceable(t *testing.T) {
+	testenv.Needs(t, testenv.Root) // not root, the refusal is for the mount, before the engine's
 	c, err := client.NewClientWithOpts(client.WithHost("tcp://127.0.0.1:1"), client.WithAPIVersionNegotiation())
 	if err != nil {
 		t.Fatal(err)

@@ -65,6 +65,7 @@ func serveBanners(addrs []string, banner string) int {
 
 func newProvider(t *testing.T, opts ...docker.Option) *docker.Provider {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	p, err := docker.New(opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -121,6 +121,7 @@ func TestWatchSeesKill(t *testing.T) {
 // engine restart without restarting the shared one). What happened while it was cut is
 // found by comparing with the list, even when the engine has forgotten its events.
 func TestWatchReconnects(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	proxy := newCuttableProxy(t)
 	pc, err := client.NewClientWithOpts(client.WithHost("unix://"+proxy.socket), client.WithAPIVersionNegotiation())
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 // A container that is only named (a create cut short, which the engine may still make)
 // and not there is looked for again in the background, as before.
 func TestUndoOfAContainerGoneAlready(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	var logs testenv.SyncBuffer
 	p, err := New(WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {

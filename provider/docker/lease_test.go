@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
@@ -104,6 +105,7 @@ func TestLeasedSandboxGoesWithItsCreator(t *testing.T) {
 // to roche create) outlives the provider that held it; Keep on an unleased sandbox says
 // it has no lease.
 func TestKeepEndsTheLease(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	holder, err := docker.New()
 	if err != nil {
 		t.Fatal(err)

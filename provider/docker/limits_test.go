@@ -11,6 +11,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // holdFiles forks until the process limit refuses, then every process opens files until
@@ -57,6 +59,7 @@ time.sleep(600)`
 // the engine allows a million). The host's count of allocated files (fs.file-nr) is read
 // while the sandbox holds them.
 func TestOpenFilesBoundOnTheHost(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	for _, rt := range []string{docker.RuntimeRunc, docker.RuntimeGVisor} {
 		t.Run(rt, func(t *testing.T) {
 			p := newProvider(t, docker.WithRuntime(rt))

@@ -265,6 +265,7 @@ func runOnDefaultBridge(t *testing.T, args ...string) string {
 // Docker's default bridge reaches (the positive control), and an ordinary neighbour,
 // which it must still reach.
 func TestNetworkSandboxCannotReachHostOrMetadata(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	tb := newTestbed(t)
 	common := []string{
 		target("metadata", tb.metadata, 80),
@@ -399,6 +400,7 @@ func sandboxIP(t *testing.T, id string) netip.Addr {
 // a network is refused, never created unfiltered, and nothing is left behind. The iptables
 // tools are replaced, so the host's real tables are not touched.
 func TestNetworkRefusedWithoutFirewall(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	noRoche := "#!/bin/sh\nprintf '*filter\\n:INPUT ACCEPT [0:0]\\n:FORWARD DROP [0:0]\\n:OUTPUT ACCEPT [0:0]\\n:DOCKER-USER - [0:0]\\n-A DOCKER-USER -j RETURN\\nCOMMIT\\n'\n"
 	for _, c := range []struct {
 		name    string

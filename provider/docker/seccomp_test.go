@@ -15,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche/provider/docker"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // deniedProbe tries, as the sandbox user, system calls that the engine's default
@@ -51,6 +53,7 @@ print(' '.join(out))`
 // handed the checked-in profile, and from inside, calls the engine's default allows and
 // the host kernel serves fail with EPERM, while programs run as usual.
 func TestSeccompProfileApplied(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	hostAllows(t)
 	want, err := os.ReadFile("seccomp.json")
 	if err != nil {

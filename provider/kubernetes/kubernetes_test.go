@@ -58,6 +58,9 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if testenv.Fast() {
+		return m.Run() // no cluster: the tests on it skip (testcluster.Start)
+	}
 	cluster, err := testcluster.Up()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/oci"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestCgroupfsReadOnly: inside a sandbox, on either runtime, /sys/fs/cgroup (the tmpfs
@@ -15,6 +17,7 @@ import (
 // (EACCES first for the sandbox's user, whose they are not), while the agent still reads
 // its memory controller (how it reports OOM kills).
 func TestCgroupfsReadOnly(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	const probe = `
 import errno, os
 def try_(name, f):

@@ -11,6 +11,8 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/oci"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // holdFiles forks until the process limit refuses, then every process opens files until
@@ -56,6 +58,7 @@ time.sleep(600)`
 // kernel limit every sandbox shares), on either runtime. Before the bounds, this
 // process's own open-file limit (up to a million) went to every command.
 func TestOpenFilesBoundOnTheHost(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	for _, rt := range oci.Runtimes() {
 		t.Run(rt, func(t *testing.T) {
 			p, _ := newProvider(t, oci.WithRuntime(rt))

@@ -7,15 +7,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestMountsBelow finds, in one read of the mount table, the mounts at and below each
 // directory asked for, nested ones before what they sit on, names with a space included
 // (mountinfo escapes it), and not a sibling whose name only begins like one of them.
 func TestMountsBelow(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("mounting needs root (the README's test command runs as root)")
-	}
+	testenv.Needs(t, testenv.Root) // it mounts
 	base := t.TempDir()
 	a, nested, spaced, sibling := filepath.Join(base, "a"), filepath.Join(base, "a", "in"), filepath.Join(base, "b c"), filepath.Join(base, "a2")
 	var mounted []string

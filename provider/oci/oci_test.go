@@ -44,9 +44,7 @@ func TestMain(m *testing.M) {
 // leaves (or not) is its alone.
 func newProvider(t *testing.T, opts ...oci.Option) (*oci.Provider, string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("the oci provider needs root (the README's test command runs as root)")
-	}
+	testenv.Needs(t, testenv.Root, testenv.Docker) // images come from Docker's store
 	state := filepath.Join("/run/roche-test", "oci-"+strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))
 	data := filepath.Join("/var/lib/roche-test/oci")
 	if err := os.MkdirAll(state, 0o700); err != nil {
@@ -222,6 +220,7 @@ func TestConformanceRunc(t *testing.T) {
 // TestRuntimeProbe: each runtime asked for either makes a sandbox that runs python, or is
 // refused with one line saying why.
 func TestRuntimeProbe(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	for _, name := range oci.Runtimes() {
 		t.Run(name, func(t *testing.T) {
 			p, _ := newProvider(t, oci.WithRuntime(name))

@@ -8,15 +8,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // stateTestBase is a directory of the test's own on the root filesystem (a disk's, not a
 // tmpfs, on the machines the suite runs on; t.TempDir may be either).
 func stateTestBase(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("mounting needs root (the README's test command runs as root)")
-	}
+	testenv.Needs(t, testenv.Root) // it mounts
 	if err := os.MkdirAll("/var/lib/roche-test", 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -97,6 +97,7 @@ func TestExtractVmlinuxFromBzImage(t *testing.T) {
 
 // TestExtractVmlinuxDebianKernel uncompresses the installed Debian kernel (xz inside).
 func TestExtractVmlinuxDebianKernel(t *testing.T) {
+	testenv.Needs(t, testenv.QEMU)
 	path, err := findKernel("")
 	if err != nil {
 		t.Fatalf("%v (the README's test command installs linux-image-amd64)", err)
@@ -207,9 +208,7 @@ func TestCPIOReadableByCpio(t *testing.T) {
 }
 
 func TestExtractRootfsKeepsWhatABootNeeds(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("keeping owners and making device nodes needs root (the README's test command runs as root)")
-	}
+	testenv.Needs(t, testenv.Root) // to keep owners and make device nodes
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	mtime := time.Unix(1700000000, 0)
@@ -273,6 +272,7 @@ func statT(t *testing.T, p string) *syscall.Stat_t {
 // TestExtractRootfsRefusesEscapes: an image is untrusted; no entry may write outside the
 // tree, through "..", an absolute name, or a symlink an earlier entry planted.
 func TestExtractRootfsRefusesEscapes(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	outside := t.TempDir()
 	for name, entries := range map[string][]tar.Header{
 		"symlink parent": {
@@ -324,6 +324,7 @@ func TestExtractRootfsRefusesEscapes(t *testing.T) {
 // half an image and exits 1), the error says so and nothing is left: no image, no
 // extracted tree, no export container.
 func TestRootfsBuildFailureLeavesNothing(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	cache := t.TempDir()
 	fake := filepath.Join(t.TempDir(), "mkfs.ext4")
 	script := "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in *.ext4) echo partial > \"$a\";; esac; done\necho 'mkfs.ext4: Could not allocate block in ext2 filesystem' >&2\nexit 1\n"

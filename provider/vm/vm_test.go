@@ -42,6 +42,7 @@ func testConfig() roche.Config {
 // that nothing else on the machine (a `roche gc --all` from another test run) reaps them.
 func newQEMU(t *testing.T, opts ...vm.Option) *vm.Provider {
 	t.Helper()
+	testenv.Needs(t, testenv.QEMU, testenv.Root, testenv.Docker)
 	p, err := vm.NewQEMU(append([]vm.Option{vm.WithStateDir(t.TempDir())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +64,7 @@ func TestConformanceQEMU(t *testing.T) {
 // TestConformanceFirecracker runs the suite against Firecracker where there is one. No
 // package source here has a firecracker binary, so on this machine it skips, saying why.
 func TestConformanceFirecracker(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker)
 	p, err := vm.NewFirecracker()
 	if err != nil {
 		t.Fatal(err)

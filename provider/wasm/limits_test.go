@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // hostFDs counts this process's open descriptors: a guest's open files are among them.
@@ -71,6 +73,7 @@ time.sleep(120)
 // each is a descriptor of this process: past the cap an open fails with EMFILE in the
 // guest, the host's descriptors stay bounded, and a neighbour still opens files.
 func TestOpenFilesCapped(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	neighbour := newSandbox(t, nil)
 	before := hostFDs(t)
@@ -124,6 +127,7 @@ print(len(fds))
 // ENOSPC, as on a tmpfs out of inodes; removing entries gives room back. The count
 // starts, in every exec, from what the directory holds.
 func TestTmpEntriesCapped(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	limit := entriesFor(roche.DefaultTmpSize)
 	got := pyOK(t, id, `

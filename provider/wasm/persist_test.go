@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // Workspaces, reset and snapshots as every provider has them are checked by the
@@ -41,6 +43,7 @@ func createInfo(t *testing.T, p *Provider, cfg roche.Config) roche.SandboxInfo {
 }
 
 func TestDataDirectory(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	// With a state directory of its own, a provider keeps its data beside its sandboxes.
 	if want := filepath.Join(tp.stateDir, dataSubdir); tp.dataDir != want {
 		t.Fatalf("data directory %s, want %s", tp.dataDir, want)
@@ -69,6 +72,7 @@ func TestDataDirectory(t *testing.T) {
 // TestWorkspaceOnDisk: the workspace is a directory of the data directory that outlives
 // the sandbox, and nothing of either is left once both are removed.
 func TestWorkspaceOnDisk(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	cfg := roche.DefaultConfig()
 	cfg.Workspace = "disk-" + strings.TrimPrefix(mustID(t), idPrefix)
 	info := createInfo(t, tp, cfg)
@@ -119,6 +123,7 @@ func mustID(t *testing.T) string {
 // TestFailedCreateTakesItsWorkspace: a workspace made by a Create that then fails goes
 // with it; one that existed stays.
 func TestFailedCreateTakesItsWorkspace(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	host := t.TempDir()
 	cfg := roche.DefaultConfig()
 	cfg.Workspace = "failed-" + strings.TrimPrefix(mustID(t), idPrefix)
@@ -150,6 +155,7 @@ func TestFailedCreateTakesItsWorkspace(t *testing.T) {
 // TestResetWipeSharedWorkspace: emptying a workspace another sandbox has is refused
 // before anything is destroyed.
 func TestResetWipeSharedWorkspace(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	cfg := roche.DefaultConfig()
 	cfg.Workspace = "shared-" + strings.TrimPrefix(mustID(t), idPrefix)
 	t.Cleanup(func() { tp.RemoveWorkspace(context.Background(), cfg.Workspace) })
@@ -177,6 +183,7 @@ func TestResetWipeSharedWorkspace(t *testing.T) {
 // TestSnapshotContents: a snapshot holds the sandbox's own directories, not a named
 // workspace, and a sandbox made from one resets to it.
 func TestSnapshotContents(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	ctx := ctxFor(t, 2*time.Minute)
 	name := "contents-" + strings.TrimPrefix(mustID(t), idPrefix)
 	t.Cleanup(func() { tp.RemoveSnapshot(context.Background(), name) })
@@ -245,6 +252,7 @@ open('/tmp/ro', 'w').write('read-only')
 // TestSnapshotRefusesSymlinks: a symbolic link in a sandbox's directories (only the host
 // can put one there) is not copied, and the failed snapshot leaves nothing.
 func TestSnapshotRefusesSymlinks(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	if err := os.Symlink("/etc/passwd", filepath.Join(tp.sandboxDir(id), rootDir, "tmp", "link")); err != nil {
 		t.Fatal(err)
@@ -266,6 +274,7 @@ func TestSnapshotRefusesSymlinks(t *testing.T) {
 
 // TestDataLeftoversSwept: GC clears what a crash left in the data directory.
 func TestDataLeftoversSwept(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	p, err := New(WithStateDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)

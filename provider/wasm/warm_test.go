@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // newWarmSandbox creates a sandbox through twp and waits until its warm interpreter is
@@ -89,6 +91,7 @@ helper.boom()
 // TestWarmMatchesFresh runs each program on a warm interpreter and on a fresh one, in
 // sandboxes set up alike, and wants the same output, exit code and flags.
 func TestWarmMatchesFresh(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	cases := []struct {
 		name    string
 		cmd     []string
@@ -181,6 +184,7 @@ func ptr(s string) *string { return &s }
 // TestWarmKnownDifference pins down the one thing a program can tell: two of Roche's
 // frames sit below its module frame.
 func TestWarmKnownDifference(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newWarmSandbox(t, nil)
 	code := "import sys; f = sys._getframe(); print(f.f_back is None, f.f_back.f_back is None if f.f_back else '-')"
 	if got := execWarm(t, id, roche.ExecRequest{Cmd: []string{"python3", "-c", code}}); got.Stdout != "False False\n" {
@@ -194,6 +198,7 @@ func TestWarmKnownDifference(t *testing.T) {
 // TestWarmNoLeaks checks that nothing of one exec, or of one sandbox, reaches another:
 // each exec gets an interpreter of its own, started anew.
 func TestWarmNoLeaks(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	a := newWarmSandbox(t, nil)
 	b := newWarmSandbox(t, nil)
 	dirty := `
@@ -229,6 +234,7 @@ print(hash('x'), os.urandom(8).hex())
 // TestWarmLimits checks timeouts, the memory cap, caller cancellation and destroy on
 // warm interpreters.
 func TestWarmLimits(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	t.Run("timeout", func(t *testing.T) {
 		pr, pw := io.Pipe() // a stdin that never delivers
 		defer pw.Close()
@@ -309,6 +315,7 @@ except OSError as e:
 // TestWarmNotUsed checks that execs a warm interpreter could not serve exactly run fresh
 // and leave it waiting.
 func TestWarmNotUsed(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newWarmSandbox(t, nil)
 	for name, content := range map[string]string{
 		"s.pyc":    "print('compiled')\x00",
@@ -352,6 +359,7 @@ func TestWarmNotUsed(t *testing.T) {
 // TestWarmMountRetargeted: a warm interpreter resolved the mounts when it started; if a
 // mount's host path now leads elsewhere, the exec runs fresh on what it leads to now.
 func TestWarmMountRetargeted(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	base := t.TempDir()
 	for _, d := range []string{"one", "two"} {
 		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
@@ -385,6 +393,7 @@ func TestWarmMountRetargeted(t *testing.T) {
 // TestWarmLifecycle: an interpreter is started at create and again after each exec, is
 // stopped at the sandbox's expiry and at destroy, and Close stops them all.
 func TestWarmLifecycle(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	p, err := New(WithStateDir(t.TempDir()), WithWarmStart())
 	if err != nil {
 		t.Fatal(err)

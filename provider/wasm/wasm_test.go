@@ -41,13 +41,16 @@ func runTests(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	start := time.Now()
-	// These tests run the real python.wasm: its absence is a failure with the fix, not a skip.
-	if err := tp.Prepare(context.Background()); err != nil {
-		fmt.Fprintf(os.Stderr, "wasm provider tests need python.wasm: %v\n", err)
-		return 1
+	// These tests run the real python.wasm: its absence is a failure with the fix, not a
+	// skip. The fast tier has none (nor fetches it): the tests that run it skip.
+	if !testenv.Fast() {
+		start := time.Now()
+		if err := tp.Prepare(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "wasm provider tests need python.wasm: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "python.wasm ready in %v\n", time.Since(start).Round(time.Millisecond))
 	}
-	fmt.Fprintf(os.Stderr, "python.wasm ready in %v\n", time.Since(start).Round(time.Millisecond))
 	twp, err = New(WithStateDir(stateDir), WithWarmStart())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -130,6 +133,7 @@ func putModule(t *testing.T, id, name string, bin []byte) string {
 }
 
 func TestHello(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	res := py(t, id, "print('hi')")
 	if res.ExitCode != 0 || res.Stdout != "hi\n" || res.Stderr != "" || res.TimedOut || res.Truncated || res.OOMKilled {
@@ -148,6 +152,7 @@ func TestHello(t *testing.T) {
 }
 
 func TestInstantiateTime(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	py(t, id, "pass") // warm the file system caches
 	const n = 5
@@ -167,6 +172,7 @@ func TestInstantiateTime(t *testing.T) {
 }
 
 func TestExitCodesAndStderr(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	res := py(t, id, "import sys; print('out'); print('oops', file=sys.stderr); sys.exit(3)")
 	if res.ExitCode != 3 || res.Stdout != "out\n" || res.Stderr != "oops\n" {
@@ -187,6 +193,7 @@ func TestExitCodesAndStderr(t *testing.T) {
 }
 
 func TestEnvOnlyWhatIsGiven(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	t.Setenv("ROCHE_HOST_SECRET", "leaked")
 	id := newSandbox(t, func(c *roche.Config) {
 		c.Env = map[string]string{"FROM_CONFIG": "c", "OVERRIDDEN": "config"}
@@ -212,6 +219,7 @@ func TestEnvOnlyWhatIsGiven(t *testing.T) {
 }
 
 func TestStdin(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	input := "line one\nline two\n\x00binary\xff\n"
 	res := execIn(t, id, roche.ExecRequest{
@@ -248,6 +256,7 @@ for p in sys.argv[1:]:
 `
 
 func TestHostFilesUnreachable(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	host := t.TempDir()
 	secret := filepath.Join(host, "secret.txt")
 	if err := os.WriteFile(secret, []byte("host secret"), 0o644); err != nil {
@@ -313,6 +322,7 @@ for p in sys.argv[1:]:
 `
 
 func TestWritesOutsideTmpAndWorkspaceFail(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	out := pyOK(t, id, writeProbe, "/roche-probe", "/etc/x", "/usr/local/lib/python3.12/x.py", "/tmp/ok", "/workspace/ok", "/tmp/../escape")
 	want := strings.Join([]string{
@@ -328,6 +338,7 @@ func TestWritesOutsideTmpAndWorkspaceFail(t *testing.T) {
 }
 
 func TestWritableRoot(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, func(c *roche.Config) { c.Writable = true })
 	out := pyOK(t, id, writeProbe, "/roche-probe", "/tmp/ok")
 	if out != "/roche-probe written\n/tmp/ok written" {
@@ -343,6 +354,7 @@ func TestWritableRoot(t *testing.T) {
 }
 
 func TestScratchSpaceCapped(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	got := pyOK(t, id, `
 import errno, os
@@ -364,6 +376,7 @@ print(os.path.getsize('/tmp/after'))
 }
 
 func TestWorkdir(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	if got := pyOK(t, id, "import os; print(os.getcwd())"); got != DefaultWorkdir {
 		t.Fatalf("default cwd %q, want %s", got, DefaultWorkdir)
@@ -398,6 +411,7 @@ func TestWorkdir(t *testing.T) {
 }
 
 func TestMemoryLimit(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, func(c *roche.Config) { c.Memory = "64m" })
 	res := py(t, id, "b = bytearray(256 << 20); print(len(b))")
 	if res.ExitCode == 0 || !res.OOMKilled || !strings.Contains(res.Stderr, "MemoryError") {
@@ -427,6 +441,7 @@ func TestMemoryLimit(t *testing.T) {
 }
 
 func TestTimeout(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	for _, code := range []string{"while True: pass", "import time; time.sleep(1000)"} {
 		start := time.Now()
@@ -462,6 +477,7 @@ func TestTimeout(t *testing.T) {
 }
 
 func TestModules(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	trap := putModule(t, id, "trap.wasm", trapModule)
 	res := execIn(t, id, roche.ExecRequest{Cmd: []string{trap}})
@@ -506,6 +522,7 @@ func TestModules(t *testing.T) {
 }
 
 func TestUnsupportedCommands(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	for _, cmd := range [][]string{{"ls", "-l"}, {"sh", "-c", "echo hi"}, {"/bin/true"}} {
 		_, err := tp.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: cmd})
@@ -519,6 +536,7 @@ func TestUnsupportedCommands(t *testing.T) {
 }
 
 func TestOutputTruncation(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	var live strings.Builder
 	res := execIn(t, id, roche.ExecRequest{
@@ -539,6 +557,7 @@ func TestOutputTruncation(t *testing.T) {
 }
 
 func TestCopyFiles(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	ctx := ctxFor(t, time.Minute)
 	dir := t.TempDir()
@@ -608,6 +627,7 @@ for root, dirs, files in sorted(os.walk('/workspace/in/tree')):
 }
 
 func TestMounts(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	ro, rw := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(ro, "in.txt"), []byte("from host"), 0o644); err != nil {
 		t.Fatal(err)
@@ -630,6 +650,7 @@ func TestMounts(t *testing.T) {
 }
 
 func TestCreateRefuses(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	before, err := tp.List(ctxFor(t, time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -687,6 +708,7 @@ func TestCreateRefuses(t *testing.T) {
 }
 
 func TestPythonMissing(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	p, err := New(WithStateDir(t.TempDir()), WithCacheDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
@@ -717,6 +739,7 @@ func TestPythonMissing(t *testing.T) {
 }
 
 func TestListDestroyGC(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	ctx := ctxFor(t, time.Minute)
 	short, err := tp.Create(ctx, func() roche.Config { c := roche.DefaultConfig(); c.TimeoutSecs = 1; return c }())
 	if err != nil {
@@ -806,6 +829,7 @@ func TestListDestroyGC(t *testing.T) {
 }
 
 func TestDestroyStopsRunningExec(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	info, err := tp.Create(ctxFor(t, time.Minute), roche.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -837,6 +861,7 @@ type writerFunc func([]byte)
 func (f writerFunc) Write(b []byte) (int, error) { f(b); return len(b), nil }
 
 func TestConcurrentExecs(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	var wg sync.WaitGroup
 	errs := make(chan string, 8)
@@ -860,6 +885,7 @@ func TestConcurrentExecs(t *testing.T) {
 }
 
 func TestCapabilities(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	c := tp.Capabilities()
 	if c.Network || c.Processes || c.Pause || !c.Files || !c.Stdin || !c.Writable || !c.Mounts {
 		t.Fatalf("capabilities %+v", c)
@@ -875,6 +901,7 @@ func TestCapabilities(t *testing.T) {
 }
 
 func TestNoNetworkNoProcesses(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
 	id := newSandbox(t, nil)
 	got := pyOK(t, id, `
 import socket, subprocess

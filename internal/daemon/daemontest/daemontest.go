@@ -29,11 +29,13 @@ type Served struct {
 }
 
 // Serve starts a daemon with cfg (on a fresh socket unless cfg names one) serving the
-// Docker provider, failing the test, not skipping it, when the engine does not answer.
+// Docker provider, failing the test, not skipping it, when the engine does not answer
+// (the fast tier skips it: testenv.Needs).
 // When the test ends the client is closed, the daemon shut down (a failed shutdown
 // fails the test) and the provider closed.
 func Serve(t testing.TB, cfg daemon.Config) *Served {
 	t.Helper()
+	testenv.Needs(t, testenv.Docker)
 	dp, err := docker.New()
 	if err != nil {
 		t.Fatal(err)

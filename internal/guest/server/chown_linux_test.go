@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 func owner(t *testing.T, p string) (int, int) {
@@ -21,9 +23,7 @@ func owner(t *testing.T, p string) (int, int) {
 // below a mount point are left alone (the attack: a snapshot's sandbox planted a link to
 // a victim, or a host directory is bound in).
 func TestChownTree(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test changes owners of files it makes, which needs root; run the agent's tests as root")
-	}
+	testenv.Needs(t, testenv.Root) // it changes the owners of files it makes
 	const from, to = 1900000001, 1900000002
 	root, outside := t.TempDir(), t.TempDir()
 	victim := filepath.Join(outside, "victim")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche/internal/guest"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 type cellOut struct {
@@ -70,6 +72,7 @@ func newContext(t *testing.T) string {
 }
 
 func TestCodeStatePersists(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	first := runCell(t, guest.Request{Context: id, Code: "x = 41\nprint('hi')"})
 	if first.end.Error != nil || first.stdout != "hi\n" || first.end.ExecutionCount != 1 || len(first.results) != 0 {
@@ -82,6 +85,7 @@ func TestCodeStatePersists(t *testing.T) {
 }
 
 func TestCodeDefaultContext(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	a := runCell(t, guest.Request{Code: "y = 'default'"})
 	t.Cleanup(func() { _ = client.RemoveContext(ctxT(t, 10*time.Second), a.end.Context) })
 	b := runCell(t, guest.Request{Language: "python", Code: "y"})
@@ -102,6 +106,7 @@ func TestCodeDefaultContext(t *testing.T) {
 }
 
 func TestCodeError(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	out := runCell(t, guest.Request{Context: id, Code: "def f():\n    return 1/0\nf()"})
 	e := out.end.Error
@@ -112,6 +117,7 @@ func TestCodeError(t *testing.T) {
 }
 
 func TestCodeRawOutputAndDisplay(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	code := "import os, sys\nprint('py')\nos.system('echo raw; echo rawerr >&2')\n" +
 		"class S:\n    def _repr_svg_(self): return '<svg/>'\ndisplay(S())\nprint('late', file=sys.stderr)"
@@ -126,6 +132,7 @@ func TestCodeRawOutputAndDisplay(t *testing.T) {
 }
 
 func TestCodeTimeoutInterrupts(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	runCell(t, guest.Request{Context: id, Code: "kept = 7"})
 	start := time.Now()
@@ -147,6 +154,7 @@ func TestCodeTimeoutInterrupts(t *testing.T) {
 }
 
 func TestCodeStuckKernelKilled(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	// SIGINT ignored: the interrupt cannot stop it, so it is killed after the grace.
 	out := runCell(t, guest.Request{Context: id, TimeoutMS: 200,
@@ -160,6 +168,7 @@ func TestCodeStuckKernelKilled(t *testing.T) {
 }
 
 func TestCodeKernelDies(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	runCell(t, guest.Request{Context: id, Code: "gone = 1"})
 	out := runCell(t, guest.Request{Context: id, Code: "import os\nos._exit(3)"})
@@ -177,6 +186,7 @@ func TestCodeKernelDies(t *testing.T) {
 }
 
 func TestCodeRestartAndRemove(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	runCell(t, guest.Request{Context: id, Code: "z = 1"})
 	if err := client.RestartContext(ctxT(t, time.Minute), id); err != nil {
@@ -202,6 +212,7 @@ func TestCodeRestartAndRemove(t *testing.T) {
 }
 
 func TestCodeLanguages(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	for lang, code := range map[string]string{"bash": guest.CodeUnsupported, "javascript": guest.CodeUnsupported, "cobol": guest.CodeInvalid} {
 		_, err := client.RunCode(ctxT(t, 10*time.Second), guest.Request{Language: lang, Code: "1"}, guest.CodeOptions{})
 		var ae *guest.Error
@@ -212,6 +223,7 @@ func TestCodeLanguages(t *testing.T) {
 }
 
 func TestCodeOutputLimit(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	out := runCell(t, guest.Request{Context: id, OutputLimit: 1000, Code: "for i in range(1000): print('x' * 50)\n'end'"})
 	if !out.end.Truncated || len(out.stdout) != 1000 || out.text() != "'end'" {
@@ -220,6 +232,7 @@ func TestCodeOutputLimit(t *testing.T) {
 }
 
 func TestCodeKernelDiesBetweenCells(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	runCell(t, guest.Request{Context: id, Code: "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(1))).start()"})
 	time.Sleep(time.Second)
@@ -230,6 +243,7 @@ func TestCodeKernelDiesBetweenCells(t *testing.T) {
 }
 
 func TestCodeContextEnvAndCwd(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
 	out := runCell(t, guest.Request{Context: id, Code: "import os\n(os.environ.get('ROCHE_CONTEXT_TEST'), os.getcwd())"})
 	if want := "('yes', '" + dir + "')"; out.text() != want {
@@ -244,6 +258,7 @@ const startTicks = "print(open('/proc/self/stat').read().rsplit(')', 1)[1].split
 // started with its cwd and env, fresh (no cells run, its first cell is number 1), and not
 // to one started otherwise, which gets an interpreter of its own.
 func TestCodeWarmSpare(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	env := map[string]string{"ROCHE_WARM_TEST": "warm"}
 	before, err := client.Contexts(ctxT(t, 10*time.Second))
 	if err != nil {

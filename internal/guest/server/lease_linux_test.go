@@ -10,6 +10,8 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/server"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // leasedServer runs an agent with a lease (first, grace) on a socket of its own and
@@ -58,6 +60,7 @@ func stoppedWithin(t *testing.T, stopped <-chan time.Time, since time.Time, lo, 
 // TestLeaseNeverTaken: a leased sandbox whose creator died before taking the lease stops
 // once the first lease is overdue.
 func TestLeaseNeverTaken(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	start := time.Now()
 	_, stopped, _ := leasedServer(t, time.Second, 200*time.Millisecond)
 	stoppedWithin(t, stopped, start, 900*time.Millisecond, 5*time.Second, "no lease taken")
@@ -67,6 +70,7 @@ func TestLeaseNeverTaken(t *testing.T) {
 // deadline; a second holder going changes nothing; when the last goes (as a killed
 // process's connections do), it stops after the grace.
 func TestLeaseHeldAndLost(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	c, stopped, _ := leasedServer(t, 500*time.Millisecond, 300*time.Millisecond)
 	a, err := c.Lease(ctxT(t, 5*time.Second))
 	if err != nil {
@@ -93,6 +97,7 @@ func TestLeaseHeldAndLost(t *testing.T) {
 // TestLeaseKept: a sandbox whose lease was ended (roche create through a pool) no longer
 // stops when its holders go, and refuses new leases.
 func TestLeaseKept(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	c, stopped, cancel := leasedServer(t, 500*time.Millisecond, 200*time.Millisecond)
 	l, err := c.Lease(ctxT(t, 5*time.Second))
 	if err != nil {
@@ -116,6 +121,7 @@ func TestLeaseKept(t *testing.T) {
 
 // TestLeaseRefusedWhenNotLeased: a sandbox started without a lease says so.
 func TestLeaseRefusedWhenNotLeased(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	var ae *guest.Error
 	if _, err := client.Lease(ctxT(t, 5*time.Second)); !errors.As(err, &ae) || ae.Code != guest.CodeUnsupported {
 		t.Fatalf("a lease on a sandbox without one: %v", err)

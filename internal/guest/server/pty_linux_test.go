@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche/internal/guest"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // screen collects a terminal's output for tests that wait for text on it.
@@ -49,6 +51,7 @@ func (s *screen) waitFor(t *testing.T, want string, skip int) int {
 // TestTerminal: the command's streams are a terminal of the size asked, it is its
 // controlling terminal, and it runs as the sandbox user.
 func TestTerminal(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	res, out, _ := execOut(t, guest.Request{TTY: true, Cols: 101, Rows: 33,
 		Cmd: []string{"sh", "-c", "tty; stty size; id -u; test -t 2 && echo tty2; ps -o sid= -p $$; echo $$; echo $TERM; exit 4"}}, guest.ExecOptions{})
 	lines := strings.Split(strings.ReplaceAll(out, "\r\n", "\n"), "\n")
@@ -69,6 +72,7 @@ func TestTerminal(t *testing.T) {
 // TestTerminalInteractive: typed input reaches the shell, a typed Ctrl-C interrupts its
 // foreground job at once, a resize reaches stty, and the exit status comes back.
 func TestTerminalInteractive(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	inR, inW := io.Pipe()
 	defer inW.Close()
 	resize := make(chan guest.Winsize, 1)
@@ -116,6 +120,7 @@ func TestTerminalInteractive(t *testing.T) {
 // TestTerminalSession: a background terminal is typed into and resized by pid, its
 // output attached to, and killed by a signal.
 func TestTerminalSession(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, time.Minute)
 	pid, err := client.Start(ctx, guest.Request{TTY: true, Cols: 90, Rows: 20, Cmd: []string{"sh", "-i"}})
 	if err != nil {
@@ -166,6 +171,7 @@ func TestTerminalSession(t *testing.T) {
 // TestTerminalEndsWithItsCommand: a descendant left holding the terminal (and a write
 // pending into it) does not hold up the command's result.
 func TestTerminalEndsWithItsCommand(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	start := time.Now()
 	res, out, _ := execOut(t, guest.Request{TTY: true, Cmd: []string{"sh", "-c", "sleep 3 & echo started; exit 2"}}, guest.ExecOptions{
 		Stdin: strings.NewReader(strings.Repeat("x", 64<<10)),

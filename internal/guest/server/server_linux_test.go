@@ -20,6 +20,8 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/server"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // The agent runs in this test process, as it runs as PID 1 in a sandbox: commands are
@@ -41,9 +43,14 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if testenv.Fast() {
+		// No shared agent: it runs commands as another user, which needs root. The tests
+		// of it skip, saying so (testenv.Needs); the others run, with cgo or without.
+		os.Exit(m.Run())
+	}
 	if os.Geteuid() != 0 {
 		fmt.Println("internal/guest/server tests need root: the agent runs commands as another user (make test runs as root)")
-		os.Exit(0)
+		os.Exit(1)
 	}
 	if cgoEnabled {
 		fmt.Println("internal/guest/server tests need CGO_ENABLED=0, as the agent is built (make test sets it)")
@@ -181,6 +188,7 @@ func pidsFrom(t *testing.T, s string) []int {
 }
 
 func TestExecResult(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	res, out, errOut := execOut(t, guest.Request{Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, guest.ExecOptions{})
 	if res.ExitCode != 3 || out != "out\n" || errOut != "err\n" {
 		t.Fatalf("exit %d stdout %q stderr %q, want 3 %q %q", res.ExitCode, out, errOut, "out\n", "err\n")
@@ -196,6 +204,7 @@ func TestExecResult(t *testing.T) {
 }
 
 func TestExecRefusals(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	_, err := client.Exec(ctxT(t, 10*time.Second), guest.Request{}, guest.ExecOptions{})
 	var ae *guest.Error
 	if !errors.As(err, &ae) || ae.Code != guest.CodeInvalid {
@@ -206,6 +215,7 @@ func TestExecRefusals(t *testing.T) {
 // TestSandboxUser: commands run as the configured user, with no capability at all and
 // none to gain.
 func TestSandboxUser(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	_, out, _ := execOut(t, guest.Request{Cmd: []string{"cat", "/proc/self/status"}}, guest.ExecOptions{})
 	fields := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
@@ -232,6 +242,7 @@ func TestSandboxUser(t *testing.T) {
 // started at once, from requests served on many of the agent's threads, each start with
 // none, as do those of a terminal and of run_code's interpreter.
 func TestNoCommandHasABoundingSet(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	const probe = `grep -E '^CapBnd' /proc/self/status`
 	var wg sync.WaitGroup
 	for i := range 16 {
@@ -271,6 +282,7 @@ func TestNoCommandHasABoundingSet(t *testing.T) {
 }
 
 func TestExecEnvAndWorkdir(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	_, out, _ := execOut(t, guest.Request{
 		Cmd: []string{"sh", "-c", `printf '%s %s' "$GREETING" "$(pwd)"`},
 		Env: map[string]string{"GREETING": "hi there"}, Cwd: dir,
@@ -285,6 +297,7 @@ func TestExecEnvAndWorkdir(t *testing.T) {
 // to it) would start it in a directory the agent holds open: refused, as is any
 // directory in /proc.
 func TestWorkdirThroughProc(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	held, err := os.Open(dir) // the agent's side: a directory it holds open
 	if err != nil {
 		t.Fatal(err)
@@ -314,6 +327,7 @@ func TestWorkdirThroughProc(t *testing.T) {
 }
 
 func TestStdin(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	in := strings.Repeat("line of input\n", 10000) // several frames
 	_, out, _ := execOut(t, guest.Request{Cmd: []string{"cat"}}, guest.ExecOptions{Stdin: strings.NewReader(in)})
 	if out != in {
@@ -343,6 +357,7 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 }
 
 func TestStreaming(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	w := &firstWrite{ch: make(chan struct{})}
 	done := make(chan guest.Result, 1)
 	go func() {
@@ -372,6 +387,7 @@ func TestStreaming(t *testing.T) {
 }
 
 func TestOutputLimit(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	res, out, errOut := execOut(t, guest.Request{
 		Cmd:         []string{"sh", "-c", "head -c 300000 /dev/zero; head -c 10 /dev/zero >&2"},
 		OutputLimit: 1000,
@@ -384,6 +400,7 @@ func TestOutputLimit(t *testing.T) {
 // TestTimeoutKillsTree: a command past its timeout is killed with everything it
 // started, including a child that left the process group and one that daemonised.
 func TestTimeoutKillsTree(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	start := time.Now()
 	res, out, _ := execOut(t, guest.Request{
 		Cmd:       []string{"sh", "-c", "sleep 300 & echo $!; setsid sleep 300 & echo $!; (sleep 300 &) ; sleep 300"},
@@ -436,6 +453,7 @@ func userProcesses() []string {
 // TestDisconnectKills: a foreground command belongs to its connection; when the client
 // goes away, it and what it started are killed.
 func TestDisconnectKills(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w := &firstWrite{ch: make(chan struct{})}
@@ -461,6 +479,7 @@ func TestDisconnectKills(t *testing.T) {
 }
 
 func TestSignalForwarded(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	sigs := make(chan int, 1)
 	w := &firstWrite{ch: make(chan struct{})}
 	done := make(chan guest.Result, 1)
@@ -490,6 +509,7 @@ func TestSignalForwarded(t *testing.T) {
 }
 
 func TestBackground(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, 30*time.Second)
 	pid, err := client.Start(ctx, guest.Request{Cmd: []string{"sh", "-c", "echo hi; sleep 1; echo bye; exit 5"}})
 	if err != nil {
@@ -544,6 +564,7 @@ func TestBackground(t *testing.T) {
 }
 
 func TestHealth(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	h, err := client.Health(ctxT(t, 10*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -554,6 +575,7 @@ func TestHealth(t *testing.T) {
 }
 
 func TestFiles(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, 30*time.Second)
 	base := filepath.Join(dir, "files-"+t.Name())
 	file := filepath.Join(base, "a", "b", "data.bin")
@@ -622,6 +644,7 @@ func codeOf(err error) string {
 // TestFileRefusals: the files API does only what the sandbox user could, and never
 // follows a symlink or climbs out with "..".
 func TestFileRefusals(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, 30*time.Second)
 	base := filepath.Join(dir, "refusals")
 	if err := client.Mkdir(ctx, base, false); err != nil {
@@ -695,6 +718,7 @@ func TestFileRefusals(t *testing.T) {
 }
 
 func TestTarRoundTrip(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, 30*time.Second)
 	var archive bytes.Buffer
 	tw := tar.NewWriter(&archive)
@@ -748,6 +772,7 @@ func TestTarRoundTrip(t *testing.T) {
 // TestEgressRelay: a connection to the agent's egress port reaches the host side
 // unexamined, both ways.
 func TestEgressRelay(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -782,6 +807,7 @@ print(s.recv(100).decode(), end="")
 // choice (oom_score_adj 1000, inherited by what it starts), and an empty stdin when the
 // client sends none.
 func TestCommandStreams(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	// The agent raises the score just after the command is exec'd (Go can run nothing in
 	// the child before exec), so the command's very first instructions may still see 0;
 	// what it starts a moment later inherits 1000.
@@ -798,6 +824,7 @@ func TestCommandStreams(t *testing.T) {
 // TestExecLeavesNoDescriptors runs commands every way their streams are made (stdin or
 // none, started or not) and checks that the agent holds no more descriptors after.
 func TestExecLeavesNoDescriptors(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	count := func() int {
 		ents, err := os.ReadDir("/proc/self/fd")
 		if err != nil {
@@ -830,6 +857,7 @@ func TestExecLeavesNoDescriptors(t *testing.T) {
 // anything else of it: with the result of a command that ends at once, with the first
 // output of one that prints, and soon after the start of one that runs silent.
 func TestStartedFrame(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	type event struct {
 		what string
 		at   time.Duration

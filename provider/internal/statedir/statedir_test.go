@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/roche-sandbox/roche"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestMakeRefusesWhatAnotherUserCouldSwap: the directories a provider keeps sockets in
@@ -15,10 +17,8 @@ import (
 // above them. Another user's is made by chowning (the test runs as root); nobody 65534
 // stands for the other user.
 func TestMakeRefusesWhatAnotherUserCouldSwap(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root to give a directory to another user (make test runs as root)")
-	}
-	base := t.TempDir() // 0700, root's, under the sticky /tmp
+	testenv.Needs(t, testenv.Root) // to give a directory to another user
+	base := t.TempDir()            // 0700, root's, under the sticky /tmp
 	ok := filepath.Join(base, "mine", "docker")
 	if err := Make(ok); err != nil {
 		t.Fatalf("a directory of our own: %v", err)
