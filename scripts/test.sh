@@ -165,6 +165,8 @@ log "gofmt, go vet, staticcheck, go mod tidy"
 make -s vet
 
 log "go test"
+# The full tier: every test runs, and one whose need is missing fails (testenv.Needs).
+export ROCHE_TEST_TIER=full
 # One package at a time: packages share the one Docker engine, and a test of
 # `roche gc --all` or of the daemon's reconciliation must not reap another package's
 # sandboxes mid-test.
