@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // TestKillTreeKillsGroupAndLeavers starts a shell that leads its own group, leaves one
@@ -64,48 +64,12 @@ wait`)
 	}
 	// The shell is gone, so the tree no longer grows: wait for what is left of it to end,
 	// each process's pidfd turning readable as it does.
-	if left := waitEnded(t, live(root, leaver), 10*time.Second); len(left) > 0 {
+	if left := testenv.AwaitExit(t, live(root, leaver), 10*time.Second); len(left) > 0 {
 		t.Fatalf("10 s after KillTree, processes of the tree still run: %v", left)
 	}
 	if left := live(root, leaver); len(left) > 0 {
 		t.Fatalf("after KillTree, processes of the tree still run: %v", left)
 	}
-}
-
-// waitEnded waits up to d for the processes pids to end, and returns those still running.
-func waitEnded(t *testing.T, pids []int, d time.Duration) []int {
-	t.Helper()
-	var fds []unix.PollFd
-	var running []int
-	for _, pid := range pids {
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err == unix.ESRCH {
-			continue // gone already
-		}
-		if err != nil {
-			t.Fatalf("pidfd_open %d: %v", pid, err)
-		}
-		defer unix.Close(fd)
-		fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
-		running = append(running, pid)
-	}
-	deadline := time.Now().Add(d)
-	for len(fds) > 0 {
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return running
-		}
-		if _, err := unix.Poll(fds, int(wait.Milliseconds())+1); err != nil && err != unix.EINTR {
-			t.Fatalf("poll: %v", err)
-		}
-		for i := len(fds) - 1; i >= 0; i-- {
-			if fds[i].Revents != 0 {
-				fds = append(fds[:i], fds[i+1:]...)
-				running = append(running[:i], running[i+1:]...)
-			}
-		}
-	}
-	return nil
 }
 
 // live lists the processes, other than zombies, in root's group or among root and

@@ -79,18 +79,13 @@ func creatorKilled(t *testing.T, mode string) (string, time.Time) {
 // (roche create's) lives on.
 func TestLeasedSandboxGoesWithItsCreator(t *testing.T) {
 	p := newProvider(t)
+	events := watch(t, p)
 	id, killed := creatorKilled(t, "leased")
 	t.Cleanup(func() { p.Destroy(context.Background(), id) })
-	for {
-		_, err := p.Inspect(context.Background(), id)
-		if errors.Is(err, roche.ErrNotFound) {
-			t.Logf("the leased sandbox was gone %v after its creator was killed", time.Since(killed).Round(100*time.Millisecond))
-			break
-		}
-		if time.Since(killed) > 10*time.Second {
-			t.Fatalf("the leased sandbox still exists %v after its creator was killed: %v", time.Since(killed), err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	waitEvent(t, events, id, time.Until(killed.Add(10*time.Second)), func(ev kit.SandboxEvent) bool { return ev.Kind == kit.EventRemoved })
+	t.Logf("the leased sandbox was gone %v after its creator was killed", time.Since(killed).Round(100*time.Millisecond))
+	if _, err := p.Inspect(context.Background(), id); !errors.Is(err, roche.ErrNotFound) {
+		t.Fatalf("the leased sandbox, removed, still inspects: %v", err)
 	}
 
 	kept, killed := creatorKilled(t, "unleased")

@@ -505,7 +505,7 @@ func TestBackgroundProcesses(t *testing.T) {
 	p := newProvider(t)
 	sb := create(t, p, baseConfig())
 	ctx := context.Background()
-	pid, err := p.Start(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo ready; trap 'echo got TERM; exit 7' TERM; while :; do sleep 0.1; done"}})
+	pid, err := p.Start(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,10 +513,24 @@ func TestBackgroundProcesses(t *testing.T) {
 		list, err := p.Processes(ctx, sb.ID)
 		return err == nil && len(list) == 1 && list[0].PID == pid && list[0].Running
 	})
-	time.Sleep(500 * time.Millisecond) // let the shell set its trap
+	// Attached while it runs: its "ready" says the trap is set.
+	var live testenv.SyncBuffer
+	attached := make(chan error, 1)
+	go func() {
+		res, err := p.Attach(ctx, sb.ID, pid, &live, io.Discard)
+		if err == nil && res.ExitCode != 7 {
+			err = fmt.Errorf("exit %d, want 7", res.ExitCode)
+		}
+		attached <- err
+	}()
+	live.Await(t, "ready\n", nil, 30*time.Second)
 	if err := p.Signal(ctx, sb.ID, pid, 15); err != nil {
 		t.Fatal(err)
 	}
+	if err := <-attached; err != nil || live.String() != "ready\ngot TERM\n" {
+		t.Fatalf("attached while it ran: %v, output %q", err, live.String())
+	}
+	// Attached after its end: the kept output and the result again.
 	var out strings.Builder
 	res, err := p.Attach(ctx, sb.ID, pid, &out, io.Discard)
 	if err != nil {

@@ -234,8 +234,13 @@ func TestCodeOutputLimit(t *testing.T) {
 func TestCodeKernelDiesBetweenCells(t *testing.T) {
 	testenv.Needs(t, testenv.Root)
 	id := newContext(t)
-	runCell(t, guest.Request{Context: id, Code: "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(1))).start()"})
-	time.Sleep(time.Second)
+	pid, err := strconv.Atoi(runCell(t, guest.Request{Context: id, Code: "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(1))).start()\nos.getpid()"}).text())
+	if err != nil {
+		t.Fatalf("the interpreter's pid: %v", err)
+	}
+	if left := testenv.AwaitExit(t, []int{pid}, 10*time.Second); len(left) > 0 {
+		t.Fatal("the interpreter did not exit between the cells")
+	}
 	next := runCell(t, guest.Request{Context: id, Code: "'threading' in globals()"})
 	if !next.end.Restarted || next.end.Error != nil || next.text() != "False" {
 		t.Fatalf("after the interpreter died between cells: %+v", next)

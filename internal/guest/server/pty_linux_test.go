@@ -17,14 +17,29 @@ import (
 
 // screen collects a terminal's output for tests that wait for text on it.
 type screen struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	written chan struct{} // closed and replaced by each write
 }
 
 func (s *screen) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.written != nil {
+		close(s.written)
+		s.written = nil
+	}
 	return s.buf.Write(p)
+}
+
+// changed is closed by the next write.
+func (s *screen) changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.written == nil {
+		s.written = make(chan struct{})
+	}
+	return s.written
 }
 
 func (s *screen) String() string {
@@ -36,16 +51,19 @@ func (s *screen) String() string {
 // waitFor waits until the screen shows want after the first skip bytes.
 func (s *screen) waitFor(t *testing.T, want string, skip int) int {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	timeout := time.After(20 * time.Second)
+	for {
+		changed := s.changed() // before looking: a write in between is not missed
 		out := s.String()
 		if i := strings.Index(out[min(skip, len(out)):], want); i >= 0 {
 			return skip + i + len(want)
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("%q never appeared on the terminal; it shows %q", want, s.String())
+		}
 	}
-	t.Fatalf("%q never appeared on the terminal; it shows %q", want, s.String())
-	return 0
 }
 
 // TestTerminal: the command's streams are a terminal of the size asked, it is its
@@ -93,8 +111,10 @@ func TestTerminalInteractive(t *testing.T) {
 	}
 	type_("echo h''i\n")
 	at := scr.waitFor(t, "hi\r\n", 0)
-	type_("sleep 100\n")
-	time.Sleep(300 * time.Millisecond)
+	// The foreground job says it runs, then becomes sleep (the quotes keep the typed
+	// line, which the terminal echoes, from matching).
+	type_("sh -c 'echo sleep\"\"ing; exec sleep 100'\n")
+	at = scr.waitFor(t, "sleeping\r\n", at)
 	start := time.Now()
 	type_("\x03")
 	type_("echo interrupted\n")
@@ -102,10 +122,20 @@ func TestTerminalInteractive(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("Ctrl-C took %v to interrupt sleep", d)
 	}
+	// Nothing says when the new size is set (dash runs a WINCH trap only at its next
+	// command): ask stty until it says so.
 	resize <- guest.Winsize{Cols: 120, Rows: 40}
-	time.Sleep(100 * time.Millisecond)
-	type_("stty size\n")
-	scr.waitFor(t, "40 120\r\n", at)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		type_("stty size; echo as''ked\n")
+		end := scr.waitFor(t, "asked\r\n", at)
+		if strings.Contains(scr.String()[at:end], "40 120\r\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal is not 40x120 20 s after the resize: %q", scr.String()[at:end])
+		}
+		at = end
+	}
 	type_("exit 3\n")
 	select {
 	case res := <-done:

@@ -160,14 +160,8 @@ func alive(pid int) bool {
 
 func waitGone(t *testing.T, pids []int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for _, pid := range pids {
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				t.Fatalf("process %d is still alive", pid)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+	if left := testenv.AwaitExit(t, pids, 5*time.Second); len(left) > 0 {
+		t.Fatalf("processes %v are still alive", left)
 	}
 }
 
@@ -419,16 +413,15 @@ func TestTimeoutKillsTree(t *testing.T) {
 // assertNoSleepers: no process of the sandbox user is left (every test's commands end).
 func assertNoSleepers(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left := userProcesses()
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes of the sandbox user survived: %v", left)
-		}
-		time.Sleep(50 * time.Millisecond)
+	// What is left may be on its way out: wait for it to end, then look again.
+	var pids []int
+	for _, p := range userProcesses() {
+		pid, _ := strconv.Atoi(strings.Fields(p)[0])
+		pids = append(pids, pid)
+	}
+	testenv.AwaitExit(t, pids, 5*time.Second)
+	if left := userProcesses(); len(left) > 0 {
+		t.Fatalf("processes of the sandbox user survived: %v", left)
 	}
 }
 

@@ -46,3 +46,41 @@ func AwaitFile(t testing.TB, path, what string, d time.Duration, cond func(os.Fi
 		}
 	}
 }
+
+// AwaitExit waits up to d for the processes pids to end (a zombie waiting for its parent
+// has ended), woken by their pidfds, and returns those still running then. They need
+// not be the test's children.
+func AwaitExit(t testing.TB, pids []int, d time.Duration) []int {
+	t.Helper()
+	var fds []unix.PollFd
+	var running []int
+	for _, pid := range pids {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if errors.Is(err, unix.ESRCH) {
+			continue // gone already
+		}
+		if err != nil {
+			t.Fatalf("pidfd_open %d: %v", pid, err)
+		}
+		defer unix.Close(fd)
+		fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+		running = append(running, pid)
+	}
+	deadline := time.Now().Add(d)
+	for len(fds) > 0 {
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return running
+		}
+		if _, err := unix.Poll(fds, int(wait.Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+			t.Fatalf("poll: %v", err)
+		}
+		for i := len(fds) - 1; i >= 0; i-- {
+			if fds[i].Revents != 0 {
+				fds = append(fds[:i], fds[i+1:]...)
+				running = append(running[:i], running[i+1:]...)
+			}
+		}
+	}
+	return nil
+}
