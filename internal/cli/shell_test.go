@@ -133,13 +133,23 @@ func shellScenario(t *testing.T, id string, env []string, flags ...string) {
 	tm.keys("stty size", "Enter")
 	tm.waitExact("30 100", 30*time.Second)
 	tm.tmux("resize-window", "-x", "120", "-y", "40")
-	time.Sleep(300 * time.Millisecond)
-	tm.keys("clear; stty size", "Enter")
-	tm.waitExact("40 120", 30*time.Second)
+	// Nothing says when the new size has reached the sandbox's terminal: ask stty until
+	// it says so, each answer numbered so that none is read twice.
+	for i, deadline := 0, time.Now().Add(30*time.Second); ; i++ {
+		tm.keys(fmt.Sprintf("clear; echo S%d=$(stty size)", i), "Enter")
+		prefix := fmt.Sprintf("S%d=", i)
+		if tm.waitLine("stty's answer", 30*time.Second, func(l string) bool { return strings.HasPrefix(l, prefix) }) == prefix+"40 120" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox's terminal is not 40x120 30 s after the window's resize")
+		}
+	}
 
-	// Ctrl-C reaches sleep, the terminal's foreground job, and the shell lives on.
-	tm.keys("clear; sleep 100", "Enter")
-	time.Sleep(500 * time.Millisecond)
+	// Ctrl-C reaches sleep, the terminal's foreground job, and the shell lives on. The
+	// job says it runs, then becomes sleep (the quotes keep the typed line from matching).
+	tm.keys(`clear; sh -c 'echo sleep""ing; exec sleep 100'`, "Enter")
+	tm.waitExact("sleeping", 30*time.Second)
 	start := time.Now()
 	tm.keys("C-c")
 	tm.keys(`echo after-int''errupt`, "Enter")
@@ -160,20 +170,14 @@ func shellScenario(t *testing.T, id string, env []string, flags ...string) {
 
 	tm.keys("exit 3", "Enter")
 	tm.waitExact("EXIT=3", 30*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		before, err1 := os.ReadFile(filepath.Join(dir, "before"))
-		after, err2 := os.ReadFile(filepath.Join(dir, "after"))
-		if err1 == nil && err2 == nil && len(after) > 0 {
-			if !bytes.Equal(before, after) {
-				t.Errorf("the terminal was not restored: stty -g %q before, %q after", before, after)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no terminal settings recorded: %v %v", err1, err2)
-		}
-		time.Sleep(50 * time.Millisecond)
+	testenv.AwaitFile(t, filepath.Join(dir, "after"), "the terminal's settings after roche shell", 30*time.Second, func(fi os.FileInfo) bool { return fi.Size() > 0 })
+	before, err1 := os.ReadFile(filepath.Join(dir, "before"))
+	after, err2 := os.ReadFile(filepath.Join(dir, "after"))
+	if err1 != nil || err2 != nil {
+		t.Fatalf("the terminal's settings: %v %v", err1, err2)
+	}
+	if !bytes.Equal(before, after) {
+		t.Errorf("the terminal was not restored: stty -g %q before, %q after", before, after)
 	}
 }
 
@@ -262,19 +266,12 @@ func pipedScenario(t *testing.T, id string, env []string, flags ...string) {
 done; echo done >> %[4]s/runs; sleep 600`, runs, roche, id, dir)
 	newTmux(t, append(append(os.Environ(), "ROCHE_TEST_AS_CLI=1"), env...), 100, 30, script)
 
-	deadline := time.Now().Add(runs * 70 * time.Second)
 	var lines []string
-	for {
+	testenv.AwaitFile(t, filepath.Join(dir, "runs"), "the runs' last line, done", runs*70*time.Second, func(os.FileInfo) bool {
 		b, _ := os.ReadFile(filepath.Join(dir, "runs"))
 		lines = strings.Split(strings.TrimSpace(string(b)), "\n")
-		if lines[len(lines)-1] == "done" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the runs did not finish by their deadlines: %q", lines)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return lines[len(lines)-1] == "done"
+	})
 	var slowest string
 	var most int
 	for _, l := range lines[:len(lines)-1] {

@@ -11,8 +11,9 @@ import (
 )
 
 // AwaitFile waits up to d for path to exist with cond holding of it, woken by inotify
-// as the entries of path's directory change (made, removed, renamed, chmodded): the
-// signal that a process has, say, made its socket. It fails the test after d.
+// as the entries of path's directory change (made, written, removed, renamed,
+// chmodded): the signal that a process has, say, made its socket. It fails the test
+// after d.
 func AwaitFile(t testing.TB, path, what string, d time.Duration, cond func(os.FileInfo) bool) {
 	t.Helper()
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
@@ -21,7 +22,7 @@ func AwaitFile(t testing.TB, path, what string, d time.Duration, cond func(os.Fi
 	}
 	defer unix.Close(fd)
 	// Watching before the first look: a change between the two is not missed.
-	const changes = unix.IN_CREATE | unix.IN_ATTRIB | unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.IN_DELETE | unix.IN_CLOSE_WRITE
+	const changes = unix.IN_CREATE | unix.IN_ATTRIB | unix.IN_MODIFY | unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.IN_DELETE | unix.IN_CLOSE_WRITE
 	if _, err := unix.InotifyAddWatch(fd, filepath.Dir(path), changes); err != nil {
 		t.Fatalf("watching %s: %v", filepath.Dir(path), err)
 	}
