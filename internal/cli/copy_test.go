@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	rocheclient "github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
@@ -80,8 +78,8 @@ func buildBinaries(t *testing.T) (roche, roched string) {
 func startRoched(t *testing.T, roched string) string {
 	t.Helper()
 	socket := filepath.Join(socketDir(t), "roched.sock")
-	cmd := exec.Command(roched, "--socket", socket, "--log-level", "warn")
-	var log bytes.Buffer
+	cmd := exec.Command(roched, "--socket", socket, "--log-level", "info")
+	var log testenv.SyncBuffer // written by the command's copying goroutines
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -98,29 +96,10 @@ func startRoched(t *testing.T, roched string) string {
 			t.Errorf("roched did not stop on SIGTERM:\n%s", log.String())
 		}
 	})
-	c, err := rocheclient.New(rocheclient.WithSocket(socket))
-	if err != nil {
-		t.Fatal(err)
+	if !log.Await(t, "roched listening", exited, 60*time.Second) {
+		t.Fatalf("roched exited: %s", log.String())
 	}
-	defer c.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := c.Providers(ctx)
-		cancel()
-		if err == nil {
-			return socket
-		}
-		select {
-		case <-exited:
-			t.Fatalf("roched exited: %s", log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("roched does not answer: %v\n%s", err, log.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return socket
 }
 
 // modes are the two ways the CLI copies: in-process, and through roched.

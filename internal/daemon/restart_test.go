@@ -39,22 +39,27 @@ func startRoched(t *testing.T, socket string, args ...string) *roched {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := client.New(client.WithSocket(socket))
-	defer c.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		h, err := c.Health(ctx)
-		cancel()
-		if err == nil && h.PID == cmd.Process.Pid {
-			return r
-		}
-		if time.Now().After(deadline) {
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil { // not waited for by the test
 			cmd.Process.Kill()
 			cmd.Wait()
-			t.Fatalf("roched did not answer within 30 s: %v\n%s", err, r.log)
 		}
-		time.Sleep(50 * time.Millisecond)
+	})
+	r.listening(t, socket)
+	return r
+}
+
+// listening waits for roched's "roched listening" line, and checks that the roched
+// answering on socket is this one.
+func (r *roched) listening(t *testing.T, socket string) {
+	t.Helper()
+	r.log.Await(t, "roched listening", nil, 30*time.Second)
+	c, _ := client.New(client.WithSocket(socket))
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if h, err := c.Health(ctx); err != nil || h.PID != r.cmd.Process.Pid {
+		t.Fatalf("roched said it listens, and its socket answers %+v, %v (want pid %d)\n%s", h, err, r.cmd.Process.Pid, r.log)
 	}
 }
 

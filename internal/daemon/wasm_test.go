@@ -38,14 +38,7 @@ func startRochedEnv(t *testing.T, socket string, env []string, args ...string) *
 			cmd.Wait()
 		}
 	})
-	c, _ := client.New(client.WithSocket(socket))
-	defer c.Close()
-	eventually(t, 30*time.Second, "roched to answer", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		h, err := c.Health(ctx)
-		return err == nil && h.PID == cmd.Process.Pid
-	})
+	r.listening(t, socket)
 	return r
 }
 
