@@ -80,17 +80,14 @@ func startRochedEnv(t *testing.T, dir string, env []string, args ...string) *roc
 			t.Logf("roched log:\n%s", r.log.String())
 		}
 	})
-	eventually(t, 30*time.Second, "roched to answer", func() bool {
-		select {
-		case <-r.done:
-			t.Fatalf("roched exited: %s", r.log.String())
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		h, err := c.Health(ctx)
-		return err == nil && h.PID == cmd.Process.Pid
-	})
+	if !r.log.Await(t, "roched listening", r.done, 30*time.Second) {
+		t.Fatalf("roched exited: %s", r.log.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if h, err := c.Health(ctx); err != nil || h.PID != cmd.Process.Pid {
+		t.Fatalf("roched said it listens, and its socket answers %+v, %v (want pid %d)", h, err, cmd.Process.Pid)
+	}
 	return r
 }
 
