@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

@@ -17,7 +17,6 @@ import (
 
 	rocheclient "github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/localca"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

@@ -11,9 +11,8 @@ import (
 	"testing"
 
 	"github.com/roche-sandbox/roche/internal/buildinfo"
-	"github.com/roche-sandbox/roche/internal/wire"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // TestHealthzSaysWhatCannotWork: a roched asked to serve wasm on a host without

@@ -19,9 +19,8 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/client"
-	"github.com/roche-sandbox/roche/pool"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/pool"
 )
 
 // jsonString quotes s for a JSON body.

@@ -20,7 +20,6 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

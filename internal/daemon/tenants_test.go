@@ -24,10 +24,9 @@ import (
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/wasm"
-
-	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 func randomToken() string {

@@ -23,7 +23,6 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/localca"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

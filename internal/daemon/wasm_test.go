@@ -14,10 +14,9 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/wasm"
-
-	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // startRochedEnv runs the test binary as roched, as startRoched does, with extra

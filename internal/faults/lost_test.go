@@ -20,9 +20,8 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/defaults"
-	"github.com/roche-sandbox/roche/provider/oci"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/oci"
 )
 
 // TestGuardHoldsWithoutTheStateFile does what the fault matrix did: roched, whose state

@@ -15,11 +15,10 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/ledger"
+	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/wasm"
-
-	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

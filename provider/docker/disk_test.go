@@ -15,9 +15,8 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/docker"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // fillProbe writes up to 200 MiB, 1 MiB at a time, into the file it is given and

@@ -14,9 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/roche-sandbox/roche/provider/docker"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // deniedProbe tries, as the sandbox user, system calls that the engine's default

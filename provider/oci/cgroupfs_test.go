@@ -6,9 +6,8 @@ import (
 	"testing"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/oci"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/oci"
 )
 
 // TestCgroupfsReadOnly: inside a sandbox, on either runtime, /sys/fs/cgroup (the tmpfs

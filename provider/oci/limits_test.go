@@ -10,9 +10,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/oci"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/oci"
 )
 
 // holdFiles forks until the process limit refuses, then every process opens files until

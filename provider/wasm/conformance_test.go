@@ -4,9 +4,8 @@ import (
 	"testing"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/providertest"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
 // TestConformance runs the suite every provider runs, against the real python.wasm.

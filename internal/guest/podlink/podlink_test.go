@@ -13,7 +13,6 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/roche-sandbox/roche/internal/guest/vmlink"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

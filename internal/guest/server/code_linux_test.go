@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche/internal/guest"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

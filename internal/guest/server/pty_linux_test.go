@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche/internal/guest"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

@@ -20,7 +20,6 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/server"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/roche-sandbox/roche"
-
 	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
