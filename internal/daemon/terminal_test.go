@@ -1,45 +1,24 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // lockedBuffer is a screen written by the output stream and read by the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+type lockedBuffer = testenv.SyncBuffer
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
+// waitScreen waits for want on the screen, woken by each write to it.
 func waitScreen(t *testing.T, scr *lockedBuffer, want string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(scr.String(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%q never appeared on the terminal: %q", want, scr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	scr.Await(t, want, nil, 30*time.Second)
 }
 
 // countSleepers counts the processes in the sandbox running sleep 4242.
