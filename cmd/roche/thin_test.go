@@ -77,7 +77,9 @@ func TestThin(t *testing.T) {
 func TestWithoutRoched(t *testing.T) {
 	dir := t.TempDir()
 	roche := filepath.Join(dir, "roche")
-	build := exec.Command("go", "build", "-o", roche, ".")
+	// As make build builds it, sharing the compiled packages of the agent's and the CLI's
+	// builds in other tests (a build of its own made the fast tier compile them again).
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", roche, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building roche: %v\n%s", err, b)
