@@ -50,6 +50,7 @@ func listJSON(t *testing.T, args ...string) map[string]roche.SandboxInfo {
 // restarted roched serves it again, roche destroy removes it, and after that every call
 // says it is gone in words that hold.
 func TestOneView(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	dir := socketDir(t)
 	socket := filepath.Join(dir, "roched.sock")
 	logFile := filepath.Join(dir, "roched.log")
@@ -173,6 +174,7 @@ func TestOneView(t *testing.T) {
 // a TCP tenant with the token is told the same. Root, on the same socket, sees and
 // reaches it (the positive control), and it survives the attempts.
 func TestOneViewIsTheUsersAlone(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	img := testImage()
 	owner := os.Getenv("ROCHE_OWNER")
 	r := run(t, "--direct", "create", "--image", img)
@@ -271,6 +273,7 @@ func TestOneViewIsTheUsersAlone(t *testing.T) {
 // sandbox of its own that nobody holds (FirstHold, 10 s): commands keep running in it.
 // When its holder lets go, the holder destroys it, and roched stops serving it.
 func TestOneViewKeepsTheLease(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	owner := os.Getenv("ROCHE_OWNER")
 	socket := filepath.Join(socketDir(t), "roched.sock")
 	holder := exec.Command(os.Args[0], "--socket", socket, "create", "--hold", "--image", testImage())
@@ -342,6 +345,7 @@ func TestOneViewKeepsTheLease(t *testing.T) {
 // the user's, runs roche exec, takes roche cp both ways, and goes with roche destroy;
 // roched serves that provider alone on a private socket, in this process.
 func TestOneViewEveryProvider(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.QEMU, testenv.PythonWasm, testenv.Cluster)
 	owner := os.Getenv("ROCHE_OWNER")
 	cases := []struct {
 		provider string
@@ -457,6 +461,7 @@ func TestOneViewEveryProvider(t *testing.T) {
 // runs as another user) is "not found" through roched, and roche says why and what
 // reaches it (--direct), which does; a sandbox of someone else's gets no such note.
 func TestOneViewSaysWhy(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
 	socket := filepath.Join(socketDir(t), "roched.sock")
 	mine := os.Getenv("ROCHE_OWNER") + "-why"
 	t.Setenv("ROCHE_OWNER", mine)
