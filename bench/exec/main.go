@@ -6,6 +6,7 @@
 //     the floor: this process forking and executing /bin/true on the host and waiting;
 //   - exec of python3 -c 'print(1)' in the sandbox, against the same on the host;
 //   - a 100 MiB file copied in and out, in MiB/s;
+//   - a tree of 2,000 small files copied in and out, in files/s;
 //   - the agent's resident memory in an idle sandbox.
 //
 // Run it with `make bench` (or go run ./bench/exec); it needs a Docker engine and the
@@ -125,6 +126,9 @@ func run() error {
 	if err := copyBench(ctx, p, sb.ID, dir); err != nil {
 		return err
 	}
+	if err := treeBench(ctx, p, sb.ID, dir); err != nil {
+		return err
+	}
 	fmt.Printf("\nagent RSS in an idle sandbox: %.1f MiB (target <= 10 MiB)\n", float64(rss)/(1<<20))
 	return nil
 }
@@ -193,6 +197,46 @@ func copyBench(ctx context.Context, p *docker.Provider, id, dir string) error {
 	fmt.Printf("  cp out (tar, sandbox -> host file)  %7.0f MiB/s\n", rate(out))
 	fmt.Printf("  WriteFile (files API)               %7.0f MiB/s\n", rate(wr))
 	fmt.Printf("  ReadFile  (files API)               %7.0f MiB/s\n", rate(rd))
+	return nil
+}
+
+// treeBench copies a tree of many small files in and out: what a copy costs per entry
+// (names checked, directories walked, files created) rather than per byte.
+func treeBench(ctx context.Context, p *docker.Provider, id, dir string) error {
+	const dirs, perDir, size = 20, 100, 4096
+	src := filepath.Join(dir, "tree")
+	data := make([]byte, size)
+	for d := range dirs {
+		sub := filepath.Join(src, "d"+strconv.Itoa(d))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			return err
+		}
+		for f := range perDir {
+			data[0] = byte(f) // not all zeros: kept as data, not holes
+			if err := os.WriteFile(filepath.Join(sub, "f"+strconv.Itoa(f)), data, 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	var in, out []time.Duration
+	for i := range 5 {
+		name := "/var/tmp/tree" + strconv.Itoa(i)
+		d, err := timed(func() error { return p.CopyTo(ctx, id, src, name) })
+		if err != nil {
+			return err
+		}
+		in = append(in, d)
+		d, err = timed(func() error { return p.CopyFrom(ctx, id, name, filepath.Join(dir, "out-tree"+strconv.Itoa(i))) })
+		if err != nil {
+			return err
+		}
+		out = append(out, d)
+	}
+	const files = dirs * perDir
+	rate := func(ds []time.Duration) float64 { return files / samples.Median(ds).Seconds() }
+	fmt.Printf("a tree of %d files of %d KiB in %d directories (median of 5)\n", files, size>>10, dirs)
+	fmt.Printf("  cp in  (tar, host tree -> sandbox)  %7.0f files/s\n", rate(in))
+	fmt.Printf("  cp out (tar, sandbox -> host tree)  %7.0f files/s\n", rate(out))
 	return nil
 }
 
