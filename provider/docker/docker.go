@@ -21,8 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/roche-sandbox/roche/internal/guest/guestbin"
-
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
@@ -34,8 +32,10 @@ import (
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/internal/seccomp"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -751,8 +751,8 @@ func (p *Provider) containerConfig(cfg kit.Spec, who runAs, expires time.Time, a
 		Init:    &initOn,
 		CapDrop: []string{"ALL"},
 		// no-new-privileges, and Roche's seccomp profile rather than the engine's default,
-		// which on engines before 25.0 still allows io_uring (see seccomp.go).
-		SecurityOpt: []string{"no-new-privileges:true", seccompOpt},
+		// which on engines before 25.0 still allows io_uring (provider/internal/seccomp).
+		SecurityOpt: []string{"no-new-privileges:true", seccomp.DockerOpt()},
 		LogConfig:   container.LogConfig{Type: "none"},
 		Resources: container.Resources{
 			Memory:     mem,

@@ -54,7 +54,7 @@ print(' '.join(out))`
 func TestSeccompProfileApplied(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
 	hostAllows(t)
-	want, err := os.ReadFile("seccomp.json")
+	want, err := os.ReadFile("../internal/seccomp/seccomp.json")
 	if err != nil {
 		t.Fatal(err)
 	}

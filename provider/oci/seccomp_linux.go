@@ -1,21 +1,19 @@
 package oci
 
 import (
-	"fmt"
 	"runtime"
 	"sync"
 
-	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/internal/seccomp"
 )
 
 // nativeArch is the seccomp architecture of this host's own system calls.
 var nativeArch = map[string]specs.Arch{"amd64": specs.ArchX86_64, "arm64": specs.ArchAARCH64}
 
-// seccompFilter is Roche's seccomp profile (the one home is provider/docker's
-// seccomp.json) resolved to an OCI filter for the agent's capabilities, once.
+// seccompFilter is Roche's seccomp profile (provider/internal/seccomp) resolved to an
+// OCI filter for the agent's capabilities, once.
 //
 // The filter covers the host's native architecture only, where Docker's also admits the
 // 32-bit ones (x86 and x32 on amd64, arm on arm64): a system call through a 32-bit entry
@@ -24,10 +22,9 @@ var nativeArch = map[string]specs.Arch{"amd64": specs.ArchX86_64, "arm64": specs
 // (none in Roche's images), and halves runc's start: building the filter for three
 // architectures took it ~70 ms of a ~150 ms start here.
 var seccompFilter = sync.OnceValues(func() (*specs.LinuxSeccomp, error) {
-	s := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: agentCaps}}}
-	f, err := seccomp.LoadProfile(string(docker.SeccompProfile()), s)
+	f, err := seccomp.Filter(agentCaps)
 	if err != nil {
-		return nil, fmt.Errorf("resolving Roche's seccomp profile: %w", err)
+		return nil, err
 	}
 	if arch, ok := nativeArch[runtime.GOARCH]; ok {
 		f.Architectures = []specs.Arch{arch}

@@ -391,11 +391,11 @@ test_image() {
 # ---------- Roche's seccomp profile ----------
 
 # The profile is written by roche built from this checkout (roche kubernetes
-# seccomp-profile, as docs/providers/kubernetes.md tells operators), again when what it is made from changed
-# since the last install (the Docker provider's profile, or how it is resolved).
+# seccomp-profile, as docs/providers/kubernetes.md tells operators), again when what it is
+# made from changed since the last install (the profile, or how it is resolved).
 seccomp_profile() {
   local dir=$STATE/kubelet/seccomp mark
-  mark=$(cat "$repo/provider/docker/seccomp.json" "$repo/provider/kubernetes/seccomp_linux.go" | sha256sum | cut -c1-32)
+  mark=$(cat "$repo/provider/internal/seccomp/seccomp.json" "$repo/provider/internal/seccomp/filter_linux.go" "$repo/provider/kubernetes/seccomp_linux.go" | sha256sum | cut -c1-32)
   if [ -f "$dir/roche.json" ] && [ "$(cat "$STATE/seccomp.mark" 2>/dev/null)" = "$mark" ]; then return 0; fi
   log "installing Roche's seccomp profile on the node"
   # The thin roche hands the command to roched beside it, the full binary.

@@ -15,7 +15,7 @@ import (
 // failing even if a kernel bug hands a capability back. Also closed: io_uring (a large
 // attack surface Docker blocks too), user namespaces (unshare, setns), keyrings, BPF,
 // perf events, userfaultfd, ptrace and cross-process memory access, and modify_ldt, as
-// Roche's Docker profile does (provider/docker/internal/seccompgen).
+// Roche's profile does (provider/internal/seccomp).
 var vmDeniedSyscalls = []uint32{
 	unix.SYS_ACCT, unix.SYS_ADD_KEY, unix.SYS_BPF, unix.SYS_CLOCK_ADJTIME, unix.SYS_CLOCK_SETTIME,
 	unix.SYS_CREATE_MODULE, unix.SYS_DELETE_MODULE, unix.SYS_FINIT_MODULE, unix.SYS_GET_KERNEL_SYMS,

@@ -1,15 +1,15 @@
 //go:build linux
 
-// Command seccompgen writes Roche's seccomp profile for Docker sandboxes
-// (provider/docker/seccomp.json): the default profile of today's Docker engines, from
+// Command seccompgen writes Roche's seccomp profile (provider/internal/seccomp's
+// seccomp.json): the default profile of today's Docker engines, from
 // github.com/moby/profiles/seccomp, without the system calls in denied below.
 //
 // The profile is generated once and checked in, rather than built when a sandbox is
 // made, so that what Roche applies is reviewable in the repository and changes only in
 // a commit that says so: the test beside this file fails when the module's default
-// profile moves, until the file is regenerated (go generate ./provider/docker). It also
-// keeps the Docker provider free of a package that builds only on Linux, since the
-// client may drive a remote engine from anywhere.
+// profile moves, until the file is regenerated (go generate ./provider/internal/seccomp).
+// It also keeps the profile's Docker form free of a package that builds only on Linux,
+// since the Docker client may drive a remote engine from anywhere.
 //
 // The JSON is in the format Docker has read since 20.10 (archMap, names, errnoRet,
 // includes/excludes by caps, arches and minKernel). The one newer field it carries,

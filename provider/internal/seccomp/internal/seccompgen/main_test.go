@@ -9,10 +9,10 @@ import (
 	"testing"
 )
 
-// TestCheckedInProfileIsCurrent: the profile the Docker provider embeds is what this
-// generator makes from the module's default profile today. When it fails, Docker's
+// TestCheckedInProfileIsCurrent: the profile provider/internal/seccomp embeds is what
+// this generator makes from the module's default profile today. When it fails, Docker's
 // default moved (a dependency update): review the change and run go generate
-// ./provider/docker.
+// ./provider/internal/seccomp.
 func TestCheckedInProfileIsCurrent(t *testing.T) {
 	want, err := Profile()
 	if err != nil {
@@ -23,7 +23,7 @@ func TestCheckedInProfileIsCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Fatal("provider/docker/seccomp.json differs from the generated profile: run go generate ./provider/docker and review the difference")
+		t.Fatal("provider/internal/seccomp/seccomp.json differs from the generated profile: run go generate ./provider/internal/seccomp and review the difference")
 	}
 }
 
