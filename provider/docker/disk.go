@@ -9,13 +9,15 @@ import (
 	"strings"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
 )
 
 // Disk limits. A writable root holds at most Config.Disk: Roche puts a sized filesystem
-// (disk_linux.go) under the container's overlay2 layer directory after the engine creates
-// the container and before it starts it, so that every change the sandbox makes to its
-// root lands there and a write past the size fails with ENOSPC. The engine removes it
-// with the container. A workspace is a sized filesystem of its own (workspace.go).
+// (provider/internal/sizedfs) under the container's overlay2 layer directory
+// (disk_linux.go) after the engine creates the container and before it starts it, so
+// that every change the sandbox makes to its root lands there and a write past the size
+// fails with ENOSPC. The engine removes it with the container. A workspace is a sized
+// filesystem of its own (workspace.go).
 //
 // Both need this process to mount filesystems where the engine sees them: root, on the
 // engine's host. Where that does not hold, a writable root with a limit is refused with
@@ -27,7 +29,7 @@ const layerImage = "roche-disk.img"
 // canSizeDisks reports why this provider cannot make sized filesystems for its engine, or
 // nil.
 func (p *Provider) canSizeDisks() error {
-	if err := canMount(); err != nil {
+	if err := sizedfs.CanMount(); err != nil {
 		return err
 	}
 	if host := p.cli.DaemonHost(); !strings.HasPrefix(host, "unix://") {

@@ -6,110 +6,14 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
 )
-
-// Sized filesystems: an ext4 filesystem in a sparse image file, loop-mounted. Writing
-// past its size fails with ENOSPC inside the sandbox, and the host's disk holds no more
-// than the size (the image is sparse, so it holds what was written). This needs only
-// loop devices and ext4, which every Linux host has; the engine-side alternatives need
-// project quotas (overlay2's size option: XFS mounted with pquota; or ext4 quota), and
-// the kernel here has neither (CONFIG_XFS_QUOTA and CONFIG_QFMT_V2 are off).
-
-// fsKind says how a sized filesystem is made.
-type fsKind int
-
-const (
-	// layerFS holds a writable root's changes, which die with the sandbox: no journal.
-	layerFS fsKind = iota
-	// workspaceFS holds files that outlive sandboxes: journalled, so that a crash of
-	// the host leaves it consistent.
-	workspaceFS
-)
-
-// makeExt4 makes img, a sparse file of size bytes holding an empty ext4 filesystem. It
-// fails if img exists.
-func makeExt4(img string, size int64, kind fsKind) error {
-	mkfs, err := findTool("mkfs.ext4", "e2fsprogs")
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("making the disk image %s: %w", img, err)
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(img)
-		return fmt.Errorf("sizing the disk image %s: %w", img, err)
-	}
-	// -m 0: no blocks reserved for root, the sandbox gets the whole size. Lazy
-	// initialisation keeps the image sparse (mkfs writes a few MiB at most); 4 KiB
-	// blocks and an inode per 16 KiB keep the filesystem's own share small at any size.
-	args := []string{"-q", "-F", "-m", "0", "-b", "4096", "-i", "16384",
-		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"}
-	if kind == layerFS {
-		args = append(args, "-O", "^has_journal")
-	}
-	out, err := exec.Command(mkfs, append(args, img)...).CombinedOutput()
-	if err != nil {
-		os.Remove(img)
-		return fmt.Errorf("%w: mkfs.ext4 %s: %v: %s", roche.ErrUnavailable, img, err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
-// mountImage loop-mounts the ext4 filesystem in img at dir. The loop device is released
-// when the filesystem is unmounted (mount's autoclear), by Roche or by the engine.
-func mountImage(img, dir string) error {
-	mnt, err := findTool("mount", "mount")
-	if err != nil {
-		return err
-	}
-	// nosuid, nodev: nothing in a sandbox's files acts as a device or gains privileges
-	// on the host side.
-	out, err := exec.Command(mnt, "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", img, dir).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%w: mounting %s at %s: %v: %s", roche.ErrUnavailable, img, dir, err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
-// unmount unmounts dir. busy reports a filesystem still in use (a sandbox has it).
-func unmount(dir string) (busy bool, err error) {
-	err = unix.Unmount(dir, 0)
-	if errors.Is(err, unix.EBUSY) {
-		return true, fmt.Errorf("unmounting %s: %w", dir, err)
-	}
-	if err != nil && !errors.Is(err, unix.EINVAL) { // EINVAL: not mounted
-		return false, fmt.Errorf("unmounting %s: %w", dir, err)
-	}
-	return false, nil
-}
-
-// findTool finds a program in PATH or the sbin directories, which a daemon's PATH may lack.
-func findTool(name, pkg string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
-		p := filepath.Join(dir, name)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%w: %s is not installed, and sized disks need it: apt-get install %s", roche.ErrUnavailable, name, pkg)
-}
 
 // sizeLayerDir puts a filesystem of size bytes under an overlay2 layer directory of a
 // container that has not started yet, so that its upper and work directories, and so
@@ -132,15 +36,15 @@ func sizeLayerDir(layer string, size int64) error {
 		return err
 	}
 	img := filepath.Join(layer, layerImage)
-	if err := makeExt4(img, size, layerFS); err != nil {
+	if err := sizedfs.Make(img, size, sizedfs.Layer); err != nil {
 		return err
 	}
-	if err := mountImage(img, layer); err != nil {
+	if err := sizedfs.Mount(img, layer); err != nil {
 		os.Remove(img)
 		return err
 	}
 	undo := func(err error) error {
-		if _, uerr := unmount(layer); uerr == nil {
+		if _, uerr := sizedfs.Unmount(layer); uerr == nil {
 			os.Remove(img)
 		}
 		return err
@@ -243,14 +147,6 @@ func sameFilesystem(a, b string) (bool, error) {
 		return false, err
 	}
 	return sa.Blocks == sb.Blocks && sa.Bsize == sb.Bsize && sa.Files == sb.Files, nil
-}
-
-// canMount reports why this process cannot mount filesystems, or nil.
-func canMount() error {
-	if os.Geteuid() != 0 {
-		return errors.New("mounting a filesystem needs root")
-	}
-	return nil
 }
 
 // lockFile takes an exclusive lock on file, made if missing, and returns its release. A

@@ -9,22 +9,11 @@ import (
 // Sized filesystems need Linux (loop devices, mount); elsewhere writable roots with a
 // disk limit and workspaces are refused.
 
-type fsKind int
-
-const (
-	layerFS fsKind = iota
-	workspaceFS
-)
-
 var errNoSizedFS = errors.New("sized disks need a Linux host")
 
-func makeExt4(string, int64, fsKind) error        { return errNoSizedFS }
-func mountImage(string, string) error             { return errNoSizedFS }
-func unmount(string) (bool, error)                { return false, nil }
 func isMountPoint(string) (bool, error)           { return false, nil }
 func sizeLayerDir(string, int64) error            { return errNoSizedFS }
 func sameFilesystem(string, string) (bool, error) { return false, errNoSizedFS }
-func canMount() error                             { return errNoSizedFS }
 func lockFile(string) (func(), error)             { return nil, errNoSizedFS }
 
 func goferPid(int, string) (int, error) { return 0, errors.ErrUnsupported }

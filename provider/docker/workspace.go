@@ -20,6 +20,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/size"
+	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -142,7 +143,7 @@ func (p *Provider) openWorkspace(ctx context.Context, name string, want int64) (
 		return rec, made, fmt.Errorf("%w: workspace %s: %v", roche.ErrUnavailable, name, err)
 	}
 	if !mounted {
-		if err := mountImage(p.workspacePath(name, ".img"), dir); err != nil {
+		if err := sizedfs.Mount(p.workspacePath(name, ".img"), dir); err != nil {
 			return rec, made, fmt.Errorf("workspace %s: %w", name, err)
 		}
 	}
@@ -159,7 +160,7 @@ func (p *Provider) makeWorkspace(name string, size int64) (workspaceRecord, erro
 	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return workspaceRecord{}, fmt.Errorf("%w: workspace %s: removing a half-made image: %v", roche.ErrUnavailable, name, err)
 	}
-	if err := makeExt4(img, size, workspaceFS); err != nil {
+	if err := sizedfs.Make(img, size, sizedfs.Workspace); err != nil {
 		return workspaceRecord{}, fmt.Errorf("making workspace %s: %w", name, err)
 	}
 	// mkfs leaves a lost+found that sandboxes would see in /workspace; it is not needed
@@ -168,14 +169,14 @@ func (p *Provider) makeWorkspace(name string, size int64) (workspaceRecord, erro
 	err := os.Mkdir(dir, 0o700)
 	if errors.Is(err, fs.ErrExist) {
 		// Left mounted by a crash: the new filesystem goes there instead.
-		_, err = unmount(dir)
+		_, err = sizedfs.Unmount(dir)
 	}
 	if err == nil {
-		err = mountImage(img, dir)
+		err = sizedfs.Mount(img, dir)
 	}
 	if err == nil {
 		err = os.Remove(filepath.Join(dir, "lost+found"))
-		if _, uerr := unmount(dir); err == nil {
+		if _, uerr := sizedfs.Unmount(dir); err == nil {
 			err = uerr
 		}
 	}
@@ -335,7 +336,7 @@ func (p *Provider) RemoveWorkspace(ctx context.Context, name string) (err error)
 // The caller holds its lock and has made sure no sandbox uses it.
 func (p *Provider) deleteWorkspace(name string) error {
 	dir := p.workspaceDir(name)
-	if busy, err := unmount(dir); busy {
+	if busy, err := sizedfs.Unmount(dir); busy {
 		return fmt.Errorf("%w: workspace %s is still mounted by a sandbox being removed: try again in a moment", roche.ErrInUse, name)
 	} else if err != nil {
 		return fmt.Errorf("%w: removing workspace %s: %v", roche.ErrUnavailable, name, err)

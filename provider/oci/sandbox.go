@@ -16,6 +16,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -242,7 +243,7 @@ func (p *Provider) mountRoot(s *sandbox, b bundleSpec) error {
 			return err
 		}
 		if size := b.cfg.DiskBytes(); size > 0 {
-			if err := docker.MountSizedFS(filepath.Join(disk, "disk.img"), layer, size); err != nil {
+			if err := sizedfs.MountNew(filepath.Join(disk, "disk.img"), layer, size); err != nil {
 				return fmt.Errorf("bounding the writable root to %s: %w", b.cfg.Disk, err)
 			}
 		}
