@@ -3,13 +3,13 @@ package docker
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/uidrange"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -19,13 +19,11 @@ import (
 // in its record; see recordWithUID.)
 const LabelUID = "roche.uid"
 
-// The default uid range. Sandboxes draw from its first half, workspaces from its second:
-// 1900000000-1900999999 and 1901000000-1901999999. It lies above every range Linux
-// distributions and systemd hand out (regular users, dynamic users, nspawn containers'
-// 524288-1879048191) and below 2^31, which some programs store in a signed int.
+// The default uid range (provider/internal/uidrange). Sandboxes draw from its first
+// half, workspaces from its second: 1900000000-1900999999 and 1901000000-1901999999.
 const (
-	DefaultUIDFirst = 1_900_000_000
-	DefaultUIDCount = 2_000_000
+	DefaultUIDFirst = uidrange.DockerFirst
+	DefaultUIDCount = uidrange.DockerCount
 )
 
 // maxUIDDraws bounds how often Create draws again after finding its uid taken: with a
@@ -39,13 +37,7 @@ func WithUIDRange(first, count int) Option {
 	return func(p *Provider) { p.uidFirst, p.uidCount = first, count }
 }
 
-func (p *Provider) checkUIDRange() error {
-	if p.uidFirst < 65536 || p.uidCount < 2 || p.uidFirst+p.uidCount > 1<<31-1 {
-		return fmt.Errorf("%w: uid range %d+%d: start at 65536 or above, hold at least 2 uids and end below 2^31",
-			roche.ErrInvalidConfig, p.uidFirst, p.uidCount)
-	}
-	return nil
-}
+func (p *Provider) checkUIDRange() error { return uidrange.Check(p.uidFirst, p.uidCount, 2) }
 
 // inRange reports whether uid is one this provider hands out.
 func (p *Provider) inRange(uid int) bool {
@@ -55,11 +47,11 @@ func (p *Provider) inRange(uid int) bool {
 // drawSandboxUID and drawWorkspaceUID pick a uid at random from their half of the range.
 // The pick is only a candidate: the caller records it in a label, then checks that no
 // other holder has it (see createContainer).
-func (p *Provider) drawSandboxUID() int { return p.uidFirst + rand.IntN(p.uidCount/2) }
+func (p *Provider) drawSandboxUID() int { return uidrange.Draw(p.uidFirst, p.uidCount/2) }
 
 func (p *Provider) drawWorkspaceUID() int {
 	half := p.uidCount / 2
-	return p.uidFirst + half + rand.IntN(p.uidCount-half)
+	return uidrange.Draw(p.uidFirst+half, p.uidCount-half)
 }
 
 // runAs is who a sandbox's commands run as.

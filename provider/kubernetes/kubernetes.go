@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -39,6 +38,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/internal/uidrange"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -48,12 +48,12 @@ const Name = "kubernetes"
 // DefaultNamespace is where sandboxes go when WithNamespace does not say.
 const DefaultNamespace = "roche"
 
-// The uid range sandboxes draw from with roche.UserAuto: the Docker provider's first
-// half (1900000000-1900999999), above what distributions and systemd hand out and below
-// 2^31.
+// The uid range sandboxes draw from with roche.UserAuto (provider/internal/uidrange): the
+// Docker provider's first half (1900000000-1900999999), above what distributions and
+// systemd hand out and below 2^31.
 const (
-	DefaultUIDFirst = 1_900_000_000
-	DefaultUIDCount = 1_000_000
+	DefaultUIDFirst = uidrange.KubernetesFirst
+	DefaultUIDCount = uidrange.KubernetesCount
 )
 
 // DefaultCreateTimeout bounds a create: scheduling, the images (present on the node:
@@ -239,8 +239,8 @@ func New(opts ...Option) (*Provider, error) {
 	if p.createTimeout <= 0 {
 		return nil, fmt.Errorf("%w: create timeout %v: give a positive duration such as 2m", roche.ErrInvalidConfig, p.createTimeout)
 	}
-	if p.uidFirst < 65536 || p.uidCount < 1 || p.uidFirst+p.uidCount > 1<<31-1 {
-		return nil, fmt.Errorf("%w: uid range %d+%d: start at 65536 or above and end below 2^31", roche.ErrInvalidConfig, p.uidFirst, p.uidCount)
+	if err := uidrange.Check(p.uidFirst, p.uidCount, 1); err != nil {
+		return nil, err
 	}
 	// A missing cluster configuration or agent is not an error here, as a missing engine
 	// is not for the other providers: every call that needs them says what to do.
@@ -648,11 +648,7 @@ func (p *Provider) agentClient(id string) *guest.Client {
 // drawUID picks a uid no other sandbox of the namespace carries.
 func (p *Provider) drawUID(ctx context.Context) (int, error) {
 	for range 8 {
-		n, err := rand.Int(rand.Reader, big.NewInt(int64(p.uidCount)))
-		if err != nil {
-			return 0, err
-		}
-		uid := p.uidFirst + int(n.Int64())
+		uid := uidrange.Draw(p.uidFirst, p.uidCount)
 		taken, err := p.uidTakenElsewhere(ctx, uid, "")
 		if err != nil {
 			return 0, err

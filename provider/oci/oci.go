@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -30,9 +29,9 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
-	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/internal/uidrange"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -138,12 +137,12 @@ func WithDataDir(dir string) Option { return func(p *Provider) { p.dataDir = dir
 func WithCreateTimeout(d time.Duration) Option { return func(p *Provider) { p.createTimeout = d } }
 
 // DefaultUIDFirst and DefaultUIDCount are the range oci sandboxes' uids are drawn from:
-// the million after the Docker provider's (docker.DefaultUIDFirst, DefaultUIDCount), so
-// that an oci sandbox never shares a uid, and so per-user kernel limits, with a Docker
-// one on the same host; the records under the state directory keep oci sandboxes apart.
+// the million after the Docker provider's (provider/internal/uidrange), so that an oci
+// sandbox never shares a uid, and so per-user kernel limits, with a Docker one on the
+// same host; the records under the state directory keep oci sandboxes apart.
 const (
-	DefaultUIDFirst = docker.DefaultUIDFirst + docker.DefaultUIDCount
-	DefaultUIDCount = 1_000_000
+	DefaultUIDFirst = uidrange.OCIFirst
+	DefaultUIDCount = uidrange.OCICount
 )
 
 // WithUIDRange sets the range sandboxes' uids are drawn from (DefaultUIDFirst,
@@ -183,8 +182,8 @@ func New(opts ...Option) (*Provider, error) {
 	if p.createTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%w: create timeout %v: give a positive duration", roche.ErrInvalidConfig, p.createTimeout))
 	}
-	if p.uidFirst < 65536 || p.uidCount < 1 || p.uidFirst+p.uidCount > 1<<31-1 {
-		errs = append(errs, fmt.Errorf("%w: uid range %d+%d: start at 65536 or above and end below 2^31", roche.ErrInvalidConfig, p.uidFirst, p.uidCount))
+	if err := uidrange.Check(p.uidFirst, p.uidCount, 1); err != nil {
+		errs = append(errs, err)
 	}
 	if !filepath.IsAbs(p.stateDir) || !filepath.IsAbs(p.dataDir) {
 		errs = append(errs, fmt.Errorf("%w: state and data directories must be absolute paths", roche.ErrInvalidConfig))
@@ -438,7 +437,7 @@ func (p *Provider) drawUID(ctx context.Context, self string) (int, func(), error
 		}
 	}
 	for range 64 {
-		uid := p.uidFirst + mrand.IntN(p.uidCount)
+		uid := uidrange.Draw(p.uidFirst, p.uidCount)
 		if !taken[uid] {
 			return uid, unlock, nil
 		}
