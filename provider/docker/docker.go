@@ -33,6 +33,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/seccomp"
@@ -61,13 +62,6 @@ const (
 	TransportAgent = defaults.Transport // "agent", the default
 
 	TransportDockerExec = "docker-exec"
-)
-
-// Where roche-agent and its socket directory appear inside the container.
-const (
-	agentBinary = "/.roche/roche-agent"
-	agentRunDir = "/.roche/run"
-	agentSocket = "agent.sock"
 )
 
 // NoImage is the error for an image that is not on the host and could not be had,
@@ -512,7 +506,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec, who runAs, withAgen
 			return roche.SandboxInfo{}, err
 		}
 		sb.agentDir = dir
-		sb.agent = guest.NewClient(filepath.Join(sb.agentDir, agentSocket))
+		sb.agent = guest.NewClient(filepath.Join(sb.agentDir, agentspec.SocketName))
 		if len(cfg.NetworkAllowlist) > 0 {
 			if err := p.startEgress(sb.agentDir, name, cfg.NetworkAllowlist); err != nil {
 				p.removeAgentDir(sb.agentDir)
@@ -787,35 +781,30 @@ func (p *Provider) containerConfig(cfg kit.Spec, who runAs, expires time.Time, a
 		ccfg.Labels[LabelTransport] = TransportAgent
 		ccfg.Labels[LabelAgentDir] = agentDir
 		ccfg.User = "0:0"
-		ccfg.Entrypoint = []string{agentBinary,
-			"--socket", agentRunDir + "/" + agentSocket,
-			"--user", who.user,
-			"--lifetime", strconv.Itoa(cfg.TimeoutSecs) + "s",
-			"--owner", strconv.Itoa(os.Geteuid()),
+		agent := agentspec.Spec{
+			Socket: agentspec.RunDir + "/" + agentspec.SocketName, Owner: os.Geteuid(), User: who.user,
+			Lifetime: time.Duration(cfg.TimeoutSecs) * time.Second, ChownFrom: who.chownFrom,
 		}
 		if cfg.Workspace != "" {
-			ccfg.Entrypoint = append(ccfg.Entrypoint, "--own", roche.WorkspacePath)
+			agent.Own = roche.WorkspacePath
 		}
 		if cfg.Leased {
-			ccfg.Entrypoint = append(ccfg.Entrypoint, p.leaseArgs()...)
-		}
-		if who.chownFrom > 0 {
-			ccfg.Entrypoint = append(ccfg.Entrypoint, "--chown-from", strconv.Itoa(who.chownFrom))
+			agent.Lease = p.engineTimeout
 		}
 		if len(cfg.NetworkAllowlist) > 0 {
-			ccfg.Entrypoint = append(ccfg.Entrypoint,
-				"--egress-listen", egress.SandboxListen, "--egress-socket", agentRunDir+"/"+egressSocket)
+			agent.EgressSocket = agentspec.RunDir + "/" + agentspec.EgressSocketName
 			ccfg.Env = append(ccfg.Env, egress.SandboxEnv()...)
 		}
 		ccfg.Cmd = nil
 		noInit := false
 		hcfg.Init = &noInit
-		hcfg.CapAdd = []string{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
+		hcfg.CapAdd = slices.Clone(agentspec.Caps)
 		// The sandbox's process limit is the agent's to hold, exactly (limits.go).
-		p.limitProcesses(cfg.Config, ccfg, hcfg)
+		p.limitProcesses(cfg.Config, &agent, hcfg)
+		ccfg.Entrypoint = append([]string{agentspec.Binary}, agent.Args()...)
 		hcfg.Mounts = append(hcfg.Mounts,
-			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentBinary, ReadOnly: true},
-			mount.Mount{Type: mount.TypeBind, Source: agentDir, Target: agentRunDir},
+			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentspec.Binary, ReadOnly: true},
+			mount.Mount{Type: mount.TypeBind, Source: agentDir, Target: agentspec.RunDir},
 		)
 	}
 	return ccfg, hcfg, nil
@@ -936,7 +925,7 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	}
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
-		s.agent = guest.NewClient(filepath.Join(s.agentDir, agentSocket))
+		s.agent = guest.NewClient(filepath.Join(s.agentDir, agentspec.SocketName))
 		p.claimed(s.agentDir, &s.cfg.Owner, &s.expires)
 		if c.State != nil && c.State.Running {
 			p.ensureEgress(s)

@@ -9,12 +9,12 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 )
 
 // Inside a sandbox with an allowlist, programs use egress.SandboxListen as their HTTP
-// proxy; roche-agent relays it to the host's proxy through egressSocket in the sandbox's
-// socket directory.
-const egressSocket = "egress.sock"
+// proxy; roche-agent relays it to the host's proxy through agentspec.EgressSocketName in
+// the sandbox's socket directory.
 
 // WithEgressProxy lets sandboxes have a network_allowlist. This process then runs the
 // egress proxy of each such sandbox, so it must outlive them: roched does, and so does
@@ -52,7 +52,7 @@ func (p *Provider) startEgress(dir, name string, allow []string) error {
 	if _, ok := p.proxies[dir]; ok {
 		return nil
 	}
-	sock := filepath.Join(dir, egressSocket)
+	sock := filepath.Join(dir, agentspec.EgressSocketName)
 	_ = os.Remove(sock) // left by a process that ran this proxy before
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -77,7 +77,7 @@ func (p *Provider) ensureEgress(s sandbox) {
 		return
 	}
 	// Another live process may be serving it; only an unanswered socket is taken over.
-	if c, err := net.Dial("unix", filepath.Join(s.agentDir, egressSocket)); err == nil {
+	if c, err := net.Dial("unix", filepath.Join(s.agentDir, agentspec.EgressSocketName)); err == nil {
 		c.Close()
 		return
 	}

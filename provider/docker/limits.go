@@ -2,13 +2,13 @@ package docker
 
 import (
 	"path/filepath"
-	"strconv"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 )
 
 // A sandbox's process limit is the one number a program in it reads and meets:
@@ -21,8 +21,8 @@ import (
 //
 // limitProcesses sets both on a container that runs roche-agent, and the open-file
 // limit on every container (limitOpenFiles).
-func (p *Provider) limitProcesses(cfg roche.Config, ccfg *container.Config, hcfg *container.HostConfig) {
-	ccfg.Entrypoint = append(ccfg.Entrypoint, "--nproc", strconv.Itoa(cfg.PidsLimit))
+func (p *Provider) limitProcesses(cfg roche.Config, agent *agentspec.Spec, hcfg *container.HostConfig) {
+	agent.NProc = cfg.PidsLimit
 	pids := int64(cfg.PidsLimit + guest.ThreadCeiling)
 	if p.gvisor() {
 		// gVisor charges a task to the user that creates it: the agent forks commands
@@ -30,7 +30,7 @@ func (p *Provider) limitProcesses(cfg roche.Config, ccfg *container.Config, hcfg
 		// gVisor holds root to RLIMIT_NPROC too, unless it has CAP_SYS_RESOURCE: the
 		// agent keeps it (commands get no capability at all). gVisor's tasks are not host
 		// processes: the host's cgroup counts its kernel's threads (gvisorHostPids).
-		ccfg.Entrypoint = append(ccfg.Entrypoint, "--fork-as-user")
+		agent.ForkAsUser = true
 		hcfg.CapAdd = append(hcfg.CapAdd, "SYS_RESOURCE")
 		pids = int64(gvisorHostPids(cfg.PidsLimit))
 		// gVisor ignores masked paths; its own cgroupfs (unlimited inside) goes under an

@@ -491,7 +491,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 		pp.user, pp.uid = fmt.Sprintf("%d:%d", uid, uid), uid
 	}
 	if cfg.Leased {
-		pp.extraArgs = p.leaseArgs()
+		pp.lease = p.createTimeout
 	}
 	pod, err := podFor(cfg, pp)
 	if err != nil {

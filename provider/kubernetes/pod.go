@@ -17,6 +17,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest/podlink"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -60,12 +61,14 @@ const (
 	volumePids       = "pids-cgroup"
 )
 
-// agentCaps are the capabilities the agent keeps, as under Docker: to run commands as
-// the sandbox user (SETUID, SETGID), drop the bounding set at start (SETPCAP), kill
-// commands (KILL) and serve files as that user (CHOWN, DAC_OVERRIDE). The agent drops
-// every capability from its bounding set before it starts anything, so the sandbox's
-// programs hold none (CapEff, CapPrm and CapBnd are 0).
-var agentCaps = []corev1.Capability{"SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN", "DAC_OVERRIDE"}
+// agentCaps are the capabilities the agent keeps, as under Docker (agentspec.Caps).
+var agentCaps = func() []corev1.Capability {
+	caps := make([]corev1.Capability, len(agentspec.Caps))
+	for i, c := range agentspec.Caps {
+		caps[i] = corev1.Capability(c)
+	}
+	return caps
+}()
 
 // Requests are what the scheduler reserves for a sandbox: little, since a sandbox idles
 // between commands; the limits are the Config's.
@@ -88,8 +91,8 @@ type podParams struct {
 	// seccomp is the containers' seccomp profile: a Localhost profile on the nodes
 	// (relative to the kubelet's seccomp directory), or SeccompRuntimeDefault.
 	seccomp string
-	// extraArgs go to the agent after its own (a lease's).
-	extraArgs []string
+	// lease, for a leased sandbox, is its create's deadline (agentspec.Spec.Lease).
+	lease time.Duration
 	// cgroupV2 says the nodes have the unified cgroup hierarchy (see pidsCgroupMask).
 	cgroupV2 bool
 }
@@ -133,25 +136,23 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 	}
 	seccomp := seccompFor(pp.seccomp)
 	tmpSize := resource.NewQuantity(cfg.TmpSize(), resource.BinarySI)
-	agentArgs := []string{
-		"--socket", podlink.Socket,
-		"--user", pp.user,
-		"--lifetime", strconv.Itoa(cfg.TimeoutSecs) + "s",
-		"--owner", "0",
+	agent := agentspec.Spec{
+		Socket: podlink.Socket, Owner: 0, User: pp.user,
+		Lifetime: time.Duration(cfg.TimeoutSecs) * time.Second,
 		// The node's podPidsLimit is the Pod's whole bound; this one is the sandbox
 		// user's own (its uid is the sandbox's own unless the caller named one).
-		"--nproc", strconv.Itoa(cfg.PidsLimit),
+		NProc: cfg.PidsLimit,
+		Lease: pp.lease,
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		// Programs reach the agent's proxy port; the agent relays each connection to
 		// the egress socket, which the host's relay session serves (podlink.Mux).
-		agentArgs = append(agentArgs, "--egress-listen", egress.SandboxListen, "--egress-socket", podlink.EgressSocket)
+		agent.EgressSocket = podlink.EgressSocket
 		for _, kv := range egress.SandboxEnv() {
 			k, v, _ := strings.Cut(kv, "=")
 			env = append(env, corev1.EnvVar{Name: k, Value: v})
 		}
 	}
-	agentArgs = append(agentArgs, pp.extraArgs...)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pp.id, Namespace: pp.namespace, Labels: labels,
@@ -197,7 +198,7 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 				Name:            containerSandbox,
 				Image:           cfg.Image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
-				Command:         append([]string{podlink.Agent}, agentArgs...),
+				Command:         append([]string{podlink.Agent}, agent.Args()...),
 				Env:             env,
 				WorkingDir:      cfg.Workdir,
 				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},

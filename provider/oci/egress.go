@@ -10,11 +10,12 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 )
 
 // proxies are the egress proxies this process serves, one per sandbox with an allowlist,
-// each on egressSocket in the sandbox's socket directory, where roche-agent relays the
-// sandbox's HTTP proxy connections (as in Docker sandboxes).
+// each on agentspec.EgressSocketName in the sandbox's socket directory, where roche-agent
+// relays the sandbox's HTTP proxy connections (as in Docker sandboxes).
 type proxies struct {
 	mu      sync.Mutex
 	running map[string]*runningProxy // by socket directory
@@ -35,7 +36,7 @@ func (ps *proxies) start(dir, name string, allow []string, log *slog.Logger) err
 	if _, ok := ps.running[dir]; ok {
 		return nil
 	}
-	sock := filepath.Join(dir, egressSocket)
+	sock := filepath.Join(dir, agentspec.EgressSocketName)
 	_ = os.Remove(sock) // left by a process that served it before
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -86,7 +87,7 @@ func (p *Provider) ensureEgress(s *sandbox) {
 	if !p.egress || len(s.Config.NetworkAllowlist) == 0 || p.proxies.serving(s.runDir()) {
 		return
 	}
-	if c, err := net.Dial("unix", filepath.Join(s.runDir(), egressSocket)); err == nil {
+	if c, err := net.Dial("unix", filepath.Join(s.runDir(), agentspec.EgressSocketName)); err == nil {
 		c.Close()
 		return
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/uidrange"
@@ -351,7 +352,7 @@ func (p *Provider) load(id string) (*sandbox, error) {
 		return nil, err
 	}
 	s = &sandbox{record: r, dir: dir}
-	s.agent = guest.NewClient(filepath.Join(s.runDir(), agentSocket))
+	s.agent = guest.NewClient(filepath.Join(s.runDir(), agentspec.SocketName))
 	p.watchExit(s)
 	return s, nil
 }
@@ -447,4 +448,4 @@ func (p *Provider) drawUID(ctx context.Context, self string) (int, func(), error
 }
 
 // LeaseGrace is how long a leased sandbox outlives the loss of its lease.
-const LeaseGrace = guestfwd.LeaseGrace
+const LeaseGrace = agentspec.LeaseGrace

@@ -21,6 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 )
 
 // Runtimes the provider drives, fastest first: the default is the first of them that
@@ -503,7 +504,7 @@ func (p *Provider) runProbe(ctx context.Context, r *ociRuntime) error {
 			return err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(root, agentBinary), nil, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(root, agentspec.Binary), nil, 0o755); err != nil {
 		return err
 	}
 	id := "roche-probe-" + randomHex(4)
@@ -512,11 +513,11 @@ func (p *Provider) runProbe(ctx context.Context, r *ociRuntime) error {
 	s := &specs.Spec{
 		Version: specVersion,
 		Root:    &specs.Root{Path: root},
-		Process: &specs.Process{Args: []string{agentBinary, "--version"}, Cwd: "/", NoNewPrivileges: true,
+		Process: &specs.Process{Args: []string{agentspec.Binary, "--version"}, Cwd: "/", NoNewPrivileges: true,
 			Env: []string{"PATH=/"}},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: agentBinary, Type: "bind", Source: p.agentPath, Options: []string{"bind", "ro"}},
+			{Destination: agentspec.Binary, Type: "bind", Source: p.agentPath, Options: []string{"bind", "ro"}},
 		},
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{

@@ -14,8 +14,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
-	"github.com/roche-sandbox/roche/provider/docker"
-	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
@@ -118,7 +117,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		compiledSeccomp: rt.compiledSeccomp(),
 	}
 	if cfg.Leased {
-		b.lease = guestfwd.LeaseArgs(p.createTimeout)
+		b.lease = p.createTimeout
 	}
 	if err := os.Mkdir(b.runDir, 0o700); err != nil {
 		return roche.SandboxInfo{}, err
@@ -138,7 +137,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	if err := os.WriteFile(filepath.Join(s.dir, "config.json"), js, 0o600); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	s.agent = guest.NewClient(filepath.Join(b.runDir, agentSocket))
+	s.agent = guest.NewClient(filepath.Join(b.runDir, agentspec.SocketName))
 	if len(cfg.NetworkAllowlist) > 0 {
 		if err := p.proxies.start(b.runDir, id, cfg.NetworkAllowlist, p.log); err != nil {
 			return roche.SandboxInfo{}, err
@@ -393,7 +392,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 func (p *Provider) info(s *sandbox, state roche.SandboxState) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: s.ID, Provider: Name, Image: s.Config.Image, State: state, CreatedAt: s.Created,
-		ExpiresAt: s.Expires, Transport: docker.TransportAgent, Owner: s.Config.Owner,
+		ExpiresAt: s.Expires, Transport: agentspec.Transport, Owner: s.Config.Owner,
 	}
 }
 

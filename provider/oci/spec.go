@@ -6,31 +6,29 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 )
 
 // specVersion is the runtime-spec version config.json claims: the oldest that has all
 // it uses, as older runtimes (Debian's crun 1.8.1) refuse newer ones they do not know.
 const specVersion = "1.0.2"
 
-// Where roche-agent and its socket directory appear inside the sandbox (as in Docker
-// sandboxes).
-const (
-	agentBinary  = "/.roche/roche-agent"
-	agentRunDir  = "/.roche/run"
-	agentSocket  = "agent.sock"
-	egressSocket = "egress.sock"
-)
-
-// agentCaps are the capabilities roche-agent, PID 1, starts with: to run commands as the
-// sandbox user, kill them and hand its socket to the host user. It drops them all from
-// the bounding set at start, so every command runs with none.
-var agentCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE"}
+// agentCaps are the capabilities roche-agent, PID 1, starts with (agentspec.Caps), as
+// the runtime spec names them.
+var agentCaps = func() []string {
+	caps := make([]string, len(agentspec.Caps))
+	for i, c := range agentspec.Caps {
+		caps[i] = "CAP_" + c
+	}
+	return caps
+}()
 
 // Docker's masked and read-only paths (moby oci.DefaultSpec): kernel information and
 // knobs a container has no business reading or writing.
@@ -72,7 +70,8 @@ type bundleSpec struct {
 	user     string // "uid:gid" or the caller's user
 	cgroup   string
 	lifetime int // seconds
-	lease    []string
+	// lease, for a leased sandbox, is its create's deadline (agentspec.Spec.Lease).
+	lease time.Duration
 	// compiledSeccomp is the runtime's own compilation of the seccomp filter, base64, to
 	// hand it (crunSeccompBPF); empty to let it compile config.json's.
 	compiledSeccomp string
@@ -101,20 +100,19 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 	if _, set := cfg.Env["HOME"]; !set {
 		env = append(env, "HOME=/tmp")
 	}
-	args := []string{agentBinary,
-		"--socket", agentRunDir + "/" + agentSocket,
-		"--user", b.user,
-		"--lifetime", strconv.Itoa(b.lifetime) + "s",
-		"--owner", strconv.Itoa(os.Geteuid()),
+	agent := agentspec.Spec{
+		Socket: agentspec.RunDir + "/" + agentspec.SocketName, Owner: os.Geteuid(), User: b.user,
+		Lifetime: time.Duration(b.lifetime) * time.Second,
 		// Exactly the limit, for the sandbox user's processes and threads (RLIMIT_NPROC,
 		// which the agent, root, is exempt from): what a program reads is what holds.
-		"--nproc", strconv.Itoa(cfg.PidsLimit),
+		NProc: cfg.PidsLimit,
+		Lease: b.lease,
 	}
-	args = append(args, b.lease...)
 	if len(cfg.NetworkAllowlist) > 0 {
-		args = append(args, "--egress-listen", egress.SandboxListen, "--egress-socket", agentRunDir+"/"+egressSocket)
+		agent.EgressSocket = agentspec.RunDir + "/" + agentspec.EgressSocketName
 		env = append(env, egress.SandboxEnv()...)
 	}
+	args := append([]string{agentspec.Binary}, agent.Args()...)
 	cwd := cfg.Workdir
 	if cwd == "" {
 		cwd = "/"
@@ -135,8 +133,8 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=" + tmpSize}},
-		{Destination: agentBinary, Type: "bind", Source: b.agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
-		{Destination: agentRunDir, Type: "bind", Source: b.runDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+		{Destination: agentspec.Binary, Type: "bind", Source: b.agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		{Destination: agentspec.RunDir, Type: "bind", Source: b.runDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	}
 	for _, m := range cfg.Mounts {
 		mode := "ro"
@@ -207,7 +205,7 @@ func intPtr(i int) *int { return &i }
 func (b bundleSpec) mountPoints() []mountPoint {
 	mp := []mountPoint{
 		{"/proc", true}, {"/dev", true}, {"/sys", true}, {"/tmp", true},
-		{filepath.Dir(agentBinary), true}, {agentBinary, false}, {agentRunDir, true},
+		{filepath.Dir(agentspec.Binary), true}, {agentspec.Binary, false}, {agentspec.RunDir, true},
 	}
 	if b.cfg.Workdir != "" {
 		// The runtime starts the agent there; one the image lacks is made, as Docker does.

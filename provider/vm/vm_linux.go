@@ -28,6 +28,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/internal/guest/vmlink"
+	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/statedir"
@@ -452,8 +453,8 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	if vm.Config.Leased {
 		// The agent powers the VM off LeaseGrace after its lease is lost, or when this
 		// create has not taken it by the end of the boot's deadline.
-		guest.LeaseGraceMS = guestfwd.LeaseGrace.Milliseconds()
-		guest.FirstLeaseMS = guestfwd.FirstLease(p.bootTimeout).Milliseconds()
+		guest.LeaseGraceMS = agentspec.LeaseGrace.Milliseconds()
+		guest.FirstLeaseMS = agentspec.FirstLease(p.bootTimeout).Milliseconds()
 	}
 	base, err := os.Open(vm.assets.initramfs)
 	if err != nil {

@@ -77,6 +77,27 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return podlink.Mux(podlink.Socket, os.Stdin, os.Stdout, egress)
 		}
 	}
+	cfg, version, err := Parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	if version {
+		fmt.Fprintln(stdout, server.Version)
+		return nil
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	fitProcs()
+	s, err := server.New(cfg)
+	if err != nil {
+		return err
+	}
+	return s.Run(context.Background())
+}
+
+// Parse reads roche-agent's flags (args without the program name, as providers write
+// them: provider/internal/agentspec) into the server's config; version reports
+// --version. Usage and errors go to stderr.
+func Parse(args []string, stderr io.Writer) (cfg server.Config, version bool, err error) {
 	fs := flag.NewFlagSet(guestbin.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")
@@ -92,17 +113,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	nproc := fs.Int("nproc", 0, "cap the sandbox user's processes and threads at exactly this many (RLIMIT_NPROC; 0: no cap)")
 	forkAsUser := fs.Bool("fork-as-user", false, "start commands from a thread running as the sandbox user, so that a kernel counting tasks by their creator's user (gVisor) counts them against --nproc")
 	nofile := fs.Int("nofile", 0, fmt.Sprintf("open files per process, for the agent and every command (RLIMIT_NOFILE, soft and hard; 0: %d; -1: as started)", guest.OpenFiles))
-	version := fs.Bool("version", false, "print the version and exit")
+	versionFlag := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return server.Config{}, false, err
 	}
-	if *version {
-		fmt.Fprintln(stdout, server.Version)
-		return nil
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cfg := server.Config{
-		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime, Log: log,
+	cfg = server.Config{
+		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime,
 		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
 		ChownFrom: *chownFrom, NProc: *nproc, ForkAsUser: *forkAsUser, NoFile: *nofile,
 	}
@@ -114,10 +130,5 @@ func run(args []string, stdout, stderr io.Writer) error {
 		cfg.EgressListen = *egressListen
 		cfg.EgressDial = func() (net.Conn, error) { return net.Dial("unix", sock) }
 	}
-	fitProcs()
-	s, err := server.New(cfg)
-	if err != nil {
-		return err
-	}
-	return s.Run(context.Background())
+	return cfg, *versionFlag, nil
 }

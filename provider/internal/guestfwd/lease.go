@@ -4,37 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/roche-sandbox/roche/internal/guest"
 )
 
-// LeaseGrace is how long a leased sandbox outlives the loss of its lease.
-const LeaseGrace = guest.DefaultLeaseGrace
-
-// FirstLease is how long the agent of a leased sandbox waits for its creator to take the
-// lease, counted from the agent's start: the rest of the create's own deadline (bound,
-// the provider's engine or boot timeout) and a little more, so that a creator killed
-// during its create leaves the sandbox for no longer than that.
-func FirstLease(bound time.Duration) time.Duration { return bound + 5*time.Second }
-
-// LeaseArgs are roche-agent's arguments for a leased sandbox whose create is bounded by
-// bound: it stops LeaseGrace after the last holder goes, or FirstLease(bound) after its
-// start when no lease was taken.
-func LeaseArgs(bound time.Duration) []string {
-	return []string{
-		"--lease-grace", strconv.FormatInt(LeaseGrace.Milliseconds(), 10) + "ms",
-		"--first-lease", strconv.FormatInt(FirstLease(bound).Milliseconds(), 10) + "ms",
-	}
-}
-
 // Leases holds the leases of the leased sandboxes one provider made (kit.Leaser), each
 // by an open connection to the sandbox's agent, for as long as this process lives or
 // until Drop: the kernel closes the connections of a process that dies, however it dies,
-// and each agent stops its sandbox LeaseGrace later. Every provider that runs roche-agent
-// holds leases this one way. The zero value is ready to use.
+// and each agent stops its sandbox agentspec.LeaseGrace later. Every provider that runs
+// roche-agent holds leases this one way. The zero value is ready to use.
 type Leases struct {
 	mu   sync.Mutex
 	held map[string]io.Closer
