@@ -22,7 +22,6 @@ import (
 	"github.com/roche-sandbox/roche/internal/memlimit"
 	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/pool"
-	"github.com/roche-sandbox/roche/provider/docker"
 )
 
 // softMemoryLimit is roched's heap target when GOMEMLIMIT does not set one.
@@ -244,7 +243,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 0, "sandboxes the pools create at once; 0 adapts it: the machine's cores, up to four times as many while creations wait and the CPUs have room")
 	fs.StringVar(&f.copyMaxBytes, "copy-max-bytes", "1g", "most file content one copy in or out moves (e.g. 512m, 4g); a request may ask for less")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
-	fs.DurationVar(&f.engineTimeout, "engine-timeout", docker.DefaultEngineTimeout,
+	fs.DurationVar(&f.engineTimeout, "engine-timeout", defaults.EngineTimeout,
 		"how long a create waits for the Docker engine before failing (lists and destroys wait 10 s); while it does not answer, creates are refused at once")
 	fs.StringSliceVar(&f.providers, "providers", nil, "serve only these providers, comma-separated (default: every one; e.g. kubernetes for roched in a cluster)")
 	fs.StringVar(&f.runtime, "runtime", "", "runtime of Docker sandboxes: runc (the default) or runsc (gVisor: no network but an allowlist; scripts/runsc.sh registers it)")
@@ -458,13 +457,13 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	}
 	set, leftOut, err := inproc.Serve(catalog.Options{
 		Only: f.providers,
-		Log:  log, EngineTimeout: f.engineTimeout, Transport: docker.TransportAgent,
+		Log:  log, EngineTimeout: f.engineTimeout, Transport: defaults.Transport,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,
 		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage, Runtime: f.runtime, OCIRuntime: f.ociRuntime,
 		// roched outlives its sandboxes, so it can run their egress proxies.
 		Outlives: true,
 		// TCP tenants may mount below some roots: bind what was checked, not a path
-		// that a sandbox could redirect in between (see docker.WithPinnedMounts).
+		// that a sandbox could redirect in between (the Docker provider's WithPinnedMounts).
 		PinnedMounts: cfg.remoteMounts(),
 		// python.wasm compiled in the background and kept in memory, each sandbox's
 		// interpreter started ahead of its next exec.
