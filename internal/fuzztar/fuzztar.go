@@ -1,9 +1,10 @@
 //go:build unix
 
-// Package fuzztar serves the fuzz targets of Roche's tar extractors (internal/tarfs for
-// copies, provider/oci's image unpack, provider/vm's root filesystems): archives built
-// from a short script that the fuzzer mutates well (a raw tar's checksums make most
-// mutations of its bytes fail at the first header), and the checks every extraction must
+// Package fuzztar serves the fuzz targets of Roche's tar extraction (internal/tarfs for
+// copies, and through provider/internal/imagefs the oci provider's images and the
+// microVMs' root filesystems): archives built from a short script that the fuzzer
+// mutates well (a raw tar's checksums make most mutations of its bytes fail at the first
+// header), and the checks every extraction must
 // pass whatever the archive held: nothing outside the destination is written, changed
 // or hard-linked, nothing is made beside it, and no symlink, hard link, device or fifo
 // the caller does not allow is made inside it. Tests only: no production code imports it.

@@ -30,3 +30,8 @@ func Extract(r io.Reader, dst string, opts Options) (Report, error) {
 func ExtractAt(r io.Reader, dir *os.File, rel string, opts Options) (Report, error) {
 	return Report{}, errPlatform
 }
+
+// ExtractTree is unsupported off Unix.
+func ExtractTree(r io.Reader, dir string, opts TreeOptions) (Report, error) {
+	return Report{}, errPlatform
+}

@@ -1,16 +1,18 @@
 // Package tarfs moves files between the host and a sandbox as tar streams, the format
-// both the Docker archive API and roche-agent speak.
+// both the Docker archive API and roche-agent speak, and unpacks root filesystems (an
+// image's, a container's export: ExtractTree): Roche's one tar extraction path.
 //
 // Both ends treat the other as hostile. Write reads its source without following any
 // symlink below the path it was given: every file and directory is opened relative to
 // its parent's descriptor with O_NOFOLLOW and described by fstat of what was opened, so
 // code racing to swap a file for a symlink (in a read-write mount, say) cannot make it
-// read anything outside the source. Extract writes its destination the same way: it
-// never follows a symlink at or below the destination (one already there is replaced,
-// not written through), refuses entries that climb out with ".." or absolute names,
-// creates symlinks only when asked and, for a host, only those pointing inside the
-// destination, caps the bytes it writes before writing them, and keeps runs of zeros as
-// holes so a sparse file stays sparse.
+// read anything outside the source. Extract and ExtractTree write their destination the
+// same way: they never follow a symlink at or below the destination (one already there
+// is replaced, not written through; an entry below one the archive made is refused),
+// refuse entries that climb out with "..", cap the bytes they write before writing them,
+// and keep runs of zeros as holes so a sparse file stays sparse. Extract also refuses
+// absolute names and creates symlinks only when asked and, for a host, only those
+// pointing inside the destination.
 package tarfs
 
 import (
@@ -59,6 +61,17 @@ const (
 	RefuseLinks
 )
 
+// TreeOptions say what ExtractTree makes besides files, directories and links.
+type TreeOptions struct {
+	// Devices makes device nodes and fifos (a microVM's root filesystem, which its own
+	// kernel mounts); without it they are skipped (a container gets its /dev from the
+	// runtime).
+	Devices bool
+	// Xattrs keeps regular files' extended attributes (PAX SCHILY.xattr records), file
+	// capabilities among them.
+	Xattrs bool
+}
+
 // Options bound a Write, Extract or Filter.
 type Options struct {
 	// MaxBytes caps the total size of the regular files moved; 0 means no cap. The entry
@@ -85,13 +98,15 @@ type Skipped struct {
 // maxExamples bounds Report.Examples: a tree of a million links is reported by count.
 const maxExamples = 5
 
-// Report says what a Write, Extract or Filter moved and what it left out.
+// Report says what a Write, Extract, ExtractTree or Filter moved and what it left out.
 type Report struct {
 	Files, Dirs, Links int
 	Bytes              int64 // content of the regular files
-	Skipped            int
-	SkippedLinks       int       // the skipped entries that were symlinks
-	Examples           []Skipped // the first few skipped entries
+	// HardLinks and Nodes (devices and fifos) are made by ExtractTree only.
+	HardLinks, Nodes int
+	Skipped          int
+	SkippedLinks     int       // the skipped entries that were symlinks
+	Examples         []Skipped // the first few skipped entries
 }
 
 func (r *Report) skip(name, link, reason string) {
@@ -117,9 +132,12 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return ErrLimit }
 
-// checker validates archive entries as they come, for Extract and Filter.
+// checker validates archive entries as they come, for Extract, ExtractTree and Filter.
 type checker struct {
 	opts Options
+	// tree, for ExtractTree, says the archive is a root filesystem: entries are named
+	// below the destination itself rather than below one root entry.
+	tree *TreeOptions
 	root string // the first entry's root component
 	rep  Report
 }
@@ -127,6 +145,9 @@ type checker struct {
 // check returns the components of hdr's name below the archive's root (nil for the root
 // itself), or skip when the entry is left out. An error ends the copy.
 func (c *checker) check(hdr *tar.Header) (rest []string, skip bool, err error) {
+	if c.tree != nil {
+		return c.checkTree(hdr)
+	}
 	name := strings.TrimPrefix(hdr.Name, "./")
 	if path.IsAbs(name) {
 		return nil, false, fmt.Errorf("%w: archive entry %q has an absolute name", ErrUnsafe, hdr.Name)
@@ -177,6 +198,64 @@ func (c *checker) check(hdr *tar.Header) (rest []string, skip bool, err error) {
 	return rest, false, nil
 }
 
+// checkTree is check for a root filesystem (ExtractTree): every name lands below the
+// destination, an absolute one as if relative, and none may climb out; hard links name a
+// file of the tree; devices and fifos are kept only when asked.
+func (c *checker) checkTree(hdr *tar.Header) (rest []string, skip bool, err error) {
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
+		return nil, true, nil // a PAX header for the entries after it, no file
+	}
+	rest, err = treeName(hdr.Name)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(rest) == 0 {
+		if hdr.Typeflag != tar.TypeDir {
+			return nil, false, fmt.Errorf("%w: archive entry %q names the root itself, and is no directory", ErrUnsafe, hdr.Name)
+		}
+		// The root is the caller's directory, with the mode the caller gave it: a
+		// layer's root entry tells how its builder's directory was (roche/python:local's
+		// is 0700), which Docker ignores too.
+		return nil, true, nil
+	}
+	switch hdr.Typeflag {
+	case tar.TypeReg, tar.TypeGNUSparse:
+		if c.opts.MaxBytes > 0 && hdr.Size > c.opts.MaxBytes-c.rep.Bytes {
+			return nil, false, &LimitError{Name: hdr.Name, Size: hdr.Size, Limit: c.opts.MaxBytes}
+		}
+	case tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		if !c.tree.Devices {
+			c.rep.skip(hdr.Name, "", ReasonSpecial)
+			return nil, true, nil
+		}
+	default:
+		c.rep.skip(hdr.Name, hdr.Linkname, ReasonSpecial)
+		return nil, true, nil
+	}
+	return rest, false, nil
+}
+
+// treeName splits an entry name of a root filesystem into its components below the
+// root (none for the root itself): "./usr/bin", "usr/bin/" and "/usr/bin" are all
+// usr, bin. A ".." anywhere, or a NUL, is refused.
+func treeName(name string) ([]string, error) {
+	if strings.Contains(name, "\x00") {
+		return nil, fmt.Errorf("%w: archive entry %q has a NUL byte", ErrUnsafe, name)
+	}
+	var parts []string
+	for _, p := range strings.Split(name, "/") {
+		switch p {
+		case "", ".":
+			continue
+		case "..":
+			return nil, fmt.Errorf("%w: archive entry %q climbs out with \"..\"", ErrUnsafe, name)
+		}
+		parts = append(parts, p)
+	}
+	return parts, nil
+}
+
 // counted records an entry once it has been written.
 func (c *checker) counted(hdr *tar.Header) {
 	switch hdr.Typeflag {
@@ -184,6 +263,10 @@ func (c *checker) counted(hdr *tar.Header) {
 		c.rep.Dirs++
 	case tar.TypeSymlink:
 		c.rep.Links++
+	case tar.TypeLink:
+		c.rep.HardLinks++
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		c.rep.Nodes++
 	default:
 		c.rep.Files++
 		c.rep.Bytes += hdr.Size

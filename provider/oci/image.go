@@ -1,7 +1,6 @@
 package oci
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,21 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
-	"github.com/docker/docker/client"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/imagefs"
 )
 
 // LayoutPrefix, before a directory, names an image in an OCI image layout instead of
@@ -101,28 +96,10 @@ func (p *Provider) dockerImageID(ctx context.Context, ref string) (string, error
 	if err != nil {
 		return "", err
 	}
-	ictx, done := p.dockerd.Bound(ctx, "inspecting image "+ref, engine.ControlTimeout)
-	ins, err := cli.ImageInspect(ictx, ref)
-	done(&err)
-	var notAnswering *engine.NotAnsweringError
-	switch {
-	case err == nil:
-	case errors.As(err, &notAnswering):
-		return "", notAnswering
-	case cerrdefs.IsNotFound(err):
-		return "", &roche.Remedy{Err: fmt.Errorf("%w: image %s is not in the local Docker engine (the oci provider unpacks Docker images or OCI layouts, %s/dir)",
-			roche.ErrImageNotFound, ref, LayoutPrefix), Run: "roche image build python", AsRoot: true, Image: "roche/python:local"}
-	case client.IsErrConnectionFailed(err):
-		return "", fmt.Errorf("%w: the oci provider unpacks images from the local Docker engine, which is not reachable at %s: start it, or name an OCI layout (%s/dir)",
-			roche.ErrUnavailable, cli.DaemonHost(), LayoutPrefix)
-	default:
-		return "", fmt.Errorf("inspecting image %s: %w", ref, err)
-	}
-	id := strings.TrimPrefix(ins.ID, "sha256:")
-	if !isHex(id) {
-		return "", fmt.Errorf("image %s has an unexpected id %q", ref, ins.ID)
-	}
-	return id, nil
+	img, err := imagefs.Inspect(ctx, cli, p.dockerd, ref,
+		"the oci provider unpacks Docker images, or OCI layouts named "+LayoutPrefix+"/dir",
+		"start it, or name an OCI layout")
+	return img.ID, err
 }
 
 // savedImage exports the image through the Engine API (docker save) into a file that
@@ -217,7 +194,7 @@ func unpack(img v1.Image, id, entry string) error {
 		return err
 	}
 	rc := mutate.Extract(img)
-	err = extractTree(rc, tree)
+	_, err = imagefs.Unpack(rc, tree, false)
 	rc.Close()
 	if err != nil {
 		return fmt.Errorf("unpacking image %s: %w", id, err)
@@ -282,108 +259,6 @@ func readRoot(entry string) (imageRoot, error) {
 	}
 	root.dir = filepath.Join(entry, "rootfs")
 	return root, nil
-}
-
-// extractTree writes a flattened image filesystem (a tar stream) under dir, keeping
-// owners and modes. os.Root confines every write to dir, through symbolic links too.
-func extractTree(r io.Reader, dir string) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	type dirTime struct {
-		name string
-		t    time.Time
-	}
-	var dirs []dirTime
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		name := path.Clean(strings.TrimPrefix(h.Name, "/"))
-		if name == "." || name == ".." || strings.HasPrefix(name, "../") {
-			continue
-		}
-		if d := path.Dir(name); d != "." {
-			if err := root.MkdirAll(d, 0o755); err != nil {
-				return err
-			}
-		}
-		mode := fs.FileMode(h.Mode) & fs.ModePerm
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return err
-			}
-			dirs = append(dirs, dirTime{name, h.ModTime})
-		case tar.TypeReg:
-			f, err := root.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			_ = root.Remove(name)
-			if err := root.Symlink(h.Linkname, name); err != nil {
-				return err
-			}
-			if err := root.Lchown(name, h.Uid, h.Gid); err != nil {
-				return err
-			}
-			continue
-		case tar.TypeLink:
-			_ = root.Remove(name)
-			if err := root.Link(path.Clean(strings.TrimPrefix(h.Linkname, "/")), name); err != nil {
-				return err
-			}
-			continue
-		default:
-			// Device nodes and fifos: a sandbox gets its /dev from the runtime, and an
-			// image's own nodes are of no use (nodev) and not made.
-			continue
-		}
-		if err := root.Lchown(name, h.Uid, h.Gid); err != nil {
-			return err
-		}
-		// After chown, which clears set-id bits.
-		if err := root.Chmod(name, mode|setIDBits(h.Mode)); err != nil {
-			return err
-		}
-		if h.Typeflag == tar.TypeReg {
-			_ = root.Chtimes(name, h.ModTime, h.ModTime)
-		}
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		_ = root.Chtimes(dirs[i].name, dirs[i].t, dirs[i].t)
-	}
-	return nil
-}
-
-// setIDBits turns tar's mode bits for setuid, setgid and sticky into fs.FileMode's.
-func setIDBits(m int64) fs.FileMode {
-	var out fs.FileMode
-	if m&04000 != 0 {
-		out |= fs.ModeSetuid
-	}
-	if m&02000 != 0 {
-		out |= fs.ModeSetgid
-	}
-	if m&01000 != 0 {
-		out |= fs.ModeSticky
-	}
-	return out
 }
 
 // The ref index: which image id a Docker image name was unpacked as, for when the engine

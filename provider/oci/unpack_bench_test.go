@@ -19,6 +19,7 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/imagefs"
 )
 
 // savedTestImage exports the test image (docker save) into a file of the benchmark's
@@ -106,7 +107,7 @@ func BenchmarkExtractImage(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		err = extractTree(in, tree)
+		_, err = imagefs.Unpack(in, tree, false)
 		in.Close()
 		if err != nil {
 			b.Fatal(err)

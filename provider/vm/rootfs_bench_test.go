@@ -15,6 +15,7 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/imagefs"
 )
 
 // BenchmarkExtractRootfs unpacks the test image's export (made once, as buildRootfs makes
@@ -63,7 +64,7 @@ func BenchmarkExtractRootfs(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		_, err = extractRootfs(in, tree)
+		_, err = imagefs.Unpack(in, tree, true)
 		in.Close()
 		if err != nil {
 			b.Fatal(err)

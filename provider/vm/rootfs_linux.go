@@ -1,16 +1,11 @@
 package vm
 
 import (
-	"archive/tar"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -18,11 +13,11 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
-	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/flock"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/internal/imagefs"
 )
 
 // rootfsFormat names how root filesystems are built; changing the builder changes it, so
@@ -46,32 +41,12 @@ func (p *Provider) rootfs(ctx context.Context, ref string) (imageRoot, error) {
 	if err != nil {
 		return imageRoot{}, err
 	}
-	dockerd := p.dockerEngine(cli)
-	ictx, done := dockerd.Bound(ctx, "inspecting image "+ref, engine.ControlTimeout)
-	ins, err := cli.ImageInspect(ictx, ref)
-	done(&err)
-	var notAnswering *engine.NotAnsweringError
-	if errors.As(err, &notAnswering) {
-		return imageRoot{}, notAnswering
-	}
+	img, err := imagefs.Inspect(ctx, cli, p.dockerEngine(cli), ref,
+		"the "+p.Name()+" provider builds each VM's root filesystem from a Docker image", "start it (sudo dockerd &)")
 	if err != nil {
-		switch {
-		case cerrdefs.IsNotFound(err):
-			return imageRoot{}, &roche.Remedy{Err: fmt.Errorf("%w: image %s is not in the local Docker engine (the %s provider builds the VM's root filesystem from a Docker image)",
-				roche.ErrImageNotFound, ref, p.Name()), Run: "roche image build python", AsRoot: true, Image: "roche/python:local"}
-		case client.IsErrConnectionFailed(err):
-			return imageRoot{}, fmt.Errorf("%w: the %s provider builds each VM's root filesystem from a Docker image, and the Docker engine is not reachable: start it (sudo dockerd &)",
-				roche.ErrUnavailable, p.Name())
-		}
-		return imageRoot{}, fmt.Errorf("inspecting image %s: %w", ref, err)
+		return imageRoot{}, err
 	}
-	root := imageRoot{id: strings.TrimPrefix(ins.ID, "sha256:")}
-	if ins.Config != nil {
-		root.env, root.workdir = ins.Config.Env, ins.Config.WorkingDir
-	}
-	if strings.ContainsAny(root.id, "/.") || root.id == "" {
-		return imageRoot{}, fmt.Errorf("image %s has an unexpected id %q", ref, ins.ID)
-	}
+	root := imageRoot{id: img.ID, env: img.Env, workdir: img.Workdir}
 	dir := filepath.Join(p.cacheDir, "rootfs")
 	root.path = filepath.Join(dir, rootfsFormat+"-"+root.id+".ext4")
 	if _, err := os.Stat(root.path); err == nil {
@@ -144,7 +119,7 @@ func (p *Provider) buildRootfs(ctx context.Context, cli *client.Client, ref, dst
 	if err != nil {
 		return fmt.Errorf("exporting: %w", err)
 	}
-	stats, err := extractRootfs(rc, tree)
+	rep, err := imagefs.Unpack(rc, tree, true)
 	rc.Close()
 	if err != nil {
 		return fmt.Errorf("unpacking the export: %w", err)
@@ -153,10 +128,13 @@ func (p *Provider) buildRootfs(ctx context.Context, cli *client.Client, ref, dst
 		return err
 	}
 
-	// The image is sparse: generous room costs no disk, and a full root is read-only anyway.
-	size := (stats.bytes+stats.inodes*4096)*5/4 + 64<<20
+	// The image is sparse: generous room costs no disk, and a full root is read-only
+	// anyway. Every file's last block, directory and symlink counted as a whole block.
+	files := int64(rep.Files + rep.Dirs + rep.Links)
+	bytes, inodes := rep.Bytes+files*4096, files+int64(rep.Nodes)
+	size := (bytes+inodes*4096)*5/4 + 64<<20
 	size = (size + 1<<20 - 1) &^ (1<<20 - 1)
-	inodes := stats.inodes*5/4 + 4096
+	inodes = inodes*5/4 + 4096
 	part := filepath.Join(tmp, "image.ext4")
 	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-L", "roche-root",
 		"-b", "4096", "-I", "256", "-N", strconv.FormatInt(inodes, 10), "-m", "0",
@@ -211,237 +189,6 @@ func prepareTree(tree string) error {
 		}
 	}
 	return nil
-}
-
-type extractStats struct {
-	bytes  int64 // file data, rounded up to blocks
-	inodes int64
-}
-
-// extractRootfs unpacks an exported root filesystem into dir with owners, modes, times,
-// hard links, device nodes and extended attributes kept. Every path is resolved beneath
-// dir without following symlinks (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS): an image
-// is untrusted input, and a link planted by one entry must not carry a later entry onto
-// the host.
-func extractRootfs(r io.Reader, dir string) (extractStats, error) {
-	var st extractStats
-	rootFD, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return st, err
-	}
-	defer unix.Close(rootFD)
-	type dirAttrs struct {
-		name     string
-		mode     uint32
-		uid, gid int
-		mtime    time.Time
-	}
-	var dirs []dirAttrs
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return st, fmt.Errorf("reading the image archive: %w", err)
-		}
-		name, err := cleanEntry(hdr.Name)
-		if err != nil {
-			return st, err
-		}
-		st.inodes++
-		mode := uint32(hdr.Mode & 0o7777)
-		if name == "." {
-			if hdr.Typeflag == tar.TypeDir {
-				dirs = append(dirs, dirAttrs{".", mode, hdr.Uid, hdr.Gid, hdr.ModTime})
-			}
-			continue
-		}
-		pfd, base, err := openParent(rootFD, name)
-		if err != nil {
-			return st, fmt.Errorf("%s: %w", name, err)
-		}
-		err = func() error {
-			defer unix.Close(pfd)
-			switch hdr.Typeflag {
-			case tar.TypeDir:
-				if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
-					if !errors.Is(err, unix.EEXIST) {
-						return err
-					}
-					var s unix.Stat_t
-					if err := unix.Fstatat(pfd, base, &s, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-						return err
-					}
-					if s.Mode&unix.S_IFMT != unix.S_IFDIR {
-						if err := unix.Unlinkat(pfd, base, 0); err != nil {
-							return err
-						}
-						if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
-							return err
-						}
-					}
-				}
-				dirs = append(dirs, dirAttrs{name, mode, hdr.Uid, hdr.Gid, hdr.ModTime})
-				st.bytes += 4096
-				return nil
-			case tar.TypeReg: // the reader reports the old TypeRegA as TypeReg
-				removeEntry(pfd, base)
-				fd, err := unix.Openat(pfd, base, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-				if err != nil {
-					return err
-				}
-				f := os.NewFile(uintptr(fd), name)
-				defer f.Close()
-				n, err := io.Copy(f, tr)
-				if err != nil {
-					return err
-				}
-				st.bytes += (n + 4095) &^ 4095
-				if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
-					return err
-				}
-				// After chown, which clears set-id bits.
-				if err := unix.Fchmod(fd, mode); err != nil {
-					return err
-				}
-				for k, v := range hdr.PAXRecords {
-					if attr, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
-						if err := unix.Fsetxattr(fd, attr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
-							return fmt.Errorf("extended attribute %s: %w", attr, err)
-						}
-					}
-				}
-				ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
-				return unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
-			case tar.TypeSymlink:
-				removeEntry(pfd, base)
-				if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
-					return err
-				}
-				st.bytes += 4096
-				return unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW)
-			case tar.TypeLink:
-				target, err := cleanEntry(hdr.Linkname)
-				if err != nil || target == "." {
-					return fmt.Errorf("hard link to %q: %v", hdr.Linkname, err)
-				}
-				tfd, tbase, err := openParent(rootFD, target)
-				if err != nil {
-					return err
-				}
-				defer unix.Close(tfd)
-				removeEntry(pfd, base)
-				st.inodes-- // a link is not a new inode
-				return unix.Linkat(tfd, tbase, pfd, base, 0)
-			case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-				kind := map[byte]uint32{tar.TypeChar: unix.S_IFCHR, tar.TypeBlock: unix.S_IFBLK, tar.TypeFifo: unix.S_IFIFO}[hdr.Typeflag]
-				removeEntry(pfd, base)
-				dev := int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))
-				if err := unix.Mknodat(pfd, base, kind|mode&0o777, dev); err != nil {
-					return err
-				}
-				if err := unix.Fchownat(pfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-					return err
-				}
-				return unix.Fchmodat(pfd, base, mode, 0)
-			}
-			st.inodes--
-			return nil // other entry types (sockets, pax globals) carry nothing to keep
-		}()
-		if err != nil {
-			return st, fmt.Errorf("unpacking %s: %w", name, err)
-		}
-	}
-	// Directories last, deepest first: writing their entries changed their times, and a
-	// read-only directory must not stop its own entries being written.
-	sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i].name, "/") > strings.Count(dirs[j].name, "/") })
-	for _, d := range dirs {
-		fd, err := unix.Openat2(rootFD, d.name, &unix.OpenHow{
-			Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
-		if err != nil {
-			return st, fmt.Errorf("directory %s: %w", d.name, err)
-		}
-		err = unix.Fchown(fd, d.uid, d.gid)
-		if err == nil {
-			err = unix.Fchmod(fd, d.mode)
-		}
-		if err == nil {
-			ts := []unix.Timespec{unix.NsecToTimespec(d.mtime.UnixNano()), unix.NsecToTimespec(d.mtime.UnixNano())}
-			err = unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
-		}
-		unix.Close(fd)
-		if err != nil {
-			return st, fmt.Errorf("directory %s: %w", d.name, err)
-		}
-	}
-	return st, nil
-}
-
-// cleanEntry turns an archive name into a clean relative path, refusing one that climbs out.
-func cleanEntry(name string) (string, error) {
-	p := path.Clean("/" + strings.TrimPrefix(name, "./"))
-	if strings.Contains(name, "\x00") {
-		return "", fmt.Errorf("archive entry %q has a NUL byte", name)
-	}
-	for _, part := range strings.Split(name, "/") {
-		if part == ".." {
-			return "", fmt.Errorf("archive entry %q climbs out with \"..\"", name)
-		}
-	}
-	if p == "/" {
-		return ".", nil
-	}
-	return p[1:], nil
-}
-
-// openParent opens the directory that will hold name, beneath root, never through a
-// symlink, making missing directories on the way.
-func openParent(rootFD int, name string) (int, string, error) {
-	parent, base := path.Split(name)
-	parent = strings.TrimSuffix(parent, "/")
-	if parent == "" {
-		parent = "."
-	}
-	how := &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	}
-	fd, err := unix.Openat2(rootFD, parent, how)
-	if errors.Is(err, unix.ENOENT) {
-		// Archives list directories before their entries, but need not.
-		cur := "."
-		for _, part := range strings.Split(parent, "/") {
-			cur = path.Join(cur, part)
-			pfd, pbase, perr := openParent(rootFD, cur)
-			if perr != nil {
-				return -1, "", perr
-			}
-			if merr := unix.Mkdirat(pfd, pbase, 0o755); merr != nil && !errors.Is(merr, unix.EEXIST) {
-				unix.Close(pfd)
-				return -1, "", merr
-			}
-			unix.Close(pfd)
-		}
-		fd, err = unix.Openat2(rootFD, parent, how)
-	}
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
-			return -1, "", fmt.Errorf("the path goes through a symlink, which the image builder does not follow: %w", err)
-		}
-		return -1, "", err
-	}
-	return fd, base, nil
-}
-
-// removeEntry removes whatever name is in a directory, so an entry replaces it.
-func removeEntry(dirFD int, name string) {
-	if err := unix.Unlinkat(dirFD, name, 0); errors.Is(err, unix.EISDIR) {
-		_ = unix.Unlinkat(dirFD, name, unix.AT_REMOVEDIR)
-	}
 }
 
 func lastLines(s string, n int) string {

@@ -3,7 +3,6 @@
 package vm
 
 import (
-	"archive/tar"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -14,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -48,26 +46,10 @@ func fakeBzImage(t *testing.T, payload []byte, version string) []byte {
 	return append(img, make([]byte, 64)...) // trailing bytes, as a real image has
 }
 
-// tinyELF is an x86-64 ELF, its header and size bytes of filler: it stands in for a
-// kernel, small enough for the scans for compressed payloads to stay quick (the test
-// binary, which once stood in, is tens of MB under -race, with stray magic numbers that
-// each had a decompressor run on the rest of it).
-func tinyELF(size int) []byte {
-	b := bytes.Repeat([]byte{0x90}, 64+size)
-	copy(b, elf.ELFMAG)
-	b[elf.EI_CLASS], b[elf.EI_DATA], b[elf.EI_VERSION] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)
-	clear(b[elf.EI_OSABI:64])
-	binary.LittleEndian.PutUint16(b[16:], uint16(elf.ET_EXEC))
-	binary.LittleEndian.PutUint16(b[18:], uint16(elf.EM_X86_64))
-	binary.LittleEndian.PutUint32(b[20:], uint32(elf.EV_CURRENT))
-	binary.LittleEndian.PutUint16(b[52:], 64) // e_ehsize
-	return b
-}
-
 func TestExtractVmlinuxFromBzImage(t *testing.T) {
-	exe := tinyELF(1 << 20)
-	if !isELF(exe) {
-		t.Fatal("the stand-in kernel is not an x86-64 ELF")
+	exe, err := os.ReadFile("/proc/self/exe") // any x86-64 ELF stands in for a kernel
+	if err != nil {
+		t.Fatal(err)
 	}
 	img := fakeBzImage(t, exe, "6.1.0-99-test")
 	got, err := extractVmlinux(context.Background(), img)
@@ -97,7 +79,6 @@ func TestExtractVmlinuxFromBzImage(t *testing.T) {
 
 // TestExtractVmlinuxDebianKernel uncompresses the installed Debian kernel (xz inside).
 func TestExtractVmlinuxDebianKernel(t *testing.T) {
-	testenv.Needs(t, testenv.QEMU)
 	path, err := findKernel("")
 	if err != nil {
 		t.Fatalf("%v (the README's test command installs linux-image-amd64)", err)
@@ -207,124 +188,10 @@ func TestCPIOReadableByCpio(t *testing.T) {
 	}
 }
 
-func TestExtractRootfsKeepsWhatABootNeeds(t *testing.T) {
-	testenv.Needs(t, testenv.Root) // to keep owners and make device nodes
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	mtime := time.Unix(1700000000, 0)
-	add := func(h *tar.Header, body string) {
-		h.ModTime = mtime
-		h.Size = int64(len(body))
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write([]byte(body))
-	}
-	add(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755}, "")
-	add(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o555}, "")
-	add(&tar.Header{Name: "bin/su", Typeflag: tar.TypeReg, Mode: 0o4755, PAXRecords: map[string]string{"SCHILY.xattr.user.roche": "x"}}, "#!/bin/sh\n")
-	add(&tar.Header{Name: "bin/su-link", Typeflag: tar.TypeLink, Linkname: "bin/su"}, "")
-	add(&tar.Header{Name: "home/u/file", Typeflag: tar.TypeReg, Mode: 0o640, Uid: 1000, Gid: 1001}, "data")
-	add(&tar.Header{Name: "dev/null", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3}, "")
-	add(&tar.Header{Name: "lib", Typeflag: tar.TypeSymlink, Linkname: "usr/lib"}, "")
-	tw.Close()
-	dir := t.TempDir()
-	st, err := extractRootfs(&buf, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.inodes < 6 {
-		t.Errorf("counted %d inodes", st.inodes)
-	}
-	fi, err := os.Stat(filepath.Join(dir, "bin/su"))
-	if err != nil || fi.Mode()&os.ModeSetuid == 0 || fi.Mode().Perm() != 0o755 {
-		t.Errorf("bin/su: %v %v, want setuid 0755", fi.Mode(), err)
-	}
-	if !fi.ModTime().Equal(mtime) {
-		t.Errorf("mtime %v, want %v", fi.ModTime(), mtime)
-	}
-	if l, err := os.Stat(filepath.Join(dir, "bin/su-link")); err != nil || !os.SameFile(fi, l) {
-		t.Errorf("hard link not kept: %v", err)
-	}
-	if st := statT(t, filepath.Join(dir, "home/u/file")); st.Uid != 1000 || st.Gid != 1001 {
-		t.Errorf("owner %d:%d, want 1000:1001", st.Uid, st.Gid)
-	}
-	if st := statT(t, filepath.Join(dir, "dev/null")); st.Mode&syscall.S_IFMT != syscall.S_IFCHR || st.Rdev != 0x103 {
-		t.Errorf("dev/null mode %o rdev %x", st.Mode, st.Rdev)
-	}
-	if l, err := os.Readlink(filepath.Join(dir, "lib")); err != nil || l != "usr/lib" {
-		t.Errorf("symlink lib -> %q %v", l, err)
-	}
-	if d, _ := os.Stat(filepath.Join(dir, "bin")); d.Mode().Perm() != 0o555 {
-		t.Errorf("bin is %v, want 0555 (applied after its entries)", d.Mode())
-	}
-}
-
-func statT(t *testing.T, p string) *syscall.Stat_t {
-	t.Helper()
-	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil {
-		t.Fatal(err)
-	}
-	return &st
-}
-
-// TestExtractRootfsRefusesEscapes: an image is untrusted; no entry may write outside the
-// tree, through "..", an absolute name, or a symlink an earlier entry planted.
-func TestExtractRootfsRefusesEscapes(t *testing.T) {
-	testenv.Needs(t, testenv.Root)
-	outside := t.TempDir()
-	for name, entries := range map[string][]tar.Header{
-		"symlink parent": {
-			{Name: "etc", Typeflag: tar.TypeSymlink, Linkname: outside},
-			{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644},
-		},
-		"relative symlink parent": {
-			{Name: "a", Typeflag: tar.TypeSymlink, Linkname: "../../../../../../../.." + outside},
-			{Name: "a/evil", Typeflag: tar.TypeReg, Mode: 0o644},
-		},
-		"dot-dot": {{Name: "../evil", Typeflag: tar.TypeReg, Mode: 0o644}},
-		"hard link out": {
-			{Name: "l", Typeflag: tar.TypeSymlink, Linkname: outside},
-			{Name: "h", Typeflag: tar.TypeLink, Linkname: "l/x"},
-		},
-	} {
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		for _, h := range entries {
-			h.Size = 0
-			tw.WriteHeader(&h)
-		}
-		tw.Close()
-		if _, err := extractRootfs(&buf, t.TempDir()); err == nil {
-			t.Errorf("%s: extracted without error", name)
-		}
-	}
-	if left, _ := os.ReadDir(outside); len(left) > 0 {
-		t.Fatalf("files written outside the tree: %v", left)
-	}
-	// An absolute name stays inside.
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: outside + "/abs", Typeflag: tar.TypeReg, Mode: 0o644})
-	tw.Close()
-	dir := t.TempDir()
-	if _, err := extractRootfs(&buf, dir); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, outside, "abs")); err != nil {
-		t.Fatalf("absolute entry not placed inside: %v", err)
-	}
-	if left, _ := os.ReadDir(outside); len(left) > 0 {
-		t.Fatalf("files written outside the tree: %v", left)
-	}
-}
-
 // TestRootfsBuildFailureLeavesNothing: when mkfs.ext4 fails (here a stand-in that writes
 // half an image and exits 1), the error says so and nothing is left: no image, no
 // extracted tree, no export container.
 func TestRootfsBuildFailureLeavesNothing(t *testing.T) {
-	testenv.Needs(t, testenv.Root, testenv.Docker)
 	cache := t.TempDir()
 	fake := filepath.Join(t.TempDir(), "mkfs.ext4")
 	script := "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in *.ext4) echo partial > \"$a\";; esac; done\necho 'mkfs.ext4: Could not allocate block in ext2 filesystem' >&2\nexit 1\n"
