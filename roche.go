@@ -150,6 +150,12 @@ type FileInfo struct {
 	IsDir   bool        `json:"is_dir"`
 	Symlink string      `json:"symlink,omitempty"`
 	ModTime time.Time   `json:"mod_time"`
+	// UID and GID own it; Owner and Group are their names in the sandbox's /etc/passwd
+	// and /etc/group ("" when it has none).
+	UID   int    `json:"uid"`
+	GID   int    `json:"gid"`
+	Owner string `json:"owner,omitempty"`
+	Group string `json:"group,omitempty"`
 }
 
 // GarbageCollector removes expired sandboxes (or, with All, every one) that were

@@ -123,6 +123,11 @@ type Request struct {
 	Mode      uint32 `json:"mode,omitempty"`
 	Parents   bool   `json:"parents,omitempty"`
 	Recursive bool   `json:"recursive,omitempty"`
+	// Depth and MaxEntries bound a walk (files.go); MaxBytes, when positive, refuses a
+	// read of a larger file before any of it is sent.
+	Depth      int   `json:"depth,omitempty"`
+	MaxEntries int   `json:"max_entries,omitempty"`
+	MaxBytes   int64 `json:"max_bytes,omitempty"`
 
 	// lease
 	Keep bool `json:"keep,omitempty"`
@@ -215,6 +220,15 @@ type FileInfo struct {
 	IsDir   bool   `json:"is_dir"`
 	Symlink string `json:"symlink,omitempty"`
 	ModTime int64  `json:"mod_time_unix"`
+	// Type is TypeFile, TypeDir, TypeSymlink, ... (files.go); ModTimeNS the modification
+	// time in nanoseconds; UID, GID and their names (from the sandbox's /etc/passwd and
+	// /etc/group, empty when it has none) the owner.
+	Type      string `json:"type,omitempty"`
+	ModTimeNS int64  `json:"mod_time_ns,omitempty"`
+	UID       int    `json:"uid"`
+	GID       int    `json:"gid"`
+	Owner     string `json:"owner,omitempty"`
+	Group     string `json:"group,omitempty"`
 }
 
 // Health reports the agent's state.

@@ -160,6 +160,11 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		if s.caps.Processes {
 			t.Run("CopyNoSpace", s.testCopyNoSpace)
 		}
+		t.Run("FilesAPI", s.testFilesAPI)
+		t.Run("FilesWatch", s.testFilesWatch)
+		if s.caps.Processes {
+			t.Run("FilesAttacks", s.testFilesAttacks)
+		}
 	}
 	if _, ok := p.(roche.Terminal); ok && s.caps.Processes {
 		t.Run("Terminal", func(t *testing.T) { s.testTerminal(t, shared) })

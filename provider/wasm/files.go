@@ -244,12 +244,26 @@ func (p *Provider) ReadFile(ctx context.Context, id, guest string, w io.Writer) 
 	if fi.IsDir() {
 		return fmt.Errorf("%w: %s is a directory: list it, or copy it out as an archive", roche.ErrInvalidConfig, t.guest)
 	}
-	f, err := root.Open(t.rel)
+	if !fi.Mode().IsRegular() {
+		// A host mount may hold a FIFO (a read would wait for a writer) or a device.
+		return fmt.Errorf("%w: %s is a %s, not a regular file: the files API reads regular files only",
+			roche.ErrInvalidConfig, t.guest, fileInfo(root, t.relOrDot(), t.guest, fi).FileType())
+	}
+	f, err := root.OpenFile(t.rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return t.err(err)
 	}
 	defer f.Close()
-	if _, err := io.Copy(w, ctxReader{ctx, f}); err != nil {
+	now, err := f.Stat()
+	if err != nil {
+		return t.err(err)
+	}
+	if !now.Mode().IsRegular() {
+		return fmt.Errorf("%w: %s is not a regular file: the files API reads regular files only", roche.ErrInvalidConfig, t.guest)
+	}
+	// What the file holds when the read begins: one that grows meanwhile cannot make the
+	// read endless.
+	if _, err := io.Copy(w, ctxReader{ctx, io.LimitReader(f, now.Size())}); err != nil {
 		return t.err(err)
 	}
 	return nil
@@ -313,12 +327,12 @@ func (p *Provider) Stat(ctx context.Context, id, guest string) (roche.FileInfo, 
 	return info, nil
 }
 
-// fileInfo describes one entry as the Docker provider does: permission bits, plus
-// ModeDir or ModeSymlink.
+// fileInfo describes one entry as the Docker provider does: permission bits, plus its
+// type (ModeDir, ModeSymlink, ...). Owners are left out: a wasm sandbox has no users.
 func fileInfo(root *os.Root, rel, guest string, fi fs.FileInfo) roche.FileInfo {
 	info := roche.FileInfo{
 		Name: fi.Name(), Path: guest, Size: fi.Size(),
-		Mode:  fi.Mode().Perm() | fi.Mode()&(fs.ModeDir|fs.ModeSymlink),
+		Mode:  fi.Mode().Perm() | fi.Mode()&(fs.ModeDir|fs.ModeSymlink|fs.ModeNamedPipe|fs.ModeSocket|fs.ModeDevice|fs.ModeCharDevice),
 		IsDir: fi.IsDir(), ModTime: fi.ModTime(),
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {

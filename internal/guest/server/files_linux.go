@@ -8,11 +8,13 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/tarfs"
@@ -23,8 +25,9 @@ var jsonUnmarshal = json.Unmarshal
 // files serves the file operations. Each runs with the sandbox user's filesystem
 // identity (see asUser), so the API can read and write exactly what the sandboxed code
 // could, and files it creates belong to that user. Paths must be absolute, may not climb
-// with "..", and are never resolved through a symlink: a link planted by the sandboxed
-// code cannot redirect a write.
+// with "..", and are never resolved through a symlink (fspath_linux.go): a link planted
+// by the sandboxed code cannot redirect a read or a write, nor can one swapped in for a
+// directory while the call runs. Nothing in /proc is served.
 func (s *Server) files(c *conn, req guest.Request) error {
 	p, err := checkPath(req.Path)
 	if err != nil {
@@ -32,29 +35,22 @@ func (s *Server) files(c *conn, req guest.Request) error {
 	}
 	switch req.Op {
 	case guest.OpWrite:
-		return s.asUser(func() error { return s.writeFile(c, p, req) })
+		return s.writeFile(c, p, req)
 	case guest.OpRead:
-		var f *os.File
-		if err := s.asUser(func() (err error) { f, err = openNoFollow(p, os.O_RDONLY, 0); return err }); err != nil {
-			return err
-		}
-		defer f.Close()
-		if fi, err := f.Stat(); err == nil && fi.IsDir() {
-			return invalid("%s is a directory: list it, or copy it out as an archive", p)
-		}
-		if err := sendData(c, f); err != nil {
-			return err
-		}
-		return c.send(guest.FrameDataEOF, nil)
+		return s.readFile(c, p, req)
 	case guest.OpStat:
 		var info guest.FileInfo
 		err := s.asUser(func() error {
-			fi, err := os.Lstat(p)
+			dir, name, err := openParent(p)
 			if err != nil {
-				return fileErr(p, err)
+				return err
 			}
-			info = fileInfo(p, fi)
-			return nil
+			defer unix.Close(dir)
+			if err := checkNotProc(dir, p); err != nil {
+				return err
+			}
+			info, err = statAt(dir, name, p, &idNames{})
+			return err
 		})
 		if err != nil {
 			return err
@@ -63,47 +59,38 @@ func (s *Server) files(c *conn, req guest.Request) error {
 	case guest.OpList:
 		out := []guest.FileInfo{}
 		err := s.asUser(func() error {
-			entries, err := os.ReadDir(p)
-			if err != nil {
-				return fileErr(p, err)
-			}
-			for _, e := range entries {
-				if fi, err := e.Info(); err == nil {
-					out = append(out, fileInfo(path.Join(p, e.Name()), fi))
-				}
-			}
-			return nil
+			return walk(p, 1, guest.MaxWalkEntries, func(fi guest.FileInfo) error {
+				out = append(out, fi)
+				return nil
+			})
 		})
 		if err != nil {
 			return err
 		}
 		return c.sendJSON(guest.FrameReply, out)
+	case guest.OpWalk:
+		return s.walkTo(c, p, req)
+	case guest.OpWatch:
+		return s.watch(c, p, req)
 	case guest.OpMkdir:
-		mode := fs.FileMode(req.Mode)
+		mode := uint32(req.Mode)
 		if mode == 0 {
 			mode = 0o755
 		}
-		err := s.asUser(func() error {
+		var created bool
+		err := s.asUser(func() (err error) {
 			if req.Parents {
-				return fileErr(p, os.MkdirAll(p, mode))
+				created, err = mkdirAll(p, mode)
+				return err
 			}
-			return fileErr(p, os.Mkdir(p, mode))
+			return mkdirOne(p, mode)
 		})
 		if err != nil {
 			return err
 		}
-		return c.sendJSON(guest.FrameReply, struct{}{})
+		return c.sendJSON(guest.FrameReply, map[string]bool{"created": created || !req.Parents})
 	case guest.OpRemove:
-		err := s.asUser(func() error {
-			if _, err := os.Lstat(p); err != nil {
-				return fileErr(p, err)
-			}
-			if req.Recursive {
-				return fileErr(p, os.RemoveAll(p))
-			}
-			return fileErr(p, os.Remove(p))
-		})
-		if err != nil {
+		if err := s.asUser(func() error { return removePath(p, req.Recursive) }); err != nil {
 			return err
 		}
 		return c.sendJSON(guest.FrameReply, struct{}{})
@@ -112,7 +99,7 @@ func (s *Server) files(c *conn, req guest.Request) error {
 		if err != nil {
 			return err
 		}
-		if err := s.asUser(func() error { return fileErr(p, os.Rename(p, to)) }); err != nil {
+		if err := s.asUser(func() error { return renamePath(p, to) }); err != nil {
 			return err
 		}
 		return c.sendJSON(guest.FrameReply, struct{}{})
@@ -150,18 +137,105 @@ func (s *Server) files(c *conn, req guest.Request) error {
 	return invalid("unknown file operation %q", req.Op)
 }
 
+// regularOnly refuses what is not a regular file: reading a FIFO would wait for a
+// writer, a device could stream forever or act on its being opened.
+func regularOnly(st *unix.Stat_t, p, verb string) error {
+	switch t := fileType(st.Mode); t {
+	case guest.TypeFile:
+		return nil
+	case guest.TypeDir:
+		return invalid("%s is a directory: list it, or copy it as an archive (roche cp)", p)
+	default:
+		return invalid("%s is a %s, not a regular file: the files API %s regular files only", p, t, verb)
+	}
+}
+
+// readFile sends p's content: the bytes it holds when the read begins, so a file that
+// grows meanwhile cannot make the read endless (what is appended is not sent) and one
+// truncated meanwhile sends what is left.
+func (s *Server) readFile(c *conn, p string, req guest.Request) error {
+	var f *os.File
+	var size int64
+	err := s.asUser(func() error {
+		// O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+		fd, err := openInDir(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+		if err != nil {
+			return fileErr(p, err)
+		}
+		f = os.NewFile(uintptr(fd), p)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return fileErr(p, err)
+		}
+		if err := regularOnly(&st, p, "reads"); err != nil {
+			return err
+		}
+		if err := checkNotProc(fd, p); err != nil {
+			return err
+		}
+		size = st.Size
+		if req.MaxBytes > 0 && size > req.MaxBytes {
+			return &guest.Error{Code: guest.CodeTooLarge, Message: fmt.Sprintf("%s is %d bytes, over the %d bytes this read may move", p, size, req.MaxBytes)}
+		}
+		return unix.SetNonblock(fd, false)
+	})
+	if f != nil {
+		defer f.Close()
+	}
+	if err != nil {
+		return err
+	}
+	if err := sendData(c, io.LimitReader(f, size)); err != nil {
+		return fileErr(p, err)
+	}
+	return c.send(guest.FrameDataEOF, nil)
+}
+
+// writeFile writes the data frames to p, replacing it (made with its parents when asked).
+// A write that fails (no space, the client gone) removes the file: never a truncated one.
 func (s *Server) writeFile(c *conn, p string, req guest.Request) error {
-	mode := fs.FileMode(req.Mode)
+	mode := uint32(req.Mode)
 	if mode == 0 {
 		mode = 0o644
 	}
-	if req.Parents {
-		if err := os.MkdirAll(path.Dir(p), 0o755); err != nil {
-			return fileErr(path.Dir(p), err)
+	var f *os.File
+	var st unix.Stat_t
+	err := s.asUser(func() error {
+		if req.Parents && path.Dir(p) != "/" {
+			if _, err := mkdirAll(path.Dir(p), 0o755); err != nil {
+				return err
+			}
 		}
-	}
-	f, err := openNoFollow(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+		// No O_TRUNC before the type is known: a FIFO or device is refused untouched.
+		fd, err := openInDir(p, unix.O_WRONLY|unix.O_CREAT|unix.O_NONBLOCK|unix.O_NOCTTY, mode)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) { // a FIFO without a reader
+				return invalid("%s is a fifo, not a regular file: the files API writes regular files only", p)
+			}
+			return fileErr(p, err)
+		}
+		f = os.NewFile(uintptr(fd), p)
+		if err := unix.Fstat(fd, &st); err != nil {
+			return fileErr(p, err)
+		}
+		if err := regularOnly(&st, p, "writes"); err != nil {
+			return err
+		}
+		if err := checkNotProc(fd, p); err != nil {
+			return err
+		}
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			return fileErr(p, err)
+		}
+		if int(st.Uid) == s.uid && st.Mode&0o7777 != mode {
+			_ = unix.Fchmod(fd, mode) // the mode asked for, not the umask's leftover
+		}
+		return unix.SetNonblock(fd, false)
+	})
 	if err != nil {
+		if f != nil {
+			f.Close()
+		}
 		// Drain what the client sends so it reads our error rather than a broken pipe.
 		_, _ = io.Copy(io.Discard, &dataReader{c: c})
 		return err
@@ -171,9 +245,310 @@ func (s *Server) writeFile(c *conn, p string, req guest.Request) error {
 		err = cerr
 	}
 	if err != nil {
+		_ = s.asUser(func() error { return removeIfSame(p, &st) })
 		return fileErr(p, err)
 	}
 	return c.sendJSON(guest.FrameReply, map[string]int64{"size": n})
+}
+
+// removeIfSame removes p if it is still the file st describes.
+func removeIfSame(p string, st *unix.Stat_t) error {
+	dir, name, err := openParent(p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	var now unix.Stat_t
+	if err := unix.Fstatat(dir, name, &now, unix.AT_SYMLINK_NOFOLLOW); err != nil || now.Dev != st.Dev || now.Ino != st.Ino {
+		return nil
+	}
+	return unix.Unlinkat(dir, name, 0)
+}
+
+// mkdirOne makes the directory p, whose parent must exist.
+func mkdirOne(p string, mode uint32) error {
+	dir, name, err := openParent(p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	if name == "" {
+		return fileErr(p, unix.EEXIST)
+	}
+	return fileErr(p, unix.Mkdirat(dir, name, mode))
+}
+
+// mkdirAll makes p and its missing parents, and reports whether it made p (false: it
+// was a directory already). No component is followed if it is a symlink.
+func mkdirAll(p string, mode uint32) (bool, error) {
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, fileErr("/", err)
+	}
+	created := false
+	cur := "/"
+	for _, part := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		if part == "" {
+			continue
+		}
+		cur = path.Join(cur, part)
+		created = false
+		next, err := unix.Openat(fd, part, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdirat(fd, part, mode); err == nil {
+				created = true
+			} else if !errors.Is(err, unix.EEXIST) {
+				unix.Close(fd)
+				return false, fileErr(cur, err)
+			}
+			next, err = unix.Openat(fd, part, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+		if err != nil {
+			err = symlinkAt(fd, part, cur, err)
+			unix.Close(fd)
+			if ae := (*guest.Error)(nil); errors.As(err, &ae) && ae.Code == guest.CodeInvalid {
+				return false, invalid("%s exists and is not a directory", cur)
+			}
+			return false, err
+		}
+		unix.Close(fd)
+		fd = next
+	}
+	unix.Close(fd)
+	return created, nil
+}
+
+// removePath removes p and, when recursive, everything below it, following no symlink
+// (a link is removed, not what it points to).
+func removePath(p string, recursive bool) error {
+	dir, name, err := openParent(p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	if name == "" {
+		return &guest.Error{Code: guest.CodePermission, Message: "refusing to remove /"}
+	}
+	if err := checkNotProc(dir, p); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fileErr(p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fileErr(p, unix.Unlinkat(dir, name, 0))
+	}
+	if !recursive {
+		return fileErr(p, unix.Unlinkat(dir, name, unix.AT_REMOVEDIR))
+	}
+	return fileErr(p, removeTree(dir, name, 0))
+}
+
+// maxRemoveDepth bounds the directories removeTree holds open at once.
+const maxRemoveDepth = 512
+
+// removeTree removes name in parent and everything below it, by descriptor.
+func removeTree(parent int, name string, depth int) error {
+	err := unix.Unlinkat(parent, name, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if !isDirErr(err) {
+		return err
+	}
+	if depth > maxRemoveDepth {
+		return fmt.Errorf("more than %d directories deep", maxRemoveDepth)
+	}
+	for pass := 0; ; pass++ {
+		fd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			return unix.Unlinkat(parent, name, 0) // swapped for a link or a file meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		d := os.NewFile(uintptr(fd), name)
+		var first error
+		for {
+			names, rerr := d.Readdirnames(1024)
+			for _, n := range names {
+				if err := removeTree(fd, n, depth+1); err != nil && first == nil {
+					first = err
+				}
+			}
+			if rerr != nil || len(names) == 0 {
+				break
+			}
+		}
+		d.Close()
+		if first != nil {
+			return first
+		}
+		err = unix.Unlinkat(parent, name, unix.AT_REMOVEDIR)
+		if !errors.Is(err, unix.ENOTEMPTY) || pass == 2 {
+			if errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// renamePath moves from to to, following no symlink on the way to either (a link is
+// moved, not what it points to).
+func renamePath(from, to string) error {
+	fdir, fname, err := openParent(from)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fdir)
+	tdir, tname, err := openParent(to)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tdir)
+	if fname == "" || tname == "" {
+		return &guest.Error{Code: guest.CodePermission, Message: "refusing to rename /"}
+	}
+	if err := checkNotProc(fdir, from); err != nil {
+		return err
+	}
+	if err := checkNotProc(tdir, to); err != nil {
+		return err
+	}
+	if err := unix.Renameat(fdir, fname, tdir, tname); err != nil {
+		if errors.Is(err, unix.EXDEV) {
+			return invalid("%s and %s are on different filesystems (a mount each): copy it and remove the original", from, to)
+		}
+		if errors.Is(err, unix.ENOENT) {
+			if unix.Fstatat(fdir, fname, new(unix.Stat_t), unix.AT_SYMLINK_NOFOLLOW) != nil {
+				return fileErr(from, err)
+			}
+		}
+		return fileErr(to, err)
+	}
+	return nil
+}
+
+// walkBatch is how many entries a walk sends per frame.
+const walkBatch = 256
+
+// walkTo sends what is below p, to the request's depth, in batches.
+func (s *Server) walkTo(c *conn, p string, req guest.Request) error {
+	depth := req.Depth
+	if depth <= 0 {
+		depth = 1
+	}
+	if depth > guest.MaxWalkDepth {
+		return invalid("depth %d is over the most a listing may go, %d", depth, guest.MaxWalkDepth)
+	}
+	maxEntries := req.MaxEntries
+	if maxEntries <= 0 || maxEntries > guest.MaxWalkEntries {
+		maxEntries = guest.MaxWalkEntries
+	}
+	batch := make([]guest.FileInfo, 0, walkBatch)
+	err := s.asUser(func() error {
+		return walk(p, depth, maxEntries, func(fi guest.FileInfo) error {
+			batch = append(batch, fi)
+			if len(batch) == walkBatch {
+				err := c.sendJSON(guest.FrameReply, batch)
+				batch = batch[:0]
+				return err
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return err
+	}
+	if len(batch) > 0 {
+		if err := c.sendJSON(guest.FrameReply, batch); err != nil {
+			return err
+		}
+	}
+	return c.send(guest.FrameDataEOF, nil)
+}
+
+// walk calls fn with every entry below the directory p, to depth levels, each
+// directory's entries in name order before what is below them; at most maxEntries, or
+// CodeTooLarge. No symlink is followed and nothing in /proc is entered.
+func walk(p string, depth, maxEntries int, fn func(guest.FileInfo) error) error {
+	fd, err := openNoFollow(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	if err := checkNotProc(fd, p); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	w := &walker{fn: fn, left: maxEntries, max: maxEntries, root: p, depth: depth, names: &idNames{}}
+	return w.dir(fd, p, 1)
+}
+
+type walker struct {
+	fn        func(guest.FileInfo) error
+	left, max int
+	root      string
+	depth     int
+	names     *idNames
+}
+
+// dir lists the open directory fd (path p, at level), then descends; it closes fd.
+func (w *walker) dir(fd int, p string, level int) error {
+	d := os.NewFile(uintptr(fd), p)
+	defer d.Close()
+	var names []string
+	for {
+		batch, err := d.Readdirnames(1024)
+		names = append(names, batch...)
+		if len(names) > w.left {
+			return w.tooMany()
+		}
+		if err != nil || len(batch) == 0 {
+			break
+		}
+	}
+	slices.Sort(names)
+	var subdirs []string
+	for _, n := range names {
+		if w.left == 0 {
+			return w.tooMany()
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // gone meanwhile
+		}
+		w.left--
+		fi := describe(fd, n, path.Join(p, n), &st, w.names)
+		if err := w.fn(fi); err != nil {
+			return err
+		}
+		if fi.Type == guest.TypeDir && level < w.depth {
+			subdirs = append(subdirs, n)
+		}
+	}
+	for _, n := range subdirs {
+		sub, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // gone, swapped, or not the user's to read: listed, not entered
+		}
+		if onProcFD(sub) {
+			unix.Close(sub)
+			continue
+		}
+		if err := w.dir(sub, path.Join(p, n), level+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *walker) tooMany() error {
+	return &guest.Error{Code: guest.CodeTooLarge, Message: fmt.Sprintf("%s holds more than %d entries to depth %d: list less deep, or a directory below it", w.root, w.max, w.depth)}
 }
 
 // asUser runs fn on an OS thread whose filesystem uid and gid are the sandbox user's and
@@ -270,42 +645,6 @@ func checkPath(p string) (string, error) {
 	return path.Clean(p), nil
 }
 
-// openNoFollow opens p refusing a symlink at any component (openat2 RESOLVE_NO_SYMLINKS
-// where the kernel has it, else a component walk then O_NOFOLLOW).
-func openNoFollow(p string, flag int, mode fs.FileMode) (*os.File, error) {
-	if err := noSymlinks(p); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(p, flag|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, mode)
-	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, &guest.Error{Code: guest.CodePermission, Message: fmt.Sprintf("%s is a symlink: the files API does not follow symlinks", p)}
-		}
-		return nil, fileErr(p, err)
-	}
-	return f, nil
-}
-
-// noSymlinks refuses a path with a symlink among its parent directories.
-func noSymlinks(p string) error {
-	dir := path.Dir(p)
-	cur := "/"
-	for _, part := range strings.Split(strings.TrimPrefix(dir, "/"), "/") {
-		if part == "" {
-			continue
-		}
-		cur = filepath.Join(cur, part)
-		fi, err := os.Lstat(cur)
-		if err != nil {
-			return nil // missing parents are reported by the operation itself
-		}
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			return &guest.Error{Code: guest.CodePermission, Message: fmt.Sprintf("%s goes through the symlink %s: the files API does not follow symlinks", p, cur)}
-		}
-	}
-	return nil
-}
-
 // fileErr turns an OS error into an agent error that says what happened and what to do.
 func fileErr(p string, err error) error {
 	if err == nil {
@@ -328,6 +667,14 @@ func fileErr(p string, err error) error {
 		return &guest.Error{Code: guest.CodeInvalid, Message: fmt.Sprintf("%s already exists", p)}
 	case errors.Is(err, syscall.ENOTEMPTY):
 		return &guest.Error{Code: guest.CodeInvalid, Message: fmt.Sprintf("%s is a non-empty directory: remove it recursively", p)}
+	case errors.Is(err, syscall.ENOTDIR):
+		return &guest.Error{Code: guest.CodeInvalid, Message: fmt.Sprintf("%s: a part of it is not a directory", p)}
+	case errors.Is(err, syscall.EISDIR):
+		return &guest.Error{Code: guest.CodeInvalid, Message: fmt.Sprintf("%s is a directory", p)}
+	case errors.Is(err, syscall.ELOOP):
+		return &guest.Error{Code: guest.CodePermission, Message: fmt.Sprintf("%s is or goes through a symlink: the files API does not follow symlinks", p)}
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return &guest.Error{Code: guest.CodeInvalid, Message: fmt.Sprintf("%s: a name in it is too long", p[:min(len(p), 200)])}
 	}
 	switch {
 	case errors.Is(err, tarfs.ErrUnsafe):
@@ -336,17 +683,6 @@ func fileErr(p string, err error) error {
 		return &guest.Error{Code: guest.CodeInvalid, Message: err.Error()}
 	}
 	return &guest.Error{Code: guest.CodeInternal, Message: fmt.Sprintf("%s: %v", p, err)}
-}
-
-func fileInfo(p string, fi fs.FileInfo) guest.FileInfo {
-	info := guest.FileInfo{
-		Name: fi.Name(), Path: p, Size: fi.Size(), Mode: uint32(fi.Mode().Perm()),
-		IsDir: fi.IsDir(), ModTime: fi.ModTime().Unix(),
-	}
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		info.Symlink, _ = os.Readlink(p)
-	}
-	return info
 }
 
 // sendData streams r as data frames.

@@ -120,6 +120,8 @@ type Server struct {
 	procs map[int]*proc // background and running commands by pid
 	// stopping says why the agent, and so the sandbox, is stopping; "" while it serves.
 	stopping string
+	// watches counts the files API's open watches (watch_linux.go).
+	watches watchSlots
 }
 
 // stopAs records why the sandbox is stopping, before its commands are stopped, so that
@@ -444,7 +446,7 @@ func (s *Server) serve(nc net.Conn) {
 	case guest.OpCodeRun, guest.OpCodeCreate, guest.OpCodeList, guest.OpCodeRestart, guest.OpCodeRemove, guest.OpCodeWarm:
 		err = s.codeOp(c, req)
 	case guest.OpWrite, guest.OpRead, guest.OpList, guest.OpStat, guest.OpMkdir, guest.OpRemove,
-		guest.OpRename, guest.OpUntar, guest.OpTar:
+		guest.OpRename, guest.OpUntar, guest.OpTar, guest.OpWalk, guest.OpWatch:
 		err = s.files(c, req)
 	default:
 		err = invalid("unknown operation %q", req.Op)

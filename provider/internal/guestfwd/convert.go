@@ -33,7 +33,7 @@ func Err(id string, err error) (error, bool) {
 		sentinel = roche.ErrPermission
 	case guest.CodeUnsupported:
 		sentinel = roche.ErrUnsupported
-	case guest.CodeNoSpace:
+	case guest.CodeNoSpace, guest.CodeTooLarge, guest.CodeExhausted:
 		sentinel = roche.ErrExhausted
 	case guest.CodeInternal:
 		return fmt.Errorf("sandbox %s: %s", id, ae.Message), true
@@ -48,15 +48,33 @@ func Err(id string, err error) (error, bool) {
 // FileInfo is the core's description of a file the agent described.
 func FileInfo(fi guest.FileInfo) roche.FileInfo {
 	mode := fs.FileMode(fi.Mode)
-	if fi.IsDir {
+	switch fi.Type {
+	case guest.TypeDir:
 		mode |= fs.ModeDir
-	}
-	if fi.Symlink != "" {
+	case guest.TypeSymlink:
 		mode |= fs.ModeSymlink
+	case guest.TypeFIFO:
+		mode |= fs.ModeNamedPipe
+	case guest.TypeSocket:
+		mode |= fs.ModeSocket
+	case guest.TypeDevice:
+		mode |= fs.ModeDevice
+	case "": // an agent from before types were reported
+		if fi.IsDir {
+			mode |= fs.ModeDir
+		}
+		if fi.Symlink != "" {
+			mode |= fs.ModeSymlink
+		}
+	}
+	mtime := time.Unix(fi.ModTime, 0)
+	if fi.ModTimeNS != 0 {
+		mtime = time.Unix(0, fi.ModTimeNS)
 	}
 	return roche.FileInfo{
-		Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: mode, IsDir: fi.IsDir,
-		Symlink: fi.Symlink, ModTime: time.Unix(fi.ModTime, 0),
+		Name: fi.Name, Path: fi.Path, Size: fi.Size, Mode: mode, IsDir: mode.IsDir(),
+		Symlink: fi.Symlink, ModTime: mtime,
+		UID: fi.UID, GID: fi.GID, Owner: fi.Owner, Group: fi.Group,
 	}
 }
 

@@ -3,6 +3,7 @@ package guestfwd
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 	"testing"
 
@@ -17,6 +18,8 @@ func TestErr(t *testing.T) {
 		guest.CodeUnsupported: roche.ErrUnsupported,
 		guest.CodeInvalid:     roche.ErrInvalidConfig,
 		guest.CodeNoSpace:     roche.ErrExhausted,
+		guest.CodeTooLarge:    roche.ErrExhausted,
+		guest.CodeExhausted:   roche.ErrExhausted,
 	} {
 		err, ok := Err("sb1", fmt.Errorf("wrapped: %w", &guest.Error{Code: code, Message: "what happened"}))
 		if !ok || !errors.Is(err, want) || !strings.Contains(err.Error(), "what happened") {
@@ -34,5 +37,29 @@ func TestErr(t *testing.T) {
 	plain := errors.New("connection refused")
 	if err, ok := Err("sb1", plain); ok || err != plain {
 		t.Errorf("a connection error is the provider's to judge: %v %v", err, ok)
+	}
+}
+
+func TestFileInfo(t *testing.T) {
+	for _, c := range []struct {
+		in   guest.FileInfo
+		want fs.FileMode
+		typ  string
+	}{
+		{guest.FileInfo{Mode: 0o644, Type: guest.TypeFile}, 0o644, "file"},
+		{guest.FileInfo{Mode: 0o755, Type: guest.TypeDir, IsDir: true}, fs.ModeDir | 0o755, "dir"},
+		{guest.FileInfo{Mode: 0o777, Type: guest.TypeSymlink, Symlink: "/etc"}, fs.ModeSymlink | 0o777, "symlink"},
+		{guest.FileInfo{Mode: 0o600, Type: guest.TypeFIFO}, fs.ModeNamedPipe | 0o600, "fifo"},
+		{guest.FileInfo{Mode: 0o666, Type: guest.TypeDevice}, fs.ModeDevice | 0o666, "device"},
+		{guest.FileInfo{Mode: 0o755, IsDir: true}, fs.ModeDir | 0o755, "dir"}, // an older agent
+	} {
+		got := FileInfo(c.in)
+		if got.Mode != c.want || got.FileType() != c.typ || got.IsDir != (c.typ == "dir") {
+			t.Errorf("%+v: mode %v type %s, want %v %s", c.in, got.Mode, got.FileType(), c.want, c.typ)
+		}
+	}
+	got := FileInfo(guest.FileInfo{ModTime: 5, ModTimeNS: 5_000_000_123, UID: 7, GID: 8, Owner: "u", Group: "g"})
+	if got.ModTime.UnixNano() != 5_000_000_123 || got.UID != 7 || got.GID != 8 || got.Owner != "u" || got.Group != "g" {
+		t.Errorf("times and owners: %+v", got)
 	}
 }
