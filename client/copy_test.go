@@ -53,7 +53,7 @@ func TestCopyCapThroughDaemon(t *testing.T) {
 		t.Fatalf("ReadFile of 2 MiB past roched's cap: %v", err)
 	}
 	// The client's own cap, below the daemon's: refused before the content is read.
-	if err := p.ReadFileLimit(ctx, sb.ID, "/tmp/two", io.Discard, 1000); !errors.Is(err, roche.ErrExhausted) || !strings.Contains(err.Error(), "1000 bytes") {
+	if _, err := p.ReadFileLimit(ctx, sb.ID, "/tmp/two", io.Discard, 1000); !errors.Is(err, roche.ErrExhausted) || !strings.Contains(err.Error(), "1000 bytes") {
 		t.Fatalf("ReadFileLimit 1000 of 2 MiB: %v", err)
 	}
 	if err := p.ReadFile(ctx, sb.ID, "/tmp/huge", io.Discard); !errors.Is(err, roche.ErrExhausted) || !strings.Contains(err.Error(), "10 TiB") {

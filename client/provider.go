@@ -42,6 +42,10 @@ var (
 // Provider returns the daemon's provider called name ("docker", "wasm", ...).
 func (c *Client) Provider(name string) *Provider { return &Provider{c: c, name: name} }
 
+// Client is the client the provider calls through (for the daemon's own calls, such as
+// its watchers).
+func (p *Provider) Client() *Client { return p.c }
+
 // Name implements roche.Provider.
 func (p *Provider) Name() string { return p.name }
 

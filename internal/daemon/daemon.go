@@ -126,6 +126,10 @@ type Daemon struct {
 
 	// output bounds the unary Exec output held at once (output.go).
 	output outputBudget
+	// watches counts each tenant's open watches; watchers are those roched holds for
+	// clients that poll (watchers.go).
+	watches  watchCounter
+	watchers watcherSet
 
 	// tenants are the TCP tenants; local is the unix socket's, and ownUser the same
 	// tenant when the caller runs as roched's own user (SO_PEERCRED), who is served its
@@ -388,7 +392,7 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 		connect.WithInterceptors(uploadLimit{max: cmp.Or(d.cfg.MaxUploadBytes, wire.MaxUploadBytes)}),
 	)
 	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
-	mux.Handle(path, d.releaseHeld(h))
+	mux.Handle(path, d.releaseHeld(uncompressedFiles(h)))
 	// Server reflection, so that grpcurl and buf curl list and call the methods without
 	// the .proto at hand; behind the same token check as the API.
 	reflector := grpcreflect.NewStaticReflector(rochev1connect.SandboxServiceName)

@@ -404,8 +404,16 @@ func (s *session) upload(r io.Reader) error {
 			break
 		}
 		if err != nil {
+			// Ending the upload without its end-of-data frame fails it in the agent, which
+			// removes what it wrote; waiting for its answer (where the connection can be
+			// half-closed) means that is done when this returns.
+			if cw, ok := s.nc.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+				select {
+				case <-replied:
+				case <-time.After(5 * time.Second):
+				}
+			}
 			s.nc.Close()
-			<-replied
 			return fmt.Errorf("reading the data to send: %w", err)
 		}
 		select {

@@ -145,6 +145,132 @@ func (OutputStream) EnumDescriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
+// FileType is what a path is.
+type FileType int32
+
+const (
+	FileType_FILE_TYPE_UNSPECIFIED FileType = 0
+	FileType_FILE_TYPE_FILE        FileType = 1
+	FileType_FILE_TYPE_DIRECTORY   FileType = 2
+	FileType_FILE_TYPE_SYMLINK     FileType = 3
+	// FILE_TYPE_OTHER: a FIFO, socket or device node, which the files API neither reads
+	// nor writes.
+	FileType_FILE_TYPE_OTHER FileType = 4
+)
+
+// Enum value maps for FileType.
+var (
+	FileType_name = map[int32]string{
+		0: "FILE_TYPE_UNSPECIFIED",
+		1: "FILE_TYPE_FILE",
+		2: "FILE_TYPE_DIRECTORY",
+		3: "FILE_TYPE_SYMLINK",
+		4: "FILE_TYPE_OTHER",
+	}
+	FileType_value = map[string]int32{
+		"FILE_TYPE_UNSPECIFIED": 0,
+		"FILE_TYPE_FILE":        1,
+		"FILE_TYPE_DIRECTORY":   2,
+		"FILE_TYPE_SYMLINK":     3,
+		"FILE_TYPE_OTHER":       4,
+	}
+)
+
+func (x FileType) Enum() *FileType {
+	p := new(FileType)
+	*p = x
+	return p
+}
+
+func (x FileType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileType) Descriptor() protoreflect.EnumDescriptor {
+	return file_roche_v1_sandbox_proto_enumTypes[2].Descriptor()
+}
+
+func (FileType) Type() protoreflect.EnumType {
+	return &file_roche_v1_sandbox_proto_enumTypes[2]
+}
+
+func (x FileType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileType.Descriptor instead.
+func (FileType) EnumDescriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+// FileEventType is what happened to a path below a watched directory; the first five
+// are numbered as E2B's.
+type FileEventType int32
+
+const (
+	FileEventType_FILE_EVENT_TYPE_UNSPECIFIED FileEventType = 0
+	FileEventType_FILE_EVENT_TYPE_CREATE      FileEventType = 1
+	FileEventType_FILE_EVENT_TYPE_WRITE       FileEventType = 2
+	FileEventType_FILE_EVENT_TYPE_REMOVE      FileEventType = 3
+	// FILE_EVENT_TYPE_RENAME reports the old name; the new one, when inside the watched
+	// tree, comes as a create.
+	FileEventType_FILE_EVENT_TYPE_RENAME FileEventType = 4
+	// FILE_EVENT_TYPE_CHMOD: permissions, owner or times changed.
+	FileEventType_FILE_EVENT_TYPE_CHMOD FileEventType = 5
+	// FILE_EVENT_TYPE_OVERFLOW: events were dropped because the reader fell behind; lost
+	// says how many (0 when the kernel's own queue overflowed and the count is unknown).
+	FileEventType_FILE_EVENT_TYPE_OVERFLOW FileEventType = 6
+)
+
+// Enum value maps for FileEventType.
+var (
+	FileEventType_name = map[int32]string{
+		0: "FILE_EVENT_TYPE_UNSPECIFIED",
+		1: "FILE_EVENT_TYPE_CREATE",
+		2: "FILE_EVENT_TYPE_WRITE",
+		3: "FILE_EVENT_TYPE_REMOVE",
+		4: "FILE_EVENT_TYPE_RENAME",
+		5: "FILE_EVENT_TYPE_CHMOD",
+		6: "FILE_EVENT_TYPE_OVERFLOW",
+	}
+	FileEventType_value = map[string]int32{
+		"FILE_EVENT_TYPE_UNSPECIFIED": 0,
+		"FILE_EVENT_TYPE_CREATE":      1,
+		"FILE_EVENT_TYPE_WRITE":       2,
+		"FILE_EVENT_TYPE_REMOVE":      3,
+		"FILE_EVENT_TYPE_RENAME":      4,
+		"FILE_EVENT_TYPE_CHMOD":       5,
+		"FILE_EVENT_TYPE_OVERFLOW":    6,
+	}
+)
+
+func (x FileEventType) Enum() *FileEventType {
+	p := new(FileEventType)
+	*p = x
+	return p
+}
+
+func (x FileEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_roche_v1_sandbox_proto_enumTypes[3].Descriptor()
+}
+
+func (FileEventType) Type() protoreflect.EnumType {
+	return &file_roche_v1_sandbox_proto_enumTypes[3]
+}
+
+func (x FileEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileEventType.Descriptor instead.
+func (FileEventType) EnumDescriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{3}
+}
+
 // ErrorReason names the core library's sentinel error behind an RPC error.
 type ErrorReason int32
 
@@ -205,11 +331,11 @@ func (x ErrorReason) String() string {
 }
 
 func (ErrorReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_roche_v1_sandbox_proto_enumTypes[2].Descriptor()
+	return file_roche_v1_sandbox_proto_enumTypes[4].Descriptor()
 }
 
 func (ErrorReason) Type() protoreflect.EnumType {
-	return &file_roche_v1_sandbox_proto_enumTypes[2]
+	return &file_roche_v1_sandbox_proto_enumTypes[4]
 }
 
 func (x ErrorReason) Number() protoreflect.EnumNumber {
@@ -218,7 +344,7 @@ func (x ErrorReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorReason.Descriptor instead.
 func (ErrorReason) EnumDescriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 // PtySize is a terminal's size in characters; zero fields mean 80x24.
@@ -2772,6 +2898,1434 @@ func (x *CopyFromResponse) GetTarChunk() []byte {
 	return nil
 }
 
+// FileEntry describes a path, as E2B's EntryInfo does.
+type FileEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the last element of path.
+	Name string   `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Type FileType `protobuf:"varint,2,opt,name=type,proto3,enum=roche.v1.FileType" json:"type,omitempty"`
+	Path string   `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	Size int64    `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	// mode is the permission bits (0o777 at most).
+	Mode uint32 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	// permissions is the type and mode as Go prints a file mode: "-rw-r--r--",
+	// "drwxr-xr-x", "Lrwxrwxrwx" (a symlink), "prw-------" (a FIFO).
+	Permissions string `protobuf:"bytes,6,opt,name=permissions,proto3" json:"permissions,omitempty"`
+	// owner and group name uid and gid in the sandbox's /etc/passwd and /etc/group
+	// (empty when it has no such entry; a wasm sandbox has no users).
+	Owner        string                 `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`
+	Group        string                 `protobuf:"bytes,8,opt,name=group,proto3" json:"group,omitempty"`
+	ModifiedTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=modified_time,json=modifiedTime,proto3" json:"modified_time,omitempty"`
+	// symlink_target is where a symlink points (never followed).
+	SymlinkTarget string `protobuf:"bytes,10,opt,name=symlink_target,json=symlinkTarget,proto3" json:"symlink_target,omitempty"`
+	Uid           uint32 `protobuf:"varint,11,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,12,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEntry) Reset() {
+	*x = FileEntry{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEntry) ProtoMessage() {}
+
+func (x *FileEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
+func (*FileEntry) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *FileEntry) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FileEntry) GetType() FileType {
+	if x != nil {
+		return x.Type
+	}
+	return FileType_FILE_TYPE_UNSPECIFIED
+}
+
+func (x *FileEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileEntry) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileEntry) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *FileEntry) GetPermissions() string {
+	if x != nil {
+		return x.Permissions
+	}
+	return ""
+}
+
+func (x *FileEntry) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *FileEntry) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *FileEntry) GetModifiedTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ModifiedTime
+	}
+	return nil
+}
+
+func (x *FileEntry) GetSymlinkTarget() string {
+	if x != nil {
+		return x.SymlinkTarget
+	}
+	return ""
+}
+
+func (x *FileEntry) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *FileEntry) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+type ReadFileRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// max_bytes refuses a larger file; 0 means the daemon's cap (roched
+	// --copy-max-bytes, default 1 GiB), which a request may lower, not raise.
+	MaxBytes      int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileRequest) Reset() {
+	*x = ReadFileRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileRequest) ProtoMessage() {}
+
+func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadFileRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReadFileRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+// ReadFileResponse: the first message holds the entry, every later one a chunk.
+type ReadFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entry         *FileEntry             `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileResponse) Reset() {
+	*x = ReadFileResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileResponse) ProtoMessage() {}
+
+func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadFileResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ReadFileResponse) GetEntry() *FileEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+func (x *ReadFileResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// WriteFileRequest: the first message names the sandbox and the path (and the mode and
+// cap); any message may carry the next chunk of the content.
+type WriteFileRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// mode is the new file's permission bits; 0 means 0o644.
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// max_bytes caps the content; 0 means the daemon's cap (roched --copy-max-bytes,
+	// default 1 GiB), which a request may lower, not raise.
+	MaxBytes      int64  `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	Data          []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileRequest) Reset() {
+	*x = WriteFileRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileRequest) ProtoMessage() {}
+
+func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
+func (*WriteFileRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *WriteFileRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WriteFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WriteFileRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *WriteFileRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *WriteFileRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type WriteFileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entry: the file written (name, type, path, size and mode).
+	Entry         *FileEntry `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileResponse) Reset() {
+	*x = WriteFileResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileResponse) ProtoMessage() {}
+
+func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
+func (*WriteFileResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *WriteFileResponse) GetEntry() *FileEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+type ListDirRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// depth: 1 (the default, for 0) lists the directory's entries, 2 theirs too, and so
+	// on to 64. A listing of more than 100,000 entries is RESOURCE_EXHAUSTED.
+	Depth         uint32 `protobuf:"varint,3,opt,name=depth,proto3" json:"depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDirRequest) Reset() {
+	*x = ListDirRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDirRequest) ProtoMessage() {}
+
+func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
+func (*ListDirRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ListDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListDirRequest) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
+type ListDirResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*FileEntry           `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDirResponse) Reset() {
+	*x = ListDirResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDirResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDirResponse) ProtoMessage() {}
+
+func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
+func (*ListDirResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListDirResponse) GetEntries() []*FileEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type StatRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// missing_ok answers a missing path with exists false instead of NOT_FOUND (which
+	// also means an unknown sandbox): what an exists() call asks.
+	MissingOk     bool `protobuf:"varint,3,opt,name=missing_ok,json=missingOk,proto3" json:"missing_ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatRequest) Reset() {
+	*x = StatRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatRequest) ProtoMessage() {}
+
+func (x *StatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
+func (*StatRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *StatRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *StatRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *StatRequest) GetMissingOk() bool {
+	if x != nil {
+		return x.MissingOk
+	}
+	return false
+}
+
+type StatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entry         *FileEntry             `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	Exists        bool                   `protobuf:"varint,2,opt,name=exists,proto3" json:"exists,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatResponse) Reset() {
+	*x = StatResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatResponse) ProtoMessage() {}
+
+func (x *StatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
+func (*StatResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *StatResponse) GetEntry() *FileEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+func (x *StatResponse) GetExists() bool {
+	if x != nil {
+		return x.Exists
+	}
+	return false
+}
+
+type MakeDirRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MakeDirRequest) Reset() {
+	*x = MakeDirRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MakeDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeDirRequest) ProtoMessage() {}
+
+func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
+func (*MakeDirRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *MakeDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *MakeDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type MakeDirResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Entry *FileEntry             `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	// created is false when the directory was there already.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MakeDirResponse) Reset() {
+	*x = MakeDirResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MakeDirResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeDirResponse) ProtoMessage() {}
+
+func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
+func (*MakeDirResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *MakeDirResponse) GetEntry() *FileEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+func (x *MakeDirResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+type RenameRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Source        string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Destination   string                 `protobuf:"bytes,3,opt,name=destination,proto3" json:"destination,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameRequest) Reset() {
+	*x = RenameRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameRequest) ProtoMessage() {}
+
+func (x *RenameRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
+func (*RenameRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *RenameRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RenameRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *RenameRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+type RenameResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entry describes the path at its new name.
+	Entry         *FileEntry `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameResponse) Reset() {
+	*x = RenameResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameResponse) ProtoMessage() {}
+
+func (x *RenameResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
+func (*RenameResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *RenameResponse) GetEntry() *FileEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+type RemoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRequest) Reset() {
+	*x = RemoveRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRequest) ProtoMessage() {}
+
+func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
+func (*RemoveRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *RemoveRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RemoveRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type RemoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveResponse) Reset() {
+	*x = RemoveResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveResponse) ProtoMessage() {}
+
+func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
+func (*RemoveResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+}
+
+type FileEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the changed path relative to the watched directory ("" for the directory
+	// itself).
+	Name          string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Type          FileEventType `protobuf:"varint,2,opt,name=type,proto3,enum=roche.v1.FileEventType" json:"type,omitempty"`
+	Lost          int64         `protobuf:"varint,3,opt,name=lost,proto3" json:"lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEvent) Reset() {
+	*x = FileEvent{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEvent) ProtoMessage() {}
+
+func (x *FileEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
+func (*FileEvent) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *FileEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FileEvent) GetType() FileEventType {
+	if x != nil {
+		return x.Type
+	}
+	return FileEventType_FILE_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *FileEvent) GetLost() int64 {
+	if x != nil {
+		return x.Lost
+	}
+	return 0
+}
+
+type WatchDirRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path      string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// recursive watches every directory below too, those made later included.
+	Recursive     bool `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirRequest) Reset() {
+	*x = WatchDirRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirRequest) ProtoMessage() {}
+
+func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
+func (*WatchDirRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *WatchDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type WatchStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchStarted) Reset() {
+	*x = WatchStarted{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchStarted) ProtoMessage() {}
+
+func (x *WatchStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchStarted.ProtoReflect.Descriptor instead.
+func (*WatchStarted) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+}
+
+type WatchDirResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchDirResponse_Started
+	//	*WatchDirResponse_File
+	//	*WatchDirResponse_Heartbeat
+	Event         isWatchDirResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirResponse) Reset() {
+	*x = WatchDirResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirResponse) ProtoMessage() {}
+
+func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
+func (*WatchDirResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *WatchDirResponse) GetEvent() isWatchDirResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchDirResponse) GetStarted() *WatchStarted {
+	if x != nil {
+		if x, ok := x.Event.(*WatchDirResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *WatchDirResponse) GetFile() *FileEvent {
+	if x != nil {
+		if x, ok := x.Event.(*WatchDirResponse_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *WatchDirResponse) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Event.(*WatchDirResponse_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+type isWatchDirResponse_Event interface {
+	isWatchDirResponse_Event()
+}
+
+type WatchDirResponse_Started struct {
+	Started *WatchStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type WatchDirResponse_File struct {
+	File *FileEvent `protobuf:"bytes,2,opt,name=file,proto3,oneof"`
+}
+
+type WatchDirResponse_Heartbeat struct {
+	Heartbeat *Heartbeat `protobuf:"bytes,3,opt,name=heartbeat,proto3,oneof"`
+}
+
+func (*WatchDirResponse_Started) isWatchDirResponse_Event() {}
+
+func (*WatchDirResponse_File) isWatchDirResponse_Event() {}
+
+func (*WatchDirResponse_Heartbeat) isWatchDirResponse_Event() {}
+
+type CreateWatcherRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateWatcherRequest) Reset() {
+	*x = CreateWatcherRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateWatcherRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateWatcherRequest) ProtoMessage() {}
+
+func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateWatcherRequest.ProtoReflect.Descriptor instead.
+func (*CreateWatcherRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *CreateWatcherRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CreateWatcherRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CreateWatcherRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type CreateWatcherResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WatcherId     string                 `protobuf:"bytes,1,opt,name=watcher_id,json=watcherId,proto3" json:"watcher_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateWatcherResponse) Reset() {
+	*x = CreateWatcherResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateWatcherResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateWatcherResponse) ProtoMessage() {}
+
+func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateWatcherResponse.ProtoReflect.Descriptor instead.
+func (*CreateWatcherResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *CreateWatcherResponse) GetWatcherId() string {
+	if x != nil {
+		return x.WatcherId
+	}
+	return ""
+}
+
+type GetWatcherEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WatcherId     string                 `protobuf:"bytes,1,opt,name=watcher_id,json=watcherId,proto3" json:"watcher_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWatcherEventsRequest) Reset() {
+	*x = GetWatcherEventsRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWatcherEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWatcherEventsRequest) ProtoMessage() {}
+
+func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWatcherEventsRequest.ProtoReflect.Descriptor instead.
+func (*GetWatcherEventsRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *GetWatcherEventsRequest) GetWatcherId() string {
+	if x != nil {
+		return x.WatcherId
+	}
+	return ""
+}
+
+type GetWatcherEventsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*FileEvent           `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetWatcherEventsResponse) Reset() {
+	*x = GetWatcherEventsResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetWatcherEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetWatcherEventsResponse) ProtoMessage() {}
+
+func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetWatcherEventsResponse.ProtoReflect.Descriptor instead.
+func (*GetWatcherEventsResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *GetWatcherEventsResponse) GetEvents() []*FileEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type RemoveWatcherRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WatcherId     string                 `protobuf:"bytes,1,opt,name=watcher_id,json=watcherId,proto3" json:"watcher_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWatcherRequest) Reset() {
+	*x = RemoveWatcherRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWatcherRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWatcherRequest) ProtoMessage() {}
+
+func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWatcherRequest.ProtoReflect.Descriptor instead.
+func (*RemoveWatcherRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *RemoveWatcherRequest) GetWatcherId() string {
+	if x != nil {
+		return x.WatcherId
+	}
+	return ""
+}
+
+type RemoveWatcherResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWatcherResponse) Reset() {
+	*x = RemoveWatcherResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWatcherResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWatcherResponse) ProtoMessage() {}
+
+func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWatcherResponse.ProtoReflect.Descriptor instead.
+func (*RemoveWatcherResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+}
+
 // Pool describes one warm pool.
 type Pool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2809,7 +4363,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2821,7 +4375,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2834,7 +4388,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Pool) GetKey() string {
@@ -2978,7 +4532,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +4544,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +4557,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 type PoolStatusResponse struct {
@@ -3015,7 +4569,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +4581,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +4594,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -3062,7 +4616,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +4628,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +4641,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -3113,7 +4667,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3125,7 +4679,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3138,7 +4692,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -3158,7 +4712,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3170,7 +4724,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3183,7 +4737,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -3203,7 +4757,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3215,7 +4769,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3228,7 +4782,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -3253,7 +4807,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3265,7 +4819,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3278,7 +4832,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 type ListProvidersResponse struct {
@@ -3290,7 +4844,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3302,7 +4856,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3315,7 +4869,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -3335,7 +4889,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3347,7 +4901,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3360,7 +4914,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -3402,7 +4956,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3414,7 +4968,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3427,7 +4981,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -3525,7 +5079,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3537,7 +5091,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3550,7 +5104,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -3577,7 +5131,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +5143,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +5156,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -3628,7 +5182,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3640,7 +5194,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3653,7 +5207,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *Workspace) GetName() string {
@@ -3701,7 +5255,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3713,7 +5267,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3726,7 +5280,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -3745,7 +5299,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3757,7 +5311,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3770,7 +5324,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -3792,7 +5346,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3804,7 +5358,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3817,7 +5371,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -3842,7 +5396,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3854,7 +5408,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3867,7 +5421,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -3884,7 +5438,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +5450,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +5463,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Snapshot) GetName() string {
@@ -3950,7 +5504,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3962,7 +5516,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3975,7 +5529,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -4001,7 +5555,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4013,7 +5567,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4026,7 +5580,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -4046,7 +5600,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4058,7 +5612,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4071,7 +5625,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -4090,7 +5644,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4102,7 +5656,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4115,7 +5669,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -4137,7 +5691,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4149,7 +5703,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4162,7 +5716,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -4187,7 +5741,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +5753,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +5766,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -4225,7 +5779,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4237,7 +5791,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4250,7 +5804,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -4279,7 +5833,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4291,7 +5845,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4304,7 +5858,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -4384,7 +5938,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4396,7 +5950,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4409,7 +5963,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *CodeResult) GetText() string {
@@ -4493,7 +6047,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4505,7 +6059,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4518,7 +6072,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CodeError) GetName() string {
@@ -4562,7 +6116,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4574,7 +6128,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4587,7 +6141,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -4675,7 +6229,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4687,7 +6241,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4700,7 +6254,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -4786,7 +6340,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4798,7 +6352,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4811,7 +6365,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *CodeContext) GetId() string {
@@ -4856,7 +6410,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4868,7 +6422,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4881,7 +6435,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -4921,7 +6475,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4933,7 +6487,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4946,7 +6500,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -4965,7 +6519,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4977,7 +6531,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4990,7 +6544,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -5009,7 +6563,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5021,7 +6575,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5034,7 +6588,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -5054,7 +6608,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5066,7 +6620,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5079,7 +6633,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -5104,7 +6658,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5116,7 +6670,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5129,7 +6683,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
 }
 
 type RemoveContextRequest struct {
@@ -5142,7 +6696,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5154,7 +6708,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5167,7 +6721,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -5192,7 +6746,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5204,7 +6758,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5217,7 +6771,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
 }
 
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
@@ -5424,7 +6978,105 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x12%\n" +
 	"\x0epreserve_links\x18\x04 \x01(\bR\rpreserveLinks\"/\n" +
 	"\x10CopyFromResponse\x12\x1b\n" +
-	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\x94\x04\n" +
+	"\ttar_chunk\x18\x01 \x01(\fR\btarChunk\"\xdd\x02\n" +
+	"\tFileEntry\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x12.roche.v1.FileTypeR\x04type\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04mode\x18\x05 \x01(\rR\x04mode\x12 \n" +
+	"\vpermissions\x18\x06 \x01(\tR\vpermissions\x12\x14\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\x12\x14\n" +
+	"\x05group\x18\b \x01(\tR\x05group\x12?\n" +
+	"\rmodified_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fmodifiedTime\x12%\n" +
+	"\x0esymlink_target\x18\n" +
+	" \x01(\tR\rsymlinkTarget\x12\x10\n" +
+	"\x03uid\x18\v \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\f \x01(\rR\x03gid\"a\n" +
+	"\x0fReadFileRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\"Q\n" +
+	"\x10ReadFileResponse\x12)\n" +
+	"\x05entry\x18\x01 \x01(\v2\x13.roche.v1.FileEntryR\x05entry\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x8a\x01\n" +
+	"\x10WriteFileRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\x03R\bmaxBytes\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\">\n" +
+	"\x11WriteFileResponse\x12)\n" +
+	"\x05entry\x18\x01 \x01(\v2\x13.roche.v1.FileEntryR\x05entry\"Y\n" +
+	"\x0eListDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05depth\x18\x03 \x01(\rR\x05depth\"@\n" +
+	"\x0fListDirResponse\x12-\n" +
+	"\aentries\x18\x01 \x03(\v2\x13.roche.v1.FileEntryR\aentries\"_\n" +
+	"\vStatRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"missing_ok\x18\x03 \x01(\bR\tmissingOk\"Q\n" +
+	"\fStatResponse\x12)\n" +
+	"\x05entry\x18\x01 \x01(\v2\x13.roche.v1.FileEntryR\x05entry\x12\x16\n" +
+	"\x06exists\x18\x02 \x01(\bR\x06exists\"C\n" +
+	"\x0eMakeDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"V\n" +
+	"\x0fMakeDirResponse\x12)\n" +
+	"\x05entry\x18\x01 \x01(\v2\x13.roche.v1.FileEntryR\x05entry\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"h\n" +
+	"\rRenameRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x03 \x01(\tR\vdestination\";\n" +
+	"\x0eRenameResponse\x12)\n" +
+	"\x05entry\x18\x01 \x01(\v2\x13.roche.v1.FileEntryR\x05entry\"B\n" +
+	"\rRemoveRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\x10\n" +
+	"\x0eRemoveResponse\"`\n" +
+	"\tFileEvent\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x17.roche.v1.FileEventTypeR\x04type\x12\x12\n" +
+	"\x04lost\x18\x03 \x01(\x03R\x04lost\"b\n" +
+	"\x0fWatchDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x0e\n" +
+	"\fWatchStarted\"\xaf\x01\n" +
+	"\x10WatchDirResponse\x122\n" +
+	"\astarted\x18\x01 \x01(\v2\x16.roche.v1.WatchStartedH\x00R\astarted\x12)\n" +
+	"\x04file\x18\x02 \x01(\v2\x13.roche.v1.FileEventH\x00R\x04file\x123\n" +
+	"\theartbeat\x18\x03 \x01(\v2\x13.roche.v1.HeartbeatH\x00R\theartbeatB\a\n" +
+	"\x05event\"g\n" +
+	"\x14CreateWatcherRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"6\n" +
+	"\x15CreateWatcherResponse\x12\x1d\n" +
+	"\n" +
+	"watcher_id\x18\x01 \x01(\tR\twatcherId\"8\n" +
+	"\x17GetWatcherEventsRequest\x12\x1d\n" +
+	"\n" +
+	"watcher_id\x18\x01 \x01(\tR\twatcherId\"G\n" +
+	"\x18GetWatcherEventsResponse\x12+\n" +
+	"\x06events\x18\x01 \x03(\v2\x13.roche.v1.FileEventR\x06events\"5\n" +
+	"\x14RemoveWatcherRequest\x12\x1d\n" +
+	"\n" +
+	"watcher_id\x18\x01 \x01(\tR\twatcherId\"\x17\n" +
+	"\x15RemoveWatcherResponse\"\x94\x04\n" +
 	"\x04Pool\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x14\n" +
@@ -5620,7 +7272,21 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x02*\xd3\x02\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x02*~\n" +
+	"\bFileType\x12\x19\n" +
+	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
+	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
+	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x04*\xd8\x01\n" +
+	"\rFileEventType\x12\x1f\n" +
+	"\x1bFILE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_CREATE\x10\x01\x12\x19\n" +
+	"\x15FILE_EVENT_TYPE_WRITE\x10\x02\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_REMOVE\x10\x03\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_RENAME\x10\x04\x12\x19\n" +
+	"\x15FILE_EVENT_TYPE_CHMOD\x10\x05\x12\x1c\n" +
+	"\x18FILE_EVENT_TYPE_OVERFLOW\x10\x06*\xd3\x02\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_NOT_FOUND\x10\x01\x12\x1f\n" +
@@ -5633,7 +7299,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x17ERROR_REASON_PERMISSION\x10\b\x12\x17\n" +
 	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
 	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
-	"2\xeb\x11\n" +
+	"2\xed\x17\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -5647,7 +7313,18 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\aUnpause\x12\x18.roche.v1.UnpauseRequest\x1a\x19.roche.v1.UnpauseResponse\x12/\n" +
 	"\x02Gc\x12\x13.roche.v1.GcRequest\x1a\x14.roche.v1.GcResponse\x12=\n" +
 	"\x06CopyTo\x12\x17.roche.v1.CopyToRequest\x1a\x18.roche.v1.CopyToResponse(\x01\x12C\n" +
-	"\bCopyFrom\x12\x19.roche.v1.CopyFromRequest\x1a\x1a.roche.v1.CopyFromResponse0\x01\x12G\n" +
+	"\bCopyFrom\x12\x19.roche.v1.CopyFromRequest\x1a\x1a.roche.v1.CopyFromResponse0\x01\x12C\n" +
+	"\bReadFile\x12\x19.roche.v1.ReadFileRequest\x1a\x1a.roche.v1.ReadFileResponse0\x01\x12F\n" +
+	"\tWriteFile\x12\x1a.roche.v1.WriteFileRequest\x1a\x1b.roche.v1.WriteFileResponse(\x01\x12>\n" +
+	"\aListDir\x12\x18.roche.v1.ListDirRequest\x1a\x19.roche.v1.ListDirResponse\x125\n" +
+	"\x04Stat\x12\x15.roche.v1.StatRequest\x1a\x16.roche.v1.StatResponse\x12>\n" +
+	"\aMakeDir\x12\x18.roche.v1.MakeDirRequest\x1a\x19.roche.v1.MakeDirResponse\x12;\n" +
+	"\x06Rename\x12\x17.roche.v1.RenameRequest\x1a\x18.roche.v1.RenameResponse\x12;\n" +
+	"\x06Remove\x12\x17.roche.v1.RemoveRequest\x1a\x18.roche.v1.RemoveResponse\x12C\n" +
+	"\bWatchDir\x12\x19.roche.v1.WatchDirRequest\x1a\x1a.roche.v1.WatchDirResponse0\x01\x12P\n" +
+	"\rCreateWatcher\x12\x1e.roche.v1.CreateWatcherRequest\x1a\x1f.roche.v1.CreateWatcherResponse\x12Y\n" +
+	"\x10GetWatcherEvents\x12!.roche.v1.GetWatcherEventsRequest\x1a\".roche.v1.GetWatcherEventsResponse\x12P\n" +
+	"\rRemoveWatcher\x12\x1e.roche.v1.RemoveWatcherRequest\x1a\x1f.roche.v1.RemoveWatcherResponse\x12G\n" +
 	"\n" +
 	"PoolStatus\x12\x1b.roche.v1.PoolStatusRequest\x1a\x1c.roche.v1.PoolStatusResponse\x12G\n" +
 	"\n" +
@@ -5684,225 +7361,287 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_roche_v1_sandbox_proto_rawDescData
 }
 
-var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
+var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
 var file_roche_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),               // 0: roche.v1.SandboxState
-	(OutputStream)(0),               // 1: roche.v1.OutputStream
-	(ErrorReason)(0),                // 2: roche.v1.ErrorReason
-	(*PtySize)(nil),                 // 3: roche.v1.PtySize
-	(*CreatePtyRequest)(nil),        // 4: roche.v1.CreatePtyRequest
-	(*CreatePtyResponse)(nil),       // 5: roche.v1.CreatePtyResponse
-	(*ConnectPtyRequest)(nil),       // 6: roche.v1.ConnectPtyRequest
-	(*ConnectPtyResponse)(nil),      // 7: roche.v1.ConnectPtyResponse
-	(*SendPtyInputRequest)(nil),     // 8: roche.v1.SendPtyInputRequest
-	(*SendPtyInputResponse)(nil),    // 9: roche.v1.SendPtyInputResponse
-	(*ResizePtyRequest)(nil),        // 10: roche.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),       // 11: roche.v1.ResizePtyResponse
-	(*KillPtyRequest)(nil),          // 12: roche.v1.KillPtyRequest
-	(*KillPtyResponse)(nil),         // 13: roche.v1.KillPtyResponse
-	(*SandboxConfig)(nil),           // 14: roche.v1.SandboxConfig
-	(*Mount)(nil),                   // 15: roche.v1.Mount
-	(*Sandbox)(nil),                 // 16: roche.v1.Sandbox
-	(*CreateRequest)(nil),           // 17: roche.v1.CreateRequest
-	(*CreateResponse)(nil),          // 18: roche.v1.CreateResponse
-	(*ExecRequest)(nil),             // 19: roche.v1.ExecRequest
-	(*ExecResponse)(nil),            // 20: roche.v1.ExecResponse
-	(*ExecStreamRequest)(nil),       // 21: roche.v1.ExecStreamRequest
-	(*ExecResult)(nil),              // 22: roche.v1.ExecResult
-	(*OutputChunk)(nil),             // 23: roche.v1.OutputChunk
-	(*Heartbeat)(nil),               // 24: roche.v1.Heartbeat
-	(*ExecStreamResponse)(nil),      // 25: roche.v1.ExecStreamResponse
-	(*DestroyRequest)(nil),          // 26: roche.v1.DestroyRequest
-	(*HoldRequest)(nil),             // 27: roche.v1.HoldRequest
-	(*HoldResponse)(nil),            // 28: roche.v1.HoldResponse
-	(*DestroyResponse)(nil),         // 29: roche.v1.DestroyResponse
-	(*ListRequest)(nil),             // 30: roche.v1.ListRequest
-	(*ListResponse)(nil),            // 31: roche.v1.ListResponse
-	(*SkippedProvider)(nil),         // 32: roche.v1.SkippedProvider
-	(*InspectRequest)(nil),          // 33: roche.v1.InspectRequest
-	(*InspectResponse)(nil),         // 34: roche.v1.InspectResponse
-	(*PauseRequest)(nil),            // 35: roche.v1.PauseRequest
-	(*PauseResponse)(nil),           // 36: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),          // 37: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),         // 38: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),               // 39: roche.v1.GcRequest
-	(*GcResponse)(nil),              // 40: roche.v1.GcResponse
-	(*CopyToRequest)(nil),           // 41: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),          // 42: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),         // 43: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),        // 44: roche.v1.CopyFromResponse
-	(*Pool)(nil),                    // 45: roche.v1.Pool
-	(*PoolStatusRequest)(nil),       // 46: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),      // 47: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),       // 48: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),      // 49: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),        // 50: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),       // 51: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),    // 52: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),   // 53: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),            // 54: roche.v1.ProviderInfo
-	(*Capabilities)(nil),            // 55: roche.v1.Capabilities
-	(*ResetRequest)(nil),            // 56: roche.v1.ResetRequest
-	(*ResetResponse)(nil),           // 57: roche.v1.ResetResponse
-	(*Workspace)(nil),               // 58: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),   // 59: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),  // 60: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),  // 61: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil), // 62: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                // 63: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),   // 64: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),  // 65: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),    // 66: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 67: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),   // 68: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),  // 69: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),             // 70: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),          // 71: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),              // 72: roche.v1.CodeResult
-	(*CodeError)(nil),               // 73: roche.v1.CodeError
-	(*CodeExecution)(nil),           // 74: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),         // 75: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),             // 76: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),    // 77: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),   // 78: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),     // 79: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),    // 80: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),   // 81: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),  // 82: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),    // 83: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),   // 84: roche.v1.RemoveContextResponse
-	nil,                             // 85: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                             // 86: roche.v1.SandboxConfig.EnvEntry
-	nil,                             // 87: roche.v1.ExecRequest.EnvEntry
-	nil,                             // 88: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                             // 89: roche.v1.RunCodeRequest.EnvEntry
-	nil,                             // 90: roche.v1.CreateContextRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),   // 91: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 92: google.protobuf.Duration
+	(SandboxState)(0),                // 0: roche.v1.SandboxState
+	(OutputStream)(0),                // 1: roche.v1.OutputStream
+	(FileType)(0),                    // 2: roche.v1.FileType
+	(FileEventType)(0),               // 3: roche.v1.FileEventType
+	(ErrorReason)(0),                 // 4: roche.v1.ErrorReason
+	(*PtySize)(nil),                  // 5: roche.v1.PtySize
+	(*CreatePtyRequest)(nil),         // 6: roche.v1.CreatePtyRequest
+	(*CreatePtyResponse)(nil),        // 7: roche.v1.CreatePtyResponse
+	(*ConnectPtyRequest)(nil),        // 8: roche.v1.ConnectPtyRequest
+	(*ConnectPtyResponse)(nil),       // 9: roche.v1.ConnectPtyResponse
+	(*SendPtyInputRequest)(nil),      // 10: roche.v1.SendPtyInputRequest
+	(*SendPtyInputResponse)(nil),     // 11: roche.v1.SendPtyInputResponse
+	(*ResizePtyRequest)(nil),         // 12: roche.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),        // 13: roche.v1.ResizePtyResponse
+	(*KillPtyRequest)(nil),           // 14: roche.v1.KillPtyRequest
+	(*KillPtyResponse)(nil),          // 15: roche.v1.KillPtyResponse
+	(*SandboxConfig)(nil),            // 16: roche.v1.SandboxConfig
+	(*Mount)(nil),                    // 17: roche.v1.Mount
+	(*Sandbox)(nil),                  // 18: roche.v1.Sandbox
+	(*CreateRequest)(nil),            // 19: roche.v1.CreateRequest
+	(*CreateResponse)(nil),           // 20: roche.v1.CreateResponse
+	(*ExecRequest)(nil),              // 21: roche.v1.ExecRequest
+	(*ExecResponse)(nil),             // 22: roche.v1.ExecResponse
+	(*ExecStreamRequest)(nil),        // 23: roche.v1.ExecStreamRequest
+	(*ExecResult)(nil),               // 24: roche.v1.ExecResult
+	(*OutputChunk)(nil),              // 25: roche.v1.OutputChunk
+	(*Heartbeat)(nil),                // 26: roche.v1.Heartbeat
+	(*ExecStreamResponse)(nil),       // 27: roche.v1.ExecStreamResponse
+	(*DestroyRequest)(nil),           // 28: roche.v1.DestroyRequest
+	(*HoldRequest)(nil),              // 29: roche.v1.HoldRequest
+	(*HoldResponse)(nil),             // 30: roche.v1.HoldResponse
+	(*DestroyResponse)(nil),          // 31: roche.v1.DestroyResponse
+	(*ListRequest)(nil),              // 32: roche.v1.ListRequest
+	(*ListResponse)(nil),             // 33: roche.v1.ListResponse
+	(*SkippedProvider)(nil),          // 34: roche.v1.SkippedProvider
+	(*InspectRequest)(nil),           // 35: roche.v1.InspectRequest
+	(*InspectResponse)(nil),          // 36: roche.v1.InspectResponse
+	(*PauseRequest)(nil),             // 37: roche.v1.PauseRequest
+	(*PauseResponse)(nil),            // 38: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),           // 39: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),          // 40: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),                // 41: roche.v1.GcRequest
+	(*GcResponse)(nil),               // 42: roche.v1.GcResponse
+	(*CopyToRequest)(nil),            // 43: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),           // 44: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),          // 45: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),         // 46: roche.v1.CopyFromResponse
+	(*FileEntry)(nil),                // 47: roche.v1.FileEntry
+	(*ReadFileRequest)(nil),          // 48: roche.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 49: roche.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 50: roche.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 51: roche.v1.WriteFileResponse
+	(*ListDirRequest)(nil),           // 52: roche.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 53: roche.v1.ListDirResponse
+	(*StatRequest)(nil),              // 54: roche.v1.StatRequest
+	(*StatResponse)(nil),             // 55: roche.v1.StatResponse
+	(*MakeDirRequest)(nil),           // 56: roche.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 57: roche.v1.MakeDirResponse
+	(*RenameRequest)(nil),            // 58: roche.v1.RenameRequest
+	(*RenameResponse)(nil),           // 59: roche.v1.RenameResponse
+	(*RemoveRequest)(nil),            // 60: roche.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 61: roche.v1.RemoveResponse
+	(*FileEvent)(nil),                // 62: roche.v1.FileEvent
+	(*WatchDirRequest)(nil),          // 63: roche.v1.WatchDirRequest
+	(*WatchStarted)(nil),             // 64: roche.v1.WatchStarted
+	(*WatchDirResponse)(nil),         // 65: roche.v1.WatchDirResponse
+	(*CreateWatcherRequest)(nil),     // 66: roche.v1.CreateWatcherRequest
+	(*CreateWatcherResponse)(nil),    // 67: roche.v1.CreateWatcherResponse
+	(*GetWatcherEventsRequest)(nil),  // 68: roche.v1.GetWatcherEventsRequest
+	(*GetWatcherEventsResponse)(nil), // 69: roche.v1.GetWatcherEventsResponse
+	(*RemoveWatcherRequest)(nil),     // 70: roche.v1.RemoveWatcherRequest
+	(*RemoveWatcherResponse)(nil),    // 71: roche.v1.RemoveWatcherResponse
+	(*Pool)(nil),                     // 72: roche.v1.Pool
+	(*PoolStatusRequest)(nil),        // 73: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),       // 74: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),        // 75: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),       // 76: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),         // 77: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),        // 78: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),     // 79: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),    // 80: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),             // 81: roche.v1.ProviderInfo
+	(*Capabilities)(nil),             // 82: roche.v1.Capabilities
+	(*ResetRequest)(nil),             // 83: roche.v1.ResetRequest
+	(*ResetResponse)(nil),            // 84: roche.v1.ResetResponse
+	(*Workspace)(nil),                // 85: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),    // 86: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),   // 87: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),   // 88: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil),  // 89: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                 // 90: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),    // 91: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),   // 92: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),     // 93: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 94: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),    // 95: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),   // 96: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),              // 97: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),           // 98: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),               // 99: roche.v1.CodeResult
+	(*CodeError)(nil),                // 100: roche.v1.CodeError
+	(*CodeExecution)(nil),            // 101: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),          // 102: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),              // 103: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),     // 104: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),    // 105: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),      // 106: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),     // 107: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),    // 108: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),   // 109: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),     // 110: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),    // 111: roche.v1.RemoveContextResponse
+	nil,                              // 112: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                              // 113: roche.v1.SandboxConfig.EnvEntry
+	nil,                              // 114: roche.v1.ExecRequest.EnvEntry
+	nil,                              // 115: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                              // 116: roche.v1.RunCodeRequest.EnvEntry
+	nil,                              // 117: roche.v1.CreateContextRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),    // 118: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 119: google.protobuf.Duration
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	85, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
-	3,  // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
-	24, // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	22, // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
-	3,  // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	86, // 5: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
-	15, // 6: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	0,  // 7: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	91, // 8: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	91, // 9: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 10: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
-	16, // 11: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	87, // 12: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
-	22, // 13: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	88, // 14: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	92, // 15: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	1,  // 16: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	91, // 17: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	23, // 18: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
-	24, // 19: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	22, // 20: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	32, // 21: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	16, // 22: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	32, // 23: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
-	2,  // 24: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
-	16, // 25: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	16, // 26: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	32, // 27: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
-	92, // 28: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	45, // 29: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	45, // 30: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	45, // 31: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	54, // 32: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	55, // 33: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	16, // 34: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	91, // 35: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	58, // 36: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	91, // 37: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	63, // 38: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	63, // 39: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	2,  // 40: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	89, // 41: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	72, // 42: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	73, // 43: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	92, // 44: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	23, // 45: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	24, // 46: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	72, // 47: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	74, // 48: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	90, // 49: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	76, // 50: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	76, // 51: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	17, // 52: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	19, // 53: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	21, // 54: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	26, // 55: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	27, // 56: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	30, // 57: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	33, // 58: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	35, // 59: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	37, // 60: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	39, // 61: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	41, // 62: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	43, // 63: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	46, // 64: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	48, // 65: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	50, // 66: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	52, // 67: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	56, // 68: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	59, // 69: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	61, // 70: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	64, // 71: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	66, // 72: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	68, // 73: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	71, // 74: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	77, // 75: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	79, // 76: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	81, // 77: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	83, // 78: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	4,  // 79: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	6,  // 80: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	8,  // 81: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	10, // 82: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	12, // 83: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	18, // 84: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	20, // 85: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	25, // 86: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	29, // 87: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	28, // 88: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	31, // 89: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	34, // 90: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	36, // 91: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	38, // 92: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	40, // 93: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	42, // 94: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	44, // 95: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	47, // 96: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	49, // 97: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	51, // 98: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	53, // 99: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	57, // 100: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	60, // 101: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	62, // 102: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	65, // 103: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	67, // 104: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	69, // 105: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	75, // 106: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	78, // 107: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	80, // 108: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	82, // 109: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	84, // 110: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	5,  // 111: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	7,  // 112: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	9,  // 113: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	11, // 114: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	13, // 115: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	84, // [84:116] is the sub-list for method output_type
-	52, // [52:84] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	112, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	5,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
+	26,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	24,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
+	5,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
+	113, // 5: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	17,  // 6: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
+	0,   // 7: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
+	118, // 8: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	118, // 9: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	16,  // 10: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
+	18,  // 11: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
+	114, // 12: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	24,  // 13: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
+	115, // 14: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	119, // 15: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	1,   // 16: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
+	118, // 17: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	25,  // 18: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
+	26,  // 19: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	24,  // 20: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
+	34,  // 21: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
+	18,  // 22: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	34,  // 23: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
+	4,   // 24: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
+	18,  // 25: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	18,  // 26: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	34,  // 27: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	2,   // 28: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
+	118, // 29: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	47,  // 30: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
+	47,  // 31: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
+	47,  // 32: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
+	47,  // 33: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
+	47,  // 34: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
+	47,  // 35: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
+	3,   // 36: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
+	64,  // 37: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
+	62,  // 38: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
+	26,  // 39: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	62,  // 40: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
+	119, // 41: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	72,  // 42: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	72,  // 43: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	72,  // 44: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	81,  // 45: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	82,  // 46: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	18,  // 47: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	118, // 48: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	85,  // 49: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	118, // 50: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	90,  // 51: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	90,  // 52: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	4,   // 53: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	116, // 54: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	99,  // 55: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	100, // 56: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	119, // 57: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	25,  // 58: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	26,  // 59: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	99,  // 60: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	101, // 61: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	117, // 62: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	103, // 63: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	103, // 64: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	19,  // 65: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	21,  // 66: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	23,  // 67: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	28,  // 68: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	29,  // 69: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	32,  // 70: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	35,  // 71: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	37,  // 72: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	39,  // 73: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	41,  // 74: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	43,  // 75: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	45,  // 76: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	48,  // 77: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	50,  // 78: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	52,  // 79: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	54,  // 80: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	56,  // 81: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	58,  // 82: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	60,  // 83: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	63,  // 84: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	66,  // 85: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	68,  // 86: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	70,  // 87: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	73,  // 88: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	75,  // 89: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	77,  // 90: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	79,  // 91: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	83,  // 92: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	86,  // 93: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	88,  // 94: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	91,  // 95: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	93,  // 96: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	95,  // 97: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	98,  // 98: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	104, // 99: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	106, // 100: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	108, // 101: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	110, // 102: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	6,   // 103: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	8,   // 104: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	10,  // 105: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	12,  // 106: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	14,  // 107: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	20,  // 108: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	22,  // 109: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	27,  // 110: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	31,  // 111: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	30,  // 112: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	33,  // 113: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	36,  // 114: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	38,  // 115: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	40,  // 116: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	42,  // 117: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	44,  // 118: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	46,  // 119: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	49,  // 120: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	51,  // 121: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	53,  // 122: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	55,  // 123: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	57,  // 124: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	59,  // 125: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	61,  // 126: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	65,  // 127: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	67,  // 128: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	69,  // 129: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	71,  // 130: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	74,  // 131: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	76,  // 132: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	78,  // 133: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	80,  // 134: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	84,  // 135: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	87,  // 136: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	89,  // 137: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	92,  // 138: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	94,  // 139: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	96,  // 140: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	102, // 141: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	105, // 142: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	107, // 143: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	109, // 144: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	111, // 145: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	7,   // 146: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	9,   // 147: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	11,  // 148: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	13,  // 149: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	15,  // 150: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	108, // [108:151] is the sub-list for method output_type
+	65,  // [65:108] is the sub-list for method input_type
+	65,  // [65:65] is the sub-list for extension type_name
+	65,  // [65:65] is the sub-list for extension extendee
+	0,   // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -5923,7 +7662,12 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[72].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[60].OneofWrappers = []any{
+		(*WatchDirResponse_Started)(nil),
+		(*WatchDirResponse_File)(nil),
+		(*WatchDirResponse_Heartbeat)(nil),
+	}
+	file_roche_v1_sandbox_proto_msgTypes[97].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -5934,8 +7678,8 @@ func file_roche_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   88,
+			NumEnums:      5,
+			NumMessages:   113,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

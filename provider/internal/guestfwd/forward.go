@@ -174,7 +174,14 @@ func (f Forwarder) WriteFile(ctx context.Context, id, name string, r io.Reader, 
 	if err != nil {
 		return err
 	}
-	return t.failOrNil(t.Agent.WriteFile(ctx, name, r, uint32(mode.Perm()), true))
+	cr := &CallerReader{R: r}
+	if err := t.Agent.WriteFile(ctx, name, cr, uint32(mode.Perm()), true); err != nil {
+		if cr.Err != nil {
+			return cr.Err // the caller's side (a cap, its upload) failed, not the sandbox
+		}
+		return t.fail(err)
+	}
+	return nil
 }
 
 // ReadFile implements roche.FileSystem.
@@ -183,7 +190,14 @@ func (f Forwarder) ReadFile(ctx context.Context, id, name string, w io.Writer) e
 	if err != nil {
 		return err
 	}
-	return t.failOrNil(t.Agent.ReadFile(ctx, name, w))
+	cw := &CallerWriter{W: w}
+	if err := t.Agent.ReadFile(ctx, name, cw); err != nil {
+		if cw.Err != nil {
+			return cw.Err
+		}
+		return t.fail(err)
+	}
+	return nil
 }
 
 // ListDir implements roche.FileSystem.

@@ -74,6 +74,32 @@ const (
 	SandboxServiceCopyToProcedure = "/roche.v1.SandboxService/CopyTo"
 	// SandboxServiceCopyFromProcedure is the fully-qualified name of the SandboxService's CopyFrom RPC.
 	SandboxServiceCopyFromProcedure = "/roche.v1.SandboxService/CopyFrom"
+	// SandboxServiceReadFileProcedure is the fully-qualified name of the SandboxService's ReadFile RPC.
+	SandboxServiceReadFileProcedure = "/roche.v1.SandboxService/ReadFile"
+	// SandboxServiceWriteFileProcedure is the fully-qualified name of the SandboxService's WriteFile
+	// RPC.
+	SandboxServiceWriteFileProcedure = "/roche.v1.SandboxService/WriteFile"
+	// SandboxServiceListDirProcedure is the fully-qualified name of the SandboxService's ListDir RPC.
+	SandboxServiceListDirProcedure = "/roche.v1.SandboxService/ListDir"
+	// SandboxServiceStatProcedure is the fully-qualified name of the SandboxService's Stat RPC.
+	SandboxServiceStatProcedure = "/roche.v1.SandboxService/Stat"
+	// SandboxServiceMakeDirProcedure is the fully-qualified name of the SandboxService's MakeDir RPC.
+	SandboxServiceMakeDirProcedure = "/roche.v1.SandboxService/MakeDir"
+	// SandboxServiceRenameProcedure is the fully-qualified name of the SandboxService's Rename RPC.
+	SandboxServiceRenameProcedure = "/roche.v1.SandboxService/Rename"
+	// SandboxServiceRemoveProcedure is the fully-qualified name of the SandboxService's Remove RPC.
+	SandboxServiceRemoveProcedure = "/roche.v1.SandboxService/Remove"
+	// SandboxServiceWatchDirProcedure is the fully-qualified name of the SandboxService's WatchDir RPC.
+	SandboxServiceWatchDirProcedure = "/roche.v1.SandboxService/WatchDir"
+	// SandboxServiceCreateWatcherProcedure is the fully-qualified name of the SandboxService's
+	// CreateWatcher RPC.
+	SandboxServiceCreateWatcherProcedure = "/roche.v1.SandboxService/CreateWatcher"
+	// SandboxServiceGetWatcherEventsProcedure is the fully-qualified name of the SandboxService's
+	// GetWatcherEvents RPC.
+	SandboxServiceGetWatcherEventsProcedure = "/roche.v1.SandboxService/GetWatcherEvents"
+	// SandboxServiceRemoveWatcherProcedure is the fully-qualified name of the SandboxService's
+	// RemoveWatcher RPC.
+	SandboxServiceRemoveWatcherProcedure = "/roche.v1.SandboxService/RemoveWatcher"
 	// SandboxServicePoolStatusProcedure is the fully-qualified name of the SandboxService's PoolStatus
 	// RPC.
 	SandboxServicePoolStatusProcedure = "/roche.v1.SandboxService/PoolStatus"
@@ -162,6 +188,49 @@ type SandboxServiceClient interface {
 	CopyTo(context.Context) *connect.ClientStreamForClient[v1.CopyToRequest, v1.CopyToResponse]
 	// CopyFrom packs a sandbox path into a tar stream and downloads it.
 	CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest]) (*connect.ServerStreamForClient[v1.CopyFromResponse], error)
+	// The files API: one file or directory at a time, files streamed both ways, as the
+	// sandbox user (what its code could read or write, no more). Paths are absolute
+	// sandbox paths; one with ".." is refused, never cleaned; no symlink is followed (a
+	// path that is or goes through one is PERMISSION_DENIED, and a symlink is described,
+	// renamed or removed itself); nothing in /proc is served. Shaped after E2B's envd
+	// filesystem service (Stat, MakeDir, Move, ListDir, Remove, WatchDir and the watcher
+	// calls) and its /files download and upload.
+	//
+	// ReadFile streams a regular file: its entry first (the size it had when the read
+	// began), then its content in chunks, never more than that size, so a file growing
+	// meanwhile cannot make the read endless. A directory, FIFO or device is
+	// INVALID_ARGUMENT; a file over max_bytes is RESOURCE_EXHAUSTED before any of it is
+	// sent.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest]) (*connect.ServerStreamForClient[v1.ReadFileResponse], error)
+	// WriteFile writes a file from a client stream (the first message names it and may
+	// carry data), replacing it and making its missing parents. More than max_bytes, or
+	// past the sandbox's disk space, is RESOURCE_EXHAUSTED and leaves no file behind.
+	WriteFile(context.Context) *connect.ClientStreamForClient[v1.WriteFileRequest, v1.WriteFileResponse]
+	// ListDir lists what is below a directory to a depth (1: its entries), each
+	// directory's entries in name order before what is below them.
+	ListDir(context.Context, *connect.Request[v1.ListDirRequest]) (*connect.Response[v1.ListDirResponse], error)
+	// Stat describes a path (NOT_FOUND when missing, unless missing_ok).
+	Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error)
+	// MakeDir makes a directory and its missing parents, and says whether it made it.
+	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
+	// Rename moves a path to another (E2B's Move).
+	Rename(context.Context, *connect.Request[v1.RenameRequest]) (*connect.Response[v1.RenameResponse], error)
+	// Remove removes a path and, for a directory, everything below it.
+	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
+	// WatchDir streams the changes below a directory: started once the watch is in place
+	// (every change after it is reported), then events as they happen and a heartbeat
+	// while it is quiet, until the caller ends the call or the directory itself goes (its
+	// own remove or rename event, name "", is then the last). Events a slow reader cannot
+	// take are dropped and counted in an overflow event, never silently.
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchDirResponse], error)
+	// CreateWatcher starts a watch that roched holds for clients that poll rather than
+	// keep a stream open (E2B's synchronous SDK): GetWatcherEvents returns what it
+	// gathered since the last call (at most 10,000 held; past that an overflow event
+	// counts the rest), RemoveWatcher stops it. A watcher not asked for 10 minutes, or
+	// whose sandbox is gone, is removed.
+	CreateWatcher(context.Context, *connect.Request[v1.CreateWatcherRequest]) (*connect.Response[v1.CreateWatcherResponse], error)
+	GetWatcherEvents(context.Context, *connect.Request[v1.GetWatcherEventsRequest]) (*connect.Response[v1.GetWatcherEventsResponse], error)
+	RemoveWatcher(context.Context, *connect.Request[v1.RemoveWatcherRequest]) (*connect.Response[v1.RemoveWatcherResponse], error)
 	// PoolStatus reports every warm pool.
 	PoolStatus(context.Context, *connect.Request[v1.PoolStatusRequest]) (*connect.Response[v1.PoolStatusResponse], error)
 	// PoolWarmup fills pools now (and resumes a drained pool) and waits for them.
@@ -298,6 +367,72 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("CopyFrom")),
 			connect.WithClientOptions(opts...),
 		),
+		readFile: connect.NewClient[v1.ReadFileRequest, v1.ReadFileResponse](
+			httpClient,
+			baseURL+SandboxServiceReadFileProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ReadFile")),
+			connect.WithClientOptions(opts...),
+		),
+		writeFile: connect.NewClient[v1.WriteFileRequest, v1.WriteFileResponse](
+			httpClient,
+			baseURL+SandboxServiceWriteFileProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("WriteFile")),
+			connect.WithClientOptions(opts...),
+		),
+		listDir: connect.NewClient[v1.ListDirRequest, v1.ListDirResponse](
+			httpClient,
+			baseURL+SandboxServiceListDirProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListDir")),
+			connect.WithClientOptions(opts...),
+		),
+		stat: connect.NewClient[v1.StatRequest, v1.StatResponse](
+			httpClient,
+			baseURL+SandboxServiceStatProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Stat")),
+			connect.WithClientOptions(opts...),
+		),
+		makeDir: connect.NewClient[v1.MakeDirRequest, v1.MakeDirResponse](
+			httpClient,
+			baseURL+SandboxServiceMakeDirProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("MakeDir")),
+			connect.WithClientOptions(opts...),
+		),
+		rename: connect.NewClient[v1.RenameRequest, v1.RenameResponse](
+			httpClient,
+			baseURL+SandboxServiceRenameProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Rename")),
+			connect.WithClientOptions(opts...),
+		),
+		remove: connect.NewClient[v1.RemoveRequest, v1.RemoveResponse](
+			httpClient,
+			baseURL+SandboxServiceRemoveProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Remove")),
+			connect.WithClientOptions(opts...),
+		),
+		watchDir: connect.NewClient[v1.WatchDirRequest, v1.WatchDirResponse](
+			httpClient,
+			baseURL+SandboxServiceWatchDirProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("WatchDir")),
+			connect.WithClientOptions(opts...),
+		),
+		createWatcher: connect.NewClient[v1.CreateWatcherRequest, v1.CreateWatcherResponse](
+			httpClient,
+			baseURL+SandboxServiceCreateWatcherProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CreateWatcher")),
+			connect.WithClientOptions(opts...),
+		),
+		getWatcherEvents: connect.NewClient[v1.GetWatcherEventsRequest, v1.GetWatcherEventsResponse](
+			httpClient,
+			baseURL+SandboxServiceGetWatcherEventsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetWatcherEvents")),
+			connect.WithClientOptions(opts...),
+		),
+		removeWatcher: connect.NewClient[v1.RemoveWatcherRequest, v1.RemoveWatcherResponse](
+			httpClient,
+			baseURL+SandboxServiceRemoveWatcherProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RemoveWatcher")),
+			connect.WithClientOptions(opts...),
+		),
 		poolStatus: connect.NewClient[v1.PoolStatusRequest, v1.PoolStatusResponse](
 			httpClient,
 			baseURL+SandboxServicePoolStatusProcedure,
@@ -423,38 +558,49 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	create          *connect.Client[v1.CreateRequest, v1.CreateResponse]
-	exec            *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	execStream      *connect.Client[v1.ExecStreamRequest, v1.ExecStreamResponse]
-	destroy         *connect.Client[v1.DestroyRequest, v1.DestroyResponse]
-	hold            *connect.Client[v1.HoldRequest, v1.HoldResponse]
-	list            *connect.Client[v1.ListRequest, v1.ListResponse]
-	inspect         *connect.Client[v1.InspectRequest, v1.InspectResponse]
-	pause           *connect.Client[v1.PauseRequest, v1.PauseResponse]
-	unpause         *connect.Client[v1.UnpauseRequest, v1.UnpauseResponse]
-	gc              *connect.Client[v1.GcRequest, v1.GcResponse]
-	copyTo          *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
-	copyFrom        *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
-	poolStatus      *connect.Client[v1.PoolStatusRequest, v1.PoolStatusResponse]
-	poolWarmup      *connect.Client[v1.PoolWarmupRequest, v1.PoolWarmupResponse]
-	poolDrain       *connect.Client[v1.PoolDrainRequest, v1.PoolDrainResponse]
-	listProviders   *connect.Client[v1.ListProvidersRequest, v1.ListProvidersResponse]
-	reset           *connect.Client[v1.ResetRequest, v1.ResetResponse]
-	listWorkspaces  *connect.Client[v1.ListWorkspacesRequest, v1.ListWorkspacesResponse]
-	removeWorkspace *connect.Client[v1.RemoveWorkspaceRequest, v1.RemoveWorkspaceResponse]
-	createSnapshot  *connect.Client[v1.CreateSnapshotRequest, v1.CreateSnapshotResponse]
-	listSnapshots   *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
-	removeSnapshot  *connect.Client[v1.RemoveSnapshotRequest, v1.RemoveSnapshotResponse]
-	runCode         *connect.Client[v1.RunCodeRequest, v1.RunCodeResponse]
-	createContext   *connect.Client[v1.CreateContextRequest, v1.CreateContextResponse]
-	listContexts    *connect.Client[v1.ListContextsRequest, v1.ListContextsResponse]
-	restartContext  *connect.Client[v1.RestartContextRequest, v1.RestartContextResponse]
-	removeContext   *connect.Client[v1.RemoveContextRequest, v1.RemoveContextResponse]
-	createPty       *connect.Client[v1.CreatePtyRequest, v1.CreatePtyResponse]
-	connectPty      *connect.Client[v1.ConnectPtyRequest, v1.ConnectPtyResponse]
-	sendPtyInput    *connect.Client[v1.SendPtyInputRequest, v1.SendPtyInputResponse]
-	resizePty       *connect.Client[v1.ResizePtyRequest, v1.ResizePtyResponse]
-	killPty         *connect.Client[v1.KillPtyRequest, v1.KillPtyResponse]
+	create           *connect.Client[v1.CreateRequest, v1.CreateResponse]
+	exec             *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	execStream       *connect.Client[v1.ExecStreamRequest, v1.ExecStreamResponse]
+	destroy          *connect.Client[v1.DestroyRequest, v1.DestroyResponse]
+	hold             *connect.Client[v1.HoldRequest, v1.HoldResponse]
+	list             *connect.Client[v1.ListRequest, v1.ListResponse]
+	inspect          *connect.Client[v1.InspectRequest, v1.InspectResponse]
+	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	unpause          *connect.Client[v1.UnpauseRequest, v1.UnpauseResponse]
+	gc               *connect.Client[v1.GcRequest, v1.GcResponse]
+	copyTo           *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
+	copyFrom         *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
+	readFile         *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile        *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	listDir          *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
+	stat             *connect.Client[v1.StatRequest, v1.StatResponse]
+	makeDir          *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	rename           *connect.Client[v1.RenameRequest, v1.RenameResponse]
+	remove           *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	watchDir         *connect.Client[v1.WatchDirRequest, v1.WatchDirResponse]
+	createWatcher    *connect.Client[v1.CreateWatcherRequest, v1.CreateWatcherResponse]
+	getWatcherEvents *connect.Client[v1.GetWatcherEventsRequest, v1.GetWatcherEventsResponse]
+	removeWatcher    *connect.Client[v1.RemoveWatcherRequest, v1.RemoveWatcherResponse]
+	poolStatus       *connect.Client[v1.PoolStatusRequest, v1.PoolStatusResponse]
+	poolWarmup       *connect.Client[v1.PoolWarmupRequest, v1.PoolWarmupResponse]
+	poolDrain        *connect.Client[v1.PoolDrainRequest, v1.PoolDrainResponse]
+	listProviders    *connect.Client[v1.ListProvidersRequest, v1.ListProvidersResponse]
+	reset            *connect.Client[v1.ResetRequest, v1.ResetResponse]
+	listWorkspaces   *connect.Client[v1.ListWorkspacesRequest, v1.ListWorkspacesResponse]
+	removeWorkspace  *connect.Client[v1.RemoveWorkspaceRequest, v1.RemoveWorkspaceResponse]
+	createSnapshot   *connect.Client[v1.CreateSnapshotRequest, v1.CreateSnapshotResponse]
+	listSnapshots    *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	removeSnapshot   *connect.Client[v1.RemoveSnapshotRequest, v1.RemoveSnapshotResponse]
+	runCode          *connect.Client[v1.RunCodeRequest, v1.RunCodeResponse]
+	createContext    *connect.Client[v1.CreateContextRequest, v1.CreateContextResponse]
+	listContexts     *connect.Client[v1.ListContextsRequest, v1.ListContextsResponse]
+	restartContext   *connect.Client[v1.RestartContextRequest, v1.RestartContextResponse]
+	removeContext    *connect.Client[v1.RemoveContextRequest, v1.RemoveContextResponse]
+	createPty        *connect.Client[v1.CreatePtyRequest, v1.CreatePtyResponse]
+	connectPty       *connect.Client[v1.ConnectPtyRequest, v1.ConnectPtyResponse]
+	sendPtyInput     *connect.Client[v1.SendPtyInputRequest, v1.SendPtyInputResponse]
+	resizePty        *connect.Client[v1.ResizePtyRequest, v1.ResizePtyResponse]
+	killPty          *connect.Client[v1.KillPtyRequest, v1.KillPtyResponse]
 }
 
 // Create calls roche.v1.SandboxService.Create.
@@ -515,6 +661,61 @@ func (c *sandboxServiceClient) CopyTo(ctx context.Context) *connect.ClientStream
 // CopyFrom calls roche.v1.SandboxService.CopyFrom.
 func (c *sandboxServiceClient) CopyFrom(ctx context.Context, req *connect.Request[v1.CopyFromRequest]) (*connect.ServerStreamForClient[v1.CopyFromResponse], error) {
 	return c.copyFrom.CallServerStream(ctx, req)
+}
+
+// ReadFile calls roche.v1.SandboxService.ReadFile.
+func (c *sandboxServiceClient) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileRequest]) (*connect.ServerStreamForClient[v1.ReadFileResponse], error) {
+	return c.readFile.CallServerStream(ctx, req)
+}
+
+// WriteFile calls roche.v1.SandboxService.WriteFile.
+func (c *sandboxServiceClient) WriteFile(ctx context.Context) *connect.ClientStreamForClient[v1.WriteFileRequest, v1.WriteFileResponse] {
+	return c.writeFile.CallClientStream(ctx)
+}
+
+// ListDir calls roche.v1.SandboxService.ListDir.
+func (c *sandboxServiceClient) ListDir(ctx context.Context, req *connect.Request[v1.ListDirRequest]) (*connect.Response[v1.ListDirResponse], error) {
+	return c.listDir.CallUnary(ctx, req)
+}
+
+// Stat calls roche.v1.SandboxService.Stat.
+func (c *sandboxServiceClient) Stat(ctx context.Context, req *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error) {
+	return c.stat.CallUnary(ctx, req)
+}
+
+// MakeDir calls roche.v1.SandboxService.MakeDir.
+func (c *sandboxServiceClient) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error) {
+	return c.makeDir.CallUnary(ctx, req)
+}
+
+// Rename calls roche.v1.SandboxService.Rename.
+func (c *sandboxServiceClient) Rename(ctx context.Context, req *connect.Request[v1.RenameRequest]) (*connect.Response[v1.RenameResponse], error) {
+	return c.rename.CallUnary(ctx, req)
+}
+
+// Remove calls roche.v1.SandboxService.Remove.
+func (c *sandboxServiceClient) Remove(ctx context.Context, req *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
+	return c.remove.CallUnary(ctx, req)
+}
+
+// WatchDir calls roche.v1.SandboxService.WatchDir.
+func (c *sandboxServiceClient) WatchDir(ctx context.Context, req *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchDirResponse], error) {
+	return c.watchDir.CallServerStream(ctx, req)
+}
+
+// CreateWatcher calls roche.v1.SandboxService.CreateWatcher.
+func (c *sandboxServiceClient) CreateWatcher(ctx context.Context, req *connect.Request[v1.CreateWatcherRequest]) (*connect.Response[v1.CreateWatcherResponse], error) {
+	return c.createWatcher.CallUnary(ctx, req)
+}
+
+// GetWatcherEvents calls roche.v1.SandboxService.GetWatcherEvents.
+func (c *sandboxServiceClient) GetWatcherEvents(ctx context.Context, req *connect.Request[v1.GetWatcherEventsRequest]) (*connect.Response[v1.GetWatcherEventsResponse], error) {
+	return c.getWatcherEvents.CallUnary(ctx, req)
+}
+
+// RemoveWatcher calls roche.v1.SandboxService.RemoveWatcher.
+func (c *sandboxServiceClient) RemoveWatcher(ctx context.Context, req *connect.Request[v1.RemoveWatcherRequest]) (*connect.Response[v1.RemoveWatcherResponse], error) {
+	return c.removeWatcher.CallUnary(ctx, req)
 }
 
 // PoolStatus calls roche.v1.SandboxService.PoolStatus.
@@ -646,6 +847,49 @@ type SandboxServiceHandler interface {
 	CopyTo(context.Context, *connect.ClientStream[v1.CopyToRequest]) (*connect.Response[v1.CopyToResponse], error)
 	// CopyFrom packs a sandbox path into a tar stream and downloads it.
 	CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest], *connect.ServerStream[v1.CopyFromResponse]) error
+	// The files API: one file or directory at a time, files streamed both ways, as the
+	// sandbox user (what its code could read or write, no more). Paths are absolute
+	// sandbox paths; one with ".." is refused, never cleaned; no symlink is followed (a
+	// path that is or goes through one is PERMISSION_DENIED, and a symlink is described,
+	// renamed or removed itself); nothing in /proc is served. Shaped after E2B's envd
+	// filesystem service (Stat, MakeDir, Move, ListDir, Remove, WatchDir and the watcher
+	// calls) and its /files download and upload.
+	//
+	// ReadFile streams a regular file: its entry first (the size it had when the read
+	// began), then its content in chunks, never more than that size, so a file growing
+	// meanwhile cannot make the read endless. A directory, FIFO or device is
+	// INVALID_ARGUMENT; a file over max_bytes is RESOURCE_EXHAUSTED before any of it is
+	// sent.
+	ReadFile(context.Context, *connect.Request[v1.ReadFileRequest], *connect.ServerStream[v1.ReadFileResponse]) error
+	// WriteFile writes a file from a client stream (the first message names it and may
+	// carry data), replacing it and making its missing parents. More than max_bytes, or
+	// past the sandbox's disk space, is RESOURCE_EXHAUSTED and leaves no file behind.
+	WriteFile(context.Context, *connect.ClientStream[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
+	// ListDir lists what is below a directory to a depth (1: its entries), each
+	// directory's entries in name order before what is below them.
+	ListDir(context.Context, *connect.Request[v1.ListDirRequest]) (*connect.Response[v1.ListDirResponse], error)
+	// Stat describes a path (NOT_FOUND when missing, unless missing_ok).
+	Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error)
+	// MakeDir makes a directory and its missing parents, and says whether it made it.
+	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
+	// Rename moves a path to another (E2B's Move).
+	Rename(context.Context, *connect.Request[v1.RenameRequest]) (*connect.Response[v1.RenameResponse], error)
+	// Remove removes a path and, for a directory, everything below it.
+	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
+	// WatchDir streams the changes below a directory: started once the watch is in place
+	// (every change after it is reported), then events as they happen and a heartbeat
+	// while it is quiet, until the caller ends the call or the directory itself goes (its
+	// own remove or rename event, name "", is then the last). Events a slow reader cannot
+	// take are dropped and counted in an overflow event, never silently.
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchDirResponse]) error
+	// CreateWatcher starts a watch that roched holds for clients that poll rather than
+	// keep a stream open (E2B's synchronous SDK): GetWatcherEvents returns what it
+	// gathered since the last call (at most 10,000 held; past that an overflow event
+	// counts the rest), RemoveWatcher stops it. A watcher not asked for 10 minutes, or
+	// whose sandbox is gone, is removed.
+	CreateWatcher(context.Context, *connect.Request[v1.CreateWatcherRequest]) (*connect.Response[v1.CreateWatcherResponse], error)
+	GetWatcherEvents(context.Context, *connect.Request[v1.GetWatcherEventsRequest]) (*connect.Response[v1.GetWatcherEventsResponse], error)
+	RemoveWatcher(context.Context, *connect.Request[v1.RemoveWatcherRequest]) (*connect.Response[v1.RemoveWatcherResponse], error)
 	// PoolStatus reports every warm pool.
 	PoolStatus(context.Context, *connect.Request[v1.PoolStatusRequest]) (*connect.Response[v1.PoolStatusResponse], error)
 	// PoolWarmup fills pools now (and resumes a drained pool) and waits for them.
@@ -776,6 +1020,72 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceCopyFromProcedure,
 		svc.CopyFrom,
 		connect.WithSchema(sandboxServiceMethods.ByName("CopyFrom")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceReadFileHandler := connect.NewServerStreamHandler(
+		SandboxServiceReadFileProcedure,
+		svc.ReadFile,
+		connect.WithSchema(sandboxServiceMethods.ByName("ReadFile")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceWriteFileHandler := connect.NewClientStreamHandler(
+		SandboxServiceWriteFileProcedure,
+		svc.WriteFile,
+		connect.WithSchema(sandboxServiceMethods.ByName("WriteFile")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListDirHandler := connect.NewUnaryHandler(
+		SandboxServiceListDirProcedure,
+		svc.ListDir,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListDir")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceStatHandler := connect.NewUnaryHandler(
+		SandboxServiceStatProcedure,
+		svc.Stat,
+		connect.WithSchema(sandboxServiceMethods.ByName("Stat")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceMakeDirHandler := connect.NewUnaryHandler(
+		SandboxServiceMakeDirProcedure,
+		svc.MakeDir,
+		connect.WithSchema(sandboxServiceMethods.ByName("MakeDir")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRenameHandler := connect.NewUnaryHandler(
+		SandboxServiceRenameProcedure,
+		svc.Rename,
+		connect.WithSchema(sandboxServiceMethods.ByName("Rename")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRemoveHandler := connect.NewUnaryHandler(
+		SandboxServiceRemoveProcedure,
+		svc.Remove,
+		connect.WithSchema(sandboxServiceMethods.ByName("Remove")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceWatchDirHandler := connect.NewServerStreamHandler(
+		SandboxServiceWatchDirProcedure,
+		svc.WatchDir,
+		connect.WithSchema(sandboxServiceMethods.ByName("WatchDir")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCreateWatcherHandler := connect.NewUnaryHandler(
+		SandboxServiceCreateWatcherProcedure,
+		svc.CreateWatcher,
+		connect.WithSchema(sandboxServiceMethods.ByName("CreateWatcher")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceGetWatcherEventsHandler := connect.NewUnaryHandler(
+		SandboxServiceGetWatcherEventsProcedure,
+		svc.GetWatcherEvents,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetWatcherEvents")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRemoveWatcherHandler := connect.NewUnaryHandler(
+		SandboxServiceRemoveWatcherProcedure,
+		svc.RemoveWatcher,
+		connect.WithSchema(sandboxServiceMethods.ByName("RemoveWatcher")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServicePoolStatusHandler := connect.NewUnaryHandler(
@@ -924,6 +1234,28 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCopyToHandler.ServeHTTP(w, r)
 		case SandboxServiceCopyFromProcedure:
 			sandboxServiceCopyFromHandler.ServeHTTP(w, r)
+		case SandboxServiceReadFileProcedure:
+			sandboxServiceReadFileHandler.ServeHTTP(w, r)
+		case SandboxServiceWriteFileProcedure:
+			sandboxServiceWriteFileHandler.ServeHTTP(w, r)
+		case SandboxServiceListDirProcedure:
+			sandboxServiceListDirHandler.ServeHTTP(w, r)
+		case SandboxServiceStatProcedure:
+			sandboxServiceStatHandler.ServeHTTP(w, r)
+		case SandboxServiceMakeDirProcedure:
+			sandboxServiceMakeDirHandler.ServeHTTP(w, r)
+		case SandboxServiceRenameProcedure:
+			sandboxServiceRenameHandler.ServeHTTP(w, r)
+		case SandboxServiceRemoveProcedure:
+			sandboxServiceRemoveHandler.ServeHTTP(w, r)
+		case SandboxServiceWatchDirProcedure:
+			sandboxServiceWatchDirHandler.ServeHTTP(w, r)
+		case SandboxServiceCreateWatcherProcedure:
+			sandboxServiceCreateWatcherHandler.ServeHTTP(w, r)
+		case SandboxServiceGetWatcherEventsProcedure:
+			sandboxServiceGetWatcherEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceRemoveWatcherProcedure:
+			sandboxServiceRemoveWatcherHandler.ServeHTTP(w, r)
 		case SandboxServicePoolStatusProcedure:
 			sandboxServicePoolStatusHandler.ServeHTTP(w, r)
 		case SandboxServicePoolWarmupProcedure:
@@ -1019,6 +1351,50 @@ func (UnimplementedSandboxServiceHandler) CopyTo(context.Context, *connect.Clien
 
 func (UnimplementedSandboxServiceHandler) CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest], *connect.ServerStream[v1.CopyFromResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.CopyFrom is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ReadFile(context.Context, *connect.Request[v1.ReadFileRequest], *connect.ServerStream[v1.ReadFileResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ReadFile is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) WriteFile(context.Context, *connect.ClientStream[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.WriteFile is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListDir(context.Context, *connect.Request[v1.ListDirRequest]) (*connect.Response[v1.ListDirResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ListDir is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Stat is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.MakeDir is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Rename(context.Context, *connect.Request[v1.RenameRequest]) (*connect.Response[v1.RenameResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Rename is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Remove is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchDirResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.WatchDir is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CreateWatcher(context.Context, *connect.Request[v1.CreateWatcherRequest]) (*connect.Response[v1.CreateWatcherResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.CreateWatcher is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetWatcherEvents(context.Context, *connect.Request[v1.GetWatcherEventsRequest]) (*connect.Response[v1.GetWatcherEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.GetWatcherEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RemoveWatcher(context.Context, *connect.Request[v1.RemoveWatcherRequest]) (*connect.Response[v1.RemoveWatcherResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RemoveWatcher is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) PoolStatus(context.Context, *connect.Request[v1.PoolStatusRequest]) (*connect.Response[v1.PoolStatusResponse], error) {
