@@ -240,8 +240,11 @@ func (s *service) WriteFile(ctx context.Context, stream *connect.ClientStream[ro
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
-	entry := wire.FileEntryToProto(roche.FileInfo{Path: p, Size: up.n, Mode: mode, ModTime: time.Now()})
-	return connect.NewResponse(&rochev1.WriteFileResponse{Entry: entry}), nil
+	written := roche.FileInfo{Path: p, Size: up.n, Mode: mode, ModTime: time.Now()}
+	if fi, err := fsys.Stat(ctx, t.ID, p); err == nil && fi.FileType() == "file" {
+		written = fi // its owner and times, as the sandbox has them
+	}
+	return connect.NewResponse(&rochev1.WriteFileResponse{Entry: wire.FileEntryToProto(written)}), nil
 }
 
 func (s *service) ListDir(ctx context.Context, req *connect.Request[rochev1.ListDirRequest]) (*connect.Response[rochev1.ListDirResponse], error) {
