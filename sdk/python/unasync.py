@@ -47,6 +47,9 @@ FILES = [
      "PTY sessions for the synchronous API: a command on a pseudo-terminal in the sandbox\n"
      "(default: the image's shell), driven with unary calls (input, resize, kill) and one server\n"
      "stream of its output, read by a thread of its own. Shaped like E2B's ``sandbox.pty``."),
+    ("_afiles.py", "_files.py",
+     "``sandbox.files`` for the synchronous API: the files API, named as E2B's SDKs name it, its\n"
+     "content streamed both ways; a watch is read by a thread of its own."),
 ]
 
 #: Applied in order to every line.
@@ -71,6 +74,7 @@ RULES = [
     (r"\b_async\b", "_sync"),
     (r"\b_atransport\b", "_transport"),
     (r"\b_apty\b", "_pty"),
+    (r"\b_afiles\b", "_files"),
     (r"\b_ahttp\b", "_http"),
     (r"\b_aio\b", "_syncio"),
 ]

@@ -8,7 +8,10 @@
 Calls go to roched (the daemon, with warm pools) when it answers, else to the roche CLI.
 """
 
+from ._afiles import AsyncFiles, AsyncWatchHandle
 from ._apty import AsyncPty, AsyncPtyHandle
+from ._files import Files, WatchHandle
+from ._filesutil import EntryInfo, FilesystemEvent, FilesystemEventType, FileType, WriteInfo
 from ._async import AsyncExecStream, AsyncRoche, AsyncSandbox
 from ._pty import Pty, PtyHandle
 from ._sync import ExecStream, Roche, Sandbox
@@ -47,6 +50,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncExecStream",
+    "AsyncFiles",
+    "AsyncWatchHandle",
+    "EntryInfo",
+    "Files",
+    "FilesystemEvent",
+    "FilesystemEventType",
+    "FileType",
+    "WatchHandle",
+    "WriteInfo",
     "AsyncPty",
     "AsyncPtyHandle",
     "AsyncRoche",

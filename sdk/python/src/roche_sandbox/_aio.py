@@ -67,6 +67,21 @@ async def from_thread(gen: Iterator[bytes]) -> AsyncIterator[bytes]:
         yield piece
 
 
+async def pieces(content: Any) -> AsyncIterator[bytes]:
+    """The pieces of what files.write() sends (_filesutil.pieces_of): bytes whole, an
+    async iterable as it yields, a generator that reads a file from a worker thread."""
+    if isinstance(content, bytes):
+        yield content
+    elif hasattr(content, "__aiter__"):
+        async for piece in content:
+            if isinstance(piece, str):
+                piece = piece.encode()
+            yield bytes(piece)
+    else:
+        async for piece in from_thread(content):
+            yield piece
+
+
 async def read_pieces(messages: AsyncIterable[M], piece: Callable[[M], bytes],
                       consume: Callable[[IO[bytes]], T]) -> T:
     """consume's result, run on a file of the pieces of messages: consume runs in a worker
@@ -132,6 +147,10 @@ class Background(Generic[T]):
         done, _ = await asyncio.wait({self._task}, timeout=timeout)
         return bool(done)
 
+    def done(self) -> bool:
+        """Whether fn has ended, without waiting."""
+        return self._task.done()
+
     def result(self) -> T:
         """What fn returned, or raises what it raised; once it has ended."""
         return self._task.result()
@@ -183,6 +202,19 @@ class Process:
         assert self._p.stdin is not None
         self._feeder = asyncio.ensure_future(_feed(self._p.stdin, data))
 
+    def feed_from(self, pieces: AsyncIterator[bytes]) -> None:
+        """Writes the pieces to its input as they come, then closes it, while the output
+        is read; fed() says how that went."""
+        assert self._p.stdin is not None
+        self._feeder = asyncio.ensure_future(_feed_from(self._p.stdin, pieces))
+
+    async def fed(self) -> None:
+        """Raises what reading the pieces raised (a file that could not be read), once
+        they were fed; a process that stopped reading is not an error here (its exit
+        status says why)."""
+        if self._feeder is not None:
+            await self._feeder
+
     def output(self, d: Deadline, what: str) -> AsyncIterator[tuple[str, bytes]]:
         """("stdout" or "stderr", data) as each arrives, until both end; d.expired(what)
         when d passes first."""
@@ -218,6 +250,13 @@ class Process:
         if stop:
             await self.stop()
 
+    def terminate(self) -> None:
+        """Sends it SIGTERM, without waiting (a watch's stop())."""
+        try:
+            self._p.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
     async def stop(self) -> None:
         """Ends it: SIGTERM first, so that it cleans up (kills the command it runs,
         destroys a half-made sandbox), then SIGKILL."""
@@ -245,3 +284,18 @@ async def _feed(w: asyncio.StreamWriter, data: bytes) -> None:
         w.close()
     except (OSError, RuntimeError):
         pass
+
+
+async def _feed_from(w: asyncio.StreamWriter, pieces: AsyncIterator[bytes]) -> None:
+    try:
+        async for piece in pieces:
+            try:
+                w.write(piece)
+                await w.drain()
+            except (OSError, RuntimeError):
+                return  # it stopped reading: its exit status says why
+    finally:
+        try:
+            w.close()
+        except RuntimeError:
+            pass

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _aio, _discovery, _tls
+from ._afiles import AsyncFiles
 from ._apty import AsyncPty
 from ._atransport import AsyncCLITransport, AsyncConnectClient, AsyncDaemonTransport, AsyncTransport
 from ._choice import PROBE_TIMEOUT, Choice, no_context, remaining_life
@@ -189,6 +190,13 @@ class AsyncSandbox:
     @property
     def provider(self) -> str:
         return self.info.provider
+
+    @property
+    def files(self) -> "AsyncFiles":
+        """The sandbox's files, as its user (E2B's ``sandbox.files``): ``read``,
+        ``write``, ``list``, ``get_info``/``stat``, ``exists``, ``make_dir``,
+        ``rename``, ``remove`` and ``watch_dir``, file content streamed both ways."""
+        return AsyncFiles(self)
 
     @property
     def pty(self) -> "AsyncPty":

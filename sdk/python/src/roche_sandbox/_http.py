@@ -87,7 +87,9 @@ class HTTPClient:
         retried = False
         while True:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
+                # A body read as it is sent cannot be sent twice: it gets a fresh connection,
+                # never a kept one the server may have closed meanwhile.
+                conn = self._idle.pop() if self._idle and not isinstance(body, Iterator) else None
             reused = conn is not None
             if conn is None:
                 conn = self._new(None)
@@ -162,3 +164,12 @@ class _TimedResponse:
 
     def read_all(self) -> bytes:
         return self.read()
+
+    def abort(self) -> None:
+        """Breaks off the call from another thread: a read waiting in it fails at once."""
+        sock = self._conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Iterator, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _syncio, _discovery, _tls
+from ._files import Files
 from ._pty import Pty
 from ._transport import CLITransport, ConnectClient, DaemonTransport, Transport
 from ._choice import PROBE_TIMEOUT, Choice, no_context, remaining_life
@@ -185,6 +186,13 @@ class Sandbox:
     @property
     def provider(self) -> str:
         return self.info.provider
+
+    @property
+    def files(self) -> "Files":
+        """The sandbox's files, as its user (E2B's ``sandbox.files``): ``read``,
+        ``write``, ``list``, ``get_info``/``stat``, ``exists``, ``make_dir``,
+        ``rename``, ``remove`` and ``watch_dir``, file content streamed both ways."""
+        return Files(self)
 
     @property
     def pty(self) -> "Pty":

@@ -47,6 +47,17 @@ def from_thread(gen: Iterator[bytes]) -> Iterator[bytes]:
     return gen
 
 
+def pieces(content: Any) -> Iterator[bytes]:
+    """The pieces of what files.write() sends (_filesutil.pieces_of): bytes whole, an
+    iterable as it yields; an async iterable needs the async API."""
+    if isinstance(content, bytes):
+        return iter([content])
+    if hasattr(content, "__aiter__"):
+        from .errors import InvalidConfig
+        raise InvalidConfig("invalid config: write() got an async iterable: use AsyncRoche, or give bytes, a file or an iterable of bytes")
+    return iter(content)
+
+
 def read_pieces(messages: Iterable[M], piece: Callable[[M], bytes], consume: Callable[[IO[bytes]], T]) -> T:
     """consume's result, run on a file of the pieces of messages as they arrive, so that
     nothing is held whole. When consume stops early (a cap, a refusal), the rest is not read."""
@@ -94,6 +105,10 @@ class Background(Generic[T]):
     def wait(self, timeout: Optional[float]) -> bool:
         """Whether fn has ended, within timeout seconds (None: as long as it takes)."""
         return self._done.wait(timeout)
+
+    def done(self) -> bool:
+        """Whether fn has ended, without waiting."""
+        return self._done.is_set()
 
     def result(self) -> T:
         """What fn returned, or raises what it raised; once it has ended."""
@@ -159,6 +174,40 @@ class Process:
 
         threading.Thread(target=write, daemon=True).start()
 
+    def feed_from(self, pieces: Iterator[bytes]) -> None:
+        """Writes the pieces to its input as they come, from a thread, then closes it;
+        fed() says how that went."""
+        p = self._p
+        self._fed = threading.Event()
+        self._feed_error: Optional[BaseException] = None
+
+        def write() -> None:
+            assert p.stdin is not None
+            try:
+                for piece in pieces:
+                    try:
+                        p.stdin.write(piece)
+                    except OSError:
+                        return  # it stopped reading: its exit status says why
+            except BaseException as e:  # handed to fed()
+                self._feed_error = e
+            finally:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+                self._fed.set()
+
+        threading.Thread(target=write, daemon=True).start()
+
+    def fed(self) -> None:
+        """Raises what reading the pieces raised, once they were fed."""
+        fed = getattr(self, "_fed", None)
+        if fed is not None:
+            fed.wait()
+            if self._feed_error is not None:
+                raise self._feed_error
+
     def output(self, d: Deadline, what: str) -> Iterator[tuple[str, bytes]]:
         """("stdout" or "stderr", data) as each arrives, until both end; d.expired(what)
         when d passes first."""
@@ -195,6 +244,14 @@ class Process:
         for f in (self._p.stdout, self._p.stderr):
             if f is not None:
                 f.close()
+
+    def terminate(self) -> None:
+        """Sends it SIGTERM, without waiting (a watch's stop(), from another thread)."""
+        try:
+            if self._p.poll() is None:
+                self._p.send_signal(signal.SIGTERM)
+        except OSError:
+            pass
 
     def stop(self) -> None:
         """Ends it: SIGTERM first, so that it cleans up (kills the command it runs,
