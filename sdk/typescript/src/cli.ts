@@ -20,6 +20,7 @@ import {
   type SandboxInfo,
 } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
+import { entryFromCLI, eventFromCLI, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
 
 /** The CLI's exit statuses besides the command's own (internal/cli). */
 const EXIT_TIMEOUT = 124;
@@ -550,6 +551,124 @@ export class CLITransport implements Transport {
     } finally {
       s.dispose();
       if (!done) await stop(p); // left early, or failed: the cell is interrupted
+    }
+  }
+
+  // The files API (sandbox.files), through `roche files`: content streamed through the
+  // CLI's standard input and output, with the pipes' own backpressure.
+
+  /** A `roche files` process whose stdout is read as it comes: the pieces, then its exit
+   * checked (its error from stderr). */
+  private async *filesOutput(args: string[], idle: IdleTimer, stdin?: AsyncIterable<Uint8Array>): AsyncGenerator<Buffer> {
+    const p = this.spawn(args, stdin !== undefined);
+    const err: Buffer[] = [];
+    let failed: unknown;
+    p.stderr!.on("data", (b: Buffer) => err.push(b));
+    p.on("error", (e) => {
+      failed = this.unavailable(e);
+    });
+    const exit = exited(p);
+    const onAbort = () => void stop(p);
+    idle.signal.addEventListener("abort", onAbort, { once: true });
+    let fed: Promise<void> = Promise.resolve();
+    if (stdin !== undefined) {
+      const w = p.stdin!;
+      w.on("error", () => undefined); // it stopped reading: its exit says why
+      fed = (async () => {
+        try {
+          for await (const piece of stdin) {
+            idle.touch();
+            if (w.destroyed) return;
+            if (!w.write(piece)) {
+              await new Promise<void>((resolve) => {
+                const go = () => {
+                  w.off("drain", go);
+                  w.off("close", go);
+                  resolve();
+                };
+                w.on("drain", go);
+                w.on("close", go);
+              });
+            }
+          }
+        } finally {
+          w.end();
+        }
+      })();
+    }
+    let done = false;
+    try {
+      for await (const b of p.stdout! as AsyncIterable<Buffer>) {
+        idle.touch();
+        yield b;
+      }
+      const rc = await exit;
+      await fed;
+      done = true;
+      const t = idle.timedOut();
+      if (t) throw t;
+      if (failed !== undefined) throw failed;
+      if (idle.signal.aborted) return; // stopped by its caller
+      if (rc !== 0) throw errorFromStderr(Buffer.concat(err), rc, args[0] === "files" ? `files ${args[1]}` : args[0]);
+    } finally {
+      idle.signal.removeEventListener("abort", onAbort);
+      idle.dispose();
+      if (!done) await stop(p);
+    }
+  }
+
+  async *fileRead(sid: string, path: string, maxBytes: number, idleMs: number): AsyncGenerator<EntryInfo | Uint8Array> {
+    const args = ["files", "cat", ...(maxBytes ? ["--max-bytes", String(maxBytes)] : []), sid, path];
+    yield* this.filesOutput(args, new IdleTimer(idleMs, "roche files cat"));
+  }
+
+  async fileWrite(sid: string, path: string, content: AsyncIterable<Uint8Array>, mode: number, maxBytes: number, idleMs: number): Promise<EntryInfo> {
+    const args = ["files", "write", "--json", "--mode", mode.toString(8), ...(maxBytes ? ["--max-bytes", String(maxBytes)] : []), sid, path];
+    const out: Buffer[] = [];
+    for await (const b of this.filesOutput(args, new IdleTimer(idleMs, "roche files write"), content)) out.push(b);
+    return entryFromCLI(parseJSON(Buffer.concat(out), "files write"));
+  }
+
+  async fileList(sid: string, path: string, depth: number, ms: number): Promise<EntryInfo[]> {
+    const out = await this.call(["files", "ls", "--json", "--depth", String(depth), sid, path], new Deadline(ms / 1000));
+    return ((parseJSON(out, "files ls") as unknown[]) ?? []).map(entryFromCLI);
+  }
+
+  async fileStat(sid: string, path: string, missingOk: boolean, ms: number): Promise<EntryInfo | undefined> {
+    const d = new Deadline(ms / 1000);
+    if (missingOk && (await this.call(["files", "exists", sid, path], d)).toString().trim() !== "true") return undefined;
+    return entryFromCLI(parseJSON(await this.call(["files", "stat", "--json", sid, path], d), "files stat"));
+  }
+
+  async fileMkdir(sid: string, path: string, ms: number): Promise<boolean> {
+    const out = await this.call(["files", "mkdir", "--json", sid, path], new Deadline(ms / 1000));
+    return Boolean((parseJSON(out, "files mkdir") as { created?: boolean }).created);
+  }
+
+  async fileRename(sid: string, oldPath: string, newPath: string, ms: number): Promise<EntryInfo> {
+    return entryFromCLI(parseJSON(await this.call(["files", "mv", "--json", sid, oldPath, newPath], new Deadline(ms / 1000)), "files mv"));
+  }
+
+  async fileRemove(sid: string, path: string, ms: number): Promise<void> {
+    await this.call(["files", "rm", sid, path], new Deadline(ms / 1000));
+  }
+
+  async *fileWatch(sid: string, path: string, recursive: boolean, idleMs: number, signal: AbortSignal): AsyncGenerator<FilesystemEvent | undefined> {
+    const args = ["files", "watch", "--json", ...(recursive ? ["--recursive"] : []), sid, path];
+    // No heartbeats come through the CLI: a quiet directory is no failure.
+    const idle = new IdleTimer(2 ** 31 - 1, "roche files watch", signal);
+    void idleMs;
+    let line = "";
+    for await (const b of this.filesOutput(args, idle)) {
+      line += b.toString("utf8");
+      let nl: number;
+      while ((nl = line.indexOf("\n")) >= 0) {
+        const one = line.slice(0, nl);
+        line = line.slice(nl + 1);
+        const ev = eventFromCLI(one);
+        if (ev === "started") yield undefined;
+        else if (ev) yield ev;
+      }
     }
   }
 

@@ -29,6 +29,7 @@ import { Deadline } from "./deadline.js";
 import { where, type Endpoint } from "./discovery.js";
 import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound, reasonFromText } from "./errors.js";
 import { firstFile, fileTar } from "./tar.js";
+import { entryFromWire, eventFromWire, FILE_CHUNK, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
 import { tlsProblem } from "./tls.js";
 import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
@@ -545,6 +546,119 @@ export class DaemonTransport implements Transport {
       throw new RocheError(`reading ${path}: the sandbox sent an empty archive`);
     }
     return got;
+  }
+
+  // The files API (sandbox.files), streamed both ways in binary protobuf.
+
+  /** A call of the files API that streams: its errors typed, the idle limit's its own. */
+  private async *filesCall<T>(idle: IdleTimer, what: string, it: AsyncIterable<T>): AsyncGenerator<T> {
+    try {
+      for await (const m of it) {
+        idle.touch();
+        yield m;
+      }
+    } catch (e) {
+      const t = idle.timedOut();
+      if (t) throw t;
+      if (idle.signal.aborted && idle.signal.reason instanceof RocheError) throw idle.signal.reason;
+      throw errorFromConnect(e, this.ep);
+    } finally {
+      idle.dispose();
+    }
+  }
+
+  async *fileRead(sid: string, path: string, maxBytes: number, idleMs: number): AsyncGenerator<EntryInfo | Uint8Array> {
+    const idle = new IdleTimer(idleMs, `roched on ${where(this.ep)} (ReadFile)`);
+    try {
+      const stream = this.client.readFile({ sandboxId: sid, path, maxBytes: BigInt(maxBytes) }, { signal: idle.signal });
+      for await (const m of this.filesCall(idle, "ReadFile", stream)) {
+        if (m.entry) yield entryFromWire(m.entry);
+        if (m.data.length) yield m.data;
+      }
+    } finally {
+      idle.abort(); // left early: the read ends
+    }
+  }
+
+  async fileWrite(sid: string, path: string, content: AsyncIterable<Uint8Array>, mode: number, maxBytes: number, idleMs: number): Promise<EntryInfo> {
+    const idle = new IdleTimer(idleMs, `roched on ${where(this.ep)} (WriteFile)`);
+    async function* messages() {
+      let first = true;
+      let buf: Uint8Array[] = [];
+      let n = 0;
+      const flush = () => {
+        const data = buf.length === 1 ? buf[0] : Buffer.concat(buf);
+        buf = [];
+        n = 0;
+        const m = first ? { sandboxId: sid, path, mode, maxBytes: BigInt(maxBytes), data } : { data };
+        first = false;
+        return m;
+      };
+      for await (let piece of content) {
+        idle.touch();
+        while (piece.length) {
+          const take = piece.subarray(0, FILE_CHUNK - n);
+          piece = piece.subarray(take.length);
+          buf.push(take);
+          n += take.length;
+          if (n === FILE_CHUNK) yield flush();
+        }
+      }
+      if (n || first) yield flush();
+    }
+    try {
+      const r = await this.client.writeFile(messages(), { signal: idle.signal });
+      return entryFromWire(r.entry);
+    } catch (e) {
+      const t = idle.timedOut();
+      if (t) throw t;
+      throw errorFromConnect(e, this.ep);
+    } finally {
+      idle.dispose();
+    }
+  }
+
+  async fileList(sid: string, path: string, depth: number, ms: number): Promise<EntryInfo[]> {
+    const r = await this.call(new Deadline(ms / 1000), "ListDir", (signal) => this.client.listDir({ sandboxId: sid, path, depth }, { signal }));
+    return r.entries.map(entryFromWire);
+  }
+
+  async fileStat(sid: string, path: string, missingOk: boolean, ms: number): Promise<EntryInfo | undefined> {
+    const r = await this.call(new Deadline(ms / 1000), "Stat", (signal) => this.client.stat({ sandboxId: sid, path, missingOk }, { signal }));
+    if (missingOk && !r.exists) return undefined;
+    return entryFromWire(r.entry);
+  }
+
+  async fileMkdir(sid: string, path: string, ms: number): Promise<boolean> {
+    const r = await this.call(new Deadline(ms / 1000), "MakeDir", (signal) => this.client.makeDir({ sandboxId: sid, path }, { signal }));
+    return r.created;
+  }
+
+  async fileRename(sid: string, oldPath: string, newPath: string, ms: number): Promise<EntryInfo> {
+    const r = await this.call(new Deadline(ms / 1000), "Rename", (signal) =>
+      this.client.rename({ sandboxId: sid, source: oldPath, destination: newPath }, { signal }));
+    return entryFromWire(r.entry);
+  }
+
+  async fileRemove(sid: string, path: string, ms: number): Promise<void> {
+    await this.call(new Deadline(ms / 1000), "Remove", (signal) => this.client.remove({ sandboxId: sid, path }, { signal }));
+  }
+
+  async *fileWatch(sid: string, path: string, recursive: boolean, idleMs: number, signal: AbortSignal): AsyncGenerator<FilesystemEvent | undefined> {
+    // roched sends a heartbeat every few seconds while the directory is quiet.
+    const idle = new IdleTimer(idleMs, `roched on ${where(this.ep)} (WatchDir)`, signal);
+    try {
+      const stream = this.client.watchDir({ sandboxId: sid, path, recursive }, { signal: idle.signal });
+      for await (const m of this.filesCall(idle, "WatchDir", stream)) {
+        if (m.event.case === "started") yield undefined;
+        else if (m.event.case === "file") {
+          const ev = eventFromWire(m.event.value);
+          if (ev) yield ev;
+        }
+      }
+    } finally {
+      idle.abort();
+    }
   }
 
   async *runCode(sid: string, req: CodeRequest, d: Deadline): AsyncGenerator<CodeItem> {

@@ -15,6 +15,17 @@
 export { Roche, Sandbox, ExecStream, type RocheOptions } from "./roche.js";
 export { Pty, PtyHandle, MAX_PTY_INPUT, type PtyCreateOptions } from "./pty.js";
 export {
+  Files,
+  WatchHandle,
+  FileType,
+  FilesystemEventType,
+  type EntryInfo,
+  type WriteInfo,
+  type WriteData,
+  type FilesystemEvent,
+  type FilesRequestOptions,
+} from "./files.js";
+export {
   RocheError,
   SandboxNotFound,
   SandboxTimeout,

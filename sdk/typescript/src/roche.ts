@@ -13,6 +13,7 @@ import {
 } from "./code.js";
 import { DaemonTransport, health } from "./daemon.js";
 import { Pty } from "./pty.js";
+import { Files } from "./files.js";
 import { Deadline } from "./deadline.js";
 import { endpoint, findCLI, where, type Endpoint } from "./discovery.js";
 import { InvalidConfig, ProviderUnavailable, RocheError } from "./errors.js";
@@ -187,6 +188,12 @@ export class Sandbox {
 
   get provider(): string {
     return this.info.provider;
+  }
+
+  /** The sandbox's files, as its user (E2B's `sandbox.files`): read, write, list,
+   * getInfo/stat, exists, makeDir, rename, remove and watchDir, content streamed both ways. */
+  get files(): Files {
+    return new Files(this.t, this.id, this.roche.requestTimeout);
   }
 
   /** Terminals in this sandbox (through roched): `sandbox.pty.create({ cols, rows, cmd, onData })`

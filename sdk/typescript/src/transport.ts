@@ -3,6 +3,7 @@
 
 import type { CodeItem, CodeRequest, Context } from "./code.js";
 import type { Deadline } from "./deadline.js";
+import type { EntryInfo, FilesystemEvent } from "./files.js";
 import type { ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
 
 export type StreamItem = OutputEvent | ExecResult;
@@ -26,6 +27,18 @@ export interface Transport {
   contexts(sid: string, d: Deadline): Promise<Context[]>;
   restartContext(sid: string, cid: string, d: Deadline): Promise<void>;
   removeContext(sid: string, cid: string, d: Deadline): Promise<void>;
+  // The files API (sandbox.files). Streams take an idle limit in milliseconds.
+  /** The file's entry (through roched), then its content as it arrives. */
+  fileRead(sid: string, path: string, maxBytes: number, idleMs: number): AsyncGenerator<EntryInfo | Uint8Array>;
+  fileWrite(sid: string, path: string, content: AsyncIterable<Uint8Array>, mode: number, maxBytes: number, idleMs: number): Promise<EntryInfo>;
+  fileList(sid: string, path: string, depth: number, ms: number): Promise<EntryInfo[]>;
+  /** undefined for a missing path when missingOk (an unknown sandbox still throws). */
+  fileStat(sid: string, path: string, missingOk: boolean, ms: number): Promise<EntryInfo | undefined>;
+  fileMkdir(sid: string, path: string, ms: number): Promise<boolean>;
+  fileRename(sid: string, oldPath: string, newPath: string, ms: number): Promise<EntryInfo>;
+  fileRemove(sid: string, path: string, ms: number): Promise<void>;
+  /** undefined once the watch is in place, then its events, until signal aborts. */
+  fileWatch(sid: string, path: string, recursive: boolean, idleMs: number, signal: AbortSignal): AsyncGenerator<FilesystemEvent | undefined>;
   /** Lets go of the sandboxes held (leased ones are then destroyed within seconds). */
   close(): Promise<void>;
 }
