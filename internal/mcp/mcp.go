@@ -215,6 +215,14 @@ func (s *Server) addTools() {
 		Annotations: readOnly,
 	}, s.readFile)
 	addTool(s.server, &mcp.Tool{
+		Name:  "list_files",
+		Title: "List a directory in a sandbox",
+		Description: "List the files and directories below a directory in a sandbox, to a depth (1, the default, " +
+			"lists its entries; at most 5), with each one's type, size, permissions and modification time. " +
+			"Symlinks are listed, not followed.",
+		Annotations: readOnly,
+	}, s.listFiles)
+	addTool(s.server, &mcp.Tool{
 		Name:        "list_sandboxes",
 		Title:       "List sandboxes",
 		Description: "List the live sandboxes this session created, with their ids, images and expiry times.",
@@ -793,19 +801,22 @@ type ReadOutput struct {
 	Truncated bool   `json:"truncated" jsonschema:"the file is longer than max_bytes"`
 }
 
-// capped keeps the first n bytes written to it and notes whether there were more.
+// capped keeps the first n bytes written to it, notes whether there were more, and then
+// ends the read (errEnough): the rest of a large file is not read at all.
 type capped struct {
 	buf  bytes.Buffer
 	n    int
 	over bool
 }
 
+var errEnough = errors.New("read enough")
+
 func (c *capped) Write(p []byte) (int, error) {
 	room := c.n - c.buf.Len()
 	if len(p) > room {
 		c.over = true
 		c.buf.Write(p[:max(room, 0)])
-		return len(p), nil
+		return 0, errEnough
 	}
 	return c.buf.Write(p)
 }
@@ -821,13 +832,92 @@ func (s *Server) readFile(ctx context.Context, req *mcp.CallToolRequest, in Read
 		return nil, ReadOutput{}, err
 	}
 	w := &capped{n: limit}
-	if err := f.ReadFile(ctx, in.SandboxID, in.Path, w); err != nil {
+	if err := f.ReadFile(ctx, in.SandboxID, in.Path, w); err != nil && !errors.Is(err, errEnough) {
 		return nil, ReadOutput{}, err
 	}
 	data := w.buf.Bytes()
 	out := ReadOutput{Path: in.Path, Bytes: len(data), Truncated: w.over, Encoding: "utf-8", Content: string(data)}
 	if !utf8.Valid(data) {
 		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(data)
+	}
+	return nil, out, nil
+}
+
+// ListFilesInput is list_files' arguments.
+type ListFilesInput struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	Path      string `json:"path" jsonschema:"absolute path of a directory in the sandbox, e.g. /tmp"`
+	Depth     int    `json:"depth,omitempty" jsonschema:"how many levels to list: 1 (the default) is the directory's entries, at most 5"`
+}
+
+// FileEntry describes one path below the directory.
+type FileEntry struct {
+	Path          string `json:"path"`
+	Type          string `json:"type" jsonschema:"file, dir, symlink, or fifo, socket or device"`
+	Size          int64  `json:"size"`
+	Permissions   string `json:"permissions" jsonschema:"as ls -l shows them, e.g. -rw-r--r--"`
+	ModifiedTime  string `json:"modified_time"`
+	SymlinkTarget string `json:"symlink_target,omitempty"`
+}
+
+// ListFilesOutput is a directory's listing.
+type ListFilesOutput struct {
+	Entries []FileEntry `json:"entries"`
+	// Truncated says the listing stopped at MaxListEntries.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// MaxListDepth and MaxListEntries bound list_files: a model's context, not the API,
+// is what a listing must fit.
+const (
+	MaxListDepth   = 5
+	MaxListEntries = 2000
+)
+
+var errListFull = errors.New("listing full")
+
+func (s *Server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in ListFilesInput) (*mcp.CallToolResult, ListFilesOutput, error) {
+	depth := in.Depth
+	switch {
+	case depth == 0:
+		depth = 1
+	case depth < 0 || depth > MaxListDepth:
+		return nil, ListFilesOutput{}, fmt.Errorf("%w: depth %d: give 1 to %d", roche.ErrInvalidConfig, depth, MaxListDepth)
+	}
+	p, err := s.own(req.Session, in.SandboxID)
+	if err != nil {
+		return nil, ListFilesOutput{}, err
+	}
+	out := ListFilesOutput{Entries: []FileEntry{}}
+	add := func(fi roche.FileInfo) error {
+		if len(out.Entries) == MaxListEntries {
+			out.Truncated = true
+			return errListFull
+		}
+		out.Entries = append(out.Entries, FileEntry{Path: fi.Path, Type: fi.FileType(), Size: fi.Size,
+			Permissions: fi.Mode.String(), ModifiedTime: fi.ModTime.UTC().Format(time.RFC3339), SymlinkTarget: fi.Symlink})
+		return nil
+	}
+	switch fsys := p.(type) {
+	case roche.DirWalker:
+		err = fsys.WalkDir(ctx, in.SandboxID, in.Path, depth, 0, add)
+	case roche.FileSystem:
+		if depth > 1 {
+			return nil, ListFilesOutput{}, fmt.Errorf("%w: the %s provider lists one level at a time: give depth 1", roche.ErrUnsupported, p.Name())
+		}
+		var list []roche.FileInfo
+		if list, err = fsys.ListDir(ctx, in.SandboxID, in.Path); err == nil {
+			for _, fi := range list {
+				if add(fi) != nil {
+					break
+				}
+			}
+		}
+	default:
+		return nil, ListFilesOutput{}, fmt.Errorf("%w: the %s provider cannot list files", roche.ErrUnsupported, p.Name())
+	}
+	if err != nil && !errors.Is(err, errListFull) {
+		return nil, ListFilesOutput{}, err
 	}
 	return nil, out, nil
 }

@@ -134,7 +134,7 @@ func TestTools(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec list_sandboxes read_file run_code write_file" {
+	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec list_files list_sandboxes read_file run_code write_file" {
 		t.Fatalf("tools: %s", got)
 	}
 
@@ -191,6 +191,19 @@ func TestTools(t *testing.T) {
 	call(t, cs, "read_file", map[string]any{"sandbox_id": sb.ID, "path": "/tmp/app/main.py", "max_bytes": 5}, &read)
 	if read.Encoding != "utf-8" || read.Content != "print" || !read.Truncated {
 		t.Fatalf("read_file with max_bytes: %+v", read)
+	}
+
+	var files mcp.ListFilesOutput
+	call(t, cs, "list_files", map[string]any{"sandbox_id": sb.ID, "path": "/tmp", "depth": 2}, &files)
+	var listed []string
+	for _, e := range files.Entries {
+		listed = append(listed, e.Path+":"+e.Type)
+	}
+	if !slices.Contains(listed, "/tmp/app:dir") || !slices.Contains(listed, "/tmp/app/main.py:file") || !slices.Contains(listed, "/tmp/blob:file") {
+		t.Fatalf("list_files of /tmp to depth 2: %v", listed)
+	}
+	if text, isErr := call(t, cs, "list_files", map[string]any{"sandbox_id": sb.ID, "path": "/tmp", "depth": 9}, &files); !isErr || !strings.Contains(text, "depth 9") {
+		t.Fatalf("list_files deeper than allowed: %q", text)
 	}
 
 	var list mcp.ListOutput
@@ -521,7 +534,7 @@ func TestSchemasForModels(t *testing.T) {
 			if !slices.Equal(schema.Required, []string{"code"}) {
 				t.Errorf("run_code requires %v, want code alone (language defaults to python)", schema.Required)
 			}
-		case "read_file", "list_sandboxes":
+		case "read_file", "list_sandboxes", "list_files":
 			seen++
 			if !readOnly {
 				t.Errorf("%s does not say it is read-only and idempotent: %+v", tool.Name, tool.Annotations)
@@ -532,8 +545,8 @@ func TestSchemasForModels(t *testing.T) {
 			}
 		}
 	}
-	if seen != 4 {
-		t.Fatalf("saw %d of exec, run_code, read_file and list_sandboxes", seen)
+	if seen != 5 {
+		t.Fatalf("saw %d of exec, run_code, read_file, list_sandboxes and list_files", seen)
 	}
 }
 
