@@ -53,6 +53,9 @@ cluster-down:
 # docker run (bench/wasm: pooled cycle, warm and fresh exec, memory per idle sandbox;
 # needs python.wasm; flags in WASM_BENCH_FLAGS, e.g. '-n 10'), then the Python SDK's
 # exec against the Go client's on the same sandbox (bench/sdk; SDK_BENCH_FLAGS), then
+# files.read/write of 100 MiB through roched (Go client, Python SDK) against the agent
+# directly, roched's and the SDK's memory, watch event latency (bench/files;
+# FILES_BENCH_FLAGS, e.g. '-n 3 -size 50m'), then
 # 1,000 leased create+exec+destroy cycles through roched, reporting its memory,
 # descriptors and goroutines before and after (bench/soak; SOAK_FLAGS, e.g. '-n 200').
 # bench/oci makes sandboxes with the oci provider (root; runc or crun) against the bare
@@ -75,6 +78,7 @@ bench:
 	go run ./bench/vm $(VM_BENCH_FLAGS)
 	go run ./bench/kubernetes $(K8S_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)
+	go run ./bench/files $(FILES_BENCH_FLAGS)
 	go run ./bench/soak $(SOAK_FLAGS)
 	go run ./bench/k8sscale $(K8SSCALE_FLAGS)
 

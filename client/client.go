@@ -96,6 +96,10 @@ func New(opts ...Option) (*Client, error) {
 		IdleConnTimeout:     90 * time.Second,
 		// Compression costs more than it saves on a local socket.
 		DisableCompression: true,
+		// File content moves in messages of 256 KiB: buffers of a few KiB (the default)
+		// cut each into many system calls.
+		ReadBufferSize:  256 << 10,
+		WriteBufferSize: 256 << 10,
 	}
 	c := &Client{transport: tr}
 	if o.address != "" {
