@@ -126,8 +126,9 @@ func decode(kind byte, p []byte, want byte, v any) error {
 type ExecOptions struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
-	// Started, if set, is called with the command's pid once it runs.
-	Started func(pid int)
+	// Started, if set, is called with the command's started frame once it runs (on an
+	// attach, with where the replay starts).
+	Started func(Started)
 	// Signals, if set, are forwarded to the command's process group while it runs.
 	Signals <-chan int
 	// Resize, if set, resizes the command's terminal (a Request with TTY) while it runs.
@@ -218,9 +219,10 @@ func (s *session) output(ctx context.Context, opts ExecOptions) (Result, error) 
 		case FrameStarted:
 			if opts.Started != nil {
 				var st Started
-				if json.Unmarshal(p, &st) == nil {
-					opts.Started(st.PID)
+				if err := json.Unmarshal(p, &st); err != nil {
+					return Result{}, fmt.Errorf("malformed started frame from the agent: %w", err)
 				}
+				opts.Started(st)
 			}
 		case FrameResult, FrameError:
 			var res Result
@@ -231,39 +233,55 @@ func (s *session) output(ctx context.Context, opts ExecOptions) (Result, error) 
 	}
 }
 
-// Start runs a background command and returns its pid at once; the command keeps
-// running, and its output is kept for Attach.
-func (c *Client) Start(ctx context.Context, req Request) (int, error) {
+// Start runs a durable command in the background and returns its started frame at
+// once; the command keeps running, and its output is kept for Connect. With req.Stdin
+// its stdin stays open for SendInput. With req.Key, a command the agent still knows
+// by that key is returned (Existing) instead of a new one.
+func (c *Client) Start(ctx context.Context, req Request) (Started, error) {
 	req.Op = OpExec
 	req.Background = true
-	req.Stdin = false
 	s, err := c.open(ctx, req)
 	if err != nil {
-		return 0, err
+		return Started{}, err
 	}
 	defer s.nc.Close()
+	stop := s.closeOnDone(ctx)
+	defer stop()
 	kind, p, err := s.read()
 	if err != nil {
-		return 0, fmt.Errorf("reading the agent's reply: %w", err)
+		if ctx.Err() != nil {
+			return Started{}, ctx.Err()
+		}
+		return Started{}, fmt.Errorf("reading the agent's reply: %w", err)
 	}
 	if kind == FrameStderr { // the command could not start; its result follows
 		msg := string(p)
 		kind, p, err = s.read()
 		if err == nil && kind == FrameResult {
-			return 0, &Error{Code: CodeNotFound, Message: msg}
+			return Started{}, &Error{Code: CodeNotFound, Message: msg}
 		}
 	}
 	var st Started
 	if err := decode(kind, p, FrameStarted, &st); err != nil {
-		return 0, err
+		return Started{}, err
 	}
-	return st.PID, nil
+	return st, nil
 }
 
-// Attach reconnects to a background command: kept output first, then the rest and the
-// result. Cancelling ctx detaches without stopping the command.
+// Attach reconnects to a durable command: the output still kept first, then the rest
+// and the result. Cancelling ctx detaches without stopping the command.
 func (c *Client) Attach(ctx context.Context, pid int, opts ExecOptions) (Result, error) {
-	s, err := c.open(ctx, Request{Op: OpAttach, PID: pid})
+	return c.Connect(ctx, Request{PID: pid}, opts)
+}
+
+// Connect follows the durable command req names (PID, else Tag) from req.From (nil:
+// the first byte still kept): opts.Started hears where the replay starts, the output
+// follows in the order it was written, then the rest as it comes, and the result. An
+// offset the window no longer keeps is an Error with CodeGone. Cancelling ctx detaches
+// without stopping the command.
+func (c *Client) Connect(ctx context.Context, req Request, opts ExecOptions) (Result, error) {
+	req.Op = OpAttach
+	s, err := c.open(ctx, req)
 	if err != nil {
 		return Result{}, err
 	}
@@ -273,25 +291,43 @@ func (c *Client) Attach(ctx context.Context, pid int, opts ExecOptions) (Result,
 	return s.output(ctx, opts)
 }
 
-// Processes lists background commands.
+// Processes lists durable commands.
 func (c *Client) Processes(ctx context.Context) ([]Process, error) {
 	var out []Process
 	return out, c.call(ctx, Request{Op: OpPs}, &out)
 }
 
-// Signal signals a background command's process group.
+// Selector names a command: by PID, else the newest durable command tagged Tag.
+type Selector struct {
+	PID int
+	Tag string
+}
+
+// Signal signals a command's process group.
 func (c *Client) Signal(ctx context.Context, pid, sig int) error {
-	return c.call(ctx, Request{Op: OpSignal, PID: pid, Signal: sig}, nil)
+	return c.SignalCommand(ctx, Selector{PID: pid}, sig)
 }
 
-// Input types data into a background command's terminal.
+// SignalCommand signals the process group of the command sel names.
+func (c *Client) SignalCommand(ctx context.Context, sel Selector, sig int) error {
+	return c.call(ctx, Request{Op: OpSignal, PID: sel.PID, Tag: sel.Tag, Signal: sig}, nil)
+}
+
+// Input types data into a durable command's terminal, or writes it to its open stdin.
 func (c *Client) Input(ctx context.Context, pid int, data []byte) error {
-	return c.call(ctx, Request{Op: OpInput, PID: pid, Data: data}, nil)
+	return c.SendInput(ctx, Selector{PID: pid}, data, false)
 }
 
-// EndInput ends a background command's terminal input (Request.EndInput).
+// EndInput ends a durable command's input: its terminal's (Request.EndInput), or its
+// stdin, which is closed.
 func (c *Client) EndInput(ctx context.Context, pid int) error {
-	return c.call(ctx, Request{Op: OpInput, PID: pid, EndInput: true}, nil)
+	return c.SendInput(ctx, Selector{PID: pid}, nil, true)
+}
+
+// SendInput writes data to the input of the command sel names (its stdin, or its
+// terminal) and, with end, ends that input.
+func (c *Client) SendInput(ctx context.Context, sel Selector, data []byte, end bool) error {
+	return c.call(ctx, Request{Op: OpInput, PID: sel.PID, Tag: sel.Tag, Data: data, EndInput: end}, nil)
 }
 
 // Resize sets a background command's terminal size.

@@ -43,10 +43,10 @@ const (
 // Operations.
 const (
 	OpExec   = "exec"
-	OpAttach = "attach" // reconnect to a background process
-	OpPs     = "ps"     // list background processes
-	OpSignal = "signal" // signal a background process
-	OpInput  = "input"  // type Data into a background process's terminal
+	OpAttach = "attach" // reconnect to a durable command, from byte offsets (From)
+	OpPs     = "ps"     // list durable commands
+	OpSignal = "signal" // signal a command's process group
+	OpInput  = "input"  // Data to a durable command's stdin, or typed into its terminal
 	OpResize = "resize" // set a background process's terminal size (Cols, Rows)
 	OpHealth = "health"
 	OpWrite  = "write" // write a file from data frames
@@ -97,9 +97,21 @@ type Request struct {
 	TimeoutMS   int64             `json:"timeout_ms,omitempty"`
 	OutputLimit int64             `json:"output_limit,omitempty"`
 	Stdin       bool              `json:"stdin,omitempty"`
-	// Background keeps the command running after this connection closes; its output is
-	// kept (up to OutputLimit) for OpAttach.
+	// Background starts a durable command and answers at once with its started frame:
+	// the command belongs to the sandbox, not to the connection, and its output is kept
+	// in a window of Window bytes per stream for OpAttach. With Stdin, its stdin stays
+	// open for OpInput until EndInput.
 	Background bool `json:"background,omitempty"`
+	// Window is how many bytes of each stream a durable command keeps (0: DefaultWindow;
+	// at most MaxWindow). A terminal keeps OutputLimit's worth when Window is 0.
+	Window int64 `json:"window,omitempty"`
+	// Tag names a durable command for the caller (select it with Tag instead of PID).
+	Tag string `json:"tag,omitempty"`
+	// Key is an idempotency key: a second exec with the key of a command the agent still
+	// remembers does not start another but joins that one (a foreground exec replays its
+	// output from the start; a background one answers with its started frame, Existing
+	// set). A keyed foreground command is durable: a dropped connection leaves it running.
+	Key string `json:"key,omitempty"`
 	// TTY runs the command on a pseudo-terminal of Cols×Rows as its controlling terminal
 	// (it leads a session of its own, so a typed Ctrl-C reaches its foreground job);
 	// output is one stream, FrameStdout, and FrameResize frames resize it. An empty Cmd
@@ -108,7 +120,8 @@ type Request struct {
 	Cols uint16 `json:"cols,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 
-	// attach, signal, input, resize
+	// attach, signal, input, resize: the command is PID, or, without one, the newest
+	// durable command tagged Tag.
 	PID    int    `json:"pid,omitempty"`
 	Signal int    `json:"signal,omitempty"`
 	Data   []byte `json:"data,omitempty"`
@@ -116,6 +129,9 @@ type Request struct {
 	// reads end of input (Ctrl-D) each time it waits for input, as a pipe's reader does at
 	// its end. FrameStdinEOF does the same for a terminal's own connection.
 	EndInput bool `json:"end_input,omitempty"`
+	// From, with attach, is where in each stream the replay starts (a negative offset:
+	// the stream's current end); without it, at the first byte still kept.
+	From *Offsets `json:"from,omitempty"`
 
 	// files
 	Path      string `json:"path,omitempty"`
@@ -176,19 +192,34 @@ type CodeEnd struct {
 	DurationNS int64 `json:"duration_ns"`
 }
 
+// Offsets are byte offsets into a command's stdout and stderr, counted from its start.
+type Offsets struct {
+	Stdout int64 `json:"stdout"`
+	Stderr int64 `json:"stderr"`
+}
+
 // Result ends a command.
 type Result struct {
-	PID        int   `json:"pid"`
-	ExitCode   int   `json:"exit_code"`
+	PID      int `json:"pid"`
+	ExitCode int `json:"exit_code"`
+	// Signal is the signal that killed the command (ExitCode is then 128 + Signal), 0
+	// when it exited.
+	Signal     int   `json:"signal,omitempty"`
 	TimedOut   bool  `json:"timed_out,omitempty"`
 	Truncated  bool  `json:"truncated,omitempty"`
 	OOMKilled  bool  `json:"oom_killed,omitempty"`
 	DurationNS int64 `json:"duration_ns"`
 }
 
-// Started tells the client a command is running.
+// Started tells the client a command is running. On attach (and on a keyed exec that
+// joined a command) From is where the replay that follows starts.
 type Started struct {
-	PID int `json:"pid"`
+	PID  int      `json:"pid"`
+	Tag  string   `json:"tag,omitempty"`
+	From *Offsets `json:"from,omitempty"`
+	// Existing: the request's idempotency key named a command started before, which this
+	// connection joined instead of starting another.
+	Existing bool `json:"existing,omitempty"`
 }
 
 // SignalRequest asks the agent to signal the running command's process group.
@@ -202,14 +233,41 @@ type Winsize struct {
 	Rows uint16 `json:"rows"`
 }
 
-// Process describes a background process.
+// Process describes a durable command.
 type Process struct {
-	PID      int      `json:"pid"`
-	Cmd      []string `json:"cmd"`
-	Running  bool     `json:"running"`
-	ExitCode int      `json:"exit_code"`
-	TTY      bool     `json:"tty,omitempty"`
+	PID      int               `json:"pid"`
+	Cmd      []string          `json:"cmd"`
+	Tag      string            `json:"tag,omitempty"`
+	Env      map[string]string `json:"env,omitempty"` // as the request gave it
+	Cwd      string            `json:"cwd,omitempty"`
+	Running  bool              `json:"running"`
+	ExitCode int               `json:"exit_code"`
+	TTY      bool              `json:"tty,omitempty"`
+	// Stdin: its stdin is open for OpInput.
+	Stdin     bool  `json:"stdin,omitempty"`
+	StartedNS int64 `json:"started_ns"` // unix nanoseconds
+	Window    int64 `json:"window"`
+	// First is the offset of the first byte still kept of each stream, End of the next
+	// byte to come (the stream's length so far).
+	First Offsets `json:"first"`
+	End   Offsets `json:"end"`
+	// Result is how it ended, once it has; Stopping, instead, says why its exit status
+	// is not its own (the sandbox stopped under it).
+	Result   *Result `json:"result,omitempty"`
+	Stopping string  `json:"stopping,omitempty"`
 }
+
+// Durable commands' bounds.
+const (
+	// DefaultWindow and MaxWindow bound the output a durable command keeps per stream.
+	DefaultWindow = 16 << 20
+	MaxWindow     = 64 << 20
+	// MaxDurable is how many durable commands may run at once in one sandbox.
+	MaxDurable = 64
+	// MaxTag and MaxKey bound a tag's and an idempotency key's bytes.
+	MaxTag = 256
+	MaxKey = 256
+)
 
 // FileInfo describes a file in the sandbox.
 type FileInfo struct {
@@ -251,12 +309,19 @@ const (
 	// engine stopped it, it is being destroyed, or its lifetime ended), instead of a result
 	// whose exit status (143 for SIGTERM) would look like the command's own doing.
 	CodeStopping = "stopping"
+	// CodeGone refuses an attach from an offset the command's window no longer keeps;
+	// Error.Kept names the first offsets still kept.
+	CodeGone = "gone"
+	// CodeExhausted refuses a durable command past MaxDurable.
+	CodeExhausted = "exhausted"
 )
 
 // Error is the last frame of a failed operation.
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Kept, with CodeGone, is the first offset still kept of each stream.
+	Kept *Offsets `json:"kept,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -148,7 +148,7 @@ type opResult struct {
 
 var clientOps = []func(ctx context.Context, c *Client, out *opResult){
 	func(ctx context.Context, c *Client, out *opResult) {
-		out.result, out.err = c.Exec(ctx, Request{Cmd: []string{"true"}}, ExecOptions{Stdout: &out.stdout, Stderr: &out.stderr, Started: func(int) {}})
+		out.result, out.err = c.Exec(ctx, Request{Cmd: []string{"true"}}, ExecOptions{Stdout: &out.stdout, Stderr: &out.stderr, Started: func(Started) {}})
 	},
 	func(ctx context.Context, c *Client, out *opResult) {
 		out.result, out.err = c.RunCode(ctx, Request{Code: "1"}, CodeOptions{Stdout: &out.stdout, Stderr: &out.stderr, Result: func(CodeResult) {}})

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -198,12 +199,23 @@ func (r *reaper) start(fork func() (int, error)) (int, <-chan syscall.WaitStatus
 
 // proc is a command the agent started.
 type proc struct {
-	pid        int
-	cmd        []string
-	background bool
-	ttyOn      bool
-	limit      int64
-	done       chan struct{}
+	pid   int
+	cmd   []string
+	tag   string
+	env   map[string]string // as the request gave it, for the listing
+	cwd   string
+	key   string // the idempotency key it was started with
+	ttyOn bool
+	// durable: the command belongs to the sandbox, not to the connection that started it
+	// (a background command, a terminal session, a keyed exec). Its output goes to log,
+	// which its clients follow by offsets; a non-durable command's goes to sink alone.
+	durable bool
+	// cut is the output limit per stream past which output is dropped and the result
+	// flagged truncated; 0 for none (a background command's window slides instead).
+	cut     int64
+	started time.Time
+	done    chan struct{}
+	budget  *keptBudget
 
 	// tty is the master of the command's terminal (nil without one), set before the
 	// command is listed and never changed; ttyClosed says it was closed. ttyMu orders
@@ -214,36 +226,42 @@ type proc struct {
 	ttyMu     sync.Mutex
 	// inputEnded says the terminal's input has ended (endInput).
 	inputEnded atomic.Bool
+	// stdin is a durable command's open stdin (started with Stdin), until closed;
+	// stdinMu orders writes and the close.
+	stdinMu sync.Mutex
+	stdin   *os.File
 
 	mu   sync.Mutex
-	sink *conn // where output goes now; nil when no client is attached
-	// started is the started frame not yet sent (see startedDelay), and startedTimer
+	sink *conn // where a non-durable command's output goes; nil once its client is gone
+	// pending is the started frame not yet sent (see startedDelay), and startedTimer
 	// sends it when the command outlives the delay.
-	started      []byte
+	pending      []byte
 	startedTimer *time.Timer
-	history      []frame
-	kept         int64 // bytes in history
-	written      map[byte]int64
-	truncated    bool
-	timedOut     bool
-	result       guest.Result
+	// log keeps a durable command's output; changed is closed (and replaced) when it
+	// grows or the command ends, if watched says a follower waits on it.
+	log       *outputLog
+	changed   chan struct{}
+	watched   bool
+	written   map[byte]int64
+	truncated bool
+	timedOut  bool
+	result    guest.Result
+	// stopping, once finished, says why the exit status is not the command's own: the
+	// sandbox stopped under it.
+	stopping string
+	ended    time.Time
 	// finished is set with result, under mu but before the result goes to any client,
 	// and read without mu too (which a write to a slow client can hold).
 	finished atomic.Bool
 }
 
-type frame struct {
-	kind byte
-	data []byte
-}
-
-// emit passes output to the attached client (and keeps it for a background process),
-// cutting each stream at the output limit.
+// emit passes output to the attached client of a non-durable command, or keeps it in a
+// durable command's log for its followers, cutting each stream at the output limit.
 func (p *proc) emit(kind byte, data []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.isTTY() {
-		if room := p.limit - p.written[kind]; int64(len(data)) > room {
+	if p.cut > 0 {
+		if room := p.cut - p.written[kind]; int64(len(data)) > room {
 			data = data[:max(room, 0)]
 			p.truncated = true
 		}
@@ -252,15 +270,10 @@ func (p *proc) emit(kind byte, data []byte) {
 		return
 	}
 	p.written[kind] += int64(len(data))
-	if p.background {
-		p.history = append(p.history, frame{kind, append([]byte(nil), data...)})
-		p.kept += int64(len(data))
-		// A terminal runs for as long as its user likes: its output is not cut at the
-		// limit, but only the last limit's worth is kept for the next attach.
-		for p.isTTY() && p.kept > p.limit && len(p.history) > 1 {
-			p.kept -= int64(len(p.history[0].data))
-			p.history = p.history[1:]
-		}
+	if p.log != nil {
+		p.budget.add(p.log.append(streamIndex(kind), data))
+		p.wake()
+		return
 	}
 	if p.sink != nil {
 		if err := p.sink.sendAfter(p.takeStarted(), kind, data); err != nil {
@@ -269,15 +282,24 @@ func (p *proc) emit(kind byte, data []byte) {
 	}
 }
 
-// announce tells the client the command runs: at once for a background command or one
-// on a terminal, whose clients wait for it; for a foreground command, with its first
-// output or its result, or after startedDelay, whichever comes first.
+// wake tells a durable command's waiting followers that it changed. p.mu is held.
+func (p *proc) wake() {
+	if p.watched {
+		close(p.changed)
+		p.changed = make(chan struct{})
+		p.watched = false
+	}
+}
+
+// announce tells the client of a non-durable command that it runs: at once on a
+// terminal, whose client waits for it; otherwise with its first output or its result,
+// or after startedDelay, whichever comes first.
 func (p *proc) announce(c *conn) error {
 	b, err := json.Marshal(guest.Started{PID: p.pid})
 	if err != nil {
 		return err
 	}
-	if p.background || p.ttyOn {
+	if p.ttyOn {
 		return c.send(guest.FrameStarted, b)
 	}
 	p.mu.Lock()
@@ -285,7 +307,7 @@ func (p *proc) announce(c *conn) error {
 	if p.finished.Load() {
 		return nil
 	}
-	p.started = b
+	p.pending = b
 	p.startedTimer = time.AfterFunc(startedDelay, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -300,8 +322,8 @@ func (p *proc) announce(c *conn) error {
 
 // takeStarted returns the started frame still to send, if any, and forgets it. p.mu is held.
 func (p *proc) takeStarted() []byte {
-	b := p.started
-	p.started = nil
+	b := p.pending
+	p.pending = nil
 	if p.startedTimer != nil {
 		p.startedTimer.Stop()
 		p.startedTimer = nil
@@ -342,28 +364,40 @@ func (p *proc) kill() {
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 }
 
-// finish records the command's result and sends it to the attached client. When the
-// sandbox is stopping (stopping is why), the client hears that instead: the exit status
-// of a command killed with its sandbox says nothing of the command.
+// finish records the command's result and sends it to the attached client (a durable
+// command's followers read it from the proc). When the sandbox is stopping (stopping is
+// why), the client hears that instead: the exit status of a command killed with its
+// sandbox says nothing of the command.
 func (p *proc) finish(res guest.Result, stopping string) {
 	p.mu.Lock()
 	res.Truncated = p.truncated
 	res.TimedOut = p.timedOut
 	p.result = res
+	p.stopping = stopping
+	p.ended = time.Now()
 	p.finished.Store(true)
 	started := p.takeStarted()
 	if p.sink != nil {
 		kind, v := byte(guest.FrameResult), any(res)
 		if stopping != "" {
-			kind, v = guest.FrameError, &guest.Error{Code: guest.CodeStopping,
-				Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)}
+			kind, v = guest.FrameError, stoppedWith(stopping, res)
 		}
 		if b, err := json.Marshal(v); err == nil {
 			_ = p.sink.sendAfter(started, kind, b)
 		}
 	}
+	if p.log != nil {
+		p.wake()
+	}
 	p.mu.Unlock()
+	p.closeStdin()
 	close(p.done)
+}
+
+// stoppedWith is what a client hears of a command the sandbox's stop ended.
+func stoppedWith(stopping string, res guest.Result) *guest.Error {
+	return &guest.Error{Code: guest.CodeStopping,
+		Message: fmt.Sprintf("the sandbox is stopping: %s; the command was stopped with it (exit %d)", stopping, res.ExitCode)}
 }
 
 func (s *Server) exec(c *conn, req guest.Request) error {
@@ -373,17 +407,61 @@ func (s *Server) exec(c *conn, req guest.Request) error {
 	if len(req.Cmd) == 0 {
 		return invalid("empty command: give the program and its arguments")
 	}
+	if err := checkDurable(req); err != nil {
+		return err
+	}
 	if err := checkWorkdir(req.Cwd); err != nil {
 		return err
 	}
+	// A keyed start holds keyMu until its command is listed, so that a retry racing it
+	// joins it rather than starting another.
+	release := func() {}
+	if req.Key != "" {
+		s.keyMu.Lock()
+		release = sync.OnceFunc(s.keyMu.Unlock)
+		defer release()
+		if p, err := s.keyed(req.Key); p != nil || err != nil {
+			release()
+			if err != nil {
+				return err
+			}
+			return s.join(c, p, req)
+		}
+	}
+	durable := req.Background || req.Key != ""
+	if durable && s.runningDurable() >= guest.MaxDurable {
+		return &guest.Error{Code: guest.CodeExhausted, Message: fmt.Sprintf(
+			"%d commands are running in the background in this sandbox, the most it runs at once: wait for one to end, or kill one", guest.MaxDurable)}
+	}
 	env := mergeEnv(s.baseEnv, req.Env)
+	p := &proc{
+		cmd: req.Cmd, tag: req.Tag, env: req.Env, cwd: req.Cwd, key: req.Key, ttyOn: req.TTY, durable: durable,
+		done: make(chan struct{}), written: map[byte]int64{}, budget: s.kept,
+	}
 	limit := req.OutputLimit
 	if limit <= 0 {
 		limit = defaultOutputLimit
 	}
-	p := &proc{
-		cmd: req.Cmd, background: req.Background, ttyOn: req.TTY, limit: limit,
-		done: make(chan struct{}), written: map[byte]int64{}, sink: c,
+	switch {
+	case req.TTY:
+		// A terminal runs for as long as its user likes: its output is not cut at the
+		// limit, but only the last limit's worth is kept for the next attach.
+		if durable {
+			p.log = newOutputLog(cmp.Or(req.Window, limit))
+		}
+	case req.Background:
+		p.log = newOutputLog(cmp.Or(req.Window, guest.DefaultWindow))
+	case durable:
+		// A keyed exec keeps everything it sends, so that a retry replays all of it.
+		p.cut = limit
+		p.log = newOutputLog(limit)
+	default:
+		p.cut = limit
+	}
+	if p.log != nil {
+		p.changed = make(chan struct{})
+	} else {
+		p.sink = c
 	}
 
 	path, err := lookPath(req.Cmd[0], env)
@@ -391,7 +469,7 @@ func (s *Server) exec(c *conn, req guest.Request) error {
 		return s.startFailed(c, p, err)
 	}
 	if req.TTY {
-		return s.execTTY(c, p, req, path, env)
+		return s.execTTY(c, p, req, path, env, release)
 	}
 	stdoutR, stdoutW, err := outputPipe()
 	if err != nil {
@@ -451,24 +529,65 @@ func (s *Server) exec(c *conn, req guest.Request) error {
 		}
 		return s.startFailed(c, p, err)
 	}
-	p.pid = pid
-	s.mu.Lock()
-	s.procs[pid] = p
-	s.mu.Unlock()
-	if err := p.announce(c); err != nil && !p.background {
-		p.kill()
+	p.pid, p.started = pid, start
+	if durable {
+		p.stdin = stdinW
 	}
+	s.register(p)
+	release()
 
 	pumps := newPumps(2)
 	go p.pump(stdoutR, guest.FrameStdout, pumps)
 	go p.pump(stderrR, guest.FrameStderr, pumps)
-	go s.readClient(c, p, stdinW)
-
-	s.await(p, req, start, before, wait, pumps, func() {
+	cut := func() {
 		stdoutR.Close()
 		stderrR.Close()
-	})
+	}
+	if durable {
+		go s.await(p, req, start, before, wait, pumps, cut)
+		return s.started(c, p, req)
+	}
+	if err := p.announce(c); err != nil {
+		p.kill()
+	}
+	go s.readClient(c, p, stdinW)
+	s.await(p, req, start, before, wait, pumps, cut)
 	return nil
+}
+
+// checkDurable checks what only durable commands take.
+func checkDurable(req guest.Request) error {
+	switch {
+	case len(req.Tag) > guest.MaxTag:
+		return invalid("a tag of %d bytes is over the limit of %d", len(req.Tag), guest.MaxTag)
+	case len(req.Key) > guest.MaxKey:
+		return invalid("an idempotency key of %d bytes is over the limit of %d", len(req.Key), guest.MaxKey)
+	case req.Window < 0 || req.Window > guest.MaxWindow:
+		return invalid("a window of %d bytes per stream is outside 0 (the default, %s) to %s", req.Window, mib(guest.DefaultWindow), mib(guest.MaxWindow))
+	case req.Key != "" && req.TTY:
+		return invalid("an idempotency key is for commands without a terminal")
+	case (req.Tag != "" || req.Window != 0) && !req.Background && req.Key == "":
+		return invalid("a tag and a window are for commands started in the background")
+	}
+	return nil
+}
+
+// started answers the request that started a durable command: a background start with
+// its started frame at once (the command goes on without the connection), a keyed exec
+// by following the command's output from the start to its end.
+func (s *Server) started(c *conn, p *proc, req guest.Request) error {
+	if req.Background {
+		return c.sendJSON(guest.FrameStarted, guest.Started{PID: p.pid, Tag: p.tag})
+	}
+	return s.follow(c, p, &guest.Offsets{}, false)
+}
+
+// join answers a request whose idempotency key names a command already started.
+func (s *Server) join(c *conn, p *proc, req guest.Request) error {
+	if req.Background {
+		return c.sendJSON(guest.FrameStarted, guest.Started{PID: p.pid, Tag: p.tag, Existing: true})
+	}
+	return s.follow(c, p, &guest.Offsets{}, true)
 }
 
 // pumpGroup counts the goroutines copying a command's output; done is closed when the
@@ -493,7 +612,7 @@ func (ps *pumpGroup) finished() {
 // execTTY runs a command on a new terminal: the terminal is its standard streams and
 // its controlling terminal, it leads a session of its own, and the terminal's output
 // is its one output stream.
-func (s *Server) execTTY(c *conn, p *proc, req guest.Request, path string, env []string) error {
+func (s *Server) execTTY(c *conn, p *proc, req guest.Request, path string, env []string, release func()) error {
 	master, slave, err := s.openPTY(req.Cols, req.Rows)
 	if err != nil {
 		return err
@@ -530,14 +649,10 @@ func (s *Server) execTTY(c *conn, p *proc, req guest.Request, path string, env [
 		master.Close()
 		return s.startFailed(c, p, err)
 	}
-	p.pid = pid
+	p.pid, p.started = pid, start
 	p.tty = master
-	s.mu.Lock()
-	s.procs[pid] = p
-	s.mu.Unlock()
-	if err := p.announce(c); err != nil && !p.background {
-		p.kill()
-	}
+	s.register(p)
+	release()
 	pumps := newPumps(1)
 	go func() {
 		defer pumps.finished()
@@ -552,6 +667,16 @@ func (s *Server) execTTY(c *conn, p *proc, req guest.Request, path string, env [
 			}
 		}
 	}()
+	if p.durable {
+		go func() {
+			s.await(p, req, start, before, wait, pumps, p.closeTTY)
+			p.closeTTY()
+		}()
+		return s.started(c, p, req)
+	}
+	if err := p.announce(c); err != nil {
+		p.kill()
+	}
 	go s.readClient(c, p, nil)
 	s.await(p, req, start, before, wait, pumps, p.closeTTY)
 	p.closeTTY()
@@ -613,6 +738,7 @@ func (s *Server) await(p *proc, req guest.Request, start time.Time, before int64
 	res := guest.Result{PID: pid, ExitCode: ws.ExitStatus(), DurationNS: duration.Nanoseconds()}
 	if ws.Signaled() {
 		res.ExitCode = 128 + int(ws.Signal())
+		res.Signal = int(ws.Signal())
 	}
 	// Killed by the OOM killer: the command died of SIGKILL, or exited 137 as a shell
 	// does whose child died of it (sh -c 'head -c 100M /dev/zero > /dev/shm/f'), and the
@@ -642,25 +768,28 @@ func (s *Server) startFailed(c *conn, p *proc, err error) error {
 	return c.sendJSON(guest.FrameResult, guest.Result{ExitCode: code})
 }
 
-// retire forgets a finished foreground command; finished background commands are kept
+// retire forgets a finished non-durable command; finished durable commands are kept
 // (a bounded number) so a client can still attach and read their result.
 func (s *Server) retire(p *proc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !p.background {
-		delete(s.procs, p.pid)
+	if !p.durable {
+		if s.procs[p.pid] == p {
+			delete(s.procs, p.pid)
+		}
 		return
 	}
 	var finished []*proc
 	for _, q := range s.procs {
-		if q.background && isFinished(q) {
+		if q.durable && isFinished(q) {
 			finished = append(finished, q)
 		}
 	}
 	if len(finished) > keepFinished {
-		sort.Slice(finished, func(i, j int) bool { return finished[i].pid < finished[j].pid })
+		sort.Slice(finished, func(i, j int) bool { return finished[i].endedAt().Before(finished[j].endedAt()) })
 		for _, q := range finished[:len(finished)-keepFinished] {
 			delete(s.procs, q.pid)
+			q.dropOutput()
 		}
 	}
 }
@@ -692,8 +821,8 @@ func (p *proc) pump(r *os.File, kind byte, ps *pumpGroup) {
 	}
 }
 
-// readClient handles what the client sends while the command runs: stdin, signals, and
-// its going away, which kills a foreground command and detaches from a background one.
+// readClient handles what the client of a non-durable command sends while it runs:
+// stdin, signals, and its going away, which kills the command.
 func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
 	defer func() {
 		if stdin != nil {
@@ -708,7 +837,7 @@ func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
 				p.sink = nil
 			}
 			p.mu.Unlock()
-			if !p.background && !isFinished(p) {
+			if !isFinished(p) {
 				p.kill()
 			}
 			return
@@ -731,92 +860,26 @@ func (s *Server) readClient(c *conn, p *proc, stdin *os.File) {
 				stdin.Close()
 				stdin = nil
 			}
-		case guest.FrameResize:
-			var ws guest.Winsize
-			if p.isTTY() && jsonUnmarshal(payload, &ws) == nil {
-				_ = p.resize(ws)
-			}
-		case guest.FrameSignal:
-			var sr guest.SignalRequest
-			if err := jsonUnmarshal(payload, &sr); err == nil && sr.Signal > 0 {
-				_ = syscall.Kill(-p.pid, syscall.Signal(sr.Signal))
-			}
+		default:
+			p.control(kind, payload)
 		}
 	}
 }
 
-// attach reconnects a client to a background command: it replays the kept output, then
-// streams what follows and the result.
-func (s *Server) attach(c *conn, pid int) error {
-	s.mu.Lock()
-	p, ok := s.procs[pid]
-	s.mu.Unlock()
-	if !ok {
-		return notFound("no process %d in this sandbox", pid)
-	}
-	p.mu.Lock()
-	for _, f := range p.history {
-		if err := c.send(f.kind, f.data); err != nil {
-			p.mu.Unlock()
-			return nil
+// control handles a resize or a signal frame from a client of the command.
+func (p *proc) control(kind byte, payload []byte) {
+	switch kind {
+	case guest.FrameResize:
+		var ws guest.Winsize
+		if p.isTTY() && jsonUnmarshal(payload, &ws) == nil {
+			_ = p.resize(ws)
+		}
+	case guest.FrameSignal:
+		var sr guest.SignalRequest
+		if err := jsonUnmarshal(payload, &sr); err == nil && sr.Signal > 0 && sr.Signal <= 64 {
+			_ = syscall.Kill(-p.pid, syscall.Signal(sr.Signal))
 		}
 	}
-	if p.finished.Load() {
-		err := c.sendJSON(guest.FrameResult, p.result)
-		p.mu.Unlock()
-		return err
-	}
-	p.sink = c
-	p.mu.Unlock()
-	go s.readClient(c, p, nil)
-	<-p.done
-	return nil
-}
-
-func (s *Server) ps() []guest.Process {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := []guest.Process{}
-	for _, p := range s.procs {
-		if !p.background {
-			continue
-		}
-		p.mu.Lock()
-		out = append(out, guest.Process{PID: p.pid, Cmd: p.cmd, Running: !p.finished.Load(), ExitCode: p.result.ExitCode, TTY: p.ttyOn})
-		p.mu.Unlock()
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].PID < out[j].PID })
-	return out
-}
-
-func (s *Server) signal(pid, sig int) error {
-	s.mu.Lock()
-	p, ok := s.procs[pid]
-	s.mu.Unlock()
-	if !ok || isFinished(p) {
-		return notFound("no running process %d in this sandbox", pid)
-	}
-	if sig <= 0 || sig > 64 {
-		return invalid("signal %d is not a signal number", sig)
-	}
-	if err := syscall.Kill(-pid, syscall.Signal(sig)); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return err
-	}
-	return nil
-}
-
-// terminal finds a running command's terminal for OpInput and OpResize.
-func (s *Server) terminal(pid int) (*proc, error) {
-	s.mu.Lock()
-	p, ok := s.procs[pid]
-	s.mu.Unlock()
-	if !ok || isFinished(p) {
-		return nil, notFound("no running process %d in this sandbox", pid)
-	}
-	if !p.isTTY() {
-		return nil, invalid("process %d has no terminal (start it with a terminal to type into or resize it)", pid)
-	}
-	return p, nil
 }
 
 // outputPipe makes a pipe for a command's output: the read end is the agent's, polled

@@ -151,10 +151,11 @@ func TestTerminalInteractive(t *testing.T) {
 func TestTerminalSession(t *testing.T) {
 	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, time.Minute)
-	pid, err := client.Start(ctx, guest.Request{TTY: true, Cols: 90, Rows: 20, Cmd: []string{"sh", "-i"}})
+	st, err := client.Start(ctx, guest.Request{TTY: true, Cols: 90, Rows: 20, Cmd: []string{"sh", "-i"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	pid := st.PID
 	var scr screen
 	attached := make(chan guest.Result, 1)
 	actx, detach := context.WithCancel(ctx)
@@ -187,10 +188,11 @@ func TestTerminalSession(t *testing.T) {
 	if err := client.Input(ctx, pid, []byte("x")); codeOf(err) != guest.CodeNotFound {
 		t.Errorf("input to a finished terminal: %v, want not found", err)
 	}
-	plain, err := client.Start(ctx, guest.Request{Cmd: []string{"sleep", "30"}})
+	st, err = client.Start(ctx, guest.Request{Cmd: []string{"sleep", "30"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	plain := st.PID
 	defer client.Signal(ctx, plain, 9)
 	if err := client.Resize(ctx, plain, guest.Winsize{Cols: 1, Rows: 1}); codeOf(err) != guest.CodeInvalid {
 		t.Errorf("resizing a command without a terminal: %v, want invalid", err)

@@ -72,6 +72,9 @@ type Config struct {
 	// of every command: 0 means agent.OpenFiles, a negative value leaves the limit as
 	// the agent was started with. It is only ever lowered.
 	NoFile int
+	// KeptOutput bounds the output every durable command together keeps, in bytes (0:
+	// 256 MiB); past it the oldest goes first (see keptBudget).
+	KeptOutput int64
 }
 
 // limitOpenFiles lowers the agent's RLIMIT_NOFILE, soft and hard, to n (0:
@@ -115,9 +118,17 @@ type Server struct {
 
 	// code holds the code contexts (code_linux.go).
 	code *codectx.Set
+	// kept counts the output durable commands keep.
+	kept *keptBudget
+	// keyMu orders the starts of keyed commands (see exec).
+	keyMu sync.Mutex
 
 	mu    sync.Mutex
-	procs map[int]*proc // background and running commands by pid
+	procs map[int]*proc // running commands and durable ones by pid
+	// keys are the idempotency keys of commands started, to their pids, the oldest
+	// first in keyOrder (at most keepKeys).
+	keys     map[string]int
+	keyOrder []string
 	// stopping says why the agent, and so the sandbox, is stopping; "" while it serves.
 	stopping string
 	// watches counts the files API's open watches (watch_linux.go).
@@ -182,6 +193,8 @@ func New(cfg Config) (*Server, error) {
 		baseEnv: os.Environ(),
 		reaper:  reaper,
 		procs:   map[int]*proc{},
+		keys:    map[string]int{},
+		kept:    newKeptBudget(cfg.KeptOutput),
 	}
 	s.code = codectx.New(codectx.Options{Start: s.startKernel, Stopping: s.stopReason})
 	return s, nil
@@ -234,6 +247,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	go s.evictLoop(ctx.Done())
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
@@ -416,23 +430,18 @@ func (s *Server) serve(nc net.Conn) {
 	case guest.OpExec:
 		err = s.exec(c, req)
 	case guest.OpAttach:
-		err = s.attach(c, req.PID)
+		err = s.attach(c, req)
 	case guest.OpPs:
 		err = c.sendJSON(guest.FrameReply, s.ps())
-	case guest.OpSignal:
-		err = s.signal(req.PID, req.Signal)
-		if err == nil {
-			err = c.sendJSON(guest.FrameReply, struct{}{})
-		}
-	case guest.OpInput, guest.OpResize:
-		var p *proc
-		if p, err = s.terminal(req.PID); err == nil {
-			if req.Op == guest.OpInput {
-				err = p.typeInto(req.Data)
-				if err == nil && req.EndInput {
-					p.endInput()
-				}
-			} else {
+	case guest.OpSignal, guest.OpInput, guest.OpResize:
+		switch req.Op {
+		case guest.OpSignal:
+			err = s.signal(req)
+		case guest.OpInput:
+			err = s.input(req)
+		default:
+			var p *proc
+			if p, err = s.terminal(req); err == nil {
 				err = p.resize(guest.Winsize{Cols: req.Cols, Rows: req.Rows})
 			}
 		}

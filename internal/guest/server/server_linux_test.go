@@ -503,10 +503,11 @@ func TestSignalForwarded(t *testing.T) {
 func TestBackground(t *testing.T) {
 	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, 30*time.Second)
-	pid, err := client.Start(ctx, guest.Request{Cmd: []string{"sh", "-c", "echo hi; sleep 1; echo bye; exit 5"}})
+	st, err := client.Start(ctx, guest.Request{Cmd: []string{"sh", "-c", "echo hi; sleep 1; echo bye; exit 5"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	pid := st.PID
 	procs, err := client.Processes(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -538,10 +539,11 @@ func TestBackground(t *testing.T) {
 	}
 
 	// A background command outlives its connection and is stopped by Signal.
-	pid, err = client.Start(ctx, guest.Request{Cmd: []string{"sleep", "300"}})
+	st, err = client.Start(ctx, guest.Request{Cmd: []string{"sleep", "300"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	pid = st.PID
 	time.Sleep(100 * time.Millisecond)
 	if !alive(pid) {
 		t.Fatal("the background command did not outlive the connection that started it")
@@ -866,7 +868,7 @@ func TestStartedFrame(t *testing.T) {
 		}
 		var startedPID int
 		res, err := client.Exec(ctxT(t, 30*time.Second), guest.Request{Cmd: cmd}, guest.ExecOptions{
-			Started: func(pid int) { startedPID = pid; add("started") },
+			Started: func(st guest.Started) { startedPID = st.PID; add("started") },
 			Stdout:  writerFunc(func(p []byte) { add("stdout") }),
 		})
 		if err != nil {

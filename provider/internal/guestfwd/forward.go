@@ -123,11 +123,11 @@ func (f Forwarder) Start(ctx context.Context, id string, req roche.ExecRequest) 
 	if err != nil {
 		return 0, err
 	}
-	pid, err := t.Agent.Start(ctx, t.request(req, t.timeout(req)))
+	st, err := t.Agent.Start(ctx, t.request(req, t.timeout(req)))
 	if err != nil {
 		return 0, t.fail(err)
 	}
-	return pid, nil
+	return st.PID, nil
 }
 
 // Processes implements roche.BackgroundRunner.

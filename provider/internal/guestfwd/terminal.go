@@ -75,11 +75,11 @@ func (f Forwarder) StartTerminal(ctx context.Context, id string, req roche.Termi
 	if err != nil {
 		return 0, err
 	}
-	pid, err := t.Agent.Start(ctx, t.terminalRequest(req))
+	st, err := t.Agent.Start(ctx, t.terminalRequest(req))
 	if err != nil {
 		return 0, t.fail(err)
 	}
-	return pid, nil
+	return st.PID, nil
 }
 
 // AttachTerminal implements roche.Terminal.
