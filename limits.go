@@ -157,6 +157,9 @@ func (r ExecRequest) Validate() error {
 	} else if r.OutputLimit > MaxOutputLimit {
 		add("output_limit %d is over the limit of %s per stream", r.OutputLimit, size.String(MaxOutputLimit))
 	}
+	if p := checkIdempotencyKey(r.IdempotencyKey); p != "" {
+		add("%s", p)
+	}
 	if len(problems) == 0 {
 		return nil
 	}

@@ -72,21 +72,6 @@ type FileSystem interface {
 	Rename(ctx context.Context, id, from, to string) error
 }
 
-// BackgroundRunner runs commands that outlive the call that started them: their output
-// is kept (up to the output limit) so a client can reconnect and read it.
-type BackgroundRunner interface {
-	// Start runs req.Cmd in the background and returns its pid. req.Stdin, Stdout and
-	// Stderr are ignored; use Attach to read the output.
-	Start(ctx context.Context, id string, req ExecRequest) (int, error)
-	// Processes lists the background commands, running or finished.
-	Processes(ctx context.Context, id string) ([]Process, error)
-	// Attach replays a background command's kept output to stdout and stderr, streams the
-	// rest, and returns its result. Cancelling ctx detaches; the command goes on.
-	Attach(ctx context.Context, id string, pid int, stdout, stderr io.Writer) (ExecResult, error)
-	// Signal sends a signal (e.g. 15 for SIGTERM) to the command's process group.
-	Signal(ctx context.Context, id string, pid, signal int) error
-}
-
 // WorkspaceManager lists and removes persistent workspaces (Config.Workspace).
 type WorkspaceManager interface {
 	Workspaces(ctx context.Context) ([]Workspace, error)
@@ -131,14 +116,6 @@ type Snapshot struct {
 	Provider  string    `json:"provider"`
 	Image     string    `json:"image"` // the image the sandbox was made from
 	CreatedAt time.Time `json:"created_at"`
-}
-
-// Process is a background command.
-type Process struct {
-	PID      int      `json:"pid"`
-	Cmd      []string `json:"cmd"`
-	Running  bool     `json:"running"`
-	ExitCode int      `json:"exit_code"`
 }
 
 // FileInfo describes a file in a sandbox.
@@ -254,6 +231,13 @@ type ExecRequest struct {
 	// the result's Stdout and Stderr are then empty, and Truncated still says whether a
 	// stream passed OutputLimit. roched's ExecStream uses it so that it holds no output.
 	StreamOnly bool
+	// IdempotencyKey, when set, makes the command belong to the sandbox rather than to
+	// this call (a durable command, see BackgroundRunner): when the call's connection
+	// drops it keeps running, and a retry with the same key joins it (its output from
+	// the start, its real result) instead of starting it again. Cancelling the call
+	// leaves it running too; SignalCommand stops it. Providers without durable commands
+	// refuse it (ErrUnsupported).
+	IdempotencyKey string
 }
 
 // ExecResult is the outcome of a command.

@@ -26,14 +26,11 @@ const (
 // FrameEvents carries a JSON []FileEvent of a watch (agent → client).
 const FrameEvents = 'N'
 
-// Error codes of the files API: CodeTooLarge refuses a read of a file over the caller's
-// cap (Request.MaxBytes) or a walk of too many entries; CodeExhausted a watch past a
-// limit of the agent or of the sandbox user's (inotify instances or watches). Both are
-// roche.ErrExhausted to a caller.
-const (
-	CodeTooLarge  = "too_large"
-	CodeExhausted = "exhausted"
-)
+// CodeTooLarge refuses a read of a file over the caller's cap (Request.MaxBytes) or a
+// walk of too many entries; a watch past a limit of the agent or of the sandbox user's
+// (inotify instances or watches) is CodeExhausted. Both are roche.ErrExhausted to a
+// caller.
+const CodeTooLarge = "too_large"
 
 // File types, FileInfo.Type.
 const (

@@ -312,7 +312,8 @@ const (
 	// CodeGone refuses an attach from an offset the command's window no longer keeps;
 	// Error.Kept names the first offsets still kept.
 	CodeGone = "gone"
-	// CodeExhausted refuses a durable command past MaxDurable.
+	// CodeExhausted refuses a durable command past MaxDurable, or a watch past a limit
+	// of the agent or of the sandbox user's (inotify instances or watches).
 	CodeExhausted = "exhausted"
 )
 

@@ -21,6 +21,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/kit"
+	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
 // sandbox creates a sandbox destroyed at the end of the test.
@@ -228,41 +229,41 @@ func TestBackgroundProcesses(t *testing.T) {
 	p := newProvider(t)
 	id := sandbox(t, p, testConfig())
 	ctx := context.Background()
-	pid, err := p.Start(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo first; sleep 1; echo second; exit 4"}})
+	cmd, err := p.StartCommand(ctx, id, roche.CommandRequest{Cmd: []string{"sh", "-c", "echo first; sleep 1; echo second; exit 4"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := p.Processes(ctx, id)
-	if err != nil || len(list) != 1 || list[0].PID != pid || !list[0].Running {
-		t.Fatalf("processes: %+v %v", list, err)
+	list, err := p.Commands(ctx, id)
+	if err != nil || len(list) != 1 || list[0].PID != cmd.PID || !list[0].Running {
+		t.Fatalf("commands: %+v %v", list, err)
 	}
+	sel := roche.CommandSelector{PID: cmd.PID}
 	// Reconnect, then detach early: the command goes on.
 	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	var early bytes.Buffer
-	_, err = p.Attach(actx, id, pid, &early, io.Discard)
+	early, _, err := providertest.FollowCommand(actx, t, p, id, sel, roche.CommandOffsets{})
 	cancel()
-	if err == nil || early.String() != "first\n" {
-		t.Fatalf("early attach: %q %v, want first line then a detach", early.String(), err)
+	if err == nil || early.Stdout.String() != "first\n" {
+		t.Fatalf("early connect: %s %v, want the first line then a detach", early, err)
 	}
-	var out bytes.Buffer
-	res, err := p.Attach(ctx, id, pid, &out, io.Discard)
-	if err != nil || res.ExitCode != 4 || out.String() != "first\nsecond\n" {
-		t.Fatalf("attach: %+v %q %v", res, out.String(), err)
+	out, end, err := providertest.FollowCommand(ctx, t, p, id, sel, roche.CommandOffsets{})
+	if err != nil || end.ExitCode != 4 || out.Stdout.String() != "first\nsecond\n" {
+		t.Fatalf("connect: %+v %s %v", end, out, err)
 	}
 
 	// Signal a long-running one.
-	pid, err = p.Start(ctx, id, roche.ExecRequest{Cmd: []string{"sleep", "300"}})
+	cmd, err = p.StartCommand(ctx, id, roche.CommandRequest{Cmd: []string{"sleep", "300"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Signal(ctx, id, pid, 15); err != nil {
+	sel = roche.CommandSelector{PID: cmd.PID}
+	if err := p.SignalCommand(ctx, id, sel, 15); err != nil {
 		t.Fatal(err)
 	}
-	res, err = p.Attach(ctx, id, pid, io.Discard, io.Discard)
-	if err != nil || res.ExitCode != 128+15 {
-		t.Fatalf("after SIGTERM: %+v %v, want exit 143", res, err)
+	_, end, err = providertest.FollowCommand(ctx, t, p, id, sel, roche.CommandOffsets{})
+	if err != nil || end.ExitCode != 128+15 || end.Signal != 15 {
+		t.Fatalf("after SIGTERM: %+v %v, want exit 143 by signal 15", end, err)
 	}
-	if err := p.Signal(ctx, id, 99999, 15); !errors.Is(err, roche.ErrNotFound) {
+	if err := p.SignalCommand(ctx, id, roche.CommandSelector{PID: 99999}, 15); !errors.Is(err, roche.ErrNotFound) {
 		t.Fatalf("signal to no process: %v", err)
 	}
 }

@@ -39,6 +39,9 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if s.agent != nil {
 		return p.target(s).Exec(ctx, req)
 	}
+	if req.IdempotencyKey != "" {
+		return roche.ExecResult{}, fmt.Errorf("%w: sandbox %s runs without roche-agent (transport %s), which keeps durable commands: no idempotency keys", roche.ErrUnsupported, id, TransportDockerExec)
+	}
 	stdout, stderr := kit.Captures(req)
 	res, err := p.run(ctx, s, req, stdout, stderr)
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()

@@ -3,7 +3,6 @@ package docker_test
 import (
 	"context"
 	"errors"
-	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -83,34 +82,41 @@ func (f *firstOutput) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// TestAttachWhenSandboxStops: a client attached to a background command hears that the
-// sandbox stopped, not the exit status the stop gave the command.
+// TestAttachWhenSandboxStops: a client following a background command hears that the
+// sandbox stopped, its exit status unknown, not the exit status the stop gave it.
 func TestAttachWhenSandboxStops(t *testing.T) {
 	p := newProvider(t)
 	dc := engineClient(t)
 	id := sandbox(t, p, testConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pid, err := p.Start(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo ready; exec sleep 30"}})
+	cmd, err := p.StartCommand(ctx, id, roche.CommandRequest{Cmd: []string{"sh", "-c", "echo ready; exec sleep 30"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ready := &firstOutput{ch: make(chan struct{})}
-	done := make(chan error, 1)
+	type ended struct {
+		end roche.CommandEnd
+		err error
+	}
+	done := make(chan ended, 1)
 	go func() {
-		_, err := p.Attach(ctx, id, pid, ready, io.Discard)
-		done <- err
+		end, err := p.ConnectCommand(ctx, id, roche.CommandSelector{PID: cmd.PID}, roche.CommandOffsets{}, roche.CommandOutput{
+			Data: func(_ roche.Stream, _ int64, b []byte) error { _, err := ready.Write(b); return err },
+		})
+		done <- ended{end, err}
 	}()
 	<-ready.ch
 	if err := dc.ContainerKill(ctx, id, "TERM"); err != nil {
 		t.Fatal(err)
 	}
+	var e ended
 	select {
-	case err = <-done:
+	case e = <-done:
 	case <-time.After(20 * time.Second):
-		t.Fatal("attach did not end within 20 s of its sandbox stopping")
+		t.Fatal("the connection did not end within 20 s of its sandbox stopping")
 	}
-	if !errors.Is(err, roche.ErrNotFound) || !strings.Contains(err.Error(), "the sandbox is stopping: its engine stopped it") {
-		t.Fatalf("attach error %v, want ErrNotFound saying the sandbox is stopping", err)
+	if e.err != nil || e.end.ExitCode != -1 || !strings.Contains(e.end.Unknown, "the sandbox is stopping: its engine stopped it") {
+		t.Fatalf("connect: %+v %v, want the exit status unknown because the sandbox is stopping", e.end, e.err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -505,39 +504,24 @@ func TestBackgroundProcesses(t *testing.T) {
 	p := newProvider(t)
 	sb := create(t, p, baseConfig())
 	ctx := context.Background()
-	pid, err := p.Start(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done"}})
+	cmd, err := p.StartCommand(ctx, sb.ID, roche.CommandRequest{Cmd: []string{"sh", "-c", "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 30*time.Second, "the background command to be listed running", func() bool {
-		list, err := p.Processes(ctx, sb.ID)
-		return err == nil && len(list) == 1 && list[0].PID == pid && list[0].Running
+	testenv.Eventually(t, 30*time.Second, "the background command to be listed running, its trap set", func() bool {
+		list, err := p.Commands(ctx, sb.ID)
+		return err == nil && len(list) == 1 && list[0].PID == cmd.PID && list[0].Running && list[0].Written.Stdout > 0
 	})
-	// Attached while it runs: its "ready" says the trap is set.
-	var live testenv.SyncBuffer
-	attached := make(chan error, 1)
-	go func() {
-		res, err := p.Attach(ctx, sb.ID, pid, &live, io.Discard)
-		if err == nil && res.ExitCode != 7 {
-			err = fmt.Errorf("exit %d, want 7", res.ExitCode)
-		}
-		attached <- err
-	}()
-	live.Await(t, "ready\n", nil, 30*time.Second)
-	if err := p.Signal(ctx, sb.ID, pid, 15); err != nil {
+	sel := roche.CommandSelector{PID: cmd.PID}
+	if err := p.SignalCommand(ctx, sb.ID, sel, 15); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-attached; err != nil || live.String() != "ready\ngot TERM\n" {
-		t.Fatalf("attached while it ran: %v, output %q", err, live.String())
-	}
-	// Attached after its end: the kept output and the result again.
-	var out strings.Builder
-	res, err := p.Attach(ctx, sb.ID, pid, &out, io.Discard)
+	out, end, err := providertest.FollowCommand(ctx, t, p, sb.ID, sel, roche.CommandOffsets{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.ExitCode != 7 || out.String() != "ready\ngot TERM\n" {
-		t.Fatalf("attach: exit %d, output %q; want 7 and the kept output", res.ExitCode, out.String())
+	if end.ExitCode != 7 || out.Stdout.String() != "ready\ngot TERM\n" {
+		t.Fatalf("connect: exit %d, %s; want 7 and the kept output", end.ExitCode, out)
 	}
 }
 

@@ -169,6 +169,11 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if _, ok := p.(roche.Terminal); ok && s.caps.Processes {
 		t.Run("Terminal", func(t *testing.T) { s.testTerminal(t, shared) })
 	}
+	if _, ok := p.(roche.BackgroundRunner); ok && s.caps.Processes {
+		t.Run("DurableCommands", func(t *testing.T) { s.testDurableCommands(t, shared) })
+	} else {
+		t.Run("NoDurableCommands", func(t *testing.T) { s.testNoDurableCommands(t, shared) })
+	}
 	if _, ok := p.(roche.WorkspaceManager); ok {
 		t.Run("WorkspacePersists", s.testWorkspace)
 		t.Run("WorkspaceSize", s.testWorkspaceSize)

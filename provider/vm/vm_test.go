@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -271,14 +270,13 @@ print(' '.join(out))`); got != "unshare=EPERM hosts=EACCES" {
 		t.Fatalf("write on the read-only root: %v, want ErrPermission", err)
 	}
 
-	pid, err := p.Start(ctx, info.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "echo started; sleep 1; echo done"}})
+	cmd, err := p.StartCommand(ctx, info.ID, roche.CommandRequest{Cmd: []string{"sh", "-c", "echo started; sleep 1; echo done"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	res, err := p.Attach(ctx, info.ID, pid, &out, io.Discard)
-	if err != nil || res.ExitCode != 0 || out.String() != "started\ndone\n" {
-		t.Fatalf("attach: %+v %q %v", res, out.String(), err)
+	out, end, err := providertest.FollowCommand(ctx, t, p, info.ID, roche.CommandSelector{PID: cmd.PID}, roche.CommandOffsets{})
+	if err != nil || end.ExitCode != 0 || out.Stdout.String() != "started\ndone\n" {
+		t.Fatalf("connect: %+v %s %v", end, out, err)
 	}
 }
 

@@ -98,6 +98,9 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if err := req.Validate(); err != nil {
 		return roche.ExecResult{}, err
 	}
+	if req.IdempotencyKey != "" {
+		return roche.ExecResult{}, fmt.Errorf("%w: the wasm provider has no durable commands, so no idempotency keys: each exec is one module run in this process", roche.ErrUnsupported)
+	}
 	rec, err := p.lookup(id)
 	if err != nil {
 		return roche.ExecResult{}, err

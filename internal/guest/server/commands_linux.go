@@ -238,6 +238,8 @@ func (s *Server) attach(c *conn, req guest.Request) error {
 // command has ended or the client has gone. Meanwhile the client may send stdin,
 // signals and resizes. A client that falls behind the window hears so (CodeGone).
 func (s *Server) follow(c *conn, p *proc, from *guest.Offsets, existing bool) error {
+	s.following.Add(1)
+	defer s.following.Done()
 	p.mu.Lock()
 	pos, err := p.log.resolve(from)
 	p.mu.Unlock()
@@ -296,6 +298,20 @@ func (s *Server) follow(c *conn, p *proc, from *guest.Offsets, existing bool) er
 		case <-gone:
 			return nil
 		}
+	}
+}
+
+// followersDone waits, at most d, for every follower to have sent what it has: when
+// the sandbox stops, each hears why before the agent exits.
+func (s *Server) followersDone(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		s.following.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
 	}
 }
 

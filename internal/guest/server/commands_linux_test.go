@@ -36,18 +36,6 @@ func (f *followed) opts() guest.ExecOptions {
 	}
 }
 
-// scratch is a directory of the test's, below the sandbox user's tree.
-func scratch(t *testing.T) string {
-	t.Helper()
-	d := filepath.Join(dir, t.Name())
-	if err := os.MkdirAll(d, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(d, 0o777)
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
-
 func connect(t *testing.T, c *guest.Client, req guest.Request) (*followed, guest.Result, error) {
 	t.Helper()
 	f := &followed{}

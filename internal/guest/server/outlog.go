@@ -143,7 +143,7 @@ func (l *outputLog) check(pos [2]int64) error {
 		if pos[i] < l.s[i].first {
 			kept := l.first()
 			return &guest.Error{Code: guest.CodeGone, Kept: &kept, Message: fmt.Sprintf(
-				"%s from offset %d is no longer kept: the first %s byte still kept is at offset %d (stdout from %d, stderr from %d; the command keeps the last %s of each stream)",
+				"%s offset %d fell out of the command's window: the first %s byte still kept is at offset %d (stdout from %d, stderr from %d; it keeps the last %s of each stream)",
 				streamNames[i], pos[i], streamNames[i], l.s[i].first, kept.Stdout, kept.Stderr, mib(l.window))}
 		}
 	}

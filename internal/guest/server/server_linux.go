@@ -122,6 +122,8 @@ type Server struct {
 	kept *keptBudget
 	// keyMu orders the starts of keyed commands (see exec).
 	keyMu sync.Mutex
+	// following counts the connections following durable commands (follow).
+	following sync.WaitGroup
 
 	mu    sync.Mutex
 	procs map[int]*proc // running commands and durable ones by pid
@@ -292,6 +294,7 @@ func (s *Server) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				s.code.Stop()
 				s.stopAll()
+				s.followersDone(time.Second)
 				return nil
 			}
 			s.log.Warn("accept", "err", err)

@@ -35,6 +35,8 @@ func Err(id string, err error) (error, bool) {
 		sentinel = roche.ErrUnsupported
 	case guest.CodeNoSpace, guest.CodeTooLarge, guest.CodeExhausted:
 		sentinel = roche.ErrExhausted
+	case guest.CodeGone:
+		sentinel = roche.ErrOutputGone
 	case guest.CodeInternal:
 		return fmt.Errorf("sandbox %s: %s", id, ae.Message), true
 	case guest.CodeStopping:
@@ -87,13 +89,34 @@ func FileInfos(list []guest.FileInfo) []roche.FileInfo {
 	return out
 }
 
-// Processes converts the agent's list of background processes.
-func Processes(list []guest.Process) []roche.Process {
-	out := make([]roche.Process, len(list))
-	for i, pr := range list {
-		out[i] = roche.Process{PID: pr.PID, Cmd: pr.Cmd, Running: pr.Running, ExitCode: pr.ExitCode}
+// Command converts the agent's description of a durable command.
+func Command(pr guest.Process) roche.Command {
+	c := roche.Command{
+		PID: pr.PID, Tag: pr.Tag, Cmd: pr.Cmd, Env: pr.Env, Workdir: pr.Cwd, TTY: pr.TTY, Stdin: pr.Stdin,
+		Running: pr.Running, StartedAt: time.Unix(0, pr.StartedNS), Window: pr.Window,
+		First: Offsets(pr.First), Written: Offsets(pr.End),
 	}
-	return out
+	if pr.Result != nil {
+		end := CommandEnd(*pr.Result)
+		if pr.Stopping != "" {
+			end = roche.CommandEnd{ExitCode: -1, Duration: end.Duration, Unknown: "the sandbox was stopping: " + pr.Stopping}
+		}
+		c.End = &end
+	}
+	return c
+}
+
+// CommandEnd converts a durable command's result.
+func CommandEnd(r guest.Result) roche.CommandEnd {
+	return roche.CommandEnd{
+		ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, OOMKilled: r.OOMKilled,
+		Duration: time.Duration(r.DurationNS),
+	}
+}
+
+// Offsets converts stream offsets.
+func Offsets(o guest.Offsets) roche.CommandOffsets {
+	return roche.CommandOffsets{Stdout: o.Stdout, Stderr: o.Stderr}
 }
 
 // CallerReader is the caller's side of an upload to the agent. It remembers the error

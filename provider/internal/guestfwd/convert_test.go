@@ -20,6 +20,7 @@ func TestErr(t *testing.T) {
 		guest.CodeNoSpace:     roche.ErrExhausted,
 		guest.CodeTooLarge:    roche.ErrExhausted,
 		guest.CodeExhausted:   roche.ErrExhausted,
+		guest.CodeGone:        roche.ErrOutputGone,
 	} {
 		err, ok := Err("sb1", fmt.Errorf("wrapped: %w", &guest.Error{Code: code, Message: "what happened"}))
 		if !ok || !errors.Is(err, want) || !strings.Contains(err.Error(), "what happened") {

@@ -26,7 +26,7 @@ type Target struct {
 }
 
 // Forwarder implements, through roche-agent, the methods of roche.Provider (Exec),
-// roche.BackgroundRunner, roche.FileSystem and roche.TarCopier. A provider embeds it and
+// roche.BackgroundRunner (command.go), roche.FileSystem and roche.TarCopier. A provider embeds it and
 // overrides what it serves otherwise (the Docker provider's exec-API transport).
 type Forwarder struct {
 	// Reach returns the agent of sandbox id, or the error that says why there is none
@@ -91,7 +91,7 @@ func (t Target) request(req roche.ExecRequest, timeout time.Duration) guest.Requ
 	}
 	return guest.Request{
 		Cmd: req.Cmd, Env: req.Env, Cwd: cwd,
-		TimeoutMS: timeout.Milliseconds(), OutputLimit: req.OutputLimit,
+		TimeoutMS: timeout.Milliseconds(), OutputLimit: req.OutputLimit, Key: req.IdempotencyKey,
 	}
 }
 
@@ -112,60 +112,6 @@ func (t Target) failOrNil(err error) error {
 		return nil
 	}
 	return t.fail(err)
-}
-
-// Start implements roche.BackgroundRunner.
-func (f Forwarder) Start(ctx context.Context, id string, req roche.ExecRequest) (int, error) {
-	if err := req.Validate(); err != nil {
-		return 0, err
-	}
-	t, err := f.Reach(ctx, id)
-	if err != nil {
-		return 0, err
-	}
-	st, err := t.Agent.Start(ctx, t.request(req, t.timeout(req)))
-	if err != nil {
-		return 0, t.fail(err)
-	}
-	return st.PID, nil
-}
-
-// Processes implements roche.BackgroundRunner.
-func (f Forwarder) Processes(ctx context.Context, id string) ([]roche.Process, error) {
-	t, err := f.Reach(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	list, err := t.Agent.Processes(ctx)
-	if err != nil {
-		return nil, t.fail(err)
-	}
-	return Processes(list), nil
-}
-
-// Attach implements roche.BackgroundRunner.
-func (f Forwarder) Attach(ctx context.Context, id string, pid int, stdout, stderr io.Writer) (roche.ExecResult, error) {
-	t, err := f.Reach(ctx, id)
-	if err != nil {
-		return roche.ExecResult{}, err
-	}
-	res, err := t.Agent.Attach(ctx, pid, guest.ExecOptions{Stdout: stdout, Stderr: stderr})
-	if err != nil {
-		return roche.ExecResult{}, t.fail(err)
-	}
-	return roche.ExecResult{
-		ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated,
-		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
-	}, nil
-}
-
-// Signal implements roche.BackgroundRunner.
-func (f Forwarder) Signal(ctx context.Context, id string, pid, signal int) error {
-	t, err := f.Reach(ctx, id)
-	if err != nil {
-		return err
-	}
-	return t.failOrNil(t.Agent.Signal(ctx, pid, signal))
 }
 
 // WriteFile implements roche.FileSystem.

@@ -44,8 +44,17 @@ func TestForwarderRefusesBeforeReaching(t *testing.T) {
 	if _, err := f.Exec(ctx, "x", roche.ExecRequest{}); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Fatalf("an exec without a command: %v", err)
 	}
-	if _, err := f.Start(ctx, "x", roche.ExecRequest{}); !errors.Is(err, roche.ErrInvalidConfig) {
+	if _, err := f.StartCommand(ctx, "x", roche.CommandRequest{}); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Fatalf("a start without a command: %v", err)
+	}
+	if _, err := f.StartCommand(ctx, "x", roche.CommandRequest{Cmd: []string{"true"}, Window: roche.MaxCommandWindow + 1}); !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Fatalf("a start with a window over the maximum: %v", err)
+	}
+	if _, err := f.ConnectCommand(ctx, "x", roche.CommandSelector{}, roche.CommandOffsets{}, roche.CommandOutput{}); !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Fatalf("a connect naming no command: %v", err)
+	}
+	if err := f.SignalCommand(ctx, "x", roche.CommandSelector{PID: 1}, 0); !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Fatalf("signal 0: %v", err)
 	}
 	if reached != 0 {
 		t.Fatalf("reached for the sandbox %d times", reached)

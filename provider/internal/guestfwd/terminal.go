@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"syscall"
 	"time"
 
 	"github.com/roche-sandbox/roche"
@@ -84,7 +83,11 @@ func (f Forwarder) StartTerminal(ctx context.Context, id string, req roche.Termi
 
 // AttachTerminal implements roche.Terminal.
 func (f Forwarder) AttachTerminal(ctx context.Context, id string, pid int, w io.Writer) (roche.ExecResult, error) {
-	return f.Attach(ctx, id, pid, w, w)
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return roche.ExecResult{}, err
+	}
+	return t.attach(ctx, pid, w)
 }
 
 // TerminalInput implements roche.Terminal.
@@ -122,5 +125,9 @@ func (f Forwarder) ResizeTerminal(ctx context.Context, id string, pid int, size 
 
 // KillTerminal implements roche.Terminal.
 func (f Forwarder) KillTerminal(ctx context.Context, id string, pid int) error {
-	return f.Signal(ctx, id, pid, int(syscall.SIGKILL))
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	return t.kill(ctx, pid)
 }
