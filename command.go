@@ -92,6 +92,10 @@ type CommandRequest struct {
 	// start made instead of starting it again (the sandbox remembers the last 1,024
 	// keys, and refuses a key whose command ended and was forgotten).
 	IdempotencyKey string
+	// MaxRunning, when positive, refuses the start (ErrExhausted) when this many durable
+	// commands already run in the sandbox; zero means MaxRunningCommands, the most.
+	// roched sets it (--max-commands) whatever its caller says.
+	MaxRunning int
 }
 
 // Validate checks the request's bounds, reporting every problem at once.

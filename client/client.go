@@ -247,12 +247,21 @@ func (c *Client) fromRPC(err error) error {
 // that, what became of the command (roche-agent stops a command whose caller's
 // connection is gone, and roched was its caller) and that the sandbox itself lives on,
 // not connect's "protocol error: incomplete envelope".
-func (c *Client) lostDuringCommand(err error, id string) error {
+func (c *Client) lostDuringCommand(err error, id, key string) error {
 	if !connectionLost(err) {
 		return c.fromRPC(err)
 	}
 	var ce *connect.Error
 	errors.As(err, &ce)
+	if key != "" {
+		return &Error{
+			Code: connect.CodeUnavailable,
+			Message: fmt.Sprintf("roched went away while the command ran in sandbox %s (%s: %s): the command goes on in the sandbox; "+
+				"call again with the same idempotency key once roched is back (roche daemon start) for its output and result",
+				id, c.where, ce.Message()),
+			sentinel: roche.ErrUnavailable,
+		}
+	}
 	return &Error{
 		Code: connect.CodeUnavailable,
 		Message: fmt.Sprintf("roched went away while the command ran in sandbox %s (%s: %s): the command was stopped with it; "+

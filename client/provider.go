@@ -111,7 +111,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 	if req.Stdout == nil && req.Stderr == nil && req.OutputLimit <= wire.MaxExecOutput {
 		resp, err := p.c.rpc.Exec(ctx, connect.NewRequest(wire.ExecToProto(id, req, stdin)))
 		if err != nil {
-			return roche.ExecResult{}, p.c.lostDuringCommand(err, id)
+			return roche.ExecResult{}, p.c.lostDuringCommand(err, id, req.IdempotencyKey)
 		}
 		return wire.ResultFromProto(resp.Msg.Result), nil
 	}
@@ -136,7 +136,7 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 		}
 	}
 	if err := stream.Err(); err != nil {
-		return roche.ExecResult{}, p.c.lostDuringCommand(err, id)
+		return roche.ExecResult{}, p.c.lostDuringCommand(err, id, req.IdempotencyKey)
 	}
 	if result == nil {
 		return roche.ExecResult{}, fmt.Errorf("%w: the daemon ended the output stream without a result", roche.ErrUnavailable)

@@ -70,6 +70,9 @@ type Config struct {
 	// MaxSandboxes bounds the sandboxes handed to clients at once (0: no bound). Idle
 	// pooled sandboxes are bounded by their pools instead.
 	MaxSandboxes int
+	// MaxCommands bounds the background commands running at once in one sandbox (0:
+	// roche.MaxRunningCommands).
+	MaxCommands int
 	// Pools are the warm pools.
 	Pools []pool.Spec
 	// PoolConcurrency fixes how many sandboxes all pools together create at once; 0
@@ -159,6 +162,7 @@ func (c Config) ledgerConfig() ledger.Config {
 		Pools: c.Pools, PoolConcurrency: c.PoolConcurrency, ReapInterval: c.ReapInterval,
 		ReconcileInterval: c.ReconcileInterval, EngineCheckInterval: c.EngineCheckInterval,
 		DirectOwner: c.DirectOwner, ProviderOf: catalog.OfID,
+		MaxCommands: c.MaxCommands,
 	}
 }
 

@@ -47,6 +47,7 @@ const DefaultMaxSandboxes = 100
 //	  "allow_root_sandboxes": false,
 //	  "state": "/var/lib/roche/roched.state.json",
 //	  "max_sandboxes": 100,
+//	  "max_commands": 64,
 //	  "pool_concurrency": 2,
 //	  "copy_max_bytes": "1g",
 //	  "engine_timeout": "30s",
@@ -68,6 +69,7 @@ type FileConfig struct {
 	AllowRootSandboxes bool     `json:"allow_root_sandboxes"`
 	State              string   `json:"state"`
 	MaxSandboxes       *int     `json:"max_sandboxes"`
+	MaxCommands        int      `json:"max_commands"`
 	PoolConcurrency    int      `json:"pool_concurrency"`
 	Pools              []string `json:"pools"`
 	CopyMaxBytes       string   `json:"copy_max_bytes"`
@@ -116,6 +118,7 @@ type flags struct {
 	copyMaxBytes                         string
 	pools, providers                     []string
 	maxSandboxes, poolConcurrency        int
+	maxCommands                          int
 	shutdownTimeout, engineTimeout       time.Duration
 	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
@@ -240,6 +243,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.StringVar(&f.config, "config", "", "JSON config file (see above)")
 	fs.StringArrayVar(&f.pools, "pool", nil, "warm pool, PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (repeatable)")
 	fs.IntVar(&f.maxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "most sandboxes handed to clients at once; 0 means no limit")
+	fs.IntVar(&f.maxCommands, "max-commands", roche.MaxRunningCommands, fmt.Sprintf("most background commands running at once in one sandbox (1 to %d)", roche.MaxRunningCommands))
 	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 0, "sandboxes the pools create at once; 0 adapts it: the machine's cores, up to four times as many while creations wait and the CPUs have room")
 	fs.StringVar(&f.copyMaxBytes, "copy-max-bytes", "1g", "most file content one copy in or out moves (e.g. 512m, 4g); a request may ask for less")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
@@ -303,7 +307,7 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 	}
 	cfg := Config{
 		Socket: f.socket, Listen: f.listen, StateFile: f.state,
-		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency,
+		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency, MaxCommands: f.maxCommands,
 		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
 		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
 		DirectOwner: f.directOwner,
@@ -326,6 +330,9 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		}
 		if fc.MaxSandboxes != nil && !changed("max-sandboxes") {
 			cfg.MaxSandboxes = *fc.MaxSandboxes
+		}
+		if fc.MaxCommands != 0 && !changed("max-commands") {
+			cfg.MaxCommands = fc.MaxCommands
 		}
 		if fc.PoolConcurrency != 0 && !changed("pool-concurrency") {
 			cfg.PoolConcurrency = fc.PoolConcurrency

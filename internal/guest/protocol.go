@@ -112,6 +112,9 @@ type Request struct {
 	// output from the start; a background one answers with its started frame, Existing
 	// set). A keyed foreground command is durable: a dropped connection leaves it running.
 	Key string `json:"key,omitempty"`
+	// MaxDurable, when positive and below MaxDurable, is how many durable commands may
+	// run at once in the sandbox (roched's --max-commands).
+	MaxDurable int `json:"max_durable,omitempty"`
 	// TTY runs the command on a pseudo-terminal of Cols×Rows as its controlling terminal
 	// (it leads a session of its own, so a typed Ctrl-C reaches its foreground job);
 	// output is one stream, FrameStdout, and FrameResize frames resize it. An empty Cmd

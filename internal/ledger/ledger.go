@@ -11,6 +11,7 @@
 //	Create, Exec, Destroy, List, Inspect,     a tenant's sandboxes
 //	Pause, Reset, Resolve
 //	Hold, Live                                leased sandboxes (lease.go)
+//	Commands, StartCommand                    durable commands (command.go)
 //	Workspaces, RemoveWorkspace,              what outlives a sandbox (persist.go)
 //	Snapshots, RemoveSnapshot
 //	Pools, SelectPools, VerifyIdleSoon        the warm pools
@@ -51,6 +52,9 @@ type Config struct {
 	// MaxSandboxes bounds the sandboxes handed to clients at once (0: no bound). Idle
 	// pooled sandboxes are bounded by their pools instead.
 	MaxSandboxes int
+	// MaxCommands bounds the durable commands running at once in one sandbox (0:
+	// roche.MaxRunningCommands, the most).
+	MaxCommands int
 	// AllowRootSandboxes lets creates run commands as root (uid or gid 0, or a user
 	// name, which the image may map to 0). Off, such creates are refused.
 	AllowRootSandboxes bool
@@ -88,6 +92,10 @@ func (c Config) Validate(providers []string) error {
 func (c Config) Problems(providers []string) (limits, pools []error) {
 	if c.MaxSandboxes < 0 {
 		limits = append(limits, fmt.Errorf("%w: max sandboxes %d is negative: give 0 (no limit) or more", roche.ErrInvalidConfig, c.MaxSandboxes))
+	}
+	if c.MaxCommands < 0 || c.MaxCommands > roche.MaxRunningCommands {
+		limits = append(limits, fmt.Errorf("%w: max commands %d is outside 1 to %d (0: %d) per sandbox",
+			roche.ErrInvalidConfig, c.MaxCommands, roche.MaxRunningCommands, roche.MaxRunningCommands))
 	}
 	providers = slices.Clone(providers)
 	sort.Strings(providers)

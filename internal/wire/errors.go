@@ -46,6 +46,7 @@ var sentinels = []struct {
 	{err: roche.ErrUnsupported, code: connect.CodeUnimplemented, reason: rochev1.ErrorReason_ERROR_REASON_UNSUPPORTED, name: "unsupported"},
 	{err: roche.ErrUnavailable, code: connect.CodeUnavailable, reason: rochev1.ErrorReason_ERROR_REASON_UNAVAILABLE, name: "unavailable"},
 	{err: roche.ErrTimeout, code: connect.CodeDeadlineExceeded, reason: rochev1.ErrorReason_ERROR_REASON_TIMEOUT, name: "timeout"},
+	{err: roche.ErrOutputGone, code: connect.CodeOutOfRange, reason: rochev1.ErrorReason_ERROR_REASON_OUTPUT_GONE, name: "output_gone"},
 }
 
 // Reason names the core sentinel err wraps as the CLI's JSON errors and the SDKs spell

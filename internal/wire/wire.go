@@ -100,6 +100,7 @@ type ExecParams interface {
 	GetTimeoutSecs() float64
 	GetStdin() []byte
 	GetOutputLimit() int64
+	GetIdempotencyKey() string
 }
 
 var (
@@ -114,6 +115,7 @@ func ExecToProto(id string, req roche.ExecRequest, stdin []byte) *rochev1.ExecRe
 	return &rochev1.ExecRequest{
 		SandboxId: id, Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir,
 		TimeoutSecs: req.Timeout.Seconds(), Stdin: stdin, OutputLimit: req.OutputLimit,
+		IdempotencyKey: req.IdempotencyKey,
 	}
 }
 
@@ -123,6 +125,7 @@ func ExecStreamToProto(id string, req roche.ExecRequest, stdin []byte) *rochev1.
 	return &rochev1.ExecStreamRequest{
 		SandboxId: pb.SandboxId, Cmd: pb.Cmd, Env: pb.Env, Workdir: pb.Workdir,
 		TimeoutSecs: pb.TimeoutSecs, Stdin: pb.Stdin, OutputLimit: pb.OutputLimit,
+		IdempotencyKey: pb.IdempotencyKey,
 	}
 }
 
@@ -149,11 +152,12 @@ func ExecFromProto(pb ExecParams) (roche.ExecRequest, error) {
 			roche.ErrInvalidConfig, n, size.String(roche.MaxStdinBytes))
 	}
 	req := roche.ExecRequest{
-		Cmd:         pb.GetCmd(),
-		Env:         pb.GetEnv(),
-		Workdir:     pb.GetWorkdir(),
-		Timeout:     timeout,
-		OutputLimit: pb.GetOutputLimit(),
+		Cmd:            pb.GetCmd(),
+		Env:            pb.GetEnv(),
+		Workdir:        pb.GetWorkdir(),
+		Timeout:        timeout,
+		OutputLimit:    pb.GetOutputLimit(),
+		IdempotencyKey: pb.GetIdempotencyKey(),
 	}
 	if pb.GetStdin() != nil {
 		req.Stdin = bytes.NewReader(pb.GetStdin())

@@ -37,6 +37,8 @@ var offWire = map[string]bool{
 	"ExecRequest.Stdin": true, "ExecRequest.Stdout": true, "ExecRequest.Stderr": true,
 	"ExecRequest.StreamOnly": true,
 	"CodeRequest.Stdout":     true, "CodeRequest.Stderr": true, "CodeRequest.OnResult": true,
+	// roched sets a command's bound itself (--max-commands); a caller cannot.
+	"CommandRequest.MaxRunning": true,
 }
 
 func TestGoToProtoAndBack(t *testing.T) {
@@ -287,8 +289,10 @@ func scalar(fd protoreflect.FieldDescriptor) protoreflect.Value {
 		return protoreflect.ValueOfString("x-" + string(fd.Name()))
 	case protoreflect.BoolKind:
 		return protoreflect.ValueOfBool(true)
-	case protoreflect.Int32Kind:
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind:
 		return protoreflect.ValueOfInt32(7)
+	case protoreflect.Uint32Kind:
+		return protoreflect.ValueOfUint32(7)
 	case protoreflect.Int64Kind:
 		return protoreflect.ValueOfInt64(7)
 	case protoreflect.Uint64Kind:

@@ -288,6 +288,8 @@ const (
 	// The provider is not set up on this host (no engine started, no cluster configured):
 	// UNAVAILABLE, which a list across providers passes over without a word.
 	ErrorReason_ERROR_REASON_NOT_CONFIGURED ErrorReason = 10
+	// A durable command's output asked for fell out of its window: OUT_OF_RANGE.
+	ErrorReason_ERROR_REASON_OUTPUT_GONE ErrorReason = 11
 )
 
 // Enum value maps for ErrorReason.
@@ -304,6 +306,7 @@ var (
 		8:  "ERROR_REASON_PERMISSION",
 		9:  "ERROR_REASON_IN_USE",
 		10: "ERROR_REASON_NOT_CONFIGURED",
+		11: "ERROR_REASON_OUTPUT_GONE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":     0,
@@ -317,6 +320,7 @@ var (
 		"ERROR_REASON_PERMISSION":      8,
 		"ERROR_REASON_IN_USE":          9,
 		"ERROR_REASON_NOT_CONFIGURED":  10,
+		"ERROR_REASON_OUTPUT_GONE":     11,
 	}
 )
 
@@ -970,6 +974,1240 @@ func (*KillPtyResponse) Descriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
+// CommandSelector names a durable command: by pid, or the newest one started with a
+// tag (E2B's ProcessSelector).
+type CommandSelector struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Selector:
+	//
+	//	*CommandSelector_Pid
+	//	*CommandSelector_Tag
+	Selector      isCommandSelector_Selector `protobuf_oneof:"selector"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandSelector) Reset() {
+	*x = CommandSelector{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandSelector) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandSelector) ProtoMessage() {}
+
+func (x *CommandSelector) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandSelector.ProtoReflect.Descriptor instead.
+func (*CommandSelector) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CommandSelector) GetSelector() isCommandSelector_Selector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *CommandSelector) GetPid() uint32 {
+	if x != nil {
+		if x, ok := x.Selector.(*CommandSelector_Pid); ok {
+			return x.Pid
+		}
+	}
+	return 0
+}
+
+func (x *CommandSelector) GetTag() string {
+	if x != nil {
+		if x, ok := x.Selector.(*CommandSelector_Tag); ok {
+			return x.Tag
+		}
+	}
+	return ""
+}
+
+type isCommandSelector_Selector interface {
+	isCommandSelector_Selector()
+}
+
+type CommandSelector_Pid struct {
+	Pid uint32 `protobuf:"varint,1,opt,name=pid,proto3,oneof"`
+}
+
+type CommandSelector_Tag struct {
+	Tag string `protobuf:"bytes,2,opt,name=tag,proto3,oneof"`
+}
+
+func (*CommandSelector_Pid) isCommandSelector_Selector() {}
+
+func (*CommandSelector_Tag) isCommandSelector_Selector() {}
+
+type StartCommandRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// cmd is the argv. A shell command line is ["/bin/bash", "-l", "-c", LINE] (the
+	// SDKs' commands.run(LINE) sends that, or sh where the image has no bash).
+	Cmd []string `protobuf:"bytes,2,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	// env is added to the sandbox's environment for this command.
+	Env     map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir string            `protobuf:"bytes,4,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// timeout_secs kills the command and all it started after this long; 0 means the
+	// sandbox's remaining lifetime.
+	TimeoutSecs float64 `protobuf:"fixed64,5,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
+	// tag names the command: the other calls may select it by tag instead of pid.
+	Tag string `protobuf:"bytes,6,opt,name=tag,proto3" json:"tag,omitempty"`
+	// stdin keeps the command's stdin open for SendCommandInput until CloseCommandInput;
+	// without it the command reads /dev/null.
+	Stdin bool `protobuf:"varint,7,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// window is the output kept per stream, in bytes; 0 means 16 MiB, at most 64 MiB.
+	Window int64 `protobuf:"varint,8,opt,name=window,proto3" json:"window,omitempty"`
+	// idempotency_key: a retried start returns the command the first made (the sandbox
+	// remembers the last 1,024 keys; a key whose command ended and was forgotten is
+	// refused, NOT_FOUND, rather than started again).
+	IdempotencyKey string `protobuf:"bytes,9,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *StartCommandRequest) Reset() {
+	*x = StartCommandRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartCommandRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartCommandRequest) ProtoMessage() {}
+
+func (x *StartCommandRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartCommandRequest.ProtoReflect.Descriptor instead.
+func (*StartCommandRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *StartCommandRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *StartCommandRequest) GetCmd() []string {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+func (x *StartCommandRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *StartCommandRequest) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
+func (x *StartCommandRequest) GetTimeoutSecs() float64 {
+	if x != nil {
+		return x.TimeoutSecs
+	}
+	return 0
+}
+
+func (x *StartCommandRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *StartCommandRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *StartCommandRequest) GetWindow() int64 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *StartCommandRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+type StartCommandResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Command       *Command               `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartCommandResponse) Reset() {
+	*x = StartCommandResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartCommandResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartCommandResponse) ProtoMessage() {}
+
+func (x *StartCommandResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartCommandResponse.ProtoReflect.Descriptor instead.
+func (*StartCommandResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *StartCommandResponse) GetCommand() *Command {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+// CommandOffsets are byte offsets into a command's stdout and stderr, counted from its
+// start (JSON carries them as strings, as it does every int64).
+type CommandOffsets struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stdout        int64                  `protobuf:"varint,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        int64                  `protobuf:"varint,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandOffsets) Reset() {
+	*x = CommandOffsets{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandOffsets) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandOffsets) ProtoMessage() {}
+
+func (x *CommandOffsets) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandOffsets.ProtoReflect.Descriptor instead.
+func (*CommandOffsets) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CommandOffsets) GetStdout() int64 {
+	if x != nil {
+		return x.Stdout
+	}
+	return 0
+}
+
+func (x *CommandOffsets) GetStderr() int64 {
+	if x != nil {
+		return x.Stderr
+	}
+	return 0
+}
+
+// CommandEnd is how a durable command ended.
+type CommandEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exit_code is the command's exit status: 128 + signal when a signal killed it, -1
+	// when unknown is set.
+	ExitCode int32 `protobuf:"zigzag32,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// signal is the signal that killed it; 0 when it exited.
+	Signal    int32                `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	TimedOut  bool                 `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	OomKilled bool                 `protobuf:"varint,4,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	Duration  *durationpb.Duration `protobuf:"bytes,5,opt,name=duration,proto3" json:"duration,omitempty"`
+	// unknown, when set, says why the exit status cannot be known: the sandbox stopped or
+	// died while the command ran. No exit status is made up.
+	Unknown       string `protobuf:"bytes,6,opt,name=unknown,proto3" json:"unknown,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandEnd) Reset() {
+	*x = CommandEnd{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandEnd) ProtoMessage() {}
+
+func (x *CommandEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandEnd.ProtoReflect.Descriptor instead.
+func (*CommandEnd) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CommandEnd) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *CommandEnd) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *CommandEnd) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *CommandEnd) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
+}
+
+func (x *CommandEnd) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *CommandEnd) GetUnknown() string {
+	if x != nil {
+		return x.Unknown
+	}
+	return ""
+}
+
+// Command describes a durable command.
+type Command struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Tag   string                 `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	Cmd   []string               `protobuf:"bytes,3,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	// env and workdir as the start gave them.
+	Env     map[string]string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir string            `protobuf:"bytes,5,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// tty: a terminal session, whose output is one stream (stdout).
+	Tty bool `protobuf:"varint,6,opt,name=tty,proto3" json:"tty,omitempty"`
+	// stdin: its stdin is open for SendCommandInput.
+	Stdin     bool                   `protobuf:"varint,7,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Running   bool                   `protobuf:"varint,8,opt,name=running,proto3" json:"running,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// window is the output kept per stream; first is the offset of the first byte still
+	// kept of each stream, written each stream's length so far.
+	Window  int64           `protobuf:"varint,10,opt,name=window,proto3" json:"window,omitempty"`
+	First   *CommandOffsets `protobuf:"bytes,11,opt,name=first,proto3" json:"first,omitempty"`
+	Written *CommandOffsets `protobuf:"bytes,12,opt,name=written,proto3" json:"written,omitempty"`
+	// end is how it ended, once it has.
+	End *CommandEnd `protobuf:"bytes,13,opt,name=end,proto3" json:"end,omitempty"`
+	// existing, from StartCommand: the idempotency key named a command started before.
+	Existing      bool `protobuf:"varint,14,opt,name=existing,proto3" json:"existing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Command) Reset() {
+	*x = Command{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Command) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Command) ProtoMessage() {}
+
+func (x *Command) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Command.ProtoReflect.Descriptor instead.
+func (*Command) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Command) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Command) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *Command) GetCmd() []string {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+func (x *Command) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *Command) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
+func (x *Command) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+func (x *Command) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *Command) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
+}
+
+func (x *Command) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Command) GetWindow() int64 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *Command) GetFirst() *CommandOffsets {
+	if x != nil {
+		return x.First
+	}
+	return nil
+}
+
+func (x *Command) GetWritten() *CommandOffsets {
+	if x != nil {
+		return x.Written
+	}
+	return nil
+}
+
+func (x *Command) GetEnd() *CommandEnd {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *Command) GetExisting() bool {
+	if x != nil {
+		return x.Existing
+	}
+	return false
+}
+
+type ConnectCommandRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Command   *CommandSelector       `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// Where the replay starts in each stream; a negative offset is the stream's end as
+	// the call is made (only what comes next, as E2B's Connect).
+	StdoutOffset  int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectCommandRequest) Reset() {
+	*x = ConnectCommandRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectCommandRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectCommandRequest) ProtoMessage() {}
+
+func (x *ConnectCommandRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectCommandRequest.ProtoReflect.Descriptor instead.
+func (*ConnectCommandRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ConnectCommandRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ConnectCommandRequest) GetCommand() *CommandSelector {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *ConnectCommandRequest) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *ConnectCommandRequest) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+// CommandStart opens a ConnectCommand stream.
+type CommandStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Tag   string                 `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	// where the replay starts, negative offsets resolved.
+	StdoutOffset  int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandStart) Reset() {
+	*x = CommandStart{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandStart) ProtoMessage() {}
+
+func (x *CommandStart) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandStart.ProtoReflect.Descriptor instead.
+func (*CommandStart) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CommandStart) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *CommandStart) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *CommandStart) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *CommandStart) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+// CommandData is a piece of a command's output and the offset of its first byte in
+// its stream; the next piece of that stream starts at offset + the data's length.
+type CommandData struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        OutputStream           `protobuf:"varint,1,opt,name=stream,proto3,enum=roche.v1.OutputStream" json:"stream,omitempty"`
+	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandData) Reset() {
+	*x = CommandData{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandData) ProtoMessage() {}
+
+func (x *CommandData) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandData.ProtoReflect.Descriptor instead.
+func (*CommandData) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CommandData) GetStream() OutputStream {
+	if x != nil {
+		return x.Stream
+	}
+	return OutputStream_OUTPUT_STREAM_UNSPECIFIED
+}
+
+func (x *CommandData) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *CommandData) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ConnectCommandResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*ConnectCommandResponse_Start
+	//	*ConnectCommandResponse_Data
+	//	*ConnectCommandResponse_Heartbeat
+	//	*ConnectCommandResponse_End
+	Event         isConnectCommandResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectCommandResponse) Reset() {
+	*x = ConnectCommandResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectCommandResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectCommandResponse) ProtoMessage() {}
+
+func (x *ConnectCommandResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectCommandResponse.ProtoReflect.Descriptor instead.
+func (*ConnectCommandResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ConnectCommandResponse) GetEvent() isConnectCommandResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ConnectCommandResponse) GetStart() *CommandStart {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectCommandResponse_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *ConnectCommandResponse) GetData() *CommandData {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectCommandResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *ConnectCommandResponse) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectCommandResponse_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *ConnectCommandResponse) GetEnd() *CommandEnd {
+	if x != nil {
+		if x, ok := x.Event.(*ConnectCommandResponse_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+type isConnectCommandResponse_Event interface {
+	isConnectCommandResponse_Event()
+}
+
+type ConnectCommandResponse_Start struct {
+	Start *CommandStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type ConnectCommandResponse_Data struct {
+	Data *CommandData `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type ConnectCommandResponse_Heartbeat struct {
+	Heartbeat *Heartbeat `protobuf:"bytes,3,opt,name=heartbeat,proto3,oneof"`
+}
+
+type ConnectCommandResponse_End struct {
+	End *CommandEnd `protobuf:"bytes,4,opt,name=end,proto3,oneof"`
+}
+
+func (*ConnectCommandResponse_Start) isConnectCommandResponse_Event() {}
+
+func (*ConnectCommandResponse_Data) isConnectCommandResponse_Event() {}
+
+func (*ConnectCommandResponse_Heartbeat) isConnectCommandResponse_Event() {}
+
+func (*ConnectCommandResponse_End) isConnectCommandResponse_Event() {}
+
+type ListCommandsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCommandsRequest) Reset() {
+	*x = ListCommandsRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCommandsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCommandsRequest) ProtoMessage() {}
+
+func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
+func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListCommandsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type ListCommandsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Commands      []*Command             `protobuf:"bytes,1,rep,name=commands,proto3" json:"commands,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCommandsResponse) Reset() {
+	*x = ListCommandsResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCommandsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCommandsResponse) ProtoMessage() {}
+
+func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
+func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListCommandsResponse) GetCommands() []*Command {
+	if x != nil {
+		return x.Commands
+	}
+	return nil
+}
+
+type SendCommandInputRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Command   *CommandSelector       `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// data goes to the command's stdin as it is, at most 256 KiB per call.
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendCommandInputRequest) Reset() {
+	*x = SendCommandInputRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendCommandInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendCommandInputRequest) ProtoMessage() {}
+
+func (x *SendCommandInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendCommandInputRequest.ProtoReflect.Descriptor instead.
+func (*SendCommandInputRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SendCommandInputRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SendCommandInputRequest) GetCommand() *CommandSelector {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *SendCommandInputRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type SendCommandInputResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendCommandInputResponse) Reset() {
+	*x = SendCommandInputResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendCommandInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendCommandInputResponse) ProtoMessage() {}
+
+func (x *SendCommandInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendCommandInputResponse.ProtoReflect.Descriptor instead.
+func (*SendCommandInputResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{24}
+}
+
+type CloseCommandInputRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Command       *CommandSelector       `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseCommandInputRequest) Reset() {
+	*x = CloseCommandInputRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseCommandInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseCommandInputRequest) ProtoMessage() {}
+
+func (x *CloseCommandInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseCommandInputRequest.ProtoReflect.Descriptor instead.
+func (*CloseCommandInputRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *CloseCommandInputRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CloseCommandInputRequest) GetCommand() *CommandSelector {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+type CloseCommandInputResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseCommandInputResponse) Reset() {
+	*x = CloseCommandInputResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseCommandInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseCommandInputResponse) ProtoMessage() {}
+
+func (x *CloseCommandInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseCommandInputResponse.ProtoReflect.Descriptor instead.
+func (*CloseCommandInputResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{26}
+}
+
+type SignalCommandRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Command   *CommandSelector       `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// signal is its number: 15 SIGTERM, 9 SIGKILL, 2 SIGINT, ...
+	Signal        int32 `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalCommandRequest) Reset() {
+	*x = SignalCommandRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalCommandRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalCommandRequest) ProtoMessage() {}
+
+func (x *SignalCommandRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalCommandRequest.ProtoReflect.Descriptor instead.
+func (*SignalCommandRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SignalCommandRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SignalCommandRequest) GetCommand() *CommandSelector {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *SignalCommandRequest) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+type SignalCommandResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalCommandResponse) Reset() {
+	*x = SignalCommandResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalCommandResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalCommandResponse) ProtoMessage() {}
+
+func (x *SignalCommandResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalCommandResponse.ProtoReflect.Descriptor instead.
+func (*SignalCommandResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{28}
+}
+
 // SandboxConfig mirrors roche.Config. Fields left out take the secure defaults (image
 // python:3.12-slim, timeout 300 s, memory 512m, 1 CPU, 64 processes, user "auto" (a uid of its own),
 // no network, read-only root, disk 1g); fields given, even as zero or empty, are used as given,
@@ -1010,7 +2248,7 @@ type SandboxConfig struct {
 
 func (x *SandboxConfig) Reset() {
 	*x = SandboxConfig{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +2260,7 @@ func (x *SandboxConfig) String() string {
 func (*SandboxConfig) ProtoMessage() {}
 
 func (x *SandboxConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[11]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +2273,7 @@ func (x *SandboxConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxConfig.ProtoReflect.Descriptor instead.
 func (*SandboxConfig) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SandboxConfig) GetImage() string {
@@ -1169,7 +2407,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +2419,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[12]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +2432,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Mount) GetSource() string {
@@ -1239,7 +2477,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +2489,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[13]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +2502,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1334,7 +2572,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +2584,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[14]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +2597,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CreateRequest) GetProvider() string {
@@ -1387,7 +2625,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +2637,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[15]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +2650,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -1441,14 +2679,19 @@ type ExecRequest struct {
 	// stdin, when present, is the command's whole standard input.
 	Stdin []byte `protobuf:"bytes,6,opt,name=stdin,proto3,oneof" json:"stdin,omitempty"`
 	// output_limit caps each stream's kept bytes; 0 means 10 MiB.
-	OutputLimit   int64 `protobuf:"varint,7,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OutputLimit int64 `protobuf:"varint,7,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
+	// idempotency_key makes the command belong to the sandbox rather than to this call:
+	// when the call's connection drops it keeps running, and a retry with the same key
+	// joins it (its output from the start, its real result) instead of starting it
+	// again. Cancelling the call leaves it running too (SignalCommand stops it).
+	IdempotencyKey string `protobuf:"bytes,8,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +2703,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[16]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +2716,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1525,6 +2768,13 @@ func (x *ExecRequest) GetOutputLimit() int64 {
 	return 0
 }
 
+func (x *ExecRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
 type ExecResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *ExecResult            `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
@@ -1534,7 +2784,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +2796,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[17]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +2809,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExecResponse) GetResult() *ExecResult {
@@ -1571,21 +2821,22 @@ func (x *ExecResponse) GetResult() *ExecResult {
 
 // ExecStreamRequest has ExecRequest's fields.
 type ExecStreamRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Cmd           []string               `protobuf:"bytes,2,rep,name=cmd,proto3" json:"cmd,omitempty"`
-	Env           map[string]string      `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Workdir       string                 `protobuf:"bytes,4,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	TimeoutSecs   float64                `protobuf:"fixed64,5,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
-	Stdin         []byte                 `protobuf:"bytes,6,opt,name=stdin,proto3,oneof" json:"stdin,omitempty"`
-	OutputLimit   int64                  `protobuf:"varint,7,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId      string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Cmd            []string               `protobuf:"bytes,2,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	Env            map[string]string      `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir        string                 `protobuf:"bytes,4,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	TimeoutSecs    float64                `protobuf:"fixed64,5,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
+	Stdin          []byte                 `protobuf:"bytes,6,opt,name=stdin,proto3,oneof" json:"stdin,omitempty"`
+	OutputLimit    int64                  `protobuf:"varint,7,opt,name=output_limit,json=outputLimit,proto3" json:"output_limit,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,8,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +2848,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[18]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +2861,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExecStreamRequest) GetSandboxId() string {
@@ -1662,6 +2913,13 @@ func (x *ExecStreamRequest) GetOutputLimit() int64 {
 	return 0
 }
 
+func (x *ExecStreamRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
 // ExecResult is the outcome of a command. Output is bytes: programs may print anything.
 type ExecResult struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -1679,7 +2937,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +2949,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[19]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +2962,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -1766,7 +3024,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +3036,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[20]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +3049,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -1819,7 +3077,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +3089,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[21]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +3102,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -1868,7 +3126,7 @@ type ExecStreamResponse struct {
 
 func (x *ExecStreamResponse) Reset() {
 	*x = ExecStreamResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +3138,7 @@ func (x *ExecStreamResponse) String() string {
 func (*ExecStreamResponse) ProtoMessage() {}
 
 func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[22]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +3151,7 @@ func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamResponse.ProtoReflect.Descriptor instead.
 func (*ExecStreamResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExecStreamResponse) GetEvent() isExecStreamResponse_Event {
@@ -1964,7 +3222,7 @@ type DestroyRequest struct {
 
 func (x *DestroyRequest) Reset() {
 	*x = DestroyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +3234,7 @@ func (x *DestroyRequest) String() string {
 func (*DestroyRequest) ProtoMessage() {}
 
 func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[23]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +3247,7 @@ func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyRequest.ProtoReflect.Descriptor instead.
 func (*DestroyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DestroyRequest) GetIds() []string {
@@ -2022,7 +3280,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +3292,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[24]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +3305,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *HoldRequest) GetSandboxId() string {
@@ -2065,7 +3323,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +3335,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[25]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +3348,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 type DestroyResponse struct {
@@ -2105,7 +3363,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +3375,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[26]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +3388,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DestroyResponse) GetDestroyed() []string {
@@ -2157,7 +3415,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +3427,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[27]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +3440,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListRequest) GetProvider() string {
@@ -2204,7 +3462,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +3474,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[28]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +3487,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2258,7 +3516,7 @@ type SkippedProvider struct {
 
 func (x *SkippedProvider) Reset() {
 	*x = SkippedProvider{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2270,7 +3528,7 @@ func (x *SkippedProvider) String() string {
 func (*SkippedProvider) ProtoMessage() {}
 
 func (x *SkippedProvider) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[29]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2283,7 +3541,7 @@ func (x *SkippedProvider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SkippedProvider.ProtoReflect.Descriptor instead.
 func (*SkippedProvider) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SkippedProvider) GetProvider() string {
@@ -2316,7 +3574,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +3586,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +3599,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InspectRequest) GetSandboxId() string {
@@ -2360,7 +3618,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2372,7 +3630,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2385,7 +3643,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *InspectResponse) GetSandbox() *Sandbox {
@@ -2404,7 +3662,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2416,7 +3674,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2429,7 +3687,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -2447,7 +3705,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +3717,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +3730,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 type UnpauseRequest struct {
@@ -2484,7 +3742,7 @@ type UnpauseRequest struct {
 
 func (x *UnpauseRequest) Reset() {
 	*x = UnpauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +3754,7 @@ func (x *UnpauseRequest) String() string {
 func (*UnpauseRequest) ProtoMessage() {}
 
 func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +3767,7 @@ func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UnpauseRequest) GetSandboxId() string {
@@ -2527,7 +3785,7 @@ type UnpauseResponse struct {
 
 func (x *UnpauseResponse) Reset() {
 	*x = UnpauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2539,7 +3797,7 @@ func (x *UnpauseResponse) String() string {
 func (*UnpauseResponse) ProtoMessage() {}
 
 func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2552,7 +3810,7 @@ func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 type GcRequest struct {
@@ -2567,7 +3825,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +3837,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +3850,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -2627,7 +3885,7 @@ type GcResponse struct {
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +3897,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +3910,7 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
@@ -2685,7 +3943,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +3955,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +3968,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -2749,7 +4007,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +4019,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +4032,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 type CopyFromRequest struct {
@@ -2795,7 +4053,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +4065,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +4078,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -2863,7 +4121,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2875,7 +4133,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2888,7 +4146,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -2926,7 +4184,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +4196,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +4209,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *FileEntry) GetName() string {
@@ -3051,7 +4309,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +4321,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +4334,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -3111,7 +4369,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +4381,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +4394,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReadFileResponse) GetEntry() *FileEntry {
@@ -3171,7 +4429,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3183,7 +4441,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3196,7 +4454,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -3244,7 +4502,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3256,7 +4514,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +4527,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *WriteFileResponse) GetEntry() *FileEntry {
@@ -3292,7 +4550,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3304,7 +4562,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3317,7 +4575,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3350,7 +4608,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3362,7 +4620,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3375,7 +4633,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileEntry {
@@ -3398,7 +4656,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3410,7 +4668,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3423,7 +4681,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -3457,7 +4715,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3469,7 +4727,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3482,7 +4740,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *StatResponse) GetEntry() *FileEntry {
@@ -3509,7 +4767,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3521,7 +4779,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3534,7 +4792,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3562,7 +4820,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3574,7 +4832,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3587,7 +4845,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *MakeDirResponse) GetEntry() *FileEntry {
@@ -3615,7 +4873,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3627,7 +4885,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3640,7 +4898,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -3674,7 +4932,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3686,7 +4944,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3699,7 +4957,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *RenameResponse) GetEntry() *FileEntry {
@@ -3719,7 +4977,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3731,7 +4989,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3744,7 +5002,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3769,7 +5027,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3781,7 +5039,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3794,7 +5052,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 type FileEvent struct {
@@ -3810,7 +5068,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3822,7 +5080,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3835,7 +5093,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *FileEvent) GetName() string {
@@ -3871,7 +5129,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3883,7 +5141,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3896,7 +5154,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -3928,7 +5186,7 @@ type WatchStarted struct {
 
 func (x *WatchStarted) Reset() {
 	*x = WatchStarted{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3940,7 +5198,7 @@ func (x *WatchStarted) String() string {
 func (*WatchStarted) ProtoMessage() {}
 
 func (x *WatchStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3953,7 +5211,7 @@ func (x *WatchStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStarted.ProtoReflect.Descriptor instead.
 func (*WatchStarted) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 type WatchDirResponse struct {
@@ -3970,7 +5228,7 @@ type WatchDirResponse struct {
 
 func (x *WatchDirResponse) Reset() {
 	*x = WatchDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3982,7 +5240,7 @@ func (x *WatchDirResponse) String() string {
 func (*WatchDirResponse) ProtoMessage() {}
 
 func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3995,7 +5253,7 @@ func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *WatchDirResponse) GetEvent() isWatchDirResponse_Event {
@@ -4065,7 +5323,7 @@ type CreateWatcherRequest struct {
 
 func (x *CreateWatcherRequest) Reset() {
 	*x = CreateWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4077,7 +5335,7 @@ func (x *CreateWatcherRequest) String() string {
 func (*CreateWatcherRequest) ProtoMessage() {}
 
 func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4090,7 +5348,7 @@ func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherRequest.ProtoReflect.Descriptor instead.
 func (*CreateWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *CreateWatcherRequest) GetSandboxId() string {
@@ -4123,7 +5381,7 @@ type CreateWatcherResponse struct {
 
 func (x *CreateWatcherResponse) Reset() {
 	*x = CreateWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4135,7 +5393,7 @@ func (x *CreateWatcherResponse) String() string {
 func (*CreateWatcherResponse) ProtoMessage() {}
 
 func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4148,7 +5406,7 @@ func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherResponse.ProtoReflect.Descriptor instead.
 func (*CreateWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CreateWatcherResponse) GetWatcherId() string {
@@ -4167,7 +5425,7 @@ type GetWatcherEventsRequest struct {
 
 func (x *GetWatcherEventsRequest) Reset() {
 	*x = GetWatcherEventsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4179,7 +5437,7 @@ func (x *GetWatcherEventsRequest) String() string {
 func (*GetWatcherEventsRequest) ProtoMessage() {}
 
 func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4192,7 +5450,7 @@ func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *GetWatcherEventsRequest) GetWatcherId() string {
@@ -4211,7 +5469,7 @@ type GetWatcherEventsResponse struct {
 
 func (x *GetWatcherEventsResponse) Reset() {
 	*x = GetWatcherEventsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +5481,7 @@ func (x *GetWatcherEventsResponse) String() string {
 func (*GetWatcherEventsResponse) ProtoMessage() {}
 
 func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +5494,7 @@ func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *GetWatcherEventsResponse) GetEvents() []*FileEvent {
@@ -4255,7 +5513,7 @@ type RemoveWatcherRequest struct {
 
 func (x *RemoveWatcherRequest) Reset() {
 	*x = RemoveWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4267,7 +5525,7 @@ func (x *RemoveWatcherRequest) String() string {
 func (*RemoveWatcherRequest) ProtoMessage() {}
 
 func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4280,7 +5538,7 @@ func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RemoveWatcherRequest) GetWatcherId() string {
@@ -4298,7 +5556,7 @@ type RemoveWatcherResponse struct {
 
 func (x *RemoveWatcherResponse) Reset() {
 	*x = RemoveWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4310,7 +5568,7 @@ func (x *RemoveWatcherResponse) String() string {
 func (*RemoveWatcherResponse) ProtoMessage() {}
 
 func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4323,7 +5581,7 @@ func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
 }
 
 // Pool describes one warm pool.
@@ -4363,7 +5621,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +5633,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +5646,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Pool) GetKey() string {
@@ -4532,7 +5790,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4544,7 +5802,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4557,7 +5815,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
 }
 
 type PoolStatusResponse struct {
@@ -4569,7 +5827,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4581,7 +5839,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4594,7 +5852,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -4616,7 +5874,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4628,7 +5886,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4641,7 +5899,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -4667,7 +5925,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4679,7 +5937,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4692,7 +5950,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -4712,7 +5970,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4724,7 +5982,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4737,7 +5995,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -4757,7 +6015,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4769,7 +6027,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4782,7 +6040,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -4807,7 +6065,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4819,7 +6077,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4832,7 +6090,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
 }
 
 type ListProvidersResponse struct {
@@ -4844,7 +6102,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4856,7 +6114,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4869,7 +6127,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -4889,7 +6147,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4901,7 +6159,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4914,7 +6172,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -4956,7 +6214,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4968,7 +6226,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4981,7 +6239,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -5079,7 +6337,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5091,7 +6349,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5104,7 +6362,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -5131,7 +6389,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5143,7 +6401,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5156,7 +6414,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -5182,7 +6440,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5194,7 +6452,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5207,7 +6465,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *Workspace) GetName() string {
@@ -5255,7 +6513,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5267,7 +6525,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5280,7 +6538,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -5299,7 +6557,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5311,7 +6569,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5324,7 +6582,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -5346,7 +6604,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5358,7 +6616,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5371,7 +6629,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -5396,7 +6654,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5408,7 +6666,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5421,7 +6679,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -5438,7 +6696,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5450,7 +6708,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5463,7 +6721,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *Snapshot) GetName() string {
@@ -5504,7 +6762,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5516,7 +6774,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5529,7 +6787,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -5555,7 +6813,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5567,7 +6825,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5580,7 +6838,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -5600,7 +6858,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5612,7 +6870,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5625,7 +6883,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -5644,7 +6902,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5656,7 +6914,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5669,7 +6927,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -5691,7 +6949,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5703,7 +6961,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5716,7 +6974,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -5741,7 +6999,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5753,7 +7011,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5766,7 +7024,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -5779,7 +7037,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5791,7 +7049,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5804,7 +7062,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -5833,7 +7091,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5845,7 +7103,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5858,7 +7116,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -5938,7 +7196,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5950,7 +7208,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5963,7 +7221,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *CodeResult) GetText() string {
@@ -6047,7 +7305,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6059,7 +7317,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6072,7 +7330,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *CodeError) GetName() string {
@@ -6116,7 +7374,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6128,7 +7386,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6141,7 +7399,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -6229,7 +7487,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6241,7 +7499,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6254,7 +7512,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -6340,7 +7598,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6352,7 +7610,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6365,7 +7623,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *CodeContext) GetId() string {
@@ -6410,7 +7668,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6422,7 +7680,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6435,7 +7693,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -6475,7 +7733,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6487,7 +7745,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6500,7 +7758,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -6519,7 +7777,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6531,7 +7789,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6544,7 +7802,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -6563,7 +7821,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6575,7 +7833,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6588,7 +7846,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -6608,7 +7866,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6620,7 +7878,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6633,7 +7891,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -6658,7 +7916,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6670,7 +7928,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6683,7 +7941,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
 }
 
 type RemoveContextRequest struct {
@@ -6696,7 +7954,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6708,7 +7966,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6721,7 +7979,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -6746,7 +8004,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6758,7 +8016,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6771,7 +8029,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
 }
 
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
@@ -6822,7 +8080,103 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\"\x11\n" +
-	"\x0fKillPtyResponse\"\xc2\x05\n" +
+	"\x0fKillPtyResponse\"E\n" +
+	"\x0fCommandSelector\x12\x12\n" +
+	"\x03pid\x18\x01 \x01(\rH\x00R\x03pid\x12\x12\n" +
+	"\x03tag\x18\x02 \x01(\tH\x00R\x03tagB\n" +
+	"\n" +
+	"\bselector\"\xde\x02\n" +
+	"\x13StartCommandRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03cmd\x18\x02 \x03(\tR\x03cmd\x128\n" +
+	"\x03env\x18\x03 \x03(\v2&.roche.v1.StartCommandRequest.EnvEntryR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x04 \x01(\tR\aworkdir\x12!\n" +
+	"\ftimeout_secs\x18\x05 \x01(\x01R\vtimeoutSecs\x12\x10\n" +
+	"\x03tag\x18\x06 \x01(\tR\x03tag\x12\x14\n" +
+	"\x05stdin\x18\a \x01(\bR\x05stdin\x12\x16\n" +
+	"\x06window\x18\b \x01(\x03R\x06window\x12'\n" +
+	"\x0fidempotency_key\x18\t \x01(\tR\x0eidempotencyKey\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"C\n" +
+	"\x14StartCommandResponse\x12+\n" +
+	"\acommand\x18\x01 \x01(\v2\x11.roche.v1.CommandR\acommand\"@\n" +
+	"\x0eCommandOffsets\x12\x16\n" +
+	"\x06stdout\x18\x01 \x01(\x03R\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x02 \x01(\x03R\x06stderr\"\xce\x01\n" +
+	"\n" +
+	"CommandEnd\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x11R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\x05R\x06signal\x12\x1b\n" +
+	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x04 \x01(\bR\toomKilled\x125\n" +
+	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x18\n" +
+	"\aunknown\x18\x06 \x01(\tR\aunknown\"\xfc\x03\n" +
+	"\aCommand\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x10\n" +
+	"\x03cmd\x18\x03 \x03(\tR\x03cmd\x12,\n" +
+	"\x03env\x18\x04 \x03(\v2\x1a.roche.v1.Command.EnvEntryR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x05 \x01(\tR\aworkdir\x12\x10\n" +
+	"\x03tty\x18\x06 \x01(\bR\x03tty\x12\x14\n" +
+	"\x05stdin\x18\a \x01(\bR\x05stdin\x12\x18\n" +
+	"\arunning\x18\b \x01(\bR\arunning\x129\n" +
+	"\n" +
+	"started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x16\n" +
+	"\x06window\x18\n" +
+	" \x01(\x03R\x06window\x12.\n" +
+	"\x05first\x18\v \x01(\v2\x18.roche.v1.CommandOffsetsR\x05first\x122\n" +
+	"\awritten\x18\f \x01(\v2\x18.roche.v1.CommandOffsetsR\awritten\x12&\n" +
+	"\x03end\x18\r \x01(\v2\x14.roche.v1.CommandEndR\x03end\x12\x1a\n" +
+	"\bexisting\x18\x0e \x01(\bR\bexisting\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
+	"\x15ConnectCommandRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x123\n" +
+	"\acommand\x18\x02 \x01(\v2\x19.roche.v1.CommandSelectorR\acommand\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"|\n" +
+	"\fCommandStart\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"i\n" +
+	"\vCommandData\x12.\n" +
+	"\x06stream\x18\x01 \x01(\x0e2\x16.roche.v1.OutputStreamR\x06stream\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\xdd\x01\n" +
+	"\x16ConnectCommandResponse\x12.\n" +
+	"\x05start\x18\x01 \x01(\v2\x16.roche.v1.CommandStartH\x00R\x05start\x12+\n" +
+	"\x04data\x18\x02 \x01(\v2\x15.roche.v1.CommandDataH\x00R\x04data\x123\n" +
+	"\theartbeat\x18\x03 \x01(\v2\x13.roche.v1.HeartbeatH\x00R\theartbeat\x12(\n" +
+	"\x03end\x18\x04 \x01(\v2\x14.roche.v1.CommandEndH\x00R\x03endB\a\n" +
+	"\x05event\"4\n" +
+	"\x13ListCommandsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"E\n" +
+	"\x14ListCommandsResponse\x12-\n" +
+	"\bcommands\x18\x01 \x03(\v2\x11.roche.v1.CommandR\bcommands\"\x81\x01\n" +
+	"\x17SendCommandInputRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x123\n" +
+	"\acommand\x18\x02 \x01(\v2\x19.roche.v1.CommandSelectorR\acommand\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\x1a\n" +
+	"\x18SendCommandInputResponse\"n\n" +
+	"\x18CloseCommandInputRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x123\n" +
+	"\acommand\x18\x02 \x01(\v2\x19.roche.v1.CommandSelectorR\acommand\"\x1b\n" +
+	"\x19CloseCommandInputResponse\"\x82\x01\n" +
+	"\x14SignalCommandRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x123\n" +
+	"\acommand\x18\x02 \x01(\v2\x19.roche.v1.CommandSelectorR\acommand\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\x05R\x06signal\"\x17\n" +
+	"\x15SignalCommandResponse\"\xc2\x05\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -6874,7 +8228,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\"U\n" +
 	"\x0eCreateResponse\x12+\n" +
 	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\x12\x16\n" +
-	"\x06pooled\x18\x02 \x01(\bR\x06pooled\"\xad\x02\n" +
+	"\x06pooled\x18\x02 \x01(\bR\x06pooled\"\xd6\x02\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
@@ -6883,13 +8237,14 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\aworkdir\x18\x04 \x01(\tR\aworkdir\x12!\n" +
 	"\ftimeout_secs\x18\x05 \x01(\x01R\vtimeoutSecs\x12\x19\n" +
 	"\x05stdin\x18\x06 \x01(\fH\x00R\x05stdin\x88\x01\x01\x12!\n" +
-	"\foutput_limit\x18\a \x01(\x03R\voutputLimit\x1a6\n" +
+	"\foutput_limit\x18\a \x01(\x03R\voutputLimit\x12'\n" +
+	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
 	"\x06_stdin\"<\n" +
 	"\fExecResponse\x12,\n" +
-	"\x06result\x18\x01 \x01(\v2\x14.roche.v1.ExecResultR\x06result\"\xb9\x02\n" +
+	"\x06result\x18\x01 \x01(\v2\x14.roche.v1.ExecResultR\x06result\"\xe2\x02\n" +
 	"\x11ExecStreamRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
@@ -6898,7 +8253,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\aworkdir\x18\x04 \x01(\tR\aworkdir\x12!\n" +
 	"\ftimeout_secs\x18\x05 \x01(\x01R\vtimeoutSecs\x12\x19\n" +
 	"\x05stdin\x18\x06 \x01(\fH\x00R\x05stdin\x88\x01\x01\x12!\n" +
-	"\foutput_limit\x18\a \x01(\x03R\voutputLimit\x1a6\n" +
+	"\foutput_limit\x18\a \x01(\x03R\voutputLimit\x12'\n" +
+	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
@@ -7286,7 +8642,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x16FILE_EVENT_TYPE_REMOVE\x10\x03\x12\x1a\n" +
 	"\x16FILE_EVENT_TYPE_RENAME\x10\x04\x12\x19\n" +
 	"\x15FILE_EVENT_TYPE_CHMOD\x10\x05\x12\x1c\n" +
-	"\x18FILE_EVENT_TYPE_OVERFLOW\x10\x06*\xd3\x02\n" +
+	"\x18FILE_EVENT_TYPE_OVERFLOW\x10\x06*\xf1\x02\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_NOT_FOUND\x10\x01\x12\x1f\n" +
@@ -7299,7 +8655,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x17ERROR_REASON_PERMISSION\x10\b\x12\x17\n" +
 	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
 	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
-	"2\xed\x17\n" +
+	"\x12\x1c\n" +
+	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xed\x1b\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -7347,7 +8704,13 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"ConnectPty\x12\x1b.roche.v1.ConnectPtyRequest\x1a\x1c.roche.v1.ConnectPtyResponse0\x01\x12M\n" +
 	"\fSendPtyInput\x12\x1d.roche.v1.SendPtyInputRequest\x1a\x1e.roche.v1.SendPtyInputResponse\x12D\n" +
 	"\tResizePty\x12\x1a.roche.v1.ResizePtyRequest\x1a\x1b.roche.v1.ResizePtyResponse\x12>\n" +
-	"\aKillPty\x12\x18.roche.v1.KillPtyRequest\x1a\x19.roche.v1.KillPtyResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
+	"\aKillPty\x12\x18.roche.v1.KillPtyRequest\x1a\x19.roche.v1.KillPtyResponse\x12M\n" +
+	"\fStartCommand\x12\x1d.roche.v1.StartCommandRequest\x1a\x1e.roche.v1.StartCommandResponse\x12U\n" +
+	"\x0eConnectCommand\x12\x1f.roche.v1.ConnectCommandRequest\x1a .roche.v1.ConnectCommandResponse0\x01\x12M\n" +
+	"\fListCommands\x12\x1d.roche.v1.ListCommandsRequest\x1a\x1e.roche.v1.ListCommandsResponse\x12Y\n" +
+	"\x10SendCommandInput\x12!.roche.v1.SendCommandInputRequest\x1a\".roche.v1.SendCommandInputResponse\x12\\\n" +
+	"\x11CloseCommandInput\x12\".roche.v1.CloseCommandInputRequest\x1a#.roche.v1.CloseCommandInputResponse\x12P\n" +
+	"\rSignalCommand\x12\x1e.roche.v1.SignalCommandRequest\x1a\x1f.roche.v1.SignalCommandResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
 
 var (
 	file_roche_v1_sandbox_proto_rawDescOnce sync.Once
@@ -7362,286 +8725,336 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 133)
 var file_roche_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),                // 0: roche.v1.SandboxState
-	(OutputStream)(0),                // 1: roche.v1.OutputStream
-	(FileType)(0),                    // 2: roche.v1.FileType
-	(FileEventType)(0),               // 3: roche.v1.FileEventType
-	(ErrorReason)(0),                 // 4: roche.v1.ErrorReason
-	(*PtySize)(nil),                  // 5: roche.v1.PtySize
-	(*CreatePtyRequest)(nil),         // 6: roche.v1.CreatePtyRequest
-	(*CreatePtyResponse)(nil),        // 7: roche.v1.CreatePtyResponse
-	(*ConnectPtyRequest)(nil),        // 8: roche.v1.ConnectPtyRequest
-	(*ConnectPtyResponse)(nil),       // 9: roche.v1.ConnectPtyResponse
-	(*SendPtyInputRequest)(nil),      // 10: roche.v1.SendPtyInputRequest
-	(*SendPtyInputResponse)(nil),     // 11: roche.v1.SendPtyInputResponse
-	(*ResizePtyRequest)(nil),         // 12: roche.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),        // 13: roche.v1.ResizePtyResponse
-	(*KillPtyRequest)(nil),           // 14: roche.v1.KillPtyRequest
-	(*KillPtyResponse)(nil),          // 15: roche.v1.KillPtyResponse
-	(*SandboxConfig)(nil),            // 16: roche.v1.SandboxConfig
-	(*Mount)(nil),                    // 17: roche.v1.Mount
-	(*Sandbox)(nil),                  // 18: roche.v1.Sandbox
-	(*CreateRequest)(nil),            // 19: roche.v1.CreateRequest
-	(*CreateResponse)(nil),           // 20: roche.v1.CreateResponse
-	(*ExecRequest)(nil),              // 21: roche.v1.ExecRequest
-	(*ExecResponse)(nil),             // 22: roche.v1.ExecResponse
-	(*ExecStreamRequest)(nil),        // 23: roche.v1.ExecStreamRequest
-	(*ExecResult)(nil),               // 24: roche.v1.ExecResult
-	(*OutputChunk)(nil),              // 25: roche.v1.OutputChunk
-	(*Heartbeat)(nil),                // 26: roche.v1.Heartbeat
-	(*ExecStreamResponse)(nil),       // 27: roche.v1.ExecStreamResponse
-	(*DestroyRequest)(nil),           // 28: roche.v1.DestroyRequest
-	(*HoldRequest)(nil),              // 29: roche.v1.HoldRequest
-	(*HoldResponse)(nil),             // 30: roche.v1.HoldResponse
-	(*DestroyResponse)(nil),          // 31: roche.v1.DestroyResponse
-	(*ListRequest)(nil),              // 32: roche.v1.ListRequest
-	(*ListResponse)(nil),             // 33: roche.v1.ListResponse
-	(*SkippedProvider)(nil),          // 34: roche.v1.SkippedProvider
-	(*InspectRequest)(nil),           // 35: roche.v1.InspectRequest
-	(*InspectResponse)(nil),          // 36: roche.v1.InspectResponse
-	(*PauseRequest)(nil),             // 37: roche.v1.PauseRequest
-	(*PauseResponse)(nil),            // 38: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),           // 39: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),          // 40: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),                // 41: roche.v1.GcRequest
-	(*GcResponse)(nil),               // 42: roche.v1.GcResponse
-	(*CopyToRequest)(nil),            // 43: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),           // 44: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),          // 45: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),         // 46: roche.v1.CopyFromResponse
-	(*FileEntry)(nil),                // 47: roche.v1.FileEntry
-	(*ReadFileRequest)(nil),          // 48: roche.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 49: roche.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 50: roche.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 51: roche.v1.WriteFileResponse
-	(*ListDirRequest)(nil),           // 52: roche.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 53: roche.v1.ListDirResponse
-	(*StatRequest)(nil),              // 54: roche.v1.StatRequest
-	(*StatResponse)(nil),             // 55: roche.v1.StatResponse
-	(*MakeDirRequest)(nil),           // 56: roche.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 57: roche.v1.MakeDirResponse
-	(*RenameRequest)(nil),            // 58: roche.v1.RenameRequest
-	(*RenameResponse)(nil),           // 59: roche.v1.RenameResponse
-	(*RemoveRequest)(nil),            // 60: roche.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 61: roche.v1.RemoveResponse
-	(*FileEvent)(nil),                // 62: roche.v1.FileEvent
-	(*WatchDirRequest)(nil),          // 63: roche.v1.WatchDirRequest
-	(*WatchStarted)(nil),             // 64: roche.v1.WatchStarted
-	(*WatchDirResponse)(nil),         // 65: roche.v1.WatchDirResponse
-	(*CreateWatcherRequest)(nil),     // 66: roche.v1.CreateWatcherRequest
-	(*CreateWatcherResponse)(nil),    // 67: roche.v1.CreateWatcherResponse
-	(*GetWatcherEventsRequest)(nil),  // 68: roche.v1.GetWatcherEventsRequest
-	(*GetWatcherEventsResponse)(nil), // 69: roche.v1.GetWatcherEventsResponse
-	(*RemoveWatcherRequest)(nil),     // 70: roche.v1.RemoveWatcherRequest
-	(*RemoveWatcherResponse)(nil),    // 71: roche.v1.RemoveWatcherResponse
-	(*Pool)(nil),                     // 72: roche.v1.Pool
-	(*PoolStatusRequest)(nil),        // 73: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),       // 74: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),        // 75: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),       // 76: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),         // 77: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),        // 78: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),     // 79: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),    // 80: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),             // 81: roche.v1.ProviderInfo
-	(*Capabilities)(nil),             // 82: roche.v1.Capabilities
-	(*ResetRequest)(nil),             // 83: roche.v1.ResetRequest
-	(*ResetResponse)(nil),            // 84: roche.v1.ResetResponse
-	(*Workspace)(nil),                // 85: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),    // 86: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),   // 87: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),   // 88: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil),  // 89: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                 // 90: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),    // 91: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),   // 92: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),     // 93: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 94: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),    // 95: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),   // 96: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),              // 97: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),           // 98: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),               // 99: roche.v1.CodeResult
-	(*CodeError)(nil),                // 100: roche.v1.CodeError
-	(*CodeExecution)(nil),            // 101: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),          // 102: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),              // 103: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),     // 104: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),    // 105: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),      // 106: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),     // 107: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),    // 108: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),   // 109: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),     // 110: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),    // 111: roche.v1.RemoveContextResponse
-	nil,                              // 112: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                              // 113: roche.v1.SandboxConfig.EnvEntry
-	nil,                              // 114: roche.v1.ExecRequest.EnvEntry
-	nil,                              // 115: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                              // 116: roche.v1.RunCodeRequest.EnvEntry
-	nil,                              // 117: roche.v1.CreateContextRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),    // 118: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 119: google.protobuf.Duration
+	(SandboxState)(0),                 // 0: roche.v1.SandboxState
+	(OutputStream)(0),                 // 1: roche.v1.OutputStream
+	(FileType)(0),                     // 2: roche.v1.FileType
+	(FileEventType)(0),                // 3: roche.v1.FileEventType
+	(ErrorReason)(0),                  // 4: roche.v1.ErrorReason
+	(*PtySize)(nil),                   // 5: roche.v1.PtySize
+	(*CreatePtyRequest)(nil),          // 6: roche.v1.CreatePtyRequest
+	(*CreatePtyResponse)(nil),         // 7: roche.v1.CreatePtyResponse
+	(*ConnectPtyRequest)(nil),         // 8: roche.v1.ConnectPtyRequest
+	(*ConnectPtyResponse)(nil),        // 9: roche.v1.ConnectPtyResponse
+	(*SendPtyInputRequest)(nil),       // 10: roche.v1.SendPtyInputRequest
+	(*SendPtyInputResponse)(nil),      // 11: roche.v1.SendPtyInputResponse
+	(*ResizePtyRequest)(nil),          // 12: roche.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),         // 13: roche.v1.ResizePtyResponse
+	(*KillPtyRequest)(nil),            // 14: roche.v1.KillPtyRequest
+	(*KillPtyResponse)(nil),           // 15: roche.v1.KillPtyResponse
+	(*CommandSelector)(nil),           // 16: roche.v1.CommandSelector
+	(*StartCommandRequest)(nil),       // 17: roche.v1.StartCommandRequest
+	(*StartCommandResponse)(nil),      // 18: roche.v1.StartCommandResponse
+	(*CommandOffsets)(nil),            // 19: roche.v1.CommandOffsets
+	(*CommandEnd)(nil),                // 20: roche.v1.CommandEnd
+	(*Command)(nil),                   // 21: roche.v1.Command
+	(*ConnectCommandRequest)(nil),     // 22: roche.v1.ConnectCommandRequest
+	(*CommandStart)(nil),              // 23: roche.v1.CommandStart
+	(*CommandData)(nil),               // 24: roche.v1.CommandData
+	(*ConnectCommandResponse)(nil),    // 25: roche.v1.ConnectCommandResponse
+	(*ListCommandsRequest)(nil),       // 26: roche.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),      // 27: roche.v1.ListCommandsResponse
+	(*SendCommandInputRequest)(nil),   // 28: roche.v1.SendCommandInputRequest
+	(*SendCommandInputResponse)(nil),  // 29: roche.v1.SendCommandInputResponse
+	(*CloseCommandInputRequest)(nil),  // 30: roche.v1.CloseCommandInputRequest
+	(*CloseCommandInputResponse)(nil), // 31: roche.v1.CloseCommandInputResponse
+	(*SignalCommandRequest)(nil),      // 32: roche.v1.SignalCommandRequest
+	(*SignalCommandResponse)(nil),     // 33: roche.v1.SignalCommandResponse
+	(*SandboxConfig)(nil),             // 34: roche.v1.SandboxConfig
+	(*Mount)(nil),                     // 35: roche.v1.Mount
+	(*Sandbox)(nil),                   // 36: roche.v1.Sandbox
+	(*CreateRequest)(nil),             // 37: roche.v1.CreateRequest
+	(*CreateResponse)(nil),            // 38: roche.v1.CreateResponse
+	(*ExecRequest)(nil),               // 39: roche.v1.ExecRequest
+	(*ExecResponse)(nil),              // 40: roche.v1.ExecResponse
+	(*ExecStreamRequest)(nil),         // 41: roche.v1.ExecStreamRequest
+	(*ExecResult)(nil),                // 42: roche.v1.ExecResult
+	(*OutputChunk)(nil),               // 43: roche.v1.OutputChunk
+	(*Heartbeat)(nil),                 // 44: roche.v1.Heartbeat
+	(*ExecStreamResponse)(nil),        // 45: roche.v1.ExecStreamResponse
+	(*DestroyRequest)(nil),            // 46: roche.v1.DestroyRequest
+	(*HoldRequest)(nil),               // 47: roche.v1.HoldRequest
+	(*HoldResponse)(nil),              // 48: roche.v1.HoldResponse
+	(*DestroyResponse)(nil),           // 49: roche.v1.DestroyResponse
+	(*ListRequest)(nil),               // 50: roche.v1.ListRequest
+	(*ListResponse)(nil),              // 51: roche.v1.ListResponse
+	(*SkippedProvider)(nil),           // 52: roche.v1.SkippedProvider
+	(*InspectRequest)(nil),            // 53: roche.v1.InspectRequest
+	(*InspectResponse)(nil),           // 54: roche.v1.InspectResponse
+	(*PauseRequest)(nil),              // 55: roche.v1.PauseRequest
+	(*PauseResponse)(nil),             // 56: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),            // 57: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),           // 58: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),                 // 59: roche.v1.GcRequest
+	(*GcResponse)(nil),                // 60: roche.v1.GcResponse
+	(*CopyToRequest)(nil),             // 61: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),            // 62: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),           // 63: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),          // 64: roche.v1.CopyFromResponse
+	(*FileEntry)(nil),                 // 65: roche.v1.FileEntry
+	(*ReadFileRequest)(nil),           // 66: roche.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 67: roche.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 68: roche.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 69: roche.v1.WriteFileResponse
+	(*ListDirRequest)(nil),            // 70: roche.v1.ListDirRequest
+	(*ListDirResponse)(nil),           // 71: roche.v1.ListDirResponse
+	(*StatRequest)(nil),               // 72: roche.v1.StatRequest
+	(*StatResponse)(nil),              // 73: roche.v1.StatResponse
+	(*MakeDirRequest)(nil),            // 74: roche.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 75: roche.v1.MakeDirResponse
+	(*RenameRequest)(nil),             // 76: roche.v1.RenameRequest
+	(*RenameResponse)(nil),            // 77: roche.v1.RenameResponse
+	(*RemoveRequest)(nil),             // 78: roche.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 79: roche.v1.RemoveResponse
+	(*FileEvent)(nil),                 // 80: roche.v1.FileEvent
+	(*WatchDirRequest)(nil),           // 81: roche.v1.WatchDirRequest
+	(*WatchStarted)(nil),              // 82: roche.v1.WatchStarted
+	(*WatchDirResponse)(nil),          // 83: roche.v1.WatchDirResponse
+	(*CreateWatcherRequest)(nil),      // 84: roche.v1.CreateWatcherRequest
+	(*CreateWatcherResponse)(nil),     // 85: roche.v1.CreateWatcherResponse
+	(*GetWatcherEventsRequest)(nil),   // 86: roche.v1.GetWatcherEventsRequest
+	(*GetWatcherEventsResponse)(nil),  // 87: roche.v1.GetWatcherEventsResponse
+	(*RemoveWatcherRequest)(nil),      // 88: roche.v1.RemoveWatcherRequest
+	(*RemoveWatcherResponse)(nil),     // 89: roche.v1.RemoveWatcherResponse
+	(*Pool)(nil),                      // 90: roche.v1.Pool
+	(*PoolStatusRequest)(nil),         // 91: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),        // 92: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),         // 93: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),        // 94: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),          // 95: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),         // 96: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),      // 97: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),     // 98: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),              // 99: roche.v1.ProviderInfo
+	(*Capabilities)(nil),              // 100: roche.v1.Capabilities
+	(*ResetRequest)(nil),              // 101: roche.v1.ResetRequest
+	(*ResetResponse)(nil),             // 102: roche.v1.ResetResponse
+	(*Workspace)(nil),                 // 103: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),     // 104: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 105: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),    // 106: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil),   // 107: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                  // 108: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),     // 109: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),    // 110: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),      // 111: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 112: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),     // 113: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),    // 114: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),               // 115: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),            // 116: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),                // 117: roche.v1.CodeResult
+	(*CodeError)(nil),                 // 118: roche.v1.CodeError
+	(*CodeExecution)(nil),             // 119: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),           // 120: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),               // 121: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),      // 122: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),     // 123: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),       // 124: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),      // 125: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),     // 126: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),    // 127: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),      // 128: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),     // 129: roche.v1.RemoveContextResponse
+	nil,                               // 130: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 131: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 132: roche.v1.Command.EnvEntry
+	nil,                               // 133: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 134: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 135: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 136: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 137: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 138: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 139: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	112, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	130, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	5,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
-	26,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	24,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
+	44,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	42,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	5,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	113, // 5: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
-	17,  // 6: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	0,   // 7: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	118, // 8: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	118, // 9: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	16,  // 10: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
-	18,  // 11: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	114, // 12: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
-	24,  // 13: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	115, // 14: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	119, // 15: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	1,   // 16: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	118, // 17: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	25,  // 18: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
-	26,  // 19: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	24,  // 20: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	34,  // 21: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	18,  // 22: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	34,  // 23: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
-	4,   // 24: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
-	18,  // 25: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	18,  // 26: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	34,  // 27: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
-	2,   // 28: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	118, // 29: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
-	47,  // 30: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
-	47,  // 31: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
-	47,  // 32: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
-	47,  // 33: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
-	47,  // 34: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
-	47,  // 35: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
-	3,   // 36: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
-	64,  // 37: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
-	62,  // 38: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
-	26,  // 39: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	62,  // 40: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	119, // 41: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	72,  // 42: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	72,  // 43: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	72,  // 44: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	81,  // 45: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	82,  // 46: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	18,  // 47: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	118, // 48: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	85,  // 49: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	118, // 50: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	90,  // 51: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	90,  // 52: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	4,   // 53: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	116, // 54: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	99,  // 55: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	100, // 56: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	119, // 57: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	25,  // 58: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	26,  // 59: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	99,  // 60: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	101, // 61: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	117, // 62: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	103, // 63: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	103, // 64: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	19,  // 65: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	21,  // 66: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	23,  // 67: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	28,  // 68: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	29,  // 69: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	32,  // 70: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	35,  // 71: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	37,  // 72: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	39,  // 73: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	41,  // 74: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	43,  // 75: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	45,  // 76: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	48,  // 77: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	50,  // 78: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	52,  // 79: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	54,  // 80: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	56,  // 81: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	58,  // 82: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	60,  // 83: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	63,  // 84: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	66,  // 85: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	68,  // 86: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	70,  // 87: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	73,  // 88: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	75,  // 89: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	77,  // 90: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	79,  // 91: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	83,  // 92: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	86,  // 93: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	88,  // 94: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	91,  // 95: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	93,  // 96: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	95,  // 97: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	98,  // 98: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	104, // 99: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	106, // 100: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	108, // 101: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	110, // 102: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	6,   // 103: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	8,   // 104: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	10,  // 105: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	12,  // 106: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	14,  // 107: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	20,  // 108: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	22,  // 109: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	27,  // 110: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	31,  // 111: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	30,  // 112: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	33,  // 113: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	36,  // 114: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	38,  // 115: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	40,  // 116: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	42,  // 117: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	44,  // 118: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	46,  // 119: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	49,  // 120: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	51,  // 121: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	53,  // 122: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	55,  // 123: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	57,  // 124: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	59,  // 125: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	61,  // 126: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	65,  // 127: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	67,  // 128: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	69,  // 129: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	71,  // 130: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	74,  // 131: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	76,  // 132: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	78,  // 133: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	80,  // 134: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	84,  // 135: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	87,  // 136: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	89,  // 137: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	92,  // 138: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	94,  // 139: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	96,  // 140: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	102, // 141: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	105, // 142: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	107, // 143: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	109, // 144: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	111, // 145: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	7,   // 146: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	9,   // 147: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	11,  // 148: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	13,  // 149: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	15,  // 150: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	108, // [108:151] is the sub-list for method output_type
-	65,  // [65:108] is the sub-list for method input_type
-	65,  // [65:65] is the sub-list for extension type_name
-	65,  // [65:65] is the sub-list for extension extendee
-	0,   // [0:65] is the sub-list for field type_name
+	131, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	21,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
+	138, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	132, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	139, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	19,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
+	19,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
+	20,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
+	16,  // 13: roche.v1.ConnectCommandRequest.command:type_name -> roche.v1.CommandSelector
+	1,   // 14: roche.v1.CommandData.stream:type_name -> roche.v1.OutputStream
+	23,  // 15: roche.v1.ConnectCommandResponse.start:type_name -> roche.v1.CommandStart
+	24,  // 16: roche.v1.ConnectCommandResponse.data:type_name -> roche.v1.CommandData
+	44,  // 17: roche.v1.ConnectCommandResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	20,  // 18: roche.v1.ConnectCommandResponse.end:type_name -> roche.v1.CommandEnd
+	21,  // 19: roche.v1.ListCommandsResponse.commands:type_name -> roche.v1.Command
+	16,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
+	16,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
+	16,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
+	133, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	35,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
+	0,   // 25: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
+	139, // 26: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	139, // 27: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	34,  // 28: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
+	36,  // 29: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
+	134, // 30: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	42,  // 31: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
+	135, // 32: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	138, // 33: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	1,   // 34: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
+	139, // 35: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	43,  // 36: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
+	44,  // 37: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	42,  // 38: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
+	52,  // 39: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
+	36,  // 40: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	52,  // 41: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
+	4,   // 42: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
+	36,  // 43: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	36,  // 44: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	52,  // 45: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	2,   // 46: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
+	139, // 47: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	65,  // 48: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
+	65,  // 49: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
+	65,  // 50: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
+	65,  // 51: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
+	65,  // 52: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
+	65,  // 53: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
+	3,   // 54: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
+	82,  // 55: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
+	80,  // 56: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
+	44,  // 57: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	80,  // 58: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
+	138, // 59: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	90,  // 60: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	90,  // 61: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	90,  // 62: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	99,  // 63: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	100, // 64: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	36,  // 65: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	139, // 66: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	103, // 67: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	139, // 68: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	108, // 69: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	108, // 70: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	4,   // 71: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	136, // 72: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	117, // 73: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	118, // 74: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	138, // 75: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	43,  // 76: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	44,  // 77: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	117, // 78: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	119, // 79: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	137, // 80: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	121, // 81: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	121, // 82: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	37,  // 83: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	39,  // 84: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	41,  // 85: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	46,  // 86: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	47,  // 87: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	50,  // 88: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	53,  // 89: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	55,  // 90: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	57,  // 91: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	59,  // 92: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	61,  // 93: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	63,  // 94: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	66,  // 95: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	68,  // 96: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	70,  // 97: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	72,  // 98: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	74,  // 99: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	76,  // 100: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	78,  // 101: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	81,  // 102: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	84,  // 103: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	86,  // 104: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	88,  // 105: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	91,  // 106: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	93,  // 107: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	95,  // 108: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	97,  // 109: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	101, // 110: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	104, // 111: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	106, // 112: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	109, // 113: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	111, // 114: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	113, // 115: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	116, // 116: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	122, // 117: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	124, // 118: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	126, // 119: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	128, // 120: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	6,   // 121: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	8,   // 122: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	10,  // 123: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	12,  // 124: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	14,  // 125: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	17,  // 126: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	22,  // 127: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	26,  // 128: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	28,  // 129: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	30,  // 130: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	32,  // 131: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	38,  // 132: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	40,  // 133: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	45,  // 134: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	49,  // 135: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	48,  // 136: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	51,  // 137: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	54,  // 138: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	56,  // 139: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	58,  // 140: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	60,  // 141: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	62,  // 142: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	64,  // 143: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	67,  // 144: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	69,  // 145: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	71,  // 146: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	73,  // 147: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	75,  // 148: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	77,  // 149: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	79,  // 150: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	83,  // 151: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	85,  // 152: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	87,  // 153: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	89,  // 154: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	92,  // 155: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	94,  // 156: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	96,  // 157: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	98,  // 158: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	102, // 159: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	105, // 160: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	107, // 161: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	110, // 162: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	112, // 163: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	114, // 164: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	120, // 165: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	123, // 166: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	125, // 167: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	127, // 168: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	129, // 169: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	7,   // 170: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	9,   // 171: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	11,  // 172: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	13,  // 173: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	15,  // 174: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	18,  // 175: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	25,  // 176: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	27,  // 177: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	29,  // 178: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	31,  // 179: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	33,  // 180: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	132, // [132:181] is the sub-list for method output_type
+	83,  // [83:132] is the sub-list for method input_type
+	83,  // [83:83] is the sub-list for extension type_name
+	83,  // [83:83] is the sub-list for extension extendee
+	0,   // [0:83] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -7654,20 +9067,30 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ConnectPtyResponse_Heartbeat)(nil),
 		(*ConnectPtyResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[11].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[16].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[18].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[22].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[11].OneofWrappers = []any{
+		(*CommandSelector_Pid)(nil),
+		(*CommandSelector_Tag)(nil),
+	}
+	file_roche_v1_sandbox_proto_msgTypes[20].OneofWrappers = []any{
+		(*ConnectCommandResponse_Start)(nil),
+		(*ConnectCommandResponse_Data)(nil),
+		(*ConnectCommandResponse_Heartbeat)(nil),
+		(*ConnectCommandResponse_End)(nil),
+	}
+	file_roche_v1_sandbox_proto_msgTypes[29].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[36].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[40].OneofWrappers = []any{
 		(*ExecStreamResponse_Output)(nil),
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[60].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[78].OneofWrappers = []any{
 		(*WatchDirResponse_Started)(nil),
 		(*WatchDirResponse_File)(nil),
 		(*WatchDirResponse_Heartbeat)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[97].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[115].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -7679,7 +9102,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   113,
+			NumMessages:   133,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

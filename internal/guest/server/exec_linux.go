@@ -429,9 +429,13 @@ func (s *Server) exec(c *conn, req guest.Request) error {
 		}
 	}
 	durable := req.Background || req.Key != ""
-	if durable && s.runningDurable() >= guest.MaxDurable {
+	bound := guest.MaxDurable
+	if req.MaxDurable > 0 {
+		bound = min(bound, req.MaxDurable)
+	}
+	if durable && s.runningDurable() >= bound {
 		return &guest.Error{Code: guest.CodeExhausted, Message: fmt.Sprintf(
-			"%d commands are running in the background in this sandbox, the most it runs at once: wait for one to end, or kill one", guest.MaxDurable)}
+			"%d commands are running in the background in this sandbox, the most allowed at once: wait for one to end, or kill one", bound)}
 	}
 	env := mergeEnv(s.baseEnv, req.Env)
 	p := &proc{

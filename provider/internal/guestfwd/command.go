@@ -25,7 +25,7 @@ func (f Forwarder) StartCommand(ctx context.Context, id string, req roche.Comman
 	}
 	r := t.request(roche.ExecRequest{Cmd: req.Cmd, Env: req.Env, Workdir: req.Workdir, IdempotencyKey: req.IdempotencyKey},
 		t.timeout(roche.ExecRequest{Timeout: req.Timeout}))
-	r.Tag, r.Stdin, r.Window = req.Tag, req.Stdin, req.Window
+	r.Tag, r.Stdin, r.Window, r.MaxDurable = req.Tag, req.Stdin, req.Window, req.MaxRunning
 	st, err := t.Agent.Start(ctx, r)
 	if err != nil {
 		return roche.Command{}, t.fail(err)

@@ -54,6 +54,7 @@ const REASONS: Record<number, string> = {
   [ErrorReason.PERMISSION]: "permission_denied",
   [ErrorReason.IN_USE]: "in_use",
   [ErrorReason.NOT_CONFIGURED]: "unavailable", // a provider not set up here
+  [ErrorReason.OUTPUT_GONE]: "output_gone",
 };
 
 const CODE_REASONS: Partial<Record<Code, string>> = {
@@ -64,6 +65,7 @@ const CODE_REASONS: Partial<Record<Code, string>> = {
   [Code.Unimplemented]: "unsupported",
   [Code.ResourceExhausted]: "exhausted",
   [Code.PermissionDenied]: "permission_denied",
+  [Code.OutOfRange]: "output_gone",
 };
 
 function nodeErrorCode(e: unknown): string | undefined {

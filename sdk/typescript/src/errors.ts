@@ -61,6 +61,14 @@ export class InUse extends RocheError {
   constructor(message: string) { super(message, "in_use"); }
 }
 
+/** A command's output asked for fell out of its window: a command keeps the last bytes of
+ * each stream (16 MiB by default), and the oldest go. The message names the first offset
+ * still kept of each stream; `commands.list()` shows them too (`firstStdout`,
+ * `firstStderr`). Connect again from there. */
+export class OutputGone extends RocheError {
+  constructor(message: string) { super(message, "output_gone"); }
+}
+
 const BY_REASON: Record<string, new (message: string) => RocheError> = {
   not_found: SandboxNotFound,
   timeout: SandboxTimeout,
@@ -71,6 +79,7 @@ const BY_REASON: Record<string, new (message: string) => RocheError> = {
   exhausted: ResourceExhausted,
   permission_denied: PermissionDenied,
   in_use: InUse,
+  output_gone: OutputGone,
 };
 
 /** The typed error for a core error reason, with the wait a refusal suggests, if any. */
@@ -91,6 +100,7 @@ const BY_TEXT: ReadonlyArray<[string, string]> = [
   ["resource exhausted", "exhausted"],
   ["permission denied", "permission_denied"],
   ["in use", "in_use"],
+  ["output no longer kept", "output_gone"],
   ["not found", "not_found"],
   ["timed out", "timeout"],
 ];

@@ -36,6 +36,7 @@ export {
   ResourceExhausted,
   PermissionDenied,
   InUse,
+  OutputGone,
 } from "./errors.js";
 export { TLSFailure } from "./tls.js";
 export {

@@ -157,6 +157,24 @@ const (
 	SandboxServiceResizePtyProcedure = "/roche.v1.SandboxService/ResizePty"
 	// SandboxServiceKillPtyProcedure is the fully-qualified name of the SandboxService's KillPty RPC.
 	SandboxServiceKillPtyProcedure = "/roche.v1.SandboxService/KillPty"
+	// SandboxServiceStartCommandProcedure is the fully-qualified name of the SandboxService's
+	// StartCommand RPC.
+	SandboxServiceStartCommandProcedure = "/roche.v1.SandboxService/StartCommand"
+	// SandboxServiceConnectCommandProcedure is the fully-qualified name of the SandboxService's
+	// ConnectCommand RPC.
+	SandboxServiceConnectCommandProcedure = "/roche.v1.SandboxService/ConnectCommand"
+	// SandboxServiceListCommandsProcedure is the fully-qualified name of the SandboxService's
+	// ListCommands RPC.
+	SandboxServiceListCommandsProcedure = "/roche.v1.SandboxService/ListCommands"
+	// SandboxServiceSendCommandInputProcedure is the fully-qualified name of the SandboxService's
+	// SendCommandInput RPC.
+	SandboxServiceSendCommandInputProcedure = "/roche.v1.SandboxService/SendCommandInput"
+	// SandboxServiceCloseCommandInputProcedure is the fully-qualified name of the SandboxService's
+	// CloseCommandInput RPC.
+	SandboxServiceCloseCommandInputProcedure = "/roche.v1.SandboxService/CloseCommandInput"
+	// SandboxServiceSignalCommandProcedure is the fully-qualified name of the SandboxService's
+	// SignalCommand RPC.
+	SandboxServiceSignalCommandProcedure = "/roche.v1.SandboxService/SignalCommand"
 )
 
 // SandboxServiceClient is a client for the roche.v1.SandboxService service.
@@ -282,6 +300,35 @@ type SandboxServiceClient interface {
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
 	// KillPty kills a session's command and everything it started.
 	KillPty(context.Context, *connect.Request[v1.KillPtyRequest]) (*connect.Response[v1.KillPtyResponse], error)
+	// Durable commands: a command that belongs to the sandbox, not to the call that
+	// started it. It keeps running when its caller disconnects, when the caller's process
+	// is killed and when roched is restarted (the sandbox's lease rules still apply), and
+	// its output is kept in a window per stream (the last 16 MiB by default) addressed by
+	// byte offsets, so a caller reconnects where it left off. The calls are E2B's envd
+	// process API's (Start, Connect, List, SendInput, CloseStdin, SendSignal), with a pid
+	// or a tag selecting the command. Unary calls and one server stream, so HTTP/1.1
+	// clients drive them as well as gRPC ones.
+	// StartCommand starts a command in the background and returns it (its pid) at once.
+	// With an idempotency key, a start whose key names a command the sandbox still
+	// remembers returns that command (existing) instead of starting another.
+	StartCommand(context.Context, *connect.Request[v1.StartCommandRequest]) (*connect.Response[v1.StartCommandResponse], error)
+	// ConnectCommand streams a command: a start event with the offsets the replay starts
+	// at, its output from there on (each piece with its offset), in the order it was
+	// written, then what follows as it comes, a heartbeat while it is quiet, and an end
+	// event with its exit code, or why it cannot be known. An offset that fell out of the
+	// window is refused with OUT_OF_RANGE (reason OUTPUT_GONE), naming the first offset
+	// still kept. Cancelling the call detaches; the command goes on.
+	ConnectCommand(context.Context, *connect.Request[v1.ConnectCommandRequest]) (*connect.ServerStreamForClient[v1.ConnectCommandResponse], error)
+	// ListCommands lists a sandbox's durable commands, running or ended (the last 64
+	// ended are kept), oldest first; terminal sessions among them.
+	ListCommands(context.Context, *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error)
+	// SendCommandInput writes to the stdin of a command started with stdin (or types
+	// into a terminal session).
+	SendCommandInput(context.Context, *connect.Request[v1.SendCommandInputRequest]) (*connect.Response[v1.SendCommandInputResponse], error)
+	// CloseCommandInput closes a command's stdin: it reads end of file from then on.
+	CloseCommandInput(context.Context, *connect.Request[v1.CloseCommandInputRequest]) (*connect.Response[v1.CloseCommandInputResponse], error)
+	// SignalCommand sends a signal to a command's process group (9 kills it).
+	SignalCommand(context.Context, *connect.Request[v1.SignalCommandRequest]) (*connect.Response[v1.SignalCommandResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the roche.v1.SandboxService service. By default,
@@ -553,54 +600,96 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("KillPty")),
 			connect.WithClientOptions(opts...),
 		),
+		startCommand: connect.NewClient[v1.StartCommandRequest, v1.StartCommandResponse](
+			httpClient,
+			baseURL+SandboxServiceStartCommandProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("StartCommand")),
+			connect.WithClientOptions(opts...),
+		),
+		connectCommand: connect.NewClient[v1.ConnectCommandRequest, v1.ConnectCommandResponse](
+			httpClient,
+			baseURL+SandboxServiceConnectCommandProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ConnectCommand")),
+			connect.WithClientOptions(opts...),
+		),
+		listCommands: connect.NewClient[v1.ListCommandsRequest, v1.ListCommandsResponse](
+			httpClient,
+			baseURL+SandboxServiceListCommandsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListCommands")),
+			connect.WithClientOptions(opts...),
+		),
+		sendCommandInput: connect.NewClient[v1.SendCommandInputRequest, v1.SendCommandInputResponse](
+			httpClient,
+			baseURL+SandboxServiceSendCommandInputProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SendCommandInput")),
+			connect.WithClientOptions(opts...),
+		),
+		closeCommandInput: connect.NewClient[v1.CloseCommandInputRequest, v1.CloseCommandInputResponse](
+			httpClient,
+			baseURL+SandboxServiceCloseCommandInputProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CloseCommandInput")),
+			connect.WithClientOptions(opts...),
+		),
+		signalCommand: connect.NewClient[v1.SignalCommandRequest, v1.SignalCommandResponse](
+			httpClient,
+			baseURL+SandboxServiceSignalCommandProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SignalCommand")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	create           *connect.Client[v1.CreateRequest, v1.CreateResponse]
-	exec             *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	execStream       *connect.Client[v1.ExecStreamRequest, v1.ExecStreamResponse]
-	destroy          *connect.Client[v1.DestroyRequest, v1.DestroyResponse]
-	hold             *connect.Client[v1.HoldRequest, v1.HoldResponse]
-	list             *connect.Client[v1.ListRequest, v1.ListResponse]
-	inspect          *connect.Client[v1.InspectRequest, v1.InspectResponse]
-	pause            *connect.Client[v1.PauseRequest, v1.PauseResponse]
-	unpause          *connect.Client[v1.UnpauseRequest, v1.UnpauseResponse]
-	gc               *connect.Client[v1.GcRequest, v1.GcResponse]
-	copyTo           *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
-	copyFrom         *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
-	readFile         *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile        *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	listDir          *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
-	stat             *connect.Client[v1.StatRequest, v1.StatResponse]
-	makeDir          *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
-	rename           *connect.Client[v1.RenameRequest, v1.RenameResponse]
-	remove           *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
-	watchDir         *connect.Client[v1.WatchDirRequest, v1.WatchDirResponse]
-	createWatcher    *connect.Client[v1.CreateWatcherRequest, v1.CreateWatcherResponse]
-	getWatcherEvents *connect.Client[v1.GetWatcherEventsRequest, v1.GetWatcherEventsResponse]
-	removeWatcher    *connect.Client[v1.RemoveWatcherRequest, v1.RemoveWatcherResponse]
-	poolStatus       *connect.Client[v1.PoolStatusRequest, v1.PoolStatusResponse]
-	poolWarmup       *connect.Client[v1.PoolWarmupRequest, v1.PoolWarmupResponse]
-	poolDrain        *connect.Client[v1.PoolDrainRequest, v1.PoolDrainResponse]
-	listProviders    *connect.Client[v1.ListProvidersRequest, v1.ListProvidersResponse]
-	reset            *connect.Client[v1.ResetRequest, v1.ResetResponse]
-	listWorkspaces   *connect.Client[v1.ListWorkspacesRequest, v1.ListWorkspacesResponse]
-	removeWorkspace  *connect.Client[v1.RemoveWorkspaceRequest, v1.RemoveWorkspaceResponse]
-	createSnapshot   *connect.Client[v1.CreateSnapshotRequest, v1.CreateSnapshotResponse]
-	listSnapshots    *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
-	removeSnapshot   *connect.Client[v1.RemoveSnapshotRequest, v1.RemoveSnapshotResponse]
-	runCode          *connect.Client[v1.RunCodeRequest, v1.RunCodeResponse]
-	createContext    *connect.Client[v1.CreateContextRequest, v1.CreateContextResponse]
-	listContexts     *connect.Client[v1.ListContextsRequest, v1.ListContextsResponse]
-	restartContext   *connect.Client[v1.RestartContextRequest, v1.RestartContextResponse]
-	removeContext    *connect.Client[v1.RemoveContextRequest, v1.RemoveContextResponse]
-	createPty        *connect.Client[v1.CreatePtyRequest, v1.CreatePtyResponse]
-	connectPty       *connect.Client[v1.ConnectPtyRequest, v1.ConnectPtyResponse]
-	sendPtyInput     *connect.Client[v1.SendPtyInputRequest, v1.SendPtyInputResponse]
-	resizePty        *connect.Client[v1.ResizePtyRequest, v1.ResizePtyResponse]
-	killPty          *connect.Client[v1.KillPtyRequest, v1.KillPtyResponse]
+	create            *connect.Client[v1.CreateRequest, v1.CreateResponse]
+	exec              *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	execStream        *connect.Client[v1.ExecStreamRequest, v1.ExecStreamResponse]
+	destroy           *connect.Client[v1.DestroyRequest, v1.DestroyResponse]
+	hold              *connect.Client[v1.HoldRequest, v1.HoldResponse]
+	list              *connect.Client[v1.ListRequest, v1.ListResponse]
+	inspect           *connect.Client[v1.InspectRequest, v1.InspectResponse]
+	pause             *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	unpause           *connect.Client[v1.UnpauseRequest, v1.UnpauseResponse]
+	gc                *connect.Client[v1.GcRequest, v1.GcResponse]
+	copyTo            *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
+	copyFrom          *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
+	readFile          *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile         *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	listDir           *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
+	stat              *connect.Client[v1.StatRequest, v1.StatResponse]
+	makeDir           *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	rename            *connect.Client[v1.RenameRequest, v1.RenameResponse]
+	remove            *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	watchDir          *connect.Client[v1.WatchDirRequest, v1.WatchDirResponse]
+	createWatcher     *connect.Client[v1.CreateWatcherRequest, v1.CreateWatcherResponse]
+	getWatcherEvents  *connect.Client[v1.GetWatcherEventsRequest, v1.GetWatcherEventsResponse]
+	removeWatcher     *connect.Client[v1.RemoveWatcherRequest, v1.RemoveWatcherResponse]
+	poolStatus        *connect.Client[v1.PoolStatusRequest, v1.PoolStatusResponse]
+	poolWarmup        *connect.Client[v1.PoolWarmupRequest, v1.PoolWarmupResponse]
+	poolDrain         *connect.Client[v1.PoolDrainRequest, v1.PoolDrainResponse]
+	listProviders     *connect.Client[v1.ListProvidersRequest, v1.ListProvidersResponse]
+	reset             *connect.Client[v1.ResetRequest, v1.ResetResponse]
+	listWorkspaces    *connect.Client[v1.ListWorkspacesRequest, v1.ListWorkspacesResponse]
+	removeWorkspace   *connect.Client[v1.RemoveWorkspaceRequest, v1.RemoveWorkspaceResponse]
+	createSnapshot    *connect.Client[v1.CreateSnapshotRequest, v1.CreateSnapshotResponse]
+	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	removeSnapshot    *connect.Client[v1.RemoveSnapshotRequest, v1.RemoveSnapshotResponse]
+	runCode           *connect.Client[v1.RunCodeRequest, v1.RunCodeResponse]
+	createContext     *connect.Client[v1.CreateContextRequest, v1.CreateContextResponse]
+	listContexts      *connect.Client[v1.ListContextsRequest, v1.ListContextsResponse]
+	restartContext    *connect.Client[v1.RestartContextRequest, v1.RestartContextResponse]
+	removeContext     *connect.Client[v1.RemoveContextRequest, v1.RemoveContextResponse]
+	createPty         *connect.Client[v1.CreatePtyRequest, v1.CreatePtyResponse]
+	connectPty        *connect.Client[v1.ConnectPtyRequest, v1.ConnectPtyResponse]
+	sendPtyInput      *connect.Client[v1.SendPtyInputRequest, v1.SendPtyInputResponse]
+	resizePty         *connect.Client[v1.ResizePtyRequest, v1.ResizePtyResponse]
+	killPty           *connect.Client[v1.KillPtyRequest, v1.KillPtyResponse]
+	startCommand      *connect.Client[v1.StartCommandRequest, v1.StartCommandResponse]
+	connectCommand    *connect.Client[v1.ConnectCommandRequest, v1.ConnectCommandResponse]
+	listCommands      *connect.Client[v1.ListCommandsRequest, v1.ListCommandsResponse]
+	sendCommandInput  *connect.Client[v1.SendCommandInputRequest, v1.SendCommandInputResponse]
+	closeCommandInput *connect.Client[v1.CloseCommandInputRequest, v1.CloseCommandInputResponse]
+	signalCommand     *connect.Client[v1.SignalCommandRequest, v1.SignalCommandResponse]
 }
 
 // Create calls roche.v1.SandboxService.Create.
@@ -818,6 +907,36 @@ func (c *sandboxServiceClient) KillPty(ctx context.Context, req *connect.Request
 	return c.killPty.CallUnary(ctx, req)
 }
 
+// StartCommand calls roche.v1.SandboxService.StartCommand.
+func (c *sandboxServiceClient) StartCommand(ctx context.Context, req *connect.Request[v1.StartCommandRequest]) (*connect.Response[v1.StartCommandResponse], error) {
+	return c.startCommand.CallUnary(ctx, req)
+}
+
+// ConnectCommand calls roche.v1.SandboxService.ConnectCommand.
+func (c *sandboxServiceClient) ConnectCommand(ctx context.Context, req *connect.Request[v1.ConnectCommandRequest]) (*connect.ServerStreamForClient[v1.ConnectCommandResponse], error) {
+	return c.connectCommand.CallServerStream(ctx, req)
+}
+
+// ListCommands calls roche.v1.SandboxService.ListCommands.
+func (c *sandboxServiceClient) ListCommands(ctx context.Context, req *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error) {
+	return c.listCommands.CallUnary(ctx, req)
+}
+
+// SendCommandInput calls roche.v1.SandboxService.SendCommandInput.
+func (c *sandboxServiceClient) SendCommandInput(ctx context.Context, req *connect.Request[v1.SendCommandInputRequest]) (*connect.Response[v1.SendCommandInputResponse], error) {
+	return c.sendCommandInput.CallUnary(ctx, req)
+}
+
+// CloseCommandInput calls roche.v1.SandboxService.CloseCommandInput.
+func (c *sandboxServiceClient) CloseCommandInput(ctx context.Context, req *connect.Request[v1.CloseCommandInputRequest]) (*connect.Response[v1.CloseCommandInputResponse], error) {
+	return c.closeCommandInput.CallUnary(ctx, req)
+}
+
+// SignalCommand calls roche.v1.SandboxService.SignalCommand.
+func (c *sandboxServiceClient) SignalCommand(ctx context.Context, req *connect.Request[v1.SignalCommandRequest]) (*connect.Response[v1.SignalCommandResponse], error) {
+	return c.signalCommand.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the roche.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes a sandbox, from the warm pool when the config matches one.
@@ -941,6 +1060,35 @@ type SandboxServiceHandler interface {
 	ResizePty(context.Context, *connect.Request[v1.ResizePtyRequest]) (*connect.Response[v1.ResizePtyResponse], error)
 	// KillPty kills a session's command and everything it started.
 	KillPty(context.Context, *connect.Request[v1.KillPtyRequest]) (*connect.Response[v1.KillPtyResponse], error)
+	// Durable commands: a command that belongs to the sandbox, not to the call that
+	// started it. It keeps running when its caller disconnects, when the caller's process
+	// is killed and when roched is restarted (the sandbox's lease rules still apply), and
+	// its output is kept in a window per stream (the last 16 MiB by default) addressed by
+	// byte offsets, so a caller reconnects where it left off. The calls are E2B's envd
+	// process API's (Start, Connect, List, SendInput, CloseStdin, SendSignal), with a pid
+	// or a tag selecting the command. Unary calls and one server stream, so HTTP/1.1
+	// clients drive them as well as gRPC ones.
+	// StartCommand starts a command in the background and returns it (its pid) at once.
+	// With an idempotency key, a start whose key names a command the sandbox still
+	// remembers returns that command (existing) instead of starting another.
+	StartCommand(context.Context, *connect.Request[v1.StartCommandRequest]) (*connect.Response[v1.StartCommandResponse], error)
+	// ConnectCommand streams a command: a start event with the offsets the replay starts
+	// at, its output from there on (each piece with its offset), in the order it was
+	// written, then what follows as it comes, a heartbeat while it is quiet, and an end
+	// event with its exit code, or why it cannot be known. An offset that fell out of the
+	// window is refused with OUT_OF_RANGE (reason OUTPUT_GONE), naming the first offset
+	// still kept. Cancelling the call detaches; the command goes on.
+	ConnectCommand(context.Context, *connect.Request[v1.ConnectCommandRequest], *connect.ServerStream[v1.ConnectCommandResponse]) error
+	// ListCommands lists a sandbox's durable commands, running or ended (the last 64
+	// ended are kept), oldest first; terminal sessions among them.
+	ListCommands(context.Context, *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error)
+	// SendCommandInput writes to the stdin of a command started with stdin (or types
+	// into a terminal session).
+	SendCommandInput(context.Context, *connect.Request[v1.SendCommandInputRequest]) (*connect.Response[v1.SendCommandInputResponse], error)
+	// CloseCommandInput closes a command's stdin: it reads end of file from then on.
+	CloseCommandInput(context.Context, *connect.Request[v1.CloseCommandInputRequest]) (*connect.Response[v1.CloseCommandInputResponse], error)
+	// SignalCommand sends a signal to a command's process group (9 kills it).
+	SignalCommand(context.Context, *connect.Request[v1.SignalCommandRequest]) (*connect.Response[v1.SignalCommandResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1208,6 +1356,42 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("KillPty")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceStartCommandHandler := connect.NewUnaryHandler(
+		SandboxServiceStartCommandProcedure,
+		svc.StartCommand,
+		connect.WithSchema(sandboxServiceMethods.ByName("StartCommand")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceConnectCommandHandler := connect.NewServerStreamHandler(
+		SandboxServiceConnectCommandProcedure,
+		svc.ConnectCommand,
+		connect.WithSchema(sandboxServiceMethods.ByName("ConnectCommand")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListCommandsHandler := connect.NewUnaryHandler(
+		SandboxServiceListCommandsProcedure,
+		svc.ListCommands,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListCommands")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSendCommandInputHandler := connect.NewUnaryHandler(
+		SandboxServiceSendCommandInputProcedure,
+		svc.SendCommandInput,
+		connect.WithSchema(sandboxServiceMethods.ByName("SendCommandInput")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCloseCommandInputHandler := connect.NewUnaryHandler(
+		SandboxServiceCloseCommandInputProcedure,
+		svc.CloseCommandInput,
+		connect.WithSchema(sandboxServiceMethods.ByName("CloseCommandInput")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSignalCommandHandler := connect.NewUnaryHandler(
+		SandboxServiceSignalCommandProcedure,
+		svc.SignalCommand,
+		connect.WithSchema(sandboxServiceMethods.ByName("SignalCommand")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/roche.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1296,6 +1480,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceResizePtyHandler.ServeHTTP(w, r)
 		case SandboxServiceKillPtyProcedure:
 			sandboxServiceKillPtyHandler.ServeHTTP(w, r)
+		case SandboxServiceStartCommandProcedure:
+			sandboxServiceStartCommandHandler.ServeHTTP(w, r)
+		case SandboxServiceConnectCommandProcedure:
+			sandboxServiceConnectCommandHandler.ServeHTTP(w, r)
+		case SandboxServiceListCommandsProcedure:
+			sandboxServiceListCommandsHandler.ServeHTTP(w, r)
+		case SandboxServiceSendCommandInputProcedure:
+			sandboxServiceSendCommandInputHandler.ServeHTTP(w, r)
+		case SandboxServiceCloseCommandInputProcedure:
+			sandboxServiceCloseCommandInputHandler.ServeHTTP(w, r)
+		case SandboxServiceSignalCommandProcedure:
+			sandboxServiceSignalCommandHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1475,4 +1671,28 @@ func (UnimplementedSandboxServiceHandler) ResizePty(context.Context, *connect.Re
 
 func (UnimplementedSandboxServiceHandler) KillPty(context.Context, *connect.Request[v1.KillPtyRequest]) (*connect.Response[v1.KillPtyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.KillPty is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) StartCommand(context.Context, *connect.Request[v1.StartCommandRequest]) (*connect.Response[v1.StartCommandResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.StartCommand is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ConnectCommand(context.Context, *connect.Request[v1.ConnectCommandRequest], *connect.ServerStream[v1.ConnectCommandResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ConnectCommand is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListCommands(context.Context, *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ListCommands is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SendCommandInput(context.Context, *connect.Request[v1.SendCommandInputRequest]) (*connect.Response[v1.SendCommandInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.SendCommandInput is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CloseCommandInput(context.Context, *connect.Request[v1.CloseCommandInputRequest]) (*connect.Response[v1.CloseCommandInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.CloseCommandInput is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SignalCommand(context.Context, *connect.Request[v1.SignalCommandRequest]) (*connect.Response[v1.SignalCommandResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.SignalCommand is not implemented"))
 }

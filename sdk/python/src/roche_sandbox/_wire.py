@@ -286,6 +286,7 @@ _CODE_REASONS = {
     "unimplemented": "unsupported",
     "resource_exhausted": "exhausted",
     "permission_denied": "permission_denied",
+    "out_of_range": "output_gone",
 }
 
 _DETAIL_REASONS = {
@@ -299,10 +300,11 @@ _DETAIL_REASONS = {
     "ERROR_REASON_PERMISSION": "permission_denied",
     "ERROR_REASON_IN_USE": "in_use",
     "ERROR_REASON_NOT_CONFIGURED": "unavailable",  # a provider not set up here
+    "ERROR_REASON_OUTPUT_GONE": "output_gone",
 }
 _DETAIL_NUMBERS = dict(enumerate(["", "not_found", "invalid_config", "unavailable", "timeout",
                                   "unsupported", "image_not_found", "exhausted", "permission_denied",
-                                  "in_use", "unavailable"]))
+                                  "in_use", "unavailable", "output_gone"]))
 
 
 def _proto_fields(raw: bytes) -> Optional[dict[int, Any]]:

@@ -85,6 +85,15 @@ class InUse(RocheError):
     reason = "in_use"
 
 
+class OutputGone(RocheError):
+    """A command's output asked for fell out of its window: a command keeps the last
+    bytes of each stream (16 MiB by default), and the oldest go. The message names the
+    first offset still kept of each stream; ``commands.list()`` shows them too
+    (``first_stdout``, ``first_stderr``). Connect again from there."""
+
+    reason = "output_gone"
+
+
 _BY_REASON: dict[str, type[RocheError]] = {
     cls.reason: cls
     for cls in (
@@ -97,6 +106,7 @@ _BY_REASON: dict[str, type[RocheError]] = {
         ResourceExhausted,
         PermissionDenied,
         InUse,
+        OutputGone,
     )
 }
 
@@ -110,6 +120,7 @@ _BY_TEXT: tuple[tuple[str, str], ...] = (
     ("resource exhausted", "exhausted"),
     ("permission denied", "permission_denied"),
     ("in use", "in_use"),
+    ("output no longer kept", "output_gone"),
     ("not found", "not_found"),
     ("timed out", "timeout"),
 )
