@@ -197,6 +197,8 @@ type execFlags struct {
 	// in seconds (0 for exec, which does not know it): what a timeout report names.
 	timeoutFlag string
 	lifetime    int
+	// key is exec's --idempotency-key (background.go).
+	key string
 }
 
 // add registers the flags; prefix keeps run's per-command flags ("exec-timeout") apart
@@ -227,7 +229,7 @@ func (e *env) execute(ctx context.Context, p roche.Provider, id string, cmd []st
 	if err != nil {
 		return friendly(err)
 	}
-	req := roche.ExecRequest{Cmd: cmd, Env: env, Workdir: x.workdir, Timeout: timeout}
+	req := roche.ExecRequest{Cmd: cmd, Env: env, Workdir: x.workdir, Timeout: timeout, IdempotencyKey: x.key}
 	if x.interactive {
 		req.Stdin = e.stdin
 	}
@@ -293,27 +295,49 @@ func (e *env) rocheFailed(err error) error {
 func (e *env) execCommand() *cobra.Command {
 	var id string
 	var x execFlags
+	var b backgroundFlags
 	c := &cobra.Command{
 		Use:   "exec --sandbox ID [flags] -- CMD [ARGS...]",
 		Short: "Run a command in a sandbox",
 		Long: `Run a command in an existing sandbox. Output streams to the terminal as it is
 produced; roche exits with the command's exit status, 124 when it timed out, and 125
-when roche itself failed. Ctrl-C kills the command (and everything it started).`,
+when roche itself failed. Ctrl-C kills the command (and everything it started).
+
+With --background (-d) the command is started and roche prints its pid at once: the
+command belongs to the sandbox, not to this roche, and runs on until it ends, is killed
+or its sandbox ends (--timeout still bounds it). Its output is kept (the last 16 MiB of
+each stream, --window) for roche commands connect, which replays it from byte offsets
+and follows it; roche commands also lists, feeds, signals and kills it.
+
+With --idempotency-key KEY the command, in the foreground too, belongs to the sandbox:
+when this roche's connection drops (roched restarted, Ctrl-C) it runs on, and roche
+exec again with the same key joins it instead of starting another: its output from the
+start and its real exit status.`,
 		Example: `  roche exec --sandbox "$id" -- python3 -c "print('hello')"
-  echo 'print(input())' | roche exec -i --sandbox "$id" --timeout 10 -- python3 -c "exec(input())"`,
+  echo 'print(input())' | roche exec -i --sandbox "$id" --timeout 10 -- python3 -c "exec(input())"
+  pid=$(roche exec --sandbox "$id" -d --tag server -- python3 -m http.server 8000)
+  roche exec --sandbox "$id" --idempotency-key build-42 -- make -C /workspace`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if id == "" {
 				return e.rocheFailed(errors.New("no sandbox given: pass --sandbox ID (roche list shows them)"))
+			}
+			if !b.background && (b.tag != "" || b.keepStdin || b.window != "") {
+				return e.rocheFailed(errors.New("--tag, --keep-stdin and --window are for a command started with --background (-d)"))
+			}
+			if b.background {
+				return e.startBackground(cmd.Context(), id, args, &x, &b)
 			}
 			p, err := e.providers.forID(id)
 			if err != nil {
 				return e.rocheFailed(err)
 			}
+			x.key = b.key
 			return e.rocheFailed(e.execute(cmd.Context(), p, id, args, &x))
 		},
 	}
 	c.Flags().StringVar(&id, "sandbox", "", "id of the sandbox to run in (required)")
 	x.add(c.Flags(), "", "kill the command after this many seconds (default: the sandbox's remaining lifetime)")
+	b.add(c.Flags())
 	return c
 }
 

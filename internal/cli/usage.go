@@ -125,7 +125,7 @@ var flagGroups = regexp.MustCompile(`\[(?:flags|--?[A-Za-z][^\]]*)\]`)
 // namedFlags are the "--flag VALUE" and "--flag" parts of a usage line outside brackets.
 var namedFlags = regexp.MustCompile(`(?:^|\s)--?[A-Za-z][\w-]*(?:\s+[A-Z][A-Z0-9_/.]*)?`)
 
-var argCount = regexp.MustCompile(`^(?:accepts|requires) (?:at (?:least|most) )?(\d+)(?: arg\(s\)|,)?.*received (\d+)$`)
+var argCount = regexp.MustCompile(`^(?:accepts|requires) (?:at (?:least|most) |between \d+ and )?(\d+)(?: arg\(s\)|,)?.*received (\d+)$`)
 
 // friendlyArgs wraps every command's argument check so that a wrong count says what the
 // command takes, with its usage line, instead of "accepts 2 arg(s), received 0"; and
