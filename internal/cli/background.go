@@ -196,7 +196,8 @@ follows it; an offset that fell out of the window is refused with the first offs
 kept, never skipped. Name a command by the pid exec printed, or by its --tag.
 
 connect exits with the command's exit status (128 + the signal when one killed it), and
-125 when it cannot be known (the sandbox stopped under the command). Ctrl-C detaches:
+125 when it cannot be known (the sandbox stopped under the command) or roche failed
+(with --json, roche's own failure exits 1 with a JSON error line). Ctrl-C detaches:
 the command goes on, and roche prints the offsets to resume from. --json prints JSON
 lines: {"start": {"pid", "stdout_offset", "stderr_offset"}}, then {"stream", "offset",
 "data" (base64)} for each piece, and {"end": {"exit_code", "signal", "unknown", ...}}.`,
@@ -249,14 +250,16 @@ lines: {"start": {"pid", "stdout_offset", "stderr_offset"}}, then {"stream", "of
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sel, err := selector(args, tag)
-			if err != nil {
-				return e.rocheFailed(err)
+			if err == nil {
+				var r roche.BackgroundRunner
+				if r, err = e.runner(id); err == nil {
+					return e.connectCommand(cmd.Context(), r, id, sel, from, events)
+				}
 			}
-			r, err := e.runner(id)
-			if err != nil {
-				return e.rocheFailed(err)
+			if events {
+				return err // as JSON, for programs (roche's own exit status 1)
 			}
-			return e.connectCommand(cmd.Context(), r, id, sel, from, events)
+			return e.rocheFailed(err)
 		},
 	}
 	connect.Flags().Int64Var(&from.Stdout, "stdout-offset", 0, "where in stdout to start (a byte offset; -1: only what comes next)")
@@ -388,6 +391,9 @@ func (e *env) connectCommand(ctx context.Context, r roche.BackgroundRunner, id s
 		if ctx.Err() != nil {
 			fmt.Fprintf(e.stderr, "roche: detached; the command goes on (resume with --stdout-offset %d --stderr-offset %d)\n", next.Stdout, next.Stderr)
 			return interruptCode(ctx)
+		}
+		if events {
+			return friendly(err) // as JSON, for programs (roche's own exit status 1)
 		}
 		return e.rocheFailed(friendly(err))
 	}

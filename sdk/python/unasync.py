@@ -5,6 +5,7 @@ the API, the transports or the PTY sessions is made once, in the async source:
     _async.py      -> _sync.py       AsyncRoche, AsyncSandbox, AsyncExecStream -> Roche, ...
     _atransport.py -> _transport.py  the Connect client, roched and CLI transports
     _apty.py       -> _pty.py        PTY sessions
+    _acommands.py  -> _commands.py   durable commands (sandbox.commands)
 
     python3 sdk/python/unasync.py           rewrites the synchronous files
     python3 sdk/python/unasync.py --check   lists the stale ones and exits 1 (a test runs it)
@@ -50,6 +51,12 @@ FILES = [
     ("_afiles.py", "_files.py",
      "``sandbox.files`` for the synchronous API: the files API, named as E2B's SDKs name it, its\n"
      "content streamed both ways; a watch is read by a thread of its own."),
+    ("_acommands.py", "_commands.py",
+     "Durable commands for the synchronous API, ``sandbox.commands``, shaped like E2B's: run a\n"
+     "shell command line (or an argv) in the foreground or the background, list the commands,\n"
+     "connect to one from byte offsets, feed its stdin, signal and kill it. A command belongs to\n"
+     "the sandbox, not to this process: it runs on when this process disconnects, is killed, or\n"
+     "roched restarts, and its output is kept in the sandbox for the next connection to replay."),
 ]
 
 #: Applied in order to every line.
@@ -75,6 +82,7 @@ RULES = [
     (r"\b_atransport\b", "_transport"),
     (r"\b_apty\b", "_pty"),
     (r"\b_afiles\b", "_files"),
+    (r"\b_acommands\b", "_commands"),
     (r"\b_ahttp\b", "_http"),
     (r"\b_aio\b", "_syncio"),
 ]

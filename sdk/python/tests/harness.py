@@ -45,8 +45,10 @@ class Daemon:
     """A roched on a temporary socket, stopped at exit."""
 
     def __init__(self, env: Optional[dict[str, str]] = None, name: str = "roched",
-                 args: Optional[list[str]] = None) -> None:
-        self.dir = tempfile.mkdtemp(prefix="roche-sdk-test-")
+                 args: Optional[list[str]] = None, dir: Optional[str] = None) -> None:
+        # dir: one a roched before this one used (its socket and state file), which this
+        # one then serves, as a roched restarted there.
+        self.dir = dir or tempfile.mkdtemp(prefix="roche-sdk-test-")
         self.socket = os.path.join(self.dir, f"{name}.sock")
         self.log = os.path.join(self.dir, f"{name}.log")
         with open(self.log, "wb") as log:

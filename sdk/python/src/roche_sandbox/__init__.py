@@ -12,6 +12,9 @@ from ._afiles import AsyncFiles, AsyncWatchHandle
 from ._apty import AsyncPty, AsyncPtyHandle
 from ._files import Files, WatchHandle
 from ._filesutil import EntryInfo, FilesystemEvent, FilesystemEventType, FileType, WriteInfo
+from ._acommands import AsyncCommandHandle, AsyncCommands
+from ._apty import AsyncPty, AsyncPtyHandle
+from ._commands import CommandHandle, Commands
 from ._async import AsyncExecStream, AsyncRoche, AsyncSandbox
 from ._pty import Pty, PtyHandle
 from ._sync import ExecStream, Roche, Sandbox
@@ -31,6 +34,8 @@ from .errors import (
 from .types import (
     DEFAULT_COPY_MAX_BYTES,
     DEFAULT_IMAGE,
+    CommandInfo,
+    CommandResult,
     Context,
     CopyReport,
     ExecResult,
@@ -50,6 +55,8 @@ from .types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncCommandHandle",
+    "AsyncCommands",
     "AsyncExecStream",
     "AsyncFiles",
     "AsyncWatchHandle",
@@ -64,6 +71,10 @@ __all__ = [
     "AsyncPtyHandle",
     "AsyncRoche",
     "AsyncSandbox",
+    "CommandHandle",
+    "CommandInfo",
+    "CommandResult",
+    "Commands",
     "Context",
     "CopyReport",
     "DEFAULT_COPY_MAX_BYTES",

@@ -44,6 +44,10 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
 
 
+async def sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
 async def uncancellable(fn: Callable[[], Awaitable[T]]) -> T:
     """fn(), run to its end even when the task awaiting it is cancelled (destroying a
     sandbox on the way out of a cancelled task's ``async with``)."""

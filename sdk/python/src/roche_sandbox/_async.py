@@ -15,6 +15,7 @@ from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _aio, _discovery, _tls
 from ._afiles import AsyncFiles
+from ._acommands import AsyncCommands
 from ._apty import AsyncPty
 from ._atransport import AsyncCLITransport, AsyncConnectClient, AsyncDaemonTransport, AsyncTransport
 from ._choice import PROBE_TIMEOUT, Choice, no_context, remaining_life
@@ -203,6 +204,15 @@ class AsyncSandbox:
         """Terminals in this sandbox (through roched): ``sandbox.pty.create(cols=, rows=,
         cmd=, on_data=)`` returns a handle with send_input, resize, kill and wait."""
         return AsyncPty(self)
+
+    @property
+    def commands(self) -> "AsyncCommands":
+        """Commands that belong to the sandbox, E2B's way: ``sandbox.commands.run(cmd,
+        background=True)`` returns a handle (pid, wait, kill, send_stdin, close_stdin,
+        disconnect); ``list()``, ``connect(pid, stdout_offset, stderr_offset)``,
+        ``send_stdin``, ``close_stdin``, ``kill`` and ``signal`` reach any of them, also
+        from another process, after a disconnect or a restart of roched."""
+        return AsyncCommands(self)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id[:12]!r}, provider={self.provider!r}, image={self.info.image!r})"

@@ -18,7 +18,7 @@ import time
 # typing.List: inside these classes "list" names their list() method.
 from typing import IO, Any, AsyncGenerator, AsyncIterator, Callable, List, Optional, Protocol, TypeVar, Union
 
-from . import _aio, _cli, _filesutil, _tarutil, _wire
+from . import _aio, _cli, _cmdwire, _filesutil, _tarutil, _wire
 from ._ahttp import AsyncHTTPClient
 from ._deadline import Deadline
 from ._filesutil import EntryInfo, FilesystemEvent
@@ -26,8 +26,8 @@ from ._discovery import Endpoint
 from ._lease import UNDO_TIMEOUT, CLIHold, DaemonHold, Holds
 from ._wire import StreamItem
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
-from .types import (CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig, SandboxInfo,
-                    SnapshotInfo, WorkspaceInfo)
+from .types import (CodeRequest, CommandInfo, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig,
+                    SandboxInfo, SnapshotInfo, WorkspaceInfo)
 
 T = TypeVar("T")
 
@@ -71,6 +71,13 @@ class AsyncTransport(Protocol):
     async def file_remove(self, sid: str, path: str, d: Deadline) -> None: ...
     def file_watch(self, sid: str, path: str, recursive: bool, d: Deadline,
                    abort: _filesutil.Abort) -> AsyncIterator[Optional[FilesystemEvent]]: ...
+    async def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo: ...
+    def connect_command(self, sid: str, sel: dict[str, Any], stdout_offset: int, stderr_offset: int,
+                        d: Deadline) -> AsyncIterator[_cmdwire.Event]: ...
+    async def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]: ...
+    async def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None: ...
+    async def close_command_input(self, sid: str, sel: dict[str, Any], d: Deadline) -> None: ...
+    async def signal_command(self, sid: str, sel: dict[str, Any], sig: int, d: Deadline) -> None: ...
     def close(self) -> None: ...
 
 
@@ -246,6 +253,38 @@ class AsyncDaemonTransport:
 
     async def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         await self.api.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
+
+    async def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
+        m = await self.api.unary("StartCommand", _cmdwire.start_request(sid, req), d)
+        return _cmdwire.parse_command(m.get("command"))
+
+    async def connect_command(self, sid: str, sel: dict[str, Any], stdout_offset: int, stderr_offset: int,
+                              d: Deadline) -> AsyncIterator[_cmdwire.Event]:
+        body = _wire.envelope(_cmdwire.connect_request(sid, sel, stdout_offset, stderr_offset))
+        messages = self.api.stream("ConnectCommand", body, d)
+        try:
+            async for m in messages:
+                ev = _cmdwire.daemon_event(m)
+                if ev is not None:
+                    yield ev
+                    if isinstance(ev, _cmdwire.Ended):
+                        return
+        finally:
+            await messages.aclose()
+        raise RocheError("roched ended the command's stream without its end")
+
+    async def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]:
+        m = await self.api.unary("ListCommands", {"sandboxId": sid}, d)
+        return [_cmdwire.parse_command(c) for c in m.get("commands", [])]
+
+    async def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None:
+        await self.api.unary("SendCommandInput", _cmdwire.input_request(sid, sel, data), d)
+
+    async def close_command_input(self, sid: str, sel: dict[str, Any], d: Deadline) -> None:
+        await self.api.unary("CloseCommandInput", {"sandboxId": sid, "command": sel}, d)
+
+    async def signal_command(self, sid: str, sel: dict[str, Any], sig: int, d: Deadline) -> None:
+        await self.api.unary("SignalCommand", {"sandboxId": sid, "command": sel, "signal": sig}, d)
 
     async def destroy(self, sid: str, d: Deadline) -> None:
         try:
@@ -510,6 +549,49 @@ class AsyncCLITransport:
 
     async def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         await self._call(["context", "rm", "--sandbox", sid, cid], d)
+
+    async def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
+        out = await self._call(_cmdwire.start_args(sid, req), d)
+        return _cmdwire.parse_cli_command(_cli.parse_json(out, "exec --background"))
+
+    async def connect_command(self, sid: str, sel: dict[str, Any], stdout_offset: int, stderr_offset: int,
+                              d: Deadline) -> AsyncIterator[_cmdwire.Event]:
+        p = await _aio.spawn(self.cli, _cmdwire.connect_args(sid, sel, stdout_offset, stderr_offset), False)
+        errbuf, buf = bytearray(), bytearray()
+        ended = False
+        try:
+            async for stream, data in p.output(d, "roche commands connect"):
+                if stream == "stderr":
+                    errbuf += data
+                    continue
+                buf += data
+                while not ended and b"\n" in buf:
+                    line, _, rest = bytes(buf).partition(b"\n")
+                    buf = bytearray(rest)
+                    ev = _cmdwire.cli_event(line)
+                    if ev is not None:
+                        ended = isinstance(ev, _cmdwire.Ended)
+                        yield ev
+            rc = await p.wait(d, "roche commands connect")
+            if not ended:
+                raise _cli.error_from_stderr(bytes(errbuf), rc, "commands connect")
+        finally:
+            await p.close(stop=not ended)
+
+    async def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]:
+        out = await self._call(_cmdwire.list_args(sid), d)
+        return [_cmdwire.parse_cli_command(o) for o in _cli.parse_json(out, "commands list") or []]
+
+    async def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None:
+        out, err, rc = await self._run(_cmdwire.send_args(sid, sel), d, data)
+        if rc != 0:
+            raise _cli.error_from_stderr(err, rc, "commands send-stdin")
+
+    async def close_command_input(self, sid: str, sel: dict[str, Any], d: Deadline) -> None:
+        await self._call(_cmdwire.close_args(sid, sel), d)
+
+    async def signal_command(self, sid: str, sel: dict[str, Any], sig: int, d: Deadline) -> None:
+        await self._call(_cmdwire.signal_args(sid, sel, sig), d)
 
     async def destroy(self, sid: str, d: Deadline) -> None:
         h = self.holds.pop(sid)

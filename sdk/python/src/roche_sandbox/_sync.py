@@ -11,6 +11,7 @@ from typing import Iterator, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _syncio, _discovery, _tls
 from ._files import Files
+from ._commands import Commands
 from ._pty import Pty
 from ._transport import CLITransport, ConnectClient, DaemonTransport, Transport
 from ._choice import PROBE_TIMEOUT, Choice, no_context, remaining_life
@@ -199,6 +200,15 @@ class Sandbox:
         """Terminals in this sandbox (through roched): ``sandbox.pty.create(cols=, rows=,
         cmd=, on_data=)`` returns a handle with send_input, resize, kill and wait."""
         return Pty(self)
+
+    @property
+    def commands(self) -> "Commands":
+        """Commands that belong to the sandbox, E2B's way: ``sandbox.commands.run(cmd,
+        background=True)`` returns a handle (pid, wait, kill, send_stdin, close_stdin,
+        disconnect); ``list()``, ``connect(pid, stdout_offset, stderr_offset)``,
+        ``send_stdin``, ``close_stdin``, ``kill`` and ``signal`` reach any of them, also
+        from another process, after a disconnect or a restart of roched."""
+        return Commands(self)
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id[:12]!r}, provider={self.provider!r}, image={self.info.image!r})"

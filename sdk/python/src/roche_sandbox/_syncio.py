@@ -11,6 +11,7 @@ import selectors
 import signal
 import subprocess
 import threading
+import time
 from typing import IO, Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar, cast
 
 from . import _cli, _tarutil
@@ -30,6 +31,10 @@ class Cancelled(BaseException):
 def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """fn(*args), in this thread: blocking is what a synchronous call does."""
     return fn(*args)
+
+
+def sleep(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 def uncancellable(fn: Callable[[], T]) -> T:

@@ -16,7 +16,7 @@ import time
 # typing.List: inside these classes "list" names their list() method.
 from typing import IO, Any, Generator, Iterator, Callable, List, Optional, Protocol, TypeVar, Union
 
-from . import _syncio, _cli, _filesutil, _tarutil, _wire
+from . import _syncio, _cli, _cmdwire, _filesutil, _tarutil, _wire
 from ._http import HTTPClient
 from ._deadline import Deadline
 from ._filesutil import EntryInfo, FilesystemEvent
@@ -24,8 +24,8 @@ from ._discovery import Endpoint
 from ._lease import UNDO_TIMEOUT, CLIHold, DaemonHold, Holds
 from ._wire import StreamItem
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
-from .types import (CodeRequest, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig, SandboxInfo,
-                    SnapshotInfo, WorkspaceInfo)
+from .types import (CodeRequest, CommandInfo, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig,
+                    SandboxInfo, SnapshotInfo, WorkspaceInfo)
 
 T = TypeVar("T")
 
@@ -69,6 +69,13 @@ class Transport(Protocol):
     def file_remove(self, sid: str, path: str, d: Deadline) -> None: ...
     def file_watch(self, sid: str, path: str, recursive: bool, d: Deadline,
                    abort: _filesutil.Abort) -> Iterator[Optional[FilesystemEvent]]: ...
+    def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo: ...
+    def connect_command(self, sid: str, sel: dict[str, Any], stdout_offset: int, stderr_offset: int,
+                        d: Deadline) -> Iterator[_cmdwire.Event]: ...
+    def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]: ...
+    def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None: ...
+    def close_command_input(self, sid: str, sel: dict[str, Any], d: Deadline) -> None: ...
+    def signal_command(self, sid: str, sel: dict[str, Any], sig: int, d: Deadline) -> None: ...
     def close(self) -> None: ...
 
 
@@ -244,6 +251,38 @@ class DaemonTransport:
 
     def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         self.api.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
+
+    def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
+        m = self.api.unary("StartCommand", _cmdwire.start_request(sid, req), d)
+        return _cmdwire.parse_command(m.get("command"))
+
+    def connect_command(self, sid: str, sel: dict[str, Any], stdout_offset: int, stderr_offset: int,
+                        d: Deadline) -> Iterator[_cmdwire.Event]:
+        body = _wire.envelope(_cmdwire.connect_request(sid, sel, stdout_offset, stderr_offset))
+        messages = self.api.stream("ConnectCommand", body, d)
+        try:
+            for m in messages:
+                ev = _cmdwire.daemon_event(m)
+                if ev is not None:
+                    yield ev
+                    if isinstance(ev, _cmdwire.Ended):
+                        return
+        finally:
+            messages.close()
+        raise RocheError("roched ended the command's stream without its end")
+
+    def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]:
+        m = self.api.unary("ListCommands", {"sandboxId": sid}, d)
+        return [_cmdwire.parse_command(c) for c in m.get("commands", [])]
+
+    def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None:
+        self.api.unary("SendCommandInput", _cmdwire.input_request(sid, sel, data), d)
+
+    def close_command_input(self, sid: str, sel: dict[str, Any], d: Deadline) -> None:
+        self.api.unary("CloseCommandInput", {"sandboxId": sid, "command": sel}, d)
+
+    def signal_command(self, sid: str, sel: dict[str, Any], sig: int, d: Deadline) -> None:
+        self.api.unary("SignalCommand", {"sandboxId": sid, "command": sel, "signal": sig}, d)
 
     def destroy(self, sid: str, d: Deadline) -> None:
         try:
@@ -508,6 +547,49 @@ class CLITransport:
 
     def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         self._call(["context", "rm", "--sandbox", sid, cid], d)
+
+    def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
+        out = self._call(_cmdwire.start_args(sid, req), d)
+        return _cmdwire.parse_cli_command(_cli.parse_json(out, "exec --background"))
+
+    def connect_command(self, sid: str, sel: dict[str, Any], stdout_offset: int, stderr_offset: int,
+                        d: Deadline) -> Iterator[_cmdwire.Event]:
+        p = _syncio.spawn(self.cli, _cmdwire.connect_args(sid, sel, stdout_offset, stderr_offset), False)
+        errbuf, buf = bytearray(), bytearray()
+        ended = False
+        try:
+            for stream, data in p.output(d, "roche commands connect"):
+                if stream == "stderr":
+                    errbuf += data
+                    continue
+                buf += data
+                while not ended and b"\n" in buf:
+                    line, _, rest = bytes(buf).partition(b"\n")
+                    buf = bytearray(rest)
+                    ev = _cmdwire.cli_event(line)
+                    if ev is not None:
+                        ended = isinstance(ev, _cmdwire.Ended)
+                        yield ev
+            rc = p.wait(d, "roche commands connect")
+            if not ended:
+                raise _cli.error_from_stderr(bytes(errbuf), rc, "commands connect")
+        finally:
+            p.close(stop=not ended)
+
+    def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]:
+        out = self._call(_cmdwire.list_args(sid), d)
+        return [_cmdwire.parse_cli_command(o) for o in _cli.parse_json(out, "commands list") or []]
+
+    def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None:
+        out, err, rc = self._run(_cmdwire.send_args(sid, sel), d, data)
+        if rc != 0:
+            raise _cli.error_from_stderr(err, rc, "commands send-stdin")
+
+    def close_command_input(self, sid: str, sel: dict[str, Any], d: Deadline) -> None:
+        self._call(_cmdwire.close_args(sid, sel), d)
+
+    def signal_command(self, sid: str, sel: dict[str, Any], sig: int, d: Deadline) -> None:
+        self._call(_cmdwire.signal_args(sid, sel, sig), d)
 
     def destroy(self, sid: str, d: Deadline) -> None:
         h = self.holds.pop(sid)

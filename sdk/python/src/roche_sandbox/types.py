@@ -45,6 +45,91 @@ class OutputEvent:
     data: bytes
     #: ``data`` decoded as UTF-8; characters split across events are decoded whole.
     text: str
+    #: For a command's output (``sandbox.commands``): the byte offset of ``data`` in its
+    #: stream, counted from the command's start; the next piece starts at offset +
+    #: len(data). 0 for exec_stream's.
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """How a command of ``sandbox.commands`` ended, with its output as this SDK received
+    it (each stream up to 64 MiB, then ``truncated``). A non-zero exit, a timeout or an
+    OOM kill are results, not exceptions. When the exit status cannot be known (the
+    sandbox stopped under the command: destroyed, its lifetime over, its lease lost),
+    ``exit_code`` is -1 and ``unknown`` says why: a status is never made up."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    pid: int = 0
+    #: The signal that killed it (``exit_code`` is then 128 + signal); 0 when it exited.
+    signal: int = 0
+    timed_out: bool = False
+    oom_killed: bool = False
+    #: Seconds the command ran.
+    duration: float = 0.0
+    unknown: str = ""
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """The command exited 0 without timing out."""
+        return self.exit_code == 0 and not self.timed_out and not self.unknown
+
+    @property
+    def error(self) -> Optional[str]:
+        """E2B's name: why the command did not succeed (its exit, its signal, or why its
+        status is unknown), None when it did."""
+        if self.unknown:
+            return self.unknown
+        if self.timed_out:
+            return f"the command timed out after {self.duration:.3g} s and was killed"
+        if self.signal:
+            return f"killed by signal {self.signal}"
+        if self.exit_code:
+            return f"exit status {self.exit_code}"
+        return None
+
+
+@dataclass(frozen=True)
+class CommandInfo:
+    """A command of ``sandbox.commands.list()``, running or ended (E2B's ProcessInfo:
+    ``pid``, ``tag``, ``cmd``, ``args``, ``envs``, ``cwd``)."""
+
+    pid: int
+    tag: Optional[str]
+    #: The argv it was started with (a shell line is ["/bin/sh", "-c", ..., "sh", LINE]).
+    argv: tuple[str, ...]
+    envs: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    running: bool = False
+    #: Its stdin is open for send_stdin.
+    stdin: bool = False
+    #: A terminal session (``sandbox.pty``).
+    pty: bool = False
+    started_at: Optional[datetime] = None
+    #: The output kept per stream, and the offsets of the first byte still kept and of
+    #: the next byte (each stream's length so far).
+    window: int = 0
+    first_stdout: int = 0
+    first_stderr: int = 0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    #: Once it has ended: its exit status (-1 when unknown), signal and why unknown.
+    exit_code: Optional[int] = None
+    signal: int = 0
+    unknown: str = ""
+
+    @property
+    def cmd(self) -> str:
+        """E2B's name: the program (argv[0])."""
+        return self.argv[0] if self.argv else ""
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """E2B's name: the arguments after the program."""
+        return self.argv[1:]
 
 
 @dataclass(frozen=True)
