@@ -21,6 +21,20 @@ import {
 } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import { entryFromCLI, eventFromCLI, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
+import {
+  cliEvent,
+  closeArgs,
+  connectArgs,
+  listArgs,
+  parseCLICommand,
+  sendArgs,
+  signalArgs,
+  startArgs,
+  type CommandEvent,
+  type CommandInfo,
+  type CommandRequest,
+  type CommandSelector,
+} from "./commands.js";
 
 /** The CLI's exit statuses besides the command's own (internal/cli). */
 const EXIT_TIMEOUT = 124;
@@ -670,6 +684,78 @@ export class CLITransport implements Transport {
         else if (ev) yield ev;
       }
     }
+  }
+
+  // Durable commands (commands.ts): roche exec --background and roche commands, with --json.
+
+  async startCommand(sid: string, req: CommandRequest, d: Deadline): Promise<CommandInfo> {
+    return parseCLICommand(parseJSON(await this.call(startArgs(sid, req), d), "exec --background"));
+  }
+
+  async *connectCommand(sid: string, sel: CommandSelector, stdoutOffset: number, stderrOffset: number, signal: AbortSignal): AsyncGenerator<CommandEvent> {
+    const p = this.spawn(connectArgs(sid, sel, stdoutOffset, stderrOffset), false);
+    const err: Buffer[] = [];
+    type Item = { data: Buffer } | { end: true } | { error: unknown };
+    const queue: Item[] = [];
+    let wake: (() => void) | undefined;
+    const push = (it: Item) => {
+      queue.push(it);
+      wake?.();
+    };
+    p.stdout!.on("data", (b: Buffer) => push({ data: b }));
+    p.stderr!.on("data", (b: Buffer) => err.push(b));
+    p.on("error", (e) => push({ error: this.unavailable(e) }));
+    let rc = 0;
+    void exited(p).then((c) => {
+      rc = c;
+      push({ end: true });
+    });
+    const onAbort = () => push({ error: signal.reason });
+    signal.addEventListener("abort", onAbort, { once: true });
+    let ended = false;
+    let buf = "";
+    try {
+      for (;;) {
+        while (queue.length === 0) await new Promise<void>((r) => (wake = r));
+        wake = undefined;
+        const it = queue.shift()!;
+        if ("error" in it) throw it.error;
+        if ("end" in it) break;
+        buf += it.data.toString("utf8");
+        let nl: number;
+        while (!ended && (nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl);
+          buf = buf.slice(nl + 1);
+          const ev = cliEvent(line);
+          if (ev) {
+            ended = ev.kind === "end";
+            yield ev;
+          }
+        }
+      }
+      if (!ended) throw errorFromStderr(Buffer.concat(err), rc, "commands connect");
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+      if (!ended) await stop(p); // left early, or failed: this connection ends (the command goes on)
+    }
+  }
+
+  async listCommands(sid: string, d: Deadline): Promise<CommandInfo[]> {
+    const list = parseJSON(await this.call(listArgs(sid), d), "commands list");
+    return Array.isArray(list) ? list.map(parseCLICommand) : [];
+  }
+
+  async sendCommandInput(sid: string, sel: CommandSelector, data: Uint8Array, d: Deadline): Promise<void> {
+    const r = await this.run(sendArgs(sid, sel), d, data);
+    if (r.rc !== 0) throw errorFromStderr(r.err, r.rc, "commands send-stdin");
+  }
+
+  async closeCommandInput(sid: string, sel: CommandSelector, d: Deadline): Promise<void> {
+    await this.call(closeArgs(sid, sel), d);
+  }
+
+  async signalCommand(sid: string, sel: CommandSelector, sig: number, d: Deadline): Promise<void> {
+    await this.call(signalArgs(sid, sel, sig), d);
   }
 
   async createContext(sid: string, language: string, cwd: string | undefined, d: Deadline): Promise<Context> {

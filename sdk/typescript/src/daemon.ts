@@ -20,8 +20,9 @@ import {
   SandboxState,
   type CodeContext as WireContext,
   type CodeResult as WireCodeResult,
-  type ExecResult as WireResult,
   type Sandbox as WireSandbox,
+  type Command as WireCommand,
+  type CommandEnd as WireCommandEnd,
   type SandboxConfigSchema,
 } from "./gen/roche/v1/sandbox_pb.js";
 import { CodeAssembler, Execution, makeResult, type CodeItem, type CodeRequest, type Context } from "./code.js";
@@ -34,6 +35,7 @@ import { tlsProblem } from "./tls.js";
 import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import type { PtyRequest } from "./pty.js";
+import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
 
 /** Upload pieces of a tar stream this big, as the Go client does. */
 const COPY_CHUNK = 32 << 10;
@@ -142,7 +144,7 @@ export function sandboxInfo(s: WireSandbox | undefined): SandboxInfo {
   };
 }
 
-function seconds(r: WireResult | undefined): number {
+function seconds(r: { duration?: { seconds: bigint; nanos: number } } | undefined): number {
   const d = r?.duration;
   return d ? Number(d.seconds) + d.nanos / 1e9 : 0;
 }
@@ -490,6 +492,57 @@ export class DaemonTransport implements Transport {
     await this.call(d, "KillPty", (signal) => this.client.killPty({ sandboxId: sid, pid }, { signal }));
   }
 
+  // Durable commands (commands.ts): unary calls and one server stream.
+
+  async startCommand(sid: string, req: CommandRequest, d: Deadline): Promise<CommandInfo> {
+    const r = await this.call(d, "StartCommand", (signal) =>
+      this.client.startCommand({
+        sandboxId: sid, cmd: req.argv, env: req.envs, workdir: req.cwd ?? "", timeoutSecs: req.timeout ?? 0, tag: req.tag ?? "",
+        stdin: req.stdin, window: BigInt(req.window ?? 0), idempotencyKey: req.key ?? "",
+      }, { signal }));
+    if (!r.command) throw new RocheError("roched answered StartCommand without the command");
+    return commandInfo(r.command);
+  }
+
+  async *connectCommand(sid: string, sel: CommandSelector, stdoutOffset: number, stderrOffset: number, signal: AbortSignal): AsyncGenerator<CommandEvent> {
+    try {
+      const init = { sandboxId: sid, command: wireSelector(sel), stdoutOffset: BigInt(stdoutOffset), stderrOffset: BigInt(stderrOffset) };
+      for await (const m of this.client.connectCommand(init, { signal })) {
+        const ev = m.event;
+        if (ev.case === "start") {
+          yield { kind: "start", pid: ev.value.pid, tag: ev.value.tag || undefined, stdoutOffset: Number(ev.value.stdoutOffset), stderrOffset: Number(ev.value.stderrOffset) };
+        } else if (ev.case === "data") {
+          yield { kind: "data", stream: ev.value.stream === OutputStream.STDERR ? "stderr" : "stdout", offset: Number(ev.value.offset), data: ev.value.data };
+        } else if (ev.case === "end") {
+          yield commandEnd(ev.value);
+          return;
+        }
+      }
+      throw new RocheError("roched ended the command's stream without its end");
+    } catch (e) {
+      if (signal.aborted) throw signal.reason;
+      if (e instanceof RocheError) throw e;
+      throw errorFromConnect(e, this.ep);
+    }
+  }
+
+  async listCommands(sid: string, d: Deadline): Promise<CommandInfo[]> {
+    const r = await this.call(d, "ListCommands", (signal) => this.client.listCommands({ sandboxId: sid }, { signal }));
+    return r.commands.map(commandInfo);
+  }
+
+  async sendCommandInput(sid: string, sel: CommandSelector, data: Uint8Array, d: Deadline): Promise<void> {
+    await this.call(d, "SendCommandInput", (signal) => this.client.sendCommandInput({ sandboxId: sid, command: wireSelector(sel), data }, { signal }));
+  }
+
+  async closeCommandInput(sid: string, sel: CommandSelector, d: Deadline): Promise<void> {
+    await this.call(d, "CloseCommandInput", (signal) => this.client.closeCommandInput({ sandboxId: sid, command: wireSelector(sel) }, { signal }));
+  }
+
+  async signalCommand(sid: string, sel: CommandSelector, sig: number, d: Deadline): Promise<void> {
+    await this.call(d, "SignalCommand", (signal) => this.client.signalCommand({ sandboxId: sid, command: wireSelector(sel), signal: sig }, { signal }));
+  }
+
   async destroy(sid: string, d: Deadline): Promise<void> {
     try {
       await this.call(d, "Destroy", (signal) => this.client.destroy({ ids: [sid] }, { signal }));
@@ -729,4 +782,25 @@ export class DaemonTransport implements Transport {
     for (const h of this.holds.values()) h.release();
     this.holds.clear();
   }
+}
+
+function wireSelector(sel: CommandSelector): { selector: { case: "pid"; value: number } | { case: "tag"; value: string } } {
+  return "tag" in sel ? { selector: { case: "tag", value: sel.tag } } : { selector: { case: "pid", value: sel.pid } };
+}
+
+/** A CommandEnd; a missing one is an unknown exit status, never exit 0. */
+function commandEnd(e: WireCommandEnd | undefined): Extract<CommandEvent, { kind: "end" }> {
+  if (!e) return { kind: "end", exitCode: -1, signal: 0, timedOut: false, oomKilled: false, duration: 0, unknown: "roched sent no end" };
+  return { kind: "end", exitCode: e.exitCode, signal: e.signal, timedOut: e.timedOut, oomKilled: e.oomKilled, duration: seconds(e), unknown: e.unknown };
+}
+
+function commandInfo(c: WireCommand): CommandInfo {
+  const end = c.end ? commandEnd(c.end) : undefined;
+  return {
+    pid: c.pid, tag: c.tag || undefined, argv: [...c.cmd], cmd: c.cmd[0] ?? "", args: c.cmd.slice(1), envs: { ...c.env }, cwd: c.workdir,
+    running: c.running, stdin: c.stdin, pty: c.tty, startedAt: c.startedAt ? timestampDate(c.startedAt) : undefined,
+    window: Number(c.window), firstStdout: Number(c.first?.stdout ?? 0n), firstStderr: Number(c.first?.stderr ?? 0n),
+    stdoutBytes: Number(c.written?.stdout ?? 0n), stderrBytes: Number(c.written?.stderr ?? 0n),
+    exitCode: end?.exitCode, signal: end?.signal ?? 0, unknown: end?.unknown ?? "",
+  };
 }

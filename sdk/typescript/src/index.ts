@@ -26,6 +26,15 @@ export {
   type FilesRequestOptions,
 } from "./files.js";
 export {
+  Commands,
+  CommandHandle,
+  MAX_COMMAND_INPUT,
+  type CommandConnectOptions,
+  type CommandInfo,
+  type CommandResult,
+  type CommandRunOptions,
+} from "./commands.js";
+export {
   RocheError,
   SandboxNotFound,
   SandboxTimeout,

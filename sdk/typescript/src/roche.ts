@@ -14,6 +14,7 @@ import {
 import { DaemonTransport, health } from "./daemon.js";
 import { Pty } from "./pty.js";
 import { Files } from "./files.js";
+import { Commands } from "./commands.js";
 import { Deadline } from "./deadline.js";
 import { endpoint, findCLI, where, type Endpoint } from "./discovery.js";
 import { InvalidConfig, ProviderUnavailable, RocheError } from "./errors.js";
@@ -194,6 +195,15 @@ export class Sandbox {
    * getInfo/stat, exists, makeDir, rename, remove and watchDir, content streamed both ways. */
   get files(): Files {
     return new Files(this.t, this.id, this.roche.requestTimeout);
+  }
+
+  /** Commands that belong to the sandbox, E2B's way: `sandbox.commands.run(cmd, { background:
+   * true })` resolves to a handle (pid, wait, kill, sendStdin, closeStdin, disconnect);
+   * `list()`, `connect(pid, { stdoutOffset, stderrOffset })`, `sendStdin`, `closeStdin`, `kill`
+   * and `signal` reach any of them, also from another process, after a disconnect or a restart
+   * of roched. */
+  get commands(): Commands {
+    return new Commands(this.t, this.id, this.roche.requestTimeout);
   }
 
   /** Terminals in this sandbox (through roched): `sandbox.pty.create({ cols, rows, cmd, onData })`

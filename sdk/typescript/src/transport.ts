@@ -2,6 +2,7 @@
 // Both offer the same calls and throw the same typed errors.
 
 import type { CodeItem, CodeRequest, Context } from "./code.js";
+import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
 import type { Deadline } from "./deadline.js";
 import type { EntryInfo, FilesystemEvent } from "./files.js";
 import type { ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
@@ -39,6 +40,15 @@ export interface Transport {
   fileRemove(sid: string, path: string, ms: number): Promise<void>;
   /** undefined once the watch is in place, then its events, until signal aborts. */
   fileWatch(sid: string, path: string, recursive: boolean, idleMs: number, signal: AbortSignal): AsyncGenerator<FilesystemEvent | undefined>;
+  /** Durable commands (commands.ts). */
+  startCommand(sid: string, req: CommandRequest, d: Deadline): Promise<CommandInfo>;
+  /** A command's start, its output from the offsets given, and its end; aborting signal
+   * stops reading (the command goes on). */
+  connectCommand(sid: string, sel: CommandSelector, stdoutOffset: number, stderrOffset: number, signal: AbortSignal): AsyncGenerator<CommandEvent>;
+  listCommands(sid: string, d: Deadline): Promise<CommandInfo[]>;
+  sendCommandInput(sid: string, sel: CommandSelector, data: Uint8Array, d: Deadline): Promise<void>;
+  closeCommandInput(sid: string, sel: CommandSelector, d: Deadline): Promise<void>;
+  signalCommand(sid: string, sel: CommandSelector, sig: number, d: Deadline): Promise<void>;
   /** Lets go of the sandboxes held (leased ones are then destroyed within seconds). */
   close(): Promise<void>;
 }

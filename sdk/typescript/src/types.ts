@@ -34,6 +34,9 @@ export interface OutputEvent {
   data: Uint8Array;
   /** `data` decoded as UTF-8; characters split across events are decoded whole. */
   text: string;
+  /** For a command's output (`sandbox.commands`): the byte offset of `data` in its stream,
+   * counted from the command's start; the next piece starts at offset + data.length. */
+  offset?: number;
 }
 
 /** Describes a sandbox. */

@@ -42,12 +42,15 @@ function answers(socket: string): Promise<boolean> {
 
 /** A roched on a temporary socket. */
 export class Daemon {
-  readonly dir = mkdtempSync(join(tmpdir(), "roche-ts-test-"));
+  readonly dir: string;
   readonly socket: string;
   readonly log: string;
   proc!: ChildProcess;
 
-  constructor(readonly name = "roched", private env: Record<string, string> = {}, private args: string[] = []) {
+  /** dir: one a roched before this one used (its socket and state file), which this one then
+   * serves, as a roched restarted there. */
+  constructor(readonly name = "roched", private env: Record<string, string> = {}, private args: string[] = [], dir?: string) {
+    this.dir = dir ?? mkdtempSync(join(tmpdir(), "roche-ts-test-"));
     this.socket = join(this.dir, `${name}.sock`);
     this.log = join(this.dir, `${name}.log`);
   }
