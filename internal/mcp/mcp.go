@@ -1,5 +1,6 @@
 // Package mcp serves Roche to any Model Context Protocol client (Claude Desktop, Claude
-// Code, Cursor, VS Code, ...): tools to create a sandbox, run commands in it, write and
+// Code, Cursor, VS Code, ...): tools to create a sandbox, run commands in it (in the
+// foreground, or in the background to read from as they go: commands.go), write and
 // read its files, list sandboxes and destroy them. It sits on the same provider access as
 // the CLI (roched when it answers, else the provider in-process) and keeps Roche's secure
 // defaults: a client cannot mount host paths, and cannot turn the network on unless the
@@ -137,7 +138,9 @@ writable /tmp, 512 MiB, 1 CPU, 64 processes, a non-root user, and a lifetime (30
 default) after which the sandbox is destroyed. Create a sandbox, run commands in it
 (e.g. ["python3", "-c", "print(1)"]), move files in and out with write_file and
 read_file, and destroy it when done. To keep files from one sandbox to the next, give
-create_sandbox a workspace name: it is mounted at /workspace and outlives the sandbox.`
+create_sandbox a workspace name: it is mounted at /workspace and outlives the sandbox.
+For a long-running command (a server, a build), start_command returns its pid at once;
+read_command_output reads its output from offsets as it goes, kill_command stops it.`
 
 // MCP is the underlying go-sdk server, for transports of the caller's choosing.
 func (s *Server) MCP() *mcp.Server { return s.server }
@@ -234,6 +237,7 @@ func (s *Server) addTools() {
 		Description: "Destroy a sandbox and everything in it.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(false)},
 	}, s.destroy)
+	s.addCommandTools()
 }
 
 // addTool adds a tool whose input schema is In's, tidied for models (schemaFor), and
@@ -279,6 +283,8 @@ func forModel(err error) error {
 	switch {
 	case errors.Is(err, roche.ErrNotFound), errors.Is(err, roche.ErrImageNotFound):
 		return errors.New(msg)
+	case errors.Is(err, roche.ErrOutputGone):
+		return fmt.Errorf("%s (change the arguments: read again from the first offset still kept)", msg)
 	case errors.Is(err, roche.ErrInvalidConfig), errors.Is(err, roche.ErrUnsupported), errors.Is(err, roche.ErrPermission):
 		return fmt.Errorf("%s (change the arguments and call again)", msg)
 	case errors.Is(err, roche.ErrExhausted), errors.Is(err, roche.ErrInUse):

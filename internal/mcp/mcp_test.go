@@ -134,7 +134,7 @@ func TestTools(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec list_files list_sandboxes read_file run_code write_file" {
+	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec kill_command list_commands list_files list_sandboxes read_command_output read_file run_code start_command write_file" {
 		t.Fatalf("tools: %s", got)
 	}
 
@@ -534,7 +534,7 @@ func TestSchemasForModels(t *testing.T) {
 			if !slices.Equal(schema.Required, []string{"code"}) {
 				t.Errorf("run_code requires %v, want code alone (language defaults to python)", schema.Required)
 			}
-		case "read_file", "list_sandboxes", "list_files":
+		case "read_file", "list_sandboxes", "list_files", "read_command_output", "list_commands":
 			seen++
 			if !readOnly {
 				t.Errorf("%s does not say it is read-only and idempotent: %+v", tool.Name, tool.Annotations)
@@ -545,8 +545,8 @@ func TestSchemasForModels(t *testing.T) {
 			}
 		}
 	}
-	if seen != 5 {
-		t.Fatalf("saw %d of exec, run_code, read_file, list_sandboxes and list_files", seen)
+	if seen != 7 {
+		t.Fatalf("saw %d of exec, run_code, read_file, list_sandboxes, list_files, read_command_output and list_commands", seen)
 	}
 }
 
