@@ -70,6 +70,7 @@ cluster-down:
 # requests per sandbox, reaping and a kill -9 restart (K8SSCALE_FLAGS, e.g. '-n 200').
 bench:
 	go run ./bench/exec
+	go run ./bench/commands $(COMMANDS_BENCH_FLAGS)
 	go run ./bench/runtime $(RUNTIME_BENCH_FLAGS)
 	go run ./bench/cli $(CLI_BENCH_FLAGS)
 	go run ./bench/daemon $(BENCH_FLAGS)
