@@ -102,6 +102,7 @@ func New(opts ...Option) (*Client, error) {
 		WriteBufferSize: 256 << 10,
 	}
 	c := &Client{transport: tr}
+	var copts []connect.ClientOption
 	if o.address != "" {
 		if !strings.HasPrefix(o.address, "http://") && !strings.HasPrefix(o.address, "https://") {
 			return nil, fmt.Errorf("%w: daemon address %q: use https://HOST:PORT (TLS) or http://HOST:PORT (plaintext, loopback)", roche.ErrInvalidConfig, o.address)
@@ -125,8 +126,11 @@ func New(opts ...Option) (*Client, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		}
+		// Nor connect's: roched gzips a message of 32 KiB or more for a client that
+		// accepts it, and on a local socket that cost 7.6 times the time of a 16 MiB
+		// command replay (bench/commands: 356 against 47 ms), files and exec streams alike.
+		copts = append(copts, connect.WithAcceptCompression("gzip", nil, nil))
 	}
-	var copts []connect.ClientOption
 	if o.grpc {
 		tr.Protocols = new(http.Protocols)
 		tr.Protocols.SetUnencryptedHTTP2(true)
