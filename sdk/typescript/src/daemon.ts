@@ -236,6 +236,9 @@ function connectTransport(ep: Endpoint, hold: boolean): ConnectTransport {
     httpVersion: "1.1",
     nodeOptions,
     interceptors: authInterceptor(ep.token),
+    // roched gzips a message of 32 KiB or more for a client that accepts it: on a local
+    // socket that costs far more than it saves (as the Go client found: bench/commands).
+    ...(ep.socket ? { acceptCompression: [] } : {}),
   });
 }
 
