@@ -15,6 +15,7 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/server"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // followed is what one Connect saw: where it started, each stream, and the order of
@@ -56,6 +57,7 @@ func start(t *testing.T, c *guest.Client, req guest.Request) int {
 // TestDurableOffsets: a background command's output is replayed from any offsets still
 // kept, each stream exactly from there on, interleaved as it was written.
 func TestDurableOffsets(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	pid := start(t, client, guest.Request{Cmd: []string{"sh", "-c",
 		`for i in $(seq 1 40); do echo out$i; echo err$i >&2; done; exit 3`}})
 	all, res, err := connect(t, client, guest.Request{PID: pid, From: &guest.Offsets{}})
@@ -99,6 +101,7 @@ func TestDurableOffsets(t *testing.T) {
 
 // TestDurableInterleaved: a replay interleaves the streams as the agent read them.
 func TestDurableInterleaved(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	pid := start(t, client, guest.Request{Cmd: []string{"sh", "-c",
 		`for i in 1 2 3; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done`}})
 	waitEnded(t, client, pid)
@@ -141,6 +144,7 @@ func waitListed(t *testing.T, c *guest.Client, pid int, cond func(guest.Process)
 // TestDurableLive: followers that connect while the command runs get what was written
 // before and what follows, each once, in order.
 func TestDurableLive(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	dir := scratch(t)
 	gate := filepath.Join(dir, "go")
 	pid := start(t, client, guest.Request{Cmd: []string{"sh", "-c",
@@ -173,6 +177,7 @@ func TestDurableLive(t *testing.T) {
 // TestDurableWindow: past its window, a command's oldest output is gone, and asking
 // for it is a clear error naming the first offset still kept, never a silent skip.
 func TestDurableWindow(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	const window = 4096
 	pid := start(t, client, guest.Request{Window: window, Cmd: []string{"sh", "-c",
 		`i=0; while [ $i -lt 2000 ]; do printf '%05d\n' $i; i=$((i+1)); done`}})
@@ -214,6 +219,7 @@ func TestDurableWindow(t *testing.T) {
 // TestDurableStdin: a command started with stdin open reads what is sent until it is
 // closed; one started without refuses input.
 func TestDurableStdin(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, 30*time.Second)
 	pid := start(t, client, guest.Request{Stdin: true, Cmd: []string{"sh", "-c",
 		`while read l; do echo got:$l; done; echo eof; exit 4`}})
@@ -245,6 +251,7 @@ func TestDurableStdin(t *testing.T) {
 // TestDurableTagsAndSignals: commands found by tag, listed with what they were started
 // with; a signal reaches the process group; a death by signal says which.
 func TestDurableTagsAndSignals(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	ctx := ctxT(t, 30*time.Second)
 	dir := scratch(t)
 	pid := start(t, client, guest.Request{Tag: "server", Cwd: dir, Env: map[string]string{"GREETING": "hi"}, Cmd: []string{"sh", "-c",
@@ -276,6 +283,7 @@ func TestDurableTagsAndSignals(t *testing.T) {
 // TestIdempotencyKey: a keyed exec whose connection dropped keeps running, and its
 // retry joins it (output from the start, the real result) instead of starting it twice.
 func TestIdempotencyKey(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	dir := scratch(t)
 	count := filepath.Join(dir, "count")
 	req := guest.Request{Key: "run-" + t.Name(), Cmd: []string{"sh", "-c",
@@ -310,6 +318,7 @@ func TestIdempotencyKey(t *testing.T) {
 
 // TestIdempotencyKeyWhileRunning: the retry of a keyed exec that is still running joins it.
 func TestIdempotencyKeyWhileRunning(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	req := guest.Request{Key: "running-" + t.Name(), Cmd: []string{"sh", "-c", `echo one; sleep 0.5; echo two`}}
 	ctx, drop := context.WithCancel(context.Background())
 	first := make(chan struct{})
@@ -328,6 +337,7 @@ func TestIdempotencyKeyWhileRunning(t *testing.T) {
 
 // TestDurableBounds: at most guest.MaxDurable durable commands run at once.
 func TestDurableBounds(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	for range guest.MaxDurable - runningDurable(t) {
 		start(t, client, guest.Request{Cmd: []string{"sleep", "60"}})
 	}
@@ -355,6 +365,7 @@ func runningDurable(t *testing.T) int {
 // commands' output goes first (asking for it says so); when the sandbox stops, a
 // follower hears that the exit status is not the command's own.
 func TestDurableBudgetAndStop(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	srv, err := server.New(server.Config{Socket: sock, User: fmt.Sprintf("%d:%d", sandboxUser, sandboxUser), KeptOutput: 64 << 10})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/server"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // scratch makes a directory for one test below the sandbox user's tree.
@@ -55,6 +56,7 @@ func walkAll(t *testing.T, p string, depth, max int) ([]guest.FileInfo, error) {
 }
 
 func TestWalkDepthAndEntries(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	ctx := ctxT(t, 30*time.Second)
 	for _, f := range []string{"a/b/c/deep.txt", "a/one.txt", "z.txt"} {
@@ -125,6 +127,7 @@ func TestWalkDepthAndEntries(t *testing.T) {
 // at once with a clear error, and a file that grows while it is read is read to the size
 // it had when the read began.
 func TestReadRefusesWhatIsNotAFile(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	fifo := filepath.Join(base, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
@@ -216,6 +219,7 @@ func (c *countWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); retur
 // it; nothing reaches the victim, with openat2 and with the component walk of kernels
 // without it.
 func TestSymlinkSwapRace(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	for _, noOpenat2 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("openat2=%v", !noOpenat2), func(t *testing.T) {
 			prev := server.SetOpenat2Missing(noOpenat2)
@@ -298,6 +302,7 @@ func TestSymlinkSwapRace(t *testing.T) {
 // TestWriteFailsCleanly: a write past the filesystem's space fails with no_space and
 // leaves no file; one cut short by its client leaves none either.
 func TestWriteFailsCleanly(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	small := filepath.Join(base, "small")
 	if err := os.Mkdir(small, 0o755); err != nil {
@@ -357,6 +362,7 @@ func (c *cancelAfter) Read(p []byte) (int, error) {
 }
 
 func TestMkdirCreatedAndRenameRemove(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	ctx := ctxT(t, 30*time.Second)
 	made, err := client.MkdirCreated(ctx, filepath.Join(base, "x", "y"), true)
@@ -457,6 +463,7 @@ func startWatch(t *testing.T, p string, recursive bool) (*watchCollector, chan e
 }
 
 func TestWatch(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	ctx := ctxT(t, 30*time.Second)
 	col, _, _ := startWatch(t, base, false)
@@ -498,6 +505,7 @@ func TestWatch(t *testing.T) {
 }
 
 func TestWatchRecursive(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	ctx := ctxT(t, 30*time.Second)
 	if err := client.WriteFile(ctx, filepath.Join(base, "old", "x"), strings.NewReader("x"), 0o644, true); err != nil {
@@ -547,6 +555,7 @@ func TestWatchRecursive(t *testing.T) {
 // TestWatchOverflow: a client that stops reading loses events, and is told how many in
 // an overflow event instead of silently.
 func TestWatchOverflow(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -616,6 +625,7 @@ func TestWatchOverflow(t *testing.T) {
 // user's per-uid limit, not root's (which the host shares): with the user's instances
 // used up by a program in the sandbox, a watch is refused with a clear error.
 func TestWatchChargesTheSandboxUser(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	hog := `
 import ctypes, time
@@ -685,6 +695,7 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 // TestWatchLimit: an agent serves at most guest.MaxWatches watches at once. (Watches of
 // earlier tests may still be closing: watches are started until one is refused.)
 func TestWatchLimit(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
 	base := scratch(t)
 	for i := 0; ; i++ {
 		ctx, cancel := context.WithCancel(context.Background())
