@@ -115,6 +115,18 @@ func (p *Provider) exited(id string) {
 	}
 }
 
+// unwatchExit ends the watch of sandbox id's PID 1 without a teardown: the caller is
+// tearing the sandbox down itself, and the exit its destroy causes would otherwise start
+// a second teardown (one more run of the runtime to ask the container's state, one more
+// delete), which Close, and so a one-shot roche run, waits for.
+func (p *Provider) unwatchExit(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if f := p.exitWatches[id]; f != nil {
+		f.Close()
+	}
+}
+
 // stopExitWatches ends every watch (Close) and waits for the teardowns under way.
 func (p *Provider) stopExitWatches() {
 	p.mu.Lock()

@@ -8,6 +8,7 @@ import "time"
 
 func (p *Provider) watchExit(*sandbox) {}
 func (p *Provider) stopExitWatches()   {}
+func (p *Provider) unwatchExit(string) {}
 
 func stopRunsOf(string) bool { return false }
 

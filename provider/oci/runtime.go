@@ -3,7 +3,9 @@ package oci
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,6 +68,9 @@ type ociRuntime struct {
 	// seccompBPF is Roche's seccomp filter as crun compiled it for an earlier sandbox,
 	// base64 (see learnSeccomp); nil until then, and always for runc.
 	seccompBPF atomic.Pointer[string]
+	// seccompFile keeps that compilation on disk for the next process, under seccompKey
+	// (see loadSeccomp); "" keeps it in this process only.
+	seccompFile, seccompKey string
 
 	// Deletes waiting for crun (see deleteBatched), and whether a run is under way.
 	delMu      sync.Mutex
@@ -123,17 +128,115 @@ func (r *ociRuntime) learnSeccomp(id string) {
 		return
 	}
 	b, err := os.ReadFile(filepath.Join(r.root, id, "seccomp.bpf"))
-	if err != nil || len(b) == 0 || len(b)%8 != 0 || len(b) > maxSeccompBPF {
+	if err != nil || !validBPF(b) {
 		r.log.Debug("crun's compiled seccomp filter is not usable; it compiles it for every sandbox", "id", id, "bytes", len(b), "err", err)
 		return
 	}
 	s := base64.StdEncoding.EncodeToString(b)
-	r.seccompBPF.CompareAndSwap(nil, &s)
+	if r.seccompBPF.CompareAndSwap(nil, &s) {
+		r.saveSeccomp(b)
+	}
 }
 
 // forgetSeccomp drops the compiled filter, after a run of the runtime failed: the next
-// sandbox compiles it again.
-func (r *ociRuntime) forgetSeccomp() { r.seccompBPF.Store(nil) }
+// sandbox compiles it again, and so does the next process.
+func (r *ociRuntime) forgetSeccomp() {
+	r.seccompBPF.Store(nil)
+	if r.seccompFile != "" {
+		os.Remove(r.seccompFile)
+	}
+}
+
+// The compiled filter on disk. Each process that runs sandboxes (roche run, one per
+// command, with no roched) would otherwise have crun compile the filter with libseccomp
+// for its first sandbox; the compilation is kept in the state directory instead, under
+// a key of everything it depends on: the runtime binary (path, size and mtime), how it
+// runs (hideUnified), the kernel (libseccomp picks what it emits by the kernel it runs
+// on) and the filter itself. The state directory is on /run, so a reboot clears it; a
+// libseccomp upgraded without one keeps the older compilation of the same filter. The
+// entry carries its own digest, so that a torn or corrupted file is seen and compiled
+// again, and it is read only when no one but root could have written it (readPrivate):
+// a planted entry would replace Roche's filter in every sandbox.
+
+// seccompEntry is the file's content.
+type seccompEntry struct {
+	Key    string `json:"key"`
+	SHA256 string `json:"sha256"` // of the filter's bytes
+	BPF    string `json:"bpf"`    // base64
+}
+
+// maxSeccompEntry bounds the file: the largest filter in base64, and the rest.
+const maxSeccompEntry = maxSeccompBPF*4/3 + 4096
+
+// seccompKey is the cache key of Roche's filter compiled by r, "" when it cannot be made.
+func seccompKey(r *ociRuntime) string {
+	f, err := seccompFilter()
+	if err != nil {
+		return ""
+	}
+	js, err := json.Marshal(f)
+	if err != nil {
+		return ""
+	}
+	h := sha256.New()
+	osRelease, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	osVersion, _ := os.ReadFile("/proc/sys/kernel/version")
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%v\x00%s\x00%s\x00", r.name, r.path, binaryStamp(r.path), r.hideUnified,
+		bytes.TrimSpace(osRelease), bytes.TrimSpace(osVersion))
+	h.Write(js)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// validBPF: a whole number of instructions, no more than the kernel loads.
+func validBPF(b []byte) bool { return len(b) > 0 && len(b)%8 == 0 && len(b) <= maxSeccompBPF }
+
+// loadSeccomp sets up the disk cache of crun's compiled filter under the state directory
+// and takes the compilation found there when its key matches and it is whole; one that
+// is stale or damaged is left to be replaced by the next compilation.
+func (p *Provider) loadSeccomp(r *ociRuntime) {
+	if r.name != RuntimeCrun {
+		return
+	}
+	key := seccompKey(r)
+	if key == "" {
+		return
+	}
+	r.seccompFile, r.seccompKey = filepath.Join(p.stateDir, "seccomp-"+r.name+".json"), key
+	b, err := readPrivate(r.seccompFile, maxSeccompEntry)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			p.log.Warn("ignoring the compiled seccomp filter on disk; crun compiles it again", "file", r.seccompFile, "err", err)
+		}
+		return
+	}
+	var e seccompEntry
+	if err := json.Unmarshal(b, &e); err != nil || e.Key != key {
+		p.log.Debug("the compiled seccomp filter on disk is stale; crun compiles it again", "file", r.seccompFile, "err", err)
+		return
+	}
+	bpf, err := base64.StdEncoding.DecodeString(e.BPF)
+	if sum := sha256.Sum256(bpf); err != nil || !validBPF(bpf) || hex.EncodeToString(sum[:]) != e.SHA256 {
+		p.log.Warn("the compiled seccomp filter on disk is damaged; crun compiles it again", "file", r.seccompFile, "bytes", len(bpf), "err", err)
+		return
+	}
+	s := base64.StdEncoding.EncodeToString(bpf)
+	r.seccompBPF.Store(&s)
+}
+
+// saveSeccomp keeps crun's compilation bpf on disk for the next process.
+func (r *ociRuntime) saveSeccomp(bpf []byte) {
+	if r.seccompFile == "" {
+		return
+	}
+	sum := sha256.Sum256(bpf)
+	b, err := json.Marshal(seccompEntry{Key: r.seccompKey, SHA256: hex.EncodeToString(sum[:]), BPF: base64.StdEncoding.EncodeToString(bpf)})
+	if err == nil {
+		err = writePrivate(r.seccompFile, b)
+	}
+	if err != nil {
+		r.log.Debug("keeping the compiled seccomp filter on disk", "file", r.seccompFile, "err", err)
+	}
+}
 
 // runtimeCmd is one run of the runtime: an exec.Cmd whose Start, and so Run, Output and
 // CombinedOutput, run the sealed copy while there is one and honour hideUnified.
@@ -441,6 +544,7 @@ func (p *Provider) resolveRuntime(ctx context.Context) (*ociRuntime, error) {
 			}
 			continue
 		}
+		p.loadSeccomp(r)
 		if f, err := sealBinary(r.path); err == nil {
 			r.sealed = f
 		} else {
@@ -466,7 +570,7 @@ func (p *Provider) probe(ctx context.Context, r *ociRuntime) error {
 		stamp += "-hybrid" // a verdict from before the runtime ran that way does not hold
 	}
 	var known probeResult
-	if b, err := os.ReadFile(file); err == nil && json.Unmarshal(b, &known) == nil && known.Binary == r.path && known.Stamp == stamp {
+	if b, err := readPrivate(file, 64<<10); err == nil && json.Unmarshal(b, &known) == nil && known.Binary == r.path && known.Stamp == stamp {
 		if known.Err != "" {
 			return errors.New(known.Err)
 		}
@@ -482,7 +586,7 @@ func (p *Provider) probe(ctx context.Context, r *ociRuntime) error {
 		res.Err = err.Error()
 	}
 	if b, merr := json.Marshal(res); merr == nil {
-		_ = os.WriteFile(file, b, 0o600)
+		_ = writePrivate(file, b)
 	}
 	p.log.Info("probed OCI runtime", "runtime", r.name, "ok", err == nil, "took", res.Took.Round(time.Millisecond), "err", err)
 	return err

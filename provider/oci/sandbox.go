@@ -298,6 +298,7 @@ func makeStubs(stubs, image string, points []mountPoint) error {
 // destroy causes).
 func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) error {
 	defer p.tearingDown(s.ID)()
+	p.unwatchExit(s.ID)
 	p.forget(s.ID)
 	p.leases.Drop(s.ID)
 	p.proxies.stop(s.runDir())
