@@ -2,11 +2,11 @@ package oci_test
 
 import (
 	"context"
-	"errors"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
