@@ -58,6 +58,8 @@ cluster-down:
 # FILES_BENCH_FLAGS, e.g. '-n 3 -size 50m'), then
 # 1,000 leased create+exec+destroy cycles through roched, reporting its memory,
 # descriptors and goroutines before and after (bench/soak; SOAK_FLAGS, e.g. '-n 200').
+# bench/oneshot times roche run with no roched, oci (root) and wasm, against docker run
+# (ONESHOT_BENCH_FLAGS, e.g. '-n 10', or '-compare DIR' with an earlier build's binaries).
 # bench/oci makes sandboxes with the oci provider (root; runc or crun) against the bare
 # Engine API create+start: cold create, create+exec+destroy, memory per idle sandbox
 # (OCI_BENCH_FLAGS, e.g. '-n 10').
@@ -76,6 +78,7 @@ bench:
 	go run ./bench/daemon $(BENCH_FLAGS)
 	go run ./bench/wasm $(WASM_BENCH_FLAGS)
 	go run ./bench/oci $(OCI_BENCH_FLAGS)
+	go run ./bench/oneshot $(ONESHOT_BENCH_FLAGS)
 	go run ./bench/vm $(VM_BENCH_FLAGS)
 	go run ./bench/kubernetes $(K8S_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)
