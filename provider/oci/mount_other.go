@@ -27,6 +27,3 @@ func sealBinary(string) (*os.File, error)                       { return nil, er
 func stateOnTmpfs(context.Context, string) (bool, error)        { return false, nil }
 
 func (*Provider) openLayout(string) (*os.Root, error) { return nil, errNotLinux }
-
-func readPrivate(string, int64) ([]byte, error) { return nil, errNotLinux }
-func writePrivate(string, []byte) error         { return errNotLinux }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
+	"github.com/roche-sandbox/roche/provider/internal/statedir"
 )
 
 // Runtimes the provider drives, fastest first: the default is the first of them that
@@ -155,7 +156,7 @@ func (r *ociRuntime) forgetSeccomp() {
 // on) and the filter itself. The state directory is on /run, so a reboot clears it; a
 // libseccomp upgraded without one keeps the older compilation of the same filter. The
 // entry carries its own digest, so that a torn or corrupted file is seen and compiled
-// again, and it is read only when no one but root could have written it (readPrivate):
+// again, and it is read only when no one but root could have written it (statedir.ReadPrivate):
 // a planted entry would replace Roche's filter in every sandbox.
 
 // seccompEntry is the file's content.
@@ -202,7 +203,7 @@ func (p *Provider) loadSeccomp(r *ociRuntime) {
 		return
 	}
 	r.seccompFile, r.seccompKey = filepath.Join(p.stateDir, "seccomp-"+r.name+".json"), key
-	b, err := readPrivate(r.seccompFile, maxSeccompEntry)
+	b, err := statedir.ReadPrivate(r.seccompFile, maxSeccompEntry)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			p.log.Warn("ignoring the compiled seccomp filter on disk; crun compiles it again", "file", r.seccompFile, "err", err)
@@ -231,7 +232,7 @@ func (r *ociRuntime) saveSeccomp(bpf []byte) {
 	sum := sha256.Sum256(bpf)
 	b, err := json.Marshal(seccompEntry{Key: r.seccompKey, SHA256: hex.EncodeToString(sum[:]), BPF: base64.StdEncoding.EncodeToString(bpf)})
 	if err == nil {
-		err = writePrivate(r.seccompFile, b)
+		err = statedir.WritePrivate(r.seccompFile, b)
 	}
 	if err != nil {
 		r.log.Debug("keeping the compiled seccomp filter on disk", "file", r.seccompFile, "err", err)
@@ -570,7 +571,7 @@ func (p *Provider) probe(ctx context.Context, r *ociRuntime) error {
 		stamp += "-hybrid" // a verdict from before the runtime ran that way does not hold
 	}
 	var known probeResult
-	if b, err := readPrivate(file, 64<<10); err == nil && json.Unmarshal(b, &known) == nil && known.Binary == r.path && known.Stamp == stamp {
+	if b, err := statedir.ReadPrivate(file, 64<<10); err == nil && json.Unmarshal(b, &known) == nil && known.Binary == r.path && known.Stamp == stamp {
 		if known.Err != "" {
 			return errors.New(known.Err)
 		}
@@ -586,7 +587,7 @@ func (p *Provider) probe(ctx context.Context, r *ociRuntime) error {
 		res.Err = err.Error()
 	}
 	if b, merr := json.Marshal(res); merr == nil {
-		_ = writePrivate(file, b)
+		_ = statedir.WritePrivate(file, b)
 	}
 	p.log.Info("probed OCI runtime", "runtime", r.name, "ok", err == nil, "took", res.Took.Round(time.Millisecond), "err", err)
 	return err

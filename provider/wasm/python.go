@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	"github.com/tetratelabs/wazero"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/statedir"
 )
 
 const (
@@ -89,16 +92,9 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	}
 	path, verify := p.PythonPath()
 	start := time.Now()
-	bin, err := os.ReadFile(path)
+	bin, err := p.readPython(path, verify)
 	if err != nil {
-		return nil, missingPython(path, err)
-	}
-	if verify {
-		sum := sha256.Sum256(bin)
-		if got := hex.EncodeToString(sum[:]); got != pythonSHA256 {
-			return nil, &roche.Remedy{Err: fmt.Errorf("%w: python.wasm at %s has sha256 %s, want %s: delete it",
-				roche.ErrUnavailable, path, got, pythonSHA256), Run: FetchHint}
-		}
+		return nil, err
 	}
 	read := time.Since(start)
 	// Compiled without the caller's context: wazero reads experimental hooks (function
@@ -116,4 +112,68 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 		"disk_cache", p.cache != nil)
 	p.python = mod
 	return mod, nil
+}
+
+// verifiedFile, in the state directory, names the version of python.wasm last found to
+// have the pinned digest (fileStamp), so that the next process need not hash its 26 MB
+// again (tens of milliseconds of a one-shot roche run). It is read only when private to
+// this user (statedir.ReadPrivate): one planted by another would pass a module of theirs.
+const verifiedFile = "python-verified.json"
+
+// verifiedStamp is verifiedFile's content.
+type verifiedStamp struct {
+	Path   string `json:"path"`
+	Stamp  string `json:"stamp"`
+	SHA256 string `json:"sha256"`
+}
+
+// readPython reads python.wasm at path and, when verify, checks it has the pinned
+// digest, unless this version of the file (its stamp, the same before and after the
+// read) was found to have it before.
+func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, missingPython(path, err)
+	}
+	defer f.Close()
+	before, err := f.Stat()
+	if err != nil {
+		return nil, missingPython(path, err)
+	}
+	bin, err := io.ReadAll(f)
+	if err != nil {
+		return nil, missingPython(path, err)
+	}
+	if !verify {
+		return bin, nil
+	}
+	stamp := ""
+	if after, err := f.Stat(); err == nil && fileStamp(before) == fileStamp(after) {
+		stamp = fileStamp(after)
+	}
+	want := verifiedStamp{Path: path, Stamp: stamp, SHA256: pythonSHA256}
+	file := filepath.Join(p.stateDir, verifiedFile)
+	if stamp != "" {
+		var got verifiedStamp
+		b, err := statedir.ReadPrivate(file, 4096)
+		if err == nil && json.Unmarshal(b, &got) == nil && got == want {
+			return bin, nil
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			p.log.Warn("wasm: ignoring the record of python.wasm's digest; hashing it again", "file", file, "err", err)
+		}
+	}
+	sum := sha256.Sum256(bin)
+	if got := hex.EncodeToString(sum[:]); got != pythonSHA256 {
+		return nil, &roche.Remedy{Err: fmt.Errorf("%w: python.wasm at %s has sha256 %s, want %s: delete it",
+			roche.ErrUnavailable, path, got, pythonSHA256), Run: FetchHint}
+	}
+	if stamp != "" {
+		if b, err := json.Marshal(want); err == nil {
+			if err := statedir.WritePrivate(file, b); err != nil {
+				p.log.Debug("wasm: recording python.wasm's digest", "file", file, "err", err)
+			}
+		}
+	}
+	return bin, nil
 }

@@ -1,4 +1,6 @@
-package oci
+//go:build unix
+
+package statedir
 
 import (
 	"errors"
@@ -8,18 +10,17 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/roche-sandbox/roche/provider/internal/statedir"
 )
 
-// readPrivate reads a file this process's user wrote for itself (a cache under the state
-// directory), or refuses it: it must be a regular file reached without following a link,
-// owned by this user, with one name and no permission for anyone else, in a directory
-// that only this user or root may change (statedir.Check). What a create trusts from
-// disk (crun's compiled seccomp filter, which replaces Roche's filter in the sandbox; the
-// runtime probe's verdict) must be something another local user could not have written.
-func readPrivate(path string, limit int64) ([]byte, error) {
-	if err := statedir.Check(filepath.Dir(path)); err != nil {
+// ReadPrivate reads a file this process's user wrote for itself (a cache under a
+// provider's state directory), or refuses it: it must be a regular file reached without
+// following a link, owned by this user, with one name and no permission for anyone else,
+// in a directory that only this user or root may change (Check), and at most limit
+// bytes. What a provider trusts from such a cache (crun's compiled seccomp filter, which
+// replaces Roche's filter in a sandbox; a runtime probe's verdict; python.wasm's
+// verified digest) must be something another local user could not have written.
+func ReadPrivate(path string, limit int64) ([]byte, error) {
+	if err := Check(filepath.Dir(path)); err != nil {
 		return nil, err
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
@@ -54,9 +55,9 @@ func readPrivate(path string, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// writePrivate replaces path with b, mode 0600, through a temporary file renamed into
+// WritePrivate replaces path with b, mode 0600, through a temporary file renamed into
 // place, so that a reader never sees it half written.
-func writePrivate(path string, b []byte) error {
+func WritePrivate(path string, b []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-")
 	if err != nil {
 		return err
