@@ -27,3 +27,9 @@ func sealBinary(string) (*os.File, error)                       { return nil, er
 func stateOnTmpfs(context.Context, string) (bool, error)        { return false, nil }
 
 func (*Provider) openLayout(string) (*os.Root, error) { return nil, errNotLinux }
+
+type socketWatch struct{}
+
+func watchSocket(string) *socketWatch     { return nil }
+func (*socketWatch) wait(context.Context) {}
+func (*socketWatch) close()               {}

@@ -173,6 +173,8 @@ func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) (err e
 		return err
 	}
 	defer logf.Close()
+	watch := watchSocket(s.agent.Socket())
+	defer watch.close()
 	cmd := rt.command(ctx, "run", "--detach", "--bundle", s.dir, "--pid-file", filepath.Join(s.dir, "pid"), s.ID)
 	// The agent's stdio is the log file: nothing of this process is held open by it.
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
@@ -185,7 +187,10 @@ func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) (err e
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	ready := make(chan error, 1)
-	go func() { ready <- s.agent.WaitReady(wctx) }()
+	go func() {
+		watch.wait(wctx)
+		ready <- s.agent.WaitReady(wctx)
+	}()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
