@@ -9,6 +9,7 @@ import (
 	"bytes"
 	_ "embed"
 	"encoding/json"
+	"sync"
 )
 
 //go:generate go run ./internal/seccompgen -o seccomp.json
@@ -23,18 +24,20 @@ import (
 var profile []byte
 
 // dockerOpt is the security option that applies the profile; the engine takes the
-// profile's JSON itself, compacted to keep each container's stored config small.
-var dockerOpt = func() string {
+// profile's JSON itself, compacted to keep each container's stored config small. It is
+// made on first use, not when the package initialises: every run of roched, and of the
+// full CLI, links this package, and most never make a Docker sandbox.
+var dockerOpt = sync.OnceValue(func() string {
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, profile); err != nil {
 		panic("provider/internal/seccomp/seccomp.json is not JSON: " + err.Error())
 	}
 	return "seccomp=" + buf.String()
-}()
+})
 
 // Profile returns Roche's seccomp profile in Docker's format (seccomp.json).
 func Profile() []byte { return bytes.Clone(profile) }
 
 // DockerOpt is the Docker security option (HostConfig.SecurityOpt) that applies the
 // profile to a container.
-func DockerOpt() string { return dockerOpt }
+func DockerOpt() string { return dockerOpt() }
