@@ -101,6 +101,12 @@ func run() error {
 	if *compare != "" {
 		builds = append(builds, build{"compared build", *compare})
 	}
+	for i := range builds {
+		// Absolute: roche-agent's path goes into each sandbox's bundle as a mount source.
+		if builds[i].dir, err = filepath.Abs(builds[i].dir); err != nil {
+			return err
+		}
+	}
 	if *withWM {
 		w, err := wasm.New()
 		if err != nil {
