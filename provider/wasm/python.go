@@ -140,9 +140,14 @@ func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
 	if err != nil {
 		return nil, missingPython(path, err)
 	}
-	bin, err := io.ReadAll(f)
-	if err != nil {
+	// Read in one piece of its size (io.ReadAll's growing buffer copies 26 MB over and
+	// over); a file that grew meanwhile shows as a changed stamp below, or as more to read.
+	bin := make([]byte, before.Size())
+	if _, err := io.ReadFull(f, bin); err != nil {
 		return nil, missingPython(path, err)
+	}
+	if n, _ := f.Read(make([]byte, 1)); n > 0 {
+		return nil, fmt.Errorf("%w: python.wasm at %s changed while it was read: try again", roche.ErrUnavailable, path)
 	}
 	if !verify {
 		return bin, nil
