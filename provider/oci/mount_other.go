@@ -33,3 +33,5 @@ type socketWatch struct{}
 func watchSocket(string) *socketWatch     { return nil }
 func (*socketWatch) wait(context.Context) {}
 func (*socketWatch) close()               {}
+
+func (*Provider) claimSweep(time.Duration) bool { return true }

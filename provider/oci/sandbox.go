@@ -513,10 +513,16 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 // sweepSoon clears away, in the background and at most once a minute, the sandboxes
 // whose lifetime ended (their agent stopped, which stops the container, but their mounts
 // and directories stay until removed): a restarted process clears what the last one left.
+// Once a minute per state directory, not per process (claimSweep): every one-shot roche
+// run is a process of its own, and would otherwise list the runtime's containers, and
+// wait for that on its way out, each time.
 func (p *Provider) sweepSoon() {
 	now := time.Now().UnixNano()
 	last := p.lastSweep.Load()
 	if now-last < int64(time.Minute) || !p.lastSweep.CompareAndSwap(last, now) {
+		return
+	}
+	if !p.claimSweep(time.Minute) {
 		return
 	}
 	p.sweeps.Add(1)

@@ -6,10 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche/internal/flock"
+	"github.com/roche-sandbox/roche/provider/internal/statedir"
 )
 
 // stateTmpfs is how the state directory's own tmpfs is mounted: the directory's mode,
@@ -69,4 +72,25 @@ func holdsState(dir string) bool {
 		}
 	}
 	return false
+}
+
+// sweepStamp, in the state directory, is when a process last swept it (sweepSoon).
+const sweepStamp = "last-sweep"
+
+// claimSweep reports whether this process is to sweep the state directory now: no
+// process did within every, by the stamp's mtime, which it then sets. A stamp another
+// user could have set is not believed (it would put sweeps off).
+func (p *Provider) claimSweep(every time.Duration) bool {
+	file := filepath.Join(p.stateDir, sweepStamp)
+	if fi, err := os.Lstat(file); err == nil {
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if ok && fi.Mode().IsRegular() && fi.Mode().Perm()&0o022 == 0 && st.Uid == uint32(os.Geteuid()) &&
+			time.Since(fi.ModTime()) < every {
+			return false
+		}
+	}
+	if err := statedir.WritePrivate(file, nil); err != nil {
+		p.log.Debug("stamping the sweep of the state directory", "file", file, "err", err)
+	}
+	return true
 }
