@@ -94,6 +94,10 @@ type Config struct {
 	// FromSnapshot creates the sandbox from a snapshot (see Snapshotter) instead of
 	// Image: its files as they were, without its processes.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Metadata is the caller's key/value labels, kept with the sandbox and returned as
+	// SandboxInfo.Metadata; ListFilter selects on them. Bounded (MaxMetadataPairs, ...),
+	// and no key may be Roche's own (ReservedMetadataPrefix): see MetadataKeyProblem.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // WorkspacePath is where a workspace appears inside a sandbox.

@@ -116,6 +116,7 @@ func (c Config) limitProblems() []string {
 	if len(c.NetworkAllowlist) > MaxAllowlist {
 		add("network_allowlist has %d entries, over the limit of %d", len(c.NetworkAllowlist), MaxAllowlist)
 	}
+	problems = append(problems, metadataProblems(c.Metadata)...)
 	return append(problems, envProblems("env", c.Env)...)
 }
 

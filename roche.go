@@ -201,6 +201,8 @@ type SandboxInfo struct {
 	// list, adopt and collect it; "" when nobody in particular did (a library caller).
 	// The program that creates it sets it, never a user or an API caller.
 	Owner string `json:"owner,omitempty"`
+	// Metadata is what the create was given as Config.Metadata.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // Expired reports whether the sandbox has outlived its lifetime at now.

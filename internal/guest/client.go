@@ -386,6 +386,11 @@ func (c *Client) Keep(ctx context.Context) error {
 	return c.call(ctx, Request{Op: OpLease, Keep: true}, nil)
 }
 
+// SetLifetime makes the agent end the sandbox d from now, sooner or later than it was to.
+func (c *Client) SetLifetime(ctx context.Context, d time.Duration) error {
+	return c.call(ctx, Request{Op: OpLifetime, LifetimeMS: max(d.Milliseconds(), 1)}, nil)
+}
+
 // call performs a request with a single JSON reply.
 func (c *Client) call(ctx context.Context, req Request, v any) error {
 	s, err := c.open(ctx, req)

@@ -62,6 +62,10 @@ const (
 	// Keep it ends the lease instead, and the sandbox lives out its lifetime. Only a
 	// sandbox started with a lease (--lease-grace) has one.
 	OpLease = "lease"
+	// OpLifetime ends the sandbox LifetimeMS from now instead of when it was to end,
+	// sooner or later: the agent's own timer, the one that ends the sandbox, is reset.
+	// Only a sandbox started with a lifetime has one to reset.
+	OpLifetime = "lifetime"
 
 	// Code contexts: long-lived interpreters (internal/guest/kernel) that keep their variables
 	// from one cell to the next. code_run streams stdout and stderr frames and code
@@ -150,6 +154,9 @@ type Request struct {
 
 	// lease
 	Keep bool `json:"keep,omitempty"`
+
+	// lifetime: what is left of it from now, in milliseconds (at least 1)
+	LifetimeMS int64 `json:"lifetime_ms,omitempty"`
 
 	// code contexts (with Cwd, Env, TimeoutMS and OutputLimit above; Cwd and Env start
 	// the interpreter of a context made by the call)

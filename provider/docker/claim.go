@@ -99,6 +99,9 @@ func (p *Provider) claimed(agentDir string, owner *string, expires *time.Time) {
 	if ok {
 		*owner, *expires = c.Owner, c.Expires
 	}
+	if t, ok := p.readExpires(agentDir); ok {
+		*expires = t
+	}
 }
 
 // ownAgentDir returns dir when it is one of this engine's agent directories (a label

@@ -579,6 +579,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec, who runAs, withAgen
 	return roche.SandboxInfo{
 		ID: id, Provider: p.Name(), Image: cfg.Image, State: roche.StateRunning,
 		CreatedAt: now, ExpiresAt: expires, Transport: sb.transport(), Owner: cfg.Owner,
+		Metadata: cfg.Metadata,
 	}, nil
 }
 
@@ -958,7 +959,7 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	}
 	return roche.SandboxInfo{
 		ID: c.ID, Provider: p.Name(), Image: s.cfg.Image, State: state, CreatedAt: created, ExpiresAt: s.expires,
-		Transport: s.transport(), Owner: s.cfg.Owner,
+		Transport: s.transport(), Owner: s.cfg.Owner, Metadata: s.cfg.Metadata,
 	}, nil
 }
 
@@ -1116,7 +1117,7 @@ func (p *Provider) List(ctx context.Context) (_ []roche.SandboxInfo, err error) 
 		info := roche.SandboxInfo{
 			ID: c.ID, Provider: p.Name(), Image: img, State: stateOf(c.State),
 			CreatedAt: time.Unix(c.Created, 0), ExpiresAt: expiresFromLabels(c.Labels),
-			Transport: c.Labels[LabelTransport], Owner: cfg.Owner,
+			Transport: c.Labels[LabelTransport], Owner: cfg.Owner, Metadata: cfg.Metadata,
 		}
 		if info.Transport == TransportAgent {
 			p.claimed(c.Labels[LabelAgentDir], &info.Owner, &info.ExpiresAt)

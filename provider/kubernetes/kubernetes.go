@@ -773,7 +773,7 @@ func (p *Provider) info(pod *corev1.Pod) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: pod.Name, Provider: Name, Image: img, State: stateOf(pod),
 		CreatedAt: pod.CreationTimestamp.Time, ExpiresAt: expiresOf(pod.Labels),
-		Transport: "agent", Owner: pod.Annotations[AnnotationOwner],
+		Transport: "agent", Owner: pod.Annotations[AnnotationOwner], Metadata: cfg.Metadata,
 	}
 }
 

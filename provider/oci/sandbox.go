@@ -398,7 +398,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 func (p *Provider) info(s *sandbox, state roche.SandboxState) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: s.ID, Provider: Name, Image: s.Config.Image, State: state, CreatedAt: s.Created,
-		ExpiresAt: s.Expires, Transport: agentspec.Transport, Owner: s.Config.Owner,
+		ExpiresAt: s.Expires, Transport: agentspec.Transport, Owner: s.Config.Owner, Metadata: s.Config.Metadata,
 	}
 }
 

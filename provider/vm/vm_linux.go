@@ -595,6 +595,7 @@ func (s *sandbox) info(state roche.SandboxState) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: s.ID, Provider: s.Hypervisor, Image: s.Image, State: state,
 		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, Transport: "agent", Owner: s.Config.Owner,
+		Metadata: s.Config.Metadata,
 	}
 }
 

@@ -59,7 +59,7 @@ func (r record) info() roche.SandboxInfo {
 	// to a caller, as a started container is.
 	return roche.SandboxInfo{
 		ID: r.ID, Provider: "wasm", Image: r.Config.Image, State: roche.StateRunning,
-		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Owner: r.Config.Owner,
+		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Owner: r.Config.Owner, Metadata: r.Config.Metadata,
 	}
 }
 

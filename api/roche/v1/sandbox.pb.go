@@ -2241,7 +2241,12 @@ type SandboxConfig struct {
 	// caller stops holding it (Hold: the stream ends when the caller's process does), or
 	// when no Hold came within 10 s of the create. Without it the sandbox lives out its
 	// timeout_secs.
-	Leased        bool `protobuf:"varint,17,opt,name=leased,proto3" json:"leased,omitempty"`
+	Leased bool `protobuf:"varint,17,opt,name=leased,proto3" json:"leased,omitempty"`
+	// Key/value labels kept with the sandbox and returned wherever it is described; List
+	// filters on them. At most 32 pairs; a key is 1-63 letters, digits, '_', '.', '-' or
+	// '/', starting with a letter or digit and not with "roche" (Roche's own); a value at
+	// most 512 bytes of UTF-8 without control characters.
+	Metadata      map[string]string `protobuf:"bytes,18,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2395,6 +2400,13 @@ func (x *SandboxConfig) GetLeased() bool {
 	return false
 }
 
+func (x *SandboxConfig) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
 // Mount binds a host path (on the daemon's host) into the sandbox.
 type Mount struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2470,7 +2482,9 @@ type Sandbox struct {
 	Transport string `protobuf:"bytes,7,opt,name=transport,proto3" json:"transport,omitempty"`
 	// owner says who made the sandbox: "roched:INSTANCE/TENANT" for a daemon's client,
 	// "cli:USER@HOST" for the direct-mode CLI. A create cannot set it: roched does.
-	Owner         string `protobuf:"bytes,8,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,8,opt,name=owner,proto3" json:"owner,omitempty"`
+	// metadata is what the create was given (SandboxConfig.metadata).
+	Metadata      map[string]string `protobuf:"bytes,9,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2559,6 +2573,13 @@ func (x *Sandbox) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *Sandbox) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
 }
 
 type CreateRequest struct {
@@ -3408,7 +3429,11 @@ func (x *DestroyResponse) GetSkipped() []*SkippedProvider {
 type ListRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// provider limits the list to one provider when given.
-	Provider      string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	Provider string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	// metadata keeps the sandboxes whose metadata has every pair given.
+	Metadata map[string]string `protobuf:"bytes,2,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// state, when given, keeps the sandboxes in that state.
+	State         SandboxState `protobuf:"varint,3,opt,name=state,proto3,enum=roche.v1.SandboxState" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3448,6 +3473,20 @@ func (x *ListRequest) GetProvider() string {
 		return x.Provider
 	}
 	return ""
+}
+
+func (x *ListRequest) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *ListRequest) GetState() SandboxState {
+	if x != nil {
+		return x.State
+	}
+	return SandboxState_SANDBOX_STATE_UNSPECIFIED
 }
 
 type ListResponse struct {
@@ -3653,6 +3692,103 @@ func (x *InspectResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type SetTimeoutRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// timeout_secs is the lifetime left from now, at least 1.
+	TimeoutSecs   int32 `protobuf:"varint,2,opt,name=timeout_secs,json=timeoutSecs,proto3" json:"timeout_secs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutRequest) Reset() {
+	*x = SetTimeoutRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutRequest) ProtoMessage() {}
+
+func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
+func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *SetTimeoutRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetTimeoutRequest) GetTimeoutSecs() int32 {
+	if x != nil {
+		return x.TimeoutSecs
+	}
+	return 0
+}
+
+type SetTimeoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutResponse) Reset() {
+	*x = SetTimeoutResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutResponse) ProtoMessage() {}
+
+func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
+func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type PauseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -3662,7 +3798,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3810,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3823,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -3705,7 +3841,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3717,7 +3853,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3730,7 +3866,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 type UnpauseRequest struct {
@@ -3742,7 +3878,7 @@ type UnpauseRequest struct {
 
 func (x *UnpauseRequest) Reset() {
 	*x = UnpauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3754,7 +3890,7 @@ func (x *UnpauseRequest) String() string {
 func (*UnpauseRequest) ProtoMessage() {}
 
 func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3767,7 +3903,7 @@ func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UnpauseRequest) GetSandboxId() string {
@@ -3785,7 +3921,7 @@ type UnpauseResponse struct {
 
 func (x *UnpauseResponse) Reset() {
 	*x = UnpauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3797,7 +3933,7 @@ func (x *UnpauseResponse) String() string {
 func (*UnpauseResponse) ProtoMessage() {}
 
 func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3810,7 +3946,7 @@ func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 type GcRequest struct {
@@ -3825,7 +3961,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3837,7 +3973,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3850,7 +3986,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -3885,7 +4021,7 @@ type GcResponse struct {
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3897,7 +4033,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3910,7 +4046,7 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
@@ -3943,7 +4079,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3955,7 +4091,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3968,7 +4104,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -4007,7 +4143,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4019,7 +4155,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4032,7 +4168,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 type CopyFromRequest struct {
@@ -4053,7 +4189,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4065,7 +4201,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4078,7 +4214,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -4121,7 +4257,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4133,7 +4269,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4146,7 +4282,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -4184,7 +4320,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4196,7 +4332,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4209,7 +4345,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *FileEntry) GetName() string {
@@ -4309,7 +4445,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4321,7 +4457,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4334,7 +4470,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4369,7 +4505,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4381,7 +4517,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4394,7 +4530,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReadFileResponse) GetEntry() *FileEntry {
@@ -4429,7 +4565,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4441,7 +4577,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4454,7 +4590,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4502,7 +4638,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4514,7 +4650,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4527,7 +4663,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WriteFileResponse) GetEntry() *FileEntry {
@@ -4550,7 +4686,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4562,7 +4698,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4575,7 +4711,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -4608,7 +4744,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4620,7 +4756,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4633,7 +4769,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileEntry {
@@ -4656,7 +4792,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +4804,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +4817,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4715,7 +4851,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4727,7 +4863,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4740,7 +4876,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *StatResponse) GetEntry() *FileEntry {
@@ -4767,7 +4903,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4779,7 +4915,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4792,7 +4928,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -4820,7 +4956,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4832,7 +4968,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4845,7 +4981,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *MakeDirResponse) GetEntry() *FileEntry {
@@ -4873,7 +5009,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4885,7 +5021,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4898,7 +5034,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -4932,7 +5068,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4944,7 +5080,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4957,7 +5093,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *RenameResponse) GetEntry() *FileEntry {
@@ -4977,7 +5113,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4989,7 +5125,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5002,7 +5138,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -5027,7 +5163,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5039,7 +5175,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5052,7 +5188,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 type FileEvent struct {
@@ -5068,7 +5204,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5080,7 +5216,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5093,7 +5229,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *FileEvent) GetName() string {
@@ -5129,7 +5265,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5141,7 +5277,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5154,7 +5290,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5186,7 +5322,7 @@ type WatchStarted struct {
 
 func (x *WatchStarted) Reset() {
 	*x = WatchStarted{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5198,7 +5334,7 @@ func (x *WatchStarted) String() string {
 func (*WatchStarted) ProtoMessage() {}
 
 func (x *WatchStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5211,7 +5347,7 @@ func (x *WatchStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStarted.ProtoReflect.Descriptor instead.
 func (*WatchStarted) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 type WatchDirResponse struct {
@@ -5228,7 +5364,7 @@ type WatchDirResponse struct {
 
 func (x *WatchDirResponse) Reset() {
 	*x = WatchDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5240,7 +5376,7 @@ func (x *WatchDirResponse) String() string {
 func (*WatchDirResponse) ProtoMessage() {}
 
 func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5253,7 +5389,7 @@ func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *WatchDirResponse) GetEvent() isWatchDirResponse_Event {
@@ -5323,7 +5459,7 @@ type CreateWatcherRequest struct {
 
 func (x *CreateWatcherRequest) Reset() {
 	*x = CreateWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5335,7 +5471,7 @@ func (x *CreateWatcherRequest) String() string {
 func (*CreateWatcherRequest) ProtoMessage() {}
 
 func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5348,7 +5484,7 @@ func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherRequest.ProtoReflect.Descriptor instead.
 func (*CreateWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CreateWatcherRequest) GetSandboxId() string {
@@ -5381,7 +5517,7 @@ type CreateWatcherResponse struct {
 
 func (x *CreateWatcherResponse) Reset() {
 	*x = CreateWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5393,7 +5529,7 @@ func (x *CreateWatcherResponse) String() string {
 func (*CreateWatcherResponse) ProtoMessage() {}
 
 func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5406,7 +5542,7 @@ func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherResponse.ProtoReflect.Descriptor instead.
 func (*CreateWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CreateWatcherResponse) GetWatcherId() string {
@@ -5425,7 +5561,7 @@ type GetWatcherEventsRequest struct {
 
 func (x *GetWatcherEventsRequest) Reset() {
 	*x = GetWatcherEventsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5437,7 +5573,7 @@ func (x *GetWatcherEventsRequest) String() string {
 func (*GetWatcherEventsRequest) ProtoMessage() {}
 
 func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5450,7 +5586,7 @@ func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *GetWatcherEventsRequest) GetWatcherId() string {
@@ -5469,7 +5605,7 @@ type GetWatcherEventsResponse struct {
 
 func (x *GetWatcherEventsResponse) Reset() {
 	*x = GetWatcherEventsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5481,7 +5617,7 @@ func (x *GetWatcherEventsResponse) String() string {
 func (*GetWatcherEventsResponse) ProtoMessage() {}
 
 func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5494,7 +5630,7 @@ func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *GetWatcherEventsResponse) GetEvents() []*FileEvent {
@@ -5513,7 +5649,7 @@ type RemoveWatcherRequest struct {
 
 func (x *RemoveWatcherRequest) Reset() {
 	*x = RemoveWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5525,7 +5661,7 @@ func (x *RemoveWatcherRequest) String() string {
 func (*RemoveWatcherRequest) ProtoMessage() {}
 
 func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5538,7 +5674,7 @@ func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *RemoveWatcherRequest) GetWatcherId() string {
@@ -5556,7 +5692,7 @@ type RemoveWatcherResponse struct {
 
 func (x *RemoveWatcherResponse) Reset() {
 	*x = RemoveWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5568,7 +5704,7 @@ func (x *RemoveWatcherResponse) String() string {
 func (*RemoveWatcherResponse) ProtoMessage() {}
 
 func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5581,7 +5717,7 @@ func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
 }
 
 // Pool describes one warm pool.
@@ -5621,7 +5757,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5633,7 +5769,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5646,7 +5782,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *Pool) GetKey() string {
@@ -5790,7 +5926,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5802,7 +5938,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5815,7 +5951,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
 }
 
 type PoolStatusResponse struct {
@@ -5827,7 +5963,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5839,7 +5975,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5852,7 +5988,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -5874,7 +6010,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5886,7 +6022,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5899,7 +6035,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -5925,7 +6061,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5937,7 +6073,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5950,7 +6086,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -5970,7 +6106,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5982,7 +6118,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5995,7 +6131,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -6015,7 +6151,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6027,7 +6163,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6040,7 +6176,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -6065,7 +6201,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6077,7 +6213,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6090,7 +6226,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
 }
 
 type ListProvidersResponse struct {
@@ -6102,7 +6238,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6114,7 +6250,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6127,7 +6263,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -6147,7 +6283,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6159,7 +6295,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6172,7 +6308,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -6214,7 +6350,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6226,7 +6362,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6239,7 +6375,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -6337,7 +6473,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6349,7 +6485,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6362,7 +6498,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -6389,7 +6525,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6401,7 +6537,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6414,7 +6550,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -6440,7 +6576,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6452,7 +6588,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6465,7 +6601,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *Workspace) GetName() string {
@@ -6513,7 +6649,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6525,7 +6661,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6538,7 +6674,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -6557,7 +6693,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6569,7 +6705,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6582,7 +6718,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -6604,7 +6740,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6616,7 +6752,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6629,7 +6765,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -6654,7 +6790,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6666,7 +6802,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6679,7 +6815,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -6696,7 +6832,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6708,7 +6844,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6721,7 +6857,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *Snapshot) GetName() string {
@@ -6762,7 +6898,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6774,7 +6910,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6787,7 +6923,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -6813,7 +6949,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6825,7 +6961,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6838,7 +6974,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -6858,7 +6994,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6870,7 +7006,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6883,7 +7019,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -6902,7 +7038,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6914,7 +7050,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6927,7 +7063,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -6949,7 +7085,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6961,7 +7097,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6974,7 +7110,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -6999,7 +7135,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7011,7 +7147,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7024,7 +7160,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -7037,7 +7173,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7049,7 +7185,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7062,7 +7198,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -7091,7 +7227,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7103,7 +7239,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7116,7 +7252,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -7196,7 +7332,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7208,7 +7344,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7221,7 +7357,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *CodeResult) GetText() string {
@@ -7305,7 +7441,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7317,7 +7453,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7330,7 +7466,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *CodeError) GetName() string {
@@ -7374,7 +7510,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7386,7 +7522,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7399,7 +7535,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -7487,7 +7623,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7499,7 +7635,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7512,7 +7648,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -7598,7 +7734,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7610,7 +7746,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7623,7 +7759,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *CodeContext) GetId() string {
@@ -7668,7 +7804,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7680,7 +7816,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7693,7 +7829,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -7733,7 +7869,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7745,7 +7881,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7758,7 +7894,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -7777,7 +7913,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7789,7 +7925,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7802,7 +7938,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -7821,7 +7957,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7833,7 +7969,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7846,7 +7982,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -7866,7 +8002,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7878,7 +8014,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7891,7 +8027,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -7916,7 +8052,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7928,7 +8064,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7941,7 +8077,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
 }
 
 type RemoveContextRequest struct {
@@ -7954,7 +8090,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7966,7 +8102,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7979,7 +8115,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -8004,7 +8140,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8016,7 +8152,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8029,7 +8165,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
 }
 
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
@@ -8176,7 +8312,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x123\n" +
 	"\acommand\x18\x02 \x01(\v2\x19.roche.v1.CommandSelectorR\acommand\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\x05R\x06signal\"\x17\n" +
-	"\x15SignalCommandResponse\"\xc2\x05\n" +
+	"\x15SignalCommandResponse\"\xc2\x06\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -8196,8 +8332,12 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\rfrom_snapshot\x18\x0e \x01(\tR\ffromSnapshot\x12\x17\n" +
 	"\x04disk\x18\x0f \x01(\tH\x06R\x04disk\x88\x01\x01\x12%\n" +
 	"\x0eworkspace_size\x18\x10 \x01(\tR\rworkspaceSize\x12\x16\n" +
-	"\x06leased\x18\x11 \x01(\bR\x06leased\x1a6\n" +
+	"\x06leased\x18\x11 \x01(\bR\x06leased\x12A\n" +
+	"\bmetadata\x18\x12 \x03(\v2%.roche.v1.SandboxConfig.MetadataEntryR\bmetadata\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
 	"\x06_imageB\x0f\n" +
@@ -8211,7 +8351,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
 	"\n" +
-	"read_write\x18\x03 \x01(\bR\treadWrite\"\xa3\x02\n" +
+	"read_write\x18\x03 \x01(\bR\treadWrite\"\x9d\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x14\n" +
@@ -8222,7 +8362,11 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1c\n" +
 	"\ttransport\x18\a \x01(\tR\ttransport\x12\x14\n" +
-	"\x05owner\x18\b \x01(\tR\x05owner\"\\\n" +
+	"\x05owner\x18\b \x01(\tR\x05owner\x12;\n" +
+	"\bmetadata\x18\t \x03(\v2\x1f.roche.v1.Sandbox.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
 	"\rCreateRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12/\n" +
 	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\"U\n" +
@@ -8289,9 +8433,14 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\fHoldResponse\"d\n" +
 	"\x0fDestroyResponse\x12\x1c\n" +
 	"\tdestroyed\x18\x01 \x03(\tR\tdestroyed\x123\n" +
-	"\askipped\x18\x02 \x03(\v2\x19.roche.v1.SkippedProviderR\askipped\")\n" +
+	"\askipped\x18\x02 \x03(\v2\x19.roche.v1.SkippedProviderR\askipped\"\xd5\x01\n" +
 	"\vListRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\"t\n" +
+	"\bprovider\x18\x01 \x01(\tR\bprovider\x12?\n" +
+	"\bmetadata\x18\x02 \x03(\v2#.roche.v1.ListRequest.MetadataEntryR\bmetadata\x12,\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x16.roche.v1.SandboxStateR\x05state\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"t\n" +
 	"\fListResponse\x12/\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\tsandboxes\x123\n" +
 	"\askipped\x18\x02 \x03(\v2\x19.roche.v1.SkippedProviderR\askipped\"v\n" +
@@ -8303,6 +8452,12 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\">\n" +
 	"\x0fInspectResponse\x12+\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"U\n" +
+	"\x11SetTimeoutRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
+	"\ftimeout_secs\x18\x02 \x01(\x05R\vtimeoutSecs\"A\n" +
+	"\x12SetTimeoutResponse\x12+\n" +
 	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"-\n" +
 	"\fPauseRequest\x12\x1d\n" +
 	"\n" +
@@ -8656,7 +8811,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
 	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
 	"\x12\x1c\n" +
-	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xed\x1b\n" +
+	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xb6\x1c\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -8665,7 +8820,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\aDestroy\x12\x18.roche.v1.DestroyRequest\x1a\x19.roche.v1.DestroyResponse\x127\n" +
 	"\x04Hold\x12\x15.roche.v1.HoldRequest\x1a\x16.roche.v1.HoldResponse0\x01\x125\n" +
 	"\x04List\x12\x15.roche.v1.ListRequest\x1a\x16.roche.v1.ListResponse\x12>\n" +
-	"\aInspect\x12\x18.roche.v1.InspectRequest\x1a\x19.roche.v1.InspectResponse\x128\n" +
+	"\aInspect\x12\x18.roche.v1.InspectRequest\x1a\x19.roche.v1.InspectResponse\x12G\n" +
+	"\n" +
+	"SetTimeout\x12\x1b.roche.v1.SetTimeoutRequest\x1a\x1c.roche.v1.SetTimeoutResponse\x128\n" +
 	"\x05Pause\x12\x16.roche.v1.PauseRequest\x1a\x17.roche.v1.PauseResponse\x12>\n" +
 	"\aUnpause\x12\x18.roche.v1.UnpauseRequest\x1a\x19.roche.v1.UnpauseResponse\x12/\n" +
 	"\x02Gc\x12\x13.roche.v1.GcRequest\x1a\x14.roche.v1.GcResponse\x12=\n" +
@@ -8725,7 +8882,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 133)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 138)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: roche.v1.SandboxState
 	(OutputStream)(0),                 // 1: roche.v1.OutputStream
@@ -8782,103 +8939,108 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*SkippedProvider)(nil),           // 52: roche.v1.SkippedProvider
 	(*InspectRequest)(nil),            // 53: roche.v1.InspectRequest
 	(*InspectResponse)(nil),           // 54: roche.v1.InspectResponse
-	(*PauseRequest)(nil),              // 55: roche.v1.PauseRequest
-	(*PauseResponse)(nil),             // 56: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),            // 57: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),           // 58: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),                 // 59: roche.v1.GcRequest
-	(*GcResponse)(nil),                // 60: roche.v1.GcResponse
-	(*CopyToRequest)(nil),             // 61: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),            // 62: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),           // 63: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),          // 64: roche.v1.CopyFromResponse
-	(*FileEntry)(nil),                 // 65: roche.v1.FileEntry
-	(*ReadFileRequest)(nil),           // 66: roche.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 67: roche.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),          // 68: roche.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 69: roche.v1.WriteFileResponse
-	(*ListDirRequest)(nil),            // 70: roche.v1.ListDirRequest
-	(*ListDirResponse)(nil),           // 71: roche.v1.ListDirResponse
-	(*StatRequest)(nil),               // 72: roche.v1.StatRequest
-	(*StatResponse)(nil),              // 73: roche.v1.StatResponse
-	(*MakeDirRequest)(nil),            // 74: roche.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 75: roche.v1.MakeDirResponse
-	(*RenameRequest)(nil),             // 76: roche.v1.RenameRequest
-	(*RenameResponse)(nil),            // 77: roche.v1.RenameResponse
-	(*RemoveRequest)(nil),             // 78: roche.v1.RemoveRequest
-	(*RemoveResponse)(nil),            // 79: roche.v1.RemoveResponse
-	(*FileEvent)(nil),                 // 80: roche.v1.FileEvent
-	(*WatchDirRequest)(nil),           // 81: roche.v1.WatchDirRequest
-	(*WatchStarted)(nil),              // 82: roche.v1.WatchStarted
-	(*WatchDirResponse)(nil),          // 83: roche.v1.WatchDirResponse
-	(*CreateWatcherRequest)(nil),      // 84: roche.v1.CreateWatcherRequest
-	(*CreateWatcherResponse)(nil),     // 85: roche.v1.CreateWatcherResponse
-	(*GetWatcherEventsRequest)(nil),   // 86: roche.v1.GetWatcherEventsRequest
-	(*GetWatcherEventsResponse)(nil),  // 87: roche.v1.GetWatcherEventsResponse
-	(*RemoveWatcherRequest)(nil),      // 88: roche.v1.RemoveWatcherRequest
-	(*RemoveWatcherResponse)(nil),     // 89: roche.v1.RemoveWatcherResponse
-	(*Pool)(nil),                      // 90: roche.v1.Pool
-	(*PoolStatusRequest)(nil),         // 91: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),        // 92: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),         // 93: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),        // 94: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),          // 95: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),         // 96: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),      // 97: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),     // 98: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),              // 99: roche.v1.ProviderInfo
-	(*Capabilities)(nil),              // 100: roche.v1.Capabilities
-	(*ResetRequest)(nil),              // 101: roche.v1.ResetRequest
-	(*ResetResponse)(nil),             // 102: roche.v1.ResetResponse
-	(*Workspace)(nil),                 // 103: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),     // 104: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),    // 105: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),    // 106: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil),   // 107: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                  // 108: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),     // 109: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),    // 110: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),      // 111: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 112: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),     // 113: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),    // 114: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),               // 115: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),            // 116: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),                // 117: roche.v1.CodeResult
-	(*CodeError)(nil),                 // 118: roche.v1.CodeError
-	(*CodeExecution)(nil),             // 119: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),           // 120: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),               // 121: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),      // 122: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),     // 123: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),       // 124: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),      // 125: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),     // 126: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),    // 127: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),      // 128: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),     // 129: roche.v1.RemoveContextResponse
-	nil,                               // 130: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                               // 131: roche.v1.StartCommandRequest.EnvEntry
-	nil,                               // 132: roche.v1.Command.EnvEntry
-	nil,                               // 133: roche.v1.SandboxConfig.EnvEntry
-	nil,                               // 134: roche.v1.ExecRequest.EnvEntry
-	nil,                               // 135: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                               // 136: roche.v1.RunCodeRequest.EnvEntry
-	nil,                               // 137: roche.v1.CreateContextRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 138: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 139: google.protobuf.Timestamp
+	(*SetTimeoutRequest)(nil),         // 55: roche.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),        // 56: roche.v1.SetTimeoutResponse
+	(*PauseRequest)(nil),              // 57: roche.v1.PauseRequest
+	(*PauseResponse)(nil),             // 58: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),            // 59: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),           // 60: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),                 // 61: roche.v1.GcRequest
+	(*GcResponse)(nil),                // 62: roche.v1.GcResponse
+	(*CopyToRequest)(nil),             // 63: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),            // 64: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),           // 65: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),          // 66: roche.v1.CopyFromResponse
+	(*FileEntry)(nil),                 // 67: roche.v1.FileEntry
+	(*ReadFileRequest)(nil),           // 68: roche.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 69: roche.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 70: roche.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 71: roche.v1.WriteFileResponse
+	(*ListDirRequest)(nil),            // 72: roche.v1.ListDirRequest
+	(*ListDirResponse)(nil),           // 73: roche.v1.ListDirResponse
+	(*StatRequest)(nil),               // 74: roche.v1.StatRequest
+	(*StatResponse)(nil),              // 75: roche.v1.StatResponse
+	(*MakeDirRequest)(nil),            // 76: roche.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 77: roche.v1.MakeDirResponse
+	(*RenameRequest)(nil),             // 78: roche.v1.RenameRequest
+	(*RenameResponse)(nil),            // 79: roche.v1.RenameResponse
+	(*RemoveRequest)(nil),             // 80: roche.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 81: roche.v1.RemoveResponse
+	(*FileEvent)(nil),                 // 82: roche.v1.FileEvent
+	(*WatchDirRequest)(nil),           // 83: roche.v1.WatchDirRequest
+	(*WatchStarted)(nil),              // 84: roche.v1.WatchStarted
+	(*WatchDirResponse)(nil),          // 85: roche.v1.WatchDirResponse
+	(*CreateWatcherRequest)(nil),      // 86: roche.v1.CreateWatcherRequest
+	(*CreateWatcherResponse)(nil),     // 87: roche.v1.CreateWatcherResponse
+	(*GetWatcherEventsRequest)(nil),   // 88: roche.v1.GetWatcherEventsRequest
+	(*GetWatcherEventsResponse)(nil),  // 89: roche.v1.GetWatcherEventsResponse
+	(*RemoveWatcherRequest)(nil),      // 90: roche.v1.RemoveWatcherRequest
+	(*RemoveWatcherResponse)(nil),     // 91: roche.v1.RemoveWatcherResponse
+	(*Pool)(nil),                      // 92: roche.v1.Pool
+	(*PoolStatusRequest)(nil),         // 93: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),        // 94: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),         // 95: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),        // 96: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),          // 97: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),         // 98: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),      // 99: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),     // 100: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),              // 101: roche.v1.ProviderInfo
+	(*Capabilities)(nil),              // 102: roche.v1.Capabilities
+	(*ResetRequest)(nil),              // 103: roche.v1.ResetRequest
+	(*ResetResponse)(nil),             // 104: roche.v1.ResetResponse
+	(*Workspace)(nil),                 // 105: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),     // 106: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 107: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),    // 108: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil),   // 109: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                  // 110: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),     // 111: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),    // 112: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),      // 113: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 114: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),     // 115: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),    // 116: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),               // 117: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),            // 118: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),                // 119: roche.v1.CodeResult
+	(*CodeError)(nil),                 // 120: roche.v1.CodeError
+	(*CodeExecution)(nil),             // 121: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),           // 122: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),               // 123: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),      // 124: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),     // 125: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),       // 126: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),      // 127: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),     // 128: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),    // 129: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),      // 130: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),     // 131: roche.v1.RemoveContextResponse
+	nil,                               // 132: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 133: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 134: roche.v1.Command.EnvEntry
+	nil,                               // 135: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 136: roche.v1.SandboxConfig.MetadataEntry
+	nil,                               // 137: roche.v1.Sandbox.MetadataEntry
+	nil,                               // 138: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 139: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 140: roche.v1.ListRequest.MetadataEntry
+	nil,                               // 141: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 142: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 143: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 144: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	130, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	132, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	5,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
 	44,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	42,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	5,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	131, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	133, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
 	21,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
-	138, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
-	132, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
-	139, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	143, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	134, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	144, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
 	19,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
 	19,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
 	20,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
@@ -8892,169 +9054,176 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	16,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	16,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	16,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
-	133, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	135, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	35,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	0,   // 25: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	139, // 26: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	139, // 27: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	34,  // 28: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
-	36,  // 29: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	134, // 30: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
-	42,  // 31: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	135, // 32: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	138, // 33: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	1,   // 34: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	139, // 35: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	43,  // 36: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
-	44,  // 37: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	42,  // 38: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	52,  // 39: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	36,  // 40: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	52,  // 41: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
-	4,   // 42: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
-	36,  // 43: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	36,  // 44: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	52,  // 45: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
-	2,   // 46: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	139, // 47: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
-	65,  // 48: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
-	65,  // 49: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
-	65,  // 50: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
-	65,  // 51: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
-	65,  // 52: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
-	65,  // 53: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
-	3,   // 54: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
-	82,  // 55: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
-	80,  // 56: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
-	44,  // 57: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	80,  // 58: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	138, // 59: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	90,  // 60: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	90,  // 61: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	90,  // 62: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	99,  // 63: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	100, // 64: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	36,  // 65: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	139, // 66: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	103, // 67: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	139, // 68: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	108, // 69: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	108, // 70: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	4,   // 71: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	136, // 72: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	117, // 73: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	118, // 74: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	138, // 75: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	43,  // 76: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	44,  // 77: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	117, // 78: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	119, // 79: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	137, // 80: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	121, // 81: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	121, // 82: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	37,  // 83: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	39,  // 84: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	41,  // 85: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	46,  // 86: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	47,  // 87: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	50,  // 88: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	53,  // 89: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	55,  // 90: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	57,  // 91: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	59,  // 92: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	61,  // 93: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	63,  // 94: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	66,  // 95: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	68,  // 96: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	70,  // 97: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	72,  // 98: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	74,  // 99: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	76,  // 100: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	78,  // 101: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	81,  // 102: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	84,  // 103: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	86,  // 104: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	88,  // 105: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	91,  // 106: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	93,  // 107: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	95,  // 108: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	97,  // 109: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	101, // 110: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	104, // 111: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	106, // 112: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	109, // 113: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	111, // 114: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	113, // 115: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	116, // 116: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	122, // 117: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	124, // 118: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	126, // 119: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	128, // 120: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	6,   // 121: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	8,   // 122: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	10,  // 123: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	12,  // 124: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	14,  // 125: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	17,  // 126: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	22,  // 127: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	26,  // 128: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	28,  // 129: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	30,  // 130: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	32,  // 131: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	38,  // 132: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	40,  // 133: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	45,  // 134: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	49,  // 135: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	48,  // 136: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	51,  // 137: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	54,  // 138: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	56,  // 139: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	58,  // 140: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	60,  // 141: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	62,  // 142: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	64,  // 143: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	67,  // 144: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	69,  // 145: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	71,  // 146: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	73,  // 147: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	75,  // 148: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	77,  // 149: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	79,  // 150: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	83,  // 151: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	85,  // 152: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	87,  // 153: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	89,  // 154: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	92,  // 155: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	94,  // 156: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	96,  // 157: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	98,  // 158: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	102, // 159: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	105, // 160: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	107, // 161: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	110, // 162: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	112, // 163: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	114, // 164: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	120, // 165: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	123, // 166: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	125, // 167: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	127, // 168: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	129, // 169: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	7,   // 170: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	9,   // 171: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	11,  // 172: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	13,  // 173: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	15,  // 174: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	18,  // 175: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	25,  // 176: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	27,  // 177: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	29,  // 178: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	31,  // 179: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	33,  // 180: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	132, // [132:181] is the sub-list for method output_type
-	83,  // [83:132] is the sub-list for method input_type
-	83,  // [83:83] is the sub-list for extension type_name
-	83,  // [83:83] is the sub-list for extension extendee
-	0,   // [0:83] is the sub-list for field type_name
+	136, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
+	0,   // 26: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
+	144, // 27: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	144, // 28: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	137, // 29: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
+	34,  // 30: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
+	36,  // 31: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
+	138, // 32: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	42,  // 33: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
+	139, // 34: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	143, // 35: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	1,   // 36: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
+	144, // 37: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	43,  // 38: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
+	44,  // 39: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	42,  // 40: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
+	52,  // 41: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
+	140, // 42: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	0,   // 43: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
+	36,  // 44: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	52,  // 45: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
+	4,   // 46: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
+	36,  // 47: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	36,  // 48: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
+	36,  // 49: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	52,  // 50: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	2,   // 51: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
+	144, // 52: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	67,  // 53: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
+	67,  // 54: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
+	67,  // 55: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
+	67,  // 56: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
+	67,  // 57: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
+	67,  // 58: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
+	3,   // 59: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
+	84,  // 60: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
+	82,  // 61: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
+	44,  // 62: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	82,  // 63: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
+	143, // 64: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	92,  // 65: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	92,  // 66: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	92,  // 67: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	101, // 68: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	102, // 69: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	36,  // 70: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	144, // 71: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	105, // 72: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	144, // 73: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	110, // 74: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	110, // 75: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	4,   // 76: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	141, // 77: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	119, // 78: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	120, // 79: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	143, // 80: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	43,  // 81: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	44,  // 82: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	119, // 83: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	121, // 84: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	142, // 85: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	123, // 86: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	123, // 87: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	37,  // 88: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	39,  // 89: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	41,  // 90: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	46,  // 91: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	47,  // 92: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	50,  // 93: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	53,  // 94: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	55,  // 95: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	57,  // 96: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	59,  // 97: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	61,  // 98: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	63,  // 99: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	65,  // 100: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	68,  // 101: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	70,  // 102: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	72,  // 103: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	74,  // 104: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	76,  // 105: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	78,  // 106: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	80,  // 107: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	83,  // 108: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	86,  // 109: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	88,  // 110: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	90,  // 111: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	93,  // 112: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	95,  // 113: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	97,  // 114: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	99,  // 115: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	103, // 116: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	106, // 117: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	108, // 118: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	111, // 119: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	113, // 120: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	115, // 121: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	118, // 122: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	124, // 123: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	126, // 124: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	128, // 125: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	130, // 126: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	6,   // 127: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	8,   // 128: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	10,  // 129: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	12,  // 130: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	14,  // 131: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	17,  // 132: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	22,  // 133: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	26,  // 134: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	28,  // 135: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	30,  // 136: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	32,  // 137: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	38,  // 138: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	40,  // 139: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	45,  // 140: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	49,  // 141: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	48,  // 142: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	51,  // 143: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	54,  // 144: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	56,  // 145: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	58,  // 146: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	60,  // 147: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	62,  // 148: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	64,  // 149: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	66,  // 150: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	69,  // 151: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	71,  // 152: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	73,  // 153: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	75,  // 154: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	77,  // 155: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	79,  // 156: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	81,  // 157: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	85,  // 158: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	87,  // 159: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	89,  // 160: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	91,  // 161: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	94,  // 162: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	96,  // 163: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	98,  // 164: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	100, // 165: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	104, // 166: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	107, // 167: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	109, // 168: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	112, // 169: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	114, // 170: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	116, // 171: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	122, // 172: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	125, // 173: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	127, // 174: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	129, // 175: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	131, // 176: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	7,   // 177: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	9,   // 178: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	11,  // 179: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	13,  // 180: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	15,  // 181: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	18,  // 182: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	25,  // 183: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	27,  // 184: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	29,  // 185: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	31,  // 186: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	33,  // 187: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	138, // [138:188] is the sub-list for method output_type
+	88,  // [88:138] is the sub-list for method input_type
+	88,  // [88:88] is the sub-list for extension type_name
+	88,  // [88:88] is the sub-list for extension extendee
+	0,   // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -9085,12 +9254,12 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[78].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[80].OneofWrappers = []any{
 		(*WatchDirResponse_Started)(nil),
 		(*WatchDirResponse_File)(nil),
 		(*WatchDirResponse_Heartbeat)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[115].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[117].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -9102,7 +9271,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   133,
+			NumMessages:   138,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -113,6 +113,9 @@ type Server struct {
 	cgroupFD int
 	// leases is set in Run when the sandbox is leased (Config.LeaseGrace).
 	leases *leases
+	// life is set in Run when the sandbox has a lifetime (Config.Lifetime); OpLifetime
+	// resets it.
+	life *lifetime
 	// egressFailures bounds the log lines of egress connections that find no host proxy.
 	egressFailures everyMinute
 
@@ -253,11 +256,11 @@ func (s *Server) Run(ctx context.Context) error {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	var lifetime <-chan time.Time
+	var lifetime <-chan struct{}
 	if s.cfg.Lifetime > 0 {
-		t := time.NewTimer(s.cfg.Lifetime)
-		defer t.Stop()
-		lifetime = t.C
+		s.life = newLifetime(s.cfg.Lifetime)
+		defer s.life.stop()
+		lifetime = s.life.over
 	}
 	var leaseLost <-chan struct{}
 	if s.cfg.LeaseGrace > 0 {
@@ -277,7 +280,7 @@ func (s *Server) Run(ctx context.Context) error {
 			s.stopAs(fmt.Sprintf("its engine stopped it (roche-agent, its PID 1, got %s)", sigName(sig)))
 		case <-lifetime:
 			s.log.Info("sandbox lifetime over, stopping")
-			s.stopAs(fmt.Sprintf("its lifetime of %s ended", s.cfg.Lifetime))
+			s.stopAs(fmt.Sprintf("its lifetime of %s ended", s.life.length()))
 		case <-leaseLost:
 			s.log.Warn("sandbox lease lost (its creator is gone), stopping")
 			s.stopAs("its lease was lost: the process that created it (and held it) is gone")
@@ -455,6 +458,10 @@ func (s *Server) serve(nc net.Conn) {
 		err = c.sendJSON(guest.FrameReply, s.health())
 	case guest.OpLease:
 		err = s.lease(c, req)
+	case guest.OpLifetime:
+		if err = s.setLifetime(req); err == nil {
+			err = c.sendJSON(guest.FrameReply, struct{}{})
+		}
 	case guest.OpCodeRun, guest.OpCodeCreate, guest.OpCodeList, guest.OpCodeRestart, guest.OpCodeRemove, guest.OpCodeWarm:
 		err = s.codeOp(c, req)
 	case guest.OpWrite, guest.OpRead, guest.OpList, guest.OpStat, guest.OpMkdir, guest.OpRemove,

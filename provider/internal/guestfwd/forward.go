@@ -274,3 +274,19 @@ func (f Forwarder) Keep(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// SetLifetime tells sandbox id's agent to end it d from now (the agent's lifetime timer
+// is what ends a sandbox); the provider records the new end where it reports it from.
+func (f Forwarder) SetLifetime(ctx context.Context, id string, d time.Duration) error {
+	if err := roche.ValidTimeout(d); err != nil {
+		return err
+	}
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := t.Agent.SetLifetime(ctx, d); err != nil {
+		return fmt.Errorf("setting the lifetime of sandbox %s: %w", id, t.fail(err))
+	}
+	return nil
+}

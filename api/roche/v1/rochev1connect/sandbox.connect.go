@@ -64,6 +64,9 @@ const (
 	SandboxServiceListProcedure = "/roche.v1.SandboxService/List"
 	// SandboxServiceInspectProcedure is the fully-qualified name of the SandboxService's Inspect RPC.
 	SandboxServiceInspectProcedure = "/roche.v1.SandboxService/Inspect"
+	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
+	// RPC.
+	SandboxServiceSetTimeoutProcedure = "/roche.v1.SandboxService/SetTimeout"
 	// SandboxServicePauseProcedure is the fully-qualified name of the SandboxService's Pause RPC.
 	SandboxServicePauseProcedure = "/roche.v1.SandboxService/Pause"
 	// SandboxServiceUnpauseProcedure is the fully-qualified name of the SandboxService's Unpause RPC.
@@ -196,6 +199,10 @@ type SandboxServiceClient interface {
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	// Inspect describes one sandbox.
 	Inspect(context.Context, *connect.Request[v1.InspectRequest]) (*connect.Response[v1.InspectResponse], error)
+	// SetTimeout ends the sandbox timeout_secs from now instead of when it was to end,
+	// sooner or later, within the tenant's and the product's maximum lifetime; the
+	// sandbox's expires_at says the new end.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
 	// Pause freezes every process in a sandbox.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	// Unpause thaws a paused sandbox.
@@ -382,6 +389,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceInspectProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("Inspect")),
+			connect.WithClientOptions(opts...),
+		),
+		setTimeout: connect.NewClient[v1.SetTimeoutRequest, v1.SetTimeoutResponse](
+			httpClient,
+			baseURL+SandboxServiceSetTimeoutProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
 			connect.WithClientOptions(opts...),
 		),
 		pause: connect.NewClient[v1.PauseRequest, v1.PauseResponse](
@@ -648,6 +661,7 @@ type sandboxServiceClient struct {
 	hold              *connect.Client[v1.HoldRequest, v1.HoldResponse]
 	list              *connect.Client[v1.ListRequest, v1.ListResponse]
 	inspect           *connect.Client[v1.InspectRequest, v1.InspectResponse]
+	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
 	pause             *connect.Client[v1.PauseRequest, v1.PauseResponse]
 	unpause           *connect.Client[v1.UnpauseRequest, v1.UnpauseResponse]
 	gc                *connect.Client[v1.GcRequest, v1.GcResponse]
@@ -725,6 +739,11 @@ func (c *sandboxServiceClient) List(ctx context.Context, req *connect.Request[v1
 // Inspect calls roche.v1.SandboxService.Inspect.
 func (c *sandboxServiceClient) Inspect(ctx context.Context, req *connect.Request[v1.InspectRequest]) (*connect.Response[v1.InspectResponse], error) {
 	return c.inspect.CallUnary(ctx, req)
+}
+
+// SetTimeout calls roche.v1.SandboxService.SetTimeout.
+func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return c.setTimeout.CallUnary(ctx, req)
 }
 
 // Pause calls roche.v1.SandboxService.Pause.
@@ -956,6 +975,10 @@ type SandboxServiceHandler interface {
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	// Inspect describes one sandbox.
 	Inspect(context.Context, *connect.Request[v1.InspectRequest]) (*connect.Response[v1.InspectResponse], error)
+	// SetTimeout ends the sandbox timeout_secs from now instead of when it was to end,
+	// sooner or later, within the tenant's and the product's maximum lifetime; the
+	// sandbox's expires_at says the new end.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
 	// Pause freezes every process in a sandbox.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	// Unpause thaws a paused sandbox.
@@ -1138,6 +1161,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceInspectProcedure,
 		svc.Inspect,
 		connect.WithSchema(sandboxServiceMethods.ByName("Inspect")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSetTimeoutHandler := connect.NewUnaryHandler(
+		SandboxServiceSetTimeoutProcedure,
+		svc.SetTimeout,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServicePauseHandler := connect.NewUnaryHandler(
@@ -1408,6 +1437,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListHandler.ServeHTTP(w, r)
 		case SandboxServiceInspectProcedure:
 			sandboxServiceInspectHandler.ServeHTTP(w, r)
+		case SandboxServiceSetTimeoutProcedure:
+			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
 		case SandboxServicePauseProcedure:
 			sandboxServicePauseHandler.ServeHTTP(w, r)
 		case SandboxServiceUnpauseProcedure:
@@ -1527,6 +1558,10 @@ func (UnimplementedSandboxServiceHandler) List(context.Context, *connect.Request
 
 func (UnimplementedSandboxServiceHandler) Inspect(context.Context, *connect.Request[v1.InspectRequest]) (*connect.Response[v1.InspectResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Inspect is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.SetTimeout is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
