@@ -126,3 +126,56 @@ func (p *Provider) Probe(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+var _ roche.LifetimeSetter = (*Provider)(nil)
+
+// SetTimeout implements roche.LifetimeSetter: the agent, whose timer ends the sandbox, is
+// told the new end, then one merge patch gives the Pod its new end (LabelExpires) and an
+// activeDeadlineSeconds that ends it then. The kubelet lets a Pod's deadline only shrink,
+// so a sandbox can be given less time, or more up to the end its Pod was made with, and no
+// later: that is refused, saying when.
+func (p *Provider) SetTimeout(ctx context.Context, id string, d time.Duration) (roche.SandboxInfo, error) {
+	if err := roche.ValidTimeout(d); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if p.noCluster != nil {
+		return roche.SandboxInfo{}, p.noCluster
+	}
+	end := time.Now().Add(d)
+	cctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	pod, err := p.get(cctx, id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	started := startOf(pod)
+	if started.IsZero() {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s has not started (its Pod is %s)", roche.ErrNotFound, id, pod.Status.Phase)
+	}
+	deadline := max(int64(math.Ceil(end.Sub(started).Seconds())), 1)
+	if cur := pod.Spec.ActiveDeadlineSeconds; cur != nil && deadline > *cur {
+		last := started.Add(time.Duration(*cur) * time.Second)
+		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s can live until %s at most: a Pod's activeDeadlineSeconds can only shrink, so kubernetes sandboxes cannot be given more than the lifetime they were made with; create it with a longer timeout",
+			roche.ErrUnsupported, id, last.Format(time.RFC3339))
+	}
+	if err := p.forwarder.SetLifetime(ctx, id, d); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"labels": map[string]string{LabelExpires: strconv.FormatInt(end.Unix(), 10)}},
+		"spec":     map[string]any{"activeDeadlineSeconds": deadline},
+	})
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	if _, err := p.cs.CoreV1().Pods(p.namespace).Patch(cctx, id, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return roche.SandboxInfo{}, p.apiErr("setting the lifetime of sandbox "+id, err)
+	}
+	p.mu.Lock()
+	if s, ok := p.verified[id]; ok {
+		s.expires = time.Unix(end.Unix(), 0)
+		p.verified[id] = s
+	}
+	p.mu.Unlock()
+	return p.Inspect(ctx, id)
+}

@@ -46,3 +46,39 @@ func (p *Provider) Claimed(ctx context.Context, id string) (kit.Claim, bool, err
 	}
 	return *s.Claim, true, nil
 }
+
+var _ roche.LifetimeSetter = (*Provider)(nil)
+
+// SetTimeout implements roche.LifetimeSetter: the agent, whose timer ends the sandbox, is
+// told the new end first, then the record takes it (and its claim, if it has one).
+func (p *Provider) SetTimeout(ctx context.Context, id string, d time.Duration) (roche.SandboxInfo, error) {
+	if err := roche.ValidTimeout(d); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	s, err := p.load(id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	end := time.Now().Add(d)
+	if err := p.forwarder.SetLifetime(ctx, id, d); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	r := s.record
+	r.Expires = end
+	if r.Claim != nil {
+		c := *r.Claim
+		c.Expires = end
+		r.Claim = &c
+	}
+	if err := writeRecord(s.dir, r); err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: recording the new end of sandbox %s: %v", roche.ErrUnavailable, id, err)
+	}
+	p.mu.Lock()
+	if v, ok := p.verified[id]; ok {
+		c2 := *v
+		c2.record = r
+		p.verified[id] = &c2
+	}
+	p.mu.Unlock()
+	return p.Inspect(ctx, id)
+}

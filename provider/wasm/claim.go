@@ -38,3 +38,30 @@ func (p *Provider) Claimed(_ context.Context, id string) (kit.Claim, bool, error
 	}
 	return *rec.Claim, true, nil
 }
+
+var _ roche.LifetimeSetter = (*Provider)(nil)
+
+// SetTimeout implements roche.LifetimeSetter: the record takes the new end (and its claim,
+// if it has one). Nothing of a wasm sandbox runs between execs, so that end is what
+// bounds its commands, and what roched's reaper and roche gc end it at.
+func (p *Provider) SetTimeout(_ context.Context, id string, d time.Duration) (roche.SandboxInfo, error) {
+	if err := roche.ValidTimeout(d); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	p.recordMu.Lock()
+	defer p.recordMu.Unlock()
+	rec, err := p.lookup(id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	rec.ExpiresAt = time.Now().Add(d)
+	if rec.Claim != nil {
+		c := *rec.Claim
+		c.Expires = rec.ExpiresAt
+		rec.Claim = &c
+	}
+	if err := writeRecord(p.sandboxDir(id), rec); err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: recording the new end of sandbox %s: %v", roche.ErrUnavailable, id, err)
+	}
+	return rec.info(), nil
+}
