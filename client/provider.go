@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"path"
 	"time"
 
@@ -171,7 +172,15 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 // List implements roche.Provider: this provider's sandboxes handed to clients (a
 // pool's idle sandboxes are not listed).
 func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
-	resp, err := p.c.rpc.List(ctx, connect.NewRequest(&rochev1.ListRequest{Provider: p.name}))
+	return p.ListFiltered(ctx, roche.ListFilter{})
+}
+
+// ListFiltered is List of the sandboxes filter keeps (roched filters them).
+func (p *Provider) ListFiltered(ctx context.Context, filter roche.ListFilter) ([]roche.SandboxInfo, error) {
+	if err := filter.Validate(); err != nil {
+		return nil, err
+	}
+	resp, err := p.c.rpc.List(ctx, connect.NewRequest(wire.FilterToProto(p.name, filter)))
 	if err != nil {
 		return nil, p.c.fromRPC(err)
 	}
@@ -180,6 +189,23 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		out = append(out, wire.InfoFromProto(sb))
 	}
 	return out, wire.SkippedFromProto(resp.Msg.Skipped)
+}
+
+var _ roche.LifetimeSetter = (*Provider)(nil)
+
+// SetTimeout implements roche.LifetimeSetter: roched makes the sandbox end d from now,
+// within the tenant's maximum lifetime, and answers with its new expires_at. d is
+// rounded up to whole seconds.
+func (p *Provider) SetTimeout(ctx context.Context, id string, d time.Duration) (roche.SandboxInfo, error) {
+	secs := int64(math.Ceil(d.Seconds()))
+	if err := roche.ValidTimeout(time.Duration(secs) * time.Second); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	resp, err := p.c.rpc.SetTimeout(ctx, connect.NewRequest(&rochev1.SetTimeoutRequest{SandboxId: id, TimeoutSecs: int32(secs)}))
+	if err != nil {
+		return roche.SandboxInfo{}, p.c.fromRPC(err)
+	}
+	return wire.InfoFromProto(resp.Msg.Sandbox), nil
 }
 
 // Pause implements roche.Pauser.

@@ -241,13 +241,17 @@ func (s *service) List(ctx context.Context, req *connect.Request[rochev1.ListReq
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
+	filter := wire.FilterFromProto(req.Msg)
+	if err := filter.Validate(); err != nil {
+		return nil, wire.ToStatus(err)
+	}
 	list, err := s.d.ledger.List(ctx, t, req.Msg.Provider)
 	skipped := wire.SkippedToProto(err)
 	if skipped == nil && err != nil {
 		return nil, wire.ToStatus(err)
 	}
 	resp := &rochev1.ListResponse{Skipped: skipped}
-	for _, sb := range list {
+	for _, sb := range filter.Filter(list) {
 		resp.Sandboxes = append(resp.Sandboxes, wire.InfoToProto(sb))
 	}
 	return connect.NewResponse(resp), nil
@@ -263,6 +267,19 @@ func (s *service) Inspect(ctx context.Context, req *connect.Request[rochev1.Insp
 		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.InspectResponse{Sandbox: wire.InfoToProto(sb)}), nil
+}
+
+func (s *service) SetTimeout(ctx context.Context, req *connect.Request[rochev1.SetTimeoutRequest]) (*connect.Response[rochev1.SetTimeoutResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	sb, err := s.d.ledger.SetTimeout(ctx, t, req.Msg.SandboxId, time.Duration(req.Msg.TimeoutSecs)*time.Second)
+	s.d.audit(ctx, "set_timeout", err, "id", req.Msg.SandboxId, "timeout_secs", req.Msg.TimeoutSecs)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	return connect.NewResponse(&rochev1.SetTimeoutResponse{Sandbox: wire.InfoToProto(sb)}), nil
 }
 
 // pause pauses or unpauses a sandbox of the caller's.

@@ -46,6 +46,9 @@ type Tenant struct {
 	// MaxSandboxes bounds the tenant's sandboxes at once, within the daemon's own bound
 	// (0: only the daemon's).
 	MaxSandboxes int `json:"max_sandboxes,omitempty"`
+	// MaxTimeoutSecs bounds the lifetime the tenant may give a sandbox, at its create and
+	// by SetTimeout, within roche.MaxTimeoutSecs (0: that maximum alone).
+	MaxTimeoutSecs int `json:"max_timeout_secs,omitempty"`
 	// MountRoots are host directories below which this tenant may mount, besides the
 	// daemon's --allow-mount-root ones.
 	MountRoots []string `json:"mount_roots,omitempty"`
@@ -142,6 +145,9 @@ func (c Config) validateTenants() []error {
 		} else {
 			hashes[h] = t.Name
 		}
+		if t.MaxTimeoutSecs < 0 || t.MaxTimeoutSecs > roche.MaxTimeoutSecs {
+			errs = append(errs, fmt.Errorf("%w: tenant %q: max_timeout_secs %d: give 1 to %d seconds, or leave it out", roche.ErrInvalidConfig, t.Name, t.MaxTimeoutSecs, roche.MaxTimeoutSecs))
+		}
 		if t.MaxSandboxes < 0 {
 			errs = append(errs, fmt.Errorf("%w: tenant %q: max_sandboxes %d is negative", roche.ErrInvalidConfig, t.Name, t.MaxSandboxes))
 		}
@@ -190,7 +196,7 @@ func buildTenants(c Config) []*tenant {
 		out = append(out, &tenant{Tenant: ledger.Tenant{Name: DefaultTenant, MountRoots: global}, hash: sha256.Sum256([]byte(c.Token))})
 	}
 	for _, t := range c.Tenants {
-		nt := &tenant{Tenant: ledger.Tenant{Name: t.Name, MaxSandboxes: t.MaxSandboxes, MountRoots: append([]string(nil), global...)}}
+		nt := &tenant{Tenant: ledger.Tenant{Name: t.Name, MaxSandboxes: t.MaxSandboxes, MaxTimeoutSecs: t.MaxTimeoutSecs, MountRoots: append([]string(nil), global...)}}
 		b, _ := hex.DecodeString(strings.ToLower(t.TokenSHA256))
 		copy(nt.hash[:], b)
 		for _, r := range t.MountRoots {

@@ -307,7 +307,9 @@ func envSize(env map[string]string) int {
 // past the deadline) ends the create; ok false without one sends it to make its own.
 func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, cfg roche.Config) (roche.SandboxInfo, bool, error) {
 	pl := l.pools.Match(providerName, cfg)
-	if pl == nil || !l.workdirPoolable(pl, cfg.Workdir) || envSize(cfg.Env) > maxPooledEnv {
+	// A pooled sandbox was made without the client's metadata, which a sandbox keeps
+	// from its create: a create with metadata makes its own.
+	if pl == nil || !l.workdirPoolable(pl, cfg.Workdir) || envSize(cfg.Env) > maxPooledEnv || len(cfg.Metadata) > 0 {
 		return roche.SandboxInfo{}, false, nil
 	}
 	sb, ok := pl.Acquire(ctx)

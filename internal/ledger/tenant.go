@@ -25,6 +25,9 @@ type Tenant struct {
 	Name string
 	// MaxSandboxes bounds its sandboxes (0: only the daemon's bound).
 	MaxSandboxes int
+	// MaxTimeoutSecs bounds the lifetime it may give a sandbox, at its create and by
+	// SetTimeout (0: roche.MaxTimeoutSecs).
+	MaxTimeoutSecs int
 	// MountRoots are the canonical directories below which it may mount; Local may
 	// mount anywhere.
 	MountRoots []string
@@ -80,6 +83,9 @@ func (l *Ledger) permit(t *Tenant, p roche.Provider, cfg roche.Config) (roche.Co
 		return cfg, err
 	}
 	if cfg.FromSnapshot, err = t.Namespaced(cfg.FromSnapshot, "snapshot"); err != nil {
+		return cfg, err
+	}
+	if err := t.permitTimeout(cfg.TimeoutSecs); err != nil {
 		return cfg, err
 	}
 	if !l.cfg.AllowRootSandboxes {
@@ -222,4 +228,12 @@ func (l *Ledger) Audit(tenant, op string, err error, attrs ...any) {
 		args = append(args, "ok", true)
 	}
 	l.log.Info("audit", args...)
+}
+
+// permitTimeout refuses a lifetime over the tenant's maximum (MaxTimeoutSecs).
+func (t *Tenant) permitTimeout(secs int) error {
+	if t.MaxTimeoutSecs > 0 && secs > t.MaxTimeoutSecs {
+		return fmt.Errorf("%w: a lifetime of %d s is over tenant %s's maximum of %d s: ask for at most that", roche.ErrInvalidConfig, secs, t.Name, t.MaxTimeoutSecs)
+	}
+	return nil
 }

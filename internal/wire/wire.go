@@ -30,7 +30,7 @@ func ConfigToProto(cfg roche.Config, leased bool) *rochev1.SandboxConfig {
 		Memory: &cfg.Memory, Cpus: &cfg.CPUs, PidsLimit: ptr(clampInt32(cfg.PidsLimit)), Env: cfg.Env,
 		Workdir: cfg.Workdir, User: &cfg.User, NetworkAllowlist: cfg.NetworkAllowlist,
 		Workspace: cfg.Workspace, FromSnapshot: cfg.FromSnapshot, Disk: &cfg.Disk, WorkspaceSize: cfg.WorkspaceSize,
-		Leased: leased,
+		Leased: leased, Metadata: cfg.Metadata,
 	}
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
@@ -70,6 +70,9 @@ func ConfigFromProto(pb *rochev1.SandboxConfig) (cfg roche.Config, leased bool) 
 	}
 	if len(pb.Env) > 0 {
 		cfg.Env = pb.Env
+	}
+	if len(pb.Metadata) > 0 {
+		cfg.Metadata = pb.Metadata
 	}
 	for _, m := range pb.Mounts {
 		cfg.Mounts = append(cfg.Mounts, roche.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
@@ -223,7 +226,7 @@ func InfoToProto(sb roche.SandboxInfo) *rochev1.Sandbox {
 	return &rochev1.Sandbox{
 		Id: sb.ID, Provider: sb.Provider, Image: sb.Image, State: StateToProto(sb.State),
 		CreatedAt: timeToProto(sb.CreatedAt), ExpiresAt: timeToProto(sb.ExpiresAt), Transport: sb.Transport,
-		Owner: sb.Owner,
+		Owner: sb.Owner, Metadata: sb.Metadata,
 	}
 }
 
@@ -235,8 +238,26 @@ func InfoFromProto(pb *rochev1.Sandbox) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: pb.Id, Provider: pb.Provider, Image: pb.Image, State: StateFromProto(pb.State),
 		CreatedAt: timeFromProto(pb.CreatedAt), ExpiresAt: timeFromProto(pb.ExpiresAt), Transport: pb.Transport,
-		Owner: pb.Owner,
+		Owner: pb.Owner, Metadata: pb.Metadata,
 	}
+}
+
+// FilterToProto is the list request for provider ("" for all) with filter f.
+func FilterToProto(provider string, f roche.ListFilter) *rochev1.ListRequest {
+	pb := &rochev1.ListRequest{Provider: provider, Metadata: f.Metadata}
+	if f.State != "" {
+		pb.State = StateToProto(f.State)
+	}
+	return pb
+}
+
+// FilterFromProto is FilterToProto's inverse.
+func FilterFromProto(pb *rochev1.ListRequest) roche.ListFilter {
+	f := roche.ListFilter{Metadata: pb.Metadata}
+	if pb.State != rochev1.SandboxState_SANDBOX_STATE_UNSPECIFIED {
+		f.State = StateFromProto(pb.State)
+	}
+	return f
 }
 
 // ResultToProto is a command's result; withOutput carries stdout and stderr in it (Exec),
