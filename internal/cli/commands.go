@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -41,6 +42,7 @@ type createFlags struct {
 	allowHost []string
 	workspace string
 	snapshot  string
+	metadata  []string
 }
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
@@ -62,6 +64,7 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.BoolVar(&f.network, "network", false, "give the sandbox a full network (off by default); on Docker it never reaches this host's\nown addresses or cloud metadata (host firewall rules, so it needs root)")
 	fs.BoolVar(&f.writable, "writable", false, "make the root filesystem writable (read-only by default)")
 	fs.StringArrayVar(&f.env, "env", nil, "set an environment variable, KEY=VALUE (repeatable)")
+	fs.StringArrayVar(&f.metadata, "metadata", nil, "label the sandbox, KEY=VALUE (repeatable; list --metadata selects on it; keys: letters, digits, '_', '.', '-',\nnot starting with \"roche\")")
 	fs.StringArrayVar(&f.mounts, "mount", nil, "bind a host path, HOST:SANDBOX[:ro|rw], read-only by default (repeatable)")
 	fs.IntVar(&f.pidsLimit, "pids-limit", def.PidsLimit, "maximum number of processes")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory for commands (default: the image's)")
@@ -94,6 +97,9 @@ func (f *createFlags) config() (roche.Config, error) {
 	env, err := cliflag.ParseEnv(f.env)
 	errs = append(errs, err)
 	cfg.Env = env
+	md, err := cliflag.ParseMetadata(f.metadata)
+	errs = append(errs, err)
+	cfg.Metadata = md
 	for _, m := range f.mounts {
 		mt, err := cliflag.ParseMount(m)
 		errs = append(errs, err)
@@ -159,6 +165,7 @@ Python SDK) tie a sandbox to their own process.`,
   roche create --image roche/python:local --memory 1g --cpus 2 --timeout 600 --json
   roche create --image roche/python:local --writable --disk 5g
   roche create --image roche/python:local --workspace proj --workspace-size 10g
+  roche create --image roche/python:local --metadata user=alice --metadata job=42
   roche create --image roche/python:local --hold --json   # until stdin closes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -479,26 +486,38 @@ sandbox on the engine, other users' and daemons' too.`,
 
 func (e *env) listCommand() *cobra.Command {
 	var asJSON, anyOwner bool
-	var provider string
+	var provider, state string
+	var metadata []string
 	c := &cobra.Command{
-		Use:   "list [--json]",
+		Use:   "list [--metadata KEY=VALUE]... [--state STATE] [--json]",
 		Short: "List your sandboxes",
 		Long: `List your sandboxes: those you made on this host (direct mode), or your tenant's
 (through roched). On roched's socket, as the user roched runs as, that is both: the
 sandboxes roched made for you and those you made in direct mode, before it started or
 with --direct (owner "cli:USER@HOST", or ROCHE_OWNER: what roched --direct-owner names).
 --any-owner --direct lists every Roche sandbox on the engine, with its owner:
-"cli:USER@HOST" for the CLI, "roched:..." for a daemon.`,
-		Example: "  roche list\n  roche list --json --provider docker\n  roche list --direct --any-owner",
+"cli:USER@HOST" for the CLI, "roched:..." for a daemon.
+
+--metadata KEY=VALUE (repeatable) keeps the sandboxes created with every pair given
+(create --metadata), --state those running, paused, exited or created.`,
+		Example: "  roche list\n  roche list --json --provider docker\n  roche list --metadata user=alice --state running\n  roche list --direct --any-owner",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			if err := e.checkAnyOwner(anyOwner); err != nil {
 				return err
 			}
+			md, err := cliflag.ParseMetadata(metadata)
+			if err != nil {
+				return err
+			}
+			filter := roche.ListFilter{Metadata: md, State: roche.SandboxState(state)}
+			if err := filter.Validate(); err != nil {
+				return friendly(err)
+			}
 			all := []roche.SandboxInfo{}
-			err := e.providers.each(ctx, provider, func(p roche.Provider) error {
-				list, err := p.List(ctx)
+			err = e.providers.each(ctx, provider, func(p roche.Provider) error {
+				list, err := listFiltered(ctx, p, filter)
 				owner := e.ownerFilter(p, anyOwner)
 				for _, sb := range list {
 					if owner == "" || sb.Owner == owner {
@@ -535,7 +554,74 @@ with --direct (owner "cli:USER@HOST", or ROCHE_OWNER: what roched --direct-owner
 	c.Flags().BoolVar(&asJSON, "json", false, `print a JSON array; when a provider was skipped (exit 3), {"sandboxes": [...], "skipped": [...]}`)
 	c.Flags().BoolVar(&anyOwner, "any-owner", false, "with --direct, every Roche sandbox on the engine, whoever made it")
 	c.Flags().StringVar(&provider, "provider", "", "only this provider's sandboxes")
+	c.Flags().StringArrayVar(&metadata, "metadata", nil, "only sandboxes created with this KEY=VALUE (repeatable: every pair must match)")
+	c.Flags().StringVar(&state, "state", "", "only sandboxes in this state: running, paused, exited or created")
 	return c
+}
+
+// listFiltered lists p's sandboxes that filter keeps: roched filters them itself (the
+// Go client's ListFiltered); a provider in this process lists them all, filtered here.
+func listFiltered(ctx context.Context, p roche.Provider, filter roche.ListFilter) ([]roche.SandboxInfo, error) {
+	if fl, ok := p.(interface {
+		ListFiltered(context.Context, roche.ListFilter) ([]roche.SandboxInfo, error)
+	}); ok {
+		return fl.ListFiltered(ctx, filter)
+	}
+	list, err := p.List(ctx)
+	return filter.Filter(list), err
+}
+
+// setTimeoutCommand changes a sandbox's lifetime (roche.LifetimeSetter).
+func (e *env) setTimeoutCommand() *cobra.Command {
+	var asJSON bool
+	return &cobra.Command{
+		Use:   "set-timeout ID DURATION",
+		Short: "End a sandbox DURATION from now, sooner or later than it was to",
+		Long: `End the sandbox DURATION from now (90s, 10m, 2h, or a number of seconds) instead of
+when it was to end: sooner or later, at least 1 s, at most 24 h (and, through roched,
+at most the tenant's max_timeout_secs). The new end is what ends the sandbox and what
+list shows. A kubernetes sandbox can be given less time, or more up to the end it was
+created with: a Pod's deadline can only shrink.`,
+		Example: "  roche set-timeout \"$id\" 10m\n  roche set-timeout \"$id\" 30 --json",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := parseLifetime(args[1])
+			if err != nil {
+				return err
+			}
+			p, err := e.providers.forID(args[0])
+			if err != nil {
+				return err
+			}
+			ls, ok := p.(roche.LifetimeSetter)
+			if !ok {
+				return fmt.Errorf("%w: the %s provider cannot change a sandbox's lifetime", roche.ErrUnsupported, p.Name())
+			}
+			info, err := ls.SetTimeout(cmd.Context(), args[0], d)
+			if err != nil {
+				return friendly(err)
+			}
+			if asJSON {
+				return e.printJSON(info)
+			}
+			fmt.Fprintf(e.stdout, "%s ends at %s (in %s)\n", info.ID, info.ExpiresAt.Local().Format(time.RFC3339), expiresIn(info))
+			return nil
+		},
+	}
+}
+
+// parseLifetime reads set-timeout's DURATION: a Go duration (90s, 10m, 1h30m) or a
+// whole number of seconds.
+func parseLifetime(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		n, nerr := strconv.Atoi(s)
+		if nerr != nil {
+			return 0, fmt.Errorf("%w: duration %q: give seconds (90) or a duration such as 90s, 10m or 2h", roche.ErrInvalidConfig, s)
+		}
+		d = time.Duration(n) * time.Second
+	}
+	return d, friendly(roche.ValidTimeout(d))
 }
 
 func expiresIn(sb roche.SandboxInfo) string {

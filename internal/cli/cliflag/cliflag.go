@@ -48,3 +48,22 @@ func ParseEnv(pairs []string) (map[string]string, error) {
 	}
 	return env, errors.Join(errs...)
 }
+
+// ParseMetadata reads repeated KEY=VALUE metadata flags (create --metadata, list
+// --metadata); the keys and values are checked where the config is (roche.Config.Validate).
+func ParseMetadata(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	md := make(map[string]string, len(pairs))
+	var errs []error
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			errs = append(errs, fmt.Errorf("%w: metadata %q: use KEY=VALUE", roche.ErrInvalidConfig, p))
+			continue
+		}
+		md[k] = v
+	}
+	return md, errors.Join(errs...)
+}
