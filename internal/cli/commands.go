@@ -574,7 +574,7 @@ func listFiltered(ctx context.Context, p roche.Provider, filter roche.ListFilter
 // setTimeoutCommand changes a sandbox's lifetime (roche.LifetimeSetter).
 func (e *env) setTimeoutCommand() *cobra.Command {
 	var asJSON bool
-	return &cobra.Command{
+	c := &cobra.Command{
 		Use:   "set-timeout ID DURATION",
 		Short: "End a sandbox DURATION from now, sooner or later than it was to",
 		Long: `End the sandbox DURATION from now (90s, 10m, 2h, or a number of seconds) instead of
@@ -608,6 +608,8 @@ created with: a Pod's deadline can only shrink.`,
 			return nil
 		},
 	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the sandbox, with its new expires_at, as a JSON object")
+	return c
 }
 
 // parseLifetime reads set-timeout's DURATION: a Go duration (90s, 10m, 1h30m) or a

@@ -40,8 +40,10 @@ from .types import (
     WorkspaceInfo,
     context_id,
     make_code_request,
+    check_list_filter,
     make_config,
     make_exec_request,
+    timeout_seconds,
 )
 
 class AsyncRoche:
@@ -112,7 +114,8 @@ class AsyncRoche:
                      user: Optional[str] = None,
                      network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
                      from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
-                     workspace_size: Union[str, int, None] = None, leased: bool = True) -> "AsyncSandbox":
+                     workspace_size: Union[str, int, None] = None, leased: bool = True,
+                     metadata: Optional[Mapping[str, str]] = None) -> "AsyncSandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
@@ -133,10 +136,14 @@ class AsyncRoche:
         default; past it writes fail with ENOSPC; ``"0"`` is no limit), and
         ``workspace_size`` the size of a new workspace (``"1g"`` by default; an existing
         workspace keeps its own, and asking it for another is InvalidConfig).
+        ``metadata={"user": "alice"}`` labels the sandbox (E2B's ``metadata``): it is
+        kept with it, returned in ``info.metadata`` and by ``list``, which can select on
+        it; at most 32 pairs, keys of letters, digits, '_', '.' and '-' not starting
+        with "roche" (Roche's own), values up to 512 bytes.
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
                           workdir, user, network_allowlist, workspace, from_snapshot,
-                          disk, workspace_size, leased)
+                          disk, workspace_size, leased, metadata)
         t = await self._resolve()
         info = await t.create(self.provider, cfg, self._deadline())
         return AsyncSandbox(self, t, info)
@@ -146,9 +153,13 @@ class AsyncRoche:
         t = await self._resolve()
         return AsyncSandbox(self, t, await t.inspect(sandbox_id, self._deadline()))
 
-    async def list(self) -> list[SandboxInfo]:
-        """This provider's sandboxes (a daemon's idle pooled ones are not listed)."""
-        return await (await self._resolve()).list(self.provider, self._deadline())
+    async def list(self, metadata: Optional[Mapping[str, str]] = None,
+                   state: Optional[str] = None) -> list[SandboxInfo]:
+        """This provider's sandboxes (a daemon's idle pooled ones are not listed): with
+        ``metadata``, those created with every pair of it; with ``state``, those
+        ``"running"``, ``"paused"``, ``"exited"`` or ``"created"``."""
+        check_list_filter(metadata, state)
+        return await (await self._resolve()).list(self.provider, self._deadline(), metadata, state)
 
     async def snapshots(self) -> List[SnapshotInfo]:
         """This provider's snapshots."""
@@ -279,6 +290,14 @@ class AsyncSandbox:
         made. A copy of more than max_bytes (default 1 GiB) raises ResourceExhausted
         before the file that passes it is written; sparse files stay sparse."""
         return await self._t.copy_from(self.id, src, dst, self._roche._deadline(), max_bytes, preserve_links)
+
+    async def set_timeout(self, seconds: Union[int, float]) -> None:
+        """Ends the sandbox ``seconds`` from now instead of when it was to end, sooner or
+        later (E2B's ``set_timeout``): at least 1 s, at most 24 h and, through roched, the
+        tenant's maximum (InvalidConfig beyond it). ``info.expires_at`` takes the new
+        end, which is also what ends the sandbox. A kubernetes sandbox can be given more
+        time only up to the end it was created with (Unsupported beyond it)."""
+        self.info = await self._t.set_timeout(self.id, timeout_seconds(seconds), self._roche._deadline())
 
     async def pause(self) -> None:
         """Freezes every process in the sandbox."""

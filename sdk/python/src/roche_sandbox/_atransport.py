@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 # typing.List: inside these classes "list" names their list() method.
-from typing import IO, Any, AsyncGenerator, AsyncIterator, Callable, List, Optional, Protocol, TypeVar, Union
+from typing import IO, Any, AsyncGenerator, AsyncIterator, Callable, List, Mapping, Optional, Protocol, TypeVar, Union
 
 from . import _aio, _cli, _cmdwire, _filesutil, _tarutil, _wire
 from ._ahttp import AsyncHTTPClient
@@ -42,7 +42,9 @@ class AsyncTransport(Protocol):
     def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]: ...
     async def destroy(self, sid: str, d: Deadline) -> None: ...
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo: ...
-    async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]: ...
+    async def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
+                   state: Optional[str] = None) -> list[SandboxInfo]: ...
+    async def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo: ...
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
     async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
     async def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes: ...
@@ -301,9 +303,14 @@ class AsyncDaemonTransport:
         m = await self.api.unary("Inspect", {"sandboxId": sid}, d)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
-    async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        m = await self.api.unary("List", {"provider": provider}, d)
+    async def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
+                   state: Optional[str] = None) -> list[SandboxInfo]:
+        m = await self.api.unary("List", _wire.list_request(provider, metadata, state), d)
         return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
+
+    async def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo:
+        m = await self.api.unary("SetTimeout", {"sandboxId": sid, "timeoutSecs": seconds}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         await self.api.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
@@ -614,9 +621,14 @@ class AsyncCLITransport:
                 return sb
         raise SandboxNotFound(f"not found: no sandbox {sid} among yours (listing your sandboxes shows the live ones)")
 
-    async def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        out = await self._call(["list", "--json", "--provider", provider], d)
+    async def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
+                   state: Optional[str] = None) -> list[SandboxInfo]:
+        out = await self._call(_cli.list_args(provider, metadata, state), d)
         return [_cli.parse_info(o) for o in _cli.parse_json(out, "list") or []]
+
+    async def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo:
+        out = await self._call(["set-timeout", "--json", sid, str(seconds)], d)
+        return _cli.parse_info(_cli.parse_json(out, "set-timeout"))
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         await self._call(["pause" if pause else "unpause", sid], d)

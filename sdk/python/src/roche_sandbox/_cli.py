@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from ._wire import CodeAssembler, CodeItem, OutputAssembler, decode_output, parse_context, parse_execution, parse_time
 from .errors import ProviderUnavailable, RocheError, error_for, reason_from_text
@@ -42,6 +42,8 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
         a += ["--from-snapshot", cfg.from_snapshot]
     if cfg.workspace_size is not None:
         a += ["--workspace-size", cfg.workspace_size]
+    for k, v in cfg.metadata.items():
+        a += ["--metadata", f"{k}={v}"]
     if cfg.leased:
         a.append("--hold")  # roche stays, holding the sandbox until its stdin closes (_lease.CLIHold)
     return a
@@ -107,7 +109,18 @@ def parse_info(obj: Any) -> SandboxInfo:
         created_at=parse_time(obj.get("created_at")),
         expires_at=parse_time(obj.get("expires_at")),
         owner=str(obj.get("owner", "")),
+        metadata={str(k): str(v) for k, v in (obj.get("metadata") or {}).items()},
     )
+
+
+def list_args(provider: str, metadata: Optional[Mapping[str, str]], state: Optional[str]) -> list[str]:
+    """`roche list --json` of the sandboxes with every metadata pair and the state."""
+    a = ["list", "--json", "--provider", provider]
+    for k, v in (metadata or {}).items():
+        a += ["--metadata", f"{k}={v}"]
+    if state:
+        a += ["--state", state]
+    return a
 
 
 def parse_snapshot(obj: Any) -> SnapshotInfo:

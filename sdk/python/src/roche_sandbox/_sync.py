@@ -36,8 +36,10 @@ from .types import (
     WorkspaceInfo,
     context_id,
     make_code_request,
+    check_list_filter,
     make_config,
     make_exec_request,
+    timeout_seconds,
 )
 
 class Roche:
@@ -108,7 +110,8 @@ class Roche:
                user: Optional[str] = None,
                network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
                from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
-               workspace_size: Union[str, int, None] = None, leased: bool = True) -> "Sandbox":
+               workspace_size: Union[str, int, None] = None, leased: bool = True,
+               metadata: Optional[Mapping[str, str]] = None) -> "Sandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
@@ -129,10 +132,14 @@ class Roche:
         default; past it writes fail with ENOSPC; ``"0"`` is no limit), and
         ``workspace_size`` the size of a new workspace (``"1g"`` by default; an existing
         workspace keeps its own, and asking it for another is InvalidConfig).
+        ``metadata={"user": "alice"}`` labels the sandbox (E2B's ``metadata``): it is
+        kept with it, returned in ``info.metadata`` and by ``list``, which can select on
+        it; at most 32 pairs, keys of letters, digits, '_', '.' and '-' not starting
+        with "roche" (Roche's own), values up to 512 bytes.
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
                           workdir, user, network_allowlist, workspace, from_snapshot,
-                          disk, workspace_size, leased)
+                          disk, workspace_size, leased, metadata)
         t = self._resolve()
         info = t.create(self.provider, cfg, self._deadline())
         return Sandbox(self, t, info)
@@ -142,9 +149,13 @@ class Roche:
         t = self._resolve()
         return Sandbox(self, t, t.inspect(sandbox_id, self._deadline()))
 
-    def list(self) -> list[SandboxInfo]:
-        """This provider's sandboxes (a daemon's idle pooled ones are not listed)."""
-        return self._resolve().list(self.provider, self._deadline())
+    def list(self, metadata: Optional[Mapping[str, str]] = None,
+             state: Optional[str] = None) -> list[SandboxInfo]:
+        """This provider's sandboxes (a daemon's idle pooled ones are not listed): with
+        ``metadata``, those created with every pair of it; with ``state``, those
+        ``"running"``, ``"paused"``, ``"exited"`` or ``"created"``."""
+        check_list_filter(metadata, state)
+        return self._resolve().list(self.provider, self._deadline(), metadata, state)
 
     def snapshots(self) -> List[SnapshotInfo]:
         """This provider's snapshots."""
@@ -275,6 +286,14 @@ class Sandbox:
         made. A copy of more than max_bytes (default 1 GiB) raises ResourceExhausted
         before the file that passes it is written; sparse files stay sparse."""
         return self._t.copy_from(self.id, src, dst, self._roche._deadline(), max_bytes, preserve_links)
+
+    def set_timeout(self, seconds: Union[int, float]) -> None:
+        """Ends the sandbox ``seconds`` from now instead of when it was to end, sooner or
+        later (E2B's ``set_timeout``): at least 1 s, at most 24 h and, through roched, the
+        tenant's maximum (InvalidConfig beyond it). ``info.expires_at`` takes the new
+        end, which is also what ends the sandbox. A kubernetes sandbox can be given more
+        time only up to the end it was created with (Unsupported beyond it)."""
+        self.info = self._t.set_timeout(self.id, timeout_seconds(seconds), self._roche._deadline())
 
     def pause(self) -> None:
         """Freezes every process in the sandbox."""

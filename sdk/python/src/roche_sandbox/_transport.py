@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 # typing.List: inside these classes "list" names their list() method.
-from typing import IO, Any, Generator, Iterator, Callable, List, Optional, Protocol, TypeVar, Union
+from typing import IO, Any, Generator, Iterator, Callable, List, Mapping, Optional, Protocol, TypeVar, Union
 
 from . import _syncio, _cli, _cmdwire, _filesutil, _tarutil, _wire
 from ._http import HTTPClient
@@ -40,7 +40,9 @@ class Transport(Protocol):
     def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]: ...
     def destroy(self, sid: str, d: Deadline) -> None: ...
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo: ...
-    def list(self, provider: str, d: Deadline) -> list[SandboxInfo]: ...
+    def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
+             state: Optional[str] = None) -> list[SandboxInfo]: ...
+    def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo: ...
     def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
     def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
     def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes: ...
@@ -299,9 +301,14 @@ class DaemonTransport:
         m = self.api.unary("Inspect", {"sandboxId": sid}, d)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
-    def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        m = self.api.unary("List", {"provider": provider}, d)
+    def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
+             state: Optional[str] = None) -> list[SandboxInfo]:
+        m = self.api.unary("List", _wire.list_request(provider, metadata, state), d)
         return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
+
+    def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo:
+        m = self.api.unary("SetTimeout", {"sandboxId": sid, "timeoutSecs": seconds}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         self.api.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
@@ -612,9 +619,14 @@ class CLITransport:
                 return sb
         raise SandboxNotFound(f"not found: no sandbox {sid} among yours (listing your sandboxes shows the live ones)")
 
-    def list(self, provider: str, d: Deadline) -> list[SandboxInfo]:
-        out = self._call(["list", "--json", "--provider", provider], d)
+    def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
+             state: Optional[str] = None) -> list[SandboxInfo]:
+        out = self._call(_cli.list_args(provider, metadata, state), d)
         return [_cli.parse_info(o) for o in _cli.parse_json(out, "list") or []]
+
+    def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo:
+        out = self._call(["set-timeout", "--json", sid, str(seconds)], d)
+        return _cli.parse_info(_cli.parse_json(out, "set-timeout"))
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         self._call(["pause" if pause else "unpause", sid], d)

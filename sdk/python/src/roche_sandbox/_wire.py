@@ -77,7 +77,27 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         c["workspaceSize"] = cfg.workspace_size
     if cfg.leased:
         c["leased"] = True
+    if cfg.metadata:
+        c["metadata"] = dict(cfg.metadata)
     return {"provider": provider, "config": c}
+
+
+_STATE_NAMES = {
+    "running": "SANDBOX_STATE_RUNNING",
+    "paused": "SANDBOX_STATE_PAUSED",
+    "exited": "SANDBOX_STATE_EXITED",
+    "created": "SANDBOX_STATE_CREATED",
+}
+
+
+def list_request(provider: str, metadata: Optional[Mapping[str, str]], state: Optional[str]) -> dict[str, Any]:
+    """A ListRequest: roched keeps the sandboxes with every metadata pair and the state."""
+    req: dict[str, Any] = {"provider": provider}
+    if metadata:
+        req["metadata"] = dict(metadata)
+    if state:
+        req["state"] = _STATE_NAMES[state]
+    return req
 
 
 def leases(providers: Any) -> dict[str, bool]:
@@ -153,6 +173,7 @@ def parse_sandbox(m: dict[str, Any]) -> SandboxInfo:
         created_at=parse_time(m.get("createdAt")),
         expires_at=parse_time(m.get("expiresAt")),
         owner=m.get("owner", ""),
+        metadata=dict(m.get("metadata") or {}),
     )
 
 

@@ -144,6 +144,8 @@ class SandboxInfo:
     expires_at: Optional[datetime] = None
     #: Who made it: "roched:INSTANCE/TENANT" through roched, "cli:USER@HOST" directly.
     owner: str = ""
+    #: The key/value labels it was created with (``create(metadata=...)``).
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,8 @@ class SandboxConfig:
     workspace_size: Optional[str] = None
     #: Tied to this process: destroyed within seconds of its end, however it ends.
     leased: bool = True
+    #: Key/value labels kept with the sandbox; ``list(metadata=...)`` selects on them.
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 def _size(what: str, v: Union[str, int]) -> str:
@@ -249,6 +253,7 @@ def make_config(
     disk: Union[str, int] = "1g",
     workspace_size: Union[str, int, None] = None,
     leased: bool = True,
+    metadata: Optional[Mapping[str, str]] = None,
 ) -> SandboxConfig:
     """Builds a config from create()'s arguments. Roche itself validates the values."""
     if image is None:
@@ -264,6 +269,7 @@ def make_config(
     for k, v in (env or {}).items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidConfig(f"env {k!r}={v!r}: names and values must be strings")
+    check_metadata(metadata)
     for what, name in (("workspace", workspace), ("from_snapshot", from_snapshot)):
         if name is not None and not isinstance(name, str):
             raise InvalidConfig(f"{what} {name!r}: give a name, e.g. 'proj'")
@@ -285,7 +291,37 @@ def make_config(
         disk=_size("disk", disk),
         workspace_size=None if workspace_size is None else _size("workspace_size", workspace_size),
         leased=bool(leased),
+        metadata=dict(metadata or {}),
     )
+
+
+def check_metadata(metadata: Optional[Mapping[str, str]]) -> None:
+    """Metadata must be a mapping of strings to strings; Roche checks the rest (key
+    charset, sizes, no key of Roche's own) and says what is wrong."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise InvalidConfig(f"metadata {metadata!r}: give a dict of strings, e.g. {{'user': 'alice'}}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidConfig(f"metadata {k!r}={v!r}: keys and values must be strings")
+
+
+_LIST_STATES = ("running", "paused", "exited", "created")
+
+
+def check_list_filter(metadata: Optional[Mapping[str, str]], state: Optional[str]) -> None:
+    """list()'s filter: metadata as for create, state one of _LIST_STATES."""
+    check_metadata(metadata)
+    if state is not None and state not in _LIST_STATES:
+        raise InvalidConfig(f"state {state!r}: give one of {', '.join(_LIST_STATES)}")
+
+
+def timeout_seconds(seconds: Union[int, float]) -> int:
+    """set_timeout()'s lifetime, in whole seconds (rounded up), at least 1."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 1:
+        raise InvalidConfig(f"timeout {seconds!r}: give a number of seconds, at least 1")
+    return int(-(-seconds // 1))
 
 
 @dataclass(frozen=True)
