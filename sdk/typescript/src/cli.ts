@@ -15,6 +15,7 @@ import {
   OutputAssembler,
   type ExecRequest,
   type ExecResult,
+  type ListOptions,
   type OutputEvent,
   type SandboxConfig,
   type SandboxInfo,
@@ -57,6 +58,7 @@ export function createArgs(provider: string, cfg: SandboxConfig): string[] {
   if (cfg.workspace) a.push("--workspace", cfg.workspace);
   if (cfg.fromSnapshot) a.push("--from-snapshot", cfg.fromSnapshot);
   if (cfg.workspaceSize !== undefined) a.push("--workspace-size", cfg.workspaceSize);
+  for (const [k, v] of Object.entries(cfg.metadata)) a.push("--metadata", `${k}=${v}`);
   if (cfg.leased) a.push("--hold"); // roche stays, holding the sandbox until its stdin closes (CLIHold)
   return a;
 }
@@ -96,6 +98,7 @@ export function parseInfo(o: unknown): SandboxInfo {
     createdAt: time(m.created_at),
     expiresAt: time(m.expires_at),
     owner: String(m.owner ?? ""),
+    metadata: Object.fromEntries(Object.entries((m.metadata as Record<string, unknown>) ?? {}).map(([k, v]) => [k, String(v)])),
   };
 }
 
@@ -487,9 +490,16 @@ export class CLITransport implements Transport {
     throw new SandboxNotFound(`not found: no sandbox ${sid} among yours (listing your sandboxes shows the live ones)`);
   }
 
-  async list(provider: string, d: Deadline): Promise<SandboxInfo[]> {
-    const obj = parseJSON(await this.call(["list", "--json", "--provider", provider], d), "list");
+  async list(provider: string, d: Deadline, o: ListOptions = {}): Promise<SandboxInfo[]> {
+    const args = ["list", "--json", "--provider", provider];
+    for (const [k, v] of Object.entries(o.metadata ?? {})) args.push("--metadata", `${k}=${v}`);
+    if (o.state) args.push("--state", o.state);
+    const obj = parseJSON(await this.call(args, d), "list");
     return ((obj as unknown[]) ?? []).map(parseInfo);
+  }
+
+  async setTimeout(sid: string, timeoutSecs: number, d: Deadline): Promise<SandboxInfo> {
+    return parseInfo(parseJSON(await this.call(["set-timeout", "--json", sid, String(timeoutSecs)], d), "set-timeout"));
   }
 
   async pause(sid: string, pause: boolean, d: Deadline): Promise<void> {

@@ -32,7 +32,7 @@ import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheEr
 import { firstFile, fileTar } from "./tar.js";
 import { entryFromWire, eventFromWire, FILE_CHUNK, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
 import { tlsProblem } from "./tls.js";
-import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
+import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import type { PtyRequest } from "./pty.js";
 import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
@@ -141,6 +141,7 @@ export function sandboxInfo(s: WireSandbox | undefined): SandboxInfo {
     createdAt: s?.createdAt ? timestampDate(s.createdAt) : undefined,
     expiresAt: s?.expiresAt ? timestampDate(s.expiresAt) : undefined,
     owner: s?.owner ?? "",
+    metadata: { ...(s?.metadata ?? {}) },
   };
 }
 
@@ -184,6 +185,7 @@ function wireConfig(cfg: SandboxConfig): MessageInitShape<typeof SandboxConfigSc
     fromSnapshot: cfg.fromSnapshot ?? "",
     workspaceSize: cfg.workspaceSize ?? "",
     leased: cfg.leased,
+    metadata: cfg.metadata,
   };
 }
 
@@ -563,9 +565,17 @@ export class DaemonTransport implements Transport {
     return sandboxInfo(r.sandbox);
   }
 
-  async list(provider: string, d: Deadline): Promise<SandboxInfo[]> {
-    const r = await this.call(d, "List", (signal) => this.client.list({ provider }, { signal }));
+  async list(provider: string, d: Deadline, o: ListOptions = {}): Promise<SandboxInfo[]> {
+    const state = o.state ? (Object.entries(STATES).find(([, v]) => v === o.state)?.[0] ?? 0) : 0;
+    const r = await this.call(d, "List", (signal) =>
+      this.client.list({ provider, metadata: o.metadata ?? {}, state: Number(state) }, { signal }),
+    );
     return r.sandboxes.map(sandboxInfo);
+  }
+
+  async setTimeout(sid: string, timeoutSecs: number, d: Deadline): Promise<SandboxInfo> {
+    const r = await this.call(d, "SetTimeout", (signal) => this.client.setTimeout({ sandboxId: sid, timeoutSecs }, { signal }));
+    return sandboxInfo(r.sandbox);
   }
 
   async pause(sid: string, pause: boolean, d: Deadline): Promise<void> {

@@ -63,6 +63,7 @@ export {
   type CreateOptions,
   type ExecOptions,
   type ExecResult,
+  type ListOptions,
   type Mount,
   type OutputEvent,
   type SandboxInfo,

@@ -22,6 +22,7 @@ import { TLSFailure } from "./tls.js";
 import type { StreamItem, Transport } from "./transport.js";
 import {
   baseName,
+  checkListOptions,
   copyLimit,
   makeConfig,
   makeExecRequest,
@@ -29,6 +30,7 @@ import {
   type ExecOptions,
   type ExecRequest,
   type ExecResult,
+  type ListOptions,
   type OutputEvent,
   type SandboxInfo,
 } from "./types.js";
@@ -158,9 +160,11 @@ export class Roche {
     return new Sandbox(this, t, await t.inspect(id, this.deadline()));
   }
 
-  /** This provider's sandboxes (a daemon's idle pooled ones are not listed). */
-  async list(): Promise<SandboxInfo[]> {
-    return (await this.resolve()).list(this.provider, this.deadline());
+  /** This provider's sandboxes (a daemon's idle pooled ones are not listed): with
+   * `metadata`, those created with every pair of it; with `state`, those "running",
+   * "paused", "exited" or "created". */
+  async list(o: ListOptions = {}): Promise<SandboxInfo[]> {
+    return (await this.resolve()).list(this.provider, this.deadline(), checkListOptions(o));
   }
 
   /** Deletes a persistent workspace and its files; InUse while a sandbox has it mounted. */
@@ -247,6 +251,20 @@ export class Sandbox {
   }
 
   /** Freezes every process in the sandbox. */
+  /**
+   * Ends the sandbox `timeoutMs` milliseconds from now instead of when it was to end, sooner
+   * or later (E2B's `setTimeout`, in milliseconds as there; rounded up to whole seconds): at
+   * least 1 s, at most 24 h and, through roched, the tenant's maximum (InvalidConfig beyond
+   * it). `info.expiresAt` takes the new end, which is also what ends the sandbox. A
+   * kubernetes sandbox can be given more time only up to the end it was created with.
+   */
+  async setTimeout(timeoutMs: number): Promise<void> {
+    if (typeof timeoutMs !== "number" || !(timeoutMs >= 1000)) {
+      throw new InvalidConfig(`timeout ${JSON.stringify(timeoutMs)} ms: give milliseconds, at least 1000`);
+    }
+    this.info = await this.t.setTimeout(this.id, Math.ceil(timeoutMs / 1000), this.roche.deadline());
+  }
+
   pause(): Promise<void> {
     return this.t.pause(this.id, true, this.roche.deadline());
   }

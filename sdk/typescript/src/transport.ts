@@ -5,7 +5,7 @@ import type { CodeItem, CodeRequest, Context } from "./code.js";
 import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
 import type { Deadline } from "./deadline.js";
 import type { EntryInfo, FilesystemEvent } from "./files.js";
-import type { ExecRequest, ExecResult, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
+import type { ExecRequest, ExecResult, ListOptions, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
 
 export type StreamItem = OutputEvent | ExecResult;
 
@@ -17,7 +17,8 @@ export interface Transport {
   execStream(sid: string, req: ExecRequest, d: Deadline): AsyncGenerator<StreamItem>;
   destroy(sid: string, d: Deadline): Promise<void>;
   inspect(sid: string, d: Deadline): Promise<SandboxInfo>;
-  list(provider: string, d: Deadline): Promise<SandboxInfo[]>;
+  list(provider: string, d: Deadline, o?: ListOptions): Promise<SandboxInfo[]>;
+  setTimeout(sid: string, timeoutSecs: number, d: Deadline): Promise<SandboxInfo>;
   pause(sid: string, pause: boolean, d: Deadline): Promise<void>;
   writeFile(sid: string, path: string, data: Uint8Array, mode: number, d: Deadline): Promise<void>;
   readFile(sid: string, path: string, d: Deadline, maxBytes: number): Promise<Uint8Array>;

@@ -49,6 +49,24 @@ export interface SandboxInfo {
   expiresAt?: Date;
   /** Who made it: "roched:INSTANCE/TENANT" through roched, "cli:USER@HOST" directly. */
   owner: string;
+  /** The key/value labels it was created with (`create({metadata})`). */
+  metadata: Record<string, string>;
+}
+
+/** list()'s filter: the sandboxes created with every pair of `metadata`, in `state`. */
+export interface ListOptions {
+  metadata?: Record<string, string>;
+  state?: "running" | "paused" | "exited" | "created";
+}
+
+const LIST_STATES = ["running", "paused", "exited", "created"];
+
+/** Checks list()'s filter; Roche checks the keys themselves. */
+export function checkListOptions(o: ListOptions): ListOptions {
+  if (o.state !== undefined && !LIST_STATES.includes(o.state)) {
+    throw new InvalidConfig(`state ${JSON.stringify(o.state)}: give one of ${LIST_STATES.join(", ")}`);
+  }
+  return { metadata: stringMap("metadata", o.metadata), state: o.state };
 }
 
 /** Binds a host path into the sandbox, read-only unless readWrite. */
@@ -93,6 +111,10 @@ export interface CreateOptions {
   /** Tie the sandbox to this process (true by default): it is destroyed within seconds of
    * the process's end, however it ends. false: it lives until destroyed or its lifetime ends. */
   leased?: boolean;
+  /** Key/value labels kept with the sandbox (E2B's `metadata`), returned in `info.metadata`
+   * and by list(), which can select on them: at most 32 pairs, keys of letters, digits,
+   * '_', '.' and '-' not starting with "roche" (Roche's own), values up to 512 bytes. */
+  metadata?: Record<string, string>;
 }
 
 /** What to create, with every default filled in. */
@@ -114,6 +136,7 @@ export interface SandboxConfig {
   disk: string;
   workspaceSize?: string;
   leased: boolean;
+  metadata: Record<string, string>;
 }
 
 /** Parses the CLI's HOST:SANDBOX[:ro|rw]. */
@@ -175,6 +198,7 @@ export function makeConfig(o: CreateOptions = {}): SandboxConfig {
     disk: size("disk", o.disk ?? "1g"),
     workspaceSize: o.workspaceSize === undefined ? undefined : size("workspaceSize", o.workspaceSize),
     leased: o.leased ?? true,
+    metadata: stringMap("metadata", o.metadata),
   };
 }
 
