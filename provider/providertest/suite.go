@@ -187,6 +187,12 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	if _, ok := p.(kit.Claimer); ok {
 		t.Run("Claim", s.testClaim)
 	}
+	t.Run("Metadata", s.testMetadata)
+	if _, ok := p.(roche.LifetimeSetter); ok {
+		t.Run("SetTimeout", s.testSetTimeout)
+	} else {
+		t.Logf("%s: no SetTimeout (roche.LifetimeSetter): a sandbox lives out the lifetime it was made with", p.Name())
+	}
 }
 
 type suite struct {
