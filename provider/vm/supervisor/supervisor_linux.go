@@ -92,17 +92,30 @@ func run(spec Spec) error {
 	}
 	deadline := time.NewTimer(max(time.Until(time.UnixMilli(spec.DeadlineUnixMS)), 0))
 	defer deadline.Stop()
+	// SIGUSR1: the provider moved the VM's end (SetTimeout) and rewrote the spec file.
+	moved := make(chan os.Signal, 1)
+	signal.Notify(moved, syscall.SIGUSR1)
 
 	var waitErr error
 	stopped := ""
-	select {
-	case waitErr = <-exited:
-	case sig := <-sigs:
-		stopped = "stopped by " + sig.String()
-		waitErr = stop(cmd, exited)
-	case <-deadline.C:
-		stopped = "stopped at the end of its lifetime"
-		waitErr = stop(cmd, exited)
+wait:
+	for {
+		select {
+		case waitErr = <-exited:
+			break wait
+		case sig := <-sigs:
+			stopped = "stopped by " + sig.String()
+			waitErr = stop(cmd, exited)
+			break wait
+		case <-moved:
+			if ms, ok := readDeadline(filepath.Join(spec.Dir, SpecFile)); ok {
+				deadline.Reset(max(time.Until(time.UnixMilli(ms)), 0))
+			}
+		case <-deadline.C:
+			stopped = "stopped at the end of its lifetime"
+			waitErr = stop(cmd, exited)
+			break wait
+		}
 	}
 	if link != nil {
 		link.close()
@@ -269,4 +282,17 @@ func proxy(c net.Conn, sess *yamux.Session) {
 	st.Close()
 	<-done
 	c.Close()
+}
+
+// readDeadline reads the deadline of the spec file the provider rewrote.
+func readDeadline(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	var spec Spec
+	if err := json.Unmarshal(b, &spec); err != nil || spec.DeadlineUnixMS <= 0 {
+		return 0, false
+	}
+	return spec.DeadlineUnixMS, true
 }
