@@ -232,6 +232,13 @@ func (s *Server) addTools() {
 		Annotations: readOnly,
 	}, s.list)
 	addTool(s.server, &mcp.Tool{
+		Name:  "set_sandbox_timeout",
+		Title: "Change a sandbox's lifetime",
+		Description: "Make a sandbox of this session end timeout_secs from now instead of when it was to end: " +
+			"more time to finish long work, or less to free it sooner. Returns the sandbox with its new expiry.",
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, s.setTimeout)
+	addTool(s.server, &mcp.Tool{
 		Name:        "destroy_sandbox",
 		Title:       "Destroy a sandbox",
 		Description: "Destroy a sandbox and everything in it.",
@@ -960,6 +967,28 @@ func (s *Server) list(ctx context.Context, req *mcp.CallToolRequest, in ListInpu
 		}
 	}
 	return nil, out, nil
+}
+
+// SetTimeoutInput is set_sandbox_timeout's arguments.
+type SetTimeoutInput struct {
+	SandboxID   string `json:"sandbox_id" jsonschema:"the sandbox's id"`
+	TimeoutSecs int    `json:"timeout_secs" jsonschema:"the lifetime left from now, in seconds (1 to 86400)"`
+}
+
+func (s *Server) setTimeout(ctx context.Context, req *mcp.CallToolRequest, in SetTimeoutInput) (*mcp.CallToolResult, Sandbox, error) {
+	p, err := s.own(req.Session, in.SandboxID)
+	if err != nil {
+		return nil, Sandbox{}, err
+	}
+	ls, ok := p.(roche.LifetimeSetter)
+	if !ok {
+		return nil, Sandbox{}, fmt.Errorf("%w: the %s provider cannot change a sandbox's lifetime", roche.ErrUnsupported, p.Name())
+	}
+	sb, err := ls.SetTimeout(ctx, in.SandboxID, time.Duration(in.TimeoutSecs)*time.Second)
+	if err != nil {
+		return nil, Sandbox{}, err
+	}
+	return nil, sandboxOf(sb), nil
 }
 
 // DestroyInput is destroy_sandbox's arguments.
