@@ -96,7 +96,7 @@ type Config struct {
 	FromSnapshot string `json:"from_snapshot,omitempty"`
 	// Metadata is the caller's key/value labels, kept with the sandbox and returned as
 	// SandboxInfo.Metadata; ListFilter selects on them. Bounded (MaxMetadataPairs, ...),
-	// and no key may be Roche's own (ReservedMetadataPrefix): see MetadataKeyProblem.
+	// and no key may be Roche's own (ReservedMetadataPrefix): see metadataKeyProblem.
 	Metadata map[string]string `json:"metadata,omitempty"`
 }
 

@@ -38,7 +38,7 @@ func metadataProblems(md map[string]string) []string {
 		add("metadata has %d pairs, over the limit of %d", len(md), MaxMetadataPairs)
 	}
 	for _, k := range slices.Sorted(maps.Keys(md)) {
-		if p := MetadataKeyProblem(k); p != "" {
+		if p := metadataKeyProblem(k); p != "" {
 			add("%s", p)
 			continue
 		}
@@ -53,8 +53,8 @@ func metadataProblems(md map[string]string) []string {
 	return problems
 }
 
-// MetadataKeyProblem says what is wrong with a metadata key, "" when nothing is.
-func MetadataKeyProblem(k string) string {
+// metadataKeyProblem says what is wrong with a metadata key, "" when nothing is.
+func metadataKeyProblem(k string) string {
 	if k == "" || len(k) > MaxMetadataKeyBytes {
 		return fmt.Sprintf("metadata key %.80q: give 1 to %d characters", k, MaxMetadataKeyBytes)
 	}
@@ -90,7 +90,7 @@ func (f ListFilter) Validate() error {
 		problems = append(problems, fmt.Sprintf("metadata filter has %d pairs, over the limit of %d", len(f.Metadata), MaxMetadataPairs))
 	}
 	for _, k := range slices.Sorted(maps.Keys(f.Metadata)) {
-		if p := MetadataKeyProblem(k); p != "" {
+		if p := metadataKeyProblem(k); p != "" {
 			problems = append(problems, p)
 		}
 	}
