@@ -151,8 +151,9 @@ func (s *suite) testSetTimeout(t *testing.T) {
 	if extended.ID == "" {
 		return
 	}
-	// Past the old end (10 s after the create), with margin.
-	time.Sleep(time.Until(longMade.Add(10*time.Second + 5*time.Second)))
+	// Past the old end (10 s after the create), and past any backstop a provider keeps
+	// beyond it (a VM's supervisor stops it 10 s after its end), with margin.
+	time.Sleep(time.Until(longMade.Add(10*time.Second + 13*time.Second)))
 	res, err := s.p.Exec(ctxFor(t, time.Minute), long, roche.ExecRequest{Cmd: append(append([]string{}, s.opts.Python...), "-c", "print('alive')"), Timeout: 30 * time.Second})
 	if err != nil || strings.TrimSpace(res.Stdout) != "alive" {
 		t.Errorf("a sandbox given 90 s more, 5 s past its old end: %q, %v; want it alive", res.Stdout, err)
