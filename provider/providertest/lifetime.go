@@ -156,7 +156,7 @@ func (s *suite) testSetTimeout(t *testing.T) {
 	time.Sleep(time.Until(longMade.Add(10*time.Second + 13*time.Second)))
 	res, err := s.p.Exec(ctxFor(t, time.Minute), long, roche.ExecRequest{Cmd: append(append([]string{}, s.opts.Python...), "-c", "print('alive')"), Timeout: 30 * time.Second})
 	if err != nil || strings.TrimSpace(res.Stdout) != "alive" {
-		t.Errorf("a sandbox given 90 s more, 5 s past its old end: %q, %v; want it alive", res.Stdout, err)
+		t.Errorf("a sandbox given 90 s more, 13 s past its old end: %q, %v; want it alive", res.Stdout, err)
 	}
 	if gc, ok := s.p.(roche.GarbageCollector); ok {
 		removed, err := gc.GC(ctxFor(t, time.Minute), roche.GCOptions{Owner: extended.Owner})
