@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,9 +49,12 @@ type Options struct {
 	HostAddrs func() ([]netip.Addr, error)
 	// now is the clock of the log rate limits (tests set it).
 	now func() time.Time
-	// Sandbox names the sandbox in logs.
+	// Sandbox names the sandbox in logs; a non-empty one is its id, which Lookup finds
+	// the proxy by (SetSandbox sets it later).
 	Sandbox string
 	Log     *slog.Logger
+	// LogSize bounds the decision log (default DefaultLogSize).
+	LogSize int
 }
 
 // Proxy relays one sandbox's HTTP and CONNECT requests to the hosts its policy allows.
@@ -64,9 +68,13 @@ type Proxy struct {
 	// a flood of allowed requests cannot hide the refusals.
 	refusedLog, allowedLog *logLimiter
 
-	mu     sync.Mutex
-	closed bool
-	open   map[net.Conn]struct{}
+	dlog decisionLog
+
+	mu      sync.Mutex
+	closed  bool
+	open    map[net.Conn]struct{}
+	sandbox string
+	policy  Policy // changed live by Allow and Remove
 }
 
 // New returns a proxy for one sandbox.
@@ -94,14 +102,55 @@ func New(opts Options) *Proxy {
 	if opts.now == nil {
 		opts.now = time.Now
 	}
-	return &Proxy{
+	if opts.LogSize <= 0 {
+		opts.LogSize = DefaultLogSize
+	}
+	p := &Proxy{
 		opts: opts, log: opts.Log.With("sandbox", opts.Sandbox),
 		conns:      make(chan struct{}, opts.MaxConns),
 		checker:    ck,
 		refusedLog: newLogLimiter(refusedLogBurst, refusedLogEvery, opts.now),
 		allowedLog: newLogLimiter(allowedLogBurst, allowedLogEvery, opts.now),
 		open:       map[net.Conn]struct{}{},
+		dlog:       decisionLog{size: opts.LogSize},
+		policy:     Policy{Rules: slices.Clone(opts.Policy.Rules)},
 	}
+	p.SetSandbox(opts.Sandbox)
+	return p
+}
+
+// Policy returns the allowlist in force now.
+func (p *Proxy) Policy() Policy {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return Policy{Rules: slices.Clone(p.policy.Rules)}
+}
+
+// Allow adds rules to the allowlist (those it has already are kept once), from the next
+// connection on.
+func (p *Proxy) Allow(rules ...Rule) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range rules {
+		if !slices.ContainsFunc(p.policy.Rules, func(q Rule) bool { return q.String() == r.String() }) {
+			p.policy.Rules = append(p.policy.Rules, r)
+		}
+	}
+}
+
+// Remove takes rules out of the allowlist, from the next connection on (connections
+// already open stay open), and returns those it did not have.
+func (p *Proxy) Remove(rules ...Rule) (missing []Rule) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range rules {
+		n := len(p.policy.Rules)
+		p.policy.Rules = slices.DeleteFunc(p.policy.Rules, func(q Rule) bool { return q.String() == r.String() })
+		if len(p.policy.Rules) == n {
+			missing = append(missing, r)
+		}
+	}
+	return missing
 }
 
 // Serve accepts connections on ln until it is closed.
@@ -121,6 +170,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 // Close ends every relayed connection, and logs how many decision lines the rate limits
 // dropped since the last ones written.
 func (p *Proxy) Close() {
+	p.unregister()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -154,83 +204,89 @@ func (p *Proxy) untrack(c net.Conn) {
 
 // ServeConn handles one client connection: one CONNECT tunnel, or one plain HTTP request
 // (the connection then closes, so that a kept-alive connection cannot carry a second
-// request past the checks made for the first).
+// request past the checks made for the first). Every request read is logged (Log), the
+// refused ones too.
 func (p *Proxy) ServeConn(c net.Conn) {
 	defer c.Close()
 	if !p.track(c) {
 		return
 	}
 	defer p.untrack(c)
+	d := &Decision{Time: time.Now(), Sandbox: p.Sandbox()}
 	select {
 	case p.conns <- struct{}{}:
 		defer func() { <-p.conns }()
 	default:
-		p.decide("", false, fmt.Sprintf("too many connections (%d)", p.opts.MaxConns))
-		refuse(c, http.StatusTooManyRequests, fmt.Sprintf("this sandbox already has %d connections open", p.opts.MaxConns))
+		p.refuse(c, d, http.StatusTooManyRequests, fmt.Sprintf("this sandbox already has %d connections open", p.opts.MaxConns))
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	br := bufio.NewReaderSize(c, 64<<10)
 	hostHeader, err := peekHost(br)
 	if err != nil {
-		refuse(c, http.StatusBadRequest, err.Error())
+		p.refuse(c, d, http.StatusBadRequest, err.Error())
 		return
 	}
 	req, err := http.ReadRequest(br)
 	if err != nil {
-		refuse(c, http.StatusBadRequest, "malformed proxy request")
+		p.refuse(c, d, http.StatusBadRequest, "malformed proxy request")
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
 
+	d.Method = req.Method
 	defaultPort := 80
 	authority := req.URL.Host
 	if req.Method == http.MethodConnect {
 		defaultPort = 443
 		authority = req.RequestURI
-	} else if req.URL.Scheme != "http" || req.URL.Host == "" {
-		refuse(c, http.StatusBadRequest, "only absolute http:// URLs and CONNECT are proxied")
-		return
-	}
-	host, port, err := splitAuthority(authority, defaultPort)
-	if err != nil {
-		refuse(c, http.StatusBadRequest, err.Error())
-		return
-	}
-	if hostHeader != "" {
-		hh, hp, err := splitAuthority(hostHeader, defaultPort)
-		if err != nil || !strings.EqualFold(hh, host) || hp != port {
-			p.decide(authority, false, "the Host header names "+hostHeader)
-			refuse(c, http.StatusForbidden, fmt.Sprintf("the Host header %q differs from the target %q", hostHeader, authority))
+	} else {
+		d.Path = req.URL.Path
+		if req.URL.Scheme != "http" || req.URL.Host == "" {
+			d.Host = strings.ToLower(req.URL.Host)
+			p.refuse(c, d, http.StatusBadRequest, "only absolute http:// URLs and CONNECT are proxied")
 			return
 		}
 	}
-	rule, ok := p.opts.Policy.match(host, port, defaultPort)
+	host, port, err := splitAuthority(authority, defaultPort)
+	if err != nil {
+		d.Host = strings.ToLower(authority)
+		p.refuse(c, d, http.StatusBadRequest, err.Error())
+		return
+	}
+	d.Host, d.Port = host, port
+	if hostHeader != "" {
+		hh, hp, err := splitAuthority(hostHeader, defaultPort)
+		if err != nil || !strings.EqualFold(hh, host) || hp != port {
+			p.refuse(c, d, http.StatusForbidden, fmt.Sprintf("the Host header %q differs from the target %q", hostHeader, authority))
+			return
+		}
+	}
+	rule, ok := p.Policy().match(host, port, defaultPort)
 	if !ok {
-		p.decide(authority, false, "not in the allowlist")
-		refuse(c, http.StatusForbidden, fmt.Sprintf("%s is not in this sandbox's allowlist", net.JoinHostPort(host, strconv.Itoa(port))))
+		d.Rule = neededRule(host, port, defaultPort)
+		p.refuse(c, d, http.StatusForbidden, fmt.Sprintf("%s is not in this sandbox's allowlist", net.JoinHostPort(host, strconv.Itoa(port))))
 		return
 	}
 	addr, reason, err := p.resolve(req.Context(), host, rule)
+	if addr.IsValid() {
+		d.Addr = addr.String()
+	}
 	if err != nil {
-		p.decide(authority, false, err.Error())
-		refuse(c, http.StatusBadGateway, fmt.Sprintf("cannot resolve %s: %v", host, err))
+		p.refuse(c, d, http.StatusBadGateway, fmt.Sprintf("cannot resolve %s: %v", host, err))
 		return
 	}
 	if reason != "" {
-		p.decide(authority, false, reason)
-		refuse(c, http.StatusForbidden, refusalText(host, addr, rule, reason))
+		p.refuse(c, d, http.StatusForbidden, refusalText(host, addr, rule, reason))
 		return
 	}
 	if p.bytes.Load() >= p.opts.MaxBytes {
-		p.decide(authority, false, "byte cap reached")
-		refuse(c, http.StatusForbidden, fmt.Sprintf("this sandbox has used its %d bytes of egress", p.opts.MaxBytes))
+		p.refuse(c, d, http.StatusForbidden, fmt.Sprintf("this sandbox has used its %d bytes of egress", p.opts.MaxBytes))
 		return
 	}
 	up, err := p.opts.Dial(req.Context(), "tcp", net.JoinHostPort(addr.String(), strconv.Itoa(port)))
 	if err != nil {
-		p.decide(authority, false, "dial: "+err.Error())
-		refuse(c, http.StatusBadGateway, fmt.Sprintf("connecting to %s: %v", authority, err))
+		p.refuse(c, d, http.StatusBadGateway, fmt.Sprintf("connecting to %s: %v", authority, err))
 		return
 	}
 	if !p.track(up) {
@@ -239,8 +295,15 @@ func (p *Proxy) ServeConn(c net.Conn) {
 	}
 	defer p.untrack(up)
 	defer up.Close()
-	p.decide(authority, true, "allowed by "+rule.String()+" at "+addr.String())
+	d.Rule, d.Allowed, d.Reason = rule.String(), true, "allowed by "+rule.String()+" at "+addr.String()
+	p.decide(d)
 	counted := &countingConn{Conn: up, p: p}
+	defer func() {
+		final := p.dlog.update(d, func(d *Decision) {
+			d.BytesOut, d.BytesIn, d.Done = counted.out.Load(), counted.in.Load(), true
+		})
+		notify(final)
+	}()
 
 	if req.Method == http.MethodConnect {
 		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
@@ -250,6 +313,26 @@ func (p *Proxy) ServeConn(c net.Conn) {
 		return
 	}
 	p.forward(c, req, counted)
+}
+
+// neededRule is the allowlist entry that would allow host:port.
+func neededRule(host string, port, defaultPort int) string {
+	r := Rule{Host: host}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		r.IP = ip
+	}
+	if port != defaultPort {
+		r.Port = port
+	}
+	return r.String()
+}
+
+// refuse logs a refusal and answers the sandbox with it.
+func (p *Proxy) refuse(c net.Conn, d *Decision, status int, msg string) {
+	d.Reason = msg
+	p.decide(d)
+	notify(*d)
+	refuse(c, status, msg)
 }
 
 // forward relays one plain HTTP request and its response.
@@ -342,10 +425,13 @@ func refusalText(host string, addr netip.Addr, rule Rule, why string) string {
 	return fmt.Sprintf("%s resolves to %s: %s, which only an allowlist entry naming it literally can allow", host, addr, why)
 }
 
-// decide logs a decision, within the sandbox's log rate limits.
-func (p *Proxy) decide(target string, allowed bool, why string) {
+// decide adds a decision to the log, and to the process's log within the sandbox's
+// rate limits.
+func (p *Proxy) decide(d *Decision) {
+	p.dlog.add(d)
+	target, why := d.Target(), d.Reason
 	lim, level, msg := p.refusedLog, slog.LevelWarn, "egress refused"
-	if allowed {
+	if d.Allowed {
 		lim, level, msg = p.allowedLog, slog.LevelInfo, "egress allowed"
 	}
 	ok, dropped := lim.take()
@@ -365,11 +451,13 @@ func (p *Proxy) Bytes() int64 { return p.bytes.Load() }
 // countingConn counts relayed bytes against the cap and cuts the connection past it.
 type countingConn struct {
 	net.Conn
-	p *Proxy
+	p       *Proxy
+	in, out atomic.Int64 // this connection's, from and to the upstream
 }
 
 func (c *countingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
+	c.in.Add(int64(n))
 	if c.p.bytes.Add(int64(n)) > c.p.opts.MaxBytes {
 		c.Conn.Close()
 		return n, errors.New("egress byte cap reached")
@@ -382,7 +470,9 @@ func (c *countingConn) Write(b []byte) (int, error) {
 		c.Conn.Close()
 		return 0, errors.New("egress byte cap reached")
 	}
-	return c.Conn.Write(b)
+	n, err := c.Conn.Write(b)
+	c.out.Add(int64(n))
+	return n, err
 }
 
 // refuse answers a proxy request with an error status and a one-line reason.
