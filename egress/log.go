@@ -19,11 +19,12 @@ type Decision struct {
 	Seq     uint64    `json:"seq"`
 	Time    time.Time `json:"time"`
 	Sandbox string    `json:"sandbox"`
-	Host    string    `json:"host"`           // as the sandbox named it, lower case
-	Port    int       `json:"port"`           // 0 when the request named none the proxy could read
-	Addr    string    `json:"addr,omitempty"` // the address resolved (and dialled when allowed)
-	Method  string    `json:"method"`         // CONNECT, or the plain HTTP request's method
-	Path    string    `json:"path,omitempty"` // a plain HTTP request's path
+	Tenant  string    `json:"tenant,omitempty"` // filled in by roched
+	Host    string    `json:"host"`             // as the sandbox named it, lower case
+	Port    int       `json:"port"`             // 0 when the request named none the proxy could read
+	Addr    string    `json:"addr,omitempty"`   // the address resolved (and dialled when allowed)
+	Method  string    `json:"method"`           // CONNECT, or the plain HTTP request's method
+	Path    string    `json:"path,omitempty"`   // a plain HTTP request's path
 	// Rule is the allowlist entry that allowed it, or, for a refusal that an entry could
 	// fix, the entry that would have (see Suggest).
 	Rule    string `json:"rule,omitempty"`

@@ -153,6 +153,8 @@ type Daemon struct {
 	servers  []*http.Server
 	tcpAddr  net.Addr
 	shutdown sync.Once
+	// stopEgress ends the observing of egress decisions (egress.go).
+	stopEgress func()
 }
 
 // ledgerConfig is the part of cfg the ledger keeps.
@@ -217,6 +219,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		return nil, err
 	}
 	d.ledger = l
+	d.stopEgress = d.observeEgress()
 	return d, nil
 }
 
@@ -481,6 +484,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 		if err != nil {
 			errs = append(errs, err)
 		}
+		d.stopEgress()
 		d.log.Info("roched stopped", "pool_sandboxes_destroyed", n)
 	})
 	return errors.Join(errs...)

@@ -525,6 +525,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec, who runAs, withAgen
 		return roche.SandboxInfo{}, err
 	}
 	sb.id = id
+	p.nameEgress(sb.agentDir, id)
 	settleAgentDir(sb.agentDir) // the container carries it now: sweeps see it live
 	// The container holds its own binds once started; the staging points go with create.
 	defer unpin()

@@ -84,6 +84,18 @@ func (p *Provider) ensureEgress(s sandbox) {
 	if err := p.startEgress(s.agentDir, filepath.Base(s.agentDir), s.cfg.NetworkAllowlist); err != nil {
 		p.log.Warn("restarting a sandbox's egress proxy", "sandbox", s.id, "err", err)
 	}
+	p.nameEgress(s.agentDir, s.id)
+}
+
+// nameEgress gives the proxy serving dir its sandbox's id, once the container has one, so
+// that roched finds its decision log and policy (egress.Lookup).
+func (p *Provider) nameEgress(dir, id string) {
+	p.egressMu.Lock()
+	rp := p.proxies[dir]
+	p.egressMu.Unlock()
+	if rp != nil {
+		rp.proxy.SetSandbox(id)
+	}
 }
 
 func (p *Provider) stopEgress(dir string) {

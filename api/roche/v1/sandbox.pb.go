@@ -2243,9 +2243,9 @@ type SandboxConfig struct {
 	// timeout_secs.
 	Leased bool `protobuf:"varint,17,opt,name=leased,proto3" json:"leased,omitempty"`
 	// Key/value labels kept with the sandbox and returned wherever it is described; List
-	// filters on them. At most 32 pairs; a key is 1-63 letters, digits, '_', '.', '-' or
-	// '/', starting with a letter or digit and not with "roche" (Roche's own); a value at
-	// most 512 bytes of UTF-8 without control characters.
+	// filters on them. At most 32 pairs; a key is 1-63 letters, digits, '_', '.' or '-',
+	// starting and ending with a letter or digit and not starting with "roche" (Roche's own);
+	// a value at most 512 bytes of UTF-8 without control characters.
 	Metadata      map[string]string `protobuf:"bytes,18,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -8168,6 +8168,395 @@ func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
 }
 
+type EgressLogRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// after returns only decisions whose seq is above it (0: every one kept).
+	After         uint64 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressLogRequest) Reset() {
+	*x = EgressLogRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressLogRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressLogRequest) ProtoMessage() {}
+
+func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressLogRequest.ProtoReflect.Descriptor instead.
+func (*EgressLogRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{127}
+}
+
+func (x *EgressLogRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EgressLogRequest) GetAfter() uint64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+// EgressDecision is one connection (a CONNECT tunnel or a plain HTTP request) a
+// sandbox asked its egress proxy for, and what the proxy did with it.
+type EgressDecision struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// seq numbers the proxy's decisions from 1.
+	Seq       uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Time      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	SandboxId string                 `protobuf:"bytes,3,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Tenant    string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Host      string                 `protobuf:"bytes,5,opt,name=host,proto3" json:"host,omitempty"`
+	Port      int32                  `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"`
+	// addr is the address resolved (and dialled when allowed).
+	Addr string `protobuf:"bytes,7,opt,name=addr,proto3" json:"addr,omitempty"`
+	// method is CONNECT or the plain HTTP request's; path is a plain request's.
+	Method string `protobuf:"bytes,8,opt,name=method,proto3" json:"method,omitempty"`
+	Path   string `protobuf:"bytes,9,opt,name=path,proto3" json:"path,omitempty"`
+	// rule is the entry that allowed it, or that would have allowed a refusal for want of
+	// an entry.
+	Rule    string `protobuf:"bytes,10,opt,name=rule,proto3" json:"rule,omitempty"`
+	Allowed bool   `protobuf:"varint,11,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// reason is what the sandbox was told.
+	Reason string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
+	// bytes_out and bytes_in, to and from the upstream, are filled in when an allowed
+	// connection ends (done).
+	BytesOut      int64 `protobuf:"varint,13,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	BytesIn       int64 `protobuf:"varint,14,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	Done          bool  `protobuf:"varint,15,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressDecision) Reset() {
+	*x = EgressDecision{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressDecision) ProtoMessage() {}
+
+func (x *EgressDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressDecision.ProtoReflect.Descriptor instead.
+func (*EgressDecision) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{128}
+}
+
+func (x *EgressDecision) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *EgressDecision) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *EgressDecision) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *EgressDecision) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *EgressDecision) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EgressDecision) GetBytesOut() int64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *EgressDecision) GetBytesIn() int64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *EgressDecision) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+type EgressLogResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Decisions []*EgressDecision      `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// dropped counts older decisions the bound let go.
+	Dropped uint64 `protobuf:"varint,2,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// suggested are the minimal allowlist entries that would have allowed every refusal
+	// kept that an entry can allow (roche egress suggest).
+	Suggested     []string `protobuf:"bytes,3,rep,name=suggested,proto3" json:"suggested,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressLogResponse) Reset() {
+	*x = EgressLogResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressLogResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressLogResponse) ProtoMessage() {}
+
+func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressLogResponse.ProtoReflect.Descriptor instead.
+func (*EgressLogResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{129}
+}
+
+func (x *EgressLogResponse) GetDecisions() []*EgressDecision {
+	if x != nil {
+		return x.Decisions
+	}
+	return nil
+}
+
+func (x *EgressLogResponse) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *EgressLogResponse) GetSuggested() []string {
+	if x != nil {
+		return x.Suggested
+	}
+	return nil
+}
+
+type EgressPolicyRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// allow adds entries (host, *.suffix or IP, with an optional port, as
+	// network_allowlist takes); remove takes entries out, spelled the same.
+	Allow         []string `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	Remove        []string `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicyRequest) Reset() {
+	*x = EgressPolicyRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicyRequest) ProtoMessage() {}
+
+func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicyRequest.ProtoReflect.Descriptor instead.
+func (*EgressPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{130}
+}
+
+func (x *EgressPolicyRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EgressPolicyRequest) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *EgressPolicyRequest) GetRemove() []string {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
+type EgressPolicyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// rules is the allowlist in force after the change.
+	Rules         []string `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicyResponse) Reset() {
+	*x = EgressPolicyResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicyResponse) ProtoMessage() {}
+
+func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicyResponse.ProtoReflect.Descriptor instead.
+func (*EgressPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
+}
+
+func (x *EgressPolicyResponse) GetRules() []string {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
@@ -8773,7 +9162,40 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
 	"context_id\x18\x02 \x01(\tR\tcontextId\"\x17\n" +
-	"\x15RemoveContextResponse*\x97\x01\n" +
+	"\x15RemoveContextResponse\"G\n" +
+	"\x10EgressLogRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\x04R\x05after\"\x83\x03\n" +
+	"\x0eEgressDecision\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04host\x18\x05 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x06 \x01(\x05R\x04port\x12\x12\n" +
+	"\x04addr\x18\a \x01(\tR\x04addr\x12\x16\n" +
+	"\x06method\x18\b \x01(\tR\x06method\x12\x12\n" +
+	"\x04path\x18\t \x01(\tR\x04path\x12\x12\n" +
+	"\x04rule\x18\n" +
+	" \x01(\tR\x04rule\x12\x18\n" +
+	"\aallowed\x18\v \x01(\bR\aallowed\x12\x16\n" +
+	"\x06reason\x18\f \x01(\tR\x06reason\x12\x1b\n" +
+	"\tbytes_out\x18\r \x01(\x03R\bbytesOut\x12\x19\n" +
+	"\bbytes_in\x18\x0e \x01(\x03R\abytesIn\x12\x12\n" +
+	"\x04done\x18\x0f \x01(\bR\x04done\"\x83\x01\n" +
+	"\x11EgressLogResponse\x126\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x18.roche.v1.EgressDecisionR\tdecisions\x12\x18\n" +
+	"\adropped\x18\x02 \x01(\x04R\adropped\x12\x1c\n" +
+	"\tsuggested\x18\x03 \x03(\tR\tsuggested\"b\n" +
+	"\x13EgressPolicyRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05allow\x18\x02 \x03(\tR\x05allow\x12\x16\n" +
+	"\x06remove\x18\x03 \x03(\tR\x06remove\",\n" +
+	"\x14EgressPolicyResponse\x12\x14\n" +
+	"\x05rules\x18\x01 \x03(\tR\x05rules*\x97\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
@@ -8811,7 +9233,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
 	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
 	"\x12\x1c\n" +
-	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xb6\x1c\n" +
+	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xcb\x1d\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -8867,7 +9289,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\fListCommands\x12\x1d.roche.v1.ListCommandsRequest\x1a\x1e.roche.v1.ListCommandsResponse\x12Y\n" +
 	"\x10SendCommandInput\x12!.roche.v1.SendCommandInputRequest\x1a\".roche.v1.SendCommandInputResponse\x12\\\n" +
 	"\x11CloseCommandInput\x12\".roche.v1.CloseCommandInputRequest\x1a#.roche.v1.CloseCommandInputResponse\x12P\n" +
-	"\rSignalCommand\x12\x1e.roche.v1.SignalCommandRequest\x1a\x1f.roche.v1.SignalCommandResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
+	"\rSignalCommand\x12\x1e.roche.v1.SignalCommandRequest\x1a\x1f.roche.v1.SignalCommandResponse\x12D\n" +
+	"\tEgressLog\x12\x1a.roche.v1.EgressLogRequest\x1a\x1b.roche.v1.EgressLogResponse\x12M\n" +
+	"\fEgressPolicy\x12\x1d.roche.v1.EgressPolicyRequest\x1a\x1e.roche.v1.EgressPolicyResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
 
 var (
 	file_roche_v1_sandbox_proto_rawDescOnce sync.Once
@@ -8882,7 +9306,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 138)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 143)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: roche.v1.SandboxState
 	(OutputStream)(0),                 // 1: roche.v1.OutputStream
@@ -9016,31 +9440,36 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*RestartContextResponse)(nil),    // 129: roche.v1.RestartContextResponse
 	(*RemoveContextRequest)(nil),      // 130: roche.v1.RemoveContextRequest
 	(*RemoveContextResponse)(nil),     // 131: roche.v1.RemoveContextResponse
-	nil,                               // 132: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                               // 133: roche.v1.StartCommandRequest.EnvEntry
-	nil,                               // 134: roche.v1.Command.EnvEntry
-	nil,                               // 135: roche.v1.SandboxConfig.EnvEntry
-	nil,                               // 136: roche.v1.SandboxConfig.MetadataEntry
-	nil,                               // 137: roche.v1.Sandbox.MetadataEntry
-	nil,                               // 138: roche.v1.ExecRequest.EnvEntry
-	nil,                               // 139: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                               // 140: roche.v1.ListRequest.MetadataEntry
-	nil,                               // 141: roche.v1.RunCodeRequest.EnvEntry
-	nil,                               // 142: roche.v1.CreateContextRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 143: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 144: google.protobuf.Timestamp
+	(*EgressLogRequest)(nil),          // 132: roche.v1.EgressLogRequest
+	(*EgressDecision)(nil),            // 133: roche.v1.EgressDecision
+	(*EgressLogResponse)(nil),         // 134: roche.v1.EgressLogResponse
+	(*EgressPolicyRequest)(nil),       // 135: roche.v1.EgressPolicyRequest
+	(*EgressPolicyResponse)(nil),      // 136: roche.v1.EgressPolicyResponse
+	nil,                               // 137: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 138: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 139: roche.v1.Command.EnvEntry
+	nil,                               // 140: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 141: roche.v1.SandboxConfig.MetadataEntry
+	nil,                               // 142: roche.v1.Sandbox.MetadataEntry
+	nil,                               // 143: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 144: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 145: roche.v1.ListRequest.MetadataEntry
+	nil,                               // 146: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 147: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 148: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 149: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	132, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	137, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	5,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
 	44,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	42,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	5,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	133, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	138, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
 	21,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
-	143, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
-	134, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
-	144, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	148, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	139, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	149, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
 	19,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
 	19,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
 	20,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
@@ -9054,26 +9483,26 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	16,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	16,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	16,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
-	135, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	140, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	35,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	136, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
+	141, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
 	0,   // 26: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	144, // 27: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	144, // 28: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	137, // 29: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
+	149, // 27: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	149, // 28: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	142, // 29: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
 	34,  // 30: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	36,  // 31: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	138, // 32: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	143, // 32: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	42,  // 33: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	139, // 34: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	143, // 35: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	144, // 34: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	148, // 35: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	1,   // 36: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	144, // 37: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	149, // 37: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	43,  // 38: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	44,  // 39: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	42,  // 40: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
 	52,  // 41: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	140, // 42: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	145, // 42: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
 	0,   // 43: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
 	36,  // 44: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
 	52,  // 45: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
@@ -9083,7 +9512,7 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	36,  // 49: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
 	52,  // 50: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
 	2,   // 51: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	144, // 52: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	149, // 52: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
 	67,  // 53: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
 	67,  // 54: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
 	67,  // 55: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
@@ -9095,135 +9524,141 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	82,  // 61: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
 	44,  // 62: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	82,  // 63: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	143, // 64: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	148, // 64: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
 	92,  // 65: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
 	92,  // 66: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
 	92,  // 67: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
 	101, // 68: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
 	102, // 69: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
 	36,  // 70: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	144, // 71: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	149, // 71: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
 	105, // 72: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	144, // 73: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	149, // 73: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	110, // 74: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
 	110, // 75: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
 	4,   // 76: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	141, // 77: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	146, // 77: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
 	119, // 78: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
 	120, // 79: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	143, // 80: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	148, // 80: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
 	43,  // 81: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
 	44,  // 82: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	119, // 83: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
 	121, // 84: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	142, // 85: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	147, // 85: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
 	123, // 86: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
 	123, // 87: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	37,  // 88: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	39,  // 89: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	41,  // 90: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	46,  // 91: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	47,  // 92: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	50,  // 93: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	53,  // 94: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	55,  // 95: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
-	57,  // 96: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	59,  // 97: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	61,  // 98: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	63,  // 99: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	65,  // 100: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	68,  // 101: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	70,  // 102: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	72,  // 103: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	74,  // 104: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	76,  // 105: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	78,  // 106: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	80,  // 107: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	83,  // 108: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	86,  // 109: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	88,  // 110: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	90,  // 111: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	93,  // 112: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	95,  // 113: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	97,  // 114: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	99,  // 115: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	103, // 116: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	106, // 117: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	108, // 118: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	111, // 119: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	113, // 120: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	115, // 121: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	118, // 122: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	124, // 123: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	126, // 124: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	128, // 125: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	130, // 126: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	6,   // 127: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	8,   // 128: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	10,  // 129: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	12,  // 130: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	14,  // 131: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	17,  // 132: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	22,  // 133: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	26,  // 134: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	28,  // 135: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	30,  // 136: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	32,  // 137: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	38,  // 138: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	40,  // 139: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	45,  // 140: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	49,  // 141: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	48,  // 142: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	51,  // 143: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	54,  // 144: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	56,  // 145: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
-	58,  // 146: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	60,  // 147: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	62,  // 148: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	64,  // 149: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	66,  // 150: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	69,  // 151: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	71,  // 152: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	73,  // 153: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	75,  // 154: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	77,  // 155: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	79,  // 156: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	81,  // 157: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	85,  // 158: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	87,  // 159: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	89,  // 160: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	91,  // 161: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	94,  // 162: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	96,  // 163: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	98,  // 164: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	100, // 165: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	104, // 166: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	107, // 167: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	109, // 168: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	112, // 169: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	114, // 170: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	116, // 171: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	122, // 172: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	125, // 173: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	127, // 174: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	129, // 175: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	131, // 176: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	7,   // 177: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	9,   // 178: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	11,  // 179: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	13,  // 180: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	15,  // 181: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	18,  // 182: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	25,  // 183: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	27,  // 184: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	29,  // 185: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	31,  // 186: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	33,  // 187: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	138, // [138:188] is the sub-list for method output_type
-	88,  // [88:138] is the sub-list for method input_type
-	88,  // [88:88] is the sub-list for extension type_name
-	88,  // [88:88] is the sub-list for extension extendee
-	0,   // [0:88] is the sub-list for field type_name
+	149, // 88: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
+	133, // 89: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
+	37,  // 90: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	39,  // 91: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	41,  // 92: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	46,  // 93: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	47,  // 94: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	50,  // 95: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	53,  // 96: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	55,  // 97: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	57,  // 98: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	59,  // 99: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	61,  // 100: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	63,  // 101: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	65,  // 102: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	68,  // 103: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	70,  // 104: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	72,  // 105: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	74,  // 106: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	76,  // 107: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	78,  // 108: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	80,  // 109: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	83,  // 110: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	86,  // 111: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	88,  // 112: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	90,  // 113: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	93,  // 114: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	95,  // 115: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	97,  // 116: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	99,  // 117: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	103, // 118: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	106, // 119: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	108, // 120: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	111, // 121: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	113, // 122: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	115, // 123: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	118, // 124: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	124, // 125: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	126, // 126: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	128, // 127: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	130, // 128: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	6,   // 129: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	8,   // 130: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	10,  // 131: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	12,  // 132: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	14,  // 133: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	17,  // 134: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	22,  // 135: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	26,  // 136: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	28,  // 137: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	30,  // 138: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	32,  // 139: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	132, // 140: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
+	135, // 141: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
+	38,  // 142: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	40,  // 143: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	45,  // 144: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	49,  // 145: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	48,  // 146: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	51,  // 147: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	54,  // 148: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	56,  // 149: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	58,  // 150: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	60,  // 151: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	62,  // 152: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	64,  // 153: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	66,  // 154: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	69,  // 155: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	71,  // 156: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	73,  // 157: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	75,  // 158: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	77,  // 159: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	79,  // 160: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	81,  // 161: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	85,  // 162: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	87,  // 163: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	89,  // 164: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	91,  // 165: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	94,  // 166: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	96,  // 167: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	98,  // 168: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	100, // 169: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	104, // 170: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	107, // 171: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	109, // 172: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	112, // 173: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	114, // 174: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	116, // 175: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	122, // 176: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	125, // 177: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	127, // 178: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	129, // 179: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	131, // 180: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	7,   // 181: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	9,   // 182: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	11,  // 183: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	13,  // 184: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	15,  // 185: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	18,  // 186: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	25,  // 187: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	27,  // 188: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	29,  // 189: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	31,  // 190: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	33,  // 191: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	134, // 192: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
+	136, // 193: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
+	142, // [142:194] is the sub-list for method output_type
+	90,  // [90:142] is the sub-list for method input_type
+	90,  // [90:90] is the sub-list for extension type_name
+	90,  // [90:90] is the sub-list for extension extendee
+	0,   // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -9271,7 +9706,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   138,
+			NumMessages:   143,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

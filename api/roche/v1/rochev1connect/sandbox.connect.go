@@ -178,6 +178,12 @@ const (
 	// SandboxServiceSignalCommandProcedure is the fully-qualified name of the SandboxService's
 	// SignalCommand RPC.
 	SandboxServiceSignalCommandProcedure = "/roche.v1.SandboxService/SignalCommand"
+	// SandboxServiceEgressLogProcedure is the fully-qualified name of the SandboxService's EgressLog
+	// RPC.
+	SandboxServiceEgressLogProcedure = "/roche.v1.SandboxService/EgressLog"
+	// SandboxServiceEgressPolicyProcedure is the fully-qualified name of the SandboxService's
+	// EgressPolicy RPC.
+	SandboxServiceEgressPolicyProcedure = "/roche.v1.SandboxService/EgressPolicy"
 )
 
 // SandboxServiceClient is a client for the roche.v1.SandboxService service.
@@ -336,6 +342,14 @@ type SandboxServiceClient interface {
 	CloseCommandInput(context.Context, *connect.Request[v1.CloseCommandInputRequest]) (*connect.Response[v1.CloseCommandInputResponse], error)
 	// SignalCommand sends a signal to a command's process group (9 kills it).
 	SignalCommand(context.Context, *connect.Request[v1.SignalCommandRequest]) (*connect.Response[v1.SignalCommandResponse], error)
+	// EgressLog returns the decision log of a sandbox's egress proxy (a sandbox with a
+	// network_allowlist): every connection and plain HTTP request it allowed or refused,
+	// the newest kept (a bounded number per sandbox), and the allowlist entries its
+	// refusals needed. NOT_FOUND for a sandbox whose proxy this roched does not run.
+	EgressLog(context.Context, *connect.Request[v1.EgressLogRequest]) (*connect.Response[v1.EgressLogResponse], error)
+	// EgressPolicy adds and removes allowlist entries of a running sandbox, effective from
+	// its next connection (open ones stay open), and returns the allowlist then in force.
+	EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the roche.v1.SandboxService service. By default,
@@ -649,6 +663,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("SignalCommand")),
 			connect.WithClientOptions(opts...),
 		),
+		egressLog: connect.NewClient[v1.EgressLogRequest, v1.EgressLogResponse](
+			httpClient,
+			baseURL+SandboxServiceEgressLogProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("EgressLog")),
+			connect.WithClientOptions(opts...),
+		),
+		egressPolicy: connect.NewClient[v1.EgressPolicyRequest, v1.EgressPolicyResponse](
+			httpClient,
+			baseURL+SandboxServiceEgressPolicyProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("EgressPolicy")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -704,6 +730,8 @@ type sandboxServiceClient struct {
 	sendCommandInput  *connect.Client[v1.SendCommandInputRequest, v1.SendCommandInputResponse]
 	closeCommandInput *connect.Client[v1.CloseCommandInputRequest, v1.CloseCommandInputResponse]
 	signalCommand     *connect.Client[v1.SignalCommandRequest, v1.SignalCommandResponse]
+	egressLog         *connect.Client[v1.EgressLogRequest, v1.EgressLogResponse]
+	egressPolicy      *connect.Client[v1.EgressPolicyRequest, v1.EgressPolicyResponse]
 }
 
 // Create calls roche.v1.SandboxService.Create.
@@ -956,6 +984,16 @@ func (c *sandboxServiceClient) SignalCommand(ctx context.Context, req *connect.R
 	return c.signalCommand.CallUnary(ctx, req)
 }
 
+// EgressLog calls roche.v1.SandboxService.EgressLog.
+func (c *sandboxServiceClient) EgressLog(ctx context.Context, req *connect.Request[v1.EgressLogRequest]) (*connect.Response[v1.EgressLogResponse], error) {
+	return c.egressLog.CallUnary(ctx, req)
+}
+
+// EgressPolicy calls roche.v1.SandboxService.EgressPolicy.
+func (c *sandboxServiceClient) EgressPolicy(ctx context.Context, req *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error) {
+	return c.egressPolicy.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the roche.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes a sandbox, from the warm pool when the config matches one.
@@ -1112,6 +1150,14 @@ type SandboxServiceHandler interface {
 	CloseCommandInput(context.Context, *connect.Request[v1.CloseCommandInputRequest]) (*connect.Response[v1.CloseCommandInputResponse], error)
 	// SignalCommand sends a signal to a command's process group (9 kills it).
 	SignalCommand(context.Context, *connect.Request[v1.SignalCommandRequest]) (*connect.Response[v1.SignalCommandResponse], error)
+	// EgressLog returns the decision log of a sandbox's egress proxy (a sandbox with a
+	// network_allowlist): every connection and plain HTTP request it allowed or refused,
+	// the newest kept (a bounded number per sandbox), and the allowlist entries its
+	// refusals needed. NOT_FOUND for a sandbox whose proxy this roched does not run.
+	EgressLog(context.Context, *connect.Request[v1.EgressLogRequest]) (*connect.Response[v1.EgressLogResponse], error)
+	// EgressPolicy adds and removes allowlist entries of a running sandbox, effective from
+	// its next connection (open ones stay open), and returns the allowlist then in force.
+	EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1421,6 +1467,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("SignalCommand")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceEgressLogHandler := connect.NewUnaryHandler(
+		SandboxServiceEgressLogProcedure,
+		svc.EgressLog,
+		connect.WithSchema(sandboxServiceMethods.ByName("EgressLog")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceEgressPolicyHandler := connect.NewUnaryHandler(
+		SandboxServiceEgressPolicyProcedure,
+		svc.EgressPolicy,
+		connect.WithSchema(sandboxServiceMethods.ByName("EgressPolicy")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/roche.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1523,6 +1581,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCloseCommandInputHandler.ServeHTTP(w, r)
 		case SandboxServiceSignalCommandProcedure:
 			sandboxServiceSignalCommandHandler.ServeHTTP(w, r)
+		case SandboxServiceEgressLogProcedure:
+			sandboxServiceEgressLogHandler.ServeHTTP(w, r)
+		case SandboxServiceEgressPolicyProcedure:
+			sandboxServiceEgressPolicyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1730,4 +1792,12 @@ func (UnimplementedSandboxServiceHandler) CloseCommandInput(context.Context, *co
 
 func (UnimplementedSandboxServiceHandler) SignalCommand(context.Context, *connect.Request[v1.SignalCommandRequest]) (*connect.Response[v1.SignalCommandResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.SignalCommand is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) EgressLog(context.Context, *connect.Request[v1.EgressLogRequest]) (*connect.Response[v1.EgressLogResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.EgressLog is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.EgressPolicy is not implemented"))
 }

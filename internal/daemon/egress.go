@@ -1,0 +1,145 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/roche-sandbox/roche"
+	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/wire"
+)
+
+// The egress proxies are the providers' (package egress); roched finds a sandbox's by its
+// id (egress.Lookup) to read its decision log and change its allowlist, and observes
+// every decision of its own sandboxes' proxies: counted in metrics, written to the audit
+// log.
+
+// observeEgress counts and audits the final decisions of the proxies of the sandboxes
+// this daemon tracks, until the returned func is called.
+func (d *Daemon) observeEgress() func() {
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "roche_egress_decisions_total",
+		Help: "Connections and plain HTTP requests the sandboxes' egress proxies decided on, by decision: allowed or refused.",
+	}, []string{"decision"})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "roche_egress_bytes_total",
+		Help: "Bytes the egress proxies relayed for allowed connections, by direction: out (to the upstream) or in, counted when each connection ends.",
+	}, []string{"direction"})
+	d.metrics.reg.MustRegister(decisions, bytes)
+	return egress.Observe(func(dec egress.Decision) {
+		rec, ok := d.ledger.Tracked(dec.Sandbox)
+		if !ok {
+			return // another daemon's, in the same process (tests)
+		}
+		var err error
+		label := "allowed"
+		if !dec.Allowed {
+			label, err = "refused", errors.New(dec.Reason)
+		}
+		decisions.WithLabelValues(label).Inc()
+		bytes.WithLabelValues("out").Add(float64(dec.BytesOut))
+		bytes.WithLabelValues("in").Add(float64(dec.BytesIn))
+		d.ledger.Audit(rec.TenantName(), "egress", err, "id", dec.Sandbox, "seq", dec.Seq, "host", dec.Host, "port", dec.Port,
+			"addr", dec.Addr, "method", dec.Method, "path", dec.Path, "rule", dec.Rule, "bytes_out", dec.BytesOut, "bytes_in", dec.BytesIn)
+	})
+}
+
+// egressProxy finds the proxy of a sandbox of the caller's.
+func (s *service) egressProxy(ctx context.Context, id string) (*egress.Proxy, string, error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	tg, err := s.d.ledger.Resolve(t, id)
+	if err != nil {
+		return nil, "", err
+	}
+	px := egress.Lookup(tg.ID)
+	if px == nil {
+		return nil, "", fmt.Errorf("%w: sandbox %s has no egress proxy in this roched: only a sandbox made with a network allowlist (--allow-host) has one", roche.ErrNotFound, id)
+	}
+	return px, t.Name, nil
+}
+
+func (s *service) EgressLog(ctx context.Context, req *connect.Request[rochev1.EgressLogRequest]) (*connect.Response[rochev1.EgressLogResponse], error) {
+	px, tenant, err := s.egressProxy(ctx, req.Msg.SandboxId)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	ds, dropped := px.Log(req.Msg.After)
+	resp := &rochev1.EgressLogResponse{Dropped: dropped, Suggested: egress.Suggest(ds)}
+	for _, d := range ds {
+		resp.Decisions = append(resp.Decisions, &rochev1.EgressDecision{
+			Seq: d.Seq, Time: timestamppb.New(d.Time), SandboxId: d.Sandbox, Tenant: tenant, Host: d.Host, Port: int32(d.Port),
+			Addr: d.Addr, Method: d.Method, Path: d.Path, Rule: d.Rule, Allowed: d.Allowed, Reason: d.Reason,
+			BytesOut: d.BytesOut, BytesIn: d.BytesIn, Done: d.Done,
+		})
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *service) EgressPolicy(ctx context.Context, req *connect.Request[rochev1.EgressPolicyRequest]) (*connect.Response[rochev1.EgressPolicyResponse], error) {
+	px, _, err := s.egressProxy(ctx, req.Msg.SandboxId)
+	if err == nil {
+		err = changePolicy(px, req.Msg.Allow, req.Msg.Remove)
+	}
+	s.d.audit(ctx, "egress_policy", err, "id", req.Msg.SandboxId, "allow", req.Msg.Allow, "remove", req.Msg.Remove)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	resp := &rochev1.EgressPolicyResponse{}
+	for _, r := range px.Policy().Rules {
+		resp.Rules = append(resp.Rules, r.String())
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// changePolicy checks every entry first, so that a bad one changes nothing.
+func changePolicy(px *egress.Proxy, allow, remove []string) error {
+	add, err := egress.ParsePolicy(allow)
+	if err != nil {
+		return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
+	}
+	drop, err := egress.ParsePolicy(remove)
+	if err != nil {
+		return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
+	}
+	have := px.Policy()
+	for _, r := range drop.Rules {
+		if !slicesContainsRule(have.Rules, r) && !slicesContainsRule(add.Rules, r) {
+			return fmt.Errorf("%w: %s is not in the sandbox's allowlist (it has %s)", roche.ErrInvalidConfig, r, rulesString(have.Rules))
+		}
+	}
+	px.Allow(add.Rules...)
+	px.Remove(drop.Rules...)
+	return nil
+}
+
+func slicesContainsRule(rs []egress.Rule, r egress.Rule) bool {
+	for _, q := range rs {
+		if q.String() == r.String() {
+			return true
+		}
+	}
+	return false
+}
+
+func rulesString(rs []egress.Rule) string {
+	if len(rs) == 0 {
+		return "no entries"
+	}
+	s := ""
+	for i, r := range rs {
+		if i > 0 {
+			s += ", "
+		}
+		s += r.String()
+	}
+	return s
+}
