@@ -36,7 +36,7 @@ type Served struct {
 func Serve(t testing.TB, cfg daemon.Config) *Served {
 	t.Helper()
 	testenv.Needs(t, testenv.Docker)
-	dp, err := docker.New()
+	dp, err := docker.New(docker.WithEgressProxy()) // as roched runs it
 	if err != nil {
 		t.Fatal(err)
 	}
