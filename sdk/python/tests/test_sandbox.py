@@ -232,6 +232,28 @@ class SandboxThroughDaemon(harness.SandboxTestCase):
             r = sb.exec(["python3", "-c", code, "http://127.0.0.13:1/"])
             self.assertNotEqual(r.exit_code, 0)
             self.assertIn("403", r.stderr)
+            # The decision log has both, the refusal's entry suggested; an entry allowed
+            # live lets the next request through, one denied refuses it again.
+            deadline = time.monotonic() + 10
+            while True:
+                log = sb.egress_log()
+                if len(log) == 2 and log[0].done:
+                    break
+                self.assertLess(time.monotonic(), deadline, "the egress log lacks the two decisions: %r" % (log,))
+                time.sleep(0.1)
+            self.assertTrue(log[0].allowed)
+            self.assertEqual((log[0].method, log[0].rule, log[0].sandbox), ("GET", addr, sb.id))
+            self.assertGreater(log[0].bytes_in, 0)
+            self.assertFalse(log[1].allowed)
+            self.assertIn("allowlist", log[1].reason)
+            self.assertEqual(sb.egress_suggest(), ["127.0.0.13:1"])
+            self.assertEqual(sb.egress_deny(addr), [])
+            r = sb.exec(["python3", "-c", code, "http://%s/" % addr])
+            self.assertIn("403", r.stderr)
+            self.assertEqual(sb.egress_allow(addr), [addr])
+            self.assertEqual(sb.exec(["python3", "-c", code, "http://%s/" % addr]).stdout, "allowed\n")
+            with self.assertRaises(RocheError):
+                sb.egress_deny("nowhere.example")
 
 
 class SandboxThroughCLI(SandboxThroughDaemon):

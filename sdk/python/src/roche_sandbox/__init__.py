@@ -49,6 +49,7 @@ from .types import (
     SandboxInfo,
     SkippedEntry,
     SnapshotInfo,
+    EgressDecision,
     WorkspaceInfo,
 )
 
@@ -105,6 +106,7 @@ __all__ = [
     "SandboxTimeout",
     "SkippedEntry",
     "SnapshotInfo",
+    "EgressDecision",
     "Unsupported",
     "WorkspaceInfo",
 ]

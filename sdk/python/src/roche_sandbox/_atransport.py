@@ -27,7 +27,7 @@ from ._lease import UNDO_TIMEOUT, CLIHold, DaemonHold, Holds
 from ._wire import StreamItem
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
 from .types import (CodeRequest, CommandInfo, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig,
-                    SandboxInfo, SnapshotInfo, WorkspaceInfo)
+                    SandboxInfo, SnapshotInfo, WorkspaceInfo, EgressDecision)
 
 T = TypeVar("T")
 
@@ -57,6 +57,10 @@ class AsyncTransport(Protocol):
     async def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None: ...
     async def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]: ...
     async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None: ...
+    # The egress proxy of a sandbox with an allowlist (roched's).
+    async def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]: ...
+    async def egress_suggest(self, sid: str, d: Deadline) -> List[str]: ...
+    async def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]: ...
     def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> AsyncIterator[_wire.CodeItem]: ...
     async def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context: ...
     async def contexts(self, sid: str, d: Deadline) -> List[Context]: ...
@@ -342,6 +346,18 @@ class AsyncDaemonTransport:
 
     async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
         await self.api.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
+
+    async def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]:
+        m = await self.api.unary("EgressLog", {"sandboxId": sid}, d)
+        return [_wire.parse_egress_decision(x) for x in m.get("decisions", [])]
+
+    async def egress_suggest(self, sid: str, d: Deadline) -> List[str]:
+        m = await self.api.unary("EgressLog", {"sandboxId": sid}, d)
+        return [str(r) for r in m.get("suggested", [])]
+
+    async def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]:
+        m = await self.api.unary("EgressPolicy", {"sandboxId": sid, "allow": allow, "remove": remove}, d)
+        return [str(r) for r in m.get("rules", [])]
 
     async def _upload(self, body: Any, d: Deadline) -> None:
         messages = self.api.stream("CopyTo", body, d)
@@ -665,6 +681,22 @@ class AsyncCLITransport:
 
     async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
         await self._call(["workspace", "rm", "--provider", provider, name], d)
+
+    async def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]:
+        out = await self._call(["egress", "log", "--json", sid], d)
+        return [_wire.parse_egress_decision(json.loads(line)) for line in out.splitlines() if line.strip()]
+
+    async def egress_suggest(self, sid: str, d: Deadline) -> List[str]:
+        out = await self._call(["egress", "suggest", sid], d)
+        return [line for line in out.splitlines() if line.strip()]
+
+    async def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]:
+        out = ""
+        if allow:
+            out = await self._call(["egress", "allow", sid, *allow], d)
+        if remove:
+            out = await self._call(["egress", "deny", sid, *remove], d)
+        return [line for line in out.splitlines() if line.strip()]
 
     async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
         name = _tarutil.base_name(path, "path")

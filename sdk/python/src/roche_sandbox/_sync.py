@@ -33,6 +33,7 @@ from .types import (
     OutputEvent,
     SandboxInfo,
     SnapshotInfo,
+    EgressDecision,
     WorkspaceInfo,
     context_id,
     make_code_request,
@@ -316,6 +317,28 @@ class Sandbox:
         a snapshot, for ``create(from_snapshot=name)``. Process memory is not kept, nor
         the workspace, which persists on its own."""
         return self._t.snapshot(self._roche.provider, self.id, name, self._roche._deadline())
+
+    def egress_log(self) -> List[EgressDecision]:
+        """The decisions of the sandbox's egress proxy (a sandbox made with
+        ``network_allowlist``; through roched), oldest first: every connection and plain
+        HTTP request it allowed or refused, the newest kept."""
+        return self._t.egress_log(self.id, self._roche._deadline())
+
+    def egress_suggest(self) -> List[str]:
+        """The minimal allowlist entries that would have allowed every refusal in the
+        egress log that an entry can allow (not one refused for its address)."""
+        return self._t.egress_suggest(self.id, self._roche._deadline())
+
+    def egress_allow(self, *entries: str) -> List[str]:
+        """Adds entries (``"pypi.org"``, ``"*.npmjs.org"``, ``"host:8443"``) to the
+        sandbox's allowlist, effective from its next connection; returns the allowlist."""
+        return self._t.egress_policy(self.id, list(entries), [], self._roche._deadline())
+
+    def egress_deny(self, *entries: str) -> List[str]:
+        """Takes entries out of the sandbox's allowlist, effective from its next
+        connection (open ones stay open); returns the allowlist. An entry it does not
+        have is an error, and changes nothing."""
+        return self._t.egress_policy(self.id, [], list(entries), self._roche._deadline())
 
     def _code_deadline(self, req: CodeRequest) -> Deadline:
         return Deadline((req.timeout or DEFAULT_CODE_TIMEOUT) + self._roche._choice.request_timeout)

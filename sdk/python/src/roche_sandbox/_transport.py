@@ -25,7 +25,7 @@ from ._lease import UNDO_TIMEOUT, CLIHold, DaemonHold, Holds
 from ._wire import StreamItem
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
 from .types import (CodeRequest, CommandInfo, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig,
-                    SandboxInfo, SnapshotInfo, WorkspaceInfo)
+                    SandboxInfo, SnapshotInfo, WorkspaceInfo, EgressDecision)
 
 T = TypeVar("T")
 
@@ -55,6 +55,10 @@ class Transport(Protocol):
     def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None: ...
     def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]: ...
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None: ...
+    # The egress proxy of a sandbox with an allowlist (roched's).
+    def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]: ...
+    def egress_suggest(self, sid: str, d: Deadline) -> List[str]: ...
+    def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]: ...
     def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> Iterator[_wire.CodeItem]: ...
     def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context: ...
     def contexts(self, sid: str, d: Deadline) -> List[Context]: ...
@@ -340,6 +344,18 @@ class DaemonTransport:
 
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
         self.api.unary("RemoveWorkspace", {"name": name, "provider": provider}, d)
+
+    def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]:
+        m = self.api.unary("EgressLog", {"sandboxId": sid}, d)
+        return [_wire.parse_egress_decision(x) for x in m.get("decisions", [])]
+
+    def egress_suggest(self, sid: str, d: Deadline) -> List[str]:
+        m = self.api.unary("EgressLog", {"sandboxId": sid}, d)
+        return [str(r) for r in m.get("suggested", [])]
+
+    def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]:
+        m = self.api.unary("EgressPolicy", {"sandboxId": sid, "allow": allow, "remove": remove}, d)
+        return [str(r) for r in m.get("rules", [])]
 
     def _upload(self, body: Any, d: Deadline) -> None:
         messages = self.api.stream("CopyTo", body, d)
@@ -663,6 +679,22 @@ class CLITransport:
 
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
         self._call(["workspace", "rm", "--provider", provider, name], d)
+
+    def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]:
+        out = self._call(["egress", "log", "--json", sid], d)
+        return [_wire.parse_egress_decision(json.loads(line)) for line in out.splitlines() if line.strip()]
+
+    def egress_suggest(self, sid: str, d: Deadline) -> List[str]:
+        out = self._call(["egress", "suggest", sid], d)
+        return [line for line in out.splitlines() if line.strip()]
+
+    def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]:
+        out = ""
+        if allow:
+            out = self._call(["egress", "allow", sid, *allow], d)
+        if remove:
+            out = self._call(["egress", "deny", sid, *remove], d)
+        return [line for line in out.splitlines() if line.strip()]
 
     def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
         name = _tarutil.base_name(path, "path")

@@ -23,6 +23,7 @@ from .types import (
     OutputMessage,
     Result,
     CopyReport,
+    EgressDecision,
     ExecRequest,
     ExecResult,
     OutputEvent,
@@ -184,6 +185,29 @@ def parse_snapshot(m: dict[str, Any]) -> SnapshotInfo:
         provider=m.get("provider", ""),
         image=m.get("image", ""),
         created_at=parse_time(m.get("createdAt")),
+    )
+
+
+def parse_egress_decision(m: dict[str, Any]) -> EgressDecision:
+    """An EgressDecision message, or an object of ``roche egress log --json``."""
+    def get(camel: str, snake: str, default: Any) -> Any:
+        return m.get(camel, m.get(snake, default))
+    return EgressDecision(
+        seq=int(get("seq", "seq", 0)),
+        time=parse_time(m.get("time")),
+        sandbox=str(get("sandboxId", "sandbox", "")),
+        tenant=str(m.get("tenant", "")),
+        host=str(m.get("host", "")),
+        port=int(m.get("port", 0)),
+        addr=str(m.get("addr", "")),
+        method=str(m.get("method", "")),
+        path=str(m.get("path", "")),
+        rule=str(m.get("rule", "")),
+        allowed=bool(m.get("allowed", False)),
+        reason=str(m.get("reason", "")),
+        bytes_out=int(get("bytesOut", "bytes_out", 0)),
+        bytes_in=int(get("bytesIn", "bytes_in", 0)),
+        done=bool(m.get("done", False)),
     )
 
 

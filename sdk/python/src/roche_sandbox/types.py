@@ -160,6 +160,34 @@ class SnapshotInfo:
 
 
 @dataclass(frozen=True)
+class EgressDecision:
+    """One connection (a CONNECT tunnel or a plain HTTP request) a sandbox asked its
+    egress proxy for, and what the proxy did with it (``sandbox.egress_log()``)."""
+
+    #: Numbers the proxy's decisions from 1.
+    seq: int
+    time: Optional[datetime]
+    sandbox: str
+    tenant: str
+    host: str
+    port: int
+    #: The address resolved (and dialled when allowed).
+    addr: str
+    #: CONNECT, or the plain HTTP request's method; ``path`` is a plain request's.
+    method: str
+    path: str
+    #: The entry that allowed it, or that would have allowed a refusal for want of one.
+    rule: str
+    allowed: bool
+    #: What the sandbox was told.
+    reason: str
+    #: Bytes to and from the upstream, filled in when an allowed connection ends (done).
+    bytes_out: int
+    bytes_in: int
+    done: bool
+
+
+@dataclass(frozen=True)
 class WorkspaceInfo:
     """A persistent workspace, mounted at /workspace by the sandboxes created with it."""
 
