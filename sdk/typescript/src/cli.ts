@@ -10,6 +10,8 @@ import { CodeEventParser, type CodeItem, type CodeRequest, type Context } from "
 import { Deadline } from "./deadline.js";
 import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, reasonFromText, RocheError, SandboxNotFound } from "./errors.js";
 import {
+  egressDecision,
+  type EgressDecision,
   execResult,
   mountString,
   OutputAssembler,
@@ -796,10 +798,30 @@ export class CLITransport implements Transport {
     await this.call(["workspace", "rm", "--provider", provider, name], d);
   }
 
+  async egressLog(sid: string, d: Deadline): Promise<EgressDecision[]> {
+    const out = (await this.call(["egress", "log", "--json", sid], d)).toString();
+    return lines(out).map((l) => egressDecision(JSON.parse(l)));
+  }
+
+  async egressSuggest(sid: string, d: Deadline): Promise<string[]> {
+    return lines((await this.call(["egress", "suggest", sid], d)).toString());
+  }
+
+  async egressPolicy(sid: string, allow: string[], remove: string[], d: Deadline): Promise<string[]> {
+    let out = "";
+    if (allow.length) out = (await this.call(["egress", "allow", sid, ...allow], d)).toString();
+    if (remove.length) out = (await this.call(["egress", "deny", sid, ...remove], d)).toString();
+    return lines(out);
+  }
+
   async close(): Promise<void> {
     const held = [...this.holds.values()];
     this.holds.clear();
     const d = new Deadline(UNDO_TIMEOUT);
     await Promise.all(held.map((h) => h.finish(d)));
   }
+}
+
+function lines(s: string): string[] {
+  return s.split("\n").filter((l) => l.trim() !== "");
 }

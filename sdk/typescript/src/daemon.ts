@@ -32,7 +32,7 @@ import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheEr
 import { firstFile, fileTar } from "./tar.js";
 import { entryFromWire, eventFromWire, FILE_CHUNK, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
 import { tlsProblem } from "./tls.js";
-import { execResult, OutputAssembler, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
+import { egressDecision, execResult, OutputAssembler, type EgressDecision, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import type { PtyRequest } from "./pty.js";
 import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
@@ -785,6 +785,21 @@ export class DaemonTransport implements Transport {
 
   async removeContext(sid: string, cid: string, d: Deadline): Promise<void> {
     await this.call(d, "RemoveContext", (signal) => this.client.removeContext({ sandboxId: sid, contextId: cid }, { signal }));
+  }
+
+  async egressLog(sid: string, d: Deadline): Promise<EgressDecision[]> {
+    const r = await this.call(d, "EgressLog", (signal) => this.client.egressLog({ sandboxId: sid }, { signal }));
+    return r.decisions.map((m) => egressDecision({ ...m, time: m.time ? timestampDate(m.time) : undefined }));
+  }
+
+  async egressSuggest(sid: string, d: Deadline): Promise<string[]> {
+    const r = await this.call(d, "EgressLog", (signal) => this.client.egressLog({ sandboxId: sid }, { signal }));
+    return [...r.suggested];
+  }
+
+  async egressPolicy(sid: string, allow: string[], remove: string[], d: Deadline): Promise<string[]> {
+    const r = await this.call(d, "EgressPolicy", (signal) => this.client.egressPolicy({ sandboxId: sid, allow, remove }, { signal }));
+    return [...r.rules];
   }
 
   async deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void> {

@@ -61,6 +61,7 @@ export {
   DEFAULT_IMAGE,
   DEFAULT_COPY_MAX_BYTES,
   type CreateOptions,
+  type EgressDecision,
   type ExecOptions,
   type ExecResult,
   type ListOptions,

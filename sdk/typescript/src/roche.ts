@@ -27,6 +27,7 @@ import {
   makeConfig,
   makeExecRequest,
   type CreateOptions,
+  type EgressDecision,
   type ExecOptions,
   type ExecRequest,
   type ExecResult,
@@ -248,6 +249,32 @@ export class Sandbox {
   async readFile(path: string, o: { maxBytes?: number } = {}): Promise<Uint8Array> {
     baseName(path, "path");
     return this.t.readFile(this.id, path, this.roche.deadline(), copyLimit(o.maxBytes));
+  }
+
+  /** The decisions of the sandbox's egress proxy (a sandbox made with `networkAllowlist`;
+   * through roched), oldest first: every connection and plain HTTP request it allowed or
+   * refused, the newest kept. */
+  egressLog(): Promise<EgressDecision[]> {
+    return this.t.egressLog(this.id, this.roche.deadline());
+  }
+
+  /** The minimal allowlist entries that would have allowed every refusal in the egress log
+   * that an entry can allow (not one refused for its address). */
+  egressSuggest(): Promise<string[]> {
+    return this.t.egressSuggest(this.id, this.roche.deadline());
+  }
+
+  /** Adds entries ("pypi.org", "*.npmjs.org", "host:8443") to the sandbox's allowlist,
+   * effective from its next connection; resolves to the allowlist then in force. */
+  egressAllow(...entries: string[]): Promise<string[]> {
+    return this.t.egressPolicy(this.id, entries, [], this.roche.deadline());
+  }
+
+  /** Takes entries out of the sandbox's allowlist, effective from its next connection (open
+   * ones stay open); resolves to the allowlist. An entry it does not have is an error, and
+   * changes nothing. */
+  egressDeny(...entries: string[]): Promise<string[]> {
+    return this.t.egressPolicy(this.id, [], entries, this.roche.deadline());
   }
 
   /** Freezes every process in the sandbox. */

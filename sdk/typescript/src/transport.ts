@@ -5,7 +5,7 @@ import type { CodeItem, CodeRequest, Context } from "./code.js";
 import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
 import type { Deadline } from "./deadline.js";
 import type { EntryInfo, FilesystemEvent } from "./files.js";
-import type { ExecRequest, ExecResult, ListOptions, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
+import type { EgressDecision, ExecRequest, ExecResult, ListOptions, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
 
 export type StreamItem = OutputEvent | ExecResult;
 
@@ -29,6 +29,10 @@ export interface Transport {
   contexts(sid: string, d: Deadline): Promise<Context[]>;
   restartContext(sid: string, cid: string, d: Deadline): Promise<void>;
   removeContext(sid: string, cid: string, d: Deadline): Promise<void>;
+  // The egress proxy of a sandbox with an allowlist (roched's).
+  egressLog(sid: string, d: Deadline): Promise<EgressDecision[]>;
+  egressSuggest(sid: string, d: Deadline): Promise<string[]>;
+  egressPolicy(sid: string, allow: string[], remove: string[], d: Deadline): Promise<string[]>;
   // The files API (sandbox.files). Streams take an idle limit in milliseconds.
   /** The file's entry (through roched), then its content as it arrives. */
   fileRead(sid: string, path: string, maxBytes: number, idleMs: number): AsyncGenerator<EntryInfo | Uint8Array>;

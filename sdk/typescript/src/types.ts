@@ -70,6 +70,54 @@ export function checkListOptions(o: ListOptions): ListOptions {
 }
 
 /** Binds a host path into the sandbox, read-only unless readWrite. */
+/** One connection (a CONNECT tunnel or a plain HTTP request) a sandbox asked its egress
+ * proxy for, and what the proxy did with it (`sandbox.egressLog()`). */
+export interface EgressDecision {
+  /** Numbers the proxy's decisions from 1. */
+  seq: number;
+  time?: Date;
+  sandbox: string;
+  tenant: string;
+  host: string;
+  port: number;
+  /** The address resolved (and dialled when allowed). */
+  addr: string;
+  /** CONNECT, or the plain HTTP request's method; `path` is a plain request's. */
+  method: string;
+  path: string;
+  /** The entry that allowed it, or that would have allowed a refusal for want of one. */
+  rule: string;
+  allowed: boolean;
+  /** What the sandbox was told. */
+  reason: string;
+  /** Bytes to and from the upstream, filled in when an allowed connection ends (`done`). */
+  bytesOut: number;
+  bytesIn: number;
+  done: boolean;
+}
+
+/** An EgressDecision as roched or `roche egress log --json` gives it. */
+export function egressDecision(m: any): EgressDecision {
+  const t = m.time;
+  return {
+    seq: Number(m.seq ?? 0),
+    time: t instanceof Date ? t : typeof t === "string" ? new Date(t) : t ? new Date(Number(t.seconds) * 1000 + Math.floor((t.nanos ?? 0) / 1e6)) : undefined,
+    sandbox: String(m.sandboxId ?? m.sandbox ?? ""),
+    tenant: String(m.tenant ?? ""),
+    host: String(m.host ?? ""),
+    port: Number(m.port ?? 0),
+    addr: String(m.addr ?? ""),
+    method: String(m.method ?? ""),
+    path: String(m.path ?? ""),
+    rule: String(m.rule ?? ""),
+    allowed: Boolean(m.allowed),
+    reason: String(m.reason ?? ""),
+    bytesOut: Number(m.bytesOut ?? m.bytes_out ?? 0),
+    bytesIn: Number(m.bytesIn ?? m.bytes_in ?? 0),
+    done: Boolean(m.done),
+  };
+}
+
 export interface Mount {
   source: string;
   target: string;
