@@ -10,8 +10,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/testenv"
 )
 
 // countingServer is a local HTTP(S) server on a loopback address of its own.
@@ -136,5 +139,41 @@ func Egress(t *testing.T, p roche.Provider, base roche.Config, create func(roche
 	}
 	if allowed.conns.Load() == 0 || secure.conns.Load() == 0 {
 		t.Errorf("allowed servers saw %d and %d connections", allowed.conns.Load(), secure.conns.Load())
+	}
+	egressLogged(t, id, allowed.Listener.Addr().String(), secure.Listener.Addr().String(), other.Listener.Addr().String(), localPort)
+}
+
+// egressLogged checks that the sandbox's proxy, which this process runs, logged every
+// attempt that reached it, the refused ones too, with what it saw and why.
+func egressLogged(t *testing.T, id, allowed, secure, other, localPort string) {
+	t.Helper()
+	px := egress.Lookup(id)
+	if px == nil {
+		t.Fatalf("no egress proxy registered under sandbox id %s", id)
+	}
+	var ds []egress.Decision
+	testenv.Eventually(t, 10*time.Second, "the five decisions, the allowed ones ended", func() bool {
+		ds, _ = px.Log(0)
+		return len(ds) == 5 && ds[0].Done && ds[1].Done
+	})
+	want := []struct {
+		method, target, rule, reason string
+		allowed                      bool
+	}{
+		{"GET", allowed, allowed, "allowed by", true},
+		{"CONNECT", secure, secure, "allowed by", true},
+		{"GET", other, other, "not in this sandbox's allowlist", false},
+		{"GET", "localhost:" + localPort, "", "Loopback", false},
+		{"CONNECT", secure, "", "Host header", false},
+	}
+	for i, w := range want {
+		d := ds[i]
+		if d.Method != w.method || d.Target() != w.target || d.Rule != w.rule || d.Allowed != w.allowed ||
+			!strings.Contains(d.Reason, w.reason) || d.Sandbox != id {
+			t.Errorf("decision %d: %+v, want %+v", i, d, w)
+		}
+		if d.Allowed && (d.BytesIn == 0 || d.BytesOut == 0) {
+			t.Errorf("decision %d relayed %d bytes out, %d in", i, d.BytesOut, d.BytesIn)
+		}
 	}
 }
