@@ -2,12 +2,15 @@ package egress
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -160,5 +163,43 @@ func TestLivePolicy(t *testing.T) {
 	}
 	if missing := p.Remove(r); len(missing) != 1 {
 		t.Fatal("removing an absent rule is not reported")
+	}
+}
+
+// rebinder answers a name with a public address first and a loopback one after, as a
+// DNS-rebinding server would, counting lookups.
+type rebinder struct{ n atomic.Int64 }
+
+func (r *rebinder) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	if r.n.Add(1) == 1 {
+		return []netip.Addr{netip.MustParseAddr("93.184.216.34")}, nil
+	}
+	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+}
+
+// TestDNSRebindingDialsTheAddressChecked: the proxy resolves once and dials the address
+// it checked, so a name that answers differently a moment later cannot send it to
+// loopback; the log names the address dialled. A name answering loopback from the
+// start is refused and logged.
+func TestDNSRebindingDialsTheAddressChecked(t *testing.T) {
+	up := newUpstream(t)
+	res := &rebinder{}
+	p, proxy := startProxy(t, Options{Resolver: res, Dial: up.dial, HostAddrs: noHostAddrs}, "rebind.example")
+	if code, body := ask(t, proxy, http.MethodConnect, "rebind.example"); code != 200 {
+		t.Fatalf("first CONNECT: %d %q", code, body)
+	}
+	if got := up.take(); !slices.Equal(got, []string{"93.184.216.34:443"}) || res.n.Load() != 1 {
+		t.Fatalf("dialled %v after %d lookups, want only the address checked after one", got, res.n.Load())
+	}
+	// The second answer is loopback: refused, nothing dialled.
+	if code, body := ask(t, proxy, http.MethodConnect, "rebind.example"); code != 403 || !strings.Contains(body, "Loopback") {
+		t.Fatalf("CONNECT once the name rebinds to loopback: %d %q", code, body)
+	}
+	if got := up.take(); len(got) != 0 {
+		t.Fatalf("dialled %v for a name resolving to loopback", got)
+	}
+	ds, _ := p.Log(0)
+	if len(ds) != 2 || ds[0].Addr != "93.184.216.34" || !ds[0].Allowed || ds[1].Addr != "127.0.0.1" || ds[1].Allowed || ds[1].Rule != "" {
+		t.Fatalf("log: %+v", ds)
 	}
 }
