@@ -170,7 +170,9 @@ func (p *Proxy) Serve(ln net.Listener) error {
 // Close ends every relayed connection, and logs how many decision lines the rate limits
 // dropped since the last ones written.
 func (p *Proxy) Close() {
-	p.unregister()
+	// Unregistered once closed is set, outside p.mu (SetSandbox takes the registry's lock
+	// first): a SetSandbox racing Close cannot leave the closed proxy registered.
+	defer p.unregister()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
