@@ -15,6 +15,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/cli/full"
 	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/e2b"
 	"github.com/roche-sandbox/roche/internal/initgc"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
@@ -30,5 +31,6 @@ func main() {
 	if filepath.Base(os.Args[0]) == "roche" {
 		os.Exit(cli.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, full.Local{}))
 	}
-	os.Exit(daemon.Main(os.Args[1:], os.Stdout, os.Stderr))
+	// The E2B listener (--e2b-listen) depends on the daemon, so it is handed in here.
+	os.Exit(daemon.Main(os.Args[1:], os.Stdout, os.Stderr, e2b.New))
 }

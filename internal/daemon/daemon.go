@@ -10,8 +10,10 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -103,6 +105,11 @@ type Config struct {
 	// own, to a caller on the unix socket that runs as roched's user (internal/ledger
 	// direct.go). Empty serves none.
 	DirectOwner string
+	// E2BListen, when set ("tcp://127.0.0.1:3000"), serves the E2B API there (a
+	// Frontend, internal/e2b), over TLS with TLSCert and TLSKey, plaintext only on a
+	// loopback address unless Insecure. E2B is the config file's "e2b" section for it.
+	E2BListen string
+	E2B       json.RawMessage
 }
 
 // Option configures a Daemon.
@@ -110,6 +117,12 @@ type Option func(*Daemon)
 
 // WithLogger sets the logger; the default discards.
 func WithLogger(l *slog.Logger) Option { return func(d *Daemon) { d.log = l } }
+
+// WithFrontend makes the frontend Config.E2BListen serves, and where it prints the lines
+// its clients need (Frontend.Env).
+func WithFrontend(f NewFrontend, stdout io.Writer) Option {
+	return func(d *Daemon) { d.newFrontend, d.stdout = f, stdout }
+}
 
 // WithPoolOptions passes options to the pool manager (tests shorten its janitor).
 func WithPoolOptions(opts ...pool.Option) Option {
@@ -155,6 +168,14 @@ type Daemon struct {
 	shutdown sync.Once
 	// stopEgress ends the observing of egress decisions (egress.go).
 	stopEgress func()
+
+	// pipes are the in-process connections frontends call the API on (frontend.go);
+	// newFrontend makes the frontend of E2BListen, frontend is it once started.
+	pipes        *pipeListener
+	newFrontend  NewFrontend
+	frontend     Frontend
+	frontendAddr net.Addr
+	stdout       io.Writer
 }
 
 // ledgerConfig is the part of cfg the ledger keeps.
@@ -240,6 +261,14 @@ func (c Config) Validate(providers []string) error {
 			errs = append(errs, c.validateTLS(host)...)
 		}
 	}
+	if c.E2BListen != "" {
+		if addr, err := parseListen(c.E2BListen); err != nil {
+			errs = append(errs, fmt.Errorf("--e2b-listen: %w", err))
+		} else {
+			host, _, _ := net.SplitHostPort(addr)
+			errs = append(errs, c.validateTLSOf("--e2b-listen "+c.E2BListen, host, c.Listen == "")...)
+		}
+	}
 	errs = append(errs, c.validateTenants()...)
 	return errors.Join(append(errs, pools...)...)
 }
@@ -313,6 +342,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 		closeAll()
 		return err
 	}
+	d.servePipes()
 
 	for i, l := range listeners {
 		srv := &http.Server{
@@ -351,6 +381,14 @@ func (d *Daemon) Start(ctx context.Context) error {
 		attrs = append(attrs, "pool", p.Spec().String())
 	}
 	d.log.Info("roched listening", attrs...)
+	if d.cfg.E2BListen != "" {
+		if d.newFrontend == nil {
+			return fmt.Errorf("%w: --e2b-listen: this roched has no E2B frontend built in", roche.ErrInvalidConfig)
+		}
+		if err := d.startFrontend(cmp.Or[io.Writer](d.stdout, io.Discard)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -391,6 +429,25 @@ func listenUnix(path string) (net.Listener, error) {
 // handler is the daemon's HTTP handler: the API, /healthz and /metrics, behind the
 // token check when asked.
 func (d *Daemon) handler(requireToken bool) http.Handler {
+	mux := d.apiMux()
+	mux.HandleFunc("/healthz", d.healthz)
+	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
+	if !requireToken {
+		// The E2B listener's environment, for its socket's owner alone (roche e2b env).
+		mux.HandleFunc("/e2b/env", d.frontendEnv)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			t := d.local
+			if ownUser, _ := r.Context().Value(ownUserKey{}).(bool); ownUser {
+				t = d.ownUser
+			}
+			mux.ServeHTTP(w, r.WithContext(withTenant(r.Context(), t)))
+		})
+	}
+	return d.authenticate(mux)
+}
+
+// apiMux serves the API and its reflection; the caller sets the tenant.
+func (d *Daemon) apiMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	opts := append(strictCodecs(),
 		// Local clients gain nothing from compressing small messages.
@@ -405,18 +462,7 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 	reflector := grpcreflect.NewStaticReflector(rochev1connect.SandboxServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
-	mux.HandleFunc("/healthz", d.healthz)
-	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
-	if !requireToken {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			t := d.local
-			if ownUser, _ := r.Context().Value(ownUserKey{}).(bool); ownUser {
-				t = d.ownUser
-			}
-			mux.ServeHTTP(w, r.WithContext(withTenant(r.Context(), t)))
-		})
-	}
-	return d.authenticate(mux)
+	return mux
 }
 
 // ownUserKey marks, in a unix socket connection's context, a caller that runs as

@@ -76,6 +76,11 @@ type FileConfig struct {
 
 	// EngineTimeout is --engine-timeout, a duration such as "30s".
 	EngineTimeout string `json:"engine_timeout"`
+
+	// E2BListen is --e2b-listen; E2B the E2B listener's settings (its templates, see
+	// docs/e2b.md), which its package reads.
+	E2BListen string          `json:"e2b_listen"`
+	E2B       json.RawMessage `json:"e2b,omitempty"`
 }
 
 // LoadFileConfig reads a --config file, refusing unknown fields so that a typo is an
@@ -126,11 +131,18 @@ type flags struct {
 	runtime, ociRuntime string
 	// directOwner: Config.DirectOwner.
 	directOwner string
+	// e2bListen: Config.E2BListen; newFrontend serves it (cmd/roched passes internal/e2b's).
+	e2bListen   string
+	newFrontend NewFrontend
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
-func Main(args []string, stdout, stderr io.Writer) int {
+// frontend, when given, serves --e2b-listen.
+func Main(args []string, stdout, stderr io.Writer, frontend ...NewFrontend) int {
 	var f flags
+	if len(frontend) > 0 {
+		f.newFrontend = frontend[0]
+	}
 	cmd := command(&f, stderr)
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)
@@ -210,7 +222,13 @@ renewed certificate serves the next connection; open ones keep theirs); a new se
 does not load leaves the old one in use and the log says why. roche daemon start --tls
 makes a local CA and a certificate signed by it.
 
-GET /healthz answers without a token; /metrics is Prometheus text.`,
+GET /healthz answers without a token; /metrics is Prometheus text.
+
+--e2b-listen tcp://127.0.0.1:3000 also serves the E2B API there, so that E2B's own SDKs
+run unmodified against roched: roched prints the export lines they need (E2B_API_URL,
+E2B_SANDBOX_URL and, when it made one, E2B_API_KEY), and roche e2b env prints them again.
+TLS and --insecure work as for --listen; the config file's "e2b" section names templates
+(docs/e2b.md).`,
 		Example: `  roched --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
   roched --pool 'wasm/python:3.12?min=2&max=5'
   roched --config /etc/roche/roched.json
@@ -259,6 +277,7 @@ GET /healthz answers without a token; /metrics is Prometheus text.`,
 	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "seccomp profile of the kubernetes provider's Pods: a Localhost profile on every node (default roche.json, Roche's: roche kubernetes seccomp-profile installs it), or RuntimeDefault for the runtime's own, weaker one")
 	fs.StringVar(&f.directOwner, "direct-owner", defaults.DirectOwner(),
 		"owner of the direct-mode sandboxes served to roched's own user on the unix socket: what roche gives them in roched's environment (ROCHE_OWNER, else cli:USER@HOST); \"\" serves none")
+	fs.StringVar(&f.e2bListen, "e2b-listen", "", "also serve the E2B API (its SDKs, unmodified) on tcp://HOST:PORT, e.g. tcp://127.0.0.1:3000; TLS as --listen (docs/e2b.md)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -310,7 +329,7 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency, MaxCommands: f.maxCommands,
 		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
 		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
-		DirectOwner: f.directOwner,
+		DirectOwner: f.directOwner, E2BListen: f.e2bListen,
 	}
 	tokenFile, tokensFile := f.tokenFile, f.tokensFile
 	var specs []string
@@ -371,6 +390,10 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 			}
 			f.engineTimeout = d
 		}
+		if fc.E2BListen != "" && !changed("e2b-listen") {
+			cfg.E2BListen = fc.E2BListen
+		}
+		cfg.E2B = fc.E2B
 		specs = fc.Pools
 	}
 	var errs []error
@@ -482,7 +505,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	defer set.Close()
 	cfg.Asked, cfg.LeftOut = f.providers, leftOut
 
-	d, err := New(cfg, set, WithLogger(log))
+	d, err := New(cfg, set, WithLogger(log), WithFrontend(f.newFrontend, cmd.OutOrStdout()))
 	if err != nil {
 		return err
 	}

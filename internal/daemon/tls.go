@@ -173,16 +173,22 @@ func (t *tlsFiles) watch(done <-chan struct{}, interval time.Duration) {
 // validateTLS reports the problems of the TLS settings and of plaintext on a host others
 // can reach.
 func (c Config) validateTLS(host string) []error {
+	return c.validateTLSOf(c.Listen, host, true)
+}
+
+// validateTLSOf is validateTLS for the listener named what on host; pair reports the
+// problems of the certificate settings themselves too (once, for the first listener).
+func (c Config) validateTLSOf(what, host string, pair bool) []error {
 	var errs []error
-	if (c.TLSCert == "") != (c.TLSKey == "") {
+	if pair && (c.TLSCert == "") != (c.TLSKey == "") {
 		errs = append(errs, fmt.Errorf("%w: give both --tls-cert FILE and --tls-key FILE", roche.ErrInvalidConfig))
 	}
-	if c.ClientCA != "" && c.TLSCert == "" {
+	if pair && c.ClientCA != "" && c.TLSCert == "" {
 		errs = append(errs, fmt.Errorf("%w: --client-ca needs TLS: give --tls-cert FILE and --tls-key FILE too", roche.ErrInvalidConfig))
 	}
 	if c.TLSCert == "" && !c.Insecure && !isLoopback(host) {
 		errs = append(errs, fmt.Errorf("%w: refusing plaintext TCP on %s, which is not a loopback address: anyone on the path could read the bearer token; give --tls-cert FILE and --tls-key FILE, or let roche daemon start --tls make a local CA, or pass --insecure",
-			roche.ErrInvalidConfig, c.Listen))
+			roche.ErrInvalidConfig, what))
 	}
 	return errs
 }
