@@ -506,20 +506,21 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, tenant string) {
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request, tenant string) {
-	id, err := s.rocheID(r, tenant)
+	// Roche's destroy is idempotent; E2B's kill of a sandbox that is gone is NotFound.
+	sb, err := s.inspect(r, tenant)
 	var p *client.Provider
 	if err == nil {
 		p, err = s.provider(tenant)
 	}
 	if err == nil {
-		err = p.Destroy(r.Context(), id)
+		err = p.Destroy(r.Context(), sb.ID)
 	}
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
 	s.mu.Lock()
-	delete(s.templates, id)
+	delete(s.templates, sb.ID)
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 }

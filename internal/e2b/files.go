@@ -127,7 +127,9 @@ func (s *Server) postFiles(w http.ResponseWriter, r *http.Request) {
 			if part.FormName() != "file" {
 				continue
 			}
-			dst := part.FileName()
+			// The whole file name: Part.FileName keeps only its last element.
+			_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			dst := dp["filename"]
 			if q != "" && n == 0 {
 				dst = q
 			}

@@ -1,0 +1,171 @@
+package e2b_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/e2b"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/docker"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunWithAgent(m)) }
+
+// served is a roched with its E2B listener, in the test's process, serving Docker.
+type served struct {
+	d   *daemon.Daemon
+	env map[string]string // E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY as printed
+	dp  *docker.Provider
+}
+
+// lockedBuffer is what roched prints, read while it may still write.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// serve starts roched with --e2b-listen on a free loopback port, and checks that every
+// sandbox made through it is gone when the test ends.
+func serve(t *testing.T, cfg daemon.Config) *served {
+	t.Helper()
+	dp, err := docker.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := dp.Ping(ctx); err != nil {
+		dp.Close()
+		t.Fatal(err)
+	}
+	dir := testenv.ShortDir(t)
+	cfg.Socket = filepath.Join(dir, "roched.sock")
+	if cfg.E2BListen == "" {
+		cfg.E2BListen = "tcp://127.0.0.1:0"
+	}
+	var out lockedBuffer
+	d, err := daemon.New(cfg, map[string]roche.Provider{"docker": dp}, daemon.WithFrontend(e2b.New, &out))
+	if err != nil {
+		dp.Close()
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		dp.Close()
+		t.Fatal(err)
+	}
+	s := &served{d: d, dp: dp, env: map[string]string{}}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// Whatever a failed script left: destroyed here, by id, and only this daemon's.
+		list, _ := dp.List(ctx)
+		for _, sb := range list {
+			if sb.Owner == d.OwnerOf(e2b.LocalTenant) {
+				t.Errorf("sandbox %s survived the test", sb.ID)
+				_ = dp.Destroy(ctx, sb.ID)
+			}
+		}
+		if err := d.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+		dp.Close()
+	})
+	sc := bufio.NewScanner(strings.NewReader(out.String()))
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "export ")
+		if !ok {
+			t.Fatalf("roched printed %q, not an export line", sc.Text())
+		}
+		k, v, _ := strings.Cut(line, "=")
+		s.env[k] = v
+	}
+	for _, k := range []string{"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"} {
+		if s.env[k] == "" {
+			t.Fatalf("roched printed no %s: %q", k, out.String())
+		}
+	}
+	return s
+}
+
+// sdks installs the pinned SDKs (scripts/e2b-sdks.sh, idempotent) and returns what it
+// printed: E2B_PYTHON, E2B_NODE_DIR.
+func sdks(t *testing.T) map[string]string {
+	t.Helper()
+	cmd := exec.Command("bash", "../../scripts/e2b-sdks.sh")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("scripts/e2b-sdks.sh: %v", err)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		m[k] = v
+	}
+	return m
+}
+
+// sdkEnv is the environment the SDK scripts run with: E2B's three variables and what a
+// process needs to start, nothing else of the test's.
+func (s *served) sdkEnv() []string {
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LANG=C.UTF-8"}
+	for k, v := range s.env {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+func run(t *testing.T, env []string, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestPythonSDK runs the README quick starts of E2B's Python SDKs verbatim, and a script
+// of their documented calls, against roched's E2B listener on Docker.
+func TestPythonSDK(t *testing.T) {
+	testenv.Needs(t, testenv.Docker, testenv.Python)
+	py := sdks(t)["E2B_PYTHON"]
+	s := serve(t, daemon.Config{})
+	env := s.sdkEnv()
+	if out := run(t, env, py, "testdata/python/quickstart_e2b.py"); out != "Hello from E2B!\n\n" {
+		t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
+	}
+	if out := run(t, env, py, "testdata/python/quickstart_code_interpreter.py"); out != "2\n" {
+		t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
+	}
+	out := run(t, env, py, "testdata/python/sdk_calls.py")
+	if !strings.HasSuffix(out, "all ok\n") {
+		t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
+	}
+	t.Logf("sdk_calls.py:\n%s", out)
+}

@@ -1,0 +1,147 @@
+"""Documented calls of E2B's Python SDKs (e2b, e2b-code-interpreter), against roched's
+E2B listener. Only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY are set. Prints one
+"ok NAME" line per check and exits non-zero at the first failure."""
+import sys
+import time
+
+from e2b import Sandbox, CommandExitException, NotFoundException, FilesystemEventType
+from e2b.exceptions import SandboxException
+from e2b_code_interpreter import Sandbox as CodeSandbox
+
+
+def ok(name):
+    print("ok", name, flush=True)
+
+
+def check(cond, name, detail=""):
+    if not cond:
+        print("FAIL", name, detail, flush=True)
+        sys.exit(1)
+    ok(name)
+
+
+sbx = Sandbox.create(timeout=600)
+try:
+    check(sbx.is_running(), "is_running")
+    info = sbx.get_info()
+    check(info.sandbox_id == sbx.sandbox_id and info.template_id == "base", "get_info", info)
+
+    # commands: foreground, exit codes, env, cwd
+    r = sbx.commands.run("echo out; echo err >&2")
+    check(r.stdout == "out\n" and r.stderr == "err\n" and r.exit_code == 0, "commands.run", r)
+    try:
+        sbx.commands.run("exit 3")
+        check(False, "commands.run exit 3 raises")
+    except CommandExitException as e:
+        check(e.exit_code == 3, "CommandExitException", e.exit_code)
+    r = sbx.commands.run("echo $FOO; pwd", envs={"FOO": "bar"}, cwd="/tmp")
+    check(r.stdout == "bar\n/tmp\n", "commands.run envs cwd", r.stdout)
+
+    # background, streaming callbacks, list, connect, kill
+    seen = []
+    h = sbx.commands.run("for i in 1 2 3; do echo tick$i; sleep 0.2; done", background=True)
+    res = h.wait(on_stdout=lambda s: seen.append(s))
+    check("tick3" in "".join(seen) and res.exit_code == 0, "background wait on_stdout", seen)
+    h = sbx.commands.run("sleep 600", background=True)
+    pids = [p.pid for p in sbx.commands.list()]
+    check(h.pid in pids, "commands.list", pids)
+    h2 = sbx.commands.connect(h.pid)
+    check(h2.pid == h.pid, "commands.connect")
+    check(sbx.commands.kill(h.pid), "commands.kill")
+    try:
+        h2.wait()
+        check(False, "killed command raises")
+    except CommandExitException as e:
+        ok("killed command ends")
+    check(h.pid not in [p.pid for p in sbx.commands.list()], "killed command gone from list")
+
+    # stdin
+    h = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "hello stdin\n")
+    h.close_stdin() if hasattr(h, "close_stdin") else sbx.commands.close_stdin(h.pid)
+    res = h.wait()
+    check(res.stdout == "hello stdin\n", "send_stdin close_stdin", res.stdout)
+
+    # files
+    base = "/tmp/e2b-files"
+    check(sbx.files.make_dir(base), "files.make_dir")
+    check(not sbx.files.make_dir(base), "files.make_dir exists -> False")
+    w = sbx.files.write(base + "/a.txt", "alpha")
+    check(w.path == base + "/a.txt", "files.write", w)
+    check(sbx.files.read(base + "/a.txt") == "alpha", "files.read")
+    check(bytes(sbx.files.read(base + "/a.txt", format="bytes")) == b"alpha", "files.read bytes")
+    sbx.files.write_files([{"path": base + "/b.bin", "data": b"\x00\x01\x02"},
+                           {"path": base + "/c.txt", "data": "gamma"}])
+    names = sorted(e.name for e in sbx.files.list(base))
+    check(names == ["a.txt", "b.bin", "c.txt"], "files.list write_files", names)
+    check(sbx.files.exists(base + "/a.txt") and not sbx.files.exists(base + "/nope"), "files.exists")
+    e = sbx.files.rename(base + "/a.txt", base + "/d.txt")
+    check(e.path == base + "/d.txt" and sbx.files.read(base + "/d.txt") == "alpha", "files.rename")
+    st = sbx.files.get_info(base + "/d.txt")
+    check(st.size == 5 and st.type.value == "file", "files.get_info", st)
+    sbx.files.remove(base + "/d.txt")
+    check(not sbx.files.exists(base + "/d.txt"), "files.remove")
+    try:
+        sbx.files.read(base + "/d.txt")
+        check(False, "read of a removed file raises")
+    except NotFoundException:
+        ok("files.read NotFound")
+    sbx.files.write(base + "/gz.txt", "zipped" * 1000, gzip=True)
+    check(sbx.files.read(base + "/gz.txt", gzip=True) == "zipped" * 1000, "files gzip write/read")
+
+    # watch
+    handle = sbx.files.watch_dir(base)
+    sbx.files.write(base + "/w.txt", "watched")
+    deadline = time.time() + 20
+    names = []
+    while time.time() < deadline:
+        evs = handle.get_new_events()
+        names += [(e.name, e.type) for e in evs]
+        if any(n == "w.txt" for n, _ in names):
+            break
+        time.sleep(0.2)
+    handle.stop()
+    check(any(n == "w.txt" for n, _ in names), "files.watch_dir", names)
+
+    # list of sandboxes
+    page = Sandbox.list()
+    ids = [s.sandbox_id for s in page.next_items()]
+    check(sbx.sandbox_id in ids, "Sandbox.list", ids)
+
+    # connect from the id
+    again = Sandbox.connect(sbx.sandbox_id)
+    check(again.commands.run("echo again").stdout == "again\n", "Sandbox.connect")
+finally:
+    killed = sbx.kill()
+check(killed, "kill")
+check(not Sandbox.kill(sbx.sandbox_id), "kill of a killed sandbox -> False")
+try:
+    Sandbox.connect(sbx.sandbox_id)
+    check(False, "connect to a killed sandbox raises")
+except NotFoundException:
+    ok("killed sandbox NotFound")
+
+# code interpreter
+with CodeSandbox.create() as cs:
+    cs.run_code("x = 1")
+    ex = cs.run_code("x += 1; x")
+    check(ex.text == "2", "run_code state", ex.text)
+    ex = cs.run_code("print('hi')")
+    check(ex.logs.stdout == ["hi\n"], "run_code stdout", ex.logs)
+    ex = cs.run_code("1/0")
+    check(ex.error is not None and ex.error.name == "ZeroDivisionError" and "Traceback" in ex.error.traceback or "ZeroDivision" in (ex.error.traceback if ex.error else ""), "run_code error traceback", ex.error)
+    ex = cs.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    pngs = [r.png for r in ex.results if r.png]
+    check(pngs and pngs[0].startswith("iVBOR"), "run_code matplotlib png", [list(r.formats()) for r in ex.results])
+    ctx = cs.create_code_context()
+    cs.run_code("y = 41", context=ctx)
+    check(cs.run_code("y + 1", context=ctx).text == "42", "context state")
+    ex = cs.run_code("y", )
+    check(ex.error is not None and ex.error.name == "NameError", "contexts are separate", ex.error)
+    ctxs = [c.id for c in cs.list_code_contexts()]
+    check(ctx.id in ctxs, "list_code_contexts", ctxs)
+    cs.restart_code_context(ctx)
+    check(cs.run_code("'y' in dir()", context=ctx).text == "False", "restart_code_context")
+    cs.remove_code_context(ctx)
+    check(ctx.id not in [c.id for c in cs.list_code_contexts()], "remove_code_context")
+print("all ok")
