@@ -166,7 +166,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
 		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
-		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(),
+		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(), e.e2bCommand(),
 	)
 	friendlyArgs(root)
 	e.addDaemonFlags(root)

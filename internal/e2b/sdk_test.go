@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/cli"
+	"github.com/roche-sandbox/roche/internal/cli/full"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/e2b"
 	"github.com/roche-sandbox/roche/internal/testenv"
@@ -26,6 +28,8 @@ type served struct {
 	d   *daemon.Daemon
 	env map[string]string // E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY as printed
 	dp  *docker.Provider
+	// printed is what roched printed at start, socket its unix socket.
+	printed, socket string
 }
 
 // lockedBuffer is what roched prints, read while it may still write.
@@ -75,7 +79,7 @@ func serve(t *testing.T, cfg daemon.Config) *served {
 		dp.Close()
 		t.Fatal(err)
 	}
-	s := &served{d: d, dp: dp, env: map[string]string{}}
+	s := &served{d: d, dp: dp, env: map[string]string{}, printed: out.String(), socket: cfg.Socket}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -162,6 +166,11 @@ func TestPythonSDK(t *testing.T) {
 	}
 	if out := run(t, env, py, "testdata/python/quickstart_code_interpreter.py"); out != "2\n" {
 		t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
+	}
+	// roche e2b env prints what roched printed at start.
+	var stdout, stderr bytes.Buffer
+	if code := cli.Main([]string{"--socket", s.socket, "e2b", "env"}, strings.NewReader(""), &stdout, &stderr, full.Local{}); code != 0 || stdout.String() != s.printed {
+		t.Errorf("roche e2b env: exit %d, printed %q (stderr %q), want roched's %q", code, stdout.String(), stderr.String(), s.printed)
 	}
 	out := run(t, env, py, "testdata/python/sdk_calls.py")
 	if !strings.HasSuffix(out, "all ok\n") {
