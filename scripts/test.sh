@@ -161,6 +161,11 @@ mkdir -p "$qs/sdk" && cp -r sdk/typescript "$qs/sdk/"
 (cd "$qs" && npm install --no-audit --no-fund ./sdk/typescript >/dev/null)
 rm -rf "$qs"
 
+# E2B's official SDKs, pinned, for internal/e2b's tests (a venv under ~/.cache/roche/e2b
+# from PyPI, node_modules from npm's lockfile).
+log "e2b sdks"
+bash scripts/e2b-sdks.sh >/dev/null
+
 log "gofmt, go vet, staticcheck, go mod tidy"
 make -s vet
 

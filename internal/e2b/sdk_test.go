@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,4 +178,45 @@ func TestPythonSDK(t *testing.T) {
 		t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
 	}
 	t.Logf("sdk_calls.py:\n%s", out)
+}
+
+// killAll kills, through the listener, the sandboxes of roched's own key: those the
+// JavaScript quick starts leave (they end without kill, the sandboxes to their timeout).
+func (s *served) killAll(t *testing.T) int {
+	t.Helper()
+	key := map[string]string{"X-API-Key": s.env["E2B_API_KEY"]}
+	r := call(t, "GET", s.env["E2B_API_URL"]+"/v2/sandboxes", key, "")
+	var list []struct{ SandboxID string }
+	if err := json.Unmarshal([]byte(r.body), &list); err != nil || r.status != 200 {
+		t.Fatalf("list: %d %s", r.status, r.body)
+	}
+	for _, sb := range list {
+		if r := call(t, "DELETE", s.env["E2B_API_URL"]+"/sandboxes/"+sb.SandboxID, key, ""); r.status != 204 {
+			t.Errorf("kill %s: %d %s", sb.SandboxID, r.status, r.body)
+		}
+	}
+	return len(list)
+}
+
+// TestNodeSDK runs the README quick starts of E2B's JavaScript SDKs verbatim, and a
+// script of their documented calls, against roched's E2B listener on Docker.
+func TestNodeSDK(t *testing.T) {
+	testenv.Needs(t, testenv.Docker, testenv.Node)
+	dir := sdks(t)["E2B_NODE_DIR"]
+	s := serve(t, daemon.Config{})
+	env := s.sdkEnv()
+	if out := run(t, env, "node", filepath.Join(dir, "quickstart_e2b.js")); out != "Hello from E2B!\n\n" {
+		t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
+	}
+	if out := run(t, env, "node", filepath.Join(dir, "quickstart_code_interpreter.js")); out != "2\n" {
+		t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
+	}
+	if n := s.killAll(t); n != 2 {
+		t.Errorf("the two quick starts left %d sandboxes, want their 2", n)
+	}
+	out := run(t, env, "node", filepath.Join(dir, "sdk_calls.js"))
+	if !strings.HasSuffix(out, "all ok\n") {
+		t.Errorf("sdk_calls.js did not end with all ok:\n%s", out)
+	}
+	t.Logf("sdk_calls.js:\n%s", out)
 }
