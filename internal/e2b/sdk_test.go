@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,15 +144,59 @@ func (s *served) sdkEnv() []string {
 	return env
 }
 
-func run(t *testing.T, env []string, name string, args ...string) string {
+// run runs an SDK script in a network namespace of its own (testdata/netns.py), where
+// only the listener's address leads anywhere, forwarded to roched's listener through a
+// unix socket, and fails the test when the script sent a packet anywhere else (a DNS
+// query, E2B's cloud, telemetry).
+func (s *served) run(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = env
-	out, err := cmd.CombinedOutput()
+	dir := testenv.ShortDir(t)
+	sock := filepath.Join(dir, "e2b.sock")
+	l, err := net.Listen("unix", sock)
 	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		t.Fatal(err)
+	}
+	defer l.Close()
+	addr := s.d.FrontendAddr().String()
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				defer c.Close()
+				u, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c); u.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(addr)
+	report := filepath.Join(dir, "packets")
+	argv := append([]string{"--net", "--", "python3", "testdata/netns.py", sock, port, report, "--", name}, args...)
+	cmd := exec.CommandContext(ctx, "unshare", argv...)
+	cmd.Env = s.sdkEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if b, rerr := os.ReadFile(report); rerr == nil && len(b) > 0 {
+		t.Errorf("%s %s sent packets to other addresses than roched's listener:\n%s", name, strings.Join(args, " "), b)
+	} else if rerr != nil && err == nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, stderr.Bytes())
 	}
 	return string(out)
 }
@@ -158,14 +204,13 @@ func run(t *testing.T, env []string, name string, args ...string) string {
 // TestPythonSDK runs the README quick starts of E2B's Python SDKs verbatim, and a script
 // of their documented calls, against roched's E2B listener on Docker.
 func TestPythonSDK(t *testing.T) {
-	testenv.Needs(t, testenv.Docker, testenv.Python)
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Python)
 	py := sdks(t)["E2B_PYTHON"]
 	s := serve(t, daemon.Config{})
-	env := s.sdkEnv()
-	if out := run(t, env, py, "testdata/python/quickstart_e2b.py"); out != "Hello from E2B!\n\n" {
+	if out := s.run(t, py, "testdata/python/quickstart_e2b.py"); out != "Hello from E2B!\n\n" {
 		t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
 	}
-	if out := run(t, env, py, "testdata/python/quickstart_code_interpreter.py"); out != "2\n" {
+	if out := s.run(t, py, "testdata/python/quickstart_code_interpreter.py"); out != "2\n" {
 		t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
 	}
 	// roche e2b env prints what roched printed at start.
@@ -173,7 +218,7 @@ func TestPythonSDK(t *testing.T) {
 	if code := cli.Main([]string{"--socket", s.socket, "e2b", "env"}, strings.NewReader(""), &stdout, &stderr, full.Local{}); code != 0 || stdout.String() != s.printed {
 		t.Errorf("roche e2b env: exit %d, printed %q (stderr %q), want roched's %q", code, stdout.String(), stderr.String(), s.printed)
 	}
-	out := run(t, env, py, "testdata/python/sdk_calls.py")
+	out := s.run(t, py, "testdata/python/sdk_calls.py")
 	if !strings.HasSuffix(out, "all ok\n") {
 		t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
 	}
@@ -201,20 +246,19 @@ func (s *served) killAll(t *testing.T) int {
 // TestNodeSDK runs the README quick starts of E2B's JavaScript SDKs verbatim, and a
 // script of their documented calls, against roched's E2B listener on Docker.
 func TestNodeSDK(t *testing.T) {
-	testenv.Needs(t, testenv.Docker, testenv.Node)
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Node, testenv.Python)
 	dir := sdks(t)["E2B_NODE_DIR"]
 	s := serve(t, daemon.Config{})
-	env := s.sdkEnv()
-	if out := run(t, env, "node", filepath.Join(dir, "quickstart_e2b.js")); out != "Hello from E2B!\n\n" {
+	if out := s.run(t, "node", filepath.Join(dir, "quickstart_e2b.js")); out != "Hello from E2B!\n\n" {
 		t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
 	}
-	if out := run(t, env, "node", filepath.Join(dir, "quickstart_code_interpreter.js")); out != "2\n" {
+	if out := s.run(t, "node", filepath.Join(dir, "quickstart_code_interpreter.js")); out != "2\n" {
 		t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
 	}
 	if n := s.killAll(t); n != 2 {
 		t.Errorf("the two quick starts left %d sandboxes, want their 2", n)
 	}
-	out := run(t, env, "node", filepath.Join(dir, "sdk_calls.js"))
+	out := s.run(t, "node", filepath.Join(dir, "sdk_calls.js"))
 	if !strings.HasSuffix(out, "all ok\n") {
 		t.Errorf("sdk_calls.js did not end with all ok:\n%s", out)
 	}
