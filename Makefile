@@ -105,3 +105,4 @@ generate:
 	go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
 	cd api && PATH="$$(go env GOPATH)/bin:$$PATH" buf lint && PATH="$$(go env GOPATH)/bin:$$PATH" buf generate
+	cd internal/e2b/envd && PATH="$$(go env GOPATH)/bin:$$PATH" buf generate

@@ -170,6 +170,33 @@ type newSandbox struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	AutoPause           bool              `json:"autoPause"`
 	Secure              *bool             `json:"secure"`
+	// Asked for, and not served: refused rather than ignored.
+	MCP          json.RawMessage `json:"mcp"`
+	Network      json.RawMessage `json:"network"`
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
+	IAM          json.RawMessage `json:"iam"`
+	AutoResume   json.RawMessage `json:"autoResume"`
+}
+
+// unserved names the first create setting roched does not serve, or "".
+func (n newSandbox) unserved(t Template) string {
+	given := func(r json.RawMessage) bool {
+		s := strings.TrimSpace(string(r))
+		return s != "" && s != "null" && s != "{}" && s != "[]"
+	}
+	switch {
+	case given(n.MCP):
+		return "mcp: roched runs no MCP gateway in sandboxes"
+	case given(n.VolumeMounts):
+		return "volumeMounts: E2B volumes are not served; Roche's workspaces are (docs/workspaces.md)"
+	case given(n.IAM):
+		return "iam: not served"
+	case given(n.AutoResume):
+		return "autoResume: not served"
+	case given(n.Network) && t.Network:
+		return "network rules: a template with a network has Roche's network, with no per-sandbox rules; use a template without one (no network at all)"
+	}
+	return ""
 }
 
 // sandboxJSON is E2B's Sandbox (create and connect responses).
@@ -234,6 +261,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, tenant string) {
 	t, name, err := s.template(req.TemplateID)
 	if err != nil {
 		writeErr(w, err)
+		return
+	}
+	if why := req.unserved(t); why != "" {
+		writeError(w, http.StatusNotImplemented, why)
 		return
 	}
 	if len(req.Metadata) > 0 {
