@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/cli/full"
@@ -22,6 +26,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/e2b"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/oci"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunWithAgent(m)) }
@@ -55,7 +60,7 @@ func (l *lockedBuffer) String() string {
 
 // serve starts roched with --e2b-listen on a free loopback port, and checks that every
 // sandbox made through it is gone when the test ends.
-func serve(t *testing.T, cfg daemon.Config) *served {
+func serve(t *testing.T, cfg daemon.Config, more ...map[string]roche.Provider) *served {
 	t.Helper()
 	dp, err := docker.New()
 	if err != nil {
@@ -73,7 +78,11 @@ func serve(t *testing.T, cfg daemon.Config) *served {
 		cfg.E2BListen = "tcp://127.0.0.1:0"
 	}
 	var out lockedBuffer
-	d, err := daemon.New(cfg, map[string]roche.Provider{"docker": dp}, daemon.WithFrontend(e2b.New, &out))
+	providers := map[string]roche.Provider{"docker": dp}
+	for _, m := range more {
+		maps.Copy(providers, m)
+	}
+	d, err := daemon.New(cfg, providers, daemon.WithFrontend(e2b.New, &out))
 	if err != nil {
 		dp.Close()
 		t.Fatal(err)
@@ -87,11 +96,13 @@ func serve(t *testing.T, cfg daemon.Config) *served {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		// Whatever a failed script left: destroyed here, by id, and only this daemon's.
-		list, _ := dp.List(ctx)
-		for _, sb := range list {
-			if sb.Owner == d.OwnerOf(e2b.LocalTenant) {
-				t.Errorf("sandbox %s survived the test", sb.ID)
-				_ = dp.Destroy(ctx, sb.ID)
+		for _, p := range providers {
+			list, _ := p.List(ctx)
+			for _, sb := range list {
+				if sb.Owner == d.OwnerOf(e2b.LocalTenant) {
+					t.Errorf("sandbox %s survived the test", sb.ID)
+					_ = p.Destroy(ctx, sb.ID)
+				}
 			}
 		}
 		if err := d.Shutdown(ctx); err != nil {
@@ -263,4 +274,40 @@ func TestNodeSDK(t *testing.T) {
 		t.Errorf("sdk_calls.js did not end with all ok:\n%s", out)
 	}
 	t.Logf("sdk_calls.js:\n%s", out)
+}
+
+// TestPythonSDKOnOCI runs the documented calls with E2B's templates on the oci provider
+// (crun or runc, no Docker in the path), named in the config file's "e2b" section.
+func TestPythonSDKOnOCI(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Python) // images come from Docker's store
+	py := sdks(t)["E2B_PYTHON"]
+	state := "/run/roche-test/oci-e2b"
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	op, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		op.Close()
+		if err := unix.Unmount(state, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("unmounting the state directory's tmpfs: %v", err)
+		}
+		os.RemoveAll(state)
+	})
+	settings := `{"templates": {"base": {"image": "roche/python:local", "provider": "oci"},
+		"code-interpreter-v1": {"image": "roche/python:local", "provider": "oci"}}}`
+	s := serve(t, daemon.Config{E2B: json.RawMessage(settings)}, map[string]roche.Provider{"oci": op})
+	out := s.run(t, py, "testdata/python/sdk_calls.py")
+	if !strings.HasSuffix(out, "all ok\n") {
+		t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
+	}
+	list, err := op.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Errorf("the oci provider still has %d sandboxes", len(list))
+	}
 }
