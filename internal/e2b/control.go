@@ -416,9 +416,14 @@ func (s *Server) sandboxes(ctx context.Context, tenant string) ([]roche.SandboxI
 		return nil, err
 	}
 	list, err := p.List(ctx)
-	var partial *client.Error
+	// A provider that did not answer is left out of the list, as roche list does (the
+	// log says which); any other error is the answer.
+	var partial *roche.PartialError
 	if err != nil && !errors.As(err, &partial) {
 		return nil, err
+	}
+	if partial != nil {
+		s.log.Warn("e2b list: providers left out", "err", err)
 	}
 	out := list[:0]
 	for _, sb := range list {

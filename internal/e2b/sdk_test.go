@@ -229,8 +229,8 @@ func TestPythonSDK(t *testing.T) {
 	if code := cli.Main([]string{"--socket", s.socket, "e2b", "env"}, strings.NewReader(""), &stdout, &stderr, full.Local{}); code != 0 || stdout.String() != s.printed {
 		t.Errorf("roche e2b env: exit %d, printed %q (stderr %q), want roched's %q", code, stdout.String(), stderr.String(), s.printed)
 	}
-	out := s.run(t, py, "testdata/python/sdk_calls.py")
-	if !strings.HasSuffix(out, "all ok\n") {
+	out := s.run(t, py, "testdata/python/sdk_calls.py", "pause")
+	if !strings.HasSuffix(out, "all ok\n") || !strings.Contains(out, "ok connect resumes\n") {
 		t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
 	}
 	t.Logf("sdk_calls.py:\n%s", out)

@@ -111,6 +111,20 @@ try:
     # connect from the id
     again = Sandbox.connect(sbx.sandbox_id)
     check(again.commands.run("echo again").stdout == "again\n", "Sandbox.connect")
+
+    # set_timeout and metadata: E2B's error shape until roched keeps them
+    try:
+        sbx.set_timeout(900)
+        check(False, "set_timeout answers")
+    except SandboxException as e:
+        check("501" in str(e), "set_timeout: E2B's error shape", str(e))
+
+    if "pause" in sys.argv[1:]:  # where the provider can (Docker)
+        check(sbx.pause(), "pause")
+        check(sbx.get_info().state.value == "paused", "paused state")
+        resumed = Sandbox.connect(sbx.sandbox_id)
+        check(resumed.get_info().state.value == "running", "connect resumes")
+        check(resumed.commands.run("echo resumed").stdout == "resumed\n", "resumed sandbox runs")
 finally:
     killed = sbx.kill()
 check(killed, "kill")
