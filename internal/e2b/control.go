@@ -300,12 +300,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, tenant string) {
 		}
 		cfg.TimeoutSecs = *req.Timeout
 	}
-	if req.AllowInternetAccess != nil && *req.AllowInternetAccess && !t.Network {
-		// E2B's default is true, which its SDKs send only when asked: a sandbox of a
-		// template without network has none, which is Roche's default.
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("allow_internet_access: template %q has no network (Roche's default); give it \"network\": true in the config file's \"e2b\" section", name))
-		return
-	}
+	// allow_internet_access=true is E2B's default, which older SDKs send on every
+	// create: the template decides whether there is a network at all (Roche's default
+	// is none), so it asks for nothing more. false takes a template's network away.
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
 		cfg.Network = false
 	}
