@@ -1,10 +1,12 @@
 package e2b_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/roche-sandbox/roche/internal/daemon"
+	"github.com/roche-sandbox/roche/internal/e2b"
 )
 
 // TestListenChecks: --e2b-listen is refused in plaintext on an address others can reach,
@@ -27,6 +29,20 @@ func TestListenChecks(t *testing.T) {
 			t.Errorf("%+v: refused: %v", c.cfg, err)
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%+v: got %v, want %q", c.cfg, err, c.want)
+		}
+	}
+}
+
+// TestBadSettings: the config file's "e2b" section refuses a typo and a template with no
+// image, naming them, when roched starts.
+func TestBadSettings(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"templats": {}}`:                       `unknown field "templats"`,
+		`{"templates": {"x": {"memory": "1g"}}}`: `template "x" names no image`,
+	} {
+		_, err := e2b.New(nil, daemon.FrontendSettings{Raw: json.RawMessage(raw)})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", raw, err, want)
 		}
 	}
 }
