@@ -51,7 +51,9 @@ const DefaultMaxSandboxes = 100
 //	  "pool_concurrency": 2,
 //	  "copy_max_bytes": "1g",
 //	  "engine_timeout": "30s",
-//	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"]
+//	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"],
+//	  "e2b_listen": "tcp://127.0.0.1:3000",
+//	  "e2b": {"templates": {"base": {"image": "roche/python:local"}}}
 //	}
 //
 // A token is never in the file, so that it is not left lying in configuration: the file
@@ -191,8 +193,8 @@ gets a sandbox made for it.
 "tokens_file": "...", "tls_cert": "...", "tls_key": "...", "client_ca": "...",
 "insecure": false, "allow_mount_roots": ["..."], "allow_root_sandboxes": false,
 "state": "...", "max_sandboxes": 100, "pool_concurrency": 2, "copy_max_bytes": "1g",
-"engine_timeout": "30s", "pools": ["docker/IMAGE?min=2"]}. Flags win over the file; it
-never holds a token itself.
+"engine_timeout": "30s", "pools": ["docker/IMAGE?min=2"], "e2b_listen": "tcp://...",
+"e2b": {"templates": {...}}}. Flags win over the file; it never holds a token itself.
 
 Every call to the Docker engine has a deadline (--engine-timeout for a create, 10 s
 for a list or destroy). The engine is checked every 2 s: while it does not answer,
