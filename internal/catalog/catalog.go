@@ -213,6 +213,9 @@ type NotConfiguredError struct {
 	Provider string
 	// Reason says what would set it up.
 	Reason string
+	// Check names what is not set up, and Fix is the command that sets it up, for roche
+	// doctor ("kubeconfig", "export KUBECONFIG=..."); empty when none does.
+	Check, Fix string
 }
 
 func (e *NotConfiguredError) Error() string {

@@ -96,7 +96,8 @@ var unconfigured = map[string]func(catalog.Options) error{
 			return nil
 		}
 		return &catalog.NotConfiguredError{Provider: kubernetes.Name,
-			Reason: "no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster"}
+			Reason: "no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster",
+			Check:  "kubeconfig", Fix: kubernetes.KubeconfigFix}
 	},
 }
 

@@ -28,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -321,6 +322,13 @@ func (p *Provider) Close() error {
 	p.leases.DropAll()
 	p.dropSessions()
 	p.stopAllEgress()
+	if p.cs != nil {
+		// A process that opens the provider for one look (roche doctor) keeps no
+		// connection to the API server, nor its reader, once done.
+		if rc, ok := p.cs.Discovery().RESTClient().(*rest.RESTClient); ok && rc.Client != nil {
+			utilnet.CloseIdleConnectionsFor(rc.Client.Transport) // through client-go's wrappers
+		}
+	}
 	return nil
 }
 

@@ -372,7 +372,7 @@ func probeBoot(ctx context.Context, p *Provider, a *bootAssets, bin, cpu string)
 func kvmOpens() error {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("opening /dev/kvm: %v", err)
+		return fmt.Errorf("opening /dev/kvm: %w", err)
 	}
 	defer f.Close()
 	const kvmGetAPIVersion = 0xae00

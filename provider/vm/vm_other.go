@@ -29,6 +29,11 @@ func (p *Provider) unavailable() error {
 // Available reports that microVMs need Linux.
 func (p *Provider) Available() error { return p.unavailable() }
 
+// Diagnose implements kit.Diagnoser: microVMs need Linux.
+func (p *Provider) Diagnose(context.Context, string) []kit.Finding {
+	return []kit.Finding{kit.Found("hypervisor", p.unavailable(), "")}
+}
+
 // Acceleration reports that microVMs need Linux.
 func (p *Provider) Acceleration(context.Context) (string, string, error) {
 	return "", "", p.unavailable()

@@ -50,8 +50,11 @@ func Path() string {
 	return ""
 }
 
+// InstallCommand is the command that puts the agent where Path finds it (roche doctor's fix).
+const InstallCommand = "CGO_ENABLED=0 go install github.com/roche-sandbox/roche/cmd/roche-agent@latest"
+
 // Install says how a Go user gets the agent where Path finds it.
-const Install = "CGO_ENABLED=0 go install github.com/roche-sandbox/roche/cmd/roche-agent@latest puts it on PATH " +
+const Install = InstallCommand + " puts it on PATH " +
 	"(from a clone, make build puts it in bin/), or set " + Env + " to its path"
 
 // Static says whether the executable at path needs no dynamic loader.

@@ -18,6 +18,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/tarfs"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // Image is what a sandbox needs of a Docker image's config.
@@ -67,4 +68,19 @@ func Inspect(ctx context.Context, cli *client.Client, eng engine.Engine, ref, us
 // a container gets its /dev from the runtime.
 func Unpack(r io.Reader, dir string, ownKernel bool) (tarfs.Report, error) {
 	return tarfs.ExtractTree(r, dir, tarfs.TreeOptions{Devices: ownKernel, Xattrs: ownKernel})
+}
+
+// Diagnose is the "image" finding of roche doctor for a provider that reads ref from the
+// Docker engine cli (Inspect's arguments), with the command that fixes what is missing:
+// the image built, or the engine started (restarted when it hangs).
+func Diagnose(ctx context.Context, cli *client.Client, eng engine.Engine, ref, uses, start string) kit.Finding {
+	img, err := Inspect(ctx, cli, eng, ref, uses, start)
+	if err == nil {
+		return kit.Found("image", nil, fmt.Sprintf("%s (%.12s) in the Docker engine at %s", ref, img.ID, cli.DaemonHost()))
+	}
+	fix := "systemctl start docker"
+	if errors.Is(err, roche.ErrTimeout) {
+		fix = "systemctl restart docker"
+	}
+	return kit.Lacks("image", err, fix, true)
 }

@@ -130,3 +130,22 @@ func CanMount() error {
 	}
 	return nil
 }
+
+// Available reports why sized filesystems cannot be made here, or nil, each reason a
+// roche.Remedy with its fix where a command gives it: root, mkfs.ext4 and mount, and the
+// loop devices' control file. roche doctor reports it for the providers that use them.
+func Available() error {
+	if err := CanMount(); err != nil {
+		return fmt.Errorf("%w: sized disks: %v: run roche as root, or through roched", roche.ErrUnavailable, err)
+	}
+	for _, t := range []struct{ name, pkg string }{{"mkfs.ext4", "e2fsprogs"}, {"mount", "mount"}} {
+		if _, err := findTool(t.name, t.pkg); err != nil {
+			return &roche.Remedy{Err: err, Run: "apt-get install " + t.pkg, AsRoot: true}
+		}
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		return &roche.Remedy{Err: fmt.Errorf("%w: no loop devices (%v), and sized disks are loop-mounted", roche.ErrUnavailable, err),
+			Run: "modprobe loop", AsRoot: true}
+	}
+	return nil
+}

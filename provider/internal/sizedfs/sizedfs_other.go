@@ -22,3 +22,4 @@ func Make(string, int64, Kind) error       { return errNoSizedFS }
 func Mount(string, string) error           { return errNoSizedFS }
 func Unmount(string) (bool, error)         { return false, nil }
 func CanMount() error                      { return errNoSizedFS }
+func Available() error                     { return errNoSizedFS }
