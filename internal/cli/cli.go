@@ -167,6 +167,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
 		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
 		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(), e.e2bCommand(),
+		e.doctorCommand(),
 	)
 	friendlyArgs(root)
 	e.addDaemonFlags(root)

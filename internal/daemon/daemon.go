@@ -484,13 +484,14 @@ func ownUserConn(ctx context.Context, c net.Conn) context.Context {
 // a third more as base64 in JSON), with argv and env besides.
 const maxMessageBytes = 24 << 20
 
-// authenticate requires a tenant's bearer token on everything but /healthz, answering
+// authenticate requires a tenant's bearer token on everything but /healthz (its
+// ?verbose report, which tells the host's paths and versions, needs one), answering
 // API calls with UNAUTHENTICATED in whichever protocol they speak. The token's hash is
 // compared with every tenant's in constant time.
 func (d *Daemon) authenticate(next http.Handler) http.Handler {
 	ew := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
+		if r.URL.Path == "/healthz" && !r.URL.Query().Has("verbose") {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/buildinfo"
 	"github.com/roche-sandbox/roche/internal/catalog"
+	"github.com/roche-sandbox/roche/internal/doctor"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -18,7 +19,11 @@ import (
 // "degraded" while an engine does not answer or a provider the operator asked for
 // cannot make sandboxes; roched itself answers (200) either way, so that clients keep
 // reaching it and hear why their creates fail.
-func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
+func (d *Daemon) healthz(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Has("verbose") {
+		d.doctor(w, r)
+		return
+	}
 	n := d.ledger.Serving()
 	engines, allUp := d.engineHealth()
 	unavailable, askedMissing := d.providerHealth()
@@ -31,6 +36,15 @@ func (d *Daemon) healthz(w http.ResponseWriter, _ *http.Request) {
 		Status: status, Version: buildinfo.Version(), PID: os.Getpid(), StartedAt: d.started, Providers: d.ledger.Providers(), Sandboxes: n,
 		Engines: engines, Unavailable: unavailable,
 	})
+}
+
+// doctor answers GET /healthz?verbose (with a token, as the API): roche doctor's report
+// (internal/doctor, the same JSON as roche doctor --json) of the providers roched serves,
+// as it opened them, and of those it left out at start, and why.
+func (d *Daemon) doctor(w http.ResponseWriter, r *http.Request) {
+	rep := doctor.Served(r.Context(), doctor.Options{}, d.providers, d.cfg.LeftOut)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(rep)
 }
 
 // providerHealth is why each provider that cannot make sandboxes cannot: left out at
