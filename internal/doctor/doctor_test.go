@@ -3,6 +3,7 @@ package doctor_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -203,3 +204,24 @@ type stuck struct {
 }
 
 func (s stuck) Diagnose(context.Context, string) []kit.Finding { <-s.release; return nil }
+
+// TestMicroVMs: with QEMU on PATH, qemu works here (KVM, or TCG only, which the report
+// says); with a PATH without it, the hypervisor is what is missing, installed from
+// Debian. firecracker has no binary here, and no package to install it from.
+func TestMicroVMs(t *testing.T) {
+	testenv.Needs(t, testenv.Docker, testenv.QEMU, testenv.Root)
+	r := run(t, testenv.Image(), catalog.Options{})
+	q := entry(t, r, "qemu", "")
+	if !q.OK {
+		t.Fatalf("qemu with QEMU and the test image: %+v", q)
+	}
+	if kvm := detailOf(q, "kvm"); !strings.HasPrefix(kvm, "KVM") && !strings.HasPrefix(kvm, "TCG only") && !strings.HasPrefix(kvm, "/dev/kvm opens") {
+		t.Errorf("the kvm check: %q, want KVM or TCG only", kvm)
+	}
+	if _, err := exec.LookPath("firecracker"); err != nil {
+		wantMissing(t, entry(t, r, "firecracker", ""), "hypervisor", "no firecracker binary", "", false)
+	}
+	t.Setenv("PATH", t.TempDir())
+	r = run(t, testenv.Image(), catalog.Options{})
+	wantMissing(t, entry(t, r, "qemu", ""), "hypervisor", "qemu-system-x86_64 not found", "apt-get install qemu-system-x86", true)
+}
