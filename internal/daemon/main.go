@@ -224,7 +224,8 @@ renewed certificate serves the next connection; open ones keep theirs); a new se
 does not load leaves the old one in use and the log says why. roche daemon start --tls
 makes a local CA and a certificate signed by it.
 
-GET /healthz answers without a token; /metrics is Prometheus text.
+GET /healthz answers without a token (?verbose, roche doctor's report of what it serves,
+needs one); /metrics is Prometheus text.
 
 --e2b-listen tcp://127.0.0.1:3000 also serves the E2B API there, so that E2B's own SDKs
 run unmodified against roched: roched prints the export lines they need (E2B_API_URL,

@@ -69,7 +69,6 @@ func TestDockerImage(t *testing.T) {
 // reported within the bound, with a restart as the fix; one where nothing listens,
 // with a start. The rest of the report is not held up by it.
 func TestDockerEngineHangsOrIsGone(t *testing.T) {
-	testenv.Needs(t, testenv.Root)
 	dir := testenv.ShortDir(t)
 	silent := testenv.SilentSocket(t, filepath.Join(dir, "hung.sock"))
 	t.Setenv("DOCKER_HOST", "unix://"+silent)

@@ -9,8 +9,8 @@
 //     lease, which roche.Config does not carry; a provider takes them as a Creator and
 //     keeps them with the sandbox's Config as a Spec;
 //   - the optional interfaces a daemon or a warm pool discovers by type assertion, which
-//     users never call: Leaser, Prober, Watcher, Claimer and CodeWarmer, and Copier for
-//     a provider that relays copies;
+//     users never call: Leaser, Prober, Watcher, Claimer and CodeWarmer, Copier for
+//     a provider that relays copies, and Diagnoser, what roche doctor asks of each;
 //   - the shared bodies of what every provider does the same way: Collect and
 //     MarkUnstarted for a garbage collection, Captures, OutputCapture and LogCapture for
 //     a command's or a cell's output, NotConfigured and RetryAfter for its errors.
