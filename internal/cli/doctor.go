@@ -85,7 +85,7 @@ run sandboxes here, 1 when it cannot; the others are reported and do not change 
 		defProvider = v
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print the report as a JSON object (schema: docs/doctor.md)")
-	c.Flags().StringVar(&image, "image", kit.DefaultImage, "the image to look for, for the providers that run images")
+	c.Flags().StringVar(&image, "image", kit.DiagnoseImage, "the image to look for, for the providers that run images")
 	c.Flags().StringVar(&provider, "provider", defProvider, "the provider whose state sets the exit status (env ROCHE_PROVIDER)")
 	c.Flags().DurationVar(&timeout, "timeout", doctor.DefaultTimeout, "how long each provider's checks may take")
 	return c

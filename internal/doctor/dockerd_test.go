@@ -94,7 +94,7 @@ func TestPrivateEngine(t *testing.T) {
 	settings := catalog.Options{EngineTimeout: 30 * time.Second, Transport: "agent"}
 	r := doctor.Run(context.Background(), doctor.Options{Open: inproc.Open, Settings: settings, Timeout: 10 * time.Second})
 	runc := entry(t, r, "docker", "runc")
-	wantMissing(t, runc, "image", kit.DefaultImage+" is not in the Docker engine at "+host, "roche image build python", true)
+	wantMissing(t, runc, "image", kit.DiagnoseImage+" is not in the Docker engine at "+host, "roche image build python", true)
 	if eng := detailOf(runc, "engine"); !strings.Contains(eng, "at "+host) {
 		t.Errorf("the engine check: %q, want the private engine answering at %s", eng, host)
 	}

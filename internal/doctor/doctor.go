@@ -72,7 +72,7 @@ type Options struct {
 	// Settings are the providers' settings (--kubeconfig, ...); Runtime and OCIRuntime
 	// are set per target.
 	Settings catalog.Options
-	// Image is the image to look for (kit.DefaultImage when empty); Default the default
+	// Image is the image to look for (kit.DiagnoseImage when empty); Default the default
 	// provider (catalog.Default when empty).
 	Image, Default string
 	// Timeout bounds each provider's diagnosis (DefaultTimeout when zero).

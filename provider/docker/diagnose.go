@@ -21,7 +21,7 @@ var _ kit.Diagnoser = (*Provider)(nil)
 // follows asks the engine.
 func (p *Provider) Diagnose(ctx context.Context, image string) []kit.Finding {
 	if image == "" {
-		image = kit.DefaultImage
+		image = kit.DiagnoseImage
 	}
 	var out []kit.Finding
 	if p.transport == TransportAgent {

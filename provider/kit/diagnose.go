@@ -31,9 +31,9 @@ type Finding struct {
 // reusing the checks its Create makes: the engine answering, the image present, the
 // runtime registered, the hypervisor, the agent binary. roche doctor asks each provider.
 type Diagnoser interface {
-	// Diagnose checks what the provider needs to run image (its default when empty), in
-	// the order its Create needs them, each bounded by ctx. It never creates a
-	// sandbox, and leaves nothing behind.
+	// Diagnose checks what the provider needs to run image (DiagnoseImage when
+	// empty), in the order its Create needs them, each bounded by ctx. It never
+	// creates a sandbox, and leaves nothing behind.
 	Diagnose(ctx context.Context, image string) []Finding
 }
 
@@ -63,6 +63,6 @@ func Lacks(check string, err error, run string, asRoot bool) Finding {
 	return f
 }
 
-// DefaultImage is the image a diagnosis looks for when none is named: the one roche
+// DiagnoseImage is the image a diagnosis looks for when none is named: the one roche
 // image build python makes.
-const DefaultImage = "roche/python:local"
+const DiagnoseImage = "roche/python:local"

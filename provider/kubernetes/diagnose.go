@@ -23,16 +23,20 @@ func (p *Provider) Diagnose(ctx context.Context, _ string) []kit.Finding {
 		return []kit.Finding{kit.Lacks("kubeconfig", p.noCluster, KubeconfigFix, false)}
 	}
 	out := []kit.Finding{kit.Found("kubeconfig", nil, p.where)}
+	host := p.where
+	if p.rest != nil {
+		host = p.rest.Host
+	}
 	body, err := p.cs.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx)
 	if err != nil {
 		// No command starts someone's cluster: the error says where it was looked for.
-		return append(out, kit.Found("cluster", fmt.Errorf("%w: the Kubernetes API server at %s does not answer: %s", roche.ErrUnavailable, p.rest.Host, oneLine(err.Error())), ""))
+		return append(out, kit.Found("cluster", fmt.Errorf("%w: the Kubernetes API server at %s does not answer: %s", roche.ErrUnavailable, host, oneLine(err.Error())), ""))
 	}
 	var v struct {
 		GitVersion string `json:"gitVersion"`
 	}
 	_ = json.Unmarshal(body, &v)
-	out = append(out, kit.Found("cluster", nil, fmt.Sprintf("Kubernetes %s at %s", v.GitVersion, p.rest.Host)))
+	out = append(out, kit.Found("cluster", nil, fmt.Sprintf("Kubernetes %s at %s", v.GitVersion, host)))
 	if p.noAgent != nil {
 		return append(out, kit.Found("agent image", p.noAgent, ""))
 	}

@@ -17,7 +17,7 @@ var _ kit.Diagnoser = (*Provider)(nil)
 // engine, which the provider unpacks.
 func (p *Provider) Diagnose(ctx context.Context, image string) []kit.Finding {
 	if image == "" {
-		image = kit.DefaultImage
+		image = kit.DiagnoseImage
 	}
 	if os.Geteuid() != 0 {
 		return []kit.Finding{kit.Lacks("root", p.canRun(), "roche daemon start", true)}

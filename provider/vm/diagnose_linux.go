@@ -24,7 +24,7 @@ var _ kit.Diagnoser = (*Provider)(nil)
 // this boot, when there is one.
 func (p *Provider) Diagnose(ctx context.Context, image string) []kit.Finding {
 	if image == "" {
-		image = kit.DefaultImage
+		image = kit.DiagnoseImage
 	}
 	var out []kit.Finding
 	q, isQEMU := p.hv.(*qemu)
