@@ -13,6 +13,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/doctor"
 	"github.com/roche-sandbox/roche/internal/inproc"
+	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
@@ -140,13 +141,10 @@ current-context: x
 	wantMissing(t, entry(t, r, "kubernetes", ""), "cluster", "API server at https://127.0.0.1:1 does not answer", "", false)
 }
 
-// TestKubernetesClusterPresent: the test cluster, reached with its kubeconfig, answers.
+// TestKubernetesClusterPresent: the test cluster, reached with its kubeconfig, answers
+// with its version.
 func TestKubernetesClusterPresent(t *testing.T) {
-	testenv.Needs(t, testenv.Cluster)
-	kc := os.Getenv("KUBECONFIG")
-	if kc == "" {
-		kc = "/var/lib/roche-cluster/admin.kubeconfig"
-	}
+	kc := testcluster.Kubeconfig(t) // brought up when it is not
 	r := doctor.Run(context.Background(), doctor.Options{Open: inproc.Open,
 		Settings: catalog.Options{EngineTimeout: 30 * time.Second, Transport: "agent", Kubeconfig: kc}})
 	p := entry(t, r, "kubernetes", "")
