@@ -203,6 +203,10 @@ type SandboxInfo struct {
 	Owner string `json:"owner,omitempty"`
 	// Metadata is what the create was given as Config.Metadata.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	// End is why and when it ended, set when State is StateExited and the reason is
+	// known to whoever answered (roched remembers ended sandboxes for
+	// --ended-retention; see docs/ended.md); nil while it runs.
+	End *EndReason `json:"end,omitempty"`
 }
 
 // Expired reports whether the sandbox has outlived its lifetime at now.
@@ -254,4 +258,7 @@ type ExecResult struct {
 	// OOMKilled: the command was killed for exceeding the memory limit.
 	OOMKilled bool          `json:"oom_killed"`
 	Duration  time.Duration `json:"duration_ns"`
+	// Receipt is what the command used (peak memory, CPU time, processes left running),
+	// nil where the provider cannot measure it (no roche-agent: wasm, docker-exec).
+	Receipt *Receipt `json:"receipt,omitempty"`
 }

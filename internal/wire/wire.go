@@ -226,7 +226,7 @@ func InfoToProto(sb roche.SandboxInfo) *rochev1.Sandbox {
 	return &rochev1.Sandbox{
 		Id: sb.ID, Provider: sb.Provider, Image: sb.Image, State: StateToProto(sb.State),
 		CreatedAt: timeToProto(sb.CreatedAt), ExpiresAt: timeToProto(sb.ExpiresAt), Transport: sb.Transport,
-		Owner: sb.Owner, Metadata: sb.Metadata,
+		Owner: sb.Owner, Metadata: sb.Metadata, End: EndToProto(sb.End),
 	}
 }
 
@@ -238,7 +238,7 @@ func InfoFromProto(pb *rochev1.Sandbox) roche.SandboxInfo {
 	return roche.SandboxInfo{
 		ID: pb.Id, Provider: pb.Provider, Image: pb.Image, State: StateFromProto(pb.State),
 		CreatedAt: timeFromProto(pb.CreatedAt), ExpiresAt: timeFromProto(pb.ExpiresAt), Transport: pb.Transport,
-		Owner: pb.Owner, Metadata: pb.Metadata,
+		Owner: pb.Owner, Metadata: pb.Metadata, End: EndFromProto(pb.End),
 	}
 }
 
@@ -265,7 +265,7 @@ func FilterFromProto(pb *rochev1.ListRequest) roche.ListFilter {
 func ResultToProto(r roche.ExecResult, withOutput bool) *rochev1.ExecResult {
 	pb := &rochev1.ExecResult{
 		ExitCode: int32(r.ExitCode), TimedOut: r.TimedOut, Truncated: r.Truncated,
-		OomKilled: r.OOMKilled, Duration: durationpb.New(r.Duration),
+		OomKilled: r.OOMKilled, Duration: durationpb.New(r.Duration), Receipt: ReceiptToProto(r.Receipt),
 	}
 	if withOutput {
 		pb.Stdout, pb.Stderr = []byte(r.Stdout), []byte(r.Stderr)
@@ -285,6 +285,7 @@ func ResultFromProto(pb *rochev1.ExecResult) roche.ExecResult {
 	return roche.ExecResult{
 		ExitCode: int(pb.ExitCode), Stdout: string(pb.Stdout), Stderr: string(pb.Stderr),
 		TimedOut: pb.TimedOut, Truncated: pb.Truncated, OOMKilled: pb.OomKilled, Duration: d,
+		Receipt: ReceiptFromProto(pb.Receipt),
 	}
 }
 

@@ -95,6 +95,81 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
+// EndKind is why a sandbox ended; END_KIND_UNKNOWN, with detail saying why it cannot
+// be known, where nobody could tell.
+type EndKind int32
+
+const (
+	EndKind_END_KIND_UNSPECIFIED     EndKind = 0
+	EndKind_END_KIND_OOM             EndKind = 1
+	EndKind_END_KIND_PIDS            EndKind = 2
+	EndKind_END_KIND_LIFETIME        EndKind = 3
+	EndKind_END_KIND_COMMAND_TIMEOUT EndKind = 4
+	EndKind_END_KIND_OUTPUT_CAP      EndKind = 5
+	EndKind_END_KIND_LEASE_LOST      EndKind = 6
+	EndKind_END_KIND_DESTROYED       EndKind = 7
+	EndKind_END_KIND_ENGINE_GONE     EndKind = 8
+	EndKind_END_KIND_AGENT_EXITED    EndKind = 9
+	EndKind_END_KIND_UNKNOWN         EndKind = 10
+)
+
+// Enum value maps for EndKind.
+var (
+	EndKind_name = map[int32]string{
+		0:  "END_KIND_UNSPECIFIED",
+		1:  "END_KIND_OOM",
+		2:  "END_KIND_PIDS",
+		3:  "END_KIND_LIFETIME",
+		4:  "END_KIND_COMMAND_TIMEOUT",
+		5:  "END_KIND_OUTPUT_CAP",
+		6:  "END_KIND_LEASE_LOST",
+		7:  "END_KIND_DESTROYED",
+		8:  "END_KIND_ENGINE_GONE",
+		9:  "END_KIND_AGENT_EXITED",
+		10: "END_KIND_UNKNOWN",
+	}
+	EndKind_value = map[string]int32{
+		"END_KIND_UNSPECIFIED":     0,
+		"END_KIND_OOM":             1,
+		"END_KIND_PIDS":            2,
+		"END_KIND_LIFETIME":        3,
+		"END_KIND_COMMAND_TIMEOUT": 4,
+		"END_KIND_OUTPUT_CAP":      5,
+		"END_KIND_LEASE_LOST":      6,
+		"END_KIND_DESTROYED":       7,
+		"END_KIND_ENGINE_GONE":     8,
+		"END_KIND_AGENT_EXITED":    9,
+		"END_KIND_UNKNOWN":         10,
+	}
+)
+
+func (x EndKind) Enum() *EndKind {
+	p := new(EndKind)
+	*p = x
+	return p
+}
+
+func (x EndKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EndKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_roche_v1_sandbox_proto_enumTypes[1].Descriptor()
+}
+
+func (EndKind) Type() protoreflect.EnumType {
+	return &file_roche_v1_sandbox_proto_enumTypes[1]
+}
+
+func (x EndKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EndKind.Descriptor instead.
+func (EndKind) EnumDescriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
 // OutputStream names the stream an output chunk came from.
 type OutputStream int32
 
@@ -129,11 +204,11 @@ func (x OutputStream) String() string {
 }
 
 func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
-	return file_roche_v1_sandbox_proto_enumTypes[1].Descriptor()
+	return file_roche_v1_sandbox_proto_enumTypes[2].Descriptor()
 }
 
 func (OutputStream) Type() protoreflect.EnumType {
-	return &file_roche_v1_sandbox_proto_enumTypes[1]
+	return &file_roche_v1_sandbox_proto_enumTypes[2]
 }
 
 func (x OutputStream) Number() protoreflect.EnumNumber {
@@ -142,7 +217,7 @@ func (x OutputStream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OutputStream.Descriptor instead.
 func (OutputStream) EnumDescriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 // FileType is what a path is.
@@ -187,11 +262,11 @@ func (x FileType) String() string {
 }
 
 func (FileType) Descriptor() protoreflect.EnumDescriptor {
-	return file_roche_v1_sandbox_proto_enumTypes[2].Descriptor()
+	return file_roche_v1_sandbox_proto_enumTypes[3].Descriptor()
 }
 
 func (FileType) Type() protoreflect.EnumType {
-	return &file_roche_v1_sandbox_proto_enumTypes[2]
+	return &file_roche_v1_sandbox_proto_enumTypes[3]
 }
 
 func (x FileType) Number() protoreflect.EnumNumber {
@@ -200,7 +275,7 @@ func (x FileType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileType.Descriptor instead.
 func (FileType) EnumDescriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 // FileEventType is what happened to a path below a watched directory; the first five
@@ -255,11 +330,11 @@ func (x FileEventType) String() string {
 }
 
 func (FileEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_roche_v1_sandbox_proto_enumTypes[3].Descriptor()
+	return file_roche_v1_sandbox_proto_enumTypes[4].Descriptor()
 }
 
 func (FileEventType) Type() protoreflect.EnumType {
-	return &file_roche_v1_sandbox_proto_enumTypes[3]
+	return &file_roche_v1_sandbox_proto_enumTypes[4]
 }
 
 func (x FileEventType) Number() protoreflect.EnumNumber {
@@ -268,7 +343,7 @@ func (x FileEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileEventType.Descriptor instead.
 func (FileEventType) EnumDescriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 // ErrorReason names the core library's sentinel error behind an RPC error.
@@ -335,11 +410,11 @@ func (x ErrorReason) String() string {
 }
 
 func (ErrorReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_roche_v1_sandbox_proto_enumTypes[4].Descriptor()
+	return file_roche_v1_sandbox_proto_enumTypes[5].Descriptor()
 }
 
 func (ErrorReason) Type() protoreflect.EnumType {
-	return &file_roche_v1_sandbox_proto_enumTypes[4]
+	return &file_roche_v1_sandbox_proto_enumTypes[5]
 }
 
 func (x ErrorReason) Number() protoreflect.EnumNumber {
@@ -348,7 +423,7 @@ func (x ErrorReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorReason.Descriptor instead.
 func (ErrorReason) EnumDescriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 // PtySize is a terminal's size in characters; zero fields mean 80x24.
@@ -2484,7 +2559,10 @@ type Sandbox struct {
 	// "cli:USER@HOST" for the direct-mode CLI. A create cannot set it: roched does.
 	Owner string `protobuf:"bytes,8,opt,name=owner,proto3" json:"owner,omitempty"`
 	// metadata is what the create was given (SandboxConfig.metadata).
-	Metadata      map[string]string `protobuf:"bytes,9,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,9,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// end is why and when the sandbox ended (state EXITED), where roched knows it: an
+	// Inspect of a sandbox that ended within roched's --ended-retention returns it.
+	End           *EndReason `protobuf:"bytes,20,opt,name=end,proto3" json:"end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2582,6 +2660,174 @@ func (x *Sandbox) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *Sandbox) GetEnd() *EndReason {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+// EndReason is why and when a sandbox ended, with the evidence it was read from.
+type EndReason struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  EndKind                `protobuf:"varint,1,opt,name=kind,proto3,enum=roche.v1.EndKind" json:"kind,omitempty"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	// detail says it in words; for END_KIND_UNKNOWN, why it cannot be known.
+	Detail string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	// evidence is what the reason was read from ("memory.events oom_kill 0 -> 1").
+	Evidence string `protobuf:"bytes,4,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// by names who destroyed it: "tenant:NAME", or a direct-mode sandbox's owner.
+	By string `protobuf:"bytes,5,opt,name=by,proto3" json:"by,omitempty"`
+	// exit_code is the main process's exit status, when exit_known.
+	ExitCode      int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	ExitKnown     bool  `protobuf:"varint,7,opt,name=exit_known,json=exitKnown,proto3" json:"exit_known,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndReason) Reset() {
+	*x = EndReason{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndReason) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndReason) ProtoMessage() {}
+
+func (x *EndReason) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndReason.ProtoReflect.Descriptor instead.
+func (*EndReason) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *EndReason) GetKind() EndKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EndKind_END_KIND_UNSPECIFIED
+}
+
+func (x *EndReason) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *EndReason) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *EndReason) GetEvidence() string {
+	if x != nil {
+		return x.Evidence
+	}
+	return ""
+}
+
+func (x *EndReason) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *EndReason) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *EndReason) GetExitKnown() bool {
+	if x != nil {
+		return x.ExitKnown
+	}
+	return false
+}
+
+// ReceiptUsage is what a command used, measured by roche-agent.
+type ReceiptUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// peak_memory_bytes: the largest resident set of any process of its tree (ru_maxrss).
+	PeakMemoryBytes int64 `protobuf:"varint,1,opt,name=peak_memory_bytes,json=peakMemoryBytes,proto3" json:"peak_memory_bytes,omitempty"`
+	// cpu_time: user plus system CPU time of its tree.
+	CpuTime *durationpb.Duration `protobuf:"bytes,2,opt,name=cpu_time,json=cpuTime,proto3" json:"cpu_time,omitempty"`
+	// leftover_processes: processes of its process group still running when it exited.
+	LeftoverProcesses int32 `protobuf:"varint,3,opt,name=leftover_processes,json=leftoverProcesses,proto3" json:"leftover_processes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ReceiptUsage) Reset() {
+	*x = ReceiptUsage{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReceiptUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReceiptUsage) ProtoMessage() {}
+
+func (x *ReceiptUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReceiptUsage.ProtoReflect.Descriptor instead.
+func (*ReceiptUsage) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ReceiptUsage) GetPeakMemoryBytes() int64 {
+	if x != nil {
+		return x.PeakMemoryBytes
+	}
+	return 0
+}
+
+func (x *ReceiptUsage) GetCpuTime() *durationpb.Duration {
+	if x != nil {
+		return x.CpuTime
+	}
+	return nil
+}
+
+func (x *ReceiptUsage) GetLeftoverProcesses() int32 {
+	if x != nil {
+		return x.LeftoverProcesses
+	}
+	return 0
+}
+
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// provider is "docker" when empty.
@@ -2593,7 +2839,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2605,7 +2851,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2618,7 +2864,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateRequest) GetProvider() string {
@@ -2646,7 +2892,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2904,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2917,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -2712,7 +2958,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +2970,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +2983,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -2805,7 +3051,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2817,7 +3063,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2830,7 +3076,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExecResponse) GetResult() *ExecResult {
@@ -2857,7 +3103,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +3115,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +3128,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExecStreamRequest) GetSandboxId() string {
@@ -2946,19 +3192,21 @@ type ExecResult struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	ExitCode int32                  `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
 	// stdout and stderr are empty in ExecStream's result: the output chunks carried them.
-	Stdout        []byte               `protobuf:"bytes,2,opt,name=stdout,proto3" json:"stdout,omitempty"`
-	Stderr        []byte               `protobuf:"bytes,3,opt,name=stderr,proto3" json:"stderr,omitempty"`
-	TimedOut      bool                 `protobuf:"varint,4,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
-	Truncated     bool                 `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
-	OomKilled     bool                 `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
-	Duration      *durationpb.Duration `protobuf:"bytes,7,opt,name=duration,proto3" json:"duration,omitempty"`
+	Stdout    []byte               `protobuf:"bytes,2,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr    []byte               `protobuf:"bytes,3,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	TimedOut  bool                 `protobuf:"varint,4,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	Truncated bool                 `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	OomKilled bool                 `protobuf:"varint,6,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	Duration  *durationpb.Duration `protobuf:"bytes,7,opt,name=duration,proto3" json:"duration,omitempty"`
+	// receipt is what the command used; absent where the provider cannot measure it.
+	Receipt       *ReceiptUsage `protobuf:"bytes,8,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3218,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3231,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -3035,6 +3283,13 @@ func (x *ExecResult) GetDuration() *durationpb.Duration {
 	return nil
 }
 
+func (x *ExecResult) GetReceipt() *ReceiptUsage {
+	if x != nil {
+		return x.Receipt
+	}
+	return nil
+}
+
 type OutputChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Stream        OutputStream           `protobuf:"varint,1,opt,name=stream,proto3,enum=roche.v1.OutputStream" json:"stream,omitempty"`
@@ -3045,7 +3300,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3312,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3325,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -3098,7 +3353,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3365,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3378,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -3147,7 +3402,7 @@ type ExecStreamResponse struct {
 
 func (x *ExecStreamResponse) Reset() {
 	*x = ExecStreamResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3414,7 @@ func (x *ExecStreamResponse) String() string {
 func (*ExecStreamResponse) ProtoMessage() {}
 
 func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3427,7 @@ func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamResponse.ProtoReflect.Descriptor instead.
 func (*ExecStreamResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExecStreamResponse) GetEvent() isExecStreamResponse_Event {
@@ -3243,7 +3498,7 @@ type DestroyRequest struct {
 
 func (x *DestroyRequest) Reset() {
 	*x = DestroyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3510,7 @@ func (x *DestroyRequest) String() string {
 func (*DestroyRequest) ProtoMessage() {}
 
 func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3523,7 @@ func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyRequest.ProtoReflect.Descriptor instead.
 func (*DestroyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DestroyRequest) GetIds() []string {
@@ -3301,7 +3556,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3313,7 +3568,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3326,7 +3581,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *HoldRequest) GetSandboxId() string {
@@ -3337,14 +3592,17 @@ func (x *HoldRequest) GetSandboxId() string {
 }
 
 type HoldResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// end is set on the last message of a Hold whose sandbox ended: why and when. The
+	// stream then ends with NOT_FOUND.
+	End           *EndReason `protobuf:"bytes,1,opt,name=end,proto3" json:"end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3356,7 +3614,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3369,7 +3627,14 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *HoldResponse) GetEnd() *EndReason {
+	if x != nil {
+		return x.End
+	}
+	return nil
 }
 
 type DestroyResponse struct {
@@ -3384,7 +3649,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3661,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3674,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DestroyResponse) GetDestroyed() []string {
@@ -3440,7 +3705,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3717,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3730,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListRequest) GetProvider() string {
@@ -3501,7 +3766,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3513,7 +3778,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3526,7 +3791,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -3555,7 +3820,7 @@ type SkippedProvider struct {
 
 func (x *SkippedProvider) Reset() {
 	*x = SkippedProvider{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3567,7 +3832,7 @@ func (x *SkippedProvider) String() string {
 func (*SkippedProvider) ProtoMessage() {}
 
 func (x *SkippedProvider) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3580,7 +3845,7 @@ func (x *SkippedProvider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SkippedProvider.ProtoReflect.Descriptor instead.
 func (*SkippedProvider) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SkippedProvider) GetProvider() string {
@@ -3613,7 +3878,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3625,7 +3890,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3638,7 +3903,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *InspectRequest) GetSandboxId() string {
@@ -3657,7 +3922,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3669,7 +3934,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3682,7 +3947,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *InspectResponse) GetSandbox() *Sandbox {
@@ -3703,7 +3968,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3715,7 +3980,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3728,7 +3993,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -3754,7 +4019,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3766,7 +4031,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3779,7 +4044,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -3798,7 +4063,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3810,7 +4075,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3823,7 +4088,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -3841,7 +4106,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +4118,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3866,7 +4131,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 type UnpauseRequest struct {
@@ -3878,7 +4143,7 @@ type UnpauseRequest struct {
 
 func (x *UnpauseRequest) Reset() {
 	*x = UnpauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +4155,7 @@ func (x *UnpauseRequest) String() string {
 func (*UnpauseRequest) ProtoMessage() {}
 
 func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +4168,7 @@ func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *UnpauseRequest) GetSandboxId() string {
@@ -3921,7 +4186,7 @@ type UnpauseResponse struct {
 
 func (x *UnpauseResponse) Reset() {
 	*x = UnpauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3933,7 +4198,7 @@ func (x *UnpauseResponse) String() string {
 func (*UnpauseResponse) ProtoMessage() {}
 
 func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3946,7 +4211,7 @@ func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 type GcRequest struct {
@@ -3961,7 +4226,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3973,7 +4238,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3986,7 +4251,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -4021,7 +4286,7 @@ type GcResponse struct {
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4033,7 +4298,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4046,7 +4311,7 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
@@ -4079,7 +4344,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4091,7 +4356,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4104,7 +4369,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -4143,7 +4408,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4155,7 +4420,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4168,7 +4433,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 type CopyFromRequest struct {
@@ -4189,7 +4454,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4201,7 +4466,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4214,7 +4479,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -4257,7 +4522,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4269,7 +4534,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4282,7 +4547,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -4320,7 +4585,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4332,7 +4597,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4345,7 +4610,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *FileEntry) GetName() string {
@@ -4445,7 +4710,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4457,7 +4722,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4470,7 +4735,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4505,7 +4770,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4517,7 +4782,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4530,7 +4795,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReadFileResponse) GetEntry() *FileEntry {
@@ -4565,7 +4830,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4577,7 +4842,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4590,7 +4855,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4638,7 +4903,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4650,7 +4915,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4663,7 +4928,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *WriteFileResponse) GetEntry() *FileEntry {
@@ -4686,7 +4951,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4698,7 +4963,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4711,7 +4976,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -4744,7 +5009,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4756,7 +5021,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4769,7 +5034,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileEntry {
@@ -4792,7 +5057,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4804,7 +5069,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4817,7 +5082,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -4851,7 +5116,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4863,7 +5128,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4876,7 +5141,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *StatResponse) GetEntry() *FileEntry {
@@ -4903,7 +5168,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4915,7 +5180,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4928,7 +5193,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -4956,7 +5221,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4968,7 +5233,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4981,7 +5246,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *MakeDirResponse) GetEntry() *FileEntry {
@@ -5009,7 +5274,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5021,7 +5286,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5034,7 +5299,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -5068,7 +5333,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5080,7 +5345,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5093,7 +5358,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RenameResponse) GetEntry() *FileEntry {
@@ -5113,7 +5378,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5125,7 +5390,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5138,7 +5403,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -5163,7 +5428,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5175,7 +5440,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5188,7 +5453,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 type FileEvent struct {
@@ -5204,7 +5469,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5216,7 +5481,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5229,7 +5494,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *FileEvent) GetName() string {
@@ -5265,7 +5530,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5277,7 +5542,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5290,7 +5555,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5322,7 +5587,7 @@ type WatchStarted struct {
 
 func (x *WatchStarted) Reset() {
 	*x = WatchStarted{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5334,7 +5599,7 @@ func (x *WatchStarted) String() string {
 func (*WatchStarted) ProtoMessage() {}
 
 func (x *WatchStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5347,7 +5612,7 @@ func (x *WatchStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStarted.ProtoReflect.Descriptor instead.
 func (*WatchStarted) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
 }
 
 type WatchDirResponse struct {
@@ -5364,7 +5629,7 @@ type WatchDirResponse struct {
 
 func (x *WatchDirResponse) Reset() {
 	*x = WatchDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5376,7 +5641,7 @@ func (x *WatchDirResponse) String() string {
 func (*WatchDirResponse) ProtoMessage() {}
 
 func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5389,7 +5654,7 @@ func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *WatchDirResponse) GetEvent() isWatchDirResponse_Event {
@@ -5459,7 +5724,7 @@ type CreateWatcherRequest struct {
 
 func (x *CreateWatcherRequest) Reset() {
 	*x = CreateWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5471,7 +5736,7 @@ func (x *CreateWatcherRequest) String() string {
 func (*CreateWatcherRequest) ProtoMessage() {}
 
 func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5484,7 +5749,7 @@ func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherRequest.ProtoReflect.Descriptor instead.
 func (*CreateWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CreateWatcherRequest) GetSandboxId() string {
@@ -5517,7 +5782,7 @@ type CreateWatcherResponse struct {
 
 func (x *CreateWatcherResponse) Reset() {
 	*x = CreateWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5529,7 +5794,7 @@ func (x *CreateWatcherResponse) String() string {
 func (*CreateWatcherResponse) ProtoMessage() {}
 
 func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5542,7 +5807,7 @@ func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherResponse.ProtoReflect.Descriptor instead.
 func (*CreateWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CreateWatcherResponse) GetWatcherId() string {
@@ -5561,7 +5826,7 @@ type GetWatcherEventsRequest struct {
 
 func (x *GetWatcherEventsRequest) Reset() {
 	*x = GetWatcherEventsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5573,7 +5838,7 @@ func (x *GetWatcherEventsRequest) String() string {
 func (*GetWatcherEventsRequest) ProtoMessage() {}
 
 func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5586,7 +5851,7 @@ func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *GetWatcherEventsRequest) GetWatcherId() string {
@@ -5605,7 +5870,7 @@ type GetWatcherEventsResponse struct {
 
 func (x *GetWatcherEventsResponse) Reset() {
 	*x = GetWatcherEventsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5617,7 +5882,7 @@ func (x *GetWatcherEventsResponse) String() string {
 func (*GetWatcherEventsResponse) ProtoMessage() {}
 
 func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5630,7 +5895,7 @@ func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *GetWatcherEventsResponse) GetEvents() []*FileEvent {
@@ -5649,7 +5914,7 @@ type RemoveWatcherRequest struct {
 
 func (x *RemoveWatcherRequest) Reset() {
 	*x = RemoveWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5661,7 +5926,7 @@ func (x *RemoveWatcherRequest) String() string {
 func (*RemoveWatcherRequest) ProtoMessage() {}
 
 func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5674,7 +5939,7 @@ func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RemoveWatcherRequest) GetWatcherId() string {
@@ -5692,7 +5957,7 @@ type RemoveWatcherResponse struct {
 
 func (x *RemoveWatcherResponse) Reset() {
 	*x = RemoveWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5704,7 +5969,7 @@ func (x *RemoveWatcherResponse) String() string {
 func (*RemoveWatcherResponse) ProtoMessage() {}
 
 func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5717,7 +5982,7 @@ func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
 }
 
 // Pool describes one warm pool.
@@ -5757,7 +6022,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5769,7 +6034,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5782,7 +6047,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *Pool) GetKey() string {
@@ -5926,7 +6191,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5938,7 +6203,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5951,7 +6216,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
 }
 
 type PoolStatusResponse struct {
@@ -5963,7 +6228,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5975,7 +6240,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5988,7 +6253,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -6010,7 +6275,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6022,7 +6287,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6035,7 +6300,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -6061,7 +6326,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6073,7 +6338,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6086,7 +6351,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -6106,7 +6371,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6118,7 +6383,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6131,7 +6396,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -6151,7 +6416,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6163,7 +6428,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6176,7 +6441,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -6201,7 +6466,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6213,7 +6478,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6226,7 +6491,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
 }
 
 type ListProvidersResponse struct {
@@ -6238,7 +6503,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6250,7 +6515,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6263,7 +6528,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -6283,7 +6548,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6295,7 +6560,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6308,7 +6573,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -6350,7 +6615,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6362,7 +6627,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6375,7 +6640,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -6473,7 +6738,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6485,7 +6750,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6498,7 +6763,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -6525,7 +6790,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6537,7 +6802,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6550,7 +6815,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -6576,7 +6841,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6588,7 +6853,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6601,7 +6866,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *Workspace) GetName() string {
@@ -6649,7 +6914,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6661,7 +6926,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6674,7 +6939,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -6693,7 +6958,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6705,7 +6970,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6718,7 +6983,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -6740,7 +7005,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6752,7 +7017,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6765,7 +7030,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -6790,7 +7055,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6802,7 +7067,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6815,7 +7080,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -6832,7 +7097,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6844,7 +7109,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6857,7 +7122,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *Snapshot) GetName() string {
@@ -6898,7 +7163,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6910,7 +7175,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6923,7 +7188,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -6949,7 +7214,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6961,7 +7226,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6974,7 +7239,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -6994,7 +7259,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7006,7 +7271,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7019,7 +7284,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -7038,7 +7303,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7050,7 +7315,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7063,7 +7328,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -7085,7 +7350,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7097,7 +7362,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7110,7 +7375,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -7135,7 +7400,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7147,7 +7412,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7160,7 +7425,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -7173,7 +7438,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7185,7 +7450,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7198,7 +7463,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -7227,7 +7492,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7239,7 +7504,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7252,7 +7517,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -7332,7 +7597,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7344,7 +7609,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7357,7 +7622,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *CodeResult) GetText() string {
@@ -7441,7 +7706,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7453,7 +7718,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7466,7 +7731,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *CodeError) GetName() string {
@@ -7510,7 +7775,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7522,7 +7787,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7535,7 +7800,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -7623,7 +7888,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7635,7 +7900,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7648,7 +7913,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -7734,7 +7999,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7746,7 +8011,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7759,7 +8024,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *CodeContext) GetId() string {
@@ -7804,7 +8069,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7816,7 +8081,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7829,7 +8094,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -7869,7 +8134,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7881,7 +8146,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7894,7 +8159,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -7913,7 +8178,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7925,7 +8190,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7938,7 +8203,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -7957,7 +8222,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7969,7 +8234,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7982,7 +8247,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -8002,7 +8267,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8014,7 +8279,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8027,7 +8292,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -8052,7 +8317,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8064,7 +8329,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8077,7 +8342,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
 }
 
 type RemoveContextRequest struct {
@@ -8090,7 +8355,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8102,7 +8367,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8115,7 +8380,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{125}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -8140,7 +8405,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8152,7 +8417,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8165,7 +8430,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{128}
 }
 
 type EgressLogRequest struct {
@@ -8179,7 +8444,7 @@ type EgressLogRequest struct {
 
 func (x *EgressLogRequest) Reset() {
 	*x = EgressLogRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8191,7 +8456,7 @@ func (x *EgressLogRequest) String() string {
 func (*EgressLogRequest) ProtoMessage() {}
 
 func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8204,7 +8469,7 @@ func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogRequest.ProtoReflect.Descriptor instead.
 func (*EgressLogRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{127}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *EgressLogRequest) GetSandboxId() string {
@@ -8254,7 +8519,7 @@ type EgressDecision struct {
 
 func (x *EgressDecision) Reset() {
 	*x = EgressDecision{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8266,7 +8531,7 @@ func (x *EgressDecision) String() string {
 func (*EgressDecision) ProtoMessage() {}
 
 func (x *EgressDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8279,7 +8544,7 @@ func (x *EgressDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressDecision.ProtoReflect.Descriptor instead.
 func (*EgressDecision) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{128}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *EgressDecision) GetSeq() uint64 {
@@ -8401,7 +8666,7 @@ type EgressLogResponse struct {
 
 func (x *EgressLogResponse) Reset() {
 	*x = EgressLogResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8413,7 +8678,7 @@ func (x *EgressLogResponse) String() string {
 func (*EgressLogResponse) ProtoMessage() {}
 
 func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8426,7 +8691,7 @@ func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogResponse.ProtoReflect.Descriptor instead.
 func (*EgressLogResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{129}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *EgressLogResponse) GetDecisions() []*EgressDecision {
@@ -8463,7 +8728,7 @@ type EgressPolicyRequest struct {
 
 func (x *EgressPolicyRequest) Reset() {
 	*x = EgressPolicyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8475,7 +8740,7 @@ func (x *EgressPolicyRequest) String() string {
 func (*EgressPolicyRequest) ProtoMessage() {}
 
 func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8488,7 +8753,7 @@ func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*EgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{130}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *EgressPolicyRequest) GetSandboxId() string {
@@ -8522,7 +8787,7 @@ type EgressPolicyResponse struct {
 
 func (x *EgressPolicyResponse) Reset() {
 	*x = EgressPolicyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8534,7 +8799,7 @@ func (x *EgressPolicyResponse) String() string {
 func (*EgressPolicyResponse) ProtoMessage() {}
 
 func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8547,7 +8812,7 @@ func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*EgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *EgressPolicyResponse) GetRules() []string {
@@ -8740,7 +9005,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
 	"\n" +
-	"read_write\x18\x03 \x01(\bR\treadWrite\"\x9d\x03\n" +
+	"read_write\x18\x03 \x01(\bR\treadWrite\"\xc4\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x14\n" +
@@ -8752,10 +9017,24 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1c\n" +
 	"\ttransport\x18\a \x01(\tR\ttransport\x12\x14\n" +
 	"\x05owner\x18\b \x01(\tR\x05owner\x12;\n" +
-	"\bmetadata\x18\t \x03(\v2\x1f.roche.v1.Sandbox.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\t \x03(\v2\x1f.roche.v1.Sandbox.MetadataEntryR\bmetadata\x12%\n" +
+	"\x03end\x18\x14 \x01(\v2\x13.roche.v1.EndReasonR\x03end\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xde\x01\n" +
+	"\tEndReason\x12%\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x11.roche.v1.EndKindR\x04kind\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x1a\n" +
+	"\bevidence\x18\x04 \x01(\tR\bevidence\x12\x0e\n" +
+	"\x02by\x18\x05 \x01(\tR\x02by\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x12\x1d\n" +
+	"\n" +
+	"exit_known\x18\a \x01(\bR\texitKnown\"\x9f\x01\n" +
+	"\fReceiptUsage\x12*\n" +
+	"\x11peak_memory_bytes\x18\x01 \x01(\x03R\x0fpeakMemoryBytes\x124\n" +
+	"\bcpu_time\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12-\n" +
+	"\x12leftover_processes\x18\x03 \x01(\x05R\x11leftoverProcesses\"\\\n" +
 	"\rCreateRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12/\n" +
 	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\"U\n" +
@@ -8791,7 +9070,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06_stdin\"\xea\x01\n" +
+	"\x06_stdin\"\x9c\x02\n" +
 	"\n" +
 	"ExecResult\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
@@ -8801,7 +9080,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\ttruncated\x18\x05 \x01(\bR\ttruncated\x12\x1d\n" +
 	"\n" +
 	"oom_killed\x18\x06 \x01(\bR\toomKilled\x125\n" +
-	"\bduration\x18\a \x01(\v2\x19.google.protobuf.DurationR\bduration\"Q\n" +
+	"\bduration\x18\a \x01(\v2\x19.google.protobuf.DurationR\bduration\x120\n" +
+	"\areceipt\x18\b \x01(\v2\x16.roche.v1.ReceiptUsageR\areceipt\"Q\n" +
 	"\vOutputChunk\x12.\n" +
 	"\x06stream\x18\x01 \x01(\x0e2\x16.roche.v1.OutputStreamR\x06stream\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\";\n" +
@@ -8818,8 +9098,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\bprovider\x18\x03 \x01(\tR\bprovider\",\n" +
 	"\vHoldRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x0e\n" +
-	"\fHoldResponse\"d\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"5\n" +
+	"\fHoldResponse\x12%\n" +
+	"\x03end\x18\x01 \x01(\v2\x13.roche.v1.EndReasonR\x03end\"d\n" +
 	"\x0fDestroyResponse\x12\x1c\n" +
 	"\tdestroyed\x18\x01 \x03(\tR\tdestroyed\x123\n" +
 	"\askipped\x18\x02 \x03(\v2\x19.roche.v1.SkippedProviderR\askipped\"\xd5\x01\n" +
@@ -9201,7 +9482,20 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x02\x12\x18\n" +
 	"\x14SANDBOX_STATE_EXITED\x10\x03\x12\x19\n" +
-	"\x15SANDBOX_STATE_CREATED\x10\x04*a\n" +
+	"\x15SANDBOX_STATE_CREATED\x10\x04*\x92\x02\n" +
+	"\aEndKind\x12\x18\n" +
+	"\x14END_KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fEND_KIND_OOM\x10\x01\x12\x11\n" +
+	"\rEND_KIND_PIDS\x10\x02\x12\x15\n" +
+	"\x11END_KIND_LIFETIME\x10\x03\x12\x1c\n" +
+	"\x18END_KIND_COMMAND_TIMEOUT\x10\x04\x12\x17\n" +
+	"\x13END_KIND_OUTPUT_CAP\x10\x05\x12\x17\n" +
+	"\x13END_KIND_LEASE_LOST\x10\x06\x12\x16\n" +
+	"\x12END_KIND_DESTROYED\x10\a\x12\x18\n" +
+	"\x14END_KIND_ENGINE_GONE\x10\b\x12\x19\n" +
+	"\x15END_KIND_AGENT_EXITED\x10\t\x12\x14\n" +
+	"\x10END_KIND_UNKNOWN\x10\n" +
+	"*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
@@ -9305,360 +9599,369 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_roche_v1_sandbox_proto_rawDescData
 }
 
-var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 143)
+var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 145)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: roche.v1.SandboxState
-	(OutputStream)(0),                 // 1: roche.v1.OutputStream
-	(FileType)(0),                     // 2: roche.v1.FileType
-	(FileEventType)(0),                // 3: roche.v1.FileEventType
-	(ErrorReason)(0),                  // 4: roche.v1.ErrorReason
-	(*PtySize)(nil),                   // 5: roche.v1.PtySize
-	(*CreatePtyRequest)(nil),          // 6: roche.v1.CreatePtyRequest
-	(*CreatePtyResponse)(nil),         // 7: roche.v1.CreatePtyResponse
-	(*ConnectPtyRequest)(nil),         // 8: roche.v1.ConnectPtyRequest
-	(*ConnectPtyResponse)(nil),        // 9: roche.v1.ConnectPtyResponse
-	(*SendPtyInputRequest)(nil),       // 10: roche.v1.SendPtyInputRequest
-	(*SendPtyInputResponse)(nil),      // 11: roche.v1.SendPtyInputResponse
-	(*ResizePtyRequest)(nil),          // 12: roche.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),         // 13: roche.v1.ResizePtyResponse
-	(*KillPtyRequest)(nil),            // 14: roche.v1.KillPtyRequest
-	(*KillPtyResponse)(nil),           // 15: roche.v1.KillPtyResponse
-	(*CommandSelector)(nil),           // 16: roche.v1.CommandSelector
-	(*StartCommandRequest)(nil),       // 17: roche.v1.StartCommandRequest
-	(*StartCommandResponse)(nil),      // 18: roche.v1.StartCommandResponse
-	(*CommandOffsets)(nil),            // 19: roche.v1.CommandOffsets
-	(*CommandEnd)(nil),                // 20: roche.v1.CommandEnd
-	(*Command)(nil),                   // 21: roche.v1.Command
-	(*ConnectCommandRequest)(nil),     // 22: roche.v1.ConnectCommandRequest
-	(*CommandStart)(nil),              // 23: roche.v1.CommandStart
-	(*CommandData)(nil),               // 24: roche.v1.CommandData
-	(*ConnectCommandResponse)(nil),    // 25: roche.v1.ConnectCommandResponse
-	(*ListCommandsRequest)(nil),       // 26: roche.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),      // 27: roche.v1.ListCommandsResponse
-	(*SendCommandInputRequest)(nil),   // 28: roche.v1.SendCommandInputRequest
-	(*SendCommandInputResponse)(nil),  // 29: roche.v1.SendCommandInputResponse
-	(*CloseCommandInputRequest)(nil),  // 30: roche.v1.CloseCommandInputRequest
-	(*CloseCommandInputResponse)(nil), // 31: roche.v1.CloseCommandInputResponse
-	(*SignalCommandRequest)(nil),      // 32: roche.v1.SignalCommandRequest
-	(*SignalCommandResponse)(nil),     // 33: roche.v1.SignalCommandResponse
-	(*SandboxConfig)(nil),             // 34: roche.v1.SandboxConfig
-	(*Mount)(nil),                     // 35: roche.v1.Mount
-	(*Sandbox)(nil),                   // 36: roche.v1.Sandbox
-	(*CreateRequest)(nil),             // 37: roche.v1.CreateRequest
-	(*CreateResponse)(nil),            // 38: roche.v1.CreateResponse
-	(*ExecRequest)(nil),               // 39: roche.v1.ExecRequest
-	(*ExecResponse)(nil),              // 40: roche.v1.ExecResponse
-	(*ExecStreamRequest)(nil),         // 41: roche.v1.ExecStreamRequest
-	(*ExecResult)(nil),                // 42: roche.v1.ExecResult
-	(*OutputChunk)(nil),               // 43: roche.v1.OutputChunk
-	(*Heartbeat)(nil),                 // 44: roche.v1.Heartbeat
-	(*ExecStreamResponse)(nil),        // 45: roche.v1.ExecStreamResponse
-	(*DestroyRequest)(nil),            // 46: roche.v1.DestroyRequest
-	(*HoldRequest)(nil),               // 47: roche.v1.HoldRequest
-	(*HoldResponse)(nil),              // 48: roche.v1.HoldResponse
-	(*DestroyResponse)(nil),           // 49: roche.v1.DestroyResponse
-	(*ListRequest)(nil),               // 50: roche.v1.ListRequest
-	(*ListResponse)(nil),              // 51: roche.v1.ListResponse
-	(*SkippedProvider)(nil),           // 52: roche.v1.SkippedProvider
-	(*InspectRequest)(nil),            // 53: roche.v1.InspectRequest
-	(*InspectResponse)(nil),           // 54: roche.v1.InspectResponse
-	(*SetTimeoutRequest)(nil),         // 55: roche.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),        // 56: roche.v1.SetTimeoutResponse
-	(*PauseRequest)(nil),              // 57: roche.v1.PauseRequest
-	(*PauseResponse)(nil),             // 58: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),            // 59: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),           // 60: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),                 // 61: roche.v1.GcRequest
-	(*GcResponse)(nil),                // 62: roche.v1.GcResponse
-	(*CopyToRequest)(nil),             // 63: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),            // 64: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),           // 65: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),          // 66: roche.v1.CopyFromResponse
-	(*FileEntry)(nil),                 // 67: roche.v1.FileEntry
-	(*ReadFileRequest)(nil),           // 68: roche.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 69: roche.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),          // 70: roche.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 71: roche.v1.WriteFileResponse
-	(*ListDirRequest)(nil),            // 72: roche.v1.ListDirRequest
-	(*ListDirResponse)(nil),           // 73: roche.v1.ListDirResponse
-	(*StatRequest)(nil),               // 74: roche.v1.StatRequest
-	(*StatResponse)(nil),              // 75: roche.v1.StatResponse
-	(*MakeDirRequest)(nil),            // 76: roche.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 77: roche.v1.MakeDirResponse
-	(*RenameRequest)(nil),             // 78: roche.v1.RenameRequest
-	(*RenameResponse)(nil),            // 79: roche.v1.RenameResponse
-	(*RemoveRequest)(nil),             // 80: roche.v1.RemoveRequest
-	(*RemoveResponse)(nil),            // 81: roche.v1.RemoveResponse
-	(*FileEvent)(nil),                 // 82: roche.v1.FileEvent
-	(*WatchDirRequest)(nil),           // 83: roche.v1.WatchDirRequest
-	(*WatchStarted)(nil),              // 84: roche.v1.WatchStarted
-	(*WatchDirResponse)(nil),          // 85: roche.v1.WatchDirResponse
-	(*CreateWatcherRequest)(nil),      // 86: roche.v1.CreateWatcherRequest
-	(*CreateWatcherResponse)(nil),     // 87: roche.v1.CreateWatcherResponse
-	(*GetWatcherEventsRequest)(nil),   // 88: roche.v1.GetWatcherEventsRequest
-	(*GetWatcherEventsResponse)(nil),  // 89: roche.v1.GetWatcherEventsResponse
-	(*RemoveWatcherRequest)(nil),      // 90: roche.v1.RemoveWatcherRequest
-	(*RemoveWatcherResponse)(nil),     // 91: roche.v1.RemoveWatcherResponse
-	(*Pool)(nil),                      // 92: roche.v1.Pool
-	(*PoolStatusRequest)(nil),         // 93: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),        // 94: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),         // 95: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),        // 96: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),          // 97: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),         // 98: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),      // 99: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),     // 100: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),              // 101: roche.v1.ProviderInfo
-	(*Capabilities)(nil),              // 102: roche.v1.Capabilities
-	(*ResetRequest)(nil),              // 103: roche.v1.ResetRequest
-	(*ResetResponse)(nil),             // 104: roche.v1.ResetResponse
-	(*Workspace)(nil),                 // 105: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),     // 106: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),    // 107: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),    // 108: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil),   // 109: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                  // 110: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),     // 111: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),    // 112: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),      // 113: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 114: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),     // 115: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),    // 116: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),               // 117: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),            // 118: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),                // 119: roche.v1.CodeResult
-	(*CodeError)(nil),                 // 120: roche.v1.CodeError
-	(*CodeExecution)(nil),             // 121: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),           // 122: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),               // 123: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),      // 124: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),     // 125: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),       // 126: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),      // 127: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),     // 128: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),    // 129: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),      // 130: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),     // 131: roche.v1.RemoveContextResponse
-	(*EgressLogRequest)(nil),          // 132: roche.v1.EgressLogRequest
-	(*EgressDecision)(nil),            // 133: roche.v1.EgressDecision
-	(*EgressLogResponse)(nil),         // 134: roche.v1.EgressLogResponse
-	(*EgressPolicyRequest)(nil),       // 135: roche.v1.EgressPolicyRequest
-	(*EgressPolicyResponse)(nil),      // 136: roche.v1.EgressPolicyResponse
-	nil,                               // 137: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                               // 138: roche.v1.StartCommandRequest.EnvEntry
-	nil,                               // 139: roche.v1.Command.EnvEntry
-	nil,                               // 140: roche.v1.SandboxConfig.EnvEntry
-	nil,                               // 141: roche.v1.SandboxConfig.MetadataEntry
-	nil,                               // 142: roche.v1.Sandbox.MetadataEntry
-	nil,                               // 143: roche.v1.ExecRequest.EnvEntry
-	nil,                               // 144: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                               // 145: roche.v1.ListRequest.MetadataEntry
-	nil,                               // 146: roche.v1.RunCodeRequest.EnvEntry
-	nil,                               // 147: roche.v1.CreateContextRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 148: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 149: google.protobuf.Timestamp
+	(EndKind)(0),                      // 1: roche.v1.EndKind
+	(OutputStream)(0),                 // 2: roche.v1.OutputStream
+	(FileType)(0),                     // 3: roche.v1.FileType
+	(FileEventType)(0),                // 4: roche.v1.FileEventType
+	(ErrorReason)(0),                  // 5: roche.v1.ErrorReason
+	(*PtySize)(nil),                   // 6: roche.v1.PtySize
+	(*CreatePtyRequest)(nil),          // 7: roche.v1.CreatePtyRequest
+	(*CreatePtyResponse)(nil),         // 8: roche.v1.CreatePtyResponse
+	(*ConnectPtyRequest)(nil),         // 9: roche.v1.ConnectPtyRequest
+	(*ConnectPtyResponse)(nil),        // 10: roche.v1.ConnectPtyResponse
+	(*SendPtyInputRequest)(nil),       // 11: roche.v1.SendPtyInputRequest
+	(*SendPtyInputResponse)(nil),      // 12: roche.v1.SendPtyInputResponse
+	(*ResizePtyRequest)(nil),          // 13: roche.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),         // 14: roche.v1.ResizePtyResponse
+	(*KillPtyRequest)(nil),            // 15: roche.v1.KillPtyRequest
+	(*KillPtyResponse)(nil),           // 16: roche.v1.KillPtyResponse
+	(*CommandSelector)(nil),           // 17: roche.v1.CommandSelector
+	(*StartCommandRequest)(nil),       // 18: roche.v1.StartCommandRequest
+	(*StartCommandResponse)(nil),      // 19: roche.v1.StartCommandResponse
+	(*CommandOffsets)(nil),            // 20: roche.v1.CommandOffsets
+	(*CommandEnd)(nil),                // 21: roche.v1.CommandEnd
+	(*Command)(nil),                   // 22: roche.v1.Command
+	(*ConnectCommandRequest)(nil),     // 23: roche.v1.ConnectCommandRequest
+	(*CommandStart)(nil),              // 24: roche.v1.CommandStart
+	(*CommandData)(nil),               // 25: roche.v1.CommandData
+	(*ConnectCommandResponse)(nil),    // 26: roche.v1.ConnectCommandResponse
+	(*ListCommandsRequest)(nil),       // 27: roche.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),      // 28: roche.v1.ListCommandsResponse
+	(*SendCommandInputRequest)(nil),   // 29: roche.v1.SendCommandInputRequest
+	(*SendCommandInputResponse)(nil),  // 30: roche.v1.SendCommandInputResponse
+	(*CloseCommandInputRequest)(nil),  // 31: roche.v1.CloseCommandInputRequest
+	(*CloseCommandInputResponse)(nil), // 32: roche.v1.CloseCommandInputResponse
+	(*SignalCommandRequest)(nil),      // 33: roche.v1.SignalCommandRequest
+	(*SignalCommandResponse)(nil),     // 34: roche.v1.SignalCommandResponse
+	(*SandboxConfig)(nil),             // 35: roche.v1.SandboxConfig
+	(*Mount)(nil),                     // 36: roche.v1.Mount
+	(*Sandbox)(nil),                   // 37: roche.v1.Sandbox
+	(*EndReason)(nil),                 // 38: roche.v1.EndReason
+	(*ReceiptUsage)(nil),              // 39: roche.v1.ReceiptUsage
+	(*CreateRequest)(nil),             // 40: roche.v1.CreateRequest
+	(*CreateResponse)(nil),            // 41: roche.v1.CreateResponse
+	(*ExecRequest)(nil),               // 42: roche.v1.ExecRequest
+	(*ExecResponse)(nil),              // 43: roche.v1.ExecResponse
+	(*ExecStreamRequest)(nil),         // 44: roche.v1.ExecStreamRequest
+	(*ExecResult)(nil),                // 45: roche.v1.ExecResult
+	(*OutputChunk)(nil),               // 46: roche.v1.OutputChunk
+	(*Heartbeat)(nil),                 // 47: roche.v1.Heartbeat
+	(*ExecStreamResponse)(nil),        // 48: roche.v1.ExecStreamResponse
+	(*DestroyRequest)(nil),            // 49: roche.v1.DestroyRequest
+	(*HoldRequest)(nil),               // 50: roche.v1.HoldRequest
+	(*HoldResponse)(nil),              // 51: roche.v1.HoldResponse
+	(*DestroyResponse)(nil),           // 52: roche.v1.DestroyResponse
+	(*ListRequest)(nil),               // 53: roche.v1.ListRequest
+	(*ListResponse)(nil),              // 54: roche.v1.ListResponse
+	(*SkippedProvider)(nil),           // 55: roche.v1.SkippedProvider
+	(*InspectRequest)(nil),            // 56: roche.v1.InspectRequest
+	(*InspectResponse)(nil),           // 57: roche.v1.InspectResponse
+	(*SetTimeoutRequest)(nil),         // 58: roche.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),        // 59: roche.v1.SetTimeoutResponse
+	(*PauseRequest)(nil),              // 60: roche.v1.PauseRequest
+	(*PauseResponse)(nil),             // 61: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),            // 62: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),           // 63: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),                 // 64: roche.v1.GcRequest
+	(*GcResponse)(nil),                // 65: roche.v1.GcResponse
+	(*CopyToRequest)(nil),             // 66: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),            // 67: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),           // 68: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),          // 69: roche.v1.CopyFromResponse
+	(*FileEntry)(nil),                 // 70: roche.v1.FileEntry
+	(*ReadFileRequest)(nil),           // 71: roche.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 72: roche.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 73: roche.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 74: roche.v1.WriteFileResponse
+	(*ListDirRequest)(nil),            // 75: roche.v1.ListDirRequest
+	(*ListDirResponse)(nil),           // 76: roche.v1.ListDirResponse
+	(*StatRequest)(nil),               // 77: roche.v1.StatRequest
+	(*StatResponse)(nil),              // 78: roche.v1.StatResponse
+	(*MakeDirRequest)(nil),            // 79: roche.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 80: roche.v1.MakeDirResponse
+	(*RenameRequest)(nil),             // 81: roche.v1.RenameRequest
+	(*RenameResponse)(nil),            // 82: roche.v1.RenameResponse
+	(*RemoveRequest)(nil),             // 83: roche.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 84: roche.v1.RemoveResponse
+	(*FileEvent)(nil),                 // 85: roche.v1.FileEvent
+	(*WatchDirRequest)(nil),           // 86: roche.v1.WatchDirRequest
+	(*WatchStarted)(nil),              // 87: roche.v1.WatchStarted
+	(*WatchDirResponse)(nil),          // 88: roche.v1.WatchDirResponse
+	(*CreateWatcherRequest)(nil),      // 89: roche.v1.CreateWatcherRequest
+	(*CreateWatcherResponse)(nil),     // 90: roche.v1.CreateWatcherResponse
+	(*GetWatcherEventsRequest)(nil),   // 91: roche.v1.GetWatcherEventsRequest
+	(*GetWatcherEventsResponse)(nil),  // 92: roche.v1.GetWatcherEventsResponse
+	(*RemoveWatcherRequest)(nil),      // 93: roche.v1.RemoveWatcherRequest
+	(*RemoveWatcherResponse)(nil),     // 94: roche.v1.RemoveWatcherResponse
+	(*Pool)(nil),                      // 95: roche.v1.Pool
+	(*PoolStatusRequest)(nil),         // 96: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),        // 97: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),         // 98: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),        // 99: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),          // 100: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),         // 101: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),      // 102: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),     // 103: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),              // 104: roche.v1.ProviderInfo
+	(*Capabilities)(nil),              // 105: roche.v1.Capabilities
+	(*ResetRequest)(nil),              // 106: roche.v1.ResetRequest
+	(*ResetResponse)(nil),             // 107: roche.v1.ResetResponse
+	(*Workspace)(nil),                 // 108: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),     // 109: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 110: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),    // 111: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil),   // 112: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                  // 113: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),     // 114: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),    // 115: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),      // 116: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 117: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),     // 118: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),    // 119: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),               // 120: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),            // 121: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),                // 122: roche.v1.CodeResult
+	(*CodeError)(nil),                 // 123: roche.v1.CodeError
+	(*CodeExecution)(nil),             // 124: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),           // 125: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),               // 126: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),      // 127: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),     // 128: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),       // 129: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),      // 130: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),     // 131: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),    // 132: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),      // 133: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),     // 134: roche.v1.RemoveContextResponse
+	(*EgressLogRequest)(nil),          // 135: roche.v1.EgressLogRequest
+	(*EgressDecision)(nil),            // 136: roche.v1.EgressDecision
+	(*EgressLogResponse)(nil),         // 137: roche.v1.EgressLogResponse
+	(*EgressPolicyRequest)(nil),       // 138: roche.v1.EgressPolicyRequest
+	(*EgressPolicyResponse)(nil),      // 139: roche.v1.EgressPolicyResponse
+	nil,                               // 140: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 141: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 142: roche.v1.Command.EnvEntry
+	nil,                               // 143: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 144: roche.v1.SandboxConfig.MetadataEntry
+	nil,                               // 145: roche.v1.Sandbox.MetadataEntry
+	nil,                               // 146: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 147: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 148: roche.v1.ListRequest.MetadataEntry
+	nil,                               // 149: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 150: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 151: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 152: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	137, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
-	5,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
-	44,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	42,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
-	5,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	138, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
-	21,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
-	148, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
-	139, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
-	149, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
-	19,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
-	19,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
-	20,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
-	16,  // 13: roche.v1.ConnectCommandRequest.command:type_name -> roche.v1.CommandSelector
-	1,   // 14: roche.v1.CommandData.stream:type_name -> roche.v1.OutputStream
-	23,  // 15: roche.v1.ConnectCommandResponse.start:type_name -> roche.v1.CommandStart
-	24,  // 16: roche.v1.ConnectCommandResponse.data:type_name -> roche.v1.CommandData
-	44,  // 17: roche.v1.ConnectCommandResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	20,  // 18: roche.v1.ConnectCommandResponse.end:type_name -> roche.v1.CommandEnd
-	21,  // 19: roche.v1.ListCommandsResponse.commands:type_name -> roche.v1.Command
-	16,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
-	16,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
-	16,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
-	140, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
-	35,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	141, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
+	140, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	6,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
+	47,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	45,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
+	6,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
+	141, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	22,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
+	151, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	142, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	152, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	20,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
+	20,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
+	21,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
+	17,  // 13: roche.v1.ConnectCommandRequest.command:type_name -> roche.v1.CommandSelector
+	2,   // 14: roche.v1.CommandData.stream:type_name -> roche.v1.OutputStream
+	24,  // 15: roche.v1.ConnectCommandResponse.start:type_name -> roche.v1.CommandStart
+	25,  // 16: roche.v1.ConnectCommandResponse.data:type_name -> roche.v1.CommandData
+	47,  // 17: roche.v1.ConnectCommandResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	21,  // 18: roche.v1.ConnectCommandResponse.end:type_name -> roche.v1.CommandEnd
+	22,  // 19: roche.v1.ListCommandsResponse.commands:type_name -> roche.v1.Command
+	17,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
+	17,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
+	17,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
+	143, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	36,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
+	144, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
 	0,   // 26: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	149, // 27: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	149, // 28: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	142, // 29: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
-	34,  // 30: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
-	36,  // 31: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	143, // 32: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
-	42,  // 33: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	144, // 34: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	148, // 35: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	1,   // 36: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	149, // 37: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	43,  // 38: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
-	44,  // 39: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	42,  // 40: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	52,  // 41: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	145, // 42: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
-	0,   // 43: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
-	36,  // 44: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	52,  // 45: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
-	4,   // 46: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
-	36,  // 47: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	36,  // 48: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
-	36,  // 49: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	52,  // 50: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
-	2,   // 51: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	149, // 52: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
-	67,  // 53: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
-	67,  // 54: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
-	67,  // 55: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
-	67,  // 56: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
-	67,  // 57: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
-	67,  // 58: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
-	3,   // 59: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
-	84,  // 60: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
-	82,  // 61: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
-	44,  // 62: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	82,  // 63: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	148, // 64: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	92,  // 65: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	92,  // 66: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	92,  // 67: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	101, // 68: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	102, // 69: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	36,  // 70: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	149, // 71: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	105, // 72: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	149, // 73: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	110, // 74: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	110, // 75: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	4,   // 76: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	146, // 77: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	119, // 78: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	120, // 79: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	148, // 80: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	43,  // 81: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	44,  // 82: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	119, // 83: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	121, // 84: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	147, // 85: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	123, // 86: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	123, // 87: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	149, // 88: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
-	133, // 89: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
-	37,  // 90: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	39,  // 91: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	41,  // 92: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	46,  // 93: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	47,  // 94: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	50,  // 95: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	53,  // 96: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	55,  // 97: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
-	57,  // 98: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	59,  // 99: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	61,  // 100: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	63,  // 101: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	65,  // 102: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	68,  // 103: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	70,  // 104: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	72,  // 105: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	74,  // 106: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	76,  // 107: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	78,  // 108: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	80,  // 109: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	83,  // 110: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	86,  // 111: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	88,  // 112: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	90,  // 113: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	93,  // 114: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	95,  // 115: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	97,  // 116: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	99,  // 117: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	103, // 118: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	106, // 119: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	108, // 120: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	111, // 121: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	113, // 122: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	115, // 123: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	118, // 124: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	124, // 125: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	126, // 126: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	128, // 127: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	130, // 128: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	6,   // 129: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	8,   // 130: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	10,  // 131: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	12,  // 132: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	14,  // 133: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	17,  // 134: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	22,  // 135: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	26,  // 136: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	28,  // 137: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	30,  // 138: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	32,  // 139: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	132, // 140: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
-	135, // 141: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
-	38,  // 142: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	40,  // 143: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	45,  // 144: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	49,  // 145: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	48,  // 146: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	51,  // 147: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	54,  // 148: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	56,  // 149: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
-	58,  // 150: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	60,  // 151: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	62,  // 152: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	64,  // 153: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	66,  // 154: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	69,  // 155: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	71,  // 156: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	73,  // 157: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	75,  // 158: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	77,  // 159: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	79,  // 160: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	81,  // 161: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	85,  // 162: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	87,  // 163: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	89,  // 164: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	91,  // 165: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	94,  // 166: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	96,  // 167: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	98,  // 168: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	100, // 169: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	104, // 170: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	107, // 171: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	109, // 172: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	112, // 173: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	114, // 174: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	116, // 175: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	122, // 176: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	125, // 177: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	127, // 178: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	129, // 179: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	131, // 180: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	7,   // 181: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	9,   // 182: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	11,  // 183: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	13,  // 184: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	15,  // 185: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	18,  // 186: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	25,  // 187: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	27,  // 188: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	29,  // 189: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	31,  // 190: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	33,  // 191: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	134, // 192: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
-	136, // 193: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
-	142, // [142:194] is the sub-list for method output_type
-	90,  // [90:142] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	152, // 27: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	152, // 28: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	145, // 29: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
+	38,  // 30: roche.v1.Sandbox.end:type_name -> roche.v1.EndReason
+	1,   // 31: roche.v1.EndReason.kind:type_name -> roche.v1.EndKind
+	152, // 32: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
+	151, // 33: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
+	35,  // 34: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
+	37,  // 35: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
+	146, // 36: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	45,  // 37: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
+	147, // 38: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	151, // 39: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	39,  // 40: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
+	2,   // 41: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
+	152, // 42: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	46,  // 43: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
+	47,  // 44: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	45,  // 45: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
+	38,  // 46: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
+	55,  // 47: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
+	148, // 48: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	0,   // 49: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
+	37,  // 50: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	55,  // 51: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
+	5,   // 52: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
+	37,  // 53: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	37,  // 54: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
+	37,  // 55: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	55,  // 56: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	3,   // 57: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
+	152, // 58: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	70,  // 59: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
+	70,  // 60: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
+	70,  // 61: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
+	70,  // 62: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
+	70,  // 63: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
+	70,  // 64: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
+	4,   // 65: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
+	87,  // 66: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
+	85,  // 67: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
+	47,  // 68: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	85,  // 69: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
+	151, // 70: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	95,  // 71: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	95,  // 72: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	95,  // 73: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	104, // 74: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	105, // 75: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	37,  // 76: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	152, // 77: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	108, // 78: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	152, // 79: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	113, // 80: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	113, // 81: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	5,   // 82: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	149, // 83: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	122, // 84: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	123, // 85: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	151, // 86: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	46,  // 87: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	47,  // 88: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	122, // 89: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	124, // 90: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	150, // 91: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	126, // 92: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	126, // 93: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	152, // 94: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
+	136, // 95: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
+	40,  // 96: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	42,  // 97: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	44,  // 98: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	49,  // 99: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	50,  // 100: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	53,  // 101: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	56,  // 102: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	58,  // 103: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	60,  // 104: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	62,  // 105: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	64,  // 106: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	66,  // 107: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	68,  // 108: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	71,  // 109: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	73,  // 110: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	75,  // 111: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	77,  // 112: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	79,  // 113: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	81,  // 114: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	83,  // 115: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	86,  // 116: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	89,  // 117: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	91,  // 118: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	93,  // 119: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	96,  // 120: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	98,  // 121: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	100, // 122: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	102, // 123: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	106, // 124: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	109, // 125: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	111, // 126: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	114, // 127: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	116, // 128: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	118, // 129: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	121, // 130: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	127, // 131: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	129, // 132: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	131, // 133: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	133, // 134: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	7,   // 135: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	9,   // 136: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	11,  // 137: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	13,  // 138: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	15,  // 139: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18,  // 140: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	23,  // 141: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	27,  // 142: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	29,  // 143: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	31,  // 144: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	33,  // 145: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	135, // 146: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
+	138, // 147: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
+	41,  // 148: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	43,  // 149: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	48,  // 150: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	52,  // 151: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	51,  // 152: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	54,  // 153: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	57,  // 154: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	59,  // 155: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	61,  // 156: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	63,  // 157: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	65,  // 158: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	67,  // 159: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	69,  // 160: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	72,  // 161: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	74,  // 162: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	76,  // 163: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	78,  // 164: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	80,  // 165: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	82,  // 166: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	84,  // 167: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	88,  // 168: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	90,  // 169: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	92,  // 170: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	94,  // 171: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	97,  // 172: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	99,  // 173: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	101, // 174: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	103, // 175: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	107, // 176: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	110, // 177: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	112, // 178: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	115, // 179: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	117, // 180: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	119, // 181: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	125, // 182: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	128, // 183: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	130, // 184: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	132, // 185: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	134, // 186: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	8,   // 187: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	10,  // 188: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	12,  // 189: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	14,  // 190: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	16,  // 191: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	19,  // 192: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	26,  // 193: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	28,  // 194: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	30,  // 195: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	32,  // 196: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	34,  // 197: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	137, // 198: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
+	139, // 199: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
+	148, // [148:200] is the sub-list for method output_type
+	96,  // [96:148] is the sub-list for method input_type
+	96,  // [96:96] is the sub-list for extension type_name
+	96,  // [96:96] is the sub-list for extension extendee
+	0,   // [0:96] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -9682,19 +9985,19 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ConnectCommandResponse_End)(nil),
 	}
 	file_roche_v1_sandbox_proto_msgTypes[29].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[34].OneofWrappers = []any{}
 	file_roche_v1_sandbox_proto_msgTypes[36].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[40].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[38].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[42].OneofWrappers = []any{
 		(*ExecStreamResponse_Output)(nil),
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[80].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[82].OneofWrappers = []any{
 		(*WatchDirResponse_Started)(nil),
 		(*WatchDirResponse_File)(nil),
 		(*WatchDirResponse_Heartbeat)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[117].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[119].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -9705,8 +10008,8 @@ func file_roche_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   143,
+			NumEnums:      6,
+			NumMessages:   145,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
