@@ -75,6 +75,9 @@ type Config struct {
 	// MaxCommands bounds the background commands running at once in one sandbox (0:
 	// roche.MaxRunningCommands).
 	MaxCommands int
+	// EndedRetention is how long Inspect answers for a sandbox that ended (0:
+	// roche.DefaultEndedRetention).
+	EndedRetention time.Duration
 	// Pools are the warm pools.
 	Pools []pool.Spec
 	// PoolConcurrency fixes how many sandboxes all pools together create at once; 0
@@ -185,7 +188,7 @@ func (c Config) ledgerConfig() ledger.Config {
 		Pools: c.Pools, PoolConcurrency: c.PoolConcurrency, ReapInterval: c.ReapInterval,
 		ReconcileInterval: c.ReconcileInterval, EngineCheckInterval: c.EngineCheckInterval,
 		DirectOwner: c.DirectOwner, ProviderOf: catalog.OfID,
-		MaxCommands: c.MaxCommands,
+		MaxCommands: c.MaxCommands, EndedRetention: c.EndedRetention,
 	}
 }
 

@@ -48,6 +48,10 @@ func (s *service) Hold(ctx context.Context, req *connect.Request[rochev1.HoldReq
 	var last ledger.Record
 	for {
 		if err := s.d.ledger.HeldGone(t, id, &last); err != nil {
+			// Its last message says why it ended, where roched knows.
+			if sb, ok := s.d.ledger.InspectEnded(t, id); ok {
+				_ = stream.Send(&rochev1.HoldResponse{End: wire.EndToProto(sb.End)})
+			}
 			return wire.ToStatus(err)
 		}
 		if time.Since(lastSent) >= holdHeartbeat {

@@ -126,6 +126,7 @@ type flags struct {
 	pools, providers                     []string
 	maxSandboxes, poolConcurrency        int
 	maxCommands                          int
+	endedRetention                       time.Duration
 	shutdownTimeout, engineTimeout       time.Duration
 	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
@@ -265,6 +266,7 @@ TLS and --insecure work as for --listen; the config file's "e2b" section names t
 	fs.StringArrayVar(&f.pools, "pool", nil, "warm pool, PROVIDER/IMAGE?min=N&max=N&total=N&idle_timeout=SECS (repeatable)")
 	fs.IntVar(&f.maxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "most sandboxes handed to clients at once; 0 means no limit")
 	fs.IntVar(&f.maxCommands, "max-commands", roche.MaxRunningCommands, fmt.Sprintf("most background commands running at once in one sandbox (1 to %d)", roche.MaxRunningCommands))
+	fs.DurationVar(&f.endedRetention, "ended-retention", roche.DefaultEndedRetention, fmt.Sprintf("how long Inspect answers for a sandbox that ended, with why (at most %d remembered at once)", roche.MaxEndedKept))
 	fs.IntVar(&f.poolConcurrency, "pool-concurrency", 0, "sandboxes the pools create at once; 0 adapts it: the machine's cores, up to four times as many while creations wait and the CPUs have room")
 	fs.StringVar(&f.copyMaxBytes, "copy-max-bytes", "1g", "most file content one copy in or out moves (e.g. 512m, 4g); a request may ask for less")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a shutdown waits for calls in progress")
@@ -330,6 +332,7 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 	cfg := Config{
 		Socket: f.socket, Listen: f.listen, StateFile: f.state,
 		MaxSandboxes: f.maxSandboxes, PoolConcurrency: f.poolConcurrency, MaxCommands: f.maxCommands,
+		EndedRetention:  f.endedRetention,
 		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
 		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
 		DirectOwner: f.directOwner, E2BListen: f.e2bListen,

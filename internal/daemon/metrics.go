@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/ledger"
 )
 
@@ -16,9 +17,16 @@ type metrics struct {
 	create   *prometheus.HistogramVec
 	exec     prometheus.Histogram
 	rejected prometheus.Counter
+	ended    *prometheus.CounterVec
 }
 
-var _ ledger.Observer = (*metrics)(nil)
+var (
+	_ ledger.Observer    = (*metrics)(nil)
+	_ ledger.EndObserver = (*metrics)(nil)
+)
+
+// Ended counts a sandbox that ended, by why.
+func (m *metrics) Ended(kind roche.EndKind) { m.ended.WithLabelValues(string(kind)).Inc() }
 
 // Created observes a create's latency by its source.
 func (m *metrics) Created(source string, took time.Duration) {
@@ -51,8 +59,15 @@ func newMetrics(d *Daemon) *metrics {
 			Name: "roche_admission_rejected_total",
 			Help: "Creates refused because --max-sandboxes was reached.",
 		}),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "roche_sandboxes_ended_total",
+			Help: "Client sandboxes that ended, by reason: oom, pids, lifetime, command_timeout, output_cap, lease_lost, destroyed, engine_gone, agent_exited, unknown.",
+		}, []string{"reason"}),
 	}
-	m.reg.MustRegister(m.create, m.exec, m.rejected, stateCollector{d},
+	for _, k := range roche.EndKinds {
+		m.ended.WithLabelValues(string(k)) // every reason shows, at 0 until one happens
+	}
+	m.reg.MustRegister(m.create, m.exec, m.rejected, m.ended, stateCollector{d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/roche-sandbox/roche"
@@ -59,6 +57,9 @@ func (l *Ledger) watchSandboxes() {
 // tracks that ended is forgotten (what is left of it removed), and, if it was idle in a
 // pool, replaced.
 func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
+	if ev.Kind == kit.EventOOM {
+		l.ended.sawOOM(ev.ID, ev.Time)
+	}
 	if !ev.Ended() {
 		l.log.Debug("sandbox event", "provider", provider, "id", ev.ID, "kind", ev.Kind)
 		return
@@ -66,7 +67,11 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 	l.mu.Lock()
 	r, ok := l.sandboxes[ev.ID]
 	if !ok || r.Provider != provider || r.Kind == KindDestroying {
-		// Not ours, or a destroy of ours, whose end this is.
+		// Not ours, or a destroy of ours, whose end this is; what the engine says now
+		// may still tell why one that ended while a command ran did.
+		if ok && r.Kind == KindDestroying {
+			l.ended.improve(ev.ID, l.eventEnd(r, ev))
+		}
 		l.mu.Unlock()
 		return
 	}
@@ -81,7 +86,7 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 		r.Kind = KindDestroying
 	}
 	if was.Kind == KindClient {
-		l.ended.add(ev.ID, was.TenantName(), was.direct, ev.Time, ev.Reason())
+		l.recordEnd(&was, l.eventEnd(&was, ev), true)
 	}
 	l.mu.Unlock()
 	// Out of its pool's counts at once: an idle member is dropped and replaced, a
@@ -113,55 +118,6 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 	l.saveOrWarn()
 }
 
-// endedKeep bounds how many ended sandboxes are remembered for their clients' later
-// calls; the oldest are forgotten first.
-const endedKeep = 1024
-
-// endings remembers why client sandboxes ended behind the daemon's back, so that a later
-// call naming one says so rather than only "not found".
-type endings struct {
-	mu    sync.Mutex
-	byID  map[string]ending
-	order []string
-}
-
-type ending struct {
-	tenant string
-	direct bool // a direct-mode sandbox, whose end only its user hears of (direct.go)
-	at     time.Time
-	why    string
-}
-
-func (e *endings) add(id, tenant string, direct bool, at time.Time, why string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.byID == nil {
-		e.byID = map[string]ending{}
-	}
-	if _, ok := e.byID[id]; !ok {
-		e.order = append(e.order, id)
-	}
-	e.byID[id] = ending{tenant: tenant, direct: direct, at: at, why: why}
-	for len(e.order) > endedKeep {
-		delete(e.byID, e.order[0])
-		e.order = e.order[1:]
-	}
-}
-
-// notFound is the error for tenant t's call naming id, which the daemon does not (or no
-// longer) track: why it ended, when it ended behind the daemon's back, else plain "not
-// found". Only the sandbox's own tenant hears why.
-func (e *endings) notFound(t *Tenant, id string) error {
-	e.mu.Lock()
-	end, ok := e.byID[id]
-	e.mu.Unlock()
-	if !ok || end.tenant != t.Name || end.direct && !t.Direct {
-		return NotFound(id)
-	}
-	return fmt.Errorf("%w: sandbox %s ended at %s: %s (listing your sandboxes shows the live ones)",
-		roche.ErrNotFound, id, end.at.Local().Format(time.TimeOnly), end.why)
-}
-
 // forgetEnded forgets a client's sandbox found gone while a command ran in it (the
 // provider said so, perhaps before its engine's event arrived), remembering why for the
 // tenant's later calls, and removes what may be left of it.
@@ -170,7 +126,7 @@ func (l *Ledger) forgetEnded(id string, err error) {
 	r, ok := l.sandboxes[id]
 	ok = ok && r.Kind == KindClient
 	if ok {
-		l.ended.add(id, r.TenantName(), r.direct, time.Now(), "it stopped while a command ran in it")
+		l.recordEnd(r, roche.Unknown(time.Now(), "it stopped while a command ran in it (%v); its engine had not said why yet", err), true)
 	}
 	if ok && r.direct {
 		// Its user's to remove, as in direct mode (direct.go).

@@ -25,6 +25,7 @@ const (
 // hold counts the Holds (the edge's Hold streams) of one leased sandbox.
 type hold struct {
 	holders int
+	held    bool        // a Hold has counted in (so its loss is a holder gone, not one never come)
 	timer   *time.Timer // running while nobody holds it
 }
 
@@ -55,11 +56,21 @@ func (l *Ledger) holdLost(id string) {
 	delete(l.holds, id)
 	r, tracked := l.sandboxes[id]
 	live := tracked && r.Kind == KindClient
+	var last Record
+	if live {
+		last = *r
+	}
 	l.mu.Unlock()
+	evidence := fmt.Sprintf("no Hold stream for %s after its last one ended", HoldGrace)
+	if !h.held {
+		evidence = fmt.Sprintf("no Hold stream opened within %s of its create", FirstHold)
+	}
 	if !live {
 		return
 	}
 	l.log.Info("leased sandbox no longer held by its client: destroying it", "id", id)
+	l.recordEnd(&last, roche.EndReason{Kind: roche.EndLeaseLost, Detail: "it was leased and its holder went away (its Hold stream ended, or was never opened) and nobody held it again",
+		Evidence: evidence}, false)
 	l.markDestroying(id)
 	l.saveOrWarn()
 }
@@ -93,6 +104,7 @@ func (l *Ledger) Hold(t *Tenant, id string) (string, func(), error) {
 		return "", nil, NotFound(id)
 	}
 	h.holders++
+	h.held = true
 	h.timer.Stop()
 	full := tg.ID
 	return full, func() {
@@ -118,14 +130,15 @@ func (l *Ledger) HeldGone(t *Tenant, id string, last *Record) error {
 		return nil
 	}
 	l.ended.mu.Lock()
-	e, behindBack := l.ended.byID[id]
+	e, ok := l.ended.byID[id]
 	l.ended.mu.Unlock()
+	behindBack := ok && e.behindBack
 	// The agent stops a sandbox at the end of its lifetime too, which the engine reports
 	// as its main process ending, often before the reaper's next look: that is the
 	// lifetime's end, not a kill.
 	lifetimeOver := !last.ExpiresAt.IsZero() && !time.Now().Before(last.ExpiresAt)
 	if behindBack {
-		lifetimeOver = !last.ExpiresAt.IsZero() && !e.at.Before(last.ExpiresAt.Add(-time.Second))
+		lifetimeOver = !last.ExpiresAt.IsZero() && !e.reason.At.Before(last.ExpiresAt.Add(-time.Second))
 	}
 	switch {
 	case behindBack && !lifetimeOver:

@@ -75,6 +75,9 @@ type Config struct {
 	// sandboxes (roche.Config.Owner: cli:USER@HOST, or that user's ROCHE_OWNER). Those
 	// are served to that user (Tenant.Direct) as its own (direct.go); empty serves none.
 	DirectOwner string
+	// EndedRetention is how long why a sandbox ended is remembered for Inspect (0:
+	// roche.DefaultEndedRetention); at most roche.MaxEndedKept ends are kept at once.
+	EndedRetention time.Duration
 	// ProviderOf names the provider that owns a sandbox id (internal/catalog.OfID), so
 	// that an id the ledger does not track is asked of that provider alone; nil asks each.
 	ProviderOf func(id string) string
@@ -92,6 +95,9 @@ func (c Config) Validate(providers []string) error {
 func (c Config) Problems(providers []string) (limits, pools []error) {
 	if c.MaxSandboxes < 0 {
 		limits = append(limits, fmt.Errorf("%w: max sandboxes %d is negative: give 0 (no limit) or more", roche.ErrInvalidConfig, c.MaxSandboxes))
+	}
+	if c.EndedRetention < 0 {
+		limits = append(limits, fmt.Errorf("%w: ended retention %s is negative: give 0 (the default, %s) or more", roche.ErrInvalidConfig, c.EndedRetention, roche.DefaultEndedRetention))
 	}
 	if c.MaxCommands < 0 || c.MaxCommands > roche.MaxRunningCommands {
 		limits = append(limits, fmt.Errorf("%w: max commands %d is outside 1 to %d (0: %d) per sandbox",
@@ -234,6 +240,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 		removeSlots: make(chan struct{}, 4),
 		stop:        make(chan struct{}),
 		holds:       map[string]*hold{},
+		ended:       endings{retention: cfg.EndedRetention},
 		engines:     newEngines(providers),
 	}
 	for _, o := range opts {

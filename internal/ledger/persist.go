@@ -58,6 +58,10 @@ func (l *Ledger) Reset(ctx context.Context, tn *Tenant, id string, keepWorkspace
 	}
 	l.mu.Lock()
 	old, tracked := l.sandboxes[t.ID]
+	if tracked {
+		l.recordEnd(old, roche.EndReason{Kind: roche.EndDestroyed, By: "tenant:" + tn.Name,
+			Detail: fmt.Sprintf("reset by tenant %s: replaced by sandbox %s", tn.Name, sb.ID)}, false)
+	}
 	delete(l.sandboxes, t.ID)
 	l.forgetHoldLocked(t.ID)
 	l.sandboxes[sb.ID] = rec

@@ -526,6 +526,11 @@ func (l *Ledger) Destroy(t *Tenant, id string) (string, error) {
 	case k == KindDestroying:
 		return full, nil
 	}
+	by := "tenant:" + t.Name
+	if r.direct {
+		by = r.owner
+	}
+	l.recordEnd(&r, roche.EndReason{Kind: roche.EndDestroyed, By: by, Detail: "destroyed by " + strings.Replace(by, ":", " ", 1)}, false)
 	l.markDestroying(full)
 	l.saveOrWarn()
 	return full, nil
@@ -536,6 +541,10 @@ func (l *Ledger) Destroy(t *Tenant, id string) (string, error) {
 // It returns the error the client's call ends with; doing names the call, which the
 // sandbox.
 func (l *Ledger) abandon(ctx context.Context, id, doing, which string) error {
+	if r, ok := l.Tracked(id); ok {
+		l.recordEnd(&r, roche.EndReason{Kind: roche.EndDestroyed, By: "roched",
+			Detail: "destroyed by roched: the client " + doing + " went away before it heard of it"}, false)
+	}
 	l.markDestroying(id)
 	l.saveOrWarn()
 	return fmt.Errorf("%s: %w (the client went away; %s was destroyed)", doing, ctx.Err(), which)
@@ -656,6 +665,9 @@ func (l *Ledger) reap(now time.Time) {
 		case r.Kind == KindClient && !r.direct && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
 			expired = append(expired, id)
 			tenantOfRecord[id] = r.TenantName()
+			l.recordEnd(r, roche.EndReason{Kind: roche.EndLifetime, At: now,
+				Detail:   fmt.Sprintf("its lifetime ended at %s", r.ExpiresAt.Local().Format(time.TimeOnly)),
+				Evidence: fmt.Sprintf("expires_at %s; roched's reaper found it expired at %s", r.ExpiresAt.Local().Format(time.RFC3339), now.Local().Format("15:04:05.000"))}, false)
 		case r.Kind == KindDestroying && !r.removing:
 			retry = append(retry, id)
 		}
@@ -739,6 +751,9 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 			sb, ok := live[id]
 			switch {
 			case !ok:
+				if r.Kind == KindClient {
+					l.recordEnd(r, roche.Unknown(listed, "it was gone from the %s provider's list at a reconciliation, with no event saying why (the watch of its engine was down, or the provider has none)", name), true)
+				}
 				delete(l.sandboxes, id)
 				if !startup {
 					l.forgetInPoolLocked(r)
@@ -915,9 +930,16 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 }
 
 // Inspect asks the provider about one of tenant t's sandboxes, with the expiry the
-// daemon enforces.
+// daemon enforces; of one that ended within Config.EndedRetention it returns what the
+// daemon remembers, state exited, with End saying why.
 func (l *Ledger) Inspect(ctx context.Context, t *Tenant, id string) (roche.SandboxInfo, error) {
 	tg, err := l.Resolve(t, id)
+	if errors.Is(err, roche.ErrNotFound) {
+		// Ended within the retention: its last description, with why it ended.
+		if sb, ok := l.InspectEnded(t, id); ok {
+			return sb, nil
+		}
+	}
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}

@@ -49,7 +49,19 @@ func TestGoToProtoAndBack(t *testing.T) {
 		}
 		return got
 	})
-	roundTrip(t, func(i roche.SandboxInfo) roche.SandboxInfo { return InfoFromProto(InfoToProto(i)) })
+	roundTrip(t, func(i roche.SandboxInfo) roche.SandboxInfo {
+		// An end's kind is an enum on the wire: a valid one goes (fillGo's would read
+		// back unknown), and comes back as fillGo made it if it survived.
+		end := *i.End
+		kind := end.Kind
+		end.Kind = roche.EndOOM
+		i.End = &end
+		got := InfoFromProto(InfoToProto(i))
+		if got.End != nil && got.End.Kind == roche.EndOOM {
+			got.End.Kind = kind
+		}
+		return got
+	})
 	roundTrip(t, func(r roche.ExecResult) roche.ExecResult { return ResultFromProto(ResultToProto(r, true)) })
 	roundTrip(t, func(c roche.Capabilities) roche.Capabilities { return CapsFromProto(CapsToProto(c)) })
 	roundTrip(t, func(w roche.Workspace) roche.Workspace { return WorkspaceFromProto(WorkspaceToProto(w)) })
