@@ -168,6 +168,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
 		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(), e.e2bCommand(),
 		e.doctorCommand(),
+		e.inspectCommand(),
 	)
 	friendlyArgs(root)
 	e.addDaemonFlags(root)

@@ -958,10 +958,37 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	if c.State != nil {
 		state = stateOf(c.State.Status)
 	}
-	return roche.SandboxInfo{
+	sb := roche.SandboxInfo{
 		ID: c.ID, Provider: p.Name(), Image: s.cfg.Image, State: state, CreatedAt: created, ExpiresAt: s.expires,
 		Transport: s.transport(), Owner: s.cfg.Owner, Metadata: s.cfg.Metadata,
-	}, nil
+	}
+	if state == roche.StateExited && c.State != nil && c.State.FinishedAt != "" {
+		sb.End = endOf(c.State.OOMKilled, c.State.ExitCode, c.State.FinishedAt, s.expires)
+	}
+	return sb, nil
+}
+
+// endOf reads why a stopped container ended from the engine's state of it: OOMKilled
+// (which containerd sets from the cgroup's memory.events oom_kill), its lifetime
+// (roche-agent stops it at its end), else its main process's exit.
+func endOf(oom bool, exit int, finished string, expires time.Time) *roche.EndReason {
+	at, err := time.Parse(time.RFC3339Nano, finished)
+	if err != nil || at.IsZero() || at.Year() < 2000 {
+		return nil // never started, or ended with no time: nothing to say
+	}
+	e := &roche.EndReason{At: at, ExitCode: exit, ExitKnown: true}
+	switch {
+	case oom:
+		e.Kind, e.Detail = roche.EndOOM, "killed for exceeding its memory limit"
+		e.Evidence = fmt.Sprintf("the engine's State.OOMKilled (its cgroup's memory.events oom_kill), exit %d", exit)
+	case !expires.IsZero() && !at.Before(expires.Add(-time.Second)):
+		e.Kind, e.Detail = roche.EndLifetime, "its lifetime ended at "+expires.Local().Format(time.TimeOnly)
+		e.Evidence = fmt.Sprintf("expires %s; the engine's State.FinishedAt %s, exit %d", expires.Local().Format(time.RFC3339), finished, exit)
+	default:
+		e.Kind, e.Detail = roche.EndAgentExited, fmt.Sprintf("its main process (roche-agent) exited with status %d", exit)
+		e.Evidence = fmt.Sprintf("the engine's State: OOMKilled false, ExitCode %d, FinishedAt %s", exit, finished)
+	}
+	return e
 }
 
 func stateOf(status string) roche.SandboxState {
