@@ -216,7 +216,7 @@ func (x *execFlags) add(fs *pflag.FlagSet, prefix, timeoutHelp string) {
 	fs.BoolVarP(&x.interactive, "interactive", "i", false, "pass standard input to the command")
 	fs.StringArrayVar(&x.env, prefix+"env", nil, "set an environment variable for this command only, KEY=VALUE (repeatable)")
 	fs.StringVar(&x.workdir, prefix+"workdir", "", "working directory for this command")
-	fs.BoolVar(&x.asJSON, "json", false, "print the result as JSON (exit_code, stdout, stderr, timed_out, truncated, ...) instead of streaming")
+	fs.BoolVar(&x.asJSON, "json", false, "print the result as JSON (exit_code, stdout, stderr, timed_out, truncated, oom_killed, and its receipt: peak memory, CPU time, processes left running) instead of streaming")
 }
 
 // execute runs cmd in sandbox id, streaming output unless --json, and returns the exit

@@ -219,6 +219,19 @@ type Result struct {
 	Truncated  bool  `json:"truncated,omitempty"`
 	OOMKilled  bool  `json:"oom_killed,omitempty"`
 	DurationNS int64 `json:"duration_ns"`
+	// Receipt is what the command used; an agent from before receipts sends none.
+	Receipt *Receipt `json:"receipt,omitempty"`
+}
+
+// Receipt is what a command used: its process tree's rusage (the command's and every
+// descendant's it waited for) and the processes of its tree and group left running.
+type Receipt struct {
+	// PeakMemoryBytes is the largest resident set of any one process (ru_maxrss).
+	PeakMemoryBytes int64 `json:"peak_memory_bytes"`
+	// CPUTimeNS is user plus system CPU time.
+	CPUTimeNS int64 `json:"cpu_time_ns"`
+	// Leftover counts the processes still running when it exited.
+	Leftover int `json:"leftover"`
 }
 
 // Started tells the client a command is running. On attach (and on a keyed exec that

@@ -119,3 +119,18 @@ func stat(pid int) (procStat, bool) {
 	pgrp, err2 := strconv.Atoi(f[2])
 	return procStat{state: f[0][0], ppid: ppid, pgrp: pgrp}, err1 == nil && err2 == nil
 }
+
+// Leftover counts the processes of root's tree and process group still running besides
+// root itself (zombies aside): what a command that has exited left behind (`sleep 100 &`).
+func Leftover(root int) int {
+	n := 0
+	for _, pid := range members(root) {
+		if pid == root {
+			continue
+		}
+		if st, ok := stat(pid); ok && st.state != 'Z' {
+			n++
+		}
+	}
+	return n
+}

@@ -133,6 +133,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 		t.Run("ScratchMountFlags", func(t *testing.T) { s.testScratchMounts(t, shared) })
 		t.Run("TimeoutKillsTreeIgnoringSIGTERM", s.testTimeoutKillsTree)
 		t.Run("ZombiesReaped", func(t *testing.T) { s.testZombiesReaped(t, shared) })
+		t.Run("Receipt", func(t *testing.T) { s.testReceipt(t, shared) })
 		t.Run("PidsLimit", s.testPidsLimit)
 		if s.opts.PidsExact {
 			t.Run("PidsLimitExact", s.testPidsExact)

@@ -93,7 +93,7 @@ func (f cellFrames) Result(ev codectx.Event) { _ = f.c.send(guest.FrameCodeResul
 // kernelProc is a kernel's process (codectx.Proc).
 type kernelProc struct {
 	pid  int
-	wait <-chan syscall.WaitStatus
+	wait <-chan exitStatus
 	cmd  *os.File // the kernel's cell pipe
 	// oomBefore is the sandbox's OOM-kill count when the running cell was sent; -1
 	// before the first, or when unknown.
@@ -126,7 +126,7 @@ func (p *kernelProc) Exit() codectx.Exit {
 		var ws *syscall.WaitStatus
 		select {
 		case w := <-p.wait:
-			ws = &w
+			ws = &w.WaitStatus
 		case <-time.After(5 * time.Second):
 		}
 		before := p.oomBefore.Load()

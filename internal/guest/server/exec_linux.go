@@ -40,7 +40,7 @@ const (
 // reaped before its waiter is registered.
 type reaper struct {
 	mu      sync.Mutex
-	waiters map[int]chan syscall.WaitStatus
+	waiters map[int]chan exitStatus
 	// forks takes each fork to the thread that runs them (forkThread); forkErr is why
 	// that thread could not empty its bounding set, nil when it did.
 	forks   chan func()
@@ -55,7 +55,7 @@ type reaper struct {
 // child reaps every server's, so two servers in one process (the tests run several) must
 // share it, or one would take the other's exit statuses.
 var processReaper = sync.OnceValue(func() *reaper {
-	r := &reaper{waiters: map[int]chan syscall.WaitStatus{}, forks: make(chan func())}
+	r := &reaper{waiters: map[int]chan exitStatus{}, forks: make(chan func())}
 	dropped := make(chan error, 1)
 	go r.forkThread(dropped)
 	r.forkErr = <-dropped
@@ -118,11 +118,12 @@ func (r *reaper) run() {
 func (r *reaper) reap() {
 	for {
 		var ws syscall.WaitStatus
+		var ru syscall.Rusage
 		r.mu.Lock()
-		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, &ru)
 		if pid > 0 {
 			if c, ok := r.waiters[pid]; ok {
-				c <- ws
+				c <- exitStatus{WaitStatus: ws, usage: ru}
 				delete(r.waiters, pid)
 			}
 		}
@@ -174,8 +175,22 @@ func (r *reaper) credential(uid, gid int) *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}, NoSetGroups: r.asUser}
 }
 
+// exitStatus is how a command the agent started ended, with the rusage of its process
+// tree: the command's own and that of every descendant it waited for (wait4's).
+type exitStatus struct {
+	syscall.WaitStatus
+	usage syscall.Rusage
+}
+
+// receipt is what a command used, from its rusage and the processes left in its tree
+// and process group once it exited.
+func receipt(es exitStatus, leftover int) *guest.Receipt {
+	cpu := time.Duration(es.usage.Utime.Nano() + es.usage.Stime.Nano())
+	return &guest.Receipt{PeakMemoryBytes: es.usage.Maxrss * 1024, CPUTimeNS: cpu.Nanoseconds(), Leftover: leftover}
+}
+
 // start runs fork under the reaper's lock and registers the new pid's waiter.
-func (r *reaper) start(fork func() (int, error)) (int, <-chan syscall.WaitStatus, error) {
+func (r *reaper) start(fork func() (int, error)) (int, <-chan exitStatus, error) {
 	if r.forkErr != nil {
 		return 0, nil, fmt.Errorf("no fork without an empty capability bounding set: %w", r.forkErr)
 	}
@@ -192,7 +207,7 @@ func (r *reaper) start(fork func() (int, error)) (int, <-chan syscall.WaitStatus
 	if err != nil {
 		return 0, nil, err
 	}
-	c := make(chan syscall.WaitStatus, 1)
+	c := make(chan exitStatus, 1)
 	r.waiters[pid] = c
 	return pid, c, nil
 }
@@ -707,14 +722,14 @@ func hasEnv(env []string, key string) bool {
 
 // await waits for the command (killing it at its timeout), drains its output for at
 // most drainGrace (then cut, which ends the pumps), and sends its result.
-func (s *Server) await(p *proc, req guest.Request, start time.Time, before int64, wait <-chan syscall.WaitStatus, pumps *pumpGroup, cut func()) {
+func (s *Server) await(p *proc, req guest.Request, start time.Time, before int64, wait <-chan exitStatus, pumps *pumpGroup, cut func()) {
 	var timeout <-chan time.Time
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
 		defer t.Stop()
 		timeout = t.C
 	}
-	var ws syscall.WaitStatus
+	var ws exitStatus
 	select {
 	case ws = <-wait:
 	case <-timeout:
@@ -739,7 +754,8 @@ func (s *Server) await(p *proc, req guest.Request, start time.Time, before int64
 	}
 	pid := p.pid
 
-	res := guest.Result{PID: pid, ExitCode: ws.ExitStatus(), DurationNS: duration.Nanoseconds()}
+	res := guest.Result{PID: pid, ExitCode: ws.ExitStatus(), DurationNS: duration.Nanoseconds(),
+		Receipt: receipt(ws, proctree.Leftover(pid))}
 	if ws.Signaled() {
 		res.ExitCode = 128 + int(ws.Signal())
 		res.Signal = int(ws.Signal())

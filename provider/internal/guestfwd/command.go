@@ -208,7 +208,7 @@ func (t Target) attach(ctx context.Context, pid int, w io.Writer) (roche.ExecRes
 	}
 	return roche.ExecResult{
 		ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated,
-		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
+		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS), Receipt: receiptOf(res.Receipt),
 	}, nil
 }
 

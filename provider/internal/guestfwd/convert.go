@@ -148,3 +148,11 @@ func (c *CallerWriter) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// receiptOf is what the agent measured of a command; nil from an agent that measures none.
+func receiptOf(r *guest.Receipt) *roche.Receipt {
+	if r == nil {
+		return nil
+	}
+	return &roche.Receipt{PeakMemoryBytes: r.PeakMemoryBytes, CPUTime: time.Duration(r.CPUTimeNS), Leftover: r.Leftover}
+}

@@ -72,7 +72,7 @@ func (t Target) Exec(ctx context.Context, req roche.ExecRequest) (roche.ExecResu
 	return roche.ExecResult{
 		ExitCode: res.ExitCode, Stdout: stdout.String(), Stderr: stderr.String(),
 		TimedOut: res.TimedOut, Truncated: res.Truncated || stdout.Truncated() || stderr.Truncated(),
-		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS),
+		OOMKilled: res.OOMKilled, Duration: time.Duration(res.DurationNS), Receipt: receiptOf(res.Receipt),
 	}, nil
 }
 
