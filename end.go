@@ -110,3 +110,17 @@ type Receipt struct {
 	// when it exited (`sleep 100 &`); they go on running.
 	Leftover int `json:"leftover_processes"`
 }
+
+// EndedError is an error about a sandbox that ended, carrying why: what a Hold that
+// lost its sandbox ends with (client.Holding). It unwraps to Err (roche.ErrNotFound).
+type EndedError struct {
+	ID  string
+	End EndReason
+	Err error
+}
+
+func (e *EndedError) Error() string {
+	return fmt.Sprintf("%v (sandbox %s ended: %s)", e.Err, e.ID, e.End)
+}
+
+func (e *EndedError) Unwrap() error { return e.Err }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
+	"github.com/roche-sandbox/roche/internal/wire"
 )
 
 // A leased sandbox (CreateFor with kit.CreateOptions.Leased) is held by this client with a Hold stream from
@@ -27,7 +28,8 @@ const holdLostKeep = 256
 // Holding reports on this client's hold of the leased sandbox id: nil while it holds
 // it; once the hold ended on its own, why (roche.ErrNotFound: the sandbox was destroyed
 // under it, by another client's destroy, its lifetime's end or its engine, which the
-// error says; roche.ErrUnavailable: the daemon could not be reached again for 30 s).
+// error says, a *roche.EndedError carrying the typed reason where roched sent it;
+// roche.ErrUnavailable: the daemon could not be reached again for 30 s).
 // A hold this client let go of (Destroy, Close), or never had, is ErrInvalidConfig.
 func (c *Client) Holding(id string) error {
 	c.mu.Lock()
@@ -104,11 +106,15 @@ func (c *Client) releaseAll() {
 // daemon cannot be reached again within holdRetryFor.
 func (c *Client) keepHolding(ctx context.Context, id string) {
 	lastHeld := time.Now()
+	var end *roche.EndReason
 	for ctx.Err() == nil {
 		stream, err := c.rpc.Hold(ctx, connect.NewRequest(&rochev1.HoldRequest{SandboxId: id}))
 		if err == nil {
 			for stream.Receive() {
 				lastHeld = time.Now()
+				if e := stream.Msg().GetEnd(); e != nil {
+					end = wire.EndFromProto(e) // the last message: why it ended
+				}
 			}
 			err = stream.Err()
 			stream.Close()
@@ -117,6 +123,9 @@ func (c *Client) keepHolding(ctx context.Context, id string) {
 			return
 		}
 		err = c.fromRPC(err)
+		if errors.Is(err, roche.ErrNotFound) && end != nil {
+			err = &roche.EndedError{ID: id, End: *end, Err: err}
+		}
 		if errors.Is(err, roche.ErrNotFound) || errors.Is(err, roche.ErrInvalidConfig) {
 			c.holdEnded(ctx, id, fmt.Errorf("holding sandbox %s: %w", id, err))
 			return

@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("ROCHED_TEST_AS_DAEMON") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
+	if os.Getenv("ROCHED_TEST_AS_HOLDER") == "1" {
+		os.Exit(holder(os.Args[len(os.Args)-1]))
+	}
 	if os.Getenv("ROCHED_TEST_AS_OTHER_USER") == "1" {
 		os.Exit(otherUser(os.Args[1:]))
 	}

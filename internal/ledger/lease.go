@@ -199,3 +199,13 @@ func (l *Ledger) leasePooled(ctx context.Context, p roche.Provider, id string, l
 	l.saveOrWarn()
 	return false
 }
+
+// Holders is how many Hold streams count in for sandbox id now.
+func (l *Ledger) Holders(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.holds[id]; ok {
+		return h.holders
+	}
+	return 0
+}

@@ -1,0 +1,165 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/client"
+	"github.com/roche-sandbox/roche/internal/ledger"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/kit"
+)
+
+// holder is the test binary as a client process of its own (ROCHED_TEST_AS_HOLDER=1):
+// it creates a leased sandbox through roched at socket, prints its id and holds it until
+// it is killed.
+func holder(socket string) int {
+	c, err := client.New(client.WithSocket(socket))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg := pyConfig()
+	sb, _, err := c.CreateFor(context.Background(), "docker", cfg, kit.CreateOptions{Leased: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println(sb.ID)
+	select {} // held until killed
+}
+
+// ended waits for roched to answer Inspect of id with why it ended, and returns that.
+func ended(t *testing.T, td *testDaemon, id string, within time.Duration) roche.SandboxInfo {
+	t.Helper()
+	var sb roche.SandboxInfo
+	eventually(t, within, "sandbox "+id+" to end", func() bool {
+		var err error
+		sb, err = td.p.Inspect(context.Background(), id)
+		if err != nil {
+			t.Fatalf("inspect of sandbox %s: %v (an ended sandbox must be inspectable)", id, err)
+		}
+		return sb.End != nil
+	})
+	if sb.State != roche.StateExited {
+		t.Errorf("ended sandbox %s: state %s, want exited", id, sb.State)
+	}
+	t.Logf("%s: %s", id, sb.End)
+	return sb
+}
+
+// TestWhyItEnded: roched records why each sandbox ended, and Inspect, the Hold stream
+// and the metrics say so: a destroy names the caller's tenant, a short lifetime is its
+// lifetime, and a leased sandbox whose holder process was killed -9 is lease_lost.
+func TestWhyItEnded(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
+	td := startDaemon(t, Config{})
+	ctx := ctxFor(t, 3*time.Minute)
+
+	// Destroyed by its tenant.
+	sb, _, err := td.c.Create(ctx, "docker", pyConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := td.p.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := ended(t, td, sb.ID, 10*time.Second)
+	if got.End.Kind != roche.EndDestroyed || got.End.By != "tenant:"+ledger.LocalTenant || got.Image != sb.Image {
+		t.Errorf("destroyed: %+v, want kind destroyed by tenant:%s with its image %s", *got.End, ledger.LocalTenant, sb.Image)
+	}
+	// By a unique prefix too, as every other call.
+	if short, err := td.p.Inspect(ctx, sb.ID[:12]); err != nil || short.ID != sb.ID || short.End == nil {
+		t.Errorf("inspect by prefix: %+v %v", short, err)
+	}
+
+	// A holder killed -9 while holding: lease lost, and its Hold stream's evidence.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$", td.socket)
+	cmd.Env = append(os.Environ(), "ROCHED_TEST_AS_HOLDER=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("the holder printed no id: %v", err)
+	}
+	leasedID := strings.TrimSpace(line)
+	// Held past the first-hold wait, so that its end is a holder gone, not one never come.
+	eventually(t, 30*time.Second, "the holder's Hold to count in", func() bool {
+		r, ok := td.d.ledger.Tracked(leasedID)
+		return ok && r.Leased && td.d.ledger.Holders(leasedID) > 0
+	})
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	got = ended(t, td, leasedID, ledger.HoldGrace+20*time.Second)
+	if got.End.Kind != roche.EndLeaseLost || !strings.Contains(got.End.Evidence, "after its last one ended") {
+		t.Errorf("holder killed: %+v, want lease_lost with the Hold stream's evidence", *got.End)
+	}
+
+	// Its lifetime.
+	cfg := pyConfig()
+	cfg.TimeoutSecs = 2
+	short, _, err := td.c.Create(ctx, "docker", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = ended(t, td, short.ID, 30*time.Second)
+	if got.End.Kind != roche.EndLifetime || got.End.Evidence == "" {
+		t.Errorf("a 2 s lifetime: %+v, want lifetime with evidence", *got.End)
+	}
+
+	// The metrics count each reason.
+	metrics := scrape(t, td)
+	for _, want := range []string{`roche_sandboxes_ended_total{reason="destroyed"} 1`, `roche_sandboxes_ended_total{reason="lease_lost"} 1`,
+		`roche_sandboxes_ended_total{reason="lifetime"} 1`, `roche_sandboxes_ended_total{reason="oom"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	// Another tenant's view: nothing (the local socket is one tenant here, so the ledger
+	// is asked directly as another).
+	if _, err := td.d.ledger.Inspect(ctx, &ledger.Tenant{Name: "other"}, sb.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Errorf("another tenant inspecting an ended sandbox: %v, want not found", err)
+	}
+}
+
+// scrape reads roched's /metrics over its socket.
+func scrape(t *testing.T, td *testDaemon) string {
+	t.Helper()
+	hc := unixHTTP(td.socket)
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://roched/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("metrics: HTTP %d %v", resp.StatusCode, err)
+	}
+	return string(b)
+}
