@@ -1,6 +1,7 @@
 package roche
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -88,6 +89,14 @@ func (e EndReason) String() string {
 // Unknown is an EndKind EndUnknown reason saying why the end cannot be known.
 func Unknown(at time.Time, why string, args ...any) EndReason {
 	return EndReason{Kind: EndUnknown, At: at, Detail: fmt.Sprintf(why, args...)}
+}
+
+// EndInspector is a provider that remembers sandboxes that ended (roched's Go client):
+// InspectEnded is Inspect that also answers for a sandbox that ended within the
+// remembering's retention, state StateExited with End saying why, where Inspect says
+// ErrNotFound.
+type EndInspector interface {
+	InspectEnded(ctx context.Context, id string) (SandboxInfo, error)
 }
 
 // DefaultEndedRetention is how long roched remembers why a sandbox ended, for Inspect;

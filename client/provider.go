@@ -169,6 +169,17 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 	return wire.InfoFromProto(resp.Msg.Sandbox), nil
 }
 
+// InspectEnded implements roche.EndInspector: Inspect, and of a sandbox that ended
+// within roched's --ended-retention, its last description (state exited) with End
+// saying why it ended.
+func (p *Provider) InspectEnded(ctx context.Context, id string) (roche.SandboxInfo, error) {
+	resp, err := p.c.rpc.Inspect(ctx, connect.NewRequest(&rochev1.InspectRequest{SandboxId: id, IncludeEnded: true}))
+	if err != nil {
+		return roche.SandboxInfo{}, p.c.fromRPC(err)
+	}
+	return wire.InfoFromProto(resp.Msg.Sandbox), nil
+}
+
 // List implements roche.Provider: this provider's sandboxes handed to clients (a
 // pool's idle sandboxes are not listed).
 func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {

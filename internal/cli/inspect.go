@@ -41,7 +41,11 @@ destroyed one is "not found". See docs/ended.md.`,
 			if err != nil {
 				return err
 			}
-			sb, err := p.Inspect(cmd.Context(), args[0])
+			inspect := p.Inspect
+			if ei, ok := p.(roche.EndInspector); ok {
+				inspect = ei.InspectEnded // through roched: ended ones too
+			}
+			sb, err := inspect(cmd.Context(), args[0])
 			if err != nil {
 				if _, remote := p.(*client.Provider); !remote && errors.Is(err, roche.ErrNotFound) {
 					return fmt.Errorf("%w (in direct mode nothing remembers why a sandbox ended once it is gone: create sandboxes through roched, roche daemon start, to have it kept for --ended-retention)", err)

@@ -45,7 +45,7 @@ func ended(t *testing.T, td *testDaemon, id string, within time.Duration) roche.
 	var sb roche.SandboxInfo
 	eventually(t, within, "sandbox "+id+" to end", func() bool {
 		var err error
-		sb, err = td.p.Inspect(context.Background(), id)
+		sb, err = td.p.InspectEnded(context.Background(), id)
 		if err != nil {
 			t.Fatalf("inspect of sandbox %s: %v (an ended sandbox must be inspectable)", id, err)
 		}
@@ -79,7 +79,7 @@ func TestWhyItEnded(t *testing.T) {
 		t.Errorf("destroyed: %+v, want kind destroyed by tenant:%s with its image %s", *got.End, ledger.LocalTenant, sb.Image)
 	}
 	// By a unique prefix too, as every other call.
-	if short, err := td.p.Inspect(ctx, sb.ID[:12]); err != nil || short.ID != sb.ID || short.End == nil {
+	if short, err := td.p.InspectEnded(ctx, sb.ID[:12]); err != nil || short.ID != sb.ID || short.End == nil {
 		t.Errorf("inspect by prefix: %+v %v", short, err)
 	}
 
@@ -140,10 +140,15 @@ func TestWhyItEnded(t *testing.T) {
 		}
 	}
 
+	// Without asking for ended ones, it is not found, as before.
+	if _, err := td.p.Inspect(ctx, sb.ID); !errors.Is(err, roche.ErrNotFound) {
+		t.Errorf("plain inspect of an ended sandbox: %v, want not found", err)
+	}
+
 	// Another tenant's view: nothing (the local socket is one tenant here, so the ledger
 	// is asked directly as another).
-	if _, err := td.d.ledger.Inspect(ctx, &ledger.Tenant{Name: "other"}, sb.ID); !errors.Is(err, roche.ErrNotFound) {
-		t.Errorf("another tenant inspecting an ended sandbox: %v, want not found", err)
+	if _, ok := td.d.ledger.InspectEnded(&ledger.Tenant{Name: "other"}, sb.ID); ok {
+		t.Error("another tenant sees why a sandbox not its own ended")
 	}
 }
 

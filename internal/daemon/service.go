@@ -263,6 +263,12 @@ func (s *service) Inspect(ctx context.Context, req *connect.Request[rochev1.Insp
 		return nil, wire.ToStatus(err)
 	}
 	sb, err := s.d.ledger.Inspect(ctx, t, req.Msg.SandboxId)
+	if errors.Is(err, roche.ErrNotFound) && req.Msg.IncludeEnded {
+		// Ended within the retention: its last description, with why it ended.
+		if ended, ok := s.d.ledger.InspectEnded(t, req.Msg.SandboxId); ok {
+			sb, err = ended, nil
+		}
+	}
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}

@@ -930,16 +930,9 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 }
 
 // Inspect asks the provider about one of tenant t's sandboxes, with the expiry the
-// daemon enforces; of one that ended within Config.EndedRetention it returns what the
-// daemon remembers, state exited, with End saying why.
+// daemon enforces. One that ended is not found here; InspectEnded says why it ended.
 func (l *Ledger) Inspect(ctx context.Context, t *Tenant, id string) (roche.SandboxInfo, error) {
 	tg, err := l.Resolve(t, id)
-	if errors.Is(err, roche.ErrNotFound) {
-		// Ended within the retention: its last description, with why it ended.
-		if sb, ok := l.InspectEnded(t, id); ok {
-			return sb, nil
-		}
-	}
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}

@@ -3870,8 +3870,12 @@ func (x *SkippedProvider) GetMessage() string {
 }
 
 type InspectRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// include_ended answers for a sandbox that ended within roched's --ended-retention
+	// too: its last description, state EXITED, with end saying why. Without it such a
+	// sandbox is NOT_FOUND, as one that never was.
+	IncludeEnded  bool `protobuf:"varint,2,opt,name=include_ended,json=includeEnded,proto3" json:"include_ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3911,6 +3915,13 @@ func (x *InspectRequest) GetSandboxId() string {
 		return x.SandboxId
 	}
 	return ""
+}
+
+func (x *InspectRequest) GetIncludeEnded() bool {
+	if x != nil {
+		return x.IncludeEnded
+	}
+	return false
 }
 
 type InspectResponse struct {
@@ -9117,10 +9128,11 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x0fSkippedProvider\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12-\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x15.roche.v1.ErrorReasonR\x06reason\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"/\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"T\n" +
 	"\x0eInspectRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\">\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
+	"\rinclude_ended\x18\x02 \x01(\bR\fincludeEnded\">\n" +
 	"\x0fInspectResponse\x12+\n" +
 	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"U\n" +
 	"\x11SetTimeoutRequest\x12\x1d\n" +
