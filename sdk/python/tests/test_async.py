@@ -31,6 +31,25 @@ class AsyncThroughDaemon(harness.SandboxTestCase):
 
         asyncio.run(main())
 
+    def test_inspect_after_destroy(self) -> None:
+        async def main() -> None:
+            roche = self.roche()
+            sandbox = await roche.create(image=harness.image())
+            r = await sandbox.exec(["sh", "-c", "sleep 100 >/dev/null 2>&1 & echo $! > /tmp/left"])
+            self.assertIsNotNone(r.receipt)
+            assert r.receipt is not None
+            self.assertEqual(r.receipt.leftover_processes, 1)
+            await sandbox.destroy()
+            if self.transport == "daemon":
+                info = await roche.inspect(sandbox.id)
+                assert info.end is not None
+                self.assertEqual((info.state, info.end.kind), ("exited", "destroyed"))
+            else:
+                with self.assertRaises(SandboxNotFound):
+                    await roche.inspect(sandbox.id)
+
+        asyncio.run(main())
+
     def test_files_and_pause(self) -> None:
         async def main() -> None:
             roche = self.roche()

@@ -180,6 +180,34 @@ class SandboxThroughDaemon(harness.SandboxTestCase):
         with self.assertRaises(SandboxNotFound):
             self.roche.get(sb.id)
 
+    def test_inspect_says_why_it_ended_and_exec_has_a_receipt(self) -> None:
+        sb = self.roche.create(image=harness.image())
+        try:
+            live = self.roche.inspect(sb.id)
+            self.assertEqual((live.id, live.state, live.end), (sb.id, "running", None))
+            r = sb.exec(["python3", "-c", "b = b'x' * (100 << 20); print(len(b))"])
+            self.assertTrue(r.ok, r)
+            self.assertIsNotNone(r.receipt)
+            assert r.receipt is not None
+            self.assertGreaterEqual(r.receipt.peak_memory_bytes, 100 << 20)
+            self.assertGreater(r.receipt.cpu_time, 0)
+        finally:
+            sb.destroy()
+        if self.transport == "daemon":
+            info = self.roche.inspect(sb.id)
+            self.assertEqual(info.state, "exited")
+            assert info.end is not None
+            self.assertEqual(info.end.kind, "destroyed")
+            self.assertTrue(info.end.by.startswith("tenant:"), info.end)
+            self.assertIsNotNone(info.end.at)
+            with self.assertRaises(SandboxNotFound):
+                self.roche.get(sb.id)  # get() wants a live one
+        else:
+            # Direct mode keeps no ends, and says so.
+            with self.assertRaises(SandboxNotFound) as cm:
+                self.roche.inspect(sb.id)
+            self.assertIn("direct mode", str(cm.exception))
+
     def test_exception_in_with_body_still_destroys(self) -> None:
         class Boom(Exception):
             pass

@@ -154,6 +154,13 @@ class AsyncRoche:
         t = await self._resolve()
         return AsyncSandbox(self, t, await t.inspect(sandbox_id, self._deadline()))
 
+    async def inspect(self, sandbox_id: str) -> SandboxInfo:
+        """Describes a sandbox, also one that ended within roched's --ended-retention (1 h
+        by default): its state is then "exited" and ``end`` says why it ended (oom, pids,
+        lifetime, lease_lost, destroyed and by whom, ...) with the evidence. SandboxNotFound
+        for one never known or forgotten; the CLI transport in direct mode keeps no ends."""
+        return await (await self._resolve()).inspect_ended(sandbox_id, self._deadline())
+
     async def list(self, metadata: Optional[Mapping[str, str]] = None,
                    state: Optional[str] = None) -> list[SandboxInfo]:
         """This provider's sandboxes (a daemon's idle pooled ones are not listed): with

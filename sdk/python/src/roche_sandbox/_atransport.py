@@ -42,6 +42,7 @@ class AsyncTransport(Protocol):
     def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]: ...
     async def destroy(self, sid: str, d: Deadline) -> None: ...
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo: ...
+    async def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo: ...
     async def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
                    state: Optional[str] = None) -> list[SandboxInfo]: ...
     async def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo: ...
@@ -305,6 +306,10 @@ class AsyncDaemonTransport:
 
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
         m = await self.api.unary("Inspect", {"sandboxId": sid}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    async def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo:
+        m = await self.api.unary("Inspect", {"sandboxId": sid, "includeEnded": True}, d)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     async def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
@@ -636,6 +641,11 @@ class AsyncCLITransport:
             if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
                 return sb
         raise SandboxNotFound(f"not found: no sandbox {sid} among yours (listing your sandboxes shows the live ones)")
+
+    async def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo:
+        # roche inspect: through roched, ended sandboxes too; directly, live ones only.
+        out = await self._call(["inspect", "--json", sid], d)
+        return _cli.parse_info(_cli.parse_json(out, "inspect"))
 
     async def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
                    state: Optional[str] = None) -> list[SandboxInfo]:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from ._wire import CodeAssembler, CodeItem, OutputAssembler, decode_output, parse_context, parse_execution, parse_time
 from .errors import ProviderUnavailable, RocheError, error_for, reason_from_text
-from .types import CodeRequest, Context, CopyReport, ExecRequest, ExecResult, SkippedEntry, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
+from .types import CodeRequest, Context, CopyReport, EndReason, ExecRequest, ExecResult, Receipt, SkippedEntry, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
 
 #: The CLI's exit statuses besides the command's own (internal/cli).
 EXIT_TIMEOUT, EXIT_ROCHE_FAILED = 124, 125
@@ -110,6 +110,21 @@ def parse_info(obj: Any) -> SandboxInfo:
         expires_at=parse_time(obj.get("expires_at")),
         owner=str(obj.get("owner", "")),
         metadata={str(k): str(v) for k, v in (obj.get("metadata") or {}).items()},
+        end=parse_end(obj.get("end")),
+    )
+
+
+def parse_end(obj: Any) -> Optional[EndReason]:
+    """Why a sandbox ended, as `roche inspect --json` prints it under "end"."""
+    if not isinstance(obj, dict):
+        return None
+    return EndReason(
+        kind=str(obj.get("kind", "unknown")),
+        at=parse_time(obj.get("at")),
+        detail=str(obj.get("detail", "")),
+        evidence=str(obj.get("evidence", "")),
+        by=str(obj.get("by", "")),
+        exit_code=int(obj.get("exit_code", 0)) if obj.get("exit_known") else None,
     )
 
 
@@ -167,6 +182,18 @@ def parse_exec(obj: Any) -> ExecResult:
         truncated=bool(obj.get("truncated", False)),
         oom_killed=bool(obj.get("oom_killed", False)),
         duration=int(obj.get("duration_ns", 0)) / 1e9,
+        receipt=parse_receipt(obj.get("receipt")),
+    )
+
+
+def parse_receipt(obj: Any) -> Optional[Receipt]:
+    """A command's receipt as `roche exec --json` prints it, None for none."""
+    if not isinstance(obj, dict):
+        return None
+    return Receipt(
+        peak_memory_bytes=int(obj.get("peak_memory_bytes", 0)),
+        cpu_time=int(obj.get("cpu_time_ns", 0)) / 1e9,
+        leftover_processes=int(obj.get("leftover_processes", 0)),
     )
 
 

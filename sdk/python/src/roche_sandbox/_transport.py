@@ -40,6 +40,7 @@ class Transport(Protocol):
     def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]: ...
     def destroy(self, sid: str, d: Deadline) -> None: ...
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo: ...
+    def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo: ...
     def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
              state: Optional[str] = None) -> list[SandboxInfo]: ...
     def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo: ...
@@ -303,6 +304,10 @@ class DaemonTransport:
 
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
         m = self.api.unary("Inspect", {"sandboxId": sid}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo:
+        m = self.api.unary("Inspect", {"sandboxId": sid, "includeEnded": True}, d)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
@@ -634,6 +639,11 @@ class CLITransport:
             if sb.id == sid or (len(sid) >= 12 and sb.id.startswith(sid)):
                 return sb
         raise SandboxNotFound(f"not found: no sandbox {sid} among yours (listing your sandboxes shows the live ones)")
+
+    def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo:
+        # roche inspect: through roched, ended sandboxes too; directly, live ones only.
+        out = self._call(["inspect", "--json", sid], d)
+        return _cli.parse_info(_cli.parse_json(out, "inspect"))
 
     def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
              state: Optional[str] = None) -> list[SandboxInfo]:

@@ -24,8 +24,10 @@ from .types import (
     Result,
     CopyReport,
     EgressDecision,
+    EndReason,
     ExecRequest,
     ExecResult,
+    Receipt,
     OutputEvent,
     SandboxConfig,
     SandboxInfo,
@@ -175,6 +177,34 @@ def parse_sandbox(m: dict[str, Any]) -> SandboxInfo:
         expires_at=parse_time(m.get("expiresAt")),
         owner=m.get("owner", ""),
         metadata=dict(m.get("metadata") or {}),
+        end=parse_end(m.get("end")),
+    )
+
+
+def parse_end(m: Optional[dict[str, Any]]) -> Optional[EndReason]:
+    """An EndReason message (its kind an END_KIND_ name), None for none."""
+    if not m:
+        return None
+    kind = str(m.get("kind", "END_KIND_UNKNOWN"))
+    kind = kind[len("END_KIND_"):].lower() if kind.startswith("END_KIND_") else "unknown"
+    return EndReason(
+        kind="unknown" if kind == "unspecified" else kind,
+        at=parse_time(m.get("at")),
+        detail=m.get("detail", ""),
+        evidence=m.get("evidence", ""),
+        by=m.get("by", ""),
+        exit_code=int(m.get("exitCode", 0)) if m.get("exitKnown") else None,
+    )
+
+
+def parse_receipt(m: Optional[dict[str, Any]]) -> Optional[Receipt]:
+    """A ReceiptUsage message, None for none."""
+    if m is None:
+        return None
+    return Receipt(
+        peak_memory_bytes=int(m.get("peakMemoryBytes", 0)),
+        cpu_time=parse_duration(m.get("cpuTime")),
+        leftover_processes=int(m.get("leftoverProcesses", 0)),
     )
 
 
@@ -242,6 +272,7 @@ def parse_result(m: dict[str, Any]) -> ExecResult:
         truncated=bool(m.get("truncated", False)),
         oom_killed=bool(m.get("oomKilled", False)),
         duration=parse_duration(m.get("duration")),
+        receipt=parse_receipt(m.get("receipt")),
     )
 
 

@@ -19,6 +19,36 @@ Stream = Literal["stdout", "stderr"]
 
 
 @dataclass(frozen=True)
+class Receipt:
+    """What a command used, measured by roche-agent in the sandbox (None on a result
+    where the provider cannot measure: wasm, Docker's exec fallback)."""
+
+    #: The largest resident set of any process of the command's tree (ru_maxrss).
+    peak_memory_bytes: int = 0
+    #: Seconds of CPU (user plus system) the command's tree used.
+    cpu_time: float = 0.0
+    #: Processes of its process group still running in the sandbox when it exited.
+    leftover_processes: int = 0
+
+
+@dataclass(frozen=True)
+class EndReason:
+    """Why and when a sandbox ended, with the evidence it was read from (see
+    docs/ended.md). ``kind`` is one of: oom, pids, lifetime, command_timeout,
+    output_cap, lease_lost, destroyed, engine_gone, agent_exited, unknown."""
+
+    kind: str
+    at: Optional[datetime] = None
+    detail: str = ""
+    #: What the reason was read from, e.g. the cgroup's memory.events oom_kill.
+    evidence: str = ""
+    #: Who destroyed it: "tenant:NAME", or a direct-mode sandbox's owner.
+    by: str = ""
+    #: The sandbox's main process's exit status, when known.
+    exit_code: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """The outcome of a command. A non-zero exit, a timeout or an OOM kill are results."""
 
@@ -30,6 +60,9 @@ class ExecResult:
     oom_killed: bool = False
     #: Seconds the command ran.
     duration: float = 0.0
+    #: What it used (peak memory, CPU time, processes left running); None where the
+    #: provider cannot measure it.
+    receipt: Optional[Receipt] = None
 
     @property
     def ok(self) -> bool:
@@ -144,6 +177,9 @@ class SandboxInfo:
     expires_at: Optional[datetime] = None
     #: Who made it: "roched:INSTANCE/TENANT" through roched, "cli:USER@HOST" directly.
     owner: str = ""
+    #: Why it ended, for one that did (``Roche.inspect`` of a sandbox that ended within
+    #: roched's --ended-retention); None while it runs.
+    end: Optional[EndReason] = None
     #: The key/value labels it was created with (``create(metadata=...)``).
     metadata: Mapping[str, str] = field(default_factory=dict)
 
