@@ -15,10 +15,12 @@ import {
   execResult,
   mountString,
   OutputAssembler,
+  type EndReason,
   type ExecRequest,
   type ExecResult,
   type ListOptions,
   type OutputEvent,
+  type Receipt,
   type SandboxConfig,
   type SandboxInfo,
 } from "./types.js";
@@ -101,6 +103,32 @@ export function parseInfo(o: unknown): SandboxInfo {
     expiresAt: time(m.expires_at),
     owner: String(m.owner ?? ""),
     metadata: Object.fromEntries(Object.entries((m.metadata as Record<string, unknown>) ?? {}).map(([k, v]) => [k, String(v)])),
+    end: parseEnd(m.end),
+  };
+}
+
+/** Why a sandbox ended, as `roche inspect --json` prints it under "end". */
+function parseEnd(o: unknown): EndReason | undefined {
+  if (!o || typeof o !== "object") return undefined;
+  const m = o as Record<string, unknown>;
+  return {
+    kind: String(m.kind ?? "unknown"),
+    at: time(m.at),
+    detail: String(m.detail ?? ""),
+    evidence: String(m.evidence ?? ""),
+    by: String(m.by ?? ""),
+    exitCode: m.exit_known ? Number(m.exit_code ?? 0) : undefined,
+  };
+}
+
+/** A command's receipt as `roche exec --json` prints it. */
+function parseReceipt(o: unknown): Receipt | undefined {
+  if (!o || typeof o !== "object") return undefined;
+  const m = o as Record<string, unknown>;
+  return {
+    peakMemoryBytes: Number(m.peak_memory_bytes ?? 0),
+    cpuTime: Number(m.cpu_time_ns ?? 0) / 1e9,
+    leftoverProcesses: Number(m.leftover_processes ?? 0),
   };
 }
 
@@ -124,6 +152,7 @@ export function parseExec(o: unknown): ExecResult {
     truncated: Boolean(m.truncated),
     oomKilled: Boolean(m.oom_killed),
     duration: Number(m.duration_ns ?? 0) / 1e9,
+    receipt: parseReceipt(m.receipt),
   });
 }
 
@@ -490,6 +519,11 @@ export class CLITransport implements Transport {
       if (sb.id === sid || (sid.length >= 12 && sb.id.startsWith(sid))) return sb;
     }
     throw new SandboxNotFound(`not found: no sandbox ${sid} among yours (listing your sandboxes shows the live ones)`);
+  }
+
+  async inspectEnded(sid: string, d: Deadline): Promise<SandboxInfo> {
+    // roche inspect: through roched, ended sandboxes too; directly, live ones only.
+    return parseInfo(parseJSON(await this.call(["inspect", "--json", sid], d), "inspect"));
   }
 
   async list(provider: string, d: Deadline, o: ListOptions = {}): Promise<SandboxInfo[]> {

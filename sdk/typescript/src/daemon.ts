@@ -18,6 +18,9 @@ import {
   OutputStream,
   SandboxService,
   SandboxState,
+  EndKind,
+  type EndReason as WireEnd,
+  type ReceiptUsage as WireReceipt,
   type CodeContext as WireContext,
   type CodeResult as WireCodeResult,
   type Sandbox as WireSandbox,
@@ -32,7 +35,7 @@ import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheEr
 import { firstFile, fileTar } from "./tar.js";
 import { entryFromWire, eventFromWire, FILE_CHUNK, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
 import { tlsProblem } from "./tls.js";
-import { egressDecision, execResult, OutputAssembler, type EgressDecision, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type SandboxConfig, type SandboxInfo } from "./types.js";
+import { egressDecision, execResult, OutputAssembler, type EgressDecision, type EndReason, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type Receipt, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import type { PtyRequest } from "./pty.js";
 import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
@@ -142,6 +145,32 @@ export function sandboxInfo(s: WireSandbox | undefined): SandboxInfo {
     expiresAt: s?.expiresAt ? timestampDate(s.expiresAt) : undefined,
     owner: s?.owner ?? "",
     metadata: { ...(s?.metadata ?? {}) },
+    end: endReason(s?.end),
+  };
+}
+
+/** Why a sandbox ended, from its wire form; undefined for none. */
+export function endReason(e: WireEnd | undefined): EndReason | undefined {
+  if (!e) return undefined;
+  const name = EndKind[e.kind] ?? "UNKNOWN";
+  return {
+    kind: name === "UNSPECIFIED" ? "unknown" : name.toLowerCase(),
+    at: e.at ? timestampDate(e.at) : undefined,
+    detail: e.detail,
+    evidence: e.evidence,
+    by: e.by,
+    exitCode: e.exitKnown ? e.exitCode : undefined,
+  };
+}
+
+/** A command's receipt, from its wire form; undefined for none. */
+export function receipt(r: WireReceipt | undefined): Receipt | undefined {
+  if (!r) return undefined;
+  const d = r.cpuTime;
+  return {
+    peakMemoryBytes: Number(r.peakMemoryBytes),
+    cpuTime: d ? Number(d.seconds) + d.nanos / 1e9 : 0,
+    leftoverProcesses: r.leftoverProcesses,
   };
 }
 
@@ -419,6 +448,7 @@ export class DaemonTransport implements Transport {
       truncated: w?.truncated ?? false,
       oomKilled: w?.oomKilled ?? false,
       duration: seconds(w),
+      receipt: receipt(w?.receipt),
     });
   }
 
@@ -440,6 +470,7 @@ export class DaemonTransport implements Transport {
             truncated: w.truncated,
             oomKilled: w.oomKilled,
             duration: seconds(w),
+            receipt: receipt(w.receipt),
           });
         }
       }
@@ -562,6 +593,11 @@ export class DaemonTransport implements Transport {
 
   async inspect(sid: string, d: Deadline): Promise<SandboxInfo> {
     const r = await this.call(d, "Inspect", (signal) => this.client.inspect({ sandboxId: sid }, { signal }));
+    return sandboxInfo(r.sandbox);
+  }
+
+  async inspectEnded(sid: string, d: Deadline): Promise<SandboxInfo> {
+    const r = await this.call(d, "Inspect", (signal) => this.client.inspect({ sandboxId: sid, includeEnded: true }, { signal }));
     return sandboxInfo(r.sandbox);
   }
 

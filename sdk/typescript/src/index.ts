@@ -63,9 +63,11 @@ export {
   type CreateOptions,
   type EgressDecision,
   type ExecOptions,
+  type EndReason,
   type ExecResult,
   type ListOptions,
   type Mount,
+  type Receipt,
   type OutputEvent,
   type SandboxInfo,
 } from "./types.js";

@@ -161,6 +161,15 @@ export class Roche {
     return new Sandbox(this, t, await t.inspect(id, this.deadline()));
   }
 
+  /** Describes a sandbox, also one that ended within roched's --ended-retention (1 h by
+   * default): its state is then "exited" and `end` says why it ended (oom, pids, lifetime,
+   * lease_lost, destroyed and by whom, ...) with the evidence. SandboxNotFound for one never
+   * known or forgotten; the CLI transport (direct mode) keeps no ends. */
+  async inspect(id: string): Promise<SandboxInfo> {
+    const t = await this.resolve();
+    return t.inspectEnded(id, this.deadline());
+  }
+
   /** This provider's sandboxes (a daemon's idle pooled ones are not listed): with
    * `metadata`, those created with every pair of it; with `state`, those "running",
    * "paused", "exited" or "created". */

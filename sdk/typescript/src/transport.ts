@@ -17,6 +17,8 @@ export interface Transport {
   execStream(sid: string, req: ExecRequest, d: Deadline): AsyncGenerator<StreamItem>;
   destroy(sid: string, d: Deadline): Promise<void>;
   inspect(sid: string, d: Deadline): Promise<SandboxInfo>;
+  /** inspect, and of a sandbox that ended within roched's --ended-retention, why. */
+  inspectEnded(sid: string, d: Deadline): Promise<SandboxInfo>;
   list(provider: string, d: Deadline, o?: ListOptions): Promise<SandboxInfo[]>;
   setTimeout(sid: string, timeoutSecs: number, d: Deadline): Promise<SandboxInfo>;
   pause(sid: string, pause: boolean, d: Deadline): Promise<void>;

@@ -20,8 +20,36 @@ export interface ExecResult {
   oomKilled: boolean;
   /** Seconds the command ran. */
   duration: number;
+  /** What it used (peak memory, CPU time, processes left running); undefined where the
+   * provider cannot measure it (wasm, Docker's exec fallback). */
+  receipt?: Receipt;
   /** The command exited 0 without timing out. */
   ok: boolean;
+}
+
+/** What a command used, measured by roche-agent in the sandbox. */
+export interface Receipt {
+  /** The largest resident set of any process of the command's tree (ru_maxrss). */
+  peakMemoryBytes: number;
+  /** Seconds of CPU (user plus system) the command's tree used. */
+  cpuTime: number;
+  /** Processes of its process group still running in the sandbox when it exited. */
+  leftoverProcesses: number;
+}
+
+/** Why and when a sandbox ended, with the evidence it was read from (docs/ended.md).
+ * `kind` is one of: oom, pids, lifetime, command_timeout, output_cap, lease_lost,
+ * destroyed, engine_gone, agent_exited, unknown. */
+export interface EndReason {
+  kind: string;
+  at?: Date;
+  detail: string;
+  /** What the reason was read from, e.g. the cgroup's memory.events oom_kill. */
+  evidence: string;
+  /** Who destroyed it: "tenant:NAME", or a direct-mode sandbox's owner. */
+  by: string;
+  /** The sandbox's main process's exit status, when known. */
+  exitCode?: number;
 }
 
 export function execResult(r: Omit<ExecResult, "ok">): ExecResult {
@@ -51,6 +79,9 @@ export interface SandboxInfo {
   owner: string;
   /** The key/value labels it was created with (`create({metadata})`). */
   metadata: Record<string, string>;
+  /** Why it ended, for one that did (`Roche.inspect` of a sandbox that ended within
+   * roched's --ended-retention); undefined while it runs. */
+  end?: EndReason;
 }
 
 /** list()'s filter: the sandboxes created with every pair of `metadata`, in `state`. */

@@ -132,6 +132,25 @@ for (const transport of TRANSPORTS) {
       assert.equal(running(other.id), false);
     });
 
+    test("exec has a receipt; inspect says why a sandbox ended (through roched)", async () => {
+      const r = await sb.exec(["python3", "-c", "b = b'x' * (100 << 20); print(len(b))"]);
+      assert.ok(r.ok && r.receipt, JSON.stringify(r));
+      assert.ok(r.receipt.peakMemoryBytes >= 100 << 20, `peak ${r.receipt.peakMemoryBytes}`);
+      assert.ok(r.receipt.cpuTime > 0);
+      const other = await roche.create({ leased: false });
+      assert.equal((await roche.inspect(other.id)).end, undefined);
+      await other.destroy();
+      if (transport === "daemon") {
+        const info = await roche.inspect(other.id);
+        assert.equal(info.state, "exited");
+        assert.equal(info.end?.kind, "destroyed");
+        assert.match(info.end?.by ?? "", /^tenant:/);
+      } else {
+        // Direct mode keeps no ends, and says so.
+        await assert.rejects(roche.inspect(other.id), (e: Error) => e instanceof SandboxNotFound && /direct mode/.test(e.message));
+      }
+    });
+
     test("get and list find a sandbox", async () => {
       const got = await roche.get(sb.id);
       assert.equal(got.id, sb.id);
