@@ -86,8 +86,8 @@ func (e EndReason) String() string {
 	return s
 }
 
-// Unknown is an EndKind EndUnknown reason saying why the end cannot be known.
-func Unknown(at time.Time, why string, args ...any) EndReason {
+// UnknownEnd is an EndUnknown reason saying why the end cannot be known.
+func UnknownEnd(at time.Time, why string, args ...any) EndReason {
 	return EndReason{Kind: EndUnknown, At: at, Detail: fmt.Sprintf(why, args...)}
 }
 

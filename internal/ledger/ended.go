@@ -200,16 +200,16 @@ func (l *Ledger) eventEnd(r *Record, ev kit.SandboxEvent) roche.EndReason {
 	}
 	oomAt, oom := l.ended.lastOOM(ev.ID)
 	switch {
-	case ev.Kind == kit.EventDied && oom && !oomAt.Before(r.CreatedAt) && at.Sub(oomAt) < 10*time.Second:
-		why.Kind = roche.EndOOM
-		why.Detail = "killed for exceeding its memory limit"
-		why.Evidence = fmt.Sprintf("%s engine event oom at %s (its cgroup's memory.events oom_kill), then died with %s",
-			r.Provider, oomAt.Local().Format("15:04:05.000"), exit)
 	case !r.ExpiresAt.IsZero() && !at.Before(r.ExpiresAt.Add(-time.Second)):
 		why.Kind = roche.EndLifetime
 		why.Detail = fmt.Sprintf("its lifetime ended at %s", r.ExpiresAt.Local().Format(time.TimeOnly))
 		why.Evidence = fmt.Sprintf("expires_at %s; %s engine event %s at %s (%s)", r.ExpiresAt.Local().Format(time.TimeOnly),
 			r.Provider, ev.Kind, at.Local().Format("15:04:05.000"), exit)
+	case ev.Kind == kit.EventDied && oom && !oomAt.Before(r.CreatedAt) && at.Sub(oomAt) < oomThenDied:
+		why.Kind = roche.EndOOM
+		why.Detail = "killed for exceeding its memory limit"
+		why.Evidence = fmt.Sprintf("%s engine event oom at %s (its cgroup's memory.events oom_kill), then died with %s",
+			r.Provider, oomAt.Local().Format("15:04:05.000"), exit)
 	case ev.Resync:
 		why.Kind = roche.EndEngineGone
 		why.Detail = "its engine went away or restarted: " + ev.Reason()
@@ -219,11 +219,17 @@ func (l *Ledger) eventEnd(r *Record, ev kit.SandboxEvent) roche.EndReason {
 		why.Detail = ev.Reason()
 		why.Evidence = fmt.Sprintf("%s engine event died at %s (%s), no oom event before it", r.Provider, at.Local().Format("15:04:05.000"), exit)
 	default:
-		why = roche.Unknown(at, "it was removed behind roched's back (not through roched: the engine's own tools, or another program), which the engine does not say who did")
+		why = roche.UnknownEnd(at, "it was removed behind roched's back (not through roched: the engine's own tools, or another program), which the engine does not say who did")
 		why.Evidence = fmt.Sprintf("%s engine event %s", r.Provider, ev.Kind)
 	}
 	return why
 }
+
+// oomThenDied is how soon after the engine's OOM event a death counts as that OOM's: a
+// sandbox whose main process the OOM killer takes dies at once, while one that lives on
+// after a command's OOM kill (roche-agent makes commands the killer's first choice) and
+// dies later died of something else.
+const oomThenDied = 2 * time.Second
 
 // InspectEnded returns the sandbox of tenant t that id names, if it ended within the
 // retention: its last description, with why it ended.

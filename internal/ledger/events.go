@@ -126,7 +126,7 @@ func (l *Ledger) forgetEnded(id string, err error) {
 	r, ok := l.sandboxes[id]
 	ok = ok && r.Kind == KindClient
 	if ok {
-		l.recordEnd(r, roche.Unknown(time.Now(), "it stopped while a command ran in it (%v); its engine had not said why yet", err), true)
+		l.recordEnd(r, roche.UnknownEnd(time.Now(), "it stopped while a command ran in it (%v); its engine had not said why yet", err), true)
 	}
 	if ok && r.direct {
 		// Its user's to remove, as in direct mode (direct.go).

@@ -752,7 +752,7 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 			switch {
 			case !ok:
 				if r.Kind == KindClient {
-					l.recordEnd(r, roche.Unknown(listed, "it was gone from the %s provider's list at a reconciliation, with no event saying why (the watch of its engine was down, or the provider has none)", name), true)
+					l.recordEnd(r, roche.UnknownEnd(listed, "it was gone from the %s provider's list at a reconciliation, with no event saying why (the watch of its engine was down, or the provider has none)", name), true)
 				}
 				delete(l.sandboxes, id)
 				if !startup {
