@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -267,8 +269,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, tenant string) {
 		writeError(w, http.StatusNotImplemented, why)
 		return
 	}
-	if len(req.Metadata) > 0 {
-		writeError(w, http.StatusNotImplemented, "sandbox metadata is not kept by this roched yet: create the sandbox without metadata")
+	if err := metadataKeys(req.Metadata); err != nil {
+		writeErr(w, err)
 		return
 	}
 	if req.AutoPause {
@@ -307,6 +309,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, tenant string) {
 		cfg.Network = false
 	}
 	cfg.Env = req.EnvVars
+	cfg.Metadata = req.Metadata
 	c, err := s.client(tenant)
 	if err != nil {
 		writeErr(w, err)
@@ -399,6 +402,7 @@ func (s *Server) listed(tenant string, sb roche.SandboxInfo, detail bool) listed
 		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
 		Metadata: map[string]string{}, State: state, EnvdVersion: EnvdVersion,
 	}
+	maps.Copy(l.Metadata, sb.Metadata)
 	l.CPUCount, l.MemoryMB, l.DiskSizeMB = s.sizes(l.TemplateID)
 	if detail {
 		l.EnvdAccessToken, l.Domain = s.accessToken(l.SandboxID), s.domain
@@ -406,13 +410,27 @@ func (s *Server) listed(tenant string, sb roche.SandboxInfo, detail bool) listed
 	return l
 }
 
-// sandboxes lists tenant's live sandboxes, oldest first.
-func (s *Server) sandboxes(ctx context.Context, tenant string) ([]roche.SandboxInfo, error) {
+// metadataKeys refuses E2B metadata whose keys Roche cannot keep as they are (Roche's
+// key grammar, docs/labels.md): a key is never rewritten, so that the sandbox lists and
+// filters under the key it was given.
+func metadataKeys(md map[string]string) error {
+	if len(md) == 0 {
+		return nil
+	}
+	if err := (roche.ListFilter{Metadata: md}).Validate(); err != nil {
+		return fmt.Errorf("%w (roched keeps E2B metadata as Roche's sandbox metadata, docs/labels.md: rename the key)", err)
+	}
+	return nil
+}
+
+// sandboxes lists tenant's live sandboxes whose metadata has every pair of md, oldest
+// first.
+func (s *Server) sandboxes(ctx context.Context, tenant string, md map[string]string) ([]roche.SandboxInfo, error) {
 	p, err := s.provider(tenant)
 	if err != nil {
 		return nil, err
 	}
-	list, err := p.List(ctx)
+	list, err := p.ListFiltered(ctx, roche.ListFilter{Metadata: md})
 	// A provider that did not answer is left out of the list, as roche list does (the
 	// log says which); any other error is the answer.
 	var partial *roche.PartialError
@@ -438,7 +456,7 @@ func (s *Server) sandboxes(ctx context.Context, tenant string) ([]roche.SandboxI
 }
 
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request, tenant string) {
-	list, err := s.sandboxes(r.Context(), tenant)
+	list, err := s.sandboxes(r.Context(), tenant, nil)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -456,9 +474,26 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request, tenant string) {
 // (the token is the id of the next sandbox in creation order).
 func (s *Server) list(w http.ResponseWriter, r *http.Request, tenant string) {
 	q := r.URL.Query()
-	if md := q.Get("metadata"); md != "" {
-		writeError(w, http.StatusNotImplemented, "the metadata filter needs sandbox metadata, which this roched does not keep yet")
-		return
+	// E2B's SDKs send the filter as one parameter, itself URL-encoded: metadata=k%3Dv%26k2%3Dv2.
+	var md map[string]string
+	if v := q.Get("metadata"); v != "" {
+		pairs, err := url.ParseQuery(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("metadata filter %q: give URL-encoded key=value pairs joined by &", v))
+			return
+		}
+		md = map[string]string{}
+		for k, vs := range pairs {
+			if len(vs) != 1 {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("metadata filter %q: key %q is given %d times; give it once", v, k, len(vs)))
+				return
+			}
+			md[k] = vs[0]
+		}
+		if err := metadataKeys(md); err != nil {
+			writeErr(w, err)
+			return
+		}
 	}
 	states := map[string]bool{}
 	for _, v := range q["state"] {
@@ -475,7 +510,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, tenant string) {
 		}
 		limit = n
 	}
-	list, err := s.sandboxes(r.Context(), tenant)
+	list, err := s.sandboxes(r.Context(), tenant, md)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -558,12 +593,45 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, tenant string) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// setTimeout is E2B's set_timeout ({"timeout": seconds}) and the older refresh
+// ({"duration": seconds}): the sandbox ends that many seconds from now, sooner or later
+// than it would have, within the tenant's maximum lifetime (docs/labels.md).
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, tenant string) {
-	if _, err := s.inspect(r, tenant); err != nil {
+	var req struct {
+		Timeout  *int `json:"timeout"`
+		Duration *int `json:"duration"`
+	}
+	if err := decodeBody(r, &req); err != nil {
 		writeErr(w, err)
 		return
 	}
-	writeError(w, http.StatusNotImplemented, "set_timeout: this roched cannot change a sandbox's lifetime yet; create it with the timeout it needs")
+	secs := req.Timeout
+	if strings.HasSuffix(r.URL.Path, "/refreshes") {
+		secs = req.Duration
+	}
+	if secs == nil || *secs <= 0 {
+		writeError(w, http.StatusBadRequest, "give the sandbox's new timeout as a positive number of seconds from now")
+		return
+	}
+	sb, err := s.inspect(r, tenant)
+	if err == nil {
+		err = s.extend(r.Context(), tenant, sb.ID, *secs)
+	}
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// extend makes sandbox id end secs seconds from now.
+func (s *Server) extend(ctx context.Context, tenant, id string, secs int) error {
+	p, err := s.provider(tenant)
+	if err != nil {
+		return err
+	}
+	_, err = p.SetTimeout(ctx, id, time.Duration(secs)*time.Second)
+	return err
 }
 
 // connect is E2B's connect (and the older resume): a paused sandbox is resumed.
@@ -590,9 +658,12 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, tenant string) 
 		status = http.StatusCreated
 	}
 	if req.Timeout != nil && !sb.ExpiresAt.IsZero() && time.Until(sb.ExpiresAt) < time.Duration(*req.Timeout)*time.Second {
-		// E2B's connect extends a sandbox's lifetime to at least the timeout.
-		writeError(w, http.StatusNotImplemented, fmt.Sprintf("connect with timeout %d: this roched cannot extend sandbox %s's lifetime (it ends at %s) yet; connect without a timeout", *req.Timeout, r.PathValue("id"), sb.ExpiresAt.UTC().Format(time.RFC3339)))
-		return
+		// E2B's connect extends a sandbox's lifetime to at least the timeout, never
+		// shortens it.
+		if err := s.extend(r.Context(), tenant, sb.ID, *req.Timeout); err != nil {
+			writeErr(w, err)
+			return
+		}
 	}
 	writeJSON(w, status, s.sandboxJSON(tenant, sb.ID, s.templateOf(sb)))
 }

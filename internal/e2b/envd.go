@@ -48,7 +48,16 @@ func (s *Server) envd() http.Handler {
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...))
 	mux.HandleFunc("GET /files", s.getFile)
 	mux.HandleFunc("POST /files", s.postFiles)
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	// E2B's SDKs take a 502 from /health for a sandbox that is not running (is_running).
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		c := callOf(r.Context())
+		sb, err := c.p.Inspect(r.Context(), c.id)
+		if err != nil || sb.State != roche.StateRunning {
+			writeError(w, http.StatusBadGateway, "sandbox "+r.Header.Get("E2b-Sandbox-Id")+" is not running")
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotImplemented, "envd /metrics: roched does not sample a sandbox's usage")
 	})

@@ -3,6 +3,7 @@
 // Prints one "ok NAME" line per check and exits non-zero at the first failure.
 import { Sandbox, CommandExitError, NotFoundError } from 'e2b'
 import { Sandbox as CodeSandbox } from '@e2b/code-interpreter'
+import { randomUUID } from 'node:crypto'
 
 function check(cond, name, detail) {
   if (!cond) {
@@ -12,12 +13,27 @@ function check(cond, name, detail) {
   console.log('ok', name)
 }
 
-const sbx = await Sandbox.create({ timeoutMs: 600_000 })
+// endsIn checks that sb ends secs seconds from now, within a margin of 60 s.
+async function endsIn(sb, secs, name) {
+  const left = ((await sb.getInfo()).endAt.getTime() - Date.now()) / 1000
+  check(left > secs - 60 && left <= secs + 1, name, left)
+}
+
+const run = randomUUID() // this run's sandboxes alone match it
+const meta = { purpose: 'sdk-calls', run }
+const sbx = await Sandbox.create({ timeoutMs: 600_000, metadata: meta })
 let killed
 try {
   check(await sbx.isRunning(), 'isRunning')
   const info = await sbx.getInfo()
   check(info.sandboxId === sbx.sandboxId && info.templateId === 'base', 'getInfo', info)
+  check(JSON.stringify(info.metadata) === JSON.stringify(meta), 'metadata round trip', info.metadata)
+  try {
+    await Sandbox.create({ metadata: { 'bad key!': 'x' } })
+    check(false, 'a key Roche cannot keep is refused')
+  } catch (e) {
+    check(String(e).includes('bad key!') && String(e).includes('400'), "metadata key refused in E2B's error shape", String(e))
+  }
 
   let r = await sbx.commands.run('echo out; echo err >&2')
   check(r.stdout === 'out\n' && r.stderr === 'err\n' && r.exitCode === 0, 'commands.run', r)
@@ -92,6 +108,29 @@ try {
   check(page.some((s) => s.sandboxId === sbx.sandboxId), 'Sandbox.list')
   const again = await Sandbox.connect(sbx.sandboxId)
   check((await again.commands.run('echo again')).stdout === 'again\n', 'Sandbox.connect')
+
+  // the metadata filter: this run's sandbox alone, every pair must match
+  let got = (await Sandbox.list({ query: { metadata: { run } } }).nextItems()).map((s) => s.sandboxId)
+  check(JSON.stringify(got) === JSON.stringify([sbx.sandboxId]), 'Sandbox.list metadata filter', got)
+  got = await Sandbox.list({ query: { metadata: { run, purpose: 'other' } } }).nextItems()
+  check(got.length === 0, 'Sandbox.list metadata filter, a pair not matching', got)
+
+  // setTimeout: both sandboxes to end in 3 s, then this one extended; the short one
+  // ends, this one survives it.
+  const short = await Sandbox.create({ timeoutMs: 600_000, metadata: { run } })
+  await sbx.setTimeout(3_000)
+  await short.setTimeout(3_000)
+  await endsIn(short, 3, 'setTimeout shortens')
+  await sbx.setTimeout(900_000)
+  await endsIn(sbx, 900, 'setTimeout extends')
+  const deadline = Date.now() + 90_000
+  while ((await short.isRunning()) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 500))
+  check(!(await short.isRunning()), 'setTimeout: the sandbox ends at its new timeout')
+  check((await sbx.isRunning()) && (await sbx.commands.run('echo alive')).stdout === 'alive\n', 'setTimeout: the extended sandbox survives')
+  got = (await Sandbox.list({ query: { metadata: { run } } }).nextItems()).map((s) => s.sandboxId)
+  check(JSON.stringify(got) === JSON.stringify([sbx.sandboxId]), 'the ended sandbox is gone from the list', got)
+  await Sandbox.connect(sbx.sandboxId, { timeoutMs: 1_200_000 })
+  await endsIn(sbx, 1200, 'connect with timeout extends')
 } finally {
   killed = await sbx.kill()
 }

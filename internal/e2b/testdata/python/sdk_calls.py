@@ -3,8 +3,10 @@ E2B listener. Only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY are set. Prints 
 "ok NAME" line per check and exits non-zero at the first failure."""
 import sys
 import time
+import uuid
+from datetime import datetime, timezone
 
-from e2b import Sandbox, CommandExitException, NotFoundException, FilesystemEventType
+from e2b import Sandbox, SandboxQuery, CommandExitException, NotFoundException, FilesystemEventType
 from e2b.exceptions import SandboxException
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
@@ -20,11 +22,25 @@ def check(cond, name, detail=""):
     ok(name)
 
 
-sbx = Sandbox.create(timeout=600)
+def ends_in(sb, secs, name):
+    """sb's end is secs seconds from now, within a margin of 60 s."""
+    left = (sb.get_info().end_at - datetime.now(timezone.utc)).total_seconds()
+    check(secs - 60 < left <= secs + 1, name, left)
+
+
+run = uuid.uuid4().hex  # this run's sandboxes alone match it
+meta = {"purpose": "sdk-calls", "run": run}
+sbx = Sandbox.create(timeout=600, metadata=meta)
 try:
     check(sbx.is_running(), "is_running")
     info = sbx.get_info()
     check(info.sandbox_id == sbx.sandbox_id and info.template_id == "base", "get_info", info)
+    check(info.metadata == meta, "metadata round trip", info.metadata)
+    try:
+        Sandbox.create(metadata={"bad key!": "x"})
+        check(False, "a key Roche cannot keep is refused")
+    except SandboxException as e:
+        check("bad key!" in str(e) and "400" in str(e), "metadata key refused in E2B's error shape", str(e))
 
     # commands: foreground, exit codes, env, cwd
     r = sbx.commands.run("echo out; echo err >&2")
@@ -112,12 +128,29 @@ try:
     again = Sandbox.connect(sbx.sandbox_id)
     check(again.commands.run("echo again").stdout == "again\n", "Sandbox.connect")
 
-    # set_timeout and metadata: E2B's error shape until roched keeps them
-    try:
-        sbx.set_timeout(900)
-        check(False, "set_timeout answers")
-    except SandboxException as e:
-        check("501" in str(e), "set_timeout: E2B's error shape", str(e))
+    # the metadata filter: this run's sandbox alone, every pair must match
+    got = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"run": run})).next_items()]
+    check(got == [sbx.sandbox_id], "Sandbox.list metadata filter", got)
+    got = Sandbox.list(query=SandboxQuery(metadata={"run": run, "purpose": "other"})).next_items()
+    check(got == [], "Sandbox.list metadata filter, a pair not matching", got)
+
+    # set_timeout: both sandboxes to end in 3 s, then this one extended; the short one
+    # ends, this one survives it.
+    short = Sandbox.create(timeout=600, metadata={"run": run})
+    sbx.set_timeout(3)
+    short.set_timeout(3)
+    ends_in(short, 3, "set_timeout shortens")
+    sbx.set_timeout(900)
+    ends_in(sbx, 900, "set_timeout extends")
+    deadline = time.time() + 90
+    while short.is_running() and time.time() < deadline:
+        time.sleep(0.5)
+    check(not short.is_running(), "set_timeout: the sandbox ends at its new timeout")
+    check(sbx.is_running() and sbx.commands.run("echo alive").stdout == "alive\n", "set_timeout: the extended sandbox survives")
+    got = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"run": run})).next_items()]
+    check(got == [sbx.sandbox_id], "the ended sandbox is gone from the list", got)
+    Sandbox.connect(sbx.sandbox_id, timeout=1200)
+    ends_in(sbx, 1200, "connect with timeout extends")
 
     if "pause" in sys.argv[1:]:  # where the provider can (Docker)
         check(sbx.pause(), "pause")
