@@ -206,8 +206,12 @@ var _ roche.LifetimeSetter = (*Provider)(nil)
 
 // SetTimeout implements roche.LifetimeSetter: roched makes the sandbox end d from now,
 // within the tenant's maximum lifetime, and answers with its new expires_at. d is
-// rounded up to whole seconds.
+// checked as every provider checks it (under 1 s is refused, not rounded up to it), then
+// rounded up to whole seconds for the wire.
 func (p *Provider) SetTimeout(ctx context.Context, id string, d time.Duration) (roche.SandboxInfo, error) {
+	if err := roche.ValidTimeout(d); err != nil {
+		return roche.SandboxInfo{}, err
+	}
 	secs := int64(math.Ceil(d.Seconds()))
 	if err := roche.ValidTimeout(time.Duration(secs) * time.Second); err != nil {
 		return roche.SandboxInfo{}, err
