@@ -510,19 +510,24 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	return removed, errors.Join(err, p.pruneImages(ctx, inUse))
 }
 
+// sweepShared is how often, at most, the processes sharing a state directory sweep it.
+const sweepShared = 10 * time.Second
+
 // sweepSoon clears away, in the background and at most once a minute, the sandboxes
 // whose lifetime ended (their agent stopped, which stops the container, but their mounts
 // and directories stay until removed): a restarted process clears what the last one left.
-// Once a minute per state directory, not per process (claimSweep): every one-shot roche
-// run is a process of its own, and would otherwise list the runtime's containers, and
-// wait for that on its way out, each time.
+// Across processes, at most once in sweepShared per state directory (claimSweep): every
+// one-shot roche run is a process of its own, and would otherwise list the runtime's
+// containers, and wait for that on its way out, each time. The shared window is short
+// so that a restarted roched still sweeps at its first create what a killed one left
+// (its creates give up an engine timeout, 30 s, after they began).
 func (p *Provider) sweepSoon() {
 	now := time.Now().UnixNano()
 	last := p.lastSweep.Load()
 	if now-last < int64(time.Minute) || !p.lastSweep.CompareAndSwap(last, now) {
 		return
 	}
-	if !p.claimSweep(time.Minute) {
+	if !p.claimSweep(sweepShared) {
 		return
 	}
 	p.sweeps.Add(1)

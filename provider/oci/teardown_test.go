@@ -98,7 +98,7 @@ func TestSweepOncePerStateDir(t *testing.T) {
 	}
 	again()
 	if _, err := os.Stat(dead); err != nil {
-		t.Fatalf("a second process swept within the minute of the first: %v", err)
+		t.Fatalf("a second process swept within sweepShared of the first: %v", err)
 	}
 	old := time.Now().Add(-2 * time.Minute)
 	if err := os.Chtimes(filepath.Join(state, "last-sweep"), old, old); err != nil {
@@ -106,6 +106,6 @@ func TestSweepOncePerStateDir(t *testing.T) {
 	}
 	again()
 	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the create after the minute did not sweep: %v", err)
+		t.Fatalf("the create after sweepShared did not sweep: %v", err)
 	}
 }
