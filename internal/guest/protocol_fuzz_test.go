@@ -252,7 +252,7 @@ func expectedOutput(b []byte, op int) map[byte][]byte {
 		goesOn := false
 		switch op {
 		case 0:
-			goesOn = kind == FrameStdout || kind == FrameStderr || kind == FrameStarted
+			goesOn = kind == FrameStdout || kind == FrameStderr || kind == FrameStarted && json.Unmarshal(p, new(Started)) == nil
 		case 1:
 			var r CodeResult
 			goesOn = kind == FrameStdout || kind == FrameStderr || kind == FrameCodeResult && json.Unmarshal(p, &r) == nil
@@ -270,15 +270,17 @@ func expectedOutput(b []byte, op int) map[byte][]byte {
 	return out
 }
 
-// lastFrame is the frame that ended an exec: the first that is not output.
+// lastFrame is the frame that ended an exec: the first that is not output (a started
+// frame that is not JSON ends it too).
 func lastFrame(b []byte) []byte {
 	for len(b) >= 5 {
 		n := binary.BigEndian.Uint32(b[1:5])
 		if n > maxFramePayload || uint32(len(b)-5) < n {
 			return nil
 		}
-		switch b[0] {
-		case FrameStdout, FrameStderr, FrameStarted:
+		switch {
+		case b[0] == FrameStdout, b[0] == FrameStderr,
+			b[0] == FrameStarted && json.Unmarshal(b[5:5+n], new(Started)) == nil:
 			b = b[5+n:]
 			continue
 		}
