@@ -30,8 +30,15 @@ func MarkCarried() { carried.Store(true) }
 // carries the agent (MarkCarried) and is static (a sandbox's image may have no C
 // library), else a static roche-agent on PATH (where go install puts it: a program of
 // the user's own, run with go run, has nothing beside it). Empty when there is none.
+// A relative $ROCHE_AGENT is taken from the current directory, made absolute here: the
+// providers use the path from other directories (crun's bundle, a VM's initramfs).
 func Path() string {
 	if v, ok := os.LookupEnv(Env); ok {
+		if v != "" && !filepath.IsAbs(v) {
+			if abs, err := filepath.Abs(v); err == nil {
+				return abs
+			}
+		}
 		return v
 	}
 	exe, err := os.Executable()

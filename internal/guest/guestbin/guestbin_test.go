@@ -61,3 +61,19 @@ func TestPathFindsTheAgentOnPATH(t *testing.T) {
 		t.Fatalf("Path() = %q with %s set", got, Env)
 	}
 }
+
+// TestPathMakesARelativeAgentAbsolute: ROCHE_AGENT=bin/roche-agent, as a user in a clone
+// would write it, names the file from the current directory; the providers use the path
+// from elsewhere (crun runs in its bundle directory), so Path makes it absolute.
+func TestPathMakesARelativeAgentAbsolute(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	t.Setenv(Env, filepath.Join("bin", Name))
+	if got, want := Path(), filepath.Join(dir, "bin", Name); got != want {
+		t.Fatalf("Path() = %q for ROCHE_AGENT=bin/%s run in %s, want %s", got, Name, dir, want)
+	}
+	t.Setenv(Env, "")
+	if got := Path(); got != "" {
+		t.Fatalf("Path() = %q with ROCHE_AGENT set and empty, want none (the agent turned off)", got)
+	}
+}
