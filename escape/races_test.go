@@ -90,7 +90,9 @@ func (h *harness) swapping(t *testing.T, id, dir, victim string) (stop func(), n
 }
 
 // copyOutRace: roche cp out of a directory whose entries keep turning into links to
-// the victim; 30 copies, each to a fresh destination, with and without PreserveLinks.
+// the victim; at least 30 copies, each to a fresh destination, with and without
+// PreserveLinks, and more (up to 300, within a minute) until one has caught the plain
+// file: on a loaded machine the swap loop can sit in one state for a whole burst.
 func (h *harness) copyOutRace(t *testing.T, tc roche.TarCopier, id string) string {
 	v := providertest.VictimDir(t)
 	stop, nolink := h.swapping(t, id, "/tmp/race-out", v)
@@ -98,8 +100,10 @@ func (h *harness) copyOutRace(t *testing.T, tc roche.TarCopier, id string) strin
 		return "nolink " + nolink
 	}
 	base := t.TempDir()
-	links, files := 0, 0
-	for i := range 30 {
+	links, files, n := 0, 0, 0
+	deadline := time.Now().Add(time.Minute)
+	for i := 0; i < 30 || files == 0 && i < 300 && time.Now().Before(deadline); i++ {
+		n++
 		dst := filepath.Join(base, fmt.Sprint(i))
 		_, err := roche.CopyOut(ctxFor(t, 2*time.Minute), tc, id, "/tmp/race-out", dst, roche.CopyOptions{PreserveLinks: i%2 == 1})
 		if err != nil {
@@ -117,10 +121,10 @@ func (h *harness) copyOutRace(t *testing.T, tc roche.TarCopier, id string) strin
 	stop()
 	providertest.CheckVictim(t, v)
 	// Nothing was written beside the destinations either.
-	if entries, _ := os.ReadDir(base); len(entries) > 30 {
-		t.Fatalf("the copies left %d entries beside their 30 destinations", len(entries))
+	if entries, _ := os.ReadDir(base); len(entries) > n {
+		t.Fatalf("the copies left %d entries beside their %d destinations", len(entries), n)
 	}
-	t.Logf("30 copies out while the sandbox swapped: f came out %d times as a link, %d as a file", links, files)
+	t.Logf("%d copies out while the sandbox swapped: f came out %d times as a link, %d as a file", n, links, files)
 	if files == 0 {
 		t.Fatal("the race was not live: no copy saw the plain file")
 	}
