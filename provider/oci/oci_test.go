@@ -346,6 +346,17 @@ func TestRestartFindsSandboxes(t *testing.T) {
 		}
 	}
 	defer os.RemoveAll(filepath.Join(state, "oci-00000000deadbee1"))
+	// Creates killed while their directory still had its hidden name: one made two
+	// minutes ago, cleared; one just made, kept.
+	for id, made := range map[string]time.Time{".oci-00000000deadbee2": time.Now().Add(-2 * time.Minute), ".oci-00000000deadbee3": time.Now()} {
+		if err := os.Mkdir(filepath.Join(state, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(filepath.Join(state, id), made, made); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer os.RemoveAll(filepath.Join(state, ".oci-00000000deadbee3"))
 
 	// A create that died after writing its record.
 	dead := filepath.Join(state, "oci-00000000deadbeef")
@@ -370,6 +381,12 @@ func TestRestartFindsSandboxes(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(state, "oci-00000000deadbee1")); err != nil {
 		t.Errorf("the directory of a create still within its start-by was removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(state, ".oci-00000000deadbee2")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the hidden directory of a create killed two minutes ago is still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(state, ".oci-00000000deadbee3")); err != nil {
+		t.Errorf("the hidden directory of a create just begun was removed: %v", err)
 	}
 	if list, _ := again.List(ctx); len(list) != 0 {
 		t.Fatalf("list after GC: %+v", list)

@@ -86,10 +86,18 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: making the state directory: %v", roche.ErrUnavailable, err)
 	}
-	if err := os.Mkdir(s.dir, 0o700); err != nil {
+	// The directory appears with its start-by already in it (made under a hidden name,
+	// then renamed): a maker killed at any point leaves nothing the sweep must guess the
+	// age of (sweepUnrecorded).
+	making := filepath.Join(p.stateDir, "."+id)
+	if err := os.Mkdir(making, 0o700); err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: making the sandbox's directory: %v", roche.ErrUnavailable, err)
 	}
-	markStartBy(s.dir, s.StartBy) // until the record is written (sweepUnrecorded)
+	markStartBy(making, s.StartBy) // until the record is written
+	if err := os.Rename(making, s.dir); err != nil {
+		_ = os.RemoveAll(making)
+		return roche.SandboxInfo{}, fmt.Errorf("%w: making the sandbox's directory: %v", roche.ErrUnavailable, err)
+	}
 	defer func() {
 		if err != nil {
 			p.teardown(context.WithoutCancel(ctx), rt, s)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -133,8 +134,10 @@ func markStartBy(dir string, by time.Time) {
 }
 
 // sweepUnrecorded removes the sandbox directories without a record whose create has
-// given up: past their startByFile, or, without one, twice the create timeout after
-// they were made. Nothing was mounted or run for them: that comes after the record.
+// given up: past their startByFile, or, without one (a create without a deadline),
+// twice the create timeout after they were made; and the hidden ones a maker was
+// killed in before it renamed them into place (a moment's work), a minute on. Nothing
+// was mounted or run for them: that comes after the record.
 func (p *Provider) sweepUnrecorded() {
 	entries, err := os.ReadDir(p.stateDir)
 	if err != nil {
@@ -142,6 +145,13 @@ func (p *Provider) sweepUnrecorded() {
 	}
 	for _, e := range entries {
 		dir := filepath.Join(p.stateDir, e.Name())
+		if hidden, ok := strings.CutPrefix(e.Name(), "."); ok && e.IsDir() && validID(hidden) {
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Minute {
+				p.log.Info("removing the directory of a create that died before its record", "dir", dir)
+				_ = os.RemoveAll(dir)
+			}
+			continue
+		}
 		if !e.IsDir() || !validID(e.Name()) {
 			continue
 		}
