@@ -13,6 +13,17 @@ cd "$(dirname "$0")/.."
 
 log() { printf '== %s\n' "$*"; }
 
+# Disk: the suite writes images, root filesystems and a build cache of several GiB. On a
+# machine whose disk is nearly full, Go's build cache (which Go itself trims only of
+# entries unused for five days) gives back what was not used in the last day.
+avail_kib=$(df -Pk / | awk 'NR==2 {print $4}')
+if [ "${avail_kib:-0}" -lt $((20 * 1024 * 1024)) ]; then
+  gocache=$(go env GOCACHE)
+  log "only $((avail_kib / 1024 / 1024)) GiB free on /: trimming Go's build cache ($gocache) of entries unused for a day"
+  find "$gocache" -type f -mmin +1440 -delete 2>/dev/null || true
+  log "now $(df -Pk / | awk 'NR==2 {print int($4/1024/1024)}') GiB free on /"
+fi
+
 if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
   log "installing docker.io and debootstrap"
   apt-get update -qq
