@@ -212,28 +212,43 @@ func (s *served) run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
+// sdkVersion is one end of the tested range of E2B's SDKs (docs/e2b.md): the key of
+// scripts/e2b-sdks.sh's line that names where it is installed.
+type sdkVersion struct{ name, python, node string }
+
+var sdkVersions = []sdkVersion{
+	{"newest", "E2B_PYTHON", "E2B_NODE_DIR"},
+	{"oldest", "E2B_PYTHON_OLDEST", "E2B_NODE_OLDEST_DIR"},
+}
+
 // TestPythonSDK runs the README quick starts of E2B's Python SDKs verbatim, and a script
-// of their documented calls, against roched's E2B listener on Docker.
+// of their documented calls, against roched's E2B listener on Docker: the newest and the
+// oldest releases of the tested range, on one roched.
 func TestPythonSDK(t *testing.T) {
 	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Python)
-	py := sdks(t)["E2B_PYTHON"]
+	installed := sdks(t)
 	s := serve(t, daemon.Config{})
-	if out := s.run(t, py, "testdata/python/quickstart_e2b.py"); out != "Hello from E2B!\n\n" {
-		t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
-	}
-	if out := s.run(t, py, "testdata/python/quickstart_code_interpreter.py"); out != "2\n" {
-		t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
-	}
 	// roche e2b env prints what roched printed at start.
 	var stdout, stderr bytes.Buffer
 	if code := cli.Main([]string{"--socket", s.socket, "e2b", "env"}, strings.NewReader(""), &stdout, &stderr, full.Local{}); code != 0 || stdout.String() != s.printed {
 		t.Errorf("roche e2b env: exit %d, printed %q (stderr %q), want roched's %q", code, stdout.String(), stderr.String(), s.printed)
 	}
-	out := s.run(t, py, "testdata/python/sdk_calls.py", "pause")
-	if !strings.HasSuffix(out, "all ok\n") || !strings.Contains(out, "ok connect resumes\n") {
-		t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
+	for _, v := range sdkVersions {
+		t.Run(v.name, func(t *testing.T) {
+			py := installed[v.python]
+			if out := s.run(t, py, "testdata/python/quickstart_e2b.py"); out != "Hello from E2B!\n\n" {
+				t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
+			}
+			if out := s.run(t, py, "testdata/python/quickstart_code_interpreter.py"); out != "2\n" {
+				t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
+			}
+			out := s.run(t, py, "testdata/python/sdk_calls.py", "pause")
+			if !strings.HasSuffix(out, "all ok\n") || !strings.Contains(out, "ok connect resumes\n") {
+				t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
+			}
+			t.Logf("sdk_calls.py:\n%s", out)
+		})
 	}
-	t.Logf("sdk_calls.py:\n%s", out)
 }
 
 // killAll kills, through the listener, the sandboxes of roched's own key: those the
@@ -255,25 +270,31 @@ func (s *served) killAll(t *testing.T) int {
 }
 
 // TestNodeSDK runs the README quick starts of E2B's JavaScript SDKs verbatim, and a
-// script of their documented calls, against roched's E2B listener on Docker.
+// script of their documented calls, against roched's E2B listener on Docker: the newest
+// and the oldest releases of the tested range, on one roched.
 func TestNodeSDK(t *testing.T) {
 	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Node, testenv.Python)
-	dir := sdks(t)["E2B_NODE_DIR"]
+	installed := sdks(t)
 	s := serve(t, daemon.Config{})
-	if out := s.run(t, "node", filepath.Join(dir, "quickstart_e2b.js")); out != "Hello from E2B!\n\n" {
-		t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
+	for _, v := range sdkVersions {
+		t.Run(v.name, func(t *testing.T) {
+			dir := installed[v.node]
+			if out := s.run(t, "node", filepath.Join(dir, "quickstart_e2b.js")); out != "Hello from E2B!\n\n" {
+				t.Errorf("e2b quick start printed %q, want the README's Hello from E2B!", out)
+			}
+			if out := s.run(t, "node", filepath.Join(dir, "quickstart_code_interpreter.js")); out != "2\n" {
+				t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
+			}
+			if n := s.killAll(t); n != 2 {
+				t.Errorf("the two quick starts left %d sandboxes, want their 2", n)
+			}
+			out := s.run(t, "node", filepath.Join(dir, "sdk_calls.js"))
+			if !strings.HasSuffix(out, "all ok\n") {
+				t.Errorf("sdk_calls.js did not end with all ok:\n%s", out)
+			}
+			t.Logf("sdk_calls.js:\n%s", out)
+		})
 	}
-	if out := s.run(t, "node", filepath.Join(dir, "quickstart_code_interpreter.js")); out != "2\n" {
-		t.Errorf("code interpreter quick start printed %q, want the README's 2", out)
-	}
-	if n := s.killAll(t); n != 2 {
-		t.Errorf("the two quick starts left %d sandboxes, want their 2", n)
-	}
-	out := s.run(t, "node", filepath.Join(dir, "sdk_calls.js"))
-	if !strings.HasSuffix(out, "all ok\n") {
-		t.Errorf("sdk_calls.js did not end with all ok:\n%s", out)
-	}
-	t.Logf("sdk_calls.js:\n%s", out)
 }
 
 // TestPythonSDKOnOCI runs the documented calls with E2B's templates on the oci provider

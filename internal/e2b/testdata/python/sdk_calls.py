@@ -158,6 +158,13 @@ try:
         resumed = Sandbox.connect(sbx.sandbox_id)
         check(resumed.get_info().state.value == "running", "connect resumes")
         check(resumed.commands.run("echo resumed").stdout == "resumed\n", "resumed sandbox runs")
+    elif "nopause" in sys.argv[1:]:  # a provider that cannot: E2B's error shape, 501
+        try:
+            sbx.pause()
+            check(False, "pause where the provider cannot raises")
+        except SandboxException as e:
+            check("501" in str(e) and "pause" in str(e).lower(), "pause refused in E2B's error shape", str(e))
+        check(sbx.is_running() and sbx.commands.run("echo still").stdout == "still\n", "the sandbox runs on after a refused pause")
 finally:
     killed = sbx.kill()
 check(killed, "kill")
