@@ -6,12 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,8 +26,10 @@ import (
 	"github.com/roche-sandbox/roche/internal/cli/full"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/e2b"
+	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/oci"
 )
 
@@ -297,38 +301,121 @@ func TestNodeSDK(t *testing.T) {
 	}
 }
 
-// TestPythonSDKOnOCI runs the documented calls with E2B's templates on the oci provider
-// (crun or runc, no Docker in the path), named in the config file's "e2b" section.
-func TestPythonSDKOnOCI(t *testing.T) {
+// TestPythonSDKOnProviders runs the documented calls of E2B's newest Python SDKs with
+// E2B's templates, named in the config file's "e2b" section, on the oci provider (crun or
+// runc, no Docker in the path) and on gVisor (the docker provider on Docker's runsc
+// runtime, as roched --runtime runsc serves it): pause and resume too, which both can do;
+// on gVisor, which has no code contexts, run_code answers E2B's error shape.
+func TestPythonSDKOnProviders(t *testing.T) {
 	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Python) // images come from Docker's store
 	py := sdks(t)["E2B_PYTHON"]
-	state := "/run/roche-test/oci-e2b"
-	if err := os.MkdirAll(state, 0o700); err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name, provider string
+		args           []string // sdk_calls.py's: what the provider cannot do
+		open           func(t *testing.T) roche.Provider
+	}{
+		{"oci", "oci", nil, func(t *testing.T) roche.Provider {
+			state := "/run/roche-test/oci-e2b"
+			if err := os.MkdirAll(state, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			op, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				op.Close()
+				if err := unix.Unmount(state, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+					t.Errorf("unmounting the state directory's tmpfs: %v", err)
+				}
+				os.RemoveAll(state)
+			})
+			return op
+		}},
+		// No code contexts on gVisor (docs/code-contexts.md): run_code answers 501.
+		{"gvisor", "docker", []string{"nocode"}, func(t *testing.T) roche.Provider { // in serve's docker's place
+			gp, err := docker.New(docker.WithRuntime(docker.RuntimeGVisor))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { gp.Close() })
+			return gp
+		}},
 	}
-	op, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"))
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := c.open(t)
+			settings := fmt.Sprintf(`{"templates": {"base": {"image": "roche/python:local", "provider": %[1]q},
+				"code-interpreter-v1": {"image": "roche/python:local", "provider": %[1]q}}}`, c.provider)
+			s := serve(t, daemon.Config{E2B: json.RawMessage(settings)}, map[string]roche.Provider{c.provider: p})
+			out := s.run(t, py, append([]string{"testdata/python/sdk_calls.py", "pause"}, c.args...)...)
+			if !strings.HasSuffix(out, "all ok\n") || !strings.Contains(out, "ok connect resumes\n") {
+				t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
+			}
+			if slices.Contains(c.args, "nocode") && !strings.Contains(out, "ok run_code refused in E2B's error shape\n") {
+				t.Errorf("sdk_calls.py nocode did not check run_code's refusal:\n%s", out)
+			}
+			list, err := p.List(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sb := range list {
+				if sb.Owner == s.d.OwnerOf(e2b.LocalTenant) {
+					t.Errorf("sandbox %s survived sdk_calls.py", sb.ID)
+				}
+			}
+		})
+	}
+}
+
+// TestSDKOnKubernetes runs the documented calls of E2B's newest Python and JavaScript SDKs
+// with E2B's templates on the kubernetes provider (the test cluster), on one roched:
+// pause, which the provider cannot do, answers E2B's error shape.
+func TestSDKOnKubernetes(t *testing.T) {
+	testenv.Needs(t, testenv.Root, testenv.Docker, testenv.Cluster, testenv.Python, testenv.Node)
+	installed := sdks(t)
+	cluster := testcluster.Start(t)
+	cl := cluster.Client(t)
+	t.Cleanup(cl.Close)
+	ns := cl.Namespace(t, "roche-e2b")
+	if !cluster.HasImage("roche/python:local") {
+		testcluster.ImportDocker(t, "roche/python:local")
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "agent.tar"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		op.Close()
-		if err := unix.Unmount(state, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-			t.Errorf("unmounting the state directory's tmpfs: %v", err)
-		}
-		os.RemoveAll(state)
-	})
-	settings := `{"templates": {"base": {"image": "roche/python:local", "provider": "oci"},
-		"code-interpreter-v1": {"image": "roche/python:local", "provider": "oci"}}}`
-	s := serve(t, daemon.Config{E2B: json.RawMessage(settings)}, map[string]roche.Provider{"oci": op})
-	out := s.run(t, py, "testdata/python/sdk_calls.py")
-	if !strings.HasSuffix(out, "all ok\n") {
+	ref, err := kubernetes.WriteAgentImage(f, os.Getenv("ROCHE_AGENT"))
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cluster.HasImage(ref) {
+		testcluster.ImportTar(t, f.Name())
+	}
+	kp, err := kubernetes.New(kubernetes.WithKubeconfig(cluster.Kubeconfig), kubernetes.WithNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kp.Close() })
+	// disk 0: the kubelet bounds a writable root by eviction, which Roche does not take for
+	// a disk limit (docs/providers/kubernetes.md).
+	settings := `{"templates": {"base": {"image": "roche/python:local", "provider": "kubernetes", "disk": "0"},
+		"code-interpreter-v1": {"image": "roche/python:local", "provider": "kubernetes", "disk": "0"}}}`
+	s := serve(t, daemon.Config{E2B: json.RawMessage(settings)}, map[string]roche.Provider{"kubernetes": kp})
+	out := s.run(t, installed["E2B_PYTHON"], "testdata/python/sdk_calls.py", "nopause", "noextend")
+	if !strings.HasSuffix(out, "all ok\n") || !strings.Contains(out, "ok pause refused in E2B's error shape\n") {
 		t.Errorf("sdk_calls.py did not end with all ok:\n%s", out)
 	}
-	list, err := op.List(context.Background())
+	out = s.run(t, "node", filepath.Join(installed["E2B_NODE_DIR"], "sdk_calls.js"), "noextend")
+	if !strings.HasSuffix(out, "all ok\n") {
+		t.Errorf("sdk_calls.js did not end with all ok:\n%s", out)
+	}
+	list, err := kp.List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(list) != 0 {
-		t.Errorf("the oci provider still has %d sandboxes", len(list))
+		t.Errorf("the kubernetes provider still has %d sandboxes", len(list))
 	}
 }

@@ -135,22 +135,33 @@ try:
     check(got == [], "Sandbox.list metadata filter, a pair not matching", got)
 
     # set_timeout: both sandboxes to end in 3 s, then this one extended; the short one
-    # ends, this one survives it.
+    # ends, this one survives it. Where the provider cannot extend a sandbox beyond the
+    # lifetime it was made with (noextend: kubernetes), only the short one is shortened,
+    # and extending this one is refused in E2B's error shape.
+    noextend = "noextend" in sys.argv[1:]
     short = Sandbox.create(timeout=600, metadata={"run": run})
-    sbx.set_timeout(3)
     short.set_timeout(3)
     ends_in(short, 3, "set_timeout shortens")
-    sbx.set_timeout(900)
-    ends_in(sbx, 900, "set_timeout extends")
+    if noextend:
+        try:
+            sbx.set_timeout(900)
+            check(False, "set_timeout beyond the lifetime made with raises")
+        except SandboxException as e:
+            check("501" in str(e), "set_timeout beyond the lifetime made with refused in E2B's error shape", str(e))
+    else:
+        sbx.set_timeout(3)
+        sbx.set_timeout(900)
+        ends_in(sbx, 900, "set_timeout extends")
     deadline = time.time() + 90
     while short.is_running() and time.time() < deadline:
         time.sleep(0.5)
     check(not short.is_running(), "set_timeout: the sandbox ends at its new timeout")
-    check(sbx.is_running() and sbx.commands.run("echo alive").stdout == "alive\n", "set_timeout: the extended sandbox survives")
+    check(sbx.is_running() and sbx.commands.run("echo alive").stdout == "alive\n", "set_timeout: the other sandbox survives")
     got = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"run": run})).next_items()]
     check(got == [sbx.sandbox_id], "the ended sandbox is gone from the list", got)
-    Sandbox.connect(sbx.sandbox_id, timeout=1200)
-    ends_in(sbx, 1200, "connect with timeout extends")
+    if not noextend:
+        Sandbox.connect(sbx.sandbox_id, timeout=1200)
+        ends_in(sbx, 1200, "connect with timeout extends")
 
     if "pause" in sys.argv[1:]:  # where the provider can (Docker)
         check(sbx.pause(), "pause")
@@ -176,6 +187,16 @@ except NotFoundException:
     ok("killed sandbox NotFound")
 
 # code interpreter
+if "nocode" in sys.argv[1:]:  # a provider without code contexts: E2B's error shape, 501
+    with CodeSandbox.create() as cs:
+        try:
+            cs.run_code("1")
+            check(False, "run_code where the provider has no code contexts raises")
+        except SandboxException as e:
+            check("501" in str(e) and "code contexts" in str(e), "run_code refused in E2B's error shape", str(e))
+        check(cs.commands.run("echo still").stdout == "still\n", "the sandbox runs on after a refused run_code")
+    print("all ok")
+    sys.exit(0)
 with CodeSandbox.create() as cs:
     cs.run_code("x = 1")
     ex = cs.run_code("x += 1; x")
