@@ -58,6 +58,8 @@ cluster-down:
 # FILES_BENCH_FLAGS, e.g. '-n 3 -size 50m'), then
 # 1,000 leased create+exec+destroy cycles through roched, reporting its memory,
 # descriptors and goroutines before and after (bench/soak; SOAK_FLAGS, e.g. '-n 200').
+# bench/e2b times create + run + kill through E2B's Python SDK against roched's E2B
+# listener beside Roche's Python SDK, from one pool (E2B_BENCH_FLAGS, e.g. '-n 10').
 # bench/oneshot times roche run with no roched, oci (root) and wasm, against docker run
 # (ONESHOT_BENCH_FLAGS, e.g. '-n 10', or '-compare DIR' with an earlier build's binaries).
 # bench/oci makes sandboxes with the oci provider (root; runc or crun) against the bare
@@ -82,6 +84,7 @@ bench:
 	go run ./bench/vm $(VM_BENCH_FLAGS)
 	go run ./bench/kubernetes $(K8S_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)
+	go run ./bench/e2b $(E2B_BENCH_FLAGS)
 	go run ./bench/files $(FILES_BENCH_FLAGS)
 	go run ./bench/soak $(SOAK_FLAGS)
 	go run ./bench/k8sscale $(K8SSCALE_FLAGS)
