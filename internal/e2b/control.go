@@ -309,7 +309,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, tenant string) {
 		cfg.Network = false
 	}
 	cfg.Env = req.EnvVars
-	cfg.Metadata = req.Metadata
+	// The template's name is kept with the sandbox, as Roche's metadata, so that a
+	// roched restarted on the same state still knows it (templateOf).
+	cfg.Metadata = map[string]string{TemplateKey: name}
+	maps.Copy(cfg.Metadata, req.Metadata)
 	c, err := s.client(tenant)
 	if err != nil {
 		writeErr(w, err)
@@ -320,9 +323,6 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, tenant string) {
 		writeErr(w, err)
 		return
 	}
-	s.mu.Lock()
-	s.templates[sb.ID] = name
-	s.mu.Unlock()
 	writeJSON(w, http.StatusCreated, s.sandboxJSON(tenant, sb.ID, name))
 }
 
@@ -345,11 +345,15 @@ func (s *Server) rocheID(r *http.Request, tenant string) (string, error) {
 	return rid, nil
 }
 
-// templateOf names the template a sandbox was made from, or its image.
+// TemplateKey is the metadata key under which a sandbox made through the E2B listener
+// keeps its template's name. E2B's metadata does not show it, and a create whose
+// metadata names it is refused.
+const TemplateKey = "e2b.template"
+
+// templateOf names the template a sandbox was made from, or, for one not made through
+// the listener, its image.
 func (s *Server) templateOf(sb roche.SandboxInfo) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t, ok := s.templates[sb.ID]; ok {
+	if t, ok := sb.Metadata[TemplateKey]; ok {
 		return t
 	}
 	return sb.Image
@@ -403,6 +407,7 @@ func (s *Server) listed(tenant string, sb roche.SandboxInfo, detail bool) listed
 		Metadata: map[string]string{}, State: state, EnvdVersion: EnvdVersion,
 	}
 	maps.Copy(l.Metadata, sb.Metadata)
+	delete(l.Metadata, TemplateKey)
 	l.CPUCount, l.MemoryMB, l.DiskSizeMB = s.sizes(l.TemplateID)
 	if detail {
 		l.EnvdAccessToken, l.Domain = s.accessToken(l.SandboxID), s.domain
@@ -416,6 +421,9 @@ func (s *Server) listed(tenant string, sb roche.SandboxInfo, detail bool) listed
 func metadataKeys(md map[string]string) error {
 	if len(md) == 0 {
 		return nil
+	}
+	if _, ok := md[TemplateKey]; ok {
+		return fmt.Errorf("%w: metadata key %q is roched's own (the sandbox's template): rename the key", roche.ErrInvalidConfig, TemplateKey)
 	}
 	if err := (roche.ListFilter{Metadata: md}).Validate(); err != nil {
 		return fmt.Errorf("%w (roched keeps E2B metadata as Roche's sandbox metadata, docs/labels.md: rename the key)", err)
@@ -587,9 +595,6 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request, tenant string) {
 		writeErr(w, err)
 		return
 	}
-	s.mu.Lock()
-	delete(s.templates, sb.ID)
-	s.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 }
 

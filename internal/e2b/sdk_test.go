@@ -42,6 +42,7 @@ type served struct {
 	dp  *docker.Provider
 	// printed is what roched printed at start, socket its unix socket.
 	printed, socket string
+	cfg             daemon.Config // as started
 }
 
 // lockedBuffer is what roched prints, read while it may still write.
@@ -95,7 +96,7 @@ func serve(t *testing.T, cfg daemon.Config, more ...map[string]roche.Provider) *
 		dp.Close()
 		t.Fatal(err)
 	}
-	s := &served{d: d, dp: dp, env: map[string]string{}, printed: out.String(), socket: cfg.Socket}
+	s := &served{d: d, dp: dp, env: map[string]string{}, printed: out.String(), socket: cfg.Socket, cfg: cfg}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -63,9 +63,6 @@ type Server struct {
 
 	mu      sync.Mutex
 	clients map[string]*client.Client
-	// templates are the templates of the sandboxes this roched created, by id, for their
-	// info (lost at a restart: such a sandbox's template reads as its image).
-	templates map[string]string
 
 	handler http.Handler
 }
@@ -89,9 +86,8 @@ func New(d *daemon.Daemon, s daemon.FrontendSettings) (daemon.Frontend, error) {
 	}
 	srv := &Server{
 		d: d, log: s.Log, settings: settings,
-		domain:    net.JoinHostPort(host, port),
-		clients:   map[string]*client.Client{},
-		templates: map[string]string{},
+		domain:  net.JoinHostPort(host, port),
+		clients: map[string]*client.Client{},
 	}
 	srv.url = scheme + "://" + srv.domain
 	if srv.secret, err = loadSecret(filepath.Join(s.StateDir, "e2b.secret"), 32); err != nil {

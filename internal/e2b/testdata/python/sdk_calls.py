@@ -1,12 +1,13 @@
 """Documented calls of E2B's Python SDKs (e2b, e2b-code-interpreter), against roched's
 E2B listener. Only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY are set. Prints one
 "ok NAME" line per check and exits non-zero at the first failure."""
+import os
 import sys
 import time
 import uuid
 from datetime import datetime, timezone
 
-from e2b import Sandbox, SandboxQuery, CommandExitException, NotFoundException, FilesystemEventType
+from e2b import Sandbox, SandboxQuery, CommandExitException, NotFoundException, FilesystemEventType, PtySize
 from e2b.exceptions import SandboxException
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
@@ -77,6 +78,17 @@ try:
     h.close_stdin() if hasattr(h, "close_stdin") else sbx.commands.close_stdin(h.pid)
     res = h.wait()
     check(res.stdout == "hello stdin\n", "send_stdin close_stdin", res.stdout)
+
+    # pty: refused (Unimplemented), naming Roche's own terminals
+    try:
+        sbx.pty.create(PtySize(rows=24, cols=80))
+        check(False, "pty.create raises")
+    except SandboxException as e:
+        check("pty" in str(e) and "roche shell" in str(e), "pty.create refused, naming roche shell", str(e))
+    # get_host builds {port}-{id}.{domain}: the domain is roched's own listener, never E2B's
+    listener = os.environ["E2B_API_URL"].split("://", 1)[1]
+    host = sbx.get_host(8080)
+    check(host == "8080-" + sbx.sandbox_id + "." + listener, "get_host names roched's domain", host)
 
     # files
     base = "/tmp/e2b-files"
