@@ -99,8 +99,10 @@ try {
     if (ev.name === 'w.txt') resolveSeen()
   })
   await sbx.files.write(base + '/w.txt', 'watched')
-  const timeout = new Promise((res) => setTimeout(res, 20_000))
+  let timer
+  const timeout = new Promise((res) => (timer = setTimeout(res, 20_000)))
   await Promise.race([seenW, timeout])
+  clearTimeout(timer) // else it holds the process open its 20 s after the script's end
   await watcher.stop()
   check(events.some((e) => e.name === 'w.txt'), 'files.watchDir', events)
 
