@@ -113,6 +113,9 @@ type Config struct {
 	// loopback address unless Insecure. E2B is the config file's "e2b" section for it.
 	E2BListen string
 	E2B       json.RawMessage
+	// UI serves the web console at /ui/ on the TCP listener (Listen), behind its tokens
+	// (console.go).
+	UI bool
 }
 
 // Option configures a Daemon.
@@ -171,6 +174,8 @@ type Daemon struct {
 	shutdown sync.Once
 	// stopEgress ends the observing of egress decisions (egress.go).
 	stopEgress func()
+	// auditLog keeps the last audit lines for the console (console.go).
+	auditLog auditRing
 
 	// pipes are the in-process connections frontends call the API on (frontend.go);
 	// newFrontend makes the frontend of E2BListen, frontend is it once started.
@@ -238,7 +243,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 	}
 	d.metrics = newMetrics(d)
 	l, err := ledger.New(cfg.ledgerConfig(), providers, ledger.WithLogger(d.log), ledger.WithObserver(d.metrics),
-		ledger.WithPoolOptions(d.poolOpts...))
+		ledger.WithPoolOptions(d.poolOpts...), ledger.WithAuditSink(d.auditLog.add))
 	if err != nil {
 		return nil, err
 	}
@@ -263,6 +268,9 @@ func (c Config) Validate(providers []string) error {
 			host, _, _ := net.SplitHostPort(addr)
 			errs = append(errs, c.validateTLS(host)...)
 		}
+	}
+	if c.UI && c.Listen == "" {
+		errs = append(errs, fmt.Errorf("%w: --ui serves the console on the TCP address of --listen, behind its tokens: give --listen tcp://HOST:PORT too", roche.ErrInvalidConfig))
 	}
 	if c.E2BListen != "" {
 		if addr, err := parseListen(c.E2BListen); err != nil {
@@ -446,6 +454,9 @@ func (d *Daemon) handler(requireToken bool) http.Handler {
 			mux.ServeHTTP(w, r.WithContext(withTenant(r.Context(), t)))
 		})
 	}
+	if d.cfg.UI {
+		d.consoleMux(mux)
+	}
 	return d.authenticate(mux)
 }
 
@@ -494,13 +505,23 @@ const maxMessageBytes = 24 << 20
 func (d *Daemon) authenticate(next http.Handler) http.Handler {
 	ew := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" && !r.URL.Query().Has("verbose") {
+		if err := sameOrigin(r); err != nil {
+			d.log.Warn("cross-origin request refused", "path", r.URL.Path, "remote", r.RemoteAddr, "origin", r.Header.Get("Origin"))
+			permissionDenied(w, r, err)
+			return
+		}
+		if r.URL.Path == "/healthz" && !r.URL.Query().Has("verbose") || d.cfg.UI && consolePage(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		t, why := d.callerTenant(r.TLS, token, ok)
 		if why == nil {
+			if t.readOnly && !readOnlyAllows(r) {
+				d.log.Warn("call refused to a read-only tenant", "tenant", t.Name, "path", r.URL.Path, "remote", r.RemoteAddr)
+				permissionDenied(w, r, fmt.Errorf("%w: tenant %s is read-only: it may list and look, not run, change or destroy (%s)", roche.ErrPermission, t.Name, r.URL.Path))
+				return
+			}
 			next.ServeHTTP(w, r.WithContext(withTenant(r.Context(), t)))
 			return
 		}

@@ -53,9 +53,10 @@ type FrontendSettings struct {
 type NewFrontend func(d *Daemon, s FrontendSettings) (Frontend, error)
 
 // TenantOfToken names the tenant whose bearer token (--token-file, ROCHE_TOKEN or
-// --tokens-file) token is, comparing hashes in constant time; false when none.
+// --tokens-file) token is, comparing hashes in constant time; false when none, and for
+// a read-only token, since a frontend acts as its tenant with every right (DialAs).
 func (d *Daemon) TenantOfToken(token string) (string, bool) {
-	if t := match(d.tenants, token); t != nil {
+	if t := match(d.tenants, token); t != nil && !t.readOnly {
 		return t.Name, true
 	}
 	return "", false

@@ -53,7 +53,8 @@ const DefaultMaxSandboxes = 100
 //	  "engine_timeout": "30s",
 //	  "pools": ["docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600"],
 //	  "e2b_listen": "tcp://127.0.0.1:3000",
-//	  "e2b": {"templates": {"base": {"image": "roche/python:local"}}}
+//	  "e2b": {"templates": {"base": {"image": "roche/python:local"}}},
+//	  "ui": true
 //	}
 //
 // A token is never in the file, so that it is not left lying in configuration: the file
@@ -83,6 +84,9 @@ type FileConfig struct {
 	// docs/e2b.md), which its package reads.
 	E2BListen string          `json:"e2b_listen"`
 	E2B       json.RawMessage `json:"e2b,omitempty"`
+
+	// UI is --ui: the web console at /ui/ on the listen address.
+	UI bool `json:"ui"`
 }
 
 // LoadFileConfig reads a --config file, refusing unknown fields so that a typo is an
@@ -137,6 +141,8 @@ type flags struct {
 	// e2bListen: Config.E2BListen; newFrontend serves it (cmd/roched passes internal/e2b's).
 	e2bListen   string
 	newFrontend NewFrontend
+	// ui: Config.UI.
+	ui bool
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -177,7 +183,9 @@ Tokens never go on the command line (ps shows it to every user): --token-file FI
 (mode 0600) or ROCHE_TOKEN gives one token, for the tenant "default"; --tokens-file
 FILE (mode 0600) lists tenants, each seeing only its own sandboxes, workspaces and
 snapshots: {"tenants": [{"name": "acme", "token_sha256": "HEX", "max_sandboxes": 10,
-"mount_roots": ["/srv/roche/acme"]}]}. roched hash-token turns a token on stdin into
+"mount_roots": ["/srv/roche/acme"], "read_only_token_sha256": ["HEX"]}]}; a read-only
+token sees what its tenant's token sees (sandboxes, pools, commands' output, egress and
+audit logs) but may not create, run, open a terminal, copy or destroy. roched hash-token turns a token on stdin into
 its token_sha256. The unix socket is the tenant "local". TCP tenants mount host paths
 only at or below --allow-mount-root directories (or their mount_roots); sandboxes run
 as root (uid or gid 0, or a user name) only with --allow-root-sandboxes. Every create,
@@ -195,7 +203,8 @@ gets a sandbox made for it.
 "insecure": false, "allow_mount_roots": ["..."], "allow_root_sandboxes": false,
 "state": "...", "max_sandboxes": 100, "pool_concurrency": 2, "copy_max_bytes": "1g",
 "engine_timeout": "30s", "pools": ["docker/IMAGE?min=2"], "e2b_listen": "tcp://...",
-"e2b": {"templates": {...}}}. Flags win over the file; it never holds a token itself.
+"e2b": {"templates": {...}}, "ui": false}. Flags win over the file; it never holds a token
+itself.
 
 Every call to the Docker engine has a deadline (--engine-timeout for a create, 10 s
 for a list or destroy). The engine is checked every 2 s: while it does not answer,
@@ -227,6 +236,12 @@ makes a local CA and a certificate signed by it.
 
 GET /healthz answers without a token (?verbose, roche doctor's report of what it serves,
 needs one); /metrics is Prometheus text.
+
+--ui serves a web console at /ui/ on the --listen address: the tenant's sandboxes with
+live CPU, memory and processes and why each ended, pools, background commands and their
+output, the egress and audit logs, and a terminal (not for read-only tenants). The page
+asks for a token and sends it as a bearer header, never in a URL or a cookie; requests
+from pages of another origin are refused (docs/console.md).
 
 --e2b-listen tcp://127.0.0.1:3000 also serves the E2B API there, so that E2B's own SDKs
 run unmodified against roched: roched prints the export lines they need (E2B_API_URL,
@@ -283,6 +298,7 @@ TLS and --insecure work as for --listen; the config file's "e2b" section names t
 	fs.StringVar(&f.directOwner, "direct-owner", defaults.DirectOwner(),
 		"owner of the direct-mode sandboxes served to roched's own user on the unix socket: what roche gives them in roched's environment (ROCHE_OWNER, else cli:USER@HOST); \"\" serves none")
 	fs.StringVar(&f.e2bListen, "e2b-listen", "", "also serve the E2B API (its SDKs, unmodified) on tcp://HOST:PORT, e.g. tcp://127.0.0.1:3000; TLS as --listen (docs/e2b.md)")
+	fs.BoolVar(&f.ui, "ui", false, "serve the web console at /ui/ on the --listen address, behind its tokens (docs/console.md)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -335,7 +351,7 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		EndedRetention:  f.endedRetention,
 		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
 		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
-		DirectOwner: f.directOwner, E2BListen: f.e2bListen,
+		DirectOwner: f.directOwner, E2BListen: f.e2bListen, UI: f.ui,
 	}
 	tokenFile, tokensFile := f.tokenFile, f.tokensFile
 	var specs []string
@@ -398,6 +414,9 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		}
 		if fc.E2BListen != "" && !changed("e2b-listen") {
 			cfg.E2BListen = fc.E2BListen
+		}
+		if fc.UI && !changed("ui") {
+			cfg.UI = true
 		}
 		cfg.E2B = fc.E2B
 		specs = fc.Pools

@@ -52,6 +52,9 @@ type Tenant struct {
 	// MountRoots are host directories below which this tenant may mount, besides the
 	// daemon's --allow-mount-root ones.
 	MountRoots []string `json:"mount_roots,omitempty"`
+	// ReadOnlyTokenSHA256 are the hashes of tokens that act as this tenant with the
+	// read-only role: they see what its own token sees and change nothing (console.go).
+	ReadOnlyTokenSHA256 []string `json:"read_only_token_sha256,omitempty"`
 }
 
 // TokensFile is the --tokens-file format.
@@ -114,6 +117,8 @@ func validTenantName(s string) bool {
 type tenant struct {
 	ledger.Tenant
 	hash [sha256.Size]byte
+	// readOnly: its role is RoleReadOnly.
+	readOnly bool
 }
 
 // validateTenants reports every problem with the tenants of cfg.
@@ -147,6 +152,16 @@ func (c Config) validateTenants() []error {
 		}
 		if t.MaxTimeoutSecs < 0 || t.MaxTimeoutSecs > roche.MaxTimeoutSecs {
 			errs = append(errs, fmt.Errorf("%w: tenant %q: max_timeout_secs %d: give 1 to %d seconds, or leave it out", roche.ErrInvalidConfig, t.Name, t.MaxTimeoutSecs, roche.MaxTimeoutSecs))
+		}
+		for _, ro := range t.ReadOnlyTokenSHA256 {
+			h := strings.ToLower(ro)
+			if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+				errs = append(errs, fmt.Errorf("%w: tenant %q: each read_only_token_sha256 must be 64 hex digits (roched hash-token makes it)", roche.ErrInvalidConfig, t.Name))
+			} else if other, dup := hashes[h]; dup {
+				errs = append(errs, fmt.Errorf("%w: tenants %q and %q have the same token (a read-only one): give each its own", roche.ErrInvalidConfig, other, t.Name))
+			} else {
+				hashes[h] = t.Name
+			}
 		}
 		if t.MaxSandboxes < 0 {
 			errs = append(errs, fmt.Errorf("%w: tenant %q: max_sandboxes %d is negative", roche.ErrInvalidConfig, t.Name, t.MaxSandboxes))
@@ -204,6 +219,12 @@ func buildTenants(c Config) []*tenant {
 			nt.MountRoots = append(nt.MountRoots, real)
 		}
 		out = append(out, nt)
+		for _, ro := range t.ReadOnlyTokenSHA256 {
+			viewer := &tenant{Tenant: nt.Tenant, readOnly: true}
+			b, _ := hex.DecodeString(strings.ToLower(ro))
+			copy(viewer.hash[:], b)
+			out = append(out, viewer)
+		}
 	}
 	return out
 }

@@ -222,7 +222,7 @@ func isLoopback(host string) bool {
 // certificate alone (the CA vouches for it), with the daemon's mount roots.
 func (d *Daemon) certTenant(name string) (*tenant, error) {
 	for _, t := range d.tenants {
-		if t.Name == name {
+		if t.Name == name && !t.readOnly {
 			return t, nil
 		}
 	}

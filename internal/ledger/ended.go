@@ -243,3 +243,23 @@ func (l *Ledger) InspectEnded(t *Tenant, id string) (roche.SandboxInfo, bool) {
 	info.End = &why
 	return info, true
 }
+
+// Ended returns tenant t's sandboxes that ended within the retention, newest first, each
+// with why it ended.
+func (l *Ledger) Ended(t *Tenant) []roche.SandboxInfo {
+	e := &l.ended
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pruneLocked(time.Now())
+	var out []roche.SandboxInfo
+	for i := len(e.order) - 1; i >= 0; i-- {
+		en, ok := e.byID[e.order[i]]
+		if !ok || en.tenant != t.Name || en.direct && !t.Direct {
+			continue
+		}
+		info, why := en.info, en.reason
+		info.End = &why
+		out = append(out, info)
+	}
+	return out
+}

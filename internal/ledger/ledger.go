@@ -145,9 +145,24 @@ func WithPoolOptions(opts ...pool.Option) Option {
 // WithObserver sets what hears the ledger's measurements.
 func WithObserver(o Observer) Option { return func(l *Ledger) { l.obs = o } }
 
+// AuditEntry is one line of the audit trail, as Audit logs it, for a sink that keeps
+// them (the console's audit view).
+type AuditEntry struct {
+	Time   time.Time      `json:"time"`
+	Tenant string         `json:"tenant"`
+	Op     string         `json:"op"`
+	OK     bool           `json:"ok"`
+	Err    string         `json:"err,omitempty"`
+	Attrs  map[string]any `json:"attrs,omitempty"`
+}
+
+// WithAuditSink passes every audit line to sink as well as to the log.
+func WithAuditSink(sink func(AuditEntry)) Option { return func(l *Ledger) { l.auditSink = sink } }
+
 // Ledger is the state of one roched.
 type Ledger struct {
 	cfg       Config
+	auditSink func(AuditEntry)
 	providers map[string]roche.Provider
 	names     []string // provider names, sorted
 	log       *slog.Logger

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/roche-sandbox/roche"
 )
@@ -228,6 +229,18 @@ func (l *Ledger) Audit(tenant, op string, err error, attrs ...any) {
 		args = append(args, "ok", true)
 	}
 	l.log.Info("audit", args...)
+	if l.auditSink != nil {
+		e := AuditEntry{Time: time.Now(), Tenant: tenant, Op: op, OK: err == nil, Attrs: map[string]any{}}
+		if err != nil {
+			e.Err = err.Error()
+		}
+		for i := 0; i+1 < len(attrs); i += 2 {
+			if k, ok := attrs[i].(string); ok {
+				e.Attrs[k] = attrs[i+1]
+			}
+		}
+		l.auditSink(e)
+	}
 }
 
 // permitTimeout refuses a lifetime over the tenant's maximum (MaxTimeoutSecs).
