@@ -72,6 +72,13 @@ if ! command -v tcpdump >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump >/dev/null
 fi
 
+# chromium: internal/daemon's TestConsoleInABrowser drives roched's console headless.
+if ! command -v chromium >/dev/null 2>&1; then
+  log "installing chromium"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+
 # gVisor's runsc as the Docker runtime "runsc" (provider/docker's TestConformanceRunsc,
 # --runtime runsc): installed and merged into /etc/docker/daemon.json, which a running
 # dockerd reloads on the SIGHUP the script sends and one started below reads.
@@ -183,6 +190,8 @@ make -s vet
 log "go test"
 # The full tier: every test runs, and one whose need is missing fails (testenv.Needs).
 export ROCHE_TEST_TIER=full
+# Kept test artifacts (the console's screenshots): test-artifacts/ in the checkout.
+export ROCHE_TEST_ARTIFACTS="${ROCHE_TEST_ARTIFACTS:-$PWD/test-artifacts}"
 # One package at a time: packages share the one Docker engine, and a test of
 # `roche gc --all` or of the daemon's reconciliation must not reap another package's
 # sandboxes mid-test.

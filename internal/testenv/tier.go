@@ -33,10 +33,12 @@ const (
 	Tcpdump Need = "tcpdump"
 	Node    Need = "Node and npm"
 	Python  Need = "python3"
+	// Chromium is Debian's chromium, the headless browser the console's tests drive.
+	Chromium Need = "chromium"
 )
 
 // tool is the command whose presence a Need is, for those that are one.
-var tool = map[Need]string{QEMU: "qemu-system-x86_64", Tmux: "tmux", Tcpdump: "tcpdump", Node: "npm", Python: "python3"}
+var tool = map[Need]string{QEMU: "qemu-system-x86_64", Tmux: "tmux", Tcpdump: "tcpdump", Node: "npm", Python: "python3", Chromium: "chromium"}
 
 // Fast reports whether the tests run in the fast tier. A TestMain whose set-up needs
 // something (building an image, starting the cluster) leaves it out when Fast, and the

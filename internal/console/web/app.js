@@ -115,6 +115,9 @@ function showError(err) {
 function signOut(why) {
   sessionStorage.removeItem(TOKEN_KEY);
   closeDetail();
+  state.role = "";
+  state.lastUsage = {};
+  for (const tbody of document.querySelectorAll("main tbody")) tbody.replaceChildren();
   $("#app").hidden = true;
   $("#signout").hidden = true;
   $("#who").textContent = "";
