@@ -146,6 +146,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	if !strings.HasPrefix(refused, "permission_denied") {
 		t.Errorf("the read-only page's Destroy: %q, want permission_denied", refused)
 	}
+	var term string
+	do(t, bctx, "read-only terminal", chromedp.Evaluate(
+		fmt.Sprintf(`call("CreatePty", {sandboxId: %q}).then((r) => "pid " + r.pid, (e) => e.code + ": " + e.message)`, kept.ID),
+		&term, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }))
+	if !strings.HasPrefix(term, "permission_denied") {
+		t.Errorf("the read-only page's CreatePty: %q, want permission_denied", term)
+	}
 	if td.gone(kept.ID) {
 		t.Fatalf("sandbox %s destroyed through a read-only token", kept.ID)
 	}
