@@ -351,3 +351,27 @@ func memConfig() *rochev1.SandboxConfig {
 	img := "img"
 	return &rochev1.SandboxConfig{Image: &img}
 }
+
+// TestAuditRing: the console's audit lines are the newest, each tenant's own, after
+// the ring has wrapped.
+func TestAuditRing(t *testing.T) {
+	var a auditRing
+	for i := range auditKept + 10 {
+		tn := "a"
+		if i%2 == 1 {
+			tn = "b"
+		}
+		a.add(ledger.AuditEntry{Tenant: tn, Op: "exec", Attrs: map[string]any{"n": i}})
+	}
+	got := a.of("b", 3)
+	if len(got) != 3 || got[0].Attrs["n"] != auditKept+9 || got[2].Attrs["n"] != auditKept+5 {
+		t.Fatalf("b's newest three: %+v", got)
+	}
+	all := a.of("a", auditKept)
+	if len(all) != auditKept/2 || all[len(all)-1].Attrs["n"] != 10 {
+		t.Fatalf("a's lines after the wrap: %d, oldest %v", len(all), all[len(all)-1].Attrs["n"])
+	}
+	if n := len(a.of("c", 10)); n != 0 {
+		t.Fatalf("a tenant with no lines sees %d", n)
+	}
+}
