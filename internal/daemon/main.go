@@ -239,7 +239,7 @@ needs one); /metrics is Prometheus text.
 
 --ui serves a web console at /ui/ on the --listen address: the tenant's sandboxes with
 live CPU, memory and processes and why each ended, pools, background commands and their
-output, the egress and audit logs, and a terminal (not for read-only tenants). The page
+output, the egress and audit logs, and a terminal (not for read-only tokens). The page
 asks for a token and sends it as a bearer header, never in a URL or a cookie; requests
 from pages of another origin are refused (docs/console.md).
 
