@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/textproto"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,7 +46,7 @@ func FuzzParseRule(f *testing.F) {
 			t.Fatalf("%q parsed to port %d", s, r.Port)
 		}
 		again, err := ParseRule(r.String())
-		if err != nil || again != r {
+		if err != nil || !reflect.DeepEqual(again, r) {
 			t.Fatalf("%q parsed to %+v, which prints as %q, which parses to %+v (%v)", s, r, r.String(), again, err)
 		}
 		p := Policy{Rules: []Rule{r}}

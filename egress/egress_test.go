@@ -104,8 +104,13 @@ func TestAllowedHTTPSThroughConnect(t *testing.T) {
 	c := s.Client()
 	tr := c.Transport.(*http.Transport)
 	tr.Proxy = http.ProxyURL(proxy)
-	// httptest's certificate names 127.0.0.1 and example.com, not 127.0.0.3.
-	tr.TLSClientConfig.ServerName = "example.com"
+	// httptest's certificate names 127.0.0.1 and example.com, not 127.0.0.3: checked
+	// as the first, with no TLS name sent (the proxy refuses a TLS name other than the
+	// CONNECT's, TestSNIDifferingFromConnectRefused).
+	tr.TLSClientConfig.InsecureSkipVerify = true
+	tr.TLSClientConfig.VerifyConnection = func(cs tls.ConnectionState) error {
+		return cs.PeerCertificates[0].VerifyHostname("127.0.0.1")
+	}
 	resp, err := c.Get(s.URL + "/secure")
 	if err != nil {
 		t.Fatalf("HTTPS through CONNECT: %v", err)
@@ -260,9 +265,20 @@ func TestParseRule(t *testing.T) {
 			t.Errorf("ParseRule(%q) = %v, %v; want %s", in, r, err, want)
 		}
 	}
-	for _, bad := range []string{"", "https://pypi.org", "pypi.org:0", "pypi.org:99999", "*", "*.", "a*b.com", "nodots"} {
+	for _, bad := range []string{"", "http://pypi.org", "pypi.org/simple", "https://pypi.org?x", "https://u@pypi.org/", "https://pypi.org/a/../b",
+		"https://pypi.org/%2e%2e/", "GET POST https://pypi.org/", "CONNECT https://pypi.org/", "https://", "pypi.org:0", "pypi.org:99999", "*", "*.", "a*b.com", "nodots"} {
 		if _, err := ParseRule(bad); err == nil {
 			t.Errorf("ParseRule(%q) accepted", bad)
+		}
+	}
+	for in, want := range map[string]string{
+		"https://api.example.com":                    "https://api.example.com/",
+		"get,Head  https://API.example.com:8443/v1/": "GET,HEAD https://api.example.com:8443/v1/",
+		"POST https://127.0.0.2:9000/x":              "POST https://127.0.0.2:9000/x",
+	} {
+		r, err := ParseRule(in)
+		if err != nil || r.String() != want || !r.Intercept {
+			t.Errorf("ParseRule(%q) = %v, %v; want %s", in, r, err, want)
 		}
 	}
 	pol, _ := ParsePolicy([]string{"pypi.org", "*.npmjs.org", "example.com:8443"})

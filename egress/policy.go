@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -27,9 +28,26 @@ type Rule struct {
 	// IP is set when Host is an IP literal; only such a rule can allow a special-purpose
 	// or host address (a mirror on the LAN or the host), never a cloud metadata address.
 	IP netip.Addr
+	// Intercept is set by an "https://" entry: the proxy terminates the TLS of a CONNECT
+	// to the host with the sandbox's own CA, and allows only the requests inside whose
+	// method is one of Methods (any when empty) and whose path starts with Path.
+	Intercept bool
+	Methods   []string // upper case
+	Path      string   // a prefix starting with "/"; "/" allows every path
 }
 
 func (r Rule) String() string {
+	if r.Intercept {
+		s := "https://" + r.hostPort() + r.Path
+		if len(r.Methods) > 0 {
+			s = strings.Join(r.Methods, ",") + " " + s
+		}
+		return s
+	}
+	return r.hostPort()
+}
+
+func (r Rule) hostPort() string {
 	h := r.Host
 	if r.Suffix {
 		h = "*." + h
@@ -47,14 +65,22 @@ func (r Rule) String() string {
 
 // ParseRule parses "pypi.org", "*.npmjs.org", "example.com:8443", "127.0.0.2:8080" or
 // "[::1]:8443".
+//
+// An entry "[METHOD[,METHOD...] ]https://HOST[:PORT][/PATH-PREFIX]" is intercepted: e.g.
+// "https://api.example.com/v1/" or "GET,HEAD https://pypi.org/simple/". Its HOST[:PORT]
+// is spelled as above; without methods any is allowed, without a path any path.
 func ParseRule(s string) (Rule, error) {
 	orig := s
-	s = strings.ToLower(strings.TrimSpace(s))
+	s = strings.TrimSpace(s)
 	if s == "" {
 		return Rule{}, errors.New("empty allowlist entry")
 	}
+	if i := strings.Index(strings.ToLower(s), "https://"); i >= 0 {
+		return parseIntercept(orig, strings.TrimSpace(s[:i]), s[i+len("https://"):])
+	}
+	s = strings.ToLower(s)
 	if strings.Contains(s, "/") {
-		return Rule{}, fmt.Errorf("allowlist entry %q: give a host name (and port), not a URL", orig)
+		return Rule{}, fmt.Errorf("allowlist entry %q: give a host name (and port), or an https:// URL to intercept", orig)
 	}
 	var r Rule
 	host := s
@@ -103,6 +129,56 @@ func ParseRule(s string) (Rule, error) {
 	return r, nil
 }
 
+// parseIntercept parses the methods and the URL after "https://" of an intercepted entry.
+func parseIntercept(orig, methods, rest string) (Rule, error) {
+	hostPort, p, hasPath := strings.Cut(rest, "/")
+	if strings.ContainsAny(hostPort, "@?#") || strings.ContainsAny(p, "?# \t") {
+		return Rule{}, fmt.Errorf("allowlist entry %q: give https://HOST[:PORT][/PATH-PREFIX], without user, query or fragment", orig)
+	}
+	r, err := ParseRule(hostPort)
+	if err != nil {
+		return Rule{}, err
+	}
+	r.Intercept, r.Path = true, "/"
+	if hasPath {
+		r.Path = "/" + p
+		if !cleanPath(r.Path) {
+			return Rule{}, fmt.Errorf("allowlist entry %q: the path prefix holds an empty, \".\" or \"..\" segment or an escape", orig)
+		}
+	}
+	if methods != "" {
+		for _, m := range strings.Split(methods, ",") {
+			m = strings.ToUpper(strings.TrimSpace(m))
+			if m == "" || strings.Trim(m, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+				return Rule{}, fmt.Errorf("allowlist entry %q: give methods as GET,POST before the URL", orig)
+			}
+			if m == http.MethodConnect {
+				return Rule{}, fmt.Errorf("allowlist entry %q: CONNECT is not a method inside an intercepted connection", orig)
+			}
+			if !slices.Contains(r.Methods, m) {
+				r.Methods = append(r.Methods, m)
+			}
+		}
+	}
+	return r, nil
+}
+
+// cleanPath reports whether a request path (decoded) or a rule's prefix has no segment
+// a server may read otherwise than its bytes: none empty (but the last), ".", "..", and
+// no "%" escape or backslash left in it. A path prefix checked on such a path holds.
+func cleanPath(p string) bool {
+	if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "%\\\x00") {
+		return false
+	}
+	segs := strings.Split(p[1:], "/")
+	for i, s := range segs {
+		if s == "." || s == ".." || s == "" && i != len(segs)-1 {
+			return false
+		}
+	}
+	return true
+}
+
 // zoneOK reports whether an IPv6 zone is an interface name (at most 15 bytes of letters,
 // digits, '.', '-' and '_', as Linux allows, not ending in '.', which a request's host
 // loses as a name's trailing dot) or index: netip takes any string after '%'.
@@ -141,8 +217,46 @@ func ParsePolicy(entries []string) (Policy, error) {
 	return p, nil
 }
 
-// match returns the rule that allows host:port, if any. defaultPort is the scheme's.
+// match returns the host:port rule that allows host:port, if any: an intercepted rule
+// allows a CONNECT (defaultPort 443) only, and is returned only when no plain rule
+// allows host:port. defaultPort is the scheme's.
 func (p Policy) match(host string, port, defaultPort int) (Rule, bool) {
+	var found Rule
+	ok := false
+	for _, r := range p.matches(host, port, defaultPort) {
+		if !r.Intercept {
+			return r, true
+		}
+		if defaultPort == 443 && !ok {
+			found, ok = r, true
+		}
+	}
+	return found, ok
+}
+
+// intercepted reports whether a CONNECT to host:port has an intercepted rule.
+func (p Policy) intercepted(host string, port int) bool {
+	return slices.ContainsFunc(p.matches(host, port, 443), func(r Rule) bool { return r.Intercept })
+}
+
+// matchRequest returns the rule that allows a request inside an intercepted CONNECT to
+// host:port: a plain rule for host:port allows any, an intercepted one its methods and
+// path prefix.
+func (p Policy) matchRequest(host string, port int, method, path string) (Rule, bool) {
+	for _, r := range p.matches(host, port, 443) {
+		if !r.Intercept {
+			return r, true
+		}
+		if (len(r.Methods) == 0 || slices.Contains(r.Methods, method)) && strings.HasPrefix(path, r.Path) {
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
+
+// matches returns the rules whose host and port allow host:port.
+func (p Policy) matches(host string, port, defaultPort int) []Rule {
+	var out []Rule
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	ip, ipErr := netip.ParseAddr(strings.Trim(host, "[]"))
 	for _, r := range p.Rules {
@@ -156,15 +270,20 @@ func (p Policy) match(host string, port, defaultPort int) (Rule, bool) {
 		switch {
 		case r.IP.IsValid():
 			if ipErr == nil && ip.Unmap() == r.IP {
-				return r, true
+				out = append(out, r)
 			}
 		case r.Suffix:
 			if strings.HasSuffix(host, "."+r.Host) {
-				return r, true
+				out = append(out, r)
 			}
 		case host == r.Host:
-			return r, true
+			out = append(out, r)
 		}
 	}
-	return Rule{}, false
+	return out
+}
+
+// Intercepts reports whether any rule is intercepted (the sandbox then needs its CA).
+func (p Policy) Intercepts() bool {
+	return slices.ContainsFunc(p.Rules, func(r Rule) bool { return r.Intercept })
 }

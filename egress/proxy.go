@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/roche-sandbox/roche/internal/localca"
 )
 
 // Defaults for the per-sandbox caps.
@@ -55,6 +58,13 @@ type Options struct {
 	Log     *slog.Logger
 	// LogSize bounds the decision log (default DefaultLogSize).
 	LogSize int
+	// CA signs the certificates shown to the sandbox on intercepted connections (rules
+	// given as https:// URLs, hosts secrets are bound to); without one they are refused.
+	CA *localca.CA
+	// Roots verify the upstreams of intercepted connections (default UpstreamRoots).
+	Roots *x509.CertPool
+	// Secrets are brokered to the hosts each is bound to.
+	Secrets []Secret
 }
 
 // Proxy relays one sandbox's HTTP and CONNECT requests to the hosts its policy allows.
@@ -74,7 +84,13 @@ type Proxy struct {
 	closed  bool
 	open    map[net.Conn]struct{}
 	sandbox string
-	policy  Policy // changed live by Allow and Remove
+	policy  Policy   // changed live by Allow and Remove
+	secrets []Secret // values changed live by SetSecret
+
+	leafs     leafs
+	rootsOnce sync.Once
+	roots     *x509.CertPool
+	rootsErr  error
 }
 
 // New returns a proxy for one sandbox.
@@ -114,6 +130,7 @@ func New(opts Options) *Proxy {
 		open:       map[net.Conn]struct{}{},
 		dlog:       decisionLog{size: opts.LogSize},
 		policy:     Policy{Rules: slices.Clone(opts.Policy.Rules)},
+		secrets:    slices.Clone(opts.Secrets),
 	}
 	p.SetSandbox(opts.Sandbox)
 	return p
@@ -264,6 +281,10 @@ func (p *Proxy) ServeConn(c net.Conn) {
 			return
 		}
 	}
+	if err := p.substitute(req.Header, req.URL, host, port, false); err != nil {
+		p.refuse(c, d, http.StatusForbidden, err.Error())
+		return
+	}
 	rule, ok := p.Policy().match(host, port, defaultPort)
 	if !ok {
 		d.Rule = neededRule(host, port, defaultPort)
@@ -295,26 +316,50 @@ func (p *Proxy) ServeConn(c net.Conn) {
 		up.Close()
 		return
 	}
-	defer p.untrack(up)
-	defer up.Close()
+	counted := &countingConn{Conn: up, p: p, ctr: &counter{}, untrack: true}
+	defer counted.Close()
 	d.Rule, d.Allowed, d.Reason = rule.String(), true, "allowed by "+rule.String()+" at "+addr.String()
-	p.decide(d)
-	counted := &countingConn{Conn: up, p: p}
+	var refused error
 	defer func() {
-		final := p.dlog.update(d, func(d *Decision) {
-			d.BytesOut, d.BytesIn, d.Done = counted.out.Load(), counted.in.Load(), true
-		})
-		notify(final)
-	}()
-
-	if req.Method == http.MethodConnect {
-		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
-			return
+		if refused == nil {
+			final := p.dlog.update(d, func(d *Decision) {
+				d.BytesOut, d.BytesIn, d.Done = counted.ctr.out.Load(), counted.ctr.in.Load(), true
+			})
+			notify(final)
 		}
-		p.pipe(c, br, counted)
+	}()
+	if req.Method != http.MethodConnect {
+		p.decide(d)
+		p.forward(c, req, counted)
 		return
 	}
-	p.forward(c, req, counted)
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+		p.decide(d)
+		return
+	}
+	if p.Policy().intercepted(host, port) || p.secretBound(host, port) {
+		d.Reason += ", intercepted"
+		p.decide(d)
+		if err := p.intercept(c, br, d, host, port, addr.String(), counted, counted.ctr); err != nil {
+			p.dlog.update(d, func(d *Decision) { d.Allowed, d.Reason = false, err.Error() })
+		}
+		return
+	}
+	// Not intercepted: the tunnel's TLS name must be the CONNECT's, so that an allowed
+	// address answering for other names (a CDN) is not reached under them.
+	sni, isTLS, read, err := peekSNI(c, br)
+	if err == nil && isTLS && sni != "" && !strings.EqualFold(strings.TrimSuffix(sni, "."), host) {
+		err = fmt.Errorf("the TLS name %q differs from the CONNECT target %q", sni, host)
+	}
+	if err != nil {
+		refused = err
+		d.Allowed, d.Reason = false, err.Error()
+		p.decide(d)
+		notify(*d)
+		return
+	}
+	p.decide(d)
+	p.pipe(c, io.MultiReader(bytes.NewReader(read), br), counted)
 }
 
 // neededRule is the allowlist entry that would allow host:port.
@@ -359,7 +404,7 @@ func (p *Proxy) forward(c net.Conn, req *http.Request, up net.Conn) {
 }
 
 // pipe copies both ways until either side closes.
-func (p *Proxy) pipe(c net.Conn, br *bufio.Reader, up net.Conn) {
+func (p *Proxy) pipe(c net.Conn, br io.Reader, up net.Conn) {
 	done := make(chan struct{}, 2)
 	go func() {
 		_, _ = io.Copy(up, br) // br first: bytes the client sent right after CONNECT
@@ -450,16 +495,30 @@ func (p *Proxy) decide(d *Decision) {
 // Bytes reports the bytes relayed so far.
 func (p *Proxy) Bytes() int64 { return p.bytes.Load() }
 
+// counter counts the bytes of one decision, from and to the upstream.
+type counter struct{ in, out atomic.Int64 }
+
 // countingConn counts relayed bytes against the cap and cuts the connection past it.
 type countingConn struct {
 	net.Conn
 	p       *Proxy
-	in, out atomic.Int64 // this connection's, from and to the upstream
+	ctr     *counter
+	untrack bool // Close untracks the connection
+	once    sync.Once
+}
+
+func (c *countingConn) Close() error {
+	c.once.Do(func() {
+		if c.untrack {
+			c.p.untrack(c.Conn)
+		}
+	})
+	return c.Conn.Close()
 }
 
 func (c *countingConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	c.in.Add(int64(n))
+	c.ctr.in.Add(int64(n))
 	if c.p.bytes.Add(int64(n)) > c.p.opts.MaxBytes {
 		c.Conn.Close()
 		return n, errors.New("egress byte cap reached")
@@ -473,7 +532,7 @@ func (c *countingConn) Write(b []byte) (int, error) {
 		return 0, errors.New("egress byte cap reached")
 	}
 	n, err := c.Conn.Write(b)
-	c.out.Add(int64(n))
+	c.ctr.out.Add(int64(n))
 	return n, err
 }
 
