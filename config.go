@@ -56,7 +56,16 @@ type Config struct {
 	// through a proxy outside it, while it still has no interface but lo: "pypi.org",
 	// "*.npmjs.org", "example.com:8443", or an IP literal (the only way to allow a private
 	// address). Inside, HTTP_PROXY and HTTPS_PROXY point at it.
+	//
+	// An entry "[METHOD[,METHOD...] ]https://HOST[:PORT][/PATH-PREFIX]" is intercepted:
+	// the proxy terminates TLS to HOST with a CA made for the sandbox (whose certificate
+	// the sandbox then trusts) and allows only requests of those methods under that path.
 	NetworkAllowlist []string `json:"network_allowlist,omitempty"`
+	// Secrets are credentials the egress proxy brokers: the sandbox's environment
+	// variable of each name holds a placeholder, which the proxy replaces by the value in
+	// the headers of requests to the secret's hosts only (needs a NetworkAllowlist
+	// allowing them).
+	Secrets []Secret `json:"secrets,omitempty"`
 	// Writable mounts the root filesystem read-write. Read-only by default.
 	Writable bool `json:"writable"`
 	// Disk bounds what a writable root may hold, e.g. "1g" (the default) or "100m":
@@ -98,6 +107,18 @@ type Config struct {
 	// SandboxInfo.Metadata; ListFilter selects on them. Bounded (MaxMetadataPairs, ...),
 	// and no key may be Roche's own (ReservedMetadataPrefix): see metadataKeyProblem.
 	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// Secret is a credential brokered by the egress proxy (Config.Secrets).
+type Secret struct {
+	// Name is the environment variable that holds the placeholder in the sandbox.
+	Name string `json:"name"`
+	// Value never goes into the sandbox, the sandbox's stored config, or any log.
+	Value string `json:"-"`
+	// Hosts are the HOST[:PORT] (443 by default) the value may be sent to.
+	Hosts []string `json:"hosts"`
+	// Header, if set, is the only request header the value is put in.
+	Header string `json:"header,omitempty"`
 }
 
 // WorkspacePath is where a workspace appears inside a sandbox.
@@ -188,6 +209,29 @@ func (c Config) Validate() error {
 			add("network_allowlist: %v", err)
 		}
 	}
+	seen := map[string]bool{}
+	for _, sec := range c.Secrets {
+		switch {
+		case !envName(sec.Name):
+			add("secret %q: name it as an environment variable, such as API_TOKEN", sec.Name)
+		case seen[sec.Name]:
+			add("secret %s is given twice", sec.Name)
+		case c.Env[sec.Name] != "":
+			add("secret %s is also in env: drop it from env", sec.Name)
+		case sec.Value == "":
+			add("secret %s has no value: give it from a file (--secret %s=@FILE)", sec.Name, sec.Name)
+		case len(sec.Hosts) == 0:
+			add("secret %s is bound to no host: give --secret-host %s=HOST", sec.Name, sec.Name)
+		case len(c.NetworkAllowlist) == 0:
+			add("secret %s needs network_allowlist (--allow-host) allowing its hosts", sec.Name)
+		case strings.ContainsAny(sec.Header, " :\r\n"):
+			add("secret %s: header %q is not a header name", sec.Name, sec.Header)
+		}
+		seen[sec.Name] = true
+		if _, err := egress.ParseSecretHosts(sec.Name, sec.Hosts); err != nil {
+			add("%v", err)
+		}
+	}
 	if c.Network && len(c.NetworkAllowlist) > 0 {
 		add("network and network_allowlist are both set: the allowlist works without a network interface, so drop network")
 	}
@@ -222,6 +266,20 @@ func (c Config) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
+}
+
+// envName reports whether s is an environment variable name: letters, digits and '_',
+// not starting with a digit.
+func envName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, r := range s {
+		if !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r == '_' || i > 0 && r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // MemoryBytes returns the memory limit in bytes. Call Validate first.

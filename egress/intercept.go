@@ -99,6 +99,9 @@ func (p *Proxy) leaf(host string) (*tls.Certificate, error) {
 	return &c, nil
 }
 
+// CanIntercept reports whether the proxy has a CA, which https:// entries need.
+func (p *Proxy) CanIntercept() bool { return p.opts.CA != nil }
+
 func (p *Proxy) upstreamRoots() (*x509.CertPool, error) {
 	p.rootsOnce.Do(func() {
 		if p.opts.Roots != nil {

@@ -112,6 +112,9 @@ func (p *Proxy) substitute(h http.Header, u *url.URL, host string, port int, int
 				case s.Header != "" && !strings.EqualFold(s.Header, k):
 					return fmt.Errorf("the placeholder of secret %s is in header %s; it is bound to header %s only", s.Name, k, s.Header)
 				}
+				if s.Value == "" {
+					return fmt.Errorf("this proxy does not hold the value of secret %s (it was started again): set it again, or recreate the sandbox", s.Name)
+				}
 				vs[i] = strings.ReplaceAll(v, s.Placeholder, s.Value)
 			}
 		}

@@ -110,6 +110,9 @@ func changePolicy(px *egress.Proxy, allow, remove []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
 	}
+	if add.Intercepts() && !px.CanIntercept() {
+		return fmt.Errorf("%w: this sandbox has no egress CA, so it cannot take https:// entries: create it with one (an https:// --allow-host entry or a --secret)", roche.ErrInvalidConfig)
+	}
 	have := px.Policy()
 	for _, r := range drop.Rules {
 		if !slicesContainsRule(have.Rules, r) && !slicesContainsRule(add.Rules, r) {

@@ -508,7 +508,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec, who runAs, withAgen
 		sb.agentDir = dir
 		sb.agent = guest.NewClient(filepath.Join(sb.agentDir, agentspec.SocketName))
 		if len(cfg.NetworkAllowlist) > 0 {
-			if err := p.startEgress(sb.agentDir, name, cfg.NetworkAllowlist); err != nil {
+			if err := p.startEgress(sb.agentDir, name, cfg.Config); err != nil {
 				p.removeAgentDir(sb.agentDir)
 				return roche.SandboxInfo{}, err
 			}
@@ -796,6 +796,9 @@ func (p *Provider) containerConfig(cfg kit.Spec, who runAs, expires time.Time, a
 		if len(cfg.NetworkAllowlist) > 0 {
 			agent.EgressSocket = agentspec.RunDir + "/" + agentspec.EgressSocketName
 			ccfg.Env = append(ccfg.Env, egress.SandboxEnv()...)
+			env, mounts := p.egressTrust(agentDir)
+			ccfg.Env = append(ccfg.Env, env...)
+			hcfg.Mounts = append(hcfg.Mounts, mounts...)
 		}
 		ccfg.Cmd = nil
 		noInit := false

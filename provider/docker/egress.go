@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/docker/docker/api/types/mount"
+
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
@@ -25,6 +27,7 @@ func WithEgressProxy() Option { return func(p *Provider) { p.egress = true } }
 type runningProxy struct {
 	proxy *egress.Proxy
 	ln    net.Listener
+	trust egress.Trust // what the sandbox's container gets: CA files, placeholders
 }
 
 // checkEgress refuses an allowlist this provider cannot serve.
@@ -42,8 +45,8 @@ func (p *Provider) checkEgress(cfg roche.Config) error {
 }
 
 // startEgress serves the proxy for the sandbox whose socket directory is dir.
-func (p *Provider) startEgress(dir, name string, allow []string) error {
-	pol, err := egress.ParsePolicy(allow)
+func (p *Provider) startEgress(dir, name string, cfg roche.Config) error {
+	pol, err := egress.ParsePolicy(cfg.NetworkAllowlist)
 	if err != nil {
 		return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
 	}
@@ -58,9 +61,15 @@ func (p *Provider) startEgress(dir, name string, allow []string) error {
 	if err != nil {
 		return fmt.Errorf("serving the egress proxy at %s: %w", sock, err)
 	}
-	px := egress.New(egress.Options{Policy: pol, Sandbox: name, Log: p.log.With("egress", name)})
+	opts := egress.Options{Policy: pol, Sandbox: name, Log: p.log.With("egress", name)}
+	trust, err := egress.PrepareTrust(&opts, dir, name, secretSpecs(cfg.Secrets))
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	px := egress.New(opts)
 	go px.Serve(ln)
-	p.proxies[dir] = &runningProxy{proxy: px, ln: ln}
+	p.proxies[dir] = &runningProxy{proxy: px, ln: ln, trust: trust}
 	return nil
 }
 
@@ -81,7 +90,7 @@ func (p *Provider) ensureEgress(s sandbox) {
 		c.Close()
 		return
 	}
-	if err := p.startEgress(s.agentDir, filepath.Base(s.agentDir), s.cfg.NetworkAllowlist); err != nil {
+	if err := p.startEgress(s.agentDir, filepath.Base(s.agentDir), s.cfg.Config); err != nil {
 		p.log.Warn("restarting a sandbox's egress proxy", "sandbox", s.id, "err", err)
 	}
 	p.nameEgress(s.agentDir, s.id)
@@ -96,6 +105,21 @@ func (p *Provider) nameEgress(dir, id string) {
 	if rp != nil {
 		rp.proxy.SetSandbox(id)
 	}
+}
+
+// egressTrust is what the container of the sandbox whose socket directory is dir gets
+// from its proxy: environment and trust-store files (egress.Trust).
+func (p *Provider) egressTrust(dir string) (env []string, mounts []mount.Mount) {
+	p.egressMu.Lock()
+	rp := p.proxies[dir]
+	p.egressMu.Unlock()
+	if rp == nil {
+		return nil, nil
+	}
+	for _, f := range rp.trust.Files {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: f.Host, Target: f.Sandbox, ReadOnly: true})
+	}
+	return rp.trust.Env, mounts
 }
 
 func (p *Provider) stopEgress(dir string) {
@@ -119,4 +143,13 @@ func (p *Provider) stopAllEgress() {
 	for _, d := range dirs {
 		p.stopEgress(d)
 	}
+}
+
+// secretSpecs are a config's secrets as package egress takes them.
+func secretSpecs(ss []roche.Secret) []egress.SecretSpec {
+	var out []egress.SecretSpec
+	for _, s := range ss {
+		out = append(out, egress.SecretSpec{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header})
+	}
+	return out
 }

@@ -3,8 +3,11 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/docker"
@@ -27,8 +30,45 @@ func TestEgressNeedsALongLivedProcess(t *testing.T) {
 	if !errors.Is(err, roche.ErrUnsupported) || !strings.Contains(err.Error(), "roched") {
 		t.Fatalf("allowlist without the proxy: %v, want ErrUnsupported naming roched", err)
 	}
-	cfg.NetworkAllowlist = []string{"https://pypi.org/simple"}
+	cfg.NetworkAllowlist = []string{"http://pypi.org/simple"}
 	if _, err := p.Create(context.Background(), cfg); !errors.Is(err, roche.ErrInvalidConfig) {
 		t.Fatalf("a URL as an entry: %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestEgressInterceptAndSecrets(t *testing.T) {
+	p := newProvider(t, docker.WithEgressProxy())
+	id, value := providertest.EgressIntercept(t, p, testConfig(), func(cfg roche.Config) string { return sandbox(t, p, cfg) })
+	// From the host: the container's config and the environment of each of its processes.
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	_, raw, err := cli.ContainerInspectWithRaw(context.Background(), id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), value) {
+		t.Error("the container's config holds the secret")
+	}
+	if !strings.Contains(string(raw), "API_TOKEN=roche-secret-") {
+		t.Error("the container's config lacks the placeholder: the check above looked at the wrong thing")
+	}
+	procs, err := cli.ContainerTop(context.Background(), id, []string{"-o", "pid"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(procs.Processes) == 0 {
+		t.Fatal("no processes in the sandbox")
+	}
+	for _, pr := range procs.Processes {
+		env, err := os.ReadFile("/proc/" + pr[0] + "/environ")
+		if err != nil {
+			continue // gone
+		}
+		if strings.Contains(string(env), value) {
+			t.Errorf("process %s of the sandbox has the secret in its environment", pr[0])
+		}
 	}
 }

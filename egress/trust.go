@@ -1,0 +1,113 @@
+package egress
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// Where a sandbox with a CA finds it: the trust store at SandboxBundle (the host's roots
+// and the sandbox's CA, replacing the image's bundle at Debian's path), and the CA alone
+// at SandboxCACert.
+const (
+	SandboxBundle = "/etc/ssl/certs/ca-certificates.crt"
+	SandboxCACert = "/usr/local/share/ca-certificates/roche-egress.crt"
+)
+
+// Files a provider keeps in a sandbox's socket directory on the host (never the CA's key,
+// which stays in this process's memory).
+const (
+	bundleFile       = "egress-bundle.crt"
+	caFile           = "egress-ca.crt"
+	placeholdersFile = "egress-placeholders.json"
+)
+
+// SecretSpec is a secret as a sandbox's config gives it (roche.Secret).
+type SecretSpec struct {
+	Name, Value string
+	Hosts       []string
+	Header      string
+}
+
+// TrustFile is a file of the host a sandbox gets read-only at Sandbox.
+type TrustFile struct{ Host, Sandbox string }
+
+// Trust is what a sandbox's container gets for interception and secrets: environment
+// (the CA variables, a placeholder per secret) and files (its CA, in its trust store).
+type Trust struct {
+	Env   []string
+	Files []TrustFile
+}
+
+// PrepareTrust readies opts for a sandbox whose provider keeps its files in dir (a
+// directory private to this host user): it makes the sandbox's CA when the policy
+// intercepts or secrets are given, writes its certificate to dir, and gives each secret
+// a placeholder (the one dir records, for a proxy started again). It returns what the
+// sandbox must get.
+func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Trust, error) {
+	var t Trust
+	placeholders := map[string]string{}
+	if b, err := os.ReadFile(filepath.Join(dir, placeholdersFile)); err == nil {
+		_ = json.Unmarshal(b, &placeholders)
+	}
+	for _, s := range secrets {
+		hosts, err := ParseSecretHosts(s.Name, s.Hosts)
+		if err != nil {
+			return Trust{}, err
+		}
+		ph := placeholders[s.Name]
+		if ph == "" {
+			ph = NewPlaceholder()
+			placeholders[s.Name] = ph
+		}
+		opts.Secrets = append(opts.Secrets, Secret{Name: s.Name, Value: s.Value, Placeholder: ph, Hosts: hosts, Header: s.Header})
+		t.Env = append(t.Env, s.Name+"="+ph)
+	}
+	if len(secrets) > 0 {
+		b, _ := json.Marshal(placeholders)
+		if err := os.WriteFile(filepath.Join(dir, placeholdersFile), b, 0o600); err != nil {
+			return Trust{}, fmt.Errorf("recording the secrets' placeholders: %w", err)
+		}
+	}
+	if !opts.Policy.Intercepts() && len(secrets) == 0 {
+		return t, nil
+	}
+	ca, err := NewCA(sandbox)
+	if err != nil {
+		return Trust{}, fmt.Errorf("making the sandbox's egress CA: %w", err)
+	}
+	opts.CA = ca
+	// Written in place (not renamed), so that a sandbox already running, whose container
+	// binds these files, sees the CA of a proxy started again.
+	bundle := append(append([]byte(nil), HostRootsPEM()...), '\n')
+	bundle = append(bundle, ca.CertPEM...)
+	for _, f := range []struct {
+		name string
+		b    []byte
+	}{{caFile, ca.CertPEM}, {bundleFile, bundle}} {
+		if err := writeInPlace(filepath.Join(dir, f.name), f.b); err != nil {
+			return Trust{}, fmt.Errorf("writing the sandbox's CA certificate: %w", err)
+		}
+	}
+	t.Files = []TrustFile{
+		{Host: filepath.Join(dir, bundleFile), Sandbox: SandboxBundle},
+		{Host: filepath.Join(dir, caFile), Sandbox: SandboxCACert},
+	}
+	t.Env = append(t.Env,
+		"SSL_CERT_FILE="+SandboxBundle, "REQUESTS_CA_BUNDLE="+SandboxBundle, "PIP_CERT="+SandboxBundle,
+		"CURL_CA_BUNDLE="+SandboxBundle, "NODE_EXTRA_CA_CERTS="+SandboxCACert)
+	return t, nil
+}
+
+// writeInPlace writes b to path, mode 0644, keeping the file's inode if it exists.
+func writeInPlace(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	return errors.Join(err, f.Close())
+}

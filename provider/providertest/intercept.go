@@ -1,0 +1,178 @@
+package providertest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/localca"
+)
+
+// recordingTLS is an HTTPS server on a loopback address of its own, its certificate
+// from the test's CA, recording the Authorization header of each request.
+type recordingTLS struct {
+	*httptest.Server
+	mu   sync.Mutex
+	auth []string
+}
+
+func (s *recordingTLS) seen() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.auth...)
+}
+
+func recordingServer(t *testing.T, ip string, ca *localca.CA) *recordingTLS {
+	t.Helper()
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &recordingTLS{}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.auth = append(s.auth, r.Header.Get("Authorization"))
+		s.mu.Unlock()
+		fmt.Fprintf(w, "upstream %s %s", r.Method, r.URL.Path)
+	}))
+	s.Listener = ln
+	s.EnableHTTP2 = true
+	leaf, err := ca.Server([]string{ip}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	s.StartTLS()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// interceptProbe runs inside the sandbox: HTTPS requests through the proxy with
+// Python's default certificate checks (the sandbox's trust store), the secret's
+// placeholder from the environment in an Authorization header.
+const interceptProbe = `
+import json, os, sys, urllib.request, urllib.error
+bound, unbound = sys.argv[1:3]
+tok = os.environ['API_TOKEN']
+out = {}
+def attempt(name, method, url):
+    req = urllib.request.Request(url, method=method, headers={'Authorization': 'Bearer ' + tok})
+    try:
+        out[name] = 'ok: ' + urllib.request.urlopen(req, timeout=20).read().decode()
+    except urllib.error.HTTPError as e:
+        out[name] = 'http %d: %s' % (e.code, e.read().decode(errors='replace').strip())
+    except Exception as e:
+        out[name] = 'error: %s: %s' % (type(e).__name__, e)
+attempt('allowed', 'GET', 'https://%s/v1/models' % bound)
+attempt('method', 'POST', 'https://%s/v1/models' % bound)
+attempt('path', 'GET', 'https://%s/admin' % bound)
+attempt('unbound', 'GET', 'https://%s/' % unbound)
+print(json.dumps(out))
+`
+
+// EgressIntercept checks interception and secrets from inside a sandbox that p makes
+// from base with create, against HTTPS servers on loopback addresses of their own whose
+// certificates come from a test CA (given to the proxy through egress.RootsEnv): an
+// allowed method and path pass, others get 403 naming them, the bound host gets the
+// secret's value in place of the placeholder, an unbound host's request carrying the
+// placeholder is refused before it leaves, and the value is nowhere in the sandbox (its
+// environment, its processes' environments, its files), nor the CA's key. It returns
+// the sandbox's id and the secret's value, for the provider's own host-side checks.
+func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create func(roche.Config) string) (string, string) {
+	testCA, err := localca.New("egress upstream test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := filepath.Join(t.TempDir(), "roots.pem")
+	if err := os.WriteFile(roots, testCA.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(egress.RootsEnv, roots)
+	bound := recordingServer(t, "127.0.0.5", testCA)
+	unbound := recordingServer(t, "127.0.0.6", testCA)
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	value := "rs-" + hex.EncodeToString(b)
+
+	cfg := base
+	cfg.NetworkAllowlist = []string{"GET https://" + bound.Listener.Addr().String() + "/v1/", "https://" + unbound.Listener.Addr().String() + "/"}
+	cfg.Secrets = []roche.Secret{{Name: "API_TOKEN", Value: value, Hosts: []string{bound.Listener.Addr().String()}, Header: "Authorization"}}
+	id := create(cfg)
+	res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"python3", "-c", interceptProbe,
+		bound.Listener.Addr().String(), unbound.Listener.Addr().String()}, Timeout: 2 * time.Minute})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("probe: %+v %v", res, err)
+	}
+	var got map[string]string
+	if err := json.Unmarshal([]byte(res.Stdout), &got); err != nil {
+		t.Fatalf("probe printed %q: %v", res.Stdout, err)
+	}
+	for name, want := range map[string]string{
+		"allowed": "ok: upstream GET /v1/models",
+		"method":  "http 403: roche egress: POST /v1/models on " + bound.Listener.Addr().String() + " is not allowed",
+		"path":    "http 403: roche egress: GET /admin on " + bound.Listener.Addr().String() + " is not allowed",
+		"unbound": "http 403: roche egress: the placeholder of secret API_TOKEN was sent to " + unbound.Listener.Addr().String(),
+	} {
+		if !strings.HasPrefix(got[name], want) {
+			t.Errorf("%s: %q, want %q", name, got[name], want)
+		}
+	}
+	if auth := bound.seen(); len(auth) != 1 || auth[0] != "Bearer "+value {
+		t.Errorf("the bound host got Authorization %q, want the secret's value once", auth)
+	}
+	if auth := unbound.seen(); len(auth) != 0 {
+		t.Errorf("the unbound host got %d requests", len(auth))
+	}
+
+	// The sandbox holds the placeholder, never the value, nor the CA's key: its
+	// environment, every process's it can read, and the files where they could be.
+	// The value comes on stdin, so that it is in no argv the probe could find.
+	look := `env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n'
+dirs=$(for d in /etc /tmp /run /root /home /usr/local /var /opt /workspace; do [ -d $d ] && echo $d; done)
+grep -rlIF -f /dev/stdin $dirs 2>/dev/null | sed 's/^/FOUND /'
+grep -rlI 'PRIVATE KEY' $dirs 2>/dev/null | sed 's/^/FOUND /'; true`
+	res, err = p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"sh", "-c", look}, Stdin: strings.NewReader(value + "\n"), Timeout: 2 * time.Minute})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("looking for the secret: %+v %v", res, err)
+	}
+	if strings.Contains(res.Stdout, value) || strings.Contains(res.Stdout, "\nFOUND /") {
+		t.Errorf("the sandbox holds the secret or a private key:\n%s", res.Stdout)
+	}
+	if !strings.Contains(res.Stdout, "API_TOKEN=roche-secret-") || !strings.Contains(res.Stdout, "SSL_CERT_FILE="+egress.SandboxBundle) {
+		t.Errorf("the sandbox's environment lacks the placeholder or the CA variables:\n%s", res.Stdout)
+	}
+	// The decision log names each refusal, never the value.
+	px := egress.Lookup(id)
+	if px == nil {
+		t.Fatalf("no egress proxy registered under sandbox id %s", id)
+	}
+	ds, _ := px.Log(0)
+	logged, _ := json.Marshal(ds)
+	if strings.Contains(string(logged), value) {
+		t.Errorf("the decision log holds the secret: %s", logged)
+	}
+	for _, want := range []string{`"method":"POST","path":"/v1/models"`, `"path":"/admin"`, "placeholder of secret API_TOKEN was sent to"} {
+		if !strings.Contains(string(logged), want) {
+			t.Errorf("the decision log lacks %s: %s", want, logged)
+		}
+	}
+	return id, value
+}
