@@ -197,7 +197,8 @@ func (p *Proxy) intercept(c net.Conn, br *bufio.Reader, d *Decision, host string
 		ErrorLog: discardLog,
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rd := &Decision{Time: time.Now(), Sandbox: d.Sandbox, Host: host, Port: port, Addr: d.Addr, Method: r.Method, Path: r.URL.Path}
+		// A request's decision is final at once; its bytes count in its connection's.
+		rd := &Decision{Time: time.Now(), Sandbox: d.Sandbox, Host: host, Port: port, Addr: d.Addr, Method: r.Method, Path: r.URL.Path, Done: true}
 		deny := func(status int, msg string) {
 			rd.Reason = msg
 			p.decide(rd)
