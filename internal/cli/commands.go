@@ -18,6 +18,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/cli/cliflag"
 	"github.com/roche-sandbox/roche/internal/interrupt"
+	"github.com/roche-sandbox/roche/internal/secretfile"
 	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/internal/wire"
 	"github.com/roche-sandbox/roche/provider/kit"
@@ -40,6 +41,8 @@ type createFlags struct {
 	workdir   string
 	user      string
 	allowHost []string
+	// secrets: NAME=@FILE; secretHosts: NAME=HOST[:PORT]; secretHeaders: NAME=HEADER
+	secrets, secretHosts, secretHeaders []string
 	workspace string
 	snapshot  string
 	metadata  []string
@@ -72,7 +75,59 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringVar(&f.snapshot, "from-snapshot", "", "create from the snapshot NAME's files instead of --image (roche snapshot create)")
 	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
 	fs.StringVar(&f.wsSize, "workspace-size", "", "size of a new --workspace, e.g. 5g (default "+roche.DefaultWorkspaceSize+"); fixed when it is made")
-	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run); a name resolving to a\nspecial-purpose, cloud metadata or this host's address is refused")
+	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run); a name resolving to a\nspecial-purpose, cloud metadata or this host's address is refused; \"[GET,...] https://HOST[:PORT][/PATH]\"\nends TLS with a CA made for the sandbox and allows only those methods under that path")
+	fs.StringArrayVar(&f.secrets, "secret", nil, "broker a secret, NAME=@FILE (a file only you can read; never the value itself): the sandbox's\nvariable NAME holds a placeholder, which the proxy replaces by the value in requests to NAME's\n--secret-host only (repeatable)")
+	fs.StringArrayVar(&f.secretHosts, "secret-host", nil, "bind a --secret to a host, NAME=HOST[:PORT] (443 by default; repeatable): only requests to it get the value")
+	fs.StringArrayVar(&f.secretHeaders, "secret-header", nil, "put a --secret's value in this request header only, NAME=HEADER (e.g. API_TOKEN=Authorization)")
+}
+
+// parseSecrets builds the config's secrets from --secret, --secret-host and
+// --secret-header, reading each value from its file (private to its owner).
+func (f *createFlags) parseSecrets() ([]roche.Secret, error) {
+	var out []roche.Secret
+	idx := map[string]int{}
+	var errs []error
+	for _, s := range f.secrets {
+		name, file, ok := strings.Cut(s, "=")
+		if !ok || !strings.HasPrefix(file, "@") || len(file) < 2 {
+			errs = append(errs, fmt.Errorf("%w: --secret %s: give NAME=@FILE, the value read from FILE (a value on the command line is visible to every user of this host)", roche.ErrInvalidConfig, name))
+			continue
+		}
+		file = file[1:]
+		if err := secretfile.CheckPrivate(file, "--secret "+name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: --secret %s: %v", roche.ErrInvalidConfig, name, err))
+			continue
+		}
+		idx[name] = len(out)
+		out = append(out, roche.Secret{Name: name, Value: strings.TrimRight(string(b), "\r\n")})
+	}
+	for _, flag := range []struct {
+		name string
+		vals []string
+		set  func(*roche.Secret, string)
+	}{
+		{"--secret-host", f.secretHosts, func(s *roche.Secret, v string) { s.Hosts = append(s.Hosts, v) }},
+		{"--secret-header", f.secretHeaders, func(s *roche.Secret, v string) { s.Header = v }},
+	} {
+		for _, v := range flag.vals {
+			name, val, ok := strings.Cut(v, "=")
+			i, known := idx[name]
+			switch {
+			case !ok || val == "":
+				errs = append(errs, fmt.Errorf("%w: %s %q: give NAME=VALUE", roche.ErrInvalidConfig, flag.name, v))
+			case !known:
+				errs = append(errs, fmt.Errorf("%w: %s %s: no --secret %s=@FILE is given", roche.ErrInvalidConfig, flag.name, v, name))
+			default:
+				flag.set(&out[i], val)
+			}
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // config builds and validates the sandbox config from the flags, reporting every
@@ -97,6 +152,8 @@ func (f *createFlags) config() (roche.Config, error) {
 	env, err := cliflag.ParseEnv(f.env)
 	errs = append(errs, err)
 	cfg.Env = env
+	cfg.Secrets, err = f.parseSecrets()
+	errs = append(errs, err)
 	md, err := cliflag.ParseMetadata(f.metadata)
 	errs = append(errs, err)
 	cfg.Metadata = md

@@ -35,6 +35,9 @@ func ConfigToProto(cfg roche.Config, leased bool) *rochev1.SandboxConfig {
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
 	}
+	for _, s := range cfg.Secrets {
+		pb.Secrets = append(pb.Secrets, &rochev1.Secret{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header})
+	}
 	return pb
 }
 
@@ -76,6 +79,9 @@ func ConfigFromProto(pb *rochev1.SandboxConfig) (cfg roche.Config, leased bool) 
 	}
 	for _, m := range pb.Mounts {
 		cfg.Mounts = append(cfg.Mounts, roche.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
+	}
+	for _, s := range pb.Secrets {
+		cfg.Secrets = append(cfg.Secrets, roche.Secret{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header})
 	}
 	cfg.Workdir = pb.Workdir
 	cfg.NetworkAllowlist = pb.NetworkAllowlist

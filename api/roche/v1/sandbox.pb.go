@@ -2301,7 +2301,9 @@ type SandboxConfig struct {
 	Workdir     string                 `protobuf:"bytes,10,opt,name=workdir,proto3" json:"workdir,omitempty"`
 	User        *string                `protobuf:"bytes,11,opt,name=user,proto3,oneof" json:"user,omitempty"`
 	// Hosts the sandbox may reach over HTTP(S) through the daemon's egress proxy, while it
-	// has no network interface but lo: "pypi.org", "*.npmjs.org", "example.com:8443".
+	// has no network interface but lo: "pypi.org", "*.npmjs.org", "example.com:8443"; an
+	// entry "[METHOD,...] https://HOST[:PORT][/PATH-PREFIX]" is intercepted (TLS ended by a
+	// CA made for the sandbox, requests checked by method and path).
 	NetworkAllowlist []string `protobuf:"bytes,12,rep,name=network_allowlist,json=networkAllowlist,proto3" json:"network_allowlist,omitempty"`
 	// A persistent workspace mounted at /workspace that outlives the sandbox.
 	Workspace string `protobuf:"bytes,13,opt,name=workspace,proto3" json:"workspace,omitempty"`
@@ -2321,7 +2323,12 @@ type SandboxConfig struct {
 	// filters on them. At most 32 pairs; a key is 1-63 letters, digits, '_', '.' or '-',
 	// starting and ending with a letter or digit and not starting with "roche" (Roche's own);
 	// a value at most 512 bytes of UTF-8 without control characters.
-	Metadata      map[string]string `protobuf:"bytes,18,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,18,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Credentials the egress proxy brokers: the sandbox's environment variable of each
+	// name holds a placeholder, which the proxy replaces by the value in the headers of
+	// intercepted requests to the secret's hosts only. The value is never stored with the
+	// sandbox nor returned.
+	Secrets       []*Secret `protobuf:"bytes,19,rep,name=secrets,proto3" json:"secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2482,6 +2489,85 @@ func (x *SandboxConfig) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *SandboxConfig) GetSecrets() []*Secret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+// Secret is a credential brokered by the egress proxy (SandboxConfig.secrets).
+type Secret struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The environment variable that holds the placeholder inside the sandbox.
+	Name  string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// HOST[:PORT] entries (443 by default) the value may be sent to.
+	Hosts []string `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	// If set, the only request header the value is put in.
+	Header        string `protobuf:"bytes,4,opt,name=header,proto3" json:"header,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret) Reset() {
+	*x = Secret{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret) ProtoMessage() {}
+
+func (x *Secret) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret.ProtoReflect.Descriptor instead.
+func (*Secret) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Secret) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Secret) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *Secret) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *Secret) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
 // Mount binds a host path (on the daemon's host) into the sandbox.
 type Mount struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2494,7 +2580,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2592,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[30]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2605,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Mount) GetSource() string {
@@ -2569,7 +2655,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +2667,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[31]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +2680,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Sandbox) GetId() string {
@@ -2687,7 +2773,7 @@ type EndReason struct {
 
 func (x *EndReason) Reset() {
 	*x = EndReason{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2699,7 +2785,7 @@ func (x *EndReason) String() string {
 func (*EndReason) ProtoMessage() {}
 
 func (x *EndReason) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[32]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2712,7 +2798,7 @@ func (x *EndReason) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndReason.ProtoReflect.Descriptor instead.
 func (*EndReason) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EndReason) GetKind() EndKind {
@@ -2779,7 +2865,7 @@ type ReceiptUsage struct {
 
 func (x *ReceiptUsage) Reset() {
 	*x = ReceiptUsage{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +2877,7 @@ func (x *ReceiptUsage) String() string {
 func (*ReceiptUsage) ProtoMessage() {}
 
 func (x *ReceiptUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[33]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +2890,7 @@ func (x *ReceiptUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiptUsage.ProtoReflect.Descriptor instead.
 func (*ReceiptUsage) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReceiptUsage) GetPeakMemoryBytes() int64 {
@@ -2839,7 +2925,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2851,7 +2937,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[34]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2864,7 +2950,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreateRequest) GetProvider() string {
@@ -2892,7 +2978,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2904,7 +2990,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[35]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2917,7 +3003,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -2958,7 +3044,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3056,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[36]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3069,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -3051,7 +3137,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3149,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[37]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3162,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExecResponse) GetResult() *ExecResult {
@@ -3103,7 +3189,7 @@ type ExecStreamRequest struct {
 
 func (x *ExecStreamRequest) Reset() {
 	*x = ExecStreamRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3115,7 +3201,7 @@ func (x *ExecStreamRequest) String() string {
 func (*ExecStreamRequest) ProtoMessage() {}
 
 func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[38]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3128,7 +3214,7 @@ func (x *ExecStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamRequest.ProtoReflect.Descriptor instead.
 func (*ExecStreamRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExecStreamRequest) GetSandboxId() string {
@@ -3206,7 +3292,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3218,7 +3304,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[39]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3231,7 +3317,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -3300,7 +3386,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3398,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[40]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3411,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -3353,7 +3439,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3365,7 +3451,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[41]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3378,7 +3464,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -3402,7 +3488,7 @@ type ExecStreamResponse struct {
 
 func (x *ExecStreamResponse) Reset() {
 	*x = ExecStreamResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3414,7 +3500,7 @@ func (x *ExecStreamResponse) String() string {
 func (*ExecStreamResponse) ProtoMessage() {}
 
 func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[42]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3427,7 +3513,7 @@ func (x *ExecStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStreamResponse.ProtoReflect.Descriptor instead.
 func (*ExecStreamResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExecStreamResponse) GetEvent() isExecStreamResponse_Event {
@@ -3498,7 +3584,7 @@ type DestroyRequest struct {
 
 func (x *DestroyRequest) Reset() {
 	*x = DestroyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3510,7 +3596,7 @@ func (x *DestroyRequest) String() string {
 func (*DestroyRequest) ProtoMessage() {}
 
 func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[43]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3523,7 +3609,7 @@ func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyRequest.ProtoReflect.Descriptor instead.
 func (*DestroyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DestroyRequest) GetIds() []string {
@@ -3556,7 +3642,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3654,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[44]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3667,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{44}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *HoldRequest) GetSandboxId() string {
@@ -3602,7 +3688,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3700,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[45]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3713,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{45}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *HoldResponse) GetEnd() *EndReason {
@@ -3649,7 +3735,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3661,7 +3747,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[46]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3674,7 +3760,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{46}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DestroyResponse) GetDestroyed() []string {
@@ -3705,7 +3791,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3717,7 +3803,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[47]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3730,7 +3816,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{47}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListRequest) GetProvider() string {
@@ -3766,7 +3852,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3778,7 +3864,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[48]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +3877,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{48}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -3820,7 +3906,7 @@ type SkippedProvider struct {
 
 func (x *SkippedProvider) Reset() {
 	*x = SkippedProvider{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3832,7 +3918,7 @@ func (x *SkippedProvider) String() string {
 func (*SkippedProvider) ProtoMessage() {}
 
 func (x *SkippedProvider) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[49]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3845,7 +3931,7 @@ func (x *SkippedProvider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SkippedProvider.ProtoReflect.Descriptor instead.
 func (*SkippedProvider) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{49}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SkippedProvider) GetProvider() string {
@@ -3882,7 +3968,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +3980,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[50]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +3993,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{50}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *InspectRequest) GetSandboxId() string {
@@ -3933,7 +4019,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3945,7 +4031,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[51]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3958,7 +4044,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{51}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *InspectResponse) GetSandbox() *Sandbox {
@@ -3979,7 +4065,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3991,7 +4077,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[52]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4004,7 +4090,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{52}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetTimeoutRequest) GetSandboxId() string {
@@ -4030,7 +4116,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4042,7 +4128,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[53]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4055,7 +4141,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{53}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -4074,7 +4160,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4086,7 +4172,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[54]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4099,7 +4185,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{54}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PauseRequest) GetSandboxId() string {
@@ -4117,7 +4203,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4129,7 +4215,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[55]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4142,7 +4228,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{55}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
 }
 
 type UnpauseRequest struct {
@@ -4154,7 +4240,7 @@ type UnpauseRequest struct {
 
 func (x *UnpauseRequest) Reset() {
 	*x = UnpauseRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4166,7 +4252,7 @@ func (x *UnpauseRequest) String() string {
 func (*UnpauseRequest) ProtoMessage() {}
 
 func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[56]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4179,7 +4265,7 @@ func (x *UnpauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{56}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *UnpauseRequest) GetSandboxId() string {
@@ -4197,7 +4283,7 @@ type UnpauseResponse struct {
 
 func (x *UnpauseResponse) Reset() {
 	*x = UnpauseResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4209,7 +4295,7 @@ func (x *UnpauseResponse) String() string {
 func (*UnpauseResponse) ProtoMessage() {}
 
 func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[57]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4222,7 +4308,7 @@ func (x *UnpauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{57}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
 type GcRequest struct {
@@ -4237,7 +4323,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4249,7 +4335,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[58]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4262,7 +4348,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -4297,7 +4383,7 @@ type GcResponse struct {
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4309,7 +4395,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4322,7 +4408,7 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
@@ -4355,7 +4441,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4367,7 +4453,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4380,7 +4466,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -4419,7 +4505,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4431,7 +4517,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4444,7 +4530,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
 }
 
 type CopyFromRequest struct {
@@ -4465,7 +4551,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4477,7 +4563,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4490,7 +4576,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -4533,7 +4619,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4545,7 +4631,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4558,7 +4644,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -4596,7 +4682,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4608,7 +4694,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4621,7 +4707,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *FileEntry) GetName() string {
@@ -4721,7 +4807,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4733,7 +4819,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4746,7 +4832,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4781,7 +4867,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4793,7 +4879,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4806,7 +4892,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReadFileResponse) GetEntry() *FileEntry {
@@ -4841,7 +4927,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4853,7 +4939,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4866,7 +4952,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -4914,7 +5000,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4926,7 +5012,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4939,7 +5025,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *WriteFileResponse) GetEntry() *FileEntry {
@@ -4962,7 +5048,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4974,7 +5060,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4987,7 +5073,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -5020,7 +5106,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5032,7 +5118,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5045,7 +5131,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileEntry {
@@ -5068,7 +5154,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5080,7 +5166,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5093,7 +5179,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -5127,7 +5213,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5139,7 +5225,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5152,7 +5238,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *StatResponse) GetEntry() *FileEntry {
@@ -5179,7 +5265,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5191,7 +5277,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5204,7 +5290,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -5232,7 +5318,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5244,7 +5330,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5257,7 +5343,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *MakeDirResponse) GetEntry() *FileEntry {
@@ -5285,7 +5371,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5297,7 +5383,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5310,7 +5396,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -5344,7 +5430,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5356,7 +5442,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5369,7 +5455,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RenameResponse) GetEntry() *FileEntry {
@@ -5389,7 +5475,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5401,7 +5487,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5414,7 +5500,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -5439,7 +5525,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5451,7 +5537,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5464,7 +5550,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 type FileEvent struct {
@@ -5480,7 +5566,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5492,7 +5578,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5505,7 +5591,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *FileEvent) GetName() string {
@@ -5541,7 +5627,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5553,7 +5639,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5566,7 +5652,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5598,7 +5684,7 @@ type WatchStarted struct {
 
 func (x *WatchStarted) Reset() {
 	*x = WatchStarted{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5610,7 +5696,7 @@ func (x *WatchStarted) String() string {
 func (*WatchStarted) ProtoMessage() {}
 
 func (x *WatchStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5623,7 +5709,7 @@ func (x *WatchStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStarted.ProtoReflect.Descriptor instead.
 func (*WatchStarted) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
 }
 
 type WatchDirResponse struct {
@@ -5640,7 +5726,7 @@ type WatchDirResponse struct {
 
 func (x *WatchDirResponse) Reset() {
 	*x = WatchDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5652,7 +5738,7 @@ func (x *WatchDirResponse) String() string {
 func (*WatchDirResponse) ProtoMessage() {}
 
 func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5665,7 +5751,7 @@ func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *WatchDirResponse) GetEvent() isWatchDirResponse_Event {
@@ -5735,7 +5821,7 @@ type CreateWatcherRequest struct {
 
 func (x *CreateWatcherRequest) Reset() {
 	*x = CreateWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5747,7 +5833,7 @@ func (x *CreateWatcherRequest) String() string {
 func (*CreateWatcherRequest) ProtoMessage() {}
 
 func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5760,7 +5846,7 @@ func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherRequest.ProtoReflect.Descriptor instead.
 func (*CreateWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CreateWatcherRequest) GetSandboxId() string {
@@ -5793,7 +5879,7 @@ type CreateWatcherResponse struct {
 
 func (x *CreateWatcherResponse) Reset() {
 	*x = CreateWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5805,7 +5891,7 @@ func (x *CreateWatcherResponse) String() string {
 func (*CreateWatcherResponse) ProtoMessage() {}
 
 func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5818,7 +5904,7 @@ func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherResponse.ProtoReflect.Descriptor instead.
 func (*CreateWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CreateWatcherResponse) GetWatcherId() string {
@@ -5837,7 +5923,7 @@ type GetWatcherEventsRequest struct {
 
 func (x *GetWatcherEventsRequest) Reset() {
 	*x = GetWatcherEventsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5849,7 +5935,7 @@ func (x *GetWatcherEventsRequest) String() string {
 func (*GetWatcherEventsRequest) ProtoMessage() {}
 
 func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5862,7 +5948,7 @@ func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *GetWatcherEventsRequest) GetWatcherId() string {
@@ -5881,7 +5967,7 @@ type GetWatcherEventsResponse struct {
 
 func (x *GetWatcherEventsResponse) Reset() {
 	*x = GetWatcherEventsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5893,7 +5979,7 @@ func (x *GetWatcherEventsResponse) String() string {
 func (*GetWatcherEventsResponse) ProtoMessage() {}
 
 func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5906,7 +5992,7 @@ func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *GetWatcherEventsResponse) GetEvents() []*FileEvent {
@@ -5925,7 +6011,7 @@ type RemoveWatcherRequest struct {
 
 func (x *RemoveWatcherRequest) Reset() {
 	*x = RemoveWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5937,7 +6023,7 @@ func (x *RemoveWatcherRequest) String() string {
 func (*RemoveWatcherRequest) ProtoMessage() {}
 
 func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5950,7 +6036,7 @@ func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RemoveWatcherRequest) GetWatcherId() string {
@@ -5968,7 +6054,7 @@ type RemoveWatcherResponse struct {
 
 func (x *RemoveWatcherResponse) Reset() {
 	*x = RemoveWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5980,7 +6066,7 @@ func (x *RemoveWatcherResponse) String() string {
 func (*RemoveWatcherResponse) ProtoMessage() {}
 
 func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5993,7 +6079,7 @@ func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
 }
 
 // Pool describes one warm pool.
@@ -6033,7 +6119,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6045,7 +6131,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6058,7 +6144,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *Pool) GetKey() string {
@@ -6202,7 +6288,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6214,7 +6300,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6227,7 +6313,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
 }
 
 type PoolStatusResponse struct {
@@ -6239,7 +6325,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6251,7 +6337,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6264,7 +6350,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -6286,7 +6372,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6298,7 +6384,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6311,7 +6397,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -6337,7 +6423,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6349,7 +6435,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6362,7 +6448,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -6382,7 +6468,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6394,7 +6480,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6407,7 +6493,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -6427,7 +6513,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6439,7 +6525,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6452,7 +6538,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -6477,7 +6563,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6489,7 +6575,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6502,7 +6588,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
 }
 
 type ListProvidersResponse struct {
@@ -6514,7 +6600,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6526,7 +6612,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6539,7 +6625,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -6559,7 +6645,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6571,7 +6657,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6584,7 +6670,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -6626,7 +6712,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6638,7 +6724,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6651,7 +6737,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -6749,7 +6835,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6761,7 +6847,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6774,7 +6860,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -6801,7 +6887,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6813,7 +6899,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6826,7 +6912,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -6852,7 +6938,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6864,7 +6950,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6877,7 +6963,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *Workspace) GetName() string {
@@ -6925,7 +7011,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6937,7 +7023,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6950,7 +7036,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -6969,7 +7055,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6981,7 +7067,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6994,7 +7080,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -7016,7 +7102,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7028,7 +7114,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7041,7 +7127,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -7066,7 +7152,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7078,7 +7164,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7091,7 +7177,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -7108,7 +7194,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7120,7 +7206,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7133,7 +7219,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *Snapshot) GetName() string {
@@ -7174,7 +7260,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7186,7 +7272,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7199,7 +7285,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -7225,7 +7311,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7237,7 +7323,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7250,7 +7336,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -7270,7 +7356,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7282,7 +7368,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7295,7 +7381,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -7314,7 +7400,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7326,7 +7412,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7339,7 +7425,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -7361,7 +7447,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7373,7 +7459,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7386,7 +7472,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -7411,7 +7497,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7423,7 +7509,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7436,7 +7522,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -7449,7 +7535,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7461,7 +7547,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7474,7 +7560,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -7503,7 +7589,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7515,7 +7601,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7528,7 +7614,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -7608,7 +7694,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7620,7 +7706,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7633,7 +7719,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *CodeResult) GetText() string {
@@ -7717,7 +7803,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7729,7 +7815,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7742,7 +7828,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *CodeError) GetName() string {
@@ -7786,7 +7872,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7798,7 +7884,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7811,7 +7897,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -7899,7 +7985,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7911,7 +7997,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7924,7 +8010,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -8010,7 +8096,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8022,7 +8108,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8035,7 +8121,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *CodeContext) GetId() string {
@@ -8080,7 +8166,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8092,7 +8178,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8105,7 +8191,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -8145,7 +8231,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8157,7 +8243,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8170,7 +8256,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -8189,7 +8275,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8201,7 +8287,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8214,7 +8300,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -8233,7 +8319,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8245,7 +8331,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8258,7 +8344,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -8278,7 +8364,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8290,7 +8376,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8303,7 +8389,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{125}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -8328,7 +8414,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8340,7 +8426,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8353,7 +8439,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{127}
 }
 
 type RemoveContextRequest struct {
@@ -8366,7 +8452,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8378,7 +8464,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8391,7 +8477,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{127}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -8416,7 +8502,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8428,7 +8514,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8441,7 +8527,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{128}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{129}
 }
 
 type EgressLogRequest struct {
@@ -8455,7 +8541,7 @@ type EgressLogRequest struct {
 
 func (x *EgressLogRequest) Reset() {
 	*x = EgressLogRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8467,7 +8553,7 @@ func (x *EgressLogRequest) String() string {
 func (*EgressLogRequest) ProtoMessage() {}
 
 func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8480,7 +8566,7 @@ func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogRequest.ProtoReflect.Descriptor instead.
 func (*EgressLogRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{129}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *EgressLogRequest) GetSandboxId() string {
@@ -8530,7 +8616,7 @@ type EgressDecision struct {
 
 func (x *EgressDecision) Reset() {
 	*x = EgressDecision{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8542,7 +8628,7 @@ func (x *EgressDecision) String() string {
 func (*EgressDecision) ProtoMessage() {}
 
 func (x *EgressDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8555,7 +8641,7 @@ func (x *EgressDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressDecision.ProtoReflect.Descriptor instead.
 func (*EgressDecision) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{130}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *EgressDecision) GetSeq() uint64 {
@@ -8677,7 +8763,7 @@ type EgressLogResponse struct {
 
 func (x *EgressLogResponse) Reset() {
 	*x = EgressLogResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8689,7 +8775,7 @@ func (x *EgressLogResponse) String() string {
 func (*EgressLogResponse) ProtoMessage() {}
 
 func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8702,7 +8788,7 @@ func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogResponse.ProtoReflect.Descriptor instead.
 func (*EgressLogResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *EgressLogResponse) GetDecisions() []*EgressDecision {
@@ -8739,7 +8825,7 @@ type EgressPolicyRequest struct {
 
 func (x *EgressPolicyRequest) Reset() {
 	*x = EgressPolicyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8751,7 +8837,7 @@ func (x *EgressPolicyRequest) String() string {
 func (*EgressPolicyRequest) ProtoMessage() {}
 
 func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8764,7 +8850,7 @@ func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*EgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{132}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *EgressPolicyRequest) GetSandboxId() string {
@@ -8798,7 +8884,7 @@ type EgressPolicyResponse struct {
 
 func (x *EgressPolicyResponse) Reset() {
 	*x = EgressPolicyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8810,7 +8896,7 @@ func (x *EgressPolicyResponse) String() string {
 func (*EgressPolicyResponse) ProtoMessage() {}
 
 func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8823,7 +8909,7 @@ func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*EgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{133}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *EgressPolicyResponse) GetRules() []string {
@@ -8977,7 +9063,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x123\n" +
 	"\acommand\x18\x02 \x01(\v2\x19.roche.v1.CommandSelectorR\acommand\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\x05R\x06signal\"\x17\n" +
-	"\x15SignalCommandResponse\"\xc2\x06\n" +
+	"\x15SignalCommandResponse\"\xee\x06\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -8998,7 +9084,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x04disk\x18\x0f \x01(\tH\x06R\x04disk\x88\x01\x01\x12%\n" +
 	"\x0eworkspace_size\x18\x10 \x01(\tR\rworkspaceSize\x12\x16\n" +
 	"\x06leased\x18\x11 \x01(\bR\x06leased\x12A\n" +
-	"\bmetadata\x18\x12 \x03(\v2%.roche.v1.SandboxConfig.MetadataEntryR\bmetadata\x1a6\n" +
+	"\bmetadata\x18\x12 \x03(\v2%.roche.v1.SandboxConfig.MetadataEntryR\bmetadata\x12*\n" +
+	"\asecrets\x18\x13 \x03(\v2\x10.roche.v1.SecretR\asecrets\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -9011,7 +9098,12 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x05_cpusB\r\n" +
 	"\v_pids_limitB\a\n" +
 	"\x05_userB\a\n" +
-	"\x05_disk\"V\n" +
+	"\x05_disk\"`\n" +
+	"\x06Secret\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
+	"\x05hosts\x18\x03 \x03(\tR\x05hosts\x12\x16\n" +
+	"\x06header\x18\x04 \x01(\tR\x06header\"V\n" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
@@ -9612,7 +9704,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 145)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 146)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: roche.v1.SandboxState
 	(EndKind)(0),                      // 1: roche.v1.EndKind
@@ -9650,135 +9742,136 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*SignalCommandRequest)(nil),      // 33: roche.v1.SignalCommandRequest
 	(*SignalCommandResponse)(nil),     // 34: roche.v1.SignalCommandResponse
 	(*SandboxConfig)(nil),             // 35: roche.v1.SandboxConfig
-	(*Mount)(nil),                     // 36: roche.v1.Mount
-	(*Sandbox)(nil),                   // 37: roche.v1.Sandbox
-	(*EndReason)(nil),                 // 38: roche.v1.EndReason
-	(*ReceiptUsage)(nil),              // 39: roche.v1.ReceiptUsage
-	(*CreateRequest)(nil),             // 40: roche.v1.CreateRequest
-	(*CreateResponse)(nil),            // 41: roche.v1.CreateResponse
-	(*ExecRequest)(nil),               // 42: roche.v1.ExecRequest
-	(*ExecResponse)(nil),              // 43: roche.v1.ExecResponse
-	(*ExecStreamRequest)(nil),         // 44: roche.v1.ExecStreamRequest
-	(*ExecResult)(nil),                // 45: roche.v1.ExecResult
-	(*OutputChunk)(nil),               // 46: roche.v1.OutputChunk
-	(*Heartbeat)(nil),                 // 47: roche.v1.Heartbeat
-	(*ExecStreamResponse)(nil),        // 48: roche.v1.ExecStreamResponse
-	(*DestroyRequest)(nil),            // 49: roche.v1.DestroyRequest
-	(*HoldRequest)(nil),               // 50: roche.v1.HoldRequest
-	(*HoldResponse)(nil),              // 51: roche.v1.HoldResponse
-	(*DestroyResponse)(nil),           // 52: roche.v1.DestroyResponse
-	(*ListRequest)(nil),               // 53: roche.v1.ListRequest
-	(*ListResponse)(nil),              // 54: roche.v1.ListResponse
-	(*SkippedProvider)(nil),           // 55: roche.v1.SkippedProvider
-	(*InspectRequest)(nil),            // 56: roche.v1.InspectRequest
-	(*InspectResponse)(nil),           // 57: roche.v1.InspectResponse
-	(*SetTimeoutRequest)(nil),         // 58: roche.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),        // 59: roche.v1.SetTimeoutResponse
-	(*PauseRequest)(nil),              // 60: roche.v1.PauseRequest
-	(*PauseResponse)(nil),             // 61: roche.v1.PauseResponse
-	(*UnpauseRequest)(nil),            // 62: roche.v1.UnpauseRequest
-	(*UnpauseResponse)(nil),           // 63: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),                 // 64: roche.v1.GcRequest
-	(*GcResponse)(nil),                // 65: roche.v1.GcResponse
-	(*CopyToRequest)(nil),             // 66: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),            // 67: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),           // 68: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),          // 69: roche.v1.CopyFromResponse
-	(*FileEntry)(nil),                 // 70: roche.v1.FileEntry
-	(*ReadFileRequest)(nil),           // 71: roche.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 72: roche.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),          // 73: roche.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 74: roche.v1.WriteFileResponse
-	(*ListDirRequest)(nil),            // 75: roche.v1.ListDirRequest
-	(*ListDirResponse)(nil),           // 76: roche.v1.ListDirResponse
-	(*StatRequest)(nil),               // 77: roche.v1.StatRequest
-	(*StatResponse)(nil),              // 78: roche.v1.StatResponse
-	(*MakeDirRequest)(nil),            // 79: roche.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 80: roche.v1.MakeDirResponse
-	(*RenameRequest)(nil),             // 81: roche.v1.RenameRequest
-	(*RenameResponse)(nil),            // 82: roche.v1.RenameResponse
-	(*RemoveRequest)(nil),             // 83: roche.v1.RemoveRequest
-	(*RemoveResponse)(nil),            // 84: roche.v1.RemoveResponse
-	(*FileEvent)(nil),                 // 85: roche.v1.FileEvent
-	(*WatchDirRequest)(nil),           // 86: roche.v1.WatchDirRequest
-	(*WatchStarted)(nil),              // 87: roche.v1.WatchStarted
-	(*WatchDirResponse)(nil),          // 88: roche.v1.WatchDirResponse
-	(*CreateWatcherRequest)(nil),      // 89: roche.v1.CreateWatcherRequest
-	(*CreateWatcherResponse)(nil),     // 90: roche.v1.CreateWatcherResponse
-	(*GetWatcherEventsRequest)(nil),   // 91: roche.v1.GetWatcherEventsRequest
-	(*GetWatcherEventsResponse)(nil),  // 92: roche.v1.GetWatcherEventsResponse
-	(*RemoveWatcherRequest)(nil),      // 93: roche.v1.RemoveWatcherRequest
-	(*RemoveWatcherResponse)(nil),     // 94: roche.v1.RemoveWatcherResponse
-	(*Pool)(nil),                      // 95: roche.v1.Pool
-	(*PoolStatusRequest)(nil),         // 96: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),        // 97: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),         // 98: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),        // 99: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),          // 100: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),         // 101: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),      // 102: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),     // 103: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),              // 104: roche.v1.ProviderInfo
-	(*Capabilities)(nil),              // 105: roche.v1.Capabilities
-	(*ResetRequest)(nil),              // 106: roche.v1.ResetRequest
-	(*ResetResponse)(nil),             // 107: roche.v1.ResetResponse
-	(*Workspace)(nil),                 // 108: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),     // 109: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),    // 110: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),    // 111: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil),   // 112: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                  // 113: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),     // 114: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),    // 115: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),      // 116: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 117: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),     // 118: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),    // 119: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),               // 120: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),            // 121: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),                // 122: roche.v1.CodeResult
-	(*CodeError)(nil),                 // 123: roche.v1.CodeError
-	(*CodeExecution)(nil),             // 124: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),           // 125: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),               // 126: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),      // 127: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),     // 128: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),       // 129: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),      // 130: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),     // 131: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),    // 132: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),      // 133: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),     // 134: roche.v1.RemoveContextResponse
-	(*EgressLogRequest)(nil),          // 135: roche.v1.EgressLogRequest
-	(*EgressDecision)(nil),            // 136: roche.v1.EgressDecision
-	(*EgressLogResponse)(nil),         // 137: roche.v1.EgressLogResponse
-	(*EgressPolicyRequest)(nil),       // 138: roche.v1.EgressPolicyRequest
-	(*EgressPolicyResponse)(nil),      // 139: roche.v1.EgressPolicyResponse
-	nil,                               // 140: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                               // 141: roche.v1.StartCommandRequest.EnvEntry
-	nil,                               // 142: roche.v1.Command.EnvEntry
-	nil,                               // 143: roche.v1.SandboxConfig.EnvEntry
-	nil,                               // 144: roche.v1.SandboxConfig.MetadataEntry
-	nil,                               // 145: roche.v1.Sandbox.MetadataEntry
-	nil,                               // 146: roche.v1.ExecRequest.EnvEntry
-	nil,                               // 147: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                               // 148: roche.v1.ListRequest.MetadataEntry
-	nil,                               // 149: roche.v1.RunCodeRequest.EnvEntry
-	nil,                               // 150: roche.v1.CreateContextRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 151: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 152: google.protobuf.Timestamp
+	(*Secret)(nil),                    // 36: roche.v1.Secret
+	(*Mount)(nil),                     // 37: roche.v1.Mount
+	(*Sandbox)(nil),                   // 38: roche.v1.Sandbox
+	(*EndReason)(nil),                 // 39: roche.v1.EndReason
+	(*ReceiptUsage)(nil),              // 40: roche.v1.ReceiptUsage
+	(*CreateRequest)(nil),             // 41: roche.v1.CreateRequest
+	(*CreateResponse)(nil),            // 42: roche.v1.CreateResponse
+	(*ExecRequest)(nil),               // 43: roche.v1.ExecRequest
+	(*ExecResponse)(nil),              // 44: roche.v1.ExecResponse
+	(*ExecStreamRequest)(nil),         // 45: roche.v1.ExecStreamRequest
+	(*ExecResult)(nil),                // 46: roche.v1.ExecResult
+	(*OutputChunk)(nil),               // 47: roche.v1.OutputChunk
+	(*Heartbeat)(nil),                 // 48: roche.v1.Heartbeat
+	(*ExecStreamResponse)(nil),        // 49: roche.v1.ExecStreamResponse
+	(*DestroyRequest)(nil),            // 50: roche.v1.DestroyRequest
+	(*HoldRequest)(nil),               // 51: roche.v1.HoldRequest
+	(*HoldResponse)(nil),              // 52: roche.v1.HoldResponse
+	(*DestroyResponse)(nil),           // 53: roche.v1.DestroyResponse
+	(*ListRequest)(nil),               // 54: roche.v1.ListRequest
+	(*ListResponse)(nil),              // 55: roche.v1.ListResponse
+	(*SkippedProvider)(nil),           // 56: roche.v1.SkippedProvider
+	(*InspectRequest)(nil),            // 57: roche.v1.InspectRequest
+	(*InspectResponse)(nil),           // 58: roche.v1.InspectResponse
+	(*SetTimeoutRequest)(nil),         // 59: roche.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),        // 60: roche.v1.SetTimeoutResponse
+	(*PauseRequest)(nil),              // 61: roche.v1.PauseRequest
+	(*PauseResponse)(nil),             // 62: roche.v1.PauseResponse
+	(*UnpauseRequest)(nil),            // 63: roche.v1.UnpauseRequest
+	(*UnpauseResponse)(nil),           // 64: roche.v1.UnpauseResponse
+	(*GcRequest)(nil),                 // 65: roche.v1.GcRequest
+	(*GcResponse)(nil),                // 66: roche.v1.GcResponse
+	(*CopyToRequest)(nil),             // 67: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),            // 68: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),           // 69: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),          // 70: roche.v1.CopyFromResponse
+	(*FileEntry)(nil),                 // 71: roche.v1.FileEntry
+	(*ReadFileRequest)(nil),           // 72: roche.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 73: roche.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 74: roche.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 75: roche.v1.WriteFileResponse
+	(*ListDirRequest)(nil),            // 76: roche.v1.ListDirRequest
+	(*ListDirResponse)(nil),           // 77: roche.v1.ListDirResponse
+	(*StatRequest)(nil),               // 78: roche.v1.StatRequest
+	(*StatResponse)(nil),              // 79: roche.v1.StatResponse
+	(*MakeDirRequest)(nil),            // 80: roche.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 81: roche.v1.MakeDirResponse
+	(*RenameRequest)(nil),             // 82: roche.v1.RenameRequest
+	(*RenameResponse)(nil),            // 83: roche.v1.RenameResponse
+	(*RemoveRequest)(nil),             // 84: roche.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 85: roche.v1.RemoveResponse
+	(*FileEvent)(nil),                 // 86: roche.v1.FileEvent
+	(*WatchDirRequest)(nil),           // 87: roche.v1.WatchDirRequest
+	(*WatchStarted)(nil),              // 88: roche.v1.WatchStarted
+	(*WatchDirResponse)(nil),          // 89: roche.v1.WatchDirResponse
+	(*CreateWatcherRequest)(nil),      // 90: roche.v1.CreateWatcherRequest
+	(*CreateWatcherResponse)(nil),     // 91: roche.v1.CreateWatcherResponse
+	(*GetWatcherEventsRequest)(nil),   // 92: roche.v1.GetWatcherEventsRequest
+	(*GetWatcherEventsResponse)(nil),  // 93: roche.v1.GetWatcherEventsResponse
+	(*RemoveWatcherRequest)(nil),      // 94: roche.v1.RemoveWatcherRequest
+	(*RemoveWatcherResponse)(nil),     // 95: roche.v1.RemoveWatcherResponse
+	(*Pool)(nil),                      // 96: roche.v1.Pool
+	(*PoolStatusRequest)(nil),         // 97: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),        // 98: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),         // 99: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),        // 100: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),          // 101: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),         // 102: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),      // 103: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),     // 104: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),              // 105: roche.v1.ProviderInfo
+	(*Capabilities)(nil),              // 106: roche.v1.Capabilities
+	(*ResetRequest)(nil),              // 107: roche.v1.ResetRequest
+	(*ResetResponse)(nil),             // 108: roche.v1.ResetResponse
+	(*Workspace)(nil),                 // 109: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),     // 110: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 111: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),    // 112: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil),   // 113: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                  // 114: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),     // 115: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),    // 116: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),      // 117: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 118: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),     // 119: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),    // 120: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),               // 121: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),            // 122: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),                // 123: roche.v1.CodeResult
+	(*CodeError)(nil),                 // 124: roche.v1.CodeError
+	(*CodeExecution)(nil),             // 125: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),           // 126: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),               // 127: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),      // 128: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),     // 129: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),       // 130: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),      // 131: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),     // 132: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),    // 133: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),      // 134: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),     // 135: roche.v1.RemoveContextResponse
+	(*EgressLogRequest)(nil),          // 136: roche.v1.EgressLogRequest
+	(*EgressDecision)(nil),            // 137: roche.v1.EgressDecision
+	(*EgressLogResponse)(nil),         // 138: roche.v1.EgressLogResponse
+	(*EgressPolicyRequest)(nil),       // 139: roche.v1.EgressPolicyRequest
+	(*EgressPolicyResponse)(nil),      // 140: roche.v1.EgressPolicyResponse
+	nil,                               // 141: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 142: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 143: roche.v1.Command.EnvEntry
+	nil,                               // 144: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 145: roche.v1.SandboxConfig.MetadataEntry
+	nil,                               // 146: roche.v1.Sandbox.MetadataEntry
+	nil,                               // 147: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 148: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 149: roche.v1.ListRequest.MetadataEntry
+	nil,                               // 150: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 151: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 152: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 153: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	140, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	141, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	6,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
-	47,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	45,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
+	48,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	46,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	6,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	141, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	142, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
 	22,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
-	151, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
-	142, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
-	152, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	152, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	143, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	153, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
 	20,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
 	20,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
 	21,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
@@ -9786,194 +9879,195 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	2,   // 14: roche.v1.CommandData.stream:type_name -> roche.v1.OutputStream
 	24,  // 15: roche.v1.ConnectCommandResponse.start:type_name -> roche.v1.CommandStart
 	25,  // 16: roche.v1.ConnectCommandResponse.data:type_name -> roche.v1.CommandData
-	47,  // 17: roche.v1.ConnectCommandResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	48,  // 17: roche.v1.ConnectCommandResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	21,  // 18: roche.v1.ConnectCommandResponse.end:type_name -> roche.v1.CommandEnd
 	22,  // 19: roche.v1.ListCommandsResponse.commands:type_name -> roche.v1.Command
 	17,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
-	143, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
-	36,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	144, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
-	0,   // 26: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	152, // 27: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	152, // 28: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	145, // 29: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
-	38,  // 30: roche.v1.Sandbox.end:type_name -> roche.v1.EndReason
-	1,   // 31: roche.v1.EndReason.kind:type_name -> roche.v1.EndKind
-	152, // 32: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
-	151, // 33: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
-	35,  // 34: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
-	37,  // 35: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	146, // 36: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
-	45,  // 37: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	147, // 38: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	151, // 39: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	39,  // 40: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
-	2,   // 41: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	152, // 42: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	46,  // 43: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
-	47,  // 44: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	45,  // 45: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	38,  // 46: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
-	55,  // 47: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	148, // 48: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
-	0,   // 49: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
-	37,  // 50: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	55,  // 51: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
-	5,   // 52: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
-	37,  // 53: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	37,  // 54: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
-	37,  // 55: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	55,  // 56: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
-	3,   // 57: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	152, // 58: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
-	70,  // 59: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
-	70,  // 60: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
-	70,  // 61: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
-	70,  // 62: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
-	70,  // 63: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
-	70,  // 64: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
-	4,   // 65: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
-	87,  // 66: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
-	85,  // 67: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
-	47,  // 68: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	85,  // 69: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	151, // 70: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	95,  // 71: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	95,  // 72: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	95,  // 73: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	104, // 74: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	105, // 75: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	37,  // 76: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	152, // 77: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	108, // 78: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	152, // 79: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	113, // 80: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	113, // 81: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	5,   // 82: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	149, // 83: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	122, // 84: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	123, // 85: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	151, // 86: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	46,  // 87: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	47,  // 88: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	122, // 89: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	124, // 90: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	150, // 91: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	126, // 92: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	126, // 93: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	152, // 94: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
-	136, // 95: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
-	40,  // 96: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	42,  // 97: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	44,  // 98: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	49,  // 99: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	50,  // 100: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	53,  // 101: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	56,  // 102: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	58,  // 103: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
-	60,  // 104: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	62,  // 105: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	64,  // 106: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	66,  // 107: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	68,  // 108: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	71,  // 109: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	73,  // 110: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	75,  // 111: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	77,  // 112: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	79,  // 113: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	81,  // 114: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	83,  // 115: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	86,  // 116: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	89,  // 117: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	91,  // 118: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	93,  // 119: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	96,  // 120: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	98,  // 121: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	100, // 122: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	102, // 123: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	106, // 124: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	109, // 125: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	111, // 126: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	114, // 127: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	116, // 128: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	118, // 129: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	121, // 130: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	127, // 131: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	129, // 132: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	131, // 133: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	133, // 134: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	7,   // 135: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	9,   // 136: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	11,  // 137: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	13,  // 138: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	15,  // 139: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	18,  // 140: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	23,  // 141: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	27,  // 142: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	29,  // 143: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	31,  // 144: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	33,  // 145: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	135, // 146: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
-	138, // 147: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
-	41,  // 148: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	43,  // 149: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	48,  // 150: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	52,  // 151: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	51,  // 152: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	54,  // 153: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	57,  // 154: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	59,  // 155: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
-	61,  // 156: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	63,  // 157: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	65,  // 158: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	67,  // 159: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	69,  // 160: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	72,  // 161: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	74,  // 162: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	76,  // 163: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	78,  // 164: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	80,  // 165: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	82,  // 166: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	84,  // 167: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	88,  // 168: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	90,  // 169: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	92,  // 170: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	94,  // 171: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	97,  // 172: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	99,  // 173: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	101, // 174: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	103, // 175: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	107, // 176: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	110, // 177: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	112, // 178: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	115, // 179: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	117, // 180: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	119, // 181: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	125, // 182: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	128, // 183: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	130, // 184: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	132, // 185: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	134, // 186: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	8,   // 187: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	10,  // 188: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	12,  // 189: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	14,  // 190: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	16,  // 191: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	19,  // 192: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	26,  // 193: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	28,  // 194: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	30,  // 195: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	32,  // 196: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	34,  // 197: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	137, // 198: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
-	139, // 199: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
-	148, // [148:200] is the sub-list for method output_type
-	96,  // [96:148] is the sub-list for method input_type
-	96,  // [96:96] is the sub-list for extension type_name
-	96,  // [96:96] is the sub-list for extension extendee
-	0,   // [0:96] is the sub-list for field type_name
+	144, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	37,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
+	145, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
+	36,  // 26: roche.v1.SandboxConfig.secrets:type_name -> roche.v1.Secret
+	0,   // 27: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
+	153, // 28: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	153, // 29: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	146, // 30: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
+	39,  // 31: roche.v1.Sandbox.end:type_name -> roche.v1.EndReason
+	1,   // 32: roche.v1.EndReason.kind:type_name -> roche.v1.EndKind
+	153, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
+	152, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
+	35,  // 35: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
+	38,  // 36: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
+	147, // 37: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	46,  // 38: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
+	148, // 39: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	152, // 40: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	40,  // 41: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
+	2,   // 42: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
+	153, // 43: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	47,  // 44: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
+	48,  // 45: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	46,  // 46: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
+	39,  // 47: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
+	56,  // 48: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
+	149, // 49: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	0,   // 50: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
+	38,  // 51: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	56,  // 52: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
+	5,   // 53: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
+	38,  // 54: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	38,  // 55: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
+	38,  // 56: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	56,  // 57: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	3,   // 58: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
+	153, // 59: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	71,  // 60: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 61: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 62: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
+	71,  // 63: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 64: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 65: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
+	4,   // 66: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
+	88,  // 67: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
+	86,  // 68: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
+	48,  // 69: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	86,  // 70: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
+	152, // 71: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	96,  // 72: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	96,  // 73: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	96,  // 74: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	105, // 75: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	106, // 76: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	38,  // 77: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	153, // 78: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	109, // 79: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	153, // 80: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	114, // 81: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	114, // 82: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	5,   // 83: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	150, // 84: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	123, // 85: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	124, // 86: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	152, // 87: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	47,  // 88: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	48,  // 89: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	123, // 90: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	125, // 91: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	151, // 92: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	127, // 93: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	127, // 94: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	153, // 95: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
+	137, // 96: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
+	41,  // 97: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	43,  // 98: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	45,  // 99: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	50,  // 100: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	51,  // 101: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	54,  // 102: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	57,  // 103: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	59,  // 104: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	61,  // 105: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	63,  // 106: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	65,  // 107: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	67,  // 108: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	69,  // 109: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	72,  // 110: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	74,  // 111: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	76,  // 112: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	78,  // 113: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	80,  // 114: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	82,  // 115: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	84,  // 116: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	87,  // 117: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	90,  // 118: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	92,  // 119: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	94,  // 120: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	97,  // 121: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	99,  // 122: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	101, // 123: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	103, // 124: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	107, // 125: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	110, // 126: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	112, // 127: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	115, // 128: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	117, // 129: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	119, // 130: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	122, // 131: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	128, // 132: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	130, // 133: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	132, // 134: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	134, // 135: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	7,   // 136: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	9,   // 137: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	11,  // 138: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	13,  // 139: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	15,  // 140: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18,  // 141: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	23,  // 142: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	27,  // 143: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	29,  // 144: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	31,  // 145: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	33,  // 146: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	136, // 147: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
+	139, // 148: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
+	42,  // 149: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	44,  // 150: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	49,  // 151: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	53,  // 152: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	52,  // 153: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	55,  // 154: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	58,  // 155: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	60,  // 156: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	62,  // 157: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	64,  // 158: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	66,  // 159: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	68,  // 160: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	70,  // 161: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	73,  // 162: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	75,  // 163: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	77,  // 164: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	79,  // 165: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	81,  // 166: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	83,  // 167: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	85,  // 168: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	89,  // 169: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	91,  // 170: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	93,  // 171: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	95,  // 172: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	98,  // 173: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	100, // 174: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	102, // 175: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	104, // 176: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	108, // 177: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	111, // 178: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	113, // 179: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	116, // 180: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	118, // 181: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	120, // 182: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	126, // 183: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	129, // 184: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	131, // 185: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	133, // 186: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	135, // 187: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	8,   // 188: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	10,  // 189: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	12,  // 190: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	14,  // 191: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	16,  // 192: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	19,  // 193: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	26,  // 194: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	28,  // 195: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	30,  // 196: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	32,  // 197: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	34,  // 198: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	138, // 199: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
+	140, // 200: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
+	149, // [149:201] is the sub-list for method output_type
+	97,  // [97:149] is the sub-list for method input_type
+	97,  // [97:97] is the sub-list for extension type_name
+	97,  // [97:97] is the sub-list for extension extendee
+	0,   // [0:97] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -9997,19 +10091,19 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ConnectCommandResponse_End)(nil),
 	}
 	file_roche_v1_sandbox_proto_msgTypes[29].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[36].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[38].OneofWrappers = []any{}
-	file_roche_v1_sandbox_proto_msgTypes[42].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[37].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[39].OneofWrappers = []any{}
+	file_roche_v1_sandbox_proto_msgTypes[43].OneofWrappers = []any{
 		(*ExecStreamResponse_Output)(nil),
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[82].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[83].OneofWrappers = []any{
 		(*WatchDirResponse_Started)(nil),
 		(*WatchDirResponse_File)(nil),
 		(*WatchDirResponse_Heartbeat)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[119].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[120].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -10021,7 +10115,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   145,
+			NumMessages:   146,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
