@@ -43,9 +43,9 @@ type createFlags struct {
 	allowHost []string
 	// secrets: NAME=@FILE; secretHosts: NAME=HOST[:PORT]; secretHeaders: NAME=HEADER
 	secrets, secretHosts, secretHeaders []string
-	workspace string
-	snapshot  string
-	metadata  []string
+	workspace                           string
+	snapshot                            string
+	metadata                            []string
 }
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
