@@ -41,11 +41,11 @@ type createFlags struct {
 	workdir   string
 	user      string
 	allowHost []string
+	workspace string
+	snapshot  string
+	metadata  []string
 	// secrets: NAME=@FILE; secretHosts: NAME=HOST[:PORT]; secretHeaders: NAME=HEADER
 	secrets, secretHosts, secretHeaders []string
-	workspace                           string
-	snapshot                            string
-	metadata                            []string
 }
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
