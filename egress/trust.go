@@ -102,6 +102,17 @@ func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Tru
 	return t, nil
 }
 
+// NeedsCA reports whether a sandbox with this allowlist and these many secrets needs
+// a CA of its own (an https:// entry, or a secret), which a provider that cannot install
+// one refuses.
+func NeedsCA(allowlist []string, secrets int) bool {
+	if secrets > 0 {
+		return true
+	}
+	pol, err := ParsePolicy(allowlist)
+	return err == nil && pol.Intercepts()
+}
+
 // writeInPlace writes b to path, mode 0644, keeping the file's inode if it exists.
 func writeInPlace(path string, b []byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o644)

@@ -361,6 +361,9 @@ func (p *Provider) unsupported(cfg roche.Config) error {
 	if len(cfg.NetworkAllowlist) > 0 && !p.egress {
 		why = append(why, "network_allowlist: needs a host process that outlives the sandbox to run its egress proxy: use roched (roche daemon start) or roche run")
 	}
+	if egress.NeedsCA(cfg.NetworkAllowlist, len(cfg.Secrets)) {
+		why = append(why, "https:// network_allowlist entries and secrets: a Pod cannot have an egress CA installed yet; use the docker provider")
+	}
 	if len(cfg.Mounts) > 0 {
 		why = append(why, "mounts: host paths have no meaning on a cluster's nodes")
 	}

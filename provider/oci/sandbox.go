@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
@@ -61,6 +62,8 @@ func (p *Provider) check(cfg roche.Config) error {
 		return fmt.Errorf("%w: from_snapshot: the oci provider has no snapshots; use the docker provider", roche.ErrUnsupported)
 	case len(cfg.NetworkAllowlist) > 0 && !p.egress:
 		return fmt.Errorf("%w: network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run", roche.ErrUnsupported)
+	case egress.NeedsCA(cfg.NetworkAllowlist, len(cfg.Secrets)):
+		return fmt.Errorf("%w: https:// network_allowlist entries and secrets: oci sandboxes cannot have an egress CA installed yet; use the docker provider", roche.ErrUnsupported)
 	}
 	for _, m := range cfg.Mounts {
 		if _, err := os.Stat(m.Source); err != nil {
