@@ -218,6 +218,8 @@ func (c Config) Validate() error {
 			add("secret %s is given twice", sec.Name)
 		case c.Env[sec.Name] != "":
 			add("secret %s is also in env: drop it from env", sec.Name)
+		case egress.ReservedEnv(sec.Name):
+			add("secret %s: the sandbox's egress settings use that variable: name the secret otherwise", sec.Name)
 		case sec.Value == "":
 			add("secret %s has no value: give it from a file (--secret %s=@FILE)", sec.Name, sec.Name)
 		case len(sec.Hosts) == 0:

@@ -47,12 +47,14 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.Workdir = "relative"
 	c.Env = map[string]string{"A=B": "x"}
 	c.Mounts = []Mount{{Source: "rel", Target: "/"}}
-	c.NetworkAllowlist = []string{"https://pypi.org"}
+	c.NetworkAllowlist = []string{"pypi.org/simple"}
+	c.Secrets = []Secret{{Name: "HTTPS_PROXY", Value: "v", Hosts: []string{"pypi.org"}}, {Name: "T", Value: "v"}}
 	err := c.Validate()
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("err %v, want ErrInvalidConfig", err)
 	}
-	for _, want := range []string{"image", "memory", "cpus", "timeout_secs", "pids_limit", "workdir", "env name", "mount source", "mount target /", "network_allowlist"} {
+	for _, want := range []string{"image", "memory", "cpus", "timeout_secs", "pids_limit", "workdir", "env name", "mount source", "mount target /", "network_allowlist",
+		"secret HTTPS_PROXY: the sandbox's egress settings use that variable", "secret T is bound to no host"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %s: %v", want, err)
 		}

@@ -46,8 +46,11 @@ const (
 	MaxNameBytes = 1024
 	// MaxMounts bounds Config.Mounts.
 	MaxMounts = 64
-	// MaxAllowlist bounds Config.NetworkAllowlist.
+	// MaxAllowlist bounds Config.NetworkAllowlist, and each secret's hosts.
 	MaxAllowlist = 64
+	// MaxSecrets bounds Config.Secrets, MaxSecretBytes each value.
+	MaxSecrets     = 16
+	MaxSecretBytes = 8 << 10
 )
 
 // envBytes is the size of an environment as the limits count it: its KEY=VALUE
@@ -115,6 +118,14 @@ func (c Config) limitProblems() []string {
 	}
 	if len(c.NetworkAllowlist) > MaxAllowlist {
 		add("network_allowlist has %d entries, over the limit of %d", len(c.NetworkAllowlist), MaxAllowlist)
+	}
+	if len(c.Secrets) > MaxSecrets {
+		add("secrets has %d entries, over the limit of %d", len(c.Secrets), MaxSecrets)
+	}
+	for _, sec := range c.Secrets {
+		if len(sec.Value) > MaxSecretBytes || len(sec.Hosts) > MaxAllowlist {
+			add("secret %s is over the limit of %d bytes or %d hosts", sec.Name, MaxSecretBytes, MaxAllowlist)
+		}
 	}
 	problems = append(problems, metadataProblems(c.Metadata)...)
 	return append(problems, envProblems("env", c.Env)...)

@@ -181,11 +181,10 @@ func (p *Proxy) intercept(c net.Conn, br *bufio.Reader, d *Decision, host string
 		DisableCompression:  true,
 	}
 	defer tr.CloseIdleConnections()
-	defer func() {
-		if first != nil {
-			first.Close()
-		}
-	}()
+	defer once.Do(func() { // the first upstream connection, if no request took it
+		first.Close()
+		first = nil
+	})
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "https", authority, pr.In.Host

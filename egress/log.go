@@ -3,6 +3,7 @@ package egress
 import (
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -103,7 +104,10 @@ func Suggest(ds []Decision) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, d := range ds {
-		if d.Allowed || d.Rule == "" {
+		// A refused request inside an intercepted connection names the entry that would
+		// have allowed it ("POST https://host/path"), which holds a space and is not one
+		// word a shell passes on: it is left to be added by hand.
+		if d.Allowed || d.Rule == "" || strings.Contains(d.Rule, " ") {
 			continue
 		}
 		if !seen[d.Rule] {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -96,10 +97,24 @@ func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Tru
 		{Host: filepath.Join(dir, bundleFile), Sandbox: SandboxBundle},
 		{Host: filepath.Join(dir, caFile), Sandbox: SandboxCACert},
 	}
-	t.Env = append(t.Env,
-		"SSL_CERT_FILE="+SandboxBundle, "REQUESTS_CA_BUNDLE="+SandboxBundle, "PIP_CERT="+SandboxBundle,
-		"CURL_CA_BUNDLE="+SandboxBundle, "NODE_EXTRA_CA_CERTS="+SandboxCACert)
+	t.Env = append(t.Env, trustEnv...)
 	return t, nil
+}
+
+// ReservedEnv reports whether name is a variable the proxy settings or the CA set in a
+// sandbox (a secret cannot be named so).
+func ReservedEnv(name string) bool {
+	for _, kv := range append(SandboxEnv(), trustEnv...) {
+		if k, _, _ := strings.Cut(kv, "="); strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
+}
+
+var trustEnv = []string{
+	"SSL_CERT_FILE=" + SandboxBundle, "REQUESTS_CA_BUNDLE=" + SandboxBundle, "PIP_CERT=" + SandboxBundle,
+	"CURL_CA_BUNDLE=" + SandboxBundle, "NODE_EXTRA_CA_CERTS=" + SandboxCACert,
 }
 
 // NeedsCA reports whether a sandbox with this allowlist and these many secrets needs
