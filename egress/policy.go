@@ -80,7 +80,7 @@ func ParseRule(s string) (Rule, error) {
 	}
 	s = strings.ToLower(s)
 	if strings.Contains(s, "/") {
-		return Rule{}, fmt.Errorf("allowlist entry %q: give a host name (and port), or an https:// URL to intercept", orig)
+		return Rule{}, fmt.Errorf("allowlist entry %q: give a host name (and port), not a URL (an https:// URL is intercepted: see --allow-host)", orig)
 	}
 	var r Rule
 	host := s
