@@ -101,7 +101,9 @@ func (p *Provider) buildRootfs(ctx context.Context, cli *client.Client, ref, dst
 		Image: ref,
 		// Never started: a command is only required to create it.
 		Entrypoint: []string{"/.roche-rootfs-export"},
-		Labels:     map[string]string{"roche.rootfs-export": "true"},
+		// Which cache the build is for: a test (or a look at the engine) can tell its
+		// own export containers from another process's.
+		Labels: map[string]string{"roche.rootfs-export": filepath.Dir(dst)},
 	}, &container.HostConfig{NetworkMode: "none"}, nil, nil, "")
 	done(&err)
 	if err != nil {

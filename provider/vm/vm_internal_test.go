@@ -217,7 +217,7 @@ func TestRootfsBuildFailureLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs, err := cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", "roche.rootfs-export=true"))})
+	cs, err := cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", "roche.rootfs-export="+filepath.Join(cache, "rootfs")))})
 	if err != nil || len(cs) != 0 {
 		t.Fatalf("export containers left: %d %v", len(cs), err)
 	}
