@@ -53,6 +53,26 @@ type Pauser interface {
 	Unpause(ctx context.Context, id string) error
 }
 
+// MemorySnapshotter saves a running sandbox whole, memory and processes included, and
+// brings it back (microVMs: provider/vm's qemu). E2B's names: pause is PauseToDisk,
+// resume is Resume; Fork has no E2B name.
+type MemorySnapshotter interface {
+	// PauseToDisk saves the sandbox's memory and device state to disk and stops it: it
+	// holds no memory or CPU until Resume, its lifetime paused with it. It stays listed,
+	// StatePaused, and survives a restart of the process that paused it.
+	PauseToDisk(ctx context.Context, id string) error
+	// Resume brings a sandbox paused to disk back where it was: its processes, code
+	// contexts and open files, with fresh randomness and the right time.
+	Resume(ctx context.Context, id string) (SandboxInfo, error)
+	// Fork makes n new sandboxes, each a copy of the running (or paused-to-disk)
+	// sandbox id at this moment, with processes and code contexts, each with its own id,
+	// lifetime, lease and randomness; id goes on as it was.
+	Fork(ctx context.Context, id string, n int) ([]SandboxInfo, error)
+}
+
+// MaxForks is the most sandboxes one Fork makes.
+const MaxForks = 64
+
 // FileSystem reads and writes files inside a sandbox, with the sandbox user's
 // permissions. Paths are absolute sandbox paths; content is streamed, binary-safe.
 type FileSystem interface {

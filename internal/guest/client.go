@@ -391,6 +391,19 @@ func (c *Client) SetLifetime(ctx context.Context, d time.Duration) error {
 	return c.call(ctx, Request{Op: OpLifetime, LifetimeMS: max(d.Milliseconds(), 1)}, nil)
 }
 
+// PrepareSnapshot tells a microVM's agent that a memory snapshot comes: once it has
+// answered, it waits for the host's vmlink.RelinkLine(nonce) on a new link.
+func (c *Client) PrepareSnapshot(ctx context.Context, nonce string) error {
+	return c.call(ctx, Request{Op: OpSnapshotPrepare, Nonce: nonce}, nil)
+}
+
+// Restored tells a microVM's agent, just restored from a snapshot, its fresh entropy,
+// the time, its hostname and its lifetime.
+func (c *Client) Restored(ctx context.Context, req Request) error {
+	req.Op = OpRestored
+	return c.call(ctx, req, nil)
+}
+
 // call performs a request with a single JSON reply.
 func (c *Client) call(ctx context.Context, req Request, v any) error {
 	s, err := c.open(ctx, req)

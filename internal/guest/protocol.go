@@ -66,6 +66,17 @@ const (
 	// sooner or later: the agent's own timer, the one that ends the sandbox, is reset.
 	// Only a sandbox started with a lifetime has one to reset.
 	OpLifetime = "lifetime"
+	// OpSnapshotPrepare (microVMs over the serial link) readies the agent for a memory
+	// snapshot: once it has answered, it gives up its session with the host and waits
+	// for vmlink.RelinkLine(Nonce), then greets again (the host of a restored VM is a
+	// new process with a new link). A leased sandbox's lease is held meanwhile.
+	OpSnapshotPrepare = "snapshot_prepare"
+	// OpRestored follows a restore from a memory snapshot: Seed is mixed into the
+	// kernel's random pool and its generator reseeded (two VMs restored from one
+	// snapshot must not draw the same numbers), the clock is set to TimeUnixNS, the
+	// hostname to Hostname (a fork is a new sandbox), the lifetime to LifetimeMS, and
+	// the lease held since OpSnapshotPrepare is let go (the host takes it anew).
+	OpRestored = "restored"
 
 	// Code contexts: long-lived interpreters (internal/guest/kernel) that keep their variables
 	// from one cell to the next. code_run streams stdout and stderr frames and code
@@ -157,6 +168,12 @@ type Request struct {
 
 	// lifetime: what is left of it from now, in milliseconds (at least 1)
 	LifetimeMS int64 `json:"lifetime_ms,omitempty"`
+
+	// snapshot_prepare, restored
+	Nonce      string `json:"nonce,omitempty"`
+	Seed       []byte `json:"seed,omitempty"`
+	TimeUnixNS int64  `json:"time_unix_ns,omitempty"`
+	Hostname   string `json:"hostname,omitempty"`
 
 	// code contexts (with Cwd, Env, TimeoutMS and OutputLimit above; Cwd and Env start
 	// the interpreter of a context made by the call)

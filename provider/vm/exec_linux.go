@@ -23,6 +23,9 @@ func (p *Provider) reach(_ context.Context, id string) (guestfwd.Target, error) 
 	if err != nil {
 		return guestfwd.Target{}, err
 	}
+	if suspended(s.Dir) {
+		return guestfwd.Target{}, fmt.Errorf("%w: sandbox %s is paused to disk: resume it first (roche resume %s)", roche.ErrInvalidConfig, id, id)
+	}
 	if _, err := os.Stat(filepath.Join(s.Dir, "paused")); err == nil {
 		return guestfwd.Target{}, fmt.Errorf("sandbox %s is paused: unpause it first", id)
 	}

@@ -113,8 +113,26 @@ func (q *qemu) argv(p *Provider, vm *plan, bin, accel, cpu string) []string {
 		// with no clock. The host knows the frequency: pass it.
 		kernelArgs += " tsc_early_khz=" + strconv.FormatInt(khz, 10)
 	}
+	machine := "microvm"
+	var memArgs []string
+	if vm.Mem != "" {
+		// RAM in a file: a VM's own (share=on) is its memory snapshot as it stands; a
+		// snapshot's mapped privately (share=off) is copy-on-write, so forks share
+		// the pages none of them writes.
+		share := "on"
+		if vm.MemPrivate {
+			share = "off"
+		}
+		machine += ",memory-backend=ram"
+		memArgs = []string{"-object", "memory-backend-file,id=ram,size=" + strconv.FormatInt(vm.memMiB, 10) + "M,mem-path=" + qemuEscape(vm.Mem) + ",share=" + share}
+	}
+	if vm.incoming != "" {
+		// The saved state is read once QMP has set the same migration capabilities
+		// that wrote it (startIncoming); the supervisor passes it as fd 4.
+		memArgs = append(memArgs, "-incoming", "defer")
+	}
 	args := []string{bin,
-		"-M", "microvm", "-m", strconv.FormatInt(vm.memMiB, 10) + "M", "-smp", strconv.Itoa(vm.vcpus),
+		"-M", machine, "-m", strconv.FormatInt(vm.memMiB, 10) + "M", "-smp", strconv.Itoa(vm.vcpus),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", vm.assets.vmlinux, "-initrd", vm.initrd,
 		"-append", strings.TrimSpace(kernelArgs + " " + p.kernelArgs),
@@ -127,6 +145,7 @@ func (q *qemu) argv(p *Provider, vm *plan, bin, accel, cpu string) []string {
 		"-device", "virtserialport,chardev=agent,name=" + vmlink.SerialPortName,
 		"-qmp", "unix:" + qemuEscape(filepath.Join(vm.Dir, "qmp.sock")) + ",server=on,wait=off",
 	}
+	args = append(args, memArgs...)
 	if accel == AccelKVM {
 		args = append(args, "-accel", "kvm")
 		if cpu != "" {
@@ -187,9 +206,11 @@ func (q *qemu) start(ctx context.Context, p *Provider, vm *plan) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	accel, err := q.accel(ctx, p, vm.assets, bin)
-	if err != nil {
-		return 0, err
+	accel := vm.Accel // a restore runs as the saved VM did
+	if vm.incoming == "" {
+		if accel, err = q.accel(ctx, p, vm.assets, bin); err != nil {
+			return 0, err
+		}
 	}
 	vm.Accel = accel
 	cmd, err := p.supervisorCmd(vm, supervisor.Spec{

@@ -50,6 +50,7 @@ type options struct {
 	modulesDir  string
 	stateDir    string
 	cacheDir    string
+	memDirRoot  string
 	binary      string
 	accel       string
 	kernelArgs  string
@@ -89,6 +90,11 @@ func WithStateDir(dir string) Option { return func(o *options) { o.stateDir = di
 // WithCacheDir sets where the uncompressed kernel, the initramfs and the root
 // filesystems built from images are kept.
 func WithCacheDir(dir string) Option { return func(o *options) { o.cacheDir = dir } }
+
+// WithMemoryDir sets where each qemu VM's RAM file, and the state of a VM paused to
+// disk, are kept (default /var/lib/roche/vm for root): on a disk, so that a VM paused
+// to disk holds no memory.
+func WithMemoryDir(dir string) Option { return func(o *options) { o.memDirRoot = dir } }
 
 // WithBinary sets the hypervisor binary (default qemu-system-x86_64 or firecracker from
 // $PATH).

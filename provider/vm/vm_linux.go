@@ -336,6 +336,16 @@ type meta struct {
 	// Claim is set once a pooled sandbox is claimed for a holder (claim_linux.go);
 	// Config's Owner and ExpiresAt are then the claim's.
 	Claim *kit.Claim `json:"claim,omitempty"`
+	// What a restore from a memory snapshot boots again (snapshot_linux.go): the root
+	// filesystem and kernel files, the VM's size, and the file its RAM is mapped from
+	// (MemPrivate: a copy-on-write mapping of a snapshot's file, which the VM's writes
+	// do not reach; else the VM's own file, its RAM itself).
+	Rootfs     string `json:"rootfs,omitempty"`
+	Kernel     string `json:"kernel,omitempty"`
+	MemMiB     int64  `json:"mem_mib,omitempty"`
+	VCPUs      int    `json:"vcpus,omitempty"`
+	Mem        string `json:"mem,omitempty"`
+	MemPrivate bool   `json:"mem_private,omitempty"`
 }
 
 // plan is one VM being created.
@@ -349,6 +359,13 @@ type plan struct {
 	memMiB  int64
 	// report is the write end of the pipe the supervisor reports on (its fd 3).
 	report *os.File
+	// incoming is a saved VM state to restore, relink the nonce the restored guest
+	// waits for (snapshot_linux.go).
+	incoming string
+	relink   string
+	// resuming: a failed start leaves the directories, for the VM is paused to disk
+	// and can be resumed again.
+	resuming bool
 }
 
 // sandbox is what this process knows about a VM.
@@ -358,6 +375,12 @@ type sandbox struct {
 }
 
 var idPattern = regexp.MustCompile(`^(qemu|firecracker)-[0-9a-f]{12}$`)
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
+}
 
 func randomHex(n int) string {
 	b := make([]byte, n)
@@ -415,12 +438,22 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 		initrd: filepath.Join(dir, "initrd"), console: filepath.Join(dir, "console.log"),
 		vcpus: int(cfg.CPUs), memMiB: (cfg.MemoryBytes() + 1<<20 - 1) >> 20,
 	}
+	vm.Rootfs, vm.Kernel, vm.MemMiB, vm.VCPUs = vm.rootfs, assets.vmlinux, vm.memMiB, vm.vcpus
+	if p.Name() == QEMU {
+		// The VM's RAM is a file of its own, so a memory snapshot of it costs no copy.
+		if err := p.makeMemDir(id); err != nil {
+			p.removeDir(dir)
+			return roche.SandboxInfo{}, err
+		}
+		vm.Mem = filepath.Join(p.memDir(id), "mem")
+	}
 	if vm.Workdir == "" {
 		vm.Workdir = root.workdir
 	}
 	sb, err := p.boot(ctx, vm, root)
 	if err != nil {
 		p.removeDir(dir)
+		p.removeMemDir(id)
 		return roche.SandboxInfo{}, err
 	}
 	p.remember(sb)
@@ -470,7 +503,13 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	if err != nil {
 		return nil, fmt.Errorf("writing the VM's initrd: %w", err)
 	}
+	return p.launch(ctx, vm, nil)
+}
 
+// launch starts the VM's supervisor and waits for its agent; restore, when set, runs
+// once the hypervisor is up (a snapshot's restore starts it). On error the VM is
+// stopped; the caller removes the directory.
+func (p *Provider) launch(ctx context.Context, vm *plan, restore func(context.Context) error) (*sandbox, error) {
 	reportR, reportW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -489,7 +528,7 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 		err = writeJSON(filepath.Join(vm.Dir, "meta.json"), vm.meta)
 	}
 	if err != nil {
-		p.stopSupervisor(pid, vm.Dir)
+		p.abort(pid, vm)
 		return nil, fmt.Errorf("recording the VM's pid and settings in %s: %w", vm.Dir, err)
 	}
 
@@ -505,14 +544,28 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	bctx, cancel := context.WithTimeout(ctx, p.bootTimeout)
 	defer cancel()
 	ready := make(chan error, 1)
-	go func() { ready <- sb.agent.WaitReady(bctx) }()
+	go func() {
+		if restore != nil {
+			if err := restore(bctx); err != nil {
+				ready <- err
+				return
+			}
+		}
+		ready <- sb.agent.WaitReady(bctx)
+	}()
 	select {
 	case err = <-ready:
 		if err != nil {
 			console := tail(vm.console, 20)
-			p.stopSupervisor(pid, vm.Dir)
+			if vm.incoming != "" {
+				console += p.restoreDiagnosis(vm)
+			}
+			p.abort(pid, vm)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if restore != nil && !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "did not answer") {
+				return nil, fmt.Errorf("%w: restoring the VM: %v; last console lines:\n%s", roche.ErrUnavailable, err, console)
 			}
 			return nil, fmt.Errorf("%w: the VM's agent did not answer within %v (%s); last console lines:\n%s",
 				roche.ErrTimeout, p.bootTimeout, vm.Accel, console)
@@ -520,12 +573,21 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	case r := <-reports:
 		cancel()
 		<-ready
-		p.stopSupervisor(pid, vm.Dir)
+		p.abort(pid, vm)
 		return nil, bootFailure(r)
+	}
+	if vm.relink != "" {
+		// Restored: the guest learns its new randomness, time, name and lifetime before
+		// anyone else reaches it, and lets go of the lease it held across the snapshot.
+		err := sb.agent.Restored(bctx, restoredRequest(vm.ID, time.Until(vm.ExpiresAt)))
+		if err != nil {
+			p.abort(pid, vm)
+			return nil, fmt.Errorf("%w: the restored VM's agent: %v", roche.ErrUnavailable, err)
+		}
 	}
 	if vm.Config.Leased {
 		if err := p.leases.Take(bctx, vm.ID, sb.agent); err != nil {
-			p.stopSupervisor(pid, vm.Dir)
+			p.abort(pid, vm)
 			return nil, err
 		}
 	}
@@ -551,6 +613,10 @@ func (p *Provider) supervisorCmd(vm *plan, spec supervisor.Spec) (*exec.Cmd, err
 	spec.Dir = vm.Dir
 	spec.Console = vm.console
 	spec.DeadlineUnixMS = vm.ExpiresAt.Add(10 * time.Second).UnixMilli()
+	spec.Incoming, spec.Relink = vm.incoming, vm.relink
+	if vm.Mem != "" && !vm.MemPrivate {
+		spec.RemoveDirs = append(spec.RemoveDirs, filepath.Dir(vm.Mem))
+	}
 	specPath := filepath.Join(vm.Dir, supervisor.SpecFile)
 	if err := writeJSON(specPath, spec); err != nil {
 		return nil, err
@@ -641,6 +707,9 @@ func (p *Provider) readVM(dir string) (meta, bool, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return m, false, err
 	}
+	if _, err := os.Stat(filepath.Join(dir, supervisor.SuspendedFile)); err == nil {
+		return m, true, nil // paused to disk: no process, but a sandbox to resume
+	}
 	pid := readPID(filepath.Join(dir, supervisor.PIDFile))
 	return m, pid > 0 && isOurProcess(pid, dir, supervisor.Subcommand), nil
 }
@@ -674,9 +743,27 @@ func isOurProcess(pid int, dir, marker string) bool {
 	return true
 }
 
+// abort stops a VM whose start failed; one being resumed keeps its files.
+func (p *Provider) abort(pid int, vm *plan) {
+	if !vm.resuming {
+		p.stopSupervisor(pid, vm.Dir)
+		return
+	}
+	p.kill(pid, vm.Dir)
+	for _, f := range []string{supervisor.PIDFile, supervisor.HypervisorFile, "agent.sock", "qmp.sock"} {
+		os.Remove(filepath.Join(vm.Dir, f))
+	}
+}
+
 // stopSupervisor stops a VM: its supervisor stops the hypervisor and removes the
 // directory; if it does not, both are killed and the directory removed here.
 func (p *Provider) stopSupervisor(pid int, dir string) {
+	p.kill(pid, dir)
+	p.removeDir(dir)
+}
+
+// kill stops a VM's supervisor and hypervisor.
+func (p *Provider) kill(pid int, dir string) {
 	if pid > 0 && isOurProcess(pid, dir, supervisor.Subcommand) {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 		deadline := time.Now().Add(10 * time.Second)
@@ -692,7 +779,6 @@ func (p *Provider) stopSupervisor(pid int, dir string) {
 		_ = syscall.Kill(-hv, syscall.SIGKILL)
 		_ = syscall.Kill(hv, syscall.SIGKILL)
 	}
-	p.removeDir(dir)
 }
 
 // removeDir removes a VM directory of ours (and a jailer's chroot it names).
@@ -708,6 +794,7 @@ func (p *Provider) removeDir(dir string) {
 			}
 		}
 	}
+	p.removeMemDir(filepath.Base(dir))
 	if err := os.RemoveAll(dir); err != nil {
 		p.log.Warn("removing a VM directory", "dir", dir, "err", err)
 	}
@@ -744,10 +831,13 @@ func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, e
 		p.forget(id)
 		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s is gone (destroyed, or its lifetime ended)", roche.ErrNotFound, id)
 	}
-	return s.info(p.state(s.Dir)), nil
+	return p.infoOf(s), nil
 }
 
 func (p *Provider) state(dir string) roche.SandboxState {
+	if _, err := os.Stat(filepath.Join(dir, supervisor.SuspendedFile)); err == nil {
+		return roche.StatePaused
+	}
 	if _, err := os.Stat(filepath.Join(dir, "paused")); err == nil {
 		return roche.StatePaused
 	}
@@ -783,7 +873,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 			continue
 		}
 		s := sandbox{meta: m}
-		out = append(out, s.info(p.state(dir)))
+		out = append(out, p.infoOf(&s))
 	}
 	return out, nil
 }

@@ -116,6 +116,9 @@ type Server struct {
 	// life is set in Run when the sandbox has a lifetime (Config.Lifetime); OpLifetime
 	// resets it.
 	life *lifetime
+	// snapHold is the lease hold a memory snapshot takes (snapshot_linux.go).
+	snapMu   sync.Mutex
+	snapHold bool
 	// egressFailures bounds the log lines of egress connections that find no host proxy.
 	egressFailures everyMinute
 
@@ -460,6 +463,12 @@ func (s *Server) serve(nc net.Conn) {
 		err = s.lease(c, req)
 	case guest.OpLifetime:
 		if err = s.setLifetime(req); err == nil {
+			err = c.sendJSON(guest.FrameReply, struct{}{})
+		}
+	case guest.OpSnapshotPrepare:
+		err = s.snapshotPrepare(c, req)
+	case guest.OpRestored:
+		if err = s.restored(req); err == nil {
 			err = c.sendJSON(guest.FrameReply, struct{}{})
 		}
 	case guest.OpCodeRun, guest.OpCodeCreate, guest.OpCodeList, guest.OpCodeRestart, guest.OpCodeRemove, guest.OpCodeWarm:

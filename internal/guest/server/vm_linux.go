@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche/internal/guest/vmlink"
@@ -129,9 +128,9 @@ func runVM() error {
 	s.baseEnv = guestEnv(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if sess, ok := ln.(*yamux.Session); ok {
+	if rl, ok := ln.(*relinkListener); ok {
 		// The host end of the serial line is gone: nobody can reach this VM any more.
-		go func() { <-sess.CloseChan(); cancel() }()
+		go func() { <-rl.lost; cancel() }()
 	}
 	return s.Run(ctx)
 }
@@ -418,16 +417,12 @@ func listen(transport string) (net.Listener, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := port.Write([]byte(vmlink.Hello)); err != nil {
-			port.Close()
-			return nil, fmt.Errorf("greeting the host on the serial port: %w", err)
-		}
-		sess, err := yamux.Server(port, vmlink.MuxConfig())
+		ln, err := newRelinkListener(port)
 		if err != nil {
 			port.Close()
 			return nil, err
 		}
-		return sess, nil
+		return ln, nil
 	}
 	return nil, fmt.Errorf("unknown transport %q", transport)
 }

@@ -45,6 +45,14 @@ type Spec struct {
 	DeadlineUnixMS int64 `json:"deadline_unix_ms"`
 	// RemoveDirs are removed, besides Dir, when the VM ends (a jailer's chroot).
 	RemoveDirs []string `json:"remove_dirs,omitempty"`
+	// Incoming is a saved VM state (a QEMU migration stream) the hypervisor restores
+	// from: it is passed as fd 4 (Argv says -incoming fd:4).
+	Incoming string `json:"incoming,omitempty"`
+	// Relink, with Serial, is the nonce of the guest's relink line: the guest of a VM
+	// restored from a snapshot, or one a snapshot was just taken of, waits for
+	// vmlink.RelinkLine(Relink) before it greets. SIGUSR2 makes a running supervisor
+	// relink with the nonce its spec file then holds.
+	Relink string `json:"relink,omitempty"`
 }
 
 // Report is written to fd 3 (a pipe to the creating process) when the hypervisor exits.
@@ -60,6 +68,9 @@ const (
 	PIDFile        = "supervisor.pid"  // the supervisor's pid
 	HypervisorFile = "hypervisor.pid"  // the hypervisor's pid
 	SpecFile       = "supervisor.json" // the Spec
+	// SuspendedFile, once the hypervisor has exited, keeps the VM's directory: the VM
+	// was saved to disk (paused) and is resumed from it later.
+	SuspendedFile = "suspended.json"
 )
 
 // Subcommand is the argument that makes a program a supervisor (RunIfAsked).

@@ -50,7 +50,12 @@ func run(spec Spec) error {
 	// the thread that forked it: pin this goroutine to its thread for good.
 	runtime.LockOSThread()
 	report := reportPipe()
-	defer cleanup(spec)
+	defer func() {
+		// A VM saved to disk keeps its directory for the resume.
+		if _, err := os.Stat(filepath.Join(spec.Dir, SuspendedFile)); err != nil {
+			cleanup(spec)
+		}
+	}()
 
 	console, err := os.OpenFile(spec.Console, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -70,6 +75,18 @@ func run(spec Spec) error {
 		guest = os.NewFile(uintptr(fds[1]), "vmlink-guest")
 		cmd.ExtraFiles = []*os.File{guest} // fd 3 in the hypervisor
 	}
+	if spec.Incoming != "" {
+		in, err := os.Open(spec.Incoming)
+		if err != nil {
+			writeReport(report, Report{Exit: fmt.Sprintf("opening the saved VM state: %v", err)})
+			return err
+		}
+		defer in.Close()
+		if guest == nil {
+			cmd.ExtraFiles = []*os.File{nil}
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, in) // fd 4
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -87,14 +104,17 @@ func run(spec Spec) error {
 
 	var link *serialLink
 	if host != nil {
-		link = &serialLink{host: host, socket: spec.AgentSocket}
-		go link.serve()
+		link = &serialLink{host: host, socket: spec.AgentSocket, sw: vmlink.NewSwitch(host, host, false)}
+		go link.serve(spec.Relink)
 	}
 	deadline := time.NewTimer(max(time.Until(time.UnixMilli(spec.DeadlineUnixMS)), 0))
 	defer deadline.Stop()
 	// SIGUSR1: the provider moved the VM's end (SetTimeout) and rewrote the spec file.
 	moved := make(chan os.Signal, 1)
 	signal.Notify(moved, syscall.SIGUSR1)
+	// SIGUSR2: a snapshot was taken and the VM goes on; its guest waits for a relink.
+	relink := make(chan os.Signal, 1)
+	signal.Notify(relink, syscall.SIGUSR2)
 
 	var waitErr error
 	stopped := ""
@@ -107,6 +127,12 @@ wait:
 			stopped = "stopped by " + sig.String()
 			waitErr = stop(cmd, exited)
 			break wait
+		case <-relink:
+			if link != nil {
+				if nonce, ok := readRelink(filepath.Join(spec.Dir, SpecFile)); ok {
+					go link.relink(nonce)
+				}
+			}
 		case <-moved:
 			if ms, ok := readDeadline(filepath.Join(spec.Dir, SpecFile)); ok {
 				deadline.Reset(max(time.Until(time.UnixMilli(ms)), 0))
@@ -193,10 +219,12 @@ func consoleTail(path string) string {
 }
 
 // serialLink serves the agent socket over the VM's serial port: each connection to the
-// socket becomes one multiplexed stream to the guest agent.
+// socket becomes one multiplexed stream to the guest agent. A snapshot moves the guest
+// to a new session (relink), which the socket's later connections use.
 type serialLink struct {
 	host   *os.File
 	socket string
+	sw     *vmlink.Switch
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -204,14 +232,35 @@ type serialLink struct {
 	closed bool
 }
 
-func (l *serialLink) serve() {
-	// The socket appears only once the guest agent has said hello, so "the socket
-	// exists" already means "the agent is up".
-	if err := vmlink.ReadHello(l.host); err != nil {
-		fmt.Fprintf(os.Stderr, "roche-agent %s: %v\n", Subcommand, err)
-		return
+// relinkHelloTimeout bounds the wait for a relinked guest's hello: a restored guest
+// answers at once, but emulation on a busy host is slow.
+const relinkHelloTimeout = 2 * time.Minute
+
+// session waits for the guest's hello (after sending the relink line, when nonce is
+// set) and starts a multiplexer session.
+func (l *serialLink) session(nonce string, wait time.Duration) (*yamux.Session, error) {
+	found := l.sw.Expect([]byte(vmlink.Hello))
+	if nonce != "" {
+		l.sw.Drop()
+		if err := l.sw.Write(vmlink.RelinkLine(nonce)); err != nil {
+			return nil, err
+		}
 	}
-	sess, err := yamux.Client(l.host, vmlink.MuxConfig())
+	if err := vmlink.ScanHello(found, l.sw.Ended(), wait); err != nil {
+		return nil, err
+	}
+	return yamux.Client(l.sw.Conn(), vmlink.MuxConfig())
+}
+
+func (l *serialLink) serve(nonce string) {
+	// The socket appears only once the guest agent has said hello, so "the socket
+	// exists" already means "the agent is up". A first boot's hello may take the whole
+	// boot; the provider bounds that wait itself.
+	wait := 24 * time.Hour
+	if nonce != "" {
+		wait = relinkHelloTimeout
+	}
+	sess, err := l.session(nonce, wait)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "roche-agent %s: %v\n", Subcommand, err)
 		return
@@ -243,7 +292,31 @@ func (l *serialLink) serve() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		l.mu.Lock()
+		sess := l.sess
+		l.mu.Unlock()
 		go proxy(c, sess)
+	}
+}
+
+// relink moves to the session a guest starts after a snapshot was taken of it.
+func (l *serialLink) relink(nonce string) {
+	sess, err := l.session(nonce, relinkHelloTimeout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "roche-agent %s: relinking: %v\n", Subcommand, err)
+		return
+	}
+	l.mu.Lock()
+	old := l.sess
+	if l.closed {
+		l.mu.Unlock()
+		sess.Close()
+		return
+	}
+	l.sess = sess
+	l.mu.Unlock()
+	if old != nil {
+		old.Close()
 	}
 }
 
@@ -295,4 +368,17 @@ func readDeadline(path string) (int64, bool) {
 		return 0, false
 	}
 	return spec.DeadlineUnixMS, true
+}
+
+// readRelink reads the relink nonce of the spec file the provider rewrote.
+func readRelink(path string) (string, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", false
+	}
+	var spec Spec
+	if err := json.Unmarshal(b, &spec); err != nil || spec.Relink == "" {
+		return "", false
+	}
+	return spec.Relink, true
 }

@@ -1,0 +1,625 @@
+package vm
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
+)
+
+// Memory snapshots (qemu): a VM's RAM is a file of its own (memory-backend-file,
+// share=on), so saving a VM is QEMU's migration of its device state alone
+// (x-ignore-shared leaves shared RAM out of the stream) into a file, and the RAM file as
+// it stands. Resume maps that file again; forks map a frozen copy of it privately
+// (share=off: copy-on-write), so they share every page none of them has written, and
+// start without reading the memory in. The guest agent is told before (it gives up its
+// link to the host and waits for a relink line) and after (fresh entropy, the time, its
+// name and lifetime).
+
+var _ roche.MemorySnapshotter = (*Provider)(nil)
+
+// suspendedVM is the VM directory's SuspendedFile: the VM was saved and stopped.
+type suspendedVM struct {
+	SavedAt     time.Time `json:"saved_at"`
+	RemainingMS int64     `json:"remaining_ms"` // of its lifetime, which is paused
+	Nonce       string    `json:"nonce"`        // the relink line its guest waits for
+	State       string    `json:"state"`        // the migration stream
+	// MemInStream: the VM's RAM was a private mapping, so it is in State, not in Mem.
+	MemInStream bool `json:"mem_in_stream,omitempty"`
+}
+
+func suspended(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, supervisor.SuspendedFile))
+	return err == nil
+}
+
+func readSuspended(dir string) (suspendedVM, error) {
+	var sv suspendedVM
+	b, err := os.ReadFile(filepath.Join(dir, supervisor.SuspendedFile))
+	if err == nil {
+		err = json.Unmarshal(b, &sv)
+	}
+	return sv, err
+}
+
+// infoOf describes a sandbox; one paused to disk ends its remaining lifetime from now.
+func (p *Provider) infoOf(s *sandbox) roche.SandboxInfo {
+	info := s.info(p.state(s.Dir))
+	if sv, err := readSuspended(s.Dir); err == nil {
+		info.ExpiresAt = time.Now().Add(time.Duration(sv.RemainingMS) * time.Millisecond)
+	}
+	return info
+}
+
+// memRoot is where VMs' RAM files and snapshots live: on disk, not under the state
+// directory (a tmpfs on most hosts), so a VM paused to disk holds no memory.
+func (p *Provider) memRoot() string {
+	if p.memDirRoot != "" {
+		return p.memDirRoot
+	}
+	return defaultDir("/var/lib/roche/vm", "XDG_DATA_HOME", "vm-mem")
+}
+
+func (p *Provider) memDir(id string) string { return filepath.Join(p.memRoot(), id) }
+
+func (p *Provider) makeMemDir(id string) error {
+	if err := os.MkdirAll(p.memRoot(), 0o700); err != nil {
+		return fmt.Errorf("%w: making the VM memory directory: %v", roche.ErrUnavailable, err)
+	}
+	if err := os.Mkdir(p.memDir(id), 0o700); err != nil {
+		return fmt.Errorf("%w: making the VM memory directory: %v", roche.ErrUnavailable, err)
+	}
+	return nil
+}
+
+func (p *Provider) removeMemDir(id string) {
+	if idPattern.MatchString(id) || strings.HasPrefix(id, "snap-") {
+		_ = os.RemoveAll(p.memDir(id))
+	}
+}
+
+// snapshot is a VM's saved state: the migration stream and the RAM file it goes with.
+type snapshot struct {
+	state       string
+	mem         string
+	memInStream bool
+	nonce       string
+}
+
+// save readies the guest, stops the VM and writes its device state (and its RAM, when
+// that is a private mapping) to statePath. The VM is left stopped; the guest waits for
+// the relink line of the returned nonce.
+func (p *Provider) save(ctx context.Context, s *sandbox, statePath string) (snapshot, error) {
+	if s.Hypervisor != QEMU {
+		return snapshot{}, fmt.Errorf("%w: memory snapshots are built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
+	}
+	if s.Mem == "" || s.Rootfs == "" {
+		return snapshot{}, fmt.Errorf("%w: sandbox %s was made before memory snapshots: its RAM is not a file", roche.ErrUnsupported, s.ID)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir, "paused")); err == nil {
+		return snapshot{}, fmt.Errorf("%w: sandbox %s is paused in memory: unpause it first", roche.ErrInvalidConfig, s.ID)
+	}
+	snap := snapshot{state: statePath, mem: s.Mem, memInStream: s.MemPrivate, nonce: randomHex(16)}
+	if err := s.agent.PrepareSnapshot(ctx, snap.nonce); err != nil {
+		return snapshot{}, fmt.Errorf("readying sandbox %s for a snapshot: %w", s.ID, err)
+	}
+	f, err := os.OpenFile(statePath, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return snapshot{}, p.relinkAfterFailure(ctx, s, snap.nonce, fmt.Errorf("%w: %v", roche.ErrUnavailable, err))
+	}
+	defer f.Close()
+	q, err := dialQMP(ctx, filepath.Join(s.Dir, "qmp.sock"))
+	if err != nil {
+		return snapshot{}, p.relinkAfterFailure(ctx, s, snap.nonce, err)
+	}
+	defer q.Close()
+	err = q.do("stop", nil, nil)
+	if err == nil {
+		err = q.do("migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}, nil)
+	}
+	if err == nil {
+		err = q.do("getfd", map[string]any{"fdname": "snapshot"}, f)
+	}
+	if err == nil {
+		err = q.do("migrate", map[string]any{"uri": "fd:snapshot"}, nil)
+	}
+	if err == nil {
+		err = q.waitMigration(ctx)
+	}
+	if err != nil {
+		_ = q.do("cont", nil, nil)
+		os.Remove(statePath)
+		return snapshot{}, p.relinkAfterFailure(ctx, s, snap.nonce, fmt.Errorf("%w: saving sandbox %s: %v", roche.ErrUnavailable, s.ID, err))
+	}
+	if err := f.Sync(); err != nil {
+		_ = q.do("cont", nil, nil)
+		os.Remove(statePath)
+		return snapshot{}, p.relinkAfterFailure(ctx, s, snap.nonce, err)
+	}
+	return snap, nil
+}
+
+// relinkAfterFailure brings a VM whose snapshot failed back to its host, and returns err.
+func (p *Provider) relinkAfterFailure(ctx context.Context, s *sandbox, nonce string, err error) error {
+	if rerr := p.relink(context.WithoutCancel(ctx), s, nonce); rerr != nil {
+		return fmt.Errorf("%w (and the VM could not be reached again: %v)", err, rerr)
+	}
+	return err
+}
+
+// restoredRequest is what a guest is told after a restore (guest.OpRestored); a zero
+// lifetime leaves its lifetime as it was.
+func restoredRequest(hostname string, lifetime time.Duration) guest.Request {
+	req := guest.Request{Seed: randomBytes(32), TimeUnixNS: time.Now().UnixNano(), Hostname: hostname}
+	if lifetime != 0 {
+		req.LifetimeMS = max(lifetime.Milliseconds(), 1)
+	}
+	return req
+}
+
+// relink makes a running VM's supervisor start a new session with its guest (which was
+// readied for a snapshot), waits for the agent and reseeds it: its memory may live on in
+// forks, whose numbers it must not draw.
+func (p *Provider) relink(ctx context.Context, s *sandbox, nonce string) error {
+	specPath := filepath.Join(s.Dir, supervisor.SpecFile)
+	var spec supervisor.Spec
+	b, err := os.ReadFile(specPath)
+	if err == nil {
+		err = json.Unmarshal(b, &spec)
+	}
+	if err != nil {
+		return err
+	}
+	spec.Relink = nonce
+	if err := writeJSON(specPath, spec); err != nil {
+		return err
+	}
+	pid := readPID(filepath.Join(s.Dir, supervisor.PIDFile))
+	if pid <= 0 || !isOurProcess(pid, s.Dir, supervisor.Subcommand) {
+		return fmt.Errorf("%w: the VM's supervisor is gone", roche.ErrNotFound)
+	}
+	if err := syscall.Kill(pid, syscall.SIGUSR2); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, p.bootTimeout)
+	defer cancel()
+	if err := s.agent.WaitReady(wctx); err != nil {
+		return err
+	}
+	return s.agent.Restored(wctx, restoredRequest("", 0))
+}
+
+// PauseToDisk implements roche.MemorySnapshotter.
+func (p *Provider) PauseToDisk(ctx context.Context, id string) error {
+	s, err := p.lookup(id)
+	if err != nil {
+		return err
+	}
+	if suspended(s.Dir) {
+		return nil
+	}
+	remaining := time.Until(s.ExpiresAt)
+	if remaining <= 0 {
+		return fmt.Errorf("%w: sandbox %s is at the end of its lifetime", roche.ErrNotFound, id)
+	}
+	statePath := filepath.Join(filepath.Dir(s.Mem), "state")
+	if s.MemPrivate {
+		// A fork's RAM maps a snapshot's file privately: its pages are saved in the
+		// stream, and its resume gets a file of its own.
+		statePath = filepath.Join(p.memDir(id), "state")
+		if err := os.MkdirAll(p.memDir(id), 0o700); err != nil {
+			return fmt.Errorf("%w: %v", roche.ErrUnavailable, err)
+		}
+	}
+	snap, err := p.save(ctx, s, statePath)
+	if err != nil {
+		return err
+	}
+	sv := suspendedVM{SavedAt: time.Now(), RemainingMS: remaining.Milliseconds(), Nonce: snap.nonce, State: statePath, MemInStream: snap.memInStream}
+	if err := writeJSON(filepath.Join(s.Dir, supervisor.SuspendedFile), sv); err != nil {
+		q, qerr := dialQMP(ctx, filepath.Join(s.Dir, "qmp.sock"))
+		if qerr == nil {
+			_ = q.do("cont", nil, nil)
+			q.Close()
+		}
+		os.Remove(statePath)
+		return p.relinkAfterFailure(ctx, s, snap.nonce, fmt.Errorf("%w: recording the pause: %v", roche.ErrUnavailable, err))
+	}
+	// The supervisor sees the hypervisor exit with SuspendedFile present and leaves the
+	// directories for Resume.
+	pid := readPID(filepath.Join(s.Dir, supervisor.PIDFile))
+	if q, err := dialQMP(ctx, filepath.Join(s.Dir, "qmp.sock")); err == nil {
+		_ = q.do("quit", nil, nil)
+		q.Close()
+	}
+	for deadline := time.Now().Add(10 * time.Second); pid > 0 && isOurProcess(pid, s.Dir, supervisor.Subcommand) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if pid > 0 && isOurProcess(pid, s.Dir, supervisor.Subcommand) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if hv := readPID(filepath.Join(s.Dir, supervisor.HypervisorFile)); hv > 0 && isOurProcess(hv, s.Dir, "") {
+		_ = syscall.Kill(hv, syscall.SIGKILL)
+	}
+	for _, f := range []string{supervisor.PIDFile, supervisor.HypervisorFile, "agent.sock", "qmp.sock"} {
+		os.Remove(filepath.Join(s.Dir, f))
+	}
+	p.leases.Drop(id)
+	p.forget(id)
+	return nil
+}
+
+// Resume implements roche.MemorySnapshotter. It works from the files alone, so a
+// process other than the one that paused the sandbox (roched after a restart) resumes it.
+func (p *Provider) Resume(ctx context.Context, id string) (roche.SandboxInfo, error) {
+	s, err := p.lookup(id)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	sv, err := readSuspended(s.Dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s is not paused to disk", roche.ErrInvalidConfig, id)
+		}
+		return roche.SandboxInfo{}, fmt.Errorf("%w: reading how sandbox %s was paused: %v", roche.ErrUnavailable, id, err)
+	}
+	vm := p.restorePlan(s.meta, s.Dir, s.ID)
+	vm.ExpiresAt = time.Now().Add(time.Duration(sv.RemainingMS) * time.Millisecond)
+	if sv.MemInStream {
+		vm.Mem, vm.MemPrivate = filepath.Join(p.memDir(id), "mem"), false
+	}
+	vm.incoming, vm.relink, vm.resuming = sv.State, sv.Nonce, true
+	// SuspendedFile stays until the VM runs: if the start fails, its supervisor keeps
+	// the files, and the resume can be tried again.
+	sb, err := p.launch(ctx, vm, func(ctx context.Context) error { return p.startIncoming(ctx, vm) })
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	os.Remove(filepath.Join(s.Dir, supervisor.SuspendedFile))
+	os.Remove(sv.State)
+	p.remember(sb)
+	return sb.info(roche.StateRunning), nil
+}
+
+// restorePlan is the plan to boot m's VM again from a snapshot, as sandbox id in dir.
+func (p *Provider) restorePlan(m meta, dir, id string) *plan {
+	m.ID, m.Dir = id, dir
+	return &plan{
+		meta: m, rootfs: m.Rootfs, assets: &bootAssets{vmlinux: m.Kernel},
+		initrd: filepath.Join(dir, "initrd"), console: filepath.Join(dir, "console.log"),
+		vcpus: m.VCPUs, memMiB: m.MemMiB,
+	}
+}
+
+// startIncoming has a restoring QEMU (-incoming defer) read its saved state: the
+// capability must be set on this side too for the stream to be read as it was written.
+func (p *Provider) startIncoming(ctx context.Context, vm *plan) error {
+	var q *qmpConn
+	var err error
+	for q == nil {
+		q, err = dialQMP(ctx, filepath.Join(vm.Dir, "qmp.sock"))
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("QEMU's monitor did not come up: %w", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	defer q.Close()
+	if err := q.do("migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}, nil); err != nil {
+		return err
+	}
+	if err := q.do("migrate-incoming", map[string]any{"uri": "fd:4"}, nil); err != nil {
+		return err
+	}
+	// The VM was saved stopped, and so it is loaded: run it once loaded.
+	if err := q.waitMigration(ctx); err != nil {
+		return err
+	}
+	return q.do("cont", nil, nil)
+}
+
+// Fork implements roche.MemorySnapshotter.
+func (p *Provider) Fork(ctx context.Context, id string, n int) (out []roche.SandboxInfo, err error) {
+	if n < 1 || n > roche.MaxForks {
+		return nil, fmt.Errorf("%w: fork count %d: give 1 to %d", roche.ErrInvalidConfig, n, roche.MaxForks)
+	}
+	s, err := p.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if s.Hypervisor != QEMU {
+		return nil, fmt.Errorf("%w: fork is built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
+	}
+	snapID := "snap-" + randomHex(8)
+	if err := p.makeMemDir(snapID); err != nil {
+		return nil, err
+	}
+	// The snapshot's files are removed once every fork maps them (a mapping outlives
+	// the file's name), or on failure.
+	defer p.removeMemDir(snapID)
+	snapDir := p.memDir(snapID)
+	var snap snapshot
+	if sv, rerr := readSuspended(s.Dir); rerr == nil {
+		// Paused to disk: its files are the snapshot, copied since its own resume
+		// will write the RAM file again.
+		snap = snapshot{state: filepath.Join(snapDir, "state"), mem: filepath.Join(snapDir, "mem"), memInStream: sv.MemInStream, nonce: sv.Nonce}
+		if err := copySparse(sv.State, snap.state); err != nil {
+			return nil, fmt.Errorf("%w: copying the snapshot: %v", roche.ErrUnavailable, err)
+		}
+		if !sv.MemInStream {
+			if err := copySparse(s.Mem, snap.mem); err != nil {
+				return nil, fmt.Errorf("%w: copying the snapshot: %v", roche.ErrUnavailable, err)
+			}
+		}
+	} else {
+		snap, err = p.save(ctx, s, filepath.Join(snapDir, "state"))
+		if err != nil {
+			return nil, err
+		}
+		if !snap.memInStream {
+			snap.mem = filepath.Join(snapDir, "mem")
+			err = copySparse(s.Mem, snap.mem)
+		}
+		// The origin goes on, reseeded like its forks: it must not draw their numbers.
+		if q, qerr := dialQMP(ctx, filepath.Join(s.Dir, "qmp.sock")); qerr == nil {
+			qerr = q.do("cont", nil, nil)
+			q.Close()
+			if err == nil {
+				err = qerr
+			}
+		} else if err == nil {
+			err = qerr
+		}
+		if rerr := p.relink(context.WithoutCancel(ctx), s, snap.nonce); err == nil {
+			err = rerr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: forking sandbox %s: %v", roche.ErrUnavailable, id, err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			for _, info := range out {
+				_ = p.Destroy(context.WithoutCancel(ctx), info.ID)
+			}
+			out = nil
+		}
+	}()
+	for range n {
+		info, err := p.forkOne(ctx, s.meta, snap)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// forkOne restores snap as a new sandbox: a new id, directory, link, lifetime and lease.
+func (p *Provider) forkOne(ctx context.Context, origin meta, snap snapshot) (roche.SandboxInfo, error) {
+	now := time.Now()
+	id := p.Name() + "-" + randomHex(6)
+	dir := filepath.Join(p.stateDir, id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: making the VM's directory: %v", roche.ErrUnavailable, err)
+	}
+	vm := p.restorePlan(origin, dir, id)
+	vm.CreatedAt, vm.ExpiresAt, vm.Claim = now, now.Add(time.Duration(origin.Config.TimeoutSecs)*time.Second), nil
+	if origin.Claim != nil {
+		vm.Config.Owner = origin.Claim.Owner
+	}
+	vm.incoming, vm.relink = snap.state, snap.nonce
+	if snap.memInStream {
+		if err := p.makeMemDir(id); err != nil {
+			p.removeDir(dir)
+			return roche.SandboxInfo{}, err
+		}
+		vm.Mem, vm.MemPrivate = filepath.Join(p.memDir(id), "mem"), false
+	} else {
+		vm.Mem, vm.MemPrivate = snap.mem, true
+	}
+	// QEMU loads the initrd again (its size must match); the guest does not read it.
+	if err := os.Link(filepath.Join(origin.Dir, "initrd"), vm.initrd); err != nil {
+		if err := copySparse(filepath.Join(origin.Dir, "initrd"), vm.initrd); err != nil {
+			p.removeDir(dir)
+			p.removeMemDir(id)
+			return roche.SandboxInfo{}, fmt.Errorf("%w: the origin's initrd: %v", roche.ErrUnavailable, err)
+		}
+	}
+	sb, err := p.launch(ctx, vm, func(ctx context.Context) error { return p.startIncoming(ctx, vm) })
+	if err != nil {
+		p.removeDir(dir)
+		p.removeMemDir(id)
+		return roche.SandboxInfo{}, err
+	}
+	p.remember(sb)
+	return sb.info(roche.StateRunning), nil
+}
+
+// copySparse copies a file, leaving its holes holes (a VM's RAM file is mostly holes).
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	err = func() error {
+		if err := out.Truncate(fi.Size()); err != nil {
+			return err
+		}
+		var off int64
+		for off < fi.Size() {
+			data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+			if err != nil {
+				if errors.Is(err, unix.ENXIO) {
+					return nil // only a hole is left
+				}
+				return err
+			}
+			hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
+				return err
+			}
+			off = hole
+		}
+		return nil
+	}()
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(dst)
+	}
+	return err
+}
+
+// qmpConn is a session with QEMU's monitor (QMP).
+type qmpConn struct {
+	c *net.UnixConn
+	r *bufio.Reader
+}
+
+func dialQMP(ctx context.Context, socket string) (*qmpConn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("reaching QEMU's monitor: %w", err)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(5 * time.Minute)
+	}
+	_ = c.SetDeadline(deadline)
+	q := &qmpConn{c: c.(*net.UnixConn), r: bufio.NewReader(c)}
+	if _, err := q.r.ReadBytes('\n'); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("QEMU's monitor greeting: %w", err)
+	}
+	if err := q.do("qmp_capabilities", nil, nil); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+func (q *qmpConn) Close() error { return q.c.Close() }
+
+// do runs one command; fd, when given, goes with it (SCM_RIGHTS), as getfd wants.
+func (q *qmpConn) do(command string, args any, fd *os.File) error {
+	_, err := q.call(command, args, fd)
+	return err
+}
+
+func (q *qmpConn) call(command string, args any, fd *os.File) (json.RawMessage, error) {
+	req := map[string]any{"execute": command}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	var oob []byte
+	if fd != nil {
+		oob = unix.UnixRights(int(fd.Fd()))
+	}
+	if _, _, err := q.c.WriteMsgUnix(append(b, '\n'), oob, nil); err != nil {
+		return nil, fmt.Errorf("QEMU's monitor, %s: %w", command, err)
+	}
+	for {
+		line, err := q.r.ReadBytes('\n')
+		if err != nil {
+			if command == "quit" {
+				return nil, nil // it may go before it answers
+			}
+			return nil, fmt.Errorf("QEMU's monitor, %s: %w", command, err)
+		}
+		var resp struct {
+			Return json.RawMessage `json:"return"`
+			Error  *struct {
+				Desc string `json:"desc"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(line, &resp) != nil {
+			continue
+		}
+		if resp.Error != nil {
+			return nil, fmt.Errorf("QEMU's monitor, %s: %s", command, resp.Error.Desc)
+		}
+		if resp.Return != nil {
+			return resp.Return, nil
+		}
+	}
+}
+
+// waitMigration polls until the migration has completed.
+func (q *qmpConn) waitMigration(ctx context.Context) error {
+	for {
+		raw, err := q.call("query-migrate", nil, nil)
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		_ = json.Unmarshal(raw, &st)
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			_ = q.do("migrate_cancel", nil, nil)
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// restoreDiagnosis says where a restore that did not come up stands: the hypervisor's
+// run state and migration, and the supervisor's log.
+func (p *Provider) restoreDiagnosis(vm *plan) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out := ""
+	if q, err := dialQMP(ctx, filepath.Join(vm.Dir, "qmp.sock")); err == nil {
+		st, _ := q.call("query-status", nil, nil)
+		mig, _ := q.call("query-migrate", nil, nil)
+		q.Close()
+		out += fmt.Sprintf("\nQEMU: status %s, migration %s", st, mig)
+	}
+	if log := tail(filepath.Join(vm.Dir, "supervisor.log"), 5); log != "" {
+		out += "\nsupervisor: " + log
+	}
+	return out
+}
