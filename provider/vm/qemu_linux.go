@@ -115,7 +115,9 @@ func (q *qemu) argv(p *Provider, vm *plan, bin, accel, cpu string) []string {
 	}
 	machine := "microvm"
 	var memArgs []string
-	if vm.Mem != "" {
+	size := strconv.FormatInt(vm.memMiB, 10) + "M"
+	switch {
+	case vm.Mem != "":
 		// RAM in a file: a VM's own (share=on) is its memory snapshot as it stands; a
 		// snapshot's mapped privately (share=off) is copy-on-write, so forks share
 		// the pages none of them writes.
@@ -124,7 +126,12 @@ func (q *qemu) argv(p *Provider, vm *plan, bin, accel, cpu string) []string {
 			share = "off"
 		}
 		machine += ",memory-backend=ram"
-		memArgs = []string{"-object", "memory-backend-file,id=ram,size=" + strconv.FormatInt(vm.memMiB, 10) + "M,mem-path=" + qemuEscape(vm.Mem) + ",share=" + share}
+		memArgs = []string{"-object", "memory-backend-file,id=ram,size=" + size + ",mem-path=" + qemuEscape(vm.Mem) + ",share=" + share}
+	case vm.MemPrivate:
+		// Restored from a stream that carries the RAM: plain memory, named as the
+		// saved VM's was.
+		machine += ",memory-backend=ram"
+		memArgs = []string{"-object", "memory-backend-ram,id=ram,size=" + size}
 	}
 	if vm.incoming != "" {
 		// The saved state is read once QMP has set the same migration capabilities

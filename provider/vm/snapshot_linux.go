@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -21,14 +22,15 @@ import (
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
-// Memory snapshots (qemu): a VM's RAM is a file of its own (memory-backend-file,
-// share=on), so saving a VM is QEMU's migration of its device state alone
-// (x-ignore-shared leaves shared RAM out of the stream) into a file, and the RAM file as
-// it stands. Resume maps that file again; forks map a frozen copy of it privately
-// (share=off: copy-on-write), so they share every page none of them has written, and
-// start without reading the memory in. The guest agent is told before (it gives up its
-// link to the host and waits for a relink line) and after (fresh entropy, the time, its
-// name and lifetime).
+// Memory snapshots (qemu): a booted VM's RAM is a file of its own on a tmpfs
+// (memory-backend-file, share=on), so saving a VM is QEMU's migration of its device
+// state alone (x-ignore-shared leaves shared RAM out of the stream) into a file, and a
+// copy of the RAM file's written pages to disk. A restore maps that disk file privately
+// (share=off: copy-on-write): it reads nothing in, forks of one snapshot share every
+// page none of them has written, and nothing a restored VM writes goes to the disk
+// (so a full disk cannot fault its memory). A restored VM's own snapshot carries its RAM
+// in the stream. The guest agent is told before (it gives up its link to the host and
+// waits for a relink line) and after (fresh entropy, the time, its name and lifetime).
 
 var _ roche.MemorySnapshotter = (*Provider)(nil)
 
@@ -38,8 +40,10 @@ type suspendedVM struct {
 	RemainingMS int64     `json:"remaining_ms"` // of its lifetime, which is paused
 	Nonce       string    `json:"nonce"`        // the relink line its guest waits for
 	State       string    `json:"state"`        // the migration stream
-	// MemInStream: the VM's RAM was a private mapping, so it is in State, not in Mem.
-	MemInStream bool `json:"mem_in_stream,omitempty"`
+	// Mem is the RAM file, or, with MemInStream, none: the VM's RAM was private (a
+	// restored VM's) and is in State.
+	Mem         string `json:"mem,omitempty"`
+	MemInStream bool   `json:"mem_in_stream,omitempty"`
 }
 
 func suspended(dir string) bool {
@@ -76,19 +80,38 @@ func (p *Provider) memRoot() string {
 
 func (p *Provider) memDir(id string) string { return filepath.Join(p.memRoot(), id) }
 
-func (p *Provider) makeMemDir(id string) error {
-	if err := os.MkdirAll(p.memRoot(), 0o700); err != nil {
+// ramRoot is where running VMs' RAM files live: a tmpfs, so RAM is memory, as an
+// anonymous mapping's would be, and a snapshot can read it from outside QEMU.
+func (p *Provider) ramRoot() string {
+	if p.ramDirRoot != "" {
+		return p.ramDirRoot
+	}
+	if os.Geteuid() == 0 {
+		return "/dev/shm/roche-vm"
+	}
+	return "/dev/shm/roche-vm-" + strconv.Itoa(os.Geteuid())
+}
+
+func (p *Provider) ramDir(id string) string { return filepath.Join(p.ramRoot(), id) }
+
+func makeDir(root, dir string) error {
+	if err := os.MkdirAll(root, 0o700); err != nil {
 		return fmt.Errorf("%w: making the VM memory directory: %v", roche.ErrUnavailable, err)
 	}
-	if err := os.Mkdir(p.memDir(id), 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("%w: making the VM memory directory: %v", roche.ErrUnavailable, err)
 	}
 	return nil
 }
 
+func (p *Provider) makeMemDir(id string) error { return makeDir(p.memRoot(), p.memDir(id)) }
+func (p *Provider) makeRAMDir(id string) error { return makeDir(p.ramRoot(), p.ramDir(id)) }
+
+// removeMemDir removes a VM's (or a snapshot's) RAM and saved state.
 func (p *Provider) removeMemDir(id string) {
 	if idPattern.MatchString(id) || strings.HasPrefix(id, "snap-") {
 		_ = os.RemoveAll(p.memDir(id))
+		_ = os.RemoveAll(p.ramDir(id))
 	}
 }
 
@@ -107,7 +130,7 @@ func (p *Provider) save(ctx context.Context, s *sandbox, statePath string) (snap
 	if s.Hypervisor != QEMU {
 		return snapshot{}, fmt.Errorf("%w: memory snapshots are built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
 	}
-	if s.Mem == "" || s.Rootfs == "" {
+	if s.Rootfs == "" || (s.Mem == "" && !s.MemPrivate) {
 		return snapshot{}, fmt.Errorf("%w: sandbox %s was made before memory snapshots: its RAM is not a file", roche.ErrUnsupported, s.ID)
 	}
 	if _, err := os.Stat(filepath.Join(s.Dir, "paused")); err == nil {
@@ -216,21 +239,24 @@ func (p *Provider) PauseToDisk(ctx context.Context, id string) error {
 	if remaining <= 0 {
 		return fmt.Errorf("%w: sandbox %s is at the end of its lifetime", roche.ErrNotFound, id)
 	}
-	statePath := filepath.Join(filepath.Dir(s.Mem), "state")
-	if s.MemPrivate {
-		// A fork's RAM maps a snapshot's file privately: its pages are saved in the
-		// stream, and its resume gets a file of its own.
-		statePath = filepath.Join(p.memDir(id), "state")
-		if err := os.MkdirAll(p.memDir(id), 0o700); err != nil {
-			return fmt.Errorf("%w: %v", roche.ErrUnavailable, err)
-		}
+	if err := p.makeMemDir(id); err != nil {
+		return err
 	}
+	statePath := filepath.Join(p.memDir(id), "state")
 	snap, err := p.save(ctx, s, statePath)
 	if err != nil {
 		return err
 	}
 	sv := suspendedVM{SavedAt: time.Now(), RemainingMS: remaining.Milliseconds(), Nonce: snap.nonce, State: statePath, MemInStream: snap.memInStream}
-	if err := writeJSON(filepath.Join(s.Dir, supervisor.SuspendedFile), sv); err != nil {
+	if !snap.memInStream {
+		sv.Mem = filepath.Join(p.memDir(id), "mem")
+		err = copySparse(s.Mem, sv.Mem)
+	}
+	if err == nil {
+		err = writeJSON(filepath.Join(s.Dir, supervisor.SuspendedFile), sv)
+	}
+	if err != nil {
+		os.Remove(sv.Mem)
 		q, qerr := dialQMP(ctx, filepath.Join(s.Dir, "qmp.sock"))
 		if qerr == nil {
 			_ = q.do("cont", nil, nil)
@@ -258,6 +284,7 @@ func (p *Provider) PauseToDisk(ctx context.Context, id string) error {
 	for _, f := range []string{supervisor.PIDFile, supervisor.HypervisorFile, "agent.sock", "qmp.sock"} {
 		os.Remove(filepath.Join(s.Dir, f))
 	}
+	_ = os.RemoveAll(p.ramDir(id)) // the memory it held, saved to disk
 	p.leases.Drop(id)
 	p.forget(id)
 	return nil
@@ -280,17 +307,25 @@ func (p *Provider) Resume(ctx context.Context, id string) (roche.SandboxInfo, er
 	vm := p.restorePlan(s.meta, s.Dir, s.ID)
 	vm.ExpiresAt = time.Now().Add(time.Duration(sv.RemainingMS) * time.Millisecond)
 	if sv.MemInStream {
-		vm.Mem, vm.MemPrivate = filepath.Join(p.memDir(id), "mem"), false
+		vm.Mem, vm.MemPrivate = "", true // RAM of its own, filled from the stream
+	} else {
+		vm.Mem, vm.MemPrivate = sv.Mem, true
 	}
 	vm.incoming, vm.relink, vm.resuming = sv.State, sv.Nonce, true
 	// SuspendedFile stays until the VM runs: if the start fails, its supervisor keeps
 	// the files, and the resume can be tried again.
 	sb, err := p.launch(ctx, vm, func(ctx context.Context) error { return p.startIncoming(ctx, vm) })
 	if err != nil {
+		_ = os.RemoveAll(p.ramDir(id))
 		return roche.SandboxInfo{}, err
 	}
 	os.Remove(filepath.Join(s.Dir, supervisor.SuspendedFile))
+	// Mapped now: the names can go (forks made from this pause hold their own
+	// mappings); the disk space goes with the last VM mapping the file.
 	os.Remove(sv.State)
+	if sv.Mem != "" {
+		os.Remove(sv.Mem)
+	}
 	p.remember(sb)
 	return sb.info(roche.StateRunning), nil
 }
@@ -346,28 +381,20 @@ func (p *Provider) Fork(ctx context.Context, id string, n int) (out []roche.Sand
 	if s.Hypervisor != QEMU {
 		return nil, fmt.Errorf("%w: fork is built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
 	}
-	snapID := "snap-" + randomHex(8)
-	if err := p.makeMemDir(snapID); err != nil {
-		return nil, err
-	}
-	// The snapshot's files are removed once every fork maps them (a mapping outlives
-	// the file's name), or on failure.
-	defer p.removeMemDir(snapID)
-	snapDir := p.memDir(snapID)
 	var snap snapshot
 	if sv, rerr := readSuspended(s.Dir); rerr == nil {
-		// Paused to disk: its files are the snapshot, copied since its own resume
-		// will write the RAM file again.
-		snap = snapshot{state: filepath.Join(snapDir, "state"), mem: filepath.Join(snapDir, "mem"), memInStream: sv.MemInStream, nonce: sv.Nonce}
-		if err := copySparse(sv.State, snap.state); err != nil {
-			return nil, fmt.Errorf("%w: copying the snapshot: %v", roche.ErrUnavailable, err)
-		}
-		if !sv.MemInStream {
-			if err := copySparse(s.Mem, snap.mem); err != nil {
-				return nil, fmt.Errorf("%w: copying the snapshot: %v", roche.ErrUnavailable, err)
-			}
-		}
+		// Paused to disk: its files are the snapshot. Nothing writes them (its resume
+		// maps them privately too), so the forks map them as they are.
+		snap = snapshot{state: sv.State, mem: sv.Mem, memInStream: sv.MemInStream, nonce: sv.Nonce}
 	} else {
+		snapID := "snap-" + randomHex(8)
+		if err := p.makeMemDir(snapID); err != nil {
+			return nil, err
+		}
+		// The snapshot's files are removed once every fork maps them (a mapping
+		// outlives the file's name), or on failure.
+		defer p.removeMemDir(snapID)
+		snapDir := p.memDir(snapID)
 		snap, err = p.save(ctx, s, filepath.Join(snapDir, "state"))
 		if err != nil {
 			return nil, err
@@ -426,11 +453,7 @@ func (p *Provider) forkOne(ctx context.Context, origin meta, snap snapshot) (roc
 	}
 	vm.incoming, vm.relink = snap.state, snap.nonce
 	if snap.memInStream {
-		if err := p.makeMemDir(id); err != nil {
-			p.removeDir(dir)
-			return roche.SandboxInfo{}, err
-		}
-		vm.Mem, vm.MemPrivate = filepath.Join(p.memDir(id), "mem"), false
+		vm.Mem, vm.MemPrivate = "", true // RAM of its own, filled from the stream
 	} else {
 		vm.Mem, vm.MemPrivate = snap.mem, true
 	}

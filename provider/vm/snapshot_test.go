@@ -38,13 +38,16 @@ func cell(t *testing.T, p roche.CodeRunner, id, code string) string {
 	return ""
 }
 
-// TestMemorySnapshots pauses a VM to disk, resumes it from another provider (as roched
-// after a restart would), and forks it twice: a code context's variables, a background
+// TestMemorySnapshots pauses a VM to disk, forks it while paused, resumes it from
+// another provider (as roched after a restart would), and forks it again while it runs: a code context's variables, a background
 // thread, an open file and a file written before the pause are in each, and every VM
 // draws its own randomness.
 func TestMemorySnapshots(t *testing.T) {
-	stateDir, memDir := t.TempDir(), t.TempDir()
-	opts := []vm.Option{vm.WithStateDir(stateDir), vm.WithMemoryDir(memDir)}
+	// The saved memory would be on a disk; a tmpfs here keeps the test off the shared
+	// machine's disk, which other work fills.
+	stateDir := t.TempDir()
+	ramDir, memDir := shmDir(t), shmDir(t)
+	opts := []vm.Option{vm.WithStateDir(stateDir), vm.WithMemoryDir(memDir), vm.WithRAMDir(ramDir)}
 	p := newQEMU(t, opts...)
 	ctx := context.Background()
 	info, err := p.Create(ctx, testConfig())
@@ -83,9 +86,13 @@ with open('/tmp/before.txt', 'w') as g:
 	if got, err := p.Inspect(ctx, id); err != nil || got.State != roche.StatePaused {
 		t.Fatalf("Inspect after PauseToDisk: %+v, %v; want paused", got, err)
 	}
-	// Paused to disk, the VM holds no memory or CPU: no process of it is left.
+	// Paused to disk, the VM holds no memory or CPU: no process of it is left, and its
+	// RAM file is gone from the tmpfs.
 	if procs := processesNaming(id); len(procs) > 0 {
 		t.Fatalf("paused to disk, the VM still runs:\n%s", strings.Join(procs, "\n"))
+	}
+	if left, _ := os.ReadDir(ramDir); len(left) > 0 {
+		t.Fatalf("paused to disk, the VM's RAM is still in %s: %v", ramDir, left)
 	}
 	if _, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "resume") {
 		t.Fatalf("exec in a VM paused to disk: %v, want an error that says to resume it", err)
@@ -99,6 +106,12 @@ with open('/tmp/before.txt', 'w') as g:
 	}
 	t.Cleanup(func() { p2.Close() })
 	p = p2
+	// A fork of the paused VM maps its saved RAM file privately, as its resume does.
+	fromPaused, err := p.Fork(ctx, id, 1)
+	if err != nil {
+		t.Fatalf("Fork of a VM paused to disk: %v", err)
+	}
+	made = append(made, fromPaused[0].ID)
 	start := time.Now()
 	if _, err := p.Resume(ctx, id); err != nil {
 		t.Fatalf("Resume: %v", err)
@@ -121,15 +134,16 @@ with open('/tmp/before.txt', 'w') as g:
 		t.Fatalf("os.urandom repeated itself across the resume: %s", resumed)
 	}
 
-	forks, err := p.Fork(ctx, id, 2)
+	// A fork of the running VM, itself restored (its RAM private): the RAM goes
+	// through the saved stream.
+	fromRunning, err := p.Fork(ctx, id, 1)
 	if err != nil {
-		t.Fatalf("Fork: %v", err)
+		t.Fatalf("Fork of a running VM: %v", err)
 	}
-	for _, f := range forks {
-		made = append(made, f.ID)
-	}
+	made = append(made, fromRunning[0].ID)
+	forks := append(fromPaused, fromRunning...)
 	if len(forks) != 2 {
-		t.Fatalf("Fork(2) made %d sandboxes", len(forks))
+		t.Fatalf("two Fork(1) made %d sandboxes", len(forks))
 	}
 	seen := map[string]string{id: cell(t, p, id, "os.urandom(16).hex()")}
 	for i, f := range forks {
@@ -168,11 +182,21 @@ with open('/tmp/before.txt', 'w') as g:
 			t.Fatal(err)
 		}
 	}
-	for _, dir := range []string{stateDir, memDir} {
+	for _, dir := range []string{stateDir, memDir, ramDir} {
 		if left, _ := os.ReadDir(dir); len(left) > 0 {
 			t.Errorf("left in %s after destroying every sandbox: %v", dir, left)
 		}
 	}
+}
+
+func shmDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "roche-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // TestForkRefusals: bad counts and unknown sandboxes are one clear error each.

@@ -51,6 +51,7 @@ type options struct {
 	stateDir    string
 	cacheDir    string
 	memDirRoot  string
+	ramDirRoot  string
 	binary      string
 	accel       string
 	kernelArgs  string
@@ -91,10 +92,14 @@ func WithStateDir(dir string) Option { return func(o *options) { o.stateDir = di
 // filesystems built from images are kept.
 func WithCacheDir(dir string) Option { return func(o *options) { o.cacheDir = dir } }
 
-// WithMemoryDir sets where each qemu VM's RAM file, and the state of a VM paused to
-// disk, are kept (default /var/lib/roche/vm for root): on a disk, so that a VM paused
-// to disk holds no memory.
+// WithMemoryDir sets where qemu VMs paused to disk, and snapshots being forked, keep
+// their memory and state (default /var/lib/roche/vm for root): on a disk, so that a VM
+// paused to disk holds no memory.
 func WithMemoryDir(dir string) Option { return func(o *options) { o.memDirRoot = dir } }
+
+// WithRAMDir sets where running qemu VMs' RAM files live (default /dev/shm/roche-vm
+// for root): a tmpfs, so that their RAM is memory.
+func WithRAMDir(dir string) Option { return func(o *options) { o.ramDirRoot = dir } }
 
 // WithBinary sets the hypervisor binary (default qemu-system-x86_64 or firecracker from
 // $PATH).

@@ -339,7 +339,8 @@ type meta struct {
 	// What a restore from a memory snapshot boots again (snapshot_linux.go): the root
 	// filesystem and kernel files, the VM's size, and the file its RAM is mapped from
 	// (MemPrivate: a copy-on-write mapping of a snapshot's file, which the VM's writes
-	// do not reach; else the VM's own file, its RAM itself).
+	// do not reach, or with no Mem plain memory; else the VM's own file on a tmpfs,
+	// its RAM itself).
 	Rootfs     string `json:"rootfs,omitempty"`
 	Kernel     string `json:"kernel,omitempty"`
 	MemMiB     int64  `json:"mem_mib,omitempty"`
@@ -441,11 +442,11 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	vm.Rootfs, vm.Kernel, vm.MemMiB, vm.VCPUs = vm.rootfs, assets.vmlinux, vm.memMiB, vm.vcpus
 	if p.Name() == QEMU {
 		// The VM's RAM is a file of its own, so a memory snapshot of it costs no copy.
-		if err := p.makeMemDir(id); err != nil {
+		if err := p.makeRAMDir(id); err != nil {
 			p.removeDir(dir)
 			return roche.SandboxInfo{}, err
 		}
-		vm.Mem = filepath.Join(p.memDir(id), "mem")
+		vm.Mem = filepath.Join(p.ramDir(id), "mem")
 	}
 	if vm.Workdir == "" {
 		vm.Workdir = root.workdir

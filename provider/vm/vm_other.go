@@ -80,3 +80,16 @@ var (
 	_ roche.Provider = (*Provider)(nil)
 	_ kit.Creator    = (*Provider)(nil)
 )
+
+// PauseToDisk implements roche.MemorySnapshotter: unavailable off Linux.
+func (p *Provider) PauseToDisk(context.Context, string) error { return p.unavailable() }
+
+// Resume implements roche.MemorySnapshotter: unavailable off Linux.
+func (p *Provider) Resume(context.Context, string) (roche.SandboxInfo, error) {
+	return roche.SandboxInfo{}, p.unavailable()
+}
+
+// Fork implements roche.MemorySnapshotter: unavailable off Linux.
+func (p *Provider) Fork(context.Context, string, int) ([]roche.SandboxInfo, error) {
+	return nil, p.unavailable()
+}

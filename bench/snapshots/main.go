@@ -1,0 +1,203 @@
+//go:build linux
+
+// Command snapshots benchmarks qemu memory snapshots against cold boots, in one run: a
+// cold Create (boot to agent ready) and a cold Create with its first Python cell, against
+// PauseToDisk, Resume and Fork of a VM whose Python context is warm, and the first cell
+// in a fork. It also reports the host memory (PSS) of each fork's QEMU, which shares the
+// snapshot's unchanged pages with its siblings.
+//
+// Run it with `go run ./bench/snapshots` as root; it needs what bench/vm needs (QEMU, a
+// Debian kernel, the image roche/python:local) and builds roche-agent itself.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/bench/internal/samples"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/vm"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
+)
+
+func main() {
+	// The provider runs each VM's supervisor as this program.
+	supervisor.RunIfAsked()
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench/snapshots: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	n := flag.Int("n", 5, "samples of each measurement")
+	forks := flag.Int("forks", 4, "forks made at once for the memory measurement")
+	flag.Parse()
+	ctx, stopSignals := samples.Interruptible()
+	defer stopSignals()
+
+	dir, err := os.MkdirTemp("", "roche-bench-snapshots-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	agentPath, err := testenv.BuildAgent(dir)
+	if err != nil {
+		return err
+	}
+	p, err := vm.NewQEMU(vm.WithAgentPath(agentPath), vm.WithStateDir(filepath.Join(dir, "state")), vm.WithMemoryDir(filepath.Join(dir, "mem")))
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	cfg := roche.DefaultConfig()
+	cfg.Image = testenv.Image()
+	mode, _, err := p.Acceleration(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("qemu microVMs (image %s, %s, 1 vCPU, %s)\n\n", cfg.Image, mode, cfg.Memory)
+
+	var made []string
+	defer func() {
+		for _, id := range made {
+			_ = p.Destroy(context.WithoutCancel(ctx), id)
+		}
+	}()
+	cellIn := func(id, code string) error {
+		ex, err := p.RunCode(ctx, id, roche.CodeRequest{Code: code})
+		if err == nil && ex.Error != nil {
+			err = fmt.Errorf("%s: %s", ex.Error.Name, ex.Error.Value)
+		}
+		return err
+	}
+
+	// The first VM may build the caches; not measured.
+	first, err := p.Create(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := p.Destroy(ctx, first.ID); err != nil {
+		return err
+	}
+
+	var cold, coldCell []time.Duration
+	for range *n {
+		t0 := time.Now()
+		sb, err := p.Create(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if err := cellIn(sb.ID, "x = 1"); err != nil {
+			return errors.Join(err, p.Destroy(ctx, sb.ID))
+		}
+		t2 := time.Now()
+		if err := p.Destroy(ctx, sb.ID); err != nil {
+			return err
+		}
+		cold, coldCell = append(cold, t1.Sub(t0)), append(coldCell, t2.Sub(t0))
+	}
+
+	origin, err := p.Create(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	made = append(made, origin.ID)
+	if err := cellIn(origin.ID, "x = 1"); err != nil {
+		return err
+	}
+	var pause, resume, fork, forkCell []time.Duration
+	for range *n {
+		t0 := time.Now()
+		if err := p.PauseToDisk(ctx, origin.ID); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if _, err := p.Resume(ctx, origin.ID); err != nil {
+			return err
+		}
+		pause, resume = append(pause, t1.Sub(t0)), append(resume, time.Since(t1))
+	}
+	for range *n {
+		t0 := time.Now()
+		fs, err := p.Fork(ctx, origin.ID, 1)
+		if err != nil {
+			return err
+		}
+		t1 := time.Now()
+		made = append(made, fs[0].ID)
+		if err := cellIn(fs[0].ID, "x + 1"); err != nil {
+			return err
+		}
+		fork, forkCell = append(fork, t1.Sub(t0)), append(forkCell, time.Since(t0))
+		if err := p.Destroy(ctx, fs[0].ID); err != nil {
+			return err
+		}
+	}
+
+	// Memory: forks made at once, each having run a cell.
+	fs, err := p.Fork(ctx, origin.ID, *forks)
+	if err != nil {
+		return err
+	}
+	var pss, rss []int64
+	for _, f := range fs {
+		made = append(made, f.ID)
+		if err := cellIn(f.ID, "x + 1"); err != nil {
+			return err
+		}
+	}
+	for _, f := range fs {
+		ps, rs := qemuMemory(filepath.Join(dir, "state", f.ID))
+		pss, rss = append(pss, ps), append(rss, rs)
+	}
+
+	row := func(what string, d []time.Duration, note string) {
+		fmt.Printf("%-44s p50 %9s  max %9s  %s\n", what, samples.Ms(samples.Median(d)), samples.Ms(samples.Percentile(d, 100)), note)
+	}
+	row("cold Create (boot to agent ready)", cold, fmt.Sprintf("n=%d", len(cold)))
+	row("cold Create + first cell", coldCell, "")
+	row("PauseToDisk", pause, "")
+	row("Resume (to agent ready)", resume, fmt.Sprintf("%.2f of a cold Create", ratio(resume, cold)))
+	row("Fork of a running VM, 1 (to agent ready)", fork, fmt.Sprintf("%.2f of a cold Create", ratio(fork, cold)))
+	row("Fork + first cell (interpreter warm)", forkCell, fmt.Sprintf("%.2f of a cold Create + first cell", ratio(forkCell, coldCell)))
+	fmt.Printf("%-44s PSS %v MiB, RSS %v MiB (%d forks of one snapshot)\n", "QEMU memory per fork", pss, rss, len(fs))
+	return nil
+}
+
+func ratio(a, b []time.Duration) float64 {
+	return float64(samples.Median(a)) / float64(samples.Median(b))
+}
+
+// qemuMemory is the PSS and RSS, in MiB, of the hypervisor of the VM in dir.
+func qemuMemory(dir string) (pss, rss int64) {
+	b, err := os.ReadFile(filepath.Join(dir, supervisor.HypervisorFile))
+	if err != nil {
+		return -1, -1
+	}
+	pid := strings.TrimSpace(string(b))
+	roll, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
+	if err != nil {
+		return -1, -1
+	}
+	field := func(name string) int64 {
+		for _, line := range bytes.Split(roll, []byte("\n")) {
+			if f := strings.Fields(string(line)); len(f) >= 2 && f[0] == name+":" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb >> 10
+			}
+		}
+		return -1
+	}
+	return field("Pss"), field("Rss")
+}
