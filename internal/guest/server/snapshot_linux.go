@@ -160,7 +160,7 @@ func (s *Server) restored(req guest.Request) error {
 		// adjtimex, not clock_settime: the agent's own seccomp filter refuses the latter
 		// (and settimeofday) for it and every command; without CAP_SYS_TIME, commands
 		// cannot set the time through adjtimex either.
-		off := time.Unix(0, req.TimeUnixNS).Sub(time.Now())
+		off := time.Until(time.Unix(0, req.TimeUnixNS))
 		tx := unix.Timex{Modes: adjSetOffset | adjNano}
 		sec, nsec := int64(off/time.Second), int64(off%time.Second)
 		if nsec < 0 {

@@ -63,7 +63,8 @@ func (s *Switch) Write(b []byte) error {
 
 // Expect makes the switch watch for marker. What is read before the marker still goes to
 // the current Conn (the other end may still be using that session); the marker's arrival
-// closes the returned channel, and what follows it waits for the next Conn.
+// ends that Conn and closes the returned channel, and what follows it waits for the
+// next Conn.
 func (s *Switch) Expect(marker []byte) <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -164,9 +165,14 @@ func (s *Switch) deliver(b []byte) {
 	s.marker, s.window = nil, nil
 	close(s.found)
 	s.pending = after
+	// What follows the marker is the next session's: the one before it ends here.
+	s.cur = nil
 	s.mu.Unlock()
-	if cur != nil && before > 0 {
-		_, _ = cur.pw.Write(b[:before])
+	if cur != nil {
+		if before > 0 {
+			_, _ = cur.pw.Write(b[:before])
+		}
+		cur.Close()
 	}
 }
 
