@@ -25,6 +25,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,6 +45,9 @@ type Client struct {
 	transport *http.Transport
 	base      string
 	where     string // for messages: the socket path or the address
+	// reached: a call has had an answer from roched, so a refused connection later is
+	// roched restarting or a replica gone, which safe calls retry (retry.go).
+	reached atomic.Bool
 
 	mu   sync.Mutex
 	caps map[string]roche.Capabilities
@@ -364,14 +368,27 @@ func (c *Client) Create(ctx context.Context, provider string, cfg roche.Config) 
 // CreateFor is Create with options. With opts.Leased the sandbox is tied to this client:
 // it holds it (see Holding) until Destroy, Close or its end, and roched destroys it a
 // few seconds after. opts.Owner is not sent: roched names the owner of what it makes
-// (its own, for the caller's tenant), whoever asks.
+// (its own, for the caller's tenant), whoever asks. With opts.IdempotencyKey a create
+// whose connection is lost is retried (RetryFor), and roched answers a repeated key with
+// the sandbox the first attempt made.
 func (c *Client) CreateFor(ctx context.Context, provider string, cfg roche.Config, opts kit.CreateOptions) (roche.SandboxInfo, bool, error) {
 	// Checked here too, so that the words are the ones an in-process provider uses (the
 	// wire would first clamp an out-of-range number).
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
-	resp, err := c.rpc.Create(ctx, connect.NewRequest(&rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg, opts.Leased)}))
+	req := &rochev1.CreateRequest{Provider: provider, Config: wire.ConfigToProto(cfg, opts.Leased), IdempotencyKey: opts.IdempotencyKey}
+	create := func(bool) (*connect.Response[rochev1.CreateResponse], error) {
+		return c.rpc.Create(ctx, connect.NewRequest(req))
+	}
+	var resp *connect.Response[rochev1.CreateResponse]
+	var err error
+	if opts.IdempotencyKey != "" {
+		// Safe to repeat: a retry gets the sandbox the first attempt made, if it did.
+		resp, err = retrying(ctx, c, create)
+	} else {
+		resp, err = create(false)
+	}
 	if err != nil {
 		return roche.SandboxInfo{}, false, c.fromRPC(err)
 	}

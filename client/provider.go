@@ -110,7 +110,17 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 		}
 	}
 	if req.Stdout == nil && req.Stderr == nil && req.OutputLimit <= wire.MaxExecOutput {
-		resp, err := p.c.rpc.Exec(ctx, connect.NewRequest(wire.ExecToProto(id, req, stdin)))
+		exec := func(bool) (*connect.Response[rochev1.ExecResponse], error) {
+			return p.c.rpc.Exec(ctx, connect.NewRequest(wire.ExecToProto(id, req, stdin)))
+		}
+		var resp *connect.Response[rochev1.ExecResponse]
+		var err error
+		if req.IdempotencyKey != "" {
+			// Safe to repeat: a retry joins the command the first attempt started.
+			resp, err = retrying(ctx, p.c, exec)
+		} else {
+			resp, err = exec(false)
+		}
 		if err != nil {
 			return roche.ExecResult{}, p.c.lostDuringCommand(err, id, req.IdempotencyKey)
 		}
@@ -153,7 +163,11 @@ func (p *Provider) Exec(ctx context.Context, id string, req roche.ExecRequest) (
 // never made, or another tenant's), which for Destroy means there is nothing to do.
 func (p *Provider) Destroy(ctx context.Context, id string) error {
 	defer p.c.release(id)
-	_, err := p.c.rpc.Destroy(ctx, connect.NewRequest(&rochev1.DestroyRequest{Ids: []string{id}, Provider: p.name}))
+	// A destroy is safe to repeat: one that finds nothing after a lost connection
+	// found it destroyed by the attempt before.
+	_, err := retrying(ctx, p.c, func(bool) (*connect.Response[rochev1.DestroyResponse], error) {
+		return p.c.rpc.Destroy(ctx, connect.NewRequest(&rochev1.DestroyRequest{Ids: []string{id}, Provider: p.name}))
+	})
 	if err = p.c.fromRPC(err); errors.Is(err, roche.ErrNotFound) {
 		return nil
 	}
@@ -162,7 +176,9 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 
 // Inspect implements roche.Provider.
 func (p *Provider) Inspect(ctx context.Context, id string) (roche.SandboxInfo, error) {
-	resp, err := p.c.rpc.Inspect(ctx, connect.NewRequest(&rochev1.InspectRequest{SandboxId: id}))
+	resp, err := retrying(ctx, p.c, func(bool) (*connect.Response[rochev1.InspectResponse], error) {
+		return p.c.rpc.Inspect(ctx, connect.NewRequest(&rochev1.InspectRequest{SandboxId: id}))
+	})
 	if err != nil {
 		return roche.SandboxInfo{}, p.c.fromRPC(err)
 	}
@@ -191,7 +207,9 @@ func (p *Provider) ListFiltered(ctx context.Context, filter roche.ListFilter) ([
 	if err := filter.Validate(); err != nil {
 		return nil, err
 	}
-	resp, err := p.c.rpc.List(ctx, connect.NewRequest(wire.FilterToProto(p.name, filter)))
+	resp, err := retrying(ctx, p.c, func(bool) (*connect.Response[rochev1.ListResponse], error) {
+		return p.c.rpc.List(ctx, connect.NewRequest(wire.FilterToProto(p.name, filter)))
+	})
 	if err != nil {
 		return nil, p.c.fromRPC(err)
 	}

@@ -52,6 +52,10 @@ type Options struct {
 	// WithSeccompProfile); empty means its default ($KUBECONFIG or the in-cluster
 	// configuration, namespace "roche", none, the runtime's default profile).
 	Kubeconfig, Namespace, RuntimeClass, SeccompProfile string
+	// LeaseGrace, when positive, is how long a leased sandbox outlives its last lease
+	// holder on the providers that take it (kubernetes.WithLeaseGrace): roched replicas
+	// lengthen it so that a client's Hold can move to another replica.
+	LeaseGrace time.Duration
 	// Only, when given, names the providers Serve opens (roched --providers); the others
 	// are not opened at all, Required ones included.
 	Only []string

@@ -116,7 +116,17 @@ type Config struct {
 	// UI serves the web console at /ui/ on the TCP listener (Listen), behind its tokens
 	// (console.go).
 	UI bool
+	// ReplicaGroup makes this roched one of the replicas of that name, which all serve
+	// the same sandboxes (internal/ledger group.go; roched --replica-group); ReplicaID
+	// names it in the group's leader election (default: host name and instance), and
+	// LeaderLease is how long a dead leader keeps the lead (0: the provider's default).
+	ReplicaGroup, ReplicaID string
+	LeaderLease             time.Duration
 }
+
+// ReplicaLeaseGrace is how long a leased sandbox outlives its last holder when roched
+// runs as a replica: time for a client whose replica died to hold it through another.
+const ReplicaLeaseGrace = 15 * time.Second
 
 // Option configures a Daemon.
 type Option func(*Daemon)
@@ -194,6 +204,7 @@ func (c Config) ledgerConfig() ledger.Config {
 		ReconcileInterval: c.ReconcileInterval, EngineCheckInterval: c.EngineCheckInterval,
 		DirectOwner: c.DirectOwner, ProviderOf: catalog.OfID,
 		MaxCommands: c.MaxCommands, EndedRetention: c.EndedRetention,
+		Group: c.ReplicaGroup, Identity: c.ReplicaID, LeaderLease: c.LeaderLease,
 	}
 }
 

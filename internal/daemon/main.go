@@ -143,6 +143,9 @@ type flags struct {
 	newFrontend NewFrontend
 	// ui: Config.UI.
 	ui bool
+	// replicaGroup, replicaID, leaderLease: Config.ReplicaGroup, ReplicaID, LeaderLease.
+	replicaGroup, replicaID string
+	leaderLease             time.Duration
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -299,6 +302,9 @@ TLS and --insecure work as for --listen; the config file's "e2b" section names t
 		"owner of the direct-mode sandboxes served to roched's own user on the unix socket: what roche gives them in roched's environment (ROCHE_OWNER, else cli:USER@HOST); \"\" serves none")
 	fs.StringVar(&f.e2bListen, "e2b-listen", "", "also serve the E2B API (its SDKs, unmodified) on tcp://HOST:PORT, e.g. tcp://127.0.0.1:3000; TLS as --listen (docs/e2b.md)")
 	fs.BoolVar(&f.ui, "ui", false, "serve the web console at /ui/ on the --listen address, behind its tokens (docs/console.md)")
+	fs.StringVar(&f.replicaGroup, "replica-group", "", "run as one of the replicas of this group, which all serve the same sandboxes (kubernetes provider only; docs/roched-in-a-cluster.md#replicas)")
+	fs.StringVar(&f.replicaID, "replica-id", "", "this replica's name in its group's leader election (default: the host name and the state file's instance)")
+	fs.DurationVar(&f.leaderLease, "leader-lease", 0, "how long the group's leader keeps the lead without renewing it, so how soon a replica killed outright is replaced as the one that reaps (default 15s)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -352,6 +358,7 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		AllowMountRoots: f.allowMountRoots, AllowRootSandboxes: f.allowRoot,
 		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
 		DirectOwner: f.directOwner, E2BListen: f.e2bListen, UI: f.ui,
+		ReplicaGroup: f.replicaGroup, ReplicaID: f.replicaID, LeaderLease: f.leaderLease,
 	}
 	tokenFile, tokensFile := f.tokenFile, f.tokensFile
 	var specs []string
@@ -523,6 +530,8 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		// python.wasm compiled in the background and kept in memory, each sandbox's
 		// interpreter started ahead of its next exec.
 		WarmStart: true,
+		// A replica's leased sandboxes wait for a Hold moving from a replica that died.
+		LeaseGrace: replicaGrace(cfg.ReplicaGroup),
 	})
 	if err != nil {
 		return err
@@ -535,4 +544,12 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		return err
 	}
 	return d.ServeUntilSignal(f.shutdownTimeout)
+}
+
+// replicaGrace is the lease grace of a replica's providers (none without a group).
+func replicaGrace(group string) time.Duration {
+	if group == "" {
+		return 0
+	}
+	return ReplicaLeaseGrace
 }

@@ -59,6 +59,9 @@ var constructors = map[string]func(catalog.Options) (roche.Provider, error){
 		if o.Outlives {
 			opts = append(opts, kubernetes.WithEgressProxy())
 		}
+		if o.LeaseGrace > 0 {
+			opts = append(opts, kubernetes.WithLeaseGrace(o.LeaseGrace))
+		}
 		return opened(kubernetes.New(opts...))
 	},
 	oci.Name: func(o catalog.Options) (roche.Provider, error) {

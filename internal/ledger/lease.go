@@ -61,6 +61,12 @@ func (l *Ledger) holdLost(id string) {
 		last = *r
 	}
 	l.mu.Unlock()
+	if tracked && l.shared(&last) {
+		// Another replica may hold it: the agent stops it once the last one lets go,
+		// and the group's leader reaps it then.
+		l.dropShared(id, last.Provider)
+		return
+	}
 	evidence := fmt.Sprintf("no Hold stream for %s after its last one ended", HoldGrace)
 	if !h.held {
 		evidence = fmt.Sprintf("no Hold stream opened within %s of its create", FirstHold)
@@ -93,12 +99,25 @@ func (l *Ledger) Hold(t *Tenant, id string) (string, func(), error) {
 	if tg.rec.direct {
 		return "", nil, fmt.Errorf("%w: sandbox %s was made in direct mode: a lease it has is held by the roche that made it (roche run, create --hold), not through roched; it lives until then or until its timeout", roche.ErrInvalidConfig, tg.ID)
 	}
-	if !tg.rec.Leased {
+	shared := l.shared(tg.rec)
+	if !tg.rec.Leased && !shared {
 		return "", nil, fmt.Errorf("%w: sandbox %s is not leased: it lives out its timeout; create it with leased=true to hold it", roche.ErrInvalidConfig, tg.ID)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h, ok := l.holds[tg.ID]
+	if !ok && shared {
+		// A group's sandbox made or last held through another replica: this one
+		// holds its lease from now on too.
+		l.mu.Unlock()
+		err := l.holdShared(tg)
+		l.mu.Lock()
+		if err != nil {
+			return "", nil, err
+		}
+		l.awaitHoldLocked(tg.ID, FirstHold)
+		h, ok = l.holds[tg.ID]
+	}
 	if !ok {
 		// Lost a moment ago: it is being destroyed.
 		return "", nil, NotFound(id)

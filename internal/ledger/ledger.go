@@ -81,6 +81,16 @@ type Config struct {
 	// ProviderOf names the provider that owns a sandbox id (internal/catalog.OfID), so
 	// that an id the ledger does not track is asked of that provider alone; nil asks each.
 	ProviderOf func(id string) string
+	// Group, when set, makes this roched one of a replica group of that name: every
+	// replica serves every sandbox of the group, and the elected leader alone reaps
+	// them (group.go). Only providers that share their sandboxes may be served.
+	Group string
+	// Identity names this replica in the group's election (default: the host name and
+	// the state file's instance).
+	Identity string
+	// LeaderLease is how long the group's leader holds its lease unrenewed (0: the
+	// provider's default): a leader killed outright is replaced within it.
+	LeaderLease time.Duration
 }
 
 // Validate reports every problem with the settings at once, for a ledger over the named
@@ -203,6 +213,12 @@ type Ledger struct {
 	// instance and stateKey make up this daemon's owner (see owner.go).
 	instance, stateKey string
 
+	// elections: this replica's campaigns to lead its group (group.go); keys are the
+	// idempotency keys of creates it served.
+	elections *elections
+	keysMu    sync.Mutex
+	keys      map[string]*keyed
+
 	stop   chan struct{}
 	bg     sync.WaitGroup
 	closed sync.Once
@@ -233,6 +249,9 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 	if err := cfg.Validate(names); err != nil {
 		return nil, err
 	}
+	if err := checkGroup(cfg, providers); err != nil {
+		return nil, err
+	}
 	if strings.HasPrefix(cfg.DirectOwner, ownerPrefix) {
 		return nil, fmt.Errorf("%w: direct owner %q is a roched's: give the owner the direct-mode CLI uses (cli:USER@HOST, or its ROCHE_OWNER)", roche.ErrInvalidConfig, cfg.DirectOwner)
 	}
@@ -257,6 +276,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 		holds:       map[string]*hold{},
 		ended:       endings{retention: cfg.EndedRetention},
 		engines:     newEngines(providers),
+		keys:        map[string]*keyed{},
 	}
 	for _, o := range opts {
 		o(l)
@@ -289,7 +309,12 @@ func (l *Ledger) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := l.elect(); err != nil {
+		unlock()
+		return err
+	}
 	if err := l.recover(ctx); err != nil {
+		l.stopElections()
 		unlock()
 		return err
 	}
@@ -311,6 +336,7 @@ func (l *Ledger) Close(ctx context.Context) (poolDestroyed int, err error) {
 	l.closed.Do(func() {
 		close(l.stop)
 		l.bg.Wait()
+		l.stopElections()
 		// The pools get a fresh deadline: leaving idle sandboxes behind is the thing to avoid.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()

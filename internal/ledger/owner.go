@@ -52,7 +52,12 @@ func stateKeyOf(stateFile string) string {
 func (l *Ledger) Owner() string { return ownerPrefix + l.instance + "." + l.stateKey }
 
 // ownerFor is the owner of a tenant's sandbox.
-func (l *Ledger) ownerFor(tenant string) string { return l.Owner() + "/" + tenant }
+func (l *Ledger) ownerFor(tenant string) string {
+	if l.grouped() {
+		return l.groupOwner() + "/" + tenant
+	}
+	return l.Owner() + "/" + tenant
+}
 
 // OwnerOf is the owner the daemon gives the sandboxes of the named tenant.
 func (l *Ledger) OwnerOf(tenant string) string { return l.ownerFor(tenant) }
@@ -67,6 +72,8 @@ const (
 	ownOwner
 	// orphanOwner: made by an earlier daemon on this state file whose state was lost.
 	orphanOwner
+	// sharedOwner: made by a replica of this daemon's group, this one included (group.go).
+	sharedOwner
 )
 
 // classify says whose a sandbox is, and for a tenant's sandbox, which tenant's.
@@ -78,6 +85,8 @@ func (l *Ledger) classify(owner string) (class ownerClass, tenant string) {
 	id, tenant, _ := strings.Cut(rest, "/")
 	instance, key, ok := strings.Cut(id, ".")
 	switch {
+	case ok && l.grouped() && instance == groupInstance && key == l.cfg.Group:
+		return sharedOwner, tenant
 	case !ok || key != l.stateKey:
 		return foreignOwner, ""
 	case instance == l.instance:

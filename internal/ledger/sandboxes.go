@@ -108,7 +108,7 @@ func (l *Ledger) find(t *Tenant, id string) (Record, bool) {
 		c = *r
 	}
 	l.mu.Unlock()
-	if r != nil || !l.findDirect(t, id) {
+	if r != nil || !l.findDirect(t, id) && !l.findShared(t, id) {
 		return c, r != nil
 	}
 	l.mu.Lock()
@@ -196,6 +196,26 @@ func (l *Ledger) unreserveLocked(t *Tenant) {
 // else cold. What the tenant may ask for is checked first (tenant.go). The sandbox is
 // the daemon's, for t; leased ties it to the client's Hold stream (lease.go).
 func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg roche.Config, leased bool) (roche.SandboxInfo, bool, error) {
+	return l.CreateKeyed(ctx, t, providerName, cfg, leased, "")
+}
+
+// maxIdempotencyKey bounds a create's idempotency key.
+const maxIdempotencyKey = 256
+
+// CreateKeyed is Create with an idempotency key (none: ""): a create with the key of an
+// earlier one of the same tenant answers with that one's sandbox (group.go's byKey), and
+// in a replica group the provider finds it whichever replica made it.
+func (l *Ledger) CreateKeyed(ctx context.Context, t *Tenant, providerName string, cfg roche.Config, leased bool, key string) (roche.SandboxInfo, bool, error) {
+	if key == "" {
+		return l.create(ctx, t, providerName, cfg, leased, "")
+	}
+	if len(key) > maxIdempotencyKey {
+		return roche.SandboxInfo{}, false, fmt.Errorf("%w: idempotency key of %d bytes: give at most %d", roche.ErrInvalidConfig, len(key), maxIdempotencyKey)
+	}
+	return l.byKey(t, key, func() (roche.SandboxInfo, bool, error) { return l.create(ctx, t, providerName, cfg, leased, key) })
+}
+
+func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg roche.Config, leased bool, key string) (roche.SandboxInfo, bool, error) {
 	start := time.Now()
 	p, err := l.Provider(providerName)
 	if err != nil {
@@ -213,7 +233,7 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	}
 	// A leased sandbox is held by its client through Hold (lease.go) and, where the
 	// provider has leases, by roched's own lease too.
-	opts := kit.CreateOptions{Owner: l.ownerFor(t.Name), Leased: leased && p.Capabilities().Leases}
+	opts := kit.CreateOptions{Owner: l.ownerFor(t.Name), Leased: leased && p.Capabilities().Leases, IdempotencyKey: key}
 	if err := l.admit(t); err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
@@ -226,7 +246,13 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 		}
 	}()
 
-	sb, ok, err := l.fromPool(ctx, t, providerName, cfg)
+	var sb roche.SandboxInfo
+	ok := false
+	if key == "" || !l.grouped() {
+		// A replica group's keyed create is made cold: the key names the sandbox, so
+		// that any replica finds it.
+		sb, ok, err = l.fromPool(ctx, t, providerName, cfg)
+	}
 	if err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
@@ -254,6 +280,8 @@ func (l *Ledger) Create(ctx context.Context, t *Tenant, providerName string, cfg
 	l.mu.Lock()
 	l.unreserveLocked(t)
 	admitted = false
+	// In a replica group the leader may have found it in the provider's list already:
+	// the create's record replaces that one.
 	l.sandboxes[sb.ID] = &Record{
 		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: KindClient, Tenant: t.Name,
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, since: time.Now(), Leased: leased,
@@ -641,11 +669,20 @@ func (l *Ledger) reapLoop() {
 	defer reap.Stop()
 	reconcile := time.NewTicker(l.cfg.ReconcileInterval)
 	defer reconcile.Stop()
+	var sweeps int
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-reap.C:
+			// A replica of a group looks at every sandbox of the group every third
+			// reap: those made or destroyed through other replicas, and (the leader)
+			// those their agents stopped.
+			if sweeps++; l.grouped() && sweeps%3 == 0 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				l.reconcile(ctx, false)
+				cancel()
+			}
 			l.reap(time.Now())
 		case <-reconcile.C:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -662,7 +699,7 @@ func (l *Ledger) reap(now time.Time) {
 	l.mu.Lock()
 	for id, r := range l.sandboxes {
 		switch {
-		case r.Kind == KindClient && !r.direct && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt):
+		case r.Kind == KindClient && !r.direct && !r.ExpiresAt.IsZero() && !now.Before(r.ExpiresAt) && l.mayReap(r):
 			expired = append(expired, id)
 			tenantOfRecord[id] = r.TenantName()
 			l.recordEnd(r, roche.EndReason{Kind: roche.EndLifetime, At: now,
@@ -751,7 +788,10 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 			sb, ok := live[id]
 			switch {
 			case !ok:
-				if r.Kind == KindClient {
+				switch {
+				case r.Kind == KindClient && l.shared(r):
+					l.recordEnd(r, roche.UnknownEnd(listed, "it was gone from the %s provider's list at a reconciliation: destroyed through another replica of group %s, reaped by its leader, or removed behind roched's back", name, l.cfg.Group), true)
+				case r.Kind == KindClient:
 					l.recordEnd(r, roche.UnknownEnd(listed, "it was gone from the %s provider's list at a reconciliation, with no event saying why (the watch of its engine was down, or the provider has none)", name), true)
 				}
 				delete(l.sandboxes, id)
@@ -761,7 +801,7 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 			case startup && r.Kind == KindPooled:
 				r.Kind = KindDestroying
 				leftovers = append(leftovers, id)
-			case r.Kind == KindClient && sb.State == roche.StateExited && !r.direct:
+			case r.Kind == KindClient && sb.State == roche.StateExited && !r.direct && l.mayReap(r):
 				r.Kind = KindDestroying
 				stale = append(stale, id)
 			}
@@ -775,6 +815,19 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 				continue
 			}
 			now := time.Now()
+			if class == sharedOwner {
+				// The group's: tracked by every replica, reaped by the leader alone.
+				ended := sb.State == roche.StateExited || sb.Expired(now)
+				if tenant == "" || ended && !l.leads(name) {
+					continue
+				}
+				r := l.adoptSharedLocked(name, sb, tenant)
+				if ended {
+					r.Kind = KindDestroying
+					stale = append(stale, id)
+				}
+				continue
+			}
 			r := &Record{
 				ID: id, Provider: name, Image: sb.Image, Kind: KindClient, Tenant: tenant, CreatedAt: sb.CreatedAt,
 				ExpiresAt: sb.ExpiresAt, Paused: sb.State == roche.StatePaused, adopted: true, since: now,
@@ -803,6 +856,11 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 		if len(leftovers)+len(stale)+len(cutShort)+adopted > 0 {
 			l.log.Info("reconciled with provider", "provider", name, "pool_leftovers_destroyed", len(leftovers),
 				"stale_destroyed", len(stale), "cut_short_destroyed", len(cutShort), "adopted", adopted)
+		}
+		if l.grouped() {
+			for _, id := range stale {
+				l.log.Info("replica group's leader: reaping a stopped or expired sandbox", "provider", name, "id", id)
+			}
 		}
 		for _, id := range slices.Concat(leftovers, stale, cutShort) {
 			l.startRemoval(id)
@@ -912,6 +970,9 @@ func (l *Ledger) List(ctx context.Context, t *Tenant, provider string) ([]roche.
 			r, ok := l.sandboxes[sb.ID]
 			if !ok && l.takesOver(t, sb) {
 				r, ok = l.adoptDirectLocked(n, sb), true
+			}
+			if class, tenant := l.classify(sb.Owner); !ok && class == sharedOwner && tenant == t.Name && sb.State != roche.StateExited {
+				r, ok = l.adoptSharedLocked(n, sb, tenant), true
 			}
 			if !ok || r.Kind != KindClient || !r.visible(t) {
 				continue

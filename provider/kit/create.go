@@ -3,6 +3,7 @@ package kit
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/roche-sandbox/roche"
 )
@@ -26,6 +27,34 @@ type CreateOptions struct {
 	// its creator (roche create) does not. A provider without leases
 	// (Capabilities.Leases false) refuses it.
 	Leased bool `json:"leased,omitempty"`
+	// IdempotencyKey, when set, makes the create one that a retry may repeat: a provider
+	// that keeps its sandboxes where every process sees them (kubernetes) names the
+	// sandbox after Owner and the key, so that a second create with both answers with
+	// the first one's sandbox instead of making another. Others ignore it (roched keeps
+	// the keys it was given itself).
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// LeaseHolder is a provider whose process can take the lease of a leased sandbox it did
+// not make, or make again (roched replicas: a client's Hold moved to another replica),
+// and let go of it. The sandbox stops its grace after the last holder, in any process,
+// lets go.
+type LeaseHolder interface {
+	// HoldLease takes and holds sandbox id's lease until DropLease, Destroy or this
+	// process's end. A sandbox not leased is refused with roche.ErrUnsupported, one
+	// whose lease was already lost with roche.ErrNotFound.
+	HoldLease(ctx context.Context, id string) error
+	// DropLease lets go of the lease held here, if any.
+	DropLease(id string)
+}
+
+// Elector is a provider whose backend can elect one leader among the processes sharing
+// it (roched replicas): a Kubernetes Lease object.
+type Elector interface {
+	// Elect campaigns, until ctx ends, to lead group as identity, with leases of the
+	// given duration (0: the provider's default). leading reports whether this process
+	// leads now; a process that stops leading says so within the lease's duration.
+	Elect(ctx context.Context, group, identity string, lease time.Duration) (leading func() bool, err error)
 }
 
 // Creator is a provider that creates with CreateOptions; every provider of this

@@ -94,6 +94,8 @@ type Provider struct {
 	agentLocal    bool
 	seccomp       string
 	createTimeout time.Duration
+	// leaseGrace, when positive, replaces agentspec.LeaseGrace (WithLeaseGrace).
+	leaseGrace time.Duration
 	uidFirst      int
 	uidCount      int
 	// cgroupV2 says the nodes have the unified cgroup hierarchy (WithNodeCgroup).
@@ -469,6 +471,8 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 }
 
 func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInfo, err error) {
+	// joined: the Pod is an earlier create's (an idempotency key's), never removed here.
+	joined := false
 	if err := cfg.Validate(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
@@ -489,10 +493,14 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 		return roche.SandboxInfo{}, err
 	}
 	id := Name + "-" + randomHex(8)
+	if cfg.IdempotencyKey != "" {
+		id = keyedName(cfg.Owner, cfg.IdempotencyKey)
+	}
 	expires := time.Now().Add(time.Duration(cfg.TimeoutSecs) * time.Second)
 	pp := podParams{
 		id: id, namespace: p.namespace, agentImage: p.agentImage, agentLocal: p.agentLocal, runtimeClass: p.runtimeClass,
 		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: kit.UID(cfg.Config), cgroupV2: p.cgroupV2,
+		leaseGrace: p.leaseGrace,
 	}
 	if cfg.User == roche.UserAuto {
 		uid, err := p.drawUID(ctx)
@@ -511,12 +519,14 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 	p.sim.place(pod)
 	// From here, whatever fails removes what was made, even when ctx has ended.
 	defer func() {
-		if err != nil {
+		if err != nil && !joined {
 			p.remove(context.WithoutCancel(ctx), id)
 		}
 	}()
 	if !cfg.Network {
-		if _, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, networkPolicyFor(id, p.namespace), metav1.CreateOptions{}); err != nil {
+		// A keyed create's policy may be an earlier create's: its Pod is what says so.
+		if _, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, networkPolicyFor(id, p.namespace), metav1.CreateOptions{}); err != nil &&
+			!(cfg.IdempotencyKey != "" && apierrors.IsAlreadyExists(err)) {
 			if p.namespaceGone(ctx, err) {
 				return p.create(context.WithValue(ctx, namespaceRemade{}, true), cfg)
 			}
@@ -524,6 +534,10 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 		}
 	}
 	made, err := p.cs.CoreV1().Pods(p.namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil && cfg.IdempotencyKey != "" && apierrors.IsAlreadyExists(err) {
+		joined = true
+		return p.joinKeyed(ctx, id, cfg)
+	}
 	if err != nil {
 		if p.namespaceGone(ctx, err) {
 			return p.create(context.WithValue(ctx, namespaceRemade{}, true), cfg)

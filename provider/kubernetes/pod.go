@@ -93,6 +93,8 @@ type podParams struct {
 	seccomp string
 	// lease, for a leased sandbox, is its create's deadline (agentspec.Spec.Lease).
 	lease time.Duration
+	// leaseGrace, when positive, replaces agentspec.LeaseGrace (WithLeaseGrace).
+	leaseGrace time.Duration
 	// cgroupV2 says the nodes have the unified cgroup hierarchy (see pidsCgroupMask).
 	cgroupV2 bool
 }
@@ -142,7 +144,7 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 		// The node's podPidsLimit is the Pod's whole bound; this one is the sandbox
 		// user's own (its uid is the sandbox's own unless the caller named one).
 		NProc: cfg.PidsLimit,
-		Lease: pp.lease,
+		Lease: pp.lease, Grace: pp.leaseGrace,
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		// Programs reach the agent's proxy port; the agent relays each connection to

@@ -2917,10 +2917,15 @@ func (x *ReceiptUsage) GetLeftoverProcesses() int32 {
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// provider is "docker" when empty.
-	Provider      string         `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
-	Config        *SandboxConfig `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Provider string         `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	Config   *SandboxConfig `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	// idempotency_key makes a retried create safe: a create with the key of an earlier
+	// one of the same tenant answers with the sandbox that one made (or is making)
+	// instead of making another. Under roched replicas (--replica-group) on the
+	// kubernetes provider the key names the Pod, so any replica answers alike.
+	IdempotencyKey string `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
@@ -2965,6 +2970,13 @@ func (x *CreateRequest) GetConfig() *SandboxConfig {
 		return x.Config
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
 }
 
 type CreateResponse struct {
@@ -9137,10 +9149,11 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\fReceiptUsage\x12*\n" +
 	"\x11peak_memory_bytes\x18\x01 \x01(\x03R\x0fpeakMemoryBytes\x124\n" +
 	"\bcpu_time\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12-\n" +
-	"\x12leftover_processes\x18\x03 \x01(\x05R\x11leftoverProcesses\"\\\n" +
+	"\x12leftover_processes\x18\x03 \x01(\x05R\x11leftoverProcesses\"\x85\x01\n" +
 	"\rCreateRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12/\n" +
-	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\"U\n" +
+	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\x12'\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"U\n" +
 	"\x0eCreateResponse\x12+\n" +
 	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\x12\x16\n" +
 	"\x06pooled\x18\x02 \x01(\bR\x06pooled\"\xd6\x02\n" +

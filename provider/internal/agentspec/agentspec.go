@@ -74,6 +74,9 @@ type Spec struct {
 	// agent stops it LeaseGrace after its last lease holder goes, or FirstLease(Lease)
 	// after its start when no lease was taken.
 	Lease time.Duration
+	// Grace, when positive, replaces LeaseGrace: how long the sandbox outlives its last
+	// lease holder (roched replicas give a client's Hold time to move to another one).
+	Grace time.Duration
 }
 
 // Args is the agent's command line for s, without the program name.
@@ -100,8 +103,12 @@ func (s Spec) Args() []string {
 		args = append(args, "--egress-listen", egress.SandboxListen, "--egress-socket", s.EgressSocket)
 	}
 	if s.Lease > 0 {
+		grace := LeaseGrace
+		if s.Grace > 0 {
+			grace = s.Grace
+		}
 		args = append(args,
-			"--lease-grace", strconv.FormatInt(LeaseGrace.Milliseconds(), 10)+"ms",
+			"--lease-grace", strconv.FormatInt(grace.Milliseconds(), 10)+"ms",
 			"--first-lease", strconv.FormatInt(FirstLease(s.Lease).Milliseconds(), 10)+"ms")
 	}
 	return args
