@@ -96,8 +96,8 @@ type Provider struct {
 	createTimeout time.Duration
 	// leaseGrace, when positive, replaces agentspec.LeaseGrace (WithLeaseGrace).
 	leaseGrace time.Duration
-	uidFirst      int
-	uidCount      int
+	uidFirst   int
+	uidCount   int
 	// cgroupV2 says the nodes have the unified cgroup hierarchy (WithNodeCgroup).
 	cgroupV2  bool
 	cgroupSet bool
