@@ -496,6 +496,8 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 		{ns, "networking.k8s.io", "networkpolicies", "", "create"}, {ns, "networking.k8s.io", "networkpolicies", "", "patch"},
 		{ns, "networking.k8s.io", "networkpolicies", "", "list"}, {ns, "networking.k8s.io", "networkpolicies", "", "delete"},
 		{ns, "", "events", "", "list"}, // why a Pod's sandbox could not be made
+		{ns, "coordination.k8s.io", "leases", "", "get"}, {ns, "coordination.k8s.io", "leases", "", "create"},
+		{ns, "coordination.k8s.io", "leases", "", "update"}, // a replica group's leader election
 	}
 	mayNot := []access{
 		{ns, "", "secrets", "", "get"}, {ns, "", "secrets", "", "list"},
@@ -503,6 +505,7 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 		{ns, "", "pods", "attach", "create"}, {ns, "", "pods", "portforward", "create"}, {ns, "", "pods", "ephemeralcontainers", "patch"},
 		{ns, "", "serviceaccounts", "token", "create"}, {ns, "rbac.authorization.k8s.io", "roles", "", "create"},
 		{"default", "", "pods", "", "create"}, {"default", "", "pods", "exec", "create"},
+		{ns, "coordination.k8s.io", "leases", "", "delete"}, {"kube-system", "coordination.k8s.io", "leases", "", "update"},
 		{"", "", "namespaces", "", "create"}, {"", "", "nodes", "", "list"},
 	}
 	user := "system:serviceaccount:" + ns + ":roched"
