@@ -43,6 +43,12 @@ var constructors = map[string]func(catalog.Options) (roche.Provider, error){
 		return opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
 	},
 	kubernetes.Name: func(o catalog.Options) (roche.Provider, error) {
+		if o.Runtime != "" && o.Runtime != "runc" && o.RuntimeClass == "" {
+			// Asked for a stronger runtime that does not reach Pods: refused, never run
+			// under the node's default instead.
+			return nil, fmt.Errorf("%w: --runtime %s is the Docker provider's runtime and does not reach Pods: for %s Pods give --runtime-class NAME, a RuntimeClass whose handler runs it (kubectl get runtimeclass lists the cluster's), or leave --runtime out",
+				roche.ErrInvalidConfig, o.Runtime, o.Runtime)
+		}
 		opts := []kubernetes.Option{kubernetes.WithLogger(o.Log), kubernetes.WithKubeconfig(o.Kubeconfig)}
 		if o.Namespace != "" {
 			opts = append(opts, kubernetes.WithNamespace(o.Namespace))

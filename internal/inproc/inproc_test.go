@@ -278,3 +278,24 @@ func TestLayoutPrefix(t *testing.T) {
 		t.Fatalf("ledger.LayoutPrefix %q, oci.LayoutPrefix %q", ledger.LayoutPrefix, oci.LayoutPrefix)
 	}
 }
+
+// TestKubernetesRefusesDockerRuntime: a --runtime other than runc (runsc, gVisor) does
+// not reach Pods, so the kubernetes provider is refused with it rather than opened to
+// run Pods under the node's default runtime; with a RuntimeClass, or runc, it opens.
+func TestKubernetesRefusesDockerRuntime(t *testing.T) {
+	isolate(t)
+	o := good()
+	o.Runtime = "runsc"
+	p, err := Open("kubernetes", o)
+	if p != nil || !errors.Is(err, roche.ErrInvalidConfig) || !strings.Contains(err.Error(), "--runtime-class") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("Open(kubernetes, --runtime runsc) = %v, %v; want one line naming --runtime-class", p, err)
+	}
+	for _, rc := range []struct{ runtime, class string }{{"runsc", "gvisor"}, {"runc", ""}} {
+		o.Runtime, o.RuntimeClass = rc.runtime, rc.class
+		p, err := Open("kubernetes", o)
+		if err != nil {
+			t.Fatalf("Open(kubernetes, --runtime %s --runtime-class %q): %v", rc.runtime, rc.class, err)
+		}
+		p.(interface{ Close() error }).Close()
+	}
+}
