@@ -118,6 +118,14 @@ type Receipt struct {
 	// Leftover counts the processes of its process group still running in the sandbox
 	// when it exited (`sleep 100 &`); they go on running.
 	Leftover int `json:"leftover_processes"`
+	// End is why the command ended or was cut when something other than the command did
+	// it: EndCommandTimeout (roche-agent killed it at its timeout), EndOOM (it died of
+	// SIGKILL and the sandbox cgroup's memory.events oom_kill grew meanwhile),
+	// EndOutputCap (its output passed the cap and was cut); empty when it ended on its
+	// own. Never EndPids: the process limit that holds (RLIMIT_NPROC) refuses a fork
+	// without the kernel counting it anywhere. Evidence is what End was read from.
+	End      EndKind `json:"end,omitempty"`
+	Evidence string  `json:"evidence,omitempty"`
 }
 
 // EndedError is an error about a sandbox that ended, carrying why: what a Hold that

@@ -249,6 +249,11 @@ type Receipt struct {
 	CPUTimeNS int64 `json:"cpu_time_ns"`
 	// Leftover counts the processes still running when it exited.
 	Leftover int `json:"leftover"`
+	// End is why the command ended or was cut when something other than the command
+	// did it, a roche.EndKind: "command_timeout", "oom", "pids", "output_cap"; empty
+	// when it ended on its own. Evidence is what End was read from.
+	End      string `json:"end,omitempty"`
+	Evidence string `json:"evidence,omitempty"`
 }
 
 // Started tells the client a command is running. On attach (and on a keyed exec that

@@ -53,7 +53,12 @@ func ReceiptToProto(r *roche.Receipt) *rochev1.ReceiptUsage {
 	if r == nil {
 		return nil
 	}
-	return &rochev1.ReceiptUsage{PeakMemoryBytes: r.PeakMemoryBytes, CpuTime: durationpb.New(r.CPUTime), LeftoverProcesses: int32(r.Leftover)}
+	pb := &rochev1.ReceiptUsage{PeakMemoryBytes: r.PeakMemoryBytes, CpuTime: durationpb.New(r.CPUTime), LeftoverProcesses: int32(r.Leftover),
+		Evidence: r.Evidence}
+	if r.End != "" {
+		pb.End = EndKindToProto(r.End)
+	}
+	return pb
 }
 
 // ReceiptFromProto is ReceiptToProto's inverse.
@@ -61,5 +66,10 @@ func ReceiptFromProto(pb *rochev1.ReceiptUsage) *roche.Receipt {
 	if pb == nil {
 		return nil
 	}
-	return &roche.Receipt{PeakMemoryBytes: pb.PeakMemoryBytes, CPUTime: pb.CpuTime.AsDuration(), Leftover: int(pb.LeftoverProcesses)}
+	r := &roche.Receipt{PeakMemoryBytes: pb.PeakMemoryBytes, CPUTime: pb.CpuTime.AsDuration(), Leftover: int(pb.LeftoverProcesses),
+		Evidence: pb.Evidence}
+	if pb.End != rochev1.EndKind_END_KIND_UNSPECIFIED {
+		r.End = EndKindFromProto(pb.End)
+	}
+	return r
 }

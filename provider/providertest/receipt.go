@@ -49,6 +49,9 @@ while time.process_time() - t < 0.5:
 	if res.Receipt.Leftover != 0 {
 		t.Errorf("a program that started nothing left %d processes", res.Receipt.Leftover)
 	}
+	if res.Receipt.End != "" || res.Receipt.Evidence != "" {
+		t.Errorf("a program that ended on its own has an end %q (%q)", res.Receipt.End, res.Receipt.Evidence)
+	}
 
 	res = s.py(t, id, `
 import subprocess, sys

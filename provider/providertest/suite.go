@@ -418,6 +418,7 @@ func (s *suite) testTimeout(t *testing.T, id string) {
 	if !res.TimedOut {
 		t.Fatalf("busy loop not reported TimedOut: %+v", res)
 	}
+	wantEnd(t, "a busy loop past its 2 s timeout", res, roche.EndCommandTimeout)
 	if el := time.Since(start); el > 20*time.Second {
 		t.Fatalf("busy loop with a 2 s timeout took %v to stop", el)
 	}
@@ -440,6 +441,7 @@ func (s *suite) testTruncated(t *testing.T, id string) {
 	if res.ExitCode != 0 {
 		t.Fatalf("exit %d: a truncated program should still finish", res.ExitCode)
 	}
+	wantEnd(t, "3 MiB of output under a 1 MiB cap", res, roche.EndOutputCap)
 	// The default limit is 10 MiB.
 	res = s.py(t, id, "import sys; sys.stdout.write('y' * (11 << 20))")
 	if !res.Truncated || len(res.Stdout) != roche.DefaultOutputLimit {
@@ -464,6 +466,9 @@ func (s *suite) testMemoryLimit(t *testing.T) {
 	}
 	if !res.OOMKilled && !strings.Contains(res.Stderr, "MemoryError") {
 		t.Fatalf("allocating 1 GiB was stopped but not reported: exit %d stderr %q", res.ExitCode, res.Stderr)
+	}
+	if s.caps.Processes {
+		wantEnd(t, "allocating 1 GiB under a 256m limit", res, roche.EndOOM)
 	}
 	// The sandbox survives its program's OOM.
 	if got := s.pyOK(t, id, "print('alive')"); got != "alive" {
@@ -965,7 +970,7 @@ func (s *suite) testPidsLimit(t *testing.T) {
 	cfg := s.opts.Config
 	cfg.PidsLimit = 20
 	id := s.create(t, cfg)
-	got := s.pyOK(t, id, `
+	res := s.py(t, id, `
 import os, time
 kids = []
 try:
@@ -980,6 +985,17 @@ except OSError as e:
 finally:
     for k in kids: os.kill(k, 9)
     for k in kids: os.waitpid(k, 0)`)
+	if res.ExitCode != 0 {
+		t.Fatalf("forking 200 children with pids_limit 20: exit %d, stderr %q", res.ExitCode, res.Stderr)
+	}
+	got := strings.TrimSpace(res.Stdout)
+	// The limit that holds is roche-agent's RLIMIT_NPROC (the pids cgroup is only the
+	// host's ceiling above it), whose refusals the kernel counts nowhere: the receipt
+	// says nothing of them rather than guess (docs/ended.md).
+	if res.Receipt != nil && res.Receipt.End != "" {
+		t.Errorf("forking past pids_limit 20: the receipt says %q (%s), which nothing can tell",
+			res.Receipt.End, res.Receipt.Evidence)
+	}
 	fields := strings.Fields(got)
 	if len(fields) != 2 || fields[0] != "refused" {
 		t.Fatalf("forking 200 children with pids_limit 20: %q, want refused", got)
@@ -1345,4 +1361,20 @@ func (s *suite) tmpfsFillRoomy(t *testing.T) {
 		t.Errorf("filling the tmpfs mounts under memory=%s: exit %d OOMKilled %v stdout %q stderr %q, want both full (ENOSPC at %d MiB), exit 0, not OOMKilled",
 			s.opts.Config.Memory, res.ExitCode, res.OOMKilled, res.Stdout, res.Stderr, mib)
 	}
+}
+
+// wantEnd checks that a command's receipt says why it ended (roche.Receipt.End), with
+// the evidence it was read from. A result without a receipt (no roche-agent measured the
+// command: wasm, a fallback transport) has nothing to say, which is checked elsewhere.
+func wantEnd(t *testing.T, what string, res roche.ExecResult, want roche.EndKind) {
+	t.Helper()
+	if res.Receipt == nil {
+		return
+	}
+	if res.Receipt.End != want || res.Receipt.Evidence == "" {
+		t.Errorf("%s: the receipt says the command ended %q (evidence %q), want %q with evidence",
+			what, res.Receipt.End, res.Receipt.Evidence, want)
+		return
+	}
+	t.Logf("%s: ended %s (%s)", what, res.Receipt.End, res.Receipt.Evidence)
 }

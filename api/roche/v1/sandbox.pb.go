@@ -2859,8 +2859,13 @@ type ReceiptUsage struct {
 	CpuTime *durationpb.Duration `protobuf:"bytes,2,opt,name=cpu_time,json=cpuTime,proto3" json:"cpu_time,omitempty"`
 	// leftover_processes: processes of its process group still running when it exited.
 	LeftoverProcesses int32 `protobuf:"varint,3,opt,name=leftover_processes,json=leftoverProcesses,proto3" json:"leftover_processes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// end: why the command ended or was cut when something other than the command did:
+	// END_KIND_COMMAND_TIMEOUT, END_KIND_OOM, END_KIND_OUTPUT_CAP; unspecified when it
+	// ended on its own. evidence: what it was read from ("memory.events oom_kill 0 -> 1").
+	End           EndKind `protobuf:"varint,4,opt,name=end,proto3,enum=roche.v1.EndKind" json:"end,omitempty"`
+	Evidence      string  `protobuf:"bytes,5,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReceiptUsage) Reset() {
@@ -2912,6 +2917,20 @@ func (x *ReceiptUsage) GetLeftoverProcesses() int32 {
 		return x.LeftoverProcesses
 	}
 	return 0
+}
+
+func (x *ReceiptUsage) GetEnd() EndKind {
+	if x != nil {
+		return x.End
+	}
+	return EndKind_END_KIND_UNSPECIFIED
+}
+
+func (x *ReceiptUsage) GetEvidence() string {
+	if x != nil {
+		return x.Evidence
+	}
+	return ""
 }
 
 type CreateRequest struct {
@@ -9145,11 +9164,13 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x02by\x18\x05 \x01(\tR\x02by\x12\x1b\n" +
 	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x12\x1d\n" +
 	"\n" +
-	"exit_known\x18\a \x01(\bR\texitKnown\"\x9f\x01\n" +
+	"exit_known\x18\a \x01(\bR\texitKnown\"\xe0\x01\n" +
 	"\fReceiptUsage\x12*\n" +
 	"\x11peak_memory_bytes\x18\x01 \x01(\x03R\x0fpeakMemoryBytes\x124\n" +
 	"\bcpu_time\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12-\n" +
-	"\x12leftover_processes\x18\x03 \x01(\x05R\x11leftoverProcesses\"\x85\x01\n" +
+	"\x12leftover_processes\x18\x03 \x01(\x05R\x11leftoverProcesses\x12#\n" +
+	"\x03end\x18\x04 \x01(\x0e2\x11.roche.v1.EndKindR\x03end\x12\x1a\n" +
+	"\bevidence\x18\x05 \x01(\tR\bevidence\"\x85\x01\n" +
 	"\rCreateRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12/\n" +
 	"\x06config\x18\x02 \x01(\v2\x17.roche.v1.SandboxConfigR\x06config\x12'\n" +
@@ -9910,177 +9931,178 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	1,   // 32: roche.v1.EndReason.kind:type_name -> roche.v1.EndKind
 	153, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
 	152, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
-	35,  // 35: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
-	38,  // 36: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	147, // 37: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
-	46,  // 38: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	148, // 39: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	152, // 40: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	40,  // 41: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
-	2,   // 42: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	153, // 43: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	47,  // 44: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
-	48,  // 45: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	46,  // 46: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
-	39,  // 47: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
-	56,  // 48: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	149, // 49: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
-	0,   // 50: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
-	38,  // 51: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
-	56,  // 52: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
-	5,   // 53: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
-	38,  // 54: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
-	38,  // 55: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
-	38,  // 56: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	56,  // 57: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
-	3,   // 58: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	153, // 59: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
-	71,  // 60: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 61: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 62: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
-	71,  // 63: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 64: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 65: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
-	4,   // 66: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
-	88,  // 67: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
-	86,  // 68: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
-	48,  // 69: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	86,  // 70: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	152, // 71: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	96,  // 72: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	96,  // 73: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	96,  // 74: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	105, // 75: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	106, // 76: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	38,  // 77: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	153, // 78: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	109, // 79: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	153, // 80: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	114, // 81: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	114, // 82: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	5,   // 83: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	150, // 84: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	123, // 85: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	124, // 86: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	152, // 87: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	47,  // 88: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	48,  // 89: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	123, // 90: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	125, // 91: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	151, // 92: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	127, // 93: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	127, // 94: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	153, // 95: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
-	137, // 96: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
-	41,  // 97: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	43,  // 98: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	45,  // 99: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	50,  // 100: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	51,  // 101: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	54,  // 102: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	57,  // 103: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	59,  // 104: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
-	61,  // 105: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	63,  // 106: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	65,  // 107: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	67,  // 108: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	69,  // 109: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	72,  // 110: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	74,  // 111: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	76,  // 112: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	78,  // 113: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	80,  // 114: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	82,  // 115: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	84,  // 116: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	87,  // 117: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	90,  // 118: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	92,  // 119: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	94,  // 120: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	97,  // 121: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	99,  // 122: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	101, // 123: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	103, // 124: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	107, // 125: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	110, // 126: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	112, // 127: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	115, // 128: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	117, // 129: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	119, // 130: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	122, // 131: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	128, // 132: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	130, // 133: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	132, // 134: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	134, // 135: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	7,   // 136: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	9,   // 137: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	11,  // 138: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	13,  // 139: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	15,  // 140: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	18,  // 141: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	23,  // 142: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	27,  // 143: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	29,  // 144: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	31,  // 145: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	33,  // 146: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	136, // 147: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
-	139, // 148: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
-	42,  // 149: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	44,  // 150: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	49,  // 151: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	53,  // 152: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	52,  // 153: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	55,  // 154: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	58,  // 155: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	60,  // 156: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
-	62,  // 157: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	64,  // 158: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	66,  // 159: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	68,  // 160: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	70,  // 161: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	73,  // 162: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	75,  // 163: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	77,  // 164: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	79,  // 165: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	81,  // 166: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	83,  // 167: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	85,  // 168: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	89,  // 169: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	91,  // 170: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	93,  // 171: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	95,  // 172: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	98,  // 173: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	100, // 174: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	102, // 175: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	104, // 176: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	108, // 177: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	111, // 178: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	113, // 179: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	116, // 180: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	118, // 181: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	120, // 182: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	126, // 183: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	129, // 184: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	131, // 185: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	133, // 186: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	135, // 187: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	8,   // 188: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	10,  // 189: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	12,  // 190: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	14,  // 191: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	16,  // 192: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	19,  // 193: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	26,  // 194: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	28,  // 195: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	30,  // 196: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	32,  // 197: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	34,  // 198: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	138, // 199: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
-	140, // 200: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
-	149, // [149:201] is the sub-list for method output_type
-	97,  // [97:149] is the sub-list for method input_type
-	97,  // [97:97] is the sub-list for extension type_name
-	97,  // [97:97] is the sub-list for extension extendee
-	0,   // [0:97] is the sub-list for field type_name
+	1,   // 35: roche.v1.ReceiptUsage.end:type_name -> roche.v1.EndKind
+	35,  // 36: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
+	38,  // 37: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
+	147, // 38: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	46,  // 39: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
+	148, // 40: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	152, // 41: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	40,  // 42: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
+	2,   // 43: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
+	153, // 44: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	47,  // 45: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
+	48,  // 46: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	46,  // 47: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
+	39,  // 48: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
+	56,  // 49: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
+	149, // 50: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	0,   // 51: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
+	38,  // 52: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
+	56,  // 53: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
+	5,   // 54: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
+	38,  // 55: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
+	38,  // 56: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
+	38,  // 57: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	56,  // 58: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	3,   // 59: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
+	153, // 60: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	71,  // 61: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 62: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 63: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
+	71,  // 64: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 65: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
+	71,  // 66: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
+	4,   // 67: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
+	88,  // 68: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
+	86,  // 69: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
+	48,  // 70: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	86,  // 71: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
+	152, // 72: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	96,  // 73: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	96,  // 74: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	96,  // 75: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	105, // 76: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	106, // 77: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	38,  // 78: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	153, // 79: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	109, // 80: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	153, // 81: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	114, // 82: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	114, // 83: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	5,   // 84: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	150, // 85: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	123, // 86: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	124, // 87: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	152, // 88: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	47,  // 89: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	48,  // 90: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	123, // 91: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	125, // 92: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	151, // 93: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	127, // 94: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	127, // 95: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	153, // 96: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
+	137, // 97: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
+	41,  // 98: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	43,  // 99: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	45,  // 100: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	50,  // 101: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	51,  // 102: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	54,  // 103: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	57,  // 104: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	59,  // 105: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	61,  // 106: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	63,  // 107: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	65,  // 108: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	67,  // 109: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	69,  // 110: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	72,  // 111: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	74,  // 112: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	76,  // 113: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	78,  // 114: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	80,  // 115: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	82,  // 116: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	84,  // 117: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	87,  // 118: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	90,  // 119: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	92,  // 120: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	94,  // 121: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	97,  // 122: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	99,  // 123: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	101, // 124: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	103, // 125: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	107, // 126: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	110, // 127: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	112, // 128: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	115, // 129: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	117, // 130: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	119, // 131: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	122, // 132: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	128, // 133: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	130, // 134: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	132, // 135: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	134, // 136: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	7,   // 137: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	9,   // 138: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	11,  // 139: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	13,  // 140: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	15,  // 141: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18,  // 142: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	23,  // 143: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	27,  // 144: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	29,  // 145: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	31,  // 146: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	33,  // 147: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	136, // 148: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
+	139, // 149: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
+	42,  // 150: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	44,  // 151: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	49,  // 152: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	53,  // 153: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	52,  // 154: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	55,  // 155: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	58,  // 156: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	60,  // 157: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	62,  // 158: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	64,  // 159: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	66,  // 160: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	68,  // 161: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	70,  // 162: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	73,  // 163: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	75,  // 164: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	77,  // 165: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	79,  // 166: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	81,  // 167: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	83,  // 168: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	85,  // 169: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	89,  // 170: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	91,  // 171: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	93,  // 172: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	95,  // 173: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	98,  // 174: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	100, // 175: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	102, // 176: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	104, // 177: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	108, // 178: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	111, // 179: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	113, // 180: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	116, // 181: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	118, // 182: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	120, // 183: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	126, // 184: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	129, // 185: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	131, // 186: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	133, // 187: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	135, // 188: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	8,   // 189: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	10,  // 190: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	12,  // 191: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	14,  // 192: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	16,  // 193: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	19,  // 194: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	26,  // 195: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	28,  // 196: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	30,  // 197: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	32,  // 198: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	34,  // 199: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	138, // 200: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
+	140, // 201: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
+	150, // [150:202] is the sub-list for method output_type
+	98,  // [98:150] is the sub-list for method input_type
+	98,  // [98:98] is the sub-list for extension type_name
+	98,  // [98:98] is the sub-list for extension extendee
+	0,   // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }

@@ -515,7 +515,7 @@ func (s *Server) exec(c *conn, req guest.Request) error {
 		return err
 	}
 	start := time.Now()
-	before := oomKills()
+	before := countsNow()
 	pid, wait, err := s.reaper.start(func() (int, error) {
 		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
 			Dir:   req.Cwd,
@@ -640,7 +640,7 @@ func (s *Server) execTTY(c *conn, p *proc, req guest.Request, path string, env [
 		env = append(env, "TERM=xterm-256color")
 	}
 	start := time.Now()
-	before := oomKills()
+	before := countsNow()
 	pid, wait, err := s.reaper.start(func() (int, error) {
 		pid, err := syscall.ForkExec(path, req.Cmd, &syscall.ProcAttr{
 			Dir:   req.Cwd,
@@ -722,7 +722,7 @@ func hasEnv(env []string, key string) bool {
 
 // await waits for the command (killing it at its timeout), drains its output for at
 // most drainGrace (then cut, which ends the pumps), and sends its result.
-func (s *Server) await(p *proc, req guest.Request, start time.Time, before int64, wait <-chan exitStatus, pumps *pumpGroup, cut func()) {
+func (s *Server) await(p *proc, req guest.Request, start time.Time, before counts, wait <-chan exitStatus, pumps *pumpGroup, cut func()) {
 	var timeout <-chan time.Time
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -764,9 +764,12 @@ func (s *Server) await(p *proc, req guest.Request, start time.Time, before int64
 	// does whose child died of it (sh -c 'head -c 100M /dev/zero > /dev/shm/f'), and the
 	// cgroup counted an OOM kill meanwhile. Memory held by a tmpfs (/dev/shm, /tmp)
 	// belongs to no process, so the victim need not be the program that filled it.
-	if res.ExitCode == 128+int(syscall.SIGKILL) && !p.timedOut && before >= 0 && oomKills() > before {
-		res.OOMKilled = true
-	}
+	p.mu.Lock()
+	timedOut, truncated := p.timedOut, p.truncated
+	p.mu.Unlock()
+	res.Receipt.End, res.Receipt.Evidence = endOf(res, timedOut, truncated, before,
+		time.Duration(req.TimeoutMS)*time.Millisecond, p.cut)
+	res.OOMKilled = res.Receipt.End == "oom"
 	p.finish(res, s.stopReason())
 	s.retire(p)
 }
@@ -989,44 +992,50 @@ func (s *Server) oomFirst(pid int) {
 	}
 }
 
-// oomCounterFiles are where the sandbox cgroup's OOM-kill counter may be: cgroup v1, v2,
-// and a microVM's sandbox cgroup.
-var oomCounterFiles = []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"}
+// oomCounter is the sandbox cgroup's OOM-kill counter (cgroup v1, v2, and a microVM's
+// sandbox cgroup).
+var oomCounter = &cgroupCounter{key: "oom_kill ",
+	files: []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events", vmCgroup + "/memory.events"}}
 
-// oomCounter holds the counter's file open once found: every exec reads it, and a pread
-// at offset 0 makes the kernel render the file afresh in one system call, where opening,
-// reading and closing it took eight.
-var oomCounter struct {
+// cgroupCounter is one line of a cgroup events file. It holds the file open once found:
+// every exec reads it, and a pread at offset 0 makes the kernel render the file afresh
+// in one system call, where opening, reading and closing it took eight.
+type cgroupCounter struct {
+	key   string
+	files []string
 	mu    sync.Mutex
 	found bool
 	fd    int
 }
 
 // oomKills reads the sandbox cgroup's OOM-kill counter (cgroup v1 or v2); -1 if unknown.
-func oomKills() int64 {
-	oomCounter.mu.Lock()
-	found, fd := oomCounter.found, oomCounter.fd
-	oomCounter.mu.Unlock()
+func oomKills() int64 { return oomCounter.read() }
+
+// read returns the counter, -1 if no file has it.
+func (c *cgroupCounter) read() int64 {
+	c.mu.Lock()
+	found, fd := c.found, c.fd
+	c.mu.Unlock()
 	if found {
-		if n, ok := readOOMKills(fd); ok {
+		if n, ok := readCounter(fd, c.key); ok {
 			return n
 		}
 	}
-	for _, f := range oomCounterFiles {
+	for _, f := range c.files {
 		fd, err := syscall.Open(f, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			continue
 		}
-		n, ok := readOOMKills(fd)
+		n, ok := readCounter(fd, c.key)
 		if !ok {
 			syscall.Close(fd)
 			continue
 		}
-		oomCounter.mu.Lock()
-		if !oomCounter.found {
-			oomCounter.found, oomCounter.fd, fd = true, fd, -1
+		c.mu.Lock()
+		if !c.found {
+			c.found, c.fd, fd = true, fd, -1
 		}
-		oomCounter.mu.Unlock()
+		c.mu.Unlock()
 		if fd >= 0 { // another exec kept its descriptor first
 			syscall.Close(fd)
 		}
@@ -1035,20 +1044,47 @@ func oomKills() int64 {
 	return -1
 }
 
-// readOOMKills reads the oom_kill line of the counter file open at fd.
-func readOOMKills(fd int) (int64, bool) {
+// readCounter reads the line starting with key of the events file open at fd.
+func readCounter(fd int, key string) (int64, bool) {
 	var buf [1024]byte
 	n, err := syscall.Pread(fd, buf[:], 0)
 	if err != nil || n <= 0 {
 		return 0, false
 	}
 	for _, line := range strings.Split(string(buf[:n]), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+		if v, ok := strings.CutPrefix(line, key); ok {
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			return n, err == nil
 		}
 	}
 	return 0, false
+}
+
+// counts are the sandbox cgroup's counters when a command started.
+type counts struct{ oom int64 }
+
+func countsNow() counts { return counts{oom: oomKills()} }
+
+// endOf says why a command ended or was cut when something other than the command did
+// it, with the evidence (roche.EndKind values; empty when it ended on its own): its
+// timeout, the OOM killer (it died of SIGKILL, or exited 137 as a shell does whose
+// child died of it, and the cgroup counted an OOM kill meanwhile), its output cut at
+// the cap. Never "pids": the process limit that holds in every sandbox is the agent's
+// RLIMIT_NPROC (the pids cgroup is only the host's ceiling above it), and the kernel
+// counts no fork that limit refuses, so nothing could say so.
+func endOf(res guest.Result, timedOut, truncated bool, before counts, timeout time.Duration, cut int64) (string, string) {
+	if timedOut {
+		return "command_timeout", fmt.Sprintf("killed by roche-agent at its timeout of %s", timeout)
+	}
+	if res.ExitCode == 128+int(syscall.SIGKILL) && before.oom >= 0 {
+		if now := oomKills(); now > before.oom {
+			return "oom", fmt.Sprintf("exit by SIGKILL with the sandbox cgroup's memory.events oom_kill %d -> %d", before.oom, now)
+		}
+	}
+	if truncated {
+		return "output_cap", fmt.Sprintf("its output passed the cap of %d bytes per stream and was cut", cut)
+	}
+	return "", ""
 }
 
 // mergeEnv returns base with the overrides applied.

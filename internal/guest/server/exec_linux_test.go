@@ -12,7 +12,7 @@ import (
 func TestOOMKillsReadsAfresh(t *testing.T) {
 	var file string
 	var want int64 = -1
-	for _, f := range oomCounterFiles {
+	for _, f := range oomCounter.files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue

@@ -154,5 +154,6 @@ func receiptOf(r *guest.Receipt) *roche.Receipt {
 	if r == nil {
 		return nil
 	}
-	return &roche.Receipt{PeakMemoryBytes: r.PeakMemoryBytes, CPUTime: time.Duration(r.CPUTimeNS), Leftover: r.Leftover}
+	return &roche.Receipt{PeakMemoryBytes: r.PeakMemoryBytes, CPUTime: time.Duration(r.CPUTimeNS), Leftover: r.Leftover,
+		End: roche.EndKind(r.End), Evidence: r.Evidence}
 }

@@ -129,6 +129,8 @@ function parseReceipt(o: unknown): Receipt | undefined {
     peakMemoryBytes: Number(m.peak_memory_bytes ?? 0),
     cpuTime: Number(m.cpu_time_ns ?? 0) / 1e9,
     leftoverProcesses: Number(m.leftover_processes ?? 0),
+    end: String(m.end ?? ""),
+    evidence: String(m.evidence ?? ""),
   };
 }
 

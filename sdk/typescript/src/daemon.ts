@@ -171,6 +171,8 @@ export function receipt(r: WireReceipt | undefined): Receipt | undefined {
     peakMemoryBytes: Number(r.peakMemoryBytes),
     cpuTime: d ? Number(d.seconds) + d.nanos / 1e9 : 0,
     leftoverProcesses: r.leftoverProcesses,
+    end: r.end === EndKind.UNSPECIFIED ? "" : (EndKind[r.end] ?? "UNKNOWN").toLowerCase(),
+    evidence: r.evidence,
   };
 }
 

@@ -35,6 +35,11 @@ export interface Receipt {
   cpuTime: number;
   /** Processes of its process group still running in the sandbox when it exited. */
   leftoverProcesses: number;
+  /** Why the command ended or was cut when something other than the command did:
+   * "command_timeout", "oom", "output_cap"; "" when it ended on its own. `evidence` is
+   * what it was read from (docs/ended.md). */
+  end: string;
+  evidence: string;
 }
 
 /** Why and when a sandbox ended, with the evidence it was read from (docs/ended.md).

@@ -194,6 +194,8 @@ def parse_receipt(obj: Any) -> Optional[Receipt]:
         peak_memory_bytes=int(obj.get("peak_memory_bytes", 0)),
         cpu_time=int(obj.get("cpu_time_ns", 0)) / 1e9,
         leftover_processes=int(obj.get("leftover_processes", 0)),
+        end=str(obj.get("end", "")),
+        evidence=str(obj.get("evidence", "")),
     )
 
 

@@ -205,7 +205,15 @@ def parse_receipt(m: Optional[dict[str, Any]]) -> Optional[Receipt]:
         peak_memory_bytes=int(m.get("peakMemoryBytes", 0)),
         cpu_time=parse_duration(m.get("cpuTime")),
         leftover_processes=int(m.get("leftoverProcesses", 0)),
+        end=_command_end(m.get("end")),
+        evidence=str(m.get("evidence", "")),
     )
+
+
+def _command_end(kind: Any) -> str:
+    """A receipt's EndKind name as the kind ("oom"), "" for unspecified."""
+    kind = str(kind or "")
+    return kind[len("END_KIND_"):].lower() if kind.startswith("END_KIND_") and kind != "END_KIND_UNSPECIFIED" else ""
 
 
 def parse_snapshot(m: dict[str, Any]) -> SnapshotInfo:

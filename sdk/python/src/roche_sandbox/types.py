@@ -29,6 +29,11 @@ class Receipt:
     cpu_time: float = 0.0
     #: Processes of its process group still running in the sandbox when it exited.
     leftover_processes: int = 0
+    #: Why the command ended or was cut when something other than the command did:
+    #: "command_timeout", "oom", "output_cap"; "" when it ended on its own.
+    #: ``evidence`` is what it was read from (docs/ended.md).
+    end: str = ""
+    evidence: str = ""
 
 
 @dataclass(frozen=True)
