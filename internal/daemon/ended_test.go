@@ -168,3 +168,54 @@ func scrape(t *testing.T, td *testDaemon) string {
 	}
 	return string(b)
 }
+
+// sandboxOOM is a command that makes the sandbox's main process, roche-agent, the OOM
+// killer's victim, as a program can on purpose ("a program may lower its score back to
+// the agent's, and then risk only its own sandbox", exec_linux.go): it lowers its
+// oom_score_adj to the agent's and fills a memfd, memory that belongs to no process's
+// resident set, with dd, whose own is smaller than the agent's.
+var sandboxOOM = []string{"sh", "-c", `echo 0 > /proc/self/oom_score_adj && exec python3 -c '
+import os
+fd = os.memfd_create("fill", 0)
+os.execvp("dd", ["dd", "if=/dev/zero", "of=/proc/self/fd/%d" % fd, "bs=64k"])'`}
+
+// TestOOMEnds: a command past the memory limit (python allocating 256 MiB under 64m)
+// is the OOM killer's victim and its receipt says oom, while the sandbox lives on; a
+// program that gets roche-agent itself killed ends the sandbox, which roched records
+// as oom from the engine's oom event, and Inspect says so.
+func TestOOMEnds(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
+	td := startDaemon(t, Config{})
+	ctx := ctxFor(t, 3*time.Minute)
+	cfg := pyConfig()
+	cfg.Memory = "64m"
+	sb, _, err := td.c.Create(ctx, "docker", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = td.p.Destroy(context.Background(), sb.ID) })
+
+	res, err := td.p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"python3", "-c", "b = b'x' * (256 << 20)"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OOMKilled || res.Receipt == nil || res.Receipt.End != roche.EndOOM || !strings.Contains(res.Receipt.Evidence, "oom_kill") {
+		t.Fatalf("allocating 256 MiB under 64m: exit %d OOMKilled %v receipt %+v, want the receipt to say oom from memory.events",
+			res.ExitCode, res.OOMKilled, res.Receipt)
+	}
+	if info, err := td.p.Inspect(ctx, sb.ID); err != nil || info.State != roche.StateRunning {
+		t.Fatalf("after its command's OOM kill the sandbox is %+v %v, want running", info, err)
+	}
+
+	res, err = td.p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: sandboxOOM})
+	if err == nil {
+		t.Fatalf("filling a memfd with the agent's OOM score: %+v, want the sandbox ended under it", res)
+	}
+	got := ended(t, td, sb.ID, 30*time.Second)
+	if got.End.Kind != roche.EndOOM || !strings.Contains(got.End.Evidence, "oom") {
+		t.Fatalf("a sandbox whose roche-agent the OOM killer took ended %+v, want oom with the engine's oom event as evidence", *got.End)
+	}
+	if m := scrape(t, td); !strings.Contains(m, `roche_sandboxes_ended_total{reason="oom"} 1`) {
+		t.Errorf("metrics do not count the oom end:\n%s", m)
+	}
+}
