@@ -76,6 +76,15 @@ func (e *endings) improve(id string, why roche.EndReason) {
 	}
 }
 
+// unknown returns the last description of sandbox id when its end is recorded as
+// unknown, which its engine's event may yet tell.
+func (e *endings) unknown(id string) (roche.SandboxInfo, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	en, ok := e.byID[id]
+	return en.info, ok && en.reason.Kind == roche.EndUnknown
+}
+
 // pruneLocked forgets ends older than the retention and the oldest past the bound.
 func (e *endings) pruneLocked(now time.Time) {
 	keep := e.retention

@@ -68,9 +68,13 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 	r, ok := l.sandboxes[ev.ID]
 	if !ok || r.Provider != provider || r.Kind == KindDestroying {
 		// Not ours, or a destroy of ours, whose end this is; what the engine says now
-		// may still tell why one that ended while a command ran did.
+		// may still tell why one that ended while a command ran did, also once what was
+		// left of it is removed (the event can come after that).
 		if ok && r.Kind == KindDestroying {
 			l.ended.improve(ev.ID, l.eventEnd(r, ev))
+		} else if info, unknown := l.ended.unknown(ev.ID); !ok && unknown && info.Provider == provider {
+			gone := &Record{ID: info.ID, Provider: info.Provider, CreatedAt: info.CreatedAt, ExpiresAt: info.ExpiresAt}
+			l.ended.improve(ev.ID, l.eventEnd(gone, ev))
 		}
 		l.mu.Unlock()
 		return

@@ -2,11 +2,16 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/roche-sandbox/roche/provider/kit"
 )
 
 // An oci sandbox has no daemon of its own (no dockerd, no conmon): when its roche-agent,
@@ -33,6 +38,7 @@ func (p *Provider) watchExit(s *sandbox) {
 	unwatch := func() {
 		p.mu.Lock()
 		delete(p.exitWatches, s.ID)
+		delete(p.exitTornDown, s.ID)
 		p.mu.Unlock()
 	}
 	pid := readPid(filepath.Join(s.dir, "pid"))
@@ -77,17 +83,44 @@ func (p *Provider) watchExit(s *sandbox) {
 	p.mu.Unlock()
 	go func() {
 		defer p.exitWaits.Done()
-		// A pidfd reads as ready once its process has exited. Read calls the function at
-		// once, then each time the poller says the pidfd is ready, until it returns true;
-		// closing the file (Close) ends the wait with an error.
-		err := rc.Read(func(fd uintptr) bool {
-			n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
-			return n > 0
-		})
+		// While anyone watches events (Watch), the sandbox cgroup's OOM-kill counter is
+		// read every oomPoll, so that an OOM kill is told with the time it was seen.
+		ooms, counted := oomKills(s.ID)
+		p.mu.Lock()
+		if p.oomSeen == nil {
+			p.oomSeen = map[string]int64{}
+		}
+		p.oomSeen[s.ID] = ooms
+		p.mu.Unlock()
+		var err error
+		for {
+			if p.watched() && counted {
+				_ = f.SetReadDeadline(time.Now().Add(oomPoll))
+			}
+			// A pidfd reads as ready once its process has exited. Read calls the function
+			// at once, then each time the poller says the pidfd is ready, until it returns
+			// true; closing the file (Close) ends the wait with an error.
+			err = rc.Read(func(fd uintptr) bool {
+				n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+				return n > 0
+			})
+			if counted {
+				p.sawOOMs(s.ID)
+			}
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+		}
 		defer unwatch() // after: exited loads the sandbox, which must not watch it again
 		f.Close()
 		if err == nil {
-			p.exited(s.ID)
+			p.died(s.ID)
+			p.mu.Lock()
+			tornDown := p.exitTornDown[s.ID]
+			p.mu.Unlock()
+			if !tornDown {
+				p.exited(s.ID)
+			}
 		}
 	}()
 }
@@ -119,12 +152,27 @@ func (p *Provider) exited(id string) {
 // tearing the sandbox down itself, and the exit its destroy causes would otherwise start
 // a second teardown (one more run of the runtime to ask the container's state, one more
 // delete), which Close, and so a one-shot roche run, waits for.
+//
+// While anyone watches events (Watch) the watch goes on to the exit, which it tells them
+// of with its OOM kills (a destroy of a sandbox that had just died, its connection's
+// end seen before the exit: the exit says why it died), and only the teardown is left
+// out; otherwise it ends at once.
 func (p *Provider) unwatchExit(id string) {
+	watched := p.watched()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if f := p.exitWatches[id]; f != nil {
-		f.Close()
+	f := p.exitWatches[id]
+	if f == nil {
+		return
 	}
+	if watched {
+		if p.exitTornDown == nil {
+			p.exitTornDown = map[string]bool{}
+		}
+		p.exitTornDown[id] = true
+		return
+	}
+	f.Close()
 }
 
 // stopExitWatches ends every watch (Close) and waits for the teardowns under way.
@@ -138,4 +186,56 @@ func (p *Provider) stopExitWatches() {
 	}
 	p.mu.Unlock()
 	p.exitWaits.Wait()
+}
+
+// sawOOMs reads sandbox id's OOM-kill counter and tells watchers of an OOM kill when it
+// grew past the count last seen.
+func (p *Provider) sawOOMs(id string) {
+	n, ok := oomKills(id)
+	if !ok {
+		return
+	}
+	p.mu.Lock()
+	last, watched := p.oomSeen[id]
+	grew := watched && n > last
+	if grew {
+		p.oomSeen[id] = n
+	}
+	p.mu.Unlock()
+	if grew {
+		p.emit(kit.SandboxEvent{ID: id, Kind: kit.EventOOM, Time: time.Now()})
+	}
+}
+
+// died tells watchers that sandbox id's PID 1 exited, after any OOM kill its cgroup
+// counted since last seen, once per sandbox.
+func (p *Provider) died(id string) {
+	p.sawOOMs(id)
+	p.mu.Lock()
+	_, once := p.oomSeen[id]
+	delete(p.oomSeen, id)
+	p.mu.Unlock()
+	if once {
+		p.emit(kit.SandboxEvent{ID: id, Kind: kit.EventDied, Time: time.Now()})
+	}
+}
+
+// oomKills reads the OOM-kill counter of sandbox id's cgroup: memory.events (cgroup v2)
+// or memory.oom_control (v1), its oom_kill line; ok false when neither is readable.
+func oomKills(id string) (int64, bool) {
+	name := strings.TrimPrefix(cgroupOf(id), "/")
+	for _, f := range []string{filepath.Join("/sys/fs/cgroup", name, "memory.events"),
+		filepath.Join("/sys/fs/cgroup/memory", name, "memory.oom_control")} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return n, err == nil
+			}
+		}
+	}
+	return 0, false
 }

@@ -94,6 +94,15 @@ type Provider struct {
 	exitWatches map[string]*os.File
 	exitClosed  bool
 	exitWaits   sync.WaitGroup
+	// exitTornDown marks the watches whose sandbox a caller tears down: they go on to
+	// the exit only to tell watchers of it (unwatchExit).
+	exitTornDown map[string]bool
+	// watchers are the channels of Watch's callers (events.go), told of each sandbox's
+	// OOM kills and PID 1's exit as the exit watch sees them.
+	watchers map[chan kit.SandboxEvent]struct{}
+	// oomSeen is the OOM-kill count last seen of each sandbox whose PID 1 is watched,
+	// until its exit is told (died).
+	oomSeen map[string]int64
 	// tearing marks the teardowns under way, one per sandbox at a time.
 	tearing map[string]chan struct{}
 
