@@ -62,7 +62,18 @@ func TestGoToProtoAndBack(t *testing.T) {
 		}
 		return got
 	})
-	roundTrip(t, func(r roche.ExecResult) roche.ExecResult { return ResultFromProto(ResultToProto(r, true)) })
+	roundTrip(t, func(r roche.ExecResult) roche.ExecResult {
+		// The receipt's end is that enum too, as the sandbox's above.
+		rc := *r.Receipt
+		kind := rc.End
+		rc.End = roche.EndOOM
+		r.Receipt = &rc
+		got := ResultFromProto(ResultToProto(r, true))
+		if got.Receipt != nil && got.Receipt.End == roche.EndOOM {
+			got.Receipt.End = kind
+		}
+		return got
+	})
 	roundTrip(t, func(c roche.Capabilities) roche.Capabilities { return CapsFromProto(CapsToProto(c)) })
 	roundTrip(t, func(w roche.Workspace) roche.Workspace { return WorkspaceFromProto(WorkspaceToProto(w)) })
 	roundTrip(t, func(s roche.Snapshot) roche.Snapshot { return SnapshotFromProto(SnapshotToProto(s)) })
