@@ -191,6 +191,12 @@ class SandboxThroughDaemon(harness.SandboxTestCase):
             assert r.receipt is not None
             self.assertGreaterEqual(r.receipt.peak_memory_bytes, 100 << 20)
             self.assertGreater(r.receipt.cpu_time, 0)
+            self.assertEqual((r.receipt.end, r.receipt.evidence), ("", ""))
+            t = sb.exec(["sleep", "30"], timeout=1)
+            assert t.receipt is not None
+            self.assertTrue(t.timed_out, t)
+            self.assertEqual(t.receipt.end, "command_timeout", t.receipt)
+            self.assertIn("timeout", t.receipt.evidence)
         finally:
             sb.destroy()
         if self.transport == "daemon":

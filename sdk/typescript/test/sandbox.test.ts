@@ -137,6 +137,11 @@ for (const transport of TRANSPORTS) {
       assert.ok(r.ok && r.receipt, JSON.stringify(r));
       assert.ok(r.receipt.peakMemoryBytes >= 100 << 20, `peak ${r.receipt.peakMemoryBytes}`);
       assert.ok(r.receipt.cpuTime > 0);
+      assert.deepEqual([r.receipt.end, r.receipt.evidence], ["", ""]);
+      const t = await sb.exec(["sleep", "30"], { timeout: 1 });
+      assert.ok(t.timedOut && t.receipt, JSON.stringify(t));
+      assert.equal(t.receipt.end, "command_timeout");
+      assert.match(t.receipt.evidence, /timeout/);
       const other = await roche.create({ leased: false });
       assert.equal((await roche.inspect(other.id)).end, undefined);
       await other.destroy();
