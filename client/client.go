@@ -156,6 +156,7 @@ func New(opts ...Option) (*Client, error) {
 	if o.token != "" {
 		rt = bearer{token: o.token, next: tr}
 	}
+	rt = traceparent{next: rt}
 	c.http = &http.Client{Transport: rt}
 	c.rpc = rochev1connect.NewSandboxServiceClient(c.http, c.base, copts...)
 	return c, nil

@@ -29,6 +29,7 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpcreflect"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
@@ -122,6 +123,10 @@ type Config struct {
 	// LeaderLease is how long a dead leader keeps the lead (0: the provider's default).
 	ReplicaGroup, ReplicaID string
 	LeaderLease             time.Duration
+	// OTLPEndpoint, when set (an http:// or https:// URL of an OTLP/HTTP traces
+	// receiver, e.g. http://127.0.0.1:4318/v1/traces), turns tracing on (tracing.go);
+	// main.go resolves it from --otlp-endpoint and the OTEL_EXPORTER_OTLP_* variables.
+	OTLPEndpoint string
 }
 
 // ReplicaLeaseGrace is how long a leased sandbox outlives its last holder when roched
@@ -147,8 +152,10 @@ func WithPoolOptions(opts ...pool.Option) Option {
 
 // Daemon is a running roched: its listeners and handlers in front of its ledger.
 type Daemon struct {
-	cfg      Config
-	log      *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// traces exports spans; nil when tracing is off (tracing.go).
+	traces   *sdktrace.TracerProvider
 	poolOpts []pool.Option
 	ledger   *ledger.Ledger
 	metrics  *metrics
@@ -253,9 +260,21 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		d.tls = t
 	}
 	d.metrics = newMetrics(d)
-	l, err := ledger.New(cfg.ledgerConfig(), providers, ledger.WithLogger(d.log), ledger.WithObserver(d.metrics),
-		ledger.WithPoolOptions(d.poolOpts...), ledger.WithAuditSink(d.auditLog.add))
+	lopts := []ledger.Option{ledger.WithLogger(d.log), ledger.WithObserver(d.metrics),
+		ledger.WithPoolOptions(d.poolOpts...), ledger.WithAuditSink(d.auditLog.add)}
+	if cfg.OTLPEndpoint != "" {
+		tp, err := newTracerProvider(context.Background(), cfg.OTLPEndpoint)
+		if err != nil {
+			return nil, err
+		}
+		d.traces = tp
+		lopts = append(lopts, ledger.WithTracer(tp.Tracer(tracerName)))
+	}
+	l, err := ledger.New(cfg.ledgerConfig(), providers, lopts...)
 	if err != nil {
+		if d.traces != nil {
+			_ = d.traces.Shutdown(context.Background())
+		}
 		return nil, err
 	}
 	d.ledger = l
@@ -478,8 +497,12 @@ func (d *Daemon) apiMux() *http.ServeMux {
 		// Local clients gain nothing from compressing small messages.
 		connect.WithCompressMinBytes(32<<10),
 		connect.WithReadMaxBytes(maxMessageBytes),
-		connect.WithInterceptors(uploadLimit{max: cmp.Or(d.cfg.MaxUploadBytes, wire.MaxUploadBytes)}),
 	)
+	if d.traces != nil {
+		// Outermost, so that the span covers every other interceptor's refusal too.
+		opts = append(opts, connect.WithInterceptors(tracingInterceptor{tr: d.traces.Tracer(tracerName)}))
+	}
+	opts = append(opts, connect.WithInterceptors(uploadLimit{max: cmp.Or(d.cfg.MaxUploadBytes, wire.MaxUploadBytes)}))
 	path, h := rochev1connect.NewSandboxServiceHandler(&service{d: d}, opts...)
 	mux.Handle(path, d.releaseHeld(uncompressedFiles(h)))
 	// Server reflection, so that grpcurl and buf curl list and call the methods without
@@ -567,6 +590,12 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		d.stopEgress()
+		if d.traces != nil {
+			// The spans still batched are sent before roched exits.
+			if err := d.traces.Shutdown(ctx); err != nil {
+				d.log.Warn("sending the last traces", "err", err)
+			}
+		}
 		d.log.Info("roched stopped", "pool_sandboxes_destroyed", n)
 	})
 	return errors.Join(errs...)

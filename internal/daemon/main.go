@@ -146,6 +146,8 @@ type flags struct {
 	// replicaGroup, replicaID, leaderLease: Config.ReplicaGroup, ReplicaID, LeaderLease.
 	replicaGroup, replicaID string
 	leaderLease             time.Duration
+	// otlpEndpoint: Config.OTLPEndpoint (OTLPEndpoint adds the environment's).
+	otlpEndpoint string
 }
 
 // Main runs roched with args (without the program name) and returns its exit status.
@@ -250,7 +252,14 @@ from pages of another origin are refused (docs/console.md).
 run unmodified against roched: roched prints the export lines they need (E2B_API_URL,
 E2B_SANDBOX_URL and, when it made one, E2B_API_KEY), and roche e2b env prints them again.
 TLS and --insecure work as for --listen; the config file's "e2b" section names templates
-(docs/e2b.md).`,
+(docs/e2b.md).
+
+Traces: with --otlp-endpoint URL (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or
+OTEL_EXPORTER_OTLP_ENDPOINT with /v1/traces added) roched sends OpenTelemetry spans over
+OTLP/HTTP: one per API call, a child of the caller's W3C traceparent header when sent,
+with the pool claim, provider create, exec and run_code below it; attributes are the
+tenant, sandbox id and provider, never a token, command, env value or file content.
+Without one nothing is traced (docs/traces.md).`,
 		Example: `  roched --pool 'docker/roche/python:local?min=2&max=5&total=20&idle_timeout=600'
   roched --pool 'wasm/python:3.12?min=2&max=5'
   roched --config /etc/roche/roched.json
@@ -305,6 +314,7 @@ TLS and --insecure work as for --listen; the config file's "e2b" section names t
 	fs.StringVar(&f.replicaGroup, "replica-group", "", "run as one of the replicas of this group, which all serve the same sandboxes (kubernetes provider only; docs/roched-in-a-cluster.md#replicas)")
 	fs.StringVar(&f.replicaID, "replica-id", "", "this replica's name in its group's leader election (default: the host name and the state file's instance)")
 	fs.DurationVar(&f.leaderLease, "leader-lease", 0, "how long the group's leader keeps the lead without renewing it, so how soon a replica killed outright is replaced as the one that reaps (default 15s)")
+	fs.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "send OpenTelemetry traces over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318/v1/traces (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces; neither: no tracing; docs/traces.md)")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -359,6 +369,12 @@ func buildConfig(cmd *cobra.Command, f *flags) (Config, error) {
 		TLSCert: f.tlsCert, TLSKey: f.tlsKey, ClientCA: f.clientCA, Insecure: f.insecure,
 		DirectOwner: f.directOwner, E2BListen: f.e2bListen, UI: f.ui,
 		ReplicaGroup: f.replicaGroup, ReplicaID: f.replicaID, LeaderLease: f.leaderLease,
+		OTLPEndpoint: OTLPEndpoint(f.otlpEndpoint),
+	}
+	if cfg.OTLPEndpoint != "" {
+		if err := checkOTLPEndpoint(cfg.OTLPEndpoint); err != nil {
+			return cfg, err
+		}
 	}
 	tokenFile, tokensFile := f.tokenFile, f.tokensFile
 	var specs []string

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -271,6 +273,12 @@ func (d *Daemon) audit(ctx context.Context, op string, err error, attrs ...any) 
 	name := "?"
 	if t, terr := tenantOf(ctx); terr == nil {
 		name = t.Name
+	}
+	if d.traces != nil {
+		// The audit line names its trace, to find one from the other.
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			attrs = append(attrs, "trace_id", sc.TraceID().String())
+		}
 	}
 	d.ledger.Audit(name, op, err, attrs...)
 }

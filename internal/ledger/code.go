@@ -51,7 +51,9 @@ func (l *Ledger) RunCode(ctx context.Context, t *Tenant, id string, req roche.Co
 		return roche.Execution{}, err
 	}
 	req.Env, req.Cwd = tg.withRecord(req.Env, req.Cwd)
+	ctx, sp := l.span(ctx, "provider.run_code", tg.Provider.Name(), tg.ID)
 	ex, err := cr.RunCode(ctx, tg.ID, req)
+	l.endSpan(sp, err)
 	l.forgetIfGone(tg, err)
 	return ex, err
 }

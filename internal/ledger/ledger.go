@@ -24,6 +24,8 @@
 package ledger
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"errors"
 	"fmt"
@@ -177,6 +179,7 @@ type Ledger struct {
 	names     []string // provider names, sorted
 	log       *slog.Logger
 	obs       Observer
+	tracer    trace.Tracer // nil: tracing off (trace.go)
 	poolOpts  []pool.Option
 	pools     *pool.Manager
 	store     *store

@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"go.opentelemetry.io/otel/attribute"
+
 	"context"
 	"errors"
 	"fmt"
@@ -251,7 +253,12 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 	if key == "" || !l.grouped() {
 		// A replica group's keyed create is made cold: the key names the sandbox, so
 		// that any replica finds it.
-		sb, ok, err = l.fromPool(ctx, t, providerName, cfg)
+		cctx, sp := l.span(ctx, "pool.claim", providerName, "")
+		sb, ok, err = l.fromPool(cctx, t, providerName, cfg)
+		if sp.IsRecording() {
+			sp.SetAttributes(attribute.Bool("roche.pooled", ok), attribute.String("roche.sandbox_id", sb.ID))
+		}
+		l.endSpan(sp, err)
 	}
 	if err != nil {
 		return roche.SandboxInfo{}, false, err
@@ -272,7 +279,12 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 	// one made for a client that is gone is destroyed below.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
+	cctx, sp := l.span(cctx, "provider.create", providerName, "")
 	sb, err = kit.Create(cctx, p, cfg, opts)
+	if sp.IsRecording() && err == nil {
+		sp.SetAttributes(attribute.String("roche.sandbox_id", sb.ID))
+	}
+	l.endSpan(sp, err)
 	if err != nil {
 		l.noteCallError(providerName, err)
 		return roche.SandboxInfo{}, false, err
@@ -494,7 +506,12 @@ func (l *Ledger) Exec(ctx context.Context, tn *Tenant, id string, req roche.Exec
 			req.Timeout = max(time.Until(r.ExpiresAt), time.Second)
 		}
 	}
+	ctx, sp := l.span(ctx, "provider.exec", t.Provider.Name(), t.ID)
 	res, err := t.Provider.Exec(ctx, t.ID, req)
+	if sp.IsRecording() && err == nil {
+		sp.SetAttributes(attribute.Int("roche.exit_code", res.ExitCode))
+	}
+	l.endSpan(sp, err)
 	if errors.Is(err, roche.ErrNotFound) && t.rec != nil {
 		l.forgetEnded(t.ID, err) // removed or stopped behind our back
 	}
