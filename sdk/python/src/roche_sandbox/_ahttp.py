@@ -96,6 +96,8 @@ class AsyncHTTPClient:
     def __init__(self, ep: Endpoint) -> None:
         self.ep = ep
         self._auth = f"Authorization: Bearer {ep.token}\r\n" if ep.token else ""
+        if ep.traceparent:
+            self._auth += f"traceparent: {ep.traceparent}\r\n"
         self._host = "roched" if ep.socket else f"{ep.host}:{ep.port}"
 
     async def _open(self, d: Deadline) -> _Conn:

@@ -3,6 +3,7 @@ errors when neither roched nor the CLI will do. No I/O here; both halves share i
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from typing import Any, Mapping, Optional
 
@@ -28,7 +29,8 @@ class Choice:
     def __init__(self, provider: str, transport: str, socket: Optional[str], address: Optional[str],
                  token: Optional[str], cli: Optional[str], request_timeout: float,
                  token_file: Optional[str] = None, ca: Optional[str] = None,
-                 client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
+                 client_cert: Optional[str] = None, client_key: Optional[str] = None,
+                 traceparent: Optional[str] = None) -> None:
         if transport not in TRANSPORTS:
             raise InvalidConfig(f"transport {transport!r}: choose one of {', '.join(TRANSPORTS)}")
         if request_timeout <= 0:
@@ -36,6 +38,9 @@ class Choice:
         self.provider = provider
         self.transport = transport
         self.endpoint = _discovery.endpoint(socket, address, token, token_file, ca, client_cert, client_key)
+        tp = _discovery.check_traceparent(traceparent)
+        if tp:
+            self.endpoint = dataclasses.replace(self.endpoint, traceparent=tp)
         self.cli = cli
         self.request_timeout = float(request_timeout)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import ssl
 import tempfile
@@ -52,6 +53,9 @@ class Endpoint:
     port: int = 0
     tls: bool = False
     token: Optional[str] = None
+    #: W3C traceparent sent with every call to roched, so that its spans are children of
+    #: the caller's (docs/traces.md); checked by check_traceparent.
+    traceparent: Optional[str] = None
     #: Verifies roched at an https:// address (ca=, ROCHE_CA_FILE or the system's CAs)
     #: and presents the client certificate, if any.
     ssl_context: Optional[ssl.SSLContext] = field(default=None, compare=False, repr=False)
@@ -95,6 +99,20 @@ def read_token_file(path: str) -> str:
     if not token:
         raise InvalidConfig(f"token file {path} is empty")
     return token
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def check_traceparent(tp: Optional[str]) -> Optional[str]:
+    """tp if it is a W3C traceparent (version-traceid-spanid-flags, lowercase hex), else
+    InvalidConfig: nothing else goes into a header."""
+    if tp is None or tp == "":
+        return None
+    if not isinstance(tp, str) or not _TRACEPARENT.fullmatch(tp) or tp[3:35] == "0" * 32 or tp[36:52] == "0" * 16:
+        raise InvalidConfig(f"traceparent {tp!r}: give a W3C traceparent, 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, "
+                            "e.g. opentelemetry's propagate.inject({})['traceparent']")
+    return tp
 
 
 def endpoint(socket: Optional[str], address: Optional[str], token: Optional[str],

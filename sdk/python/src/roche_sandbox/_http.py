@@ -47,7 +47,10 @@ def connection(ep: Endpoint, timeout: Optional[float]) -> http.client.HTTPConnec
 
 def auth_headers(ep: Endpoint) -> dict[str, str]:
     """The headers that authenticate a call to roched on TCP."""
-    return {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+    h = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+    if ep.traceparent:
+        h["traceparent"] = ep.traceparent
+    return h
 
 
 # Errors meaning the server closed a kept connection before our request reached it.

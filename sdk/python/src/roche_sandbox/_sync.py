@@ -58,15 +58,18 @@ class Roche:
     ``ROCHE_TOKEN_FILE`` or ``ROCHE_TOKEN``. At an ``https://`` address its certificate is
     verified against ``ca=`` (a PEM file), else ``ROCHE_CA_FILE``, else the system's CAs;
     ``client_cert=`` and ``client_key=`` (or ``ROCHE_CLIENT_CERT``, ``ROCHE_CLIENT_KEY``)
-    present a client certificate to a roched with ``--client-ca``.
+    present a client certificate to a roched with ``--client-ca``. ``traceparent=`` (a W3C
+    traceparent, e.g. opentelemetry's ``propagate.inject({})["traceparent"]``) is sent with
+    every call to roched, whose spans are then children of that span (docs/traces.md).
     """
 
     def __init__(self, provider: str = "docker", *, transport: str = "auto", socket: Optional[str] = None,
                  address: Optional[str] = None, token: Optional[str] = None, cli: Optional[str] = None,
                  request_timeout: float = 60.0, token_file: Optional[str] = None, ca: Optional[str] = None,
-                 client_cert: Optional[str] = None, client_key: Optional[str] = None) -> None:
+                 client_cert: Optional[str] = None, client_key: Optional[str] = None,
+                 traceparent: Optional[str] = None) -> None:
         self._choice = Choice(provider, transport, socket, address, token, cli, request_timeout, token_file,
-                              ca, client_cert, client_key)
+                              ca, client_cert, client_key, traceparent)
         self._chosen: _syncio.Once[Transport] = _syncio.Once()
 
     @property
