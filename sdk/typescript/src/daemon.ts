@@ -30,7 +30,7 @@ import {
 } from "./gen/roche/v1/sandbox_pb.js";
 import { CodeAssembler, Execution, makeResult, type CodeItem, type CodeRequest, type Context } from "./code.js";
 import { Deadline } from "./deadline.js";
-import { where, type Endpoint } from "./discovery.js";
+import { checkTraceparent, where, type Endpoint } from "./discovery.js";
 import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound, reasonFromText } from "./errors.js";
 import { firstFile, fileTar } from "./tar.js";
 import { entryFromWire, eventFromWire, FILE_CHUNK, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
@@ -258,6 +258,16 @@ function authInterceptor(token: string | undefined): Interceptor[] {
   }];
 }
 
+/** Sends the endpoint's traceparent (docs/traces.md), a function's checked on each call. */
+function traceInterceptor(tp: Endpoint["traceparent"]): Interceptor[] {
+  if (!tp) return [];
+  return [(next) => async (req) => {
+    const v = typeof tp === "function" ? checkTraceparent(tp()) : tp;
+    if (v) req.header.set("traceparent", v);
+    return next(req);
+  }];
+}
+
 function connectTransport(ep: Endpoint, hold: boolean): ConnectTransport {
   const nodeOptions: http.RequestOptions = hold
     ? { createConnection: unrefConnection(ep) as unknown as http.RequestOptions["createConnection"] }
@@ -268,7 +278,7 @@ function connectTransport(ep: Endpoint, hold: boolean): ConnectTransport {
     baseUrl: ep.socket ? "http://roched" : ep.address!,
     httpVersion: "1.1",
     nodeOptions,
-    interceptors: authInterceptor(ep.token),
+    interceptors: [...authInterceptor(ep.token), ...traceInterceptor(ep.traceparent)],
     // roched gzips a message of 32 KiB or more for a client that accepts it: on a local
     // socket that costs far more than it saves (as the Go client found: bench/commands).
     ...(ep.socket ? { acceptCompression: [] } : {}),

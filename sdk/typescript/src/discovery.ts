@@ -38,6 +38,9 @@ export interface Endpoint {
   /** http://HOST:PORT or https://HOST:PORT when not a socket. */
   address?: string;
   token?: string;
+  /** The W3C traceparent sent with every call (docs/traces.md): a value, or a function
+   * asked before each call (e.g. one reading the active OpenTelemetry span). */
+  traceparent?: string | (() => string | undefined);
   /** At an https:// address: the CA that verifies roched, and a client certificate. */
   tls?: TLSFiles;
 }
@@ -71,6 +74,18 @@ export function readTokenFile(path: string): string {
   }
   if (!token) throw new InvalidConfig(`token file ${path} is empty`);
   return token;
+}
+
+const TRACEPARENT = /^[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$/;
+
+/** tp if it is a W3C traceparent (version-traceid-spanid-flags, lowercase hex), else
+ * InvalidConfig: nothing else goes into a header. */
+export function checkTraceparent(tp: string | undefined): string | undefined {
+  if (tp === undefined || tp === "") return undefined;
+  if (typeof tp !== "string" || !TRACEPARENT.test(tp)) {
+    throw new InvalidConfig(`traceparent ${JSON.stringify(tp)}: give a W3C traceparent, 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, e.g. from @opentelemetry/api's propagation.inject`);
+  }
+  return tp;
 }
 
 /** The endpoint for Roche's socket, address, token, tokenFile, ca, clientCert and clientKey

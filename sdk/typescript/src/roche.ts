@@ -16,7 +16,7 @@ import { Pty } from "./pty.js";
 import { Files } from "./files.js";
 import { Commands } from "./commands.js";
 import { Deadline } from "./deadline.js";
-import { endpoint, findCLI, where, type Endpoint } from "./discovery.js";
+import { checkTraceparent, endpoint, findCLI, where, type Endpoint } from "./discovery.js";
 import { InvalidConfig, ProviderUnavailable, RocheError } from "./errors.js";
 import { TLSFailure } from "./tls.js";
 import type { StreamItem, Transport } from "./transport.js";
@@ -66,6 +66,10 @@ export interface RocheOptions {
   token?: string;
   /** A file only you can read holding the token. */
   tokenFile?: string;
+  /** A W3C traceparent ("00-TRACEID-SPANID-01"), or a function returning the current one,
+   * sent with every call to roched so that its spans are children of that span
+   * (docs/traces.md). No OpenTelemetry dependency: the application supplies the value. */
+  traceparent?: string | (() => string | undefined);
   /** The roche CLI; default $ROCHE_CLI, else roche on PATH. */
   cli?: string;
   /** Seconds any call may wait for Roche beyond the time a command may run (60). */
@@ -91,6 +95,8 @@ export class Roche {
     this.provider = o.provider ?? "docker";
     this.choice = transport;
     this.ep = endpoint(o.socket, o.address, o.token, o.tokenFile, { ca: o.ca, clientCert: o.clientCert, clientKey: o.clientKey });
+    if (typeof o.traceparent === "function") this.ep.traceparent = o.traceparent;
+    else if (checkTraceparent(o.traceparent)) this.ep.traceparent = o.traceparent;
     this.cliPath = o.cli;
     this.requestTimeout = rt;
   }
