@@ -394,3 +394,36 @@ func (p *Provider) download(ctx context.Context, req *rochev1.CopyFromRequest, w
 	}
 	return wire.Skipped(stream.ResponseTrailer()), nil
 }
+
+var _ roche.MemorySnapshotter = (*Provider)(nil)
+
+// PauseToDisk implements roche.MemorySnapshotter.
+func (p *Provider) PauseToDisk(ctx context.Context, id string) error {
+	_, err := p.c.rpc.Pause(ctx, connect.NewRequest(&rochev1.PauseRequest{SandboxId: id, ToDisk: true}))
+	return p.c.fromRPC(err)
+}
+
+// Resume implements roche.MemorySnapshotter.
+func (p *Provider) Resume(ctx context.Context, id string) (roche.SandboxInfo, error) {
+	resp, err := p.c.rpc.Resume(ctx, connect.NewRequest(&rochev1.ResumeRequest{SandboxId: id}))
+	if err != nil {
+		return roche.SandboxInfo{}, p.c.fromRPC(err)
+	}
+	return wire.InfoFromProto(resp.Msg.Sandbox), nil
+}
+
+// Fork implements roche.MemorySnapshotter.
+func (p *Provider) Fork(ctx context.Context, id string, n int) ([]roche.SandboxInfo, error) {
+	if n < 1 || n > roche.MaxForks {
+		return nil, fmt.Errorf("%w: fork count %d: give 1 to %d", roche.ErrInvalidConfig, n, roche.MaxForks)
+	}
+	resp, err := p.c.rpc.Fork(ctx, connect.NewRequest(&rochev1.ForkRequest{SandboxId: id, Count: int32(n)}))
+	if err != nil {
+		return nil, p.c.fromRPC(err)
+	}
+	out := make([]roche.SandboxInfo, 0, len(resp.Msg.Sandboxes))
+	for _, sb := range resp.Msg.Sandboxes {
+		out = append(out, wire.InfoFromProto(sb))
+	}
+	return out, nil
+}

@@ -163,7 +163,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(
 		e.createCommand(), e.execCommand(), e.runCommand(), e.destroyCommand(),
-		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false),
+		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false), e.resumeCommand(), e.forkCommand(),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
 		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
 		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(), e.e2bCommand(),

@@ -853,19 +853,29 @@ func splitSandboxPath(s string) (id, path string, inSandbox bool) {
 func (e *env) pauseCommand(pause bool) *cobra.Command {
 	verb := "unpause"
 	short := "Resume a paused sandbox's processes"
+	example := "  roche unpause \"$id\""
 	if pause {
 		verb = "pause"
-		short = "Freeze every process in a sandbox"
+		short = "Freeze every process in a sandbox, or with --to-disk save it whole and stop it"
+		example = "  roche pause \"$id\"\n  roche pause --to-disk \"$id\"   # vm (qemu) only; roche resume \"$id\" brings it back"
 	}
-	return &cobra.Command{
+	var toDisk bool
+	c := &cobra.Command{
 		Use:     verb + " ID",
 		Short:   short,
-		Example: fmt.Sprintf("  roche %s \"$id\"", verb),
+		Example: example,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := e.providers.forID(args[0])
 			if err != nil {
 				return err
+			}
+			if toDisk {
+				ms, err := memorySnapshotter(p, "pause sandboxes to disk")
+				if err != nil {
+					return err
+				}
+				return ms.PauseToDisk(cmd.Context(), args[0])
 			}
 			pz, ok := p.(roche.Pauser)
 			if !ok {
@@ -877,4 +887,75 @@ func (e *env) pauseCommand(pause bool) *cobra.Command {
 			return pz.Unpause(cmd.Context(), args[0])
 		},
 	}
+	if pause {
+		c.Flags().BoolVar(&toDisk, "to-disk", false, "save memory and processes to disk and stop the sandbox: it holds no memory or CPU and its lifetime pauses until roche resume (vm provider, qemu)")
+	}
+	return c
+}
+
+// memorySnapshotter is p as a roche.MemorySnapshotter, or the one-line refusal of a
+// provider without memory snapshots.
+func memorySnapshotter(p roche.Provider, doing string) (roche.MemorySnapshotter, error) {
+	ms, ok := p.(roche.MemorySnapshotter)
+	if !ok {
+		return nil, fmt.Errorf("%w: the %s provider cannot %s: memory snapshots are the vm provider's (qemu) only", roche.ErrUnsupported, p.Name(), doing)
+	}
+	return ms, nil
+}
+
+func (e *env) resumeCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "resume ID",
+		Short:   "Bring back a sandbox paused with pause --to-disk, where it was",
+		Example: "  roche resume \"$id\"",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := e.providers.forID(args[0])
+			if err != nil {
+				return err
+			}
+			ms, err := memorySnapshotter(p, "resume sandboxes from disk")
+			if err != nil {
+				return err
+			}
+			_, err = ms.Resume(cmd.Context(), args[0])
+			return err
+		},
+	}
+}
+
+func (e *env) forkCommand() *cobra.Command {
+	var n int
+	c := &cobra.Command{
+		Use:   "fork ID [-n N]",
+		Short: "Copy a running or paused-to-disk sandbox, memory and processes included, printing each new id on a line",
+		Long: `Fork makes N new sandboxes, each a copy of sandbox ID at this moment: its processes,
+code contexts and open files, each with its own id, lifetime and randomness. ID goes on
+as it was. The vm provider (qemu) only. Destroy the forks as any sandbox.`,
+		Example: "  roche fork \"$id\" -n 3",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if n < 1 || n > roche.MaxForks {
+				return fmt.Errorf("%w: -n %d: give 1 to %d forks", roche.ErrInvalidConfig, n, roche.MaxForks)
+			}
+			p, err := e.providers.forID(args[0])
+			if err != nil {
+				return err
+			}
+			ms, err := memorySnapshotter(p, "fork sandboxes")
+			if err != nil {
+				return err
+			}
+			forks, err := ms.Fork(cmd.Context(), args[0], n)
+			if err != nil {
+				return err
+			}
+			for _, sb := range forks {
+				fmt.Fprintln(e.stdout, sb.ID)
+			}
+			return nil
+		},
+	}
+	c.Flags().IntVarP(&n, "count", "n", 1, "how many forks to make, 1 to 64")
+	return c
 }

@@ -298,6 +298,17 @@ func (s *service) pause(ctx context.Context, id string, pause bool) error {
 }
 
 func (s *service) Pause(ctx context.Context, req *connect.Request[rochev1.PauseRequest]) (*connect.Response[rochev1.PauseResponse], error) {
+	if req.Msg.ToDisk {
+		t, err := tenantOf(ctx)
+		if err == nil {
+			err = s.d.ledger.PauseToDisk(ctx, t, req.Msg.SandboxId)
+			s.d.audit(ctx, "pause_to_disk", err, "id", req.Msg.SandboxId)
+		}
+		if err != nil {
+			return nil, wire.ToStatus(err)
+		}
+		return connect.NewResponse(&rochev1.PauseResponse{}), nil
+	}
 	if err := s.pause(ctx, req.Msg.SandboxId, true); err != nil {
 		return nil, wire.ToStatus(err)
 	}
@@ -309,6 +320,40 @@ func (s *service) Unpause(ctx context.Context, req *connect.Request[rochev1.Unpa
 		return nil, wire.ToStatus(err)
 	}
 	return connect.NewResponse(&rochev1.UnpauseResponse{}), nil
+}
+
+func (s *service) Resume(ctx context.Context, req *connect.Request[rochev1.ResumeRequest]) (*connect.Response[rochev1.ResumeResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	sb, err := s.d.ledger.Resume(ctx, t, req.Msg.SandboxId)
+	s.d.audit(ctx, "resume", err, "id", req.Msg.SandboxId)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	return connect.NewResponse(&rochev1.ResumeResponse{Sandbox: wire.InfoToProto(sb)}), nil
+}
+
+func (s *service) Fork(ctx context.Context, req *connect.Request[rochev1.ForkRequest]) (*connect.Response[rochev1.ForkResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	forks, err := s.d.ledger.Fork(ctx, t, req.Msg.SandboxId, int(req.Msg.Count))
+	ids := make([]string, len(forks))
+	for i, sb := range forks {
+		ids[i] = sb.ID
+	}
+	s.d.audit(ctx, "fork", err, "id", req.Msg.SandboxId, "count", req.Msg.Count, "forks", ids)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	resp := &rochev1.ForkResponse{}
+	for _, sb := range forks {
+		resp.Sandboxes = append(resp.Sandboxes, wire.InfoToProto(sb))
+	}
+	return connect.NewResponse(resp), nil
 }
 
 // Gc removes client sandboxes past the expiry the daemon enforces (or the provider's,

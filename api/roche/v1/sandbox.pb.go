@@ -4183,8 +4183,11 @@ func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
 }
 
 type PauseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// to_disk saves memory and processes to disk and stops the sandbox (providers with
+	// memory snapshots: vm's qemu).
+	ToDisk        bool `protobuf:"varint,2,opt,name=to_disk,json=toDisk,proto3" json:"to_disk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4224,6 +4227,13 @@ func (x *PauseRequest) GetSandboxId() string {
 		return x.SandboxId
 	}
 	return ""
+}
+
+func (x *PauseRequest) GetToDisk() bool {
+	if x != nil {
+		return x.ToDisk
+	}
+	return false
 }
 
 type PauseResponse struct {
@@ -4342,6 +4352,191 @@ func (*UnpauseResponse) Descriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{58}
 }
 
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *ResumeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *ResumeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type ForkRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// count is how many forks to make, 1 to 64.
+	Count         int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ForkRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ForkResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
 type GcRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// all removes every sandbox handed to clients, expired or not.
@@ -4354,7 +4549,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4366,7 +4561,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[59]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4379,7 +4574,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{59}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GcRequest) GetAll() bool {
@@ -4414,7 +4609,7 @@ type GcResponse struct {
 
 func (x *GcResponse) Reset() {
 	*x = GcResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4426,7 +4621,7 @@ func (x *GcResponse) String() string {
 func (*GcResponse) ProtoMessage() {}
 
 func (x *GcResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[60]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4439,7 +4634,7 @@ func (x *GcResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcResponse.ProtoReflect.Descriptor instead.
 func (*GcResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{60}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GcResponse) GetRemoved() []*Sandbox {
@@ -4472,7 +4667,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4484,7 +4679,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[61]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4497,7 +4692,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{61}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CopyToRequest) GetSandboxId() string {
@@ -4536,7 +4731,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4548,7 +4743,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[62]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4561,7 +4756,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{62}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
 }
 
 type CopyFromRequest struct {
@@ -4582,7 +4777,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4594,7 +4789,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[63]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4607,7 +4802,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{63}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CopyFromRequest) GetSandboxId() string {
@@ -4650,7 +4845,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4662,7 +4857,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[64]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4675,7 +4870,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{64}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CopyFromResponse) GetTarChunk() []byte {
@@ -4713,7 +4908,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4725,7 +4920,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[65]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4738,7 +4933,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{65}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *FileEntry) GetName() string {
@@ -4838,7 +5033,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4850,7 +5045,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[66]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4863,7 +5058,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{66}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -4898,7 +5093,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4910,7 +5105,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[67]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4923,7 +5118,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{67}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReadFileResponse) GetEntry() *FileEntry {
@@ -4958,7 +5153,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4970,7 +5165,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[68]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4983,7 +5178,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{68}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -5031,7 +5226,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5043,7 +5238,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[69]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5056,7 +5251,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{69}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *WriteFileResponse) GetEntry() *FileEntry {
@@ -5079,7 +5274,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5091,7 +5286,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[70]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5104,7 +5299,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{70}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -5137,7 +5332,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5149,7 +5344,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[71]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5162,7 +5357,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{71}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileEntry {
@@ -5185,7 +5380,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5197,7 +5392,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[72]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5210,7 +5405,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{72}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -5244,7 +5439,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5256,7 +5451,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[73]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5269,7 +5464,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{73}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *StatResponse) GetEntry() *FileEntry {
@@ -5296,7 +5491,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5308,7 +5503,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[74]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5321,7 +5516,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{74}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -5349,7 +5544,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5361,7 +5556,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[75]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5374,7 +5569,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{75}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *MakeDirResponse) GetEntry() *FileEntry {
@@ -5402,7 +5597,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5414,7 +5609,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[76]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5427,7 +5622,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{76}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -5461,7 +5656,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5473,7 +5668,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[77]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5486,7 +5681,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{77}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RenameResponse) GetEntry() *FileEntry {
@@ -5506,7 +5701,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5518,7 +5713,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[78]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5531,7 +5726,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{78}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -5556,7 +5751,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5568,7 +5763,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[79]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5581,7 +5776,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{79}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
 }
 
 type FileEvent struct {
@@ -5597,7 +5792,7 @@ type FileEvent struct {
 
 func (x *FileEvent) Reset() {
 	*x = FileEvent{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5609,7 +5804,7 @@ func (x *FileEvent) String() string {
 func (*FileEvent) ProtoMessage() {}
 
 func (x *FileEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[80]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5622,7 +5817,7 @@ func (x *FileEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
 func (*FileEvent) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{80}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *FileEvent) GetName() string {
@@ -5658,7 +5853,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5670,7 +5865,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[81]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5683,7 +5878,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{81}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -5715,7 +5910,7 @@ type WatchStarted struct {
 
 func (x *WatchStarted) Reset() {
 	*x = WatchStarted{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5727,7 +5922,7 @@ func (x *WatchStarted) String() string {
 func (*WatchStarted) ProtoMessage() {}
 
 func (x *WatchStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[82]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5740,7 +5935,7 @@ func (x *WatchStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStarted.ProtoReflect.Descriptor instead.
 func (*WatchStarted) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{82}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
 }
 
 type WatchDirResponse struct {
@@ -5757,7 +5952,7 @@ type WatchDirResponse struct {
 
 func (x *WatchDirResponse) Reset() {
 	*x = WatchDirResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5769,7 +5964,7 @@ func (x *WatchDirResponse) String() string {
 func (*WatchDirResponse) ProtoMessage() {}
 
 func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[83]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5782,7 +5977,7 @@ func (x *WatchDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirResponse.ProtoReflect.Descriptor instead.
 func (*WatchDirResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{83}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *WatchDirResponse) GetEvent() isWatchDirResponse_Event {
@@ -5852,7 +6047,7 @@ type CreateWatcherRequest struct {
 
 func (x *CreateWatcherRequest) Reset() {
 	*x = CreateWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5864,7 +6059,7 @@ func (x *CreateWatcherRequest) String() string {
 func (*CreateWatcherRequest) ProtoMessage() {}
 
 func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[84]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5877,7 +6072,7 @@ func (x *CreateWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherRequest.ProtoReflect.Descriptor instead.
 func (*CreateWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{84}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *CreateWatcherRequest) GetSandboxId() string {
@@ -5910,7 +6105,7 @@ type CreateWatcherResponse struct {
 
 func (x *CreateWatcherResponse) Reset() {
 	*x = CreateWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5922,7 +6117,7 @@ func (x *CreateWatcherResponse) String() string {
 func (*CreateWatcherResponse) ProtoMessage() {}
 
 func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[85]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5935,7 +6130,7 @@ func (x *CreateWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateWatcherResponse.ProtoReflect.Descriptor instead.
 func (*CreateWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{85}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *CreateWatcherResponse) GetWatcherId() string {
@@ -5954,7 +6149,7 @@ type GetWatcherEventsRequest struct {
 
 func (x *GetWatcherEventsRequest) Reset() {
 	*x = GetWatcherEventsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5966,7 +6161,7 @@ func (x *GetWatcherEventsRequest) String() string {
 func (*GetWatcherEventsRequest) ProtoMessage() {}
 
 func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[86]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5979,7 +6174,7 @@ func (x *GetWatcherEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{86}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *GetWatcherEventsRequest) GetWatcherId() string {
@@ -5998,7 +6193,7 @@ type GetWatcherEventsResponse struct {
 
 func (x *GetWatcherEventsResponse) Reset() {
 	*x = GetWatcherEventsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6010,7 +6205,7 @@ func (x *GetWatcherEventsResponse) String() string {
 func (*GetWatcherEventsResponse) ProtoMessage() {}
 
 func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[87]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6023,7 +6218,7 @@ func (x *GetWatcherEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWatcherEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetWatcherEventsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{87}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *GetWatcherEventsResponse) GetEvents() []*FileEvent {
@@ -6042,7 +6237,7 @@ type RemoveWatcherRequest struct {
 
 func (x *RemoveWatcherRequest) Reset() {
 	*x = RemoveWatcherRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6054,7 +6249,7 @@ func (x *RemoveWatcherRequest) String() string {
 func (*RemoveWatcherRequest) ProtoMessage() {}
 
 func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[88]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6067,7 +6262,7 @@ func (x *RemoveWatcherRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{88}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RemoveWatcherRequest) GetWatcherId() string {
@@ -6085,7 +6280,7 @@ type RemoveWatcherResponse struct {
 
 func (x *RemoveWatcherResponse) Reset() {
 	*x = RemoveWatcherResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6097,7 +6292,7 @@ func (x *RemoveWatcherResponse) String() string {
 func (*RemoveWatcherResponse) ProtoMessage() {}
 
 func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[89]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6110,7 +6305,7 @@ func (x *RemoveWatcherResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatcherResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWatcherResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{89}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
 }
 
 // Pool describes one warm pool.
@@ -6150,7 +6345,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6162,7 +6357,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[90]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6175,7 +6370,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{90}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *Pool) GetKey() string {
@@ -6319,7 +6514,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6331,7 +6526,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[91]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6344,7 +6539,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{91}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
 }
 
 type PoolStatusResponse struct {
@@ -6356,7 +6551,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6368,7 +6563,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[92]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6381,7 +6576,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{92}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *PoolStatusResponse) GetPools() []*Pool {
@@ -6403,7 +6598,7 @@ type PoolWarmupRequest struct {
 
 func (x *PoolWarmupRequest) Reset() {
 	*x = PoolWarmupRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6415,7 +6610,7 @@ func (x *PoolWarmupRequest) String() string {
 func (*PoolWarmupRequest) ProtoMessage() {}
 
 func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[93]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6428,7 +6623,7 @@ func (x *PoolWarmupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupRequest.ProtoReflect.Descriptor instead.
 func (*PoolWarmupRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{93}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *PoolWarmupRequest) GetKey() string {
@@ -6454,7 +6649,7 @@ type PoolWarmupResponse struct {
 
 func (x *PoolWarmupResponse) Reset() {
 	*x = PoolWarmupResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6466,7 +6661,7 @@ func (x *PoolWarmupResponse) String() string {
 func (*PoolWarmupResponse) ProtoMessage() {}
 
 func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[94]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6479,7 +6674,7 @@ func (x *PoolWarmupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolWarmupResponse.ProtoReflect.Descriptor instead.
 func (*PoolWarmupResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{94}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *PoolWarmupResponse) GetPools() []*Pool {
@@ -6499,7 +6694,7 @@ type PoolDrainRequest struct {
 
 func (x *PoolDrainRequest) Reset() {
 	*x = PoolDrainRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6511,7 +6706,7 @@ func (x *PoolDrainRequest) String() string {
 func (*PoolDrainRequest) ProtoMessage() {}
 
 func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[95]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6524,7 +6719,7 @@ func (x *PoolDrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainRequest.ProtoReflect.Descriptor instead.
 func (*PoolDrainRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{95}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *PoolDrainRequest) GetKey() string {
@@ -6544,7 +6739,7 @@ type PoolDrainResponse struct {
 
 func (x *PoolDrainResponse) Reset() {
 	*x = PoolDrainResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6556,7 +6751,7 @@ func (x *PoolDrainResponse) String() string {
 func (*PoolDrainResponse) ProtoMessage() {}
 
 func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[96]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6569,7 +6764,7 @@ func (x *PoolDrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolDrainResponse.ProtoReflect.Descriptor instead.
 func (*PoolDrainResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{96}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *PoolDrainResponse) GetDestroyed() int32 {
@@ -6594,7 +6789,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6606,7 +6801,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[97]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6619,7 +6814,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{97}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
 }
 
 type ListProvidersResponse struct {
@@ -6631,7 +6826,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6643,7 +6838,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[98]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6656,7 +6851,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{98}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*ProviderInfo {
@@ -6676,7 +6871,7 @@ type ProviderInfo struct {
 
 func (x *ProviderInfo) Reset() {
 	*x = ProviderInfo{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6688,7 +6883,7 @@ func (x *ProviderInfo) String() string {
 func (*ProviderInfo) ProtoMessage() {}
 
 func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[99]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6701,7 +6896,7 @@ func (x *ProviderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderInfo.ProtoReflect.Descriptor instead.
 func (*ProviderInfo) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{99}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ProviderInfo) GetName() string {
@@ -6743,7 +6938,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6755,7 +6950,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[100]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6768,7 +6963,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{100}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *Capabilities) GetNetwork() bool {
@@ -6866,7 +7061,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6878,7 +7073,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[101]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6891,7 +7086,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{101}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ResetRequest) GetSandboxId() string {
@@ -6918,7 +7113,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6930,7 +7125,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[102]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6943,7 +7138,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{102}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ResetResponse) GetSandbox() *Sandbox {
@@ -6969,7 +7164,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6981,7 +7176,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[103]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6994,7 +7189,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{103}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *Workspace) GetName() string {
@@ -7042,7 +7237,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7054,7 +7249,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[104]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7067,7 +7262,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{104}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ListWorkspacesRequest) GetProvider() string {
@@ -7086,7 +7281,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7098,7 +7293,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[105]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7111,7 +7306,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{105}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*Workspace {
@@ -7133,7 +7328,7 @@ type RemoveWorkspaceRequest struct {
 
 func (x *RemoveWorkspaceRequest) Reset() {
 	*x = RemoveWorkspaceRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7145,7 +7340,7 @@ func (x *RemoveWorkspaceRequest) String() string {
 func (*RemoveWorkspaceRequest) ProtoMessage() {}
 
 func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[106]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7158,7 +7353,7 @@ func (x *RemoveWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{106}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *RemoveWorkspaceRequest) GetName() string {
@@ -7183,7 +7378,7 @@ type RemoveWorkspaceResponse struct {
 
 func (x *RemoveWorkspaceResponse) Reset() {
 	*x = RemoveWorkspaceResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7195,7 +7390,7 @@ func (x *RemoveWorkspaceResponse) String() string {
 func (*RemoveWorkspaceResponse) ProtoMessage() {}
 
 func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[107]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7208,7 +7403,7 @@ func (x *RemoveWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{107}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
 }
 
 // Snapshot mirrors roche.Snapshot.
@@ -7225,7 +7420,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7237,7 +7432,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[108]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7250,7 +7445,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{108}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *Snapshot) GetName() string {
@@ -7291,7 +7486,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7303,7 +7498,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[109]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7316,7 +7511,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{109}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -7342,7 +7537,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7354,7 +7549,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[110]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7367,7 +7562,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{110}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -7387,7 +7582,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7399,7 +7594,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[111]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7412,7 +7607,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{111}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ListSnapshotsRequest) GetProvider() string {
@@ -7431,7 +7626,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7443,7 +7638,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[112]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7456,7 +7651,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{112}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -7478,7 +7673,7 @@ type RemoveSnapshotRequest struct {
 
 func (x *RemoveSnapshotRequest) Reset() {
 	*x = RemoveSnapshotRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7490,7 +7685,7 @@ func (x *RemoveSnapshotRequest) String() string {
 func (*RemoveSnapshotRequest) ProtoMessage() {}
 
 func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[113]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7503,7 +7698,7 @@ func (x *RemoveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{113}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *RemoveSnapshotRequest) GetName() string {
@@ -7528,7 +7723,7 @@ type RemoveSnapshotResponse struct {
 
 func (x *RemoveSnapshotResponse) Reset() {
 	*x = RemoveSnapshotResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7540,7 +7735,7 @@ func (x *RemoveSnapshotResponse) String() string {
 func (*RemoveSnapshotResponse) ProtoMessage() {}
 
 func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[114]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7553,7 +7748,7 @@ func (x *RemoveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{114}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
 }
 
 // ErrorDetail is attached to RPC errors so that clients recover the exact core error.
@@ -7566,7 +7761,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7578,7 +7773,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[115]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7591,7 +7786,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{115}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *ErrorDetail) GetReason() ErrorReason {
@@ -7620,7 +7815,7 @@ type RunCodeRequest struct {
 
 func (x *RunCodeRequest) Reset() {
 	*x = RunCodeRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7632,7 +7827,7 @@ func (x *RunCodeRequest) String() string {
 func (*RunCodeRequest) ProtoMessage() {}
 
 func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[116]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7645,7 +7840,7 @@ func (x *RunCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeRequest.ProtoReflect.Descriptor instead.
 func (*RunCodeRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{116}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *RunCodeRequest) GetSandboxId() string {
@@ -7725,7 +7920,7 @@ type CodeResult struct {
 
 func (x *CodeResult) Reset() {
 	*x = CodeResult{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7737,7 +7932,7 @@ func (x *CodeResult) String() string {
 func (*CodeResult) ProtoMessage() {}
 
 func (x *CodeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[117]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7750,7 +7945,7 @@ func (x *CodeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeResult.ProtoReflect.Descriptor instead.
 func (*CodeResult) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{117}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *CodeResult) GetText() string {
@@ -7834,7 +8029,7 @@ type CodeError struct {
 
 func (x *CodeError) Reset() {
 	*x = CodeError{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7846,7 +8041,7 @@ func (x *CodeError) String() string {
 func (*CodeError) ProtoMessage() {}
 
 func (x *CodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[118]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7859,7 +8054,7 @@ func (x *CodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeError.ProtoReflect.Descriptor instead.
 func (*CodeError) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{118}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *CodeError) GetName() string {
@@ -7903,7 +8098,7 @@ type CodeExecution struct {
 
 func (x *CodeExecution) Reset() {
 	*x = CodeExecution{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7915,7 +8110,7 @@ func (x *CodeExecution) String() string {
 func (*CodeExecution) ProtoMessage() {}
 
 func (x *CodeExecution) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[119]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7928,7 +8123,7 @@ func (x *CodeExecution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeExecution.ProtoReflect.Descriptor instead.
 func (*CodeExecution) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{119}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *CodeExecution) GetResults() []*CodeResult {
@@ -8016,7 +8211,7 @@ type RunCodeResponse struct {
 
 func (x *RunCodeResponse) Reset() {
 	*x = RunCodeResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8028,7 +8223,7 @@ func (x *RunCodeResponse) String() string {
 func (*RunCodeResponse) ProtoMessage() {}
 
 func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[120]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8041,7 +8236,7 @@ func (x *RunCodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCodeResponse.ProtoReflect.Descriptor instead.
 func (*RunCodeResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{120}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *RunCodeResponse) GetEvent() isRunCodeResponse_Event {
@@ -8127,7 +8322,7 @@ type CodeContext struct {
 
 func (x *CodeContext) Reset() {
 	*x = CodeContext{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8139,7 +8334,7 @@ func (x *CodeContext) String() string {
 func (*CodeContext) ProtoMessage() {}
 
 func (x *CodeContext) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[121]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8152,7 +8347,7 @@ func (x *CodeContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeContext.ProtoReflect.Descriptor instead.
 func (*CodeContext) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{121}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *CodeContext) GetId() string {
@@ -8197,7 +8392,7 @@ type CreateContextRequest struct {
 
 func (x *CreateContextRequest) Reset() {
 	*x = CreateContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8209,7 +8404,7 @@ func (x *CreateContextRequest) String() string {
 func (*CreateContextRequest) ProtoMessage() {}
 
 func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[122]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8222,7 +8417,7 @@ func (x *CreateContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextRequest.ProtoReflect.Descriptor instead.
 func (*CreateContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{122}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *CreateContextRequest) GetSandboxId() string {
@@ -8262,7 +8457,7 @@ type CreateContextResponse struct {
 
 func (x *CreateContextResponse) Reset() {
 	*x = CreateContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8274,7 +8469,7 @@ func (x *CreateContextResponse) String() string {
 func (*CreateContextResponse) ProtoMessage() {}
 
 func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[123]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8287,7 +8482,7 @@ func (x *CreateContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContextResponse.ProtoReflect.Descriptor instead.
 func (*CreateContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{123}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *CreateContextResponse) GetContext() *CodeContext {
@@ -8306,7 +8501,7 @@ type ListContextsRequest struct {
 
 func (x *ListContextsRequest) Reset() {
 	*x = ListContextsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8318,7 +8513,7 @@ func (x *ListContextsRequest) String() string {
 func (*ListContextsRequest) ProtoMessage() {}
 
 func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[124]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8331,7 +8526,7 @@ func (x *ListContextsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsRequest.ProtoReflect.Descriptor instead.
 func (*ListContextsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{124}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *ListContextsRequest) GetSandboxId() string {
@@ -8350,7 +8545,7 @@ type ListContextsResponse struct {
 
 func (x *ListContextsResponse) Reset() {
 	*x = ListContextsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8362,7 +8557,7 @@ func (x *ListContextsResponse) String() string {
 func (*ListContextsResponse) ProtoMessage() {}
 
 func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[125]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8375,7 +8570,7 @@ func (x *ListContextsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContextsResponse.ProtoReflect.Descriptor instead.
 func (*ListContextsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{125}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *ListContextsResponse) GetContexts() []*CodeContext {
@@ -8395,7 +8590,7 @@ type RestartContextRequest struct {
 
 func (x *RestartContextRequest) Reset() {
 	*x = RestartContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8407,7 +8602,7 @@ func (x *RestartContextRequest) String() string {
 func (*RestartContextRequest) ProtoMessage() {}
 
 func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[126]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8420,7 +8615,7 @@ func (x *RestartContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextRequest.ProtoReflect.Descriptor instead.
 func (*RestartContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{126}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *RestartContextRequest) GetSandboxId() string {
@@ -8445,7 +8640,7 @@ type RestartContextResponse struct {
 
 func (x *RestartContextResponse) Reset() {
 	*x = RestartContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8457,7 +8652,7 @@ func (x *RestartContextResponse) String() string {
 func (*RestartContextResponse) ProtoMessage() {}
 
 func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[127]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8470,7 +8665,7 @@ func (x *RestartContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartContextResponse.ProtoReflect.Descriptor instead.
 func (*RestartContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{127}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
 }
 
 type RemoveContextRequest struct {
@@ -8483,7 +8678,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8495,7 +8690,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[128]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8508,7 +8703,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{128}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -8533,7 +8728,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8545,7 +8740,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[129]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8558,7 +8753,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{129}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{133}
 }
 
 type EgressLogRequest struct {
@@ -8572,7 +8767,7 @@ type EgressLogRequest struct {
 
 func (x *EgressLogRequest) Reset() {
 	*x = EgressLogRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8584,7 +8779,7 @@ func (x *EgressLogRequest) String() string {
 func (*EgressLogRequest) ProtoMessage() {}
 
 func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[130]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8597,7 +8792,7 @@ func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogRequest.ProtoReflect.Descriptor instead.
 func (*EgressLogRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{130}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *EgressLogRequest) GetSandboxId() string {
@@ -8647,7 +8842,7 @@ type EgressDecision struct {
 
 func (x *EgressDecision) Reset() {
 	*x = EgressDecision{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8659,7 +8854,7 @@ func (x *EgressDecision) String() string {
 func (*EgressDecision) ProtoMessage() {}
 
 func (x *EgressDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[131]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8672,7 +8867,7 @@ func (x *EgressDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressDecision.ProtoReflect.Descriptor instead.
 func (*EgressDecision) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *EgressDecision) GetSeq() uint64 {
@@ -8794,7 +8989,7 @@ type EgressLogResponse struct {
 
 func (x *EgressLogResponse) Reset() {
 	*x = EgressLogResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8806,7 +9001,7 @@ func (x *EgressLogResponse) String() string {
 func (*EgressLogResponse) ProtoMessage() {}
 
 func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8819,7 +9014,7 @@ func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogResponse.ProtoReflect.Descriptor instead.
 func (*EgressLogResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{132}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *EgressLogResponse) GetDecisions() []*EgressDecision {
@@ -8856,7 +9051,7 @@ type EgressPolicyRequest struct {
 
 func (x *EgressPolicyRequest) Reset() {
 	*x = EgressPolicyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8868,7 +9063,7 @@ func (x *EgressPolicyRequest) String() string {
 func (*EgressPolicyRequest) ProtoMessage() {}
 
 func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8881,7 +9076,7 @@ func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*EgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{133}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *EgressPolicyRequest) GetSandboxId() string {
@@ -8915,7 +9110,7 @@ type EgressPolicyResponse struct {
 
 func (x *EgressPolicyResponse) Reset() {
 	*x = EgressPolicyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8927,7 +9122,7 @@ func (x *EgressPolicyResponse) String() string {
 func (*EgressPolicyResponse) ProtoMessage() {}
 
 func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8940,7 +9135,7 @@ func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*EgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{134}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *EgressPolicyResponse) GetRules() []string {
@@ -9266,15 +9461,27 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
 	"\ftimeout_secs\x18\x02 \x01(\x05R\vtimeoutSecs\"A\n" +
 	"\x12SetTimeoutResponse\x12+\n" +
-	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"F\n" +
 	"\fPauseRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x0f\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\ato_disk\x18\x02 \x01(\bR\x06toDisk\"\x0f\n" +
 	"\rPauseResponse\"/\n" +
 	"\x0eUnpauseRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x11\n" +
-	"\x0fUnpauseResponse\"R\n" +
+	"\x0fUnpauseResponse\".\n" +
+	"\rResumeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"=\n" +
+	"\x0eResumeResponse\x12+\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.roche.v1.SandboxR\asandbox\"B\n" +
+	"\vForkRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\"?\n" +
+	"\fForkResponse\x12/\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x11.roche.v1.SandboxR\tsandboxes\"R\n" +
 	"\tGcRequest\x12\x10\n" +
 	"\x03all\x18\x01 \x01(\bR\x03all\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x1a\n" +
@@ -9665,7 +9872,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
 	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
 	"\x12\x1c\n" +
-	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xcb\x1d\n" +
+	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xbf\x1e\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -9678,7 +9885,9 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"SetTimeout\x12\x1b.roche.v1.SetTimeoutRequest\x1a\x1c.roche.v1.SetTimeoutResponse\x128\n" +
 	"\x05Pause\x12\x16.roche.v1.PauseRequest\x1a\x17.roche.v1.PauseResponse\x12>\n" +
-	"\aUnpause\x12\x18.roche.v1.UnpauseRequest\x1a\x19.roche.v1.UnpauseResponse\x12/\n" +
+	"\aUnpause\x12\x18.roche.v1.UnpauseRequest\x1a\x19.roche.v1.UnpauseResponse\x12;\n" +
+	"\x06Resume\x12\x17.roche.v1.ResumeRequest\x1a\x18.roche.v1.ResumeResponse\x125\n" +
+	"\x04Fork\x12\x15.roche.v1.ForkRequest\x1a\x16.roche.v1.ForkResponse\x12/\n" +
 	"\x02Gc\x12\x13.roche.v1.GcRequest\x1a\x14.roche.v1.GcResponse\x12=\n" +
 	"\x06CopyTo\x12\x17.roche.v1.CopyToRequest\x1a\x18.roche.v1.CopyToResponse(\x01\x12C\n" +
 	"\bCopyFrom\x12\x19.roche.v1.CopyFromRequest\x1a\x1a.roche.v1.CopyFromResponse0\x01\x12C\n" +
@@ -9738,7 +9947,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 146)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 150)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: roche.v1.SandboxState
 	(EndKind)(0),                      // 1: roche.v1.EndKind
@@ -9805,107 +10014,111 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*PauseResponse)(nil),             // 62: roche.v1.PauseResponse
 	(*UnpauseRequest)(nil),            // 63: roche.v1.UnpauseRequest
 	(*UnpauseResponse)(nil),           // 64: roche.v1.UnpauseResponse
-	(*GcRequest)(nil),                 // 65: roche.v1.GcRequest
-	(*GcResponse)(nil),                // 66: roche.v1.GcResponse
-	(*CopyToRequest)(nil),             // 67: roche.v1.CopyToRequest
-	(*CopyToResponse)(nil),            // 68: roche.v1.CopyToResponse
-	(*CopyFromRequest)(nil),           // 69: roche.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),          // 70: roche.v1.CopyFromResponse
-	(*FileEntry)(nil),                 // 71: roche.v1.FileEntry
-	(*ReadFileRequest)(nil),           // 72: roche.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 73: roche.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),          // 74: roche.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 75: roche.v1.WriteFileResponse
-	(*ListDirRequest)(nil),            // 76: roche.v1.ListDirRequest
-	(*ListDirResponse)(nil),           // 77: roche.v1.ListDirResponse
-	(*StatRequest)(nil),               // 78: roche.v1.StatRequest
-	(*StatResponse)(nil),              // 79: roche.v1.StatResponse
-	(*MakeDirRequest)(nil),            // 80: roche.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 81: roche.v1.MakeDirResponse
-	(*RenameRequest)(nil),             // 82: roche.v1.RenameRequest
-	(*RenameResponse)(nil),            // 83: roche.v1.RenameResponse
-	(*RemoveRequest)(nil),             // 84: roche.v1.RemoveRequest
-	(*RemoveResponse)(nil),            // 85: roche.v1.RemoveResponse
-	(*FileEvent)(nil),                 // 86: roche.v1.FileEvent
-	(*WatchDirRequest)(nil),           // 87: roche.v1.WatchDirRequest
-	(*WatchStarted)(nil),              // 88: roche.v1.WatchStarted
-	(*WatchDirResponse)(nil),          // 89: roche.v1.WatchDirResponse
-	(*CreateWatcherRequest)(nil),      // 90: roche.v1.CreateWatcherRequest
-	(*CreateWatcherResponse)(nil),     // 91: roche.v1.CreateWatcherResponse
-	(*GetWatcherEventsRequest)(nil),   // 92: roche.v1.GetWatcherEventsRequest
-	(*GetWatcherEventsResponse)(nil),  // 93: roche.v1.GetWatcherEventsResponse
-	(*RemoveWatcherRequest)(nil),      // 94: roche.v1.RemoveWatcherRequest
-	(*RemoveWatcherResponse)(nil),     // 95: roche.v1.RemoveWatcherResponse
-	(*Pool)(nil),                      // 96: roche.v1.Pool
-	(*PoolStatusRequest)(nil),         // 97: roche.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),        // 98: roche.v1.PoolStatusResponse
-	(*PoolWarmupRequest)(nil),         // 99: roche.v1.PoolWarmupRequest
-	(*PoolWarmupResponse)(nil),        // 100: roche.v1.PoolWarmupResponse
-	(*PoolDrainRequest)(nil),          // 101: roche.v1.PoolDrainRequest
-	(*PoolDrainResponse)(nil),         // 102: roche.v1.PoolDrainResponse
-	(*ListProvidersRequest)(nil),      // 103: roche.v1.ListProvidersRequest
-	(*ListProvidersResponse)(nil),     // 104: roche.v1.ListProvidersResponse
-	(*ProviderInfo)(nil),              // 105: roche.v1.ProviderInfo
-	(*Capabilities)(nil),              // 106: roche.v1.Capabilities
-	(*ResetRequest)(nil),              // 107: roche.v1.ResetRequest
-	(*ResetResponse)(nil),             // 108: roche.v1.ResetResponse
-	(*Workspace)(nil),                 // 109: roche.v1.Workspace
-	(*ListWorkspacesRequest)(nil),     // 110: roche.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),    // 111: roche.v1.ListWorkspacesResponse
-	(*RemoveWorkspaceRequest)(nil),    // 112: roche.v1.RemoveWorkspaceRequest
-	(*RemoveWorkspaceResponse)(nil),   // 113: roche.v1.RemoveWorkspaceResponse
-	(*Snapshot)(nil),                  // 114: roche.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),     // 115: roche.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),    // 116: roche.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),      // 117: roche.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),     // 118: roche.v1.ListSnapshotsResponse
-	(*RemoveSnapshotRequest)(nil),     // 119: roche.v1.RemoveSnapshotRequest
-	(*RemoveSnapshotResponse)(nil),    // 120: roche.v1.RemoveSnapshotResponse
-	(*ErrorDetail)(nil),               // 121: roche.v1.ErrorDetail
-	(*RunCodeRequest)(nil),            // 122: roche.v1.RunCodeRequest
-	(*CodeResult)(nil),                // 123: roche.v1.CodeResult
-	(*CodeError)(nil),                 // 124: roche.v1.CodeError
-	(*CodeExecution)(nil),             // 125: roche.v1.CodeExecution
-	(*RunCodeResponse)(nil),           // 126: roche.v1.RunCodeResponse
-	(*CodeContext)(nil),               // 127: roche.v1.CodeContext
-	(*CreateContextRequest)(nil),      // 128: roche.v1.CreateContextRequest
-	(*CreateContextResponse)(nil),     // 129: roche.v1.CreateContextResponse
-	(*ListContextsRequest)(nil),       // 130: roche.v1.ListContextsRequest
-	(*ListContextsResponse)(nil),      // 131: roche.v1.ListContextsResponse
-	(*RestartContextRequest)(nil),     // 132: roche.v1.RestartContextRequest
-	(*RestartContextResponse)(nil),    // 133: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),      // 134: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),     // 135: roche.v1.RemoveContextResponse
-	(*EgressLogRequest)(nil),          // 136: roche.v1.EgressLogRequest
-	(*EgressDecision)(nil),            // 137: roche.v1.EgressDecision
-	(*EgressLogResponse)(nil),         // 138: roche.v1.EgressLogResponse
-	(*EgressPolicyRequest)(nil),       // 139: roche.v1.EgressPolicyRequest
-	(*EgressPolicyResponse)(nil),      // 140: roche.v1.EgressPolicyResponse
-	nil,                               // 141: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                               // 142: roche.v1.StartCommandRequest.EnvEntry
-	nil,                               // 143: roche.v1.Command.EnvEntry
-	nil,                               // 144: roche.v1.SandboxConfig.EnvEntry
-	nil,                               // 145: roche.v1.SandboxConfig.MetadataEntry
-	nil,                               // 146: roche.v1.Sandbox.MetadataEntry
-	nil,                               // 147: roche.v1.ExecRequest.EnvEntry
-	nil,                               // 148: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                               // 149: roche.v1.ListRequest.MetadataEntry
-	nil,                               // 150: roche.v1.RunCodeRequest.EnvEntry
-	nil,                               // 151: roche.v1.CreateContextRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 152: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 153: google.protobuf.Timestamp
+	(*ResumeRequest)(nil),             // 65: roche.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 66: roche.v1.ResumeResponse
+	(*ForkRequest)(nil),               // 67: roche.v1.ForkRequest
+	(*ForkResponse)(nil),              // 68: roche.v1.ForkResponse
+	(*GcRequest)(nil),                 // 69: roche.v1.GcRequest
+	(*GcResponse)(nil),                // 70: roche.v1.GcResponse
+	(*CopyToRequest)(nil),             // 71: roche.v1.CopyToRequest
+	(*CopyToResponse)(nil),            // 72: roche.v1.CopyToResponse
+	(*CopyFromRequest)(nil),           // 73: roche.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),          // 74: roche.v1.CopyFromResponse
+	(*FileEntry)(nil),                 // 75: roche.v1.FileEntry
+	(*ReadFileRequest)(nil),           // 76: roche.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 77: roche.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 78: roche.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 79: roche.v1.WriteFileResponse
+	(*ListDirRequest)(nil),            // 80: roche.v1.ListDirRequest
+	(*ListDirResponse)(nil),           // 81: roche.v1.ListDirResponse
+	(*StatRequest)(nil),               // 82: roche.v1.StatRequest
+	(*StatResponse)(nil),              // 83: roche.v1.StatResponse
+	(*MakeDirRequest)(nil),            // 84: roche.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 85: roche.v1.MakeDirResponse
+	(*RenameRequest)(nil),             // 86: roche.v1.RenameRequest
+	(*RenameResponse)(nil),            // 87: roche.v1.RenameResponse
+	(*RemoveRequest)(nil),             // 88: roche.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 89: roche.v1.RemoveResponse
+	(*FileEvent)(nil),                 // 90: roche.v1.FileEvent
+	(*WatchDirRequest)(nil),           // 91: roche.v1.WatchDirRequest
+	(*WatchStarted)(nil),              // 92: roche.v1.WatchStarted
+	(*WatchDirResponse)(nil),          // 93: roche.v1.WatchDirResponse
+	(*CreateWatcherRequest)(nil),      // 94: roche.v1.CreateWatcherRequest
+	(*CreateWatcherResponse)(nil),     // 95: roche.v1.CreateWatcherResponse
+	(*GetWatcherEventsRequest)(nil),   // 96: roche.v1.GetWatcherEventsRequest
+	(*GetWatcherEventsResponse)(nil),  // 97: roche.v1.GetWatcherEventsResponse
+	(*RemoveWatcherRequest)(nil),      // 98: roche.v1.RemoveWatcherRequest
+	(*RemoveWatcherResponse)(nil),     // 99: roche.v1.RemoveWatcherResponse
+	(*Pool)(nil),                      // 100: roche.v1.Pool
+	(*PoolStatusRequest)(nil),         // 101: roche.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),        // 102: roche.v1.PoolStatusResponse
+	(*PoolWarmupRequest)(nil),         // 103: roche.v1.PoolWarmupRequest
+	(*PoolWarmupResponse)(nil),        // 104: roche.v1.PoolWarmupResponse
+	(*PoolDrainRequest)(nil),          // 105: roche.v1.PoolDrainRequest
+	(*PoolDrainResponse)(nil),         // 106: roche.v1.PoolDrainResponse
+	(*ListProvidersRequest)(nil),      // 107: roche.v1.ListProvidersRequest
+	(*ListProvidersResponse)(nil),     // 108: roche.v1.ListProvidersResponse
+	(*ProviderInfo)(nil),              // 109: roche.v1.ProviderInfo
+	(*Capabilities)(nil),              // 110: roche.v1.Capabilities
+	(*ResetRequest)(nil),              // 111: roche.v1.ResetRequest
+	(*ResetResponse)(nil),             // 112: roche.v1.ResetResponse
+	(*Workspace)(nil),                 // 113: roche.v1.Workspace
+	(*ListWorkspacesRequest)(nil),     // 114: roche.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 115: roche.v1.ListWorkspacesResponse
+	(*RemoveWorkspaceRequest)(nil),    // 116: roche.v1.RemoveWorkspaceRequest
+	(*RemoveWorkspaceResponse)(nil),   // 117: roche.v1.RemoveWorkspaceResponse
+	(*Snapshot)(nil),                  // 118: roche.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),     // 119: roche.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),    // 120: roche.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),      // 121: roche.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 122: roche.v1.ListSnapshotsResponse
+	(*RemoveSnapshotRequest)(nil),     // 123: roche.v1.RemoveSnapshotRequest
+	(*RemoveSnapshotResponse)(nil),    // 124: roche.v1.RemoveSnapshotResponse
+	(*ErrorDetail)(nil),               // 125: roche.v1.ErrorDetail
+	(*RunCodeRequest)(nil),            // 126: roche.v1.RunCodeRequest
+	(*CodeResult)(nil),                // 127: roche.v1.CodeResult
+	(*CodeError)(nil),                 // 128: roche.v1.CodeError
+	(*CodeExecution)(nil),             // 129: roche.v1.CodeExecution
+	(*RunCodeResponse)(nil),           // 130: roche.v1.RunCodeResponse
+	(*CodeContext)(nil),               // 131: roche.v1.CodeContext
+	(*CreateContextRequest)(nil),      // 132: roche.v1.CreateContextRequest
+	(*CreateContextResponse)(nil),     // 133: roche.v1.CreateContextResponse
+	(*ListContextsRequest)(nil),       // 134: roche.v1.ListContextsRequest
+	(*ListContextsResponse)(nil),      // 135: roche.v1.ListContextsResponse
+	(*RestartContextRequest)(nil),     // 136: roche.v1.RestartContextRequest
+	(*RestartContextResponse)(nil),    // 137: roche.v1.RestartContextResponse
+	(*RemoveContextRequest)(nil),      // 138: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),     // 139: roche.v1.RemoveContextResponse
+	(*EgressLogRequest)(nil),          // 140: roche.v1.EgressLogRequest
+	(*EgressDecision)(nil),            // 141: roche.v1.EgressDecision
+	(*EgressLogResponse)(nil),         // 142: roche.v1.EgressLogResponse
+	(*EgressPolicyRequest)(nil),       // 143: roche.v1.EgressPolicyRequest
+	(*EgressPolicyResponse)(nil),      // 144: roche.v1.EgressPolicyResponse
+	nil,                               // 145: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 146: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 147: roche.v1.Command.EnvEntry
+	nil,                               // 148: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 149: roche.v1.SandboxConfig.MetadataEntry
+	nil,                               // 150: roche.v1.Sandbox.MetadataEntry
+	nil,                               // 151: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 152: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 153: roche.v1.ListRequest.MetadataEntry
+	nil,                               // 154: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 155: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 156: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 157: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	141, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	145, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	6,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
 	48,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	46,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	6,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	142, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	146, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
 	22,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
-	152, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
-	143, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
-	153, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	156, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	147, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	157, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
 	20,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
 	20,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
 	21,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
@@ -9919,190 +10132,196 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	17,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
-	144, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	148, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	37,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	145, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
+	149, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
 	36,  // 26: roche.v1.SandboxConfig.secrets:type_name -> roche.v1.Secret
 	0,   // 27: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	153, // 28: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	153, // 29: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	146, // 30: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
+	157, // 28: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	157, // 29: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	150, // 30: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
 	39,  // 31: roche.v1.Sandbox.end:type_name -> roche.v1.EndReason
 	1,   // 32: roche.v1.EndReason.kind:type_name -> roche.v1.EndKind
-	153, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
-	152, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
+	157, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
+	156, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
 	1,   // 35: roche.v1.ReceiptUsage.end:type_name -> roche.v1.EndKind
 	35,  // 36: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	38,  // 37: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	147, // 38: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	151, // 38: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	46,  // 39: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	148, // 40: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	152, // 41: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	152, // 40: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	156, // 41: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	40,  // 42: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
 	2,   // 43: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	153, // 44: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	157, // 44: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	47,  // 45: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	48,  // 46: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	46,  // 47: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
 	39,  // 48: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
 	56,  // 49: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	149, // 50: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	153, // 50: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
 	0,   // 51: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
 	38,  // 52: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
 	56,  // 53: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
 	5,   // 54: roche.v1.SkippedProvider.reason:type_name -> roche.v1.ErrorReason
 	38,  // 55: roche.v1.InspectResponse.sandbox:type_name -> roche.v1.Sandbox
 	38,  // 56: roche.v1.SetTimeoutResponse.sandbox:type_name -> roche.v1.Sandbox
-	38,  // 57: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
-	56,  // 58: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
-	3,   // 59: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	153, // 60: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
-	71,  // 61: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 62: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 63: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
-	71,  // 64: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 65: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
-	71,  // 66: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
-	4,   // 67: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
-	88,  // 68: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
-	86,  // 69: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
-	48,  // 70: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	86,  // 71: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	152, // 72: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
-	96,  // 73: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
-	96,  // 74: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
-	96,  // 75: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
-	105, // 76: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
-	106, // 77: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
-	38,  // 78: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	153, // 79: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
-	109, // 80: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	153, // 81: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	114, // 82: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
-	114, // 83: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
-	5,   // 84: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	150, // 85: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
-	123, // 86: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
-	124, // 87: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	152, // 88: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
-	47,  // 89: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
-	48,  // 90: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
-	123, // 91: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
-	125, // 92: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	151, // 93: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
-	127, // 94: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
-	127, // 95: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	153, // 96: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
-	137, // 97: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
-	41,  // 98: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	43,  // 99: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	45,  // 100: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	50,  // 101: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	51,  // 102: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	54,  // 103: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	57,  // 104: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	59,  // 105: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
-	61,  // 106: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	63,  // 107: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	65,  // 108: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	67,  // 109: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	69,  // 110: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	72,  // 111: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	74,  // 112: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	76,  // 113: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	78,  // 114: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	80,  // 115: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	82,  // 116: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	84,  // 117: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	87,  // 118: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	90,  // 119: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	92,  // 120: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	94,  // 121: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	97,  // 122: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	99,  // 123: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	101, // 124: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	103, // 125: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	107, // 126: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	110, // 127: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	112, // 128: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	115, // 129: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	117, // 130: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	119, // 131: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	122, // 132: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	128, // 133: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	130, // 134: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	132, // 135: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	134, // 136: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	7,   // 137: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	9,   // 138: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	11,  // 139: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	13,  // 140: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	15,  // 141: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	18,  // 142: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	23,  // 143: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	27,  // 144: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	29,  // 145: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	31,  // 146: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	33,  // 147: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	136, // 148: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
-	139, // 149: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
-	42,  // 150: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	44,  // 151: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	49,  // 152: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	53,  // 153: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	52,  // 154: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	55,  // 155: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	58,  // 156: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	60,  // 157: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
-	62,  // 158: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	64,  // 159: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	66,  // 160: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	68,  // 161: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	70,  // 162: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	73,  // 163: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	75,  // 164: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	77,  // 165: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	79,  // 166: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	81,  // 167: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	83,  // 168: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	85,  // 169: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	89,  // 170: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	91,  // 171: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	93,  // 172: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	95,  // 173: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	98,  // 174: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	100, // 175: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	102, // 176: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	104, // 177: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	108, // 178: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	111, // 179: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	113, // 180: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	116, // 181: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	118, // 182: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	120, // 183: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	126, // 184: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	129, // 185: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	131, // 186: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	133, // 187: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	135, // 188: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	8,   // 189: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	10,  // 190: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	12,  // 191: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	14,  // 192: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	16,  // 193: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	19,  // 194: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	26,  // 195: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	28,  // 196: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	30,  // 197: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	32,  // 198: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	34,  // 199: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	138, // 200: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
-	140, // 201: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
-	150, // [150:202] is the sub-list for method output_type
-	98,  // [98:150] is the sub-list for method input_type
-	98,  // [98:98] is the sub-list for extension type_name
-	98,  // [98:98] is the sub-list for extension extendee
-	0,   // [0:98] is the sub-list for field type_name
+	38,  // 57: roche.v1.ResumeResponse.sandbox:type_name -> roche.v1.Sandbox
+	38,  // 58: roche.v1.ForkResponse.sandboxes:type_name -> roche.v1.Sandbox
+	38,  // 59: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
+	56,  // 60: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
+	3,   // 61: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
+	157, // 62: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	75,  // 63: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
+	75,  // 64: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
+	75,  // 65: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
+	75,  // 66: roche.v1.StatResponse.entry:type_name -> roche.v1.FileEntry
+	75,  // 67: roche.v1.MakeDirResponse.entry:type_name -> roche.v1.FileEntry
+	75,  // 68: roche.v1.RenameResponse.entry:type_name -> roche.v1.FileEntry
+	4,   // 69: roche.v1.FileEvent.type:type_name -> roche.v1.FileEventType
+	92,  // 70: roche.v1.WatchDirResponse.started:type_name -> roche.v1.WatchStarted
+	90,  // 71: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
+	48,  // 72: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	90,  // 73: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
+	156, // 74: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	100, // 75: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
+	100, // 76: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
+	100, // 77: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
+	109, // 78: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
+	110, // 79: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
+	38,  // 80: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
+	157, // 81: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	113, // 82: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
+	157, // 83: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	118, // 84: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
+	118, // 85: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
+	5,   // 86: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
+	154, // 87: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	127, // 88: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
+	128, // 89: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
+	156, // 90: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	47,  // 91: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
+	48,  // 92: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
+	127, // 93: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
+	129, // 94: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
+	155, // 95: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	131, // 96: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
+	131, // 97: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
+	157, // 98: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
+	141, // 99: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
+	41,  // 100: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	43,  // 101: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	45,  // 102: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	50,  // 103: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	51,  // 104: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	54,  // 105: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	57,  // 106: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	59,  // 107: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	61,  // 108: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	63,  // 109: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	65,  // 110: roche.v1.SandboxService.Resume:input_type -> roche.v1.ResumeRequest
+	67,  // 111: roche.v1.SandboxService.Fork:input_type -> roche.v1.ForkRequest
+	69,  // 112: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	71,  // 113: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	73,  // 114: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	76,  // 115: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	78,  // 116: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	80,  // 117: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	82,  // 118: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	84,  // 119: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	86,  // 120: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	88,  // 121: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	91,  // 122: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	94,  // 123: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	96,  // 124: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	98,  // 125: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	101, // 126: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	103, // 127: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	105, // 128: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	107, // 129: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	111, // 130: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	114, // 131: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	116, // 132: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	119, // 133: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	121, // 134: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	123, // 135: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	126, // 136: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	132, // 137: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	134, // 138: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	136, // 139: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	138, // 140: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	7,   // 141: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	9,   // 142: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	11,  // 143: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	13,  // 144: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	15,  // 145: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18,  // 146: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	23,  // 147: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	27,  // 148: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	29,  // 149: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	31,  // 150: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	33,  // 151: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	140, // 152: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
+	143, // 153: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
+	42,  // 154: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	44,  // 155: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	49,  // 156: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	53,  // 157: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	52,  // 158: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	55,  // 159: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	58,  // 160: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	60,  // 161: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	62,  // 162: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	64,  // 163: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	66,  // 164: roche.v1.SandboxService.Resume:output_type -> roche.v1.ResumeResponse
+	68,  // 165: roche.v1.SandboxService.Fork:output_type -> roche.v1.ForkResponse
+	70,  // 166: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	72,  // 167: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	74,  // 168: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	77,  // 169: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	79,  // 170: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	81,  // 171: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	83,  // 172: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	85,  // 173: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	87,  // 174: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	89,  // 175: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	93,  // 176: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	95,  // 177: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	97,  // 178: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	99,  // 179: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	102, // 180: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	104, // 181: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	106, // 182: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	108, // 183: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	112, // 184: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	115, // 185: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	117, // 186: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	120, // 187: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	122, // 188: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	124, // 189: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	130, // 190: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	133, // 191: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	135, // 192: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	137, // 193: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	139, // 194: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	8,   // 195: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	10,  // 196: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	12,  // 197: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	14,  // 198: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	16,  // 199: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	19,  // 200: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	26,  // 201: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	28,  // 202: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	30,  // 203: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	32,  // 204: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	34,  // 205: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	142, // 206: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
+	144, // 207: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
+	154, // [154:208] is the sub-list for method output_type
+	100, // [100:154] is the sub-list for method input_type
+	100, // [100:100] is the sub-list for extension type_name
+	100, // [100:100] is the sub-list for extension extendee
+	0,   // [0:100] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -10133,12 +10352,12 @@ func file_roche_v1_sandbox_proto_init() {
 		(*ExecStreamResponse_Heartbeat)(nil),
 		(*ExecStreamResponse_Result)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[83].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[87].OneofWrappers = []any{
 		(*WatchDirResponse_Started)(nil),
 		(*WatchDirResponse_File)(nil),
 		(*WatchDirResponse_Heartbeat)(nil),
 	}
-	file_roche_v1_sandbox_proto_msgTypes[120].OneofWrappers = []any{
+	file_roche_v1_sandbox_proto_msgTypes[124].OneofWrappers = []any{
 		(*RunCodeResponse_Output)(nil),
 		(*RunCodeResponse_Heartbeat)(nil),
 		(*RunCodeResponse_Result)(nil),
@@ -10150,7 +10369,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   146,
+			NumMessages:   150,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -71,6 +71,10 @@ const (
 	SandboxServicePauseProcedure = "/roche.v1.SandboxService/Pause"
 	// SandboxServiceUnpauseProcedure is the fully-qualified name of the SandboxService's Unpause RPC.
 	SandboxServiceUnpauseProcedure = "/roche.v1.SandboxService/Unpause"
+	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
+	SandboxServiceResumeProcedure = "/roche.v1.SandboxService/Resume"
+	// SandboxServiceForkProcedure is the fully-qualified name of the SandboxService's Fork RPC.
+	SandboxServiceForkProcedure = "/roche.v1.SandboxService/Fork"
 	// SandboxServiceGcProcedure is the fully-qualified name of the SandboxService's Gc RPC.
 	SandboxServiceGcProcedure = "/roche.v1.SandboxService/Gc"
 	// SandboxServiceCopyToProcedure is the fully-qualified name of the SandboxService's CopyTo RPC.
@@ -209,10 +213,17 @@ type SandboxServiceClient interface {
 	// sooner or later, within the tenant's and the product's maximum lifetime; the
 	// sandbox's expires_at says the new end.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
-	// Pause freezes every process in a sandbox.
+	// Pause freezes every process in a sandbox; with to_disk (E2B's pause) it saves the
+	// sandbox whole, memory and processes included, and stops it: it holds no memory or
+	// CPU, and its lifetime pauses with it, until Resume.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	// Unpause thaws a paused sandbox.
 	Unpause(context.Context, *connect.Request[v1.UnpauseRequest]) (*connect.Response[v1.UnpauseResponse], error)
+	// Resume brings a sandbox paused to disk back where it was (E2B's resume).
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// Fork makes count new sandboxes, each a copy of a running or paused-to-disk sandbox,
+	// memory and processes included, the caller's, each with its own id and lifetime.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Gc removes expired or stopped sandboxes (every one with all).
 	Gc(context.Context, *connect.Request[v1.GcRequest]) (*connect.Response[v1.GcResponse], error)
 	// CopyTo uploads a tar stream and unpacks it in the sandbox.
@@ -421,6 +432,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceUnpauseProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("Unpause")),
+			connect.WithClientOptions(opts...),
+		),
+		resume: connect.NewClient[v1.ResumeRequest, v1.ResumeResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
+			connect.WithClientOptions(opts...),
+		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+SandboxServiceForkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
 			connect.WithClientOptions(opts...),
 		),
 		gc: connect.NewClient[v1.GcRequest, v1.GcResponse](
@@ -690,6 +713,8 @@ type sandboxServiceClient struct {
 	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
 	pause             *connect.Client[v1.PauseRequest, v1.PauseResponse]
 	unpause           *connect.Client[v1.UnpauseRequest, v1.UnpauseResponse]
+	resume            *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	fork              *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	gc                *connect.Client[v1.GcRequest, v1.GcResponse]
 	copyTo            *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
 	copyFrom          *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
@@ -782,6 +807,16 @@ func (c *sandboxServiceClient) Pause(ctx context.Context, req *connect.Request[v
 // Unpause calls roche.v1.SandboxService.Unpause.
 func (c *sandboxServiceClient) Unpause(ctx context.Context, req *connect.Request[v1.UnpauseRequest]) (*connect.Response[v1.UnpauseResponse], error) {
 	return c.unpause.CallUnary(ctx, req)
+}
+
+// Resume calls roche.v1.SandboxService.Resume.
+func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return c.resume.CallUnary(ctx, req)
+}
+
+// Fork calls roche.v1.SandboxService.Fork.
+func (c *sandboxServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
 }
 
 // Gc calls roche.v1.SandboxService.Gc.
@@ -1017,10 +1052,17 @@ type SandboxServiceHandler interface {
 	// sooner or later, within the tenant's and the product's maximum lifetime; the
 	// sandbox's expires_at says the new end.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
-	// Pause freezes every process in a sandbox.
+	// Pause freezes every process in a sandbox; with to_disk (E2B's pause) it saves the
+	// sandbox whole, memory and processes included, and stops it: it holds no memory or
+	// CPU, and its lifetime pauses with it, until Resume.
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	// Unpause thaws a paused sandbox.
 	Unpause(context.Context, *connect.Request[v1.UnpauseRequest]) (*connect.Response[v1.UnpauseResponse], error)
+	// Resume brings a sandbox paused to disk back where it was (E2B's resume).
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// Fork makes count new sandboxes, each a copy of a running or paused-to-disk sandbox,
+	// memory and processes included, the caller's, each with its own id and lifetime.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Gc removes expired or stopped sandboxes (every one with all).
 	Gc(context.Context, *connect.Request[v1.GcRequest]) (*connect.Response[v1.GcResponse], error)
 	// CopyTo uploads a tar stream and unpacks it in the sandbox.
@@ -1225,6 +1267,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceUnpauseProcedure,
 		svc.Unpause,
 		connect.WithSchema(sandboxServiceMethods.ByName("Unpause")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeProcedure,
+		svc.Resume,
+		connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceForkHandler := connect.NewUnaryHandler(
+		SandboxServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceGcHandler := connect.NewUnaryHandler(
@@ -1501,6 +1555,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseHandler.ServeHTTP(w, r)
 		case SandboxServiceUnpauseProcedure:
 			sandboxServiceUnpauseHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeProcedure:
+			sandboxServiceResumeHandler.ServeHTTP(w, r)
+		case SandboxServiceForkProcedure:
+			sandboxServiceForkHandler.ServeHTTP(w, r)
 		case SandboxServiceGcProcedure:
 			sandboxServiceGcHandler.ServeHTTP(w, r)
 		case SandboxServiceCopyToProcedure:
@@ -1632,6 +1690,14 @@ func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Reques
 
 func (UnimplementedSandboxServiceHandler) Unpause(context.Context, *connect.Request[v1.UnpauseRequest]) (*connect.Response[v1.UnpauseResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Unpause is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Resume is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.Fork is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Gc(context.Context, *connect.Request[v1.GcRequest]) (*connect.Response[v1.GcResponse], error) {
