@@ -18,8 +18,10 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/ledger"
+	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/kit"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/oci"
 	"golang.org/x/sys/unix"
 )
@@ -249,6 +251,39 @@ func TestOOMEndsOCI(t *testing.T) {
 		return string(b)
 	}
 	oomEnds(t, c, c.Provider(oci.Name), oci.Name, metrics(), metrics)
+}
+
+// TestOOMEndsKubernetes is TestOOMEnds on the kubernetes provider (the test cluster),
+// served by roched: its watch of the Pods reads the kubelet's OOMKilled, exit 137.
+func TestOOMEndsKubernetes(t *testing.T) {
+	cluster := testcluster.Start(t)
+	cl := cluster.Client(t)
+	t.Cleanup(cl.Close) // last: the namespace's cleanup below uses it
+	ns := cl.Namespace(t, "roche-daemon-oom")
+	importAgentImage(t)
+	socket := filepath.Join(shortDir(t), "r.sock")
+	r := startRochedEnv(t, socket, nil, "--kubeconfig", cluster.Kubeconfig, "--namespace", ns)
+	c, err := client.New(client.WithSocket(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		stopRoched(t, r)
+		if left := k8sPods(t, cl, ns); len(left) != 0 {
+			t.Errorf("Pods left behind: %v", left)
+		}
+	})
+	metrics := func() string {
+		resp, err := unixHTTP(socket).Get("http://roched/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	oomEnds(t, c, c.Provider(kubernetes.Name), kubernetes.Name, metrics(), metrics)
 }
 
 // oomEnds is TestOOMEnds's body on one provider served by roched.

@@ -231,6 +231,9 @@ func (l *Ledger) eventEnd(r *Record, ev kit.SandboxEvent) roche.EndReason {
 		why = roche.UnknownEnd(at, "it was removed behind roched's back (not through roched: the engine's own tools, or another program), which the engine does not say who did")
 		why.Evidence = fmt.Sprintf("%s engine event %s", r.Provider, ev.Kind)
 	}
+	if ev.Evidence != "" {
+		why.Evidence += "; " + ev.Evidence
+	}
 	return why
 }
 

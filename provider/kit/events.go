@@ -42,6 +42,9 @@ type SandboxEvent struct {
 	// ExitCode is the main process's exit status of an EventDied, when ExitKnown.
 	ExitCode  int  `json:"exit_code,omitempty"`
 	ExitKnown bool `json:"exit_known,omitempty"`
+	// Evidence, when set, is what the engine said, in its words (a Pod's container
+	// status: "terminated, reason OOMKilled, exit code 137").
+	Evidence string `json:"evidence,omitempty"`
 	// Time is when the engine says it happened, or, with Resync, when it was found.
 	Time time.Time `json:"time"`
 	// Resync: not seen as it happened (the watch was cut off from the engine then) but
