@@ -1,0 +1,60 @@
+package kubernetes
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/roche-sandbox/roche/provider/kit"
+)
+
+// TestPodEnd: the sandbox container's status says which events a Pod's end is. The end
+// itself is tested on the cluster (internal/daemon's TestOOMEndsKubernetes); this is
+// the logic that tells an OOM kill of roche-agent from an OOMKilled kept from a
+// command's, and a Pod that never ran.
+func TestPodEnd(t *testing.T) {
+	pod := func(phase corev1.PodPhase, name, reason string, code int32) *corev1.Pod {
+		p := &corev1.Pod{Status: corev1.PodStatus{Phase: phase}}
+		p.Name = "kubernetes-x"
+		if name != "" {
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: name, State: corev1.ContainerState{
+				Terminated: &corev1.ContainerStateTerminated{Reason: reason, ExitCode: code},
+			}}}
+		}
+		return p
+	}
+	for _, c := range []struct {
+		name  string
+		pod   *corev1.Pod
+		kinds []kit.SandboxEventKind
+		exit  int
+	}{
+		{"agent OOM-killed", pod(corev1.PodFailed, containerSandbox, "OOMKilled", 137), []kit.SandboxEventKind{kit.EventOOM, kit.EventDied}, 137},
+		{"agent exited after a command's OOM kill", pod(corev1.PodFailed, containerSandbox, "OOMKilled", 2), []kit.SandboxEventKind{kit.EventDied}, 2},
+		{"agent killed", pod(corev1.PodFailed, containerSandbox, "Error", 137), []kit.SandboxEventKind{kit.EventDied}, 137},
+		{"another container", pod(corev1.PodRunning, containerInstall, "Completed", 0), nil, 0},
+		{"failed with no container status", pod(corev1.PodFailed, "", "", 0), []kit.SandboxEventKind{kit.EventDied}, 0},
+		{"running", pod(corev1.PodRunning, "", "", 0), nil, 0},
+	} {
+		evs, ended := podEnd(c.pod)
+		var kinds []kit.SandboxEventKind
+		for _, ev := range evs {
+			kinds = append(kinds, ev.Kind)
+			if ev.ID != "kubernetes-x" || ev.Evidence == "" {
+				t.Errorf("%s: event %+v, want the Pod's id and evidence", c.name, ev)
+			}
+			if ev.Kind == kit.EventDied && c.pod.Status.ContainerStatuses != nil && (!ev.ExitKnown || ev.ExitCode != c.exit) {
+				t.Errorf("%s: died with %+v, want exit %d", c.name, ev, c.exit)
+			}
+		}
+		if ended != (len(c.kinds) > 0) || len(kinds) != len(c.kinds) {
+			t.Errorf("%s: events %v ended %v, want %v", c.name, kinds, ended, c.kinds)
+			continue
+		}
+		for i := range kinds {
+			if kinds[i] != c.kinds[i] {
+				t.Errorf("%s: events %v, want %v", c.name, kinds, c.kinds)
+			}
+		}
+	}
+}
