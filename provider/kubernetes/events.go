@@ -30,11 +30,7 @@ func (p *Provider) Watch(ctx context.Context) (<-chan kit.SandboxEvent, error) {
 		return nil, p.noCluster
 	}
 	w := &podWatch{p: p, ch: make(chan kit.SandboxEvent, 64), seen: map[string]bool{}}
-	rv, err := w.list(ctx, false)
-	if err != nil {
-		return nil, err
-	}
-	go w.run(ctx, rv)
+	go w.run(ctx)
 	return w.ch, nil
 }
 
@@ -80,24 +76,33 @@ func (w *podWatch) list(ctx context.Context, resync bool) (string, error) {
 	return pods.ResourceVersion, nil
 }
 
-// run watches from resourceVersion rv until ctx ends, listing again after each cut.
-func (w *podWatch) run(ctx context.Context, rv string) {
+// run watches until ctx ends, listing first and again after each cut (an API server
+// that does not answer at the start is tried again, as after a cut).
+func (w *podWatch) run(ctx context.Context) {
 	defer close(w.ch)
+	rv, listed := "", false
 	for ctx.Err() == nil {
 		if rv == "" {
 			var err error
-			if rv, err = w.list(ctx, true); err != nil {
-				w.p.log.Warn("cannot list the sandboxes' Pods to watch them again", "err", err)
+			if rv, err = w.list(ctx, listed); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				w.p.log.Warn("cannot list the sandboxes' Pods to watch them", "err", err)
 				if !sleepCtx(ctx, watchRetry) {
 					return
 				}
 				continue
 			}
+			listed = true
 		}
 		wi, err := w.p.cs.CoreV1().Pods(w.p.namespace).Watch(ctx, metav1.ListOptions{
 			LabelSelector: w.selector(), ResourceVersion: rv, AllowWatchBookmarks: true,
 		})
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			w.p.log.Warn("cannot watch the sandboxes' Pods", "err", err)
 			rv = ""
 			if !sleepCtx(ctx, watchRetry) {
