@@ -79,6 +79,14 @@ func (l *Ledger) sandboxEvent(provider string, ev kit.SandboxEvent) {
 		l.mu.Unlock()
 		return
 	}
+	if l.shared(r) {
+		// A replica group's sandbox: every replica hears the event, and the leader's
+		// reaper, at its next read of the group's sandboxes, removes it once and says
+		// why (a lease let go by the last holder is the common end), as without a watch.
+		l.mu.Unlock()
+		l.log.Debug("a replica group's sandbox ended: left to the leader's reaper", "provider", provider, "id", ev.ID, "kind", ev.Kind)
+		return
+	}
 	was := *r
 	// What is left of a direct-mode sandbox is its user's to remove, as in direct mode
 	// (direct.go): roched only stops serving it.
