@@ -400,15 +400,14 @@ func (s *Set) ensureKernel(ctx context.Context, cx *codeContext) (*Kernel, error
 		return nil, notFound("code context %s was removed", cx.ID)
 	}
 	if k != nil {
-		select {
-		case <-k.Ended(): // it died between cells: a fresh one, and the next cell says so
-			k.Stop("")
-			cx.mu.Lock()
-			cx.k, cx.lost = nil, true
-			cx.mu.Unlock()
-		default:
+		if !k.gone() {
 			return k, nil
 		}
+		// It died between cells: a fresh one, and the next cell says so.
+		k.Stop("")
+		cx.mu.Lock()
+		cx.k, cx.lost = nil, true
+		cx.mu.Unlock()
 	}
 	k = s.takeSpare(cx.Language, cx.Cwd, cx.env)
 	if k == nil {

@@ -102,6 +102,21 @@ func NewKernel(p Proc) *Kernel {
 // Ended is closed once the kernel's event stream has ended: it died or was stopped.
 func (k *Kernel) Ended() <-chan struct{} { return k.ended }
 
+// Gone is what a Proc may also implement: whether its kernel has ended, known at once
+// (a process reaped), which can be a moment before its event stream is seen to end.
+type Gone interface{ Gone() bool }
+
+// gone reports whether the kernel has ended: its event stream did, or its Proc says so.
+func (k *Kernel) gone() bool {
+	select {
+	case <-k.ended:
+		return true
+	default:
+	}
+	g, ok := k.proc.(Gone)
+	return ok && g.Gone()
+}
+
 // PumpEvents reads the kernel's event pipe in the background, until it ends; a line
 // that is no event is dropped. It closes r.
 func (k *Kernel) PumpEvents(r io.ReadCloser) {

@@ -92,9 +92,12 @@ func (f cellFrames) Result(ev codectx.Event) { _ = f.c.send(guest.FrameCodeResul
 
 // kernelProc is a kernel's process (codectx.Proc).
 type kernelProc struct {
-	pid  int
-	wait <-chan exitStatus
-	cmd  *os.File // the kernel's cell pipe
+	pid int
+	// reaped is closed once the reaper has waited for the process; status is then how
+	// it ended.
+	reaped chan struct{}
+	status exitStatus
+	cmd    *os.File // the kernel's cell pipe
 	// oomBefore is the sandbox's OOM-kill count when the running cell was sent; -1
 	// before the first, or when unknown.
 	oomBefore atomic.Int64
@@ -121,12 +124,23 @@ func (p *kernelProc) Kill() {
 	p.cmd.Close()
 }
 
+// Gone implements codectx.Gone: the process was reaped, which may come a moment before
+// its event pipe is seen to end.
+func (p *kernelProc) Gone() bool {
+	select {
+	case <-p.reaped:
+		return true
+	default:
+		return false
+	}
+}
+
 func (p *kernelProc) Exit() codectx.Exit {
 	p.exitOnce.Do(func() {
 		var ws *syscall.WaitStatus
 		select {
-		case w := <-p.wait:
-			ws = &w.WaitStatus
+		case <-p.reaped:
+			ws = &p.status.WaitStatus
 		case <-time.After(5 * time.Second):
 		}
 		before := p.oomBefore.Load()
@@ -207,7 +221,11 @@ func (s *Server) startKernel(_ context.Context, cwd string, extra map[string]str
 		evR.Close()
 		return nil, fmt.Errorf("starting the python kernel: %w", err)
 	}
-	p := &kernelProc{pid: pid, wait: wait, cmd: cmdW}
+	p := &kernelProc{pid: pid, reaped: make(chan struct{}), cmd: cmdW}
+	go func() {
+		p.status = <-wait
+		close(p.reaped)
+	}()
 	p.oomBefore.Store(-1)
 	k := codectx.NewKernel(p)
 	k.PumpRaw(stdoutR, codectx.Stdout)
