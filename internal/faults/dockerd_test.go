@@ -188,10 +188,13 @@ func (d *privateDockerd) cleanup(t *testing.T) {
 }
 
 // agentRoot is where provider/docker keeps the agent directories of this engine's
-// sandboxes under the default state directory (provider/docker's agentRootOf: the
-// engine's address, hashed).
-func (d *privateDockerd) agentRoot() string {
-	sum := sha256.Sum256([]byte(d.host))
+// sandboxes under the default state directory.
+func (d *privateDockerd) agentRoot() string { return agentRootOf(d.host) }
+
+// agentRootOf is provider/docker's agentRootOf under the default state directory: the
+// engine's address, hashed.
+func agentRootOf(host string) string {
+	sum := sha256.Sum256([]byte(host))
 	return filepath.Join("/run/roche/docker", "engine-"+hex.EncodeToString(sum[:6]))
 }
 
