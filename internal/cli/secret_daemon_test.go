@@ -1,15 +1,9 @@
 package cli
 
 import (
-	"crypto/tls"
-	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +12,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
 	"github.com/roche-sandbox/roche/internal/localca"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
 // TestSecretThroughRoched: roche create --secret NAME=@FILE --secret-host through
@@ -36,31 +31,8 @@ func TestSecretThroughRoched(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(egress.RootsEnv, roots)
-	var mu sync.Mutex
-	var auth []string
-	ln, err := net.Listen("tcp", "127.0.0.10:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		auth = append(auth, r.Header.Get("Authorization"))
-		mu.Unlock()
-		fmt.Fprint(w, "ok")
-	}))
-	srv.Listener = ln
-	leaf, err := testCA.Server([]string{"127.0.0.10"}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(leaf.CertPEM, leaf.KeyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	target := ln.Addr().String()
+	srv := providertest.RecordingServer(t, "127.0.0.10", testCA)
+	target := srv.Listener.Addr().String()
 
 	const value = "tok-9c1f2e3d4b5a6978"
 	file := filepath.Join(dir, "token")
@@ -80,13 +52,10 @@ func TestSecretThroughRoched(t *testing.T) {
 tok = os.environ['API_TOKEN']
 req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + tok})
 print(tok, urllib.request.urlopen(req, timeout=20).read().decode())`, "https://"+target+"/v1/x")
-	if r.code != 0 || !strings.HasPrefix(r.stdout, "roche-secret-") || !strings.HasSuffix(r.stdout, " ok\n") || strings.Contains(r.stdout, value) {
-		t.Fatalf("exec: %+v, want the placeholder and ok", r)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "roche-secret-") || !strings.HasSuffix(r.stdout, " upstream GET /v1/x\n") || strings.Contains(r.stdout, value) {
+		t.Fatalf("exec: %+v, want the placeholder and the upstream's answer", r)
 	}
-	mu.Lock()
-	got := append([]string(nil), auth...)
-	mu.Unlock()
-	if len(got) != 1 || got[0] != "Bearer "+value {
+	if got := srv.Seen(); len(got) != 1 || got[0] != "Bearer "+value {
 		t.Fatalf("the bound host got %q, want the secret's value", got)
 	}
 	r = run(t, "egress", "log", "--json", id)

@@ -22,27 +22,30 @@ import (
 	"github.com/roche-sandbox/roche/internal/localca"
 )
 
-// recordingTLS is an HTTPS server on a loopback address of its own, its certificate
-// from the test's CA, recording the Authorization header of each request.
-type recordingTLS struct {
+// RecordingTLS is an HTTPS server on a loopback address of its own, its certificate
+// from the test's CA, recording the Authorization header of each request. It answers
+// "upstream METHOD PATH".
+type RecordingTLS struct {
 	*httptest.Server
 	mu   sync.Mutex
 	auth []string
 }
 
-func (s *recordingTLS) seen() []string {
+// Seen is the Authorization header of each request so far.
+func (s *RecordingTLS) Seen() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.auth...)
 }
 
-func recordingServer(t *testing.T, ip string, ca *localca.CA) *recordingTLS {
+// RecordingServer starts a RecordingTLS on ip (a loopback address), closed when the test ends.
+func RecordingServer(t *testing.T, ip string, ca *localca.CA) *RecordingTLS {
 	t.Helper()
 	ln, err := net.Listen("tcp", ip+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &recordingTLS{}
+	s := &RecordingTLS{}
 	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.auth = append(s.auth, r.Header.Get("Authorization"))
@@ -106,8 +109,8 @@ func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create f
 		t.Fatal(err)
 	}
 	t.Setenv(egress.RootsEnv, roots)
-	bound := recordingServer(t, "127.0.0.5", testCA)
-	unbound := recordingServer(t, "127.0.0.6", testCA)
+	bound := RecordingServer(t, "127.0.0.5", testCA)
+	unbound := RecordingServer(t, "127.0.0.6", testCA)
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	value := "rs-" + hex.EncodeToString(b)
@@ -135,10 +138,10 @@ func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create f
 			t.Errorf("%s: %q, want %q", name, got[name], want)
 		}
 	}
-	if auth := bound.seen(); len(auth) != 1 || auth[0] != "Bearer "+value {
+	if auth := bound.Seen(); len(auth) != 1 || auth[0] != "Bearer "+value {
 		t.Errorf("the bound host got Authorization %q, want the secret's value once", auth)
 	}
-	if auth := unbound.seen(); len(auth) != 0 {
+	if auth := unbound.Seen(); len(auth) != 0 {
 		t.Errorf("the unbound host got %d requests", len(auth))
 	}
 
