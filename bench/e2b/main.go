@@ -277,21 +277,7 @@ func startPython(python string, env []string, socket, img string) (*pythonSide, 
 
 // times asks the Python side for k cycles of one side and returns their durations.
 func (s *pythonSide) times(side string, k int) ([]time.Duration, error) {
-	if _, err := fmt.Fprintf(s.in, "%s %d\n", side, k); err != nil {
-		return nil, err
-	}
-	if !s.out.Scan() {
-		return nil, fmt.Errorf("the Python side stopped during %q (see its error above)", side)
-	}
-	var ns []int64
-	if err := json.Unmarshal(s.out.Bytes(), &ns); err != nil {
-		return nil, fmt.Errorf("the Python side answered %q: %v", strings.TrimSpace(s.out.Text()), err)
-	}
-	out := make([]time.Duration, len(ns))
-	for i, v := range ns {
-		out[i] = time.Duration(v)
-	}
-	return out, nil
+	return samples.PythonTimes(s.in, s.out, side, k)
 }
 
 func (s *pythonSide) close() {

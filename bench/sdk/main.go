@@ -11,7 +11,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -244,21 +242,7 @@ func startPython(dir, socket, id, owner, cli string) (*pythonSide, error) {
 
 // times asks the Python side for k execs of one kind and returns their durations.
 func (s *pythonSide) times(kind string, k int) ([]time.Duration, error) {
-	if _, err := fmt.Fprintf(s.in, "%s %d\n", kind, k); err != nil {
-		return nil, err
-	}
-	if !s.out.Scan() {
-		return nil, fmt.Errorf("the Python side stopped during %q (see its error above)", kind)
-	}
-	var ns []int64
-	if err := json.Unmarshal(s.out.Bytes(), &ns); err != nil {
-		return nil, fmt.Errorf("the Python side answered %q: %v", strings.TrimSpace(s.out.Text()), err)
-	}
-	out := make([]time.Duration, len(ns))
-	for i, v := range ns {
-		out[i] = time.Duration(v)
-	}
-	return out, nil
+	return samples.PythonTimes(s.in, s.out, kind, k)
 }
 
 func (s *pythonSide) close() {
