@@ -492,6 +492,7 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 	may := []access{
 		{ns, "", "pods", "", "create"}, {ns, "", "pods", "", "get"}, {ns, "", "pods", "", "list"}, {ns, "", "pods", "", "delete"},
 		{ns, "", "pods", "", "patch"}, // a warm pool's claim
+		{ns, "", "pods", "", "watch"}, // how a sandbox ended (kit.Watcher)
 		{ns, "", "pods", "exec", "create"}, {ns, "", "pods", "exec", "get"},
 		{ns, "networking.k8s.io", "networkpolicies", "", "create"}, {ns, "networking.k8s.io", "networkpolicies", "", "patch"},
 		{ns, "networking.k8s.io", "networkpolicies", "", "list"}, {ns, "networking.k8s.io", "networkpolicies", "", "delete"},
@@ -501,7 +502,7 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 	}
 	mayNot := []access{
 		{ns, "", "secrets", "", "get"}, {ns, "", "secrets", "", "list"},
-		{ns, "", "pods", "", "update"}, {ns, "", "pods", "", "watch"},
+		{ns, "", "pods", "", "update"},
 		{ns, "", "pods", "attach", "create"}, {ns, "", "pods", "portforward", "create"}, {ns, "", "pods", "ephemeralcontainers", "patch"},
 		{ns, "", "serviceaccounts", "token", "create"}, {ns, "rbac.authorization.k8s.io", "roles", "", "create"},
 		{"default", "", "pods", "", "create"}, {"default", "", "pods", "exec", "create"},
