@@ -36,11 +36,7 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	if err := p.canRun(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	rt, err := p.resolveRuntime(ctx)
-	if err != nil {
-		return roche.SandboxInfo{}, err
-	}
-	img, err := p.image(ctx, cfg.Image)
+	rt, img, err := p.runtimeAndImage(ctx, cfg.Image)
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}
