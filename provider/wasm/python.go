@@ -129,7 +129,9 @@ type verifiedStamp struct {
 
 // readPython reads python.wasm at path and, when verify, checks it has the pinned
 // digest, unless this version of the file (its stamp, the same before and after the
-// read) was found to have it before.
+// read) was found to have it before. It returns what is compiled of it: the module
+// without its trailing custom sections (modulePrefix), which, when the digest need not
+// be computed, is all that is read.
 func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -139,6 +141,21 @@ func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
 	before, err := f.Stat()
 	if err != nil {
 		return nil, missingPython(path, err)
+	}
+	checked := ""
+	if verify {
+		checked = fileStamp(before)
+	}
+	if !verify || p.knownVerified(path, checked) {
+		// Only what is compiled (withoutTrailingCustomSections): not the DWARF after it.
+		bin := make([]byte, modulePrefix(f, before.Size()))
+		if _, err := f.ReadAt(bin, 0); err != nil {
+			return nil, missingPython(path, err)
+		}
+		if after, err := f.Stat(); err == nil && fileStamp(after) == fileStamp(before) {
+			return bin, nil
+		}
+		// Changed while read: read it whole, and hash it when it is to be verified.
 	}
 	// Read in one piece of its size (io.ReadAll's growing buffer copies 26 MB over and
 	// over); a file that grew meanwhile shows as a changed stamp below, or as more to read.
@@ -150,23 +167,14 @@ func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
 		return nil, fmt.Errorf("%w: python.wasm at %s changed while it was read: try again", roche.ErrUnavailable, path)
 	}
 	if !verify {
-		return bin, nil
+		return withoutTrailingCustomSections(bin), nil
 	}
 	stamp := ""
 	if after, err := f.Stat(); err == nil && fileStamp(before) == fileStamp(after) {
 		stamp = fileStamp(after)
 	}
-	want := verifiedStamp{Path: path, Stamp: stamp, SHA256: pythonSHA256}
-	file := filepath.Join(p.stateDir, verifiedFile)
-	if stamp != "" {
-		var got verifiedStamp
-		b, err := statedir.ReadPrivate(file, 4096)
-		if err == nil && json.Unmarshal(b, &got) == nil && got == want {
-			return bin, nil
-		}
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			p.log.Warn("wasm: ignoring the record of python.wasm's digest; hashing it again", "file", file, "err", err)
-		}
+	if stamp != checked && p.knownVerified(path, stamp) {
+		return withoutTrailingCustomSections(bin), nil
 	}
 	sum := sha256.Sum256(bin)
 	if got := hex.EncodeToString(sum[:]); got != pythonSHA256 {
@@ -174,11 +182,30 @@ func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
 			roche.ErrUnavailable, path, got, pythonSHA256), Run: FetchHint}
 	}
 	if stamp != "" {
-		if b, err := json.Marshal(want); err == nil {
+		file := filepath.Join(p.stateDir, verifiedFile)
+		if b, err := json.Marshal(verifiedStamp{Path: path, Stamp: stamp, SHA256: pythonSHA256}); err == nil {
 			if err := statedir.WritePrivate(file, b); err != nil {
 				p.log.Debug("wasm: recording python.wasm's digest", "file", file, "err", err)
 			}
 		}
 	}
-	return bin, nil
+	return withoutTrailingCustomSections(bin), nil
+}
+
+// knownVerified reports whether the version stamp of python.wasm at path was found to
+// have the pinned digest before (verifiedFile, read only when private to this user).
+func (p *Provider) knownVerified(path, stamp string) bool {
+	if stamp == "" {
+		return false
+	}
+	file := filepath.Join(p.stateDir, verifiedFile)
+	var got verifiedStamp
+	b, err := statedir.ReadPrivate(file, 4096)
+	if err == nil && json.Unmarshal(b, &got) == nil && got == (verifiedStamp{Path: path, Stamp: stamp, SHA256: pythonSHA256}) {
+		return true
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		p.log.Warn("wasm: ignoring the record of python.wasm's digest; hashing it again", "file", file, "err", err)
+	}
+	return false
 }
