@@ -9,6 +9,7 @@ edit this file, then run `python3 sdk/python/unasync.py`."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import TracebackType
 # typing.List: inside these classes "list" names their list() method.
 from typing import AsyncIterator, List, Mapping, Optional, Sequence, Type, Union
@@ -21,7 +22,7 @@ from ._atransport import AsyncCLITransport, AsyncConnectClient, AsyncDaemonTrans
 from ._choice import PROBE_TIMEOUT, Choice, no_context, remaining_life
 from ._deadline import Deadline
 from ._wire import StreamItem
-from .errors import RocheError
+from .errors import InvalidConfig, RocheError
 from .types import (
     DEFAULT_CODE_TIMEOUT,
     CodeCallbacks,
@@ -157,6 +158,16 @@ class AsyncRoche:
         t = await self._resolve()
         return AsyncSandbox(self, t, await t.inspect(sandbox_id, self._deadline()))
 
+    async def resume(self, sandbox_id: str) -> "AsyncSandbox":
+        """Brings back a sandbox paused to disk (``sandbox.pause(to_disk=True)``), where it
+        was: its processes, code contexts and open files, with the lifetime it had left;
+        returns a handle on it. Also from another process or after a restart of roched,
+        for a sandbox made with ``leased=False`` (a leased one goes with the process that
+        made it). Providers without memory snapshots (all but vm's qemu) refuse it with
+        Unsupported."""
+        t = await self._resolve()
+        return AsyncSandbox(self, t, await t.resume(sandbox_id, self._deadline()))
+
     async def inspect(self, sandbox_id: str) -> SandboxInfo:
         """Describes a sandbox, also one that ended within roched's --ended-retention (1 h
         by default): its state is then "exited" and ``end`` says why it ended (oom, pids,
@@ -255,14 +266,22 @@ class AsyncSandbox:
 
     async def exec(self, cmd: Sequence[str], timeout: Optional[float] = None,
                    stdin: Union[bytes, str, None] = None, *, env: Optional[Mapping[str, str]] = None,
-                   workdir: Optional[str] = None) -> ExecResult:
+                   workdir: Optional[str] = None, idempotency_key: Optional[str] = None) -> ExecResult:
         """Runs a command and waits for it.
 
         ``timeout`` kills the command (and all it started) after that many seconds and
         sets ``timed_out``; None means the sandbox's remaining lifetime. ``stdin`` is the
         command's whole standard input. A non-zero exit is a result, not an exception.
+        ``idempotency_key`` (e.g. ``"build-42"``) makes the command the sandbox's rather
+        than this call's: at most one runs per key, a call whose connection to roched is
+        lost (roched restarting, a replica gone) is retried and joins it, and cancelling
+        the call leaves it running (``commands.kill`` stops it).
         """
         req = make_exec_request(cmd, timeout, stdin, env, workdir)
+        if idempotency_key is not None:
+            if not isinstance(idempotency_key, str) or not idempotency_key:
+                raise InvalidConfig(f"idempotency_key {idempotency_key!r}: give a non-empty string, or None")
+            req = dataclasses.replace(req, idempotency_key=idempotency_key)
         return await self._t.exec(self.id, req, self._exec_deadline(req))
 
     def exec_stream(self, cmd: Sequence[str], timeout: Optional[float] = None,
@@ -310,9 +329,35 @@ class AsyncSandbox:
         time only up to the end it was created with (Unsupported beyond it)."""
         self.info = await self._t.set_timeout(self.id, timeout_seconds(seconds), self._roche._deadline())
 
-    async def pause(self) -> None:
-        """Freezes every process in the sandbox."""
-        await self._t.pause(self.id, True, self._roche._deadline())
+    async def pause(self, *, to_disk: bool = False) -> None:
+        """Freezes every process in the sandbox (``unpause`` thaws them). With
+        ``to_disk=True`` (E2B's pause) it saves the sandbox whole instead, memory,
+        processes and code contexts included, and stops it: it then holds no memory or
+        CPU and its lifetime stops running until ``Roche.resume(id)`` (or ``resume()``)
+        brings it back where it was. To disk is the vm provider's (qemu) only: others
+        raise Unsupported, saying so in one line."""
+        if to_disk:
+            await self._t.pause_to_disk(self.id, self._roche._deadline())
+        else:
+            await self._t.pause(self.id, True, self._roche._deadline())
+
+    async def resume(self) -> "AsyncSandbox":
+        """Brings this sandbox back from ``pause(to_disk=True)`` (``Roche.resume``);
+        ``info`` takes its new description. Returns it."""
+        self.info = await self._t.resume(self.id, self._roche._deadline())
+        return self
+
+    async def fork(self, n: int = 1) -> "List[AsyncSandbox]":
+        """Makes ``n`` (1 to 64) new sandboxes, each a copy of this one as it is now
+        (running, or paused to disk), memory, processes and code contexts included, each
+        with its own id, randomness and whole lifetime; this one goes on as it was. The
+        forks are not leased (roched holds none for this process): destroy them (each is
+        a context manager) or let their lifetime end. The vm provider's (qemu) only:
+        others raise Unsupported."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+            raise InvalidConfig(f"fork({n!r}): give 1 to 64 forks")
+        forks = await self._t.fork(self.id, n, self._roche._deadline())
+        return [AsyncSandbox(self._roche, self._t, info) for info in forks]
 
     async def unpause(self) -> None:
         """Thaws a paused sandbox."""

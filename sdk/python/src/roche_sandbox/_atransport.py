@@ -15,10 +15,11 @@ import posixpath
 import tempfile
 import threading
 import time
+import uuid
 # typing.List: inside these classes "list" names their list() method.
 from typing import IO, Any, AsyncGenerator, AsyncIterator, Callable, List, Mapping, Optional, Protocol, TypeVar, Union
 
-from . import _aio, _cli, _cmdwire, _filesutil, _tarutil, _wire
+from . import _aio, _cli, _cmdwire, _filesutil, _retry, _tarutil, _wire
 from ._ahttp import AsyncHTTPClient
 from ._deadline import Deadline
 from ._filesutil import EntryInfo, FilesystemEvent
@@ -47,6 +48,10 @@ class AsyncTransport(Protocol):
                    state: Optional[str] = None) -> list[SandboxInfo]: ...
     async def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo: ...
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
+    # Memory snapshots (providers that have them: vm's qemu).
+    async def pause_to_disk(self, sid: str, d: Deadline) -> None: ...
+    async def resume(self, sid: str, d: Deadline) -> SandboxInfo: ...
+    async def fork(self, sid: str, count: int, d: Deadline) -> List[SandboxInfo]: ...
     async def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
     async def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes: ...
     async def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport: ...
@@ -94,6 +99,9 @@ class AsyncConnectClient:
     def __init__(self, ep: Endpoint) -> None:
         self.ep = ep
         self.http = AsyncHTTPClient(ep)
+        # Whether a roched has answered this client: only then is one that does not
+        # listen (restarting) waited for by a retry (_retry).
+        self.reached = False
 
     def close(self) -> None:
         self.http.close()
@@ -109,12 +117,27 @@ class AsyncConnectClient:
             raise self.ep.unreachable(e) from None
         return health
 
-    async def unary(self, method: str, msg: dict[str, Any], d: Deadline) -> dict[str, Any]:
-        """One request, one response."""
+    async def unary(self, method: str, msg: dict[str, Any], d: Deadline, retry: bool = False) -> dict[str, Any]:
+        """One request, one response. With retry (a call safe to repeat), a lost
+        connection is tried again within d (_retry)."""
+        if not retry:
+            return await self._unary(method, msg, d)
+        backoff = _retry.Backoff(d)
+        while True:
+            try:
+                return await self._unary(method, msg, d)
+            except ProviderUnavailable as e:
+                wait = backoff.next(e, self.reached)
+                if wait is None:
+                    raise
+                await _aio.sleep(wait)
+
+    async def _unary(self, method: str, msg: dict[str, Any], d: Deadline) -> dict[str, Any]:
         body = json.dumps(msg, separators=(",", ":")).encode()
         async with self.http.exchange(_wire.SERVICE + method, _wire.UNARY_HEADERS, body, d) as resp:
             data = await resp.read_all()
             status = resp.status
+        self.reached = True
         try:
             obj = json.loads(data) if data else {}
         except ValueError:
@@ -142,6 +165,7 @@ class AsyncConnectClient:
         async with self.http.exchange(_wire.SERVICE + method, headers, body, d) as resp:
             if abort is not None:
                 abort.set(resp.abort)
+            self.reached = True
             if resp.status != 200:
                 raise _wire.error_response(await resp.read_all(), resp.status, self.ep.where)
             while True:
@@ -181,13 +205,16 @@ class AsyncDaemonTransport:
     async def _provider_leases(self, provider: str, d: Deadline) -> bool:
         """Whether roched takes leased=true for the provider (asked once)."""
         if self._leases is None:
-            self._leases = _wire.leases(await self.api.unary("ListProviders", {}, d))
+            self._leases = _wire.leases(await self.api.unary("ListProviders", {}, d, retry=True))
         return self._leases.get(provider, False)
 
     async def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
         if cfg.leased and not await self._provider_leases(provider, d):
             cfg = dataclasses.replace(cfg, leased=False)  # a roched without leases: as before them
-        m = await self.api.unary("Create", _wire.config_request(provider, cfg), d)
+        # Every create has an idempotency key, so that one whose answer was lost is
+        # asked again: roched answers the same key with the sandbox it made.
+        req = {**_wire.config_request(provider, cfg), "idempotencyKey": "sdk-" + uuid.uuid4().hex}
+        m = await self.api.unary("Create", req, d, retry=True)
         info = _wire.parse_sandbox(m.get("sandbox", {}))
         if cfg.leased:
             await self._hold(info.id, d)
@@ -211,7 +238,8 @@ class AsyncDaemonTransport:
         self.holds.add(sid, h)
 
     async def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
-        m = await self.api.unary("Exec", _wire.exec_request(sid, req), d)
+        # With an idempotency key the command is the sandbox's: a retry joins it.
+        m = await self.api.unary("Exec", _wire.exec_request(sid, req), d, retry=req.idempotency_key is not None)
         return _wire.parse_result(m.get("result", {}))
 
     async def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> AsyncIterator[StreamItem]:
@@ -252,7 +280,7 @@ class AsyncDaemonTransport:
         return _wire.parse_context((await self.api.unary("CreateContext", m, d)).get("context"))
 
     async def contexts(self, sid: str, d: Deadline) -> List[Context]:
-        m = await self.api.unary("ListContexts", {"sandboxId": sid}, d)
+        m = await self.api.unary("ListContexts", {"sandboxId": sid}, d, retry=True)
         return [_wire.parse_context(c) for c in m.get("contexts", [])]
 
     async def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
@@ -281,7 +309,7 @@ class AsyncDaemonTransport:
         raise RocheError("roched ended the command's stream without its end")
 
     async def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]:
-        m = await self.api.unary("ListCommands", {"sandboxId": sid}, d)
+        m = await self.api.unary("ListCommands", {"sandboxId": sid}, d, retry=True)
         return [_cmdwire.parse_command(c) for c in m.get("commands", [])]
 
     async def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None:
@@ -295,9 +323,9 @@ class AsyncDaemonTransport:
 
     async def destroy(self, sid: str, d: Deadline) -> None:
         try:
-            await self.api.unary("Destroy", {"ids": [sid]}, d)
+            await self.api.unary("Destroy", {"ids": [sid]}, d, retry=True)
         except SandboxNotFound:
-            pass  # roched serves no such sandbox (any more): destroy is idempotent
+            pass  # roched serves no such sandbox (any more, a retry's first try included): destroy is idempotent
         finally:
             # Let go after the Destroy: one that failed still ends, when the hold does.
             h = self.holds.pop(sid)
@@ -305,16 +333,16 @@ class AsyncDaemonTransport:
                 h.release()
 
     async def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
-        m = await self.api.unary("Inspect", {"sandboxId": sid}, d)
+        m = await self.api.unary("Inspect", {"sandboxId": sid}, d, retry=True)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     async def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo:
-        m = await self.api.unary("Inspect", {"sandboxId": sid, "includeEnded": True}, d)
+        m = await self.api.unary("Inspect", {"sandboxId": sid, "includeEnded": True}, d, retry=True)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     async def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
                    state: Optional[str] = None) -> list[SandboxInfo]:
-        m = await self.api.unary("List", _wire.list_request(provider, metadata, state), d)
+        m = await self.api.unary("List", _wire.list_request(provider, metadata, state), d, retry=True)
         return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
 
     async def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo:
@@ -323,6 +351,17 @@ class AsyncDaemonTransport:
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         await self.api.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+
+    async def pause_to_disk(self, sid: str, d: Deadline) -> None:
+        await self.api.unary("Pause", {"sandboxId": sid, "toDisk": True}, d)
+
+    async def resume(self, sid: str, d: Deadline) -> SandboxInfo:
+        m = await self.api.unary("Resume", {"sandboxId": sid}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    async def fork(self, sid: str, count: int, d: Deadline) -> List[SandboxInfo]:
+        m = await self.api.unary("Fork", {"sandboxId": sid, "count": count}, d)
+        return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
 
     async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
         m = await self.api.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
@@ -339,14 +378,14 @@ class AsyncDaemonTransport:
         return _wire.parse_snapshot(m.get("snapshot", {}))
 
     async def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
-        m = await self.api.unary("ListSnapshots", {"provider": provider}, d)
+        m = await self.api.unary("ListSnapshots", {"provider": provider}, d, retry=True)
         return [_wire.parse_snapshot(s) for s in m.get("snapshots", [])]
 
     async def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
         await self.api.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
 
     async def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
-        m = await self.api.unary("ListWorkspaces", {"provider": provider}, d)
+        m = await self.api.unary("ListWorkspaces", {"provider": provider}, d, retry=True)
         return [_wire.parse_workspace(w) for w in m.get("workspaces", [])]
 
     async def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
@@ -448,11 +487,11 @@ class AsyncDaemonTransport:
         return entry
 
     async def file_list(self, sid: str, path: str, depth: int, d: Deadline) -> List[EntryInfo]:
-        m = await self.api.unary("ListDir", {"sandboxId": sid, "path": path, "depth": depth}, d)
+        m = await self.api.unary("ListDir", {"sandboxId": sid, "path": path, "depth": depth}, d, retry=True)
         return [_filesutil.entry_from_json(e) for e in m.get("entries", [])]
 
     async def file_stat(self, sid: str, path: str, d: Deadline, missing_ok: bool = False) -> Optional[EntryInfo]:
-        m = await self.api.unary("Stat", {"sandboxId": sid, "path": path, "missingOk": missing_ok}, d)
+        m = await self.api.unary("Stat", {"sandboxId": sid, "path": path, "missingOk": missing_ok}, d, retry=True)
         if missing_ok and not m.get("exists", False):
             return None
         return _filesutil.entry_from_json(m.get("entry"))
@@ -658,6 +697,22 @@ class AsyncCLITransport:
 
     async def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         await self._call(["pause" if pause else "unpause", sid], d)
+
+    async def pause_to_disk(self, sid: str, d: Deadline) -> None:
+        await self._call(["pause", "--to-disk", sid], d)
+
+    async def resume(self, sid: str, d: Deadline) -> SandboxInfo:
+        await self._call(["resume", sid], d)
+        return await self.inspect(sid, d)
+
+    async def fork(self, sid: str, count: int, d: Deadline) -> List[SandboxInfo]:
+        out = await self._call(["fork", "-n", str(count), sid], d)
+        ids = [line.strip() for line in out.decode().splitlines() if line.strip()]
+        listed = {sb.id: sb for sb in await self.list(_cli.provider_of(sid), d)}
+        missing = [i for i in ids if i not in listed]
+        if missing:
+            raise RocheError(f"roche fork made {', '.join(missing)}, which roche list does not show")
+        return [listed[i] for i in ids]
 
     async def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
         h = self.holds.get(sid)

@@ -94,6 +94,8 @@ def exec_args(sandbox_id: str, req: ExecRequest, as_json: bool) -> list[str]:
         a += ["--env", f"{k}={v}"]
     if req.workdir:
         a += ["--workdir", req.workdir]
+    if req.idempotency_key is not None:
+        a += ["--idempotency-key", req.idempotency_key]
     return a + ["--", *req.cmd]
 
 

@@ -72,17 +72,21 @@ class Endpoint:
         failure = _tls.problem(self.where, err)
         if failure is not None:
             return failure
-        return ProviderUnavailable(
+        e = ProviderUnavailable(
             f"roched is not answering on {self.where}: start it (roche daemon start), "
             f"or let the SDK use the roche CLI (transport='cli'): {err}"
         )
+        e.lost = "refused"  # _retry.REFUSED
+        return e
 
     def broke_off(self, err: BaseException) -> ProviderUnavailable:
         """The error for a call whose connection failed midway."""
         failure = _tls.problem(self.where, err)
         if failure is not None:
             return failure
-        return ProviderUnavailable(f"roched on {self.where} broke off the call: {err} (is it still running?)")
+        e = ProviderUnavailable(f"roched on {self.where} broke off the call: {err} (is it still running?)")
+        e.lost = "broke"  # _retry.BROKE
+        return e
 
 
 def read_token_file(path: str) -> str:

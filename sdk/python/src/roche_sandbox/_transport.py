@@ -13,10 +13,11 @@ import posixpath
 import tempfile
 import threading
 import time
+import uuid
 # typing.List: inside these classes "list" names their list() method.
 from typing import IO, Any, Generator, Iterator, Callable, List, Mapping, Optional, Protocol, TypeVar, Union
 
-from . import _syncio, _cli, _cmdwire, _filesutil, _tarutil, _wire
+from . import _syncio, _cli, _cmdwire, _filesutil, _retry, _tarutil, _wire
 from ._http import HTTPClient
 from ._deadline import Deadline
 from ._filesutil import EntryInfo, FilesystemEvent
@@ -45,6 +46,10 @@ class Transport(Protocol):
              state: Optional[str] = None) -> list[SandboxInfo]: ...
     def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo: ...
     def pause(self, sid: str, pause: bool, d: Deadline) -> None: ...
+    # Memory snapshots (providers that have them: vm's qemu).
+    def pause_to_disk(self, sid: str, d: Deadline) -> None: ...
+    def resume(self, sid: str, d: Deadline) -> SandboxInfo: ...
+    def fork(self, sid: str, count: int, d: Deadline) -> List[SandboxInfo]: ...
     def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None: ...
     def read_file(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int] = None) -> bytes: ...
     def copy_to(self, sid: str, src: str, dst: str, d: Deadline, max_bytes: Optional[int] = None) -> CopyReport: ...
@@ -92,6 +97,9 @@ class ConnectClient:
     def __init__(self, ep: Endpoint) -> None:
         self.ep = ep
         self.http = HTTPClient(ep)
+        # Whether a roched has answered this client: only then is one that does not
+        # listen (restarting) waited for by a retry (_retry).
+        self.reached = False
 
     def close(self) -> None:
         self.http.close()
@@ -107,12 +115,27 @@ class ConnectClient:
             raise self.ep.unreachable(e) from None
         return health
 
-    def unary(self, method: str, msg: dict[str, Any], d: Deadline) -> dict[str, Any]:
-        """One request, one response."""
+    def unary(self, method: str, msg: dict[str, Any], d: Deadline, retry: bool = False) -> dict[str, Any]:
+        """One request, one response. With retry (a call safe to repeat), a lost
+        connection is tried again within d (_retry)."""
+        if not retry:
+            return self._unary(method, msg, d)
+        backoff = _retry.Backoff(d)
+        while True:
+            try:
+                return self._unary(method, msg, d)
+            except ProviderUnavailable as e:
+                wait = backoff.next(e, self.reached)
+                if wait is None:
+                    raise
+                _syncio.sleep(wait)
+
+    def _unary(self, method: str, msg: dict[str, Any], d: Deadline) -> dict[str, Any]:
         body = json.dumps(msg, separators=(",", ":")).encode()
         with self.http.exchange(_wire.SERVICE + method, _wire.UNARY_HEADERS, body, d) as resp:
             data = resp.read_all()
             status = resp.status
+        self.reached = True
         try:
             obj = json.loads(data) if data else {}
         except ValueError:
@@ -140,6 +163,7 @@ class ConnectClient:
         with self.http.exchange(_wire.SERVICE + method, headers, body, d) as resp:
             if abort is not None:
                 abort.set(resp.abort)
+            self.reached = True
             if resp.status != 200:
                 raise _wire.error_response(resp.read_all(), resp.status, self.ep.where)
             while True:
@@ -179,13 +203,16 @@ class DaemonTransport:
     def _provider_leases(self, provider: str, d: Deadline) -> bool:
         """Whether roched takes leased=true for the provider (asked once)."""
         if self._leases is None:
-            self._leases = _wire.leases(self.api.unary("ListProviders", {}, d))
+            self._leases = _wire.leases(self.api.unary("ListProviders", {}, d, retry=True))
         return self._leases.get(provider, False)
 
     def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
         if cfg.leased and not self._provider_leases(provider, d):
             cfg = dataclasses.replace(cfg, leased=False)  # a roched without leases: as before them
-        m = self.api.unary("Create", _wire.config_request(provider, cfg), d)
+        # Every create has an idempotency key, so that one whose answer was lost is
+        # asked again: roched answers the same key with the sandbox it made.
+        req = {**_wire.config_request(provider, cfg), "idempotencyKey": "sdk-" + uuid.uuid4().hex}
+        m = self.api.unary("Create", req, d, retry=True)
         info = _wire.parse_sandbox(m.get("sandbox", {}))
         if cfg.leased:
             self._hold(info.id, d)
@@ -209,7 +236,8 @@ class DaemonTransport:
         self.holds.add(sid, h)
 
     def exec(self, sid: str, req: ExecRequest, d: Deadline) -> ExecResult:
-        m = self.api.unary("Exec", _wire.exec_request(sid, req), d)
+        # With an idempotency key the command is the sandbox's: a retry joins it.
+        m = self.api.unary("Exec", _wire.exec_request(sid, req), d, retry=req.idempotency_key is not None)
         return _wire.parse_result(m.get("result", {}))
 
     def exec_stream(self, sid: str, req: ExecRequest, d: Deadline) -> Iterator[StreamItem]:
@@ -250,7 +278,7 @@ class DaemonTransport:
         return _wire.parse_context(self.api.unary("CreateContext", m, d).get("context"))
 
     def contexts(self, sid: str, d: Deadline) -> List[Context]:
-        m = self.api.unary("ListContexts", {"sandboxId": sid}, d)
+        m = self.api.unary("ListContexts", {"sandboxId": sid}, d, retry=True)
         return [_wire.parse_context(c) for c in m.get("contexts", [])]
 
     def restart_context(self, sid: str, cid: str, d: Deadline) -> None:
@@ -279,7 +307,7 @@ class DaemonTransport:
         raise RocheError("roched ended the command's stream without its end")
 
     def list_commands(self, sid: str, d: Deadline) -> List[CommandInfo]:
-        m = self.api.unary("ListCommands", {"sandboxId": sid}, d)
+        m = self.api.unary("ListCommands", {"sandboxId": sid}, d, retry=True)
         return [_cmdwire.parse_command(c) for c in m.get("commands", [])]
 
     def send_command_input(self, sid: str, sel: dict[str, Any], data: bytes, d: Deadline) -> None:
@@ -293,9 +321,9 @@ class DaemonTransport:
 
     def destroy(self, sid: str, d: Deadline) -> None:
         try:
-            self.api.unary("Destroy", {"ids": [sid]}, d)
+            self.api.unary("Destroy", {"ids": [sid]}, d, retry=True)
         except SandboxNotFound:
-            pass  # roched serves no such sandbox (any more): destroy is idempotent
+            pass  # roched serves no such sandbox (any more, a retry's first try included): destroy is idempotent
         finally:
             # Let go after the Destroy: one that failed still ends, when the hold does.
             h = self.holds.pop(sid)
@@ -303,16 +331,16 @@ class DaemonTransport:
                 h.release()
 
     def inspect(self, sid: str, d: Deadline) -> SandboxInfo:
-        m = self.api.unary("Inspect", {"sandboxId": sid}, d)
+        m = self.api.unary("Inspect", {"sandboxId": sid}, d, retry=True)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     def inspect_ended(self, sid: str, d: Deadline) -> SandboxInfo:
-        m = self.api.unary("Inspect", {"sandboxId": sid, "includeEnded": True}, d)
+        m = self.api.unary("Inspect", {"sandboxId": sid, "includeEnded": True}, d, retry=True)
         return _wire.parse_sandbox(m.get("sandbox", {}))
 
     def list(self, provider: str, d: Deadline, metadata: Optional[Mapping[str, str]] = None,
              state: Optional[str] = None) -> list[SandboxInfo]:
-        m = self.api.unary("List", _wire.list_request(provider, metadata, state), d)
+        m = self.api.unary("List", _wire.list_request(provider, metadata, state), d, retry=True)
         return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
 
     def set_timeout(self, sid: str, seconds: int, d: Deadline) -> SandboxInfo:
@@ -321,6 +349,17 @@ class DaemonTransport:
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         self.api.unary("Pause" if pause else "Unpause", {"sandboxId": sid}, d)
+
+    def pause_to_disk(self, sid: str, d: Deadline) -> None:
+        self.api.unary("Pause", {"sandboxId": sid, "toDisk": True}, d)
+
+    def resume(self, sid: str, d: Deadline) -> SandboxInfo:
+        m = self.api.unary("Resume", {"sandboxId": sid}, d)
+        return _wire.parse_sandbox(m.get("sandbox", {}))
+
+    def fork(self, sid: str, count: int, d: Deadline) -> List[SandboxInfo]:
+        m = self.api.unary("Fork", {"sandboxId": sid, "count": count}, d)
+        return [_wire.parse_sandbox(s) for s in m.get("sandboxes", [])]
 
     def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
         m = self.api.unary("Reset", {"sandboxId": sid, "wipeWorkspace": not keep_workspace}, d)
@@ -337,14 +376,14 @@ class DaemonTransport:
         return _wire.parse_snapshot(m.get("snapshot", {}))
 
     def snapshots(self, provider: str, d: Deadline) -> List[SnapshotInfo]:
-        m = self.api.unary("ListSnapshots", {"provider": provider}, d)
+        m = self.api.unary("ListSnapshots", {"provider": provider}, d, retry=True)
         return [_wire.parse_snapshot(s) for s in m.get("snapshots", [])]
 
     def delete_snapshot(self, provider: str, name: str, d: Deadline) -> None:
         self.api.unary("RemoveSnapshot", {"name": name, "provider": provider}, d)
 
     def workspaces(self, provider: str, d: Deadline) -> List[WorkspaceInfo]:
-        m = self.api.unary("ListWorkspaces", {"provider": provider}, d)
+        m = self.api.unary("ListWorkspaces", {"provider": provider}, d, retry=True)
         return [_wire.parse_workspace(w) for w in m.get("workspaces", [])]
 
     def delete_workspace(self, provider: str, name: str, d: Deadline) -> None:
@@ -446,11 +485,11 @@ class DaemonTransport:
         return entry
 
     def file_list(self, sid: str, path: str, depth: int, d: Deadline) -> List[EntryInfo]:
-        m = self.api.unary("ListDir", {"sandboxId": sid, "path": path, "depth": depth}, d)
+        m = self.api.unary("ListDir", {"sandboxId": sid, "path": path, "depth": depth}, d, retry=True)
         return [_filesutil.entry_from_json(e) for e in m.get("entries", [])]
 
     def file_stat(self, sid: str, path: str, d: Deadline, missing_ok: bool = False) -> Optional[EntryInfo]:
-        m = self.api.unary("Stat", {"sandboxId": sid, "path": path, "missingOk": missing_ok}, d)
+        m = self.api.unary("Stat", {"sandboxId": sid, "path": path, "missingOk": missing_ok}, d, retry=True)
         if missing_ok and not m.get("exists", False):
             return None
         return _filesutil.entry_from_json(m.get("entry"))
@@ -656,6 +695,22 @@ class CLITransport:
 
     def pause(self, sid: str, pause: bool, d: Deadline) -> None:
         self._call(["pause" if pause else "unpause", sid], d)
+
+    def pause_to_disk(self, sid: str, d: Deadline) -> None:
+        self._call(["pause", "--to-disk", sid], d)
+
+    def resume(self, sid: str, d: Deadline) -> SandboxInfo:
+        self._call(["resume", sid], d)
+        return self.inspect(sid, d)
+
+    def fork(self, sid: str, count: int, d: Deadline) -> List[SandboxInfo]:
+        out = self._call(["fork", "-n", str(count), sid], d)
+        ids = [line.strip() for line in out.decode().splitlines() if line.strip()]
+        listed = {sb.id: sb for sb in self.list(_cli.provider_of(sid), d)}
+        missing = [i for i in ids if i not in listed]
+        if missing:
+            raise RocheError(f"roche fork made {', '.join(missing)}, which roche list does not show")
+        return [listed[i] for i in ids]
 
     def reset(self, sid: str, keep_workspace: bool, d: Deadline) -> SandboxInfo:
         h = self.holds.get(sid)

@@ -125,6 +125,8 @@ def exec_request(sandbox_id: str, req: ExecRequest) -> dict[str, Any]:
         m["timeoutSecs"] = req.timeout
     if req.stdin is not None:
         m["stdin"] = base64.b64encode(req.stdin).decode("ascii")
+    if req.idempotency_key is not None:
+        m["idempotencyKey"] = req.idempotency_key
     return m
 
 

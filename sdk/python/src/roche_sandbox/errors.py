@@ -46,6 +46,9 @@ class ProviderUnavailable(RocheError):
     """The backend cannot be reached: no daemon and no CLI, Docker down, python.wasm missing."""
 
     reason = "unavailable"
+    #: Set when the call's connection to roched was lost rather than answered: "refused"
+    #: (nothing listened) or "broke" (cut midway); what the SDK's retries go by.
+    lost = ""
 
 
 class InvalidConfig(RocheError, ValueError):

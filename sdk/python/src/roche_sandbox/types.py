@@ -402,6 +402,8 @@ class ExecRequest:
     stdin: Optional[bytes] = None
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: Optional[str] = None
+    #: Makes the command the sandbox's (exec's ``idempotency_key``): a retry joins it.
+    idempotency_key: Optional[str] = None
 
 
 def make_exec_request(
