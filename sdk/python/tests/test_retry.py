@@ -15,12 +15,15 @@ import socket as socket_
 import tempfile
 import threading
 import time
+import unittest
 import uuid
 from typing import Any, Callable
 
 import harness
 
-from roche_sandbox import AsyncRoche, Roche, RocheError, SandboxNotFound
+from roche_sandbox import AsyncRoche, ProviderUnavailable, Roche, RocheError, SandboxNotFound
+from roche_sandbox import _retry
+from roche_sandbox._deadline import Deadline
 
 
 class CuttingProxy:
@@ -224,3 +227,28 @@ class Retries(harness.SandboxTestCase):
         second.append(harness.Daemon(name="retried", dir=dir_))
         destroy_done()
         self.assertNotIn(sb.id, [s.id for s in roche.list()])
+
+
+class BackoffRules(unittest.TestCase):
+    """_retry's rules, as a unit: what is retried, the growing jittered waits, and the
+    bounds (RETRY_FOR, and the call's own deadline)."""
+
+    @staticmethod
+    def lost(kind: str) -> ProviderUnavailable:
+        e = ProviderUnavailable("roched went away")
+        e.lost = kind
+        return e
+
+    def test_rules(self) -> None:
+        b = _retry.Backoff(Deadline(None))
+        self.assertIsNone(b.next(ProviderUnavailable("roched's own answer"), True), "an answer was retried")
+        self.assertIsNone(b.next(SandboxNotFound("no sandbox"), True))
+        self.assertIsNone(b.next(self.lost(_retry.REFUSED), False), "a roched never reached was waited for")
+        waits = [b.next(self.lost(_retry.BROKE), False) for _ in range(8)]
+        self.assertTrue(all(w is not None for w in waits), waits)
+        self.assertTrue(0.05 <= waits[0] <= 0.1 and all(w <= _retry.MAX_DELAY for w in waits), waits)  # type: ignore[operator]
+        self.assertGreater(waits[4], waits[0])  # type: ignore[operator]
+        self.assertIsNotNone(b.next(self.lost(_retry.REFUSED), True))
+        # The call's deadline bounds the waits: none is begun that would outlast it.
+        short = _retry.Backoff(Deadline(0.05))
+        self.assertIsNone(short.next(self.lost(_retry.BROKE), True))
