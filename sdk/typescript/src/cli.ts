@@ -74,6 +74,7 @@ export function execArgs(sid: string, req: ExecRequest, asJSON: boolean): string
   if (req.stdin !== undefined) a.push("--interactive");
   for (const [k, v] of Object.entries(req.env)) a.push("--env", `${k}=${v}`);
   if (req.workdir) a.push("--workdir", req.workdir);
+  if (req.idempotencyKey !== undefined) a.push("--idempotency-key", req.idempotencyKey);
   return [...a, "--", ...req.cmd];
 }
 
@@ -542,6 +543,25 @@ export class CLITransport implements Transport {
 
   async pause(sid: string, pause: boolean, d: Deadline): Promise<void> {
     await this.call([pause ? "pause" : "unpause", sid], d);
+  }
+
+  async pauseToDisk(sid: string, d: Deadline): Promise<void> {
+    await this.call(["pause", "--to-disk", sid], d);
+  }
+
+  async resume(sid: string, d: Deadline): Promise<SandboxInfo> {
+    await this.call(["resume", sid], d);
+    return this.inspect(sid, d);
+  }
+
+  async fork(sid: string, count: number, d: Deadline): Promise<SandboxInfo[]> {
+    const out = await this.call(["fork", "-n", String(count), sid], d);
+    const ids = out.toString().split("\n").map((l) => l.trim()).filter(Boolean);
+    const m = /^([a-z]+)-/.exec(sid);
+    const listed = new Map((await this.list(m && m[1] !== "docker" ? m[1] : "docker", d)).map((sb) => [sb.id, sb]));
+    const missing = ids.filter((id) => !listed.has(id));
+    if (missing.length) throw new RocheError(`roche fork made ${missing.join(", ")}, which roche list does not show`);
+    return ids.map((id) => listed.get(id)!);
   }
 
   async writeFile(sid: string, path: string, data: Uint8Array, mode: number, d: Deadline): Promise<void> {

@@ -6,6 +6,7 @@ import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { DurationSchema, timestampDate } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport as ConnectTransport } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
+import { randomUUID } from "node:crypto";
 import * as http from "node:http";
 import * as https from "node:https";
 import * as net from "node:net";
@@ -34,6 +35,7 @@ import { checkTraceparent, where, type Endpoint } from "./discovery.js";
 import { errorFor, InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound, reasonFromText } from "./errors.js";
 import { firstFile, fileTar } from "./tar.js";
 import { entryFromWire, eventFromWire, FILE_CHUNK, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
+import { Backoff } from "./retry.js";
 import { tlsProblem } from "./tls.js";
 import { egressDecision, execResult, OutputAssembler, type EgressDecision, type EndReason, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type Receipt, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
@@ -89,9 +91,11 @@ export function errorFromConnect(e: unknown, ep: Endpoint): RocheError {
   const failure = tlsProblem(where(ep), sysCode, err.rawMessage);
   if (failure) return failure;
   if (sysCode === "ECONNREFUSED" || sysCode === "ENOENT" || sysCode === "ECONNRESET" || sysCode === "EPIPE") {
+    // Refused (nobody listens) or broke (the connection cut midway): see retry.ts.
     return new ProviderUnavailable(
       `roched is not answering on ${where(ep)}: start it (roche daemon start), ` +
         `or let the SDK use the roche CLI (transport: "cli"): ${err.rawMessage}`,
+      sysCode === "ECONNREFUSED" || sysCode === "ENOENT" ? "refused" : "broke",
     );
   }
   const message = err.rawMessage || Code[err.code];
@@ -228,6 +232,7 @@ function execInit(sid: string, req: ExecRequest) {
     workdir: req.workdir ?? "",
     timeoutSecs: req.timeout ?? 0,
     stdin: req.stdin,
+    idempotencyKey: req.idempotencyKey ?? "",
   };
 }
 
@@ -387,6 +392,9 @@ export class DaemonTransport implements Transport {
   private holdClient: Client<typeof SandboxService>;
   private holds = new Map<string, DaemonHold>();
   private leases: Promise<Record<string, boolean>> | undefined;
+  /** Whether roched has answered this transport: only then is one that does not listen
+   * (restarting) waited for by a retry (retry.ts). */
+  private reached = false;
 
   constructor(private ep: Endpoint) {
     this.client = createClient(SandboxService, connectTransport(ep, false));
@@ -397,7 +405,9 @@ export class DaemonTransport implements Transport {
   private async call<T>(d: Deadline, what: string, fn: (signal: AbortSignal) => Promise<T>, outer?: AbortSignal): Promise<T> {
     const s = d.signal(outer);
     try {
-      return await fn(s.signal);
+      const v = await fn(s.signal);
+      this.reached = true;
+      return v;
     } catch (e) {
       if (s.timedOut()) throw d.expired(`roched on ${where(this.ep)} (${what})`);
       if (outer?.aborted) throw outer.reason;
@@ -407,8 +417,22 @@ export class DaemonTransport implements Transport {
     }
   }
 
+  /** call() for a call safe to repeat: a lost connection is tried again within d (retry.ts). */
+  private async retrying<T>(d: Deadline, what: string, fn: (signal: AbortSignal) => Promise<T>, outer?: AbortSignal): Promise<T> {
+    const backoff = new Backoff(d);
+    for (;;) {
+      try {
+        return await this.call(d, what, fn, outer);
+      } catch (e) {
+        const wait = backoff.next(e, this.reached);
+        if (wait === undefined || outer?.aborted) throw e;
+        await new Promise((r) => setTimeout(r, wait));
+      }
+    }
+  }
+
   private providerLeases(d: Deadline): Promise<Record<string, boolean>> {
-    this.leases ??= this.call(d, "ListProviders", (signal) => this.client.listProviders({}, { signal })).then(
+    this.leases ??= this.retrying(d, "ListProviders", (signal) => this.client.listProviders({}, { signal })).then(
       (r) => Object.fromEntries(r.providers.map((p) => [p.name, Boolean(p.capabilities?.leases)])),
       (e) => {
         this.leases = undefined;
@@ -422,7 +446,10 @@ export class DaemonTransport implements Transport {
     if (cfg.leased && !(await this.providerLeases(d))[provider]) {
       cfg = { ...cfg, leased: false }; // a roched without leases for it: as before them
     }
-    const r = await this.call(d, "Create", (signal) => this.client.create({ provider, config: wireConfig(cfg) }, { signal }));
+    // Every create has an idempotency key, so that one whose answer was lost is asked again:
+    // roched answers the same key with the sandbox it made.
+    const idempotencyKey = `sdk-${randomUUID()}`;
+    const r = await this.retrying(d, "Create", (signal) => this.client.create({ provider, config: wireConfig(cfg), idempotencyKey }, { signal }));
     const info = sandboxInfo(r.sandbox);
     if (cfg.leased) await this.hold(info.id, d);
     return info;
@@ -449,7 +476,9 @@ export class DaemonTransport implements Transport {
   }
 
   async exec(sid: string, req: ExecRequest, d: Deadline): Promise<ExecResult> {
-    const r = await this.call(d, "Exec", (signal) => this.client.exec(execInit(sid, req), { signal }), req.signal);
+    // With an idempotency key the command is the sandbox's: a retry joins it.
+    const r = await (req.idempotencyKey !== undefined ? this.retrying.bind(this) : this.call.bind(this))(
+      d, "Exec", (signal) => this.client.exec(execInit(sid, req), { signal }), req.signal);
     const w = r.result;
     const dec = (b: Uint8Array | undefined) => new TextDecoder().decode(b ?? new Uint8Array());
     return execResult({
@@ -575,7 +604,7 @@ export class DaemonTransport implements Transport {
   }
 
   async listCommands(sid: string, d: Deadline): Promise<CommandInfo[]> {
-    const r = await this.call(d, "ListCommands", (signal) => this.client.listCommands({ sandboxId: sid }, { signal }));
+    const r = await this.retrying(d, "ListCommands", (signal) => this.client.listCommands({ sandboxId: sid }, { signal }));
     return r.commands.map(commandInfo);
   }
 
@@ -593,7 +622,7 @@ export class DaemonTransport implements Transport {
 
   async destroy(sid: string, d: Deadline): Promise<void> {
     try {
-      await this.call(d, "Destroy", (signal) => this.client.destroy({ ids: [sid] }, { signal }));
+      await this.retrying(d, "Destroy", (signal) => this.client.destroy({ ids: [sid] }, { signal }));
     } catch (e) {
       if (!(e instanceof SandboxNotFound)) throw e; // roched serves no such sandbox (any more): idempotent
     } finally {
@@ -604,18 +633,18 @@ export class DaemonTransport implements Transport {
   }
 
   async inspect(sid: string, d: Deadline): Promise<SandboxInfo> {
-    const r = await this.call(d, "Inspect", (signal) => this.client.inspect({ sandboxId: sid }, { signal }));
+    const r = await this.retrying(d, "Inspect", (signal) => this.client.inspect({ sandboxId: sid }, { signal }));
     return sandboxInfo(r.sandbox);
   }
 
   async inspectEnded(sid: string, d: Deadline): Promise<SandboxInfo> {
-    const r = await this.call(d, "Inspect", (signal) => this.client.inspect({ sandboxId: sid, includeEnded: true }, { signal }));
+    const r = await this.retrying(d, "Inspect", (signal) => this.client.inspect({ sandboxId: sid, includeEnded: true }, { signal }));
     return sandboxInfo(r.sandbox);
   }
 
   async list(provider: string, d: Deadline, o: ListOptions = {}): Promise<SandboxInfo[]> {
     const state = o.state ? (Object.entries(STATES).find(([, v]) => v === o.state)?.[0] ?? 0) : 0;
-    const r = await this.call(d, "List", (signal) =>
+    const r = await this.retrying(d, "List", (signal) =>
       this.client.list({ provider, metadata: o.metadata ?? {}, state: Number(state) }, { signal }),
     );
     return r.sandboxes.map(sandboxInfo);
@@ -631,6 +660,20 @@ export class DaemonTransport implements Transport {
       if (pause) await this.client.pause({ sandboxId: sid }, { signal });
       else await this.client.unpause({ sandboxId: sid }, { signal });
     });
+  }
+
+  async pauseToDisk(sid: string, d: Deadline): Promise<void> {
+    await this.call(d, "Pause", (signal) => this.client.pause({ sandboxId: sid, toDisk: true }, { signal }));
+  }
+
+  async resume(sid: string, d: Deadline): Promise<SandboxInfo> {
+    const r = await this.call(d, "Resume", (signal) => this.client.resume({ sandboxId: sid }, { signal }));
+    return sandboxInfo(r.sandbox);
+  }
+
+  async fork(sid: string, count: number, d: Deadline): Promise<SandboxInfo[]> {
+    const r = await this.call(d, "Fork", (signal) => this.client.fork({ sandboxId: sid, count }, { signal }));
+    return r.sandboxes.map(sandboxInfo);
   }
 
   async writeFile(sid: string, path: string, data: Uint8Array, mode: number, d: Deadline): Promise<void> {
@@ -823,7 +866,7 @@ export class DaemonTransport implements Transport {
   }
 
   async contexts(sid: string, d: Deadline): Promise<Context[]> {
-    const r = await this.call(d, "ListContexts", (signal) => this.client.listContexts({ sandboxId: sid }, { signal }));
+    const r = await this.retrying(d, "ListContexts", (signal) => this.client.listContexts({ sandboxId: sid }, { signal }));
     return r.contexts.map(codeContext);
   }
 

@@ -27,7 +27,13 @@ export class SandboxTimeout extends RocheError {
 
 /** The backend cannot be reached: no daemon and no CLI, Docker down, python.wasm missing. */
 export class ProviderUnavailable extends RocheError {
-  constructor(message: string) { super(message, "unavailable"); }
+  /** Set when the call's connection to roched was lost rather than answered: "refused"
+   * (nothing listened) or "broke" (cut midway); what the SDK's retries go by. */
+  lost: "" | "refused" | "broke" = "";
+  constructor(message: string, lost: "" | "refused" | "broke" = "") {
+    super(message, "unavailable");
+    this.lost = lost;
+  }
 }
 
 /** The request is malformed or impossible (a bad memory size, an empty command, ...). */

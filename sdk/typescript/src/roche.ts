@@ -167,6 +167,16 @@ export class Roche {
     return new Sandbox(this, t, await t.inspect(id, this.deadline()));
   }
 
+  /** Brings back a sandbox paused to disk (`sandbox.pause({ toDisk: true })`), where it was:
+   * its processes, code contexts and open files, with the lifetime it had left; resolves to a
+   * handle on it. Also from another process or after a restart of roched, for a sandbox made
+   * with `leased: false` (a leased one goes with the process that made it). Providers without
+   * memory snapshots (all but vm's qemu) refuse it with Unsupported. */
+  async resume(id: string): Promise<Sandbox> {
+    const t = await this.resolve();
+    return new Sandbox(this, t, await t.resume(id, this.deadline()));
+  }
+
   /** Describes a sandbox, also one that ended within roched's --ended-retention (1 h by
    * default): its state is then "exited" and `end` says why it ended (oom, pids, lifetime,
    * lease_lost, destroyed and by whom, ...) with the evidence. SandboxNotFound for one never
@@ -292,7 +302,6 @@ export class Sandbox {
     return this.t.egressPolicy(this.id, [], entries, this.roche.deadline());
   }
 
-  /** Freezes every process in the sandbox. */
   /**
    * Ends the sandbox `timeoutMs` milliseconds from now instead of when it was to end, sooner
    * or later (E2B's `setTimeout`, in milliseconds as there; rounded up to whole seconds): at
@@ -307,8 +316,32 @@ export class Sandbox {
     this.info = await this.t.setTimeout(this.id, Math.ceil(timeoutMs / 1000), this.roche.deadline());
   }
 
-  pause(): Promise<void> {
+  /** Freezes every process in the sandbox (`unpause` thaws them). With `{ toDisk: true }`
+   * (E2B's pause) it saves the sandbox whole instead, memory, processes and code contexts
+   * included, and stops it: it then holds no memory or CPU and its lifetime stops running
+   * until `roche.resume(id)` (or `resume()`) brings it back where it was. To disk is the vm
+   * provider's (qemu) only: others throw Unsupported, saying so in one line. */
+  pause(o: { toDisk?: boolean } = {}): Promise<void> {
+    if (o.toDisk) return this.t.pauseToDisk(this.id, this.roche.deadline());
     return this.t.pause(this.id, true, this.roche.deadline());
+  }
+
+  /** Brings this sandbox back from `pause({ toDisk: true })` (`Roche.resume`); `info` takes
+   * its new description. Resolves to it. */
+  async resume(): Promise<Sandbox> {
+    this.info = await this.t.resume(this.id, this.roche.deadline());
+    return this;
+  }
+
+  /** Makes `n` (1 to 64) new sandboxes, each a copy of this one as it is now (running, or
+   * paused to disk), memory, processes and code contexts included, each with its own id,
+   * randomness and whole lifetime; this one goes on as it was. The forks are not leased
+   * (roched holds none for this process): destroy them (`await using`) or let their lifetime
+   * end. The vm provider's (qemu) only: others throw Unsupported. */
+  async fork(n = 1): Promise<Sandbox[]> {
+    if (!Number.isInteger(n) || n < 1 || n > 64) throw new InvalidConfig(`fork(${JSON.stringify(n)}): give 1 to 64 forks`);
+    const forks = await this.t.fork(this.id, n, this.roche.deadline());
+    return forks.map((info) => new Sandbox(this.roche, this.t, info));
   }
 
   /** Thaws a paused sandbox. */

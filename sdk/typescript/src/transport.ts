@@ -22,6 +22,10 @@ export interface Transport {
   list(provider: string, d: Deadline, o?: ListOptions): Promise<SandboxInfo[]>;
   setTimeout(sid: string, timeoutSecs: number, d: Deadline): Promise<SandboxInfo>;
   pause(sid: string, pause: boolean, d: Deadline): Promise<void>;
+  // Memory snapshots (providers that have them: vm's qemu).
+  pauseToDisk(sid: string, d: Deadline): Promise<void>;
+  resume(sid: string, d: Deadline): Promise<SandboxInfo>;
+  fork(sid: string, count: number, d: Deadline): Promise<SandboxInfo[]>;
   writeFile(sid: string, path: string, data: Uint8Array, mode: number, d: Deadline): Promise<void>;
   readFile(sid: string, path: string, d: Deadline, maxBytes: number): Promise<Uint8Array>;
   deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void>;

@@ -296,8 +296,14 @@ export interface ExecOptions {
   /** Added to the sandbox's environment for this command. */
   env?: Record<string, string>;
   workdir?: string;
-  /** Stops waiting and kills the command when aborted. */
+  /** Stops waiting and kills the command when aborted (with an idempotencyKey, stops
+   * waiting only: the command is the sandbox's). */
   signal?: AbortSignal;
+  /** Makes the command the sandbox's rather than this call's (e.g. "build-42"): at most one
+   * runs per key, a call whose connection to roched is lost (roched restarting, a replica
+   * gone) is retried and joins it, and aborting the call leaves it running
+   * (`commands.kill` stops it). */
+  idempotencyKey?: string;
 }
 
 export interface ExecRequest {
@@ -307,6 +313,7 @@ export interface ExecRequest {
   env: Record<string, string>;
   workdir?: string;
   signal?: AbortSignal;
+  idempotencyKey?: string;
 }
 
 export function makeExecRequest(cmd: readonly string[], o: ExecOptions = {}): ExecRequest {
@@ -325,8 +332,14 @@ export function makeExecRequest(cmd: readonly string[], o: ExecOptions = {}): Ex
   if (o.timeout !== undefined && !(o.timeout > 0)) {
     throw new InvalidConfig(`timeout ${o.timeout}: give seconds > 0, or leave it out for the sandbox's lifetime`);
   }
+  if (o.idempotencyKey !== undefined && (typeof o.idempotencyKey !== "string" || o.idempotencyKey === "")) {
+    throw new InvalidConfig(`idempotencyKey ${JSON.stringify(o.idempotencyKey)}: give a non-empty string, or leave it out`);
+  }
   const stdin = typeof o.stdin === "string" ? new TextEncoder().encode(o.stdin) : o.stdin;
-  return { cmd: [...cmd], timeout: o.timeout, stdin, env: stringMap("env", o.env), workdir: o.workdir || undefined, signal: o.signal };
+  return {
+    cmd: [...cmd], timeout: o.timeout, stdin, env: stringMap("env", o.env), workdir: o.workdir || undefined, signal: o.signal,
+    idempotencyKey: o.idempotencyKey,
+  };
 }
 
 /** Checks a sandbox path for the files API: absolute, below /. Returns its base name. */
