@@ -14,7 +14,11 @@ const (
 	// EndOOM: killed for exceeding its memory limit; the evidence is the cgroup's
 	// memory.events oom_kill counter (read by roche-agent, or the engine's watch of it).
 	EndOOM EndKind = "oom"
-	// EndPids: its pids limit was reached (the cgroup's pids.events max counter).
+	// EndPids: its pids limit was reached: a command failed while the sandbox user's
+	// processes and threads were at the limit that holds, roche-agent's RLIMIT_NPROC (the
+	// kernel counts no fork that limit refuses, so the evidence is roche-agent's count of
+	// them in /proc as the command ended). A command's receipt says it; no sandbox ends
+	// of it (a fork bomb is held at the limit).
 	EndPids EndKind = "pids"
 	// EndLifetime: its lifetime (Config.TimeoutSecs, or set_timeout's) was reached.
 	EndLifetime EndKind = "lifetime"
@@ -121,9 +125,13 @@ type Receipt struct {
 	// End is why the command ended or was cut when something other than the command did
 	// it: EndCommandTimeout (roche-agent killed it at its timeout), EndOOM (it died of
 	// SIGKILL and the sandbox cgroup's memory.events oom_kill grew meanwhile),
-	// EndOutputCap (its output passed the cap and was cut); empty when it ended on its
-	// own. Never EndPids: the process limit that holds (RLIMIT_NPROC) refuses a fork
-	// without the kernel counting it anywhere. Evidence is what End was read from.
+	// EndPids (it exited non-zero while the sandbox user's processes and threads, counted
+	// in /proc as it ended, its own included, were at RLIMIT_NPROC, the process limit that
+	// holds: a sample, which may miss a limit reached and let go before the command
+	// ended but never reports one not reached), EndOutputCap (its output passed the cap
+	// and was cut); empty when it ended on its own. A command killed at its timeout while
+	// the sandbox was at the limit is EndCommandTimeout, the limit in its Evidence.
+	// Evidence is what End was read from.
 	End      EndKind `json:"end,omitempty"`
 	Evidence string  `json:"evidence,omitempty"`
 }

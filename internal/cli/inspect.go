@@ -22,7 +22,8 @@ sandbox that ended within roched's --ended-retention (1 h by default), roched an
 with why it ended, a typed reason and its evidence:
 
   oom              killed for exceeding its memory limit (the cgroup's memory.events)
-  pids             its pids limit was reached (the cgroup's pids.events)
+  pids             its pids limit was reached (a command's receipt only: a
+                   command failed at RLIMIT_NPROC, counted in /proc)
   lifetime         its lifetime was reached
   command_timeout  a command's timeout ended it
   output_cap       a command's output passed the cap that ends it

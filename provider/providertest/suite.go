@@ -989,11 +989,10 @@ finally:
 		t.Fatalf("forking 200 children with pids_limit 20: exit %d, stderr %q", res.ExitCode, res.Stderr)
 	}
 	got := strings.TrimSpace(res.Stdout)
-	// The limit that holds is roche-agent's RLIMIT_NPROC (the pids cgroup is only the
-	// host's ceiling above it), whose refusals the kernel counts nowhere: the receipt
-	// says nothing of them rather than guess (docs/ended.md).
+	// It met the limit and ended well (its children killed and reaped first): nothing
+	// ended it, and the receipt says so.
 	if res.Receipt != nil && res.Receipt.End != "" {
-		t.Errorf("forking past pids_limit 20: the receipt says %q (%s), which nothing can tell",
+		t.Errorf("forking past pids_limit 20, then exit 0: the receipt says %q (%s), want nothing",
 			res.Receipt.End, res.Receipt.Evidence)
 	}
 	fields := strings.Fields(got)
@@ -1002,6 +1001,60 @@ finally:
 	}
 	if n, _ := strconv.Atoi(fields[1]); n < 5 || n >= 20 {
 		t.Fatalf("forked %d children under pids_limit 20", n)
+	}
+	s.testPidsEnd(t, id)
+}
+
+// testPidsEnd: a command that fails while its sandbox is at its pids limit gets a
+// receipt saying pids, with the count as evidence; one killed at its timeout there says
+// command_timeout, the limit in its evidence. The limit that holds is roche-agent's
+// RLIMIT_NPROC, whose refusals the kernel counts nowhere, so the agent counts the
+// sandbox user's tasks as the command ends (docs/ended.md).
+func (s *suite) testPidsEnd(t *testing.T, id string) {
+	const fill = `
+import os, sys, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(60); os._exit(0)
+        n += 1
+except OSError as e:
+    print('refused after', n, e.errno, flush=True)
+`
+	killAll := func() { // the sleepers it left, so the next command has room
+		if _, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{Cmd: []string{"sh", "-c", "kill -9 -1; true"}}); err != nil {
+			t.Fatalf("killing what the command left: %v", err)
+		}
+	}
+	res, err := s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{
+		Cmd: append(append([]string{}, s.opts.Python...), "-c", fill+"sys.exit(3)")})
+	if err != nil {
+		t.Fatalf("filling the pids limit: %v", err)
+	}
+	killAll()
+	if res.Receipt == nil {
+		t.Skip("no receipt (no roche-agent): nothing to say why")
+	}
+	t.Logf("failed at the limit: exit %d, %q, receipt %s (%s)", res.ExitCode, strings.TrimSpace(res.Stdout), res.Receipt.End, res.Receipt.Evidence)
+	if res.ExitCode != 3 || !strings.HasPrefix(res.Stdout, "refused after") {
+		t.Fatalf("filling the pids limit: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res.Receipt.End != roche.EndPids || !strings.Contains(res.Receipt.Evidence, "RLIMIT_NPROC 20") {
+		t.Errorf("a command that failed at pids_limit 20: receipt end %q (%s), want pids with RLIMIT_NPROC 20 as evidence",
+			res.Receipt.End, res.Receipt.Evidence)
+	}
+
+	res, err = s.p.Exec(ctxFor(t, time.Minute), id, roche.ExecRequest{
+		Cmd: append(append([]string{}, s.opts.Python...), "-c", fill+"time.sleep(60)"), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("filling the pids limit until the timeout: %v", err)
+	}
+	killAll()
+	t.Logf("timed out at the limit: receipt %s (%s)", res.Receipt.End, res.Receipt.Evidence)
+	if !res.TimedOut || res.Receipt.End != roche.EndCommandTimeout || !strings.Contains(res.Receipt.Evidence, "process limit (RLIMIT_NPROC 20)") {
+		t.Errorf("a command killed at its timeout at pids_limit 20: timed out %v, receipt end %q (%s), want command_timeout with the limit as evidence",
+			res.TimedOut, res.Receipt.End, res.Receipt.Evidence)
 	}
 }
 

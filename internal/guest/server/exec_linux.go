@@ -730,12 +730,19 @@ func (s *Server) await(p *proc, req guest.Request, start time.Time, before count
 		timeout = t.C
 	}
 	var ws exitStatus
+	// limit is the sandbox's process limit as the command ended with an error or was
+	// killed, counted before its leftovers can go (processLimit).
+	var limit procLimit
 	select {
 	case ws = <-wait:
+		if ws.Signaled() || ws.ExitStatus() != 0 {
+			limit = s.processLimit(true)
+		}
 	case <-timeout:
 		p.mu.Lock()
 		p.timedOut = true
 		p.mu.Unlock()
+		limit = s.processLimit(false)
 		p.kill()
 		ws = <-wait
 	}
@@ -767,7 +774,7 @@ func (s *Server) await(p *proc, req guest.Request, start time.Time, before count
 	p.mu.Lock()
 	timedOut, truncated := p.timedOut, p.truncated
 	p.mu.Unlock()
-	res.Receipt.End, res.Receipt.Evidence = endOf(res, timedOut, truncated, before,
+	res.Receipt.End, res.Receipt.Evidence = endOf(res, timedOut, truncated, before, limit,
 		time.Duration(req.TimeoutMS)*time.Millisecond, p.cut)
 	res.OOMKilled = res.Receipt.End == "oom"
 	p.finish(res, s.stopReason())
@@ -1067,19 +1074,29 @@ func countsNow() counts { return counts{oom: oomKills()} }
 
 // endOf says why a command ended or was cut when something other than the command did
 // it, with the evidence (roche.EndKind values; empty when it ended on its own): its
-// timeout, the OOM killer (it died of SIGKILL, or exited 137 as a shell does whose
-// child died of it, and the cgroup counted an OOM kill meanwhile), its output cut at
-// the cap. Never "pids": the process limit that holds in every sandbox is the agent's
-// RLIMIT_NPROC (the pids cgroup is only the host's ceiling above it), and the kernel
-// counts no fork that limit refuses, so nothing could say so.
-func endOf(res guest.Result, timedOut, truncated bool, before counts, timeout time.Duration, cut int64) (string, string) {
+// timeout (with the process limit in the evidence when the sandbox was at it: a fork
+// bomb held there until its timeout ended by the timeout), the OOM killer (it died of
+// SIGKILL, or exited 137 as a shell does whose child died of it, and the cgroup counted
+// an OOM kill meanwhile), the process limit (it failed while the sandbox user's tasks
+// were at RLIMIT_NPROC, the limit that holds in every sandbox: the pids cgroup is only
+// the host's ceiling above it, and the kernel counts no fork RLIMIT_NPROC refuses, so
+// the count of the user's tasks as the command ended is the evidence; see
+// processLimit), its output cut at the cap.
+func endOf(res guest.Result, timedOut, truncated bool, before counts, limit procLimit, timeout time.Duration, cut int64) (string, string) {
 	if timedOut {
-		return "command_timeout", fmt.Sprintf("killed by roche-agent at its timeout of %s", timeout)
+		why := fmt.Sprintf("killed by roche-agent at its timeout of %s", timeout)
+		if limit.full() {
+			why += ", with " + limit.String()
+		}
+		return "command_timeout", why
 	}
 	if res.ExitCode == 128+int(syscall.SIGKILL) && before.oom >= 0 {
 		if now := oomKills(); now > before.oom {
 			return "oom", fmt.Sprintf("exit by SIGKILL with the sandbox cgroup's memory.events oom_kill %d -> %d", before.oom, now)
 		}
+	}
+	if res.ExitCode != 0 && limit.full() {
+		return "pids", fmt.Sprintf("exit %d with %s", res.ExitCode, limit)
 	}
 	if truncated {
 		return "output_cap", fmt.Sprintf("its output passed the cap of %d bytes per stream and was cut", cut)
