@@ -69,6 +69,10 @@ type Provider struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	// watchers are the channels of Watch; endWatches the supervisor pid watched per
+	// sandbox (events_linux.go).
+	watchers   map[chan kit.SandboxEvent]struct{}
+	endWatches map[string]int
 }
 
 // hypervisor is what differs between QEMU and Firecracker.
@@ -670,6 +674,7 @@ func (p *Provider) remember(s *sandbox) {
 	p.mu.Lock()
 	p.sandboxes[s.ID] = s
 	p.mu.Unlock()
+	p.watchEnd(s)
 }
 
 func (p *Provider) forget(id string) {
@@ -813,6 +818,9 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	p.stopSupervisor(readPID(filepath.Join(dir, supervisor.PIDFile)), dir)
+	if !p.watchedEvents() {
+		_ = os.Remove(supervisor.EndedPath(dir)) // nobody to tell
+	}
 	return nil
 }
 
@@ -855,6 +863,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		}
 		return nil, fmt.Errorf("listing %s: %w", p.stateDir, err)
 	}
+	p.removeStaleEnds(staleEnd)
 	out := []roche.SandboxInfo{}
 	for _, e := range entries {
 		if !e.IsDir() || !idPattern.MatchString(e.Name()) || !strings.HasPrefix(e.Name(), p.Name()+"-") {
@@ -878,6 +887,10 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 	}
 	return out, nil
 }
+
+// staleEnd is how old an end record of a VM (supervisor.EndedPath) nobody read is when
+// List removes it: no process watched that VM (it was made by a CLI that has exited).
+const staleEnd = 10 * time.Minute
 
 // GC implements roche.GarbageCollector: it removes expired VMs (every one with All).
 func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.SandboxInfo, error) {

@@ -11,6 +11,7 @@ package supervisor
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 )
 
 // RunIfAsked makes this process a supervisor, and exits, when it was started as one
@@ -75,3 +76,32 @@ const (
 
 // Subcommand is the argument that makes a program a supervisor (RunIfAsked).
 const Subcommand = "vm-supervise"
+
+// Ended is what a supervisor records of its VM's end, for the provider's watch of it
+// (kit.Watcher): written to EndedPath(Dir) just before the supervisor removes the VM's
+// directory and exits, never for a VM saved to disk (paused), which has not ended.
+type Ended struct {
+	AtUnixMS int64 `json:"at_unix_ms"`
+	// HypervisorPID is the hypervisor's pid; Exit says how it ended in words.
+	HypervisorPID int    `json:"hypervisor_pid"`
+	Exit          string `json:"exit"`
+	// Signal is the signal that killed the hypervisor, when one did; ExitCode its exit
+	// status otherwise (ExitKnown).
+	Signal    int  `json:"signal,omitempty"`
+	ExitCode  int  `json:"exit_code,omitempty"`
+	ExitKnown bool `json:"exit_known,omitempty"`
+	// Stopped says the supervisor stopped the hypervisor, and why ("stopped by
+	// terminated": a destroy; "stopped at the end of its lifetime").
+	Stopped string `json:"stopped,omitempty"`
+	// Panic is the guest kernel's panic line from the console ("Kernel panic - not
+	// syncing: Attempted to kill init! exitcode=0x00000100": roche-agent, PID 1, exited),
+	// and OOM its last OOM kill line ("Out of memory: Killed process 1 (roche-agent)").
+	Panic string `json:"panic,omitempty"`
+	OOM   string `json:"oom,omitempty"`
+}
+
+// EndedPath is where the supervisor of the VM in directory dir records its end: beside
+// the directory, which goes with the VM.
+func EndedPath(dir string) string {
+	return filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".ended.json")
+}

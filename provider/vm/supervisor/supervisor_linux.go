@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -150,8 +151,56 @@ wait:
 	if stopped != "" {
 		exit = stopped
 	}
-	writeReport(report, Report{Exit: exit, Console: consoleTail(spec.Console)})
+	tail := consoleTail(spec.Console)
+	if _, err := os.Stat(filepath.Join(spec.Dir, SuspendedFile)); err != nil {
+		recordEnd(spec, ended(cmd, waitErr, stopped, tail))
+	}
+	writeReport(report, Report{Exit: exit, Console: tail})
 	return nil
+}
+
+var (
+	panicLine = regexp.MustCompile(`Kernel panic - not syncing:[^\r\n]*`)
+	oomLine   = regexp.MustCompile(`Out of memory: Killed process[^\r\n]*`)
+)
+
+// ended is what is known of the VM's end: how the hypervisor ended (waitErr), whether
+// the supervisor stopped it, and what the guest kernel last said of a panic or an OOM kill.
+func ended(cmd *exec.Cmd, waitErr error, stopped, console string) Ended {
+	e := Ended{AtUnixMS: time.Now().UnixMilli(), HypervisorPID: cmd.Process.Pid, Exit: describe(waitErr), Stopped: stopped}
+	if st := cmd.ProcessState; st != nil {
+		if ws, ok := st.Sys().(syscall.WaitStatus); ok {
+			if ws.Signaled() {
+				e.Signal = int(ws.Signal())
+			} else {
+				e.ExitCode, e.ExitKnown = ws.ExitStatus(), true
+			}
+		}
+	}
+	if m := panicLine.FindAllString(console, -1); len(m) > 0 {
+		e.Panic = m[len(m)-1]
+	}
+	if m := oomLine.FindAllString(console, -1); len(m) > 0 {
+		e.OOM = m[len(m)-1]
+	}
+	return e
+}
+
+// recordEnd writes e to EndedPath(spec.Dir), whole or not at all (a rename).
+func recordEnd(spec Spec, e Ended) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return
+	}
+	path := EndedPath(spec.Dir)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		fmt.Fprintf(os.Stderr, "roche-agent %s: recording the VM's end: %v\n", Subcommand, err)
+		return
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+	}
 }
 
 // stop asks the hypervisor's process group to end, then kills it.
