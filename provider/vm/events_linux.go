@@ -106,7 +106,23 @@ func (p *Provider) watchEnd(s *sandbox) {
 		unwatch()
 		return
 	}
+	p.mu.Lock()
+	if p.endClosed {
+		p.mu.Unlock()
+		f.Close()
+		return
+	}
+	if p.endFiles == nil {
+		p.endFiles = map[*os.File]struct{}{}
+	}
+	p.endFiles[f] = struct{}{}
+	p.mu.Unlock()
 	go func() {
+		defer func() {
+			p.mu.Lock()
+			delete(p.endFiles, f)
+			p.mu.Unlock()
+		}()
 		defer unwatch()
 		defer f.Close()
 		// A pidfd reads as ready once its process has exited.
@@ -119,6 +135,17 @@ func (p *Provider) watchEnd(s *sandbox) {
 		}
 		p.supervisorExited(s.ID, s.Dir, s.Hypervisor, pid)
 	}()
+}
+
+// stopEndWatches ends every watch of a supervisor (Close): closing its pidfd ends the
+// wait with an error, and nothing is sent.
+func (p *Provider) stopEndWatches() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.endClosed = true
+	for f := range p.endFiles {
+		f.Close()
+	}
 }
 
 // supervisorExited tells watchers how the VM of directory dir ended, from its

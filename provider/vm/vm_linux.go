@@ -73,6 +73,8 @@ type Provider struct {
 	// sandbox (events_linux.go).
 	watchers   map[chan kit.SandboxEvent]struct{}
 	endWatches map[string]int
+	endFiles   map[*os.File]struct{}
+	endClosed  bool
 }
 
 // hypervisor is what differs between QEMU and Firecracker.
@@ -114,9 +116,10 @@ func newProvider(hv hypervisor, opts []Option) (*Provider, error) {
 	return p, nil
 }
 
-// Close lets go of the leases this provider holds (those VMs stop within the grace) and
-// releases the Engine API client it opened.
+// Close ends its watches of the VMs' ends, lets go of the leases this provider holds
+// (those VMs stop within the grace) and releases the Engine API client it opened.
 func (p *Provider) Close() error {
+	p.stopEndWatches()
 	p.leases.DropAll()
 	p.dockerMu.Lock()
 	defer p.dockerMu.Unlock()

@@ -742,6 +742,10 @@ func (s *Server) await(p *proc, req guest.Request, start time.Time, before count
 		p.mu.Lock()
 		p.timedOut = true
 		p.mu.Unlock()
+		// Stopped first (as KillTree does anyway): a fork bomb's processes, spinning on
+		// a failing fork, would otherwise hold the CPU the count needs. Stopped, they
+		// still count against the limit.
+		_ = syscall.Kill(-p.pid, syscall.SIGSTOP)
 		limit = s.processLimit(false)
 		p.kill()
 		ws = <-wait
