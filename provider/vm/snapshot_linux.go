@@ -223,7 +223,16 @@ func (p *Provider) relink(ctx context.Context, s *sandbox, nonce string) error {
 	if err := s.agent.WaitReady(wctx); err != nil {
 		return err
 	}
-	return s.agent.Restored(wctx, restoredRequest("", 0))
+	if err := s.agent.Restored(wctx, restoredRequest("", 0)); err != nil {
+		return err
+	}
+	// The lease held here went with the old link (the guest kept it across the
+	// snapshot, and let go of that at Restored): take it again on the new one, or the
+	// guest would stop the VM its grace later.
+	if p.leases.Holds(s.ID) {
+		return p.leases.Take(wctx, s.ID, s.agent)
+	}
+	return nil
 }
 
 // PauseToDisk implements roche.MemorySnapshotter.
