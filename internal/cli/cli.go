@@ -70,6 +70,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, local Local)
 
 	ctx, stop := interrupt.Context(stderr, "roche")
 	defer stop()
+	ctx = withTraceparent(ctx, e.getenv, e.log)
 
 	root := e.rootCommand()
 	defer e.daemon.close()
@@ -167,7 +168,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
 		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
 		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(), e.e2bCommand(),
-		e.doctorCommand(),
+		e.doctorCommand(), e.uiCommand(),
 		e.inspectCommand(),
 	)
 	friendlyArgs(root)

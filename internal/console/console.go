@@ -1,7 +1,8 @@
 // Package console is the web console roched serves at /ui (roched --ui): its front-end,
 // embedded so that nothing is built or fetched at run time, and the headers it is served
 // with. The data it shows comes from roched's API and its /ui/api endpoints
-// (internal/daemon console.go), with the token the user gives the page, never a cookie.
+// (internal/daemon console.go), with the session cookie a one-time login code bought
+// (roche ui) or a token the user gives the page.
 package console
 
 import (

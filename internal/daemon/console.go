@@ -22,10 +22,11 @@ import (
 
 // The console (roched --ui): the pages at /ui/ (internal/console) and the few reads the
 // API lacks at /ui/api/, on the TCP listener only, behind the same tokens and tenants as
-// the API. The page keeps the token the user gives it in the tab's sessionStorage and
-// sends it as a bearer header; roched sets no cookie, so a page of another site has no
-// ambient authority to borrow, and a request a browser marks as coming from another
-// origin is refused (sameOrigin) besides.
+// the API. The page is signed in either with a one-time login code that roche ui prints
+// (console_login.go: a session cookie, HttpOnly and SameSite=Strict, honoured only with
+// the console's own header) or with a token the user pastes, which it keeps in the tab's
+// sessionStorage and sends as a bearer header. A request a browser marks as coming from
+// another origin is refused (sameOrigin) either way.
 
 // Roles: what a token may do as its tenant.
 const (
@@ -58,6 +59,9 @@ func readOnlyAllows(r *http.Request) bool {
 	switch p {
 	case "/healthz", "/metrics":
 		return true
+	case "/ui/api/login-code":
+		// It mints a session of the caller's own role: read-only here.
+		return r.Method == http.MethodPost
 	}
 	return strings.HasPrefix(p, "/ui/") && (r.Method == http.MethodGet || r.Method == http.MethodHead)
 }
@@ -145,10 +149,14 @@ func (d *Daemon) consoleMux(mux *http.ServeMux) {
 	mux.HandleFunc("GET /ui/api/usage", d.consoleUsage)
 	mux.HandleFunc("GET /ui/api/ended", d.consoleEnded)
 	mux.HandleFunc("GET /ui/api/audit", d.consoleAudit)
+	mux.HandleFunc("POST /ui/api/login-code", d.consoleLoginCode)
+	mux.HandleFunc("POST /ui/session", d.consoleSignIn)
+	mux.HandleFunc("DELETE /ui/session", d.consoleSignOut)
 }
 
 // consolePage reports whether the request is for one of the console's pages, which carry
-// no data and are served without a token (a browser cannot send one when it loads them).
+// no data and are served without a token (a browser cannot send one when it loads them),
+// or its sign-in and sign-out (/ui/session), whose credential is the code or cookie.
 func consolePage(r *http.Request) bool {
 	return (r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/")) && !strings.HasPrefix(r.URL.Path, "/ui/api/")
 }
@@ -175,11 +183,7 @@ func (d *Daemon) consoleWhoami(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	role := RoleAdmin
-	if t.readOnly {
-		role = RoleReadOnly
-	}
-	writeJSON(w, map[string]any{"tenant": t.Name, "role": role, "providers": d.ledger.Providers()})
+	writeJSON(w, map[string]any{"tenant": t.Name, "role": roleOf(t), "providers": d.ledger.Providers()})
 }
 
 // usageTimeout bounds the reading of one sandbox's usage.

@@ -193,6 +193,8 @@ type Daemon struct {
 	stopEgress func()
 	// auditLog keeps the last audit lines for the console (console.go).
 	auditLog auditRing
+	// consoleAuth keeps the console's login codes and sessions (console_login.go).
+	consoleAuth consoleAuth
 
 	// pipes are the in-process connections frontends call the API on (frontend.go);
 	// newFrontend makes the frontend of E2BListen, frontend is it once started.
@@ -550,6 +552,13 @@ func (d *Daemon) authenticate(next http.Handler) http.Handler {
 		}
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		t, why := d.callerTenant(r.TLS, token, ok)
+		if d.cfg.UI && !ok {
+			// The console's session cookie (console_login.go), when no token is sent.
+			if st, found, serr := d.sessionCaller(r); found {
+				t, why = st, serr
+				r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, true))
+			}
+		}
 		if why == nil {
 			if t.readOnly && !readOnlyAllows(r) {
 				d.log.Warn("call refused to a read-only tenant", "tenant", t.Name, "path", r.URL.Path, "remote", r.RemoteAddr)

@@ -1,6 +1,8 @@
 // Roche's console: plain JavaScript over roched's API (Connect's JSON protocol) and its
-// /ui/api reads. The token lives in this tab's sessionStorage and goes out only as a
-// bearer header; every value from roched is put in the page as text, never as HTML.
+// /ui/api reads. It is signed in either by a one-time login code (roche ui's URL, in its
+// fragment), exchanged for a session cookie roched sets HttpOnly, or by a token the user
+// pastes, which lives in this tab's sessionStorage and goes out only as a bearer header.
+// Every value from roched is put in the page as text, never as HTML.
 "use strict";
 
 const SERVICE = "/roche.v1.SandboxService/";
@@ -14,8 +16,11 @@ class APIError extends Error {
   constructor(code, message) { super(message); this.code = code; }
 }
 
+// headers are every request's: the bearer token when the user gave one, and the
+// console's own header, without which roched does not honour the session cookie.
 function headers(contentType) {
-  const h = { "Authorization": "Bearer " + token() };
+  const h = { "X-Roche-Console": "1" };
+  if (token()) h["Authorization"] = "Bearer " + token();
   if (contentType) { h["Content-Type"] = contentType; h["Connect-Protocol-Version"] = "1"; }
   return h;
 }
@@ -30,7 +35,7 @@ async function failure(r) {
 async function call(method, body) {
   const r = await fetch(SERVICE + method, {
     method: "POST", headers: headers("application/json"), body: JSON.stringify(body || {}),
-    credentials: "omit", cache: "no-store",
+    credentials: "same-origin", cache: "no-store",
   });
   if (!r.ok) throw await failure(r);
   return r.json();
@@ -38,7 +43,7 @@ async function call(method, body) {
 
 // get reads one of the console's own endpoints.
 async function get(path) {
-  const r = await fetch("/ui/api/" + path, { headers: headers(), credentials: "omit", cache: "no-store" });
+  const r = await fetch("/ui/api/" + path, { headers: headers(), credentials: "same-origin", cache: "no-store" });
   if (!r.ok) throw await failure(r);
   return r.json();
 }
@@ -52,7 +57,7 @@ async function stream(method, body, onMessage, signal) {
   frame.set(payload, 5);
   const r = await fetch(SERVICE + method, {
     method: "POST", headers: headers("application/connect+json"), body: frame,
-    credentials: "omit", cache: "no-store", signal,
+    credentials: "same-origin", cache: "no-store", signal,
   });
   if (!r.ok) throw await failure(r);
   const reader = r.body.getReader();
@@ -109,10 +114,23 @@ const state = {
 
 function showError(err) {
   $("#error").textContent = err ? String(err.message || err) : "";
-  if (err && err.code === "unauthenticated") signOut("The token was refused: " + err.message);
+  if (err && err.code === "unauthenticated") signOut("Signed out: " + err.message);
 }
 
-function signOut(why) {
+// exchangeCode spends the login code of roche ui's URL for a session cookie, taking it
+// out of the address bar and history first.
+async function exchangeCode(code) {
+  history.replaceState(null, "", location.pathname);
+  const r = await fetch("/ui/session", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ code }),
+    credentials: "same-origin", cache: "no-store",
+  });
+  if (!r.ok) throw new APIError(String(r.status), (await r.text()).trim() || r.statusText);
+  sessionStorage.removeItem(TOKEN_KEY);
+}
+
+function signOut(why, endSession) {
+  if (endSession) fetch("/ui/session", { method: "DELETE", credentials: "same-origin", cache: "no-store" }).catch(() => {});
   sessionStorage.removeItem(TOKEN_KEY);
   closeDetail();
   state.role = "";
@@ -125,7 +143,7 @@ function signOut(why) {
   $("#login-error").textContent = why || "";
 }
 
-async function signIn() {
+async function signIn(quiet) {
   try {
     const me = await get("whoami");
     state.role = me.role;
@@ -135,7 +153,8 @@ async function signIn() {
     $("#signout").hidden = false;
     refresh();
   } catch (err) {
-    signOut(err.code === "unauthenticated" || err.code === "401" ? "That token is not one roched knows." : String(err.message));
+    if (quiet) signOut("");
+    else signOut(err.code === "unauthenticated" || err.code === "401" ? "That token is not one roched knows." : String(err.message));
   }
 }
 
@@ -382,8 +401,15 @@ document.addEventListener("DOMContentLoaded", () => {
     $("#token").value = "";
     signIn();
   });
-  $("#signout").addEventListener("click", () => signOut(""));
+  $("#signout").addEventListener("click", () => signOut("", true));
   $("#detail-close").addEventListener("click", closeDetail);
-  if (token()) signIn(); else signOut("");
+  const code = new URLSearchParams(location.hash.slice(1)).get("code");
+  if (code) {
+    exchangeCode(code).then(() => signIn(), (err) => signOut("The login code was refused: " + err.message));
+  } else if (token()) {
+    signIn();
+  } else {
+    signIn(true); // a session cookie from an earlier sign-in, if any
+  }
   setInterval(refresh, REFRESH_MS);
 });
