@@ -72,7 +72,8 @@ if ! command -v tcpdump >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump >/dev/null
 fi
 
-# chromium: internal/daemon's TestConsoleInABrowser drives roched's console headless.
+# chromium: internal/daemon's TestConsoleInABrowser drives roched's console headless
+# (with puppeteer-core, installed below once Node is there).
 if ! command -v chromium >/dev/null 2>&1; then
   log "installing chromium"
   apt-get update -qq
@@ -172,6 +173,9 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
 fi
 (cd sdk/typescript && npm ci --no-audit --no-fund >/dev/null)
+# The console's browser test (internal/daemon TestConsoleInABrowser) drives Debian's
+# chromium with puppeteer-core, pinned in its lockfile; no browser is downloaded.
+(cd internal/daemon/testdata/console-browser && npm ci --ignore-scripts --no-audit --no-fund >/dev/null)
 # The quick start then installs the SDK into a project (npm install ./sdk/typescript),
 # which needs the registry's metadata of its dependencies: fetched here, in a copy.
 qs=$(mktemp -d)
