@@ -244,9 +244,11 @@ needs one); /metrics is Prometheus text.
 
 --ui serves a web console at /ui/ on the --listen address: the tenant's sandboxes with
 live CPU, memory and processes and why each ended, pools, background commands and their
-output, the egress and audit logs, and a terminal (not for read-only tokens). The page
-asks for a token and sends it as a bearer header, never in a URL or a cookie; requests
-from pages of another origin are refused (docs/console.md).
+output, the egress and audit logs, and a terminal (not for read-only tokens). roche ui
+prints a one-time login URL (a code good for 2 minutes and one sign-in, which buys an
+HttpOnly, SameSite=Strict session cookie); or the page is given a token, which it sends
+as a bearer header, never in a URL or a cookie. Requests from pages of another origin
+are refused (docs/console.md).
 
 --e2b-listen tcp://127.0.0.1:3000 also serves the E2B API there, so that E2B's own SDKs
 run unmodified against roched: roched prints the export lines they need (E2B_API_URL,
