@@ -12,6 +12,7 @@ import (
 	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
+	"github.com/roche-sandbox/roche/provider/internal/egresswire"
 )
 
 // Inside a sandbox with an allowlist, programs use egress.SandboxListen as their HTTP
@@ -62,7 +63,7 @@ func (p *Provider) startEgress(dir, name string, cfg roche.Config) error {
 		return fmt.Errorf("serving the egress proxy at %s: %w", sock, err)
 	}
 	opts := egress.Options{Policy: pol, Sandbox: name, Log: p.log.With("egress", name)}
-	trust, err := egress.PrepareTrust(&opts, dir, name, secretSpecs(cfg.Secrets))
+	trust, err := egress.PrepareTrust(&opts, dir, name, egresswire.SecretSpecs(cfg.Secrets))
 	if err != nil {
 		ln.Close()
 		return err
@@ -143,13 +144,4 @@ func (p *Provider) stopAllEgress() {
 	for _, d := range dirs {
 		p.stopEgress(d)
 	}
-}
-
-// secretSpecs are a config's secrets as package egress takes them.
-func secretSpecs(ss []roche.Secret) []egress.SecretSpec {
-	var out []egress.SecretSpec
-	for _, s := range ss {
-		out = append(out, egress.SecretSpec{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header})
-	}
-	return out
 }

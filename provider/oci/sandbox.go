@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
@@ -58,8 +57,6 @@ func (p *Provider) check(cfg roche.Config) error {
 		return fmt.Errorf("%w: from_snapshot: the oci provider has no snapshots; use the docker provider", roche.ErrUnsupported)
 	case len(cfg.NetworkAllowlist) > 0 && !p.egress:
 		return fmt.Errorf("%w: network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run", roche.ErrUnsupported)
-	case egress.NeedsCA(cfg.NetworkAllowlist, len(cfg.Secrets)):
-		return fmt.Errorf("%w: https:// network_allowlist entries and secrets: oci sandboxes cannot have an egress CA installed yet; use the docker provider", roche.ErrUnsupported)
 	}
 	for _, m := range cfg.Mounts {
 		if _, err := os.Stat(m.Source); err != nil {
@@ -129,6 +126,12 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	if err := os.Mkdir(b.runDir, 0o700); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	if len(cfg.NetworkAllowlist) > 0 {
+		// The proxy first: its CA and the secrets' placeholders go into the spec.
+		if b.trust, err = p.proxies.start(b.runDir, s.dir, id, cfg.Config, p.log); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
 	tPrep := time.Now()
 	if err := p.mountRoot(s, b); err != nil {
 		return roche.SandboxInfo{}, err
@@ -145,11 +148,6 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		return roche.SandboxInfo{}, err
 	}
 	s.agent = guest.NewClient(filepath.Join(b.runDir, agentspec.SocketName))
-	if len(cfg.NetworkAllowlist) > 0 {
-		if err := p.proxies.start(b.runDir, id, cfg.NetworkAllowlist, p.log); err != nil {
-			return roche.SandboxInfo{}, err
-		}
-	}
 	tMount := time.Now()
 	if err := p.start(ctx, rt, s); err != nil {
 		return roche.SandboxInfo{}, err

@@ -75,6 +75,10 @@ type bundleSpec struct {
 	// compiledSeccomp is the runtime's own compilation of the seccomp filter, base64, to
 	// hand it (crunSeccompBPF); empty to let it compile config.json's.
 	compiledSeccomp string
+	// trust is what the sandbox's egress proxy gives it (an allowlist with an https://
+	// entry or secrets): its CA in the trust paths, bound read-only, and the variables
+	// naming them and holding the secrets' placeholders.
+	trust egress.Trust
 }
 
 // spec builds the sandbox's OCI runtime config: every namespace new (pid, mount, ipc,
@@ -111,6 +115,7 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 	if len(cfg.NetworkAllowlist) > 0 {
 		agent.EgressSocket = agentspec.RunDir + "/" + agentspec.EgressSocketName
 		env = append(env, egress.SandboxEnv()...)
+		env = append(env, b.trust.Env...)
 	}
 	args := append([]string{agentspec.Binary}, agent.Args()...)
 	cwd := cfg.Workdir
@@ -135,6 +140,10 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=" + tmpSize}},
 		{Destination: agentspec.Binary, Type: "bind", Source: b.agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		{Destination: agentspec.RunDir, Type: "bind", Source: b.runDir, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+	}
+	for _, f := range b.trust.Files {
+		mounts = append(mounts, specs.Mount{Destination: f.Sandbox, Type: "bind", Source: f.Host,
+			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec", "rprivate"}})
 	}
 	for _, m := range cfg.Mounts {
 		mode := "ro"
@@ -210,6 +219,9 @@ func (b bundleSpec) mountPoints() []mountPoint {
 	if b.cfg.Workdir != "" {
 		// The runtime starts the agent there; one the image lacks is made, as Docker does.
 		mp = append(mp, mountPoint{b.cfg.Workdir, true})
+	}
+	for _, f := range b.trust.Files {
+		mp = append(mp, mountPoint{f.Sandbox, false})
 	}
 	for _, m := range b.cfg.Mounts {
 		fi, err := os.Stat(m.Source)

@@ -1,17 +1,20 @@
 package providertest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -70,7 +73,8 @@ func RecordingServer(t *testing.T, ip string, ca *localca.CA) *RecordingTLS {
 
 // interceptProbe runs inside the sandbox: HTTPS requests through the proxy with
 // Python's default certificate checks (the sandbox's trust store), the secret's
-// placeholder from the environment in an Authorization header.
+// placeholder from the environment in an Authorization header. It prints what each got,
+// then stays alive, holding it all in its memory, until its stdin ends.
 const interceptProbe = `
 import json, os, sys, urllib.request, urllib.error
 bound, unbound = sys.argv[1:3]
@@ -88,18 +92,29 @@ attempt('allowed', 'GET', 'https://%s/v1/models' % bound)
 attempt('method', 'POST', 'https://%s/v1/models' % bound)
 attempt('path', 'GET', 'https://%s/admin' % bound)
 attempt('unbound', 'GET', 'https://%s/' % unbound)
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+sys.stdin.read()
 `
+
+// testEgressIntercept runs EgressIntercept on the suite's provider, whose Capabilities
+// say it serves an egress allowlist: every such provider intercepts and brokers secrets.
+func (s *suite) testEgressIntercept(t *testing.T) {
+	EgressIntercept(t, s.p, s.opts.Config, func(cfg roche.Config) string { return s.create(t, cfg) }, s.opts.HostPIDs)
+}
 
 // EgressIntercept checks interception and secrets from inside a sandbox that p makes
 // from base with create, against HTTPS servers on loopback addresses of their own whose
 // certificates come from a test CA (given to the proxy through egress.RootsEnv): an
 // allowed method and path pass, others get 403 naming them, the bound host gets the
 // secret's value in place of the placeholder, an unbound host's request carrying the
-// placeholder is refused before it leaves, and the value is nowhere in the sandbox (its
-// environment, its processes' environments, its files), nor the CA's key. It returns
-// the sandbox's id and the secret's value, for the provider's own host-side checks.
-func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create func(roche.Config) string) (string, string) {
+// placeholder is refused before it leaves and logged, and the value is nowhere in the
+// sandbox (its environment, its processes' environments, its files), nor the CA's key.
+// With hostPIDs (the host's pids of a sandbox's processes; nil where they are not host
+// processes), it also reads, from the host, the environment and the memory of each
+// process of the sandbox while the probe that made the requests is still alive. It
+// returns the sandbox's id and the secret's value, for the provider's own checks.
+func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create func(roche.Config) string,
+	hostPIDs func(id string) ([]int, error)) (string, string) {
 	testCA, err := localca.New("egress upstream test CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -119,14 +134,29 @@ func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create f
 	cfg.NetworkAllowlist = []string{"GET https://" + bound.Listener.Addr().String() + "/v1/", "https://" + unbound.Listener.Addr().String() + "/"}
 	cfg.Secrets = []roche.Secret{{Name: "API_TOKEN", Value: value, Hosts: []string{bound.Listener.Addr().String()}, Header: "Authorization"}}
 	id := create(cfg)
-	res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"python3", "-c", interceptProbe,
-		bound.Listener.Addr().String(), unbound.Listener.Addr().String()}, Timeout: 2 * time.Minute})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("probe: %+v %v", res, err)
+
+	// The probe runs until its stdin is closed, after the host has looked at it.
+	stdin, hold := io.Pipe()
+	defer hold.Close()
+	printed := &lineWriter{line: make(chan struct{})}
+	type result struct {
+		res roche.ExecResult
+		err error
+	}
+	ended := make(chan result, 1)
+	go func() {
+		res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"python3", "-c", interceptProbe,
+			bound.Listener.Addr().String(), unbound.Listener.Addr().String()}, Stdin: stdin, Stdout: printed, Timeout: 2 * time.Minute})
+		ended <- result{res, err}
+	}()
+	select {
+	case <-printed.line:
+	case r := <-ended:
+		t.Fatalf("probe ended before printing: %+v %v", r.res, r.err)
 	}
 	var got map[string]string
-	if err := json.Unmarshal([]byte(res.Stdout), &got); err != nil {
-		t.Fatalf("probe printed %q: %v", res.Stdout, err)
+	if err := json.Unmarshal(printed.bytes(), &got); err != nil {
+		t.Fatalf("probe printed %q: %v", printed.bytes(), err)
 	}
 	for name, want := range map[string]string{
 		"allowed": "ok: upstream GET /v1/models",
@@ -144,6 +174,14 @@ func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create f
 	if auth := unbound.Seen(); len(auth) != 0 {
 		t.Errorf("the unbound host got %d requests", len(auth))
 	}
+	placeholder := ""
+	if hostPIDs != nil {
+		placeholder = hostSideSearch(t, id, value, hostPIDs)
+	}
+	hold.Close()
+	if r := <-ended; r.err != nil || r.res.ExitCode != 0 {
+		t.Fatalf("probe: %+v %v", r.res, r.err)
+	}
 
 	// The sandbox holds the placeholder, never the value, nor the CA's key: its
 	// environment, every process's it can read, and the files where they could be.
@@ -152,7 +190,7 @@ func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create f
 dirs=$(for d in /etc /tmp /run /root /home /usr/local /var /opt /workspace; do [ -d $d ] && echo $d; done)
 grep -rlIF -f /dev/stdin $dirs 2>/dev/null | sed 's/^/FOUND /'
 grep -rlI 'PRIVATE KEY' $dirs 2>/dev/null | sed 's/^/FOUND /'; true`
-	res, err = p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"sh", "-c", look}, Stdin: strings.NewReader(value + "\n"), Timeout: 2 * time.Minute})
+	res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"sh", "-c", look}, Stdin: strings.NewReader(value + "\n"), Timeout: 2 * time.Minute})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("looking for the secret: %+v %v", res, err)
 	}
@@ -161,6 +199,9 @@ grep -rlI 'PRIVATE KEY' $dirs 2>/dev/null | sed 's/^/FOUND /'; true`
 	}
 	if !strings.Contains(res.Stdout, "API_TOKEN=roche-secret-") || !strings.Contains(res.Stdout, "SSL_CERT_FILE="+egress.SandboxBundle) {
 		t.Errorf("the sandbox's environment lacks the placeholder or the CA variables:\n%s", res.Stdout)
+	}
+	if placeholder != "" && !strings.Contains(res.Stdout, "API_TOKEN="+placeholder+"\n") {
+		t.Errorf("the host searched the sandbox's memory for placeholder %s, which is not the sandbox's", placeholder)
 	}
 	// The decision log names each refusal, never the value.
 	px := egress.Lookup(id)
@@ -172,10 +213,124 @@ grep -rlI 'PRIVATE KEY' $dirs 2>/dev/null | sed 's/^/FOUND /'; true`
 	if strings.Contains(string(logged), value) {
 		t.Errorf("the decision log holds the secret: %s", logged)
 	}
-	for _, want := range []string{`"method":"POST","path":"/v1/models"`, `"path":"/admin"`, "placeholder of secret API_TOKEN was sent to"} {
+	for _, want := range []string{`"method":"POST","path":"/v1/models"`, `"path":"/admin"`, "placeholder of secret API_TOKEN was sent to " + unbound.Listener.Addr().String()} {
 		if !strings.Contains(string(logged), want) {
 			t.Errorf("the decision log lacks %s: %s", want, logged)
 		}
 	}
 	return id, value
+}
+
+// hostSideSearch reads, from the host, /proc/PID/environ and every readable mapping of
+// /proc/PID/mem of each process of sandbox id, and fails the test if value is in any.
+// So that it cannot pass by reading nothing, the secret's placeholder (the probe holds
+// it) must be found in some process's memory; it returns that placeholder.
+func hostSideSearch(t *testing.T, id, value string, hostPIDs func(string) ([]int, error)) string {
+	t.Helper()
+	pids, err := hostPIDs(id)
+	if err != nil || len(pids) == 0 {
+		t.Fatalf("the host's pids of sandbox %s: %v %v", id, pids, err)
+	}
+	placeholder := regexp.MustCompile(`roche-secret-[0-9a-f]{32}`)
+	var seen string
+	for _, pid := range pids {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			continue // gone
+		}
+		if strings.Contains(string(env), value) {
+			t.Errorf("process %d of the sandbox has the secret in its environment", pid)
+		}
+		n, found, err := searchMemory(pid, []byte(value), placeholder)
+		if err != nil {
+			t.Errorf("reading the memory of process %d: %v", pid, err)
+			continue
+		}
+		t.Logf("process %d: read %d bytes of its memory", pid, n)
+		if found.value {
+			t.Errorf("process %d of the sandbox has the secret in its memory", pid)
+		}
+		if found.placeholder != "" {
+			seen = found.placeholder
+		}
+	}
+	if seen == "" {
+		t.Fatalf("the placeholder is in the memory of none of the sandbox's processes %v: the search read the wrong thing", pids)
+	}
+	return seen
+}
+
+type memFound struct {
+	value       bool
+	placeholder string
+}
+
+// searchMemory reads every readable mapping of process pid through /proc/PID/mem and
+// reports whether value is in it, and a match of placeholder, with the bytes read.
+func searchMemory(pid int, value []byte, placeholder *regexp.Regexp) (int64, memFound, error) {
+	var found memFound
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, found, err
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return 0, found, err
+	}
+	defer mem.Close()
+	const chunk = 1 << 20
+	buf := make([]byte, chunk+len(value)+64)
+	var total int64
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !strings.HasPrefix(f[1], "r") || strings.HasSuffix(line, "[vvar]") || strings.HasSuffix(line, "[vsyscall]") {
+			continue
+		}
+		var start, end uint64
+		if _, err := fmt.Sscanf(f[0], "%x-%x", &start, &end); err != nil {
+			continue
+		}
+		for off := start; off < end; off += chunk {
+			n := min(uint64(len(buf)), end-off)
+			got, _ := mem.ReadAt(buf[:n], int64(off))
+			if got <= 0 {
+				break // unreadable (a guard page, a device mapping)
+			}
+			total += int64(got)
+			b := buf[:got]
+			if bytes.Contains(b, value) {
+				found.value = true
+			}
+			if m := placeholder.Find(b); m != nil {
+				found.placeholder = string(m)
+			}
+		}
+	}
+	return total, found, nil
+}
+
+// lineWriter keeps what is written, and closes line at the first newline.
+type lineWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	line chan struct{}
+	done bool
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, b...)
+	if !w.done && bytes.IndexByte(w.buf, '\n') >= 0 {
+		w.done = true
+		close(w.line)
+	}
+	return len(b), nil
+}
+
+func (w *lineWriter) bytes() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	line, _, _ := bytes.Cut(w.buf, []byte("\n"))
+	return append([]byte(nil), line...)
 }

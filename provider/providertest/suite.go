@@ -67,6 +67,10 @@ type Options struct {
 	// without nosuid and nodev (Kubernetes' emptyDir tmpfs has neither): the mount check
 	// then asserts that they are absent and that no device node can be made there.
 	ScratchMountsLackNosuid string
+	// HostPIDs, when set, returns the host's pids of sandbox id's processes (where they
+	// are host processes): the egress check then reads their environments and memory
+	// from the host for the secret it brokers.
+	HostPIDs func(id string) ([]int, error)
 }
 
 // Run runs the conformance suite against p.
@@ -149,6 +153,7 @@ func Run(t *testing.T, p roche.Provider, opts Options) {
 	}
 	if s.caps.Egress {
 		t.Run("EgressAllowlist", s.testEgress)
+		t.Run("EgressInterceptAndSecrets", s.testEgressIntercept)
 	}
 	if s.caps.Files {
 		// Each in a sandbox of its own, last: the race takes a while, and the shared
