@@ -49,46 +49,30 @@ type Trust struct {
 // a placeholder (the one dir records, for a proxy started again). It returns what the
 // sandbox must get.
 func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Trust, error) {
-	var t Trust
 	placeholders := map[string]string{}
 	if b, err := os.ReadFile(filepath.Join(dir, placeholdersFile)); err == nil {
 		_ = json.Unmarshal(b, &placeholders)
 	}
-	for _, s := range secrets {
-		hosts, err := ParseSecretHosts(s.Name, s.Hosts)
-		if err != nil {
-			return Trust{}, err
-		}
-		ph := placeholders[s.Name]
-		if ph == "" {
-			ph = NewPlaceholder()
-			placeholders[s.Name] = ph
-		}
-		opts.Secrets = append(opts.Secrets, Secret{Name: s.Name, Value: s.Value, Placeholder: ph, Hosts: hosts, Header: s.Header})
-		t.Env = append(t.Env, s.Name+"="+ph)
+	m, err := MakeTrust(opts, sandbox, secrets, placeholders)
+	if err != nil {
+		return Trust{}, err
 	}
+	t := Trust{Env: m.Env}
 	if len(secrets) > 0 {
-		b, _ := json.Marshal(placeholders)
+		b, _ := json.Marshal(m.Placeholders)
 		if err := os.WriteFile(filepath.Join(dir, placeholdersFile), b, 0o600); err != nil {
 			return Trust{}, fmt.Errorf("recording the secrets' placeholders: %w", err)
 		}
 	}
-	if !opts.Policy.Intercepts() && len(secrets) == 0 {
+	if m.CACert == nil {
 		return t, nil
 	}
-	ca, err := NewCA(sandbox)
-	if err != nil {
-		return Trust{}, fmt.Errorf("making the sandbox's egress CA: %w", err)
-	}
-	opts.CA = ca
 	// Written in place (not renamed), so that a sandbox already running, whose container
 	// binds these files, sees the CA of a proxy started again.
-	bundle := append(append([]byte(nil), HostRootsPEM()...), '\n')
-	bundle = append(bundle, ca.CertPEM...)
 	for _, f := range []struct {
 		name string
 		b    []byte
-	}{{caFile, ca.CertPEM}, {bundleFile, bundle}} {
+	}{{caFile, m.CACert}, {bundleFile, m.Bundle}} {
 		if err := writeInPlace(filepath.Join(dir, f.name), f.b); err != nil {
 			return Trust{}, fmt.Errorf("writing the sandbox's CA certificate: %w", err)
 		}
@@ -97,6 +81,50 @@ func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Tru
 		{Host: filepath.Join(dir, bundleFile), Sandbox: SandboxBundle},
 		{Host: filepath.Join(dir, caFile), Sandbox: SandboxCACert},
 	}
+	return t, nil
+}
+
+// TrustPEM is what a sandbox gets for interception and secrets, for a provider that
+// delivers the CA's certificate itself (not as files of this host).
+type TrustPEM struct {
+	// Env is the CA variables (with a CA) and NAME=PLACEHOLDER for each secret.
+	Env []string
+	// Placeholders are the secrets' placeholders, by name.
+	Placeholders map[string]string
+	// Bundle is the trust store for SandboxBundle (the host's roots and the CA), CACert
+	// the CA alone for SandboxCACert; both nil when the sandbox needs no CA.
+	Bundle, CACert []byte
+}
+
+// MakeTrust readies opts for a sandbox: it gives each secret its placeholder from
+// placeholders (one a proxy started again keeps) or a new one, and makes the sandbox's
+// CA, its key only in opts, when the policy intercepts or secrets are given.
+func MakeTrust(opts *Options, sandbox string, secrets []SecretSpec, placeholders map[string]string) (TrustPEM, error) {
+	t := TrustPEM{Placeholders: map[string]string{}}
+	for _, s := range secrets {
+		hosts, err := ParseSecretHosts(s.Name, s.Hosts)
+		if err != nil {
+			return TrustPEM{}, err
+		}
+		ph := placeholders[s.Name]
+		if ph == "" {
+			ph = NewPlaceholder()
+		}
+		t.Placeholders[s.Name] = ph
+		opts.Secrets = append(opts.Secrets, Secret{Name: s.Name, Value: s.Value, Placeholder: ph, Hosts: hosts, Header: s.Header})
+		t.Env = append(t.Env, s.Name+"="+ph)
+	}
+	if !opts.Policy.Intercepts() && len(secrets) == 0 {
+		return t, nil
+	}
+	ca, err := NewCA(sandbox)
+	if err != nil {
+		return TrustPEM{}, fmt.Errorf("making the sandbox's egress CA: %w", err)
+	}
+	opts.CA = ca
+	t.Bundle = append(append([]byte(nil), HostRootsPEM()...), '\n')
+	t.Bundle = append(t.Bundle, ca.CertPEM...)
+	t.CACert = ca.CertPEM
 	t.Env = append(t.Env, trustEnv...)
 	return t, nil
 }

@@ -496,13 +496,15 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 		{ns, "", "pods", "exec", "create"}, {ns, "", "pods", "exec", "get"},
 		{ns, "networking.k8s.io", "networkpolicies", "", "create"}, {ns, "networking.k8s.io", "networkpolicies", "", "patch"},
 		{ns, "networking.k8s.io", "networkpolicies", "", "list"}, {ns, "networking.k8s.io", "networkpolicies", "", "delete"},
+		{ns, "", "configmaps", "", "create"}, {ns, "", "configmaps", "", "patch"}, // an egress CA's certificate
+		{ns, "", "configmaps", "", "list"}, {ns, "", "configmaps", "", "delete"},
 		{ns, "", "events", "", "list"}, // why a Pod's sandbox could not be made
 		{ns, "coordination.k8s.io", "leases", "", "get"}, {ns, "coordination.k8s.io", "leases", "", "create"},
 		{ns, "coordination.k8s.io", "leases", "", "update"}, // a replica group's leader election
 	}
 	mayNot := []access{
 		{ns, "", "secrets", "", "get"}, {ns, "", "secrets", "", "list"},
-		{ns, "", "pods", "", "update"},
+		{ns, "", "pods", "", "update"}, {ns, "", "configmaps", "", "get"}, {ns, "", "configmaps", "", "update"},
 		{ns, "", "pods", "attach", "create"}, {ns, "", "pods", "portforward", "create"}, {ns, "", "pods", "ephemeralcontainers", "patch"},
 		{ns, "", "serviceaccounts", "token", "create"}, {ns, "rbac.authorization.k8s.io", "roles", "", "create"},
 		{"default", "", "pods", "", "create"}, {"default", "", "pods", "exec", "create"},

@@ -363,9 +363,6 @@ func (p *Provider) unsupported(cfg roche.Config) error {
 	if len(cfg.NetworkAllowlist) > 0 && !p.egress {
 		why = append(why, "network_allowlist: needs a host process that outlives the sandbox to run its egress proxy: use roched (roche daemon start) or roche run")
 	}
-	if egress.NeedsCA(cfg.NetworkAllowlist, len(cfg.Secrets)) {
-		why = append(why, "https:// network_allowlist entries and secrets: a Pod cannot have an egress CA installed yet; use the docker provider")
-	}
 	if len(cfg.Mounts) > 0 {
 		why = append(why, "mounts: host paths have no meaning on a cluster's nodes")
 	}
@@ -512,9 +509,27 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 	if cfg.Leased {
 		pp.lease = p.createTimeout
 	}
+	// The egress proxy first: its CA and the secrets' placeholders go into the Pod. It
+	// is this sandbox's from when the Pod is made (keepEgress), closed if never.
+	var px *egress.Proxy
+	var trust egress.TrustPEM
+	if len(cfg.NetworkAllowlist) > 0 && p.egress {
+		if px, trust, err = p.newEgressProxy(id, cfg.Config, nil); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		defer func() {
+			if px != nil {
+				px.Close()
+			}
+		}()
+		pp.trustEnv = trust.Env
+	}
 	pod, err := podFor(cfg, pp)
 	if err != nil {
 		return roche.SandboxInfo{}, err
+	}
+	if trust.CACert != nil {
+		trustVolume(pod, id)
 	}
 	p.sim.place(pod)
 	// From here, whatever fails removes what was made, even when ctx has ended.
@@ -533,6 +548,12 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 			return roche.SandboxInfo{}, p.apiErr("creating the deny-all NetworkPolicy of sandbox "+id, err)
 		}
 	}
+	if trust.CACert != nil {
+		if _, err := p.cs.CoreV1().ConfigMaps(p.namespace).Create(ctx, trustConfigMap(id, p.namespace, trust), metav1.CreateOptions{}); err != nil &&
+			!(cfg.IdempotencyKey != "" && apierrors.IsAlreadyExists(err)) {
+			return roche.SandboxInfo{}, p.apiErr("creating the ConfigMap of sandbox "+id+"'s egress CA", err)
+		}
+	}
 	made, err := p.cs.CoreV1().Pods(p.namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil && cfg.IdempotencyKey != "" && apierrors.IsAlreadyExists(err) {
 		joined = true
@@ -549,6 +570,16 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 	}
 	if err := checkPosture(pod, made); err != nil {
 		return roche.SandboxInfo{}, err
+	}
+	if px != nil {
+		p.keepEgress(id, px)
+		px = nil
+	}
+	if trust.CACert != nil {
+		patch := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}]}}`, id, made.UID)
+		if _, err := p.cs.CoreV1().ConfigMaps(p.namespace).Patch(ctx, id, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return roche.SandboxInfo{}, p.apiErr("tying the egress CA's ConfigMap of sandbox "+id+" to its Pod", err)
+		}
 	}
 	if !cfg.Network {
 		// The policy goes with its Pod, whoever deletes the Pod.
@@ -701,7 +732,7 @@ func (p *Provider) uidTakenElsewhere(ctx context.Context, uid int, id string) (b
 	return false, nil
 }
 
-// remove deletes the Pod and NetworkPolicy of sandbox id, at once (grace 0); what is
+// remove deletes the Pod, NetworkPolicy and egress CA's ConfigMap of sandbox id, at once (grace 0); what is
 // already gone is not an error.
 func (p *Provider) remove(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
@@ -717,6 +748,11 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 	}
 	if err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, p.apiErr("deleting the NetworkPolicy of sandbox "+id, err))
+	}
+	if p.egress {
+		if err := p.cs.CoreV1().ConfigMaps(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, p.apiErr("deleting the egress CA's ConfigMap of sandbox "+id, err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -857,6 +893,9 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	removed, err := kit.Collect(ctx, list, opts, p.remove)
 	if !opts.DryRun {
 		err = errors.Join(err, p.sweepPolicies(ctx))
+		if p.egress {
+			err = errors.Join(err, p.sweepTrust(ctx))
+		}
 	}
 	return removed, err
 }

@@ -160,6 +160,7 @@ func TestConformance(t *testing.T) {
 		PidsExact:   true,
 		// The kubelet mounts an emptyDir's tmpfs with neither, and a Pod cannot ask.
 		ScratchMountsLackNosuid: "the kubelet mounts memory emptyDirs without nosuid and nodev",
+		HostPIDs:                podPIDs(clientset(t), p.Namespace()),
 	})
 }
 

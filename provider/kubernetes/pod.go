@@ -97,6 +97,9 @@ type podParams struct {
 	leaseGrace time.Duration
 	// cgroupV2 says the nodes have the unified cgroup hierarchy (see pidsCgroupMask).
 	cgroupV2 bool
+	// trustEnv is what the sandbox's egress proxy puts in its environment: the CA
+	// variables, and each secret's placeholder (egress.TrustPEM).
+	trustEnv []string
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -150,7 +153,7 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 		// Programs reach the agent's proxy port; the agent relays each connection to
 		// the egress socket, which the host's relay session serves (podlink.Mux).
 		agent.EgressSocket = podlink.EgressSocket
-		for _, kv := range egress.SandboxEnv() {
+		for _, kv := range append(egress.SandboxEnv(), pp.trustEnv...) {
 			k, v, _ := strings.Cut(kv, "=")
 			env = append(env, corev1.EnvVar{Name: k, Value: v})
 		}

@@ -206,15 +206,15 @@ func (b *batchLog) WithGroup(string) slog.Handler      { return b }
 // TestConformance runs the suite on the default runtime (crun here), egress relay on as
 // roched has it.
 func TestConformance(t *testing.T) {
-	p, _ := newProvider(t, oci.WithEgressProxy())
-	providertest.Run(t, p, providertest.Options{Config: testConfig(), PidsExact: true})
+	p, state := newProvider(t, oci.WithEgressProxy())
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), PidsExact: true, HostPIDs: runtimePIDs(p, state)})
 }
 
 // TestConformanceRunc runs the suite on runc, the runtime where crun is missing or
 // refuses the host.
 func TestConformanceRunc(t *testing.T) {
-	p, _ := newProvider(t, oci.WithEgressProxy(), oci.WithRuntime(oci.RuntimeRunc))
-	providertest.Run(t, p, providertest.Options{Config: testConfig(), PidsExact: true})
+	p, state := newProvider(t, oci.WithEgressProxy(), oci.WithRuntime(oci.RuntimeRunc))
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), PidsExact: true, HostPIDs: runtimePIDs(p, state)})
 }
 
 // TestRuntimeProbe: each runtime asked for either makes a sandbox that runs python, or is
