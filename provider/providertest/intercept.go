@@ -135,9 +135,14 @@ func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create f
 	cfg.Secrets = []roche.Secret{{Name: "API_TOKEN", Value: value, Hosts: []string{bound.Listener.Addr().String()}, Header: "Authorization"}}
 	id := create(cfg)
 
-	// The probe runs until its stdin is closed, after the host has looked at it.
+	// The probe runs until its stdin is closed, after the host has looked at it (at once
+	// without hostPIDs: a provider may pass stdin on only once it ends, as roched's API
+	// does).
 	stdin, hold := io.Pipe()
 	defer hold.Close()
+	if hostPIDs == nil {
+		hold.Close()
+	}
 	printed := &lineWriter{line: make(chan struct{})}
 	type result struct {
 		res roche.ExecResult
@@ -153,6 +158,8 @@ func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create f
 	case <-printed.line:
 	case r := <-ended:
 		t.Fatalf("probe ended before printing: %+v %v", r.res, r.err)
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the probe printed nothing in 3 minutes")
 	}
 	var got map[string]string
 	if err := json.Unmarshal(printed.bytes(), &got); err != nil {
