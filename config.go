@@ -66,6 +66,11 @@ type Config struct {
 	// the headers of requests to the secret's hosts only (needs a NetworkAllowlist
 	// allowing them).
 	Secrets []Secret `json:"secrets,omitempty"`
+	// EgressLearn is learn mode: the egress proxy allows only what NetworkAllowlist
+	// allows (roched gives a sandbox without one a proxy that allows nothing), and roched
+	// keeps every allowlist entry its refusals needed, for roche egress suggest. Needs
+	// roched.
+	EgressLearn bool `json:"egress_learn,omitempty"`
 	// Writable mounts the root filesystem read-write. Read-only by default.
 	Writable bool `json:"writable"`
 	// Disk bounds what a writable root may hold, e.g. "1g" (the default) or "100m":
@@ -119,6 +124,10 @@ type Secret struct {
 	Hosts []string `json:"hosts"`
 	// Header, if set, is the only request header the value is put in.
 	Header string `json:"header,omitempty"`
+	// FromStore takes the value from roched's secret store (roche secret set NAME), for
+	// the caller's tenant, instead of Value; the sandbox then follows the stored value's
+	// rotation. Needs roched, which fills in Value.
+	FromStore bool `json:"from_store,omitempty"`
 }
 
 // WorkspacePath is where a workspace appears inside a sandbox.
@@ -220,8 +229,8 @@ func (c Config) Validate() error {
 			add("secret %s is also in env: drop it from env", sec.Name)
 		case egress.ReservedEnv(sec.Name):
 			add("secret %s: the sandbox's egress settings use that variable: name the secret otherwise", sec.Name)
-		case sec.Value == "":
-			add("secret %s has no value: give it from a file (--secret %s=@FILE)", sec.Name, sec.Name)
+		case sec.Value == "" && !sec.FromStore:
+			add("secret %s has no value: give it from a file (--secret %s=@FILE) or roched's secret store (--secret %s)", sec.Name, sec.Name, sec.Name)
 		case len(sec.Hosts) == 0:
 			add("secret %s is bound to no host: give --secret-host %s=HOST", sec.Name, sec.Name)
 		case len(c.NetworkAllowlist) == 0:
@@ -233,6 +242,9 @@ func (c Config) Validate() error {
 		if _, err := egress.ParseSecretHosts(sec.Name, sec.Hosts); err != nil {
 			add("%v", err)
 		}
+	}
+	if c.Network && c.EgressLearn {
+		add("network and egress_learn are both set: learn mode works on the allowlist's proxy, so drop network")
 	}
 	if c.Network && len(c.NetworkAllowlist) > 0 {
 		add("network and network_allowlist are both set: the allowlist works without a network interface, so drop network")

@@ -28,13 +28,45 @@ func (c *Client) EgressLog(ctx context.Context, id string, after uint64) (Egress
 	}
 	out := EgressLog{Dropped: resp.Msg.Dropped, Suggested: resp.Msg.Suggested}
 	for _, d := range resp.Msg.Decisions {
-		out.Decisions = append(out.Decisions, egress.Decision{
-			Seq: d.Seq, Time: d.Time.AsTime(), Sandbox: d.SandboxId, Tenant: d.Tenant, Host: d.Host, Port: int(d.Port),
-			Addr: d.Addr, Method: d.Method, Path: d.Path, Rule: d.Rule, Allowed: d.Allowed, Reason: d.Reason,
-			BytesOut: d.BytesOut, BytesIn: d.BytesIn, Done: d.Done,
-		})
+		out.Decisions = append(out.Decisions, decisionFromProto(d))
 	}
 	return out, nil
+}
+
+func decisionFromProto(d *rochev1.EgressDecision) egress.Decision {
+	return egress.Decision{
+		Seq: d.Seq, Time: d.Time.AsTime(), Sandbox: d.SandboxId, Tenant: d.Tenant, Host: d.Host, Port: int(d.Port),
+		Addr: d.Addr, Method: d.Method, Path: d.Path, Rule: d.Rule, Allowed: d.Allowed, Reason: d.Reason,
+		BytesOut: d.BytesOut, BytesIn: d.BytesIn, Done: d.Done,
+	}
+}
+
+// EgressEvents calls fn with each final decision of sandbox id's egress proxy (a refusal
+// at once, an allowed connection when it ends): those kept whose Seq is above after
+// first, then each as it is made, with missed counting the decisions dropped before it
+// because the reader was slow. It returns when ctx ends (nil), fn returns an error
+// (that error), or the sandbox's proxy closes (nil).
+func (c *Client) EgressEvents(ctx context.Context, id string, after uint64, fn func(d egress.Decision, missed uint64) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.rpc.EgressEvents(ctx, connect.NewRequest(&rochev1.EgressEventsRequest{SandboxId: id, After: after}))
+	if err != nil {
+		return c.fromRPC(err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		m := stream.Msg()
+		if m.Decision == nil {
+			continue // a heartbeat
+		}
+		if err := fn(decisionFromProto(m.Decision), m.Missed); err != nil {
+			return err
+		}
+	}
+	if err := stream.Err(); err != nil && ctx.Err() == nil {
+		return c.fromRPC(err)
+	}
+	return nil
 }
 
 // EgressPolicy adds and removes allowlist entries of running sandbox id, effective from

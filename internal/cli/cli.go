@@ -167,7 +167,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 		e.listCommand(), e.gcCommand(), e.cpCommand(), e.pauseCommand(true), e.pauseCommand(false), e.resumeCommand(), e.forkCommand(),
 		e.daemonCommand(), e.poolCommand(), e.mcpCommand(), e.workspaceCommand(), e.resetCommand(),
 		e.snapshotCommand(), e.kubernetesCommand(), e.codeCommand(), e.contextCommand(), e.shellCommand(),
-		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(), e.e2bCommand(),
+		e.imageCommand(), e.filesCommand(), e.commandsCommand(), e.setTimeoutCommand(), e.egressCommand(), e.secretCommand(), e.e2bCommand(),
 		e.doctorCommand(), e.uiCommand(),
 		e.inspectCommand(),
 	)

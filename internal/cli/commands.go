@@ -46,6 +46,7 @@ type createFlags struct {
 	metadata  []string
 	// secrets: NAME=@FILE; secretHosts: NAME=HOST[:PORT]; secretHeaders: NAME=HEADER
 	secrets, secretHosts, secretHeaders []string
+	egressLearn                         bool
 }
 
 func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
@@ -76,7 +77,8 @@ func (e *env) addCreateFlags(fs *pflag.FlagSet, f *createFlags) {
 	fs.StringVar(&f.workspace, "workspace", "", "mount the persistent workspace NAME at /workspace (made if new; outlives the sandbox)")
 	fs.StringVar(&f.wsSize, "workspace-size", "", "size of a new --workspace, e.g. 5g (default "+roche.DefaultWorkspaceSize+"); fixed when it is made")
 	fs.StringArrayVar(&f.allowHost, "allow-host", nil, "let the sandbox reach this host over HTTP(S) through a proxy, with no network otherwise:\nHOST, *.SUFFIX or HOST:PORT (repeatable; needs roched or roche run); a name resolving to a\nspecial-purpose, cloud metadata or this host's address is refused; \"[GET,...] https://HOST[:PORT][/PATH]\"\nends TLS with a CA made for the sandbox and allows only those methods under that path")
-	fs.StringArrayVar(&f.secrets, "secret", nil, "broker a secret, NAME=@FILE (a file only you can read; never the value itself): the sandbox's\nvariable NAME holds a placeholder, which the proxy replaces by the value in requests to NAME's\n--secret-host only (repeatable)")
+	fs.StringArrayVar(&f.secrets, "secret", nil, "broker a secret, NAME=@FILE (a file only you can read; never the value itself) or NAME (from\nroched's secret store: roche secret set NAME): the sandbox's variable NAME holds a placeholder,\nwhich the proxy replaces by the value in requests to NAME's --secret-host only (repeatable)")
+	fs.BoolVar(&f.egressLearn, "egress-learn", false, "learn mode (needs roched): the egress proxy allows only --allow-host's entries (none without),\nand roched keeps every entry the refusals needed, which roche egress suggest ID prints")
 	fs.StringArrayVar(&f.secretHosts, "secret-host", nil, "bind a --secret to a host, NAME=HOST[:PORT] (443 by default; repeatable): only requests to it get the value")
 	fs.StringArrayVar(&f.secretHeaders, "secret-header", nil, "put a --secret's value in this request header only, NAME=HEADER (e.g. API_TOKEN=Authorization)")
 }
@@ -89,8 +91,14 @@ func (f *createFlags) parseSecrets() ([]roche.Secret, error) {
 	var errs []error
 	for _, s := range f.secrets {
 		name, file, ok := strings.Cut(s, "=")
-		if !ok || !strings.HasPrefix(file, "@") || len(file) < 2 {
-			errs = append(errs, fmt.Errorf("%w: --secret %s: give NAME=@FILE, the value read from FILE (a value on the command line is visible to every user of this host)", roche.ErrInvalidConfig, name))
+		if !ok {
+			// From roched's secret store, which fills the value in.
+			idx[name] = len(out)
+			out = append(out, roche.Secret{Name: name, FromStore: true})
+			continue
+		}
+		if !strings.HasPrefix(file, "@") || len(file) < 2 {
+			errs = append(errs, fmt.Errorf("%w: --secret %s: give NAME=@FILE, the value read from FILE (a value on the command line is visible to every user of this host), or NAME alone for roched's secret store", roche.ErrInvalidConfig, name))
 			continue
 		}
 		file = file[1:]
@@ -121,7 +129,7 @@ func (f *createFlags) parseSecrets() ([]roche.Secret, error) {
 			case !ok || val == "":
 				errs = append(errs, fmt.Errorf("%w: %s %q: give NAME=VALUE", roche.ErrInvalidConfig, flag.name, v))
 			case !known:
-				errs = append(errs, fmt.Errorf("%w: %s %s: no --secret %s=@FILE is given", roche.ErrInvalidConfig, flag.name, v, name))
+				errs = append(errs, fmt.Errorf("%w: %s %s: no --secret %s is given", roche.ErrInvalidConfig, flag.name, v, name))
 			default:
 				flag.set(&out[i], val)
 			}
@@ -148,6 +156,7 @@ func (f *createFlags) config() (roche.Config, error) {
 	cfg.NetworkAllowlist = f.allowHost
 	cfg.Workspace = f.workspace
 	cfg.FromSnapshot = f.snapshot
+	cfg.EgressLearn = f.egressLearn
 	var errs []error
 	env, err := cliflag.ParseEnv(f.env)
 	errs = append(errs, err)
@@ -180,6 +189,9 @@ func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Pr
 	}
 	p, err := e.providers.get(f.provider)
 	if err != nil {
+		return nil, roche.SandboxInfo{}, err
+	}
+	if err := needsRoched(p, cfg); err != nil {
 		return nil, roche.SandboxInfo{}, err
 	}
 	// Through roched, the daemon names the owner instead.

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/egress"
 )
 
@@ -34,22 +36,26 @@ See docs/egress.md.`,
 			return fmt.Errorf("give a subcommand: log, suggest, allow or deny (see %s --help)", cmd.CommandPath())
 		},
 	}
-	var asJSON bool
+	var asJSON, follow bool
 	logCmd := &cobra.Command{
-		Use:   "log ID [--json]",
+		Use:   "log ID [--json] [--follow]",
 		Short: "Show every connection a sandbox's egress proxy allowed or refused, and why",
 		Long: `Show the sandbox's egress decisions, oldest first: time, method, host:port, the
 address resolved, the path of a plain HTTP request, the decision and the rule or reason,
 and the bytes relayed each way (filled in when an allowed connection ends). HTTPS is
 one CONNECT decision per connection. With --json, one JSON object a decision, a line
 each: seq, time, sandbox, tenant, host, port, addr, method, path, rule, allowed, reason,
-bytes_out, bytes_in, done.`,
-		Example: "  roche egress log ID\n  roche egress log ID --json",
+bytes_out, bytes_in, done. With --follow, print each decision as it becomes final (a
+refusal at once, an allowed connection when it ends), until Ctrl-C or the sandbox ends.`,
+		Example: "  roche egress log ID\n  roche egress log ID --json\n  roche egress log ID --follow --json",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := e.requireDaemon(egressHint)
 			if err != nil {
 				return err
+			}
+			if follow {
+				return e.followEgress(cmd, c, args[0], asJSON)
 			}
 			log, err := c.EgressLog(cmd.Context(), args[0], 0)
 			if err != nil {
@@ -70,21 +76,13 @@ bytes_out, bytes_in, done.`,
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TIME\tMETHOD\tTARGET\tADDRESS\tPATH\tDECISION\tRULE/REASON\tOUT\tIN")
 			for _, d := range log.Decisions {
-				verdict, why := "refused", d.Reason
-				if d.Allowed {
-					verdict, why = "allowed", d.Rule
-				}
-				out, in := "-", "-"
-				if d.Done {
-					out, in = strconv.FormatInt(d.BytesOut, 10), strconv.FormatInt(d.BytesIn, 10)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Time.Local().Format("15:04:05.000"), dashIfEmpty(d.Method),
-					dashIfEmpty(d.Target()), dashIfEmpty(d.Addr), dashIfEmpty(d.Path), verdict, why, out, in)
+				fmt.Fprintln(tw, decisionRow(d))
 			}
 			return tw.Flush()
 		},
 	}
 	logCmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object a decision, a line each")
+	logCmd.Flags().BoolVar(&follow, "follow", false, "print each decision as it becomes final, until Ctrl-C or the sandbox ends")
 	suggest := &cobra.Command{
 		Use:   "suggest ID",
 		Short: "Print the allowlist entries the sandbox's refused connections needed",
@@ -145,4 +143,33 @@ allowlist does not have, changes nothing.`,
 		change("allow", "Add entries to a running sandbox's allowlist", true),
 		change("deny", "Take entries out of a running sandbox's allowlist", false))
 	return c
+}
+
+// decisionRow is a decision as egress log's table shows it, tab-separated.
+func decisionRow(d egress.Decision) string {
+	verdict, why := "refused", d.Reason
+	if d.Allowed {
+		verdict, why = "allowed", d.Rule
+	}
+	out, in := "-", "-"
+	if d.Done {
+		out, in = strconv.FormatInt(d.BytesOut, 10), strconv.FormatInt(d.BytesIn, 10)
+	}
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", d.Time.Local().Format("15:04:05.000"), dashIfEmpty(d.Method),
+		dashIfEmpty(d.Target()), dashIfEmpty(d.Addr), dashIfEmpty(d.Path), verdict, why, out, in)
+}
+
+// followEgress prints a sandbox's decisions as they become final (EgressEvents).
+func (e *env) followEgress(cmd *cobra.Command, c *client.Client, id string, asJSON bool) error {
+	enc := json.NewEncoder(e.stdout)
+	return c.EgressEvents(cmd.Context(), id, 0, func(d egress.Decision, missed uint64) error {
+		if missed > 0 {
+			fmt.Fprintf(e.stderr, "(%d decisions missed: this reader was too slow)\n", missed)
+		}
+		if asJSON {
+			return enc.Encode(d)
+		}
+		_, err := fmt.Fprintln(e.stdout, strings.ReplaceAll(decisionRow(d), "\t", "  "))
+		return err
+	})
 }

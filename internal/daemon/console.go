@@ -43,7 +43,7 @@ const (
 // method added later is closed to the role until it is added here.
 var readOnlyMethods = map[string]bool{
 	"List": true, "Inspect": true, "PoolStatus": true, "ListProviders": true,
-	"ListCommands": true, "ConnectCommand": true, "EgressLog": true,
+	"ListCommands": true, "ConnectCommand": true, "EgressLog": true, "EgressEvents": true, "ListSecrets": true,
 	"ListWorkspaces": true, "ListSnapshots": true, "ListContexts": true,
 }
 

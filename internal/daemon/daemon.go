@@ -191,6 +191,10 @@ type Daemon struct {
 	shutdown sync.Once
 	// stopEgress ends the observing of egress decisions (egress.go).
 	stopEgress func()
+	// secrets is the secret store (secrets.go); learning, the learn-mode sandboxes'
+	// needed entries (egress.go).
+	secrets  secretStore
+	learning learnSet
 	// auditLog keeps the last audit lines for the console (console.go).
 	auditLog auditRing
 	// consoleAuth keeps the console's login codes and sessions (console_login.go).

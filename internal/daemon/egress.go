@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +46,7 @@ func (d *Daemon) observeEgress() func() {
 		if !dec.Allowed {
 			label, err = "refused", errors.New(dec.Reason)
 		}
+		d.learning.observe(dec)
 		decisions.WithLabelValues(label).Inc()
 		bytes.WithLabelValues("out").Add(float64(dec.BytesOut))
 		bytes.WithLabelValues("in").Add(float64(dec.BytesIn))
@@ -73,15 +78,173 @@ func (s *service) EgressLog(ctx context.Context, req *connect.Request[rochev1.Eg
 		return nil, wire.ToStatus(err)
 	}
 	ds, dropped := px.Log(req.Msg.After)
-	resp := &rochev1.EgressLogResponse{Dropped: dropped, Suggested: egress.Suggest(ds)}
+	resp := &rochev1.EgressLogResponse{Dropped: dropped, Suggested: s.d.learning.suggest(px.Sandbox(), ds)}
 	for _, d := range ds {
-		resp.Decisions = append(resp.Decisions, &rochev1.EgressDecision{
-			Seq: d.Seq, Time: timestamppb.New(d.Time), SandboxId: d.Sandbox, Tenant: tenant, Host: d.Host, Port: int32(d.Port),
-			Addr: d.Addr, Method: d.Method, Path: d.Path, Rule: d.Rule, Allowed: d.Allowed, Reason: d.Reason,
-			BytesOut: d.BytesOut, BytesIn: d.BytesIn, Done: d.Done,
-		})
+		resp.Decisions = append(resp.Decisions, decisionToProto(d, tenant))
 	}
 	return connect.NewResponse(resp), nil
+}
+
+func decisionToProto(d egress.Decision, tenant string) *rochev1.EgressDecision {
+	return &rochev1.EgressDecision{
+		Seq: d.Seq, Time: timestamppb.New(d.Time), SandboxId: d.Sandbox, Tenant: tenant, Host: d.Host, Port: int32(d.Port),
+		Addr: d.Addr, Method: d.Method, Path: d.Path, Rule: d.Rule, Allowed: d.Allowed, Reason: d.Reason,
+		BytesOut: d.BytesOut, BytesIn: d.BytesIn, Done: d.Done,
+	}
+}
+
+// EgressEvents streams the final decisions of a sandbox's proxy: those kept first, then
+// each as it is made (egress.Observe), heartbeats while it is quiet.
+func (s *service) EgressEvents(ctx context.Context, req *connect.Request[rochev1.EgressEventsRequest], stream *connect.ServerStream[rochev1.EgressEventsResponse]) error {
+	px, tenant, err := s.egressProxy(ctx, req.Msg.SandboxId)
+	if err != nil {
+		return wire.ToStatus(err)
+	}
+	id := px.Sandbox()
+	events := make(chan egress.Decision, 256)
+	var missed atomic.Uint64
+	stop := egress.Observe(func(dec egress.Decision) {
+		if dec.Sandbox != id {
+			return
+		}
+		select {
+		case events <- dec:
+		default:
+			missed.Add(1) // a slow reader: counted, never blocking the proxy
+		}
+	})
+	defer stop()
+	sender := newSender(stream)
+	defer sender.close()
+	send := func(dec egress.Decision) error {
+		return sender.send(&rochev1.EgressEventsResponse{Decision: decisionToProto(dec, tenant), Missed: missed.Swap(0)})
+	}
+	// Observing began before the log is read: a decision made in between comes twice,
+	// and the second is skipped by its seq.
+	sent := map[uint64]bool{}
+	kept, _ := px.Log(req.Msg.After)
+	for _, dec := range kept {
+		if dec.Done || !dec.Allowed {
+			if err := send(dec); err != nil {
+				return err
+			}
+			sent[dec.Seq] = true
+		}
+	}
+	tick := time.NewTicker(s.d.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.d.draining:
+			return nil
+		case dec := <-events:
+			if sent[dec.Seq] || dec.Seq <= req.Msg.After {
+				delete(sent, dec.Seq)
+				continue
+			}
+			if err := send(dec); err != nil {
+				return err
+			}
+		case <-tick.C:
+			if egress.Lookup(id) != px {
+				return nil // the sandbox's proxy closed: nothing more will come
+			}
+			if err := sender.send(&rochev1.EgressEventsResponse{Heartbeat: true, Missed: missed.Swap(0)}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// learnEntry is the allowlist entry a learn-mode sandbox created without one is given so
+// that it has a proxy: a name under .invalid (RFC 6761), which never resolves, so the
+// proxy allows nothing.
+const learnEntry = "learn.roche.invalid"
+
+// maxLearned bounds the entries kept for one learn-mode sandbox.
+const maxLearned = 1000
+
+// prepareEgress fills a create's stored secrets (returning their names) and gives a
+// learn-mode sandbox without an allowlist its proxy.
+func (d *Daemon) prepareEgress(tenant string, cfg *roche.Config) ([]string, error) {
+	stored, err := d.secrets.fill(tenant, cfg.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.EgressLearn && len(cfg.NetworkAllowlist) == 0 && !cfg.Network {
+		cfg.NetworkAllowlist = []string{learnEntry}
+	}
+	return stored, nil
+}
+
+// startedEgress follows a sandbox made with stored secrets or in learn mode.
+func (d *Daemon) startedEgress(tenant, id string, cfg roche.Config, stored []string) {
+	d.secrets.use(tenant, id, stored)
+	if cfg.EgressLearn {
+		d.learning.start(id)
+	}
+}
+
+// learnSet keeps, per learn-mode sandbox, every entry its refusals needed (egress.Suggest
+// of each final decision), beyond the bounded decision log.
+type learnSet struct {
+	mu   sync.Mutex
+	byID map[string]*learned
+}
+
+type learned struct {
+	entries []string
+	seen    map[string]bool
+}
+
+func (l *learnSet) start(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byID == nil {
+		l.byID = map[string]*learned{}
+	}
+	for old := range l.byID {
+		if egress.Lookup(old) == nil {
+			delete(l.byID, old) // ended
+		}
+	}
+	if l.byID[id] == nil {
+		l.byID[id] = &learned{seen: map[string]bool{}}
+	}
+}
+
+func (l *learnSet) observe(dec egress.Decision) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lr := l.byID[dec.Sandbox]
+	if lr == nil {
+		return
+	}
+	for _, e := range egress.Suggest([]egress.Decision{dec}) {
+		if !lr.seen[e] && len(lr.entries) < maxLearned {
+			lr.seen[e] = true
+			lr.entries = append(lr.entries, e)
+		}
+	}
+}
+
+// suggest is what the sandbox learnt (in learn mode) and what its kept log suggests, each
+// entry once, in the order first needed.
+func (l *learnSet) suggest(id string, ds []egress.Decision) []string {
+	l.mu.Lock()
+	var out []string
+	if lr := l.byID[id]; lr != nil {
+		out = slices.Clone(lr.entries)
+	}
+	l.mu.Unlock()
+	for _, e := range egress.Suggest(ds) {
+		if !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func (s *service) EgressPolicy(ctx context.Context, req *connect.Request[rochev1.EgressPolicyRequest]) (*connect.Response[rochev1.EgressPolicyResponse], error) {

@@ -34,7 +34,15 @@ func (s *service) Create(ctx context.Context, req *connect.Request[rochev1.Creat
 		return nil, wire.ToStatus(err)
 	}
 	cfg, leased := wire.ConfigFromProto(req.Msg.Config)
-	sb, pooled, err := s.d.ledger.CreateKeyed(ctx, t, req.Msg.Provider, cfg, leased, req.Msg.IdempotencyKey)
+	stored, err := s.d.prepareEgress(t.Name, &cfg) // egress.go
+	var sb roche.SandboxInfo
+	var pooled bool
+	if err == nil {
+		sb, pooled, err = s.d.ledger.CreateKeyed(ctx, t, req.Msg.Provider, cfg, leased, req.Msg.IdempotencyKey)
+	}
+	if err == nil {
+		s.d.startedEgress(t.Name, sb.ID, cfg, stored)
+	}
 	s.d.audit(ctx, "create", err, "id", sb.ID, "provider", req.Msg.Provider, "image", cfg.Image, "user", cfg.User,
 		"mounts", mountStrings(cfg.Mounts), "workspace", cfg.Workspace, "pooled", pooled)
 	if err != nil {

@@ -30,13 +30,13 @@ func ConfigToProto(cfg roche.Config, leased bool) *rochev1.SandboxConfig {
 		Memory: &cfg.Memory, Cpus: &cfg.CPUs, PidsLimit: ptr(clampInt32(cfg.PidsLimit)), Env: cfg.Env,
 		Workdir: cfg.Workdir, User: &cfg.User, NetworkAllowlist: cfg.NetworkAllowlist,
 		Workspace: cfg.Workspace, FromSnapshot: cfg.FromSnapshot, Disk: &cfg.Disk, WorkspaceSize: cfg.WorkspaceSize,
-		Leased: leased, Metadata: cfg.Metadata,
+		Leased: leased, Metadata: cfg.Metadata, EgressLearn: cfg.EgressLearn,
 	}
 	for _, m := range cfg.Mounts {
 		pb.Mounts = append(pb.Mounts, &rochev1.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
 	}
 	for _, s := range cfg.Secrets {
-		pb.Secrets = append(pb.Secrets, &rochev1.Secret{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header})
+		pb.Secrets = append(pb.Secrets, &rochev1.Secret{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header, FromStore: s.FromStore})
 	}
 	return pb
 }
@@ -81,13 +81,14 @@ func ConfigFromProto(pb *rochev1.SandboxConfig) (cfg roche.Config, leased bool) 
 		cfg.Mounts = append(cfg.Mounts, roche.Mount{Source: m.Source, Target: m.Target, ReadWrite: m.ReadWrite})
 	}
 	for _, s := range pb.Secrets {
-		cfg.Secrets = append(cfg.Secrets, roche.Secret{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header})
+		cfg.Secrets = append(cfg.Secrets, roche.Secret{Name: s.Name, Value: s.Value, Hosts: s.Hosts, Header: s.Header, FromStore: s.FromStore})
 	}
 	cfg.Workdir = pb.Workdir
 	cfg.NetworkAllowlist = pb.NetworkAllowlist
 	cfg.Workspace = pb.Workspace
 	cfg.FromSnapshot = pb.FromSnapshot
 	cfg.WorkspaceSize = pb.WorkspaceSize
+	cfg.EgressLearn = pb.EgressLearn
 	return cfg, pb.Leased
 }
 

@@ -2328,7 +2328,12 @@ type SandboxConfig struct {
 	// name holds a placeholder, which the proxy replaces by the value in the headers of
 	// intercepted requests to the secret's hosts only. The value is never stored with the
 	// sandbox nor returned.
-	Secrets       []*Secret `protobuf:"bytes,19,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	Secrets []*Secret `protobuf:"bytes,19,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// Learn mode: the egress proxy allows only what network_allowlist allows (nothing when
+	// it is empty: the sandbox then gets a proxy with no entry), and roched keeps, beyond
+	// the bounded decision log, every entry the sandbox's refusals needed, which
+	// EgressLog's suggested returns (roche egress suggest).
+	EgressLearn   bool `protobuf:"varint,20,opt,name=egress_learn,json=egressLearn,proto3" json:"egress_learn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2496,6 +2501,13 @@ func (x *SandboxConfig) GetSecrets() []*Secret {
 	return nil
 }
 
+func (x *SandboxConfig) GetEgressLearn() bool {
+	if x != nil {
+		return x.EgressLearn
+	}
+	return false
+}
+
 // Secret is a credential brokered by the egress proxy (SandboxConfig.secrets).
 type Secret struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2505,7 +2517,11 @@ type Secret struct {
 	// HOST[:PORT] entries (443 by default) the value may be sent to.
 	Hosts []string `protobuf:"bytes,3,rep,name=hosts,proto3" json:"hosts,omitempty"`
 	// If set, the only request header the value is put in.
-	Header        string `protobuf:"bytes,4,opt,name=header,proto3" json:"header,omitempty"`
+	Header string `protobuf:"bytes,4,opt,name=header,proto3" json:"header,omitempty"`
+	// from_store takes the value from roched's secret store (SetSecret), under name, for
+	// the caller's tenant, instead of value; the sandbox then follows the stored value's
+	// rotation.
+	FromStore     bool `protobuf:"varint,5,opt,name=from_store,json=fromStore,proto3" json:"from_store,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2566,6 +2582,13 @@ func (x *Secret) GetHeader() string {
 		return x.Header
 	}
 	return ""
+}
+
+func (x *Secret) GetFromStore() bool {
+	if x != nil {
+		return x.FromStore
+	}
+	return false
 }
 
 // Mount binds a host path (on the daemon's host) into the sandbox.
@@ -9145,6 +9168,451 @@ func (x *EgressPolicyResponse) GetRules() []string {
 	return nil
 }
 
+type EgressEventsRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// after: replay the kept final decisions whose seq is above it first (0: all kept).
+	After         uint64 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressEventsRequest) Reset() {
+	*x = EgressEventsRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[139]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressEventsRequest) ProtoMessage() {}
+
+func (x *EgressEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[139]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressEventsRequest.ProtoReflect.Descriptor instead.
+func (*EgressEventsRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{139}
+}
+
+func (x *EgressEventsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EgressEventsRequest) GetAfter() uint64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+type EgressEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// decision is set on every message but a heartbeat.
+	Decision  *EgressDecision `protobuf:"bytes,1,opt,name=decision,proto3" json:"decision,omitempty"`
+	Heartbeat bool            `protobuf:"varint,2,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// missed counts decisions dropped since the previous message because the reader was
+	// too slow.
+	Missed        uint64 `protobuf:"varint,3,opt,name=missed,proto3" json:"missed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressEventsResponse) Reset() {
+	*x = EgressEventsResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[140]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressEventsResponse) ProtoMessage() {}
+
+func (x *EgressEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[140]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressEventsResponse.ProtoReflect.Descriptor instead.
+func (*EgressEventsResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{140}
+}
+
+func (x *EgressEventsResponse) GetDecision() *EgressDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
+func (x *EgressEventsResponse) GetHeartbeat() bool {
+	if x != nil {
+		return x.Heartbeat
+	}
+	return false
+}
+
+func (x *EgressEventsResponse) GetMissed() uint64 {
+	if x != nil {
+		return x.Missed
+	}
+	return 0
+}
+
+type SetSecretRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is an environment variable's name, as Secret.name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// value: at most 64 KiB, no control characters (it goes in a request header).
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// sandbox_id, if set: replace that running sandbox's secret's value only.
+	SandboxId     string `protobuf:"bytes,3,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSecretRequest) Reset() {
+	*x = SetSecretRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[141]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSecretRequest) ProtoMessage() {}
+
+func (x *SetSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[141]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSecretRequest.ProtoReflect.Descriptor instead.
+func (*SetSecretRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{141}
+}
+
+func (x *SetSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetSecretRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *SetSecretRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type SetSecretResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// rotated are the running sandboxes whose proxies took the new value.
+	Rotated       []string `protobuf:"bytes,1,rep,name=rotated,proto3" json:"rotated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSecretResponse) Reset() {
+	*x = SetSecretResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[142]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSecretResponse) ProtoMessage() {}
+
+func (x *SetSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[142]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSecretResponse.ProtoReflect.Descriptor instead.
+func (*SetSecretResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{142}
+}
+
+func (x *SetSecretResponse) GetRotated() []string {
+	if x != nil {
+		return x.Rotated
+	}
+	return nil
+}
+
+type ListSecretsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsRequest) Reset() {
+	*x = ListSecretsRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[143]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsRequest) ProtoMessage() {}
+
+func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[143]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
+func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{143}
+}
+
+type StoredSecret struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// sandboxes are the running sandboxes that took it from the store.
+	Sandboxes     []string `protobuf:"bytes,3,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoredSecret) Reset() {
+	*x = StoredSecret{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[144]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredSecret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredSecret) ProtoMessage() {}
+
+func (x *StoredSecret) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[144]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredSecret.ProtoReflect.Descriptor instead.
+func (*StoredSecret) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{144}
+}
+
+func (x *StoredSecret) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *StoredSecret) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *StoredSecret) GetSandboxes() []string {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+type ListSecretsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secrets       []*StoredSecret        `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsResponse) Reset() {
+	*x = ListSecretsResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[145]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsResponse) ProtoMessage() {}
+
+func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[145]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
+func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{145}
+}
+
+func (x *ListSecretsResponse) GetSecrets() []*StoredSecret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+type RemoveSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSecretRequest) Reset() {
+	*x = RemoveSecretRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[146]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSecretRequest) ProtoMessage() {}
+
+func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[146]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
+func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{146}
+}
+
+func (x *RemoveSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemoveSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSecretResponse) Reset() {
+	*x = RemoveSecretResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[147]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSecretResponse) ProtoMessage() {}
+
+func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[147]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
+func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{147}
+}
+
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_roche_v1_sandbox_proto_rawDesc = "" +
@@ -9289,7 +9757,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x123\n" +
 	"\acommand\x18\x02 \x01(\v2\x19.roche.v1.CommandSelectorR\acommand\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\x05R\x06signal\"\x17\n" +
-	"\x15SignalCommandResponse\"\xee\x06\n" +
+	"\x15SignalCommandResponse\"\x91\a\n" +
 	"\rSandboxConfig\x12\x19\n" +
 	"\x05image\x18\x01 \x01(\tH\x00R\x05image\x88\x01\x01\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\bR\anetwork\x12\x1a\n" +
@@ -9311,7 +9779,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x0eworkspace_size\x18\x10 \x01(\tR\rworkspaceSize\x12\x16\n" +
 	"\x06leased\x18\x11 \x01(\bR\x06leased\x12A\n" +
 	"\bmetadata\x18\x12 \x03(\v2%.roche.v1.SandboxConfig.MetadataEntryR\bmetadata\x12*\n" +
-	"\asecrets\x18\x13 \x03(\v2\x10.roche.v1.SecretR\asecrets\x1a6\n" +
+	"\asecrets\x18\x13 \x03(\v2\x10.roche.v1.SecretR\asecrets\x12!\n" +
+	"\fegress_learn\x18\x14 \x01(\bR\vegressLearn\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -9324,12 +9793,14 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x05_cpusB\r\n" +
 	"\v_pids_limitB\a\n" +
 	"\x05_userB\a\n" +
-	"\x05_disk\"`\n" +
+	"\x05_disk\"\x7f\n" +
 	"\x06Secret\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x14\n" +
 	"\x05hosts\x18\x03 \x03(\tR\x05hosts\x12\x16\n" +
-	"\x06header\x18\x04 \x01(\tR\x06header\"V\n" +
+	"\x06header\x18\x04 \x01(\tR\x06header\x12\x1d\n" +
+	"\n" +
+	"from_store\x18\x05 \x01(\bR\tfromStore\"V\n" +
 	"\x05Mount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x1d\n" +
@@ -9821,7 +10292,33 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x05allow\x18\x02 \x03(\tR\x05allow\x12\x16\n" +
 	"\x06remove\x18\x03 \x03(\tR\x06remove\",\n" +
 	"\x14EgressPolicyResponse\x12\x14\n" +
-	"\x05rules\x18\x01 \x03(\tR\x05rules*\x97\x01\n" +
+	"\x05rules\x18\x01 \x03(\tR\x05rules\"J\n" +
+	"\x13EgressEventsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\x04R\x05after\"\x82\x01\n" +
+	"\x14EgressEventsResponse\x124\n" +
+	"\bdecision\x18\x01 \x01(\v2\x18.roche.v1.EgressDecisionR\bdecision\x12\x1c\n" +
+	"\theartbeat\x18\x02 \x01(\bR\theartbeat\x12\x16\n" +
+	"\x06missed\x18\x03 \x01(\x04R\x06missed\"[\n" +
+	"\x10SetSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\"-\n" +
+	"\x11SetSecretResponse\x12\x18\n" +
+	"\arotated\x18\x01 \x03(\tR\arotated\"\x14\n" +
+	"\x12ListSecretsRequest\"{\n" +
+	"\fStoredSecret\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
+	"\n" +
+	"updated_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x1c\n" +
+	"\tsandboxes\x18\x03 \x03(\tR\tsandboxes\"G\n" +
+	"\x13ListSecretsResponse\x120\n" +
+	"\asecrets\x18\x01 \x03(\v2\x16.roche.v1.StoredSecretR\asecrets\")\n" +
+	"\x13RemoveSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
+	"\x14RemoveSecretResponse*\x97\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n" +
@@ -9872,7 +10369,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
 	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
 	"\x12\x1c\n" +
-	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xbf\x1e\n" +
+	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xf1 \n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -9932,7 +10429,11 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x11CloseCommandInput\x12\".roche.v1.CloseCommandInputRequest\x1a#.roche.v1.CloseCommandInputResponse\x12P\n" +
 	"\rSignalCommand\x12\x1e.roche.v1.SignalCommandRequest\x1a\x1f.roche.v1.SignalCommandResponse\x12D\n" +
 	"\tEgressLog\x12\x1a.roche.v1.EgressLogRequest\x1a\x1b.roche.v1.EgressLogResponse\x12M\n" +
-	"\fEgressPolicy\x12\x1d.roche.v1.EgressPolicyRequest\x1a\x1e.roche.v1.EgressPolicyResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
+	"\fEgressPolicy\x12\x1d.roche.v1.EgressPolicyRequest\x1a\x1e.roche.v1.EgressPolicyResponse\x12O\n" +
+	"\fEgressEvents\x12\x1d.roche.v1.EgressEventsRequest\x1a\x1e.roche.v1.EgressEventsResponse0\x01\x12D\n" +
+	"\tSetSecret\x12\x1a.roche.v1.SetSecretRequest\x1a\x1b.roche.v1.SetSecretResponse\x12J\n" +
+	"\vListSecrets\x12\x1c.roche.v1.ListSecretsRequest\x1a\x1d.roche.v1.ListSecretsResponse\x12M\n" +
+	"\fRemoveSecret\x12\x1d.roche.v1.RemoveSecretRequest\x1a\x1e.roche.v1.RemoveSecretResponseB5Z3github.com/roche-sandbox/roche/api/roche/v1;rochev1b\x06proto3"
 
 var (
 	file_roche_v1_sandbox_proto_rawDescOnce sync.Once
@@ -9947,7 +10448,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 150)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 159)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: roche.v1.SandboxState
 	(EndKind)(0),                      // 1: roche.v1.EndKind
@@ -10094,31 +10595,40 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*EgressLogResponse)(nil),         // 142: roche.v1.EgressLogResponse
 	(*EgressPolicyRequest)(nil),       // 143: roche.v1.EgressPolicyRequest
 	(*EgressPolicyResponse)(nil),      // 144: roche.v1.EgressPolicyResponse
-	nil,                               // 145: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                               // 146: roche.v1.StartCommandRequest.EnvEntry
-	nil,                               // 147: roche.v1.Command.EnvEntry
-	nil,                               // 148: roche.v1.SandboxConfig.EnvEntry
-	nil,                               // 149: roche.v1.SandboxConfig.MetadataEntry
-	nil,                               // 150: roche.v1.Sandbox.MetadataEntry
-	nil,                               // 151: roche.v1.ExecRequest.EnvEntry
-	nil,                               // 152: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                               // 153: roche.v1.ListRequest.MetadataEntry
-	nil,                               // 154: roche.v1.RunCodeRequest.EnvEntry
-	nil,                               // 155: roche.v1.CreateContextRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 156: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 157: google.protobuf.Timestamp
+	(*EgressEventsRequest)(nil),       // 145: roche.v1.EgressEventsRequest
+	(*EgressEventsResponse)(nil),      // 146: roche.v1.EgressEventsResponse
+	(*SetSecretRequest)(nil),          // 147: roche.v1.SetSecretRequest
+	(*SetSecretResponse)(nil),         // 148: roche.v1.SetSecretResponse
+	(*ListSecretsRequest)(nil),        // 149: roche.v1.ListSecretsRequest
+	(*StoredSecret)(nil),              // 150: roche.v1.StoredSecret
+	(*ListSecretsResponse)(nil),       // 151: roche.v1.ListSecretsResponse
+	(*RemoveSecretRequest)(nil),       // 152: roche.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),      // 153: roche.v1.RemoveSecretResponse
+	nil,                               // 154: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 155: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 156: roche.v1.Command.EnvEntry
+	nil,                               // 157: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 158: roche.v1.SandboxConfig.MetadataEntry
+	nil,                               // 159: roche.v1.Sandbox.MetadataEntry
+	nil,                               // 160: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 161: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 162: roche.v1.ListRequest.MetadataEntry
+	nil,                               // 163: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 164: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 165: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 166: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	145, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	154, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	6,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
 	48,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	46,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	6,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	146, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	155, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
 	22,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
-	156, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
-	147, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
-	157, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	165, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	156, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	166, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
 	20,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
 	20,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
 	21,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
@@ -10132,34 +10642,34 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	17,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
-	148, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	157, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	37,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	149, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
+	158, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
 	36,  // 26: roche.v1.SandboxConfig.secrets:type_name -> roche.v1.Secret
 	0,   // 27: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	157, // 28: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	157, // 29: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	150, // 30: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
+	166, // 28: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	166, // 29: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	159, // 30: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
 	39,  // 31: roche.v1.Sandbox.end:type_name -> roche.v1.EndReason
 	1,   // 32: roche.v1.EndReason.kind:type_name -> roche.v1.EndKind
-	157, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
-	156, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
+	166, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
+	165, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
 	1,   // 35: roche.v1.ReceiptUsage.end:type_name -> roche.v1.EndKind
 	35,  // 36: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	38,  // 37: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	151, // 38: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	160, // 38: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	46,  // 39: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	152, // 40: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	156, // 41: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	161, // 40: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	165, // 41: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	40,  // 42: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
 	2,   // 43: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	157, // 44: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	166, // 44: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	47,  // 45: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	48,  // 46: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	46,  // 47: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
 	39,  // 48: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
 	56,  // 49: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	153, // 50: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	162, // 50: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
 	0,   // 51: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
 	38,  // 52: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
 	56,  // 53: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
@@ -10171,7 +10681,7 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	38,  // 59: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
 	56,  // 60: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
 	3,   // 61: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	157, // 62: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	166, // 62: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
 	75,  // 63: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
 	75,  // 64: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
 	75,  // 65: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
@@ -10183,145 +10693,156 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	90,  // 71: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
 	48,  // 72: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	90,  // 73: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	156, // 74: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	165, // 74: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
 	100, // 75: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
 	100, // 76: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
 	100, // 77: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
 	109, // 78: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
 	110, // 79: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
 	38,  // 80: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	157, // 81: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	166, // 81: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
 	113, // 82: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	157, // 83: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	166, // 83: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	118, // 84: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
 	118, // 85: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
 	5,   // 86: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	154, // 87: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	163, // 87: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
 	127, // 88: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
 	128, // 89: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	156, // 90: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	165, // 90: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
 	47,  // 91: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
 	48,  // 92: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	127, // 93: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
 	129, // 94: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	155, // 95: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	164, // 95: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
 	131, // 96: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
 	131, // 97: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	157, // 98: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
+	166, // 98: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
 	141, // 99: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
-	41,  // 100: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	43,  // 101: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	45,  // 102: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	50,  // 103: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	51,  // 104: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	54,  // 105: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	57,  // 106: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	59,  // 107: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
-	61,  // 108: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	63,  // 109: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	65,  // 110: roche.v1.SandboxService.Resume:input_type -> roche.v1.ResumeRequest
-	67,  // 111: roche.v1.SandboxService.Fork:input_type -> roche.v1.ForkRequest
-	69,  // 112: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	71,  // 113: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	73,  // 114: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	76,  // 115: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	78,  // 116: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	80,  // 117: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	82,  // 118: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	84,  // 119: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	86,  // 120: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	88,  // 121: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	91,  // 122: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	94,  // 123: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	96,  // 124: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	98,  // 125: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	101, // 126: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	103, // 127: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	105, // 128: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	107, // 129: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	111, // 130: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	114, // 131: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	116, // 132: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	119, // 133: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	121, // 134: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	123, // 135: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	126, // 136: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	132, // 137: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	134, // 138: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	136, // 139: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	138, // 140: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	7,   // 141: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	9,   // 142: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	11,  // 143: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	13,  // 144: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	15,  // 145: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	18,  // 146: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	23,  // 147: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	27,  // 148: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	29,  // 149: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	31,  // 150: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	33,  // 151: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	140, // 152: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
-	143, // 153: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
-	42,  // 154: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	44,  // 155: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	49,  // 156: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	53,  // 157: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	52,  // 158: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	55,  // 159: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	58,  // 160: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	60,  // 161: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
-	62,  // 162: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	64,  // 163: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	66,  // 164: roche.v1.SandboxService.Resume:output_type -> roche.v1.ResumeResponse
-	68,  // 165: roche.v1.SandboxService.Fork:output_type -> roche.v1.ForkResponse
-	70,  // 166: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	72,  // 167: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	74,  // 168: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	77,  // 169: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	79,  // 170: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	81,  // 171: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	83,  // 172: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	85,  // 173: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	87,  // 174: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	89,  // 175: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	93,  // 176: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	95,  // 177: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	97,  // 178: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	99,  // 179: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	102, // 180: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	104, // 181: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	106, // 182: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	108, // 183: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	112, // 184: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	115, // 185: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	117, // 186: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	120, // 187: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	122, // 188: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	124, // 189: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	130, // 190: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	133, // 191: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	135, // 192: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	137, // 193: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	139, // 194: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	8,   // 195: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	10,  // 196: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	12,  // 197: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	14,  // 198: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	16,  // 199: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	19,  // 200: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	26,  // 201: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	28,  // 202: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	30,  // 203: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	32,  // 204: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	34,  // 205: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	142, // 206: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
-	144, // 207: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
-	154, // [154:208] is the sub-list for method output_type
-	100, // [100:154] is the sub-list for method input_type
-	100, // [100:100] is the sub-list for extension type_name
-	100, // [100:100] is the sub-list for extension extendee
-	0,   // [0:100] is the sub-list for field type_name
+	141, // 100: roche.v1.EgressEventsResponse.decision:type_name -> roche.v1.EgressDecision
+	166, // 101: roche.v1.StoredSecret.updated_at:type_name -> google.protobuf.Timestamp
+	150, // 102: roche.v1.ListSecretsResponse.secrets:type_name -> roche.v1.StoredSecret
+	41,  // 103: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	43,  // 104: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	45,  // 105: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	50,  // 106: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	51,  // 107: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	54,  // 108: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	57,  // 109: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	59,  // 110: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	61,  // 111: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	63,  // 112: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	65,  // 113: roche.v1.SandboxService.Resume:input_type -> roche.v1.ResumeRequest
+	67,  // 114: roche.v1.SandboxService.Fork:input_type -> roche.v1.ForkRequest
+	69,  // 115: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	71,  // 116: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	73,  // 117: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	76,  // 118: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	78,  // 119: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	80,  // 120: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	82,  // 121: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	84,  // 122: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	86,  // 123: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	88,  // 124: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	91,  // 125: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	94,  // 126: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	96,  // 127: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	98,  // 128: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	101, // 129: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	103, // 130: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	105, // 131: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	107, // 132: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	111, // 133: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	114, // 134: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	116, // 135: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	119, // 136: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	121, // 137: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	123, // 138: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	126, // 139: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	132, // 140: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	134, // 141: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	136, // 142: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	138, // 143: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	7,   // 144: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	9,   // 145: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	11,  // 146: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	13,  // 147: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	15,  // 148: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18,  // 149: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	23,  // 150: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	27,  // 151: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	29,  // 152: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	31,  // 153: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	33,  // 154: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	140, // 155: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
+	143, // 156: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
+	145, // 157: roche.v1.SandboxService.EgressEvents:input_type -> roche.v1.EgressEventsRequest
+	147, // 158: roche.v1.SandboxService.SetSecret:input_type -> roche.v1.SetSecretRequest
+	149, // 159: roche.v1.SandboxService.ListSecrets:input_type -> roche.v1.ListSecretsRequest
+	152, // 160: roche.v1.SandboxService.RemoveSecret:input_type -> roche.v1.RemoveSecretRequest
+	42,  // 161: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	44,  // 162: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	49,  // 163: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	53,  // 164: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	52,  // 165: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	55,  // 166: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	58,  // 167: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	60,  // 168: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	62,  // 169: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	64,  // 170: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	66,  // 171: roche.v1.SandboxService.Resume:output_type -> roche.v1.ResumeResponse
+	68,  // 172: roche.v1.SandboxService.Fork:output_type -> roche.v1.ForkResponse
+	70,  // 173: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	72,  // 174: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	74,  // 175: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	77,  // 176: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	79,  // 177: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	81,  // 178: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	83,  // 179: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	85,  // 180: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	87,  // 181: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	89,  // 182: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	93,  // 183: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	95,  // 184: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	97,  // 185: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	99,  // 186: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	102, // 187: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	104, // 188: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	106, // 189: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	108, // 190: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	112, // 191: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	115, // 192: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	117, // 193: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	120, // 194: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	122, // 195: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	124, // 196: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	130, // 197: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	133, // 198: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	135, // 199: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	137, // 200: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	139, // 201: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	8,   // 202: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	10,  // 203: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	12,  // 204: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	14,  // 205: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	16,  // 206: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	19,  // 207: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	26,  // 208: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	28,  // 209: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	30,  // 210: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	32,  // 211: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	34,  // 212: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	142, // 213: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
+	144, // 214: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
+	146, // 215: roche.v1.SandboxService.EgressEvents:output_type -> roche.v1.EgressEventsResponse
+	148, // 216: roche.v1.SandboxService.SetSecret:output_type -> roche.v1.SetSecretResponse
+	151, // 217: roche.v1.SandboxService.ListSecrets:output_type -> roche.v1.ListSecretsResponse
+	153, // 218: roche.v1.SandboxService.RemoveSecret:output_type -> roche.v1.RemoveSecretResponse
+	161, // [161:219] is the sub-list for method output_type
+	103, // [103:161] is the sub-list for method input_type
+	103, // [103:103] is the sub-list for extension type_name
+	103, // [103:103] is the sub-list for extension extendee
+	0,   // [0:103] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -10369,7 +10890,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   150,
+			NumMessages:   159,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -188,6 +188,18 @@ const (
 	// SandboxServiceEgressPolicyProcedure is the fully-qualified name of the SandboxService's
 	// EgressPolicy RPC.
 	SandboxServiceEgressPolicyProcedure = "/roche.v1.SandboxService/EgressPolicy"
+	// SandboxServiceEgressEventsProcedure is the fully-qualified name of the SandboxService's
+	// EgressEvents RPC.
+	SandboxServiceEgressEventsProcedure = "/roche.v1.SandboxService/EgressEvents"
+	// SandboxServiceSetSecretProcedure is the fully-qualified name of the SandboxService's SetSecret
+	// RPC.
+	SandboxServiceSetSecretProcedure = "/roche.v1.SandboxService/SetSecret"
+	// SandboxServiceListSecretsProcedure is the fully-qualified name of the SandboxService's
+	// ListSecrets RPC.
+	SandboxServiceListSecretsProcedure = "/roche.v1.SandboxService/ListSecrets"
+	// SandboxServiceRemoveSecretProcedure is the fully-qualified name of the SandboxService's
+	// RemoveSecret RPC.
+	SandboxServiceRemoveSecretProcedure = "/roche.v1.SandboxService/RemoveSecret"
 )
 
 // SandboxServiceClient is a client for the roche.v1.SandboxService service.
@@ -361,6 +373,27 @@ type SandboxServiceClient interface {
 	// EgressPolicy adds and removes allowlist entries of a running sandbox, effective from
 	// its next connection (open ones stay open), and returns the allowlist then in force.
 	EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error)
+	// EgressEvents streams a sandbox's egress decisions as they become final (a refusal at
+	// once, an allowed connection when it ends, with its bytes): first those kept whose seq
+	// is above after, then each new one, a heartbeat every 15 s while it is quiet, until
+	// the caller ends the call or the sandbox's proxy closes. Decisions a slow reader
+	// cannot take are dropped and counted in the next message's missed, never silently.
+	EgressEvents(context.Context, *connect.Request[v1.EgressEventsRequest]) (*connect.ServerStreamForClient[v1.EgressEventsResponse], error)
+	// The secret store: credentials kept by roched for its tenant, which a create names
+	// (Secret.from_store) instead of giving the value. Values are held in roched's memory
+	// only (never on disk, in its state file or logs, and never returned); a roched
+	// restarted has an empty store. Another tenant's secret is NOT_FOUND.
+	// SetSecret stores a value under a name, or replaces it: every running sandbox that
+	// took the secret from the store sends the new value from its next request on, without
+	// a restart. With sandbox_id, it replaces the value of that sandbox's secret only
+	// (whether from a file or the store) and stores nothing.
+	SetSecret(context.Context, *connect.Request[v1.SetSecretRequest]) (*connect.Response[v1.SetSecretResponse], error)
+	// ListSecrets names the caller's stored secrets (never their values).
+	ListSecrets(context.Context, *connect.Request[v1.ListSecretsRequest]) (*connect.Response[v1.ListSecretsResponse], error)
+	// RemoveSecret takes a secret out of the store. Running sandboxes that took it keep the
+	// value they have until they end (destroy them, or SetSecret with sandbox_id, to
+	// revoke it there).
+	RemoveSecret(context.Context, *connect.Request[v1.RemoveSecretRequest]) (*connect.Response[v1.RemoveSecretResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the roche.v1.SandboxService service. By default,
@@ -698,6 +731,30 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("EgressPolicy")),
 			connect.WithClientOptions(opts...),
 		),
+		egressEvents: connect.NewClient[v1.EgressEventsRequest, v1.EgressEventsResponse](
+			httpClient,
+			baseURL+SandboxServiceEgressEventsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("EgressEvents")),
+			connect.WithClientOptions(opts...),
+		),
+		setSecret: connect.NewClient[v1.SetSecretRequest, v1.SetSecretResponse](
+			httpClient,
+			baseURL+SandboxServiceSetSecretProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetSecret")),
+			connect.WithClientOptions(opts...),
+		),
+		listSecrets: connect.NewClient[v1.ListSecretsRequest, v1.ListSecretsResponse](
+			httpClient,
+			baseURL+SandboxServiceListSecretsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListSecrets")),
+			connect.WithClientOptions(opts...),
+		),
+		removeSecret: connect.NewClient[v1.RemoveSecretRequest, v1.RemoveSecretResponse](
+			httpClient,
+			baseURL+SandboxServiceRemoveSecretProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RemoveSecret")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -757,6 +814,10 @@ type sandboxServiceClient struct {
 	signalCommand     *connect.Client[v1.SignalCommandRequest, v1.SignalCommandResponse]
 	egressLog         *connect.Client[v1.EgressLogRequest, v1.EgressLogResponse]
 	egressPolicy      *connect.Client[v1.EgressPolicyRequest, v1.EgressPolicyResponse]
+	egressEvents      *connect.Client[v1.EgressEventsRequest, v1.EgressEventsResponse]
+	setSecret         *connect.Client[v1.SetSecretRequest, v1.SetSecretResponse]
+	listSecrets       *connect.Client[v1.ListSecretsRequest, v1.ListSecretsResponse]
+	removeSecret      *connect.Client[v1.RemoveSecretRequest, v1.RemoveSecretResponse]
 }
 
 // Create calls roche.v1.SandboxService.Create.
@@ -1029,6 +1090,26 @@ func (c *sandboxServiceClient) EgressPolicy(ctx context.Context, req *connect.Re
 	return c.egressPolicy.CallUnary(ctx, req)
 }
 
+// EgressEvents calls roche.v1.SandboxService.EgressEvents.
+func (c *sandboxServiceClient) EgressEvents(ctx context.Context, req *connect.Request[v1.EgressEventsRequest]) (*connect.ServerStreamForClient[v1.EgressEventsResponse], error) {
+	return c.egressEvents.CallServerStream(ctx, req)
+}
+
+// SetSecret calls roche.v1.SandboxService.SetSecret.
+func (c *sandboxServiceClient) SetSecret(ctx context.Context, req *connect.Request[v1.SetSecretRequest]) (*connect.Response[v1.SetSecretResponse], error) {
+	return c.setSecret.CallUnary(ctx, req)
+}
+
+// ListSecrets calls roche.v1.SandboxService.ListSecrets.
+func (c *sandboxServiceClient) ListSecrets(ctx context.Context, req *connect.Request[v1.ListSecretsRequest]) (*connect.Response[v1.ListSecretsResponse], error) {
+	return c.listSecrets.CallUnary(ctx, req)
+}
+
+// RemoveSecret calls roche.v1.SandboxService.RemoveSecret.
+func (c *sandboxServiceClient) RemoveSecret(ctx context.Context, req *connect.Request[v1.RemoveSecretRequest]) (*connect.Response[v1.RemoveSecretResponse], error) {
+	return c.removeSecret.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the roche.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create makes a sandbox, from the warm pool when the config matches one.
@@ -1200,6 +1281,27 @@ type SandboxServiceHandler interface {
 	// EgressPolicy adds and removes allowlist entries of a running sandbox, effective from
 	// its next connection (open ones stay open), and returns the allowlist then in force.
 	EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error)
+	// EgressEvents streams a sandbox's egress decisions as they become final (a refusal at
+	// once, an allowed connection when it ends, with its bytes): first those kept whose seq
+	// is above after, then each new one, a heartbeat every 15 s while it is quiet, until
+	// the caller ends the call or the sandbox's proxy closes. Decisions a slow reader
+	// cannot take are dropped and counted in the next message's missed, never silently.
+	EgressEvents(context.Context, *connect.Request[v1.EgressEventsRequest], *connect.ServerStream[v1.EgressEventsResponse]) error
+	// The secret store: credentials kept by roched for its tenant, which a create names
+	// (Secret.from_store) instead of giving the value. Values are held in roched's memory
+	// only (never on disk, in its state file or logs, and never returned); a roched
+	// restarted has an empty store. Another tenant's secret is NOT_FOUND.
+	// SetSecret stores a value under a name, or replaces it: every running sandbox that
+	// took the secret from the store sends the new value from its next request on, without
+	// a restart. With sandbox_id, it replaces the value of that sandbox's secret only
+	// (whether from a file or the store) and stores nothing.
+	SetSecret(context.Context, *connect.Request[v1.SetSecretRequest]) (*connect.Response[v1.SetSecretResponse], error)
+	// ListSecrets names the caller's stored secrets (never their values).
+	ListSecrets(context.Context, *connect.Request[v1.ListSecretsRequest]) (*connect.Response[v1.ListSecretsResponse], error)
+	// RemoveSecret takes a secret out of the store. Running sandboxes that took it keep the
+	// value they have until they end (destroy them, or SetSecret with sandbox_id, to
+	// revoke it there).
+	RemoveSecret(context.Context, *connect.Request[v1.RemoveSecretRequest]) (*connect.Response[v1.RemoveSecretResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1533,6 +1635,30 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("EgressPolicy")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceEgressEventsHandler := connect.NewServerStreamHandler(
+		SandboxServiceEgressEventsProcedure,
+		svc.EgressEvents,
+		connect.WithSchema(sandboxServiceMethods.ByName("EgressEvents")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSetSecretHandler := connect.NewUnaryHandler(
+		SandboxServiceSetSecretProcedure,
+		svc.SetSecret,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetSecret")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListSecretsHandler := connect.NewUnaryHandler(
+		SandboxServiceListSecretsProcedure,
+		svc.ListSecrets,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListSecrets")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRemoveSecretHandler := connect.NewUnaryHandler(
+		SandboxServiceRemoveSecretProcedure,
+		svc.RemoveSecret,
+		connect.WithSchema(sandboxServiceMethods.ByName("RemoveSecret")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/roche.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1643,6 +1769,14 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceEgressLogHandler.ServeHTTP(w, r)
 		case SandboxServiceEgressPolicyProcedure:
 			sandboxServiceEgressPolicyHandler.ServeHTTP(w, r)
+		case SandboxServiceEgressEventsProcedure:
+			sandboxServiceEgressEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceSetSecretProcedure:
+			sandboxServiceSetSecretHandler.ServeHTTP(w, r)
+		case SandboxServiceListSecretsProcedure:
+			sandboxServiceListSecretsHandler.ServeHTTP(w, r)
+		case SandboxServiceRemoveSecretProcedure:
+			sandboxServiceRemoveSecretHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1866,4 +2000,20 @@ func (UnimplementedSandboxServiceHandler) EgressLog(context.Context, *connect.Re
 
 func (UnimplementedSandboxServiceHandler) EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.EgressPolicy is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) EgressEvents(context.Context, *connect.Request[v1.EgressEventsRequest], *connect.ServerStream[v1.EgressEventsResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.EgressEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetSecret(context.Context, *connect.Request[v1.SetSecretRequest]) (*connect.Response[v1.SetSecretResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.SetSecret is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListSecrets(context.Context, *connect.Request[v1.ListSecretsRequest]) (*connect.Response[v1.ListSecretsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ListSecrets is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RemoveSecret(context.Context, *connect.Request[v1.RemoveSecretRequest]) (*connect.Response[v1.RemoveSecretResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RemoveSecret is not implemented"))
 }
