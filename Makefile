@@ -72,6 +72,8 @@ cluster-down:
 # bench/k8sscale runs roched with 1,000 sandboxes on the test cluster's kwok nodes (it
 # starts them: cluster.sh up --kwok 4): claims per second, claim latency, RSS, API-server
 # requests per sandbox, reaping and a kill -9 restart (K8SSCALE_FLAGS, e.g. '-n 200').
+# bench/egress times HTTPS through the egress proxy on loopback, direct, tunnelled and
+# intercepted: added latency p50 and download MiB/s (EGRESS_BENCH_FLAGS, e.g. '-n 100').
 bench:
 	go run ./bench/exec
 	go run ./bench/commands $(COMMANDS_BENCH_FLAGS)
@@ -85,6 +87,7 @@ bench:
 	go run ./bench/kubernetes $(K8S_BENCH_FLAGS)
 	go run ./bench/sdk $(SDK_BENCH_FLAGS)
 	go run ./bench/e2b $(E2B_BENCH_FLAGS)
+	go run ./bench/egress $(EGRESS_BENCH_FLAGS)
 	go run ./bench/files $(FILES_BENCH_FLAGS)
 	go run ./bench/soak $(SOAK_FLAGS)
 	go run ./bench/k8sscale $(K8SSCALE_FLAGS)
