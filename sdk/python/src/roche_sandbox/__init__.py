@@ -52,6 +52,7 @@ from .types import (
     SkippedEntry,
     SnapshotInfo,
     EgressDecision,
+    Secret,
     WorkspaceInfo,
 )
 
@@ -111,6 +112,7 @@ __all__ = [
     "SkippedEntry",
     "SnapshotInfo",
     "EgressDecision",
+    "Secret",
     "Unsupported",
     "WorkspaceInfo",
 ]

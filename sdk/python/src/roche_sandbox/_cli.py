@@ -10,7 +10,7 @@ import re
 from typing import Any, Mapping, Optional
 
 from ._wire import CodeAssembler, CodeItem, OutputAssembler, decode_output, parse_context, parse_execution, parse_time
-from .errors import ProviderUnavailable, RocheError, error_for, reason_from_text
+from .errors import InvalidConfig, ProviderUnavailable, RocheError, error_for, reason_from_text
 from .types import CodeRequest, Context, CopyReport, EndReason, ExecRequest, ExecResult, Receipt, SkippedEntry, OutputEvent, SandboxConfig, SandboxInfo, SnapshotInfo, Stream, WorkspaceInfo
 
 #: The CLI's exit statuses besides the command's own (internal/cli).
@@ -44,6 +44,15 @@ def create_args(provider: str, cfg: SandboxConfig) -> list[str]:
         a += ["--workspace-size", cfg.workspace_size]
     for k, v in cfg.metadata.items():
         a += ["--metadata", f"{k}={v}"]
+    for sec in cfg.secrets:
+        if not sec.from_store:
+            # Never a value on a command line: the CLI takes one from a file only.
+            raise InvalidConfig(f"secret {sec.name}: a secret with a value needs roched (the daemon transport)")
+        a += ["--secret", sec.name] + [x for h in sec.hosts for x in ("--secret-host", f"{sec.name}={h}")]
+        if sec.header:
+            a += ["--secret-header", f"{sec.name}={sec.header}"]
+    if cfg.egress_learn:
+        a.append("--egress-learn")
     if cfg.leased:
         a.append("--hold")  # roche stays, holding the sandbox until its stdin closes (_lease.CLIHold)
     return a

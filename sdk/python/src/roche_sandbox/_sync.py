@@ -35,6 +35,7 @@ from .types import (
     SandboxInfo,
     SnapshotInfo,
     EgressDecision,
+    Secret,
     WorkspaceInfo,
     context_id,
     make_code_request,
@@ -116,7 +117,8 @@ class Roche:
                network_allowlist: Optional[Sequence[str]] = None, workspace: Optional[str] = None,
                from_snapshot: Optional[str] = None, disk: Union[str, int] = "1g",
                workspace_size: Union[str, int, None] = None, leased: bool = True,
-               metadata: Optional[Mapping[str, str]] = None) -> "Sandbox":
+               metadata: Optional[Mapping[str, str]] = None, secrets: Optional[Sequence[Secret]] = None,
+               egress_learn: bool = False) -> "Sandbox":
         """Creates a sandbox. Every default is the safe one; override what you need.
 
         ``image`` defaults to $ROCHE_IMAGE, else python:3.12-slim. ``timeout_secs`` is the
@@ -141,10 +143,16 @@ class Roche:
         kept with it, returned in ``info.metadata`` and by ``list``, which can select on
         it; at most 32 pairs, keys of letters, digits, '_', '.' and '-' not starting
         with "roche" (Roche's own), values up to 512 bytes.
+        ``secrets=[Secret("API_TOKEN", ["api.example.com"], value=tok, header="Authorization")]``
+        brokers credentials the sandbox never sees (its ``API_TOKEN`` holds a placeholder
+        the proxy replaces on requests to those hosts only; ``from_store=True`` takes the
+        value from roched's secret store). ``egress_learn=True`` is learn mode: the proxy
+        allows only the allowlist (nothing without one) and ``egress_suggest()`` then
+        names every entry the refusals needed.
         """
         cfg = make_config(image, network, writable, timeout_secs, memory, cpus, pids_limit, env, mounts,
                           workdir, user, network_allowlist, workspace, from_snapshot,
-                          disk, workspace_size, leased, metadata)
+                          disk, workspace_size, leased, metadata, secrets, egress_learn)
         t = self._resolve()
         info = t.create(self.provider, cfg, self._deadline())
         return Sandbox(self, t, info)

@@ -82,6 +82,11 @@ def config_request(provider: str, cfg: SandboxConfig) -> dict[str, Any]:
         c["leased"] = True
     if cfg.metadata:
         c["metadata"] = dict(cfg.metadata)
+    if cfg.secrets:
+        c["secrets"] = [{"name": s.name, "value": s.value or "", "hosts": list(s.hosts), "header": s.header or "",
+                         "fromStore": bool(s.from_store)} for s in cfg.secrets]
+    if cfg.egress_learn:
+        c["egressLearn"] = True
     return {"provider": provider, "config": c}
 
 

@@ -268,6 +268,22 @@ MountLike = Union[Mount, str]
 
 
 @dataclass(frozen=True)
+class Secret:
+    """A credential the egress proxy brokers (``create(secrets=[...])``): the sandbox's
+    environment variable ``name`` holds a placeholder, which the proxy replaces by the
+    value in the headers of requests to ``hosts`` (HOST[:PORT], 443 by default) only,
+    and only in ``header`` if given. Give ``value``, or ``from_store=True`` to take it
+    from roched's secret store (``roche secret set NAME``), whose rotation the sandbox
+    then follows. Needs roched and a ``network_allowlist`` allowing the hosts."""
+
+    name: str
+    hosts: Sequence[str]
+    value: Optional[str] = field(default=None, repr=False)
+    header: Optional[str] = None
+    from_store: bool = False
+
+
+@dataclass(frozen=True)
 class SandboxConfig:
     """What to create, with the secure defaults; workdir and user None mean the image's and Roche's."""
 
@@ -295,6 +311,10 @@ class SandboxConfig:
     leased: bool = True
     #: Key/value labels kept with the sandbox; ``list(metadata=...)`` selects on them.
     metadata: Mapping[str, str] = field(default_factory=dict)
+    #: Credentials the egress proxy brokers (see Secret).
+    secrets: Sequence[Secret] = ()
+    #: Learn mode: roched keeps every allowlist entry the refusals needed (egress_suggest).
+    egress_learn: bool = False
 
 
 def _size(what: str, v: Union[str, int]) -> str:
@@ -323,6 +343,8 @@ def make_config(
     workspace_size: Union[str, int, None] = None,
     leased: bool = True,
     metadata: Optional[Mapping[str, str]] = None,
+    secrets: Optional[Sequence[Secret]] = None,
+    egress_learn: bool = False,
 ) -> SandboxConfig:
     """Builds a config from create()'s arguments. Roche itself validates the values."""
     if image is None:
@@ -339,6 +361,11 @@ def make_config(
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidConfig(f"env {k!r}={v!r}: names and values must be strings")
     check_metadata(metadata)
+    for sec in secrets or ():
+        if not isinstance(sec, Secret):
+            raise InvalidConfig(f"secret {sec!r}: give a Secret(name, hosts, value=... or from_store=True)")
+        if isinstance(sec.hosts, str):
+            raise InvalidConfig(f"secret {sec.name}: hosts is a list of HOST[:PORT], not one string")
     for what, name in (("workspace", workspace), ("from_snapshot", from_snapshot)):
         if name is not None and not isinstance(name, str):
             raise InvalidConfig(f"{what} {name!r}: give a name, e.g. 'proj'")
@@ -361,6 +388,8 @@ def make_config(
         workspace_size=None if workspace_size is None else _size("workspace_size", workspace_size),
         leased=bool(leased),
         metadata=dict(metadata or {}),
+        secrets=tuple(secrets or ()),
+        egress_learn=bool(egress_learn),
     )
 
 
