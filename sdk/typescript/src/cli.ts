@@ -63,6 +63,14 @@ export function createArgs(provider: string, cfg: SandboxConfig): string[] {
   if (cfg.fromSnapshot) a.push("--from-snapshot", cfg.fromSnapshot);
   if (cfg.workspaceSize !== undefined) a.push("--workspace-size", cfg.workspaceSize);
   for (const [k, v] of Object.entries(cfg.metadata)) a.push("--metadata", `${k}=${v}`);
+  for (const sec of cfg.secrets) {
+    // Never a value on a command line: the CLI takes one from a file only.
+    if (!sec.fromStore) throw new InvalidConfig(`secret ${sec.name}: a secret with a value needs roched (the daemon transport)`);
+    a.push("--secret", sec.name);
+    for (const h of sec.hosts) a.push("--secret-host", `${sec.name}=${h}`);
+    if (sec.header) a.push("--secret-header", `${sec.name}=${sec.header}`);
+  }
+  if (cfg.egressLearn) a.push("--egress-learn");
   if (cfg.leased) a.push("--hold"); // roche stays, holding the sandbox until its stdin closes (CLIHold)
   return a;
 }

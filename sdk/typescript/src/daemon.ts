@@ -221,6 +221,8 @@ function wireConfig(cfg: SandboxConfig): MessageInitShape<typeof SandboxConfigSc
     workspaceSize: cfg.workspaceSize ?? "",
     leased: cfg.leased,
     metadata: cfg.metadata,
+    secrets: cfg.secrets.map((sec) => ({ name: sec.name, value: sec.value ?? "", hosts: sec.hosts, header: sec.header ?? "", fromStore: Boolean(sec.fromStore) })),
+    egressLearn: cfg.egressLearn,
   };
 }
 

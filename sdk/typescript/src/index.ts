@@ -70,4 +70,5 @@ export {
   type Receipt,
   type OutputEvent,
   type SandboxInfo,
+  type Secret,
 } from "./types.js";

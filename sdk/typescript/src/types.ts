@@ -199,6 +199,25 @@ export interface CreateOptions {
    * and by list(), which can select on them: at most 32 pairs, keys of letters, digits,
    * '_', '.' and '-' not starting with "roche" (Roche's own), values up to 512 bytes. */
   metadata?: Record<string, string>;
+  /** Credentials the egress proxy brokers (see Secret); needs roched and a
+   * `networkAllowlist` allowing their hosts. */
+  secrets?: Secret[];
+  /** Learn mode: the proxy allows only `networkAllowlist` (nothing without one), and
+   * egressSuggest() names every entry the refusals needed. */
+  egressLearn?: boolean;
+}
+
+/** A credential the egress proxy brokers: the sandbox's environment variable `name` holds
+ * a placeholder, which the proxy replaces by the value in the headers of requests to
+ * `hosts` (HOST[:PORT], 443 by default) only, and only in `header` if given. Give `value`,
+ * or `fromStore: true` to take it from roched's secret store (`roche secret set NAME`),
+ * whose rotation the sandbox then follows. */
+export interface Secret {
+  name: string;
+  hosts: string[];
+  value?: string;
+  header?: string;
+  fromStore?: boolean;
 }
 
 /** What to create, with every default filled in. */
@@ -221,6 +240,8 @@ export interface SandboxConfig {
   workspaceSize?: string;
   leased: boolean;
   metadata: Record<string, string>;
+  secrets: Secret[];
+  egressLearn: boolean;
 }
 
 /** Parses the CLI's HOST:SANDBOX[:ro|rw]. */
@@ -283,6 +304,13 @@ export function makeConfig(o: CreateOptions = {}): SandboxConfig {
     workspaceSize: o.workspaceSize === undefined ? undefined : size("workspaceSize", o.workspaceSize),
     leased: o.leased ?? true,
     metadata: stringMap("metadata", o.metadata),
+    secrets: (o.secrets ?? []).map((sec) => {
+      if (!sec || typeof sec.name !== "string" || !Array.isArray(sec.hosts)) {
+        throw new InvalidConfig(`secret ${JSON.stringify(sec?.name)}: give {name, hosts: [...], value or fromStore: true}`);
+      }
+      return { name: sec.name, hosts: [...sec.hosts], value: sec.value, header: sec.header, fromStore: Boolean(sec.fromStore) };
+    }),
+    egressLearn: Boolean(o.egressLearn),
   };
 }
 
