@@ -281,6 +281,13 @@ type Pool struct {
 	// demand counts the creates of recent seconds and what making a sandbox takes, to
 	// size the pool between MinIdle and MaxIdle.
 	demand demand
+
+	// tmplMu is held while the template is made, so that one is made at a time.
+	tmplMu sync.Mutex
+	// tmpl is the memory snapshot the pool refills from (kit.Templater), "" before the
+	// first; tmplOff: the provider cannot make one for this pool, which boots each.
+	tmpl    kit.Template
+	tmplOff bool
 }
 
 // waiter is a create waiting for the pool's next sandbox.
@@ -708,16 +715,7 @@ func (p *Pool) create() {
 	// leave a container nobody knows of. Close waits for it and destroys the result.
 	ctx, cancel := context.WithTimeout(context.Background(), p.m.createTimeout)
 	start := time.Now()
-	info, err := kit.Create(ctx, p.provider, p.cfg, p.opts)
-	made := err == nil
-	if made && p.m.hooks.Created != nil {
-		p.m.hooks.Created(p.spec.Key, info)
-	}
-	if made && p.spec.Code != "" {
-		if werr := p.provider.(kit.CodeWarmer).WarmCode(ctx, info.ID, p.spec.Code); werr != nil {
-			err = fmt.Errorf("starting its %s interpreter: %w", p.spec.Code, werr)
-		}
-	}
+	info, made, err := p.make(ctx)
 	cancel()
 	p.m.slots.release()
 
@@ -760,6 +758,78 @@ func (p *Pool) create() {
 	}
 	p.idle = append(p.idle, member{info: info, idleSince: time.Now()})
 	p.m.log.Debug("pool: sandbox ready", "pool", p.spec.Key.String(), "id", info.ID, "took", time.Since(start))
+}
+
+// make makes one sandbox for the pool: restored from the pool's template where the
+// provider has them (kit.Templater; the template is made first, its interpreter
+// started), else created and its interpreter started. made says a sandbox exists, and
+// the Created hook was told, even when err says it is of no use.
+func (p *Pool) make(ctx context.Context) (info roche.SandboxInfo, made bool, err error) {
+	if tp, t, err := p.template(ctx); err != nil {
+		return roche.SandboxInfo{}, false, err
+	} else if t != "" {
+		info, err := tp.CreateFromTemplate(ctx, t)
+		if err != nil {
+			// The next creation makes a new template: this one may be what failed.
+			p.dropTemplate(t)
+			return roche.SandboxInfo{}, false, fmt.Errorf("restoring the pool's memory snapshot: %w", err)
+		}
+		if p.m.hooks.Created != nil {
+			p.m.hooks.Created(p.spec.Key, info)
+		}
+		return info, true, nil
+	}
+	info, err = kit.Create(ctx, p.provider, p.cfg, p.opts)
+	if err != nil {
+		return info, false, err
+	}
+	if p.m.hooks.Created != nil {
+		p.m.hooks.Created(p.spec.Key, info)
+	}
+	if p.spec.Code != "" {
+		if werr := p.provider.(kit.CodeWarmer).WarmCode(ctx, info.ID, p.spec.Code); werr != nil {
+			err = fmt.Errorf("starting its %s interpreter: %w", p.spec.Code, werr)
+		}
+	}
+	return info, true, err
+}
+
+// template returns the pool's template, made now if there is none yet; t is "" when
+// the pool boots its sandboxes (NoSnapshot, or a provider without templates).
+func (p *Pool) template(ctx context.Context) (tp kit.Templater, t kit.Template, err error) {
+	tp, ok := p.provider.(kit.Templater)
+	if !ok || p.spec.NoSnapshot {
+		return nil, "", nil
+	}
+	p.tmplMu.Lock()
+	defer p.tmplMu.Unlock()
+	if p.tmplOff || p.tmpl != "" {
+		return tp, p.tmpl, nil
+	}
+	start := time.Now()
+	t, err = tp.MakeTemplate(ctx, p.cfg, p.opts, p.spec.Code)
+	if errors.Is(err, roche.ErrUnsupported) {
+		p.tmplOff = true
+		p.m.log.Info("pool: the provider makes no memory snapshot for this pool; it boots each sandbox", "pool", p.spec.Key.String(), "why", err)
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("making the pool's memory snapshot: %w", err)
+	}
+	p.tmpl = t
+	p.m.log.Info("pool: refills from a memory snapshot", "pool", p.spec.Key.String(), "template", string(t), "took", time.Since(start).Round(time.Millisecond))
+	return tp, t, nil
+}
+
+// dropTemplate removes template t if it is still the pool's ("" for any).
+func (p *Pool) dropTemplate(t kit.Template) {
+	p.tmplMu.Lock()
+	defer p.tmplMu.Unlock()
+	if p.tmpl == "" || (t != "" && p.tmpl != t) {
+		return
+	}
+	p.provider.(kit.Templater).DropTemplate(p.tmpl)
+	p.tmpl = ""
 }
 
 // destroyLocked destroys idle sandboxes in the background; p.mu must be held. The
@@ -877,5 +947,7 @@ func (p *Pool) Drain(ctx context.Context) (int, error) {
 	case <-ctx.Done():
 		return n, fmt.Errorf("draining pool %s: %w (the rest is destroyed in the background)", p.spec.Key, ctx.Err())
 	}
+	// No creation is in flight: the memory snapshot goes too (a Warmup makes another).
+	p.dropTemplate("")
 	return n, nil
 }

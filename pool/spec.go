@@ -89,10 +89,16 @@ type Spec struct {
 	// first cell run in it does not wait for one to start. The provider must serve the
 	// language; the interpreter counts in the sandbox's memory.
 	Code string
+	// NoSnapshot (param snapshot=false) makes every pooled sandbox anew. Without it, a
+	// pool whose provider restores memory snapshots (kit.Templater: qemu) makes one
+	// sandbox, with its interpreter started when Code is set, saves its memory as the
+	// pool's template and refills by restoring that, each restore with its own id,
+	// lifetime, lease, clock and randomness.
+	NoSnapshot bool
 }
 
 // params lists the query parameters ParseSpec understands, for error messages.
-var params = []string{"min", "max", "total", "queue", "wait", "idle_timeout", "timeout", "memory", "cpus", "pids_limit", "code"}
+var params = []string{"min", "max", "total", "queue", "wait", "idle_timeout", "timeout", "memory", "cpus", "pids_limit", "code", "snapshot"}
 
 // ParseSpec parses "provider/image?min=N&max=N&total=N&idle_timeout=SECS" (every
 // parameter optional; also timeout, memory, cpus, pids_limit) and reports every
@@ -157,6 +163,13 @@ func ParseSpec(s string) (Spec, error) {
 			spec.Memory = v
 		case "code":
 			spec.Code = v
+		case "snapshot":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				bad("true or false")
+				continue
+			}
+			spec.NoSnapshot = !b
 		case "cpus":
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
@@ -257,6 +270,9 @@ func (s Spec) String() string {
 	v.Set("pids_limit", strconv.Itoa(s.PidsLimit))
 	if s.Code != "" {
 		v.Set("code", s.Code)
+	}
+	if s.NoSnapshot {
+		v.Set("snapshot", "false")
 	}
 	// url.Values.Encode escapes '/' and ':' in nothing here but would in an image name,
 	// so only the query is encoded.

@@ -9,7 +9,7 @@
 //     lease, which roche.Config does not carry; a provider takes them as a Creator and
 //     keeps them with the sandbox's Config as a Spec;
 //   - the optional interfaces a daemon or a warm pool discovers by type assertion, which
-//     users never call: Leaser, Prober, Watcher, Claimer and CodeWarmer, Copier for
+//     users never call: Leaser, Prober, Watcher, Claimer, CodeWarmer and Templater, Copier for
 //     a provider that relays copies, and Diagnoser, what roche doctor asks of each;
 //   - the shared bodies of what every provider does the same way: Collect and
 //     MarkUnstarted for a garbage collection, Captures, OutputCapture and LogCapture for
@@ -49,6 +49,26 @@ type CodeWarmer interface {
 	// ready; a second call replaces the first's unused interpreter.
 	WarmCode(ctx context.Context, id, language string) error
 }
+
+// Templater is a provider that makes sandboxes faster by restoring a memory snapshot
+// of one it made before (a template) than by making each anew: a warm pool refills
+// from one (provider/vm's qemu restores a microVM instead of booting it). Each sandbox
+// restored from a template has its own id, lifetime, lease, clock and randomness.
+type Templater interface {
+	// MakeTemplate makes a sandbox for cfg and opts, starts language's interpreter in
+	// it when language is set (as CodeWarmer does), saves its memory as a template and
+	// removes the sandbox. A provider or sandbox kind that cannot is refused with
+	// roche.ErrUnsupported, and the caller makes its sandboxes anew.
+	MakeTemplate(ctx context.Context, cfg roche.Config, opts CreateOptions, language string) (Template, error)
+	// CreateFromTemplate restores t as a new sandbox, made for t's config and options.
+	CreateFromTemplate(ctx context.Context, t Template) (roche.SandboxInfo, error)
+	// DropTemplate removes what t holds (its saved memory). Sandboxes restored from it
+	// go on.
+	DropTemplate(t Template)
+}
+
+// Template names a template a Templater made.
+type Template string
 
 // Copier is a roche.TarCopier that has more to do with a copy's options than
 // roche.CopyIn and roche.CopyOut do with its streams: roched's client sends them to the

@@ -19,6 +19,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
+	"github.com/roche-sandbox/roche/provider/kit"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -654,4 +655,109 @@ func (p *Provider) restoreDiagnosis(vm *plan) string {
 		out += "\nsupervisor: " + log
 	}
 	return out
+}
+
+var _ kit.Templater = (*Provider)(nil)
+
+// A template (kit.Templater) is a snapshot whose origin is gone: a directory under
+// memRoot, named like a fork's snapshot ("snap-..."), holding the migration stream, the
+// RAM file its restores map privately (so they share every page none of them writes),
+// the initrd QEMU loads again, and templateFile, what a restore needs of the origin.
+const templateFile = "template.json"
+
+// savedTemplate is templateFile.
+type savedTemplate struct {
+	Origin      meta   `json:"origin"` // its Dir is the template's directory
+	State       string `json:"state"`
+	Mem         string `json:"mem,omitempty"`
+	MemInStream bool   `json:"mem_in_stream,omitempty"`
+	Nonce       string `json:"nonce"`
+}
+
+// MakeTemplate implements kit.Templater: it boots a VM for cfg and opts (its owner and
+// lease are every restore's), starts language's interpreter in it, saves it and
+// destroys it.
+func (p *Provider) MakeTemplate(ctx context.Context, cfg roche.Config, opts kit.CreateOptions, language string) (t kit.Template, err error) {
+	if p.Name() != QEMU {
+		return "", fmt.Errorf("%w: templates are built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
+	}
+	info, err := p.CreateFor(ctx, cfg, opts)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = p.Destroy(context.WithoutCancel(ctx), info.ID) }()
+	if language != "" {
+		if err := p.WarmCode(ctx, info.ID, language); err != nil {
+			return "", fmt.Errorf("starting its %s interpreter: %w", language, err)
+		}
+	}
+	s, err := p.lookup(info.ID)
+	if err != nil {
+		return "", err
+	}
+	snapID := "snap-" + randomHex(8)
+	if err := p.makeMemDir(snapID); err != nil {
+		return "", err
+	}
+	defer func() {
+		if err != nil {
+			p.removeMemDir(snapID)
+		}
+	}()
+	dir := p.memDir(snapID)
+	snap, err := p.save(ctx, s, filepath.Join(dir, "state"))
+	if err != nil {
+		return "", err
+	}
+	if !snap.memInStream {
+		snap.mem = filepath.Join(dir, "mem")
+		if err := copySparse(s.Mem, snap.mem); err != nil {
+			return "", fmt.Errorf("%w: saving the template's memory: %v", roche.ErrUnavailable, err)
+		}
+	}
+	if err := copySparse(filepath.Join(s.Dir, "initrd"), filepath.Join(dir, "initrd")); err != nil {
+		return "", fmt.Errorf("%w: keeping the template's initrd: %v", roche.ErrUnavailable, err)
+	}
+	origin := s.meta
+	origin.Dir = dir
+	st := savedTemplate{Origin: origin, State: snap.state, Mem: snap.mem, MemInStream: snap.memInStream, Nonce: snap.nonce}
+	if err := writeJSON(filepath.Join(dir, templateFile), st); err != nil {
+		return "", fmt.Errorf("%w: recording the template: %v", roche.ErrUnavailable, err)
+	}
+	return kit.Template(snapID), nil
+}
+
+// templateDir is where template t lives, or an error for a name that is not one.
+func (p *Provider) templateDir(t kit.Template) (string, error) {
+	id := string(t)
+	if !strings.HasPrefix(id, "snap-") || strings.ContainsAny(id, `/\.`) || len(id) > 64 {
+		return "", fmt.Errorf("%w: %q names no template", roche.ErrNotFound, id)
+	}
+	return p.memDir(id), nil
+}
+
+// CreateFromTemplate implements kit.Templater: it restores t as a new sandbox, as Fork
+// makes each fork, with its own id, hostname, lifetime, lease, clock and randomness.
+func (p *Provider) CreateFromTemplate(ctx context.Context, t kit.Template) (roche.SandboxInfo, error) {
+	dir, err := p.templateDir(t)
+	if err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	var st savedTemplate
+	b, err := os.ReadFile(filepath.Join(dir, templateFile))
+	if err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	if err != nil {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: template %s: %v", roche.ErrNotFound, t, err)
+	}
+	st.Origin.Dir = dir
+	return p.forkOne(ctx, st.Origin, snapshot{state: st.State, mem: st.Mem, memInStream: st.MemInStream, nonce: st.Nonce})
+}
+
+// DropTemplate implements kit.Templater.
+func (p *Provider) DropTemplate(t kit.Template) {
+	if _, err := p.templateDir(t); err == nil {
+		p.removeMemDir(string(t))
+	}
 }

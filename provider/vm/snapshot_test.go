@@ -4,13 +4,17 @@ package vm_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/vm"
 )
 
@@ -221,5 +225,123 @@ func TestForkRefusals(t *testing.T) {
 	}
 	if err := p.PauseToDisk(ctx, "qemu-000000000000"); !errors.Is(err, roche.ErrNotFound) {
 		t.Errorf("PauseToDisk of no sandbox: %v, want ErrNotFound", err)
+	}
+}
+
+// TestPoolFromSnapshot: a code=python pool of two qemu VMs refills by restoring a memory
+// snapshot of one VM with its interpreter started, not by booting: each member is a
+// restore (its RAM a private mapping of the template's file), with its own id, hostname,
+// os.urandom and Python random; a claimed member runs code at once in the warm
+// interpreter; the pool refills the member taken from the same snapshot; drained and
+// closed, it leaves nothing on disk.
+func TestPoolFromSnapshot(t *testing.T) {
+	stateDir := t.TempDir()
+	ramDir, memDir := shmDir(t), shmDir(t)
+	p := newQEMU(t, vm.WithStateDir(stateDir), vm.WithMemoryDir(memDir), vm.WithRAMDir(ramDir))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	spec, err := pool.ParseSpec("qemu/" + testenv.Image() + "?min=2&max=2&code=python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := pool.NewManager(map[string]roche.Provider{"qemu": p}, []pool.Spec{spec}, pool.WithOwner("test:pool-snapshot"), pool.WithConcurrency(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taken string
+	t.Cleanup(func() {
+		_, _ = m.Close(context.Background())
+		if taken != "" {
+			_ = p.Destroy(context.Background(), taken)
+		}
+	})
+	m.Start()
+	pl := m.Pools()[0]
+	if err := pl.Warmup(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	templates := func() []string {
+		var out []string
+		entries, _ := os.ReadDir(memDir)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "snap-") {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+	tmpl := templates()
+	if len(tmpl) != 1 {
+		t.Fatalf("the pool keeps %d memory snapshots (%v), want 1", len(tmpl), tmpl)
+	}
+	restored := func(id string) bool {
+		b, err := os.ReadFile(filepath.Join(stateDir, id, "meta.json"))
+		if err != nil {
+			t.Fatalf("member %s: %v", id, err)
+		}
+		var m struct {
+			MemPrivate bool `json:"mem_private"`
+		}
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m.MemPrivate
+	}
+	ids := pl.IdleIDs()
+	if len(ids) != 2 {
+		t.Fatalf("idle members %v, want 2", ids)
+	}
+	seen := map[string]string{}
+	for _, id := range ids {
+		if !restored(id) {
+			t.Fatalf("member %s was booted, not restored from the pool's snapshot", id)
+		}
+		if got := cell(t, p, id, "import socket\nsocket.gethostname()"); got != "'"+id+"'" {
+			t.Fatalf("member %s: hostname %s, want its own id", id, got)
+		}
+		u := cell(t, p, id, "import os\nos.urandom(16).hex()")
+		for other, v := range seen {
+			if v == u {
+				t.Fatalf("members %s and %s drew the same os.urandom(16): %s", id, other, u)
+			}
+		}
+		seen[id] = u
+	}
+
+	sb, ok := pl.Acquire(ctx)
+	if !ok {
+		t.Fatal("Acquire found no idle member")
+	}
+	taken = sb.ID
+	ex, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: "sum(range(10))"})
+	if err != nil || ex.Error != nil || ex.Restarted {
+		t.Fatalf("a cell in the claimed member: %+v, %v", ex, err)
+	}
+	if len(ex.Results) == 0 || ex.Results[0].Text != "45" {
+		t.Fatalf("a cell in the claimed member: results %+v, want 45", ex.Results)
+	}
+	// The pool refills the member taken, from the same snapshot.
+	if err := pl.Warmup(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range pl.IdleIDs() {
+		if !restored(id) {
+			t.Fatalf("refilled member %s was booted, not restored", id)
+		}
+	}
+	if got := templates(); len(got) != 1 || got[0] != tmpl[0] {
+		t.Fatalf("after a refill the pool's snapshots are %v, want %v", got, tmpl)
+	}
+	if _, err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Destroy(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	taken = ""
+	for _, dir := range []string{stateDir, memDir, ramDir} {
+		if left, _ := os.ReadDir(dir); len(left) > 0 {
+			t.Errorf("left in %s after the pool closed: %v", dir, left)
+		}
 	}
 }
