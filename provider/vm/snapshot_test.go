@@ -67,7 +67,8 @@ func TestMemorySnapshots(t *testing.T) {
 	})
 
 	cell(t, p, id, `
-import os, threading, time, socket
+import os, threading, time, socket, random
+random.seed(1)  # every copy of this memory holds the generator's state
 x = 41
 n = 0
 def count():
@@ -150,6 +151,17 @@ with open('/tmp/before.txt', 'w') as g:
 		t.Fatalf("two Fork(1) made %d sandboxes", len(forks))
 	}
 	seen := map[string]string{id: cell(t, p, id, "os.urandom(16).hex()")}
+	// Python's random module, seeded before the snapshots, was reseeded in each copy.
+	draws := map[string]string{id: cell(t, p, id, "random.random()")}
+	for _, f := range forks {
+		r := cell(t, p, f.ID, "random.random()")
+		for other, v := range draws {
+			if v == r {
+				t.Fatalf("fork %s drew the same random.random() as %s: %s", f.ID, other, r)
+			}
+		}
+		draws[f.ID] = r
+	}
 	for i, f := range forks {
 		if f.ID == id || f.ID == forks[1-i].ID {
 			t.Fatalf("fork %d has id %s, not a new one", i, f.ID)

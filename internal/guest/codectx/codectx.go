@@ -357,6 +357,47 @@ func (s *Set) Stop() {
 	}
 }
 
+// reseedWait bounds Reseed's wait for the kernels' pipes to take the line.
+const reseedWait = 2 * time.Second
+
+// Reseed has every interpreter (each context's and the spare) reseed Python's random
+// module (and numpy's legacy generator) from os.urandom before its next cell: after a
+// restore from a memory snapshot, every copy would otherwise draw the numbers the
+// others draw. A cell running now goes on with the old state until it ends. It returns
+// once the line is written to each, which the kernel reads before any later cell.
+func (s *Set) Reseed() {
+	// cx.mu is taken before s.mu elsewhere (ensureKernel): not under it here.
+	s.mu.Lock()
+	list := make([]*codeContext, 0, len(s.contexts))
+	for _, cx := range s.contexts {
+		list = append(list, cx)
+	}
+	var ks []*Kernel
+	if s.spare != nil {
+		ks = append(ks, s.spare.k)
+	}
+	s.mu.Unlock()
+	for _, cx := range list {
+		if k := cx.kernel(); k != nil {
+			ks = append(ks, k)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, k := range ks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = k.send(kernel.ReseedLine) // a kernel gone needs no seed
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(reseedWait):
+	}
+}
+
 // Spare returns the spare interpreter, or nil.
 func (s *Set) Spare() *Kernel {
 	s.mu.Lock()
@@ -509,7 +550,7 @@ func (s *Set) Run(ctx context.Context, req guest.Request, out Output) (guest.Cod
 	}
 	line := kernel.Cell{ID: id, Code: req.Code}.Line()
 	go func() {
-		if err := k.proc.Send(line); err != nil {
+		if err := k.send(line); err != nil {
 			k.Stop("") // it is dying already; the loop below sees its events end
 		}
 	}()

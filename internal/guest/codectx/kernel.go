@@ -82,6 +82,10 @@ type Kernel struct {
 	pumps  int           // raw pipes read for sync marks (PumpRaw)
 	end    sync.Once
 
+	// sendMu keeps the lines written to the kernel whole: a cell's, and a reseed
+	// (Set.Reseed) that may come while another is written.
+	sendMu sync.Mutex
+
 	mu        sync.Mutex
 	cell      *cellRun // where output goes; nil between cells (then it is dropped)
 	stopped   bool
@@ -97,6 +101,13 @@ func NewKernel(p Proc) *Kernel {
 		stop:   make(chan struct{}),
 		marks:  make(chan int, 64),
 	}
+}
+
+// send writes one line to the kernel.
+func (k *Kernel) send(line []byte) error {
+	k.sendMu.Lock()
+	defer k.sendMu.Unlock()
+	return k.proc.Send(line)
 }
 
 // Ended is closed once the kernel's event stream has ended: it died or was stopped.

@@ -503,3 +503,21 @@ func TestStartFails(t *testing.T) {
 		t.Fatalf("a kernel failing at start: %v", err)
 	}
 }
+
+// TestReseed: after Reseed, a context whose random module was seeded (as every copy of a
+// memory snapshot's would be, alike) draws numbers other than the seed's next ones,
+// while a generator the program made itself keeps its state.
+func TestReseed(t *testing.T) {
+	t.Parallel()
+	s := newSet(t, Options{}, nil)
+	run(t, s, guest.Request{Code: "import random\nrandom.seed(7)\nmine = random.Random(7)\nrandom.random(), mine.random()"})
+	// What the seeded generators draw next, unless reseeded.
+	next := run(t, s, guest.Request{Code: "r = random.Random(7)\nr.random()\nr.random()"}).text()
+	s.Reseed()
+	if got := run(t, s, guest.Request{Code: "random.random()"}).text(); got == next {
+		t.Fatalf("after Reseed the random module drew %s, the seed's next number: it was not reseeded", got)
+	}
+	if got := run(t, s, guest.Request{Code: "mine.random()"}).text(); got != next {
+		t.Fatalf("after Reseed a program's own generator drew %s, want its next number %s", got, next)
+	}
+}

@@ -41,6 +41,10 @@ func (c Cell) Line() []byte {
 	return append(b, '\n')
 }
 
+// ReseedLine is the line that makes the kernel reseed the random module's global
+// generator (and numpy's legacy one) from os.urandom, between cells.
+var ReseedLine = []byte(`{"reseed": true}` + "\n")
+
 // Event types.
 const (
 	EventReady  = "ready"

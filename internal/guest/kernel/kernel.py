@@ -9,7 +9,11 @@
 # With --stdio (python.wasm, which has no fds to spare): cells arrive on stdin and events
 # leave on stdout; fd 2 stays raw stderr.
 #
-# A cell is one JSON line {"id": N, "code": "..."}. Events are JSON lines with a type "t":
+# A cell is one JSON line {"id": N, "code": "..."}. The line {"reseed": true} (roche-agent
+# sends it to every kernel after its microVM was restored from a memory snapshot, whose
+# copies would otherwise draw the same numbers) reseeds the random module's global
+# generator, and numpy's legacy one if imported, from os.urandom; it has no event.
+# Events are JSON lines with a type "t":
 #   ready   {"version": "3.11.2", "pid": 7}                     once, at start
 #   out/err {"s": "text"}                                        Python-level writes, in order
 #   result  {"data": {"text/plain": ..., "image/png": b64}, "main": bool}
@@ -400,6 +404,21 @@ def _cell(msg):
     _send({"t": "done", "id": _st.cell, "count": _st.count})
 
 
+def _reseed():
+    """Reseeds, from os.urandom, the generators a snapshot's copies would share: the
+    random module's global one and numpy's legacy global one. Generators a program made
+    itself (random.Random(), numpy.random.default_rng()) keep their state."""
+    r = sys.modules.get("random")
+    if r is not None:
+        r.seed()
+    np = sys.modules.get("numpy.random")
+    if np is not None:
+        try:
+            np.seed()
+        except Exception:
+            pass
+
+
 def _reader(fd):
     buf = b""
     while True:
@@ -461,6 +480,9 @@ def main():
         try:
             msg = json.loads(line)
         except ValueError:
+            continue
+        if isinstance(msg, dict) and msg.get("reseed"):
+            _reseed()
             continue
         _cell(msg)
 

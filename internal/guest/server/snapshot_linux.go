@@ -156,6 +156,9 @@ func (s *Server) restored(req guest.Request) error {
 	if err := reseed(req.Seed); err != nil {
 		return err
 	}
+	// Python's random module seeded itself before the snapshot: its state is memory,
+	// which every copy shares.
+	s.code.Reseed()
 	if req.TimeUnixNS > 0 {
 		// adjtimex, not clock_settime: the agent's own seccomp filter refuses the latter
 		// (and settimeofday) for it and every command; without CAP_SYS_TIME, commands
