@@ -626,6 +626,12 @@ func (c *Client) RestartContext(ctx context.Context, id string) error {
 	return c.call(ctx, Request{Op: OpCodeRestart, Context: id}, nil)
 }
 
+// ForkContext makes a new code context holding a copy of context id's interpreter.
+func (c *Client) ForkContext(ctx context.Context, id string) (CodeContext, error) {
+	var cc CodeContext
+	return cc, c.call(ctx, Request{Op: OpCodeFork, Context: id}, &cc)
+}
+
 // RemoveContext stops a code context and forgets it.
 func (c *Client) RemoveContext(ctx context.Context, id string) error {
 	return c.call(ctx, Request{Op: OpCodeRemove, Context: id}, nil)

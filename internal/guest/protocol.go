@@ -87,6 +87,7 @@ const (
 	OpCodeList    = "code_list"    // → []CodeContext
 	OpCodeRestart = "code_restart" // Context: a fresh interpreter, variables gone
 	OpCodeRemove  = "code_remove"  // Context: stopped and forgotten
+	OpCodeFork    = "code_fork"    // Context: a new context, a copy of its interpreter → CodeContext
 	// OpCodeWarm starts Language's interpreter ahead of its first context, with Cwd and
 	// Env; the next context started with the same Cwd and Env takes it (a warm pool's
 	// sandboxes wait with one running). Only one is kept; a second call replaces it.

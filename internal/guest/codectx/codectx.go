@@ -59,6 +59,11 @@ type Options struct {
 	// Unknown, when set, may give the error for a context id the Set does not hold; nil
 	// keeps the Set's own.
 	Unknown func(id string) error
+	// Fork, when set, forks parent (Set.Fork): it readies what the new kernel takes
+	// its fds from, calls request with its address (the Set sends parent the fork
+	// line), and returns the new kernel once it has them (NewKernel, its streams fed).
+	// nil: the platform's kernels cannot fork, and Set.Fork says so.
+	Fork func(ctx context.Context, parent *Kernel, request func(addr string) error) (*Kernel, error)
 }
 
 // Set is a sandbox's code contexts.
@@ -94,6 +99,7 @@ type codeContext struct {
 	lost    bool
 	removed bool
 	cells   int
+	forks   int // fork requests sent to its interpreter
 }
 
 func (cx *codeContext) kernel() *Kernel {
@@ -355,6 +361,87 @@ func (s *Set) Stop() {
 			k.Stop("stopped with the sandbox")
 		}
 	}
+}
+
+// Fork makes a new context holding a copy of context id's interpreter, its variables
+// included (the kernel forks itself), in the same sandbox; the two go on apart. It
+// waits for a cell running in id to end. A context whose interpreter has not started,
+// or died, forks as a fresh one.
+func (s *Set) Fork(ctx context.Context, id string) (guest.CodeContext, error) {
+	if s.opts.Fork == nil {
+		return guest.CodeContext{}, &guest.Error{Code: guest.CodeUnsupported, Message: "this platform's interpreters cannot fork themselves: make a new context and run the cells again"}
+	}
+	src, err := s.context(id)
+	if err != nil {
+		return guest.CodeContext{}, err
+	}
+	cx, err := s.newContext(src.Language, src.Cwd, src.env, false, false)
+	if err != nil {
+		return guest.CodeContext{}, err
+	}
+	err = s.fork(ctx, src, cx)
+	if err != nil {
+		s.drop(cx)
+		return guest.CodeContext{}, err
+	}
+	if s.opts.Record != nil {
+		s.opts.Record(cx.CodeContext, false)
+	}
+	return cx.CodeContext, nil
+}
+
+// fork gives cx a fork of src's interpreter, or a fresh one when src has none running.
+func (s *Set) fork(ctx context.Context, src, cx *codeContext) error {
+	src.run.Lock()
+	defer src.run.Unlock()
+	parent := src.kernel()
+	if parent == nil || parent.gone() {
+		cx.run.Lock()
+		defer cx.run.Unlock()
+		_, err := s.ensureKernel(ctx, cx)
+		return err
+	}
+	src.mu.Lock()
+	src.forks++
+	rid := -src.forks // no cell has a negative id
+	src.mu.Unlock()
+	var early collected
+	run := &cellRun{out: &early, limit: earlyOutput}
+	parent.setCell(run)
+	defer parent.setCell(nil)
+	sent := make(chan error, 1)
+	child, err := s.opts.Fork(ctx, parent, func(addr string) error {
+		err := parent.send(kernel.ForkLine(addr, rid))
+		sent <- err
+		return err
+	})
+	// The parent ends the request (done) whatever came of it; its events are read up to
+	// there, so that none is left for its next cell.
+	var ferr *guest.CodeError
+	if len(sent) > 0 && <-sent == nil {
+		ferr = parent.awaitDone(ctx, rid)
+	}
+	if err != nil {
+		return err
+	}
+	if ferr != nil {
+		child.Stop("")
+		return &guest.Error{Code: guest.CodeInvalid, Message: fmt.Sprintf("forking code context %s: %s: %s", src.ID, ferr.Name, ferr.Value)}
+	}
+	if err := child.waitReady(ctx); err != nil {
+		return err
+	}
+	cx.mu.Lock()
+	defer cx.mu.Unlock()
+	s.mu.Lock()
+	why := s.stopping()
+	s.mu.Unlock()
+	if why != "" || cx.removed {
+		child.Stop("stopped with the sandbox")
+		return stoppingError(why)
+	}
+	cx.k = child
+	return nil
 }
 
 // reseedWait bounds Reseed's wait for the kernels' pipes to take the line.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/kernel"
 )
 
@@ -275,6 +276,37 @@ func (k *Kernel) waitReady(ctx context.Context) error {
 		case <-ctx.Done():
 			k.Stop("")
 			return ctx.Err()
+		}
+	}
+}
+
+// forkWait bounds the wait for a kernel to end a fork request.
+const forkWait = 30 * time.Second
+
+// awaitDone reads the kernel's events up to the done of request id (a fork), returning
+// the error it reported, if any. A kernel that ends or does not answer is stopped.
+func (k *Kernel) awaitDone(ctx context.Context, id int) *guest.CodeError {
+	timer := time.NewTimer(forkWait)
+	defer timer.Stop()
+	var failed *guest.CodeError
+	for {
+		select {
+		case ev, ok := <-k.events:
+			if !ok {
+				return &guest.CodeError{Name: "ContextDied", Value: "the interpreter ended while it forked"}
+			}
+			switch {
+			case ev.T == kernel.EventError:
+				failed = &guest.CodeError{Name: ev.Name, Value: ev.Value}
+			case ev.T == kernel.EventDone && ev.ID == id:
+				return failed
+			}
+		case <-timer.C:
+			k.Stop("")
+			return &guest.CodeError{Name: "TimeoutError", Value: "the interpreter did not end its fork in time: it was stopped"}
+		case <-ctx.Done():
+			k.Stop("")
+			return &guest.CodeError{Name: "ContextDied", Value: "the fork was given up: the interpreter was stopped"}
 		}
 	}
 }

@@ -45,6 +45,16 @@ func (c Cell) Line() []byte {
 // generator (and numpy's legacy one) from os.urandom, between cells.
 var ReseedLine = []byte(`{"reseed": true}` + "\n")
 
+// ForkLine is the line that makes the kernel fork itself (request id), the new kernel
+// taking its fds from the abstract Unix socket addr.
+func ForkLine(addr string, id int) []byte {
+	b, _ := json.Marshal(struct {
+		Fork string `json:"fork"`
+		ID   int    `json:"id"`
+	}{addr, id})
+	return append(b, '\n')
+}
+
 // Event types.
 const (
 	EventReady  = "ready"

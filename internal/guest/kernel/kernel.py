@@ -13,6 +13,12 @@
 # sends it to every kernel after its microVM was restored from a memory snapshot, whose
 # copies would otherwise draw the same numbers) reseeds the random module's global
 # generator, and numpy's legacy one if imported, from os.urandom; it has no event.
+# The line {"fork": ADDR, "id": N} forks the kernel (a context's fork): a copy of this
+# process, its namespace included, made a child of the agent's (a double fork, in a
+# session of its own), connects to the abstract Unix socket ADDR, takes the four fds the
+# agent sends there as its fd 1 to 4 and says ready (with its pid) on them; this kernel
+# then ends request N with done, after an error event if the fork failed. Only the
+# thread that forks is copied, as with os.fork.
 # Events are JSON lines with a type "t":
 #   ready   {"version": "3.11.2", "pid": 7}                     once, at start
 #   out/err {"s": "text"}                                        Python-level writes, in order
@@ -419,6 +425,54 @@ def _reseed():
             pass
 
 
+def _fork(msg):
+    """Serves a fork request; returns True in the new kernel, which then reads its own
+    cell pipe."""
+    global _send_lock
+    import socket
+    import warnings
+
+    rid = msg.get("id", 0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "this process is multi-threaded"
+            mid = os.fork()
+        if mid == 0:
+            # The middle process: gone at once, so that the new kernel is the agent's
+            # child and outside this kernel's tree, whose end it must not share.
+            try:
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+            except BaseException:
+                os._exit(1)
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect("\0" + msg["fork"])
+                _, fds, _, _ = socket.recv_fds(s, 16, 4)
+                s.close()
+                if len(fds) != 4:
+                    os._exit(1)
+                for i, fd in enumerate(fds):
+                    os.dup2(fd, i + 1)
+                    os.close(fd)
+                os.set_inheritable(_CMD_FD, False)
+                os.set_inheritable(_EVT_FD, False)
+            except BaseException:
+                os._exit(1)
+            _send_lock = threading.Lock()  # another thread may have held it
+            _st.running = False
+            _st.critical = 0
+            _st.pending = False
+            _send({"t": "ready", "version": sys.version.split()[0], "pid": os.getpid()})
+            return True
+        os.waitpid(mid, 0)
+    except Exception as e:
+        _send_error(e)
+    _send({"t": "done", "id": rid, "count": _st.count})
+    return False
+
+
 def _reader(fd):
     buf = b""
     while True:
@@ -476,6 +530,13 @@ def main():
     globals()["_ns"] = sys.modules["__main__"].__dict__
     pid = os.getpid() if hasattr(os, "getpid") else 0
     _send({"t": "ready", "version": sys.version.split()[0], "pid": pid})
+    while _serve():
+        pass
+
+
+def _serve():
+    """Runs what comes on the cell pipe until it ends (False), or until this process is a
+    new kernel forked from it (True), which reads its own."""
     for line in _reader(_CMD_FD):
         try:
             msg = json.loads(line)
@@ -484,7 +545,16 @@ def main():
         if isinstance(msg, dict) and msg.get("reseed"):
             _reseed()
             continue
+        if isinstance(msg, dict) and msg.get("fork") and not _SYNC:
+            _send({"t": "error", "name": "NotImplementedError", "value": "this kernel cannot fork", "traceback": ""})
+            _send({"t": "done", "id": msg.get("id", 0), "count": _st.count})
+            continue
+        if isinstance(msg, dict) and msg.get("fork"):
+            if _fork(msg):
+                return True
+            continue
         _cell(msg)
+    return False
 
 
 if __name__ == "__main__":

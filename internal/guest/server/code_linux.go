@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -14,6 +17,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest/codectx"
 	"github.com/roche-sandbox/roche/internal/guest/kernel"
 	"github.com/roche-sandbox/roche/internal/proctree"
+	"golang.org/x/sys/unix"
 )
 
 // Code contexts: the contexts themselves are internal/guest/codectx's; what is the
@@ -47,6 +51,12 @@ func (s *Server) codeOp(c *conn, req guest.Request) error {
 			return err
 		}
 		return c.sendJSON(guest.FrameReply, struct{}{})
+	case guest.OpCodeFork:
+		cc, err := s.code.Fork(ctx, req.Context)
+		if err != nil {
+			return err
+		}
+		return c.sendJSON(guest.FrameReply, cc)
 	case guest.OpCodeWarm:
 		if err := s.code.Warm(ctx, req.Language, req.Cwd, req.Env); err != nil {
 			return err
@@ -232,6 +242,95 @@ func (s *Server) startKernel(_ context.Context, cwd string, extra map[string]str
 	k.PumpRaw(stderrR, codectx.Stderr)
 	k.PumpEvents(evR)
 	return k, nil
+}
+
+// forkWait bounds the wait for a forked kernel to come for its fds.
+const forkWait = 30 * time.Second
+
+// forkKernel forks parent (codectx.Options.Fork): the new kernel, a copy of parent's
+// process orphaned to this agent, comes to an abstract Unix socket of this request for
+// its four pipes (stdout, stderr, cells, events), as startKernel gives them.
+func (s *Server) forkKernel(ctx context.Context, parent *codectx.Kernel, request func(addr string) error) (*codectx.Kernel, error) {
+	addr := "roche-kernel-fork-" + randomName()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + addr, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("forking the python kernel: %w", err)
+	}
+	defer l.Close()
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	pipe := func() (r, w *os.File, err error) {
+		r, w, err = os.Pipe()
+		if err == nil {
+			files = append(files, r, w)
+		}
+		return r, w, err
+	}
+	stdoutR, stdoutW, err1 := pipe()
+	stderrR, stderrW, err2 := pipe()
+	cmdR, cmdW, err3 := pipe()
+	evR, evW, err4 := pipe()
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return nil, err
+	}
+	if err := request(addr); err != nil {
+		return nil, fmt.Errorf("asking the python kernel to fork: %w", err)
+	}
+	deadline := time.Now().Add(forkWait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = l.SetDeadline(deadline)
+	c, err := l.AcceptUnix()
+	if err != nil {
+		return nil, fmt.Errorf("the forked python kernel did not come for its pipes: %w", err)
+	}
+	defer c.Close()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
+		return nil, fmt.Errorf("who forked: %w", errors.Join(err, cerr))
+	}
+	pid := int(cred.Pid)
+	wait, err := s.reaper.adopt(pid)
+	if err != nil {
+		return nil, fmt.Errorf("the forked python kernel: %w", err)
+	}
+	rights := unix.UnixRights(int(stdoutW.Fd()), int(stderrW.Fd()), int(cmdR.Fd()), int(evW.Fd()))
+	if _, _, err := c.WriteMsgUnix([]byte{0}, rights, nil); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return nil, fmt.Errorf("passing the forked python kernel its pipes: %w", err)
+	}
+	files = nil
+	stdoutW.Close()
+	stderrW.Close()
+	cmdR.Close()
+	evW.Close()
+	p := &kernelProc{pid: pid, reaped: make(chan struct{}), cmd: cmdW}
+	go func() {
+		p.status = <-wait
+		close(p.reaped)
+	}()
+	p.oomBefore.Store(-1)
+	k := codectx.NewKernel(p)
+	k.PumpRaw(stdoutR, codectx.Stdout)
+	k.PumpRaw(stderrR, codectx.Stderr)
+	k.PumpEvents(evR)
+	return k, nil
+}
+
+func randomName() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func describeExit(ws *syscall.WaitStatus) string {

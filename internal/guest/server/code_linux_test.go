@@ -297,3 +297,51 @@ func TestCodeWarmSpare(t *testing.T) {
 		t.Fatalf("warming bash: %v, want a refusal", err)
 	}
 }
+
+// TestCodeForkContext: a context forked from A holds A's variables and goes on apart (B
+// sets x = 2, A still sees 1) in a process of its own, the agent's child and outside A's
+// tree: removing A leaves B running, and removing B ends its process.
+func TestCodeForkContext(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
+	a := newContext(t)
+	apid := runCell(t, guest.Request{Context: a, Code: "import os, random\nx = 1\nos.getpid()"}).text()
+	cc, err := client.ForkContext(ctxT(t, time.Minute), a)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if cc.ID == a || cc.Language != "python" {
+		t.Fatalf("forked context: %+v", cc)
+	}
+	b := cc.ID
+	if got := runCell(t, guest.Request{Context: b, Code: "x"}); got.text() != "1" || got.end.Error != nil || got.end.Restarted {
+		t.Fatalf("the fork's x: %+v", got)
+	}
+	runCell(t, guest.Request{Context: b, Code: "x = 2\nprint('from b')"})
+	if got := runCell(t, guest.Request{Context: a, Code: "x"}); got.text() != "1" {
+		t.Fatalf("A sees x = %s after B set it to 2", got.text())
+	}
+	bpid := runCell(t, guest.Request{Context: b, Code: "os.getpid()"}).text()
+	if bpid == apid {
+		t.Fatalf("the fork runs in A's process %s", apid)
+	}
+	if got := runCell(t, guest.Request{Context: b, Code: "x"}); got.text() != "2" {
+		t.Fatalf("B's x: %s, want 2", got.text())
+	}
+	// A's end is not B's.
+	if err := client.RemoveContext(ctxT(t, 10*time.Second), a); err != nil {
+		t.Fatal(err)
+	}
+	if got := runCell(t, guest.Request{Context: b, Code: "x + 40"}); got.text() != "42" || got.end.Restarted {
+		t.Fatalf("B after A was removed: %+v", got)
+	}
+	pid, _ := strconv.Atoi(bpid)
+	if err := client.RemoveContext(ctxT(t, 10*time.Second), b); err != nil {
+		t.Fatal(err)
+	}
+	if left := testenv.AwaitExit(t, []int{pid}, 10*time.Second); len(left) > 0 {
+		t.Fatalf("the forked interpreter %d outlived its context", pid)
+	}
+	if _, err := client.ForkContext(ctxT(t, 10*time.Second), "nosuchcontext"); err == nil {
+		t.Fatal("fork of no context succeeded")
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/proctree"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -55,6 +56,9 @@ type reaper struct {
 // child reaps every server's, so two servers in one process (the tests run several) must
 // share it, or one would take the other's exit statuses.
 var processReaper = sync.OnceValue(func() *reaper {
+	// A kernel forked from another is orphaned to its reaper (reaper.adopt): this
+	// process, PID 1 in a sandbox, and a subreaper where it is not (tests).
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	r := &reaper{waiters: map[int]chan exitStatus{}, forks: make(chan func())}
 	dropped := make(chan error, 1)
 	go r.forkThread(dropped)
@@ -187,6 +191,26 @@ type exitStatus struct {
 func receipt(es exitStatus, leftover int) *guest.Receipt {
 	cpu := time.Duration(es.usage.Utime.Nano() + es.usage.Stime.Nano())
 	return &guest.Receipt{PeakMemoryBytes: es.usage.Maxrss * 1024, CPUTimeNS: cpu.Nanoseconds(), Leftover: leftover}
+}
+
+// adopt registers the waiter of pid, a process this agent did not fork but that is (or
+// will be, once its parent exits) its child: a kernel forked from another (the agent
+// is PID 1, or a subreaper). One already reaped gets a status at once; a pid the reaper
+// already waits for is refused.
+func (r *reaper) adopt(pid int) (<-chan exitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.waiters[pid]; ok || pid <= 1 {
+		return nil, fmt.Errorf("process %d is not a new one", pid)
+	}
+	c := make(chan exitStatus, 1)
+	// Under r.mu no wait4 runs: a process alive now is reaped later, with c waiting.
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		c <- exitStatus{WaitStatus: syscall.WaitStatus(syscall.SIGKILL)}
+		return c, nil
+	}
+	r.waiters[pid] = c
+	return c, nil
 }
 
 // start runs fork under the reaper's lock and registers the new pid's waiter.

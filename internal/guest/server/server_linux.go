@@ -204,7 +204,7 @@ func New(cfg Config) (*Server, error) {
 		keys:    map[string]int{},
 		kept:    newKeptBudget(cfg.KeptOutput),
 	}
-	s.code = codectx.New(codectx.Options{Start: s.startKernel, Stopping: s.stopReason})
+	s.code = codectx.New(codectx.Options{Start: s.startKernel, Stopping: s.stopReason, Fork: s.forkKernel})
 	return s, nil
 }
 
@@ -471,7 +471,7 @@ func (s *Server) serve(nc net.Conn) {
 		if err = s.restored(req); err == nil {
 			err = c.sendJSON(guest.FrameReply, struct{}{})
 		}
-	case guest.OpCodeRun, guest.OpCodeCreate, guest.OpCodeList, guest.OpCodeRestart, guest.OpCodeRemove, guest.OpCodeWarm:
+	case guest.OpCodeRun, guest.OpCodeCreate, guest.OpCodeList, guest.OpCodeRestart, guest.OpCodeRemove, guest.OpCodeWarm, guest.OpCodeFork:
 		err = s.codeOp(c, req)
 	case guest.OpWrite, guest.OpRead, guest.OpList, guest.OpStat, guest.OpMkdir, guest.OpRemove,
 		guest.OpRename, guest.OpUntar, guest.OpTar, guest.OpWalk, guest.OpWatch:
