@@ -31,6 +31,17 @@ type CodeRunner interface {
 	RemoveContext(ctx context.Context, id, contextID string) error
 }
 
+// ContextForker is a CodeRunner whose interpreters can fork themselves: a context's fork
+// is a new context in the same sandbox holding a copy of its variables, for agents that
+// branch their work. Providers whose code contexts run in roche-agent implement it;
+// wasm's (python.wasm, WASI has no fork) do not.
+type ContextForker interface {
+	// ForkContext makes a new context holding a copy of context contextID's interpreter
+	// (waiting for a cell running in it to end); the two go on apart. Only the thread
+	// running the kernel is copied, as with os.fork.
+	ForkContext(ctx context.Context, id, contextID string) (CodeContext, error)
+}
+
 // Code languages.
 const (
 	LanguagePython = "python"

@@ -87,6 +87,15 @@ func (p *Provider) RestartContext(ctx context.Context, id, contextID string) err
 	return p.c.fromRPC(err)
 }
 
+// ForkContext implements roche.ContextForker.
+func (p *Provider) ForkContext(ctx context.Context, id, contextID string) (roche.CodeContext, error) {
+	resp, err := p.c.rpc.ForkContext(ctx, connect.NewRequest(&rochev1.ForkContextRequest{SandboxId: id, ContextId: contextID}))
+	if err != nil {
+		return roche.CodeContext{}, p.c.fromRPC(err)
+	}
+	return wire.ContextFromProto(resp.Msg.Context), nil
+}
+
 // RemoveContext implements roche.CodeRunner.
 func (p *Provider) RemoveContext(ctx context.Context, id, contextID string) error {
 	_, err := p.c.rpc.RemoveContext(ctx, connect.NewRequest(&rochev1.RemoveContextRequest{SandboxId: id, ContextId: contextID}))

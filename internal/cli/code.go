@@ -272,14 +272,15 @@ func writeResults(dir string, results []roche.CodeResult) error {
 func (e *env) contextCommand() *cobra.Command {
 	var id string
 	c := &cobra.Command{
-		Use:   "context create|list|restart|rm --sandbox ID",
+		Use:   "context create|list|restart|fork|rm --sandbox ID",
 		Short: "Manage a sandbox's code contexts (interpreters that keep state; see roche code)",
 		Long: `A context is a long-lived interpreter in a sandbox, run as the sandbox user under
 every limit. roche code uses a language's default context unless given --context; create
 makes more (each with its own variables), restart replaces one's interpreter with a fresh
-one, rm stops it.`,
+one, fork starts a new one holding a copy of one's variables, rm stops it.`,
 		Example: `  ctx=$(roche context create --sandbox "$id")
   roche code --sandbox "$id" --context "$ctx" 'y = 1'
+  branch=$(roche context fork --sandbox "$id" "$ctx")
   roche context list --sandbox "$id"
   roche context rm --sandbox "$id" "$ctx"`,
 	}
@@ -345,6 +346,31 @@ one, rm stops it.`,
 			return cr.RestartContext(cmd.Context(), id, args[0])
 		},
 	}
+	fork := &cobra.Command{
+		Use:   "fork --sandbox ID CONTEXT",
+		Short: "Start a new context holding a copy of a context's variables, and print its id",
+		Long: `fork makes a new context in the same sandbox whose interpreter is a copy of
+CONTEXT's (it forks itself): the same variables, imports and open files, after which the
+two go on apart. Only the interpreter's main thread is copied, as with os.fork. wasm
+sandboxes cannot (python.wasm has no fork).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cr, err := e.coder(id)
+			if err != nil {
+				return err
+			}
+			fk, ok := cr.(roche.ContextForker)
+			if !ok {
+				return fmt.Errorf("%w: this provider's interpreters cannot fork themselves (python.wasm: WASI has no fork): create a context and run its cells again", roche.ErrUnsupported)
+			}
+			cc, err := fk.ForkContext(cmd.Context(), id, args[0])
+			if err != nil {
+				return friendly(err)
+			}
+			fmt.Fprintln(e.stdout, cc.ID)
+			return nil
+		},
+	}
 	rm := &cobra.Command{
 		Use:   "rm --sandbox ID CONTEXT...",
 		Short: "Stop contexts and forget them",
@@ -362,6 +388,6 @@ one, rm stops it.`,
 			return nil
 		},
 	}
-	c.AddCommand(create, list, restart, rm)
+	c.AddCommand(create, list, restart, fork, rm)
 	return c
 }

@@ -102,6 +102,19 @@ func (s *service) RestartContext(ctx context.Context, req *connect.Request[roche
 	return connect.NewResponse(&rochev1.RestartContextResponse{}), nil
 }
 
+func (s *service) ForkContext(ctx context.Context, req *connect.Request[rochev1.ForkContextRequest]) (*connect.Response[rochev1.ForkContextResponse], error) {
+	t, err := tenantOf(ctx)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	c, err := s.d.ledger.ForkContext(ctx, t, req.Msg.SandboxId, req.Msg.ContextId)
+	s.d.audit(ctx, "fork_context", err, "id", req.Msg.SandboxId, "context", req.Msg.ContextId, "fork", c.ID)
+	if err != nil {
+		return nil, wire.ToStatus(err)
+	}
+	return connect.NewResponse(&rochev1.ForkContextResponse{Context: wire.ContextToProto(c)}), nil
+}
+
 func (s *service) RemoveContext(ctx context.Context, req *connect.Request[rochev1.RemoveContextRequest]) (*connect.Response[rochev1.RemoveContextResponse], error) {
 	t, err := tenantOf(ctx)
 	if err != nil {

@@ -95,6 +95,21 @@ func (l *Ledger) RestartContext(ctx context.Context, t *Tenant, id, contextID st
 	return err
 }
 
+// ForkContext forks a context of one of tenant t's sandboxes.
+func (l *Ledger) ForkContext(ctx context.Context, t *Tenant, id, contextID string) (roche.CodeContext, error) {
+	tg, cr, err := l.coder(t, id)
+	if err != nil {
+		return roche.CodeContext{}, err
+	}
+	fk, ok := cr.(roche.ContextForker)
+	if !ok {
+		return roche.CodeContext{}, fmt.Errorf("%w: %s sandboxes' interpreters cannot fork themselves (python.wasm: WASI has no fork): create a context and run its cells again", roche.ErrUnsupported, tg.Provider.Name())
+	}
+	c, err := fk.ForkContext(ctx, tg.ID, contextID)
+	l.forgetIfGone(tg, err)
+	return c, err
+}
+
 // RemoveContext stops a context's interpreter.
 func (l *Ledger) RemoveContext(ctx context.Context, t *Tenant, id, contextID string) error {
 	tg, cr, err := l.coder(t, id)

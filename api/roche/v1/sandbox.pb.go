@@ -8691,6 +8691,102 @@ func (*RestartContextResponse) Descriptor() ([]byte, []int) {
 	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{131}
 }
 
+type ForkContextRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ContextId     string                 `protobuf:"bytes,2,opt,name=context_id,json=contextId,proto3" json:"context_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkContextRequest) Reset() {
+	*x = ForkContextRequest{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkContextRequest) ProtoMessage() {}
+
+func (x *ForkContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkContextRequest.ProtoReflect.Descriptor instead.
+func (*ForkContextRequest) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{132}
+}
+
+func (x *ForkContextRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkContextRequest) GetContextId() string {
+	if x != nil {
+		return x.ContextId
+	}
+	return ""
+}
+
+type ForkContextResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Context       *CodeContext           `protobuf:"bytes,1,opt,name=context,proto3" json:"context,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkContextResponse) Reset() {
+	*x = ForkContextResponse{}
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkContextResponse) ProtoMessage() {}
+
+func (x *ForkContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkContextResponse.ProtoReflect.Descriptor instead.
+func (*ForkContextResponse) Descriptor() ([]byte, []int) {
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{133}
+}
+
+func (x *ForkContextResponse) GetContext() *CodeContext {
+	if x != nil {
+		return x.Context
+	}
+	return nil
+}
+
 type RemoveContextRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -8701,7 +8797,7 @@ type RemoveContextRequest struct {
 
 func (x *RemoveContextRequest) Reset() {
 	*x = RemoveContextRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8713,7 +8809,7 @@ func (x *RemoveContextRequest) String() string {
 func (*RemoveContextRequest) ProtoMessage() {}
 
 func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[132]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8726,7 +8822,7 @@ func (x *RemoveContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContextRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{132}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *RemoveContextRequest) GetSandboxId() string {
@@ -8751,7 +8847,7 @@ type RemoveContextResponse struct {
 
 func (x *RemoveContextResponse) Reset() {
 	*x = RemoveContextResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8763,7 +8859,7 @@ func (x *RemoveContextResponse) String() string {
 func (*RemoveContextResponse) ProtoMessage() {}
 
 func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[133]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8776,7 +8872,7 @@ func (x *RemoveContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContextResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContextResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{133}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{135}
 }
 
 type EgressLogRequest struct {
@@ -8790,7 +8886,7 @@ type EgressLogRequest struct {
 
 func (x *EgressLogRequest) Reset() {
 	*x = EgressLogRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8802,7 +8898,7 @@ func (x *EgressLogRequest) String() string {
 func (*EgressLogRequest) ProtoMessage() {}
 
 func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[134]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8815,7 +8911,7 @@ func (x *EgressLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogRequest.ProtoReflect.Descriptor instead.
 func (*EgressLogRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{134}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *EgressLogRequest) GetSandboxId() string {
@@ -8865,7 +8961,7 @@ type EgressDecision struct {
 
 func (x *EgressDecision) Reset() {
 	*x = EgressDecision{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[135]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8877,7 +8973,7 @@ func (x *EgressDecision) String() string {
 func (*EgressDecision) ProtoMessage() {}
 
 func (x *EgressDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[135]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8890,7 +8986,7 @@ func (x *EgressDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressDecision.ProtoReflect.Descriptor instead.
 func (*EgressDecision) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{135}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *EgressDecision) GetSeq() uint64 {
@@ -9012,7 +9108,7 @@ type EgressLogResponse struct {
 
 func (x *EgressLogResponse) Reset() {
 	*x = EgressLogResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[136]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9024,7 +9120,7 @@ func (x *EgressLogResponse) String() string {
 func (*EgressLogResponse) ProtoMessage() {}
 
 func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[136]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9037,7 +9133,7 @@ func (x *EgressLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLogResponse.ProtoReflect.Descriptor instead.
 func (*EgressLogResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{136}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *EgressLogResponse) GetDecisions() []*EgressDecision {
@@ -9074,7 +9170,7 @@ type EgressPolicyRequest struct {
 
 func (x *EgressPolicyRequest) Reset() {
 	*x = EgressPolicyRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[137]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9086,7 +9182,7 @@ func (x *EgressPolicyRequest) String() string {
 func (*EgressPolicyRequest) ProtoMessage() {}
 
 func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[137]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9099,7 +9195,7 @@ func (x *EgressPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyRequest.ProtoReflect.Descriptor instead.
 func (*EgressPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{137}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *EgressPolicyRequest) GetSandboxId() string {
@@ -9133,7 +9229,7 @@ type EgressPolicyResponse struct {
 
 func (x *EgressPolicyResponse) Reset() {
 	*x = EgressPolicyResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[138]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9145,7 +9241,7 @@ func (x *EgressPolicyResponse) String() string {
 func (*EgressPolicyResponse) ProtoMessage() {}
 
 func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[138]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9158,7 +9254,7 @@ func (x *EgressPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicyResponse.ProtoReflect.Descriptor instead.
 func (*EgressPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{138}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *EgressPolicyResponse) GetRules() []string {
@@ -9179,7 +9275,7 @@ type EgressEventsRequest struct {
 
 func (x *EgressEventsRequest) Reset() {
 	*x = EgressEventsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[139]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9191,7 +9287,7 @@ func (x *EgressEventsRequest) String() string {
 func (*EgressEventsRequest) ProtoMessage() {}
 
 func (x *EgressEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[139]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9204,7 +9300,7 @@ func (x *EgressEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEventsRequest.ProtoReflect.Descriptor instead.
 func (*EgressEventsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{139}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *EgressEventsRequest) GetSandboxId() string {
@@ -9235,7 +9331,7 @@ type EgressEventsResponse struct {
 
 func (x *EgressEventsResponse) Reset() {
 	*x = EgressEventsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[140]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9247,7 +9343,7 @@ func (x *EgressEventsResponse) String() string {
 func (*EgressEventsResponse) ProtoMessage() {}
 
 func (x *EgressEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[140]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9260,7 +9356,7 @@ func (x *EgressEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEventsResponse.ProtoReflect.Descriptor instead.
 func (*EgressEventsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{140}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *EgressEventsResponse) GetDecision() *EgressDecision {
@@ -9298,7 +9394,7 @@ type SetSecretRequest struct {
 
 func (x *SetSecretRequest) Reset() {
 	*x = SetSecretRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[141]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9310,7 +9406,7 @@ func (x *SetSecretRequest) String() string {
 func (*SetSecretRequest) ProtoMessage() {}
 
 func (x *SetSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[141]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9323,7 +9419,7 @@ func (x *SetSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSecretRequest.ProtoReflect.Descriptor instead.
 func (*SetSecretRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{141}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *SetSecretRequest) GetName() string {
@@ -9357,7 +9453,7 @@ type SetSecretResponse struct {
 
 func (x *SetSecretResponse) Reset() {
 	*x = SetSecretResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[142]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9369,7 +9465,7 @@ func (x *SetSecretResponse) String() string {
 func (*SetSecretResponse) ProtoMessage() {}
 
 func (x *SetSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[142]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9382,7 +9478,7 @@ func (x *SetSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSecretResponse.ProtoReflect.Descriptor instead.
 func (*SetSecretResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{142}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *SetSecretResponse) GetRotated() []string {
@@ -9400,7 +9496,7 @@ type ListSecretsRequest struct {
 
 func (x *ListSecretsRequest) Reset() {
 	*x = ListSecretsRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[143]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[145]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9412,7 +9508,7 @@ func (x *ListSecretsRequest) String() string {
 func (*ListSecretsRequest) ProtoMessage() {}
 
 func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[143]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[145]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9425,7 +9521,7 @@ func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
 func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{143}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{145}
 }
 
 type StoredSecret struct {
@@ -9440,7 +9536,7 @@ type StoredSecret struct {
 
 func (x *StoredSecret) Reset() {
 	*x = StoredSecret{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[144]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[146]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9452,7 +9548,7 @@ func (x *StoredSecret) String() string {
 func (*StoredSecret) ProtoMessage() {}
 
 func (x *StoredSecret) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[144]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[146]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9465,7 +9561,7 @@ func (x *StoredSecret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredSecret.ProtoReflect.Descriptor instead.
 func (*StoredSecret) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{144}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{146}
 }
 
 func (x *StoredSecret) GetName() string {
@@ -9498,7 +9594,7 @@ type ListSecretsResponse struct {
 
 func (x *ListSecretsResponse) Reset() {
 	*x = ListSecretsResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[145]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[147]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9510,7 +9606,7 @@ func (x *ListSecretsResponse) String() string {
 func (*ListSecretsResponse) ProtoMessage() {}
 
 func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[145]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[147]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9523,7 +9619,7 @@ func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
 func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{145}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{147}
 }
 
 func (x *ListSecretsResponse) GetSecrets() []*StoredSecret {
@@ -9542,7 +9638,7 @@ type RemoveSecretRequest struct {
 
 func (x *RemoveSecretRequest) Reset() {
 	*x = RemoveSecretRequest{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[146]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[148]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9554,7 +9650,7 @@ func (x *RemoveSecretRequest) String() string {
 func (*RemoveSecretRequest) ProtoMessage() {}
 
 func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[146]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[148]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9567,7 +9663,7 @@ func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{146}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{148}
 }
 
 func (x *RemoveSecretRequest) GetName() string {
@@ -9585,7 +9681,7 @@ type RemoveSecretResponse struct {
 
 func (x *RemoveSecretResponse) Reset() {
 	*x = RemoveSecretResponse{}
-	mi := &file_roche_v1_sandbox_proto_msgTypes[147]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[149]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9597,7 +9693,7 @@ func (x *RemoveSecretResponse) String() string {
 func (*RemoveSecretResponse) ProtoMessage() {}
 
 func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roche_v1_sandbox_proto_msgTypes[147]
+	mi := &file_roche_v1_sandbox_proto_msgTypes[149]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9610,7 +9706,7 @@ func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
-	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{147}
+	return file_roche_v1_sandbox_proto_rawDescGZIP(), []int{149}
 }
 
 var File_roche_v1_sandbox_proto protoreflect.FileDescriptor
@@ -10253,7 +10349,14 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
 	"\n" +
 	"context_id\x18\x02 \x01(\tR\tcontextId\"\x18\n" +
-	"\x16RestartContextResponse\"T\n" +
+	"\x16RestartContextResponse\"R\n" +
+	"\x12ForkContextRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"context_id\x18\x02 \x01(\tR\tcontextId\"F\n" +
+	"\x13ForkContextResponse\x12/\n" +
+	"\acontext\x18\x01 \x01(\v2\x15.roche.v1.CodeContextR\acontext\"T\n" +
 	"\x14RemoveContextRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
@@ -10369,7 +10472,7 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\x13ERROR_REASON_IN_USE\x10\t\x12\x1f\n" +
 	"\x1bERROR_REASON_NOT_CONFIGURED\x10\n" +
 	"\x12\x1c\n" +
-	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xf1 \n" +
+	"\x18ERROR_REASON_OUTPUT_GONE\x10\v2\xbd!\n" +
 	"\x0eSandboxService\x12;\n" +
 	"\x06Create\x12\x17.roche.v1.CreateRequest\x1a\x18.roche.v1.CreateResponse\x125\n" +
 	"\x04Exec\x12\x15.roche.v1.ExecRequest\x1a\x16.roche.v1.ExecResponse\x12I\n" +
@@ -10415,7 +10518,8 @@ const file_roche_v1_sandbox_proto_rawDesc = "" +
 	"\rCreateContext\x12\x1e.roche.v1.CreateContextRequest\x1a\x1f.roche.v1.CreateContextResponse\x12M\n" +
 	"\fListContexts\x12\x1d.roche.v1.ListContextsRequest\x1a\x1e.roche.v1.ListContextsResponse\x12S\n" +
 	"\x0eRestartContext\x12\x1f.roche.v1.RestartContextRequest\x1a .roche.v1.RestartContextResponse\x12P\n" +
-	"\rRemoveContext\x12\x1e.roche.v1.RemoveContextRequest\x1a\x1f.roche.v1.RemoveContextResponse\x12D\n" +
+	"\rRemoveContext\x12\x1e.roche.v1.RemoveContextRequest\x1a\x1f.roche.v1.RemoveContextResponse\x12J\n" +
+	"\vForkContext\x12\x1c.roche.v1.ForkContextRequest\x1a\x1d.roche.v1.ForkContextResponse\x12D\n" +
 	"\tCreatePty\x12\x1a.roche.v1.CreatePtyRequest\x1a\x1b.roche.v1.CreatePtyResponse\x12I\n" +
 	"\n" +
 	"ConnectPty\x12\x1b.roche.v1.ConnectPtyRequest\x1a\x1c.roche.v1.ConnectPtyResponse0\x01\x12M\n" +
@@ -10448,7 +10552,7 @@ func file_roche_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_roche_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 159)
+var file_roche_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 161)
 var file_roche_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: roche.v1.SandboxState
 	(EndKind)(0),                      // 1: roche.v1.EndKind
@@ -10588,47 +10692,49 @@ var file_roche_v1_sandbox_proto_goTypes = []any{
 	(*ListContextsResponse)(nil),      // 135: roche.v1.ListContextsResponse
 	(*RestartContextRequest)(nil),     // 136: roche.v1.RestartContextRequest
 	(*RestartContextResponse)(nil),    // 137: roche.v1.RestartContextResponse
-	(*RemoveContextRequest)(nil),      // 138: roche.v1.RemoveContextRequest
-	(*RemoveContextResponse)(nil),     // 139: roche.v1.RemoveContextResponse
-	(*EgressLogRequest)(nil),          // 140: roche.v1.EgressLogRequest
-	(*EgressDecision)(nil),            // 141: roche.v1.EgressDecision
-	(*EgressLogResponse)(nil),         // 142: roche.v1.EgressLogResponse
-	(*EgressPolicyRequest)(nil),       // 143: roche.v1.EgressPolicyRequest
-	(*EgressPolicyResponse)(nil),      // 144: roche.v1.EgressPolicyResponse
-	(*EgressEventsRequest)(nil),       // 145: roche.v1.EgressEventsRequest
-	(*EgressEventsResponse)(nil),      // 146: roche.v1.EgressEventsResponse
-	(*SetSecretRequest)(nil),          // 147: roche.v1.SetSecretRequest
-	(*SetSecretResponse)(nil),         // 148: roche.v1.SetSecretResponse
-	(*ListSecretsRequest)(nil),        // 149: roche.v1.ListSecretsRequest
-	(*StoredSecret)(nil),              // 150: roche.v1.StoredSecret
-	(*ListSecretsResponse)(nil),       // 151: roche.v1.ListSecretsResponse
-	(*RemoveSecretRequest)(nil),       // 152: roche.v1.RemoveSecretRequest
-	(*RemoveSecretResponse)(nil),      // 153: roche.v1.RemoveSecretResponse
-	nil,                               // 154: roche.v1.CreatePtyRequest.EnvEntry
-	nil,                               // 155: roche.v1.StartCommandRequest.EnvEntry
-	nil,                               // 156: roche.v1.Command.EnvEntry
-	nil,                               // 157: roche.v1.SandboxConfig.EnvEntry
-	nil,                               // 158: roche.v1.SandboxConfig.MetadataEntry
-	nil,                               // 159: roche.v1.Sandbox.MetadataEntry
-	nil,                               // 160: roche.v1.ExecRequest.EnvEntry
-	nil,                               // 161: roche.v1.ExecStreamRequest.EnvEntry
-	nil,                               // 162: roche.v1.ListRequest.MetadataEntry
-	nil,                               // 163: roche.v1.RunCodeRequest.EnvEntry
-	nil,                               // 164: roche.v1.CreateContextRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 165: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 166: google.protobuf.Timestamp
+	(*ForkContextRequest)(nil),        // 138: roche.v1.ForkContextRequest
+	(*ForkContextResponse)(nil),       // 139: roche.v1.ForkContextResponse
+	(*RemoveContextRequest)(nil),      // 140: roche.v1.RemoveContextRequest
+	(*RemoveContextResponse)(nil),     // 141: roche.v1.RemoveContextResponse
+	(*EgressLogRequest)(nil),          // 142: roche.v1.EgressLogRequest
+	(*EgressDecision)(nil),            // 143: roche.v1.EgressDecision
+	(*EgressLogResponse)(nil),         // 144: roche.v1.EgressLogResponse
+	(*EgressPolicyRequest)(nil),       // 145: roche.v1.EgressPolicyRequest
+	(*EgressPolicyResponse)(nil),      // 146: roche.v1.EgressPolicyResponse
+	(*EgressEventsRequest)(nil),       // 147: roche.v1.EgressEventsRequest
+	(*EgressEventsResponse)(nil),      // 148: roche.v1.EgressEventsResponse
+	(*SetSecretRequest)(nil),          // 149: roche.v1.SetSecretRequest
+	(*SetSecretResponse)(nil),         // 150: roche.v1.SetSecretResponse
+	(*ListSecretsRequest)(nil),        // 151: roche.v1.ListSecretsRequest
+	(*StoredSecret)(nil),              // 152: roche.v1.StoredSecret
+	(*ListSecretsResponse)(nil),       // 153: roche.v1.ListSecretsResponse
+	(*RemoveSecretRequest)(nil),       // 154: roche.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),      // 155: roche.v1.RemoveSecretResponse
+	nil,                               // 156: roche.v1.CreatePtyRequest.EnvEntry
+	nil,                               // 157: roche.v1.StartCommandRequest.EnvEntry
+	nil,                               // 158: roche.v1.Command.EnvEntry
+	nil,                               // 159: roche.v1.SandboxConfig.EnvEntry
+	nil,                               // 160: roche.v1.SandboxConfig.MetadataEntry
+	nil,                               // 161: roche.v1.Sandbox.MetadataEntry
+	nil,                               // 162: roche.v1.ExecRequest.EnvEntry
+	nil,                               // 163: roche.v1.ExecStreamRequest.EnvEntry
+	nil,                               // 164: roche.v1.ListRequest.MetadataEntry
+	nil,                               // 165: roche.v1.RunCodeRequest.EnvEntry
+	nil,                               // 166: roche.v1.CreateContextRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 167: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 168: google.protobuf.Timestamp
 }
 var file_roche_v1_sandbox_proto_depIdxs = []int32{
-	154, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
+	156, // 0: roche.v1.CreatePtyRequest.env:type_name -> roche.v1.CreatePtyRequest.EnvEntry
 	6,   // 1: roche.v1.CreatePtyRequest.size:type_name -> roche.v1.PtySize
 	48,  // 2: roche.v1.ConnectPtyResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	46,  // 3: roche.v1.ConnectPtyResponse.result:type_name -> roche.v1.ExecResult
 	6,   // 4: roche.v1.ResizePtyRequest.size:type_name -> roche.v1.PtySize
-	155, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
+	157, // 5: roche.v1.StartCommandRequest.env:type_name -> roche.v1.StartCommandRequest.EnvEntry
 	22,  // 6: roche.v1.StartCommandResponse.command:type_name -> roche.v1.Command
-	165, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
-	156, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
-	166, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
+	167, // 7: roche.v1.CommandEnd.duration:type_name -> google.protobuf.Duration
+	158, // 8: roche.v1.Command.env:type_name -> roche.v1.Command.EnvEntry
+	168, // 9: roche.v1.Command.started_at:type_name -> google.protobuf.Timestamp
 	20,  // 10: roche.v1.Command.first:type_name -> roche.v1.CommandOffsets
 	20,  // 11: roche.v1.Command.written:type_name -> roche.v1.CommandOffsets
 	21,  // 12: roche.v1.Command.end:type_name -> roche.v1.CommandEnd
@@ -10642,34 +10748,34 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	17,  // 20: roche.v1.SendCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 21: roche.v1.CloseCommandInputRequest.command:type_name -> roche.v1.CommandSelector
 	17,  // 22: roche.v1.SignalCommandRequest.command:type_name -> roche.v1.CommandSelector
-	157, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
+	159, // 23: roche.v1.SandboxConfig.env:type_name -> roche.v1.SandboxConfig.EnvEntry
 	37,  // 24: roche.v1.SandboxConfig.mounts:type_name -> roche.v1.Mount
-	158, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
+	160, // 25: roche.v1.SandboxConfig.metadata:type_name -> roche.v1.SandboxConfig.MetadataEntry
 	36,  // 26: roche.v1.SandboxConfig.secrets:type_name -> roche.v1.Secret
 	0,   // 27: roche.v1.Sandbox.state:type_name -> roche.v1.SandboxState
-	166, // 28: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	166, // 29: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	159, // 30: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
+	168, // 28: roche.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	168, // 29: roche.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	161, // 30: roche.v1.Sandbox.metadata:type_name -> roche.v1.Sandbox.MetadataEntry
 	39,  // 31: roche.v1.Sandbox.end:type_name -> roche.v1.EndReason
 	1,   // 32: roche.v1.EndReason.kind:type_name -> roche.v1.EndKind
-	166, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
-	165, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
+	168, // 33: roche.v1.EndReason.at:type_name -> google.protobuf.Timestamp
+	167, // 34: roche.v1.ReceiptUsage.cpu_time:type_name -> google.protobuf.Duration
 	1,   // 35: roche.v1.ReceiptUsage.end:type_name -> roche.v1.EndKind
 	35,  // 36: roche.v1.CreateRequest.config:type_name -> roche.v1.SandboxConfig
 	38,  // 37: roche.v1.CreateResponse.sandbox:type_name -> roche.v1.Sandbox
-	160, // 38: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
+	162, // 38: roche.v1.ExecRequest.env:type_name -> roche.v1.ExecRequest.EnvEntry
 	46,  // 39: roche.v1.ExecResponse.result:type_name -> roche.v1.ExecResult
-	161, // 40: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
-	165, // 41: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	163, // 40: roche.v1.ExecStreamRequest.env:type_name -> roche.v1.ExecStreamRequest.EnvEntry
+	167, // 41: roche.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	40,  // 42: roche.v1.ExecResult.receipt:type_name -> roche.v1.ReceiptUsage
 	2,   // 43: roche.v1.OutputChunk.stream:type_name -> roche.v1.OutputStream
-	166, // 44: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	168, // 44: roche.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
 	47,  // 45: roche.v1.ExecStreamResponse.output:type_name -> roche.v1.OutputChunk
 	48,  // 46: roche.v1.ExecStreamResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	46,  // 47: roche.v1.ExecStreamResponse.result:type_name -> roche.v1.ExecResult
 	39,  // 48: roche.v1.HoldResponse.end:type_name -> roche.v1.EndReason
 	56,  // 49: roche.v1.DestroyResponse.skipped:type_name -> roche.v1.SkippedProvider
-	162, // 50: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
+	164, // 50: roche.v1.ListRequest.metadata:type_name -> roche.v1.ListRequest.MetadataEntry
 	0,   // 51: roche.v1.ListRequest.state:type_name -> roche.v1.SandboxState
 	38,  // 52: roche.v1.ListResponse.sandboxes:type_name -> roche.v1.Sandbox
 	56,  // 53: roche.v1.ListResponse.skipped:type_name -> roche.v1.SkippedProvider
@@ -10681,7 +10787,7 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	38,  // 59: roche.v1.GcResponse.removed:type_name -> roche.v1.Sandbox
 	56,  // 60: roche.v1.GcResponse.skipped:type_name -> roche.v1.SkippedProvider
 	3,   // 61: roche.v1.FileEntry.type:type_name -> roche.v1.FileType
-	166, // 62: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
+	168, // 62: roche.v1.FileEntry.modified_time:type_name -> google.protobuf.Timestamp
 	75,  // 63: roche.v1.ReadFileResponse.entry:type_name -> roche.v1.FileEntry
 	75,  // 64: roche.v1.WriteFileResponse.entry:type_name -> roche.v1.FileEntry
 	75,  // 65: roche.v1.ListDirResponse.entries:type_name -> roche.v1.FileEntry
@@ -10693,156 +10799,159 @@ var file_roche_v1_sandbox_proto_depIdxs = []int32{
 	90,  // 71: roche.v1.WatchDirResponse.file:type_name -> roche.v1.FileEvent
 	48,  // 72: roche.v1.WatchDirResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	90,  // 73: roche.v1.GetWatcherEventsResponse.events:type_name -> roche.v1.FileEvent
-	165, // 74: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
+	167, // 74: roche.v1.Pool.idle_timeout:type_name -> google.protobuf.Duration
 	100, // 75: roche.v1.PoolStatusResponse.pools:type_name -> roche.v1.Pool
 	100, // 76: roche.v1.PoolWarmupResponse.pools:type_name -> roche.v1.Pool
 	100, // 77: roche.v1.PoolDrainResponse.pools:type_name -> roche.v1.Pool
 	109, // 78: roche.v1.ListProvidersResponse.providers:type_name -> roche.v1.ProviderInfo
 	110, // 79: roche.v1.ProviderInfo.capabilities:type_name -> roche.v1.Capabilities
 	38,  // 80: roche.v1.ResetResponse.sandbox:type_name -> roche.v1.Sandbox
-	166, // 81: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
+	168, // 81: roche.v1.Workspace.created_at:type_name -> google.protobuf.Timestamp
 	113, // 82: roche.v1.ListWorkspacesResponse.workspaces:type_name -> roche.v1.Workspace
-	166, // 83: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	168, // 83: roche.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	118, // 84: roche.v1.CreateSnapshotResponse.snapshot:type_name -> roche.v1.Snapshot
 	118, // 85: roche.v1.ListSnapshotsResponse.snapshots:type_name -> roche.v1.Snapshot
 	5,   // 86: roche.v1.ErrorDetail.reason:type_name -> roche.v1.ErrorReason
-	163, // 87: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
+	165, // 87: roche.v1.RunCodeRequest.env:type_name -> roche.v1.RunCodeRequest.EnvEntry
 	127, // 88: roche.v1.CodeExecution.results:type_name -> roche.v1.CodeResult
 	128, // 89: roche.v1.CodeExecution.error:type_name -> roche.v1.CodeError
-	165, // 90: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
+	167, // 90: roche.v1.CodeExecution.duration:type_name -> google.protobuf.Duration
 	47,  // 91: roche.v1.RunCodeResponse.output:type_name -> roche.v1.OutputChunk
 	48,  // 92: roche.v1.RunCodeResponse.heartbeat:type_name -> roche.v1.Heartbeat
 	127, // 93: roche.v1.RunCodeResponse.result:type_name -> roche.v1.CodeResult
 	129, // 94: roche.v1.RunCodeResponse.execution:type_name -> roche.v1.CodeExecution
-	164, // 95: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
+	166, // 95: roche.v1.CreateContextRequest.env:type_name -> roche.v1.CreateContextRequest.EnvEntry
 	131, // 96: roche.v1.CreateContextResponse.context:type_name -> roche.v1.CodeContext
 	131, // 97: roche.v1.ListContextsResponse.contexts:type_name -> roche.v1.CodeContext
-	166, // 98: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
-	141, // 99: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
-	141, // 100: roche.v1.EgressEventsResponse.decision:type_name -> roche.v1.EgressDecision
-	166, // 101: roche.v1.StoredSecret.updated_at:type_name -> google.protobuf.Timestamp
-	150, // 102: roche.v1.ListSecretsResponse.secrets:type_name -> roche.v1.StoredSecret
-	41,  // 103: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
-	43,  // 104: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
-	45,  // 105: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
-	50,  // 106: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
-	51,  // 107: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
-	54,  // 108: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
-	57,  // 109: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
-	59,  // 110: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
-	61,  // 111: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
-	63,  // 112: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
-	65,  // 113: roche.v1.SandboxService.Resume:input_type -> roche.v1.ResumeRequest
-	67,  // 114: roche.v1.SandboxService.Fork:input_type -> roche.v1.ForkRequest
-	69,  // 115: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
-	71,  // 116: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
-	73,  // 117: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
-	76,  // 118: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
-	78,  // 119: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
-	80,  // 120: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
-	82,  // 121: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
-	84,  // 122: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
-	86,  // 123: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
-	88,  // 124: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
-	91,  // 125: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
-	94,  // 126: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
-	96,  // 127: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
-	98,  // 128: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
-	101, // 129: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
-	103, // 130: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
-	105, // 131: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
-	107, // 132: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
-	111, // 133: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
-	114, // 134: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
-	116, // 135: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
-	119, // 136: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
-	121, // 137: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
-	123, // 138: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
-	126, // 139: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
-	132, // 140: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
-	134, // 141: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
-	136, // 142: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
-	138, // 143: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
-	7,   // 144: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
-	9,   // 145: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
-	11,  // 146: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
-	13,  // 147: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
-	15,  // 148: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
-	18,  // 149: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
-	23,  // 150: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
-	27,  // 151: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
-	29,  // 152: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
-	31,  // 153: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
-	33,  // 154: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
-	140, // 155: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
-	143, // 156: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
-	145, // 157: roche.v1.SandboxService.EgressEvents:input_type -> roche.v1.EgressEventsRequest
-	147, // 158: roche.v1.SandboxService.SetSecret:input_type -> roche.v1.SetSecretRequest
-	149, // 159: roche.v1.SandboxService.ListSecrets:input_type -> roche.v1.ListSecretsRequest
-	152, // 160: roche.v1.SandboxService.RemoveSecret:input_type -> roche.v1.RemoveSecretRequest
-	42,  // 161: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
-	44,  // 162: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
-	49,  // 163: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
-	53,  // 164: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
-	52,  // 165: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
-	55,  // 166: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
-	58,  // 167: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
-	60,  // 168: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
-	62,  // 169: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
-	64,  // 170: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
-	66,  // 171: roche.v1.SandboxService.Resume:output_type -> roche.v1.ResumeResponse
-	68,  // 172: roche.v1.SandboxService.Fork:output_type -> roche.v1.ForkResponse
-	70,  // 173: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
-	72,  // 174: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
-	74,  // 175: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
-	77,  // 176: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
-	79,  // 177: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
-	81,  // 178: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
-	83,  // 179: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
-	85,  // 180: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
-	87,  // 181: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
-	89,  // 182: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
-	93,  // 183: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
-	95,  // 184: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
-	97,  // 185: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
-	99,  // 186: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
-	102, // 187: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
-	104, // 188: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
-	106, // 189: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
-	108, // 190: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
-	112, // 191: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
-	115, // 192: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
-	117, // 193: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
-	120, // 194: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
-	122, // 195: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
-	124, // 196: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
-	130, // 197: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
-	133, // 198: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
-	135, // 199: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
-	137, // 200: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
-	139, // 201: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
-	8,   // 202: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
-	10,  // 203: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
-	12,  // 204: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
-	14,  // 205: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
-	16,  // 206: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
-	19,  // 207: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
-	26,  // 208: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
-	28,  // 209: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
-	30,  // 210: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
-	32,  // 211: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
-	34,  // 212: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
-	142, // 213: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
-	144, // 214: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
-	146, // 215: roche.v1.SandboxService.EgressEvents:output_type -> roche.v1.EgressEventsResponse
-	148, // 216: roche.v1.SandboxService.SetSecret:output_type -> roche.v1.SetSecretResponse
-	151, // 217: roche.v1.SandboxService.ListSecrets:output_type -> roche.v1.ListSecretsResponse
-	153, // 218: roche.v1.SandboxService.RemoveSecret:output_type -> roche.v1.RemoveSecretResponse
-	161, // [161:219] is the sub-list for method output_type
-	103, // [103:161] is the sub-list for method input_type
-	103, // [103:103] is the sub-list for extension type_name
-	103, // [103:103] is the sub-list for extension extendee
-	0,   // [0:103] is the sub-list for field type_name
+	131, // 98: roche.v1.ForkContextResponse.context:type_name -> roche.v1.CodeContext
+	168, // 99: roche.v1.EgressDecision.time:type_name -> google.protobuf.Timestamp
+	143, // 100: roche.v1.EgressLogResponse.decisions:type_name -> roche.v1.EgressDecision
+	143, // 101: roche.v1.EgressEventsResponse.decision:type_name -> roche.v1.EgressDecision
+	168, // 102: roche.v1.StoredSecret.updated_at:type_name -> google.protobuf.Timestamp
+	152, // 103: roche.v1.ListSecretsResponse.secrets:type_name -> roche.v1.StoredSecret
+	41,  // 104: roche.v1.SandboxService.Create:input_type -> roche.v1.CreateRequest
+	43,  // 105: roche.v1.SandboxService.Exec:input_type -> roche.v1.ExecRequest
+	45,  // 106: roche.v1.SandboxService.ExecStream:input_type -> roche.v1.ExecStreamRequest
+	50,  // 107: roche.v1.SandboxService.Destroy:input_type -> roche.v1.DestroyRequest
+	51,  // 108: roche.v1.SandboxService.Hold:input_type -> roche.v1.HoldRequest
+	54,  // 109: roche.v1.SandboxService.List:input_type -> roche.v1.ListRequest
+	57,  // 110: roche.v1.SandboxService.Inspect:input_type -> roche.v1.InspectRequest
+	59,  // 111: roche.v1.SandboxService.SetTimeout:input_type -> roche.v1.SetTimeoutRequest
+	61,  // 112: roche.v1.SandboxService.Pause:input_type -> roche.v1.PauseRequest
+	63,  // 113: roche.v1.SandboxService.Unpause:input_type -> roche.v1.UnpauseRequest
+	65,  // 114: roche.v1.SandboxService.Resume:input_type -> roche.v1.ResumeRequest
+	67,  // 115: roche.v1.SandboxService.Fork:input_type -> roche.v1.ForkRequest
+	69,  // 116: roche.v1.SandboxService.Gc:input_type -> roche.v1.GcRequest
+	71,  // 117: roche.v1.SandboxService.CopyTo:input_type -> roche.v1.CopyToRequest
+	73,  // 118: roche.v1.SandboxService.CopyFrom:input_type -> roche.v1.CopyFromRequest
+	76,  // 119: roche.v1.SandboxService.ReadFile:input_type -> roche.v1.ReadFileRequest
+	78,  // 120: roche.v1.SandboxService.WriteFile:input_type -> roche.v1.WriteFileRequest
+	80,  // 121: roche.v1.SandboxService.ListDir:input_type -> roche.v1.ListDirRequest
+	82,  // 122: roche.v1.SandboxService.Stat:input_type -> roche.v1.StatRequest
+	84,  // 123: roche.v1.SandboxService.MakeDir:input_type -> roche.v1.MakeDirRequest
+	86,  // 124: roche.v1.SandboxService.Rename:input_type -> roche.v1.RenameRequest
+	88,  // 125: roche.v1.SandboxService.Remove:input_type -> roche.v1.RemoveRequest
+	91,  // 126: roche.v1.SandboxService.WatchDir:input_type -> roche.v1.WatchDirRequest
+	94,  // 127: roche.v1.SandboxService.CreateWatcher:input_type -> roche.v1.CreateWatcherRequest
+	96,  // 128: roche.v1.SandboxService.GetWatcherEvents:input_type -> roche.v1.GetWatcherEventsRequest
+	98,  // 129: roche.v1.SandboxService.RemoveWatcher:input_type -> roche.v1.RemoveWatcherRequest
+	101, // 130: roche.v1.SandboxService.PoolStatus:input_type -> roche.v1.PoolStatusRequest
+	103, // 131: roche.v1.SandboxService.PoolWarmup:input_type -> roche.v1.PoolWarmupRequest
+	105, // 132: roche.v1.SandboxService.PoolDrain:input_type -> roche.v1.PoolDrainRequest
+	107, // 133: roche.v1.SandboxService.ListProviders:input_type -> roche.v1.ListProvidersRequest
+	111, // 134: roche.v1.SandboxService.Reset:input_type -> roche.v1.ResetRequest
+	114, // 135: roche.v1.SandboxService.ListWorkspaces:input_type -> roche.v1.ListWorkspacesRequest
+	116, // 136: roche.v1.SandboxService.RemoveWorkspace:input_type -> roche.v1.RemoveWorkspaceRequest
+	119, // 137: roche.v1.SandboxService.CreateSnapshot:input_type -> roche.v1.CreateSnapshotRequest
+	121, // 138: roche.v1.SandboxService.ListSnapshots:input_type -> roche.v1.ListSnapshotsRequest
+	123, // 139: roche.v1.SandboxService.RemoveSnapshot:input_type -> roche.v1.RemoveSnapshotRequest
+	126, // 140: roche.v1.SandboxService.RunCode:input_type -> roche.v1.RunCodeRequest
+	132, // 141: roche.v1.SandboxService.CreateContext:input_type -> roche.v1.CreateContextRequest
+	134, // 142: roche.v1.SandboxService.ListContexts:input_type -> roche.v1.ListContextsRequest
+	136, // 143: roche.v1.SandboxService.RestartContext:input_type -> roche.v1.RestartContextRequest
+	140, // 144: roche.v1.SandboxService.RemoveContext:input_type -> roche.v1.RemoveContextRequest
+	138, // 145: roche.v1.SandboxService.ForkContext:input_type -> roche.v1.ForkContextRequest
+	7,   // 146: roche.v1.SandboxService.CreatePty:input_type -> roche.v1.CreatePtyRequest
+	9,   // 147: roche.v1.SandboxService.ConnectPty:input_type -> roche.v1.ConnectPtyRequest
+	11,  // 148: roche.v1.SandboxService.SendPtyInput:input_type -> roche.v1.SendPtyInputRequest
+	13,  // 149: roche.v1.SandboxService.ResizePty:input_type -> roche.v1.ResizePtyRequest
+	15,  // 150: roche.v1.SandboxService.KillPty:input_type -> roche.v1.KillPtyRequest
+	18,  // 151: roche.v1.SandboxService.StartCommand:input_type -> roche.v1.StartCommandRequest
+	23,  // 152: roche.v1.SandboxService.ConnectCommand:input_type -> roche.v1.ConnectCommandRequest
+	27,  // 153: roche.v1.SandboxService.ListCommands:input_type -> roche.v1.ListCommandsRequest
+	29,  // 154: roche.v1.SandboxService.SendCommandInput:input_type -> roche.v1.SendCommandInputRequest
+	31,  // 155: roche.v1.SandboxService.CloseCommandInput:input_type -> roche.v1.CloseCommandInputRequest
+	33,  // 156: roche.v1.SandboxService.SignalCommand:input_type -> roche.v1.SignalCommandRequest
+	142, // 157: roche.v1.SandboxService.EgressLog:input_type -> roche.v1.EgressLogRequest
+	145, // 158: roche.v1.SandboxService.EgressPolicy:input_type -> roche.v1.EgressPolicyRequest
+	147, // 159: roche.v1.SandboxService.EgressEvents:input_type -> roche.v1.EgressEventsRequest
+	149, // 160: roche.v1.SandboxService.SetSecret:input_type -> roche.v1.SetSecretRequest
+	151, // 161: roche.v1.SandboxService.ListSecrets:input_type -> roche.v1.ListSecretsRequest
+	154, // 162: roche.v1.SandboxService.RemoveSecret:input_type -> roche.v1.RemoveSecretRequest
+	42,  // 163: roche.v1.SandboxService.Create:output_type -> roche.v1.CreateResponse
+	44,  // 164: roche.v1.SandboxService.Exec:output_type -> roche.v1.ExecResponse
+	49,  // 165: roche.v1.SandboxService.ExecStream:output_type -> roche.v1.ExecStreamResponse
+	53,  // 166: roche.v1.SandboxService.Destroy:output_type -> roche.v1.DestroyResponse
+	52,  // 167: roche.v1.SandboxService.Hold:output_type -> roche.v1.HoldResponse
+	55,  // 168: roche.v1.SandboxService.List:output_type -> roche.v1.ListResponse
+	58,  // 169: roche.v1.SandboxService.Inspect:output_type -> roche.v1.InspectResponse
+	60,  // 170: roche.v1.SandboxService.SetTimeout:output_type -> roche.v1.SetTimeoutResponse
+	62,  // 171: roche.v1.SandboxService.Pause:output_type -> roche.v1.PauseResponse
+	64,  // 172: roche.v1.SandboxService.Unpause:output_type -> roche.v1.UnpauseResponse
+	66,  // 173: roche.v1.SandboxService.Resume:output_type -> roche.v1.ResumeResponse
+	68,  // 174: roche.v1.SandboxService.Fork:output_type -> roche.v1.ForkResponse
+	70,  // 175: roche.v1.SandboxService.Gc:output_type -> roche.v1.GcResponse
+	72,  // 176: roche.v1.SandboxService.CopyTo:output_type -> roche.v1.CopyToResponse
+	74,  // 177: roche.v1.SandboxService.CopyFrom:output_type -> roche.v1.CopyFromResponse
+	77,  // 178: roche.v1.SandboxService.ReadFile:output_type -> roche.v1.ReadFileResponse
+	79,  // 179: roche.v1.SandboxService.WriteFile:output_type -> roche.v1.WriteFileResponse
+	81,  // 180: roche.v1.SandboxService.ListDir:output_type -> roche.v1.ListDirResponse
+	83,  // 181: roche.v1.SandboxService.Stat:output_type -> roche.v1.StatResponse
+	85,  // 182: roche.v1.SandboxService.MakeDir:output_type -> roche.v1.MakeDirResponse
+	87,  // 183: roche.v1.SandboxService.Rename:output_type -> roche.v1.RenameResponse
+	89,  // 184: roche.v1.SandboxService.Remove:output_type -> roche.v1.RemoveResponse
+	93,  // 185: roche.v1.SandboxService.WatchDir:output_type -> roche.v1.WatchDirResponse
+	95,  // 186: roche.v1.SandboxService.CreateWatcher:output_type -> roche.v1.CreateWatcherResponse
+	97,  // 187: roche.v1.SandboxService.GetWatcherEvents:output_type -> roche.v1.GetWatcherEventsResponse
+	99,  // 188: roche.v1.SandboxService.RemoveWatcher:output_type -> roche.v1.RemoveWatcherResponse
+	102, // 189: roche.v1.SandboxService.PoolStatus:output_type -> roche.v1.PoolStatusResponse
+	104, // 190: roche.v1.SandboxService.PoolWarmup:output_type -> roche.v1.PoolWarmupResponse
+	106, // 191: roche.v1.SandboxService.PoolDrain:output_type -> roche.v1.PoolDrainResponse
+	108, // 192: roche.v1.SandboxService.ListProviders:output_type -> roche.v1.ListProvidersResponse
+	112, // 193: roche.v1.SandboxService.Reset:output_type -> roche.v1.ResetResponse
+	115, // 194: roche.v1.SandboxService.ListWorkspaces:output_type -> roche.v1.ListWorkspacesResponse
+	117, // 195: roche.v1.SandboxService.RemoveWorkspace:output_type -> roche.v1.RemoveWorkspaceResponse
+	120, // 196: roche.v1.SandboxService.CreateSnapshot:output_type -> roche.v1.CreateSnapshotResponse
+	122, // 197: roche.v1.SandboxService.ListSnapshots:output_type -> roche.v1.ListSnapshotsResponse
+	124, // 198: roche.v1.SandboxService.RemoveSnapshot:output_type -> roche.v1.RemoveSnapshotResponse
+	130, // 199: roche.v1.SandboxService.RunCode:output_type -> roche.v1.RunCodeResponse
+	133, // 200: roche.v1.SandboxService.CreateContext:output_type -> roche.v1.CreateContextResponse
+	135, // 201: roche.v1.SandboxService.ListContexts:output_type -> roche.v1.ListContextsResponse
+	137, // 202: roche.v1.SandboxService.RestartContext:output_type -> roche.v1.RestartContextResponse
+	141, // 203: roche.v1.SandboxService.RemoveContext:output_type -> roche.v1.RemoveContextResponse
+	139, // 204: roche.v1.SandboxService.ForkContext:output_type -> roche.v1.ForkContextResponse
+	8,   // 205: roche.v1.SandboxService.CreatePty:output_type -> roche.v1.CreatePtyResponse
+	10,  // 206: roche.v1.SandboxService.ConnectPty:output_type -> roche.v1.ConnectPtyResponse
+	12,  // 207: roche.v1.SandboxService.SendPtyInput:output_type -> roche.v1.SendPtyInputResponse
+	14,  // 208: roche.v1.SandboxService.ResizePty:output_type -> roche.v1.ResizePtyResponse
+	16,  // 209: roche.v1.SandboxService.KillPty:output_type -> roche.v1.KillPtyResponse
+	19,  // 210: roche.v1.SandboxService.StartCommand:output_type -> roche.v1.StartCommandResponse
+	26,  // 211: roche.v1.SandboxService.ConnectCommand:output_type -> roche.v1.ConnectCommandResponse
+	28,  // 212: roche.v1.SandboxService.ListCommands:output_type -> roche.v1.ListCommandsResponse
+	30,  // 213: roche.v1.SandboxService.SendCommandInput:output_type -> roche.v1.SendCommandInputResponse
+	32,  // 214: roche.v1.SandboxService.CloseCommandInput:output_type -> roche.v1.CloseCommandInputResponse
+	34,  // 215: roche.v1.SandboxService.SignalCommand:output_type -> roche.v1.SignalCommandResponse
+	144, // 216: roche.v1.SandboxService.EgressLog:output_type -> roche.v1.EgressLogResponse
+	146, // 217: roche.v1.SandboxService.EgressPolicy:output_type -> roche.v1.EgressPolicyResponse
+	148, // 218: roche.v1.SandboxService.EgressEvents:output_type -> roche.v1.EgressEventsResponse
+	150, // 219: roche.v1.SandboxService.SetSecret:output_type -> roche.v1.SetSecretResponse
+	153, // 220: roche.v1.SandboxService.ListSecrets:output_type -> roche.v1.ListSecretsResponse
+	155, // 221: roche.v1.SandboxService.RemoveSecret:output_type -> roche.v1.RemoveSecretResponse
+	163, // [163:222] is the sub-list for method output_type
+	104, // [104:163] is the sub-list for method input_type
+	104, // [104:104] is the sub-list for extension type_name
+	104, // [104:104] is the sub-list for extension extendee
+	0,   // [0:104] is the sub-list for field type_name
 }
 
 func init() { file_roche_v1_sandbox_proto_init() }
@@ -10890,7 +10999,7 @@ func file_roche_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roche_v1_sandbox_proto_rawDesc), len(file_roche_v1_sandbox_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   159,
+			NumMessages:   161,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -215,6 +215,21 @@ func (f Forwarder) RestartContext(ctx context.Context, id, contextID string) err
 	return t.failOrNil(t.Agent.RestartContext(ctx, contextID))
 }
 
+var _ roche.ContextForker = Forwarder{}
+
+// ForkContext implements roche.ContextForker.
+func (f Forwarder) ForkContext(ctx context.Context, id, contextID string) (roche.CodeContext, error) {
+	t, err := f.Reach(ctx, id)
+	if err != nil {
+		return roche.CodeContext{}, err
+	}
+	cc, err := t.Agent.ForkContext(ctx, contextID)
+	if err != nil {
+		return roche.CodeContext{}, t.fail(err)
+	}
+	return CodeContext(cc), nil
+}
+
 // RemoveContext implements roche.CodeRunner.
 func (f Forwarder) RemoveContext(ctx context.Context, id, contextID string) error {
 	t, err := f.Reach(ctx, id)

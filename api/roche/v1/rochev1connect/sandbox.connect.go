@@ -150,6 +150,9 @@ const (
 	// SandboxServiceRemoveContextProcedure is the fully-qualified name of the SandboxService's
 	// RemoveContext RPC.
 	SandboxServiceRemoveContextProcedure = "/roche.v1.SandboxService/RemoveContext"
+	// SandboxServiceForkContextProcedure is the fully-qualified name of the SandboxService's
+	// ForkContext RPC.
+	SandboxServiceForkContextProcedure = "/roche.v1.SandboxService/ForkContext"
 	// SandboxServiceCreatePtyProcedure is the fully-qualified name of the SandboxService's CreatePty
 	// RPC.
 	SandboxServiceCreatePtyProcedure = "/roche.v1.SandboxService/CreatePty"
@@ -319,6 +322,10 @@ type SandboxServiceClient interface {
 	RestartContext(context.Context, *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error)
 	// RemoveContext stops a context's interpreter and forgets it.
 	RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error)
+	// ForkContext makes a new context in the same sandbox holding a copy of a context's
+	// interpreter, its variables included (the interpreter forks itself); the two go on
+	// apart. Unimplemented where interpreters cannot fork (wasm).
+	ForkContext(context.Context, *connect.Request[v1.ForkContextRequest]) (*connect.Response[v1.ForkContextResponse], error)
 	// PTY sessions: a command on a pseudo-terminal in the sandbox (default: the image's
 	// shell), as the sandbox user under every limit. Unary calls and one server stream, so
 	// HTTP/1.1 clients drive them as well as gRPC ones.
@@ -375,7 +382,7 @@ type SandboxServiceClient interface {
 	EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error)
 	// EgressEvents streams a sandbox's egress decisions as they become final (a refusal at
 	// once, an allowed connection when it ends, with its bytes): first those kept whose seq
-	// is above after, then each new one, a heartbeat every 15 s while it is quiet, until
+	// is above after, then each new one, a heartbeat while it is quiet, until
 	// the caller ends the call or the sandbox's proxy closes. Decisions a slow reader
 	// cannot take are dropped and counted in the next message's missed, never silently.
 	EgressEvents(context.Context, *connect.Request[v1.EgressEventsRequest]) (*connect.ServerStreamForClient[v1.EgressEventsResponse], error)
@@ -653,6 +660,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RemoveContext")),
 			connect.WithClientOptions(opts...),
 		),
+		forkContext: connect.NewClient[v1.ForkContextRequest, v1.ForkContextResponse](
+			httpClient,
+			baseURL+SandboxServiceForkContextProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ForkContext")),
+			connect.WithClientOptions(opts...),
+		),
 		createPty: connect.NewClient[v1.CreatePtyRequest, v1.CreatePtyResponse](
 			httpClient,
 			baseURL+SandboxServiceCreatePtyProcedure,
@@ -801,6 +814,7 @@ type sandboxServiceClient struct {
 	listContexts      *connect.Client[v1.ListContextsRequest, v1.ListContextsResponse]
 	restartContext    *connect.Client[v1.RestartContextRequest, v1.RestartContextResponse]
 	removeContext     *connect.Client[v1.RemoveContextRequest, v1.RemoveContextResponse]
+	forkContext       *connect.Client[v1.ForkContextRequest, v1.ForkContextResponse]
 	createPty         *connect.Client[v1.CreatePtyRequest, v1.CreatePtyResponse]
 	connectPty        *connect.Client[v1.ConnectPtyRequest, v1.ConnectPtyResponse]
 	sendPtyInput      *connect.Client[v1.SendPtyInputRequest, v1.SendPtyInputResponse]
@@ -1025,6 +1039,11 @@ func (c *sandboxServiceClient) RemoveContext(ctx context.Context, req *connect.R
 	return c.removeContext.CallUnary(ctx, req)
 }
 
+// ForkContext calls roche.v1.SandboxService.ForkContext.
+func (c *sandboxServiceClient) ForkContext(ctx context.Context, req *connect.Request[v1.ForkContextRequest]) (*connect.Response[v1.ForkContextResponse], error) {
+	return c.forkContext.CallUnary(ctx, req)
+}
+
 // CreatePty calls roche.v1.SandboxService.CreatePty.
 func (c *sandboxServiceClient) CreatePty(ctx context.Context, req *connect.Request[v1.CreatePtyRequest]) (*connect.Response[v1.CreatePtyResponse], error) {
 	return c.createPty.CallUnary(ctx, req)
@@ -1227,6 +1246,10 @@ type SandboxServiceHandler interface {
 	RestartContext(context.Context, *connect.Request[v1.RestartContextRequest]) (*connect.Response[v1.RestartContextResponse], error)
 	// RemoveContext stops a context's interpreter and forgets it.
 	RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error)
+	// ForkContext makes a new context in the same sandbox holding a copy of a context's
+	// interpreter, its variables included (the interpreter forks itself); the two go on
+	// apart. Unimplemented where interpreters cannot fork (wasm).
+	ForkContext(context.Context, *connect.Request[v1.ForkContextRequest]) (*connect.Response[v1.ForkContextResponse], error)
 	// PTY sessions: a command on a pseudo-terminal in the sandbox (default: the image's
 	// shell), as the sandbox user under every limit. Unary calls and one server stream, so
 	// HTTP/1.1 clients drive them as well as gRPC ones.
@@ -1283,7 +1306,7 @@ type SandboxServiceHandler interface {
 	EgressPolicy(context.Context, *connect.Request[v1.EgressPolicyRequest]) (*connect.Response[v1.EgressPolicyResponse], error)
 	// EgressEvents streams a sandbox's egress decisions as they become final (a refusal at
 	// once, an allowed connection when it ends, with its bytes): first those kept whose seq
-	// is above after, then each new one, a heartbeat every 15 s while it is quiet, until
+	// is above after, then each new one, a heartbeat while it is quiet, until
 	// the caller ends the call or the sandbox's proxy closes. Decisions a slow reader
 	// cannot take are dropped and counted in the next message's missed, never silently.
 	EgressEvents(context.Context, *connect.Request[v1.EgressEventsRequest], *connect.ServerStream[v1.EgressEventsResponse]) error
@@ -1557,6 +1580,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RemoveContext")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceForkContextHandler := connect.NewUnaryHandler(
+		SandboxServiceForkContextProcedure,
+		svc.ForkContext,
+		connect.WithSchema(sandboxServiceMethods.ByName("ForkContext")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceCreatePtyHandler := connect.NewUnaryHandler(
 		SandboxServiceCreatePtyProcedure,
 		svc.CreatePty,
@@ -1743,6 +1772,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRestartContextHandler.ServeHTTP(w, r)
 		case SandboxServiceRemoveContextProcedure:
 			sandboxServiceRemoveContextHandler.ServeHTTP(w, r)
+		case SandboxServiceForkContextProcedure:
+			sandboxServiceForkContextHandler.ServeHTTP(w, r)
 		case SandboxServiceCreatePtyProcedure:
 			sandboxServiceCreatePtyHandler.ServeHTTP(w, r)
 		case SandboxServiceConnectPtyProcedure:
@@ -1948,6 +1979,10 @@ func (UnimplementedSandboxServiceHandler) RestartContext(context.Context, *conne
 
 func (UnimplementedSandboxServiceHandler) RemoveContext(context.Context, *connect.Request[v1.RemoveContextRequest]) (*connect.Response[v1.RemoveContextResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.RemoveContext is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ForkContext(context.Context, *connect.Request[v1.ForkContextRequest]) (*connect.Response[v1.ForkContextResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("roche.v1.SandboxService.ForkContext is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) CreatePty(context.Context, *connect.Request[v1.CreatePtyRequest]) (*connect.Response[v1.CreatePtyResponse], error) {
