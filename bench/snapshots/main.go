@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/bench/internal/samples"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/vm"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
@@ -41,6 +43,8 @@ func main() {
 func run() error {
 	n := flag.Int("n", 5, "samples of each measurement")
 	forks := flag.Int("forks", 4, "forks made at once for the memory measurement")
+	part := flag.String("part", "all", "what to measure, a comma-separated list: all, snapshots, pool (a pool's refill, booting and from a snapshot) or context (a code context's fork)")
+	poolSize := flag.Int("pool", 4, "sandboxes a pool refills, for -part pool")
 	flag.Parse()
 	ctx, stopSignals := samples.Interruptible()
 	defer stopSignals()
@@ -88,6 +92,20 @@ func run() error {
 	}
 	if err := p.Destroy(ctx, first.ID); err != nil {
 		return err
+	}
+	parts := strings.Split(*part, ",")
+	if slices.Contains(parts, "pool") || *part == "all" {
+		if err := poolRefill(ctx, p, cfg.Image, *poolSize); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(parts, "context") || *part == "all" {
+		if err := contextFork(ctx, p, cfg, *n); err != nil {
+			return err
+		}
+	}
+	if !slices.Contains(parts, "snapshots") && *part != "all" {
+		return nil
 	}
 
 	var cold, coldCell []time.Duration
@@ -204,4 +222,91 @@ func qemuMemory(dir string) (pss, rss int64) {
 		return -1
 	}
 	return field("Pss"), field("Rss")
+}
+
+// poolRefill measures how fast a code=python pool of the qemu provider refills size
+// members, booting each (snapshot=false) and restoring its memory snapshot: the time to
+// fill it from empty (the snapshot's pool making its template first), then, once its
+// members were taken, to refill it.
+func poolRefill(ctx context.Context, p *vm.Provider, image string, size int) error {
+	for _, snap := range []bool{false, true} {
+		spec, err := pool.ParseSpec(fmt.Sprintf("qemu/%s?min=0&max=%d&code=python&snapshot=%v", image, size, snap))
+		if err != nil {
+			return err
+		}
+		m, err := pool.NewManager(map[string]roche.Provider{"qemu": p}, []pool.Spec{spec}, pool.WithConcurrency(2), pool.WithOwner("bench:snapshots"))
+		if err != nil {
+			return err
+		}
+		m.Start()
+		pl := m.Pools()[0]
+		t0 := time.Now()
+		err = pl.Warmup(ctx, size)
+		fill := time.Since(t0)
+		var refill time.Duration
+		if err == nil {
+			for range size {
+				sb, ok := pl.Acquire(ctx)
+				if !ok {
+					err = errors.New("the pool handed out fewer members than it held")
+					break
+				}
+				err = errors.Join(err, p.Destroy(ctx, sb.ID))
+				pl.Forget(sb.ID)
+			}
+		}
+		if err == nil {
+			t1 := time.Now()
+			err = pl.Warmup(ctx, size)
+			refill = time.Since(t1)
+		}
+		_, cerr := m.Close(context.WithoutCancel(ctx))
+		if err = errors.Join(err, cerr); err != nil {
+			return err
+		}
+		how := "booting each"
+		if snap {
+			how = "from a memory snapshot"
+		}
+		fmt.Printf("%-44s fill %9s  refill %9s  %.2f sandboxes/s (%d, 2 at once)\n", "pool code=python, "+how, samples.Ms(fill), samples.Ms(refill), float64(size)/refill.Seconds(), size)
+	}
+	return nil
+}
+
+// contextFork measures a code context's fork (the interpreter forking itself) in a VM.
+func contextFork(ctx context.Context, p *vm.Provider, cfg roche.Config, n int) error {
+	sb, err := p.Create(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = p.Destroy(context.WithoutCancel(ctx), sb.ID) }()
+	cc, err := p.CreateContext(ctx, sb.ID, roche.ContextOptions{Language: roche.LanguagePython})
+	if err != nil {
+		return err
+	}
+	if _, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Context: cc.ID, Code: "import json, os\nx = list(range(100000))"}); err != nil {
+		return err
+	}
+	var forks, firstCell []time.Duration
+	for range n {
+		t0 := time.Now()
+		f, err := p.ForkContext(ctx, sb.ID, cc.ID)
+		if err != nil {
+			return err
+		}
+		t1 := time.Now()
+		ex, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Context: f.ID, Code: "len(x)"})
+		if err == nil && ex.Text() != "100000" {
+			err = fmt.Errorf("the forked context's len(x) is %q", ex.Text())
+		}
+		if err != nil {
+			return err
+		}
+		forks, firstCell = append(forks, t1.Sub(t0)), append(firstCell, time.Since(t1))
+		if err := p.RemoveContext(ctx, sb.ID, f.ID); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("%-44s p50 %9s  max %9s  first cell p50 %s (n=%d)\n", "code context fork (in a VM)", samples.Ms(samples.Median(forks)), samples.Ms(samples.Percentile(forks, 100)), samples.Ms(samples.Median(firstCell)), len(forks))
+	return nil
 }

@@ -152,6 +152,39 @@ func (s *suite) testCode(t *testing.T) {
 			t.Fatalf("RunCode in a removed context: %v, want ErrNotFound", err)
 		}
 	})
+	t.Run("ForkContext", func(t *testing.T) {
+		fk, ok := cr.(roche.ContextForker)
+		if !ok {
+			return // wasm: python.wasm cannot fork; roched and the CLI refuse in one line
+		}
+		a, err := cr.CreateContext(ctxFor(t, cellTimeout), id, roche.ContextOptions{Language: roche.LanguagePython})
+		if err != nil {
+			t.Fatalf("CreateContext: %v", err)
+		}
+		defer func() { _ = cr.RemoveContext(ctxFor(t, time.Minute), id, a.ID) }()
+		ok2(t, roche.CodeRequest{Context: a.ID, Code: "x = 1"})
+		b, err := fk.ForkContext(ctxFor(t, cellTimeout), id, a.ID)
+		if err != nil {
+			t.Fatalf("ForkContext: %v", err)
+		}
+		defer func() { _ = cr.RemoveContext(ctxFor(t, time.Minute), id, b.ID) }()
+		if b.ID == a.ID || b.Language != roche.LanguagePython {
+			t.Fatalf("the fork of %s: %+v", a.ID, b)
+		}
+		if ex := ok2(t, roche.CodeRequest{Context: b.ID, Code: "x"}); ex.Text() != "1" || ex.Restarted {
+			t.Fatalf("the fork's x: %q (restarted %v), want 1", ex.Text(), ex.Restarted)
+		}
+		ok2(t, roche.CodeRequest{Context: b.ID, Code: "x = 2"})
+		if ex := ok2(t, roche.CodeRequest{Context: a.ID, Code: "x"}); ex.Text() != "1" {
+			t.Fatalf("A sees x = %s after its fork set it to 2", ex.Text())
+		}
+		if ex := ok2(t, roche.CodeRequest{Context: b.ID, Code: "x"}); ex.Text() != "2" {
+			t.Fatalf("the fork's x = %s, want 2", ex.Text())
+		}
+		if _, err := fk.ForkContext(ctxFor(t, time.Minute), id, "nosuchcontext"); !errors.Is(err, roche.ErrNotFound) {
+			t.Fatalf("ForkContext of no context: %v, want ErrNotFound", err)
+		}
+	})
 	t.Run("SandboxesIsolated", func(t *testing.T) {
 		ex := ok2(t, roche.CodeRequest{Code: "secret = 'sandbox one'"})
 		other := s.create(t, s.opts.Config)

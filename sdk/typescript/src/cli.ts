@@ -854,6 +854,12 @@ export class CLITransport implements Transport {
     await this.call(["context", "restart", "--sandbox", sid, cid], d);
   }
 
+  async forkContext(sid: string, cid: string, d: Deadline): Promise<Context> {
+    const id = (await this.call(["context", "fork", "--sandbox", sid, cid], d)).toString().trim().split("\n")[0];
+    if (!id) throw new RocheError("roche context fork printed no context id");
+    return (await this.contexts(sid, d)).find((c) => c.id === id) ?? { id, language: "python", cwd: "", default: false };
+  }
+
   async removeContext(sid: string, cid: string, d: Deadline): Promise<void> {
     await this.call(["context", "rm", "--sandbox", sid, cid], d);
   }

@@ -876,6 +876,11 @@ export class DaemonTransport implements Transport {
     await this.call(d, "RestartContext", (signal) => this.client.restartContext({ sandboxId: sid, contextId: cid }, { signal }));
   }
 
+  async forkContext(sid: string, cid: string, d: Deadline): Promise<Context> {
+    const r = await this.call(d, "ForkContext", (signal) => this.client.forkContext({ sandboxId: sid, contextId: cid }, { signal }));
+    return codeContext(r.context);
+  }
+
   async removeContext(sid: string, cid: string, d: Deadline): Promise<void> {
     await this.call(d, "RemoveContext", (signal) => this.client.removeContext({ sandboxId: sid, contextId: cid }, { signal }));
   }

@@ -388,6 +388,14 @@ export class Sandbox {
     return this.t.restartContext(this.id, requireContext(context), this.roche.deadline());
   }
 
+  /**
+   * Starts a new context holding a copy of `context`'s interpreter (it forks itself):
+   * the same variables, after which the two go on apart. Not on wasm.
+   */
+  forkCodeContext(context: Context | string): Promise<Context> {
+    return this.t.forkContext(this.id, requireContext(context), this.roche.deadline());
+  }
+
   /** Stops a context's interpreter and forgets it. */
   removeCodeContext(context: Context | string): Promise<void> {
     return this.t.removeContext(this.id, requireContext(context), this.roche.deadline());

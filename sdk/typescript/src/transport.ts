@@ -35,6 +35,7 @@ export interface Transport {
   contexts(sid: string, d: Deadline): Promise<Context[]>;
   restartContext(sid: string, cid: string, d: Deadline): Promise<void>;
   removeContext(sid: string, cid: string, d: Deadline): Promise<void>;
+  forkContext(sid: string, cid: string, d: Deadline): Promise<Context>;
   // The egress proxy of a sandbox with an allowlist (roched's).
   egressLog(sid: string, d: Deadline): Promise<EgressDecision[]>;
   egressSuggest(sid: string, d: Deadline): Promise<string[]>;

@@ -455,6 +455,11 @@ class AsyncSandbox:
         """The sandbox's contexts, the default ones included once started."""
         return await self._t.contexts(self.id, self._roche._deadline())
 
+    async def fork_code_context(self, context: ContextLike) -> Context:
+        """Starts a new context holding a copy of ``context``'s interpreter (it forks
+        itself): the same variables, after which the two go on apart. Not on wasm."""
+        return await self._t.fork_context(self.id, context_id(context) or no_context(), self._roche._deadline())
+
     async def restart_code_context(self, context: ContextLike) -> None:
         """Replaces a context's interpreter with a fresh one: its variables go."""
         await self._t.restart_context(self.id, context_id(context) or no_context(), self._roche._deadline())

@@ -72,6 +72,7 @@ class AsyncTransport(Protocol):
     async def contexts(self, sid: str, d: Deadline) -> List[Context]: ...
     async def restart_context(self, sid: str, cid: str, d: Deadline) -> None: ...
     async def remove_context(self, sid: str, cid: str, d: Deadline) -> None: ...
+    async def fork_context(self, sid: str, cid: str, d: Deadline) -> Context: ...
     # The files API (sandbox.files).
     def file_read(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int]) -> AsyncIterator[Union[EntryInfo, bytes]]: ...
     async def file_write(self, sid: str, path: str, content: Any, mode: int, d: Deadline,
@@ -288,6 +289,10 @@ class AsyncDaemonTransport:
 
     async def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         await self.api.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
+
+    async def fork_context(self, sid: str, cid: str, d: Deadline) -> Context:
+        m = await self.api.unary("ForkContext", {"sandboxId": sid, "contextId": cid}, d)
+        return _wire.parse_context(m.get("context"))
 
     async def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
         m = await self.api.unary("StartCommand", _cmdwire.start_request(sid, req), d)
@@ -616,6 +621,12 @@ class AsyncCLITransport:
 
     async def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         await self._call(["context", "rm", "--sandbox", sid, cid], d)
+
+    async def fork_context(self, sid: str, cid: str, d: Deadline) -> Context:
+        fid = _cli.first_line(await self._call(["context", "fork", "--sandbox", sid, cid], d))
+        if not fid:
+            raise RocheError("roche context fork printed no context id")
+        return next((c for c in await self.contexts(sid, d) if c.id == fid), Context(fid, "python", ""))
 
     async def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
         out = await self._call(_cmdwire.start_args(sid, req), d)

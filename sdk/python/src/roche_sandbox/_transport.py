@@ -70,6 +70,7 @@ class Transport(Protocol):
     def contexts(self, sid: str, d: Deadline) -> List[Context]: ...
     def restart_context(self, sid: str, cid: str, d: Deadline) -> None: ...
     def remove_context(self, sid: str, cid: str, d: Deadline) -> None: ...
+    def fork_context(self, sid: str, cid: str, d: Deadline) -> Context: ...
     # The files API (sandbox.files).
     def file_read(self, sid: str, path: str, d: Deadline, max_bytes: Optional[int]) -> Iterator[Union[EntryInfo, bytes]]: ...
     def file_write(self, sid: str, path: str, content: Any, mode: int, d: Deadline,
@@ -286,6 +287,9 @@ class DaemonTransport:
 
     def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         self.api.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
+
+    def fork_context(self, sid: str, cid: str, d: Deadline) -> Context:
+        return _wire.parse_context(self.api.unary("ForkContext", {"sandboxId": sid, "contextId": cid}, d).get("context"))
 
     def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
         m = self.api.unary("StartCommand", _cmdwire.start_request(sid, req), d)
@@ -614,6 +618,12 @@ class CLITransport:
 
     def remove_context(self, sid: str, cid: str, d: Deadline) -> None:
         self._call(["context", "rm", "--sandbox", sid, cid], d)
+
+    def fork_context(self, sid: str, cid: str, d: Deadline) -> Context:
+        fid = _cli.first_line(self._call(["context", "fork", "--sandbox", sid, cid], d))
+        if not fid:
+            raise RocheError("roche context fork printed no context id")
+        return next((c for c in self.contexts(sid, d) if c.id == fid), Context(fid, "python", ""))
 
     def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
         out = self._call(_cmdwire.start_args(sid, req), d)
