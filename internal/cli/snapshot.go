@@ -17,7 +17,8 @@ func (e *env) snapshotCommand() *cobra.Command {
 		Long: `A snapshot keeps a sandbox's files: its root filesystem's changes (with --writable) and
 its /tmp. Process memory is not kept: a sandbox made from a snapshot (create or run
 --from-snapshot NAME) starts with no processes. A workspace is not part of a snapshot;
-it persists on its own.`,
+it persists on its own. For memory and processes (qemu), use roche pause --to-disk ID,
+then roche resume ID or roche fork ID -n N: there is no snapshot create --memory.`,
 		Example: `  roche snapshot create "$id" deps-installed
   roche run --from-snapshot deps-installed -- python3 /tmp/main.py
   roche snapshot list
