@@ -305,10 +305,12 @@ func TestCodeForkContext(t *testing.T) {
 	testenv.Needs(t, testenv.Root)
 	a := newContext(t)
 	apid := runCell(t, guest.Request{Context: a, Code: "import os, random\nx = 1\nos.getpid()"}).text()
+	start := time.Now()
 	cc, err := client.ForkContext(ctxT(t, time.Minute), a)
 	if err != nil {
 		t.Fatalf("fork: %v", err)
 	}
+	t.Logf("forked in %v", time.Since(start).Round(time.Microsecond))
 	if cc.ID == a || cc.Language != "python" {
 		t.Fatalf("forked context: %+v", cc)
 	}
