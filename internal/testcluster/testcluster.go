@@ -203,3 +203,25 @@ func repoRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// RuntimeClassGVisor is the test cluster's RuntimeClass for gVisor: its handler, runsc,
+// is gVisor's containerd shim with runsc (cluster.sh).
+const RuntimeClassGVisor = "gvisor"
+
+// ContainerRuntime is the containerd runtime a container of the node runs under (such as
+// io.containerd.runc.v2, or io.containerd.runsc.v1 for gVisor), by the id a Pod's
+// container status gives (containerd://ID, or ID).
+func (c *Cluster) ContainerRuntime(containerID string) (string, error) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	out, err := exec.Command("ctr", "-a", c.Containerd, "-n", "k8s.io", "containers", "info", id).Output()
+	if err != nil {
+		return "", fmt.Errorf("ctr containers info %s: %v", id, err)
+	}
+	var info struct {
+		Runtime struct{ Name string }
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		return "", fmt.Errorf("decoding ctr containers info %s: %v", id, err)
+	}
+	return info.Runtime.Name, nil
+}

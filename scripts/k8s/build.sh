@@ -5,6 +5,12 @@
 # which cluster.sh down uses to remove Pods through the CRI). Idempotent: a binary that is
 # already there is not built again. A cold build takes 10-25 minutes on two cores.
 #
+# gVisor's runsc and its containerd shim (containerd-shim-runsc-v1), for the node's runsc
+# runtime handler (RuntimeClass gvisor), are cached apart, by gVisor's version, under
+# ~/.cache/roche/runsc/<version>/: the version scripts/runsc.sh pins for Docker's runsc, from
+# gVisor's "go" branch on the Go module proxy (runsc is shared with it; the shim is built once,
+# about 4 minutes, with the one change said below).
+#
 #   scripts/k8s/build.sh            (make cluster runs it)
 #
 # k8s.io/kubernetes replaces its staging modules with directories that are not in its
@@ -93,5 +99,33 @@ if [ ! -x "$cache/kwok" ]; then
   GOBIN="$work/kwok-bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   mv -f "$work/kwok-bin/kwok" "$cache/kwok"
 fi
-log "binaries in $cache"
+# gVisor: the version scripts/runsc.sh pins, so the node and Docker run the same runsc.
+runsc_version=${ROCHE_RUNSC_VERSION:-$(sed -n 's/^version=\${ROCHE_RUNSC_VERSION:-\(v[^}]*\)}$/\1/p' "$here/../runsc.sh")}
+[ -n "$runsc_version" ] || { log "no gVisor version in scripts/runsc.sh"; exit 1; }
+gvisor=${ROCHE_CACHE:-${HOME:-/root}/.cache/roche}/runsc/$runsc_version
+mkdir -p "$gvisor"
+if [ ! -x "$gvisor/runsc" ]; then
+  log "building runsc $runsc_version"
+  CGO_ENABLED=0 GOBIN="$gvisor" GOFLAGS=-buildvcs=false go install -trimpath \
+    -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$runsc_version" "gvisor.dev/gvisor/runsc@$runsc_version"
+fi
+# The shim, from a copy of the module with one change: its start makes the shim
+# unkillable by the OOM killer (oom_score_adj -999), which takes CAP_SYS_RESOURCE, and fails
+# the Pod without it; on hosts whose root lacks it (this one, as the containerd
+# configuration's restrict_oom_score_adj says) the shim keeps containerd's score instead.
+if [ ! -x "$gvisor/containerd-shim-runsc-v1" ]; then
+  log "building containerd-shim-runsc-v1 $runsc_version (minutes, once)"
+  (cd "$work" && go mod download "gvisor.dev/gvisor@$runsc_version")
+  src=$work/gvisor-$runsc_version
+  rm -rf "$src"
+  cp -r "$(go env GOMODCACHE)/gvisor.dev/gvisor@$runsc_version" "$src"
+  chmod -R u+w "$src"
+  # (Silently: what start prints is read as the shim's address.)
+  sed -i 's|return shim.BootstrapParams{}, fmt.Errorf("failed to set OOM Score on shim: %w", err)|_ = err // roche: not setting the OOM score of the shim, without CAP_SYS_RESOURCE|' "$src/pkg/shim/v1/manager.go"
+  grep -q 'roche: not setting the OOM score of the shim' "$src/pkg/shim/v1/manager.go" || { log "gVisor's shim changed: the OOM score change does not apply to $src/pkg/shim/v1/manager.go"; exit 1; }
+  (cd "$src" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$gvisor/containerd-shim-runsc-v1.tmp" ./shim)
+  mv -f "$gvisor/containerd-shim-runsc-v1.tmp" "$gvisor/containerd-shim-runsc-v1"
+  rm -rf "$src"
+fi
+log "binaries in $cache and $gvisor"
 echo "$cache"

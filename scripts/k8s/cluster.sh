@@ -29,6 +29,17 @@
 #   roche-agent make build makes from this checkout), so that roche run --provider
 #   kubernetes works on it at once.
 #
+# gVisor: containerd has a second runtime handler, runsc (gVisor's containerd shim and runsc,
+# both built by build.sh at the version scripts/runsc.sh pins), and the cluster a
+# RuntimeClass gvisor naming it, so --runtime-class gvisor runs a sandbox's Pod in gVisor.
+# runsc's flags ($STATE/runsc.toml), as scripts/runsc.sh gives Docker's and for the same
+# reasons, except the network: --oci-seccomp (gVisor's kernel enforces the seccomp profile
+# each container gets, Roche's), --overlay2=none (what a sandbox writes goes to its
+# container's layer, not to gVisor's memory) and --network=sandbox (gVisor's own network
+# stack on the Pod's interfaces: a Pod with network has it, one labelled roche.network=none
+# has only loopback from the CNI, as under runc). No --host-uds: the agent is reached
+# through exec, never a host socket.
+#
 # Binaries come from scripts/k8s/build.sh (cached by version under ~/.cache/roche; the first
 # build takes 10-25 minutes).
 set -euo pipefail
@@ -53,6 +64,8 @@ PAUSE_IMAGE=roche/pause:local
 TEST_IMAGE=${ROCHE_CLUSTER_TEST_IMAGE:-roche/python:local}
 FWD_CHAIN=ROCHE-CLUSTER-FWD
 NAT_CHAIN=ROCHE-CLUSTER-SVC
+RUNTIME_CLASS=gvisor
+RUNSC_HANDLER=runsc
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: %s\n' "$*" >&2; exit 1; }
@@ -64,6 +77,10 @@ esac
 [ "$(id -u)" = 0 ] || die "needs root (it runs containerd, a kubelet and iptables): run it with sudo"
 
 BIN=${ROCHE_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/roche/k8s-${K8S_VERSION:-v1.34.4}}
+RUNSC_VERSION=${ROCHE_RUNSC_VERSION:-$(sed -n 's/^version=\${ROCHE_RUNSC_VERSION:-\(v[^}]*\)}$/\1/p' "$repo/scripts/runsc.sh")}
+GVISOR=${ROCHE_CACHE:-${HOME:-/root}/.cache/roche}/runsc/$RUNSC_VERSION
+# containerd finds a shim by its name on its PATH: this directory comes first on it.
+SHIM_DIR=$STATE/runsc/bin
 
 # ---------- processes, by recorded pid only ----------
 
@@ -208,7 +225,7 @@ EOF
 }
 
 containerd_config() {
-  cat >"$STATE/containerd.toml" <<EOF
+  cat >"${1:-$STATE/containerd.toml}" <<EOF
 # A containerd for the test cluster only: its own socket, root and state, apart from Docker's.
 version = 2
 root = "$STATE/containerd"
@@ -234,11 +251,91 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "$RUN/runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$RUNSC_HANDLER]
+      runtime_type = "io.containerd.runsc.v1"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$RUNSC_HANDLER.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$STATE/runsc.toml"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$STATE/cni/bin"
     conf_dir = "$STATE/cni/net.d"
     max_conf_num = 1
 EOF
+}
+
+# runsc for the runsc handler: the binaries copied from the cache (root's, beside the
+# config), its flags in $STATE/runsc.toml (see the top of this file for why each).
+runsc_config() {
+  local b
+  for b in runsc containerd-shim-runsc-v1; do
+    [ -x "$GVISOR/$b" ] || die "no $GVISOR/$b: run scripts/k8s/build.sh"
+  done
+  cmp -s "$GVISOR/runsc" "$SHIM_DIR/runsc" || install -D -m 0755 "$GVISOR/runsc" "$SHIM_DIR/runsc"
+  cmp -s "$GVISOR/containerd-shim-runsc-v1" "$SHIM_DIR/containerd-shim-runsc-v1.real" ||
+    install -D -m 0755 "$GVISOR/containerd-shim-runsc-v1" "$SHIM_DIR/containerd-shim-runsc-v1.real"
+  # containerd 1.6 takes what a shim's start prints for its address; gVisor's shim, built
+  # with containerd 2's library, prints the JSON containerd 1.7 and later read
+  # ({"version":2,"address":"unix://...","protocol":"ttrpc"}): the shim containerd runs is
+  # this, which passes the address on (every other command goes to the shim as it is).
+  cat >"$SHIM_DIR/containerd-shim-runsc-v1.tmp" <<'EOF'
+#!/bin/sh
+real=$(dirname "$0")/containerd-shim-runsc-v1.real
+for a in "$@"; do
+  if [ "$a" = start ]; then
+    out=$("$real" "$@") || exit
+    case $out in
+      "{"*) printf '%s' "$out" | sed -n 's/.*"address":"\([^"]*\)".*/\1/p' | tr -d '\n' ;;
+      *) printf '%s' "$out" ;;
+    esac
+    exit 0
+  fi
+done
+exec "$real" "$@"
+EOF
+  chmod 0755 "$SHIM_DIR/containerd-shim-runsc-v1.tmp"
+  mv -f "$SHIM_DIR/containerd-shim-runsc-v1.tmp" "$SHIM_DIR/containerd-shim-runsc-v1"
+  cat >"$STATE/runsc.toml" <<EOF
+# The test cluster's runsc runtime handler (gVisor $RUNSC_VERSION); read by containerd-shim-runsc-v1.
+binary_name = "$SHIM_DIR/runsc"
+root = "$RUN/runsc-root"
+[runsc_config]
+  network = "sandbox"
+  oci-seccomp = "true"
+  overlay2 = "none"
+EOF
+}
+
+# The RuntimeClass naming the runsc handler (every up: etcd starts empty).
+runtime_class() {
+  local code
+  code=$(api -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$(api_server)/apis/node.k8s.io/v1/runtimeclasses" \
+    -d "{\"apiVersion\": \"node.k8s.io/v1\", \"kind\": \"RuntimeClass\", \"metadata\": {\"name\": \"$RUNTIME_CLASS\"}, \"handler\": \"$RUNSC_HANDLER\"}") || true
+  case $code in
+    201 | 409) ;;
+    *) die "making the RuntimeClass $RUNTIME_CLASS failed (HTTP $code)" ;;
+  esac
+}
+
+# A cluster started before the runsc handler existed (or with other runsc flags) gets the
+# new containerd configuration: containerd alone restarts (its shims, and so the Pods, keep
+# running; the kubelet reconnects).
+containerd_refresh() {
+  runsc_config
+  containerd_config "$STATE/containerd.toml.new"
+  if cmp -s "$STATE/containerd.toml.new" "$STATE/containerd.toml" && [ "$(cat "$STATE/containerd.path" 2>/dev/null)" = "$SHIM_DIR" ]; then
+    rm -f "$STATE/containerd.toml.new"
+    return 0
+  fi
+  mv -f "$STATE/containerd.toml.new" "$STATE/containerd.toml"
+  log "restarting containerd for its new configuration (runtime handler $RUNSC_HANDLER)"
+  stop containerd
+  start_containerd
+  wait_for containerd 30 containerd_ready || fail_with_log "containerd did not answer within 30 s" containerd
+}
+
+start_containerd() {
+  PATH=$SHIM_DIR:$PATH start containerd "$(command -v containerd)" --config "$STATE/containerd.toml"
+  echo "$SHIM_DIR" >"$STATE/containerd.path"
 }
 
 cni_config() {
@@ -490,6 +587,9 @@ up() {
   case $kwok_nodes in *[!0-9]*) die "--kwok wants a number of nodes, not $kwok_nodes" ;; esac
   mkdir -p "$STATE/pids" "$STATE/logs" "$STATE/bin"
   if [ -f "$STATE/pki/apiserver.ip" ] && is_up; then
+    bash "$here/build.sh" >/dev/null
+    containerd_refresh
+    runtime_class
     seccomp_profile
     if [ "$kwok_nodes" -gt 0 ]; then kwok_up "$kwok_nodes"; fi
     agent_image
@@ -516,6 +616,7 @@ up() {
   ip=$(node_ip)
   ip -4 -o addr show | awk '{split($4, a, "/"); print a[1]}' | grep -qx "$ip" || die "$ip is not an address of this host; set ROCHE_CLUSTER_NODE_IP to one it has"
   credentials "$ip"
+  runsc_config
   containerd_config
   cni_config "$ip"
   kubelet_config "$ip"
@@ -542,7 +643,7 @@ up() {
     --kubelet-client-certificate "$STATE/pki/kubelet-client.crt" --kubelet-client-key "$STATE/pki/kubelet-client.key" \
     --kubelet-preferred-address-types InternalIP \
     --profiling=false
-  start containerd "$(command -v containerd)" --config "$STATE/containerd.toml"
+  start_containerd
 
   wait_for containerd 30 containerd_ready || fail_with_log "containerd did not answer within 30 s" containerd
   pause_image
@@ -551,6 +652,7 @@ up() {
   wait_for kube-apiserver 60 apiserver_ready || fail_with_log "kube-apiserver was not ready within 60 s" kube-apiserver
   log "kube-apiserver ready after $(elapsed "$t0") s; starting the controller-manager, scheduler and kubelet"
 
+  runtime_class
   firewall_up "$ip"
   start kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig "$STATE/controller-manager.kubeconfig" --secure-port 0 --leader-elect=false \
@@ -622,7 +724,7 @@ down() {
   # sandboxes behind is started once more for this.
   if [ -d "$RUN/containerd/io.containerd.runtime.v2.task/k8s.io" ] && [ -n "$(ls -A "$RUN/containerd/io.containerd.runtime.v2.task/k8s.io" 2>/dev/null)" ] && ! alive containerd; then
     log "starting containerd again to remove the Pods it left"
-    start containerd "$(command -v containerd)" --config "$STATE/containerd.toml"
+    start_containerd
     wait_for containerd 30 containerd_ready || true
   fi
   if alive containerd; then
