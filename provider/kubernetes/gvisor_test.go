@@ -1,13 +1,15 @@
 package kubernetes_test
 
 import (
+	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
 
+	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
-	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
 // runscShim is containerd's runtime for gVisor's shim, which the test cluster's runsc
@@ -52,18 +54,12 @@ func TestGVisor(t *testing.T) {
 		t.Errorf("/proc/version inside %q (the host's %q), want gVisor's own: the sandbox runs on the host's kernel", got, strings.TrimSpace(string(host)))
 	}
 	t.Logf("inside: %s", got)
-}
 
-// TestConformanceGVisor runs the conformance suite on gVisor Pods, as TestConformance
-// does on runc's, with what differs said.
-func TestConformanceGVisor(t *testing.T) {
-	p := newProvider(t, kubernetes.WithRuntimeClass(testcluster.RuntimeClassGVisor), kubernetes.WithEgressProxy())
-	cfg := baseConfig()
-	cfg.Disk = "0"
-	providertest.Run(t, p, providertest.Options{
-		Config:                  cfg,
-		NoDiskLimit:             "the kubelet enforces ephemeral-storage limits by eviction",
-		PidsExact:               true,
-		ScratchMountsLackNosuid: "the kubelet mounts memory emptyDirs without nosuid and nodev",
-	})
+	// What gVisor cannot serve is refused in one line, not half done.
+	if _, err := p.StartTerminal(context.Background(), sb.ID, roche.TerminalRequest{}); !errors.Is(err, roche.ErrUnsupported) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "gVisor") {
+		t.Errorf("a terminal on a gVisor Pod: %v, want one line wrapping ErrUnsupported", err)
+	}
+	if caps := p.Capabilities(); len(caps.Code) > 0 {
+		t.Errorf("code contexts offered on gVisor Pods: %v", caps.Code)
+	}
 }

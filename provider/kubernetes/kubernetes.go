@@ -351,10 +351,15 @@ func (p *Provider) Capabilities() roche.Capabilities {
 	if p.sim != nil {
 		return p.sim.capabilities()
 	}
-	return roche.Capabilities{
+	caps := roche.Capabilities{
 		Network: true, Egress: p.egress, Writable: true, Files: true, Stdin: true, Processes: true, Leases: true,
 		Code: guestfwd.CodeLanguages, RichResults: true,
 	}
+	if p.gvisor() {
+		// A cell past the memory limit ends the whole sandbox on gVisor (gvisor.go).
+		caps.Code, caps.RichResults = nil, false
+	}
+	return caps
 }
 
 // unsupported refuses what this provider cannot honour, naming the field.
@@ -497,7 +502,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 	pp := podParams{
 		id: id, namespace: p.namespace, agentImage: p.agentImage, agentLocal: p.agentLocal, runtimeClass: p.runtimeClass,
 		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: kit.UID(cfg.Config), cgroupV2: p.cgroupV2,
-		leaseGrace: p.leaseGrace,
+		leaseGrace: p.leaseGrace, gvisor: p.gvisor(),
 	}
 	if cfg.User == roche.UserAuto {
 		uid, err := p.drawUID(ctx)

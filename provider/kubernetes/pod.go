@@ -100,6 +100,8 @@ type podParams struct {
 	// trustEnv is what the sandbox's egress proxy puts in its environment: the CA
 	// variables, and each secret's placeholder (egress.TrustPEM).
 	trustEnv []string
+	// gvisor says the RuntimeClass is gVisor's (gvisor.go).
+	gvisor bool
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -245,6 +247,14 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 		},
 	}
 	pidsCgroupMask(pod, pp.cgroupV2)
+	if pp.gvisor {
+		// gVisor charges a task to the user that creates it, and holds root to
+		// RLIMIT_NPROC unless it has CAP_SYS_RESOURCE (gvisor.go).
+		agent.ForkAsUser = true
+		c := &pod.Spec.Containers[0]
+		c.Command = append([]string{podlink.Agent}, agent.Args()...)
+		c.SecurityContext.Capabilities.Add = append(slices.Clone(agentCaps), "SYS_RESOURCE")
+	}
 	if pp.runtimeClass != "" {
 		pod.Spec.RuntimeClassName = ptr(pp.runtimeClass)
 	}

@@ -337,3 +337,31 @@ func TestAgentImagePullPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestPodForGVisor: on a gVisor RuntimeClass the agent forks commands as the sandbox user
+// and keeps CAP_SYS_RESOURCE of gVisor's kernel (gvisor.go); on any other, neither.
+func TestPodForGVisor(t *testing.T) {
+	for _, tc := range []struct {
+		class  string
+		gvisor bool
+	}{{"gvisor", true}, {"my-runsc", true}, {"kata", false}, {"", false}} {
+		if got := gvisorClass(tc.class); got != tc.gvisor {
+			t.Errorf("gvisorClass(%q) = %v, want %v", tc.class, got, tc.gvisor)
+		}
+		pp := testParams()
+		pp.runtimeClass, pp.gvisor = tc.class, gvisorClass(tc.class)
+		pod, err := podFor(kit.Spec{Config: roche.DefaultConfig()}, pp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := pod.Spec.Containers[0]
+		fork := slices.Contains(c.Command, "--fork-as-user")
+		resource := slices.Contains(c.SecurityContext.Capabilities.Add, "SYS_RESOURCE")
+		if fork != tc.gvisor || resource != tc.gvisor {
+			t.Errorf("class %q: --fork-as-user %v, CAP_SYS_RESOURCE %v, want both %v", tc.class, fork, resource, tc.gvisor)
+		}
+		if len(c.SecurityContext.Capabilities.Add) != len(agentCaps)+map[bool]int{true: 1}[tc.gvisor] {
+			t.Errorf("class %q: capabilities %v", tc.class, c.SecurityContext.Capabilities.Add)
+		}
+	}
+}
