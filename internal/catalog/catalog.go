@@ -56,6 +56,10 @@ type Options struct {
 	// holder on the providers that take it (kubernetes.WithLeaseGrace): roched replicas
 	// lengthen it so that a client's Hold can move to another replica.
 	LeaseGrace time.Duration
+	// KubeQPS and KubeBurst, when positive, are the Kubernetes provider's API client rate
+	// limit (kubernetes.WithClientRate); zero keeps its default.
+	KubeQPS   float32
+	KubeBurst int
 	// Only, when given, names the providers Serve opens (roched --providers); the others
 	// are not opened at all, Required ones included.
 	Only []string

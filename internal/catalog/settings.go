@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/roche-sandbox/roche"
@@ -56,6 +57,18 @@ var settings = []setting{
 	{flag: "kubeconfig", provider: "kubernetes", value: func(o Options) string { return o.Kubeconfig }},
 	{flag: "namespace", provider: "kubernetes", value: func(o Options) string { return o.Namespace }},
 	{flag: "agent-image", provider: "kubernetes", value: func(o Options) string { return o.AgentImage }},
+	{flag: "kube-qps", provider: "kubernetes", value: func(o Options) string {
+		if o.KubeQPS == 0 {
+			return ""
+		}
+		return strconv.FormatFloat(float64(o.KubeQPS), 'g', -1, 32)
+	}},
+	{flag: "kube-burst", provider: "kubernetes", value: func(o Options) string {
+		if o.KubeBurst == 0 {
+			return ""
+		}
+		return strconv.Itoa(o.KubeBurst)
+	}},
 }
 
 // Flag is a provider's setting given in Options, as its flag names it.

@@ -159,6 +159,8 @@ func TestRochedProviderFlags(t *testing.T) {
 			"roched: invalid config: --seccomp-profile is the kubernetes provider's, and roched serves only docker: docker sandboxes always run Roche's own seccomp profile"},
 		{[]string{"--providers", "docker,kubernetes", "--oci-runtime", "crun"},
 			"roched: invalid config: --oci-runtime is the oci provider's, and roched serves only docker, kubernetes: for docker use --runtime (runc, or runsc for gVisor); for kubernetes use --runtime-class"},
+		{[]string{"--providers", "docker", "--kube-qps", "400"},
+			"roched: invalid config: --kube-qps is the kubernetes provider's, and roched serves only docker: leave --kube-qps out, or use the kubernetes provider"},
 		{[]string{"--runtime-class", "gvisor"},
 			"roched: the kubernetes provider is not set up, and --runtime-class gvisor asks for it: provider unavailable: no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster"},
 		{[]string{"--providers", "kubernetes"},

@@ -22,6 +22,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/memlimit"
 	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/pool"
+	"github.com/roche-sandbox/roche/provider/kubernetes"
 )
 
 // softMemoryLimit is roched's heap target when GOMEMLIMIT does not set one.
@@ -134,6 +135,9 @@ type flags struct {
 	shutdownTimeout, engineTimeout       time.Duration
 	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
+	// kubeQPS, kubeBurst: the kubernetes provider's API client rate (kubernetes.WithClientRate).
+	kubeQPS   float32
+	kubeBurst int
 	// runtime: the docker provider's, ociRuntime the oci provider's (providers.Options).
 	runtime, ociRuntime string
 	// directOwner: Config.DirectOwner.
@@ -306,6 +310,8 @@ Without one nothing is traced (docs/traces.md).`,
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
+	fs.Float32Var(&f.kubeQPS, "kube-qps", 0, fmt.Sprintf("the kubernetes provider's API requests a second on average (0: %d)", kubernetes.DefaultClientQPS))
+	fs.IntVar(&f.kubeBurst, "kube-burst", 0, fmt.Sprintf("the kubernetes provider's API requests in a burst (0: %d, or --kube-qps if more)", kubernetes.DefaultClientBurst))
 	fs.StringVar(&f.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see docs/providers/oci.md)")
 	fs.StringVar(&f.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>)")
 	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "seccomp profile of the kubernetes provider's Pods: a Localhost profile on every node (default roche.json, Roche's: roche kubernetes seccomp-profile installs it), or RuntimeDefault for the runtime's own, weaker one")
@@ -538,7 +544,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 	set, leftOut, err := inproc.Serve(catalog.Options{
 		Only: f.providers,
 		Log:  log, EngineTimeout: f.engineTimeout, Transport: defaults.Transport,
-		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass,
+		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass, KubeQPS: f.kubeQPS, KubeBurst: f.kubeBurst,
 		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage, Runtime: f.runtime, OCIRuntime: f.ociRuntime,
 		// roched outlives its sandboxes, so it can run their egress proxies.
 		Outlives: true,

@@ -68,6 +68,9 @@ var constructors = map[string]func(catalog.Options) (roche.Provider, error){
 		if o.LeaseGrace > 0 {
 			opts = append(opts, kubernetes.WithLeaseGrace(o.LeaseGrace))
 		}
+		if o.KubeQPS != 0 || o.KubeBurst != 0 {
+			opts = append(opts, kubernetes.WithClientRate(o.KubeQPS, o.KubeBurst))
+		}
 		return opened(kubernetes.New(opts...))
 	},
 	oci.Name: func(o catalog.Options) (roche.Provider, error) {

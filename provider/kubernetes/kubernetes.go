@@ -96,8 +96,11 @@ type Provider struct {
 	createTimeout time.Duration
 	// leaseGrace, when positive, replaces agentspec.LeaseGrace (WithLeaseGrace).
 	leaseGrace time.Duration
-	uidFirst   int
-	uidCount   int
+	// qps and burst are the API client's rate limit (WithClientRate).
+	qps      float32
+	burst    int
+	uidFirst int
+	uidCount int
 	// cgroupV2 says the nodes have the unified cgroup hierarchy (WithNodeCgroup).
 	cgroupV2  bool
 	cgroupSet bool
@@ -186,6 +189,21 @@ func WithNodeCgroup(version int) Option {
 // WithCreateTimeout bounds a create (DefaultCreateTimeout).
 func WithCreateTimeout(d time.Duration) Option { return func(p *Provider) { p.createTimeout = d } }
 
+// Default API client rate: sandboxes are made, listed and destroyed in bursts (a pool, a
+// gc), and client-go's own default of 5 requests a second would queue them.
+const (
+	DefaultClientQPS   = 50
+	DefaultClientBurst = 100
+)
+
+// WithClientRate sets the API client's rate limit: qps requests a second on average, in
+// bursts of up to burst (DefaultClientQPS, DefaultClientBurst; roched --kube-qps,
+// --kube-burst). Zero keeps the default. A cluster that serves many sandboxes from few
+// roched replicas wants more; an API server shared with other work, less.
+func WithClientRate(qps float32, burst int) Option {
+	return func(p *Provider) { p.qps, p.burst = qps, burst }
+}
+
 // WithUIDRange sets the range sandboxes' uids are drawn from (DefaultUIDFirst,
 // DefaultUIDCount). Choose one no node user or other tool uses.
 func WithUIDRange(first, count int) Option {
@@ -239,6 +257,15 @@ func New(opts ...Option) (*Provider, error) {
 	if p.seccomp != SeccompRuntimeDefault && (path.IsAbs(p.seccomp) || path.Clean(p.seccomp) != p.seccomp || strings.HasPrefix(p.seccomp, "..")) {
 		return nil, fmt.Errorf("%w: seccomp profile %q: give a path relative to the kubelet's seccomp directory, such as %s, or %s", roche.ErrInvalidConfig, p.seccomp, DefaultSeccompProfile, SeccompRuntimeDefault)
 	}
+	if p.qps < 0 || p.burst < 0 {
+		return nil, fmt.Errorf("%w: client rate %g/s, burst %d: give a positive rate and burst (0 keeps %d/s and %d)", roche.ErrInvalidConfig, p.qps, p.burst, DefaultClientQPS, DefaultClientBurst)
+	}
+	if p.qps == 0 {
+		p.qps = DefaultClientQPS
+	}
+	if p.burst == 0 {
+		p.burst = max(DefaultClientBurst, int(p.qps))
+	}
 	if p.createTimeout <= 0 {
 		return nil, fmt.Errorf("%w: create timeout %v: give a positive duration such as 2m", roche.ErrInvalidConfig, p.createTimeout)
 	}
@@ -267,9 +294,7 @@ func New(opts ...Option) (*Provider, error) {
 			p.noCluster = err
 			return p, nil
 		}
-		// Sandboxes are made, listed and destroyed in bursts (a pool, a gc): client-go's
-		// default of 5 requests a second would queue them.
-		cfg.QPS, cfg.Burst = 50, 100
+		cfg.QPS, cfg.Burst = p.qps, p.burst
 		if p.wrapTransport != nil {
 			cfg.Wrap(p.wrapTransport)
 		}

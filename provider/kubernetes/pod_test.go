@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -204,6 +206,8 @@ func TestBadOptionsRefused(t *testing.T) {
 		"seccomp profile": WithSeccompProfile("/etc/abs.json"),
 		"create timeout":  WithCreateTimeout(0),
 		"uid range":       WithUIDRange(0, 10),
+		"client rate":     WithClientRate(-1, 0),
+		"client burst":    WithClientRate(10, -5),
 	} {
 		if _, err := New(WithClientset(fake.NewClientset(), nil), opt); !errors.Is(err, roche.ErrInvalidConfig) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s: %v, want one line wrapping ErrInvalidConfig", name, err)
@@ -363,5 +367,35 @@ func TestPodForGVisor(t *testing.T) {
 		if len(c.SecurityContext.Capabilities.Add) != len(agentCaps)+map[bool]int{true: 1}[tc.gvisor] {
 			t.Errorf("class %q: capabilities %v", tc.class, c.SecurityContext.Capabilities.Add)
 		}
+	}
+}
+
+// TestClientRate: the API client's rate limit is the default unless WithClientRate sets
+// it, and a burst below a larger rate is raised to it.
+func TestClientRate(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		qps       float32
+		burst     int
+		wantQPS   float32
+		wantBurst int
+	}{{0, 0, DefaultClientQPS, DefaultClientBurst}, {400, 800, 400, 800}, {400, 0, 400, 400}, {5, 0, 5, DefaultClientBurst}} {
+		p, err := New(WithKubeconfig(kubeconfig), WithAgentImage("roche/agent:x"), WithClientRate(tc.qps, tc.burst))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.rest == nil || p.rest.QPS != tc.wantQPS || p.rest.Burst != tc.wantBurst {
+			t.Errorf("WithClientRate(%g, %d): client %+v, want %g/s burst %d", tc.qps, tc.burst, p.rest, tc.wantQPS, tc.wantBurst)
+		}
+		p.Close()
 	}
 }
