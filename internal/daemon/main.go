@@ -22,7 +22,6 @@ import (
 	"github.com/roche-sandbox/roche/internal/memlimit"
 	"github.com/roche-sandbox/roche/internal/size"
 	"github.com/roche-sandbox/roche/pool"
-	"github.com/roche-sandbox/roche/provider/kubernetes"
 )
 
 // softMemoryLimit is roched's heap target when GOMEMLIMIT does not set one.
@@ -310,8 +309,8 @@ Without one nothing is traced (docs/traces.md).`,
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
-	fs.Float32Var(&f.kubeQPS, "kube-qps", 0, fmt.Sprintf("the kubernetes provider's API requests a second on average (0: %d)", kubernetes.DefaultClientQPS))
-	fs.IntVar(&f.kubeBurst, "kube-burst", 0, fmt.Sprintf("the kubernetes provider's API requests in a burst (0: %d, or --kube-qps if more)", kubernetes.DefaultClientBurst))
+	fs.Float32Var(&f.kubeQPS, "kube-qps", 0, "the kubernetes provider's API requests a second on average (0: its default, 50)")
+	fs.IntVar(&f.kubeBurst, "kube-burst", 0, "the kubernetes provider's API requests in a burst (0: its default, 100, or --kube-qps if more)")
 	fs.StringVar(&f.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see docs/providers/oci.md)")
 	fs.StringVar(&f.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>)")
 	fs.StringVar(&f.seccompProfile, "seccomp-profile", "", "seccomp profile of the kubernetes provider's Pods: a Localhost profile on every node (default roche.json, Roche's: roche kubernetes seccomp-profile installs it), or RuntimeDefault for the runtime's own, weaker one")
