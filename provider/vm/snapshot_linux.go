@@ -402,8 +402,15 @@ func (p *Provider) Fork(ctx context.Context, id string, n int) (out []roche.Sand
 			return nil, err
 		}
 		// The snapshot's files are removed once every fork maps them (a mapping
-		// outlives the file's name), or on failure.
-		defer p.removeMemDir(snapID)
+		// outlives the file's name), or on failure; held meanwhile, so that another
+		// process's List leaves them be.
+		defer func() {
+			p.removeMemDir(snapID)
+			p.unlockSnap(snapID)
+		}()
+		if err := p.lockSnap(snapID); err != nil {
+			return nil, fmt.Errorf("%w: holding the fork's snapshot: %v", roche.ErrUnavailable, err)
+		}
 		snapDir := p.memDir(snapID)
 		snap, err = p.save(ctx, s, filepath.Join(snapDir, "state"))
 		if err != nil {
@@ -702,8 +709,13 @@ func (p *Provider) MakeTemplate(ctx context.Context, cfg roche.Config, opts kit.
 	defer func() {
 		if err != nil {
 			p.removeMemDir(snapID)
+			p.unlockSnap(snapID)
 		}
 	}()
+	// Held until DropTemplate, or this process's end: then another's List removes it.
+	if err := p.lockSnap(snapID); err != nil {
+		return "", fmt.Errorf("%w: holding the template: %v", roche.ErrUnavailable, err)
+	}
 	dir := p.memDir(snapID)
 	snap, err := p.save(ctx, s, filepath.Join(dir, "state"))
 	if err != nil {
@@ -759,5 +771,6 @@ func (p *Provider) CreateFromTemplate(ctx context.Context, t kit.Template) (roch
 func (p *Provider) DropTemplate(t kit.Template) {
 	if _, err := p.templateDir(t); err == nil {
 		p.removeMemDir(string(t))
+		p.unlockSnap(string(t))
 	}
 }

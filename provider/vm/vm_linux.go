@@ -60,6 +60,8 @@ type Provider struct {
 	hv hypervisor
 	// leases holds the leases of the leased sandboxes this provider made.
 	leases guestfwd.Leases
+	// snaps are the snapshot directories in use here (snaplock_linux.go).
+	snaps snapLocks
 
 	dockerMu  sync.Mutex
 	ownDocker bool
@@ -867,6 +869,7 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		return nil, fmt.Errorf("listing %s: %w", p.stateDir, err)
 	}
 	p.removeStaleEnds(staleEnd)
+	p.sweepSnaps()
 	out := []roche.SandboxInfo{}
 	for _, e := range entries {
 		if !e.IsDir() || !idPattern.MatchString(e.Name()) || !strings.HasPrefix(e.Name(), p.Name()+"-") {
