@@ -22,7 +22,9 @@ import (
 //     ends the whole sandbox, not its interpreter).
 //
 // Asking for gVisor and getting runc is what the cluster's RuntimeClass decides; the
-// provider puts the class on the Pod and checks that it stays there (checkPosture).
+// provider puts the class on the Pod and checks that it stays there (checkPosture), and
+// the agent, started for gVisor (--fork-as-user), refuses to start on any other kernel,
+// so a class named for gVisor that runs runc runs no sandbox.
 
 // gvisorClass says whether a RuntimeClass is taken for gVisor's, by its name.
 func gvisorClass(name string) bool {

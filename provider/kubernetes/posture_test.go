@@ -263,7 +263,12 @@ func noPods(t *testing.T, p *kubernetes.Provider) {
 // runtimeClass makes a RuntimeClass of the test's own with this handler, deleted at the end.
 func runtimeClass(t *testing.T, handler string) string {
 	t.Helper()
-	name := fmt.Sprintf("roche-test-%x", rand.Uint32())
+	return runtimeClassNamed(t, fmt.Sprintf("roche-test-%x", rand.Uint32()), handler)
+}
+
+// runtimeClassNamed makes RuntimeClass name with this handler, deleted at the end.
+func runtimeClassNamed(t *testing.T, name, handler string) string {
+	t.Helper()
 	cs := clientset(t)
 	if _, err := cs.NodeV1().RuntimeClasses().Create(context.Background(), &nodev1.RuntimeClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name}, Handler: handler,
@@ -302,6 +307,21 @@ func TestRuntimeClass(t *testing.T) {
 			t.Fatalf("Create under a RuntimeClass whose handler the node lacks: %v, want one line wrapping ErrUnavailable naming it, before the create's deadline", err)
 		}
 		t.Logf("refused after %v: %v", time.Since(start).Round(10*time.Millisecond), err)
+		noPods(t, p)
+	})
+	t.Run("NamedForGVisorRunsRunc", func(t *testing.T) {
+		// Taken for gVisor by its name (gvisor.go), it runs the node's runc: no sandbox
+		// may run. The agent, finding the host's kernel, refuses to start
+		// (TestForkAsUserRefusedOffGVisor); on this test cluster's node runc fails even
+		// before, as root here may not grant CAP_SYS_RESOURCE. Either way, the create
+		// fails and leaves no Pod.
+		name := runtimeClassNamed(t, fmt.Sprintf("roche-test-gvisor-%x", rand.Uint32()), "runc")
+		p := newProvider(t, kubernetes.WithRuntimeClass(name), kubernetes.WithCreateTimeout(90*time.Second))
+		_, err := p.Create(context.Background(), baseConfig())
+		if err == nil || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("Create under RuntimeClass %s (handler runc): %v, want it refused in one line", name, err)
+		}
+		t.Logf("refused: %v", err)
 		noPods(t, p)
 	})
 	t.Run("Runs", func(t *testing.T) {

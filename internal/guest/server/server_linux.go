@@ -184,6 +184,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.ForkAsUser {
+		// Only gVisor asks for this (and gives the agent CAP_SYS_RESOURCE with it): a
+		// runtime named for gVisor that runs the sandbox on the host's kernel would
+		// give the user weaker isolation than asked for, silently. Refused instead.
+		if rel, ok := gvisorKernel(); !ok {
+			return nil, fmt.Errorf("started for gVisor (--fork-as-user), but the kernel is not gVisor's (release %q): the runtime this sandbox was asked to run under is not gVisor; refusing to run it on the host's kernel", rel)
+		}
 		if err := reaper.forkAs(uid, gid); err != nil {
 			return nil, err
 		}
@@ -636,4 +642,15 @@ func countThreads() int {
 		}
 	}
 	return 0
+}
+
+// gvisorKernel reports whether the agent runs on gVisor's kernel, which names its
+// release "...-gvisor" (4.19.0-gvisor by default), and the release it read.
+func gvisorKernel() (string, bool) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "", false
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	return rel, strings.HasSuffix(rel, "-gvisor")
 }
