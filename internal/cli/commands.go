@@ -129,7 +129,7 @@ func (f *createFlags) parseSecrets() ([]roche.Secret, error) {
 			case !ok || val == "":
 				errs = append(errs, fmt.Errorf("%w: %s %q: give NAME=VALUE", roche.ErrInvalidConfig, flag.name, v))
 			case !known:
-				errs = append(errs, fmt.Errorf("%w: %s %s: no --secret %s is given", roche.ErrInvalidConfig, flag.name, v, name))
+				errs = append(errs, fmt.Errorf("%w: %s %s: no --secret %s is given: add --secret %s=@FILE, or --secret %s for the value in roched's secret store", roche.ErrInvalidConfig, flag.name, v, name, name, name))
 			default:
 				flag.set(&out[i], val)
 			}

@@ -35,7 +35,7 @@ func TestSecretFlags(t *testing.T) {
 		{createFlags{secrets: []string{"API_TOKEN=literal"}}, "give NAME=@FILE"},
 		{createFlags{secrets: []string{"API_TOKEN=@" + open}}, "open to group or others"},
 		{createFlags{secrets: []string{"API_TOKEN=@" + filepath.Join(dir, "none")}}, "no such file"},
-		{createFlags{secretHosts: []string{"OTHER=api.example.com"}}, "no --secret OTHER=@FILE"},
+		{createFlags{secretHosts: []string{"OTHER=api.example.com"}}, "add --secret OTHER=@FILE, or --secret OTHER"},
 		{createFlags{secrets: []string{"A=@" + private}, secretHeaders: []string{"A"}}, "give NAME=VALUE"},
 	} {
 		_, err := bad.f.parseSecrets()
