@@ -451,14 +451,14 @@ class Sandbox:
         """The sandbox's contexts, the default ones included once started."""
         return self._t.contexts(self.id, self._roche._deadline())
 
-    def restart_code_context(self, context: ContextLike) -> None:
-        """Replaces a context's interpreter with a fresh one: its variables go."""
-        self._t.restart_context(self.id, context_id(context) or no_context(), self._roche._deadline())
-
     def fork_code_context(self, context: ContextLike) -> Context:
         """Starts a new context holding a copy of ``context``'s interpreter (it forks
         itself): the same variables, after which the two go on apart. Not on wasm."""
         return self._t.fork_context(self.id, context_id(context) or no_context(), self._roche._deadline())
+
+    def restart_code_context(self, context: ContextLike) -> None:
+        """Replaces a context's interpreter with a fresh one: its variables go."""
+        self._t.restart_context(self.id, context_id(context) or no_context(), self._roche._deadline())
 
     def remove_code_context(self, context: ContextLike) -> None:
         """Stops a context's interpreter and forgets it."""

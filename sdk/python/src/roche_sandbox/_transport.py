@@ -289,7 +289,8 @@ class DaemonTransport:
         self.api.unary("RemoveContext", {"sandboxId": sid, "contextId": cid}, d)
 
     def fork_context(self, sid: str, cid: str, d: Deadline) -> Context:
-        return _wire.parse_context(self.api.unary("ForkContext", {"sandboxId": sid, "contextId": cid}, d).get("context"))
+        m = self.api.unary("ForkContext", {"sandboxId": sid, "contextId": cid}, d)
+        return _wire.parse_context(m.get("context"))
 
     def start_command(self, sid: str, req: _cmdwire.CommandRequest, d: Deadline) -> CommandInfo:
         m = self.api.unary("StartCommand", _cmdwire.start_request(sid, req), d)
