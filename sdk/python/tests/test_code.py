@@ -190,6 +190,22 @@ class CodeThroughDaemon(harness.SandboxTestCase):
         with self.assertRaises(InvalidConfig):
             sb.run_code("1", language="cobol")
 
+    def test_code_context_fork(self) -> None:
+        sb = self.enter(self.roche.create(image=harness.image()))
+        ctx = sb.create_code_context()
+        sb.run_code("x = 1", context=ctx)
+        forked = sb.fork_code_context(ctx)
+        self.assertIsInstance(forked, Context)
+        self.assertNotEqual(forked.id, ctx.id)
+        self.assertIn(forked.id, [c.id for c in sb.list_code_contexts()])
+        # The same variables, then each goes on apart.
+        self.assertEqual(sb.run_code("x", context=forked).text, "1")
+        sb.run_code("x = 2", context=forked)
+        self.assertEqual(sb.run_code("x", context=ctx).text, "1")
+        self.assertEqual(sb.run_code("x", context=forked).text, "2")
+        with self.assertRaises(RocheError):
+            sb.fork_code_context("no-such-context")
+
     def test_code_rich_results(self) -> None:
         sb = self.enter(self.roche.create(image=harness.image()))
         streamed: list[Result] = []

@@ -103,6 +103,19 @@ describe("code contexts", { concurrency: TRANSPORTS.length }, () => {
         await assert.rejects(sb.runCode("1", { language: "cobol" }), InvalidConfig);
       });
 
+      test("a context forked holds the same variables, then goes on apart", async () => {
+        const ctx = await sb.createCodeContext();
+        await sb.runCode("y = 1", { context: ctx });
+        const forked = await sb.forkCodeContext(ctx);
+        assert.notEqual(forked.id, ctx.id);
+        assert.ok((await sb.listCodeContexts()).some((c) => c.id === forked.id));
+        assert.equal((await sb.runCode("y", { context: forked })).text, "1");
+        await sb.runCode("y = 2", { context: forked });
+        assert.equal((await sb.runCode("y", { context: ctx })).text, "1");
+        assert.equal((await sb.runCode("y", { context: forked.id })).text, "2");
+        await assert.rejects(sb.forkCodeContext("no-such-context"), RocheError);
+      });
+
       test("a matplotlib chart is a PNG, a DataFrame HTML", async () => {
         const streamed: Result[] = [];
         const ex = await sb.runCode(CHART, { onResult: (r) => streamed.push(r) });
