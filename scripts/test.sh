@@ -229,7 +229,11 @@ if [ "$left" != 0 ]; then
   docker ps -a --filter label=roche.managed=true >&2
   exit 1
 fi
-if [ -d /run/roche/vm ] && [ -n "$(ls -A /run/roche/vm)" ]; then
+# A VM's directory is the VM. Beside it, a VM that ended leaves the record of how
+# (.ID.ended.json), which the process watching it reads and removes at once, and which a
+# VM ending after its roched stopped (a leased one, its grace after) leaves for the
+# provider's next listing to remove once ten minutes old: not a VM.
+if [ -d /run/roche/vm ] && [ -n "$(ls -A /run/roche/vm | grep -v '^\..*\.ended\.json$')" ]; then
   echo "microVM(s) survived the suite:" >&2
   ls -l /run/roche/vm >&2
   exit 1

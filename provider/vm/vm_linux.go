@@ -754,8 +754,11 @@ func isOurProcess(pid int, dir, marker string) bool {
 	return true
 }
 
-// abort stops a VM whose start failed; one being resumed keeps its files.
+// abort stops a VM whose start failed; one being resumed keeps its files. The record of
+// its end, which its supervisor may have written (a guest kernel that panicked at boot),
+// goes too: the sandbox never was, and the create's error says why.
 func (p *Provider) abort(pid int, vm *plan) {
+	defer os.Remove(supervisor.EndedPath(vm.Dir))
 	if !vm.resuming {
 		p.stopSupervisor(pid, vm.Dir)
 		return
