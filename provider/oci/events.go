@@ -14,21 +14,7 @@ import (
 // status, so none is given. Sandboxes made or found by this process are watched; none
 // is missed by a lost connection, so there is no resync.
 func (p *Provider) Watch(ctx context.Context) (<-chan kit.SandboxEvent, error) {
-	ch := make(chan kit.SandboxEvent, 64)
-	p.mu.Lock()
-	if p.watchers == nil {
-		p.watchers = map[chan kit.SandboxEvent]struct{}{}
-	}
-	p.watchers[ch] = struct{}{}
-	p.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		p.mu.Lock()
-		delete(p.watchers, ch)
-		close(ch)
-		p.mu.Unlock()
-	}()
-	return ch, nil
+	return p.events.Watch(ctx)
 }
 
 // oomPoll is how often a watched sandbox's OOM-kill counter is read: an OOM kill that
@@ -37,23 +23,13 @@ func (p *Provider) Watch(ctx context.Context) (<-chan kit.SandboxEvent, error) {
 const oomPoll = 500 * time.Millisecond
 
 // watched reports whether anyone watches events.
-func (p *Provider) watched() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.watchers) > 0
-}
+func (p *Provider) watched() bool { return p.events.Watched() }
 
 // emit tells every watcher of ev; a watcher whose channel is full misses it (the
 // daemon's reconciliation still finds the sandbox gone).
 func (p *Provider) emit(ev kit.SandboxEvent) {
 	ev.Provider = p.Name()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for ch := range p.watchers {
-		select {
-		case ch <- ev:
-		default:
-			p.log.Warn("a watcher of sandbox events is behind: dropping an event", "id", ev.ID, "kind", ev.Kind)
-		}
+	if p.events.Send(ev) > 0 {
+		p.log.Warn("a watcher of sandbox events is behind: dropping an event", "id", ev.ID, "kind", ev.Kind)
 	}
 }

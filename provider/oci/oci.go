@@ -97,9 +97,9 @@ type Provider struct {
 	// exitTornDown marks the watches whose sandbox a caller tears down: they go on to
 	// the exit only to tell watchers of it (unwatchExit).
 	exitTornDown map[string]bool
-	// watchers are the channels of Watch's callers (events.go), told of each sandbox's
-	// OOM kills and PID 1's exit as the exit watch sees them.
-	watchers map[chan kit.SandboxEvent]struct{}
+	// events tells Watch's callers (events.go) of each sandbox's OOM kills and PID 1's
+	// exit as the exit watch sees them.
+	events kit.EventHub
 	// oomSeen is the OOM-kill count last seen of each sandbox whose PID 1 is watched,
 	// until its exit is told (died).
 	oomSeen map[string]int64

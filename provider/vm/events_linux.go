@@ -32,35 +32,15 @@ var _ kit.Watcher = (*Provider)(nil)
 // saved to disk (paused) has not ended and sends nothing. Nothing is missed by a lost
 // connection, so there is no resync.
 func (p *Provider) Watch(ctx context.Context) (<-chan kit.SandboxEvent, error) {
-	ch := make(chan kit.SandboxEvent, 64)
-	p.mu.Lock()
-	if p.watchers == nil {
-		p.watchers = map[chan kit.SandboxEvent]struct{}{}
-	}
-	p.watchers[ch] = struct{}{}
-	p.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		p.mu.Lock()
-		delete(p.watchers, ch)
-		close(ch)
-		p.mu.Unlock()
-	}()
-	return ch, nil
+	return p.events.Watch(ctx)
 }
 
 // emit tells every watcher of ev; a watcher whose channel is full misses it (the
 // daemon's reconciliation still finds the sandbox gone).
 func (p *Provider) emit(ev kit.SandboxEvent) {
 	ev.Provider = p.Name()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for ch := range p.watchers {
-		select {
-		case ch <- ev:
-		default:
-			p.log.Warn("a watcher of sandbox events is behind: dropping an event", "id", ev.ID, "kind", ev.Kind)
-		}
+	if p.events.Send(ev) > 0 {
+		p.log.Warn("a watcher of sandbox events is behind: dropping an event", "id", ev.ID, "kind", ev.Kind)
 	}
 }
 
@@ -194,11 +174,7 @@ func endEvents(id, hypervisor string, pid int, rec *supervisor.Ended, now time.T
 }
 
 // watchedEvents reports whether anyone watches events.
-func (p *Provider) watchedEvents() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.watchers) > 0
-}
+func (p *Provider) watchedEvents() bool { return p.events.Watched() }
 
 // endEvidence says in words what the supervisor's record says of the VM's end.
 func endEvidence(hypervisor string, r supervisor.Ended) string {

@@ -71,9 +71,9 @@ type Provider struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
-	// watchers are the channels of Watch; endWatches the supervisor pid watched per
-	// sandbox (events_linux.go).
-	watchers   map[chan kit.SandboxEvent]struct{}
+	// events tells Watch's callers of ends; endWatches is the supervisor pid watched
+	// per sandbox (events_linux.go).
+	events     kit.EventHub
 	endWatches map[string]int
 	endFiles   map[*os.File]struct{}
 	endClosed  bool
