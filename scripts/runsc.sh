@@ -36,12 +36,17 @@ if ! command -v jq >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends jq >/dev/null
 fi
 
+# scripts/k8s/build.sh builds the same runsc into the same place, and make test runs the
+# two at once: whichever comes second waits on the lock and finds the binary made.
+mkdir -p "$cache"
+exec 9>"$cache/.build.lock"
+flock 9
 if [ ! -x "$cache/runsc" ]; then
   echo "== building runsc $version from the Go module proxy (once; cached in $cache)"
-  mkdir -p "$cache"
   CGO_ENABLED=0 GOBIN="$cache" GOFLAGS=-buildvcs=false go install -trimpath \
     -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$version" "gvisor.dev/gvisor/runsc@$version"
 fi
+exec 9>&-
 if ! cmp -s "$cache/runsc" "$path"; then
   install -D -m 0755 "$cache/runsc" "$path"
 fi

@@ -104,11 +104,16 @@ runsc_version=${ROCHE_RUNSC_VERSION:-$(sed -n 's/^version=\${ROCHE_RUNSC_VERSION
 [ -n "$runsc_version" ] || { log "no gVisor version in scripts/runsc.sh"; exit 1; }
 gvisor=${ROCHE_CACHE:-${HOME:-/root}/.cache/roche}/runsc/$runsc_version
 mkdir -p "$gvisor"
+# scripts/runsc.sh builds the same runsc into the same place (make test runs both at once):
+# whichever comes second waits on the lock and finds the binary made.
+exec 9>"$gvisor/.build.lock"
+flock 9
 if [ ! -x "$gvisor/runsc" ]; then
   log "building runsc $runsc_version"
   CGO_ENABLED=0 GOBIN="$gvisor" GOFLAGS=-buildvcs=false go install -trimpath \
     -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$runsc_version" "gvisor.dev/gvisor/runsc@$runsc_version"
 fi
+exec 9>&-
 # The shim, from a copy of the module with one change: its start makes the shim
 # unkillable by the OOM killer (oom_score_adj -999), which takes CAP_SYS_RESOURCE, and fails
 # the Pod without it; on hosts whose root lacks it (this one, as the containerd
