@@ -17,7 +17,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"time"
 )
 
 func main() {
@@ -142,14 +141,15 @@ func (t *tally) endPackage(w io.Writer, e event, out map[key][]string) {
 	k := key{e.Package, ""}
 	lines := out[k]
 	delete(out, k)
-	elapsed := time.Duration(e.Elapsed * float64(time.Second)).Round(10 * time.Millisecond)
+	// As go test prints it (1.390s), not as a float64 sums it (1.3900000000000001).
+	elapsed := fmt.Sprintf("%.3fs", e.Elapsed)
 	switch e.Action {
 	case "skip":
 		t.noTests++
 		fmt.Fprintf(w, "?   \t%s\t[no test files]\n", e.Package)
 	case "pass":
 		t.packages++
-		fmt.Fprintf(w, "ok  \t%s\t%v\n", e.Package, elapsed.Seconds())
+		fmt.Fprintf(w, "ok  \t%s\t%s\n", e.Package, elapsed)
 	case "fail":
 		t.packages++
 		t.failedPkgs++
@@ -167,7 +167,7 @@ func (t *tally) endPackage(w io.Writer, e event, out map[key][]string) {
 				delete(out, o)
 			}
 		}
-		fmt.Fprintf(w, "FAIL\t%s\t%v\n", e.Package, elapsed.Seconds())
+		fmt.Fprintf(w, "FAIL\t%s\t%s\n", e.Package, elapsed)
 	}
 }
 

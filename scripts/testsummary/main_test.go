@@ -48,6 +48,8 @@ func TestCounts(t *testing.T) {
 		event{Action: "fail", Package: p, Elapsed: 1.5},
 		event{Action: "start", Package: "example.com/none"},
 		event{Action: "skip", Package: "example.com/none"},
+		event{Action: "start", Package: "example.com/ok"},
+		event{Action: "pass", Package: "example.com/ok", Elapsed: 1.3900000000000001},
 	)
 	var w bytes.Buffer
 	if code := summarize(strings.NewReader(in), &w); code != 1 {
@@ -56,10 +58,11 @@ func TestCounts(t *testing.T) {
 	got := w.String()
 	for _, want := range []string{
 		"f_test.go:7: got 1, want 2\n--- FAIL: TestF",
-		"FAIL\texample.com/p\t1.5\n",
+		"FAIL\texample.com/p\t1.500s\n",
 		"?   \texample.com/none\t[no test files]\n",
+		"ok  \texample.com/ok\t1.390s\n",
 		"     2  fast tier: needs root\n     1  fast tier: needs a Docker engine\n",
-		"FAIL: 2 tests passed, 3 skipped, 1 failed, in 1 packages (1 failed; 1 without tests)\n",
+		"FAIL: 2 tests passed, 3 skipped, 1 failed, in 2 packages (1 failed; 1 without tests)\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the summary lacks %q:\n%s", want, got)
