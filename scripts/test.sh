@@ -243,13 +243,15 @@ if [ "$cluster_was_up" = false ]; then stop_cluster=true; fi
 await npm-sdk
 job npm npm_installs
 
-# Every test binary compiled (and linked, then not run: -exec /bin/true) with both cores
-# while the set-up runs, so that the two streams below do not compile the same
-# dependencies twice, one package at a time. It and make vet run niced: on a fresh machine
-# the cluster's build, which the longer stream waits for, goes first.
-job compile nice -n 10 env CGO_ENABLED=0 go test -count=1 -run '^$' -exec /bin/true ./...
+# Every package a test imports compiled with both cores, while the set-up runs, as the
+# tests build them (CGO_ENABLED=0): go vet compiles what it checks against, and links
+# nothing. The streams below then do not compile the same dependencies twice, one package
+# at a time. (Linking every test binary ahead too, with go test -exec /bin/true, would
+# double the links, which go does not cache: the streams link each one again.)
+job compile env CGO_ENABLED=0 go vet ./...
 
-# gofmt, go vet, staticcheck, go mod tidy: waited for at the end.
+# gofmt, go vet, staticcheck, go mod tidy: waited for at the end, so niced (on a fresh
+# machine the cluster's build, which the longer stream waits for, goes first).
 job vet nice -n 10 make -s vet
 
 # Workspaces and snapshots outlive sandboxes, so a test that forgets one leaks it
@@ -319,7 +321,7 @@ go build -o "$logs/testsummary" ./scripts/testsummary
 gotest() {
   local name=$1 t0=$SECONDS
   shift
-  log "go test ($name): $*"
+  log "go test ($name), one package at a time: ${*#"$module"/}"
   CGO_ENABLED=0 go test -p 1 -count=1 -timeout 60m -json "$@" | tee "$logs/gotest-$name.json" | "$logs/testsummary"
   echo "go test $name: $((SECONDS - t0)) s" >>"$logs/times"
 }
