@@ -92,12 +92,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The test cluster's binaries (scripts/k8s/build.sh: Kubernetes, etcd, kwok, gVisor's runsc
-# and its containerd shim) need only Go, and on a fresh machine take the longest of any
-# step (10-25 minutes of two cores): they start first. Cached under ~/.cache/roche, they
-# cost a second then.
-job k8s-build bash scripts/k8s/build.sh
-
 # Disk: the suite writes images, root filesystems and a build cache of several GiB. On a
 # machine whose disk is nearly full, Go's build cache (which Go itself trims only of
 # entries unused for five days) gives back what was not used in the last day.
@@ -108,6 +102,12 @@ if [ "${avail_kib:-0}" -lt $((20 * 1024 * 1024)) ]; then
   find "$gocache" -type f -mmin +1440 -delete 2>/dev/null || true
   log "now $(df -Pk / | awk 'NR==2 {print int($4/1024/1024)}') GiB free on /"
 fi
+
+# The test cluster's binaries (scripts/k8s/build.sh: Kubernetes, etcd, kwok, gVisor's runsc
+# and its containerd shim) need only Go, and on a fresh machine take the longest of any
+# step (10-25 minutes of two cores): they start before the rest. Cached under ~/.cache/roche, they
+# cost a second then. (After the trim above, which would pull cache entries from under it.)
+job k8s-build bash scripts/k8s/build.sh
 
 # ---------- Debian packages, all in one apt-get run (before any step that needs one) ----------
 need=()          # installed with their recommended packages
@@ -223,7 +223,6 @@ if [ -f scripts/fetch-python-wasm.sh ]; then
   job python-wasm bash scripts/fetch-python-wasm.sh
 fi
 
-
 # E2B's official SDKs, pinned, for internal/e2b's tests (a venv under ~/.cache/roche/e2b
 # from PyPI, node_modules from npm's lockfile).
 job e2b-sdks bash scripts/e2b-sdks.sh
@@ -233,8 +232,11 @@ job e2b-sdks bash scripts/e2b-sdks.sh
 # ends, unless it was already up (then it stays). Its export KUBECONFIG=... line goes to
 # $logs/cluster.env.
 if bash scripts/k8s/cluster.sh env >/dev/null 2>&1; then cluster_was_up=true; fi
+# (After the image's step: up imports roche/python:local into the node, building it when
+# missing.)
 cluster_up() {
   await k8s-build
+  await image
   bash scripts/k8s/cluster.sh up >"$logs/cluster.env"
 }
 job cluster cluster_up
