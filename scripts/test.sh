@@ -296,7 +296,9 @@ export ROCHE_TEST_TIER=full
 #   - every sweep is scoped to its own: roche gc --all and destroy --all take only their
 #     owner's sandboxes (internal/cli sets a ROCHE_OWNER of its process's own, the SDK
 #     suites' harnesses one per run, internal/daemon's tenants theirs), and the engine-wide
-#     --any-owner is only ever --dry-run in tests (internal/cli TestYourOwnOnly);
+#     --any-owner is only ever --dry-run in tests (internal/cli TestYourOwnOnly); a
+#     roched adopts and reaps only sandboxes of its owner, which names its state file
+#     (internal/ledger/owner.go), and each test's roched has a state file of its own;
 #   - counts of containers are of a tag or owner of the counting test's own
 #     (internal/cli's privateImage, internal/daemon's and internal/faults's restart tests
 #     tag the image for themselves); provider/vm's tests keep their VMs in a state
@@ -306,7 +308,8 @@ export ROCHE_TEST_TIER=full
 #   - agent directories under /run/roche/docker are swept only when their container is
 #     gone and their maker's flock is free (provider/docker/agentdir.go), so a sweep in
 #     one stream never takes a create under way in the other;
-#   - ports are 127.0.0.1:0, picked by the kernel.
+#   - what tests listen on is port 0, picked by the kernel (the fixed ports in tests are
+#     only parsed, never bound).
 # What the streams must not share, they do not: every package whose tests use the test
 # cluster runs in the same stream ("cluster"), because those tests import and remove the
 # same agent image on the node (provider/kubernetes's TestMain, escape, deploy/kubernetes,
