@@ -9,9 +9,9 @@ import (
 
 // Watch streams the events of the sandboxes whose PID 1 this process watches
 // (exit_linux.go): kit.EventOOM when the sandbox cgroup's OOM-kill counter grows (read
-// every oomPoll while watched, and once more at the exit), then kit.EventDied when its
-// PID 1, roche-agent, exits, before the sandbox is torn down. The runtime keeps no exit
-// status, so none is given. Sandboxes made or found by this process are watched; none
+// every oomPoll while watched, once more at the exit, and before a teardown removes the
+// cgroup), then kit.EventDied when its PID 1, roche-agent, exits, before the sandbox is
+// torn down. The runtime keeps no exit status, so none is given. Sandboxes made or found by this process are watched; none
 // is missed by a lost connection, so there is no resync.
 func (p *Provider) Watch(ctx context.Context) (<-chan kit.SandboxEvent, error) {
 	return p.events.Watch(ctx)

@@ -113,6 +113,11 @@ func (p *Provider) watchExit(s *sandbox) {
 		}
 		defer unwatch() // after: exited loads the sandbox, which must not watch it again
 		f.Close()
+		if err != nil { // closed: no exit to tell
+			p.mu.Lock()
+			delete(p.oomSeen, s.ID)
+			p.mu.Unlock()
+		}
 		if err == nil {
 			p.died(s.ID)
 			p.mu.Lock()
@@ -189,28 +194,53 @@ func (p *Provider) stopExitWatches() {
 }
 
 // sawOOMs reads sandbox id's OOM-kill counter and tells watchers of an OOM kill when it
-// grew past the count last seen.
+// grew past the count last seen. Only a sandbox whose PID 1 is watched is read.
 func (p *Provider) sawOOMs(id string) {
+	p.oomTell.Lock()
+	defer p.oomTell.Unlock()
+	p.sawOOMsLocked(id)
+}
+
+func (p *Provider) sawOOMsLocked(id string) {
+	p.mu.Lock()
+	last, watched := p.oomSeen[id]
+	p.mu.Unlock()
+	if !watched {
+		return
+	}
 	n, ok := oomKills(id)
-	if !ok {
+	if !ok || n <= last {
 		return
 	}
 	p.mu.Lock()
-	last, watched := p.oomSeen[id]
-	grew := watched && n > last
-	if grew {
+	if _, still := p.oomSeen[id]; still {
 		p.oomSeen[id] = n
 	}
 	p.mu.Unlock()
-	if grew {
-		p.emit(kit.SandboxEvent{ID: id, Kind: kit.EventOOM, Time: time.Now()})
+	p.emit(kit.SandboxEvent{ID: id, Kind: kit.EventOOM, Time: time.Now()})
+}
+
+// sawOOMsBeforeTeardown reads sandbox id's OOM-kill counter, while watchers want it,
+// before a teardown removes its cgroup. A sandbox whose roche-agent the OOM killer took
+// is often torn down before its PID 1's exit is seen: the agent's connection breaks at
+// once, and a caller (roched, finding the sandbox stopped under a command) destroys it,
+// while PID 1 is still waiting for the rest of its PID namespace to die, and its pidfd
+// reads as ready only after that. By then the cgroup, and the count in it, may be gone
+// (it empties as soon as its last process has left, before PID 1's exit is told). The
+// kernel counts an OOM kill before it sends the SIGKILL, so this read, after the death
+// that made the caller tear down, sees it.
+func (p *Provider) sawOOMsBeforeTeardown(id string) {
+	if p.watched() {
+		p.sawOOMs(id)
 	}
 }
 
 // died tells watchers that sandbox id's PID 1 exited, after any OOM kill its cgroup
 // counted since last seen, once per sandbox.
 func (p *Provider) died(id string) {
-	p.sawOOMs(id)
+	p.oomTell.Lock()
+	defer p.oomTell.Unlock()
+	p.sawOOMsLocked(id)
 	p.mu.Lock()
 	_, once := p.oomSeen[id]
 	delete(p.oomSeen, id)

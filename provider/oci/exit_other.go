@@ -10,6 +10,8 @@ func (p *Provider) watchExit(*sandbox) {}
 func (p *Provider) stopExitWatches()   {}
 func (p *Provider) unwatchExit(string) {}
 
+func (p *Provider) sawOOMsBeforeTeardown(string) {}
+
 func stopRunsOf(string) bool { return false }
 
 func forgetHalfMade(string, string) error { return nil }

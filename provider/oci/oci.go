@@ -101,8 +101,11 @@ type Provider struct {
 	// exit as the exit watch sees them.
 	events kit.EventHub
 	// oomSeen is the OOM-kill count last seen of each sandbox whose PID 1 is watched,
-	// until its exit is told (died).
+	// until its exit is told (died). oomTell orders the telling: a read of the counter
+	// and the event it gives are one step, so that a teardown's read (which may see an
+	// OOM kill first) never tells it after the exit's died.
 	oomSeen map[string]int64
+	oomTell sync.Mutex
 	// tearing marks the teardowns under way, one per sandbox at a time.
 	tearing map[string]chan struct{}
 

@@ -308,6 +308,7 @@ func makeStubs(stubs, image string, points []mountPoint) error {
 // destroy causes).
 func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) error {
 	defer p.tearingDown(s.ID)()
+	p.sawOOMsBeforeTeardown(s.ID) // before its cgroup goes (exit_linux.go)
 	p.unwatchExit(s.ID)
 	p.forget(s.ID)
 	p.leases.Drop(s.ID)
