@@ -180,6 +180,29 @@ func (p *Provider) unwatchExit(id string) {
 	f.Close()
 }
 
+// killWatched sends SIGKILL to sandbox id's PID 1 through the exit watch's pidfd, if
+// this process watches it: a teardown does so first, so that the kernel is already
+// taking the sandbox's processes down while the runtime starts (its run costs a few
+// milliseconds before it sends its own kill and waits for them), instead of after. A
+// pidfd names that one process, never one that reused its pid; a PID 1 that has
+// exited already (or a watch that has just ended) makes it a no-op. The runtime's
+// delete still kills and waits for whatever is left, as before.
+func (p *Provider) killWatched(id string) {
+	p.mu.Lock()
+	f := p.exitWatches[id]
+	p.mu.Unlock()
+	if f == nil {
+		return
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = unix.PidfdSendSignal(int(fd), unix.SIGKILL, nil, 0)
+	})
+}
+
 // stopExitWatches ends every watch (Close) and waits for the teardowns under way.
 func (p *Provider) stopExitWatches() {
 	p.mu.Lock()

@@ -12,6 +12,8 @@ func (p *Provider) unwatchExit(string) {}
 
 func (p *Provider) sawOOMsBeforeTeardown(string) {}
 
+func (p *Provider) killWatched(string) {}
+
 func stopRunsOf(string) bool { return false }
 
 func forgetHalfMade(string, string) error { return nil }

@@ -309,6 +309,7 @@ func makeStubs(stubs, image string, points []mountPoint) error {
 func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) error {
 	defer p.tearingDown(s.ID)()
 	p.sawOOMsBeforeTeardown(s.ID) // before its cgroup goes (exit_linux.go)
+	p.killWatched(s.ID)
 	p.unwatchExit(s.ID)
 	p.forget(s.ID)
 	p.leases.Drop(s.ID)
