@@ -571,7 +571,37 @@ func (p *Provider) freeze(ctx context.Context, id, op string) error {
 		}
 		return fmt.Errorf("%sing sandbox %s: %w", strings.TrimSuffix(op, "e"), id, err)
 	}
-	return nil
+	return awaitFreezer(ctx, rt, s.ID, op)
+}
+
+// awaitFreezer returns once the runtime reports the state op asked for. On cgroup v1 a
+// freeze is asynchronous: the runtime's pause can return while the freezer still says
+// FREEZING, and a List made right then saw the sandbox "running". The freezer tells no
+// one when it is done, so its state is asked for again, at short and growing intervals,
+// for up to 10 s.
+func awaitFreezer(ctx context.Context, rt *ociRuntime, id, op string) error {
+	want := "paused"
+	if op == "resume" {
+		want = "running"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	wait := time.Millisecond
+	for {
+		st, known := rt.state(ctx, id)
+		if !known && ctx.Err() == nil {
+			return fmt.Errorf("%w: sandbox %s is gone", roche.ErrNotFound, id)
+		}
+		if st.Status == want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s is still %q after its %s, not %s: its processes may be in uninterruptible sleep; try again", id, st.Status, op, want)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
 }
 
 // CopyTo implements roche.FileCopier (see roche.CopyIn).
