@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,32 +58,11 @@ const fieldManager = "roche-deploy-test"
 // in roched's log) and no more than the calls the provider makes. Last, roched's Pod is
 // replaced and the new one serves a sandbox the old one made.
 func TestRochedInCluster(t *testing.T) {
-	cluster := testcluster.Start(t)
-	cfg, err := clientcmd.BuildConfigFromFlags("", cluster.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, err := k8s.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentRef, rochedRef := writeImages(t)
-	ns := cluster.Client(t).Namespace(t, "roche-deploy")
-	token := randomHex(16)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "roched-token"},
-		StringData: map[string]string{"token": token},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	objs := build(t, ns, rochedRef)
-	start := time.Now()
-	apply(ctx, t, cfg, ns, objs)
-	pod := waitRoched(ctx, t, cs, ns, "")
-	t.Logf("roched ready %.1f s after the apply", time.Since(start).Seconds())
+	d := deploy(ctx, t, "")
+	cfg, cs, ns, token, agentRef := d.cfg, d.cs, d.ns, d.token, d.agentRef
+	pod := d.pods[0]
 	addr := forward(t, cfg, cs, ns, pod.Name)
 
 	c, err := client.New(client.WithAddress(addr), client.WithToken(token))
@@ -100,7 +78,7 @@ func TestRochedInCluster(t *testing.T) {
 		t.Fatalf("roched in the cluster is %s serving %v, want ok serving the kubernetes provider alone", h.Status, h.Providers)
 	}
 
-	start = time.Now()
+	start := time.Now()
 	sb := runPython(ctx, t, addr, token, pod.Status.PodIP, func(id string) {
 		// While the SDK holds it: the sandbox's Pod is in the namespace, labelled as
 		// Roche's, its agent from the image imported beside roched's, and the Go client
@@ -149,6 +127,49 @@ func TestRochedInCluster(t *testing.T) {
 	checkReplaced(ctx, t, cfg, cs, ns, pod.Name, c, token)
 }
 
+// deployed is roched applied from this directory's kustomization into a namespace of
+// the test's own.
+type deployed struct {
+	cluster             *testcluster.Cluster
+	cfg                 *rest.Config
+	cs                  k8s.Interface
+	ns, token           string
+	agentRef, rochedRef string
+	pods                []*corev1.Pod // roched's ready Pods
+}
+
+// deploy writes the agent's and roched's images with the CLI and imports them into the
+// node, makes a namespace (deleted at the end, also on failure) with the token Secret,
+// applies an overlay of the kustomization with patches (a kustomize patches list, "" for
+// none) there and waits for the Deployment's Pods to be ready, as many as it asks for.
+func deploy(ctx context.Context, t *testing.T, patches string) *deployed {
+	t.Helper()
+	cluster := testcluster.Start(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", cluster.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := k8s.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deployed{cluster: cluster, cfg: cfg, cs: cs, token: randomHex(16)}
+	d.agentRef, d.rochedRef = writeImages(t)
+	d.ns = cluster.Client(t).Namespace(t, "roche-deploy")
+	if _, err := cs.CoreV1().Secrets(d.ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "roched-token"},
+		StringData: map[string]string{"token": d.token},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	objs := build(t, d.ns, d.rochedRef, patches)
+	start := time.Now()
+	apply(ctx, t, cfg, d.ns, objs)
+	d.pods = waitRoched(ctx, t, cs, d.ns, "")
+	t.Logf("%d roched ready %.1f s after the apply", len(d.pods), time.Since(start).Seconds())
+	return d
+}
+
 // checkReplaced: a roched Pod replaced by another (new Pod, new emptyDir state, the same
 // host name) serves the sandboxes the one before made, which a client kept (unleased):
 // the new roched knows them as its own lost state's and adopts them.
@@ -166,7 +187,7 @@ func checkReplaced(ctx context.Context, t *testing.T, cfg *rest.Config, cs k8s.I
 	if err := cs.CoreV1().Pods(ns).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := waitRoched(ctx, t, cs, ns, old)
+	pod := waitRoched(ctx, t, cs, ns, old)[0]
 	t.Logf("roched's Pod replaced in %.1f s", time.Since(start).Seconds())
 	c2, err := client.New(client.WithAddress(forward(t, cfg, cs, ns, pod.Name)), client.WithToken(token))
 	if err != nil {
@@ -220,7 +241,7 @@ func writeImages(t *testing.T) (agentRef, rochedRef string) {
 // build runs kustomize (the library kubectl apply -k embeds) over an overlay of this
 // directory's kustomization, as docs/roched-in-a-cluster.md tells operators to write one: the test's
 // namespace and the roched image's tag.
-func build(t *testing.T, ns, rochedRef string) []*unstructured.Unstructured {
+func build(t *testing.T, ns, rochedRef, patches string) []*unstructured.Unstructured {
 	t.Helper()
 	fs := filesys.MakeFsInMemory()
 	base, err := filepath.Glob("*.yaml")
@@ -237,7 +258,7 @@ func build(t *testing.T, ns, rochedRef string) []*unstructured.Unstructured {
 		}
 	}
 	repo, tag, _ := strings.Cut(rochedRef, ":")
-	overlay := fmt.Sprintf("resources: [../base]\nnamespace: %s\nimages: [{name: %s, newTag: %q}]\n", ns, repo, tag)
+	overlay := fmt.Sprintf("resources: [../base]\nnamespace: %s\nimages: [{name: %s, newTag: %q}]\n%s", ns, repo, tag, patches)
 	if err := fs.WriteFile("/overlay/kustomization.yaml", []byte(overlay)); err != nil {
 		t.Fatal(err)
 	}
@@ -304,36 +325,46 @@ func apply(ctx context.Context, t *testing.T, cfg *rest.Config, ns string, objs 
 	}
 }
 
-// waitRoched waits until roched's Deployment is rolled out and one Pod other than
-// replaced is ready (its readiness probe is /healthz), and returns that Pod; on a
-// timeout it fails with the Pods' states and logs.
-func waitRoched(ctx context.Context, t *testing.T, cs k8s.Interface, ns, replaced string) *corev1.Pod {
+// waitRoched waits until roched's Deployment is rolled out and as many Pods as it asks
+// for, none of them replaced, are ready (their readiness probe is /healthz), and returns
+// them; on a timeout it fails with the Pods' states and logs.
+func waitRoched(ctx context.Context, t *testing.T, cs k8s.Interface, ns, replaced string) []*corev1.Pod {
 	t.Helper()
 	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	var d *appsv1.Deployment
-	var err error
+	var status string
 	for {
-		d, err = cs.AppsV1().Deployments(ns).Get(wctx, "roched", metav1.GetOptions{})
-		if err == nil && d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == 1 {
-			if p := readyPod(wctx, cs, ns, replaced); p != nil {
-				return p
+		d, err := cs.AppsV1().Deployments(ns).Get(wctx, "roched", metav1.GetOptions{})
+		if err != nil {
+			status = err.Error()
+		} else {
+			st, _ := json.Marshal(d.Status)
+			status = string(st)
+			want := int32(1)
+			if d.Spec.Replicas != nil {
+				want = *d.Spec.Replicas
+			}
+			if d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == want {
+				if ps := readyPods(wctx, cs, ns, replaced); len(ps) == int(want) {
+					return ps
+				}
 			}
 		}
 		select {
 		case <-wctx.Done():
-			t.Fatalf("no roched Pod ready within 90 s (%v, Deployment status %+v)%s", err, d.Status, describePods(cs, ns))
+			t.Fatalf("roched's Pods not ready within 90 s (Deployment status %s)%s", status, describePods(cs, ns))
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
 }
 
-// readyPod is roched's one ready Pod not being deleted, other than replaced, if any.
-func readyPod(ctx context.Context, cs k8s.Interface, ns, replaced string) *corev1.Pod {
+// readyPods are roched's ready Pods not being deleted, other than replaced.
+func readyPods(ctx context.Context, cs k8s.Interface, ns, replaced string) []*corev1.Pod {
 	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=roched"})
 	if err != nil {
 		return nil
 	}
+	var out []*corev1.Pod
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.Name == replaced || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
@@ -341,11 +372,11 @@ func readyPod(ctx context.Context, cs k8s.Interface, ns, replaced string) *corev
 		}
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				return p
+				out = append(out, p)
 			}
 		}
 	}
-	return nil
+	return out
 }
 
 // describePods is the namespace's Pods, their containers' states and roched's log, for

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -224,4 +225,22 @@ func (c *Cluster) ContainerRuntime(containerID string) (string, error) {
 		return "", fmt.Errorf("decoding ctr containers info %s: %v", id, err)
 	}
 	return info.Runtime.Name, nil
+}
+
+// ContainerPID is the host pid of a running container's first process (its task's), by
+// the id a Pod's container status gives (containerd://ID, or ID), so that a test can kill
+// it as a crash would.
+func (c *Cluster) ContainerPID(containerID string) (int, error) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	out, err := exec.Command("ctr", "-a", c.Containerd, "-n", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return 0, fmt.Errorf("ctr tasks ls: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == id && f[2] == "RUNNING" {
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, fmt.Errorf("container %s has no running task on the node", id)
 }
