@@ -10,6 +10,10 @@
 //
 //	make bench                    (or: go run ./bench/k8sscale)
 //	go run ./bench/k8sscale -n 200 -expiring 20
+//	go run ./bench/k8sscale -replicas 3 -kube-qps 100
+//
+// With -replicas N, N roched of one replica group run, each filling a pool of its share
+// and claimed from by its share of the clients; the first is the one killed.
 //
 // It brings the test cluster up with kwok (scripts/k8s/cluster.sh up --kwok 4) and works
 // in a namespace of its own, deleted at the end.
@@ -42,6 +46,9 @@ var (
 	clients     = flag.Int("clients", 16, "clients claiming at once")
 	concurrency = flag.Int("pool-concurrency", 16, "roched's --pool-concurrency: the pool's creations at once")
 	kwokNodes   = flag.Int("kwok-nodes", 4, "simulated nodes (each takes up to 1,000 Pods, 640 at a sandbox's CPU request)")
+	replicas    = flag.Int("replicas", 1, "roched replicas of one group (--replica-group), each with its share of the pool and of the clients")
+	kubeQPS     = flag.Float64("kube-qps", 0, "each roched's --kube-qps (0: the provider's default, 50)")
+	kubeBurst   = flag.Int("kube-burst", 0, "each roched's --kube-burst (0: the provider's default, 100, or the rate if more)")
 )
 
 func main() {
@@ -68,8 +75,8 @@ func run() error {
 	}
 	defer os.RemoveAll(dir)
 
-	fmt.Printf("roche k8sscale: %d sandboxes (%d expire after %v), %d clients, pool concurrency %d, %d kwok nodes, %d CPUs\n",
-		*sandboxes, *expiring, *expireAfter, *clients, *concurrency, *kwokNodes, runtime.NumCPU())
+	fmt.Printf("roche k8sscale: %d sandboxes (%d expire after %v), %d clients, pool concurrency %d, %d roched, kube-qps %g, kube-burst %d, %d kwok nodes, %d CPUs\n",
+		*sandboxes, *expiring, *expireAfter, *clients, *concurrency, max(1, *replicas), *kubeQPS, *kubeBurst, *kwokNodes, runtime.NumCPU())
 	base, stopSignals := samples.Interruptible()
 	defer stopSignals()
 	ctx, cancel := context.WithTimeout(base, 30*time.Minute)
@@ -77,6 +84,7 @@ func run() error {
 	res, err := k8sscale.Run(ctx, k8sscale.Params{
 		Sandboxes: *sandboxes, Expiring: *expiring, ExpireAfter: *expireAfter,
 		Clients: *clients, PoolConcurrency: *concurrency,
+		Replicas: *replicas, KubeQPS: float32(*kubeQPS), KubeBurst: *kubeBurst,
 		Kubeconfig: cluster.Kubeconfig, Namespace: ns, Selector: testcluster.KwokSelector,
 		Dir: dir, Progress: os.Stderr,
 	})
@@ -107,6 +115,12 @@ func report(r *k8sscale.Result) {
 	fmt.Printf("%-58s %10s\n", "destroy all, roched drained and stopped, no Pod left", secs(r.Destroy))
 	fmt.Printf("%-58s %10.1f\n", "roched RSS holding every sandbox (MiB)", float64(r.RSSFullKiB)/1024)
 	fmt.Printf("%-58s %10.1f\n", "roched peak RSS before the kill (MiB)", float64(r.PeakKiB)/1024)
+	if len(r.ReplicaRSSKiB) > 1 {
+		for i := range r.ReplicaRSSKiB {
+			fmt.Printf("%-58s %10s\n", fmt.Sprintf("  replica %d: RSS holding its share / peak (MiB)", i),
+				fmt.Sprintf("%.1f / %.1f", float64(r.ReplicaRSSKiB[i])/1024, float64(r.ReplicaPeakKiB[i])/1024))
+		}
+	}
 	fmt.Printf("%-58s %10.2fx\n", "claim p50 / baseline GET p50", samples.Ratio(r.Claims, r.BaselineGets))
 
 	fmt.Printf("\nroched's requests to the API server (counted in its transport):\n")
@@ -118,7 +132,7 @@ func report(r *k8sscale.Result) {
 		{k8sscale.PhaseClaim, "per claim", n},
 		{k8sscale.PhaseList, "per list (3 lists)", 3},
 		{k8sscale.PhaseReap, "per sandbox reaped, its refill included", r.Expiring},
-		{k8sscale.PhaseRestart, fmt.Sprintf("per sandbox (%d leftovers destroyed, %d made)", r.Leftovers, r.Expiring), n},
+		{k8sscale.PhaseRestart, fmt.Sprintf("per sandbox (%d leftovers destroyed, %d made)", r.Leftovers, r.Leftovers), n},
 		{k8sscale.PhaseDestroy, "per sandbox destroyed (drain, DestroyAll)", n},
 	}
 	total := 0
@@ -128,7 +142,7 @@ func report(r *k8sscale.Result) {
 		fmt.Printf("  %-8s %6d  %6.2f %-40s %s\n", p.phase, c.Total(), float64(c.Total())/float64(p.by), p.what, shorten(c.String()))
 	}
 	// Sandboxes made: the fill, the refill after the reap, the refill after the restart.
-	made := n + 2*r.Expiring
+	made := n + r.Expiring + r.Leftovers
 	fmt.Printf("  %-8s %6d  %6.2f per sandbox made over the run (%d made)\n", "all", total, float64(total)/float64(made), made)
 }
 

@@ -105,7 +105,7 @@ func TestRochedReplicasInCluster(t *testing.T) {
 
 	// The clients go on past the new leader's election and the dead replica's lease
 	// grace (15 s each), then stop.
-	run.await(t, run.done()+16)
+	run.await(t, run.done()+14)
 	run.stop(t)
 	t.Logf("%.1f s: the clients stopped: %d sandboxes made, used and destroyed, the keeper's used %d times; connections by replica %v, not taken %v",
 		time.Since(start).Seconds(), run.done(), run.kept(), svc.servedBy(), svc.notTaken())

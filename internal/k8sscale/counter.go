@@ -34,6 +34,13 @@ func (c Counts) Sub(before Counts) Counts {
 	return out
 }
 
+// Add adds other to c.
+func (c Counts) Add(other Counts) {
+	for k, v := range other {
+		c[k] += v
+	}
+}
+
 // String lists the counts, most first: "get pods 812, create pods 200, ...".
 func (c Counts) String() string {
 	keys := slices.Collect(maps.Keys(c))

@@ -12,8 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,6 +51,15 @@ type Params struct {
 	Clients int
 	// PoolConcurrency is roched's --pool-concurrency.
 	PoolConcurrency int
+	// Replicas, when more than 1, runs that many roched of one replica group
+	// (--replica-group): each fills a pool of its share of Sandboxes, the clients are
+	// spread over them as a Service spreads connections and claim from each its share,
+	// and the one killed and started again is the first.
+	Replicas int
+	// KubeQPS and KubeBurst are each roched's --kube-qps and --kube-burst (0: the
+	// provider's defaults, 50 and 100).
+	KubeQPS   float32
+	KubeBurst int
 	// Kubeconfig is the cluster's; Namespace, the run's own, is made by roched and not
 	// deleted here; Selector picks the simulated nodes.
 	Kubeconfig, Namespace, Selector string
@@ -65,6 +79,12 @@ func (p Params) validate() error {
 	}
 	if p.Clients < 1 || p.PoolConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("clients %d, pool concurrency %d: want 1 or more of each", p.Clients, p.PoolConcurrency))
+	}
+	if p.Replicas < 0 || p.Replicas > 1 && (p.Clients < p.Replicas || p.Sandboxes < 2*p.Replicas) {
+		errs = append(errs, fmt.Errorf("%d replicas for %d clients and %d sandboxes: want at least a client and 2 sandboxes a replica", p.Replicas, p.Clients, p.Sandboxes))
+	}
+	if p.KubeQPS < 0 || p.KubeBurst < 0 {
+		errs = append(errs, fmt.Errorf("kube qps %g, burst %d: want 0 (the default) or more", p.KubeQPS, p.KubeBurst))
 	}
 	if p.Kubeconfig == "" || p.Namespace == "" || p.Selector == "" || p.Dir == "" {
 		errs = append(errs, errors.New("kubeconfig, namespace, selector and dir are all needed"))
@@ -103,8 +123,10 @@ type Result struct {
 	Kept, Leftovers            int
 	// Destroy is from draining the pool to every Pod deleted and roched stopped.
 	Destroy time.Duration
-	// RSSFullKiB is roched's resident set holding every sandbox, PeakKiB its peak.
-	RSSFullKiB, PeakKiB int
+	// RSSFullKiB is roched's resident set holding every sandbox, PeakKiB its peak
+	// (with replicas, the sum of theirs; ReplicaRSSKiB and ReplicaPeakKiB are each's).
+	RSSFullKiB, PeakKiB           int
+	ReplicaRSSKiB, ReplicaPeakKiB []int
 	// Requests are roched's requests to the API server in each phase.
 	Requests map[string]Counts
 }
@@ -133,42 +155,91 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 
 	res := &Result{Params: p, Requests: map[string]Counts{}}
 	n := p.Sandboxes
-	dcfg := DaemonConfig{
-		Dir: p.Dir, Kubeconfig: p.Kubeconfig, Namespace: p.Namespace, Selector: p.Selector,
-		Pool:         fmt.Sprintf("%s/%s?min=%d&max=%d&total=%d&timeout=%d&idle_timeout=%d", kubernetes.Name, Image, n, n, n, keepSecs, keepSecs),
-		MaxSandboxes: n, PoolConcurrency: p.PoolConcurrency,
+	nr := max(1, p.Replicas)
+	// Sandbox i is claimed from replica i%nr: share[r] are replica r's.
+	share, expShare := make([]int, nr), make([]int, nr)
+	for i := range n {
+		share[i%nr]++
+		if i >= n-p.Expiring {
+			expShare[i%nr]++
+		}
 	}
-	r, err := StartRoched(ctx, dcfg)
-	if err != nil {
-		return nil, err
+	dcfgs := make([]DaemonConfig, nr)
+	for i := range dcfgs {
+		dcfgs[i] = DaemonConfig{
+			Dir: p.Dir, Kubeconfig: p.Kubeconfig, Namespace: p.Namespace, Selector: p.Selector,
+			Pool:         fmt.Sprintf("%s/%s?min=%d&max=%d&total=%d&timeout=%d&idle_timeout=%d", kubernetes.Name, Image, share[i], share[i], share[i], keepSecs, keepSecs),
+			MaxSandboxes: n, PoolConcurrency: p.PoolConcurrency, KubeQPS: p.KubeQPS, KubeBurst: p.KubeBurst,
+		}
+		if nr > 1 {
+			dcfgs[i].Dir = filepath.Join(p.Dir, strconv.Itoa(i))
+			dcfgs[i].ReplicaGroup, dcfgs[i].ReplicaID = "scale", "scale-"+strconv.Itoa(i)
+			if err := os.MkdirAll(dcfgs[i].Dir, 0o700); err != nil {
+				return nil, err
+			}
+		}
 	}
-	live := r
+	rs := make([]*Roched, nr)
 	defer func() {
-		if live != nil {
-			live.Kill()
+		for _, r := range rs {
+			if r != nil {
+				r.Kill()
+			}
 		}
 	}()
-	fail := func(err error) (*Result, error) {
-		return res, fmt.Errorf("%w\nroched's log ends:\n%s", err, live.Log())
+	logs := func() string {
+		var b strings.Builder
+		for i, r := range rs {
+			if r != nil {
+				fmt.Fprintf(&b, "\nroched %d's log ends:\n%s", i, r.Log())
+			}
+		}
+		return b.String()
 	}
+	fail := func(err error) (*Result, error) { return res, fmt.Errorf("%w%s", err, logs()) }
+	for i := range rs {
+		r, err := StartRoched(ctx, dcfgs[i])
+		if err != nil {
+			return fail(err)
+		}
+		rs[i] = r
+	}
+	r := rs[0]
 
-	// Fill: the pool makes every sandbox.
-	say("filling the pool with %d sandboxes (pool concurrency %d)", n, p.PoolConcurrency)
-	if err := waitPool(ctx, r.Client, n, 0, 10*time.Minute); err != nil {
-		return fail(fmt.Errorf("fill: %w", err))
+	// Fill: each pool makes its share.
+	say("filling %d pools with %d sandboxes (pool concurrency %d, %d roched)", nr, n, p.PoolConcurrency, nr)
+	for i, r := range rs {
+		if err := waitPool(ctx, r.Client, share[i], 0, 10*time.Minute); err != nil {
+			return fail(fmt.Errorf("fill: roched %d: %w", i, err))
+		}
 	}
 	res.Fill = time.Since(r.Started)
-	before := Counts{}
-	mark := func(phase string, r *Roched) error {
-		c, err := r.Requests(ctx)
-		if err != nil {
-			return err
+	before := make([]Counts, nr)
+	mark := func(phase string) error {
+		total := Counts{}
+		for i, r := range rs {
+			c, err := r.Requests(ctx)
+			if err != nil {
+				return err
+			}
+			total.Add(c.Sub(before[i]))
+			before[i] = c
 		}
-		res.Requests[phase] = c.Sub(before)
-		before = c
+		res.Requests[phase] = total
 		return nil
 	}
-	if err := mark(PhaseFill, r); err != nil {
+	memory := func(peak bool) (sum int, each []int) {
+		for _, r := range rs {
+			rss, hwm, _ := r.Memory()
+			if peak {
+				rss = hwm
+			}
+			sum += rss
+			each = append(each, rss)
+		}
+		return sum, each
+	}
+	if err := mark(PhaseFill); err != nil {
 		return fail(err)
 	}
 	if got := w.live(); got != n {
@@ -177,7 +248,7 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 
 	// Claims, the expiring batch last.
 	say("%d clients claiming %d sandboxes (%d of them for %v)", p.Clients, n, p.Expiring, p.ExpireAfter)
-	claims, err := claimAll(ctx, r, p)
+	claims, err := claimAll(ctx, rs, p)
 	if err != nil {
 		return fail(fmt.Errorf("claim: %w", err))
 	}
@@ -185,10 +256,10 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 	for _, c := range claims.all {
 		res.Claims = append(res.Claims, c.took)
 	}
-	if err := mark(PhaseClaim, r); err != nil {
+	if err := mark(PhaseClaim); err != nil {
 		return fail(err)
 	}
-	res.RSSFullKiB, _, _ = r.Memory()
+	res.RSSFullKiB, res.ReplicaRSSKiB = memory(false)
 	// The baseline: a GET of a sandbox's Pod straight from the API server (a client of
 	// our own), the least a request of roched's can take on this cluster.
 	for i := range min(200, n) {
@@ -199,26 +270,25 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 		res.BaselineGets = append(res.BaselineGets, time.Since(start))
 	}
 
-	// List: roched lists every claimed sandbox.
+	// List: roched lists every claimed sandbox (each replica in turn lists them all).
 	say("listing")
-	kp := r.Client.Provider(kubernetes.Name)
-	for range 3 {
+	for i := range 3 {
 		start := time.Now()
-		list, err := kp.List(ctx)
+		list, err := rs[i%nr].Client.Provider(kubernetes.Name).List(ctx)
 		if err != nil {
 			return fail(fmt.Errorf("list: %w", err))
 		}
 		res.Lists = append(res.Lists, time.Since(start))
 		if err := sameIDs(list, claims.all); err != nil {
-			return fail(fmt.Errorf("list: %w", err))
+			return fail(fmt.Errorf("list through roched %d: %w", i%nr, err))
 		}
 	}
-	if err := mark(PhaseList, r); err != nil {
+	if err := mark(PhaseList); err != nil {
 		return fail(err)
 	}
 
-	// Reap: the expiring batch goes at its expiry, the kept ones stay; the pool makes
-	// as many idle ones again (its total allows).
+	// Reap: the expiring batch goes at its expiry, the kept ones stay; each pool makes
+	// as many idle ones again as it lost (its total allows).
 	say("waiting for %d sandboxes to expire and be reaped", p.Expiring)
 	expiring, kept := claims.all[n-p.Expiring:], claims.all[:n-p.Expiring]
 	last := slices.MaxFunc(expiring, func(a, b claim) int { return a.info.ExpiresAt.Compare(b.info.ExpiresAt) }).info.ExpiresAt
@@ -232,30 +302,33 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 	if err := w.noneDeleted(ids(kept)); err != nil {
 		return fail(fmt.Errorf("reap: %w", err))
 	}
-	if err := waitPool(ctx, r.Client, p.Expiring, n-p.Expiring, 5*time.Minute); err != nil {
-		return fail(fmt.Errorf("refill after the reap: %w", err))
+	for i, r := range rs {
+		if err := waitPool(ctx, r.Client, expShare[i], share[i]-expShare[i], 5*time.Minute); err != nil {
+			return fail(fmt.Errorf("refill after the reap: roched %d: %w", i, err))
+		}
 	}
-	if err := mark(PhaseReap, r); err != nil {
+	if err := mark(PhaseReap); err != nil {
 		return fail(err)
 	}
-	_, res.PeakKiB, _ = r.Memory()
+	res.PeakKiB, res.ReplicaPeakKiB = memory(true)
 
-	// kill -9, and roched again on the same state file.
-	leftovers := w.liveExcept(ids(kept))
-	if len(leftovers) != p.Expiring {
-		return fail(fmt.Errorf("before the kill: %d idle Pods, want %d", len(leftovers), p.Expiring))
+	// kill -9 of the first roched, and roched again on the same state file: its idle
+	// sandboxes go, the others' stay.
+	idle := w.liveExcept(ids(kept))
+	if len(idle) != p.Expiring {
+		return fail(fmt.Errorf("before the kill: %d idle Pods, want %d", len(idle), p.Expiring))
 	}
-	say("killing roched (SIGKILL) holding %d client sandboxes and %d idle; starting it again", len(kept), len(leftovers))
+	say("killing roched (SIGKILL) holding %d client sandboxes and %d idle; starting it again", len(kept), expShare[0])
 	r.Kill()
-	live = nil
-	r, err = StartRoched(ctx, dcfg)
+	rs[0] = nil
+	r, err = StartRoched(ctx, dcfgs[0])
 	if err != nil {
-		return res, fmt.Errorf("restart: %w", err)
+		return fail(fmt.Errorf("restart: %w", err))
 	}
-	live = r
-	before = Counts{}
+	rs[0] = r
+	before[0] = Counts{}
 	res.RestartReady = r.Ready.Sub(r.Started)
-	gone, err = w.waitDeleted(ctx, leftovers, 5*time.Minute)
+	gone, err = w.waitDeletedOf(ctx, idle, expShare[0], 5*time.Minute)
 	if err != nil {
 		return fail(fmt.Errorf("restart: the dead roched's idle sandboxes: %w", err))
 	}
@@ -283,13 +356,17 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 		}
 	}
 	res.Kept = len(list)
-	if err := waitPool(ctx, r.Client, p.Expiring, len(kept), 5*time.Minute); err != nil {
+	if err := waitPool(ctx, r.Client, expShare[0], share[0]-expShare[0], 5*time.Minute); err != nil {
 		return fail(fmt.Errorf("restart: refill: %w", err))
 	}
 	if got := w.live(); got != n {
-		return fail(fmt.Errorf("restart: %d Pods, want %d (the kept and a refilled pool)", got, n))
+		return fail(fmt.Errorf("restart: %d Pods, want %d (the kept and refilled pools)", got, n))
 	}
-	if err := mark(PhaseRestart, r); err != nil {
+	if got := w.deletedOf(idle); got != expShare[0] {
+		// Only the killed roched's idle sandboxes went: the others' pools are whole.
+		return fail(fmt.Errorf("restart: %d idle Pods deleted, want the killed roched's %d", got, expShare[0]))
+	}
+	if err := mark(PhaseRestart); err != nil {
 		return fail(err)
 	}
 
@@ -297,16 +374,24 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 	// the clients' by DestroyAll, then roched stopped.
 	say("destroying everything")
 	start := time.Now()
-	drained, _, err := r.Client.PoolDrain(ctx, kubernetes.Name+"/"+Image)
-	if err != nil {
-		return fail(fmt.Errorf("drain: %w", err))
+	drained, destroyed := 0, map[string]bool{}
+	for i, r := range rs {
+		d, _, err := r.Client.PoolDrain(ctx, kubernetes.Name+"/"+Image)
+		if err != nil {
+			return fail(fmt.Errorf("drain: roched %d: %w", i, err))
+		}
+		drained += d
 	}
 	if drained != p.Expiring {
 		return fail(fmt.Errorf("drain: roched destroyed %d idle sandboxes, want %d", drained, p.Expiring))
 	}
-	destroyed, err := r.Client.DestroyAll(ctx, kubernetes.Name)
+	// Through one roched: with replicas, its group's clients' sandboxes are every one's.
+	all, err := r.Client.DestroyAll(ctx, kubernetes.Name)
 	if err != nil {
 		return fail(fmt.Errorf("destroy: %w", err))
+	}
+	for _, id := range all {
+		destroyed[id] = true
 	}
 	if len(destroyed) != len(kept) {
 		return fail(fmt.Errorf("destroy: roched destroyed %d sandboxes, want %d", len(destroyed), len(kept)))
@@ -315,14 +400,16 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 	if _, err := w.waitDeleted(ctx, ids(kept), 5*time.Minute); err != nil {
 		return fail(fmt.Errorf("destroy: %w", err))
 	}
-	if err := mark(PhaseDestroy, r); err != nil {
+	if err := mark(PhaseDestroy); err != nil {
 		return fail(err)
 	}
-	if err := r.Stop(); err != nil {
-		live = nil
-		return res, err
+	for i, r := range rs {
+		err := r.Stop()
+		rs[i] = nil
+		if err != nil {
+			return res, err
+		}
 	}
-	live = nil
 	if err := w.waitEmpty(ctx, 2*time.Minute); err != nil {
 		return res, fmt.Errorf("destroy: %w", err)
 	}
@@ -344,16 +431,29 @@ type claimed struct {
 	wall time.Duration
 }
 
-// claimAll has p.Clients clients claim every sandbox, each over its own connection;
-// every claim must be served from the pool.
-func claimAll(ctx context.Context, r *Roched, p Params) (claimed, error) {
+// claimAll has p.Clients clients claim every sandbox, each over its own connection to
+// one of the roched (spread over them in turn, as a Service spreads connections);
+// sandbox i is claimed from roched i%len(rs), and every claim must be served from its
+// pool.
+func claimAll(ctx context.Context, rs []*Roched, p Params) (claimed, error) {
 	n := p.Sandboxes
 	out := make([]claim, n)
-	jobs := make(chan int)
+	jobs := make([]chan int, len(rs))
+	for i := range jobs {
+		jobs[i] = make(chan int, n)
+	}
+	for i := range n {
+		jobs[i%len(rs)] <- i
+	}
+	for _, j := range jobs {
+		close(j)
+	}
 	errs := make(chan error, p.Clients)
 	var wg sync.WaitGroup
+	var stop atomic.Bool
 	start := time.Now()
-	for range p.Clients {
+	for k := range p.Clients {
+		r := rs[k%len(rs)]
 		c, err := client.New(client.WithSocket(r.cfg.socket()))
 		if err != nil {
 			return claimed{}, err
@@ -362,7 +462,10 @@ func claimAll(ctx context.Context, r *Roched, p Params) (claimed, error) {
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			for i := range jobs {
+			for i := range jobs[k%len(rs)] {
+				if stop.Load() {
+					return
+				}
 				cfg := roche.DefaultConfig()
 				cfg.Image = Image
 				cfg.TimeoutSecs = keepSecs
@@ -376,6 +479,7 @@ func claimAll(ctx context.Context, r *Roched, p Params) (claimed, error) {
 					err = fmt.Errorf("claim %d was not served from the pool (sandbox %s made for it)", i, sb.ID)
 				}
 				if err != nil {
+					stop.Store(true)
 					errs <- err
 					return
 				}
@@ -383,24 +487,14 @@ func claimAll(ctx context.Context, r *Roched, p Params) (claimed, error) {
 			}
 		}()
 	}
-	var err error
-feed:
-	for i := range n {
-		select {
-		case jobs <- i:
-		case err = <-errs:
-			break feed
-		}
-	}
-	close(jobs)
 	wg.Wait()
-	if err == nil {
-		select {
-		case err = <-errs:
-		default:
-		}
+	wall := time.Since(start)
+	select {
+	case err := <-errs:
+		return claimed{all: out, wall: wall}, err
+	default:
 	}
-	return claimed{all: out, wall: time.Since(start)}, err
+	return claimed{all: out, wall: wall}, nil
 }
 
 // waitPool waits until roched's pool has idle sandboxes ready and inUse handed out,
@@ -586,6 +680,34 @@ func (w *podWatch) waitDeleted(ctx context.Context, names []string, within time.
 		}
 		return left == 0, fmt.Sprintf("%d of %d Pods still there", left, len(names))
 	}, names)
+}
+
+// waitDeletedOf waits until k of the named Pods are deleted and returns when each was.
+func (w *podWatch) waitDeletedOf(ctx context.Context, names []string, k int, within time.Duration) (map[string]time.Time, error) {
+	var at map[string]time.Time
+	_, err := w.wait(ctx, within, func() (bool, string) {
+		at = map[string]time.Time{}
+		for _, n := range names {
+			if t, gone := w.deleted[n]; gone {
+				at[n] = t
+			}
+		}
+		return len(at) >= k, fmt.Sprintf("%d of %d Pods deleted, want %d", len(at), len(names), k)
+	}, nil)
+	return at, err
+}
+
+// deletedOf is how many of the named Pods have been deleted.
+func (w *podWatch) deletedOf(names []string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := 0
+	for _, n := range names {
+		if _, gone := w.deleted[n]; gone {
+			k++
+		}
+	}
+	return k
 }
 
 // waitEmpty waits until the namespace has no Pod.

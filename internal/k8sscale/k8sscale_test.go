@@ -28,6 +28,20 @@ func TestMain(m *testing.M) {
 // nothing left in the test's namespace.
 func TestScale(t *testing.T) {
 	testenv.Needs(t, testenv.Cluster)
+	runSmall(t, Params{Sandboxes: 50, Expiring: 10, ExpireAfter: 8 * time.Second, Clients: 8, PoolConcurrency: 8})
+}
+
+// TestScaleReplicas is TestScale through 3 roched of one replica group, each filling a
+// pool of its third and claimed from by its share of the clients: every replica lists
+// all the claims, the leader reaps the expired ones whichever replica gave them out, and
+// the first replica killed with SIGKILL and started again destroys only its own idle
+// sandboxes, not the others'.
+func TestScaleReplicas(t *testing.T) {
+	testenv.Needs(t, testenv.Cluster)
+	runSmall(t, Params{Sandboxes: 48, Expiring: 9, ExpireAfter: 8 * time.Second, Clients: 6, PoolConcurrency: 8, Replicas: 3, KubeQPS: 100})
+}
+
+func runSmall(t *testing.T, p Params) {
 	cluster, err := testcluster.StartKwok(2)
 	if err != nil {
 		t.Fatal(err)
@@ -47,16 +61,25 @@ func TestScale(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := Run(ctx, Params{
-		Sandboxes: 50, Expiring: 10, ExpireAfter: 8 * time.Second, Clients: 8, PoolConcurrency: 8,
-		Kubeconfig: cluster.Kubeconfig, Namespace: ns, Selector: testcluster.KwokSelector,
-		Dir: testenv.ShortDir(t), Progress: testWriter{t},
-	})
+	p.Kubeconfig, p.Namespace, p.Selector = cluster.Kubeconfig, ns, testcluster.KwokSelector
+	p.Dir, p.Progress = testenv.ShortDir(t), testWriter{t}
+	res, err := Run(ctx, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Claims) != 50 || len(res.Reaps) != 10 || res.Kept != 40 || res.Leftovers != 10 {
-		t.Fatalf("claims %d, reaps %d, kept %d, leftovers %d: want 50, 10, 40, 10", len(res.Claims), len(res.Reaps), res.Kept, res.Leftovers)
+	n, exp, nr := p.Sandboxes, p.Expiring, max(1, p.Replicas)
+	// The first roched's share of the expiring claims (sandbox i is claimed from i%nr).
+	first := 0
+	for i := n - exp; i < n; i++ {
+		if i%nr == 0 {
+			first++
+		}
+	}
+	if len(res.Claims) != n || len(res.Reaps) != exp || res.Kept != n-exp || res.Leftovers != first {
+		t.Fatalf("claims %d, reaps %d, kept %d, leftovers %d: want %d, %d, %d, %d", len(res.Claims), len(res.Reaps), res.Kept, res.Leftovers, n, exp, n-exp, first)
+	}
+	if len(res.ReplicaRSSKiB) != nr {
+		t.Errorf("memory of %d roched, want %d", len(res.ReplicaRSSKiB), nr)
 	}
 	// The reaper looks every second; a destroy is a few requests.
 	if worst := slices.Max(res.Reaps); worst > 15*time.Second {
@@ -65,8 +88,8 @@ func TestScale(t *testing.T) {
 	for phase, c := range res.Requests {
 		t.Logf("requests in %s: %d (%s)", phase, c.Total(), c)
 	}
-	t.Logf("fill %v, claim p50 %v, list %v, restart ready %v, clean %v, RSS %d KiB",
-		res.Fill, median(res.Claims), median(res.Lists), res.RestartReady, res.RestartClean, res.RSSFullKiB)
+	t.Logf("fill %v, claim p50 %v, list %v, restart ready %v, clean %v, RSS %v KiB",
+		res.Fill, median(res.Claims), median(res.Lists), res.RestartReady, res.RestartClean, res.ReplicaRSSKiB)
 }
 
 func median(ds []time.Duration) time.Duration {

@@ -48,6 +48,13 @@ type DaemonConfig struct {
 	Pool            string `json:"pool"`
 	MaxSandboxes    int    `json:"max_sandboxes"`
 	PoolConcurrency int    `json:"pool_concurrency"`
+	// ReplicaGroup and ReplicaID make it one replica of a group (roched --replica-group,
+	// --replica-id); KubeQPS and KubeBurst are its --kube-qps and --kube-burst (0: the
+	// provider's defaults).
+	ReplicaGroup string  `json:"replica_group,omitempty"`
+	ReplicaID    string  `json:"replica_id,omitempty"`
+	KubeQPS      float32 `json:"kube_qps,omitempty"`
+	KubeBurst    int     `json:"kube_burst,omitempty"`
 }
 
 func (c DaemonConfig) socket() string { return filepath.Join(c.Dir, "roched.sock") }
@@ -80,7 +87,7 @@ func serveChild(js string) error {
 	counter := newCounter()
 	kp, err := kubernetes.New(kubernetes.WithLogger(log), kubernetes.WithKubeconfig(cfg.Kubeconfig),
 		kubernetes.WithNamespace(cfg.Namespace), kubernetes.WithSimulatedNodes(cfg.Selector),
-		kubernetes.WithTransportWrapper(counter.wrap))
+		kubernetes.WithTransportWrapper(counter.wrap), kubernetes.WithClientRate(cfg.KubeQPS, cfg.KubeBurst))
 	if err != nil {
 		return err
 	}
@@ -91,6 +98,7 @@ func serveChild(js string) error {
 	d, err := daemon.New(daemon.Config{
 		Socket: cfg.socket(), Pools: []pool.Spec{spec},
 		MaxSandboxes: cfg.MaxSandboxes, PoolConcurrency: cfg.PoolConcurrency,
+		ReplicaGroup: cfg.ReplicaGroup, ReplicaID: cfg.ReplicaID,
 	}, map[string]roche.Provider{kubernetes.Name: kp}, daemon.WithLogger(log))
 	if err != nil {
 		return err
