@@ -58,6 +58,7 @@ const fieldManager = "roche-deploy-test"
 // in roched's log) and no more than the calls the provider makes. Last, roched's Pod is
 // replaced and the new one serves a sandbox the old one made.
 func TestRochedInCluster(t *testing.T) {
+	testenv.Needs(t, testenv.Cluster, testenv.Python)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	d := deploy(ctx, t, "")

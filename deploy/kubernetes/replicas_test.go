@@ -47,6 +47,7 @@ const replicaClients = 10
 // may end before its client destroys it, every Pod must be one a client was given, and
 // none may be left when the clients stop.
 func TestRochedReplicasInCluster(t *testing.T) {
+	testenv.Needs(t, testenv.Cluster, testenv.Python)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	d := deploy(ctx, t, replicasPatch(t))
