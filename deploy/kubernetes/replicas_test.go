@@ -104,8 +104,8 @@ func TestRochedReplicasInCluster(t *testing.T) {
 		t.Errorf("the leader %s was killed with no client connection open to it: the test proves nothing of its loss", leader.Name)
 	}
 
-	// The clients go on past the new leader's election and the dead replica's lease
-	// grace (15 s each), then stop.
+	// The clients go on for about 25 s, past the leader lease and the lease grace of the
+	// Holds the dead replica served (15 s each), then stop.
 	run.await(t, run.done()+14)
 	run.stop(t)
 	t.Logf("%.1f s: the clients stopped: %d sandboxes made, used and destroyed, the keeper's used %d times; connections by replica %v, not taken %v",

@@ -20,7 +20,7 @@ from typing import Any
 
 import harness
 
-from roche_sandbox import ProviderUnavailable, Roche, SandboxNotFound, _wire
+from roche_sandbox import Roche, SandboxNotFound, SandboxTimeout, _wire
 from roche_sandbox._discovery import Endpoint
 from roche_sandbox._http import Deadline
 from roche_sandbox._lease import DaemonHold
@@ -164,7 +164,8 @@ class Child:
 class FakeHoldServer:
     """A unix socket answering Hold calls as a script says, one entry per connection:
     "cut" sends one message and closes the connection, "gone" one message and an
-    end-of-stream with NOT_FOUND, "hold" one message and keeps the stream open. For the
+    end-of-stream with NOT_FOUND, "hold" one message and keeps the stream open, "drop"
+    closes the connection before any answer (a replica killed under it). For the
     retry logic only: the real thing is tested against roched below."""
 
     def __init__(self, script: list[str]) -> None:
@@ -194,6 +195,8 @@ class FakeHoldServer:
 
     def _answer(self, c: socketlib.socket, what: str) -> None:
         self.calls.append(self._request(c))
+        if what == "drop":
+            return
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/connect+json\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\n")
         self._chunk(c, _wire.envelope({}))
@@ -268,13 +271,23 @@ class DaemonHoldLogic(unittest.TestCase):
         self.assertTrue(server.closed.wait(10), "the Hold connection stayed open after release()")
         self.assertEqual(len(server.calls), 1)
 
-    def test_a_hold_refused_at_once_fails_the_start(self) -> None:
+    def test_a_first_hold_cut_before_any_answer_is_taken_again(self) -> None:
+        # The create reached roched, then the Hold's connection was lost: taken again
+        # (through a Service, to another replica), as the Go client does.
+        server, h = self.hold(["drop", "hold"])
+        self.assertFalse(h.ended())
+        self.assertEqual(len(server.calls), 2)
+
+    def test_a_hold_refused_throughout_fails_the_start_at_its_deadline(self) -> None:
         server = FakeHoldServer([])
         self.addCleanup(server.close)
         server.server.close()  # its socket file stays, refusing connections: roched gone
         h = DaemonHold(Endpoint(socket=server.socket), "x")
-        with self.assertRaises(ProviderUnavailable):
-            h.start(Deadline(10))
+        start = time.monotonic()
+        with self.assertRaises(SandboxTimeout):
+            h.start(Deadline(1))
+        self.assertLess(time.monotonic() - start, 5)
+        self.wait_ended(h)  # start let go: the retries stop
 
 
 class LeaseCases(harness.SandboxTestCase):

@@ -326,8 +326,9 @@ export function health(ep: Endpoint, timeoutMs: number): Promise<{ providers?: s
 }
 
 /** Holds one leased sandbox with roched's Hold stream on a connection of its own, until
- * release() or the end of the process. A stream cut (roched restarting) is taken again for
- * HOLD_RETRY_FOR_MS; the hold ends for good when roched says the sandbox is gone. */
+ * release() or the end of the process. A stream cut or refused (roched restarting), the
+ * first one included, is taken again for HOLD_RETRY_FOR_MS; the hold ends for good when
+ * roched says the sandbox is gone. */
 class DaemonHold {
   private ctl = new AbortController();
   private done: Promise<void>;
@@ -378,7 +379,12 @@ class DaemonHold {
         this.ctl.signal.removeEventListener("abort", onStop);
       }
       if (this.ctl.signal.aborted) break;
-      if (!this.held || err instanceof SandboxNotFound || err instanceof InvalidConfig || Date.now() - last > HOLD_RETRY_FOR_MS) {
+      // A connection lost before the first message is taken again too, as the Go client
+      // does: the create just reached roched, so it is restarting, or a replica died
+      // behind a Service that sends the next connection to another. An answer before the
+      // first message (not a lost connection) fails at once.
+      const lostFirst = !this.held && err instanceof ProviderUnavailable;
+      if ((!this.held && !lostFirst) || err instanceof SandboxNotFound || err instanceof InvalidConfig || Date.now() - last > HOLD_RETRY_FOR_MS) {
         settle(err);
         return;
       }

@@ -102,8 +102,8 @@ class Holds:
 class DaemonHold:
     """Holds one leased sandbox with roched's Hold stream, from a daemon thread of its own,
     on a connection of its own, until release() or the end of the process. A stream cut
-    (roched restarting) is taken again for HOLD_RETRY_FOR; the hold ends for good when
-    roched says the sandbox is gone."""
+    or refused (roched restarting), the first one included, is taken again for
+    HOLD_RETRY_FOR; the hold ends for good when roched says the sandbox is gone."""
 
     def __init__(self, ep: Endpoint, sid: str) -> None:
         self.sid = sid
@@ -170,7 +170,12 @@ class DaemonHold:
                 err = ProviderUnavailable(f"roched on {self._ep.where} broke off the Hold of sandbox {self.sid}: {e}")
             if self._stop.is_set():
                 break
-            if (not self._held or isinstance(err, (SandboxNotFound, InvalidConfig))
+            # A connection lost before the first message is taken again too, as the Go
+            # client does: the create just reached roched, so it is restarting, or a
+            # replica died behind a Service that sends the next connection to another.
+            # An answer before the first message (not a lost connection) fails at once.
+            if (isinstance(err, (SandboxNotFound, InvalidConfig))
+                    or (not self._held and not isinstance(err, ProviderUnavailable))
                     or time.monotonic() - last > HOLD_RETRY_FOR):
                 self.error = err
                 break
