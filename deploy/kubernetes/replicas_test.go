@@ -55,6 +55,11 @@ func TestRochedReplicasInCluster(t *testing.T) {
 		t.Fatalf("the replicas overlay runs %d roched Pods, want 3", len(d.pods))
 	}
 	svc := startService(ctx, t, d, "roched")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("connections the Service reset:\n%s", svc.resetsSeen())
+		}
+	})
 	sandboxes := watchSandboxes(ctx, t, d.cs, d.ns)
 	run := startClients(ctx, t, svc.addr, d.token, replicaClients)
 	start := time.Now()
@@ -204,6 +209,8 @@ type service struct {
 	served  map[string]int                   // connections sent to each Pod
 	refused map[string]int                   // of those, the ones it did not take (or broke)
 	open    map[string]int                   // connections open to each Pod now
+	resets  []string                         // why connections were reset, for a failure
+	started time.Time
 	reqID   int
 }
 
@@ -224,7 +231,7 @@ func startService(ctx context.Context, t *testing.T, d *deployed, name string) *
 		t.Fatal(err)
 	}
 	s := &service{addr: "http://" + ln.Addr().String(), cfg: d, name: name, slices: inf.GetStore(),
-		tunnels: map[string]httpstream.Connection{}, served: map[string]int{}, refused: map[string]int{}, open: map[string]int{}}
+		tunnels: map[string]httpstream.Connection{}, served: map[string]int{}, refused: map[string]int{}, open: map[string]int{}, started: time.Now()}
 	var wg sync.WaitGroup
 	var open sync.Map // the clients' connections, closed at the end
 	wg.Add(1)
@@ -312,10 +319,24 @@ func (s *service) tunnel(pod string) (httpstream.Connection, error) {
 	return c, nil
 }
 
+// drop closes a Pod's port-forward connection c, unless another has replaced it.
+func (s *service) drop(pod string, c httpstream.Connection) {
+	s.mu.Lock()
+	if s.tunnels[pod] == c {
+		delete(s.tunnels, pod)
+	}
+	s.mu.Unlock()
+	c.Close()
+}
+
 // serve carries one client connection to an endpoint, as client-go's port-forward does
 // (an error stream and a data stream per connection).
 func (s *service) serve(t *testing.T, in net.Conn) {
+	var why string
 	reset := func() {
+		s.mu.Lock()
+		s.resets = append(s.resets, fmt.Sprintf("%.1f s: %s", time.Since(s.started).Seconds(), why))
+		s.mu.Unlock()
 		if tc, ok := in.(*net.TCPConn); ok {
 			tc.SetLinger(0)
 		}
@@ -323,11 +344,13 @@ func (s *service) serve(t *testing.T, in net.Conn) {
 	}
 	ep, ok := s.next()
 	if !ok {
+		why = "no ready endpoint"
 		reset()
 		return
 	}
 	c, err := s.tunnel(ep.pod)
 	if err != nil {
+		why = fmt.Sprintf("port-forward to %s: %v", ep.pod, err)
 		s.count(s.refused, ep.pod)
 		reset()
 		return
@@ -342,6 +365,8 @@ func (s *service) serve(t *testing.T, in net.Conn) {
 	h.Set(corev1.PortForwardRequestIDHeader, strconv.Itoa(id))
 	errStream, err := c.CreateStream(h)
 	if err != nil {
+		why = fmt.Sprintf("error stream to %s: %v", ep.pod, err)
+		s.drop(ep.pod, c)
 		s.count(s.refused, ep.pod)
 		reset()
 		return
@@ -350,6 +375,8 @@ func (s *service) serve(t *testing.T, in net.Conn) {
 	h.Set(corev1.StreamType, corev1.StreamTypeData)
 	data, err := c.CreateStream(h)
 	if err != nil {
+		why = fmt.Sprintf("data stream to %s: %v", ep.pod, err)
+		s.drop(ep.pod, c)
 		c.RemoveStreams(errStream)
 		s.count(s.refused, ep.pod)
 		reset()
@@ -363,10 +390,15 @@ func (s *service) serve(t *testing.T, in net.Conn) {
 		s.open[ep.pod]--
 		s.mu.Unlock()
 	}()
-	failed := make(chan bool, 1)
+	failed := make(chan string, 1)
 	go func() {
 		msg, err := io.ReadAll(errStream)
-		failed <- err != nil || len(msg) > 0
+		switch {
+		case err != nil:
+			failed <- err.Error()
+		default:
+			failed <- string(msg)
+		}
 	}()
 	remoteDone, localDone := make(chan struct{}), make(chan struct{})
 	go func() { io.Copy(in, data); close(remoteDone) }()
@@ -375,7 +407,11 @@ func (s *service) serve(t *testing.T, in net.Conn) {
 	case <-remoteDone:
 	case <-localDone:
 	}
-	if <-failed {
+	if msg := <-failed; msg != "" {
+		why = fmt.Sprintf("%s: %s", ep.pod, msg)
+		// The kubelet takes no more streams on a port-forward that failed once (as
+		// client-go's port-forward, which ends there): the next connection makes another.
+		s.drop(ep.pod, c)
 		s.count(s.refused, ep.pod)
 		reset()
 	} else {
@@ -397,6 +433,13 @@ func (s *service) openTo(pod string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.open[pod]
+}
+
+// resetsSeen are the resets so far, why and when.
+func (s *service) resetsSeen() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.resets, "\n")
 }
 
 func (s *service) servedBy() map[string]int { return s.snapshot(s.served) }
