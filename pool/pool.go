@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
@@ -93,6 +95,7 @@ type Manager struct {
 	createTimeout time.Duration
 	probeTimeout  time.Duration
 	owner         string
+	tracer        trace.Tracer // nil: no spans (trace.go)
 
 	pools []*Pool // in the order given
 	byKey map[Key]*Pool
@@ -688,10 +691,14 @@ func (p *Pool) refill() {
 	if p.spec.MaxTotal > 0 {
 		want = min(want, p.spec.MaxTotal-have-len(p.inUse))
 	}
-	for range max(want, 0) {
+	if want <= 0 {
+		return
+	}
+	b := p.startBatch(want)
+	for range want {
 		p.creating++
 		p.wg.Add(1)
-		go p.create()
+		go p.create(b)
 	}
 }
 
@@ -701,10 +708,12 @@ func (p *Pool) targetLocked(now time.Time) int {
 	return min(max(p.target, p.spec.MinIdle, p.demand.depth(now)), p.spec.MaxIdle)
 }
 
-// create makes one sandbox, waiting for a slot of the manager's bounded concurrency.
-func (p *Pool) create() {
+// create makes one sandbox, waiting for a slot of the manager's bounded concurrency;
+// b is its refill's span (nil: tracing is off).
+func (p *Pool) create(b *batch) {
 	defer p.wg.Done()
 	if !p.m.slots.acquire(p.m.stop) {
+		b.done(false)
 		p.mu.Lock()
 		p.creating--
 		p.notifyLocked()
@@ -714,9 +723,11 @@ func (p *Pool) create() {
 	// A creation is never cancelled midway, even by Close: an engine call cut short can
 	// leave a container nobody knows of. Close waits for it and destroys the result.
 	ctx, cancel := context.WithTimeout(context.Background(), p.m.createTimeout)
+	ctx, end := b.child(ctx, p.m.tracer)
 	start := time.Now()
 	info, made, err := p.make(ctx)
 	cancel()
+	end(info.ID, err)
 	p.m.slots.release()
 
 	p.mu.Lock()

@@ -71,6 +71,12 @@ func newOTLPReceiver(t *testing.T) *otlpReceiver {
 // with a token, its environment without any OTEL_ variable but those given.
 func startTracedRoched(t *testing.T, token string, env ...string) (r *roched, socket, addr string) {
 	t.Helper()
+	return startTracedRochedArgs(t, token, nil, env...)
+}
+
+// startTracedRochedArgs is startTracedRoched with more flags.
+func startTracedRochedArgs(t *testing.T, token string, args []string, env ...string) (r *roched, socket, addr string) {
+	t.Helper()
 	dir := shortDir(t)
 	socket = filepath.Join(dir, "roched.sock")
 	tokenFile := filepath.Join(dir, "token")
@@ -85,6 +91,7 @@ func startTracedRoched(t *testing.T, token string, env ...string) (r *roched, so
 	l.Close()
 	cmd := exec.Command(os.Args[0], "--socket", socket, "--listen", "tcp://"+addr, "--token-file", tokenFile,
 		"--providers", "docker", "--log-level", "debug")
+	cmd.Args = append(cmd.Args, args...)
 	for _, e := range os.Environ() {
 		if !strings.HasPrefix(e, "OTEL_") && !strings.HasPrefix(e, "ROCHE_TOKEN=") {
 			cmd.Env = append(cmd.Env, e)
@@ -307,5 +314,64 @@ func TestOTLPEndpoint(t *testing.T) {
 		if code != 1 || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, "http:// or https:// URL") {
 			t.Errorf("--otlp-endpoint %q: exit %d, stderr %q", bad, code, msg)
 		}
+	}
+}
+
+// TestTracesPoolRefill: a pool's refill, made in the background outside any call, is a
+// root span of its own (pool.refill, in a trace of its own) with a pool.create span per
+// sandbox below it, naming the sandbox, and the engine's calls below that.
+func TestTracesPoolRefill(t *testing.T) {
+	testenv.Needs(t, testenv.Docker)
+	recv := newOTLPReceiver(t)
+	token := secret(t)
+	r, _, _ := startTracedRochedArgs(t, token, []string{"--pool", "docker/" + testImage() + "?min=1&max=1"},
+		"OTEL_EXPORTER_OTLP_ENDPOINT="+recv.srv.URL)
+	// The pool's sandbox is ready when roched logs it (debug).
+	deadline := time.Now().Add(2 * time.Minute)
+	for !strings.Contains(r.log.String(), "pool: sandbox ready") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool made no sandbox; roched's log:\n%s", r.log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sigtermRoched(t, r)
+
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	var refill, create *tracepb.Span
+	for _, s := range recv.spans {
+		switch s.Name {
+		case "pool.refill":
+			refill = s
+		case "pool.create":
+			create = s
+		}
+	}
+	if refill == nil || create == nil {
+		t.Fatalf("no pool.refill or pool.create span among %d", len(recv.spans))
+	}
+	if len(refill.ParentSpanId) != 0 {
+		t.Errorf("pool.refill has a parent %x; want a root span", refill.ParentSpanId)
+	}
+	if string(create.ParentSpanId) != string(refill.SpanId) || string(create.TraceId) != string(refill.TraceId) {
+		t.Errorf("pool.create's parent %x, want pool.refill's %x", create.ParentSpanId, refill.SpanId)
+	}
+	attrs := map[string]*commonpb.AnyValue{}
+	for _, kv := range append(refill.Attributes, create.Attributes...) {
+		attrs[kv.Key] = kv.Value
+	}
+	if attrs["roche.pool"].GetStringValue() != "docker/"+testImage() || attrs["roche.pool.count"].GetIntValue() != 1 ||
+		attrs["roche.pool.made"].GetIntValue() != 1 ||
+		attrs["roche.sandbox_id"].GetStringValue() == "" {
+		t.Errorf("attributes %v; want the pool, count 1, made 1 and the sandbox id", attrs)
+	}
+	var engine int
+	for _, s := range recv.spans {
+		if string(s.ParentSpanId) == string(create.SpanId) && strings.HasPrefix(s.Name, "POST ") {
+			engine++
+		}
+	}
+	if engine == 0 {
+		t.Errorf("no engine call below pool.create")
 	}
 }

@@ -292,6 +292,9 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 	if cfg.PoolConcurrency > 0 {
 		popts = append(popts, pool.WithConcurrency(cfg.PoolConcurrency))
 	}
+	if l.tracer != nil {
+		popts = append(popts, pool.WithTracer(l.tracer))
+	}
 	m, err := pool.NewManager(providers, cfg.Pools, popts...)
 	if err != nil {
 		return nil, err
