@@ -190,7 +190,8 @@ func (d *Daemon) consoleWhoami(w http.ResponseWriter, r *http.Request) {
 const usageTimeout = 3 * time.Second
 
 // consoleUsage is the live CPU time, memory and processes of each of the tenant's
-// running sandboxes whose provider can read them without running anything inside.
+// running sandboxes whose provider can read them without running a command inside
+// (kit.UsageReader: the engine, the cgroup's files, or the sandbox's agent).
 func (d *Daemon) consoleUsage(w http.ResponseWriter, r *http.Request) {
 	t, ok := d.consoleTenant(w, r)
 	if !ok {

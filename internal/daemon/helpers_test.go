@@ -20,12 +20,15 @@ import (
 	"github.com/roche-sandbox/roche/pool"
 	"github.com/roche-sandbox/roche/provider/docker"
 	"github.com/roche-sandbox/roche/provider/kit"
+	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
 // TestMain lets the test binary double as roched for the kill -9 test, which needs a
 // real process to kill (ROCHED_TEST_AS_DAEMON=1), and builds roche-agent so sandboxes run
 // as they do in production (the subprocess inherits ROCHE_AGENT).
 func TestMain(m *testing.M) {
+	// The qemu provider runs each VM's supervisor as this binary (TestConsoleUsageQEMU).
+	supervisor.RunIfAsked()
 	if os.Getenv("ROCHED_TEST_AS_DAEMON") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 	}

@@ -465,6 +465,11 @@ func (s *Server) serve(nc net.Conn) {
 		}
 	case guest.OpHealth:
 		err = c.sendJSON(guest.FrameReply, s.health())
+	case guest.OpUsage:
+		var u guest.Usage
+		if u, err = s.usage(); err == nil {
+			err = c.sendJSON(guest.FrameReply, u)
+		}
 	case guest.OpLease:
 		err = s.lease(c, req)
 	case guest.OpLifetime:
