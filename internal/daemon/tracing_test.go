@@ -161,6 +161,10 @@ func tracedCalls(t *testing.T, addr, token, secretValue string) (parent trace.Sp
 	if err != nil || res.ExitCode != 0 || !strings.Contains(string(res.Stdout), secretValue) {
 		t.Fatalf("exec: %+v, %v", res, err)
 	}
+	ex, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: "print('" + secretValue + "')"})
+	if err != nil || ex.Error != nil || !strings.Contains(strings.Join(ex.Logs.Stdout, ""), secretValue) {
+		t.Fatalf("run code: %+v, %v", ex, err)
+	}
 	return span.SpanContext(), sb.ID
 }
 
@@ -227,7 +231,13 @@ func TestTracesEndToEnd(t *testing.T) {
 			t.Errorf("%s: kind %v, tenant %q; want a server span of tenant default", s.Name, s.Kind, attr(s, "roche.tenant"))
 		}
 	}
-	for _, c := range []struct{ child, parent *tracepb.Span }{{pcreate, create}, {claim, create}, {pexec, exec}} {
+	// The agent's own spans, recorded in the sandbox and sent back with the result.
+	aexec, aproc, acode, pcode := byName["agent.exec"], byName["agent.process"], byName["agent.run_code"], byName["provider.run_code"]
+	if aexec == nil || aproc == nil || acode == nil || pcode == nil {
+		t.Fatalf("spans of the client's trace: %q; want agent.exec, agent.process, provider.run_code and agent.run_code", names())
+	}
+	for _, c := range []struct{ child, parent *tracepb.Span }{{pcreate, create}, {claim, create}, {pexec, exec},
+		{aexec, pexec}, {aproc, aexec}, {acode, pcode}} {
 		if string(c.child.ParentSpanId) != string(c.parent.SpanId) {
 			t.Errorf("%s: parent %x, want %s's %x", c.child.Name, c.child.ParentSpanId, c.parent.Name, c.parent.SpanId)
 		}
@@ -241,6 +251,15 @@ func TestTracesEndToEnd(t *testing.T) {
 		if attr(s, "roche.provider") != "docker" {
 			t.Errorf("%s: provider %q, want docker", s.Name, attr(s, "roche.provider"))
 		}
+	}
+	for _, s := range []*tracepb.Span{aexec, aproc, acode} {
+		if attr(s, "roche.component") != "roche-agent" || s.StartTimeUnixNano < pexec.StartTimeUnixNano && s != acode {
+			t.Errorf("%s: component %q, start %d (provider.exec's %d)", s.Name, attr(s, "roche.component"), s.StartTimeUnixNano, pexec.StartTimeUnixNano)
+		}
+	}
+	if aproc.EndTimeUnixNano < aproc.StartTimeUnixNano || aexec.EndTimeUnixNano > pexec.EndTimeUnixNano {
+		t.Errorf("agent.process %d..%d, agent.exec ends %d after provider.exec %d", aproc.StartTimeUnixNano, aproc.EndTimeUnixNano,
+			aexec.EndTimeUnixNano, pexec.EndTimeUnixNano)
 	}
 	// The provider's own calls to its engine (the Docker client's spans) are below them.
 	var engine int

@@ -181,6 +181,10 @@ type Request struct {
 	Code     string `json:"code,omitempty"`
 	Language string `json:"language,omitempty"`
 	Context  string `json:"context,omitempty"`
+
+	// TraceParent (exec, code_run), a W3C traceparent, asks for the agent's spans of
+	// the request with its result (trace.go).
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // CodeContext describes a code context.
@@ -218,6 +222,8 @@ type CodeEnd struct {
 	Died       bool  `json:"died,omitempty"`
 	Truncated  bool  `json:"truncated,omitempty"`
 	DurationNS int64 `json:"duration_ns"`
+	// Spans are the agent's spans of the cell, when the request asked (TraceParent).
+	Spans []Span `json:"spans,omitempty"`
 }
 
 // Offsets are byte offsets into a command's stdout and stderr, counted from its start.
@@ -239,6 +245,8 @@ type Result struct {
 	DurationNS int64 `json:"duration_ns"`
 	// Receipt is what the command used; an agent from before receipts sends none.
 	Receipt *Receipt `json:"receipt,omitempty"`
+	// Spans are the agent's spans of the command, when the request asked (TraceParent).
+	Spans []Span `json:"spans,omitempty"`
 }
 
 // Receipt is what a command used: its process tree's rusage (the command's and every

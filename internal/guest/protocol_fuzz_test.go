@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -230,7 +231,7 @@ func FuzzClient(f *testing.F) {
 		if out.err == nil && op == 0 {
 			var res Result
 			last := lastFrame(reply)
-			if last == nil || last[0] != FrameResult || json.Unmarshal(last[5:], &res) != nil || res != out.result.(Result) {
+			if last == nil || last[0] != FrameResult || json.Unmarshal(last[5:], &res) != nil || !reflect.DeepEqual(res, out.result.(Result)) {
 				t.Errorf("exec returned %+v without a result frame saying so", out.result)
 			}
 		}

@@ -79,10 +79,12 @@ func (s *Server) runCode(c *conn, req guest.Request) error {
 			}
 		}
 	}()
+	tr := newReqTrace(req)
 	end, err := s.code.Run(ctx, req, cellFrames{c})
 	if err != nil {
 		return err
 	}
+	end.Spans = tr.codeSpans(end)
 	return c.sendJSON(guest.FrameCodeEnd, end)
 }
 

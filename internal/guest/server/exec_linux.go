@@ -255,6 +255,8 @@ type proc struct {
 	started time.Time
 	done    chan struct{}
 	budget  *keptBudget
+	// trace is the request's spans to record (trace_linux.go); nil: none asked.
+	trace *reqTrace
 
 	// tty is the master of the command's terminal (nil without one), set before the
 	// command is listed and never changed; ttyClosed says it was closed. ttyMu orders
@@ -411,6 +413,7 @@ func (p *proc) finish(res guest.Result, stopping string) {
 	p.mu.Lock()
 	res.Truncated = p.truncated
 	res.TimedOut = p.timedOut
+	res.Spans = p.spans(res)
 	p.result = res
 	p.stopping = stopping
 	p.ended = time.Now()
@@ -479,7 +482,7 @@ func (s *Server) exec(c *conn, req guest.Request) error {
 	env := mergeEnv(s.baseEnv, req.Env)
 	p := &proc{
 		cmd: req.Cmd, tag: req.Tag, env: req.Env, cwd: req.Cwd, key: req.Key, ttyOn: req.TTY, durable: durable,
-		done: make(chan struct{}), written: map[byte]int64{}, budget: s.kept,
+		done: make(chan struct{}), written: map[byte]int64{}, budget: s.kept, trace: newReqTrace(req),
 	}
 	limit := req.OutputLimit
 	if limit <= 0 {

@@ -42,7 +42,9 @@ func (t Target) RunCode(ctx context.Context, req roche.CodeRequest) (roche.Execu
 	timeout := time.Duration(cell.Request.TimeoutMS) * time.Millisecond
 	actx, cancel := context.WithTimeout(ctx, timeout+interruptSlack+answerSlack)
 	defer cancel()
+	cell.Request.TraceParent = traceParent(ctx)
 	end, err := t.Agent.RunCode(actx, cell.Request, guest.CodeOptions{Stdout: cell.Stdout, Stderr: cell.Stderr, Result: cell.Result})
+	agentSpans(ctx, end.Spans)
 	if err != nil {
 		if ctx.Err() != nil {
 			return roche.Execution{}, fmt.Errorf("running code in sandbox %s: %w", t.ID, ctx.Err())

@@ -59,7 +59,10 @@ func (t Target) Exec(ctx context.Context, req roche.ExecRequest) (roche.ExecResu
 	timeout := t.timeout(req)
 	actx, cancel := context.WithTimeout(ctx, timeout+answerSlack)
 	defer cancel()
-	res, err := t.Agent.Exec(actx, t.request(req, timeout), guest.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
+	r := t.request(req, timeout)
+	r.TraceParent = traceParent(ctx)
+	res, err := t.Agent.Exec(actx, r, guest.ExecOptions{Stdin: req.Stdin, Stdout: stdout, Stderr: stderr})
+	agentSpans(ctx, res.Spans)
 	if err != nil {
 		if ctx.Err() != nil {
 			return roche.ExecResult{}, fmt.Errorf("running command in sandbox %s: %w", t.ID, ctx.Err())
