@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
@@ -23,7 +22,8 @@ func (f Forwarder) Usage(ctx context.Context, id string) (kit.Usage, error) {
 	}
 	u, err := t.Agent.Usage(ctx)
 	if errors.Is(err, guest.ErrUsageUnsupported) {
-		return kit.Usage{}, fmt.Errorf("%w: sandbox %s: %v", roche.ErrUnsupported, id, err)
+		// Said, not hidden: the console shows it in place of the figures.
+		return kit.Usage{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if err != nil {
 		return kit.Usage{}, t.fail(err)
