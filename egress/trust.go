@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,7 +51,7 @@ type Trust struct {
 // sandbox must get.
 func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Trust, error) {
 	placeholders := map[string]string{}
-	if b, err := os.ReadFile(filepath.Join(dir, placeholdersFile)); err == nil {
+	if b, err := readRegular(filepath.Join(dir, placeholdersFile)); err == nil {
 		_ = json.Unmarshal(b, &placeholders)
 	}
 	m, err := MakeTrust(opts, sandbox, secrets, placeholders)
@@ -60,7 +61,7 @@ func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Tru
 	t := Trust{Env: m.Env}
 	if len(secrets) > 0 {
 		b, _ := json.Marshal(m.Placeholders)
-		if err := os.WriteFile(filepath.Join(dir, placeholdersFile), b, 0o600); err != nil {
+		if err := writeInPlace(filepath.Join(dir, placeholdersFile), b, 0o600); err != nil {
 			return Trust{}, fmt.Errorf("recording the secrets' placeholders: %w", err)
 		}
 	}
@@ -73,7 +74,7 @@ func PrepareTrust(opts *Options, dir, sandbox string, secrets []SecretSpec) (Tru
 		name string
 		b    []byte
 	}{{caFile, m.CACert}, {bundleFile, m.Bundle}} {
-		if err := writeInPlace(filepath.Join(dir, f.name), f.b); err != nil {
+		if err := writeInPlace(filepath.Join(dir, f.name), f.b, 0o644); err != nil {
 			return Trust{}, fmt.Errorf("writing the sandbox's CA certificate: %w", err)
 		}
 	}
@@ -156,12 +157,29 @@ func NeedsCA(allowlist []string, secrets int) bool {
 	return err == nil && pol.Intercepts()
 }
 
-// writeInPlace writes b to path, mode 0644, keeping the file's inode if it exists.
-func writeInPlace(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o644)
+// writeInPlace writes b to path (made with mode perm), keeping the file's inode if it
+// exists. It follows no symlink and waits on no FIFO (O_NONBLOCK): a provider keeps dir
+// out of its sandbox's reach, and one that did not must not let the sandbox aim the
+// host's write elsewhere or hang it.
+func writeInPlace(path string, b []byte, perm os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, perm)
 	if err != nil {
 		return err
 	}
 	_, err = f.Write(b)
 	return errors.Join(err, f.Close())
+}
+
+// readRegular reads path if it is a regular file, following no symlink and waiting on
+// no FIFO (as writeInPlace).
+func readRegular(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return io.ReadAll(io.LimitReader(f, 1<<20))
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -18,12 +20,19 @@ import (
 	"github.com/roche-sandbox/roche/provider/internal/statedir"
 )
 
-// Each sandbox's agent socket lives in a directory of its own on the host, bind-mounted
-// into the container, under a directory of its engine's own:
+// Each sandbox has a directory of its own on the host, under a directory of its
+// engine's own; its sockets are in a subdirectory, the one bind-mounted into the
+// container:
 //
-//	STATEDIR/engine-HASH/roche-NAME/agent.sock
+//	STATEDIR/engine-HASH/roche-NAME/run/agent.sock (and egress.sock)
+//	STATEDIR/engine-HASH/roche-NAME/claim.json, expires, start_by, egress-*
 //
-// where HASH names the engine's address. A sandbox that ends while nobody of ours
+// where HASH names the engine's address. What the host keeps for the sandbox (its
+// claim, which may hold its holder's environment; its end; its egress CA's certificate
+// and its secrets' placeholders) is beside run/, never in it: run/ belongs to the host
+// user, and a sandbox whose user is root has that uid (roched's, as a rule) inside, so
+// it could read and forge files there, or replace them by symlinks the host's next write
+// follows (TestRootSandboxCannotReachHostFiles). A sandbox that ends while nobody of ours
 // watches (its lifetime, its lease) is removed by the engine, which knows nothing of
 // the directory, so creates and gc sweep the directories whose container their engine
 // no longer lists. Every engine on a host shares the default state directory: keyed by
@@ -36,6 +45,8 @@ const (
 	// made it gives up: until then its container may not exist yet, whatever the
 	// sweeping process's own engine timeout.
 	startByFile = "start_by"
+	// runSubdir is the subdirectory bound into the sandbox, holding its sockets only.
+	runSubdir = "run"
 	// newDirSlack is how long a directory being made (".new-NAME") may take before a
 	// sweep takes it for one whose maker died.
 	newDirSlack = 10 * time.Minute
@@ -67,6 +78,10 @@ func (p *Provider) makeAgentDir(ctx context.Context, name string) (string, error
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
 	}
+	if err := os.Mkdir(filepath.Join(tmp, runSubdir), 0o700); err != nil {
+		os.RemoveAll(tmp)
+		return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
+	}
 	by := time.Now().Add(2 * p.engineTimeout)
 	if deadline, ok := ctx.Deadline(); ok && deadline.Before(by) {
 		by = deadline
@@ -80,6 +95,16 @@ func (p *Provider) makeAgentDir(ctx context.Context, name string) (string, error
 		return "", fmt.Errorf("%w: making the agent's socket directory: %v", roche.ErrUnavailable, err)
 	}
 	return dir, nil
+}
+
+// runDirOf is the directory of a sandbox's sockets, the one bound into it, for the
+// sandbox directory dir. A container made before the sockets had a subdirectory of their
+// own (its labels lack LabelRunDir) has them in dir itself.
+func runDirOf(dir string, labels map[string]string) string {
+	if dir == "" || labels[LabelRunDir] != runSubdir {
+		return dir
+	}
+	return filepath.Join(dir, runSubdir)
 }
 
 // removeAgentDir removes a sandbox's socket directory, if it is one of this engine's.
@@ -165,4 +190,17 @@ func creating(dir string, e os.DirEntry, slack time.Duration) bool {
 	}
 	fi, err := e.Info()
 	return err == nil && time.Since(fi.ModTime()) < slack
+}
+
+// writeNew writes b to a file made at path (mode 0600), after removing what was there,
+// following no symlink: the temporary half of an atomic write in a sandbox's directory.
+// (A sandbox made before run/ existed can write in its directory.)
+func writeNew(path string, b []byte) error {
+	_ = os.Remove(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	return errors.Join(err, f.Close())
 }

@@ -45,7 +45,7 @@ func (p *Provider) Claim(ctx context.Context, id string, c kit.Claim) error {
 		return err
 	}
 	tmp := filepath.Join(dir, "."+claimFile)
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	if err := writeNew(tmp, b); err != nil {
 		return fmt.Errorf("%w: claiming sandbox %s: %v", roche.ErrUnavailable, id, err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, claimFile)); err != nil {

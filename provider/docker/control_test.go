@@ -92,7 +92,8 @@ func TestLocalUserCannotReachSandboxControl(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		target := controlTarget{ID: c.ID, AgentDir: c.Config.Labels[docker.LabelAgentDir], Victim: "/victim"}
+		// The sockets are in the run/ subdirectory of the sandbox's directory.
+		target := controlTarget{ID: c.ID, AgentDir: filepath.Join(c.Config.Labels[docker.LabelAgentDir], c.Config.Labels[docker.LabelRunDir]), Victim: "/victim"}
 		if rt == docker.RuntimeGVisor {
 			target.RunscRoot = runscRoot(t, c.ID)
 			// Not vacuous: the control socket is where the probe will look (a file today,

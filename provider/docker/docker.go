@@ -49,6 +49,9 @@ const (
 	LabelConfig    = "roche.config"
 	LabelTransport = "roche.transport"
 	LabelAgentDir  = "roche.agent_dir"
+	// LabelRunDir, "run", says the sandbox's sockets are in that subdirectory of its
+	// LabelAgentDir, the one bound into it (agentdir.go).
+	LabelRunDir = "roche.run_dir"
 	// LabelStartBy is when (unix seconds) the create that made the container gives up:
 	// one not started by then never will be (sweepUnstartedSoon).
 	LabelStartBy = "roche.start_by"
@@ -143,10 +146,11 @@ type sandbox struct {
 	id      string
 	expires time.Time
 	cfg     kit.Spec
-	// agent is set when roche-agent serves the sandbox; agentDir is its socket directory
-	// on the host.
+	// agent is set when roche-agent serves the sandbox; agentDir is its directory on
+	// the host, runDir the one of its sockets, bound into it (agentdir.go).
 	agent    *guest.Client
 	agentDir string
+	runDir   string
 }
 
 func (s sandbox) transport() string {
@@ -505,10 +509,10 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec, who runAs, withAgen
 		if err != nil {
 			return roche.SandboxInfo{}, err
 		}
-		sb.agentDir = dir
-		sb.agent = guest.NewClient(filepath.Join(sb.agentDir, agentspec.SocketName))
+		sb.agentDir, sb.runDir = dir, filepath.Join(dir, runSubdir)
+		sb.agent = guest.NewClient(filepath.Join(sb.runDir, agentspec.SocketName))
 		if len(cfg.NetworkAllowlist) > 0 {
-			if err := p.startEgress(sb.agentDir, name, cfg.Config); err != nil {
+			if err := p.startEgress(sb.agentDir, sb.runDir, name, cfg.Config); err != nil {
 				p.removeAgentDir(sb.agentDir)
 				return roche.SandboxInfo{}, err
 			}
@@ -782,6 +786,7 @@ func (p *Provider) containerConfig(cfg kit.Spec, who runAs, expires time.Time, a
 		// are all zero in everything the sandbox runs.
 		ccfg.Labels[LabelTransport] = TransportAgent
 		ccfg.Labels[LabelAgentDir] = agentDir
+		ccfg.Labels[LabelRunDir] = runSubdir
 		ccfg.User = "0:0"
 		agent := agentspec.Spec{
 			Socket: agentspec.RunDir + "/" + agentspec.SocketName, Owner: os.Geteuid(), User: who.user,
@@ -809,7 +814,7 @@ func (p *Provider) containerConfig(cfg kit.Spec, who runAs, expires time.Time, a
 		ccfg.Entrypoint = append([]string{agentspec.Binary}, agent.Args()...)
 		hcfg.Mounts = append(hcfg.Mounts,
 			mount.Mount{Type: mount.TypeBind, Source: p.agentPath, Target: agentspec.Binary, ReadOnly: true},
-			mount.Mount{Type: mount.TypeBind, Source: agentDir, Target: agentspec.RunDir},
+			mount.Mount{Type: mount.TypeBind, Source: filepath.Join(agentDir, runSubdir), Target: agentspec.RunDir},
 		)
 	}
 	return ccfg, hcfg, nil
@@ -930,7 +935,8 @@ func (p *Provider) inspect(ctx context.Context, id string) (container.InspectRes
 	}
 	if c.Config.Labels[LabelTransport] == TransportAgent {
 		s.agentDir = c.Config.Labels[LabelAgentDir]
-		s.agent = guest.NewClient(filepath.Join(s.agentDir, agentspec.SocketName))
+		s.runDir = runDirOf(s.agentDir, c.Config.Labels)
+		s.agent = guest.NewClient(filepath.Join(s.runDir, agentspec.SocketName))
 		p.claimed(s.agentDir, &s.cfg.Owner, &s.expires)
 		if c.State != nil && c.State.Running {
 			p.ensureEgress(s)

@@ -45,8 +45,10 @@ func (p *Provider) checkEgress(cfg roche.Config) error {
 	return nil
 }
 
-// startEgress serves the proxy for the sandbox whose socket directory is dir.
-func (p *Provider) startEgress(dir, name string, cfg roche.Config) error {
+// startEgress serves the proxy for the sandbox whose directory is dir, on a socket in
+// runDir, its sockets' directory; the CA's certificate and the placeholders are kept in
+// dir, out of the sandbox's reach (agentdir.go).
+func (p *Provider) startEgress(dir, runDir, name string, cfg roche.Config) error {
 	pol, err := egress.ParsePolicy(cfg.NetworkAllowlist)
 	if err != nil {
 		return fmt.Errorf("%w: %v", roche.ErrInvalidConfig, err)
@@ -56,7 +58,7 @@ func (p *Provider) startEgress(dir, name string, cfg roche.Config) error {
 	if _, ok := p.proxies[dir]; ok {
 		return nil
 	}
-	sock := filepath.Join(dir, agentspec.EgressSocketName)
+	sock := filepath.Join(runDir, agentspec.EgressSocketName)
 	_ = os.Remove(sock) // left by a process that ran this proxy before
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -87,11 +89,11 @@ func (p *Provider) ensureEgress(s sandbox) {
 		return
 	}
 	// Another live process may be serving it; only an unanswered socket is taken over.
-	if c, err := net.Dial("unix", filepath.Join(s.agentDir, agentspec.EgressSocketName)); err == nil {
+	if c, err := net.Dial("unix", filepath.Join(s.runDir, agentspec.EgressSocketName)); err == nil {
 		c.Close()
 		return
 	}
-	if err := p.startEgress(s.agentDir, filepath.Base(s.agentDir), s.cfg.Config); err != nil {
+	if err := p.startEgress(s.agentDir, s.runDir, filepath.Base(s.agentDir), s.cfg.Config); err != nil {
 		p.log.Warn("restarting a sandbox's egress proxy", "sandbox", s.id, "err", err)
 	}
 	p.nameEgress(s.agentDir, s.id)

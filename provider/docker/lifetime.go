@@ -40,7 +40,7 @@ func (p *Provider) SetTimeout(ctx context.Context, id string, d time.Duration) (
 		return roche.SandboxInfo{}, err
 	}
 	tmp := filepath.Join(dir, "."+expiresFile)
-	if err := os.WriteFile(tmp, []byte(strconv.FormatInt(end.UnixNano(), 10)), 0o600); err != nil {
+	if err := writeNew(tmp, []byte(strconv.FormatInt(end.UnixNano(), 10))); err != nil {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: recording the new end of sandbox %s: %v", roche.ErrUnavailable, id, err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, expiresFile)); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/guest/podlink"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 	"github.com/roche-sandbox/roche/provider/providertest"
@@ -90,4 +92,16 @@ func TestEgressInterceptAndSecrets(t *testing.T) {
 	if egress.Lookup(id) != nil {
 		t.Error("the sandbox's egress proxy outlived it")
 	}
+}
+
+// TestEgressTrustOutOfReach: a root sandbox cannot touch its trust files (its
+// ConfigMap's keys, bound read-only by subPath); the host keeps nothing in the Pod. The
+// socket directory also holds the kubelet's termination-log (podlink.TerminationLog),
+// bound there by the kubelet (so it cannot be replaced by a symlink) and read by it
+// with a bound.
+func TestEgressTrustOutOfReach(t *testing.T) {
+	testenv.Needs(t, testenv.Cluster, testenv.Root)
+	p := newProvider(t, kubernetes.WithEgressProxy())
+	providertest.EgressTrustOutOfReach(t, p, baseConfig(), func(cfg roche.Config) string { return create(t, p, cfg).ID },
+		path.Base(podlink.TerminationLog))
 }

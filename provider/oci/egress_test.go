@@ -81,3 +81,18 @@ func TestEgressInterceptAndSecrets(t *testing.T) {
 		t.Errorf("searched %d files of %s: %v", files, dir, err)
 	}
 }
+
+// TestEgressTrustOutOfReach: a root sandbox can neither touch its trust files nor find a
+// file of the host's in its socket directory (the provider keeps them one level up).
+func TestEgressTrustOutOfReach(t *testing.T) {
+	p, _ := newProvider(t, oci.WithEgressProxy())
+	ctx := context.Background()
+	providertest.EgressTrustOutOfReach(t, p, testConfig(), func(cfg roche.Config) string {
+		info, err := p.Create(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Destroy(ctx, info.ID) })
+		return info.ID
+	})
+}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -340,4 +341,46 @@ func (w *lineWriter) bytes() []byte {
 	defer w.mu.Unlock()
 	line, _, _ := bytes.Cut(w.buf, []byte("\n"))
 	return append([]byte(nil), line...)
+}
+
+// EgressTrustOutOfReach checks, from inside a sandbox that p makes from base as root
+// (the user that owns, inside, what the host user owns: roched's usual uid), that what
+// the host keeps for the sandbox's CA and secrets is out of its reach: the trust store and
+// the CA at their paths cannot be written, replaced or removed (they are the host's,
+// bound read-only), and the directory of the agent's socket, which the sandbox can write,
+// holds only sockets (a file of the host's there could be forged, or replaced by a
+// symlink that the host's next write follows), or but the files named in others, which
+// the caller vouches for.
+func EgressTrustOutOfReach(t *testing.T, p roche.Provider, base roche.Config, create func(roche.Config) string, others ...string) {
+	t.Helper()
+	cfg := base
+	cfg.User = "root"
+	cfg.NetworkAllowlist = []string{"https://127.0.0.5:8443/"}
+	cfg.Secrets = []roche.Secret{{Name: "API_TOKEN", Value: "rs-out-of-reach", Hosts: []string{"127.0.0.5:8443"}}}
+	id := create(cfg)
+	probe := `id -u
+for f in ` + egress.SandboxBundle + ` ` + egress.SandboxCACert + `; do
+  [ -s $f ] || echo "MISSING $f"
+  (echo forged > $f) 2>/dev/null && echo "WROTE $f"
+  (echo forged > /tmp/forged && mv -f /tmp/forged $f) 2>/dev/null && echo "REPLACED $f"
+  rm -f $f 2>/dev/null && echo "REMOVED $f"
+done
+ls -A /.roche/run 2>/dev/null | sed 's/^/RUN /'; true`
+	res, err := p.Exec(context.Background(), id, roche.ExecRequest{Cmd: []string{"sh", "-c", probe}, Timeout: time.Minute})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("probing the trust files: %+v %v", res, err)
+	}
+	if !strings.HasPrefix(res.Stdout, "0\n") {
+		t.Fatalf("the sandbox's user is not root (%q): the probe tests nothing", res.Stdout)
+	}
+	for _, line := range strings.Split(res.Stdout, "\n") {
+		switch verb, rest, _ := strings.Cut(line, " "); verb {
+		case "MISSING", "WROTE", "REPLACED", "REMOVED":
+			t.Errorf("a root sandbox: %s", line)
+		case "RUN":
+			if !strings.HasSuffix(rest, ".sock") && !slices.Contains(others, rest) {
+				t.Errorf("the sandbox's socket directory holds %s, which is not a socket: the host's files belong out of its reach", rest)
+			}
+		}
+	}
 }
