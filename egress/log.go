@@ -2,6 +2,7 @@ package egress
 
 import (
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -160,8 +161,9 @@ func notify(d Decision) {
 // registry finds the proxy of a sandbox by its id, for roched's API: providers make and
 // close the proxies, roched reads their logs and changes their policies.
 var registry struct {
-	mu   sync.Mutex
-	byID map[string]*Proxy
+	mu    sync.Mutex
+	byID  map[string]*Proxy
+	hooks []*registerHook
 }
 
 // Lookup returns the proxy this process runs for sandbox id, or nil.
@@ -174,6 +176,13 @@ func Lookup(id string) *Proxy {
 // SetSandbox names the sandbox this proxy serves (its id, in the log and for Lookup),
 // for a provider that learns the id after making the proxy.
 func (p *Proxy) SetSandbox(id string) {
+	for _, h := range p.setSandbox(id) {
+		h.fn(id, p)
+	}
+}
+
+// setSandbox registers p under id, and returns the hooks to call.
+func (p *Proxy) setSandbox(id string) []*registerHook {
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	p.mu.Lock()
@@ -184,13 +193,43 @@ func (p *Proxy) SetSandbox(id string) {
 		delete(registry.byID, old)
 	}
 	if closed || id == "" {
-		return
+		return nil
 	}
 	if registry.byID == nil {
 		registry.byID = map[string]*Proxy{}
 	}
 	registry.byID[id] = p
+	return slices.Clone(registry.hooks)
 }
+
+// Registered are the proxies this process runs, by sandbox id.
+func Registered() map[string]*Proxy {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	out := make(map[string]*Proxy, len(registry.byID))
+	for id, p := range registry.byID {
+		out[id] = p
+	}
+	return out
+}
+
+// OnRegister calls fn with each proxy given a sandbox id from now on (SetSandbox: a
+// sandbox made, or its proxy started again after a restart), outside the registry's
+// lock, until the returned func is called. roched gives a proxy started again the
+// values of its stored secrets so.
+func OnRegister(fn func(id string, p *Proxy)) (remove func()) {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	h := &registerHook{fn: fn}
+	registry.hooks = append(registry.hooks, h)
+	return func() {
+		registry.mu.Lock()
+		defer registry.mu.Unlock()
+		registry.hooks = slices.DeleteFunc(registry.hooks, func(x *registerHook) bool { return x == h })
+	}
+}
+
+type registerHook struct{ fn func(string, *Proxy) }
 
 func (p *Proxy) unregister() {
 	registry.mu.Lock()

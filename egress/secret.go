@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -24,6 +25,10 @@ type Secret struct {
 	Hosts []Rule
 	// Header, if set, is the only request header the value is put in.
 	Header string
+	// Stored: the value comes from roched's secret store, and follows its rotation.
+	// Recorded with the sandbox (roche.Secret.FromStore), so that a proxy started again
+	// for it, which has no value, is bound to the store again (StoredSecrets).
+	Stored bool
 }
 
 // NewPlaceholder returns a random stand-in for a secret's value, which is what the
@@ -77,11 +82,42 @@ func (p *Proxy) SetSecret(name, value string) bool {
 	defer p.mu.Unlock()
 	for i := range p.secrets {
 		if p.secrets[i].Name == name {
-			p.secrets[i].Value = value
+			// A copy: substitute reads the slice it took without the lock.
+			ss := slices.Clone(p.secrets)
+			ss[i].Value = value
+			p.secrets = ss
 			return true
 		}
 	}
 	return false
+}
+
+// StoredSecrets are the names of this proxy's secrets whose values come from roched's
+// secret store (Secret.Stored).
+func (p *Proxy) StoredSecrets() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, s := range p.secrets {
+		if s.Stored {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+// SecretValues are the values this proxy holds, by name (those it has), for a sandbox
+// made again from this one's config (roched's Reset, Fork), whose proxy starts without.
+func (p *Proxy) SecretValues() map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]string{}
+	for _, s := range p.secrets {
+		if s.Value != "" {
+			out[s.Name] = s.Value
+		}
+	}
+	return out
 }
 
 // substitute puts the values of the secrets bound to host:port in place of their

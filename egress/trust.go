@@ -32,6 +32,7 @@ type SecretSpec struct {
 	Name, Value string
 	Hosts       []string
 	Header      string
+	Stored      bool // from roched's store (roche.Secret.FromStore)
 }
 
 // TrustFile is a file of the host a sandbox gets read-only at Sandbox.
@@ -112,7 +113,7 @@ func MakeTrust(opts *Options, sandbox string, secrets []SecretSpec, placeholders
 			ph = NewPlaceholder()
 		}
 		t.Placeholders[s.Name] = ph
-		opts.Secrets = append(opts.Secrets, Secret{Name: s.Name, Value: s.Value, Placeholder: ph, Hosts: hosts, Header: s.Header})
+		opts.Secrets = append(opts.Secrets, Secret{Name: s.Name, Value: s.Value, Placeholder: ph, Hosts: hosts, Header: s.Header, Stored: s.Stored})
 		t.Env = append(t.Env, s.Name+"="+ph)
 	}
 	if !opts.Policy.Intercepts() && len(secrets) == 0 {

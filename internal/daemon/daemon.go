@@ -33,6 +33,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/api/roche/v1/rochev1connect"
+	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/catalog"
 	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/ledger"
@@ -284,7 +285,11 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Daem
 		return nil, err
 	}
 	d.ledger = l
-	d.stopEgress = d.observeEgress()
+	d.secrets.owners = d.clientOwners
+	stopObserving := d.observeEgress()
+	// A proxy started again (after a restart) gets its stored secrets' values.
+	stopHook := egress.OnRegister(d.secrets.registered)
+	d.stopEgress = func() { stopObserving(); stopHook() }
 	return d, nil
 }
 

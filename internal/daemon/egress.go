@@ -16,6 +16,7 @@ import (
 	"github.com/roche-sandbox/roche"
 	rochev1 "github.com/roche-sandbox/roche/api/roche/v1"
 	"github.com/roche-sandbox/roche/egress"
+	"github.com/roche-sandbox/roche/internal/ledger"
 	"github.com/roche-sandbox/roche/internal/wire"
 )
 
@@ -166,25 +167,63 @@ const learnEntry = "learn.roche.invalid"
 // maxLearned bounds the entries kept for one learn-mode sandbox.
 const maxLearned = 1000
 
-// prepareEgress fills a create's stored secrets (returning their names) and gives a
-// learn-mode sandbox without an allowlist its proxy.
-func (d *Daemon) prepareEgress(tenant string, cfg *roche.Config) ([]string, error) {
-	stored, err := d.secrets.fill(tenant, cfg.Secrets)
-	if err != nil {
-		return nil, err
+// clientOwners gives, for each client sandbox the ledger holds, its tenant.
+func (d *Daemon) clientOwners() map[string]string {
+	out := map[string]string{}
+	for _, r := range d.ledger.Records() {
+		if r.Kind == ledger.KindClient {
+			out[r.ID] = r.TenantName()
+		}
+	}
+	return out
+}
+
+// prepareEgress fills a create's stored secrets and gives a learn-mode sandbox without
+// an allowlist its proxy.
+func (d *Daemon) prepareEgress(tenant string, cfg *roche.Config) error {
+	if err := d.secrets.fill(tenant, cfg.Secrets); err != nil {
+		return err
 	}
 	if cfg.EgressLearn && len(cfg.NetworkAllowlist) == 0 && !cfg.Network {
 		cfg.NetworkAllowlist = []string{learnEntry}
 	}
-	return stored, nil
+	return nil
 }
 
 // startedEgress follows a sandbox made with stored secrets or in learn mode.
-func (d *Daemon) startedEgress(tenant, id string, cfg roche.Config, stored []string) {
-	d.secrets.use(tenant, id, stored)
+func (d *Daemon) startedEgress(tenant, id string, cfg roche.Config) {
+	d.secrets.follow(tenant, id)
 	if cfg.EgressLearn {
 		d.learning.start(id)
 	}
+}
+
+// secretValues are the values the proxy of sandbox id holds, taken before it is made
+// again (Reset, Fork), whose new proxies start without (the config they are made from
+// holds no value).
+func (d *Daemon) secretValues(t *ledger.Tenant, id string) map[string]string {
+	tg, err := d.ledger.Resolve(t, id)
+	if err != nil {
+		return nil // the call refuses it too
+	}
+	if px := egress.Lookup(tg.ID); px != nil {
+		return px.SecretValues()
+	}
+	return nil
+}
+
+// remadeEgress gives the sandboxes ids, made again from another's config whose proxy
+// held values (secretValues), those values, then the store's for their stored secrets,
+// which they follow as the first did.
+func (d *Daemon) remadeEgress(tenant string, values map[string]string, ids ...string) {
+	for _, id := range ids {
+		if px := egress.Lookup(id); px != nil {
+			for n, v := range values {
+				px.SetSecret(n, v)
+			}
+		}
+	}
+	d.secrets.follow(tenant, ids...)
 }
 
 // learnSet keeps, per learn-mode sandbox, every entry its refusals needed (egress.Suggest

@@ -20,7 +20,13 @@ func (s *service) Reset(ctx context.Context, req *connect.Request[rochev1.ResetR
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
+	// The sandbox is made again from its config, which holds no secret's value: the new
+	// proxy gets the old one's, and follows the store as it did.
+	values := s.d.secretValues(t, req.Msg.SandboxId)
 	sb, err := s.d.ledger.Reset(ctx, t, req.Msg.SandboxId, !req.Msg.WipeWorkspace)
+	if err == nil {
+		s.d.remadeEgress(t.Name, values, sb.ID)
+	}
 	s.d.audit(ctx, "reset", err, "id", req.Msg.SandboxId, "new_id", sb.ID)
 	if err != nil {
 		return nil, wire.ToStatus(err)

@@ -36,60 +36,86 @@ type secretStore struct {
 	mu sync.Mutex
 	// values by tenant, then name.
 	values map[string]map[string]storedSecret
-	// users by tenant, then name: the sandboxes that took the secret from the store,
-	// whose proxies a new value is given to (rotation). Kept across a remove, so that a
-	// value stored again reaches them too.
-	users map[string]map[string]map[string]bool
+	// owners gives, for each sandbox id roched holds for a client, its tenant (the
+	// ledger's records).
+	owners func() map[string]string
 }
 
-// fill puts the stored values in the secrets of a create that asked for them, and
-// returns their names.
-func (s *secretStore) fill(tenant string, secrets []roche.Secret) ([]string, error) {
+// Which sandboxes follow a stored secret is not kept here: it is recorded with each
+// sandbox (roche.Secret.FromStore, in the provider's stored config), so each proxy,
+// made for a create or started again after a restart, knows its stored secrets
+// (egress.Proxy.StoredSecrets), and the ledger knows whose sandbox it is. A rotation
+// after a restart so reaches every running sandbox of the tenant that took the secret
+// from the store, and a sandbox made again from one's config (Reset, Fork) too.
+
+// fill puts the stored values in the secrets of a create that asked for them.
+func (s *secretStore) fill(tenant string, secrets []roche.Secret) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var names []string
 	for i := range secrets {
 		sec := &secrets[i]
 		if !sec.FromStore {
 			continue
 		}
 		if sec.Value != "" {
-			return nil, fmt.Errorf("%w: secret %s: give a value or from_store, not both", roche.ErrInvalidConfig, sec.Name)
+			return fmt.Errorf("%w: secret %s: give a value or from_store, not both", roche.ErrInvalidConfig, sec.Name)
 		}
 		v, ok := s.values[tenant][sec.Name]
 		if !ok {
-			return nil, fmt.Errorf("%w: secret %s is not in roched's secret store: store it with roche secret set %s", roche.ErrNotFound, sec.Name, sec.Name)
+			return fmt.Errorf("%w: secret %s is not in roched's secret store: store it with roche secret set %s", roche.ErrNotFound, sec.Name, sec.Name)
 		}
 		sec.Value = v.value
-		names = append(names, sec.Name)
 	}
-	return names, nil
+	return nil
 }
 
-// use records that sandbox id took names from the store, and gives its proxy the values
-// stored now, in case one was replaced between fill and the proxy's start.
-func (s *secretStore) use(tenant, id string, names []string) {
-	if len(names) == 0 {
-		return
-	}
+// follow gives the proxies of tenant's sandboxes ids the values stored now of their
+// stored secrets: one replaced between fill and the proxy's start, or a proxy started
+// without values (again after a restart, or for a sandbox made again from another's
+// config). A name no longer stored is left as the proxy has it.
+func (s *secretStore) follow(tenant string, ids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.users == nil {
-		s.users = map[string]map[string]map[string]bool{}
-	}
-	if s.users[tenant] == nil {
-		s.users[tenant] = map[string]map[string]bool{}
-	}
-	px := egress.Lookup(id)
-	for _, n := range names {
-		if s.users[tenant][n] == nil {
-			s.users[tenant][n] = map[string]bool{}
+	for _, id := range ids {
+		px := egress.Lookup(id)
+		if px == nil {
+			continue
 		}
-		s.users[tenant][n][id] = true
-		if v, ok := s.values[tenant][n]; ok && px != nil {
-			px.SetSecret(n, v.value)
+		for _, n := range px.StoredSecrets() {
+			if v, ok := s.values[tenant][n]; ok {
+				px.SetSecret(n, v.value)
+			}
 		}
 	}
+}
+
+// registered is egress.OnRegister's hook: a proxy started again for a client sandbox
+// (after a restart) gets its tenant's stored values before it serves a request for the
+// sandbox under that id. (The ledger calls no provider under its lock, which owners
+// takes.)
+func (s *secretStore) registered(id string, px *egress.Proxy) {
+	if s.owners == nil || len(px.StoredSecrets()) == 0 {
+		return
+	}
+	if tenant, ok := s.owners()[id]; ok {
+		s.follow(tenant, id)
+	}
+}
+
+// usersLocked are the running sandboxes of tenant whose proxies take name from the
+// store, with their proxies. Callers hold s.mu.
+func (s *secretStore) usersLocked(tenant, name string) map[string]*egress.Proxy {
+	out := map[string]*egress.Proxy{}
+	if s.owners == nil {
+		return out
+	}
+	owners := s.owners()
+	for id, px := range egress.Registered() {
+		if owners[id] == tenant && slices.Contains(px.StoredSecrets(), name) {
+			out[id] = px
+		}
+	}
+	return out
 }
 
 // set stores value under name and gives it to every running sandbox of tenant that took
@@ -105,12 +131,7 @@ func (s *secretStore) set(tenant, name, value string) []string {
 	}
 	s.values[tenant][name] = storedSecret{value: value, updated: time.Now()}
 	var rotated []string
-	for id := range s.users[tenant][name] {
-		px := egress.Lookup(id)
-		if px == nil {
-			delete(s.users[tenant][name], id) // ended
-			continue
-		}
+	for id, px := range s.usersLocked(tenant, name) {
 		if px.SetSecret(name, value) {
 			rotated = append(rotated, id)
 		}
@@ -135,10 +156,8 @@ func (s *secretStore) list(tenant string) []*rochev1.StoredSecret {
 	var out []*rochev1.StoredSecret
 	for name, v := range s.values[tenant] {
 		ss := &rochev1.StoredSecret{Name: name, UpdatedAt: timestamppb.New(v.updated)}
-		for id := range s.users[tenant][name] {
-			if egress.Lookup(id) != nil {
-				ss.Sandboxes = append(ss.Sandboxes, id)
-			}
+		for id := range s.usersLocked(tenant, name) {
+			ss.Sandboxes = append(ss.Sandboxes, id)
 		}
 		slices.Sort(ss.Sandboxes)
 		out = append(out, ss)

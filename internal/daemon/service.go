@@ -34,14 +34,14 @@ func (s *service) Create(ctx context.Context, req *connect.Request[rochev1.Creat
 		return nil, wire.ToStatus(err)
 	}
 	cfg, leased := wire.ConfigFromProto(req.Msg.Config)
-	stored, err := s.d.prepareEgress(t.Name, &cfg) // egress.go
+	err = s.d.prepareEgress(t.Name, &cfg) // egress.go
 	var sb roche.SandboxInfo
 	var pooled bool
 	if err == nil {
 		sb, pooled, err = s.d.ledger.CreateKeyed(ctx, t, req.Msg.Provider, cfg, leased, req.Msg.IdempotencyKey)
 	}
 	if err == nil {
-		s.d.startedEgress(t.Name, sb.ID, cfg, stored)
+		s.d.startedEgress(t.Name, sb.ID, cfg)
 	}
 	s.d.audit(ctx, "create", err, "id", sb.ID, "provider", req.Msg.Provider, "image", cfg.Image, "user", cfg.User,
 		"mounts", mountStrings(cfg.Mounts), "workspace", cfg.Workspace, "pooled", pooled)
@@ -348,11 +348,13 @@ func (s *service) Fork(ctx context.Context, req *connect.Request[rochev1.ForkReq
 	if err != nil {
 		return nil, wire.ToStatus(err)
 	}
+	values := s.d.secretValues(t, req.Msg.SandboxId)
 	forks, err := s.d.ledger.Fork(ctx, t, req.Msg.SandboxId, int(req.Msg.Count))
 	ids := make([]string, len(forks))
 	for i, sb := range forks {
 		ids[i] = sb.ID
 	}
+	s.d.remadeEgress(t.Name, values, ids...)
 	s.d.audit(ctx, "fork", err, "id", req.Msg.SandboxId, "count", req.Msg.Count, "forks", ids)
 	if err != nil {
 		return nil, wire.ToStatus(err)

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/size"
+	"github.com/roche-sandbox/roche/provider/internal/egresswire"
 	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
@@ -382,6 +384,10 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 		cfg.TimeoutSecs = left
 	} else {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s has reached the end of its lifetime", roche.ErrNotFound, id)
+	}
+	cfg.Secrets = slices.Clone(cfg.Secrets)
+	if err := egresswire.CarryValues(c.ID, cfg.Secrets); err != nil {
+		return roche.SandboxInfo{}, err
 	}
 	if err := p.Destroy(ctx, c.ID); err != nil {
 		return roche.SandboxInfo{}, err

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/internal/egresswire"
 )
 
 var _ roche.Resetter = (*Provider)(nil)
@@ -32,6 +33,9 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 	// Leased only if this process still holds its lease: a pool's Pod was made leased,
 	// and Keep ended that lease when its client wanted none.
 	cfg.Leased = p.leases.Holds(id)
+	if err := egresswire.CarryValues(id, cfg.Secrets); err != nil {
+		return roche.SandboxInfo{}, err
+	}
 	if err := p.remove(ctx, id); err != nil {
 		return roche.SandboxInfo{}, err
 	}
