@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Builds the test cluster's binaries from the Go module proxy, once, and caches them by
 # version under ~/.cache/roche/k8s-<version>/: kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubelet (Kubernetes 1.34), etcd, kwok, and cri-clean (scripts/k8s/cri-clean,
-# which cluster.sh down uses to remove Pods through the CRI). Idempotent: a binary that is
-# already there is not built again. A cold build takes 10-25 minutes on two cores.
+# kube-scheduler and kubelet (Kubernetes 1.34), etcd, kwok, cri-clean (scripts/k8s/cri-clean,
+# which cluster.sh down uses to remove Pods through the CRI), and the cluster's volume
+# provisioner, roche-test-provisioner (internal/testcluster/cmd/roche-test-provisioner, over
+# sigs.k8s.io/sig-storage-lib-external-provisioner; a module of its own), cached by the hash
+# of its sources as roche-test-provisioner-HASH, which the link roche-test-provisioner names.
+# Idempotent: a binary that is already there is not built again. A cold build takes 10-25
+# minutes on two cores.
 #
 # gVisor's runsc and its containerd shim (containerd-shim-runsc-v1), for the node's runsc
 # runtime handler (RuntimeClass gvisor), are cached apart, by gVisor's version, under
@@ -99,6 +103,17 @@ if [ ! -x "$cache/kwok" ]; then
   GOBIN="$work/kwok-bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   mv -f "$work/kwok-bin/kwok" "$cache/kwok"
 fi
+# The volume provisioner: built again when its sources change. Old builds are kept: one may
+# still run (cluster.sh restarts it on the new one by its recorded path).
+prov_src=$here/../../internal/testcluster/cmd/roche-test-provisioner
+prov=roche-test-provisioner-$(cat "$prov_src/main.go" "$prov_src/go.mod" "$prov_src/go.sum" | sha256sum | cut -c1-16)
+if [ ! -x "$cache/$prov" ]; then
+  log "building roche-test-provisioner"
+  (cd "$prov_src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$cache/$prov.tmp" .)
+  mv -f "$cache/$prov.tmp" "$cache/$prov"
+fi
+ln -sfn "$prov" "$cache/roche-test-provisioner"
+
 # gVisor: the version scripts/runsc.sh pins, so the node and Docker run the same runsc.
 runsc_version=${ROCHE_RUNSC_VERSION:-$(sed -n 's/^version=\${ROCHE_RUNSC_VERSION:-\(v[^}]*\)}$/\1/p' "$here/../runsc.sh")}
 [ -n "$runsc_version" ] || { log "no gVisor version in scripts/runsc.sh"; exit 1; }

@@ -40,6 +40,13 @@
 # has only loopback from the CNI, as under runc). No --host-uds: the agent is reached
 # through exec, never a host socket.
 #
+# Volumes: roche-test-provisioner (internal/testcluster/cmd/roche-test-provisioner) runs on
+# this host beside the cluster, as root, and serves the StorageClass roche-loop, the
+# cluster's default (provisioner roche.test/loop, reclaim Delete, WaitForFirstConsumer): each
+# PersistentVolumeClaim gets an ext4 filesystem of exactly its size in a sparse image,
+# loop-mounted under $STATE/volumes, as a `local` PersistentVolume on the node, so that a
+# Pod writing past the size gets ENOSPC; a reclaimed volume's image and loop device go.
+#
 # Binaries come from scripts/k8s/build.sh (cached by version under ~/.cache/roche; the first
 # build takes 10-25 minutes).
 set -euo pipefail
@@ -66,6 +73,9 @@ FWD_CHAIN=ROCHE-CLUSTER-FWD
 NAT_CHAIN=ROCHE-CLUSTER-SVC
 RUNTIME_CLASS=gvisor
 RUNSC_HANDLER=runsc
+STORAGE_CLASS=roche-loop
+PROVISIONER_NAME=roche.test/loop
+VOLUMES=$STATE/volumes
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: %s\n' "$*" >&2; exit 1; }
@@ -314,6 +324,49 @@ runtime_class() {
     201 | 409) ;;
     *) die "making the RuntimeClass $RUNTIME_CLASS failed (HTTP $code)" ;;
   esac
+}
+
+# The default StorageClass, served by roche-test-provisioner (every up: etcd starts empty).
+storage_class() {
+  local code
+  code=$(api -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$(api_server)/apis/storage.k8s.io/v1/storageclasses" \
+    -d "{\"apiVersion\": \"storage.k8s.io/v1\", \"kind\": \"StorageClass\", \"metadata\": {\"name\": \"$STORAGE_CLASS\", \"annotations\": {\"storageclass.kubernetes.io/is-default-class\": \"true\"}}, \"provisioner\": \"$PROVISIONER_NAME\", \"reclaimPolicy\": \"Delete\", \"volumeBindingMode\": \"WaitForFirstConsumer\"}") || true
+  case $code in
+    201 | 409) ;;
+    *) die "making the StorageClass $STORAGE_CLASS failed (HTTP $code)" ;;
+  esac
+}
+
+# The volume provisioner, started when it is not running or runs an older build (build.sh
+# links the current one); its StorageClass made. It loop-mounts, so it runs here as root,
+# not in a Pod (no image could be pulled for one).
+provisioner_up() {
+  local want pid exe
+  want=$(readlink -f "$BIN/roche-test-provisioner")
+  [ -x "$want" ] || die "no $BIN/roche-test-provisioner: run scripts/k8s/build.sh"
+  if alive roche-test-provisioner; then
+    read -r pid exe <"$(pidfile roche-test-provisioner)"
+    if [ "$exe" != "$want" ]; then
+      log "restarting roche-test-provisioner ($pid) on its new build"
+      stop roche-test-provisioner
+    fi
+  fi
+  if ! alive roche-test-provisioner; then
+    mkdir -p "$VOLUMES"
+    start roche-test-provisioner "$want" --kubeconfig "$KUBECONFIG_PATH" --dir "$VOLUMES" --node "$NODE_NAME" --name "$PROVISIONER_NAME"
+  fi
+  storage_class
+}
+
+# volumes_clean unmounts and removes every volume the provisioner made (their claims went
+# with etcd), which releases their loop devices.
+volumes_clean() {
+  [ -d "$VOLUMES" ] || return 0
+  local m
+  findmnt -rn -o TARGET | awk -v v="$VOLUMES/" 'index($0, v) == 1' | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
+  done
+  rm -rf "$VOLUMES"
 }
 
 # A cluster started before the runsc handler existed (or with other runsc flags) gets the
@@ -590,6 +643,7 @@ up() {
     bash "$here/build.sh" >/dev/null
     containerd_refresh
     runtime_class
+    provisioner_up
     seccomp_profile
     if [ "$kwok_nodes" -gt 0 ]; then kwok_up "$kwok_nodes"; fi
     agent_image
@@ -598,7 +652,7 @@ up() {
   fi
   # A partly running cluster (a component died, the machine rebooted) starts over.
   local c
-  for c in "${components[@]}" kwok; do
+  for c in "${components[@]}" roche-test-provisioner kwok; do
     if alive "$c"; then
       log "a previous start is partly up; stopping it first"
       down
@@ -624,8 +678,9 @@ up() {
   rm -f "$STATE/seccomp.mark"
   seccomp_profile
 
-  # A fresh cluster every start: no Pod of an earlier run comes back.
+  # A fresh cluster every start: no Pod of an earlier run comes back, nor a volume.
   rm -rf "$STATE/etcd"
+  volumes_clean
   log "starting etcd, kube-apiserver and containerd (node $NODE_NAME at $ip)"
   start etcd "$BIN/etcd" --name default --data-dir "$STATE/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -667,7 +722,8 @@ up() {
     --hostname-override "$NODE_NAME" --node-ip "$ip"
 
   wait_for node 60 node_ready || fail_with_log "node $NODE_NAME was not Ready within 60 s" kubelet
-  for c in "${components[@]}"; do alive "$c" || fail_with_log "$c exited during start-up" "$c"; done
+  provisioner_up
+  for c in "${components[@]}" roche-test-provisioner; do alive "$c" || fail_with_log "$c exited during start-up" "$c"; done
   if [ "$kwok_nodes" -gt 0 ]; then kwok_up "$kwok_nodes"; fi
   log "cluster up in $(elapsed "$t0") s (logs: $STATE/logs)"
   env_line
@@ -718,7 +774,7 @@ down() {
   t0=$(date +%s.%N)
   mkdir -p "$STATE/pids" "$STATE/logs"
   # The kubelet first, so it does not restart what is removed next.
-  stop kwok kubelet
+  stop kwok roche-test-provisioner kubelet
   # Pods: the runtime stops each sandbox (the CNI plugin's DEL, the network namespace) and
   # removes it, after which its shim exits. A containerd that is not running but left
   # sandboxes behind is started once more for this.
@@ -747,6 +803,7 @@ down() {
   findmnt -rn -o TARGET | awk -v s="$STATE/" -v r="$RUN/" 'index($0, s) == 1 || index($0, r) == 1' | sort -r | while read -r m; do
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
   done
+  volumes_clean
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
   # The kubelet's Pod cgroups (and runc's, had Pods no Pod cgroup); rmdir takes only empty ones.
   find /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/k8s.io -depth -type d -exec rmdir {} \; 2>/dev/null || true
@@ -763,7 +820,7 @@ down() {
 
 status() {
   local c
-  for c in "${components[@]}" kwok; do
+  for c in "${components[@]}" roche-test-provisioner kwok; do
     if alive "$c"; then echo "$c: running (pid $(awk '{print $1}' "$(pidfile "$c")"))"; else echo "$c: stopped"; fi
   done
   if [ -f "$STATE/pki/apiserver.ip" ] && is_up; then echo "cluster: up"; env_line; else echo "cluster: not up"; return 1; fi
