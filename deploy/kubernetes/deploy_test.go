@@ -530,7 +530,11 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 		{ns, "networking.k8s.io", "networkpolicies", "", "list"}, {ns, "networking.k8s.io", "networkpolicies", "", "delete"},
 		{ns, "", "configmaps", "", "create"}, {ns, "", "configmaps", "", "patch"}, // an egress CA's certificate
 		{ns, "", "configmaps", "", "list"}, {ns, "", "configmaps", "", "delete"},
-		{ns, "", "events", "", "list"}, // why a Pod's sandbox could not be made
+		{ns, "", "events", "", "list"}, // why a Pod's sandbox, or its workspace's volume, could not be made
+		// Workspaces.
+		{ns, "", "persistentvolumeclaims", "", "create"}, {ns, "", "persistentvolumeclaims", "", "get"},
+		{ns, "", "persistentvolumeclaims", "", "list"}, {ns, "", "persistentvolumeclaims", "", "patch"},
+		{ns, "", "persistentvolumeclaims", "", "delete"},
 		{ns, "coordination.k8s.io", "leases", "", "get"}, {ns, "coordination.k8s.io", "leases", "", "create"},
 		{ns, "coordination.k8s.io", "leases", "", "update"}, // a replica group's leader election
 	}
@@ -542,6 +546,8 @@ func checkRole(ctx context.Context, t *testing.T, cs k8s.Interface, ns string) {
 		{"default", "", "pods", "", "create"}, {"default", "", "pods", "exec", "create"},
 		{ns, "coordination.k8s.io", "leases", "", "delete"}, {"kube-system", "coordination.k8s.io", "leases", "", "update"},
 		{"", "", "namespaces", "", "create"}, {"", "", "nodes", "", "list"},
+		{ns, "", "persistentvolumeclaims", "", "update"}, {"", "", "persistentvolumes", "", "delete"},
+		{"", "storage.k8s.io", "storageclasses", "", "create"}, {"default", "", "persistentvolumeclaims", "", "create"},
 	}
 	user := "system:serviceaccount:" + ns + ":roched"
 	allowed := func(a access) bool {

@@ -60,6 +60,9 @@ type Options struct {
 	// limit (kubernetes.WithClientRate); zero keeps its default.
 	KubeQPS   float32
 	KubeBurst int
+	// StorageClass is the StorageClass of the Kubernetes provider's new workspaces
+	// (kubernetes.WithStorageClass); empty means the cluster's default.
+	StorageClass string
 	// Only, when given, names the providers Serve opens (roched --providers); the others
 	// are not opened at all, Required ones included.
 	Only []string

@@ -57,6 +57,7 @@ var settings = []setting{
 	{flag: "kubeconfig", provider: "kubernetes", value: func(o Options) string { return o.Kubeconfig }},
 	{flag: "namespace", provider: "kubernetes", value: func(o Options) string { return o.Namespace }},
 	{flag: "agent-image", provider: "kubernetes", value: func(o Options) string { return o.AgentImage }},
+	{flag: "kube-storage-class", provider: "kubernetes", value: func(o Options) string { return o.StorageClass }},
 	{flag: "kube-qps", provider: "kubernetes", value: func(o Options) string {
 		if o.KubeQPS == 0 {
 			return ""

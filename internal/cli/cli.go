@@ -182,6 +182,7 @@ Providers (--provider, or ROCHE_PROVIDER for the default):
 	pf.StringVar(&e.providers.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	pf.StringVar(&e.providers.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	pf.StringVar(&e.providers.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata: one the cluster defines)")
+	pf.StringVar(&e.providers.storageClass, "kube-storage-class", "", "StorageClass of the kubernetes provider's new workspaces (PersistentVolumeClaims; default: the cluster's default class)")
 	pf.StringVar(&e.providers.agentImage, "agent-image", "", "the kubernetes provider's agent image as the nodes pull it (default: roche/agent:<digest of the local roche-agent>; see roche kubernetes agent-image)")
 	pf.StringVar(&e.providers.seccompProfile, "seccomp-profile", "", "seccomp profile of the kubernetes provider's Pods: a Localhost profile on every node (default roche.json, Roche's: roche kubernetes seccomp-profile installs it), or RuntimeDefault for the runtime's own, weaker one")
 	pf.StringVar(&e.providers.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see docs/providers/oci.md)")

@@ -43,6 +43,8 @@ type registry struct {
 	transport     string
 	// kubeconfig, namespace and runtimeClass: see providers.Options; set by flags.
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
+	// storageClass: the kubernetes provider's workspaces' StorageClass (--kube-storage-class).
+	storageClass string
 	// runtime is --runtime, the Docker provider's (providers.Options.Runtime), and
 	// ociRuntime --oci-runtime, the oci provider's (providers.Options.OCIRuntime).
 	runtime, ociRuntime string
@@ -56,7 +58,7 @@ func newRegistry(l *slog.Logger, local Local, handoff func() error) *registry {
 func (r *registry) options() catalog.Options {
 	return catalog.Options{
 		Log: r.log, Outlives: r.outlives, EngineTimeout: r.engineTimeout, Transport: r.transport,
-		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass,
+		Kubeconfig: r.kubeconfig, Namespace: r.namespace, RuntimeClass: r.runtimeClass, StorageClass: r.storageClass,
 		SeccompProfile: r.seccompProfile, AgentImage: r.agentImage, Runtime: r.runtime, OCIRuntime: r.ociRuntime,
 	}
 }

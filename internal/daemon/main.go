@@ -134,6 +134,8 @@ type flags struct {
 	shutdownTimeout, engineTimeout       time.Duration
 	// kubeconfig, namespace, runtimeClass: the kubernetes provider's (providers.Options).
 	kubeconfig, namespace, runtimeClass, seccompProfile, agentImage string
+	// storageClass: the StorageClass of the kubernetes provider's new workspaces.
+	storageClass string
 	// kubeQPS, kubeBurst: the kubernetes provider's API client rate (kubernetes.WithClientRate).
 	kubeQPS   float32
 	kubeBurst int
@@ -309,6 +311,7 @@ Without one nothing is traced (docs/traces.md).`,
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the kubernetes provider's cluster (default: $KUBECONFIG, else the in-cluster configuration)")
 	fs.StringVar(&f.namespace, "namespace", "", "namespace of the kubernetes provider's sandboxes (default: roche, made when missing)")
 	fs.StringVar(&f.runtimeClass, "runtime-class", "", "RuntimeClass of the kubernetes provider's Pods (e.g. gvisor, kata)")
+	fs.StringVar(&f.storageClass, "kube-storage-class", "", "StorageClass of the kubernetes provider's new workspaces (PersistentVolumeClaims; default: the cluster's default class)")
 	fs.Float32Var(&f.kubeQPS, "kube-qps", 0, "the kubernetes provider's API requests a second on average (0: its default, 50)")
 	fs.IntVar(&f.kubeBurst, "kube-burst", 0, "the kubernetes provider's API requests in a burst (0: its default, 100, or --kube-qps if more)")
 	fs.StringVar(&f.ociRuntime, "oci-runtime", "", "the oci provider's OCI runtime: crun or runc (default: the fastest that works on this host; runsc is refused, see docs/providers/oci.md)")
@@ -544,6 +547,7 @@ func run(cmd *cobra.Command, f *flags, stderr io.Writer) error {
 		Only: f.providers,
 		Log:  log, EngineTimeout: f.engineTimeout, Transport: defaults.Transport,
 		Kubeconfig: f.kubeconfig, Namespace: f.namespace, RuntimeClass: f.runtimeClass, KubeQPS: f.kubeQPS, KubeBurst: f.kubeBurst,
+		StorageClass:   f.storageClass,
 		SeccompProfile: f.seccompProfile, AgentImage: f.agentImage, Runtime: f.runtime, OCIRuntime: f.ociRuntime,
 		// roched outlives its sandboxes, so it can run their egress proxies.
 		Outlives: true,

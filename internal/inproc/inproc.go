@@ -68,6 +68,9 @@ var constructors = map[string]func(catalog.Options) (roche.Provider, error){
 		if o.LeaseGrace > 0 {
 			opts = append(opts, kubernetes.WithLeaseGrace(o.LeaseGrace))
 		}
+		if o.StorageClass != "" {
+			opts = append(opts, kubernetes.WithStorageClass(o.StorageClass))
+		}
 		if o.KubeQPS != 0 || o.KubeBurst != 0 {
 			opts = append(opts, kubernetes.WithClientRate(o.KubeQPS, o.KubeBurst))
 		}

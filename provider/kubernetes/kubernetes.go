@@ -49,8 +49,9 @@ const Name = "kubernetes"
 // DefaultNamespace is where sandboxes go when WithNamespace does not say.
 const DefaultNamespace = "roche"
 
-// The uid range sandboxes draw from with roche.UserAuto (provider/internal/uidrange): the
-// Docker provider's first half (1900000000-1900999999), above what distributions and
+// The uid range (provider/internal/uidrange), as the Docker provider's and halved the same
+// way: sandboxes with roche.UserAuto draw from the first half (1900000000-1900999999),
+// workspaces from the second (1901000000-1901999999), above what distributions and
 // systemd hand out and below 2^31.
 const (
 	DefaultUIDFirst = uidrange.KubernetesFirst
@@ -88,6 +89,8 @@ type Provider struct {
 	kubeconfig   string
 	namespace    string
 	runtimeClass string
+	// storageClass is the StorageClass of new workspaces' claims ("" the cluster's default).
+	storageClass string
 	agentImage   string
 	// agentLocal: agentImage names the local roche-agent (no --agent-image), an image
 	// only an import puts on a node: its Pods never pull it.
@@ -204,8 +207,9 @@ func WithClientRate(qps float32, burst int) Option {
 	return func(p *Provider) { p.qps, p.burst = qps, burst }
 }
 
-// WithUIDRange sets the range sandboxes' uids are drawn from (DefaultUIDFirst,
-// DefaultUIDCount). Choose one no node user or other tool uses.
+// WithUIDRange sets the range uids are drawn from (DefaultUIDFirst, DefaultUIDCount):
+// count uids from first, the first half for sandboxes and the second for workspaces.
+// Choose one no node user or other tool uses.
 func WithUIDRange(first, count int) Option {
 	return func(p *Provider) { p.uidFirst, p.uidCount = first, count }
 }
@@ -269,7 +273,12 @@ func New(opts ...Option) (*Provider, error) {
 	if p.createTimeout <= 0 {
 		return nil, fmt.Errorf("%w: create timeout %v: give a positive duration such as 2m", roche.ErrInvalidConfig, p.createTimeout)
 	}
-	if err := uidrange.Check(p.uidFirst, p.uidCount, 1); err != nil {
+	if p.storageClass != "" {
+		if errs := validation.IsDNS1123Subdomain(p.storageClass); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: storage class %q: %s", roche.ErrInvalidConfig, p.storageClass, strings.Join(errs, "; "))
+		}
+	}
+	if err := uidrange.Check(p.uidFirst, p.uidCount, 2); err != nil {
 		return nil, err
 	}
 	// A missing cluster configuration or agent is not an error here, as a missing engine
@@ -369,7 +378,7 @@ func (p *Provider) Namespace() string { return p.namespace }
 func (p *Provider) AgentImage() string { return p.agentImage }
 
 // Capabilities implements roche.Provider. Host mounts have no meaning on a cluster's
-// nodes; pause, workspaces and snapshots are not done here yet and are refused. An
+// nodes; pause and snapshots are not done here yet and are refused. An
 // egress allowlist is served where this process outlives its sandboxes
 // (WithEgressProxy).
 func (p *Provider) Capabilities() roche.Capabilities {
@@ -395,9 +404,6 @@ func (p *Provider) unsupported(cfg roche.Config) error {
 	}
 	if len(cfg.Mounts) > 0 {
 		why = append(why, "mounts: host paths have no meaning on a cluster's nodes")
-	}
-	if cfg.Workspace != "" {
-		why = append(why, "workspace: workspaces (as PersistentVolumeClaims) are not done yet")
 	}
 	if cfg.FromSnapshot != "" {
 		why = append(why, "from_snapshot: snapshots are not done yet")
@@ -529,12 +535,34 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 		expires: expires, seccomp: p.seccomp, user: cfg.User, uid: kit.UID(cfg.Config), cgroupV2: p.cgroupV2,
 		leaseGrace: p.leaseGrace, gvisor: p.gvisor(),
 	}
-	if cfg.User == roche.UserAuto {
+	// A workspace first: its uid is its sandboxes' (workspace.go). One this create made
+	// goes again if the create fails.
+	var claim *corev1.PersistentVolumeClaim
+	if cfg.Workspace != "" {
+		var made bool
+		if claim, made, err = p.ensureWorkspace(ctx, cfg.Workspace, cfg.WorkspaceBytes()); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		if made {
+			defer func() {
+				if err != nil && !joined {
+					p.deleteClaim(ctx, claim.Name)
+				}
+			}()
+		}
+		pp.claim = claim.Name
+	}
+	drawn := false
+	switch {
+	case cfg.User == roche.UserAuto && claim != nil:
+		uid := workspaceUID(claim)
+		pp.user, pp.uid = fmt.Sprintf("%d:%d", uid, uid), uid
+	case cfg.User == roche.UserAuto:
 		uid, err := p.drawUID(ctx)
 		if err != nil {
 			return roche.SandboxInfo{}, err
 		}
-		pp.user, pp.uid = fmt.Sprintf("%d:%d", uid, uid), uid
+		pp.user, pp.uid, drawn = fmt.Sprintf("%d:%d", uid, uid), uid, true
 	}
 	if cfg.Leased {
 		pp.lease = p.createTimeout
@@ -618,7 +646,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 			return roche.SandboxInfo{}, p.apiErr("tying the NetworkPolicy of sandbox "+id+" to its Pod", err)
 		}
 	}
-	if pp.uid >= 0 && cfg.User == roche.UserAuto {
+	if drawn {
 		// Two creates that drew the same uid at once: each labelled its Pod before
 		// looking, so at least one sees the other and starts again.
 		if taken, err := p.uidTakenElsewhere(ctx, pp.uid, id); err != nil {
@@ -654,6 +682,7 @@ func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, err
 	delay := 50 * time.Millisecond
 	var last string
 	var failures sandboxFailures
+	var provisioning claimFailures
 	for {
 		pod, err := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
 		if err != nil {
@@ -672,6 +701,19 @@ func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, err
 		reason, msg := describeWaiting(pod)
 		last = msg
 		switch reason {
+		case corev1.PodReasonUnschedulable:
+			// Waiting for a workspace's volume: why its provisioning fails, if it does.
+			if claim := claimOf(pod); claim != "" {
+				if why := provisioning.check(ctx, p, claim); why != "" {
+					last = msg + "; its workspace's PersistentVolumeClaim " + claim + ": " + why
+					// A StorageClass that does not exist: nothing will ever make the volume
+					// (the provider's Role cannot read StorageClasses to say so sooner).
+					if strings.Contains(why, `storageclass.storage.k8s.io "`) && strings.Contains(why, `" not found`) {
+						return nil, fmt.Errorf("%w: workspace %s: %s: pass --kube-storage-class with a StorageClass the cluster has (kubectl get storageclass lists them), or leave it out for the default",
+							roche.ErrInvalidConfig, configOf(pod).Workspace, why)
+					}
+				}
+			}
 		case "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName":
 			if strings.HasPrefix(msg, "container "+containerInstall+" ") {
 				return nil, fmt.Errorf("%w: %s: the node lacks the agent image %s, which is in no registry: import it into every node's containerd: "+
@@ -731,10 +773,11 @@ func (p *Provider) agentClient(id string) *guest.Client {
 	return guest.NewClientWithDialer(id, func(ctx context.Context) (net.Conn, error) { return p.dialAgent(ctx, id) })
 }
 
-// drawUID picks a uid no other sandbox of the namespace carries.
+// drawUID picks a uid from the first half of the range that no other sandbox of the
+// namespace carries.
 func (p *Provider) drawUID(ctx context.Context) (int, error) {
 	for range 8 {
-		uid := uidrange.Draw(p.uidFirst, p.uidCount)
+		uid := uidrange.Draw(p.uidFirst, p.uidCount/2)
 		taken, err := p.uidTakenElsewhere(ctx, uid, "")
 		if err != nil {
 			return 0, err
@@ -743,7 +786,7 @@ func (p *Provider) drawUID(ctx context.Context) (int, error) {
 			return uid, nil
 		}
 	}
-	return 0, fmt.Errorf("%w: no free uid after 8 draws from %d-%d: widen the range (WithUIDRange)", roche.ErrExhausted, p.uidFirst, p.uidFirst+p.uidCount-1)
+	return 0, fmt.Errorf("%w: no free uid after 8 draws from %d-%d: widen the range (WithUIDRange)", roche.ErrExhausted, p.uidFirst, p.uidFirst+p.uidCount/2-1)
 }
 
 // uidTakenElsewhere reports whether a sandbox other than id carries uid.

@@ -102,6 +102,9 @@ type podParams struct {
 	trustEnv []string
 	// gvisor says the RuntimeClass is gVisor's (gvisor.go).
 	gvisor bool
+	// claim is the PersistentVolumeClaim of the sandbox's workspace, "" for none
+	// (workspace.go).
+	claim string
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -150,6 +153,10 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 		// user's own (its uid is the sandbox's own unless the caller named one).
 		NProc: cfg.PidsLimit,
 		Lease: pp.lease, Grace: pp.leaseGrace,
+	}
+	if pp.claim != "" {
+		// A new volume's root is root's: the agent hands it to the sandbox user.
+		agent.Own = roche.WorkspacePath
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		// Programs reach the agent's proxy port; the agent relays each connection to
@@ -247,6 +254,9 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 		},
 	}
 	pidsCgroupMask(pod, pp.cgroupV2)
+	if pp.claim != "" {
+		workspaceVolume(pod, pp.claim)
+	}
 	if pp.gvisor {
 		// gVisor charges a task to the user that creates it, and holds root to
 		// RLIMIT_NPROC unless it has CAP_SYS_RESOURCE (gvisor.go).

@@ -155,7 +155,6 @@ func TestRefusedCreateMakesNothing(t *testing.T) {
 	cases := map[string]func(*roche.Config){
 		"network_allowlist": func(c *roche.Config) { c.NetworkAllowlist = []string{"example.com"} },
 		"mounts":            func(c *roche.Config) { c.Mounts = []roche.Mount{{Source: "/etc", Target: "/x"}} },
-		"workspace":         func(c *roche.Config) { c.Workspace = "w" },
 		"from_snapshot":     func(c *roche.Config) { c.FromSnapshot = "s" },
 		"disk":              func(c *roche.Config) { c.Writable = true },
 	}

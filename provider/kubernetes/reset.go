@@ -14,8 +14,9 @@ var _ roche.Resetter = (*Provider)(nil)
 // Reset implements roche.Resetter: the Pod is deleted and another made from the config it
 // carries (its roche.config annotation), with the lifetime it had left, so every change
 // to its files and every process is gone; the new sandbox has a new id, the same owner
-// and, if this process held the old one's lease, a lease held here too. There is no
-// workspace to keep or empty: workspaces are refused here.
+// and, if this process held the old one's lease, a lease held here too. Its workspace's
+// claim is kept, or, without keepWorkspace, removed and made again empty with the size it
+// had (a new volume from its StorageClass).
 func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (roche.SandboxInfo, error) {
 	pod, err := p.get(ctx, id)
 	if err != nil {
@@ -38,6 +39,11 @@ func (p *Provider) Reset(ctx context.Context, id string, keepWorkspace bool) (ro
 	}
 	if err := p.remove(ctx, id); err != nil {
 		return roche.SandboxInfo{}, err
+	}
+	if !keepWorkspace && cfg.Workspace != "" {
+		if err := p.wipeWorkspace(ctx, &cfg); err != nil {
+			return roche.SandboxInfo{}, err
+		}
 	}
 	return p.create(ctx, cfg)
 }

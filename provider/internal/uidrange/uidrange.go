@@ -24,9 +24,9 @@ const (
 	OCIFirst = DockerFirst + DockerCount
 	OCICount = 1_000_000
 	// The kubernetes provider's, on the cluster's nodes rather than this host: the Docker
-	// provider's first half.
+	// provider's, halved the same way (sandboxes, then workspaces).
 	KubernetesFirst = DockerFirst
-	KubernetesCount = 1_000_000
+	KubernetesCount = DockerCount
 )
 
 // Check refuses a range of count uids from first that starts below 65536 (the system's
