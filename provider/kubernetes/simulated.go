@@ -87,6 +87,8 @@ func (s *simulation) refuse(cfg kit.Spec) error {
 		return fmt.Errorf("%w: leased: sandboxes on simulated nodes run no agent to hold a lease", roche.ErrUnsupported)
 	case len(cfg.NetworkAllowlist) > 0:
 		return fmt.Errorf("%w: network_allowlist: sandboxes on simulated nodes run no agent to relay egress", roche.ErrUnsupported)
+	case cfg.Workspace != "":
+		return fmt.Errorf("%w: workspace: simulated nodes mount no volumes", roche.ErrUnsupported)
 	}
 	return nil
 }
