@@ -30,6 +30,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
+	"github.com/roche-sandbox/roche/provider/internal/egresswire"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/uidrange"
@@ -88,7 +89,7 @@ type Provider struct {
 	// used only under the state directory's lock.
 	uids    map[string]int
 	leases  guestfwd.Leases
-	proxies proxies
+	proxies egresswire.Proxies
 	// exitWatches are the pidfds of the sandboxes whose PID 1 this process watches, to
 	// tear each down when it exits (exit_linux.go); exitClosed: Close stopped them.
 	exitWatches map[string]*os.File
@@ -213,7 +214,7 @@ func New(opts ...Option) (*Provider, error) {
 func (p *Provider) Close() error {
 	p.stopExitWatches()
 	p.leases.DropAll()
-	p.proxies.stopAll()
+	p.proxies.StopAll()
 	p.sweeps.Wait()
 	p.rtMu.Lock()
 	rt := p.rt

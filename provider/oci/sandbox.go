@@ -128,7 +128,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	}
 	if len(cfg.NetworkAllowlist) > 0 {
 		// The proxy first: its CA and the secrets' placeholders go into the spec.
-		if b.trust, err = p.proxies.start(b.runDir, s.dir, id, cfg.Config, p.log); err != nil {
+		if b.trust, err = p.proxies.Start(b.runDir, s.dir, id, cfg.Config, p.log); err != nil {
 			return roche.SandboxInfo{}, err
 		}
 	}
@@ -313,7 +313,7 @@ func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) err
 	p.unwatchExit(s.ID)
 	p.forget(s.ID)
 	p.leases.Drop(s.ID)
-	p.proxies.stop(s.runDir())
+	p.proxies.Stop(s.runDir())
 	var errs []error
 	killedRun := false
 	if _, err := os.Stat(filepath.Join(s.dir, "pid")); errors.Is(err, os.ErrNotExist) {
