@@ -121,6 +121,18 @@ func (l *relinkListener) Close() error {
 	return sess.Close()
 }
 
+// openToHost opens a stream to the host over the current session: the host's
+// supervisor hands each to the sandbox's egress proxy (vmlink.GuestConfig.EgressListen).
+func (l *relinkListener) openToHost() (net.Conn, error) {
+	l.mu.Lock()
+	sess, relinking := l.sess, l.relinking
+	l.mu.Unlock()
+	if sess == nil || relinking {
+		return nil, fmt.Errorf("the link to the host is being moved")
+	}
+	return sess.Open()
+}
+
 func (l *relinkListener) Addr() net.Addr { return vmlinkAddr{} }
 
 type vmlinkAddr struct{}

@@ -112,7 +112,18 @@ func runVM() error {
 	step("serving")
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var egressDial func() (net.Conn, error)
+	if cfg.EgressListen != "" {
+		// The sandbox's HTTP proxy connections go to the host as streams of the agent's
+		// own link; the VM has no network device for them to take instead.
+		rl, ok := ln.(*relinkListener)
+		if !ok {
+			return fmt.Errorf("egress is carried over the serial link only, not %s", cfg.Transport)
+		}
+		egressDial = rl.openToHost
+	}
 	s, err := New(Config{
+		EgressListen: cfg.EgressListen, EgressDial: egressDial,
 		User: cfg.User, Lifetime: time.Duration(cfg.LifetimeMS) * time.Millisecond,
 		LeaseGrace: time.Duration(cfg.LeaseGraceMS) * time.Millisecond,
 		FirstLease: time.Duration(cfg.FirstLeaseMS) * time.Millisecond,
@@ -254,6 +265,9 @@ func mountRoot(cfg vmlink.GuestConfig) error {
 	if err := bindEtc(cfg.Hostname); err != nil {
 		return err
 	}
+	if err := bindTrust(cfg.TrustFiles); err != nil {
+		return err
+	}
 	return populateDev("/newroot/dev", cfg.TmpSize)
 }
 
@@ -279,6 +293,43 @@ func bindEtc(hostname string) error {
 		}
 		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 			return fmt.Errorf("making /etc/%s read-only: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// bindTrust covers each trust file's path in the new root with its content, read-only,
+// as a container engine binds the egress CA's files. The root filesystem builder makes
+// the paths egress.Trust uses (prepareTree in provider/vm); the agent follows no link
+// of the image's, whose target it would resolve in the initramfs.
+func bindTrust(files []vmlink.TrustFile) error {
+	for i, f := range files {
+		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path {
+			return fmt.Errorf("trust file path %q is not absolute and clean", f.Path)
+		}
+		target := "/newroot" + f.Path
+		// Every component of the path, the file too, must be what it says, not a link.
+		for p := f.Path; p != "/"; p = filepath.Dir(p) {
+			fi, err := os.Lstat("/newroot" + p)
+			if err != nil {
+				return fmt.Errorf("the image has no %s to install the egress CA at: %w", f.Path, err)
+			}
+			if fi.Mode()&os.ModeSymlink != 0 {
+				return fmt.Errorf("cannot install the egress CA at %s: %s is a symbolic link in the image", f.Path, p)
+			}
+			if p == f.Path && !fi.Mode().IsRegular() {
+				return fmt.Errorf("cannot install the egress CA at %s: not a regular file in the image", f.Path)
+			}
+		}
+		src := fmt.Sprintf("/roche/trust-%d", i)
+		if err := os.WriteFile(src, f.Content, 0o644); err != nil {
+			return err
+		}
+		if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("mounting %s: %w", f.Path, err)
+		}
+		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("making %s read-only: %w", f.Path, err)
 		}
 	}
 	return nil

@@ -80,6 +80,21 @@ type GuestConfig struct {
 	TmpSize int64 `json:"tmp_size"`
 	// Transport is TransportSerial or TransportVsock.
 	Transport string `json:"transport"`
+	// EgressListen, when set, is the loopback address (egress.SandboxListen) where the
+	// agent accepts the sandbox's HTTP proxy connections and carries each, as a stream
+	// it opens over the serial link, to the host, which hands it to the sandbox's
+	// egress proxy. The VM has no network device either way.
+	EgressListen string `json:"egress_listen,omitempty"`
+	// TrustFiles are files the agent covers, read-only, in the sandbox's root: the
+	// egress CA's certificate and the trust store holding it (egress.Trust's files).
+	TrustFiles []TrustFile `json:"trust_files,omitempty"`
+}
+
+// TrustFile is a file of the sandbox's root (Path, absolute) that the agent covers with
+// Content, read-only.
+type TrustFile struct {
+	Path    string `json:"path"`
+	Content []byte `json:"content"`
 }
 
 // MuxConfig is the yamux configuration both ends of the serial link use.
