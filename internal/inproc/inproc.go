@@ -87,7 +87,11 @@ var constructors = map[string]func(catalog.Options) (roche.Provider, error){
 		return opened(oci.New(opts...))
 	},
 	vm.QEMU: func(o catalog.Options) (roche.Provider, error) {
-		return opened(vm.NewQEMU(vm.WithLogger(o.Log)))
+		opts := []vm.Option{vm.WithLogger(o.Log)}
+		if o.Outlives {
+			opts = append(opts, vm.WithEgressProxy())
+		}
+		return opened(vm.NewQEMU(opts...))
 	},
 	"wasm": func(o catalog.Options) (roche.Provider, error) {
 		opts := []wasm.Option{wasm.WithLogger(o.Log)}

@@ -68,8 +68,9 @@ type Options struct {
 	// then asserts that they are absent and that no device node can be made there.
 	ScratchMountsLackNosuid string
 	// HostPIDs, when set, returns the host's pids of sandbox id's processes (where they
-	// are host processes): the egress check then reads their environments and memory
-	// from the host for the secret it brokers.
+	// are host processes; for a microVM, its hypervisor's, whose memory maps the
+	// guest's): the egress check then reads their environments and memory from the host
+	// for the secret it brokers.
 	HostPIDs func(id string) ([]int, error)
 }
 

@@ -134,6 +134,7 @@ func (p *Provider) supervisorExited(id, dir, hypervisor string, pid int) {
 	if _, err := os.Stat(filepath.Join(dir, supervisor.SuspendedFile)); err == nil {
 		return // saved to disk: paused, not ended
 	}
+	p.proxies.Stop(dir) // ended: nothing is left to relay for
 	path := supervisor.EndedPath(dir)
 	b, err := os.ReadFile(path)
 	_ = os.Remove(path)

@@ -22,7 +22,7 @@ import (
 
 // rootfsFormat names how root filesystems are built; changing the builder changes it, so
 // cached images from an older builder are not used.
-const rootfsFormat = "ext4-v1"
+const rootfsFormat = "ext4-v2"
 
 // imageRoot is a VM root filesystem built from a Docker image, with what the VM needs
 // from the image's config.
@@ -177,6 +177,21 @@ func prepareTree(tree string) error {
 			return err
 		}
 	}
+	// The egress CA's paths (trustPaths), made only where the image has nothing: an
+	// image's own file stays as it is, and a link there is refused at boot, never
+	// followed.
+	for _, f := range trustPaths {
+		p := filepath.Join(tree, f)
+		if _, err := os.Lstat(p); err == nil {
+			continue
+		}
+		if mkdirAllNoLinks(tree, filepath.Dir(f)) != nil {
+			continue // a link or a file on the way: egress's boot says so, others boot
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			return err
+		}
+	}
 	for _, f := range []string{"etc/hosts", "etc/hostname", "etc/resolv.conf"} {
 		p := filepath.Join(tree, f)
 		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
@@ -187,6 +202,27 @@ func prepareTree(tree string) error {
 			}
 		}
 		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mkdirAllNoLinks makes dir (absolute, inside tree) and its parents, mode 0755, and
+// fails where a component exists and is not a directory (a link included): the tree is
+// an image's, and a link in it must not take the builder outside.
+func mkdirAllNoLinks(tree, dir string) error {
+	p := tree
+	for _, c := range strings.Split(strings.Trim(dir, "/"), "/") {
+		p = filepath.Join(p, c)
+		fi, err := os.Lstat(p)
+		if err == nil {
+			if !fi.IsDir() {
+				return fmt.Errorf("%s in the image is not a directory", strings.TrimPrefix(p, tree))
+			}
+			continue
+		}
+		if err := os.Mkdir(p, 0o755); err != nil {
 			return err
 		}
 	}

@@ -131,6 +131,9 @@ func (p *Provider) save(ctx context.Context, s *sandbox, statePath string) (snap
 	if s.Hypervisor != QEMU {
 		return snapshot{}, fmt.Errorf("%w: memory snapshots are built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
 	}
+	if err := noSnapshotWithEgress(s); err != nil {
+		return snapshot{}, err
+	}
 	if s.Rootfs == "" || (s.Mem == "" && !s.MemPrivate) {
 		return snapshot{}, fmt.Errorf("%w: sandbox %s was made before memory snapshots: its RAM is not a file", roche.ErrUnsupported, s.ID)
 	}
@@ -390,6 +393,9 @@ func (p *Provider) Fork(ctx context.Context, id string, n int) (out []roche.Sand
 	}
 	if s.Hypervisor != QEMU {
 		return nil, fmt.Errorf("%w: fork is built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
+	}
+	if err := noSnapshotWithEgress(s); err != nil {
+		return nil, err
 	}
 	var snap snapshot
 	if sv, rerr := readSuspended(s.Dir); rerr == nil {
@@ -687,6 +693,9 @@ type savedTemplate struct {
 func (p *Provider) MakeTemplate(ctx context.Context, cfg roche.Config, opts kit.CreateOptions, language string) (t kit.Template, err error) {
 	if p.Name() != QEMU {
 		return "", fmt.Errorf("%w: templates are built for qemu sandboxes; firecracker's snapshot API is not wired yet", roche.ErrUnsupported)
+	}
+	if len(cfg.NetworkAllowlist) > 0 {
+		return "", fmt.Errorf("%w: a template of a VM with an egress allowlist: memory snapshots of a VM with egress are not supported (its proxy, CA and secrets belong to one sandbox)", roche.ErrUnsupported)
 	}
 	info, err := p.CreateFor(ctx, cfg, opts)
 	if err != nil {

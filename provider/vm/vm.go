@@ -59,6 +59,7 @@ type options struct {
 	probeTime   time.Duration
 	mkfs        string
 	docker      *client.Client
+	egress      bool
 }
 
 // Option configures a Provider.
@@ -118,6 +119,12 @@ func WithBootTimeout(d time.Duration) Option { return func(o *options) { o.bootT
 
 // WithKVMProbeTimeout bounds the probe boot that decides whether KVM works (default 10 s).
 func WithKVMProbeTimeout(d time.Duration) Option { return func(o *options) { o.probeTime = d } }
+
+// WithEgressProxy lets qemu sandboxes have a network_allowlist (and secrets): this
+// process then serves each one's egress proxy (package egress), which must outlive the
+// sandbox (roched, roche run). The VM still has no network device: its agent carries
+// the sandbox's HTTP proxy connections to the host over its serial link.
+func WithEgressProxy() Option { return func(o *options) { o.egress = true } }
 
 // WithDockerClient uses an existing Engine API client to export images.
 func WithDockerClient(c *client.Client) Option { return func(o *options) { o.docker = c } }

@@ -25,10 +25,12 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/internal/guest/vmlink"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
+	"github.com/roche-sandbox/roche/provider/internal/egresswire"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/statedir"
@@ -60,6 +62,9 @@ type Provider struct {
 	hv hypervisor
 	// leases holds the leases of the leased sandboxes this provider made.
 	leases guestfwd.Leases
+	// proxies are the egress proxies of the sandboxes with an allowlist this process
+	// serves (WithEgressProxy), each in its VM's directory.
+	proxies egresswire.Proxies
 	// snaps are the snapshot directories in use here (snaplock_linux.go).
 	snaps snapLocks
 
@@ -122,6 +127,7 @@ func newProvider(hv hypervisor, opts []Option) (*Provider, error) {
 // (those VMs stop within the grace) and releases the Engine API client it opened.
 func (p *Provider) Close() error {
 	p.stopEndWatches()
+	p.proxies.StopAll()
 	p.leases.DropAll()
 	p.dockerMu.Lock()
 	defer p.dockerMu.Unlock()
@@ -172,13 +178,19 @@ func (p *Provider) Available() error { return p.hv.check(p) }
 
 // Capabilities implements roche.Provider. A VM has no network interface at all (the
 // network option is refused) and no host mounts (a shared filesystem would be a channel
-// out of the VM; refused until there is one worth its risk).
+// out of the VM; refused until there is one worth its risk). A qemu VM takes an egress
+// allowlist where this process serves its proxy (WithEgressProxy).
 func (p *Provider) Capabilities() roche.Capabilities {
 	return roche.Capabilities{
 		Writable: true, Files: true, Pause: true, Stdin: true, Processes: true, Leases: true,
-		Code: guestfwd.CodeLanguages, RichResults: true,
+		Code: guestfwd.CodeLanguages, RichResults: true, Egress: p.egressHere(),
 	}
 }
+
+// egressHere reports whether this provider's sandboxes may have an egress allowlist:
+// qemu's, whose agent carries it over the serial link, in a process that serves the
+// proxies (WithEgressProxy).
+func (p *Provider) egressHere() bool { return p.egress && p.Name() == QEMU }
 
 func (p *Provider) dockerClient() (*client.Client, error) {
 	p.dockerMu.Lock()
@@ -205,8 +217,12 @@ func (p *Provider) refuse(cfg roche.Config) error {
 	if cfg.Workspace != "" {
 		problems = append(problems, "workspace: "+p.Name()+" sandboxes have no persistent workspaces yet; use the docker provider")
 	}
-	if len(cfg.NetworkAllowlist) > 0 {
-		problems = append(problems, "network_allowlist: "+p.Name()+" sandboxes have no egress proxy yet; use the docker provider")
+	switch {
+	case len(cfg.NetworkAllowlist) == 0:
+	case p.Name() != QEMU:
+		problems = append(problems, "network_allowlist: "+p.Name()+" sandboxes have no egress relay yet (its vsock is not wired to the proxy); use the qemu provider")
+	case !p.egress:
+		problems = append(problems, "network_allowlist needs a host process that outlives the sandbox to run its proxy: use roched (roche daemon start) or roche run")
 	}
 	if len(cfg.Mounts) > 0 {
 		problems = append(problems, "mounts: a "+p.Name()+" sandbox cannot see host paths; copy files in with cp instead")
@@ -376,6 +392,9 @@ type plan struct {
 	// resuming: a failed start leaves the directories, for the VM is paused to disk
 	// and can be resumed again.
 	resuming bool
+	// trust is what the sandbox's egress proxy gives it (with an allowlist): the proxy
+	// variables' company, its CA's files and the secrets' placeholders.
+	trust egress.Trust
 }
 
 // sandbox is what this process knows about a VM.
@@ -460,8 +479,18 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	if vm.Workdir == "" {
 		vm.Workdir = root.workdir
 	}
+	if len(cfg.NetworkAllowlist) > 0 {
+		// Served before the VM boots, in its directory (so it goes with the VM's files);
+		// the CA's key and the secrets' values stay in this process.
+		if vm.trust, err = p.proxies.Start(dir, dir, id, cfg, p.log); err != nil {
+			p.removeDir(dir)
+			p.removeMemDir(id)
+			return roche.SandboxInfo{}, err
+		}
+	}
 	sb, err := p.boot(ctx, vm, root)
 	if err != nil {
+		p.proxies.Stop(dir)
 		p.removeDir(dir)
 		p.removeMemDir(id)
 		return roche.SandboxInfo{}, err
@@ -492,6 +521,11 @@ func (p *Provider) boot(ctx context.Context, vm *plan, root imageRoot) (*sandbox
 	}
 	if p.Name() == Firecracker {
 		guest.Transport = vmlink.TransportVsock
+	}
+	if len(vm.Config.NetworkAllowlist) > 0 {
+		if err := egressGuest(&guest, vm.trust); err != nil {
+			return nil, err
+		}
 	}
 	if vm.Config.Leased {
 		// The agent powers the VM off LeaseGrace after its lease is lost, or when this
@@ -624,6 +658,9 @@ func (p *Provider) supervisorCmd(vm *plan, spec supervisor.Spec) (*exec.Cmd, err
 	spec.Console = vm.console
 	spec.DeadlineUnixMS = vm.ExpiresAt.Add(10 * time.Second).UnixMilli()
 	spec.Incoming, spec.Relink = vm.incoming, vm.relink
+	if len(vm.Config.NetworkAllowlist) > 0 {
+		spec.EgressSocket = egresswire.Socket(vm.Dir)
+	}
 	if vm.Mem != "" && !vm.MemPrivate {
 		spec.RemoveDirs = append(spec.RemoveDirs, filepath.Dir(vm.Mem))
 	}
@@ -705,6 +742,7 @@ func (p *Provider) lookup(id string) (*sandbox, error) {
 	}
 	s = &sandbox{meta: m, agent: p.hv.client(m)}
 	p.remember(s)
+	p.ensureEgress(s)
 	return s, nil
 }
 
@@ -822,6 +860,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	dir := filepath.Join(p.stateDir, id)
+	p.proxies.Stop(dir)
 	if _, err := os.Stat(dir); err != nil {
 		return nil
 	}

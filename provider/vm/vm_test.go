@@ -54,10 +54,31 @@ func newQEMU(t *testing.T, opts ...vm.Option) *vm.Provider {
 }
 
 // TestConformanceQEMU runs the conformance suite against the qemu provider: KVM where it
-// works, emulation (with a warning) where it does not.
+// works, emulation (with a warning) where it does not. The provider serves egress
+// proxies, as in roched, so the egress checks run too; the host-side search for the
+// brokered secret reads the memory of the VM's QEMU process, which maps the guest's RAM.
 func TestConformanceQEMU(t *testing.T) {
-	p := newQEMU(t)
-	providertest.Run(t, p, providertest.Options{Config: testConfig(), VM: true, PidsExact: true})
+	state := t.TempDir()
+	p := newQEMU(t, vm.WithStateDir(state), vm.WithEgressProxy())
+	providertest.Run(t, p, providertest.Options{Config: testConfig(), VM: true, PidsExact: true, HostPIDs: hypervisorPID(state)})
+}
+
+// hypervisorPID returns the pid of the QEMU process of a VM whose state directory is
+// below state: the process whose memory holds the guest's RAM (mapped from its file),
+// its kernel's, its agent's and its programs' pages, and QEMU's own buffers of the
+// serial link.
+func hypervisorPID(state string) func(id string) ([]int, error) {
+	return func(id string) ([]int, error) {
+		b, err := os.ReadFile(filepath.Join(state, id, supervisor.HypervisorFile))
+		if err != nil {
+			return nil, err
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return nil, err
+		}
+		return []int{pid}, nil
+	}
 }
 
 // TestConformanceFirecracker runs the suite against Firecracker where there is one. No

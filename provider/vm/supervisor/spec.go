@@ -40,6 +40,10 @@ type Spec struct {
 	// virtio-serial port, and serves the agent at AgentSocket over it.
 	Serial      bool   `json:"serial"`
 	AgentSocket string `json:"agent_socket,omitempty"`
+	// EgressSocket, with Serial, is the sandbox's egress proxy on the host (served by
+	// the process that created the VM): each stream the guest agent opens over the link
+	// is joined to a connection to it. Without it, such a stream is closed at once.
+	EgressSocket string `json:"egress_socket,omitempty"`
 	// Console receives the hypervisor's output (the guest's serial console).
 	Console string `json:"console"`
 	// DeadlineUnixMS is when the VM is stopped if it has not stopped itself.

@@ -105,7 +105,7 @@ func run(spec Spec) error {
 
 	var link *serialLink
 	if host != nil {
-		link = &serialLink{host: host, socket: spec.AgentSocket, sw: vmlink.NewSwitch(host, host, false)}
+		link = &serialLink{host: host, socket: spec.AgentSocket, egress: spec.EgressSocket, sw: vmlink.NewSwitch(host, host, false)}
 		go link.serve(spec.Relink)
 	}
 	deadline := time.NewTimer(max(time.Until(time.UnixMilli(spec.DeadlineUnixMS)), 0))
@@ -273,6 +273,7 @@ func consoleTail(path string) string {
 type serialLink struct {
 	host   *os.File
 	socket string
+	egress string // the egress proxy's socket, or ""
 	sw     *vmlink.Switch
 
 	mu     sync.Mutex
@@ -332,6 +333,7 @@ func (l *serialLink) serve(nonce string) {
 	}
 	l.ln, l.sess = ln, sess
 	l.mu.Unlock()
+	go l.acceptGuest(sess)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -364,9 +366,53 @@ func (l *serialLink) relink(nonce string) {
 	}
 	l.sess = sess
 	l.mu.Unlock()
+	go l.acceptGuest(sess)
 	if old != nil {
 		old.Close()
 	}
+}
+
+// acceptGuest takes the streams the guest agent opens over sess, each one connection a
+// program in the sandbox made to its HTTP proxy port, and joins each to a connection to
+// the sandbox's egress proxy, which decides what it may reach. Nothing else on the host
+// is reachable this way: a guest without an egress proxy has its streams closed.
+func (l *serialLink) acceptGuest(sess *yamux.Session) {
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		if l.egress == "" {
+			st.Close()
+			continue
+		}
+		go joinEgress(st, l.egress)
+	}
+}
+
+// egressUnreachable is what a program in the sandbox reads when the egress proxy's
+// process is not serving it.
+const egressUnreachable = "roche egress: the host's proxy is not reachable (is the process that created this sandbox still running?)\n"
+
+func joinEgress(st *yamux.Stream, socket string) {
+	up, err := net.DialTimeout("unix", socket, 10*time.Second)
+	if err != nil {
+		fmt.Fprintf(st, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(egressUnreachable), egressUnreachable)
+		st.Close()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(up, st)
+		if uc, ok := up.(*net.UnixConn); ok {
+			_ = uc.CloseWrite()
+		}
+	}()
+	_, _ = io.Copy(st, up)
+	st.Close()
+	<-done
+	up.Close()
 }
 
 func (l *serialLink) close() {
