@@ -392,8 +392,8 @@ type plan struct {
 	// resuming: a failed start leaves the directories, for the VM is paused to disk
 	// and can be resumed again.
 	resuming bool
-	// trust is what the sandbox's egress proxy gives it (with an allowlist): the proxy
-	// variables' company, its CA's files and the secrets' placeholders.
+	// trust is what the sandbox's egress proxy gives it (with an allowlist): its CA's
+	// files, and the CA variables and the secrets' placeholders for the environment.
 	trust egress.Trust
 }
 
