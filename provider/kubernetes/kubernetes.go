@@ -615,7 +615,17 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 	made, err := p.cs.CoreV1().Pods(p.namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil && cfg.IdempotencyKey != "" && apierrors.IsAlreadyExists(err) {
 		joined = true
-		return p.joinKeyed(ctx, id, cfg)
+		info, err := p.joinKeyed(ctx, id, cfg)
+		if errors.Is(err, errKeyedGone) {
+			// The earlier create of this key failed (its replica stopped or died
+			// mid-create) and what it made is going: once all of it is gone, this
+			// create makes the sandbox afresh.
+			if err := p.awaitRemoved(ctx, id); err != nil {
+				return roche.SandboxInfo{}, err
+			}
+			return p.create(ctx, cfg)
+		}
+		return info, err
 	}
 	if err != nil {
 		if p.namespaceGone(ctx, err) {
@@ -668,6 +678,11 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec) (_ roche.SandboxInf
 		}
 	}
 	sb.started = startOf(running)
+	if !cfg.Network && cfg.IdempotencyKey != "" {
+		if err := p.ensurePolicy(ctx, id, made.UID); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
 	if cfg.Leased {
 		if err := p.leases.Take(ctx, sb.id, sb.agent); err != nil {
 			return roche.SandboxInfo{}, err

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -55,12 +57,18 @@ func keyedName(owner, key string) string {
 // never removes it: it is the earlier create's.
 func (p *Provider) joinKeyed(ctx context.Context, id string, cfg kit.Spec) (roche.SandboxInfo, error) {
 	pod, err := p.get(ctx, id)
+	if errors.Is(err, roche.ErrNotFound) {
+		return roche.SandboxInfo{}, errKeyedGone
+	}
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	if pod.Annotations[AnnotationOwner] != cfg.Owner || pod.DeletionTimestamp != nil {
-		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s of this idempotency key is being destroyed or is another owner's: create with another key",
+	if pod.Annotations[AnnotationOwner] != cfg.Owner {
+		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s of this idempotency key is another owner's: create with another key",
 			roche.ErrInvalidConfig, id)
+	}
+	if pod.DeletionTimestamp != nil {
+		return roche.SandboxInfo{}, errKeyedGone
 	}
 	if phase := pod.Status.Phase; phase == corev1.PodSucceeded || phase == corev1.PodFailed {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: sandbox %s, made by an earlier create with this idempotency key, has stopped: create with another key",
@@ -68,12 +76,12 @@ func (p *Provider) joinKeyed(ctx context.Context, id string, cfg kit.Spec) (roch
 	}
 	running, err := p.waitRunning(ctx, id)
 	if err != nil {
-		return roche.SandboxInfo{}, err
+		return roche.SandboxInfo{}, p.keyedGone(ctx, id, err)
 	}
 	sb := sandbox{id: id, expires: expiresOf(running.Labels), cfg: cfg, agent: p.agentClient(id), started: startOf(running)}
 	if p.sim == nil {
 		if err := p.waitAgent(ctx, sb); err != nil {
-			return roche.SandboxInfo{}, err
+			return roche.SandboxInfo{}, p.keyedGone(ctx, id, err)
 		}
 	}
 	if cfg.Leased {
@@ -167,4 +175,61 @@ func (p *Provider) Elect(ctx context.Context, group, identity string, lease time
 		}
 	}()
 	return leading.Load, nil
+}
+
+// errKeyedGone says the Pod of an idempotency key is gone or going: the create that made
+// it failed, its maker removing it, or it was destroyed. A retried create then makes the
+// sandbox again once what the earlier one made is gone.
+var errKeyedGone = errors.New("the sandbox of this idempotency key is gone or going")
+
+// keyedGone is errKeyedGone when the keyed Pod a join waited for went meanwhile, else err.
+func (p *Provider) keyedGone(ctx context.Context, id string, err error) error {
+	pod, gerr := p.get(ctx, id)
+	if errors.Is(gerr, roche.ErrNotFound) || gerr == nil && pod.DeletionTimestamp != nil {
+		return errKeyedGone
+	}
+	return err
+}
+
+// awaitRemoved waits until the Pod of sandbox id, its NetworkPolicy and its egress
+// ConfigMap are all gone: an earlier create of the same key removing them (Pod, then
+// policy, then ConfigMap) has then finished, and cannot delete what a new create makes
+// under the same names. Nothing tells of a deletion here, so the API server is asked
+// again every 100 ms, until ctx ends.
+func (p *Provider) awaitRemoved(ctx context.Context, id string) error {
+	for {
+		_, perr := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
+		_, nerr := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Get(ctx, id, metav1.GetOptions{})
+		_, cerr := p.cs.CoreV1().ConfigMaps(p.namespace).Get(ctx, id, metav1.GetOptions{})
+		if apierrors.IsNotFound(perr) && apierrors.IsNotFound(nerr) && apierrors.IsNotFound(cerr) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: sandbox %s of this idempotency key, made by an earlier create that failed, is still being removed: create again",
+				roche.ErrUnavailable, id)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// ensurePolicy makes sure the deny-all NetworkPolicy of a keyed sandbox still stands
+// once its Pod runs, before the sandbox is handed out: the policy this create found
+// already there may have been an earlier, failed create's, which its maker then
+// deleted by name. A policy gone is made again, tied to the Pod.
+func (p *Provider) ensurePolicy(ctx context.Context, id string, podUID types.UID) error {
+	_, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Get(ctx, id, metav1.GetOptions{})
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return p.apiErr("checking the NetworkPolicy of sandbox "+id, err)
+	}
+	np := networkPolicyFor(id, p.namespace)
+	np.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: id, UID: podUID}}
+	if _, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return p.apiErr("making the deny-all NetworkPolicy of sandbox "+id+" again", err)
+	}
+	p.log.Warn("the deny-all NetworkPolicy of a keyed sandbox had gone with an earlier create of its key: made again", "id", id)
+	return nil
 }

@@ -1,0 +1,131 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/provider/kit"
+)
+
+// Unit tests of a keyed create's logic when the earlier create of its key failed; the
+// replicas test in the cluster (deploy/kubernetes TestRochedReplicasInCluster) is where
+// a replica stopped mid-create makes it happen.
+
+func keyedPod(p *Provider, id, owner string, deleting bool) *corev1.Pod {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name: id, Namespace: p.namespace,
+		Labels:      map[string]string{LabelManaged: "true", LabelProvider: Name},
+		Annotations: map[string]string{AnnotationOwner: owner},
+	}}
+	if deleting {
+		now := metav1.Now()
+		pod.DeletionTimestamp = &now
+		pod.Finalizers = []string{"test/keep"}
+	}
+	return pod
+}
+
+func TestJoinKeyedGone(t *testing.T) {
+	cs := fake.NewClientset()
+	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := keyedName("alice", "k1")
+	spec := kit.Spec{Config: roche.DefaultConfig(), CreateOptions: kit.CreateOptions{Owner: "alice", IdempotencyKey: "k1"}}
+
+	// Gone: the earlier create failed and removed its Pod.
+	if _, err := p.joinKeyed(ctx, id, spec); !errors.Is(err, errKeyedGone) {
+		t.Errorf("Pod gone: %v, want errKeyedGone", err)
+	}
+	// Going: its maker is deleting it.
+	if _, err := cs.CoreV1().Pods(p.namespace).Create(ctx, keyedPod(p, id, "alice", true), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.joinKeyed(ctx, id, spec); !errors.Is(err, errKeyedGone) {
+		t.Errorf("Pod being deleted: %v, want errKeyedGone", err)
+	}
+	// Another owner's Pod under the name is never joined, nor waited for.
+	other := keyedName("bob", "k1")
+	if _, err := cs.CoreV1().Pods(p.namespace).Create(ctx, keyedPod(p, other, "mallory", false), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bobs := spec
+	bobs.Owner = "bob"
+	if _, err := p.joinKeyed(ctx, other, bobs); !errors.Is(err, roche.ErrInvalidConfig) {
+		t.Errorf("another owner's Pod: %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestAwaitRemoved(t *testing.T) {
+	cs := fake.NewClientset()
+	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := keyedName("alice", "k2")
+	if _, err := cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, networkPolicyFor(id, p.namespace), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The policy still stands (its maker has deleted the Pod, not yet the policy): not
+	// removed, until the deadline.
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := p.awaitRemoved(short, id); !errors.Is(err, roche.ErrUnavailable) {
+		t.Errorf("policy still there: %v, want ErrUnavailable at the deadline", err)
+	}
+	// Once it goes, the wait ends.
+	done := make(chan error, 1)
+	go func() { done <- p.awaitRemoved(ctx, id) }()
+	if err := cs.NetworkingV1().NetworkPolicies(p.namespace).Delete(ctx, id, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("after the policy went: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("awaitRemoved went on 10 s after everything was gone")
+	}
+}
+
+func TestEnsurePolicyMakesAGoneOneAgain(t *testing.T) {
+	cs := fake.NewClientset()
+	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := keyedName("alice", "k3")
+	if err := p.ensurePolicy(ctx, id, "uid-1"); err != nil {
+		t.Fatal(err)
+	}
+	np, err := cs.NetworkingV1().NetworkPolicies(p.namespace).Get(ctx, id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the gone policy was not made again: %v", err)
+	}
+	if len(np.OwnerReferences) != 1 || np.OwnerReferences[0].UID != "uid-1" || np.OwnerReferences[0].Kind != "Pod" {
+		t.Errorf("policy made again owned by %+v, want the sandbox's Pod", np.OwnerReferences)
+	}
+	if len(np.Spec.PolicyTypes) == 0 {
+		t.Errorf("policy made again is not the deny-all one: %+v", np.Spec)
+	}
+	// One standing is left as it is.
+	if err := p.ensurePolicy(ctx, id, "uid-2"); err != nil {
+		t.Fatal(err)
+	}
+	np, _ = cs.NetworkingV1().NetworkPolicies(p.namespace).Get(ctx, id, metav1.GetOptions{})
+	if np.OwnerReferences[0].UID != "uid-1" {
+		t.Errorf("a standing policy was replaced")
+	}
+}
