@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -149,5 +150,45 @@ print(urllib.request.urlopen(req, timeout=20).read().decode())`, "https://"+targ
 	r = run(t, "create", "--image", testImage(), "--allow-host", target, "--secret", "API_TOKEN", "--secret-host", "API_TOKEN="+target)
 	if r.code == 0 || !strings.Contains(r.stderr, "roche secret set API_TOKEN") {
 		t.Fatalf("create with a secret not stored: %+v", r)
+	}
+}
+
+// TestSecretListJSON: roche secret list --json, which the SDKs read, names each stored
+// secret with when it was set and the sandboxes using it (none here), never its value;
+// rm of a name never stored says so.
+func TestSecretListJSON(t *testing.T) {
+	s := daemontest.Serve(t, daemon.Config{}) // needs Docker, as roched runs; no sandbox is made
+	t.Setenv("ROCHE_SOCKET", s.Socket)
+	const v = "tok-list-json-4c2d9e"
+	before := time.Now().Add(-time.Minute)
+	for _, name := range []string{"B_TOKEN", "A_TOKEN"} {
+		if r := rocheIn(t, v+"\n", "secret", "set", name); r.code != 0 {
+			t.Fatalf("secret set %s: %+v", name, r)
+		}
+	}
+	r := run(t, "secret", "list", "--json")
+	var got []struct {
+		Name      string    `json:"name"`
+		Updated   time.Time `json:"updated"`
+		Sandboxes []string  `json:"sandboxes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); r.code != 0 || err != nil || strings.Contains(r.stdout, v) {
+		t.Fatalf("secret list --json: %+v (%v)", r, err)
+	}
+	if len(got) != 2 || got[0].Name != "A_TOKEN" || got[1].Name != "B_TOKEN" || got[0].Updated.Before(before) ||
+		got[0].Sandboxes == nil || len(got[0].Sandboxes) != 0 {
+		t.Fatalf("secret list --json = %+v, want A_TOKEN and B_TOKEN, just set, used by no sandbox", got)
+	}
+	if r := run(t, "secret", "rm", "A_TOKEN"); r.code != 0 {
+		t.Fatalf("secret rm: %+v", r)
+	}
+	if r := run(t, "secret", "list", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"B_TOKEN"`) || strings.Contains(r.stdout, "A_TOKEN") {
+		t.Fatalf("secret list --json after rm: %+v", r)
+	}
+	if r := run(t, "secret", "rm", "NEVER_SET"); r.code == 0 || !strings.Contains(r.stderr, "not in roched's secret store") {
+		t.Fatalf("secret rm of a name never stored: %+v", r)
+	}
+	if r := run(t, "secret", "list"); r.code != 0 || !strings.HasPrefix(r.stdout, "NAME") {
+		t.Fatalf("secret list: %+v", r)
 	}
 }

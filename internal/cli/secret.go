@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -53,6 +55,7 @@ stores nothing. See docs/egress.md.`,
   roche secret set API_TOKEN --from-file token.txt
   roche secret set API_TOKEN --sandbox ID --from-file new-token.txt
   roche secret list
+  roche secret list --json
   roche secret rm API_TOKEN`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -107,10 +110,15 @@ replace the value of that running sandbox's secret NAME only.`,
 	}
 	set.Flags().StringVar(&fromFile, "from-file", "", "read the value from FILE (private to you) instead of standard input")
 	set.Flags().StringVar(&sandbox, "sandbox", "", "replace the value of this running sandbox's secret only; store nothing")
+	var asJSON bool
 	list := &cobra.Command{
-		Use:   "list",
+		Use:   "list [--json]",
 		Short: "Name the stored secrets (never their values) and the sandboxes using each",
-		Args:  cobra.NoArgs,
+		Long: `Name your stored secrets, never their values: when each was last set, and the running
+sandboxes that took it from the store (which a set rotates). --json prints a JSON array
+of {"name", "updated" (RFC 3339), "sandboxes"}, for scripts and the SDKs.`,
+		Example: "  roche secret list\n  roche secret list --json | jq -r '.[].name'",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := e.requireDaemon(secretHint)
 			if err != nil {
@@ -120,6 +128,18 @@ replace the value of that running sandbox's secret NAME only.`,
 			if err != nil {
 				return friendly(err)
 			}
+			if asJSON {
+				type stored struct {
+					Name      string    `json:"name"`
+					Updated   time.Time `json:"updated"`
+					Sandboxes []string  `json:"sandboxes"`
+				}
+				out := make([]stored, 0, len(ss))
+				for _, s := range ss {
+					out = append(out, stored{Name: s.Name, Updated: s.Updated.UTC(), Sandboxes: append([]string{}, s.Sandboxes...)})
+				}
+				return json.NewEncoder(e.stdout).Encode(out)
+			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tUPDATED\tSANDBOXES")
 			for _, s := range ss {
@@ -128,6 +148,7 @@ replace the value of that running sandbox's secret NAME only.`,
 			return tw.Flush()
 		},
 	}
+	list.Flags().BoolVar(&asJSON, "json", false, `print a JSON array of {"name", "updated", "sandboxes"}`)
 	rm := &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Take a secret out of the store (running sandboxes keep the value they have)",
