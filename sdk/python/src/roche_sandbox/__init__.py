@@ -53,6 +53,7 @@ from .types import (
     SnapshotInfo,
     EgressDecision,
     Secret,
+    StoredSecret,
     WorkspaceInfo,
 )
 
@@ -113,6 +114,7 @@ __all__ = [
     "SnapshotInfo",
     "EgressDecision",
     "Secret",
+    "StoredSecret",
     "Unsupported",
     "WorkspaceInfo",
 ]

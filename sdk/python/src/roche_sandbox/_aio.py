@@ -170,11 +170,12 @@ def let_go(held: list[CLIHold]) -> None:
         h.reap_in_background()
 
 
-async def spawn(cli: str, args: list[str], stdin: bool) -> Process:
-    """`roche --direct ARGS` with its output piped, and its input when stdin."""
+async def spawn(cli: str, args: list[str], stdin: bool, direct: bool = True) -> Process:
+    """`roche --direct ARGS` with its output piped, and its input when stdin; without
+    --direct when not direct (a command only roched serves)."""
     try:
         p = await asyncio.create_subprocess_exec(
-            cli, "--direct", *args,
+            cli, *(["--direct"] if direct else []), *args,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     except OSError as e:

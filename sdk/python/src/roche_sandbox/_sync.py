@@ -36,6 +36,7 @@ from .types import (
     SnapshotInfo,
     EgressDecision,
     Secret,
+    StoredSecret,
     WorkspaceInfo,
     context_id,
     make_code_request,
@@ -202,6 +203,31 @@ class Roche:
     def delete_workspace(self, name: str) -> None:
         """Deletes a workspace and its files; InUse while a sandbox has it mounted."""
         self._resolve().delete_workspace(self.provider, name, self._deadline())
+
+    def set_secret(self, name: str, value: str, *,
+                   sandbox: Union[str, "Sandbox", None] = None) -> List[str]:
+        """Stores ``value`` under ``name`` in roched's secret store (your tenant's), for
+        sandboxes created with ``Secret(name, hosts, from_store=True)``; setting it again
+        rotates it: every running sandbox that took it from the store sends the new value
+        from its next request on, without a restart. Returns those sandboxes' ids. With
+        ``sandbox=`` (an id or a sandbox), replaces the value of that running sandbox's
+        secret only, stores nothing, and returns its id. roched holds values in memory
+        only (a restarted roched has none: set them again); the value crosses roched's
+        API, or the roche CLI's standard input (never its command line). At most 64 KiB,
+        no control characters (it goes in a header): else InvalidConfig."""
+        sid = sandbox if isinstance(sandbox, str) or sandbox is None else sandbox.id
+        return self._resolve().set_secret(name, value, sid, self._deadline())
+
+    def list_secrets(self) -> List[StoredSecret]:
+        """Your stored secrets, never their values: when each was set, and the running
+        sandboxes that took it from the store."""
+        return self._resolve().list_secrets(self._deadline())
+
+    def remove_secret(self, name: str) -> None:
+        """Takes a secret out of the store (SandboxNotFound, saying so, when it is not
+        there). Running sandboxes keep the value they have: destroy them, or
+        ``set_secret(name, other, sandbox=...)``, to revoke it there."""
+        self._resolve().remove_secret(name, self._deadline())
 
     def close(self) -> None:
         """Releases kept connections, and lets go of the sandboxes this Roche created

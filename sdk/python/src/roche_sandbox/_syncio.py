@@ -133,10 +133,11 @@ def let_go(held: list[CLIHold]) -> None:
             h.reap_in_background()
 
 
-def spawn(cli: str, args: list[str], stdin: bool) -> Process:
-    """`roche --direct ARGS` with its output piped, and its input when stdin."""
+def spawn(cli: str, args: list[str], stdin: bool, direct: bool = True) -> Process:
+    """`roche --direct ARGS` with its output piped, and its input when stdin; without
+    --direct when not direct (a command only roched serves)."""
     try:
-        p = subprocess.Popen([cli, "--direct", *args],
+        p = subprocess.Popen([cli, *(["--direct"] if direct else []), *args],
                              stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as e:

@@ -26,7 +26,7 @@ from ._lease import UNDO_TIMEOUT, CLIHold, DaemonHold, Holds
 from ._wire import StreamItem
 from .errors import InvalidConfig, PermissionDenied, ProviderUnavailable, RocheError, SandboxNotFound
 from .types import (CodeRequest, CommandInfo, Context, CopyReport, ExecRequest, ExecResult, Execution, SandboxConfig,
-                    SandboxInfo, SnapshotInfo, WorkspaceInfo, EgressDecision)
+                    SandboxInfo, SnapshotInfo, StoredSecret, WorkspaceInfo, EgressDecision)
 
 T = TypeVar("T")
 
@@ -65,6 +65,10 @@ class Transport(Protocol):
     def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]: ...
     def egress_suggest(self, sid: str, d: Deadline) -> List[str]: ...
     def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]: ...
+    # roched's secret store (through the CLI too: it asks roched).
+    def set_secret(self, name: str, value: str, sandbox: Optional[str], d: Deadline) -> List[str]: ...
+    def list_secrets(self, d: Deadline) -> List[StoredSecret]: ...
+    def remove_secret(self, name: str, d: Deadline) -> None: ...
     def run_code(self, sid: str, req: CodeRequest, d: Deadline) -> Iterator[_wire.CodeItem]: ...
     def create_context(self, sid: str, language: str, cwd: Optional[str], d: Deadline) -> Context: ...
     def contexts(self, sid: str, d: Deadline) -> List[Context]: ...
@@ -406,6 +410,20 @@ class DaemonTransport:
         m = self.api.unary("EgressPolicy", {"sandboxId": sid, "allow": allow, "remove": remove}, d)
         return [str(r) for r in m.get("rules", [])]
 
+    def set_secret(self, name: str, value: str, sandbox: Optional[str], d: Deadline) -> List[str]:
+        msg = {"name": name, "value": value}
+        if sandbox:
+            msg["sandboxId"] = sandbox
+        m = self.api.unary("SetSecret", msg, d)
+        return [str(r) for r in m.get("rotated", [])]
+
+    def list_secrets(self, d: Deadline) -> List[StoredSecret]:
+        m = self.api.unary("ListSecrets", {}, d, retry=True)
+        return [_wire.parse_stored_secret(s) for s in m.get("secrets", [])]
+
+    def remove_secret(self, name: str, d: Deadline) -> None:
+        self.api.unary("RemoveSecret", {"name": name}, d)
+
     def _upload(self, body: Any, d: Deadline) -> None:
         messages = self.api.stream("CopyTo", body, d)
         for _ in messages:
@@ -537,14 +555,23 @@ class CLITransport:
     def close(self) -> None:
         _syncio.let_go([h for h in self.holds.pop_all() if isinstance(h, CLIHold)])
 
-    def _run(self, args: list[str], d: Deadline, stdin: Optional[bytes] = None) -> tuple[bytes, bytes, int]:
-        p = _syncio.spawn(self.cli, args, stdin is not None)
+    def _run(self, args: list[str], d: Deadline, stdin: Optional[bytes] = None,
+             direct: bool = True) -> tuple[bytes, bytes, int]:
+        p = _syncio.spawn(self.cli, args, stdin is not None, direct)
         return p.communicate(stdin, d, f"roche {args[0]}")
 
     def _call(self, args: list[str], d: Deadline) -> bytes:
         out, err, rc = self._run(args, d)
         if rc != 0:
             raise _cli.error_from_stderr(err, rc, args[0])
+        return out
+
+    def _roched(self, args: list[str], d: Deadline, stdin: Optional[bytes] = None) -> bytes:
+        """A command only roched serves (the egress proxies, the secret store): the CLI
+        without --direct, which asks the roched on its socket (ROCHE_SOCKET)."""
+        out, err, rc = self._run(args, d, stdin, direct=False)
+        if rc != 0:
+            raise _cli.error_from_stderr(err, rc, f"{args[0]} {args[1]}")
         return out
 
     def create(self, provider: str, cfg: SandboxConfig, d: Deadline) -> SandboxInfo:
@@ -757,20 +784,38 @@ class CLITransport:
         self._call(["workspace", "rm", "--provider", provider, name], d)
 
     def egress_log(self, sid: str, d: Deadline) -> List[EgressDecision]:
-        out = self._call(["egress", "log", "--json", sid], d)
+        out = self._roched(["egress", "log", "--json", sid], d)
         return [_wire.parse_egress_decision(json.loads(line)) for line in out.splitlines() if line.strip()]
 
     def egress_suggest(self, sid: str, d: Deadline) -> List[str]:
-        out = self._call(["egress", "suggest", sid], d)
-        return [line for line in out.splitlines() if line.strip()]
+        out = self._roched(["egress", "suggest", sid], d)
+        return [line for line in out.decode().splitlines() if line.strip()]
 
     def egress_policy(self, sid: str, allow: List[str], remove: List[str], d: Deadline) -> List[str]:
-        out = ""
+        out = b""
         if allow:
-            out = self._call(["egress", "allow", sid, *allow], d)
+            out = self._roched(["egress", "allow", sid, *allow], d)
         if remove:
-            out = self._call(["egress", "deny", sid, *remove], d)
-        return [line for line in out.splitlines() if line.strip()]
+            out = self._roched(["egress", "deny", sid, *remove], d)
+        return [line for line in out.decode().splitlines() if line.strip()]
+
+    def set_secret(self, name: str, value: str, sandbox: Optional[str], d: Deadline) -> List[str]:
+        # The value goes on roche's standard input, never its command line (which any
+        # local user can read in /proc); roche drops a trailing newline, which roched
+        # would refuse (a control character), so one is refused here alike.
+        if value.endswith(("\n", "\r")):
+            raise InvalidConfig(f"invalid config: secret {name}: the value holds a control character, "
+                                "which a request header cannot carry")
+        args = ["secret", "set", name, *(["--sandbox", sandbox] if sandbox else [])]
+        out = self._roched(args, d, value.encode())
+        return [line for line in out.decode().splitlines() if line.strip()]
+
+    def list_secrets(self, d: Deadline) -> List[StoredSecret]:
+        out = self._roched(["secret", "list", "--json"], d)
+        return [_wire.parse_stored_secret(o) for o in _cli.parse_json(out, "secret list") or []]
+
+    def remove_secret(self, name: str, d: Deadline) -> None:
+        self._roched(["secret", "rm", name], d)
 
     def write_file(self, sid: str, path: str, data: bytes, mode: int, d: Deadline) -> None:
         name = _tarutil.base_name(path, "path")

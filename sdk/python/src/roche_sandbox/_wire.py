@@ -33,6 +33,7 @@ from .types import (
     SandboxInfo,
     SkippedEntry,
     SnapshotInfo,
+    StoredSecret,
     Stream,
     WorkspaceInfo,
 )
@@ -253,6 +254,15 @@ def parse_egress_decision(m: dict[str, Any]) -> EgressDecision:
         bytes_out=int(get("bytesOut", "bytes_out", 0)),
         bytes_in=int(get("bytesIn", "bytes_in", 0)),
         done=bool(m.get("done", False)),
+    )
+
+
+def parse_stored_secret(m: dict[str, Any]) -> StoredSecret:
+    """A StoredSecret message, or an object of ``roche secret list --json``."""
+    return StoredSecret(
+        name=str(m.get("name", "")),
+        updated=parse_time(m.get("updatedAt", m.get("updated"))),
+        sandboxes=[str(s) for s in m.get("sandboxes") or []],
     )
 
 

@@ -229,6 +229,17 @@ class EgressDecision:
 
 
 @dataclass(frozen=True)
+class StoredSecret:
+    """A secret in roched's secret store (``roche.list_secrets()``): never its value."""
+
+    name: str
+    #: When it was last set.
+    updated: Optional[datetime]
+    #: The running sandboxes that took it from the store (a ``set_secret`` rotates them).
+    sandboxes: "list[str]"
+
+
+@dataclass(frozen=True)
 class WorkspaceInfo:
     """A persistent workspace, mounted at /workspace by the sandboxes created with it."""
 
