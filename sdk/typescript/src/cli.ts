@@ -23,6 +23,8 @@ import {
   type Receipt,
   type SandboxConfig,
   type SandboxInfo,
+  storedSecret,
+  type StoredSecret,
 } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import { entryFromCLI, eventFromCLI, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
@@ -397,13 +399,14 @@ export class CLITransport implements Transport {
     return new ProviderUnavailable(`cannot run the roche CLI ${JSON.stringify(this.cli)}: ${e.message}: put roche on PATH or set ROCHE_CLI`);
   }
 
-  private spawn(args: string[], stdin: boolean): ChildProcess {
-    return spawn(this.cli, ["--direct", ...args], { stdio: [stdin ? "pipe" : "ignore", "pipe", "pipe"] });
+  /** `roche --direct ARGS`; without --direct when not direct (a command only roched serves). */
+  private spawn(args: string[], stdin: boolean, direct = true): ChildProcess {
+    return spawn(this.cli, [...(direct ? ["--direct"] : []), ...args], { stdio: [stdin ? "pipe" : "ignore", "pipe", "pipe"] });
   }
 
-  private run(args: string[], d: Deadline, stdin?: Uint8Array, signal?: AbortSignal): Promise<Ran> {
+  private run(args: string[], d: Deadline, stdin?: Uint8Array, signal?: AbortSignal, direct = true): Promise<Ran> {
     return new Promise((resolve, reject) => {
-      const p = this.spawn(args, stdin !== undefined);
+      const p = this.spawn(args, stdin !== undefined, direct);
       const out: Buffer[] = [];
       const err: Buffer[] = [];
       let failed: unknown;
@@ -432,6 +435,14 @@ export class CLITransport implements Transport {
   private async call(args: string[], d: Deadline): Promise<Buffer> {
     const r = await this.run(args, d);
     if (r.rc !== 0) throw errorFromStderr(r.err, r.rc, args[0]);
+    return r.out;
+  }
+
+  /** A command only roched serves (the egress proxies, the secret store): the CLI without
+   * --direct, which asks the roched on its socket (ROCHE_SOCKET). */
+  private async roched(args: string[], d: Deadline, stdin?: Uint8Array): Promise<Buffer> {
+    const r = await this.run(args, d, stdin, undefined, false);
+    if (r.rc !== 0) throw errorFromStderr(r.err, r.rc, `${args[0]} ${args[1]}`);
     return r.out;
   }
 
@@ -869,19 +880,39 @@ export class CLITransport implements Transport {
   }
 
   async egressLog(sid: string, d: Deadline): Promise<EgressDecision[]> {
-    const out = (await this.call(["egress", "log", "--json", sid], d)).toString();
+    const out = (await this.roched(["egress", "log", "--json", sid], d)).toString();
     return lines(out).map((l) => egressDecision(JSON.parse(l)));
   }
 
   async egressSuggest(sid: string, d: Deadline): Promise<string[]> {
-    return lines((await this.call(["egress", "suggest", sid], d)).toString());
+    return lines((await this.roched(["egress", "suggest", sid], d)).toString());
   }
 
   async egressPolicy(sid: string, allow: string[], remove: string[], d: Deadline): Promise<string[]> {
     let out = "";
-    if (allow.length) out = (await this.call(["egress", "allow", sid, ...allow], d)).toString();
-    if (remove.length) out = (await this.call(["egress", "deny", sid, ...remove], d)).toString();
+    if (allow.length) out = (await this.roched(["egress", "allow", sid, ...allow], d)).toString();
+    if (remove.length) out = (await this.roched(["egress", "deny", sid, ...remove], d)).toString();
     return lines(out);
+  }
+
+  async setSecret(name: string, value: string, sandbox: string | undefined, d: Deadline): Promise<string[]> {
+    // The value goes on roche's standard input, never its command line (which any local
+    // user can read in /proc); roche drops a trailing newline, which roched would refuse
+    // (a control character), so one is refused here alike.
+    if (/[\r\n]$/.test(value)) {
+      throw new InvalidConfig(`invalid config: secret ${name}: the value holds a control character, which a request header cannot carry`);
+    }
+    const args = ["secret", "set", name, ...(sandbox ? ["--sandbox", sandbox] : [])];
+    return lines((await this.roched(args, d, Buffer.from(value, "utf8"))).toString());
+  }
+
+  async listSecrets(d: Deadline): Promise<StoredSecret[]> {
+    const out = parseJSON(await this.roched(["secret", "list", "--json"], d), "secret list");
+    return ((out as unknown[] | null) ?? []).map(storedSecret);
+  }
+
+  async removeSecret(name: string, d: Deadline): Promise<void> {
+    await this.roched(["secret", "rm", name], d);
   }
 
   async close(): Promise<void> {

@@ -37,7 +37,7 @@ import { firstFile, fileTar } from "./tar.js";
 import { entryFromWire, eventFromWire, FILE_CHUNK, IdleTimer, type EntryInfo, type FilesystemEvent } from "./files.js";
 import { Backoff } from "./retry.js";
 import { tlsProblem } from "./tls.js";
-import { egressDecision, execResult, OutputAssembler, type EgressDecision, type EndReason, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type Receipt, type SandboxConfig, type SandboxInfo } from "./types.js";
+import { egressDecision, execResult, OutputAssembler, storedSecret, type StoredSecret, type EgressDecision, type EndReason, type ExecRequest, type ExecResult, type ListOptions, type OutputEvent, type Receipt, type SandboxConfig, type SandboxInfo } from "./types.js";
 import type { StreamItem, Transport } from "./transport.js";
 import type { PtyRequest } from "./pty.js";
 import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
@@ -904,6 +904,20 @@ export class DaemonTransport implements Transport {
   async egressPolicy(sid: string, allow: string[], remove: string[], d: Deadline): Promise<string[]> {
     const r = await this.call(d, "EgressPolicy", (signal) => this.client.egressPolicy({ sandboxId: sid, allow, remove }, { signal }));
     return [...r.rules];
+  }
+
+  async setSecret(name: string, value: string, sandbox: string | undefined, d: Deadline): Promise<string[]> {
+    const r = await this.call(d, "SetSecret", (signal) => this.client.setSecret({ name, value, sandboxId: sandbox ?? "" }, { signal }));
+    return [...r.rotated];
+  }
+
+  async listSecrets(d: Deadline): Promise<StoredSecret[]> {
+    const r = await this.call(d, "ListSecrets", (signal) => this.client.listSecrets({}, { signal }));
+    return r.secrets.map((s) => storedSecret({ ...s, updatedAt: s.updatedAt ? timestampDate(s.updatedAt) : undefined }));
+  }
+
+  async removeSecret(name: string, d: Deadline): Promise<void> {
+    await this.call(d, "RemoveSecret", (signal) => this.client.removeSecret({ name }, { signal }));
   }
 
   async deleteWorkspace(provider: string, name: string, d: Deadline): Promise<void> {

@@ -71,4 +71,5 @@ export {
   type OutputEvent,
   type SandboxInfo,
   type Secret,
+  type StoredSecret,
 } from "./types.js";

@@ -34,6 +34,7 @@ import {
   type ListOptions,
   type OutputEvent,
   type SandboxInfo,
+  type StoredSecret,
 } from "./types.js";
 
 // Node 18 has no Symbol.asyncDispose; TypeScript's `await using` looks it up by this name too.
@@ -196,6 +197,33 @@ export class Roche {
   /** Deletes a persistent workspace and its files; InUse while a sandbox has it mounted. */
   async deleteWorkspace(name: string): Promise<void> {
     await (await this.resolve()).deleteWorkspace(this.provider, name, this.deadline());
+  }
+
+  /** Stores `value` under `name` in roched's secret store (your tenant's), for sandboxes
+   * created with `secrets: [{ name, hosts, fromStore: true }]`; setting it again rotates it:
+   * every running sandbox that took it from the store sends the new value from its next
+   * request on, without a restart. Resolves to those sandboxes' ids. With `sandbox` (an id or
+   * a Sandbox), replaces the value of that running sandbox's secret only, stores nothing, and
+   * resolves to its id. roched holds values in memory only (a restarted roched has none: set
+   * them again); the value crosses roched's API, or the roche CLI's standard input (never its
+   * command line). At most 64 KiB, no control characters (it goes in a header): else
+   * InvalidConfig. */
+  async setSecret(name: string, value: string, o: { sandbox?: string | Sandbox } = {}): Promise<string[]> {
+    const sid = typeof o.sandbox === "string" ? o.sandbox : o.sandbox?.id;
+    return (await this.resolve()).setSecret(name, value, sid, this.deadline());
+  }
+
+  /** Your stored secrets, never their values: when each was set, and the running sandboxes
+   * that took it from the store. */
+  async listSecrets(): Promise<StoredSecret[]> {
+    return (await this.resolve()).listSecrets(this.deadline());
+  }
+
+  /** Takes a secret out of the store (SandboxNotFound, saying so, when it is not there).
+   * Running sandboxes keep the value they have: destroy them, or `setSecret(name, other,
+   * { sandbox })`, to revoke it there. */
+  async removeSecret(name: string): Promise<void> {
+    await (await this.resolve()).removeSecret(name, this.deadline());
   }
 
   /** Releases kept connections, and lets go of the sandboxes this Roche created leased (the

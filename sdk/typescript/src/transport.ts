@@ -5,7 +5,7 @@ import type { CodeItem, CodeRequest, Context } from "./code.js";
 import type { CommandEvent, CommandInfo, CommandRequest, CommandSelector } from "./commands.js";
 import type { Deadline } from "./deadline.js";
 import type { EntryInfo, FilesystemEvent } from "./files.js";
-import type { EgressDecision, ExecRequest, ExecResult, ListOptions, OutputEvent, SandboxConfig, SandboxInfo } from "./types.js";
+import type { EgressDecision, ExecRequest, ExecResult, ListOptions, OutputEvent, SandboxConfig, SandboxInfo, StoredSecret } from "./types.js";
 
 export type StreamItem = OutputEvent | ExecResult;
 
@@ -40,6 +40,10 @@ export interface Transport {
   egressLog(sid: string, d: Deadline): Promise<EgressDecision[]>;
   egressSuggest(sid: string, d: Deadline): Promise<string[]>;
   egressPolicy(sid: string, allow: string[], remove: string[], d: Deadline): Promise<string[]>;
+  // roched's secret store (through the CLI too: it asks roched).
+  setSecret(name: string, value: string, sandbox: string | undefined, d: Deadline): Promise<string[]>;
+  listSecrets(d: Deadline): Promise<StoredSecret[]>;
+  removeSecret(name: string, d: Deadline): Promise<void>;
   // The files API (sandbox.files). Streams take an idle limit in milliseconds.
   /** The file's entry (through roched), then its content as it arrives. */
   fileRead(sid: string, path: string, maxBytes: number, idleMs: number): AsyncGenerator<EntryInfo | Uint8Array>;

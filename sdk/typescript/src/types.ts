@@ -154,6 +154,25 @@ export function egressDecision(m: any): EgressDecision {
   };
 }
 
+/** A secret in roched's secret store (`roche.listSecrets()`): never its value. */
+export interface StoredSecret {
+  name: string;
+  /** When it was last set. */
+  updated?: Date;
+  /** The running sandboxes that took it from the store (a `setSecret` rotates them). */
+  sandboxes: string[];
+}
+
+/** A StoredSecret as roched (updatedAt, a Date) or `roche secret list --json` (updated) gives it. */
+export function storedSecret(m: any): StoredSecret {
+  const t = m.updatedAt ?? m.updated;
+  return {
+    name: String(m.name ?? ""),
+    updated: t instanceof Date ? t : typeof t === "string" ? new Date(t) : undefined,
+    sandboxes: [...(m.sandboxes ?? [])].map(String),
+  };
+}
+
 export interface Mount {
   source: string;
   target: string;
