@@ -140,7 +140,9 @@ default) after which the sandbox is destroyed. Create a sandbox, run commands in
 read_file, and destroy it when done. To keep files from one sandbox to the next, give
 create_sandbox a workspace name: it is mounted at /workspace and outlives the sandbox.
 For a long-running command (a server, a build), start_command returns its pid at once;
-read_command_output reads its output from offsets as it goes, kill_command stops it.`
+read_command_output reads its output from offsets as it goes, kill_command stops it.
+A sandbox made with allow_hosts reaches those hosts only; when a download fails in it,
+egress_log shows what was refused and the allow_hosts entries it needed.`
 
 // MCP is the underlying go-sdk server, for transports of the caller's choosing.
 func (s *Server) MCP() *mcp.Server { return s.server }
@@ -245,6 +247,7 @@ func (s *Server) addTools() {
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(false)},
 	}, s.destroy)
 	s.addCommandTools()
+	s.addEgressTools()
 }
 
 // addTool adds a tool whose input schema is In's, tidied for models (schemaFor), and
@@ -381,6 +384,7 @@ type CreateInput struct {
 	Workdir       string            `json:"workdir,omitempty" jsonschema:"working directory of commands, an absolute path"`
 	Workspace     string            `json:"workspace,omitempty" jsonschema:"name of a persistent workspace to mount at /workspace: its files outlive the sandbox, and a later sandbox with the same name sees them"`
 	WorkspaceSize string            `json:"workspace_size,omitempty" jsonschema:"size of a new workspace, e.g. 1g (the default); an existing one keeps its own"`
+	AllowHosts    []string          `json:"allow_hosts,omitempty" jsonschema:"hosts the sandbox may reach over HTTP(S), and only those, through an egress proxy (e.g. [\"pypi.org\", \"files.pythonhosted.org\"]); refused unless the server allows network; egress_log shows what it allowed and refused"`
 }
 
 // Sandbox describes a sandbox.
@@ -410,7 +414,7 @@ func (s *Server) create(ctx context.Context, req *mcp.CallToolRequest, in Create
 
 // newSandbox creates a sandbox for the session and remembers it as the session's.
 func (s *Server) newSandbox(ctx context.Context, session *mcp.ServerSession, in CreateInput) (roche.SandboxInfo, roche.Provider, error) {
-	if in.Network && !s.cfg.AllowNetwork {
+	if (in.Network || len(in.AllowHosts) > 0) && !s.cfg.AllowNetwork {
 		return roche.SandboxInfo{}, nil, fmt.Errorf("%w: network access is off for this server: sandboxes run without a network; "+
 			"do the work offline, or ask the user to allow it (roche mcp --allow-network)", roche.ErrPermission)
 	}
@@ -420,6 +424,7 @@ func (s *Server) newSandbox(ctx context.Context, session *mcp.ServerSession, in 
 		cfg.Image = in.Image
 	}
 	cfg.Network, cfg.Writable, cfg.Env, cfg.Workdir, cfg.Workspace = in.Network, in.Writable, in.Env, in.Workdir, in.Workspace
+	cfg.NetworkAllowlist = in.AllowHosts
 	if in.TimeoutSecs != 0 {
 		cfg.TimeoutSecs = in.TimeoutSecs
 	}

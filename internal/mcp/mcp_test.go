@@ -534,7 +534,7 @@ func TestSchemasForModels(t *testing.T) {
 			if !slices.Equal(schema.Required, []string{"code"}) {
 				t.Errorf("run_code requires %v, want code alone (language defaults to python)", schema.Required)
 			}
-		case "read_file", "list_sandboxes", "list_files", "read_command_output", "list_commands":
+		case "read_file", "list_sandboxes", "list_files", "read_command_output", "list_commands", "egress_log":
 			seen++
 			if !readOnly {
 				t.Errorf("%s does not say it is read-only and idempotent: %+v", tool.Name, tool.Annotations)
@@ -545,8 +545,8 @@ func TestSchemasForModels(t *testing.T) {
 			}
 		}
 	}
-	if seen != 7 {
-		t.Fatalf("saw %d of exec, run_code, read_file, list_sandboxes, list_files, read_command_output and list_commands", seen)
+	if seen != 8 {
+		t.Fatalf("saw %d of exec, run_code, read_file, list_sandboxes, list_files, read_command_output, list_commands and egress_log", seen)
 	}
 }
 
