@@ -134,7 +134,7 @@ func TestTools(t *testing.T) {
 	for _, tool := range tools.Tools {
 		names = append(names, tool.Name)
 	}
-	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox exec kill_command list_commands list_files list_sandboxes read_command_output read_file run_code set_sandbox_timeout start_command write_file" {
+	if got := strings.Join(names, " "); got != "create_sandbox destroy_sandbox egress_log exec kill_command list_commands list_files list_sandboxes read_command_output read_file run_code set_sandbox_timeout start_command write_file" {
 		t.Fatalf("tools: %s", got)
 	}
 
