@@ -190,6 +190,14 @@ func (p *Provider) unwatchExit(id string) {
 func (p *Provider) killWatched(id string) {
 	p.mu.Lock()
 	f := p.exitWatches[id]
+	if f != nil {
+		// The exit this kill causes is the teardown's, not one to tear down again: marked
+		// before the kill, since the watch may see the exit before unwatchExit runs.
+		if p.exitTornDown == nil {
+			p.exitTornDown = map[string]bool{}
+		}
+		p.exitTornDown[id] = true
+	}
 	p.mu.Unlock()
 	if f == nil {
 		return
