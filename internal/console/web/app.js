@@ -158,12 +158,21 @@ async function signIn(quiet) {
   }
 }
 
+// Refreshes overlap (the timer's and an action's): an answer older than one already
+// shown is dropped, so that a list asked for before a destroy never replaces one asked
+// for after it.
+let refreshesStarted = 0;
+let refreshShown = 0;
+
 async function refresh() {
   if ($("#app").hidden) return;
+  const gen = ++refreshesStarted;
   try {
     const [list, usage, ended, pools, audit] = await Promise.all([
       call("List", {}), get("usage"), get("ended"), call("PoolStatus", {}), get("audit"),
     ]);
+    if (gen < refreshShown) return;
+    refreshShown = gen;
     renderSandboxes(list.sandboxes || [], usage);
     renderEnded(ended);
     renderPools(pools.pools || []);
