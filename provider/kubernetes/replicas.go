@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -199,9 +200,9 @@ func (p *Provider) keyedGone(ctx context.Context, id string, err error) error {
 func (p *Provider) awaitRemoved(ctx context.Context, id string) error {
 	for {
 		_, perr := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
-		_, nerr := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Get(ctx, id, metav1.GetOptions{})
-		_, cerr := p.cs.CoreV1().ConfigMaps(p.namespace).Get(ctx, id, metav1.GetOptions{})
-		if apierrors.IsNotFound(perr) && apierrors.IsNotFound(nerr) && apierrors.IsNotFound(cerr) {
+		policy, nerr := p.policyExists(ctx, id)
+		cms, cerr := p.cs.CoreV1().ConfigMaps(p.namespace).List(ctx, byName(id))
+		if apierrors.IsNotFound(perr) && nerr == nil && !policy && cerr == nil && !namedIn(id, cms.Items) {
 			return nil
 		}
 		select {
@@ -218,12 +219,12 @@ func (p *Provider) awaitRemoved(ctx context.Context, id string) error {
 // already there may have been an earlier, failed create's, which its maker then
 // deleted by name. A policy gone is made again, tied to the Pod.
 func (p *Provider) ensurePolicy(ctx context.Context, id string, podUID types.UID) error {
-	_, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Get(ctx, id, metav1.GetOptions{})
-	if err == nil {
-		return nil
-	}
-	if !apierrors.IsNotFound(err) {
+	exists, err := p.policyExists(ctx, id)
+	if err != nil {
 		return p.apiErr("checking the NetworkPolicy of sandbox "+id, err)
+	}
+	if exists {
+		return nil
 	}
 	np := networkPolicyFor(id, p.namespace)
 	np.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: id, UID: podUID}}
@@ -232,4 +233,32 @@ func (p *Provider) ensurePolicy(ctx context.Context, id string, podUID types.UID
 	}
 	p.log.Warn("the deny-all NetworkPolicy of a keyed sandbox had gone with an earlier create of its key: made again", "id", id)
 	return nil
+}
+
+// policyExists says whether sandbox id's NetworkPolicy stands. It lists by name (the Role
+// grants list, not get, on policies and ConfigMaps: deploy/kubernetes/role.yaml).
+func (p *Provider) policyExists(ctx context.Context, id string) (bool, error) {
+	l, err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).List(ctx, byName(id))
+	if err != nil {
+		return false, err
+	}
+	return namedIn(id, l.Items), nil
+}
+
+func byName(name string) metav1.ListOptions {
+	return metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}
+}
+
+// namedIn says whether one of items is named name (a list's field selector is not
+// trusted alone: not every client applies it).
+func namedIn[T any, PT interface {
+	*T
+	GetName() string
+}](name string, items []T) bool {
+	for i := range items {
+		if PT(&items[i]).GetName() == name {
+			return true
+		}
+	}
+	return false
 }
