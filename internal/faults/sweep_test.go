@@ -86,7 +86,8 @@ func TestSweepKeepsToItsEngine(t *testing.T) {
 	}
 	// And kept to its engine: the first engine's sandbox still has its socket, and its
 	// agent answers.
-	if _, err := os.Stat(filepath.Join(liveDir, "agent.sock")); err != nil {
+	// (Its sockets are in the subdirectory its LabelRunDir names, the one bound into it.)
+	if _, err := os.Stat(filepath.Join(liveDir, "run", "agent.sock")); err != nil {
 		t.Fatalf("the first engine's live sandbox lost its agent's socket to the second engine's sweep: %v", err)
 	}
 	res, err := first.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"echo", "alive"}, Timeout: time.Minute})
