@@ -357,7 +357,13 @@ func TestRochedKilledDuringOCICreates(t *testing.T) {
 
 	next := startRochedIn(t, dir)
 	var left map[string]bool
-	eventually(t, time.Minute, "the creates cut short to be destroyed", func() bool {
+	// A create that finished in the provider but whose answer the kill cut off is a
+	// client's leased sandbox whose lease nobody took: the restarted roched keeps it (its
+	// client may hold it again) and its agent stops it once the first lease is overdue,
+	// agentspec.FirstLease of the create's deadline after its start (about 60 s). The wait
+	// goes past that, with margin; a minute was that very moment, and failed by
+	// milliseconds.
+	eventually(t, 100*time.Second, "the creates cut short to be destroyed", func() bool {
 		left = ours()
 		for id := range left {
 			if !told[id] {
