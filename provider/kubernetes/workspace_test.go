@@ -124,9 +124,24 @@ func TestWorkspaceStorageClassMissing(t *testing.T) {
 	if err != nil || len(pods.Items) != 0 {
 		t.Errorf("Pods left: %v, %v", pods, err)
 	}
-	claims, err := cs.CoreV1().PersistentVolumeClaims(p.Namespace()).List(ctx, metav1.ListOptions{})
-	if err != nil || len(claims.Items) != 0 {
-		t.Errorf("claims left: %v, %v", claims, err)
+	// The claim is deleted at once; the API server keeps it, marked, until the
+	// pvc-protection controller has seen its Pod go (a few seconds), so it is awaited.
+	var claims *corev1.PersistentVolumeClaimList
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		claims, err = cs.CoreV1().PersistentVolumeClaims(p.Namespace()).List(ctx, metav1.ListOptions{})
+		if err == nil && len(claims.Items) == 0 {
+			break
+		}
+		if err == nil {
+			for _, c := range claims.Items {
+				if c.DeletionTimestamp == nil {
+					t.Fatalf("a claim left, not even being deleted: %s", c.Name)
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claims left 30 s after the create failed: %v, %v", claims, err)
+		}
 	}
 }
 
