@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -34,35 +35,8 @@ func TestConsoleUsageOCI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := randomToken()
-	cfg := Config{Socket: filepath.Join(shortDir(t), "roched.sock"), Listen: "tcp://127.0.0.1:0", UI: true, Token: token}
-	d, err := New(cfg, map[string]roche.Provider{oci.Name: p})
-	if err != nil {
-		p.Close()
-		t.Fatal(err)
-	}
 	ctx := ctxFor(t, 2*time.Minute)
-	if err := d.Start(ctx); err != nil {
-		p.Close()
-		t.Fatal(err)
-	}
-	base := "http://" + d.TCPAddr().String()
-	c, err := client.New(client.WithAddress(base), client.WithToken(token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := d.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		c.Close()
-		if left, err := p.List(ctx); err != nil || len(left) != 0 {
-			t.Errorf("left behind: %v %v", left, err)
-		}
-		p.Close()
-	})
+	c, base, token := consoleWith(ctx, t, oci.Name, p)
 	cfgSb := pyConfig()
 	cfgSb.Memory = "256m"
 	sb, err := c.Provider(oci.Name).Create(ctx, cfgSb)
@@ -85,4 +59,44 @@ func TestConsoleUsageOCI(t *testing.T) {
 	if !ok || u.MemoryLimitBytes != 256<<20 || u.MemoryBytes <= 0 || u.Processes < 1 || u.CPUTime <= 0 {
 		t.Errorf("the console's usage of oci sandbox %s: %+v (found: %v); want its 256 MiB limit, memory, tasks and CPU time", sb.ID, u, ok)
 	}
+}
+
+// consoleWith starts a roched serving provider p as name with its console on, over TCP
+// with a token, and a client of it; both go, and p is closed, when the test ends, which
+// fails if a sandbox of p is left. It answers the client, the console's base URL and the
+// token.
+func consoleWith(ctx context.Context, t *testing.T, name string, p interface {
+	roche.Provider
+	io.Closer
+}) (*client.Client, string, string) {
+	t.Helper()
+	token := randomToken()
+	cfg := Config{Socket: filepath.Join(shortDir(t), "roched.sock"), Listen: "tcp://127.0.0.1:0", UI: true, Token: token}
+	d, err := New(cfg, map[string]roche.Provider{name: p})
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	base := "http://" + d.TCPAddr().String()
+	c, err := client.New(client.WithAddress(base), client.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := d.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		c.Close()
+		if left, err := p.List(ctx); err != nil || len(left) != 0 {
+			t.Errorf("left behind: %v %v", left, err)
+		}
+		p.Close()
+	})
+	return c, base, token
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/roche-sandbox/roche"
-	"github.com/roche-sandbox/roche/client"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/kit"
 	"github.com/roche-sandbox/roche/provider/vm"
@@ -25,35 +23,8 @@ func TestConsoleUsageQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := randomToken()
-	cfg := Config{Socket: filepath.Join(shortDir(t), "roched.sock"), Listen: "tcp://127.0.0.1:0", UI: true, Token: token}
-	d, err := New(cfg, map[string]roche.Provider{vm.QEMU: p})
-	if err != nil {
-		p.Close()
-		t.Fatal(err)
-	}
 	ctx := ctxFor(t, 3*time.Minute)
-	if err := d.Start(ctx); err != nil {
-		p.Close()
-		t.Fatal(err)
-	}
-	base := "http://" + d.TCPAddr().String()
-	c, err := client.New(client.WithAddress(base), client.WithToken(token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := d.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		c.Close()
-		if left, err := p.List(ctx); err != nil || len(left) != 0 {
-			t.Errorf("left behind: %v %v", left, err)
-		}
-		p.Close()
-	})
+	c, base, token := consoleWith(ctx, t, vm.QEMU, p)
 	sb, err := c.Provider(vm.QEMU).Create(ctx, pyConfig())
 	if err != nil {
 		t.Fatal(err)
