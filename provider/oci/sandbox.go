@@ -495,6 +495,11 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 // GC implements roche.GarbageCollector: it removes expired and stopped sandboxes (every
 // one with opts.All), with their mounts and disks.
 func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.SandboxInfo, error) {
+	if !opts.DryRun {
+		// First, and whatever List makes of the runtime: it needs neither, and a create
+		// killed before its record is otherwise left for the next sweep, a minute on.
+		p.sweepUnrecorded()
+	}
 	list, err := p.List(ctx)
 	if err != nil {
 		return nil, err
@@ -503,7 +508,6 @@ func (p *Provider) GC(ctx context.Context, opts roche.GCOptions) ([]roche.Sandbo
 	if opts.DryRun {
 		return removed, err
 	}
-	p.sweepUnrecorded()
 	// Images: those the remaining sandboxes use stay (a record being written right now
 	// names an image used within imageKeep, which stays too).
 	inUse := map[string]bool{}
@@ -535,6 +539,9 @@ func (p *Provider) sweepSoon() {
 		return
 	}
 	if !p.claimSweep(sweepShared) {
+		// Another process swept within sweepShared, maybe just before what is due now
+		// fell due: this process's minute is not used up, its next create asks again.
+		p.lastSweep.CompareAndSwap(now, last)
 		return
 	}
 	p.sweeps.Add(1)
