@@ -34,6 +34,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
+	"github.com/roche-sandbox/roche/provider/internal/egresswire"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
 	"github.com/roche-sandbox/roche/provider/internal/guestfwd"
 	"github.com/roche-sandbox/roche/provider/internal/seccomp"
@@ -112,9 +113,8 @@ type Provider struct {
 	dataDir string
 	// egress: this process serves the egress proxies of sandboxes with an allowlist,
 	// one per socket directory (WithEgressProxy).
-	egress   bool
-	egressMu sync.Mutex
-	proxies  map[string]*runningProxy
+	egress  bool
+	proxies egresswire.Proxies
 	// firewallDir, when set, is where the iptables tools are found instead of $PATH
 	// (tests point it at a directory without them).
 	firewallDir string
@@ -223,7 +223,6 @@ func New(opts ...Option) (*Provider, error) {
 		agentPath:   guestbin.Path(),
 		stateDir:    defaultStateDir(),
 		dataDir:     defaultDataDir(),
-		proxies:     map[string]*runningProxy{},
 		uidFirst:    DefaultUIDFirst,
 		uidCount:    DefaultUIDCount,
 	}
@@ -269,7 +268,7 @@ func New(opts ...Option) (*Provider, error) {
 // sandboxes, and releases the Engine API client.
 func (p *Provider) Close() error {
 	p.leases.DropAll()
-	p.stopAllEgress()
+	p.proxies.StopAll()
 	p.close()
 	p.halfMade.Wait()
 	return p.cli.Close()
@@ -529,7 +528,7 @@ func (p *Provider) create(ctx context.Context, cfg kit.Spec, who runAs, withAgen
 		return roche.SandboxInfo{}, err
 	}
 	sb.id = id
-	p.nameEgress(sb.agentDir, id)
+	p.proxies.Name(sb.runDir, id)
 	settleAgentDir(sb.agentDir) // the container carries it now: sweeps see it live
 	// The container holds its own binds once started; the staging points go with create.
 	defer unpin()
@@ -801,7 +800,7 @@ func (p *Provider) containerConfig(cfg kit.Spec, who runAs, expires time.Time, a
 		if len(cfg.NetworkAllowlist) > 0 {
 			agent.EgressSocket = agentspec.RunDir + "/" + agentspec.EgressSocketName
 			ccfg.Env = append(ccfg.Env, egress.SandboxEnv()...)
-			env, mounts := p.egressTrust(agentDir)
+			env, mounts := p.egressTrust(filepath.Join(agentDir, runSubdir))
 			ccfg.Env = append(ccfg.Env, env...)
 			hcfg.Mounts = append(hcfg.Mounts, mounts...)
 		}

@@ -74,6 +74,29 @@ func (ps *Proxies) Serving(dir string) bool {
 	return ok
 }
 
+// Name gives the proxy of dir, if this process serves it, the name egress.Lookup finds
+// it by: the sandbox's id, where that is known only once the sandbox is made.
+func (ps *Proxies) Name(dir, name string) {
+	ps.mu.Lock()
+	rp := ps.running[dir]
+	ps.mu.Unlock()
+	if rp != nil {
+		rp.proxy.SetSandbox(name)
+	}
+}
+
+// Trust is what the sandbox served by dir's proxy gets (egress.Trust), if this process
+// serves it.
+func (ps *Proxies) Trust(dir string) (egress.Trust, bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	rp, ok := ps.running[dir]
+	if !ok {
+		return egress.Trust{}, false
+	}
+	return rp.trust, true
+}
+
 // Answered reports whether some process (this one or another live one) answers on
 // dir's proxy socket.
 func Answered(dir string) bool {
