@@ -2,10 +2,6 @@ package cli
 
 import (
 	"encoding/json"
-	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -13,26 +9,14 @@ import (
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/providertest"
 )
-
-func egressServer(t *testing.T, ip string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }))
-	srv.Listener = ln
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return ln.Addr().String()
-}
 
 // TestEgressCommands: roche egress log --json, suggest, allow and deny on a real sandbox
 // through roched; suggest's output, given to allow, lets the refused request through.
 func TestEgressCommands(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
-	allowed, needed := egressServer(t, "127.0.0.8"), egressServer(t, "127.0.0.9")
+	allowed, needed := providertest.OKServer(t, "127.0.0.8"), providertest.OKServer(t, "127.0.0.9")
 	s := daemontest.Serve(t, daemon.Config{})
 	t.Setenv("ROCHE_SOCKET", s.Socket)
 	r := run(t, "create", "--image", testImage(), "--allow-host", allowed)

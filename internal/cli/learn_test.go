@@ -16,17 +16,6 @@ import (
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
 
-// taskScript is a scripted task: a GET of each URL in argv, going on past a refusal,
-// printing each status on one line.
-const taskScript = `import sys, urllib.request, urllib.error
-out = []
-for u in sys.argv[1:]:
-    try:
-        out.append(str(urllib.request.urlopen(u, timeout=10).status))
-    except urllib.error.HTTPError as e:
-        out.append(str(e.code))
-print(' '.join(out))`
-
 // TestEgressLearn: a task run in a sandbox made with --egress-learn and no allowlist
 // reaches nothing (learn mode opens no network); roche egress suggest then prints the
 // entries it needed, which let the same task pass in a new sandbox, and nothing more (a
@@ -34,7 +23,7 @@ print(' '.join(out))`
 // what a sandbox needed.
 func TestEgressLearn(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
-	hostA, hostB, hostC := egressServer(t, "127.0.0.21"), egressServer(t, "127.0.0.22"), egressServer(t, "127.0.0.23")
+	hostA, hostB, hostC := providertest.OKServer(t, "127.0.0.21"), providertest.OKServer(t, "127.0.0.22"), providertest.OKServer(t, "127.0.0.23")
 	task := []string{"http://" + hostA + "/simple/", "http://" + hostB + "/files/x.whl"}
 	s := daemontest.Serve(t, daemon.Config{})
 	t.Setenv("ROCHE_SOCKET", s.Socket)
@@ -50,7 +39,7 @@ func TestEgressLearn(t *testing.T) {
 	}
 	runTask := func(id string, urls ...string) string {
 		t.Helper()
-		r := run(t, append([]string{"exec", "--sandbox", id, "--", "python3", "-c", taskScript}, urls...)...)
+		r := run(t, append([]string{"exec", "--sandbox", id, "--", "python3", "-c", providertest.GetEach}, urls...)...)
 		if r.code != 0 {
 			t.Fatalf("task: %+v", r)
 		}

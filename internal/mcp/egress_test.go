@@ -3,8 +3,6 @@ package mcp_test
 import (
 	"context"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,31 +12,8 @@ import (
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
 	"github.com/roche-sandbox/roche/internal/mcp"
 	"github.com/roche-sandbox/roche/internal/testenv"
+	"github.com/roche-sandbox/roche/provider/providertest"
 )
-
-// hostOn serves a 200 on ip (a loopback address of its own), returning host:port.
-func hostOn(t *testing.T, ip string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) }))
-	srv.Listener = l
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return l.Addr().String()
-}
-
-// getEach is a GET of each URL in argv, going on past a refusal, printing each status.
-const getEach = `import sys, urllib.request, urllib.error
-out = []
-for u in sys.argv[1:]:
-    try:
-        out.append(str(urllib.request.urlopen(u, timeout=10).status))
-    except urllib.error.HTTPError as e:
-        out.append(str(e.code))
-print(' '.join(out))`
 
 // TestEgressLog: a sandbox made through roched with allow_hosts reaches the host listed
 // and is refused another; egress_log shows both, the refusal with its reason and the
@@ -47,7 +22,7 @@ print(' '.join(out))`
 // running sandboxes in-process (no roched) says the log is roched's.
 func TestEgressLog(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
-	allowed, other := hostOn(t, "127.0.0.31"), hostOn(t, "127.0.0.32")
+	allowed, other := providertest.OKServer(t, "127.0.0.31"), providertest.OKServer(t, "127.0.0.32")
 	d := daemontest.Serve(t, daemon.Config{})
 	s := mcp.New(providers{d.Client.Provider("docker")}, mcp.Config{AllowNetwork: true, DefaultImage: testenv.Image()})
 	t.Cleanup(func() {
@@ -63,7 +38,7 @@ func TestEgressLog(t *testing.T) {
 	}
 	var ex mcp.ExecOutput
 	if text, isErr := call(t, cs, "exec", map[string]any{"sandbox_id": sb.ID,
-		"command": []string{"python3", "-c", getEach, "http://" + allowed + "/a", "http://" + other + "/b", "http://" + allowed + "/c"}}, &ex); isErr || strings.TrimSpace(ex.Stdout) != "200 403 200" {
+		"command": []string{"python3", "-c", providertest.GetEach, "http://" + allowed + "/a", "http://" + other + "/b", "http://" + allowed + "/c"}}, &ex); isErr || strings.TrimSpace(ex.Stdout) != "200 403 200" {
 		t.Fatalf("exec: %s %+v, want the listed host reached and the other refused", text, ex)
 	}
 

@@ -48,6 +48,32 @@ func localServer(t *testing.T, ip string, tlsOn bool) *countingServer {
 	return s
 }
 
+// OKServer serves 200 "ok" to every request on ip (a loopback address of the test's
+// own) until the test ends, and returns its host:port: a host for a sandbox's allowlist.
+func OKServer(t *testing.T, ip string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }))
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return ln.Addr().String()
+}
+
+// GetEach, run in a sandbox as python3 -c GetEach URL..., sends a GET to each URL, going
+// on past a refusal, and prints the statuses on one line ("200 403").
+const GetEach = `import sys, urllib.request, urllib.error
+out = []
+for u in sys.argv[1:]:
+    try:
+        out.append(str(urllib.request.urlopen(u, timeout=10).status))
+    except urllib.error.HTTPError as e:
+        out.append(str(e.code))
+print(' '.join(out))`
+
 // egressProbe runs inside the sandbox and reports, as JSON, what each attempt got.
 const egressProbe = `
 import json, socket, ssl, sys, urllib.request, urllib.error
