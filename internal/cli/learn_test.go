@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
-	"github.com/roche-sandbox/roche/internal/localca"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
@@ -82,16 +80,8 @@ func TestEgressLearn(t *testing.T) {
 // bound host then gets; the value is never on a command line or in the output.
 func TestSecretStoreCommands(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
-	testCA, err := localca.New("egress upstream test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	testCA := providertest.UpstreamCA(t)
 	dir := t.TempDir()
-	roots := filepath.Join(dir, "roots.pem")
-	if err := os.WriteFile(roots, testCA.CertPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(egress.RootsEnv, roots)
 	srv := providertest.RecordingServer(t, "127.0.0.12", testCA)
 	target := srv.Listener.Addr().String()
 	s := daemontest.Serve(t, daemon.Config{})

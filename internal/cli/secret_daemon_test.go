@@ -5,12 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/roche-sandbox/roche/egress"
 	"github.com/roche-sandbox/roche/internal/daemon"
 	"github.com/roche-sandbox/roche/internal/daemon/daemontest"
-	"github.com/roche-sandbox/roche/internal/localca"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
@@ -21,16 +18,8 @@ import (
 // by ROCHE_EGRESS_ROOTS) gets the value, and neither the sandbox nor the log shows it.
 func TestSecretThroughRoched(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
-	testCA, err := localca.New("egress upstream test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	testCA := providertest.UpstreamCA(t)
 	dir := t.TempDir()
-	roots := filepath.Join(dir, "roots.pem")
-	if err := os.WriteFile(roots, testCA.CertPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(egress.RootsEnv, roots)
 	srv := providertest.RecordingServer(t, "127.0.0.10", testCA)
 	target := srv.Listener.Addr().String()
 

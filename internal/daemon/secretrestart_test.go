@@ -2,9 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,8 +11,6 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/client"
-	"github.com/roche-sandbox/roche/egress"
-	"github.com/roche-sandbox/roche/internal/localca"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
@@ -40,23 +35,10 @@ except urllib.error.HTTPError as e:
 // its proxy held (a secret given as a value too) and follows the store's rotation.
 func TestSecretRotationAcrossRestartAndReset(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
-	testCA, err := localca.New("egress upstream test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := filepath.Join(t.TempDir(), "roots.pem")
-	if err := os.WriteFile(roots, testCA.CertPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(egress.RootsEnv, roots) // the roched processes inherit it
+	testCA := providertest.UpstreamCA(t) // the roched processes trust it too
 	srv := providertest.RecordingServer(t, "127.0.0.12", testCA)
 	target := srv.Listener.Addr().String()
-	value := func() string {
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		return "tok-" + hex.EncodeToString(b)
-	}
-	v1, v2, v3, v4, vFile := value(), value(), value(), value(), value()
+	v1, v2, v3, v4, vFile := secretValue(), secretValue(), secretValue(), secretValue(), secretValue()
 
 	socket := filepath.Join(shortDir(t), "roched.sock")
 	ctx := ctxFor(t, 4*time.Minute)
@@ -70,6 +52,7 @@ func TestSecretRotationAcrossRestartAndReset(t *testing.T) {
 			c.Close()
 		}
 		current = startRoched(t, socket)
+		var err error
 		if c, err = client.New(client.WithSocket(socket)); err != nil {
 			t.Fatal(err)
 		}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/egress"
-	"github.com/roche-sandbox/roche/internal/localca"
 	"github.com/roche-sandbox/roche/internal/testenv"
 	"github.com/roche-sandbox/roche/provider/providertest"
 )
@@ -30,6 +29,13 @@ except urllib.error.HTTPError as e:
     print(e.code)
 `
 
+// secretValue is a secret's value of the test's own, found nowhere else.
+func secretValue() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "tok-" + hex.EncodeToString(b)
+}
+
 // TestSecretStoreRotationAndTenants: a secret stored in roched (SetSecret) is given to a
 // sandbox that names it (Secret.FromStore) and reaches the bound HTTPS host; storing it
 // again rotates it in the running sandbox from its next request, as does a
@@ -39,23 +45,10 @@ except urllib.error.HTTPError as e:
 // The decisions are streamed as events (EgressEvents), to their tenant only.
 func TestSecretStoreRotationAndTenants(t *testing.T) {
 	testenv.Needs(t, testenv.Docker)
-	testCA, err := localca.New("egress upstream test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := filepath.Join(t.TempDir(), "roots.pem")
-	if err := os.WriteFile(roots, testCA.CertPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(egress.RootsEnv, roots)
+	testCA := providertest.UpstreamCA(t)
 	srv := providertest.RecordingServer(t, "127.0.0.11", testCA)
 	target := srv.Listener.Addr().String()
 
-	secretValue := func() string {
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		return "tok-" + hex.EncodeToString(b)
-	}
 	v1, v2, v3, vBob := secretValue(), secretValue(), secretValue(), secretValue()
 
 	td := startTenantDaemon(t, Config{}, []string{"alice", "bob"}, nil)

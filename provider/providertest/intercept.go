@@ -42,6 +42,23 @@ func (s *RecordingTLS) Seen() []string {
 	return append([]string(nil), s.auth...)
 }
 
+// UpstreamCA makes a CA of the test's own, whose certificates RecordingServer serves, and
+// has egress proxies trust it for upstream hosts: this process's, and those of the
+// processes it starts (roched), through egress.RootsEnv, set until the test ends.
+func UpstreamCA(t *testing.T) *localca.CA {
+	t.Helper()
+	ca, err := localca.New("egress upstream test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := filepath.Join(t.TempDir(), "roots.pem")
+	if err := os.WriteFile(roots, ca.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(egress.RootsEnv, roots)
+	return ca
+}
+
 // RecordingServer starts a RecordingTLS on ip (a loopback address), closed when the test ends.
 func RecordingServer(t *testing.T, ip string, ca *localca.CA) *RecordingTLS {
 	t.Helper()
@@ -116,15 +133,7 @@ func (s *suite) testEgressIntercept(t *testing.T) {
 // returns the sandbox's id and the secret's value, for the provider's own checks.
 func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create func(roche.Config) string,
 	hostPIDs func(id string) ([]int, error)) (string, string) {
-	testCA, err := localca.New("egress upstream test CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := filepath.Join(t.TempDir(), "roots.pem")
-	if err := os.WriteFile(roots, testCA.CertPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(egress.RootsEnv, roots)
+	testCA := UpstreamCA(t)
 	bound := RecordingServer(t, "127.0.0.5", testCA)
 	unbound := RecordingServer(t, "127.0.0.6", testCA)
 	b := make([]byte, 16)
