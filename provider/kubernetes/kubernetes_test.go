@@ -186,18 +186,26 @@ func createFor(t *testing.T, p *kubernetes.Provider, cfg roche.Config, opts kit.
 	return info
 }
 
-func py(t *testing.T, p *kubernetes.Provider, id, code string) string {
+// execOK runs cmd in sandbox id and returns its trimmed output, failing on an error or
+// a non-zero exit.
+func execOK(t *testing.T, p *kubernetes.Provider, id string, cmd ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"python3", "-c", code}})
+	res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: cmd})
 	if err != nil {
-		t.Fatalf("Exec: %v", err)
+		t.Fatalf("Exec %q: %v", cmd, err)
 	}
 	if res.ExitCode != 0 {
-		t.Fatalf("exit %d, stderr %q", res.ExitCode, res.Stderr)
+		t.Fatalf("%q: exit %d, stderr %q", cmd, res.ExitCode, res.Stderr)
 	}
 	return strings.TrimSpace(res.Stdout)
+}
+
+// py runs Python code in sandbox id (execOK).
+func py(t *testing.T, p *kubernetes.Provider, id, code string) string {
+	t.Helper()
+	return execOK(t, p, id, "python3", "-c", code)
 }
 
 // TestPostureFromInside: what the sandbox's code sees of its privileges.

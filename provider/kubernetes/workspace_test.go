@@ -145,20 +145,10 @@ func TestWorkspaceStorageClassMissing(t *testing.T) {
 	}
 }
 
-// sh runs a shell command in a sandbox and returns its trimmed output, failing on a
-// non-zero exit.
+// sh runs a shell script in sandbox id (execOK).
 func sh(t *testing.T, p *kubernetes.Provider, id, script string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	res, err := p.Exec(ctx, id, roche.ExecRequest{Cmd: []string{"sh", "-c", script}})
-	if err != nil {
-		t.Fatalf("Exec: %v", err)
-	}
-	if res.ExitCode != 0 {
-		t.Fatalf("%s: exit %d, stderr %q", script, res.ExitCode, res.Stderr)
-	}
-	return strings.TrimSpace(res.Stdout)
+	return execOK(t, p, id, "sh", "-c", script)
 }
 
 // loopDevices lists the loop devices whose backing file is img.
