@@ -3,12 +3,16 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/kit"
@@ -65,27 +69,73 @@ func TestJoinKeyedGone(t *testing.T) {
 	}
 }
 
+// TestAwaitRemoved: a retried keyed create waits for the Pod of the earlier create on a
+// watch (no list of the policy while the Pod stands), then for its policy, and gives up
+// when its context ends.
 func TestAwaitRemoved(t *testing.T) {
 	cs := fake.NewClientset()
 	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	var policyLists atomic.Int64
+	policyListed := make(chan struct{}, 1)
+	cs.PrependReactor("list", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
+		policyLists.Add(1)
+		select {
+		case policyListed <- struct{}{}:
+		default:
+		}
+		return false, nil, nil
+	})
+	watching := make(chan struct{}, 8)
+	cs.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+		watching <- struct{}{}
+		return false, nil, nil
+	})
+	watched := func() {
+		t.Helper()
+		select {
+		case <-watching:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the Pod was not watched")
+		}
+	}
 	ctx := context.Background()
 	id := keyedName("alice", "k2")
+	if _, err := cs.CoreV1().Pods(p.namespace).Create(ctx, keyedPod(p, id, "alice", true), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cs.NetworkingV1().NetworkPolicies(p.namespace).Create(ctx, networkPolicyFor(id, p.namespace), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The policy still stands (its maker has deleted the Pod, not yet the policy): not
-	// removed, until the deadline.
+	// The Pod still stands: not removed, until the deadline, and the policy is not
+	// asked after meanwhile.
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	if err := p.awaitRemoved(short, id); !errors.Is(err, roche.ErrUnavailable) {
-		t.Errorf("policy still there: %v, want ErrUnavailable at the deadline", err)
+		t.Errorf("Pod still there: %v, want ErrUnavailable at the deadline", err)
 	}
-	// Once it goes, the wait ends.
+	if n := policyLists.Load(); n != 0 {
+		t.Errorf("the policy was listed %d times while the Pod stood, want 0: the Pod is watched", n)
+	}
+	watched()
+
 	done := make(chan error, 1)
 	go func() { done <- p.awaitRemoved(ctx, id) }()
+	watched()
+	if err := cs.CoreV1().Pods(p.namespace).Delete(ctx, id, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The Pod gone, its policy still stands (its maker killed before it deleted it, the
+	// garbage collector not there yet): still waiting.
+	for range 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("awaitRemoved ended while the policy stood: %v", err)
+		case <-policyListed:
+		}
+	}
 	if err := cs.NetworkingV1().NetworkPolicies(p.namespace).Delete(ctx, id, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

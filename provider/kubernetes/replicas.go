@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -193,23 +194,76 @@ func (p *Provider) keyedGone(ctx context.Context, id string, err error) error {
 }
 
 // awaitRemoved waits until the Pod of sandbox id, its NetworkPolicy and its egress
-// ConfigMap are all gone: an earlier create of the same key removing them (Pod, then
-// policy, then ConfigMap) has then finished, and cannot delete what a new create makes
-// under the same names. Nothing tells of a deletion here, so the API server is asked
-// again every 100 ms, until ctx ends.
+// ConfigMap are all gone: an earlier create of the same key removing them has then
+// finished, and cannot delete what a new create makes under the same names. Its maker
+// deletes all three at once, and the Pod goes last (once the kubelet has stopped it):
+// the Pod is watched until it is gone. The policy and the ConfigMap, which the Role lets
+// this provider list but not watch, are listed then, and again after a growing pause
+// while the garbage collector removes those a maker killed midway left (tied to the
+// Pod). It gives up when ctx ends.
 func (p *Provider) awaitRemoved(ctx context.Context, id string) error {
-	for {
-		_, perr := p.cs.CoreV1().Pods(p.namespace).Get(ctx, id, metav1.GetOptions{})
+	p.log.Debug("waiting for the earlier create of this idempotency key to remove its sandbox", "id", id)
+	stillThere := func() error {
+		return fmt.Errorf("%w: sandbox %s of this idempotency key, made by an earlier create that failed, is still being removed: create again",
+			roche.ErrUnavailable, id)
+	}
+	if !p.awaitPodGone(ctx, id) {
+		return stillThere()
+	}
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		policy, nerr := p.policyExists(ctx, id)
 		cms, cerr := p.cs.CoreV1().ConfigMaps(p.namespace).List(ctx, byName(id))
-		if apierrors.IsNotFound(perr) && nerr == nil && !policy && cerr == nil && !namedIn(id, cms.Items) {
+		if nerr == nil && !policy && cerr == nil && !namedIn(id, cms.Items) {
 			return nil
 		}
+		if !sleepCtx(ctx, pause) {
+			return stillThere()
+		}
+	}
+}
+
+// awaitPodGone waits on a watch, from the resourceVersion of a list that still had it,
+// until the Pod of sandbox id is gone, and reports whether it is (false: ctx ended). A
+// watch cut off, or refused, is made again from a new list.
+func (p *Provider) awaitPodGone(ctx context.Context, id string) bool {
+	for retry := 100 * time.Millisecond; ; retry = min(2*retry, watchRetry) {
+		pods, err := p.cs.CoreV1().Pods(p.namespace).List(ctx, byName(id))
+		if err == nil && !namedIn(id, pods.Items) {
+			return true
+		}
+		if err == nil {
+			var w watch.Interface
+			w, err = p.cs.CoreV1().Pods(p.namespace).Watch(ctx, metav1.ListOptions{
+				FieldSelector: byName(id).FieldSelector, ResourceVersion: pods.ResourceVersion,
+			})
+			if err == nil && podDeleted(ctx, w, id) {
+				return true
+			}
+		}
+		if err != nil {
+			p.log.Debug("watching the Pod of an earlier create of this idempotency key", "id", id, "err", err)
+		}
+		if !sleepCtx(ctx, retry) {
+			return false
+		}
+	}
+}
+
+// podDeleted reports whether w tells of the deletion of Pod name before it ends or ctx
+// does; it stops w.
+func podDeleted(ctx context.Context, w watch.Interface, name string) bool {
+	defer w.Stop()
+	for {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: sandbox %s of this idempotency key, made by an earlier create that failed, is still being removed: create again",
-				roche.ErrUnavailable, id)
-		case <-time.After(100 * time.Millisecond):
+			return false
+		case e, ok := <-w.ResultChan():
+			if !ok || e.Type == watch.Error {
+				return false
+			}
+			if pod, isPod := e.Object.(*corev1.Pod); isPod && e.Type == watch.Deleted && pod.Name == name {
+				return true
+			}
 		}
 	}
 }
