@@ -62,7 +62,9 @@ func TestAdoptsOnlyItsOwn(t *testing.T) {
 	theirs := []string{cliID, held.ID, otherIdle}
 
 	fresh := startDaemon(t, Config{ReconcileInterval: 100 * time.Millisecond})
-	time.Sleep(500 * time.Millisecond) // several reconciles
+	// Several reconciles: the one at start and three more (each lists the provider, and
+	// nothing else does before the List below).
+	eventually(t, time.Minute, "the fresh daemon to reconcile four times", func() bool { return fresh.rec.lists.Load() >= 4 })
 	list, err := fresh.p.List(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,6 +65,12 @@ type recorder struct {
 	*docker.Provider
 	mu      sync.Mutex
 	created []string
+	lists   atomic.Int64 // calls of List: each reconcile of the daemon makes one
+}
+
+func (r *recorder) List(ctx context.Context) ([]roche.SandboxInfo, error) {
+	r.lists.Add(1)
+	return r.Provider.List(ctx)
 }
 
 func (r *recorder) Create(ctx context.Context, cfg roche.Config) (roche.SandboxInfo, error) {
