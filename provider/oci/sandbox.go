@@ -71,6 +71,12 @@ func (p *Provider) check(cfg roche.Config) error {
 // container, run detached with roche-agent as PID 1. Anything made is undone on failure.
 func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cfg kit.Spec) (_ roche.SandboxInfo, err error) {
 	now := time.Now()
+	// The kernel's wait before the runtime's first cgroup move, begun beside what comes
+	// before it and kept from recurring until the runtime's run returns
+	// (cgroupwarm_linux.go).
+	warm, warmed := context.WithCancel(context.Background())
+	go warmCgroupMoves(warm.Done())
+	defer warmed()
 	id := Name + "-" + randomHex(8)
 	s := &sandbox{dir: p.sandboxDir(id), record: record{
 		ID: id, Runtime: rt.name, Config: cfg, Created: now, Expires: now.Add(durationSecs(cfg.TimeoutSecs)),
@@ -149,7 +155,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	}
 	s.agent = guest.NewClient(filepath.Join(b.runDir, agentspec.SocketName))
 	tMount := time.Now()
-	if err := p.start(ctx, rt, s); err != nil {
+	if err := p.start(ctx, rt, s, warmed); err != nil {
 		return roche.SandboxInfo{}, err
 	}
 	if cfg.Leased {
@@ -165,7 +171,8 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 }
 
 // start runs the container detached and waits for its agent to answer.
-func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) (err error) {
+// warmed is called once the runtime's run returns (warmCgroupMoves).
+func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox, warmed func()) (err error) {
 	defer func() {
 		// A compiled filter the sandbox failed with (its init loads it after the run
 		// returns) is not handed to the next sandbox, which compiles its own again.
@@ -184,7 +191,9 @@ func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox) (err e
 	// The agent's stdio is the log file: nothing of this process is held open by it.
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
 	t0 := time.Now()
-	if err := cmd.Run(); err != nil {
+	err = cmd.Run()
+	warmed()
+	if err != nil {
 		return fmt.Errorf("%w: %s run: %v: %s", roche.ErrUnavailable, rt.name, err, p.logTail(s))
 	}
 	p.log.Debug("runtime ran the sandbox", "id", s.ID, "took", time.Since(t0))

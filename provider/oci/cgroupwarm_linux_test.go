@@ -1,0 +1,111 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/roche-sandbox/roche/internal/testenv"
+	"golang.org/x/sys/unix"
+)
+
+// TestWarmCgroupMovesMovesNothing: the warm-up writes this process's pid into the v1
+// cgroup it is in already, so every thread of the process stays in every cgroup it was
+// in; it names that cgroup's cgroup.procs on a host with v1 hierarchies, and nothing on
+// a cgroup v2 host; and it stops when told.
+func TestWarmCgroupMovesMovesNothing(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
+	var root unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &root); err != nil {
+		t.Fatal(err)
+	}
+	path := ownV1Procs()
+	if root.Type != unix.TMPFS_MAGIC {
+		if path != "" {
+			t.Fatalf("cgroup v2 host: warming %s", path)
+		}
+		return
+	}
+	if path == "" {
+		t.Fatal("cgroup v1 host: no v1 cgroup of this process found to warm")
+	}
+	// The path is this process's own cgroup, as /proc/self/cgroup names it.
+	rel := strings.TrimPrefix(filepath.Dir(path), "/sys/fs/cgroup/")
+	ctrl, cg, _ := strings.Cut(rel, "/")
+	own, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, line := range strings.Split(string(own), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && parts[2] == "/"+cg && strings.Contains(","+parts[1]+",", ","+ctrl+",") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("warming %s, not this process's own cgroup:\n%s", path, own)
+	}
+	procs, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(append([]byte("\n"), procs...), []byte("\n"+strconv.Itoa(os.Getpid())+"\n")) {
+		t.Fatalf("%s does not list this process (%d)", path, os.Getpid())
+	}
+
+	before := threadCgroups(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		warmCgroupMoves(ctx.Done())
+		close(done)
+	}()
+	time.Sleep(4 * warmEvery) // a few of its writes
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("warmCgroupMoves did not stop when told")
+	}
+	if after := threadCgroups(t); after != before {
+		t.Fatalf("the warm-up moved this process's threads:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// threadCgroups is every thread's /proc/self/task/TID/cgroup, sorted by thread.
+func threadCgroups(t *testing.T) string {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, task := range tasks {
+		c, err := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "cgroup"))
+		if err != nil {
+			continue // a thread that ended
+		}
+		b.Write(c)
+	}
+	// Threads come and go (the runtime's); what matters is that each cgroup line is the
+	// process's own.
+	lines := map[string]bool{}
+	for _, l := range strings.Split(b.String(), "\n") {
+		if l != "" {
+			lines[l] = true
+		}
+	}
+	var out []string
+	for l := range lines {
+		out = append(out, l)
+	}
+	slices.Sort(out)
+	return strings.Join(out, "\n")
+}
