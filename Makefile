@@ -4,15 +4,16 @@
 # Static binaries: roche-agent runs inside sandboxes of any image, and roche and roched
 # run on any Linux host (the wheels of make dist carry them, built with these flags, so
 # that its build finds them in Go's cache). roche is the thin CLI, which hands what needs
-# a provider in its own process to roched beside it: install them together.
+# a provider in its own process to roched beside it, or, for a one-shot docker, oci or
+# wasm command, to roche-run, which starts faster: install them together.
 build:
 	CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o bin/ ./cmd/...
 
 hello:
 	bash scripts/hello.sh
 
-# The Python SDK's wheels (x86_64 and aarch64, each carrying static roche, roched and
-# roche-agent) and its sdist, in dist/; written without the wheel package or a network.
+# The Python SDK's wheels (x86_64 and aarch64, each carrying static roche, roched,
+# roche-run and roche-agent) and its sdist, in dist/; written without the wheel package or a network.
 dist:
 	go run ./scripts/dist -out dist
 

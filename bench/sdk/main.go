@@ -82,7 +82,7 @@ func run() error {
 	}
 	os.Setenv("ROCHE_AGENT", filepath.Join(dir, "roche-agent"))
 	cli := filepath.Join(dir, "roche")
-	build := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched")
+	build := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched", "./cmd/roche-run")
 	build.Dir = repo()
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building roche and roched: %v\n%s", err, out)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,4 +100,87 @@ func TestOneBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	destroyed = true
+}
+
+// TestHandsOneShotToRocheRun: with no roched, roche hands a command whose providers are
+// all roche-run's (docker, oci, wasm) to roche-run, beside it, and any other to roched;
+// roche-run hands on to roched what it lacks; with roche-run gone, roched runs the
+// command; and either way the command prints the same, byte for byte, and exits the same.
+func TestHandsOneShotToRocheRun(t *testing.T) {
+	dir := t.TempDir()
+	roche, roched, err := testenv.BuildCLI(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rocheRun := filepath.Join(dir, "roche-run")
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "ROCHE_SOCKET=") || strings.HasPrefix(kv, "ROCHE_DEBUG=") || strings.HasPrefix(kv, "PATH=")
+	})
+	env = append(env, "ROCHE_SOCKET="+filepath.Join(dir, "nobody.sock"), "PATH="+filepath.Join(dir, "empty"),
+		"XDG_RUNTIME_DIR="+t.TempDir()) // the wasm provider's state: this test's own, empty
+	type result struct {
+		code           int
+		stdout, stderr string
+	}
+	run := func(bin string, debug bool, args ...string) result {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		if debug {
+			cmd.Env = append(cmd.Env, "ROCHE_DEBUG=1")
+		}
+		var out, errb strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatalf("%s %v: %v", bin, args, err)
+		}
+		return result{cmd.ProcessState.ExitCode(), out.String(), errb.String()}
+	}
+	handedTo := func(r result) string {
+		switch {
+		case strings.Contains(r.stderr, `msg="handing the command to roche-run" roche-run=`+rocheRun+"\n"):
+			return "roche-run"
+		case strings.Contains(r.stderr, `msg="handing the command to the full binary" roched=`+roched+"\n"):
+			return "roched"
+		}
+		return "neither"
+	}
+
+	direct := []string{"list", "--provider", "wasm"}
+	other := []string{"list", "--provider", "kubernetes", "--kubeconfig", filepath.Join(dir, "none")}
+	missing := []string{"exec", "--sandbox", "wasm-0123456789ab", "--", "true"} // an error from the provider
+
+	viaRun := run(roche, true, direct...)
+	if viaRun.code != 0 || !strings.HasPrefix(viaRun.stdout, "ID ") || handedTo(viaRun) != "roche-run" {
+		t.Fatalf("roche %v: handed to %s: %+v", direct, handedTo(viaRun), viaRun)
+	}
+	if r := run(roche, true, other...); handedTo(r) != "roched" || strings.Contains(r.stderr, "roche-run") || r.code == 0 {
+		t.Fatalf("roche %v: handed to %s, want roched alone: %+v", other, handedTo(r), r)
+	}
+	// roche-run run by hand (or by an older roche) hands on what it lacks.
+	if r := run(rocheRun, true, other...); handedTo(r) != "roched" || r.code == 0 {
+		t.Fatalf("roche-run %v: handed to %s, want roched: %+v", other, handedTo(r), r)
+	}
+	quietRun, errRun, otherRun := run(roche, false, direct...), run(roche, false, missing...), run(roche, false, other...)
+	if errRun.code == 0 || !strings.HasPrefix(errRun.stderr, "roche: ") {
+		t.Fatalf("roche %v through roche-run: %+v, want the provider's error", missing, errRun)
+	}
+
+	if err := os.Remove(rocheRun); err != nil {
+		t.Fatal(err)
+	}
+	viaRoched := run(roche, true, direct...)
+	if handedTo(viaRoched) != "roched" || !strings.Contains(viaRoched.stderr, "roche-run is not beside roche or on PATH: handing the command to roched") {
+		t.Fatalf("roche %v without roche-run: handed to %s, not saying why: %+v", direct, handedTo(viaRoched), viaRoched)
+	}
+	for _, c := range []struct {
+		args []string
+		with result
+	}{{direct, quietRun}, {missing, errRun}, {other, otherRun}} {
+		if without := run(roche, false, c.args...); without != c.with {
+			t.Errorf("roche %v: through roche-run %+v, through roched %+v", c.args, c.with, without)
+		}
+	}
 }

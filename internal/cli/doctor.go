@@ -54,7 +54,7 @@ run sandboxes here, 1 when it cannot; the others are reported and do not change 
 				return fmt.Errorf("%w: --timeout %v: give a positive duration such as 4s", roche.ErrInvalidConfig, timeout)
 			}
 			open := func(string, catalog.Options) (roche.Provider, error) { return nil, errNoFullBinary }
-			if e.local == nil {
+			if !e.fullLocal() {
 				// The providers are the full binary's; it runs this command as it is.
 				if err := e.handoff(); !errors.As(err, new(handoffError)) {
 					return err

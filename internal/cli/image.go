@@ -56,7 +56,7 @@ provider looks for it (ROCHE_PYTHON_WASM names another).`,
 			if _, err := catalog.Lookup(b.Provider); err != nil {
 				return err
 			}
-			if e.local == nil {
+			if !e.fullLocal() {
 				return e.handoff()
 			}
 			b.Log = e.stderr

@@ -20,7 +20,7 @@ func (e *env) kubernetesCommand() *cobra.Command {
 		Use:   "kubernetes",
 		Short: "Set up the Kubernetes provider (the agent image, roched's image, the seccomp profile)",
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			if e.local == nil {
+			if !e.fullLocal() {
 				return e.handoff()
 			}
 			return nil

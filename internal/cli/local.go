@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/catalog"
@@ -41,31 +42,93 @@ type handoffError struct{ err error }
 func (h handoffError) Error() string { return h.err.Error() }
 func (h handoffError) Unwrap() error { return h.err }
 
-// handoff runs this command again in the full binary, roched, as roche: with the same
-// arguments, environment and standard streams, before the command has read or written
-// anything. It is for a command of the thin roche that needs a provider in this process
-// (no roched answers, it does not serve the provider, or --direct) or the kubernetes
-// provider's tools. It returns only when it could not (see runFull), or with the exit
-// status of the full binary where a process cannot be replaced.
-func (e *env) handoff() error {
+// Partial is a Local that opens only some providers: roche-run's, which links those of
+// catalog.Direct. A command that needs another provider in-process, or the kubernetes
+// provider's tools, the MCP server or an image build, it hands to roched as the thin
+// roche does.
+type Partial interface {
+	Local
+	// Opens reports whether Open opens the named provider.
+	Opens(name string) bool
+}
+
+// opens reports whether l opens the named provider in this process.
+func opens(l Local, name string) bool {
+	if p, ok := l.(Partial); ok {
+		return p.Opens(name)
+	}
+	return l != nil
+}
+
+// fullLocal reports whether this process has every provider in it (roched as roche).
+func (e *env) fullLocal() bool {
+	_, partial := e.local.(Partial)
+	return e.local != nil && !partial
+}
+
+// handoff runs this command again in another binary, as roche: with the same arguments,
+// environment and standard streams, before the command has read or written anything.
+// It is for a command that needs a provider this process lacks (no roched answers, it
+// does not serve the provider, or --direct) or the kubernetes provider's tools, the MCP
+// server or an image build. The thin roche hands a command whose providers (names) are
+// all roche-run's (catalog.Direct) to roche-run, found beside it or on PATH, which
+// starts several times faster than roched, and any other, or that one when roche-run is
+// not installed, to roched, the full binary. It returns only when it could not (see
+// runFull), or with the exit status of that binary where a process cannot be replaced.
+func (e *env) handoff(names ...string) error {
+	if e.local == nil && len(names) > 0 && allDirect(names) {
+		if run, ok := otherBinary(directName); ok {
+			e.log.Debug("handing the command to roche-run", "roche-run", run)
+			return runFull(run, append([]string{e.argv0()}, e.args...))
+		}
+		e.log.Debug("roche-run is not beside roche or on PATH: handing the command to roched")
+	}
 	full, err := fullBinary()
 	if err != nil {
 		return handoffError{err}
 	}
+	e.log.Debug("handing the command to the full binary", "roched", full)
+	return runFull(full, append([]string{e.argv0()}, e.args...))
+}
+
+// argv0 is what a handoff names the command: roche (this program's own name when it
+// is that, as the full binary runs as the CLI when so named).
+func (e *env) argv0() string {
 	name := "roche"
 	if len(os.Args) > 0 && filepath.Base(os.Args[0]) == name {
 		name = os.Args[0]
 	}
-	e.log.Debug("handing the command to the full binary", "roched", full)
-	return runFull(full, append([]string{name}, e.args...))
+	return name
+}
+
+// directName is roche-run's file name.
+const directName = "roche-run"
+
+// allDirect reports whether every provider of names is roche-run's.
+func allDirect(names []string) bool {
+	for _, n := range names {
+		if !slices.Contains(catalog.Direct, n) {
+			return false
+		}
+	}
+	return true
 }
 
 // fullBinary is roched, found as findRoched finds it, but never this executable itself
 // (a roched that is a copy of the thin roche), which would hand the command to itself
 // forever.
 func fullBinary() (string, error) {
+	if p, ok := otherBinary("roched"); ok {
+		return p, nil
+	}
+	return "", errNoFullBinary
+}
+
+// otherBinary is the program name beside this executable (its symlinks resolved), else
+// on PATH; never this executable itself.
+func otherBinary(name string) (string, bool) {
 	self := executable()
-	for _, p := range rochedCandidates(self) {
+	for _, p := range candidates(self, name) {
 		fi, err := os.Stat(p)
 		if err != nil || fi.IsDir() {
 			continue
@@ -73,9 +136,9 @@ func fullBinary() (string, error) {
 		if me, err := os.Stat(self); err == nil && os.SameFile(me, fi) {
 			continue
 		}
-		return p, nil
+		return p, true
 	}
-	return "", errNoFullBinary
+	return "", false
 }
 
 // executable is this program's path with its symlinks resolved (so that roched is
@@ -92,13 +155,16 @@ func executable() string {
 }
 
 // rochedCandidates are where roched may be, in order: beside self, then on PATH.
-func rochedCandidates(self string) []string {
-	var candidates []string
+func rochedCandidates(self string) []string { return candidates(self, "roched") }
+
+// candidates are where the program name may be, in order: beside self, then on PATH.
+func candidates(self, name string) []string {
+	var out []string
 	if self != "" {
-		candidates = append(candidates, filepath.Join(filepath.Dir(self), "roched"))
+		out = append(out, filepath.Join(filepath.Dir(self), name))
 	}
-	if p, err := exec.LookPath("roched"); err == nil {
-		candidates = append(candidates, p)
+	if p, err := exec.LookPath(name); err == nil {
+		out = append(out, p)
 	}
-	return candidates
+	return out
 }

@@ -49,7 +49,7 @@ shows it to every user), and make it at least 16 random characters, as roched's.
 				token = e.getenv("ROCHE_MCP_TOKEN")
 			}
 			// The MCP server is not in the thin roche.
-			if e.local == nil {
+			if !e.fullLocal() {
 				return e.handoff()
 			}
 			srv, err := e.local.NewMCP(MCPConfig{

@@ -21,7 +21,7 @@ import (
 type registry struct {
 	log     *slog.Logger
 	local   Local
-	handoff func() error
+	handoff func(names ...string) error
 	// outlives: see providers.Options; set by roche run before it opens a provider.
 	outlives bool
 	mu       sync.Mutex
@@ -50,7 +50,7 @@ type registry struct {
 	runtime, ociRuntime string
 }
 
-func newRegistry(l *slog.Logger, local Local, handoff func() error) *registry {
+func newRegistry(l *slog.Logger, local Local, handoff func(names ...string) error) *registry {
 	return &registry{log: l, local: local, handoff: handoff, open: catalog.Set{}, engineTimeout: defaults.EngineTimeout, transport: defaults.Transport}
 }
 
@@ -84,7 +84,11 @@ func (r *registry) get(name string) (roche.Provider, error) {
 
 // use opens the named provider: roched's, when it serves it and no flag of the
 // provider's is given (those apply to sandboxes this process makes), else in-process.
-func (r *registry) use(name string) (roche.Provider, error) {
+func (r *registry) use(name string) (roche.Provider, error) { return r.useFor(name, []string{name}) }
+
+// useFor is use for a command that uses every provider of all: a handoff, if one is
+// needed, is to a binary that has them all.
+func (r *registry) useFor(name string, all []string) (roche.Provider, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p, ok := r.open[name]; ok {
@@ -108,8 +112,8 @@ func (r *registry) use(name string) (roche.Provider, error) {
 	if _, err := catalog.Lookup(name); err != nil {
 		return nil, err
 	}
-	if r.local == nil {
-		return nil, r.handoff()
+	if !opens(r.local, name) {
+		return nil, r.handoff(all...)
 	}
 	p, err := r.local.Open(name, r.options())
 	if err != nil {
@@ -119,20 +123,23 @@ func (r *registry) use(name string) (roche.Provider, error) {
 	return p, nil
 }
 
-// prepare, in the thin roche, hands the command to roched unless roched serves every
-// provider of names: before the command has done anything, for one that uses several
-// (a loop over providers or ids), which a handoff at a get in the middle would run
-// twice. With providers in this process it does nothing: they open on first use.
+// prepare, in the thin roche, hands the command to roched (or to roche-run, when every
+// provider of names is one it links) unless roched serves every provider of names:
+// before the command has done anything, for one that uses several (a loop over
+// providers or ids), which a handoff at a get in the middle would run twice. In
+// roche-run it hands the command on to roched the same way when roched does not serve
+// a provider of names that roche-run lacks. With every provider in this process it does
+// nothing: they open on first use.
 func (r *registry) prepare(names ...string) error {
 	if err := r.check(names...); err != nil {
 		return err
 	}
-	if r.local != nil {
-		return nil
-	}
 	for _, n := range names {
+		if opens(r.local, n) {
+			continue
+		}
 		// Any other error is the get's to report when the command comes to it.
-		if _, err := r.use(n); errors.As(err, new(handoffError)) {
+		if _, err := r.useFor(n, names); errors.As(err, new(handoffError)) {
 			return err
 		}
 	}

@@ -9,6 +9,7 @@ package inproc
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 
@@ -16,33 +17,27 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/catalog"
-	"github.com/roche-sandbox/roche/provider/docker"
+	"github.com/roche-sandbox/roche/internal/inproc/direct"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
-	"github.com/roche-sandbox/roche/provider/oci"
 	"github.com/roche-sandbox/roche/provider/vm"
-	"github.com/roche-sandbox/roche/provider/wasm"
 )
 
 // constructors opens each provider of providers.All, by name. A missing engine or
 // hypervisor is not an error here: it shows as roche.ErrUnavailable on use.
-var constructors = map[string]func(catalog.Options) (roche.Provider, error){
-	"docker": func(o catalog.Options) (roche.Provider, error) {
-		opts := []docker.Option{docker.WithLogger(o.Log), docker.WithEngineTimeout(o.EngineTimeout), docker.WithTransport(o.Transport)}
-		if o.Outlives {
-			opts = append(opts, docker.WithEgressProxy())
-		}
-		if o.PinnedMounts {
-			opts = append(opts, docker.WithPinnedMounts())
-		}
-		if o.Runtime != "" {
-			opts = append(opts, docker.WithRuntime(o.Runtime))
-		}
-		return opened(docker.New(opts...))
-	},
+var constructors = func() map[string]func(catalog.Options) (roche.Provider, error) {
+	m := maps.Clone(direct.Constructors)
+	for name, c := range others {
+		m[name] = c
+	}
+	return m
+}()
+
+// others are the providers beyond internal/inproc/direct's (roche-run's): only roched
+// links them.
+var others = map[string]func(catalog.Options) (roche.Provider, error){
 	vm.Firecracker: func(o catalog.Options) (roche.Provider, error) {
-		return opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
-	},
-	kubernetes.Name: func(o catalog.Options) (roche.Provider, error) {
+		return direct.Opened(vm.NewFirecracker(vm.WithLogger(o.Log)))
+	}, kubernetes.Name: func(o catalog.Options) (roche.Provider, error) {
 		if o.Runtime != "" && o.Runtime != "runc" && o.RuntimeClass == "" {
 			// Asked for a stronger runtime that does not reach Pods: refused, never run
 			// under the node's default instead.
@@ -74,33 +69,14 @@ var constructors = map[string]func(catalog.Options) (roche.Provider, error){
 		if o.KubeQPS != 0 || o.KubeBurst != 0 {
 			opts = append(opts, kubernetes.WithClientRate(o.KubeQPS, o.KubeBurst))
 		}
-		return opened(kubernetes.New(opts...))
-	},
-	oci.Name: func(o catalog.Options) (roche.Provider, error) {
-		opts := []oci.Option{oci.WithLogger(o.Log), oci.WithRuntime(o.OCIRuntime)}
-		if o.Outlives {
-			opts = append(opts, oci.WithEgressProxy())
-		}
-		if o.PinnedMounts {
-			opts = append(opts, oci.WithPinnedLayouts())
-		}
-		return opened(oci.New(opts...))
-	},
-	vm.QEMU: func(o catalog.Options) (roche.Provider, error) {
+		return direct.Opened(kubernetes.New(opts...))
+	}, vm.QEMU: func(o catalog.Options) (roche.Provider, error) {
 		opts := []vm.Option{vm.WithLogger(o.Log)}
 		if o.Outlives {
 			opts = append(opts, vm.WithEgressProxy())
 		}
-		return opened(vm.NewQEMU(opts...))
-	},
-	"wasm": func(o catalog.Options) (roche.Provider, error) {
-		opts := []wasm.Option{wasm.WithLogger(o.Log)}
-		if o.WarmStart {
-			opts = append(opts, wasm.WithWarmStart())
-		}
-		return opened(wasm.New(opts...))
-	},
-}
+		return direct.Opened(vm.NewQEMU(opts...))
+	}}
 
 // unconfigured says, for a provider that needs setting up, why the operator has not set
 // it up at all (a providers.NotConfiguredError), or nil when it has been.
@@ -118,15 +94,6 @@ var unconfigured = map[string]func(catalog.Options) error{
 			Reason: "no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run inside a cluster",
 			Check:  "kubeconfig", Fix: kubernetes.KubeconfigFix}
 	},
-}
-
-// opened turns a constructor's result into a roche.Provider, so that a failed one is a
-// nil interface rather than one holding a nil pointer.
-func opened[P roche.Provider](p P, err error) (roche.Provider, error) {
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
 }
 
 // Open opens the named provider with o; one that needs setting up and was not is a

@@ -55,16 +55,18 @@ func SetupAgent() (cleanup func(), err error) {
 	return func() { os.RemoveAll(dir) }, nil
 }
 
-// BuildCLI builds roche and roched from this checkout into dir, as `make build` does, and
-// returns their paths: tests that must run the real binaries get ones that match the code.
+// BuildCLI builds roche, roched and roche-run from this checkout into dir, as `make
+// build` does, and returns the paths of the first two: tests that must run the real
+// binaries get ones that match the code, and a one-shot roche run among them goes
+// through roche-run, as an installed one does.
 func BuildCLI(dir string) (roche, roched string, err error) {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", dir+string(filepath.Separator), "./cmd/roche", "./cmd/roched", "./cmd/roche-run")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static, as make build makes them
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("building roche and roched: %v\n%s", err, b)
+		return "", "", fmt.Errorf("building roche, roched and roche-run: %v\n%s", err, b)
 	}
 	return filepath.Join(dir, "roche"), filepath.Join(dir, "roched"), nil
 }

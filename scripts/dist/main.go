@@ -1,6 +1,7 @@
 // Command dist writes the Python SDK's distributions: one wheel per architecture that
-// carries Roche's static binaries (roche, roched, roche-agent) inside the package, so
-// that `pip install roche-sandbox` is all a user with Docker needs, and an sdist.
+// carries Roche's static binaries (roche, roched, roche-run, roche-agent) inside the
+// package, so that `pip install roche-sandbox` is all a user with Docker needs, and an
+// sdist.
 //
 //	go run ./scripts/dist [-out dist] [-arch amd64,arm64]     (make dist)
 //
@@ -38,7 +39,7 @@ var platforms = map[string]string{
 }
 
 // binaries are carried in roche_sandbox/_bin/, where the SDK looks first.
-var binaries = []string{"roche", "roched", "roche-agent"}
+var binaries = []string{"roche", "roched", "roche-run", "roche-agent"}
 
 const (
 	sdkDir  = "sdk/python"

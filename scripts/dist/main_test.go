@@ -78,9 +78,9 @@ func TestWheelIsWhatPipReads(t *testing.T) {
 			t.Errorf("RECORD line %q does not match the file (%d bytes)", line, len(data))
 		}
 	}
-	// roche beside roched: the thin roche hands what needs a provider in its own process
-	// to roched, which it finds beside itself.
-	for _, want := range []string{"roche_sandbox/__init__.py", "roche_sandbox/py.typed", "roche_sandbox/_bin/roche", "roche_sandbox/_bin/roched", "roche_sandbox/_bin/roche-agent"} {
+	// roche beside roched and roche-run: the thin roche hands what needs a provider in
+	// its own process to them, which it finds beside itself.
+	for _, want := range []string{"roche_sandbox/__init__.py", "roche_sandbox/py.typed", "roche_sandbox/_bin/roche", "roche_sandbox/_bin/roched", "roche_sandbox/_bin/roche-run", "roche_sandbox/_bin/roche-agent"} {
 		if _, ok := contents[want]; !ok {
 			t.Errorf("the wheel lacks %s", want)
 		}
