@@ -7,15 +7,16 @@
 // sandbox is left behind.
 //
 //	make bench                  (or: go run ./bench/oneshot; root for the oci rows)
-//	go run ./bench/oneshot -n 30 -compare /tmp/old   (DIR with an earlier roche, roched and roche-agent)
+//	go run ./bench/oneshot -n 30 -compare /tmp/old   (DIR with an earlier roche, roched, roche-run and roche-agent)
 //
 // Rows: `roche run --provider oci -- true` and `roche run --provider wasm -- python3 -c
-// "print('hello')"`, the thin roche handing each to roched as the full CLI, as a user
-// runs them; `roche --version`, the thin CLI's start alone; and the wrapper. No roched
-// answers: ROCHE_SOCKET names a socket in an empty directory of the run's own. The
-// providers use their default directories, as a user's roche run does, so what one run
-// keeps for the next (the oci runtime's probe, crun's compiled seccomp filter, the
-// unpacked image, the compiled python.wasm) is there after the first, untimed, run.
+// "print('hello')"`, the thin roche handing each to roche-run (roched as the full CLI
+// in a build without roche-run), as a user runs them; `roche --version`, the thin CLI's
+// start alone; and the wrapper. No roched answers: ROCHE_SOCKET names a socket in an
+// empty directory of the run's own. The providers use their default directories, as a
+// user's roche run does, so what one run keeps for the next (the oci runtime's probe,
+// crun's compiled seccomp filter, the unpacked image, the compiled python.wasm) is there
+// after the first, untimed, run.
 package main
 
 import (
@@ -39,8 +40,8 @@ import (
 var (
 	n       = flag.Int("n", 20, "samples per row")
 	image   = flag.String("image", "roche/python:local", "image of the oci rows and the docker run baseline (scripts/build-test-image.sh)")
-	binDir  = flag.String("bin", "", "directory with the roche, roched and roche-agent to measure (default: built from this tree)")
-	compare = flag.String("compare", "", "directory with an earlier build's roche, roched and roche-agent, measured alongside (a before/after in the same run)")
+	binDir  = flag.String("bin", "", "directory with the roche, roched, roche-run and roche-agent to measure (default: built from this tree)")
+	compare = flag.String("compare", "", "directory with an earlier build's roche, roched (and roche-run) and roche-agent, measured alongside (a before/after in the same run)")
 	withOCI = flag.Bool("oci", true, "measure the oci rows (root, crun or runc)")
 	withWM  = flag.Bool("wasm", true, "measure the wasm rows (python.wasm: roche image build python --provider wasm)")
 )
@@ -61,7 +62,7 @@ type build struct{ name, dir string }
 func (b build) roche() string { return filepath.Join(b.dir, "roche") }
 
 // row is one measured command, with its wall time and the CPU time of its process tree
-// (what it waited for: roched, crun; not the sandbox's own processes, which the runtime
+// (what it waited for: roche-run or roched, crun; not the sandbox's own processes, which the runtime
 // leaves to others).
 type row struct {
 	name      string
@@ -181,7 +182,7 @@ func run() error {
 		}
 		fmt.Printf("  %-78s %10s %10s %10s\n", r.name, samples.Ms(samples.Median(r.wall)), samples.Ms(samples.Percentile(r.wall, 90)), cpu)
 	}
-	fmt.Println("  (CPU: user and system time of roche and what it waited for: roched as the full CLI, the OCI runtime; the sandbox's own processes are not counted)")
+	fmt.Println("  (CPU: user and system time of roche and what it waited for: roche-run or roched as the full CLI, the OCI runtime; the sandbox's own processes are not counted)")
 	for _, b := range builds {
 		if r := ociRows[b.name]; r != nil {
 			fmt.Printf("  oci one-shot / wrapper (%s): %.2f, p50 %s  [target: <= 0.2, <= 35 ms]\n", b.name,
