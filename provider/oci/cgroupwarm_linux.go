@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,51 +23,85 @@ import (
 //
 // warmCgroupMoves starts that grace period early, beside the work a create does before
 // the runtime's move (the root's mounts, the bundle, the runtime's exec and start), and
-// keeps the rcu_sync open until the runtime's run returns (done closes): it writes this
-// process's own pid to the cgroup.procs of the v1 cgroup it is already in, a move that
-// moves nothing (the kernel skips a task already in its destination) but takes and
-// releases the lock as the runtime's does, and again every few milliseconds (less than
-// a grace period), each of those without a wait, for at most warmFor. It changes no
-// cgroup of this process or of any other, and needs nothing the runtime does not (root,
-// a writable cgroup filesystem); any failure only leaves the runtime to wait as before.
-// While the rcu_sync is open, forks and exits on the host take the lock's slower
-// reading path, as they do after any cgroup move. A cgroup v2 host needs none of it:
-// there the runtime starts the process in its cgroup (clone3's CLONE_INTO_CGROUP),
-// which takes that lock only for reading.
-func warmCgroupMoves(done <-chan struct{}) {
-	path := ownV1Procs()
-	if path == "" {
-		return
+// keeps the rcu_sync open until the create calls done (once the runtime's run
+// returned): it writes this process's own pid to the cgroup.procs of the v1 cgroup it
+// is already in, a move that moves nothing (the kernel skips a task already in its
+// destination) but takes and releases the lock as the runtime's does, and again every
+// warmEvery (less than a grace period), each of those without a wait. One goroutine
+// does it for every create under way in the process, so that many at once (roched's)
+// cost no more moves than one. It changes no cgroup of this process or of any other,
+// and needs nothing the runtime does not (root, a writable cgroup filesystem); any
+// failure only leaves the runtime to wait as before. While the rcu_sync is open, forks
+// and exits on the host take the lock's slower reading path, as they do after any
+// cgroup move. A cgroup v2 host needs none of it: there the runtime starts the process
+// in its cgroup (clone3's CLONE_INTO_CGROUP), which takes that lock only for reading.
+func warmCgroupMoves() (done func()) {
+	warmer.Lock()
+	warmer.users++
+	if !warmer.running {
+		warmer.running = true
+		go warmLoop()
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
+	warmer.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			warmer.Lock()
+			warmer.users--
+			warmer.Unlock()
+		})
+	}
+}
+
+// warmer counts the creates that want the rcu_sync open, and whether warmLoop runs.
+var warmer struct {
+	sync.Mutex
+	users   int
+	running bool
+}
+
+// warmLoop moves this process into its own cgroup every warmEvery while a create wants
+// it (warmer.users), and at least once.
+func warmLoop() {
+	stop := func() bool {
+		warmer.Lock()
+		defer warmer.Unlock()
+		if warmer.users == 0 {
+			warmer.running = false
+			return true
+		}
+		return false
+	}
+	path := ownV1Procs()
+	var f *os.File
+	if path != "" {
+		f, _ = os.OpenFile(path, os.O_WRONLY, 0)
+	}
+	if f == nil {
+		warmer.Lock()
+		warmer.running = false
+		warmer.Unlock()
 		return
 	}
 	defer f.Close()
 	pid := []byte(strconv.Itoa(os.Getpid()))
-	tick := time.NewTicker(warmEvery)
-	defer tick.Stop()
-	stop := time.After(warmFor)
 	for {
 		if _, err := f.Write(pid); err != nil {
+			warmer.Lock()
+			warmer.running = false
+			warmer.Unlock()
 			return
 		}
-		select {
-		case <-done:
+		time.Sleep(warmEvery)
+		if stop() {
 			return
-		case <-stop:
-			return
-		case <-tick.C:
 		}
 	}
 }
 
 // warmEvery is under a grace period (~10 ms here, more on a loaded host, never under a
-// few); warmFor bounds the warming of a runtime that takes long to start.
-const (
-	warmEvery = 3 * time.Millisecond
-	warmFor   = 2 * time.Second
-)
+// few milliseconds).
+const warmEvery = 3 * time.Millisecond
 
 // ownV1Procs is the cgroup.procs file of this process's cgroup in one v1 hierarchy
 // mounted under /sys/fs/cgroup (the pids hierarchy if mounted, else the first found), or

@@ -2,7 +2,6 @@ package oci
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,7 +17,8 @@ import (
 // TestWarmCgroupMovesMovesNothing: the warm-up writes this process's pid into the v1
 // cgroup it is in already, so every thread of the process stays in every cgroup it was
 // in; it names that cgroup's cgroup.procs on a host with v1 hierarchies, and nothing on
-// a cgroup v2 host; and it stops when told.
+// a cgroup v2 host; and one goroutine does it for every create, stopping after the
+// last.
 func TestWarmCgroupMovesMovesNothing(t *testing.T) {
 	testenv.Needs(t, testenv.Root)
 	var root unix.Statfs_t
@@ -61,18 +61,35 @@ func TestWarmCgroupMovesMovesNothing(t *testing.T) {
 	}
 
 	before := threadCgroups(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		warmCgroupMoves(ctx.Done())
-		close(done)
-	}()
+	// Many creates at once share one warming goroutine, which stops when the last is
+	// done.
+	var dones []func()
+	for range 20 {
+		dones = append(dones, warmCgroupMoves())
+	}
+	warmer.Lock()
+	users, running := warmer.users, warmer.running
+	warmer.Unlock()
+	if users != 20 || !running {
+		t.Fatalf("20 creates warming: users %d, running %v", users, running)
+	}
 	time.Sleep(4 * warmEvery) // a few of its writes
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("warmCgroupMoves did not stop when told")
+	for _, done := range dones {
+		done()
+		done() // twice is once
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		warmer.Lock()
+		users, running = warmer.users, warmer.running
+		warmer.Unlock()
+		if users == 0 && !running {
+			break
+		}
+		if users != 0 || time.Now().After(deadline) {
+			t.Fatalf("all done: users %d, running %v", users, running)
+		}
+		time.Sleep(warmEvery)
 	}
 	if after := threadCgroups(t); after != before {
 		t.Fatalf("the warm-up moved this process's threads:\nbefore:\n%s\nafter:\n%s", before, after)

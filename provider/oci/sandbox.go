@@ -74,8 +74,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	// The kernel's wait before the runtime's first cgroup move, begun beside what comes
 	// before it and kept from recurring until the runtime's run returns
 	// (cgroupwarm_linux.go).
-	warm, warmed := context.WithCancel(context.Background())
-	go warmCgroupMoves(warm.Done())
+	warmed := warmCgroupMoves()
 	defer warmed()
 	id := Name + "-" + randomHex(8)
 	s := &sandbox{dir: p.sandboxDir(id), record: record{
