@@ -104,8 +104,8 @@ func TestOneBinary(t *testing.T) {
 
 // TestHandsOneShotToRocheRun: with no roched, roche hands a command whose providers are
 // all roche-run's (docker, oci, wasm) to roche-run, beside it, and any other to roched;
-// roche-run hands on to roched what it lacks; with roche-run gone, roched runs the
-// command; and either way the command prints the same, byte for byte, and exits the same.
+// roche-run hands on to roched what it lacks; with roche-run gone, or not starting,
+// roched runs the command; and either way the command prints the same, byte for byte, and exits the same.
 func TestHandsOneShotToRocheRun(t *testing.T) {
 	dir := t.TempDir()
 	roche, roched, err := testenv.BuildCLI(dir)
@@ -168,6 +168,14 @@ func TestHandsOneShotToRocheRun(t *testing.T) {
 		t.Fatalf("roche %v through roche-run: %+v, want the provider's error", missing, errRun)
 	}
 
+	// A roche-run that does not start (not executable) is passed over for roched.
+	if err := os.Chmod(rocheRun, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(roche, true, direct...); !strings.Contains(r.stderr, "roche-run did not start: handing the command to roched") ||
+		!strings.Contains(r.stderr, `msg="handing the command to the full binary" roched=`+roched+"\n") || r.stdout != viaRun.stdout || r.code != 0 {
+		t.Fatalf("roche %v with a roche-run that does not start: %+v, want roched to run it", direct, r)
+	}
 	if err := os.Remove(rocheRun); err != nil {
 		t.Fatal(err)
 	}

@@ -79,9 +79,14 @@ func (e *env) handoff(names ...string) error {
 	if e.local == nil && len(names) > 0 && allDirect(names) {
 		if run, ok := otherBinary(directName); ok {
 			e.log.Debug("handing the command to roche-run", "roche-run", run)
-			return runFull(run, append([]string{e.argv0()}, e.args...))
+			err := runFull(run, append([]string{e.argv0()}, e.args...))
+			if !errors.As(err, new(handoffError)) {
+				return err
+			}
+			e.log.Debug("roche-run did not start: handing the command to roched", "err", err)
+		} else {
+			e.log.Debug("roche-run is not beside roche or on PATH: handing the command to roched")
 		}
-		e.log.Debug("roche-run is not beside roche or on PATH: handing the command to roched")
 	}
 	full, err := fullBinary()
 	if err != nil {
