@@ -371,10 +371,22 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 	fsc, _, sig := sandboxFS(mounts, prog.python)
 	runCtx := withSpaceSignal(experimental.WithMemoryAllocator(tctx, memory), sig)
 	mcfg := moduleConfig(tctx, prog.argv, prog.env, fsc, stdout, stderr)
+	// A program a warm interpreter could serve runs on a pre-initialised one, when there
+	// is one: its stdin starts with the request warm.py reads.
+	var img *preinitImage
+	if prog.python && warmServes(prog, mounts) {
+		img = p.preinitFor(tctx, mounts)
+	}
+	var in io.Reader
 	if stdin != nil {
 		r := cancellableReader(tctx, stdin)
 		defer r.Close()
-		mcfg = mcfg.WithStdin(r)
+		in = r
+	}
+	if img != nil {
+		mcfg = mcfg.WithStdin(withPreinitStdin(warmRequest(prog), in))
+	} else if in != nil {
+		mcfg = mcfg.WithStdin(in)
 	}
 
 	start := time.Now()
@@ -387,7 +399,15 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 	if memory.OverAtStart() {
 		return roche.ExecResult{}, overAtStart(prog, rec)
 	}
-	_, callErr := mod.ExportedFunction("_start").Call(runCtx)
+	var callErr error
+	if img != nil {
+		callErr = enterPreinit(runCtx, mod, img)
+		if errors.Is(callErr, errPreinitMemory) {
+			return roche.ExecResult{}, overAtStart(prog, rec)
+		}
+	} else {
+		_, callErr = mod.ExportedFunction("_start").Call(runCtx)
+	}
 	return outcome(ctx, tctx, id, rec, memory, callErr, stderr, start)
 }
 

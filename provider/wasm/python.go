@@ -97,6 +97,14 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 		return nil, err
 	}
 	read := time.Since(start)
+	// With the exports a pre-initialised interpreter needs (rewrite.go); one module for
+	// both kinds of run, so that the compilation cache holds one.
+	rewritten, exits, rerr := rewriteForEntry(bin)
+	if rerr == nil {
+		bin = rewritten
+	} else {
+		p.log.Debug("wasm: python.wasm not rewritten; no pre-initialised interpreter", "err", rerr)
+	}
 	// Compiled without the caller's context: wazero reads experimental hooks (function
 	// listeners) from it, and this compiled module is shared by every later exec.
 	mod, err := p.runtime.CompileModule(context.Background(), bin)
@@ -111,6 +119,14 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	p.log.Debug("wasm: python.wasm compiled", "path", path, "read", read, "compile", time.Since(start)-read,
 		"disk_cache", p.cache != nil)
 	p.python = mod
+	if rerr == nil {
+		p.exitCandidates = exits
+		if verify {
+			p.pythonID = "sha256:" + pythonSHA256
+		} else if fi, err := os.Stat(path); err == nil && fileStamp(fi) != "" {
+			p.pythonID = path + "@" + fileStamp(fi)
+		}
+	}
 	return mod, nil
 }
 

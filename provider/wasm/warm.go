@@ -274,6 +274,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 		w.err = err
 		return
 	}
+	img := p.preinitFor(w.ctx, mounts)
 	fsc, quotas, sig := sandboxFS(mounts, true)
 	w.mu.Lock()
 	w.mounts, w.quotas = mounts, quotas
@@ -294,7 +295,11 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 		w.err = errors.New("python.wasm needs more memory at start than the sandbox's limit")
 		return
 	}
-	_, w.callErr = inst.ExportedFunction("_start").Call(runCtx)
+	if img != nil {
+		w.callErr = enterPreinit(runCtx, inst, img)
+	} else {
+		_, w.callErr = inst.ExportedFunction("_start").Call(runCtx)
+	}
 }
 
 // execWarm runs prog on the sandbox's warm interpreter w, which the caller has claimed.

@@ -98,6 +98,17 @@ type Provider struct {
 	// pythonMu serialises compiling python.wasm, so concurrent first execs compile it once.
 	pythonMu sync.Mutex
 	python   wazero.CompiledModule
+	// pythonID names the python.wasm compiled, and exitCandidates the rewritten module's
+	// exports that may be CPython's handle_system_exit (rewrite.go); none when python.wasm
+	// could not be rewritten, and then there are no pre-initialised interpreters.
+	pythonID       string
+	exitCandidates []string
+
+	// preinits are the pre-initialised interpreters (preinit.go) by key, made or read
+	// once per process; noPreinit turns them off (WithoutPreinit).
+	preinitMu sync.Mutex
+	preinits  map[string]*preinitImage
+	noPreinit bool
 
 	// running holds the cancel functions of this process's execs by sandbox id, so that
 	// Destroy can stop them instead of leaving them writing into a removed directory.
@@ -156,6 +167,10 @@ func WithCacheDir(dir string) Option { return func(p *Provider) { p.cacheDir = d
 // waste the work. Each idle sandbox then holds an initialised interpreter in memory.
 func WithWarmStart() Option { return func(p *Provider) { p.warmStart = true } }
 
+// WithoutPreinit starts every Python run's interpreter from scratch instead of from a
+// pre-initialised copy (preinit.go).
+func WithoutPreinit() Option { return func(p *Provider) { p.noPreinit = true } }
+
 // WithStateDir sets the directory holding the sandboxes, by default
 // $XDG_RUNTIME_DIR/roche/wasm, or roche-wasm-<uid> in the system temporary directory.
 // Processes that share sandboxes must use the same one. Unless WithDataDir says
@@ -179,6 +194,7 @@ func New(opts ...Option) (*Provider, error) {
 		warm:    map[string]*warmInstance{},
 		// One CPU is left to the execs themselves.
 		warmSlots: make(chan struct{}, max(runtime.GOMAXPROCS(0)-1, 1)),
+		preinits:  map[string]*preinitImage{},
 	}
 	p.life, p.stopLife = context.WithCancelCause(context.Background())
 	var inst [8]byte

@@ -6,6 +6,11 @@
 # it once Roche's start-up hook (sitecustomize.py) had run, and runs that program. The
 # interpreter exits with the program: an instance never serves a second request.
 #
+# Run with the extra argument "snapshot", it instead prepares a pre-initialised
+# interpreter (preinit.go): it tells the host where _entry is, then calls time.time(),
+# at which the host copies the interpreter's memory and ends it. Each run from that copy
+# enters _entry, which serves one request as above.
+#
 # The request: ten ASCII digits giving the length of the rest, then NUL-separated UTF-8
 # fields: "c" or "f" (command or file), the working directory, the number of argv
 # entries, the argv entries, then the environment as KEY=VALUE entries in order.
@@ -24,109 +29,133 @@ def _read_exact(n):
     return buf
 
 
-_fields = [_os.fsdecode(f) for f in _read_exact(int(_read_exact(10))).split(b"\0")]
-_kind, _workdir, _argc = _fields[0], _fields[1], int(_fields[2])
-_argv = _fields[3 : 3 + _argc]
+def _serve():
+    _fields = [_os.fsdecode(f) for f in _read_exact(int(_read_exact(10))).split(b"\0")]
+    _kind, _workdir, _argc = _fields[0], _fields[1], int(_fields[2])
+    _argv = _fields[3 : 3 + _argc]
 
-# The environment a fresh interpreter would have after sitecustomize.py: only what the
-# exec gives (os.environ is posix.environ here, so both change, and so does the C one).
-_os.environ.clear()
-for _kv in _fields[3 + _argc :]:
-    _k, _, _v = _kv.partition("=")
-    _os.environ[_k] = _v
+    # The environment a fresh interpreter would have after sitecustomize.py: only what the
+    # exec gives (os.environ is posix.environ here, so both change, and so does the C one).
+    _os.environ.clear()
+    for _kv in _fields[3 + _argc :]:
+        _k, _, _v = _kv.partition("=")
+        _os.environ[_k] = _v
 
-try:
-    _os.chdir(_workdir)
-except Exception as _err:
-    # What site.py prints when sitecustomize.py fails this way in a fresh interpreter.
-    _sys.stderr.write(
-        "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s: %s\n"
-        % (_err.__class__.__name__, _err)
-    )
-
-_main = _sys.modules["__main__"]
-_globals = _main.__dict__
-_sys.orig_argv = list(_argv)
-if _kind == "c":
-    _filename = "<string>"
-    _source = _argv[2]
-    _sys.argv = ["-c"] + _argv[3:]
-else:
-    _filename = _argv[1]
-    _sys.argv = _argv[1:]
-    _sys.path[0] = _os.path.dirname(_filename)
     try:
-        with open(_filename, "rb") as _f:
-            _source = _f.read()
-        del _f
-    except OSError as _err:
+        _os.chdir(_workdir)
+    except Exception as _err:
+        # What site.py prints when sitecustomize.py fails this way in a fresh interpreter.
         _sys.stderr.write(
-            "%s: can't open file %r: [Errno %d] %s\n"
-            % (_argv[0], _filename, _err.errno, _err.strerror)
+            "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s: %s\n"
+            % (_err.__class__.__name__, _err)
         )
-        raise SystemExit(2)
-    _globals["__file__"] = _filename
-    _globals["__cached__"] = None
-    _globals["__loader__"] = _sys.modules[
-        "_frozen_importlib_external"
-    ].SourceFileLoader("__main__", _filename)
 
-
-def _forget_file():
-    if _kind == "f":
-        _globals.pop("__file__", None)
-        _globals.pop("__cached__", None)
-
-
-def _own_frames_off(tb):
-    # The traceback of an exception caught here starts at this frame; a fresh
-    # interpreter's has nothing below the program's own frame.
-    if tb is not None and tb.tb_frame is _sys._getframe(1):
-        tb = tb.tb_next
-    return tb
-
-
-_exc = None
-try:
-    _code = compile(_source, _filename, "exec", dont_inherit=True)
-    del _source
-    exec(_code, _globals)
-except SystemExit:
-    _forget_file()
-    raise
-except BaseException as _e:
-    _exc = _e
-
-if _exc is None:
-    _forget_file()
-else:
-    # What PyErr_Print does for an uncaught exception, outside any except block as it
-    # is there, so that an exception raised by the hook has no context.
-    _tb = _own_frames_off(_exc.__traceback__)
-    _exc.__traceback__ = _tb
-    _sys.last_exc = _sys.last_value = _exc
-    _sys.last_type = type(_exc)
-    _sys.last_traceback = _tb
-    _hook = getattr(_sys, "excepthook", None)
-    _sys.audit("sys.excepthook", _hook, type(_exc), _exc, _tb)
-    _hook_exc = None
-    if _hook is None:
-        _sys.stderr.write("sys.excepthook is missing\n")
-        _sys.__excepthook__(type(_exc), _exc, _tb)
+    _main = _sys.modules["__main__"]
+    _globals = _main.__dict__
+    _sys.orig_argv = list(_argv)
+    if _kind == "c":
+        _filename = "<string>"
+        _source = _argv[2]
+        _sys.argv = ["-c"] + _argv[3:]
     else:
+        _filename = _argv[1]
+        _sys.argv = _argv[1:]
+        _sys.path[0] = _os.path.dirname(_filename)
         try:
-            _hook(type(_exc), _exc, _tb)
-        except SystemExit:
-            raise
-        except BaseException as _e:
-            _hook_exc = _e
-    if _hook_exc is not None:
-        _hook_exc.__traceback__ = _own_frames_off(_hook_exc.__traceback__)
-        _sys.stderr.write("Error in sys.excepthook:\n")
-        _sys.__excepthook__(type(_hook_exc), _hook_exc, _hook_exc.__traceback__)
-        _sys.stderr.write("\nOriginal exception was:\n")
-        _sys.__excepthook__(type(_exc), _exc, _tb)
-    _forget_file()
-    # An uncaught KeyboardInterrupt (exactly that class) makes CPython exit as if
-    # interrupted, 130; any other exception exits 1.
-    raise SystemExit(130 if type(_exc) is KeyboardInterrupt else 1)
+            with open(_filename, "rb") as _f:
+                _source = _f.read()
+            del _f
+        except OSError as _err:
+            _sys.stderr.write(
+                "%s: can't open file %r: [Errno %d] %s\n"
+                % (_argv[0], _filename, _err.errno, _err.strerror)
+            )
+            raise SystemExit(2)
+        _globals["__file__"] = _filename
+        _globals["__cached__"] = None
+        _globals["__loader__"] = _sys.modules[
+            "_frozen_importlib_external"
+        ].SourceFileLoader("__main__", _filename)
+
+
+    def _forget_file():
+        if _kind == "f":
+            _globals.pop("__file__", None)
+            _globals.pop("__cached__", None)
+
+
+    def _own_frames_off(tb):
+        # The traceback of an exception caught here starts at this frame; a fresh
+        # interpreter's has nothing below the program's own frame.
+        if tb is not None and tb.tb_frame is _sys._getframe(1):
+            tb = tb.tb_next
+        return tb
+
+
+    _exc = None
+    try:
+        _code = compile(_source, _filename, "exec", dont_inherit=True)
+        del _source
+        exec(_code, _globals)
+    except SystemExit:
+        _forget_file()
+        raise
+    except BaseException as _e:
+        _exc = _e
+
+    if _exc is None:
+        _forget_file()
+    else:
+        # What PyErr_Print does for an uncaught exception, outside any except block as it
+        # is there, so that an exception raised by the hook has no context.
+        _tb = _own_frames_off(_exc.__traceback__)
+        _exc.__traceback__ = _tb
+        _sys.last_exc = _sys.last_value = _exc
+        _sys.last_type = type(_exc)
+        _sys.last_traceback = _tb
+        _hook = getattr(_sys, "excepthook", None)
+        _sys.audit("sys.excepthook", _hook, type(_exc), _exc, _tb)
+        _hook_exc = None
+        if _hook is None:
+            _sys.stderr.write("sys.excepthook is missing\n")
+            _sys.__excepthook__(type(_exc), _exc, _tb)
+        else:
+            try:
+                _hook(type(_exc), _exc, _tb)
+            except SystemExit:
+                raise
+            except BaseException as _e:
+                _hook_exc = _e
+        if _hook_exc is not None:
+            _hook_exc.__traceback__ = _own_frames_off(_hook_exc.__traceback__)
+            _sys.stderr.write("Error in sys.excepthook:\n")
+            _sys.__excepthook__(type(_hook_exc), _hook_exc, _hook_exc.__traceback__)
+            _sys.stderr.write("\nOriginal exception was:\n")
+            _sys.__excepthook__(type(_exc), _exc, _tb)
+        _forget_file()
+        # An uncaught KeyboardInterrupt (exactly that class) makes CPython exit as if
+        # interrupted, 130; any other exception exits 1.
+        raise SystemExit(130 if type(_exc) is KeyboardInterrupt else 1)
+
+
+def _entry():
+    # Entered by the host in a copy of an interpreter that stopped in time.time() below.
+    # What the copy shares with every run made from it is renewed first: the random
+    # module's state (if imported), and the import system's directory caches, which
+    # remember the directories of the run that made the copy.
+    if "random" in _sys.modules:
+        _sys.modules["random"].seed()
+    for _finder in _sys.meta_path:
+        if hasattr(_finder, "invalidate_caches"):
+            _finder.invalidate_caches()
+    _serve()
+    # The host ends the interpreter as CPython does an uncaught SystemExit.
+    raise SystemExit
+
+
+if _sys.argv[2:] == ["snapshot"]:
+    _os.write(1, b"\0roche-preinit %d %d %d\n" % (id(_entry), id(type(_entry)), id(())))
+    _sys.modules["time"].time()
+    _os._exit(0)
+else:
+    _serve()

@@ -1,0 +1,349 @@
+package wasm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// A pre-initialised interpreter (preinit.go) enters CPython again from a copy of its
+// memory, which python.wasm alone does not allow: it exports only _start (which starts
+// CPython from scratch) and keeps its C stack pointer, its one global, to itself. Its
+// DWARF would name the functions, but the build left every address in it zero, and it
+// has no name section. rewriteForEntry adds to the module, without changing anything it
+// had, what the host needs to go in again:
+//   - the stack pointer exported as preinitSP;
+//   - preinitCall, a function (idx, a, b, c) that calls the table's entry idx with
+//     (a, b, c): any C function of type (i32, i32, i32) -> i32 CPython stores a pointer
+//     to, such as a Python type's tp_call, whose table index the host reads from the
+//     copied memory;
+//   - the candidates for CPython's handle_system_exit, exported as preinitExitPrefix+N:
+//     the functions with no parameters and no result that call, directly or one or two
+//     calls down, the function ending in WASI's proc_exit, and use the constant 120
+//     (Py_Exit's status when finalisation fails). Which one is CPython's is found by
+//     running them (preinit.go checks the candidate exits as CPython would), not trusted
+//     from this shape.
+
+const (
+	preinitSP         = "roche_stack_pointer"
+	preinitCall       = "roche_call3"
+	preinitExitPrefix = "roche_exit_"
+	// maxExitCandidates bounds the candidates tried.
+	maxExitCandidates = 4
+)
+
+var errNoEntry = errors.New("python.wasm's layout is not the one a pre-initialised interpreter needs")
+
+// rewriteForEntry returns bin (a module without trailing custom sections) with the
+// exports above, and the names of the exit candidates in the order to try them.
+func rewriteForEntry(bin []byte) ([]byte, []string, error) {
+	if len(bin) < moduleHeaderSize || string(bin[:4]) != "\x00asm" {
+		return nil, nil, errNoEntry
+	}
+	type section struct {
+		id         byte
+		start, end int // the payload
+	}
+	var secs []section
+	for off := moduleHeaderSize; off < len(bin); {
+		id := bin[off]
+		size, n := uleb32(bin[off+1 : min(off+6, len(bin))])
+		if n == 0 || off+1+n+int(size) > len(bin) {
+			return nil, nil, errNoEntry
+		}
+		secs = append(secs, section{id, off + 1 + n, off + 1 + n + int(size)})
+		off += 1 + n + int(size)
+	}
+	find := func(id byte) *section {
+		for i := range secs {
+			if secs[i].id == id {
+				return &secs[i]
+			}
+		}
+		return nil
+	}
+	typeSec, importSec, funcSec, tableSec, globalSec, exportSec, codeSec :=
+		find(1), find(2), find(3), find(4), find(6), find(7), find(10)
+	if typeSec == nil || importSec == nil || funcSec == nil || tableSec == nil || globalSec == nil || exportSec == nil || codeSec == nil {
+		return nil, nil, errNoEntry
+	}
+	r := &wreader{b: bin[:typeSec.end], off: typeSec.start}
+	// Types: find (i32 i32 i32) -> i32 and (i32 i32 i32 i32) -> i32, and () -> ().
+	call3, call4, void := -1, -1, -1
+	for i, n := 0, r.u32(); i < int(n) && r.ok(); i++ {
+		if r.byte() != 0x60 {
+			return nil, nil, errNoEntry
+		}
+		params := r.bytes(int(r.u32()))
+		results := r.bytes(int(r.u32()))
+		switch {
+		case bytes.Equal(params, []byte{0x7f, 0x7f, 0x7f}) && bytes.Equal(results, []byte{0x7f}) && call3 < 0:
+			call3 = i
+		case bytes.Equal(params, []byte{0x7f, 0x7f, 0x7f, 0x7f}) && bytes.Equal(results, []byte{0x7f}) && call4 < 0:
+			call4 = i
+		case len(params) == 0 && len(results) == 0 && void < 0:
+			void = i
+		}
+	}
+	if !r.ok() || call3 < 0 || call4 < 0 || void < 0 {
+		return nil, nil, errNoEntry
+	}
+	// Imports: count the functions, find proc_exit; no imported globals or tables, so
+	// the stack pointer is global 0 and the table table 0.
+	r = &wreader{b: bin[:importSec.end], off: importSec.start}
+	imported, procExit := 0, -1
+	for i, n := 0, r.u32(); i < int(n) && r.ok(); i++ {
+		mod := string(r.bytes(int(r.u32())))
+		name := string(r.bytes(int(r.u32())))
+		switch r.byte() {
+		case 0:
+			r.u32()
+			if mod == wasiModule && name == "proc_exit" {
+				procExit = imported
+			}
+			imported++
+		default:
+			return nil, nil, errNoEntry // a table, memory or global imported
+		}
+	}
+	if !r.ok() || procExit < 0 {
+		return nil, nil, errNoEntry
+	}
+	r = &wreader{b: bin[:globalSec.end], off: globalSec.start}
+	if r.u32() != 1 || r.byte() != 0x7f || r.byte() != 1 || !r.ok() {
+		return nil, nil, errNoEntry // not one mutable i32
+	}
+	r = &wreader{b: bin[:tableSec.end], off: tableSec.start}
+	if r.u32() != 1 || !r.ok() {
+		return nil, nil, errNoEntry
+	}
+	// Defined functions' types and bodies.
+	r = &wreader{b: bin[:funcSec.end], off: funcSec.start}
+	nfuncs := int(r.u32())
+	types := make([]uint32, 0, nfuncs)
+	for range nfuncs {
+		types = append(types, r.u32())
+	}
+	if !r.ok() {
+		return nil, nil, errNoEntry
+	}
+	r = &wreader{b: bin[:codeSec.end], off: codeSec.start}
+	if int(r.u32()) != nfuncs {
+		return nil, nil, errNoEntry
+	}
+	calls := make([][]uint32, nfuncs)
+	has120 := make([]bool, nfuncs)
+	for i := range nfuncs {
+		body := r.bytes(int(r.u32()))
+		if !r.ok() {
+			return nil, nil, errNoEntry
+		}
+		var ok bool
+		calls[i], has120[i], ok = scanBody(body)
+		if !ok {
+			return nil, nil, errNoEntry
+		}
+	}
+	// The functions reaching proc_exit within three calls.
+	reaches := map[uint32]bool{uint32(procExit): true}
+	for range 3 {
+		for i, cs := range calls {
+			for _, c := range cs {
+				if reaches[c] {
+					reaches[uint32(imported+i)] = true
+					break
+				}
+			}
+		}
+	}
+	var candidates []uint32
+	for i, cs := range calls {
+		if int(types[i]) != void || !has120[i] {
+			continue
+		}
+		for _, c := range cs {
+			if reaches[c] {
+				candidates = append(candidates, uint32(imported+i))
+				break
+			}
+		}
+	}
+	if len(candidates) == 0 || len(candidates) > maxExitCandidates {
+		return nil, nil, errNoEntry
+	}
+
+	// The new function: preinitCall.
+	newFunc := uint32(imported + nfuncs)
+	var body []byte
+	body = append(body, 0) // no locals
+	for _, l := range []byte{1, 2, 3, 0} {
+		body = append(body, 0x20, l) // local.get
+	}
+	body = append(body, 0x11)
+	body = appendULEB(body, uint32(call3))
+	body = append(body, 0x00, 0x0b) // table 0, end
+
+	var out []byte
+	out = append(out, bin[:moduleHeaderSize]...)
+	var names []string
+	for _, s := range secs {
+		payload := bin[s.start:s.end]
+		switch s.id {
+		case 3:
+			pr := &wreader{b: payload}
+			n := pr.u32()
+			p := appendULEB(nil, n+1)
+			p = append(p, payload[pr.off:]...)
+			payload = appendULEB(p, uint32(call4))
+		case 10:
+			pr := &wreader{b: payload}
+			n := pr.u32()
+			p := appendULEB(nil, n+1)
+			p = append(p, payload[pr.off:]...)
+			p = appendULEB(p, uint32(len(body)))
+			payload = append(p, body...)
+		case 7:
+			pr := &wreader{b: payload}
+			n := pr.u32()
+			p := appendULEB(nil, n+2+uint32(len(candidates)))
+			p = append(p, payload[pr.off:]...)
+			p = appendExport(p, preinitSP, 3, 0)
+			p = appendExport(p, preinitCall, 0, newFunc)
+			for i, c := range candidates {
+				name := fmt.Sprintf("%s%d", preinitExitPrefix, i)
+				names = append(names, name)
+				p = appendExport(p, name, 0, c)
+			}
+			payload = p
+		}
+		out = append(out, s.id)
+		out = appendULEB(out, uint32(len(payload)))
+		out = append(out, payload...)
+	}
+	return out, names, nil
+}
+
+func appendExport(b []byte, name string, kind byte, idx uint32) []byte {
+	b = appendULEB(b, uint32(len(name)))
+	b = append(b, name...)
+	b = append(b, kind)
+	return appendULEB(b, idx)
+}
+
+func appendULEB(b []byte, v uint32) []byte {
+	return binary.AppendUvarint(b, uint64(v))
+}
+
+// wreader reads a module's LEB128 numbers and bytes, remembering the first overrun.
+type wreader struct {
+	b   []byte
+	off int
+	bad bool
+}
+
+func (r *wreader) ok() bool { return !r.bad }
+
+func (r *wreader) u32() uint32 {
+	if r.bad || r.off >= len(r.b) {
+		r.bad = true
+		return 0
+	}
+	v, n := uleb32(r.b[r.off:min(r.off+5, len(r.b))])
+	if n == 0 {
+		r.bad = true
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *wreader) byte() byte {
+	if r.bad || r.off >= len(r.b) {
+		r.bad = true
+		return 0
+	}
+	r.off++
+	return r.b[r.off-1]
+}
+
+func (r *wreader) bytes(n int) []byte {
+	if r.bad || n < 0 || r.off+n > len(r.b) {
+		r.bad = true
+		return nil
+	}
+	r.off += n
+	return r.b[r.off-n : r.off]
+}
+
+// skipLEB skips a LEB128 number of any width (signed or not).
+func (r *wreader) skipLEB() {
+	for !r.bad {
+		if r.byte()&0x80 == 0 {
+			return
+		}
+	}
+}
+
+// scanBody decodes a function body's instructions far enough to list the functions it
+// calls and whether it has the constant i32 120. ok is false for an instruction it does
+// not know (SIMD, or anything newer than bulk memory), or a body that does not parse.
+func scanBody(body []byte) (calls []uint32, has120, ok bool) {
+	r := &wreader{b: body}
+	for i, n := 0, r.u32(); i < int(n) && r.ok(); i++ {
+		r.u32()
+		r.byte()
+	}
+	for r.ok() && r.off < len(r.b) {
+		op := r.byte()
+		switch {
+		case op == 0x02 || op == 0x03 || op == 0x04: // block type
+			r.skipLEB()
+		case op == 0x0c || op == 0x0d || op >= 0x20 && op <= 0x26 || op == 0x3f || op == 0x40 || op == 0xd0 || op == 0xd2:
+			r.u32()
+		case op == 0x0e:
+			n := r.u32()
+			for j := uint32(0); j <= n && r.ok(); j++ {
+				r.u32()
+			}
+		case op == 0x10 || op == 0x12:
+			calls = append(calls, r.u32())
+		case op == 0x11 || op == 0x13:
+			r.u32()
+			r.u32()
+		case op == 0x1c:
+			r.bytes(int(r.u32()))
+		case op >= 0x28 && op <= 0x3e:
+			r.u32()
+			r.u32()
+		case op == 0x41:
+			start := r.off
+			r.skipLEB()
+			// 120 takes two bytes as a signed LEB128 (0x78 alone would be -8).
+			if r.ok() && r.off-start == 2 && r.b[start] == 0xf8 && r.b[start+1] == 0x00 {
+				has120 = true
+			}
+		case op == 0x42:
+			r.skipLEB()
+		case op == 0x43:
+			r.bytes(4)
+		case op == 0x44:
+			r.bytes(8)
+		case op == 0xfc:
+			switch sub := r.u32(); {
+			case sub <= 7:
+			case sub == 8 || sub == 10 || sub == 12 || sub == 14:
+				r.u32()
+				r.u32()
+			case sub <= 17:
+				r.u32()
+			default:
+				return nil, false, false
+			}
+		case op <= 0x01 || op == 0x05 || op == 0x0b || op == 0x0f || op == 0x1a || op == 0x1b || op >= 0x45 && op <= 0xc4 || op == 0xd1:
+		default:
+			return nil, false, false
+		}
+	}
+	return calls, has120, r.ok()
+}
