@@ -90,14 +90,15 @@ type preinitChunkData struct {
 }
 
 // preinitKey identifies what a copy depends on: python.wasm (its digest when pinned,
-// else its path and version stamp), Roche's version, and the guest paths of the
+// else its path and version stamp), Roche's version and warm.py, and the guest paths of the
 // sandbox's directories in order (WASI's preopens, which libc remembers in memory).
 func (p *Provider) preinitKey(mounts []mountPoint) string {
 	var guests []string
 	for _, m := range mounts {
 		guests = append(guests, m.guest)
 	}
-	return strings.Join([]string{buildinfo.Version(), p.pythonID, strings.Join(guests, "\x00")}, "\x01")
+	boot := sha256.Sum256([]byte(warmSource))
+	return strings.Join([]string{buildinfo.Version(), hex.EncodeToString(boot[:]), p.pythonID, strings.Join(guests, "\x00")}, "\x01")
 }
 
 func (p *Provider) preinitFile(key string) string {

@@ -143,6 +143,14 @@ def _entry():
     # What the copy shares with every run made from it is renewed first: the random
     # module's state (if imported), and the import system's directory caches, which
     # remember the directories of the run that made the copy.
+    # The frames the copy stopped in hold __main__'s namespace, and are never left, so
+    # CPython's finalisation could not clear it (objects in it would never be
+    # destroyed): the program gets a __main__ of its own, with the same entries.
+    _old = _sys.modules["__main__"]
+    _new = type(_sys)("__main__")
+    _new.__dict__.update(_old.__dict__)
+    _sys.modules["__main__"] = _new
+    del _old, _new
     if "random" in _sys.modules:
         _sys.modules["random"].seed()
     for _finder in _sys.meta_path:
