@@ -401,7 +401,7 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 	}
 	var callErr error
 	if img != nil {
-		callErr = enterPreinit(runCtx, mod, img)
+		callErr = p.enterPreinit(runCtx, mod, img)
 		if errors.Is(callErr, errPreinitMemory) {
 			return roche.ExecResult{}, overAtStart(prog, rec)
 		}

@@ -331,6 +331,12 @@ func (p *Provider) tryPreinit(ctx context.Context, img *preinitImage, mounts []m
 
 var errPreinitMemory = errors.New("the pre-initialised interpreter needs more memory than the sandbox's limit")
 
+// enterPreinit is enterPreinit counted.
+func (p *Provider) enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error {
+	p.preinitRuns.Add(1)
+	return enterPreinit(ctx, inst, img)
+}
+
 // enterPreinit makes inst (python.wasm rewritten, instantiated without its start
 // functions) the copy img, and runs warm.py's _entry on it: the request comes from its
 // stdin. It returns what a call of _start would: how the guest exited.
@@ -426,4 +432,3 @@ func withPreinitStdin(req []byte, stdin io.Reader) io.Reader {
 	}
 	return io.MultiReader(bytes.NewReader(req), stdin)
 }
-

@@ -296,7 +296,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 		return
 	}
 	if img != nil {
-		w.callErr = enterPreinit(runCtx, inst, img)
+		w.callErr = p.enterPreinit(runCtx, inst, img)
 	} else {
 		_, w.callErr = inst.ExportedFunction("_start").Call(runCtx)
 	}

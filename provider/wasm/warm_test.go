@@ -87,62 +87,73 @@ print(sys.argv, sys.orig_argv, sys.path[0], sorted(globals()))
 helper.boom()
 `
 
+// matchCases are programs run on a warm or pre-initialised interpreter and on a fresh
+// one, whose output, exit code and flags must be the same.
+var matchCases = []struct {
+	name    string
+	cmd     []string
+	env     map[string]string
+	workdir string
+	stdin   *string
+	files   map[string]string
+	cfg     func(*roche.Config)
+	limit   int64
+}{
+	{name: "hello", cmd: []string{"python3", "-c", "print('hi')"}},
+	{name: "introspect", cmd: []string{"python3", "-c", introspect, "a", "é ü", "", "--x"}},
+	{name: "env and workdir", cmd: []string{"python3", "-c", introspect},
+		env: map[string]string{"FOO": "bar", "EMPTY": "", "UNI": "ü=x"}, workdir: "/tmp"},
+	{name: "config env and workdir", cmd: []string{"python3", "-c", introspect},
+		cfg: func(c *roche.Config) { c.Env = map[string]string{"CFG": "1"}; c.Workdir = "/workspace/proj" }},
+	{name: "exit code", cmd: []string{"python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"}},
+	{name: "exit message", cmd: []string{"python3", "-c", "import sys; sys.exit('bye')"}},
+	{name: "exit none", cmd: []string{"python3", "-c", "raise SystemExit"}},
+	{name: "exit from atexit", cmd: []string{"python3", "-c", "import atexit, sys; atexit.register(sys.exit, 5); print('x')"}},
+	{name: "uncaught", cmd: []string{"python3", "-c", "def f(x):\n    return 1 / x\ndef g():\n    f(0)\ng()"}},
+	{name: "chained", cmd: []string{"python3", "-c", "try:\n    {}['k']\nexcept KeyError:\n    raise ValueError('bad')"}},
+	{name: "syntax error", cmd: []string{"python3", "-c", "print("}},
+	{name: "keyboard interrupt", cmd: []string{"python3", "-c", "raise KeyboardInterrupt"}},
+	{name: "keyboard interrupt subclass", cmd: []string{"python3", "-c", "class K(KeyboardInterrupt): pass\nraise K"}},
+	{name: "excepthook", cmd: []string{"python3", "-c", "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, v, tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_next)\n1/0"}},
+	{name: "excepthook fails", cmd: []string{"python3", "-c", "import sys\ndef h(*a):\n    raise TypeError('in hook')\nsys.excepthook = h\n1/0"}},
+	{name: "last exc in atexit", cmd: []string{"python3", "-c", "import atexit, sys\natexit.register(lambda: print('last', repr(sys.last_value), sys.last_traceback.tb_frame.f_code.co_filename))\nraise OSError(2, 'gone')"}},
+	{name: "finalization", cmd: []string{"python3", "-c", "import atexit\natexit.register(print, 'atexit')\nclass D:\n    def __del__(self):\n        print('del')\nd = D()\nf = open('/tmp/unclosed', 'w')\nf.write('data')\nprint('end')"}},
+	{name: "warning", cmd: []string{"python3", "-c", "import warnings\nwarnings.warn('careful')\nwarnings.warn('deprecated', DeprecationWarning)"}},
+	{name: "stdin", cmd: []string{"python3", "-c", "import sys; d = sys.stdin.buffer.read(); print(len(d), d[-3:])"}, stdin: ptr("line\n\x00\xffend")},
+	{name: "input", cmd: []string{"python3", "-c", "print(input('? ').upper()); print(input())"}, stdin: ptr("hello\n")},
+	{name: "no stdin", cmd: []string{"python3", "-c", "import sys; print(repr(sys.stdin.read()))"}},
+	{name: "truncated", cmd: []string{"python3", "-c", "print('x' * 5000)"}, limit: 1000},
+	{name: "script", cmd: []string{"python3", "app/main.py", "x", "y"}, files: map[string]string{
+		"/workspace/app/main.py":   scriptIntrospect,
+		"/workspace/app/helper.py": "def boom():\n    raise RuntimeError('in helper')\n",
+	}},
+	{name: "script in tmp by absolute path", cmd: []string{"python3", "/tmp/s.py"}, files: map[string]string{
+		"/tmp/s.py": "import sys, os\nprint(sys.path[0], os.getcwd(), __file__)\n",
+	}},
+	{name: "script at the root", cmd: []string{"python3", "/s.py"}, cfg: func(c *roche.Config) { c.Writable = true },
+		files: map[string]string{"/s.py": "import sys\nprint(sys.path[0], sys.argv)\n"}},
+	{name: "script syntax error", cmd: []string{"python3", "bad.py"}, files: map[string]string{"/workspace/bad.py": "x = 1\ny = (\n"}},
+	{name: "script encoding", cmd: []string{"python3", "latin.py"}, files: map[string]string{
+		"/workspace/latin.py": "# -*- coding: latin-1 -*-\nprint('caf\xe9', len('caf\xe9'))\n",
+	}},
+	{name: "script exit", cmd: []string{"python3", "e.py"}, files: map[string]string{"/workspace/e.py": "import sys\nsys.exit(7)\n"}},
+}
+
 // TestWarmMatchesFresh runs each program on a warm interpreter and on a fresh one, in
 // sandboxes set up alike, and wants the same output, exit code and flags.
 func TestWarmMatchesFresh(t *testing.T) {
 	testenv.Needs(t, testenv.PythonWasm)
-	cases := []struct {
-		name    string
-		cmd     []string
-		env     map[string]string
-		workdir string
-		stdin   *string
-		files   map[string]string
-		cfg     func(*roche.Config)
-		limit   int64
-	}{
-		{name: "hello", cmd: []string{"python3", "-c", "print('hi')"}},
-		{name: "introspect", cmd: []string{"python3", "-c", introspect, "a", "é ü", "", "--x"}},
-		{name: "env and workdir", cmd: []string{"python3", "-c", introspect},
-			env: map[string]string{"FOO": "bar", "EMPTY": "", "UNI": "ü=x"}, workdir: "/tmp"},
-		{name: "config env and workdir", cmd: []string{"python3", "-c", introspect},
-			cfg: func(c *roche.Config) { c.Env = map[string]string{"CFG": "1"}; c.Workdir = "/workspace/proj" }},
-		{name: "exit code", cmd: []string{"python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"}},
-		{name: "exit message", cmd: []string{"python3", "-c", "import sys; sys.exit('bye')"}},
-		{name: "exit none", cmd: []string{"python3", "-c", "raise SystemExit"}},
-		{name: "exit from atexit", cmd: []string{"python3", "-c", "import atexit, sys; atexit.register(sys.exit, 5); print('x')"}},
-		{name: "uncaught", cmd: []string{"python3", "-c", "def f(x):\n    return 1 / x\ndef g():\n    f(0)\ng()"}},
-		{name: "chained", cmd: []string{"python3", "-c", "try:\n    {}['k']\nexcept KeyError:\n    raise ValueError('bad')"}},
-		{name: "syntax error", cmd: []string{"python3", "-c", "print("}},
-		{name: "keyboard interrupt", cmd: []string{"python3", "-c", "raise KeyboardInterrupt"}},
-		{name: "keyboard interrupt subclass", cmd: []string{"python3", "-c", "class K(KeyboardInterrupt): pass\nraise K"}},
-		{name: "excepthook", cmd: []string{"python3", "-c", "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, v, tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_next)\n1/0"}},
-		{name: "excepthook fails", cmd: []string{"python3", "-c", "import sys\ndef h(*a):\n    raise TypeError('in hook')\nsys.excepthook = h\n1/0"}},
-		{name: "last exc in atexit", cmd: []string{"python3", "-c", "import atexit, sys\natexit.register(lambda: print('last', repr(sys.last_value), sys.last_traceback.tb_frame.f_code.co_filename))\nraise OSError(2, 'gone')"}},
-		{name: "finalization", cmd: []string{"python3", "-c", "import atexit\natexit.register(print, 'atexit')\nclass D:\n    def __del__(self):\n        print('del')\nd = D()\nf = open('/tmp/unclosed', 'w')\nf.write('data')\nprint('end')"}},
-		{name: "warning", cmd: []string{"python3", "-c", "import warnings\nwarnings.warn('careful')\nwarnings.warn('deprecated', DeprecationWarning)"}},
-		{name: "stdin", cmd: []string{"python3", "-c", "import sys; d = sys.stdin.buffer.read(); print(len(d), d[-3:])"}, stdin: ptr("line\n\x00\xffend")},
-		{name: "input", cmd: []string{"python3", "-c", "print(input('? ').upper()); print(input())"}, stdin: ptr("hello\n")},
-		{name: "no stdin", cmd: []string{"python3", "-c", "import sys; print(repr(sys.stdin.read()))"}},
-		{name: "truncated", cmd: []string{"python3", "-c", "print('x' * 5000)"}, limit: 1000},
-		{name: "script", cmd: []string{"python3", "app/main.py", "x", "y"}, files: map[string]string{
-			"/workspace/app/main.py":   scriptIntrospect,
-			"/workspace/app/helper.py": "def boom():\n    raise RuntimeError('in helper')\n",
-		}},
-		{name: "script in tmp by absolute path", cmd: []string{"python3", "/tmp/s.py"}, files: map[string]string{
-			"/tmp/s.py": "import sys, os\nprint(sys.path[0], os.getcwd(), __file__)\n",
-		}},
-		{name: "script at the root", cmd: []string{"python3", "/s.py"}, cfg: func(c *roche.Config) { c.Writable = true },
-			files: map[string]string{"/s.py": "import sys\nprint(sys.path[0], sys.argv)\n"}},
-		{name: "script syntax error", cmd: []string{"python3", "bad.py"}, files: map[string]string{"/workspace/bad.py": "x = 1\ny = (\n"}},
-		{name: "script encoding", cmd: []string{"python3", "latin.py"}, files: map[string]string{
-			"/workspace/latin.py": "# -*- coding: latin-1 -*-\nprint('caf\xe9', len('caf\xe9'))\n",
-		}},
-		{name: "script exit", cmd: []string{"python3", "e.py"}, files: map[string]string{"/workspace/e.py": "import sys\nsys.exit(7)\n"}},
-	}
-	for _, c := range cases {
+	matchFresh(t, func(t *testing.T, cfg func(*roche.Config)) string { return newWarmSandbox(t, cfg) },
+		func(t *testing.T, id string, req roche.ExecRequest) roche.ExecResult { return execWarm(t, id, req) })
+}
+
+// matchFresh runs matchCases in a sandbox made by create, each through run, and in one
+// of tp's, which starts every interpreter from scratch.
+func matchFresh(t *testing.T, create func(*testing.T, func(*roche.Config)) string,
+	run func(*testing.T, string, roche.ExecRequest) roche.ExecResult) {
+	for _, c := range matchCases {
 		t.Run(c.name, func(t *testing.T) {
-			warmID := newWarmSandbox(t, c.cfg)
+			warmID := create(t, c.cfg)
 			freshID := newSandbox(t, c.cfg)
 			for guest, content := range c.files {
 				src := filepath.Join(t.TempDir(), filepath.Base(guest))
@@ -162,16 +173,16 @@ func TestWarmMatchesFresh(t *testing.T) {
 				}
 				return r
 			}
-			warm := execWarm(t, warmID, req())
+			warm := run(t, warmID, req())
 			fresh := execIn(t, freshID, req())
 			warm.Duration, fresh.Duration = 0, 0
 			if warm != fresh {
-				t.Fatalf("warm and fresh differ:\nwarm:  %+v\nfresh: %+v", warm, fresh)
+				t.Fatalf("this run and a fresh one differ:\nthis:  %+v\nfresh: %+v", warm, fresh)
 			}
 			if c.name == "finalization" {
 				// The file left open was flushed as the interpreter finalised.
 				if got := pyOK(t, warmID, "print(open('/tmp/unclosed').read())"); got != "data" {
-					t.Fatalf("unclosed file after a warm exec: %q", got)
+					t.Fatalf("unclosed file after the exec: %q", got)
 				}
 			}
 		})

@@ -62,6 +62,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -109,6 +110,8 @@ type Provider struct {
 	preinitMu sync.Mutex
 	preinits  map[string]*preinitImage
 	noPreinit bool
+	// preinitRuns counts the interpreters entered from a copy (for tests).
+	preinitRuns atomic.Uint64
 
 	// running holds the cancel functions of this process's execs by sandbox id, so that
 	// Destroy can stop them instead of leaving them writing into a removed directory.

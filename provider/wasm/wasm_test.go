@@ -22,8 +22,11 @@ import (
 var tp *Provider
 
 // twp has warm start on and shares tp's state directory, so that the same sandbox can be
-// exec'd in on a warm interpreter (twp) and on a fresh one (tp).
-var twp *Provider
+// exec'd in on a warm interpreter (twp) and on a fresh one (tp). tp starts every
+// interpreter from scratch (WithoutPreinit); twp and tpre start theirs from a
+// pre-initialised copy (preinit.go), twp ahead of the exec, tpre for it (as a one-shot
+// roche run does).
+var twp, tpre *Provider
 
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
@@ -36,7 +39,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(stateDir)
-	tp, err = New(WithStateDir(stateDir))
+	tp, err = New(WithStateDir(stateDir), WithoutPreinit())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -56,8 +59,13 @@ func runTests(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	tpre, err = New(WithStateDir(stateDir))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	code := m.Run()
-	for _, p := range []*Provider{tp, twp} {
+	for _, p := range []*Provider{tp, twp, tpre} {
 		if err := p.Close(); err != nil {
 			fmt.Fprintln(os.Stderr, "closing the provider:", err)
 			code = 1
