@@ -41,7 +41,7 @@ const (
 	wasiModule = "wasi_snapshot_preview1"
 )
 
-//go:embed boot/sitecustomize.py
+//go:embed boot/sitecustomize.py boot/warm.py
 var bootFiles embed.FS
 
 var (
@@ -179,6 +179,8 @@ func (p *Provider) program(ctx context.Context, id string, rec record, mounts []
 		if err != nil {
 			return program{}, err
 		}
+		// Reserved for making a pre-initialised interpreter (boot/sitecustomize.py).
+		delete(env, preinitEnv)
 		userEnv := maps.Clone(env)
 		// The start-up hook (boot/sitecustomize.py) reads these and removes them.
 		env["ROCHE_WASM_WORKDIR"] = workdir

@@ -25,12 +25,13 @@ import (
 
 // A pre-initialised interpreter. Starting CPython costs every run ~140-170 ms of CPU,
 // the same work each time. Instead, once per python.wasm, Roche version and layout of
-// the sandbox's directories, the provider starts CPython with boot/warm.py in its
-// "snapshot" mode and copies its linear memory and C stack pointer at the moment
-// warm.py calls time.time() (the walltime clock is the provider's, so it sees the call):
-// the interpreter has started and imported what every run imports, and holds its GIL in
-// a C call, as a C extension calling back into Python would. That instance is then
-// ended; its wasm call stack is lost, which does not matter, as nothing returns to it.
+// the sandbox's directories, the provider starts `python3 -` with preinitEnv set, so
+// that the start-up hook (boot/sitecustomize.py) loads boot/warm.py, which writes where
+// its entry is, and copies the instance's linear memory and C stack pointer when CPython
+// first reads its program from stdin (the provider's reader, so it sees the read): the
+// interpreter has started and imported what every run imports, runs no Python frame,
+// and holds its GIL in the parser, in C. That instance is then ended; its wasm call
+// stack is lost, which does not matter, as nothing returns to it.
 //
 // A run from the copy instantiates python.wasm (rewritten with the exports of
 // rewrite.go) without calling _start, writes the copy's memory over the new instance's,
@@ -48,8 +49,8 @@ import (
 // module, when imported, is seeded again from the host's randomness. Copies are made per
 // user, in the private state directory (0700, files 0600), and read only when private
 // to this user (statedir.ReadPrivate): one planted or altered by another local user is
-// not used. What a program can tell: its frame has three of Roche's below it, one more
-// than a warm interpreter's, and a C call (time.time) below those.
+// not used. What a program can tell: its frame has two of Roche's below it (warm.py's
+// _entry and _serve), so recursion runs out two calls sooner.
 
 const (
 	// preinitMagic starts a copy's file; the version changes with its layout.
@@ -97,7 +98,8 @@ func (p *Provider) preinitKey(mounts []mountPoint) string {
 	for _, m := range mounts {
 		guests = append(guests, m.guest)
 	}
-	boot := sha256.Sum256([]byte(warmSource))
+	site, _ := bootFiles.ReadFile("boot/sitecustomize.py")
+	boot := sha256.Sum256(append([]byte(warmSource), site...))
 	return strings.Join([]string{buildinfo.Version(), hex.EncodeToString(boot[:]), p.pythonID, strings.Join(guests, "\x00")}, "\x01")
 }
 
@@ -228,28 +230,26 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, key str
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var (
-		out       preinitOutput
-		inst      api.Module
-		initial   []byte
-		copied    []byte
-		sp        uint64
-		copyTaken bool
+		out     preinitOutput
+		inst    api.Module
+		initial []byte
 	)
-	walltime := func() (int64, int32) {
-		if !copyTaken && out.armed() && inst != nil {
-			copyTaken = true
-			mem := inst.Memory()
-			b, _ := mem.Read(0, mem.Size())
-			copied = bytes.Clone(b)
-			sp = inst.ExportedGlobal(preinitSP).Get()
+	// CPython reads its program from stdin once it has started: the copy is taken then,
+	// and the read answered with the end of the file, so that it runs an empty program.
+	in := &preinitStdin{}
+	in.copy = func() {
+		if !out.armed() || inst == nil {
+			return
 		}
-		t := time.Now()
-		return t.Unix(), int32(t.Nanosecond())
+		mem := inst.Memory()
+		if b, ok := mem.Read(0, mem.Size()); ok {
+			copied := bytes.Clone(b)
+			in.copied, in.sp = copied, inst.ExportedGlobal(preinitSP).Get()
+		}
 	}
 	fsc, _, _ := sandboxFS(empty, true)
-	mcfg := moduleConfig(ctx, []string{warmArgv0, "-c", warmCommand, warmSource, "snapshot"},
-		map[string]string{"PYTHONPATH": guestBoot}, fsc, &out, &out).
-		WithWalltime(walltime, sys.ClockResolution(1))
+	mcfg := moduleConfig(ctx, []string{warmArgv0, "-"}, map[string]string{"PYTHONPATH": guestBoot, preinitEnv: "1"},
+		fsc, &out, &out).WithStdin(in)
 	inst, err = p.runtime.InstantiateModule(ctx, mod, mcfg)
 	if err != nil {
 		return nil, err
@@ -260,9 +260,10 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, key str
 	}
 	_, callErr := inst.ExportedFunction("_start").Call(ctx)
 	var exit *sys.ExitError
-	if !errors.As(callErr, &exit) || exit.ExitCode() != 0 || !copyTaken {
+	if callErr != nil && (!errors.As(callErr, &exit) || exit.ExitCode() != 0) || in.copied == nil {
 		return nil, fmt.Errorf("python.wasm did not reach the point to copy (%v): %s", callErr, out.text())
 	}
+	copied, sp := in.copied, in.sp
 	entry, typ, tuple, ok := out.marker()
 	if !ok || uint64(typ)+tpCallOffset+4 > uint64(len(copied)) {
 		return nil, fmt.Errorf("warm.py did not say where its entry is: %q", out.text())
@@ -372,6 +373,26 @@ func enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error
 		return err
 	}
 	return errors.New("the interpreter did not exit after its program")
+}
+
+// preinitEnv, set for the start that is copied, makes boot/sitecustomize.py load warm.py.
+const preinitEnv = "ROCHE_WASM_PREINIT"
+
+// preinitStdin is the stdin of the start that is copied: its first read takes the copy,
+// and every read ends the file.
+type preinitStdin struct {
+	copy   func()
+	done   bool
+	copied []byte
+	sp     uint64
+}
+
+func (s *preinitStdin) Read([]byte) (int, error) {
+	if !s.done {
+		s.done = true
+		s.copy()
+	}
+	return 0, io.EOF
 }
 
 // preinitOutput collects what the snapshot run writes, and spots warm.py's marker.

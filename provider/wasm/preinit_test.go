@@ -60,7 +60,9 @@ func execPre(t *testing.T, p *Provider, id string, req roche.ExecRequest) roche.
 func TestPreinitMatchesFresh(t *testing.T) {
 	testenv.Needs(t, testenv.PythonWasm)
 	matchFresh(t, func(t *testing.T, cfg func(*roche.Config)) string { return newPreSandbox(t, tpre, cfg) },
-		func(t *testing.T, id string, req roche.ExecRequest) roche.ExecResult { return execPre(t, tpre, id, req) })
+		func(t *testing.T, id string, req roche.ExecRequest) roche.ExecResult {
+			return execPre(t, tpre, id, req)
+		})
 }
 
 // TestPreinitFreshState: every run from the copy is a new instance, so nothing one run
@@ -123,14 +125,14 @@ print(random.random(), hash('x'), os.urandom(8).hex())
 	}
 }
 
-// TestPreinitKnownDifference pins down what a program can tell: four frames sit below
-// its module frame (warm.py's _serve and _entry, warm.py itself, the -c command that
-// ran it), so recursion runs out four calls sooner; a fresh interpreter has none.
+// TestPreinitKnownDifference pins down what a program can tell: two frames sit below
+// its module frame (warm.py's _serve and _entry), so recursion runs out two calls
+// sooner; a fresh interpreter has none.
 func TestPreinitKnownDifference(t *testing.T) {
 	testenv.Needs(t, testenv.PythonWasm)
 	id := newPreSandbox(t, tpre, nil)
 	code := "import sys\nf, n = sys._getframe(), 0\nwhile f.f_back:\n    f, n = f.f_back, n + 1\nprint(n)"
-	if got := execPre(t, tpre, id, roche.ExecRequest{Cmd: []string{"python3", "-c", code}}); got.Stdout != "4\n" {
+	if got := execPre(t, tpre, id, roche.ExecRequest{Cmd: []string{"python3", "-c", code}}); got.Stdout != "2\n" {
 		t.Fatalf("pre-initialised: %+v", got)
 	}
 	if got := pyOK(t, id, code); got != "0" {

@@ -99,15 +99,36 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	read := time.Since(start)
 	// With the exports a pre-initialised interpreter needs (rewrite.go); one module for
 	// both kinds of run, so that the compilation cache holds one.
-	rewritten, exits, rerr := rewriteForEntry(bin)
-	if rerr == nil {
-		bin = rewritten
-	} else {
+	id := ""
+	if verify {
+		id = "sha256:" + pythonSHA256
+	} else if fi, err := os.Stat(path); err == nil && fileStamp(fi) != "" {
+		id = path + "@" + fileStamp(fi)
+	}
+	plain := bin
+	var exits []string
+	rerr := errors.New("python.wasm's version cannot be told apart")
+	if id != "" {
+		var layout entryLayout
+		if layout, rerr = p.entryLayout(id, bin); rerr == nil {
+			var rewritten []byte
+			if rewritten, exits, rerr = rewriteForEntry(bin, layout); rerr == nil {
+				bin = rewritten
+			}
+		}
+	}
+	if rerr != nil {
 		p.log.Debug("wasm: python.wasm not rewritten; no pre-initialised interpreter", "err", rerr)
 	}
 	// Compiled without the caller's context: wazero reads experimental hooks (function
 	// listeners) from it, and this compiled module is shared by every later exec.
 	mod, err := p.runtime.CompileModule(context.Background(), bin)
+	if err != nil && rerr == nil {
+		// Only a layout kept on disk that does not fit could do this: without it.
+		p.log.Warn("wasm: python.wasm rewritten for pre-initialised interpreters does not compile; using it as it is", "err", err)
+		rerr = err
+		mod, err = p.runtime.CompileModule(context.Background(), plain)
+	}
 	if err != nil {
 		return nil, &roche.Remedy{Err: fmt.Errorf("%w: compiling python.wasm at %s: %v; delete it",
 			roche.ErrUnavailable, path, err), Run: FetchHint}
@@ -120,12 +141,7 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 		"disk_cache", p.cache != nil)
 	p.python = mod
 	if rerr == nil {
-		p.exitCandidates = exits
-		if verify {
-			p.pythonID = "sha256:" + pythonSHA256
-		} else if fi, err := os.Stat(path); err == nil && fileStamp(fi) != "" {
-			p.pythonID = path + "@" + fileStamp(fi)
-		}
+		p.exitCandidates, p.pythonID = exits, id
 	}
 	return mod, nil
 }
@@ -224,4 +240,35 @@ func (p *Provider) knownVerified(path, stamp string) bool {
 		p.log.Warn("wasm: ignoring the record of python.wasm's digest; hashing it again", "file", file, "err", err)
 	}
 	return false
+}
+
+// entryFile, in the state directory, keeps analyseEntry's result for the python.wasm
+// named by its ID (its digest, or its path and version stamp), private to this user
+// like verifiedFile: a layout planted by another would at worst make the rewritten
+// module invalid (then python.wasm is used as it is) or name wrong exits (then no copy
+// passes makePreinit's check), but nothing another user wrote is used.
+const entryFile = "python-entry.json"
+
+type entryRecord struct {
+	ID     string      `json:"id"`
+	Layout entryLayout `json:"layout"`
+}
+
+// entryLayout returns python.wasm's entryLayout, analysing bin when none is kept for id.
+func (p *Provider) entryLayout(id string, bin []byte) (entryLayout, error) {
+	file := filepath.Join(p.stateDir, entryFile)
+	var rec entryRecord
+	if b, err := statedir.ReadPrivate(file, 64<<10); err == nil && json.Unmarshal(b, &rec) == nil && rec.ID == id {
+		return rec.Layout, nil
+	}
+	layout, err := analyseEntry(bin)
+	if err != nil {
+		return entryLayout{}, err
+	}
+	if b, err := json.Marshal(entryRecord{ID: id, Layout: layout}); err == nil {
+		if err := statedir.WritePrivate(file, b); err != nil {
+			p.log.Debug("wasm: keeping python.wasm's entry layout", "file", file, "err", err)
+		}
+	}
+	return layout, nil
 }

@@ -35,27 +35,35 @@ const (
 
 var errNoEntry = errors.New("python.wasm's layout is not the one a pre-initialised interpreter needs")
 
-// rewriteForEntry returns bin (a module without trailing custom sections) with the
-// exports above, and the names of the exit candidates in the order to try them.
-func rewriteForEntry(bin []byte) ([]byte, []string, error) {
+// entryLayout is what rewriteForEntry needs to know of python.wasm, found by
+// analyseEntry (which decodes every function body: tens of milliseconds, so its result
+// is kept on disk, see python.go).
+type entryLayout struct {
+	Call3 uint32   `json:"call3"` // the type (i32 i32 i32) -> i32
+	Call4 uint32   `json:"call4"` // the type (i32 i32 i32 i32) -> i32
+	Exits []uint32 `json:"exits"` // the exit candidates' function indices
+}
+
+type wasmSection struct {
+	id         byte
+	start, end int // the payload
+}
+
+// moduleSections splits a module into its sections, and finds those the rewrite needs.
+func moduleSections(bin []byte) (secs []wasmSection, find func(byte) *wasmSection, err error) {
 	if len(bin) < moduleHeaderSize || string(bin[:4]) != "\x00asm" {
 		return nil, nil, errNoEntry
 	}
-	type section struct {
-		id         byte
-		start, end int // the payload
-	}
-	var secs []section
 	for off := moduleHeaderSize; off < len(bin); {
 		id := bin[off]
 		size, n := uleb32(bin[off+1 : min(off+6, len(bin))])
 		if n == 0 || off+1+n+int(size) > len(bin) {
 			return nil, nil, errNoEntry
 		}
-		secs = append(secs, section{id, off + 1 + n, off + 1 + n + int(size)})
+		secs = append(secs, wasmSection{id, off + 1 + n, off + 1 + n + int(size)})
 		off += 1 + n + int(size)
 	}
-	find := func(id byte) *section {
+	find = func(id byte) *wasmSection {
 		for i := range secs {
 			if secs[i].id == id {
 				return &secs[i]
@@ -63,17 +71,28 @@ func rewriteForEntry(bin []byte) ([]byte, []string, error) {
 		}
 		return nil
 	}
-	typeSec, importSec, funcSec, tableSec, globalSec, exportSec, codeSec :=
-		find(1), find(2), find(3), find(4), find(6), find(7), find(10)
-	if typeSec == nil || importSec == nil || funcSec == nil || tableSec == nil || globalSec == nil || exportSec == nil || codeSec == nil {
-		return nil, nil, errNoEntry
+	for _, id := range []byte{1, 2, 3, 4, 6, 7, 10} {
+		if find(id) == nil {
+			return nil, nil, errNoEntry
+		}
 	}
+	return secs, find, nil
+}
+
+// analyseEntry finds the entryLayout of bin, a module without trailing custom sections.
+func analyseEntry(bin []byte) (entryLayout, error) {
+	_, find, err := moduleSections(bin)
+	if err != nil {
+		return entryLayout{}, err
+	}
+	typeSec, importSec, funcSec, tableSec, globalSec, codeSec :=
+		find(1), find(2), find(3), find(4), find(6), find(10)
 	r := &wreader{b: bin[:typeSec.end], off: typeSec.start}
 	// Types: find (i32 i32 i32) -> i32 and (i32 i32 i32 i32) -> i32, and () -> ().
 	call3, call4, void := -1, -1, -1
 	for i, n := 0, r.u32(); i < int(n) && r.ok(); i++ {
 		if r.byte() != 0x60 {
-			return nil, nil, errNoEntry
+			return entryLayout{}, errNoEntry
 		}
 		params := r.bytes(int(r.u32()))
 		results := r.bytes(int(r.u32()))
@@ -87,7 +106,7 @@ func rewriteForEntry(bin []byte) ([]byte, []string, error) {
 		}
 	}
 	if !r.ok() || call3 < 0 || call4 < 0 || void < 0 {
-		return nil, nil, errNoEntry
+		return entryLayout{}, errNoEntry
 	}
 	// Imports: count the functions, find proc_exit; no imported globals or tables, so
 	// the stack pointer is global 0 and the table table 0.
@@ -104,19 +123,19 @@ func rewriteForEntry(bin []byte) ([]byte, []string, error) {
 			}
 			imported++
 		default:
-			return nil, nil, errNoEntry // a table, memory or global imported
+			return entryLayout{}, errNoEntry // a table, memory or global imported
 		}
 	}
 	if !r.ok() || procExit < 0 {
-		return nil, nil, errNoEntry
+		return entryLayout{}, errNoEntry
 	}
 	r = &wreader{b: bin[:globalSec.end], off: globalSec.start}
 	if r.u32() != 1 || r.byte() != 0x7f || r.byte() != 1 || !r.ok() {
-		return nil, nil, errNoEntry // not one mutable i32
+		return entryLayout{}, errNoEntry // not one mutable i32
 	}
 	r = &wreader{b: bin[:tableSec.end], off: tableSec.start}
 	if r.u32() != 1 || !r.ok() {
-		return nil, nil, errNoEntry
+		return entryLayout{}, errNoEntry
 	}
 	// Defined functions' types and bodies.
 	r = &wreader{b: bin[:funcSec.end], off: funcSec.start}
@@ -126,23 +145,23 @@ func rewriteForEntry(bin []byte) ([]byte, []string, error) {
 		types = append(types, r.u32())
 	}
 	if !r.ok() {
-		return nil, nil, errNoEntry
+		return entryLayout{}, errNoEntry
 	}
 	r = &wreader{b: bin[:codeSec.end], off: codeSec.start}
 	if int(r.u32()) != nfuncs {
-		return nil, nil, errNoEntry
+		return entryLayout{}, errNoEntry
 	}
 	calls := make([][]uint32, nfuncs)
 	has120 := make([]bool, nfuncs)
 	for i := range nfuncs {
 		body := r.bytes(int(r.u32()))
 		if !r.ok() {
-			return nil, nil, errNoEntry
+			return entryLayout{}, errNoEntry
 		}
 		var ok bool
 		calls[i], has120[i], ok = scanBody(body)
 		if !ok {
-			return nil, nil, errNoEntry
+			return entryLayout{}, errNoEntry
 		}
 	}
 	// The functions reaching proc_exit within three calls.
@@ -157,24 +176,61 @@ func rewriteForEntry(bin []byte) ([]byte, []string, error) {
 			}
 		}
 	}
-	var candidates []uint32
+	layout := entryLayout{Call3: uint32(call3), Call4: uint32(call4)}
 	for i, cs := range calls {
 		if int(types[i]) != void || !has120[i] {
 			continue
 		}
 		for _, c := range cs {
 			if reaches[c] {
-				candidates = append(candidates, uint32(imported+i))
+				layout.Exits = append(layout.Exits, uint32(imported+i))
 				break
 			}
 		}
 	}
-	if len(candidates) == 0 || len(candidates) > maxExitCandidates {
+	if len(layout.Exits) == 0 || len(layout.Exits) > maxExitCandidates {
+		return entryLayout{}, errNoEntry
+	}
+	return layout, nil
+}
+
+// rewriteForEntry returns bin (a module without trailing custom sections) with the
+// exports above, and the names of the exit candidates in the order to try them. It
+// checks layout only as far as keeping the module valid needs: the indices exist.
+func rewriteForEntry(bin []byte, layout entryLayout) ([]byte, []string, error) {
+	secs, find, err := moduleSections(bin)
+	if err != nil {
+		return nil, nil, err
+	}
+	count := func(sec *wasmSection) uint32 {
+		r := &wreader{b: bin[:sec.end], off: sec.start}
+		return r.u32()
+	}
+	ntypes := count(find(1))
+	imported := uint32(0)
+	r := &wreader{b: bin[:find(2).end], off: find(2).start}
+	for i, n := 0, r.u32(); i < int(n) && r.ok(); i++ {
+		r.bytes(int(r.u32()))
+		r.bytes(int(r.u32()))
+		if r.byte() != 0 {
+			return nil, nil, errNoEntry
+		}
+		r.u32()
+		imported++
+	}
+	nfuncs := count(find(3))
+	if !r.ok() || layout.Call3 >= ntypes || layout.Call4 >= ntypes || len(layout.Exits) == 0 || len(layout.Exits) > maxExitCandidates {
 		return nil, nil, errNoEntry
 	}
+	for _, e := range layout.Exits {
+		if e < imported || e >= imported+nfuncs {
+			return nil, nil, errNoEntry
+		}
+	}
+	candidates, call3, call4 := layout.Exits, layout.Call3, layout.Call4
 
 	// The new function: preinitCall.
-	newFunc := uint32(imported + nfuncs)
+	newFunc := imported + nfuncs
 	var body []byte
 	body = append(body, 0) // no locals
 	for _, l := range []byte{1, 2, 3, 0} {

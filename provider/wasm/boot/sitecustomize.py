@@ -17,5 +17,21 @@ def _roche_start():
         os.chdir(workdir)
 
 
+def _roche_preinit():
+    # Roche's wasm provider makes a pre-initialised interpreter (preinit.go) by starting
+    # `python3 -` with ROCHE_WASM_PREINIT set: warm.py is loaded here, while the
+    # interpreter starts, and tells the provider where its entry is; the provider copies
+    # the interpreter when it then reads its program from stdin.
+    import os
+
+    if os.environ.pop("ROCHE_WASM_PREINIT", None) is None:
+        return
+    with open("/.roche/warm.py", "rb") as f:
+        source = f.read()
+    namespace = {"__name__": "__roche_warm__", "_roche_preinit": True}
+    exec(compile(source, "<roche-warm>", "exec"), namespace)
+
+
 _roche_start()
-del _roche_start
+_roche_preinit()
+del _roche_start, _roche_preinit

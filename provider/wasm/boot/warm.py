@@ -6,10 +6,10 @@
 # it once Roche's start-up hook (sitecustomize.py) had run, and runs that program. The
 # interpreter exits with the program: an instance never serves a second request.
 #
-# Run with the extra argument "snapshot", it instead prepares a pre-initialised
-# interpreter (preinit.go): it tells the host where _entry is, then calls time.time(),
-# at which the host copies the interpreter's memory and ends it. Each run from that copy
-# enters _entry, which serves one request as above.
+# Loaded by sitecustomize.py with _roche_preinit set, it instead prepares a
+# pre-initialised interpreter (preinit.go): it tells the host where _entry is, and the
+# host copies the interpreter once it has started. Each run from that copy enters
+# _entry, which serves one request as above.
 #
 # The request: ten ASCII digits giving the length of the rest, then NUL-separated UTF-8
 # fields: "c" or "f" (command or file), the working directory, the number of argv
@@ -139,16 +139,19 @@ def _serve():
 
 
 def _entry():
-    # Entered by the host in a copy of an interpreter that stopped in time.time() below.
+    # Entered by the host in a copy of an interpreter that stopped as it read its
+    # program, with no Python frame running.
     # What the copy shares with every run made from it is renewed first: the random
     # module's state (if imported), and the import system's directory caches, which
     # remember the directories of the run that made the copy.
-    # The frames the copy stopped in hold __main__'s namespace, and are never left, so
-    # CPython's finalisation could not clear it (objects in it would never be
-    # destroyed): the program gets a __main__ of its own, with the same entries.
+    # The copy stopped while CPython ran `python3 -` (reading the program from stdin),
+    # which gave __main__ the __file__ "<stdin>": the program gets a __main__ of its own
+    # with the entries a fresh interpreter's has.
     _old = _sys.modules["__main__"]
     _new = type(_sys)("__main__")
     _new.__dict__.update(_old.__dict__)
+    _new.__dict__.pop("__file__", None)
+    _new.__dict__.pop("__cached__", None)
     _sys.modules["__main__"] = _new
     del _old, _new
     if "random" in _sys.modules:
@@ -161,9 +164,7 @@ def _entry():
     raise SystemExit
 
 
-if _sys.argv[2:] == ["snapshot"]:
+if globals().get("_roche_preinit"):
     _os.write(1, b"\0roche-preinit %d %d %d\n" % (id(_entry), id(type(_entry)), id(())))
-    _sys.modules["time"].time()
-    _os._exit(0)
 else:
     _serve()
