@@ -240,42 +240,51 @@ func rewriteForEntry(bin []byte, layout entryLayout) ([]byte, []string, error) {
 	body = appendULEB(body, uint32(call3))
 	body = append(body, 0x00, 0x0b) // table 0, end
 
-	var out []byte
-	out = append(out, bin[:moduleHeaderSize]...)
+	// Each changed section is its count, renewed, then what it had after its count,
+	// then what is added: written straight into one buffer of the final size, since
+	// python.wasm is 13 MB and every one-shot run rewrites it.
+	type change struct{ head, tail []byte }
 	var names []string
+	changes := map[byte]*change{}
+	countOf := func(id byte, add uint32) (*change, []byte) {
+		sec := find(id)
+		pr := &wreader{b: bin[:sec.end], off: sec.start}
+		n := pr.u32()
+		c := &change{head: appendULEB(nil, n+add)}
+		changes[id] = c
+		return c, bin[pr.off:sec.end]
+	}
+	fc, _ := countOf(3, 1)
+	fc.tail = appendULEB(nil, call4)
+	cc, _ := countOf(10, 1)
+	cc.tail = append(appendULEB(nil, uint32(len(body))), body...)
+	ec, _ := countOf(7, 2+uint32(len(candidates)))
+	ec.tail = appendExport(nil, preinitSP, 3, 0)
+	ec.tail = appendExport(ec.tail, preinitCall, 0, newFunc)
+	for i, c := range candidates {
+		name := fmt.Sprintf("%s%d", preinitExitPrefix, i)
+		names = append(names, name)
+		ec.tail = appendExport(ec.tail, name, 0, c)
+	}
+	out := make([]byte, 0, len(bin)+1024)
+	out = append(out, bin[:moduleHeaderSize]...)
 	for _, s := range secs {
 		payload := bin[s.start:s.end]
-		switch s.id {
-		case 3:
-			pr := &wreader{b: payload}
-			n := pr.u32()
-			p := appendULEB(nil, n+1)
-			p = append(p, payload[pr.off:]...)
-			payload = appendULEB(p, uint32(call4))
-		case 10:
-			pr := &wreader{b: payload}
-			n := pr.u32()
-			p := appendULEB(nil, n+1)
-			p = append(p, payload[pr.off:]...)
-			p = appendULEB(p, uint32(len(body)))
-			payload = append(p, body...)
-		case 7:
-			pr := &wreader{b: payload}
-			n := pr.u32()
-			p := appendULEB(nil, n+2+uint32(len(candidates)))
-			p = append(p, payload[pr.off:]...)
-			p = appendExport(p, preinitSP, 3, 0)
-			p = appendExport(p, preinitCall, 0, newFunc)
-			for i, c := range candidates {
-				name := fmt.Sprintf("%s%d", preinitExitPrefix, i)
-				names = append(names, name)
-				p = appendExport(p, name, 0, c)
-			}
-			payload = p
+		c := changes[s.id]
+		if c == nil {
+			out = append(out, s.id)
+			out = appendULEB(out, uint32(len(payload)))
+			out = append(out, payload...)
+			continue
 		}
+		pr := &wreader{b: payload}
+		pr.u32()
+		rest := payload[pr.off:]
 		out = append(out, s.id)
-		out = appendULEB(out, uint32(len(payload)))
-		out = append(out, payload...)
+		out = appendULEB(out, uint32(len(c.head)+len(rest)+len(c.tail)))
+		out = append(out, c.head...)
+		out = append(out, rest...)
+		out = append(out, c.tail...)
 	}
 	return out, names, nil
 }

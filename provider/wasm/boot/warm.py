@@ -142,8 +142,10 @@ def _entry():
     # Entered by the host in a copy of an interpreter that stopped as it read its
     # program, with no Python frame running.
     # What the copy shares with every run made from it is renewed first: the random
-    # module's state (if imported), and the import system's directory caches, which
-    # remember the directories of the run that made the copy.
+    # module's state, if imported. (The import system's directory caches are not
+    # emptied, which in 3.12 imports importlib.metadata, ~50 ms: the copy has cached
+    # only directories whose contents are python.wasm's or Roche's, the standard library
+    # and /.roche, as a fresh interpreter has when it runs the program.)
     # The copy stopped while CPython ran `python3 -` (reading the program from stdin),
     # which gave __main__ the __file__ "<stdin>": the program gets a __main__ of its own
     # with the entries a fresh interpreter's has.
@@ -156,9 +158,6 @@ def _entry():
     del _old, _new
     if "random" in _sys.modules:
         _sys.modules["random"].seed()
-    for _finder in _sys.meta_path:
-        if hasattr(_finder, "invalidate_caches"):
-            _finder.invalidate_caches()
     _serve()
     # The host ends the interpreter as CPython does an uncaught SystemExit.
     raise SystemExit
