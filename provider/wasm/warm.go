@@ -41,9 +41,11 @@ import (
 // script, a script that is not a plain source file, text that is not UTF-8, or an
 // environment variable CPython reads while it starts (readAtStart).
 //
-// What a program can still tell: its module-level frame has two frames of Roche's below
-// it (sys._getframe().f_back is not None, so recursion runs out two calls sooner), and
-// the garbage collector's counters, which the loader's few allocations moved.
+// What a program can still tell: its module-level frame has Roche's frames below it
+// (sys._getframe().f_back is not None, so recursion runs out sooner): two when the
+// interpreter started from a pre-initialised copy (preinit.go), three when it started
+// from scratch; and the garbage collector's counters, which the loader's few
+// allocations moved.
 
 // warmArgv0 is the name warm interpreters are started as; sys.executable and the
 // start-up paths follow from it, so only execs naming the interpreter the same way are

@@ -191,8 +191,8 @@ func matchFresh(t *testing.T, create func(*testing.T, func(*roche.Config)) strin
 
 func ptr(s string) *string { return &s }
 
-// TestWarmKnownDifference pins down the one thing a program can tell: two of Roche's
-// frames sit below its module frame.
+// TestWarmKnownDifference pins down the one thing a program can tell: Roche's frames
+// sit below its module frame.
 func TestWarmKnownDifference(t *testing.T) {
 	testenv.Needs(t, testenv.PythonWasm)
 	id := newWarmSandbox(t, nil)
