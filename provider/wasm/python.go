@@ -105,7 +105,6 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	} else if fi, err := os.Stat(path); err == nil && fileStamp(fi) != "" {
 		id = path + "@" + fileStamp(fi)
 	}
-	plain := bin
 	var exits []string
 	rerr := errors.New("python.wasm's version cannot be told apart")
 	if id != "" {
@@ -127,7 +126,11 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 		// Only a layout kept on disk that does not fit could do this: without it.
 		p.log.Warn("wasm: python.wasm rewritten for pre-initialised interpreters does not compile; using it as it is", "err", err)
 		rerr = err
-		mod, err = p.runtime.CompileModule(context.Background(), plain)
+		// The rewrite reused bin: read python.wasm again.
+		if bin, err = p.readPython(path, verify); err != nil {
+			return nil, err
+		}
+		mod, err = p.runtime.CompileModule(context.Background(), bin)
 	}
 	if err != nil {
 		return nil, &roche.Remedy{Err: fmt.Errorf("%w: compiling python.wasm at %s: %v; delete it",
@@ -180,7 +183,8 @@ func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
 	}
 	if !verify || p.knownVerified(path, checked) {
 		// Only what is compiled (withoutTrailingCustomSections): not the DWARF after it.
-		bin := make([]byte, modulePrefix(f, before.Size()))
+		prefix := modulePrefix(f, before.Size())
+		bin := make([]byte, prefix, prefix+rewriteSlack)
 		if _, err := f.ReadAt(bin, 0); err != nil {
 			return nil, missingPython(path, err)
 		}
@@ -191,7 +195,7 @@ func (p *Provider) readPython(path string, verify bool) ([]byte, error) {
 	}
 	// Read in one piece of its size (io.ReadAll's growing buffer copies 26 MB over and
 	// over); a file that grew meanwhile shows as a changed stamp below, or as more to read.
-	bin := make([]byte, before.Size())
+	bin := make([]byte, before.Size(), before.Size()+rewriteSlack)
 	if _, err := io.ReadFull(f, bin); err != nil {
 		return nil, missingPython(path, err)
 	}

@@ -31,6 +31,9 @@ const (
 	preinitExitPrefix = "roche_exit_"
 	// maxExitCandidates bounds the candidates tried.
 	maxExitCandidates = 4
+	// rewriteSlack is the room readPython leaves after the module for rewriteForEntry
+	// to grow it in place.
+	rewriteSlack = 4 << 10
 )
 
 var errNoEntry = errors.New("python.wasm's layout is not the one a pre-initialised interpreter needs")
@@ -196,7 +199,9 @@ func analyseEntry(bin []byte) (entryLayout, error) {
 
 // rewriteForEntry returns bin (a module without trailing custom sections) with the
 // exports above, and the names of the exit candidates in the order to try them. It
-// checks layout only as far as keeping the module valid needs: the indices exist.
+// checks layout only as far as keeping the module valid needs: the indices exist. It
+// rewrites bin in place when its capacity allows (rewriteSlack), so bin is not to be
+// used after a success.
 func rewriteForEntry(bin []byte, layout entryLayout) ([]byte, []string, error) {
 	secs, find, err := moduleSections(bin)
 	if err != nil {
@@ -266,25 +271,45 @@ func rewriteForEntry(bin []byte, layout entryLayout) ([]byte, []string, error) {
 		names = append(names, name)
 		ec.tail = appendExport(ec.tail, name, 0, c)
 	}
-	out := make([]byte, 0, len(bin)+1024)
-	out = append(out, bin[:moduleHeaderSize]...)
-	for _, s := range secs {
-		payload := bin[s.start:s.end]
-		c := changes[s.id]
-		if c == nil {
-			out = append(out, s.id)
-			out = appendULEB(out, uint32(len(payload)))
-			out = append(out, payload...)
-			continue
+	// Each section's new header, head, the bytes it keeps, and tail.
+	type piece struct {
+		header, head, rest, tail []byte
+	}
+	pieces := make([]piece, len(secs))
+	size := moduleHeaderSize
+	for i, s := range secs {
+		rest := bin[s.start:s.end]
+		var head, tail []byte
+		if c := changes[s.id]; c != nil {
+			pr := &wreader{b: rest}
+			pr.u32()
+			rest, head, tail = rest[pr.off:], c.head, c.tail
 		}
-		pr := &wreader{b: payload}
-		pr.u32()
-		rest := payload[pr.off:]
-		out = append(out, s.id)
-		out = appendULEB(out, uint32(len(c.head)+len(rest)+len(c.tail)))
-		out = append(out, c.head...)
-		out = append(out, rest...)
-		out = append(out, c.tail...)
+		header := appendULEB([]byte{s.id}, uint32(len(head)+len(rest)+len(tail)))
+		pieces[i] = piece{header, head, rest, tail}
+		size += len(header) + len(head) + len(rest) + len(tail)
+	}
+	// In place when bin has the room (readPython leaves some): the sections only move
+	// towards the end, so moving them from the last one back overwrites nothing still to
+	// be moved, and python.wasm's 13 MB are not copied into a second buffer.
+	var out []byte
+	if cap(bin) >= size {
+		out = bin[:size]
+	} else {
+		out = make([]byte, size)
+		copy(out, bin[:moduleHeaderSize])
+	}
+	end := size
+	for i := len(pieces) - 1; i >= 0; i-- {
+		pc := pieces[i]
+		end -= len(pc.tail)
+		copy(out[end:], pc.tail)
+		end -= len(pc.rest)
+		copy(out[end:], pc.rest)
+		end -= len(pc.head)
+		copy(out[end:], pc.head)
+		end -= len(pc.header)
+		copy(out[end:], pc.header)
 	}
 	return out, names, nil
 }

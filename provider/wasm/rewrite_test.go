@@ -98,3 +98,28 @@ func TestRewriteForEntry(t *testing.T) {
 		t.Fatal("a truncated module was analysed")
 	}
 }
+
+// TestRewriteInPlace: with room after the module, the rewrite reuses its buffer and
+// writes the same bytes as into a new one.
+func TestRewriteInPlace(t *testing.T) {
+	bin := tinyModule()
+	layout, err := analyseEntry(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, _, err := rewriteForEntry(slices.Clip(slices.Clone(bin)), layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roomy := append(make([]byte, 0, len(bin)+rewriteSlack), bin...)
+	inPlace, _, err := rewriteForEntry(roomy, layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &inPlace[0] != &roomy[0] {
+		t.Fatal("not rewritten in place")
+	}
+	if !slices.Equal(inPlace, fresh) {
+		t.Fatalf("in place:\n%x\nnew buffer:\n%x", inPlace, fresh)
+	}
+}
