@@ -213,7 +213,7 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, key str
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(p.stateDir, "preinit-")
+	dir, err := os.MkdirTemp(p.stateDir, preinitTempPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -374,6 +374,10 @@ func enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error
 	}
 	return errors.New("the interpreter did not exit after its program")
 }
+
+// preinitTempPrefix names the directories makePreinit mounts, in the state directory;
+// sweepLeftovers removes old ones.
+const preinitTempPrefix = "preinit-"
 
 // preinitEnv, set for the start that is copied, makes boot/sitecustomize.py load warm.py.
 const preinitEnv = "ROCHE_WASM_PREINIT"

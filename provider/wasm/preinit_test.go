@@ -286,3 +286,27 @@ func wrongEntry(t *testing.T, b []byte) []byte {
 	out = append(out, nh...)
 	return append(out, rest[4+n:]...)
 }
+
+// TestPreinitTempSwept: the directories a process ending while it made a copy left in
+// the state directory are removed once old, not while another may be using them.
+func TestPreinitTempSwept(t *testing.T) {
+	old := filepath.Join(tp.stateDir, preinitTempPrefix+"test-old")
+	young := filepath.Join(tp.stateDir, preinitTempPrefix+"test-young")
+	for _, d := range []string{old, young} {
+		if err := os.MkdirAll(filepath.Join(d, "0"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+	}
+	past := time.Now().Add(-2 * orphanAge)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	tp.sweepLeftovers(time.Now())
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Fatalf("old %s not swept: %v", old, err)
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Fatalf("young %s swept: %v", young, err)
+	}
+}

@@ -514,6 +514,12 @@ func (p *Provider) sweepLeftovers(now time.Time) {
 		full := filepath.Join(p.stateDir, name)
 		switch {
 		case strings.HasPrefix(name, trashName):
+		case strings.HasPrefix(name, preinitTempPrefix) && e.IsDir():
+			// The empty directories of a pre-initialised interpreter's making, left by a
+			// process that ended during it.
+			if fi, err := e.Info(); err != nil || now.Sub(fi.ModTime()) < orphanAge {
+				continue
+			}
 		case validID(name):
 			if _, err := os.Stat(filepath.Join(full, recordFile)); !errors.Is(err, fs.ErrNotExist) {
 				continue
