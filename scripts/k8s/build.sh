@@ -133,7 +133,13 @@ exec 9>&-
 # unkillable by the OOM killer (oom_score_adj -999), which takes CAP_SYS_RESOURCE, and fails
 # the Pod without it; on hosts whose root lacks it (this one, as the containerd
 # configuration's restrict_oom_score_adj says) the shim keeps containerd's score instead.
-if [ ! -x "$gvisor/containerd-shim-runsc-v1" ]; then
+# And one setting: the shim finds a Pod's volumes, for gVisor's mount hints (the Pod's
+# dev.gvisor.spec.mount.* annotations), under the kubelet's pods directory, which it takes
+# to be the default root's (/var/lib/kubelet/pods); the test cluster's kubelet keeps its
+# root in the cluster's state directory, so the shim is linked with that one
+# (ROCHE_KUBELET_PODS_DIR, from cluster.sh) and built again when it changes.
+pods_dir=${ROCHE_KUBELET_PODS_DIR:-${ROCHE_CLUSTER_DIR:-/var/lib/roche-cluster}/kubelet/pods}
+if [ ! -x "$gvisor/containerd-shim-runsc-v1" ] || [ "$(cat "$gvisor/containerd-shim-runsc-v1.pods-dir" 2>/dev/null)" != "$pods_dir" ]; then
   log "building containerd-shim-runsc-v1 $runsc_version (minutes, once)"
   (cd "$work" && go mod download "gvisor.dev/gvisor@$runsc_version")
   src=$work/gvisor-$runsc_version
@@ -143,8 +149,11 @@ if [ ! -x "$gvisor/containerd-shim-runsc-v1" ]; then
   # (Silently: what start prints is read as the shim's address.)
   sed -i 's|return shim.BootstrapParams{}, fmt.Errorf("failed to set OOM Score on shim: %w", err)|_ = err // roche: not setting the OOM score of the shim, without CAP_SYS_RESOURCE|' "$src/pkg/shim/v1/manager.go"
   grep -q 'roche: not setting the OOM score of the shim' "$src/pkg/shim/v1/manager.go" || { log "gVisor's shim changed: the OOM score change does not apply to $src/pkg/shim/v1/manager.go"; exit 1; }
-  (cd "$src" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$gvisor/containerd-shim-runsc-v1.tmp" ./shim)
+  grep -q '^var kubeletPodsDir = "/var/lib/kubelet/pods"$' "$src/pkg/shim/v1/utils/volumes.go" || { log "gVisor's shim changed: no kubeletPodsDir in $src/pkg/shim/v1/utils/volumes.go"; exit 1; }
+  (cd "$src" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+    -ldflags "-s -w -X gvisor.dev/gvisor/pkg/shim/v1/utils.kubeletPodsDir=$pods_dir" -o "$gvisor/containerd-shim-runsc-v1.tmp" ./shim)
   mv -f "$gvisor/containerd-shim-runsc-v1.tmp" "$gvisor/containerd-shim-runsc-v1"
+  echo "$pods_dir" >"$gvisor/containerd-shim-runsc-v1.pods-dir"
   rm -rf "$src"
 fi
 log "binaries in $cache and $gvisor"

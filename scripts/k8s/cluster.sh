@@ -38,7 +38,10 @@
 # container's layer, not to gVisor's memory) and --network=sandbox (gVisor's own network
 # stack on the Pod's interfaces: a Pod with network has it, one labelled roche.network=none
 # has only loopback from the CNI, as under runc). No --host-uds: the agent is reached
-# through exec, never a host socket.
+# through exec, never a host socket. The handler passes a Pod's dev.gvisor.* annotations
+# (pod_annotations) to the shim: gVisor's mount hints, with which the Kubernetes provider
+# makes a gVisor Pod's /tmp and /dev/shm tmpfs of gVisor's own kernel, of their size; the
+# shim finds the volumes they name under this kubelet's root (build.sh says how).
 #
 # Volumes: roche-test-provisioner (internal/testcluster/cmd/roche-test-provisioner) runs on
 # this host beside the cluster, as root, and serves the StorageClass roche-loop, the
@@ -263,6 +266,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         Root = "$RUN/runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$RUNSC_HANDLER]
       runtime_type = "io.containerd.runsc.v1"
+      # gVisor's own annotations (its mount hints, dev.gvisor.spec.mount.*) reach the shim.
+      pod_annotations = ["dev.gvisor.*"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$RUNSC_HANDLER.options]
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "$STATE/runsc.toml"
@@ -315,13 +320,22 @@ root = "$RUN/runsc-root"
 EOF
 }
 
-# The RuntimeClass naming the runsc handler (every up: etcd starts empty).
+# The RuntimeClass naming the runsc handler (every up: etcd starts empty), with the memory
+# gVisor's own kernel and gofer take in each Pod as its overhead (podFixed, added to the
+# Pod's cgroup, in which the shim runs them, beside the containers' limits): about 40 MiB
+# at rest, so a sandbox's programs and tmpfs mounts get their whole memory limit. A class
+# made before it had one gets it (a merge patch).
+RUNTIME_OVERHEAD_MEMORY=64Mi
 runtime_class() {
-  local code
-  code=$(api -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$(api_server)/apis/node.k8s.io/v1/runtimeclasses" \
-    -d "{\"apiVersion\": \"node.k8s.io/v1\", \"kind\": \"RuntimeClass\", \"metadata\": {\"name\": \"$RUNTIME_CLASS\"}, \"handler\": \"$RUNSC_HANDLER\"}") || true
+  local code body
+  body="{\"apiVersion\": \"node.k8s.io/v1\", \"kind\": \"RuntimeClass\", \"metadata\": {\"name\": \"$RUNTIME_CLASS\"}, \"handler\": \"$RUNSC_HANDLER\", \"overhead\": {\"podFixed\": {\"memory\": \"$RUNTIME_OVERHEAD_MEMORY\"}}}"
+  code=$(api -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' "$(api_server)/apis/node.k8s.io/v1/runtimeclasses" -d "$body") || true
+  if [ "$code" = 409 ]; then
+    code=$(api -o /dev/null -w '%{http_code}' -X PATCH -H 'Content-Type: application/merge-patch+json' "$(api_server)/apis/node.k8s.io/v1/runtimeclasses/$RUNTIME_CLASS" \
+      -d "{\"overhead\": {\"podFixed\": {\"memory\": \"$RUNTIME_OVERHEAD_MEMORY\"}}}") || true
+  fi
   case $code in
-    201 | 409) ;;
+    200 | 201) ;;
     *) die "making the RuntimeClass $RUNTIME_CLASS failed (HTTP $code)" ;;
   esac
 }
@@ -640,7 +654,7 @@ up() {
   case $kwok_nodes in *[!0-9]*) die "--kwok wants a number of nodes, not $kwok_nodes" ;; esac
   mkdir -p "$STATE/pids" "$STATE/logs" "$STATE/bin"
   if [ -f "$STATE/pki/apiserver.ip" ] && is_up; then
-    bash "$here/build.sh" >/dev/null
+    ROCHE_KUBELET_PODS_DIR=$STATE/kubelet/pods bash "$here/build.sh" >/dev/null
     containerd_refresh
     runtime_class
     provisioner_up
@@ -664,7 +678,7 @@ up() {
   local t0 ip
   t0=$(date +%s.%N)
   install_missing
-  bash "$here/build.sh" >/dev/null
+  ROCHE_KUBELET_PODS_DIR=$STATE/kubelet/pods bash "$here/build.sh" >/dev/null
   log "building roche-test-cni and roche-pause"
   (cd "$repo" && CGO_ENABLED=0 go build -trimpath -o "$STATE/bin/" ./internal/testcluster/cmd/roche-test-cni ./internal/testcluster/cmd/roche-pause)
   ip=$(node_ip)
