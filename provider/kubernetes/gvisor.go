@@ -3,7 +3,10 @@ package kubernetes
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/roche-sandbox/roche"
 )
@@ -25,6 +28,37 @@ import (
 // provider puts the class on the Pod and checks that it stays there (checkPosture), and
 // the agent, started for gVisor (--fork-as-user), refuses to start on any other kernel,
 // so a class named for gVisor that runs runc runs no sandbox.
+
+// gVisor's mount hints: Pod annotations (dev.gvisor.spec.mount.VOLUME.FIELD) that
+// gVisor's containerd shim reads (gvisor.dev/gvisor pkg/shim/v1/utils/volumes.go, at the
+// version scripts/runsc.sh pins) and runsc applies (runsc/boot/mount_hints.go). Without
+// them a memory emptyDir reaches gVisor as a bind mount of the node's tmpfs, served
+// through its gofer (9p, not tmpfs), and /dev/shm as a tmpfs of gVisor's kernel of its
+// default size (half its memory), not the Pod's: with them both are tmpfs of gVisor's
+// own kernel, sized. type tmpfs on a memory emptyDir (the shim finds the volume under
+// the kubelet's pods directory and adds its source); share container, the one
+// container that mounts it (a tmpfs mounted once, which the sandbox container's mount
+// of the volume binds); options, the master mount's: rw and size, which gVisor's tmpfs
+// enforces (ENOSPC past it). No nosuid or nodev there: gVisor refuses a container mount
+// without nosuid of a master that has it, and the kubelet's mount has neither (as
+// under runc, and moot for the same reasons: docs/providers/kubernetes.md). The node's
+// containerd must pass the annotations to the shim (its runsc runtime's pod_annotations,
+// "dev.gvisor.*"); checkPosture refuses a Pod stored with other dev.gvisor.* annotations
+// than those asked for.
+const gvisorMountHint = "dev.gvisor.spec.mount."
+
+// gvisorAnnotations is the prefix of every annotation gVisor's shim reads from a Pod.
+const gvisorAnnotations = "dev.gvisor."
+
+// gvisorMountHints puts the mount hints of the sandbox's /tmp and /dev/shm volumes,
+// each of size bytes, on pod.
+func gvisorMountHints(pod *corev1.Pod, size int64) {
+	for _, v := range []string{volumeTmp, volumeShm} {
+		pod.Annotations[gvisorMountHint+v+".type"] = "tmpfs"
+		pod.Annotations[gvisorMountHint+v+".share"] = "container"
+		pod.Annotations[gvisorMountHint+v+".options"] = "rw,size=" + strconv.FormatInt(size, 10)
+	}
+}
 
 // gvisorClass says whether a RuntimeClass is taken for gVisor's, by its name.
 func gvisorClass(name string) bool {

@@ -264,6 +264,8 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 		c := &pod.Spec.Containers[0]
 		c.Command = append([]string{podlink.Agent}, agent.Args()...)
 		c.SecurityContext.Capabilities.Add = append(slices.Clone(agentCaps), "SYS_RESOURCE")
+		// /tmp and /dev/shm as tmpfs of gVisor's kernel, of their size (gvisor.go).
+		gvisorMountHints(pod, cfg.TmpSize())
 	}
 	if pp.runtimeClass != "" {
 		pod.Spec.RuntimeClassName = ptr(pp.runtimeClass)

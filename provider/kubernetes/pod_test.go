@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -365,6 +366,25 @@ func TestPodForGVisor(t *testing.T) {
 		}
 		if len(c.SecurityContext.Capabilities.Add) != len(agentCaps)+map[bool]int{true: 1}[tc.gvisor] {
 			t.Errorf("class %q: capabilities %v", tc.class, c.SecurityContext.Capabilities.Add)
+		}
+		// gVisor's mount hints make /tmp and /dev/shm tmpfs of its kernel, of their size
+		// (64 MiB under the default config); no other Pod has any.
+		hints := map[string]string{}
+		for k, v := range pod.Annotations {
+			if strings.HasPrefix(k, "dev.gvisor.") {
+				hints[k] = v
+			}
+		}
+		want := map[string]string{}
+		if tc.gvisor {
+			for _, v := range []string{"tmp", "shm"} {
+				want["dev.gvisor.spec.mount."+v+".type"] = "tmpfs"
+				want["dev.gvisor.spec.mount."+v+".share"] = "container"
+				want["dev.gvisor.spec.mount."+v+".options"] = "rw,size=67108864"
+			}
+		}
+		if !maps.Equal(hints, want) {
+			t.Errorf("class %q: gVisor annotations %v, want %v", tc.class, hints, want)
 		}
 	}
 }

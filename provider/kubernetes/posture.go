@@ -65,6 +65,18 @@ func checkPosture(asked, made *corev1.Pod) error {
 	if a, m := podSeccomp(asked), podSeccomp(made); a != m {
 		diff = append(diff, fmt.Sprintf("Pod seccomp %s, not %s", m, a))
 	}
+	// gVisor's shim takes its settings from annotations (gvisor.go): those asked for, no
+	// fewer (the mount hints that size /tmp and /dev/shm) and no others.
+	for k, v := range made.Annotations {
+		if a, ok := asked.Annotations[k]; strings.HasPrefix(k, gvisorAnnotations) && (!ok || a != v) {
+			diff = append(diff, fmt.Sprintf("annotation %s=%q, not asked for", k, v))
+		}
+	}
+	for k, v := range asked.Annotations {
+		if m, ok := made.Annotations[k]; strings.HasPrefix(k, gvisorAnnotations) && (!ok || m != v) {
+			diff = append(diff, fmt.Sprintf("annotation %s %q, not %q", k, m, v))
+		}
+	}
 	containers := map[string]corev1.Container{}
 	for _, c := range append(append([]corev1.Container(nil), made.Spec.InitContainers...), made.Spec.Containers...) {
 		containers[c.Name] = c

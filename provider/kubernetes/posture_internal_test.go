@@ -19,7 +19,7 @@ import (
 
 func TestCheckPosture(t *testing.T) {
 	pp := testParams()
-	pp.runtimeClass = "gvisor"
+	pp.runtimeClass, pp.gvisor = "gvisor", true
 	asked, err := podFor(kit.Spec{Config: roche.DefaultConfig()}, pp)
 	if err != nil {
 		t.Fatal(err)
@@ -39,6 +39,11 @@ func TestCheckPosture(t *testing.T) {
 		"another Localhost": func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext.SeccompProfile.LocalhostProfile = ptr("lax.json")
 		},
+		// gVisor's shim reads these: a hint dropped leaves /dev/shm at gVisor's own size,
+		// a flag added could change runsc's.
+		"gVisor mount hint dropped": func(p *corev1.Pod) { delete(p.Annotations, gvisorMountHint+volumeShm+".options") },
+		"gVisor mount hint changed": func(p *corev1.Pod) { p.Annotations[gvisorMountHint+volumeTmp+".options"] = "rw" },
+		"gVisor flag added":         func(p *corev1.Pod) { p.Annotations["dev.gvisor.flag.host-uds"] = "all" },
 	} {
 		made := asked.DeepCopy()
 		mutate(made)
