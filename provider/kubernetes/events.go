@@ -2,14 +2,17 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -200,7 +203,11 @@ func podEnd(pod *corev1.Pod) ([]kit.SandboxEvent, bool) {
 		died := kit.SandboxEvent{ID: pod.Name, Kind: kit.EventDied, Time: at, ExitCode: int(term.ExitCode), ExitKnown: true, Evidence: evidence}
 		// OOMKilled stays on a container once any of its processes was OOM-killed (a
 		// command's, roche-agent living on); only with SIGKILL's 137 was it PID 1's end.
-		if term.Reason == "OOMKilled" && term.ExitCode == 137 {
+		// On gVisor the host's OOM killer never picks a command (they are gVisor's
+		// tasks): it kills gVisor's kernel, which ends the whole sandbox, and gVisor's
+		// shim reports the container's exit as 128, not 137.
+		gvisorOOM := term.Reason == "OOMKilled" && pod.Spec.RuntimeClassName != nil && gvisorClass(*pod.Spec.RuntimeClassName)
+		if term.Reason == "OOMKilled" && term.ExitCode == 137 || gvisorOOM {
 			return []kit.SandboxEvent{{ID: pod.Name, Kind: kit.EventOOM, Time: at, Evidence: evidence}, died}, true
 		}
 		return []kit.SandboxEvent{died}, true
@@ -223,4 +230,100 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// endWait bounds how long a connection to a sandbox's agent that broke waits for the
+// kubelet to report the sandbox's end: its Pod reads Running for a moment after its
+// container died (the kubelet sees it at its next look at the runtime, about a second,
+// then writes the Pod's status), longest when the whole Pod went at once (a gVisor
+// sandbox past its memory limit, whose kernel the host's OOM killer ends).
+const endWait = 20 * time.Second
+
+// awaitEnd reports whether sandbox id has ended, after its agent's connection broke,
+// and why when its Pod tells (nil when it does not, or it is gone): at once when its
+// Pod is gone, being deleted or ended, else once the kubelet says so, watching the Pod
+// for up to endWait. A Pod that still runs then has not ended: the connection broke
+// for another reason.
+func (p *Provider) awaitEnd(id string) (bool, *roche.EndReason) {
+	ctx, cancel := context.WithTimeout(context.Background(), endWait)
+	defer cancel()
+	for {
+		pod, err := p.get(ctx, id)
+		if errors.Is(err, roche.ErrNotFound) {
+			return true, nil
+		}
+		if err != nil {
+			return false, nil
+		}
+		if podEnded(pod) {
+			return true, podEndReason(pod)
+		}
+		wi, err := p.cs.CoreV1().Pods(p.namespace).Watch(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("metadata.name", id).String(), ResourceVersion: pod.ResourceVersion,
+		})
+		if err != nil {
+			return false, nil
+		}
+		ended, why, again := awaitEndOn(ctx, wi)
+		wi.Stop()
+		if !again {
+			return ended, why
+		}
+	}
+}
+
+// awaitEndOn reads one watch of a sandbox's Pod until the Pod ends or goes, or the watch
+// or ctx does (again: the watch ended early, watch again).
+func awaitEndOn(ctx context.Context, wi watch.Interface) (ended bool, why *roche.EndReason, again bool) {
+	for {
+		select {
+		case <-ctx.Done():
+			return false, nil, false
+		case e, ok := <-wi.ResultChan():
+			if !ok {
+				return false, nil, ctx.Err() == nil
+			}
+			pod, isPod := e.Object.(*corev1.Pod)
+			switch {
+			case e.Type == watch.Error || !isPod:
+				return false, nil, ctx.Err() == nil
+			case e.Type == watch.Deleted:
+				return true, podEndReason(pod), false
+			case podEnded(pod):
+				return true, podEndReason(pod), false
+			}
+		}
+	}
+}
+
+// podEnded says whether a sandbox's Pod ended: its container terminated, its phase past
+// Running, or its deletion begun.
+func podEnded(pod *corev1.Pod) bool {
+	_, ended := podEnd(pod)
+	return ended || stateOf(pod) != roche.StateRunning
+}
+
+// podEndReason reads why a sandbox's Pod ended from its sandbox container's status, as
+// the watch does (podEnd): OOM (reason OOMKilled, exit 137), its lifetime (ended at or
+// past its expiry), else roche-agent's exit, with that status as the evidence; nil when
+// the status does not tell.
+func podEndReason(pod *corev1.Pod) *roche.EndReason {
+	evs, ended := podEnd(pod)
+	if !ended || len(evs) == 0 {
+		return nil
+	}
+	died := evs[len(evs)-1]
+	e := &roche.EndReason{At: died.Time, Evidence: died.Evidence, ExitCode: died.ExitCode, ExitKnown: died.ExitKnown}
+	expires := expiresOf(pod.Labels)
+	switch {
+	case evs[0].Kind == kit.EventOOM:
+		e.Kind, e.Detail = roche.EndOOM, "killed for exceeding its memory limit"
+	case !died.ExitKnown:
+		return nil // no status of its container: nothing says why
+	case !expires.IsZero() && !died.Time.Before(expires.Add(-time.Second)):
+		e.Kind, e.Detail = roche.EndLifetime, "its lifetime ended at "+expires.Local().Format(time.TimeOnly)
+	default:
+		e.Kind, e.Detail = roche.EndAgentExited, fmt.Sprintf("its main process (roche-agent) exited with status %d", died.ExitCode)
+	}
+	return e
 }

@@ -899,16 +899,18 @@ func (p *Provider) reach(ctx context.Context, id string) (guestfwd.Target, error
 		s = sandbox{id: id, expires: expiresOf(pod.Labels), cfg: configOf(pod), started: startOf(pod), agent: p.agentClient(id)}
 		p.remember(s)
 	}
+	var end *roche.EndReason
 	return guestfwd.Target{
 		ID: id, Agent: s.agent, Expires: s.expires, Workdir: s.cfg.Workdir,
 		Gone: func() bool {
-			pod, err := p.get(context.Background(), id)
-			gone := errors.Is(err, roche.ErrNotFound) || err == nil && stateOf(pod) != roche.StateRunning
+			gone, why := p.awaitEnd(id)
 			if gone {
 				p.forget(id)
+				end = why
 			}
 			return gone
 		},
+		Ended: func() *roche.EndReason { return end },
 	}, nil
 }
 

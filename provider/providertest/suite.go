@@ -485,7 +485,9 @@ func (s *suite) testMemoryLimit(t *testing.T) {
 // endsSandbox runs a Python program that exceeds the sandbox's memory limit on gVisor,
 // where no OOM killer picks a task: the host's kills gVisor's kernel, which ends the
 // whole sandbox. The limit holds when the program's exec fails with ErrNotFound and
-// the sandbox is gone from the list.
+// the sandbox no longer runs: gone from the list, or listed as exited (a Kubernetes
+// Pod that ended stays until it is deleted). Where the error says why it ended
+// (roche.EndedError), that is the memory limit.
 func (s *suite) endsSandbox(t *testing.T, id, code string) {
 	t.Helper()
 	res, err := s.p.Exec(ctxFor(t, 3*time.Minute), id, roche.ExecRequest{
@@ -494,9 +496,19 @@ func (s *suite) endsSandbox(t *testing.T, id, code string) {
 	if !errors.Is(err, roche.ErrNotFound) {
 		t.Fatalf("exceeding the memory limit on gVisor: %+v %v, want the sandbox ended (ErrNotFound)", res, err)
 	}
+	t.Logf("exceeding the memory limit on gVisor: %v", err)
+	if ended := (*roche.EndedError)(nil); errors.As(err, &ended) && ended.End.Kind != roche.EndOOM {
+		t.Errorf("the sandbox past its memory limit ended with %s, want %s", ended.End, roche.EndOOM)
+	}
 	if err := eventually(func() error {
-		if s.ids(t)[id] {
-			return fmt.Errorf("sandbox %s is still listed after its memory limit ended it", id)
+		list, err := s.p.List(ctxFor(t, time.Minute))
+		if err != nil {
+			return err
+		}
+		for _, sb := range list {
+			if sb.ID == id && sb.State != roche.StateExited {
+				return fmt.Errorf("sandbox %s is still listed, %s, after its memory limit ended it", id, sb.State)
+			}
 		}
 		return nil
 	}); err != nil {

@@ -23,6 +23,9 @@ type Target struct {
 	// exists (destroyed, expired, its VM stopped); the provider forgets it then. Nil
 	// means the provider cannot tell.
 	Gone func() bool
+	// Ended, when set, says why the sandbox ended once Gone has said it is gone (nil when
+	// that cannot be known): the error then carries it (roche.EndedError).
+	Ended func() *roche.EndReason
 }
 
 // Forwarder implements, through roche-agent, the methods of roche.Provider (Exec),
@@ -105,7 +108,13 @@ func (t Target) fail(err error) error {
 		return mapped
 	}
 	if t.Gone != nil && t.Gone() {
-		return fmt.Errorf("%w: sandbox %s is gone (destroyed, stopped, or its lifetime ended)", roche.ErrNotFound, t.ID)
+		gone := fmt.Errorf("%w: sandbox %s is gone (destroyed, stopped, or its lifetime ended)", roche.ErrNotFound, t.ID)
+		if t.Ended != nil {
+			if end := t.Ended(); end != nil {
+				return &roche.EndedError{ID: t.ID, End: *end, Err: gone}
+			}
+		}
+		return gone
 	}
 	return fmt.Errorf("sandbox %s: %w", t.ID, err)
 }

@@ -30,6 +30,18 @@ func TestFailSaysWhetherTheSandboxIsGone(t *testing.T) {
 	if !errors.Is(err, roche.ErrNotFound) || !strings.Contains(err.Error(), "sandbox docker-0123 is gone") {
 		t.Fatalf("a refused connection to a sandbox that is gone: %v", err)
 	}
+	// Where the provider can tell why it ended, the error says so.
+	end := roche.EndReason{Kind: roche.EndOOM, Detail: "killed for exceeding its memory limit", Evidence: "OOMKilled, exit 137"}
+	tg.Ended = func() *roche.EndReason { return &end }
+	err = tg.fail(refused)
+	var ended *roche.EndedError
+	if !errors.Is(err, roche.ErrNotFound) || !errors.As(err, &ended) || ended.End.Kind != roche.EndOOM || !strings.Contains(err.Error(), "exit 137") {
+		t.Fatalf("a refused connection to a sandbox that ended of OOM: %v, want an EndedError (oom) wrapping ErrNotFound", err)
+	}
+	tg.Ended = func() *roche.EndReason { return nil }
+	if err = tg.fail(refused); !errors.Is(err, roche.ErrNotFound) || errors.As(err, &ended) {
+		t.Fatalf("a refused connection to a sandbox that ended for a reason unknown: %v", err)
+	}
 }
 
 // TestForwarderRefusesBeforeReaching: a request the core refuses, or a path that is not
