@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -282,8 +283,13 @@ type memFound struct {
 	placeholder string
 }
 
-// searchMemory reads every readable mapping of process pid through /proc/PID/mem and
-// reports whether value is in it, and a match of placeholder, with the bytes read.
+// searchMemory reads the memory process pid holds, through /proc/PID/mem, and reports
+// whether value is in it, and a match of placeholder, with the bytes read. It reads the
+// pages of each readable mapping that are resident or swapped out (/proc/PID/pagemap),
+// never one the process has not touched: reading that would fault it in, and in a
+// mapping of a memory file (gVisor's kernel keeps its tasks' memory in one) allocate
+// it, charged to the sandbox, which a search of the whole mapping would end of OOM.
+// What the process never touched holds nothing of it.
 func searchMemory(pid int, value []byte, placeholder *regexp.Regexp) (int64, memFound, error) {
 	var found memFound
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
@@ -295,23 +301,20 @@ func searchMemory(pid int, value []byte, placeholder *regexp.Regexp) (int64, mem
 		return 0, found, err
 	}
 	defer mem.Close()
+	pagemap, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return 0, found, err
+	}
+	defer pagemap.Close()
 	const chunk = 1 << 20
 	buf := make([]byte, chunk+len(value)+64)
 	var total int64
-	for _, line := range strings.Split(string(maps), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 || !strings.HasPrefix(f[1], "r") || strings.HasSuffix(line, "[vvar]") || strings.HasSuffix(line, "[vsyscall]") {
-			continue
-		}
-		var start, end uint64
-		if _, err := fmt.Sscanf(f[0], "%x-%x", &start, &end); err != nil {
-			continue
-		}
+	search := func(start, end uint64) {
 		for off := start; off < end; off += chunk {
 			n := min(uint64(len(buf)), end-off)
 			got, _ := mem.ReadAt(buf[:n], int64(off))
 			if got <= 0 {
-				break // unreadable (a guard page, a device mapping)
+				return // unreadable (a guard page, a device mapping)
 			}
 			total += int64(got)
 			b := buf[:got]
@@ -323,7 +326,55 @@ func searchMemory(pid int, value []byte, placeholder *regexp.Regexp) (int64, mem
 			}
 		}
 	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !strings.HasPrefix(f[1], "r") || strings.HasSuffix(line, "[vvar]") || strings.HasSuffix(line, "[vsyscall]") {
+			continue
+		}
+		var start, end uint64
+		if _, err := fmt.Sscanf(f[0], "%x-%x", &start, &end); err != nil {
+			continue
+		}
+		if err := residentRuns(pagemap, start, end, search); err != nil {
+			return total, found, err
+		}
+	}
 	return total, found, nil
+}
+
+// residentRuns calls f with each run of pages in [start, end) that are resident or
+// swapped out, as /proc/PID/pagemap says (bits 63 and 62 of each page's entry).
+func residentRuns(pagemap *os.File, start, end uint64, f func(start, end uint64)) error {
+	page := uint64(os.Getpagesize())
+	const batch = 1 << 16 // entries per read: 512 KiB, 256 MiB of memory
+	entries := make([]byte, 8*batch)
+	runStart, inRun := uint64(0), false
+	for addr := start; addr < end; {
+		n := min(batch, (end-addr)/page)
+		got, err := pagemap.ReadAt(entries[:8*n], int64(addr/page*8))
+		if got < 8 {
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("reading pagemap at %#x: %w", addr, err)
+		}
+		for i := 0; i+8 <= got; i += 8 {
+			e := binary.LittleEndian.Uint64(entries[i:])
+			held := e&(1<<63) != 0 || e&(1<<62) != 0
+			switch {
+			case held && !inRun:
+				runStart, inRun = addr, true
+			case !held && inRun:
+				f(runStart, addr)
+				inRun = false
+			}
+			addr += page
+		}
+	}
+	if inRun {
+		f(runStart, end)
+	}
+	return nil
 }
 
 // lineWriter keeps what is written, and closes line at the first newline.
