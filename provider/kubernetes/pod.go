@@ -261,6 +261,8 @@ func podFor(cfg kit.Spec, pp podParams) (*corev1.Pod, error) {
 		// gVisor charges a task to the user that creates it, and holds root to
 		// RLIMIT_NPROC unless it has CAP_SYS_RESOURCE (gvisor.go).
 		agent.ForkAsUser = true
+		// And refuses to start where the runtime did not honour the mount hints below.
+		agent.ScratchMax = cfg.TmpSize()
 		c := &pod.Spec.Containers[0]
 		c.Command = append([]string{podlink.Agent}, agent.Args()...)
 		c.SecurityContext.Capabilities.Add = append(slices.Clone(agentCaps), "SYS_RESOURCE")

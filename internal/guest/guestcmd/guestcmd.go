@@ -112,6 +112,7 @@ func Parse(args []string, stderr io.Writer) (cfg server.Config, version bool, er
 	chownFrom := fs.Int("chown-from", 0, "uid whose files on the root filesystem are handed to the sandbox user at start (the uid of the sandbox a snapshot was taken of)")
 	nproc := fs.Int("nproc", 0, "cap the sandbox user's processes and threads at exactly this many (RLIMIT_NPROC; 0: no cap)")
 	forkAsUser := fs.Bool("fork-as-user", false, "start commands from a thread running as the sandbox user, so that a kernel counting tasks by their creator's user (gVisor) counts them against --nproc")
+	scratchMax := fs.Int64("scratch-max", 0, "refuse to start unless /tmp and /dev/shm are tmpfs of at most this many bytes (0: no check)")
 	nofile := fs.Int("nofile", 0, fmt.Sprintf("open files per process, for the agent and every command (RLIMIT_NOFILE, soft and hard; 0: %d; -1: as started)", guest.OpenFiles))
 	versionFlag := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -121,6 +122,7 @@ func Parse(args []string, stderr io.Writer) (cfg server.Config, version bool, er
 		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime,
 		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
 		ChownFrom: *chownFrom, NProc: *nproc, ForkAsUser: *forkAsUser, NoFile: *nofile,
+		ScratchMax: *scratchMax,
 	}
 	if *own != "" {
 		cfg.Own = []string{*own}

@@ -68,6 +68,11 @@ type Config struct {
 	// user rather than as root: gVisor charges a task to the user it is created as, so a
 	// command started as root and then switched would not count against NProc.
 	ForkAsUser bool
+	// ScratchMax, when positive, is the most /tmp and /dev/shm may hold: the agent
+	// refuses to start unless both are tmpfs of at most that many bytes (a gVisor Pod,
+	// where the runtime makes them so only when it honours the Pod's mount hints; where
+	// it does not, /tmp is a gofer mount and /dev/shm a tmpfs of gVisor's own size).
+	ScratchMax int64
 	// NoFile is the open-file limit (RLIMIT_NOFILE, soft and hard) of the agent and so
 	// of every command: 0 means agent.OpenFiles, a negative value leaves the limit as
 	// the agent was started with. It is only ever lowered.
@@ -191,6 +196,11 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("started for gVisor (--fork-as-user), but the kernel is not gVisor's (release %q): the runtime this sandbox was asked to run under is not gVisor; refusing to run it on the host's kernel", rel)
 		}
 		if err := reaper.forkAs(uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ScratchMax > 0 {
+		if err := checkScratch(cfg.ScratchMax, "/tmp", "/dev/shm"); err != nil {
 			return nil, err
 		}
 	}
@@ -651,6 +661,25 @@ func countThreads() int {
 
 // gvisorKernel reports whether the agent runs on gVisor's kernel, which names its
 // release "...-gvisor" (4.19.0-gvisor by default), and the release it read.
+// checkScratch refuses scratch mounts that are not tmpfs of at most max bytes (see
+// Config.ScratchMax), in one line saying which and what it is instead.
+func checkScratch(max int64, paths ...string) error {
+	for _, p := range paths {
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err != nil {
+			return fmt.Errorf("started to hold %s to %d bytes (--scratch-max), but cannot read its filesystem: %w", p, max, err)
+		}
+		size := int64(st.Blocks) * st.Bsize
+		switch {
+		case st.Type != unix.TMPFS_MAGIC:
+			return fmt.Errorf("started to hold %s to a tmpfs of %d bytes (--scratch-max), but it is not tmpfs (filesystem type %#x): the runtime did not apply the sandbox's mount hints (on gVisor, containerd's runsc runtime must pass dev.gvisor.* annotations: pod_annotations); refusing to run without the bound", p, max, st.Type)
+		case size > max:
+			return fmt.Errorf("started to hold %s to a tmpfs of %d bytes (--scratch-max), but it is a tmpfs of %d: the runtime did not apply the sandbox's mount hints (on gVisor, containerd's runsc runtime must pass dev.gvisor.* annotations: pod_annotations); refusing to run without the bound", p, max, size)
+		}
+	}
+	return nil
+}
+
 func gvisorKernel() (string, bool) {
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {

@@ -61,6 +61,9 @@ type Spec struct {
 	// ForkAsUser starts commands from a thread running as the sandbox user, so that a
 	// kernel counting tasks by their creator's user (gVisor) counts them against NProc.
 	ForkAsUser bool
+	// ScratchMax, when positive, makes the agent refuse to start unless /tmp and
+	// /dev/shm are tmpfs of at most this many bytes (gVisor Pods: their mount hints).
+	ScratchMax int64
 	// Own is a directory handed to the sandbox user at start if root owns it (a
 	// workspace's mount point); "" for none.
 	Own string
@@ -92,6 +95,9 @@ func (s Spec) Args() []string {
 	}
 	if s.ForkAsUser {
 		args = append(args, "--fork-as-user")
+	}
+	if s.ScratchMax > 0 {
+		args = append(args, "--scratch-max", strconv.FormatInt(s.ScratchMax, 10))
 	}
 	if s.Own != "" {
 		args = append(args, "--own", s.Own)

@@ -20,7 +20,7 @@ func TestArgsReadBack(t *testing.T) {
 	egressSock := filepath.Join(t.TempDir(), "egress.sock")
 	spec := agentspec.Spec{
 		Socket: "/.roche/run/agent.sock", Owner: 1234, User: "1900000001:1900000001",
-		Lifetime: 90 * time.Second, NProc: 77, ForkAsUser: true, Own: "/workspace",
+		Lifetime: 90 * time.Second, NProc: 77, ForkAsUser: true, ScratchMax: 64 << 20, Own: "/workspace",
 		ChownFrom: 1900000002, EgressSocket: egressSock, Lease: 30 * time.Second,
 	}
 	cfg, version, err := guestcmd.Parse(spec.Args(), io.Discard)
@@ -37,6 +37,7 @@ func TestArgsReadBack(t *testing.T) {
 		{"lifetime", cfg.Lifetime, spec.Lifetime},
 		{"nproc", cfg.NProc, spec.NProc},
 		{"fork as user", cfg.ForkAsUser, true},
+		{"scratch max", cfg.ScratchMax, int64(64 << 20)},
 		{"own", slices.Equal(cfg.Own, []string{spec.Own}), true},
 		{"chown from", cfg.ChownFrom, spec.ChownFrom},
 		{"egress listen", cfg.EgressListen, egress.SandboxListen},
@@ -68,7 +69,7 @@ func TestArgsReadBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.NProc != 0 || cfg.ForkAsUser || cfg.Own != nil || cfg.ChownFrom != 0 || cfg.EgressDial != nil || cfg.LeaseGrace != 0 || cfg.Lifetime != 0 {
+	if cfg.NProc != 0 || cfg.ForkAsUser || cfg.ScratchMax != 0 || cfg.Own != nil || cfg.ChownFrom != 0 || cfg.EgressDial != nil || cfg.LeaseGrace != 0 || cfg.Lifetime != 0 {
 		t.Errorf("a bare spec set more: %+v", cfg)
 	}
 }
