@@ -60,6 +60,14 @@ func gvisorMountHints(pod *corev1.Pod, size int64) {
 	}
 }
 
+// gvisorHintsUnplaced reports whether a FailedCreatePodSandBox message is gVisor's shim
+// failing to find a volume its mount hints name (a node whose kubelet keeps its root
+// elsewhere than /var/lib/kubelet): the kubelet retries that for ever, so the create
+// fails at once.
+func gvisorHintsUnplaced(msg string) bool {
+	return strings.Contains(msg, "update volume annotations") && strings.Contains(msg, "get volume path")
+}
+
 // gvisorClass says whether a RuntimeClass is taken for gVisor's, by its name.
 func gvisorClass(name string) bool {
 	n := strings.ToLower(name)

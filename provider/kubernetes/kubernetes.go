@@ -751,6 +751,10 @@ func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, err
 					return nil, fmt.Errorf("%w: the Pod of sandbox %s cannot start under runtime class %q: its node cannot run that RuntimeClass's handler (kubectl get runtimeclass %s shows it; the node's runtime must have it configured): %s",
 						roche.ErrUnavailable, id, p.runtimeClass, p.runtimeClass, fail)
 				}
+				if p.gvisor() && gvisorHintsUnplaced(fail) {
+					return nil, fmt.Errorf("%w: the Pod of sandbox %s cannot start: gVisor's shim on its node cannot find the volumes its mount hints name, which it looks for under the kubelet's default root (/var/lib/kubelet/pods; docs/providers/kubernetes.md, gVisor Pods): %s",
+						roche.ErrUnavailable, id, fail)
+				}
 			}
 		}
 		select {

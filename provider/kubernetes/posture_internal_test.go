@@ -94,4 +94,10 @@ func TestRuntimeClassRefused(t *testing.T) {
 			t.Errorf("runtimeHandlerMissing(%q) = %v, want %v", msg, got, want)
 		}
 	}
+	// gVisor's shim on a node whose kubelet root is not the default (its words, seen on
+	// the test cluster with a hint naming a volume the Pod lacks).
+	unplaced := `Failed to create pod sandbox: rpc error: code = Unknown desc = failed to create containerd task: failed to create shim task: update volume annotations: get volume path for "tmp": unexpected matched volume list []: unknown`
+	if !gvisorHintsUnplaced(unplaced) || gvisorHintsUnplaced(`Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for sandbox`) {
+		t.Errorf("gvisorHintsUnplaced: the shim's failure to place a hint's volume not told from another")
+	}
 }
