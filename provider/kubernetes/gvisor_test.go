@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
@@ -30,6 +32,25 @@ func TestGVisor(t *testing.T) {
 	pod := podOf(t, p, sb.ID)
 	if got := pod.Spec.RuntimeClassName; got == nil || *got != testcluster.RuntimeClassGVisor {
 		t.Fatalf("the Pod's RuntimeClass %v, want %s", got, testcluster.RuntimeClassGVisor)
+	}
+	// The stored Pod keeps every default of a runc one (TestPodSpecOnTheCluster), and
+	// carries gVisor's mount hints: /tmp and /dev/shm tmpfs of gVisor's kernel, 64 MiB.
+	if *pod.Spec.AutomountServiceAccountToken || *pod.Spec.EnableServiceLinks || pod.Spec.HostNetwork || pod.Spec.HostPID || pod.Spec.HostIPC {
+		t.Errorf("gVisor Pod spec %+v", pod.Spec)
+	}
+	for _, ct := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		sc := ct.SecurityContext
+		if sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeLocalhost || *sc.SeccompProfile.LocalhostProfile != kubernetes.DefaultSeccompProfile ||
+			*sc.AllowPrivilegeEscalation || *sc.Privileged || !*sc.ReadOnlyRootFilesystem || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+			t.Errorf("container %s of the gVisor Pod: security context %+v", ct.Name, sc)
+		}
+	}
+	for _, v := range []string{"tmp", "shm"} {
+		for field, want := range map[string]string{"type": "tmpfs", "share": "container", "options": "rw,size=67108864"} {
+			if k := "dev.gvisor.spec.mount." + v + "." + field; pod.Annotations[k] != want {
+				t.Errorf("the gVisor Pod's annotation %s %q, want %q", k, pod.Annotations[k], want)
+			}
+		}
 	}
 	statuses := append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...)
 	if len(statuses) < 2 {

@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/testcluster"
 	"github.com/roche-sandbox/roche/provider/kubernetes"
 )
 
@@ -110,8 +111,8 @@ func serveWebhook(t *testing.T, rw http.Handler) (string, []byte) {
 // TestPostureRewrittenOnTheWayIn: a mutating admission webhook that takes the asked-for
 // RuntimeClass off the sandbox's Pod, or puts its container under the runtime's default
 // seccomp profile, does not get a sandbox run with less isolation than asked: the create
-// fails saying so and the Pod is gone. With the webhook passing Pods through unchanged,
-// the same create succeeds.
+// fails saying so and the Pod is gone; so does one that drops a gVisor Pod's mount hint.
+// With the webhook passing Pods through unchanged, the same create succeeds.
 func TestPostureRewrittenOnTheWayIn(t *testing.T) {
 	rc := runtimeClass(t, "runc")
 	p := newProvider(t, kubernetes.WithRuntimeClass(rc))
@@ -181,6 +182,27 @@ func TestPostureRewrittenOnTheWayIn(t *testing.T) {
 		t.Logf("%s: %v", c.what, err)
 		noPods(t, p)
 	}
+	// On gVisor Pods, the mount hints that size /tmp and /dev/shm: one dropped would leave
+	// /dev/shm at gVisor's own size. (A provider of the gVisor class, in the same
+	// namespace, whose Pods the webhook rewrites.)
+	pg, err := kubernetes.New(kubernetes.WithKubeconfig(testcluster.Kubeconfig(t)), kubernetes.WithNamespace(p.Namespace()),
+		kubernetes.WithRuntimeClass(testcluster.RuntimeClassGVisor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	rw.set(`[{"op":"remove","path":"/metadata/annotations/dev.gvisor.spec.mount.shm.options"}]`)
+	before := rw.calls()
+	_, err = pg.Create(ctx, baseConfig())
+	if rw.calls() == before {
+		t.Fatal("gVisor's mount hint dropped: the webhook was not called")
+	}
+	if !errors.Is(err, roche.ErrUnavailable) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "annotation dev.gvisor.spec.mount.shm.options") {
+		t.Errorf("gVisor's mount hint dropped: Create: %v, want one line wrapping ErrUnavailable naming the annotation", err)
+	}
+	t.Logf("gVisor's mount hint dropped: %v", err)
+	noPods(t, p)
+
 	rw.set("")
 	sb := create(t, p, baseConfig())
 	if got := py(t, p, sb.ID, "print('ran')"); got != "ran" {
