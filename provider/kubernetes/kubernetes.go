@@ -771,13 +771,26 @@ func (p *Provider) waitRunning(ctx context.Context, id string) (*corev1.Pod, err
 	return nil, fmt.Errorf("%w: the Pod of sandbox %s did not start within %s: %s", roche.ErrTimeout, id, p.createTimeout, last)
 }
 
-// waitAgent waits until the agent answers through its relay.
+// waitAgent waits until the agent answers through its relay. An agent that exits once
+// started (it refuses what it was started into: another kernel than gVisor's, scratch
+// mounts without their bounds) ends its Pod: that is told, in its own words, as soon as
+// the kubelet reports it, not waited out.
 func (p *Provider) waitAgent(ctx context.Context, sb sandbox) error {
 	delay := 50 * time.Millisecond
+	var looked time.Time
 	for {
 		_, err := sb.agent.Health(ctx)
 		if err == nil {
 			return nil
+		}
+		if time.Since(looked) >= time.Second {
+			looked = time.Now()
+			if pod, gerr := p.get(ctx, sb.id); gerr == nil && podEnded(pod) {
+				if _, msg := describeWaiting(pod); msg != "" {
+					return fmt.Errorf("the Pod of sandbox %s cannot start: %s", sb.id, msg)
+				}
+				return fmt.Errorf("the Pod of sandbox %s ended before its agent answered (phase %s): %s", sb.id, pod.Status.Phase, oneLine(err.Error()))
+			}
 		}
 		select {
 		case <-ctx.Done():
