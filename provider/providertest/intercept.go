@@ -48,6 +48,12 @@ func (s *RecordingTLS) Seen() []string {
 // processes it starts (roched), through egress.RootsEnv, set until the test ends.
 func UpstreamCA(t *testing.T) *localca.CA {
 	t.Helper()
+	return upstreamCA(t, func(t *testing.T, roots string) { t.Setenv(egress.RootsEnv, roots) })
+}
+
+// upstreamCA is UpstreamCA with set putting the roots file into egress.RootsEnv.
+func upstreamCA(t *testing.T, set func(t *testing.T, roots string)) *localca.CA {
+	t.Helper()
 	ca, err := localca.New("egress upstream test CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +62,7 @@ func UpstreamCA(t *testing.T) *localca.CA {
 	if err := os.WriteFile(roots, ca.CertPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(egress.RootsEnv, roots)
+	set(t, roots)
 	return ca
 }
 
@@ -134,7 +140,9 @@ func (s *suite) testEgressIntercept(t *testing.T) {
 // returns the sandbox's id and the secret's value, for the provider's own checks.
 func EgressIntercept(t *testing.T, p roche.Provider, base roche.Config, create func(roche.Config) string,
 	hostPIDs func(id string) ([]int, error)) (string, string) {
-	testCA := UpstreamCA(t)
+	// The roots under rootsMu (setRoots), not t.Setenv: the suites of two providers run
+	// at once (t.Parallel).
+	testCA := upstreamCA(t, setRoots)
 	bound := RecordingServer(t, "127.0.0.5", testCA)
 	unbound := RecordingServer(t, "127.0.0.6", testCA)
 	b := make([]byte, 16)
@@ -276,6 +284,29 @@ func hostSideSearch(t *testing.T, id, value string, hostPIDs func(string) ([]int
 		t.Fatalf("the placeholder is in the memory of none of the sandbox's processes %v: the search read the wrong thing", pids)
 	}
 	return seen
+}
+
+// rootsMu lets one EgressIntercept at a time give the proxy its test CA through
+// egress.RootsEnv, which is the process's environment: the suites of two providers may
+// run at once (t.Parallel), where t.Setenv is refused, and each must find its own CA
+// there while its proxies verify upstreams.
+var rootsMu sync.Mutex
+
+// setRoots sets egress.RootsEnv to roots until the test ends, holding rootsMu as long.
+func setRoots(t *testing.T, roots string) {
+	rootsMu.Lock()
+	t.Cleanup(rootsMu.Unlock)
+	old, had := os.LookupEnv(egress.RootsEnv)
+	if err := os.Setenv(egress.RootsEnv, roots); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if had {
+			_ = os.Setenv(egress.RootsEnv, old)
+		} else {
+			_ = os.Unsetenv(egress.RootsEnv)
+		}
+	})
 }
 
 type memFound struct {
