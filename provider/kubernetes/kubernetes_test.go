@@ -145,6 +145,10 @@ func baseConfig() roche.Config {
 }
 
 func TestConformance(t *testing.T) {
+	// At the same time as TestConformanceGVisor, after the package's other tests: both
+	// mostly wait on the cluster (a Pod's start, the kubelet), so together they take
+	// little longer than one.
+	t.Parallel()
 	// With the default seccomp profile, Roche's, which the test cluster installs on its
 	// node as an operator does: the runtime's default (containerd 1.6's) allows io_uring
 	// and ptrace, which the suite checks are refused.
@@ -160,6 +164,26 @@ func TestConformance(t *testing.T) {
 		PidsExact:   true,
 		// The kubelet mounts an emptyDir's tmpfs with neither, and a Pod cannot ask.
 		ScratchMountsLackNosuid: "the kubelet mounts memory emptyDirs without nosuid and nodev",
+		HostPIDs:                podPIDs(clientset(t), p.Namespace()),
+	})
+}
+
+// TestConformanceGVisor runs the suite on gVisor Pods (the test cluster's RuntimeClass
+// gvisor, handler runsc), as TestConformance on runc: the privilege checks assert what
+// gVisor's kernel enforces, /tmp and /dev/shm are tmpfs of gVisor's kernel sized by its
+// mount hints (gvisor.go), and a program past the memory limit ends the whole sandbox,
+// its exec failing with the sandbox's end (OOM) as on Docker's runsc.
+func TestConformanceGVisor(t *testing.T) {
+	t.Parallel() // with TestConformance
+	p := newProvider(t, kubernetes.WithEgressProxy(), kubernetes.WithRuntimeClass(testcluster.RuntimeClassGVisor))
+	cfg := baseConfig()
+	cfg.Disk = "0"
+	providertest.Run(t, p, providertest.Options{
+		Config:                  cfg,
+		GVisor:                  true,
+		NoDiskLimit:             "the kubelet enforces ephemeral-storage limits by eviction",
+		PidsExact:               true,
+		ScratchMountsLackNosuid: "gVisor refuses a container's mount without nosuid of a shared tmpfs that has it, and the kubelet's mount of the volume has neither",
 		HostPIDs:                podPIDs(clientset(t), p.Namespace()),
 	})
 }
