@@ -49,6 +49,7 @@ var (
 	replicas    = flag.Int("replicas", 1, "roched replicas of one group (--replica-group), each with its share of the pool and of the clients")
 	kubeQPS     = flag.Float64("kube-qps", 0, "each roched's --kube-qps (0: the provider's default, 50)")
 	kubeBurst   = flag.Int("kube-burst", 0, "each roched's --kube-burst (0: the provider's default, 100, or the rate if more)")
+	cpuProfile  = flag.String("cpuprofile", "", "write each roched's Go CPU profile of the claims to FILE.0, FILE.1, ...")
 )
 
 func main() {
@@ -86,7 +87,7 @@ func run() error {
 		Clients: *clients, PoolConcurrency: *concurrency,
 		Replicas: *replicas, KubeQPS: float32(*kubeQPS), KubeBurst: *kubeBurst,
 		Kubeconfig: cluster.Kubeconfig, Namespace: ns, Selector: testcluster.KwokSelector,
-		Dir: dir, Progress: os.Stderr,
+		Dir: dir, Progress: os.Stderr, CPUProfile: *cpuProfile,
 	})
 	if err != nil {
 		return err
@@ -123,6 +124,8 @@ func report(r *k8sscale.Result) {
 	}
 	fmt.Printf("%-58s %10.2fx\n", "claim p50 / baseline GET p50", samples.Ratio(r.Claims, r.BaselineGets))
 
+	claimCost(r)
+
 	fmt.Printf("\nroched's requests to the API server (counted in its transport):\n")
 	per := []struct {
 		phase, what string
@@ -145,6 +148,31 @@ func report(r *k8sscale.Result) {
 	made := n + r.Expiring + r.Leftovers
 	fmt.Printf("  %-8s %6d  %6.2f per sandbox made over the run (%d made)\n", "all", total, float64(total)/float64(made), made)
 }
+
+// claimCost says where the claims' time went: roched's PATCH as its transport saw it,
+// the API server's and etcd's account of it, and the CPU of each process meanwhile.
+func claimCost(r *k8sscale.Result) {
+	n := len(r.Claims)
+	fmt.Printf("\nwhere the claims' time went (%s of claims):\n", secs(r.ClaimWall))
+	pct := func(ds []time.Duration, p int) string { return samples.Ms(samples.Percentile(ds, p)) }
+	fmt.Printf("  %-56s %10s %10s\n", "roched's PATCH of the Pod, transport to answer", pct(r.ClaimPatches, 50), pct(r.ClaimPatches, 99))
+	for _, k := range []string{"apiserver PATCH pods", "etcd get pods", "etcd update pods"} {
+		st := r.ClaimAPI[k]
+		fmt.Printf("  %-56s %10s  (mean of %d, the API server's metrics)\n", k, samples.Ms(st.Mean()), st.Count)
+	}
+	c := r.ClaimCPU
+	cpus := float64(c.Busy+c.Idle+c.Steal) / float64(c.Wall)
+	fmt.Printf("  machine: busy %.0f%%, idle %.0f%%, stolen %.0f%% of %.1f CPUs\n",
+		100*float64(c.Busy)/float64(c.Wall)/cpus, 100*float64(c.Idle)/float64(c.Wall)/cpus, 100*float64(c.Steal)/float64(c.Wall)/cpus, cpus)
+	var parts []string
+	for _, name := range c.Names() {
+		parts = append(parts, fmt.Sprintf("%s %.2f", name, ms(c.Procs[name])/float64(n)))
+	}
+	parts = append(parts, fmt.Sprintf("the rest %.2f", ms(c.Other())/float64(n)))
+	fmt.Printf("  CPU ms per claim (%.2f in all): %s\n", ms(c.Busy)/float64(n), strings.Join(parts, ", "))
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 

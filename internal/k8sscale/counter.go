@@ -6,8 +6,10 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Counts are requests to the API server by "VERB resource": "create pods", "list
@@ -57,13 +59,16 @@ func (c Counts) String() string {
 	return strings.Join(parts, ", ")
 }
 
-// counter counts the requests that pass through the transports it wraps.
+// counter counts the requests that pass through the transports it wraps, and times
+// each: from handing it to the transport to its response's headers, which is the API
+// server's time and the wire's, not the client's rate limiter's (that waits before).
 type counter struct {
-	mu sync.Mutex
-	n  Counts
+	mu   sync.Mutex
+	n    Counts
+	took map[string][]time.Duration
 }
 
-func newCounter() *counter { return &counter{n: Counts{}} }
+func newCounter() *counter { return &counter{n: Counts{}, took: map[string][]time.Duration{}} }
 
 // wrap is a rest.Config transport wrapper (kubernetes.WithTransportWrapper).
 func (c *counter) wrap(rt http.RoundTripper) http.RoundTripper {
@@ -72,8 +77,29 @@ func (c *counter) wrap(rt http.RoundTripper) http.RoundTripper {
 		c.mu.Lock()
 		c.n[key]++
 		c.mu.Unlock()
-		return rt.RoundTrip(req)
+		start := time.Now()
+		resp, err := rt.RoundTrip(req)
+		took := time.Since(start)
+		c.mu.Lock()
+		c.took[key] = append(c.took[key], took)
+		c.mu.Unlock()
+		return resp, err
 	})
+}
+
+// serveTimings answers with the round trips of the requests named by ?key= ("patch
+// pods"), from the ?from=th on, in nanoseconds, as JSON.
+func (c *counter) serveTimings(w http.ResponseWriter, req *http.Request) {
+	from, _ := strconv.Atoi(req.URL.Query().Get("from"))
+	c.mu.Lock()
+	all := c.took[req.URL.Query().Get("key")]
+	out := make([]int64, 0, max(0, len(all)-from))
+	for _, d := range all[min(from, len(all)):] {
+		out = append(out, int64(d))
+	}
+	c.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
 }
 
 // ServeHTTP answers with the counts as JSON.

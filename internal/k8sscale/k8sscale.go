@@ -67,6 +67,9 @@ type Params struct {
 	Dir string
 	// Progress hears a line per phase; nil discards.
 	Progress io.Writer
+	// CPUProfile, when set, is where each roched's Go CPU profile of the claim phase is
+	// written: CPUProfile.0, .1, ... for the replicas.
+	CPUProfile string
 }
 
 func (p Params) validate() error {
@@ -129,6 +132,13 @@ type Result struct {
 	ReplicaRSSKiB, ReplicaPeakKiB []int
 	// Requests are roched's requests to the API server in each phase.
 	Requests map[string]Counts
+	// Where the claims' time went: ClaimPatches are roched's PATCHes of the claimed
+	// Pods, each from its transport to the answer's headers (the API server and the
+	// wire, not client-go's rate limiter); ClaimAPI the API server's account of the
+	// phase's requests (its metrics); ClaimCPU the CPU each process spent in it.
+	ClaimPatches []time.Duration
+	ClaimAPI     map[string]APIStat
+	ClaimCPU     CPUCost
 }
 
 // Run runs the scale scenario (see the package comment), checking each step; an error
@@ -248,9 +258,45 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 
 	// Claims, the expiring batch last.
 	say("%d clients claiming %d sandboxes (%d of them for %v)", p.Clients, n, p.Expiring, p.ExpireAfter)
+	api0, err := apiMetrics(ctx, cs)
+	if err != nil {
+		return fail(err)
+	}
+	if p.CPUProfile != "" {
+		for i, r := range rs {
+			if err := r.StartProfile(ctx); err != nil {
+				return fail(fmt.Errorf("profiling roched %d: %w", i, err))
+			}
+		}
+	}
+	cpu0 := sampleCPU(rs)
 	claims, err := claimAll(ctx, rs, p)
 	if err != nil {
 		return fail(fmt.Errorf("claim: %w", err))
+	}
+	res.ClaimCPU = cpu0.to(sampleCPU(rs))
+	if p.CPUProfile != "" {
+		for i, r := range rs {
+			b, err := r.StopProfile(ctx)
+			if err == nil {
+				err = os.WriteFile(fmt.Sprintf("%s.%d", p.CPUProfile, i), b, 0o644)
+			}
+			if err != nil {
+				return fail(fmt.Errorf("profiling roched %d: %w", i, err))
+			}
+		}
+	}
+	api1, err := apiMetrics(ctx, cs)
+	if err != nil {
+		return fail(err)
+	}
+	res.ClaimAPI = subAPI(api1, api0)
+	for i, r := range rs {
+		rtt, err := r.RoundTrips(ctx, "patch pods", before[i]["patch pods"])
+		if err != nil {
+			return fail(err)
+		}
+		res.ClaimPatches = append(res.ClaimPatches, rtt...)
 	}
 	res.ClaimWall = claims.wall
 	for _, c := range claims.all {

@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,8 +111,46 @@ func serveChild(js string) error {
 		return err
 	}
 	defer cl.Close()
-	go http.Serve(cl, counter)
+	mux := http.NewServeMux()
+	mux.Handle("/counts", counter)
+	mux.HandleFunc("/timings", counter.serveTimings)
+	var prof profile
+	mux.HandleFunc("/cpuprofile/start", prof.start)
+	mux.HandleFunc("/cpuprofile/stop", prof.stop)
+	go http.Serve(cl, mux)
 	return d.ServeUntilSignal(2 * time.Minute)
+}
+
+// profile is the child's Go CPU profile, started and stopped by the run around a phase.
+type profile struct {
+	mu  sync.Mutex
+	buf *bytes.Buffer
+}
+
+func (p *profile) start(w http.ResponseWriter, _ *http.Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.buf != nil {
+		http.Error(w, "a profile is running", http.StatusConflict)
+		return
+	}
+	p.buf = &bytes.Buffer{}
+	if err := pprof.StartCPUProfile(p.buf); err != nil {
+		p.buf = nil
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+func (p *profile) stop(w http.ResponseWriter, _ *http.Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.buf == nil {
+		http.Error(w, "no profile is running", http.StatusConflict)
+		return
+	}
+	pprof.StopCPUProfile()
+	w.Write(p.buf.Bytes())
+	p.buf = nil
 }
 
 // Roched is the child roched, seen from the scale run.
@@ -250,6 +291,51 @@ func (r *Roched) Requests(ctx context.Context) (Counts, error) {
 		return nil, fmt.Errorf("reading roched's request counts: %w", err)
 	}
 	return c, nil
+}
+
+// RoundTrips are the round trips of roched's requests named key ("patch pods"), from
+// the from-th it sent on (counter.go).
+func (r *Roched) RoundTrips(ctx context.Context, key string, from int) ([]time.Duration, error) {
+	var ns []int64
+	if err := r.get(ctx, "/timings?"+url.Values{"key": {key}, "from": {strconv.Itoa(from)}}.Encode(), func(b []byte) error { return json.Unmarshal(b, &ns) }); err != nil {
+		return nil, fmt.Errorf("reading roched's round trips: %w", err)
+	}
+	out := make([]time.Duration, len(ns))
+	for i, n := range ns {
+		out[i] = time.Duration(n)
+	}
+	return out, nil
+}
+
+// StartProfile starts a Go CPU profile of roched; StopProfile ends it and returns it.
+func (r *Roched) StartProfile(ctx context.Context) error {
+	return r.get(ctx, "/cpuprofile/start", func([]byte) error { return nil })
+}
+
+func (r *Roched) StopProfile(ctx context.Context) ([]byte, error) {
+	var out []byte
+	err := r.get(ctx, "/cpuprofile/stop", func(b []byte) error { out = b; return nil })
+	return out, err
+}
+
+func (r *Roched) get(ctx context.Context, path string, read func([]byte) error) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://roched"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := r.counts.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return read(b)
 }
 
 // lockedBuffer is the child's output, written by two pipes' copiers at once.
