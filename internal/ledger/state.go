@@ -1,10 +1,12 @@
 package ledger
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -93,6 +95,29 @@ type store struct {
 	written uint64     // sequence number of the snapshot on disk
 	writing bool       // a write is under way
 	wrote   *sync.Cond // on mu: a write ended
+
+	// encoded is each record's JSON as the last write made it, with the record it
+	// encodes; only the one write under way (writing) uses it. A write encodes again
+	// only the records that changed since: a claim from a pool of hundreds changes one,
+	// and encoding every record at every change was most of a claim's CPU in roched.
+	encoded map[string]*encodedRecord
+	gen     uint64 // the write under way, for dropping records gone since
+}
+
+// encodedRecord is a record's JSON and the record as it was encoded, last used by write
+// gen.
+type encodedRecord struct {
+	rec Record
+	b   []byte
+	gen uint64
+}
+
+// sameSaved reports whether two records save the same: every field the state file
+// holds is equal (TestSameSavedCoversEveryField keeps this list whole).
+func sameSaved(a, b *Record) bool {
+	return a.ID == b.ID && a.Provider == b.Provider && a.Image == b.Image && a.Kind == b.Kind && a.Pool == b.Pool &&
+		a.CreatedAt == b.CreatedAt && a.ExpiresAt == b.ExpiresAt && maps.Equal(a.Env, b.Env) && (a.Env == nil) == (b.Env == nil) &&
+		a.Workdir == b.Workdir && a.Paused == b.Paused && a.Tenant == b.Tenant && a.Leased == b.Leased
 }
 
 func (s *store) load() ([]*Record, error) {
@@ -162,11 +187,59 @@ func (s *store) saveThrough(seq uint64, snapshot func() (uint64, []*Record)) err
 	return nil
 }
 
+// encode is json.Marshal of the stateFile holding recs, reusing the JSON of the records
+// that have not changed since the last write.
+func (s *store) encode(recs []*Record) ([]byte, error) {
+	head, err := json.Marshal(stateFile{Version: stateVersion, Instance: s.instance})
+	if err != nil {
+		return nil, err
+	}
+	// head ends in "sandboxes":null}: the records go in its place.
+	head = bytes.TrimSuffix(head, []byte("null}"))
+	if s.encoded == nil {
+		s.encoded = map[string]*encodedRecord{}
+	}
+	s.gen++
+	size := len(head) + 2
+	parts := make([][]byte, len(recs))
+	for i, r := range recs {
+		e := s.encoded[r.ID]
+		if e == nil || !sameSaved(&e.rec, r) {
+			b, err := json.Marshal(r)
+			if err != nil {
+				return nil, err
+			}
+			e = &encodedRecord{rec: *r, b: b}
+			e.rec.Env = maps.Clone(r.Env)
+			s.encoded[r.ID] = e
+		}
+		e.gen = s.gen
+		parts[i] = e.b
+		size += len(e.b) + 1
+	}
+	if len(s.encoded) > len(recs) {
+		maps.DeleteFunc(s.encoded, func(_ string, e *encodedRecord) bool { return e.gen != s.gen })
+	}
+	b := make([]byte, 0, size)
+	b = append(b, head...)
+	if recs == nil {
+		return append(b, "null}"...), nil
+	}
+	b = append(b, '[')
+	for i, p := range parts {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, p...)
+	}
+	return append(b, "]}"...), nil
+}
+
 // write replaces the state file with recs. The file is written whole beside it (its
 // spare, see replaceFile) and swapped in at once, so that a daemon dying mid-write
 // leaves the previous state intact.
 func (s *store) write(recs []*Record) error {
-	b, err := json.Marshal(stateFile{Version: stateVersion, Instance: s.instance, Sandboxes: recs})
+	b, err := s.encode(recs)
 	if err != nil {
 		return err
 	}
