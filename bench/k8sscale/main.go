@@ -170,6 +170,9 @@ func claimCost(r *k8sscale.Result) {
 	}
 	parts = append(parts, fmt.Sprintf("the rest %.2f", ms(c.Other())/float64(n)))
 	fmt.Printf("  CPU ms per claim (%.2f in all): %s\n", ms(c.Busy)/float64(n), strings.Join(parts, ", "))
+	l := r.ListCPU
+	fmt.Printf("  for scale, a list of all %d sandboxes through roched (%d lists): %.1f ms of the API server's CPU, %.1f of roched's\n",
+		r.Sandboxes, len(r.Lists), ms(l.Procs["kube-apiserver"])/float64(len(r.Lists)), ms(l.Procs["roched"])/float64(len(r.Lists)))
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -139,6 +139,8 @@ type Result struct {
 	ClaimPatches []time.Duration
 	ClaimAPI     map[string]APIStat
 	ClaimCPU     CPUCost
+	// ListCPU is the CPU each process spent in the list phase (Lists).
+	ListCPU CPUCost
 }
 
 // Run runs the scale scenario (see the package comment), checking each step; an error
@@ -318,6 +320,7 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 
 	// List: roched lists every claimed sandbox (each replica in turn lists them all).
 	say("listing")
+	cpu0 = sampleCPU(rs)
 	for i := range 3 {
 		start := time.Now()
 		list, err := rs[i%nr].Client.Provider(kubernetes.Name).List(ctx)
@@ -329,6 +332,7 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 			return fail(fmt.Errorf("list through roched %d: %w", i%nr, err))
 		}
 	}
+	res.ListCPU = cpu0.to(sampleCPU(rs))
 	if err := mark(PhaseList); err != nil {
 		return fail(err)
 	}
