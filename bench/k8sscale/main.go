@@ -126,7 +126,7 @@ func report(r *k8sscale.Result) {
 
 	claimCost(r)
 
-	fmt.Printf("\nroched's requests to the API server (counted in its transport):\n")
+	fmt.Printf("\nroched's requests to the API server (counted in its transport; %d answers came gzipped):\n", r.Gzipped)
 	per := []struct {
 		phase, what string
 		by          int

@@ -66,6 +66,9 @@ type counter struct {
 	mu   sync.Mutex
 	n    Counts
 	took map[string][]time.Duration
+	// gzipped counts the answers that came compressed (and were inflated by the
+	// transport): none should, roched asks for them plain.
+	gzipped int
 }
 
 func newCounter() *counter { return &counter{n: Counts{}, took: map[string][]time.Duration{}} }
@@ -82,9 +85,20 @@ func (c *counter) wrap(rt http.RoundTripper) http.RoundTripper {
 		took := time.Since(start)
 		c.mu.Lock()
 		c.took[key] = append(c.took[key], took)
+		if resp != nil && resp.Uncompressed {
+			c.gzipped++
+		}
 		c.mu.Unlock()
 		return resp, err
 	})
+}
+
+// serveGzipped answers with how many answers came gzipped.
+func (c *counter) serveGzipped(w http.ResponseWriter, _ *http.Request) {
+	c.mu.Lock()
+	n := c.gzipped
+	c.mu.Unlock()
+	json.NewEncoder(w).Encode(n)
 }
 
 // serveTimings answers with the round trips of the requests named by ?key= ("patch

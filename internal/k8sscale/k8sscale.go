@@ -141,6 +141,9 @@ type Result struct {
 	ClaimCPU     CPUCost
 	// ListCPU is the CPU each process spent in the list phase (Lists).
 	ListCPU CPUCost
+	// Gzipped is how many answers of the API server's to roched came gzipped, up to
+	// the list phase (roched asks for them plain).
+	Gzipped int
 }
 
 // Run runs the scale scenario (see the package comment), checking each step; an error
@@ -333,6 +336,13 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 		}
 	}
 	res.ListCPU = cpu0.to(sampleCPU(rs))
+	for i, r := range rs {
+		g, err := r.Gzipped(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("roched %d: %w", i, err))
+		}
+		res.Gzipped += g
+	}
 	if err := mark(PhaseList); err != nil {
 		return fail(err)
 	}

@@ -85,6 +85,11 @@ func runSmall(t *testing.T, p Params) {
 	if worst := slices.Max(res.Reaps); worst > 15*time.Second {
 		t.Errorf("a sandbox was reaped %v after its expiry", worst)
 	}
+	// roched asks for plain answers: a list of the run's Pods is over the 128 KiB past
+	// which the API server would gzip it.
+	if res.Gzipped != 0 {
+		t.Errorf("%d of roched's answers from the API server came gzipped", res.Gzipped)
+	}
 	for phase, c := range res.Requests {
 		t.Logf("requests in %s: %d (%s)", phase, c.Total(), c)
 	}

@@ -114,6 +114,7 @@ func serveChild(js string) error {
 	mux := http.NewServeMux()
 	mux.Handle("/counts", counter)
 	mux.HandleFunc("/timings", counter.serveTimings)
+	mux.HandleFunc("/gzipped", counter.serveGzipped)
 	var prof profile
 	mux.HandleFunc("/cpuprofile/start", prof.start)
 	mux.HandleFunc("/cpuprofile/stop", prof.stop)
@@ -305,6 +306,13 @@ func (r *Roched) RoundTrips(ctx context.Context, key string, from int) ([]time.D
 		out[i] = time.Duration(n)
 	}
 	return out, nil
+}
+
+// Gzipped is how many of roched's answers from the API server came gzipped.
+func (r *Roched) Gzipped(ctx context.Context) (int, error) {
+	var n int
+	err := r.get(ctx, "/gzipped", func(b []byte) error { return json.Unmarshal(b, &n) })
+	return n, err
 }
 
 // StartProfile starts a Go CPU profile of roched; StopProfile ends it and returns it.

@@ -304,6 +304,12 @@ func New(opts ...Option) (*Provider, error) {
 			return p, nil
 		}
 		cfg.QPS, cfg.Burst = p.qps, p.burst
+		// Uncompressed answers: the API server gzips every answer over 128 KiB that a
+		// client accepts gzipped, such as a list of a thousand sandboxes' Pods (the
+		// reconciliations, every 3 s on each replica of a group), costing it CPU and
+		// roched the inflating; between roched and its cluster the bytes are cheap and
+		// the CPU is not (docs/roched-in-a-cluster.md, "API rate").
+		cfg.DisableCompression = true
 		if p.wrapTransport != nil {
 			cfg.Wrap(p.wrapTransport)
 		}
