@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
@@ -259,7 +260,10 @@ func (k *wasmKernel) Exit() codectx.Exit {
 
 // startKernel instantiates python.wasm running the kernel in sandbox id, as an exec of
 // python3 is run (the sandbox's files, memory limit and start-up hook)
-// (codectx.Options.Start).
+// (codectx.Options.Start). The interpreter starts from a pre-initialised copy
+// (preinit.go) made with the kernel's options, when there is one, as an exec's does: a
+// new instance each time, so contexts, and a context before and after a restart, share
+// nothing but what the copy's start computed (CPython's string-hash secret among it).
 func (p *Provider) startKernel(ctx context.Context, id, cwd string, env map[string]string) (*codectx.Kernel, error) {
 	rec, err := p.lookup(id)
 	if err != nil {
@@ -273,6 +277,7 @@ func (p *Provider) startKernel(ctx context.Context, id, cwd string, env map[stri
 	if err != nil {
 		return nil, err
 	}
+	img := p.kernelPreinit(ctx, prog, mounts)
 	// The instance outlives this call: it ends with its context, the sandbox or the provider.
 	base, cancel := context.WithCancelCause(p.life)
 	wk := &wasmKernel{cancel: cancel, ctx: base, memory: newMemoryCap(rec.Config.MemoryBytes())}
@@ -281,7 +286,11 @@ func (p *Provider) startKernel(ctx context.Context, id, cwd string, env map[stri
 	runCtx := withSpaceSignal(experimental.WithMemoryAllocator(base, wk.memory), sig)
 	pr, pw := io.Pipe()
 	wk.stdin = pw
-	mcfg := moduleConfig(base, prog.argv, prog.env, fsc, k.StdioWriter(), k.StderrWriter()).WithStdin(pr)
+	var stdin io.Reader = pr
+	if img != nil {
+		stdin = withPreinitStdin(warmRequest(prog), pr) // warm.py reads the request first
+	}
+	mcfg := moduleConfig(base, prog.argv, prog.env, fsc, k.StdioWriter(), k.StderrWriter()).WithStdin(stdin)
 	p.runMu.Lock()
 	if p.closed {
 		p.runMu.Unlock()
@@ -298,12 +307,24 @@ func (p *Provider) startKernel(ctx context.Context, id, cwd string, env map[stri
 		p.bg.Done()
 		return nil, fmt.Errorf("code context in wasm sandbox %s: instantiating python.wasm: %w", id, err)
 	}
-	if wk.memory.OverAtStart() {
+	fail := func(err error) (*codectx.Kernel, error) {
 		_ = mod.Close(context.Background())
 		untrack()
 		cancel(nil)
 		p.bg.Done()
-		return nil, overAtStart(prog, rec)
+		return nil, err
+	}
+	if wk.memory.OverAtStart() {
+		return fail(overAtStart(prog, rec))
+	}
+	if img != nil {
+		if err := loadPreinit(mod, img); errors.Is(err, errPreinitMemory) {
+			return fail(overAtStart(prog, rec))
+		} else if err != nil {
+			return fail(fmt.Errorf("code context in wasm sandbox %s: entering the pre-initialised interpreter: %w", id, err))
+		}
+		p.preinitRuns.Add(1)
+		p.log.Debug("wasm: code context's kernel started from the pre-initialised interpreter", "id", id)
 	}
 	go func() {
 		defer p.bg.Done()
@@ -316,12 +337,33 @@ func (p *Provider) startKernel(ctx context.Context, id, cwd string, env map[stri
 			k.Stop("")
 		})
 		defer stop()
-		_, wk.callErr = mod.ExportedFunction("_start").Call(runCtx)
+		if img != nil {
+			wk.callErr = runPreinit(runCtx, mod, img)
+		} else {
+			_, wk.callErr = mod.ExportedFunction("_start").Call(runCtx)
+		}
 		_ = mod.Close(context.Background())
 		k.EndEvents()
 		cancel(nil)
 	}()
 	return k, nil
+}
+
+// kernelPreinit returns the copy the kernel prog starts from, made with the options
+// kernel.StdioArgv gives python3 before -c, or nil when it starts fresh: for the reasons
+// an exec would (warmServes: an environment variable CPython reads at start, text that
+// is not UTF-8), or when no copy can be made.
+func (p *Provider) kernelPreinit(ctx context.Context, prog program, mounts []mountPoint) *preinitImage {
+	at := slices.Index(prog.argv, "-c")
+	if !prog.python || at < 1 {
+		return nil
+	}
+	plain := prog
+	plain.argv = slices.Delete(slices.Clone(prog.argv), 1, at)
+	if !warmServes(plain, mounts) {
+		return nil
+	}
+	return p.preinitFor(ctx, mounts, prog.argv[1:at])
 }
 
 // codeFile, in a sandbox's directory, records the code contexts that processes ran

@@ -83,3 +83,74 @@ func codeSet(t *testing.T, id string) *codectx.Set {
 	}
 	return s
 }
+
+// TestCodePreinit: a provider with pre-initialised interpreters (tpre) starts each code
+// context's kernel from a copy made with the kernel's options, a new instance each time:
+// two contexts share no variables and draw different random numbers, and what a cell
+// can see of how the interpreter started (flags, argv, its streams' buffering, __main__)
+// is what a kernel started from scratch (tp) shows. A context restarted after a timeout
+// starts from the copy again.
+func TestCodePreinit(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
+	const probe = `import sys, os
+(sys.argv, sys.orig_argv[:3], sys.orig_argv[-1], __name__, os.getcwd(),
+ type(sys.__stdout__.buffer).__name__, sys.__stdout__.write_through, sys.__stderr__.line_buffering,
+ sorted(k for k in globals() if not k.startswith('_')), os.environ.get('CTX'), 'PYTHONPATH' in os.environ)`
+	fresh := runCell(t, tp, newSandbox(t, nil), roche.CodeRequest{Code: probe, Env: map[string]string{"CTX": "a"}})
+
+	id := newPreSandbox(t, tpre, nil)
+	before := tpre.preinitRuns.Load()
+	var ctxs []string
+	for _, env := range []string{"a", "b"} {
+		cc, err := tpre.CreateContext(ctxFor(t, time.Minute), id, roche.ContextOptions{Env: map[string]string{"CTX": env}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctxs = append(ctxs, cc.ID)
+	}
+	if got := tpre.preinitRuns.Load(); got != before+2 {
+		t.Fatalf("two contexts started %d interpreters from the copy, want 2", got-before)
+	}
+	pre := runCell(t, tpre, id, roche.CodeRequest{Code: probe, Context: ctxs[0]})
+	if fresh.Error != nil || pre.Error != nil {
+		t.Fatalf("the probe failed: %+v %+v", fresh.Error, pre.Error)
+	}
+	if pre.Text() != fresh.Text() || !strings.Contains(pre.Text(), "(['-c', '--stdio'], ['python3', '-u', '-c'], '--stdio', '__main__'") {
+		t.Fatalf("a kernel from the copy sees\n%s\nfrom scratch\n%s", pre.Text(), fresh.Text())
+	}
+
+	const draw = "import random\nrandom.random()"
+	a := runCell(t, tpre, id, roche.CodeRequest{Code: "secret = 42\n" + draw, Context: ctxs[0]})
+	b := runCell(t, tpre, id, roche.CodeRequest{Code: draw, Context: ctxs[1]})
+	if a.Text() == "" || a.Text() == b.Text() {
+		t.Fatalf("two contexts from the copy drew %q and %q", a.Text(), b.Text())
+	}
+	if seen := runCell(t, tpre, id, roche.CodeRequest{Code: "'secret' in globals(), os.environ.get('CTX')", Context: ctxs[1]}); seen.Error == nil ||
+		seen.Error.Name != "NameError" {
+		t.Fatalf("the second context sees the first's names or imports: %+v", seen)
+	}
+	if seen := runCell(t, tpre, id, roche.CodeRequest{Code: "'secret' in globals(), __import__('os').environ.get('CTX')", Context: ctxs[1]}); seen.Text() != "(False, 'b')" {
+		t.Fatalf("the second context: %q, want (False, 'b')", seen.Text())
+	}
+
+	// A timeout stops the instance; the next cell runs in a new one, from the copy.
+	ex := runCell(t, tpre, id, roche.CodeRequest{Code: "while True:\n    pass", Context: ctxs[0], Timeout: 2 * time.Second})
+	if !ex.TimedOut {
+		t.Fatalf("an endless loop at a 2 s timeout: %+v", ex)
+	}
+	mid := tpre.preinitRuns.Load()
+	after := runCell(t, tpre, id, roche.CodeRequest{Code: "'secret' in globals(), __import__('os').environ.get('CTX')", Context: ctxs[0]})
+	if !after.Restarted || after.Text() != "(False, 'a')" || tpre.preinitRuns.Load() != mid+1 {
+		t.Fatalf("after the timeout: restarted %v, text %q, %d from the copy", after.Restarted, after.Text(), tpre.preinitRuns.Load()-mid)
+	}
+}
+
+// runCell runs req in sandbox id through p.
+func runCell(t *testing.T, p *Provider, id string, req roche.CodeRequest) roche.Execution {
+	t.Helper()
+	ex, err := p.RunCode(ctxFor(t, time.Minute), id, req)
+	if err != nil {
+		t.Fatalf("RunCode %q: %v", req.Code, err)
+	}
+	return ex
+}

@@ -24,11 +24,13 @@ import (
 )
 
 // A pre-initialised interpreter. Starting CPython costs every run ~140-170 ms of CPU,
-// the same work each time. Instead, once per python.wasm, Roche version and layout of
-// the sandbox's directories, the provider starts `python3 -` with preinitEnv set, so
-// that the start-up hook (boot/sitecustomize.py) loads boot/warm.py, which writes where
-// its entry is, and copies the instance's linear memory and C stack pointer when CPython
-// first reads its program from stdin (the provider's reader, so it sees the read): the
+// the same work each time. Instead, once per python.wasm, Roche version, layout of the
+// sandbox's directories and interpreter options (none for execs; a code context's kernel
+// runs with -u, kernel.StdioArgv, so its copy is `python3 -u -`'s), the provider starts
+// `python3 OPTIONS -` with preinitEnv set, so that the start-up hook
+// (boot/sitecustomize.py) loads boot/warm.py, which writes where its entry is, and
+// copies the instance's linear memory and C stack pointer when CPython first reads its
+// program from stdin (the provider's reader, so it sees the read): the
 // interpreter has started and imported what every run imports, runs no Python frame,
 // and holds its GIL in the parser, in C. That instance is then ended; its wasm call
 // stack is lost, which does not matter, as nothing returns to it.
@@ -40,7 +42,8 @@ import (
 // table index it reads from the copy. _entry serves one request as a warm interpreter
 // does (argv, environment, working directory, the program, its exceptions), then raises
 // SystemExit, and the host calls CPython's handle_system_exit, which finalises the
-// interpreter (atexit, flushing) and exits as a fresh one would.
+// interpreter (atexit, flushing) and exits as a fresh one would. A code context's kernel
+// (code.go) is such a run, whose program reads its cells from stdin after the request.
 //
 // Each run is a new instance, so nothing of one run reaches the next. What runs from one
 // copy share: the string-hash secret CPython drew while it started (so the order of a
@@ -91,16 +94,19 @@ type preinitChunkData struct {
 }
 
 // preinitKey identifies what a copy depends on: python.wasm (its digest when pinned,
-// else its path and version stamp), Roche's version and warm.py, and the guest paths of the
-// sandbox's directories in order (WASI's preopens, which libc remembers in memory).
-func (p *Provider) preinitKey(mounts []mountPoint) string {
+// else its path and version stamp), Roche's version and warm.py, the guest paths of the
+// sandbox's directories in order (WASI's preopens, which libc remembers in memory), and
+// the interpreter's options (opts, such as the -u of a code context's kernel), which
+// CPython reads while it starts.
+func (p *Provider) preinitKey(mounts []mountPoint, opts []string) string {
 	var guests []string
 	for _, m := range mounts {
 		guests = append(guests, m.guest)
 	}
 	site, _ := bootFiles.ReadFile("boot/sitecustomize.py")
 	boot := sha256.Sum256(append([]byte(warmSource), site...))
-	return strings.Join([]string{buildinfo.Version(), hex.EncodeToString(boot[:]), p.pythonID, strings.Join(guests, "\x00")}, "\x01")
+	return strings.Join([]string{buildinfo.Version(), hex.EncodeToString(boot[:]), p.pythonID, strings.Join(guests, "\x00"),
+		strings.Join(opts, "\x00")}, "\x01")
 }
 
 func (p *Provider) preinitFile(key string) string {
@@ -108,13 +114,15 @@ func (p *Provider) preinitFile(key string) string {
 	return filepath.Join(p.stateDir, "python-preinit-"+hex.EncodeToString(sum[:8])+".bin")
 }
 
-// preinitFor returns the copy for runs with these mounts, making it if there is none,
-// or nil when runs must start fresh (no rewritten module, or the copy could not be made).
-func (p *Provider) preinitFor(ctx context.Context, mounts []mountPoint) *preinitImage {
+// preinitFor returns the copy for runs with these mounts of `python3 OPTS -c ...`,
+// making it if there is none, or nil when runs must start fresh (no rewritten module, or
+// the copy could not be made). Execs have no options; a code context's kernel has its own
+// (kernel.StdioArgv), so its copy is another.
+func (p *Provider) preinitFor(ctx context.Context, mounts []mountPoint, opts []string) *preinitImage {
 	if p.noPreinit || len(p.exitCandidates) == 0 || p.pythonID == "" {
 		return nil
 	}
-	key := p.preinitKey(mounts)
+	key := p.preinitKey(mounts, opts)
 	p.preinitMu.Lock()
 	defer p.preinitMu.Unlock()
 	if img, ok := p.preinits[key]; ok {
@@ -130,7 +138,7 @@ func (p *Provider) preinitFor(ctx context.Context, mounts []mountPoint) *preinit
 			p.log.Warn("wasm: ignoring the pre-initialised interpreter's file; making it again", "file", file, "err", err)
 		}
 		start := time.Now()
-		img, err = p.makePreinit(ctx, mounts, key)
+		img, err = p.makePreinit(ctx, mounts, opts, key)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // not the copy's fault: try again next time
@@ -206,9 +214,9 @@ func readPreinit(file, key string) (*preinitImage, error) {
 	return img, nil
 }
 
-// makePreinit starts CPython in warm.py's snapshot mode with directories at the guest
-// paths of mounts (empty, private, read-only) and copies it.
-func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, key string) (*preinitImage, error) {
+// makePreinit starts CPython with options opts in warm.py's snapshot mode with
+// directories at the guest paths of mounts (empty, private, read-only) and copies it.
+func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, opts []string, key string) (*preinitImage, error) {
 	mod, err := p.pythonModule(ctx)
 	if err != nil {
 		return nil, err
@@ -248,7 +256,8 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, key str
 		}
 	}
 	fsc, _, _ := sandboxFS(empty, true)
-	mcfg := moduleConfig(ctx, []string{warmArgv0, "-"}, map[string]string{"PYTHONPATH": guestBoot, preinitEnv: "1"},
+	argv := append(append([]string{warmArgv0}, opts...), "-")
+	mcfg := moduleConfig(ctx, argv, map[string]string{"PYTHONPATH": guestBoot, preinitEnv: "1"},
 		fsc, &out, &out).WithStdin(in)
 	inst, err = p.runtime.InstantiateModule(ctx, mod, mcfg)
 	if err != nil {
@@ -294,7 +303,7 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, key str
 atexit.register(lambda: sys.stdout.write("roche-atexit\n"))
 sys.stdout.write("roche-ok\n")
 raise SystemExit(7)`
-	req := warmRequest(program{argv: []string{warmArgv0, "-c", probe}, workdir: "/"})
+	req := warmRequest(program{argv: append(append([]string{warmArgv0}, opts...), "-c", probe), workdir: "/"})
 	for _, name := range p.exitCandidates {
 		img.Exit = name
 		var stdout, stderr bytes.Buffer
@@ -342,6 +351,15 @@ func (p *Provider) enterPreinit(ctx context.Context, inst api.Module, img *prein
 // functions) the copy img, and runs warm.py's _entry on it: the request comes from its
 // stdin. It returns what a call of _start would: how the guest exited.
 func enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error {
+	if err := loadPreinit(inst, img); err != nil {
+		return err
+	}
+	return runPreinit(ctx, inst, img)
+}
+
+// loadPreinit makes inst the copy img: its memory and stack pointer. errPreinitMemory:
+// the sandbox's memory limit refused the copy's pages.
+func loadPreinit(inst api.Module, img *preinitImage) error {
 	mem := inst.Memory()
 	if have := mem.Size() / 65536; have < img.Pages {
 		if _, ok := mem.Grow(img.Pages - have); !ok {
@@ -358,6 +376,12 @@ func enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error
 		return errors.New("python.wasm's stack pointer is not exported")
 	}
 	sp.Set(uint64((img.SP - preinitStackGap) &^ 15))
+	return nil
+}
+
+// runPreinit runs warm.py's _entry on inst, which loadPreinit made the copy img, and
+// returns how the guest exited.
+func runPreinit(ctx context.Context, inst api.Module, img *preinitImage) error {
 	call, exit := inst.ExportedFunction(preinitCall), inst.ExportedFunction(img.Exit)
 	if call == nil || exit == nil {
 		return errors.New("python.wasm lacks the pre-initialised interpreter's entries")

@@ -276,7 +276,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 		w.err = err
 		return
 	}
-	img := p.preinitFor(w.ctx, mounts)
+	img := p.preinitFor(w.ctx, mounts, nil)
 	fsc, quotas, sig := sandboxFS(mounts, true)
 	w.mu.Lock()
 	w.mounts, w.quotas = mounts, quotas
@@ -361,11 +361,17 @@ func (p *Provider) execWarm(ctx context.Context, w *warmInstance, rec record, mo
 	return res, true, err
 }
 
-// warmRequest encodes prog for boot/warm.py.
+// warmRequest encodes prog for boot/warm.py. Options before -c (a code context's
+// kernel's, kernel.StdioArgv) are the interpreter's: it was started or copied with them.
 func warmRequest(prog program) []byte {
 	kind := "f"
-	if prog.argv[1] == "-c" {
-		kind = "c"
+	for _, a := range prog.argv[1:] {
+		if a == "-c" {
+			kind = "c"
+		}
+		if a == "-c" || !strings.HasPrefix(a, "-") {
+			break
+		}
 	}
 	fields := append([]string{kind, prog.workdir, strconv.Itoa(len(prog.argv))}, prog.argv...)
 	for _, k := range slices.Sorted(maps.Keys(prog.userEnv)) {

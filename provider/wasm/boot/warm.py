@@ -13,7 +13,8 @@
 #
 # The request: ten ASCII digits giving the length of the rest, then NUL-separated UTF-8
 # fields: "c" or "f" (command or file), the working directory, the number of argv
-# entries, the argv entries, then the environment as KEY=VALUE entries in order.
+# entries, the argv entries (options before -c, if any, are those the interpreter
+# started with), then the environment as KEY=VALUE entries in order.
 import os as _os
 import sys as _sys
 
@@ -54,9 +55,12 @@ def _serve():
     _globals = _main.__dict__
     _sys.orig_argv = list(_argv)
     if _kind == "c":
+        # Options before -c (a code context's kernel's -u) were the interpreter's own:
+        # the copy it entered from was made with them.
+        _at = _argv.index("-c")
         _filename = "<string>"
-        _source = _argv[2]
-        _sys.argv = ["-c"] + _argv[3:]
+        _source = _argv[_at + 1]
+        _sys.argv = ["-c"] + _argv[_at + 2 :]
     else:
         _filename = _argv[1]
         _sys.argv = _argv[1:]
