@@ -14,6 +14,10 @@
 // has started, as bench/daemon waits for its pool: the figures are a client's latency
 // on a pool that keeps up, not throughput.
 //
+// A code context's first cell in a new sandbox (its kernel started for it, then the
+// cell run) is measured in-process, the kernel started from the pre-initialised
+// interpreter against from scratch (wasm.WithoutPreinit), interleaved.
+//
 // It also reports the resident memory an idle pooled sandbox costs roched: the process's
 // RSS with the pool warmed to -rss-count idle sandboxes against none, after a garbage
 // collection each time.
@@ -107,6 +111,15 @@ func run() error {
 	if err := cold.Prepare(ctx); err != nil {
 		return err
 	}
+	// The code-context baseline: kernels started from scratch instead of from a copy.
+	scratch, err := wasm.New(wasm.WithLogger(log), wasm.WithStateDir(stateDir), wasm.WithoutPreinit())
+	if err != nil {
+		return err
+	}
+	defer scratch.Close()
+	if err := scratch.Prepare(ctx); err != nil {
+		return err
+	}
 
 	maxIdle := max(*poolMin, *rssCount)
 	spec, err := pool.ParseSpec(fmt.Sprintf("wasm/%s?min=%d&max=%d", poolImage, *poolMin, maxIdle))
@@ -134,8 +147,13 @@ func run() error {
 	if _, _, err := cycle(ctx, c, p, cfg); err != nil {
 		return err
 	}
+	for _, cp := range []*wasm.Provider{cold, scratch} { // the first makes the kernel's copy
+		if _, err := firstCell(ctx, cp, cfg); err != nil {
+			return err
+		}
+	}
 
-	var raw, pooled, execOnly, fresh, coldCycle []time.Duration
+	var raw, pooled, execOnly, fresh, coldCycle, cellPre, cellScratch []time.Duration
 	misses := 0
 	served0 := wp.WarmStats().Served
 	for i := 0; i < *n; i++ {
@@ -209,6 +227,20 @@ func run() error {
 			return err
 		}
 		fresh = append(fresh, dur)
+
+		for _, m := range []struct {
+			p  *wasm.Provider
+			to *[]time.Duration
+		}{{cold, &cellPre}, {scratch, &cellScratch}} {
+			if err := settle(ctx, c, wp); err != nil {
+				return err
+			}
+			dur, err := firstCell(ctx, m.p, cfg)
+			if err != nil {
+				return err
+			}
+			*m.to = append(*m.to, dur)
+		}
 	}
 	served := wp.WarmStats().Served - served0
 
@@ -223,6 +255,8 @@ func run() error {
 	row("exec print('hi') in a pooled wasm sandbox, through roched", execOnly)
 	row("unpooled wasm create + exec print('hi') + destroy, through roched", coldCycle)
 	row("exec print('hi') on a fresh instance, provider in-process, no warm start (baseline)", fresh)
+	row("code context's first cell 1+1 in a new sandbox, kernel from the copy, in-process", cellPre)
+	row("the same, kernel started from scratch (WithoutPreinit, baseline)", cellScratch)
 	fmt.Printf("\nratios of p50s (the issue's targets in brackets):\n")
 	if len(raw) > 0 {
 		fmt.Printf("  raw docker run / pooled wasm cycle   %6.1fx  [>= 4x, cycle <= 40 ms: %s]\n", samples.Ratio(raw, pooled), samples.Ms(samples.Percentile(pooled, 50)))
@@ -230,6 +264,7 @@ func run() error {
 		fmt.Printf("  raw docker run / pooled wasm cycle   not measured (-docker=false)  [cycle <= 40 ms: %s]\n", samples.Ms(samples.Percentile(pooled, 50)))
 	}
 	fmt.Printf("  fresh instance / pooled exec          %6.1fx  (what warm start saves an exec)\n", samples.Ratio(fresh, execOnly))
+	fmt.Printf("  scratch / copy, a context's first cell %6.1fx  (what the pre-initialised interpreter saves a new context)\n", samples.Ratio(cellScratch, cellPre))
 	fmt.Printf("  execs served by a warm interpreter: %d of %d through roched\n", served, 3**n)
 	if misses > 0 {
 		fmt.Printf("  note: %d of the pooled creates missed the pool\n", misses)
@@ -299,6 +334,25 @@ func freshExec(ctx context.Context, p *wasm.Provider, cfg roche.Config) (time.Du
 	start := time.Now()
 	if err := execHi(ctx, p, sb.ID); err != nil {
 		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// firstCell times a code context's first cell in a new sandbox of p: the default
+// context's kernel starts for it. The sandbox is created and destroyed untimed.
+func firstCell(ctx context.Context, p *wasm.Provider, cfg roche.Config) (time.Duration, error) {
+	sb, err := p.Create(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer p.Destroy(context.WithoutCancel(ctx), sb.ID)
+	start := time.Now()
+	ex, err := p.RunCode(ctx, sb.ID, roche.CodeRequest{Code: "1+1"})
+	if err != nil {
+		return 0, err
+	}
+	if ex.Error != nil || ex.Text() != "2" {
+		return 0, fmt.Errorf("a context's first cell 1+1: text %q, error %+v", ex.Text(), ex.Error)
 	}
 	return time.Since(start), nil
 }

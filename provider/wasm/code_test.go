@@ -87,15 +87,17 @@ func codeSet(t *testing.T, id string) *codectx.Set {
 // TestCodePreinit: a provider with pre-initialised interpreters (tpre) starts each code
 // context's kernel from a copy made with the kernel's options, a new instance each time:
 // two contexts share no variables and draw different random numbers, and what a cell
-// can see of how the interpreter started (flags, argv, its streams' buffering, __main__)
-// is what a kernel started from scratch (tp) shows. A context restarted after a timeout
+// can see of how the interpreter started (argv, its streams' buffering, __main__, the
+// modules imported, of which the copy has the kernel's own) is what a kernel started
+// from scratch (tp) shows. A context restarted after a timeout
 // starts from the copy again.
 func TestCodePreinit(t *testing.T) {
 	testenv.Needs(t, testenv.PythonWasm)
 	const probe = `import sys, os
 (sys.argv, sys.orig_argv[:3], sys.orig_argv[-1], __name__, os.getcwd(),
  type(sys.__stdout__.buffer).__name__, sys.__stdout__.write_through, sys.__stderr__.line_buffering,
- sorted(k for k in globals() if not k.startswith('_')), os.environ.get('CTX'), 'PYTHONPATH' in os.environ)`
+ sorted(k for k in globals() if not k.startswith('_')), os.environ.get('CTX'), 'PYTHONPATH' in os.environ,
+ sorted(sys.modules))`
 	fresh := runCell(t, tp, newSandbox(t, nil), roche.CodeRequest{Code: probe, Env: map[string]string{"CTX": "a"}})
 
 	id := newPreSandbox(t, tpre, nil)

@@ -377,7 +377,7 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 	// is one: its stdin starts with the request warm.py reads.
 	var img *preinitImage
 	if prog.python && warmServes(prog, mounts) {
-		img = p.preinitFor(tctx, mounts, nil)
+		img = p.preinitFor(tctx, mounts, preinitStart{})
 	}
 	var in io.Reader
 	if stdin != nil {

@@ -96,9 +96,8 @@ type preinitChunkData struct {
 // preinitKey identifies what a copy depends on: python.wasm (its digest when pinned,
 // else its path and version stamp), Roche's version and warm.py, the guest paths of the
 // sandbox's directories in order (WASI's preopens, which libc remembers in memory), and
-// the interpreter's options (opts, such as the -u of a code context's kernel), which
-// CPython reads while it starts.
-func (p *Provider) preinitKey(mounts []mountPoint, opts []string) string {
+// how the interpreter starts (preinitStart).
+func (p *Provider) preinitKey(mounts []mountPoint, how preinitStart) string {
 	var guests []string
 	for _, m := range mounts {
 		guests = append(guests, m.guest)
@@ -106,7 +105,7 @@ func (p *Provider) preinitKey(mounts []mountPoint, opts []string) string {
 	site, _ := bootFiles.ReadFile("boot/sitecustomize.py")
 	boot := sha256.Sum256(append([]byte(warmSource), site...))
 	return strings.Join([]string{buildinfo.Version(), hex.EncodeToString(boot[:]), p.pythonID, strings.Join(guests, "\x00"),
-		strings.Join(opts, "\x00")}, "\x01")
+		strings.Join(how.opts, "\x00"), strings.Join(how.preload, "\x00")}, "\x01")
 }
 
 func (p *Provider) preinitFile(key string) string {
@@ -114,15 +113,22 @@ func (p *Provider) preinitFile(key string) string {
 	return filepath.Join(p.stateDir, "python-preinit-"+hex.EncodeToString(sum[:8])+".bin")
 }
 
+// preinitStart is how the interpreter of a copy starts: with python3's options before
+// its program (opts, which CPython reads while it starts), and importing the modules
+// preload before the copy is taken. Execs have neither; a code context's kernel runs
+// with -u (kernel.StdioArgv) and imports its modules first thing, so its copy is another.
+type preinitStart struct {
+	opts, preload []string
+}
+
 // preinitFor returns the copy for runs with these mounts of `python3 OPTS -c ...`,
 // making it if there is none, or nil when runs must start fresh (no rewritten module, or
-// the copy could not be made). Execs have no options; a code context's kernel has its own
-// (kernel.StdioArgv), so its copy is another.
-func (p *Provider) preinitFor(ctx context.Context, mounts []mountPoint, opts []string) *preinitImage {
+// the copy could not be made).
+func (p *Provider) preinitFor(ctx context.Context, mounts []mountPoint, how preinitStart) *preinitImage {
 	if p.noPreinit || len(p.exitCandidates) == 0 || p.pythonID == "" {
 		return nil
 	}
-	key := p.preinitKey(mounts, opts)
+	key := p.preinitKey(mounts, how)
 	p.preinitMu.Lock()
 	defer p.preinitMu.Unlock()
 	if img, ok := p.preinits[key]; ok {
@@ -138,7 +144,7 @@ func (p *Provider) preinitFor(ctx context.Context, mounts []mountPoint, opts []s
 			p.log.Warn("wasm: ignoring the pre-initialised interpreter's file; making it again", "file", file, "err", err)
 		}
 		start := time.Now()
-		img, err = p.makePreinit(ctx, mounts, opts, key)
+		img, err = p.makePreinit(ctx, mounts, how, key)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // not the copy's fault: try again next time
@@ -214,9 +220,9 @@ func readPreinit(file, key string) (*preinitImage, error) {
 	return img, nil
 }
 
-// makePreinit starts CPython with options opts in warm.py's snapshot mode with
-// directories at the guest paths of mounts (empty, private, read-only) and copies it.
-func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, opts []string, key string) (*preinitImage, error) {
+// makePreinit starts CPython as how says in warm.py's snapshot mode with directories at
+// the guest paths of mounts (empty, private, read-only) and copies it.
+func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, how preinitStart, key string) (*preinitImage, error) {
 	mod, err := p.pythonModule(ctx)
 	if err != nil {
 		return nil, err
@@ -256,8 +262,8 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, opts []
 		}
 	}
 	fsc, _, _ := sandboxFS(empty, true)
-	argv := append(append([]string{warmArgv0}, opts...), "-")
-	mcfg := moduleConfig(ctx, argv, map[string]string{"PYTHONPATH": guestBoot, preinitEnv: "1"},
+	argv := append(append([]string{warmArgv0}, how.opts...), "-")
+	mcfg := moduleConfig(ctx, argv, map[string]string{"PYTHONPATH": guestBoot, preinitEnv: strings.Join(how.preload, " ")},
 		fsc, &out, &out).WithStdin(in)
 	inst, err = p.runtime.InstantiateModule(ctx, mod, mcfg)
 	if err != nil {
@@ -303,7 +309,7 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, opts []
 atexit.register(lambda: sys.stdout.write("roche-atexit\n"))
 sys.stdout.write("roche-ok\n")
 raise SystemExit(7)`
-	req := warmRequest(program{argv: append(append([]string{warmArgv0}, opts...), "-c", probe), workdir: "/"})
+	req := warmRequest(program{argv: append(append([]string{warmArgv0}, how.opts...), "-c", probe), workdir: "/"})
 	for _, name := range p.exitCandidates {
 		img.Exit = name
 		var stdout, stderr bytes.Buffer
@@ -403,7 +409,9 @@ func runPreinit(ctx context.Context, inst api.Module, img *preinitImage) error {
 // sweepLeftovers removes old ones.
 const preinitTempPrefix = "preinit-"
 
-// preinitEnv, set for the start that is copied, makes boot/sitecustomize.py load warm.py.
+// preinitEnv, set for the start that is copied, makes boot/sitecustomize.py load warm.py;
+// its value is the modules warm.py imports before the copy (preinitStart.preload),
+// separated by spaces.
 const preinitEnv = "ROCHE_WASM_PREINIT"
 
 // preinitStdin is the stdin of the start that is copied: its first read takes the copy,

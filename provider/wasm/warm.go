@@ -276,7 +276,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 		w.err = err
 		return
 	}
-	img := p.preinitFor(w.ctx, mounts, nil)
+	img := p.preinitFor(w.ctx, mounts, preinitStart{})
 	fsc, quotas, sig := sandboxFS(mounts, true)
 	w.mu.Lock()
 	w.mounts, w.quotas = mounts, quotas

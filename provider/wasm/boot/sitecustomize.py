@@ -24,11 +24,13 @@ def _roche_preinit():
     # the interpreter when it then reads its program from stdin.
     import os
 
-    if os.environ.pop("ROCHE_WASM_PREINIT", None) is None:
+    preload = os.environ.pop("ROCHE_WASM_PREINIT", None)
+    if preload is None:
         return
     with open("/.roche/warm.py", "rb") as f:
         source = f.read()
-    namespace = {"__name__": "__roche_warm__", "_roche_preinit": True}
+    # Its value names the modules imported before the copy (a code context's kernel's).
+    namespace = {"__name__": "__roche_warm__", "_roche_preinit": True, "_roche_preload": preload.split()}
     exec(compile(source, "<roche-warm>", "exec"), namespace)
 
 

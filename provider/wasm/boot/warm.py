@@ -168,6 +168,8 @@ def _entry():
 
 
 if globals().get("_roche_preinit"):
+    for _m in _roche_preload:
+        __import__(_m)
     _os.write(1, b"\0roche-preinit %d %d %d\n" % (id(_entry), id(type(_entry)), id(())))
 else:
     _serve()
