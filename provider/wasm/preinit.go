@@ -25,14 +25,14 @@ import (
 
 // A pre-initialised interpreter. Starting CPython costs every run ~140-170 ms of CPU,
 // the same work each time. Instead, once per python.wasm, Roche version, layout of the
-// sandbox's directories and interpreter options (none for execs; a code context's kernel
-// runs with -u, kernel.StdioArgv, so its copy is `python3 -u -`'s), the provider starts
-// `python3 OPTIONS -` with preinitEnv set, so that the start-up hook
-// (boot/sitecustomize.py) loads boot/warm.py, which writes where its entry is, and
-// copies the instance's linear memory and C stack pointer when CPython first reads its
-// program from stdin (the provider's reader, so it sees the read): the
-// interpreter has started and imported what every run imports, runs no Python frame,
-// and holds its GIL in the parser, in C. That instance is then ended; its wasm call
+// sandbox's directories and way of starting (preinitStart: none for execs; a code
+// context's kernel runs with -u, kernel.StdioArgv, and its copy has the kernel's imports
+// done, code.go's kernelPreinit), the provider starts `python3 OPTIONS -` with
+// preinitEnv set, so that the start-up hook (boot/sitecustomize.py) loads boot/warm.py,
+// which writes where its entry is, and copies the instance's linear memory and C stack
+// pointer when CPython first reads its program from stdin (the provider's reader, so it
+// sees the read): the interpreter has started and imported what every run imports, runs
+// no Python frame, and holds its GIL in the parser, in C. That instance is then ended; its wasm call
 // stack is lost, which does not matter, as nothing returns to it.
 //
 // A run from the copy instantiates python.wasm (rewritten with the exports of
