@@ -86,10 +86,19 @@ func (p *Provider) joinKeyed(ctx context.Context, id string, cfg kit.Spec) (roch
 			return roche.SandboxInfo{}, p.keyedGone(ctx, id, err)
 		}
 	}
+	// The earlier create may still fail and remove what it made (its replica
+	// stopping, as the client's retry suggests): a Pod gone or going by now is
+	// errKeyedGone, not "no sandbox", so the retry makes the sandbox afresh.
 	if cfg.Leased {
 		if err := p.HoldLease(ctx, id); err != nil {
-			return roche.SandboxInfo{}, err
+			return roche.SandboxInfo{}, p.keyedGone(ctx, id, err)
 		}
+	}
+	if err := p.keyedGone(ctx, id, nil); err != nil {
+		if cfg.Leased {
+			p.leases.Drop(id)
+		}
+		return roche.SandboxInfo{}, err
 	}
 	p.log.Debug("create answered with the sandbox of its idempotency key", "id", id)
 	return p.info(running), nil
