@@ -44,18 +44,7 @@ func TestConsoleUsageOCI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Provider(oci.Name).Destroy(context.WithoutCancel(ctx), sb.ID)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ui/api/usage", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var usage map[string]kit.Usage
-	if err := json.NewDecoder(resp.Body).Decode(&usage); err != nil {
-		t.Fatal(err)
-	}
-	u, ok := usage[sb.ID]
+	u, ok := consoleUsage(ctx, t, base, token)[sb.ID]
 	if !ok || u.MemoryLimitBytes != 256<<20 || u.MemoryBytes <= 0 || u.Processes < 1 || u.CPUTime <= 0 {
 		t.Errorf("the console's usage of oci sandbox %s: %+v (found: %v); want its 256 MiB limit, memory, tasks and CPU time", sb.ID, u, ok)
 	}
@@ -65,6 +54,23 @@ func TestConsoleUsageOCI(t *testing.T) {
 // with a token, and a client of it; both go, and p is closed, when the test ends, which
 // fails if a sandbox of p is left. It answers the client, the console's base URL and the
 // token.
+// consoleUsage reads the console's figures of every sandbox (/ui/api/usage).
+func consoleUsage(ctx context.Context, t *testing.T, base, token string) map[string]kit.Usage {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ui/api/usage", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var all map[string]kit.Usage
+	if err := json.NewDecoder(resp.Body).Decode(&all); err != nil {
+		t.Fatal(err)
+	}
+	return all
+}
+
 func consoleWith(ctx context.Context, t *testing.T, name string, p interface {
 	roche.Provider
 	io.Closer

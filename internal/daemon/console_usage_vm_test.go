@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"testing"
 	"time"
 
@@ -32,18 +30,7 @@ func TestConsoleUsageQEMU(t *testing.T) {
 	defer c.Provider(vm.QEMU).Destroy(context.WithoutCancel(ctx), sb.ID)
 	usage := func() kit.Usage {
 		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ui/api/usage", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var all map[string]kit.Usage
-		if err := json.NewDecoder(resp.Body).Decode(&all); err != nil {
-			t.Fatal(err)
-		}
-		u, ok := all[sb.ID]
+		u, ok := consoleUsage(ctx, t, base, token)[sb.ID]
 		if !ok || u.MemoryLimitBytes <= 0 || u.MemoryBytes <= 0 || u.Processes < 1 || u.CPUTime <= 0 {
 			t.Fatalf("the console's usage of qemu sandbox %s: %+v (found: %v); want the VM's memory and its total, tasks and CPU time", sb.ID, u, ok)
 		}
