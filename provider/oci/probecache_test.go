@@ -30,25 +30,13 @@ func TestProbeCachePlanted(t *testing.T) {
 	if _, err := exec.LookPath("crun"); err != nil {
 		t.Fatalf("crun: %v (make test installs it)", err)
 	}
-	// A state directory the second user can reach (its parent 0711), unlike the tests'
-	// shared one: the attacker needs a way in for the cases below to mean anything.
-	base, err := os.MkdirTemp("/run", "roche-test-probe-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := filepath.Join(base, "state")
-	if err := os.Mkdir(state, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(base, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	// A state directory the second user can reach, unlike the tests' shared one.
+	state := testenv.ReachableStateDir(t, "/run", "roche-test-probe-")
 	t.Cleanup(func() {
 		// The tmpfs the provider puts its state on where /run is not one.
 		if err := unix.Unmount(state, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 			t.Errorf("unmounting the state directory's tmpfs: %v", err)
 		}
-		os.RemoveAll(base)
 	})
 	// resolve opens a provider anew on state, as a new process would, and resolves crun.
 	resolve := func(t *testing.T) error {
@@ -80,64 +68,9 @@ func TestProbeCachePlanted(t *testing.T) {
 	verdict["err"] = plantedErr
 	planted, _ := json.Marshal(verdict)
 
-	_, uid, gid := testenv.LocalUser(t, "rocheprb")
-	asAttacker := func(t *testing.T) {
-		t.Helper()
-		cmd := exec.Command("sh", "-c", `umask 077; printf '%s' "$1" > "$2"`, "sh", string(planted), file)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("the attacker's write: %v %s", err, out)
-		}
-	}
-	chmodState := func(t *testing.T, mode os.FileMode) {
-		t.Helper()
-		if err := os.Chmod(state, mode); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.Chmod(state, 0o700) })
-	}
-	cases := []struct {
-		name  string
-		plant func(t *testing.T)
-	}{
-		{"by another user in a sticky directory", func(t *testing.T) {
-			os.Remove(file)
-			chmodState(t, 0o777|os.ModeSticky)
-			asAttacker(t)
-		}},
-		{"by another user in a directory others may write", func(t *testing.T) {
-			os.Remove(file)
-			chmodState(t, 0o777)
-			asAttacker(t)
-			// The attacker's file, made root's: the directory alone gives it away.
-			if err := os.Chown(file, 0, 0); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{"into root's file left writable by others", func(t *testing.T) {
-			chmodState(t, 0o711)
-			if err := os.WriteFile(file, nil, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(file, 0o666); err != nil {
-				t.Fatal(err)
-			}
-			asAttacker(t)
-		}},
-		{"as a link to a root-owned file", func(t *testing.T) {
-			elsewhere := filepath.Join(t.TempDir(), "verdict")
-			if err := os.WriteFile(elsewhere, planted, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			os.Remove(file)
-			if err := os.Symlink(elsewhere, file); err != nil {
-				t.Fatal(err)
-			}
-		}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			c.plant(t)
+	for _, plant := range testenv.Plants(t, state, file, planted, "rocheprb") {
+		t.Run(plant.Name, func(t *testing.T) {
+			plant.Do(t)
 			if err := resolve(t); err != nil {
 				t.Errorf("a planted verdict was believed: %v", err)
 			}
@@ -148,10 +81,7 @@ func TestProbeCachePlanted(t *testing.T) {
 		})
 	}
 	t.Run("control: root's own verdict is believed", func(t *testing.T) {
-		os.Remove(file)
-		if err := os.WriteFile(file, planted, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		testenv.PlantOwn(t, file, planted)
 		err := resolve(t)
 		if err == nil || !strings.Contains(err.Error(), plantedErr) {
 			t.Fatalf("root's own verdict was not used (%v): the cases above prove nothing", err)

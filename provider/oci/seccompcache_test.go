@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -192,20 +191,8 @@ func TestSeccompCachePlanted(t *testing.T) {
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the probe's system call numbers are amd64's")
 	}
-	// A state directory the second user can reach (its parent 0711), unlike the
-	// tests' shared one: the attacker needs a way in for the cases below to mean
-	// anything.
-	base, err := os.MkdirTemp("/run", "roche-test-seccomp-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := filepath.Join(base, "state")
-	if err := os.Mkdir(state, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(base, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	// A state directory the second user can reach, unlike the tests' shared one.
+	state := testenv.ReachableStateDir(t, "/run", "roche-test-seccomp-")
 	p, err := oci.New(oci.WithStateDir(state), oci.WithDataDir("/var/lib/roche-test/oci"), oci.WithRuntime(oci.RuntimeCrun))
 	if err != nil {
 		t.Fatal(err)
@@ -215,71 +202,14 @@ func TestSeccompCachePlanted(t *testing.T) {
 		if err := unix.Unmount(state, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 			t.Errorf("unmounting the state directory's tmpfs: %v", err)
 		}
-		os.RemoveAll(base)
 	})
 	e := firstEntry(t, p, state)
-	_, uid, gid := testenv.LocalUser(t, "rocheatk")
 	file := filepath.Join(state, "seccomp-crun.json")
 	planted := entryOf(e.Key, allowAll)
 	plantedB64 := base64.StdEncoding.EncodeToString(allowAll)
-	// asAttacker writes planted to file as the second user.
-	asAttacker := func(t *testing.T, flags string) {
-		t.Helper()
-		cmd := exec.Command("sh", "-c", `umask 077; printf '%s' "$1" `+flags+` "$2"`, "sh", string(planted), file)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("the attacker's write: %v %s", err, out)
-		}
-	}
-	chmodState := func(t *testing.T, mode os.FileMode) {
-		t.Helper()
-		if err := os.Chmod(state, mode); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.Chmod(state, 0o700) })
-	}
-	cases := []struct {
-		name  string
-		plant func(t *testing.T)
-	}{
-		{"by another user in a sticky directory", func(t *testing.T) {
-			os.Remove(file)
-			chmodState(t, 0o777|os.ModeSticky)
-			asAttacker(t, ">")
-		}},
-		{"by another user in a directory others may write", func(t *testing.T) {
-			os.Remove(file)
-			chmodState(t, 0o777)
-			asAttacker(t, ">")
-			// The attacker's file, made root's: the directory alone gives it away.
-			if err := os.Chown(file, 0, 0); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{"into root's file left writable by others", func(t *testing.T) {
-			chmodState(t, 0o711)
-			if err := os.WriteFile(file, nil, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(file, 0o666); err != nil {
-				t.Fatal(err)
-			}
-			asAttacker(t, ">")
-		}},
-		{"as a link to a root-owned file", func(t *testing.T) {
-			elsewhere := filepath.Join(t.TempDir(), "entry")
-			if err := os.WriteFile(elsewhere, planted, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			os.Remove(file)
-			if err := os.Symlink(elsewhere, file); err != nil {
-				t.Fatal(err)
-			}
-		}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			c.plant(t)
+	for _, plant := range testenv.Plants(t, state, file, planted, "rocheatk") {
+		t.Run(plant.Name, func(t *testing.T) {
+			plant.Do(t)
 			handed, calls := createIn(t, state)
 			if handed == plantedB64 {
 				t.Errorf("a sandbox was handed the planted filter")
@@ -290,10 +220,7 @@ func TestSeccompCachePlanted(t *testing.T) {
 		})
 	}
 	t.Run("control: root's own entry is used", func(t *testing.T) {
-		os.Remove(file)
-		if err := os.WriteFile(file, planted, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		testenv.PlantOwn(t, file, planted)
 		handed, calls := createIn(t, state)
 		if handed != plantedB64 {
 			t.Fatalf("root's own entry was not used (handed %d bytes): the cases above prove nothing", len(handed))

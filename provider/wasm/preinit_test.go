@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/testenv"
-	"github.com/roche-sandbox/roche/provider/internal/statedir"
 )
 
 // newPreSandbox creates a sandbox through p, destroyed at the end.
@@ -149,19 +147,7 @@ func TestPreinitKnownDifference(t *testing.T) {
 // traps instead of printing.
 func TestPreinitPlanted(t *testing.T) {
 	testenv.Needs(t, testenv.Root, testenv.PythonWasm)
-	base, err := os.MkdirTemp("", "roche-wasm-plant-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	state := filepath.Join(base, "state")
-	if err := os.Mkdir(state, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	// The second user can reach the state directory, not list or change it.
-	if err := os.Chmod(base, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	state := testenv.ReachableStateDir(t, "", "roche-wasm-plant-")
 	p, err := New(WithStateDir(state))
 	if err != nil {
 		t.Fatal(err)
@@ -192,76 +178,25 @@ func TestPreinitPlanted(t *testing.T) {
 		p.preinitMu.Unlock()
 	}
 
-	_, uid, gid := testenv.LocalUser(t, "rochepre")
-	asAttacker := func(t *testing.T, script string, args ...string) {
-		t.Helper()
-		cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
-		cmd.Stdin = bytes.NewReader(bad)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("the attacker's write: %v %s", err, out)
-		}
-	}
-	cases := []struct {
-		name  string
-		plant func(t *testing.T)
-	}{
-		{"by another user", func(t *testing.T) {
-			os.Remove(file)
-			if err := os.Chmod(state, 0o777|os.ModeSticky); err != nil {
-				t.Fatal(err)
-			}
-			asAttacker(t, `umask 077; cat > "$1"`, file)
-			if err := os.Chmod(state, 0o700); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{"into our file left writable by others", func(t *testing.T) {
-			if err := os.WriteFile(file, nil, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(file, 0o666); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(state, 0o711); err != nil {
-				t.Fatal(err)
-			}
-			asAttacker(t, `cat > "$1"`, file)
-			if err := os.Chmod(state, 0o700); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{"as a link to our file elsewhere", func(t *testing.T) {
-			elsewhere := filepath.Join(t.TempDir(), "copy")
-			if err := os.WriteFile(elsewhere, bad, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			os.Remove(file)
-			if err := os.Symlink(elsewhere, file); err != nil {
-				t.Fatal(err)
-			}
-		}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			c.plant(t)
+	for _, plant := range testenv.Plants(t, state, file, bad, "rochepre") {
+		t.Run(plant.Name, func(t *testing.T) {
+			plant.Do(t)
 			forget()
 			res := execPre(t, p, id, hello)
 			if res.ExitCode != 0 || res.Stdout != "hello\n" {
 				t.Fatalf("a run after the copy was planted: %+v", res)
 			}
-			if b, err := statedir.ReadPrivate(file, maxPreinitFile); err != nil || bytes.Equal(b, bad) {
+			// Replaced by a new copy of this user's, 0600 (the directory's mode is
+			// set back when the case ends, so ReadPrivate would refuse it here).
+			fi, err := os.Lstat(file)
+			b, _ := os.ReadFile(file)
+			if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Geteuid()) || bytes.Equal(b, bad) {
 				t.Fatalf("the planted copy was not replaced by a new, private one (%v)", err)
 			}
 		})
 	}
 	t.Run("ours, private: used", func(t *testing.T) {
-		if err := os.WriteFile(file+".tmp", bad, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(file+".tmp", file); err != nil {
-			t.Fatal(err)
-		}
+		testenv.PlantOwn(t, file, bad)
 		forget()
 		res := execPre(t, p, id, hello)
 		if res.ExitCode == 0 || res.Stdout == "hello\n" {
