@@ -33,25 +33,37 @@ mkdir -p "$cache" "$work"
 
 log() { printf 'k8s-build: %s\n' "$*" >&2; }
 
+# One build at a time per cache: make test's set-up job, a `make cluster` and another
+# checkout's run share the binaries and the scratch modules below. The second waits,
+# then finds what the first built.
+exec 8>"$cache/.build.lock"
+if ! flock -n 8; then
+  log "another build of $cache is running; waiting for it"
+  flock 8
+fi
+
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 
 # The scratch module that builds Kubernetes' commands (and cri-clean, with the same
 # dependency versions: `go get CMD@K8S_VERSION` resolves them from Kubernetes' own go.mod).
+# A module is made in a directory of its own and moved into place when whole, so that one
+# an interrupted run left half made is made again rather than found and used.
 mod="$work/k8s"
 prepare_k8s_module() {
-  mkdir -p "$mod"
   [ -f "$mod/go.mod" ] && return 0
   log "preparing a module for k8s.io/kubernetes $K8S_VERSION"
-  (cd "$mod" && go mod init roche.invalid/k8sbuild >/dev/null 2>&1)
-  (cd "$mod" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
-  local src staging m
+  local new=$mod.new src staging m
+  rm -rf "$new" && mkdir -p "$new"
+  (cd "$new" && go mod init roche.invalid/k8sbuild >/dev/null 2>&1)
+  (cd "$new" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
   src=$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION
   staging=v0.${K8S_VERSION#v1.}
-  (cd "$mod" && go mod edit -go="$(awk '/^go /{print $2; exit}' "$src/go.mod")")
+  (cd "$new" && go mod edit -go="$(awk '/^go /{print $2; exit}' "$src/go.mod")")
   for m in $(sed -n '/^replace (/,/^)/p' "$src/go.mod" | awk '/=>/{print $1}'); do
-    (cd "$mod" && go mod edit -replace="$m=$m@$staging")
+    (cd "$new" && go mod edit -replace="$m=$m@$staging")
   done
-  (cd "$mod" && go mod edit -require="k8s.io/kubernetes@$K8S_VERSION")
+  (cd "$new" && go mod edit -require="k8s.io/kubernetes@$K8S_VERSION")
+  rm -rf "$mod" && mv "$new" "$mod"
 }
 get_cmd() {
   (cd "$mod" && go get "k8s.io/kubernetes/cmd/$1@$K8S_VERSION" >/dev/null 2>&1) || (cd "$mod" && go get "k8s.io/kubernetes/cmd/$1@$K8S_VERSION")
@@ -85,13 +97,14 @@ fi
 
 if [ ! -x "$cache/etcd" ]; then
   mod="$work/etcd"
-  mkdir -p "$mod"
   if [ ! -f "$mod/go.mod" ]; then
-    (cd "$mod" && go mod init roche.invalid/etcdbuild >/dev/null 2>&1)
+    rm -rf "$mod.new" && mkdir -p "$mod.new"
+    (cd "$mod.new" && go mod init roche.invalid/etcdbuild >/dev/null 2>&1)
     for m in go.etcd.io/etcd/api/v3 go.etcd.io/etcd/client/pkg/v3 go.etcd.io/etcd/client/v3 go.etcd.io/etcd/pkg/v3; do
-      (cd "$mod" && go mod edit -replace="$m=$m@$ETCD_VERSION")
+      (cd "$mod.new" && go mod edit -replace="$m=$m@$ETCD_VERSION")
     done
-    (cd "$mod" && go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
+    (cd "$mod.new" && go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
+    rm -rf "$mod" && mv "$mod.new" "$mod"
   fi
   log "building etcd $ETCD_VERSION"
   (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$cache/etcd.tmp" go.etcd.io/etcd/server/v3)
