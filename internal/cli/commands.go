@@ -179,10 +179,11 @@ func (f *createFlags) config() (roche.Config, error) {
 
 // create makes a sandbox. Ctrl-C (or SIGTERM) ends it at once: the provider undoes what
 // it had made, within a bound, so nothing half-made is left.
-// With leased (roche run, create --hold), the sandbox is tied to this process where the provider (or
+// With want.Leased (roche run, create --hold), the sandbox is tied to this process where the provider (or
 // roched) has leases: killed outright, this process leaves a sandbox that goes within
-// seconds, not at the end of its lifetime.
-func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Provider, roche.SandboxInfo, error) {
+// seconds, not at the end of its lifetime. want.OneShot (roche run) tells the provider
+// the sandbox is for one command (kit.CreateOptions).
+func (e *env) create(ctx context.Context, f *createFlags, want kit.CreateOptions) (roche.Provider, roche.SandboxInfo, error) {
 	cfg, err := f.config()
 	if err != nil {
 		return nil, roche.SandboxInfo{}, friendly(err)
@@ -195,7 +196,7 @@ func (e *env) create(ctx context.Context, f *createFlags, leased bool) (roche.Pr
 		return nil, roche.SandboxInfo{}, err
 	}
 	// Through roched, the daemon names the owner instead.
-	opts := kit.CreateOptions{Owner: e.owner(), Leased: leased && p.Capabilities().Leases}
+	opts := kit.CreateOptions{Owner: e.owner(), Leased: want.Leased && p.Capabilities().Leases, OneShot: want.OneShot}
 	info, err := kit.Create(ctx, p, cfg, opts)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("creating the sandbox was interrupted: %w", err)
@@ -238,7 +239,7 @@ Python SDK) tie a sandbox to their own process.`,
   roche create --image roche/python:local --hold --json   # until stdin closes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, info, err := e.create(cmd.Context(), &f, hold)
+			p, info, err := e.create(cmd.Context(), &f, kit.CreateOptions{Leased: hold})
 			if err != nil {
 				return err
 			}
@@ -439,7 +440,7 @@ failed, 130 on Ctrl-C and 143 on SIGTERM.`,
 			}
 			// run outlives its sandbox, so in direct mode it can serve the egress proxy.
 			e.providers.outlives = true
-			p, info, err := e.create(ctx, &f, true)
+			p, info, err := e.create(ctx, &f, kit.CreateOptions{Leased: true, OneShot: true})
 			if err != nil {
 				if ctx.Err() != nil {
 					fmt.Fprintf(e.stderr, "roche: %s\n", oneLine(err))

@@ -33,6 +33,12 @@ type CreateOptions struct {
 	// the first one's sandbox instead of making another. Others ignore it (roched keeps
 	// the keys it was given itself).
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// OneShot says the caller runs one command in the sandbox, in its own process, and
+	// then destroys it (roche run with no roched): a provider may make the sandbox for
+	// that alone (oci: its agent serves that one command on a connection made with it,
+	// and ends with it), and then refuses a second command. Others ignore it, as does
+	// roched's client: it is a hint about use, not a property of the sandbox.
+	OneShot bool `json:"one_shot,omitempty"`
 }
 
 // LeaseHolder is a provider whose process can take the lease of a leased sandbox it did
@@ -74,7 +80,8 @@ func Create(ctx context.Context, p roche.Provider, cfg roche.Config, opts Create
 	if c, ok := p.(Creator); ok {
 		return c.CreateFor(ctx, cfg, opts)
 	}
-	if opts != (CreateOptions{}) {
+	// OneShot is only a hint: without it, such a provider makes the sandbox as usual.
+	if opts.OneShot = false; opts != (CreateOptions{}) {
 		return roche.SandboxInfo{}, fmt.Errorf("%w: provider %s cannot make a sandbox for an owner or with a lease (it is no kit.Creator)", roche.ErrUnsupported, p.Name())
 	}
 	return p.Create(ctx, cfg)

@@ -300,3 +300,6 @@ func oomKills(id string) (int64, bool) {
 	}
 	return 0, false
 }
+
+// pidGone reports whether no process pid exists (a pid reused since reads as alive).
+func pidGone(pid int) bool { return unix.Kill(pid, 0) == unix.ESRCH }

@@ -109,6 +109,8 @@ type Provider struct {
 	oomTell sync.Mutex
 	// tearing marks the teardowns under way, one per sandbox at a time.
 	tearing map[string]chan struct{}
+	// oneShots are the runs of the one-shot sandboxes this process made (oneshot.go).
+	oneShots map[string]*oneShot
 
 	lastSweep atomic.Int64
 	sweeps    sync.WaitGroup
@@ -209,10 +211,12 @@ func New(opts ...Option) (*Provider, error) {
 	return p, nil
 }
 
-// Close lets go of leases (those sandboxes stop within the grace) and stops the egress
-// proxies this process serves.
+// Close lets go of leases (those sandboxes stop within the grace) and of the one-shot
+// sandboxes' connections (those stop at once), and stops the egress proxies this
+// process serves.
 func (p *Provider) Close() error {
 	p.stopExitWatches()
+	p.closeOneShots()
 	p.leases.DropAll()
 	p.proxies.StopAll()
 	p.sweeps.Wait()
@@ -386,6 +390,9 @@ func (p *Provider) forget(id string) {
 func (p *Provider) reach(ctx context.Context, id string) (guestfwd.Target, error) {
 	s, err := p.load(id)
 	if err != nil {
+		return guestfwd.Target{}, err
+	}
+	if err := p.oneShotUsed(id); err != nil {
 		return guestfwd.Target{}, err
 	}
 	p.ensureEgress(s)

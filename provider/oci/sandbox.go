@@ -125,7 +125,9 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		agent: p.agentPath, user: user, cgroup: cgroupOf(id), lifetime: cfg.TimeoutSecs,
 		compiledSeccomp: rt.compiledSeccomp(),
 	}
-	if cfg.Leased {
+	if cfg.OneShot {
+		b.connFD = oneShotFD // its connection is its lease
+	} else if cfg.Leased {
 		b.lease = p.createTimeout
 	}
 	if err := os.Mkdir(b.runDir, 0o700); err != nil {
@@ -154,16 +156,24 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	}
 	s.agent = guest.NewClient(filepath.Join(b.runDir, agentspec.SocketName))
 	tMount := time.Now()
-	if err := p.start(ctx, rt, s, warmed); err != nil {
-		return roche.SandboxInfo{}, err
-	}
-	if cfg.Leased {
-		if err := p.leases.Take(ctx, id, s.agent); err != nil {
+	if cfg.OneShot {
+		// Its runtime run is this process's child, which returns when it ends.
+		if err := p.startOneShot(ctx, rt, s, warmed); err != nil {
 			return roche.SandboxInfo{}, err
 		}
+		p.remember(s)
+	} else {
+		if err := p.start(ctx, rt, s, warmed); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+		if cfg.Leased {
+			if err := p.leases.Take(ctx, id, s.agent); err != nil {
+				return roche.SandboxInfo{}, err
+			}
+		}
+		p.remember(s)
+		p.watchExit(s)
 	}
-	p.remember(s)
-	p.watchExit(s)
 	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "runtime", rt.name, "took", time.Since(now),
 		"prepare", tPrep.Sub(now), "mount+spec", tMount.Sub(tPrep), "run+ready", time.Since(tMount))
 	return p.info(s, roche.StateRunning), nil
@@ -316,6 +326,9 @@ func makeStubs(stubs, image string, points []mountPoint) error {
 // destroy causes).
 func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) error {
 	defer p.tearingDown(s.ID)()
+	// A one-shot sandbox's runtime run ends with it, and deletes the container itself.
+	one := p.takeOneShot(s.ID)
+	ranOut := one != nil && one.end(ctx) && rt != nil && runtimeForgot(rt, s.ID)
 	p.sawOOMsBeforeTeardown(s.ID) // before its cgroup goes (exit_linux.go)
 	p.killWatched(s.ID)
 	p.unwatchExit(s.ID)
@@ -331,7 +344,14 @@ func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) err
 	}
 	if rt != nil {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := rt.remove(dctx, s.ID, filepath.Join(s.dir, "pid"))
+		var err error
+		if !ranOut {
+			err = rt.remove(dctx, s.ID, filepath.Join(s.dir, "pid"))
+			if one != nil {
+				// Its run returns now, if it had not: its own delete is over.
+				one.wait(dctx, oneShotEnd)
+			}
+		}
 		cancel()
 		if err == nil && killedRun {
 			err = forgetHalfMade(rt.root, s.ID)
@@ -418,10 +438,15 @@ func (p *Provider) info(s *sandbox, state roche.SandboxState) roche.SandboxInfo 
 }
 
 // stateOf is a sandbox's state from what its runtime says of its container: one the
-// runtime does not know is being made, or, past its create's deadline, a leftover.
+// runtime does not know is being made, or, past its create's deadline or once the
+// PID 1 its run recorded has exited, a leftover (a one-shot sandbox's run deletes the
+// container when it ends, and its maker may have been killed before its teardown).
 func stateOf(s *sandbox, st containerState, known bool) roche.SandboxState {
 	if !known {
 		if !s.StartBy.IsZero() && time.Now().After(s.StartBy) {
+			return roche.StateExited
+		}
+		if pid := readPid(filepath.Join(s.dir, "pid")); pid > 0 && pidGone(pid) {
 			return roche.StateExited
 		}
 		return roche.StateCreated

@@ -72,6 +72,9 @@ type bundleSpec struct {
 	lifetime int // seconds
 	// lease, for a leased sandbox, is its create's deadline (agentspec.Spec.Lease).
 	lease time.Duration
+	// connFD, for a one-shot sandbox, is the descriptor of its agent's one connection
+	// (agentspec.Spec.ConnFD), which it serves instead of a socket.
+	connFD int
 	// compiledSeccomp is the runtime's own compilation of the seccomp filter, base64, to
 	// hand it (crunSeccompBPF); empty to let it compile config.json's.
 	compiledSeccomp string
@@ -105,7 +108,7 @@ func (b bundleSpec) spec() (*specs.Spec, error) {
 		env = append(env, "HOME=/tmp")
 	}
 	agent := agentspec.Spec{
-		Socket: agentspec.RunDir + "/" + agentspec.SocketName, Owner: os.Geteuid(), User: b.user,
+		Socket: agentspec.RunDir + "/" + agentspec.SocketName, ConnFD: b.connFD, Owner: os.Geteuid(), User: b.user,
 		Lifetime: time.Duration(b.lifetime) * time.Second,
 		// Exactly the limit, for the sandbox user's processes and threads (RLIMIT_NPROC,
 		// which the agent, root, is exempt from): what a program reads is what holds.

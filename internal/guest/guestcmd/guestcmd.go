@@ -101,6 +101,7 @@ func Parse(args []string, stderr io.Writer) (cfg server.Config, version bool, er
 	fs := flag.NewFlagSet(guestbin.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.roche/run/agent.sock", "unix socket to serve on")
+	connFD := fs.Int("conn-fd", 0, "serve the one connection on this inherited descriptor (a socket) instead of --socket, and stop when it ends: a one-shot sandbox's (0: none)")
 	owner := fs.Int("owner", 0, "host uid allowed to connect to the socket")
 	user := fs.String("user", "65534:65534", "uid[:gid] or name commands run as")
 	lifetime := fs.Duration("lifetime", 0, "stop after this long (0: never)")
@@ -119,7 +120,7 @@ func Parse(args []string, stderr io.Writer) (cfg server.Config, version bool, er
 		return server.Config{}, false, err
 	}
 	cfg = server.Config{
-		Socket: *socket, SocketOwner: *owner, User: *user, Lifetime: *lifetime,
+		Socket: *socket, ConnFD: *connFD, SocketOwner: *owner, User: *user, Lifetime: *lifetime,
 		LeaseGrace: *leaseGrace, FirstLease: *firstLease,
 		ChownFrom: *chownFrom, NProc: *nproc, ForkAsUser: *forkAsUser, NoFile: *nofile,
 		ScratchMax: *scratchMax,

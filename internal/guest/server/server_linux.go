@@ -47,6 +47,14 @@ type Config struct {
 	// Listener, when set, is served instead of a socket at Socket (a microVM's vsock or
 	// serial multiplexer; see RunVM).
 	Listener net.Listener
+	// ConnFD, when positive, is an inherited descriptor holding the one connection a
+	// one-shot sandbox's agent serves, instead of a socket at Socket: its end of a
+	// socket pair the host made and the runtime passed in. The agent first sends its
+	// Health in a reply frame (it is ready), then serves the connection as any other
+	// (one request: the command), and stops when it ends. The host's end closing (its
+	// creator exited) ends the command and the sandbox at once, as a lost lease does
+	// after its grace.
+	ConnFD int
 	// EgressListen, when set, is the loopback address programs use as their HTTP proxy;
 	// connections to it are relayed through EgressDial to the host's egress proxy.
 	EgressListen string
@@ -243,7 +251,13 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	ln := s.cfg.Listener
-	if ln == nil {
+	if s.cfg.ConnFD > 0 {
+		c, err := connFromFD(s.cfg.ConnFD)
+		if err != nil {
+			return err
+		}
+		ln = newOneConn(c)
+	} else if ln == nil {
 		_ = os.Remove(s.cfg.Socket)
 		// Only the socket's owner may connect: created with a restrictive umask so there is no
 		// moment at which it is open to others.
@@ -310,6 +324,22 @@ func (s *Server) Run(ctx context.Context) error {
 		ln.Close()
 	}()
 
+	if oc, ok := ln.(*oneConn); ok {
+		// Ready: the host waits for this, as others wait for the socket to answer.
+		b, err := json.Marshal(s.health())
+		if err == nil {
+			err = guest.WriteFrame(oc.c, guest.FrameReply, b)
+		}
+		if err != nil {
+			return fmt.Errorf("telling the host the agent is ready: %w", err)
+		}
+		go func() {
+			<-oc.served
+			s.stopAs("its one command ended (a one-shot sandbox)")
+			cancel()
+			ln.Close()
+		}()
+	}
 	for {
 		c, err := ln.Accept()
 		if err != nil {

@@ -23,6 +23,7 @@ type Config struct {
 	FirstLease  time.Duration
 	Log         *slog.Logger
 	Listener    net.Listener
+	ConnFD      int
 	// EgressListen and EgressDial relay the sandbox's HTTP proxy port to the host.
 	EgressListen string
 	EgressDial   func() (net.Conn, error)

@@ -49,6 +49,9 @@ func FirstLease(bound time.Duration) time.Duration { return bound + 5*time.Secon
 type Spec struct {
 	// Socket is the unix socket the agent serves on, as a path inside the sandbox.
 	Socket string
+	// ConnFD, when positive, replaces Socket: the descriptor the agent inherits holding
+	// its one connection, a one-shot sandbox's (the runtime passes it in).
+	ConnFD int
 	// Owner is the host uid allowed to connect to the socket.
 	Owner int
 	// User is who commands run as: "uid:gid" or the caller's user.
@@ -84,12 +87,15 @@ type Spec struct {
 
 // Args is the agent's command line for s, without the program name.
 func (s Spec) Args() []string {
-	args := []string{
-		"--socket", s.Socket,
+	args := []string{"--socket", s.Socket}
+	if s.ConnFD > 0 {
+		args = []string{"--conn-fd", strconv.Itoa(s.ConnFD)}
+	}
+	args = append(args,
 		"--user", s.User,
 		"--lifetime", duration(s.Lifetime),
 		"--owner", strconv.Itoa(s.Owner),
-	}
+	)
 	if s.NProc > 0 {
 		args = append(args, "--nproc", strconv.Itoa(s.NProc))
 	}

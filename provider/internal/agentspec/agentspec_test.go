@@ -69,8 +69,20 @@ func TestArgsReadBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.NProc != 0 || cfg.ForkAsUser || cfg.ScratchMax != 0 || cfg.Own != nil || cfg.ChownFrom != 0 || cfg.EgressDial != nil || cfg.LeaseGrace != 0 || cfg.Lifetime != 0 {
+	if cfg.NProc != 0 || cfg.ConnFD != 0 || cfg.ForkAsUser || cfg.ScratchMax != 0 || cfg.Own != nil || cfg.ChownFrom != 0 || cfg.EgressDial != nil || cfg.LeaseGrace != 0 || cfg.Lifetime != 0 {
 		t.Errorf("a bare spec set more: %+v", cfg)
+	}
+}
+
+// TestConnFDReadBack: a one-shot sandbox's agent serves the descriptor it is given, and
+// no socket.
+func TestConnFDReadBack(t *testing.T) {
+	cfg, _, err := guestcmd.Parse(agentspec.Spec{Socket: "/s", ConnFD: 3, User: "1:1"}.Args(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ConnFD != 3 {
+		t.Errorf("the agent read descriptor %d, the spec said 3", cfg.ConnFD)
 	}
 }
 
