@@ -1,24 +1,43 @@
 package server
 
 import (
+	"errors"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 )
 
-// TestCapsIn: the bounding set is read from the status text, and an unreadable one
-// means every capability, so that nothing is left in the set by a parse error.
-func TestCapsIn(t *testing.T) {
-	status := "Name:\troche-agent\nCapPrm:\t00000000000000ff\nCapBnd:\t00000000000000c1\nCapAmb:\t0000000000000000\n"
-	if got := capsIn(status, "CapBnd", 40); !slices.Equal(got, []int{0, 6, 7}) {
-		t.Errorf("CapBnd c1: %v, want [0 6 7]", got)
-	}
-	if got := capsIn("CapBnd:\t000001ffffffffff\n", "CapBnd", 40); len(got) != 41 || got[40] != 40 {
-		t.Errorf("a full set up to cap 40: %v", got)
-	}
-	for _, bad := range []string{"", "CapBnd:\tzz\n", "CapBndx\n"} {
-		if got := capsIn(bad, "CapBnd", 40); len(got) != 41 {
-			t.Errorf("status %q: %d capabilities, want all 41", bad, len(got))
+// TestCapsWhere: the capabilities held are listed, and one whose presence cannot be
+// read is too, so that nothing is left in the bounding set by a failed read.
+func TestCapsWhere(t *testing.T) {
+	held := map[int]bool{0: true, 6: true, 7: true}
+	got := capsWhere(40, func(c int) (bool, error) {
+		if c == 9 {
+			return false, errors.New("unreadable")
 		}
+		return held[c], nil
+	})
+	if !slices.Equal(got, []int{0, 6, 7, 9}) {
+		t.Errorf("held 0, 6, 7 and 9 unreadable: %v, want [0 6 7 9]", got)
+	}
+	// This thread's own set, as the kernel reports it, matches /proc's view of it.
+	var bnd uint64
+	status, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapBnd:"); ok {
+			bnd, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	for _, c := range boundingSet() {
+		if bnd&(1<<c) == 0 {
+			t.Errorf("capability %d listed, but not in CapBnd %x", c, bnd)
+		}
+		bnd &^= 1 << c
+	}
+	if bnd != 0 {
+		t.Errorf("CapBnd holds %x that boundingSet left out", bnd)
 	}
 }
 
