@@ -101,9 +101,9 @@ func TestOneShot(t *testing.T) {
 }
 
 // TestOneShotMakerGone: a one-shot sandbox whose maker went without destroying it (its
-// connection closed, as when the process is killed) stops at once, is seen exited by
-// another process (its runtime run deleted the container as it ended) and is cleared
-// away by that process's gc.
+// connection closed, as when the process is killed) stops at once, and another process
+// sees it exited (its runtime run deleted the container as it ended) and clears it away
+// (its exit watch at once, or gc).
 func TestOneShotMakerGone(t *testing.T) {
 	p, state := newProvider(t)
 	ctx := context.Background()
@@ -117,13 +117,12 @@ func TestOneShotMakerGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	testenv.Eventually(t, 10*time.Second, "the sandbox to be seen exited", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the sandbox to be seen exited, or gone", func() bool {
 		got, err := other.Inspect(ctx, info.ID)
-		return err == nil && got.State == roche.StateExited
+		return err == nil && got.State == roche.StateExited || errors.Is(err, roche.ErrNotFound)
 	})
-	removed, err := other.GC(ctx, roche.GCOptions{})
-	if err != nil || len(removed) != 1 || removed[0].ID != info.ID {
-		t.Fatalf("gc: %+v %v, want %s removed", removed, err, info.ID)
+	if _, err := other.GC(ctx, roche.GCOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(state, info.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the sandbox's directory after gc: %v", err)
