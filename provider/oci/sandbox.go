@@ -35,15 +35,29 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	if err := p.canRun(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	rt, img, err := p.runtimeAndImage(ctx, cfg.Image)
+	rt, img, confirm, stop, err := p.runtimeAndGuess(ctx, cfg.Image)
+	defer stop()
 	if err != nil {
 		return roche.SandboxInfo{}, err
 	}
 	p.sweepSoon()
-	ctx, cancel := context.WithTimeoutCause(ctx, p.createTimeout,
+	spec := kit.Spec{Config: cfg, CreateOptions: opts}
+	cctx, cancel := context.WithTimeoutCause(ctx, p.createTimeout,
 		fmt.Errorf("%w: creating an oci sandbox took longer than %v", roche.ErrTimeout, p.createTimeout))
 	defer cancel()
-	return p.create(ctx, rt, img, kit.Spec{Config: cfg, CreateOptions: opts})
+	info, err := p.create(cctx, rt, img, spec, confirm)
+	if !errors.Is(err, errImageMoved) {
+		return info, err
+	}
+	// The guess was another image: this one, unpacked if new, and a create of its own.
+	p.log.Info("the image's name moved since it was unpacked; making the sandbox from the image it names now", "image", cfg.Image)
+	if img, err = p.image(ctx, cfg.Image); err != nil {
+		return roche.SandboxInfo{}, err
+	}
+	cctx, cancel = context.WithTimeoutCause(ctx, p.createTimeout,
+		fmt.Errorf("%w: creating an oci sandbox took longer than %v", roche.ErrTimeout, p.createTimeout))
+	defer cancel()
+	return p.create(cctx, rt, img, spec, nil)
 }
 
 // check refuses, before anything is made, what this provider does not do.
@@ -68,8 +82,10 @@ func (p *Provider) check(cfg roche.Config) error {
 
 // create makes the sandbox: its directory and record first, then the root (an overlay
 // over the cached image, on a sized filesystem when writable), the bundle, and the
-// container, run detached with roche-agent as PID 1. Anything made is undone on failure.
-func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cfg kit.Spec) (_ roche.SandboxInfo, err error) {
+// container, run detached with roche-agent as PID 1 (in the foreground for a one-shot
+// sandbox). Anything made is undone on failure. confirm, when not nil, says whether img
+// is the image to use (runtimeAndGuess); it is asked once the agent is up.
+func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cfg kit.Spec, confirm func(context.Context) error) (_ roche.SandboxInfo, err error) {
 	now := time.Now()
 	// The kernel's wait before the runtime's first cgroup move, begun beside what comes
 	// before it and kept from recurring until the runtime's run returns
@@ -161,7 +177,6 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 		if err := p.startOneShot(ctx, rt, s, warmed); err != nil {
 			return roche.SandboxInfo{}, err
 		}
-		p.remember(s)
 	} else {
 		if err := p.start(ctx, rt, s, warmed); err != nil {
 			return roche.SandboxInfo{}, err
@@ -171,7 +186,14 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 				return roche.SandboxInfo{}, err
 			}
 		}
-		p.remember(s)
+	}
+	if confirm != nil {
+		if err := confirm(ctx); err != nil {
+			return roche.SandboxInfo{}, err
+		}
+	}
+	p.remember(s)
+	if !cfg.OneShot {
 		p.watchExit(s)
 	}
 	p.log.Debug("sandbox created", "id", id, "image", cfg.Image, "runtime", rt.name, "took", time.Since(now),
