@@ -170,14 +170,6 @@ func (p *Provider) takeOneShot(id string) *oneShot {
 	return one
 }
 
-// end closes the connection, which ends the command (if it still runs) and the agent,
-// and waits, at most oneShotEnd or until ctx ends, for the runtime's run to return.
-// It reports whether it did.
-func (one *oneShot) end(ctx context.Context) bool {
-	one.conn.Close()
-	return one.wait(ctx, oneShotEnd)
-}
-
 // wait waits, at most d or until ctx ends, for the runtime's run to return.
 func (one *oneShot) wait(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
