@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
@@ -98,6 +99,13 @@ func (d *daemonLink) connect(e *env) *client.Client {
 		return d.connectRemote(e)
 	}
 	d.once.Do(func() {
+		// No socket, no roched: said before a client is made, which costs more than
+		// the rest of the probe (its RPC methods' descriptors), in every process that
+		// works directly (the thin roche, then roche-run).
+		if _, err := os.Lstat(d.socket); errors.Is(err, fs.ErrNotExist) {
+			e.log.Debug("roched not answering: working directly", "socket", d.socket, "err", err)
+			return
+		}
 		c, err := client.New(client.WithSocket(d.socket))
 		if err != nil {
 			return
