@@ -42,7 +42,6 @@ type oneShot struct {
 	// exited is closed once the runtime's run has returned, with err what it returned.
 	exited chan struct{}
 	err    error
-	proc   *os.Process
 }
 
 // oneShotReady bounds the wait for the agent's ready frame, as start bounds the wait
@@ -87,7 +86,7 @@ func (p *Provider) startOneShot(ctx context.Context, rt *ociRuntime, s *sandbox,
 		host.Close()
 		return fmt.Errorf("%w: %s run: %v", roche.ErrUnavailable, rt.name, err)
 	}
-	one := &oneShot{conn: host, exited: make(chan struct{}), proc: cmd.Process}
+	one := &oneShot{conn: host, exited: make(chan struct{})}
 	go func() {
 		one.err = cmd.Wait()
 		close(one.exited)
@@ -168,6 +167,31 @@ func (p *Provider) takeOneShot(id string) *oneShot {
 	one := p.oneShots[id]
 	delete(p.oneShots, id)
 	return one
+}
+
+// endOneShot begins the teardown of sandbox s when this process made it one-shot (one
+// is then its run, else nil): it closes the connection, which ends the command (if it
+// still runs) and the agent, unmounts the root's mounts here meanwhile (the sandbox has
+// its own copies of them, in its mount namespace, which go with it; rootGone tells
+// how that went), and waits, at most oneShotEnd, for the runtime's run to return.
+// ranOut reports that it did and that the runtime forgot the container, as its
+// foreground run deletes it: the teardown then has no runtime run of its own to make.
+func (p *Provider) endOneShot(ctx context.Context, rt *ociRuntime, s *sandbox) (one *oneShot, ranOut bool, rootGone <-chan []error) {
+	one = p.takeOneShot(s.ID)
+	if one == nil {
+		return nil, false, nil
+	}
+	one.conn.Close()
+	unmounted := make(chan []error, 1)
+	go func() {
+		var errs []error
+		for _, mp := range mountsBelow(s.dir) {
+			errs = append(errs, unmountAll(mp))
+		}
+		unmounted <- errs
+	}()
+	ranOut = one.wait(ctx, oneShotEnd) && rt != nil && runtimeForgot(rt, s.ID)
+	return one, ranOut, unmounted
 }
 
 // wait waits, at most d or until ctx ends, for the runtime's run to return.

@@ -348,23 +348,7 @@ func makeStubs(stubs, image string, points []mountPoint) error {
 // destroy causes).
 func (p *Provider) teardown(ctx context.Context, rt *ociRuntime, s *sandbox) error {
 	defer p.tearingDown(s.ID)()
-	// A one-shot sandbox's runtime run ends with it, and deletes the container itself.
-	// Its root's mounts here go meanwhile: the sandbox has its own copies of them, in
-	// its mount namespace, which go with it.
-	one := p.takeOneShot(s.ID)
-	var rootGone chan []error
-	if one != nil {
-		one.conn.Close()
-		rootGone = make(chan []error, 1)
-		go func() {
-			var errs []error
-			for _, mp := range mountsBelow(s.dir) {
-				errs = append(errs, unmountAll(mp))
-			}
-			rootGone <- errs
-		}()
-	}
-	ranOut := one != nil && one.wait(ctx, oneShotEnd) && rt != nil && runtimeForgot(rt, s.ID)
+	one, ranOut, rootGone := p.endOneShot(ctx, rt, s)
 	p.sawOOMsBeforeTeardown(s.ID) // before its cgroup goes (exit_linux.go)
 	p.killWatched(s.ID)
 	p.unwatchExit(s.ID)
