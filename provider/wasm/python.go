@@ -119,6 +119,8 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	if rerr != nil {
 		p.log.Debug("wasm: python.wasm not rewritten; no pre-initialised interpreter", "err", rerr)
 	}
+	// Its 24,171 data segments in a few (datamerge.go): the same memory at every start.
+	bin = mergeDataSegments(bin)
 	// Compiled without the caller's context: wazero reads experimental hooks (function
 	// listeners) from it, and this compiled module is shared by every later exec.
 	mod, err := p.runtime.CompileModule(context.Background(), bin)

@@ -32,8 +32,9 @@ const (
 	// maxExitCandidates bounds the candidates tried.
 	maxExitCandidates = 4
 	// rewriteSlack is the room readPython leaves after the module for rewriteForEntry
-	// to grow it in place.
-	rewriteSlack = 4 << 10
+	// and mergeDataSegments to grow it in place (python.wasm's merged data segments take
+	// ~330 KB more, the zeros between them).
+	rewriteSlack = 1 << 20
 )
 
 var errNoEntry = errors.New("python.wasm's layout is not the one a pre-initialised interpreter needs")
