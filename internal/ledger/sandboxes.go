@@ -35,6 +35,13 @@ func (l *Ledger) snapshot() (uint64, []*Record) {
 		if r.direct {
 			continue // the CLI's, served for now (direct.go)
 		}
+		if r.adopted && r.Kind == KindClient && l.shared(r) {
+			// The replica group's, given out by another replica or before this one
+			// started: its Pod says all its record would (owner, tenant, end, claim),
+			// and this replica, restarted, finds it there as any replica does. Left
+			// out, a claim writes this replica's share of the group, not all of it.
+			continue
+		}
 		c := *r
 		recs = append(recs, &c)
 	}
