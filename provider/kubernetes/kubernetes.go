@@ -28,7 +28,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -314,13 +313,9 @@ func New(opts ...Option) (*Provider, error) {
 		// roched the inflating; between roched and its cluster the bytes are cheap and
 		// the CPU is not (docs/roched-in-a-cluster.md, "API rate").
 		cfg.DisableCompression = true
-		// Protobuf both ways for the built-in types it uses (Pods, NetworkPolicies,
-		// ConfigMaps, Leases, Events, PersistentVolumeClaims): the API server encodes
-		// watch events, lists and answers several times cheaper than in JSON, and roched
-		// decodes them so too. Patches keep their own JSON type; JSON stays accepted for
-		// what has no protobuf form (/version).
-		cfg.ContentType = runtime.ContentTypeProtobuf
-		cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+		// No ContentType: client-go's generated clients already speak protobuf for the
+		// built-in types, every one this provider uses (TestProtobufOnTheWire), and a
+		// config-wide one would also be sent to what has no protobuf form.
 		if p.wrapTransport != nil {
 			cfg.Wrap(p.wrapTransport)
 		}

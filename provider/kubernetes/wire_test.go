@@ -47,8 +47,10 @@ func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { ret
 
 // TestProtobufOnTheWire: the API server answers the provider in protobuf, its lists,
 // watch events and answers to creates, gets, claims' patches and deletes (cheaper to
-// encode there and to decode here than JSON), and what has no protobuf form still works
-// in JSON (the server's version, which doctor reads).
+// encode there and to decode here than JSON): client-go's generated clients ask for it
+// for built-in types, and every type the provider uses is one; a change to the client's
+// configuration must keep it so. What has no protobuf form still works in JSON (the
+// server's version, which doctor reads).
 func TestProtobufOnTheWire(t *testing.T) {
 	testcluster.Start(t)
 	wt := &wireTypes{types: map[string]string{}}
