@@ -42,8 +42,11 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	}
 	p.sweepSoon()
 	spec := kit.Spec{Config: cfg, CreateOptions: opts}
-	cctx, cancel := context.WithTimeoutCause(ctx, p.createTimeout,
-		fmt.Errorf("%w: creating an oci sandbox took longer than %v", roche.ErrTimeout, p.createTimeout))
+	bounded := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeoutCause(ctx, p.createTimeout,
+			fmt.Errorf("%w: creating an oci sandbox took longer than %v", roche.ErrTimeout, p.createTimeout))
+	}
+	cctx, cancel := bounded()
 	defer cancel()
 	info, err := p.create(cctx, rt, img, spec, confirm)
 	if !errors.Is(err, errImageMoved) {
@@ -54,8 +57,7 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	if img, err = p.image(ctx, cfg.Image); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	cctx, cancel = context.WithTimeoutCause(ctx, p.createTimeout,
-		fmt.Errorf("%w: creating an oci sandbox took longer than %v", roche.ErrTimeout, p.createTimeout))
+	cctx, cancel = bounded()
 	defer cancel()
 	return p.create(cctx, rt, img, spec, nil)
 }
