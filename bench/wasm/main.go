@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -49,9 +50,11 @@ var (
 	n         = flag.Int("n", 30, "samples per measurement")
 	image     = flag.String("image", "roche/python:local", "image of the docker run baseline (built by scripts/build-test-image.sh)")
 	withDock  = flag.Bool("docker", true, "measure the docker run baseline (needs Docker and -image)")
+	withCode  = flag.Bool("code", true, "measure a code context's first cell (the slowest rows; -code=false for the exec rows alone)")
 	poolMin   = flag.Int("pool-min", 2, "idle sandboxes the wasm pool keeps")
 	rssCount  = flag.Int("rss-count", 10, "idle pooled sandboxes for the memory measurement")
 	verbose   = flag.Bool("v", false, "log the daemon at debug level to stderr")
+	cpuProf   = flag.String("cpuprofile", "", "after the measurements, run -n more pooled cycles alone and write a CPU profile of this process (roched, the provider, the client and the pool's refills) over them to `file`")
 	poolImage = "python:3.12"
 )
 
@@ -148,6 +151,9 @@ func run() error {
 		return err
 	}
 	for _, cp := range []*wasm.Provider{cold, scratch} { // the first makes the kernel's copy
+		if !*withCode {
+			break
+		}
 		if _, err := firstCell(ctx, cp, cfg); err != nil {
 			return err
 		}
@@ -232,6 +238,9 @@ func run() error {
 			p  *wasm.Provider
 			to *[]time.Duration
 		}{{cold, &cellPre}, {scratch, &cellScratch}} {
+			if !*withCode {
+				break
+			}
 			if err := settle(ctx, c, wp); err != nil {
 				return err
 			}
@@ -243,6 +252,11 @@ func run() error {
 		}
 	}
 	served := wp.WarmStats().Served - served0
+	if *cpuProf != "" {
+		if err := profileCycles(ctx, c, wp, p, cfg, *cpuProf); err != nil {
+			return err
+		}
+	}
 
 	fmt.Printf("\n%-82s %9s %9s %9s\n", "measurement", "p50", "p90", "max")
 	row := func(name string, ds []time.Duration) {
@@ -264,7 +278,9 @@ func run() error {
 		fmt.Printf("  raw docker run / pooled wasm cycle   not measured (-docker=false)  [cycle <= 40 ms: %s]\n", samples.Ms(samples.Percentile(pooled, 50)))
 	}
 	fmt.Printf("  fresh instance / pooled exec          %6.1fx  (what warm start saves an exec)\n", samples.Ratio(fresh, execOnly))
-	fmt.Printf("  scratch / copy, a context's first cell %6.1fx  (what the pre-initialised interpreter saves a new context)\n", samples.Ratio(cellScratch, cellPre))
+	if *withCode {
+		fmt.Printf("  scratch / copy, a context's first cell %6.1fx  (what the pre-initialised interpreter saves a new context)\n", samples.Ratio(cellScratch, cellPre))
+	}
 	fmt.Printf("  execs served by a warm interpreter: %d of %d through roched\n", served, 3**n)
 	if misses > 0 {
 		fmt.Printf("  note: %d of the pooled creates missed the pool\n", misses)
@@ -355,6 +371,37 @@ func firstCell(ctx context.Context, p *wasm.Provider, cfg roche.Config) (time.Du
 		return 0, fmt.Errorf("a context's first cell 1+1: text %q, error %+v", ex.Text(), ex.Error)
 	}
 	return time.Since(start), nil
+}
+
+// profileCycles runs -n pooled cycles, each on a settled pool, under a CPU profile
+// written to file. The profile counts what the cycles cost this process in all: the
+// refill each claim sets off runs while the next cycle waits for the pool to settle.
+func profileCycles(ctx context.Context, c *client.Client, wp *wasm.Provider, p *client.Provider, cfg roche.Config, file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	for range *n {
+		if err := settle(ctx, c, wp); err != nil {
+			pprof.StopCPUProfile()
+			return err
+		}
+		if _, _, err := cycle(ctx, c, p, cfg); err != nil {
+			pprof.StopCPUProfile()
+			return err
+		}
+	}
+	if err := settle(ctx, c, wp); err != nil {
+		pprof.StopCPUProfile()
+		return err
+	}
+	pprof.StopCPUProfile()
+	fmt.Printf("\nCPU profile of %d pooled cycles and their refills: %s\n", *n, file)
+	return f.Close()
 }
 
 // settle waits, untimed, until the pool is full with nothing being created and every
