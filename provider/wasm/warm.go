@@ -44,8 +44,10 @@ import (
 // What a program can still tell: its module-level frame has Roche's frames below it
 // (sys._getframe().f_back is not None, so recursion runs out sooner): two when the
 // interpreter started from a pre-initialised copy (preinit.go), three when it started
-// from scratch; and the garbage collector's counters, which the loader's few
-// allocations moved.
+// from scratch; the garbage collector's counters, which the loader's few allocations
+// moved; and a run that ends as CPython begins clearing its own state, once the
+// program's streams are flushed and every module cleared (boot/warm.py's _audit, when
+// the exit status is certain): a finaliser only that state still reaches does not run.
 
 // warmArgv0 is the name warm interpreters are started as; sys.executable and the
 // start-up paths follow from it, so only execs naming the interpreter the same way are

@@ -137,7 +137,28 @@ var matchCases = []struct {
 		"/workspace/latin.py": "# -*- coding: latin-1 -*-\nprint('caf\xe9', len('caf\xe9'))\n",
 	}},
 	{name: "script exit", cmd: []string{"python3", "e.py"}, files: map[string]string{"/workspace/e.py": "import sys\nsys.exit(7)\n"}},
+	// How a run ends at CPython's teardown (boot/warm.py's _audit), and when it does not.
+	{name: "exit code over 255", cmd: []string{"python3", "-c", "import sys; print('x'); sys.exit(300)"}},
+	{name: "exit code negative", cmd: []string{"python3", "-c", "raise SystemExit(-2)"}},
+	{name: "exit code bool", cmd: []string{"python3", "-c", "raise SystemExit(True)"}},
+	{name: "exit subclass", cmd: []string{"python3", "-c", "class E(SystemExit):\n    @property\n    def code(self):\n        print('code read')\n        return 4\nraise E"}},
+	{name: "flush fails at exit", cmd: []string{"python3", "-c", flushFails}},
+	{name: "flush fails without unraisablehook", cmd: []string{"python3", "-c", "import sys\ndel sys.unraisablehook\n" + flushFails}},
+	{name: "audit hook sees the teardown", cmd: []string{"python3", "-c", "import os, sys\nsys.addaudithook(lambda e, a, w=os.write: e.startswith('cpython.') and w(1, e.encode() + b'\\n'))\nprint('end')"}},
 }
+
+// flushFails makes the flush of sys.stdout at exit fail, which CPython reports as an
+// unraisable exception and answers with exit status 120.
+const flushFails = `import sys
+class W:
+    def __repr__(self):
+        return 'W'
+    def write(self, s):
+        return len(s)
+    def flush(self):
+        raise OSError('no flush')
+sys.stdout = W()
+print('lost')`
 
 // TestWarmMatchesFresh runs each program on a warm interpreter and on a fresh one, in
 // sandboxes set up alike, and wants the same output, exit code and flags.
@@ -202,6 +223,39 @@ func TestWarmKnownDifference(t *testing.T) {
 	}
 	if got := pyOK(t, id, code); got != "True -" {
 		t.Fatalf("fresh: %q", got)
+	}
+}
+
+// TestWarmTeardownDifference pins down what a program can tell of a run ending at
+// CPython's teardown (boot/warm.py's _audit): a finaliser that only CPython's own state
+// still runs once every module is cleared (here of an object held by a codec search
+// function) runs in a fresh interpreter and not in a warm or pre-initialised one. A
+// program with an audit hook of its own sees the teardown begin, as in a fresh one.
+func TestWarmTeardownDifference(t *testing.T) {
+	testenv.Needs(t, testenv.PythonWasm)
+	held := "import codecs, os\nclass D:\n    def __del__(self, w=os.write):\n        w(1, b'del\\n')\n" +
+		"d = D()\ncodecs.register(lambda name, d=d: None)\ndel d\nprint('end')"
+	hook := "import os, sys\nsys.addaudithook(lambda e, a, w=os.write: e == 'cpython.PyInterpreterState_Clear' and w(1, b'clear\\n'))\nprint('end')"
+	warm := newWarmSandbox(t, nil)
+	pre := newPreSandbox(t, tpre, nil)
+	for _, c := range []struct{ code, this, fresh string }{
+		{held, "end\n", "end\ndel\n"},
+		{hook, "end\nclear\n", "end\nclear\n"},
+	} {
+		req := roche.ExecRequest{Cmd: []string{"python3", "-c", c.code}}
+		w := execWarm(t, warm, req)
+		waitWarm(t, warm)
+		p := execPre(t, tpre, pre, req)
+		f := execIn(t, pre, req)
+		for _, res := range []struct {
+			name string
+			got  roche.ExecResult
+			want string
+		}{{"warm", w, c.this}, {"pre-initialised", p, c.this}, {"fresh", f, c.fresh}} {
+			if res.got.ExitCode != 0 || res.got.Stdout != res.want || res.got.Stderr != "" {
+				t.Errorf("%s run of %q: %+v, want stdout %q", res.name, c.code, res.got, res.want)
+			}
+		}
 	}
 }
 
