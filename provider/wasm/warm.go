@@ -46,8 +46,9 @@ import (
 // interpreter started from a pre-initialised copy (preinit.go), three when it started
 // from scratch; the garbage collector's counters, which the loader's few allocations
 // moved; and a run that ends as CPython begins clearing its own state, once the
-// program's streams are flushed and every module cleared (boot/warm.py's _audit, when
-// the exit status is certain): a finaliser only that state still reaches does not run.
+// program's streams are flushed and every module cleared (boot/warm.py's
+// _arm_teardown, when the exit status is certain): a finaliser only that state still
+// reaches does not run, and the program's own audit hooks see the loader's added.
 
 // warmArgv0 is the name warm interpreters are started as; sys.executable and the
 // start-up paths follow from it, so only execs naming the interpreter the same way are

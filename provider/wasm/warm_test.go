@@ -137,7 +137,7 @@ var matchCases = []struct {
 		"/workspace/latin.py": "# -*- coding: latin-1 -*-\nprint('caf\xe9', len('caf\xe9'))\n",
 	}},
 	{name: "script exit", cmd: []string{"python3", "e.py"}, files: map[string]string{"/workspace/e.py": "import sys\nsys.exit(7)\n"}},
-	// How a run ends at CPython's teardown (boot/warm.py's _audit), and when it does not.
+	// How a run ends at CPython's teardown (boot/warm.py's _arm_teardown), and when it does not.
 	{name: "exit code over 255", cmd: []string{"python3", "-c", "import sys; print('x'); sys.exit(300)"}},
 	{name: "exit code negative", cmd: []string{"python3", "-c", "raise SystemExit(-2)"}},
 	{name: "exit code bool", cmd: []string{"python3", "-c", "raise SystemExit(True)"}},
@@ -227,20 +227,22 @@ func TestWarmKnownDifference(t *testing.T) {
 }
 
 // TestWarmTeardownDifference pins down what a program can tell of a run ending at
-// CPython's teardown (boot/warm.py's _audit): a finaliser that only CPython's own state
-// still runs once every module is cleared (here of an object held by a codec search
-// function) runs in a fresh interpreter and not in a warm or pre-initialised one. A
-// program with an audit hook of its own sees the teardown begin, as in a fresh one.
+// CPython's teardown (boot/warm.py's _arm_teardown): a finaliser that only CPython's own
+// state still runs once every module is cleared (here of an object held by a codec
+// search function) runs in a fresh interpreter and not in a warm or pre-initialised
+// one; and an audit hook of the program's sees the loader add its own as the program
+// ends. Such a hook still sees the teardown begin, as in a fresh interpreter.
 func TestWarmTeardownDifference(t *testing.T) {
 	testenv.Needs(t, testenv.PythonWasm)
 	held := "import codecs, os\nclass D:\n    def __del__(self, w=os.write):\n        w(1, b'del\\n')\n" +
 		"d = D()\ncodecs.register(lambda name, d=d: None)\ndel d\nprint('end')"
-	hook := "import os, sys\nsys.addaudithook(lambda e, a, w=os.write: e == 'cpython.PyInterpreterState_Clear' and w(1, b'clear\\n'))\nprint('end')"
+	hook := "import os, sys\nsys.addaudithook(lambda e, a, w=os.write: e in ('sys.addaudithook', 'cpython.PyInterpreterState_Clear') and w(1, e.encode() + b'\\n'))\nprint('end')"
 	warm := newWarmSandbox(t, nil)
 	pre := newPreSandbox(t, tpre, nil)
 	for _, c := range []struct{ code, this, fresh string }{
 		{held, "end\n", "end\ndel\n"},
-		{hook, "end\nclear\n", "end\nclear\n"},
+		// os.write is unbuffered; print flushes at exit, after the hook is added.
+		{hook, "sys.addaudithook\nend\ncpython.PyInterpreterState_Clear\n", "end\ncpython.PyInterpreterState_Clear\n"},
 	} {
 		req := roche.ExecRequest{Cmd: []string{"python3", "-c", c.code}}
 		w := execWarm(t, warm, req)

@@ -145,37 +145,37 @@ def _serve():
 # Exit at CPython's teardown. Once every module has been cleared and sys.stdout and
 # sys.stderr flushed, CPython clears its own state (the interpreter's, its types and
 # strings), ~4 ms that nothing of the program observes, since this instance is thrown
-# away after its one run. The audit event raised as that clearing begins ends the
-# instance with the exit status CPython would give, when that status is known here: the
-# program ended by plain SystemExit (or returned, or failed with an exception, which
-# _serve turns into one) with a code from 0 to 255, no flush at exit failed (that
-# reports an unraisable exception and makes the status 120), and the program installed
-# no audit hook of its own (one added now, at exit, would be seen by them, and theirs
-# would miss the event this one ends on). Otherwise CPython's own exit runs as ever.
-_teardown = [None, False]  # the exit status armed; whether the program added an audit hook
-
-
-def _audit(event, args, _t=_teardown, _exit=_os._exit, _sysdict=_sys.__dict__):
-    # Called for every audit event, also after the builtins are cleared: no globals or
-    # builtins are used here.
-    if event == "cpython.PyInterpreterState_Clear":
-        # sys's entries are None now but still present; an absent unraisablehook means
-        # a flush failure at exit may have gone unaudited.
-        if _t[0] is not None and "unraisablehook" in _sysdict:
-            _exit(_t[0])
-    elif event == "sys.unraisablehook":
-        _t[0] = None
-    elif event == "sys.addaudithook":
-        _t[1] = True
-
-
+# away after its one run. An audit hook added as the program ends sees the event raised
+# as that clearing begins and ends the instance there with the exit status CPython would
+# give, when that status is known here: the program ended by plain SystemExit (or
+# returned, or failed with an exception, which _serve turns into one) with a code from 0
+# to 255, and no flush at exit failed (that reports an unraisable exception and makes the
+# status 120). Otherwise CPython's own exit runs as ever. The hook is added only then: a
+# hook in place while the program runs makes each of its audit events (every id(),
+# exec, open...) several microseconds slower, even a builtin one. The program's own
+# hooks, if it has any, see it added.
 def _arm_teardown(exc):
     # The status CPython's handle_system_exit takes from a plain SystemExit.
-    if _teardown[1] or type(exc) is not SystemExit:
+    if type(exc) is not SystemExit:
         return
     code = 0 if exc.code is None else exc.code
-    if type(code) is int and 0 <= code <= 255:
-        _teardown[0] = code
+    if type(code) is not int or not 0 <= code <= 255:
+        return
+    armed = [code]
+
+    def _at_teardown(event, args, _armed=armed, _exit=_os._exit, _sysdict=_sys.__dict__):
+        # Called also after the builtins are cleared: no globals or builtins here. sys's
+        # entries are None by then but still there; an absent unraisablehook means a
+        # failed flush may have gone unaudited.
+        if event == "sys.unraisablehook":
+            _armed[0] = None
+        elif event == "cpython.PyInterpreterState_Clear" and _armed[0] is not None and "unraisablehook" in _sysdict:
+            _exit(_armed[0])
+
+    try:
+        _sys.addaudithook(_at_teardown)
+    except BaseException:
+        pass  # a hook of the program's refused it: CPython's own exit runs
 
 
 def _entry():
@@ -207,7 +207,6 @@ def _entry():
         raise
 
 
-_sys.addaudithook(_audit)
 if globals().get("_roche_preinit"):
     for _m in _roche_preload:
         __import__(_m)
