@@ -6,8 +6,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -327,37 +330,166 @@ func TestLifetimeEndsTheVM(t *testing.T) {
 	}
 }
 
-// TestSupervisorKilled: if a VM's supervisor is killed outright, the hypervisor dies with
-// it, and the next List clears what was left on the host.
+// TestSupervisorKilled: if a VM's supervisor is killed outright, at any moment of the
+// VM's life, its hypervisor dies with it (the kernel kills it: the supervisor is the
+// init of the VM's PID namespace), and the next List clears what was left on the host.
+// The host is loaded meanwhile, as in a full test run, where the hypervisor once
+// outlived its supervisor: QEMU's -runas had cleared the Pdeathsig that was to kill it,
+// and the guest, which powers itself off when its serial link goes, was too slow to.
 func TestSupervisorKilled(t *testing.T) {
 	state := t.TempDir()
 	p := newQEMU(t, vm.WithStateDir(state))
+	// Whatever happens, nothing this test started outlives it: not a process, not a
+	// VM's memory file (the List after the kill removes it).
+	t.Cleanup(func() {
+		killProcessesNaming(t, state)
+		for deadline := time.Now().Add(10 * time.Second); len(processesNaming(state)) > 0 && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		_, _ = p.List(context.Background())
+	})
+	loadCPUs(t)
 	ctx := context.Background()
-	info, err := p.Create(ctx, testConfig())
+
+	supervisorOf := func(id string) int {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(state, id, supervisor.PIDFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 1 {
+			t.Fatalf("the supervisor's pid file says %q", b)
+		}
+		return pid
+	}
+	// gone waits a bounded time for every process of the VMs to end, then lists.
+	gone := func(moment string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for len(processesNaming(state)) > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if left := processesNaming(state); len(left) > 0 {
+			t.Fatalf("%s: the hypervisor outlived its supervisor by 20 s:\n%s", moment, strings.Join(left, "\n"))
+		}
+		list, err := p.List(ctx)
+		if err != nil || len(list) != 0 {
+			t.Fatalf("%s: List after the supervisor died: %v %v, want nothing", moment, list, err)
+		}
+		checkNothingLeft(t, state)
+	}
+
+	for round := range 2 {
+		// During the boot: once the hypervisor runs, before the agent answers.
+		booting := make(chan error, 1)
+		go func() {
+			_, err := p.Create(ctx, testConfig())
+			booting <- err
+		}()
+		killed := false
+		for deadline := time.Now().Add(5 * time.Minute); !killed && time.Now().Before(deadline); {
+			entries, _ := os.ReadDir(state)
+			for _, e := range entries {
+				dir := filepath.Join(state, e.Name())
+				sup := readPIDFile(filepath.Join(dir, supervisor.PIDFile))
+				if sup > 0 && readPIDFile(filepath.Join(dir, supervisor.HypervisorFile)) > 0 {
+					if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
+						t.Fatal(err)
+					}
+					killed = true
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !killed {
+			t.Fatal("the booting VM's hypervisor never started")
+		}
+		gone(fmt.Sprintf("round %d, killed during the boot", round))
+		if err := <-booting; err == nil {
+			t.Errorf("round %d: Create succeeded although its supervisor was killed during the boot", round)
+		}
+
+		// Once created, idle.
+		info, err := p.Create(ctx, testConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(supervisorOf(info.ID), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		gone(fmt.Sprintf("round %d, killed once created", round))
+		if _, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, roche.ErrNotFound) {
+			t.Fatalf("Exec in the dead VM: %v, want ErrNotFound", err)
+		}
+
+		// During a command.
+		info, err = p.Create(ctx, testConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		running := make(chan error, 1)
+		go func() {
+			_, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"sh", "-c", "touch /tmp/started; sleep 300"}, Timeout: 10 * time.Minute})
+			running <- err
+		}()
+		testenv.Eventually(t, time.Minute, "the command to run in the VM", func() bool {
+			_, err := p.Stat(ctx, info.ID, "/tmp/started")
+			return err == nil
+		})
+		if err := syscall.Kill(supervisorOf(info.ID), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		gone(fmt.Sprintf("round %d, killed during a command", round))
+		if err := <-running; err == nil {
+			t.Errorf("round %d: the command in the killed VM ended without an error", round)
+		}
+	}
+}
+
+func readPIDFile(path string) int {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatal(err)
+		return 0
 	}
-	b, err := os.ReadFile(filepath.Join(state, info.ID, "supervisor.pid"))
-	if err != nil {
-		t.Fatal(err)
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	pid, _ := strconv.Atoi(f[0])
+	return pid
+}
+
+// loadCPUs keeps every CPU busy until the test ends, as a full test run does: twice as
+// many busy loops as CPUs, in child processes of this test, which it kills at the end.
+func loadCPUs(t *testing.T) {
+	t.Helper()
+	for range 2 * runtime.NumCPU() {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(processesNaming(state)) > 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if left := processesNaming(state); len(left) > 0 {
-		t.Fatalf("the hypervisor outlived its supervisor:\n%s", strings.Join(left, "\n"))
-	}
-	list, err := p.List(ctx)
-	if err != nil || len(list) != 0 {
-		t.Fatalf("List after the supervisor died: %v %v, want nothing", list, err)
-	}
-	checkNothingLeft(t, state)
-	if _, err := p.Exec(ctx, info.ID, roche.ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, roche.ErrNotFound) {
-		t.Fatalf("Exec in the dead VM: %v, want ErrNotFound", err)
+}
+
+// killProcessesNaming kills, by pid, the processes whose command line names dir (a test's
+// own state directory): a failed test must not leave its VMs running.
+func killProcessesNaming(t *testing.T, dir string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(dir)) {
+			t.Logf("killing what the test left: %d %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " "))
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 }
