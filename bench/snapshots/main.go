@@ -203,12 +203,11 @@ func ratio(a, b []time.Duration) float64 {
 
 // qemuMemory is the PSS and RSS, in MiB, of the hypervisor of the VM in dir.
 func qemuMemory(dir string) (pss, rss int64) {
-	b, err := os.ReadFile(filepath.Join(dir, supervisor.HypervisorFile))
-	if err != nil {
+	pid, _ := supervisor.ReadHypervisor(dir)
+	if pid <= 0 {
 		return -1, -1
 	}
-	pid := strings.TrimSpace(string(b))
-	roll, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
+	roll, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
 	if err != nil {
 		return -1, -1
 	}

@@ -69,13 +69,9 @@ func TestQEMUKilledEnds(t *testing.T) {
 
 	// The VM's directory is the provider's, named by the sandbox: its QEMU's pid is there.
 	dir := filepath.Join(state, sb.ID)
-	b, err := os.ReadFile(filepath.Join(dir, supervisor.HypervisorFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	qemu, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || qemu <= 1 {
-		t.Fatalf("the hypervisor's pid file says %q", b)
+	qemu, _ := supervisor.ReadHypervisor(dir)
+	if qemu <= 1 {
+		t.Fatalf("no hypervisor pid recorded in %s", dir)
 	}
 	if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(qemu) + "/cmdline"); !strings.Contains(string(cmdline), "qemu") {
 		t.Fatalf("pid %d is not the VM's QEMU: %q", qemu, cmdline)

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -226,7 +227,7 @@ func (q *qemu) start(ctx context.Context, p *Provider, vm *plan) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := cmd.Start(); err != nil {
+	if cmd, err = p.startSupervisor(cmd); err != nil {
 		return 0, fmt.Errorf("%w: starting the VM's supervisor: %v", roche.ErrUnavailable, err)
 	}
 	// Reap it whenever it ends, so a long-lived caller keeps no zombies.
@@ -365,6 +366,12 @@ func probeBoot(ctx context.Context, p *Provider, a *bootAssets, bin, cpu string)
 	cmd := exec.Command(bin, args...)
 	var out lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	// The probe dies with this process (it drops no credentials, so its Pdeathsig
+	// holds), and never before its time: Linux sends that signal when the thread that
+	// forked it ends, which a Go thread does when a goroutine locked to it returns. This
+	// goroutine keeps its thread until the probe is reaped.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {

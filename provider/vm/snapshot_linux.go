@@ -291,7 +291,7 @@ func (p *Provider) PauseToDisk(ctx context.Context, id string) error {
 	if pid > 0 && isOurProcess(pid, s.Dir, supervisor.Subcommand) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if hv := readPID(filepath.Join(s.Dir, supervisor.HypervisorFile)); hv > 0 && isOurProcess(hv, s.Dir, "") {
+	if hv := hypervisorOf(s.Dir); hv > 0 {
 		_ = syscall.Kill(hv, syscall.SIGKILL)
 	}
 	for _, f := range []string{supervisor.PIDFile, supervisor.HypervisorFile, "agent.sock", "qmp.sock"} {

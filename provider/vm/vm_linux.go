@@ -71,6 +71,9 @@ type Provider struct {
 	dockerMu  sync.Mutex
 	ownDocker bool
 
+	// noPIDNamespace warns, once, that supervisors run without a PID namespace.
+	noPIDNamespace sync.Once
+
 	assetsMu sync.Mutex
 	assets   *bootAssets
 
@@ -680,7 +683,35 @@ func (p *Provider) supervisorCmd(vm *plan, spec supervisor.Spec) (*exec.Cmd, err
 	cmd.ExtraFiles = []*os.File{vm.report}
 	// Its own session: the VM must not die with the caller's terminal or process group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if os.Geteuid() == 0 {
+		// And, as root, its own PID namespace, whose init it is: the kernel kills the
+		// hypervisor when the supervisor dies, whatever credentials the hypervisor
+		// dropped to (see package supervisor).
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	}
 	return cmd, nil
+}
+
+// startSupervisor starts a supervisor from supervisorCmd. Where this process may not make
+// a PID namespace (a container without CAP_SYS_ADMIN), the supervisor runs without one,
+// said once in a warning: its hypervisor then outlives it should it be killed, until a
+// List finds and kills it.
+// It returns the command that runs.
+func (p *Provider) startSupervisor(cmd *exec.Cmd) (*exec.Cmd, error) {
+	err := cmd.Start()
+	if err == nil || cmd.SysProcAttr.Cloneflags&syscall.CLONE_NEWPID == 0 ||
+		!(errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOSPC)) {
+		return cmd, err
+	}
+	p.noPIDNamespace.Do(func() {
+		p.log.Warn("cannot give the VMs' supervisors a PID namespace of their own: a supervisor killed outright leaves its hypervisor running until a List kills it", "err", err)
+	})
+	again := exec.Command(cmd.Path, cmd.Args[1:]...)
+	again.Stdout, again.Stderr, again.ExtraFiles = cmd.Stdout, cmd.Stderr, cmd.ExtraFiles
+	attr := *cmd.SysProcAttr
+	attr.Cloneflags &^= syscall.CLONE_NEWPID
+	again.SysProcAttr = &attr
+	return again, again.Start()
 }
 
 func writeJSON(path string, v any) error {
@@ -827,10 +858,27 @@ func (p *Provider) kill(pid int, dir string) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	if hv := readPID(filepath.Join(dir, supervisor.HypervisorFile)); hv > 0 && isOurProcess(hv, dir, "") {
+	if hv := hypervisorOf(dir); hv > 0 {
 		_ = syscall.Kill(-hv, syscall.SIGKILL)
 		_ = syscall.Kill(hv, syscall.SIGKILL)
 	}
+}
+
+// hypervisorOf returns the pid of the hypervisor of the VM in dir while it runs, or 0:
+// the process its supervisor recorded, if its command line still names dir and it
+// started when the record says (an older record has no start time), so that a pid
+// reused by another process is never signalled.
+func hypervisorOf(dir string) int {
+	pid, start := supervisor.ReadHypervisor(dir)
+	if pid <= 0 || !isOurProcess(pid, dir, "") {
+		return 0
+	}
+	if start != 0 {
+		if now, err := supervisor.StartTime(pid); err != nil || now != start {
+			return 0
+		}
+	}
+	return pid
 }
 
 // removeDir removes a VM directory of ours (and a jailer's chroot it names).
@@ -920,9 +968,12 @@ func (p *Provider) List(ctx context.Context) ([]roche.SandboxInfo, error) {
 		dir := filepath.Join(p.stateDir, e.Name())
 		m, alive, err := p.readVM(dir)
 		if err != nil {
-			// No meta yet: a VM still being created. Left a while, then it is stale.
-			if fi, serr := e.Info(); serr == nil && time.Since(fi.ModTime()) > 2*time.Minute {
-				p.stopSupervisor(readPID(filepath.Join(dir, supervisor.PIDFile)), dir)
+			// No meta yet: a VM still being created. Left a while, then it is stale; at
+			// once if its supervisor has died (the create fails then anyway).
+			sup := readPID(filepath.Join(dir, supervisor.PIDFile))
+			fi, serr := e.Info()
+			if (sup > 0 && !isOurProcess(sup, dir, supervisor.Subcommand)) || (serr == nil && time.Since(fi.ModTime()) > 2*time.Minute) {
+				p.stopSupervisor(sup, dir)
 			}
 			continue
 		}

@@ -2,7 +2,8 @@
 // hypervisor, serves the guest agent's serial link as a unix socket that any number of
 // clients can connect to, stops the VM at the end of its lifetime even if the guest is
 // wedged, and removes everything the VM had on the host when it ends. It runs detached
-// (its own session) as `PROGRAM vm-supervise SPEC`, PROGRAM being the executable of the
+// (its own session; as root, the init of its own PID namespace, so that the hypervisor
+// dies with it) as `PROGRAM vm-supervise SPEC`, PROGRAM being the executable of the
 // process that hosts the provider (roche, roched), so a VM outlives the process that
 // created it, as a container outlives `docker run -d`. The in-sandbox roche-agent does
 // not carry it: nothing host-side belongs in what runs inside a sandbox.
@@ -71,7 +72,7 @@ type Report struct {
 // Files in the VM's directory.
 const (
 	PIDFile        = "supervisor.pid"  // the supervisor's pid
-	HypervisorFile = "hypervisor.pid"  // the hypervisor's pid
+	HypervisorFile = "hypervisor.pid"  // the hypervisor's pid as the host sees it, then its StartTime
 	SpecFile       = "supervisor.json" // the Spec
 	// SuspendedFile, once the hypervisor has exited, keeps the VM's directory: the VM
 	// was saved to disk (paused) and is resumed from it later.

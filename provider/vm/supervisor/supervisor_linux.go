@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,8 +46,10 @@ func Main(args []string) error {
 }
 
 func run(spec Spec) error {
-	// The hypervisor is killed if the supervisor dies (Pdeathsig), and Linux ties that to
-	// the thread that forked it: pin this goroutine to its thread for good.
+	// The hypervisor is killed if the supervisor dies: by the kernel, when the supervisor
+	// is the init of its own PID namespace (proc_linux.go); else by its parent-death
+	// signal (Pdeathsig), which Linux ties to the thread that forked it: pin this
+	// goroutine to its thread for good.
 	runtime.LockOSThread()
 	report := reportPipe()
 	defer func() {
@@ -99,9 +100,20 @@ func run(spec Spec) error {
 		writeReport(report, Report{Exit: fmt.Sprintf("starting %s: %v", spec.Argv[0], err)})
 		return err
 	}
-	_ = os.WriteFile(filepath.Join(spec.Dir, HypervisorFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
+	// The provider finds the hypervisor by this record, for its memory (snapshots) and
+	// to kill it should this supervisor be gone while it runs. It is made before the
+	// hypervisor can be reaped, so the pid is still the hypervisor's.
+	hv, err := hostPID(cmd.Process.Pid)
+	if err == nil {
+		err = writeHypervisor(spec.Dir, hv)
+	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	if err != nil {
+		waitErr := stop(cmd, exited)
+		writeReport(report, Report{Exit: fmt.Sprintf("recording the hypervisor's pid: %v (%s)", err, describe(waitErr)), Console: consoleTail(spec.Console)})
+		return err
+	}
 
 	var link *serialLink
 	if host != nil {
@@ -153,7 +165,7 @@ wait:
 	}
 	tail := consoleTail(spec.Console)
 	if _, err := os.Stat(filepath.Join(spec.Dir, SuspendedFile)); err != nil {
-		recordEnd(spec, ended(cmd, waitErr, stopped, tail))
+		recordEnd(spec, ended(cmd, hv, waitErr, stopped, tail))
 	}
 	writeReport(report, Report{Exit: exit, Console: tail})
 	return nil
@@ -164,10 +176,25 @@ var (
 	oomLine   = regexp.MustCompile(`Out of memory: Killed process[^\r\n]*`)
 )
 
-// ended is what is known of the VM's end: how the hypervisor ended (waitErr), whether
-// the supervisor stopped it, and what the guest kernel last said of a panic or an OOM kill.
-func ended(cmd *exec.Cmd, waitErr error, stopped, console string) Ended {
-	e := Ended{AtUnixMS: time.Now().UnixMilli(), HypervisorPID: cmd.Process.Pid, Exit: describe(waitErr), Stopped: stopped}
+// writeHypervisor records the hypervisor's host pid and start time in dir, whole or not
+// at all (a rename).
+func writeHypervisor(dir string, pid int) error {
+	start, err := StartTime(pid)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, HypervisorFile)
+	if err := os.WriteFile(path+".tmp", fmt.Appendf(nil, "%d %d\n", pid, start), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// ended is what is known of the VM's end: how the hypervisor (host pid hv) ended
+// (waitErr), whether the supervisor stopped it, and what the guest kernel last said of a
+// panic or an OOM kill.
+func ended(cmd *exec.Cmd, hv int, waitErr error, stopped, console string) Ended {
+	e := Ended{AtUnixMS: time.Now().UnixMilli(), HypervisorPID: hv, Exit: describe(waitErr), Stopped: stopped}
 	if st := cmd.ProcessState; st != nil {
 		if ws, ok := st.Sys().(syscall.WaitStatus); ok {
 			if ws.Signaled() {
