@@ -692,11 +692,10 @@ func (p *Provider) supervisorCmd(vm *plan, spec supervisor.Spec) (*exec.Cmd, err
 	return cmd, nil
 }
 
-// startSupervisor starts a supervisor from supervisorCmd. Where this process may not make
-// a PID namespace (a container without CAP_SYS_ADMIN), the supervisor runs without one,
-// said once in a warning: its hypervisor then outlives it should it be killed, until a
-// List finds and kills it.
-// It returns the command that runs.
+// startSupervisor starts a supervisor from supervisorCmd and returns the command that
+// runs. Where this process may not make a PID namespace (a container without
+// CAP_SYS_ADMIN), that is a second command, without one, said once in a warning: its
+// hypervisor then outlives a supervisor killed outright, until a List finds and kills it.
 func (p *Provider) startSupervisor(cmd *exec.Cmd) (*exec.Cmd, error) {
 	err := cmd.Start()
 	if err == nil || cmd.SysProcAttr.Cloneflags&syscall.CLONE_NEWPID == 0 ||
