@@ -388,6 +388,11 @@ func TestSupervisorKilled(t *testing.T) {
 		}()
 		killed, killedAt := false, time.Time{}
 		for deadline := time.Now().Add(5 * time.Minute); !killed && time.Now().Before(deadline); {
+			select {
+			case err := <-booting:
+				t.Fatalf("round %d: Create ended (%v) before its supervisor could be killed during the boot", round, err)
+			default:
+			}
 			entries, _ := os.ReadDir(state)
 			for _, e := range entries {
 				dir := filepath.Join(state, e.Name())
