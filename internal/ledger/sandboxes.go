@@ -164,7 +164,7 @@ func (l *Ledger) admit(t *Tenant) error {
 	defer l.mu.Unlock()
 	all, mine := l.reserved, l.reservedBy[t.Name]
 	for _, r := range l.sandboxes {
-		if r.Kind == KindClient && !r.direct {
+		if r.Kind == KindClient && !r.direct && !r.admitting {
 			all++
 			if r.TenantName() == t.Name {
 				mine++
@@ -240,10 +240,20 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 		return roche.SandboxInfo{}, false, err
 	}
 	admitted := true
+	var claimed string // the pooled sandbox handed out, whose record counts once released
+	// release gives back the reservation, in the same step as the record it reserved
+	// for starts to count. Callers hold l.mu.
+	release := func() {
+		l.unreserveLocked(t)
+		admitted = false
+		if r := l.sandboxes[claimed]; claimed != "" && r != nil {
+			r.admitting = false
+		}
+	}
 	defer func() {
 		if admitted {
 			l.mu.Lock()
-			l.unreserveLocked(t)
+			release()
 			l.mu.Unlock()
 		}
 	}()
@@ -263,13 +273,15 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 	if err != nil {
 		return roche.SandboxInfo{}, false, err
 	}
+	if ok {
+		claimed = sb.ID
+	}
 	if ok && l.leasePooled(ctx, p, sb.ID, leased) {
 		if ctx.Err() != nil {
 			return roche.SandboxInfo{}, false, l.abandon(ctx, sb.ID, "creating a sandbox", "the pooled sandbox handed to it")
 		}
 		l.mu.Lock()
-		l.unreserveLocked(t) // the record just made counts instead
-		admitted = false
+		release() // the record counts instead
 		l.mu.Unlock()
 		l.obs.Created("pool", time.Since(start))
 		return sb, true, nil
@@ -290,8 +302,7 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 		return roche.SandboxInfo{}, false, err
 	}
 	l.mu.Lock()
-	l.unreserveLocked(t)
-	admitted = false
+	release()
 	// In a replica group the leader may have found it in the provider's list already:
 	// the create's record replaces that one.
 	l.sandboxes[sb.ID] = &Record{
@@ -387,9 +398,12 @@ func (l *Ledger) fromPool(ctx context.Context, t *Tenant, providerName string, c
 		pl.Forget(sb.ID)
 		return roche.SandboxInfo{}, false, nil
 	}
+	// The create's reservation counts it until the create ends (admitting): a record
+	// counted too would have a claim count twice while its state is saved and its lease
+	// ended, and refuse another claim at MaxSandboxes with one sandbox fewer given out.
 	l.sandboxes[sb.ID] = &Record{
 		ID: sb.ID, Provider: providerName, Image: cfg.Image, Kind: KindClient, Pool: pl.Spec().Key.String(), Tenant: t.Name,
-		CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now,
+		CreatedAt: sb.CreatedAt, ExpiresAt: expires, Env: maps.Clone(cfg.Env), Workdir: cfg.Workdir, since: now, admitting: true,
 	}
 	l.mu.Unlock()
 	// Saved before the client hears of it: a crash now must not destroy it as a leftover.

@@ -62,6 +62,10 @@ type Record struct {
 	since time.Time
 	// removing: a destroy is in flight.
 	removing bool
+	// admitting: a pooled sandbox being handed to a client whose create still holds its
+	// reservation (admit), which counts it against the bounds until the create ends; the
+	// record does not count too.
+	admitting bool
 }
 
 // TenantName is the record's tenant.
