@@ -48,6 +48,26 @@ func KillTree(root int) error {
 	return errors.Join(errs...)
 }
 
+// EachMember calls f once for every process of root's tree and process group besides
+// root, walking /proc again until a walk finds none it has not seen (at most 50 walks):
+// one started while a walk runs is found by the next.
+func EachMember(root int, f func(pid int)) {
+	seen := map[int]bool{root: true}
+	for round := 0; round < 50; round++ {
+		added := false
+		for _, pid := range members(root) {
+			if !seen[pid] {
+				seen[pid] = true
+				added = true
+				f(pid)
+			}
+		}
+		if !added {
+			return
+		}
+	}
+}
+
 // members returns root, every process below it and every process in the group root leads.
 func members(root int) []int {
 	entries, err := os.ReadDir("/proc")

@@ -1016,18 +1016,42 @@ var devNullFD struct {
 // bigger process, killed, and the sandbox with it. Children inherit the score. A program
 // may lower its own back to the agent's, and then risk only its own sandbox. The score
 // is raised once the command has started (Go runs nothing of ours between fork and
-// exec), so for its first moments, microseconds as a rule, it has the agent's.
+// exec), so for its first moments it has the agent's, and so has whatever it starts
+// in them: a shell forks its program at once, and on a loaded host this goroutine may
+// run milliseconds after the exec. Those are raised too, found by the command's process
+// group (and tree) after its own score is raised, as what it starts later inherits it:
+// else a program under `sh -c` taking memory kept the agent's score, and the agent,
+// then as likely a victim, was killed in its place under load (the oci conformance
+// suite's OOMThroughTmpfs, "sandbox is gone").
 func (s *Server) oomFirst(pid int) {
+	if f := beforeOOMFirst.Load(); f != nil {
+		(*f)(pid)
+	}
+	if err := raiseOOMScore(pid); err != nil {
+		s.log.Warn("raising a command's OOM score", "pid", pid, "err", err)
+		return
+	}
+	proctree.EachMember(pid, func(p int) {
+		if err := raiseOOMScore(p); err != nil && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ESRCH) {
+			s.log.Warn("raising the OOM score of what a command started", "pid", p, "err", err)
+		}
+	})
+}
+
+// beforeOOMFirst, when set (tests), runs before a command's OOM score is raised.
+var beforeOOMFirst atomic.Pointer[func(pid int)]
+
+// raiseOOMScore makes process pid the OOM killer's first choice.
+func raiseOOMScore(pid int) error {
 	// Bare system calls: os.WriteFile would also try to register the file with the
 	// runtime's poller, four more system calls on every exec's path.
 	fd, err := syscall.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", syscall.O_WRONLY|syscall.O_CLOEXEC, 0)
-	if err == nil {
-		_, err = syscall.Write(fd, []byte("1000"))
-		syscall.Close(fd)
-	}
 	if err != nil {
-		s.log.Warn("raising a command's OOM score", "pid", pid, "err", err)
+		return err
 	}
+	_, err = syscall.Write(fd, []byte("1000"))
+	syscall.Close(fd)
+	return err
 }
 
 // oomCounter is the sandbox cgroup's OOM-kill counter (cgroup v1, v2, and a microVM's

@@ -815,6 +815,28 @@ func TestCommandStreams(t *testing.T) {
 	}
 }
 
+// TestOOMFirstReachesEarlyChildren: what a command starts before the agent has raised
+// its score (a shell forks its program at once; under load the agent raises the shell's
+// score milliseconds later) is raised too, so that it is the OOM killer's choice over the
+// agent, not a tie with it. The raise is held here until the shell has forked, so the race
+// is certain; the child then waits, bounded, for its own score to change and prints it.
+func TestOOMFirstReachesEarlyChildren(t *testing.T) {
+	testenv.Needs(t, testenv.Root)
+	defer server.SetBeforeOOMFirst(func(pid int) {
+		children := fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if b, _ := os.ReadFile(children); len(strings.TrimSpace(string(b))) > 0 {
+				return
+			}
+		}
+	})()
+	script := `(i=0; while [ "$(cat /proc/self/oom_score_adj)" != 1000 ] && [ $i -lt 300 ]; do i=$((i+1)); sleep 0.01; done; cat /proc/self/oom_score_adj) & wait`
+	res, out, _ := execOut(t, guest.Request{Cmd: []string{"sh", "-c", script}}, guest.ExecOptions{})
+	if res.ExitCode != 0 || out != "1000\n" {
+		t.Errorf("the score of what a command started before its own was raised: exit %d %q, want 1000", res.ExitCode, out)
+	}
+}
+
 // TestExecLeavesNoDescriptors runs commands every way their streams are made (stdin or
 // none, started or not) and checks that the agent holds no more descriptors after.
 func TestExecLeavesNoDescriptors(t *testing.T) {
