@@ -154,6 +154,10 @@ func TestAdmitCountsAClaimOnce(t *testing.T) {
 	case a := <-first:
 		t.Fatalf("the first claim ended before its lease was ended: pooled %v, %v", a.pooled, a.err)
 	}
+	// /metrics counts it once too: creating (its reservation), not also running.
+	if c := l.Counts(); c["running"]+c["creating"] != 1 {
+		t.Errorf("counts while one claim is handed out: %v, want running and creating 1 together", c)
+	}
 	_, pooled, err := create()
 	close(fp.release)
 	a := <-first

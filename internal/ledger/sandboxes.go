@@ -672,6 +672,8 @@ func (l *Ledger) Counts() map[string]int {
 	l.mu.Lock()
 	for _, r := range l.sandboxes {
 		switch {
+		case r.admitting && r.Kind == KindClient:
+			// Being handed out: its create's reservation counts it, as creating.
 		case r.adopted && r.Kind == KindClient:
 			c["adopted"]++
 		case r.Kind == KindPooled:
