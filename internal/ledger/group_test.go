@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,5 +55,34 @@ func TestGroupOwners(t *testing.T) {
 	}
 	if class, _ := b.classify(a.Owner()); class != foreignOwner {
 		t.Errorf("a replica's pool owner %q is %v to another replica, want foreign", a.Owner(), class)
+	}
+}
+
+// TestStateHoldsTheReplicasOwn: a replica's state file holds what it made, gave out or
+// is destroying, not the group's sandboxes it only serves (another replica gave them
+// out; a restarted replica finds them in the cluster, as any replica does); a lone
+// roched's holds every record it has, adopted ones too.
+func TestStateHoldsTheReplicasOwn(t *testing.T) {
+	for _, group := range []string{"g", ""} {
+		l := &Ledger{cfg: Config{Group: group}, sandboxes: map[string]*Record{
+			"made":    {ID: "made", Kind: KindClient},
+			"idle":    {ID: "idle", Kind: KindPooled},
+			"served":  {ID: "served", Kind: KindClient, adopted: true},
+			"reaping": {ID: "reaping", Kind: KindDestroying, adopted: true},
+			"direct":  {ID: "direct", Kind: KindClient, direct: true, adopted: true},
+		}}
+		_, recs := l.snapshot()
+		var got []string
+		for _, r := range recs {
+			got = append(got, r.ID)
+		}
+		slices.Sort(got)
+		want := []string{"idle", "made", "reaping", "served"}
+		if group != "" {
+			want = []string{"idle", "made", "reaping"}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("group %q: state holds %v, want %v", group, got, want)
+		}
 	}
 }

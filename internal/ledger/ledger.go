@@ -200,6 +200,10 @@ type Ledger struct {
 	// ended remembers why client sandboxes ended behind the daemon's back (events.go).
 	ended endings
 
+	// listedAt is when each provider's sandboxes were last listed for a reconciliation
+	// (sandboxesOf).
+	listedAt map[string]time.Time
+
 	// engines is whether each provider's engine answers (health.go).
 	engines *engines
 
@@ -280,6 +284,7 @@ func New(cfg Config, providers map[string]roche.Provider, opts ...Option) (*Ledg
 		ended:       endings{retention: cfg.EndedRetention},
 		engines:     newEngines(providers),
 		keys:        map[string]*keyed{},
+		listedAt:    map[string]time.Time{},
 	}
 	for _, o := range opts {
 		o(l)

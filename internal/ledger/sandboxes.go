@@ -35,6 +35,13 @@ func (l *Ledger) snapshot() (uint64, []*Record) {
 		if r.direct {
 			continue // the CLI's, served for now (direct.go)
 		}
+		if r.adopted && r.Kind == KindClient && l.shared(r) {
+			// The replica group's, given out by another replica or before this one
+			// started: its Pod says all its record would (owner, tenant, end, claim),
+			// and this replica, restarted, finds it there as any replica does. Left
+			// out, a claim writes this replica's share of the group, not all of it.
+			continue
+		}
 		c := *r
 		recs = append(recs, &c)
 	}
@@ -790,7 +797,8 @@ func (l *Ledger) recover(ctx context.Context) error {
 	return l.save()
 }
 
-// reconcile compares the records with what each provider lists. Records of vanished
+// reconcile compares the records with what each provider has (sandboxesOf: its list, or
+// what its watch holds). Records of vanished
 // sandboxes are dropped; at start-up, idle pooled sandboxes of the previous daemon are
 // destroyed, as are expired and stopped ones. Of the sandboxes the daemon has no record
 // of, only the orphans of its state file are adopted (see owner.go): a tenant's is
@@ -801,8 +809,7 @@ func (l *Ledger) recover(ctx context.Context) error {
 func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 	for _, name := range l.names {
 		p := l.providers[name]
-		listed := time.Now()
-		list, err := p.List(ctx)
+		list, listed, err := l.sandboxesOf(ctx, name, startup)
 		if err != nil {
 			l.log.Warn("reconcile: listing sandboxes", "provider", name, "err", err)
 			continue
@@ -899,6 +906,53 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 			l.startRemoval(id)
 		}
 	}
+}
+
+// watchResync is how often a reconciliation lists a provider's sandboxes although its
+// watch has them (kit.WatchLister): a check on the watch's view, however it might drift.
+const watchResync = 5 * time.Minute
+
+// sandboxesOf returns what provider name has, for a reconciliation, and when it was
+// read: what its watch holds (kit.WatchLister) when that has every sandbox tracked
+// before then, else a list, as at start-up and every watchResync. One tracked but not
+// in the watch's view has gone or has not reached the view yet, which only a list
+// tells apart; so a reconciliation lists while sandboxes go and reads the watch while
+// they stay, such as while a pool's sandboxes are being claimed.
+func (l *Ledger) sandboxesOf(ctx context.Context, name string, startup bool) ([]roche.SandboxInfo, time.Time, error) {
+	p := l.providers[name]
+	if wl, ok := p.(kit.WatchLister); ok && !startup {
+		at := time.Now()
+		l.mu.Lock()
+		fresh := at.Sub(l.listedAt[name]) < watchResync
+		l.mu.Unlock()
+		if list, ok := wl.Watched(); ok && fresh && l.tracksAllIn(name, list, at) {
+			return list, at, nil
+		}
+	}
+	at := time.Now()
+	list, err := p.List(ctx)
+	if err == nil {
+		l.mu.Lock()
+		l.listedAt[name] = at
+		l.mu.Unlock()
+	}
+	return list, at, err
+}
+
+// tracksAllIn reports whether every sandbox of provider name tracked before at is in list.
+func (l *Ledger) tracksAllIn(name string, list []roche.SandboxInfo, at time.Time) bool {
+	ids := make(map[string]bool, len(list))
+	for _, sb := range list {
+		ids[sb.ID] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, r := range l.sandboxes {
+		if r.Provider == name && !r.since.After(at) && !ids[id] {
+			return false
+		}
+	}
+	return true
 }
 
 // readClaims gives adopted sandboxes that were handed out from a pool the env and

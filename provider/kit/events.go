@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/roche-sandbox/roche"
 )
 
 // Watcher is a provider that can tell, as it happens, that one of its sandboxes ended
@@ -17,6 +19,19 @@ type Watcher interface {
 	// backoff); what was missed meanwhile is found by comparing with the provider's list
 	// and sent as events with Resync set. An error means nothing can be watched at all.
 	Watch(ctx context.Context) (<-chan SandboxEvent, error)
+}
+
+// WatchLister is a Watcher that keeps, from its running watch, what its sandboxes are:
+// a daemon's periodic reconciliation reads that instead of listing them again, which on
+// a cluster costs the API server a list of every sandbox each time.
+type WatchLister interface {
+	Watcher
+	// Watched returns the sandboxes as the running watch last saw them, described as
+	// List describes them; ok is false while no watch runs or one that broke has not
+	// caught up. It may lag the engine by the events on their way: a sandbox made or
+	// removed a moment ago may not show yet, except that one the provider itself
+	// removed is left out at once.
+	Watched() (list []roche.SandboxInfo, ok bool)
 }
 
 // SandboxEventKind says what happened to a sandbox.

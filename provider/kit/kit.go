@@ -9,7 +9,7 @@
 //     lease, which roche.Config does not carry; a provider takes them as a Creator and
 //     keeps them with the sandbox's Config as a Spec;
 //   - the optional interfaces a daemon or a warm pool discovers by type assertion, which
-//     users never call: Leaser, Prober, Watcher, Claimer, CodeWarmer and Templater, Copier for
+//     users never call: Leaser, Prober, Watcher and WatchLister, Claimer, CodeWarmer and Templater, Copier for
 //     a provider that relays copies, and Diagnoser, what roche doctor asks of each;
 //   - the shared bodies of what every provider does the same way: Collect and
 //     MarkUnstarted for a garbage collection, Captures, OutputCapture and LogCapture for

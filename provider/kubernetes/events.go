@@ -27,21 +27,25 @@ const watchRetry = 5 * time.Second
 // runtime saw an OOM kill in its cgroup) is sent as kit.EventOOM then kit.EventDied, any
 // other as kit.EventDied with its exit code; a Pod that is being deleted (its
 // deletionTimestamp set) or is gone is kit.EventRemoved. A watch cut off is made again
-// from a fresh list, and what changed meanwhile is sent with Resync set.
+// from a fresh list, and what changed meanwhile is sent with Resync set. What the
+// latest Watch sees of the Pods is what Watched returns.
 func (p *Provider) Watch(ctx context.Context) (<-chan kit.SandboxEvent, error) {
 	if p.noCluster != nil {
 		return nil, p.noCluster
 	}
-	w := &podWatch{p: p, ch: make(chan kit.SandboxEvent, 64), seen: map[string]bool{}}
+	w := &podWatch{p: p, ch: make(chan kit.SandboxEvent, 64), seen: map[string]bool{}, view: newWatchedPods()}
+	p.watched.Store(w.view)
 	go w.run(ctx)
 	return w.ch, nil
 }
 
-// podWatch is one Watch's state: the Pods it knows, and whether their end was sent.
+// podWatch is one Watch's state: the Pods it knows, whether their end was sent, and
+// what they are (Watched).
 type podWatch struct {
 	p    *Provider
 	ch   chan kit.SandboxEvent
 	seen map[string]bool // Pod name -> its end was sent
+	view *watchedPods
 }
 
 func (w *podWatch) selector() string {
@@ -58,6 +62,7 @@ func (w *podWatch) list(ctx context.Context, resync bool) (string, error) {
 	if err != nil {
 		return "", w.p.apiErr("listing sandboxes to watch", err)
 	}
+	w.view.listed(w.p, pods.Items)
 	now := map[string]bool{}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
@@ -83,6 +88,10 @@ func (w *podWatch) list(ctx context.Context, resync bool) (string, error) {
 // that does not answer at the start is tried again, as after a cut).
 func (w *podWatch) run(ctx context.Context) {
 	defer close(w.ch)
+	defer func() {
+		w.view.unsynced()
+		w.p.watched.CompareAndSwap(w.view, nil)
+	}()
 	rv, listed := "", false
 	for ctx.Err() == nil {
 		if rv == "" {
@@ -108,12 +117,15 @@ func (w *podWatch) run(ctx context.Context) {
 			}
 			w.p.log.Warn("cannot watch the sandboxes' Pods", "err", err)
 			rv = ""
+			w.view.unsynced()
 			if !sleepCtx(ctx, watchRetry) {
 				return
 			}
 			continue
 		}
-		rv = w.drain(ctx, wi)
+		if rv = w.drain(ctx, wi); rv == "" {
+			w.view.unsynced()
+		}
 	}
 }
 
@@ -137,8 +149,10 @@ func (w *podWatch) drain(ctx context.Context, wi watch.Interface) string {
 				return ""
 			case e.Type == watch.Bookmark:
 			case e.Type == watch.Deleted:
+				w.view.deleted(pod.Name)
 				w.removed(ctx, pod.Name, false, true)
 			default:
+				w.view.changed(w.p, pod)
 				w.pod(ctx, pod, false)
 			}
 			rv = pod.ResourceVersion

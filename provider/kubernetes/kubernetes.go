@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -134,6 +135,8 @@ type Provider struct {
 	sessions map[string]*yamux.Session
 	// proxies are the egress proxies of sandboxes with an allowlist, by id (egress.go).
 	proxies map[string]*egress.Proxy
+	// watched is what the latest Watch sees of the Pods (watched.go), nil with none.
+	watched atomic.Pointer[watchedPods]
 }
 
 // sandbox is what the provider remembers about a Pod it has checked.
@@ -310,6 +313,9 @@ func New(opts ...Option) (*Provider, error) {
 		// roched the inflating; between roched and its cluster the bytes are cheap and
 		// the CPU is not (docs/roched-in-a-cluster.md, "API rate").
 		cfg.DisableCompression = true
+		// No ContentType: client-go's generated clients already speak protobuf for the
+		// built-in types, every one this provider uses (TestProtobufOnTheWire), and a
+		// config-wide one would also be sent to what has no protobuf form.
 		if p.wrapTransport != nil {
 			cfg.Wrap(p.wrapTransport)
 		}
@@ -856,6 +862,8 @@ func (p *Provider) remove(ctx context.Context, id string) error {
 	var errs []error
 	if err := p.cs.CoreV1().Pods(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, p.apiErr("deleting the Pod of sandbox "+id, err))
+	} else {
+		p.watchRemoved(id)
 	}
 	if err := p.cs.NetworkingV1().NetworkPolicies(p.namespace).Delete(ctx, id, del); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, p.apiErr("deleting the NetworkPolicy of sandbox "+id, err))
