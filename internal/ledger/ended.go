@@ -44,26 +44,37 @@ type ending struct {
 	recorded   time.Time
 }
 
+// endRecord says what add did with an end.
+type endRecord int
+
+const (
+	endKept     endRecord = iota // one was recorded already: kept
+	endFirst                     // the first of this sandbox: recorded
+	endImproved                  // an unknown one recorded before: replaced by this known one
+)
+
 // add records why sandbox info.ID ended. A reason already recorded is kept, unless it
 // was unknown and this one is not.
-func (e *endings) add(tenant string, direct, behindBack bool, info roche.SandboxInfo, why roche.EndReason) bool {
+func (e *endings) add(tenant string, direct, behindBack bool, info roche.SandboxInfo, why roche.EndReason) endRecord {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.byID == nil {
 		e.byID = map[string]ending{}
 	}
 	id := info.ID
+	did := endFirst
 	if old, ok := e.byID[id]; ok {
 		if old.reason.Kind != roche.EndUnknown || why.Kind == roche.EndUnknown {
-			return false
+			return endKept
 		}
+		did = endImproved
 	} else {
 		e.order = append(e.order, id)
 	}
 	info.State = roche.StateExited
 	e.byID[id] = ending{tenant: tenant, direct: direct, behindBack: behindBack, info: info, reason: why, recorded: time.Now()}
 	e.pruneLocked(time.Now())
-	return true
+	return did
 }
 
 // improve replaces an unknown reason recorded for id with why, when why is known.
@@ -176,6 +187,12 @@ func (l *Ledger) infoOf(r *Record) roche.SandboxInfo {
 
 // recordEnd records why the sandbox of record r ended, logs it and counts it. It takes
 // the endings' lock, not l.mu, so callers may hold l.mu.
+//
+// Several things may see one end, in any order: the engine's event, a command that found
+// the sandbox gone, a reconciliation that found it stopped or gone (in a list, or in what
+// a provider's watch holds), a destroy. Each records what it knows; the first is the
+// sandbox's one "sandbox ended" line and its one count in the metrics, and a known reason
+// coming after an unknown one replaces it for Inspect without being counted again.
 func (l *Ledger) recordEnd(r *Record, why roche.EndReason, behindBack bool) {
 	if r.Kind == KindPooled {
 		return // nobody's: no client asks
@@ -183,13 +200,16 @@ func (l *Ledger) recordEnd(r *Record, why roche.EndReason, behindBack bool) {
 	if why.At.IsZero() {
 		why.At = time.Now()
 	}
-	if !l.ended.add(r.TenantName(), r.direct, behindBack, l.infoOf(r), why) {
-		return
-	}
-	l.log.Info("sandbox ended", "id", r.ID, "provider", r.Provider, "tenant", r.TenantName(),
-		"end", string(why.Kind), "detail", why.Detail, "evidence", why.Evidence, "by", why.By)
-	if o, ok := l.obs.(EndObserver); ok {
-		o.Ended(why.Kind)
+	switch l.ended.add(r.TenantName(), r.direct, behindBack, l.infoOf(r), why) {
+	case endFirst:
+		l.log.Info("sandbox ended", "id", r.ID, "provider", r.Provider, "tenant", r.TenantName(),
+			"end", string(why.Kind), "detail", why.Detail, "evidence", why.Evidence, "by", why.By)
+		if o, ok := l.obs.(EndObserver); ok {
+			o.Ended(why.Kind)
+		}
+	case endImproved:
+		l.log.Debug("sandbox's end told after it was recorded as unknown", "id", r.ID, "provider", r.Provider,
+			"end", string(why.Kind), "detail", why.Detail, "evidence", why.Evidence)
 	}
 }
 

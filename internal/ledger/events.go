@@ -139,16 +139,21 @@ func (l *Ledger) forgetEnded(id string, err error) {
 	ok = ok && r.Kind == KindClient
 	if ok {
 		l.recordEnd(r, roche.UnknownEnd(time.Now(), "it stopped while a command ran in it (%v); its engine had not said why yet", err), true)
-	}
-	if ok && r.direct {
-		// Its user's to remove, as in direct mode (direct.go).
-		delete(l.sandboxes, id)
-		ok = false
+		// Marked under the same lock as its end is recorded: the engine's event of
+		// this end, often on its way at this very moment, then finds it destroying
+		// and only tells why (sandboxEvent), instead of recording the end again.
+		if r.direct {
+			// Its user's to remove, as in direct mode (direct.go).
+			delete(l.sandboxes, id)
+			ok = false
+		} else {
+			r.Kind = KindDestroying
+		}
 	}
 	l.mu.Unlock()
 	if ok {
 		l.log.Warn("sandbox ended behind roched's back: forgetting it", "id", id, "err", err)
-		l.markDestroying(id)
+		l.startRemoval(id)
 		l.saveOrWarn()
 	}
 }

@@ -842,6 +842,10 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 				r.Kind = KindDestroying
 				leftovers = append(leftovers, id)
 			case r.Kind == KindClient && sb.State == roche.StateExited && !r.direct && l.mayReap(r):
+				// Found stopped before its engine's event came (a list, or a watch's
+				// view, read between the two): its end is recorded here, and the event,
+				// finding it destroying, tells why.
+				l.recordEnd(r, l.staleEnd(r, sb, listed), true)
 				r.Kind = KindDestroying
 				stale = append(stale, id)
 			}
@@ -906,6 +910,19 @@ func (l *Ledger) reconcile(ctx context.Context, startup bool) {
 			l.startRemoval(id)
 		}
 	}
+}
+
+// staleEnd is why a client's sandbox that a reconciliation found stopped ended: what its
+// provider says (sb.End), else unknown, which its engine's event, still on its way,
+// replaces (sandboxEvent); a replica group's leaves that event to the reaper, this.
+func (l *Ledger) staleEnd(r *Record, sb roche.SandboxInfo, listed time.Time) roche.EndReason {
+	switch {
+	case sb.End != nil:
+		return *sb.End
+	case l.shared(r):
+		return roche.UnknownEnd(listed, "the leader of replica group %s found it stopped at a reconciliation: its lease let go of by every holder, its lifetime over, or its main process ended", l.cfg.Group)
+	}
+	return roche.UnknownEnd(listed, "it was found stopped in the %s provider's sandboxes at a reconciliation, before its engine's event said why", r.Provider)
 }
 
 // watchResync is how often a reconciliation lists a provider's sandboxes although its
