@@ -284,7 +284,7 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 		claimed = sb.ID
 	}
 	if ok && l.leasePooled(ctx, p, sb.ID, leased) {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && key == "" {
 			return roche.SandboxInfo{}, false, l.abandon(ctx, sb.ID, "creating a sandbox", "the pooled sandbox handed to it")
 		}
 		l.mu.Lock()
@@ -295,7 +295,7 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 	}
 
 	// Not cancelled midway, so a client that goes away cannot leave a half-made sandbox;
-	// one made for a client that is gone is destroyed below.
+	// one made for a client that is gone is destroyed below, unless its create is keyed.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
 	cctx, sp := l.span(cctx, "provider.create", providerName, "")
@@ -320,8 +320,15 @@ func (l *Ledger) create(ctx context.Context, t *Tenant, providerName string, cfg
 	if leased {
 		l.leaseCreated(sb.ID, FirstHold)
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && key == "" {
 		return roche.SandboxInfo{}, false, l.abandon(ctx, sb.ID, "creating a sandbox", "the sandbox made for it")
+	}
+	if ctx.Err() != nil {
+		// A keyed create's client that went away asks again with the same key, here
+		// (byKey) or through another replica (the provider finds the sandbox by its
+		// key), and is answered with this sandbox: destroyed now, it would be handed
+		// out while going. Unheld, a leased one goes with its lease (FirstHold).
+		l.log.Debug("the client of a keyed create went away before it heard of it: kept for its retry", "id", sb.ID)
 	}
 	if err := l.saveCreated(sb.ID); err != nil {
 		return roche.SandboxInfo{}, false, err
