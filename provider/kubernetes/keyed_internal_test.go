@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/kit"
 )
 
@@ -177,5 +180,46 @@ func TestEnsurePolicyMakesAGoneOneAgain(t *testing.T) {
 	np, _ = cs.NetworkingV1().NetworkPolicies(p.namespace).Get(ctx, id, metav1.GetOptions{})
 	if np.OwnerReferences[0].UID != "uid-1" {
 		t.Errorf("a standing policy was replaced")
+	}
+}
+
+// TestLeaseErr: a replica that cannot take a sandbox's lease says why in the terms a
+// client acts on. The agent's refusals keep their meaning; an agent that did not answer
+// (the EOF of a relay whose agent is gone, or of a broken way to it) is the sandbox
+// going when its Pod is being deleted, ended or gone, which no retry changes, and
+// unavailable while its Pod runs, so that the client's Hold is tried again, through
+// this replica or another.
+func TestLeaseErr(t *testing.T) {
+	cs := fake.NewClientset()
+	p, err := New(WithClientset(cs, nil), WithAgentImage("roche/agent:x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	running := keyedPod(p, "kubernetes-run", "alice", false)
+	running.Status.Phase = corev1.PodRunning
+	ended := keyedPod(p, "kubernetes-ended", "alice", false)
+	ended.Status.Phase = corev1.PodFailed
+	for _, pod := range []*corev1.Pod{running, ended, keyedPod(p, "kubernetes-going", "alice", true)} {
+		if _, err := cs.CoreV1().Pods(p.namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eof := fmt.Errorf("taking the lease of sandbox x: reading the agent's reply: %w", io.EOF)
+	for _, c := range []struct {
+		id   string
+		err  error
+		want error
+	}{
+		{"kubernetes-run", eof, roche.ErrUnavailable},
+		{"kubernetes-going", eof, roche.ErrNotFound},
+		{"kubernetes-ended", eof, roche.ErrNotFound},
+		{"kubernetes-none", eof, roche.ErrNotFound},
+		{"kubernetes-run", &guest.Error{Code: guest.CodeNotFound, Message: "lost"}, roche.ErrNotFound},
+		{"kubernetes-run", &guest.Error{Code: guest.CodeUnsupported, Message: "kept"}, roche.ErrUnsupported},
+	} {
+		if got := p.leaseErr(ctx, c.id, c.err); !errors.Is(got, c.want) {
+			t.Errorf("%s, %v: %v, want %v", c.id, c.err, got, c.want)
+		}
 	}
 }

@@ -110,17 +110,31 @@ func (p *Provider) HoldLease(ctx context.Context, id string) error {
 	if _, err := p.get(ctx, id); err != nil {
 		return err
 	}
-	err := p.leases.Take(ctx, id, p.agentClient(id))
+	if err := p.leases.Take(ctx, id, p.agentClient(id)); err != nil {
+		return p.leaseErr(ctx, id, err)
+	}
+	return nil
+}
+
+// leaseErr says why the lease of sandbox id could not be taken, in the terms a client
+// acts on: the agent's own answer, or, when the agent did not answer (its connection
+// broke, or the relay could not reach it), what the sandbox's Pod says: the sandbox is
+// going, which no retry changes, or the way to it failed, which a retry of the Hold,
+// through this replica or another, may not meet again.
+func (p *Provider) leaseErr(ctx context.Context, id string, err error) error {
 	var ge *guest.Error
 	switch {
-	case err == nil:
-		return nil
 	case errors.As(err, &ge) && ge.Code == guest.CodeUnsupported:
 		return fmt.Errorf("%w: sandbox %s is not leased (%s): it lives out its lifetime", roche.ErrUnsupported, id, ge.Message)
 	case errors.As(err, &ge) && ge.Code == guest.CodeNotFound:
 		return fmt.Errorf("%w: sandbox %s lost its lease and is stopping", roche.ErrNotFound, id)
+	case errors.As(err, &ge):
+		return err
 	}
-	return err
+	if pod, gerr := p.get(ctx, id); errors.Is(gerr, roche.ErrNotFound) || gerr == nil && podEnded(pod) {
+		return fmt.Errorf("%w: sandbox %s is gone or stopping (%v)", roche.ErrNotFound, id, err)
+	}
+	return fmt.Errorf("%w: %w", roche.ErrUnavailable, err)
 }
 
 // DropLease implements kit.LeaseHolder.
