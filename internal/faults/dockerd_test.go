@@ -129,6 +129,9 @@ func (d *privateDockerd) stop(t *testing.T, sig syscall.Signal) {
 	d.cmd = nil
 }
 
+// pid is the running dockerd's pid (unshare execs dockerd, which keeps it).
+func (d *privateDockerd) pid() int { return d.cmd.Process.Pid }
+
 // client is an Engine API client of this dockerd.
 func (d *privateDockerd) client(t *testing.T) *dockerclient.Client {
 	t.Helper()

@@ -109,18 +109,27 @@ func TestCreateUndoneWhenTheEngineStopsAnswering(t *testing.T) {
 	}
 }
 
-// TestFrozenDockerd freezes the real dockerd (SIGSTOP) for a few seconds and checks, all
-// at once so the window stays short: a create ends at the engine timeout, list and
-// destroy at 10 s, each naming the engine; a command through roche-agent still runs (it
-// needs no engine); the direct CLI's list ends at its bound; roched reports the engine
-// down on /healthz and in metrics and refuses creates at once. After dockerd continues,
-// everything works again and nothing was left.
+// TestFrozenDockerd freezes a dockerd (SIGSTOP) for a few seconds and checks, all at
+// once so the window stays short: a create ends at the engine timeout, list and destroy
+// at 10 s, each naming the engine; a command through roche-agent still runs (it needs no
+// engine); the direct CLI's list ends at its bound; roched reports the engine down on
+// /healthz and in metrics and refuses creates at once. After dockerd continues,
+// everything works again and nothing was left. The dockerd is a private one: the shared
+// engine frozen for 10 s fails whatever else uses it meanwhile (make test's other stream
+// saw its destroys time out, and their sandboxes lived on to the end of their lifetime).
 func TestFrozenDockerd(t *testing.T) {
-	real := realProvider(t)
-	img := privateImage(t)
+	testenv.Needs(t, testenv.Root, testenv.Docker)
+	pd := startPrivateDockerd(t)
+	real, err := docker.New(docker.WithClient(pd.client(t)), docker.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer real.Close()
+	// The engine is this test's own, so its image is too.
+	img := testenv.Image()
 	// Long enough for a create on a loaded machine (the one made before the freeze).
 	const createBound = 8 * time.Second
-	p, err := docker.New(docker.WithEngineTimeout(createBound), docker.WithLogger(testLogger(t)))
+	p, err := docker.New(docker.WithClient(pd.client(t)), docker.WithEngineTimeout(createBound), docker.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,12 +142,12 @@ func TestFrozenDockerd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Destroy(ctx, sb.ID)
-	rd := startRoched(t, "unix://"+dockerSocket, 300*time.Millisecond)
+	rd := startRoched(t, pd.host, 300*time.Millisecond)
 	if _, err := rd.provider.Create(ctx, cfg); err != nil { // warm: the roched works
 		t.Fatal(err)
 	}
 
-	thaw := freezeDockerd(t, 40*time.Second)
+	thaw := freezeDockerd(t, pd.pid(), 40*time.Second)
 	var wg sync.WaitGroup
 	run := func(name string, f func()) {
 		wg.Add(1)
@@ -150,25 +159,25 @@ func TestFrozenDockerd(t *testing.T) {
 	run("create", func() {
 		var err error
 		within(t, "create", createBound, func() { _, err = p.Create(ctx, cfg) })
-		notAnswering(t, "create", err, "unix://"+dockerSocket)
+		notAnswering(t, "create", err, pd.host)
 	})
 	run("list", func() {
 		var err error
 		var list []roche.SandboxInfo
 		el := within(t, "list", controlBound, func() { list, err = p.List(ctx) })
 		t.Logf("list: %d sandboxes, %v after %v", len(list), err, el)
-		notAnswering(t, "list", err, "unix://"+dockerSocket)
+		notAnswering(t, "list", err, pd.host)
 	})
 	run("destroy", func() {
 		// A fresh provider has not cached the sandbox, so it must ask the engine.
-		q, err := docker.New(docker.WithLogger(testLogger(t)))
+		q, err := docker.New(docker.WithClient(pd.client(t)), docker.WithLogger(testLogger(t)))
 		if err != nil {
 			t.Error(err)
 			return
 		}
 		defer q.Close()
 		within(t, "destroy", controlBound, func() { err = q.Destroy(ctx, sb.ID) })
-		notAnswering(t, "destroy", err, "unix://"+dockerSocket)
+		notAnswering(t, "destroy", err, pd.host)
 	})
 	run("exec through the agent", func() {
 		res, err := p.Exec(ctx, sb.ID, roche.ExecRequest{Cmd: []string{"echo", "still here"}, Timeout: 10 * time.Second})
@@ -177,13 +186,13 @@ func TestFrozenDockerd(t *testing.T) {
 		}
 	})
 	run("cli list", func() {
-		r := runRoche(t, noDaemon(t), "--direct", "list", "--provider", "docker")
+		r := runRoche(t, append(noDaemon(t), "DOCKER_HOST="+pd.host), "--direct", "list", "--provider", "docker")
 		if r.code != 1 || r.took > controlBound+margin || strLines(r.stderr) != 1 {
 			t.Errorf("roche list with dockerd frozen: %+v", r)
 		}
-		notAnswering(t, "roche list", errors.New(strings.TrimSpace(r.stderr)), "unix://"+dockerSocket)
+		notAnswering(t, "roche list", errors.New(strings.TrimSpace(r.stderr)), pd.host)
 	})
-	run("roched", func() { rd.assertDown(t, "unix://"+dockerSocket) })
+	run("roched", func() { rd.assertDown(t, pd.host) })
 	wg.Wait()
 	thaw()
 

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,11 +25,8 @@ import (
 	"github.com/roche-sandbox/roche/provider/docker"
 )
 
-// dockerSocket is the real engine's socket, and dockerPIDFile where dockerd writes its pid.
-const (
-	dockerSocket  = "/var/run/docker.sock"
-	dockerPIDFile = "/var/run/docker.pid"
-)
+// dockerSocket is the real engine's socket.
+const dockerSocket = "/var/run/docker.sock"
 
 // binDir holds roche, roched and roche-agent built from this checkout.
 var binDir string
@@ -83,34 +79,13 @@ func thawDockerd() {
 	}
 }
 
-// dockerdPID reads dockerd's pid from its pid file and checks that it names dockerd, so
-// that only that process is ever signalled.
-func dockerdPID(t *testing.T) int {
+// freezeDockerd stops the dockerd of pid with SIGSTOP and returns the function that
+// continues it (SIGCONT), which also runs at the test's cleanup (including after a
+// panic). A watchdog process of its own continues dockerd after at most max even if this
+// test binary dies first (a test timeout exits without running cleanups). Only a private
+// dockerd is ever frozen: make test's streams share the real one.
+func freezeDockerd(t *testing.T, pid int, max time.Duration) (thaw func()) {
 	t.Helper()
-	testenv.Needs(t, testenv.Root, testenv.Docker)
-	b, err := os.ReadFile(dockerPIDFile)
-	if err != nil {
-		t.Fatalf("reading dockerd's pid: %v (the README's test command starts dockerd)", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatalf("%s: %v", dockerPIDFile, err)
-	}
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	if err != nil || strings.TrimSpace(string(comm)) != "dockerd" {
-		t.Fatalf("pid %d from %s is not dockerd (%q, %v)", pid, dockerPIDFile, comm, err)
-	}
-	return pid
-}
-
-// freezeDockerd stops dockerd with SIGSTOP and returns the function that continues it
-// (SIGCONT), which also runs at the test's cleanup (including after a panic). Other
-// engineers share this engine, so the window must stay short: a watchdog process of its
-// own continues dockerd after at most max even if this test binary dies first (a test
-// timeout exits without running cleanups).
-func freezeDockerd(t *testing.T, max time.Duration) (thaw func()) {
-	t.Helper()
-	pid := dockerdPID(t)
 	watchdog := exec.Command("sh", "-c", fmt.Sprintf("sleep %d; kill -CONT %d", int(max.Seconds()), pid))
 	watchdog.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := watchdog.Start(); err != nil {
