@@ -119,6 +119,21 @@ func (t Target) fail(err error) error {
 	return fmt.Errorf("sandbox %s: %w", t.ID, err)
 }
 
+// streamFail is fail for a stream between the caller and the agent: when the caller's
+// side failed (its reader or writer, a cap) or its context ended, as a copy refused over
+// its cap does to stop the agent, that is the error, and the sandbox is not suspected of
+// having gone: asking (Gone) polls the engine for seconds and drops what the provider
+// knew of a sandbox that is well.
+func (t Target) streamFail(ctx context.Context, err, callerErr error) error {
+	switch {
+	case callerErr != nil:
+		return callerErr
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return t.fail(err)
+}
+
 func (t Target) failOrNil(err error) error {
 	if err == nil {
 		return nil
@@ -134,10 +149,7 @@ func (f Forwarder) WriteFile(ctx context.Context, id, name string, r io.Reader, 
 	}
 	cr := &CallerReader{R: r}
 	if err := t.Agent.WriteFile(ctx, name, cr, uint32(mode.Perm()), true); err != nil {
-		if cr.Err != nil {
-			return cr.Err // the caller's side (a cap, its upload) failed, not the sandbox
-		}
-		return t.fail(err)
+		return t.streamFail(ctx, err, cr.Err)
 	}
 	return nil
 }
@@ -150,10 +162,7 @@ func (f Forwarder) ReadFile(ctx context.Context, id, name string, w io.Writer) e
 	}
 	cw := &CallerWriter{W: w}
 	if err := t.Agent.ReadFile(ctx, name, cw); err != nil {
-		if cw.Err != nil {
-			return cw.Err
-		}
-		return t.fail(err)
+		return t.streamFail(ctx, err, cw.Err)
 	}
 	return nil
 }
@@ -229,12 +238,7 @@ func (t Target) CopyTarTo(ctx context.Context, dst string, r io.Reader) error {
 	}
 	cr := &CallerReader{R: r}
 	if err := t.Agent.Untar(ctx, dst, cr); err != nil {
-		if cr.Err != nil {
-			err = cr.Err
-		} else {
-			err = t.fail(err)
-		}
-		return fmt.Errorf("copying into sandbox %s at %s: %w", t.ID, dst, err)
+		return fmt.Errorf("copying into sandbox %s at %s: %w", t.ID, dst, t.streamFail(ctx, err, cr.Err))
 	}
 	return nil
 }
@@ -256,12 +260,7 @@ func (t Target) CopyTarFrom(ctx context.Context, src string, w io.Writer) error 
 	}
 	cw := &CallerWriter{W: w}
 	if err := t.Agent.Tar(ctx, src, cw); err != nil {
-		if cw.Err != nil {
-			err = cw.Err
-		} else {
-			err = t.fail(err)
-		}
-		return fmt.Errorf("copying %s out of sandbox %s: %w", src, t.ID, err)
+		return fmt.Errorf("copying %s out of sandbox %s: %w", src, t.ID, t.streamFail(ctx, err, cw.Err))
 	}
 	return nil
 }

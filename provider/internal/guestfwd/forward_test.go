@@ -3,6 +3,7 @@ package guestfwd
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 
@@ -80,3 +81,64 @@ func TestForwarderRefusesBeforeReaching(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamEndedByTheCallerIsNotTheSandboxGone: a download the caller stops by ending
+// its context (as a copy refused over its cap does) ends with the context's error, and
+// the sandbox is not asked after (Gone polls the engine for seconds, and the provider
+// forgets the sandbox); a connection that fails under a live context still is.
+func TestStreamEndedByTheCallerIsNotTheSandboxGone(t *testing.T) {
+	// An agent that streams data frames until its connection closes.
+	agent := func(ctx context.Context) (net.Conn, error) {
+		client, server := net.Pipe()
+		go func() {
+			defer server.Close()
+			if _, _, err := guest.ReadFrame(server, nil); err != nil {
+				return
+			}
+			chunk := make([]byte, 4096)
+			for guest.WriteFrame(server, guest.FrameData, chunk) == nil {
+			}
+		}()
+		return client, nil
+	}
+	asked := 0
+	tg := Target{ID: "docker-0123", Agent: guest.NewClientWithDialer("test", agent), Gone: func() bool { asked++; return false }}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := tg.CopyTarFrom(ctx, "/tmp/huge", writerFunc(func(p []byte) (int, error) {
+		cancel() // the caller has seen enough: a header over its cap
+		return len(p), nil
+	}))
+	if !errors.Is(err, context.Canceled) || asked != 0 {
+		t.Fatalf("a copy out the caller cancelled: %v (asked Gone %d times), want context.Canceled without asking", err, asked)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	f := Forwarder{Reach: func(context.Context, string) (Target, error) { return tg, nil }}
+	err = f.ReadFile(ctx, tg.ID, "/tmp/huge", writerFunc(func(p []byte) (int, error) {
+		cancel()
+		return len(p), nil
+	}))
+	if !errors.Is(err, context.Canceled) || asked != 0 {
+		t.Fatalf("a read the caller cancelled: %v (asked Gone %d times), want context.Canceled without asking", err, asked)
+	}
+
+	// The agent's end closing under a live context is still a question for Gone.
+	tg.Agent = guest.NewClientWithDialer("test", func(context.Context) (net.Conn, error) {
+		client, server := net.Pipe()
+		go func() {
+			guest.ReadFrame(server, nil)
+			server.Close()
+		}()
+		return client, nil
+	})
+	err = tg.CopyTarFrom(context.Background(), "/tmp/huge", writerFunc(func(p []byte) (int, error) { return len(p), nil }))
+	if err == nil || asked != 1 {
+		t.Fatalf("a copy out whose agent hung up: %v (asked Gone %d times), want an error after asking once", err, asked)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
