@@ -4,6 +4,7 @@ package proctree
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -113,13 +114,14 @@ func members(root int) []int {
 	return out
 }
 
-// procStat is what KillTree needs of /proc/PID/stat (and its test, the state).
+// procStat is what KillTree and StartTime need of /proc/PID/stat (and its test, the state).
 type procStat struct {
 	state      byte // R, S, D, Z, T...
 	ppid, pgrp int
+	start      uint64 // field 22, clock ticks since the host booted (0 if absent)
 }
 
-// stat reads a process's state, parent and process group from /proc/PID/stat.
+// stat reads a process's state, parent, process group and start time from /proc/PID/stat.
 func stat(pid int) (procStat, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
@@ -137,7 +139,23 @@ func stat(pid int) (procStat, bool) {
 	}
 	ppid, err1 := strconv.Atoi(f[1])
 	pgrp, err2 := strconv.Atoi(f[2])
-	return procStat{state: f[0][0], ppid: ppid, pgrp: pgrp}, err1 == nil && err2 == nil
+	st := procStat{state: f[0][0], ppid: ppid, pgrp: pgrp}
+	const startField = 22 - 3 // fields 3.. follow the name
+	if len(f) > startField {
+		st.start, _ = strconv.ParseUint(f[startField], 10, 64)
+	}
+	return st, err1 == nil && err2 == nil
+}
+
+// StartTime is when process pid started, in clock ticks since the host booted (field 22
+// of /proc/PID/stat): with the pid, it names one process for good, where a pid alone
+// may be reused.
+func StartTime(pid int) (uint64, error) {
+	st, ok := stat(pid)
+	if !ok || st.start == 0 {
+		return 0, fmt.Errorf("reading /proc/%d/stat: no such process, or no start time in it", pid)
+	}
+	return st.start, nil
 }
 
 // Leftover counts the processes of root's tree and process group still running besides

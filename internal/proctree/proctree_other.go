@@ -2,7 +2,10 @@
 
 package proctree
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // KillTree needs /proc; off Linux (where an engine runs in a VM) it cannot reach the
 // processes, and a command is left to its sandbox's lifetime.
@@ -15,3 +18,8 @@ func Leftover(int) int { return 0 }
 
 // EachMember finds no process where there is no /proc to walk.
 func EachMember(int, func(int)) {}
+
+// StartTime is unknown where there is no /proc to read.
+func StartTime(pid int) (uint64, error) {
+	return 0, fmt.Errorf("no start time of process %d: no /proc here", pid)
+}

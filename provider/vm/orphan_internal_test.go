@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/roche-sandbox/roche/internal/proctree"
 	"github.com/roche-sandbox/roche/provider/vm/supervisor"
 )
 
@@ -31,7 +32,7 @@ func standIn(t *testing.T, dir string, start uint64) (int, <-chan error) {
 	pid := cmd.Process.Pid
 	if start == 0 {
 		var err error
-		if start, err = supervisor.StartTime(pid); err != nil {
+		if start, err = proctree.StartTime(pid); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/internal/guest/guestbin"
 	"github.com/roche-sandbox/roche/internal/guest/vmlink"
+	"github.com/roche-sandbox/roche/internal/proctree"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/egresswire"
 	"github.com/roche-sandbox/roche/provider/internal/engine"
@@ -873,7 +874,7 @@ func hypervisorOf(dir string) int {
 		return 0
 	}
 	if start != 0 {
-		if now, err := supervisor.StartTime(pid); err != nil || now != start {
+		if now, err := proctree.StartTime(pid); err != nil || now != start {
 			return 0
 		}
 	}

@@ -113,6 +113,21 @@ func leftovers(t *testing.T, stateDir string) []string {
 // processesNaming lists the processes whose command line contains s.
 func processesNaming(s string) []string {
 	var out []string
+	for _, p := range pidsNaming(s) {
+		out = append(out, "process: "+p.cmdline)
+	}
+	return out
+}
+
+// namedProcess is a process found by pidsNaming: its pid and command line.
+type namedProcess struct {
+	pid     int
+	cmdline string
+}
+
+// pidsNaming finds the processes, this one aside, whose command line contains s.
+func pidsNaming(s string) []namedProcess {
+	var out []namedProcess
 	procs, _ := os.ReadDir("/proc")
 	for _, e := range procs {
 		pid, err := strconv.Atoi(e.Name())
@@ -121,7 +136,7 @@ func processesNaming(s string) []string {
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err == nil && bytes.Contains(cmdline, []byte(s)) {
-			out = append(out, "process: "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+			out = append(out, namedProcess{pid, strings.ReplaceAll(string(cmdline), "\x00", " ")})
 		}
 	}
 	return out
@@ -503,16 +518,8 @@ func loadCPUs(t *testing.T) {
 // killProcessesNaming kills, by pid, the processes whose command line names dir (a test's
 // own state directory): a failed test must not leave its VMs running.
 func killProcessesNaming(t *testing.T, dir string) {
-	procs, _ := os.ReadDir("/proc")
-	for _, e := range procs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, []byte(dir)) {
-			t.Logf("killing what the test left: %d %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " "))
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+	for _, p := range pidsNaming(dir) {
+		t.Logf("killing what the test left: %d %s", p.pid, p.cmdline)
+		_ = syscall.Kill(p.pid, syscall.SIGKILL)
 	}
 }

@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -49,29 +48,8 @@ func hostPID(pid int) (int, error) {
 	return 0, fmt.Errorf("the hypervisor (pid %d in the supervisor's namespace) is not among its children in /proc", pid)
 }
 
-// StartTime is when process pid started, in clock ticks since the host booted (field 22
-// of /proc/PID/stat): with the pid, it names one process for good, where a pid alone
-// may be reused.
-func StartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command name, in parentheses, may hold spaces: the fields count from its end.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	const startField = 22 - 3 // fields 3.. follow the name
-	if len(f) <= startField {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	return strconv.ParseUint(f[startField], 10, 64)
-}
-
 // ReadHypervisor reads a VM directory's HypervisorFile: the hypervisor's pid and, when
-// recorded, its StartTime (0 if not).
+// recorded, its proctree.StartTime (0 if not).
 func ReadHypervisor(dir string) (pid int, start uint64) {
 	b, err := os.ReadFile(filepath.Join(dir, HypervisorFile))
 	if err != nil {

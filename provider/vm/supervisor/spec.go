@@ -72,7 +72,7 @@ type Report struct {
 // Files in the VM's directory.
 const (
 	PIDFile        = "supervisor.pid"  // the supervisor's pid
-	HypervisorFile = "hypervisor.pid"  // the hypervisor's pid as the host sees it, then its StartTime
+	HypervisorFile = "hypervisor.pid"  // the hypervisor's pid as the host sees it, then its proctree.StartTime
 	SpecFile       = "supervisor.json" // the Spec
 	// SuspendedFile, once the hypervisor has exited, keeps the VM's directory: the VM
 	// was saved to disk (paused) and is resumed from it later.

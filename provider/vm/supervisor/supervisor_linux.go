@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roche-sandbox/roche/internal/guest/vmlink"
+	"github.com/roche-sandbox/roche/internal/proctree"
 )
 
 // stopGrace is how long the hypervisor has to exit after SIGTERM before SIGKILL.
@@ -179,7 +180,7 @@ var (
 // writeHypervisor records the hypervisor's host pid and start time in dir, whole or not
 // at all (a rename).
 func writeHypervisor(dir string, pid int) error {
-	start, err := StartTime(pid)
+	start, err := proctree.StartTime(pid)
 	if err != nil {
 		return err
 	}
