@@ -186,11 +186,19 @@ func (img *preinitImage) encode() []byte {
 }
 
 // readPreinit reads a copy for key from file, private to this user.
-func readPreinit(file, key string) (*preinitImage, error) {
-	b, err := statedir.ReadPrivate(file, maxPreinitFile)
+func readPreinit(file, key string) (img *preinitImage, err error) {
+	// Mapped, not read: its chunks are copied into each instance's memory straight from
+	// the page cache. The mapping is the image's for as long as the provider keeps it
+	// (one per key, for the process's life).
+	b, unmap, err := statedir.MapPrivate(file, maxPreinitFile)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			unmap()
+		}
+	}()
 	bad := func(why string) error { return fmt.Errorf("%s: %s", file, why) }
 	if !bytes.HasPrefix(b, []byte(preinitMagic)) || len(b) < len(preinitMagic)+4 {
 		return nil, bad("not a pre-initialised interpreter")
@@ -201,7 +209,7 @@ func readPreinit(file, key string) (*preinitImage, error) {
 	if uint64(n) > uint64(len(b)) {
 		return nil, bad("truncated")
 	}
-	img := &preinitImage{}
+	img = &preinitImage{}
 	if err := json.Unmarshal(b[:n], img); err != nil {
 		return nil, bad(err.Error())
 	}

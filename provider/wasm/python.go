@@ -92,6 +92,9 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	}
 	path, verify := p.PythonPath()
 	start := time.Now()
+	if mod, ok := p.compileRewritten(ctx, path, verify); ok {
+		return mod, nil
+	}
 	bin, err := p.readPython(path, verify)
 	if err != nil {
 		return nil, err
@@ -147,8 +150,39 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	p.python = mod
 	if rerr == nil {
 		p.exitCandidates, p.pythonID = exits, id
+		p.keepRewritten(id, bin, exits)
 	}
 	return mod, nil
+}
+
+// compileRewritten compiles the module rewrittenFile keeps for the python.wasm at path,
+// when it keeps one for this version of it, as pythonModule would (under pythonMu).
+func (p *Provider) compileRewritten(ctx context.Context, path string, verify bool) (wazero.CompiledModule, bool) {
+	id := p.pythonIdentity(path, verify)
+	if id == "" {
+		return nil, false
+	}
+	start := time.Now()
+	bin, exits, unmap, ok := p.mapRewritten(id)
+	if !ok {
+		return nil, false
+	}
+	// wazero copies what it keeps of the module (code bodies, data, names) as it decodes.
+	mod, err := p.runtime.CompileModule(context.Background(), bin)
+	unmap()
+	if err == nil {
+		if err = checkCommandModule(mod); err != nil {
+			_ = mod.Close(ctx)
+		}
+	}
+	if err != nil {
+		p.log.Warn("wasm: the rewritten python.wasm kept does not compile; rewriting it again", "err", err)
+		return nil, false
+	}
+	p.log.Debug("wasm: python.wasm compiled", "path", path, "kept", rewrittenFile, "took", time.Since(start),
+		"disk_cache", p.cache != nil)
+	p.python, p.exitCandidates, p.pythonID = mod, exits, id
+	return mod, true
 }
 
 // verifiedFile, in the state directory, names the version of python.wasm last found to

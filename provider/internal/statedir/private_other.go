@@ -10,4 +10,7 @@ var errNoPrivateFiles = errors.New("private cache files need a unix system")
 func ReadPrivate(string, int64) ([]byte, error) { return nil, errNoPrivateFiles }
 
 // WritePrivate writes nothing, for ReadPrivate would not read it.
-func WritePrivate(string, []byte) error { return errNoPrivateFiles }
+func WritePrivate(string, ...[]byte) error { return errNoPrivateFiles }
+
+// MapPrivate refuses, as ReadPrivate does.
+func MapPrivate(string, int64) ([]byte, func(), error) { return nil, nil, errNoPrivateFiles }
