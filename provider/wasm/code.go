@@ -303,7 +303,7 @@ func (p *Provider) startKernel(ctx context.Context, id, cwd string, env map[stri
 	p.bg.Add(1)
 	p.runMu.Unlock()
 	untrack := p.trackExec(id, &execHandle{cancel: cancel})
-	mod, err := p.runtime.InstantiateModule(runCtx, prog.module, mcfg)
+	mod, err := p.instantiate(runCtx, prog.module, mcfg)
 	if err != nil {
 		untrack()
 		cancel(nil)

@@ -1,5 +1,12 @@
 package wasm
 
+import (
+	"fmt"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+)
+
 // python.wasm's data section holds 24,171 active segments (one per C object, 7.2 MB),
 // and wazero decodes each into an allocation of its own and applies each at every
 // instantiation: about half of the decoding of python.wasm that every process compiling
@@ -164,4 +171,76 @@ func appendSLEB32(b []byte, v int32) []byte {
 		}
 		b = append(b, c|0x80)
 	}
+}
+
+// python.wasm's data (7.2 MB, the C objects' initial values) is also kept out of the
+// module that is compiled, and written by the host into each new instance's memory
+// (instantiatePython) where wazero would have applied it: wazero hashes every byte of a
+// module it compiles (the module's id, the compilation cache's key) and decodes each
+// segment into an allocation of its own, which a process pays even when the compiled
+// code comes from the disk cache (~13 ms of a one-shot run, half of the module's bytes).
+// Without a data section the module is valid as long as no data count section counts
+// segments (nothing then can refer to one: memory.init and data.drop need it), and an
+// instance's memory is the same once the host has written them, before any of the
+// module's code runs (no start functions run at instantiation, moduleConfig).
+
+// memorySegment is an active data segment: bytes written at off in memory 0.
+type memorySegment struct {
+	off  uint32
+	data []byte
+}
+
+// compiledPython is python.wasm's compiled module and the data segments kept out of it.
+type compiledPython struct {
+	module wazero.CompiledModule
+	segs   []memorySegment
+}
+
+// splitData returns bin (a module without trailing custom sections) without its data
+// section, and that section's segments (slices of bin), when it is the last section,
+// holds only active segments of memory 0 at constant offsets, and no data count section
+// counts them; else ok is false.
+func splitData(bin []byte) (mod []byte, segs []memorySegment, ok bool) {
+	secs, find, err := moduleSections(bin)
+	if err != nil || len(secs) == 0 || secs[len(secs)-1].id != 11 || find(12) != nil {
+		return nil, nil, false
+	}
+	ds := secs[len(secs)-1]
+	r := &wreader{b: bin[:ds.end], off: ds.start}
+	n := r.u32()
+	if !r.ok() || uint64(n) > uint64(ds.end-ds.start) {
+		return nil, nil, false
+	}
+	segs = make([]memorySegment, 0, n)
+	for range n {
+		if r.u32() != 0 || r.byte() != 0x41 {
+			return nil, nil, false
+		}
+		off, ok := r.s32()
+		if !ok || r.byte() != 0x0b {
+			return nil, nil, false
+		}
+		data := r.bytes(int(r.u32()))
+		if !r.ok() {
+			return nil, nil, false
+		}
+		segs = append(segs, memorySegment{off: uint32(off), data: data})
+	}
+	if r.off != ds.end {
+		return nil, nil, false
+	}
+	headerAt := ds.start - len(appendULEB(nil, uint32(ds.end-ds.start))) - 1
+	return bin[:headerAt:headerAt], segs, true
+}
+
+// writeData writes segs into inst's memory, as instantiation applies active segments,
+// in order; it fails, as an instantiation would, when one does not fit.
+func writeData(inst api.Module, segs []memorySegment) error {
+	mem := inst.Memory()
+	for _, s := range segs {
+		if mem == nil || !mem.Write(s.off, s.data) {
+			return fmt.Errorf("python.wasm's data segment at %d (%d bytes) is out of its memory's bounds", s.off, len(s.data))
+		}
+	}
+	return nil
 }

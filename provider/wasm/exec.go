@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/experimental/sysfs"
 	"github.com/tetratelabs/wazero/sys"
@@ -327,6 +328,25 @@ func readModule(dir, rel string) ([]byte, error) {
 	return io.ReadAll(io.LimitReader(f, maxModuleSize+1))
 }
 
+// instantiate instantiates mod, and when mod is python.wasm's, writes python.wasm's data
+// into the new instance's memory (pythonData), as the instantiation of a module that
+// kept it would have, before any of its code runs.
+func (p *Provider) instantiate(ctx context.Context, mod wazero.CompiledModule, mcfg wazero.ModuleConfig) (api.Module, error) {
+	inst, err := p.runtime.InstantiateModule(ctx, mod, mcfg)
+	if err != nil {
+		return nil, err
+	}
+	var segs []memorySegment
+	if d := p.pythonData.Load(); d != nil && d.module == mod {
+		segs = d.segs
+	}
+	if err := writeData(inst, segs); err != nil {
+		_ = inst.Close(context.Background())
+		return nil, err
+	}
+	return inst, nil
+}
+
 // checkCommandModule accepts WASI command modules that need nothing but WASI: the only
 // host functions a sandbox offers are wasi_snapshot_preview1's.
 func checkCommandModule(mod wazero.CompiledModule) error {
@@ -392,7 +412,7 @@ func (p *Provider) run(ctx context.Context, id string, rec record, mounts []moun
 	}
 
 	start := time.Now()
-	mod, err := p.runtime.InstantiateModule(runCtx, prog.module, mcfg)
+	mod, err := p.instantiate(runCtx, prog.module, mcfg)
 	if err != nil {
 		return roche.ExecResult{}, p.execStopped(ctx, tctx, id,
 			fmt.Errorf("exec in wasm sandbox %s: instantiating %s: %w", id, prog.argv[0], err))

@@ -278,7 +278,7 @@ func (p *Provider) makePreinit(ctx context.Context, mounts []mountPoint, how pre
 	argv := append(append([]string{warmArgv0}, how.opts...), "-")
 	mcfg := moduleConfig(ctx, argv, map[string]string{"PYTHONPATH": guestBoot, preinitEnv: strings.Join(how.preload, " ")},
 		fsc, &out, &out).WithStdin(in)
-	inst, err = p.runtime.InstantiateModule(ctx, mod, mcfg)
+	inst, err = p.instantiate(ctx, mod, mcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -345,7 +345,7 @@ func (p *Provider) tryPreinit(ctx context.Context, img *preinitImage, mounts []m
 	}
 	fsc, _, _ := sandboxFS(mounts, true)
 	mcfg := moduleConfig(ctx, []string{warmArgv0}, nil, fsc, stdout, stderr).WithStdin(bytes.NewReader(req))
-	inst, err := p.runtime.InstantiateModule(ctx, compiled, mcfg)
+	inst, err := p.instantiate(ctx, compiled, mcfg)
 	if err != nil {
 		return 0, err
 	}

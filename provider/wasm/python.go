@@ -124,6 +124,11 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	}
 	// Its 24,171 data segments in a few (datamerge.go): the same memory at every start.
 	bin = mergeDataSegments(bin)
+	// And those few written by the host (datamerge.go): the same memory, half the module.
+	var data []memorySegment
+	if m, segs, ok := splitData(bin); ok {
+		bin, data = m, segs
+	}
 	// Compiled without the caller's context: wazero reads experimental hooks (function
 	// listeners) from it, and this compiled module is shared by every later exec.
 	mod, err := p.runtime.CompileModule(context.Background(), bin)
@@ -135,6 +140,7 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 		if bin, err = p.readPython(path, verify); err != nil {
 			return nil, err
 		}
+		data = nil
 		mod, err = p.runtime.CompileModule(context.Background(), bin)
 	}
 	if err != nil {
@@ -148,9 +154,10 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	p.log.Debug("wasm: python.wasm compiled", "path", path, "read", read, "compile", time.Since(start)-read,
 		"disk_cache", p.cache != nil)
 	p.python = mod
+	p.pythonData.Store(&compiledPython{module: mod, segs: data})
 	if rerr == nil {
 		p.exitCandidates, p.pythonID = exits, id
-		p.keepRewritten(id, bin, exits)
+		p.keepRewritten(id, bin, exits, data)
 	}
 	return mod, nil
 }
@@ -163,17 +170,21 @@ func (p *Provider) compileRewritten(ctx context.Context, path string, verify boo
 		return nil, false
 	}
 	start := time.Now()
-	bin, exits, unmap, ok := p.mapRewritten(id)
+	bin, exits, data, unmap, ok := p.mapRewritten(id)
 	if !ok {
 		return nil, false
 	}
-	// wazero copies what it keeps of the module (code bodies, data, names) as it decodes.
+	// wazero copies what it keeps of the module (code bodies, names) as it decodes; the
+	// data is written from the mapping into each instance, so it stays mapped for the
+	// process's life.
 	mod, err := p.runtime.CompileModule(context.Background(), bin)
-	unmap()
 	if err == nil {
 		if err = checkCommandModule(mod); err != nil {
 			_ = mod.Close(ctx)
 		}
+	}
+	if err != nil || len(data) == 0 {
+		unmap()
 	}
 	if err != nil {
 		p.log.Warn("wasm: the rewritten python.wasm kept does not compile; rewriting it again", "err", err)
@@ -182,6 +193,7 @@ func (p *Provider) compileRewritten(ctx context.Context, path string, verify boo
 	p.log.Debug("wasm: python.wasm compiled", "path", path, "kept", rewrittenFile, "took", time.Since(start),
 		"disk_cache", p.cache != nil)
 	p.python, p.exitCandidates, p.pythonID = mod, exits, id
+	p.pythonData.Store(&compiledPython{module: mod, segs: data})
 	return mod, true
 }
 

@@ -13,11 +13,12 @@ import (
 )
 
 // rewrittenFile, in the state directory, keeps python.wasm as it is compiled: without
-// its DWARF, rewritten for the pre-initialised interpreter's entry (rewrite.go) and its
-// data segments merged (datamerge.go). A one-shot run maps it (statedir.MapPrivate)
-// and hands it to wazero as it is, instead of reading python.wasm's 13 MB into a fresh
-// buffer (each page faulted in, then copied) and rewriting it: ~10 ms of a one-shot
-// `roche run`'s CPU. It is read only when private to this user, as python-entry.json
+// its DWARF, rewritten for the pre-initialised interpreter's entry (rewrite.go), its
+// data segments merged and kept apart from the module (datamerge.go), after it. A
+// one-shot run maps it (statedir.MapPrivate), hands the module to wazero as it is and
+// writes the data into its instance from the mapping, instead of reading python.wasm's
+// 13 MB into a fresh buffer (each page faulted in, then copied) and rewriting it: ~10 ms
+// of a one-shot `roche run`'s CPU. It is read only when private to this user, as python-entry.json
 // is, and names the python.wasm (pythonID) and the Roche that made it: another version
 // of either makes it again. wazero's compilation cache keys the compiled code by these
 // same bytes, so both kinds of read find the same compiled code.
@@ -31,10 +32,18 @@ const (
 )
 
 // rewrittenHeader follows rewrittenMagic: its length (4 bytes, little endian) and JSON.
-// The module follows it.
+// The module follows it (Module bytes), then the bytes of each of Data, in order.
 type rewrittenHeader struct {
-	Key   string   `json:"key"`
-	Exits []string `json:"exits"`
+	Key    string             `json:"key"`
+	Exits  []string           `json:"exits"`
+	Module int                `json:"module"`
+	Data   []rewrittenSegment `json:"data,omitempty"`
+}
+
+// rewrittenSegment is one of the module's data segments kept apart (splitData).
+type rewrittenSegment struct {
+	Off  uint32 `json:"off"`
+	Size uint32 `json:"size"`
 }
 
 func rewrittenKey(pythonID string) string { return buildinfo.Version() + "\x01" + pythonID }
@@ -60,43 +69,71 @@ func (p *Provider) pythonIdentity(path string, verify bool) string {
 }
 
 // mapRewritten returns the module kept for the python.wasm named id, mapped (unmap
-// releases it once compiled), with its exit candidates; ok is false when there is none
-// for it.
-func (p *Provider) mapRewritten(id string) (bin []byte, exits []string, unmap func(), ok bool) {
+// releases it, and with it data, the module's data segments kept apart, if any), with its
+// exit candidates; ok is false when there is none for it.
+func (p *Provider) mapRewritten(id string) (bin []byte, exits []string, data []memorySegment, unmap func(), ok bool) {
 	file := filepath.Join(p.stateDir, rewrittenFile)
 	b, unmap, err := statedir.MapPrivate(file, maxRewrittenFile)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			p.log.Debug("wasm: ignoring the rewritten python.wasm kept", "file", file, "err", err)
 		}
-		return nil, nil, nil, false
+		return nil, nil, nil, nil, false
 	}
-	var h rewrittenHeader
-	if !bytes.HasPrefix(b, []byte(rewrittenMagic)) || len(b) < len(rewrittenMagic)+4 {
+	h, rest, ok := parseRewritten(b, id)
+	if !ok {
 		unmap()
-		return nil, nil, nil, false
+		return nil, nil, nil, nil, false
 	}
-	rest := b[len(rewrittenMagic):]
+	bin, rest = rest[:h.Module:h.Module], rest[h.Module:]
+	for _, s := range h.Data {
+		data = append(data, memorySegment{off: s.Off, data: rest[:s.Size:s.Size]})
+		rest = rest[s.Size:]
+	}
+	return bin, h.Exits, data, unmap, true
+}
+
+// parseRewritten reads rewrittenFile's header from b, and checks it is for the
+// python.wasm named id and that what it says follows it does: the header, and the rest.
+func parseRewritten(b []byte, id string) (h rewrittenHeader, rest []byte, ok bool) {
+	if !bytes.HasPrefix(b, []byte(rewrittenMagic)) || len(b) < len(rewrittenMagic)+4 {
+		return h, nil, false
+	}
+	rest = b[len(rewrittenMagic):]
 	n := binary.LittleEndian.Uint32(rest)
 	rest = rest[4:]
 	if uint64(n) > uint64(len(rest)) || json.Unmarshal(rest[:n], &h) != nil ||
 		h.Key != rewrittenKey(id) || len(h.Exits) == 0 || len(h.Exits) > maxExitCandidates {
-		unmap()
-		return nil, nil, nil, false
+		return h, nil, false
 	}
-	return rest[n:], h.Exits, unmap, true
+	rest = rest[n:]
+	size := uint64(h.Module)
+	for _, s := range h.Data {
+		size += uint64(s.Size)
+	}
+	if h.Module < moduleHeaderSize || size != uint64(len(rest)) {
+		return h, nil, false
+	}
+	return h, rest, true
 }
 
 // keepRewritten writes bin, the module compiled for the python.wasm named id with exits
-// its exit candidates, to rewrittenFile for the next process.
-func (p *Provider) keepRewritten(id string, bin []byte, exits []string) {
-	head, err := json.Marshal(rewrittenHeader{Key: rewrittenKey(id), Exits: exits})
+// its exit candidates and data its data segments kept apart, to rewrittenFile for the
+// next process.
+func (p *Provider) keepRewritten(id string, bin []byte, exits []string, data []memorySegment) {
+	h := rewrittenHeader{Key: rewrittenKey(id), Exits: exits, Module: len(bin)}
+	parts := [][]byte{[]byte(rewrittenMagic), nil, nil, bin}
+	for _, s := range data {
+		h.Data = append(h.Data, rewrittenSegment{Off: s.off, Size: uint32(len(s.data))})
+		parts = append(parts, s.data)
+	}
+	head, err := json.Marshal(h)
 	if err != nil {
 		return
 	}
+	parts[1], parts[2] = binary.LittleEndian.AppendUint32(nil, uint32(len(head))), head
 	file := filepath.Join(p.stateDir, rewrittenFile)
-	err = statedir.WritePrivate(file, []byte(rewrittenMagic), binary.LittleEndian.AppendUint32(nil, uint32(len(head))), head, bin)
-	if err != nil {
+	if err := statedir.WritePrivate(file, parts...); err != nil {
 		p.log.Debug("wasm: keeping the rewritten python.wasm", "file", file, "err", err)
 	}
 }

@@ -290,7 +290,7 @@ func (p *Provider) runWarm(w *warmInstance, rec record, until, delay time.Durati
 	mcfg := moduleConfig(w.ctx, []string{warmArgv0, "-c", warmCommand, warmSource}, env, fsc, w.stdout, w.stderr).
 		WithStdin(w.stdin)
 	runCtx := withSpaceSignal(experimental.WithMemoryAllocator(w.ctx, w.memory), sig)
-	inst, err := p.runtime.InstantiateModule(runCtx, mod, mcfg)
+	inst, err := p.instantiate(runCtx, mod, mcfg)
 	if err != nil {
 		w.err = err
 		return

@@ -104,6 +104,11 @@ type Provider struct {
 	// could not be rewritten, and then there are no pre-initialised interpreters.
 	pythonID       string
 	exitCandidates []string
+	// pythonData is python.wasm's data, kept out of the module compiled and written into
+	// each of its instances by instantiate (datamerge.go), with that module; no segments
+	// when the module keeps it. Atomic, so that instantiating another module never waits
+	// for python.wasm's compilation, which holds pythonMu.
+	pythonData atomic.Pointer[compiledPython]
 
 	// preinits are the pre-initialised interpreters (preinit.go) by key, made or read
 	// once per process; noPreinit turns them off (WithoutPreinit).
