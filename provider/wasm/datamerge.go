@@ -32,7 +32,7 @@ type dataSegment struct {
 // not overlapping, and no data count section counts them.
 func mergeDataSegments(bin []byte) []byte {
 	secs, find, err := moduleSections(bin)
-	if err != nil || len(secs) == 0 || secs[len(secs)-1].id != 11 || find(12) != nil {
+	if err != nil || len(secs) == 0 || secs[len(secs)-1].id != 11 || find(12) != nil || find(8) != nil {
 		return bin
 	}
 	ds := secs[len(secs)-1]
@@ -175,14 +175,16 @@ func appendSLEB32(b []byte, v int32) []byte {
 
 // python.wasm's data (7.2 MB, the C objects' initial values) is also kept out of the
 // module that is compiled, and written by the host into each new instance's memory
-// (instantiatePython) where wazero would have applied it: wazero hashes every byte of a
+// (Provider.instantiate) where wazero would have applied it: wazero hashes every byte of a
 // module it compiles (the module's id, the compilation cache's key) and decodes each
 // segment into an allocation of its own, which a process pays even when the compiled
 // code comes from the disk cache (~13 ms of a one-shot run, half of the module's bytes).
 // Without a data section the module is valid as long as no data count section counts
 // segments (nothing then can refer to one: memory.init and data.drop need it), and an
 // instance's memory is the same once the host has written them, before any of the
-// module's code runs (no start functions run at instantiation, moduleConfig).
+// module's code runs: a module with a start section (which wazero runs as it
+// instantiates) is left whole, and no exported start function is called at
+// instantiation (moduleConfig).
 
 // memorySegment is an active data segment: bytes written at off in memory 0.
 type memorySegment struct {
@@ -198,11 +200,12 @@ type compiledPython struct {
 
 // splitData returns bin (a module without trailing custom sections) without its data
 // section, and that section's segments (slices of bin), when it is the last section,
-// holds only active segments of memory 0 at constant offsets, and no data count section
-// counts them; else ok is false.
+// holds only active segments of memory 0 at constant offsets, no data count section
+// counts them and no start section runs code before the host writes them; else ok is
+// false.
 func splitData(bin []byte) (mod []byte, segs []memorySegment, ok bool) {
 	secs, find, err := moduleSections(bin)
-	if err != nil || len(secs) == 0 || secs[len(secs)-1].id != 11 || find(12) != nil {
+	if err != nil || len(secs) == 0 || secs[len(secs)-1].id != 11 || find(12) != nil || find(8) != nil {
 		return nil, nil, false
 	}
 	ds := secs[len(secs)-1]

@@ -20,7 +20,8 @@ import (
 // TestSplitData: a module without its data section, and the segments written into a new
 // instance of it (writeData), give the memory an instance of the module starts with;
 // what splitData cannot keep apart as that (a data count section, a passive segment, a
-// data section not last) it leaves alone.
+// data section not last, a start section, which would run before the data is written)
+// it leaves alone.
 func TestSplitData(t *testing.T) {
 	ctx := context.Background()
 	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
@@ -58,7 +59,20 @@ func TestSplitData(t *testing.T) {
 	passive[len(passive)-len("abc")-5] = 1 // the segment's flags: passive (no offset follows, but it is refused first)
 	dataCount := append(tinyModule(), 12, 1, 1)
 	dataCount = append(dataCount, withData(16, "abc")[len(tinyModule()):]...)
-	for name, b := range map[string][]byte{"no data section": tinyModule(), "passive": passive, "data count": dataCount} {
+	withStart := withData(16, "abc")
+	secs, _, err := moduleSections(withStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sec := range secs {
+		if sec.id == 7 { // the start section follows the exports: start is function 1, of type () -> ()
+			withStart = slices.Concat(withStart[:sec.end], []byte{8, 1, 1}, withStart[sec.end:])
+		}
+	}
+	if _, err := r.CompileModule(ctx, withStart); err != nil {
+		t.Fatalf("the module with a start section: %v", err)
+	}
+	for name, b := range map[string][]byte{"no data section": tinyModule(), "passive": passive, "data count": dataCount, "start section": withStart} {
 		if _, _, ok := splitData(b); ok {
 			t.Errorf("%s: split", name)
 		}
