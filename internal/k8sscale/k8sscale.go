@@ -313,12 +313,18 @@ func Run(ctx context.Context, p Params) (*Result, error) {
 	res.RSSFullKiB, res.ReplicaRSSKiB = memory(false)
 	// The baseline: a GET of a sandbox's Pod straight from the API server (a client of
 	// our own), the least a request of roched's can take on this cluster.
+	// Each claimed Pod is also checked to carry no field ownership records: the claim's
+	// patch clears them, and the API server then keeps none (kubernetes.Claim).
 	for i := range min(200, n) {
 		start := time.Now()
-		if _, err := cs.CoreV1().Pods(p.Namespace).Get(ctx, claims.all[i].info.ID, metav1.GetOptions{}); err != nil {
+		pod, err := cs.CoreV1().Pods(p.Namespace).Get(ctx, claims.all[i].info.ID, metav1.GetOptions{})
+		if err != nil {
 			return fail(fmt.Errorf("baseline: %w", err))
 		}
 		res.BaselineGets = append(res.BaselineGets, time.Since(start))
+		if mf := pod.ManagedFields; len(mf) > 0 {
+			return fail(fmt.Errorf("claimed sandbox %s: its Pod still has %d managedFields entries (first %s), want none after the claim", pod.Name, len(mf), mf[0].Manager))
+		}
 	}
 
 	// List: roched lists every claimed sandbox (each replica in turn lists them all).
