@@ -15,6 +15,9 @@ import (
 
 	"github.com/roche-sandbox/roche/internal/cli"
 	"github.com/roche-sandbox/roche/internal/initgc"
+	// A one-shot roche run with no roched goes to roche-run as this package
+	// initialises, before the rest of roche's (see rocherun.Early).
+	_ "github.com/roche-sandbox/roche/internal/rocherun/early"
 )
 
 func main() {

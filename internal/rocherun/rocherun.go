@@ -1,0 +1,104 @@
+// Package rocherun is what the thin roche knows of roche-run, the binary that runs a
+// command whose providers it links in its own process: its name, those providers
+// (Direct), and the early hand-off of a one-shot roche run (Early). It imports only
+// standard packages that Go initialises early anyway (not path, path/filepath or
+// os/user, which it initialises after protobuf's), so that the thin roche can decide
+// and make that hand-off before it initialises the packages only its own commands need
+// (package early).
+package rocherun
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Name is roche-run's file name.
+const Name = "roche-run"
+
+// Direct are the providers roche-run links (internal/inproc/direct), sorted: the thin
+// roche hands a command that needs only these in its own process to roche-run, which
+// starts faster than roched, and any other to roched. catalog.Direct is this list.
+var Direct = []string{"docker", "oci", "wasm"}
+
+// defaultProvider is catalog.Default, the provider of a create that names none
+// (TestEarlyMatchesCatalog).
+const defaultProvider = "docker"
+
+// Early reports whether the thin roche, started with args (without the program name)
+// and the environment getenv reads, is to hand the command to roche-run before it has
+// initialised anything else, and if so, roche-run's path. That is a one-shot roche run
+// (the subcommand first, so no global flag before it) whose provider is one of Direct,
+// with no roched to use: no --socket, --address or ROCHE_ADDRESS, no socket file where
+// roched's would be, and roche-run beside this executable (its symbolic links
+// resolved). The thin roche would hand such a command to roche-run anyway, after its
+// own start-up (cli.handoff), and roche-run, the same command line with more in it,
+// does with it what the thin roche would; anything else, or any doubt (help, version,
+// ROCHE_DEBUG, which logs each step of the usual way), takes the usual way.
+//
+// self is this executable's path, symbolic links resolved.
+func Early(args []string, getenv func(string) string, self string) (string, bool) {
+	if len(args) == 0 || args[0] != "run" || getenv("ROCHE_DEBUG") != "" || getenv("ROCHE_ADDRESS") != "" || self == "" {
+		return "", false
+	}
+	provider := getenv("ROCHE_PROVIDER")
+	if provider == "" {
+		provider = defaultProvider
+	}
+	rest := args[1:]
+	for i := 0; i < len(rest); i++ {
+		a := rest[i]
+		if a == "--" {
+			break // the command's own arguments
+		}
+		name, value, hasValue := strings.Cut(a, "=")
+		switch name {
+		case "-h", "--help", "--version", "--socket", "--address":
+			return "", false
+		case "--provider":
+			if !hasValue {
+				if i+1 >= len(rest) {
+					return "", false
+				}
+				i++
+				value = rest[i]
+			}
+			provider = value
+		}
+	}
+	if !slices.Contains(Direct, provider) {
+		return "", false
+	}
+	socket := getenv("ROCHE_SOCKET")
+	if socket == "" {
+		socket = standardSocket(getenv)
+	}
+	if _, err := os.Lstat(socket); !errors.Is(err, fs.ErrNotExist) {
+		return "", false
+	}
+	run := self[:strings.LastIndexByte(self, '/')+1] + Name
+	fi, err := os.Stat(run)
+	if err != nil || !fi.Mode().IsRegular() {
+		return "", false
+	}
+	if me, err := os.Stat(self); err != nil || os.SameFile(me, fi) {
+		return "", false
+	}
+	return run, true
+}
+
+// standardSocket is defaults.StandardSocket, roched's socket when ROCHE_SOCKET names
+// none, without path/filepath (TestStandardSocket). A path that names the same file
+// another way would do as well: the early hand-off only asks whether a file is there.
+func standardSocket(getenv func(string) string) string {
+	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
+		return strings.TrimSuffix(d, "/") + "/roche/roched.sock"
+	}
+	if home, err := os.UserHomeDir(); err == nil && home != "" {
+		return strings.TrimSuffix(home, "/") + "/.roche/roched.sock"
+	}
+	return strings.TrimSuffix(os.TempDir(), "/") + "/roche-" + strconv.Itoa(os.Getuid()) + "/roched.sock"
+}
