@@ -18,6 +18,9 @@ import (
 	"github.com/roche-sandbox/roche/internal/guest/guestcmd"
 	"github.com/roche-sandbox/roche/internal/initgc"
 	"github.com/roche-sandbox/roche/internal/inproc/direct"
+	// A one-shot oci run begins the kernel's wait for its cgroup moves as this package
+	// initialises, before the rest of roche-run's (see cgroupwarm.For).
+	_ "github.com/roche-sandbox/roche/internal/rocherun/ociwarm"
 )
 
 func main() {

@@ -28,21 +28,16 @@ var Direct = []string{"docker", "oci", "wasm"}
 // (TestEarlyMatchesCatalog).
 const defaultProvider = "docker"
 
-// Early reports whether the thin roche, started with args (without the program name)
-// and the environment getenv reads, is to hand the command to roche-run before it has
-// initialised anything else, and if so, roche-run's path. That is a one-shot roche run
-// (the subcommand first, so no global flag before it) whose provider is one of Direct,
-// with no roched to use: no --socket, --address or ROCHE_ADDRESS, no socket file where
-// roched's would be, and roche-run beside this executable (its symbolic links
-// resolved). The thin roche would hand such a command to roche-run anyway, after its
-// own start-up (cli.handoff), and roche-run, the same command line with more in it,
-// does with it what the thin roche would; anything else, or any doubt (help, version,
-// ROCHE_DEBUG, which logs each step of the usual way), takes the usual way.
-//
-// self is this executable's path, symbolic links resolved.
-func Early(args []string, getenv func(string) string, self string) (string, bool) {
-	if len(args) == 0 || args[0] != "run" || getenv("ROCHE_DEBUG") != "" || getenv("ROCHE_ADDRESS") != "" || self == "" {
-		return "", false
+// OneShot is the provider of the one-shot roche run that args (without the program
+// name) and the environment getenv reads ask for, or "" when they are not one: the
+// subcommand run first (no global flag before it), then the last --provider before
+// "--", else ROCHE_PROVIDER, else the default provider. It reads the command line only
+// as far as that, so a provider named oddly (the value of another flag that reads
+// "--provider") may be misread: what it is for may only cost time when it is.
+// Help, --version, --socket and --address make it "" (nothing to start early).
+func OneShot(args []string, getenv func(string) string) string {
+	if len(args) == 0 || args[0] != "run" {
+		return ""
 	}
 	provider := getenv("ROCHE_PROVIDER")
 	if provider == "" {
@@ -57,11 +52,11 @@ func Early(args []string, getenv func(string) string, self string) (string, bool
 		name, value, hasValue := strings.Cut(a, "=")
 		switch name {
 		case "-h", "--help", "--version", "--socket", "--address":
-			return "", false
+			return ""
 		case "--provider":
 			if !hasValue {
 				if i+1 >= len(rest) {
-					return "", false
+					return ""
 				}
 				i++
 				value = rest[i]
@@ -69,7 +64,26 @@ func Early(args []string, getenv func(string) string, self string) (string, bool
 			provider = value
 		}
 	}
-	if !slices.Contains(Direct, provider) {
+	return provider
+}
+
+// Early reports whether the thin roche, started with args (without the program name)
+// and the environment getenv reads, is to hand the command to roche-run before it has
+// initialised anything else, and if so, roche-run's path. That is a one-shot roche run
+// (OneShot) on one of Direct, with no roched to use: no --address or ROCHE_ADDRESS, no
+// socket file where roched's would be, and roche-run beside this executable. The thin
+// roche would hand such a command to roche-run anyway, after its own start-up
+// (cli.handoff), and roche-run, the same command line with more in it, does with it
+// whatever the thin roche would, so a misread command line costs time, not behaviour.
+// Anything else, or ROCHE_DEBUG (which logs each step of the usual way), takes the
+// usual way.
+//
+// self is this executable's path, symbolic links resolved.
+func Early(args []string, getenv func(string) string, self string) (string, bool) {
+	if getenv("ROCHE_DEBUG") != "" || getenv("ROCHE_ADDRESS") != "" || self == "" {
+		return "", false
+	}
+	if !slices.Contains(Direct, OneShot(args, getenv)) {
 		return "", false
 	}
 	socket := getenv("ROCHE_SOCKET")

@@ -25,7 +25,6 @@ func cgroupControllers() []string                               { return nil }
 func startWithoutUnified(*exec.Cmd) error                       { return errNotLinux }
 func sealBinary(string) (*os.File, error)                       { return nil, errNotLinux }
 func stateOnTmpfs(context.Context, string) (bool, error)        { return false, nil }
-func warmCgroupMoves() func()                                   { return func() {} }
 
 func (*Provider) openLayout(string) (*os.Root, error) { return nil, errNotLinux }
 

@@ -54,7 +54,7 @@ const oneShotEnd = 5 * time.Second
 
 // startOneShot runs the container of one-shot sandbox s in the foreground and waits for
 // its agent's ready frame. warmed is called once the agent is ready (the runtime's
-// cgroup moves are done by then; see warmCgroupMoves).
+// cgroup moves are done by then; see cgroupwarm.Start).
 func (p *Provider) startOneShot(ctx context.Context, rt *ociRuntime, s *sandbox, warmed func()) (err error) {
 	defer func() {
 		warmed()

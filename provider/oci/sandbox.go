@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/cgroupwarm"
 	"github.com/roche-sandbox/roche/internal/guest"
 	"github.com/roche-sandbox/roche/provider/internal/agentspec"
 	"github.com/roche-sandbox/roche/provider/internal/sizedfs"
@@ -35,6 +36,9 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	if err := p.canRun(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
+	// The grace period before the runtime's first cgroup move, from here: beside the
+	// runtime's resolution and the image's lookup as well (internal/cgroupwarm).
+	defer cgroupwarm.Start()()
 	rt, img, confirm, stop, err := p.runtimeAndGuess(ctx, cfg.Image)
 	defer stop()
 	if err != nil {
@@ -91,8 +95,8 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 	now := time.Now()
 	// The kernel's wait before the runtime's first cgroup move, begun beside what comes
 	// before it and kept from recurring until the runtime's run returns
-	// (cgroupwarm_linux.go).
-	warmed := warmCgroupMoves()
+	// (internal/cgroupwarm).
+	warmed := cgroupwarm.Start()
 	defer warmed()
 	id := Name + "-" + randomHex(8)
 	s := &sandbox{dir: p.sandboxDir(id), record: record{
@@ -204,7 +208,7 @@ func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cf
 }
 
 // start runs the container detached and waits for its agent to answer.
-// warmed is called once the runtime's run returns (warmCgroupMoves).
+// warmed is called once the runtime's run returns (cgroupwarm.Start).
 func (p *Provider) start(ctx context.Context, rt *ociRuntime, s *sandbox, warmed func()) (err error) {
 	defer func() {
 		// A compiled filter the sandbox failed with (its init loads it after the run

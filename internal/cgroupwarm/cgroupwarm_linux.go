@@ -1,16 +1,14 @@
-package oci
+package cgroupwarm
 
 import (
 	"bufio"
 	"bytes"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // On a cgroup v1 host (and a hybrid one, whose controllers are v1) the runtime moves each
@@ -21,7 +19,7 @@ import (
 // container waits while nothing runs. A writer that comes within about a grace period
 // of the last one finds the rcu_sync still open and does not wait (kernel/rcu/sync.c).
 //
-// warmCgroupMoves starts that grace period early, beside the work a create does before
+// Start starts that grace period early, beside the work a create does before
 // the runtime's move (the root's mounts, the bundle, the runtime's exec and start), and
 // keeps the rcu_sync open until the create calls done (once the runtime's run
 // returned): it writes this process's own pid to the cgroup.procs of the v1 cgroup it
@@ -35,7 +33,7 @@ import (
 // and exits on the host take the lock's slower reading path, as they do after any
 // cgroup move. A cgroup v2 host needs none of it: there the runtime starts the process
 // in its cgroup (clone3's CLONE_INTO_CGROUP), which takes that lock only for reading.
-func warmCgroupMoves() (done func()) {
+func Start() (done func()) {
 	warmer.Lock()
 	warmer.users++
 	if !warmer.running {
@@ -51,6 +49,15 @@ func warmCgroupMoves() (done func()) {
 			warmer.Unlock()
 		})
 	}
+}
+
+// For keeps the rcu_sync open as Start does, for d at most: for a process that knows,
+// as it starts, that it will make a sandbox soon (roche-run given a one-shot oci run),
+// so that the grace period begins before the create does; the create's own Start takes
+// over. Nothing of it outlives d.
+func For(d time.Duration) {
+	done := Start()
+	time.AfterFunc(d, done)
 }
 
 // warmer counts the creates that want the rcu_sync open, and whether warmLoop runs.
@@ -107,8 +114,8 @@ const warmEvery = 3 * time.Millisecond
 // mounted under /sys/fs/cgroup (the pids hierarchy if mounted, else the first found), or
 // "" on a host without one.
 func ownV1Procs() string {
-	var root unix.Statfs_t
-	if unix.Statfs("/sys/fs/cgroup", &root) != nil || root.Type != unix.TMPFS_MAGIC {
+	var root syscall.Statfs_t
+	if syscall.Statfs("/sys/fs/cgroup", &root) != nil || root.Type != tmpfsMagic {
 		return ""
 	}
 	b, err := os.ReadFile("/proc/self/cgroup")
@@ -127,9 +134,15 @@ func ownV1Procs() string {
 			if ctrl == "" || strings.HasPrefix(ctrl, "name=") || strings.Contains(ctrl, "/") || ctrl == "." || ctrl == ".." {
 				continue
 			}
-			p := filepath.Join("/sys/fs/cgroup", ctrl, filepath.Clean(parts[2]), "cgroup.procs")
-			var st unix.Statfs_t
-			if unix.Statfs(filepath.Dir(p), &st) != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+			// Joined by hand: path/filepath, which Go initialises late, would hold back
+			// a package that calls For as it initialises (internal/rocherun/warm).
+			dir := "/sys/fs/cgroup/" + ctrl + strings.TrimSuffix(parts[2], "/")
+			if strings.Contains(parts[2], "/..") || strings.Contains(parts[2], "/./") {
+				continue
+			}
+			p := dir + "/cgroup.procs"
+			var st syscall.Statfs_t
+			if syscall.Statfs(dir, &st) != nil || st.Type != cgroupSuperMagic {
 				continue
 			}
 			if ctrl == "pids" {
@@ -142,3 +155,11 @@ func ownV1Procs() string {
 	}
 	return best
 }
+
+// The file system types of statfs(2) this needs (linux/magic.h), from syscall rather than
+// golang.org/x/sys/unix, which Go initialises later than a package that calls For as it
+// initialises wants.
+const (
+	tmpfsMagic       = 0x01021994
+	cgroupSuperMagic = 0x27e0eb
+)

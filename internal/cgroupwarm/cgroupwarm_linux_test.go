@@ -1,4 +1,4 @@
-package oci
+package cgroupwarm
 
 import (
 	"bytes"
@@ -65,7 +65,7 @@ func TestWarmCgroupMovesMovesNothing(t *testing.T) {
 	// done.
 	var dones []func()
 	for range 20 {
-		dones = append(dones, warmCgroupMoves())
+		dones = append(dones, Start())
 	}
 	warmer.Lock()
 	users, running := warmer.users, warmer.running
