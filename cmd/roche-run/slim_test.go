@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -52,6 +53,36 @@ func TestSlim(t *testing.T) {
 	for _, want := range []string{"docker", "oci", "wasm"} {
 		if !slices.Contains(deps, "github.com/roche-sandbox/roche/provider/"+want) {
 			t.Errorf("roche-run does not link provider/%s: the check reads the wrong list, or a one-shot %s run would go to roched", want, want)
+		}
+	}
+}
+
+// TestWarmsFirst: package ociwarm, which begins a one-shot oci run's cgroup warm-up,
+// initialises before the packages that take roche-run's start-up time (protobuf's
+// descriptors, Docker's reference grammar), or it would begin no earlier than the
+// create.
+func TestWarmsFirst(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "roche-run")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building roche-run: %v\n%s", err, b)
+	}
+	cmd := exec.Command(bin, "--version")
+	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("roche-run --version: %v: %s", err, stderr.String())
+	}
+	inits := stderr.String()
+	warm := strings.Index(inits, "init github.com/roche-sandbox/roche/internal/rocherun/ociwarm ")
+	if warm < 0 {
+		t.Fatalf("no init of package ociwarm:\n%s", inits)
+	}
+	for _, heavy := range []string{"init google.golang.org/protobuf/internal/filedesc ", "init github.com/distribution/reference "} {
+		if i := strings.Index(inits, heavy); i >= 0 && i < warm {
+			t.Errorf("%q initialises before package ociwarm:\n%s", heavy, inits)
 		}
 	}
 }

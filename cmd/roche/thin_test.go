@@ -136,3 +136,60 @@ func TestWithoutRoched(t *testing.T) {
 		t.Errorf("roche list beside a roched that is roche: exit %d, %q", code, errOut)
 	}
 }
+
+// TestEarlyHandOff: a one-shot roche run on one of roche-run's providers, with no
+// roched, goes to the roche-run beside roche as roche initialises (package
+// rocherun/early), before protobuf's descriptors and the command line are: roche
+// replaces itself with it, with the same arguments. The roche-run here is a stand-in
+// that says how it was started. Anything else (roche --version) initialises all of
+// roche, early's check first.
+func TestEarlyHandOff(t *testing.T) {
+	dir := t.TempDir()
+	roche := filepath.Join(dir, "roche")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", roche, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building roche: %v\n%s", err, b)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "roche-run"), []byte("#!/bin/sh\necho \"roche-run: $*\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=/usr/bin:/bin", "HOME=" + dir, "ROCHE_SOCKET=" + filepath.Join(dir, "nobody.sock"), "GODEBUG=inittrace=1"}
+	run := func(args ...string) (string, string) {
+		t.Helper()
+		cmd := exec.Command(roche, args...)
+		cmd.Env = env
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("roche %v: %v: %s", args, err, stderr.String())
+		}
+		return stdout.String(), stderr.String()
+	}
+	// The heavy ones: protobuf's descriptors, the API's, the command line.
+	const early = "init github.com/roche-sandbox/roche/internal/rocherun/early "
+	heavy := []string{"init google.golang.org/protobuf/internal/filedesc ", "init google.golang.org/protobuf/internal/impl ",
+		"init github.com/roche-sandbox/roche/api/roche/v1 ", "init github.com/roche-sandbox/roche/internal/cli "}
+
+	out, inits := run("run", "--provider", "oci", "--image", "x", "--", "true")
+	if want := "roche-run: run --provider oci --image x -- true\n"; out != want {
+		t.Fatalf("roche run --provider oci with no roched: printed %q, want roche-run's %q", out, want)
+	}
+	// (early's own line never comes: it replaced roche before its init returned.)
+	for _, h := range heavy {
+		if strings.Contains(inits, h) {
+			t.Errorf("roche handed the run over after %q:\n%s", h, inits)
+		}
+	}
+
+	out, inits = run("--version")
+	if !strings.HasPrefix(out, "roche ") {
+		t.Fatalf("roche --version: %q", out)
+	}
+	e := strings.Index(inits, early)
+	for _, h := range heavy {
+		if i := strings.Index(inits, h); e < 0 || i < 0 || i < e {
+			t.Errorf("package early initialises at %d, %q at %d: early must come first (its imports are all Go initialises early):\n%s", e, h, i, inits)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/roche-sandbox/roche"
+	"github.com/roche-sandbox/roche/internal/rocherun"
 )
 
 // Default is the provider of a create that names none.
@@ -133,8 +134,9 @@ var list = []Provider{
 
 // Direct are the providers roche-run links (internal/inproc/direct), sorted: the thin
 // roche hands a command that needs only these in its own process to roche-run, which
-// starts faster than roched, and any other to roched.
-var Direct = []string{"docker", "oci", "wasm"}
+// starts faster than roched, and any other to roched. The list lives in rocherun, which
+// the thin roche reads before it initialises this package.
+var Direct = rocherun.Direct
 
 // All returns every provider, sorted by name.
 func All() []Provider { return slices.Clone(list) }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/roche-sandbox/roche"
 	"github.com/roche-sandbox/roche/internal/catalog"
+	"github.com/roche-sandbox/roche/internal/rocherun"
 )
 
 // Local is what only a binary that links the providers can do, given to Main: roched's
@@ -107,7 +108,7 @@ func (e *env) argv0() string {
 }
 
 // directName is roche-run's file name.
-const directName = "roche-run"
+const directName = rocherun.Name
 
 // allDirect reports whether every provider of names is roche-run's.
 func allDirect(names []string) bool {

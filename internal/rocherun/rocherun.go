@@ -78,9 +78,10 @@ func OneShot(args []string, getenv func(string) string) string {
 // Anything else, or ROCHE_DEBUG (which logs each step of the usual way), takes the
 // usual way.
 //
-// self is this executable's path, symbolic links resolved.
-func Early(args []string, getenv func(string) string, self string) (string, bool) {
-	if getenv("ROCHE_DEBUG") != "" || getenv("ROCHE_ADDRESS") != "" || self == "" {
+// executable returns this executable's path, symbolic links resolved; it is called
+// only for a command that may go.
+func Early(args []string, getenv func(string) string, executable func() (string, error)) (string, bool) {
+	if getenv("ROCHE_DEBUG") != "" || getenv("ROCHE_ADDRESS") != "" {
 		return "", false
 	}
 	if !slices.Contains(Direct, OneShot(args, getenv)) {
@@ -88,9 +89,13 @@ func Early(args []string, getenv func(string) string, self string) (string, bool
 	}
 	socket := getenv("ROCHE_SOCKET")
 	if socket == "" {
-		socket = standardSocket(getenv)
+		socket = StandardSocket(getenv)
 	}
 	if _, err := os.Lstat(socket); !errors.Is(err, fs.ErrNotExist) {
+		return "", false
+	}
+	self, err := executable()
+	if err != nil || !strings.HasPrefix(self, "/") {
 		return "", false
 	}
 	run := self[:strings.LastIndexByte(self, '/')+1] + Name
@@ -104,10 +109,10 @@ func Early(args []string, getenv func(string) string, self string) (string, bool
 	return run, true
 }
 
-// standardSocket is defaults.StandardSocket, roched's socket when ROCHE_SOCKET names
+// StandardSocket is defaults.StandardSocket, roched's socket when ROCHE_SOCKET names
 // none, without path/filepath (TestStandardSocket). A path that names the same file
 // another way would do as well: the early hand-off only asks whether a file is there.
-func standardSocket(getenv func(string) string) string {
+func StandardSocket(getenv func(string) string) string {
 	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
 		return strings.TrimSuffix(d, "/") + "/roche/roched.sock"
 	}

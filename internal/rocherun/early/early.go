@@ -29,11 +29,7 @@ func init() {
 	if name := os.Args[0][strings.LastIndexByte(os.Args[0], '/')+1:]; name != "roche" {
 		return
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return
-	}
-	run, ok := rocherun.Early(os.Args[1:], os.Getenv, self)
+	run, ok := rocherun.Early(os.Args[1:], os.Getenv, os.Executable)
 	if !ok {
 		return
 	}

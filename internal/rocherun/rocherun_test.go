@@ -1,0 +1,148 @@
+package rocherun_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/roche-sandbox/roche/internal/catalog"
+	"github.com/roche-sandbox/roche/internal/defaults"
+	"github.com/roche-sandbox/roche/internal/rocherun"
+)
+
+// TestOneShot: the provider of a one-shot roche run, read as the command line and the
+// environment give it, and "" for anything that is not one.
+func TestOneShot(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		return func(k string) string {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == k {
+					return kv[i+1]
+				}
+			}
+			return ""
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		env  func(string) string
+		want string
+	}{
+		{[]string{"run", "--", "true"}, env(), "docker"},
+		{[]string{"run", "--provider", "oci", "--", "true"}, env(), "oci"},
+		{[]string{"run", "--provider=wasm", "--image", "x", "--", "python3"}, env(), "wasm"},
+		{[]string{"run", "--provider", "oci", "--provider", "qemu", "--", "true"}, env(), "qemu"},
+		{[]string{"run", "--", "sh", "--provider", "oci"}, env(), "docker"}, // the command's own
+		{[]string{"run", "--", "true"}, env("ROCHE_PROVIDER", "oci"), "oci"},
+		{[]string{"run", "--provider", "wasm", "--", "true"}, env("ROCHE_PROVIDER", "oci"), "wasm"},
+		{[]string{"run", "--provider"}, env(), ""},
+		{[]string{"run", "--help"}, env(), ""},
+		{[]string{"run", "-h"}, env(), ""},
+		{[]string{"run", "--socket", "/s", "--", "true"}, env(), ""},
+		{[]string{"run", "--address=http://127.0.0.1:1", "--", "true"}, env(), ""},
+		{[]string{"--direct", "run", "--", "true"}, env(), ""},
+		{[]string{"exec", "--sandbox", "x", "--", "true"}, env(), ""},
+		{nil, env(), ""},
+	} {
+		if got := rocherun.OneShot(c.args, c.env); got != c.want {
+			t.Errorf("rocherun.OneShot(%q) = %q, want %q", c.args, got, c.want)
+		}
+	}
+}
+
+// TestEarly: the thin roche hands a one-shot run on one of roche-run's providers to the
+// roche-run beside it when no roched's socket is there, and takes the usual way
+// otherwise.
+func TestEarly(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "roche")
+	run := filepath.Join(dir, rocherun.Name)
+	for _, f := range []string{self, run} {
+		if err := os.WriteFile(f, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	socket := filepath.Join(dir, "roched.sock")
+	vars := map[string]string{"ROCHE_SOCKET": socket}
+	getenv := func(k string) string { return vars[k] }
+	executable := func() (string, error) { return self, nil }
+	oci := []string{"run", "--provider", "oci", "--", "true"}
+
+	if got, ok := rocherun.Early(oci, getenv, executable); !ok || got != run {
+		t.Fatalf("no roched, roche-run beside roche: Early = %q, %v; want %q", got, ok, run)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		set  func() func()
+	}{
+		{"a provider roche-run lacks", []string{"run", "--provider", "qemu", "--", "true"}, nil},
+		{"not a run", []string{"list"}, nil},
+		{"roched's socket there", oci, func() func() {
+			if err := os.WriteFile(socket, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.Remove(socket) }
+		}},
+		{"ROCHE_DEBUG", oci, func() func() { vars["ROCHE_DEBUG"] = "1"; return func() { delete(vars, "ROCHE_DEBUG") } }},
+		{"ROCHE_ADDRESS", oci, func() func() {
+			vars["ROCHE_ADDRESS"] = "http://127.0.0.1:1"
+			return func() { delete(vars, "ROCHE_ADDRESS") }
+		}},
+		{"no roche-run", oci, func() func() {
+			if err := os.Rename(run, run+".away"); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.Rename(run+".away", run) }
+		}},
+		{"roche-run is roche", oci, func() func() {
+			os.Rename(run, run+".away")
+			if err := os.Link(self, run); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.Remove(run); os.Rename(run+".away", run) }
+		}},
+		{"no executable", oci, func() func() {
+			executable = func() (string, error) { return "", errors.New("unknown") }
+			return func() { executable = func() (string, error) { return self, nil } }
+		}},
+	} {
+		undo := func() {}
+		if c.set != nil {
+			undo = c.set()
+		}
+		if got, ok := rocherun.Early(c.args, getenv, executable); ok {
+			t.Errorf("%s: Early = %q, want the usual way", c.name, got)
+		}
+		undo()
+	}
+	if _, ok := rocherun.Early(oci, getenv, executable); !ok {
+		t.Fatal("the cases did not put things back")
+	}
+}
+
+// TestEarlyMatchesCatalog: the thin roche's early reading names the providers and the
+// default that the catalog does.
+func TestEarlyMatchesCatalog(t *testing.T) {
+	if !slices.Equal(rocherun.Direct, catalog.Direct) || !slices.IsSorted(rocherun.Direct) {
+		t.Errorf("Direct %v, catalog.Direct %v (sorted, the same)", rocherun.Direct, catalog.Direct)
+	}
+	if got := rocherun.OneShot([]string{"run", "--", "true"}, func(string) string { return "" }); got != catalog.Default {
+		t.Errorf("default provider %q, catalog.Default %q", got, catalog.Default)
+	}
+}
+
+// TestStandardSocket: without path/filepath, the same socket as defaults.StandardSocket.
+func TestStandardSocket(t *testing.T) {
+	for _, c := range []struct{ xdg, home string }{
+		{"/run/user/1000", ""}, {"/run/user/1000/", ""}, {"", "/home/someone"}, {"", "/home/someone/"}, {"", ""},
+	} {
+		t.Setenv("XDG_RUNTIME_DIR", c.xdg)
+		t.Setenv("HOME", c.home)
+		if got, want := rocherun.StandardSocket(os.Getenv), defaults.StandardSocket(); filepath.Clean(got) != want {
+			t.Errorf("XDG_RUNTIME_DIR=%q HOME=%q: %q, defaults.StandardSocket %q", c.xdg, c.home, got, want)
+		}
+	}
+}
