@@ -34,6 +34,21 @@ import (
 // cgroup move. A cgroup v2 host needs none of it: there the runtime starts the process
 // in its cgroup (clone3's CLONE_INTO_CGROUP), which takes that lock only for reading.
 func Start() (done func()) {
+	done = start()
+	// A create takes over from a process's early hold (For).
+	early.Lock()
+	release := early.done
+	early.done = nil
+	early.Unlock()
+	if release != nil {
+		release()
+	}
+	return done
+}
+
+// start counts one more user of the warm-up, starting its goroutine if none runs, and
+// returns what ends that use (once, however often called).
+func start() (done func()) {
 	warmer.Lock()
 	warmer.users++
 	if !warmer.running {
@@ -51,13 +66,24 @@ func Start() (done func()) {
 	}
 }
 
-// For keeps the rcu_sync open as Start does, for d at most: for a process that knows,
-// as it starts, that it will make a sandbox soon (roche-run given a one-shot oci run),
-// so that the grace period begins before the create does; the create's own Start takes
-// over. Nothing of it outlives d.
+// For keeps the rcu_sync open as Start does, until d has passed or a create's Start
+// takes over, whichever comes first: for a process that knows, as it starts, that it
+// will make a sandbox soon (roche-run given a one-shot oci run), so that the grace
+// period begins before the create does. Once the create has its own, the hold ends,
+// so that the warm-up's moves stop with the create's run rather than go on through the
+// command and the teardown.
 func For(d time.Duration) {
-	done := Start()
+	done := start()
+	early.Lock()
+	early.done = done
+	early.Unlock()
 	time.AfterFunc(d, done)
+}
+
+// early is For's hold, until a Start takes over.
+var early struct {
+	sync.Mutex
+	done func()
 }
 
 // warmer counts the creates that want the rcu_sync open, and whether warmLoop runs.

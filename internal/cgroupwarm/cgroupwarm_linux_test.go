@@ -126,3 +126,26 @@ func threadCgroups(t *testing.T) string {
 	slices.Sort(out)
 	return strings.Join(out, "\n")
 }
+
+// TestForUntilStart: an early hold (For) counts as one user until a create's Start
+// takes over, and then only the create's use is left.
+func TestForUntilStart(t *testing.T) {
+	users := func() int {
+		warmer.Lock()
+		defer warmer.Unlock()
+		return warmer.users
+	}
+	before := users()
+	For(time.Hour)
+	if got := users(); got != before+1 {
+		t.Fatalf("after For: %d users, want %d", got, before+1)
+	}
+	done := Start()
+	if got := users(); got != before+1 {
+		t.Fatalf("after a create's Start: %d users, want %d (the early hold's ended)", got, before+1)
+	}
+	done()
+	if got := users(); got != before {
+		t.Fatalf("after the create: %d users, want %d", got, before)
+	}
+}
