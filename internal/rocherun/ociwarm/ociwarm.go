@@ -1,10 +1,10 @@
 // Package ociwarm begins, as roche-run initialises, the kernel's grace period that the
 // oci provider's create would begin itself (cgroupwarm.For), when roche-run is given a
 // one-shot oci run: imported by cmd/roche-run alone, for that side effect. Its imports
-// are few and initialised early, so it runs ~1 ms into the process rather than ~6 ms
-// (after the command line and the provider's opening), and the grace period (~10 ms
-// here) has passed, or nearly, when crun makes the sandbox's first cgroup, which waits
-// for it (see cgroupwarm.Start).
+// are few and initialised early (cmd/roche-run's TestWarmsFirst), so it runs ~1.5 ms
+// into the process rather than ~6 to 8 ms (after the command line and the provider's
+// opening), and the grace period (~10 ms here) has passed, or nearly, when crun makes
+// the sandbox's first cgroup, which waits for it (see cgroupwarm.Start).
 package ociwarm
 
 import (
