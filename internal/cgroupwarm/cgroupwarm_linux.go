@@ -161,7 +161,7 @@ func ownV1Procs() string {
 				continue
 			}
 			// Joined by hand: path/filepath, which Go initialises late, would hold back
-			// a package that calls For as it initialises (internal/rocherun/warm).
+			// a package that calls For as it initialises (internal/rocherun/ociwarm).
 			dir := "/sys/fs/cgroup/" + ctrl + strings.TrimSuffix(parts[2], "/")
 			if strings.Contains(parts[2], "/..") || strings.Contains(parts[2], "/./") {
 				continue
