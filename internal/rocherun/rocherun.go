@@ -1,10 +1,11 @@
 // Package rocherun is what the thin roche knows of roche-run, the binary that runs a
 // command whose providers it links in its own process: its name, those providers
-// (Direct), and the early hand-off of a one-shot roche run (Early). It imports only
-// standard packages that Go initialises early anyway (not path, path/filepath or
-// os/user, which it initialises after protobuf's), so that the thin roche can decide
-// and make that hand-off before it initialises the packages only its own commands need
-// (package early).
+// (Direct), whether roche-run makes a one-shot roche run's sandbox in its own process
+// (InProcess), and the early hand-off of one (Early). It imports only standard packages
+// that Go initialises early anyway (not path, path/filepath or os/user, which it
+// initialises after protobuf's), so that the thin roche can decide and make that
+// hand-off before it initialises the packages only its own commands need (package
+// early).
 package rocherun
 
 import (
@@ -67,31 +68,42 @@ func OneShot(args []string, getenv func(string) string) string {
 	return provider
 }
 
-// Early reports whether the thin roche, started with args (without the program name)
-// and the environment getenv reads, is to hand the command to roche-run before it has
-// initialised anything else, and if so, roche-run's path. That is a one-shot roche run
-// (OneShot) on one of Direct, with no roched to use: no --address or ROCHE_ADDRESS, no
-// socket file where roched's would be, and roche-run beside this executable. The thin
-// roche would hand such a command to roche-run anyway, after its own start-up
-// (cli.handoff), and roche-run, the same command line with more in it, does with it
-// whatever the thin roche would, so a misread command line costs time, not behaviour.
-// Anything else, or ROCHE_DEBUG (which logs each step of the usual way), takes the
-// usual way.
-//
-// executable returns this executable's path, symbolic links resolved; it is called
-// only for a command that may go.
-func Early(args []string, getenv func(string) string, executable func() (string, error)) (string, bool) {
-	if getenv("ROCHE_DEBUG") != "" || getenv("ROCHE_ADDRESS") != "" {
-		return "", false
-	}
-	if !slices.Contains(Direct, OneShot(args, getenv)) {
-		return "", false
+// InProcess is the provider of the one-shot roche run that args (without the program
+// name) and the environment getenv reads ask for (OneShot) when roche-run would make
+// its sandbox in its own process, or "" when it would not: a provider of Direct, and no
+// roched to use (no ROCHE_ADDRESS, no file where roched's socket would be). It decides
+// only what starts early (Early, ociwarm): a socket file no roched answers on counts as
+// a roched, and roche-run, finding none, makes the sandbox itself all the same.
+func InProcess(args []string, getenv func(string) string) string {
+	provider := OneShot(args, getenv)
+	if !slices.Contains(Direct, provider) || getenv("ROCHE_ADDRESS") != "" {
+		return ""
 	}
 	socket := getenv("ROCHE_SOCKET")
 	if socket == "" {
 		socket = StandardSocket(getenv)
 	}
 	if _, err := os.Lstat(socket); !errors.Is(err, fs.ErrNotExist) {
+		return ""
+	}
+	return provider
+}
+
+// Early reports whether the thin roche, started with args (without the program name)
+// and the environment getenv reads, is to hand the command to roche-run before it has
+// initialised anything else, and if so, roche-run's path. That is a one-shot roche run
+// that roche-run would make in its own process (InProcess: on one of Direct, with no
+// roched to use), and roche-run beside this executable. The thin roche would hand such
+// a command to roche-run anyway, after its own start-up (cli.handoff), and roche-run,
+// the same command line with more in it, does with it whatever the thin roche would,
+// so a misread command line costs time, not behaviour.
+// Anything else, or ROCHE_DEBUG (which logs each step of the usual way), takes the
+// usual way.
+//
+// executable returns this executable's path, symbolic links resolved; it is called
+// only for a command that may go.
+func Early(args []string, getenv func(string) string, executable func() (string, error)) (string, bool) {
+	if getenv("ROCHE_DEBUG") != "" || InProcess(args, getenv) == "" {
 		return "", false
 	}
 	self, err := executable()

@@ -52,6 +52,52 @@ func TestOneShot(t *testing.T) {
 	}
 }
 
+// TestInProcess: a one-shot run on one of roche-run's providers is made in roche-run's
+// own process when no roched is there to take it (no ROCHE_ADDRESS or --address, no
+// file at roched's socket, named by ROCHE_SOCKET or the standard one), and "" otherwise.
+func TestInProcess(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "roched.sock")
+	xdg := filepath.Join(dir, "xdg")
+	standard := filepath.Join(xdg, "roche", "roched.sock")
+	if err := os.MkdirAll(filepath.Dir(standard), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	oci := []string{"run", "--provider", "oci", "--", "true"}
+	for _, c := range []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		there string // a file made at this path first
+		want  string
+	}{
+		{"no roched", oci, map[string]string{"ROCHE_SOCKET": socket}, "", "oci"},
+		{"the default provider", []string{"run", "--", "true"}, map[string]string{"ROCHE_SOCKET": socket}, "", "docker"},
+		{"ROCHE_DEBUG, which changes no way", oci, map[string]string{"ROCHE_SOCKET": socket, "ROCHE_DEBUG": "1"}, "", "oci"},
+		{"no roched at the standard socket", oci, map[string]string{"XDG_RUNTIME_DIR": xdg}, "", "oci"},
+		{"roched's socket there", oci, map[string]string{"ROCHE_SOCKET": socket}, socket, ""},
+		{"roched's standard socket there", oci, map[string]string{"XDG_RUNTIME_DIR": xdg}, standard, ""},
+		{"ROCHE_ADDRESS", oci, map[string]string{"ROCHE_SOCKET": socket, "ROCHE_ADDRESS": "http://127.0.0.1:1"}, "", ""},
+		{"--address", []string{"run", "--address", "http://127.0.0.1:1", "--provider", "oci", "--", "true"}, map[string]string{"ROCHE_SOCKET": socket}, "", ""},
+		{"a provider roche-run lacks", []string{"run", "--provider", "qemu", "--", "true"}, map[string]string{"ROCHE_SOCKET": socket}, "", ""},
+		{"not a run", []string{"list"}, map[string]string{"ROCHE_SOCKET": socket}, "", ""},
+	} {
+		if c.there != "" {
+			if err := os.WriteFile(c.there, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := rocherun.InProcess(c.args, func(k string) string { return c.env[k] }); got != c.want {
+			t.Errorf("%s: InProcess(%q) = %q, want %q", c.name, c.args, got, c.want)
+		}
+		if c.there != "" {
+			if err := os.Remove(c.there); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // TestEarly: the thin roche hands a one-shot run on one of roche-run's providers to the
 // roche-run beside it when no roched's socket is there, and takes the usual way
 // otherwise.
