@@ -22,7 +22,8 @@ import (
 // Start starts that grace period early, beside the work a create does before
 // the runtime's move (the root's mounts, the bundle, the runtime's exec and start), and
 // keeps the rcu_sync open until the create calls done (once the runtime's run
-// returned): it writes this process's own pid to the cgroup.procs of the v1 cgroup it
+// returned). A create calls it once its image is ready: through an image's unpack
+// (seconds) the moves would only stall the host's forks and exits. It writes this process's own pid to the cgroup.procs of the v1 cgroup it
 // is already in, a move that moves nothing (the kernel skips a task already in its
 // destination) but takes and releases the lock as the runtime's does, and again every
 // warmEvery (less than a grace period), each of those without a wait. One goroutine

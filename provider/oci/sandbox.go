@@ -36,9 +36,10 @@ func (p *Provider) CreateFor(ctx context.Context, cfg roche.Config, opts kit.Cre
 	if err := p.canRun(); err != nil {
 		return roche.SandboxInfo{}, err
 	}
-	// The grace period before the runtime's first cgroup move, from here: beside the
-	// runtime's resolution and the image's lookup as well (internal/cgroupwarm).
-	defer cgroupwarm.Start()()
+	// No warm-up here: the image's lookup may unpack it, seconds on its first use, and
+	// the warm-up's cgroup moves stall forks and exits host-wide for a moment each. It
+	// begins in create, once the image is ready (roche-run's one-shot began it already,
+	// for a while: internal/rocherun/ociwarm).
 	rt, img, confirm, stop, err := p.runtimeAndGuess(ctx, cfg.Image)
 	defer stop()
 	if err != nil {
@@ -94,8 +95,8 @@ func (p *Provider) check(cfg roche.Config) error {
 func (p *Provider) create(ctx context.Context, rt *ociRuntime, img imageRoot, cfg kit.Spec, confirm func(context.Context) error) (_ roche.SandboxInfo, err error) {
 	now := time.Now()
 	// The kernel's wait before the runtime's first cgroup move, begun beside what comes
-	// before it and kept from recurring until the runtime's run returns
-	// (internal/cgroupwarm).
+	// before it (the image is ready by now) and kept from recurring until the runtime's
+	// run returns (internal/cgroupwarm).
 	warmed := cgroupwarm.Start()
 	defer warmed()
 	id := Name + "-" + randomHex(8)
