@@ -99,7 +99,8 @@ type preinitChunkData struct {
 }
 
 // preinitKey identifies what a copy depends on: python.wasm (its digest when pinned,
-// else its path and version stamp), Roche's version and warm.py, the guest paths of the
+// else its path and version stamp), Roche's version, rewriteVersion (a development
+// build's version does not change with the rewrite) and warm.py, the guest paths of the
 // sandbox's directories in order (WASI's preopens, which libc remembers in memory), and
 // how the interpreter starts (preinitStart).
 func (p *Provider) preinitKey(mounts []mountPoint, how preinitStart) string {
@@ -109,7 +110,7 @@ func (p *Provider) preinitKey(mounts []mountPoint, how preinitStart) string {
 	}
 	site, _ := bootFiles.ReadFile("boot/sitecustomize.py")
 	boot := sha256.Sum256(append([]byte(warmSource), site...))
-	return strings.Join([]string{buildinfo.Version(), hex.EncodeToString(boot[:]), p.pythonID, strings.Join(guests, "\x00"),
+	return strings.Join([]string{buildinfo.Version(), rewriteVersion, hex.EncodeToString(boot[:]), p.pythonID, strings.Join(guests, "\x00"),
 		strings.Join(how.opts, "\x00"), strings.Join(how.preload, "\x00")}, "\x01")
 }
 

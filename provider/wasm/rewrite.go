@@ -26,6 +26,15 @@ import (
 //     from this shape.
 
 const (
+	// rewriteVersion names what this code makes of python.wasm: the module rewritten
+	// here, its data merged and kept apart (datamerge.go), and the pre-initialised copies
+	// of its memory (preinit.go). It is in the keys of what the state directory keeps of
+	// them (python-rewritten.wasm, the copies), beside Roche's version, which is the same
+	// for every development build of a commit ("-devel", "+dirty"): bump it with any
+	// change to what rewriteForEntry, mergeDataSegments, splitData or makePreinit make,
+	// so that a build with the change does not run what one without it kept.
+	rewriteVersion = "1"
+
 	preinitSP         = "roche_stack_pointer"
 	preinitCall       = "roche_call3"
 	preinitExitPrefix = "roche_exit_"

@@ -19,13 +19,13 @@ import (
 // writes the data into its instance from the mapping, instead of reading python.wasm's
 // 13 MB into a fresh buffer (each page faulted in, then copied) and rewriting it: ~10 ms
 // of a one-shot `roche run`'s CPU. It is read only when private to this user, as python-entry.json
-// is, and names the python.wasm (pythonID) and the Roche that made it: another version
-// of either makes it again. wazero's compilation cache keys the compiled code by these
+// is, and names the python.wasm (pythonID), the Roche that made it and its rewrite
+// (rewriteVersion): another version of any makes it again. wazero's compilation cache keys the compiled code by these
 // same bytes, so both kinds of read find the same compiled code.
 const (
 	rewrittenFile = "python-rewritten.wasm"
 	// rewrittenMagic starts the file; its version changes with its layout, and a Roche
-	// whose rewrite differs is told apart by its version in the header.
+	// whose rewrite differs is told apart by the key in the header (rewrittenKey).
 	rewrittenMagic = "roche-python-rewritten-1\n"
 	// maxRewrittenFile bounds the file mapped (python.wasm's is 13.5 MB).
 	maxRewrittenFile = 256 << 20
@@ -46,7 +46,12 @@ type rewrittenSegment struct {
 	Size uint32 `json:"size"`
 }
 
-func rewrittenKey(pythonID string) string { return buildinfo.Version() + "\x01" + pythonID }
+// rewrittenKey is rewrittenFile's key for the python.wasm named pythonID: with Roche's
+// version and rewriteVersion, for a development build's version does not change with
+// the rewrite.
+func rewrittenKey(pythonID string) string {
+	return buildinfo.Version() + "\x01" + rewriteVersion + "\x01" + pythonID
+}
 
 // pythonIdentity is pythonModule's id of the python.wasm at path, known without reading
 // it: its pinned digest when it must be verified and this version of the file was

@@ -3,6 +3,7 @@ package wasm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -82,7 +83,8 @@ func TestSplitData(t *testing.T) {
 // TestRewrittenKept: the first process to compile python.wasm keeps the module as
 // compiled (rewrittenFile), and the next maps and compiles that instead of reading and
 // rewriting python.wasm: the same module, the same data, and Python runs, from a copy
-// and fresh. One kept for another python.wasm or Roche, or cut short, is not used.
+// and fresh. One kept for another python.wasm, Roche or rewrite (rewriteVersion), or cut
+// short, is not used.
 func TestRewrittenKept(t *testing.T) {
 	testenv.Needs(t, testenv.PythonWasm)
 	ctx := context.Background()
@@ -149,7 +151,14 @@ func TestRewrittenKept(t *testing.T) {
 	if bytes.Equal(other, b) {
 		t.Fatalf("the kept module's id %q is not in its file", id)
 	}
-	for name, planted := range map[string][]byte{"another python.wasm": other, "cut short": b[:len(b)-1]} {
+	// Another rewrite of the same python.wasm by the same Roche (a development build).
+	key, _ := json.Marshal(rewrittenKey(id))
+	otherKey, _ := json.Marshal(strings.Replace(rewrittenKey(id), "\x01"+rewriteVersion+"\x01", "\x01"+rewriteVersion+"x\x01", 1))
+	otherRewrite := bytes.Replace(b, key, otherKey, 1)
+	if bytes.Equal(otherRewrite, b) {
+		t.Fatalf("the kept module's key %s is not in its file", key)
+	}
+	for name, planted := range map[string][]byte{"another python.wasm": other, "another rewrite": otherRewrite, "cut short": b[:len(b)-1]} {
 		if err := os.WriteFile(file, planted, 0o600); err != nil {
 			t.Fatal(err)
 		}
