@@ -321,7 +321,7 @@ func (p *Provider) startKernel(ctx context.Context, id, cwd string, env map[stri
 		return fail(overAtStart(prog, rec))
 	}
 	if img != nil {
-		if err := loadPreinit(mod, img); errors.Is(err, errPreinitMemory) {
+		if err := p.loadPreinit(mod, img); errors.Is(err, errPreinitMemory) {
 			return fail(overAtStart(prog, rec))
 		} else if err != nil {
 			return fail(fmt.Errorf("code context in wasm sandbox %s: entering the pre-initialised interpreter: %w", id, err))

@@ -340,7 +340,7 @@ func (p *Provider) instantiate(ctx context.Context, mod wazero.CompiledModule, m
 	if d := p.pythonData.Load(); d != nil && d.module == mod {
 		segs = d.segs
 	}
-	if err := writeData(inst, segs); err != nil {
+	if err := p.fromMappings(func() error { return writeData(inst, segs) }); err != nil {
 		_ = inst.Close(context.Background())
 		return nil, err
 	}

@@ -144,7 +144,10 @@ func (p *Provider) preinitFor(ctx context.Context, mounts []mountPoint, how prei
 		return img
 	}
 	file := p.preinitFile(key)
-	img, err := readPreinit(file, key)
+	img, unmap, err := readPreinit(file, key)
+	if err == nil && !p.keepMapping(unmap) {
+		return nil // closed
+	}
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			p.log.Warn("wasm: ignoring the pre-initialised interpreter's file; making it again", "file", file, "err", err)
@@ -186,52 +189,53 @@ func (img *preinitImage) encode() []byte {
 	return b.Bytes()
 }
 
-// readPreinit reads a copy for key from file, private to this user.
-func readPreinit(file, key string) (img *preinitImage, err error) {
+// readPreinit reads a copy for key from file, private to this user; unmap releases
+// its chunks.
+func readPreinit(file, key string) (img *preinitImage, unmap func(), err error) {
 	// Mapped, not read: its chunks are copied into each instance's memory straight from
 	// the page cache. The mapping is the image's for as long as the provider keeps it
-	// (one per key, for the process's life).
-	b, unmap, err := statedir.MapPrivate(file, maxPreinitFile)
+	// (one per key, until Close).
+	b, mapping, err := statedir.MapPrivate(file, maxPreinitFile)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() {
 		if err != nil {
-			unmap()
+			mapping.Unmap()
 		}
 	}()
 	bad := func(why string) error { return fmt.Errorf("%s: %s", file, why) }
 	if !bytes.HasPrefix(b, []byte(preinitMagic)) || len(b) < len(preinitMagic)+4 {
-		return nil, bad("not a pre-initialised interpreter")
+		return nil, nil, bad("not a pre-initialised interpreter")
 	}
 	b = b[len(preinitMagic):]
 	n := binary.LittleEndian.Uint32(b)
 	b = b[4:]
 	if uint64(n) > uint64(len(b)) {
-		return nil, bad("truncated")
+		return nil, nil, bad("truncated")
 	}
 	img = &preinitImage{}
 	if err := json.Unmarshal(b[:n], img); err != nil {
-		return nil, bad(err.Error())
+		return nil, nil, bad(err.Error())
 	}
 	if img.Key != key {
-		return nil, bad("made for another python.wasm, Roche or layout")
+		return nil, nil, bad("made for another python.wasm, Roche or layout")
 	}
 	b = b[n:]
 	limit := uint64(img.Pages) * 65536
 	for len(b) > 0 {
 		if len(b) < 8 {
-			return nil, bad("truncated")
+			return nil, nil, bad("truncated")
 		}
 		off, size := binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint32(b[4:])
 		b = b[8:]
 		if uint64(size) > uint64(len(b)) || uint64(off)+uint64(size) > limit {
-			return nil, bad("a chunk is out of bounds")
+			return nil, nil, bad("a chunk is out of bounds")
 		}
 		img.chunks = append(img.chunks, preinitChunkData{off, b[:size:size]})
 		b = b[size:]
 	}
-	return img, nil
+	return img, mapping.Unmap, nil
 }
 
 // makePreinit starts CPython as how says in warm.py's snapshot mode with directories at
@@ -351,7 +355,10 @@ func (p *Provider) tryPreinit(ctx context.Context, img *preinitImage, mounts []m
 		return 0, err
 	}
 	defer inst.Close(context.Background())
-	callErr := enterPreinit(ctx, inst, img)
+	callErr := p.loadPreinit(inst, img)
+	if callErr == nil {
+		callErr = runPreinit(ctx, inst, img)
+	}
 	var exit *sys.ExitError
 	if errors.As(callErr, &exit) {
 		return exit.ExitCode(), nil
@@ -361,25 +368,26 @@ func (p *Provider) tryPreinit(ctx context.Context, img *preinitImage, mounts []m
 
 var errPreinitMemory = errors.New("the pre-initialised interpreter needs more memory than the sandbox's limit")
 
-// enterPreinit is enterPreinit counted.
-func (p *Provider) enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error {
-	p.preinitRuns.Add(1)
-	return enterPreinit(ctx, inst, img)
-}
-
 // enterPreinit makes inst (python.wasm rewritten, instantiated without its start
 // functions) the copy img, and runs warm.py's _entry on it: the request comes from its
-// stdin. It returns what a call of _start would: how the guest exited.
-func enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error {
-	if err := loadPreinit(inst, img); err != nil {
+// stdin. It returns what a call of _start would: how the guest exited. It is counted
+// (preinitRuns); makePreinit's check is not.
+func (p *Provider) enterPreinit(ctx context.Context, inst api.Module, img *preinitImage) error {
+	p.preinitRuns.Add(1)
+	if err := p.loadPreinit(inst, img); err != nil {
 		return err
 	}
 	return runPreinit(ctx, inst, img)
 }
 
-// loadPreinit makes inst the copy img: its memory and stack pointer. errPreinitMemory:
+// loadPreinit is loadCopy from img's mapping, unless Close has released it.
+func (p *Provider) loadPreinit(inst api.Module, img *preinitImage) error {
+	return p.fromMappings(func() error { return loadCopy(inst, img) })
+}
+
+// loadCopy makes inst the copy img: its memory and stack pointer. errPreinitMemory:
 // the sandbox's memory limit refused the copy's pages.
-func loadPreinit(inst api.Module, img *preinitImage) error {
+func loadCopy(inst api.Module, img *preinitImage) error {
 	mem := inst.Memory()
 	if have := mem.Size() / 65536; have < img.Pages {
 		if _, ok := mem.Grow(img.Pages - have); !ok {

@@ -1,6 +1,7 @@
 package wasm
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -154,12 +155,55 @@ func (p *Provider) pythonModule(ctx context.Context) (wazero.CompiledModule, err
 	p.log.Debug("wasm: python.wasm compiled", "path", path, "read", read, "compile", time.Since(start)-read,
 		"disk_cache", p.cache != nil)
 	p.python = mod
-	p.pythonData.Store(&compiledPython{module: mod, segs: data})
 	if rerr == nil {
 		p.exitCandidates, p.pythonID = exits, id
 		p.keepRewritten(id, bin, exits, data)
 	}
+	p.pythonData.Store(&compiledPython{module: mod, segs: p.ownData(id, rerr == nil, data)})
 	return mod, nil
+}
+
+// ownData returns data, python.wasm's data segments kept apart, which are slices of the
+// buffer python.wasm was read into (holding them would hold its 14 MB on the heap for
+// the process's life), in memory of their own: mapped from rewrittenFile, when kept is
+// true and the file just written for id holds them, else copied into one buffer.
+func (p *Provider) ownData(id string, kept bool, data []memorySegment) []memorySegment {
+	if len(data) == 0 {
+		return data
+	}
+	if kept {
+		if m, ok := p.mapRewritten(id); ok && sameData(m.data, data) {
+			if p.keepData(m) {
+				return m.data
+			}
+		} else if ok {
+			m.mapping.Unmap()
+		}
+	}
+	size := 0
+	for _, s := range data {
+		size += len(s.data)
+	}
+	buf := make([]byte, 0, size)
+	own := make([]memorySegment, len(data))
+	for i, s := range data {
+		at := len(buf)
+		buf = append(buf, s.data...)
+		own[i] = memorySegment{off: s.off, data: buf[at:len(buf):len(buf)]}
+	}
+	return own
+}
+
+func sameData(a, b []memorySegment) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].off != b[i].off || !bytes.Equal(a[i].data, b[i].data) {
+			return false
+		}
+	}
+	return true
 }
 
 // compileRewritten compiles the module rewrittenFile keeps for the python.wasm at path,
@@ -170,30 +214,34 @@ func (p *Provider) compileRewritten(ctx context.Context, path string, verify boo
 		return nil, false
 	}
 	start := time.Now()
-	bin, exits, data, unmap, ok := p.mapRewritten(id)
+	m, ok := p.mapRewritten(id)
 	if !ok {
 		return nil, false
 	}
-	// wazero copies what it keeps of the module (code bodies, names) as it decodes; the
-	// data is written from the mapping into each instance, so it stays mapped for the
-	// process's life.
-	mod, err := p.runtime.CompileModule(context.Background(), bin)
+	// wazero copies what it keeps of the module (code bodies, names) as it decodes, so
+	// the module's pages are released once it is compiled; the data is written from the
+	// mapping into each instance, so it stays mapped until Close.
+	mod, err := p.runtime.CompileModule(context.Background(), m.module)
 	if err == nil {
 		if err = checkCommandModule(mod); err != nil {
 			_ = mod.Close(ctx)
 		}
 	}
-	if err != nil || len(data) == 0 {
-		unmap()
+	if err != nil || len(m.data) == 0 {
+		m.mapping.Unmap()
 	}
 	if err != nil {
 		p.log.Warn("wasm: the rewritten python.wasm kept does not compile; rewriting it again", "err", err)
 		return nil, false
 	}
+	if len(m.data) > 0 && !p.keepData(m) {
+		_ = mod.Close(ctx)
+		return nil, false // closed
+	}
 	p.log.Debug("wasm: python.wasm compiled", "path", path, "kept", rewrittenFile, "took", time.Since(start),
 		"disk_cache", p.cache != nil)
-	p.python, p.exitCandidates, p.pythonID = mod, exits, id
-	p.pythonData.Store(&compiledPython{module: mod, segs: data})
+	p.python, p.exitCandidates, p.pythonID = mod, m.exits, id
+	p.pythonData.Store(&compiledPython{module: mod, segs: m.data})
 	return mod, true
 }
 

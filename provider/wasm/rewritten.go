@@ -73,29 +73,47 @@ func (p *Provider) pythonIdentity(path string, verify bool) string {
 	return ""
 }
 
-// mapRewritten returns the module kept for the python.wasm named id, mapped (unmap
-// releases it, and with it data, the module's data segments kept apart, if any), with its
-// exit candidates; ok is false when there is none for it.
-func (p *Provider) mapRewritten(id string) (bin []byte, exits []string, data []memorySegment, unmap func(), ok bool) {
+// mappedRewritten is rewrittenFile mapped: the module, its exit candidates, and its data
+// segments kept apart, which are slices of allData.
+type mappedRewritten struct {
+	module  []byte
+	exits   []string
+	data    []memorySegment
+	allData []byte
+	mapping *statedir.Mapping
+}
+
+// mapRewritten returns the module kept for the python.wasm named id, mapped; ok is false
+// when there is none for it. Its mapping is the caller's to release.
+func (p *Provider) mapRewritten(id string) (m mappedRewritten, ok bool) {
 	file := filepath.Join(p.stateDir, rewrittenFile)
-	b, unmap, err := statedir.MapPrivate(file, maxRewrittenFile)
+	b, mapping, err := statedir.MapPrivate(file, maxRewrittenFile)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			p.log.Debug("wasm: ignoring the rewritten python.wasm kept", "file", file, "err", err)
 		}
-		return nil, nil, nil, nil, false
+		return m, false
 	}
 	h, rest, ok := parseRewritten(b, id)
 	if !ok {
-		unmap()
-		return nil, nil, nil, nil, false
+		mapping.Unmap()
+		return m, false
 	}
-	bin, rest = rest[:h.Module:h.Module], rest[h.Module:]
+	m = mappedRewritten{module: rest[:h.Module:h.Module], exits: h.Exits, allData: rest[h.Module:], mapping: mapping}
+	rest = m.allData
 	for _, s := range h.Data {
-		data = append(data, memorySegment{off: s.Off, data: rest[:s.Size:s.Size]})
+		m.data = append(m.data, memorySegment{off: s.Off, data: rest[:s.Size:s.Size]})
 		rest = rest[s.Size:]
 	}
-	return bin, h.Exits, data, unmap, true
+	return m, true
+}
+
+// keepData releases m's pages but its data's (its module's, once wazero has compiled
+// it, copying what it keeps of it) and hands the rest to Close; false, all released,
+// when Close has run.
+func (p *Provider) keepData(m mappedRewritten) bool {
+	m.mapping.Keep(m.allData)
+	return p.keepMapping(m.mapping.Unmap)
 }
 
 // parseRewritten reads rewrittenFile's header from b, and checks it is for the

@@ -170,3 +170,30 @@ func TestRewrittenKept(t *testing.T) {
 		}
 	}
 }
+
+// TestRewrittenDataOwned: without a kept file to map them from, python.wasm's data
+// segments, slices of the buffer it was read into, are copied into one buffer of their
+// own, so that the read buffer (14 MB) is not held for the process's life; one segment
+// cannot be grown into the next.
+func TestRewrittenDataOwned(t *testing.T) {
+	p := &Provider{}
+	read := []byte("..abc....defg.x")
+	data := []memorySegment{{off: 16, data: read[2:5]}, {off: 5000, data: read[9:13]}, {off: 17, data: read[14:15]}}
+	own := p.ownData("", false, data)
+	copy(read, bytes.Repeat([]byte{'-'}, len(read)))
+	var all []byte
+	for i, s := range own {
+		if s.off != data[i].off {
+			t.Fatalf("segment %d at %d, want %d", i, s.off, data[i].off)
+		}
+		all = append(all, s.data...)
+	}
+	if string(all) != "abcdefgx" {
+		t.Fatalf("the segments owned hold %q, want %q: still slices of what was read", all, "abcdefgx")
+	}
+	for i, s := range own {
+		if cap(s.data) != len(s.data) {
+			t.Errorf("segment %d has room for %d bytes more, another's", i, cap(s.data)-len(s.data))
+		}
+	}
+}

@@ -110,6 +110,14 @@ type Provider struct {
 	// for python.wasm's compilation, which holds pythonMu.
 	pythonData atomic.Pointer[compiledPython]
 
+	// mappings release the files mapped for the provider's life (python-rewritten.wasm's
+	// data, the pre-initialised copies); Close calls them, under mapMu, and sets
+	// unmapped. Instances are written from those files under mapMu's read lock
+	// (fromMappings), so that none is written from a mapping Close released.
+	mapMu    sync.RWMutex
+	mappings []func()
+	unmapped bool
+
 	// preinits are the pre-initialised interpreters (preinit.go) by key, made or read
 	// once per process; noPreinit turns them off (WithoutPreinit).
 	preinitMu sync.Mutex
@@ -323,7 +331,8 @@ func (p *Provider) Prepare(ctx context.Context) error {
 	return err
 }
 
-// Close releases the compiled code and the runtime. Execs still running are stopped,
+// Close releases the compiled code, the runtime and the files mapped (the rewritten
+// python.wasm's data, the pre-initialised copies). Execs still running are stopped,
 // and so is everything the provider runs in the background (the warm interpreters).
 func (p *Provider) Close() error {
 	ctx := context.Background()
@@ -339,7 +348,38 @@ func (p *Provider) Close() error {
 	if p.cache != nil {
 		errs = append(errs, p.cache.Close(ctx))
 	}
+	p.mapMu.Lock()
+	p.unmapped = true
+	for _, unmap := range p.mappings {
+		unmap()
+	}
+	p.mappings = nil
+	p.mapMu.Unlock()
 	return errors.Join(errs...)
+}
+
+// keepMapping hands unmap, which releases a file mapped for the provider's life, to
+// Close. It reports false, having called it, when Close has run.
+func (p *Provider) keepMapping(unmap func()) bool {
+	p.mapMu.Lock()
+	defer p.mapMu.Unlock()
+	if p.unmapped {
+		unmap()
+		return false
+	}
+	p.mappings = append(p.mappings, unmap)
+	return true
+}
+
+// fromMappings runs write, which copies from the files mapped for the provider's life
+// into an instance, unless Close has released them.
+func (p *Provider) fromMappings(write func() error) error {
+	p.mapMu.RLock()
+	defer p.mapMu.RUnlock()
+	if p.unmapped {
+		return errClosed
+	}
+	return write()
 }
 
 // defaultCacheDir is ${XDG_CACHE_HOME:-$HOME/.cache}/roche, spelled out rather than

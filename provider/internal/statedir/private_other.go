@@ -13,4 +13,13 @@ func ReadPrivate(string, int64) ([]byte, error) { return nil, errNoPrivateFiles 
 func WritePrivate(string, ...[]byte) error { return errNoPrivateFiles }
 
 // MapPrivate refuses, as ReadPrivate does.
-func MapPrivate(string, int64) ([]byte, func(), error) { return nil, nil, errNoPrivateFiles }
+func MapPrivate(string, int64) ([]byte, *Mapping, error) { return nil, nil, errNoPrivateFiles }
+
+// Mapping is what MapPrivate mapped: never anything here.
+type Mapping struct{}
+
+// Keep does nothing: nothing is mapped.
+func (*Mapping) Keep([]byte) {}
+
+// Unmap does nothing: nothing is mapped.
+func (*Mapping) Unmap() {}

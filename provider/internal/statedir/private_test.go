@@ -59,7 +59,7 @@ func TestReadPrivate(t *testing.T) {
 func readBoth(t *testing.T, path string, limit int64) ([]byte, error) {
 	t.Helper()
 	b, err := ReadPrivate(path, limit)
-	m, unmap, merr := MapPrivate(path, limit)
+	m, mapping, merr := MapPrivate(path, limit)
 	if (err == nil) != (merr == nil) {
 		t.Fatalf("ReadPrivate: %v; MapPrivate: %v", err, merr)
 	}
@@ -67,7 +67,8 @@ func readBoth(t *testing.T, path string, limit int64) ([]byte, error) {
 		if string(m) != string(b) {
 			t.Fatalf("MapPrivate mapped %q, ReadPrivate read %q", m, b)
 		}
-		unmap()
+		mapping.Unmap()
+		mapping.Unmap() // again: nothing
 	}
 	return b, err
 }

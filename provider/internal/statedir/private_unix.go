@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,26 +37,71 @@ func ReadPrivate(path string, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// MapPrivate is ReadPrivate for a large file read once: the file mapped read-only
-// rather than copied, so that its pages come from the page cache as they are touched
-// instead of being faulted into a fresh buffer and copied (python.wasm's 13 MB, a
-// pre-initialised interpreter's few). The mapping stays valid when the file is replaced
-// (WritePrivate renames a new one into place); unmap releases it, after which the bytes
-// must not be touched. An empty file maps to an empty slice.
-func MapPrivate(path string, limit int64) (b []byte, unmap func(), err error) {
+// MapPrivate is ReadPrivate for a large file its caller keeps: the file mapped
+// read-only rather than copied, so that its pages come from the page cache as they are
+// touched instead of being faulted into a fresh buffer and copied, and what is kept
+// (python.wasm's data, a pre-initialised interpreter's memory) is not on the heap. The
+// mapping stays valid when the file is replaced (WritePrivate renames a new one into
+// place); m releases it, after which the bytes released must not be touched. An empty
+// file maps to an empty slice.
+func MapPrivate(path string, limit int64) (b []byte, m *Mapping, err error) {
 	f, size, err := openPrivate(path, limit)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer f.Close()
 	if size == 0 {
-		return []byte{}, func() {}, nil
+		return []byte{}, &Mapping{}, nil
 	}
-	b, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_PRIVATE)
+	addr, err := unix.MmapPtr(int(f.Fd()), 0, nil, uintptr(size), unix.PROT_READ, unix.MAP_PRIVATE)
 	if err != nil {
 		return nil, nil, &os.PathError{Op: "mmap", Path: path, Err: err}
 	}
-	return b, func() { _ = unix.Munmap(b) }, nil
+	return unsafe.Slice((*byte)(addr), size), &Mapping{addr: addr, size: uintptr(size)}, nil
+}
+
+// Mapping is what MapPrivate mapped and has not released. Its methods may be called
+// any number of times, from any goroutine.
+type Mapping struct {
+	mu   sync.Mutex
+	addr unsafe.Pointer // the first byte still mapped, page-aligned
+	size uintptr
+}
+
+// Keep releases the whole pages of the mapping outside part, a piece of it (the data
+// after a module wazero has copied what it keeps of), so that Unmap later releases only
+// the pages part is on.
+func (m *Mapping) Keep(part []byte) {
+	if len(part) == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	page := uintptr(os.Getpagesize())
+	start, end := uintptr(m.addr), uintptr(m.addr)+m.size
+	at := uintptr(unsafe.Pointer(unsafe.SliceData(part)))
+	from := max(at&^(page-1), start)
+	to := min((at+uintptr(len(part))+page-1)&^(page-1), end)
+	if m.size == 0 || from >= to {
+		return
+	}
+	if from > start {
+		_ = unix.MunmapPtr(m.addr, from-start)
+	}
+	if to < end {
+		_ = unix.MunmapPtr(unsafe.Add(m.addr, to-start), end-to)
+	}
+	m.addr, m.size = unsafe.Add(m.addr, from-start), to-from
+}
+
+// Unmap releases what is left of the mapping.
+func (m *Mapping) Unmap() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.size > 0 {
+		_ = unix.MunmapPtr(m.addr, m.size)
+	}
+	m.addr, m.size = nil, 0
 }
 
 // openPrivate opens path for ReadPrivate and MapPrivate, after the checks they
