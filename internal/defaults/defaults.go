@@ -8,13 +8,14 @@
 package defaults
 
 import (
-	"fmt"
 	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/roche-sandbox/roche/internal/rocherun"
 )
 
 // EngineTimeout bounds a create against an engine (the Docker engine, an OCI runtime)
@@ -35,17 +36,12 @@ func Socket() string {
 	return StandardSocket()
 }
 
-// StandardSocket is Socket without the ROCHE_SOCKET override.
+// StandardSocket is Socket without the ROCHE_SOCKET override: rocherun.StandardSocket,
+// which the thin roche reads before it initialises path/filepath, cleaned.
+// With no home (a bare container) it is a per-user directory under the temp dir, which
+// roched creates 0700 so other users cannot reach the socket.
 func StandardSocket() string {
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "roche", "roched.sock")
-	}
-	if home, err := os.UserHomeDir(); err == nil && home != "" {
-		return filepath.Join(home, ".roche", "roched.sock")
-	}
-	// No home (a bare container): a per-user directory under the temp dir; roched
-	// creates it 0700 so other users cannot reach the socket.
-	return filepath.Join(os.TempDir(), fmt.Sprintf("roche-%d", os.Getuid()), "roched.sock")
+	return filepath.Clean(rocherun.StandardSocket(os.Getenv))
 }
 
 // StateFile is where a daemon listening on socket keeps its state by default: beside

@@ -121,9 +121,11 @@ func Early(args []string, getenv func(string) string, executable func() (string,
 	return run, true
 }
 
-// StandardSocket is defaults.StandardSocket, roched's socket when ROCHE_SOCKET names
-// none, without path/filepath (TestStandardSocket). A path that names the same file
-// another way would do as well: the early hand-off only asks whether a file is there.
+// StandardSocket is roched's socket when ROCHE_SOCKET names none (defaults.StandardSocket
+// is this, cleaned): $XDG_RUNTIME_DIR/roche/roched.sock, else ~/.roche/roched.sock, else
+// roche-UID/roched.sock under the temp dir. It is joined without path/filepath; a path
+// that names the same file another way would do as well: the early hand-off only asks
+// whether a file is there.
 func StandardSocket(getenv func(string) string) string {
 	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
 		return strings.TrimSuffix(d, "/") + "/roche/roched.sock"

@@ -2,13 +2,14 @@ package rocherun_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/roche-sandbox/roche/internal/catalog"
-	"github.com/roche-sandbox/roche/internal/defaults"
 	"github.com/roche-sandbox/roche/internal/rocherun"
 )
 
@@ -181,15 +182,21 @@ func TestEarlyMatchesCatalog(t *testing.T) {
 	}
 }
 
-// TestStandardSocket: without path/filepath, the same socket as defaults.StandardSocket.
+// TestStandardSocket: roched's socket under XDG_RUNTIME_DIR, else the home, else a
+// per-user directory of the temp dir, a trailing slash of either making no second one.
 func TestStandardSocket(t *testing.T) {
-	for _, c := range []struct{ xdg, home string }{
-		{"/run/user/1000", ""}, {"/run/user/1000/", ""}, {"", "/home/someone"}, {"", "/home/someone/"}, {"", ""},
+	tmp := fmt.Sprintf("%s/roche-%d/roched.sock", strings.TrimSuffix(os.TempDir(), "/"), os.Getuid())
+	for _, c := range []struct{ xdg, home, want string }{
+		{"/run/user/1000", "", "/run/user/1000/roche/roched.sock"},
+		{"/run/user/1000/", "/home/someone", "/run/user/1000/roche/roched.sock"},
+		{"", "/home/someone", "/home/someone/.roche/roched.sock"},
+		{"", "/home/someone/", "/home/someone/.roche/roched.sock"},
+		{"", "", tmp},
 	} {
 		t.Setenv("XDG_RUNTIME_DIR", c.xdg)
 		t.Setenv("HOME", c.home)
-		if got, want := rocherun.StandardSocket(os.Getenv), defaults.StandardSocket(); filepath.Clean(got) != want {
-			t.Errorf("XDG_RUNTIME_DIR=%q HOME=%q: %q, defaults.StandardSocket %q", c.xdg, c.home, got, want)
+		if got := rocherun.StandardSocket(os.Getenv); got != c.want {
+			t.Errorf("XDG_RUNTIME_DIR=%q HOME=%q: %q, want %q", c.xdg, c.home, got, c.want)
 		}
 	}
 }
