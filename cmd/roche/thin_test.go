@@ -84,14 +84,7 @@ func TestThin(t *testing.T) {
 // another roche (or itself) in its place.
 func TestWithoutRoched(t *testing.T) {
 	dir := t.TempDir()
-	roche := filepath.Join(dir, "roche")
-	// As make build builds it, sharing the compiled packages of the agent's and the CLI's
-	// builds in other tests (a build of its own made the fast tier compile them again).
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", roche, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building roche: %v\n%s", err, b)
-	}
+	roche := buildRoche(t, dir)
 	// Nothing on PATH, no roched beside it, no daemon.
 	env := []string{"PATH=" + filepath.Join(dir, "empty"), "HOME=" + dir, "ROCHE_SOCKET=" + filepath.Join(dir, "nobody.sock")}
 	run := func(args ...string) (string, string, int) {
@@ -145,12 +138,7 @@ func TestWithoutRoched(t *testing.T) {
 // roche, early's check first.
 func TestEarlyHandOff(t *testing.T) {
 	dir := t.TempDir()
-	roche := filepath.Join(dir, "roche")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", roche, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building roche: %v\n%s", err, b)
-	}
+	roche := buildRoche(t, dir)
 	if err := os.WriteFile(filepath.Join(dir, "roche-run"), []byte("#!/bin/sh\necho \"roche-run: $*\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -192,4 +180,18 @@ func TestEarlyHandOff(t *testing.T) {
 			t.Errorf("package early initialises at %d, %q at %d: early must come first (its imports are all Go initialises early):\n%s", e, h, i, inits)
 		}
 	}
+}
+
+// buildRoche builds roche into dir as make build builds it, sharing the compiled
+// packages of the agent's and the CLI's builds in other tests (a build of its own made
+// the fast tier compile them again), and returns its path.
+func buildRoche(t *testing.T, dir string) string {
+	t.Helper()
+	roche := filepath.Join(dir, "roche")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", roche, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building roche: %v\n%s", err, b)
+	}
+	return roche
 }
